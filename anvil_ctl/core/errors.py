@@ -1,0 +1,126 @@
+"""The one exception tree of anvil_ctl.
+
+    AnvilError
+    ├── BadInput                     exit 2: a file, field or argument is not what was expected
+    │   ├── ConfigError              the host config (anvil.toml) or settings
+    │   └── RecipeError              a recipe file
+    ├── Refused                      exit 3: rejected before the first mutation, nothing changed
+    │   ├── LockHeld                 another mutator owns this host
+    │   ├── RollbackIdentityIncomplete
+    │   └── AuthRejected             the router refused our credentials (401/403)
+    ├── Compensated                  exit 4: a step failed and the undos restored the before state
+    ├── NeedsOperator                exit 5: compensation failed, or an interrupted transaction
+    ├── Drift                        exit 6: recheck found the host differs from the goal
+    ├── AdapterError                 a port's implementation failed (translated at the edge)
+    │   ├── TransientError           worth retrying (connection reset, 5xx, API busy)
+    │   ├── NotFound                 the object named by an exact ID does not exist
+    │   └── CredentialError          a token could not be resolved or its file is unsafe
+    ├── StepFailed                   raised by a step's do/undo to fail with a reason
+    └── StateStoreError              the state database is missing, foreign or too new
+    IllegalTransition (RuntimeError) misuse: a transition the table does not allow
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AnvilError(Exception):
+    """Base of every error anvil_ctl raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class BadInput(AnvilError):
+    """Input (file, field, argument) is not what was expected; nothing was changed."""
+
+    exit_code = 2
+
+
+class ConfigError(BadInput):
+    """The host config or settings are invalid."""
+
+
+class RecipeError(BadInput):
+    """A recipe file is invalid."""
+
+
+class Refused(AnvilError):
+    """The transaction was rejected before its first mutation; nothing changed."""
+
+    exit_code = 3
+
+
+class LockHeld(Refused):
+    """Another process holds the host's mutator lock."""
+
+
+class RollbackIdentityIncomplete(Refused):
+    """The rollback identity needed to undo this mutation is missing or not restorable."""
+
+
+class AuthRejected(Refused):
+    """The router answered 401/403 to our credentials: a configuration error, not a model one."""
+
+
+class Compensated(AnvilError):
+    """A step failed; the completed steps were undone and the host is back to its before state."""
+
+    exit_code = 4
+
+
+class NeedsOperator(AnvilError):
+    """Compensation failed or the transaction was interrupted; a person must look."""
+
+    exit_code = 5
+
+
+class Drift(AnvilError):
+    """A recheck found the host differing from its recorded goal."""
+
+    exit_code = 6
+
+
+class AdapterError(AnvilError):
+    """An adapter failed to do or observe something."""
+
+
+class TransientError(AdapterError):
+    """A failure worth retrying: connection refused or reset, 5xx, a busy API."""
+
+
+class NotFound(AdapterError):
+    """The object named by an exact ID does not exist."""
+
+
+class CredentialError(AdapterError):
+    """A credential could not be resolved, or its file is unsafe."""
+
+    exit_code = 3
+
+
+class StepFailed(AnvilError):
+    """A step's do or undo could not reach its goal."""
+
+
+class StateStoreError(AnvilError):
+    """The state database is missing, at an unknown revision, or newer than this program."""
+
+    exit_code = 2
+
+
+class IllegalTransition(RuntimeError):
+    """A transaction state change that the transition table does not allow (a programming error)."""
+
+    def __init__(self, source: str, target: str) -> None:
+        super().__init__(f"illegal transaction transition {source} -> {target}")
+        self.source = source
+        self.target = target

@@ -1,0 +1,254 @@
+"""Value objects the core and its ports exchange: containers, images, GPUs, routers, identities.
+
+All are frozen dataclasses so they can be compared, hashed and put into snapshots
+without copying. None carries a secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+ContainerStatus = Literal["created", "running", "paused", "restarting", "exited", "dead", "removing"]
+
+LABEL_PREFIX = "io.anvil."
+LABEL_MANAGED = LABEL_PREFIX + "managed"
+LABEL_SLOT = LABEL_PREFIX + "slot"
+LABEL_RECIPE = LABEL_PREFIX + "recipe"
+LABEL_RECIPE_DIGEST = LABEL_PREFIX + "recipe-digest"
+LABEL_TX = LABEL_PREFIX + "transaction"
+LABEL_ROLE = LABEL_PREFIX + "role"
+LABEL_SERVED_MODEL = LABEL_PREFIX + "served-model"
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no insignificant whitespace: the form every digest is taken of."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def sha256_hex(value: Any) -> str:
+    """SHA-256 of a value's canonical JSON (or of the bytes/str itself)."""
+    if isinstance(value, bytes):
+        data = value
+    elif isinstance(value, str):
+        data = value.encode()
+    else:
+        data = canonical_json(value).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Exactly what `load` creates; the fingerprint of a running container is taken of the same fields."""
+
+    name: str
+    image: str
+    command: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    network_mode: str = "host"
+    ports: tuple[tuple[int, str], ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    shm_size: str | None = None
+    ipc_mode: str | None = None
+    ulimits: tuple[tuple[str, int, int], ...] = ()
+    init: bool = True
+    working_dir: str | None = None
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        return fingerprint_fields(
+            image=self.image,
+            command=list(self.command),
+            entrypoint=list(self.entrypoint) if self.entrypoint is not None else None,
+            env=dict(self.env),
+            mounts=[asdict(m) for m in self.mounts],
+            ports=[list(p) for p in self.ports],
+            gpu_uuids=list(self.gpu_uuids),
+            shm_size=self.shm_size,
+            ipc_mode=self.ipc_mode,
+            ulimits=[list(u) for u in self.ulimits],
+            network_mode=self.network_mode,
+        )
+
+
+def fingerprint_fields(
+    *,
+    image: str,
+    command: list[str],
+    entrypoint: list[str] | None,
+    env: dict[str, str],
+    mounts: list[dict[str, Any]],
+    ports: list[list[Any]],
+    gpu_uuids: list[str],
+    shm_size: str | int | None,
+    ipc_mode: str | None,
+    ulimits: list[list[Any]],
+    network_mode: str,
+) -> dict[str, Any]:
+    """The normalized fields a config fingerprint covers; env values enter only as a hash."""
+    return {
+        "image": image,
+        "command": command,
+        "entrypoint": entrypoint,
+        "env_sha256": sha256_hex(sorted(env.items())),
+        "env_keys": sorted(env),
+        "mounts": sorted(mounts, key=lambda m: (m["target"], m["source"])),
+        "ports": sorted(ports),
+        "gpu_uuids": sorted(gpu_uuids),
+        "shm_size": str(shm_size) if shm_size is not None else None,
+        "ipc_mode": ipc_mode or None,
+        "ulimits": sorted(ulimits),
+        "network_mode": network_mode,
+    }
+
+
+def config_fingerprint(fields: dict[str, Any]) -> str:
+    return sha256_hex(fields)
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """What the runtime observed of one container, by exact ID."""
+
+    id: str
+    name: str
+    image_id: str
+    image_ref: str
+    status: ContainerStatus
+    labels: dict[str, str] = field(default_factory=dict)
+    fingerprint: str = ""
+    repo_digests: tuple[str, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    exit_code: int | None = None
+    pid: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def managed(self) -> bool:
+        return self.labels.get(LABEL_MANAGED) == "true"
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    repo_digests: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_mib: int
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    uuid: str
+    name: str
+    index: int
+    total_mib: int
+    used_mib: int
+    free_mib: int
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    id: str
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend of a router tier, as the router reports it."""
+
+    url: str
+    healthy: bool
+    models: tuple[str, ...] = ()
+    state: str = "ready"
+    backend_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RoutedAnswer:
+    status: int
+    model: str | None
+    content: str | None = None
+
+
+@dataclass(frozen=True)
+class ResidueFile:
+    path: str
+    size: int
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A serve's rollback identity: everything needed to bring it back exactly.
+
+    Captured before any mutation. `missing()` names the fields that are empty;
+    a mutation whose rollback identity has any is refused.
+    """
+
+    slot: str
+    container_id: str
+    image_id: str
+    config_fingerprint: str
+    served_model: str
+    context_tokens: int
+    binding: str
+    router_tier: str
+    recipe_digest: str = ""
+    model_identity: str = ""
+    repo_digests: tuple[str, ...] = ()
+    gpu_roles: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    container_name: str = ""
+
+    REQUIRED = (
+        "slot",
+        "container_id",
+        "image_id",
+        "config_fingerprint",
+        "served_model",
+        "context_tokens",
+        "binding",
+        "router_tier",
+    )
+
+    def missing(self) -> list[str]:
+        return [name for name in self.REQUIRED if not getattr(self, name)]
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["repo_digests"] = sorted(self.repo_digests)
+        data["gpu_roles"] = sorted(self.gpu_roles)
+        data["aliases"] = sorted(self.aliases)
+        return data
+
+    @property
+    def digest(self) -> str:
+        return sha256_hex(self.as_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Identity:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for key in ("repo_digests", "gpu_roles", "aliases"):
+            if key in known:
+                known[key] = tuple(known[key])
+        return cls(**known)

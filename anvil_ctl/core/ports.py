@@ -1,0 +1,114 @@
+"""Ports: what the core needs from the world, as Protocols.
+
+Real implementations live in `anvil_ctl.adapters`, fakes in `anvil_ctl.testing`.
+Every implementation translates its library's exceptions into
+`anvil_ctl.core.errors` at its edge; nothing foreign crosses a port.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from anvil_ctl.core.model import (
+    Backend,
+    ContainerInfo,
+    ContainerSpec,
+    GpuReading,
+    ImageInfo,
+    ModelCard,
+    ResidueFile,
+    RoutedAnswer,
+)
+
+
+@runtime_checkable
+class ContainerRuntime(Protocol):
+    """Create, start, stop, inspect and remove containers by exact ID."""
+
+    def inspect(self, container_id: str) -> ContainerInfo:
+        """Observe one container; raise NotFound if it does not exist."""
+        ...
+
+    def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
+        """All containers (running or not), optionally filtered by labels."""
+        ...
+
+    def image(self, ref: str) -> ImageInfo:
+        """Observe an image by ID, digest reference or tag; raise NotFound if absent."""
+        ...
+
+    def create(self, spec: ContainerSpec) -> str:
+        """Create (do not start) a container; return its ID."""
+        ...
+
+    def start(self, container_id: str) -> None: ...
+
+    def stop(self, container_id: str, timeout_s: float) -> None:
+        """Stop and wait until the runtime reports it exited (bounded by timeout_s plus a kill)."""
+        ...
+
+    def remove(self, container_id: str) -> None: ...
+
+
+@runtime_checkable
+class Router(Protocol):
+    """The authenticated router in front of the engines; tiers map client aliases to backends."""
+
+    def probe_credentials(self) -> None:
+        """A harmless authenticated admin and client call; raise AuthRejected on 401/403."""
+        ...
+
+    def backends(self, tier: str) -> list[Backend]: ...
+
+    def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None: ...
+
+    def deregister(self, tier: str, url: str) -> None: ...
+
+    def drain(self, tier: str) -> None:
+        """Stop admitting new requests to the tier's backends (quiesce)."""
+        ...
+
+    def readmit(
+        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+    ) -> None:
+        """(Re-)register the backend and return only once a routed authenticated request
+        answers 200 from expected_model; raise StepFailed at the deadline."""
+        ...
+
+    def routed_chat(self, alias: str) -> RoutedAnswer:
+        """One authenticated routed chat completion to an alias."""
+        ...
+
+    def ready(self) -> bool: ...
+
+
+@runtime_checkable
+class GpuProbe(Protocol):
+    """NVML readings by GPU UUID."""
+
+    def gpus(self) -> list[GpuReading]: ...
+
+    def driver_version(self) -> str: ...
+
+
+@runtime_checkable
+class EngineProbe(Protocol):
+    """The engine's OpenAI-compatible endpoint, for health and served identity."""
+
+    def health(self, base_url: str, path: str) -> bool: ...
+
+    def models(self, base_url: str) -> list[ModelCard]: ...
+
+
+@runtime_checkable
+class SharedMemory(Protocol):
+    """Shared-memory and offload residue left by engines."""
+
+    def residue(self) -> list[ResidueFile]: ...
+
+
+@runtime_checkable
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
