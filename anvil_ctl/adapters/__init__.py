@@ -1,0 +1,1 @@
+"""Implementations of the core ports at the edge: Docker, routers, NVML, HTTP engines, caches."""

@@ -1,0 +1,1 @@
+"""The library of commands: plain functions returning result values; the CLI renders them."""

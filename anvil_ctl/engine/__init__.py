@@ -1,0 +1,1 @@
+"""The transaction engine: runs plans through guards and steps, journaling every move."""
