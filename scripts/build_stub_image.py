@@ -27,7 +27,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-TAG = "anvil-stub:local"
+TAG_REPO, TAG_NAME = "anvil-stub", "local"
+TAG = f"{TAG_REPO}:{TAG_NAME}"
 EPOCH = 1704067200  # 2024-01-01T00:00:00Z, the fixed mtime of every member
 CREATED = "2024-01-01T00:00:00Z"
 
@@ -141,7 +142,7 @@ def build() -> tuple[str, bytes]:
         (f"{layer_dir}/json", layer_json),
         (f"{layer_dir}/layer.tar", layer),
         ("manifest.json", _canonical(manifest)),
-        ("repositories", _canonical({TAG.split(":")[0]: {TAG.split(":")[1]: layer_dir}})),
+        ("repositories", _canonical({TAG_REPO: {TAG_NAME: layer_dir}})),
     ]
     members: list[tuple[tarfile.TarInfo, bytes | None]] = []
     for name, data in files:
