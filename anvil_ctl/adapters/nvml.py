@@ -1,0 +1,178 @@
+"""GPU readings through NVML (`pynvml`, from the PyPI package `nvidia-ml-py`).
+
+`NvmlProbe` implements `anvil_ctl.core.ports.GpuProbe`. Every `pynvml.NVMLError`
+is translated here: a host without the NVIDIA driver, its NVML library or any
+GPU raises `NvmlUnavailable` with a message that says so; a timeout or a GPU not
+yet ready raises `TransientError`; anything else `AdapterError`.
+
+Rounding, so that figures agree with `nvidia-smi`: NVML reports bytes; we report
+MiB as `bytes // 2**20` (floor), which is what `nvidia-smi` prints. Memory is
+read with `nvmlDeviceGetMemoryInfo_v2` where the driver has it: since R510
+`nvidia-smi` reports `used` without the driver's reserved memory, and the v1
+call would count that reservation as used (several hundred MiB on an H200).
+Because each figure is floored separately, `total` may exceed `used + free` by
+the reserved memory plus up to 2 MiB of rounding.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import structlog
+
+from anvil_ctl.core.errors import AdapterError, TransientError
+from anvil_ctl.core.model import GpuProcess, GpuReading
+
+MIB = 2**20
+
+log = structlog.get_logger()
+
+T = TypeVar("T")
+
+# NVML return codes by the name pynvml gives them; looked up on the module in use
+# so that a fake module only needs the codes it raises.
+_UNAVAILABLE = (
+    "NVML_ERROR_LIBRARY_NOT_FOUND",
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_NO_PERMISSION",
+)
+_TRANSIENT = ("NVML_ERROR_TIMEOUT", "NVML_ERROR_NOT_READY", "NVML_ERROR_IN_USE")
+# The v2 memory call or per-process accounting may be missing on old drivers,
+# vGPU guests or WSL; we degrade instead of failing.
+_UNSUPPORTED = (
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+)
+
+_HINT = "set ANVIL_GPU=simulated on a machine without NVIDIA GPUs"
+
+
+class NvmlUnavailable(AdapterError):
+    """NVML cannot be used on this host: no NVIDIA driver, no NVML library, or no GPU."""
+
+
+def mib(value_bytes: int) -> int:
+    """Bytes to MiB, floored: the rounding `nvidia-smi` uses."""
+    return int(value_bytes) // MIB
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlProbe:
+    """NVML readings of every GPU, by UUID.
+
+    `nvml` is the `pynvml` module (imported on first use when not given); tests
+    pass a fake module with the same names. Each call initialises NVML and shuts
+    it down again (NVML counts nested inits), so a probe holds no handle between
+    calls and survives a driver reload.
+    """
+
+    def __init__(self, nvml: Any | None = None) -> None:
+        self._nvml = nvml
+
+    def _module(self) -> Any:
+        if self._nvml is None:
+            try:
+                self._nvml = importlib.import_module("pynvml")
+            except ImportError as exc:
+                raise NvmlUnavailable(
+                    f"the pynvml module (PyPI nvidia-ml-py) is not installed; {_HINT}"
+                ) from exc
+        return self._nvml
+
+    def _codes(self, names: tuple[str, ...]) -> set[int]:
+        nvml = self._module()
+        return {getattr(nvml, n) for n in names if hasattr(nvml, n)}
+
+    def _translate(self, call: str, exc: Exception) -> AdapterError:
+        code = getattr(exc, "value", None)
+        detail = f"NVML {call}: {exc}"
+        if code in self._codes(_UNAVAILABLE):
+            return NvmlUnavailable(
+                f"NVML is not usable on this host ({exc}); is the NVIDIA driver installed? {_HINT}",
+                call=call,
+                nvml_code=code,
+            )
+        if code in self._codes(_TRANSIENT):
+            return TransientError(detail, call=call, nvml_code=code)
+        return AdapterError(detail, call=call, nvml_code=code)
+
+    def _call(self, call: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        nvml = self._module()
+        try:
+            return fn(*args, **kwargs)
+        except nvml.NVMLError as exc:
+            raise self._translate(call, exc) from exc
+
+    @contextmanager
+    def _session(self) -> Iterator[Any]:
+        nvml = self._module()
+        self._call("init", nvml.nvmlInit)
+        try:
+            yield nvml
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as exc:  # a failed shutdown must not hide the result
+                log.warning("nvml.shutdown_failed", error=str(exc))
+
+    def driver_version(self) -> str:
+        with self._session() as nvml:
+            return _text(self._call("driver version", nvml.nvmlSystemGetDriverVersion))
+
+    def gpus(self) -> list[GpuReading]:
+        """Every GPU NVML sees, ordered by NVML index; raises NvmlUnavailable if there is none."""
+        with self._session() as nvml:
+            count = int(self._call("device count", nvml.nvmlDeviceGetCount))
+            if count == 0:
+                raise NvmlUnavailable(f"NVML sees no GPU on this host; {_HINT}")
+            return [self._reading(nvml, i) for i in range(count)]
+
+    def _reading(self, nvml: Any, index: int) -> GpuReading:
+        handle = self._call(f"handle of GPU {index}", nvml.nvmlDeviceGetHandleByIndex, index)
+        uuid = _text(self._call(f"UUID of GPU {index}", nvml.nvmlDeviceGetUUID, handle))
+        name = _text(self._call(f"name of {uuid}", nvml.nvmlDeviceGetName, handle))
+        memory = self._memory(nvml, handle, uuid)
+        return GpuReading(
+            uuid=uuid,
+            name=name,
+            index=index,
+            total_mib=mib(memory.total),
+            used_mib=mib(memory.used),
+            free_mib=mib(memory.free),
+            processes=self._processes(nvml, handle, uuid),
+        )
+
+    def _memory(self, nvml: Any, handle: Any, uuid: str) -> Any:
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) not in self._codes(_UNSUPPORTED):
+                    raise self._translate(f"memory of {uuid}", exc) from exc
+                log.info("nvml.memory_v1_fallback", gpu=uuid, error=str(exc))
+        return self._call(f"memory of {uuid}", nvml.nvmlDeviceGetMemoryInfo, handle)
+
+    def _processes(self, nvml: Any, handle: Any, uuid: str) -> tuple[GpuProcess, ...]:
+        try:
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) not in self._codes(_UNSUPPORTED):
+                raise self._translate(f"processes of {uuid}", exc) from exc
+            log.warning("nvml.processes_unsupported", gpu=uuid, error=str(exc))
+            return ()
+        out = []
+        for proc in procs:
+            used = getattr(proc, "usedGpuMemory", None)
+            # None: the driver does not account per process (WDDM); 0 MiB keeps the PID visible.
+            out.append(GpuProcess(pid=int(proc.pid), used_mib=mib(used) if used is not None else 0))
+        return tuple(sorted(out, key=lambda p: p.pid))
