@@ -1,0 +1,415 @@
+"""The stub engine's HTTP server: endpoints, SSE streaming, simulated timing, faults, VRAM.
+
+Timing gives measurements a ground truth: token i (0-based) of a completion is
+emitted at t0 + prompt_tokens/prefill_tps + i/decode_tps, where t0 is when the
+request body was read. The schedule is absolute (time.monotonic), so sleeps that
+overshoot do not accumulate and measured rates stay within 1% of the configured
+ones. A rate of 0 means "instant".
+
+The server runs in a background thread; the main thread waits for SIGTERM/SIGINT
+(or --exit-after) and shuts it down, so a container stops at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from anvil_ctl.stub.options import StubOptions, parse_options
+from anvil_ctl.stub.rules import (
+    BadRequest,
+    Completion,
+    Prompt,
+    chat_prompt,
+    complete,
+    load_answer_book,
+)
+from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
+
+EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
+
+
+class StubState:
+    """Shared mutable state of one stub process (counters behind a lock)."""
+
+    def __init__(self, options: StubOptions, answer_book: list[tuple[str, str]]) -> None:
+        self.options = options
+        self.answer_book = answer_book
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.completions_started = 0
+        self.completions_done = 0
+        self.ids = itertools.count(1)
+        self.stop = threading.Event()
+        self.exit_code = 0
+
+    def warming(self) -> bool:
+        return time.monotonic() - self.started < self.options.slow_start
+
+    def healthy(self) -> bool:
+        return not self.options.fail_health and not self.warming()
+
+    def admit(self) -> bool:
+        """Count a completion in; False once --exit-after's budget is used up."""
+        with self.lock:
+            limit = self.options.exit_after
+            if limit is not None and self.completions_started >= limit:
+                return False
+            self.completions_started += 1
+            return True
+
+    def finished(self) -> None:
+        with self.lock:
+            self.completions_done += 1
+            limit = self.options.exit_after
+            if limit is not None and self.completions_done >= limit:
+                self.exit_code = EXIT_AFTER_CODE
+                self.stop.set()
+
+    def vram(self) -> dict[str, int]:
+        o = self.options
+        if not self.healthy():
+            used = 0
+        elif o.vram_loaded_mib is not None and self.completions_done >= o.vram_after_requests:
+            used = o.vram_loaded_mib
+        else:
+            used = o.vram_idle_mib
+        return dict.fromkeys(o.gpu_uuids, used)
+
+
+class Pacer:
+    """Sleeps until each token's absolute due time."""
+
+    def __init__(self, options: StubOptions, prompt_tokens: int, t0: float) -> None:
+        self.prefill_s = prompt_tokens / options.prefill_tps if options.prefill_tps > 0 else 0.0
+        self.step_s = 1.0 / options.decode_tps if options.decode_tps > 0 else 0.0
+        self.t0 = t0
+
+    def wait_for(self, index: int) -> None:
+        due = self.t0 + self.prefill_s + index * self.step_s
+        while True:
+            left = due - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(left)
+
+
+def _usage(prompt: Prompt, c: Completion) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt.tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": prompt.tokens + c.completion_tokens,
+        "completion_tokens_details": {"reasoning_tokens": len(c.reasoning_tokens)},
+    }
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "anvil-stub/1"
+    state: StubState  # set on the subclass made by make_server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # quiet: request logs would drown test output
+
+    # ------------------------------------------------------------ plumbing
+
+    def _send_json(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        self._send_json(status, {"error": {"message": message, "type": kind, "code": status}})
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError as exc:
+            raise BadRequest(f"body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise BadRequest("body must be a JSON object")
+        return body
+
+    def _sse(self, payload: Any) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()
+
+    # ------------------------------------------------------------ routes
+
+    def do_GET(self) -> None:
+        st = self.state
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            if st.healthy():
+                self._send_json(200, {"status": "ok"})
+            else:
+                self._error(503, "starting" if st.warming() else "unhealthy")
+        elif path == "/v1/models":
+            if st.warming():
+                self._error(503, "starting")
+                return
+            card = {
+                "id": st.options.reported_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "anvil-stub",
+                "max_model_len": st.options.max_model_len,
+            }
+            self._send_json(200, {"object": "list", "data": [card]})
+        elif path == "/anvil/sim/vram":
+            self._send_json(200, {"gpus": st.vram()})
+        else:
+            self._error(404, f"no route {path}")
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path not in ("/v1/chat/completions", "/v1/responses"):
+            self._error(404, f"no route {path}")
+            return
+        st = self.state
+        t0 = time.monotonic()
+        try:
+            body = self._body()
+            prompt = (
+                chat_prompt(body) if path == "/v1/chat/completions" else responses_prompt_of(body)
+            )
+        except BadRequest as exc:
+            self._error(400, str(exc))
+            return
+        if st.warming():
+            self._error(503, "starting")
+            return
+        if prompt.tokens > st.options.max_model_len:
+            self._error(
+                400,
+                f"prompt has {prompt.tokens} tokens, "
+                f"more than max_model_len {st.options.max_model_len}",
+            )
+            return
+        if not st.admit():
+            self._error(503, "shutting down (exit-after)")
+            return
+        try:
+            o = st.options
+            completion = complete(
+                prompt,
+                answer_book=st.answer_book,
+                faults=o.faults,
+                reasoning_tokens=o.reasoning_tokens,
+                verbose_default=o.verbose_default,
+                default_max_tokens=o.default_max_tokens,
+            )
+            pacer = Pacer(o, prompt.tokens, t0)
+            if path == "/v1/responses":
+                pacer.wait_for(max(completion.completion_tokens - 1, 0))
+                self._send_json(200, self._responses_body(prompt, completion))
+            elif body.get("stream"):
+                self._stream_chat(prompt, completion, pacer, body)
+            else:
+                pacer.wait_for(max(completion.completion_tokens - 1, 0))
+                self._send_json(200, self._chat_body(prompt, completion))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away; nothing to answer
+        finally:
+            st.finished()
+
+    # ------------------------------------------------------------ chat
+
+    def _chat_body(self, prompt: Prompt, c: Completion) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": c.content or None}
+        if c.reasoning_tokens:
+            message["reasoning_content"] = c.reasoning
+        if c.tool_call is not None:
+            message["content"] = None
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{next(self.state.ids)}",
+                    "type": "function",
+                    "function": {"name": c.tool_call.name, "arguments": c.arguments},
+                }
+            ]
+        elif message["content"] is None:
+            message["content"] = ""
+        return {
+            "id": f"chatcmpl-{next(self.state.ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.state.options.reported_name,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": c.finish_reason, "logprobs": None}
+            ],
+            "usage": _usage(prompt, c),
+        }
+
+    def _stream_chat(
+        self, prompt: Prompt, c: Completion, pacer: Pacer, body: dict[str, Any]
+    ) -> None:
+        st = self.state
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        cid = f"chatcmpl-{next(st.ids)}"
+        created = int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": st.options.reported_name,
+                "choices": [
+                    {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+                ],
+            }
+
+        deltas: list[dict[str, Any]] = [{"reasoning_content": t} for t in c.reasoning_tokens]
+        if c.tool_call is not None:
+            call_id = f"call_{next(st.ids)}"
+            head = {"index": 0, "id": call_id, "type": "function"}
+            first_args = c.tool_tokens[0] if c.tool_tokens else ""
+            deltas.append(
+                {
+                    "tool_calls": [
+                        {**head, "function": {"name": c.tool_call.name, "arguments": first_args}}
+                    ]
+                }
+            )
+            deltas.extend(
+                {"tool_calls": [{"index": 0, "function": {"arguments": t}}]}
+                for t in c.tool_tokens[1:]
+            )
+        else:
+            deltas.extend({"content": t} for t in c.content_tokens)
+        cut_at = None
+        if "truncate-stream" in st.options.faults:
+            cut_at = len(c.reasoning_tokens) + len(c.content_tokens) // 2
+        if not deltas:
+            self._sse(chunk({"role": "assistant", "content": ""}))
+        for i, delta in enumerate(deltas):
+            if cut_at is not None and i >= cut_at:
+                return  # the connection closes without finish, usage or [DONE]
+            pacer.wait_for(i)
+            self._sse(chunk({"role": "assistant", **delta} if i == 0 else delta))
+        if cut_at is not None:
+            return
+        self._sse(chunk({}, c.finish_reason))
+        options = body.get("stream_options") or {}
+        if isinstance(options, dict) and options.get("include_usage"):
+            usage_chunk = chunk({})
+            usage_chunk["choices"] = []
+            usage_chunk["usage"] = _usage(prompt, c)
+            self._sse(usage_chunk)
+        self._sse("[DONE]")
+
+    # ------------------------------------------------------------ responses
+
+    def _responses_body(self, prompt: Prompt, c: Completion) -> dict[str, Any]:
+        st = self.state
+        rid = next(st.ids)
+        output: list[dict[str, Any]] = []
+        if c.reasoning_tokens:
+            output.append(
+                {
+                    "type": "reasoning",
+                    "id": f"rs_{rid}",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": c.reasoning}],
+                }
+            )
+        if c.tool_call is not None:
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{rid}",
+                    "call_id": f"call_{rid}",
+                    "name": c.tool_call.name,
+                    "arguments": c.arguments,
+                    "status": "completed",
+                }
+            )
+        else:
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{rid}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": c.content, "annotations": []}],
+                }
+            )
+        incomplete = c.finish_reason == "length"
+        return {
+            "id": f"resp_{rid}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": st.options.reported_name,
+            "status": "incomplete" if incomplete else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "output": output,
+            "output_text": c.content,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": prompt.tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": c.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": len(c.reasoning_tokens)},
+                "total_tokens": prompt.tokens + c.completion_tokens,
+            },
+        }
+
+
+def make_server(
+    options: StubOptions, answer_book: list[tuple[str, str]]
+) -> tuple[ThreadingHTTPServer, StubState]:
+    state = StubState(options, answer_book)
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    server = ThreadingHTTPServer((options.host, options.port), handler)
+    server.daemon_threads = True
+    return server, state
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run until SIGTERM/SIGINT (exit 0) or until --exit-after is reached (exit 1)."""
+    options = parse_options(sys.argv[1:] if argv is None else argv, os.environ)
+    book = load_answer_book(Path(options.answer_book).read_text()) if options.answer_book else []
+    server, state = make_server(options, book)
+
+    def on_signal(signum: int, frame: object) -> None:
+        state.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+    )
+    thread.start()
+    sys.stderr.write(
+        f"anvil-stub: serving {options.served_model!r} on {options.host}:{options.port}\n"
+    )
+    sys.stderr.flush()
+    while not state.stop.wait(0.5):
+        pass
+    server.shutdown()
+    server.server_close()
+    return state.exit_code
