@@ -1,0 +1,343 @@
+"""Recipes: pinned, validated descriptions of one serve, and the container spec `load` creates.
+
+A recipe is a TOML file in `recipes/` whose file name (without `.toml`) is its
+`name`. It pins the model (`repo@<40-hex revision>`) and the image (repo digest
+or local image ID; a tag is refused), and names everything the container needs.
+Values the sources of a recipe do not give are never invented: they stay absent
+and are listed in `unknown`; values we chose ourselves are listed in `assumed`.
+A recipe with any `unknown` entry validates and plans but is not runnable.
+
+Warning: the recipe digest covers the file's content, not its location; relative
+mount sources resolve against the recipe's directory only when a spec is made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from anvil_ctl.config import NAME_RE, HostConfig, Slot, format_validation_error
+from anvil_ctl.core.errors import RecipeError
+from anvil_ctl.core.model import (
+    LABEL_MANAGED,
+    LABEL_RECIPE,
+    LABEL_RECIPE_DIGEST,
+    LABEL_ROLE,
+    LABEL_SERVED_MODEL,
+    LABEL_SLOT,
+    LABEL_TX,
+    ContainerSpec,
+    Mount,
+    sha256_hex,
+)
+
+MODEL_IDENTITY_RE = re.compile(
+    r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)@(?P<rev>[0-9a-f]{40})$"
+)
+IMAGE_DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
+IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+SHM_SIZE_RE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
+
+# Engines that serve no Hugging Face model, so `model` may be absent without being unknown.
+ENGINES_WITHOUT_MODEL = frozenset({"stub"})
+
+# Fields that may be left absent when the recipe lists them in `unknown`.
+_ABSENT_IF_UNKNOWN = ("model", "served_model", "max_concurrency")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RecipeMount(_Strict):
+    """A bind mount; a relative source resolves against the recipe file's directory."""
+
+    source: str = Field(min_length=1, description="Host path, absolute or relative to the recipe")
+    target: str = Field(description="Absolute path inside the container")
+    read_only: bool = Field(True, description="Mount read-only")
+
+    @field_validator("target")
+    @classmethod
+    def _absolute_target(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("expected an absolute path inside the container")
+        return value
+
+
+class Ulimit(_Strict):
+    soft: int = Field(ge=-1, description="Soft limit; -1 is unlimited")
+    hard: int = Field(ge=-1, description="Hard limit; -1 is unlimited")
+
+
+class Recipe(_Strict):
+    """One serve, pinned: model, image, served identity, shape, container and provenance."""
+
+    name: str = Field(description="Recipe name; equals the file name without .toml")
+    description: str = Field("", description="One line for listings")
+    engine: str = Field(min_length=1, description="Engine kind: stub, sglang, exllamav3, ...")
+    model: str | None = Field(None, description="Model identity repo@<40-hex revision>")
+    image: str = Field(description="name@sha256:<64 hex> or a local image ID sha256:<64 hex>")
+    served_model: str | None = Field(None, min_length=1, description="Id /v1/models must report")
+    context_tokens: int = Field(gt=0, description="Configured context (max model length) in tokens")
+    max_concurrency: int | None = Field(None, gt=0, description="Maximum running requests")
+    tp_size: int = Field(ge=1, description="Tensor-parallel size")
+    gpu_roles: tuple[str, ...] = Field(description="GPU role names, one per TP rank")
+    gpu_roles_reason: str = Field("", description="Why gpu_roles differs from tp_size, if it does")
+    port: int = Field(gt=0, lt=65536, description="Port the engine listens on; equals the slot's")
+    health_path: str = Field("/health", description="Path answering 200 when healthy")
+    startup_timeout_s: float = Field(600.0, gt=0, description="Deadline for health and identity")
+    profile: str = Field(min_length=1, description="Qualification profile name")
+    entrypoint: tuple[str, ...] | None = Field(None, description="Container entrypoint")
+    args: tuple[str, ...] = Field((), description="Container command (arguments to the entrypoint)")
+    env: dict[str, str] = Field(default_factory=dict, description="Container environment")
+    mounts: tuple[RecipeMount, ...] = Field((), description="Bind mounts")
+    shm_size: str | None = Field(None, description="Size of /dev/shm, e.g. 32g")
+    ipc_mode: str | None = Field(None, description="IPC mode: host, private, shareable")
+    ulimits: dict[str, int | Ulimit] = Field(default_factory=dict, description="name -> limit")
+    unknown: tuple[str, ...] = Field((), description="Fields (dotted) the sources do not give")
+    assumed: tuple[str, ...] = Field((), description="Fields (dotted) we chose, not from sources")
+    notes: str = Field("", description="Free-form notes")
+    provenance: dict[str, Any] = Field(default_factory=dict, description="Where values came from")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError("expected lowercase letters, digits, '.', '_' or '-' (max 63)")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str | None) -> str | None:
+        if value is not None and not MODEL_IDENTITY_RE.match(value):
+            raise ValueError(
+                "expected a pinned model identity ORG/NAME@<40 lowercase hex revision>"
+            )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if IMAGE_DIGEST_RE.match(value) or IMAGE_ID_RE.match(value):
+            return value
+        raise ValueError(
+            f"{value!r} is not pinned; expected a repo digest NAME@sha256:<64 hex> or a local "
+            "image ID sha256:<64 hex> (a tag such as NAME:latest can move)"
+        )
+
+    @field_validator("health_path")
+    @classmethod
+    def _health_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("expected a path starting with '/'")
+        return value
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm_size(cls, value: str | None) -> str | None:
+        if value is not None and not SHM_SIZE_RE.match(value):
+            raise ValueError("expected a size such as 16g, 512m or a number of bytes")
+        return value
+
+    @field_validator("gpu_roles")
+    @classmethod
+    def _roles(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("expected distinct role names")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        if len(self.gpu_roles) != self.tp_size and not self.gpu_roles_reason:
+            raise ValueError(
+                f"gpu_roles: {len(self.gpu_roles)} roles for tp_size {self.tp_size}; expected "
+                "one role per rank, or state why in gpu_roles_reason"
+            )
+        fields = type(self).model_fields
+        for entry in (*self.unknown, *self.assumed):
+            if entry.split(".", 1)[0] not in fields:
+                raise ValueError(f"unknown/assumed: {entry!r} does not start with a recipe field")
+        for entry in self.unknown:
+            if "." not in entry and entry in self.model_fields_set:
+                raise ValueError(f"unknown: {entry!r} is given a value and listed as unknown")
+        for name in _ABSENT_IF_UNKNOWN:
+            if getattr(self, name) is not None or name in self.unknown:
+                continue
+            if name == "model" and self.engine in ENGINES_WITHOUT_MODEL:
+                continue
+            raise ValueError(f"{name}: required; give it, or list it in unknown if no source does")
+        return self
+
+    @property
+    def model_repo(self) -> str | None:
+        return self.model.split("@", 1)[0] if self.model else None
+
+    @property
+    def model_revision(self) -> str | None:
+        return self.model.split("@", 1)[1] if self.model else None
+
+    @property
+    def runnable(self) -> bool:
+        """True when no value is unknown; only such a recipe may be loaded."""
+        return not self.unknown
+
+    def ulimit_tuples(self) -> tuple[tuple[str, int, int], ...]:
+        out = []
+        for name, limit in sorted(self.ulimits.items()):
+            if isinstance(limit, Ulimit):
+                out.append((name, limit.soft, limit.hard))
+            else:
+                out.append((name, limit, limit))
+        return tuple(out)
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read and validate one recipe; RecipeError names the file, the field and the expectation."""
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: recipe not found", file=str(path)) from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RecipeError(f"{path}: not a readable TOML file: {exc}", file=str(path)) from exc
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(path, exc), file=str(path)) from None
+    stem = path.name.removesuffix(".toml")
+    if recipe.name != stem:
+        raise RecipeError(
+            f"{path}: name: {recipe.name!r} differs from the file name; expected {stem!r}",
+            file=str(path),
+            field="name",
+        )
+    return recipe
+
+
+def recipe_digest(recipe: Recipe) -> str:
+    """SHA-256 of the recipe's canonical JSON; what `io.anvil.recipe-digest` carries."""
+    return sha256_hex(recipe.model_dump(mode="json"))
+
+
+def check_runnable(recipe: Recipe) -> None:
+    """Refuse (RecipeError) a recipe that lists values its sources do not give."""
+    if recipe.unknown:
+        raise RecipeError(
+            f"recipe {recipe.name}: unknown: {', '.join(recipe.unknown)} not given by its sources; "
+            "expected every value known before it can run",
+            field="unknown",
+        )
+
+
+def check_fits_slot(recipe: Recipe, slot: Slot) -> None:
+    """The recipe listens on the slot's port and uses only GPU roles the slot allows."""
+    if recipe.port != slot.port:
+        raise RecipeError(
+            f"recipe {recipe.name}: port: {recipe.port} differs from the slot binding "
+            f"{slot.binding}; expected {slot.port}",
+            field="port",
+        )
+    if slot.gpu_roles:
+        foreign = [r for r in recipe.gpu_roles if r not in slot.gpu_roles]
+        if foreign:
+            raise RecipeError(
+                f"recipe {recipe.name}: gpu_roles: {foreign} are not allowed in this slot; "
+                f"expected roles among {list(slot.gpu_roles)}",
+                field="gpu_roles",
+            )
+
+
+def resolve_gpu_uuids(recipe: Recipe, host_config: HostConfig) -> tuple[str, ...]:
+    """GPU UUIDs of the recipe's roles, in role order (never indexes)."""
+    uuids = []
+    for role in recipe.gpu_roles:
+        gpu = host_config.gpu_roles.get(role)
+        if gpu is None:
+            raise RecipeError(
+                f"recipe {recipe.name}: gpu_roles: role {role!r} is not in the host config; "
+                f"expected one of {sorted(host_config.gpu_roles)}",
+                field="gpu_roles",
+            )
+        uuids.append(gpu.uuid)
+    return tuple(uuids)
+
+
+def short_tx(tx_id: str) -> str:
+    """The first eight alphanumerics of a transaction ID, lower case."""
+    short = re.sub(r"[^a-z0-9]", "", tx_id.lower())[:8]
+    if not short:
+        raise ValueError(f"transaction id {tx_id!r} has no letters or digits")
+    return short
+
+
+def container_name(recipe: Recipe, slot_name: str, tx_id: str) -> str:
+    return f"anvil-{slot_name}-{recipe.name}-{short_tx(tx_id)}"
+
+
+def _mount_source(source: str, recipe_path: Path) -> str:
+    if os.path.isabs(source):
+        return os.path.normpath(source)
+    return os.path.normpath(os.path.join(recipe_path.parent.absolute(), source))
+
+
+def container_spec(
+    recipe: Recipe,
+    *,
+    slot_name: str,
+    slot: Slot,
+    host_config: HostConfig,
+    recipe_path: Path,
+    tx_id: str,
+) -> ContainerSpec:
+    """Exactly the container `load` creates for this recipe in this slot; touches nothing."""
+    check_fits_slot(recipe, slot)
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_SLOT: slot_name,
+        LABEL_RECIPE: recipe.name,
+        LABEL_RECIPE_DIGEST: recipe_digest(recipe),
+        LABEL_TX: tx_id,
+        LABEL_ROLE: "candidate",
+    }
+    if recipe.served_model is not None:
+        labels[LABEL_SERVED_MODEL] = recipe.served_model
+    return ContainerSpec(
+        name=container_name(recipe, slot_name, tx_id),
+        image=recipe.image,
+        command=recipe.args,
+        entrypoint=recipe.entrypoint,
+        env=tuple(sorted(recipe.env.items())),
+        labels=tuple(sorted(labels.items())),
+        mounts=tuple(
+            Mount(_mount_source(m.source, recipe_path), m.target, m.read_only)
+            for m in recipe.mounts
+        ),
+        network_mode="host",
+        gpu_uuids=resolve_gpu_uuids(recipe, host_config),
+        shm_size=recipe.shm_size,
+        ipc_mode=recipe.ipc_mode,
+        ulimits=recipe.ulimit_tuples(),
+        init=True,
+    )
+
+
+def spec_as_dict(spec: ContainerSpec) -> dict[str, Any]:
+    """A ContainerSpec as plain JSON-able data (tuples as lists)."""
+    data = asdict(spec)
+    data["env"] = dict(spec.env)
+    data["labels"] = dict(spec.labels)
+    return _lists(data)  # type: ignore[no-any-return]
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_lists(v) for v in value]
+    return value
