@@ -1,0 +1,165 @@
+"""Router credentials: one resolution chain for the admin and client tokens.
+
+For each token: the environment variable named in the host config
+(`RouterConfig.admin_token_env` / `client_token_env`), then the credential TOML
+file (`admin_token`, `client_token`). The file must belong to the current user
+and grant nothing to group or others (0600 or stricter); anything looser is
+refused before it is read.
+
+Warning: a token is a secret. `Secret` keeps its value out of `repr`, `str`,
+equality and hashing; only `reveal()` hands it out, and only adapters that put
+it on the wire should call it. Error messages name the *source* of a token
+("env ANVIL_ROUTER_ADMIN_TOKEN", "file /path (admin_token)"), never its value.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from anvil_ctl.config import RouterConfig
+from anvil_ctl.core.errors import CredentialError
+
+TokenKind = Literal["admin", "client"]
+_FILE_KEYS: dict[TokenKind, str] = {"admin": "admin_token", "client": "client_token"}
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A token plus where it came from; the value never appears in repr, str or comparisons."""
+
+    _value: str = field(repr=False, compare=False)
+    source: str
+
+    def reveal(self) -> str:
+        """The token itself, for the one place that puts it on the wire."""
+        return self._value
+
+    def __str__(self) -> str:
+        return f"<secret from {self.source}>"
+
+    def __repr__(self) -> str:
+        return f"Secret(source={self.source!r})"
+
+
+@dataclass(frozen=True)
+class RouterCredentials:
+    """The router's client token and admin token (None where socket permissions are the admin)."""
+
+    client: Secret
+    admin: Secret | None = None
+
+    def require_admin(self) -> Secret:
+        if self.admin is None:
+            raise CredentialError("no router admin token was resolved", kind="admin")
+        return self.admin
+
+    def describe(self) -> dict[str, str | None]:
+        """Where each token came from, for logs and records (no values)."""
+        return {
+            "admin_source": self.admin.source if self.admin else None,
+            "client_source": self.client.source,
+        }
+
+    def __repr__(self) -> str:
+        admin = self.admin.source if self.admin else None
+        return f"RouterCredentials(admin_source={admin!r}, client_source={self.client.source!r})"
+
+    __str__ = __repr__
+
+
+def check_private_file(path: Path) -> os.stat_result:
+    """Refuse a credential file that is missing, irregular, foreign, or open to group/others."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise CredentialError(f"credential file {path} does not exist", file=str(path)) from None
+    except OSError as exc:
+        raise CredentialError(
+            f"credential file {path} cannot be read: {exc.strerror}", file=str(path)
+        ) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise CredentialError(f"credential file {path} is not a regular file", file=str(path))
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.geteuid():
+        raise CredentialError(
+            f"credential file {path} is owned by uid {st.st_uid}, not by the current user "
+            f"(uid {os.geteuid()}); refusing to use it",
+            file=str(path),
+            owner=st.st_uid,
+        )
+    if mode & 0o077:
+        raise CredentialError(
+            f"credential file {path} has mode {mode:04o}; it must grant nothing to group or "
+            f"others (chmod 600 {path})",
+            file=str(path),
+            mode=f"{mode:04o}",
+        )
+    return st
+
+
+def read_credential_file(path: Path) -> dict[str, str]:
+    """The token entries of a checked credential file (only string values of known keys)."""
+    check_private_file(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        # Keep only the position: a decoder message must never carry file content.
+        where = re.search(r"\(at (line \d+, column \d+|end of document)\)", str(exc))
+        raise CredentialError(
+            f"credential file {path} is not valid TOML ({where.group(1) if where else 'syntax'})",
+            file=str(path),
+        ) from None
+    except OSError as exc:
+        raise CredentialError(
+            f"credential file {path} cannot be read: {exc.strerror}", file=str(path)
+        ) from exc
+    out: dict[str, str] = {}
+    for key in _FILE_KEYS.values():
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise CredentialError(
+                f"credential file {path}: {key} must be a non-empty string", file=str(path), key=key
+            )
+        out[key] = value.strip()
+    return out
+
+
+def resolve_token(
+    kind: TokenKind, env_name: str, env: Mapping[str, str], credential_file: Path | None
+) -> Secret:
+    """Resolve one token: environment variable first, then the credential file."""
+    value = env.get(env_name, "").strip()
+    if value:
+        return Secret(value, f"env {env_name}")
+    key = _FILE_KEYS[kind]
+    if credential_file is not None:
+        entries = read_credential_file(credential_file)
+        if key in entries:
+            return Secret(entries[key], f"file {credential_file} ({key})")
+    tried = f"env {env_name}"
+    if credential_file is not None:
+        tried += f", file {credential_file} ({key})"
+    raise CredentialError(f"router {kind} token not found; tried {tried}", kind=kind, tried=tried)
+
+
+def resolve_credentials(
+    router: RouterConfig, env: Mapping[str, str], *, need_admin: bool = True
+) -> RouterCredentials:
+    """Both router tokens through the chain; the admin token only when the router uses one."""
+    client = resolve_token("client", router.client_token_env, env, router.credential_file)
+    admin = (
+        resolve_token("admin", router.admin_token_env, env, router.credential_file)
+        if need_admin
+        else None
+    )
+    return RouterCredentials(client=client, admin=admin)

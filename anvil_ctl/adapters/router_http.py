@@ -1,0 +1,176 @@
+"""HTTP pieces both router adapters share: error translation, the routed chat, the readmission loop.
+
+httpx exceptions end here (`TransientError`); a 401/403 becomes `AuthRejected`
+naming the credential's source, never its value. The readmission loop retries
+only our own retryable errors (`TransientError`, `NotYetRouted`) with tenacity
+until its deadline and turns the last reason into `StepFailed`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import structlog
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from anvil_ctl.adapters.credentials import Secret
+from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
+from anvil_ctl.core.model import RoutedAnswer
+
+log = structlog.get_logger()
+
+READMIT_PROMPT = "Reply with exactly: anvil-readmit"
+PROBE_ALIAS = "anvil.credential-probe"
+
+
+class NotYetRouted(TransientError):
+    """The router does not yet answer 200 from the expected model; worth another attempt."""
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Turn httpx transport failures into TransientError (they are retryable by nature)."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise TransientError(f"{what}: timed out ({type(exc).__name__})") from exc
+    except httpx.TransportError as exc:
+        raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def bearer(secret: Secret) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret.reveal()}"}
+
+
+def reject_auth(response: httpx.Response, secret: Secret, what: str) -> None:
+    """Raise AuthRejected for a 401/403, naming where the credential came from."""
+    if response.status_code in (401, 403):
+        meaning = "rejected" if response.status_code == 401 else "lacks the required role for"
+        raise AuthRejected(
+            f"router answered {response.status_code} to {what}: the token from "
+            f"{secret.source} is {meaning} this call; check that credential, not the model",
+            status=response.status_code,
+            credential_source=secret.source,
+        )
+
+
+def response_model(response: httpx.Response) -> tuple[str | None, str | None]:
+    """(model, content) of a chat completion body, (None, None) when it is not one."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    content: str | None = None
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            content = message["content"]
+    return model, content
+
+
+def routed_chat(
+    client: httpx.Client, base_url: str, alias: str, secret: Secret, *, timeout_s: float = 30.0
+) -> RoutedAnswer:
+    """One authenticated, non-streaming chat completion through the router to an alias."""
+    with translated(f"routed chat to {alias!r} via {base_url}"):
+        response = client.post(
+            f"{base_url}/v1/chat/completions",
+            headers=bearer(secret),
+            json={
+                "model": alias,
+                "messages": [{"role": "user", "content": READMIT_PROMPT}],
+                "max_tokens": 16,
+                "stream": False,
+            },
+            timeout=timeout_s,
+        )
+    reject_auth(response, secret, f"a routed chat to {alias!r}")
+    model, content = response_model(response)
+    return RoutedAnswer(status=response.status_code, model=model, content=content)
+
+
+def probe_client_token(client: httpx.Client, base_url: str, secret: Secret) -> int:
+    """A harmless authenticated data-plane call: a chat to an alias no tier serves.
+
+    Any answer but 401/403 (typically 404) proves the token was accepted; no
+    backend sees the request.
+    """
+    with translated(f"client credential probe via {base_url}"):
+        response = client.post(
+            f"{base_url}/v1/chat/completions",
+            headers=bearer(secret),
+            json={"model": PROBE_ALIAS, "messages": [{"role": "user", "content": "probe"}]},
+        )
+    reject_auth(response, secret, "the client credential probe")
+    return response.status_code
+
+
+def check_answer(answer: RoutedAnswer, alias: str, expected_model: str) -> None:
+    """Raise NotYetRouted unless the routed answer is a 200 from the expected served model."""
+    if answer.status != 200:
+        raise NotYetRouted(
+            f"routed chat to {alias!r} answered {answer.status}", status=answer.status
+        )
+    if answer.model != expected_model:
+        raise NotYetRouted(
+            f"routed chat to {alias!r} answered from {answer.model!r}, expected {expected_model!r}",
+            model=answer.model,
+        )
+
+
+def readmit_loop(
+    attempt: Callable[[], RoutedAnswer],
+    *,
+    what: str,
+    deadline_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    max_wait_s: float = 2.0,
+) -> RoutedAnswer:
+    """Call `attempt` until it returns (a verified answer), retrying only TransientError.
+
+    AuthRejected and every other error pass through at once: a credential
+    problem is final. At the deadline the last reason becomes StepFailed.
+    """
+    started = time.monotonic()
+
+    def _log_retry(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.info("router.readmit.retry", target=what, attempt=state.attempt_number, reason=str(exc))
+
+    retrying = Retrying(
+        stop=stop_after_delay(deadline_s),
+        wait=wait_exponential(multiplier=0.25, max=max_wait_s),
+        retry=retry_if_exception_type(TransientError),
+        before_sleep=_log_retry,
+        sleep=sleep,
+        reraise=True,
+    )
+    try:
+        answer = retrying(attempt)
+    except TransientError as exc:
+        raise StepFailed(
+            f"readmission of {what} did not complete within {deadline_s:.0f} s: {exc}",
+            last_reason=str(exc),
+            deadline_s=deadline_s,
+        ) from exc
+    log.info(
+        "router.readmit.done",
+        target=what,
+        model=answer.model,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    return answer
