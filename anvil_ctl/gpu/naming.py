@@ -1,0 +1,68 @@
+"""Role names for GPUs, pinned to UUIDs, never to runtime indexes (no pydantic needed here).
+
+Order: largest card first; cards of equal capacity by canonical (lower-case)
+UUID, so that a change of CUDA/NVML enumeration order can never swap two roles.
+Names are `compute-a`, `compute-b`, ... in that order; an override maps a UUID
+to a name of the operator's choosing and takes that card out of the sequence.
+`anvil_ctl.gpu.roles` turns the result into host-config roles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from anvil_ctl.core.errors import ConfigError
+from anvil_ctl.core.model import GpuReading
+
+ROLE_PREFIX = "compute-"
+
+
+def role_name(position: int) -> str:
+    """0 -> compute-a, 25 -> compute-z, 26 -> compute-aa (bijective base 26)."""
+    letters = ""
+    n = position + 1
+    while n:
+        n, rem = divmod(n - 1, 26)
+        letters = chr(ord("a") + rem) + letters
+    return ROLE_PREFIX + letters
+
+
+def role_order(readings: Sequence[GpuReading]) -> list[GpuReading]:
+    """Largest total memory first, then canonical UUID; the NVML index plays no part."""
+    return sorted(readings, key=lambda r: (-r.total_mib, r.uuid.lower()))
+
+
+def assign_role_names(
+    readings: Sequence[GpuReading], overrides: Mapping[str, str] | None = None
+) -> dict[str, GpuReading]:
+    """Role name -> reading, in role order; `overrides` maps a GPU UUID (any case) to a name.
+
+    Raises ConfigError for two readings of one UUID, an override naming a GPU
+    that is not present, or two GPUs given one name.
+    """
+    by_uuid = {r.uuid.lower(): r for r in readings}
+    if len(by_uuid) != len(readings):
+        raise ConfigError("two GPU readings carry the same UUID", field="gpu_roles")
+    wanted = {uuid.lower(): name for uuid, name in (overrides or {}).items()}
+    for uuid, name in sorted(wanted.items()):
+        if uuid not in by_uuid:
+            raise ConfigError(
+                f"gpu role override {name!r}: no GPU with UUID {uuid}; "
+                f"expected one of {sorted(by_uuid)}",
+                field="gpu_roles",
+            )
+    if len(set(wanted.values())) != len(wanted):
+        raise ConfigError("gpu role overrides give two GPUs the same name", field="gpu_roles")
+
+    names: dict[str, GpuReading] = {}
+    taken = set(wanted.values())
+    position = 0
+    for reading in role_order(readings):
+        chosen = wanted.get(reading.uuid.lower())
+        if chosen is None:
+            while role_name(position) in taken:
+                position += 1
+            chosen = role_name(position)
+            position += 1
+        names[chosen] = reading
+    return names

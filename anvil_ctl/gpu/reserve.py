@@ -1,0 +1,159 @@
+"""The VRAM reserve policy gate: free MiB per card after a workload vs the reserve in force.
+
+The seeds' rule: after the complete workload each card of the serve must keep
+at least the reserve free (3,072 MiB by default). The boundary passes: a card
+with exactly the reserve free meets it. A card the probe did not report fails,
+with the reading left empty, because an unobserved reserve is not a kept one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from anvil_ctl.core.errors import ConfigError
+from anvil_ctl.core.model import GpuReading
+
+POLICY = "vram-reserve"
+
+
+@dataclass(frozen=True)
+class CardCheck:
+    """One card's reading against its threshold."""
+
+    role: str
+    uuid: str
+    threshold_mib: int
+    free_mib: int | None
+    used_mib: int | None = None
+    total_mib: int | None = None
+
+    @property
+    def observed(self) -> bool:
+        return self.free_mib is not None
+
+    @property
+    def margin_mib(self) -> int | None:
+        return None if self.free_mib is None else self.free_mib - self.threshold_mib
+
+    @property
+    def passed(self) -> bool:
+        return self.free_mib is not None and self.free_mib >= self.threshold_mib
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "uuid": self.uuid,
+            "threshold_mib": self.threshold_mib,
+            "free_mib": self.free_mib,
+            "used_mib": self.used_mib,
+            "total_mib": self.total_mib,
+            "margin_mib": self.margin_mib,
+            "passed": self.passed,
+        }
+
+
+@dataclass(frozen=True)
+class ReserveResult:
+    """The gate's verdict with every reading: what goes into the transaction's evidence."""
+
+    cards: tuple[CardCheck, ...]
+    name: str = POLICY
+    policy: str = POLICY
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cards) and all(c.passed for c in self.cards)
+
+    @property
+    def threshold_mib(self) -> dict[str, int]:
+        return {c.role: c.threshold_mib for c in self.cards}
+
+    @property
+    def margin_mib(self) -> int | None:
+        """The smallest margin over all cards (negative: short by that much); None if unobserved."""
+        margins = [c.margin_mib for c in self.cards]
+        if not margins or any(m is None for m in margins):
+            return None
+        return min(m for m in margins if m is not None)
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "gate": self.name,
+            "policy": self.policy,
+            "passed": self.passed,
+            "threshold_mib": self.threshold_mib,
+            "margin_mib": self.margin_mib,
+            "cards": [c.as_dict() for c in self.cards],
+        }
+
+    @classmethod
+    def from_evidence(cls, data: Mapping[str, Any]) -> ReserveResult:
+        """Rebuild a result from `evidence()` (e.g. a stored row) to re-judge it under waivers."""
+        cards = tuple(
+            CardCheck(
+                role=c["role"],
+                uuid=c["uuid"],
+                threshold_mib=int(c["threshold_mib"]),
+                free_mib=c.get("free_mib"),
+                used_mib=c.get("used_mib"),
+                total_mib=c.get("total_mib"),
+            )
+            for c in data["cards"]
+        )
+        return cls(cards=cards, name=data.get("gate", POLICY), policy=data.get("policy", POLICY))
+
+    def rejudged(self, thresholds: Mapping[str, int]) -> ReserveResult:
+        """The same readings against other thresholds (roles not named keep theirs)."""
+        return ReserveResult(
+            cards=tuple(
+                CardCheck(
+                    role=c.role,
+                    uuid=c.uuid,
+                    threshold_mib=thresholds.get(c.role, c.threshold_mib),
+                    free_mib=c.free_mib,
+                    used_mib=c.used_mib,
+                    total_mib=c.total_mib,
+                )
+                for c in self.cards
+            ),
+            name=self.name,
+            policy=self.policy,
+        )
+
+
+class VramReserveGate:
+    """Passes when every card of the serve keeps at least its reserve free (free >= reserve).
+
+    `reserve_mib`: role -> reserve in force (after waivers); `uuids`: role -> GPU UUID.
+    """
+
+    name = POLICY
+
+    def __init__(self, reserve_mib: Mapping[str, int], uuids: Mapping[str, str]) -> None:
+        missing = sorted(set(reserve_mib) - set(uuids))
+        if missing:
+            raise ConfigError(f"reserve gate: no GPU UUID for roles {missing}", field="gpu_roles")
+        if any(v < 0 for v in reserve_mib.values()):
+            raise ConfigError("reserve gate: a reserve cannot be negative", field="reserve_mib")
+        self.reserve_mib = dict(reserve_mib)
+        self.uuids = {role: uuids[role] for role in reserve_mib}
+
+    def __call__(self, readings: Sequence[GpuReading]) -> ReserveResult:
+        by_uuid = {r.uuid.lower(): r for r in readings}
+        cards = []
+        for role in sorted(self.reserve_mib):
+            uuid = self.uuids[role]
+            reading = by_uuid.get(uuid.lower())
+            cards.append(
+                CardCheck(
+                    role=role,
+                    uuid=uuid,
+                    threshold_mib=self.reserve_mib[role],
+                    free_mib=reading.free_mib if reading else None,
+                    used_mib=reading.used_mib if reading else None,
+                    total_mib=reading.total_mib if reading else None,
+                )
+            )
+        return ReserveResult(cards=tuple(cards))
