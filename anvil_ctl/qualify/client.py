@@ -1,0 +1,267 @@
+"""Async engine client for the OpenAI-compatible API, with timing taken from the stream.
+
+The only module of `anvil_ctl.qualify` that talks HTTP. httpx errors are translated
+here: connection failures and 5xx become `TransientError`, other non-2xx answers
+`AdapterError` (with `status` and a body excerpt in `.data`). A stream that breaks
+mid-way is not an exception: its partial result comes back marked `truncated`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from anvil_ctl.core.errors import AdapterError, TransientError
+from anvil_ctl.core.model import ModelCard
+from anvil_ctl.qualify.results import ChatResult, ResponsesResult, ToolCall, Usage
+from anvil_ctl.qualify.sse import SSEDecoder, StreamAssembler
+
+Message = dict[str, Any]
+
+
+def image_part(png: bytes, mime: str = "image/png") -> dict[str, Any]:
+    """A chat content part carrying an image as a data URL."""
+    url = f"data:{mime};base64,{base64.b64encode(png).decode()}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _raise_for(response_status: int, body: str, what: str) -> None:
+    if response_status < 400:
+        return
+    excerpt = body[:500]
+    if response_status >= 500:
+        raise TransientError(
+            f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt
+        )
+    raise AdapterError(
+        f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt
+    )
+
+
+class EngineClient:
+    """Chat (plain and streaming), Responses and models against one engine endpoint."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            transport=transport,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        self._clock = clock
+        self.base_url = base_url.rstrip("/")
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def models(self) -> list[ModelCard]:
+        try:
+            response = await self._http.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise TransientError(f"GET /v1/models: {exc!r}") from exc
+        _raise_for(response.status_code, response.text, "GET /v1/models")
+        try:
+            data = response.json().get("data") or []
+        except (ValueError, AttributeError) as exc:
+            raise AdapterError(f"GET /v1/models: not a model list: {response.text[:200]}") from exc
+        return [
+            ModelCard(id=str(m.get("id")), max_model_len=m.get("max_model_len"))
+            for m in data
+            if isinstance(m, dict)
+        ]
+
+    @staticmethod
+    def chat_body(
+        model: str,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        response_format: dict[str, Any] | None = None,
+        enable_thinking: bool | None = None,
+        stream: bool = False,
+        temperature: float | None = 0.0,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The request body; `enable_thinking` travels as `chat_template_kwargs`."""
+        body: dict[str, Any] = {"model": model, "messages": list(messages)}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if temperature is not None:
+            body["temperature"] = temperature
+        if tools:
+            body["tools"] = list(tools)
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
+        if response_format is not None:
+            body["response_format"] = response_format
+        if enable_thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        if extra:
+            body.update(extra)
+        return body
+
+    async def chat(self, body: dict[str, Any]) -> ChatResult:
+        """POST /v1/chat/completions; streams (and times the stream) when body says `stream`."""
+        if body.get("stream"):
+            return await self._chat_stream(body)
+        t0 = self._clock()
+        try:
+            response = await self._http.post("/v1/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise TransientError(f"POST /v1/chat/completions: {exc!r}") from exc
+        end = self._clock()
+        _raise_for(response.status_code, response.text, "POST /v1/chat/completions")
+        try:
+            data = response.json()
+            choice = (data.get("choices") or [{}])[0]
+            message = choice.get("message") or {}
+        except (ValueError, AttributeError, IndexError) as exc:
+            raise AdapterError(f"chat completion is not JSON: {response.text[:200]}") from exc
+        calls = tuple(
+            ToolCall(
+                id=str(c.get("id") or ""),
+                name=str((c.get("function") or {}).get("name") or ""),
+                arguments=str((c.get("function") or {}).get("arguments") or ""),
+            )
+            for c in message.get("tool_calls") or []
+        )
+        usage = data.get("usage")
+        return ChatResult(
+            status=response.status_code,
+            content=message.get("content") or "",
+            reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
+            tool_calls=calls,
+            finish_reason=choice.get("finish_reason"),
+            usage=Usage.from_dict(usage) if isinstance(usage, dict) else None,
+            model=data.get("model"),
+            streamed=False,
+            e2e_s=end - t0,
+        )
+
+    async def _chat_stream(self, body: dict[str, Any]) -> ChatResult:
+        t0 = self._clock()
+        assembler = StreamAssembler(t0=t0)
+        decoder = SSEDecoder()
+        broken: str | None = None
+        status = 0
+        try:
+            async with self._http.stream("POST", "/v1/chat/completions", json=body) as response:
+                status = response.status_code
+                if status >= 400:
+                    text = (await response.aread()).decode(errors="replace")
+                    _raise_for(status, text, "POST /v1/chat/completions (stream)")
+                try:
+                    async for line in response.aiter_lines():
+                        data = decoder.feed(line)
+                        if data is not None:
+                            assembler.feed(data, self._clock())
+                except httpx.TransportError as exc:
+                    # The connection broke mid-stream: keep what arrived as evidence.
+                    broken = f"stream broken: {exc!r}"
+        except httpx.HTTPError as exc:
+            raise TransientError(f"POST /v1/chat/completions (stream): {exc!r}") from exc
+        if decoder.pending:
+            assembler.errors.append("stream ended inside an unterminated event")
+        return assembler.finish(self._clock(), status=status, transport_error=broken)
+
+    async def responses(
+        self,
+        model: str,
+        input_: str | Sequence[Message],
+        *,
+        max_output_tokens: int | None = None,
+        enable_thinking: bool | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> ResponsesResult:
+        """POST /v1/responses (non-streaming subset)."""
+        body: dict[str, Any] = {
+            "model": model,
+            "input": input_ if isinstance(input_, str) else list(input_),
+        }
+        if max_output_tokens is not None:
+            body["max_output_tokens"] = max_output_tokens
+        if enable_thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+        if extra:
+            body.update(extra)
+        t0 = self._clock()
+        try:
+            response = await self._http.post("/v1/responses", json=body)
+        except httpx.HTTPError as exc:
+            raise TransientError(f"POST /v1/responses: {exc!r}") from exc
+        end = self._clock()
+        _raise_for(response.status_code, response.text, "POST /v1/responses")
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise AdapterError(f"responses answer is not JSON: {response.text[:200]}") from exc
+        return parse_responses(data, status=response.status_code, e2e_s=end - t0)
+
+
+def parse_responses(data: dict[str, Any], *, status: int, e2e_s: float) -> ResponsesResult:
+    """Output text of a Responses API object: `output_text`, else the message parts."""
+    types: list[str] = []
+    texts: list[str] = []
+    for item in data.get("output") or []:
+        if not isinstance(item, dict):
+            continue
+        types.append(str(item.get("type")))
+        if item.get("type") == "message":
+            for part in item.get("content") or []:
+                if isinstance(part, dict) and part.get("type") == "output_text":
+                    texts.append(str(part.get("text") or ""))
+    text = data.get("output_text")
+    usage = data.get("usage")
+    return ResponsesResult(
+        status=status,
+        text=text if isinstance(text, str) else "".join(texts),
+        output_types=tuple(types),
+        response_status=data.get("status"),
+        usage=Usage.from_dict(usage) if isinstance(usage, dict) else None,
+        model=data.get("model"),
+        e2e_s=e2e_s,
+    )
+
+
+def tool_arguments(call: ToolCall) -> Any:
+    """A tool call's arguments parsed as JSON, or the sentinel string `<unparseable>`."""
+    try:
+        return json.loads(call.arguments)
+    except json.JSONDecodeError:
+        return "<unparseable>"

@@ -1,0 +1,153 @@
+"""What every gate shares: the context it runs in, its base class, request helpers.
+
+A gate is a small callable object (STYLE habit 14): `__init__` takes thresholds,
+`await gate(ctx)` returns a `GateResult` with evidence. Gates never raise for a
+model's failure; an engine error on one request is recorded and fails the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.qualify.client import EngineClient
+from anvil_ctl.qualify.results import ChatResult, GateKind, GateResult
+
+ReserveReading = tuple[str, int, int]
+"""(GPU UUID, free MiB, required reserve MiB) for one card."""
+ReserveProbe = Callable[[], list[ReserveReading]]
+RequestListener = Callable[[str, bool, str], None]
+"""Called once per finished request: (gate name, ok, short detail)."""
+
+FIXTURES_DIR = Path(__file__).resolve().parent.parent.parent / "fixtures"
+T = TypeVar("T")
+
+
+def _ignore(_gate: str, _ok: bool, _detail: str) -> None:
+    return None
+
+
+@dataclass
+class GateContext:
+    """Everything a gate may use: the client, the served model and run-wide settings."""
+
+    client: EngineClient
+    served_model: str
+    thinking: bool | None = False
+    max_model_len: int | None = None
+    chars_per_token: float = 4.0
+    fixtures_dir: Path = FIXTURES_DIR
+    reserve_probe: ReserveProbe | None = None
+    on_request: RequestListener = field(default=_ignore)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One request's outcome: its result, or the error that replaced it."""
+
+    label: str
+    result: ChatResult | None
+    error: str | None = None
+    error_kind: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "result": self.result.as_dict() if self.result else None,
+            "error": self.error,
+            "error_kind": self.error_kind,
+        }
+
+
+def prompt_digest(text: str) -> dict[str, Any]:
+    """A long prompt as evidence: its size, SHA-256 and tail, never the whole text."""
+    return {
+        "chars": len(text),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "tail": text[-300:],
+    }
+
+
+class Gate:
+    """Base of all gates. Subclasses set `gate_type`, `kind` and implement `run`."""
+
+    gate_type: ClassVar[str] = "gate"
+    kind: ClassVar[GateKind] = "functional"
+
+    def __init__(self, *, name: str | None = None) -> None:
+        self.name = name or self.gate_type
+
+    def thresholds(self) -> dict[str, Any]:
+        """The gate's configuration as recorded in its evidence."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_") and k != "name"}
+
+    async def __call__(self, ctx: GateContext) -> GateResult:
+        started = time.perf_counter()
+        try:
+            result = await self.run(ctx)
+        except AnvilError as exc:
+            # An engine refusing or breaking outside a per-request guard still yields
+            # a result: the evidence records why, and the gate fails.
+            result = self.result(
+                False, "error", {"error": str(exc), "error_type": type(exc).__name__}, str(exc)
+            )
+        evidence = {"gate_type": self.gate_type, "thresholds": self.thresholds(), **result.evidence}
+        return GateResult(
+            name=result.name,
+            passed=result.passed,
+            kind=result.kind,
+            classification=result.classification,
+            evidence=evidence,
+            summary=result.summary,
+            duration_s=round(time.perf_counter() - started, 6),
+        )
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        raise NotImplementedError
+
+    def result(
+        self, passed: bool, classification: str, evidence: dict[str, Any], summary: str = ""
+    ) -> GateResult:
+        return GateResult(
+            name=self.name,
+            passed=passed,
+            kind=self.kind,
+            classification="pass" if passed else classification,
+            evidence=evidence,
+            summary=summary,
+        )
+
+    async def attempt(self, ctx: GateContext, label: str, body: dict[str, Any]) -> Attempt:
+        """Send one chat request; an engine error becomes a failed Attempt, not an exception."""
+        try:
+            result = await ctx.client.chat(body)
+        except AnvilError as exc:
+            ctx.on_request(self.name, False, f"{label}: {exc}")
+            return Attempt(label, None, str(exc), type(exc).__name__)
+        return Attempt(label, result)
+
+
+async def gather_limited(concurrency: int, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Run jobs with at most `concurrency` in flight; results in job order."""
+    semaphore = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(job: Callable[[], Awaitable[T]]) -> T:
+        async with semaphore:
+            return await job()
+
+    return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+
+def stream_problem(result: ChatResult) -> str | None:
+    """Why a streamed result cannot be trusted, or None."""
+    if result.truncated:
+        return "truncated_stream"
+    if result.errors:
+        return "stream_error"
+    return None

@@ -1,0 +1,240 @@
+"""Workload gates: capacity at nominal contexts and concurrencies, and endurance.
+
+Every request is streamed with usage so that its timing comes from the stream and
+its prompt size from the engine (measured, reported beside the nominal target).
+Classifications: `pass`, `incomplete` (a request failed), `below_threshold`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from anvil_ctl.qualify import prompts
+from anvil_ctl.qualify.client import EngineClient
+from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, stream_problem
+from anvil_ctl.qualify.metrics import METRIC_KEYS, context_label, request_metrics, summarize
+from anvil_ctl.qualify.results import GateResult
+
+CONTINUE = "Continue the numbered notes above in the same style, one sentence per note."
+
+
+def _failure(attempt: Attempt) -> str | None:
+    """Why a workload request does not count as completed, or None."""
+    result = attempt.result
+    if result is None:
+        return attempt.error_kind or "error"
+    problem = stream_problem(result)
+    if problem:
+        return problem
+    if result.usage is None:
+        return "no_usage"
+    if result.usage.completion_tokens < 1:
+        return "empty"
+    if result.finish_reason not in ("stop", "length"):
+        return f"finish_reason_{result.finish_reason}"
+    return None
+
+
+class _Workload(Gate):
+    output_tokens: int
+    ignore_eos: bool
+    thinking: bool | None
+
+    def _request(self, ctx: GateContext, nominal: int, salt: str) -> tuple[dict[str, Any], str]:
+        text = prompts.context_prompt(
+            nominal,
+            CONTINUE,
+            reserve_tokens=self.output_tokens + 64,
+            chars_per_token=ctx.chars_per_token,
+            salt=salt,
+        )
+        thinking = ctx.thinking if self.thinking is None else self.thinking
+        extra = {"ignore_eos": True} if self.ignore_eos else None
+        request = EngineClient.chat_body(
+            ctx.served_model,
+            [{"role": "user", "content": text}],
+            max_tokens=self.output_tokens,
+            enable_thinking=thinking,
+            stream=True,
+            extra=extra,
+        )
+        return request, text
+
+    async def _measure(
+        self, ctx: GateContext, label: str, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        attempt = await self.attempt(ctx, label, request)
+        failure = _failure(attempt)
+        row: dict[str, Any] = {"label": label, "completed": failure is None, "failure": failure}
+        if attempt.result is not None:
+            row.update(request_metrics(attempt.result))
+            row["finish_reason"] = attempt.result.finish_reason
+        if failure is not None:
+            # Keep everything about a failed request; a completed one keeps its numbers.
+            row["attempt"] = attempt.as_dict()
+        ctx.on_request(self.name, failure is None, f"{label}: {failure or 'ok'}")
+        return row
+
+
+class Capacity(_Workload):
+    """Requests at each nominal context and concurrency; all complete, thresholds met."""
+
+    gate_type = "capacity"
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        contexts: list[int] | None = None,
+        concurrency: list[int] | None = None,
+        repetitions: int = 3,
+        output_tokens: int = 256,
+        thinking: bool | None = None,
+        ignore_eos: bool = False,
+        skip_above_max_model_len: bool = True,
+        min_decode_tps: float | None = None,
+        min_prefill_tps: float | None = None,
+        max_ttft_s: float | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self.contexts = contexts or [4096]
+        self.concurrency = concurrency or [1]
+        self.repetitions = repetitions
+        self.output_tokens = output_tokens
+        self.thinking = thinking
+        self.ignore_eos = ignore_eos
+        self.skip_above_max_model_len = skip_above_max_model_len
+        self.min_decode_tps = min_decode_tps
+        self.min_prefill_tps = min_prefill_tps
+        self.max_ttft_s = max_ttft_s
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        cells: list[dict[str, Any]] = []
+        for nominal in self.contexts:
+            for conc in self.concurrency:
+                if (
+                    self.skip_above_max_model_len
+                    and ctx.max_model_len
+                    and nominal > ctx.max_model_len
+                ):
+                    cells.append(
+                        {
+                            "nominal_tokens": nominal,
+                            "concurrency": conc,
+                            "skipped": "above max_model_len",
+                        }
+                    )
+                    continue
+                cells.append(await self._cell(ctx, nominal, conc))
+        problems = [p for cell in cells for p in cell.get("problems", [])]
+        incomplete = any(cell.get("failed") for cell in cells)
+        measured = [c for c in cells if not c.get("skipped")]
+        passed = bool(measured) and not incomplete and not problems
+        classification = "incomplete" if incomplete else "below_threshold" if problems else "pass"
+        if not measured:
+            classification = "nothing_measured"
+        summary = "; ".join(
+            f"{context_label(c['nominal_tokens'])}/C{c['concurrency']} "
+            + ("skipped" if c.get("skipped") else f"{c['completed']}/{c['requests']}")
+            for c in cells
+        )
+        return self.result(passed, classification, {"cells": cells, "problems": problems}, summary)
+
+    async def _cell(self, ctx: GateContext, nominal: int, conc: int) -> dict[str, Any]:
+        rows: list[dict[str, Any]] = []
+        aggregate: list[float] = []
+        prompt_info: dict[str, Any] = {}
+        for rep in range(self.repetitions):
+            jobs = []
+            for lane in range(conc):
+                label = f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}"
+                request, text = self._request(ctx, nominal, salt=f"{self.name} {label}")
+                prompt_info = {"chars": len(text), "tail": text[-120:]}
+                jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
+            started = time.perf_counter()
+            batch = await gather_limited(conc, jobs)
+            wall = time.perf_counter() - started
+            tokens = sum(r.get("completion_tokens") or 0 for r in batch if r["completed"])
+            aggregate.append(tokens / wall if wall > 0 else 0.0)
+            rows.extend(batch)
+        done = [r for r in rows if r["completed"]]
+        cell: dict[str, Any] = {
+            "nominal_tokens": nominal,
+            "concurrency": conc,
+            "requests": len(rows),
+            "completed": len(done),
+            "failed": len(rows) - len(done),
+            "prompt": prompt_info,
+            **summarize(done, METRIC_KEYS),
+            "aggregate_output_tps_p50": sorted(aggregate)[len(aggregate) // 2]
+            if aggregate
+            else None,
+            "rows": rows,
+        }
+        cell["problems"] = self._threshold_problems(cell)
+        return cell
+
+    def _threshold_problems(self, cell: dict[str, Any]) -> list[str]:
+        where = f"{context_label(cell['nominal_tokens'])}/C{cell['concurrency']}"
+        found = []
+        decode, prefill, ttft = cell["decode_tps_p50"], cell["prefill_tps_p50"], cell["ttft_s_p50"]
+        if self.min_decode_tps is not None and (decode is None or decode < self.min_decode_tps):
+            found.append(f"{where}: decode p50 {decode} < {self.min_decode_tps}")
+        if self.min_prefill_tps is not None and (prefill is None or prefill < self.min_prefill_tps):
+            found.append(f"{where}: prefill p50 {prefill} < {self.min_prefill_tps}")
+        if self.max_ttft_s is not None and (ttft is None or ttft > self.max_ttft_s):
+            found.append(f"{where}: TTFT p50 {ttft} > {self.max_ttft_s}")
+        return found
+
+
+class Endurance(_Workload):
+    """`requests` requests at `concurrency`; at most `max_failures` fail, every failure kept."""
+
+    gate_type = "endurance"
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        requests: int = 60,
+        concurrency: int = 1,
+        context_tokens: int = 4096,
+        output_tokens: int = 128,
+        thinking: bool | None = None,
+        ignore_eos: bool = False,
+        max_failures: int = 0,
+    ) -> None:
+        super().__init__(name=name)
+        self.requests = requests
+        self.concurrency = concurrency
+        self.context_tokens = context_tokens
+        self.output_tokens = output_tokens
+        self.thinking = thinking
+        self.ignore_eos = ignore_eos
+        self.max_failures = max_failures
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        jobs = []
+        for i in range(self.requests):
+            label = f"endurance-{i + 1}"
+            request, _ = self._request(ctx, self.context_tokens, salt=f"{self.name} {label}")
+            jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
+        started = time.perf_counter()
+        rows = await gather_limited(self.concurrency, jobs)
+        wall = time.perf_counter() - started
+        done = [r for r in rows if r["completed"]]
+        failures = [r for r in rows if not r["completed"]]
+        passed = len(failures) <= self.max_failures and bool(rows)
+        evidence = {
+            "nominal_tokens": self.context_tokens,
+            "concurrency": self.concurrency,
+            "requests": len(rows),
+            "completed": len(done),
+            "failed": len(failures),
+            "failures": failures,
+            "wall_s": wall,
+            **summarize(done, METRIC_KEYS),
+            "rows": [{k: v for k, v in r.items() if k != "attempt"} for r in rows],
+        }
+        return self.result(passed, "incomplete", evidence, f"{len(done)}/{len(rows)} completed")

@@ -1,0 +1,247 @@
+"""Coding-agent checks: deterministic tasks x repetitions under a visible-answer budget.
+
+Answers are validated statically (parsed, never executed). A response that ends
+with `finish_reason: length` and shows nothing wrong is classified
+`visible_answer_budget_exhausted`, not a wrong answer: the budget, not the model,
+stopped it (the seeds' 768-token move-plan case). Classifications: `pass`,
+`wrong_answer`, `visible_answer_budget_exhausted`, `error`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from anvil_ctl.qualify.client import EngineClient
+from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited
+from anvil_ctl.qualify.results import GateResult
+
+_BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
+BUDGET = "visible_answer_budget_exhausted"
+
+
+def code_block(text: str) -> str:
+    """The first fenced block's body, or the whole text stripped."""
+    match = _BLOCK.search(text)
+    return (match.group(1) if match else text).strip()
+
+
+@dataclass(frozen=True)
+class CodingTask:
+    """One deterministic task: its prompt, how to validate, and a reference answer."""
+
+    id: str
+    marker: str
+    prompt: str
+    reference: str
+    must_contain: tuple[str, ...] = ()
+    must_not_contain: tuple[str, ...] = ()
+    defines: str | None = None
+    json_equals: Any = None
+    regex_matches: tuple[str, ...] = ()
+    regex_rejects: tuple[str, ...] = ()
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def contradictions(self, text: str) -> list[str]:
+        """What in `text` (even partial) is already wrong."""
+        squeezed = " ".join(text.split())
+        return [f"contains {bad!r}" for bad in self.must_not_contain if bad in squeezed]
+
+    def problems(self, text: str) -> list[str]:
+        """Everything wrong with a complete answer; empty when it is correct."""
+        found = self.contradictions(text)
+        body = code_block(text)
+        squeezed = " ".join(body.split())
+        found += [f"missing {need!r}" for need in self.must_contain if need not in squeezed]
+        if self.defines is not None:
+            try:
+                tree = ast.parse(body)
+            except SyntaxError as exc:
+                found.append(f"not Python: {exc.msg}")
+            else:
+                names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+                if self.defines not in names:
+                    found.append(f"does not define {self.defines}()")
+        if self.json_equals is not None:
+            try:
+                value = json.loads(body)
+            except json.JSONDecodeError as exc:
+                found.append(f"not JSON: {exc.msg}")
+            else:
+                if value != self.json_equals:
+                    found.append(f"JSON differs: {value!r}")
+        if self.regex_matches or self.regex_rejects:
+            found += self._regex_problems(body)
+        return found
+
+    def _regex_problems(self, body: str) -> list[str]:
+        pattern = body.strip().strip("`").strip()
+        if pattern.startswith(("r'", 'r"')):
+            pattern = pattern[2:-1]
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            return [f"not a regular expression: {exc}"]
+        found = [f"does not match {s!r}" for s in self.regex_matches if not compiled.fullmatch(s)]
+        found += [f"wrongly matches {s!r}" for s in self.regex_rejects if compiled.fullmatch(s)]
+        return found
+
+
+TASKS: tuple[CodingTask, ...] = (
+    CodingTask(
+        id="reverse-words",
+        marker="[CODING-1]",
+        prompt=(
+            "[CODING-1] Write a Python function reverse_words(s: str) -> str that returns the "
+            "words of s in reverse order, joined by single spaces. Answer with one Python code "
+            "block only."
+        ),
+        reference=(
+            "```python\ndef reverse_words(s: str) -> str:\n"
+            '    """Return the words of s in reverse order, joined by single spaces."""\n'
+            '    return " ".join(reversed(s.split()))\n```'
+        ),
+        must_contain=("split",),
+        defines="reverse_words",
+    ),
+    CodingTask(
+        id="json-config",
+        marker="[CODING-2]",
+        prompt=(
+            "[CODING-2] Write the JSON configuration object of a service named anvil that "
+            "listens on port 8001 with debug disabled, with exactly the keys name, port and "
+            "debug. Answer with the JSON object only, in one code block."
+        ),
+        reference='```json\n{"name": "anvil", "port": 8001, "debug": false}\n```',
+        json_equals={"name": "anvil", "port": 8001, "debug": False},
+    ),
+    CodingTask(
+        id="move-plan",
+        marker="[CODING-3]",
+        prompt=(
+            "[CODING-3] Give one POSIX shell command that moves every file ending in .log from "
+            "/srv/in to /srv/archive without overwriting files that already exist there and "
+            "without deleting anything. Answer with one shell code block only."
+        ),
+        reference="```sh\nmv -n /srv/in/*.log /srv/archive/\n```",
+        must_contain=("mv", "/srv/in", "/srv/archive", ".log"),
+        must_not_contain=("rm ", "rm -"),
+    ),
+    CodingTask(
+        id="iso-date-regex",
+        marker="[CODING-4]",
+        prompt=(
+            "[CODING-4] Write a Python regular expression that fully matches an ISO date "
+            "YYYY-MM-DD with month 01-12 and day 01-31. Answer with the bare pattern only, in one "
+            "code block, without quotes."
+        ),
+        reference="```\n\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])\n```",
+        regex_matches=("2026-09-02", "1999-12-31", "2000-01-01"),
+        regex_rejects=("2026-13-01", "2026-9-2", "20260902", "2026-00-10", "2026-01-32"),
+    ),
+    CodingTask(
+        id="fix-mean",
+        marker="[CODING-5]",
+        prompt=(
+            "[CODING-5] This Python function is wrong: def mean(xs): return sum(xs) / len(xs) - 1 "
+            "Give the corrected function mean(xs) in one Python code block only."
+        ),
+        reference=(
+            "```python\ndef mean(xs):\n"
+            '    """Arithmetic mean of a non-empty sequence of numbers."""\n'
+            "    return sum(xs) / len(xs)\n```"
+        ),
+        must_contain=("sum(xs) / len(xs)",),
+        must_not_contain=("len(xs) - 1",),
+        defines="mean",
+    ),
+)
+
+
+def answer_book() -> list[dict[str, str]]:
+    """The stub's `--answer-book` entries: each task's marker -> its reference answer."""
+    return [{"match": task.marker, "answer": task.reference} for task in TASKS]
+
+
+def classify(task: CodingTask, content: str, finish_reason: str | None) -> tuple[str, list[str]]:
+    """(classification, problems) of one answer."""
+    if finish_reason == "length":
+        wrong = task.contradictions(content)
+        return ("wrong_answer", wrong) if wrong else (BUDGET, ["cut at the visible-answer budget"])
+    problems = task.problems(content)
+    return ("wrong_answer" if problems else "pass"), problems
+
+
+class CodingAgent(Gate):
+    """`tasks` x `repetitions` deterministic coding tasks, each answer validated."""
+
+    gate_type = "coding"
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        repetitions: int = 3,
+        visible_tokens: int = 2048,
+        reasoning_allowance: int = 0,
+        tasks: list[str] | None = None,
+        concurrency: int = 1,
+    ) -> None:
+        super().__init__(name=name)
+        self.repetitions = repetitions
+        self.visible_tokens = visible_tokens
+        self.reasoning_allowance = reasoning_allowance
+        self.tasks = tasks
+        self.concurrency = concurrency
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        tasks = [t for t in TASKS if not self.tasks or t.id in self.tasks]
+        max_tokens = self.visible_tokens + (self.reasoning_allowance if ctx.thinking else 0)
+        plan: list[tuple[CodingTask, str]] = []
+        jobs: list[Any] = []
+        for rep in range(self.repetitions):
+            for task in tasks:
+                label = f"{task.id}#{rep + 1}"
+                request = EngineClient.chat_body(
+                    ctx.served_model,
+                    [{"role": "user", "content": task.prompt}],
+                    max_tokens=max_tokens,
+                    enable_thinking=ctx.thinking,
+                )
+                plan.append((task, label))
+                jobs.append(lambda label=label, request=request: self.attempt(ctx, label, request))
+        attempts: list[Attempt] = await gather_limited(self.concurrency, jobs)
+        rows = []
+        counts: dict[str, int] = {}
+        for (task, label), attempt in zip(plan, attempts, strict=True):
+            result = attempt.result
+            if result is None:
+                verdict, problems = "error", [attempt.error or "no result"]
+            else:
+                verdict, problems = classify(task, result.content, result.finish_reason)
+            counts[verdict] = counts.get(verdict, 0) + 1
+            ctx.on_request(self.name, verdict == "pass", f"{label}: {verdict}")
+            rows.append(
+                {
+                    "label": label,
+                    "task": task.id,
+                    "classification": verdict,
+                    "problems": problems,
+                    "finish_reason": None if result is None else result.finish_reason,
+                    "completion_tokens": None
+                    if result is None or result.usage is None
+                    else result.usage.completion_tokens,
+                    "content": None if result is None else result.content,
+                    "error": attempt.error,
+                }
+            )
+        total = len(rows)
+        passed = total > 0 and counts.get("pass", 0) == total
+        # The worst verdict classifies the gate: a wrong answer outranks a cut one.
+        order = ("error", "wrong_answer", BUDGET)
+        classification = next((v for v in order if counts.get(v)), "pass")
+        evidence = {"max_tokens": max_tokens, "counts": counts, "results": rows}
+        return self.result(passed, classification, evidence, f"{counts.get('pass', 0)}/{total}")

@@ -1,0 +1,109 @@
+"""Thinking control, both directions, each plain and streamed.
+
+Enabled (`chat_template_kwargs.enable_thinking = true`) must produce a reasoning
+channel (`reasoning_content`) and the right visible answer. Disabled must produce
+zero reasoning content and clean visible output: the right answer, no `<think>`.
+Classifications: `pass`, `reasoning_leak`, `no_reasoning_channel`, `wrong_answer`,
+`truncated_stream`, `error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anvil_ctl.qualify import prompts
+from anvil_ctl.qualify.client import EngineClient
+from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, stream_problem
+from anvil_ctl.qualify.gates.checks import Checks, has_think_markup, same_text
+from anvil_ctl.qualify.results import GateResult
+
+
+class ThinkingControl(Gate):
+    """Reasoning appears only when enabled; disabled output is clean."""
+
+    gate_type = "thinking"
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        enabled_max_tokens: int = 2048,
+        disabled_max_tokens: int = 256,
+        directions: list[str] | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self.enabled_max_tokens = enabled_max_tokens
+        self.disabled_max_tokens = disabled_max_tokens
+        self.directions = directions or ["enabled", "disabled"]
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        checks = Checks()
+        record: dict[str, Any] = {}
+        for direction in self.directions:
+            enabled = direction == "enabled"
+            marker = "THINKING-ON-OK" if enabled else "THINKING-OFF-OK"
+            messages = [{"role": "user", "content": prompts.reply_exactly(marker)}]
+            attempts = []
+            for stream in (False, True):
+                request = EngineClient.chat_body(
+                    ctx.served_model,
+                    messages,
+                    max_tokens=self.enabled_max_tokens if enabled else self.disabled_max_tokens,
+                    enable_thinking=enabled,
+                    stream=stream,
+                )
+                label = f"{direction}-{'stream' if stream else 'plain'}"
+                attempt = await self.attempt(ctx, label, request)
+                attempts.append(attempt)
+                self._check(checks, attempt, enabled, marker)
+            record[direction] = {
+                "enable_thinking": enabled,
+                "requests": [a.as_dict() for a in attempts],
+                "passed": all(c["ok"] for c in checks.items if c["check"].startswith(direction)),
+            }
+        summary = " ".join(
+            f"{d}={'ok' if record[d]['passed'] else 'FAIL'}" for d in self.directions
+        )
+        return self.result(
+            checks.passed, checks.classification, {"checks": checks.items, **record}, summary
+        )
+
+    @staticmethod
+    def _check(checks: Checks, attempt: Attempt, enabled: bool, marker: str) -> None:
+        label = attempt.label
+        result = attempt.result
+        if not checks.add(f"{label}: answered", result is not None, "error", error=attempt.error):
+            return
+        assert result is not None
+        if result.streamed:
+            problem = stream_problem(result)
+            if not checks.add(f"{label}: stream complete", problem is None, problem or ""):
+                return
+        if enabled:
+            checks.add(
+                f"{label}: reasoning channel",
+                bool(result.reasoning.strip()),
+                "no_reasoning_channel",
+                reasoning_chars=len(result.reasoning),
+            )
+        else:
+            checks.add(
+                f"{label}: zero reasoning",
+                result.reasoning == "",
+                "reasoning_leak",
+                reasoning_chars=len(result.reasoning),
+            )
+        checks.add(
+            f"{label}: no think markup",
+            not has_think_markup(result.content),
+            "reasoning_leak",
+            observed=result.content[:300],
+        )
+        checks.add(
+            f"{label}: visible answer",
+            same_text(result.content, marker),
+            "wrong_answer",
+            expected=marker,
+            observed=result.content[:300],
+            finish_reason=result.finish_reason,
+        )

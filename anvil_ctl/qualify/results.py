@@ -1,0 +1,110 @@
+"""Value types of qualification: what one request observed and what one gate concluded.
+
+All are frozen dataclasses with `as_dict()` so that evidence is plain JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+GateKind = Literal["functional", "policy"]
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    reasoning_tokens: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Usage:
+        details = data.get("completion_tokens_details") or data.get("output_tokens_details") or {}
+        prompt = int(data.get("prompt_tokens", data.get("input_tokens", 0)) or 0)
+        completion = int(data.get("completion_tokens", data.get("output_tokens", 0)) or 0)
+        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=int(data.get("total_tokens", prompt + completion) or 0),
+            reasoning_tokens=int(reasoning) if reasoning is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """One chat completion as observed: content, reasoning, tool calls, usage and timing.
+
+    Times are seconds from the moment the request was sent. `ttft_s` is the first
+    visible content, `ttfo_s` the first output of any kind (content, reasoning or a
+    tool call); both are None for a non-streamed request, whose only time is e2e.
+    """
+
+    status: int
+    content: str
+    reasoning: str
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+    usage: Usage | None
+    model: str | None
+    streamed: bool
+    e2e_s: float
+    done: bool = True
+    truncated: bool = False
+    errors: tuple[str, ...] = ()
+    ttft_s: float | None = None
+    ttfo_s: float | None = None
+    chunks: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tool_calls"] = [asdict(c) for c in self.tool_calls]
+        data["errors"] = list(self.errors)
+        return data
+
+
+@dataclass(frozen=True)
+class ResponsesResult:
+    """One Responses API answer: its output text, item types, status and usage."""
+
+    status: int
+    text: str
+    output_types: tuple[str, ...]
+    response_status: str | None
+    usage: Usage | None
+    model: str | None
+    e2e_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["output_types"] = list(self.output_types)
+        return data
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """What one gate concluded, with the evidence an outsider needs to check it.
+
+    `classification` is a short machine word: `pass`, `wrong_answer`,
+    `visible_answer_budget_exhausted`, `truncated_stream`, `reasoning_leak`,
+    `error`, `below_reserve`, ... (the gate's docstring lists its own).
+    """
+
+    name: str
+    passed: bool
+    kind: GateKind
+    classification: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    duration_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
