@@ -5,8 +5,11 @@ is translated here: a host without the NVIDIA driver, its NVML library or any
 GPU raises `NvmlUnavailable` with a message that says so; a timeout or a GPU not
 yet ready raises `TransientError`; anything else `AdapterError`.
 
-Rounding, so that figures agree with `nvidia-smi`: NVML reports bytes; we report
-MiB as `bytes // 2**20` (floor), which is what `nvidia-smi` prints. Memory is
+Rounding: NVML reports bytes; we report MiB as `bytes // 2**20` (floor). On two
+H200s (driver 580.159.04, scripts/gpu_check.py) `nvidia-smi` printed `used` and
+`free` 1 MiB higher than the floor whenever the byte count was not a whole MiB
+(it rounds, we floor): figures agree within 1 MiB, and the floor never
+overstates the free memory a reserve gate relies on. Memory is
 read with `nvmlDeviceGetMemoryInfo_v2` where the driver has it: since R510
 `nvidia-smi` reports `used` without the driver's reserved memory, and the v1
 call would count that reservation as used (several hundred MiB on an H200).
@@ -58,7 +61,7 @@ class NvmlUnavailable(AdapterError):
 
 
 def mib(value_bytes: int) -> int:
-    """Bytes to MiB, floored: the rounding `nvidia-smi` uses."""
+    """Bytes to MiB, floored (nvidia-smi may print 1 MiB more; see the module docstring)."""
     return int(value_bytes) // MIB
 
 
