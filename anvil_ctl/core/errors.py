@@ -1,23 +1,23 @@
 """The one exception tree of anvil_ctl.
 
-    AnvilError
-    ├── BadInput                     exit 2: a file, field or argument is not what was expected
-    │   ├── ConfigError              the host config (anvil.toml) or settings
-    │   └── RecipeError              a recipe file
-    ├── Refused                      exit 3: rejected before the first mutation, nothing changed
-    │   ├── LockHeld                 another mutator owns this host
-    │   ├── RollbackIdentityIncomplete
-    │   └── AuthRejected             the router refused our credentials (401/403)
-    ├── Compensated                  exit 4: a step failed and the undos restored the before state
-    ├── NeedsOperator                exit 5: compensation failed, or an interrupted transaction
-    ├── Drift                        exit 6: recheck found the host differs from the goal
-    ├── AdapterError                 a port's implementation failed (translated at the edge)
-    │   ├── TransientError           worth retrying (connection reset, 5xx, API busy)
-    │   ├── NotFound                 the object named by an exact ID does not exist
-    │   └── CredentialError          a token could not be resolved or its file is unsafe
-    ├── StepFailed                   raised by a step's do/undo to fail with a reason
-    └── StateStoreError              the state database is missing, foreign or too new
-    IllegalTransition (RuntimeError) misuse: a transition the table does not allow
+AnvilError
+├── BadInput                     exit 2: a file, field or argument is not what was expected
+│   ├── ConfigError              the host config (anvil.toml) or settings
+│   └── RecipeError              a recipe file
+├── Refused                      exit 3: rejected before the first mutation, nothing changed
+│   ├── LockHeld                 another mutator owns this host
+│   ├── RollbackIdentityIncomplete
+│   └── AuthRejected             the router refused our credentials (401/403)
+├── Compensated                  exit 4: a step failed and the undos restored the before state
+├── NeedsOperator                exit 5: compensation failed, or an interrupted transaction
+├── Drift                        exit 6: recheck found the host differs from the goal
+├── AdapterError                 a port's implementation failed (translated at the edge)
+│   ├── TransientError           worth retrying (connection reset, 5xx, API busy)
+│   ├── NotFound                 the object named by an exact ID does not exist
+│   └── CredentialError          a token could not be resolved or its file is unsafe
+├── StepFailed                   raised by a step's do/undo to fail with a reason
+└── StateStoreError              the state database is missing, foreign or too new
+IllegalTransition (RuntimeError) misuse: a transition the table does not allow
 """
 
 from __future__ import annotations

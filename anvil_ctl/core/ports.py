@@ -7,7 +7,8 @@ Every implementation translates its library's exceptions into
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from anvil_ctl.core.model import (
     Backend,
@@ -19,6 +20,8 @@ from anvil_ctl.core.model import (
     ResidueFile,
     RoutedAnswer,
 )
+from anvil_ctl.core.snapshot import Change, Snapshot
+from anvil_ctl.core.states import TxState
 
 
 @runtime_checkable
@@ -112,3 +115,80 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
     def sleep(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process that owns a transaction or the host lock."""
+
+    pid: int
+    hostname: str
+    boot_id: str
+
+
+@dataclass(frozen=True)
+class TxRecord:
+    id: str
+    kind: str
+    slot: str | None
+    args: dict[str, Any]
+    owner: Owner
+    state: TxState
+    created_at: str
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    seq: int
+    step: str
+    phase: str
+    event: str
+    detail: dict[str, Any]
+    at: str
+
+
+class Journal(Protocol):
+    """The append-only record of transactions (implemented by anvil_ctl.persistence)."""
+
+    def begin(
+        self,
+        *,
+        kind: str,
+        slot: str | None,
+        args: dict[str, Any],
+        owner: Owner,
+        tx_id: str | None = None,
+    ) -> str:
+        """Write a new transaction in state `planned`; return its ID."""
+        ...
+
+    def transition(
+        self, tx_id: str, target: TxState, reason: str = "", data: dict[str, Any] | None = None
+    ) -> None:
+        """Append a state row after checking the move against the transition table."""
+        ...
+
+    def record(self, tx_id: str) -> TxRecord: ...
+
+    def step_event(
+        self,
+        tx_id: str,
+        *,
+        seq: int,
+        step: str,
+        phase: str,
+        event: str,
+        detail: dict[str, Any] | None = None,
+    ) -> None: ...
+
+    def step_events(self, tx_id: str) -> list[StepEvent]: ...
+
+    def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int: ...
+
+    def record_diff(
+        self, tx_id: str, label: str, before: Snapshot, after: Snapshot, changes: list[Change]
+    ) -> None: ...
+
+    def unfinished(self) -> list[TxRecord]:
+        """Transactions whose latest state is planned, running, compensating or interrupted."""
+        ...

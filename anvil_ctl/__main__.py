@@ -1,0 +1,3 @@
+from anvil_ctl.cli import main
+
+raise SystemExit(main())

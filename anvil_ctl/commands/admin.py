@@ -1,0 +1,64 @@
+"""init, db upgrade and status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anvil_ctl.commands.context import Context
+from anvil_ctl.core.errors import AdapterError, NotFound
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
+from anvil_ctl.engine.observe import router_view, serving
+from anvil_ctl.persistence.migrate import current_revision, upgrade
+
+
+def init(ctx: Context) -> dict[str, Any]:
+    ctx.settings.state_dir.mkdir(parents=True, exist_ok=True)
+    before, after = upgrade(ctx.engine)
+    return {"db": ctx.engine.url.render_as_string(hide_password=True), "from": before, "to": after}
+
+
+def db_upgrade(ctx: Context) -> dict[str, Any]:
+    return init(ctx)
+
+
+def db_revision(ctx: Context) -> dict[str, Any]:
+    return {"revision": current_revision(ctx.engine)}
+
+
+def status(ctx: Context) -> dict[str, Any]:
+    world = ctx.world()
+    slots: dict[str, Any] = {}
+    for name, slot in sorted(ctx.config.slots.items()):
+        incumbent = ctx.store.current_identity(name, "incumbent")
+        entries = []
+        for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name}):
+            entries.append(
+                {
+                    "container_id": c.id,
+                    "name": c.name,
+                    "status": c.status,
+                    "role": c.labels.get("io.anvil.role"),
+                    "image_id": c.image_id,
+                }
+            )
+        inc: dict[str, Any] | None = None
+        if incumbent:
+            try:
+                st = world.runtime.inspect(incumbent.container_id).status
+            except NotFound:
+                st = "absent"
+            inc = {**incumbent.as_dict(), "status": st, "identity_digest": incumbent.digest}
+        try:
+            router = router_view(world, slot.router_tier)
+        except AdapterError as exc:
+            router = {"error": str(exc)}
+        slots[name] = {
+            "binding": slot.binding,
+            "router_tier": slot.router_tier,
+            "aliases": list(slot.aliases),
+            "incumbent": inc,
+            "containers": entries,
+            "serving": serving(world, slot.base_url),
+            "router": router,
+        }
+    return {"host": ctx.config.host, "slots": slots}

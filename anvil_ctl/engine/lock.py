@@ -1,0 +1,172 @@
+"""One mutator per host: an OS file lock held for the life of the process, plus a lock row.
+
+The flock is what excludes; the row says who holds it (pid, host, boot id,
+command, transaction, since) so that a refused process can name the owner, and
+so that a holder that died is *detected*: its row stays unreleased while the OS
+lock is free. Such a stale row is never silently taken over: mutators are
+refused until `anvilctl recover` (which compensates the owner's transaction and
+records the release) or `anvilctl lock break ID` (journaled) resolves it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from anvil_ctl.core.errors import BadInput, LockHeld
+from anvil_ctl.core.ports import Owner
+from anvil_ctl.engine.owner import owner_alive
+from anvil_ctl.persistence.models import LockRelease, LockRow
+from anvil_ctl.persistence.store import Store, utcnow
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    id: str
+    host: str
+    pid: int
+    boot_id: str
+    command: str
+    tx_id: str | None
+    since: str
+    alive: bool | None
+
+    def describe(self) -> str:
+        state = {True: "alive", False: "dead", None: "on another host"}[self.alive]
+        tx = f", transaction {self.tx_id}" if self.tx_id else ""
+        return (
+            f"lock {self.id} held by pid {self.pid} on {self.host} ({state}), "
+            f"command {self.command}{tx}, since {self.since}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def held_locks(store: Store, host: str | None = None) -> list[LockInfo]:
+    """Lock rows without a release, newest first."""
+    with store.read() as s:
+        released = select(LockRelease.lock_id)
+        q = select(LockRow).where(LockRow.id.not_in(released)).order_by(LockRow.since.desc())
+        if host:
+            q = q.where(LockRow.host == host)
+        rows = list(s.execute(q).scalars())
+    return [
+        LockInfo(
+            r.id,
+            r.host,
+            r.pid,
+            r.boot_id,
+            r.command,
+            r.tx_id,
+            r.since,
+            owner_alive(Owner(r.pid, r.host, r.boot_id)),
+        )
+        for r in rows
+    ]
+
+
+class HostLock:
+    """Acquire with `acquire()`, release with `release()`; the OS releases the flock on death."""
+
+    def __init__(
+        self, store: Store, path: Path, owner: Owner, command: str, tx_id: str | None = None
+    ) -> None:
+        self.store = store
+        self.tx_id = tx_id
+        self.path = path
+        self.owner = owner
+        self.command = command
+        self.lock_id: str | None = None
+        self._fd: int | None = None
+
+    def acquire(self, *, take_over_dead: bool = False) -> list[LockInfo]:
+        """Take the host lock or raise LockHeld naming the owner.
+
+        With take_over_dead (only `recover` passes it) stale rows of dead owners are
+        returned to the caller, which must resolve them; otherwise they refuse.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holders = [h for h in held_locks(self.store, self.owner.hostname) if h.alive]
+            detail = holders[0].describe() if holders else _file_owner(self.path)
+            raise LockHeld(
+                f"another mutator holds this host: {detail}",
+                owner=holders[0].as_dict() if holders else None,
+            ) from None
+        self._fd = fd
+        stale = [h for h in held_locks(self.store, self.owner.hostname) if h.alive is not True]
+        if stale and not take_over_dead:
+            self._unlock_fd()
+            raise LockHeld(
+                f"stale {stale[0].describe()}; run `anvilctl recover` "
+                f"(or `anvilctl lock break {stale[0].id}`)",
+                owner=stale[0].as_dict(),
+            )
+        self.lock_id = str(uuid.uuid4())
+        with self.store.write() as s:
+            s.add(
+                LockRow(
+                    id=self.lock_id,
+                    host=self.owner.hostname,
+                    pid=self.owner.pid,
+                    boot_id=self.owner.boot_id,
+                    command=self.command,
+                    tx_id=self.tx_id,
+                    since=utcnow(),
+                )
+            )
+            self.store.audit(
+                s, "lock.acquired", self.tx_id, {"lock_id": self.lock_id, "pid": self.owner.pid}
+            )
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"lock_id": self.lock_id, "pid": self.owner.pid}).encode())
+        return stale
+
+    def release(self) -> None:
+        if self.lock_id is not None:
+            release_row(self.store, self.lock_id, how="released", by=f"pid {self.owner.pid}")
+            self.lock_id = None
+        self._unlock_fd()
+
+    def _unlock_fd(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> HostLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = "") -> None:
+    with store.write() as s:
+        if s.get(LockRow, lock_id) is None:
+            raise BadInput(f"lock {lock_id} not found", field="lock_id")
+        if s.execute(select(LockRelease).where(LockRelease.lock_id == lock_id)).scalar():
+            raise BadInput(f"lock {lock_id} is already released", field="lock_id")
+        s.add(LockRelease(lock_id=lock_id, how=how, by=by, reason=reason, at=utcnow()))
+        store.audit(s, f"lock.{how}", None, {"lock_id": lock_id, "by": by, "reason": reason})
+
+
+def _file_owner(path: Path) -> str:
+    try:
+        data = json.loads(path.read_text() or "{}")
+        return f"lock {data.get('lock_id')} held by pid {data.get('pid')}"
+    except (OSError, ValueError):
+        return f"lock file {path} is held by another process"

@@ -1,0 +1,92 @@
+"""Observe the live placement into a canonical Snapshot (read-only).
+
+What enters: per slot, the recorded incumbent and its observed container,
+every managed container of the slot, what the binding serves, the router's
+view of the tier; per host, GPU owners and shared-memory residue. Readings that
+fluctuate (free MiB, latencies) stay out; they belong to step results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anvil_ctl.core.errors import AdapterError, NotFound
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SERVED_MODEL, LABEL_SLOT
+from anvil_ctl.core.snapshot import Snapshot
+from anvil_ctl.engine.world import World
+
+
+def _container(world: World, container_id: str) -> dict[str, Any]:
+    try:
+        c = world.runtime.inspect(container_id)
+    except NotFound:
+        return {"id": container_id, "status": "absent"}
+    return {
+        "id": c.id,
+        "name": c.name,
+        "status": c.status,
+        "image_id": c.image_id,
+        "fingerprint": c.fingerprint,
+        "managed": c.managed,
+        "role": c.labels.get(LABEL_ROLE),
+        "served_model": c.labels.get(LABEL_SERVED_MODEL),
+        "gpu_uuids": sorted(c.gpu_uuids),
+    }
+
+
+def serving(world: World, base_url: str, health_path: str = "/health") -> dict[str, Any]:
+    try:
+        models = world.engine.models(base_url)
+        healthy = world.engine.health(base_url, health_path)
+    except AdapterError:
+        return {"answering": False, "healthy": False, "models": []}
+    return {
+        "answering": bool(models),
+        "healthy": healthy,
+        "models": sorted({m.id: m.max_model_len for m in models}.items()),
+    }
+
+
+def router_view(world: World, tier: str) -> dict[str, Any]:
+    if world.router is None:
+        return {"configured": False}
+    view = getattr(world.router, "view", None)
+    try:
+        if callable(view):
+            data: dict[str, Any] = view(tier)
+            return data
+        return {
+            "tier": tier,
+            "backends": [
+                {"url": b.url, "healthy": b.healthy, "models": list(b.models), "state": b.state}
+                for b in world.router.backends(tier)
+            ],
+        }
+    except AdapterError as exc:
+        return {"tier": tier, "error": type(exc).__name__}
+
+
+def observe(world: World, slots: list[str] | None = None) -> Snapshot:
+    body: dict[str, Any] = {"host": world.config.host, "slots": {}}
+    for name in slots if slots is not None else sorted(world.config.slots):
+        slot = world.config.slot(name)
+        incumbent = world.store.current_identity(name, "incumbent")
+        managed = world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name})
+        ids = {c.id for c in managed}
+        if incumbent:
+            ids.add(incumbent.container_id)
+        body["slots"][name] = {
+            "binding": slot.binding,
+            "incumbent": {
+                "identity_digest": incumbent.digest if incumbent else None,
+                "container_id": incumbent.container_id if incumbent else None,
+                "served_model": incumbent.served_model if incumbent else None,
+            },
+            "containers": [_container(world, cid) for cid in sorted(ids)],
+            "serving": serving(world, slot.base_url),
+            "router": router_view(world, slot.router_tier),
+        }
+    owners = world.extras.get("gpu_owners")
+    body["gpu_owners"] = owners() if callable(owners) else {}
+    body["shm_residue"] = sorted(r.path for r in world.shm.residue()) if world.shm else []
+    return Snapshot.of(body)

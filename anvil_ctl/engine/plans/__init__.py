@@ -1,0 +1,1 @@
+"""Transaction kinds: each module builds a Plan (guards + steps) from journaled arguments."""

@@ -1,0 +1,118 @@
+"""Recover transactions whose owner is gone: mark them interrupted and compensate.
+
+A step whose `do` intent is journaled may or may not have acted; its undo runs
+with the recorded result, or None when none was recorded, and must observe the
+world first. Undos already journaled as done are not run again, so recover is
+idempotent: a second run finds nothing to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
+from anvil_ctl.core.states import TxState
+from anvil_ctl.core.steps import Plan, Step, StepContext
+from anvil_ctl.engine.owner import owner_alive
+from anvil_ctl.engine.runner import Outcome, TransactionEngine
+
+log = structlog.get_logger("anvil.recover")
+
+PlanBuilder = Callable[[Mapping[str, Any], Any], Plan]
+
+
+@dataclass
+class RecoverReport:
+    recovered: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    released_locks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 5 if any(r["state"] != TxState.COMPENSATED.value for r in self.recovered) else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "recovered": self.recovered,
+            "skipped": self.skipped,
+            "released_locks": self.released_locks,
+        }
+
+
+def pending_undos(
+    plan: Plan, events: list[StepEvent]
+) -> list[tuple[int, Step, dict[str, Any] | None]]:
+    """Steps whose do was started and whose undo has not completed, with recorded results."""
+    started: dict[int, dict[str, Any] | None] = {}
+    undone: set[int] = set()
+    for ev in events:
+        if ev.phase == "do" and ev.event == "intent":
+            started.setdefault(ev.seq, None)
+        elif ev.phase == "do" and ev.event == "result":
+            started[ev.seq] = ev.detail
+        elif ev.phase == "undo" and ev.event == "result":
+            undone.add(ev.seq)
+    return [
+        (seq, plan.steps[seq], result)
+        for seq, result in sorted(started.items())
+        if seq not in undone and seq < len(plan.steps)
+    ]
+
+
+def recover(
+    journal: Journal,
+    me: Owner,
+    builders: Mapping[str, PlanBuilder],
+    world: Any,
+) -> RecoverReport:
+    report = RecoverReport()
+    engine = TransactionEngine(journal, me)
+    for rec in journal.unfinished():
+        alive = owner_alive(rec.owner, me)
+        if alive is not False and rec.owner != me:
+            why = "owner alive" if alive else "owner on another host"
+            report.skipped.append({"tx_id": rec.id, "kind": rec.kind, "why": why})
+            continue
+        report.recovered.append(_recover_one(journal, engine, rec, builders, world))
+    return report
+
+
+def _recover_one(
+    journal: Journal,
+    engine: TransactionEngine,
+    rec: TxRecord,
+    builders: Mapping[str, PlanBuilder],
+    world: Any,
+) -> dict[str, Any]:
+    bound = log.bind(tx_id=rec.id, kind=rec.kind)
+    if rec.state == TxState.PLANNED:
+        # The owner died while guards ran: nothing was mutated.
+        journal.transition(rec.id, TxState.REFUSED, "owner died before the first mutation")
+        return {"tx_id": rec.id, "kind": rec.kind, "state": TxState.REFUSED.value, "undone": []}
+    if rec.state in (TxState.RUNNING, TxState.COMPENSATING):
+        journal.transition(rec.id, TxState.INTERRUPTED, f"owner pid {rec.owner.pid} is gone")
+    journal.transition(rec.id, TxState.COMPENSATING, "recover")
+    plan = builders[rec.kind](rec.args, world)
+    ctx = StepContext(tx_id=rec.id, kind=rec.kind, args=rec.args, world=world)
+    events = journal.step_events(rec.id)
+    for ev in events:
+        if ev.phase == "do" and ev.event == "result":
+            ctx.results[ev.step] = ev.detail
+    todo = pending_undos(plan, events)
+    bound.info("recovering", undos=[s.name for _, s, _ in todo])
+    outcome = Outcome(kind=rec.kind, state=TxState.COMPENSATING, tx_id=rec.id)
+    snaps = getattr(journal, "snapshots", None)
+    if callable(snaps):
+        outcome.before = snaps(rec.id).get("before")
+    outcome = engine.compensate(outcome, plan, ctx, todo, "recovered after owner died")
+    return {
+        "tx_id": rec.id,
+        "kind": rec.kind,
+        "state": outcome.state.value,
+        "undone": [s.name for _, s, _ in reversed(todo) if s.undo],
+        "reason": outcome.reason,
+    }

@@ -1,0 +1,148 @@
+"""ORM models of the state database.
+
+Every table that records history is append-only (SQLite triggers refuse UPDATE
+and DELETE on them; see the migrations); "current" facts are derived as the
+latest row, never updated in place. Timestamps are ISO-8601 UTC text
+(`2026-09-02T12:15:45.123456Z`), which sorts and reads the same in sqlite3 and
+PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Transaction(Base):
+    __tablename__ = "transactions"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    slot: Mapped[str | None] = mapped_column(String(64), index=True)
+    args_json: Mapped[str] = mapped_column(Text)
+    owner_pid: Mapped[int] = mapped_column(Integer)
+    owner_host: Mapped[str] = mapped_column(String(255))
+    owner_boot_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[str] = mapped_column(String(32), index=True)
+
+
+class TransactionState(Base):
+    __tablename__ = "transaction_states"
+    __table_args__ = (Index("ix_transaction_states_tx_id_id", "tx_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"))
+    state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    data_json: Mapped[str] = mapped_column(Text, default="{}")
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class StepEventRow(Base):
+    __tablename__ = "step_events"
+    __table_args__ = (Index("ix_step_events_tx_id_id", "tx_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    step: Mapped[str] = mapped_column(String(64))
+    phase: Mapped[str] = mapped_column(String(8))
+    event: Mapped[str] = mapped_column(String(16))
+    detail_json: Mapped[str] = mapped_column(Text, default="{}")
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class SnapshotRow(Base):
+    __tablename__ = "snapshots"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
+    label: Mapped[str] = mapped_column(String(32))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    body_json: Mapped[str] = mapped_column(Text)
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class SnapshotDiff(Base):
+    __tablename__ = "snapshot_diffs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
+    label: Mapped[str] = mapped_column(String(32))
+    before_sha256: Mapped[str] = mapped_column(String(64))
+    after_sha256: Mapped[str] = mapped_column(String(64))
+    equal: Mapped[int] = mapped_column(Integer)
+    changes_json: Mapped[str] = mapped_column(Text)
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class IdentityRow(Base):
+    """A serve's identity as observed at one moment; the latest row per (slot, role) is current."""
+
+    __tablename__ = "identities"
+    __table_args__ = (Index("ix_identities_slot_role_id", "slot", "role", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
+    slot: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(64), index=True)
+    container_id: Mapped[str] = mapped_column(String(64), index=True)
+    image_id: Mapped[str] = mapped_column(String(80))
+    served_model: Mapped[str] = mapped_column(String(255))
+    body_json: Mapped[str] = mapped_column(Text)
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class LockRow(Base):
+    __tablename__ = "locks"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    boot_id: Mapped[str] = mapped_column(String(64))
+    command: Mapped[str] = mapped_column(String(64))
+    tx_id: Mapped[str | None] = mapped_column(String(36))
+    since: Mapped[str] = mapped_column(String(32))
+
+
+class LockRelease(Base):
+    __tablename__ = "lock_releases"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    lock_id: Mapped[str] = mapped_column(ForeignKey("locks.id"), unique=True)
+    how: Mapped[str] = mapped_column(String(16))
+    by: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class AuditEntry(Base):
+    """Hash-chained journal: hash = SHA-256(prev_hash | canonical row); see persistence.audit."""
+
+    __tablename__ = "audit_journal"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[str] = mapped_column(String(32))
+    tx_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    event: Mapped[str] = mapped_column(String(64))
+    payload_json: Mapped[str] = mapped_column(Text)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+APPEND_ONLY_TABLES = (
+    "transactions",
+    "transaction_states",
+    "step_events",
+    "snapshots",
+    "snapshot_diffs",
+    "identities",
+    "locks",
+    "lock_releases",
+    "audit_journal",
+)

@@ -1,0 +1,282 @@
+"""The Store: the Journal port on SQLAlchemy, plus the writes every command shares.
+
+Every write happens in its own short database transaction and commits before
+the method returns: "journal, then act, then record" needs the intent durable
+before the side effect begins. Every write also appends to the hash-chained
+audit journal in the same database transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.core.model import Identity, canonical_json
+from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
+from anvil_ctl.core.snapshot import Change, Snapshot
+from anvil_ctl.core.states import TxState, check_transition
+from anvil_ctl.persistence import audit
+from anvil_ctl.persistence.models import (
+    IdentityRow,
+    SnapshotDiff,
+    SnapshotRow,
+    StepEventRow,
+    Transaction,
+    TransactionState,
+)
+
+UNFINISHED = (TxState.PLANNED, TxState.RUNNING, TxState.COMPENSATING, TxState.INTERRUPTED)
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Store:
+    """Journal implementation; one instance per process, safe to share across threads."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._sessions() as session:
+            yield session
+
+    def audit(
+        self, session: Session, event: str, tx_id: str | None, payload: dict[str, Any]
+    ) -> None:
+        audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
+
+    # -- Journal port -------------------------------------------------------------------------
+
+    def begin(
+        self,
+        *,
+        kind: str,
+        slot: str | None,
+        args: dict[str, Any],
+        owner: Owner,
+        tx_id: str | None = None,
+    ) -> str:
+        tx_id = tx_id or str(uuid.uuid4())
+        now = utcnow()
+        with self.write() as s:
+            s.add(
+                Transaction(
+                    id=tx_id,
+                    kind=kind,
+                    slot=slot,
+                    args_json=canonical_json(args),
+                    owner_pid=owner.pid,
+                    owner_host=owner.hostname,
+                    owner_boot_id=owner.boot_id,
+                    created_at=now,
+                )
+            )
+            s.flush()
+            s.add(
+                TransactionState(
+                    tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now
+                )
+            )
+            self.audit(s, "tx.planned", tx_id, {"kind": kind, "slot": slot, "args": args})
+        return tx_id
+
+    def _state(self, s: Session, tx_id: str) -> TxState:
+        row = s.execute(
+            select(TransactionState.state)
+            .where(TransactionState.tx_id == tx_id)
+            .order_by(TransactionState.id.desc())
+            .limit(1)
+        ).scalar()
+        if row is None:
+            raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
+        return TxState(row)
+
+    def state(self, tx_id: str) -> TxState:
+        with self.read() as s:
+            return self._state(s, tx_id)
+
+    def transition(
+        self, tx_id: str, target: TxState, reason: str = "", data: dict[str, Any] | None = None
+    ) -> None:
+        with self.write() as s:
+            source = self._state(s, tx_id)
+            check_transition(source, target)
+            s.add(
+                TransactionState(
+                    tx_id=tx_id,
+                    state=target.value,
+                    reason=reason,
+                    data_json=canonical_json(data or {}),
+                    at=utcnow(),
+                )
+            )
+            self.audit(
+                s,
+                f"tx.{target.value}",
+                tx_id,
+                {"from": source.value, "reason": reason, "data": data or {}},
+            )
+
+    def record(self, tx_id: str) -> TxRecord:
+        with self.read() as s:
+            tx = s.get(Transaction, tx_id)
+            if tx is None:
+                raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
+            return self._to_record(s, tx)
+
+    def _to_record(self, s: Session, tx: Transaction) -> TxRecord:
+        return TxRecord(
+            id=tx.id,
+            kind=tx.kind,
+            slot=tx.slot,
+            args=json.loads(tx.args_json),
+            owner=Owner(tx.owner_pid, tx.owner_host, tx.owner_boot_id),
+            state=self._state(s, tx.id),
+            created_at=tx.created_at,
+        )
+
+    def step_event(
+        self,
+        tx_id: str,
+        *,
+        seq: int,
+        step: str,
+        phase: str,
+        event: str,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        with self.write() as s:
+            s.add(
+                StepEventRow(
+                    tx_id=tx_id,
+                    seq=seq,
+                    step=step,
+                    phase=phase,
+                    event=event,
+                    detail_json=canonical_json(detail or {}),
+                    at=utcnow(),
+                )
+            )
+            self.audit(
+                s,
+                f"step.{phase}.{event}",
+                tx_id,
+                {"seq": seq, "step": step, "detail": detail or {}},
+            )
+
+    def step_events(self, tx_id: str) -> list[StepEvent]:
+        with self.read() as s:
+            rows = s.execute(
+                select(StepEventRow).where(StepEventRow.tx_id == tx_id).order_by(StepEventRow.id)
+            ).scalars()
+            return [
+                StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at)
+                for r in rows
+            ]
+
+    def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:
+        with self.write() as s:
+            row = SnapshotRow(
+                tx_id=tx_id,
+                label=label,
+                sha256=snapshot.sha256,
+                body_json=snapshot.canonical,
+                at=utcnow(),
+            )
+            s.add(row)
+            s.flush()
+            self.audit(
+                s, "snapshot", tx_id, {"label": label, "sha256": snapshot.sha256, "id": row.id}
+            )
+            return row.id
+
+    def record_diff(
+        self, tx_id: str, label: str, before: Snapshot, after: Snapshot, changes: list[Change]
+    ) -> None:
+        with self.write() as s:
+            s.add(
+                SnapshotDiff(
+                    tx_id=tx_id,
+                    label=label,
+                    before_sha256=before.sha256,
+                    after_sha256=after.sha256,
+                    equal=int(not changes),
+                    changes_json=canonical_json([c.as_dict() for c in changes]),
+                    at=utcnow(),
+                )
+            )
+            self.audit(
+                s,
+                "snapshot.diff",
+                tx_id,
+                {"label": label, "equal": not changes, "changes": len(changes)},
+            )
+
+    def unfinished(self) -> list[TxRecord]:
+        with self.read() as s:
+            txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()
+            records = [self._to_record(s, tx) for tx in txs]
+        return [r for r in records if r.state in UNFINISHED]
+
+    # -- identities -----------------------------------------------------------------------------
+
+    def record_identity(self, tx_id: str | None, role: str, identity: Identity) -> int:
+        with self.write() as s:
+            row = IdentityRow(
+                tx_id=tx_id,
+                slot=identity.slot,
+                role=role,
+                digest=identity.digest,
+                container_id=identity.container_id,
+                image_id=identity.image_id,
+                served_model=identity.served_model,
+                body_json=canonical_json(identity.as_dict()),
+                at=utcnow(),
+            )
+            s.add(row)
+            s.flush()
+            self.audit(
+                s,
+                f"identity.{role}",
+                tx_id,
+                {
+                    "slot": identity.slot,
+                    "digest": identity.digest,
+                    "container_id": identity.container_id,
+                },
+            )
+            return row.id
+
+    def current_identity(self, slot: str, role: str) -> Identity | None:
+        with self.read() as s:
+            row = s.execute(
+                select(IdentityRow)
+                .where(IdentityRow.slot == slot, IdentityRow.role == role)
+                .order_by(IdentityRow.id.desc())
+                .limit(1)
+            ).scalar()
+            return Identity.from_dict(json.loads(row.body_json)) if row else None
+
+    def snapshots(self, tx_id: str) -> dict[str, Snapshot]:
+        with self.read() as s:
+            rows = s.execute(
+                select(SnapshotRow).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id)
+            ).scalars()
+            return {r.label: Snapshot(json.loads(r.body_json)) for r in rows}

@@ -1,0 +1,58 @@
+"""Human rendering of command results: tables for lists of records, indented text otherwise."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def show(payload: Any) -> None:
+    if isinstance(payload, list):
+        if not payload:
+            console.print("(none)")
+            return
+        if all(isinstance(r, dict) for r in payload):
+            cols = list(payload[0].keys())
+            table = Table(*cols)
+            for row in payload:
+                table.add_row(*[_cell(row.get(c)) for c in cols])
+            console.print(table)
+            return
+    if isinstance(payload, dict) and "state" in payload and "kind" in payload and "plan" in payload:
+        _outcome(payload)
+        return
+    console.print(json.dumps(payload, indent=2, sort_keys=True, default=str))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    return "" if value is None else str(value)
+
+
+def _outcome(o: dict[str, Any]) -> None:
+    head = f"{o['kind']}: {o['state']}"
+    if o.get("tx_id"):
+        head += f"  (transaction {o['tx_id']})"
+    if o.get("dry_run"):
+        head = f"{o['kind']}: dry run, nothing changed" + (
+            f"; would be REFUSED: {o['reason']}" if o["state"] == "refused" else ""
+        )
+    console.print(head)
+    if o.get("reason") and not o.get("dry_run"):
+        console.print(f"  reason: {o['reason']}")
+    if o.get("dry_run"):
+        console.print("  plan:")
+        for s in o["plan"]:
+            console.print(f"    - {s['step']}: {s['description']} (undo: {s['undo']})")
+        if o.get("before_sha256"):
+            console.print(f"  starting snapshot sha256: {o['before_sha256']}")
+    if o.get("changes"):
+        console.print(f"  snapshot changes: {len(o['changes'])}")
+        for c in o["changes"][:40]:
+            console.print(f"    {c['path']}: {c['before']!r} -> {c['after']!r}")

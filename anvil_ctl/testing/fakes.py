@@ -1,0 +1,310 @@
+"""File-backed fakes of the container runtime, engine, router and shared memory.
+
+The world lives in one JSON file guarded by an flock, so that several processes
+(a transaction SIGKILLed mid-step and the `recover` that follows it) see the same
+host. `make demo` and the engine's unit tests run against it.
+
+A fake container serves its `served_model` while running; `hang` makes one
+operation block after its side effect until the knob is cleared, which lets a
+test kill the process between a step's intent and its result.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from anvil_ctl.core.errors import AuthRejected, NotFound, StepFailed
+from anvil_ctl.core.model import (
+    Backend,
+    ContainerInfo,
+    ContainerSpec,
+    GpuReading,
+    ImageInfo,
+    ModelCard,
+    ResidueFile,
+    RoutedAnswer,
+    config_fingerprint,
+)
+
+EMPTY: dict[str, Any] = {
+    "containers": {},
+    "images": {},
+    "router": {"tiers": {}, "admin_token_ok": True, "ready": True},
+    "gpus": [],
+    "residue": [],
+    "hang": None,
+    "fail": {},
+    "counter": 0,
+}
+
+
+class FakeWorld:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @contextmanager
+    def edit(self) -> Iterator[dict[str, Any]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a+") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            data = self._load()
+            yield data
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(self.path)
+
+    def _load(self) -> dict[str, Any]:
+        if self.path.exists():
+            loaded: dict[str, Any] = json.loads(self.path.read_text())
+            return loaded
+        return json.loads(json.dumps(EMPTY))
+
+    def read(self) -> dict[str, Any]:
+        with self.edit() as data:
+            return json.loads(json.dumps(data))
+
+    def add_image(self, ref: str) -> str:
+        image_id = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+        with self.edit() as w:
+            w["images"][image_id] = {"id": image_id, "tags": [ref], "repo_digests": []}
+        return image_id
+
+    def add_gpu(self, uuid: str, total_mib: int, name: str = "Fake GPU") -> None:
+        with self.edit() as w:
+            w["gpus"].append({"uuid": uuid, "name": name, "total_mib": total_mib})
+
+    def set_hang(self, op: str | None) -> None:
+        with self.edit() as w:
+            w["hang"] = op
+
+    def set_fail(self, op: str, message: str | None) -> None:
+        with self.edit() as w:
+            if message is None:
+                w["fail"].pop(op, None)
+            else:
+                w["fail"][op] = message
+
+
+def _maybe_hang_or_fail(world: FakeWorld, op: str) -> None:
+    data = world.read()
+    if op in data["fail"]:
+        raise StepFailed(f"fake {op} failed: {data['fail'][op]}")
+    while world.read().get("hang") == op:
+        time.sleep(0.05)
+
+
+class FakeRuntime:
+    """ContainerRuntime over the fake world."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def _info(self, c: dict[str, Any]) -> ContainerInfo:
+        return ContainerInfo(
+            id=c["id"],
+            name=c["name"],
+            image_id=c["image_id"],
+            image_ref=c["image_ref"],
+            status=c["status"],
+            labels=dict(c["labels"]),
+            fingerprint=c["fingerprint"],
+            gpu_uuids=tuple(c["gpu_uuids"]),
+        )
+
+    def inspect(self, container_id: str) -> ContainerInfo:
+        c = self.world.read()["containers"].get(container_id)
+        if c is None:
+            raise NotFound(f"container {container_id} not found", container_id=container_id)
+        return self._info(c)
+
+    def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
+        out = []
+        for c in self.world.read()["containers"].values():
+            if all(c["labels"].get(k) == v for k, v in (labels or {}).items()):
+                out.append(self._info(c))
+        return out
+
+    def image(self, ref: str) -> ImageInfo:
+        for img in self.world.read()["images"].values():
+            if ref == img["id"] or ref in img["tags"] or ref in img["repo_digests"]:
+                return ImageInfo(img["id"], tuple(img["repo_digests"]), tuple(img["tags"]))
+        raise NotFound(f"image {ref} not found", image=ref)
+
+    def create(self, spec: ContainerSpec) -> str:
+        image = self.image(spec.image)
+        with self.world.edit() as w:
+            w["counter"] += 1
+            cid = hashlib.sha256(f"{spec.name}-{w['counter']}".encode()).hexdigest()
+            env = dict(spec.env)
+            w["containers"][cid] = {
+                "id": cid,
+                "name": spec.name,
+                "image_id": image.id,
+                "image_ref": spec.image,
+                "status": "created",
+                "labels": dict(spec.labels),
+                "fingerprint": config_fingerprint(spec.fingerprint_fields()),
+                "gpu_uuids": list(spec.gpu_uuids),
+                "served_model": env.get("FAKE_SERVED_MODEL", ""),
+                "max_model_len": int(env.get("FAKE_MAX_MODEL_LEN", "0") or 0),
+                "healthy": env.get("FAKE_FAIL_HEALTH") != "1",
+                "vram_mib": int(env.get("FAKE_VRAM_MIB", "0") or 0),
+                "binding": env.get("FAKE_BINDING", ""),
+            }
+        _maybe_hang_or_fail(self.world, "create")
+        return cid
+
+    def _set_status(self, container_id: str, status: str) -> None:
+        with self.world.edit() as w:
+            c = w["containers"].get(container_id)
+            if c is None:
+                raise NotFound(f"container {container_id} not found", container_id=container_id)
+            c["status"] = status
+
+    def start(self, container_id: str) -> None:
+        self._set_status(container_id, "running")
+        _maybe_hang_or_fail(self.world, "start")
+
+    def stop(self, container_id: str, timeout_s: float) -> None:
+        self._set_status(container_id, "exited")
+        _maybe_hang_or_fail(self.world, "stop")
+
+    def remove(self, container_id: str) -> None:
+        with self.world.edit() as w:
+            if w["containers"].pop(container_id, None) is None:
+                raise NotFound(f"container {container_id} not found", container_id=container_id)
+
+
+class FakeEngineProbe:
+    """Answers for the running fake container whose binding matches the URL."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def _serving(self, base_url: str) -> dict[str, Any] | None:
+        binding = base_url.removeprefix("http://").rstrip("/")
+        for c in self.world.read()["containers"].values():
+            if c["status"] == "running" and c["binding"] == binding:
+                return c
+        return None
+
+    def health(self, base_url: str, path: str) -> bool:
+        c = self._serving(base_url)
+        return bool(c and c["healthy"])
+
+    def models(self, base_url: str) -> list[ModelCard]:
+        c = self._serving(base_url)
+        if c is None:
+            return []
+        return [ModelCard(c["served_model"], c["max_model_len"] or None)]
+
+
+class FakeRouter:
+    """A router whose tiers map to one backend URL each; routed answers come from FakeEngineProbe."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+        self.engine = FakeEngineProbe(world)
+
+    def probe_credentials(self) -> None:
+        if not self.world.read()["router"]["admin_token_ok"]:
+            raise AuthRejected(
+                "router answered 401 to the admin token from the fake credential source"
+            )
+
+    def _tier(self, w: dict[str, Any], tier: str) -> dict[str, Any]:
+        return w["router"]["tiers"].setdefault(tier, {"url": None, "aliases": [], "state": "maint"})
+
+    def backends(self, tier: str) -> list[Backend]:
+        t = self.world.read()["router"]["tiers"].get(tier)
+        if not t or not t["url"]:
+            return []
+        models = tuple(m.id for m in self.engine.models(t["url"]))
+        healthy = self.engine.health(t["url"], "/health")
+        return [Backend(t["url"], healthy, models, t["state"])]
+
+    def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
+        with self.world.edit() as w:
+            t = self._tier(w, tier)
+            t.update(url=url, aliases=list(aliases), state="ready")
+
+    def deregister(self, tier: str, url: str) -> None:
+        with self.world.edit() as w:
+            t = self._tier(w, tier)
+            if t["url"] == url:
+                t.update(url=None, state="maint")
+
+    def drain(self, tier: str) -> None:
+        with self.world.edit() as w:
+            self._tier(w, tier)["state"] = "drain"
+
+    def readmit(
+        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+    ) -> None:
+        self.probe_credentials()
+        self.register(tier, url, aliases)
+        models = [m.id for m in self.engine.models(url)]
+        if expected_model not in models:
+            raise StepFailed(
+                f"readmission of {tier}: backend serves {models}, expected {expected_model}"
+            )
+
+    def routed_chat(self, alias: str) -> RoutedAnswer:
+        for t in self.world.read()["router"]["tiers"].values():
+            if alias in t["aliases"] and t["url"] and t["state"] == "ready":
+                models = self.engine.models(t["url"])
+                if models:
+                    return RoutedAnswer(200, models[0].id, "ok")
+                return RoutedAnswer(503, None)
+        return RoutedAnswer(404, None)
+
+    def ready(self) -> bool:
+        return bool(self.world.read()["router"]["ready"])
+
+    def view(self, tier: str) -> dict[str, Any]:
+        t = self.world.read()["router"]["tiers"].get(tier) or {}
+        return {
+            "tier": tier,
+            "url": t.get("url"),
+            "state": t.get("state"),
+            "aliases": t.get("aliases", []),
+        }
+
+
+class FakeGpus:
+    """GPU readings: each running fake container holds its FAKE_VRAM_MIB on each of its GPUs."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def gpus(self) -> list[GpuReading]:
+        w = self.world.read()
+        readings = []
+        for i, g in enumerate(w["gpus"]):
+            used = sum(
+                c["vram_mib"]
+                for c in w["containers"].values()
+                if c["status"] == "running" and g["uuid"] in c["gpu_uuids"]
+            )
+            readings.append(
+                GpuReading(g["uuid"], g["name"], i, g["total_mib"], used, g["total_mib"] - used)
+            )
+        return readings
+
+    def driver_version(self) -> str:
+        return "fake"
+
+
+class FakeSharedMemory:
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def residue(self) -> list[ResidueFile]:
+        return [ResidueFile(r["path"], r["size"]) for r in self.world.read()["residue"]]
