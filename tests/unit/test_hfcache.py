@@ -1,0 +1,146 @@
+"""Hugging Face cache verification against caches the tests fabricate."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from anvil_ctl.adapters.hfcache import CacheReport, HfCache, parse_identity, repo_folder
+from anvil_ctl.core.errors import BadInput
+
+REPO = "org/model-x"
+REV = "c3cbb9891b67c741bcbf6b176dd7af9265b069db"
+OTHER_REV = "0" * 40
+FILES = {
+    "config.json": b'{"architectures": ["X"]}',
+    "model-00001-of-00002.safetensors": b"a" * 1000,
+    "model-00002-of-00002.safetensors": b"b" * 500,
+    "tokenizer/tokenizer.json": b"{}",
+}
+
+
+def make_cache(root: Path, files: dict[str, bytes] = FILES, revision: str = REV) -> Path:
+    """A hub cache laid out as huggingface_hub writes it: blobs by hash, snapshot links."""
+    repo = root / repo_folder(REPO)
+    blobs = repo / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    snapshot = repo / "snapshots" / revision
+    for rel, data in files.items():
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        link = snapshot / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blobs / digest, link.parent))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return repo
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Callable[[], tuple[Path, Path]]:
+    def build() -> tuple[Path, Path]:
+        root = tmp_path / "hub"
+        return root, make_cache(root)
+
+    return build
+
+
+class TestHfCacheVerify:
+    def test_a_complete_snapshot_reports_bytes_and_files(
+        self, cache: Callable[[], tuple[Path, Path]]
+    ) -> None:
+        root, _ = cache()
+        report = HfCache(root).verify(REPO, REV)
+        assert report.complete
+        assert report.problems == ()
+        assert report.file_count == 4
+        assert report.total_bytes == sum(len(d) for d in FILES.values())
+        assert report.refs == {"main": REV}
+        assert report.identity == f"{REPO}@{REV}"
+
+    def test_verifies_a_pinned_identity_string(
+        self, cache: Callable[[], tuple[Path, Path]]
+    ) -> None:
+        root, _ = cache()
+        assert HfCache(root).verify_identity(f"{REPO}@{REV}").complete
+
+    def test_a_missing_revision_is_incomplete_and_says_which(
+        self, cache: Callable[[], tuple[Path, Path]]
+    ) -> None:
+        root, _ = cache()
+        report = HfCache(root).verify(REPO, OTHER_REV)
+        assert not report.complete
+        assert report.problems == (
+            f"{root / repo_folder(REPO) / 'snapshots' / OTHER_REV}: "
+            f"revision {OTHER_REV} not in the cache",
+        )
+        assert (report.total_bytes, report.file_count) == (0, 0)
+
+    def test_a_missing_repository_is_incomplete(self, tmp_path: Path) -> None:
+        report = HfCache(tmp_path).verify(REPO, REV)
+        assert not report.complete
+        assert "repository not in the cache" in report.problems[0]
+
+    def test_an_incomplete_blob_makes_the_cache_incomplete(
+        self, cache: Callable[[], tuple[Path, Path]]
+    ) -> None:
+        root, repo = cache()
+        partial = repo / "blobs" / ("f" * 64 + ".incomplete")
+        partial.write_bytes(b"half")
+        report = HfCache(root).verify(REPO, REV)
+        assert not report.complete
+        assert report.problems == (f"{partial}: incomplete download",)
+        assert partial.exists(), "verification must not delete anything"
+
+    def test_a_broken_link_is_named_with_its_target(
+        self, cache: Callable[[], tuple[Path, Path]]
+    ) -> None:
+        root, repo = cache()
+        link = repo / "snapshots" / REV / "model-00002-of-00002.safetensors"
+        target = os.readlink(link)
+        (link.parent / target).unlink()
+        report = HfCache(root).verify(REPO, REV)
+        assert not report.complete
+        assert report.problems == (f"model-00002-of-00002.safetensors: broken link -> {target}",)
+        assert report.file_count == 3
+        assert report.total_bytes == sum(len(d) for d in FILES.values()) - 500
+
+    def test_an_empty_snapshot_is_incomplete(self, tmp_path: Path) -> None:
+        (tmp_path / repo_folder(REPO) / "snapshots" / REV).mkdir(parents=True)
+        report = HfCache(tmp_path).verify(REPO, REV)
+        assert not report.complete
+        assert "snapshot holds no files" in report.problems[0]
+
+    def test_regular_files_without_links_count_too(self, tmp_path: Path) -> None:
+        snapshot = tmp_path / repo_folder(REPO) / "snapshots" / REV
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_bytes(b"12345")
+        report = HfCache(tmp_path).verify(REPO, REV)
+        assert (report.complete, report.total_bytes, report.file_count, report.refs) == (
+            True,
+            5,
+            1,
+            {},
+        )
+
+    def test_the_report_is_frozen(self, tmp_path: Path) -> None:
+        report = HfCache(tmp_path).verify(REPO, REV)
+        assert isinstance(report, CacheReport)
+        with pytest.raises(AttributeError):
+            report.complete = True  # type: ignore[misc]
+
+
+class TestParseIdentity:
+    def test_splits_repo_and_revision(self) -> None:
+        assert parse_identity(f"{REPO}@{REV}") == (REPO, REV)
+
+    @pytest.mark.parametrize(
+        "identity", [REPO, f"{REPO}@main", f"model@{REV}", f"{REPO}@{REV[:-1]}"]
+    )
+    def test_refuses_an_unpinned_identity(self, identity: str) -> None:
+        with pytest.raises(BadInput, match="40 lowercase hex"):
+            parse_identity(identity)
