@@ -55,10 +55,12 @@ def bearer(secret: Secret) -> dict[str, str]:
 def reject_auth(response: httpx.Response, secret: Secret, what: str) -> None:
     """Raise AuthRejected for a 401/403, naming where the credential came from."""
     if response.status_code in (401, 403):
-        meaning = "rejected" if response.status_code == 401 else "lacks the required role for"
+        meaning = (
+            "was rejected" if response.status_code == 401 else "lacks the role this call needs"
+        )
         raise AuthRejected(
             f"router answered {response.status_code} to {what}: the token from "
-            f"{secret.source} is {meaning} this call; check that credential, not the model",
+            f"{secret.source} {meaning}; check that credential (this is not a model failure)",
             status=response.status_code,
             credential_source=secret.source,
         )
@@ -93,7 +95,7 @@ def routed_chat(
             json={
                 "model": alias,
                 "messages": [{"role": "user", "content": READMIT_PROMPT}],
-                "max_tokens": 16,
+                "max_tokens": 64,
                 "stream": False,
             },
             timeout=timeout_s,
