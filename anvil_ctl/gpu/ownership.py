@@ -1,0 +1,157 @@
+"""GPU ownership rules: may a start take these roles, given who owns what now?
+
+Two modes. `exclusive`: one serve (a TP=2 serve over both cards, say) owns its
+roles and the host's GPUs with them; while it owns them every other GPU start
+is refused, and it can itself start only when no other serve owns any role.
+`split`: one serve per role; a start is refused when any role it asks for has
+an owner. A process on a requested card that belongs to no known owner (found
+by NVML) refuses the start too, because its memory is not ours to count on.
+
+The serve being replaced (the incumbent `load` stops first) does not compete:
+pass its container ID in `replacing`. Pure: the ledger itself lives in the state
+database; this module only judges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.model import GpuProcess, GpuReading
+
+Mode = Literal["exclusive", "split"]
+MODES: tuple[Mode, ...] = ("exclusive", "split")
+
+
+@dataclass(frozen=True)
+class GpuOwner:
+    """One ledger entry: the container (and the transaction that started it) owning a role."""
+
+    container_id: str
+    transaction_id: str
+    mode: Mode
+    slot: str = ""
+
+    def describe(self) -> str:
+        where = f" in slot {self.slot}" if self.slot else ""
+        return (
+            f"container {self.container_id[:12]}{where} "
+            f"(transaction {self.transaction_id}, {self.mode})"
+        )
+
+
+@dataclass(frozen=True)
+class OwnershipRefusal:
+    """Why a start may not have its roles; `str()` is the reason an operator reads."""
+
+    reason: str
+    role: str
+    owner: GpuOwner | None = None
+    processes: tuple[GpuProcess, ...] = field(default=())
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "reason": self.reason,
+            "role": self.role,
+            "owner": None
+            if self.owner is None
+            else {
+                "container_id": self.owner.container_id,
+                "transaction_id": self.owner.transaction_id,
+                "mode": self.owner.mode,
+                "slot": self.owner.slot,
+            },
+            "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in self.processes],
+        }
+
+
+def claims(
+    container_id: str, transaction_id: str, roles: Sequence[str], mode: Mode, slot: str = ""
+) -> dict[str, GpuOwner]:
+    """The ledger entries a successful start writes: role -> owner."""
+    owner = GpuOwner(container_id=container_id, transaction_id=transaction_id, mode=mode, slot=slot)
+    return dict.fromkeys(sorted(roles), owner)
+
+
+def unknown_processes(
+    readings: Sequence[GpuReading],
+    role_uuids: Mapping[str, str],
+    known_pids: Collection[int],
+) -> dict[str, tuple[GpuProcess, ...]]:
+    """Role -> compute processes on its card whose PID belongs to no known owner.
+
+    `known_pids` are the host PIDs of the owners' containers (and of whatever
+    the caller tolerates); roles without such processes are left out.
+    """
+    by_uuid = {r.uuid.lower(): r for r in readings}
+    found: dict[str, tuple[GpuProcess, ...]] = {}
+    for role, uuid in sorted(role_uuids.items()):
+        reading = by_uuid.get(uuid.lower())
+        if reading is None:
+            continue
+        strangers = tuple(p for p in reading.processes if p.pid not in known_pids)
+        if strangers:
+            found[role] = strangers
+    return found
+
+
+def check_start(
+    owners: Mapping[str, GpuOwner],
+    roles: Sequence[str],
+    mode: Mode,
+    unknown: Mapping[str, Sequence[GpuProcess]] | None = None,
+    replacing: Collection[str] = (),
+) -> OwnershipRefusal | None:
+    """None when a start of `roles` in `mode` may proceed, else the refusal naming the owner.
+
+    `owners`: the ledger (role -> owner); `unknown`: role -> processes found by
+    NVML that belong to no known owner; `replacing`: container IDs that this
+    transaction stops before it starts, whose ownership therefore does not count.
+    """
+    if mode not in MODES:
+        raise BadInput(f"ownership mode {mode!r}: expected one of {MODES}", field="mode")
+    current = {role: o for role, o in owners.items() if o.container_id not in replacing}
+    wanted = sorted(set(roles))
+
+    # An exclusive owner holds the host's GPUs, whatever roles it named.
+    for role, owner in sorted(current.items()):
+        if owner.mode == "exclusive":
+            return OwnershipRefusal(
+                reason=(
+                    f"GPU role {role} is owned exclusively by {owner.describe()}; "
+                    "no other GPU start is allowed while it owns the GPUs"
+                ),
+                role=role,
+                owner=owner,
+            )
+    if mode == "exclusive" and wanted:
+        for role, owner in sorted(current.items()):
+            return OwnershipRefusal(
+                reason=(
+                    f"an exclusive start needs every GPU role free, but {role} is owned by "
+                    f"{owner.describe()}"
+                ),
+                role=role,
+                owner=owner,
+            )
+    for role in wanted:
+        holder = current.get(role)
+        if holder is not None:
+            return OwnershipRefusal(
+                reason=f"GPU role {role} is owned by {holder.describe()}", role=role, owner=holder
+            )
+    for role in wanted:
+        procs = tuple((unknown or {}).get(role, ()))
+        if procs:
+            listed = ", ".join(f"pid {p.pid} ({p.used_mib} MiB)" for p in procs)
+            return OwnershipRefusal(
+                reason=f"GPU role {role} has processes that no known serve owns: {listed}",
+                role=role,
+                processes=procs,
+            )
+    return None

@@ -1,0 +1,110 @@
+"""The VRAM-release gate: after stopping a serve, wait until NVML shows its memory freed.
+
+A stopped container's memory is not free when `docker stop` returns: the driver
+releases it when the last process of the CUDA context exits, and an engine's
+workers can linger. Starting the next serve before that is how two serves end
+up fighting for one card, so `load` and `rollback` wait here, with a deadline,
+until every card of the next serve shows `free >= need + reserve`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.model import GpuReading
+from anvil_ctl.core.ports import Clock, GpuProbe
+
+log = structlog.get_logger()
+
+
+def _card(reading: GpuReading | None) -> dict[str, Any] | None:
+    if reading is None:
+        return None
+    return {
+        "index": reading.index,
+        "total_mib": reading.total_mib,
+        "used_mib": reading.used_mib,
+        "free_mib": reading.free_mib,
+        "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in reading.processes],
+    }
+
+
+def _observe(probe: GpuProbe, uuids: Mapping[str, str]) -> dict[str, GpuReading | None]:
+    by_uuid = {r.uuid.lower(): r for r in probe.gpus()}
+    return {uuid: by_uuid.get(uuid.lower()) for uuid in uuids.values()}
+
+
+def wait_for_vram_release(
+    probe: GpuProbe,
+    clock: Clock,
+    uuids: Mapping[str, str],
+    *,
+    need_mib: int | Mapping[str, int],
+    reserve_mib: int | Mapping[str, int],
+    deadline_s: float,
+    poll_s: float = 1.0,
+) -> dict[str, Any]:
+    """Poll until every role's card has `free >= need + reserve`; return the readings.
+
+    `uuids`: role -> GPU UUID of the cards the next serve will use; `need_mib`
+    and `reserve_mib`: per card, one figure for all roles or role -> MiB. The
+    result (a JSON-able dict for the transaction's step record) holds `before`
+    and `after` readings per UUID, `required_free_mib` per UUID, `waited_s`
+    and `polls`. At the deadline, or at once if a card is missing or its
+    capacity can never meet the requirement, raises StepFailed carrying the
+    same dict in its data.
+    """
+
+    def per_role(value: int | Mapping[str, int], role: str) -> int:
+        return value if isinstance(value, int) else value[role]
+
+    required = {uuid: per_role(need_mib, r) + per_role(reserve_mib, r) for r, uuid in uuids.items()}
+    role_of = {uuid: role for role, uuid in uuids.items()}
+    start = clock.now()
+    before = _observe(probe, uuids)
+    current = before
+    polls = 1
+
+    def record(satisfied: bool) -> dict[str, Any]:
+        return {
+            "roles": dict(uuids),
+            "required_free_mib": required,
+            "before": {u: _card(r) for u, r in before.items()},
+            "after": {u: _card(r) for u, r in current.items()},
+            "waited_s": round(clock.now() - start, 3),
+            "polls": polls,
+            "deadline_s": deadline_s,
+            "released": satisfied,
+        }
+
+    while True:
+        missing = [u for u, r in current.items() if r is None]
+        if missing:
+            names = ", ".join(f"{role_of[u]} ({u})" for u in missing)
+            raise StepFailed(
+                f"VRAM release: GPU not visible to the probe: {names}", **record(False)
+            )
+        short = {u: r for u, r in current.items() if r is not None and r.free_mib < required[u]}
+        if not short:
+            result = record(True)
+            log.info("gpu.vram_released", waited_s=result["waited_s"], polls=polls)
+            return result
+        impossible = [u for u, r in short.items() if r.total_mib < required[u]]
+        if impossible:
+            names = ", ".join(
+                f"{role_of[u]} needs {required[u]} MiB free of {short[u].total_mib}"
+                for u in impossible
+            )
+            raise StepFailed(f"VRAM release can never succeed: {names}", **record(False))
+        if clock.now() - start >= deadline_s:
+            names = ", ".join(
+                f"{role_of[u]} free {r.free_mib} MiB < {required[u]} MiB" for u, r in short.items()
+            )
+            raise StepFailed(f"VRAM not released within {deadline_s:g} s: {names}", **record(False))
+        clock.sleep(poll_s)
+        current = _observe(probe, uuids)
+        polls += 1
