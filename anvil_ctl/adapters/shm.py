@@ -174,12 +174,14 @@ def remove_residue(
     *,
     interval_s: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
+    allow_unreadable: bool = False,
 ) -> RemovalReport:
     """Delete residue only when two observations `interval_s` apart agree and nobody holds it.
 
     Agree means: the same inode, size and mtime both times, and no process mapped
     or held it open either time. Any unreadable process makes the scan unproven,
-    and then nothing is removed.
+    and then nothing is removed, unless the caller passes `allow_unreadable`
+    (some sandboxes deny even root the maps of PID 1; the report still names them).
     """
     first = scanner.observe()
     sleep(interval_s)
@@ -188,7 +190,7 @@ def remove_residue(
     removed: list[str] = []
     kept: list[tuple[str, str]] = []
     for path in sorted(set(first.files) | set(second.files)):
-        reason = _keep_reason(path, first, second, unreadable)
+        reason = _keep_reason(path, first, second, () if allow_unreadable else unreadable)
         if reason is None:
             reason = _unlink_if_unchanged(path, second.files[path])
         if reason is None:
