@@ -1,0 +1,210 @@
+"""GPU fakes: an in-memory probe for unit tests, and simulated GPUs driven by stub engines.
+
+`FakeGpuProbe` holds readings you set; it can change them after a number of
+polls, which is how a test makes VRAM "get released" while a gate waits.
+`SimulatedGpuProbe` is what `ANVIL_GPU=simulated` uses on machines without
+NVIDIA GPUs: the inventory is the host config's roles, and each card's used
+memory is the sum of what the stub engines in running managed containers say
+they hold (`GET /anvil/sim/vram`, see docs/CONTRACTS.md "Simulated GPUs").
+`ManualClock` is a Clock whose sleep advances time instead of waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import structlog
+
+from anvil_ctl.config import GpuRole
+from anvil_ctl.core.errors import AdapterError
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_PREFIX, GpuProcess, GpuReading
+from anvil_ctl.core.ports import ContainerRuntime
+
+log = structlog.get_logger()
+
+LABEL_PORT = LABEL_PREFIX + "port"
+LABEL_BINDING = LABEL_PREFIX + "binding"
+LABEL_GPUS = LABEL_PREFIX + "gpus"
+SIM_VRAM_PATH = "/anvil/sim/vram"
+
+
+class ManualClock:
+    """A Clock for tests: `sleep` advances `now` at once and is recorded; `on_sleep` may act."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+        self.sleeps: list[float] = []
+        self.on_sleep: Callable[[float], None] | None = None
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+        if self.on_sleep is not None:
+            self.on_sleep(self.t)
+
+
+def reading(
+    uuid: str,
+    total_mib: int = 143_771,
+    used_mib: int = 0,
+    *,
+    index: int = 0,
+    name: str = "Fake H200",
+    processes: Iterable[GpuProcess] = (),
+) -> GpuReading:
+    """A consistent reading (free = total - used) for tests."""
+    return GpuReading(
+        uuid=uuid,
+        name=name,
+        index=index,
+        total_mib=total_mib,
+        used_mib=used_mib,
+        free_mib=total_mib - used_mib,
+        processes=tuple(processes),
+    )
+
+
+class FakeGpuProbe:
+    """In-memory GpuProbe; `set_used` changes a card now, `after_polls` changes it later."""
+
+    def __init__(self, readings: Iterable[GpuReading] = (), driver: str = "fake-1.0") -> None:
+        self._readings = {r.uuid: r for r in readings}
+        self.driver = driver
+        self.polls = 0
+        self._scheduled: list[tuple[int, str, int, tuple[GpuProcess, ...]]] = []
+        self.error: Exception | None = None
+
+    def set_used(self, uuid: str, used_mib: int, processes: Iterable[GpuProcess] = ()) -> None:
+        old = self._readings[uuid]
+        self._readings[uuid] = replace(
+            old,
+            used_mib=used_mib,
+            free_mib=old.total_mib - used_mib,
+            processes=tuple(processes),
+        )
+
+    def after_polls(
+        self, polls: int, uuid: str, used_mib: int, processes: Iterable[GpuProcess] = ()
+    ) -> None:
+        """From the `polls`-th call of `gpus()` on (1-based), the card holds `used_mib`."""
+        self._scheduled.append((polls, uuid, used_mib, tuple(processes)))
+
+    def gpus(self) -> list[GpuReading]:
+        self.polls += 1
+        if self.error is not None:
+            raise self.error
+        for due in [s for s in self._scheduled if s[0] <= self.polls]:
+            self._scheduled.remove(due)
+            self.set_used(due[1], due[2], due[3])
+        return sorted(self._readings.values(), key=lambda r: r.index)
+
+    def driver_version(self) -> str:
+        return self.driver
+
+
+def _default_http_get(url: str) -> Any:
+    response = httpx.get(url, timeout=2.0)
+    response.raise_for_status()
+    return response.json()
+
+
+def _endpoint(labels: Mapping[str, str]) -> str | None:
+    binding = labels.get(LABEL_BINDING)
+    if binding and ":" in binding:
+        host, _, port = binding.rpartition(":")
+        return f"http://{host}:{port}"
+    port_label = labels.get(LABEL_PORT)
+    if port_label and port_label.isdigit():
+        return f"http://127.0.0.1:{port_label}"
+    return None
+
+
+class SimulatedGpuProbe:
+    """GpuProbe over the host config's roles, with used memory reported by stub engines.
+
+    Each running container labelled `io.anvil.managed=true` is asked at
+    `http://<io.anvil.binding>` (or `http://127.0.0.1:<io.anvil.port>`) for
+    `/anvil/sim/vram` -> `{"gpus": {uuid: used_mib}}`; a card's used memory is
+    the sum over containers, capped at its capacity, and each contributing
+    container appears as a process with its init PID. A container that is not
+    answering yet (connection refused or reset) holds nothing, like an engine
+    that has not allocated; one that answers something else is an AdapterError.
+    A managed container with GPUs but no port label is an AdapterError too,
+    because its memory would silently go uncounted.
+    """
+
+    def __init__(
+        self,
+        roles: Mapping[str, GpuRole],
+        runtime: ContainerRuntime,
+        http_get: Callable[[str], Any] = _default_http_get,
+    ) -> None:
+        self.roles = dict(roles)
+        self.runtime = runtime
+        self.http_get = http_get
+
+    def driver_version(self) -> str:
+        return "simulated"
+
+    def _held(self) -> dict[str, list[GpuProcess]]:
+        held: dict[str, list[GpuProcess]] = {}
+        for info in self.runtime.list(labels={LABEL_MANAGED: "true"}):
+            if not info.running:
+                continue
+            base = _endpoint(info.labels)
+            if base is None:
+                if info.labels.get(LABEL_GPUS) or info.gpu_uuids:
+                    raise AdapterError(
+                        f"simulated GPUs: container {info.id[:12]} uses GPUs but has no "
+                        f"{LABEL_BINDING} or {LABEL_PORT} label to ask for its memory",
+                        container_id=info.id,
+                    )
+                continue
+            url = base + SIM_VRAM_PATH
+            try:
+                body = self.http_get(url)
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                log.info("gpu.sim_not_answering", container=info.id[:12], error=str(exc))
+                continue
+            except httpx.HTTPError as exc:
+                raise AdapterError(
+                    f"simulated GPUs: {url} of container {info.id[:12]} failed: {exc}",
+                    container_id=info.id,
+                ) from exc
+            try:
+                per_gpu = {str(k).lower(): int(v) for k, v in body["gpus"].items()}
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise AdapterError(
+                    f"simulated GPUs: {url} answered {body!r}; expected "
+                    '{"gpus": {"GPU-uuid": used_mib}}',
+                    container_id=info.id,
+                ) from exc
+            for uuid, used in per_gpu.items():
+                if used > 0:
+                    held.setdefault(uuid, []).append(GpuProcess(pid=info.pid or 0, used_mib=used))
+        return held
+
+    def gpus(self) -> list[GpuReading]:
+        held = self._held()
+        out = []
+        for index, (name, role) in enumerate(sorted(self.roles.items())):
+            procs = tuple(sorted(held.get(role.uuid.lower(), []), key=lambda p: p.pid))
+            used = min(role.capacity_mib, sum(p.used_mib for p in procs))
+            out.append(
+                GpuReading(
+                    uuid=role.uuid,
+                    name=role.name or f"Simulated GPU ({name})",
+                    index=index,
+                    total_mib=role.capacity_mib,
+                    used_mib=used,
+                    free_mib=role.capacity_mib - used,
+                    processes=procs,
+                )
+            )
+        return out
