@@ -1,0 +1,217 @@
+"""Real-client acceptance: the official `openai` client through the router with the client key.
+
+Three checks, each bound to the expected served model: a plain chat, a
+streamed chat, and a tool call. The result records per-check pass/fail and
+evidence (status, model, what was seen), never the token. A 401/403 is not a
+failed check but `AuthRejected`: a credential problem, not a model one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import structlog
+
+from anvil_ctl.adapters.credentials import Secret
+from anvil_ctl.core.errors import AuthRejected
+
+log = structlog.get_logger()
+
+PLAIN_PROMPT = "Reply with exactly: anvil-acceptance-plain"
+STREAM_PROMPT = "Reply with exactly: anvil-acceptance-stream"
+TOOL_NAME = "lookup_slot"
+TOOL_ARGS = {"slot": "primary", "detail": "served_model"}
+TOOL_PROMPT = f"call `{TOOL_NAME}` with arguments JSON {json.dumps(TOOL_ARGS)}"
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Look up a serving slot.",
+            "parameters": {
+                "type": "object",
+                "properties": {"slot": {"type": "string"}, "detail": {"type": "string"}},
+                "required": ["slot", "detail"],
+            },
+        },
+    }
+]
+
+
+@dataclass(frozen=True)
+class AcceptanceCheck:
+    name: str
+    passed: bool
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AcceptanceResult:
+    router_url: str
+    alias: str
+    expected_model: str
+    credential_source: str
+    checks: tuple[AcceptanceCheck, ...]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "router_url": self.router_url,
+            "alias": self.alias,
+            "expected_model": self.expected_model,
+            "credential_source": self.credential_source,
+            "passed": self.passed,
+            "checks": [
+                {"name": c.name, "passed": c.passed, "evidence": c.evidence} for c in self.checks
+            ],
+        }
+
+
+def _plain(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
+    reply = client.chat.completions.create(
+        model=alias, messages=[{"role": "user", "content": PLAIN_PROMPT}], max_tokens=64
+    )
+    content = reply.choices[0].message.content if reply.choices else None
+    ok = reply.model == expected and bool(content)
+    return AcceptanceCheck(
+        "plain_chat",
+        ok,
+        {"model": reply.model, "content": (content or "")[:200], "finish": _finish(reply)},
+    )
+
+
+def _finish(reply: Any) -> str | None:
+    return reply.choices[0].finish_reason if reply.choices else None
+
+
+def _stream(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
+    started = time.monotonic()
+    models: set[str] = set()
+    chunks, text, done = 0, [], False
+    first_token_s: float | None = None
+    stream = client.chat.completions.create(
+        model=alias,
+        messages=[{"role": "user", "content": STREAM_PROMPT}],
+        max_tokens=64,
+        stream=True,
+    )
+    for chunk in stream:
+        chunks += 1
+        if chunk.model:
+            models.add(chunk.model)
+        for choice in chunk.choices:
+            if choice.delta and choice.delta.content:
+                if first_token_s is None:
+                    first_token_s = time.monotonic() - started
+                text.append(choice.delta.content)
+            if choice.finish_reason:
+                done = True
+    ok = models == {expected} and chunks > 1 and bool(text) and done
+    return AcceptanceCheck(
+        "streaming_chat",
+        ok,
+        {
+            "models": sorted(models),
+            "chunks": chunks,
+            "content": "".join(text)[:200],
+            "finished": done,
+            "first_token_s": round(first_token_s, 3) if first_token_s is not None else None,
+        },
+    )
+
+
+def _tool(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
+    reply = client.chat.completions.create(
+        model=alias,
+        messages=[{"role": "user", "content": TOOL_PROMPT}],
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=256,
+    )
+    calls = (reply.choices[0].message.tool_calls or []) if reply.choices else []
+    seen: list[dict[str, Any]] = []
+    ok_call = False
+    for call in calls:
+        fn = getattr(call, "function", None)
+        if fn is None:
+            continue
+        try:
+            args = json.loads(fn.arguments)
+        except ValueError:
+            args = None
+        seen.append({"name": fn.name, "arguments": args})
+        ok_call = ok_call or (fn.name == TOOL_NAME and args == TOOL_ARGS)
+    return AcceptanceCheck(
+        "tool_call",
+        reply.model == expected and ok_call,
+        {"model": reply.model, "tool_calls": seen, "finish": _finish(reply)},
+    )
+
+
+CHECKS: tuple[Callable[[openai.OpenAI, str, str], AcceptanceCheck], ...] = (_plain, _stream, _tool)
+
+
+def run_acceptance(
+    router_url: str,
+    alias: str,
+    expected_model: str,
+    client_token: Secret,
+    *,
+    timeout_s: float = 60.0,
+) -> AcceptanceResult:
+    """Run the three real-client checks through the router; raise AuthRejected on 401/403."""
+    client = openai.OpenAI(
+        base_url=router_url.rstrip("/") + "/v1",
+        api_key=client_token.reveal(),
+        timeout=timeout_s,
+        max_retries=0,
+    )
+    results: list[AcceptanceCheck] = []
+    try:
+        for check in CHECKS:
+            name = check.__name__.lstrip("_")
+            try:
+                results.append(check(client, alias, expected_model))
+            except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+                raise AuthRejected(
+                    f"router answered {exc.status_code} to the real-client acceptance: the token "
+                    f"from {client_token.source} was refused (not a model failure)",
+                    status=exc.status_code,
+                    credential_source=client_token.source,
+                ) from exc
+            except openai.APIStatusError as exc:
+                results.append(
+                    AcceptanceCheck(name, False, {"status": exc.status_code, "error": _err(exc)})
+                )
+            except openai.APIError as exc:
+                results.append(
+                    AcceptanceCheck(name, False, {"error": f"{type(exc).__name__}: {exc.message}"})
+                )
+    finally:
+        client.close()
+    result = AcceptanceResult(
+        router_url=router_url,
+        alias=alias,
+        expected_model=expected_model,
+        credential_source=client_token.source,
+        checks=tuple(results),
+    )
+    log.info(
+        "acceptance.done",
+        alias=alias,
+        passed=result.passed,
+        checks={c.name: c.passed for c in result.checks},
+    )
+    return result
+
+
+def _err(exc: openai.APIStatusError) -> str:
+    # The body is the router's or engine's error text; it never holds our token.
+    return str(exc.message)[:300]
