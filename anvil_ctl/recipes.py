@@ -332,7 +332,8 @@ def spec_as_dict(spec: ContainerSpec) -> dict[str, Any]:
     data = asdict(spec)
     data["env"] = dict(spec.env)
     data["labels"] = dict(spec.labels)
-    return _lists(data)  # type: ignore[no-any-return]
+    result: dict[str, Any] = _lists(data)
+    return result
 
 
 def _lists(value: Any) -> Any:
