@@ -1,0 +1,155 @@
+"""Config fingerprint of a container from its Docker inspect data (pure, no I/O).
+
+The fingerprint must equal `ContainerSpec.fingerprint_fields()` of the spec the
+container was created from, yet Docker's inspect data differs from the request in
+known ways: the image's Env/Cmd/Entrypoint are merged in, ShmSize is in bytes,
+IpcMode and ShmSize get daemon defaults, and simulated GPUs travel as env. The
+adapter records what the spec left to defaults in labels (`SPEC_LABELS`) at
+create time; here each such field is accepted as "default" only when the
+observed value is still what Docker would have given by default, so a changed
+container still changes the fingerprint.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from anvil_ctl.core.model import LABEL_PREFIX, ContainerSpec, fingerprint_fields
+
+LABEL_GPUS = LABEL_PREFIX + "gpus"
+LABEL_ENV_KEYS = LABEL_PREFIX + "spec.env-keys"
+LABEL_DEFAULTS = LABEL_PREFIX + "spec.defaults"
+LABEL_SHM_SIZE = LABEL_PREFIX + "spec.shm-size"
+SPEC_LABELS = (LABEL_ENV_KEYS, LABEL_DEFAULTS, LABEL_SHM_SIZE)
+GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
+DEFAULT_SHM_BYTES = 64 * 1024 * 1024
+DEFAULT_IPC_MODES = frozenset({"", "private", "shareable"})
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+
+
+def size_bytes(value: str | int) -> int:
+    """Docker's RAMInBytes: "16g" -> 17179869184 (binary units, case-insensitive)."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(value)
+    if not m:
+        raise ValueError(f"not a size: {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def spec_labels(spec: ContainerSpec) -> dict[str, str]:
+    """The labels that let inspect data be mapped back to the spec's fingerprint fields."""
+    defaults = []
+    if not spec.command and spec.entrypoint is None:
+        defaults.append("command")  # Docker fills Cmd from the image only in this case
+    if spec.entrypoint is None:
+        defaults.append("entrypoint")
+    if spec.shm_size is None:
+        defaults.append("shm_size")
+    if spec.ipc_mode is None:
+        defaults.append("ipc_mode")
+    labels = {
+        LABEL_ENV_KEYS: ",".join(sorted(k for k, _ in spec.env)),
+        LABEL_DEFAULTS: ",".join(defaults),
+        LABEL_GPUS: ",".join(spec.gpu_uuids),
+    }
+    if spec.shm_size is not None:
+        labels[LABEL_SHM_SIZE] = spec.shm_size
+    return labels
+
+
+def _env(items: list[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        env[key] = value
+    return env
+
+
+def _mounts(host_config: dict[str, Any]) -> list[dict[str, Any]]:
+    mounts = [
+        {
+            "source": m.get("Source", ""),
+            "target": m.get("Target", ""),
+            "read_only": bool(m.get("ReadOnly")),
+        }
+        for m in host_config.get("Mounts") or []
+    ]
+    for bind in host_config.get("Binds") or []:
+        parts = bind.split(":")
+        mode = parts[2] if len(parts) > 2 else ""
+        mounts.append(
+            {"source": parts[0], "target": parts[1], "read_only": "ro" in mode.split(",")}
+        )
+    return mounts
+
+
+def _ports(host_config: dict[str, Any]) -> list[list[Any]]:
+    ports: list[list[Any]] = []
+    for key, bindings in (host_config.get("PortBindings") or {}).items():
+        container_port = int(key.split("/")[0])
+        for b in bindings or []:
+            host = (
+                f"{b['HostIp']}:{b['HostPort']}" if b.get("HostIp") else str(b.get("HostPort", ""))
+            )
+            ports.append([container_port, host])
+    return ports
+
+
+def inspect_fingerprint_fields(
+    attrs: dict[str, Any], image_config: dict[str, Any] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """(fingerprint fields, GPU UUIDs) from a container's inspect data and its image's Config."""
+    cfg: dict[str, Any] = attrs.get("Config") or {}
+    hc: dict[str, Any] = attrs.get("HostConfig") or {}
+    labels: dict[str, str] = cfg.get("Labels") or {}
+    img: dict[str, Any] = image_config or {}
+    defaults = set(labels.get(LABEL_DEFAULTS, "").split(","))
+    spec_keys = {k for k in labels.get(LABEL_ENV_KEYS, "").split(",") if k}
+
+    img_env = _env(img.get("Env"))
+    env = {k: v for k, v in _env(cfg.get("Env")).items() if k in spec_keys or img_env.get(k) != v}
+    gpus: list[str] = []
+    for req in hc.get("DeviceRequests") or []:
+        if ["gpu"] in (req.get("Capabilities") or []):
+            gpus.extend(req.get("DeviceIDs") or [])
+    if GPU_ENV in env and GPU_ENV not in spec_keys:
+        # simulated GPUs: the adapter put them there, they are not the spec's env
+        gpus.extend(u for u in env.pop(GPU_ENV).split(",") if u)
+
+    command: list[str] = list(cfg.get("Cmd") or [])
+    if "command" in defaults and command == list(img.get("Cmd") or []):
+        command = []
+    entrypoint = cfg.get("Entrypoint")
+    if "entrypoint" in defaults and entrypoint == img.get("Entrypoint"):
+        entrypoint = None
+
+    shm_observed = int(hc.get("ShmSize") or 0)
+    shm: str | int | None = shm_observed
+    declared = labels.get(LABEL_SHM_SIZE)
+    if declared is not None and size_bytes(declared) == shm_observed:
+        shm = declared
+    elif "shm_size" in defaults and shm_observed in (0, DEFAULT_SHM_BYTES):
+        shm = None
+
+    ipc: str | None = hc.get("IpcMode") or ""
+    if "ipc_mode" in defaults and ipc in DEFAULT_IPC_MODES:
+        ipc = None
+
+    fields = fingerprint_fields(
+        image=cfg.get("Image", ""),
+        command=command,
+        entrypoint=list(entrypoint) if entrypoint is not None else None,
+        env=env,
+        mounts=_mounts(hc),
+        ports=_ports(hc),
+        gpu_uuids=gpus,
+        shm_size=shm,
+        ipc_mode=ipc,
+        ulimits=[[u.get("Name"), u.get("Soft"), u.get("Hard")] for u in hc.get("Ulimits") or []],
+        network_mode=hc.get("NetworkMode", ""),
+    )
+    return fields, sorted(gpus)

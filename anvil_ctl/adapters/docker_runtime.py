@@ -1,0 +1,281 @@
+"""ContainerRuntime on the Docker Engine through the `docker` SDK.
+
+Containers are addressed by exact ID. `docker.errors.*` and connection errors are
+translated here and never leave this module: NotFound -> NotFound, 5xx and
+connection failures -> TransientError, everything else -> AdapterError. Only
+idempotent calls (inspect, list, image, start, stop) are retried, and only on
+TransientError; create and remove are not, because a lost answer to a
+successful create or remove must not be repeated blindly.
+
+GPU modes: "nvidia" passes GPUs as a DeviceRequest (device_ids = UUIDs,
+capabilities [["gpu"]]); "simulated" passes them as env NVIDIA_VISIBLE_DEVICES
+(no NVIDIA runtime exists there). Both set the label io.anvil.gpus.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal, cast
+
+import docker
+import docker.errors
+import structlog
+from docker.types import DeviceRequest, Ulimit
+from docker.types import Mount as DockerMount
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from anvil_ctl.adapters.docker_fingerprint import GPU_ENV, inspect_fingerprint_fields, spec_labels
+from anvil_ctl.core.errors import AdapterError, BadInput, NotFound, TransientError
+from anvil_ctl.core.model import (
+    ContainerInfo,
+    ContainerSpec,
+    ContainerStatus,
+    ImageInfo,
+    config_fingerprint,
+)
+
+GpuMode = Literal["nvidia", "simulated"]
+STOPPED = frozenset({"exited", "created", "dead"})
+log = structlog.get_logger()
+
+_retry = retry(
+    retry=retry_if_exception_type(TransientError),
+    stop=stop_after_attempt(4),
+    wait=wait_exponential(multiplier=0.1, max=1.0),
+    reraise=True,
+)
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Map docker SDK and transport errors to the core tree, at this edge only."""
+    try:
+        yield
+    except docker.errors.NotFound as exc:
+        raise NotFound(f"{what}: not found", detail=str(exc)) from exc
+    except docker.errors.APIError as exc:
+        status = exc.status_code or 0
+        if status >= 500:
+            raise TransientError(f"{what}: Docker API {status}", detail=str(exc)) from exc
+        raise AdapterError(
+            f"{what}: Docker API {status}: {exc.explanation}", status=status
+        ) from exc
+    except docker.errors.DockerException as exc:
+        raise AdapterError(f"{what}: {exc}") from exc
+    except OSError as exc:  # requests' ConnectionError/Timeout derive from OSError
+        raise TransientError(f"{what}: cannot reach the Docker Engine: {exc}") from exc
+
+
+class DockerRuntime:
+    """The ContainerRuntime port on a Docker Engine."""
+
+    def __init__(
+        self,
+        client: Any | None = None,
+        *,
+        base_url: str | None = None,
+        gpu_mode: GpuMode = "nvidia",
+        api_timeout_s: float = 60.0,
+        poll_s: float = 0.1,
+    ) -> None:
+        """Use `client` if given, else connect to base_url (None: the SDK default, DOCKER_HOST)."""
+        if gpu_mode not in ("nvidia", "simulated"):
+            raise BadInput(f"gpu_mode must be 'nvidia' or 'simulated', not {gpu_mode!r}")
+        self.gpu_mode: GpuMode = gpu_mode
+        self._poll_s = poll_s
+        if client is None:
+            with translated("connect"):
+                if base_url is None:
+                    client = docker.from_env(timeout=int(api_timeout_s))
+                else:
+                    client = docker.DockerClient(base_url=base_url, timeout=int(api_timeout_s))
+        self._client = client
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ---------------------------------------------------------------- observe
+
+    @_retry
+    def inspect(self, container_id: str) -> ContainerInfo:
+        return self._info(self._exact(container_id), {})
+
+    def _exact(self, container_id: str) -> dict[str, Any]:
+        """Inspect data of the container whose full ID is container_id (no names, no prefixes)."""
+        with translated(f"inspect container {container_id}"):
+            attrs: dict[str, Any] = self._client.api.inspect_container(container_id)
+        if attrs.get("Id") != container_id:
+            raise NotFound(
+                f"container {container_id}: no container has this exact ID",
+                resolved=attrs.get("Id"),
+            )
+        return attrs
+
+    @_retry
+    def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
+        filters = {"label": [f"{k}={v}" for k, v in (labels or {}).items()]} if labels else None
+        with translated("list containers"):
+            summaries = self._client.api.containers(all=True, filters=filters)
+        infos: list[ContainerInfo] = []
+        images: dict[str, dict[str, Any] | None] = {}
+        for summary in summaries:
+            try:
+                with translated(f"inspect container {summary['Id']}"):
+                    attrs = self._client.api.inspect_container(summary["Id"])
+            except NotFound:
+                continue  # removed between list and inspect
+            infos.append(self._info(attrs, images))
+        return sorted(infos, key=lambda i: i.id)
+
+    @_retry
+    def image(self, ref: str) -> ImageInfo:
+        with translated(f"image {ref}"):
+            attrs: dict[str, Any] = self._client.api.inspect_image(ref)
+        return ImageInfo(
+            id=attrs["Id"],
+            repo_digests=tuple(sorted(attrs.get("RepoDigests") or ())),
+            tags=tuple(sorted(attrs.get("RepoTags") or ())),
+        )
+
+    def _image_attrs(
+        self, image_id: str, cache: dict[str, dict[str, Any] | None]
+    ) -> dict[str, Any] | None:
+        if image_id not in cache:
+            try:
+                with translated(f"image {image_id}"):
+                    cache[image_id] = self._client.api.inspect_image(image_id)
+            except NotFound:
+                cache[image_id] = None  # image deleted under a container: fingerprint without it
+        return cache[image_id]
+
+    def _info(
+        self, attrs: dict[str, Any], cache: dict[str, dict[str, Any] | None]
+    ) -> ContainerInfo:
+        image = self._image_attrs(attrs["Image"], cache)
+        fields, gpus = inspect_fingerprint_fields(attrs, (image or {}).get("Config"))
+        state: dict[str, Any] = attrs.get("State") or {}
+        status = cast(ContainerStatus, state.get("Status", "dead"))
+        return ContainerInfo(
+            id=attrs["Id"],
+            name=attrs.get("Name", "").lstrip("/"),
+            image_id=attrs["Image"],
+            image_ref=(attrs.get("Config") or {}).get("Image", ""),
+            status=status,
+            labels=dict((attrs.get("Config") or {}).get("Labels") or {}),
+            fingerprint=config_fingerprint(fields),
+            repo_digests=tuple(sorted((image or {}).get("RepoDigests") or ())),
+            gpu_uuids=tuple(gpus),
+            exit_code=state.get("ExitCode") if status in STOPPED else None,
+            pid=state.get("Pid") or None,
+        )
+
+    def fingerprint_fields(self, container_id: str) -> dict[str, Any]:
+        """The normalized fields behind inspect(container_id).fingerprint (for diffs in reports)."""
+        attrs = self._exact(container_id)
+        image = self._image_attrs(attrs["Image"], {})
+        fields, _ = inspect_fingerprint_fields(attrs, (image or {}).get("Config"))
+        return fields
+
+    # ---------------------------------------------------------------- mutate
+
+    def create(self, spec: ContainerSpec) -> str:
+        env = dict(spec.env)
+        if self.gpu_mode == "simulated" and GPU_ENV in env:
+            raise BadInput(f"env {GPU_ENV} is reserved for simulated GPUs; use gpu_uuids")
+        if self.gpu_mode == "simulated" and spec.gpu_uuids:
+            env[GPU_ENV] = ",".join(spec.gpu_uuids)
+        labels = {**spec_labels(spec), **dict(spec.labels)}
+        kwargs: dict[str, Any] = {
+            "image": spec.image,
+            "name": spec.name,
+            "command": list(spec.command) or None,
+            "entrypoint": list(spec.entrypoint) if spec.entrypoint is not None else None,
+            "environment": [f"{k}={v}" for k, v in env.items()],
+            "labels": labels,
+            "mounts": [
+                DockerMount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+                for m in spec.mounts
+            ],
+            "network_mode": spec.network_mode,
+            "init": spec.init,
+            "detach": True,
+        }
+        if spec.ports:
+            kwargs["ports"] = {f"{port}/tcp": _host_binding(host) for port, host in spec.ports}
+        if spec.shm_size is not None:
+            kwargs["shm_size"] = spec.shm_size
+        if spec.ipc_mode is not None:
+            kwargs["ipc_mode"] = spec.ipc_mode
+        if spec.ulimits:
+            kwargs["ulimits"] = [Ulimit(name=n, soft=s, hard=h) for n, s, h in spec.ulimits]
+        if spec.working_dir is not None:
+            kwargs["working_dir"] = spec.working_dir
+        if self.gpu_mode == "nvidia" and spec.gpu_uuids:
+            kwargs["device_requests"] = [
+                DeviceRequest(device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]])
+            ]
+        with translated(f"create container {spec.name}"):
+            container = self._client.containers.create(**kwargs)
+        container_id = str(container.id)
+        log.info("container.created", container_id=container_id, name=spec.name, image=spec.image)
+        return container_id
+
+    @_retry
+    def start(self, container_id: str) -> None:
+        self._exact(container_id)
+        with translated(f"start container {container_id}"):
+            self._client.api.start(container_id)
+        log.info("container.started", container_id=container_id)
+
+    @_retry
+    def stop(self, container_id: str, timeout_s: float) -> None:
+        """SIGTERM, SIGKILL after timeout_s; return only once inspect reports it not running."""
+        grace = max(int(timeout_s + 0.999), 0)
+        self._exact(container_id)
+        with translated(f"stop container {container_id}"):
+            self._client.api.stop(container_id, timeout=grace)
+        if self._wait_stopped(container_id, deadline_s=10.0):
+            log.info("container.stopped", container_id=container_id)
+            return
+        log.warning("container.stop_unconfirmed_killing", container_id=container_id)
+        with translated(f"kill container {container_id}"):
+            try:
+                self._client.api.kill(container_id)
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: it stopped meanwhile
+                    raise
+        if not self._wait_stopped(container_id, deadline_s=10.0):
+            status = self._status(container_id)
+            raise AdapterError(
+                f"container {container_id} still {status} after stop and kill",
+                container_id=container_id,
+                status=status,
+            )
+
+    def _status(self, container_id: str) -> str:
+        attrs = self._exact(container_id)
+        return str((attrs.get("State") or {}).get("Status", "dead"))
+
+    def _wait_stopped(self, container_id: str, deadline_s: float) -> bool:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            if self._status(container_id) in STOPPED:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self._poll_s)
+
+    def remove(self, container_id: str, *, force: bool = False) -> None:
+        """Remove one container by exact ID; a running one is refused unless force."""
+        self._exact(container_id)
+        with translated(f"remove container {container_id}"):
+            self._client.api.remove_container(container_id, v=True, force=force)
+        log.info("container.removed", container_id=container_id)
+
+
+def _host_binding(host: str) -> tuple[str, int] | int:
+    """ "127.0.0.1:8001" -> ("127.0.0.1", 8001); "8001" -> 8001."""
+    ip, sep, port = host.rpartition(":")
+    return (ip, int(port)) if sep else int(port)
