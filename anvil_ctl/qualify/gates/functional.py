@@ -97,6 +97,13 @@ def check_tool_call(
     )
 
 
+def effective_context(ctx: GateContext, requested: int) -> int:
+    """The requested nominal context, clamped to the engine's max_model_len when known."""
+    if ctx.max_model_len and requested > ctx.max_model_len:
+        return ctx.max_model_len
+    return requested
+
+
 def body(ctx: GateContext, messages: list[Message], max_tokens: int, **kw: Any) -> dict[str, Any]:
     return EngineClient.chat_body(
         ctx.served_model, messages, max_tokens=max_tokens, enable_thinking=ctx.thinking, **kw
@@ -244,8 +251,9 @@ class LongContextTool(Gate):
 
     async def run(self, ctx: GateContext) -> GateResult:
         args = {"order_id": "LC-90210", "include_items": True}
+        nominal = effective_context(ctx, self.context_tokens)
         text = prompts.context_prompt(
-            self.context_tokens,
+            nominal,
             prompts.tool_instruction("lookup_order", args),
             reserve_tokens=self.max_tokens + 512,
             chars_per_token=ctx.chars_per_token,
@@ -263,7 +271,8 @@ class LongContextTool(Gate):
             self,
             checks,
             [attempt],
-            nominal_tokens=self.context_tokens,
+            nominal_tokens=nominal,
+            requested_tokens=self.context_tokens,
             measured_prompt_tokens=measured,
             prompt=prompt_digest(text),
         )
@@ -415,8 +424,9 @@ class Needle(Gate):
         self.max_tokens = max_tokens
 
     async def run(self, ctx: GateContext) -> GateResult:
+        nominal = effective_context(ctx, self.context_tokens)
         text = prompts.context_prompt(
-            self.context_tokens,
+            nominal,
             "What is the needle? Answer with its value only.",
             reserve_tokens=self.max_tokens + 512,
             chars_per_token=ctx.chars_per_token,
@@ -440,7 +450,8 @@ class Needle(Gate):
             self,
             checks,
             [attempt],
-            nominal_tokens=self.context_tokens,
+            nominal_tokens=nominal,
+            requested_tokens=self.context_tokens,
             measured_prompt_tokens=measured,
             prompt=prompt_digest(text),
         )

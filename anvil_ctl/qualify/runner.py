@@ -1,0 +1,274 @@
+"""Run a qualification profile against one engine endpoint, write evidence, decide.
+
+Order: the served identity (`GET /v1/models` must list the served model; its
+`max_model_len` bounds long-context gates), then each gate of the profile, each
+written as `NN-<gate>.json` as soon as it finishes, then `summary.json`,
+`decision.json` and `manifest.json`. Nothing here touches the host: qualify
+mutates nothing, and a failed gate is evidence, not an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+
+from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.qualify.client import EngineClient
+from anvil_ctl.qualify.decision import Decision, make_decision
+from anvil_ctl.qualify.evidence import Artifact, EvidenceWriter
+from anvil_ctl.qualify.gates.base import FIXTURES_DIR, GateContext, ReserveProbe
+from anvil_ctl.qualify.profiles import Profile
+from anvil_ctl.qualify.report import NullProgress, Progress, SummaryRow, summary_rows
+from anvil_ctl.qualify.results import GateResult
+
+log = structlog.get_logger()
+IDENTITY_GATE = "served-identity"
+
+
+@dataclass(frozen=True)
+class QualificationResult:
+    """Everything a qualify run produced; `as_dict()` is the `--json` output."""
+
+    tx_id: str
+    profile: str
+    base_url: str
+    served_model: str
+    identity_digest: str
+    gates: tuple[GateResult, ...]
+    decision: Decision
+    artifacts: tuple[Artifact, ...]
+    manifest: Artifact
+    tx_dir: str
+    summary: tuple[SummaryRow, ...]
+    started_at: str
+    finished_at: str
+
+    @property
+    def outcome(self) -> str:
+        return self.decision.outcome
+
+    def artifact_for(self, gate: str) -> Artifact | None:
+        return next((a for a in self.artifacts if a.path.endswith(f"-{gate}.json")), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tx_id": self.tx_id,
+            "profile": self.profile,
+            "base_url": self.base_url,
+            "served_model": self.served_model,
+            "identity_digest": self.identity_digest,
+            "outcome": self.outcome,
+            "decision": self.decision.as_dict(),
+            "gates": [
+                {
+                    "name": g.name,
+                    "kind": g.kind,
+                    "passed": g.passed,
+                    "classification": g.classification,
+                    "summary": g.summary,
+                    "duration_s": g.duration_s,
+                    "artifact": (a.as_dict() if (a := self.artifact_for(g.name)) else None),
+                }
+                for g in self.gates
+            ],
+            "summary": [r.as_dict() for r in self.summary],
+            "artifacts": [a.as_dict() for a in self.artifacts],
+            "manifest": self.manifest.as_dict(),
+            "tx_dir": self.tx_dir,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+
+async def _served_identity(
+    client: EngineClient, served_model: str
+) -> tuple[GateResult, int | None]:
+    started = time.perf_counter()
+    try:
+        cards = await client.models()
+    except AnvilError as exc:
+        evidence: dict[str, Any] = {"error": str(exc), "error_type": type(exc).__name__}
+        return (
+            GateResult(
+                IDENTITY_GATE,
+                False,
+                "functional",
+                "error",
+                evidence,
+                str(exc),
+                time.perf_counter() - started,
+            ),
+            None,
+        )
+    ids = [c.id for c in cards]
+    card = next((c for c in cards if c.id == served_model), None)
+    evidence = {
+        "expected": served_model,
+        "observed": ids,
+        "max_model_len": card.max_model_len if card else None,
+    }
+    passed = card is not None
+    summary = f"serves {served_model}" if passed else f"expected {served_model}, engine lists {ids}"
+    return (
+        GateResult(
+            IDENTITY_GATE,
+            passed,
+            "functional",
+            "pass" if passed else "wrong_model",
+            evidence,
+            summary,
+            time.perf_counter() - started,
+        ),
+        card.max_model_len if card else None,
+    )
+
+
+async def qualify(
+    base_url: str,
+    served_model: str,
+    profile: Profile,
+    *,
+    evidence_dir: Path,
+    tx_id: str,
+    identity_digest: str,
+    reserve_probe: ReserveProbe | None = None,
+    progress: Progress | None = None,
+    api_key: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    fixtures_dir: Path = FIXTURES_DIR,
+    chars_per_token: float = 4.0,
+    request_timeout_s: float = 600.0,
+) -> QualificationResult:
+    """The async body of `run_qualification`."""
+    progress = progress or NullProgress()
+    started_at = datetime.now(UTC).isoformat()
+    writer = EvidenceWriter(evidence_dir, tx_id)
+    gates = profile.build()
+    names = [IDENTITY_GATE, *(g.name for g in gates)]
+    progress.run_started(profile.name, names)
+    results: list[GateResult] = []
+    hashes: dict[str, str] = {}
+
+    def record(index: int, result: GateResult) -> None:
+        artifact = writer.write_json(f"{index:02d}-{result.name}.json", result.as_dict())
+        hashes[result.name] = artifact.sha256
+        results.append(result)
+        progress.gate_finished(result)
+        log.info(
+            "gate finished",
+            tx=tx_id,
+            gate=result.name,
+            passed=result.passed,
+            classification=result.classification,
+        )
+
+    async with EngineClient(
+        base_url, api_key=api_key, transport=transport, timeout_s=request_timeout_s
+    ) as client:
+        progress.gate_started(IDENTITY_GATE, 1, len(names))
+        identity, max_model_len = await _served_identity(client, served_model)
+        record(0, identity)
+        if identity.passed:
+            ctx = GateContext(
+                client=client,
+                served_model=served_model,
+                thinking=profile.thinking,
+                max_model_len=max_model_len,
+                chars_per_token=chars_per_token,
+                fixtures_dir=fixtures_dir,
+                reserve_probe=reserve_probe,
+                on_request=progress.request_done,
+            )
+            for index, gate in enumerate(gates, start=1):
+                progress.gate_started(gate.name, index + 1, len(names))
+                record(index, await gate(ctx))
+
+    rows = summary_rows(results)
+    writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows]})
+    decision = make_decision(results, identity_digest, profile=profile.name, artifact_sha256=hashes)
+    writer.write_json(
+        "decision.json",
+        {
+            **decision.as_dict(),
+            "tx_id": tx_id,
+            "served_model": served_model,
+            "profile_definition": profile.as_dict(),
+        },
+    )
+    finished_at = datetime.now(UTC).isoformat()
+    manifest = writer.write_manifest(
+        identity_digest=identity_digest,
+        outcome=decision.outcome,
+        profile=profile.name,
+        served_model=served_model,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+    progress.run_finished(decision.outcome)
+    return QualificationResult(
+        tx_id=tx_id,
+        profile=profile.name,
+        base_url=base_url,
+        served_model=served_model,
+        identity_digest=identity_digest,
+        gates=tuple(results),
+        decision=decision,
+        artifacts=tuple(writer.artifacts),
+        manifest=manifest,
+        tx_dir=str(writer.tx_dir),
+        summary=tuple(rows),
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def run_qualification(
+    base_url: str,
+    served_model: str,
+    profile: Profile,
+    *,
+    evidence_dir: Path,
+    tx_id: str,
+    identity_digest: str,
+    reserve_probe: ReserveProbe | None = None,
+    progress: Progress | None = None,
+    api_key: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    fixtures_dir: Path = FIXTURES_DIR,
+    chars_per_token: float = 4.0,
+    request_timeout_s: float = 600.0,
+) -> QualificationResult:
+    """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
+
+    Synchronous wrapper over `qualify`; call it from code that runs no event loop.
+    """
+    return asyncio.run(
+        qualify(
+            base_url,
+            served_model,
+            profile,
+            evidence_dir,
+            tx_id,
+            identity_digest,
+            reserve_probe,
+            progress,
+            api_key=api_key,
+            transport=transport,
+            fixtures_dir=fixtures_dir,
+            chars_per_token=chars_per_token,
+            request_timeout_s=request_timeout_s,
+        )
+    )
+
+
+def select_gates(names: Sequence[str] | None, profile: Profile) -> Profile:
+    """`--gates` applied to a profile (kept here for callers that hold a profile already)."""
+    return profile.select(names) if names else profile
