@@ -267,7 +267,9 @@ class SmgRouter:
             check_answer(answer, alias, expected_model)
             return answer
 
-        readmit_loop(attempt, what=f"smg tier {tier} -> {url}", deadline_s=deadline_s)
+        readmit_loop(
+            attempt, what=f"smg tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep
+        )
         log.info("router.smg.readmitted", tier=tier, url=_norm(url), model=expected_model)
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
