@@ -1,0 +1,89 @@
+"""The VRAM-release gate: waits on the Clock until free >= need + reserve, or fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.gpu.release import wait_for_vram_release
+from anvil_ctl.testing.gpu import FakeGpuProbe, ManualClock, reading
+
+UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+UB = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+ROLES = {"compute-a": UA, "compute-b": UB}
+
+
+@pytest.fixture
+def probe() -> FakeGpuProbe:
+    # The stopped incumbent still holds 90,000 MiB on each card.
+    return FakeGpuProbe([reading(UA, 97_887, 90_000), reading(UB, 97_887, 90_000, index=1)])
+
+
+class TestWaitForVramRelease:
+    def test_returns_once_every_card_is_freed_with_both_readings(self, probe: FakeGpuProbe) -> None:
+        probe.after_polls(3, UA, 500)
+        probe.after_polls(4, UB, 500)
+        clock = ManualClock()
+        result = wait_for_vram_release(
+            probe, clock, ROLES, need_mib=80_000, reserve_mib=3072, deadline_s=60, poll_s=2
+        )
+        assert result["released"] is True
+        assert result["polls"] == 4
+        assert result["waited_s"] == 6
+        assert clock.sleeps == [2, 2, 2]
+        assert result["before"][UA]["free_mib"] == 7_887
+        assert result["after"][UB]["free_mib"] == 97_387
+        assert result["required_free_mib"] == {UA: 83_072, UB: 83_072}
+
+    def test_free_exactly_need_plus_reserve_is_enough(self, probe: FakeGpuProbe) -> None:
+        probe.set_used(UA, 97_887 - 83_072)
+        probe.set_used(UB, 97_887 - 83_072)
+        result = wait_for_vram_release(
+            probe, ManualClock(), ROLES, need_mib=80_000, reserve_mib=3072, deadline_s=60
+        )
+        assert result["polls"] == 1
+
+    def test_per_role_need_and_reserve(self, probe: FakeGpuProbe) -> None:
+        probe.set_used(UA, 0)
+        result = wait_for_vram_release(
+            probe,
+            ManualClock(),
+            {"compute-a": UA},
+            need_mib={"compute-a": 90_000},
+            reserve_mib={"compute-a": 0},
+            deadline_s=1,
+        )
+        assert result["required_free_mib"] == {UA: 90_000}
+
+    def test_the_deadline_raises_step_failed_with_both_readings(self, probe: FakeGpuProbe) -> None:
+        probe.after_polls(2, UA, 0)  # one card frees, the other never does
+        clock = ManualClock()
+        with pytest.raises(
+            StepFailed, match="not released within 10 s: compute-b free 7887"
+        ) as info:
+            wait_for_vram_release(
+                probe, clock, ROLES, need_mib=80_000, reserve_mib=3072, deadline_s=10, poll_s=1
+            )
+        data = info.value.data
+        assert data["released"] is False
+        assert data["before"][UA]["used_mib"] == 90_000
+        assert data["after"][UA]["used_mib"] == 0
+        assert data["after"][UB]["used_mib"] == 90_000
+        assert data["waited_s"] == 10
+        assert probe.polls == 11
+
+    def test_a_requirement_above_capacity_fails_at_once(self, probe: FakeGpuProbe) -> None:
+        clock = ManualClock()
+        with pytest.raises(StepFailed, match="can never succeed"):
+            wait_for_vram_release(
+                probe, clock, ROLES, need_mib=97_000, reserve_mib=3072, deadline_s=60
+            )
+        assert clock.sleeps == []
+
+    def test_a_card_the_probe_does_not_see_fails_at_once(self, probe: FakeGpuProbe) -> None:
+        gone = "GPU-cccccccc-0000-0000-0000-000000000003"
+        with pytest.raises(StepFailed, match="not visible") as info:
+            wait_for_vram_release(
+                probe, ManualClock(), {"compute-c": gone}, need_mib=1, reserve_mib=0, deadline_s=60
+            )
+        assert info.value.data["after"] == {gone: None}
