@@ -4,7 +4,7 @@ Answers are validated statically (parsed, never executed). A response that ends
 with `finish_reason: length` and shows nothing wrong is classified
 `visible_answer_budget_exhausted`, not a wrong answer: the budget, not the model,
 stopped it (the seeds' 768-token move-plan case). Classifications: `pass`,
-`wrong_answer`, `visible_answer_budget_exhausted`, `error`.
+`wrong_answer`, `reasoning_leak`, `visible_answer_budget_exhausted`, `error`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited
+from anvil_ctl.qualify.gates.checks import has_think_markup
 from anvil_ctl.qualify.results import GateResult
 
 _BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
@@ -168,6 +169,8 @@ def answer_book() -> list[dict[str, str]]:
 
 def classify(task: CodingTask, content: str, finish_reason: str | None) -> tuple[str, list[str]]:
     """(classification, problems) of one answer."""
+    if has_think_markup(content):
+        return "reasoning_leak", ["reasoning markup in the visible answer"]
     if finish_reason == "length":
         wrong = task.contradictions(content)
         return ("wrong_answer", wrong) if wrong else (BUDGET, ["cut at the visible-answer budget"])
@@ -241,7 +244,7 @@ class CodingAgent(Gate):
         total = len(rows)
         passed = total > 0 and counts.get("pass", 0) == total
         # The worst verdict classifies the gate: a wrong answer outranks a cut one.
-        order = ("error", "wrong_answer", BUDGET)
+        order = ("error", "reasoning_leak", "wrong_answer", BUDGET)
         classification = next((v for v in order if counts.get(v)), "pass")
         evidence = {"max_tokens": max_tokens, "counts": counts, "results": rows}
         return self.result(passed, classification, evidence, f"{counts.get('pass', 0)}/{total}")

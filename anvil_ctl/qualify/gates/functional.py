@@ -21,7 +21,7 @@ from anvil_ctl.qualify.gates.base import (
     prompt_digest,
     stream_problem,
 )
-from anvil_ctl.qualify.gates.checks import Checks, parse_json, same_text
+from anvil_ctl.qualify.gates.checks import Checks, has_think_markup, parse_json, same_text
 from anvil_ctl.qualify.results import ChatResult, GateResult
 
 Message = dict[str, Any]
@@ -43,6 +43,12 @@ def check_reply(checks: Checks, label: str, attempt: Attempt, expected: str) -> 
             f"{label}: stream complete", problem is None, problem or "", errors=list(result.errors)
         ):
             return
+    checks.add(
+        f"{label}: no think markup",
+        not has_think_markup(result.content),
+        "reasoning_leak",
+        observed=result.content[:300],
+    )
     checks.add(
         f"{label}: content",
         same_text(result.content, expected),
