@@ -9,7 +9,7 @@ until every card of the next serve shows `free >= need + reserve`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -108,3 +108,43 @@ def wait_for_vram_release(
         clock.sleep(poll_s)
         current = _observe(probe, uuids)
         polls += 1
+
+
+VramReleaseStep = Callable[[Any, Any], dict[str, Any]]
+
+
+def vram_release_step(
+    probe: GpuProbe,
+    clock: Clock,
+    uuids: Mapping[str, str],
+    *,
+    reserve_mib: Mapping[str, int],
+    deadline_s: float,
+    poll_s: float = 1.0,
+    default_need_mib: int = 0,
+) -> VramReleaseStep:
+    """The engine's `world.extras["vram_release"]`: `(ctx, candidate) -> readings`.
+
+    `uuids` and `reserve_mib` cover every host role (role -> UUID, role -> the
+    reserve in force); the candidate's `gpu_roles` select the cards, and its
+    `vram_need_mib` (per card; `default_need_mib` where it has none) is the need.
+    """
+
+    def gate(_ctx: Any, candidate: Any) -> dict[str, Any]:
+        roles = tuple(getattr(candidate, "gpu_roles", ()) or ())
+        if not roles:
+            return {"skipped": "the candidate uses no GPU role"}
+        unknown = sorted(set(roles) - set(uuids))
+        if unknown:
+            raise StepFailed(f"VRAM release: roles not in the host config: {unknown}")
+        return wait_for_vram_release(
+            probe,
+            clock,
+            {r: uuids[r] for r in roles},
+            need_mib=int(getattr(candidate, "vram_need_mib", None) or default_need_mib),
+            reserve_mib={r: reserve_mib[r] for r in roles},
+            deadline_s=deadline_s,
+            poll_s=poll_s,
+        )
+
+    return gate

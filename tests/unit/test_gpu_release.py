@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from anvil_ctl.commands import transactions
+from anvil_ctl.commands.context import Context
 from anvil_ctl.core.errors import StepFailed
-from anvil_ctl.gpu.release import wait_for_vram_release
+from anvil_ctl.core.states import TxState
+from anvil_ctl.gpu.release import vram_release_step, wait_for_vram_release
 from anvil_ctl.testing.gpu import FakeGpuProbe, ManualClock, reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -87,3 +92,56 @@ class TestWaitForVramRelease:
                 probe, ManualClock(), {"compute-c": gone}, need_mib=1, reserve_mib=0, deadline_s=60
             )
         assert info.value.data["after"] == {gone: None}
+
+
+class TestVramReleaseInLoad:
+    """The gate as the `load` transaction's release-vram step, on the engine's fake host."""
+
+    def _load_with_gate(
+        self, fake_host: Any, probe: FakeGpuProbe, monkeypatch: pytest.MonkeyPatch
+    ) -> Any:
+        original = Context.world
+        step = vram_release_step(
+            probe,
+            ManualClock(),
+            ROLES,
+            reserve_mib={"compute-a": 3072, "compute-b": 3072},
+            deadline_s=30,
+            poll_s=5,
+            default_need_mib=80_000,
+        )
+
+        def world_with_gate(self: Context) -> Any:
+            world = original(self)
+            world.extras["vram_release"] = step
+            return world
+
+        monkeypatch.setattr(Context, "world", world_with_gate)
+        return transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate()
+        )
+
+    def test_a_release_timeout_compensates_and_brings_the_incumbent_back(
+        self, fake_host: Any, probe: FakeGpuProbe, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        probe.set_used(UA, 90_000)  # never released: 7,887 MiB free < 80,000 + 3,072
+        out = self._load_with_gate(fake_host, probe, monkeypatch)
+        assert out.state == TxState.COMPENSATED, out.reason
+        assert "release-vram" in out.reason
+        assert "not released within 30 s" in out.reason
+        world = fake_host.world.read()
+        assert world["containers"][fake_host.incumbent_id]["status"] == "running"
+        assert [c for c in world["containers"].values() if c["name"] == "cand"] == []
+        assert world["router"]["tiers"]["primary-local"]["state"] == "ready"
+
+    def test_a_released_card_lets_the_load_commit_with_both_readings(
+        self, fake_host: Any, probe: FakeGpuProbe, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        probe.after_polls(3, UA, 500)
+        probe.after_polls(3, UB, 500)
+        out = self._load_with_gate(fake_host, probe, monkeypatch)
+        assert out.state == TxState.COMMITTED, out.reason
+        readings = out.results["release-vram"]
+        assert readings["before"][UA]["used_mib"] == 90_000
+        assert readings["after"][UA]["used_mib"] == 500
+        assert readings["polls"] == 3
