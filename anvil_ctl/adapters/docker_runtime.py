@@ -14,6 +14,7 @@ capabilities [["gpu"]]); "simulated" passes them as env NVIDIA_VISIBLE_DEVICES
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,11 +87,7 @@ class DockerRuntime:
         self.gpu_mode: GpuMode = gpu_mode
         self._poll_s = poll_s
         if client is None:
-            with translated("connect"):
-                if base_url is None:
-                    client = docker.from_env(timeout=int(api_timeout_s))
-                else:
-                    client = docker.DockerClient(base_url=base_url, timeout=int(api_timeout_s))
+            client = _connect(base_url, api_timeout_s)
         self._client = client
 
     def close(self) -> None:
@@ -273,6 +270,29 @@ class DockerRuntime:
         with translated(f"remove container {container_id}"):
             self._client.api.remove_container(container_id, v=True, force=force)
         log.info("container.removed", container_id=container_id)
+
+
+def _connect(base_url: str | None, timeout_s: float) -> Any:
+    """A DockerClient at the server's own API version.
+
+    The SDK's version="auto" connects inside the constructor and leaks its socket
+    when that fails; asking /version with a probe we close ourselves does not.
+    """
+    kwargs: dict[str, Any] = (
+        {"base_url": base_url} if base_url is not None else docker.utils.kwargs_from_env()
+    )
+    kwargs["timeout"] = int(timeout_s)
+    url = str(kwargs.get("base_url") or "")
+    if url.startswith(("unix://", "http+unix://")) and not os.path.exists(url.split("://", 1)[1]):
+        # checked here because the SDK leaks its socket when connect() to a missing path fails
+        raise TransientError(f"connect to the Docker Engine: no socket at {url}")
+    with translated("connect to the Docker Engine"):
+        probe = docker.APIClient(version="1.24", **kwargs)
+        try:
+            version = str(probe.version(api_version=False)["ApiVersion"])
+        finally:
+            probe.close()
+        return docker.DockerClient(version=version, **kwargs)
 
 
 def _host_binding(host: str) -> tuple[str, int] | int:
