@@ -171,8 +171,8 @@ class HostConfig(_Strict):
     host: str = Field("localhost", description="Name of this host in records")
     gpu_roles: dict[str, GpuRole] = Field(default_factory=dict, description="role name -> GPU")
     slots: dict[str, Slot] = Field(default_factory=dict, description="slot name -> slot")
-    router: RouterConfig = Field(default_factory=RouterConfig)  # type: ignore[arg-type]
-    policy: Policy = Field(default_factory=Policy)  # type: ignore[arg-type]
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    policy: Policy = Field(default_factory=Policy)
 
     @model_validator(mode="after")
     def _references(self) -> HostConfig:

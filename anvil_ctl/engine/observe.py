@@ -82,7 +82,7 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
                 "container_id": incumbent.container_id if incumbent else None,
                 "served_model": incumbent.served_model if incumbent else None,
             },
-            "containers": [_container(world, cid) for cid in sorted(ids)],
+            "containers": {cid: _container(world, cid) for cid in sorted(ids)},
             "serving": serving(world, slot.base_url),
             "router": router_view(world, slot.router_tier),
         }

@@ -10,10 +10,11 @@ exact served identity; record the candidate's identity and GPU ownership.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from anvil_ctl.core.errors import NotFound
-from anvil_ctl.core.model import LABEL_TX, Identity
+from anvil_ctl.core.model import LABEL_TX, ContainerSpec, Identity
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import guards_for
 from anvil_ctl.engine.observe import observe
@@ -76,9 +77,16 @@ def release_vram(ctx: StepContext) -> StepResult:
     return result
 
 
+def stamped_spec(spec: ContainerSpec, tx_id: str) -> ContainerSpec:
+    """The spec labelled with the transaction that creates it, so recover can find it by label."""
+    labels = {k: v for k, v in spec.labels if k != LABEL_TX}
+    labels[LABEL_TX] = tx_id
+    return replace(spec, labels=tuple(sorted(labels.items())))
+
+
 def start_candidate(ctx: StepContext) -> StepResult:
     world, cand = _w(ctx), _candidate(ctx)
-    container_id = world.runtime.create(cand.spec)
+    container_id = world.runtime.create(stamped_spec(cand.spec, ctx.tx_id))
     world.runtime.start(container_id)
     return {"container_id": container_id, "name": cand.spec.name}
 

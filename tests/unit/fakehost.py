@@ -1,0 +1,138 @@
+"""A fake host for engine tests: state dir, anvil.toml, fake world, an adopted incumbent."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from anvil_ctl.commands import transactions
+from anvil_ctl.commands.context import Context
+from anvil_ctl.config import Settings
+from anvil_ctl.core.model import (
+    LABEL_MANAGED,
+    LABEL_RECIPE_DIGEST,
+    LABEL_ROLE,
+    LABEL_SLOT,
+    ContainerSpec,
+)
+from anvil_ctl.engine.serving import Candidate
+from anvil_ctl.persistence.migrate import upgrade
+from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
+
+HOST_TOML = """
+host = "testhost"
+
+[gpu_roles.compute-a]
+uuid = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+capacity_mib = 97887
+
+[gpu_roles.compute-b]
+uuid = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+capacity_mib = 97887
+
+[slots.primary]
+binding = "127.0.0.1:8001"
+router_tier = "primary-local"
+aliases = ["llm.primary"]
+gpu_roles = ["compute-a", "compute-b"]
+
+[router]
+kind = "smg"
+
+[policy]
+health_poll_s = 0.01
+stop_timeout_s = 1
+"""
+
+INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
+
+
+@dataclass
+class FakeHost:
+    root: Path
+    settings: Settings
+    world: FakeWorld
+    image_id: str
+    incumbent_id: str
+
+    def context(self) -> Context:
+        return Context(settings=self.settings, env={})
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "ANVIL_BACKEND": "fake",
+            "ANVIL_STATE_DIR": str(self.settings.state_dir),
+            "ANVIL_CONFIG": str(self.settings.config),
+            "ANVIL_LOG_FORMAT": "json",
+        }
+
+    def candidate(self, served: str = "cand-393k", *, fail_health: bool = False, name: str = "cand") -> Candidate:
+        env = [("FAKE_SERVED_MODEL", served), ("FAKE_BINDING", "127.0.0.1:8001"), ("FAKE_VRAM_MIB", "95786")]
+        if fail_health:
+            env.append(("FAKE_FAIL_HEALTH", "1"))
+        spec = ContainerSpec(
+            name=name,
+            image=self.image_id,
+            env=tuple(env),
+            labels=(
+                (LABEL_MANAGED, "true"),
+                (LABEL_SLOT, "primary"),
+                (LABEL_ROLE, "candidate"),
+                (LABEL_RECIPE_DIGEST, "d" * 64),
+                ("io.anvil.transaction", "set-by-test"),
+            ),
+            gpu_uuids=("GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002"),
+        )
+        return Candidate(
+            recipe=name,
+            recipe_digest="d" * 64,
+            served_model=served,
+            context_tokens=393216,
+            health_path="/health",
+            startup_timeout_s=0.5,
+            spec=spec,
+            gpu_roles=("compute-a", "compute-b"),
+        )
+
+
+def make_fake_host(root: Path) -> FakeHost:
+    state = root / "state"
+    cfg = root / "anvil.toml"
+    cfg.write_text(HOST_TOML)
+    settings = Settings(state_dir=state, config=cfg, backend="fake", _env_file=None)  # type: ignore[call-arg]
+    ctx = Context(settings=settings, env={})
+    upgrade(ctx.engine)
+    world = FakeWorld(settings.fake_world_path)
+    image_id = world.add_image("anvil-stub@sha256:" + "1" * 64)
+    world.add_gpu("GPU-aaaaaaaa-0000-0000-0000-000000000001", 97887)
+    world.add_gpu("GPU-bbbbbbbb-0000-0000-0000-000000000002", 97887)
+    rt = FakeRuntime(world)
+    inc = rt.create(
+        ContainerSpec(
+            name="incumbent",
+            image=image_id,
+            env=(("FAKE_SERVED_MODEL", INCUMBENT_MODEL), ("FAKE_BINDING", "127.0.0.1:8001")),
+        )
+    )
+    rt.start(inc)
+    world_obj = ctx.world()
+    assert world_obj.router is not None
+    world_obj.router.register("primary-local", "http://127.0.0.1:8001", ("llm.primary",))
+    out = transactions.adopt(ctx, slot="primary", container_id=inc, context_tokens=524288)
+    assert out.state.value == "committed", out.reason
+    return FakeHost(root, settings, world, image_id, inc)
+
+
+def reopen(root: Path) -> FakeHost:
+    """The FakeHost made earlier under root, for a child process."""
+    settings = Settings(  # type: ignore[call-arg]
+        state_dir=root / "state", config=root / "anvil.toml", backend="fake", _env_file=None
+    )
+    world = FakeWorld(settings.fake_world_path)
+    image_id = next(iter(world.read()["images"]))
+    ctx = Context(settings=settings, env={})
+    inc = ctx.store.current_identity("primary", "incumbent")
+    assert inc is not None
+    return FakeHost(root, settings, world, image_id, inc.container_id)

@@ -1,0 +1,127 @@
+"""Crash recovery and the one-mutator lock, with real processes against the shipped fakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from anvil_ctl.commands import audit
+from anvil_ctl.engine.lock import held_locks
+from tests.unit.fakehost import FakeHost
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spawn_load(host: FakeHost, name: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.unit.child_load", str(host.root), name],
+        cwd=REPO,
+        env={**host.env(), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _started_intent(host: FakeHost) -> bool:
+    ctx = host.context()
+    txs = audit.transactions(ctx, kind="load")
+    if not txs:
+        return False
+    steps = audit.show(ctx, txs[0]["tx_id"])["steps"]
+    return any(s["step"] == "start-candidate" and s["event"] == "intent" for s in steps)
+
+
+def _anvilctl(host: FakeHost, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "anvil_ctl", *args],
+        cwd=REPO,
+        env=host.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+class TestRecoverAfterSigkill:
+    def test_a_transaction_killed_between_intent_and_result_is_compensated_twice_safely(
+        self, fake_host: FakeHost
+    ) -> None:
+        fake_host.world.set_hang("start")  # start acts, then blocks before the result row
+        child = _spawn_load(fake_host, "killed-cand")
+        _wait_for(lambda: _started_intent(fake_host))
+        _wait_for(lambda: any(c["name"] == "killed-cand" and c["status"] == "running"
+                              for c in fake_host.world.read()["containers"].values()))
+        os.kill(child.pid, signal.SIGKILL)
+        child.communicate()
+        ctx = fake_host.context()
+        tx = audit.transactions(ctx, kind="load")[0]
+        assert tx["state"] == "running"  # the dead owner left it mid-step
+        steps = audit.show(ctx, tx["tx_id"])["steps"]
+        assert ("start-candidate", "intent") in [(s["step"], s["event"]) for s in steps]
+        assert ("start-candidate", "result") not in [(s["step"], s["event"]) for s in steps]
+        assert [h.pid for h in held_locks(ctx.store)] == [child.pid]
+        # A new mutator is refused while the dead owner's lock row stands.
+        refused = subprocess.run(
+            [sys.executable, "-m", "tests.unit.child_load", str(fake_host.root), "other"],
+            cwd=REPO, env={**fake_host.env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        )
+        assert refused.returncode == 3 and "stale lock" in refused.stderr
+
+        fake_host.world.set_hang(None)
+        first = _anvilctl(fake_host, "recover", "--json")
+        assert first.returncode == 0, first.stderr
+        report = json.loads(first.stdout)
+        assert [r["tx_id"] for r in report["recovered"]] == [tx["tx_id"]]
+        assert report["recovered"][0]["state"] == "compensated"
+        assert report["recovered"][0]["undone"] == ["start-candidate", "stop-incumbent", "drain-tier"]
+        assert [lk["pid"] for lk in report["released_locks"]] == [child.pid]
+
+        world = fake_host.world.read()
+        assert world["containers"][fake_host.incumbent_id]["status"] == "running"
+        killed = [c for c in world["containers"].values() if c["name"] == "killed-cand"]
+        assert [c["status"] for c in killed] == ["exited"]
+        assert world["router"]["tiers"]["primary-local"]["state"] == "ready"
+        states = [s["state"] for s in audit.show(ctx, tx["tx_id"])["states"]]
+        assert states == ["planned", "running", "interrupted", "compensating", "compensated"]
+
+        second = _anvilctl(fake_host, "recover", "--json")
+        assert second.returncode == 0, second.stderr
+        assert json.loads(second.stdout) == {"recovered": [], "skipped": [], "released_locks": []}
+        assert fake_host.world.read() == world
+
+
+class TestOneMutatorPerHost:
+    def test_two_racing_processes_one_proceeds_the_other_exits_3_naming_the_owner(
+        self, fake_host: FakeHost
+    ) -> None:
+        fake_host.world.set_hang("start")
+        a = _spawn_load(fake_host, "racer-a")
+        b = _spawn_load(fake_host, "racer-b")
+        # Exactly one reaches its start step; the other is refused at once.
+        _wait_for(lambda: _started_intent(fake_host))
+        procs = {a.pid: a, b.pid: b}
+        _wait_for(lambda: any(p.poll() is not None for p in procs.values()))
+        loser = next(p for p in procs.values() if p.poll() is not None)
+        winner = next(p for p in procs.values() if p is not loser)
+        _, err = loser.communicate()
+        assert loser.returncode == 3
+        assert f"pid {winner.pid}" in err and "another mutator holds this host" in err
+        fake_host.world.set_hang(None)
+        out, err = winner.communicate(timeout=60)
+        assert winner.returncode == 0, err
+        assert out.strip() == "committed"
+        status = _anvilctl(fake_host, "lock", "status", "--json")
+        assert json.loads(status.stdout) == []
