@@ -89,3 +89,22 @@ class TestProgress:
             "    tools: FAIL call-3: bad args",
             "    tools: FAIL (bad_tool_args) 19/20 exact [0.00s]",
         ]
+
+
+class TestRichProgress:
+    def test_a_tty_gets_rich_progress_with_colored_verdicts(self) -> None:
+        class Tty(io.StringIO):
+            def isatty(self) -> bool:
+                return True
+
+        stream = Tty()
+        progress = make_progress(stream)
+        assert not isinstance(progress, PlainProgress) or type(progress).__name__ == "RichProgress"
+        progress.gate_started("ocr", 1, 1)
+        progress.request_done("ocr", True, "single-anvil#1")
+        progress.request_done("ocr", False, "single-heron#1")
+        progress.gate_finished(
+            GateResult("ocr", False, "functional", "wrong_answer", summary="1/2")
+        )
+        out = stream.getvalue()
+        assert "ocr: FAIL" in out and "single-heron#1" in out and "1/2" in out
