@@ -8,6 +8,7 @@ from rich.console import Console
 
 from anvil_ctl.qualify.report import (
     PlainProgress,
+    RichProgress,
     make_progress,
     render_summary,
     summary_rows,
@@ -99,7 +100,7 @@ class TestRichProgress:
 
         stream = Tty()
         progress = make_progress(stream)
-        assert not isinstance(progress, PlainProgress) or type(progress).__name__ == "RichProgress"
+        assert isinstance(progress, RichProgress)
         progress.gate_started("ocr", 1, 1)
         progress.request_done("ocr", True, "single-anvil#1")
         progress.request_done("ocr", False, "single-heron#1")
