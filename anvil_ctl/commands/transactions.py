@@ -6,6 +6,7 @@ returns an Outcome (or a report) for the CLI to render.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,15 +49,19 @@ def register_builder(kind: str, builder: PlanBuilder) -> None:
 
 
 def run_plan(
-    ctx: Context, kind: str, args: dict[str, Any], world: World, *, dry_run: bool
+    ctx: Context,
+    kind: str,
+    args: dict[str, Any],
+    world: World,
+    *,
+    dry_run: bool,
+    tx_id: str | None = None,
 ) -> Outcome:
     plan = BUILDERS[kind](args, world)
     engine = TransactionEngine(ctx.store, ctx.owner)
     if dry_run:
         return engine.run(plan, world, dry_run=True)
-    import uuid
-
-    tx_id = str(uuid.uuid4())
+    tx_id = tx_id or str(uuid.uuid4())
     with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
         return engine.run(plan, world, tx_id=tx_id)
 
@@ -109,7 +114,14 @@ def adopt(
     )
 
 
-def load(ctx: Context, *, slot: str, candidate: Candidate, dry_run: bool = False) -> Outcome:
+def load(
+    ctx: Context,
+    *,
+    slot: str,
+    candidate: Candidate,
+    dry_run: bool = False,
+    tx_id: str | None = None,
+) -> Outcome:
     world = ctx.world()
     ctx.config.slot(slot)
     incumbent = ctx.store.current_identity(slot, "incumbent")
@@ -118,7 +130,7 @@ def load(ctx: Context, *, slot: str, candidate: Candidate, dry_run: bool = False
         "candidate": candidate.as_dict(),
         "incumbent": incumbent.as_dict() if incumbent else None,
     }
-    return run_plan(ctx, "load", args, world, dry_run=dry_run)
+    return run_plan(ctx, "load", args, world, dry_run=dry_run, tx_id=tx_id)
 
 
 def recover_all(ctx: Context) -> RecoverReport:

@@ -68,8 +68,14 @@ class FakeHost:
             "ANVIL_LOG_FORMAT": "json",
         }
 
-    def candidate(self, served: str = "cand-393k", *, fail_health: bool = False, name: str = "cand") -> Candidate:
-        env = [("FAKE_SERVED_MODEL", served), ("FAKE_BINDING", "127.0.0.1:8001"), ("FAKE_VRAM_MIB", "95786")]
+    def candidate(
+        self, served: str = "cand-393k", *, fail_health: bool = False, name: str = "cand"
+    ) -> Candidate:
+        env = [
+            ("FAKE_SERVED_MODEL", served),
+            ("FAKE_BINDING", "127.0.0.1:8001"),
+            ("FAKE_VRAM_MIB", "95786"),
+        ]
         if fail_health:
             env.append(("FAKE_FAIL_HEALTH", "1"))
         spec = ContainerSpec(
@@ -83,7 +89,10 @@ class FakeHost:
                 (LABEL_RECIPE_DIGEST, "d" * 64),
                 ("io.anvil.transaction", "set-by-test"),
             ),
-            gpu_uuids=("GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002"),
+            gpu_uuids=(
+                "GPU-aaaaaaaa-0000-0000-0000-000000000001",
+                "GPU-bbbbbbbb-0000-0000-0000-000000000002",
+            ),
         )
         return Candidate(
             recipe=name,

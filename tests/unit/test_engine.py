@@ -25,7 +25,9 @@ def _table_counts(host: FakeHost) -> dict[str, int]:
 
 
 class TestJournaledSteps:
-    def test_every_step_commits_its_intent_before_and_its_result_after(self, fake_host: FakeHost) -> None:
+    def test_every_step_commits_its_intent_before_and_its_result_after(
+        self, fake_host: FakeHost
+    ) -> None:
         ctx = fake_host.context()
         out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
@@ -35,7 +37,9 @@ class TestJournaledSteps:
         assert do_events == [(n, ev) for n in names for ev in ("intent", "result")]
         assert [s["state"] for s in shown["states"]] == ["planned", "running", "committed"]
 
-    def test_load_stops_but_keeps_the_incumbent_and_serves_the_candidate(self, fake_host: FakeHost) -> None:
+    def test_load_stops_but_keeps_the_incumbent_and_serves_the_candidate(
+        self, fake_host: FakeHost
+    ) -> None:
         ctx = fake_host.context()
         out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate())
         containers = fake_host.world.read()["containers"]
@@ -51,7 +55,9 @@ class TestCompensation:
         self, fake_host: FakeHost
     ) -> None:
         ctx = fake_host.context()
-        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate(fail_health=True))
+        out = transactions.load(
+            ctx, slot="primary", candidate=fake_host.candidate(fail_health=True)
+        )
         assert out.state == TxState.COMPENSATED
         assert out.exit_code == 4
         assert "await-candidate" in out.reason
@@ -72,13 +78,21 @@ class TestCompensation:
         self, fake_host: FakeHost
     ) -> None:
         ctx = fake_host.context()
-        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate(fail_health=True))
-        kept = [c["id"] for c in fake_host.world.read()["containers"].values() if c["name"] == "cand"]
+        out = transactions.load(
+            ctx, slot="primary", candidate=fake_host.candidate(fail_health=True)
+        )
+        kept = [
+            c["id"] for c in fake_host.world.read()["containers"].values() if c["name"] == "cand"
+        ]
         assert len(kept) == 1
-        assert {c.path.rsplit(".", 1)[0] for c in out.changes} == {f"slots.primary.containers.{kept[0]}"}
+        assert {c.path.rsplit(".", 1)[0] for c in out.changes} == {
+            f"slots.primary.containers.{kept[0]}"
+        }
         assert all(c.before is None for c in out.changes)
 
-    def test_a_failing_undo_stops_compensation_in_compensation_failed(self, fake_host: FakeHost) -> None:
+    def test_a_failing_undo_stops_compensation_in_compensation_failed(
+        self, fake_host: FakeHost
+    ) -> None:
         calls: list[str] = []
 
         def ok(name: str):  # type: ignore[no-untyped-def]
@@ -116,12 +130,16 @@ class TestCompensation:
 
 
 class TestRefusal:
-    def test_a_refused_transaction_changes_nothing_but_its_refusal_record(self, fake_host: FakeHost) -> None:
+    def test_a_refused_transaction_changes_nothing_but_its_refusal_record(
+        self, fake_host: FakeHost
+    ) -> None:
         ctx = fake_host.context()
         world_before = fake_host.world.read()
         counts_before = _table_counts(fake_host)
         cand = fake_host.candidate()
-        bad = cand.__class__.from_dict({**cand.as_dict(), "spec": {**cand.as_dict()["spec"], "image": "sha256:" + "9" * 64}})
+        bad = cand.__class__.from_dict(
+            {**cand.as_dict(), "spec": {**cand.as_dict()["spec"], "image": "sha256:" + "9" * 64}}
+        )
         out = transactions.load(ctx, slot="primary", candidate=bad)
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert out.refusal is not None and out.refusal.guard == "CandidateImagePinned"
@@ -136,7 +154,9 @@ class TestRefusal:
         with fake_host.world.edit() as w:
             w["router"]["admin_token_ok"] = False
         before = fake_host.world.read()
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate()
+        )
         assert out.state == TxState.REFUSED
         assert out.refusal is not None and out.refusal.guard == "RouterCredentialsAccepted"
         assert fake_host.world.read() == before
@@ -144,7 +164,9 @@ class TestRefusal:
     def test_a_removed_incumbent_refuses_the_load(self, fake_host: FakeHost) -> None:
         with fake_host.world.edit() as w:
             del w["containers"][fake_host.incumbent_id]
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate()
+        )
         assert out.state == TxState.REFUSED
         assert "was removed" in out.reason
 
@@ -153,10 +175,17 @@ class TestDryRun:
     def test_dry_run_prints_the_plan_and_writes_nothing(self, fake_host: FakeHost) -> None:
         before_world = fake_host.world.read()
         before_db = _table_counts(fake_host)
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate(), dry_run=True)
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate(), dry_run=True
+        )
         assert out.dry_run and out.tx_id is None
         assert [s["step"] for s in out.plan] == [
-            "drain-tier", "stop-incumbent", "release-vram", "start-candidate", "await-candidate", "record-candidate",
+            "drain-tier",
+            "stop-incumbent",
+            "release-vram",
+            "start-candidate",
+            "await-candidate",
+            "record-candidate",
         ]
         assert out.before is not None
         assert out.before.body["slots"]["primary"]["serving"]["models"] == [[INCUMBENT_MODEL, None]]
@@ -167,7 +196,9 @@ class TestDryRun:
         with fake_host.world.edit() as w:
             w["router"]["admin_token_ok"] = False
         before_db = _table_counts(fake_host)
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate(), dry_run=True)
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate(), dry_run=True
+        )
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert _table_counts(fake_host) == before_db
 

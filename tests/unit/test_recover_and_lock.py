@@ -62,8 +62,12 @@ class TestRecoverAfterSigkill:
         fake_host.world.set_hang("start")  # start acts, then blocks before the result row
         child = _spawn_load(fake_host, "killed-cand")
         _wait_for(lambda: _started_intent(fake_host))
-        _wait_for(lambda: any(c["name"] == "killed-cand" and c["status"] == "running"
-                              for c in fake_host.world.read()["containers"].values()))
+        _wait_for(
+            lambda: any(
+                c["name"] == "killed-cand" and c["status"] == "running"
+                for c in fake_host.world.read()["containers"].values()
+            )
+        )
         os.kill(child.pid, signal.SIGKILL)
         child.communicate()
         ctx = fake_host.context()
@@ -76,7 +80,10 @@ class TestRecoverAfterSigkill:
         # A new mutator is refused while the dead owner's lock row stands.
         refused = subprocess.run(
             [sys.executable, "-m", "tests.unit.child_load", str(fake_host.root), "other"],
-            cwd=REPO, env={**fake_host.env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+            cwd=REPO,
+            env={**fake_host.env(), "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
         )
         assert refused.returncode == 3 and "stale lock" in refused.stderr
 
@@ -86,7 +93,11 @@ class TestRecoverAfterSigkill:
         report = json.loads(first.stdout)
         assert [r["tx_id"] for r in report["recovered"]] == [tx["tx_id"]]
         assert report["recovered"][0]["state"] == "compensated"
-        assert report["recovered"][0]["undone"] == ["start-candidate", "stop-incumbent", "drain-tier"]
+        assert report["recovered"][0]["undone"] == [
+            "start-candidate",
+            "stop-incumbent",
+            "drain-tier",
+        ]
         assert [lk["pid"] for lk in report["released_locks"]] == [child.pid]
 
         world = fake_host.world.read()

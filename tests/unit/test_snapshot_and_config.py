@@ -19,7 +19,15 @@ class TestSnapshot:
 
     def test_diff_names_each_changed_field_by_path(self) -> None:
         a = Snapshot.of({"slots": {"primary": {"containers": {"c1": {"status": "running"}}}}})
-        b = Snapshot.of({"slots": {"primary": {"containers": {"c1": {"status": "exited"}, "c2": {"status": "running"}}}}})
+        b = Snapshot.of(
+            {
+                "slots": {
+                    "primary": {
+                        "containers": {"c1": {"status": "exited"}, "c2": {"status": "running"}}
+                    }
+                }
+            }
+        )
         changes = {c.path: (c.before, c.after) for c in diff(a, b)}
         assert changes == {
             "slots.primary.containers.c1.status": ("running", "exited"),

@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class TestMigrations:
-    def test_upgrade_of_an_empty_database_reaches_head_with_wal_and_foreign_keys(self, tmp_path: Path) -> None:
+    def test_upgrade_of_an_empty_database_reaches_head_with_wal_and_foreign_keys(
+        self, tmp_path: Path
+    ) -> None:
         engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
         before, after = upgrade(engine)
         assert before is None and after == check_revision(engine)
@@ -59,8 +61,18 @@ class TestMigrations:
 
     def test_commands_refuse_an_uninitialised_database(self, tmp_path: Path) -> None:
         r = subprocess.run(
-            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "audit", "transactions"],
-            capture_output=True, text=True, cwd=REPO,
+            [
+                sys.executable,
+                "-m",
+                "anvil_ctl",
+                "--state-dir",
+                str(tmp_path),
+                "audit",
+                "transactions",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
         )
         assert r.returncode == 2
         assert "run `anvilctl init`" in r.stderr
@@ -72,7 +84,9 @@ class TestCliOnANewDatabase:
         base = [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path / "state")]
         init = subprocess.run([*base, "init"], capture_output=True, text=True, cwd=REPO)
         assert init.returncode == 0, init.stderr
-        out = subprocess.run([*base, "audit", "transactions", "--json"], capture_output=True, text=True, cwd=REPO)
+        out = subprocess.run(
+            [*base, "audit", "transactions", "--json"], capture_output=True, text=True, cwd=REPO
+        )
         assert out.returncode == 0 and json.loads(out.stdout) == []
 
 
@@ -89,7 +103,10 @@ class TestAuditChain:
     def _verify(self, host: FakeHost) -> tuple[int, dict]:  # type: ignore[type-arg]
         r = subprocess.run(
             [sys.executable, "-m", "anvil_ctl", "audit", "verify", "--json"],
-            capture_output=True, text=True, cwd=REPO, env=host.env(),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=host.env(),
         )
         return r.returncode, json.loads(r.stdout)
 
@@ -101,7 +118,9 @@ class TestAuditChain:
         self._tamper(fake_host, "UPDATE audit_journal SET payload_json='{\"x\":1}' WHERE id=3")
         code, result = self._verify(fake_host)
         assert code == 6 and not result["ok"]
-        assert {"row_id": 3, "problem": "content edited: hash does not match the row"} in result["problems"]
+        assert {"row_id": 3, "problem": "content edited: hash does not match the row"} in result[
+            "problems"
+        ]
 
     def test_a_deleted_row_is_named(self, fake_host: FakeHost) -> None:
         self._tamper(fake_host, "DELETE FROM audit_journal WHERE id=4")

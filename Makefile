@@ -1,0 +1,45 @@
+# anvil_ctl — every target does its own set-up on a fresh Debian machine (as root).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEBS := docker.io haproxy tini iproute2 util-linux sqlite3
+
+.PHONY: setup debs test unit check demo clean
+
+setup: $(VENV)/.installed
+
+# Debian packages the integration tests and the demo need (dockerd, HAProxy, tini, ip, nsenter).
+debs:
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,postgres]'
+	@touch $@
+
+# The whole suite, unit and integration, inside the hermetic environment (own dockerd in a
+# loopback-only network namespace). Integration tests fail rather than skip here.
+test: setup debs
+	ANVIL_REQUIRE_INTEGRATION=1 scripts/testenv run -- $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# Unit tests only: no Docker, no namespace, no root.
+unit: setup
+	$(PY) -m pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+check: setup
+	$(VENV)/bin/ruff format --check anvil_ctl tests scripts benchmarks migrations
+	$(VENV)/bin/ruff check anvil_ctl tests scripts benchmarks migrations
+	$(VENV)/bin/mypy --strict anvil_ctl
+
+demo: setup debs
+	scripts/demo
+
+clean:
+	rm -rf $(VENV) state/anvil.db* state/anvil.lock state/evidence state/fake-world.* .mypy_cache .ruff_cache

@@ -1,0 +1,36 @@
+"""The EngineProbe port over httpx: /health and /v1/models of an OpenAI-compatible engine."""
+
+from __future__ import annotations
+
+import httpx
+
+from anvil_ctl.core.errors import AdapterError, TransientError
+from anvil_ctl.core.model import ModelCard
+
+
+class HttpEngineProbe:
+    def __init__(
+        self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self._http = httpx.Client(timeout=timeout_s, transport=transport)
+
+    def health(self, base_url: str, path: str) -> bool:
+        try:
+            return self._http.get(base_url.rstrip("/") + path).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def models(self, base_url: str) -> list[ModelCard]:
+        try:
+            r = self._http.get(base_url.rstrip("/") + "/v1/models")
+        except httpx.TransportError:
+            return []
+        except httpx.HTTPError as exc:
+            raise TransientError(f"{base_url}/v1/models: {exc}") from exc
+        if r.status_code != 200:
+            return []
+        try:
+            data = r.json().get("data", [])
+            return [ModelCard(str(m["id"]), m.get("max_model_len")) for m in data]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise AdapterError(f"{base_url}/v1/models: not an OpenAI model list") from exc
