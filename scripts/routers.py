@@ -196,6 +196,9 @@ def start_smg(
         str(health_success_threshold),
         "--health-check-timeout-secs",
         "1",
+        # A worker posted while its engine is down is probed again only this often.
+        "--worker-startup-check-interval",
+        "1",
         "--api-key",
         client_token,
         "--control-plane-api-keys",

@@ -258,6 +258,12 @@ class HaproxyRouter:
     def close(self) -> None:
         self._http.close()
 
+    def __enter__(self) -> HaproxyRouter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return f"HaproxyRouter(url={self.url!r}, socket={str(self.socket_path)!r})"
 

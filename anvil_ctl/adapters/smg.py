@@ -85,6 +85,12 @@ class SmgRouter:
     def close(self) -> None:
         self._http.close()
 
+    def __enter__(self) -> SmgRouter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return f"SmgRouter(url={self.url!r}, admin_url={self.admin_url!r})"
 
