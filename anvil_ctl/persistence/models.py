@@ -135,6 +135,117 @@ class AuditEntry(Base):
     hash: Mapped[str] = mapped_column(String(64), unique=True)
 
 
+class GpuOwnershipEvent(Base):
+    """A claim or release of a GPU role; the latest event per role says who owns it now."""
+
+    __tablename__ = "gpu_ownership_events"
+    __table_args__ = (Index("ix_gpu_ownership_role_id", "role", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    role: Mapped[str] = mapped_column(String(64))
+    event: Mapped[str] = mapped_column(String(16))
+    container_id: Mapped[str] = mapped_column(String(64))
+    tx_id: Mapped[str | None] = mapped_column(String(36))
+    mode: Mapped[str] = mapped_column(String(16))
+    slot: Mapped[str] = mapped_column(String(64))
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class EvidenceRow(Base):
+    """One gate's result and its artifact's hash; never rewritten."""
+
+    __tablename__ = "evidence"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
+    gate: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    passed: Mapped[int] = mapped_column(Integer)
+    classification: Mapped[str] = mapped_column(String(64), default="")
+    artifact_path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(Integer)
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class DecisionRow(Base):
+    """A decision bound to a candidate identity; a reclassification is a new row pointing back."""
+
+    __tablename__ = "decisions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
+    slot: Mapped[str] = mapped_column(String(64))
+    identity_digest: Mapped[str] = mapped_column(String(64), index=True)
+    container_id: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(32))
+    profile: Mapped[str] = mapped_column(String(64), default="")
+    manifest_sha256: Mapped[str] = mapped_column(String(64), default="")
+    reclassifies: Mapped[str | None] = mapped_column(ForeignKey("decisions.id"))
+    waiver_ids_json: Mapped[str] = mapped_column(Text, default="[]")
+    reasons_json: Mapped[str] = mapped_column(Text, default="[]")
+    body_json: Mapped[str] = mapped_column(Text, default="{}")
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class WaiverRow(Base):
+    """An attributed, scoped, expiring change of one policy value."""
+
+    __tablename__ = "waivers"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    policy: Mapped[str] = mapped_column(String(32))
+    roles_json: Mapped[str] = mapped_column(Text, default="[]")
+    recipe_digest: Mapped[str | None] = mapped_column(String(64))
+    value: Mapped[int] = mapped_column(Integer)
+    approved_by: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[str] = mapped_column(String(32))
+    expires_at: Mapped[str | None] = mapped_column(String(32))
+
+
+class WaiverRevocation(Base):
+    __tablename__ = "waiver_revocations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    waiver_id: Mapped[str] = mapped_column(ForeignKey("waivers.id"), unique=True)
+    by: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class ApprovalRow(Base):
+    __tablename__ = "approvals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
+    decision_id: Mapped[str] = mapped_column(ForeignKey("decisions.id"))
+    approved_by: Mapped[str] = mapped_column(String(255))
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class RecheckRow(Base):
+    __tablename__ = "rechecks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    slot: Mapped[str] = mapped_column(String(64), index=True)
+    passed: Mapped[int] = mapped_column(Integer)
+    failed_json: Mapped[str] = mapped_column(Text)
+    assertions_json: Mapped[str] = mapped_column(Text)
+    snapshot_sha256: Mapped[str] = mapped_column(String(64))
+    at: Mapped[str] = mapped_column(String(32), index=True)
+
+
+APPEND_ONLY_TABLES_0002 = (
+    "gpu_ownership_events",
+    "evidence",
+    "decisions",
+    "waivers",
+    "waiver_revocations",
+    "approvals",
+    "rechecks",
+)
+
 APPEND_ONLY_TABLES = (
     "transactions",
     "transaction_states",

@@ -1,0 +1,9 @@
+"""Subcommands: gpus (probe), waive, waivers revoke."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    return None
