@@ -50,6 +50,49 @@ def _audit_verify(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     return result, 0 if result["ok"] else 6
 
 
+def _audit_incumbents(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
+    return audit.identities(ctx, slot=a.slot, role=a.role), 0
+
+
+def _audit_rechecks(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
+    from anvil_ctl.persistence import records
+
+    return records.rechecks(ctx.store, slot=a.slot, limit=a.limit), 0
+
+
+def _audit_decisions(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
+    from anvil_ctl.persistence import records
+
+    rows = records.decisions(ctx.store, slot=a.slot)
+    if not a.json:
+        keep = (
+            "id",
+            "slot",
+            "outcome",
+            "profile",
+            "reclassifies",
+            "waiver_ids",
+            "container_id",
+            "at",
+        )
+        rows = [
+            {
+                k: (
+                    str(r[k])[:16] if k in ("id", "reclassifies", "container_id") and r[k] else r[k]
+                )
+                for k in keep
+            }
+            for r in rows
+        ]
+    return rows, 0
+
+
+def _audit_waivers(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
+    from anvil_ctl.persistence import records
+
+    return [w.as_dict() for w in records.waivers(ctx.store)], 0
+
+
 def _adopt(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     return _outcome(
         transactions.adopt(

@@ -88,7 +88,8 @@ def register(sub: Any) -> None:
     ul.add_argument("--yes", action="store_true", help="really remove it")
     ul.set_defaults(handler=_unload)
 
-    from anvil_ctl import cli_gpu, cli_qualify
+    from anvil_ctl import cli_gpu, cli_lifecycle, cli_qualify
 
     cli_qualify.register(sub)
     cli_gpu.register(sub)
+    cli_lifecycle.register(sub)

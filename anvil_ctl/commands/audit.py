@@ -129,3 +129,20 @@ def verify(ctx: Context) -> dict[str, Any]:
     with ctx.store.read() as s:
         count, problems = verify_chain(s)
     return {"rows": count, "ok": not problems, "problems": [p.as_dict() for p in problems]}
+
+
+def identities(
+    ctx: Context, *, slot: str | None = None, role: str = "incumbent"
+) -> list[dict[str, Any]]:
+    """Which container served (or was recorded for) each slot, and from when."""
+    sql = (
+        "SELECT recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "
+        "FROM v_identities WHERE role = :role"
+    )
+    params: dict[str, Any] = {"role": role}
+    if slot:
+        sql += " AND slot = :slot"
+        params["slot"] = slot
+    sql += " ORDER BY id"
+    with ctx.store.read() as s:
+        return [dict(r._mapping) for r in s.execute(text(sql), params)]

@@ -59,7 +59,7 @@ class Context:
         )
 
         fw = FakeWorld(self.settings.fake_world_path)
-        return World(
+        world = World(
             settings=self.settings,
             config=self.config,
             store=self.store,
@@ -69,6 +69,13 @@ class Context:
             gpus=FakeGpus(fw),
             shm=FakeSharedMemory(fw),
         )
+        if world.router is not None:
+            from anvil_ctl.testing.fakes import fake_acceptance
+
+            world.extras["acceptance"] = fake_acceptance(world.router)
+        from anvil_ctl.engine import gpu_hooks
+
+        return gpu_hooks.install(world)
 
     def _real_world(self) -> World:
         from anvil_ctl.commands import wiring

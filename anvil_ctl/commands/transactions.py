@@ -17,6 +17,8 @@ from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.lock import HostLock, held_locks, release_row
 from anvil_ctl.engine.observe import observe, serving
 from anvil_ctl.engine.plans import load as load_plan
+from anvil_ctl.engine.plans import promote as promote_plan
+from anvil_ctl.engine.plans import rollback as rollback_plan
 from anvil_ctl.engine.recover import PlanBuilder, RecoverReport, recover
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.serving import Candidate
@@ -27,6 +29,9 @@ def _adopt_build(args: Mapping[str, Any], world: World) -> Plan:
     def record(ctx: StepContext) -> StepResult:
         ident = Identity.from_dict(ctx.args["identity"])
         world.store.record_identity(ctx.tx_id, "incumbent", ident)
+        own = world.extras.get("record_ownership")
+        if own is not None:
+            own(ctx, ident)
         return {"identity_digest": ident.digest}
 
     return Plan(
@@ -41,6 +46,8 @@ def _adopt_build(args: Mapping[str, Any], world: World) -> Plan:
 BUILDERS: dict[str, PlanBuilder] = {
     "load": load_plan.build,  # type: ignore[dict-item]
     "adopt": _adopt_build,  # type: ignore[dict-item]
+    "promote": promote_plan.build,  # type: ignore[dict-item]
+    "rollback": rollback_plan.build,  # type: ignore[dict-item]
 }
 
 

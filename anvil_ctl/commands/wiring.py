@@ -56,27 +56,35 @@ class UnresolvedCredentialsRouter:
         return {"tier": tier, "error": "credentials unavailable"}
 
 
-def make_router(ctx: Context) -> Any:
+def make_router(ctx: Context) -> tuple[Any, dict[str, Any]]:
+    """The configured router and the extras that need its credentials (real-client acceptance)."""
     from anvil_ctl.adapters.credentials import resolve_credentials
 
     rc = ctx.config.router
     if rc.kind == "none":
-        return None
+        return None, {}
     try:
         creds = resolve_credentials(rc, ctx.env, need_admin=rc.kind == "smg")
     except CredentialError as exc:
-        return UnresolvedCredentialsRouter(exc)
+        return UnresolvedCredentialsRouter(exc), {}
+
+    def acceptance(alias: str, model: str) -> Any:
+        from anvil_ctl.acceptance import run_acceptance
+
+        return run_acceptance(rc.url, alias, model, creds.client)
+
+    extras: dict[str, Any] = {"acceptance": acceptance, "client_token": creds.client}
     if rc.kind == "smg":
         from anvil_ctl.adapters.smg import SmgRouter
 
-        return SmgRouter(rc.url, creds, admin_url=rc.admin_url)
+        return SmgRouter(rc.url, creds, admin_url=rc.admin_url), extras
     from anvil_ctl.adapters.haproxy import HaproxyRouter
     from anvil_ctl.core.errors import ConfigError
 
     if rc.runtime_socket is None:
         raise ConfigError(f"{ctx.settings.config}: router.runtime_socket: required for haproxy")
     tiers = {s.router_tier: s.aliases for s in ctx.config.slots.values()}
-    return HaproxyRouter(rc.url, rc.runtime_socket, creds, tiers)
+    return HaproxyRouter(rc.url, rc.runtime_socket, creds, tiers), extras
 
 
 def real_world(ctx: Context) -> World:
@@ -95,24 +103,20 @@ def real_world(ctx: Context) -> World:
         from anvil_ctl.adapters.nvml import NvmlProbe
 
         gpus = NvmlProbe()
+    router, router_extras = make_router(ctx)
     world = World(
         settings=ctx.settings,
         config=ctx.config,
         store=ctx.store,
         runtime=runtime,
         engine=HttpEngineProbe(),
-        router=make_router(ctx),
+        router=router,
         gpus=gpus,
         shm=ShmScanner(),
     )
-    if ctx.config.gpu_roles:
-        from anvil_ctl.gpu.release import vram_release_step
+    world.extras.update(router_extras)
+    from anvil_ctl.engine import gpu_hooks
 
-        world.extras["vram_release"] = vram_release_step(
-            gpus,
-            world.clock,
-            {r: g.uuid for r, g in ctx.config.gpu_roles.items()},
-            reserve_mib={r: ctx.config.reserve_for(r) for r in ctx.config.gpu_roles},
-            deadline_s=ctx.config.policy.vram_release_deadline_s,
-        )
-    return world
+    # NVML reports engine worker PIDs; /proc tells which container each runs in.
+    by_cgroup = gpu_hooks.proc_cgroup_container if ctx.settings.gpu != "simulated" else None
+    return gpu_hooks.install(world, container_of_pid=by_cgroup)

@@ -87,6 +87,14 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
             "router": router_view(world, slot.router_tier),
         }
     owners = world.extras.get("gpu_owners")
-    body["gpu_owners"] = owners() if callable(owners) else {}
+    # Only who owns which role and how: times and transaction IDs would make equal placements differ.
+    body["gpu_owners"] = (
+        {
+            role: {"container_id": o.get("container_id"), "mode": o.get("mode")}
+            for role, o in owners().items()
+        }
+        if callable(owners)
+        else {}
+    )
     body["shm_residue"] = sorted(r.path for r in world.shm.residue()) if world.shm else []
     return Snapshot.of(body)

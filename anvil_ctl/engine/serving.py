@@ -29,6 +29,7 @@ class Candidate:
     gpu_roles: tuple[str, ...] = ()
     model_identity: str = ""
     max_concurrency: int = 1
+    vram_need_mib: int = 0  # per card; the VRAM-release gate waits for this plus the reserve
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)

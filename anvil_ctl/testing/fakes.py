@@ -249,6 +249,7 @@ class FakeRouter:
         self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
     ) -> None:
         self.probe_credentials()
+        _maybe_hang_or_fail(self.world, "readmit")
         self.register(tier, url, aliases)
         models = [m.id for m in self.engine.models(url)]
         if expected_model not in models:
@@ -269,13 +270,21 @@ class FakeRouter:
         return bool(self.world.read()["router"]["ready"])
 
     def view(self, tier: str) -> dict[str, Any]:
+        """The same shape as the smg adapter's view; only admitted (ready) backends are listed."""
         t = self.world.read()["router"]["tiers"].get(tier) or {}
-        return {
-            "tier": tier,
-            "url": t.get("url"),
-            "state": t.get("state"),
-            "aliases": t.get("aliases", []),
-        }
+        backends = []
+        if t.get("url") and t.get("state") == "ready":
+            models = [m.id for m in self.engine.models(t["url"])]
+            backends.append(
+                {
+                    "url": t["url"],
+                    "aliases": t.get("aliases", []),
+                    "observed_model": models[0] if models else None,
+                    "healthy": self.engine.health(t["url"], "/health"),
+                    "state": t["state"],
+                }
+            )
+        return {"router": "fake", "tier": tier, "ready": self.ready(), "backends": backends}
 
 
 class FakeGpus:
@@ -308,3 +317,29 @@ class FakeSharedMemory:
 
     def residue(self) -> list[ResidueFile]:
         return [ResidueFile(r["path"], r["size"]) for r in self.world.read()["residue"]]
+
+
+class FakeAcceptanceResult:
+    def __init__(self, checks: dict[str, bool], model: str | None) -> None:
+        self.checks = checks
+        self.model = model
+
+    @property
+    def passed(self) -> bool:
+        return all(self.checks.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "checks": self.checks, "model": self.model}
+
+
+def fake_acceptance(router: Any) -> Any:
+    """Real-client acceptance stand-in: the routed answer must come from the expected model."""
+
+    def run(alias: str, expected_model: str) -> FakeAcceptanceResult:
+        answer = router.routed_chat(alias)
+        ok = answer.status == 200 and answer.model == expected_model
+        return FakeAcceptanceResult(
+            {"plain_chat": ok, "streaming_chat": ok, "tool_call": ok}, answer.model
+        )
+
+    return run

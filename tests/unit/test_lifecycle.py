@@ -1,0 +1,267 @@
+"""promote, rollback/restore and recheck on the shipped fakes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from anvil_ctl.commands import audit, lifecycle, recheck, transactions
+from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.states import TxState
+from anvil_ctl.persistence import records
+from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
+
+
+def _load(host: FakeHost, served: str = "cand-393k") -> str:
+    out = transactions.load(host.context(), slot="primary", candidate=host.candidate(served))
+    assert out.state == TxState.COMMITTED, out.reason
+    return str(out.results["start-candidate"]["container_id"])
+
+
+def _decide(
+    host: FakeHost,
+    outcome: str,
+    *,
+    waiver_ids: tuple[str, ...] = (),
+    ident: Any = None,
+    decision_id: str = "d-1",
+    reclassifies: str | None = None,
+) -> None:
+    ctx = host.context()
+    cand = ident or ctx.store.current_identity("primary", "candidate")
+    assert cand is not None
+    records.record_decision(
+        ctx.store,
+        decision_id=decision_id,
+        tx_id=None,
+        slot="primary",
+        identity_digest=cand.digest,
+        container_id=cand.container_id,
+        outcome=outcome,
+        waiver_ids=waiver_ids,
+        reclassifies=reclassifies,
+    )
+
+
+def _promote(host: FakeHost, **kw: Any) -> Any:
+    return lifecycle.promote(
+        host.context(), slot="primary", approved_by=kw.pop("approved_by", "operator"), **kw
+    )
+
+
+class TestPromote:
+    def test_a_verified_candidate_is_promoted_and_the_old_incumbent_becomes_the_rollback(
+        self, fake_host: FakeHost
+    ) -> None:
+        cand_id = _load(fake_host)
+        _decide(fake_host, "verified")
+        out = _promote(fake_host)
+        assert out.state == TxState.COMMITTED, out.reason
+        ctx = fake_host.context()
+        assert ctx.store.current_identity("primary", "incumbent").container_id == cand_id  # type: ignore[union-attr]
+        assert (
+            ctx.store.current_identity("primary", "rollback").container_id == fake_host.incumbent_id
+        )  # type: ignore[union-attr]
+        tier = fake_host.world.read()["router"]["tiers"]["primary-local"]
+        assert tier["state"] == "ready"
+        assert out.results["routed-smoke"]["model"] == "cand-393k"
+        assert out.results["acceptance"]["passed"] is True
+        assert out.results["record-promotion"]["approved_by"] == "operator"
+        assert fake_host.world.read()["containers"][fake_host.incumbent_id]["status"] == "exited"
+
+    @pytest.mark.parametrize("outcome", [None, "policy-infeasible", "failed"])
+    def test_without_a_verified_decision_promotion_is_refused_and_nothing_changes(
+        self, fake_host: FakeHost, outcome: str | None
+    ) -> None:
+        _load(fake_host)
+        if outcome:
+            _decide(fake_host, outcome)
+        before = fake_host.world.read()
+        out = _promote(fake_host)
+        assert out.state == TxState.REFUSED and out.exit_code == 3
+        assert out.refusal is not None and out.refusal.guard == "CandidateVerified"
+        assert fake_host.world.read() == before
+
+    def test_a_reclassification_counts_only_while_its_waiver_is_active(
+        self, fake_host: FakeHost
+    ) -> None:
+        from datetime import UTC, datetime
+
+        from anvil_ctl.gpu.waivers import Waiver
+
+        _load(fake_host)
+        _decide(fake_host, "policy-infeasible")
+        ctx = fake_host.context()
+        w = Waiver(
+            id="w-1",
+            policy="vram-reserve",
+            value=0,
+            approved_by="op",
+            reason="model-only pair",
+            created_at=datetime.now(UTC),
+            roles=frozenset({"compute-a", "compute-b"}),
+        )
+        records.add_waiver(ctx.store, w)
+        _decide(fake_host, "verified", waiver_ids=("w-1",), decision_id="d-2", reclassifies="d-1")
+        records.revoke_waiver(ctx.store, "w-1", by="op", reason="changed mind")
+        out = _promote(fake_host)
+        assert out.state == TxState.REFUSED
+        assert "policy-infeasible" in out.reason
+
+    def test_an_empty_approver_is_refused(self, fake_host: FakeHost) -> None:
+        _load(fake_host)
+        _decide(fake_host, "verified")
+        out = _promote(fake_host, approved_by=" ")
+        assert out.state == TxState.REFUSED and out.refusal.guard == "ApproverNamed"  # type: ignore[union-attr]
+
+    def test_a_failed_acceptance_compensates_to_the_before_state(self, fake_host: FakeHost) -> None:
+        _load(fake_host)
+        _decide(fake_host, "verified")
+        ctx = fake_host.context()
+        incumbent_before = ctx.store.current_identity("primary", "incumbent")
+        fake_host.world.set_fail("readmit", "backend answered 503")
+        out = _promote(fake_host)
+        assert out.state == TxState.COMPENSATED and out.exit_code == 4
+        assert ctx.store.current_identity("primary", "incumbent") == incumbent_before
+        assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "drain"
+
+
+class TestRollback:
+    def test_restore_after_a_load_brings_back_the_same_container_and_equal_placement(
+        self, fake_host: FakeHost
+    ) -> None:
+        cand_id = _load(fake_host)
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state == TxState.COMMITTED, out.reason
+        world = fake_host.world.read()
+        assert world["containers"][fake_host.incumbent_id]["status"] == "running"
+        assert world["containers"][cand_id]["status"] == "exited"  # retained, not removed
+        diffs = audit.diff(fake_host.context(), out.tx_id or "")
+        assert [d for d in diffs if d["label"] == "recorded-restored"][0]["equal"] is True
+
+    def test_rollback_after_a_promotion_returns_to_the_exact_old_incumbent(
+        self, fake_host: FakeHost
+    ) -> None:
+        cand_id = _load(fake_host)
+        _decide(fake_host, "verified")
+        assert _promote(fake_host).state == TxState.COMMITTED
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state == TxState.COMMITTED, out.reason
+        ctx = fake_host.context()
+        assert (
+            ctx.store.current_identity("primary", "incumbent").container_id
+            == fake_host.incumbent_id
+        )  # type: ignore[union-attr]
+        world = fake_host.world.read()
+        assert world["containers"][fake_host.incumbent_id]["status"] == "running"
+        assert world["containers"][cand_id]["status"] == "exited"
+        assert recheck.recheck(ctx, "primary").passed
+
+    def test_a_restore_group_without_the_rollback_identity_is_refused(
+        self, fake_host: FakeHost
+    ) -> None:
+        _load(fake_host)
+        cfg = fake_host.settings.config
+        cfg.write_text(cfg.read_text() + '\n[restore_groups]\nsplit-a = ["0123456789abcdef"]\n')
+        before = fake_host.world.read()
+        out = lifecycle.rollback(fake_host.context(), slot="primary", restore_group="split-a")
+        assert out.state == TxState.REFUSED
+        assert "does not contain the declared rollback identity" in out.reason
+        assert fake_host.world.read() == before
+
+    def test_an_unknown_restore_group_is_bad_input(self, fake_host: FakeHost) -> None:
+        _load(fake_host)
+        with pytest.raises(BadInput, match="restore_groups"):
+            lifecycle.rollback(fake_host.context(), slot="primary", restore_group="nope")
+
+    def test_a_removed_retained_container_refuses_the_rollback(self, fake_host: FakeHost) -> None:
+        _load(fake_host)
+        with fake_host.world.edit() as w:
+            del w["containers"][fake_host.incumbent_id]
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state == TxState.REFUSED and "was removed" in out.reason
+
+    def test_rejected_credentials_refuse_before_mutation(self, fake_host: FakeHost) -> None:
+        _load(fake_host)
+        with fake_host.world.edit() as w:
+            w["router"]["admin_token_ok"] = False
+        before = fake_host.world.read()
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state == TxState.REFUSED and out.refusal.guard == "RouterCredentialsAccepted"  # type: ignore[union-attr]
+        assert fake_host.world.read() == before
+
+    def test_a_failure_after_the_target_started_stops_and_keeps_it_for_an_operator(
+        self, fake_host: FakeHost
+    ) -> None:
+        _load(fake_host)
+        fake_host.world.set_fail("readmit", "HTTP 401 from the router")
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state == TxState.NEEDS_OPERATOR and out.exit_code == 5
+        assert "stopped again and retained" in out.reason
+        assert fake_host.world.read()["containers"][fake_host.incumbent_id]["status"] == "exited"
+
+
+class TestRecheck:
+    @pytest.fixture
+    def restored(self, fake_host: FakeHost) -> FakeHost:
+        return fake_host
+
+    def test_a_healthy_slot_passes_every_assertion(self, restored: FakeHost) -> None:
+        result = recheck.recheck(restored.context(), "primary")
+        assert result.passed and result.exit_code == 0
+        names = {a["name"] for a in result.assertions}
+        assert {
+            "incumbent_container_running",
+            "served_model",
+            "routed_smoke",
+            "router_readiness",
+            "no_candidate_running",
+            "shm_residue_zero",
+            "loopback_binding",
+            "health",
+        } <= names
+        assert records.rechecks(restored.context().store)[0]["passed"] is True
+
+    def test_each_injected_drift_is_named(self, restored: FakeHost) -> None:
+        ctx = restored.context()
+
+        def failed() -> list[str]:
+            r = recheck.recheck(ctx, "primary")
+            assert r.exit_code == (0 if r.passed else 6)
+            return r.failed
+
+        with restored.world.edit() as w:
+            w["residue"].append({"path": "/dev/shm/sglang-offload-0", "size": 4096})
+        assert failed() == ["shm_residue_zero"]
+        with restored.world.edit() as w:
+            w["residue"].clear()
+            w["router"]["tiers"]["primary-local"]["url"] = "http://127.0.0.1:9999"
+        assert "router_readiness" in failed()
+        with restored.world.edit() as w:
+            w["router"]["tiers"]["primary-local"]["url"] = "http://127.0.0.1:8001"
+            w["containers"][restored.incumbent_id]["served_model"] = "wrong-model"
+        assert {"served_model", "routed_smoke"} <= set(failed())
+        with restored.world.edit() as w:
+            w["containers"][restored.incumbent_id]["served_model"] = INCUMBENT_MODEL
+            w["containers"][restored.incumbent_id]["status"] = "exited"
+        assert "incumbent_container_running" in failed()
+
+    def test_a_candidate_left_running_is_drift(self, restored: FakeHost) -> None:
+        rt = restored.context().world().runtime
+        spec = restored.candidate("stray").spec
+        cid = rt.create(
+            type(spec)(**{**spec.__dict__, "env": (("FAKE_BINDING", "127.0.0.1:9002"),)})
+        )
+        rt.start(cid)
+        assert recheck.recheck(restored.context(), "primary").failed == ["no_candidate_running"]
+
+    def test_textfile_metrics_are_written_atomically(
+        self, restored: FakeHost, tmp_path: Any
+    ) -> None:
+        result = recheck.recheck(restored.context(), "primary")
+        path = tmp_path / "textfile" / "anvil.prom"
+        recheck.write_textfile(path, result, now=1.0)
+        text = path.read_text()
+        assert 'anvil_recheck_passed{slot="primary"} 1' in text
+        assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
