@@ -41,7 +41,7 @@ def promote(
         )
     incumbent = ctx.store.current_identity(slot, "incumbent")
     world = ctx.world()
-    decision = promote_plan.standing_decision(world, cand.digest)
+    decision = promote_plan.standing_decision(world, cand.qualification_digest)
     args = {
         "slot": slot,
         "candidate": cand.as_dict(),

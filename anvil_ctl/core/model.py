@@ -247,6 +247,26 @@ class Identity:
     def digest(self) -> str:
         return sha256_hex(self.as_dict())
 
+    @property
+    def qualification_digest(self) -> str:
+        """What a decision is bound to: the serve as configured, not the container instance.
+
+        Recipe digest, image ID, model identity, config fingerprint, served model and
+        context: loading the same recipe again gives a new container ID but the same
+        qualification digest, so an earlier decision still applies to it; any change of
+        image, flags, env or mounts gives a new digest and needs a new qualification.
+        """
+        return sha256_hex(
+            {
+                "recipe_digest": self.recipe_digest,
+                "image_id": self.image_id,
+                "model_identity": self.model_identity,
+                "config_fingerprint": self.config_fingerprint,
+                "served_model": self.served_model,
+                "context_tokens": self.context_tokens,
+            }
+        )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Identity:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}

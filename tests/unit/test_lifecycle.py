@@ -36,7 +36,7 @@ def _decide(
         decision_id=decision_id,
         tx_id=None,
         slot="primary",
-        identity_digest=cand.digest,
+        identity_digest=cand.qualification_digest,
         container_id=cand.container_id,
         outcome=outcome,
         waiver_ids=waiver_ids,

@@ -46,16 +46,16 @@ def standing_decision(world: World, identity_digest: str) -> dict[str, Any] | No
 
 
 class CandidateVerified(Guard):
-    """The candidate's exact identity has a standing `verified` decision."""
+    """The candidate's exact identity (its qualification digest) has a standing `verified` decision."""
 
     kinds: ClassVar[frozenset[str]] = frozenset({"promote"})
 
     def check(self, ctx: StepContext) -> Refusal | None:
         cand = _ident(ctx, "candidate")
-        decision = standing_decision(_w(ctx), cand.digest)
+        decision = standing_decision(_w(ctx), cand.qualification_digest)
         if decision is None:
             return self.refuse(
-                f"no decision recorded for candidate identity {cand.digest[:12]} "
+                f"no decision recorded for candidate identity {cand.qualification_digest[:12]} "
                 f"({cand.served_model}); run `anvilctl qualify --slot {cand.slot}` first"
             )
         if decision["outcome"] != "verified":
