@@ -89,6 +89,12 @@ class Recipe(_Strict):
     tp_size: int = Field(ge=1, description="Tensor-parallel size")
     gpu_roles: tuple[str, ...] = Field(description="GPU role names, one per TP rank")
     gpu_roles_reason: str = Field("", description="Why gpu_roles differs from tp_size, if it does")
+    vram_need_mib: int = Field(
+        0,
+        ge=0,
+        description="MiB per card the serve holds once started; `load` waits for this plus the "
+        "reserve to be free on each of its cards before starting it (0: only the reserve)",
+    )
     port: int = Field(gt=0, lt=65536, description="Port the engine listens on; equals the slot's")
     health_path: str = Field("/health", description="Path answering 200 when healthy")
     startup_timeout_s: float = Field(600.0, gt=0, description="Deadline for health and identity")
@@ -221,8 +227,15 @@ def load_recipe(path: Path) -> Recipe:
 
 
 def recipe_digest(recipe: Recipe) -> str:
-    """SHA-256 of the recipe's canonical JSON; what `io.anvil.recipe-digest` carries."""
-    return sha256_hex(recipe.model_dump(mode="json"))
+    """SHA-256 of the recipe's canonical JSON; what `io.anvil.recipe-digest` carries.
+
+    `vram_need_mib` enters only when set, so that recipes written before the field
+    existed keep the digest their decisions and waivers were bound to.
+    """
+    data = recipe.model_dump(mode="json")
+    if not data.get("vram_need_mib"):
+        data.pop("vram_need_mib", None)
+    return sha256_hex(data)
 
 
 def check_runnable(recipe: Recipe) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from anvil_ctl.config import HostConfig, Settings, load_host_config
 from anvil_ctl.core.errors import ConfigError
+from anvil_ctl.engine import gpu_hooks
 from anvil_ctl.engine.owner import current_owner
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence.db import make_engine
@@ -73,8 +74,6 @@ class Context:
             from anvil_ctl.testing.fakes import fake_acceptance
 
             world.extras["acceptance"] = fake_acceptance(world.router)
-        from anvil_ctl.engine import gpu_hooks
-
         return gpu_hooks.install(world)
 
     def _real_world(self) -> World:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from anvil_ctl.core.errors import AuthRejected, CredentialError
 from anvil_ctl.core.model import Backend, RoutedAnswer
+from anvil_ctl.engine import gpu_hooks
 from anvil_ctl.engine.world import World
 
 if TYPE_CHECKING:
@@ -115,8 +116,6 @@ def real_world(ctx: Context) -> World:
         shm=ShmScanner(),
     )
     world.extras.update(router_extras)
-    from anvil_ctl.engine import gpu_hooks
-
     # NVML reports engine worker PIDs; /proc tells which container each runs in.
     by_cgroup = gpu_hooks.proc_cgroup_container if ctx.settings.gpu != "simulated" else None
     return gpu_hooks.install(world, container_of_pid=by_cgroup)
