@@ -6,7 +6,7 @@ non-mutating transaction `planned -> running -> committed` of two steps:
 `run-gates` writes the evidence (`<state>/evidence/<tx>/`), `record-decision`
 re-checks the candidate and records every gate row and the decision.
 
-The decision is bound to the candidate Identity's own `digest` (what `promote`
+The decision is bound to the candidate Identity's `qualification_digest` (what `promote`
 compares with the stored identity). It is computed under the standing policy
 (no waivers): that raw decision is never rewritten. When active waivers change
 its outcome, a second decision is recorded that `reclassifies` the first, from
@@ -158,7 +158,7 @@ def _run_gates(ctx: StepContext) -> StepResult:
         profile,
         evidence_dir=world.settings.evidence_dir,
         tx_id=ctx.tx_id,
-        identity_digest=ident.digest,
+        identity_digest=ident.qualification_digest,
         reserve_probe=_reserve_probe(world, _roles(world, ident)),
         progress=world.extras.get(PROGRESS_KEY),
     )
@@ -207,7 +207,7 @@ def _record_decision(ctx: StepContext) -> StepResult:
         + sha256_hex(
             {
                 "tx_id": ctx.tx_id,
-                "identity_digest": ident.digest,
+                "identity_digest": ident.qualification_digest,
                 "evidence_sha256": decision.evidence_sha256,
                 "outcome": decision.outcome,
             }
@@ -237,7 +237,7 @@ def _record_decision(ctx: StepContext) -> StepResult:
         decision_id=raw_id,
         tx_id=ctx.tx_id,
         slot=ident.slot,
-        identity_digest=ident.digest,
+        identity_digest=ident.qualification_digest,
         container_id=ident.container_id,
         outcome=decision.outcome,
         profile=decision.profile,
@@ -250,7 +250,7 @@ def _record_decision(ctx: StepContext) -> StepResult:
     return {
         "decision_id": raw_id,
         "outcome": decision.outcome,
-        "identity_digest": ident.digest,
+        "identity_digest": ident.qualification_digest,
         "reclassified_id": newer["id"] if newer else None,
         "effective_outcome": newer["outcome"] if newer else decision.outcome,
     }

@@ -1,0 +1,144 @@
+"""The seed campaign's host, shared by `make demo` and the end-to-end test.
+
+Sets up, inside the hermetic test environment: a real smg router on 127.0.0.1
+with keys in a 0600 credential file, a host config with simulated GPUs (two
+97,887 MiB cards, as in the seeds), a stub EXL3-like incumbent started by hand
+from `recipes/stub-incumbent-524k.toml`, routed as `llm.primary`, and adopted.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from anvil_ctl.adapters.credentials import resolve_credentials  # noqa: E402
+from anvil_ctl.adapters.docker_runtime import DockerRuntime  # noqa: E402
+from anvil_ctl.adapters.smg import SmgRouter  # noqa: E402
+from anvil_ctl.config import load_host_config  # noqa: E402
+from anvil_ctl.recipes import container_spec, load_recipe  # noqa: E402
+from scripts.routers import Proc, start_smg  # noqa: E402
+
+INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
+
+HOST_TOML = """\
+host = "anvil-campaign"
+
+[gpu_roles.compute-a]
+uuid = "GPU-00000000-0000-4000-8000-00000000000a"
+capacity_mib = 97887
+
+[gpu_roles.compute-b]
+uuid = "GPU-00000000-0000-4000-8000-00000000000b"
+capacity_mib = 97887
+
+[slots.primary]
+binding = "127.0.0.1:8001"
+router_tier = "primary-local"
+aliases = ["llm.primary"]
+gpu_roles = ["compute-a", "compute-b"]
+
+[router]
+kind = "smg"
+url = "{router_url}"
+{cred_line}
+readmit_deadline_s = 120
+
+[policy]
+vram_reserve_mib = 3072
+vram_release_deadline_s = 30
+stop_timeout_s = 10
+
+[restore_groups]
+# The seeds' first restore attempt chose a split group without the declared rollback identity.
+split-compute-a = ["0000000000000000"]
+"""
+
+
+@dataclass
+class Campaign:
+    work: Path
+    smg: Proc
+    admin_token: str
+    client_token: str
+    incumbent_id: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def cred(self) -> Path:
+        return self.work / "router-credentials.toml"
+
+    def write_config(self, path: Path, *, with_credentials: bool = True) -> Path:
+        cred_line = f'credential_file = "{self.cred}"' if with_credentials else ""
+        path.write_text(HOST_TOML.format(router_url=self.smg.url, cred_line=cred_line))
+        return path
+
+    def anvilctl(self, *args: str, env: dict[str, str] | None = None, echo: bool = False) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "anvil_ctl", *args]
+        r = subprocess.run(cmd, env=env or self.env, text=True, capture_output=True, timeout=600)
+        self.log.append(f"$ anvilctl {' '.join(args)}\n{r.stdout}{r.stderr}(exit {r.returncode})\n")
+        if echo:
+            print(f"$ anvilctl {' '.join(args)}", flush=True)
+            sys.stdout.write(r.stdout)
+            for line in r.stderr.splitlines():
+                if not line.startswith("{"):
+                    print(line)
+            print(f"(exit {r.returncode})", flush=True)
+        return r
+
+    def stop(self) -> None:
+        self.smg.stop()
+
+
+def start_campaign(work: Path) -> Campaign:
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    admin, client = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    camp = Campaign(work=work, smg=start_smg(workdir=work / "routers", admin_token=admin, client_token=client),
+                    admin_token=admin, client_token=client)
+    fd = os.open(camp.cred, os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f'admin_token = "{admin}"\nclient_token = "{client}"\n')
+    camp.write_config(work / "anvil.toml")
+    camp.env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_ROUTER_")} | {
+        "ANVIL_CONFIG": str(work / "anvil.toml"),
+        "ANVIL_STATE_DIR": str(work / "state"),
+        "ANVIL_RECIPES_DIR": str(REPO / "recipes"),
+        "ANVIL_GPU": "simulated",
+        "ANVIL_LOG_FORMAT": "json",
+        "ANVIL_LOG_LEVEL": "info",
+        "HOME": str(work / "home"),
+    }
+    return camp
+
+
+def start_incumbent_by_hand(camp: Campaign) -> str:
+    """What the operator had before anvil_ctl: a serve started by hand, routed as llm.primary."""
+    host = load_host_config(camp.work / "anvil.toml")
+    recipe_path = REPO / "recipes" / "stub-incumbent-524k.toml"
+    spec = container_spec(load_recipe(recipe_path), slot_name="primary", slot=host.slots["primary"],
+                          host_config=host, recipe_path=recipe_path, tx_id="by-hand")
+    labels = dict(spec.labels) | {"io.anvil.role": "incumbent", "io.anvil.binding": "127.0.0.1:8001"}
+    spec = replace(spec, name="exl3-k3-dflash2-k5-524k", labels=tuple(sorted(labels.items())))
+    runtime = DockerRuntime(gpu_mode="simulated")
+    cid = runtime.create(spec)
+    runtime.start(cid)
+    router = SmgRouter(camp.smg.url, resolve_credentials(host.router, {}))
+    router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+    camp.incumbent_id = cid
+    return cid
+
+
+def runtime() -> Any:
+    return DockerRuntime(gpu_mode="simulated")

@@ -1,0 +1,189 @@
+"""The seed campaign replayed end to end: real Docker, real smg, the openai client, simulated GPUs.
+
+The stub engines' simulated GPU figures follow the reports in shared/seeds: on two
+97,887 MiB cards the 499,712-token C4 profile leaves 49 MiB free, the 393,216-token
+C1 profile 2,101 MiB after the workload, the 245,760-token C1 profile 3,487 MiB,
+against the standing 3,072 MiB reserve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.campaign import INCUMBENT_MODEL, Campaign, runtime, start_campaign, start_incumbent_by_hand
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def camp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Campaign]:
+    c = start_campaign(tmp_path_factory.mktemp("campaign"))
+    try:
+        assert c.anvilctl("init").returncode == 0
+        start_incumbent_by_hand(c)
+        r = c.anvilctl("adopt", c.incumbent_id, "--slot", "primary", "--context-tokens", "524288")
+        assert r.returncode == 0, r.stderr
+        yield c
+    finally:
+        c.stop()
+        rt = runtime()
+        for info in rt.list(labels={"io.anvil.managed": "true"}):
+            rt.remove(info.id, force=True)
+
+
+def j(r: Any) -> Any:
+    assert r.returncode in (0, 3, 4, 5, 6), r.stderr
+    return json.loads(r.stdout)
+
+
+def decision_of(c: Campaign, qualify_tx: str) -> dict[str, Any]:
+    rows = [d for d in j(c.anvilctl("--json", "audit", "decisions")) if d["tx_id"] == qualify_tx]
+    assert rows, f"no decision recorded for {qualify_tx}"
+    return rows[0]
+
+
+def load_and_qualify(c: Campaign, recipe: str) -> tuple[str, str, dict[str, Any]]:
+    r = c.anvilctl("--json", "load", recipe, "--slot", "primary")
+    out = j(r)
+    assert out["state"] == "committed", out
+    container = out["results"]["start-candidate"]["container_id"]
+    q = c.anvilctl("--json", "qualify", "--slot", "primary", "--profile", "demo")
+    assert q.returncode == 0, q.stderr
+    qtx = j(q)["tx_id"]
+    return container, qtx, decision_of(c, qtx)
+
+
+def unload(c: Campaign, container: str) -> None:
+    r = c.anvilctl("--json", "unload", container, "--yes")
+    assert r.returncode == 0, r.stderr
+
+
+def state_of(c: Campaign) -> dict[str, str]:
+    return {i.id: i.status for i in runtime().list()}
+
+
+class TestSeedCampaign:
+    """One campaign, in order; each test is one step of the seeds' story."""
+
+    def test_01_the_incumbent_serves_llm_primary_through_the_router(self, camp: Campaign) -> None:
+        check = j(camp.anvilctl("--json", "recheck", "--slot", "primary"))
+        assert check["passed"], check["failed"]
+
+    def test_02_the_499k_c4_candidate_is_policy_infeasible(self, camp: Campaign) -> None:
+        container, _, decision = load_and_qualify(camp, "stub-499k-c4")
+        assert decision["outcome"] == "policy-infeasible"
+        unload(camp, container)
+
+    def test_03_the_393k_c1_candidate_passes_function_but_not_the_reserve(self, camp: Campaign) -> None:
+        container, qtx, decision = load_and_qualify(camp, "stub-393k-c1")
+        assert decision["outcome"] == "policy-infeasible"
+        gates = j(camp.anvilctl("--json", "audit", "show", qtx))
+        assert gates["kind"] == "qualify"
+        camp.__dict__["q393"] = qtx
+        unload(camp, container)
+
+    def test_04_the_245k_c1_candidate_is_verified_and_not_promoted(self, camp: Campaign) -> None:
+        container, _, decision = load_and_qualify(camp, "stub-245k-c1")
+        assert decision["outcome"] == "verified"
+        camp.__dict__["c245"] = container
+
+    def test_05_a_restore_group_without_the_rollback_identity_is_refused(self, camp: Campaign) -> None:
+        before = state_of(camp)
+        r = camp.anvilctl("--json", "restore", "--slot", "primary", "--restore-group", "split-compute-a")
+        assert r.returncode == 3
+        assert "does not contain the declared rollback identity" in j(r)["reason"]
+        assert state_of(camp) == before
+
+    def test_06_a_restore_without_the_router_token_is_refused_before_mutation(self, camp: Campaign) -> None:
+        unload(camp, camp.__dict__["c245"])
+        no_token = camp.write_config(camp.work / "anvil-no-token.toml", with_credentials=False)
+        env = camp.env | {"ANVIL_CONFIG": str(no_token)}
+        before = state_of(camp)
+        r = camp.anvilctl("--json", "restore", "--slot", "primary", env=env)
+        assert r.returncode == 3
+        out = j(r)
+        assert out["refusal"]["guard"] == "RouterCredentialsAccepted"
+        assert "ANVIL_ROUTER_ADMIN_TOKEN" in out["reason"] or "client" in out["reason"]
+        assert state_of(camp) == before
+
+    def test_07_a_world_readable_credential_file_is_refused(self, camp: Campaign) -> None:
+        os.chmod(camp.cred, 0o644)
+        try:
+            r = camp.anvilctl("--json", "restore", "--slot", "primary")
+            assert r.returncode == 3
+            assert "0644" in j(r)["reason"]
+        finally:
+            os.chmod(camp.cred, 0o600)
+
+    def test_08_restore_with_the_token_file_brings_back_the_same_container(self, camp: Campaign) -> None:
+        out = j(camp.anvilctl("--json", "restore", "--slot", "primary"))
+        assert out["state"] == "committed", out
+        assert runtime().inspect(camp.incumbent_id).running
+        diffs = j(camp.anvilctl("--json", "audit", "diff", out["tx_id"]))
+        assert [d["equal"] for d in diffs if d["label"] == "recorded-restored"] == [True]
+        check = j(camp.anvilctl("--json", "recheck", "--slot", "primary"))
+        assert check["passed"], check["failed"]
+
+    def test_09_a_reserve_waiver_reclassifies_the_393k_decision_and_keeps_raw_evidence(
+        self, camp: Campaign
+    ) -> None:
+        qtx = camp.__dict__["q393"]
+        before = j(camp.anvilctl("--json", "audit", "show", qtx))
+        r = camp.anvilctl("--json", "waive", "--policy", "vram-reserve", "--scope", "compute-a,compute-b",
+                          "--value", "0", "--approved-by", "operator",
+                          "--reason", "model-only GPU pair; 2,101 MiB free after workload accepted")
+        assert r.returncode == 0, r.stderr
+        decisions = [d for d in j(camp.anvilctl("--json", "audit", "decisions")) if d["reclassifies"]]
+        assert any(d["outcome"] == "verified" for d in decisions)
+        assert j(camp.anvilctl("--json", "audit", "show", qtx)) == before
+
+    def test_10_promote_the_393k_candidate_with_an_approver(self, camp: Campaign) -> None:
+        out = j(camp.anvilctl("--json", "load", "stub-393k-c1", "--slot", "primary"))
+        assert out["state"] == "committed"
+        r = camp.anvilctl("--json", "promote", "--slot", "primary", "--approved-by", "operator")
+        out = j(r)
+        assert out["state"] == "committed", out
+        assert out["results"]["routed-smoke"]["status"] == 200
+        assert out["results"]["acceptance"]["passed"] is True
+        assert not runtime().inspect(camp.incumbent_id).running
+
+    def test_11_rollback_returns_the_exact_incumbent(self, camp: Campaign) -> None:
+        out = j(camp.anvilctl("--json", "rollback", "--slot", "primary"))
+        assert out["state"] == "committed", out
+        assert runtime().inspect(camp.incumbent_id).running
+        check = j(camp.anvilctl("--json", "recheck", "--slot", "primary"))
+        assert check["passed"], check["failed"]
+        served = j(camp.anvilctl("--json", "status"))["slots"]["primary"]["serving"]["models"]
+        assert served == [[INCUMBENT_MODEL, 524288]]
+
+    def test_12_the_audit_trail_is_complete_and_verifies(self, camp: Campaign) -> None:
+        assert j(camp.anvilctl("--json", "audit", "verify"))["ok"] is True
+        kinds = [t["kind"] for t in reversed(j(camp.anvilctl("--json", "audit", "transactions", "--limit", "100")))]
+        assert kinds[:1] == ["adopt"]
+        for kind in ("load", "qualify", "promote", "rollback"):
+            assert kind in kinds
+        states = {t["state"] for t in j(camp.anvilctl("--json", "audit", "transactions", "--limit", "100"))}
+        assert "refused" in states
+
+    def test_13_no_token_appears_in_the_database_logs_snapshots_or_evidence(self, camp: Campaign) -> None:
+        tokens = [camp.admin_token.encode(), camp.client_token.encode()]
+        files = [p for p in (camp.work / "state").rglob("*") if p.is_file()]
+        assert any(p.name == "anvil.db" for p in files)
+        leaks = [str(p) for p in files for t in tokens if t in p.read_bytes()]
+        logs = "".join(camp.log).encode()
+        assert [t for t in tokens if t in logs] == []
+        assert leaks == []
+
+    def test_14_rollback_refuses_when_the_retained_container_was_removed(self, camp: Campaign) -> None:
+        out = j(camp.anvilctl("--json", "load", "stub-245k-c1", "--slot", "primary"))
+        assert out["state"] == "committed"
+        rt = runtime()
+        rt.remove(camp.incumbent_id, force=True)
+        r = camp.anvilctl("--json", "restore", "--slot", "primary")
+        assert r.returncode == 3 and "was removed" in j(r)["reason"]
