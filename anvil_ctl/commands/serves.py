@@ -14,6 +14,7 @@ from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.engine.serving import Candidate
+from anvil_ctl.persistence import records
 from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
 
 
@@ -80,6 +81,8 @@ def unload(ctx: Context, container_id: str, *, yes: bool = False) -> dict[str, A
         if info.running:
             world.runtime.stop(info.id, ctx.config.policy.stop_timeout_s)
         world.runtime.remove(info.id)
+        roles = [r for r, o in records.gpu_owners(ctx.store).items() if o["container_id"] == info.id]
+        records.release_roles(ctx.store, roles, container_id=info.id, tx_id=None)
         residue = [r.__dict__ for r in world.shm.residue()] if world.shm else []
         with ctx.store.write() as s:
             ctx.store.audit(

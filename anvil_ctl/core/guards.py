@@ -35,7 +35,7 @@ class Guard:
     def check(self, ctx: Any) -> Refusal | None:
         raise NotImplementedError
 
-    def refuse(self, reason: str, **data: Any) -> Refusal:
+    def refuse(self, reason: str, /, **data: Any) -> Refusal:
         return Refusal(self.name, reason, data)
 
 
