@@ -177,9 +177,11 @@ def register(sub: Any) -> None:
         au = sub.add_parser("decisions-audit", help="qualification records").add_subparsers(
             dest="qaudit_cmd", required=True
         )
-    d = au.add_parser("decisions", help="qualification decisions, reclassifications included")
-    d.add_argument("--slot")
-    d.set_defaults(handler=_audit_decisions)
-    e = au.add_parser("evidence", help="one transaction's gate rows and its manifest check")
-    e.add_argument("tx")
-    e.set_defaults(handler=_audit_evidence)
+    if "decisions" not in au.choices:  # cli_commands may list them already
+        d = au.add_parser("decisions", help="qualification decisions, reclassifications included")
+        d.add_argument("--slot")
+        d.set_defaults(handler=_audit_decisions)
+    if "evidence" not in au.choices:
+        e = au.add_parser("evidence", help="one transaction's gate rows and its manifest check")
+        e.add_argument("tx")
+        e.set_defaults(handler=_audit_evidence)
