@@ -34,7 +34,13 @@ from anvil_ctl.core.model import GpuProcess, GpuReading, Identity
 from anvil_ctl.core.steps import StepContext
 from anvil_ctl.engine.serving import Candidate
 from anvil_ctl.engine.world import World
-from anvil_ctl.gpu.ownership import GpuOwner, Mode, check_start, unknown_processes
+from anvil_ctl.gpu.ownership import (
+    GpuOwner,
+    Mode,
+    OwnershipRefusal,
+    check_start,
+    unknown_processes,
+)
 from anvil_ctl.gpu.release import wait_for_vram_release
 from anvil_ctl.gpu.reserve import POLICY as VRAM_RESERVE
 from anvil_ctl.gpu.waivers import resolve
@@ -117,6 +123,10 @@ def _pids_of(world: World, container_ids: Iterable[str]) -> set[int]:
     return pids
 
 
+def _data(refusal: OwnershipRefusal) -> dict[str, Any]:
+    return {k: v for k, v in refusal.as_dict().items() if k != "reason"}
+
+
 class GpuRolesFree(Guard):
     """The roles a serve starts on are free: no owner in the ledger besides the serve it
     replaces, no exclusive owner anywhere, and no process on the cards that no known owner
@@ -144,10 +154,10 @@ class GpuRolesFree(Guard):
             if refusal is not None:
                 return self.refuse(
                     self._describe_strangers(world, refusal.role, refusal.processes),
-                    **refusal.as_dict(),
+                    **_data(refusal),
                 )
         if refusal is not None:
-            return self.refuse(refusal.reason, **refusal.as_dict())
+            return self.refuse(refusal.reason, **_data(refusal))
         return None
 
     def _unknown(
