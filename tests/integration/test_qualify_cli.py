@@ -195,7 +195,9 @@ class TestQualifyCli:
         print(r.stdout)
         for label in ("Nominal context", "4K ", "120K", "230K", "4K endurance"):
             assert label in r.stdout
-        assert "380K" not in r.stdout  # above max_model_len: skipped, not failed
+        rows = [line.split()[0] for line in r.stdout.splitlines() if line[:1].isdigit()]
+        assert rows == ["4K", "120K", "230K", "4K"]  # 380K exceeds max_model_len: skipped
+        assert "380K/C1 skipped" in r.stdout
         assert "DECISION: VERIFIED" in r.stdout
         assert "[16/16] vram_reserve" in r.stderr  # plain progress lines off a TTY
         decision = check_evidence_and_rows(host, tx, "verified", 3487)
@@ -208,7 +210,9 @@ class TestQualifyCli:
         host, _ = loaded("stub-393k-c1")
         r, tx = qualify(host)
         print(r.stdout)
-        assert "DECISION: POLICY-INFEASIBLE" in r.stdout and "380K" in r.stdout
+        assert "DECISION: POLICY-INFEASIBLE" in r.stdout
+        rows = [line.split()[0] for line in r.stdout.splitlines() if line[:1].isdigit()]
+        assert rows == ["4K", "120K", "230K", "380K", "4K"]
         assert "below_reserve" in r.stdout
         raw = check_evidence_and_rows(host, tx, "policy-infeasible", 2101)
         export_verify_and_tamper(host, tx, tmp_path)
