@@ -30,8 +30,12 @@ def _gpus(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     result = gpu_cmds.readings(ctx)
     if a.json:
         return result, 0
-    keep = ("index", "role", "uuid", "name", "total_mib", "used_mib", "free_mib", "owner")
-    rows = [{k: g[k] for k in keep} | {"processes": len(g["processes"])} for g in result["gpus"]]
+    keep = ("index", "role", "uuid", "total_mib", "used_mib", "free_mib")
+    rows = []
+    for g in result["gpus"]:
+        owner = g["owner"]
+        who = f"{owner['container_id'][:12]} ({owner['mode']})" if owner else ""
+        rows.append({k: g[k] for k in keep} | {"owner": who, "processes": len(g["processes"])})
     return rows, 0
 
 

@@ -66,7 +66,15 @@ def _optional_config(ctx: Context) -> HostConfig | None:
 
 def _optional_owners(ctx: Context) -> dict[str, Any]:
     try:
-        return {role: o.describe() for role, o in ledger(ctx.store).items()}
+        return {
+            role: {
+                "container_id": o.container_id,
+                "slot": o.slot,
+                "mode": o.mode,
+                "transaction_id": o.transaction_id,
+            }
+            for role, o in ledger(ctx.store).items()
+        }
     except StateStoreError:
         return {}  # no state database yet: nothing owns anything
 
@@ -91,7 +99,7 @@ def readings(ctx: Context) -> dict[str, Any]:
                 "used_mib": g.used_mib,
                 "free_mib": g.free_mib,
                 "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in g.processes],
-                "owner": owners.get(role, "") if role else "",
+                "owner": owners.get(role) if role else None,
             }
         )
     return {"driver": probe.driver_version(), "gpus": rows}

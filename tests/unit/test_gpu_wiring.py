@@ -434,7 +434,8 @@ class TestGpusCli:
         rows = {g["role"]: g for g in out["gpus"]}
         assert set(rows) == {"compute-a", "compute-b"}
         assert rows["compute-a"]["uuid"] == UA and rows["compute-a"]["free_mib"] == 97_887
-        assert fake_host.incumbent_id[:12] in rows["compute-b"]["owner"]
+        owner = rows["compute-b"]["owner"]
+        assert (owner["container_id"], owner["mode"]) == (fake_host.incumbent_id, "exclusive")
 
     def test_detect_write_keeps_the_rest_of_the_config(
         self, anvilctl: Any, fake_host: FakeHost
