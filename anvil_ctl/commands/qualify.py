@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from anvil_ctl.adapters.credentials import resolve_credentials
+from anvil_ctl.adapters.credentials import TokenKind, resolve_token
 from anvil_ctl.commands import transactions
 from anvil_ctl.commands.context import Context
 from anvil_ctl.commands.recipes import resolve_recipe_path
@@ -520,13 +520,18 @@ def evidence_tx_dir(ctx: Context, tx: str) -> Path:
 
 def _redaction(ctx: Context) -> Redaction:
     secrets: list[str] = []
-    try:
-        rc = ctx.config.router
-        if rc.kind != "none":
-            creds = resolve_credentials(rc, ctx.env, need_admin=False)
-            secrets += [creds.client.reveal()] + ([creds.admin.reveal()] if creds.admin else [])
-    except (CredentialError, BadInput):
-        pass  # nothing resolvable: nothing of it can be in the evidence either
+    rc = ctx.config.router
+    if rc.kind != "none":
+        tokens: tuple[tuple[TokenKind, str], ...] = (
+            ("client", rc.client_token_env),
+            ("admin", rc.admin_token_env),
+        )
+        for kind, env_name in tokens:
+            try:
+                token = resolve_token(kind, env_name, ctx.env, rc.credential_file)
+            except (CredentialError, BadInput):
+                continue  # not resolvable here: then nothing of it can be redacted either
+            secrets.append(token.reveal())
     paths = [
         str(p.resolve())
         for p in (ctx.settings.state_dir, ctx.settings.evidence_dir, ctx.settings.recipes_dir)
