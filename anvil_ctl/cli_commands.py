@@ -13,7 +13,12 @@ def _outcome(outcome: Any) -> tuple[Any, int]:
 
 
 def _init(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
-    return admin.init(ctx), 0
+    result = admin.init(ctx)
+    if getattr(a, "detect_gpus", False):
+        from anvil_ctl import cli_gpu
+
+        result["gpu_roles"] = cli_gpu.detect_from_args(a, ctx, write=True)
+    return result, 0
 
 
 def _status(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
@@ -87,12 +92,6 @@ def _audit_decisions(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     return rows, 0
 
 
-def _audit_waivers(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
-    from anvil_ctl.persistence import records
-
-    return [w.as_dict() for w in records.waivers(ctx.store)], 0
-
-
 def _adopt(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     return _outcome(
         transactions.adopt(
@@ -107,6 +106,12 @@ def _adopt(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("init", help="create or upgrade the state database")
+    p.add_argument(
+        "--detect-gpus", action="store_true", help="probe NVML and write [gpu_roles.*] into the host config"
+    )
+    from anvil_ctl import cli_gpu
+
+    cli_gpu.add_detect_arguments(p)
     p.set_defaults(handler=_init)
 
     db = sub.add_parser("db", help="state database maintenance").add_subparsers(

@@ -14,6 +14,9 @@ class HttpEngineProbe:
     ) -> None:
         self._http = httpx.Client(timeout=timeout_s, transport=transport)
 
+    def close(self) -> None:
+        self._http.close()
+
     def health(self, base_url: str, path: str) -> bool:
         try:
             return self._http.get(base_url.rstrip("/") + path).status_code == 200

@@ -41,6 +41,7 @@ def candidate_from_recipe(ctx: Context, ref: str, slot: str, tx_id: str) -> Cand
         gpu_roles=tuple(recipe.gpu_roles),
         model_identity=recipe.model or "",
         max_concurrency=recipe.max_concurrency or 1,
+        vram_need_mib=recipe.vram_need_mib,
     )
 
 

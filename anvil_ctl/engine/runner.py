@@ -230,7 +230,9 @@ class TransactionEngine:
                     event="error",
                     detail=_error_detail(exc),
                 )
-                return self._needs_operator(outcome, ctx, exc, TxState.COMPENSATING)
+                # Keep the cause: the operator needs both what failed and what was left.
+                cause = NeedsOperator(f"{exc} (cause: {reason})", **exc.data)
+                return self._needs_operator(outcome, ctx, cause, TxState.COMPENSATING)
             except Exception as exc:
                 slog.error("undo failed", error=str(exc))
                 self.journal.step_event(

@@ -123,7 +123,8 @@ class TestSeedCampaign:
 
     def test_08_restore_with_the_token_file_brings_back_the_same_container(self, camp: Campaign) -> None:
         out = j(camp.anvilctl("--json", "restore", "--slot", "primary"))
-        assert out["state"] == "committed", out
+        diffs = j(camp.anvilctl("--json", "audit", "diff", out["tx_id"]))
+        assert out["state"] == "committed", (out["reason"], diffs)
         assert runtime().inspect(camp.incumbent_id).running
         diffs = j(camp.anvilctl("--json", "audit", "diff", out["tx_id"]))
         assert [d["equal"] for d in diffs if d["label"] == "recorded-restored"] == [True]
@@ -148,14 +149,14 @@ class TestSeedCampaign:
         assert out["state"] == "committed"
         r = camp.anvilctl("--json", "promote", "--slot", "primary", "--approved-by", "operator")
         out = j(r)
-        assert out["state"] == "committed", out
+        assert out["state"] == "committed", out["reason"]
         assert out["results"]["routed-smoke"]["status"] == 200
         assert out["results"]["acceptance"]["passed"] is True
         assert not runtime().inspect(camp.incumbent_id).running
 
     def test_11_rollback_returns_the_exact_incumbent(self, camp: Campaign) -> None:
         out = j(camp.anvilctl("--json", "rollback", "--slot", "primary"))
-        assert out["state"] == "committed", out
+        assert out["state"] == "committed", out["reason"]
         assert runtime().inspect(camp.incumbent_id).running
         check = j(camp.anvilctl("--json", "recheck", "--slot", "primary"))
         assert check["passed"], check["failed"]

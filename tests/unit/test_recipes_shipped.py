@@ -89,14 +89,18 @@ class TestStubRecipes:
         assert r.env == {"PYTHONPATH": "/opt/anvil"}
 
     @pytest.mark.parametrize("name", STUBS)
-    def test_mount_the_hosts_python_and_the_stub_package_read_only(
+    def test_mount_the_hosts_python_the_stub_package_and_its_fixtures_read_only(
         self, name: str, host_config: HostConfig
     ) -> None:
         plan = plan_recipe(name, RECIPES, host_config=host_config, slot_name="primary")
         mounts = {m["target"]: m for m in plan.spec["mounts"]}
-        assert set(mounts) == {"/usr", "/lib", "/lib64", "/opt/anvil/anvil_ctl/stub"}
+        assert set(mounts) == {
+            "/usr", "/lib", "/lib64", "/opt/anvil/anvil_ctl/stub", "/opt/anvil/anvil_ctl/fixtures",
+        }
         assert all(m["read_only"] for m in mounts.values())
         assert mounts["/opt/anvil/anvil_ctl/stub"]["source"] == str(ROOT / "anvil_ctl" / "stub")
+        # The answer book gives the coding-agent gates their ground truth.
+        assert mounts["/opt/anvil/anvil_ctl/fixtures"]["source"] == str(ROOT / "anvil_ctl" / "fixtures")
 
     @pytest.mark.parametrize(
         ("name", "served", "context", "concurrency"),
