@@ -124,7 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from(args, dict(os.environ))
         log.configure(settings.log_format, "debug" if args.debug else settings.log_level)
         ctx = Context(settings=settings, env=dict(os.environ))
-        result, code = args.handler(args, ctx)
+        try:
+            result, code = args.handler(args, ctx)
+        finally:
+            ctx.close()
         render(result, args.json)
         return code
     except AnvilError as exc:

@@ -45,9 +45,22 @@ class Context:
         return current_owner()
 
     def world(self) -> World:
-        if self.settings.backend == "fake":
-            return self._fake_world()
-        return self._real_world()
+        """The one World of this command (built on first use)."""
+        cached: World | None = self.__dict__.get("_world")
+        if cached is None:
+            cached = self._fake_world() if self.settings.backend == "fake" else self._real_world()
+            self.__dict__["_world"] = cached
+        return cached
+
+    def close(self) -> None:
+        """Close the adapters' connections (Docker, router HTTP clients)."""
+        world: World | None = self.__dict__.pop("_world", None)
+        if world is None:
+            return
+        for part in (world.runtime, world.router, world.engine, world.gpus):
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()
 
     def _fake_world(self) -> World:
         from anvil_ctl.testing.fakes import (
