@@ -354,6 +354,9 @@ def qualify_slot(
         "profile": resolved.source or resolved.name,
         "gates": list(gates),
     }
+    # The World may be shared by several commands of one Context: no stale result or clock.
+    for key in (RESULT_KEY, NOW_KEY):
+        world.extras.pop(key, None)
     world.extras[PROGRESS_KEY] = progress
     if now is not None:
         world.extras[NOW_KEY] = now
