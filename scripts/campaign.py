@@ -134,11 +134,13 @@ def start_incumbent_by_hand(camp: Campaign) -> str:
     runtime = DockerRuntime(gpu_mode="simulated")
     cid = runtime.create(spec)
     runtime.start(cid)
-    router = SmgRouter(camp.smg.url, resolve_credentials(host.router, {}))
-    router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+    with SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router:
+        router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+    runtime.close()
     camp.incumbent_id = cid
     return cid
 
 
 def runtime() -> Any:
+    """A Docker runtime on the test environment's engine (close it when done)."""
     return DockerRuntime(gpu_mode="simulated")

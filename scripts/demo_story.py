@@ -1,156 +1,89 @@
-"""`make demo`, run inside the hermetic test environment (scripts/testenv run -- ...).
+"""`make demo`: the seed campaign in small, inside the hermetic test environment.
 
-A stub incumbent serves `llm.primary` through a real smg router on 127.0.0.1;
-anvilctl adopts it, loads a stub candidate from a pinned recipe on the real
-Docker Engine (the incumbent stopped and retained), then shows `status` and the
-audit trail. GPUs are simulated (ANVIL_GPU=simulated): there is no GPU here.
+A stub EXL3-like incumbent serves `llm.primary` through a real smg router on
+127.0.0.1 (keys in a 0600 credential file). anvilctl adopts it, loads the 393K
+stub candidate from its pinned recipe on the real Docker Engine (incumbent
+stopped and retained), qualifies it (policy-infeasible: 2,101 MiB free per card
+after the workload against the 3,072 MiB reserve), records an operator's waiver
+(reclassified verified, raw evidence unchanged), promotes it with an approver
+(routed smoke + the openai client), rechecks, rolls back to the exact incumbent
+container, rechecks again and prints the audit trail. GPUs are simulated: there
+is no GPU on this machine.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from anvil_ctl.adapters.docker_runtime import DockerRuntime  # noqa: E402
-from anvil_ctl.config import load_host_config  # noqa: E402
-from anvil_ctl.recipes import container_spec, load_recipe  # noqa: E402
-from scripts.routers import start_smg  # noqa: E402
-
-HOST_TOML = """\
-host = "anvil-demo"
-
-[gpu_roles.compute-a]
-uuid = "GPU-00000000-0000-4000-8000-00000000000a"
-capacity_mib = 97887
-
-[gpu_roles.compute-b]
-uuid = "GPU-00000000-0000-4000-8000-00000000000b"
-capacity_mib = 97887
-
-[slots.primary]
-binding = "127.0.0.1:8001"
-router_tier = "primary-local"
-aliases = ["llm.primary"]
-gpu_roles = ["compute-a", "compute-b"]
-
-[router]
-kind = "smg"
-url = "{router_url}"
-credential_file = "{cred}"
-readmit_deadline_s = 90
-
-[policy]
-vram_release_deadline_s = 30
-stop_timeout_s = 10
-"""
+from scripts.campaign import Campaign, runtime, start_campaign, start_incumbent_by_hand  # noqa: E402
 
 
 def banner(text: str) -> None:
     print(f"\n=== {text} ===", flush=True)
 
 
-def anvilctl(
-    env: dict[str, str], *args: str, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    print("$ anvilctl " + " ".join(args), flush=True)
-    r = subprocess.run(
-        [sys.executable, "-m", "anvil_ctl", *args], env=env, text=True, capture_output=True
-    )
-    sys.stdout.write(r.stdout)
-    if r.stderr.strip():
-        sys.stdout.write("".join(line + "\n" for line in r.stderr.splitlines() if "error" in line))
-    print(f"(exit {r.returncode})", flush=True)
-    if check and r.returncode != 0:
-        raise SystemExit(f"demo: `anvilctl {' '.join(args)}` exited {r.returncode}:\n{r.stderr}")
-    return r
+def run(c: Campaign, *args: str, ok: tuple[int, ...] = (0,)) -> str:
+    r = c.anvilctl(*args, echo=True)
+    if r.returncode not in ok:
+        raise SystemExit(f"demo: `anvilctl {' '.join(args)}` exited {r.returncode}")
+    return r.stdout
 
 
 def main() -> int:
     work = REPO / "state" / "demo"
-    if work.exists():
-        subprocess.run(["rm", "-rf", str(work)], check=True)
-    work.mkdir(parents=True)
-    admin, client = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-    cred = work / "router-credentials.toml"
-    fd = os.open(cred, os.O_WRONLY | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f'admin_token = "{admin}"\nclient_token = "{client}"\n')
-
-    banner("start a real smg router on 127.0.0.1 (keys from a private file)")
-    smg = start_smg(workdir=work / "routers", admin_token=admin, client_token=client)
-    print(f"smg pid {smg.pid} at {smg.url}")
+    banner("a real smg router on 127.0.0.1; router keys in a 0600 credential file")
+    c = start_campaign(work)
+    print(f"smg pid {c.smg.pid} at {c.smg.url}; state in {work}")
     try:
-        (work / "anvil.toml").write_text(HOST_TOML.format(router_url=smg.url, cred=cred))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_ROUTER_")} | {
-            "ANVIL_CONFIG": str(work / "anvil.toml"),
-            "ANVIL_STATE_DIR": str(work / "state"),
-            "ANVIL_RECIPES_DIR": str(REPO / "recipes"),
-            "ANVIL_GPU": "simulated",
-            "ANVIL_LOG_FORMAT": "json",
-            "ANVIL_LOG_LEVEL": "warning",
-        }
-        anvilctl(env, "init")
+        run(c, "init")
+        banner("the incumbent: a stub EXL3 K3 + DFlash2 K5 524K serve, started by hand and routed")
+        start_incumbent_by_hand(c)
+        print(f"container {c.incumbent_id[:12]} serves llm.primary through the router")
+        run(c, "adopt", c.incumbent_id, "--slot", "primary", "--context-tokens", "524288")
+        run(c, "recheck", "--slot", "primary")
 
-        banner("the incumbent: a stub EXL3-like serve started by hand, then adopted")
-        host = load_host_config(work / "anvil.toml")
-        recipe_path = REPO / "recipes" / "stub-incumbent-524k.toml"
-        spec = container_spec(
-            load_recipe(recipe_path),
-            slot_name="primary",
-            slot=host.slots["primary"],
-            host_config=host,
-            recipe_path=recipe_path,
-            tx_id="by-hand",
-        )
-        labels = dict(spec.labels) | {
-            "io.anvil.role": "incumbent",
-            "io.anvil.binding": "127.0.0.1:8001",
-        }
-        from dataclasses import replace
+        banner("load the 393,216-token C1 candidate (dry run, then for real)")
+        run(c, "load", "stub-393k-c1", "--slot", "primary", "--dry-run")
+        run(c, "load", "stub-393k-c1", "--slot", "primary")
+        print(f"incumbent {c.incumbent_id[:12]}: {runtime().inspect(c.incumbent_id).status} (stopped, retained)")
 
-        spec = replace(spec, name="incumbent-524k", labels=tuple(labels.items()))
-        runtime = DockerRuntime(gpu_mode="simulated")
-        inc = runtime.create(spec)
-        runtime.start(inc)
-        print(f"incumbent container {inc[:12]} started")
-        from anvil_ctl.adapters.credentials import resolve_credentials
-        from anvil_ctl.adapters.smg import SmgRouter
+        banner("qualify it: function passes; 2,101 MiB free per card < 3,072 -> policy-infeasible")
+        run(c, "qualify", "--slot", "primary", "--profile", "demo")
+        run(c, "audit", "decisions")
 
-        router = SmgRouter(smg.url, resolve_credentials(host.router, {}))
-        router.readmit(
-            "primary-local",
-            "http://127.0.0.1:8001",
-            ("llm.primary",),
-            "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix",
-            90,
-        )
-        print("router: llm.primary -> incumbent, routed chat 200")
-        anvilctl(env, "adopt", inc, "--slot", "primary", "--context-tokens", "524288")
+        banner("promotion is refused without a verified decision")
+        run(c, "promote", "--slot", "primary", "--approved-by", "operator", ok=(3,))
 
-        banner("load the 393K candidate (dry run first)")
-        anvilctl(env, "load", "stub-393k-c1", "--slot", "primary", "--dry-run")
-        anvilctl(env, "load", "stub-393k-c1", "--slot", "primary")
-        print(f"incumbent {inc[:12]} is now: {runtime.inspect(inc).status} (retained, same ID)")
+        banner("the operator waives the reserve for the model-only GPU pair; the decision is reclassified")
+        run(c, "waive", "--policy", "vram-reserve", "--scope", "compute-a,compute-b", "--value", "0",
+            "--approved-by", "operator", "--reason", "model-only GPU pair")
+        run(c, "audit", "decisions")
 
-        banner("status")
-        anvilctl(env, "status")
-        banner("audit trail")
-        anvilctl(env, "audit", "transactions")
-        tx = json.loads(anvilctl(env, "--json", "audit", "transactions", "--kind", "load").stdout)[
-            0
-        ]
-        anvilctl(env, "audit", "show", tx["tx_id"])
-        anvilctl(env, "audit", "verify")
-        print("\ndemo: done. State is in", work)
+        banner("promote with an approver: routed smoke and the openai client pass")
+        run(c, "promote", "--slot", "primary", "--approved-by", "operator")
+        run(c, "recheck", "--slot", "primary")
+
+        banner("roll back to the exact incumbent container")
+        run(c, "rollback", "--slot", "primary")
+        print(f"incumbent {c.incumbent_id[:12]}: {runtime().inspect(c.incumbent_id).status}")
+        run(c, "recheck", "--slot", "primary", "--textfile", str(work / "anvil.prom"))
+
+        banner("audit")
+        run(c, "audit", "transactions")
+        txs = json.loads(c.anvilctl("--json", "audit", "transactions", "--kind", "rollback").stdout)
+        run(c, "audit", "diff", txs[0]["tx_id"])
+        run(c, "audit", "verify")
+        print(f"\ndemo: done. State database: {work / 'state' / 'anvil.db'}")
     finally:
-        smg.stop()
+        c.stop()
+        rt = runtime()
+        for info in rt.list(labels={"io.anvil.managed": "true"}):
+            rt.remove(info.id, force=True)
     return 0
 
 

@@ -64,36 +64,27 @@ def _identity_by_ref(ctx: Context, slot: str, ref: str) -> Identity | None:
 
 
 def recorded_snapshot(ctx: Context, target: Identity) -> dict[str, Any] | None:
-    """The slot's snapshot from the last time `target` served it as the incumbent.
+    """The newest recorded snapshot in which `target` served the slot as its incumbent.
 
-    That is the `before` snapshot of the latest load that displaced it, else the
-    `after` snapshot of the latest adopt/promote/rollback that made it incumbent.
+    Serving means: recorded as the slot's incumbent, its container running, and the
+    binding answering with its served model. Snapshots taken while it was stopped
+    (a campaign of several loads) do not count.
     """
     with ctx.store.read() as s:
-        txs = list(
-            s.execute(
-                select(Transaction)
-                .where(Transaction.slot == target.slot)
-                .order_by(Transaction.created_at.desc())
-            ).scalars()
-        )
-        for tx in txs:
-            args = json.loads(tx.args_json)
-            if tx.kind == "load":
-                inc = args.get("incumbent") or {}
-                label = "before"
-            elif tx.kind in ("adopt", "promote", "rollback"):
-                inc = args.get("identity") or args.get("candidate") or args.get("target") or {}
-                label = "after"
-            else:
+        rows = s.execute(
+            select(SnapshotRow.body_json)
+            .join(Transaction, Transaction.id == SnapshotRow.tx_id)
+            .where(Transaction.slot == target.slot)
+            .order_by(SnapshotRow.id.desc())
+        ).scalars()
+        for body_json in rows:
+            body: dict[str, Any] = json.loads(body_json)
+            slot = (body.get("slots") or {}).get(target.slot) or {}
+            if (slot.get("incumbent") or {}).get("container_id") != target.container_id:
                 continue
-            if inc.get("container_id") != target.container_id:
-                continue
-            snap = s.execute(
-                select(SnapshotRow).where(SnapshotRow.tx_id == tx.id, SnapshotRow.label == label)
-            ).scalar()
-            if snap is not None:
-                body: dict[str, Any] = json.loads(snap.body_json)
+            container = (slot.get("containers") or {}).get(target.container_id) or {}
+            models = [m[0] for m in (slot.get("serving") or {}).get("models") or []]
+            if container.get("status") == "running" and models == [target.served_model]:
                 return body
     return None
 

@@ -16,7 +16,17 @@ from typing import Any
 
 import pytest
 
-from scripts.campaign import INCUMBENT_MODEL, Campaign, runtime, start_campaign, start_incumbent_by_hand
+from scripts.campaign import INCUMBENT_MODEL, Campaign, start_campaign, start_incumbent_by_hand
+from scripts.campaign import runtime as make_runtime
+
+_RUNTIME: list[Any] = []
+
+
+def runtime() -> Any:
+    """One Docker runtime for the module (closed with the campaign)."""
+    if not _RUNTIME:
+        _RUNTIME.append(make_runtime())
+    return _RUNTIME[0]
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +45,8 @@ def camp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Campaign]:
         rt = runtime()
         for info in rt.list(labels={"io.anvil.managed": "true"}):
             rt.remove(info.id, force=True)
+        rt.close()
+        _RUNTIME.clear()
 
 
 def j(r: Any) -> Any:
@@ -123,8 +135,9 @@ class TestSeedCampaign:
 
     def test_08_restore_with_the_token_file_brings_back_the_same_container(self, camp: Campaign) -> None:
         out = j(camp.anvilctl("--json", "restore", "--slot", "primary"))
-        diffs = j(camp.anvilctl("--json", "audit", "diff", out["tx_id"]))
-        assert out["state"] == "committed", (out["reason"], diffs)
+        if out["state"] != "committed":
+            diffs = j(camp.anvilctl("--json", "audit", "diff", out["tx_id"]))
+            pytest.fail(json.dumps({"reason": out["reason"], "diffs": diffs}, indent=1))
         assert runtime().inspect(camp.incumbent_id).running
         diffs = j(camp.anvilctl("--json", "audit", "diff", out["tx_id"]))
         assert [d["equal"] for d in diffs if d["label"] == "recorded-restored"] == [True]
