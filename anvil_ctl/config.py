@@ -173,6 +173,9 @@ class HostConfig(_Strict):
     slots: dict[str, Slot] = Field(default_factory=dict, description="slot name -> slot")
     router: RouterConfig = Field(default_factory=RouterConfig)
     policy: Policy = Field(default_factory=Policy)
+    model_cache_dir: Path | None = Field(
+        None, description="Hugging Face hub cache (…/hub) that engines mount; checked before load"
+    )
     restore_groups: dict[str, tuple[str, ...]] = Field(
         default_factory=dict,
         description="name -> container IDs or identity digests (prefixes of 12+ hex) restored together",

@@ -83,6 +83,10 @@ class Context:
             gpus=FakeGpus(fw),
             shm=FakeSharedMemory(fw),
         )
+        if self.config.model_cache_dir is not None:
+            from anvil_ctl.adapters.hfcache import HfCache
+
+            world.model_cache = HfCache(self.config.model_cache_dir)
         if world.router is not None:
             from anvil_ctl.testing.fakes import fake_acceptance
 

@@ -116,6 +116,10 @@ def real_world(ctx: Context) -> World:
         shm=ShmScanner(),
     )
     world.extras.update(router_extras)
+    if ctx.config.model_cache_dir is not None:
+        from anvil_ctl.adapters.hfcache import HfCache
+
+        world.model_cache = HfCache(ctx.config.model_cache_dir)
     # NVML reports engine worker PIDs; /proc tells which container each runs in.
     by_cgroup = gpu_hooks.proc_cgroup_container if ctx.settings.gpu != "simulated" else None
     return gpu_hooks.install(world, container_of_pid=by_cgroup)

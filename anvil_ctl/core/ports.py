@@ -110,6 +110,21 @@ class SharedMemory(Protocol):
     def residue(self) -> list[ResidueFile]: ...
 
 
+class CacheVerdict(Protocol):
+    complete: bool
+    problems: tuple[str, ...]
+    total_bytes: int
+
+
+@runtime_checkable
+class ModelCache(Protocol):
+    """The on-disk model cache (Hugging Face layout) that engines load from."""
+
+    def verify_identity(self, identity: str) -> CacheVerdict:
+        """Check `repo@revision`: snapshot present, no incomplete blobs, no broken links."""
+        ...
+
+
 @runtime_checkable
 class Clock(Protocol):
     def now(self) -> float: ...

@@ -111,6 +111,30 @@ class CandidateImagePinned(Guard):
         return None
 
 
+class ModelCacheComplete(Guard):
+    """A candidate that pins a model finds it complete in the model cache before anything stops."""
+
+    kinds: ClassVar[frozenset[str]] = frozenset({"load"})
+
+    def check(self, ctx: StepContext) -> Refusal | None:
+        cand = Candidate.from_dict(ctx.args["candidate"])
+        if not cand.model_identity:
+            return None
+        cache = _world(ctx).model_cache
+        if cache is None:
+            return self.refuse(
+                f"recipe {cand.recipe} pins model {cand.model_identity} but the host config sets no "
+                "model_cache_dir to verify it in"
+            )
+        report = cache.verify_identity(cand.model_identity)
+        if not report.complete:
+            return self.refuse(
+                f"model cache incomplete for {cand.model_identity}: {'; '.join(report.problems)}",
+                problems=list(report.problems),
+            )
+        return None
+
+
 class BindingNotTaken(Guard):
     """No running container of this slot other than the incumbent holds the slot's binding."""
 
@@ -175,6 +199,7 @@ GUARDS: list[Guard] = [
     RollbackIdentityComplete(),
     RollbackIdentityRestorable(),
     CandidateImagePinned(),
+    ModelCacheComplete(),
     BindingNotTaken(),
     ExtraGuards(),
     RouterCredentialsAccepted(),

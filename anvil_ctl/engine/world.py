@@ -39,5 +39,6 @@ class World:
     router: Router | None = None
     gpus: GpuProbe | None = None
     shm: SharedMemory | None = None
+    model_cache: ModelCache | None = None
     clock: Clock = field(default_factory=SystemClock)
     extras: dict[str, Any] = field(default_factory=dict)
