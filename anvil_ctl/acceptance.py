@@ -69,9 +69,7 @@ class AcceptanceResult:
             "expected_model": self.expected_model,
             "credential_source": self.credential_source,
             "passed": self.passed,
-            "checks": [
-                {"name": c.name, "passed": c.passed, "evidence": c.evidence} for c in self.checks
-            ],
+            "checks": [{"name": c.name, "passed": c.passed, "evidence": c.evidence} for c in self.checks],
         }
 
 
@@ -187,9 +185,7 @@ def run_acceptance(
                     credential_source=client_token.source,
                 ) from exc
             except openai.APIStatusError as exc:
-                results.append(
-                    AcceptanceCheck(name, False, {"status": exc.status_code, "error": _err(exc)})
-                )
+                results.append(AcceptanceCheck(name, False, {"status": exc.status_code, "error": _err(exc)}))
             except openai.APIError as exc:
                 results.append(
                     AcceptanceCheck(name, False, {"error": f"{type(exc).__name__}: {exc.message}"})

@@ -56,12 +56,8 @@ def render(result: Any, as_json: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from anvil_ctl import cli_commands
 
-    p = _Parser(
-        prog="anvilctl", description="Transactional deployment controller with exact rollback"
-    )
-    p.add_argument(
-        "--config", type=Path, help="host config file (default anvil.toml, env ANVIL_CONFIG)"
-    )
+    p = _Parser(prog="anvilctl", description="Transactional deployment controller with exact rollback")
+    p.add_argument("--config", type=Path, help="host config file (default anvil.toml, env ANVIL_CONFIG)")
     p.add_argument("--state-db", help="SQLAlchemy URL of the state database (env ANVIL_STATE_DB)")
     p.add_argument("--state-dir", type=Path, help="state directory (env ANVIL_STATE_DIR)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -129,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             ctx.close()
         render(result, args.json)
-        return code
+        return int(code)
     except AnvilError as exc:
         if debug:
             raise

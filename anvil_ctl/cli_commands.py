@@ -82,9 +82,7 @@ def _audit_decisions(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
         )
         rows = [
             {
-                k: (
-                    str(r[k])[:16] if k in ("id", "reclassifies", "container_id") and r[k] else r[k]
-                )
+                k: (str(r[k])[:16] if k in ("id", "reclassifies", "container_id") and r[k] else r[k])
                 for k in keep
             }
             for r in rows
@@ -107,28 +105,22 @@ def _adopt(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
 def register(sub: Any) -> None:
     p = sub.add_parser("init", help="create or upgrade the state database")
     p.add_argument(
-        "--detect-gpus", action="store_true", help="probe NVML and write [gpu_roles.*] into the host config"
+        "--detect-gpus",
+        action="store_true",
+        help="probe NVML and write [gpu_roles.*] into the host config",
     )
     from anvil_ctl import cli_gpu
 
     cli_gpu.add_detect_arguments(p)
     p.set_defaults(handler=_init)
 
-    db = sub.add_parser("db", help="state database maintenance").add_subparsers(
-        dest="db_cmd", required=True
-    )
+    db = sub.add_parser("db", help="state database maintenance").add_subparsers(dest="db_cmd", required=True)
     db.add_parser("upgrade", help="run migrations to head").set_defaults(handler=_init)
 
-    sub.add_parser("status", help="slots, incumbents, candidates, health").set_defaults(
-        handler=_status
-    )
-    sub.add_parser("recover", help="compensate transactions whose owner died").set_defaults(
-        handler=_recover
-    )
+    sub.add_parser("status", help="slots, incumbents, candidates, health").set_defaults(handler=_status)
+    sub.add_parser("recover", help="compensate transactions whose owner died").set_defaults(handler=_recover)
 
-    lock = sub.add_parser("lock", help="the host mutator lock").add_subparsers(
-        dest="lock_cmd", required=True
-    )
+    lock = sub.add_parser("lock", help="the host mutator lock").add_subparsers(dest="lock_cmd", required=True)
     lock.add_parser("status", help="who holds the lock").set_defaults(handler=_lock_status)
     lb = lock.add_parser("break", help="release a dead owner's lock row by its ID (journaled)")
     lb.add_argument("lock_id")
@@ -151,9 +143,7 @@ def register(sub: Any) -> None:
     d = au.add_parser("diff", help="a transaction's snapshot diffs")
     d.add_argument("tx")
     d.set_defaults(handler=_audit_diff)
-    au.add_parser("verify", help="check the audit journal's hash chain").set_defaults(
-        handler=_audit_verify
-    )
+    au.add_parser("verify", help="check the audit journal's hash chain").set_defaults(handler=_audit_verify)
 
     ad = sub.add_parser("adopt", help="record the container serving a slot as its incumbent")
     ad.add_argument("container_id")

@@ -107,9 +107,7 @@ def register(sub: Any) -> None:
 
     w = sub.add_parser("waive", help="record an attributed, scoped, expiring policy waiver")
     w.add_argument("--policy", required=True, help=f"one of {', '.join(POLICIES)}")
-    w.add_argument(
-        "--scope", required=True, help="GPU roles (compute-a,compute-b) or a recipe digest"
-    )
+    w.add_argument("--scope", required=True, help="GPU roles (compute-a,compute-b) or a recipe digest")
     w.add_argument("--value", type=int, required=True, help="the policy value in force (MiB)")
     w.add_argument("--approved-by", required=True, help="who approves the exception")
     w.add_argument("--reason", required=True)

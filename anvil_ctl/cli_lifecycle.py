@@ -37,12 +37,8 @@ def _recheck(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "promote", help="route the slot to its verified candidate; it becomes the incumbent"
-    )
-    p.add_argument(
-        "candidate", nargs="?", help="container ID prefix, served model or identity digest"
-    )
+    p = sub.add_parser("promote", help="route the slot to its verified candidate; it becomes the incumbent")
+    p.add_argument("candidate", nargs="?", help="container ID prefix, served model or identity digest")
     p.add_argument("--slot", default="primary")
     p.add_argument("--approved-by", required=True, help="the person approving this promotion")
     p.add_argument("--dry-run", action="store_true")
@@ -54,12 +50,8 @@ def register(sub: Any) -> None:
     ):
         r = sub.add_parser(name, help=helptext)
         r.add_argument("--slot", default="primary")
-        r.add_argument(
-            "--to", help="identity: container ID prefix, identity digest or served model"
-        )
-        r.add_argument(
-            "--restore-group", help="a restore group of the host config; must contain the target"
-        )
+        r.add_argument("--to", help="identity: container ID prefix, identity digest or served model")
+        r.add_argument("--restore-group", help="a restore group of the host config; must contain the target")
         r.add_argument("--dry-run", action="store_true")
         r.set_defaults(handler=_rollback)
 

@@ -58,9 +58,7 @@ def register(sub: Any) -> None:
     rp = sub.add_parser("recipes", help="pinned serve recipes").add_subparsers(
         dest="recipes_cmd", required=True
     )
-    rp.add_parser("list", help="every recipe in the recipes directory").set_defaults(
-        handler=_recipes_list
-    )
+    rp.add_parser("list", help="every recipe in the recipes directory").set_defaults(handler=_recipes_list)
     s = rp.add_parser("show", help="one recipe, with its digest")
     s.add_argument("recipe")
     s.set_defaults(handler=_recipes_show)
@@ -73,14 +71,10 @@ def register(sub: Any) -> None:
     p.add_argument("--slot", required=True)
     p.set_defaults(handler=_recipes_plan)
 
-    ld = sub.add_parser(
-        "load", help="load a candidate from a recipe; the incumbent is stopped and kept"
-    )
+    ld = sub.add_parser("load", help="load a candidate from a recipe; the incumbent is stopped and kept")
     ld.add_argument("recipe")
     ld.add_argument("--slot", required=True)
-    ld.add_argument(
-        "--dry-run", action="store_true", help="run every guard, print the plan, change nothing"
-    )
+    ld.add_argument("--dry-run", action="store_true", help="run every guard, print the plan, change nothing")
     ld.set_defaults(handler=_load)
 
     ul = sub.add_parser("unload", help="remove a candidate container this controller created")

@@ -51,9 +51,7 @@ def _print_qualify(out: qualify_cmd.QualifyOutcome) -> None:
     print()
     print(f"DECISION: {decision['outcome'].upper()}  (standing policy)")
     print(f"  decision     {decision['id']}  transaction {out.outcome.tx_id}")
-    print(
-        f"  identity     {decision['identity_digest']}  container {decision['container_id'][:12]}"
-    )
+    print(f"  identity     {decision['identity_digest']}  container {decision['container_id'][:12]}")
     for reason in decision["reasons"]:
         print(f"  reason       {reason}")
     if out.reclassified:
@@ -123,9 +121,7 @@ def _audit_evidence(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     print(f"evidence of transaction {data['tx_id']}")
     for g in data["gates"]:
         verdict = "PASS" if g["passed"] else "FAIL"
-        print(
-            f"  {g['gate']:<24} {verdict}  {g['kind']:<10} {g['classification']:<24} {g['sha256']}"
-        )
+        print(f"  {g['gate']:<24} {verdict}  {g['kind']:<10} {g['classification']:<24} {g['sha256']}")
     v = data["verify"]
     print(
         f"manifest: {'ok' if v['ok'] else 'MISMATCH'} ({v['checked']} artifacts)"

@@ -27,9 +27,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ANVIL_", extra="ignore")
 
-    state_dir: Path = Field(
-        Path("state"), description="Directory for the database, lock and evidence"
-    )
+    state_dir: Path = Field(Path("state"), description="Directory for the database, lock and evidence")
     state_db: str | None = Field(
         None,
         description="SQLAlchemy URL of the state database; default sqlite:///<state_dir>/anvil.db",
@@ -99,9 +97,7 @@ class Slot(_Strict):
     binding: str = Field(description="host:port the engine listens on, loopback by default")
     router_tier: str = Field(description="The router tier (backend group) this slot serves")
     aliases: tuple[str, ...] = Field(description="Client model aliases routed to this slot")
-    gpu_roles: tuple[str, ...] = Field(
-        default=(), description="GPU roles serves in this slot may use"
-    )
+    gpu_roles: tuple[str, ...] = Field(default=(), description="GPU roles serves in this slot may use")
     allow_public_bind: bool = Field(False, description="Permit a non-loopback binding")
 
     @property
@@ -140,12 +136,8 @@ class RouterConfig(_Strict):
     kind: Literal["smg", "haproxy", "none"] = Field("smg", description="Router implementation")
     url: str = Field("http://127.0.0.1:30000", description="Router data-plane URL (clients)")
     admin_url: str | None = Field(None, description="Control-plane URL; default url")
-    admin_token_env: str = Field(
-        "ANVIL_ROUTER_ADMIN_TOKEN", description="Env var of the admin token"
-    )
-    client_token_env: str = Field(
-        "ANVIL_ROUTER_CLIENT_TOKEN", description="Env var of the client token"
-    )
+    admin_token_env: str = Field("ANVIL_ROUTER_ADMIN_TOKEN", description="Env var of the admin token")
+    client_token_env: str = Field("ANVIL_ROUTER_CLIENT_TOKEN", description="Env var of the client token")
     credential_file: Path | None = Field(
         None, description="TOML file with admin_token/client_token; owner-only (0600)"
     )
@@ -155,13 +147,9 @@ class RouterConfig(_Strict):
 
 
 class Policy(_Strict):
-    vram_reserve_mib: int = Field(
-        3072, ge=0, description="Free MiB per card required after a workload"
-    )
+    vram_reserve_mib: int = Field(3072, ge=0, description="Free MiB per card required after a workload")
     vram_release_deadline_s: float = Field(120.0, gt=0, description="Wait for VRAM to be freed")
-    stop_timeout_s: float = Field(
-        30.0, gt=0, description="Grace before a stopped container is killed"
-    )
+    stop_timeout_s: float = Field(30.0, gt=0, description="Grace before a stopped container is killed")
     health_poll_s: float = Field(0.5, gt=0, description="Interval between health probes")
 
 
@@ -185,9 +173,7 @@ class HostConfig(_Strict):
     def _references(self) -> HostConfig:
         for name in [*self.gpu_roles, *self.slots]:
             if not NAME_RE.match(name):
-                raise ValueError(
-                    f"name {name!r}: expected lowercase letters, digits, '.', '_' or '-'"
-                )
+                raise ValueError(f"name {name!r}: expected lowercase letters, digits, '.', '_' or '-'")
         uuids = [r.uuid.lower() for r in self.gpu_roles.values()]
         if len(set(uuids)) != len(uuids):
             raise ValueError("gpu_roles: two roles name the same GPU UUID")

@@ -37,9 +37,7 @@ from anvil_ctl.core.model import (
     sha256_hex,
 )
 
-MODEL_IDENTITY_RE = re.compile(
-    r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)@(?P<rev>[0-9a-f]{40})$"
-)
+MODEL_IDENTITY_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)@(?P<rev>[0-9a-f]{40})$")
 IMAGE_DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 SHM_SIZE_RE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
@@ -122,9 +120,7 @@ class Recipe(_Strict):
     @classmethod
     def _model(cls, value: str | None) -> str | None:
         if value is not None and not MODEL_IDENTITY_RE.match(value):
-            raise ValueError(
-                "expected a pinned model identity ORG/NAME@<40 lowercase hex revision>"
-            )
+            raise ValueError("expected a pinned model identity ORG/NAME@<40 lowercase hex revision>")
         return value
 
     @field_validator("image")
@@ -328,8 +324,7 @@ def container_spec(
         env=tuple(sorted(recipe.env.items())),
         labels=tuple(sorted(labels.items())),
         mounts=tuple(
-            Mount(_mount_source(m.source, recipe_path), m.target, m.read_only)
-            for m in recipe.mounts
+            Mount(_mount_source(m.source, recipe_path), m.target, m.read_only) for m in recipe.mounts
         ),
         network_mode="host",
         gpu_uuids=resolve_gpu_uuids(recipe, host_config),

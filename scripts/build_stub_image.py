@@ -116,9 +116,7 @@ def image_config(diff_id: str) -> bytes:
                 "Labels": {"io.anvil.image": "stub", "io.anvil.image-format": "1"},
                 "WorkingDir": "/",
             },
-            "history": [
-                {"created": CREATED, "created_by": "anvil_ctl scripts/build_stub_image.py"}
-            ],
+            "history": [{"created": CREATED, "created_by": "anvil_ctl scripts/build_stub_image.py"}],
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         }
     )
@@ -131,9 +129,7 @@ def build() -> tuple[str, bytes]:
     config = image_config(diff_id)
     image_hex = hashlib.sha256(config).hexdigest()
     layer_dir = hashlib.sha256(diff_id.encode()).hexdigest()  # the v1 layer ID, any fixed hex
-    manifest = [
-        {"Config": f"{image_hex}.json", "RepoTags": [TAG], "Layers": [f"{layer_dir}/layer.tar"]}
-    ]
+    manifest = [{"Config": f"{image_hex}.json", "RepoTags": [TAG], "Layers": [f"{layer_dir}/layer.tar"]}]
     layer_json = _canonical({"id": layer_dir, "created": CREATED, "os": "linux"})
     files: list[tuple[str, bytes | None]] = [
         (f"{image_hex}.json", config),
@@ -156,7 +152,7 @@ def build() -> tuple[str, bytes]:
 def load(tarball: bytes, expected_id: str) -> str:
     """Load the tarball into the engine at $DOCKER_HOST; return the loaded ID or exit 1."""
     try:
-        import docker  # noqa: PLC0415 - optional: only --load needs it
+        import docker
 
         client = docker.from_env()
         try:
@@ -186,13 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--print-id", action="store_true", help="print the image ID (no Docker needed)"
-    )
+    parser.add_argument("--print-id", action="store_true", help="print the image ID (no Docker needed)")
     parser.add_argument("--out", type=Path, help="write the docker-save tarball here")
-    parser.add_argument(
-        "--load", action="store_true", help="docker load it ($DOCKER_HOST) and verify the ID"
-    )
+    parser.add_argument("--load", action="store_true", help="docker load it ($DOCKER_HOST) and verify the ID")
     args = parser.parse_args(argv)
     if not (args.print_id or args.out or args.load):
         parser.error("give at least one of --print-id, --out, --load")

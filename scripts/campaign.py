@@ -21,12 +21,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from anvil_ctl.adapters.credentials import resolve_credentials  # noqa: E402
-from anvil_ctl.adapters.docker_runtime import DockerRuntime  # noqa: E402
-from anvil_ctl.adapters.smg import SmgRouter  # noqa: E402
-from anvil_ctl.config import load_host_config  # noqa: E402
-from anvil_ctl.recipes import container_spec, load_recipe  # noqa: E402
-from scripts.routers import Proc, start_smg  # noqa: E402
+from anvil_ctl.adapters.credentials import resolve_credentials
+from anvil_ctl.adapters.docker_runtime import DockerRuntime
+from anvil_ctl.adapters.smg import SmgRouter
+from anvil_ctl.config import load_host_config
+from anvil_ctl.recipes import container_spec, load_recipe
+from scripts.routers import Proc, start_smg
 
 INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
 
@@ -83,7 +83,9 @@ class Campaign:
         path.write_text(HOST_TOML.format(router_url=self.smg.url, cred_line=cred_line))
         return path
 
-    def anvilctl(self, *args: str, env: dict[str, str] | None = None, echo: bool = False) -> subprocess.CompletedProcess[str]:
+    def anvilctl(
+        self, *args: str, env: dict[str, str] | None = None, echo: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "anvil_ctl", *args]
         r = subprocess.run(cmd, env=env or self.env, text=True, capture_output=True, timeout=600)
         self.log.append(f"$ anvilctl {' '.join(args)}\n{r.stdout}{r.stderr}(exit {r.returncode})\n")
@@ -105,8 +107,12 @@ def start_campaign(work: Path) -> Campaign:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     admin, client = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-    camp = Campaign(work=work, smg=start_smg(workdir=work / "routers", admin_token=admin, client_token=client),
-                    admin_token=admin, client_token=client)
+    camp = Campaign(
+        work=work,
+        smg=start_smg(workdir=work / "routers", admin_token=admin, client_token=client),
+        admin_token=admin,
+        client_token=client,
+    )
     fd = os.open(camp.cred, os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(f'admin_token = "{admin}"\nclient_token = "{client}"\n')
@@ -127,9 +133,18 @@ def start_incumbent_by_hand(camp: Campaign) -> str:
     """What the operator had before anvil_ctl: a serve started by hand, routed as llm.primary."""
     host = load_host_config(camp.work / "anvil.toml")
     recipe_path = REPO / "recipes" / "stub-incumbent-524k.toml"
-    spec = container_spec(load_recipe(recipe_path), slot_name="primary", slot=host.slots["primary"],
-                          host_config=host, recipe_path=recipe_path, tx_id="by-hand")
-    labels = dict(spec.labels) | {"io.anvil.role": "incumbent", "io.anvil.binding": "127.0.0.1:8001"}
+    spec = container_spec(
+        load_recipe(recipe_path),
+        slot_name="primary",
+        slot=host.slots["primary"],
+        host_config=host,
+        recipe_path=recipe_path,
+        tx_id="by-hand",
+    )
+    labels = dict(spec.labels) | {
+        "io.anvil.role": "incumbent",
+        "io.anvil.binding": "127.0.0.1:8001",
+    }
     spec = replace(spec, name="exl3-k3-dflash2-k5-524k", labels=tuple(sorted(labels.items())))
     runtime = DockerRuntime(gpu_mode="simulated")
     cid = runtime.create(spec)

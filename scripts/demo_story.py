@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.campaign import Campaign, runtime, start_campaign, start_incumbent_by_hand  # noqa: E402
+from scripts.campaign import Campaign, runtime, start_campaign, start_incumbent_by_hand
 
 
 def banner(text: str) -> None:
@@ -50,7 +50,9 @@ def main() -> int:
         banner("load the 393,216-token C1 candidate (dry run, then for real)")
         run(c, "load", "stub-393k-c1", "--slot", "primary", "--dry-run")
         run(c, "load", "stub-393k-c1", "--slot", "primary")
-        print(f"incumbent {c.incumbent_id[:12]}: {runtime().inspect(c.incumbent_id).status} (stopped, retained)")
+        print(
+            f"incumbent {c.incumbent_id[:12]}: {runtime().inspect(c.incumbent_id).status} (stopped, retained)"
+        )
 
         banner("qualify it: function passes; 2,101 MiB free per card < 3,072 -> policy-infeasible")
         run(c, "qualify", "--slot", "primary", "--profile", "demo")
@@ -60,8 +62,20 @@ def main() -> int:
         run(c, "promote", "--slot", "primary", "--approved-by", "operator", ok=(3,))
 
         banner("the operator waives the reserve for the model-only GPU pair; the decision is reclassified")
-        run(c, "waive", "--policy", "vram-reserve", "--scope", "compute-a,compute-b", "--value", "0",
-            "--approved-by", "operator", "--reason", "model-only GPU pair")
+        run(
+            c,
+            "waive",
+            "--policy",
+            "vram-reserve",
+            "--scope",
+            "compute-a,compute-b",
+            "--value",
+            "0",
+            "--approved-by",
+            "operator",
+            "--reason",
+            "model-only GPU pair",
+        )
         run(c, "audit", "decisions")
 
         banner("promote with an approver: routed smoke and the openai client pass")

@@ -53,10 +53,10 @@ def _shim_structlog() -> bool:
 
 SHIMMED = _shim_structlog()
 
-from anvil_ctl.adapters.nvml import NvmlProbe  # noqa: E402
-from anvil_ctl.core.model import GpuReading  # noqa: E402
-from anvil_ctl.gpu.naming import assign_role_names  # noqa: E402
-from anvil_ctl.gpu.reserve import VramReserveGate  # noqa: E402
+from anvil_ctl.adapters.nvml import NvmlProbe
+from anvil_ctl.core.model import GpuReading
+from anvil_ctl.gpu.naming import assign_role_names
+from anvil_ctl.gpu.reserve import VramReserveGate
 
 TOLERANCE_MIB = 1
 failures: list[str] = []
@@ -129,9 +129,7 @@ def compare(phase: str, probe: NvmlProbe) -> list[GpuReading]:
     probe_ms = (time.perf_counter() - t0) * 1000
     readings, smi, apps = stable_readings(probe)
     print(f"\n== {phase}: probe.gpus() took {probe_ms:.1f} ms ==")
-    print(
-        f"{'gpu':<13} {'idx':>3} {'field':<6} {'nvml MiB':>10} {'smi MiB':>10} {'diff':>5}  check"
-    )
+    print(f"{'gpu':<13} {'idx':>3} {'field':<6} {'nvml MiB':>10} {'smi MiB':>10} {'diff':>5}  check")
     seen = set()
     for r in readings:
         key = r.uuid.lower()
@@ -147,8 +145,7 @@ def compare(phase: str, probe: NvmlProbe) -> list[GpuReading]:
             diff = ours - theirs
             verdict = check(abs(diff) <= TOLERANCE_MIB, f"{phase}: {redact(r.uuid)} {field} {diff}")
             print(
-                f"{redact(r.uuid):<13} {r.index:>3} {field:<6} {ours:>10} {theirs:>10} "
-                f"{diff:>5}  {verdict}"
+                f"{redact(r.uuid):<13} {r.index:>3} {field:<6} {ours:>10} {theirs:>10} {diff:>5}  {verdict}"
             )
         ours_p = {p.pid: p.used_mib for p in r.processes}
         theirs_p = apps.get(key, {})
@@ -186,7 +183,7 @@ def main() -> int:
     baseline = compare("baseline", probe)
 
     try:
-        from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml  # noqa: PLC0415 (needs pydantic)
+        from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
 
         roles = detect_roles(baseline)
         uuids = {name: role.uuid for name, role in roles.items()}
@@ -207,7 +204,7 @@ def main() -> int:
     )
 
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    import torch  # type: ignore[import-not-found]  # noqa: PLC0415 (after CUDA_DEVICE_ORDER)
+    import torch  # type: ignore[import-not-found]
 
     count = torch.cuda.device_count()
     print(f"\ntorch {torch.__version__}: {count} CUDA devices; holding {args.gib} GiB on each")

@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from anvil_ctl.adapters.credentials import Secret  # noqa: E402
-from anvil_ctl.adapters.haproxy import READY_URI, render_config, write_config  # noqa: E402
+from anvil_ctl.adapters.credentials import Secret
+from anvil_ctl.adapters.haproxy import READY_URI, render_config, write_config
 
 PYTHON = sys.executable
 
@@ -108,9 +108,7 @@ def _spawn(name: str, argv: list[str], log_path: Path, url: str, **extra: str) -
     return Proc(name=name, proc=proc, url=url, log_path=log_path, extra=dict(extra))
 
 
-def wait_http(
-    proc: Proc, path: str, *, timeout_s: float = 20.0, ok: Sequence[int] = (200,)
-) -> None:
+def wait_http(proc: Proc, path: str, *, timeout_s: float = 20.0, ok: Sequence[int] = (200,)) -> None:
     """Wait until `proc.url + path` answers one of `ok` (any answer if ok is empty)."""
     end = time.monotonic() + timeout_s
     last = "no answer"

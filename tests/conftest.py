@@ -1,4 +1,4 @@
-"""Shared fixtures."""
+"""Shared fixtures. Logs go to stderr at warning level so test output stays readable."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.log import configure
+from tests.unit.fakehost import FakeHost, make_fake_host
 
 configure("console", "warning")
-
-from tests.unit.fakehost import FakeHost, make_fake_host
 
 
 @pytest.fixture

@@ -158,8 +158,6 @@ def resolve_credentials(
     """Both router tokens through the chain; the admin token only when the router uses one."""
     client = resolve_token("client", router.client_token_env, env, router.credential_file)
     admin = (
-        resolve_token("admin", router.admin_token_env, env, router.credential_file)
-        if need_admin
-        else None
+        resolve_token("admin", router.admin_token_env, env, router.credential_file) if need_admin else None
     )
     return RouterCredentials(client=client, admin=admin)

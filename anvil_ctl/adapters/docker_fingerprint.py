@@ -81,9 +81,7 @@ def _mounts(host_config: dict[str, Any]) -> list[dict[str, Any]]:
     for bind in host_config.get("Binds") or []:
         parts = bind.split(":")
         mode = parts[2] if len(parts) > 2 else ""
-        mounts.append(
-            {"source": parts[0], "target": parts[1], "read_only": "ro" in mode.split(",")}
-        )
+        mounts.append({"source": parts[0], "target": parts[1], "read_only": "ro" in mode.split(",")})
     return mounts
 
 
@@ -92,9 +90,7 @@ def _ports(host_config: dict[str, Any]) -> list[list[Any]]:
     for key, bindings in (host_config.get("PortBindings") or {}).items():
         container_port = int(key.split("/")[0])
         for b in bindings or []:
-            host = (
-                f"{b['HostIp']}:{b['HostPort']}" if b.get("HostIp") else str(b.get("HostPort", ""))
-            )
+            host = f"{b['HostIp']}:{b['HostPort']}" if b.get("HostIp") else str(b.get("HostPort", ""))
             ports.append([container_port, host])
     return ports
 

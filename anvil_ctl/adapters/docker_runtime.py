@@ -60,9 +60,7 @@ def translated(what: str) -> Iterator[None]:
         status = exc.status_code or 0
         if status >= 500:
             raise TransientError(f"{what}: Docker API {status}", detail=str(exc)) from exc
-        raise AdapterError(
-            f"{what}: Docker API {status}: {exc.explanation}", status=status
-        ) from exc
+        raise AdapterError(f"{what}: Docker API {status}: {exc.explanation}", status=status) from exc
     except docker.errors.DockerException as exc:
         raise AdapterError(f"{what}: {exc}") from exc
     except OSError as exc:  # requests' ConnectionError/Timeout derive from OSError
@@ -136,9 +134,7 @@ class DockerRuntime:
             tags=tuple(sorted(attrs.get("RepoTags") or ())),
         )
 
-    def _image_attrs(
-        self, image_id: str, cache: dict[str, dict[str, Any] | None]
-    ) -> dict[str, Any] | None:
+    def _image_attrs(self, image_id: str, cache: dict[str, dict[str, Any] | None]) -> dict[str, Any] | None:
         if image_id not in cache:
             try:
                 with translated(f"image {image_id}"):
@@ -147,9 +143,7 @@ class DockerRuntime:
                 cache[image_id] = None  # image deleted under a container: fingerprint without it
         return cache[image_id]
 
-    def _info(
-        self, attrs: dict[str, Any], cache: dict[str, dict[str, Any] | None]
-    ) -> ContainerInfo:
+    def _info(self, attrs: dict[str, Any], cache: dict[str, dict[str, Any] | None]) -> ContainerInfo:
         image = self._image_attrs(attrs["Image"], cache)
         fields, gpus = inspect_fingerprint_fields(attrs, (image or {}).get("Config"))
         state: dict[str, Any] = attrs.get("State") or {}

@@ -9,9 +9,7 @@ from anvil_ctl.core.model import ModelCard
 
 
 class HttpEngineProbe:
-    def __init__(
-        self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
-    ) -> None:
+    def __init__(self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
         self._http = httpx.Client(timeout=timeout_s, transport=transport)
 
     def close(self) -> None:

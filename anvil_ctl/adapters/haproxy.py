@@ -152,9 +152,7 @@ def render_config(
             f"    default-server inter {check_inter_ms} fall {fall} rise {rise}",
         ]
         for n in range(1, slots + 1):
-            lines.append(
-                f"    server {SLOT_PREFIX}{n} {PLACEHOLDER[0]}:{PLACEHOLDER[1]} disabled check"
-            )
+            lines.append(f"    server {SLOT_PREFIX}{n} {PLACEHOLDER[0]}:{PLACEHOLDER[1]} disabled check")
     return "\n".join(lines) + "\n"
 
 
@@ -176,9 +174,7 @@ def check_socket(path: Path) -> None:
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise TransientError(
-            f"haproxy runtime socket {path} does not exist (not running?)"
-        ) from None
+        raise TransientError(f"haproxy runtime socket {path} does not exist (not running?)") from None
     except OSError as exc:
         raise TransientError(f"haproxy runtime socket {path}: {exc.strerror}") from exc
     mode = stat.S_IMODE(st.st_mode)
@@ -281,9 +277,7 @@ class HaproxyRouter:
                 while chunk := sock.recv(65536):
                     chunks.append(chunk)
         except OSError as exc:
-            raise TransientError(
-                f"haproxy runtime API {self.socket_path}: {exc.strerror or exc}"
-            ) from exc
+            raise TransientError(f"haproxy runtime API {self.socket_path}: {exc.strerror or exc}") from exc
         return b"".join(chunks).decode(errors="replace")
 
     def _set(self, line: str) -> None:
@@ -411,9 +405,7 @@ class HaproxyRouter:
             check_answer(answer, alias, expected_model)
             return answer
 
-        readmit_loop(
-            attempt, what=f"haproxy tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep
-        )
+        readmit_loop(attempt, what=f"haproxy tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep)
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         return routed_chat(self._http, self.url, alias, self._client)

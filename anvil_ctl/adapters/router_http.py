@@ -55,9 +55,7 @@ def bearer(secret: Secret) -> dict[str, str]:
 def reject_auth(response: httpx.Response, secret: Secret, what: str) -> None:
     """Raise AuthRejected for a 401/403, naming where the credential came from."""
     if response.status_code in (401, 403):
-        meaning = (
-            "was rejected" if response.status_code == 401 else "lacks the role this call needs"
-        )
+        meaning = "was rejected" if response.status_code == 401 else "lacks the role this call needs"
         raise AuthRejected(
             f"router answered {response.status_code} to {what}: the token from "
             f"{secret.source} {meaning}; check that credential (this is not a model failure)",
@@ -124,9 +122,7 @@ def probe_client_token(client: httpx.Client, base_url: str, secret: Secret) -> i
 def check_answer(answer: RoutedAnswer, alias: str, expected_model: str) -> None:
     """Raise NotYetRouted unless the routed answer is a 200 from the expected served model."""
     if answer.status != 200:
-        raise NotYetRouted(
-            f"routed chat to {alias!r} answered {answer.status}", status=answer.status
-        )
+        raise NotYetRouted(f"routed chat to {alias!r} answered {answer.status}", status=answer.status)
     if answer.model != expected_model:
         raise NotYetRouted(
             f"routed chat to {alias!r} answered from {answer.model!r}, expected {expected_model!r}",

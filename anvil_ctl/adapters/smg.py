@@ -177,9 +177,7 @@ class SmgRouter:
                 status=response.status_code,
             )
         log.info("router.smg.register", tier=tier, url=_norm(url), aliases=list(aliases))
-        self._wait(
-            lambda: self._worker_at(url) is not None, self._appear_timeout_s, f"{url} listed"
-        )
+        self._wait(lambda: self._worker_at(url) is not None, self._appear_timeout_s, f"{url} listed")
 
     def _matches(self, worker: dict[str, Any], tier: str, aliases: tuple[str, ...]) -> bool:
         return (
@@ -230,9 +228,7 @@ class SmgRouter:
         if existing is None:
             return
         if self._tier_of(existing) not in (tier, None):
-            raise AdapterError(
-                f"{url} is registered for tier {self._tier_of(existing)!r}, not {tier!r}"
-            )
+            raise AdapterError(f"{url} is registered for tier {self._tier_of(existing)!r}, not {tier!r}")
         self._remove(existing)
 
     def drain(self, tier: str) -> None:
@@ -255,9 +251,7 @@ class SmgRouter:
                 if _norm(str(worker.get("url"))) != _norm(url):
                     self._remove(worker)
             existing = self._worker_at(url)
-            if existing is not None and (
-                stale["flag"] or not self._matches(existing, tier, aliases)
-            ):
+            if existing is not None and (stale["flag"] or not self._matches(existing, tier, aliases)):
                 self._remove(existing)
                 existing = None
             stale["flag"] = False
@@ -273,9 +267,7 @@ class SmgRouter:
             check_answer(answer, alias, expected_model)
             return answer
 
-        readmit_loop(
-            attempt, what=f"smg tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep
-        )
+        readmit_loop(attempt, what=f"smg tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep)
         log.info("router.smg.readmitted", tier=tier, url=_norm(url), model=expected_model)
 
     def routed_chat(self, alias: str) -> RoutedAnswer:

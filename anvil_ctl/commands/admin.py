@@ -43,6 +43,7 @@ def status(ctx: Context) -> dict[str, Any]:
             )
         inc: dict[str, Any] | None = None
         if incumbent:
+            st: str
             try:
                 st = world.runtime.inspect(incumbent.container_id).status
             except NotFound:

@@ -59,9 +59,7 @@ def show(ctx: Context, tx: str) -> dict[str, Any]:
     t = _resolve(ctx, tx)
     with ctx.store.read() as s:
         states = s.execute(
-            select(TransactionState)
-            .where(TransactionState.tx_id == t.id)
-            .order_by(TransactionState.id)
+            select(TransactionState).where(TransactionState.tx_id == t.id).order_by(TransactionState.id)
         ).scalars()
         steps = s.execute(
             select(StepEventRow).where(StepEventRow.tx_id == t.id).order_by(StepEventRow.id)
@@ -131,9 +129,7 @@ def verify(ctx: Context) -> dict[str, Any]:
     return {"rows": count, "ok": not problems, "problems": [p.as_dict() for p in problems]}
 
 
-def identities(
-    ctx: Context, *, slot: str | None = None, role: str = "incumbent"
-) -> list[dict[str, Any]]:
+def identities(ctx: Context, *, slot: str | None = None, role: str = "incumbent") -> list[dict[str, Any]]:
     """Which container served (or was recorded for) each slot, and from when."""
     sql = (
         "SELECT recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "

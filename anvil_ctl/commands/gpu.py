@@ -44,16 +44,16 @@ log = structlog.get_logger()
 def gpu_probe(ctx: Context) -> GpuProbe:
     """The probe the settings choose; NVML needs no host config, the simulated GPUs do."""
     if ctx.settings.backend == "fake":
-        from anvil_ctl.testing.fakes import FakeGpus, FakeWorld  # noqa: PLC0415 - tests only
+        from anvil_ctl.testing.fakes import FakeGpus, FakeWorld
 
         return FakeGpus(FakeWorld(ctx.settings.fake_world_path))
     if ctx.settings.gpu == "simulated":
-        from anvil_ctl.adapters.docker_runtime import DockerRuntime  # noqa: PLC0415 - needs Docker
-        from anvil_ctl.testing.gpu import SimulatedGpuProbe  # noqa: PLC0415
+        from anvil_ctl.adapters.docker_runtime import DockerRuntime
+        from anvil_ctl.testing.gpu import SimulatedGpuProbe
 
         runtime = DockerRuntime(base_url=ctx.settings.docker_host, gpu_mode="simulated")
         return SimulatedGpuProbe(ctx.config.gpu_roles, runtime)
-    from anvil_ctl.adapters.nvml import NvmlProbe  # noqa: PLC0415 - needs the NVIDIA driver
+    from anvil_ctl.adapters.nvml import NvmlProbe
 
     return NvmlProbe()
 
@@ -270,16 +270,13 @@ def parse_expiry(text: str, now: datetime) -> datetime:
             when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise BadInput(
-            f"--expires {text!r}: expected an ISO date (2026-12-31) or date-time "
-            "(2026-12-31T18:00:00Z)",
+            f"--expires {text!r}: expected an ISO date (2026-12-31) or date-time (2026-12-31T18:00:00Z)",
             field="expires",
         ) from None
     if when.utcoffset() is None:
         when = when.replace(tzinfo=UTC)
     if when <= now:
-        raise BadInput(
-            f"--expires {text!r}: {when.isoformat()} is not in the future", field="expires"
-        )
+        raise BadInput(f"--expires {text!r}: {when.isoformat()} is not in the future", field="expires")
     return when
 
 
@@ -341,8 +338,7 @@ def waive(
         unknown = sorted(roles - known)
         if unknown:
             raise BadInput(
-                f"--scope: GPU roles {unknown} are not in the host config; "
-                f"expected among {sorted(known)}",
+                f"--scope: GPU roles {unknown} are not in the host config; expected among {sorted(known)}",
                 field="scope",
             )
     waiver = Waiver(

@@ -139,9 +139,7 @@ def _running(world: Any, container_id: str) -> bool:
     return not container_absent_or_stopped(world, container_id)
 
 
-def _serving_now(
-    ctx: Context, world: Any, slot: str, target: Identity | None
-) -> tuple[Identity | None, str]:
+def _serving_now(ctx: Context, world: Any, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
     """What serves the slot now (to be stopped and retained), and its recorded role."""
     for role in ("incumbent", "candidate"):
         ident = ctx.store.current_identity(slot, role)

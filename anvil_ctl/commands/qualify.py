@@ -514,8 +514,7 @@ def evidence_tx_dir(ctx: Context, tx: str) -> Path:
     found = sorted(p for p in root.glob(f"{tx}*") if p.is_dir()) if tx and root.is_dir() else []
     if len(found) != 1:
         raise BadInput(
-            f"evidence of transaction {tx!r}: {'no match' if not found else 'ambiguous prefix'} "
-            f"in {root}",
+            f"evidence of transaction {tx!r}: {'no match' if not found else 'ambiguous prefix'} in {root}",
             field="transaction",
         )
     return found[0]

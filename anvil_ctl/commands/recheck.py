@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from anvil_ctl.commands.context import Context
+from anvil_ctl.config import Slot
 from anvil_ctl.core.errors import AnvilError, NotFound
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import records
@@ -70,7 +71,17 @@ def recheck(ctx: Context, slot: str) -> RecheckResult:
     if ident is None:
         out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
         return _finish(ctx, world, out)
+    _container_checks(world, ident, out)
+    _serving_checks(world, cfg, ident, out)
+    if ident.gpu_roles:
+        _gpu_checks(ctx, world, ident, out)
+    if world.router is not None:
+        _router_checks(world, cfg, ident, out)
+    _host_checks(world, out)
+    return _finish(ctx, world, out)
 
+
+def _container_checks(world: World, ident: Identity, out: RecheckResult) -> None:
     def container() -> Any:
         return world.runtime.inspect(ident.container_id)
 
@@ -89,96 +100,82 @@ def recheck(ctx: Context, slot: str) -> RecheckResult:
         lambda: (container().fingerprint == ident.config_fingerprint, container().fingerprint[:16]),
     )
 
-    def served() -> tuple[bool, Any]:
-        models = world.engine.models(cfg.base_url)
-        return [m.id for m in models] == [ident.served_model], [m.id for m in models]
 
-    _check(out, "served_model", served)
+def _serving_checks(world: World, cfg: Slot, ident: Identity, out: RecheckResult) -> None:
+    def served() -> tuple[bool, Any]:
+        models = [m.id for m in world.engine.models(cfg.base_url)]
+        return models == [ident.served_model], models
 
     def context_tokens() -> tuple[bool, Any]:
-        models = world.engine.models(cfg.base_url)
-        lens = [m.max_model_len for m in models]
-        return lens == [ident.context_tokens] or lens == [None], lens
-
-    _check(out, "context_tokens", context_tokens)
+        lens = [m.max_model_len for m in world.engine.models(cfg.base_url)]
+        return lens in ([ident.context_tokens], [None]), lens
 
     def binding() -> tuple[bool, Any]:
-        host = cfg.host
         try:
-            loop = ipaddress.ip_address(host).is_loopback
+            loop = ipaddress.ip_address(cfg.host).is_loopback
         except ValueError:
-            loop = host == "localhost"
+            loop = cfg.host == "localhost"
         return loop and ident.binding == cfg.binding, cfg.binding
 
+    _check(out, "served_model", served)
+    _check(out, "context_tokens", context_tokens)
     _check(out, "loopback_binding", binding)
-    _check(
-        out,
-        "health",
-        lambda: (world.engine.health(cfg.base_url, "/health"), cfg.base_url + "/health"),
-    )
+    _check(out, "health", lambda: (world.engine.health(cfg.base_url, "/health"), cfg.base_url + "/health"))
 
+
+def _gpu_checks(ctx: Context, world: World, ident: Identity, out: RecheckResult) -> None:
     owners_fn = world.extras.get("gpu_owners")
-    if ident.gpu_roles:
 
-        def gpu_owner() -> tuple[bool, Any]:
-            owners = owners_fn() if callable(owners_fn) else records.gpu_owners(ctx.store)
-            mine = {r: (owners.get(r) or {}).get("container_id") for r in ident.gpu_roles}
-            return all(v == ident.container_id for v in mine.values()), mine
+    def gpu_owner() -> tuple[bool, Any]:
+        owners = owners_fn() if callable(owners_fn) else records.gpu_owners(ctx.store)
+        mine = {r: (owners.get(r) or {}).get("container_id") for r in ident.gpu_roles}
+        return all(v == ident.container_id for v in mine.values()), mine
 
-        _check(out, "gpu_owner", gpu_owner)
+    def gpus_found() -> tuple[bool, Any]:
+        if world.gpus is None:
+            return False, "no GPU probe"
+        seen = {g.uuid.lower() for g in world.gpus.gpus()}
+        want = {ctx.config.gpu_roles[r].uuid.lower(): r for r in ident.gpu_roles}
+        return set(want) <= seen, sorted(want[u] for u in want if u in seen)
 
-        def gpus_found() -> tuple[bool, Any]:
-            if world.gpus is None:
-                return False, "no GPU probe"
-            seen = {g.uuid.lower() for g in world.gpus.gpus()}
-            want = {ctx.config.gpu_roles[r].uuid.lower(): r for r in ident.gpu_roles}
-            return set(want) <= seen, sorted(want[u] for u in want if u in seen)
+    _check(out, "gpu_owner", gpu_owner)
+    _check(out, "expected_gpus_found", gpus_found)
 
-        _check(out, "expected_gpus_found", gpus_found)
 
-    if world.router is not None:
-        router = world.router
+def _router_checks(world: World, cfg: Slot, ident: Identity, out: RecheckResult) -> None:
+    router = world.router
+    assert router is not None
 
-        def readiness() -> tuple[bool, Any]:
-            view = getattr(router, "view", None)
-            data = view(cfg.router_tier) if callable(view) else {}
-            backends = data.get("backends", []) if isinstance(data, dict) else []
-            urls = [b.get("url") for b in backends]
-            observed = [b.get("observed_model") for b in backends]
-            ok = (
-                router.ready()
-                and urls == [cfg.base_url]
-                and observed in ([ident.served_model], [None])
-            )
-            return ok, {"ready": router.ready(), "backends": urls, "observed_models": observed}
+    def readiness() -> tuple[bool, Any]:
+        view = getattr(router, "view", None)
+        data = view(cfg.router_tier) if callable(view) else {}
+        backends = data.get("backends", []) if isinstance(data, dict) else []
+        urls = [b.get("url") for b in backends]
+        observed = [b.get("observed_model") for b in backends]
+        ok = router.ready() and urls == [cfg.base_url] and observed in ([ident.served_model], [None])
+        return ok, {"ready": router.ready(), "backends": urls, "observed_models": observed}
 
-        _check(out, "router_readiness", readiness)
+    def smoke() -> tuple[bool, Any]:
+        answer = router.routed_chat(cfg.aliases[0])
+        ok = answer.status == 200 and answer.model == ident.served_model
+        return ok, {"status": answer.status, "model": answer.model}
 
-        def smoke() -> tuple[bool, Any]:
-            answer = router.routed_chat(cfg.aliases[0])
-            return (
-                answer.status == 200 and answer.model == ident.served_model,
-                {"status": answer.status, "model": answer.model},
-            )
+    _check(out, "router_readiness", readiness)
+    _check(out, "routed_smoke", smoke)
 
-        _check(out, "routed_smoke", smoke)
 
+def _host_checks(world: World, out: RecheckResult) -> None:
     def no_candidate() -> tuple[bool, Any]:
-        running = [
-            c.id[:12]
-            for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_ROLE: "candidate"})
-            if c.running
-        ]
+        labels = {LABEL_MANAGED: "true", LABEL_ROLE: "candidate"}
+        running = [c.id[:12] for c in world.runtime.list(labels=labels) if c.running]
         return not running, running
-
-    _check(out, "no_candidate_running", no_candidate)
 
     def residue() -> tuple[bool, Any]:
         files = [r.path for r in world.shm.residue()] if world.shm else []
         return not files, files
 
+    _check(out, "no_candidate_running", no_candidate)
     _check(out, "shm_residue_zero", residue)
-    return _finish(ctx, world, out)
 
 
 def _finish(ctx: Context, world: World, out: RecheckResult) -> RecheckResult:

@@ -69,9 +69,7 @@ def unload(ctx: Context, container_id: str, *, yes: bool = False) -> dict[str, A
         for role in ("incumbent", "rollback"):
             ident = ctx.store.current_identity(info.labels.get("io.anvil.slot", ""), role)
             if ident and ident.container_id == info.id:
-                raise Refused(
-                    f"container {info.id[:12]} is the slot's {role}; refusing to remove it"
-                )
+                raise Refused(f"container {info.id[:12]} is the slot's {role}; refusing to remove it")
         return info
 
     info = check()

@@ -44,10 +44,10 @@ def _adopt_build(args: Mapping[str, Any], world: World) -> Plan:
 
 
 BUILDERS: dict[str, PlanBuilder] = {
-    "load": load_plan.build,  # type: ignore[dict-item]
-    "adopt": _adopt_build,  # type: ignore[dict-item]
-    "promote": promote_plan.build,  # type: ignore[dict-item]
-    "rollback": rollback_plan.build,  # type: ignore[dict-item]
+    "load": load_plan.build,
+    "adopt": _adopt_build,
+    "promote": promote_plan.build,
+    "rollback": rollback_plan.build,
 }
 
 
@@ -116,9 +116,7 @@ def adopt(
         aliases=slot_cfg.aliases,
         container_name=info.name,
     )
-    return run_plan(
-        ctx, "adopt", {"slot": slot, "identity": ident.as_dict()}, world, dry_run=dry_run
-    )
+    return run_plan(ctx, "adopt", {"slot": slot, "identity": ident.as_dict()}, world, dry_run=dry_run)
 
 
 def load(
@@ -163,9 +161,7 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str,
     for h in held_locks(ctx.store):
         if h.id == lock_id:
             if h.alive:
-                raise BadInput(
-                    f"{h.describe()}: the owner is alive; stop it instead", field="lock_id"
-                )
+                raise BadInput(f"{h.describe()}: the owner is alive; stop it instead", field="lock_id")
             release_row(ctx.store, lock_id, how="broken", by=by, reason=reason)
             return {"lock_id": lock_id, "broken": True, "was": h.as_dict()}
     raise BadInput(f"lock {lock_id} is not held", field="lock_id")

@@ -7,7 +7,7 @@ then records a refusal before any mutation instead of the command failing blind.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from anvil_ctl.core.errors import AuthRejected, CredentialError
 from anvil_ctl.core.model import Backend, RoutedAnswer
@@ -93,7 +93,7 @@ def real_world(ctx: Context) -> World:
     from anvil_ctl.adapters.engine_http import HttpEngineProbe
     from anvil_ctl.adapters.shm import ShmScanner
 
-    gpu_mode = "simulated" if ctx.settings.gpu == "simulated" else "nvidia"
+    gpu_mode: Literal["nvidia", "simulated"] = "simulated" if ctx.settings.gpu == "simulated" else "nvidia"
     runtime = DockerRuntime(base_url=ctx.settings.docker_host, gpu_mode=gpu_mode)
     gpus: Any
     if ctx.settings.gpu == "simulated":

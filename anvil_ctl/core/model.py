@@ -11,9 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-ContainerStatus = Literal[
-    "created", "running", "paused", "restarting", "exited", "dead", "removing"
-]
+ContainerStatus = Literal["created", "running", "paused", "restarting", "exited", "dead", "removing"]
 
 LABEL_PREFIX = "io.anvil."
 LABEL_MANAGED = LABEL_PREFIX + "managed"

@@ -111,9 +111,14 @@ class SharedMemory(Protocol):
 
 
 class CacheVerdict(Protocol):
-    complete: bool
-    problems: tuple[str, ...]
-    total_bytes: int
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def problems(self) -> tuple[str, ...]: ...
+
+    @property
+    def total_bytes(self) -> int: ...
 
 
 @runtime_checkable

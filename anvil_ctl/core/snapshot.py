@@ -91,7 +91,5 @@ def diff(before: Snapshot, after: Snapshot) -> list[Change]:
     for path in sorted(set(a) | set(b)):
         va, vb = a.get(path, missing), b.get(path, missing)
         if va != vb:
-            changes.append(
-                Change(path, None if va is missing else va, None if vb is missing else vb)
-            )
+            changes.append(Change(path, None if va is missing else va, None if vb is missing else vb))
     return changes

@@ -180,11 +180,7 @@ class GpuRolesFree(Guard):
                 for p in r.processes:
                     if self.container_of_pid(p.pid) in known:
                         known_pids.add(p.pid)
-        uuids = {
-            role: world.config.gpu_roles[role].uuid
-            for role in roles
-            if role in world.config.gpu_roles
-        }
+        uuids = {role: world.config.gpu_roles[role].uuid for role in roles if role in world.config.gpu_roles}
         return unknown_processes(readings, uuids, known_pids)
 
     def _describe_strangers(self, world: World, role: str, processes: Sequence[GpuProcess]) -> str:
@@ -216,9 +212,7 @@ def _claim(world: World, ident: Identity, tx_id: str) -> list[str]:
     todo = [
         r
         for r in sorted(ident.gpu_roles)
-        if not (
-            r in owners and owners[r].container_id == ident.container_id and owners[r].mode == mode
-        )
+        if not (r in owners and owners[r].container_id == ident.container_id and owners[r].mode == mode)
     ]
     if todo:
         records.claim_roles(
@@ -254,9 +248,7 @@ def record_ownership(ctx: StepContext, identity: Identity) -> dict[str, Any]:
 def _events(store: Store, tx_id: str) -> list[GpuOwnershipEvent]:
     with store.read() as s:
         rows = s.execute(
-            select(GpuOwnershipEvent)
-            .where(GpuOwnershipEvent.tx_id == tx_id)
-            .order_by(GpuOwnershipEvent.id)
+            select(GpuOwnershipEvent).where(GpuOwnershipEvent.tx_id == tx_id).order_by(GpuOwnershipEvent.id)
         ).scalars()
         return list(rows)
 

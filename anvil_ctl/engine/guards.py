@@ -47,9 +47,7 @@ class RollbackIdentityComplete(Guard):
             return None
         missing = ident.missing()
         if missing:
-            return self.refuse(
-                f"rollback identity incomplete: missing {', '.join(missing)}", missing=missing
-            )
+            return self.refuse(f"rollback identity incomplete: missing {', '.join(missing)}", missing=missing)
         return None
 
 
@@ -59,9 +57,7 @@ class RollbackIdentityRestorable(Guard):
     kinds: ClassVar[frozenset[str]] = frozenset({"load", "promote", "rollback"})
 
     def check(self, ctx: StepContext) -> Refusal | None:
-        ident = (
-            _incumbent(ctx) if ctx.kind != "rollback" else Identity.from_dict(ctx.args["target"])
-        )
+        ident = _incumbent(ctx) if ctx.kind != "rollback" else Identity.from_dict(ctx.args["target"])
         if ident is None:
             return None
         world = _world(ctx)
@@ -105,9 +101,7 @@ class CandidateImagePinned(Guard):
         if ref.startswith("sha256:") and image.id != ref:
             return self.refuse(f"image {ref} resolves to {image.id}", image=ref)
         if "@sha256:" in ref and ref not in image.repo_digests:
-            return self.refuse(
-                f"image digest {ref} not among {list(image.repo_digests)}", image=ref
-            )
+            return self.refuse(f"image digest {ref} not among {list(image.repo_digests)}", image=ref)
         return None
 
 
@@ -213,6 +207,4 @@ def guards_for(kind: str) -> list[Guard]:
 
 
 def describe(kind: str) -> list[dict[str, Any]]:
-    return [
-        {"guard": g.name, "invariant": (type(g).__doc__ or "").strip()} for g in guards_for(kind)
-    ]
+    return [{"guard": g.name, "invariant": (type(g).__doc__ or "").strip()} for g in guards_for(kind)]

@@ -127,9 +127,7 @@ class HostLock:
                     since=utcnow(),
                 )
             )
-            self.store.audit(
-                s, "lock.acquired", self.tx_id, {"lock_id": self.lock_id, "pid": self.owner.pid}
-            )
+            self.store.audit(s, "lock.acquired", self.tx_id, {"lock_id": self.lock_id, "pid": self.owner.pid})
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"lock_id": self.lock_id, "pid": self.owner.pid}).encode())
         return stale

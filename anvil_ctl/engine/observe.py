@@ -89,10 +89,7 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
     owners = world.extras.get("gpu_owners")
     # Only who owns which role and how: times and transaction IDs would make equal placements differ.
     body["gpu_owners"] = (
-        {
-            role: {"container_id": o.get("container_id"), "mode": o.get("mode")}
-            for role, o in owners().items()
-        }
+        {role: {"container_id": o.get("container_id"), "mode": o.get("mode")} for role, o in owners().items()}
         if callable(owners)
         else {}
     )

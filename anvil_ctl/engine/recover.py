@@ -43,9 +43,7 @@ class RecoverReport:
         }
 
 
-def pending_undos(
-    plan: Plan, events: list[StepEvent]
-) -> list[tuple[int, Step, dict[str, Any] | None]]:
+def pending_undos(plan: Plan, events: list[StepEvent]) -> list[tuple[int, Step, dict[str, Any] | None]]:
     """Steps whose do was started and whose undo has not completed, with recorded results."""
     started: dict[int, dict[str, Any] | None] = {}
     undone: set[int] = set()

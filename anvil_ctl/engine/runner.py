@@ -79,12 +79,8 @@ class TransactionEngine:
         self.journal = journal
         self.owner = owner
 
-    def run(
-        self, plan: Plan, world: Any, *, dry_run: bool = False, tx_id: str | None = None
-    ) -> Outcome:
-        outcome = Outcome(
-            kind=plan.kind, state=TxState.PLANNED, dry_run=dry_run, plan=plan.describe()
-        )
+    def run(self, plan: Plan, world: Any, *, dry_run: bool = False, tx_id: str | None = None) -> Outcome:
+        outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, dry_run=dry_run, plan=plan.describe())
         ctx = StepContext(tx_id=tx_id or "dry-run", kind=plan.kind, args=plan.args, world=world)
         if dry_run:
             # Every guard runs and the starting snapshot is observed; nothing is written.
@@ -123,9 +119,7 @@ class TransactionEngine:
                 return self._needs_operator(outcome, ctx, exc, TxState.RUNNING)
             except Exception as exc:
                 bound.error("step failed", step=step.name, error=str(exc))
-                return self._compensate_after(
-                    outcome, plan, ctx, failed=seq, reason=f"{step.name}: {exc}"
-                )
+                return self._compensate_after(outcome, plan, ctx, failed=seq, reason=f"{step.name}: {exc}")
 
         if plan.snapshot:
             outcome.after = plan.snapshot()
@@ -187,9 +181,7 @@ class TransactionEngine:
             )
             raise
         ctx.results[step.name] = result
-        self.journal.step_event(
-            ctx.tx_id, seq=seq, step=step.name, phase="do", event="result", detail=result
-        )
+        self.journal.step_event(ctx.tx_id, seq=seq, step=step.name, phase="do", event="result", detail=result)
         slog.info("step done")
 
     def _compensate_after(
@@ -197,9 +189,7 @@ class TransactionEngine:
     ) -> Outcome:
         self.journal.transition(ctx.tx_id, TxState.COMPENSATING, reason)
         last = failed if failed is not None else len(plan.steps) - 1
-        todo = [
-            (seq, plan.steps[seq], ctx.results.get(plan.steps[seq].name)) for seq in range(last + 1)
-        ]
+        todo = [(seq, plan.steps[seq], ctx.results.get(plan.steps[seq].name)) for seq in range(last + 1)]
         return self.compensate(outcome, plan, ctx, todo, reason)
 
     def compensate(
@@ -216,9 +206,7 @@ class TransactionEngine:
             if step.undo is None:
                 continue
             slog = log.bind(tx_id=ctx.tx_id, step=step.name)
-            self.journal.step_event(
-                ctx.tx_id, seq=seq, step=step.name, phase="undo", event="intent"
-            )
+            self.journal.step_event(ctx.tx_id, seq=seq, step=step.name, phase="undo", event="intent")
             try:
                 undone = step.undo(ctx, result) or {}
             except NeedsOperator as exc:

@@ -65,9 +65,7 @@ def stop_verified(world: World, container_id: str) -> dict[str, Any]:
     world.runtime.stop(container_id, world.config.policy.stop_timeout_s)
     info = world.runtime.inspect(container_id)
     if info.running:
-        raise StepFailed(
-            f"container {container_id} still running after stop", container_id=container_id
-        )
+        raise StepFailed(f"container {container_id} still running after stop", container_id=container_id)
     return {"container_id": container_id, "status": info.status}
 
 

@@ -11,6 +11,7 @@ from anvil_ctl.core.ports import (
     ContainerRuntime,
     EngineProbe,
     GpuProbe,
+    ModelCache,
     Router,
     SharedMemory,
 )

@@ -47,8 +47,7 @@ def assign_role_names(
     for uuid, name in sorted(wanted.items()):
         if uuid not in by_uuid:
             raise ConfigError(
-                f"gpu role override {name!r}: no GPU with UUID {uuid}; "
-                f"expected one of {sorted(by_uuid)}",
+                f"gpu role override {name!r}: no GPU with UUID {uuid}; expected one of {sorted(by_uuid)}",
                 field="gpu_roles",
             )
     if len(set(wanted.values())) != len(wanted):

@@ -36,10 +36,7 @@ class GpuOwner:
 
     def describe(self) -> str:
         where = f" in slot {self.slot}" if self.slot else ""
-        return (
-            f"container {self.container_id[:12]}{where} "
-            f"(transaction {self.transaction_id}, {self.mode})"
-        )
+        return f"container {self.container_id[:12]}{where} (transaction {self.transaction_id}, {self.mode})"
 
 
 @dataclass(frozen=True)
@@ -133,8 +130,7 @@ def check_start(
         for role, owner in sorted(current.items()):
             return OwnershipRefusal(
                 reason=(
-                    f"an exclusive start needs every GPU role free, but {role} is owned by "
-                    f"{owner.describe()}"
+                    f"an exclusive start needs every GPU role free, but {role} is owned by {owner.describe()}"
                 ),
                 role=role,
                 owner=owner,

@@ -85,9 +85,7 @@ def wait_for_vram_release(
         missing = [u for u, r in current.items() if r is None]
         if missing:
             names = ", ".join(f"{role_of[u]} ({u})" for u in missing)
-            raise StepFailed(
-                f"VRAM release: GPU not visible to the probe: {names}", **record(False)
-            )
+            raise StepFailed(f"VRAM release: GPU not visible to the probe: {names}", **record(False))
         short = {u: r for u, r in current.items() if r is not None and r.free_mib < required[u]}
         if not short:
             result = record(True)
@@ -96,8 +94,7 @@ def wait_for_vram_release(
         impossible = [u for u, r in short.items() if r.total_mib < required[u]]
         if impossible:
             names = ", ".join(
-                f"{role_of[u]} needs {required[u]} MiB free of {short[u].total_mib}"
-                for u in impossible
+                f"{role_of[u]} needs {required[u]} MiB free of {short[u].total_mib}" for u in impossible
             )
             raise StepFailed(f"VRAM release can never succeed: {names}", **record(False))
         if clock.now() - start >= deadline_s:

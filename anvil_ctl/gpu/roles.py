@@ -38,9 +38,7 @@ def detect_roles(
     roles: dict[str, GpuRole] = {}
     for name, reading in names.items():
         try:
-            roles[name] = GpuRole(
-                uuid=reading.uuid, capacity_mib=reading.total_mib, name=reading.name
-            )
+            roles[name] = GpuRole(uuid=reading.uuid, capacity_mib=reading.total_mib, name=reading.name)
         except ValidationError as exc:
             raise ConfigError(
                 f"GPU {reading.uuid} ({reading.name}) cannot be a role: {exc.errors()[0]['msg']}",

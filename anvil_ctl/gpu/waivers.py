@@ -40,8 +40,7 @@ def parse_scope(text: str) -> tuple[frozenset[str], str | None]:
     bad = sorted(r for r in roles if not _ROLE_RE.match(r))
     if not roles or bad:
         raise BadInput(
-            f"waiver scope {text!r}: expected a recipe digest (64 hex) or GPU roles like "
-            "compute-a,compute-b",
+            f"waiver scope {text!r}: expected a recipe digest (64 hex) or GPU roles like compute-a,compute-b",
             field="scope",
         )
     return roles, None
@@ -84,9 +83,7 @@ class Waiver:
 
     @property
     def scope(self) -> str:
-        return (
-            f"recipe {self.recipe_digest}" if self.recipe_digest else ",".join(sorted(self.roles))
-        )
+        return f"recipe {self.recipe_digest}" if self.recipe_digest else ",".join(sorted(self.roles))
 
     def active(self, now: datetime) -> bool:
         if now < self.created_at:

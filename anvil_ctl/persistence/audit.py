@@ -21,21 +21,15 @@ from anvil_ctl.persistence.models import AuditEntry
 GENESIS = "0" * 64
 
 
-def entry_hash(
-    prev_hash: str, row_id: int, at: str, tx_id: str | None, event: str, payload: str
-) -> str:
+def entry_hash(prev_hash: str, row_id: int, *, at: str, tx_id: str | None, event: str, payload: str) -> str:
     return sha256_hex(
         prev_hash
         + "|"
-        + canonical_json(
-            {"id": row_id, "at": at, "tx_id": tx_id, "event": event, "payload": payload}
-        )
+        + canonical_json({"id": row_id, "at": at, "tx_id": tx_id, "event": event, "payload": payload})
     )
 
 
-def append(
-    session: Session, *, at: str, tx_id: str | None, event: str, payload: dict[str, Any]
-) -> None:
+def append(session: Session, *, at: str, tx_id: str | None, event: str, payload: dict[str, Any]) -> None:
     """Append one entry; the caller's write transaction serializes appenders."""
     last = session.execute(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(1)).scalar()
     prev_hash = last.hash if last else GENESIS
@@ -49,7 +43,7 @@ def append(
             event=event,
             payload_json=body,
             prev_hash=prev_hash,
-            hash=entry_hash(prev_hash, row_id, at, tx_id, event, body),
+            hash=entry_hash(prev_hash, row_id, at=at, tx_id=tx_id, event=event, payload=body),
         )
     )
 
@@ -72,9 +66,7 @@ def verify_chain(session: Session) -> tuple[int, list[ChainProblem]]:
     for row in session.execute(select(AuditEntry).order_by(AuditEntry.id)).scalars():
         count += 1
         if row.id != expected_id:
-            problems.append(
-                ChainProblem(row.id, f"row(s) {expected_id}..{row.id - 1} missing (deleted)")
-            )
+            problems.append(ChainProblem(row.id, f"row(s) {expected_id}..{row.id - 1} missing (deleted)"))
         if row.prev_hash != prev_hash:
             problems.append(
                 ChainProblem(
@@ -84,7 +76,7 @@ def verify_chain(session: Session) -> tuple[int, list[ChainProblem]]:
                 )
             )
         recomputed = entry_hash(
-            row.prev_hash, row.id, row.at, row.tx_id, row.event, row.payload_json
+            row.prev_hash, row.id, at=row.at, tx_id=row.tx_id, event=row.event, payload=row.payload_json
         )
         if recomputed != row.hash:
             problems.append(ChainProblem(row.id, "content edited: hash does not match the row"))

@@ -43,9 +43,7 @@ def check_revision(engine: Engine, *, allow_empty: bool = False) -> str | None:
     if current is None:
         has_tables = bool(inspect(engine).get_table_names())
         if has_tables:
-            raise StateStoreError(
-                f"{url}: has tables but no alembic revision; not an anvil state db"
-            )
+            raise StateStoreError(f"{url}: has tables but no alembic revision; not an anvil state db")
         if allow_empty:
             return None
         raise StateStoreError(f"{url}: state database not initialised; run `anvilctl init`")

@@ -24,7 +24,6 @@ from anvil_ctl.persistence.models import (
 )
 from anvil_ctl.persistence.store import Store, utcnow
 
-
 # -- GPU ownership ---------------------------------------------------------------------------
 
 
@@ -58,9 +57,7 @@ def claim_roles(
         )
 
 
-def release_roles(
-    store: Store, roles: Sequence[str], *, container_id: str, tx_id: str | None
-) -> None:
+def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_id: str | None) -> None:
     """Release the roles `container_id` owns (roles owned by another container are left alone)."""
     owners = gpu_owners(store)
     mine = [r for r in roles if owners.get(r, {}).get("container_id") == container_id]
@@ -270,9 +267,7 @@ def revoke_waiver(store: Store, waiver_id: str, *, by: str, reason: str) -> None
     with store.write() as s:
         if s.get(WaiverRow, waiver_id) is None:
             raise BadInput(f"waiver {waiver_id} not found", field="waiver_id")
-        if s.execute(
-            select(WaiverRevocation).where(WaiverRevocation.waiver_id == waiver_id)
-        ).scalar():
+        if s.execute(select(WaiverRevocation).where(WaiverRevocation.waiver_id == waiver_id)).scalar():
             raise BadInput(f"waiver {waiver_id} is already revoked", field="waiver_id")
         s.add(WaiverRevocation(waiver_id=waiver_id, by=by, reason=reason, at=utcnow()))
         store.audit(s, "waiver.revoked", None, {"id": waiver_id, "by": by, "reason": reason})
@@ -311,9 +306,7 @@ def waivers(store: Store) -> list[Any]:
 
 def record_approval(store: Store, *, tx_id: str, decision_id: str, approved_by: str) -> None:
     with store.write() as s:
-        s.add(
-            ApprovalRow(tx_id=tx_id, decision_id=decision_id, approved_by=approved_by, at=utcnow())
-        )
+        s.add(ApprovalRow(tx_id=tx_id, decision_id=decision_id, approved_by=approved_by, at=utcnow()))
         store.audit(s, "approval", tx_id, {"decision_id": decision_id, "approved_by": approved_by})
 
 

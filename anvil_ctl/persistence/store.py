@@ -57,9 +57,7 @@ class Store:
         with self._sessions() as session:
             yield session
 
-    def audit(
-        self, session: Session, event: str, tx_id: str | None, payload: dict[str, Any]
-    ) -> None:
+    def audit(self, session: Session, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
     # -- Journal port -------------------------------------------------------------------------
@@ -90,9 +88,7 @@ class Store:
             )
             s.flush()
             s.add(
-                TransactionState(
-                    tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now
-                )
+                TransactionState(tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now)
             )
             self.audit(s, "tx.planned", tx_id, {"kind": kind, "slot": slot, "args": args})
         return tx_id
@@ -186,10 +182,7 @@ class Store:
             rows = s.execute(
                 select(StepEventRow).where(StepEventRow.tx_id == tx_id).order_by(StepEventRow.id)
             ).scalars()
-            return [
-                StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at)
-                for r in rows
-            ]
+            return [StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at) for r in rows]
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:
         with self.write() as s:
@@ -202,9 +195,7 @@ class Store:
             )
             s.add(row)
             s.flush()
-            self.audit(
-                s, "snapshot", tx_id, {"label": label, "sha256": snapshot.sha256, "id": row.id}
-            )
+            self.audit(s, "snapshot", tx_id, {"label": label, "sha256": snapshot.sha256, "id": row.id})
             return row.id
 
     def record_diff(

@@ -43,9 +43,7 @@ def _raise_for(response_status: int, body: str, what: str) -> None:
         raise TransientError(
             f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt
         )
-    raise AdapterError(
-        f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt
-    )
+    raise AdapterError(f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt)
 
 
 class EngineClient:

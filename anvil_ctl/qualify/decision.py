@@ -91,8 +91,7 @@ def make_decision(
         for r in results
     )
     reasons = tuple(
-        f"{r.kind} gate {r.name} failed: {r.classification}"
-        + (f" ({r.summary})" if r.summary else "")
+        f"{r.kind} gate {r.name} failed: {r.classification}" + (f" ({r.summary})" if r.summary else "")
         for r in results
         if not r.passed
     ) or (("no gate ran",) if not results else ())

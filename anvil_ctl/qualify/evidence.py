@@ -30,9 +30,7 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
 
 def to_json(data: Any) -> bytes:
     """The artifact encoding: sorted keys, two-space indent, UTF-8, trailing newline."""
-    return (
-        json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, default=str) + "\n"
-    ).encode()
+    return (json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, default=str) + "\n").encode()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -73,14 +71,10 @@ class EvidenceWriter:
 
     def write_json(self, name: str, data: Any) -> Artifact:
         if not _SAFE_NAME.match(name) or name == MANIFEST:
-            raise BadInput(
-                f"artifact name {name!r}: expected a plain file name other than {MANIFEST}"
-            )
+            raise BadInput(f"artifact name {name!r}: expected a plain file name other than {MANIFEST}")
         path = self.tx_dir / name
         if path.exists():
-            raise StepFailed(
-                f"evidence {path} already exists; evidence is immutable", path=str(path)
-            )
+            raise StepFailed(f"evidence {path} already exists; evidence is immutable", path=str(path))
         payload = to_json(data)
         _write_atomic(path, payload)
         artifact = _artifact(self.tx_dir, name, payload)
@@ -187,9 +181,7 @@ class Redaction:
 class _Redactor:
     redaction: Redaction
     gpu_names: dict[str, str] = field(default_factory=dict)
-    counts: dict[str, int] = field(
-        default_factory=lambda: {"gpu_uuids": 0, "paths": 0, "secrets": 0}
-    )
+    counts: dict[str, int] = field(default_factory=lambda: {"gpu_uuids": 0, "paths": 0, "secrets": 0})
 
     def apply(self, text: str) -> str:
         for secret in sorted({s for s in self.redaction.secrets if s}, key=len, reverse=True):

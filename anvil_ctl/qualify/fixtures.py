@@ -130,7 +130,7 @@ def png_text(png: bytes) -> str | None:
 
 def generated_files() -> dict[str, bytes]:
     """Every fixture file by name, as this module generates it."""
-    from anvil_ctl.qualify.gates.coding import answer_book  # noqa: PLC0415 - avoids an import cycle
+    from anvil_ctl.qualify.gates.coding import answer_book
 
     files = {name: render_png(text) for name, text in IMAGE_TEXTS.items()}
     files["ocr_cases.json"] = (json.dumps(OCR_CASES, indent=2) + "\n").encode()

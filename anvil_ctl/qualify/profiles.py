@@ -147,9 +147,7 @@ def parse_profile(data: dict[str, Any], source: str) -> Profile:
         )
     gates_raw = data.get("gates")
     if not isinstance(gates_raw, list) or not gates_raw:
-        raise BadInput(
-            f"{source}: gates: expected at least one [[gates]] table", file=source, field="gates"
-        )
+        raise BadInput(f"{source}: gates: expected at least one [[gates]] table", file=source, field="gates")
     thinking = data.get("thinking", False)
     if thinking is not None and not isinstance(thinking, bool):
         raise BadInput(f"{source}: thinking: expected true or false", file=source, field="thinking")
@@ -173,23 +171,16 @@ def parse_profile(data: dict[str, Any], source: str) -> Profile:
     )
 
 
-def load_profile(
-    name_or_path: str | Path, *, search_dirs: Sequence[Path] = (PROFILES_DIR,)
-) -> Profile:
+def load_profile(name_or_path: str | Path, *, search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> Profile:
     """A named profile from `search_dirs`, or a TOML file by path."""
     candidate = Path(name_or_path)
     if candidate.suffix == ".toml" or candidate.is_file():
         path = candidate
     else:
-        found = [
-            d / f"{name_or_path}.toml"
-            for d in search_dirs
-            if (d / f"{name_or_path}.toml").is_file()
-        ]
+        found = [d / f"{name_or_path}.toml" for d in search_dirs if (d / f"{name_or_path}.toml").is_file()]
         if not found:
             raise BadInput(
-                f"profile {str(name_or_path)!r} not found; "
-                f"expected one of {available_profiles(search_dirs)}",
+                f"profile {str(name_or_path)!r} not found; expected one of {available_profiles(search_dirs)}",
                 field="profile",
             )
         path = found[0]

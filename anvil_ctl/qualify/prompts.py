@@ -65,9 +65,7 @@ def context_prompt(
     """Filler sized so that prompt + `reserve_tokens` of output fits `nominal_tokens`,
     then the question on its own line; a needle sentence is placed at `needle_depth`."""
     question_tokens = int(len(question) / chars_per_token) + 1
-    body_tokens = max(
-        16, nominal_tokens - reserve_tokens - question_tokens - message_overhead_tokens(1)
-    )
+    body_tokens = max(16, nominal_tokens - reserve_tokens - question_tokens - message_overhead_tokens(1))
     text = filler(body_tokens, chars_per_token=chars_per_token, salt=salt)
     if needle is not None:
         sentence = f" The needle is {needle}. "

@@ -112,9 +112,7 @@ class RichProgress(PlainProgress):
         if self._status is not None:
             self._status.stop()
             self._status = None
-        verdict = (
-            "[green]PASS[/green]" if result.passed else f"[red]FAIL ({result.classification})[/red]"
-        )
+        verdict = "[green]PASS[/green]" if result.passed else f"[red]FAIL ({result.classification})[/red]"
         self.console.print(
             f"  {result.name}: {verdict} {result.summary} [dim]{result.duration_s:.2f}s[/dim]",
             highlight=False,
@@ -214,9 +212,7 @@ def render_summary(rows: Sequence[SummaryRow]) -> str:
     """The summary as aligned plain text (tab-free, one line per row)."""
     table = [HEADERS, *(_cells(r) for r in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(HEADERS))]
-    lines = [
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in table
-    ]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -88,9 +88,7 @@ class QualificationResult:
         }
 
 
-async def _served_identity(
-    client: EngineClient, served_model: str
-) -> tuple[GateResult, int | None]:
+async def _served_identity(client: EngineClient, served_model: str) -> tuple[GateResult, int | None]:
     started = time.perf_counter()
     try:
         cards = await client.models()

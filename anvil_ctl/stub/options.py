@@ -86,9 +86,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
     """Build the options from argv and env (the caller passes os.environ at the edge)."""
     parser = _parser(env)
     ns = parser.parse_args(list(argv))
-    faults_raw: list[str] = (
-        ns.fault if ns.fault is not None else env.get(ENV_PREFIX + "FAULT", "").split(",")
-    )
+    faults_raw: list[str] = ns.fault if ns.fault is not None else env.get(ENV_PREFIX + "FAULT", "").split(",")
     faults = frozenset(f.strip() for f in faults_raw if f.strip())
     unknown = faults - KNOWN_FAULTS
     if unknown:

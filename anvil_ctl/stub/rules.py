@@ -204,9 +204,7 @@ def chat_prompt(body: dict[str, Any]) -> Prompt:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
     tools = tuple(
-        str(t.get("function", {}).get("name", ""))
-        for t in body.get("tools") or ()
-        if isinstance(t, dict)
+        str(t.get("function", {}).get("name", "")) for t in body.get("tools") or () if isinstance(t, dict)
     )
     fmt = body.get("response_format") or {}
     return Prompt(
@@ -241,8 +239,7 @@ def responses_prompt(body: dict[str, Any]) -> Prompt:
     return Prompt(
         messages=tuple(messages),
         tools=tools,
-        json_mode=isinstance(text_fmt, dict)
-        and text_fmt.get("type") in ("json_object", "json_schema"),
+        json_mode=isinstance(text_fmt, dict) and text_fmt.get("type") in ("json_object", "json_schema"),
         thinking=_thinking(body),
         max_tokens=_max_tokens(body, "max_output_tokens"),
     )
@@ -272,9 +269,7 @@ def _break_one_value(arguments: str) -> str:
     return json.dumps(obj)
 
 
-def decide(
-    prompt: Prompt, *, answer_book: list[tuple[str, str]], faults: frozenset[str]
-) -> str | ToolCall:
+def decide(prompt: Prompt, *, answer_book: list[tuple[str, str]], faults: frozenset[str]) -> str | ToolCall:
     """The visible answer (content text or one tool call) by the contract's rules."""
     last = prompt.messages[-1]
     text = last.text

@@ -186,9 +186,7 @@ class Handler(BaseHTTPRequestHandler):
         t0 = time.monotonic()
         try:
             body = self._body()
-            prompt = (
-                chat_prompt(body) if path == "/v1/chat/completions" else responses_prompt_of(body)
-            )
+            prompt = chat_prompt(body) if path == "/v1/chat/completions" else responses_prompt_of(body)
         except BadRequest as exc:
             self._error(400, str(exc))
             return
@@ -198,8 +196,7 @@ class Handler(BaseHTTPRequestHandler):
         if prompt.tokens > st.options.max_model_len:
             self._error(
                 400,
-                f"prompt has {prompt.tokens} tokens, "
-                f"more than max_model_len {st.options.max_model_len}",
+                f"prompt has {prompt.tokens} tokens, more than max_model_len {st.options.max_model_len}",
             )
             return
         if not st.admit():
@@ -251,15 +248,11 @@ class Handler(BaseHTTPRequestHandler):
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.state.options.reported_name,
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": c.finish_reason, "logprobs": None}
-            ],
+            "choices": [{"index": 0, "message": message, "finish_reason": c.finish_reason, "logprobs": None}],
             "usage": _usage(prompt, c),
         }
 
-    def _stream_chat(
-        self, prompt: Prompt, c: Completion, pacer: Pacer, body: dict[str, Any]
-    ) -> None:
+    def _stream_chat(self, prompt: Prompt, c: Completion, pacer: Pacer, body: dict[str, Any]) -> None:
         st = self.state
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -276,9 +269,7 @@ class Handler(BaseHTTPRequestHandler):
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": st.options.reported_name,
-                "choices": [
-                    {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-                ],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
             }
 
         deltas: list[dict[str, Any]] = [{"reasoning_content": t} for t in c.reasoning_tokens]
@@ -287,15 +278,10 @@ class Handler(BaseHTTPRequestHandler):
             head = {"index": 0, "id": call_id, "type": "function"}
             first_args = c.tool_tokens[0] if c.tool_tokens else ""
             deltas.append(
-                {
-                    "tool_calls": [
-                        {**head, "function": {"name": c.tool_call.name, "arguments": first_args}}
-                    ]
-                }
+                {"tool_calls": [{**head, "function": {"name": c.tool_call.name, "arguments": first_args}}]}
             )
             deltas.extend(
-                {"tool_calls": [{"index": 0, "function": {"arguments": t}}]}
-                for t in c.tool_tokens[1:]
+                {"tool_calls": [{"index": 0, "function": {"arguments": t}}]} for t in c.tool_tokens[1:]
             )
         else:
             deltas.extend({"content": t} for t in c.content_tokens)
@@ -400,13 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
-    )
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
-    sys.stderr.write(
-        f"anvil-stub: serving {options.served_model!r} on {options.host}:{options.port}\n"
-    )
+    sys.stderr.write(f"anvil-stub: serving {options.served_model!r} on {options.host}:{options.port}\n")
     sys.stderr.flush()
     while not state.stop.wait(0.5):
         pass

@@ -64,11 +64,13 @@ class FakeWorld:
         if self.path.exists():
             loaded: dict[str, Any] = json.loads(self.path.read_text())
             return loaded
-        return json.loads(json.dumps(EMPTY))
+        fresh: dict[str, Any] = json.loads(json.dumps(EMPTY))
+        return fresh
 
     def read(self) -> dict[str, Any]:
         with self.edit() as data:
-            return json.loads(json.dumps(data))
+            copy: dict[str, Any] = json.loads(json.dumps(data))
+            return copy
 
     def add_image(self, ref: str) -> str:
         image_id = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
@@ -192,7 +194,8 @@ class FakeEngineProbe:
         binding = base_url.removeprefix("http://").rstrip("/")
         for c in self.world.read()["containers"].values():
             if c["status"] == "running" and c["binding"] == binding:
-                return c
+                found: dict[str, Any] = c
+                return found
         return None
 
     def health(self, base_url: str, path: str) -> bool:
@@ -215,12 +218,11 @@ class FakeRouter:
 
     def probe_credentials(self) -> None:
         if not self.world.read()["router"]["admin_token_ok"]:
-            raise AuthRejected(
-                "router answered 401 to the admin token from the fake credential source"
-            )
+            raise AuthRejected("router answered 401 to the admin token from the fake credential source")
 
     def _tier(self, w: dict[str, Any], tier: str) -> dict[str, Any]:
-        return w["router"]["tiers"].setdefault(tier, {"url": None, "aliases": [], "state": "maint"})
+        tiers: dict[str, dict[str, Any]] = w["router"]["tiers"]
+        return tiers.setdefault(tier, {"url": None, "aliases": [], "state": "maint"})
 
     def backends(self, tier: str) -> list[Backend]:
         t = self.world.read()["router"]["tiers"].get(tier)
@@ -253,9 +255,7 @@ class FakeRouter:
         self.register(tier, url, aliases)
         models = [m.id for m in self.engine.models(url)]
         if expected_model not in models:
-            raise StepFailed(
-                f"readmission of {tier}: backend serves {models}, expected {expected_model}"
-            )
+            raise StepFailed(f"readmission of {tier}: backend serves {models}, expected {expected_model}")
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         for t in self.world.read()["router"]["tiers"].values():
@@ -302,9 +302,7 @@ class FakeGpus:
                 for c in w["containers"].values()
                 if c["status"] == "running" and g["uuid"] in c["gpu_uuids"]
             )
-            readings.append(
-                GpuReading(g["uuid"], g["name"], i, g["total_mib"], used, g["total_mib"] - used)
-            )
+            readings.append(GpuReading(g["uuid"], g["name"], i, g["total_mib"], used, g["total_mib"] - used))
         return readings
 
     def driver_version(self) -> str:
@@ -338,8 +336,6 @@ def fake_acceptance(router: Any) -> Any:
     def run(alias: str, expected_model: str) -> FakeAcceptanceResult:
         answer = router.routed_chat(alias)
         ok = answer.status == 200 and answer.model == expected_model
-        return FakeAcceptanceResult(
-            {"plain_chat": ok, "streaming_chat": ok, "tool_call": ok}, answer.model
-        )
+        return FakeAcceptanceResult({"plain_chat": ok, "streaming_chat": ok, "tool_call": ok}, answer.model)
 
     return run

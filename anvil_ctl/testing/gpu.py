@@ -89,9 +89,7 @@ class FakeGpuProbe:
             processes=tuple(processes),
         )
 
-    def after_polls(
-        self, polls: int, uuid: str, used_mib: int, processes: Iterable[GpuProcess] = ()
-    ) -> None:
+    def after_polls(self, polls: int, uuid: str, used_mib: int, processes: Iterable[GpuProcess] = ()) -> None:
         """From the `polls`-th call of `gpus()` on (1-based), the card holds `used_mib`."""
         self._scheduled.append((polls, uuid, used_mib, tuple(processes)))
 
@@ -181,8 +179,7 @@ class SimulatedGpuProbe:
                 per_gpu = {str(k).lower(): int(v) for k, v in body["gpus"].items()}
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise AdapterError(
-                    f"simulated GPUs: {url} answered {body!r}; expected "
-                    '{"gpus": {"GPU-uuid": used_mib}}',
+                    f'simulated GPUs: {url} answered {body!r}; expected {{"gpus": {{"GPU-uuid": used_mib}}}}',
                     container_id=info.id,
                 ) from exc
             for uuid, used in per_gpu.items():

@@ -91,9 +91,7 @@ def runtime() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def stub_image_id(runtime: Any) -> str:
     image_id = os.environ["ANVIL_STUB_IMAGE_ID"]
-    assert runtime.image(image_id).id == image_id, (
-        "stub image not loaded (scripts/testenv loads it)"
-    )
+    assert runtime.image(image_id).id == image_id, "stub image not loaded (scripts/testenv loads it)"
     return image_id
 
 

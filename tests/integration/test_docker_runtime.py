@@ -120,9 +120,7 @@ class TestCreateAndInspect:
         request = attrs["HostConfig"]["DeviceRequests"][0]
         assert (request["DeviceIDs"], request["Capabilities"]) == ([GPU_A], [["gpu"]])
         assert not any(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in attrs["Config"]["Env"])
-        assert nvidia.inspect(container_id).fingerprint == config_fingerprint(
-            spec.fingerprint_fields()
-        )
+        assert nvidia.inspect(container_id).fingerprint == config_fingerprint(spec.fingerprint_fields())
         nvidia.close()
 
     def test_simulated_mode_refuses_a_spec_that_sets_nvidia_visible_devices(
@@ -178,12 +176,8 @@ class TestLifecycle:
     def test_stop_kills_a_process_that_ignores_sigterm_after_the_timeout(
         self, runtime: DockerRuntime, stub_spec: SpecFactory, created: Any
     ) -> None:
-        stubborn = (
-            "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)"
-        )
-        spec = dataclasses.replace(
-            stub_spec(), command=("/usr/bin/python3", "-c", stubborn), init=False
-        )
+        stubborn = "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)"
+        spec = dataclasses.replace(stub_spec(), command=("/usr/bin/python3", "-c", stubborn), init=False)
         container_id = created(spec)
         runtime.start(container_id)
         time.sleep(0.5)

@@ -49,9 +49,7 @@ def probe(runtime: Any) -> SimulatedGpuProbe:
 
 
 @pytest.fixture
-def tp2_stub(
-    stub_container: Callable[..., Any], free_port: Callable[[], int]
-) -> Callable[..., Any]:
+def tp2_stub(stub_container: Callable[..., Any], free_port: Callable[[], int]) -> Callable[..., Any]:
     """A stub serving on both simulated cards, holding `idle` MiB, `loaded` after one request."""
 
     def make(idle: int, loaded: int) -> tuple[Any, int]:

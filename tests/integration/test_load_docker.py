@@ -60,13 +60,17 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> dict[str, Any]:
     variant(recipes, "never-healthy-393k", ["--fail-health"], 4)
     (tmp_path / "anvil.toml").write_text(HOST)
     settings = Settings(  # type: ignore[call-arg]
-        state_dir=tmp_path / "state", config=tmp_path / "anvil.toml", recipes_dir=recipes,
-        backend="real", gpu="simulated",
+        state_dir=tmp_path / "state",
+        config=tmp_path / "anvil.toml",
+        recipes_dir=recipes,
+        backend="real",
+        gpu="simulated",
     )
     ctx = Context(settings=settings, env={})
     upgrade(ctx.engine)
     inc = stub_container(
-        served_model=INCUMBENT, port=8001,
+        served_model=INCUMBENT,
+        port=8001,
         labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
     )
     out = transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=524288)
@@ -79,8 +83,10 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> dict[str, Any]:
 
 def counts(ctx: Context) -> dict[str, int]:
     with ctx.store.read() as s:
-        return {t: s.execute(text(f"select count(*) from {t}")).scalar_one()
-                for t in ("transactions", "step_events", "snapshots", "identities")}
+        return {
+            t: s.execute(text(f"select count(*) from {t}")).scalar_one()
+            for t in ("transactions", "step_events", "snapshots", "identities")
+        }
 
 
 def containers(runtime: Any) -> dict[str, str]:
@@ -114,8 +120,9 @@ class TestLoadOnDocker:
 
 
 class TestRefusalsOnDocker:
-    def _assert_unchanged(self, host: dict[str, Any], out: Any, before_db: dict[str, int],
-                          before_host: dict[str, str]) -> None:
+    def _assert_unchanged(
+        self, host: dict[str, Any], out: Any, before_db: dict[str, int], before_host: dict[str, str]
+    ) -> None:
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert containers(host["runtime"]) == before_host
         after = counts(host["ctx"])
@@ -151,7 +158,9 @@ class TestRefusalsOnDocker:
 
 
 class TestUnloadOnDocker:
-    def test_unload_refuses_a_container_we_did_not_create(self, host: dict[str, Any], stub_container: Any) -> None:
+    def test_unload_refuses_a_container_we_did_not_create(
+        self, host: dict[str, Any], stub_container: Any
+    ) -> None:
         foreign = stub_container(served_model="foreign")
         with pytest.raises(Refused, match="not created by anvilctl"):
             serves.unload(host["ctx"], foreign.id, yes=True)

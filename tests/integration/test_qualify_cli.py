@@ -245,9 +245,7 @@ class TestQualifyCli:
         assert "DECISION: POLICY-INFEASIBLE" in r2.stdout
         assert "RECLASSIFIED: VERIFIED under waiver(s) w-model-pair" in r2.stdout
         pair = [
-            (d["outcome"], d["reclassifies"])
-            for d in host.json("audit", "decisions")
-            if d["tx_id"] == tx2
+            (d["outcome"], d["reclassifies"]) for d in host.json("audit", "decisions") if d["tx_id"] == tx2
         ]
         assert pair[0] == ("policy-infeasible", None) and pair[1][0] == "verified"
 

@@ -50,9 +50,7 @@ def qual_stub(runtime: Any, stub_spec: Callable[..., ContainerSpec]) -> Iterator
             ),
             gpu_uuids=gpu_uuids,
         )
-        spec = dataclasses.replace(
-            spec, mounts=(*spec.mounts, Mount(str(FIXTURES_DIR), CONTAINER_FIXTURES))
-        )
+        spec = dataclasses.replace(spec, mounts=(*spec.mounts, Mount(str(FIXTURES_DIR), CONTAINER_FIXTURES)))
         container_id = runtime.create(spec)
         created.append(container_id)
         runtime.start(container_id)
@@ -148,9 +146,7 @@ BROKEN = [
 
 
 class TestBrokenStubContainer:
-    @pytest.mark.parametrize(
-        ("fault", "gates", "classification"), BROKEN, ids=[b[0] for b in BROKEN]
-    )
+    @pytest.mark.parametrize(("fault", "gates", "classification"), BROKEN, ids=[b[0] for b in BROKEN])
     def test_the_broken_gates_fail_and_their_evidence_is_kept(
         self,
         qual_stub: QualStub,

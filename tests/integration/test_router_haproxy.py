@@ -170,9 +170,7 @@ class TestHaproxyQuiesceAndReadmit:
             time.sleep(1.5)
             haproxy_factory(port=port)
             worker.join(90)
-            print(
-                f"\nhaproxy readmission across a router restart: {time.monotonic() - started:.2f} s"
-            )
+            print(f"\nhaproxy readmission across a router restart: {time.monotonic() - started:.2f} s")
             assert errors == []
             assert router.routed_chat(ALIAS).status == 200
 

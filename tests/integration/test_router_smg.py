@@ -204,9 +204,7 @@ class TestSmgQuiesceAndReadmit:
         answer = router.routed_chat(ALIAS)
         assert (answer.status, answer.model) == (200, MODEL)
 
-    def test_router_restarted_mid_readmission_recovers(
-        self, smg_factory, stub_container, runtime, closing
-    ):
+    def test_router_restarted_mid_readmission_recovers(self, smg_factory, stub_container, runtime, closing):
         smg = smg_factory()
         port = int(smg.url.rsplit(":", 1)[1])
         router = closing(SmgRouter(smg.url, creds()))

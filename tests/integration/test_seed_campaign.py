@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ def runtime() -> Any:
     if not _RUNTIME:
         _RUNTIME.append(make_runtime())
     return _RUNTIME[0]
+
 
 pytestmark = pytest.mark.integration
 
@@ -149,9 +149,20 @@ class TestSeedCampaign:
     ) -> None:
         qtx = camp.__dict__["q393"]
         before = j(camp.anvilctl("--json", "audit", "show", qtx))
-        r = camp.anvilctl("--json", "waive", "--policy", "vram-reserve", "--scope", "compute-a,compute-b",
-                          "--value", "0", "--approved-by", "operator",
-                          "--reason", "model-only GPU pair; 2,101 MiB free after workload accepted")
+        r = camp.anvilctl(
+            "--json",
+            "waive",
+            "--policy",
+            "vram-reserve",
+            "--scope",
+            "compute-a,compute-b",
+            "--value",
+            "0",
+            "--approved-by",
+            "operator",
+            "--reason",
+            "model-only GPU pair; 2,101 MiB free after workload accepted",
+        )
         assert r.returncode == 0, r.stderr
         decisions = [d for d in j(camp.anvilctl("--json", "audit", "decisions")) if d["reclassifies"]]
         assert any(d["outcome"] == "verified" for d in decisions)
@@ -178,7 +189,9 @@ class TestSeedCampaign:
 
     def test_12_the_audit_trail_is_complete_and_verifies(self, camp: Campaign) -> None:
         assert j(camp.anvilctl("--json", "audit", "verify"))["ok"] is True
-        kinds = [t["kind"] for t in reversed(j(camp.anvilctl("--json", "audit", "transactions", "--limit", "100")))]
+        kinds = [
+            t["kind"] for t in reversed(j(camp.anvilctl("--json", "audit", "transactions", "--limit", "100")))
+        ]
         assert kinds[:1] == ["adopt"]
         for kind in ("load", "qualify", "promote", "rollback"):
             assert kind in kinds

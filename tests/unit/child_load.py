@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from anvil_ctl.commands import transactions
-from anvil_ctl.log import configure
 from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.log import configure
 from tests.unit.fakehost import reopen
 
 

@@ -8,7 +8,17 @@ from pathlib import Path
 import anvil_ctl.core
 
 CORE = Path(anvil_ctl.core.__file__).parent
-BANNED_ROOTS = {"docker", "httpx", "pynvml", "sqlalchemy", "alembic", "requests", "openai", "subprocess", "socket"}
+BANNED_ROOTS = {
+    "docker",
+    "httpx",
+    "pynvml",
+    "sqlalchemy",
+    "alembic",
+    "requests",
+    "openai",
+    "subprocess",
+    "socket",
+}
 BANNED_INTERNAL = (
     "anvil_ctl.adapters",
     "anvil_ctl.persistence",

@@ -84,9 +84,7 @@ class TestResolveCredentials:
         assert str(path) in str(err.value)
 
     def test_admin_token_is_not_needed_for_socket_administered_routers(self):
-        creds = resolve_credentials(
-            RouterConfig(), {"ANVIL_ROUTER_CLIENT_TOKEN": CLIENT}, need_admin=False
-        )
+        creds = resolve_credentials(RouterConfig(), {"ANVIL_ROUTER_CLIENT_TOKEN": CLIENT}, need_admin=False)
         assert creds.admin is None
 
     @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o666])

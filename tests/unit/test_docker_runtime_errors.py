@@ -81,9 +81,7 @@ class TestFingerprintFromInspect:
     def test_port_bindings_become_port_and_host_binding_pairs(self) -> None:
         attrs = {
             "Config": {"Image": "img"},
-            "HostConfig": {
-                "PortBindings": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": "8001"}]}
-            },
+            "HostConfig": {"PortBindings": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": "8001"}]}},
         }
         fields, _ = inspect_fingerprint_fields(attrs, None)
         assert fields["ports"] == [[8000, "127.0.0.1:8001"]]

@@ -10,8 +10,8 @@ from anvil_ctl.commands import audit, transactions
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.states import TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.owner import current_owner
+from anvil_ctl.engine.runner import TransactionEngine
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 
@@ -25,9 +25,7 @@ def _table_counts(host: FakeHost) -> dict[str, int]:
 
 
 class TestJournaledSteps:
-    def test_every_step_commits_its_intent_before_and_its_result_after(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_every_step_commits_its_intent_before_and_its_result_after(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
@@ -37,9 +35,7 @@ class TestJournaledSteps:
         assert do_events == [(n, ev) for n in names for ev in ("intent", "result")]
         assert [s["state"] for s in shown["states"]] == ["planned", "running", "committed"]
 
-    def test_load_stops_but_keeps_the_incumbent_and_serves_the_candidate(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_load_stops_but_keeps_the_incumbent_and_serves_the_candidate(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate())
         containers = fake_host.world.read()["containers"]
@@ -55,9 +51,7 @@ class TestCompensation:
         self, fake_host: FakeHost
     ) -> None:
         ctx = fake_host.context()
-        out = transactions.load(
-            ctx, slot="primary", candidate=fake_host.candidate(fail_health=True)
-        )
+        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate(fail_health=True))
         assert out.state == TxState.COMPENSATED
         assert out.exit_code == 4
         assert "await-candidate" in out.reason
@@ -78,21 +72,13 @@ class TestCompensation:
         self, fake_host: FakeHost
     ) -> None:
         ctx = fake_host.context()
-        out = transactions.load(
-            ctx, slot="primary", candidate=fake_host.candidate(fail_health=True)
-        )
-        kept = [
-            c["id"] for c in fake_host.world.read()["containers"].values() if c["name"] == "cand"
-        ]
+        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate(fail_health=True))
+        kept = [c["id"] for c in fake_host.world.read()["containers"].values() if c["name"] == "cand"]
         assert len(kept) == 1
-        assert {c.path.rsplit(".", 1)[0] for c in out.changes} == {
-            f"slots.primary.containers.{kept[0]}"
-        }
+        assert {c.path.rsplit(".", 1)[0] for c in out.changes} == {f"slots.primary.containers.{kept[0]}"}
         assert all(c.before is None for c in out.changes)
 
-    def test_a_failing_undo_stops_compensation_in_compensation_failed(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_a_failing_undo_stops_compensation_in_compensation_failed(self, fake_host: FakeHost) -> None:
         calls: list[str] = []
 
         def ok(name: str):  # type: ignore[no-untyped-def]
@@ -130,9 +116,7 @@ class TestCompensation:
 
 
 class TestRefusal:
-    def test_a_refused_transaction_changes_nothing_but_its_refusal_record(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_a_refused_transaction_changes_nothing_but_its_refusal_record(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         world_before = fake_host.world.read()
         counts_before = _table_counts(fake_host)
@@ -154,9 +138,7 @@ class TestRefusal:
         with fake_host.world.edit() as w:
             w["router"]["admin_token_ok"] = False
         before = fake_host.world.read()
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate()
-        )
+        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.REFUSED
         assert out.refusal is not None and out.refusal.guard == "RouterCredentialsAccepted"
         assert fake_host.world.read() == before
@@ -164,9 +146,7 @@ class TestRefusal:
     def test_a_removed_incumbent_refuses_the_load(self, fake_host: FakeHost) -> None:
         with fake_host.world.edit() as w:
             del w["containers"][fake_host.incumbent_id]
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate()
-        )
+        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.REFUSED
         assert "was removed" in out.reason
 

@@ -149,7 +149,4 @@ class TestSimulatedGpuProbe:
 
     def test_a_container_without_gpus_or_port_is_skipped(self) -> None:
         runtime = ListOnlyRuntime([container("c1", None)])
-        assert (
-            SimulatedGpuProbe(ROLES, runtime, http_get=lambda u: {"gpus": {}}).gpus()[0].used_mib
-            == 0
-        )
+        assert SimulatedGpuProbe(ROLES, runtime, http_get=lambda u: {"gpus": {}}).gpus()[0].used_mib == 0

@@ -17,16 +17,12 @@ LEFT = GpuOwner("aaaa" * 16, "tx-left", "split", slot="left")
 
 class TestClaims:
     def test_an_exclusive_start_claims_every_role_it_names(self) -> None:
-        ledger = claims(
-            TP2.container_id, "tx-incumbent", ["compute-b", "compute-a"], "exclusive", "primary"
-        )
+        ledger = claims(TP2.container_id, "tx-incumbent", ["compute-b", "compute-a"], "exclusive", "primary")
         assert ledger == {"compute-a": TP2, "compute-b": TP2}
 
 
 class TestCheckStartExclusive:
-    owners = claims(
-        TP2.container_id, "tx-incumbent", ["compute-a", "compute-b"], "exclusive", "primary"
-    )
+    owners = claims(TP2.container_id, "tx-incumbent", ["compute-a", "compute-b"], "exclusive", "primary")
 
     def test_any_other_gpu_start_is_refused_naming_the_owner(self) -> None:
         refusal = check_start(self.owners, ["compute-a"], "split")
@@ -44,9 +40,7 @@ class TestCheckStartExclusive:
 
     def test_replacing_the_exclusive_owner_frees_its_roles(self) -> None:
         assert (
-            check_start(
-                self.owners, ["compute-a", "compute-b"], "exclusive", replacing={TP2.container_id}
-            )
+            check_start(self.owners, ["compute-a", "compute-b"], "exclusive", replacing={TP2.container_id})
             is None
         )
 
@@ -76,10 +70,7 @@ class TestCheckStartSplit:
         assert "slot left" in str(refusal)
 
     def test_the_serve_being_replaced_does_not_compete(self) -> None:
-        assert (
-            check_start({"compute-a": LEFT}, ["compute-a"], "split", replacing=[LEFT.container_id])
-            is None
-        )
+        assert check_start({"compute-a": LEFT}, ["compute-a"], "split", replacing=[LEFT.container_id]) is None
 
     def test_an_unknown_process_on_a_requested_card_refuses_the_start(self) -> None:
         unknown = {"compute-a": [GpuProcess(pid=4242, used_mib=1500)]}

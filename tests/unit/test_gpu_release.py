@@ -63,9 +63,7 @@ class TestWaitForVramRelease:
     def test_the_deadline_raises_step_failed_with_both_readings(self, probe: FakeGpuProbe) -> None:
         probe.after_polls(2, UA, 0)  # one card frees, the other never does
         clock = ManualClock()
-        with pytest.raises(
-            StepFailed, match="not released within 10 s: compute-b free 7887"
-        ) as info:
+        with pytest.raises(StepFailed, match="not released within 10 s: compute-b free 7887") as info:
             wait_for_vram_release(
                 probe, clock, ROLES, need_mib=80_000, reserve_mib=3072, deadline_s=10, poll_s=1
             )
@@ -80,9 +78,7 @@ class TestWaitForVramRelease:
     def test_a_requirement_above_capacity_fails_at_once(self, probe: FakeGpuProbe) -> None:
         clock = ManualClock()
         with pytest.raises(StepFailed, match="can never succeed"):
-            wait_for_vram_release(
-                probe, clock, ROLES, need_mib=97_000, reserve_mib=3072, deadline_s=60
-            )
+            wait_for_vram_release(probe, clock, ROLES, need_mib=97_000, reserve_mib=3072, deadline_s=60)
         assert clock.sleeps == []
 
     def test_a_card_the_probe_does_not_see_fails_at_once(self, probe: FakeGpuProbe) -> None:
@@ -97,9 +93,7 @@ class TestWaitForVramRelease:
 class TestVramReleaseInLoad:
     """The gate as the `load` transaction's release-vram step, on the engine's fake host."""
 
-    def _load_with_gate(
-        self, fake_host: Any, probe: FakeGpuProbe, monkeypatch: pytest.MonkeyPatch
-    ) -> Any:
+    def _load_with_gate(self, fake_host: Any, probe: FakeGpuProbe, monkeypatch: pytest.MonkeyPatch) -> Any:
         original = Context.world
         step = vram_release_step(
             probe,
@@ -117,9 +111,7 @@ class TestVramReleaseInLoad:
             return world
 
         monkeypatch.setattr(Context, "world", world_with_gate)
-        return transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate()
-        )
+        return transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
 
     def test_a_release_timeout_compensates_and_brings_the_incumbent_back(
         self, fake_host: Any, probe: FakeGpuProbe, monkeypatch: pytest.MonkeyPatch

@@ -94,10 +94,7 @@ class TestEffectiveReserve:
         assert effective_reserve(3072, "compute-z", None, [w], T0) == 3072
 
     def test_a_waiver_does_not_apply_before_it_was_created(self) -> None:
-        assert (
-            effective_reserve(3072, "compute-a", None, [waiver()], T0 - timedelta(seconds=1))
-            == 3072
-        )
+        assert effective_reserve(3072, "compute-a", None, [waiver()], T0 - timedelta(seconds=1)) == 3072
 
     def test_an_expired_waiver_stops_applying_at_its_expiry(self) -> None:
         w = waiver(expires_at=T0 + timedelta(days=1))
@@ -125,12 +122,8 @@ class _Functional:
 
 def seed_393k() -> tuple[Decision, list[object], str]:
     """The seeds' 393,216-token profile: every functional gate passed, 2,101 MiB free per card."""
-    gate = VramReserveGate(
-        {"compute-a": 3072, "compute-b": 3072}, {"compute-a": UA, "compute-b": UB}
-    )
-    reserve = gate(
-        [reading(UA, 97_887, 97_887 - 2101), reading(UB, 97_887, 97_887 - 2101, index=1)]
-    )
+    gate = VramReserveGate({"compute-a": 3072, "compute-b": 3072}, {"compute-a": UA, "compute-b": UB})
+    reserve = gate([reading(UA, 97_887, 97_887 - 2101), reading(UB, 97_887, 97_887 - 2101, index=1)])
     results: list[object] = [
         _Functional("tool-calls", True),
         _Functional("endurance", True),

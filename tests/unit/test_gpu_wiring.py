@@ -117,9 +117,7 @@ class TestOwnershipLedger:
     def test_load_moves_both_roles_from_the_stopped_incumbent_to_the_candidate(
         self, fake_host: FakeHost
     ) -> None:
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate()
-        )
+        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
         cand = out.results["start-candidate"]["container_id"]
         assert owners(fake_host) == {
@@ -129,9 +127,7 @@ class TestOwnershipLedger:
         assert out.after is not None
         assert out.after.body["gpu_owners"]["compute-a"]["container_id"] == cand
 
-    def test_a_compensated_load_leaves_the_incumbent_owning_its_roles(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_a_compensated_load_leaves_the_incumbent_owning_its_roles(self, fake_host: FakeHost) -> None:
         before = owners(fake_host)
         out = transactions.load(
             fake_host.context(), slot="primary", candidate=fake_host.candidate(fail_health=True)
@@ -172,13 +168,9 @@ class TestOwnershipLedger:
 
 
 class TestGpuRolesFree:
-    def test_an_exclusive_owner_refuses_any_other_gpu_start_naming_it(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_an_exclusive_owner_refuses_any_other_gpu_start_naming_it(self, fake_host: FakeHost) -> None:
         add_secondary_slot(fake_host)
-        loaded = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate()
-        )
+        loaded = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
         cand_id = loaded.results["start-candidate"]["container_id"]
         before = fake_host.world.read()["containers"]
         out = transactions.load(
@@ -223,9 +215,7 @@ class TestGpuRolesFree:
     ) -> None:
         gpu_world["probe"].set_used(UB, 4_000, [GpuProcess(pid=4242, used_mib=4_000)])
         before = fake_host.world.read()["containers"]
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate()
-        )
+        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.REFUSED
         assert out.refusal is not None and out.refusal.guard == "GpuRolesFree"
         assert out.reason == (
@@ -308,9 +298,7 @@ class TestReleaseGateInLoad:
 
 
 @pytest.fixture
-def anvilctl(
-    fake_host: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Any:
+def anvilctl(fake_host: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
     """Run `anvilctl ARGS --json` on the fake host: (exit code, parsed stdout or text)."""
     # cli.main would point structlog at pytest's captured stderr, closed after the test.
     monkeypatch.setattr(log, "configure", lambda *_a, **_k: None)
@@ -408,9 +396,7 @@ class TestWaiverCli:
         listed = gpu_cmds.list_waivers(fake_host.context(), now=later)
         assert [r["state"] for r in listed] == ["expired"]
 
-    def test_revoke_stops_the_waiver_and_keeps_its_record(
-        self, anvilctl: Any, fake_host: FakeHost
-    ) -> None:
+    def test_revoke_stops_the_waiver_and_keeps_its_record(self, anvilctl: Any, fake_host: FakeHost) -> None:
         _, out = anvilctl(*WAIVE, "--scope", "compute-a", "--reason", "r")
         wid = out["waiver"]["id"]
         code, revoked = anvilctl("waivers", "revoke", wid, "--by", "lead", "--reason", "done")
@@ -426,9 +412,7 @@ class TestWaiverCli:
 
 
 class TestGpusCli:
-    def test_gpus_lists_readings_with_role_and_owner(
-        self, anvilctl: Any, fake_host: FakeHost
-    ) -> None:
+    def test_gpus_lists_readings_with_role_and_owner(self, anvilctl: Any, fake_host: FakeHost) -> None:
         code, out = anvilctl("gpus")
         assert code == 0 and out["driver"] == "fake"
         rows = {g["role"]: g for g in out["gpus"]}
@@ -437,9 +421,7 @@ class TestGpusCli:
         owner = rows["compute-b"]["owner"]
         assert (owner["container_id"], owner["mode"]) == (fake_host.incumbent_id, "exclusive")
 
-    def test_detect_write_keeps_the_rest_of_the_config(
-        self, anvilctl: Any, fake_host: FakeHost
-    ) -> None:
+    def test_detect_write_keeps_the_rest_of_the_config(self, anvilctl: Any, fake_host: FakeHost) -> None:
         path = fake_host.settings.config
         path.write_text("# operator notes\n" + path.read_text().replace("97887", "1"))
         code, out = anvilctl("gpus", "detect", "--write")

@@ -62,9 +62,7 @@ class TestHfCacheVerify:
         assert report.refs == {"main": REV}
         assert report.identity == f"{REPO}@{REV}"
 
-    def test_verifies_a_pinned_identity_string(
-        self, cache: Callable[[], tuple[Path, Path]]
-    ) -> None:
+    def test_verifies_a_pinned_identity_string(self, cache: Callable[[], tuple[Path, Path]]) -> None:
         root, _ = cache()
         assert HfCache(root).verify_identity(f"{REPO}@{REV}").complete
 
@@ -75,8 +73,7 @@ class TestHfCacheVerify:
         report = HfCache(root).verify(REPO, OTHER_REV)
         assert not report.complete
         assert report.problems == (
-            f"{root / repo_folder(REPO) / 'snapshots' / OTHER_REV}: "
-            f"revision {OTHER_REV} not in the cache",
+            f"{root / repo_folder(REPO) / 'snapshots' / OTHER_REV}: revision {OTHER_REV} not in the cache",
         )
         assert (report.total_bytes, report.file_count) == (0, 0)
 
@@ -96,9 +93,7 @@ class TestHfCacheVerify:
         assert report.problems == (f"{partial}: incomplete download",)
         assert partial.exists(), "verification must not delete anything"
 
-    def test_a_broken_link_is_named_with_its_target(
-        self, cache: Callable[[], tuple[Path, Path]]
-    ) -> None:
+    def test_a_broken_link_is_named_with_its_target(self, cache: Callable[[], tuple[Path, Path]]) -> None:
         root, repo = cache()
         link = repo / "snapshots" / REV / "model-00002-of-00002.safetensors"
         target = os.readlink(link)
@@ -138,9 +133,7 @@ class TestParseIdentity:
     def test_splits_repo_and_revision(self) -> None:
         assert parse_identity(f"{REPO}@{REV}") == (REPO, REV)
 
-    @pytest.mark.parametrize(
-        "identity", [REPO, f"{REPO}@main", f"model@{REV}", f"{REPO}@{REV[:-1]}"]
-    )
+    @pytest.mark.parametrize("identity", [REPO, f"{REPO}@main", f"model@{REV}", f"{REPO}@{REV[:-1]}"])
     def test_refuses_an_unpinned_identity(self, identity: str) -> None:
         with pytest.raises(BadInput, match="40 lowercase hex"):
             parse_identity(identity)

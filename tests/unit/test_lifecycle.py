@@ -60,9 +60,7 @@ class TestPromote:
         assert out.state == TxState.COMMITTED, out.reason
         ctx = fake_host.context()
         assert ctx.store.current_identity("primary", "incumbent").container_id == cand_id  # type: ignore[union-attr]
-        assert (
-            ctx.store.current_identity("primary", "rollback").container_id == fake_host.incumbent_id
-        )  # type: ignore[union-attr]
+        assert ctx.store.current_identity("primary", "rollback").container_id == fake_host.incumbent_id  # type: ignore[union-attr]
         tier = fake_host.world.read()["router"]["tiers"]["primary-local"]
         assert tier["state"] == "ready"
         assert out.results["routed-smoke"]["model"] == "cand-393k"
@@ -83,9 +81,7 @@ class TestPromote:
         assert out.refusal is not None and out.refusal.guard == "CandidateVerified"
         assert fake_host.world.read() == before
 
-    def test_a_reclassification_counts_only_while_its_waiver_is_active(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_a_reclassification_counts_only_while_its_waiver_is_active(self, fake_host: FakeHost) -> None:
         from datetime import UTC, datetime
 
         from anvil_ctl.gpu.waivers import Waiver
@@ -138,29 +134,22 @@ class TestRollback:
         assert world["containers"][fake_host.incumbent_id]["status"] == "running"
         assert world["containers"][cand_id]["status"] == "exited"  # retained, not removed
         diffs = audit.diff(fake_host.context(), out.tx_id or "")
-        assert [d for d in diffs if d["label"] == "recorded-restored"][0]["equal"] is True
+        assert [d["equal"] for d in diffs if d["label"] == "recorded-restored"] == [True]
 
-    def test_rollback_after_a_promotion_returns_to_the_exact_old_incumbent(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_rollback_after_a_promotion_returns_to_the_exact_old_incumbent(self, fake_host: FakeHost) -> None:
         cand_id = _load(fake_host)
         _decide(fake_host, "verified")
         assert _promote(fake_host).state == TxState.COMMITTED
         out = lifecycle.rollback(fake_host.context(), slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
         ctx = fake_host.context()
-        assert (
-            ctx.store.current_identity("primary", "incumbent").container_id
-            == fake_host.incumbent_id
-        )  # type: ignore[union-attr]
+        assert ctx.store.current_identity("primary", "incumbent").container_id == fake_host.incumbent_id  # type: ignore[union-attr]
         world = fake_host.world.read()
         assert world["containers"][fake_host.incumbent_id]["status"] == "running"
         assert world["containers"][cand_id]["status"] == "exited"
         assert recheck.recheck(ctx, "primary").passed
 
-    def test_a_restore_group_without_the_rollback_identity_is_refused(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_a_restore_group_without_the_rollback_identity_is_refused(self, fake_host: FakeHost) -> None:
         _load(fake_host)
         cfg = fake_host.settings.config
         cfg.write_text(cfg.read_text() + '\n[restore_groups]\nsplit-a = ["0123456789abcdef"]\n')
@@ -250,15 +239,11 @@ class TestRecheck:
     def test_a_candidate_left_running_is_drift(self, restored: FakeHost) -> None:
         rt = restored.context().world().runtime
         spec = restored.candidate("stray").spec
-        cid = rt.create(
-            type(spec)(**{**spec.__dict__, "env": (("FAKE_BINDING", "127.0.0.1:9002"),)})
-        )
+        cid = rt.create(type(spec)(**{**spec.__dict__, "env": (("FAKE_BINDING", "127.0.0.1:9002"),)}))
         rt.start(cid)
         assert recheck.recheck(restored.context(), "primary").failed == ["no_candidate_running"]
 
-    def test_textfile_metrics_are_written_atomically(
-        self, restored: FakeHost, tmp_path: Any
-    ) -> None:
+    def test_textfile_metrics_are_written_atomically(self, restored: FakeHost, tmp_path: Any) -> None:
         result = recheck.recheck(restored.context(), "primary")
         path = tmp_path / "textfile" / "anvil.prom"
         recheck.write_textfile(path, result, now=1.0)

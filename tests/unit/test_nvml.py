@@ -114,9 +114,7 @@ class TestNvmlProbe:
         assert a.used_mib == 4096  # 123 extra bytes floor away
         assert a.free_mib == 143_771 - 561 - 4096 - 1  # free bytes are not a whole MiB
 
-    def test_memory_excludes_the_driver_reservation_like_nvidia_smi(
-        self, two_cards: FakeNvml
-    ) -> None:
+    def test_memory_excludes_the_driver_reservation_like_nvidia_smi(self, two_cards: FakeNvml) -> None:
         b = NvmlProbe(two_cards).gpus()[1]
         assert b.used_mib == 0
         assert b.free_mib == 143_771 - 561
@@ -170,9 +168,7 @@ class TestNvmlProbe:
         assert not isinstance(info.value, NvmlUnavailable | TransientError)
         assert nvml.shutdowns == 1
 
-    @pytest.mark.skipif(
-        ctypes.util.find_library("nvidia-ml") is not None, reason="this host has NVML"
-    )
+    @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this host has NVML")
     def test_the_real_pynvml_on_a_host_without_nvml_raises_unavailable(self) -> None:
         with pytest.raises(NvmlUnavailable, match="ANVIL_GPU=simulated"):
             NvmlProbe().gpus()

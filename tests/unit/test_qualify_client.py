@@ -41,9 +41,7 @@ class TestChat:
                             "message": {
                                 "content": None,
                                 "reasoning_content": "hmm",
-                                "tool_calls": [
-                                    {"id": "c", "function": {"name": "f", "arguments": "{}"}}
-                                ],
+                                "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
                             },
                         }
                     ],
@@ -65,12 +63,8 @@ class TestChat:
             return httpx.Response(
                 200,
                 content=sse(
-                    json.dumps(
-                        {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}
-                    ),
-                    json.dumps(
-                        {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
-                    ),
+                    json.dumps({"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}),
+                    json.dumps({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}),
                     "[DONE]",
                 ),
                 headers={"content-type": "text/event-stream"},

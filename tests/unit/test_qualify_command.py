@@ -90,10 +90,7 @@ def raw_decision(host: FakeHost, *, free_mib: int = 2101, tx: str = "tx-raw") ->
 
 
 def outcomes(ctx: Context) -> list[tuple[str, str, str | None, list[str]]]:
-    return [
-        (d["id"], d["outcome"], d["reclassifies"], d["waiver_ids"])
-        for d in records.decisions(ctx.store)
-    ]
+    return [(d["id"], d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in records.decisions(ctx.store)]
 
 
 class TestQualifyRefusals:
@@ -105,9 +102,7 @@ class TestQualifyRefusals:
         assert ctx.store.state(out.outcome.tx_id or "") == TxState.REFUSED
         assert records.decisions(ctx.store) == [] and out.result is None
 
-    def test_a_candidate_whose_binding_serves_another_model_is_refused(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_a_candidate_whose_binding_serves_another_model_is_refused(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
@@ -133,9 +128,7 @@ class TestReclassifyDecisions:
         ]
         assert next(d for d in records.decisions(ctx.store) if d["id"] == "dec-raw") == raw
 
-    def test_reclassifying_again_under_the_same_waivers_records_nothing(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_reclassifying_again_under_the_same_waivers_records_nothing(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         raw_decision(fake_host)
         records.add_waiver(ctx.store, waiver())
@@ -160,9 +153,7 @@ class TestReclassifyDecisions:
             "policy-infeasible",
         ]
 
-    def test_a_waiver_too_small_for_the_shortfall_changes_nothing(
-        self, fake_host: FakeHost
-    ) -> None:
+    def test_a_waiver_too_small_for_the_shortfall_changes_nothing(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         raw_decision(fake_host)
         records.add_waiver(ctx.store, waiver(value=2500))  # 2101 free is still short

@@ -86,9 +86,7 @@ class TestVerify:
 
 
 class TestExport:
-    def test_the_bundle_hides_gpu_uuids_host_paths_and_secrets(
-        self, tx_dir: Path, tmp_path: Path
-    ) -> None:
+    def test_the_bundle_hides_gpu_uuids_host_paths_and_secrets(self, tx_dir: Path, tmp_path: Path) -> None:
         out = tmp_path / "bundle"
         result = export_bundle(tx_dir, out, redact=Redaction(secrets=("sk-very-secret",)))
         text = "".join(p.read_text() for p in out.iterdir())
@@ -102,9 +100,7 @@ class TestExport:
         assert result.redactions["secrets"] == 1 and result.redactions["gpu_uuids"] == 3
         assert verify_bundle(out).ok
 
-    def test_the_bundle_fails_verification_after_one_byte_changes(
-        self, tx_dir: Path, tmp_path: Path
-    ) -> None:
+    def test_the_bundle_fails_verification_after_one_byte_changes(self, tx_dir: Path, tmp_path: Path) -> None:
         out = tmp_path / "bundle"
         export_bundle(tx_dir, out)
         path = out / "01-reserve.json"
@@ -114,9 +110,7 @@ class TestExport:
         result = verify_bundle(out)
         assert not result.ok and result.mismatches[0].path == "01-reserve.json"
 
-    def test_a_tampered_source_is_refused_and_nothing_is_written(
-        self, tx_dir: Path, tmp_path: Path
-    ) -> None:
+    def test_a_tampered_source_is_refused_and_nothing_is_written(self, tx_dir: Path, tmp_path: Path) -> None:
         (tx_dir / "02-smoke.json").write_text("{}")
         out = tmp_path / "bundle"
         with pytest.raises(BadInput) as info:

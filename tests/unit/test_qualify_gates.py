@@ -215,15 +215,11 @@ class TestGatesOnABrokenStub:
         assert stream["result"]["done"] is False
         assert stream["result"]["usage"] is None
 
-    def test_bad_tool_args_evidence_shows_expected_and_observed_arguments(
-        self, stub: StubFactory
-    ) -> None:
+    def test_bad_tool_args_evidence_shows_expected_and_observed_arguments(self, stub: StubFactory) -> None:
         url = stub("--fault", "bad-tool-args")
         result = run_gate(url, Tools(count=2))
         wrong = [
-            c
-            for c in result.evidence["checks"]
-            if c["classification"] == "bad_tool_args" and not c["ok"]
+            c for c in result.evidence["checks"] if c["classification"] == "bad_tool_args" and not c["ok"]
         ]
         assert len(wrong) == 2
         assert json.loads(wrong[0]["observed"]["arguments"]) != wrong[0]["expected"]["arguments"]
@@ -241,9 +237,7 @@ class TestGatesOnABrokenStub:
 class TestCodingBudget:
     def test_a_cut_answer_is_budget_exhausted_not_wrong(self, stub: StubFactory) -> None:
         url = stub()
-        result = run_gate(
-            url, CodingAgent(repetitions=1, visible_tokens=8, tasks=["reverse-words"])
-        )
+        result = run_gate(url, CodingAgent(repetitions=1, visible_tokens=8, tasks=["reverse-words"]))
         assert not result.passed
         assert result.classification == "visible_answer_budget_exhausted"
         row = result.evidence["results"][0]
@@ -253,9 +247,7 @@ class TestCodingBudget:
 
     def test_the_same_suite_passes_at_the_full_budget(self, stub: StubFactory) -> None:
         url = stub()
-        result = run_gate(
-            url, CodingAgent(repetitions=1, visible_tokens=2048, tasks=["reverse-words"])
-        )
+        result = run_gate(url, CodingAgent(repetitions=1, visible_tokens=2048, tasks=["reverse-words"]))
         assert result.passed
 
 
@@ -289,9 +281,7 @@ class TestReserveGate:
 
 
 class TestRunQualification:
-    def test_stub_smoke_profile_is_verified_with_a_manifest(
-        self, stub: StubFactory, tmp_path: Path
-    ) -> None:
+    def test_stub_smoke_profile_is_verified_with_a_manifest(self, stub: StubFactory, tmp_path: Path) -> None:
         url = stub("--verbose-default")
         result = run_qualification(
             url,
@@ -311,9 +301,7 @@ class TestRunQualification:
         assert [r.label for r in result.summary][:2] == ["4K", "4K C2"]
         assert json.dumps(result.as_dict())
 
-    def test_a_reserve_failure_alone_is_policy_infeasible(
-        self, stub: StubFactory, tmp_path: Path
-    ) -> None:
+    def test_a_reserve_failure_alone_is_policy_infeasible(self, stub: StubFactory, tmp_path: Path) -> None:
         url = stub()
         profile = load_profile("demo").select(["smoke", "vram_reserve"])
         result = run_qualification(
@@ -327,9 +315,7 @@ class TestRunQualification:
         )
         assert result.outcome == "policy-infeasible"
 
-    def test_a_wrong_served_model_fails_before_any_gate(
-        self, stub: StubFactory, tmp_path: Path
-    ) -> None:
+    def test_a_wrong_served_model_fails_before_any_gate(self, stub: StubFactory, tmp_path: Path) -> None:
         url = stub("--wrong-served-name", "impostor")
         result = run_qualification(
             url,

@@ -19,9 +19,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 class TestShippedProfiles:
     def test_the_named_profiles_exist_and_build(self) -> None:
-        assert {"smoke", "full", "seed-qualification", "stub-smoke", "demo"} <= set(
-            available_profiles()
-        )
+        assert {"smoke", "full", "seed-qualification", "stub-smoke", "demo"} <= set(available_profiles())
         for name in available_profiles():
             assert load_profile(name).build()
 

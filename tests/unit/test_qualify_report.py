@@ -104,8 +104,6 @@ class TestRichProgress:
         progress.gate_started("ocr", 1, 1)
         progress.request_done("ocr", True, "single-anvil#1")
         progress.request_done("ocr", False, "single-heron#1")
-        progress.gate_finished(
-            GateResult("ocr", False, "functional", "wrong_answer", summary="1/2")
-        )
+        progress.gate_finished(GateResult("ocr", False, "functional", "wrong_answer", summary="1/2"))
         out = stream.getvalue()
         assert "ocr: FAIL" in out and "single-heron#1" in out and "1/2" in out

@@ -10,9 +10,7 @@ from anvil_ctl.qualify.sse import SSEDecoder, StreamAssembler
 
 def chunk(**delta: Any) -> str:
     finish = delta.pop("finish_reason", None)
-    return json.dumps(
-        {"model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    )
+    return json.dumps({"model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
 
 def usage(prompt: int, completion: int) -> str:

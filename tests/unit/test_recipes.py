@@ -55,15 +55,11 @@ read_only = true
 
 @pytest.fixture
 def write_recipe(tmp_path: Path) -> Callable[..., Path]:
-    def write(
-        name: str = "r1", image: str = IMAGE_ID, extra: str = "", text: str | None = None
-    ) -> Path:
+    def write(name: str = "r1", image: str = IMAGE_ID, extra: str = "", text: str | None = None) -> Path:
         d = tmp_path / "recipes"
         d.mkdir(exist_ok=True)
         path = d / f"{name}.toml"
-        path.write_text(
-            text if text is not None else BASE.format(name=name, image=image, extra=extra)
-        )
+        path.write_text(text if text is not None else BASE.format(name=name, image=image, extra=extra))
         return path
 
     return write
@@ -176,9 +172,7 @@ class TestLoadRecipe:
         assert recipe.name == "r1"
         assert recipe.mounts[0].read_only is True
 
-    def test_a_bare_tag_is_refused_naming_file_and_field(
-        self, write_recipe: Callable[..., Path]
-    ) -> None:
+    def test_a_bare_tag_is_refused_naming_file_and_field(self, write_recipe: Callable[..., Path]) -> None:
         path = write_recipe(image="foo:latest")
         with pytest.raises(RecipeError) as info:
             load_recipe(path)
@@ -189,9 +183,7 @@ class TestLoadRecipe:
         assert info.value.exit_code == 2
 
     def test_a_nested_error_names_the_dotted_field(self, write_recipe: Callable[..., Path]) -> None:
-        text = BASE.format(name="r1", image=IMAGE_ID, extra="").replace(
-            'target = "/usr"', 'target = "usr"'
-        )
+        text = BASE.format(name="r1", image=IMAGE_ID, extra="").replace('target = "/usr"', 'target = "usr"')
         with pytest.raises(RecipeError, match=r"mounts\.1\.target: .*absolute path"):
             load_recipe(write_recipe(text=text))
 
@@ -199,9 +191,7 @@ class TestLoadRecipe:
         path = write_recipe(name="r1")
         renamed = path.with_name("other.toml")
         path.rename(renamed)
-        with pytest.raises(
-            RecipeError, match="name: 'r1' differs from the file name; expected 'other'"
-        ):
+        with pytest.raises(RecipeError, match="name: 'r1' differs from the file name; expected 'other'"):
             load_recipe(renamed)
 
     def test_a_missing_file_is_a_recipe_error(self, tmp_path: Path) -> None:
@@ -234,9 +224,7 @@ class TestRecipeDigest:
 
 class TestCheckRunnable:
     def test_refuses_a_recipe_with_unknown_values_naming_them(self) -> None:
-        recipe = Recipe.model_validate(
-            fields(served_model=None, unknown=["served_model", "args.x"])
-        )
+        recipe = Recipe.model_validate(fields(served_model=None, unknown=["served_model", "args.x"]))
         with pytest.raises(RecipeError, match=r"unknown: served_model, args\.x"):
             check_runnable(recipe)
 
@@ -247,9 +235,7 @@ class TestCheckRunnable:
 class TestCheckFitsSlot:
     def test_refuses_a_port_that_differs_from_the_binding(self, host_config: HostConfig) -> None:
         recipe = Recipe.model_validate(fields(port=8002))
-        with pytest.raises(
-            RecipeError, match=r"port: 8002 differs .*127\.0\.0\.1:8001; expected 8001"
-        ):
+        with pytest.raises(RecipeError, match=r"port: 8002 differs .*127\.0\.0\.1:8001; expected 8001"):
             check_fits_slot(recipe, host_config.slot("primary"))
 
     def test_refuses_gpu_roles_the_slot_does_not_allow(self) -> None:
@@ -322,9 +308,7 @@ class TestContainerSpec:
         assert spec.ports == ()
         assert spec.init is True
 
-    def test_refuses_a_role_missing_from_the_host_config(
-        self, write_recipe: Callable[..., Path]
-    ) -> None:
+    def test_refuses_a_role_missing_from_the_host_config(self, write_recipe: Callable[..., Path]) -> None:
         config = HostConfig.model_validate(
             {
                 "gpu_roles": {"compute-a": {"uuid": UUID_A, "capacity_mib": 97887}},
@@ -343,8 +327,6 @@ class TestContainerSpec:
     def test_refuses_a_port_mismatch_before_building_anything(
         self, write_recipe: Callable[..., Path], host_config: HostConfig
     ) -> None:
-        text = BASE.format(name="r1", image=IMAGE_ID, extra="").replace(
-            "port = 8001", "port = 9000"
-        )
+        text = BASE.format(name="r1", image=IMAGE_ID, extra="").replace("port = 8001", "port = 9000")
         with pytest.raises(RecipeError, match="port: 9000"):
             self.spec(write_recipe(text=text), host_config)

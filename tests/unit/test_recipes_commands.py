@@ -41,9 +41,7 @@ def recipes_dir(tmp_path: Path) -> Path:
     d = tmp_path / "recipes"
     d.mkdir()
     (d / "good.toml").write_text(GOOD)
-    (d / "tagged.toml").write_text(
-        GOOD.replace('"good"', '"tagged"').replace(IMAGE_ID, "engine:latest")
-    )
+    (d / "tagged.toml").write_text(GOOD.replace('"good"', '"tagged"').replace(IMAGE_ID, "engine:latest"))
     (d / "README.md").write_text("not a recipe")
     return d
 
@@ -110,9 +108,7 @@ class TestValidateRecipe:
         report = validate_recipe("good", recipes_dir)
         assert (report.name, report.runnable, report.checked_slot) == ("good", True, None)
 
-    def test_an_unpinned_image_raises_with_exit_code_2_naming_the_field(
-        self, recipes_dir: Path
-    ) -> None:
+    def test_an_unpinned_image_raises_with_exit_code_2_naming_the_field(self, recipes_dir: Path) -> None:
         with pytest.raises(RecipeError) as info:
             validate_recipe("tagged", recipes_dir)
         assert info.value.exit_code == 2
@@ -122,17 +118,13 @@ class TestValidateRecipe:
         self, recipes_dir: Path, host_config: HostConfig
     ) -> None:
         assert (
-            validate_recipe(
-                "good", recipes_dir, host_config=host_config, slot_name="primary"
-            ).checked_slot
+            validate_recipe("good", recipes_dir, host_config=host_config, slot_name="primary").checked_slot
             == "primary"
         )
         with pytest.raises(RecipeError, match="port: 8001 differs"):
             validate_recipe("good", recipes_dir, host_config=host_config, slot_name="secondary")
 
-    def test_an_unknown_slot_is_a_config_error(
-        self, recipes_dir: Path, host_config: HostConfig
-    ) -> None:
+    def test_an_unknown_slot_is_a_config_error(self, recipes_dir: Path, host_config: HostConfig) -> None:
         with pytest.raises(ConfigError, match="slot 'nope'"):
             validate_recipe("good", recipes_dir, host_config=host_config, slot_name="nope")
 

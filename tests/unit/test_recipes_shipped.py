@@ -22,9 +22,7 @@ SEEDS = (
     "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp",
     "glm53-flash-ormandj-sglang-sm120-tp2-499k-c4-adaptive-mtp",
 )
-GLM_MODEL = (
-    "ormandj/GLM-5.3-Flash-W4A16-NVFP4-K32-Experts-FP8-WO@c3cbb9891b67c741bcbf6b176dd7af9265b069db"
-)
+GLM_MODEL = "ormandj/GLM-5.3-Flash-W4A16-NVFP4-K32-Experts-FP8-WO@c3cbb9891b67c741bcbf6b176dd7af9265b069db"
 SGLANG_IMAGE = (
     "ghcr.io/ormandj/sglang-glm53-flash-sm120"
     "@sha256:0c0637959c3931829f05154087bbefd2c50003fb9b2010200ce0ec82f4d71a53"
@@ -68,9 +66,7 @@ class TestShippedRecipes:
         assert [r.error for r in rows if not r.valid] == []
 
     @pytest.mark.parametrize("name", STUBS + SEEDS)
-    def test_every_shipped_recipe_plans_in_the_primary_slot(
-        self, name: str, host_config: HostConfig
-    ) -> None:
+    def test_every_shipped_recipe_plans_in_the_primary_slot(self, name: str, host_config: HostConfig) -> None:
         plan = plan_recipe(name, RECIPES, host_config=host_config, slot_name="primary")
         assert plan.spec["network_mode"] == "host"
         assert len(plan.spec["gpu_uuids"]) == 2
@@ -95,7 +91,11 @@ class TestStubRecipes:
         plan = plan_recipe(name, RECIPES, host_config=host_config, slot_name="primary")
         mounts = {m["target"]: m for m in plan.spec["mounts"]}
         assert set(mounts) == {
-            "/usr", "/lib", "/lib64", "/opt/anvil/anvil_ctl/stub", "/opt/anvil/anvil_ctl/fixtures",
+            "/usr",
+            "/lib",
+            "/lib64",
+            "/opt/anvil/anvil_ctl/stub",
+            "/opt/anvil/anvil_ctl/fixtures",
         }
         assert all(m["read_only"] for m in mounts.values())
         assert mounts["/opt/anvil/anvil_ctl/stub"]["source"] == str(ROOT / "anvil_ctl" / "stub")
@@ -154,9 +154,7 @@ class TestStubRecipes:
 
     def test_the_incumbents_figures_are_marked_as_ours_and_keep_the_reserve(self) -> None:
         r = recipe("stub-incumbent-524k")
-        assert {"args.--vram-idle-mib", "args.--vram-loaded-mib", "max_concurrency"} <= set(
-            r.assumed
-        )
+        assert {"args.--vram-idle-mib", "args.--vram-loaded-mib", "max_concurrency"} <= set(r.assumed)
         assert CARD_MIB - int(arg(r, "--vram-loaded-mib")) >= 3072
 
     def test_pin_the_stub_image_the_build_script_computes(self) -> None:

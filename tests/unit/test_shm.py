@@ -118,9 +118,7 @@ class TestShmScanner:
         path = shm / "vllm_mapped"
         path.write_bytes(b"m" * 4096)
         proc = holder(HOLD_MAPPED, path)
-        fds = [
-            os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")
-        ]
+        fds = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
         assert str(path) not in fds, "the fixture must hold a mapping only"
         (residue,) = ShmScanner(shm).residue()
         assert residue.pids == (proc.pid,)
@@ -141,9 +139,7 @@ class TestShmScanner:
 
 
 class TestRemoveResidue:
-    def test_removes_files_unchanged_and_unheld_in_both_observations(
-        self, shm: Path, tmp_path: Path
-    ) -> None:
+    def test_removes_files_unchanged_and_unheld_in_both_observations(self, shm: Path, tmp_path: Path) -> None:
         (shm / "nccl-1").write_bytes(b"1")
         (shm / "sem.system").write_bytes(b"s")
         slept: list[float] = []
@@ -168,9 +164,7 @@ class TestRemoveResidue:
         opener = holder(HOLD_OPEN, held)
         mapper = holder(HOLD_MAPPED, mapped)
         # allow_unreadable: sandboxes may deny even root the maps of PID 1
-        report = remove_residue(
-            ShmScanner(shm), interval_s=0, sleep=lambda _: None, allow_unreadable=True
-        )
+        report = remove_residue(ShmScanner(shm), interval_s=0, sleep=lambda _: None, allow_unreadable=True)
         assert report.removed == (str(free),)
         assert report.kept == (
             (str(held), f"mapped or open by pids [{opener.pid}]"),
@@ -191,18 +185,14 @@ class TestRemoveResidue:
 
     def test_keeps_a_file_that_appeared_between_observations(self, shm: Path) -> None:
         new = shm / "nccl-new"
-        report = remove_residue(
-            ShmScanner(shm), sleep=lambda _: new.write_bytes(b"n"), allow_unreadable=True
-        )
+        report = remove_residue(ShmScanner(shm), sleep=lambda _: new.write_bytes(b"n"), allow_unreadable=True)
         assert report.kept == ((str(new), "appeared between observations"),)
         assert new.exists()
 
     def test_reports_a_file_that_vanished_between_observations(self, shm: Path) -> None:
         gone = shm / "nccl-gone"
         gone.write_bytes(b"g")
-        report = remove_residue(
-            ShmScanner(shm), sleep=lambda _: gone.unlink(), allow_unreadable=True
-        )
+        report = remove_residue(ShmScanner(shm), sleep=lambda _: gone.unlink(), allow_unreadable=True)
         assert report.kept == ((str(gone), "vanished between observations"),)
         assert report.removed == ()
 
@@ -212,12 +202,8 @@ class TestRemoveResidue:
         (shm / "nccl-1").write_bytes(b"1")
         proc_root = tmp_path / "proc"
         (proc_root / "77" / "maps").mkdir(parents=True)
-        report = remove_residue(
-            ShmScanner(shm, proc_root=proc_root), interval_s=0, sleep=lambda _: None
-        )
+        report = remove_residue(ShmScanner(shm, proc_root=proc_root), interval_s=0, sleep=lambda _: None)
         assert report.removed == ()
         assert report.unreadable_pids == (77,)
-        assert report.kept == (
-            (str(shm / "nccl-1"), "holders unknown: 1 processes could not be inspected"),
-        )
+        assert report.kept == ((str(shm / "nccl-1"), "holders unknown: 1 processes could not be inspected"),)
         assert (shm / "nccl-1").exists()

@@ -247,16 +247,12 @@ class TestSmgRouterReadmit:
     def test_readmit_after_a_router_restart_registers_again(self, smg):
         smg.add()
         smg.workers.clear()  # a restarted smg remembers nothing
-        make_router(smg).readmit(
-            "primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5
-        )
+        make_router(smg).readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
         assert [w.url for w in smg.workers] == [BACKEND]
 
     def test_readmit_removes_another_backend_of_the_tier(self, smg):
         smg.add(url="http://127.0.0.1:8009", served="candidate")
-        make_router(smg).readmit(
-            "primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5
-        )
+        make_router(smg).readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
         assert [w.url for w in smg.workers] == [BACKEND]
 
     def test_readmit_fails_at_the_deadline_when_the_wrong_model_answers(self, smg):

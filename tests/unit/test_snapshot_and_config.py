@@ -20,13 +20,7 @@ class TestSnapshot:
     def test_diff_names_each_changed_field_by_path(self) -> None:
         a = Snapshot.of({"slots": {"primary": {"containers": {"c1": {"status": "running"}}}}})
         b = Snapshot.of(
-            {
-                "slots": {
-                    "primary": {
-                        "containers": {"c1": {"status": "exited"}, "c2": {"status": "running"}}
-                    }
-                }
-            }
+            {"slots": {"primary": {"containers": {"c1": {"status": "exited"}, "c2": {"status": "running"}}}}}
         )
         changes = {c.path: (c.before, c.after) for c in diff(a, b)}
         assert changes == {
@@ -57,9 +51,7 @@ class TestHostConfig:
         assert info.value.exit_code == 2
 
     def test_a_public_binding_is_refused_unless_allowed(self, tmp_path: Path) -> None:
-        p = self._write(
-            tmp_path, '[slots.s]\nbinding = "0.0.0.0:8001"\nrouter_tier = "t"\naliases = ["a"]\n'
-        )
+        p = self._write(tmp_path, '[slots.s]\nbinding = "0.0.0.0:8001"\nrouter_tier = "t"\naliases = ["a"]\n')
         with pytest.raises(ConfigError, match="not loopback"):
             load_host_config(p)
 

@@ -23,9 +23,7 @@ from anvil_ctl.stub.rules import (
 
 def png_with_text(text: str) -> bytes:
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-        )
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
     return (
@@ -214,9 +212,7 @@ class TestResponsesPrompt:
         ]
 
     def test_input_text_parts_are_read(self) -> None:
-        p = responses_prompt(
-            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
-        )
+        p = responses_prompt({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]})
         assert p.messages[0].text == "hi"
 
     def test_an_empty_input_is_refused(self) -> None:

@@ -41,9 +41,7 @@ class Stub:
         return httpx.post(self.url + path, json=body, timeout=30)
 
     def chat(self, text: str, **extra: object) -> dict[str, object]:
-        r = self.post(
-            "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], **extra}
-        )
+        r = self.post("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], **extra})
         assert r.status_code == 200, r.text
         result: dict[str, object] = r.json()
         return result
@@ -99,9 +97,7 @@ def stub() -> Iterator[StubFactory]:
 
 
 class TestHealthAndModels:
-    def test_health_is_200_and_models_reports_served_name_and_max_model_len(
-        self, stub: StubFactory
-    ) -> None:
+    def test_health_is_200_and_models_reports_served_name_and_max_model_len(self, stub: StubFactory) -> None:
         s = stub("--served-model", "stub-a", "--max-model-len", "4096")
         assert s.get("/health").status_code == 200
         card = s.get("/v1/models").json()["data"][0]
@@ -115,9 +111,7 @@ class TestHealthAndModels:
     def test_fail_health_answers_503(self, stub: StubFactory) -> None:
         assert stub("--fail-health").get("/health").status_code == 503
 
-    def test_slow_start_listens_at_once_but_is_503_until_the_delay_passed(
-        self, stub: StubFactory
-    ) -> None:
+    def test_slow_start_listens_at_once_but_is_503_until_the_delay_passed(self, stub: StubFactory) -> None:
         s = stub("--slow-start", "1.0")
         assert s.get("/health").status_code == 503
         assert s.get("/v1/models").status_code == 503
@@ -250,9 +244,7 @@ class TestResponsesApi:
 
 
 class TestTiming:
-    def test_first_token_after_prefill_and_decode_rate_within_one_percent(
-        self, stub: StubFactory
-    ) -> None:
+    def test_first_token_after_prefill_and_decode_rate_within_one_percent(self, stub: StubFactory) -> None:
         # prompt: 400 bytes -> 100 tokens + 8 = 108 tokens; prefill 360 tok/s -> 0.3 s
         s = stub("--prefill-tps", "360", "--decode-tps", "50", "--verbose-default")
         body = {
@@ -267,9 +259,7 @@ class TestTiming:
         t0 = time.monotonic()
         with client, client.stream("POST", s.url + "/v1/chat/completions", json=body) as r:
             for line in r.iter_lines():
-                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
-                    "content"
-                ):
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                     stamps.append(time.monotonic())
         assert len(stamps) == 51
         ttft = stamps[0] - t0
@@ -296,9 +286,7 @@ class TestVram:
         assert s.get("/anvil/sim/vram").json() == {"gpus": {"GPU-1": 5000, "GPU-2": 5000}}
 
     def test_vram_is_zero_while_starting(self, stub: StubFactory) -> None:
-        s = stub(
-            "--slow-start", "5", "--vram-idle-mib", "1000", env={"NVIDIA_VISIBLE_DEVICES": "GPU-1"}
-        )
+        s = stub("--slow-start", "5", "--vram-idle-mib", "1000", env={"NVIDIA_VISIBLE_DEVICES": "GPU-1"})
         assert s.get("/anvil/sim/vram").json() == {"gpus": {"GPU-1": 0}}
 
 

@@ -120,14 +120,10 @@ def stop_candidate(ctx: StepContext, result: StepResult) -> StepResult:
 def await_candidate(ctx: StepContext) -> StepResult:
     world, cand = _w(ctx), _candidate(ctx)
     slot = world.config.slot(ctx.args["slot"])
-    return wait_serving(
-        world, slot.base_url, cand.health_path, cand.served_model, cand.startup_timeout_s
-    )
+    return wait_serving(world, slot.base_url, cand.health_path, cand.served_model, cand.startup_timeout_s)
 
 
-def candidate_identity(
-    world: World, slot_name: str, cand: Candidate, container_id: str
-) -> Identity:
+def candidate_identity(world: World, slot_name: str, cand: Candidate, container_id: str) -> Identity:
     info = world.runtime.inspect(container_id)
     slot = world.config.slot(slot_name)
     image = world.runtime.image(info.image_id)
@@ -151,9 +147,7 @@ def candidate_identity(
 
 def record_candidate(ctx: StepContext) -> StepResult:
     world, cand = _w(ctx), _candidate(ctx)
-    ident = candidate_identity(
-        world, ctx.args["slot"], cand, ctx.result("start-candidate")["container_id"]
-    )
+    ident = candidate_identity(world, ctx.args["slot"], cand, ctx.result("start-candidate")["container_id"])
     world.store.record_identity(ctx.tx_id, "candidate", ident)
     own = world.extras.get("record_ownership")
     if own is not None:
@@ -172,9 +166,7 @@ def build(args: Mapping[str, Any], world: World) -> Plan:
     has_incumbent = args.get("incumbent") is not None
     steps: list[Step] = []
     if has_incumbent and world.router is not None:
-        steps.append(
-            Step("drain-tier", drain_tier, readmit_incumbent, "quiesce the slot's router tier")
-        )
+        steps.append(Step("drain-tier", drain_tier, readmit_incumbent, "quiesce the slot's router tier"))
     if has_incumbent:
         steps.append(
             Step(

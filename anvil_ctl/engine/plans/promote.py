@@ -41,7 +41,8 @@ def standing_decision(world: World, identity_digest: str) -> dict[str, Any] | No
     active = {w.id for w in records.waivers(world.store) if w.active(now)}
     for d in reversed(records.decisions(world.store, identity_digest=identity_digest)):
         if all(wid in active for wid in d["waiver_ids"]):
-            return d
+            standing: dict[str, Any] = d
+            return standing
     return None
 
 
@@ -81,9 +82,7 @@ class CandidateIsServing(Guard):
         if not info.running:
             return self.refuse(f"candidate container {cand.container_id[:12]} is {info.status}")
         if info.image_id != cand.image_id or info.fingerprint != cand.config_fingerprint:
-            return self.refuse(
-                f"candidate container {cand.container_id[:12]} drifted from its identity"
-            )
+            return self.refuse(f"candidate container {cand.container_id[:12]} drifted from its identity")
         served = [m.id for m in world.engine.models(world.config.slot(cand.slot).base_url)]
         if served != [cand.served_model]:
             return self.refuse(f"slot serves {served}, not the candidate {cand.served_model!r}")

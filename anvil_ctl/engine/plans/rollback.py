@@ -90,9 +90,7 @@ class RestoreGroupContainsTarget(Guard):
             return None
         members = [str(m) for m in ctx.args.get("restore_group_members") or []]
         target = _target(ctx)
-        if not any(
-            target.container_id.startswith(m) or target.digest.startswith(m) for m in members
-        ):
+        if not any(target.container_id.startswith(m) or target.digest.startswith(m) for m in members):
             return self.refuse(
                 f"restore group {group!r} ({', '.join(m[:12] for m in members) or 'empty'}) does not "
                 f"contain the declared rollback identity {target.container_id[:12]} "
@@ -158,7 +156,7 @@ def stop_target_needs_operator(ctx: StepContext, _r: StepResult) -> StepResult:
     stopped = None
     try:
         stopped = stop_verified(world, target.container_id)
-    except Exception as exc:  # noqa: BLE001 - the reason goes to the operator either way
+    except Exception as exc:
         stopped = {"error": str(exc)}
     proven = container_absent_or_stopped(world, target.container_id)
     raise NeedsOperator(
@@ -232,9 +230,7 @@ def build(args: Mapping[str, Any], world: World) -> Plan:
     slot = str(args["slot"])
     steps: list[Step] = []
     if world.router is not None:
-        steps.append(
-            Step("drain-tier", drain_tier, readmit_current, "quiesce the slot's router tier")
-        )
+        steps.append(Step("drain-tier", drain_tier, readmit_current, "quiesce the slot's router tier"))
     steps += [
         Step("stop-current", stop_current, restart_current, "stop (retain) what serves now"),
         Step("release-vram", release_vram, None, "wait until the GPUs' memory is observed free"),
@@ -250,9 +246,7 @@ def build(args: Mapping[str, Any], world: World) -> Plan:
             Step("route-back", route_back, None, "route the tier back and readmit"),
             Step("routed-smoke", routed_smoke, None, "authenticated routed chat by alias"),
         ]
-    steps.append(
-        Step("record-restore", record_restore, unrecord_restore, "target is the incumbent again")
-    )
+    steps.append(Step("record-restore", record_restore, unrecord_restore, "target is the incumbent again"))
     return Plan(
         kind="rollback",
         args=args,

@@ -61,9 +61,7 @@ class _Workload(Gate):
         )
         return request, text
 
-    async def _measure(
-        self, ctx: GateContext, label: str, request: dict[str, Any]
-    ) -> dict[str, Any]:
+    async def _measure(self, ctx: GateContext, label: str, request: dict[str, Any]) -> dict[str, Any]:
         attempt = await self.attempt(ctx, label, request)
         failure = _failure(attempt)
         row: dict[str, Any] = {"label": label, "completed": failure is None, "failure": failure}
@@ -113,11 +111,7 @@ class Capacity(_Workload):
         cells: list[dict[str, Any]] = []
         for nominal in self.contexts:
             for conc in self.concurrency:
-                if (
-                    self.skip_above_max_model_len
-                    and ctx.max_model_len
-                    and nominal > ctx.max_model_len
-                ):
+                if self.skip_above_max_model_len and ctx.max_model_len and nominal > ctx.max_model_len:
                     cells.append(
                         {
                             "nominal_tokens": nominal,
@@ -167,9 +161,7 @@ class Capacity(_Workload):
             "failed": len(rows) - len(done),
             "prompt": prompt_info,
             **summarize(done, METRIC_KEYS),
-            "aggregate_output_tps_p50": sorted(aggregate)[len(aggregate) // 2]
-            if aggregate
-            else None,
+            "aggregate_output_tps_p50": sorted(aggregate)[len(aggregate) // 2] if aggregate else None,
             "rows": rows,
         }
         cell["problems"] = self._threshold_problems(cell)

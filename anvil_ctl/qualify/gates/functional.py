@@ -181,9 +181,7 @@ class JsonOutput(Gate):
                 observed=attempt.result.content[:500],
                 error=None if ok else value,
             ):
-                checks.add(
-                    "equals", value == expected, "wrong_answer", expected=expected, observed=value
-                )
+                checks.add("equals", value == expected, "wrong_answer", expected=expected, observed=value)
         return finish(self, checks, [attempt])
 
 
@@ -248,9 +246,7 @@ class LongContextTool(Gate):
 
     gate_type = "long_context_tool"
 
-    def __init__(
-        self, *, name: str | None = None, context_tokens: int = 8192, max_tokens: int = 256
-    ) -> None:
+    def __init__(self, *, name: str | None = None, context_tokens: int = 8192, max_tokens: int = 256) -> None:
         super().__init__(name=name)
         self.context_tokens = context_tokens
         self.max_tokens = max_tokens
@@ -270,9 +266,7 @@ class LongContextTool(Gate):
         )
         checks = Checks()
         check_tool_call(checks, "long-tool", attempt, "lookup_order", args)
-        measured = (
-            attempt.result.usage.prompt_tokens if attempt.result and attempt.result.usage else None
-        )
+        measured = attempt.result.usage.prompt_tokens if attempt.result and attempt.result.usage else None
         return finish(
             self,
             checks,

@@ -71,16 +71,12 @@ class Ocr(Gate):
         self.max_tokens = max_tokens
 
     async def run(self, ctx: GateContext) -> GateResult:
-        cases = [
-            c for c in load_ocr_cases(ctx.fixtures_dir) if not self.cases or c["id"] in self.cases
-        ]
+        cases = [c for c in load_ocr_cases(ctx.fixtures_dir) if not self.cases or c["id"] in self.cases]
         jobs: list[Any] = []
         plan: list[dict[str, Any]] = []
         for rep in range(self.repetitions):
             for case in cases:
-                parts = [
-                    image_part((ctx.fixtures_dir / img).read_bytes()) for img in case["images"]
-                ]
+                parts = [image_part((ctx.fixtures_dir / img).read_bytes()) for img in case["images"]]
                 content = [*parts, text_part(OCR_QUESTION)]
                 request = body(ctx, [{"role": "user", "content": content}], self.max_tokens)
                 label = f"{case['id']}#{rep + 1}"

@@ -61,12 +61,8 @@ class ThinkingControl(Gate):
                 "requests": [a.as_dict() for a in attempts],
                 "passed": all(c["ok"] for c in checks.items if c["check"].startswith(direction)),
             }
-        summary = " ".join(
-            f"{d}={'ok' if record[d]['passed'] else 'FAIL'}" for d in self.directions
-        )
-        return self.result(
-            checks.passed, checks.classification, {"checks": checks.items, **record}, summary
-        )
+        summary = " ".join(f"{d}={'ok' if record[d]['passed'] else 'FAIL'}" for d in self.directions)
+        return self.result(checks.passed, checks.classification, {"checks": checks.items, **record}, summary)
 
     @staticmethod
     def _check(checks: Checks, attempt: Attempt, enabled: bool, marker: str) -> None:
