@@ -9,21 +9,25 @@ from anvil_ctl.core.model import ModelCard
 
 
 class HttpEngineProbe:
-    def __init__(self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
-        self._http = httpx.Client(timeout=timeout_s, transport=transport)
+    """A short-lived client per probe: probes are seconds apart, and nothing is left open."""
 
-    def close(self) -> None:
-        self._http.close()
+    def __init__(self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
+        self._timeout_s = timeout_s
+        self._transport = transport
+
+    def _get(self, url: str) -> httpx.Response:
+        with httpx.Client(timeout=self._timeout_s, transport=self._transport) as client:
+            return client.get(url)
 
     def health(self, base_url: str, path: str) -> bool:
         try:
-            return self._http.get(base_url.rstrip("/") + path).status_code == 200
+            return self._get(base_url.rstrip("/") + path).status_code == 200
         except httpx.TransportError:
             return False
 
     def models(self, base_url: str) -> list[ModelCard]:
         try:
-            r = self._http.get(base_url.rstrip("/") + "/v1/models")
+            r = self._get(base_url.rstrip("/") + "/v1/models")
         except httpx.TransportError:
             return []
         except httpx.HTTPError as exc:
