@@ -109,8 +109,18 @@ def _audit_decisions(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     rows = qualify_cmd.audit_decisions(ctx, slot=a.slot)
     if a.json:
         return rows, 0
-    keep = ("id", "at", "slot", "outcome", "reclassifies", "waiver_ids", "profile", "tx_id")
-    return [{**{k: r[k] for k in keep}, "identity": r["identity_digest"][:16]} for r in rows], 0
+    return [
+        {
+            "decision": r["id"][:16],
+            "at": r["at"][:19],
+            "outcome": r["outcome"],
+            "reclassifies": (r["reclassifies"] or "")[:16],
+            "waivers": ",".join(r["waiver_ids"]),
+            "profile": r["profile"],
+            "identity": r["identity_digest"][:12],
+        }
+        for r in rows
+    ], 0
 
 
 def _audit_evidence(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:

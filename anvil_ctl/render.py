@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False, soft_wrap=True)
+# Piped output (logs, cron mail) gets full-width tables instead of 80-column truncation.
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 def show(payload: Any) -> None:
@@ -25,6 +27,9 @@ def show(payload: Any) -> None:
             return
     if isinstance(payload, dict) and "state" in payload and "kind" in payload and "plan" in payload:
         _outcome(payload)
+        return
+    if isinstance(payload, dict) and "assertions" in payload:
+        _recheck(payload)
         return
     console.print(json.dumps(payload, indent=2, sort_keys=True, default=str))
 
@@ -56,3 +61,12 @@ def _outcome(o: dict[str, Any]) -> None:
         console.print(f"  snapshot changes: {len(o['changes'])}")
         for c in o["changes"][:40]:
             console.print(f"    {c['path']}: {c['before']!r} -> {c['after']!r}")
+
+
+def _recheck(r: dict[str, Any]) -> None:
+    table = Table("assertion", "result", "observed")
+    for a in r["assertions"]:
+        table.add_row(a["name"], "PASS" if a["passed"] else "FAIL", _cell(a["observed"]))
+    console.print(table)
+    verdict = "all assertions hold" if r["passed"] else "DRIFT: " + ", ".join(r["failed"])
+    console.print(f"recheck of slot {r['slot']}: {verdict} (recorded as recheck {r.get('recheck_id')})")

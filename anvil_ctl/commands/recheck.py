@@ -77,7 +77,7 @@ def recheck(ctx: Context, slot: str) -> RecheckResult:
         _gpu_checks(ctx, world, ident, out)
     if world.router is not None:
         _router_checks(world, cfg, ident, out)
-    _host_checks(world, out)
+    _host_checks(world, ident, out)
     return _finish(ctx, world, out)
 
 
@@ -164,10 +164,13 @@ def _router_checks(world: World, cfg: Slot, ident: Identity, out: RecheckResult)
     _check(out, "routed_smoke", smoke)
 
 
-def _host_checks(world: World, out: RecheckResult) -> None:
+def _host_checks(world: World, ident: Identity, out: RecheckResult) -> None:
     def no_candidate() -> tuple[bool, Any]:
+        # A promoted candidate keeps its creation label; as the incumbent it is no candidate.
         labels = {LABEL_MANAGED: "true", LABEL_ROLE: "candidate"}
-        running = [c.id[:12] for c in world.runtime.list(labels=labels) if c.running]
+        running = [
+            c.id[:12] for c in world.runtime.list(labels=labels) if c.running and c.id != ident.container_id
+        ]
         return not running, running
 
     def residue() -> tuple[bool, Any]:
