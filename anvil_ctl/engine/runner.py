@@ -121,14 +121,7 @@ class TransactionEngine:
                 bound.error("step failed", step=step.name, error=str(exc))
                 return self._compensate_after(outcome, plan, ctx, failed=seq, reason=f"{step.name}: {exc}")
 
-        if plan.snapshot:
-            outcome.after = plan.snapshot()
-            self.journal.record_snapshot(tx_id, "after", outcome.after)
-            if outcome.before is not None:
-                outcome.changes = diff(outcome.before, outcome.after)
-                self.journal.record_diff(
-                    tx_id, "before-after", outcome.before, outcome.after, outcome.changes
-                )
+        self._observe_after(plan, ctx, outcome, "after")
         problems = (
             plan.verify_after(ctx, outcome.before, outcome.after)
             if (plan.verify_after and outcome.after)
@@ -239,17 +232,22 @@ class TransactionEngine:
                 ctx.tx_id, seq=seq, step=step.name, phase="undo", event="result", detail=undone
             )
             slog.info("undo done")
-        if plan.snapshot:
-            outcome.after = plan.snapshot()
-            self.journal.record_snapshot(ctx.tx_id, "compensated", outcome.after)
-            if outcome.before is not None:
-                outcome.changes = diff(outcome.before, outcome.after)
-                self.journal.record_diff(
-                    ctx.tx_id, "before-compensated", outcome.before, outcome.after, outcome.changes
-                )
+        self._observe_after(plan, ctx, outcome, "compensated")
         self.journal.transition(ctx.tx_id, TxState.COMPENSATED, reason)
         outcome.state, outcome.results = TxState.COMPENSATED, dict(ctx.results)
         return outcome
+
+    def _observe_after(self, plan: Plan, ctx: StepContext, outcome: Outcome, label: str) -> None:
+        """Snapshot the world as it is now and record its diff against the before snapshot."""
+        if not plan.snapshot:
+            return
+        outcome.after = plan.snapshot()
+        self.journal.record_snapshot(ctx.tx_id, label, outcome.after)
+        if outcome.before is not None:
+            outcome.changes = diff(outcome.before, outcome.after)
+            self.journal.record_diff(
+                ctx.tx_id, f"before-{label}", outcome.before, outcome.after, outcome.changes
+            )
 
     def _needs_operator(
         self, outcome: Outcome, ctx: StepContext, exc: NeedsOperator, source: TxState

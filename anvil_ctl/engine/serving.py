@@ -113,3 +113,30 @@ def container_absent_or_stopped(world: World, container_id: str) -> bool:
         return not world.runtime.inspect(container_id).running
     except NotFound:
         return True
+
+
+def route_slot_to(world: World, ident: Identity) -> dict[str, Any]:
+    """Readmit the slot's router tier to the serve `ident` describes (verified by routed chat)."""
+    assert world.router is not None
+    slot = world.config.slot(ident.slot)
+    world.router.readmit(
+        slot.router_tier,
+        slot.base_url,
+        slot.aliases,
+        ident.served_model,
+        world.config.router.readmit_deadline_s,
+    )
+    return {"tier": slot.router_tier, "routed_to": ident.served_model}
+
+
+def routed_smoke(world: World, ident: Identity) -> dict[str, Any]:
+    """One authenticated routed chat by the slot's first alias must answer 200 from `ident`."""
+    assert world.router is not None
+    alias = world.config.slot(ident.slot).aliases[0]
+    answer = world.router.routed_chat(alias)
+    if answer.status != 200 or answer.model != ident.served_model:
+        raise StepFailed(
+            f"routed smoke to {alias}: HTTP {answer.status} from {answer.model!r}, "
+            f"expected 200 from {ident.served_model!r}"
+        )
+    return {"alias": alias, "status": answer.status, "model": answer.model}

@@ -18,7 +18,13 @@ from anvil_ctl.core.model import LABEL_TX, ContainerSpec, Identity
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import guards_for
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.serving import Candidate, restart_retained, stop_verified, wait_serving
+from anvil_ctl.engine.serving import (
+    Candidate,
+    restart_retained,
+    route_slot_to,
+    stop_verified,
+    wait_serving,
+)
 from anvil_ctl.engine.world import World
 
 
@@ -44,17 +50,9 @@ def drain_tier(ctx: StepContext) -> StepResult:
 
 
 def readmit_incumbent(ctx: StepContext, _result: StepResult) -> StepResult:
-    world, ident = _w(ctx), _incumbent(ctx)
-    assert world.router is not None and ident is not None
-    slot = world.config.slot(ident.slot)
-    world.router.readmit(
-        slot.router_tier,
-        slot.base_url,
-        slot.aliases,
-        ident.served_model,
-        world.config.router.readmit_deadline_s,
-    )
-    return {"tier": slot.router_tier, "readmitted": ident.served_model}
+    ident = _incumbent(ctx)
+    assert ident is not None
+    return route_slot_to(_w(ctx), ident)
 
 
 def stop_incumbent(ctx: StepContext) -> StepResult:

@@ -22,6 +22,7 @@ from anvil_ctl.core.model import Identity
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import guards_for
 from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.serving import route_slot_to, routed_smoke
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import records
 
@@ -101,17 +102,7 @@ class ApproverNamed(Guard):
 
 
 def route_to_candidate(ctx: StepContext) -> StepResult:
-    world, cand = _w(ctx), _ident(ctx, "candidate")
-    assert world.router is not None
-    slot = world.config.slot(cand.slot)
-    world.router.readmit(
-        slot.router_tier,
-        slot.base_url,
-        slot.aliases,
-        cand.served_model,
-        world.config.router.readmit_deadline_s,
-    )
-    return {"tier": slot.router_tier, "routed_to": cand.served_model}
+    return route_slot_to(_w(ctx), _ident(ctx, "candidate"))
 
 
 def drain_again(ctx: StepContext, _r: StepResult) -> StepResult:
@@ -122,17 +113,8 @@ def drain_again(ctx: StepContext, _r: StepResult) -> StepResult:
     return {"tier": tier, "drained": True}
 
 
-def routed_smoke(ctx: StepContext) -> StepResult:
-    world, cand = _w(ctx), _ident(ctx, "candidate")
-    assert world.router is not None
-    alias = world.config.slot(cand.slot).aliases[0]
-    answer = world.router.routed_chat(alias)
-    if answer.status != 200 or answer.model != cand.served_model:
-        raise StepFailed(
-            f"routed smoke to {alias}: HTTP {answer.status} from {answer.model!r}, "
-            f"expected 200 from {cand.served_model!r}"
-        )
-    return {"alias": alias, "status": answer.status, "model": answer.model}
+def smoke(ctx: StepContext) -> StepResult:
+    return routed_smoke(_w(ctx), _ident(ctx, "candidate"))
 
 
 def acceptance(ctx: StepContext) -> StepResult:
@@ -188,7 +170,7 @@ def build(args: Mapping[str, Any], world: World) -> Plan:
                 drain_again,
                 "route the tier to the candidate",
             ),
-            Step("routed-smoke", routed_smoke, None, "authenticated routed chat by alias"),
+            Step("routed-smoke", smoke, None, "authenticated routed chat by alias"),
             Step(
                 "acceptance",
                 acceptance,

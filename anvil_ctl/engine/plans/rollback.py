@@ -22,14 +22,20 @@ import copy
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from anvil_ctl.core.errors import NeedsOperator, StepFailed
+from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.snapshot import Snapshot, diff
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import guards_for
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.serving import container_absent_or_stopped, restart_retained, stop_verified
+from anvil_ctl.engine.serving import (
+    container_absent_or_stopped,
+    restart_retained,
+    route_slot_to,
+    routed_smoke,
+    stop_verified,
+)
 from anvil_ctl.engine.world import World
 
 
@@ -109,19 +115,10 @@ def drain_tier(ctx: StepContext) -> StepResult:
 
 
 def readmit_current(ctx: StepContext, _r: StepResult) -> StepResult:
-    world, cur = _w(ctx), _current(ctx)
-    assert world.router is not None
+    cur = _current(ctx)
     if cur is None or not ctx.args.get("current_routed"):
         return {"readmitted": None}
-    slot = world.config.slot(cur.slot)
-    world.router.readmit(
-        slot.router_tier,
-        slot.base_url,
-        slot.aliases,
-        cur.served_model,
-        world.config.router.readmit_deadline_s,
-    )
-    return {"readmitted": cur.served_model}
+    return route_slot_to(_w(ctx), cur)
 
 
 def stop_current(ctx: StepContext) -> StepResult:
@@ -169,30 +166,11 @@ def stop_target_needs_operator(ctx: StepContext, _r: StepResult) -> StepResult:
 
 
 def route_back(ctx: StepContext) -> StepResult:
-    world, target = _w(ctx), _target(ctx)
-    assert world.router is not None
-    slot = world.config.slot(target.slot)
-    world.router.readmit(
-        slot.router_tier,
-        slot.base_url,
-        slot.aliases,
-        target.served_model,
-        world.config.router.readmit_deadline_s,
-    )
-    return {"tier": slot.router_tier, "routed_to": target.served_model}
+    return route_slot_to(_w(ctx), _target(ctx))
 
 
-def routed_smoke(ctx: StepContext) -> StepResult:
-    world, target = _w(ctx), _target(ctx)
-    assert world.router is not None
-    alias = world.config.slot(target.slot).aliases[0]
-    answer = world.router.routed_chat(alias)
-    if answer.status != 200 or answer.model != target.served_model:
-        raise StepFailed(
-            f"routed smoke to {alias}: HTTP {answer.status} from {answer.model!r}, "
-            f"expected 200 from {target.served_model!r}"
-        )
-    return {"alias": alias, "status": answer.status, "model": answer.model}
+def smoke(ctx: StepContext) -> StepResult:
+    return routed_smoke(_w(ctx), _target(ctx))
 
 
 def record_restore(ctx: StepContext) -> StepResult:
@@ -244,7 +222,7 @@ def build(args: Mapping[str, Any], world: World) -> Plan:
     if world.router is not None:
         steps += [
             Step("route-back", route_back, None, "route the tier back and readmit"),
-            Step("routed-smoke", routed_smoke, None, "authenticated routed chat by alias"),
+            Step("routed-smoke", smoke, None, "authenticated routed chat by alias"),
         ]
     steps.append(Step("record-restore", record_restore, unrecord_restore, "target is the incumbent again"))
     return Plan(
