@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from anvil_ctl.adapters.engine_http import HttpEngineProbe
 from anvil_ctl.commands import audit, serves, transactions
 from anvil_ctl.commands.context import Context
 from anvil_ctl.config import Settings
@@ -93,26 +92,7 @@ def transactions_count(ctx: Context) -> int:
 
 
 @pytest.fixture
-def close_engine_probes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """HttpEngineProbe has no close() and every world makes one: close their clients here, or
-    their sockets surface as ResourceWarnings (errors under filterwarnings=error) later."""
-    made: list[HttpEngineProbe] = []
-    original = HttpEngineProbe.__init__
-
-    def init(self: HttpEngineProbe, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(HttpEngineProbe, "__init__", init)
-    yield
-    for probe in made:
-        probe._http.close()
-
-
-@pytest.fixture
-def host(
-    tmp_path: Path, stub_container: Any, runtime: Any, close_engine_probes: None
-) -> Iterator[dict[str, Any]]:
+def host(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str, Any]]:
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     copy_recipe(recipes)
