@@ -51,7 +51,7 @@ def _load(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
 
 
 def _unload(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
-    return serves.unload(ctx, a.container_id, yes=a.yes), 0
+    return serves.unload(ctx, a.container_id, yes=a.yes, remove_residue=a.remove_residue), 0
 
 
 def register(sub: Any) -> None:
@@ -80,6 +80,11 @@ def register(sub: Any) -> None:
     ul = sub.add_parser("unload", help="remove a candidate container this controller created")
     ul.add_argument("container_id")
     ul.add_argument("--yes", action="store_true", help="really remove it")
+    ul.add_argument(
+        "--remove-residue",
+        action="store_true",
+        help="also delete /dev/shm residue, only what two observations agree no process holds",
+    )
     ul.set_defaults(handler=_unload)
 
     from anvil_ctl import cli_gpu, cli_lifecycle, cli_qualify

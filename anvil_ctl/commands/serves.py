@@ -51,7 +51,9 @@ def load(ctx: Context, ref: str, *, slot: str, dry_run: bool = False) -> Outcome
     return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id)
 
 
-def unload(ctx: Context, container_id: str, *, yes: bool = False) -> dict[str, Any]:
+def unload(
+    ctx: Context, container_id: str, *, yes: bool = False, remove_residue: bool = False
+) -> dict[str, Any]:
     """Remove a candidate container this controller created; labels and ID checked twice."""
     world = ctx.world()
 
@@ -90,7 +92,17 @@ def unload(ctx: Context, container_id: str, *, yes: bool = False) -> dict[str, A
                 info.labels.get("io.anvil.transaction"),
                 {"container_id": info.id, "name": info.name, "residue": residue},
             )
-    return {"container_id": info.id, "removed": True, "shm_residue": residue}
+    result: dict[str, Any] = {"container_id": info.id, "removed": True, "shm_residue": residue}
+    if remove_residue and residue:
+        from anvil_ctl.adapters.shm import ShmScanner
+        from anvil_ctl.adapters.shm import remove_residue as remove
+
+        if isinstance(world.shm, ShmScanner):
+            # Deleted only when two observations agree and no process maps or holds the file.
+            report = remove(world.shm)
+            result["residue_removed"] = list(report.removed)
+            result["residue_kept"] = [{"path": p, "why": why} for p, why in report.kept]
+    return result
 
 
 def managed_candidates(ctx: Context) -> list[dict[str, Any]]:
