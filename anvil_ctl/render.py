@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 # Piped output (logs, cron mail) gets full-width tables instead of 80-column truncation.
-console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+console = Console(highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 def show(payload: Any) -> None:
@@ -30,6 +30,9 @@ def show(payload: Any) -> None:
         return
     if isinstance(payload, dict) and "assertions" in payload:
         _recheck(payload)
+        return
+    if isinstance(payload, dict) and "slots" in payload and "host" in payload:
+        _status(payload)
         return
     console.print(json.dumps(payload, indent=2, sort_keys=True, default=str))
 
@@ -70,3 +73,34 @@ def _recheck(r: dict[str, Any]) -> None:
     console.print(table)
     verdict = "all assertions hold" if r["passed"] else "DRIFT: " + ", ".join(r["failed"])
     console.print(f"recheck of slot {r['slot']}: {verdict} (recorded as recheck {r.get('recheck_id')})")
+
+
+def _status(st: dict[str, Any]) -> None:
+    for name, slot in st["slots"].items():
+        models = ", ".join(f"{m} ({n} tokens)" if n else m for m, n in slot["serving"]["models"]) or "nothing"
+        console.print(
+            f"slot {name}: {slot['binding']} serves {models} "
+            f"({'healthy' if slot['serving']['healthy'] else 'NOT healthy'}); "
+            f"tier {slot['router_tier']} for {', '.join(slot['aliases'])}"
+        )
+        inc = slot.get("incumbent")
+        if inc:
+            console.print(
+                f"  incumbent: {inc['container_id'][:12]} {inc['served_model']} "
+                f"[{inc['status']}] identity {inc['identity_digest'][:12]}"
+            )
+        else:
+            console.print("  incumbent: none recorded (adopt the serving container first)")
+        table = Table("container", "name", "role", "status", "image")
+        for c in slot["containers"]:
+            table.add_row(
+                c["container_id"][:12], c["name"], c.get("role") or "", c["status"], c["image_id"][:19]
+            )
+        if slot["containers"]:
+            console.print(table)
+        backends = (slot.get("router") or {}).get("backends")
+        if backends is not None:
+            routed = (
+                ", ".join(f"{b.get('url')} -> {b.get('observed_model')}" for b in backends) or "no backend"
+            )
+            console.print(f"  router: {routed}")

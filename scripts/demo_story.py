@@ -53,6 +53,7 @@ def main() -> int:
         print(
             f"incumbent {c.incumbent_id[:12]}: {runtime().inspect(c.incumbent_id).status} (stopped, retained)"
         )
+        run(c, "status")
 
         banner("qualify it: function passes; 2,101 MiB free per card < 3,072 -> policy-infeasible")
         run(c, "qualify", "--slot", "primary", "--profile", "demo")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,6 +187,71 @@ class TestSeedCampaign:
         assert check["passed"], check["failed"]
         served = j(camp.anvilctl("--json", "status"))["slots"]["primary"]["serving"]["models"]
         assert served == [[INCUMBENT_MODEL, 524288]]
+
+    def test_11b_recheck_names_each_drift_injected_one_at_a_time(self, camp: Campaign) -> None:
+        from anvil_ctl.adapters.credentials import resolve_credentials
+        from anvil_ctl.adapters.smg import SmgRouter
+        from anvil_ctl.config import load_host_config
+        from anvil_ctl.stub.container import stub_container_spec
+
+        def failed() -> list[str]:
+            r = camp.anvilctl("--json", "recheck", "--slot", "primary")
+            out = j(r)
+            assert r.returncode == (0 if out["passed"] else 6)
+            return list(out["failed"])
+
+        rt = runtime()
+        assert failed() == []
+        # 1. the incumbent stopped by hand
+        rt.stop(camp.incumbent_id, 10)
+        assert "incumbent_container_running" in failed()
+        rt.start(camp.incumbent_id)
+        host = load_host_config(Path(camp.env["ANVIL_CONFIG"]))
+        with SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router:
+            router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+        assert failed() == []
+        # 2. a candidate left running
+        image = rt.inspect(camp.incumbent_id).image_id
+        stray = stub_container_spec(
+            image,
+            name="stray-candidate",
+            port=8011,
+            served_model="stray",
+            labels={"io.anvil.managed": "true", "io.anvil.role": "candidate"},
+        )
+        stray_id = rt.create(stray)
+        rt.start(stray_id)
+        try:
+            assert failed() == ["no_candidate_running"]
+        finally:
+            rt.remove(stray_id, force=True)
+        # 3. the route changed under us
+        with SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router:
+            router.deregister("primary-local", "http://127.0.0.1:8001")
+            assert "router_readiness" in failed()
+            router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+        # 4. a shared-memory residue file
+        residue = Path("/dev/shm/anvil-test-offload-residue")
+        residue.write_bytes(b"x" * 4096)
+        try:
+            assert failed() == ["shm_residue_zero"]
+        finally:
+            residue.unlink()
+        # 5. a wrong served model on the binding
+        rt.stop(camp.incumbent_id, 10)
+        wrong = stub_container_spec(image, name="wrong-model", port=8001, served_model="not-the-incumbent")
+        wrong_id = rt.create(wrong)
+        rt.start(wrong_id)
+        try:
+            assert {"served_model", "incumbent_container_running"} <= set(failed())
+        finally:
+            rt.remove(wrong_id, force=True)
+            rt.start(camp.incumbent_id)
+            with SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router:
+                router.readmit(
+                    "primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120
+                )
+        assert failed() == []
 
     def test_12_the_audit_trail_is_complete_and_verifies(self, camp: Campaign) -> None:
         assert j(camp.anvilctl("--json", "audit", "verify"))["ok"] is True
