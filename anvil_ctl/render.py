@@ -18,6 +18,9 @@ def show(payload: Any) -> None:
         if not payload:
             console.print("(none)")
             return
+        if all(isinstance(r, dict) and {"label", "equal", "changes"} <= r.keys() for r in payload):
+            _diffs(payload)
+            return
         if all(isinstance(r, dict) for r in payload):
             cols = list(payload[0].keys())
             table = Table(*cols)
@@ -104,3 +107,11 @@ def _status(st: dict[str, Any]) -> None:
                 ", ".join(f"{b.get('url')} -> {b.get('observed_model')}" for b in backends) or "no backend"
             )
             console.print(f"  router: {routed}")
+
+
+def _diffs(diffs: list[dict[str, Any]]) -> None:
+    for d in diffs:
+        verdict = "equal" if d["equal"] else f"{len(d['changes'])} change(s)"
+        console.print(f"{d['label']}: {verdict} ({d['before_sha256'][:12]} -> {d['after_sha256'][:12]})")
+        for c in d["changes"]:
+            console.print(f"    {c['path']}: {c['before']!r} -> {c['after']!r}")
