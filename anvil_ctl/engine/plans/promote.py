@@ -90,6 +90,17 @@ class CandidateIsServing(Guard):
         return None
 
 
+class RouterConfigured(Guard):
+    """Promotion means routing: a host without a router has nothing to promote to."""
+
+    kinds: ClassVar[frozenset[str]] = frozenset({"promote"})
+
+    def check(self, ctx: StepContext) -> Refusal | None:
+        if _w(ctx).router is None:
+            return self.refuse("promote needs a router: the host config's router.kind is 'none'")
+        return None
+
+
 class ApproverNamed(Guard):
     """A promotion names the person who approved it."""
 
@@ -155,7 +166,7 @@ def unrecord_promotion(ctx: StepContext, _r: StepResult) -> StepResult:
     return {"incumbent": old.container_id}
 
 
-GUARDS = [ApproverNamed(), CandidateVerified(), CandidateIsServing()]
+GUARDS = [RouterConfigured(), ApproverNamed(), CandidateVerified(), CandidateIsServing()]
 
 
 def build(args: Mapping[str, Any], world: World) -> Plan:
