@@ -3,13 +3,14 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-DEBS := docker.io haproxy tini iproute2 util-linux sqlite3
+DEBS := docker.io haproxy tini iproute2 util-linux sqlite3 python3
 
 .PHONY: setup debs test unit check demo clean
 
 setup: $(VENV)/.installed
 
-# Debian packages the integration tests and the demo need (dockerd, HAProxy, tini, ip, nsenter).
+# Debian packages the integration tests and the demo need (dockerd, HAProxy, tini, ip, nsenter,
+# and the Debian python3 that stub containers bind-mount read-only).
 debs:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
