@@ -27,6 +27,7 @@ from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.persistence import records
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.recipes import load_recipe
+from tests.integration.hosts import sim_host_toml
 
 pytestmark = pytest.mark.integration
 
@@ -34,30 +35,15 @@ REPO = Path(__file__).resolve().parents[2]
 INCUMBENT = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
 UA = "GPU-00000000-0000-4000-8000-0000000000a1"
 UB = "GPU-00000000-0000-4000-8000-0000000000b2"
-HOST = f"""
-[gpu_roles.compute-a]
-uuid = "{UA}"
-capacity_mib = 97887
-[gpu_roles.compute-b]
-uuid = "{UB}"
-capacity_mib = 97887
-[slots.primary]
-binding = "127.0.0.1:8001"
-router_tier = "primary-local"
-aliases = ["llm.primary"]
-gpu_roles = ["compute-a", "compute-b"]
-[slots.secondary]
+HOST = sim_host_toml(
+    UA,
+    UB,
+    extra="""[slots.secondary]
 binding = "127.0.0.1:8002"
 router_tier = "secondary-local"
 aliases = ["llm.secondary"]
-gpu_roles = ["compute-a", "compute-b"]
-[router]
-kind = "none"
-[policy]
-stop_timeout_s = 5
-vram_release_deadline_s = 10
-health_poll_s = 0.1
-"""
+gpu_roles = ["compute-a", "compute-b"]""",
+)
 
 
 def copy_recipe(recipes: Path, name: str = "stub-393k-c1", **changes: str) -> None:

@@ -14,30 +14,12 @@ from anvil_ctl.config import Settings
 from anvil_ctl.core.errors import Refused
 from anvil_ctl.core.states import TxState
 from anvil_ctl.persistence.migrate import upgrade
+from tests.integration.hosts import INCUMBENT, sim_host_toml
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-INCUMBENT = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
-HOST = """
-[gpu_roles.compute-a]
-uuid = "GPU-00000000-0000-4000-8000-00000000000a"
-capacity_mib = 97887
-[gpu_roles.compute-b]
-uuid = "GPU-00000000-0000-4000-8000-00000000000b"
-capacity_mib = 97887
-[slots.primary]
-binding = "127.0.0.1:8001"
-router_tier = "primary-local"
-aliases = ["llm.primary"]
-gpu_roles = ["compute-a", "compute-b"]
-[router]
-kind = "none"
-[policy]
-stop_timeout_s = 5
-vram_release_deadline_s = 10
-health_poll_s = 0.1
-"""
+HOST = sim_host_toml()
 
 
 def variant(recipes: Path, name: str, extra_args: list[str], timeout_s: float = 60.0) -> None:

@@ -27,6 +27,7 @@ from anvil_ctl.commands.context import Context
 from anvil_ctl.config import Settings
 from anvil_ctl.gpu.waivers import Waiver
 from anvil_ctl.persistence import records
+from tests.integration.hosts import sim_host_toml
 
 pytestmark = pytest.mark.integration
 
@@ -34,25 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 INCUMBENT = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
 GPU_A = "GPU-00000000-0000-4000-8000-00000000000a"
 GPU_B = "GPU-00000000-0000-4000-8000-00000000000b"
-HOST = f"""
-[gpu_roles.compute-a]
-uuid = "{GPU_A}"
-capacity_mib = 97887
-[gpu_roles.compute-b]
-uuid = "{GPU_B}"
-capacity_mib = 97887
-[slots.primary]
-binding = "127.0.0.1:8001"
-router_tier = "primary-local"
-aliases = ["llm.primary"]
-gpu_roles = ["compute-a", "compute-b"]
-[router]
-kind = "none"
-[policy]
-stop_timeout_s = 5
-vram_release_deadline_s = 10
-health_poll_s = 0.1
-"""
+HOST = sim_host_toml(GPU_A, GPU_B)
 
 
 class Host:
