@@ -30,6 +30,10 @@ def _recover(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     return report, report.exit_code
 
 
+def _resolve(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
+    return transactions.resolve(ctx, a.tx, by=a.by, note=a.note), 0
+
+
 def _lock_status(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
     return transactions.lock_status(ctx), 0
 
@@ -119,6 +123,11 @@ def register(sub: Any) -> None:
 
     sub.add_parser("status", help="slots, incumbents, candidates, health").set_defaults(handler=_status)
     sub.add_parser("recover", help="compensate transactions whose owner died").set_defaults(handler=_recover)
+    rs = sub.add_parser("resolve", help="record that a person resolved a needs-operator transaction")
+    rs.add_argument("tx")
+    rs.add_argument("--by", required=True, help="who resolved it")
+    rs.add_argument("--note", required=True, help="what they did")
+    rs.set_defaults(handler=_resolve)
 
     lock = sub.add_parser("lock", help="the host mutator lock").add_subparsers(dest="lock_cmd", required=True)
     lock.add_parser("status", help="who holds the lock").set_defaults(handler=_lock_status)

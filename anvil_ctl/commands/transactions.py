@@ -130,10 +130,17 @@ def load(
     world = ctx.world()
     ctx.config.slot(slot)
     incumbent = ctx.store.current_identity(slot, "incumbent")
+    running = False
+    if incumbent is not None:
+        from anvil_ctl.engine.serving import container_absent_or_stopped
+
+        running = not container_absent_or_stopped(world, incumbent.container_id)
     args = {
         "slot": slot,
         "candidate": candidate.as_dict(),
         "incumbent": incumbent.as_dict() if incumbent else None,
+        # Journaled before any mutation: compensation restores this, not more.
+        "incumbent_running": running,
     }
     return run_plan(ctx, "load", args, world, dry_run=dry_run, tx_id=tx_id)
 
@@ -144,9 +151,11 @@ def recover_all(ctx: Context) -> RecoverReport:
     stale = lock.acquire(take_over_dead=True)
     try:
         report = recover(ctx.store, ctx.owner, BUILDERS, world)
-        for dead in stale:
-            release_row(ctx.store, dead.id, how="recovered", by=f"recover pid {ctx.owner.pid}")
-            report.released_locks.append(dead.as_dict())
+        # A dead owner's lock row goes only once nothing it left is unresolved.
+        if report.exit_code == 0:
+            for dead in stale:
+                release_row(ctx.store, dead.id, how="recovered", by=f"recover pid {ctx.owner.pid}")
+                report.released_locks.append(dead.as_dict())
     finally:
         lock.release()
     return report
@@ -165,3 +174,22 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str,
             release_row(ctx.store, lock_id, how="broken", by=by, reason=reason)
             return {"lock_id": lock_id, "broken": True, "was": h.as_dict()}
     raise BadInput(f"lock {lock_id} is not held", field="lock_id")
+
+
+def resolve(ctx: Context, tx: str, *, by: str, note: str) -> dict[str, Any]:
+    """A person records that they resolved a transaction that waits for one."""
+    from anvil_ctl.core.states import TxState
+
+    if not by.strip() or not note.strip():
+        raise BadInput("--by and --note are required: who resolved it, and how", field="by")
+    matches = [r for r in ctx.store.unresolved() if r.id.startswith(tx)]
+    if len(matches) != 1:
+        raise BadInput(f"transaction {tx!r}: no unique unresolved transaction matches", field="transaction")
+    rec = matches[0]
+    if rec.state not in (TxState.COMPENSATION_FAILED, TxState.NEEDS_OPERATOR):
+        raise BadInput(
+            f"transaction {rec.id[:8]} is {rec.state.value}: `anvilctl recover` handles it, not a person",
+            field="transaction",
+        )
+    ctx.store.transition(rec.id, TxState.COMPENSATED, f"resolved by {by}: {note}", {"resolved_by": by})
+    return {"tx_id": rec.id, "from": rec.state.value, "to": "compensated", "resolved_by": by}

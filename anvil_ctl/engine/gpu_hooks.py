@@ -32,7 +32,7 @@ from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import GpuProcess, GpuReading, Identity
 from anvil_ctl.core.steps import StepContext
-from anvil_ctl.engine.serving import Candidate
+from anvil_ctl.engine.serving import Candidate, container_absent_or_stopped
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu.ownership import (
     GpuOwner,
@@ -144,6 +144,11 @@ class GpuRolesFree(Guard):
         roles, replacing = request
         world = _world(ctx)
         owners = ledger(world.store)
+        # A claim whose container is stopped (or gone) holds no GPU memory: the start takes it
+        # over, and the transaction's ownership step records the new owner.
+        replacing = replacing | {
+            o.container_id for o in owners.values() if container_absent_or_stopped(world, o.container_id)
+        }
         mode = ownership_mode(roles)
         refusal = check_start(owners, roles, mode, replacing=replacing)
         if refusal is None:

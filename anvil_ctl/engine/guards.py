@@ -29,6 +29,28 @@ def _incumbent(ctx: StepContext) -> Identity | None:
     return Identity.from_dict(data) if data else None
 
 
+class NoUnresolvedTransaction(Guard):
+    """No mutation starts while another transaction is unfinished or waits for a person:
+    its compensation could later undo what this one builds on."""
+
+    kinds: ClassVar[frozenset[str]] = MUTATING
+
+    def check(self, ctx: StepContext) -> Refusal | None:
+        for rec in _world(ctx).store.unresolved():
+            if rec.id != ctx.tx_id:
+                hint = (
+                    "run `anvilctl recover`"
+                    if rec.state.value in ("running", "compensating", "interrupted", "planned")
+                    else f"a person must resolve it (`anvilctl resolve {rec.id[:8]} --by NAME --note TEXT`)"
+                )
+                return self.refuse(
+                    f"transaction {rec.id[:8]} ({rec.kind}) is {rec.state.value}; {hint}",
+                    tx_id=rec.id,
+                    state=rec.state.value,
+                )
+        return None
+
+
 class RollbackIdentityComplete(Guard):
     """A slot with a serve on it has a recorded rollback identity with every required field."""
 
@@ -190,6 +212,7 @@ class RouterCredentialsAccepted(Guard):
 
 
 GUARDS: list[Guard] = [
+    NoUnresolvedTransaction(),
     RollbackIdentityComplete(),
     RollbackIdentityRestorable(),
     CandidateImagePinned(),

@@ -106,7 +106,14 @@ class HostLock:
                 owner=holders[0].as_dict() if holders else None,
             ) from None
         self._fd = fd
-        stale = [h for h in held_locks(self.store, self.owner.hostname) if h.alive is not True]
+        rows = held_locks(self.store, self.owner.hostname)
+        # We hold the flock, yet a row claims a live owner: the lock file was replaced or a
+        # PID was reused. Never run beside a possible mutator.
+        live = [h for h in rows if h.alive]
+        if live:
+            self._unlock_fd()
+            raise LockHeld(f"another mutator holds this host: {live[0].describe()}", owner=live[0].as_dict())
+        stale = [h for h in rows if h.alive is not True]
         if stale and not take_over_dead:
             self._unlock_fd()
             raise LockHeld(
@@ -148,8 +155,13 @@ class HostLock:
         self.acquire()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.release()
+        else:
+            # The command died mid-transaction (Ctrl-C, a failed journal write): keep the row so
+            # the next mutator is refused until `recover` has compensated what was left.
+            self._unlock_fd()
 
 
 def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = "") -> None:

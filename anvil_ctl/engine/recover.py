@@ -33,7 +33,8 @@ class RecoverReport:
 
     @property
     def exit_code(self) -> int:
-        return 5 if any(r["state"] != TxState.COMPENSATED.value for r in self.recovered) else 0
+        done = {TxState.COMPENSATED.value, TxState.REFUSED.value}
+        return 5 if any(r["state"] not in done for r in self.recovered) else 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -75,7 +76,18 @@ def recover(
             why = "owner alive" if alive else "owner on another host"
             report.skipped.append({"tx_id": rec.id, "kind": rec.kind, "why": why})
             continue
-        report.recovered.append(_recover_one(journal, engine, rec, builders, world))
+        try:
+            report.recovered.append(_recover_one(journal, engine, rec, builders, world))
+        except Exception as exc:
+            log.error("recover failed", tx_id=rec.id, error=str(exc))
+            why = f"recover could not compensate: {type(exc).__name__}: {exc}"
+            state = journal.record(rec.id).state
+            if state in (TxState.RUNNING, TxState.COMPENSATING):
+                target = TxState.NEEDS_OPERATOR if state == TxState.COMPENSATING else TxState.INTERRUPTED
+                journal.transition(rec.id, target, why)
+            report.recovered.append(
+                {"tx_id": rec.id, "kind": rec.kind, "state": "needs_operator", "reason": why}
+            )
     return report
 
 

@@ -156,6 +156,8 @@ class TransactionEngine:
         except AnvilError as exc:
             # A guard that cannot observe what it must check refuses: never mutate blind.
             return Refusal(type(exc).__name__, f"could not check: {exc}", exc.data)
+        except Exception as exc:
+            return Refusal(type(exc).__name__, f"guard failed: {type(exc).__name__}: {exc}", {})
 
     def _do(self, ctx: StepContext, seq: int, step: Step) -> None:
         slog = log.bind(tx_id=ctx.tx_id, step=step.name)

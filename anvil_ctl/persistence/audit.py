@@ -12,13 +12,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.model import canonical_json, sha256_hex
 from anvil_ctl.persistence.models import AuditEntry
 
 GENESIS = "0" * 64
+AUDIT_LOCK_KEY = 0x616E76696C  # "anvil"
 
 
 def entry_hash(prev_hash: str, row_id: int, *, at: str, tx_id: str | None, event: str, payload: str) -> str:
@@ -30,7 +31,13 @@ def entry_hash(prev_hash: str, row_id: int, *, at: str, tx_id: str | None, event
 
 
 def append(session: Session, *, at: str, tx_id: str | None, event: str, payload: dict[str, Any]) -> None:
-    """Append one entry; the caller's write transaction serializes appenders."""
+    """Append one entry; the caller's write transaction serializes appenders.
+
+    SQLite writers are serialized by BEGIN IMMEDIATE; on PostgreSQL a transaction-scoped
+    advisory lock does it, so two hosts sharing one database never fork the chain.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": AUDIT_LOCK_KEY})
     last = session.execute(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(1)).scalar()
     prev_hash = last.hash if last else GENESIS
     row_id = (last.id + 1) if last else 1

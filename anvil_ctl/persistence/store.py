@@ -220,6 +220,14 @@ class Store:
                 {"label": label, "equal": not changes, "changes": len(changes)},
             )
 
+    def unresolved(self) -> list[TxRecord]:
+        """Unfinished transactions plus those that wait for a person."""
+        waiting = (TxState.COMPENSATION_FAILED, TxState.NEEDS_OPERATOR)
+        with self.read() as s:
+            txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()
+            records = [self._to_record(s, tx) for tx in txs]
+        return [r for r in records if r.state in (*UNFINISHED, *waiting)]
+
     def unfinished(self) -> list[TxRecord]:
         with self.read() as s:
             txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()

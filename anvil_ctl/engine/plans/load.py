@@ -161,7 +161,9 @@ def release_candidate_record(ctx: StepContext, _result: StepResult) -> StepResul
 
 
 def build(args: Mapping[str, Any], world: World) -> Plan:
-    has_incumbent = args.get("incumbent") is not None
+    # An incumbent already stopped (a campaign of several loads) is neither drained, stopped
+    # nor, on compensation, started again: the undo restores the before state, not more.
+    has_incumbent = args.get("incumbent") is not None and bool(args.get("incumbent_running", True))
     steps: list[Step] = []
     if has_incumbent and world.router is not None:
         steps.append(Step("drain-tier", drain_tier, readmit_incumbent, "quiesce the slot's router tier"))

@@ -85,6 +85,26 @@ class TargetIdentityComplete(Guard):
         return None
 
 
+class TargetNotAlreadyServing(Guard):
+    """There is something to restore: the target is not already the running, serving incumbent."""
+
+    kinds: ClassVar[frozenset[str]] = frozenset({"rollback"})
+
+    def check(self, ctx: StepContext) -> Refusal | None:
+        if not ctx.args.get("target"):
+            return None
+        world, target = _w(ctx), _target(ctx)
+        if container_absent_or_stopped(world, target.container_id):
+            return None
+        served = [m.id for m in world.engine.models(world.config.slot(target.slot).base_url)]
+        if served == [target.served_model]:
+            return self.refuse(
+                f"{target.container_id[:12]} ({target.served_model}) already serves slot {target.slot}; "
+                "nothing to restore (`anvilctl recheck` verifies it)"
+            )
+        return None
+
+
 class RestoreGroupContainsTarget(Guard):
     """A named restore group must contain the declared rollback identity."""
 
@@ -201,7 +221,7 @@ def verify_placement(ctx: StepContext, _before: Snapshot | None, after: Snapshot
     return [f"{c.path}: recorded {c.before!r}, now {c.after!r}" for c in changes]
 
 
-GUARDS = [TargetIdentityComplete(), RestoreGroupContainsTarget()]
+GUARDS = [TargetIdentityComplete(), TargetNotAlreadyServing(), RestoreGroupContainsTarget()]
 
 
 def build(args: Mapping[str, Any], world: World) -> Plan:

@@ -1,0 +1,98 @@
+"""Safety rules found in review: no mutation beside an unresolved transaction, compensation
+restores the before state and no more, nothing to restore is refused, a crashed command keeps
+its lock row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from anvil_ctl.commands import lifecycle, transactions
+from anvil_ctl.core.errors import BadInput, LockHeld
+from anvil_ctl.core.states import TxState
+from anvil_ctl.engine.lock import HostLock, held_locks
+from anvil_ctl.engine.owner import current_owner
+from tests.unit.fakehost import FakeHost
+
+
+def _needs_operator(host: FakeHost) -> str:
+    transactions.load(host.context(), slot="primary", candidate=host.candidate())
+    host.world.set_fail("readmit", "HTTP 401 from the router")
+    out = lifecycle.rollback(host.context(), slot="primary")
+    assert out.state == TxState.NEEDS_OPERATOR
+    host.world.set_fail("readmit", None)
+    return out.tx_id or ""
+
+
+class TestUnresolvedTransactions:
+    def test_a_transaction_waiting_for_a_person_refuses_the_next_mutation(self, fake_host: FakeHost) -> None:
+        tx = _needs_operator(fake_host)
+        before = fake_host.world.read()
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state == TxState.REFUSED
+        assert out.refusal is not None and out.refusal.guard == "NoUnresolvedTransaction"
+        assert tx[:8] in out.reason and "needs_operator" in out.reason
+        assert fake_host.world.read() == before
+
+    def test_resolve_records_the_person_and_unblocks(self, fake_host: FakeHost) -> None:
+        tx = _needs_operator(fake_host)
+        with pytest.raises(BadInput):
+            transactions.resolve(fake_host.context(), tx[:8], by="", note="")
+        done = transactions.resolve(fake_host.context(), tx[:8], by="operator", note="checked by hand")
+        assert done == {"tx_id": tx, "from": "needs_operator", "to": "compensated", "resolved_by": "operator"}
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state == TxState.COMMITTED, out.reason
+
+
+class TestCompensationRestoresNoMore:
+    def test_a_failed_load_does_not_start_an_incumbent_that_was_already_stopped(
+        self, fake_host: FakeHost
+    ) -> None:
+        from anvil_ctl.commands import serves
+
+        first = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        serves.unload(fake_host.context(), first.results["start-candidate"]["container_id"], yes=True)
+        assert fake_host.world.read()["containers"][fake_host.incumbent_id]["status"] == "exited"
+        tier_before = fake_host.world.read()["router"]["tiers"]["primary-local"]["state"]
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate(fail_health=True, name="c2")
+        )
+        assert out.state == TxState.COMPENSATED
+        assert [s["step"] for s in out.plan][:2] == ["release-vram", "start-candidate"]
+        world = fake_host.world.read()
+        assert world["containers"][fake_host.incumbent_id]["status"] == "exited"
+        assert world["router"]["tiers"]["primary-local"]["state"] == tier_before
+
+
+class TestNothingToRestore:
+    def test_a_rollback_whose_target_already_serves_is_refused(self, fake_host: FakeHost) -> None:
+        transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        assert lifecycle.rollback(fake_host.context(), slot="primary").state == TxState.COMMITTED
+        out = lifecycle.rollback(fake_host.context(), slot="primary", to=fake_host.incumbent_id[:12])
+        assert out.state == TxState.REFUSED and "already serves" in out.reason
+
+
+class TestLockRows:
+    def test_a_command_that_dies_inside_the_lock_keeps_its_row(
+        self, fake_host: FakeHost, tmp_path: Path
+    ) -> None:
+        store = fake_host.context().store
+        with (
+            pytest.raises(KeyboardInterrupt),
+            HostLock(store, tmp_path / "anvil.lock", current_owner(), "load"),
+        ):
+            raise KeyboardInterrupt
+        assert [h.command for h in held_locks(store)] == ["load"]
+
+    def test_a_live_row_refuses_even_when_the_lock_file_was_replaced(
+        self, fake_host: FakeHost, tmp_path: Path
+    ) -> None:
+        store = fake_host.context().store
+        first = HostLock(store, tmp_path / "a.lock", current_owner(), "load")
+        first.acquire()
+        try:
+            with pytest.raises(LockHeld, match="another mutator holds this host"):
+                HostLock(store, tmp_path / "b.lock", current_owner(), "load").acquire()
+        finally:
+            first.release()
