@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 
 from anvil_ctl.commands.context import Context
-from anvil_ctl.commands.transactions import run_plan
+from anvil_ctl.commands.transactions import mutating, run_plan
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import Identity
 from anvil_ctl.engine.plans import promote as promote_plan
@@ -26,6 +26,16 @@ def promote(
     dry_run: bool = False,
 ) -> Outcome:
     ctx.config.slot(slot)
+    tx_id = str(uuid.uuid4())
+    with mutating(ctx, "promote", tx_id, dry_run=dry_run):
+        return _promote_locked(
+            ctx, slot=slot, approved_by=approved_by, candidate=candidate, dry_run=dry_run, tx_id=tx_id
+        )
+
+
+def _promote_locked(
+    ctx: Context, *, slot: str, approved_by: str, candidate: str | None, dry_run: bool, tx_id: str
+) -> Outcome:
     cand = ctx.store.current_identity(slot, "candidate")
     if cand is None:
         raise BadInput(f"slot {slot}: no candidate has been loaded", field="candidate")
@@ -49,7 +59,7 @@ def promote(
         "decision_id": decision["id"] if decision else None,
         "approved_by": approved_by,
     }
-    return run_plan(ctx, "promote", args, world, dry_run=dry_run, tx_id=str(uuid.uuid4()))
+    return run_plan(ctx, "promote", args, world, dry_run=dry_run, tx_id=tx_id, locked=True)
 
 
 def _identity_by_ref(ctx: Context, slot: str, ref: str) -> Identity | None:
@@ -98,6 +108,16 @@ def rollback(
     dry_run: bool = False,
 ) -> Outcome:
     ctx.config.slot(slot)
+    tx_id = str(uuid.uuid4())
+    with mutating(ctx, "rollback", tx_id, dry_run=dry_run):
+        return _rollback_locked(
+            ctx, slot=slot, to=to, restore_group=restore_group, dry_run=dry_run, tx_id=tx_id
+        )
+
+
+def _rollback_locked(
+    ctx: Context, *, slot: str, to: str | None, restore_group: str | None, dry_run: bool, tx_id: str
+) -> Outcome:
     world = ctx.world()
     target: Identity | None
     if to:
@@ -130,7 +150,7 @@ def rollback(
         "restore_group_members": members,
         "recorded_snapshot": recorded_snapshot(ctx, target) if target else None,
     }
-    return run_plan(ctx, "rollback", args, world, dry_run=dry_run, tx_id=str(uuid.uuid4()))
+    return run_plan(ctx, "rollback", args, world, dry_run=dry_run, tx_id=tx_id, locked=True)
 
 
 def _running(world: Any, container_id: str) -> bool:

@@ -7,7 +7,8 @@ returns an Outcome (or a report) for the CLI to render.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from anvil_ctl.commands.context import Context
@@ -63,14 +64,30 @@ def run_plan(
     *,
     dry_run: bool,
     tx_id: str | None = None,
+    locked: bool = False,
 ) -> Outcome:
+    """Run a transaction; `locked` when the caller already holds the host lock (see `mutating`)."""
     plan = BUILDERS[kind](args, world)
     engine = TransactionEngine(ctx.store, ctx.owner)
     if dry_run:
         return engine.run(plan, world, dry_run=True)
     tx_id = tx_id or str(uuid.uuid4())
+    if locked:
+        return engine.run(plan, world, tx_id=tx_id)
     with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
         return engine.run(plan, world, tx_id=tx_id)
+
+
+@contextmanager
+def mutating(ctx: Context, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[None]:
+    """Hold the host lock while a command reads the state its arguments are built from:
+    identities read before the lock could be stale by the time the transaction runs.
+    A dry run changes nothing and takes no lock."""
+    if dry_run:
+        yield
+        return
+    with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
+        yield
 
 
 def adopt(
@@ -129,20 +146,22 @@ def load(
 ) -> Outcome:
     world = ctx.world()
     ctx.config.slot(slot)
-    incumbent = ctx.store.current_identity(slot, "incumbent")
-    running = False
-    if incumbent is not None:
-        from anvil_ctl.engine.serving import container_absent_or_stopped
+    tx_id = tx_id or str(uuid.uuid4())
+    with mutating(ctx, "load", tx_id, dry_run=dry_run):
+        incumbent = ctx.store.current_identity(slot, "incumbent")
+        running = False
+        if incumbent is not None:
+            from anvil_ctl.engine.serving import container_absent_or_stopped
 
-        running = not container_absent_or_stopped(world, incumbent.container_id)
-    args = {
-        "slot": slot,
-        "candidate": candidate.as_dict(),
-        "incumbent": incumbent.as_dict() if incumbent else None,
-        # Journaled before any mutation: compensation restores this, not more.
-        "incumbent_running": running,
-    }
-    return run_plan(ctx, "load", args, world, dry_run=dry_run, tx_id=tx_id)
+            running = not container_absent_or_stopped(world, incumbent.container_id)
+        args = {
+            "slot": slot,
+            "candidate": candidate.as_dict(),
+            "incumbent": incumbent.as_dict() if incumbent else None,
+            # Journaled before any mutation: compensation restores this, not more.
+            "incumbent_running": running,
+        }
+        return run_plan(ctx, "load", args, world, dry_run=dry_run, tx_id=tx_id, locked=True)
 
 
 def recover_all(ctx: Context) -> RecoverReport:

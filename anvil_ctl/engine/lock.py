@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from anvil_ctl.core.errors import BadInput, LockHeld
+from anvil_ctl.core.errors import BadInput, LockHeld, Refused
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.persistence.models import LockRelease, LockRow
@@ -155,9 +155,9 @@ class HostLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.release()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None or isinstance(exc, BadInput | Refused):
+            self.release()  # nothing was mutated: bad input and refusals come before any step
         else:
             # The command died mid-transaction (Ctrl-C, a failed journal write): keep the row so
             # the next mutator is refused until `recover` has compensated what was left.

@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
@@ -45,21 +46,35 @@ class RecoverReport:
 
 
 def pending_undos(plan: Plan, events: list[StepEvent]) -> list[tuple[int, Step, dict[str, Any] | None]]:
-    """Steps whose do was started and whose undo has not completed, with recorded results."""
+    """Steps whose do was started and whose undo has not completed, with recorded results.
+
+    Journal events are matched to the rebuilt plan by step name and position together: a
+    plan rebuilt under a changed config (a router added or removed) must not pair a
+    journaled step with a different undo. A mismatch goes to a person.
+    """
     started: dict[int, dict[str, Any] | None] = {}
+    names: dict[int, str] = {}
     undone: set[int] = set()
     for ev in events:
         if ev.phase == "do" and ev.event == "intent":
             started.setdefault(ev.seq, None)
+            names[ev.seq] = ev.step
         elif ev.phase == "do" and ev.event == "result":
             started[ev.seq] = ev.detail
         elif ev.phase == "undo" and ev.event == "result":
             undone.add(ev.seq)
-    return [
-        (seq, plan.steps[seq], result)
-        for seq, result in sorted(started.items())
-        if seq not in undone and seq < len(plan.steps)
-    ]
+    todo = []
+    for seq, result in sorted(started.items()):
+        if seq in undone:
+            continue
+        if seq >= len(plan.steps) or plan.steps[seq].name != names[seq]:
+            raise NeedsOperator(
+                f"journaled step {seq} {names[seq]!r} does not match the plan rebuilt from today's "
+                "config; compensate by hand",
+                step=names[seq],
+            )
+        todo.append((seq, plan.steps[seq], result))
+    return todo
 
 
 def recover(

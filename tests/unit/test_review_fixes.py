@@ -96,3 +96,25 @@ class TestLockRows:
                 HostLock(store, tmp_path / "b.lock", current_owner(), "load").acquire()
         finally:
             first.release()
+
+
+class TestLockFirstArguments:
+    def test_bad_input_read_under_the_lock_releases_it(self, fake_host: FakeHost) -> None:
+        transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        with pytest.raises(BadInput, match="not the slot's loaded candidate"):
+            lifecycle.promote(fake_host.context(), slot="primary", approved_by="op", candidate="nope")
+        assert held_locks(fake_host.context().store) == []
+
+
+class TestRecoverMatchesStepsByName:
+    def test_a_journal_that_no_longer_matches_the_plan_goes_to_a_person(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.core.ports import StepEvent
+        from anvil_ctl.core.steps import Plan, Step
+        from anvil_ctl.engine.recover import pending_undos
+
+        plan = Plan(kind="load", args={}, steps=[Step("stop-incumbent", lambda c: None)])
+        events = [StepEvent(0, "drain-tier", "do", "intent", {}, "t")]
+        from anvil_ctl.core.errors import NeedsOperator
+
+        with pytest.raises(NeedsOperator, match="does not match the plan"):
+            pending_undos(plan, events)
