@@ -63,6 +63,8 @@ def _promote_locked(
 
 
 def _identity_by_ref(ctx: Context, slot: str, ref: str) -> Identity | None:
+    if len(ref) < 8 and not any(c in ref for c in "-._"):
+        raise BadInput(f"--to {ref!r}: give at least 8 characters of a container ID or digest", field="to")
     with ctx.store.read() as s:
         rows = s.execute(
             select(IdentityRow).where(IdentityRow.slot == slot).order_by(IdentityRow.id.desc())
