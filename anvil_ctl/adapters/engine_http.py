@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 
 from anvil_ctl.core.errors import AdapterError, TransientError
@@ -18,6 +20,14 @@ class HttpEngineProbe:
     def _get(self, url: str) -> httpx.Response:
         with httpx.Client(timeout=self._timeout_s, transport=self._transport) as client:
             return client.get(url)
+
+    def listening(self, base_url: str) -> bool:
+        url = httpx.URL(base_url)
+        try:
+            with socket.create_connection((url.host, url.port or 80), timeout=self._timeout_s):
+                return True
+        except OSError:
+            return False
 
     def health(self, base_url: str, path: str) -> bool:
         try:

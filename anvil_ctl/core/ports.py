@@ -102,6 +102,10 @@ class EngineProbe(Protocol):
 
     def models(self, base_url: str) -> list[ModelCard]: ...
 
+    def listening(self, base_url: str) -> bool:
+        """Whether anything accepts connections at the URL's host and port (any server)."""
+        ...
+
 
 @runtime_checkable
 class SharedMemory(Protocol):

@@ -171,6 +171,14 @@ class BindingNotTaken(Guard):
                 "besides the incumbent; unload it first",
                 container_id=others[0].id,
             )
+        binding = world.config.slot(slot_name)
+        if (ident is None or not ctx.args.get("incumbent_running", True)) and world.engine.listening(
+            binding.base_url
+        ):
+            return self.refuse(
+                f"binding {binding.binding} accepts connections but no recorded serve runs there: "
+                "something we do not own holds it"
+            )
         if ident is not None:
             served = [m.id for m in world.engine.models(world.config.slot(slot_name).base_url)]
             if served and served != [ident.served_model]:

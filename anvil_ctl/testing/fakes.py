@@ -198,6 +198,9 @@ class FakeEngineProbe:
                 return found
         return None
 
+    def listening(self, base_url: str) -> bool:
+        return self._serving(base_url) is not None
+
     def health(self, base_url: str, path: str) -> bool:
         c = self._serving(base_url)
         return bool(c and c["healthy"])

@@ -118,3 +118,34 @@ class TestRecoverMatchesStepsByName:
 
         with pytest.raises(NeedsOperator, match="does not match the plan"):
             pending_undos(plan, events)
+
+
+class TestBindingHeldByAStranger:
+    def test_a_listening_binding_without_a_running_serve_of_ours_refuses_the_load(
+        self, fake_host: FakeHost
+    ) -> None:
+        from anvil_ctl.commands import serves
+
+        first = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        serves.unload(fake_host.context(), first.results["start-candidate"]["container_id"], yes=True)
+        # A server we did not start answers on the binding (no OpenAI model list, say).
+        with fake_host.world.edit() as w:
+            w["containers"]["stranger"] = {
+                "id": "stranger",
+                "name": "stranger",
+                "image_id": "x",
+                "image_ref": "x",
+                "status": "running",
+                "labels": {},
+                "fingerprint": "",
+                "gpu_uuids": [],
+                "served_model": "",
+                "max_model_len": 0,
+                "healthy": True,
+                "vram_mib": 0,
+                "binding": "127.0.0.1:8001",
+            }
+        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate(name="c3"))
+        assert out.state == TxState.REFUSED
+        assert out.refusal is not None and out.refusal.guard == "BindingNotTaken"
+        assert "something we do not own" in out.reason
