@@ -24,11 +24,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from anvil_ctl.core.states import ExitCode, IllegalTransition
+
+__all__ = [
+    "AdapterError",
+    "AnvilError",
+    "AuthRejected",
+    "BadInput",
+    "Compensated",
+    "ConfigError",
+    "CredentialError",
+    "Drift",
+    "IllegalTransition",
+    "LockHeld",
+    "NeedsOperator",
+    "NotFound",
+    "RecipeError",
+    "Refused",
+    "RollbackIdentityIncomplete",
+    "StateStoreError",
+    "StepFailed",
+    "TransientError",
+]
+
 
 class AnvilError(Exception):
     """Base of every error anvil_ctl raises on purpose."""
 
-    exit_code = 1
+    exit_code: int = ExitCode.INTERNAL
 
     def __init__(self, message: str, **data: Any) -> None:
         super().__init__(message)
@@ -42,7 +65,7 @@ class AnvilError(Exception):
 class BadInput(AnvilError):
     """Input (file, field, argument) is not what was expected; nothing was changed."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class ConfigError(BadInput):
@@ -56,7 +79,7 @@ class RecipeError(BadInput):
 class Refused(AnvilError):
     """The transaction was rejected before its first mutation; nothing changed."""
 
-    exit_code = 3
+    exit_code = ExitCode.REFUSED
 
 
 class LockHeld(Refused):
@@ -74,19 +97,19 @@ class AuthRejected(Refused):
 class Compensated(AnvilError):
     """A step failed; the completed steps were undone and the host is back to its before state."""
 
-    exit_code = 4
+    exit_code = ExitCode.COMPENSATED
 
 
 class NeedsOperator(AnvilError):
     """Compensation failed or the transaction was interrupted; a person must look."""
 
-    exit_code = 5
+    exit_code = ExitCode.NEEDS_OPERATOR
 
 
 class Drift(AnvilError):
     """A recheck found the host differing from its recorded goal."""
 
-    exit_code = 6
+    exit_code = ExitCode.DRIFT
 
 
 class AdapterError(AnvilError):
@@ -104,7 +127,7 @@ class NotFound(AdapterError):
 class CredentialError(AdapterError):
     """A credential could not be resolved, or its file is unsafe."""
 
-    exit_code = 3
+    exit_code = ExitCode.REFUSED
 
 
 class StepFailed(AnvilError):
@@ -114,13 +137,4 @@ class StepFailed(AnvilError):
 class StateStoreError(AnvilError):
     """The state database is missing, at an unknown revision, or newer than this program."""
 
-    exit_code = 2
-
-
-class IllegalTransition(RuntimeError):
-    """A transaction state change that the transition table does not allow (a programming error)."""
-
-    def __init__(self, source: str, target: str) -> None:
-        super().__init__(f"illegal transaction transition {source} -> {target}")
-        self.source = source
-        self.target = target
+    exit_code = ExitCode.BAD_INPUT

@@ -15,9 +15,7 @@ calls `check_transition` before it writes any state row.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-from anvil_ctl.core.errors import IllegalTransition
+from enum import IntEnum, StrEnum
 
 
 class TxState(StrEnum):
@@ -55,14 +53,49 @@ ALLOWED_TRANSITIONS: frozenset[tuple[TxState, TxState]] = frozenset(
     }
 )
 
-TERMINAL_STATES = frozenset({S.COMMITTED, S.COMPENSATED, S.REFUSED})
-"""States from which no automatic move exists."""
+UNFINISHED_STATES = frozenset({S.PLANNED, S.RUNNING, S.COMPENSATING, S.INTERRUPTED})
+"""States `recover` resolves: the transaction did not reach an end (or its owner died)."""
 
-OWNER_ALIVE_STATES = frozenset({S.PLANNED, S.RUNNING, S.COMPENSATING})
-"""States that mean a live process is working on the transaction."""
+WAITING_STATES = frozenset({S.COMPENSATION_FAILED, S.NEEDS_OPERATOR})
+"""States only a person resolves (`anvilctl resolve`)."""
 
-OPERATOR_STATES = frozenset({S.COMPENSATION_FAILED, S.NEEDS_OPERATOR, S.INTERRUPTED})
-"""States that need `recover` or a person."""
+UNRESOLVED_STATES = UNFINISHED_STATES | WAITING_STATES
+"""No mutation may start while any transaction is in one of these."""
+
+
+class ExitCode(IntEnum):
+    """What `anvilctl` returns; the README's table is this one."""
+
+    OK = 0
+    INTERNAL = 1  # a bug: rerun with --debug and report it
+    BAD_INPUT = 2  # a file, field or argument is wrong; nothing changed
+    REFUSED = 3  # rejected before the first mutation; only the refusal is recorded
+    COMPENSATED = 4  # a step failed and the undos restored the before state
+    NEEDS_OPERATOR = 5  # compensation failed, or an interrupted transaction is unresolved
+    DRIFT = 6  # the host or the journal differs from the record
+
+
+STATE_EXIT_CODES: dict[TxState, ExitCode] = {
+    S.COMMITTED: ExitCode.OK,
+    S.PLANNED: ExitCode.OK,  # a dry run ends planned: nothing was written
+    S.REFUSED: ExitCode.REFUSED,
+    S.COMPENSATED: ExitCode.COMPENSATED,
+    S.RUNNING: ExitCode.NEEDS_OPERATOR,
+    S.COMPENSATING: ExitCode.NEEDS_OPERATOR,
+    S.COMPENSATION_FAILED: ExitCode.NEEDS_OPERATOR,
+    S.INTERRUPTED: ExitCode.NEEDS_OPERATOR,
+    S.NEEDS_OPERATOR: ExitCode.NEEDS_OPERATOR,
+}
+"""The exit code of a command whose transaction ended in a state (every state is listed)."""
+
+
+class IllegalTransition(RuntimeError):
+    """A transaction state change that the transition table does not allow (a programming error)."""
+
+    def __init__(self, source: str, target: str) -> None:
+        super().__init__(f"illegal transaction transition {source} -> {target}")
+        self.source = source
+        self.target = target
 
 
 def check_transition(source: TxState, target: TxState) -> None:

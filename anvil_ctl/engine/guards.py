@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from anvil_ctl.core.errors import AuthRejected, NotFound
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity
+from anvil_ctl.core.states import UNFINISHED_STATES
 from anvil_ctl.core.steps import StepContext
 from anvil_ctl.engine.serving import Candidate
 from anvil_ctl.engine.world import World
@@ -40,7 +41,7 @@ class NoUnresolvedTransaction(Guard):
             if rec.id != ctx.tx_id:
                 hint = (
                     "run `anvilctl recover`"
-                    if rec.state.value in ("running", "compensating", "interrupted", "planned")
+                    if rec.state in UNFINISHED_STATES
                     else f"a person must resolve it (`anvilctl resolve {rec.id[:8]} --by NAME --note TEXT`)"
                 )
                 return self.refuse(

@@ -20,7 +20,7 @@ from anvil_ctl.core.errors import AnvilError, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.ports import Journal, Owner
 from anvil_ctl.core.snapshot import Change, Snapshot, diff
-from anvil_ctl.core.states import TxState
+from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 
 log = structlog.get_logger("anvil.engine")
@@ -44,12 +44,7 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return {
-            TxState.COMMITTED: 0,
-            TxState.PLANNED: 0,  # a dry run
-            TxState.REFUSED: 3,
-            TxState.COMPENSATED: 4,
-        }.get(self.state, 5)
+        return int(STATE_EXIT_CODES[self.state])
 
     def as_dict(self) -> dict[str, Any]:
         return {

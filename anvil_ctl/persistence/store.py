@@ -22,7 +22,7 @@ from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
-from anvil_ctl.core.states import TxState, check_transition
+from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
 from anvil_ctl.persistence import audit
 from anvil_ctl.persistence.models import (
     IdentityRow,
@@ -32,8 +32,6 @@ from anvil_ctl.persistence.models import (
     Transaction,
     TransactionState,
 )
-
-UNFINISHED = (TxState.PLANNED, TxState.RUNNING, TxState.COMPENSATING, TxState.INTERRUPTED)
 
 
 def utcnow() -> str:
@@ -222,17 +220,16 @@ class Store:
 
     def unresolved(self) -> list[TxRecord]:
         """Unfinished transactions plus those that wait for a person."""
-        waiting = (TxState.COMPENSATION_FAILED, TxState.NEEDS_OPERATOR)
         with self.read() as s:
             txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()
             records = [self._to_record(s, tx) for tx in txs]
-        return [r for r in records if r.state in (*UNFINISHED, *waiting)]
+        return [r for r in records if r.state in UNRESOLVED_STATES]
 
     def unfinished(self) -> list[TxRecord]:
         with self.read() as s:
             txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()
             records = [self._to_record(s, tx) for tx in txs]
-        return [r for r in records if r.state in UNFINISHED]
+        return [r for r in records if r.state in UNFINISHED_STATES]
 
     # -- identities -----------------------------------------------------------------------------
 
