@@ -110,7 +110,7 @@ def settings_from(args: argparse.Namespace, env: dict[str, str]) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from anvil_ctl import log
-    from anvil_ctl.commands.context import Context
+    from anvil_ctl.bootstrap import Context
 
     argv = hoist_globals(list(argv if argv is not None else sys.argv[1:]))
     debug = "--debug" in argv

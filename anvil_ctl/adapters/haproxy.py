@@ -42,6 +42,7 @@ from anvil_ctl.adapters.router_http import (
     routed_chat,
     translated,
 )
+from anvil_ctl.atomic import atomic_write
 from anvil_ctl.core.errors import AdapterError, CredentialError, TransientError
 from anvil_ctl.core.model import Backend, RoutedAnswer
 
@@ -158,13 +159,8 @@ def render_config(
 
 def write_config(path: Path, text: str) -> None:
     """Write the config owner-only (0600) from the first byte; replace atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        atomic_write(path, text, mode=0o600)
     except OSError as exc:
         raise AdapterError(f"cannot write haproxy config {path}: {exc.strerror}") from exc
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import structlog
 
-from anvil_ctl.core.model import ResidueFile
+from anvil_ctl.core.model import ResidueFile, ResidueRemoval
 
 # We scan /dev/shm, never create files in it.
 DEFAULT_DIRECTORY = Path("/dev/shm")  # noqa: S108
@@ -84,6 +84,10 @@ class ShmScanner:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.proc_root = proc_root
+
+    def remove_unheld(self) -> ResidueRemoval:
+        report = remove_residue(self)
+        return ResidueRemoval(removed=report.removed, kept=report.kept)
 
     def residue(self) -> list[ResidueFile]:
         obs = self.observe()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from anvil_ctl.commands.context import Context
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.engine.observe import router_view, serving

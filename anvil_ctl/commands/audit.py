@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import select, text
 
-from anvil_ctl.commands.context import Context
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.persistence.audit import verify_chain
 from anvil_ctl.persistence.models import (

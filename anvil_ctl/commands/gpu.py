@@ -11,26 +11,21 @@ of waivers re-judges stored decisions (`commands.qualify.reclassify_decisions`).
 
 from __future__ import annotations
 
-import importlib
-import os
-import re
-import tempfile
 import tomllib
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, time
-from pathlib import Path
 from typing import Any
 
 import structlog
 from pydantic import ValidationError
 
-from anvil_ctl.commands.context import Context
+from anvil_ctl.atomic import atomic_write
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import GpuRole, HostConfig, format_validation_error
 from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
 from anvil_ctl.core.model import GpuReading
-from anvil_ctl.core.ports import GpuProbe
-from anvil_ctl.engine.gpu_hooks import ledger
+from anvil_ctl.engine.gpu import ledger
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
 from anvil_ctl.gpu.waivers import POLICIES, Waiver, parse_scope
 from anvil_ctl.persistence import records
@@ -39,23 +34,6 @@ log = structlog.get_logger()
 
 
 # -- probe ------------------------------------------------------------------------------------
-
-
-def gpu_probe(ctx: Context) -> GpuProbe:
-    """The probe the settings choose; NVML needs no host config, the simulated GPUs do."""
-    if ctx.settings.backend == "fake":
-        from anvil_ctl.testing.fakes import FakeGpus, FakeWorld
-
-        return FakeGpus(FakeWorld(ctx.settings.fake_world_path))
-    if ctx.settings.gpu == "simulated":
-        from anvil_ctl.adapters.docker_runtime import DockerRuntime
-        from anvil_ctl.testing.gpu import SimulatedGpuProbe
-
-        runtime = DockerRuntime(base_url=ctx.settings.docker_host, gpu_mode="simulated")
-        return SimulatedGpuProbe(ctx.config.gpu_roles, runtime)
-    from anvil_ctl.adapters.nvml import NvmlProbe
-
-    return NvmlProbe()
 
 
 def _optional_config(ctx: Context) -> HostConfig | None:
@@ -81,7 +59,7 @@ def _optional_owners(ctx: Context) -> dict[str, Any]:
 
 def readings(ctx: Context) -> dict[str, Any]:
     """Every GPU the probe sees, with its role (host config) and owner (ledger), by NVML index."""
-    probe = gpu_probe(ctx)
+    probe = ctx.gpu_probe()
     gpus = probe.gpus()
     config = _optional_config(ctx)
     role_of = {r.uuid.lower(): name for name, r in (config.gpu_roles if config else {}).items()}
@@ -122,56 +100,38 @@ def parse_overrides(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-_TABLE_RE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+def replace_gpu_roles(text: str, roles: Mapping[str, GpuRole]) -> str:
+    """`text` (a host config) with its GPU roles replaced by `roles`, written with tomlkit.
 
-
-def _is_roles_header(key: str) -> bool:
-    first = key.split(".", 1)[0].strip().strip('"').strip("'")
-    return first == "gpu_roles"
-
-
-def replace_gpu_roles(text: str, roles_toml: str) -> str:
-    """`text` (a host config) with its `[gpu_roles.*]` tables replaced by `roles_toml`.
-
-    Every other line stays as it was. The new tables go where the first old one
-    was, or at the end. A `gpu_roles = {...}` written inline cannot be located
-    line by line: ConfigError.
+    Every other key, comment and blank line stays as it was. A role that exists in
+    both is updated in place (its own comments kept); a role no longer detected is
+    removed with its table; a new role is added after the others.
     """
-    lines = text.splitlines(keepends=True)
-    out: list[str] = []
-    inserted_at: int | None = None
-    skipping = False
-    top_level = True
-    for line in lines:
-        header = _TABLE_RE.match(line)
-        if header:
-            top_level = False
-            skipping = _is_roles_header(header.group(1))
-            if skipping and inserted_at is None:
-                inserted_at = len(out)
-            if skipping:
-                continue
-        elif skipping:
-            continue
-        elif top_level and re.match(r"^\s*gpu_roles\s*[.=]", line):
-            raise ConfigError(
-                "gpu_roles are written inline at the top of the host config; "
-                "write them as [gpu_roles.NAME] tables or remove them first",
-                field="gpu_roles",
-            )
-        out.append(line)
-    block = roles_toml if roles_toml.endswith("\n") else roles_toml + "\n"
-    if inserted_at is None:
-        if out and not out[-1].endswith("\n"):
-            out[-1] += "\n"
-        if out and out[-1].strip():
-            out.append("\n")
-        out.append(block)
-    else:
-        if inserted_at < len(out) and out[inserted_at].strip():
-            block += "\n"
-        out.insert(inserted_at, block)
-    return "".join(out)
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    try:
+        doc = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise ConfigError(f"host config is not valid TOML: {exc}", field="gpu_roles") from None
+    table = doc.get("gpu_roles")
+    if not isinstance(table, dict):
+        table = tomlkit.table(is_super_table=True)
+        doc["gpu_roles"] = table
+    for name in [n for n in table if n not in roles]:
+        del table[name]
+    for name, role in roles.items():
+        fields = role.model_dump(exclude_none=True, exclude_defaults=True)
+        fields["uuid"], fields["capacity_mib"] = role.uuid, role.capacity_mib
+        entry = table.get(name)
+        if not isinstance(entry, dict):
+            table[name] = entry = tomlkit.table()
+        for key in [k for k in entry if k not in fields]:
+            del entry[key]
+        for key in ("uuid", "capacity_mib", "reserve_mib", "name"):
+            if key in fields:
+                entry[key] = fields[key]
+    return tomlkit.dumps(doc)
 
 
 def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, Any]) -> dict[str, GpuRole]:
@@ -185,21 +145,6 @@ def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, Any]) -> dict[str,
 
 def replace_role(role: GpuRole, reserve_mib: int | None) -> GpuRole:
     return role if reserve_mib is None else role.model_copy(update={"reserve_mib": reserve_mib})
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def detect(
@@ -216,7 +161,7 @@ def detect(
     kept for the same UUID. The new file is validated as a host config before
     it replaces the old one atomically; nothing is written on any error.
     """
-    found = list(gpus) if gpus is not None else gpu_probe(ctx).gpus()
+    found = list(gpus) if gpus is not None else ctx.gpu_probe().gpus()
     roles = detect_roles(found, overrides)
     path = ctx.settings.config
     old_text = path.read_text() if path.exists() else ""
@@ -226,7 +171,7 @@ def detect(
         raise ConfigError(f"{path}: not valid TOML: {exc}", file=str(path)) from None
     roles = _keep_reserves(roles, old.get("gpu_roles") or {})
     roles_toml = render_gpu_roles_toml(roles)
-    new_text = replace_gpu_roles(old_text, roles_toml) if old_text else roles_toml
+    new_text = replace_gpu_roles(old_text, roles) if old_text else roles_toml
     try:
         HostConfig.model_validate(tomllib.loads(new_text))
     except ValidationError as exc:
@@ -238,7 +183,7 @@ def detect(
     changed = new_text != old_text
     if write and changed:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, new_text)
+        atomic_write(path, new_text)
         log.info("gpu.roles_written", config=str(path), roles=sorted(roles))
     return {
         "config": str(path),
@@ -288,25 +233,16 @@ def _state(w: Waiver, now: datetime) -> str:
     return "active" if w.active(now) else "pending"
 
 
-def _reclassify(ctx: Context) -> dict[str, Any] | None:
-    """Re-judge stored decisions under the waivers now in force (when qualify is installed)."""
+def _reclassify(ctx: Context) -> dict[str, Any]:
+    """Re-judge stored decisions under the waivers now in force."""
+    from anvil_ctl.engine.reclassify import reclassify_decisions
+
     try:
-        qualify = importlib.import_module("anvil_ctl.commands.qualify")
-    except ModuleNotFoundError as exc:
-        if exc.name != "anvil_ctl.commands.qualify":
-            raise
-        return None
-    fn = getattr(qualify, "reclassify_decisions", None)
-    if fn is None:
-        return None
-    try:
-        report = fn(ctx)
+        return reclassify_decisions(ctx.world()).as_dict()
     except AnvilError as exc:
         # The waiver is recorded either way; say why decisions were not re-judged.
         log.warning("gpu.reclassify_failed", error=str(exc))
         return {"error": str(exc)}
-    data: dict[str, Any] = report.as_dict() if hasattr(report, "as_dict") else dict(report)
-    return data
 
 
 def waive(

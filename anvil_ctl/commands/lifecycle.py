@@ -8,12 +8,15 @@ from typing import Any
 
 from sqlalchemy import select
 
-from anvil_ctl.commands.context import Context
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.transactions import mutating, run_plan
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import Identity
-from anvil_ctl.engine.plans import promote as promote_plan
+from anvil_ctl.engine.plans.args import PromoteArgs, RollbackArgs
+from anvil_ctl.engine.plans.promote import standing_decision
 from anvil_ctl.engine.runner import Outcome
+from anvil_ctl.engine.serving import is_running
+from anvil_ctl.engine.world import World
 from anvil_ctl.persistence.models import IdentityRow, SnapshotRow, Transaction
 
 
@@ -49,17 +52,15 @@ def _promote_locked(
             f"({cand.container_id[:12]}, {cand.served_model})",
             field="candidate",
         )
-    incumbent = ctx.store.current_identity(slot, "incumbent")
-    world = ctx.world()
-    decision = promote_plan.standing_decision(world, cand.qualification_digest)
-    args = {
-        "slot": slot,
-        "candidate": cand.as_dict(),
-        "incumbent": incumbent.as_dict() if incumbent else None,
-        "decision_id": decision["id"] if decision else None,
-        "approved_by": approved_by,
-    }
-    return run_plan(ctx, "promote", args, world, dry_run=dry_run, tx_id=tx_id, locked=True)
+    decision = standing_decision(ctx.store, cand.qualification_digest)
+    args = PromoteArgs(
+        slot=slot,
+        candidate=cand,
+        incumbent=ctx.store.current_identity(slot, "incumbent"),
+        decision_id=decision["id"] if decision else None,
+        approved_by=approved_by,
+    )
+    return run_plan(ctx, "promote", args, dry_run=dry_run, tx_id=tx_id, locked=True)
 
 
 def _identity_by_ref(ctx: Context, slot: str, ref: str) -> Identity | None:
@@ -130,9 +131,9 @@ def _rollback_locked(
         # After a load the incumbent is stopped: restore it. After a promote the incumbent
         # serves: go back to the recorded rollback identity.
         incumbent = ctx.store.current_identity(slot, "incumbent")
-        serving_incumbent = incumbent is not None and _running(world, incumbent.container_id)
+        serving_incumbent = incumbent is not None and is_running(world, incumbent.container_id)
         target = ctx.store.current_identity(slot, "rollback") if serving_incumbent else incumbent
-    members: list[str] | None = None
+    members: tuple[str, ...] | None = None
     if restore_group is not None:
         if restore_group not in ctx.config.restore_groups:
             raise BadInput(
@@ -140,35 +141,31 @@ def _rollback_locked(
                 f"({sorted(ctx.config.restore_groups)})",
                 field="restore_group",
             )
-        members = list(ctx.config.restore_groups[restore_group])
+        members = tuple(ctx.config.restore_groups[restore_group])
     current, role = _serving_now(ctx, world, slot, target)
-    args = {
-        "slot": slot,
-        "target": target.as_dict() if target else None,
-        "current": current.as_dict() if current else None,
-        "current_role": role,
-        "current_routed": role == "incumbent",
-        "restore_group": restore_group,
-        "restore_group_members": members,
-        "recorded_snapshot": recorded_snapshot(ctx, target) if target else None,
-    }
-    return run_plan(ctx, "rollback", args, world, dry_run=dry_run, tx_id=tx_id, locked=True)
+    args = RollbackArgs(
+        slot=slot,
+        target=target,
+        current=current,
+        current_role=role,
+        current_routed=role == "incumbent",
+        restore_group=restore_group,
+        restore_group_members=members,
+        recorded_snapshot=recorded_snapshot(ctx, target) if target else None,
+    )
+    return run_plan(ctx, "rollback", args, dry_run=dry_run, tx_id=tx_id, locked=True)
 
 
-def _running(world: Any, container_id: str) -> bool:
-    from anvil_ctl.engine.serving import container_absent_or_stopped
-
-    return not container_absent_or_stopped(world, container_id)
-
-
-def _serving_now(ctx: Context, world: Any, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
+def _serving_now(
+    ctx: Context, world: World, slot: str, target: Identity | None
+) -> tuple[Identity | None, str]:
     """What serves the slot now (to be stopped and retained), and its recorded role."""
     for role in ("incumbent", "candidate"):
         ident = ctx.store.current_identity(slot, role)
         if (
             ident
             and (target is None or ident.container_id != target.container_id)
-            and _running(world, ident.container_id)
+            and is_running(world, ident.container_id)
         ):
             return ident, role
     return None, ""

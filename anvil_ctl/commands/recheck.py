@@ -2,25 +2,24 @@
 
 Each assertion is a name, a pass flag and what was observed. Every run is
 recorded (rechecks table) with its snapshot's SHA-256; `--textfile` writes
-Prometheus node_exporter textfile metrics atomically (write a temporary file in
-the same directory, then rename).
+Prometheus node_exporter textfile metrics with `prometheus_client`, which
+replaces the file atomically.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anvil_ctl.commands.context import Context
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Slot
 from anvil_ctl.core.errors import AnvilError, NotFound
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
 from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.serving import FieldDrift, identity_drift
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import records
 
@@ -82,23 +81,29 @@ def recheck(ctx: Context, slot: str) -> RecheckResult:
 
 
 def _container_checks(world: World, ident: Identity, out: RecheckResult) -> None:
-    def container() -> Any:
-        return world.runtime.inspect(ident.container_id)
+    def drift() -> dict[str, FieldDrift]:
+        return {d.field: d for d in identity_drift(world, ident, running=True)}
 
-    def retained() -> tuple[bool, Any]:
-        try:
-            c = container()
-        except NotFound:
+    def running() -> tuple[bool, Any]:
+        found = drift()
+        if "container" in found:
             return False, "absent"
-        return c.running, {"container_id": c.id, "status": c.status}
+        status = found["status"].observed if "status" in found else "running"
+        return "status" not in found, {"container_id": ident.container_id, "status": status}
 
-    _check(out, "incumbent_container_running", retained)
-    _check(out, "image_id", lambda: (container().image_id == ident.image_id, container().image_id))
-    _check(
-        out,
-        "config_fingerprint",
-        lambda: (container().fingerprint == ident.config_fingerprint, container().fingerprint[:16]),
-    )
+    def same(name: str, shown: Callable[[str], str]) -> Callable[[], tuple[bool, Any]]:
+        def check() -> tuple[bool, Any]:
+            found = drift()
+            if "container" in found:
+                raise NotFound(f"container {ident.container_id[:12]} is absent")
+            d = found.get(name)
+            return d is None, shown(str(d.observed) if d else str(getattr(ident, name)))
+
+        return check
+
+    _check(out, "incumbent_container_running", running)
+    _check(out, "image_id", same("image_id", lambda v: v))
+    _check(out, "config_fingerprint", same("config_fingerprint", lambda v: v[:16]))
 
 
 def _serving_checks(world: World, cfg: Slot, ident: Identity, out: RecheckResult) -> None:
@@ -124,10 +129,8 @@ def _serving_checks(world: World, cfg: Slot, ident: Identity, out: RecheckResult
 
 
 def _gpu_checks(ctx: Context, world: World, ident: Identity, out: RecheckResult) -> None:
-    owners_fn = world.extras.get("gpu_owners")
-
     def gpu_owner() -> tuple[bool, Any]:
-        owners = owners_fn() if callable(owners_fn) else records.gpu_owners(ctx.store)
+        owners = records.gpu_owners(ctx.store)
         mine = {r: (owners.get(r) or {}).get("container_id") for r in ident.gpu_roles}
         return all(v == ident.container_id for v in mine.values()), mine
 
@@ -147,9 +150,7 @@ def _router_checks(world: World, cfg: Slot, ident: Identity, out: RecheckResult)
     assert router is not None
 
     def readiness() -> tuple[bool, Any]:
-        view = getattr(router, "view", None)
-        data = view(cfg.router_tier) if callable(view) else {}
-        backends = data.get("backends", []) if isinstance(data, dict) else []
+        backends = router.view(cfg.router_tier).get("backends", [])
         urls = [b.get("url") for b in backends]
         observed = [b.get("observed_model") for b in backends]
         ok = router.ready() and urls == [cfg.base_url] and observed in ([ident.served_model], [None])
@@ -198,25 +199,25 @@ def _finish(ctx: Context, world: World, out: RecheckResult) -> RecheckResult:
 
 
 def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
-    """node_exporter textfile metrics, replaced atomically."""
-    slot = result.slot.replace('"', "")
-    lines = [
-        "# HELP anvil_recheck_passed 1 if every goal-closure assertion held on the last recheck.",
-        "# TYPE anvil_recheck_passed gauge",
-        f'anvil_recheck_passed{{slot="{slot}"}} {int(result.passed)}',
-        "# HELP anvil_recheck_assertion 1 if the named assertion held.",
-        "# TYPE anvil_recheck_assertion gauge",
-        *(
-            f'anvil_recheck_assertion{{slot="{slot}",assertion="{a["name"]}"}} {int(a["passed"])}'
-            for a in result.assertions
-        ),
-        "# HELP anvil_recheck_timestamp_seconds When the last recheck ran.",
-        "# TYPE anvil_recheck_timestamp_seconds gauge",
-        f'anvil_recheck_timestamp_seconds{{slot="{slot}"}} {now:.3f}',
-    ]
+    """node_exporter textfile metrics of one recheck, replaced atomically."""
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    registry = CollectorRegistry()
+    passed = Gauge(
+        "anvil_recheck_passed",
+        "1 if every goal-closure assertion held on the last recheck.",
+        ["slot"],
+        registry=registry,
+    )
+    assertion = Gauge(
+        "anvil_recheck_assertion", "1 if the named assertion held.", ["slot", "assertion"], registry=registry
+    )
+    stamp = Gauge(
+        "anvil_recheck_timestamp_seconds", "When the last recheck ran.", ["slot"], registry=registry
+    )
+    passed.labels(slot=result.slot).set(int(result.passed))
+    for a in result.assertions:
+        assertion.labels(slot=result.slot, assertion=a["name"]).set(int(a["passed"]))
+    stamp.labels(slot=result.slot).set(now)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".anvil-recheck-", suffix=".prom.tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_to_textfile(str(path), registry)

@@ -6,15 +6,15 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import recipes as recipe_cmds
-from anvil_ctl.commands.context import Context
 from anvil_ctl.commands.transactions import load as load_tx
+from anvil_ctl.commands.transactions import run_plan
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE
-from anvil_ctl.engine.lock import HostLock
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
+from anvil_ctl.engine.plans.args import Candidate, UnloadArgs
+from anvil_ctl.engine.plans.unload import removal_problem
 from anvil_ctl.engine.runner import Outcome
-from anvil_ctl.engine.serving import Candidate
-from anvil_ctl.persistence import records
 from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
 
 
@@ -53,56 +53,26 @@ def load(ctx: Context, ref: str, *, slot: str, dry_run: bool = False) -> Outcome
 
 def unload(
     ctx: Context, container_id: str, *, yes: bool = False, remove_residue: bool = False
-) -> dict[str, Any]:
-    """Remove a candidate container this controller created; labels and ID checked twice."""
+) -> Outcome | dict[str, Any]:
+    """Remove a candidate container this controller created (the `unload` plan).
+
+    Without `yes` nothing runs: the answer says what would be removed, after the same
+    checks the plan's guard makes.
+    """
     world = ctx.world()
-
-    def check() -> Any:
-        try:
-            info = world.runtime.inspect(container_id)
-        except NotFound:
-            raise BadInput(f"container {container_id}: not found", field="container_id") from None
-        if not info.managed or info.labels.get(LABEL_ROLE) != "candidate":
-            raise Refused(
-                f"container {info.id[:12]} ({info.name}) was not created by anvilctl as a candidate; "
-                "refusing to remove it",
-                container_id=info.id,
-            )
-        for role in ("incumbent", "rollback"):
-            ident = ctx.store.current_identity(info.labels.get("io.anvil.slot", ""), role)
-            if ident and ident.container_id == info.id:
-                raise Refused(f"container {info.id[:12]} is the slot's {role}; refusing to remove it")
-        return info
-
-    info = check()
+    try:
+        info = world.runtime.inspect(container_id)
+    except NotFound:
+        raise BadInput(f"container {container_id}: not found", field="container_id") from None
     if not yes:
+        problem = removal_problem(world, info)
+        if problem:
+            raise Refused(problem, container_id=info.id)
         return {"container_id": info.id, "would_remove": True, "hint": "pass --yes to remove"}
-    with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, "unload"):
-        info = check()  # again, under the lock, just before acting
-        if info.running:
-            world.runtime.stop(info.id, ctx.config.policy.stop_timeout_s)
-        world.runtime.remove(info.id)
-        roles = [r for r, o in records.gpu_owners(ctx.store).items() if o["container_id"] == info.id]
-        records.release_roles(ctx.store, roles, container_id=info.id, tx_id=None)
-        residue = [r.__dict__ for r in world.shm.residue()] if world.shm else []
-        with ctx.store.write() as s:
-            ctx.store.audit(
-                s,
-                "unload",
-                info.labels.get("io.anvil.transaction"),
-                {"container_id": info.id, "name": info.name, "residue": residue},
-            )
-    result: dict[str, Any] = {"container_id": info.id, "removed": True, "shm_residue": residue}
-    if remove_residue and residue:
-        from anvil_ctl.adapters.shm import ShmScanner
-        from anvil_ctl.adapters.shm import remove_residue as remove
-
-        if isinstance(world.shm, ShmScanner):
-            # Deleted only when two observations agree and no process maps or holds the file.
-            report = remove(world.shm)
-            result["residue_removed"] = list(report.removed)
-            result["residue_kept"] = [{"path": p, "why": why} for p, why in report.kept]
-    return result
+    args = UnloadArgs(
+        container_id=info.id, slot=info.labels.get(LABEL_SLOT, ""), remove_residue=remove_residue
+    )
+    return run_plan(ctx, "unload", args, dry_run=False)
 
 
 def managed_candidates(ctx: Context) -> list[dict[str, Any]]:

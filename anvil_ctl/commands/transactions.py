@@ -7,72 +7,40 @@ returns an Outcome (or a report) for the CLI to render.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from anvil_ctl.commands.context import Context
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.model import Identity
-from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.core.states import WAITING_STATES, TxState
 from anvil_ctl.engine.lock import HostLock, held_locks, release_row
-from anvil_ctl.engine.observe import observe, serving
-from anvil_ctl.engine.plans import load as load_plan
-from anvil_ctl.engine.plans import promote as promote_plan
-from anvil_ctl.engine.plans import rollback as rollback_plan
-from anvil_ctl.engine.recover import PlanBuilder, RecoverReport, recover
+from anvil_ctl.engine.observe import serving
+from anvil_ctl.engine.plans import KINDS
+from anvil_ctl.engine.plans.args import AdoptArgs, Candidate, LoadArgs, PlanArgs
+from anvil_ctl.engine.recover import RecoverReport, recover
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
-from anvil_ctl.engine.serving import Candidate
-from anvil_ctl.engine.world import World
-
-
-def _adopt_build(args: Mapping[str, Any], world: World) -> Plan:
-    def record(ctx: StepContext) -> StepResult:
-        ident = Identity.from_dict(ctx.args["identity"])
-        world.store.record_identity(ctx.tx_id, "incumbent", ident)
-        own = world.extras.get("record_ownership")
-        if own is not None:
-            own(ctx, ident)
-        return {"identity_digest": ident.digest}
-
-    return Plan(
-        kind="adopt",
-        args=args,
-        steps=[Step("record-incumbent", record, None, "record the serving container as incumbent")],
-        slot=str(args["slot"]),
-        snapshot=lambda: observe(world, [str(args["slot"])]),
-    )
-
-
-BUILDERS: dict[str, PlanBuilder] = {
-    "load": load_plan.build,
-    "adopt": _adopt_build,
-    "promote": promote_plan.build,
-    "rollback": rollback_plan.build,
-}
-
-
-def register_builder(kind: str, builder: PlanBuilder) -> None:
-    BUILDERS[kind] = builder
+from anvil_ctl.engine.serving import is_running
 
 
 def run_plan(
     ctx: Context,
     kind: str,
-    args: dict[str, Any],
-    world: World,
+    args: PlanArgs,
     *,
     dry_run: bool,
     tx_id: str | None = None,
     locked: bool = False,
 ) -> Outcome:
     """Run a transaction; `locked` when the caller already holds the host lock (see `mutating`)."""
-    plan = BUILDERS[kind](args, world)
+    world = ctx.world()
+    plan = KINDS[kind].build(args, world)
     engine = TransactionEngine(ctx.store, ctx.owner)
     if dry_run:
         return engine.run(plan, world, dry_run=True)
     tx_id = tx_id or str(uuid.uuid4())
-    if locked:
+    if locked or not plan.mutates:
         return engine.run(plan, world, tx_id=tx_id)
     with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
         return engine.run(plan, world, tx_id=tx_id)
@@ -133,7 +101,7 @@ def adopt(
         aliases=slot_cfg.aliases,
         container_name=info.name,
     )
-    return run_plan(ctx, "adopt", {"slot": slot, "identity": ident.as_dict()}, world, dry_run=dry_run)
+    return run_plan(ctx, "adopt", AdoptArgs(slot=slot, identity=ident), dry_run=dry_run)
 
 
 def load(
@@ -149,19 +117,13 @@ def load(
     tx_id = tx_id or str(uuid.uuid4())
     with mutating(ctx, "load", tx_id, dry_run=dry_run):
         incumbent = ctx.store.current_identity(slot, "incumbent")
-        running = False
-        if incumbent is not None:
-            from anvil_ctl.engine.serving import container_absent_or_stopped
-
-            running = not container_absent_or_stopped(world, incumbent.container_id)
-        args = {
-            "slot": slot,
-            "candidate": candidate.as_dict(),
-            "incumbent": incumbent.as_dict() if incumbent else None,
-            # Journaled before any mutation: compensation restores this, not more.
-            "incumbent_running": running,
-        }
-        return run_plan(ctx, "load", args, world, dry_run=dry_run, tx_id=tx_id, locked=True)
+        args = LoadArgs(
+            slot=slot,
+            candidate=candidate,
+            incumbent=incumbent,
+            incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
+        )
+        return run_plan(ctx, "load", args, dry_run=dry_run, tx_id=tx_id, locked=True)
 
 
 def recover_all(ctx: Context) -> RecoverReport:
@@ -169,7 +131,7 @@ def recover_all(ctx: Context) -> RecoverReport:
     lock = HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, "recover")
     stale = lock.acquire(take_over_dead=True)
     try:
-        report = recover(ctx.store, ctx.owner, BUILDERS, world)
+        report = recover(ctx.store, ctx.owner, world)
         # A dead owner's lock row goes only once nothing it left is unresolved.
         if report.exit_code == 0:
             for dead in stale:
@@ -197,15 +159,13 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str,
 
 def resolve(ctx: Context, tx: str, *, by: str, note: str) -> dict[str, Any]:
     """A person records that they resolved a transaction that waits for one."""
-    from anvil_ctl.core.states import TxState
-
     if not by.strip() or not note.strip():
         raise BadInput("--by and --note are required: who resolved it, and how", field="by")
     matches = [r for r in ctx.store.unresolved() if r.id.startswith(tx)]
     if len(matches) != 1:
         raise BadInput(f"transaction {tx!r}: no unique unresolved transaction matches", field="transaction")
     rec = matches[0]
-    if rec.state not in (TxState.COMPENSATION_FAILED, TxState.NEEDS_OPERATOR):
+    if rec.state not in WAITING_STATES:
         raise BadInput(
             f"transaction {rec.id[:8]} is {rec.state.value}: `anvilctl recover` handles it, not a person",
             field="transaction",

@@ -6,11 +6,8 @@ AnvilError
 │   └── RecipeError              a recipe file
 ├── Refused                      exit 3: rejected before the first mutation, nothing changed
 │   ├── LockHeld                 another mutator owns this host
-│   ├── RollbackIdentityIncomplete
 │   └── AuthRejected             the router refused our credentials (401/403)
-├── Compensated                  exit 4: a step failed and the undos restored the before state
-├── NeedsOperator                exit 5: compensation failed, or an interrupted transaction
-├── Drift                        exit 6: recheck found the host differs from the goal
+├── NeedsOperator                exit 5: a step found the host must not be touched further
 ├── AdapterError                 a port's implementation failed (translated at the edge)
 │   ├── TransientError           worth retrying (connection reset, 5xx, API busy)
 │   ├── NotFound                 the object named by an exact ID does not exist
@@ -31,17 +28,14 @@ __all__ = [
     "AnvilError",
     "AuthRejected",
     "BadInput",
-    "Compensated",
     "ConfigError",
     "CredentialError",
-    "Drift",
     "IllegalTransition",
     "LockHeld",
     "NeedsOperator",
     "NotFound",
     "RecipeError",
     "Refused",
-    "RollbackIdentityIncomplete",
     "StateStoreError",
     "StepFailed",
     "TransientError",
@@ -86,30 +80,14 @@ class LockHeld(Refused):
     """Another process holds the host's mutator lock."""
 
 
-class RollbackIdentityIncomplete(Refused):
-    """The rollback identity needed to undo this mutation is missing or not restorable."""
-
-
 class AuthRejected(Refused):
     """The router answered 401/403 to our credentials: a configuration error, not a model one."""
-
-
-class Compensated(AnvilError):
-    """A step failed; the completed steps were undone and the host is back to its before state."""
-
-    exit_code = ExitCode.COMPENSATED
 
 
 class NeedsOperator(AnvilError):
     """Compensation failed or the transaction was interrupted; a person must look."""
 
     exit_code = ExitCode.NEEDS_OPERATOR
-
-
-class Drift(AnvilError):
-    """A recheck found the host differing from its recorded goal."""
-
-    exit_code = ExitCode.DRIFT
 
 
 class AdapterError(AnvilError):

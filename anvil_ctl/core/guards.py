@@ -2,15 +2,18 @@
 
 Each guard's docstring states the invariant it protects. A guard reads the world
 through ports and returns None, or a `Refusal` naming what is wrong; it never
-changes anything. The engine runs every guard selected for a transaction kind, in
-list order, and stops at the first refusal.
+changes anything. Each plan lists its guards in one ordered list, cheap local
+checks first; the engine runs them in that order and stops at the first refusal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Generic, TypeVar
+
+C_contra = TypeVar("C_contra", contravariant=True)
+"""The step context the guard reads (a guard for every kind takes the widest one)."""
 
 
 @dataclass(frozen=True)
@@ -23,28 +26,25 @@ class Refusal:
         return {"guard": self.guard, "reason": self.reason, "data": self.data}
 
 
-class Guard:
-    """Base class: override `check`; set `kinds` to the transaction kinds it applies to."""
-
-    kinds: ClassVar[frozenset[str]] = frozenset()
+class Guard(Generic[C_contra]):
+    """Base class: override `check`."""
 
     @property
     def name(self) -> str:
         return type(self).__name__
 
-    def check(self, ctx: Any) -> Refusal | None:
+    @property
+    def invariant(self) -> str:
+        return " ".join((type(self).__doc__ or "").split())
+
+    def check(self, ctx: C_contra) -> Refusal | None:
         raise NotImplementedError
 
     def refuse(self, reason: str, /, **data: Any) -> Refusal:
         return Refusal(self.name, reason, data)
 
 
-def select(guards: Iterable[Guard], kind: str) -> list[Guard]:
-    """The guards that apply to `kind`, in their list order."""
-    return [g for g in guards if kind in g.kinds]
-
-
-def first_refusal(guards: Sequence[Guard], ctx: Any) -> Refusal | None:
+def first_refusal(guards: Sequence[Guard[C_contra]], ctx: C_contra) -> Refusal | None:
     for guard in guards:
         refusal = guard.check(ctx)
         if refusal is not None:

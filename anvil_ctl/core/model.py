@@ -198,6 +198,25 @@ class ResidueFile:
 
 
 @dataclass(frozen=True)
+class VramNeed:
+    """What the VRAM-release gate waits for: these roles' cards with need + reserve free."""
+
+    roles: tuple[str, ...]
+    need_mib: int = 0
+    """Per card; 0 when the serve declares none (the reserve alone must be free)."""
+    recipe_digest: str = ""
+    """Selects recipe-scoped waivers of the reserve."""
+
+
+@dataclass(frozen=True)
+class ResidueRemoval:
+    """What a residue removal deleted, and what it kept with the reason."""
+
+    removed: tuple[str, ...] = ()
+    kept: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class Identity:
     """A serve's rollback identity: everything needed to bring it back exactly.
 

@@ -18,6 +18,7 @@ from anvil_ctl.core.model import (
     ImageInfo,
     ModelCard,
     ResidueFile,
+    ResidueRemoval,
     RoutedAnswer,
 )
 from anvil_ctl.core.snapshot import Change, Snapshot
@@ -84,6 +85,11 @@ class Router(Protocol):
 
     def ready(self) -> bool: ...
 
+    def view(self, tier: str) -> dict[str, Any]:
+        """The router's view of a tier for snapshots (JSON-able, no secrets): `router`, `tier`,
+        `ready`, and `backends` as url, aliases, observed_model, healthy, state."""
+        ...
+
 
 @runtime_checkable
 class GpuProbe(Protocol):
@@ -112,6 +118,10 @@ class SharedMemory(Protocol):
     """Shared-memory and offload residue left by engines."""
 
     def residue(self) -> list[ResidueFile]: ...
+
+    def remove_unheld(self) -> ResidueRemoval:
+        """Delete residue only when two observations agree that no process holds it."""
+        ...
 
 
 class CacheVerdict(Protocol):

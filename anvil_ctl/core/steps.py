@@ -5,43 +5,79 @@ in the journal right after the side effect); `undo(ctx, result)` receives that
 recorded result, or None when the process died between the step's intent and its
 result. Undos therefore observe the world before acting and must be idempotent:
 `recover` may run them after a crash, and may run them twice.
+
+A step hands what a later step needs through the plan's *memo*, a small typed
+object of named fields, never through the result dict: `remember(memo, result)`
+copies a journaled result into it. The engine calls it right after `do`, and
+`recover` calls it again for every result found in the journal, so a rebuilt
+plan sees the same memo as the process that died.
+
+Each plan names its *pivot*: the step after which the transaction's goal is
+closer forward than back. A failure or crash before the pivot compensates
+backwards; once the pivot's result is journaled, `recover` rolls forward by
+re-running the remaining steps, each of which observes before it acts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from anvil_ctl.core.snapshot import Snapshot
 
+if TYPE_CHECKING:
+    from anvil_ctl.core.guards import Guard
+
 StepResult = dict[str, Any] | None
+"""What a do or undo reports: JSON-able detail, journaled as the step's result."""
+
+A_co = TypeVar("A_co", covariant=True)
+"""The transaction kind's frozen argument dataclass."""
+W_co = TypeVar("W_co", covariant=True)
+"""The world of ports the steps act through."""
+M_co = TypeVar("M_co", covariant=True)
+"""The plan's memo: named fields one step leaves for the next."""
 
 
 @dataclass
-class StepContext:
-    """What a step sees: the transaction, its arguments, earlier results and the ports."""
+class NoMemo:
+    """The memo of a plan whose steps hand nothing to each other."""
+
+
+@dataclass(frozen=True)
+class StepContext(Generic[A_co, W_co, M_co]):
+    """What a step sees: the transaction, its typed arguments, the world and the memo.
+
+    `results` holds each completed do's journaled result by step name: the record
+    of what happened, which `recover` reloads. Steps read what an earlier step
+    left them from `memo`, never from `results`.
+    """
 
     tx_id: str
     kind: str
-    args: Mapping[str, Any]
-    world: Any
+    args: A_co
+    world: W_co
+    memo: M_co
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def result(self, step: str) -> dict[str, Any]:
-        return self.results.get(step) or {}
+
+C = TypeVar("C")
+"""A step's context type: StepContext[its plan's args, world, memo]."""
 
 
 @dataclass(frozen=True)
-class Step:
+class Step(Generic[C]):
     name: str
-    do: Callable[[StepContext], StepResult]
-    undo: Callable[[StepContext, StepResult], StepResult] | None = None
+    do: Callable[[C], StepResult]
+    undo: Callable[[C, StepResult], StepResult] | None = None
     description: str = ""
+    remember: Callable[[C, dict[str, Any]], None] | None = None
+    """Copy this step's journaled result into the context's memo (live and in `recover`)."""
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Generic[A_co, W_co, M_co]):
     """A transaction kind's ordered guards and steps, built from journaled arguments.
 
     `snapshot` observes the live placement (read-only); `verify_after` may compare
@@ -49,16 +85,36 @@ class Plan:
     """
 
     kind: str
-    args: Mapping[str, Any]
-    steps: Sequence[Step]
-    guards: Sequence[Any] = ()
+    args: A_co
+    steps: Sequence[Step[StepContext[A_co, W_co, M_co]]]
+    memo: M_co
+    guards: Sequence[Guard[StepContext[A_co, W_co, M_co]]] = ()
     slot: str | None = None
     snapshot: Callable[[], Snapshot] | None = None
-    verify_after: Callable[[StepContext, Snapshot | None, Snapshot], list[str]] | None = None
+    verify_after: Callable[[StepContext[A_co, W_co, M_co], Snapshot | None, Snapshot], list[str]] | None = (
+        None
+    )
     mutates: bool = True
+    pivot: str | None = None
+    """Name of the step after which recovery goes forward (None: always backwards)."""
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.steps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"plan {self.kind}: step names repeat: {names}")
+        if self.pivot is not None and self.pivot not in names:
+            raise ValueError(f"plan {self.kind}: pivot {self.pivot!r} is not one of its steps {names}")
 
     def describe(self) -> list[dict[str, str]]:
         return [
-            {"step": s.name, "undo": "yes" if s.undo else "no", "description": s.description}
+            {
+                "step": s.name,
+                "undo": "yes" if s.undo else "no",
+                "description": s.description,
+                "pivot": "yes" if s.name == self.pivot else "no",
+            }
             for s in self.steps
         ]
+
+    def index(self, name: str) -> int:
+        return [s.name for s in self.steps].index(name)

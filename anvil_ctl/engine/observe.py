@@ -14,6 +14,7 @@ from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SERVED_MODEL, LABEL_SLOT
 from anvil_ctl.core.snapshot import Snapshot
 from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import records
 
 
 def _container(world: World, container_id: str) -> dict[str, Any]:
@@ -50,18 +51,8 @@ def serving(world: World, base_url: str, health_path: str = "/health") -> dict[s
 def router_view(world: World, tier: str) -> dict[str, Any]:
     if world.router is None:
         return {"configured": False}
-    view = getattr(world.router, "view", None)
     try:
-        if callable(view):
-            data: dict[str, Any] = view(tier)
-            return data
-        return {
-            "tier": tier,
-            "backends": [
-                {"url": b.url, "healthy": b.healthy, "models": list(b.models), "state": b.state}
-                for b in world.router.backends(tier)
-            ],
-        }
+        return world.router.view(tier)
     except AdapterError as exc:
         return {"tier": tier, "error": type(exc).__name__}
 
@@ -86,12 +77,10 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
             "serving": serving(world, slot.base_url),
             "router": router_view(world, slot.router_tier),
         }
-    owners = world.extras.get("gpu_owners")
     # Only who owns which role and how: times and transaction IDs would make equal placements differ.
-    body["gpu_owners"] = (
-        {role: {"container_id": o.get("container_id"), "mode": o.get("mode")} for role, o in owners().items()}
-        if callable(owners)
-        else {}
-    )
+    body["gpu_owners"] = {
+        role: {"container_id": o.get("container_id"), "mode": o.get("mode")}
+        for role, o in records.gpu_owners(world.store).items()
+    }
     body["shm_residue"] = sorted(r.path for r in world.shm.residue()) if world.shm else []
     return Snapshot.of(body)

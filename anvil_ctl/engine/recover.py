@@ -8,7 +8,7 @@ idempotent: a second run finds nothing to do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,11 +19,14 @@ from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.owner import owner_alive
+from anvil_ctl.engine.plans import KINDS, Kind
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
+from anvil_ctl.engine.world import World
 
 log = structlog.get_logger("anvil.recover")
 
-PlanBuilder = Callable[[Mapping[str, Any], Any], Plan]
+AnyPlan = Plan[Any, World, Any]
+AnyStep = Step[StepContext[Any, World, Any]]
 
 
 @dataclass
@@ -45,7 +48,7 @@ class RecoverReport:
         }
 
 
-def pending_undos(plan: Plan, events: list[StepEvent]) -> list[tuple[int, Step, dict[str, Any] | None]]:
+def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, AnyStep, dict[str, Any] | None]]:
     """Steps whose do was started and whose undo has not completed, with recorded results.
 
     Journal events are matched to the rebuilt plan by step name and position together: a
@@ -80,8 +83,8 @@ def pending_undos(plan: Plan, events: list[StepEvent]) -> list[tuple[int, Step, 
 def recover(
     journal: Journal,
     me: Owner,
-    builders: Mapping[str, PlanBuilder],
-    world: Any,
+    world: World,
+    kinds: Mapping[str, Kind] = KINDS,
 ) -> RecoverReport:
     report = RecoverReport()
     engine = TransactionEngine(journal, me)
@@ -92,7 +95,7 @@ def recover(
             report.skipped.append({"tx_id": rec.id, "kind": rec.kind, "why": why})
             continue
         try:
-            report.recovered.append(_recover_one(journal, engine, rec, builders, world))
+            report.recovered.append(_recover_one(journal, engine, rec, kinds, world))
         except Exception as exc:
             log.error("recover failed", tx_id=rec.id, error=str(exc))
             why = f"recover could not compensate: {type(exc).__name__}: {exc}"
@@ -110,8 +113,8 @@ def _recover_one(
     journal: Journal,
     engine: TransactionEngine,
     rec: TxRecord,
-    builders: Mapping[str, PlanBuilder],
-    world: Any,
+    kinds: Mapping[str, Kind],
+    world: World,
 ) -> dict[str, Any]:
     bound = log.bind(tx_id=rec.id, kind=rec.kind)
     if rec.state == TxState.PLANNED:
@@ -121,12 +124,16 @@ def _recover_one(
     if rec.state in (TxState.RUNNING, TxState.COMPENSATING):
         journal.transition(rec.id, TxState.INTERRUPTED, f"owner pid {rec.owner.pid} is gone")
     journal.transition(rec.id, TxState.COMPENSATING, "recover")
-    plan = builders[rec.kind](rec.args, world)
-    ctx = StepContext(tx_id=rec.id, kind=rec.kind, args=rec.args, world=world)
+    plan = kinds[rec.kind].rebuild(rec.args, world)
+    ctx = StepContext(tx_id=rec.id, kind=rec.kind, args=plan.args, world=world, memo=plan.memo)
     events = journal.step_events(rec.id)
+    steps = {s.name: s for s in plan.steps}
     for ev in events:
         if ev.phase == "do" and ev.event == "result":
             ctx.results[ev.step] = ev.detail
+            step = steps.get(ev.step)
+            if step is not None and step.remember is not None:
+                step.remember(ctx, ev.detail)
     todo = pending_undos(plan, events)
     bound.info("recovering", undos=[s.name for _, s, _ in todo])
     outcome = Outcome(kind=rec.kind, state=TxState.COMPENSATING, tx_id=rec.id)

@@ -12,7 +12,7 @@ start a serve on GPUs that a failed undo left occupied.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -22,6 +22,11 @@ from anvil_ctl.core.ports import Journal, Owner
 from anvil_ctl.core.snapshot import Change, Snapshot, diff
 from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
+from anvil_ctl.engine.plans.args import to_json
+
+A = TypeVar("A")
+W = TypeVar("W")
+M = TypeVar("M")
 
 log = structlog.get_logger("anvil.engine")
 
@@ -74,10 +79,12 @@ class TransactionEngine:
         self.journal = journal
         self.owner = owner
 
-    def run(self, plan: Plan, world: Any, *, dry_run: bool = False, tx_id: str | None = None) -> Outcome:
+    def run(
+        self, plan: Plan[A, W, M], world: W, *, dry_run: bool = False, tx_id: str | None = None
+    ) -> Outcome:
         outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, dry_run=dry_run, plan=plan.describe())
-        ctx = StepContext(tx_id=tx_id or "dry-run", kind=plan.kind, args=plan.args, world=world)
         if dry_run:
+            ctx = StepContext(tx_id="dry-run", kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
             # Every guard runs and the starting snapshot is observed; nothing is written.
             outcome.refusal = self._check_guards(plan, ctx)
             if outcome.refusal:
@@ -86,9 +93,10 @@ class TransactionEngine:
             return outcome
 
         tx_id = self.journal.begin(
-            kind=plan.kind, slot=plan.slot, args=dict(plan.args), owner=self.owner, tx_id=tx_id
+            kind=plan.kind, slot=plan.slot, args=to_json(plan.args), owner=self.owner, tx_id=tx_id
         )
-        ctx.tx_id = outcome.tx_id = tx_id
+        outcome.tx_id = tx_id
+        ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
         bound = log.bind(tx_id=tx_id, kind=plan.kind)
         refusal = self._check_guards(plan, ctx)
         if refusal is not None:
@@ -143,7 +151,7 @@ class TransactionEngine:
         outcome.state, outcome.results = TxState.COMMITTED, dict(ctx.results)
         return outcome
 
-    def _check_guards(self, plan: Plan, ctx: StepContext) -> Refusal | None:
+    def _check_guards(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Refusal | None:
         try:
             return first_refusal(plan.guards, ctx)
         except Refused as exc:
@@ -154,7 +162,7 @@ class TransactionEngine:
         except Exception as exc:
             return Refusal(type(exc).__name__, f"guard failed: {type(exc).__name__}: {exc}", {})
 
-    def _do(self, ctx: StepContext, seq: int, step: Step) -> None:
+    def _do(self, ctx: StepContext[A, W, M], seq: int, step: Step[StepContext[A, W, M]]) -> None:
         slog = log.bind(tx_id=ctx.tx_id, step=step.name)
         self.journal.step_event(ctx.tx_id, seq=seq, step=step.name, phase="do", event="intent")
         slog.info("step intent")
@@ -171,11 +179,19 @@ class TransactionEngine:
             )
             raise
         ctx.results[step.name] = result
+        if step.remember is not None:
+            step.remember(ctx, result)
         self.journal.step_event(ctx.tx_id, seq=seq, step=step.name, phase="do", event="result", detail=result)
         slog.info("step done")
 
     def _compensate_after(
-        self, outcome: Outcome, plan: Plan, ctx: StepContext, *, failed: int | None, reason: str
+        self,
+        outcome: Outcome,
+        plan: Plan[A, W, M],
+        ctx: StepContext[A, W, M],
+        *,
+        failed: int | None,
+        reason: str,
     ) -> Outcome:
         self.journal.transition(ctx.tx_id, TxState.COMPENSATING, reason)
         last = failed if failed is not None else len(plan.steps) - 1
@@ -185,9 +201,9 @@ class TransactionEngine:
     def compensate(
         self,
         outcome: Outcome,
-        plan: Plan,
-        ctx: StepContext,
-        todo: list[tuple[int, Step, dict[str, Any] | None]],
+        plan: Plan[A, W, M],
+        ctx: StepContext[A, W, M],
+        todo: list[tuple[int, Step[StepContext[A, W, M]], dict[str, Any] | None]],
         reason: str,
     ) -> Outcome:
         """Run the undos of `todo` in reverse; the transaction is already `compensating`."""
@@ -234,7 +250,9 @@ class TransactionEngine:
         outcome.state, outcome.results = TxState.COMPENSATED, dict(ctx.results)
         return outcome
 
-    def _observe_after(self, plan: Plan, ctx: StepContext, outcome: Outcome, label: str) -> None:
+    def _observe_after(
+        self, plan: Plan[A, W, M], ctx: StepContext[A, W, M], outcome: Outcome, label: str
+    ) -> None:
         """Snapshot the world as it is now and record its diff against the before snapshot."""
         if not plan.snapshot:
             return
@@ -247,7 +265,7 @@ class TransactionEngine:
             )
 
     def _needs_operator(
-        self, outcome: Outcome, ctx: StepContext, exc: NeedsOperator, source: TxState
+        self, outcome: Outcome, ctx: StepContext[A, W, M], exc: NeedsOperator, source: TxState
     ) -> Outcome:
         self.journal.transition(ctx.tx_id, TxState.NEEDS_OPERATOR, str(exc), exc.data)
         outcome.state, outcome.reason = TxState.NEEDS_OPERATOR, str(exc)

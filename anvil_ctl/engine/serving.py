@@ -1,63 +1,107 @@
 """Operations on serves that several transaction kinds share, each verifying the world.
 
 Stopping returns only when the runtime reports the container exited; starting a
-retained serve checks its image and fingerprint first and returns only when the
-binding answers healthy with the exact served model.
+retained serve checks its identity first and returns only when the binding
+answers healthy with the exact served model. `identity_drift` is the one
+comparison of a recorded identity with the live container (promote, the guards,
+restarts, recheck and qualify all use it). The step builders at the end are the
+swap-serve steps that load, promote and rollback assemble their plans from.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
-from anvil_ctl.core.model import ContainerSpec, Identity, Mount
+from anvil_ctl.core.model import ContainerInfo, Identity, VramNeed
+from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.world import World
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """What `load` needs of a recipe, in a form that survives the journal."""
+class SlotArgs(Protocol):
+    @property
+    def slot(self) -> str: ...
 
-    recipe: str
-    recipe_digest: str
-    served_model: str
-    context_tokens: int
-    health_path: str
-    startup_timeout_s: float
-    spec: ContainerSpec
-    gpu_roles: tuple[str, ...] = ()
-    model_identity: str = ""
-    max_concurrency: int = 1
-    vram_need_mib: int = 0  # per card; the VRAM-release gate waits for this plus the reserve
+
+C = TypeVar("C", bound=StepContext[SlotArgs, World, Any])
+Which = Callable[[C], Identity | None]
+"""Picks, from a step's context, the serve a shared step acts on (None: nothing to do)."""
+
+
+# -- identity ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldDrift:
+    """One identity-critical field whose live value differs from the recorded one."""
+
+    field: str
+    recorded: Any
+    observed: Any
+
+    def describe(self, container_id: str) -> str:
+        short = container_id[:12]
+        if self.field == "container":
+            return f"container {short} no longer exists"
+        if self.field == "status":
+            return f"container {short} is {self.observed}, not running"
+        if self.field == "served_model":
+            return f"binding serves {self.observed}, not [{self.recorded!r}]"
+        return f"container {short} {self.field} drifted: recorded {self.recorded}, observed {self.observed}"
 
     def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        return data
+        return {"field": self.field, "recorded": self.recorded, "observed": self.observed}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Candidate:
-        s = dict(data["spec"])
-        spec = ContainerSpec(
-            name=s["name"],
-            image=s["image"],
-            command=tuple(s["command"]),
-            entrypoint=tuple(s["entrypoint"]) if s.get("entrypoint") is not None else None,
-            env=tuple((k, v) for k, v in s["env"]),
-            labels=tuple((k, v) for k, v in s["labels"]),
-            mounts=tuple(Mount(**m) for m in s["mounts"]),
-            network_mode=s["network_mode"],
-            ports=tuple((p, h) for p, h in s["ports"]),
-            gpu_uuids=tuple(s["gpu_uuids"]),
-            shm_size=s.get("shm_size"),
-            ipc_mode=s.get("ipc_mode"),
-            ulimits=tuple((n, a, b) for n, a, b in s["ulimits"]),
-            init=s.get("init", True),
-            working_dir=s.get("working_dir"),
-        )
-        fields = {k: v for k, v in data.items() if k != "spec"}
-        fields["gpu_roles"] = tuple(fields.get("gpu_roles", ()))
-        return cls(spec=spec, **fields)
+
+def inspect_or_none(world: World, container_id: str) -> ContainerInfo | None:
+    try:
+        return world.runtime.inspect(container_id)
+    except NotFound:
+        return None
+
+
+def identity_drift(
+    world: World, ident: Identity, *, running: bool = False, serving: bool = False
+) -> list[FieldDrift]:
+    """Where the live container differs from `ident` in what decides equality.
+
+    Always: the container exists (by exact ID; its name is incidental), its image ID
+    and config fingerprint. With `running`: it runs. With `serving`: the slot's
+    binding serves exactly `ident.served_model`.
+    """
+    info = inspect_or_none(world, ident.container_id)
+    if info is None:
+        return [FieldDrift("container", ident.container_id, None)]
+    drift = []
+    if running and not info.running:
+        drift.append(FieldDrift("status", "running", info.status))
+    if info.image_id != ident.image_id:
+        drift.append(FieldDrift("image_id", ident.image_id, info.image_id))
+    if info.fingerprint != ident.config_fingerprint:
+        drift.append(FieldDrift("config_fingerprint", ident.config_fingerprint, info.fingerprint))
+    if serving:
+        served = served_models(world, ident.slot)
+        if served != [ident.served_model]:
+            drift.append(FieldDrift("served_model", ident.served_model, served))
+    return drift
+
+
+def served_models(world: World, slot: str) -> list[str]:
+    return sorted(m.id for m in world.engine.models(world.config.slot(slot).base_url))
+
+
+def container_absent_or_stopped(world: World, container_id: str) -> bool:
+    info = inspect_or_none(world, container_id)
+    return info is None or not info.running
+
+
+def is_running(world: World, container_id: str) -> bool:
+    return not container_absent_or_stopped(world, container_id)
+
+
+# -- acting on serves -------------------------------------------------------------------------
 
 
 def stop_verified(world: World, container_id: str) -> dict[str, Any]:
@@ -93,33 +137,26 @@ def wait_serving(
 
 
 def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0) -> dict[str, Any]:
-    """Start the same container ID after verifying image and fingerprint; wait for its identity."""
-    info = world.runtime.inspect(identity.container_id)
-    if info.image_id != identity.image_id or info.fingerprint != identity.config_fingerprint:
+    """Start the same container ID after verifying its identity; wait for its served model."""
+    drift = identity_drift(world, identity)
+    if drift:
         raise StepFailed(
-            f"retained container {identity.container_id} drifted (image or config fingerprint)",
-            observed_image=info.image_id,
-            observed_fingerprint=info.fingerprint,
+            f"retained container {identity.container_id} drifted: "
+            + "; ".join(d.describe(identity.container_id) for d in drift),
+            drift=[d.as_dict() for d in drift],
         )
-    if not info.running:
+    if not is_running(world, identity.container_id):
         world.runtime.start(identity.container_id)
     slot = world.config.slot(identity.slot)
     served = wait_serving(world, slot.base_url, "/health", identity.served_model, timeout_s)
     return {"container_id": identity.container_id, **served}
 
 
-def container_absent_or_stopped(world: World, container_id: str) -> bool:
-    try:
-        return not world.runtime.inspect(container_id).running
-    except NotFound:
-        return True
-
-
 def route_slot_to(world: World, ident: Identity) -> dict[str, Any]:
     """Readmit the slot's router tier to the serve `ident` describes (verified by routed chat)."""
-    assert world.router is not None
+    router = _router(world)
     slot = world.config.slot(ident.slot)
-    world.router.readmit(
+    router.readmit(
         slot.router_tier,
         slot.base_url,
         slot.aliases,
@@ -131,12 +168,87 @@ def route_slot_to(world: World, ident: Identity) -> dict[str, Any]:
 
 def routed_smoke(world: World, ident: Identity) -> dict[str, Any]:
     """One authenticated routed chat by the slot's first alias must answer 200 from `ident`."""
-    assert world.router is not None
+    router = _router(world)
     alias = world.config.slot(ident.slot).aliases[0]
-    answer = world.router.routed_chat(alias)
+    answer = router.routed_chat(alias)
     if answer.status != 200 or answer.model != ident.served_model:
         raise StepFailed(
             f"routed smoke to {alias}: HTTP {answer.status} from {answer.model!r}, "
             f"expected 200 from {ident.served_model!r}"
         )
     return {"alias": alias, "status": answer.status, "model": answer.model}
+
+
+def drain_slot(world: World, slot: str) -> dict[str, Any]:
+    tier = world.config.slot(slot).router_tier
+    _router(world).drain(tier)
+    return {"tier": tier}
+
+
+def _router(world: World) -> Any:
+    if world.router is None:
+        raise StepFailed("this step needs a router: the host config's router.kind is 'none'")
+    return world.router
+
+
+# -- the swap-serve steps ---------------------------------------------------------------------
+
+
+def drain_step(readmit: Which[C], description: str = "quiesce the slot's router tier") -> Step[C]:
+    """Drain the slot's tier; the undo routes it back to `readmit(ctx)` (if any)."""
+
+    def do(ctx: C) -> StepResult:
+        return drain_slot(ctx.world, ctx.args.slot)
+
+    def undo(ctx: C, _result: StepResult) -> StepResult:
+        serve = readmit(ctx)
+        return route_slot_to(ctx.world, serve) if serve is not None else {"readmitted": None}
+
+    return Step("drain-tier", do, undo, description)
+
+
+def stop_retain_step(name: str, which: Which[C], description: str) -> Step[C]:
+    """Stop (never remove) `which(ctx)`; the undo starts the same container ID again."""
+
+    def do(ctx: C) -> StepResult:
+        serve = which(ctx)
+        return stop_verified(ctx.world, serve.container_id) if serve else {"stopped": None}
+
+    def undo(ctx: C, _result: StepResult) -> StepResult:
+        serve = which(ctx)
+        return restart_retained(ctx.world, serve) if serve else {"restarted": None}
+
+    return Step(name, do, undo, description)
+
+
+def release_vram_step(need: Callable[[C], VramNeed]) -> Step[C]:
+    """Wait until the GPUs the next serve uses have its need plus the reserve free."""
+
+    def do(ctx: C) -> StepResult:
+        gate = ctx.world.vram_release
+        if gate is None:
+            return {"skipped": "no GPU probe configured"}
+        return gate(need(ctx))
+
+    return Step("release-vram", do, None, "wait until the GPUs' memory is observed free")
+
+
+def route_step(
+    name: str,
+    which: Callable[[C], Identity],
+    description: str,
+    undo: Callable[[C, StepResult], StepResult] | None = None,
+) -> Step[C]:
+    """Route the slot's tier to `which(ctx)` and readmit it (each plan says how to undo it)."""
+
+    def do(ctx: C) -> StepResult:
+        return route_slot_to(ctx.world, which(ctx))
+
+    return Step(name, do, undo, description)
+
+
+def smoke_step(which: Callable[[C], Identity]) -> Step[C]:
+    def do(ctx: C) -> StepResult:
+        return routed_smoke(ctx.world, which(ctx))
+
+    return Step("routed-smoke", do, None, "authenticated routed chat by alias")

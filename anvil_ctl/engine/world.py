@@ -1,11 +1,18 @@
-"""The World: the ports, config and store one command works with, built at the edge."""
+"""The World: the ports, config and store one command works with, built by `anvil_ctl.bootstrap`.
+
+Every field is a typed port or value; optional capabilities are optional fields
+(a host without a router has `router=None`), never a string-keyed bag.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from anvil_ctl.config import HostConfig, Settings
+from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.ports import (
     Clock,
     ContainerRuntime,
@@ -15,19 +22,34 @@ from anvil_ctl.core.ports import (
     Router,
     SharedMemory,
 )
-from anvil_ctl.persistence.store import Store
+
+if TYPE_CHECKING:
+    from anvil_ctl.persistence.store import Store
 
 
 class SystemClock:
     def now(self) -> float:
-        import time
-
         return time.monotonic()
 
     def sleep(self, seconds: float) -> None:
-        import time
-
         time.sleep(seconds)
+
+
+class AcceptanceReport(Protocol):
+    @property
+    def passed(self) -> bool: ...
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+Acceptance = Callable[[str, str], AcceptanceReport]
+"""Real-client acceptance through the router: (alias, expected served model) -> report."""
+
+VramRelease = Callable[[VramNeed], dict[str, Any]]
+"""The VRAM-release gate: wait until the need is free, return both readings (StepFailed at the deadline)."""
+
+ContainerOfPid = Callable[[int], str | None]
+"""Which container a host PID runs in (NVML reports engine worker PIDs), None if none."""
 
 
 @dataclass
@@ -42,4 +64,16 @@ class World:
     shm: SharedMemory | None = None
     model_cache: ModelCache | None = None
     clock: Clock = field(default_factory=SystemClock)
-    extras: dict[str, Any] = field(default_factory=dict)
+    acceptance: Acceptance | None = None
+    """None where no real client can reach the router (the step then fails, never skips)."""
+    vram_release: VramRelease | None = None
+    """None where no GPU probe or no GPU role is configured."""
+    container_of_pid: ContainerOfPid | None = None
+    """Real GPUs only: NVML's PIDs are engine workers, children of the container's init."""
+
+    def close(self) -> None:
+        """Close the adapters' connections (Docker, router HTTP clients)."""
+        for part in (self.runtime, self.router, self.engine, self.gpus):
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from anvil_ctl.core.errors import StepFailed
-from anvil_ctl.core.model import GpuReading
+from anvil_ctl.core.model import GpuReading, VramNeed
 from anvil_ctl.core.ports import Clock, GpuProbe
 
 log = structlog.get_logger()
@@ -107,9 +107,6 @@ def wait_for_vram_release(
         polls += 1
 
 
-VramReleaseStep = Callable[[Any, Any], dict[str, Any]]
-
-
 def vram_release_step(
     probe: GpuProbe,
     clock: Clock,
@@ -119,16 +116,16 @@ def vram_release_step(
     deadline_s: float,
     poll_s: float = 1.0,
     default_need_mib: int = 0,
-) -> VramReleaseStep:
-    """The engine's `world.extras["vram_release"]`: `(ctx, candidate) -> readings`.
+) -> Callable[[VramNeed], dict[str, Any]]:
+    """A VRAM-release gate with fixed reserves (no waivers), for a world's `vram_release`.
 
     `uuids` and `reserve_mib` cover every host role (role -> UUID, role -> the
-    reserve in force); the candidate's `gpu_roles` select the cards, and its
-    `vram_need_mib` (per card; `default_need_mib` where it has none) is the need.
+    reserve in force); the need's roles select the cards, and its `need_mib` (per
+    card; `default_need_mib` where it is 0) is the need.
     """
 
-    def gate(_ctx: Any, candidate: Any) -> dict[str, Any]:
-        roles = tuple(getattr(candidate, "gpu_roles", ()) or ())
+    def gate(need: VramNeed) -> dict[str, Any]:
+        roles = need.roles
         if not roles:
             return {"skipped": "the candidate uses no GPU role"}
         unknown = sorted(set(roles) - set(uuids))
@@ -138,7 +135,7 @@ def vram_release_step(
             probe,
             clock,
             {r: uuids[r] for r in roles},
-            need_mib=int(getattr(candidate, "vram_need_mib", None) or default_need_mib),
+            need_mib=need.need_mib or default_need_mib,
             reserve_mib={r: reserve_mib[r] for r in roles},
             deadline_s=deadline_s,
             poll_s=poll_s,

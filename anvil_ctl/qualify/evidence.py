@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from anvil_ctl.atomic import atomic_write
 from anvil_ctl.core.errors import BadInput, StepFailed
 
 MANIFEST = "manifest.json"
@@ -31,15 +31,6 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
 def to_json(data: Any) -> bytes:
     """The artifact encoding: sorted keys, two-space indent, UTF-8, trailing newline."""
     return (json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, default=str) + "\n").encode()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -76,7 +67,7 @@ class EvidenceWriter:
         if path.exists():
             raise StepFailed(f"evidence {path} already exists; evidence is immutable", path=str(path))
         payload = to_json(data)
-        _write_atomic(path, payload)
+        atomic_write(path, payload)
         artifact = _artifact(self.tx_dir, name, payload)
         self.artifacts.append(artifact)
         return artifact
@@ -91,7 +82,7 @@ class EvidenceWriter:
             **extra,
         }
         payload = to_json(manifest)
-        _write_atomic(self.tx_dir / MANIFEST, payload)
+        atomic_write(self.tx_dir / MANIFEST, payload)
         return _artifact(self.tx_dir, MANIFEST, payload)
 
 
@@ -256,7 +247,7 @@ def export_bundle(
         payload = redactor.apply(text).encode()
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(target, payload)
+        atomic_write(target, payload)
         artifacts.append(_artifact(out_dir, rel, payload))
     source_manifest = (tx_dir / MANIFEST).read_bytes()
     bundle_manifest = {
@@ -269,7 +260,7 @@ def export_bundle(
         "artifacts": [a.as_dict() for a in artifacts],
     }
     payload = to_json(bundle_manifest)
-    _write_atomic(out_dir / MANIFEST, payload)
+    atomic_write(out_dir / MANIFEST, payload)
     return ExportResult(
         out_dir=str(out_dir),
         manifest=_artifact(out_dir, MANIFEST, payload),

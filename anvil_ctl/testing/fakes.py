@@ -29,6 +29,7 @@ from anvil_ctl.core.model import (
     ImageInfo,
     ModelCard,
     ResidueFile,
+    ResidueRemoval,
     RoutedAnswer,
     config_fingerprint,
 )
@@ -318,6 +319,13 @@ class FakeSharedMemory:
 
     def residue(self) -> list[ResidueFile]:
         return [ResidueFile(r["path"], r["size"]) for r in self.world.read()["residue"]]
+
+    def remove_unheld(self) -> ResidueRemoval:
+        """Fake residue has no holders: all of it goes."""
+        with self.world.edit() as w:
+            removed = tuple(r["path"] for r in w["residue"])
+            w["residue"] = []
+        return ResidueRemoval(removed=removed)
 
 
 class FakeAcceptanceResult:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import audit, serves, transactions
-from anvil_ctl.commands.context import Context
 from anvil_ctl.config import Settings
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.runner import Outcome

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import serves, transactions
-from anvil_ctl.commands.context import Context
 from anvil_ctl.config import Settings
-from anvil_ctl.core.errors import Refused
 from anvil_ctl.core.states import TxState
+from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.persistence.migrate import upgrade
 from tests.integration.hosts import INCUMBENT, sim_host_toml
 
@@ -144,19 +144,21 @@ class TestUnloadOnDocker:
         self, host: dict[str, Any], stub_container: Any
     ) -> None:
         foreign = stub_container(served_model="foreign")
-        with pytest.raises(Refused, match="not created by anvilctl"):
-            serves.unload(host["ctx"], foreign.id, yes=True)
+        out = serves.unload(host["ctx"], foreign.id, yes=True)
+        assert isinstance(out, Outcome) and out.state == TxState.REFUSED
+        assert "not created by anvilctl" in out.reason
         assert host["runtime"].inspect(foreign.id).running
 
     def test_unload_refuses_the_incumbent(self, host: dict[str, Any]) -> None:
         inc = host["incumbent"]
-        with pytest.raises(Refused):
-            serves.unload(host["ctx"], inc.id, yes=True)
+        out = serves.unload(host["ctx"], inc.id, yes=True)
+        assert isinstance(out, Outcome) and out.state == TxState.REFUSED
         assert host["runtime"].inspect(inc.id).running
 
     def test_unload_removes_a_candidate_it_created(self, host: dict[str, Any]) -> None:
         out = serves.load(host["ctx"], "wrong-name-393k", slot="primary")
         kept = host["runtime"].list(labels={"io.anvil.transaction": out.tx_id or ""})
         result = serves.unload(host["ctx"], kept[0].id, yes=True)
-        assert result["removed"] is True
+        assert isinstance(result, Outcome) and result.state == TxState.COMMITTED, result
+        assert result.results["remove-candidate"]["removed"] is True
         assert host["runtime"].list(labels={"io.anvil.transaction": out.tx_id or ""}) == []

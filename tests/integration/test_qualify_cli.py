@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import qualify as qualify_cmd
-from anvil_ctl.commands.context import Context
 from anvil_ctl.config import Settings
 from anvil_ctl.gpu.waivers import Waiver
 from anvil_ctl.persistence import records

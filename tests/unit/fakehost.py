@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import transactions
-from anvil_ctl.commands.context import Context
 from anvil_ctl.config import Settings
 from anvil_ctl.core.model import (
     LABEL_MANAGED,
@@ -16,7 +16,7 @@ from anvil_ctl.core.model import (
     LABEL_SLOT,
     ContainerSpec,
 )
-from anvil_ctl.engine.serving import Candidate
+from anvil_ctl.engine.plans.args import Candidate
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
 

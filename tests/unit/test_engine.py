@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from sqlalchemy import text
 
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.states import TxState
-from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.owner import current_owner
 from anvil_ctl.engine.runner import TransactionEngine
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
@@ -101,6 +102,7 @@ class TestCompensation:
         plan = Plan(
             kind="test",
             args={},
+            memo=NoMemo(),
             steps=[
                 Step("a", ok("a"), undo_ok("a")),
                 Step("b", ok("b"), boom),
@@ -121,9 +123,7 @@ class TestRefusal:
         world_before = fake_host.world.read()
         counts_before = _table_counts(fake_host)
         cand = fake_host.candidate()
-        bad = cand.__class__.from_dict(
-            {**cand.as_dict(), "spec": {**cand.as_dict()["spec"], "image": "sha256:" + "9" * 64}}
-        )
+        bad = replace(cand, spec=replace(cand.spec, image="sha256:" + "9" * 64))
         out = transactions.load(ctx, slot="primary", candidate=bad)
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert out.refusal is not None and out.refusal.guard == "CandidateImagePinned"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import transactions
-from anvil_ctl.commands.context import Context
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.states import TxState
 from anvil_ctl.gpu.release import vram_release_step, wait_for_vram_release
@@ -107,7 +107,7 @@ class TestVramReleaseInLoad:
 
         def world_with_gate(self: Context) -> Any:
             world = original(self)
-            world.extras["vram_release"] = step
+            world.vram_release = step
             return world
 
         monkeypatch.setattr(Context, "world", world_with_gate)

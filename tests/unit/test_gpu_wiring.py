@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,21 +13,18 @@ import pytest
 from sqlalchemy import text
 
 from anvil_ctl import cli, log
+from anvil_ctl.adapters.procfs import proc_cgroup_container
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.commands import gpu as gpu_cmds
-from anvil_ctl.commands.context import Context
+from anvil_ctl.config import GpuRole
 from anvil_ctl.core.model import LABEL_SLOT, GpuProcess
 from anvil_ctl.core.states import TxState
 from anvil_ctl.core.steps import StepContext
-from anvil_ctl.engine.gpu_hooks import (
-    GpuRolesFree,
-    ownership_mode,
-    proc_cgroup_container,
-    record_ownership,
-    release_ownership,
-)
-from anvil_ctl.engine.plans.load import candidate_identity
-from anvil_ctl.engine.serving import Candidate
+from anvil_ctl.engine.gpu import ownership_mode, record_ownership, release_ownership
+from anvil_ctl.engine.plans.args import Candidate, LoadArgs
+from anvil_ctl.engine.plans.load import GUARDS as LOAD_GUARDS
+from anvil_ctl.engine.plans.load import LoadMemo, candidate_identity
 from anvil_ctl.gpu.waivers import effective_reserve
 from anvil_ctl.persistence import records
 from anvil_ctl.testing.gpu import FakeGpuProbe, ManualClock, reading
@@ -73,13 +71,16 @@ def side_candidate(host: FakeHost, roles: tuple[str, ...], name: str = "side") -
 
 
 def guard_check(host: FakeHost, cand: Candidate, incumbent: Any = None) -> Any:
+    """The load plan's GPU guard on this candidate (replacing `incumbent`, if given)."""
     ctx = StepContext(
         tx_id="t-guard",
         kind="load",
-        args={"slot": "secondary", "candidate": cand.as_dict(), "incumbent": incumbent},
+        args=LoadArgs(slot="secondary", candidate=cand, incumbent=incumbent, incumbent_running=True),
         world=host.context().world(),
+        memo=LoadMemo(),
     )
-    return GpuRolesFree().check(ctx)
+    (guard,) = [g for g in LOAD_GUARDS if g.name == "GpuRolesFree"]
+    return guard.check(ctx)
 
 
 @pytest.fixture
@@ -146,16 +147,10 @@ class TestOwnershipLedger:
         assert inc is not None
         cand = fake_host.candidate()
         cid = world.runtime.create(cand.spec)
-        step = StepContext(
-            tx_id="t-undo",
-            kind="load",
-            args={"slot": "primary", "candidate": cand.as_dict(), "incumbent": inc.as_dict()},
-            world=world,
-        )
-        record_ownership(step, candidate_identity(world, "primary", cand, cid))
+        record_ownership(world, "t-undo", candidate_identity(world, "primary", cand, cid), inc)
         assert {o[0] for o in owners(fake_host).values()} == {cid}
-        first = release_ownership(step)
-        second = release_ownership(step)
+        first = release_ownership(world, "t-undo", inc)
+        second = release_ownership(world, "t-undo", inc)
         assert first == {
             "released": ["compute-a", "compute-b"],
             "reclaimed_for_incumbent": ["compute-a", "compute-b"],
@@ -208,7 +203,7 @@ class TestGpuRolesFree:
         assert inc is not None
         cand = side_candidate(fake_host, ("compute-a", "compute-b"))
         assert guard_check(fake_host, cand) is not None
-        assert guard_check(fake_host, cand, incumbent=inc.as_dict()) is None
+        assert guard_check(fake_host, cand, incumbent=inc) is None
 
     def test_an_unknown_process_on_a_card_refuses_the_load_naming_its_pid(
         self, fake_host: FakeHost, gpu_world: dict[str, Any]
@@ -455,14 +450,48 @@ class TestGpusCli:
 
 
 class TestReplaceGpuRoles:
-    def test_replaces_the_roles_in_place_and_keeps_other_lines(self) -> None:
-        old = (
-            'host = "h"\n\n[gpu_roles.x]\nuuid = "u"\n\n'
-            '[gpu_roles.y]\nuuid = "v"\n\n[router]\nkind = "none"\n'
-        )
-        new = gpu_cmds.replace_gpu_roles(old, '[gpu_roles.a]\nuuid = "w"\n')
-        assert new == 'host = "h"\n\n[gpu_roles.a]\nuuid = "w"\n\n[router]\nkind = "none"\n'
+    OLD = (
+        "# workstation under the desk\n"
+        'host = "h"  # as in records\n\n'
+        "[gpu_roles.compute-a]  # the big card\n"
+        'uuid = "GPU-old"\n'
+        "capacity_mib = 1\n"
+        "reserve_mib = 2048  # keep 2 GiB\n\n"
+        "[gpu_roles.gone]\n"
+        'uuid = "GPU-gone"\n'
+        "capacity_mib = 1\n\n"
+        "[router]\n"
+        'kind = "none"  # no router here\n'
+    )
 
-    def test_appends_the_roles_when_there_were_none(self) -> None:
-        new = gpu_cmds.replace_gpu_roles('host = "h"', "[gpu_roles.a]\n")
-        assert new == 'host = "h"\n\n[gpu_roles.a]\n'
+    def roles(self) -> dict[str, GpuRole]:
+        return {
+            "compute-a": GpuRole(uuid=UA, capacity_mib=97_887, reserve_mib=2048),
+            "compute-b": GpuRole(uuid=UB, capacity_mib=97_887, name="NVIDIA H200"),
+        }
+
+    def test_updates_a_kept_role_in_place_with_its_comments(self) -> None:
+        new = gpu_cmds.replace_gpu_roles(self.OLD, self.roles())
+        assert "[gpu_roles.compute-a]  # the big card\n" + f'uuid = "{UA}"' in new
+        assert "reserve_mib = 2048  # keep 2 GiB" in new
+
+    def test_keeps_every_other_key_and_comment(self) -> None:
+        new = gpu_cmds.replace_gpu_roles(self.OLD, self.roles())
+        for line in (
+            "# workstation under the desk",
+            'host = "h"  # as in records',
+            'kind = "none"  # no router here',
+        ):
+            assert line in new
+
+    def test_removes_a_role_no_longer_detected_and_adds_a_new_one(self) -> None:
+        data = tomllib.loads(gpu_cmds.replace_gpu_roles(self.OLD, self.roles()))
+        assert data["gpu_roles"] == {
+            "compute-a": {"uuid": UA, "capacity_mib": 97_887, "reserve_mib": 2048},
+            "compute-b": {"uuid": UB, "capacity_mib": 97_887, "name": "NVIDIA H200"},
+        }
+        assert data["router"] == {"kind": "none"}
+
+    def test_adds_the_roles_when_there_were_none(self) -> None:
+        data = tomllib.loads(gpu_cmds.replace_gpu_roles('host = "h"', self.roles()))
+        assert data["host"] == "h" and set(data["gpu_roles"]) == {"compute-a", "compute-b"}

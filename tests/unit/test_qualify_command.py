@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.commands import transactions
-from anvil_ctl.commands.context import Context
 from anvil_ctl.core.states import TxState
 from anvil_ctl.gpu.waivers import Waiver
 from anvil_ctl.persistence import records

@@ -109,10 +109,10 @@ class TestLockFirstArguments:
 class TestRecoverMatchesStepsByName:
     def test_a_journal_that_no_longer_matches_the_plan_goes_to_a_person(self, fake_host: FakeHost) -> None:
         from anvil_ctl.core.ports import StepEvent
-        from anvil_ctl.core.steps import Plan, Step
+        from anvil_ctl.core.steps import NoMemo, Plan, Step
         from anvil_ctl.engine.recover import pending_undos
 
-        plan = Plan(kind="load", args={}, steps=[Step("stop-incumbent", lambda c: None)])
+        plan = Plan(kind="load", args={}, memo=NoMemo(), steps=[Step("stop-incumbent", lambda c: None)])
         events = [StepEvent(0, "drain-tier", "do", "intent", {}, "t")]
         from anvil_ctl.core.errors import NeedsOperator
 

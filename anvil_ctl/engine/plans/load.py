@@ -9,70 +9,135 @@ exact served identity; record the candidate's identity and GPU ownership.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from anvil_ctl.core.errors import NotFound
-from anvil_ctl.core.model import LABEL_TX, ContainerSpec, Identity
+from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, Identity, VramNeed
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.guards import guards_for
+from anvil_ctl.engine import gpu
+from anvil_ctl.engine.guards import (
+    NoUnresolvedTransaction,
+    RollbackIdentityComplete,
+    RollbackIdentityRestorable,
+    RouterCredentialsAccepted,
+)
 from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.plans.args import Candidate, LoadArgs
 from anvil_ctl.engine.serving import (
-    Candidate,
-    restart_retained,
-    route_slot_to,
-    stop_verified,
+    drain_step,
+    release_vram_step,
+    stop_retain_step,
     wait_serving,
 )
 from anvil_ctl.engine.world import World
 
 
-def _w(ctx: StepContext) -> World:
-    world: World = ctx.world
-    return world
+@dataclass
+class LoadMemo:
+    candidate_id: str | None = None
+    """The container `start-candidate` created."""
 
 
-def _incumbent(ctx: StepContext) -> Identity | None:
-    data = ctx.args.get("incumbent")
-    return Identity.from_dict(data) if data else None
+Ctx = StepContext[LoadArgs, World, LoadMemo]
 
 
-def _candidate(ctx: StepContext) -> Candidate:
-    return Candidate.from_dict(ctx.args["candidate"])
+def _running_incumbent(ctx: Ctx) -> Identity | None:
+    return ctx.args.incumbent if ctx.args.incumbent_running else None
 
 
-def drain_tier(ctx: StepContext) -> StepResult:
-    world, slot = _w(ctx), _w(ctx).config.slot(ctx.args["slot"])
-    assert world.router is not None
-    world.router.drain(slot.router_tier)
-    return {"tier": slot.router_tier}
+# -- guards -----------------------------------------------------------------------------------
 
 
-def readmit_incumbent(ctx: StepContext, _result: StepResult) -> StepResult:
-    ident = _incumbent(ctx)
-    assert ident is not None
-    return route_slot_to(_w(ctx), ident)
+class CandidateImagePinned(Guard[Ctx]):
+    """The candidate's image is present on the host with exactly the pinned ID or digest."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        ref = ctx.args.candidate.spec.image
+        try:
+            image = ctx.world.runtime.image(ref)
+        except NotFound:
+            return self.refuse(f"pinned image {ref} is not present on this host", image=ref)
+        if ref.startswith("sha256:") and image.id != ref:
+            return self.refuse(f"image {ref} resolves to {image.id}", image=ref)
+        if "@sha256:" in ref and ref not in image.repo_digests:
+            return self.refuse(f"image digest {ref} not among {list(image.repo_digests)}", image=ref)
+        return None
 
 
-def stop_incumbent(ctx: StepContext) -> StepResult:
-    ident = _incumbent(ctx)
-    assert ident is not None
-    return stop_verified(_w(ctx), ident.container_id)
+class ModelCacheComplete(Guard[Ctx]):
+    """A candidate that pins a model finds it complete in the model cache before anything stops."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        cand = ctx.args.candidate
+        if not cand.model_identity:
+            return None
+        cache = ctx.world.model_cache
+        if cache is None:
+            return self.refuse(
+                f"recipe {cand.recipe} pins model {cand.model_identity} but the host config sets no "
+                "model_cache_dir to verify it in"
+            )
+        report = cache.verify_identity(cand.model_identity)
+        if not report.complete:
+            return self.refuse(
+                f"model cache incomplete for {cand.model_identity}: {'; '.join(report.problems)}",
+                problems=list(report.problems),
+            )
+        return None
 
 
-def restart_incumbent(ctx: StepContext, _result: StepResult) -> StepResult:
-    ident = _incumbent(ctx)
-    assert ident is not None
-    return restart_retained(_w(ctx), ident)
+class BindingNotTaken(Guard[Ctx]):
+    """No running container of this slot other than the incumbent holds the slot's binding."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        world, ident, slot_name = ctx.world, ctx.args.incumbent, ctx.args.slot
+        others = [
+            c
+            for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: slot_name})
+            if c.running and (ident is None or c.id != ident.container_id)
+        ]
+        if others:
+            return self.refuse(
+                f"slot {slot_name}: container {others[0].id[:12]} ({others[0].name}) is running "
+                "besides the incumbent; unload it first",
+                container_id=others[0].id,
+            )
+        slot = world.config.slot(slot_name)
+        if _running_incumbent(ctx) is None and world.engine.listening(slot.base_url):
+            return self.refuse(
+                f"binding {slot.binding} accepts connections but no recorded serve runs there: "
+                "something we do not own holds it"
+            )
+        if ident is not None:
+            served = [m.id for m in world.engine.models(slot.base_url)]
+            if served and served != [ident.served_model]:
+                return self.refuse(
+                    f"binding {slot.binding} serves {served}, "
+                    f"not the recorded incumbent {ident.served_model!r}: something we do not own holds it"
+                )
+        return None
 
 
-def release_vram(ctx: StepContext) -> StepResult:
-    gate = _w(ctx).extras.get("vram_release")
-    if gate is None:
-        return {"skipped": "no GPU probe configured"}
-    result: dict[str, Any] = gate(ctx, _candidate(ctx))
-    return result
+def _gpu_request(ctx: Ctx) -> gpu.StartRequest:
+    inc = ctx.args.incumbent
+    return ctx.args.candidate.gpu_roles, {inc.container_id} if inc else set()
+
+
+GUARDS: list[Guard[Ctx]] = [
+    NoUnresolvedTransaction(),
+    RollbackIdentityComplete(),
+    RollbackIdentityRestorable(lambda ctx: ctx.args.incumbent),
+    CandidateImagePinned(),
+    ModelCacheComplete(),
+    BindingNotTaken(),
+    gpu.GpuRolesFree(_gpu_request),
+    RouterCredentialsAccepted(),
+]
+
+
+# -- steps ------------------------------------------------------------------------------------
 
 
 def stamped_spec(spec: ContainerSpec, tx_id: str) -> ContainerSpec:
@@ -82,24 +147,28 @@ def stamped_spec(spec: ContainerSpec, tx_id: str) -> ContainerSpec:
     return replace(spec, labels=tuple(sorted(labels.items())))
 
 
-def start_candidate(ctx: StepContext) -> StepResult:
-    world, cand = _w(ctx), _candidate(ctx)
+def start_candidate(ctx: Ctx) -> StepResult:
+    world, cand = ctx.world, ctx.args.candidate
     container_id = world.runtime.create(stamped_spec(cand.spec, ctx.tx_id))
     world.runtime.start(container_id)
     return {"container_id": container_id, "name": cand.spec.name}
 
 
-def _candidate_ids(ctx: StepContext, result: StepResult) -> list[str]:
-    if result and result.get("container_id"):
-        return [str(result["container_id"])]
+def remember_candidate(ctx: Ctx, result: dict[str, Any]) -> None:
+    ctx.memo.candidate_id = str(result["container_id"])
+
+
+def _candidate_ids(ctx: Ctx) -> list[str]:
+    if ctx.memo.candidate_id:
+        return [ctx.memo.candidate_id]
     # The process died between create and the result row: find it by its transaction label.
-    return [c.id for c in _w(ctx).runtime.list(labels={LABEL_TX: ctx.tx_id})]
+    return [c.id for c in ctx.world.runtime.list(labels={LABEL_TX: ctx.tx_id})]
 
 
-def stop_candidate(ctx: StepContext, result: StepResult) -> StepResult:
-    world = _w(ctx)
+def stop_candidate(ctx: Ctx, _result: StepResult) -> StepResult:
+    world = ctx.world
     kept, removed = [], []
-    for cid in _candidate_ids(ctx, result):
+    for cid in _candidate_ids(ctx):
         try:
             world.runtime.stop(cid, world.config.policy.stop_timeout_s)
             proven_stopped = not world.runtime.inspect(cid).running
@@ -115,9 +184,9 @@ def stop_candidate(ctx: StepContext, result: StepResult) -> StepResult:
     return {"kept_stopped": kept, "removed": removed}
 
 
-def await_candidate(ctx: StepContext) -> StepResult:
-    world, cand = _w(ctx), _candidate(ctx)
-    slot = world.config.slot(ctx.args["slot"])
+def await_candidate(ctx: Ctx) -> StepResult:
+    world, cand = ctx.world, ctx.args.candidate
+    slot = world.config.slot(ctx.args.slot)
     return wait_serving(world, slot.base_url, cand.health_path, cand.served_model, cand.startup_timeout_s)
 
 
@@ -143,42 +212,45 @@ def candidate_identity(world: World, slot_name: str, cand: Candidate, container_
     )
 
 
-def record_candidate(ctx: StepContext) -> StepResult:
-    world, cand = _w(ctx), _candidate(ctx)
-    ident = candidate_identity(world, ctx.args["slot"], cand, ctx.result("start-candidate")["container_id"])
+def record_candidate(ctx: Ctx) -> StepResult:
+    world = ctx.world
+    assert ctx.memo.candidate_id is not None, "start-candidate runs first"
+    ident = candidate_identity(world, ctx.args.slot, ctx.args.candidate, ctx.memo.candidate_id)
     world.store.record_identity(ctx.tx_id, "candidate", ident)
-    own = world.extras.get("record_ownership")
-    if own is not None:
-        own(ctx, ident)
+    gpu.record_ownership(world, ctx.tx_id, ident, ctx.args.incumbent)
     return {"identity_digest": ident.digest, "container_id": ident.container_id}
 
 
-def release_candidate_record(ctx: StepContext, _result: StepResult) -> StepResult:
-    release = _w(ctx).extras.get("release_ownership")
-    if release is not None:
-        release(ctx)
+def release_candidate_record(ctx: Ctx, _result: StepResult) -> StepResult:
+    gpu.release_ownership(ctx.world, ctx.tx_id, ctx.args.incumbent)
     return {"released": True}
 
 
-def build(args: Mapping[str, Any], world: World) -> Plan:
+def _vram_need(ctx: Ctx) -> VramNeed:
+    cand = ctx.args.candidate
+    return VramNeed(cand.gpu_roles, cand.vram_need_mib, cand.recipe_digest)
+
+
+def build(args: LoadArgs, world: World) -> Plan[LoadArgs, World, LoadMemo]:
     # An incumbent already stopped (a campaign of several loads) is neither drained, stopped
     # nor, on compensation, started again: the undo restores the before state, not more.
-    has_incumbent = args.get("incumbent") is not None and bool(args.get("incumbent_running", True))
-    steps: list[Step] = []
+    has_incumbent = args.incumbent is not None and args.incumbent_running
+    steps: list[Step[Ctx]] = []
     if has_incumbent and world.router is not None:
-        steps.append(Step("drain-tier", drain_tier, readmit_incumbent, "quiesce the slot's router tier"))
+        steps.append(drain_step(_running_incumbent))
     if has_incumbent:
         steps.append(
-            Step(
-                "stop-incumbent",
-                stop_incumbent,
-                restart_incumbent,
-                "stop (never remove) the incumbent",
-            )
+            stop_retain_step("stop-incumbent", _running_incumbent, "stop (never remove) the incumbent")
         )
     steps += [
-        Step("release-vram", release_vram, None, "wait until the GPUs' memory is observed free"),
-        Step("start-candidate", start_candidate, stop_candidate, "create and start the candidate"),
+        release_vram_step(_vram_need),
+        Step(
+            "start-candidate",
+            start_candidate,
+            stop_candidate,
+            "create and start the candidate",
+            remember=remember_candidate,
+        ),
         Step("await-candidate", await_candidate, None, "health and exact served identity"),
         Step(
             "record-candidate",
@@ -191,7 +263,8 @@ def build(args: Mapping[str, Any], world: World) -> Plan:
         kind="load",
         args=args,
         steps=steps,
-        guards=guards_for("load"),
-        slot=str(args["slot"]),
-        snapshot=lambda: observe(world, [str(args["slot"])]),
+        memo=LoadMemo(),
+        guards=GUARDS,
+        slot=args.slot,
+        snapshot=lambda: observe(world, [args.slot]),
     )

@@ -12,49 +12,64 @@ with the approval (undo: record the old incumbent back).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any
 
-from anvil_ctl.core.errors import NotFound, StepFailed
+from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import Identity
-from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.guards import guards_for
+from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.guards import (
+    NoUnresolvedTransaction,
+    RollbackIdentityComplete,
+    RollbackIdentityRestorable,
+    RouterCredentialsAccepted,
+)
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.serving import route_slot_to, routed_smoke
+from anvil_ctl.engine.plans.args import PromoteArgs
+from anvil_ctl.engine.serving import drain_slot, identity_drift, route_step, smoke_step
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import records
+from anvil_ctl.persistence.store import Store
+
+Ctx = StepContext[PromoteArgs, World, NoMemo]
 
 
-def _w(ctx: StepContext) -> World:
-    world: World = ctx.world
-    return world
-
-
-def _ident(ctx: StepContext, key: str) -> Identity:
-    return Identity.from_dict(ctx.args[key])
-
-
-def standing_decision(world: World, identity_digest: str) -> dict[str, Any] | None:
+def standing_decision(store: Store, identity_digest: str) -> dict[str, Any] | None:
     """The newest decision for this identity whose waivers (if any) are all still active."""
     now = datetime.now(UTC)
-    active = {w.id for w in records.waivers(world.store) if w.active(now)}
-    for d in reversed(records.decisions(world.store, identity_digest=identity_digest)):
+    active = {w.id for w in records.waivers(store) if w.active(now)}
+    for d in reversed(records.decisions(store, identity_digest=identity_digest)):
         if all(wid in active for wid in d["waiver_ids"]):
             standing: dict[str, Any] = d
             return standing
     return None
 
 
-class CandidateVerified(Guard):
+class RouterConfigured(Guard[Ctx]):
+    """Promotion means routing: a host without a router has nothing to promote to."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        if ctx.world.router is None:
+            return self.refuse("promote needs a router: the host config's router.kind is 'none'")
+        return None
+
+
+class ApproverNamed(Guard[Ctx]):
+    """A promotion names the person who approved it."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        if not ctx.args.approved_by.strip():
+            return self.refuse("--approved-by NAME is required for a promotion")
+        return None
+
+
+class CandidateVerified(Guard[Ctx]):
     """The candidate's exact identity (its qualification digest) has a standing `verified` decision."""
 
-    kinds: ClassVar[frozenset[str]] = frozenset({"promote"})
-
-    def check(self, ctx: StepContext) -> Refusal | None:
-        cand = _ident(ctx, "candidate")
-        decision = standing_decision(_w(ctx), cand.qualification_digest)
+    def check(self, ctx: Ctx) -> Refusal | None:
+        cand = ctx.args.candidate
+        decision = standing_decision(ctx.world.store, cand.qualification_digest)
         if decision is None:
             return self.refuse(
                 f"no decision recorded for candidate identity {cand.qualification_digest[:12]} "
@@ -69,125 +84,95 @@ class CandidateVerified(Guard):
         return None
 
 
-class CandidateIsServing(Guard):
+class CandidateIsServing(Guard[Ctx]):
     """The candidate container runs with its recorded image and fingerprint and serves the slot."""
 
-    kinds: ClassVar[frozenset[str]] = frozenset({"promote"})
-
-    def check(self, ctx: StepContext) -> Refusal | None:
-        world, cand = _w(ctx), _ident(ctx, "candidate")
-        try:
-            info = world.runtime.inspect(cand.container_id)
-        except NotFound:
-            return self.refuse(f"candidate container {cand.container_id[:12]} is gone")
-        if not info.running:
-            return self.refuse(f"candidate container {cand.container_id[:12]} is {info.status}")
-        if info.image_id != cand.image_id or info.fingerprint != cand.config_fingerprint:
-            return self.refuse(f"candidate container {cand.container_id[:12]} drifted from its identity")
-        served = [m.id for m in world.engine.models(world.config.slot(cand.slot).base_url)]
+    def check(self, ctx: Ctx) -> Refusal | None:
+        cand = ctx.args.candidate
+        drift = identity_drift(ctx.world, cand, running=True)
+        short = cand.container_id[:12]
+        for d in drift:
+            if d.field == "container":
+                return self.refuse(f"candidate container {short} is gone")
+            if d.field == "status":
+                return self.refuse(f"candidate container {short} is {d.observed}")
+        if drift:
+            return self.refuse(f"candidate container {short} drifted from its identity")
+        served = [m.id for m in ctx.world.engine.models(ctx.world.config.slot(cand.slot).base_url)]
         if served != [cand.served_model]:
             return self.refuse(f"slot serves {served}, not the candidate {cand.served_model!r}")
         return None
 
 
-class RouterConfigured(Guard):
-    """Promotion means routing: a host without a router has nothing to promote to."""
-
-    kinds: ClassVar[frozenset[str]] = frozenset({"promote"})
-
-    def check(self, ctx: StepContext) -> Refusal | None:
-        if _w(ctx).router is None:
-            return self.refuse("promote needs a router: the host config's router.kind is 'none'")
-        return None
-
-
-class ApproverNamed(Guard):
-    """A promotion names the person who approved it."""
-
-    kinds: ClassVar[frozenset[str]] = frozenset({"promote"})
-
-    def check(self, ctx: StepContext) -> Refusal | None:
-        if not str(ctx.args.get("approved_by") or "").strip():
-            return self.refuse("--approved-by NAME is required for a promotion")
-        return None
+GUARDS: list[Guard[Ctx]] = [
+    RouterConfigured(),
+    ApproverNamed(),
+    CandidateVerified(),
+    CandidateIsServing(),
+    NoUnresolvedTransaction(),
+    RollbackIdentityComplete(),
+    RollbackIdentityRestorable(lambda ctx: ctx.args.incumbent),
+    RouterCredentialsAccepted(),
+]
 
 
-def route_to_candidate(ctx: StepContext) -> StepResult:
-    return route_slot_to(_w(ctx), _ident(ctx, "candidate"))
+def drain_again(ctx: Ctx, _r: StepResult) -> StepResult:
+    return {**drain_slot(ctx.world, ctx.args.slot), "drained": True}
 
 
-def drain_again(ctx: StepContext, _r: StepResult) -> StepResult:
-    world, cand = _w(ctx), _ident(ctx, "candidate")
-    assert world.router is not None
-    tier = world.config.slot(cand.slot).router_tier
-    world.router.drain(tier)
-    return {"tier": tier, "drained": True}
-
-
-def smoke(ctx: StepContext) -> StepResult:
-    return routed_smoke(_w(ctx), _ident(ctx, "candidate"))
-
-
-def acceptance(ctx: StepContext) -> StepResult:
-    world, cand = _w(ctx), _ident(ctx, "candidate")
-    accept = world.extras.get("acceptance")
-    if accept is None:
+def acceptance(ctx: Ctx) -> StepResult:
+    world, cand = ctx.world, ctx.args.candidate
+    if world.acceptance is None:
         raise StepFailed("no real-client acceptance is configured for this router")
     alias = world.config.slot(cand.slot).aliases[0]
-    result = accept(alias, cand.served_model)
+    result = world.acceptance(alias, cand.served_model)
     data: dict[str, Any] = result.as_dict()
     if not result.passed:
         raise StepFailed(f"real-client acceptance failed: {data}", acceptance=data)
     return data
 
 
-def record_promotion(ctx: StepContext) -> StepResult:
-    world = _w(ctx)
-    cand, old = _ident(ctx, "candidate"), _ident(ctx, "incumbent")
-    world.store.record_identity(ctx.tx_id, "incumbent", cand)
+def record_promotion(ctx: Ctx) -> StepResult:
+    world, args = ctx.world, ctx.args
+    old = args.incumbent
+    if old is None:
+        raise StepFailed(f"slot {args.slot}: no incumbent to keep as the rollback identity")
+    world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
     world.store.record_identity(ctx.tx_id, "rollback", old)
     records.record_approval(
         world.store,
         tx_id=ctx.tx_id,
-        decision_id=ctx.args["decision_id"],
-        approved_by=str(ctx.args["approved_by"]),
+        decision_id=args.decision_id or "",
+        approved_by=args.approved_by,
     )
     return {
-        "incumbent": cand.container_id,
+        "incumbent": args.candidate.container_id,
         "rollback": old.container_id,
-        "approved_by": ctx.args["approved_by"],
-        "decision_id": ctx.args["decision_id"],
+        "approved_by": args.approved_by,
+        "decision_id": args.decision_id,
     }
 
 
-def unrecord_promotion(ctx: StepContext, _r: StepResult) -> StepResult:
-    world, old = _w(ctx), _ident(ctx, "incumbent")
-    world.store.record_identity(ctx.tx_id, "incumbent", old)
+def unrecord_promotion(ctx: Ctx, _r: StepResult) -> StepResult:
+    old = ctx.args.incumbent
+    if old is None:
+        return {"incumbent": None}
+    ctx.world.store.record_identity(ctx.tx_id, "incumbent", old)
     return {"incumbent": old.container_id}
 
 
-GUARDS = [RouterConfigured(), ApproverNamed(), CandidateVerified(), CandidateIsServing()]
+def _candidate(ctx: Ctx) -> Identity:
+    return ctx.args.candidate
 
 
-def build(args: Mapping[str, Any], world: World) -> Plan:
-    slot = str(args["slot"])
+def build(args: PromoteArgs, world: World) -> Plan[PromoteArgs, World, NoMemo]:
     return Plan(
         kind="promote",
         args=args,
         steps=[
-            Step(
-                "route-to-candidate",
-                route_to_candidate,
-                drain_again,
-                "route the tier to the candidate",
-            ),
-            Step("routed-smoke", smoke, None, "authenticated routed chat by alias"),
-            Step(
-                "acceptance",
-                acceptance,
-                None,
-                "real-client acceptance (openai: chat, stream, tool)",
-            ),
+            route_step("route-to-candidate", _candidate, "route the tier to the candidate", drain_again),
+            smoke_step(_candidate),
+            Step("acceptance", acceptance, None, "real-client acceptance (openai: chat, stream, tool)"),
             Step(
                 "record-promotion",
                 record_promotion,
@@ -195,7 +180,8 @@ def build(args: Mapping[str, Any], world: World) -> Plan:
                 "candidate becomes incumbent; old incumbent the rollback identity; approval",
             ),
         ],
-        guards=[*GUARDS, *guards_for("promote")],
-        slot=slot,
-        snapshot=lambda: observe(world, [slot]),
+        memo=NoMemo(),
+        guards=GUARDS,
+        slot=args.slot,
+        snapshot=lambda: observe(world, [args.slot]),
     )

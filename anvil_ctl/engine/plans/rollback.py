@@ -19,38 +19,48 @@ retained for diagnosis does not make a restored host differ.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any, ClassVar
 
 from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.guards import Guard, Refusal
-from anvil_ctl.core.model import Identity
+from anvil_ctl.core.model import Identity, VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff
-from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.guards import guards_for
+from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine import gpu
+from anvil_ctl.engine.guards import (
+    NoUnresolvedTransaction,
+    RollbackIdentityRestorable,
+    RouterCredentialsAccepted,
+)
 from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.plans.args import RollbackArgs
 from anvil_ctl.engine.serving import (
     container_absent_or_stopped,
+    drain_step,
+    release_vram_step,
     restart_retained,
-    route_slot_to,
-    routed_smoke,
+    route_step,
+    smoke_step,
+    stop_retain_step,
     stop_verified,
 )
 from anvil_ctl.engine.world import World
 
-
-def _w(ctx: StepContext) -> World:
-    world: World = ctx.world
-    return world
+Ctx = StepContext[RollbackArgs, World, NoMemo]
 
 
-def _target(ctx: StepContext) -> Identity:
-    return Identity.from_dict(ctx.args["target"])
+def _target(ctx: Ctx) -> Identity:
+    target = ctx.args.target
+    if target is None:  # TargetIdentityComplete refuses this before any step
+        raise NeedsOperator("rollback without a target identity reached a step")
+    return target
 
 
-def _current(ctx: StepContext) -> Identity | None:
-    data = ctx.args.get("current")
-    return Identity.from_dict(data) if data else None
+def _current(ctx: Ctx) -> Identity | None:
+    return ctx.args.current
+
+
+def _routed_current(ctx: Ctx) -> Identity | None:
+    return ctx.args.current if ctx.args.current_routed else None
 
 
 def placement(snapshot: Snapshot, slot: str) -> Snapshot:
@@ -67,33 +77,31 @@ def placement(snapshot: Snapshot, slot: str) -> Snapshot:
     return Snapshot.of(body)
 
 
-class TargetIdentityComplete(Guard):
+class TargetIdentityComplete(Guard[Ctx]):
     """The identity to restore is recorded with every required field."""
 
-    kinds: ClassVar[frozenset[str]] = frozenset({"rollback"})
-
-    def check(self, ctx: StepContext) -> Refusal | None:
-        if not ctx.args.get("target"):
-            return self.refuse(f"slot {ctx.args['slot']}: no rollback identity is recorded")
-        missing = _target(ctx).missing()
+    def check(self, ctx: Ctx) -> Refusal | None:
+        target = ctx.args.target
+        if target is None:
+            return self.refuse(f"slot {ctx.args.slot}: no rollback identity is recorded")
+        missing = target.missing()
         if missing:
             return self.refuse(f"rollback identity incomplete: missing {', '.join(missing)}")
-        if not ctx.args.get("recorded_snapshot"):
+        if not ctx.args.recorded_snapshot:
             return self.refuse(
                 "no recorded snapshot of the target serving: nothing to prove equality against"
             )
         return None
 
 
-class TargetNotAlreadyServing(Guard):
+class TargetNotAlreadyServing(Guard[Ctx]):
     """There is something to restore: the target is not already the running, serving incumbent."""
 
-    kinds: ClassVar[frozenset[str]] = frozenset({"rollback"})
-
-    def check(self, ctx: StepContext) -> Refusal | None:
-        if not ctx.args.get("target"):
+    def check(self, ctx: Ctx) -> Refusal | None:
+        target = ctx.args.target
+        if target is None:
             return None
-        world, target = _w(ctx), _target(ctx)
+        world = ctx.world
         if container_absent_or_stopped(world, target.container_id):
             return None
         served = [m.id for m in world.engine.models(world.config.slot(target.slot).base_url)]
@@ -105,17 +113,14 @@ class TargetNotAlreadyServing(Guard):
         return None
 
 
-class RestoreGroupContainsTarget(Guard):
+class RestoreGroupContainsTarget(Guard[Ctx]):
     """A named restore group must contain the declared rollback identity."""
 
-    kinds: ClassVar[frozenset[str]] = frozenset({"rollback"})
-
-    def check(self, ctx: StepContext) -> Refusal | None:
-        group = ctx.args.get("restore_group")
-        if group is None:
+    def check(self, ctx: Ctx) -> Refusal | None:
+        group, target = ctx.args.restore_group, ctx.args.target
+        if group is None or target is None:
             return None
-        members = [str(m) for m in ctx.args.get("restore_group_members") or []]
-        target = _target(ctx)
+        members = list(ctx.args.restore_group_members or ())
         if not any(target.container_id.startswith(m) or target.digest.startswith(m) for m in members):
             return self.refuse(
                 f"restore group {group!r} ({', '.join(m[:12] for m in members) or 'empty'}) does not "
@@ -126,50 +131,37 @@ class RestoreGroupContainsTarget(Guard):
         return None
 
 
-def drain_tier(ctx: StepContext) -> StepResult:
-    world, target = _w(ctx), _target(ctx)
-    assert world.router is not None
-    tier = world.config.slot(target.slot).router_tier
-    world.router.drain(tier)
-    return {"tier": tier}
+def _gpu_request(ctx: Ctx) -> gpu.StartRequest | None:
+    target, cur = ctx.args.target, ctx.args.current
+    if target is None:
+        return None
+    replacing = {target.container_id} | ({cur.container_id} if cur else set())
+    return target.gpu_roles, replacing
 
 
-def readmit_current(ctx: StepContext, _r: StepResult) -> StepResult:
-    cur = _current(ctx)
-    if cur is None or not ctx.args.get("current_routed"):
-        return {"readmitted": None}
-    return route_slot_to(_w(ctx), cur)
+GUARDS: list[Guard[Ctx]] = [
+    TargetIdentityComplete(),
+    TargetNotAlreadyServing(),
+    RestoreGroupContainsTarget(),
+    NoUnresolvedTransaction(),
+    RollbackIdentityRestorable(lambda ctx: ctx.args.target),
+    gpu.GpuRolesFree(_gpu_request),
+    RouterCredentialsAccepted(),
+]
 
 
-def stop_current(ctx: StepContext) -> StepResult:
-    cur = _current(ctx)
-    if cur is None:
-        return {"stopped": None}
-    return stop_verified(_w(ctx), cur.container_id)
+def _vram_need(ctx: Ctx) -> VramNeed:
+    target = _target(ctx)
+    return VramNeed(target.gpu_roles, 0, target.recipe_digest)
 
 
-def restart_current(ctx: StepContext, _r: StepResult) -> StepResult:
-    cur = _current(ctx)
-    if cur is None:
-        return {"restarted": None}
-    return restart_retained(_w(ctx), cur)
+def start_target(ctx: Ctx) -> StepResult:
+    return restart_retained(ctx.world, _target(ctx))
 
 
-def release_vram(ctx: StepContext) -> StepResult:
-    gate = _w(ctx).extras.get("vram_release")
-    if gate is None:
-        return {"skipped": "no GPU probe configured"}
-    result: dict[str, Any] = gate(ctx, _target(ctx))
-    return result
-
-
-def start_target(ctx: StepContext) -> StepResult:
-    return restart_retained(_w(ctx), _target(ctx))
-
-
-def stop_target_needs_operator(ctx: StepContext, _r: StepResult) -> StepResult:
+def stop_target_needs_operator(ctx: Ctx, _r: StepResult) -> StepResult:
     """Stop the restored target again and keep it; then stop: a person decides."""
-    world, target = _w(ctx), _target(ctx)
+    world, target = ctx.world, _target(ctx)
     stopped = None
     try:
         stopped = stop_verified(world, target.container_id)
@@ -185,53 +177,38 @@ def stop_target_needs_operator(ctx: StepContext, _r: StepResult) -> StepResult:
     )
 
 
-def route_back(ctx: StepContext) -> StepResult:
-    return route_slot_to(_w(ctx), _target(ctx))
-
-
-def smoke(ctx: StepContext) -> StepResult:
-    return routed_smoke(_w(ctx), _target(ctx))
-
-
-def record_restore(ctx: StepContext) -> StepResult:
-    world, target, cur = _w(ctx), _target(ctx), _current(ctx)
+def record_restore(ctx: Ctx) -> StepResult:
+    world, target, cur = ctx.world, _target(ctx), _current(ctx)
     world.store.record_identity(ctx.tx_id, "incumbent", target)
-    moved = world.extras.get("move_ownership")
-    if moved is not None:
-        moved(ctx, cur, target)
+    gpu.move_ownership(world, ctx.tx_id, cur, target)
     return {"incumbent": target.container_id}
 
 
-def unrecord_restore(ctx: StepContext, _r: StepResult) -> StepResult:
-    world, target, cur = _w(ctx), _target(ctx), _current(ctx)
-    if cur is not None and ctx.args.get("current_role") == "incumbent":
+def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
+    world, target, cur = ctx.world, _target(ctx), _current(ctx)
+    if cur is not None and ctx.args.current_role == "incumbent":
         world.store.record_identity(ctx.tx_id, "incumbent", cur)
-    moved = world.extras.get("move_ownership")
-    if moved is not None and cur is not None:
-        moved(ctx, target, cur)
+    if cur is not None:
+        gpu.move_ownership(world, ctx.tx_id, target, cur)
     return {"incumbent": cur.container_id if cur else None}
 
 
-def verify_placement(ctx: StepContext, _before: Snapshot | None, after: Snapshot) -> list[str]:
-    recorded = Snapshot(dict(ctx.args["recorded_snapshot"]))
-    slot = str(ctx.args["slot"])
+def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot) -> list[str]:
+    recorded = Snapshot(dict(ctx.args.recorded_snapshot or {}))
+    slot = ctx.args.slot
     want, got = placement(recorded, slot), placement(after, slot)
     changes = diff(want, got)
-    _w(ctx).store.record_diff(ctx.tx_id, "recorded-restored", want, got, changes)
+    ctx.world.store.record_diff(ctx.tx_id, "recorded-restored", want, got, changes)
     return [f"{c.path}: recorded {c.before!r}, now {c.after!r}" for c in changes]
 
 
-GUARDS = [TargetIdentityComplete(), TargetNotAlreadyServing(), RestoreGroupContainsTarget()]
-
-
-def build(args: Mapping[str, Any], world: World) -> Plan:
-    slot = str(args["slot"])
-    steps: list[Step] = []
+def build(args: RollbackArgs, world: World) -> Plan[RollbackArgs, World, NoMemo]:
+    steps: list[Step[Ctx]] = []
     if world.router is not None:
-        steps.append(Step("drain-tier", drain_tier, readmit_current, "quiesce the slot's router tier"))
+        steps.append(drain_step(_routed_current))
     steps += [
-        Step("stop-current", stop_current, restart_current, "stop (retain) what serves now"),
-        Step("release-vram", release_vram, None, "wait until the GPUs' memory is observed free"),
+        stop_retain_step("stop-current", _current, "stop (retain) what serves now"),
+        release_vram_step(_vram_need),
         Step(
             "start-target",
             start_target,
@@ -241,16 +218,17 @@ def build(args: Mapping[str, Any], world: World) -> Plan:
     ]
     if world.router is not None:
         steps += [
-            Step("route-back", route_back, None, "route the tier back and readmit"),
-            Step("routed-smoke", smoke, None, "authenticated routed chat by alias"),
+            route_step("route-back", _target, "route the tier back and readmit"),
+            smoke_step(_target),
         ]
     steps.append(Step("record-restore", record_restore, unrecord_restore, "target is the incumbent again"))
     return Plan(
         kind="rollback",
         args=args,
         steps=steps,
-        guards=[*GUARDS, *guards_for("rollback")],
-        slot=slot,
-        snapshot=lambda: observe(world, [slot]),
+        memo=NoMemo(),
+        guards=GUARDS,
+        slot=args.slot,
+        snapshot=lambda: observe(world, [args.slot]),
         verify_after=verify_placement,
     )

@@ -1,12 +1,12 @@
-"""GPU ownership and VRAM hooks that transactions find in `world.extras`.
+"""GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate.
 
-`install(world)` puts them there: the guard `GpuRolesFree` (refuses a GPU start
-that would compete with an owner in the ledger or with a process no known serve
-accounts for), `record_ownership` / `release_ownership` (the `load` plan's
-ledger step and its undo), `move_ownership` (rollback), `gpu_owners` (for
-snapshots) and `vram_release` (the release gate, with the reserve in force after
-waivers). The ledger is the append-only `gpu_ownership_events` table through
-`anvil_ctl.persistence.records`; the judging is `anvil_ctl.gpu.ownership`'s.
+`GpuRolesFree` refuses a GPU start that would compete with an owner in the
+ledger or with a process no known serve accounts for. `record_ownership` /
+`release_ownership` are the `load` plan's ledger step and its undo,
+`move_ownership` rollback's; `vram_release_gate` builds the world's release gate,
+with the reserve in force after waivers. The ledger is the append-only
+`gpu_ownership_events` table through `anvil_ctl.persistence`; the judging is
+`anvil_ctl.gpu.ownership`'s.
 
 Mode: a serve on several roles (a TP=2 serve) owns them `exclusive`ly, so no
 other GPU start is allowed while it holds them; a serve on one role owns it
@@ -19,21 +19,19 @@ step's result, and running it twice changes nothing the second time.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import structlog
 from sqlalchemy import select
 
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
-from anvil_ctl.core.model import GpuProcess, GpuReading, Identity
+from anvil_ctl.core.model import GpuProcess, GpuReading, Identity, VramNeed
 from anvil_ctl.core.steps import StepContext
-from anvil_ctl.engine.serving import Candidate, container_absent_or_stopped
-from anvil_ctl.engine.world import World
+from anvil_ctl.engine.serving import container_absent_or_stopped
+from anvil_ctl.engine.world import VramRelease, World
 from anvil_ctl.gpu.ownership import (
     GpuOwner,
     Mode,
@@ -50,21 +48,10 @@ from anvil_ctl.persistence.store import Store
 
 log = structlog.get_logger()
 
-ContainerOfPid = Callable[[int], str | None]
-
 
 def ownership_mode(roles: Collection[str]) -> Mode:
     """exclusive when one serve spans several roles (tensor parallel), else split."""
     return "exclusive" if len(set(roles)) > 1 else "split"
-
-
-def _world(ctx: StepContext) -> World:
-    world: World = ctx.world
-    return world
-
-
-def _identity(data: Any) -> Identity | None:
-    return Identity.from_dict(data) if data else None
 
 
 def ledger(store: Store) -> dict[str, GpuOwner]:
@@ -83,32 +70,8 @@ def ledger(store: Store) -> dict[str, GpuOwner]:
 # -- who may start -----------------------------------------------------------------------------
 
 
-def proc_cgroup_container(pid: int, proc: Path = Path("/proc")) -> str | None:
-    """The Docker container ID a host PID runs in, read from /proc/PID/cgroup (None if none).
-
-    NVML reports the PIDs of an engine's worker processes, which are children of
-    the container's init, so matching the init PID alone would call them strangers.
-    """
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except OSError:
-        return None
-    found = re.findall(r"(?:docker[-/]|/)([0-9a-f]{64})(?:\.scope)?\b", text)
-    return found[-1] if found else None
-
-
-def _start_request(ctx: StepContext) -> tuple[tuple[str, ...], set[str]] | None:
-    """(roles the transaction starts a serve on, container IDs it stops first) or None."""
-    if ctx.kind == "load" and ctx.args.get("candidate"):
-        cand = Candidate.from_dict(ctx.args["candidate"])
-        inc = _identity(ctx.args.get("incumbent"))
-        return cand.gpu_roles, {inc.container_id} if inc else set()
-    if ctx.kind == "rollback" and ctx.args.get("target"):
-        target = Identity.from_dict(ctx.args["target"])
-        cur = _identity(ctx.args.get("current"))
-        replacing = {target.container_id} | ({cur.container_id} if cur else set())
-        return target.gpu_roles, replacing
-    return None
+StartRequest = tuple[tuple[str, ...], set[str]]
+"""(roles a transaction starts a serve on, container IDs it stops or replaces first)."""
 
 
 def _pids_of(world: World, container_ids: Iterable[str]) -> set[int]:
@@ -127,22 +90,20 @@ def _data(refusal: OwnershipRefusal) -> dict[str, Any]:
     return {k: v for k, v in refusal.as_dict().items() if k != "reason"}
 
 
-class GpuRolesFree(Guard):
+class GpuRolesFree(Guard[StepContext[Any, World, Any]]):
     """The roles a serve starts on are free: no owner in the ledger besides the serve it
     replaces, no exclusive owner anywhere, and no process on the cards that no known owner
     accounts for. The refusal names the owner (container, slot, transaction) or the PIDs."""
 
-    kinds: ClassVar[frozenset[str]] = frozenset({"load", "rollback"})
+    def __init__(self, request: Callable[[Any], StartRequest | None]) -> None:
+        self.request = request
 
-    def __init__(self, container_of_pid: ContainerOfPid | None = None) -> None:
-        self.container_of_pid = container_of_pid
-
-    def check(self, ctx: StepContext) -> Refusal | None:
-        request = _start_request(ctx)
+    def check(self, ctx: StepContext[Any, World, Any]) -> Refusal | None:
+        request = self.request(ctx)
         if request is None or not request[0]:
             return None
         roles, replacing = request
-        world = _world(ctx)
+        world = ctx.world
         owners = ledger(world.store)
         # A claim whose container is stopped (or gone) holds no GPU memory: the start takes it
         # over, and the transaction's ownership step records the new owner.
@@ -180,10 +141,10 @@ class GpuRolesFree(Guard):
             return self.refuse(f"cannot tell whether the GPU roles are free: {exc}")
         known = {o.container_id for o in owners.values()} | set(replacing)
         known_pids = _pids_of(world, known)
-        if self.container_of_pid is not None:
+        if world.container_of_pid is not None:
             for r in readings:
                 for p in r.processes:
-                    if self.container_of_pid(p.pid) in known:
+                    if world.container_of_pid(p.pid) in known:
                         known_pids.add(p.pid)
         uuids = {role: world.config.gpu_roles[role].uuid for role in roles if role in world.config.gpu_roles}
         return unknown_processes(readings, uuids, known_pids)
@@ -200,8 +161,8 @@ class GpuRolesFree(Guard):
         parts = []
         for p in processes:
             who = by_pid.get(p.pid)
-            if who is None and self.container_of_pid is not None:
-                cid = self.container_of_pid(p.pid)
+            if who is None and world.container_of_pid is not None:
+                cid = world.container_of_pid(p.pid)
                 who = f"container {cid[:12]}" if cid else None
             owner = f"{who}, not in the GPU ownership ledger" if who else "no container we know"
             parts.append(f"pid {p.pid} ({p.used_mib} MiB; {owner})")
@@ -238,14 +199,14 @@ def _release_all(world: World, container_id: str, tx_id: str) -> list[str]:
     return owned
 
 
-def record_ownership(ctx: StepContext, identity: Identity) -> dict[str, Any]:
-    """The serve `identity` owns its roles; the stopped incumbent (args["incumbent"]) no longer."""
-    world = _world(ctx)
-    inc = _identity(ctx.args.get("incumbent"))
+def record_ownership(
+    world: World, tx_id: str, identity: Identity, replaced: Identity | None
+) -> dict[str, Any]:
+    """The serve `identity` owns its roles; the serve it replaced (stopped) no longer does."""
     released = []
-    if inc is not None and inc.container_id != identity.container_id:
-        released = _release_all(world, inc.container_id, ctx.tx_id)
-    claimed = _claim(world, identity, ctx.tx_id)
+    if replaced is not None and replaced.container_id != identity.container_id:
+        released = _release_all(world, replaced.container_id, tx_id)
+    claimed = _claim(world, identity, tx_id)
     log.info("gpu.ownership_recorded", claimed=claimed, released=released)
     return {"claimed": claimed, "released": released}
 
@@ -258,20 +219,18 @@ def _events(store: Store, tx_id: str) -> list[GpuOwnershipEvent]:
         return list(rows)
 
 
-def release_ownership(ctx: StepContext) -> dict[str, Any]:
+def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> dict[str, Any]:
     """Undo `record_ownership`: release what this transaction claimed for others than the
     incumbent, and re-claim for the incumbent the roles this transaction released of it."""
-    world = _world(ctx)
-    inc = _identity(ctx.args.get("incumbent"))
-    inc_id = inc.container_id if inc else None
-    events = _events(world.store, ctx.tx_id)
+    inc_id = incumbent.container_id if incumbent else None
+    events = _events(world.store, tx_id)
     released: list[str] = []
     for cid in sorted({e.container_id for e in events if e.event == "claim"} - {inc_id}):
         owned = ledger(world.store)
         mine = sorted(e.role for e in events if e.container_id == cid and e.event == "claim")
         mine = [r for r in mine if r in owned and owned[r].container_id == cid]
         if mine:
-            records.release_roles(world.store, mine, container_id=cid, tx_id=ctx.tx_id)
+            records.release_roles(world.store, mine, container_id=cid, tx_id=tx_id)
             released += mine
     reclaimed: list[str] = []
     if inc_id is not None:
@@ -282,34 +241,31 @@ def release_ownership(ctx: StepContext) -> dict[str, Any]:
         for role in free:
             by_mode.setdefault((lost[role].mode, lost[role].slot), []).append(role)
         for (mode, slot), roles in sorted(by_mode.items()):
-            records.claim_roles(
-                world.store, roles, container_id=inc_id, tx_id=ctx.tx_id, mode=mode, slot=slot
-            )
+            records.claim_roles(world.store, roles, container_id=inc_id, tx_id=tx_id, mode=mode, slot=slot)
             reclaimed += roles
     return {"released": released, "reclaimed_for_incumbent": reclaimed}
 
 
-def move_ownership(ctx: StepContext, source: Identity | None, target: Identity) -> dict[str, Any]:
-    """Rollback's hook: `source`'s roles are released and `target` claims its own."""
-    world = _world(ctx)
+def move_ownership(world: World, tx_id: str, source: Identity | None, target: Identity) -> dict[str, Any]:
+    """Rollback's step: `source`'s roles are released and `target` claims its own."""
     released = (
-        _release_all(world, source.container_id, ctx.tx_id)
+        _release_all(world, source.container_id, tx_id)
         if source is not None and source.container_id != target.container_id
         else []
     )
-    return {"released": released, "claimed": _claim(world, target, ctx.tx_id)}
+    return {"released": released, "claimed": _claim(world, target, tx_id)}
 
 
 # -- the VRAM-release gate ---------------------------------------------------------------------
 
 
-def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Callable[..., Any]:
-    """`world.extras["vram_release"]`: `(ctx, serve) -> readings` for load (a Candidate) and
-    rollback (an Identity). Need per card: the serve's `vram_need_mib` (0 if it has none);
-    reserve per card: the policy value in force now, waivers applied."""
+def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> VramRelease:
+    """The world's VRAM-release gate. Need per card: the serve's `need_mib` (0 if it has
+    none); reserve per card: the policy value in force now, waivers applied. The probe and
+    clock are read from the world when the gate runs."""
 
-    def gate(_ctx: Any, serve: Any) -> dict[str, Any]:
-        roles = tuple(getattr(serve, "gpu_roles", ()) or ())
+    def gate(need: VramNeed) -> dict[str, Any]:
+        roles = need.roles
         if not roles:
             return {"skipped": "the serve uses no GPU role"}
         if world.gpus is None:
@@ -317,7 +273,6 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Call
         missing = sorted(set(roles) - set(world.config.gpu_roles))
         if missing:
             raise StepFailed(f"VRAM release: roles not in the host config: {missing}")
-        digest = getattr(serve, "recipe_digest", "") or None
         waivers = records.waivers(world.store)
         now = datetime.now(UTC)
         reserve: dict[str, int] = {}
@@ -327,44 +282,22 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Call
                 VRAM_RESERVE,
                 policy_default=world.config.reserve_for(role),
                 role=role,
-                recipe_digest=digest,
+                recipe_digest=need.recipe_digest or None,
                 waivers=waivers,
                 now=now,
             )
             reserve[role] = eff.value
             if eff.waiver_id:
                 waiver_ids.add(eff.waiver_id)
-        need = int(getattr(serve, "vram_need_mib", 0) or 0)
         result = wait_for_vram_release(
             world.gpus,
             world.clock,
             {r: world.config.gpu_roles[r].uuid for r in roles},
-            need_mib=need,
+            need_mib=need.need_mib,
             reserve_mib=reserve,
             deadline_s=deadline_s,
             poll_s=poll_s,
         )
-        return {**result, "need_mib": need, "reserve_mib": reserve, "waivers": sorted(waiver_ids)}
+        return {**result, "need_mib": need.need_mib, "reserve_mib": reserve, "waivers": sorted(waiver_ids)}
 
     return gate
-
-
-# -- installation ------------------------------------------------------------------------------
-
-
-def install(world: World, *, container_of_pid: ContainerOfPid | None = None) -> World:
-    """Put the GPU guard and hooks into `world.extras` (the real and the fake backends)."""
-    store = world.store
-    world.extras["guards"] = [*world.extras.get("guards", ()), GpuRolesFree(container_of_pid)]
-    world.extras["record_ownership"] = record_ownership
-    world.extras["release_ownership"] = release_ownership
-    world.extras["move_ownership"] = move_ownership
-    world.extras["gpu_owners"] = lambda: records.gpu_owners(store)
-    if world.gpus is not None and world.config.gpu_roles:
-        policy = world.config.policy
-        world.extras["vram_release"] = vram_release_gate(
-            world,
-            deadline_s=policy.vram_release_deadline_s,
-            poll_s=min(1.0, policy.health_poll_s),
-        )
-    return world

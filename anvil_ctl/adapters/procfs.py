@@ -1,0 +1,22 @@
+"""Which Docker container a host process runs in, read from /proc (real GPUs only)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_CONTAINER_ID = re.compile(r"(?:docker[-/]|/)([0-9a-f]{64})(?:\.scope)?\b")
+
+
+def proc_cgroup_container(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The Docker container ID a host PID runs in, read from /proc/PID/cgroup (None if none).
+
+    NVML reports the PIDs of an engine's worker processes, which are children of
+    the container's init, so matching the init PID alone would call them strangers.
+    """
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    found = _CONTAINER_ID.findall(text)
+    return found[-1] if found else None

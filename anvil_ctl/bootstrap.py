@@ -1,0 +1,244 @@
+"""The composition root: build what one command needs from Settings.
+
+This is the only module that chooses implementations: real adapters (Docker,
+the configured router, NVML) or the fakes of `anvil_ctl.testing` when
+`ANVIL_BACKEND=fake`, and NVML or the simulated GPUs when `ANVIL_GPU=simulated`.
+Everything is built lazily, on first use, so a command that needs no database
+or Docker imports neither.
+
+A router whose credentials cannot be resolved is still wired, as a router that
+refuses every call naming the credential sources it tried: the credential guard
+then records a refusal before any mutation instead of the command failing blind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from anvil_ctl.config import HostConfig, Settings, load_host_config
+from anvil_ctl.core.errors import AuthRejected, ConfigError, CredentialError
+from anvil_ctl.core.model import Backend, RoutedAnswer
+from anvil_ctl.core.ports import GpuProbe, Owner, Router
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from anvil_ctl.engine.world import Acceptance, AcceptanceReport, World
+    from anvil_ctl.persistence.store import Store
+
+
+@dataclass
+class Context:
+    """What one command works with: settings, environment, and (lazily) the rest."""
+
+    settings: Settings
+    env: dict[str, str]
+
+    @cached_property
+    def engine(self) -> Engine:
+        from anvil_ctl.persistence.db import make_engine
+
+        if self.settings.db_url.startswith("sqlite"):
+            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        return make_engine(self.settings.db_url)
+
+    @cached_property
+    def store(self) -> Store:
+        from anvil_ctl.persistence.migrate import check_revision
+        from anvil_ctl.persistence.store import Store
+
+        check_revision(self.engine)
+        return Store(self.engine)
+
+    @cached_property
+    def config(self) -> HostConfig:
+        return load_host_config(self.settings.config)
+
+    @cached_property
+    def owner(self) -> Owner:
+        from anvil_ctl.engine.owner import current_owner
+
+        return current_owner()
+
+    def world(self) -> World:
+        """The one World of this command (built on first use)."""
+        cached: World | None = self.__dict__.get("_world")
+        if cached is None:
+            cached = _fake_world(self) if self.settings.backend == "fake" else _real_world(self)
+            self.__dict__["_world"] = cached
+        return cached
+
+    def gpu_probe(self) -> GpuProbe:
+        """The GPU probe the settings choose, without a world: NVML needs no host config."""
+        if self.settings.backend == "fake":
+            from anvil_ctl.testing.fakes import FakeGpus, FakeWorld
+
+            return FakeGpus(FakeWorld(self.settings.fake_world_path))
+        if self.settings.gpu == "simulated":
+            from anvil_ctl.adapters.docker_runtime import DockerRuntime
+            from anvil_ctl.testing.gpu import SimulatedGpuProbe
+
+            runtime = DockerRuntime(base_url=self.settings.docker_host, gpu_mode="simulated")
+            return SimulatedGpuProbe(self.config.gpu_roles, runtime)
+        from anvil_ctl.adapters.nvml import NvmlProbe
+
+        return NvmlProbe()
+
+    def close(self) -> None:
+        """Close the adapters' connections (Docker, router HTTP clients)."""
+        world: World | None = self.__dict__.pop("_world", None)
+        if world is not None:
+            world.close()
+
+
+def _finish(ctx: Context, world: World) -> World:
+    """What both backends share: the model cache and the VRAM-release gate."""
+    from anvil_ctl.engine.gpu import vram_release_gate
+
+    if ctx.config.model_cache_dir is not None:
+        from anvil_ctl.adapters.hfcache import HfCache
+
+        world.model_cache = HfCache(ctx.config.model_cache_dir)
+    if world.gpus is not None and ctx.config.gpu_roles:
+        policy = ctx.config.policy
+        world.vram_release = vram_release_gate(
+            world, deadline_s=policy.vram_release_deadline_s, poll_s=min(1.0, policy.health_poll_s)
+        )
+    return world
+
+
+def _fake_world(ctx: Context) -> World:
+    from anvil_ctl.engine.world import World
+    from anvil_ctl.testing.fakes import (
+        FakeEngineProbe,
+        FakeGpus,
+        FakeRouter,
+        FakeRuntime,
+        FakeSharedMemory,
+        FakeWorld,
+        fake_acceptance,
+    )
+
+    fw = FakeWorld(ctx.settings.fake_world_path)
+    router = FakeRouter(fw) if ctx.config.router.kind != "none" else None
+    world = World(
+        settings=ctx.settings,
+        config=ctx.config,
+        store=ctx.store,
+        runtime=FakeRuntime(fw),
+        engine=FakeEngineProbe(fw),
+        router=router,
+        gpus=FakeGpus(fw),
+        shm=FakeSharedMemory(fw),
+        acceptance=fake_acceptance(router) if router is not None else None,
+    )
+    return _finish(ctx, world)
+
+
+def _real_world(ctx: Context) -> World:
+    from anvil_ctl.adapters.docker_runtime import DockerRuntime
+    from anvil_ctl.adapters.engine_http import HttpEngineProbe
+    from anvil_ctl.adapters.shm import ShmScanner
+    from anvil_ctl.engine.world import World
+
+    simulated = ctx.settings.gpu == "simulated"
+    runtime = DockerRuntime(
+        base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia"
+    )
+    gpus: GpuProbe
+    container_of_pid = None
+    if simulated:
+        from anvil_ctl.testing.gpu import SimulatedGpuProbe
+
+        gpus = SimulatedGpuProbe(ctx.config.gpu_roles, runtime)
+    else:
+        from anvil_ctl.adapters.nvml import NvmlProbe
+        from anvil_ctl.adapters.procfs import proc_cgroup_container
+
+        gpus = NvmlProbe()
+        # NVML reports engine worker PIDs; /proc tells which container each runs in.
+        container_of_pid = proc_cgroup_container
+    router, acceptance = _router(ctx)
+    world = World(
+        settings=ctx.settings,
+        config=ctx.config,
+        store=ctx.store,
+        runtime=runtime,
+        engine=HttpEngineProbe(),
+        router=router,
+        gpus=gpus,
+        shm=ShmScanner(),
+        acceptance=acceptance,
+        container_of_pid=container_of_pid,
+    )
+    return _finish(ctx, world)
+
+
+def _router(ctx: Context) -> tuple[Router | None, Acceptance | None]:
+    """The configured router and the real-client acceptance that uses its client token."""
+    from anvil_ctl.adapters.credentials import resolve_credentials
+
+    rc = ctx.config.router
+    if rc.kind == "none":
+        return None, None
+    try:
+        creds = resolve_credentials(rc, ctx.env, need_admin=rc.kind == "smg")
+    except CredentialError as exc:
+        return UnresolvedCredentialsRouter(exc), None
+
+    def acceptance(alias: str, model: str) -> AcceptanceReport:
+        from anvil_ctl.acceptance import run_acceptance
+
+        return run_acceptance(rc.url, alias, model, creds.client)
+
+    if rc.kind == "smg":
+        from anvil_ctl.adapters.smg import SmgRouter
+
+        return SmgRouter(rc.url, creds, admin_url=rc.admin_url), acceptance
+    from anvil_ctl.adapters.haproxy import HaproxyRouter
+
+    if rc.runtime_socket is None:
+        raise ConfigError(f"{ctx.settings.config}: router.runtime_socket: required for haproxy")
+    tiers = {s.router_tier: s.aliases for s in ctx.config.slots.values()}
+    return HaproxyRouter(rc.url, rc.runtime_socket, creds, tiers), acceptance
+
+
+class UnresolvedCredentialsRouter:
+    """Stands in for the router when its tokens could not be resolved; every call refuses."""
+
+    def __init__(self, error: CredentialError) -> None:
+        self.error = error
+
+    def _refuse(self) -> AuthRejected:
+        return AuthRejected(f"router credentials unavailable: {self.error}", **self.error.data)
+
+    def probe_credentials(self) -> None:
+        raise self._refuse()
+
+    def backends(self, tier: str) -> list[Backend]:
+        raise self._refuse()
+
+    def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
+        raise self._refuse()
+
+    def deregister(self, tier: str, url: str) -> None:
+        raise self._refuse()
+
+    def drain(self, tier: str) -> None:
+        raise self._refuse()
+
+    def readmit(
+        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+    ) -> None:
+        raise self._refuse()
+
+    def routed_chat(self, alias: str) -> RoutedAnswer:
+        raise self._refuse()
+
+    def ready(self) -> bool:
+        raise self._refuse()
+
+    def view(self, tier: str) -> dict[str, Any]:
+        return {"tier": tier, "error": "credentials unavailable"}

@@ -1,0 +1,114 @@
+"""The typed arguments of every transaction kind, and their journal form.
+
+Each kind takes one frozen dataclass. It is journaled as JSON when the
+transaction begins (`to_json`) and rebuilt from that JSON by `recover`
+(`from_json`), so a plan rebuilt after a crash sees exactly the arguments the
+dead process saw. Pydantic converts in both directions and rejects a journal row
+that does not fit the class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter
+
+from anvil_ctl.core.model import ContainerSpec, Identity
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What `load` needs of a recipe, in a form that survives the journal."""
+
+    recipe: str
+    recipe_digest: str
+    served_model: str
+    context_tokens: int
+    health_path: str
+    startup_timeout_s: float
+    spec: ContainerSpec
+    gpu_roles: tuple[str, ...] = ()
+    model_identity: str = ""
+    max_concurrency: int = 1
+    vram_need_mib: int = 0  # per card; the VRAM-release gate waits for this plus the reserve
+
+
+@dataclass(frozen=True)
+class AdoptArgs:
+    slot: str
+    identity: Identity
+
+
+@dataclass(frozen=True)
+class LoadArgs:
+    slot: str
+    candidate: Candidate
+    incumbent: Identity | None
+    incumbent_running: bool
+    """Observed before any mutation: compensation restores this, not more."""
+
+
+@dataclass(frozen=True)
+class PromoteArgs:
+    slot: str
+    candidate: Identity
+    incumbent: Identity | None
+    decision_id: str | None
+    approved_by: str
+
+
+@dataclass(frozen=True)
+class RollbackArgs:
+    slot: str
+    target: Identity | None
+    current: Identity | None
+    """What serves the slot now (stopped and retained), if anything."""
+    current_role: str
+    current_routed: bool
+    restore_group: str | None = None
+    restore_group_members: tuple[str, ...] | None = None
+    recorded_snapshot: dict[str, Any] | None = None
+    """The newest snapshot in which the target served: what the restored placement must equal."""
+
+
+@dataclass(frozen=True)
+class QualifyArgs:
+    slot: str
+    candidate: Identity | None
+    profile: str
+    gates: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UnloadArgs:
+    container_id: str
+    slot: str
+    remove_residue: bool = False
+
+
+PlanArgs = AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | UnloadArgs
+
+
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
+
+
+def to_json(args: object) -> dict[str, Any]:
+    """The journal form of a kind's arguments (any dataclass instance; JSON-able)."""
+    data: dict[str, Any] = _adapter(type(args)).dump_python(args, mode="json")
+    return data
+
+
+def from_json(cls: type[T], data: dict[str, Any]) -> T:
+    """Rebuild a kind's arguments from their journal form."""
+    args: T = _adapter(cls).validate_python(data)
+    return args

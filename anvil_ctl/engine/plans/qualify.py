@@ -1,0 +1,241 @@
+"""`qualify`: run a profile's gates against the slot's candidate and record a decision.
+
+A non-mutating transaction `planned -> running -> committed` of two steps:
+`run-gates` writes the evidence (`<state>/evidence/<tx>/`), `record-decision`
+re-checks the candidate and records every gate row and the decision, bound to
+the candidate Identity's `qualification_digest` (what `promote` compares). It is
+computed under the standing policy (no waivers): that raw decision is never
+rewritten; when active waivers change its outcome, a second decision that
+`reclassifies` it is recorded from the same evidence (`engine.reclassify`).
+
+The qualification library (`anvil_ctl.qualify`: HTTP client, gates, evidence) is
+imported inside the steps, so rebuilding this plan in `recover` imports nothing
+heavy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from anvil_ctl.core.errors import AdapterError, StepFailed
+from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity, sha256_hex
+from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.plans.args import QualifyArgs
+from anvil_ctl.engine.serving import identity_drift, served_models
+from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import records
+
+if TYPE_CHECKING:
+    from anvil_ctl.qualify.gates.base import ReserveReading
+    from anvil_ctl.qualify.report import Progress
+    from anvil_ctl.qualify.runner import QualificationResult
+
+
+@dataclass
+class QualifyMemo:
+    result: QualificationResult | None = None
+    """What `run-gates` measured; only this process has it (a crash loses it: no decision)."""
+    progress: Progress | None = None
+    now: datetime | None = None
+    """When waivers are judged (tests pin it); None: the time `record-decision` runs."""
+
+
+Ctx = StepContext[QualifyArgs, World, QualifyMemo]
+
+
+def serving_problems(world: World, ident: Identity) -> list[str]:
+    """Why `ident` is not what its slot runs and serves right now (empty: it is)."""
+    drift = identity_drift(world, ident, running=True)
+    if any(d.field == "container" for d in drift):
+        return [f"candidate container {ident.container_id[:12]} no longer exists"]
+    problems = []
+    for d in drift:
+        if d.field == "status":
+            problems.append(f"candidate container {ident.container_id[:12]} is {d.observed}, not running")
+        elif d.field == "image_id":
+            problems.append(f"container image {d.observed} differs from recorded {d.recorded}")
+        elif d.field == "config_fingerprint":
+            problems.append("container config fingerprint differs from the recorded identity")
+    others = [
+        c.id[:12]
+        for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: ident.slot})
+        if c.running and c.id != ident.container_id
+    ]
+    if others:
+        problems.append(f"other containers run for slot {ident.slot}: {', '.join(others)}")
+    base_url = world.config.slot(ident.slot).base_url
+    try:
+        served = served_models(world, ident.slot)
+    except AdapterError as exc:
+        return [*problems, f"{base_url}/v1/models did not answer: {exc}"]
+    if served != [ident.served_model]:
+        problems.append(f"{base_url} serves {served}, expected [{ident.served_model!r}]")
+    return problems
+
+
+class CandidateIsServing(Guard[Ctx]):
+    """A slot is qualified only against its latest loaded candidate, while that exact
+    container (image, config fingerprint) runs and its binding serves exactly its model."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        cand = ctx.args.candidate
+        if cand is None:
+            return self.refuse(
+                f"slot {ctx.args.slot} has no loaded candidate; run `anvilctl load` first",
+                slot=ctx.args.slot,
+            )
+        problems = serving_problems(ctx.world, cand)
+        if problems:
+            return self.refuse("candidate is not what the slot serves: " + "; ".join(problems))
+        return None
+
+
+GUARDS: list[Guard[Ctx]] = [CandidateIsServing()]
+
+
+def _candidate(ctx: Ctx) -> Identity:
+    cand = ctx.args.candidate
+    if cand is None:  # CandidateIsServing refuses this before any step
+        raise StepFailed("qualify without a candidate reached a step")
+    return cand
+
+
+def roles_of(world: World, ident: Identity) -> tuple[str, ...]:
+    return tuple(ident.gpu_roles or world.config.slot(ident.slot).gpu_roles)
+
+
+def _reserve_probe(world: World, roles: Sequence[str]) -> Callable[[], list[ReserveReading]] | None:
+    """(uuid, free MiB, standing reserve MiB) per role of the candidate, read now."""
+    gpus, config = world.gpus, world.config
+    if gpus is None or not roles:
+        return None
+
+    def probe() -> list[ReserveReading]:
+        by_uuid = {r.uuid.lower(): r for r in gpus.gpus()}
+        out = []
+        for role in roles:
+            uuid_ = config.gpu_roles[role].uuid
+            reading = by_uuid.get(uuid_.lower())
+            if reading is None:
+                raise AdapterError(f"GPU role {role} ({uuid_}) was not reported by the probe")
+            out.append((uuid_, reading.free_mib, config.reserve_for(role)))
+        return out
+
+    return probe
+
+
+def run_gates(ctx: Ctx) -> StepResult:
+    from anvil_ctl.qualify import resolve_profile, run_qualification
+
+    world, ident = ctx.world, _candidate(ctx)
+    profile = resolve_profile(None, profile=ctx.args.profile, gates=list(ctx.args.gates) or None)
+    result = run_qualification(
+        world.config.slot(ident.slot).base_url,
+        ident.served_model,
+        profile,
+        evidence_dir=world.settings.evidence_dir,
+        tx_id=ctx.tx_id,
+        identity_digest=ident.qualification_digest,
+        reserve_probe=_reserve_probe(world, roles_of(world, ident)),
+        progress=ctx.memo.progress,
+    )
+    ctx.memo.result = result
+    return {
+        "tx_dir": result.tx_dir,
+        "outcome": result.outcome,
+        "manifest_sha256": result.manifest.sha256,
+        "gates": len(result.gates),
+    }
+
+
+def record_decision(ctx: Ctx) -> StepResult:
+    from anvil_ctl.engine.reclassify import raw_decision_body, reclassify_one
+
+    world, ident, result = ctx.world, _candidate(ctx), ctx.memo.result
+    if result is None:
+        raise StepFailed("no qualification result in this process; rerun qualify")
+    # The decision binds to the identity: it must still be what ran the whole workload.
+    problems = serving_problems(world, ident)
+    if problems:
+        raise StepFailed("candidate changed during qualification: " + "; ".join(problems))
+    tx_dir = Path(result.tx_dir)
+    rows = []
+    for gate in result.gates:
+        art = result.artifact_for(gate.name)
+        rows.append(
+            {
+                "name": gate.name,
+                "kind": gate.kind,
+                "passed": gate.passed,
+                "classification": gate.classification,
+                "artifact": str(tx_dir / art.path) if art else "",
+                "sha256": art.sha256 if art else "",
+                "size": art.size if art else 0,
+            }
+        )
+    records.record_evidence(world.store, ctx.tx_id, rows)
+    now = ctx.memo.now or datetime.now(UTC)
+    active = records.waivers(world.store)
+    decision = result.decision
+    raw_id = (
+        "dec-"
+        + sha256_hex(
+            {
+                "tx_id": ctx.tx_id,
+                "identity_digest": ident.qualification_digest,
+                "evidence_sha256": decision.evidence_sha256,
+                "outcome": decision.outcome,
+            }
+        )[:16]
+    )
+    records.record_decision(
+        world.store,
+        decision_id=raw_id,
+        tx_id=ctx.tx_id,
+        slot=ident.slot,
+        identity_digest=ident.qualification_digest,
+        container_id=ident.container_id,
+        outcome=decision.outcome,
+        profile=decision.profile,
+        manifest_sha256=result.manifest.sha256,
+        reasons=decision.reasons,
+        body=raw_decision_body(
+            world, ident, result=result, active=active, now=now, roles=roles_of(world, ident)
+        ),
+    )
+    raw = next(d for d in records.decisions(world.store, slot=ident.slot) if d["id"] == raw_id)
+    newer = reclassify_one(world, raw, active, now, tx_id=ctx.tx_id)
+    return {
+        "decision_id": raw_id,
+        "outcome": decision.outcome,
+        "identity_digest": ident.qualification_digest,
+        "reclassified_id": newer["id"] if newer else None,
+        "effective_outcome": newer["outcome"] if newer else decision.outcome,
+    }
+
+
+def build(args: QualifyArgs, world: World) -> Plan[QualifyArgs, World, QualifyMemo]:
+    return Plan(
+        kind="qualify",
+        args=args,
+        steps=[
+            Step("run-gates", run_gates, None, "run the profile's gates; write the evidence"),
+            Step(
+                "record-decision",
+                record_decision,
+                None,
+                "re-check the candidate; record gate rows and the decision",
+            ),
+        ],
+        memo=QualifyMemo(),
+        guards=GUARDS,
+        slot=args.slot,
+        snapshot=lambda: observe(world, [args.slot]),
+        mutates=False,
+    )

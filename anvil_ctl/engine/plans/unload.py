@@ -1,0 +1,129 @@
+"""`unload`: remove a candidate container that this controller created.
+
+Refused unless the container carries our labels as a candidate and is neither the
+slot's incumbent nor its rollback identity; the labels are checked again by the
+step, just before it acts. Steps: stop the candidate (undo: start it again if it
+was running); remove it (no undo: removal is the point of no return, the pivot);
+release the GPU roles it owned; record the shared-memory residue left behind,
+and with `--remove-residue` delete what two observations agree nobody holds.
+"""
+
+from __future__ import annotations
+
+from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.model import LABEL_ROLE, LABEL_SLOT, ContainerInfo
+from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.guards import NoUnresolvedTransaction
+from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.plans.args import UnloadArgs
+from anvil_ctl.engine.serving import inspect_or_none
+from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import records
+
+Ctx = StepContext[UnloadArgs, World, NoMemo]
+
+
+def removal_problem(world: World, info: ContainerInfo) -> str | None:
+    """Why `info` must not be removed by unload (None: it may)."""
+    if not info.managed or info.labels.get(LABEL_ROLE) != "candidate":
+        return (
+            f"container {info.id[:12]} ({info.name}) was not created by anvilctl as a candidate; "
+            "refusing to remove it"
+        )
+    for role in ("incumbent", "rollback"):
+        ident = world.store.current_identity(info.labels.get(LABEL_SLOT, ""), role)
+        if ident and ident.container_id == info.id:
+            return f"container {info.id[:12]} is the slot's {role}; refusing to remove it"
+    return None
+
+
+class OurCandidateOnly(Guard[Ctx]):
+    """Only a container anvilctl created as a candidate is removed, never an incumbent
+    or a rollback identity, and never anything we did not create."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        info = inspect_or_none(ctx.world, ctx.args.container_id)
+        if info is None:
+            return self.refuse(f"container {ctx.args.container_id[:12]} no longer exists")
+        problem = removal_problem(ctx.world, info)
+        return self.refuse(problem, container_id=info.id) if problem else None
+
+
+GUARDS: list[Guard[Ctx]] = [OurCandidateOnly(), NoUnresolvedTransaction()]
+
+
+def _checked(ctx: Ctx) -> ContainerInfo:
+    """The container, its labels checked a second time just before acting."""
+    info = inspect_or_none(ctx.world, ctx.args.container_id)
+    if info is None:
+        raise StepFailed(f"container {ctx.args.container_id[:12]} vanished")
+    problem = removal_problem(ctx.world, info)
+    if problem:
+        raise StepFailed(problem)
+    return info
+
+
+def stop_candidate(ctx: Ctx) -> StepResult:
+    info = _checked(ctx)
+    if info.running:
+        ctx.world.runtime.stop(info.id, ctx.world.config.policy.stop_timeout_s)
+    return {"container_id": info.id, "was_running": info.running}
+
+
+def restart_candidate(ctx: Ctx, result: StepResult) -> StepResult:
+    info = inspect_or_none(ctx.world, ctx.args.container_id)
+    if info is None or info.running or not (result or {}).get("was_running"):
+        return {"restarted": False}
+    ctx.world.runtime.start(info.id)
+    return {"restarted": True}
+
+
+def remove_candidate(ctx: Ctx) -> StepResult:
+    info = _checked(ctx)
+    ctx.world.runtime.remove(info.id)
+    return {"container_id": info.id, "name": info.name, "removed": True}
+
+
+def release_roles(ctx: Ctx) -> StepResult:
+    cid = ctx.args.container_id
+    roles = sorted(r for r, o in records.gpu_owners(ctx.world.store).items() if o["container_id"] == cid)
+    records.release_roles(ctx.world.store, roles, container_id=cid, tx_id=ctx.tx_id)
+    return {"released": roles}
+
+
+def record_residue(ctx: Ctx) -> StepResult:
+    shm = ctx.world.shm
+    residue = [{"path": r.path, "size": r.size, "pids": list(r.pids)} for r in shm.residue()] if shm else []
+    return {"shm_residue": residue}
+
+
+def remove_residue(ctx: Ctx) -> StepResult:
+    shm = ctx.world.shm
+    if shm is None:
+        return {"removed": [], "kept": []}
+    report = shm.remove_unheld()
+    return {"removed": list(report.removed), "kept": [{"path": p, "why": w} for p, w in report.kept]}
+
+
+def build(args: UnloadArgs, world: World) -> Plan[UnloadArgs, World, NoMemo]:
+    steps: list[Step[Ctx]] = [
+        Step("stop-candidate", stop_candidate, restart_candidate, "stop the candidate (labels re-checked)"),
+        Step("remove-candidate", remove_candidate, None, "remove the container (no way back)"),
+        Step("release-roles", release_roles, None, "release the GPU roles it owned"),
+        Step("record-residue", record_residue, None, "shared-memory residue left behind"),
+    ]
+    if args.remove_residue:
+        steps.append(
+            Step("remove-residue", remove_residue, None, "delete residue two observations agree is unheld")
+        )
+    return Plan(
+        kind="unload",
+        args=args,
+        steps=steps,
+        memo=NoMemo(),
+        guards=GUARDS,
+        slot=args.slot,
+        snapshot=lambda: observe(world, [args.slot]),
+        pivot="remove-candidate",
+    )

@@ -1,0 +1,193 @@
+"""Decisions re-judged under waivers: a new record that points at the raw one, never a rewrite.
+
+`reclassify_one` records a decision over a raw (standing-policy) decision when the
+waivers in force change the outcome last recorded for it; `reclassify_decisions`
+does it for every stored raw decision (the `waive` and `revoke` commands call
+it). Both read the reserve gate's stored artifact (hash-checked against its
+evidence row), never re-measure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.model import Identity, sha256_hex
+from anvil_ctl.engine.world import World
+from anvil_ctl.gpu import waivers as waiver_policy
+from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
+from anvil_ctl.persistence import records
+
+if TYPE_CHECKING:
+    from anvil_ctl.qualify.runner import QualificationResult
+
+log = structlog.get_logger()
+
+
+def raw_decision_body(
+    world: World,
+    ident: Identity,
+    *,
+    result: QualificationResult,
+    active: Sequence[waiver_policy.Waiver],
+    now: datetime,
+    roles: Sequence[str],
+) -> dict[str, Any]:
+    """The body of a raw decision: what it was judged on, so it can be re-judged later."""
+    from anvil_ctl.qualify import candidate_identity_digest
+
+    standing = {r: world.config.reserve_for(r) for r in roles}
+    return {
+        "policy": "standing",
+        "qualify_decision": result.decision.as_dict(),
+        "candidate_identity_digest": candidate_identity_digest(
+            recipe_digest=ident.recipe_digest or "-",
+            image_id=ident.image_id,
+            model_identity=ident.model_identity or "-",
+            config_fingerprint=ident.config_fingerprint,
+        ),
+        "recipe_digest": ident.recipe_digest,
+        "served_model": ident.served_model,
+        "reserve_roles": {world.config.gpu_roles[r].uuid.lower(): r for r in roles},
+        "reserve_standing_mib": standing,
+        "reserve_in_force_mib": {
+            r: waiver_policy.effective_reserve(v, r, ident.recipe_digest or None, active, now)
+            for r, v in standing.items()
+        },
+        "evidence_dir": str(result.tx_dir),
+    }
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    name: str
+    passed: bool
+
+
+def _artifact_path(world: World, path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else world.settings.evidence_dir / p
+
+
+def stored_verdicts(world: World, raw: Mapping[str, Any]) -> list[Any]:
+    """The raw decision's gate verdicts from its evidence rows; reserve gates as ReserveResult
+    rebuilt from their artifacts, whose SHA-256 must still match the recorded one."""
+    roles: dict[str, str] = raw["body"].get("reserve_roles", {})
+    out: list[Any] = []
+    for row in records.evidence(world.store, raw["tx_id"]):
+        if row["kind"] != "policy":
+            out.append(_Verdict(row["gate"], row["passed"]))
+            continue
+        path = _artifact_path(world, row["artifact"])
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StepFailed(f"evidence {path} unreadable: {exc}", path=str(path)) from exc
+        if sha256_hex(data) != row["sha256"]:
+            raise StepFailed(f"evidence {path} does not match its recorded SHA-256")
+        cards = json.loads(data)["evidence"].get("cards", [])
+        out.append(
+            ReserveResult(
+                cards=tuple(
+                    CardCheck(
+                        role=roles.get(c["uuid"].lower(), c["uuid"]),
+                        uuid=c["uuid"],
+                        threshold_mib=int(c["reserve_mib"]),
+                        free_mib=c.get("free_mib"),
+                    )
+                    for c in cards
+                ),
+                name=row["gate"],
+            )
+        )
+    return out
+
+
+def reclassify_one(
+    world: World,
+    raw: Mapping[str, Any],
+    active: Sequence[waiver_policy.Waiver],
+    now: datetime,
+    *,
+    tx_id: str | None,
+) -> dict[str, Any] | None:
+    """Record a decision over `raw` when the waivers in force at `now` change the outcome
+    last recorded for it; returns the new decision row, or None."""
+    store = world.store
+    chain = [raw, *(d for d in records.decisions(store) if d["reclassifies"] == raw["id"])]
+    latest = chain[-1]
+    new = waiver_policy.reclassify(
+        waiver_policy.Decision(
+            id=raw["id"],
+            outcome=raw["outcome"],
+            identity_digest=raw["identity_digest"],
+            evidence_id=raw["tx_id"] or raw["id"],
+            recipe_digest=raw["body"].get("recipe_digest") or None,
+        ),
+        stored_verdicts(world, raw),
+        active,
+        now,
+    )
+    if new.outcome == latest["outcome"]:
+        return None
+    new_id = new.id
+    if any(d["id"] == new_id for d in chain):
+        # The same verdict was recorded before and superseded since: a new record, new id.
+        new_id = "dec-" + sha256_hex([new.id, latest["id"]])[:16]
+    records.record_decision(
+        store,
+        decision_id=new_id,
+        tx_id=tx_id,
+        slot=raw["slot"],
+        identity_digest=raw["identity_digest"],
+        container_id=raw["container_id"],
+        outcome=new.outcome,
+        profile=raw["profile"],
+        manifest_sha256=raw["manifest_sha256"],
+        reclassifies=raw["id"],
+        waiver_ids=new.waiver_ids,
+        reasons=new.reasons,
+        body={**new.as_dict(), "id": new_id, "supersedes": latest["id"]},
+    )
+    log.info("decision reclassified", raw=raw["id"], new=new_id, outcome=new.outcome)
+    return next(d for d in records.decisions(store) if d["id"] == new_id)
+
+
+@dataclass
+class ReclassifyReport:
+    recorded: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"recorded": self.recorded, "skipped": self.skipped}
+
+
+def reclassify_decisions(
+    world: World, *, slot: str | None = None, now: datetime | None = None
+) -> ReclassifyReport:
+    """Re-judge every stored raw decision (of `slot`) under the waivers active `now`.
+
+    Records a new decision pointing at each raw one whose last recorded outcome the
+    waivers change (a waiver added, expired or revoked); raw evidence is only read.
+    """
+    now = now or datetime.now(UTC)
+    active = records.waivers(world.store)
+    report = ReclassifyReport()
+    for raw in records.decisions(world.store, slot=slot):
+        if raw["reclassifies"] is not None or raw["body"].get("policy") != "standing":
+            continue
+        try:
+            newer = reclassify_one(world, raw, active, now, tx_id=None)
+        except StepFailed as exc:
+            report.skipped.append({"decision_id": raw["id"], "reason": str(exc)})
+            continue
+        if newer is not None:
+            report.recorded.append(newer)
+    return report
