@@ -51,6 +51,11 @@ class Settings(BaseSettings):
         description="nvml: real GPUs; simulated: GPUs declared in the host config, driven by stubs",
     )
     docker_host: str | None = Field(None, description="Docker Engine URL; default from DOCKER_HOST")
+    crash_at: str | None = Field(
+        None,
+        description="Fault injection for tests and `make chaos` only: SIGKILL this process right after "
+        "the journal row KIND:STEP:PHASE:EVENT (or KIND:state:STATE; * matches anything) commits",
+    )
 
     @property
     def db_url(self) -> str:

@@ -112,7 +112,8 @@ def qualify_slot(
     plan = qualify_plan.build(args, world)
     plan.memo.progress, plan.memo.now = progress, now
     # Non-mutating: no host lock, but journaled like every transaction.
-    outcome = TransactionEngine(ctx.store, ctx.owner).run(plan, world, tx_id=str(uuid.uuid4()))
+    engine = TransactionEngine(ctx.store, ctx.owner, crash_at=ctx.settings.crash_at)
+    outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
     found = {d["id"]: d for d in records.decisions(ctx.store, slot=slot)}
     step = outcome.results.get("record-decision") or {}
     return QualifyOutcome(

@@ -36,7 +36,7 @@ def run_plan(
     """Run a transaction; `locked` when the caller already holds the host lock (see `mutating`)."""
     world = ctx.world()
     plan = KINDS[kind].build(args, world)
-    engine = TransactionEngine(ctx.store, ctx.owner)
+    engine = TransactionEngine(ctx.store, ctx.owner, crash_at=ctx.settings.crash_at)
     if dry_run:
         return engine.run(plan, world, dry_run=True)
     tx_id = tx_id or str(uuid.uuid4())
@@ -131,12 +131,16 @@ def recover_all(ctx: Context) -> RecoverReport:
     lock = HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, "recover")
     stale = lock.acquire(take_over_dead=True)
     try:
-        report = recover(ctx.store, ctx.owner, world)
-        # A dead owner's lock row goes only once nothing it left is unresolved.
-        if report.exit_code == 0:
-            for dead in stale:
-                release_row(ctx.store, dead.id, how="recovered", by=f"recover pid {ctx.owner.pid}")
-                report.released_locks.append(dead.as_dict())
+        report = recover(ctx.store, ctx.owner, world, crash_at=ctx.settings.crash_at)
+        # A dead owner's lock row goes only once nothing it left is unresolved: not after this
+        # run's failures, and not while an earlier run's transaction still waits for a person.
+        left = {(r.owner.pid, r.owner.hostname, r.owner.boot_id) for r in ctx.store.unresolved()}
+        for dead in stale:
+            if (dead.pid, dead.host, dead.boot_id) in left:
+                report.skipped.append({"lock_id": dead.id, "why": "its owner left unresolved transactions"})
+                continue
+            release_row(ctx.store, dead.id, how="recovered", by=f"recover pid {ctx.owner.pid}")
+            report.released_locks.append(dead.as_dict())
     finally:
         lock.release()
     return report

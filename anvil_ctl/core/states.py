@@ -7,7 +7,8 @@ succeeds it is `committed`. If a step fails it becomes `compensating` and the
 undos of the completed steps run in reverse; if all succeed it is
 `compensated`, otherwise `compensation_failed`, which only a person resolves.
 A transaction whose owner process died while `running` or `compensating` is
-found by `recover`, marked `interrupted`, and compensated from there.
+found by `recover`, marked `interrupted`, and from there compensated, or, when
+the plan had passed its pivot step, run forward again to `committed`.
 
 The table below is the only place that says which moves are legal; the engine
 calls `check_transition` before it writes any state row.
@@ -47,6 +48,8 @@ ALLOWED_TRANSITIONS: frozenset[tuple[TxState, TxState]] = frozenset(
         (S.COMPENSATING, S.INTERRUPTED),
         (S.COMPENSATING, S.NEEDS_OPERATOR),
         (S.INTERRUPTED, S.COMPENSATING),
+        # Past the plan's pivot, recover rolls forward instead.
+        (S.INTERRUPTED, S.RUNNING),
         # A person resolves these by hand and records that they did.
         (S.COMPENSATION_FAILED, S.COMPENSATED),
         (S.NEEDS_OPERATOR, S.COMPENSATED),

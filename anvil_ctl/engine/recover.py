@@ -1,9 +1,17 @@
-"""Recover transactions whose owner is gone: mark them interrupted and compensate.
+"""Recover transactions whose owner is gone: mark them interrupted, then finish them.
 
-A step whose `do` intent is journaled may or may not have acted; its undo runs
-with the recorded result, or None when none was recorded, and must observe the
-world first. Undos already journaled as done are not run again, so recover is
-idempotent: a second run finds nothing to do.
+The direction comes from the plan's pivot (see `anvil_ctl.core.steps`). Before
+the pivot's result is journaled, recovery compensates backwards: a step whose
+`do` intent is journaled may or may not have acted; its undo runs with the
+recorded result, or None when none was recorded, and must observe the world
+first. Once the pivot's result is journaled (and compensation had not begun),
+recovery rolls forward: the remaining steps run again from the first one without
+a journaled result, each observing before it acts, then the goal, verification
+and commit, exactly as a live run; a failure there compensates backwards.
+
+Undos already journaled as done are not run again, so recover is idempotent: a
+second run finds nothing to do. Either way the engine's availability rule holds:
+a slot that served when the transaction began serves when recover ends it.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import structlog
 
 from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
-from anvil_ctl.core.states import TxState
+from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.engine.plans import KINDS, Kind
@@ -37,8 +45,8 @@ class RecoverReport:
 
     @property
     def exit_code(self) -> int:
-        done = {TxState.COMPENSATED.value, TxState.REFUSED.value}
-        return 5 if any(r["state"] not in done for r in self.recovered) else 0
+        done = {TxState.COMPENSATED.value, TxState.REFUSED.value, TxState.COMMITTED.value}
+        return int(ExitCode.NEEDS_OPERATOR if any(r["state"] not in done for r in self.recovered) else 0)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -85,9 +93,11 @@ def recover(
     me: Owner,
     world: World,
     kinds: Mapping[str, Kind] = KINDS,
+    *,
+    crash_at: str | None = None,
 ) -> RecoverReport:
     report = RecoverReport()
-    engine = TransactionEngine(journal, me)
+    engine = TransactionEngine(journal, me, crash_at=crash_at)
     for rec in journal.unfinished():
         alive = owner_alive(rec.owner, me)
         if alive is not False and rec.owner != me:
@@ -98,7 +108,7 @@ def recover(
             report.recovered.append(_recover_one(journal, engine, rec, kinds, world))
         except Exception as exc:
             log.error("recover failed", tx_id=rec.id, error=str(exc))
-            why = f"recover could not compensate: {type(exc).__name__}: {exc}"
+            why = f"recover could not finish it: {type(exc).__name__}: {exc}"
             state = journal.record(rec.id).state
             if state in (TxState.RUNNING, TxState.COMPENSATING):
                 target = TxState.NEEDS_OPERATOR if state == TxState.COMPENSATING else TxState.INTERRUPTED
@@ -107,6 +117,17 @@ def recover(
                 {"tx_id": rec.id, "kind": rec.kind, "state": "needs_operator", "reason": why}
             )
     return report
+
+
+def _pivot_reached(plan: AnyPlan, events: list[StepEvent]) -> bool:
+    """The pivot's result is journaled and no undo has started: the way out is forward."""
+    if plan.pivot is None or any(ev.phase == "undo" for ev in events):
+        return False
+    return any(ev.phase == "do" and ev.event == "result" and ev.step == plan.pivot for ev in events)
+
+
+def _undone(events: list[StepEvent]) -> list[str]:
+    return [ev.step for ev in events if ev.phase == "undo" and ev.event == "result"]
 
 
 def _recover_one(
@@ -121,9 +142,6 @@ def _recover_one(
         # The owner died while guards ran: nothing was mutated.
         journal.transition(rec.id, TxState.REFUSED, "owner died before the first mutation")
         return {"tx_id": rec.id, "kind": rec.kind, "state": TxState.REFUSED.value, "undone": []}
-    if rec.state in (TxState.RUNNING, TxState.COMPENSATING):
-        journal.transition(rec.id, TxState.INTERRUPTED, f"owner pid {rec.owner.pid} is gone")
-    journal.transition(rec.id, TxState.COMPENSATING, "recover")
     plan = kinds[rec.kind].rebuild(rec.args, world)
     ctx = StepContext(tx_id=rec.id, kind=rec.kind, args=plan.args, world=world, memo=plan.memo)
     events = journal.step_events(rec.id)
@@ -134,17 +152,33 @@ def _recover_one(
             step = steps.get(ev.step)
             if step is not None and step.remember is not None:
                 step.remember(ctx, ev.detail)
-    todo = pending_undos(plan, events)
-    bound.info("recovering", undos=[s.name for _, s, _ in todo])
-    outcome = Outcome(kind=rec.kind, state=TxState.COMPENSATING, tx_id=rec.id)
+    if rec.state in (TxState.RUNNING, TxState.COMPENSATING):
+        journal.transition(rec.id, TxState.INTERRUPTED, f"owner pid {rec.owner.pid} is gone")
+    outcome = Outcome(kind=rec.kind, state=TxState.INTERRUPTED, tx_id=rec.id)
     snaps = getattr(journal, "snapshots", None)
     if callable(snaps):
         outcome.before = snaps(rec.id).get("before")
-    outcome = engine.compensate(outcome, plan, ctx, todo, "recovered after owner died")
+    undone_before = len(_undone(events))
+    if _pivot_reached(plan, events):
+        names = [s.name for s in plan.steps]
+        done = {ev.step for ev in events if ev.phase == "do" and ev.event == "result"}
+        start = next((i for i, n in enumerate(names) if n not in done), len(names))
+        bound.info("recovering forward", from_step=names[start] if start < len(names) else "commit")
+        journal.transition(rec.id, TxState.RUNNING, f"recover: past the pivot {plan.pivot}, rolling forward")
+        outcome = engine.forward(outcome, plan, ctx, start=start)
+        direction = "forward"
+    else:
+        journal.transition(rec.id, TxState.COMPENSATING, "recover")
+        todo = pending_undos(plan, events)
+        bound.info("recovering backwards", undos=[s.name for _, s, _ in todo])
+        outcome = engine.compensate(outcome, plan, ctx, todo, "recovered after owner died")
+        direction = "backward"
     return {
         "tx_id": rec.id,
         "kind": rec.kind,
         "state": outcome.state.value,
-        "undone": [s.name for _, s, _ in reversed(todo) if s.undo],
+        "direction": direction,
+        # Only undos whose result this recovery journaled.
+        "undone": _undone(journal.step_events(rec.id))[undone_before:],
         "reason": outcome.reason,
     }

@@ -7,10 +7,24 @@ the completed steps run in reverse, the failed step's own undo first (a step can
 fail after part of its side effect; undos observe before acting), each journaled
 the same way. The first undo that fails stops compensation: continuing could
 start a serve on GPUs that a failed undo left occupied.
+
+Never dark (`anvil_ctl.engine.availability`): before the first step the engine
+records whether the slot serves and which serve is its safe harbour; before it
+writes any end state but `committed` it makes the slot serve again if it served
+at the start. After the last step the plan's goal is checked (and re-applied
+once); a critical difference found by `verify_after` while the slot serves ends
+`needs_operator` with the slot left serving, never stopped for a snapshot.
+
+Fault injection: `crash_at` (settings `ANVIL_CRASH_AT`, tests and `make chaos`
+only) names a journal boundary, `KIND:STEP:PHASE:EVENT` (or `KIND:state:STATE`,
+`*` matching anything); the process SIGKILLs itself right after that row commits.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,11 +36,14 @@ from anvil_ctl.core.ports import Journal, Owner
 from anvil_ctl.core.snapshot import Change, Snapshot, diff
 from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
+from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
 from anvil_ctl.engine.plans.args import to_json
+from anvil_ctl.engine.world import World
 
 A = TypeVar("A")
-W = TypeVar("W")
 M = TypeVar("M")
+W = World
+AVAILABILITY = "availability"
 
 log = structlog.get_logger("anvil.engine")
 
@@ -75,9 +92,38 @@ def _error_detail(exc: BaseException) -> dict[str, Any]:
 
 
 class TransactionEngine:
-    def __init__(self, journal: Journal, owner: Owner) -> None:
+    def __init__(self, journal: Journal, owner: Owner, *, crash_at: str | None = None) -> None:
         self.journal = journal
         self.owner = owner
+        self.crash_at = crash_at
+
+    # -- journal, with the fault-injection boundary --------------------------------------------
+
+    def _boundary(self, kind: str, *parts: str) -> None:
+        if self.crash_at and fnmatch.fnmatchcase(":".join((kind, *parts)), self.crash_at):
+            log.warning("crash_at boundary reached: SIGKILL", boundary=":".join((kind, *parts)))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _event(
+        self,
+        ctx: StepContext[A, W, M],
+        seq: int,
+        step: str,
+        phase: str,
+        event: str,
+        *,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        self.journal.step_event(ctx.tx_id, seq=seq, step=step, phase=phase, event=event, detail=detail)
+        self._boundary(ctx.kind, step, phase, event)
+
+    def _transition(
+        self, ctx: StepContext[A, W, M], target: TxState, reason: str = "", data: dict[str, Any] | None = None
+    ) -> None:
+        self.journal.transition(ctx.tx_id, target, reason, data)
+        self._boundary(ctx.kind, "state", target.value)
+
+    # -- running a plan ------------------------------------------------------------------------
 
     def run(
         self, plan: Plan[A, W, M], world: W, *, dry_run: bool = False, tx_id: str | None = None
@@ -97,10 +143,11 @@ class TransactionEngine:
         )
         outcome.tx_id = tx_id
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
+        self._boundary(plan.kind, "state", "planned")
         bound = log.bind(tx_id=tx_id, kind=plan.kind)
         refusal = self._check_guards(plan, ctx)
         if refusal is not None:
-            self.journal.transition(tx_id, TxState.REFUSED, refusal.reason, refusal.as_dict())
+            self._transition(ctx, TxState.REFUSED, refusal.reason, refusal.as_dict())
             bound.warning("refused", guard=refusal.guard, reason=refusal.reason)
             outcome.state, outcome.reason, outcome.refusal = (
                 TxState.REFUSED,
@@ -112,18 +159,41 @@ class TransactionEngine:
         if plan.snapshot:
             outcome.before = plan.snapshot()
             self.journal.record_snapshot(tx_id, "before", outcome.before)
-        self.journal.transition(tx_id, TxState.RUNNING)
+        self._transition(ctx, TxState.RUNNING)
+        self._observe_start(plan, ctx)
         bound.info("running", steps=len(plan.steps))
+        return self.forward(outcome, plan, ctx, start=0)
 
-        for seq, step in enumerate(plan.steps):
+    def _observe_start(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> None:
+        """Whether the slot serves now and, if so, which serve is its safe harbour (journaled)."""
+        if not (plan.keeps_serving and plan.slot):
+            return
+        state = observe_slot(ctx.world, plan.slot)
+        harbour = record_harbour(ctx.world, ctx.tx_id, state)
+        detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
+        self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail)
+
+    def forward(
+        self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], *, start: int
+    ) -> Outcome:
+        """Run the steps from `start`, then the goal and verification, then commit."""
+        bound = log.bind(tx_id=ctx.tx_id, kind=plan.kind)
+        for seq in range(start, len(plan.steps)):
+            step = plan.steps[seq]
             try:
                 self._do(ctx, seq, step)
             except NeedsOperator as exc:
-                return self._needs_operator(outcome, ctx, exc, TxState.RUNNING)
+                return self._needs_operator(outcome, plan, ctx, exc)
             except Exception as exc:
                 bound.error("step failed", step=step.name, error=str(exc))
                 return self._compensate_after(outcome, plan, ctx, failed=seq, reason=f"{step.name}: {exc}")
 
+        goal = self._goal_problems(plan, ctx)
+        if goal:
+            self._event(ctx, len(plan.steps), "goal", "do", "error", detail={"problems": goal})
+            return self._compensate_after(
+                outcome, plan, ctx, failed=None, reason="goal does not hold: " + "; ".join(goal)
+            )
         self._observe_after(plan, ctx, outcome, "after")
         problems = (
             plan.verify_after(ctx, outcome.before, outcome.after)
@@ -131,25 +201,29 @@ class TransactionEngine:
             else []
         )
         if problems:
-            self.journal.step_event(
-                tx_id,
-                seq=len(plan.steps),
-                step="verify",
-                phase="do",
-                event="error",
-                detail={"problems": problems},
-            )
-            return self._compensate_after(
-                outcome,
-                plan,
-                ctx,
-                failed=None,
-                reason="verification failed: " + "; ".join(problems),
-            )
-        self.journal.transition(tx_id, TxState.COMMITTED)
+            self._event(ctx, len(plan.steps), "verify", "do", "error", detail={"problems": problems})
+            reason = "verification failed: " + "; ".join(problems)
+            if plan.slot and observe_slot(ctx.world, plan.slot).serving:
+                # Availability outranks symmetry: the slot serves; a person decides about the rest.
+                return self._needs_operator(outcome, plan, ctx, NeedsOperator(reason + " (the slot serves)"))
+            return self._compensate_after(outcome, plan, ctx, failed=None, reason=reason)
+        self._transition(ctx, TxState.COMMITTED)
         bound.info("committed")
         outcome.state, outcome.results = TxState.COMMITTED, dict(ctx.results)
         return outcome
+
+    def _goal_problems(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> list[str]:
+        if plan.goal is None:
+            return []
+        try:
+            problems = plan.goal(ctx)
+            if problems and plan.repair is not None:
+                log.warning("goal does not hold; re-applying once", tx_id=ctx.tx_id, problems=problems)
+                plan.repair(ctx)
+                problems = plan.goal(ctx)
+        except AnvilError as exc:
+            problems = [f"{type(exc).__name__}: {exc}"]
+        return problems
 
     def _check_guards(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Refusal | None:
         try:
@@ -164,24 +238,17 @@ class TransactionEngine:
 
     def _do(self, ctx: StepContext[A, W, M], seq: int, step: Step[StepContext[A, W, M]]) -> None:
         slog = log.bind(tx_id=ctx.tx_id, step=step.name)
-        self.journal.step_event(ctx.tx_id, seq=seq, step=step.name, phase="do", event="intent")
+        self._event(ctx, seq, step.name, "do", "intent")
         slog.info("step intent")
         try:
             result = step.do(ctx) or {}
         except Exception as exc:
-            self.journal.step_event(
-                ctx.tx_id,
-                seq=seq,
-                step=step.name,
-                phase="do",
-                event="error",
-                detail=_error_detail(exc),
-            )
+            self._event(ctx, seq, step.name, "do", "error", detail=_error_detail(exc))
             raise
         ctx.results[step.name] = result
         if step.remember is not None:
             step.remember(ctx, result)
-        self.journal.step_event(ctx.tx_id, seq=seq, step=step.name, phase="do", event="result", detail=result)
+        self._event(ctx, seq, step.name, "do", "result", detail=result)
         slog.info("step done")
 
     def _compensate_after(
@@ -193,7 +260,7 @@ class TransactionEngine:
         failed: int | None,
         reason: str,
     ) -> Outcome:
-        self.journal.transition(ctx.tx_id, TxState.COMPENSATING, reason)
+        self._transition(ctx, TxState.COMPENSATING, reason)
         last = failed if failed is not None else len(plan.steps) - 1
         todo = [(seq, plan.steps[seq], ctx.results.get(plan.steps[seq].name)) for seq in range(last + 1)]
         return self.compensate(outcome, plan, ctx, todo, reason)
@@ -212,43 +279,50 @@ class TransactionEngine:
             if step.undo is None:
                 continue
             slog = log.bind(tx_id=ctx.tx_id, step=step.name)
-            self.journal.step_event(ctx.tx_id, seq=seq, step=step.name, phase="undo", event="intent")
+            self._event(ctx, seq, step.name, "undo", "intent")
             try:
                 undone = step.undo(ctx, result) or {}
             except NeedsOperator as exc:
-                self.journal.step_event(
-                    ctx.tx_id,
-                    seq=seq,
-                    step=step.name,
-                    phase="undo",
-                    event="error",
-                    detail=_error_detail(exc),
-                )
+                self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
                 # Keep the cause: the operator needs both what failed and what was left.
                 cause = NeedsOperator(f"{exc} (cause: {reason})", **exc.data)
-                return self._needs_operator(outcome, ctx, cause, TxState.COMPENSATING)
+                return self._needs_operator(outcome, plan, ctx, cause)
             except Exception as exc:
                 slog.error("undo failed", error=str(exc))
-                self.journal.step_event(
-                    ctx.tx_id,
-                    seq=seq,
-                    step=step.name,
-                    phase="undo",
-                    event="error",
-                    detail=_error_detail(exc),
-                )
+                self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
                 why = f"undo of {step.name} failed: {exc} (after: {reason})"
-                self.journal.transition(ctx.tx_id, TxState.COMPENSATION_FAILED, why)
+                why += self._keep_serving(plan, ctx)
+                self._transition(ctx, TxState.COMPENSATION_FAILED, why)
                 outcome.state, outcome.reason = TxState.COMPENSATION_FAILED, why
                 return outcome
-            self.journal.step_event(
-                ctx.tx_id, seq=seq, step=step.name, phase="undo", event="result", detail=undone
-            )
+            self._event(ctx, seq, step.name, "undo", "result", detail=undone)
             slog.info("undo done")
+        reason += self._keep_serving(plan, ctx)
         self._observe_after(plan, ctx, outcome, "compensated")
-        self.journal.transition(ctx.tx_id, TxState.COMPENSATED, reason)
-        outcome.state, outcome.results = TxState.COMPENSATED, dict(ctx.results)
+        self._transition(ctx, TxState.COMPENSATED, reason)
+        outcome.state, outcome.reason, outcome.results = TxState.COMPENSATED, reason, dict(ctx.results)
         return outcome
+
+    def _keep_serving(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> str:
+        """Before an end state other than committed: serve again if the slot served at the start.
+
+        Returns a note for the reason when something had to be done (empty otherwise).
+        """
+        if not (plan.keeps_serving and plan.slot) or not self.served_at_start(ctx.tx_id):
+            return ""
+        result = ensure_serving(ctx.world, ctx.tx_id, plan.slot)
+        if result["action"] == "none" and "problem" not in result:
+            return ""
+        self._event(ctx, len(plan.steps), AVAILABILITY, "check", "restored", detail=result)
+        if result.get("error") or result.get("problem"):
+            return f"; the slot could NOT be made to serve again: {result.get('error') or result['problem']}"
+        return f"; the slot serves again ({result['action']}: {str(result.get('container_id', ''))[:12]})"
+
+    def served_at_start(self, tx_id: str) -> bool:
+        for ev in self.journal.step_events(tx_id):
+            if ev.step == AVAILABILITY and ev.event == "before":
+                return bool(ev.detail.get("serving"))
+        return False
 
     def _observe_after(
         self, plan: Plan[A, W, M], ctx: StepContext[A, W, M], outcome: Outcome, label: str
@@ -265,9 +339,10 @@ class TransactionEngine:
             )
 
     def _needs_operator(
-        self, outcome: Outcome, ctx: StepContext[A, W, M], exc: NeedsOperator, source: TxState
+        self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], exc: NeedsOperator
     ) -> Outcome:
-        self.journal.transition(ctx.tx_id, TxState.NEEDS_OPERATOR, str(exc), exc.data)
-        outcome.state, outcome.reason = TxState.NEEDS_OPERATOR, str(exc)
+        reason = str(exc) + self._keep_serving(plan, ctx)
+        self._transition(ctx, TxState.NEEDS_OPERATOR, reason, exc.data)
+        outcome.state, outcome.reason = TxState.NEEDS_OPERATOR, reason
         outcome.results = dict(ctx.results)
         return outcome

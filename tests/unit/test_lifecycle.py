@@ -180,15 +180,21 @@ class TestRollback:
         assert out.state == TxState.REFUSED and out.refusal.guard == "RouterCredentialsAccepted"  # type: ignore[union-attr]
         assert fake_host.world.read() == before
 
-    def test_a_failure_after_the_target_started_stops_and_keeps_it_for_an_operator(
+    def test_a_failure_after_the_target_started_compensates_to_exactly_the_before_state(
         self, fake_host: FakeHost
     ) -> None:
-        _load(fake_host)
+        cand = _load(fake_host)
         fake_host.world.set_fail("readmit", "HTTP 401 from the router")
         out = lifecycle.rollback(fake_host.context(), slot="primary")
-        assert out.state == TxState.NEEDS_OPERATOR and out.exit_code == 5
-        assert "stopped again and retained" in out.reason
-        assert fake_host.world.read()["containers"][fake_host.incumbent_id]["status"] == "exited"
+        assert out.state == TxState.COMPENSATED and out.exit_code == 4, out.reason
+        assert out.reason.startswith("route-back:")
+        containers = fake_host.world.read()["containers"]
+        # The target was stopped again and kept; the candidate serves at the binding as before.
+        assert containers[fake_host.incumbent_id]["status"] == "exited"
+        assert containers[cand]["status"] == "running"
+        steps = audit.show(fake_host.context(), out.tx_id or "")["steps"]
+        undone = [e["step"] for e in steps if e["phase"] == "undo" and e["event"] == "result"]
+        assert undone == ["start-target", "stop-current", "drain-tier"]
 
 
 class TestRecheck:

@@ -17,12 +17,13 @@ from tests.unit.fakehost import FakeHost
 
 
 def _needs_operator(host: FakeHost) -> str:
+    """A loaded candidate, then a transaction that a step ended in needs_operator."""
     transactions.load(host.context(), slot="primary", candidate=host.candidate())
-    host.world.set_fail("readmit", "HTTP 401 from the router")
-    out = lifecycle.rollback(host.context(), slot="primary")
-    assert out.state == TxState.NEEDS_OPERATOR
-    host.world.set_fail("readmit", None)
-    return out.tx_id or ""
+    store = host.context().store
+    tx = store.begin(kind="rollback", slot="primary", args={}, owner=current_owner())
+    store.transition(tx, TxState.RUNNING)
+    store.transition(tx, TxState.NEEDS_OPERATOR, "a step found the host must not be touched")
+    return tx
 
 
 class TestUnresolvedTransactions:

@@ -28,6 +28,7 @@ class TestTransitionTable:
             (S.COMPENSATING, S.INTERRUPTED),
             (S.COMPENSATING, S.NEEDS_OPERATOR),
             (S.INTERRUPTED, S.COMPENSATING),
+            (S.INTERRUPTED, S.RUNNING),
             (S.COMPENSATION_FAILED, S.COMPENSATED),
             (S.NEEDS_OPERATOR, S.COMPENSATED),
         } == ALLOWED_TRANSITIONS

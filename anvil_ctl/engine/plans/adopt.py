@@ -31,4 +31,5 @@ def build(args: AdoptArgs, world: World) -> Plan[AdoptArgs, World, NoMemo]:
         memo=NoMemo(),
         slot=args.slot,
         snapshot=lambda: observe(world, [args.slot]),
+        keeps_serving=False,  # only the record changes
     )

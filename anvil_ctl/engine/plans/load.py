@@ -5,6 +5,12 @@ stop the incumbent, never remove it (start the same container ID again); wait fo
 its VRAM to be observed free; create and start the candidate (stop it, keep it
 for diagnosis only when proven stopped, else remove it); wait for health and the
 exact served identity; record the candidate's identity and GPU ownership.
+
+Pivot: `start-candidate`. Once the candidate container exists and was started,
+a crash is finished forward (wait for its health, record it); a candidate that
+never becomes healthy fails the step and everything is undone, the incumbent
+started and routed again. By design a committed load leaves the tier drained:
+the candidate is reached directly until `promote` routes it.
 """
 
 from __future__ import annotations
@@ -267,4 +273,5 @@ def build(args: LoadArgs, world: World) -> Plan[LoadArgs, World, LoadMemo]:
         guards=GUARDS,
         slot=args.slot,
         snapshot=lambda: observe(world, [args.slot]),
+        pivot="start-candidate",
     )

@@ -1,5 +1,10 @@
 """`promote`: route the slot's tier to a qualified candidate; it becomes the incumbent.
 
+Pivot: `route-to-candidate`. Once the tier routes to the candidate, clients
+reach it: a crash after that is finished forward (smoke, acceptance, records),
+not undone. The goal, checked after the last step and re-applied once, is that
+the tier still routes to the candidate (a router restarted mid-promote loses it).
+
 Refused before mutation unless the candidate has a `verified` decision for its
 exact identity (or one reclassified under waivers that are all still active), the
 candidate is the container serving the slot, the incumbent's rollback identity is
@@ -27,7 +32,14 @@ from anvil_ctl.engine.guards import (
 )
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import PromoteArgs
-from anvil_ctl.engine.serving import drain_slot, identity_drift, route_step, smoke_step
+from anvil_ctl.engine.serving import (
+    drain_slot,
+    identity_drift,
+    route_problems,
+    route_slot_to,
+    route_step,
+    smoke_step,
+)
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import records
 from anvil_ctl.persistence.store import Store
@@ -161,6 +173,10 @@ def unrecord_promotion(ctx: Ctx, _r: StepResult) -> StepResult:
     return {"incumbent": old.container_id}
 
 
+def reroute(ctx: Ctx) -> None:
+    route_slot_to(ctx.world, ctx.args.candidate)
+
+
 def _candidate(ctx: Ctx) -> Identity:
     return ctx.args.candidate
 
@@ -184,4 +200,7 @@ def build(args: PromoteArgs, world: World) -> Plan[PromoteArgs, World, NoMemo]:
         guards=GUARDS,
         slot=args.slot,
         snapshot=lambda: observe(world, [args.slot]),
+        pivot="route-to-candidate",
+        goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
+        repair=reroute,
     )

@@ -238,4 +238,5 @@ def build(args: QualifyArgs, world: World) -> Plan[QualifyArgs, World, QualifyMe
         slot=args.slot,
         snapshot=lambda: observe(world, [args.slot]),
         mutates=False,
+        keeps_serving=False,  # nothing on the host changes
     )

@@ -5,15 +5,18 @@ was removed, its image or config fingerprint changed, the restore group does not
 contain it, or the router refuses our credentials. Steps: drain the tier (undo:
 readmit what served); stop and retain what serves now (undo: start it again);
 wait for VRAM release; start the target's same container ID and verify health
-and identity; route the tier back and readmit; routed smoke; record it as the
-incumbent and move GPU ownership. The transaction commits only if the slot's
-placement afterwards equals the placement recorded when the target last served
-(the diff is stored and shown). If anything fails after the target was started,
-the target is stopped again and kept (never removed) and the transaction ends in
-`needs_operator` with the reason: a person decides what serves next.
+and identity (undo: stop it again, retained); route the tier back and readmit;
+routed smoke; record it as the incumbent and move GPU ownership.
 
-Placement is the snapshot without stopped non-incumbent containers: a candidate
-retained for diagnosis does not make a restored host differ.
+Pivot: `start-target`. Once the target runs healthy with its exact identity, the
+way out of a crash is forward (route, smoke, record). The goal, checked after the
+last step and re-applied once, is that the tier routes to the target. Then the
+placement is compared with the one recorded when the target last served, on the
+identity-critical fields only (`critical_placement`): the incumbent, each running
+container's image ID and config fingerprint, the served model and context, the
+binding and the GPU owners. Names, router labels and other incidental fields are
+recorded in the stored diff, never acted on; a critical difference while the
+slot serves ends `needs_operator` with the slot left serving.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from anvil_ctl.engine.serving import (
     drain_step,
     release_vram_step,
     restart_retained,
+    route_problems,
+    route_slot_to,
     route_step,
     smoke_step,
     stop_retain_step,
@@ -75,6 +80,25 @@ def placement(snapshot: Snapshot, slot: str) -> Snapshot:
             if cid == incumbent or c.get("status") == "running"
         }
     return Snapshot.of(body)
+
+
+def critical_placement(snapshot: Snapshot, slot: str) -> Snapshot:
+    """The identity-critical fields of a slot's placement: what decides equality."""
+    s = (snapshot.body.get("slots") or {}).get(slot) or {}
+    containers = s.get("containers") or {}
+    return Snapshot.of(
+        {
+            "incumbent": (s.get("incumbent") or {}).get("container_id"),
+            "running": {
+                cid: {"image_id": c.get("image_id"), "fingerprint": c.get("fingerprint")}
+                for cid, c in containers.items()
+                if c.get("status") == "running"
+            },
+            "serving": (s.get("serving") or {}).get("models"),
+            "binding": s.get("binding"),
+            "gpu_owners": snapshot.body.get("gpu_owners"),
+        }
+    )
 
 
 class TargetIdentityComplete(Guard[Ctx]):
@@ -159,22 +183,16 @@ def start_target(ctx: Ctx) -> StepResult:
     return restart_retained(ctx.world, _target(ctx))
 
 
-def stop_target_needs_operator(ctx: Ctx, _r: StepResult) -> StepResult:
-    """Stop the restored target again and keep it; then stop: a person decides."""
-    world, target = ctx.world, _target(ctx)
-    stopped = None
-    try:
-        stopped = stop_verified(world, target.container_id)
-    except Exception as exc:
-        stopped = {"error": str(exc)}
-    proven = container_absent_or_stopped(world, target.container_id)
-    raise NeedsOperator(
-        f"restore of {target.container_id[:12]} failed after it was started; it was stopped "
-        f"again and retained ({'proven stopped' if proven else 'NOT proven stopped'}); "
-        "decide what serves next, then `anvilctl rollback` again",
-        stop=stopped,
-        container_id=target.container_id,
-    )
+def stop_target(ctx: Ctx, _r: StepResult) -> StepResult:
+    """Stop the target again, retained; the earlier undos bring back what served before."""
+    target = _target(ctx)
+    if container_absent_or_stopped(ctx.world, target.container_id):
+        return {"stopped": None}
+    return stop_verified(ctx.world, target.container_id)
+
+
+def reroute(ctx: Ctx) -> None:
+    route_slot_to(ctx.world, _target(ctx))
 
 
 def record_restore(ctx: Ctx) -> StepResult:
@@ -194,12 +212,13 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot) -> list[str]:
+    """Problems in the identity-critical fields; every difference is stored as a diff."""
     recorded = Snapshot(dict(ctx.args.recorded_snapshot or {}))
     slot = ctx.args.slot
     want, got = placement(recorded, slot), placement(after, slot)
-    changes = diff(want, got)
-    ctx.world.store.record_diff(ctx.tx_id, "recorded-restored", want, got, changes)
-    return [f"{c.path}: recorded {c.before!r}, now {c.after!r}" for c in changes]
+    ctx.world.store.record_diff(ctx.tx_id, "recorded-restored", want, got, diff(want, got))
+    critical = diff(critical_placement(recorded, slot), critical_placement(after, slot))
+    return [f"{c.path}: recorded {c.before!r}, now {c.after!r}" for c in critical]
 
 
 def build(args: RollbackArgs, world: World) -> Plan[RollbackArgs, World, NoMemo]:
@@ -212,7 +231,7 @@ def build(args: RollbackArgs, world: World) -> Plan[RollbackArgs, World, NoMemo]
         Step(
             "start-target",
             start_target,
-            stop_target_needs_operator,
+            stop_target,
             "start the same container ID; health and exact identity",
         ),
     ]
@@ -231,4 +250,7 @@ def build(args: RollbackArgs, world: World) -> Plan[RollbackArgs, World, NoMemo]
         slot=args.slot,
         snapshot=lambda: observe(world, [args.slot]),
         verify_after=verify_placement,
+        pivot="start-target",
+        goal=lambda ctx: route_problems(ctx.world, _target(ctx)),
+        repair=reroute if world.router is not None else None,
     )

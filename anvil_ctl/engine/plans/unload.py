@@ -126,4 +126,5 @@ def build(args: UnloadArgs, world: World) -> Plan[UnloadArgs, World, NoMemo]:
         slot=args.slot,
         snapshot=lambda: observe(world, [args.slot]),
         pivot="remove-candidate",
+        keeps_serving=False,  # a person asked for this container to go
     )

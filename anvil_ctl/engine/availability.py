@@ -1,0 +1,162 @@
+"""Never dark: what serves a slot, the safe harbour, and bringing it back.
+
+A slot is *serving* when its binding answers `/v1/models` with exactly one model
+and, where a router is configured, an authenticated routed chat to the slot's
+first alias answers 200 from that same model. The engine observes this before
+a mutating transaction's first step; if the slot was serving, the serve doing it
+is recorded as the slot's *safe harbour* (an identity with role `harbour`).
+
+Before the engine writes any end state other than `committed` (compensated,
+compensation failed, needs operator, or after `recover`), it checks the slot
+again. If it served at the start and does not now, `ensure_serving` first
+re-routes a recorded serve that is running and answering at the binding (a
+router hiccup), and otherwise brings the harbour back: every other container of
+the slot is stopped and retained, the harbour's GPUs are released, the same
+container ID is started, routed and smoke-tested. What it did is journaled. It
+never stops a serve that is healthy and routed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import structlog
+
+from anvil_ctl.core.errors import AdapterError, AnvilError
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity, VramNeed
+from anvil_ctl.engine import gpu
+from anvil_ctl.engine.serving import (
+    inspect_or_none,
+    is_running,
+    restart_retained,
+    route_slot_to,
+    routed_smoke,
+    served_models,
+    stop_verified,
+)
+from anvil_ctl.engine.world import World
+
+log = structlog.get_logger("anvil.availability")
+
+RECORDED_ROLES = ("incumbent", "candidate", "rollback", "harbour")
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """What a slot serves right now, directly and through the router."""
+
+    slot: str
+    models: tuple[str, ...]
+    routed_model: str | None
+    """The model a routed chat answered 200 from; None if it did not (or no router)."""
+    router: bool
+
+    @property
+    def answering(self) -> bool:
+        return len(self.models) == 1
+
+    @property
+    def serving(self) -> bool:
+        if not self.answering:
+            return False
+        return not self.router or self.routed_model == self.models[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "serving": self.serving}
+
+
+def observe_slot(world: World, slot: str) -> SlotState:
+    try:
+        models = tuple(served_models(world, slot))
+    except AdapterError:
+        models = ()
+    routed: str | None = None
+    if world.router is not None and models:
+        try:
+            answer = world.router.routed_chat(world.config.slot(slot).aliases[0])
+            routed = answer.model if answer.status == 200 else None
+        except AnvilError:
+            routed = None
+    return SlotState(slot=slot, models=models, routed_model=routed, router=world.router is not None)
+
+
+def serving_identity(world: World, state: SlotState) -> Identity | None:
+    """The recorded serve that answers at the slot's binding now (running, same model)."""
+    if not state.answering:
+        return None
+    for role in RECORDED_ROLES:
+        ident = world.store.current_identity(state.slot, role)
+        if ident and ident.served_model == state.models[0] and is_running(world, ident.container_id):
+            return ident
+    return None
+
+
+def record_harbour(world: World, tx_id: str, state: SlotState) -> Identity | None:
+    """Record the serving identity as the slot's safe harbour (when it is a new one)."""
+    if not state.serving:
+        return None
+    ident = serving_identity(world, state)
+    if ident is None:
+        return None
+    current = world.store.current_identity(state.slot, "harbour")
+    if current is None or current.digest != ident.digest:
+        world.store.record_identity(tx_id, "harbour", ident)
+    return ident
+
+
+def ensure_serving(world: World, tx_id: str, slot: str) -> dict[str, Any]:
+    """Make the slot serve again: re-route what answers, else bring the harbour back."""
+    state = observe_slot(world, slot)
+    if state.serving:
+        return {"action": "none", "state": state.as_dict()}
+    answering = serving_identity(world, state)
+    if answering is not None and world.router is not None:
+        try:
+            route_slot_to(world, answering)
+            routed_smoke(world, answering)
+            return {"action": "rerouted", "container_id": answering.container_id}
+        except AnvilError as exc:
+            log.warning("availability.reroute_failed", slot=slot, error=str(exc))
+    harbour = world.store.current_identity(slot, "harbour")
+    if harbour is None:
+        return {"action": "none", "problem": "no safe harbour recorded", "state": state.as_dict()}
+    try:
+        return {"action": "harbour", **bring_back(world, tx_id, harbour)}
+    except AnvilError as exc:
+        log.error("availability.harbour_failed", slot=slot, error=str(exc))
+        return {"action": "harbour", "error": str(exc), "container_id": harbour.container_id}
+
+
+def bring_back(world: World, tx_id: str, harbour: Identity) -> dict[str, Any]:
+    """Stop (retain) every other container of the slot, start the harbour, route it."""
+    stopped = []
+    slot_containers = world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: harbour.slot})
+    others = {c.id for c in slot_containers if c.running} | {
+        ident.container_id
+        for role in RECORDED_ROLES
+        if (ident := world.store.current_identity(harbour.slot, role)) is not None
+    }
+    for cid in sorted(others - {harbour.container_id}):
+        info = inspect_or_none(world, cid)
+        if info is not None and info.running:
+            stop_verified(world, cid)
+            stopped.append(cid)
+    release = None
+    if not is_running(world, harbour.container_id) and world.vram_release is not None:
+        release = world.vram_release(VramNeed(harbour.gpu_roles, 0, harbour.recipe_digest))
+    started = restart_retained(world, harbour)
+    owners = gpu.record_ownership(world, tx_id, harbour, None)
+    routed = None
+    if world.router is not None:
+        route_slot_to(world, harbour)
+        routed = routed_smoke(world, harbour)
+    log.warning("availability.harbour_restored", slot=harbour.slot, container_id=harbour.container_id)
+    return {
+        "container_id": harbour.container_id,
+        "stopped": stopped,
+        "vram_release": release,
+        "started": started,
+        "gpu": owners,
+        "routed": routed,
+    }
