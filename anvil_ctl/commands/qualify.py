@@ -47,7 +47,7 @@ from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waivers as waiver_policy
 from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import qualification, waivers
 from anvil_ctl.qualify import (
     QualificationResult,
     Redaction,
@@ -196,11 +196,11 @@ def _record_decision(ctx: StepContext) -> StepResult:
                 "size": art.size if art else 0,
             }
         )
-    records.record_evidence(world.store, ctx.tx_id, rows)
+    qualification.record_evidence(world.store, ctx.tx_id, rows)
     roles = _roles(world, ident)
     now = world.extras.get(NOW_KEY) or datetime.now(UTC)
     standing = {r: world.config.reserve_for(r) for r in roles}
-    active = records.waivers(world.store)
+    active = waivers.waivers(world.store)
     decision = result.decision
     raw_id = (
         "dec-"
@@ -232,7 +232,7 @@ def _record_decision(ctx: StepContext) -> StepResult:
         },
         "evidence_dir": str(tx_dir),
     }
-    records.record_decision(
+    qualification.record_decision(
         world.store,
         decision_id=raw_id,
         tx_id=ctx.tx_id,
@@ -245,7 +245,7 @@ def _record_decision(ctx: StepContext) -> StepResult:
         reasons=decision.reasons,
         body=body,
     )
-    raw = next(d for d in records.decisions(world.store, slot=ident.slot) if d["id"] == raw_id)
+    raw = next(d for d in qualification.decisions(world.store, slot=ident.slot) if d["id"] == raw_id)
     newer = _reclassify_one(world, raw, active, now, tx_id=ctx.tx_id)
     return {
         "decision_id": raw_id,
@@ -363,7 +363,7 @@ def qualify_slot(
     tx_id = str(uuid.uuid4())
     # Non-mutating: no host lock, but journaled like every transaction.
     outcome = TransactionEngine(ctx.store, ctx.owner).run(build(args, world), world, tx_id=tx_id)
-    found = {d["id"]: d for d in records.decisions(ctx.store, slot=slot)}
+    found = {d["id"]: d for d in qualification.decisions(ctx.store, slot=slot)}
     step = outcome.results.get("record-decision") or {}
     return QualifyOutcome(
         outcome=outcome,
@@ -392,7 +392,7 @@ def stored_verdicts(world: World, raw: Mapping[str, Any]) -> list[Any]:
     rebuilt from their artifacts, whose SHA-256 must still match the recorded one."""
     roles: dict[str, str] = raw["body"].get("reserve_roles", {})
     out: list[Any] = []
-    for row in records.evidence(world.store, raw["tx_id"]):
+    for row in qualification.evidence(world.store, raw["tx_id"]):
         if row["kind"] != "policy":
             out.append(_Verdict(row["gate"], row["passed"]))
             continue
@@ -432,7 +432,7 @@ def _reclassify_one(
     """Record a decision over `raw` when the waivers in force at `now` change the outcome
     last recorded for it; returns the new decision row, or None."""
     store = world.store
-    chain = [raw, *(d for d in records.decisions(store) if d["reclassifies"] == raw["id"])]
+    chain = [raw, *(d for d in qualification.decisions(store) if d["reclassifies"] == raw["id"])]
     latest = chain[-1]
     new = waiver_policy.reclassify(
         waiver_policy.Decision(
@@ -452,7 +452,7 @@ def _reclassify_one(
     if any(d["id"] == new_id for d in chain):
         # The same verdict was recorded before and superseded since: a new record, new id.
         new_id = "dec-" + sha256_hex([new.id, latest["id"]])[:16]
-    records.record_decision(
+    qualification.record_decision(
         store,
         decision_id=new_id,
         tx_id=tx_id,
@@ -468,7 +468,7 @@ def _reclassify_one(
         body={**new.as_dict(), "id": new_id, "supersedes": latest["id"]},
     )
     log.info("decision reclassified", raw=raw["id"], new=new_id, outcome=new.outcome)
-    return next(d for d in records.decisions(store) if d["id"] == new_id)
+    return next(d for d in qualification.decisions(store) if d["id"] == new_id)
 
 
 @dataclass
@@ -490,9 +490,9 @@ def reclassify_decisions(
     """
     world = ctx.world()
     now = now or datetime.now(UTC)
-    active = records.waivers(ctx.store)
+    active = waivers.waivers(ctx.store)
     report = ReclassifyReport()
-    for raw in records.decisions(ctx.store, slot=slot):
+    for raw in qualification.decisions(ctx.store, slot=slot):
         if raw["reclassifies"] is not None or raw["body"].get("policy") != "standing":
             continue
         try:
@@ -554,7 +554,7 @@ def verify_evidence(directory: Path) -> VerifyResult:
 
 
 def audit_decisions(ctx: Context, *, slot: str | None = None) -> list[dict[str, Any]]:
-    return records.decisions(ctx.store, slot=slot)
+    return qualification.decisions(ctx.store, slot=slot)
 
 
 def audit_evidence(ctx: Context, tx: str) -> dict[str, Any]:
@@ -562,6 +562,6 @@ def audit_evidence(ctx: Context, tx: str) -> dict[str, Any]:
     tx_dir = evidence_tx_dir(ctx, tx)
     return {
         "tx_id": tx_dir.name,
-        "gates": records.evidence(ctx.store, tx_dir.name),
+        "gates": qualification.evidence(ctx.store, tx_dir.name),
         "verify": verify_bundle(tx_dir).as_dict(),
     }

@@ -22,7 +22,7 @@ from anvil_ctl.core.errors import AnvilError, NotFound
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import gpu_ledger, rechecks
 
 
 @dataclass
@@ -127,7 +127,7 @@ def _gpu_checks(ctx: Context, world: World, ident: Identity, out: RecheckResult)
     owners_fn = world.extras.get("gpu_owners")
 
     def gpu_owner() -> tuple[bool, Any]:
-        owners = owners_fn() if callable(owners_fn) else records.gpu_owners(ctx.store)
+        owners = owners_fn() if callable(owners_fn) else gpu_ledger.gpu_owners(ctx.store)
         mine = {r: (owners.get(r) or {}).get("container_id") for r in ident.gpu_roles}
         return all(v == ident.container_id for v in mine.values()), mine
 
@@ -186,7 +186,7 @@ def _finish(ctx: Context, world: World, out: RecheckResult) -> RecheckResult:
         out.snapshot_sha256 = observe(world, [out.slot]).sha256
     except AnvilError as exc:  # the runtime itself is unreachable: that is drift, and recorded
         out.assertions.append({"name": "snapshot", "passed": False, "observed": str(exc)})
-    out.recheck_id = records.record_recheck(
+    out.recheck_id = rechecks.record_recheck(
         ctx.store,
         slot=out.slot,
         passed=out.passed,

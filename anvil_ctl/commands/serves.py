@@ -14,7 +14,7 @@ from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.engine.serving import Candidate
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import gpu_ledger
 from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
 
 
@@ -82,16 +82,14 @@ def unload(
         if info.running:
             world.runtime.stop(info.id, ctx.config.policy.stop_timeout_s)
         world.runtime.remove(info.id)
-        roles = [r for r, o in records.gpu_owners(ctx.store).items() if o["container_id"] == info.id]
-        records.release_roles(ctx.store, roles, container_id=info.id, tx_id=None)
+        roles = [r for r, o in gpu_ledger.gpu_owners(ctx.store).items() if o["container_id"] == info.id]
+        gpu_ledger.release_roles(ctx.store, roles, container_id=info.id, tx_id=None)
         residue = [r.__dict__ for r in world.shm.residue()] if world.shm else []
-        with ctx.store.write() as s:
-            ctx.store.audit(
-                s,
-                "unload",
-                info.labels.get("io.anvil.transaction"),
-                {"container_id": info.id, "name": info.name, "residue": residue},
-            )
+        ctx.store.append_audit(
+            "unload",
+            info.labels.get("io.anvil.transaction"),
+            {"container_id": info.id, "name": info.name, "residue": residue},
+        )
     result: dict[str, Any] = {"container_id": info.id, "removed": True, "shm_residue": residue}
     if remove_residue and residue:
         from anvil_ctl.adapters.shm import ShmScanner

@@ -15,7 +15,7 @@ from anvil_ctl.commands.context import Context
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.lock import HostLock, held_locks, release_row
+from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import observe, serving
 from anvil_ctl.engine.plans import load as load_plan
 from anvil_ctl.engine.plans import promote as promote_plan
@@ -24,6 +24,7 @@ from anvil_ctl.engine.recover import PlanBuilder, RecoverReport, recover
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.serving import Candidate
 from anvil_ctl.engine.world import World
+from anvil_ctl.persistence.locks import release_row
 
 
 def _adopt_build(args: Mapping[str, Any], world: World) -> Plan:

@@ -24,7 +24,7 @@ from anvil_ctl.engine.guards import guards_for
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.serving import route_slot_to, routed_smoke
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import approvals, qualification, waivers
 
 
 def _w(ctx: StepContext) -> World:
@@ -39,8 +39,8 @@ def _ident(ctx: StepContext, key: str) -> Identity:
 def standing_decision(world: World, identity_digest: str) -> dict[str, Any] | None:
     """The newest decision for this identity whose waivers (if any) are all still active."""
     now = datetime.now(UTC)
-    active = {w.id for w in records.waivers(world.store) if w.active(now)}
-    for d in reversed(records.decisions(world.store, identity_digest=identity_digest)):
+    active = {w.id for w in waivers.waivers(world.store) if w.active(now)}
+    for d in reversed(qualification.decisions(world.store, identity_digest=identity_digest)):
         if all(wid in active for wid in d["waiver_ids"]):
             standing: dict[str, Any] = d
             return standing
@@ -146,7 +146,7 @@ def record_promotion(ctx: StepContext) -> StepResult:
     cand, old = _ident(ctx, "candidate"), _ident(ctx, "incumbent")
     world.store.record_identity(ctx.tx_id, "incumbent", cand)
     world.store.record_identity(ctx.tx_id, "rollback", old)
-    records.record_approval(
+    approvals.record_approval(
         world.store,
         tx_id=ctx.tx_id,
         decision_id=ctx.args["decision_id"],
