@@ -23,9 +23,8 @@ from anvil_ctl.core.model import Backend, RoutedAnswer
 from anvil_ctl.core.ports import GpuProbe, Owner, Router
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from anvil_ctl.engine.world import Acceptance, AcceptanceReport, World
+    from anvil_ctl.persistence.db import Engine
     from anvil_ctl.persistence.store import Store
 
 

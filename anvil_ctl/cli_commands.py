@@ -64,15 +64,11 @@ def _audit_incumbents(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
 
 
 def _audit_rechecks(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
-    from anvil_ctl.persistence import records
-
-    return records.rechecks(ctx.store, slot=a.slot, limit=a.limit), 0
+    return audit.rechecks(ctx, slot=a.slot, limit=a.limit), 0
 
 
 def _audit_decisions(a: argparse.Namespace, ctx: Any) -> tuple[Any, int]:
-    from anvil_ctl.persistence import records
-
-    rows = records.decisions(ctx.store, slot=a.slot)
+    rows = audit.decisions(ctx, slot=a.slot)
     if not a.json:
         keep = (
             "id",

@@ -28,7 +28,7 @@ from anvil_ctl.core.model import GpuReading
 from anvil_ctl.engine.gpu import ledger
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
 from anvil_ctl.gpu.waivers import POLICIES, Waiver, parse_scope
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import waivers
 
 log = structlog.get_logger()
 
@@ -288,7 +288,7 @@ def waive(
         recipe_digest=digest,
         expires_at=parse_expiry(expires, now) if expires else None,
     )
-    records.add_waiver(ctx.store, waiver)
+    waivers.add_waiver(ctx.store, waiver)
     return {"waiver": waiver.as_dict(), "reclassified": _reclassify(ctx)}
 
 
@@ -298,11 +298,11 @@ def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> dict[str, A
         raise BadInput("--by: expected who revokes the waiver", field="by")
     if not reason.strip():
         raise BadInput("--reason: expected why the waiver is revoked", field="reason")
-    records.revoke_waiver(ctx.store, waiver_id, by=by, reason=reason)
+    waivers.revoke_waiver(ctx.store, waiver_id, by=by, reason=reason)
     return {"revoked": waiver_id, "by": by, "reclassified": _reclassify(ctx)}
 
 
 def list_waivers(ctx: Context, now: datetime | None = None) -> list[dict[str, Any]]:
     """Every waiver with its state now: active, expired, revoked (or pending)."""
     now = now or datetime.now(UTC)
-    return [{**w.as_dict(), "state": _state(w, now)} for w in records.waivers(ctx.store)]
+    return [{**w.as_dict(), "state": _state(w, now)} for w in waivers.waivers(ctx.store)]

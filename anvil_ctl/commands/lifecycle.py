@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
-
-from sqlalchemy import select
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.transactions import mutating, run_plan
@@ -17,7 +14,6 @@ from anvil_ctl.engine.plans.promote import standing_decision
 from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.engine.serving import is_running
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence.models import IdentityRow, SnapshotRow, Transaction
 
 
 def promote(
@@ -66,14 +62,7 @@ def _promote_locked(
 def _identity_by_ref(ctx: Context, slot: str, ref: str) -> Identity | None:
     if len(ref) < 8 and not any(c in ref for c in "-._"):
         raise BadInput(f"--to {ref!r}: give at least 8 characters of a container ID or digest", field="to")
-    with ctx.store.read() as s:
-        rows = s.execute(
-            select(IdentityRow).where(IdentityRow.slot == slot).order_by(IdentityRow.id.desc())
-        ).scalars()
-        for r in rows:
-            if r.container_id.startswith(ref) or r.digest.startswith(ref) or r.served_model == ref:
-                return Identity.from_dict(json.loads(r.body_json))
-    return None
+    return ctx.store.identity_by_ref(slot, ref)
 
 
 def recorded_snapshot(ctx: Context, target: Identity) -> dict[str, Any] | None:
@@ -83,23 +72,7 @@ def recorded_snapshot(ctx: Context, target: Identity) -> dict[str, Any] | None:
     binding answering with its served model. Snapshots taken while it was stopped
     (a campaign of several loads) do not count.
     """
-    with ctx.store.read() as s:
-        rows = s.execute(
-            select(SnapshotRow.body_json)
-            .join(Transaction, Transaction.id == SnapshotRow.tx_id)
-            .where(Transaction.slot == target.slot)
-            .order_by(SnapshotRow.id.desc())
-        ).scalars()
-        for body_json in rows:
-            body: dict[str, Any] = json.loads(body_json)
-            slot = (body.get("slots") or {}).get(target.slot) or {}
-            if (slot.get("incumbent") or {}).get("container_id") != target.container_id:
-                continue
-            container = (slot.get("containers") or {}).get(target.container_id) or {}
-            models = [m[0] for m in (slot.get("serving") or {}).get("models") or []]
-            if container.get("status") == "running" and models == [target.served_model]:
-                return body
-    return None
+    return ctx.store.served_snapshot(target)
 
 
 def rollback(

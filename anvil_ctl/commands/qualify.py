@@ -27,7 +27,7 @@ from anvil_ctl.engine.plans.args import QualifyArgs
 from anvil_ctl.engine.reclassify import ReclassifyReport
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import qualification
 from anvil_ctl.qualify import (
     QualificationResult,
     Redaction,
@@ -114,7 +114,7 @@ def qualify_slot(
     # Non-mutating: no host lock, but journaled like every transaction.
     engine = TransactionEngine(ctx.store, ctx.owner, crash_at=ctx.settings.crash_at)
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
-    found = {d["id"]: d for d in records.decisions(ctx.store, slot=slot)}
+    found = {d["id"]: d for d in qualification.decisions(ctx.store, slot=slot)}
     step = outcome.results.get("record-decision") or {}
     return QualifyOutcome(
         outcome=outcome,
@@ -183,7 +183,7 @@ def verify_evidence(directory: Path) -> VerifyResult:
 
 
 def audit_decisions(ctx: Context, *, slot: str | None = None) -> list[dict[str, Any]]:
-    return records.decisions(ctx.store, slot=slot)
+    return qualification.decisions(ctx.store, slot=slot)
 
 
 def audit_evidence(ctx: Context, tx: str) -> dict[str, Any]:
@@ -191,6 +191,6 @@ def audit_evidence(ctx: Context, tx: str) -> dict[str, Any]:
     tx_dir = evidence_tx_dir(ctx, tx)
     return {
         "tx_id": tx_dir.name,
-        "gates": records.evidence(ctx.store, tx_dir.name),
+        "gates": qualification.evidence(ctx.store, tx_dir.name),
         "verify": verify_bundle(tx_dir).as_dict(),
     }

@@ -21,7 +21,7 @@ from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.serving import FieldDrift, identity_drift
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import gpu_ledger, rechecks
 
 
 @dataclass
@@ -130,7 +130,7 @@ def _serving_checks(world: World, cfg: Slot, ident: Identity, out: RecheckResult
 
 def _gpu_checks(ctx: Context, world: World, ident: Identity, out: RecheckResult) -> None:
     def gpu_owner() -> tuple[bool, Any]:
-        owners = records.gpu_owners(ctx.store)
+        owners = gpu_ledger.gpu_owners(ctx.store)
         mine = {r: (owners.get(r) or {}).get("container_id") for r in ident.gpu_roles}
         return all(v == ident.container_id for v in mine.values()), mine
 
@@ -187,7 +187,7 @@ def _finish(ctx: Context, world: World, out: RecheckResult) -> RecheckResult:
         out.snapshot_sha256 = observe(world, [out.slot]).sha256
     except AnvilError as exc:  # the runtime itself is unreachable: that is drift, and recorded
         out.assertions.append({"name": "snapshot", "passed": False, "observed": str(exc)})
-    out.recheck_id = records.record_recheck(
+    out.recheck_id = rechecks.record_recheck(
         ctx.store,
         slot=out.slot,
         passed=out.passed,

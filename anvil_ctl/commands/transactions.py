@@ -15,13 +15,14 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.states import WAITING_STATES, TxState
-from anvil_ctl.engine.lock import HostLock, held_locks, release_row
+from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import serving
 from anvil_ctl.engine.plans import KINDS
 from anvil_ctl.engine.plans.args import AdoptArgs, Candidate, LoadArgs, PlanArgs
 from anvil_ctl.engine.recover import RecoverReport, recover
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.serving import is_running
+from anvil_ctl.persistence.locks import release_row
 
 
 def run_plan(

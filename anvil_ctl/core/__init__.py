@@ -1,5 +1,6 @@
-"""The pure core: states, transitions, steps, guards, ports, snapshots and errors.
+"""The pure core: states, transitions, steps, guards, ports, snapshots, waivers and errors.
 
 Nothing in this package performs I/O or imports docker, httpx, pynvml or
-sqlalchemy; `tests/unit/test_core_imports.py` enforces that.
+sqlalchemy, nor any other layer of anvil_ctl; `tests/unit/test_layers.py`
+enforces that.
 """

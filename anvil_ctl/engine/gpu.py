@@ -5,7 +5,7 @@ ledger or with a process no known serve accounts for. `record_ownership` /
 `release_ownership` are the `load` plan's ledger step and its undo,
 `move_ownership` rollback's; `vram_release_gate` builds the world's release gate,
 with the reserve in force after waivers. The ledger is the append-only
-`gpu_ownership_events` table through `anvil_ctl.persistence`; the judging is
+`gpu_ownership_events` table through `anvil_ctl.persistence.gpu_ledger`; the judging is
 `anvil_ctl.gpu.ownership`'s.
 
 Mode: a serve on several roles (a TP=2 serve) owns them `exclusive`ly, so no
@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import select
 
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
@@ -42,8 +41,8 @@ from anvil_ctl.gpu.ownership import (
 from anvil_ctl.gpu.release import wait_for_vram_release
 from anvil_ctl.gpu.reserve import POLICY as VRAM_RESERVE
 from anvil_ctl.gpu.waivers import resolve
-from anvil_ctl.persistence import records
-from anvil_ctl.persistence.models import GpuOwnershipEvent
+from anvil_ctl.persistence import gpu_ledger
+from anvil_ctl.persistence import waivers as stored_waivers
 from anvil_ctl.persistence.store import Store
 
 log = structlog.get_logger()
@@ -63,7 +62,7 @@ def ledger(store: Store) -> dict[str, GpuOwner]:
             mode=o["mode"],
             slot=str(o.get("slot") or ""),
         )
-        for role, o in records.gpu_owners(store).items()
+        for role, o in gpu_ledger.gpu_owners(store).items()
     }
 
 
@@ -181,7 +180,7 @@ def _claim(world: World, ident: Identity, tx_id: str) -> list[str]:
         if not (r in owners and owners[r].container_id == ident.container_id and owners[r].mode == mode)
     ]
     if todo:
-        records.claim_roles(
+        gpu_ledger.claim_roles(
             world.store,
             todo,
             container_id=ident.container_id,
@@ -195,7 +194,7 @@ def _claim(world: World, ident: Identity, tx_id: str) -> list[str]:
 def _release_all(world: World, container_id: str, tx_id: str) -> list[str]:
     owned = sorted(r for r, o in ledger(world.store).items() if o.container_id == container_id)
     if owned:
-        records.release_roles(world.store, owned, container_id=container_id, tx_id=tx_id)
+        gpu_ledger.release_roles(world.store, owned, container_id=container_id, tx_id=tx_id)
     return owned
 
 
@@ -211,26 +210,18 @@ def record_ownership(
     return {"claimed": claimed, "released": released}
 
 
-def _events(store: Store, tx_id: str) -> list[GpuOwnershipEvent]:
-    with store.read() as s:
-        rows = s.execute(
-            select(GpuOwnershipEvent).where(GpuOwnershipEvent.tx_id == tx_id).order_by(GpuOwnershipEvent.id)
-        ).scalars()
-        return list(rows)
-
-
 def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> dict[str, Any]:
     """Undo `record_ownership`: release what this transaction claimed for others than the
     incumbent, and re-claim for the incumbent the roles this transaction released of it."""
     inc_id = incumbent.container_id if incumbent else None
-    events = _events(world.store, tx_id)
+    events = gpu_ledger.transaction_events(world.store, tx_id)
     released: list[str] = []
     for cid in sorted({e.container_id for e in events if e.event == "claim"} - {inc_id}):
         owned = ledger(world.store)
         mine = sorted(e.role for e in events if e.container_id == cid and e.event == "claim")
         mine = [r for r in mine if r in owned and owned[r].container_id == cid]
         if mine:
-            records.release_roles(world.store, mine, container_id=cid, tx_id=tx_id)
+            gpu_ledger.release_roles(world.store, mine, container_id=cid, tx_id=tx_id)
             released += mine
     reclaimed: list[str] = []
     if inc_id is not None:
@@ -241,7 +232,7 @@ def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> d
         for role in free:
             by_mode.setdefault((lost[role].mode, lost[role].slot), []).append(role)
         for (mode, slot), roles in sorted(by_mode.items()):
-            records.claim_roles(world.store, roles, container_id=inc_id, tx_id=tx_id, mode=mode, slot=slot)
+            gpu_ledger.claim_roles(world.store, roles, container_id=inc_id, tx_id=tx_id, mode=mode, slot=slot)
             reclaimed += roles
     return {"released": released, "reclaimed_for_incumbent": reclaimed}
 
@@ -273,7 +264,7 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
         missing = sorted(set(roles) - set(world.config.gpu_roles))
         if missing:
             raise StepFailed(f"VRAM release: roles not in the host config: {missing}")
-        waivers = records.waivers(world.store)
+        waivers = stored_waivers.waivers(world.store)
         now = datetime.now(UTC)
         reserve: dict[str, int] = {}
         waiver_ids: set[str] = set()

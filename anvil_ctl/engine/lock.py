@@ -6,6 +6,7 @@ so that a holder that died is *detected*: its row stays unreleased while the OS
 lock is free. Such a stale row is never silently taken over: mutators are
 refused until `anvilctl recover` (which compensates the owner's transaction and
 records the release) or `anvilctl lock break ID` (journaled) resolves it.
+The rows are written and read by `anvil_ctl.persistence.locks`.
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from anvil_ctl.core.errors import BadInput, LockHeld, Refused
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.owner import owner_alive
-from anvil_ctl.persistence.models import LockRelease, LockRow
-from anvil_ctl.persistence.store import Store, utcnow
+from anvil_ctl.persistence import locks
+from anvil_ctl.persistence.store import Store
 
 
 @dataclass(frozen=True)
@@ -52,12 +51,7 @@ class LockInfo:
 
 def held_locks(store: Store, host: str | None = None) -> list[LockInfo]:
     """Lock rows without a release, newest first."""
-    with store.read() as s:
-        released = select(LockRelease.lock_id)
-        q = select(LockRow).where(LockRow.id.not_in(released)).order_by(LockRow.since.desc())
-        if host:
-            q = q.where(LockRow.host == host)
-        rows = list(s.execute(q).scalars())
+    rows = locks.unreleased(store, host)
     return [
         LockInfo(
             r.id,
@@ -122,26 +116,14 @@ class HostLock:
                 owner=stale[0].as_dict(),
             )
         self.lock_id = str(uuid.uuid4())
-        with self.store.write() as s:
-            s.add(
-                LockRow(
-                    id=self.lock_id,
-                    host=self.owner.hostname,
-                    pid=self.owner.pid,
-                    boot_id=self.owner.boot_id,
-                    command=self.command,
-                    tx_id=self.tx_id,
-                    since=utcnow(),
-                )
-            )
-            self.store.audit(s, "lock.acquired", self.tx_id, {"lock_id": self.lock_id, "pid": self.owner.pid})
+        locks.record_lock(self.store, self.lock_id, owner=self.owner, command=self.command, tx_id=self.tx_id)
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"lock_id": self.lock_id, "pid": self.owner.pid}).encode())
         return stale
 
     def release(self) -> None:
         if self.lock_id is not None:
-            release_row(self.store, self.lock_id, how="released", by=f"pid {self.owner.pid}")
+            locks.release_row(self.store, self.lock_id, how="released", by=f"pid {self.owner.pid}")
             self.lock_id = None
         self._unlock_fd()
 
@@ -162,16 +144,6 @@ class HostLock:
             # The command died mid-transaction (Ctrl-C, a failed journal write): keep the row so
             # the next mutator is refused until `recover` has compensated what was left.
             self._unlock_fd()
-
-
-def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = "") -> None:
-    with store.write() as s:
-        if s.get(LockRow, lock_id) is None:
-            raise BadInput(f"lock {lock_id} not found", field="lock_id")
-        if s.execute(select(LockRelease).where(LockRelease.lock_id == lock_id)).scalar():
-            raise BadInput(f"lock {lock_id} is already released", field="lock_id")
-        s.add(LockRelease(lock_id=lock_id, how=how, by=by, reason=reason, at=utcnow()))
-        store.audit(s, f"lock.{how}", None, {"lock_id": lock_id, "by": by, "reason": reason})
 
 
 def _file_owner(path: Path) -> str:

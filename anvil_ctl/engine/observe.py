@@ -14,7 +14,7 @@ from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SERVED_MODEL, LABEL_SLOT
 from anvil_ctl.core.snapshot import Snapshot
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import gpu_ledger
 
 
 def _container(world: World, container_id: str) -> dict[str, Any]:
@@ -80,7 +80,7 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
     # Only who owns which role and how: times and transaction IDs would make equal placements differ.
     body["gpu_owners"] = {
         role: {"container_id": o.get("container_id"), "mode": o.get("mode")}
-        for role, o in records.gpu_owners(world.store).items()
+        for role, o in gpu_ledger.gpu_owners(world.store).items()
     }
     body["shm_residue"] = sorted(r.path for r in world.shm.residue()) if world.shm else []
     return Snapshot.of(body)

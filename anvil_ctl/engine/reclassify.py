@@ -23,7 +23,7 @@ from anvil_ctl.core.model import Identity, sha256_hex
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waivers as waiver_policy
 from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import qualification, waivers
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.runner import QualificationResult
@@ -81,7 +81,7 @@ def stored_verdicts(world: World, raw: Mapping[str, Any]) -> list[Any]:
     rebuilt from their artifacts, whose SHA-256 must still match the recorded one."""
     roles: dict[str, str] = raw["body"].get("reserve_roles", {})
     out: list[Any] = []
-    for row in records.evidence(world.store, raw["tx_id"]):
+    for row in qualification.evidence(world.store, raw["tx_id"]):
         if row["kind"] != "policy":
             out.append(_Verdict(row["gate"], row["passed"]))
             continue
@@ -121,7 +121,7 @@ def reclassify_one(
     """Record a decision over `raw` when the waivers in force at `now` change the outcome
     last recorded for it; returns the new decision row, or None."""
     store = world.store
-    chain = [raw, *(d for d in records.decisions(store) if d["reclassifies"] == raw["id"])]
+    chain = [raw, *(d for d in qualification.decisions(store) if d["reclassifies"] == raw["id"])]
     latest = chain[-1]
     new = waiver_policy.reclassify(
         waiver_policy.Decision(
@@ -141,7 +141,7 @@ def reclassify_one(
     if any(d["id"] == new_id for d in chain):
         # The same verdict was recorded before and superseded since: a new record, new id.
         new_id = "dec-" + sha256_hex([new.id, latest["id"]])[:16]
-    records.record_decision(
+    qualification.record_decision(
         store,
         decision_id=new_id,
         tx_id=tx_id,
@@ -157,7 +157,7 @@ def reclassify_one(
         body={**new.as_dict(), "id": new_id, "supersedes": latest["id"]},
     )
     log.info("decision reclassified", raw=raw["id"], new=new_id, outcome=new.outcome)
-    return next(d for d in records.decisions(store) if d["id"] == new_id)
+    return next(d for d in qualification.decisions(store) if d["id"] == new_id)
 
 
 @dataclass
@@ -178,9 +178,9 @@ def reclassify_decisions(
     waivers change (a waiver added, expired or revoked); raw evidence is only read.
     """
     now = now or datetime.now(UTC)
-    active = records.waivers(world.store)
+    active = waivers.waivers(world.store)
     report = ReclassifyReport()
-    for raw in records.decisions(world.store, slot=slot):
+    for raw in qualification.decisions(world.store, slot=slot):
         if raw["reclassifies"] is not None or raw["body"].get("policy") != "standing":
             continue
         try:

@@ -14,8 +14,9 @@ from typing import Any
 
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.model import GpuReading
+from anvil_ctl.core.waivers import VRAM_RESERVE
 
-POLICY = "vram-reserve"
+POLICY = VRAM_RESERVE
 
 
 @dataclass(frozen=True)

@@ -9,22 +9,38 @@ decision supersedes an earlier one.
 
 A decision computed under a waiver is a new record pointing at the decision it
 reclassifies and at the same evidence; the original is never changed.
+
+The `Waiver` value type itself is `anvil_ctl.core.waivers`' (the store keeps it
+too); it is exported from here with the judging that uses it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import sha256_hex
-from anvil_ctl.gpu.reserve import POLICY as VRAM_RESERVE
+from anvil_ctl.core.waivers import POLICIES, VRAM_RESERVE, Waiver
 from anvil_ctl.gpu.reserve import ReserveResult
 
-POLICIES = (VRAM_RESERVE,)
+__all__ = [
+    "POLICIES",
+    "Decision",
+    "Effective",
+    "GateVerdict",
+    "Outcome",
+    "Waiver",
+    "effective_reserve",
+    "outcome_of",
+    "parse_scope",
+    "reclassify",
+    "resolve",
+]
+
 Outcome = Literal["verified", "policy-infeasible", "failed"]
 
 _DIGEST_RE = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
@@ -44,105 +60,6 @@ def parse_scope(text: str) -> tuple[frozenset[str], str | None]:
             field="scope",
         )
     return roles, None
-
-
-@dataclass(frozen=True)
-class Waiver:
-    """One attributed exception: `policy` takes `value` within the scope, for a while."""
-
-    id: str
-    policy: str
-    value: int
-    approved_by: str
-    reason: str
-    created_at: datetime
-    roles: frozenset[str] = frozenset()
-    recipe_digest: str | None = None
-    expires_at: datetime | None = None
-    revoked_at: datetime | None = None
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.policy not in POLICIES:
-            problems.append(f"policy {self.policy!r}: expected one of {list(POLICIES)}")
-        if bool(self.roles) == bool(self.recipe_digest):
-            problems.append("scope: expected either GPU roles or a recipe digest, not both")
-        if self.value < 0:
-            problems.append("value: expected MiB >= 0")
-        if not self.approved_by.strip():
-            problems.append("approved_by: expected the approver's name")
-        if not self.reason.strip():
-            problems.append("reason: expected why the policy is waived")
-        times = [self.created_at, self.expires_at, self.revoked_at]
-        if any(t is not None and t.utcoffset() is None for t in times):
-            problems.append("times: expected timezone-aware datetimes")
-        elif self.expires_at is not None and self.expires_at <= self.created_at:
-            problems.append("expires_at: expected a time after created_at")
-        if problems:
-            raise BadInput(f"waiver {self.id}: " + "; ".join(problems), field="waiver")
-
-    @property
-    def scope(self) -> str:
-        return f"recipe {self.recipe_digest}" if self.recipe_digest else ",".join(sorted(self.roles))
-
-    def active(self, now: datetime) -> bool:
-        if now < self.created_at:
-            return False
-        if self.expires_at is not None and now >= self.expires_at:
-            return False
-        return self.revoked_at is None or now < self.revoked_at
-
-    def applies(self, policy: str, role: str, recipe_digest: str | None) -> bool:
-        if policy != self.policy:
-            return False
-        if self.recipe_digest is not None:
-            return recipe_digest is not None and recipe_digest.removeprefix("sha256:") == (
-                self.recipe_digest.removeprefix("sha256:")
-            )
-        return role in self.roles
-
-    def revoked(self, at: datetime) -> Waiver:
-        """A copy revoked at `at` (the store appends it as a revocation row)."""
-        return replace(self, revoked_at=at)
-
-    def as_dict(self) -> dict[str, Any]:
-        def iso(t: datetime | None) -> str | None:
-            return None if t is None else t.isoformat()
-
-        return {
-            "id": self.id,
-            "policy": self.policy,
-            "value": self.value,
-            "roles": sorted(self.roles),
-            "recipe_digest": self.recipe_digest,
-            "approved_by": self.approved_by,
-            "reason": self.reason,
-            "created_at": iso(self.created_at),
-            "expires_at": iso(self.expires_at),
-            "revoked_at": iso(self.revoked_at),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Waiver:
-        def when(key: str) -> datetime | None:
-            value = data.get(key)
-            return None if value is None else datetime.fromisoformat(value)
-
-        created = when("created_at")
-        if created is None:
-            raise BadInput(f"waiver {data.get('id')}: created_at missing", field="created_at")
-        return cls(
-            id=data["id"],
-            policy=data["policy"],
-            value=int(data["value"]),
-            roles=frozenset(data.get("roles") or ()),
-            recipe_digest=data.get("recipe_digest"),
-            approved_by=data["approved_by"],
-            reason=data["reason"],
-            created_at=created,
-            expires_at=when("expires_at"),
-            revoked_at=when("revoked_at"),
-        )
 
 
 @dataclass(frozen=True)

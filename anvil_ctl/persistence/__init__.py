@@ -1,1 +1,13 @@
-"""The state database: SQLAlchemy models, the alembic-owned schema, and the journal store."""
+"""The state database: every SQL query and write of anvil_ctl lives in this package.
+
+Callers get and give our own values (dataclasses, `Identity`, `Waiver`, JSON-able
+dicts), never a session or an ORM row. One concept per module:
+
+- `store`: the Store, the Journal port (transactions, steps, snapshots, identities)
+- `audit`: the hash-chained audit journal (append, verify)
+- `queries`: read-only audit queries for operators
+- `gpu_ledger`, `qualification`, `waivers`, `approvals`, `rechecks`, `locks`: one
+  history table (or pair) each
+- `models`, `ddl`, `db`, `migrate`: ORM models, DDL the ORM cannot express, engines,
+  and the alembic-owned schema
+"""

@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.pool import NullPool
 
+__all__ = ["Engine", "make_engine"]  # Engine: the handle callers hold, without importing sqlalchemy
+
 BUSY_TIMEOUT_MS = 10_000
 
 

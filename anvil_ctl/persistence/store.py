@@ -1,4 +1,9 @@
-"""The Store: the Journal port on SQLAlchemy, plus the writes every command shares.
+"""The Store: the Journal port on SQLAlchemy, plus the identity records every command shares.
+
+The Store owns the database sessions. `write()` and `read()` hand them only to
+the modules of `anvil_ctl.persistence`, which keep one concept each (the GPU
+ledger, qualification, waivers, approvals, rechecks, locks, audit queries);
+nothing outside the package sees a session or an ORM row.
 
 Every write happens in its own short database transaction and commits before
 the method returns: "journal, then act, then record" needs the intent durable
@@ -56,7 +61,13 @@ class Store:
             yield session
 
     def audit(self, session: Session, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:
+        """Append an audit entry inside the caller's write transaction."""
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
+
+    def append_audit(self, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:
+        """Append an audit entry on its own, for an event that has no row of its own."""
+        with self.write() as s:
+            self.audit(s, event, tx_id, payload)
 
     # -- Journal port -------------------------------------------------------------------------
 
@@ -269,6 +280,43 @@ class Store:
                 .limit(1)
             ).scalar()
             return Identity.from_dict(json.loads(row.body_json)) if row else None
+
+    def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
+        """The newest identity recorded for `slot` (in any role) whose container ID or digest
+        starts with `ref`, or whose served model is `ref`."""
+        with self.read() as s:
+            rows = s.execute(
+                select(IdentityRow).where(IdentityRow.slot == slot).order_by(IdentityRow.id.desc())
+            ).scalars()
+            for r in rows:
+                if r.container_id.startswith(ref) or r.digest.startswith(ref) or r.served_model == ref:
+                    return Identity.from_dict(json.loads(r.body_json))
+        return None
+
+    def served_snapshot(self, target: Identity) -> dict[str, Any] | None:
+        """The body of the newest recorded snapshot in which `target` served its slot as incumbent.
+
+        Serving means: recorded as the slot's incumbent, its container running, and the
+        binding answering with its served model. Snapshots taken while it was stopped
+        (a campaign of several loads) do not count.
+        """
+        with self.read() as s:
+            rows = s.execute(
+                select(SnapshotRow.body_json)
+                .join(Transaction, Transaction.id == SnapshotRow.tx_id)
+                .where(Transaction.slot == target.slot)
+                .order_by(SnapshotRow.id.desc())
+            ).scalars()
+            for body_json in rows:
+                body: dict[str, Any] = json.loads(body_json)
+                slot = (body.get("slots") or {}).get(target.slot) or {}
+                if (slot.get("incumbent") or {}).get("container_id") != target.container_id:
+                    continue
+                container = (slot.get("containers") or {}).get(target.container_id) or {}
+                models = [m[0] for m in (slot.get("serving") or {}).get("models") or []]
+                if container.get("status") == "running" and models == [target.served_model]:
+                    return body
+        return None
 
     def snapshots(self, tx_id: str) -> dict[str, Snapshot]:
         with self.read() as s:

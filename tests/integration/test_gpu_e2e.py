@@ -24,7 +24,7 @@ from anvil_ctl.commands import audit, serves, transactions
 from anvil_ctl.config import Settings
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.runner import Outcome
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import gpu_ledger
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.recipes import load_recipe
 from tests.integration.hosts import sim_host_toml
@@ -119,7 +119,7 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str
 
 class TestGpuOwnershipOnDocker:
     def test_adopt_gives_the_incumbent_both_roles_exclusively(self, host: dict[str, Any]) -> None:
-        owners = records.gpu_owners(host["ctx"].store)
+        owners = gpu_ledger.gpu_owners(host["ctx"].store)
         assert {r: (o["container_id"], o["mode"]) for r, o in owners.items()} == {
             "compute-a": (host["incumbent"].id, "exclusive"),
             "compute-b": (host["incumbent"].id, "exclusive"),
@@ -132,7 +132,7 @@ class TestGpuOwnershipOnDocker:
         out = load(ctx, "stub-393k-c1", "primary")
         assert out.state == TxState.COMMITTED, out.reason
         cand = out.results["start-candidate"]["container_id"]
-        owners = records.gpu_owners(ctx.store)
+        owners = gpu_ledger.gpu_owners(ctx.store)
         assert {r: (o["container_id"], o["mode"], o["tx_id"]) for r, o in owners.items()} == {
             "compute-a": (cand, "exclusive", out.tx_id),
             "compute-b": (cand, "exclusive", out.tx_id),

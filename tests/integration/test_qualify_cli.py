@@ -26,7 +26,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.config import Settings
 from anvil_ctl.gpu.waivers import Waiver
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import waivers
 from tests.integration.hosts import sim_host_toml
 
 pytestmark = pytest.mark.integration
@@ -212,7 +212,7 @@ class TestQualifyCli:
             roles=frozenset({"compute-a", "compute-b"}),
             expires_at=now + timedelta(days=1),
         )
-        records.add_waiver(ctx.store, waiver)
+        waivers.add_waiver(ctx.store, waiver)
         report = qualify_cmd.reclassify_decisions(ctx, slot="primary")
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("verified", raw["id"], ["w-model-pair"])

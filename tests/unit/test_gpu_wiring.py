@@ -26,7 +26,7 @@ from anvil_ctl.engine.plans.args import Candidate, LoadArgs
 from anvil_ctl.engine.plans.load import GUARDS as LOAD_GUARDS
 from anvil_ctl.engine.plans.load import LoadMemo, candidate_identity
 from anvil_ctl.gpu.waivers import effective_reserve
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import gpu_ledger, waivers
 from anvil_ctl.testing.gpu import FakeGpuProbe, ManualClock, reading
 from tests.unit.fakehost import FakeHost
 
@@ -45,7 +45,7 @@ gpu_roles = ["compute-a", "compute-b"]
 def owners(host: FakeHost) -> dict[str, tuple[str, str, str]]:
     return {
         role: (o["container_id"], o["mode"], o["slot"])
-        for role, o in records.gpu_owners(host.context().store).items()
+        for role, o in gpu_ledger.gpu_owners(host.context().store).items()
     }
 
 
@@ -182,8 +182,8 @@ class TestGpuRolesFree:
     def test_a_split_owner_refuses_only_its_own_role(self, fake_host: FakeHost) -> None:
         add_secondary_slot(fake_host)
         store, inc = fake_host.context().store, fake_host.incumbent_id
-        records.release_roles(store, ["compute-a", "compute-b"], container_id=inc, tx_id=None)
-        records.claim_roles(
+        gpu_ledger.release_roles(store, ["compute-a", "compute-b"], container_id=inc, tx_id=None)
+        gpu_ledger.claim_roles(
             store, ["compute-a"], container_id=inc, tx_id="t-split", mode="split", slot="primary"
         )
         on_a = guard_check(fake_host, side_candidate(fake_host, ("compute-a",)))
@@ -343,7 +343,7 @@ class TestWaiverCli:
     ) -> None:
         code, out = anvilctl(*WAIVE, "--scope", "sha256:" + "d" * 64, "--reason", "this recipe")
         assert code == 0 and out["waiver"]["recipe_digest"] == "d" * 64
-        ws = records.waivers(fake_host.context().store)
+        ws = waivers.waivers(fake_host.context().store)
         now = datetime.now(UTC)
         assert effective_reserve(3072, "compute-a", "d" * 64, ws, now) == 0
         assert effective_reserve(3072, "compute-a", "e" * 64, ws, now) == 3072
@@ -384,7 +384,7 @@ class TestWaiverCli:
         expires = (datetime.now(UTC) + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
         code, _ = anvilctl(*WAIVE, "--scope", "compute-a", "--reason", "r", "--expires", expires)
         assert code == 0
-        ws = records.waivers(fake_host.context().store)
+        ws = waivers.waivers(fake_host.context().store)
         later = datetime.now(UTC) + timedelta(days=3)
         assert effective_reserve(3072, "compute-a", None, ws, datetime.now(UTC)) == 0
         assert effective_reserve(3072, "compute-a", None, ws, later) == 3072
@@ -396,7 +396,7 @@ class TestWaiverCli:
         wid = out["waiver"]["id"]
         code, revoked = anvilctl("waivers", "revoke", wid, "--by", "lead", "--reason", "done")
         assert code == 0 and revoked["revoked"] == wid
-        ws = records.waivers(fake_host.context().store)
+        ws = waivers.waivers(fake_host.context().store)
         assert effective_reserve(3072, "compute-a", None, ws, datetime.now(UTC)) == 3072
         _, listed = anvilctl("waivers", "list")
         assert [(r["id"], r["state"], r["reason"]) for r in listed] == [(wid, "revoked", "r")]

@@ -9,7 +9,7 @@ import pytest
 from anvil_ctl.commands import audit, lifecycle, recheck, transactions
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import qualification, rechecks, waivers
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 
@@ -31,7 +31,7 @@ def _decide(
     ctx = host.context()
     cand = ident or ctx.store.current_identity("primary", "candidate")
     assert cand is not None
-    records.record_decision(
+    qualification.record_decision(
         ctx.store,
         decision_id=decision_id,
         tx_id=None,
@@ -98,9 +98,9 @@ class TestPromote:
             created_at=datetime.now(UTC),
             roles=frozenset({"compute-a", "compute-b"}),
         )
-        records.add_waiver(ctx.store, w)
+        waivers.add_waiver(ctx.store, w)
         _decide(fake_host, "verified", waiver_ids=("w-1",), decision_id="d-2", reclassifies="d-1")
-        records.revoke_waiver(ctx.store, "w-1", by="op", reason="changed mind")
+        waivers.revoke_waiver(ctx.store, "w-1", by="op", reason="changed mind")
         out = _promote(fake_host)
         assert out.state == TxState.REFUSED
         assert "policy-infeasible" in out.reason
@@ -216,7 +216,7 @@ class TestRecheck:
             "loopback_binding",
             "health",
         } <= names
-        assert records.rechecks(restored.context().store)[0]["passed"] is True
+        assert rechecks.rechecks(restored.context().store)[0]["passed"] is True
 
     def test_each_injected_drift_is_named(self, restored: FakeHost) -> None:
         ctx = restored.context()

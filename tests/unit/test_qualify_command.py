@@ -12,7 +12,7 @@ from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.states import TxState
 from anvil_ctl.gpu.waivers import Waiver
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import qualification, waivers
 from anvil_ctl.qualify import EvidenceWriter, verify_bundle
 from tests.unit.fakehost import FakeHost
 
@@ -47,7 +47,7 @@ def raw_decision(host: FakeHost, *, free_mib: int = 2101, tx: str = "tx-raw") ->
     )
     smoke = writer.write_json("00-smoke.json", {"name": "smoke", "passed": True})
     writer.write_manifest()
-    records.record_evidence(
+    qualification.record_evidence(
         ctx.store,
         tx,
         [
@@ -71,7 +71,7 @@ def raw_decision(host: FakeHost, *, free_mib: int = 2101, tx: str = "tx-raw") ->
             },
         ],
     )
-    records.record_decision(
+    qualification.record_decision(
         ctx.store,
         decision_id="dec-raw",
         tx_id=tx,
@@ -86,11 +86,14 @@ def raw_decision(host: FakeHost, *, free_mib: int = 2101, tx: str = "tx-raw") ->
             "reserve_roles": {GPU_A.lower(): "compute-a", GPU_B.lower(): "compute-b"},
         },
     )
-    return next(d for d in records.decisions(ctx.store) if d["id"] == "dec-raw")
+    return next(d for d in qualification.decisions(ctx.store) if d["id"] == "dec-raw")
 
 
 def outcomes(ctx: Context) -> list[tuple[str, str, str | None, list[str]]]:
-    return [(d["id"], d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in records.decisions(ctx.store)]
+    return [
+        (d["id"], d["outcome"], d["reclassifies"], d["waiver_ids"])
+        for d in qualification.decisions(ctx.store)
+    ]
 
 
 class TestQualifyRefusals:
@@ -100,7 +103,7 @@ class TestQualifyRefusals:
         assert (out.outcome.state, out.exit_code) == (TxState.REFUSED, 3)
         assert "no loaded candidate" in out.outcome.reason
         assert ctx.store.state(out.outcome.tx_id or "") == TxState.REFUSED
-        assert records.decisions(ctx.store) == [] and out.result is None
+        assert qualification.decisions(ctx.store) == [] and out.result is None
 
     def test_a_candidate_whose_binding_serves_another_model_is_refused(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
@@ -121,17 +124,17 @@ class TestReclassifyDecisions:
     ) -> None:
         ctx = fake_host.context()
         raw = raw_decision(fake_host)
-        records.add_waiver(ctx.store, waiver())
+        waivers.add_waiver(ctx.store, waiver())
         report = qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1))
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("verified", "dec-raw", ["w-1"])
         ]
-        assert next(d for d in records.decisions(ctx.store) if d["id"] == "dec-raw") == raw
+        assert next(d for d in qualification.decisions(ctx.store) if d["id"] == "dec-raw") == raw
 
     def test_reclassifying_again_under_the_same_waivers_records_nothing(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         raw_decision(fake_host)
-        records.add_waiver(ctx.store, waiver())
+        waivers.add_waiver(ctx.store, waiver())
         qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1))
         before = outcomes(ctx)
         assert qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=2)).recorded == []
@@ -140,9 +143,9 @@ class TestReclassifyDecisions:
     def test_a_revoked_waiver_records_the_standing_outcome_again(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         raw_decision(fake_host)
-        records.add_waiver(ctx.store, waiver())
+        waivers.add_waiver(ctx.store, waiver())
         qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1))
-        records.revoke_waiver(ctx.store, "w-1", by="operator", reason="pair reused")
+        waivers.revoke_waiver(ctx.store, "w-1", by="operator", reason="pair reused")
         report = qualify_cmd.reclassify_decisions(ctx)
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("policy-infeasible", "dec-raw", [])
@@ -156,7 +159,7 @@ class TestReclassifyDecisions:
     def test_a_waiver_too_small_for_the_shortfall_changes_nothing(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
         raw_decision(fake_host)
-        records.add_waiver(ctx.store, waiver(value=2500))  # 2101 free is still short
+        waivers.add_waiver(ctx.store, waiver(value=2500))  # 2101 free is still short
         assert qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1)).recorded == []
         assert [o[0] for o in outcomes(ctx)] == ["dec-raw"]
 
@@ -165,7 +168,7 @@ class TestReclassifyDecisions:
         raw_decision(fake_host)
         path = ctx.settings.evidence_dir / "tx-raw" / "01-vram_reserve.json"
         path.write_text(path.read_text().replace("2101", "9101"))
-        records.add_waiver(ctx.store, waiver())
+        waivers.add_waiver(ctx.store, waiver())
         report = qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1))
         assert report.recorded == []
         assert report.skipped[0]["decision_id"] == "dec-raw"

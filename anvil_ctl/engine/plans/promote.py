@@ -41,7 +41,7 @@ from anvil_ctl.engine.serving import (
     smoke_step,
 )
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import approvals, qualification, waivers
 from anvil_ctl.persistence.store import Store
 
 Ctx = StepContext[PromoteArgs, World, NoMemo]
@@ -50,8 +50,8 @@ Ctx = StepContext[PromoteArgs, World, NoMemo]
 def standing_decision(store: Store, identity_digest: str) -> dict[str, Any] | None:
     """The newest decision for this identity whose waivers (if any) are all still active."""
     now = datetime.now(UTC)
-    active = {w.id for w in records.waivers(store) if w.active(now)}
-    for d in reversed(records.decisions(store, identity_digest=identity_digest)):
+    active = {w.id for w in waivers.waivers(store) if w.active(now)}
+    for d in reversed(qualification.decisions(store, identity_digest=identity_digest)):
         if all(wid in active for wid in d["waiver_ids"]):
             standing: dict[str, Any] = d
             return standing
@@ -151,7 +151,7 @@ def record_promotion(ctx: Ctx) -> StepResult:
         raise StepFailed(f"slot {args.slot}: no incumbent to keep as the rollback identity")
     world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
     world.store.record_identity(ctx.tx_id, "rollback", old)
-    records.record_approval(
+    approvals.record_approval(
         world.store,
         tx_id=ctx.tx_id,
         decision_id=args.decision_id or "",

@@ -29,7 +29,7 @@ from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs
 from anvil_ctl.engine.serving import identity_drift, served_models
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import qualification, waivers
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.gates.base import ReserveReading
@@ -179,9 +179,9 @@ def record_decision(ctx: Ctx) -> StepResult:
                 "size": art.size if art else 0,
             }
         )
-    records.record_evidence(world.store, ctx.tx_id, rows)
+    qualification.record_evidence(world.store, ctx.tx_id, rows)
     now = ctx.memo.now or datetime.now(UTC)
-    active = records.waivers(world.store)
+    active = waivers.waivers(world.store)
     decision = result.decision
     raw_id = (
         "dec-"
@@ -194,7 +194,7 @@ def record_decision(ctx: Ctx) -> StepResult:
             }
         )[:16]
     )
-    records.record_decision(
+    qualification.record_decision(
         world.store,
         decision_id=raw_id,
         tx_id=ctx.tx_id,
@@ -209,7 +209,7 @@ def record_decision(ctx: Ctx) -> StepResult:
             world, ident, result=result, active=active, now=now, roles=roles_of(world, ident)
         ),
     )
-    raw = next(d for d in records.decisions(world.store, slot=ident.slot) if d["id"] == raw_id)
+    raw = next(d for d in qualification.decisions(world.store, slot=ident.slot) if d["id"] == raw_id)
     newer = reclassify_one(world, raw, active, now, tx_id=ctx.tx_id)
     return {
         "decision_id": raw_id,

@@ -19,7 +19,7 @@ from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import UnloadArgs
 from anvil_ctl.engine.serving import inspect_or_none
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import records
+from anvil_ctl.persistence import gpu_ledger
 
 Ctx = StepContext[UnloadArgs, World, NoMemo]
 
@@ -87,8 +87,8 @@ def remove_candidate(ctx: Ctx) -> StepResult:
 
 def release_roles(ctx: Ctx) -> StepResult:
     cid = ctx.args.container_id
-    roles = sorted(r for r, o in records.gpu_owners(ctx.world.store).items() if o["container_id"] == cid)
-    records.release_roles(ctx.world.store, roles, container_id=cid, tx_id=ctx.tx_id)
+    roles = sorted(r for r, o in gpu_ledger.gpu_owners(ctx.world.store).items() if o["container_id"] == cid)
+    gpu_ledger.release_roles(ctx.world.store, roles, container_id=cid, tx_id=ctx.tx_id)
     return {"released": roles}
 
 

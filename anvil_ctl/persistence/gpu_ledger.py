@@ -1,0 +1,111 @@
+"""The GPU ownership ledger: append-only claim and release events per GPU role.
+
+Who owns a role now is derived, never stored: the latest event per role, when it
+is a claim. Every write is audited (`gpu.claim`, `gpu.release`). Judging
+whether a start may go ahead is `anvil_ctl.gpu.ownership`'s business; this
+module only records and reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from anvil_ctl.persistence.models import GpuOwnershipEvent
+from anvil_ctl.persistence.store import Store, utcnow
+
+
+@dataclass(frozen=True)
+class OwnershipEvent:
+    """One ledger row: `event` is "claim" or "release" of `role` by `container_id`."""
+
+    role: str
+    event: str
+    container_id: str
+    tx_id: str | None
+    mode: str
+    slot: str
+    at: str
+
+
+def claim_roles(
+    store: Store,
+    roles: Sequence[str],
+    *,
+    container_id: str,
+    tx_id: str | None,
+    mode: str,
+    slot: str,
+) -> None:
+    with store.write() as s:
+        for role in roles:
+            s.add(
+                GpuOwnershipEvent(
+                    role=role,
+                    event="claim",
+                    container_id=container_id,
+                    tx_id=tx_id,
+                    mode=mode,
+                    slot=slot,
+                    at=utcnow(),
+                )
+            )
+        store.audit(
+            s,
+            "gpu.claim",
+            tx_id,
+            {"roles": list(roles), "container_id": container_id, "mode": mode},
+        )
+
+
+def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_id: str | None) -> None:
+    """Release the roles `container_id` owns (roles owned by another container are left alone)."""
+    owners = gpu_owners(store)
+    mine = [r for r in roles if owners.get(r, {}).get("container_id") == container_id]
+    if not mine:
+        return
+    with store.write() as s:
+        for role in mine:
+            s.add(
+                GpuOwnershipEvent(
+                    role=role,
+                    event="release",
+                    container_id=container_id,
+                    tx_id=tx_id,
+                    mode=owners[role]["mode"],
+                    slot=owners[role]["slot"],
+                    at=utcnow(),
+                )
+            )
+        store.audit(s, "gpu.release", tx_id, {"roles": mine, "container_id": container_id})
+
+
+def gpu_owners(store: Store) -> dict[str, dict[str, Any]]:
+    """role -> {container_id, tx_id, mode, slot, since} for roles whose latest event is a claim."""
+    out: dict[str, dict[str, Any]] = {}
+    with store.read() as s:
+        rows = s.execute(select(GpuOwnershipEvent).order_by(GpuOwnershipEvent.id)).scalars()
+        for r in rows:
+            if r.event == "claim":
+                out[r.role] = {
+                    "container_id": r.container_id,
+                    "tx_id": r.tx_id,
+                    "mode": r.mode,
+                    "slot": r.slot,
+                    "since": r.at,
+                }
+            else:
+                out.pop(r.role, None)
+    return out
+
+
+def transaction_events(store: Store, tx_id: str) -> list[OwnershipEvent]:
+    """The ledger events one transaction wrote, in order (what its undo works from)."""
+    with store.read() as s:
+        rows = s.execute(
+            select(GpuOwnershipEvent).where(GpuOwnershipEvent.tx_id == tx_id).order_by(GpuOwnershipEvent.id)
+        ).scalars()
+        return [OwnershipEvent(r.role, r.event, r.container_id, r.tx_id, r.mode, r.slot, r.at) for r in rows]

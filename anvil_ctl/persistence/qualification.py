@@ -1,0 +1,155 @@
+"""What qualify transactions found and decided: gate evidence and decisions.
+
+Evidence rows hold each gate's result and its artifact's SHA-256; a decision is
+bound to one candidate identity digest and is content-addressed (its ID is a
+digest of what it says), so recording it twice records it once. A
+reclassification under waivers is a new decision pointing at the one it
+re-judges; nothing here rewrites a row. Every write is audited.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import select
+
+from anvil_ctl.core.model import canonical_json
+from anvil_ctl.persistence.models import DecisionRow, EvidenceRow
+from anvil_ctl.persistence.store import Store, utcnow
+
+# -- evidence ----------------------------------------------------------------------------------
+
+
+def record_evidence(store: Store, tx_id: str, gates: Iterable[dict[str, Any]]) -> int:
+    """Each gate: name, kind, passed, classification, artifact (path), sha256, size."""
+    n = 0
+    with store.write() as s:
+        for g in gates:
+            s.add(
+                EvidenceRow(
+                    tx_id=tx_id,
+                    gate=g["name"],
+                    kind=g.get("kind", "functional"),
+                    passed=int(bool(g["passed"])),
+                    classification=g.get("classification") or "",
+                    artifact_path=g.get("artifact", ""),
+                    sha256=g.get("sha256", ""),
+                    size=int(g.get("size", 0)),
+                    at=utcnow(),
+                )
+            )
+            n += 1
+        store.audit(s, "evidence", tx_id, {"gates": n})
+    return n
+
+
+def evidence(store: Store, tx_id: str) -> list[dict[str, Any]]:
+    """The gates one qualify transaction recorded, in order."""
+    with store.read() as s:
+        rows = s.execute(
+            select(EvidenceRow).where(EvidenceRow.tx_id == tx_id).order_by(EvidenceRow.id)
+        ).scalars()
+        return [
+            {
+                "gate": r.gate,
+                "kind": r.kind,
+                "passed": bool(r.passed),
+                "classification": r.classification,
+                "artifact": r.artifact_path,
+                "sha256": r.sha256,
+                "size": r.size,
+                "at": r.at,
+            }
+            for r in rows
+        ]
+
+
+# -- decisions ---------------------------------------------------------------------------------
+
+
+def record_decision(
+    store: Store,
+    *,
+    decision_id: str,
+    tx_id: str | None,
+    slot: str,
+    identity_digest: str,
+    container_id: str,
+    outcome: str,
+    profile: str = "",
+    manifest_sha256: str = "",
+    reclassifies: str | None = None,
+    waiver_ids: Sequence[str] = (),
+    reasons: Sequence[str] = (),
+    body: dict[str, Any] | None = None,
+) -> None:
+    with store.write() as s:
+        if s.get(DecisionRow, decision_id) is not None:
+            return  # decisions are content-addressed: the same decision is already recorded
+        s.add(
+            DecisionRow(
+                id=decision_id,
+                tx_id=tx_id,
+                slot=slot,
+                identity_digest=identity_digest,
+                container_id=container_id,
+                outcome=outcome,
+                profile=profile,
+                manifest_sha256=manifest_sha256,
+                reclassifies=reclassifies,
+                waiver_ids_json=canonical_json(list(waiver_ids)),
+                reasons_json=canonical_json(list(reasons)),
+                body_json=canonical_json(body or {}),
+                at=utcnow(),
+            )
+        )
+        store.audit(
+            s,
+            "decision",
+            tx_id,
+            {
+                "id": decision_id,
+                "outcome": outcome,
+                "identity_digest": identity_digest,
+                "reclassifies": reclassifies,
+                "waiver_ids": list(waiver_ids),
+            },
+        )
+
+
+def _decision_dict(r: DecisionRow) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "tx_id": r.tx_id,
+        "slot": r.slot,
+        "identity_digest": r.identity_digest,
+        "container_id": r.container_id,
+        "outcome": r.outcome,
+        "profile": r.profile,
+        "manifest_sha256": r.manifest_sha256,
+        "reclassifies": r.reclassifies,
+        "waiver_ids": json.loads(r.waiver_ids_json),
+        "reasons": json.loads(r.reasons_json),
+        "body": json.loads(r.body_json),
+        "at": r.at,
+    }
+
+
+def decisions(
+    store: Store, *, identity_digest: str | None = None, slot: str | None = None
+) -> list[dict[str, Any]]:
+    """Decisions oldest first, optionally only those of one identity digest and/or slot."""
+    q = select(DecisionRow).order_by(DecisionRow.at, DecisionRow.id)
+    if identity_digest:
+        q = q.where(DecisionRow.identity_digest == identity_digest)
+    if slot:
+        q = q.where(DecisionRow.slot == slot)
+    with store.read() as s:
+        return [_decision_dict(r) for r in s.execute(q).scalars()]
+
+
+def latest_decision(store: Store, identity_digest: str) -> dict[str, Any] | None:
+    found = decisions(store, identity_digest=identity_digest)
+    return found[-1] if found else None

@@ -1,0 +1,60 @@
+"""Recheck results: the read-only goal-closure assertions cron runs, one row per run.
+
+Append-only and audited (`recheck`); read newest first for `anvilctl audit rechecks`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+
+from anvil_ctl.core.model import canonical_json
+from anvil_ctl.persistence.models import RecheckRow
+from anvil_ctl.persistence.store import Store, utcnow
+
+
+def record_recheck(
+    store: Store,
+    *,
+    slot: str,
+    passed: bool,
+    failed: Sequence[str],
+    assertions: list[dict[str, Any]],
+    snapshot_sha256: str,
+) -> int:
+    """Record one run; return its row ID."""
+    with store.write() as s:
+        row = RecheckRow(
+            slot=slot,
+            passed=int(passed),
+            failed_json=canonical_json(list(failed)),
+            assertions_json=canonical_json(assertions),
+            snapshot_sha256=snapshot_sha256,
+            at=utcnow(),
+        )
+        s.add(row)
+        s.flush()
+        store.audit(s, "recheck", None, {"slot": slot, "passed": passed, "failed": list(failed)})
+        return row.id
+
+
+def rechecks(store: Store, *, slot: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest `limit` runs, newest first, optionally of one slot."""
+    q = select(RecheckRow).order_by(RecheckRow.id.desc()).limit(limit)
+    if slot:
+        q = q.where(RecheckRow.slot == slot)
+    with store.read() as s:
+        return [
+            {
+                "id": r.id,
+                "slot": r.slot,
+                "passed": bool(r.passed),
+                "failed": json.loads(r.failed_json),
+                "snapshot_sha256": r.snapshot_sha256,
+                "at": r.at,
+            }
+            for r in s.execute(q).scalars()
+        ]
