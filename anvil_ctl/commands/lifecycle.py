@@ -9,7 +9,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.transactions import mutating, run_plan
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import Identity
-from anvil_ctl.engine.plans.args import PromoteArgs, RollbackArgs
+from anvil_ctl.engine.plans.args import DriftAcceptance, PromoteArgs, RollbackArgs
 from anvil_ctl.engine.plans.promote import standing_decision
 from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.engine.serving import is_running
@@ -23,17 +23,31 @@ def promote(
     approved_by: str,
     candidate: str | None = None,
     dry_run: bool = False,
+    accept_drift: DriftAcceptance | None = None,
 ) -> Outcome:
     ctx.config.slot(slot)
     tx_id = str(uuid.uuid4())
     with mutating(ctx, "promote", tx_id, dry_run=dry_run):
         return _promote_locked(
-            ctx, slot=slot, approved_by=approved_by, candidate=candidate, dry_run=dry_run, tx_id=tx_id
+            ctx,
+            slot=slot,
+            approved_by=approved_by,
+            candidate=candidate,
+            dry_run=dry_run,
+            tx_id=tx_id,
+            accept_drift=accept_drift,
         )
 
 
 def _promote_locked(
-    ctx: Context, *, slot: str, approved_by: str, candidate: str | None, dry_run: bool, tx_id: str
+    ctx: Context,
+    *,
+    slot: str,
+    approved_by: str,
+    candidate: str | None,
+    dry_run: bool,
+    tx_id: str,
+    accept_drift: DriftAcceptance | None,
 ) -> Outcome:
     cand = ctx.store.current_identity(slot, "candidate")
     if cand is None:
@@ -55,6 +69,7 @@ def _promote_locked(
         incumbent=ctx.store.current_identity(slot, "incumbent"),
         decision_id=decision["id"] if decision else None,
         approved_by=approved_by,
+        accept_drift=accept_drift,
     )
     return run_plan(ctx, "promote", args, dry_run=dry_run, tx_id=tx_id, locked=True)
 

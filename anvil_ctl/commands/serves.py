@@ -12,7 +12,7 @@ from anvil_ctl.commands.transactions import load as load_tx
 from anvil_ctl.commands.transactions import run_plan
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
-from anvil_ctl.engine.plans.args import Candidate, UnloadArgs
+from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadArgs
 from anvil_ctl.engine.plans.unload import removal_problem
 from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
@@ -45,10 +45,17 @@ def candidate_from_recipe(ctx: Context, ref: str, slot: str, tx_id: str) -> Cand
     )
 
 
-def load(ctx: Context, ref: str, *, slot: str, dry_run: bool = False) -> Outcome:
+def load(
+    ctx: Context,
+    ref: str,
+    *,
+    slot: str,
+    dry_run: bool = False,
+    accept_drift: DriftAcceptance | None = None,
+) -> Outcome:
     tx_id = str(uuid.uuid4())
     cand = candidate_from_recipe(ctx, ref, slot, tx_id)
-    return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id)
+    return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift)
 
 
 def unload(

@@ -18,7 +18,7 @@ from anvil_ctl.core.states import WAITING_STATES, TxState
 from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import serving
 from anvil_ctl.engine.plans import KINDS
-from anvil_ctl.engine.plans.args import AdoptArgs, Candidate, LoadArgs, PlanArgs
+from anvil_ctl.engine.plans.args import AdoptArgs, Candidate, DriftAcceptance, LoadArgs, PlanArgs
 from anvil_ctl.engine.recover import RecoverReport, recover
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.serving import is_running
@@ -112,6 +112,7 @@ def load(
     candidate: Candidate,
     dry_run: bool = False,
     tx_id: str | None = None,
+    accept_drift: DriftAcceptance | None = None,
 ) -> Outcome:
     world = ctx.world()
     ctx.config.slot(slot)
@@ -123,6 +124,7 @@ def load(
             candidate=candidate,
             incumbent=incumbent,
             incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
+            accept_drift=accept_drift,
         )
         return run_plan(ctx, "load", args, dry_run=dry_run, tx_id=tx_id, locked=True)
 

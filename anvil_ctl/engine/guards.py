@@ -16,6 +16,7 @@ from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.states import UNFINISHED_STATES
 from anvil_ctl.core.steps import StepContext
+from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.serving import identity_drift
 from anvil_ctl.engine.world import World
 
@@ -111,6 +112,31 @@ def _image_present(world: World, image_id: str) -> bool:
     except NotFound:
         return False
     return True
+
+
+class BaseVerified(Guard[AnyCtx]):
+    """A mutation starts from a verified base: the serve the record says is on the slot passes
+    every goal-closure assertion (`anvilctl recheck`), unless a person accepted the drift by
+    name and reason (`--accept-drift --by --reason`, journaled with the arguments)."""
+
+    def __init__(self, which: Callable[[Any], Identity | None], *, routed: bool) -> None:
+        self.which = which
+        self.routed = routed
+
+    def check(self, ctx: AnyCtx) -> Refusal | None:
+        ident = self.which(ctx)
+        if ident is None:
+            return None
+        failed = [a for a in slot_assertions(ctx.world, ident, routed=self.routed) if not a.passed]
+        if not failed or getattr(ctx.args, "accept_drift", None) is not None:
+            return None
+        named = "; ".join(f"{a.name} (observed {a.observed})" for a in failed)
+        return self.refuse(
+            f"slot {ident.slot} differs from its record: {named}; repair it first "
+            "(`anvilctl recheck`, `anvilctl rollback`) or accept the drift with "
+            "--accept-drift --by NAME --reason TEXT",
+            drifted=[a.as_dict() for a in failed],
+        )
 
 
 class RouterCredentialsAccepted(Guard[AnyCtx]):

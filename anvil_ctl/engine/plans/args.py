@@ -37,6 +37,14 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class DriftAcceptance:
+    """A person's decision to mutate a host that differs from its record."""
+
+    by: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class AdoptArgs:
     slot: str
     identity: Identity
@@ -49,6 +57,7 @@ class LoadArgs:
     incumbent: Identity | None
     incumbent_running: bool
     """Observed before any mutation: compensation restores this, not more."""
+    accept_drift: DriftAcceptance | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class PromoteArgs:
     incumbent: Identity | None
     decision_id: str | None
     approved_by: str
+    accept_drift: DriftAcceptance | None = None
 
 
 @dataclass(frozen=True)

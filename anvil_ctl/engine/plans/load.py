@@ -24,6 +24,7 @@ from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerS
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu
 from anvil_ctl.engine.guards import (
+    BaseVerified,
     NoUnresolvedTransaction,
     RollbackIdentityComplete,
     RollbackIdentityRestorable,
@@ -138,6 +139,7 @@ GUARDS: list[Guard[Ctx]] = [
     CandidateImagePinned(),
     ModelCacheComplete(),
     BindingNotTaken(),
+    BaseVerified(_running_incumbent, routed=True),
     gpu.GpuRolesFree(_gpu_request),
     RouterCredentialsAccepted(),
 ]

@@ -25,6 +25,7 @@ from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import (
+    BaseVerified,
     NoUnresolvedTransaction,
     RollbackIdentityComplete,
     RollbackIdentityRestorable,
@@ -122,6 +123,7 @@ GUARDS: list[Guard[Ctx]] = [
     CandidateVerified(),
     CandidateIsServing(),
     NoUnresolvedTransaction(),
+    BaseVerified(lambda ctx: ctx.args.candidate, routed=False),
     RollbackIdentityComplete(),
     RollbackIdentityRestorable(lambda ctx: ctx.args.incumbent),
     RouterCredentialsAccepted(),

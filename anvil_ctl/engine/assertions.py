@@ -1,0 +1,156 @@
+"""The goal-closure assertions of a slot: is the recorded serve what runs, serves and is routed?
+
+One list, used by `anvilctl recheck` (cron) and by the `BaseVerified` guard that
+keeps load and promote from building on a drifted host. Each assertion is a
+name, a pass flag and what was observed; an assertion that cannot observe fails
+with the reason. Read-only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from anvil_ctl.config import Slot
+from anvil_ctl.core.errors import AnvilError, NotFound
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
+from anvil_ctl.engine.serving import FieldDrift, identity_drift
+from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import gpu_ledger
+
+
+@dataclass(frozen=True)
+class Assertion:
+    name: str
+    passed: bool
+    observed: Any
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "observed": self.observed}
+
+
+def _check(out: list[Assertion], name: str, fn: Callable[[], tuple[bool, Any]]) -> None:
+    try:
+        ok, observed = fn()
+    except AnvilError as exc:
+        ok, observed = False, f"{type(exc).__name__}: {exc}"
+    out.append(Assertion(name, bool(ok), observed))
+
+
+def slot_assertions(world: World, ident: Identity, *, routed: bool = True) -> list[Assertion]:
+    """Every assertion about `ident` serving its slot; `routed=False` leaves the router out
+    (a loaded candidate is reached directly until promote routes it)."""
+    cfg = world.config.slot(ident.slot)
+    out: list[Assertion] = []
+    _container_checks(world, ident, out)
+    _serving_checks(world, cfg, ident, out)
+    if ident.gpu_roles:
+        _gpu_checks(world, ident, out)
+    if routed and world.router is not None:
+        _router_checks(world, cfg, ident, out)
+    _host_checks(world, ident, out)
+    return out
+
+
+def _container_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
+    def drift() -> dict[str, FieldDrift]:
+        return {d.field: d for d in identity_drift(world, ident, running=True)}
+
+    def running() -> tuple[bool, Any]:
+        found = drift()
+        if "container" in found:
+            return False, "absent"
+        status = found["status"].observed if "status" in found else "running"
+        return "status" not in found, {"container_id": ident.container_id, "status": status}
+
+    def same(name: str, shown: Callable[[str], str]) -> Callable[[], tuple[bool, Any]]:
+        def check() -> tuple[bool, Any]:
+            found = drift()
+            if "container" in found:
+                raise NotFound(f"container {ident.container_id[:12]} is absent")
+            d = found.get(name)
+            return d is None, shown(str(d.observed) if d else str(getattr(ident, name)))
+
+        return check
+
+    _check(out, "incumbent_container_running", running)
+    _check(out, "image_id", same("image_id", lambda v: v))
+    _check(out, "config_fingerprint", same("config_fingerprint", lambda v: v[:16]))
+
+
+def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion]) -> None:
+    def served() -> tuple[bool, Any]:
+        models = [m.id for m in world.engine.models(cfg.base_url)]
+        return models == [ident.served_model], models
+
+    def context_tokens() -> tuple[bool, Any]:
+        lens = [m.max_model_len for m in world.engine.models(cfg.base_url)]
+        return lens in ([ident.context_tokens], [None]), lens
+
+    def binding() -> tuple[bool, Any]:
+        try:
+            loop = ipaddress.ip_address(cfg.host).is_loopback
+        except ValueError:
+            loop = cfg.host == "localhost"
+        return loop and ident.binding == cfg.binding, cfg.binding
+
+    _check(out, "served_model", served)
+    _check(out, "context_tokens", context_tokens)
+    _check(out, "loopback_binding", binding)
+    _check(out, "health", lambda: (world.engine.health(cfg.base_url, "/health"), cfg.base_url + "/health"))
+
+
+def _gpu_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
+    def gpu_owner() -> tuple[bool, Any]:
+        owners = gpu_ledger.gpu_owners(world.store)
+        mine = {r: (owners.get(r) or {}).get("container_id") for r in ident.gpu_roles}
+        return all(v == ident.container_id for v in mine.values()), mine
+
+    def gpus_found() -> tuple[bool, Any]:
+        if world.gpus is None:
+            return False, "no GPU probe"
+        seen = {g.uuid.lower() for g in world.gpus.gpus()}
+        want = {world.config.gpu_roles[r].uuid.lower(): r for r in ident.gpu_roles}
+        return set(want) <= seen, sorted(want[u] for u in want if u in seen)
+
+    _check(out, "gpu_owner", gpu_owner)
+    _check(out, "expected_gpus_found", gpus_found)
+
+
+def _router_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion]) -> None:
+    router = world.router
+    assert router is not None
+
+    def readiness() -> tuple[bool, Any]:
+        backends = router.view(cfg.router_tier).get("backends", [])
+        urls = [b.get("url") for b in backends]
+        observed = [b.get("observed_model") for b in backends]
+        ok = router.ready() and urls == [cfg.base_url] and observed in ([ident.served_model], [None])
+        return ok, {"ready": router.ready(), "backends": urls, "observed_models": observed}
+
+    def smoke() -> tuple[bool, Any]:
+        answer = router.routed_chat(cfg.aliases[0])
+        ok = answer.status == 200 and answer.model == ident.served_model
+        return ok, {"status": answer.status, "model": answer.model}
+
+    _check(out, "router_readiness", readiness)
+    _check(out, "routed_smoke", smoke)
+
+
+def _host_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
+    def no_candidate() -> tuple[bool, Any]:
+        # A promoted candidate keeps its creation label; as the incumbent it is no candidate.
+        labels = {LABEL_MANAGED: "true", LABEL_ROLE: "candidate"}
+        running = [
+            c.id[:12] for c in world.runtime.list(labels=labels) if c.running and c.id != ident.container_id
+        ]
+        return not running, running
+
+    def residue() -> tuple[bool, Any]:
+        files = [r.path for r in world.shm.residue()] if world.shm else []
+        return not files, files
+
+    _check(out, "no_candidate_running", no_candidate)
+    _check(out, "shm_residue_zero", residue)
