@@ -42,6 +42,7 @@ EMPTY: dict[str, Any] = {
     "residue": [],
     "hang": None,
     "fail": {},
+    "fail_times": {},
     "counter": 0,
 }
 
@@ -87,18 +88,30 @@ class FakeWorld:
         with self.edit() as w:
             w["hang"] = op
 
-    def set_fail(self, op: str, message: str | None) -> None:
+    def set_fail(self, op: str, message: str | None, *, times: int | None = None) -> None:
+        """Make `op` fail with `message` (None: stop failing); `times` limits how often."""
         with self.edit() as w:
+            w.setdefault("fail_times", {}).pop(op, None)
             if message is None:
                 w["fail"].pop(op, None)
             else:
                 w["fail"][op] = message
+                if times is not None:
+                    w["fail_times"][op] = times
 
 
 def _maybe_hang_or_fail(world: FakeWorld, op: str) -> None:
-    data = world.read()
-    if op in data["fail"]:
-        raise StepFailed(f"fake {op} failed: {data['fail'][op]}")
+    with world.edit() as data:
+        message = data["fail"].get(op)
+        left = data.get("fail_times", {}).get(op)
+        if message is not None and left is not None:
+            if left <= 1:
+                data["fail"].pop(op)
+                data["fail_times"].pop(op)
+            else:
+                data["fail_times"][op] = left - 1
+    if message is not None:
+        raise StepFailed(f"fake {op} failed: {message}")
     while world.read().get("hang") == op:
         time.sleep(0.05)
 
@@ -345,6 +358,7 @@ def fake_acceptance(router: Any) -> Any:
     """Real-client acceptance stand-in: the routed answer must come from the expected model."""
 
     def run(alias: str, expected_model: str) -> FakeAcceptanceResult:
+        _maybe_hang_or_fail(router.world, "acceptance")
         answer = router.routed_chat(alias)
         ok = answer.status == 200 and answer.model == expected_model
         return FakeAcceptanceResult({"plain_chat": ok, "streaming_chat": ok, "tool_call": ok}, answer.model)
