@@ -85,6 +85,13 @@ def adopt(
             f"(observed status {info.status}, models {models})",
             field="container_id",
         )
+    reported = observed["models"][0][1]
+    if reported is not None and reported != context_tokens:
+        # Recording a context the engine does not serve would make every recheck report drift.
+        raise BadInput(
+            f"--context-tokens {context_tokens}: {slot_cfg.binding} reports max_model_len {reported}",
+            field="context_tokens",
+        )
     image = world.runtime.image(info.image_id)
     ident = Identity(
         slot=slot,

@@ -107,7 +107,7 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str
         served_model=INCUMBENT,
         port=8001,
         gpu_uuids=[UA, UB],
-        extra_args=["--vram-idle-mib", "92000", "--vram-loaded-mib", "93000"],
+        extra_args=["--vram-idle-mib", "92000", "--vram-loaded-mib", "93000", "--max-model-len", "524288"],
         labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
     )
     out = transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=524288)

@@ -97,6 +97,7 @@ def loaded(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[Any]:
             served_model=INCUMBENT,
             port=8001,
             labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
+            extra_args=["--max-model-len", "524288"],
         )
         r = host.run("adopt", inc.id, "--slot", "primary", "--context-tokens", "524288")
         assert r.returncode == 0, r.stderr

@@ -150,3 +150,30 @@ class TestBindingHeldByAStranger:
         assert out.state == TxState.REFUSED
         assert out.refusal is not None and out.refusal.guard == "BindingNotTaken"
         assert "something we do not own" in out.reason
+
+
+class TestAdoptRecordsWhatServes:
+    def test_a_context_the_engine_does_not_report_is_refused_naming_both(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.core.model import ContainerSpec
+        from anvil_ctl.testing.fakes import FakeRuntime
+
+        rt = FakeRuntime(fake_host.world)
+        other = rt.create(
+            ContainerSpec(
+                name="side",
+                image=fake_host.image_id,
+                env=(
+                    ("FAKE_SERVED_MODEL", "side"),
+                    ("FAKE_BINDING", "127.0.0.1:8001"),
+                    ("FAKE_MAX_MODEL_LEN", "32768"),
+                ),
+            )
+        )
+        rt.stop(fake_host.incumbent_id, 1)
+        rt.start(other)
+        with pytest.raises(BadInput, match="reports max_model_len 32768"):
+            transactions.adopt(fake_host.context(), slot="primary", container_id=other, context_tokens=524288)
+        out = transactions.adopt(
+            fake_host.context(), slot="primary", container_id=other, context_tokens=32768
+        )
+        assert out.state == TxState.COMMITTED, out.reason
