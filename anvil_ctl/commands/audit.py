@@ -142,3 +142,10 @@ def identities(ctx: Context, *, slot: str | None = None, role: str = "incumbent"
     sql += " ORDER BY id"
     with ctx.store.read() as s:
         return [dict(r._mapping) for r in s.execute(text(sql), params)]
+
+
+def rechecks(ctx: Context, *, slot: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Recorded recheck runs, newest first: pass/fail and the failed assertions."""
+    from anvil_ctl.persistence import records
+
+    return records.rechecks(ctx.store, slot=slot, limit=limit)
