@@ -63,9 +63,10 @@ def status(session: Session) -> Reply:
 @click.command("recover", epilog=example("anvilctl recover"))
 @pass_session
 def recover(session: Session) -> Reply:
-    """Compensate transactions whose owner died (backwards before the pivot, forwards after).
+    """Compensate transactions whose owner died.
 
-    Exit 5 when a transaction still needs an operator afterwards.
+    Backwards before a plan's pivot step, forwards after it. Exit 5 when a
+    transaction still needs an operator afterwards.
     """
     from anvil_ctl.commands import transactions
 
@@ -82,7 +83,10 @@ def recover(session: Session) -> Reply:
 @click.option("--note", required=True, help="What they did.")
 @pass_session
 def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
-    """Record that a person resolved transaction TX (an ID or unique prefix) that waited for one."""
+    """Record that a person resolved a waiting transaction.
+
+    TX (an ID or unique prefix) must be compensation_failed or needs_operator.
+    """
     from anvil_ctl.commands import transactions
 
     return Reply(Record(transactions.resolve(session.context(), tx, by=by, note=note)))
@@ -106,7 +110,10 @@ def lock_status(session: Session) -> Reply:
 @click.option("--reason", required=True, help="Why the owner is known to be dead.")
 @pass_session
 def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
-    """Release a dead owner's lock row LOCK_ID (journaled); a live owner is refused."""
+    """Release a dead owner's lock row (journaled).
+
+    LOCK_ID as `anvilctl lock status` shows it; a live owner is refused.
+    """
     from anvil_ctl.commands import transactions
 
     return Reply(Record(transactions.lock_break(session.context(), lock_id, by=by, reason=reason)))

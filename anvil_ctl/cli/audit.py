@@ -20,7 +20,7 @@ from anvil_ctl.cli.views import ChainCheck, DiffView, EvidenceAudit, Record, Tab
 from anvil_ctl.core.model import IDENTITY_ROLES
 from anvil_ctl.core.states import TX_KINDS, ExitCode, TxState
 
-slot_option = click.option("--slot", shell_complete=complete_slots, help="Only this slot.")
+slot_option = click.option("--slot", shell_complete=complete_slots, metavar="SLOT", help="Only this slot.")
 
 
 def limit_option(what: str) -> Callable[[FC], FC]:
@@ -36,8 +36,18 @@ def limit_option(what: str) -> Callable[[FC], FC]:
 @click.command(
     "transactions", epilog=example("anvilctl audit transactions --state committed --kind load --limit 10")
 )
-@click.option("--kind", type=click.Choice(TX_KINDS), help="Only transactions of this kind.")
-@click.option("--state", type=click.Choice([s.value for s in TxState]), help="Only those now in this state.")
+@click.option(
+    "--kind",
+    type=click.Choice(TX_KINDS),
+    metavar="KIND",
+    help=f"Only transactions of this kind: {', '.join(TX_KINDS)}.",
+)
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in TxState]),
+    metavar="STATE",
+    help=f"Only those now in this state: {', '.join(s.value for s in TxState)}.",
+)
 @click.option("--since", metavar="TIME", help="Only those created at or after this ISO-8601 UTC time.")
 @limit_option("transactions")
 @pass_session
@@ -55,7 +65,10 @@ def transactions(
 @click.argument("tx")
 @pass_session
 def show(session: Session, tx: str) -> Reply:
-    """One transaction TX (ID or unique prefix): states, steps, snapshots, identities."""
+    """One transaction: states, steps, snapshots, identities.
+
+    TX is a transaction ID or unique prefix.
+    """
     from anvil_ctl.commands import audit
 
     return Reply(Record(audit.show(session.context(), tx)))
@@ -65,7 +78,10 @@ def show(session: Session, tx: str) -> Reply:
 @click.argument("tx")
 @pass_session
 def diff(session: Session, tx: str) -> Reply:
-    """The snapshot diffs recorded by transaction TX (ID or unique prefix)."""
+    """A transaction's recorded snapshot diffs.
+
+    TX is a transaction ID or unique prefix.
+    """
     from anvil_ctl.commands import audit
 
     return Reply(DiffView(audit.diff(session.context(), tx)))
@@ -74,7 +90,10 @@ def diff(session: Session, tx: str) -> Reply:
 @click.command("verify", epilog=example("anvilctl audit verify"))
 @pass_session
 def verify(session: Session) -> Reply:
-    """Walk the audit journal's hash chain; exit 6 naming any edited, deleted or reordered row."""
+    """Walk the audit journal's hash chain (exit 6 on a break).
+
+    Names any edited, deleted or reordered row.
+    """
     from anvil_ctl.commands import audit
 
     check = ChainCheck(audit.verify(session.context()))
@@ -92,7 +111,10 @@ def verify(session: Session) -> Reply:
 )
 @pass_session
 def incumbents(session: Session, slot: str | None, role: str) -> Reply:
-    """Which container was recorded as each slot's incumbent, and when (oldest first)."""
+    """Which container was each slot's incumbent, and when.
+
+    Oldest first; --role lists candidates or rollback identities instead.
+    """
     from anvil_ctl.commands import audit
 
     return Reply(Table(audit.identities(session.context(), slot=slot, role=role)))
@@ -116,7 +138,10 @@ def _decision_cells(r: Mapping[str, Any]) -> Mapping[str, Any]:
 @slot_option
 @pass_session
 def decisions(session: Session, slot: str | None) -> Reply:
-    """Qualification decisions, reclassifications included (--json: every field)."""
+    """Qualification decisions, reclassifications included.
+
+    --json prints every field.
+    """
     from anvil_ctl.commands import qualify
 
     return Reply(Table(qualify.audit_decisions(session.context(), slot=slot), cells=_decision_cells))
@@ -125,7 +150,7 @@ def decisions(session: Session, slot: str | None) -> Reply:
 @click.command("waivers", epilog=example("anvilctl audit waivers --json"))
 @pass_session
 def waivers(session: Session) -> Reply:
-    """Every waiver with its state now (the same as `anvilctl waivers list`)."""
+    """Every waiver with its state now (= waivers list)."""
     from anvil_ctl.commands import gpu
 
     return Reply(waiver_table(gpu.list_waivers(session.context())))
@@ -146,7 +171,11 @@ def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
 @click.argument("tx")
 @pass_session
 def evidence(session: Session, tx: str) -> Reply:
-    """Transaction TX's gate rows and its evidence directory checked against the manifest (exit 6)."""
+    """A transaction's gate rows and manifest check (exit 6).
+
+    TX (ID or unique prefix) names the transaction whose evidence directory is
+    checked against its manifest.
+    """
     from anvil_ctl.commands import qualify
 
     found = EvidenceAudit(qualify.audit_evidence(session.context(), tx))
@@ -166,6 +195,6 @@ audit = click.Group(
         rechecks,
         evidence,
     ],
-    help="Read the state database: transactions, diffs, the hash chain, records.",
+    help="Read the state database: journal, hash chain, records.",
     epilog=example("anvilctl audit transactions --json"),
 )

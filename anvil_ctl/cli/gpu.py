@@ -39,7 +39,10 @@ WAIVER_COLUMNS = (
 )
 @pass_session
 def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Reply:
-    """Name the GPUs as host-config roles, largest first; print them as TOML."""
+    """Name the GPUs as host-config roles, largest first.
+
+    Prints the [gpu_roles.*] tables as TOML; --write puts them into the host config.
+    """
     from anvil_ctl.commands import gpu
 
     result = gpu.detect(session.context(), overrides=gpu.parse_overrides(override), write=write)
@@ -97,7 +100,11 @@ def waive(
     reason: str,
     expires: str | None,
 ) -> Reply:
-    """Record an attributed, scoped, expiring policy waiver; stored decisions are re-judged."""
+    """Record an attributed, scoped, expiring policy waiver.
+
+    Stored decisions are re-judged under the waivers in force: a reclassification
+    is a new decision pointing at the old one; evidence is never rewritten.
+    """
     from anvil_ctl.commands import gpu
 
     result = gpu.waive(
@@ -120,7 +127,10 @@ def waiver_table(rows: list[dict[str, Any]]) -> Table:
 @click.command("list", epilog=example("anvilctl waivers list"))
 @pass_session
 def waivers_list(session: Session) -> Reply:
-    """Every waiver with its state now: active, expired, revoked (or pending)."""
+    """Every waiver with its state now.
+
+    A state is active, expired, revoked or pending.
+    """
     from anvil_ctl.commands import gpu
 
     return Reply(waiver_table(gpu.list_waivers(session.context())))
@@ -134,7 +144,10 @@ def waivers_list(session: Session) -> Reply:
 @click.option("--reason", required=True, help="Why the waiver is revoked.")
 @pass_session
 def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Reply:
-    """Revoke WAIVER_ID (a new record; the waiver itself stays); decisions are re-judged."""
+    """Revoke a waiver (a new record; the waiver stays).
+
+    Stored decisions are re-judged without WAIVER_ID.
+    """
     from anvil_ctl.commands import gpu
 
     return Reply(Record(gpu.revoke(session.context(), waiver_id, by=by, reason=reason)))

@@ -19,17 +19,18 @@ from anvil_ctl.core.states import ExitCode
     default="primary",
     show_default=True,
     shell_complete=complete_slots,
+    metavar="SLOT",
     help="The slot to promote in.",
 )
 @click.option("--approved-by", required=True, help="The person approving this promotion.")
 @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
 @pass_session
 def promote(session: Session, candidate: str | None, slot: str, approved_by: str, dry_run: bool) -> Reply:
-    """Route the slot to its verified candidate, which becomes the incumbent.
+    """Route the slot to its verified candidate.
 
-    CANDIDATE (optional) names the loaded candidate to expect: a container ID prefix,
-    its served model or its identity digest. The old incumbent stays stopped and
-    becomes the rollback identity.
+    The candidate becomes the incumbent; the old incumbent stays stopped and
+    becomes the rollback identity. CANDIDATE (optional) names the loaded candidate
+    to expect: a container ID prefix, its served model or its identity digest.
     """
     from anvil_ctl.commands import lifecycle
 
@@ -48,6 +49,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         default="primary",
         show_default=True,
         shell_complete=complete_slots,
+        metavar="SLOT",
         help="The slot to restore.",
     )
     @click.option(
@@ -82,9 +84,9 @@ def _rollback_command(name: str, summary: str) -> click.Command:
 
 
 rollback = _rollback_command(
-    "rollback", "Bring a recorded identity back exactly (default: the slot's rollback identity)."
+    "rollback", "Bring a recorded identity back exactly.\n\nBy default the slot's rollback identity."
 )
-restore = _rollback_command("restore", "Bring the recorded incumbent back exactly (rollback's other name).")
+restore = _rollback_command("restore", "Bring the recorded incumbent back exactly.\n\nrollback's other name.")
 
 
 @click.command(
@@ -92,7 +94,12 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
     epilog=example("anvilctl recheck --slot primary --textfile /var/lib/node_exporter/textfile/anvil.prom"),
 )
 @click.option(
-    "--slot", default="primary", show_default=True, shell_complete=complete_slots, help="The slot to recheck."
+    "--slot",
+    default="primary",
+    show_default=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot to recheck.",
 )
 @click.option(
     "--textfile",
@@ -101,7 +108,10 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
 )
 @pass_session
 def recheck(session: Session, slot: str, textfile: Path | None) -> Reply:
-    """Read-only goal-closure assertions for cron; every run is recorded; exit 6 on drift."""
+    """Read-only goal-closure assertions; exit 6 on drift.
+
+    For cron or a systemd timer; every run is recorded.
+    """
     from anvil_ctl.commands import recheck as recheck_cmd
 
     result = recheck_cmd.recheck(session.context(), slot)

@@ -39,11 +39,15 @@ Exit status:
 @click.command(
     "qualify",
     help=QUALIFY_HELP,
-    short_help="Qualify the slot's candidate; record evidence and a decision (exit 0 = decided).",
+    short_help="Qualify the candidate; record evidence and a decision.",
     epilog=example("anvilctl qualify --slot primary --profile demo --gates vram_reserve"),
 )
 @click.option(
-    "--slot", required=True, shell_complete=complete_slots, help="The slot whose candidate to qualify."
+    "--slot",
+    required=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot whose candidate to qualify.",
 )
 @click.option("--profile", help="Profile name or TOML path (default: the recipe's profile).")
 @click.option("--gates", metavar="A,B", help="Run only these gates of the profile, comma-separated.")
@@ -64,9 +68,9 @@ def qualify(session: Session, slot: str, profile: str | None, gates: str | None)
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @pass_session
 def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
-    """Write a shareable copy of transaction TX's evidence into DIR (new or empty).
+    """Write a redacted, shareable copy of a transaction's evidence.
 
-    TX is a transaction ID or a unique prefix. GPU UUIDs, host paths and router
+    TX is a transaction ID or a unique prefix, DIR a new or empty directory. GPU UUIDs, host paths and router
     tokens are redacted; the copy gets its own manifest.
     """
     from anvil_ctl.commands import qualify as qualify_cmd
@@ -78,7 +82,10 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @pass_session
 def evidence_verify(session: Session, directory: Path) -> Reply:
-    """Check the bundle in DIR against its manifest; exit 6 on any mismatch."""
+    """Check an evidence bundle against its manifest (exit 6).
+
+    DIR is a bundle written by `evidence export` or a transaction's evidence directory.
+    """
     from anvil_ctl.commands import qualify as qualify_cmd
 
     session.context()  # settings and logging, as for every command; verify needs nothing else
@@ -89,6 +96,6 @@ def evidence_verify(session: Session, directory: Path) -> Reply:
 evidence = click.Group(
     "evidence",
     commands=[evidence_export, evidence_verify],
-    help="Qualification evidence bundles: export a redacted copy, verify one.",
+    help="Evidence bundles: export a redacted copy, verify one.",
     epilog=example("anvilctl evidence verify ./bundle-8259"),
 )

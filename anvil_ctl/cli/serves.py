@@ -17,7 +17,7 @@ RECIPE_LIST_COLUMNS = ("name", "valid", "runnable", "served_model", "context_tok
 @click.command("list", epilog=example("anvilctl recipes list"))
 @pass_session
 def recipes_list(session: Session) -> Reply:
-    """Every recipe of the recipes directory; an invalid file is listed with its error."""
+    """List every recipe; an invalid file is listed with its error."""
     from anvil_ctl.commands import recipes
 
     found = recipes.list_recipes(session.context().settings.recipes_dir)
@@ -28,7 +28,10 @@ def recipes_list(session: Session) -> Reply:
 @click.argument("recipe", shell_complete=complete_recipes)
 @pass_session
 def recipes_show(session: Session, recipe: str) -> Reply:
-    """One RECIPE (a name in the recipes directory, or a path), with its digest."""
+    """One recipe as data, with its digest.
+
+    RECIPE is a name in the recipes directory, or a path.
+    """
     from anvil_ctl.commands import recipes
 
     return Reply(recipes.show_recipe(recipe, session.context().settings.recipes_dir))
@@ -39,6 +42,7 @@ def recipes_show(session: Session, recipe: str) -> Reply:
 @click.option(
     "--slot",
     shell_complete=complete_slots,
+    metavar="SLOT",
     help="Also check that the recipe fits this slot of the host config (port, GPU roles).",
 )
 @pass_session
@@ -53,10 +57,19 @@ def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
 
 @click.command("plan", epilog=example("anvilctl recipes plan stub-393k-c1 --slot primary"))
 @click.argument("recipe", shell_complete=complete_recipes)
-@click.option("--slot", required=True, shell_complete=complete_slots, help="The slot to plan the serve for.")
+@click.option(
+    "--slot",
+    required=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot to plan the serve for.",
+)
 @pass_session
 def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
-    """The exact container spec `load` would create from RECIPE; touches nothing."""
+    """The exact container spec `load` would create.
+
+    Touches nothing: no Docker, no GPU, no database.
+    """
     from anvil_ctl.commands import recipes
 
     ctx = session.context()
@@ -75,11 +88,18 @@ recipes = click.Group(
 
 @click.command("load", epilog=example("anvilctl load stub-393k-c1 --slot primary --dry-run"))
 @click.argument("recipe", shell_complete=complete_recipes)
-@click.option("--slot", required=True, shell_complete=complete_slots, help="The slot to load into.")
+@click.option(
+    "--slot", required=True, shell_complete=complete_slots, metavar="SLOT", help="The slot to load into."
+)
 @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
 @pass_session
 def load(session: Session, recipe: str, slot: str, dry_run: bool) -> Reply:
-    """Load a candidate from RECIPE: drain the tier, stop and keep the incumbent, start the candidate."""
+    """Load a candidate from a recipe; the incumbent is kept.
+
+    Drains the slot's router tier, stops (never removes) the incumbent, waits until
+    its VRAM is free, starts the candidate from RECIPE and waits for its health and
+    served identity. A failed step compensates back to the before state (exit 4).
+    """
     from anvil_ctl.commands import serves
 
     out = serves.load(session.context(), recipe, slot=slot, dry_run=dry_run)
@@ -96,7 +116,11 @@ def load(session: Session, recipe: str, slot: str, dry_run: bool) -> Reply:
 )
 @pass_session
 def unload(session: Session, container_id: str, yes: bool, remove_residue: bool) -> Reply:
-    """Remove the candidate container CONTAINER_ID; only containers anvilctl created as candidates."""
+    """Remove a candidate container that anvilctl created.
+
+    CONTAINER_ID must carry anvilctl's candidate labels and be no slot's incumbent
+    or rollback identity; without --yes nothing is removed.
+    """
     from anvil_ctl.commands import serves
 
     return Reply(
@@ -106,7 +130,13 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
 
 @click.command("adopt", epilog=example("anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288"))
 @click.argument("container_id")
-@click.option("--slot", required=True, shell_complete=complete_slots, help="The slot the container serves.")
+@click.option(
+    "--slot",
+    required=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot the container serves.",
+)
 @click.option(
     "--context-tokens",
     type=click.IntRange(min=1),
@@ -116,7 +146,10 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
 @click.option("--dry-run", is_flag=True, help="Inspect and print the plan; record nothing.")
 @pass_session
 def adopt(session: Session, container_id: str, slot: str, context_tokens: int, dry_run: bool) -> Reply:
-    """Record CONTAINER_ID, serving a slot today, as the slot's incumbent."""
+    """Record the container serving a slot as its incumbent.
+
+    CONTAINER_ID must be running, and the slot's binding must serve one model.
+    """
     from anvil_ctl.commands import transactions
 
     out = transactions.adopt(
