@@ -10,6 +10,7 @@ else 1 (rerun with `--debug` for the traceback); Ctrl-C exits 130.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from anvil_ctl.commands.context import Context
     from anvil_ctl.config import Settings
 
-INTERRUPTED = 130  # the shell's convention for a process ended by SIGINT (128 + 2)
+INTERRUPTED = 128 + signal.SIGINT  # the shell's convention for a process ended by Ctrl-C: 130
 
 COMMANDS: list[click.Command] = [
     # administration

@@ -3,8 +3,7 @@
 Every command callback takes the `Session` (`@pass_session`), asks it for the command
 context when it needs one, and returns a `Reply`: a typed result for the renderers and
 the exit code. Nothing here imports a command implementation: `--help` must stay fast,
-so this module (like every `anvil_ctl.cli` module but `app`'s callbacks) imports only
-click and the light core.
+so this module, like the command modules at import time, loads only click and the core.
 """
 
 from __future__ import annotations
