@@ -49,15 +49,13 @@ def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Rep
     return Reply(DetectedRoles(result))
 
 
-@click.pass_context
-def _gpus(ctx: click.Context) -> Reply | None:
+@pass_session
+def _gpus(session: Session) -> Reply | None:
     """GPU readings by UUID, with role and owner (--json: every field)."""
-    if ctx.invoked_subcommand is not None:
-        return None
+    if click.get_current_context().invoked_subcommand is not None:
+        return None  # `gpus detect`: the subcommand answers
     from anvil_ctl.commands import gpu
 
-    session = ctx.find_object(Session)
-    assert session is not None  # main() always passes one
     return Reply(GpuReadings(gpu.readings(session.context())))
 
 
