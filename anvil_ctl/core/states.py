@@ -105,3 +105,7 @@ def check_transition(source: TxState, target: TxState) -> None:
     """Raise IllegalTransition unless (source, target) is in the table; change nothing."""
     if (source, target) not in ALLOWED_TRANSITIONS:
         raise IllegalTransition(source.value, target.value)
+
+
+TX_KINDS: tuple[str, ...] = ("adopt", "load", "qualify", "promote", "rollback", "unload")
+"""Every kind of transaction a plan is built for (`audit transactions --kind` offers these)."""

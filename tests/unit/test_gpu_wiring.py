@@ -351,7 +351,7 @@ class TestWaiverCli:
     @pytest.mark.parametrize(
         ("args", "message"),
         [
-            (["--policy", "gpu-hours", "--scope", "compute-a"], "--policy 'gpu-hours'"),
+            (["--policy", "gpu-hours", "--scope", "compute-a"], "Invalid value for '--policy': 'gpu-hours'"),
             (["--scope", "Compute A!"], "waiver scope"),
             (["--scope", "compute-z"], "not in the host config"),
             (["--scope", "compute-a", "--value", "-1"], "expected MiB >= 0"),

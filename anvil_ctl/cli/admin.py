@@ -1,0 +1,127 @@
+"""Administration: init, db upgrade, status, recover, resolve, lock status|break.
+
+Each callback imports its command implementation when it runs, never at import
+time, so `--help` loads no database or adapter code.
+"""
+
+from __future__ import annotations
+
+import click
+
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.views import Record, StatusView, Table
+from anvil_ctl.core.states import ExitCode
+
+OVERRIDE_HELP = "Name the GPU with this UUID ROLE instead of compute-a, compute-b, ... (repeatable)."
+
+
+@click.command("init", epilog=example("anvilctl init --detect-gpus"))
+@click.option(
+    "--detect-gpus", is_flag=True, help="Also probe the GPUs and write [gpu_roles.*] into the host config."
+)
+@click.option("--override", multiple=True, metavar="UUID=ROLE", help=OVERRIDE_HELP)
+@pass_session
+def init(session: Session, detect_gpus: bool, override: tuple[str, ...]) -> Reply:
+    """Create the state database, or upgrade it to the current schema."""
+    from anvil_ctl.commands import admin
+
+    ctx = session.context()
+    result = admin.init(ctx)
+    if detect_gpus:
+        from anvil_ctl.commands import gpu
+
+        result["gpu_roles"] = gpu.detect(ctx, overrides=gpu.parse_overrides(override), write=True)
+    return Reply(Record(result))
+
+
+@click.command("upgrade", epilog=example("anvilctl db upgrade"))
+@pass_session
+def db_upgrade(session: Session) -> Reply:
+    """Run the state database's migrations up to the current schema."""
+    from anvil_ctl.commands import admin
+
+    return Reply(Record(admin.db_upgrade(session.context())))
+
+
+db = click.Group(
+    "db",
+    commands=[db_upgrade],
+    help="State database maintenance.",
+    epilog=example("anvilctl db upgrade"),
+)
+
+
+@click.command("status", epilog=example("anvilctl status --json"))
+@pass_session
+def status(session: Session) -> Reply:
+    """Slots, incumbents, candidates, health and the router's view."""
+    from anvil_ctl.commands import admin
+
+    return Reply(StatusView(admin.status(session.context())))
+
+
+@click.command("recover", epilog=example("anvilctl recover"))
+@pass_session
+def recover(session: Session) -> Reply:
+    """Compensate transactions whose owner died.
+
+    Backwards before a plan's pivot step, forwards after it. Exit 5 when a
+    transaction still needs an operator afterwards.
+    """
+    from anvil_ctl.commands import transactions
+
+    report = transactions.recover_all(session.context())
+    return Reply(report, ExitCode(report.exit_code))
+
+
+@click.command(
+    "resolve",
+    epilog=example('anvilctl resolve 8259c0de --by alice --note "restarted the incumbent by hand"'),
+)
+@click.argument("tx")
+@click.option("--by", required=True, help="Who resolved it.")
+@click.option("--note", required=True, help="What they did.")
+@pass_session
+def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
+    """Record that a person resolved a waiting transaction.
+
+    TX (an ID or unique prefix) must be compensation_failed or needs_operator.
+    """
+    from anvil_ctl.commands import transactions
+
+    return Reply(Record(transactions.resolve(session.context(), tx, by=by, note=note)))
+
+
+@click.command("status", epilog=example("anvilctl lock status"))
+@pass_session
+def lock_status(session: Session) -> Reply:
+    """Who holds the host mutator lock."""
+    from anvil_ctl.commands import transactions
+
+    return Reply(Table(transactions.lock_status(session.context())))
+
+
+@click.command(
+    "break",
+    epilog=example('anvilctl lock break 3 --by alice --reason "owner pid 4711 is gone"'),
+)
+@click.argument("lock_id")
+@click.option("--by", required=True, help="Who breaks the lock.")
+@click.option("--reason", required=True, help="Why the owner is known to be dead.")
+@pass_session
+def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
+    """Release a dead owner's lock row (journaled).
+
+    LOCK_ID as `anvilctl lock status` shows it; a live owner is refused.
+    """
+    from anvil_ctl.commands import transactions
+
+    return Reply(Record(transactions.lock_break(session.context(), lock_id, by=by, reason=reason)))
+
+
+lock = click.Group(
+    "lock",
+    commands=[lock_status, lock_break],
+    help="The host mutator lock.",
+    epilog=example("anvilctl lock status"),
+)

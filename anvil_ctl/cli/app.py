@@ -1,0 +1,194 @@
+"""The `anvilctl` root: the one command table, global options, and the one exit-code mapping.
+
+`main(argv)` parses with click, runs the command callback (which imports its command
+implementation only then), closes the command context, renders the result by its
+type and returns an `ExitCode`. Every error becomes one line on stderr here and
+nowhere else: a usage error exits 2, an `AnvilError` its own `exit_code`, anything
+else 1 (rerun with `--debug` for the traceback); Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from anvil_ctl.cli import admin, audit, gpu, lifecycle, qualify, serves
+from anvil_ctl.cli.complete import PROG, completion
+from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
+from anvil_ctl.core.errors import AnvilError, ConfigError
+from anvil_ctl.core.states import ExitCode
+
+if TYPE_CHECKING:
+    from anvil_ctl.bootstrap import Context
+    from anvil_ctl.config import Settings
+
+INTERRUPTED = 128 + signal.SIGINT  # the shell's convention for a process ended by Ctrl-C: 130
+
+COMMANDS: list[click.Command] = [
+    # administration
+    admin.init,
+    admin.db,
+    admin.status,
+    admin.recover,
+    admin.resolve,
+    admin.lock,
+    # serves
+    serves.recipes,
+    serves.load,
+    serves.unload,
+    serves.adopt,
+    # lifecycle
+    qualify.qualify,
+    qualify.evidence,
+    lifecycle.promote,
+    lifecycle.rollback,
+    lifecycle.restore,
+    lifecycle.recheck,
+    # GPUs and waivers
+    gpu.gpus,
+    gpu.waive,
+    gpu.waivers,
+    # records
+    audit.audit,
+    completion,
+]
+"""Every top-level command and group, in one place; nothing registers itself on import."""
+
+
+def _version() -> str:
+    try:
+        return package_version("anvil-ctl")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"{PROG} {_version()}")
+        ctx.exit(ExitCode.OK)
+
+
+root = click.Group(
+    PROG,
+    commands=COMMANDS,
+    help="Transactional deployment controller with exact rollback for local LLM-serving hosts.",
+    epilog=example("anvilctl --state-dir /var/lib/anvil audit transactions --kind load --json"),
+    params=[
+        click.Option(
+            ["--version"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_print_version,
+            help="Print the version of anvilctl and exit.",
+        )
+    ],
+)
+
+
+def attach_global_options(command: click.Command) -> None:
+    """Give `command` and every command below it the global options (see session.global_options)."""
+    command.params.extend(global_options())
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            attach_global_options(sub)
+
+
+attach_global_options(root)
+
+
+# -- the command context -----------------------------------------------------------------------
+
+
+def settings_from(options: GlobalOptions) -> Settings:
+    """Settings from the environment (ANVIL_*), overridden by the flags that were given."""
+    from pydantic import ValidationError
+
+    from anvil_ctl.config import Settings
+
+    overrides: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("config", options.config),
+            ("state_db", options.state_db),
+            ("state_dir", options.state_dir),
+        )
+        if value is not None
+    }
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"ANVIL_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"settings: {problems}") from None
+
+
+def open_context(options: GlobalOptions) -> Context:
+    """The one place the command context is built: settings, logging, then the context."""
+    from anvil_ctl import log
+    from anvil_ctl.bootstrap import Context
+
+    settings = settings_from(options)
+    log.configure(settings.log_format, "debug" if options.debug else settings.log_level)
+    return Context(settings=settings, env=dict(os.environ))
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+
+
+def _usage_message(exc: click.UsageError) -> str:
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        message = "missing command"
+    else:
+        message = " ".join(exc.format_message().split())  # one line, whatever click wrapped
+    path = exc.ctx.command_path if exc.ctx is not None else PROG
+    return f"{message} (see `{path} --help`)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `anvilctl` with `argv` (default: sys.argv[1:]); return the exit code."""
+    options = GlobalOptions()
+    session = Session(options, open_context)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            reply = root.main(args=args, prog_name=PROG, standalone_mode=False, obj=session)
+        finally:
+            session.close()
+        if not isinstance(reply, Reply):  # --help, --version: click printed and returned a code
+            return int(reply or ExitCode.OK)
+        from anvil_ctl.cli import render
+
+        render.show(reply.result, options.json)
+        return int(reply.code)
+    except click.UsageError as exc:
+        _error(_usage_message(exc))
+        return int(ExitCode.BAD_INPUT)
+    except click.ClickException as exc:
+        _error(" ".join(exc.format_message().split()))
+        return int(ExitCode.BAD_INPUT)
+    except AnvilError as exc:
+        if options.debug:
+            raise
+        _error(str(exc))
+        return int(exc.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as exc:
+        if options.debug:
+            raise
+        _error(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
+        return int(ExitCode.INTERNAL)

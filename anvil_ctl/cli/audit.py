@@ -1,0 +1,200 @@
+"""`anvilctl audit ...`: read-only views of the state database.
+
+transactions, show, diff and verify read the journal; incumbents, decisions,
+waivers and rechecks list the records the README documents; evidence checks one
+transaction's evidence directory against its manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import click
+from click.decorators import FC
+
+from anvil_ctl.cli.complete import complete_slots
+from anvil_ctl.cli.gpu import waiver_table
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.views import ChainCheck, DiffView, EvidenceAudit, Record, Table
+from anvil_ctl.core.model import IDENTITY_ROLES
+from anvil_ctl.core.states import TX_KINDS, ExitCode, TxState
+
+slot_option = click.option("--slot", shell_complete=complete_slots, metavar="SLOT", help="Only this slot.")
+
+
+def limit_option(what: str) -> Callable[[FC], FC]:
+    return click.option(
+        "--limit",
+        type=click.IntRange(min=1),
+        default=50,
+        show_default=True,
+        help=f"At most this many {what}, newest first.",
+    )
+
+
+@click.command(
+    "transactions", epilog=example("anvilctl audit transactions --state committed --kind load --limit 10")
+)
+@click.option(
+    "--kind",
+    type=click.Choice(TX_KINDS),
+    metavar="KIND",
+    help=f"Only transactions of this kind: {', '.join(TX_KINDS)}.",
+)
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in TxState]),
+    metavar="STATE",
+    help=f"Only those now in this state: {', '.join(s.value for s in TxState)}.",
+)
+@click.option("--since", metavar="TIME", help="Only those created at or after this ISO-8601 UTC time.")
+@limit_option("transactions")
+@pass_session
+def transactions(
+    session: Session, kind: str | None, state: str | None, since: str | None, limit: int
+) -> Reply:
+    """List transactions with their current state and reason."""
+    from anvil_ctl.commands import audit
+
+    rows = audit.transactions(session.context(), kind=kind, state=state, since=since, limit=limit)
+    return Reply(Table(rows))
+
+
+@click.command("show", epilog=example("anvilctl audit show 8259c0de"))
+@click.argument("tx")
+@pass_session
+def show(session: Session, tx: str) -> Reply:
+    """One transaction: states, steps, snapshots, identities.
+
+    TX is a transaction ID or unique prefix.
+    """
+    from anvil_ctl.commands import audit
+
+    return Reply(Record(audit.show(session.context(), tx)))
+
+
+@click.command("diff", epilog=example("anvilctl audit diff 8259c0de"))
+@click.argument("tx")
+@pass_session
+def diff(session: Session, tx: str) -> Reply:
+    """A transaction's recorded snapshot diffs.
+
+    TX is a transaction ID or unique prefix.
+    """
+    from anvil_ctl.commands import audit
+
+    return Reply(DiffView(audit.diff(session.context(), tx)))
+
+
+@click.command("verify", epilog=example("anvilctl audit verify"))
+@pass_session
+def verify(session: Session) -> Reply:
+    """Walk the audit journal's hash chain (exit 6 on a break).
+
+    Names any edited, deleted or reordered row.
+    """
+    from anvil_ctl.commands import audit
+
+    check = ChainCheck(audit.verify(session.context()))
+    return Reply(check, ExitCode.OK if check.ok else ExitCode.DRIFT)
+
+
+@click.command("incumbents", epilog=example("anvilctl audit incumbents --slot primary"))
+@slot_option
+@click.option(
+    "--role",
+    type=click.Choice(IDENTITY_ROLES),
+    default="incumbent",
+    show_default=True,
+    help="List the identities recorded under this role instead.",
+)
+@pass_session
+def incumbents(session: Session, slot: str | None, role: str) -> Reply:
+    """Which container was each slot's incumbent, and when.
+
+    Oldest first; --role lists candidates or rollback identities instead.
+    """
+    from anvil_ctl.commands import audit
+
+    return Reply(Table(audit.identities(session.context(), slot=slot, role=role)))
+
+
+def _decision_cells(r: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A decision as one readable line: IDs and digests shortened, waivers joined."""
+    return {
+        "decision": str(r["id"])[:16],
+        "at": str(r["at"])[:19],
+        "slot": r.get("slot"),
+        "outcome": r["outcome"],
+        "reclassifies": (r["reclassifies"] or "")[:16],
+        "waivers": ",".join(r["waiver_ids"]),
+        "profile": r["profile"],
+        "identity": str(r["identity_digest"])[:12],
+    }
+
+
+@click.command("decisions", epilog=example("anvilctl audit decisions --slot primary"))
+@slot_option
+@pass_session
+def decisions(session: Session, slot: str | None) -> Reply:
+    """Qualification decisions, reclassifications included.
+
+    --json prints every field.
+    """
+    from anvil_ctl.commands import qualify
+
+    return Reply(Table(qualify.audit_decisions(session.context(), slot=slot), cells=_decision_cells))
+
+
+@click.command("waivers", epilog=example("anvilctl audit waivers --json"))
+@pass_session
+def waivers(session: Session) -> Reply:
+    """Every waiver with its state now (= waivers list)."""
+    from anvil_ctl.commands import gpu
+
+    return Reply(waiver_table(gpu.list_waivers(session.context())))
+
+
+@click.command("rechecks", epilog=example("anvilctl audit rechecks --slot primary --limit 5"))
+@slot_option
+@limit_option("recheck runs")
+@pass_session
+def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
+    """Recorded recheck runs: pass/fail and the failed assertions."""
+    from anvil_ctl.commands import audit
+
+    return Reply(Table(audit.rechecks(session.context(), slot=slot, limit=limit)))
+
+
+@click.command("evidence", epilog=example("anvilctl audit evidence 8259c0de"))
+@click.argument("tx")
+@pass_session
+def evidence(session: Session, tx: str) -> Reply:
+    """A transaction's gate rows and manifest check (exit 6).
+
+    TX (ID or unique prefix) names the transaction whose evidence directory is
+    checked against its manifest.
+    """
+    from anvil_ctl.commands import qualify
+
+    found = EvidenceAudit(qualify.audit_evidence(session.context(), tx))
+    return Reply(found, ExitCode.OK if found.ok else ExitCode.DRIFT)
+
+
+audit = click.Group(
+    "audit",
+    commands=[
+        transactions,
+        show,
+        diff,
+        verify,
+        incumbents,
+        decisions,
+        waivers,
+        rechecks,
+        evidence,
+    ],
+    help="Read the state database: journal, hash chain, records.",
+    epilog=example("anvilctl audit transactions --json"),
+)

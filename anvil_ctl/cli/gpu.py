@@ -1,0 +1,159 @@
+"""GPUs and waivers: gpus, gpus detect, waive, waivers list|revoke.
+
+The waiver policies offered by `waive --policy` come from `anvil_ctl.gpu.waivers`,
+which imports only the core (checked by `test_cli_help_imports.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from anvil_ctl.cli.admin import OVERRIDE_HELP
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.views import DetectedRoles, GpuReadings, Record, Table
+from anvil_ctl.gpu.waivers import POLICIES
+
+WAIVER_COLUMNS = (
+    "id",
+    "state",
+    "policy",
+    "value",
+    "roles",
+    "recipe_digest",
+    "approved_by",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+    "reason",
+)
+
+
+@click.command("detect", epilog=example("anvilctl gpus detect --override GPU-0123abcd=big --write"))
+@click.option("--override", multiple=True, metavar="UUID=ROLE", help=OVERRIDE_HELP)
+@click.option(
+    "--write",
+    is_flag=True,
+    help="Write the [gpu_roles.*] tables into the host config (the rest of the file is kept).",
+)
+@pass_session
+def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Reply:
+    """Name the GPUs as host-config roles, largest first.
+
+    Prints the [gpu_roles.*] tables as TOML; --write puts them into the host config.
+    """
+    from anvil_ctl.commands import gpu
+
+    result = gpu.detect(session.context(), overrides=gpu.parse_overrides(override), write=write)
+    return Reply(DetectedRoles(result))
+
+
+@pass_session
+def _gpus(session: Session) -> Reply | None:
+    """GPU readings by UUID, with role and owner (--json: every field)."""
+    if click.get_current_context().invoked_subcommand is not None:
+        return None  # `gpus detect`: the subcommand answers
+    from anvil_ctl.commands import gpu
+
+    return Reply(GpuReadings(gpu.readings(session.context())))
+
+
+gpus = click.Group(
+    "gpus",
+    commands=[gpus_detect],
+    callback=_gpus,
+    invoke_without_command=True,
+    help="GPU readings by UUID, with role and owner (--json: every field).",
+    epilog=example("anvilctl gpus --json"),
+)
+
+
+@click.command(
+    "waive",
+    epilog=example(
+        "anvilctl waive --policy vram-reserve --scope compute-a,compute-b --value 0 "
+        '--approved-by alice --reason "model-only GPU pair" --expires 2026-12-31'
+    ),
+)
+@click.option("--policy", required=True, type=click.Choice(POLICIES), help="The policy to waive.")
+@click.option(
+    "--scope",
+    required=True,
+    metavar="ROLES|DIGEST",
+    help="GPU roles (compute-a,compute-b) or a recipe digest (64 hex, optional sha256:).",
+)
+@click.option("--value", type=int, required=True, help="The policy value in force under the waiver (MiB).")
+@click.option("--approved-by", required=True, help="Who approves the exception.")
+@click.option("--reason", required=True, help="Why the exception is safe.")
+@click.option("--expires", metavar="WHEN", help="ISO date (ends 00:00 UTC that day) or date-time.")
+@pass_session
+def waive(
+    session: Session,
+    *,
+    policy: str,
+    scope: str,
+    value: int,
+    approved_by: str,
+    reason: str,
+    expires: str | None,
+) -> Reply:
+    """Record an attributed, scoped, expiring policy waiver.
+
+    Stored decisions are re-judged under the waivers in force: a reclassification
+    is a new decision pointing at the old one; evidence is never rewritten.
+    """
+    from anvil_ctl.commands import gpu
+
+    result = gpu.waive(
+        session.context(),
+        policy=policy,
+        scope=scope,
+        value=value,
+        approved_by=approved_by,
+        reason=reason,
+        expires=expires,
+    )
+    return Reply(Record(result))
+
+
+def waiver_table(rows: list[dict[str, Any]]) -> Table:
+    """`waivers list` and `audit waivers`: every waiver with its state now."""
+    return Table(rows, columns=WAIVER_COLUMNS)
+
+
+@click.command("list", epilog=example("anvilctl waivers list"))
+@pass_session
+def waivers_list(session: Session) -> Reply:
+    """Every waiver with its state now.
+
+    A state is active, expired, revoked or pending.
+    """
+    from anvil_ctl.commands import gpu
+
+    return Reply(waiver_table(gpu.list_waivers(session.context())))
+
+
+@click.command(
+    "revoke", epilog=example('anvilctl waivers revoke wvr-0123456789ab --by alice --reason "pair re-cabled"')
+)
+@click.argument("waiver_id")
+@click.option("--by", required=True, help="Who revokes the waiver.")
+@click.option("--reason", required=True, help="Why the waiver is revoked.")
+@pass_session
+def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Reply:
+    """Revoke a waiver (a new record; the waiver stays).
+
+    Stored decisions are re-judged without WAIVER_ID.
+    """
+    from anvil_ctl.commands import gpu
+
+    return Reply(Record(gpu.revoke(session.context(), waiver_id, by=by, reason=reason)))
+
+
+waivers = click.Group(
+    "waivers",
+    commands=[waivers_list, waivers_revoke],
+    help="List or revoke policy waivers.",
+    epilog=example("anvilctl waivers list"),
+)

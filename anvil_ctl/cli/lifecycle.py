@@ -1,0 +1,143 @@
+"""The serve lifecycle after a load: promote, rollback (and its other name, restore), recheck."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from anvil_ctl.cli.complete import complete_slots
+from anvil_ctl.cli.session import (
+    Reply,
+    Session,
+    accept_drift_options,
+    drift_acceptance,
+    example,
+    pass_session,
+)
+from anvil_ctl.core.states import ExitCode
+
+
+@click.command("promote", epilog=example("anvilctl promote --slot primary --approved-by alice --dry-run"))
+@click.argument("candidate", required=False)
+@click.option(
+    "--slot",
+    default="primary",
+    show_default=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot to promote in.",
+)
+@click.option("--approved-by", required=True, help="The person approving this promotion.")
+@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@accept_drift_options
+@pass_session
+def promote(
+    session: Session,
+    *,
+    candidate: str | None,
+    slot: str,
+    approved_by: str,
+    dry_run: bool,
+    accept_drift: bool,
+    drift_by: str | None,
+    drift_reason: str | None,
+) -> Reply:
+    """Route the slot to its verified candidate.
+
+    The candidate becomes the incumbent; the old incumbent stays stopped and
+    becomes the rollback identity. CANDIDATE (optional) names the loaded candidate
+    to expect: a container ID prefix, its served model or its identity digest.
+    """
+    from anvil_ctl.commands import lifecycle
+
+    out = lifecycle.promote(
+        session.context(),
+        slot=slot,
+        approved_by=approved_by,
+        candidate=candidate,
+        dry_run=dry_run,
+        accept_drift=drift_acceptance(accept_drift, drift_by, drift_reason),
+    )
+    return Reply(out, ExitCode(out.exit_code))
+
+
+def _rollback_command(name: str, summary: str) -> click.Command:
+    """`rollback` and `restore`: one command under two names (the README uses both)."""
+
+    @click.command(name, epilog=example(f"anvilctl {name} --slot primary --dry-run"))
+    @click.option(
+        "--slot",
+        default="primary",
+        show_default=True,
+        shell_complete=complete_slots,
+        metavar="SLOT",
+        help="The slot to restore.",
+    )
+    @click.option(
+        "--to",
+        metavar="ID",
+        help="The identity to bring back: a container ID prefix (8+ characters), "
+        "an identity digest or a served model.",
+    )
+    @click.option(
+        "--restore-group",
+        metavar="GROUP",
+        help="A restore group of the host config; it must contain the target.",
+    )
+    @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+    @pass_session
+    def command(
+        session: Session, slot: str, to: str | None, restore_group: str | None, dry_run: bool
+    ) -> Reply:
+        from anvil_ctl.commands import lifecycle
+
+        out = lifecycle.rollback(
+            session.context(), slot=slot, to=to, restore_group=restore_group, dry_run=dry_run
+        )
+        return Reply(out, ExitCode(out.exit_code))
+
+    command.help = (
+        f"{summary}\n\nStop (and keep) what serves now, start the same container ID of the target, "
+        "check health and identity, route back; commit only if the identity-critical fields "
+        "equal the recorded ones. `rollback` and `restore` are the same command."
+    )
+    return command
+
+
+rollback = _rollback_command(
+    "rollback", "Bring a recorded identity back exactly.\n\nBy default the slot's rollback identity."
+)
+restore = _rollback_command("restore", "Bring the recorded incumbent back exactly.\n\nrollback's other name.")
+
+
+@click.command(
+    "recheck",
+    epilog=example("anvilctl recheck --slot primary --textfile /var/lib/node_exporter/textfile/anvil.prom"),
+)
+@click.option(
+    "--slot",
+    default="primary",
+    show_default=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot to recheck.",
+)
+@click.option(
+    "--textfile",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write node_exporter textfile metrics to this file (atomically).",
+)
+@pass_session
+def recheck(session: Session, slot: str, textfile: Path | None) -> Reply:
+    """Read-only goal-closure assertions; exit 6 on drift.
+
+    For cron or a systemd timer; every run is recorded.
+    """
+    from anvil_ctl.commands import recheck as recheck_cmd
+
+    result = recheck_cmd.recheck(session.context(), slot)
+    if textfile is not None:
+        recheck_cmd.write_textfile(textfile, result, now=time.time())
+    return Reply(result, ExitCode(result.exit_code))

@@ -1,0 +1,181 @@
+"""Serves: recipes list|show|validate|plan, load, unload, adopt."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+
+from anvil_ctl.cli.complete import complete_recipes, complete_slots
+from anvil_ctl.cli.session import (
+    Reply,
+    Session,
+    accept_drift_options,
+    drift_acceptance,
+    example,
+    pass_session,
+)
+from anvil_ctl.cli.views import Record, Table
+from anvil_ctl.core.states import ExitCode
+
+RECIPE_LIST_COLUMNS = ("name", "valid", "runnable", "served_model", "context_tokens", "error")
+
+
+@click.command("list", epilog=example("anvilctl recipes list"))
+@pass_session
+def recipes_list(session: Session) -> Reply:
+    """List every recipe; an invalid file is listed with its error."""
+    from anvil_ctl.commands import recipes
+
+    found = recipes.list_recipes(session.context().settings.recipes_dir)
+    return Reply(Table([asdict(r) for r in found], columns=RECIPE_LIST_COLUMNS))
+
+
+@click.command("show", epilog=example("anvilctl recipes show stub-393k-c1"))
+@click.argument("recipe", shell_complete=complete_recipes)
+@pass_session
+def recipes_show(session: Session, recipe: str) -> Reply:
+    """One recipe as data, with its digest.
+
+    RECIPE is a name in the recipes directory, or a path.
+    """
+    from anvil_ctl.commands import recipes
+
+    return Reply(recipes.show_recipe(recipe, session.context().settings.recipes_dir))
+
+
+@click.command("validate", epilog=example("anvilctl recipes validate stub-393k-c1 --slot primary"))
+@click.argument("recipe", shell_complete=complete_recipes)
+@click.option(
+    "--slot",
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="Also check that the recipe fits this slot of the host config (port, GPU roles).",
+)
+@pass_session
+def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
+    """Check RECIPE; a bad field exits 2 naming the file and the field."""
+    from anvil_ctl.commands import recipes
+
+    ctx = session.context()
+    host = ctx.config if slot else None
+    return Reply(recipes.validate_recipe(recipe, ctx.settings.recipes_dir, host_config=host, slot_name=slot))
+
+
+@click.command("plan", epilog=example("anvilctl recipes plan stub-393k-c1 --slot primary"))
+@click.argument("recipe", shell_complete=complete_recipes)
+@click.option(
+    "--slot",
+    required=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot to plan the serve for.",
+)
+@pass_session
+def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
+    """The exact container spec `load` would create.
+
+    Touches nothing: no Docker, no GPU, no database.
+    """
+    from anvil_ctl.commands import recipes
+
+    ctx = session.context()
+    return Reply(
+        recipes.plan_recipe(recipe, ctx.settings.recipes_dir, host_config=ctx.config, slot_name=slot)
+    )
+
+
+recipes = click.Group(
+    "recipes",
+    commands=[recipes_list, recipes_show, recipes_validate, recipes_plan],
+    help="Pinned serve recipes (the TOML files of the recipes directory).",
+    epilog=example("anvilctl recipes list"),
+)
+
+
+@click.command("load", epilog=example("anvilctl load stub-393k-c1 --slot primary --dry-run"))
+@click.argument("recipe", shell_complete=complete_recipes)
+@click.option(
+    "--slot", required=True, shell_complete=complete_slots, metavar="SLOT", help="The slot to load into."
+)
+@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@accept_drift_options
+@pass_session
+def load(
+    session: Session,
+    *,
+    recipe: str,
+    slot: str,
+    dry_run: bool,
+    accept_drift: bool,
+    drift_by: str | None,
+    drift_reason: str | None,
+) -> Reply:
+    """Load a candidate from a recipe; the incumbent is kept.
+
+    Drains the slot's router tier, stops (never removes) the incumbent, waits until
+    its VRAM is free, starts the candidate from RECIPE and waits for its health and
+    served identity. A failed step compensates back to the before state (exit 4).
+    """
+    from anvil_ctl.commands import serves
+
+    accepted = drift_acceptance(accept_drift, drift_by, drift_reason)
+    out = serves.load(session.context(), recipe, slot=slot, dry_run=dry_run, accept_drift=accepted)
+    return Reply(out, ExitCode(out.exit_code))
+
+
+@click.command("unload", epilog=example("anvilctl unload 3f2a9c1b7d4e --yes"))
+@click.argument("container_id")
+@click.option("--yes", is_flag=True, help="Really remove it (without: show what would be removed).")
+@click.option(
+    "--remove-residue",
+    is_flag=True,
+    help="Also delete /dev/shm residue: only what two observations agree no process holds.",
+)
+@pass_session
+def unload(session: Session, container_id: str, yes: bool, remove_residue: bool) -> Reply:
+    """Remove a candidate container that anvilctl created.
+
+    CONTAINER_ID must carry anvilctl's candidate labels and be no slot's incumbent
+    or rollback identity; without --yes nothing is removed.
+    """
+    from anvil_ctl.commands import serves
+
+    out = serves.unload(session.context(), container_id, yes=yes, remove_residue=remove_residue)
+    if isinstance(out, dict):  # without --yes: what would be removed
+        return Reply(Record(out))
+    return Reply(out, ExitCode(out.exit_code))
+
+
+@click.command("adopt", epilog=example("anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288"))
+@click.argument("container_id")
+@click.option(
+    "--slot",
+    required=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot the container serves.",
+)
+@click.option(
+    "--context-tokens",
+    type=click.IntRange(min=1),
+    required=True,
+    help="The context length the container serves, in tokens.",
+)
+@click.option("--dry-run", is_flag=True, help="Inspect and print the plan; record nothing.")
+@pass_session
+def adopt(session: Session, container_id: str, slot: str, context_tokens: int, dry_run: bool) -> Reply:
+    """Record the container serving a slot as its incumbent.
+
+    CONTAINER_ID must be running, and the slot's binding must serve one model.
+    """
+    from anvil_ctl.commands import transactions
+
+    out = transactions.adopt(
+        session.context(),
+        slot=slot,
+        container_id=container_id,
+        context_tokens=context_tokens,
+        dry_run=dry_run,
+    )
+    return Reply(out, ExitCode(out.exit_code))

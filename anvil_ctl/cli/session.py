@@ -1,0 +1,141 @@
+"""One invocation of `anvilctl`: its global options, its command context, and what it answers.
+
+Every command callback takes the `Session` (`@pass_session`), asks it for the command
+context when it needs one, and returns a `Reply`: a typed result for the renderers and
+the exit code. Nothing here imports a command implementation: `--help` must stay fast,
+so this module, like the command modules at import time, loads only click and the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from anvil_ctl.core.states import ExitCode
+
+if TYPE_CHECKING:
+    from anvil_ctl.bootstrap import Context
+
+
+@dataclass
+class GlobalOptions:
+    """The options every command accepts, before or after its name; None: not given (env decides)."""
+
+    config: Path | None = None
+    state_db: str | None = None
+    state_dir: Path | None = None
+    json: bool = False
+    debug: bool = False
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a command answers: a typed result (None: nothing to print) and the exit code."""
+
+    result: object
+    code: ExitCode = ExitCode.OK
+
+
+class Session:
+    """The global options of this invocation and its command context, opened on first use."""
+
+    def __init__(self, options: GlobalOptions, opener: Callable[[GlobalOptions], Context]) -> None:
+        self.options = options
+        self._opener = opener
+        self._context: Context | None = None
+
+    def context(self) -> Context:
+        """The command context (settings from flags + env, logging configured), built once."""
+        if self._context is None:
+            self._context = self._opener(self.options)
+        return self._context
+
+    def close(self) -> None:
+        """Close the context's adapters; safe to call twice or when none was opened."""
+        context, self._context = self._context, None
+        if context is not None:
+            context.close()
+
+
+pass_session = click.make_pass_decorator(Session)
+
+
+def example(line: str) -> str:
+    """A command's help epilog: its one example line (click keeps `\\b` paragraphs unwrapped)."""
+    return f"\b\nExample:\n  {line}"
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Store a global option given at any level of the command line into the session."""
+    session = ctx.find_object(Session)
+    if session is not None and param.name and value not in (None, False):
+        setattr(session.options, param.name, value)
+    return value
+
+
+def global_options() -> list[click.Parameter]:
+    """Fresh copies of the global options, one set for each command and group.
+
+    They are attached to every level of the command tree (see `app.attach_global_options`),
+    so `anvilctl --json audit transactions` and `anvilctl audit transactions --json` mean
+    the same. Click matches long options exactly, never by prefix: `--state` is never
+    taken for `--state-db` or `--state-dir`. The environment (`ANVIL_*`, read by
+    Settings) applies where a flag is not given.
+    """
+    common: dict[str, Any] = {"expose_value": False, "callback": _remember}
+    return [
+        click.Option(
+            ["--config"],
+            type=click.Path(dir_okay=False, path_type=Path),
+            metavar="FILE",
+            help="Host config file (default anvil.toml; env ANVIL_CONFIG).",
+            **common,
+        ),
+        click.Option(
+            ["--state-db"],
+            metavar="URL",
+            help="SQLAlchemy URL of the state database (env ANVIL_STATE_DB).",
+            **common,
+        ),
+        click.Option(
+            ["--state-dir"],
+            type=click.Path(file_okay=False, path_type=Path),
+            metavar="DIR",
+            help="State directory: database, lock, evidence (env ANVIL_STATE_DIR).",
+            **common,
+        ),
+        click.Option(["--json"], is_flag=True, help="Print the result as one JSON document.", **common),
+        click.Option(["--debug"], is_flag=True, help="Debug logging, and tracebacks on errors.", **common),
+    ]
+
+
+def accept_drift_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--accept-drift --by NAME --reason TEXT`: a person's decision to mutate a drifted host."""
+    fn = click.option(
+        "--reason", "drift_reason", metavar="TEXT", help="With --accept-drift: why it is safe to go on."
+    )(fn)
+    fn = click.option(
+        "--by", "drift_by", metavar="NAME", help="With --accept-drift: the person accepting the drift."
+    )(fn)
+    return click.option(
+        "--accept-drift",
+        is_flag=True,
+        help="Go on although the slot differs from its record (recorded with --by and --reason).",
+    )(fn)
+
+
+def drift_acceptance(accept: bool, by: str | None, reason: str | None) -> Any:
+    """The journaled DriftAcceptance, or None; both --by and --reason are required with it."""
+    if not accept:
+        if by or reason:
+            raise click.UsageError("--by and --reason go with --accept-drift")
+        return None
+    if not (by and by.strip()) or not (reason and reason.strip()):
+        raise click.UsageError("--accept-drift needs --by NAME and --reason TEXT")
+    from anvil_ctl.engine.plans.args import DriftAcceptance
+
+    return DriftAcceptance(by=by.strip(), reason=reason.strip())

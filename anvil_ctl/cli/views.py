@@ -1,0 +1,130 @@
+"""Typed views the CLI wraps plain command results in, so the renderer is chosen by type.
+
+A command that returns a dataclass (Outcome, RecheckResult, ...) is rendered as that
+type. One that returns a plain dict or list is wrapped here by its CLI handler: the
+view says what the data *is* (a table, a status, a diff) and `payload()` is exactly
+what `--json` prints, untrimmed. Human renderers live in `render`; views import
+nothing heavy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Row = Mapping[str, Any]
+
+
+class View:
+    """Base of the CLI's views: `payload()` is the JSON document."""
+
+    def payload(self) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Table(View):
+    """Rows of records. Human: a table of `columns` (all keys of the first row if None),
+    each row passed through `cells` first when given (trimming IDs, joining lists)."""
+
+    rows: Sequence[Row]
+    columns: Sequence[str] | None = None
+    cells: Callable[[Row], Row] | None = None
+
+    def payload(self) -> Any:
+        return [dict(r) for r in self.rows]
+
+    def human_rows(self) -> list[dict[str, Any]]:
+        rows = [dict(self.cells(r)) if self.cells else dict(r) for r in self.rows]
+        if self.columns is None:
+            return rows
+        return [{c: r.get(c) for c in self.columns} for r in rows]
+
+
+@dataclass(frozen=True)
+class Record(View):
+    """One record without a better shape (init, resolve, waive ...). Human: indented JSON."""
+
+    data: Mapping[str, Any]
+
+    def payload(self) -> Any:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class StatusView(View):
+    """`status`: slots with binding, served models, incumbent, candidates and router view."""
+
+    data: Mapping[str, Any]
+
+    def payload(self) -> Any:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class DiffView(View):
+    """`audit diff`: a transaction's snapshot diffs (label, equal, hashes, changes)."""
+
+    rows: Sequence[Row]
+
+    def payload(self) -> Any:
+        return [dict(r) for r in self.rows]
+
+
+@dataclass(frozen=True)
+class ChainCheck(View):
+    """`audit verify`: the audit journal's hash chain walked (rows, ok, problems)."""
+
+    data: Mapping[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.data["ok"])
+
+    def payload(self) -> Any:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class GpuReadings(View):
+    """`gpus`: every GPU the probe sees, with role and owner; the driver version."""
+
+    data: Mapping[str, Any]
+
+    def payload(self) -> Any:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class DetectedRoles(View):
+    """`gpus detect`: the `[gpu_roles.*]` TOML and whether it was written."""
+
+    data: Mapping[str, Any]
+
+    def payload(self) -> Any:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class EvidenceAudit(View):
+    """`audit evidence`: one transaction's gate rows and its manifest check."""
+
+    data: Mapping[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.data["verify"]["ok"])
+
+    def payload(self) -> Any:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class Text(View):
+    """Plain text printed as is (human) and as a JSON string."""
+
+    text: str
+
+    def payload(self) -> Any:
+        return self.text
