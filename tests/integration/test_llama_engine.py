@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -255,6 +256,43 @@ def test_a_streamed_chat_ends_with_a_finish_reason_and_done_but_no_usage(served:
         "chunks": len(chunks),
         "finish_reason": finishes[0],
     }
+
+
+def test_a_second_stream_queues_behind_the_first_instead_of_cutting_it(served: Served) -> None:
+    """The recipe sets --interrupt_requests false; the server's default cuts the running stream."""
+    assert served.recipe.args[served.recipe.args.index("--interrupt_requests") + 1] == "false"
+    body = {
+        "model": served.served_model,
+        "messages": [{"role": "user", "content": "Count from one to ten."}],
+        "max_tokens": 24,
+        "stream": True,
+    }
+    results: dict[int, list[str] | BaseException] = {}
+    started = threading.Event()
+
+    def stream(i: int) -> None:
+        lines: list[str] = []
+        try:
+            with httpx.stream("POST", served.url + "/v1/chat/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        started.set()
+            results[i] = lines
+        except httpx.HTTPError as exc:
+            results[i] = exc
+
+    first = threading.Thread(target=stream, args=(1,))
+    first.start()
+    assert started.wait(60), "the first stream sent nothing"
+    second = threading.Thread(target=stream, args=(2,))
+    second.start()
+    first.join(120)
+    second.join(120)
+    for i in (1, 2):
+        got = results[i]
+        assert isinstance(got, list), f"stream {i}: {got!r}"
+        assert got[-1] == "data: [DONE]", f"stream {i} ended with {got[-1]!r}"
 
 
 def test_timing_lines_are_in_the_container_log(served: Served, runtime: Any) -> None:
