@@ -209,6 +209,24 @@ def test_a_chat_through_the_official_client_reports_usage(served: Served) -> Non
     }
 
 
+def test_the_context_shows_only_in_the_context_length_error(served: Served) -> None:
+    """/v1/models has no context length; a prompt longer than n_ctx gets a 400 that names it."""
+    ctx = served.recipe.context_tokens
+    body = {
+        "model": served.served_model,
+        "messages": [{"role": "user", "content": "word " * (ctx + 100)}],
+        "max_tokens": 1,
+    }
+    t0 = time.monotonic()
+    r = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 400, r.text[:500]
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert f"maximum context length is {ctx} tokens" in error["message"]
+    REPORT["context_error"] = {"seconds": round(elapsed, 3), "error": error}
+
+
 def test_a_streamed_chat_ends_with_a_finish_reason_and_done_but_no_usage(served: Served) -> None:
     client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     try:
