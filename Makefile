@@ -44,3 +44,36 @@ demo: setup debs
 
 clean:
 	rm -rf $(VENV) state/anvil.db* state/anvil.lock state/evidence state/fake-world.* .mypy_cache .ruff_cache
+
+# ---- llama.cpp engine (docs/ENGINES.md) ------------------------------------------------------
+# A real engine for the integration tests: the llama-cpp-python wheel (built once, ~7-25 min,
+# then reused from ~/.cache/anvil/wheels) with its pinned dependency wheels, the SmolLM2-135M
+# GGUF in the hub-layout model cache (~/.cache/anvil/models), and the deterministic engine
+# image built from them. Each target reuses what is there and verified.
+LLAMA_BUILD_DEBS := cmake g++ make libgomp1
+
+.PHONY: llama llama-wheel llama-model llama-image
+
+llama: llama-wheel llama-model llama-image
+
+# Debian's compiler and CMake only when something must be built; libgomp1 is also what the
+# engine's shared libraries load from the host's bind-mounted /usr at run time.
+llama-wheel: setup
+	@$(PY) scripts/build_llama_wheel.py --check 2>/dev/null || { \
+	  missing=""; for p in $(LLAMA_BUILD_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  fi; }
+	$(PY) scripts/build_llama_wheel.py
+
+llama-model: setup
+	$(PY) scripts/fetch_model.py
+
+llama-image: llama-wheel
+	$(PY) scripts/build_llama_image.py --print-id
+
+# `make test` builds or reuses them, so the llama integration tests find their image and model.
+test: llama
+# ---- end llama.cpp engine ----------------------------------------------------------------------

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Build (or reuse) the llama-cpp-python wheel and fetch its server dependencies as wheels.
+
+llama-cpp-python 0.3.36 exists on PyPI only as an sdist; compiling it takes 7-25 minutes
+on two loaded cores. This script is idempotent:
+
+* if `llama_cpp_python-0.3.36-*.whl` is in the wheel cache, it is reused, else it is
+  built from the sdist (`pip wheel --no-binary`), `nice`d, with
+  `CMAKE_BUILD_PARALLEL_LEVEL=2` and a CPU-only, non-native build
+  (`-DGGML_NATIVE=OFF`, AVX/AVX2/FMA/F16C on) so it runs on any x86-64-v3 host;
+* the wheels of the `[server]` extra's dependencies are pinned by file name and SHA-256
+  in `scripts/llama-server-wheels.sha256` (built for CPython 3.11 on manylinux x86_64:
+  the Debian `/usr/bin/python3` that engine containers bind-mount); those missing from
+  the cache are fetched with `pip download --require-hashes`, nothing when all are there.
+
+Afterwards the engine image can be built offline from the cache
+(`scripts/build_llama_image.py`). The wheel cache is --cache, else $ANVIL_WHEEL_CACHE,
+else ~/.cache/anvil/wheels.
+
+    build_llama_wheel.py            # reuse or build, then fetch missing dependency wheels
+    build_llama_wheel.py --check    # exit 1 unless the wheel and every pinned wheel are there
+    build_llama_wheel.py --relock   # re-resolve the [server] dependencies (needs PyPI) and
+                                    # rewrite scripts/llama-server-wheels.sha256
+
+The compiled wheel is not bit-reproducible (llama.cpp embeds its build directory in
+assertion messages), so the engine image ID is a function of this cache's wheel: a
+rebuilt wheel gives a new image ID, and recipes pinning the old one are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+VERSION = "0.3.36"
+REQUIREMENT = f"llama-cpp-python=={VERSION}"
+WHEEL_GLOB = f"llama_cpp_python-{VERSION}-*.whl"
+CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+LOCK = Path(__file__).resolve().parent / "llama-server-wheels.sha256"
+# The interpreter the wheels are for: Debian bookworm's python3 (3.11), bind-mounted into
+# engine containers. Given explicitly so any host Python can fetch them.
+TARGET = ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "abi3"]
+TARGET += ["--abi", "none"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64"]
+PLATFORMS += ["manylinux2014_x86_64", "linux_x86_64"]
+_WHEEL_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-")
+
+
+def log(msg: str) -> None:
+    print(f"build_llama_wheel: {msg}", file=sys.stderr)
+
+
+def default_cache() -> Path:
+    env = os.environ.get("ANVIL_WHEEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "anvil" / "wheels"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_lock(lock: Path = LOCK) -> list[tuple[str, str]]:
+    """(sha256, file name) of every pinned dependency wheel, in file order."""
+    out = []
+    for raw in lock.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        digest, name = line.split()
+        out.append((digest, name))
+    return out
+
+
+def llama_wheels(cache: Path) -> list[Path]:
+    return sorted(cache.glob(WHEEL_GLOB))
+
+
+def missing_deps(cache: Path) -> list[tuple[str, str]]:
+    """Pinned wheels absent from the cache or whose bytes differ from the pin."""
+    missing = []
+    for digest, name in read_lock():
+        path = cache / name
+        if not path.is_file() or sha256_file(path) != digest:
+            missing.append((digest, name))
+    return missing
+
+
+def build_wheel(cache: Path) -> Path:
+    """Compile the wheel from the sdist into the cache; the file appears only when complete."""
+    env = dict(os.environ)
+    env["CMAKE_ARGS"] = CMAKE_ARGS
+    env["CMAKE_BUILD_PARALLEL_LEVEL"] = "2"
+    env["FORCE_CMAKE"] = "1"
+    with tempfile.TemporaryDirectory(prefix="anvil-llama-wheel-") as tmp:
+        cmd = ["nice", "-n", "10", sys.executable, "-m", "pip", "wheel", "--no-deps"]
+        cmd += ["--no-binary", "llama-cpp-python", "--disable-pip-version-check", "-w", tmp, REQUIREMENT]
+        log(f"building {REQUIREMENT} (CMAKE_ARGS={CMAKE_ARGS}); this takes minutes")
+        t0 = time.monotonic()
+        subprocess.run(cmd, check=True, env=env)
+        built = sorted(Path(tmp).glob(WHEEL_GLOB))
+        if len(built) != 1:
+            raise SystemExit(f"build_llama_wheel: expected one {WHEEL_GLOB} in {tmp}, got {built}")
+        target = cache / built[0].name
+        _copy(built[0], target)
+        log(f"built {target.name} in {time.monotonic() - t0:.0f}s")
+        return target
+
+
+def _copy(src: Path, dst: Path) -> None:
+    partial = dst.with_name(dst.name + ".partial")
+    with src.open("rb") as fi, partial.open("wb") as fo:
+        while chunk := fi.read(1 << 20):
+            fo.write(chunk)
+    os.replace(partial, dst)
+
+
+def _requirement(digest: str, name: str) -> str:
+    m = _WHEEL_RE.match(name)
+    if not m:
+        raise SystemExit(f"build_llama_wheel: {LOCK}: {name!r} is not a wheel file name")
+    return f"{m['name']}=={m['version']} --hash=sha256:{digest}"
+
+
+def fetch_deps(cache: Path, missing: list[tuple[str, str]]) -> None:
+    """pip download the missing pinned wheels (by version and hash) into the cache."""
+    with tempfile.TemporaryDirectory(prefix="anvil-llama-deps-") as tmp:
+        reqs = Path(tmp) / "requirements.txt"
+        reqs.write_text("".join(_requirement(d, n) + "\n" for d, n in missing))
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        cmd += ["--require-hashes", "--disable-pip-version-check", "-q", "-d", tmp, *TARGET]
+        for platform in PLATFORMS:
+            cmd += ["--platform", platform]
+        subprocess.run([*cmd, "-r", str(reqs)], check=True)
+        for digest, name in missing:
+            got = Path(tmp) / name
+            if not got.is_file() or sha256_file(got) != digest:
+                raise SystemExit(f"build_llama_wheel: pip download did not give {name} ({digest})")
+            _copy(got, cache / name)
+    log(f"fetched {len(missing)} dependency wheel(s) into {cache}")
+
+
+def relock(cache: Path, wheel: Path) -> None:
+    """Resolve `llama-cpp-python[server]` against the index and pin every dependency wheel."""
+    with tempfile.TemporaryDirectory(prefix="anvil-llama-relock-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--find-links", str(cache)]
+        cmd += ["--disable-pip-version-check", "-q", "-d", tmp, *TARGET]
+        for platform in PLATFORMS:
+            cmd += ["--platform", platform]
+        subprocess.run([*cmd, f"llama-cpp-python[server]=={VERSION}"], check=True)
+        lines = [
+            "# Wheels of llama-cpp-python[server]==0.3.36's dependencies for CPython 3.11,",
+            "# manylinux x86_64: `sha256  file name`, as `sha256sum -c` reads it.",
+            "# Written by scripts/build_llama_wheel.py --relock; the engine image holds exactly these.",
+        ]
+        for path in sorted(Path(tmp).glob("*.whl")):
+            if path.name == wheel.name:
+                continue
+            lines.append(f"{sha256_file(path)}  {path.name}")
+            _copy(path, cache / path.name)
+        LOCK.write_text("\n".join(lines) + "\n")
+    log(f"wrote {LOCK} ({len(lines) - 3} wheels)")
+
+
+def check_wheel(wheel: Path) -> None:
+    """The wheel is a readable zip holding the llama_cpp package and its shared library."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        bad = zf.testzip()
+    if bad is not None or "llama_cpp/__init__.py" not in names or "llama_cpp/lib/libllama.so" not in names:
+        raise SystemExit(f"build_llama_wheel: {wheel} is not a complete llama-cpp-python wheel")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cache", type=Path, default=None, help="wheel cache directory")
+    parser.add_argument("--check", action="store_true", help="only check; exit 1 if anything is missing")
+    parser.add_argument("--relock", action="store_true", help="re-resolve and rewrite the pin file")
+    args = parser.parse_args(argv)
+    cache = (args.cache or default_cache()).absolute()
+    wheels = llama_wheels(cache)
+    if len(wheels) > 1:
+        log(f"several {WHEEL_GLOB} in {cache}: {[w.name for w in wheels]}; keep one")
+        return 1
+    if args.check:
+        missing = missing_deps(cache)
+        for _, name in missing:
+            log(f"missing or altered: {cache / name}")
+        if not wheels:
+            log(f"missing: {cache / WHEEL_GLOB}")
+        return 1 if missing or not wheels else 0
+    cache.mkdir(parents=True, exist_ok=True)
+    if wheels:
+        wheel = wheels[0]
+        log(f"reusing {wheel}")
+    else:
+        wheel = build_wheel(cache)
+    check_wheel(wheel)
+    if args.relock:
+        relock(cache, wheel)
+    missing = missing_deps(cache)
+    if missing:
+        fetch_deps(cache, missing)
+    else:
+        log(f"all {len(read_lock())} pinned dependency wheels present in {cache}")
+    print(f"{sha256_file(wheel)}  {wheel}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
