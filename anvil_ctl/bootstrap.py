@@ -23,6 +23,7 @@ from anvil_ctl.core.model import Backend, RoutedAnswer
 from anvil_ctl.core.ports import GpuProbe, Owner, Router
 
 if TYPE_CHECKING:
+    from anvil_ctl.engine.faults import Faults
     from anvil_ctl.engine.world import Acceptance, AcceptanceReport, World
     from anvil_ctl.persistence.db import Engine
     from anvil_ctl.persistence.store import Store
@@ -84,6 +85,14 @@ class Context:
         from anvil_ctl.adapters.nvml import NvmlProbe
 
         return NvmlProbe()
+
+    @cached_property
+    def faults(self) -> Faults:
+        """Fault injection, when the settings ask for it (tests and `make chaos` only)."""
+        from anvil_ctl.engine.faults import Faults
+
+        s = self.settings
+        return Faults(crash_at=s.crash_at, pause_at=s.pause_at, pause_file=s.pause_file)
 
     def close(self) -> None:
         """Close the adapters' connections (Docker, router HTTP clients)."""

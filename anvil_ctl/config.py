@@ -56,6 +56,11 @@ class Settings(BaseSettings):
         description="Fault injection for tests and `make chaos` only: SIGKILL this process right after "
         "the journal row KIND:STEP:PHASE:EVENT (or KIND:state:STATE; * matches anything) commits",
     )
+    pause_at: str | None = Field(
+        None,
+        description="Fault injection for tests and `make chaos` only: at this journal boundary, write it "
+        "into <state_dir>/paused-at and wait until that file is removed",
+    )
 
     @property
     def db_url(self) -> str:
@@ -64,6 +69,10 @@ class Settings(BaseSettings):
     @property
     def lock_path(self) -> Path:
         return self.state_dir / "anvil.lock"
+
+    @property
+    def pause_file(self) -> Path:
+        return self.state_dir / "paused-at"
 
     @property
     def evidence_dir(self) -> Path:

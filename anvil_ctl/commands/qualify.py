@@ -112,7 +112,7 @@ def qualify_slot(
     plan = qualify_plan.build(args, world)
     plan.memo.progress, plan.memo.now = progress, now
     # Non-mutating: no host lock, but journaled like every transaction.
-    engine = TransactionEngine(ctx.store, ctx.owner, crash_at=ctx.settings.crash_at)
+    engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
     found = {d["id"]: d for d in qualification.decisions(ctx.store, slot=slot)}
     step = outcome.results.get("record-decision") or {}

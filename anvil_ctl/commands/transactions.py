@@ -37,7 +37,7 @@ def run_plan(
     """Run a transaction; `locked` when the caller already holds the host lock (see `mutating`)."""
     world = ctx.world()
     plan = KINDS[kind].build(args, world)
-    engine = TransactionEngine(ctx.store, ctx.owner, crash_at=ctx.settings.crash_at)
+    engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
     if dry_run:
         return engine.run(plan, world, dry_run=True)
     tx_id = tx_id or str(uuid.uuid4())
@@ -141,7 +141,7 @@ def recover_all(ctx: Context) -> RecoverReport:
     lock = HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, "recover")
     stale = lock.acquire(take_over_dead=True)
     try:
-        report = recover(ctx.store, ctx.owner, world, crash_at=ctx.settings.crash_at)
+        report = recover(ctx.store, ctx.owner, world, faults=ctx.faults)
         # A dead owner's lock row goes only once nothing it left is unresolved: not after this
         # run's failures, and not while an earlier run's transaction still waits for a person.
         left = {(r.owner.pid, r.owner.hostname, r.owner.boot_id) for r in ctx.store.unresolved()}

@@ -26,6 +26,7 @@ from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
+from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.engine.plans import KINDS, Kind
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
@@ -94,10 +95,10 @@ def recover(
     world: World,
     kinds: Mapping[str, Kind] = KINDS,
     *,
-    crash_at: str | None = None,
+    faults: Faults = NO_FAULTS,
 ) -> RecoverReport:
     report = RecoverReport()
-    engine = TransactionEngine(journal, me, crash_at=crash_at)
+    engine = TransactionEngine(journal, me, faults=faults)
     for rec in journal.unfinished():
         alive = owner_alive(rec.owner, me)
         if alive is not False and rec.owner != me:

@@ -15,16 +15,12 @@ at the start. After the last step the plan's goal is checked (and re-applied
 once); a critical difference found by `verify_after` while the slot serves ends
 `needs_operator` with the slot left serving, never stopped for a snapshot.
 
-Fault injection: `crash_at` (settings `ANVIL_CRASH_AT`, tests and `make chaos`
-only) names a journal boundary, `KIND:STEP:PHASE:EVENT` (or `KIND:state:STATE`,
-`*` matching anything); the process SIGKILLs itself right after that row commits.
+Every journal row is a boundary where `anvil_ctl.engine.faults` may crash or
+pause the process (tests and `make chaos` only).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import os
-import signal
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +33,7 @@ from anvil_ctl.core.snapshot import Change, Snapshot, diff
 from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
+from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.plans.args import to_json
 from anvil_ctl.engine.world import World
 
@@ -92,17 +89,15 @@ def _error_detail(exc: BaseException) -> dict[str, Any]:
 
 
 class TransactionEngine:
-    def __init__(self, journal: Journal, owner: Owner, *, crash_at: str | None = None) -> None:
+    def __init__(self, journal: Journal, owner: Owner, *, faults: Faults = NO_FAULTS) -> None:
         self.journal = journal
         self.owner = owner
-        self.crash_at = crash_at
+        self.faults = faults
 
     # -- journal, with the fault-injection boundary --------------------------------------------
 
     def _boundary(self, kind: str, *parts: str) -> None:
-        if self.crash_at and fnmatch.fnmatchcase(":".join((kind, *parts)), self.crash_at):
-            log.warning("crash_at boundary reached: SIGKILL", boundary=":".join((kind, *parts)))
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.faults.at(":".join((kind, *parts)))
 
     def _event(
         self,

@@ -1,0 +1,47 @@
+"""Fault injection at journal boundaries, for the fault-injection tests and `make chaos` only.
+
+A boundary is named `KIND:STEP:PHASE:EVENT` (a step event) or `KIND:state:STATE` (a
+state row), e.g. `rollback:start-target:do:result`; patterns may use `*`. Right
+after the journal row of a matching boundary commits, `crash_at` makes the process
+SIGKILL itself (nothing runs after it: no undo, no lock release), and `pause_at`
+makes it write the boundary into `pause_file` and wait until that file is removed,
+so a harness can restart a router or the Docker daemon at an exact point. Both
+are off unless the settings name them (`ANVIL_CRASH_AT`, `ANVIL_PAUSE_AT`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("anvil.faults")
+
+PAUSE_LIMIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Faults:
+    crash_at: str | None = None
+    pause_at: str | None = None
+    pause_file: Path | None = None
+
+    def at(self, boundary: str) -> None:
+        """Called by the engine right after the row of `boundary` commits."""
+        if self.crash_at and fnmatch.fnmatchcase(boundary, self.crash_at):
+            log.warning("crash_at boundary reached: SIGKILL", boundary=boundary)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.pause_at and self.pause_file and fnmatch.fnmatchcase(boundary, self.pause_at):
+            log.warning("pause_at boundary reached: waiting", boundary=boundary, file=str(self.pause_file))
+            self.pause_file.write_text(boundary + "\n")
+            deadline = time.monotonic() + PAUSE_LIMIT_S
+            while self.pause_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+NO_FAULTS = Faults()
