@@ -168,8 +168,10 @@ ENGINE_SEGMENTS: tuple[str, ...] = (
     # (vllm/distributed/device_communicators/shm_broadcast.py), its shm object
     # storage and tensor arena, and SGLang's copy of shm_broadcast all create these.
     "psm_*",
-    # SGLang: the HiCache host memory pool's shm allocator falls back to
-    # "/dev/shm/sglang_host_pool_<hex>.mmap" where memfd_create is unavailable.
+    # SGLang names its own /dev/shm files "sglang_*": the HiCache host memory pool's
+    # `alloc_shm` falls back to "/dev/shm/sglang_host_pool_<hex>.mmap" where
+    # memfd_create is unavailable (unlinked right after creation, so only a kill in
+    # between leaves one). SGLang's other segments are psm_*, nccl-* and torch_*.
     "sglang_*",
 )
 

@@ -28,7 +28,8 @@ device and inode, not by path: a container with a private /dev/shm reports
 /dev/shm/x for a file that is not the host's /dev/shm/x. Processes come and go
 during a scan: a vanished process is skipped; a process whose maps or fds we may
 not read (not root) is counted in `unreadable_pids`, and deletion refuses to act
-while any is unreadable, since nobody could prove the file unused.
+while any is unreadable, since nobody could prove the file unused (nor that it is
+not another program's).
 """
 
 from __future__ import annotations
