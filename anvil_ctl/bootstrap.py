@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from anvil_ctl.config import HostConfig, Settings, load_host_config
 from anvil_ctl.core.errors import AuthRejected, ConfigError, CredentialError
 from anvil_ctl.core.model import Backend, RoutedAnswer
-from anvil_ctl.core.ports import GpuProbe, Owner, Router
+from anvil_ctl.core.ports import ContainerRuntime, GpuProbe, Owner, Router, SharedMemory
 
 if TYPE_CHECKING:
     from anvil_ctl.engine.faults import Faults
@@ -148,7 +148,6 @@ def _fake_world(ctx: Context) -> World:
 def _real_world(ctx: Context) -> World:
     from anvil_ctl.adapters.docker_runtime import DockerRuntime
     from anvil_ctl.adapters.engine_http import HttpEngineProbe
-    from anvil_ctl.adapters.shm import ShmScanner
     from anvil_ctl.engine.world import World
 
     simulated = ctx.settings.gpu == "simulated"
@@ -177,11 +176,26 @@ def _real_world(ctx: Context) -> World:
         engine=HttpEngineProbe(),
         router=router,
         gpus=gpus,
-        shm=ShmScanner(),
+        shm=_shm(ctx, runtime),
         acceptance=acceptance,
         container_of_pid=container_of_pid,
     )
     return _finish(ctx, world)
+
+
+def _shm(ctx: Context, runtime: ContainerRuntime) -> SharedMemory:
+    """The /dev/shm scanner: residue is only what managed containers held, or engines name so."""
+    from anvil_ctl.adapters.shm import ShmScanner, managed_containers
+    from anvil_ctl.persistence.shm_ledger import StoreShmLedger
+
+    rc = ctx.config.residue
+    return ShmScanner(
+        rc.directory,
+        include=rc.include,
+        exclude=rc.exclude,
+        managed=managed_containers(runtime),
+        ledger=StoreShmLedger(ctx.store),
+    )
 
 
 def _router(ctx: Context) -> tuple[Router | None, Acceptance | None]:

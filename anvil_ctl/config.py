@@ -167,6 +167,59 @@ class Policy(_Strict):
     health_poll_s: float = Field(0.5, gt=0, description="Interval between health probes")
 
 
+# The names the engines we serve give their files in /dev/shm. A file matching one is
+# ours once no process holds it, even if anvilctl never saw a managed container hold it.
+ENGINE_SEGMENTS: tuple[str, ...] = (
+    # NCCL: ncclShmOpen (src/misc/shmutils.cc) creates "/dev/shm/nccl-XXXXXX" with
+    # mkstemp for the SHM transport, proxy op pools and NVLS buffers.
+    "nccl-*",
+    # PyTorch: at::NewProcessWideShmHandle (aten/src/ATen/MapAllocator.cpp) names
+    # shm_open segments "/torch_<pid>_<random>_<n>": the file_system sharing strategy
+    # of torch.multiprocessing and the CUDA IPC ref-counter files.
+    "torch_*",
+    # Python multiprocessing.shared_memory: _SHM_NAME_PREFIX "/psm_" (CPython
+    # Lib/multiprocessing/shared_memory.py). vLLM's ShmRingBuffer/MessageQueue
+    # (vllm/distributed/device_communicators/shm_broadcast.py), its shm object
+    # storage and tensor arena, and SGLang's copy of shm_broadcast all create these.
+    "psm_*",
+    # SGLang names its own /dev/shm files "sglang_*": the HiCache host memory pool's
+    # `alloc_shm` falls back to "/dev/shm/sglang_host_pool_<hex>.mmap" where
+    # memfd_create is unavailable (unlinked right after creation, so only a kill in
+    # between leaves one). SGLang's other segments are psm_*, nccl-* and torch_*.
+    "sglang_*",
+)
+
+
+class ResidueConfig(_Strict):
+    """[residue]: which files in the shared-memory directory are residue of managed engines.
+
+    Ours: a file a process of a managed container (label io.anvil.managed=true) was
+    seen holding, or a file whose name matches `include`; never a file matching
+    `exclude`, and never one held right now by a process outside managed containers.
+    Residue: a file of ours that no process holds any more.
+    """
+
+    directory: Path = Field(
+        Path("/dev/shm"),  # noqa: S108 - scanned, never written to
+        description="Shared-memory directory to scan (the host's, which ipc=host engines share)",
+    )
+    include: tuple[str, ...] = Field(
+        ENGINE_SEGMENTS,
+        description=(
+            "Globs of the engines' known segment names (matched against the name and the path "
+            "relative to the directory); default NCCL nccl-*, PyTorch torch_*, Python "
+            "multiprocessing psm_* (vLLM, SGLang), SGLang sglang_*"
+        ),
+    )
+    exclude: tuple[str, ...] = Field(
+        (),
+        description=(
+            "Globs that are never residue; they win over include and over files seen held "
+            "by managed containers"
+        ),
+    )
+
+
 class HostConfig(_Strict):
     """anvil.toml: the host's GPU roles, slots, router and policy."""
 
@@ -175,6 +228,9 @@ class HostConfig(_Strict):
     slots: dict[str, Slot] = Field(default_factory=dict, description="slot name -> slot")
     router: RouterConfig = Field(default_factory=RouterConfig)
     policy: Policy = Field(default_factory=Policy)
+    residue: ResidueConfig = Field(
+        default_factory=ResidueConfig, description="Which shared-memory files count as our residue"
+    )
     model_cache_dir: Path | None = Field(
         None, description="Hugging Face hub cache (…/hub) that engines mount; checked before load"
     )

@@ -1,21 +1,35 @@
-"""Shared-memory residue: engine files left in /dev/shm and the processes that map or hold them.
+"""Shared-memory residue: files our engines left in /dev/shm, and removal only when verified twice.
 
-Implements `anvil_ctl.core.ports.SharedMemory`. A residue file is a regular file
-under the directory (recursively, links not followed) whose path relative to the
-directory matches an include glob and no exclude glob. Default: every file except
-POSIX named semaphores (`sem.*`, created by glibc's sem_open for any program) and
-PulseAudio's `pulse-shm-*`, the system's own users of /dev/shm. Engines' files
-(NCCL `nccl-*`, torch `torch_*`, vLLM/SGLang offload segments, psm_*) all count:
-the seeds' goal is "zero shared-memory/offload files", so an unknown name is
-residue until an operator excludes it.
+Implements `anvil_ctl.core.ports.SharedMemory`. Residue means *ours*: the host's
+/dev/shm is shared with every other program (a PostgreSQL server's
+`PostgreSQL.<n>` segments, a desktop's, a training job's), and none of theirs is
+ever residue. For each regular file under the directory (recursively, links not
+followed):
 
-Holders come from /proc/<pid>/maps (mapped) and /proc/<pid>/fd (open). Processes
-come and go during a scan: a vanished process is skipped; a process whose maps or
-fds we may not read (not root) is counted in `unreadable_pids`, and deletion
-refuses to act while any is unreadable, since nobody could prove the file unused.
+    ours = not excluded                                  ([residue] exclude wins over all)
+           and held by no process outside managed containers, right now
+           and ( held now by a process of a managed container      -> marked in the ledger
+                 or marked in the ledger earlier (same path, device and inode, this boot)
+                 or its name matches an include glob (the engines' known segment names) )
+    residue = ours and held by no process at all
 
-Warning: a process in another mount namespace reports paths of its own view; a
-container sharing the host's /dev/shm (`ipc_mode = "host"`) reports the same paths.
+A managed container carries the label io.anvil.managed=true. A holder PID is in
+one when its /proc/<pid>/cgroup names the container's ID, or, where the cgroup
+path names no container, when the container's init PID (from the runtime) is
+among its ancestors. The ledger (`anvil_ctl.core.ports.ShmLedger`, in the state
+database) remembers what managed containers were seen holding while they ran,
+so a file they leave after they stop is still known as ours. Every observation
+feeds it; snapshots are taken before every stop, so an engine's files are seen
+while it runs. A file a managed engine created and closed between observations
+is only known by its name: that is what the include globs are for.
+
+Holders come from /proc/<pid>/maps (mapped) and /proc/<pid>/fd (open), matched by
+device and inode, not by path: a container with a private /dev/shm reports
+/dev/shm/x for a file that is not the host's /dev/shm/x. Processes come and go
+during a scan: a vanished process is skipped; a process whose maps or fds we may
+not read (not root) is counted in `unreadable_pids`, and deletion refuses to act
+while any is unreadable, since nobody could prove the file unused (nor that it is
+not another program's).
 """
 
 from __future__ import annotations
@@ -24,37 +38,53 @@ import fnmatch
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
-from anvil_ctl.core.model import ResidueFile, ResidueRemoval
+from anvil_ctl.adapters.procfs import proc_cgroup_container
+from anvil_ctl.config import ENGINE_SEGMENTS
+from anvil_ctl.core.model import LABEL_MANAGED, ResidueFile, ResidueRemoval, ShmMark
+from anvil_ctl.core.ports import ContainerRuntime, ShmLedger
 
 # We scan /dev/shm, never create files in it.
 DEFAULT_DIRECTORY = Path("/dev/shm")  # noqa: S108
-DEFAULT_INCLUDE: tuple[str, ...] = ("*",)
-DEFAULT_EXCLUDE: tuple[str, ...] = ("sem.*", "pulse-shm-*")
 DELETED_SUFFIX = " (deleted)"
+MAX_ANCESTRY = 64
+"""How far up the parent chain a holder is followed to a managed container's init."""
+
+ManagedContainers = Callable[[], Mapping[str, int | None]]
+"""Managed containers now: container ID -> init PID (None when it runs no process)."""
 
 log = structlog.get_logger(__name__)
 
 
+def managed_containers(runtime: ContainerRuntime) -> ManagedContainers:
+    """The runtime's containers labelled io.anvil.managed=true, with their init PIDs."""
+
+    def listed() -> dict[str, int | None]:
+        return {c.id: c.pid for c in runtime.list(labels={LABEL_MANAGED: "true"})}
+
+    return listed
+
+
 @dataclass(frozen=True)
 class _Seen:
-    """One file as observed: its inode identity and content stamp, and who holds it."""
+    """One file of ours as observed: its inode identity and content stamp, and who holds it."""
 
     dev: int
     ino: int
     size: int
     mtime_ns: int
     pids: tuple[int, ...]
+    """Processes of managed containers holding it (others make a file not ours)."""
 
 
 @dataclass(frozen=True)
 class Observation:
-    """One scan: residue files by path and how many processes could not be inspected."""
+    """One scan: our files by path (held or not) and how many processes could not be inspected."""
 
     files: dict[str, _Seen] = field(default_factory=dict)
     unreadable_pids: tuple[int, ...] = ()
@@ -70,20 +100,28 @@ class RemovalReport:
 
 
 class ShmScanner:
-    """Residue files in a shared-memory directory and their holders (a SharedMemory port)."""
+    """Our residue in a shared-memory directory and its holders (a SharedMemory port).
+
+    `managed` lists the managed containers (None: there are none, e.g. no runtime);
+    `ledger` remembers what they held (None: nothing is remembered between scans).
+    """
 
     def __init__(
         self,
         directory: Path = DEFAULT_DIRECTORY,
         *,
-        include: Iterable[str] = DEFAULT_INCLUDE,
-        exclude: Iterable[str] = DEFAULT_EXCLUDE,
+        include: Iterable[str] = ENGINE_SEGMENTS,
+        exclude: Iterable[str] = (),
         proc_root: Path = Path("/proc"),
+        managed: ManagedContainers | None = None,
+        ledger: ShmLedger | None = None,
     ) -> None:
         self.directory = Path(os.path.realpath(directory))
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.proc_root = proc_root
+        self.managed = managed
+        self.ledger = ledger
 
     def remove_unheld(self) -> ResidueRemoval:
         report = remove_residue(self)
@@ -91,32 +129,56 @@ class ShmScanner:
 
     def residue(self) -> list[ResidueFile]:
         obs = self.observe()
-        return [ResidueFile(p, s.size, s.pids) for p, s in sorted(obs.files.items())]
+        return [ResidueFile(p, s.size) for p, s in sorted(obs.files.items()) if not s.pids]
 
     def observe(self) -> Observation:
+        """Our files now; marks in the ledger what managed containers hold."""
         found = self._files()
-        holders, unreadable = self._holders(set(found))
-        files = {
-            path: _Seen(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, holders.get(path, ()))
-            for path, st in found.items()
-        }
+        holders, unreadable = self._holders(found)
+        owner = self._owners(holders)
+        boot_id = self._boot_id()
+        known = self._known(boot_id) if found else set()
+        files: dict[str, _Seen] = {}
+        marks: list[ShmMark] = []
+        for path, st in found.items():
+            pids = holders.get(path, ())
+            owners = {pid: owner(pid) for pid in pids}
+            if any(cid is None for cid in owners.values()):
+                continue  # another program holds it: never ours, whoever else does
+            ident = (path, st.st_dev, st.st_ino)
+            if owners:
+                cids = sorted({cid for cid in owners.values() if cid is not None})
+                marks += [ShmMark(*ident, container_id=cid, boot_id=boot_id) for cid in cids]
+            elif ident not in known and not self._named(path):
+                continue  # nobody of ours was ever seen with it and no engine names it so
+            files[path] = _Seen(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, pids)
+        if marks and self.ledger is not None:
+            self.ledger.remember(marks)
         return Observation(files=files, unreadable_pids=unreadable)
 
-    def _matches(self, rel: str) -> bool:
-        name = rel.rsplit("/", 1)[-1]
-        if any(fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(name, g) for g in self.exclude):
-            return False
-        return any(fnmatch.fnmatchcase(rel, g) for g in self.include)
+    # -- which files ---------------------------------------------------------------------
+
+    def _rel(self, path: str) -> tuple[str, str]:
+        rel = os.path.relpath(path, self.directory)
+        return rel, rel.rsplit("/", 1)[-1]
+
+    def _excluded(self, path: str) -> bool:
+        rel, name = self._rel(path)
+        return any(fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(name, g) for g in self.exclude)
+
+    def _named(self, path: str) -> bool:
+        rel, name = self._rel(path)
+        return any(fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(name, g) for g in self.include)
 
     def _files(self) -> dict[str, os.stat_result]:
+        """Every regular file under the directory that no exclude glob names."""
         out: dict[str, os.stat_result] = {}
         # A file may vanish between listing and lstat: that is an engine cleaning up.
         for root, dirs, names in os.walk(self.directory):
             dirs.sort()
             for name in names:
                 path = os.path.join(root, name)
-                rel = os.path.relpath(path, self.directory)
-                if not self._matches(rel):
+                if self._excluded(path):
                     continue
                 try:
                     st = os.lstat(path)
@@ -126,12 +188,30 @@ class ShmScanner:
                     out[path] = st
         return out
 
-    def _holders(self, paths: set[str]) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
+    def _known(self, boot_id: str) -> set[tuple[str, int, int]]:
+        if self.ledger is None:
+            return set()
+        return {(m.path, m.dev, m.ino) for m in self.ledger.marks(boot_id)}
+
+    def _boot_id(self) -> str:
+        try:
+            return (self.proc_root / "sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return ""
+
+    # -- who holds them ------------------------------------------------------------------
+
+    def _holders(
+        self, found: dict[str, os.stat_result]
+    ) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
         """path -> pids mapping or holding it open; and pids that could not be read."""
+        if not found:
+            return {}, ()
+        by_inode = {(st.st_dev, st.st_ino): path for path, st in found.items()}
+        by_path = {path: st.st_ino for path, st in found.items()}
+        names = {os.path.basename(p) for p in found}
         holders: dict[str, set[int]] = {}
         unreadable: set[int] = set()
-        if not paths:
-            return {}, ()
         try:
             entries = os.listdir(self.proc_root)
         except OSError:
@@ -140,20 +220,26 @@ class ShmScanner:
             if not entry.isdigit():
                 continue
             pid = int(entry)
-            for path in self._paths_of(pid, unreadable):
-                if path in paths:
-                    holders.setdefault(path, set()).add(pid)
+            for path in self._held_by(pid, by_inode, by_path, names, unreadable):
+                holders.setdefault(path, set()).add(pid)
         return {p: tuple(sorted(s)) for p, s in holders.items()}, tuple(sorted(unreadable))
 
-    def _paths_of(self, pid: int, unreadable: set[int]) -> set[str]:
+    def _held_by(
+        self,
+        pid: int,
+        by_inode: dict[tuple[int, int], str],
+        by_path: dict[str, int],
+        names: set[str],
+        unreadable: set[int],
+    ) -> set[str]:
         found: set[str] = set()
         base = self.proc_root / str(pid)
         try:
             with open(base / "maps", encoding="utf-8", errors="surrogateescape") as fh:
                 for line in fh:
-                    parts = line.rstrip("\n").split(maxsplit=5)
-                    if len(parts) == 6 and parts[5].startswith("/"):
-                        found.add(parts[5].removesuffix(DELETED_SUFFIX))
+                    hit = _mapped(line, by_inode, by_path)
+                    if hit is not None:
+                        found.add(hit)
         except (FileNotFoundError, ProcessLookupError):
             return found  # the process exited during the scan
         except OSError:
@@ -166,11 +252,86 @@ class ShmScanner:
             unreadable.add(pid)
             return found
         for fd in fds:
+            link = base / "fd" / fd
             try:
-                found.add(os.readlink(base / "fd" / fd).removesuffix(DELETED_SUFFIX))
+                target = os.readlink(link).removesuffix(DELETED_SUFFIX)
+                # Only a candidate's name is worth a stat (which follows the link into
+                # whatever file system the descriptor is on).
+                if os.path.basename(target) not in names:
+                    continue
+                st = os.stat(link)
             except OSError:
-                continue  # fd closed between listdir and readlink
+                continue  # fd closed between listdir and readlink/stat
+            hit = by_inode.get((st.st_dev, st.st_ino))
+            if hit is not None:
+                found.add(hit)
         return found
+
+    def _owners(self, holders: dict[str, tuple[int, ...]]) -> Callable[[int], str | None]:
+        """pid -> the managed container it runs in, or None (asks the runtime only if needed)."""
+        if not holders or self.managed is None:
+            return lambda pid: None
+        containers = dict(self.managed())
+        inits = {pid: cid for cid, pid in containers.items() if pid}
+        cache: dict[int, str | None] = {}
+
+        def owner(pid: int) -> str | None:
+            if pid not in cache:
+                cache[pid] = self._container_of(pid, containers, inits)
+            return cache[pid]
+
+        return owner
+
+    def _container_of(
+        self, pid: int, containers: Mapping[str, int | None], inits: dict[int, str]
+    ) -> str | None:
+        cid = proc_cgroup_container(pid, self.proc_root)
+        if cid is not None:
+            return cid if cid in containers else None  # another container is another program
+        # No container in the cgroup path (a cgroup namespace, an unusual driver):
+        # a descendant of a managed container's init is in that container.
+        for _ in range(MAX_ANCESTRY):
+            if pid in inits:
+                return inits[pid]
+            parent = _parent(self.proc_root, pid)
+            if parent is None or parent <= 1 or parent == pid:
+                return None
+            pid = parent
+        return None
+
+
+def _mapped(line: str, by_inode: dict[tuple[int, int], str], by_path: dict[str, int]) -> str | None:
+    """The candidate a /proc/<pid>/maps line maps, if any: `addr perms offset MAJ:MIN inode path`."""
+    parts = line.rstrip("\n").split(maxsplit=5)
+    if len(parts) < 5 or parts[4] == "0":
+        return None  # anonymous memory
+    try:
+        major, minor = (int(x, 16) for x in parts[3].split(":"))
+        ino = int(parts[4])
+    except ValueError:
+        return None
+    hit = by_inode.get((os.makedev(major, minor), ino))
+    if hit is None and len(parts) == 6:
+        # Overlay and some stacked file systems report the underlying device in maps,
+        # not the one stat() shows; the same path with the same inode is the same file.
+        path = parts[5].removesuffix(DELETED_SUFFIX)
+        if by_path.get(path) == ino:
+            hit = path
+    return hit
+
+
+def _parent(proc_root: Path, pid: int) -> int | None:
+    """The parent PID from /proc/<pid>/stat (None if the process is gone)."""
+    try:
+        text = (proc_root / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    fields = text[text.rfind(")") + 2 :].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def remove_residue(
@@ -180,11 +341,12 @@ def remove_residue(
     sleep: Callable[[float], None] = time.sleep,
     allow_unreadable: bool = False,
 ) -> RemovalReport:
-    """Delete residue only when two observations `interval_s` apart agree and nobody holds it.
+    """Delete our residue only when two observations `interval_s` apart agree nobody holds it.
 
-    Agree means: the same inode, size and mtime both times, and no process mapped
-    or held it open either time. Any unreadable process makes the scan unproven,
-    and then nothing is removed, unless the caller passes `allow_unreadable`
+    Agree means: the same inode, size and mtime both times, ours both times, and no
+    process mapped or held it open either time. Files that are not ours never enter
+    either observation and are never touched. Any unreadable process makes the scan
+    unproven, and then nothing is removed, unless the caller passes `allow_unreadable`
     (some sandboxes deny even root the maps of PID 1; the report still names them).
     """
     first = scanner.observe()

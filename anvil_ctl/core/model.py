@@ -195,9 +195,26 @@ class RoutedAnswer:
 
 @dataclass(frozen=True)
 class ResidueFile:
+    """A shared-memory file a managed engine left behind (see `anvil_ctl.adapters.shm`)."""
+
     path: str
     size: int
     pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShmMark:
+    """A shared-memory file seen held by a process of a managed container (the ledger's row).
+
+    The file is known by path and inode within one boot: /dev/shm is a tmpfs that a
+    reboot empties, so a mark of another boot never names a file present now.
+    """
+
+    path: str
+    dev: int
+    ino: int
+    container_id: str
+    boot_id: str
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from anvil_ctl.core.model import (
     ResidueFile,
     ResidueRemoval,
     RoutedAnswer,
+    ShmMark,
 )
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import TxState
@@ -115,12 +116,27 @@ class EngineProbe(Protocol):
 
 @runtime_checkable
 class SharedMemory(Protocol):
-    """Shared-memory and offload residue left by engines."""
+    """Shared-memory and offload residue left by managed engines (never another program's files)."""
 
-    def residue(self) -> list[ResidueFile]: ...
+    def residue(self) -> list[ResidueFile]:
+        """Files of ours that no process holds any more."""
+        ...
 
     def remove_unheld(self) -> ResidueRemoval:
         """Delete residue only when two observations agree that no process holds it."""
+        ...
+
+
+@runtime_checkable
+class ShmLedger(Protocol):
+    """Durable, append-only memory of the shared-memory files managed containers held."""
+
+    def marks(self, boot_id: str) -> list[ShmMark]:
+        """Every mark recorded during the boot `boot_id`."""
+        ...
+
+    def remember(self, marks: list[ShmMark]) -> None:
+        """Record marks not recorded yet (a mark already known is not written again)."""
         ...
 
 

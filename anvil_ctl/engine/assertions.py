@@ -149,6 +149,8 @@ def _host_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
         return not running, running
 
     def residue() -> tuple[bool, Any]:
+        # Only our residue: files managed engines left and nobody holds. A database's
+        # segments or any other program's file in /dev/shm never fail this.
         files = [r.path for r in world.shm.residue()] if world.shm else []
         return not files, files
 

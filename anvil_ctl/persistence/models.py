@@ -9,7 +9,7 @@ PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable.
 
 from __future__ import annotations
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -257,3 +257,25 @@ APPEND_ONLY_TABLES = (
     "lock_releases",
     "audit_journal",
 )
+
+
+class ShmMarkRow(Base):
+    """A shared-memory file a process of a managed container was seen holding (the shm ledger).
+
+    Written once per (boot, path, inode); read back so that a file left after its
+    container stopped is still known as ours. See `anvil_ctl.persistence.shm_ledger`.
+    """
+
+    __tablename__ = "shm_marks"
+    __table_args__ = (Index("ix_shm_marks_boot_id_path", "boot_id", "path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    boot_id: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)
+    dev: Mapped[int] = mapped_column(BigInteger)
+    ino: Mapped[int] = mapped_column(BigInteger)
+    container_id: Mapped[str] = mapped_column(String(64))
+    at: Mapped[str] = mapped_column(String(32))
+
+
+APPEND_ONLY_TABLES_0004 = ("shm_marks",)

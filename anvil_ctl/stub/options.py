@@ -44,6 +44,8 @@ class StubOptions:
     verbose_default: bool = False
     default_max_tokens: int = 256
     gpu_uuids: tuple[str, ...] = ()
+    shm_files: tuple[str, ...] = ()
+    shm_dir: str = "/dev/shm"  # noqa: S108 - the engine's own shared-memory directory
 
     @property
     def reported_name(self) -> str:
@@ -79,6 +81,8 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--answer-book", default=env_default("answer-book", None))
     p.add_argument("--reasoning-tokens", type=int, default=env_default("reasoning-tokens", 16))
     p.add_argument("--default-max-tokens", type=int, default=env_default("default-max-tokens", 256))
+    p.add_argument("--shm-file", action="append", default=None, help="repeatable")
+    p.add_argument("--shm-dir", default=env_default("shm-dir", "/dev/shm"))  # noqa: S108
     return p
 
 
@@ -91,6 +95,12 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
     unknown = faults - KNOWN_FAULTS
     if unknown:
         parser.error(f"unknown fault(s) {sorted(unknown)}; known: {sorted(KNOWN_FAULTS)}")
+    shm_env = env.get(ENV_PREFIX + "SHM_FILE", "").split(",")
+    shm_raw: list[str] = ns.shm_file if ns.shm_file is not None else shm_env
+    shm_files = tuple(f.strip() for f in shm_raw if f.strip())
+    bad = [f for f in shm_files if "/" in f or f in (".", "..")]
+    if bad:
+        parser.error(f"--shm-file takes a plain file name, not a path: {bad}")
     visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
     gpus = tuple(u.strip() for u in visible.split(",") if u.strip().startswith("GPU-"))
     return StubOptions(
@@ -113,4 +123,6 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
         verbose_default=bool(ns.verbose_default),
         default_max_tokens=int(ns.default_max_tokens),
         gpu_uuids=gpus,
+        shm_files=shm_files,
+        shm_dir=ns.shm_dir,
     )

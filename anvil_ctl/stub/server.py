@@ -375,10 +375,26 @@ def make_server(
     return server, state
 
 
+def hold_shm_files(options: StubOptions) -> list[Any]:
+    """Create each --shm-file in --shm-dir (4 KiB) and keep it open while the stub runs.
+
+    The stub never unlinks them: it behaves like an engine killed before its cleanup,
+    which leaves its segments in /dev/shm for the controller to find as residue.
+    """
+    held = []
+    for name in options.shm_files:
+        fh = open(os.path.join(options.shm_dir, name), "w+b")  # noqa: SIM115 - held until exit
+        fh.write(b"\0" * 4096)
+        fh.flush()
+        held.append(fh)
+    return held
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or until --exit-after is reached (exit 1)."""
     options = parse_options(sys.argv[1:] if argv is None else argv, os.environ)
     book = load_answer_book(Path(options.answer_book).read_text()) if options.answer_book else []
+    held = hold_shm_files(options)
     server, state = make_server(options, book)
 
     def on_signal(signum: int, frame: object) -> None:
@@ -394,4 +410,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     server.shutdown()
     server.server_close()
+    for fh in held:
+        fh.close()
     return state.exit_code

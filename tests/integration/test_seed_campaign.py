@@ -233,13 +233,18 @@ class TestSeedCampaign:
             router.deregister("primary-local", "http://127.0.0.1:8001")
             assert "router_readiness" in failed()
             router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
-        # 4. a shared-memory residue file
-        residue = Path("/dev/shm/anvil-test-offload-residue")
-        residue.write_bytes(b"x" * 4096)
+        # 4. a shared-memory residue file named like an engine's (NCCL) segment; a foreign
+        # file beside it is not ours and never counts
+        residue = Path("/dev/shm/nccl-anvil-test-residue")
+        foreign = Path("/dev/shm/anvil-test-foreign-file")
         try:
+            foreign.write_bytes(b"f" * 4096)
+            assert failed() == []
+            residue.write_bytes(b"x" * 4096)
             assert failed() == ["shm_residue_zero"]
         finally:
-            residue.unlink()
+            residue.unlink(missing_ok=True)
+            foreign.unlink(missing_ok=True)
         # 5. a wrong served model on the binding
         rt.stop(camp.incumbent_id, 10)
         wrong = stub_container_spec(image, name="wrong-model", port=8001, served_model="not-the-incumbent")

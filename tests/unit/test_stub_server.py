@@ -6,6 +6,7 @@ standard library only, as in the containers) on a free 127.0.0.1 port.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -303,3 +304,28 @@ class TestLifecycle:
         s.chat("one")
         s.chat("two")
         assert s.proc.wait(timeout=5) == 1
+
+
+class TestShmFileKnob:
+    def test_shm_files_are_held_while_running_and_left_behind_at_exit(
+        self, stub: StubFactory, tmp_path: Path
+    ) -> None:
+        s = stub("--shm-dir", str(tmp_path), "--shm-file", "nccl-stub01", "--shm-file", "kv-left")
+        held = set()
+        for fd in os.listdir(f"/proc/{s.proc.pid}/fd"):
+            with contextlib.suppress(FileNotFoundError):  # a probe's socket closed meanwhile
+                held.add(os.readlink(f"/proc/{s.proc.pid}/fd/{fd}"))
+        assert {str(tmp_path / "nccl-stub01"), str(tmp_path / "kv-left")} <= held
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=5) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["kv-left", "nccl-stub01"]
+        assert (tmp_path / "kv-left").stat().st_size == 4096
+
+    def test_the_env_twin_names_the_files_and_a_path_is_refused(self, tmp_path: Path) -> None:
+        from anvil_ctl.stub.options import parse_options
+
+        env = {"ANVIL_STUB_SHM_FILE": "a, b", "ANVIL_STUB_SHM_DIR": str(tmp_path)}
+        o = parse_options([], env)
+        assert (o.shm_files, o.shm_dir) == (("a", "b"), str(tmp_path))
+        with pytest.raises(SystemExit):
+            parse_options(["--shm-file", "../escape"], {})
