@@ -1,0 +1,431 @@
+"""Never dark, on real Docker and a real smg router: kill, restart and recover, then judge.
+
+One campaign host (scripts/campaign.py: smg with keys, simulated GPUs, the stub
+incumbent adopted) is driven around the lifecycle: A (incumbent serving, routed)
+-load-> B (candidate serving directly, tier drained) -promote-> C (candidate
+routed) -rollback-> A. Each case runs one command and disturbs it:
+
+- `crash`: SIGKILL at a named journal boundary (ANVIL_CRASH_AT), then `recover` twice;
+- `random`: SIGKILL after a random delay within the command's clean duration, then `recover`;
+- `router`: pause at a boundary (ANVIL_PAUSE_AT), kill and restart smg, let it go on.
+
+A rollback from C goes back to the incumbent (A); from A it rolls back to the
+retained candidate (`rollback --to`, C again), so rollback cases need no new load.
+
+Then the host is judged against the command's before and after states: `before`
+or `after` when every container, the binding's model and the routed model are
+exactly one of them; `dark` when the binding answers nothing, or a state that
+must be routed is not; `inconsistent` otherwise. `recheck` must pass wherever
+the incumbent serves, and `audit verify` always.
+
+    scripts/testenv run -- .venv/bin/python scripts/chaos.py --seed 7 --random 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from anvil_ctl.bootstrap import Context
+from anvil_ctl.config import Settings
+from anvil_ctl.persistence import qualification
+from scripts.campaign import (
+    INCUMBENT_MODEL,
+    Campaign,
+    runtime,
+    start_campaign,
+    start_incumbent_by_hand,
+)
+from scripts.routers import start_smg
+
+ALIAS = "llm.primary"
+BINDING = "http://127.0.0.1:8001"
+COMMANDS = ("load", "promote", "rollback")
+BEFORE = {"load": ("A",), "promote": ("B",), "rollback": ("A", "C")}
+AFTER = {"A": "C", "C": "A"}  # a rollback's after phase, by its before phase
+
+
+@dataclass(frozen=True)
+class Case:
+    command: str
+    mode: str  # crash | random | router | clean
+    boundary: str = ""
+    delay_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        where = self.boundary or (f"{self.delay_s:.2f}s" if self.mode == "random" else "")
+        return f"{self.command} {self.mode} {where}".strip()
+
+
+@dataclass
+class Verdict:
+    case: Case
+    tx_state: str
+    converged: str  # before | after | dark | inconsistent
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.converged in ("before", "after") and not self.problems
+
+
+@dataclass(frozen=True)
+class Observed:
+    running: frozenset[str]
+    binding_model: str | None
+    routed_model: str | None
+
+
+class ChaosHost:
+    """The campaign host and the lifecycle phase it is in."""
+
+    def __init__(self, work: Path) -> None:
+        self.camp: Campaign = start_campaign(work)
+        r = self.camp.anvilctl("init")
+        assert r.returncode == 0, r.stderr
+        start_incumbent_by_hand(self.camp)
+        r = self.camp.anvilctl(
+            "adopt", self.camp.incumbent_id, "--slot", "primary", "--context-tokens", "524288"
+        )
+        assert r.returncode == 0, r.stderr
+        self.candidate: str | None = None
+        self.promoted = False
+        """The candidate was promoted once: a rollback can go either way between A and C."""
+        self.durations: dict[str, float] = {}
+
+    # -- observing ----------------------------------------------------------------------------
+
+    def context(self) -> Context:
+        env = self.camp.env
+        settings = Settings(  # type: ignore[call-arg]
+            state_dir=Path(env["ANVIL_STATE_DIR"]),
+            config=Path(env["ANVIL_CONFIG"]),
+            recipes_dir=Path(env["ANVIL_RECIPES_DIR"]),
+            gpu="simulated",
+            _env_file=None,
+        )
+        return Context(settings=settings, env=env)
+
+    def observe(self) -> Observed:
+        import httpx
+
+        rt = runtime()
+        try:
+            running = frozenset(c.id for c in rt.list(labels={"io.anvil.slot": "primary"}) if c.running)
+        finally:
+            rt.close()
+        binding = routed = None
+        try:
+            models = httpx.get(f"{BINDING}/v1/models", timeout=5).json()["data"]
+            binding = models[0]["id"] if len(models) == 1 else None
+        except (httpx.HTTPError, ValueError, KeyError, IndexError):
+            binding = None
+        try:
+            answer = httpx.post(
+                f"{self.camp.smg.url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {self.camp.client_token}"},
+                json={"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                timeout=30,
+            )
+            routed = answer.json().get("model") if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            routed = None
+        return Observed(running, binding, routed)
+
+    def expected(self, phase: str) -> Observed:
+        inc_model = INCUMBENT_MODEL
+        cand_model = "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp"
+        if phase == "A":
+            return Observed(frozenset({self.camp.incumbent_id}), inc_model, inc_model)
+        assert self.candidate is not None
+        routed = cand_model if phase == "C" else None
+        return Observed(frozenset({self.candidate}), cand_model, routed)
+
+    def phase_of(self, seen: Observed) -> str | None:
+        for phase in ("A", "B", "C"):
+            if phase != "A" and self.candidate is None:
+                continue
+            want = self.expected(phase)
+            if seen == want:
+                return phase
+        return None
+
+    # -- driving --------------------------------------------------------------------------------
+
+    def run(self, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+        r = self.camp.anvilctl("--json", *args, env=env)
+        try:
+            out: dict[str, Any] = json.loads(r.stdout) if r.stdout.strip() else {}
+        except ValueError:
+            out = {}
+        out["_exit"] = r.returncode
+        return out
+
+    def argv(self, command: str, phase: str | None = None) -> list[str]:
+        if command == "load":
+            return ["load", "stub-393k-c1", "--slot", "primary"]
+        if command == "promote":
+            return ["promote", "--slot", "primary", "--approved-by", "chaos"]
+        if phase == "A" and self.candidate:  # back to the retained, once-promoted candidate
+            return ["rollback", "--slot", "primary", "--to", self.candidate]
+        return ["rollback", "--slot", "primary"]
+
+    def prepare(self, command: str) -> str:
+        """Bring the host to a before phase of the command (clean commands, no faults)."""
+        for _ in range(5):
+            phase = self.phase_of(self.observe())
+            if phase in BEFORE[command] and (command != "rollback" or self.promoted):
+                if command == "promote":
+                    self.verify_candidate()
+                return phase
+            step = {"A": "load", "B": "promote", "C": "rollback", None: "recover"}[phase]
+            if step == "promote":
+                self.verify_candidate()
+            if step == "load":
+                self.unload_stopped_candidates()
+            out = self.run(*self.argv(step, phase)) if step != "recover" else self.run("recover")
+            if step == "load" and out.get("state") == "committed":
+                self.candidate = out["results"]["start-candidate"]["container_id"]
+                self.promoted = False
+            if step == "promote" and out.get("state") == "committed":
+                self.promoted = True
+        raise RuntimeError(f"cannot reach phase {BEFORE[command]} for {command}: {self.observe()}")
+
+    def verify_candidate(self) -> None:
+        """A verified decision for the loaded candidate (promote's precondition; qualify is not
+        what this harness tests)."""
+        ctx = self.context()
+        cand = ctx.store.current_identity("primary", "candidate")
+        assert cand is not None
+        qualification.record_decision(
+            ctx.store,
+            decision_id="chaos-" + cand.qualification_digest[:12],
+            tx_id=None,
+            slot="primary",
+            identity_digest=cand.qualification_digest,
+            container_id=cand.container_id,
+            outcome="verified",
+        )
+
+    def unload_stopped_candidates(self) -> None:
+        rt = runtime()
+        try:
+            stopped = [c.id for c in rt.list(labels={"io.anvil.role": "candidate"}) if not c.running]
+        finally:
+            rt.close()
+        for cid in stopped:
+            if cid != self.candidate:
+                self.run("unload", cid, "--yes")
+
+    # -- one case -------------------------------------------------------------------------------
+
+    def case(self, case: Case) -> Verdict:
+        before = self.prepare(case.command)
+        after = AFTER[before] if case.command == "rollback" else {"load": "B", "promote": "C"}[case.command]
+        argv = self.argv(case.command, before)
+        env = dict(self.camp.env)
+        state_dir = Path(env["ANVIL_STATE_DIR"])
+        pause = state_dir / "paused-at"
+        start = time.monotonic()
+        if case.mode == "crash":
+            out = self.run(*argv, env=env | {"ANVIL_CRASH_AT": case.boundary})
+        elif case.mode == "random":
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "anvil_ctl", "--json", *argv],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                proc.wait(timeout=case.delay_s)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            out = {}
+        elif case.mode == "router":
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "anvil_ctl", "--json", *argv],
+                env=env | {"ANVIL_PAUSE_AT": case.boundary},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            deadline = time.monotonic() + 300
+            while not pause.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.restart_router()
+            pause.unlink(missing_ok=True)
+            stdout, _ = proc.communicate(timeout=600)
+            out = json.loads(stdout) if stdout.strip() else {}
+        else:
+            out = self.run(*argv)
+            self.durations[case.command] = time.monotonic() - start
+        recovered = [self.run("recover"), self.run("recover")]
+        return self.judge(case, out, recovered, before, after)
+
+    def restart_router(self) -> None:
+        """smg killed (SIGKILL) and started again with the same arguments: every registration lost."""
+        port = int(self.camp.smg.url.rsplit(":", 1)[1])
+        self.camp.smg.kill()
+        self.camp.smg = start_smg(
+            workdir=self.camp.work / "routers",
+            admin_token=self.camp.admin_token,
+            client_token=self.camp.client_token,
+            port=port,
+        )
+
+    def judge(
+        self, case: Case, out: dict[str, Any], recovered: list[dict[str, Any]], before: str, after: str
+    ) -> Verdict:
+        ctx = self.context()
+        txs = [t for t in _transactions(ctx) if t["kind"] == case.command]
+        tx_state = txs[0]["state"] if txs else "none"
+        problems = []
+        if recovered[-1].get("recovered"):
+            problems.append(f"second recover still found work: {recovered[-1]['recovered']}")
+        if any(r["_exit"] != 0 for r in recovered):
+            problems.append(f"recover exit {[r['_exit'] for r in recovered]}")
+        if tx_state == "committed" and case.command == "load":
+            self.candidate = _candidate_of(ctx, txs[0]["tx_id"]) or self.candidate
+            self.promoted = False
+        if tx_state == "committed" and case.command == "promote":
+            self.promoted = True
+        seen = self.observe()
+        phase = self.phase_of(seen)
+        if phase == before:
+            converged = "before"
+        elif phase == after:
+            converged = "after"
+        elif seen.binding_model is None or (phase is None and seen.routed_model is None):
+            converged = "dark"
+        else:
+            converged = "inconsistent"
+        want = {"before": ("compensated", "refused"), "after": ("committed",)}.get(converged, ())
+        if want and tx_state not in want:
+            problems.append(f"host is {converged} but the transaction is {tx_state}")
+        if phase in ("A", "C"):
+            check = self.run("recheck", "--slot", "primary")
+            if check["_exit"] != 0:
+                problems.append(f"recheck failed: {check.get('failed')}")
+        verify = self.run("audit", "verify")
+        if verify["_exit"] != 0:
+            problems.append(f"audit verify: {verify}")
+        detail = {"seen": [sorted(x[:12] for x in seen.running), seen.binding_model, seen.routed_model]}
+        if converged not in ("before", "after"):
+            problems.append(json.dumps(detail))
+        return Verdict(case, tx_state, converged, problems)
+
+    def boundaries(self, command: str) -> list[str]:
+        """Every boundary a clean run of `command` journals (runs it once)."""
+        phase = self.prepare(command)
+        start = time.monotonic()
+        out = self.run(*self.argv(command, phase))
+        self.durations[command] = time.monotonic() - start
+        if command == "load" and out.get("state") == "committed":
+            self.candidate = out["results"]["start-candidate"]["container_id"]
+            self.promoted = False
+        if command == "promote" and out.get("state") == "committed":
+            self.promoted = True
+        shown = self.run("audit", "show", out["tx_id"])
+        rows = [f"{command}:state:{s['state']}" for s in shown["states"]]
+        rows += [f"{command}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
+        return list(dict.fromkeys(rows))
+
+    def stop(self) -> None:
+        self.camp.stop()
+
+
+def _transactions(ctx: Context) -> list[dict[str, Any]]:
+    from anvil_ctl.commands import audit
+
+    return audit.transactions(ctx, limit=5)
+
+
+def _candidate_of(ctx: Context, tx_id: str) -> str | None:
+    from anvil_ctl.commands import audit
+
+    for e in audit.show(ctx, tx_id)["steps"]:
+        if e["step"] == "start-candidate" and e["event"] == "result":
+            return str(e["detail"]["container_id"])
+    return None
+
+
+def table(verdicts: list[Verdict]) -> str:
+    rows: dict[tuple[str, str], Counter[str]] = {}
+    for v in verdicts:
+        key = (v.case.command, v.case.mode)
+        rows.setdefault(key, Counter())[v.converged] += 1
+        rows[key]["kills"] += 1
+        if v.problems and v.converged in ("before", "after"):
+            rows[key]["inconsistent"] += 1
+    lines = [
+        "| command | fault | kill points | before | after | dark | inconsistent |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (command, mode), c in sorted(rows.items()):
+        lines.append(
+            f"| {command} | {mode} | {c['kills']} | {c['before']} | {c['after']} | {c['dark']} "
+            f"| {c['inconsistent']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--random", type=int, default=30, help="random-time kills per command")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/anvil-chaos"))
+    parser.add_argument("--commands", default=",".join(COMMANDS))
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    host = ChaosHost(args.work)
+    verdicts: list[Verdict] = []
+    try:
+        commands = args.commands.split(",")
+        for command in commands:
+            for boundary in host.boundaries(command):
+                verdicts.append(host.case(Case(command, "crash", boundary)))
+                print(_line(verdicts[-1]), flush=True)
+        for command in ("promote", "rollback"):
+            if command in commands:
+                for boundary in host.boundaries(command):
+                    if ":do:" in boundary:
+                        verdicts.append(host.case(Case(command, "router", boundary)))
+                        print(_line(verdicts[-1]), flush=True)
+        for command in commands:
+            span = host.durations.get(command, 10.0)
+            for _ in range(args.random):
+                verdicts.append(host.case(Case(command, "random", delay_s=rng.uniform(0, span))))
+                print(_line(verdicts[-1]), flush=True)
+    finally:
+        host.stop()
+    print()
+    print(table(verdicts))
+    bad = [v for v in verdicts if not v.ok]
+    print(f"\n{len(verdicts)} cases, seed {args.seed}: {len(bad)} not converged")
+    return 1 if bad else 0
+
+
+def _line(v: Verdict) -> str:
+    mark = "ok " if v.ok else "BAD"
+    return f"{mark} {v.case.label}: {v.tx_state} -> {v.converged} {'; '.join(v.problems)}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""Never dark on real Docker and a real smg: kills at journal boundaries, router and daemon
+restarts, renamed and removed retained serves, foreign shared memory; after each, `recover`
+and the host is at its exact before or after state, serving and routed where it served.
+
+The harness is `scripts/chaos.py` (also `make chaos`, which runs every boundary of every
+command and random-time kills); here: every boundary of rollback, a seeded sample of load
+and promote boundaries, and the named faults of issue 11.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from scripts.campaign import runtime
+from scripts.chaos import Case, ChaosHost, Verdict, table
+
+pytestmark = pytest.mark.integration
+
+SEED = int(os.environ.get("ANVIL_CHAOS_SEED", "11"))
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosHost]:
+    h = ChaosHost(tmp_path_factory.mktemp("never-dark"))
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
+def _all_ok(verdicts: list[Verdict]) -> None:
+    bad = [f"{v.case.label}: {v.tx_state} -> {v.converged} {v.problems}" for v in verdicts if not v.ok]
+    print("\n" + table(verdicts))
+    assert bad == [], "\n".join(bad)
+
+
+class TestKilledAtEveryBoundary:
+    def test_every_boundary_of_rollback_converges_to_before_or_after(self, host: ChaosHost) -> None:
+        verdicts = [host.case(Case("rollback", "crash", b)) for b in host.boundaries("rollback")]
+        assert len(verdicts) >= 15
+        _all_ok(verdicts)
+
+    @pytest.mark.parametrize("command", ["load", "promote"])
+    def test_a_seeded_sample_of_boundaries_converges(self, host: ChaosHost, command: str) -> None:
+        boundaries = host.boundaries(command)
+        sample = random.Random(f"{SEED}-{command}").sample(boundaries, k=min(4, len(boundaries)))
+        _all_ok([host.case(Case(command, "crash", b)) for b in sample])
+
+
+class TestRouterRestarted:
+    @pytest.mark.parametrize(
+        ("command", "boundary"),
+        [
+            ("promote", "promote:route-to-candidate:do:result"),
+            ("promote", "promote:acceptance:do:intent"),
+            ("rollback", "rollback:route-back:do:result"),
+            ("rollback", "rollback:stop-current:do:intent"),
+        ],
+    )
+    def test_a_router_killed_and_restarted_mid_command_ends_routed(
+        self, host: ChaosHost, command: str, boundary: str
+    ) -> None:
+        verdict = host.case(Case(command, "router", boundary))
+        _all_ok([verdict])
+        assert verdict.converged == "after", verdict  # the goal check re-applied the route
+
+
+class TestForeignSharedMemory:
+    def test_foreign_files_and_database_segments_never_fail_recheck_or_rollback(
+        self, host: ChaosHost
+    ) -> None:
+        foreign = Path("/dev/shm/anvil-test-foreign-file")
+        segment = Path(f"/dev/shm/PostgreSQL.{random.Random(SEED).randint(10**8, 10**9)}")
+        holder = None
+        try:
+            foreign.write_bytes(b"\0" * 4096)
+            segment.write_bytes(b"\0" * 8192)
+            holder = subprocess.Popen(["sleep", "600"], stdin=segment.open("rb"))
+            phase = host.prepare("rollback")
+            check = host.run("recheck", "--slot", "primary")
+            assert check["_exit"] == 0, check.get("failed")
+            out = host.run(*host.argv("rollback", phase))
+            assert out["state"] == "committed", out.get("reason")
+            assert host.run("recheck", "--slot", "primary")["_exit"] == 0
+        finally:
+            if holder is not None:
+                holder.kill()
+                holder.wait()
+            foreign.unlink(missing_ok=True)
+            segment.unlink(missing_ok=True)
+
+
+class TestDockerdRestarted:
+    def test_after_a_daemon_restart_promote_is_refused_and_rollback_restores(self, host: ChaosHost) -> None:
+        host.prepare("promote")
+        _restart_dockerd()
+        out = host.run("promote", "--slot", "primary", "--approved-by", "chaos")
+        assert out["_exit"] == 3, out
+        restored = host.run("rollback", "--slot", "primary")
+        assert restored["state"] == "committed", restored.get("reason")
+        assert host.observe().routed_model is not None
+        assert host.run("recheck", "--slot", "primary")["_exit"] == 0
+
+
+class TestRetainedServes:
+    """Last in the module: removing a retained serve leaves the host without a way back."""
+
+    def test_a_renamed_retained_incumbent_is_the_same_container(self, host: ChaosHost) -> None:
+        host.prepare("rollback")
+        inc = host.context().store.current_identity("primary", "rollback")
+        rt = runtime()
+        try:
+            rt._client.api.rename(inc.container_id if inc else "", "renamed-by-an-operator")
+        finally:
+            rt.close()
+        out = host.run("rollback", "--slot", "primary")
+        assert out["_exit"] == 0 and out["state"] == "committed", out.get("reason")
+        assert host.observe().routed_model is not None
+
+    def test_a_removed_retained_serve_is_refused_and_the_slot_keeps_serving(self, host: ChaosHost) -> None:
+        phase = host.prepare("rollback")
+        ctx = host.context()
+        target_role = "rollback" if phase == "C" else "candidate"
+        target = ctx.store.current_identity("primary", target_role)
+        assert target is not None
+        before = host.observe()
+        rt = runtime()
+        try:
+            rt._client.api.remove_container(target.container_id, force=True)
+        finally:
+            rt.close()
+        out = host.run(*host.argv("rollback", phase))
+        assert out["_exit"] == 3 and "removed" in out["reason"], out
+        assert host.observe() == before
+
+
+def _restart_dockerd() -> None:
+    """Stop the test environment's dockerd (its containers exit: no live-restore) and start it
+    again with the same command line; the test environment finds it by the same pid file."""
+    pidfile = Path(os.environ["ANVIL_TESTENV_DIR"]) / "docker.pid"
+    pid = int(pidfile.read_text())
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = (Path(os.environ["ANVIL_TESTENV_DIR"]) / "dockerd.log").open("ab")
+    subprocess.Popen([a.decode() for a in argv], stdout=log, stderr=log, start_new_session=True)
+    sock = os.environ["DOCKER_HOST"].removeprefix("unix://")
+    transport = httpx.HTTPTransport(uds=sock)
+    with httpx.Client(transport=transport) as client:
+        while time.monotonic() < deadline:
+            try:
+                if client.get("http://docker/_ping", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+    raise AssertionError("dockerd did not come back within 60 s")
