@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from anvil_ctl.config import HostConfig, Settings, load_host_config
 from anvil_ctl.core.errors import AuthRejected, ConfigError, CredentialError
-from anvil_ctl.core.model import Backend, RoutedAnswer
+from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 from anvil_ctl.core.ports import ContainerRuntime, GpuProbe, Owner, Router, SharedMemory
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ def _router(ctx: Context) -> tuple[Router | None, Acceptance | None]:
     if rc.kind == "smg":
         from anvil_ctl.adapters.smg import SmgRouter
 
-        return SmgRouter(rc.url, creds, admin_url=rc.admin_url), acceptance
+        return SmgRouter(rc.url, creds, admin_url=rc.admin_url, removal_hold_s=rc.removal_hold_s), acceptance
     from anvil_ctl.adapters.haproxy import HaproxyRouter
 
     if rc.runtime_socket is None:
@@ -257,6 +257,9 @@ class UnresolvedCredentialsRouter:
         raise self._refuse()
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
+        raise self._refuse()
+
+    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
         raise self._refuse()
 
     def ready(self) -> bool:

@@ -158,6 +158,17 @@ class RouterConfig(_Strict):
     runtime_socket: Path | None = Field(None, description="HAProxy Runtime API socket")
     backend: str | None = Field(None, description="HAProxy backend name for the tiers")
     readmit_deadline_s: float = Field(90.0, gt=0, description="How long readmission may take")
+    removal_hold_s: float = Field(
+        6.0,
+        ge=0,
+        description=(
+            "smg: how long a readmitted registration must stay listed, admitted and routed, "
+            "counted from the start of readmission (and from the sighting of any removal pending "
+            "for it), before readmission ends. smg 1.13 removes a DELETEd worker after a fixed "
+            "5 s drain, by URL, whatever is registered at that URL by then (measured 5.10-5.15 s); "
+            "keep this above that delay. 0 turns the hold off"
+        ),
+    )
 
 
 class Policy(_Strict):

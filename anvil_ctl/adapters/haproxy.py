@@ -36,6 +36,7 @@ import structlog
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
+    answer_problem,
     check_answer,
     probe_client_token,
     readmit_loop,
@@ -44,7 +45,7 @@ from anvil_ctl.adapters.router_http import (
 )
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.core.errors import AdapterError, CredentialError, TransientError
-from anvil_ctl.core.model import Backend, RoutedAnswer
+from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 
 log = structlog.get_logger()
 
@@ -399,9 +400,41 @@ class HaproxyRouter:
                 raise NotYetRouted(f"haproxy slot for {url} not up yet")
             answer = routed_chat(self._http, self.url, alias, self._client)
             check_answer(answer, alias, expected_model)
+            # Runtime API changes apply synchronously and nothing is queued to undo them
+            # later (unlike smg's removals), so the hold is one look: still ready after the
+            # chat (an haproxy restarted meanwhile has every slot in maintenance again).
+            if (held := self._slot_for(tier, url)) is None or held.state != "ready":
+                raise NotYetRouted(f"haproxy slot for {url} left the ready state during readmission")
             return answer
 
         readmit_loop(attempt, what=f"haproxy tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep)
+
+    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
+        target = _split_url(url)
+
+        def verdict(reason: str = "") -> RouteCheck:
+            return RouteCheck(tier, url, expected_model, holds=not reason, reason=reason)
+
+        try:
+            self._known(tier)
+            live = [s for s in self.slots(tier) if s.state != "maint"]
+            mine = [s for s in live if (s.addr, s.port) == target]
+            others = sorted(s.url for s in live if s not in mine and s.state == "ready")
+            if not mine:
+                return verdict(f"no server of haproxy backend {backend_name(tier)} points at {url}")
+            if others:
+                return verdict(f"tier {tier!r} also routes to {', '.join(others)}")
+            if mine[0].state != "ready":
+                return verdict(f"haproxy server {mine[0].name} for {url} is {mine[0].state}")
+            if not mine[0].healthy:
+                return verdict(f"haproxy reads {url} {mine[0].status}")
+            alias = self.tiers[tier][0]
+            answer = routed_chat(self._http, self.url, alias, self._client)
+        except CredentialError:
+            raise  # an unsafe admin socket is configuration, not a missing route
+        except AdapterError as exc:  # socket gone, haproxy down, config and tiers disagree
+            return verdict(f"haproxy: {exc}")
+        return verdict(answer_problem(answer, alias, expected_model) or "")
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         return routed_chat(self._http, self.url, alias, self._client)

@@ -19,7 +19,6 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception_type,
-    stop_after_delay,
     wait_exponential,
 )
 
@@ -119,15 +118,20 @@ def probe_client_token(client: httpx.Client, base_url: str, secret: Secret) -> i
     return response.status_code
 
 
+def answer_problem(answer: RoutedAnswer, alias: str, expected_model: str) -> str | None:
+    """What is wrong with a routed answer (None: a 200 from the expected served model)."""
+    if answer.status != 200:
+        return f"routed chat to {alias!r} answered {answer.status}"
+    if answer.model != expected_model:
+        return f"routed chat to {alias!r} answered from {answer.model!r}, expected {expected_model!r}"
+    return None
+
+
 def check_answer(answer: RoutedAnswer, alias: str, expected_model: str) -> None:
     """Raise NotYetRouted unless the routed answer is a 200 from the expected served model."""
-    if answer.status != 200:
-        raise NotYetRouted(f"routed chat to {alias!r} answered {answer.status}", status=answer.status)
-    if answer.model != expected_model:
-        raise NotYetRouted(
-            f"routed chat to {alias!r} answered from {answer.model!r}, expected {expected_model!r}",
-            model=answer.model,
-        )
+    problem = answer_problem(answer, alias, expected_model)
+    if problem is not None:
+        raise NotYetRouted(problem, status=answer.status, model=answer.model)
 
 
 def readmit_loop(
@@ -136,21 +140,26 @@ def readmit_loop(
     what: str,
     deadline_s: float,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
     max_wait_s: float = 2.0,
 ) -> RoutedAnswer:
     """Call `attempt` until it returns (a verified answer), retrying only TransientError.
 
     AuthRejected and every other error pass through at once: a credential
-    problem is final. At the deadline the last reason becomes StepFailed.
+    problem is final. At the deadline (on `clock`, the adapter's own) the last
+    reason becomes StepFailed.
     """
-    started = time.monotonic()
+    started = clock()
+
+    def _past_deadline(_state: RetryCallState) -> bool:
+        return clock() - started >= deadline_s
 
     def _log_retry(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         log.info("router.readmit.retry", target=what, attempt=state.attempt_number, reason=str(exc))
 
     retrying = Retrying(
-        stop=stop_after_delay(deadline_s),
+        stop=_past_deadline,
         wait=wait_exponential(multiplier=0.25, max=max_wait_s),
         retry=retry_if_exception_type(TransientError),
         before_sleep=_log_retry,
@@ -169,6 +178,6 @@ def readmit_loop(
         "router.readmit.done",
         target=what,
         model=answer.model,
-        seconds=round(time.monotonic() - started, 3),
+        seconds=round(clock() - started, 3),
     )
     return answer

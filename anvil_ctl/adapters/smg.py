@@ -6,13 +6,21 @@ workers; a tier has one backend, registered with its first alias as model id
 (smg 1.13 keeps only the first entry of `models`; extra aliases need
 `--model-alias` when smg starts).
 
-Observed behaviour this adapter is written around (smg 1.13.0):
-- `POST /workers` answers 202 and registers in the background; the worker
-  appears in `GET /workers` about a second later.
-- `DELETE /workers/{id}` answers 202, marks the worker `draining` (no new
-  requests) and removes it about 5 s later. A POST of the same URL meanwhile
-  is refused (409) or answered with the old id, which then vanishes; so every
-  removal waits until the URL is gone before anything is posted again.
+Observed behaviour this adapter is written around (smg 1.13.0, against the real
+binary in the test environment):
+- `POST /workers` answers 202 and registers in the background (a job); the
+  worker appears in `GET /workers` 0.1-0.3 s later.
+- `DELETE /workers/{id}` answers 202 and queues a removal job keyed by the
+  worker's URL: the worker reads `draining` (unhealthy, routed chat 503) at once,
+  `GET /workers/{id}` shows `job_status` {job_type RemoveWorker, status
+  processing}, and after a fixed 5 s drain the job removes *whatever worker is
+  registered at that URL by then* (gone 5.10-5.15 s after the DELETE). Nothing
+  cancels it: a POST of the URL meanwhile answers 409, a PUT answers 202 and reads
+  the worker `ready` again, yet the removal still lands. A second DELETE of a
+  draining worker removes it at once and clears the URL's job status while the
+  first removal is still pending, invisible, and takes the next registration of
+  that URL with it. So: a worker whose removal is pending is never DELETEd again
+  (the adapter waits until it is gone), and readmission holds (below).
 - After a backend restart `/readiness` answers 200 and the worker reads
   healthy while routed chat can answer 503 for up to a minute (an open
   circuit breaker). Readiness proves nothing: readmission ends only with an
@@ -21,6 +29,12 @@ Observed behaviour this adapter is written around (smg 1.13.0):
   worker's chat fails.
 - Registrations live in memory: a restarted smg has none, so readmission
   re-registers whatever is missing.
+
+The hold: readmission ends only once the registration has stayed listed,
+admitted and routed until `removal_hold_s` after the readmission began (any
+removal sent before, seen or not, has landed by then) and after the sighting
+of any removal pending for the registration it made; a registration removed
+meanwhile is registered again, within the readmission deadline.
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ import structlog
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
+    answer_problem,
     bearer,
     check_answer,
     probe_client_token,
@@ -44,12 +59,13 @@ from anvil_ctl.adapters.router_http import (
     translated,
 )
 from anvil_ctl.core.errors import AdapterError, TransientError
-from anvil_ctl.core.model import Backend, RoutedAnswer
+from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 
 log = structlog.get_logger()
 
 TIER_LABEL = "anvil.tier"
 NIL_WORKER_ID = "00000000-0000-0000-0000-000000000000"
+PENDING_JOB = ("pending", "processing")
 
 
 def _norm(url: str) -> str:
@@ -70,7 +86,9 @@ class SmgRouter:
         poll_s: float = 0.25,
         removal_timeout_s: float = 30.0,
         appear_timeout_s: float = 10.0,
+        removal_hold_s: float = 6.0,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = _norm(url)
         self.admin_url = _norm(admin_url or url)
@@ -80,7 +98,11 @@ class SmgRouter:
         self._poll_s = poll_s
         self._removal_timeout_s = removal_timeout_s
         self._appear_timeout_s = appear_timeout_s
+        self._hold_s = removal_hold_s
         self._sleep = sleep
+        self._clock = clock
+        self._removals_seen: dict[str, tuple[str, float]] = {}
+        """URL -> (worker id, first sighting) of the newest removal seen pending there."""
 
     def close(self) -> None:
         self._http.close()
@@ -142,22 +164,56 @@ class SmgRouter:
     def _tier_workers(self, tier: str) -> list[dict[str, Any]]:
         return [w for w in self._workers() if self._tier_of(w) == tier]
 
+    def _job_status(self, worker: dict[str, Any]) -> dict[str, Any] | None:
+        """The job smg reports for the worker's URL (`GET /workers/{id}`), if any."""
+        response = self._call("GET", f"/workers/{worker.get('id')}")
+        if response.status_code != 200:
+            return None
+        try:
+            job = response.json().get("job_status")
+        except (ValueError, AttributeError):
+            return None
+        return job if isinstance(job, dict) else None
+
+    def _removal_pending(self, worker: dict[str, Any]) -> bool:
+        """smg will remove this worker's URL: it drains, or a RemoveWorker job is queued for it.
+
+        Seen pending, it is remembered (`_removals_seen`): readmission holds past it.
+        """
+        pending = worker.get("status") == "draining"
+        if not pending:
+            job = self._job_status(worker) or {}
+            pending = job.get("job_type") == "RemoveWorker" and job.get("status") in PENDING_JOB
+        if pending:
+            url, worker_id, now = _norm(str(worker.get("url"))), str(worker.get("id")), self._clock()
+            seen = self._removals_seen.get(url)
+            if seen is None or seen[0] != worker_id or now >= seen[1] + self._hold_s:
+                self._removals_seen[url] = (worker_id, now)
+                log.info("router.smg.removal_pending", url=url, worker_id=worker_id)
+        return pending
+
     def _remove(self, worker: dict[str, Any]) -> None:
-        """DELETE a worker and wait until its URL is gone (see the delete/post race above)."""
+        """Remove a worker and wait until its URL is gone (see the removal notes above).
+
+        A worker whose removal is already pending is not DELETEd again: that would
+        remove it at once and hide the pending removal, which then takes the next
+        registration of the URL.
+        """
         worker_id, url = str(worker.get("id")), str(worker.get("url"))
-        response = self._call("DELETE", f"/workers/{worker_id}")
-        if response.status_code not in (200, 202, 204, 404):
-            raise AdapterError(
-                f"smg DELETE /workers/{worker_id} answered {response.status_code}",
-                status=response.status_code,
-            )
-        log.info("router.smg.remove", url=url, worker_id=worker_id)
+        if not self._removal_pending(worker):
+            response = self._call("DELETE", f"/workers/{worker_id}")
+            if response.status_code not in (200, 202, 204, 404):
+                raise AdapterError(
+                    f"smg DELETE /workers/{worker_id} answered {response.status_code}",
+                    status=response.status_code,
+                )
+            log.info("router.smg.remove", url=url, worker_id=worker_id)
         self._wait(lambda: self._worker_at(url) is None, self._removal_timeout_s, f"{url} removed")
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
-        end = time.monotonic() + timeout_s
+        end = self._clock() + timeout_s
         while not done():
-            if time.monotonic() >= end:
+            if self._clock() >= end:
                 raise TransientError(f"smg: timed out after {timeout_s:.0f} s waiting for {what}")
             self._sleep(self._poll_s)
 
@@ -217,7 +273,7 @@ class SmgRouter:
             raise AdapterError("register: at least one alias is required")
         existing = self._worker_at(url)
         if existing is not None:
-            if self._matches(existing, tier, aliases):
+            if self._matches(existing, tier, aliases) and not self._removal_pending(existing):
                 return
             self._remove(existing)
         self._post(tier, url, aliases)
@@ -242,16 +298,20 @@ class SmgRouter:
     ) -> None:
         if not aliases:
             raise AdapterError("readmit: at least one alias is required")
-        alias = aliases[0]
+        alias, target = aliases[0], _norm(url)
+        started = self._clock()
+        end = started + deadline_s
         stale = {"flag": False}
 
         def attempt() -> RoutedAnswer:
             # The tier has one backend: anything else registered for it goes first.
             for worker in self._tier_workers(tier):
-                if _norm(str(worker.get("url"))) != _norm(url):
+                if _norm(str(worker.get("url"))) != target:
                     self._remove(worker)
             existing = self._worker_at(url)
-            if existing is not None and (stale["flag"] or not self._matches(existing, tier, aliases)):
+            if existing is not None and (
+                stale["flag"] or not self._matches(existing, tier, aliases) or self._removal_pending(existing)
+            ):
                 self._remove(existing)
                 existing = None
             stale["flag"] = False
@@ -265,10 +325,81 @@ class SmgRouter:
             # A fresh registration starts with a closed breaker.
             stale["flag"] = answer.status >= 500
             check_answer(answer, alias, expected_model)
-            return answer
+            return (
+                self._hold(tier, target, alias=alias, expected_model=expected_model, started=started, end=end)
+                or answer
+            )
 
-        readmit_loop(attempt, what=f"smg tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep)
-        log.info("router.smg.readmitted", tier=tier, url=_norm(url), model=expected_model)
+        readmit_loop(
+            attempt,
+            what=f"smg tier {tier} -> {url}",
+            deadline_s=deadline_s,
+            sleep=self._sleep,
+            clock=self._clock,
+        )
+        log.info(
+            "router.smg.readmitted",
+            tier=tier,
+            url=target,
+            model=expected_model,
+            seconds=round(self._clock() - started, 3),
+        )
+
+    def _hold_until(self, url: str, started: float) -> float:
+        """When a removal that may still be pending for `url` has surely landed."""
+        seen = self._removals_seen.get(url)
+        return max(started, seen[1] if seen else started) + self._hold_s
+
+    def _hold(
+        self, tier: str, url: str, *, alias: str, expected_model: str, started: float, end: float
+    ) -> RoutedAnswer | None:
+        """Keep observing the registration until no removal can still land on it.
+
+        A removal sent before readmission began lands within smg's drain (5 s) of it, one
+        seen pending within the drain of its sighting; past `removal_hold_s` after both,
+        nothing queued can remove the URL. Gone or pending removal meanwhile:
+        NotYetRouted, and the next attempt registers again. The routed chat is repeated
+        at the end (None when there was nothing to wait for).
+        """
+        if self._clock() >= self._hold_until(url, started):
+            return None
+        while self._clock() < self._hold_until(url, started):
+            if self._clock() >= end:
+                raise NotYetRouted(f"smg worker {url} not yet held for {self._hold_s:.1f} s")
+            self._sleep(self._poll_s)
+            worker = self._worker_at(url)
+            if worker is None:
+                log.warning("router.smg.late_removal", tier=tier, url=url)
+                raise NotYetRouted(f"smg removed {url} after it was registered (a late removal)")
+            if self._removal_pending(worker):
+                raise NotYetRouted(f"a removal of {url} is pending in smg")
+        answer = routed_chat(self._http, self.url, alias, self._client)
+        check_answer(answer, alias, expected_model)
+        return answer
+
+    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
+        target = _norm(url)
+
+        def verdict(reason: str = "") -> RouteCheck:
+            return RouteCheck(tier, target, expected_model, holds=not reason, reason=reason)
+
+        try:
+            workers = self._tier_workers(tier)
+            mine = [w for w in workers if _norm(str(w.get("url"))) == target]
+            others = sorted(_norm(str(w.get("url"))) for w in workers if w not in mine)
+            if not mine:
+                return verdict(f"smg lists no worker of tier {tier!r} at {target}")
+            if others:
+                return verdict(f"tier {tier!r} also has {', '.join(others)}")
+            if self._removal_pending(mine[0]):
+                return verdict(f"smg has a removal of {target} pending (it is draining)")
+            if not mine[0].get("is_healthy"):
+                return verdict(f"smg reads {target} unhealthy")
+            alias = self._aliases_of(mine[0])[0] if self._aliases_of(mine[0]) else ""
+            answer = routed_chat(self._http, self.url, alias, self._client)
+        except AdapterError as exc:  # unreachable, busy or answering nonsense: no route to rely on
+            return verdict(f"smg: {exc}")
+        return verdict(answer_problem(answer, alias, expected_model) or "")
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         return routed_chat(self._http, self.url, alias, self._client)

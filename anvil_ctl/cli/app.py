@@ -51,6 +51,7 @@ COMMANDS: list[click.Command] = [
     lifecycle.rollback,
     lifecycle.restore,
     lifecycle.recheck,
+    lifecycle.reconcile,
     # GPUs and waivers
     gpu.gpus,
     gpu.waive,

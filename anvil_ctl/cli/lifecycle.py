@@ -1,4 +1,4 @@
-"""The serve lifecycle after a load: promote, rollback (and its other name, restore), recheck."""
+"""The serve lifecycle after a load: promote, rollback (and its other name, restore), recheck, reconcile."""
 
 from __future__ import annotations
 
@@ -129,15 +129,47 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write node_exporter textfile metrics to this file (atomically).",
 )
+@click.option(
+    "--repair",
+    type=click.Choice(["router"]),
+    multiple=True,
+    help="Run this safe repair when only it would fix the drift: router re-applies the recorded "
+    "route of the running, healthy incumbent (a `reconcile` transaction).",
+)
 @pass_session
-def recheck(session: Session, slot: str, textfile: Path | None) -> Reply:
-    """Read-only goal-closure assertions; exit 6 on drift.
+def recheck(session: Session, slot: str, textfile: Path | None, repair: tuple[str, ...]) -> Reply:
+    """Goal-closure assertions; exit 6 on drift.
 
-    For cron or a systemd timer; every run is recorded.
+    For cron or a systemd timer; every run is recorded. Read-only unless --repair
+    names a repair: then the route alone is re-applied when it is what drifted.
     """
     from anvil_ctl.commands import recheck as recheck_cmd
 
-    result = recheck_cmd.recheck(session.context(), slot)
+    result = recheck_cmd.recheck(session.context(), slot, repair=repair)
     if textfile is not None:
         recheck_cmd.write_textfile(textfile, result, now=time.time())
     return Reply(result, ExitCode(result.exit_code))
+
+
+@click.command("reconcile", epilog=example("anvilctl reconcile --slot primary --dry-run"))
+@click.option(
+    "--slot",
+    default="primary",
+    show_default=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot whose recorded route to re-apply.",
+)
+@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@pass_session
+def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
+    """Re-apply the recorded route of the slot's running incumbent.
+
+    Journaled and idempotent: when the route holds nothing changes. Refused unless
+    the recorded incumbent is the container running and serving at the binding
+    (a loaded, unpromoted candidate is never routed: that is promote's job).
+    """
+    from anvil_ctl.commands import reconcile as reconcile_cmd
+
+    out = reconcile_cmd.reconcile(session.context(), slot, dry_run=dry_run)
+    return Reply(out, ExitCode(out.exit_code))

@@ -1,9 +1,16 @@
-"""`recheck`: read-only goal-closure assertions on a slot, for cron.
+"""`recheck`: goal-closure assertions on a slot, for cron; read-only unless a repair is asked for.
 
 Each assertion is a name, a pass flag and what was observed. Every run is
 recorded (rechecks table) with its snapshot's SHA-256; `--textfile` writes
 Prometheus node_exporter textfile metrics with `prometheus_client`, which
 replaces the file atomically.
+
+One repair exists, and runs only when asked (`repair=("router",)`): when the
+only serve-independent failures are the router's (the route is missing or
+stale) while every assertion about the recorded serve itself passes, the
+`reconcile` transaction re-applies the route, then the slot is rechecked. Both
+rechecks are recorded; the second carries a `router_repair` entry naming the
+transaction. Nothing else is ever repaired.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from anvil_ctl.bootstrap import Context
-from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.commands.reconcile import reconcile
+from anvil_ctl.core.errors import AnvilError, BadInput
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World
@@ -26,6 +34,8 @@ class RecheckResult:
     assertions: list[dict[str, Any]] = field(default_factory=list)
     snapshot_sha256: str = ""
     recheck_id: int | None = None
+    repair: dict[str, Any] | None = None
+    """The router repair this recheck followed (its transaction and the recheck before it)."""
 
     @property
     def failed(self) -> list[str]:
@@ -47,13 +57,66 @@ class RecheckResult:
             "assertions": self.assertions,
             "snapshot_sha256": self.snapshot_sha256,
             "recheck_id": self.recheck_id,
+            "repair": self.repair,
         }
 
 
-def recheck(ctx: Context, slot: str) -> RecheckResult:
+REPAIRS = ("router",)
+"""The repairs `recheck` may run when asked; each is a transaction kind of its own."""
+
+ROUTER_ASSERTIONS = frozenset({"router_readiness", "route_holds", "routed_smoke"})
+SERVE_ASSERTIONS = frozenset(
+    {
+        "incumbent_recorded",
+        "incumbent_container_running",
+        "image_id",
+        "config_fingerprint",
+        "served_model",
+        "context_tokens",
+        "loopback_binding",
+        "health",
+        "snapshot",
+    }
+)
+"""Assertions about the recorded serve itself (and whether the host could be observed):
+any of them failing means re-routing is not the fix, so no repair runs."""
+
+
+def router_repairable(result: RecheckResult) -> bool:
+    """The route is missing or stale while the recorded serve runs healthy."""
+    failed = set(result.failed)
+    return bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
+
+
+def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> RecheckResult:
+    """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again."""
+    unknown = sorted(set(repair) - set(REPAIRS))
+    if unknown:
+        raise BadInput(f"--repair {', '.join(unknown)}: expected one of {list(REPAIRS)}", field="repair")
+    result = _recheck(ctx, slot)
+    if "router" not in repair or not router_repairable(result):
+        return result
+    try:
+        outcome = reconcile(ctx, slot)
+        done: dict[str, Any] = {
+            "tx_id": outcome.tx_id,
+            "state": outcome.state.value,
+            "reason": outcome.reason,
+            "committed": outcome.state.value == "committed",
+        }
+    except AnvilError as exc:  # the host lock held by another mutator, say: nothing ran
+        done = {"tx_id": None, "state": "not run", "reason": str(exc), "committed": False}
+    repaired = {**done, "before_recheck_id": result.recheck_id, "failed_before": result.failed}
+    return _recheck(ctx, slot, repair=repaired)
+
+
+def _recheck(ctx: Context, slot: str, *, repair: dict[str, Any] | None = None) -> RecheckResult:
     world: World = ctx.world()
     ctx.config.slot(slot)
     out = RecheckResult(slot=slot)
+    out.repair = repair
+    if repair is not None:
+        out.assertions.append({"name": "router_repair", "passed": repair["committed"], "observed": repair})
     ident = ctx.store.current_identity(slot, "incumbent")
     if ident is None:
         out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})

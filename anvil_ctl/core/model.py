@@ -194,6 +194,29 @@ class RoutedAnswer:
 
 
 @dataclass(frozen=True)
+class RouteCheck:
+    """Whether a router tier routes to one backend now and, when it does not, why.
+
+    It holds when the backend's registration is the tier's only admitted one, is not
+    draining and has no removal pending, and an authenticated routed chat answers 200
+    from the expected served model. True in a boolean context exactly when it holds.
+    """
+
+    tier: str
+    url: str
+    expected_model: str
+    holds: bool
+    reason: str = ""
+    """Empty when it holds; otherwise the first thing observed to be wrong."""
+
+    def __bool__(self) -> bool:
+        return self.holds
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class ResidueFile:
     """A shared-memory file a managed engine left behind (see `anvil_ctl.adapters.shm`)."""
 

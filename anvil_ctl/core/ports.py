@@ -19,6 +19,7 @@ from anvil_ctl.core.model import (
     ModelCard,
     ResidueFile,
     ResidueRemoval,
+    RouteCheck,
     RoutedAnswer,
     ShmMark,
 )
@@ -77,11 +78,21 @@ class Router(Protocol):
         self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
     ) -> None:
         """(Re-)register the backend and return only once a routed authenticated request
-        answers 200 from expected_model; raise StepFailed at the deadline."""
+        answers 200 from expected_model and the registration holds: a removal the router
+        still had pending for the same backend cannot undo it afterwards (re-registering
+        if one lands meanwhile). Raise StepFailed at the deadline."""
         ...
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         """One authenticated routed chat completion to an alias."""
+        ...
+
+    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
+        """Whether `tier` routes to `url` now: its registration present, the tier's only
+        admitted one, not draining and no removal pending, and a routed chat by the tier's
+        alias answering 200 from expected_model. Read-only and cheap (a listing and one
+        chat); a missing or unreachable route is a RouteCheck that does not hold, only a
+        401/403 raises (AuthRejected)."""
         ...
 
     def ready(self) -> bool: ...

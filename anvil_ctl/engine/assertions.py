@@ -135,7 +135,12 @@ def _router_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion
         ok = answer.status == 200 and answer.model == ident.served_model
         return ok, {"status": answer.status, "model": answer.model}
 
+    def route_holds() -> tuple[bool, Any]:
+        check = router.check_route(cfg.router_tier, cfg.base_url, ident.served_model)
+        return check.holds, check.as_dict()
+
     _check(out, "router_readiness", readiness)
+    _check(out, "route_holds", route_holds)
     _check(out, "routed_smoke", smoke)
 
 

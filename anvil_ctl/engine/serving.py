@@ -184,18 +184,8 @@ def route_problems(world: World, ident: Identity) -> list[str]:
     if world.router is None:
         return []
     slot = world.config.slot(ident.slot)
-    backends = world.router.view(slot.router_tier).get("backends", [])
-    urls = [b.get("url") for b in backends]
-    problems = []
-    if urls != [slot.base_url]:
-        problems.append(f"router tier {slot.router_tier} routes to {urls}, not [{slot.base_url}]")
-    answer = world.router.routed_chat(slot.aliases[0])
-    if answer.status != 200 or answer.model != ident.served_model:
-        problems.append(
-            f"routed chat to {slot.aliases[0]}: HTTP {answer.status} from {answer.model!r}, "
-            f"expected 200 from {ident.served_model!r}"
-        )
-    return problems
+    check = world.router.check_route(slot.router_tier, slot.base_url, ident.served_model)
+    return [] if check.holds else [f"router tier {slot.router_tier}: {check.reason}"]
 
 
 def drain_slot(world: World, slot: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from anvil_ctl.core.model import (
     ModelCard,
     ResidueFile,
     ResidueRemoval,
+    RouteCheck,
     RoutedAnswer,
     ShmMark,
     config_fingerprint,
@@ -283,6 +284,22 @@ class FakeRouter:
                     return RoutedAnswer(200, models[0].id, "ok")
                 return RoutedAnswer(503, None)
         return RoutedAnswer(404, None)
+
+    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
+        """Holds when the tier is ready at `url` and a routed chat answers from expected_model."""
+        t = self.world.read()["router"]["tiers"].get(tier) or {}
+
+        def verdict(reason: str = "") -> RouteCheck:
+            return RouteCheck(tier, url, expected_model, holds=not reason, reason=reason)
+
+        if t.get("url") != url:
+            return verdict(f"fake tier {tier!r} points at {t.get('url')!r}")
+        if t.get("state") != "ready":
+            return verdict(f"fake tier {tier!r} is {t.get('state')}")
+        answer = self.routed_chat(t["aliases"][0]) if t.get("aliases") else RoutedAnswer(404, None)
+        if answer.status != 200 or answer.model != expected_model:
+            return verdict(f"routed chat answered {answer.status} from {answer.model!r}")
+        return verdict()
 
     def ready(self) -> bool:
         return bool(self.world.read()["router"]["ready"])

@@ -175,6 +175,42 @@ class TestHaproxyQuiesceAndReadmit:
             assert router.routed_chat(ALIAS).status == 200
 
 
+def route_breaks(router: HaproxyRouter, url: str, seconds: float) -> list[str]:
+    """Watch the route for `seconds`; every reason it did not hold."""
+    broken, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        check = router.check_route(TIER, url, MODEL)
+        if not check.holds:
+            broken.append(check.reason)
+        time.sleep(0.25)
+    return broken
+
+
+class TestHaproxyRuntimeApiIsSynchronous:
+    def test_maint_and_ready_apply_at_once_and_nothing_lands_later(self, router, haproxy, backend):
+        url = stub_url(backend)
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.deregister(TIER, url)  # `set server ... state maint`
+        assert router.backends(TIER) == []  # the very next `show stat` reads it
+        assert post_chat(haproxy.url, ALIAS).status_code == 503  # and the very next request obeys
+        started = time.monotonic()
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        print(f"\nhaproxy readmit right after maint (confirm included): {time.monotonic() - started:.2f} s")
+        assert post_chat(haproxy.url, ALIAS).status_code == 200
+        assert route_breaks(router, url, 6) == []  # nothing queued undoes it later (unlike smg)
+
+    def test_route_check_follows_drain_and_maintenance(self, router, backend):
+        url = stub_url(backend)
+        assert "points at" in router.check_route(TIER, url, MODEL).reason
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        assert router.check_route(TIER, url, MODEL).holds
+        assert "answered from" in router.check_route(TIER, url, "another-model").reason
+        router.drain(TIER)
+        assert "drain" in router.check_route(TIER, url, MODEL).reason
+        router.deregister(TIER, url)
+        assert not router.check_route(TIER, url, MODEL).holds
+
+
 class TestHaproxyCredentials:
     def test_a_wrong_client_key_is_auth_rejected(self, haproxy):
         with make_router(haproxy, client="wrong-" + CLIENT) as r, pytest.raises(AuthRejected) as e:

@@ -3,6 +3,11 @@
 Runs inside the loopback-only namespace of `scripts/testenv run -- ...`; smg is
 started by scripts/routers.py bound to 127.0.0.1 with 1-2 s health intervals.
 Measured durations are printed (`-s`) for the report.
+
+smg 1.13 removes a DELETEd worker by URL after a fixed 5 s drain, whatever is
+registered at that URL by then; the late-removal tests below reproduce what a
+process killed right after its DELETE leaves behind, and watch the route for
+longer than that delay.
 """
 
 from __future__ import annotations
@@ -20,12 +25,19 @@ import pytest
 from anvil_ctl.acceptance import run_acceptance
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret, resolve_credentials
 from anvil_ctl.adapters.smg import SmgRouter
-from anvil_ctl.config import RouterConfig
+from anvil_ctl.bootstrap import Context
+from anvil_ctl.commands import recheck, transactions
+from anvil_ctl.commands.reconcile import reconcile
+from anvil_ctl.config import RouterConfig, Settings
 from anvil_ctl.core.errors import AuthRejected, CredentialError
+from anvil_ctl.core.states import TxState
+from anvil_ctl.persistence.migrate import upgrade
 from scripts.routers import Proc, start_smg
-from tests.integration.conftest import stub_url
+from tests.integration.conftest import find_free_port, stub_url
 
 TIER, ALIAS, MODEL = "primary-local", "llm.primary", "stub-primary"
+REMOVAL_DELAY_S = 5.2
+"""smg 1.13's fixed drain before a removal lands, as measured (5.10-5.15 s), rounded up."""
 
 
 class Keys:
@@ -119,6 +131,24 @@ def wait_until(done: Callable[[], bool], what: str, timeout_s: float = 30) -> No
     while not done():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+def admin_delete(url: str, worker_id: str | None) -> httpx.Response:
+    """What a process killed during `drain-tier` sent before it died."""
+    return httpx.delete(
+        f"{url}/workers/{worker_id}", headers={"Authorization": f"Bearer {Keys.admin}"}, timeout=10
+    )
+
+
+def route_breaks(router: SmgRouter, url: str, seconds: float) -> list[str]:
+    """Watch the route for `seconds` (longer than a removal's delay); every reason it did not hold."""
+    broken, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        check = router.check_route(TIER, url, MODEL)
+        if not check.holds:
+            broken.append(f"{time.monotonic() - end + seconds:.2f}s: {check.reason}")
+        time.sleep(0.25)
+    return broken
 
 
 class TestSmgRouting:
@@ -254,6 +284,142 @@ class TestSmgQuiesceAndReadmit:
         assert new.backend_id != old.backend_id
         seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 30))
         assert router.routed_chat(ALIAS).status == 200
+
+
+class TestSmgLateRemoval:
+    def test_a_delete_sent_just_before_readmission_cannot_undo_it(self, router, smg, backend):
+        url = stub_url(backend)
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        (old,) = router.backends(TIER)
+        assert admin_delete(smg.url, old.backend_id).status_code == 202  # ... and the sender died
+        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 60))
+        print(f"\nsmg readmit right after a DELETE of the same worker: {seconds} s")
+        assert router.check_route(TIER, url, MODEL).holds
+        assert route_breaks(router, url, REMOVAL_DELAY_S + 2) == []
+        (new,) = router.backends(TIER)
+        assert new.backend_id != old.backend_id
+
+    def test_a_hidden_pending_removal_lands_and_readmission_registers_again(self, router, smg, backend):
+        # The issue's sequence: a DELETE from the killed process, then a second DELETE (the old
+        # readmission's) that removes the draining worker at once and clears its job status,
+        # so the first removal is pending but invisible when readmission registers again.
+        url = stub_url(backend)
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        (old,) = router.backends(TIER)
+        admin_delete(smg.url, old.backend_id)
+        time.sleep(0.5)
+        admin_delete(smg.url, old.backend_id)
+        wait_until(lambda: router.backends(TIER) == [], "the second DELETE to remove the worker", 5)
+        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 60))
+        print(f"\nsmg readmit across a hidden pending removal: {seconds} s")
+        assert route_breaks(router, url, REMOVAL_DELAY_S + 2) == []
+
+    def test_the_cost_of_the_hold_on_a_clean_readmission(self, smg, backend, closing):
+        url = stub_url(backend)
+        held = closing(SmgRouter(smg.url, creds()))
+        unheld = closing(SmgRouter(smg.url, creds(), removal_hold_s=0))
+        without = timed(lambda: unheld.readmit(TIER, url, (ALIAS,), MODEL, 30))
+        unheld.drain(TIER)
+        with_hold = timed(lambda: held.readmit(TIER, url, (ALIAS,), MODEL, 30))
+        print(f"\nsmg clean readmit: {without} s without the hold, {with_hold} s with a 6 s hold")
+        assert with_hold >= 6.0 > without
+        assert held.check_route(TIER, url, MODEL).holds
+
+    def test_route_check_reads_a_pending_removal_as_not_holding(self, router, smg, backend):
+        url = stub_url(backend)
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        assert router.check_route(TIER, url, MODEL).holds
+        (old,) = router.backends(TIER)
+        admin_delete(smg.url, old.backend_id)
+        check = router.check_route(TIER, url, MODEL)
+        assert not check.holds and "removal" in check.reason
+        wait_until(lambda: router.backends(TIER) == [], "the removal to land", 10)
+        check = router.check_route(TIER, url, MODEL)
+        assert not check.holds and "no worker" in check.reason
+        assert not router.check_route(TIER, url, "another-model").holds
+
+
+HOST_TOML = """
+host = "router-it"
+[slots.primary]
+binding = "127.0.0.1:{port}"
+router_tier = "primary-local"
+aliases = ["llm.primary"]
+[router]
+kind = "smg"
+url = "{router_url}"
+readmit_deadline_s = 60
+[policy]
+stop_timeout_s = 5
+health_poll_s = 0.1
+"""
+
+
+@pytest.fixture
+def smg_host(
+    tmp_path: Path, smg_factory: Callable[..., Proc], stub_container: Any
+) -> Iterator[dict[str, Any]]:
+    """A host whose slot `primary` is a stub incumbent in a real container, behind a real smg."""
+    smg = smg_factory()
+    port = find_free_port()
+    (tmp_path / "anvil.toml").write_text(HOST_TOML.format(port=port, router_url=smg.url))
+    settings = Settings(  # type: ignore[call-arg]
+        state_dir=tmp_path / "state", config=tmp_path / "anvil.toml", backend="real", gpu="simulated"
+    )
+    env = {"ANVIL_ROUTER_ADMIN_TOKEN": Keys.admin, "ANVIL_ROUTER_CLIENT_TOKEN": Keys.client}
+    ctx = Context(settings=settings, env=env)
+    upgrade(ctx.engine)
+    inc = stub_container(
+        served_model=MODEL, port=port, labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"}
+    )
+    out = transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=32768)
+    assert out.state == TxState.COMMITTED, out.reason
+    yield {"ctx": ctx, "smg": smg, "smg_port": int(smg.url.rsplit(":", 1)[1]), "incumbent": inc}
+    ctx.world().close()  # the router's and Docker's connections
+    ctx.engine.dispose()
+
+
+class TestReconcileOnSmg:
+    def test_a_restarted_smg_gets_the_route_back_from_reconcile(self, smg_host, smg_factory, closing):
+        ctx = smg_host["ctx"]
+        first = reconcile(ctx, "primary")  # nothing was registered yet: reconcile routes it
+        assert first.state == TxState.COMMITTED, first.reason
+        url = stub_url(smg_host["incumbent"])
+        router = closing(SmgRouter(smg_host["smg"].url, creds()))
+        assert router.check_route(TIER, url, MODEL).holds
+        smg_host["smg"].kill()  # smg dies and comes back without its registrations
+        smg_factory(port=smg_host["smg_port"])
+        assert "no worker" in router.check_route(TIER, url, MODEL).reason
+        started = time.monotonic()
+        out = reconcile(ctx, "primary")
+        print(f"\nreconcile after an smg restart: {time.monotonic() - started:.2f} s")
+        assert out.state == TxState.COMMITTED, out.reason
+        assert out.results["route-slot"]["changed"] is True
+        assert out.results["routed-smoke"] == {"alias": ALIAS, "status": 200, "model": MODEL}
+        assert route_breaks(router, url, REMOVAL_DELAY_S + 1) == []
+        again = reconcile(ctx, "primary")
+        assert again.results["route-slot"]["already_routed"] is True
+
+    def test_recheck_repairs_the_route_after_an_smg_restart(self, smg_host, smg_factory):
+        ctx = smg_host["ctx"]
+        assert reconcile(ctx, "primary").state == TxState.COMMITTED
+        smg_host["smg"].kill()
+        smg_factory(port=smg_host["smg_port"])
+        plain = recheck.recheck(ctx, "primary")
+        assert {"route_holds", "routed_smoke"} <= set(plain.failed)
+        repaired = recheck.recheck(ctx, "primary", repair=("router",))
+        assert repaired.passed, repaired.assertions
+        assert repaired.repair is not None and repaired.repair["committed"] is True
+
+    def test_reconcile_is_refused_when_the_recorded_serve_is_not_running(self, smg_host, runtime, closing):
+        ctx, inc = smg_host["ctx"], smg_host["incumbent"]
+        router = closing(SmgRouter(smg_host["smg"].url, creds()))
+        runtime.stop(inc.id, 5)
+        out = reconcile(ctx, "primary")
+        assert out.state == TxState.REFUSED and out.exit_code == 3
+        assert out.refusal is not None and out.refusal.guard == "RecordedServeRunning"
+        assert f"{inc.id[:12]} ({MODEL}) is exited, not running" in out.reason
+        assert router.backends(TIER) == []  # nothing was registered
 
 
 class TestSmgCredentials:

@@ -95,7 +95,7 @@ def fake(tmp_path: Path):
     server.close()
 
 
-def data_plane(served: str = "stub-model-a"):
+def data_plane(served: str = "stub-model-a", on_chat=None):
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/anvil/ready":
             return httpx.Response(200)
@@ -104,21 +104,29 @@ def data_plane(served: str = "stub-model-a"):
         model = json.loads(request.content)["model"]
         if model not in TIERS["primary-local"]:
             return httpx.Response(404)
+        if on_chat is not None:
+            on_chat()
         return httpx.Response(200, json={"model": served, "choices": []})
 
     return httpx.MockTransport(handler)
 
 
-def make_router(fake: FakeHaproxy, client: str = CLIENT, served: str = "stub-model-a"):
+def make_router(fake: FakeHaproxy, client: str = CLIENT, served: str = "stub-model-a", on_chat=None):
     creds = RouterCredentials(client=Secret(client, "file /etc/anvil/router.toml (client_token)"))
     return HaproxyRouter(
         "http://127.0.0.1:30080",
         fake.path,
         creds,
         TIERS,
-        transport=data_plane(served),
+        transport=data_plane(served, on_chat),
         sleep=lambda _s: None,
     )
+
+
+def restart(fake: FakeHaproxy) -> None:
+    """What a restarted HAProxy holds: the config's servers, all in maintenance."""
+    for server in fake.servers.values():
+        server.update(addr="127.0.0.1", port=9, status="MAINT")
 
 
 class TestRenderConfig:
@@ -260,8 +268,7 @@ class TestHaproxyRouter:
     def test_readmit_after_an_haproxy_restart_registers_again(self, fake):
         router = make_router(fake)
         router.register("primary-local", BACKEND, ("llm.primary",))
-        for server in fake.servers.values():
-            server.update(addr="127.0.0.1", port=9, status="MAINT")  # config state again
+        restart(fake)
         router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
         assert [b.url for b in router.backends("primary-local")] == [BACKEND]
 
@@ -291,3 +298,60 @@ class TestHaproxyRouter:
         ]
         assert view["ready"] is True
         assert CLIENT not in json.dumps(view)
+
+    def test_readmit_confirms_the_slot_is_still_ready_after_the_chat(self, fake):
+        restarts = iter([True])  # haproxy restarts once, right after serving the first chat
+        router = make_router(fake, on_chat=lambda: next(restarts, False) and restart(fake))
+        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        assert fake.commands.count("set server tier_primary-local/s1 state ready") == 2
+        assert router.check_route("primary-local", BACKEND, "stub-model-a")
+
+
+class TestHaproxyRouteCheck:
+    def test_a_ready_routed_slot_holds(self, fake):
+        router = make_router(fake)
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        check = router.check_route("primary-local", BACKEND, "stub-model-a")
+        assert check.holds and check.reason == ""
+
+    def test_no_slot_at_the_url_does_not_hold(self, fake):
+        check = make_router(fake).check_route("primary-local", BACKEND, "stub-model-a")
+        assert not check and "points at" in check.reason
+
+    def test_a_draining_slot_does_not_hold(self, fake):
+        router = make_router(fake)
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        router.drain("primary-local")
+        check = router.check_route("primary-local", BACKEND, "stub-model-a")
+        assert not check and "drain" in check.reason
+
+    def test_another_ready_slot_does_not_hold(self, fake):
+        router = make_router(fake)
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        router.register("primary-local", "http://127.0.0.1:8009", ("llm.primary",))
+        check = router.check_route("primary-local", BACKEND, "stub-model-a")
+        assert not check and "8009" in check.reason
+
+    def test_the_wrong_served_model_does_not_hold(self, fake):
+        router = make_router(fake, served="other-model")
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        check = router.check_route("primary-local", BACKEND, "stub-model-a")
+        assert not check and "other-model" in check.reason
+
+    def test_a_missing_socket_does_not_hold_and_does_not_raise(self, fake, tmp_path):
+        router = make_router(fake)
+        router.socket_path = tmp_path / "gone.sock"
+        check = router.check_route("primary-local", BACKEND, "stub-model-a")
+        assert not check and "does not exist" in check.reason
+
+    def test_a_world_writable_socket_raises(self, fake):
+        os.chmod(fake.path, 0o666)
+        with pytest.raises(CredentialError):
+            make_router(fake).check_route("primary-local", BACKEND, "stub-model-a")
+
+    def test_it_changes_nothing(self, fake):
+        router = make_router(fake)
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        before = len(fake.commands)
+        router.check_route("primary-local", BACKEND, "stub-model-a")
+        assert all(not c.startswith("set ") for c in fake.commands[before:])

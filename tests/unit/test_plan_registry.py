@@ -19,6 +19,7 @@ from anvil_ctl.engine.plans.args import (
     LoadArgs,
     PromoteArgs,
     QualifyArgs,
+    ReconcileArgs,
     RollbackArgs,
     UnloadArgs,
     from_json,
@@ -52,6 +53,7 @@ def _samples(host: FakeHost) -> dict[str, object]:
         ),
         "qualify": QualifyArgs(slot="primary", candidate=inc, profile="smoke", gates=("tools",)),
         "unload": UnloadArgs(container_id="c" * 64, slot="primary", remove_residue=True),
+        "reconcile": ReconcileArgs(slot="primary", serve=inc),
     }
 
 
@@ -64,6 +66,7 @@ class TestRegistry:
             "rollback": "RollbackArgs",
             "qualify": "QualifyArgs",
             "unload": "UnloadArgs",
+            "reconcile": "ReconcileArgs",
         }
 
     @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -1,11 +1,14 @@
-"""The smg adapter against an in-memory smg (httpx.MockTransport) that keeps smg's quirks:
-asynchronous registration, slow removal with a 409 for a pending URL, an open circuit
-breaker on a healthy worker, and role-based 401/403."""
+"""The smg adapter against an in-memory smg (httpx.MockTransport) that keeps smg 1.13's quirks:
+asynchronous registration; removal by URL after a fixed drain, which nothing cancels and a
+second DELETE hides; a 409 for a POST while the URL is listed; an open circuit breaker on a
+healthy worker; role-based 401/403. Time is the fake's own clock, advanced by the router's
+sleeps."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +22,7 @@ from anvil_ctl.core.ports import Router
 
 ADMIN, USER, CLIENT = "admin-key-123", "user-key-123", "client-key-123"
 BACKEND = "http://127.0.0.1:8001"
+TIER, ALIAS, MODEL = "primary-local", "llm.primary", "stub-model-a"
 
 
 @dataclass
@@ -29,29 +33,75 @@ class FakeWorker:
     labels: dict[str, str]
     healthy: bool = True
     breaker_open: bool = False
-    removing_in: int | None = None  # GETs until a pending removal completes
-    served: str = "stub-model-a"
+    draining: bool = False
+    served: str = MODEL
 
 
 @dataclass
 class FakeSmg:
     workers: list[FakeWorker] = field(default_factory=list)
     ids: Any = field(default_factory=lambda: itertools.count(1))
-    removal_gets: int = 2
+    drain_s: float = 5.0
+    """smg 1.13 drains a removed worker this long, then removes whatever is at its URL."""
+    now: float = 0.0
+    removals: list[tuple[float, str]] = field(default_factory=list)
+    """Queued removal jobs: (when they land, URL)."""
+    jobs: dict[str, dict[str, str]] = field(default_factory=dict)
+    """smg's job status, by URL (what GET /workers/{id} shows as job_status)."""
+    scheduled: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)
     down: bool = False
 
-    def _id(self) -> str:
-        return f"00000000-0000-0000-0000-{next(self.ids):012d}"
+    # -- the fake's clock ---------------------------------------------------------------------
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.05)
+        self._tick()
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        """Run `action` once the fake clock reaches `when` (someone else acting on smg)."""
+        self.scheduled.append((when, action))
+
+    def _tick(self) -> None:
+        for due in [a for a in self.scheduled if a[0] <= self.now]:
+            self.scheduled.remove(due)
+            due[1]()
+        for due_removal in [r for r in self.removals if r[0] <= self.now]:
+            self.removals.remove(due_removal)
+            self._drop(due_removal[1])
+
+    def _drop(self, url: str) -> None:
+        self.workers = [w for w in self.workers if w.url != url]
+        self.jobs.pop(url, None)
+
+    # -- what another client (a killed process) did -------------------------------------------
+
+    def delete(self, worker: FakeWorker) -> None:
+        """smg's DELETE: start a drain, or remove at once a worker that already drains."""
+        if worker.draining:
+            self._drop(worker.url)  # the pending removal stays queued, now invisible
+            return
+        worker.draining = True
+        self.removals.append((self.now + self.drain_s, worker.url))
+        self.jobs[worker.url] = {"job_type": "RemoveWorker", "status": "processing"}
+
+    def at_url(self, url: str = BACKEND) -> FakeWorker | None:
+        return next((w for w in self.workers if w.url == url), None)
+
+    # -- HTTP ---------------------------------------------------------------------------------
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
+        self._tick()
         path, method = request.url.path, request.method
         self.calls.append((method, path))
         auth = request.headers.get("authorization", "")
         if path == "/readiness":
-            ok = any(w.healthy for w in self.workers)
+            ok = any(w.healthy and not w.draining for w in self.workers)
             return httpx.Response(200 if ok else 503)
         if path.startswith("/workers"):
             if auth not in (f"Bearer {ADMIN}", f"Bearer {USER}"):
@@ -64,8 +114,8 @@ class FakeSmg:
                 return httpx.Response(401, json={"error": {"code": "invalid_api_key"}})
             model = json.loads(request.content)["model"]
             for w in self.workers:
-                if model in w.models and w.removing_in is None:
-                    if not w.healthy or w.breaker_open:
+                if model in w.models[:1]:
+                    if not w.healthy or w.breaker_open or w.draining:
                         return httpx.Response(503, json={"error": "unavailable"})
                     return httpx.Response(
                         200,
@@ -77,50 +127,47 @@ class FakeSmg:
             return httpx.Response(404, json={"error": {"code": "model_not_found"}})
         return httpx.Response(404)
 
+    def _info(self, w: FakeWorker) -> dict[str, Any]:
+        return {
+            "id": w.id,
+            "url": w.url,
+            "models": [{"id": m} for m in w.models[:1]],
+            "labels": {"served_model_name": w.served, **w.labels},
+            "is_healthy": w.healthy and not w.draining,
+            "status": "draining" if w.draining else "ready",
+        }
+
     def _workers(self, request: httpx.Request, method: str, path: str) -> httpx.Response:
         if method == "GET" and path == "/workers":
-            for w in list(self.workers):
-                if w.removing_in is not None:
-                    w.removing_in -= 1
-                    if w.removing_in < 0:
-                        self.workers.remove(w)
-            return httpx.Response(
-                200,
-                json={
-                    "workers": [
-                        {
-                            "id": w.id,
-                            "url": w.url,
-                            "models": [{"id": m} for m in w.models[:1]],
-                            "labels": {"served_model_name": w.served, **w.labels},
-                            "is_healthy": w.healthy,
-                            "status": "draining" if w.removing_in is not None else "ready",
-                        }
-                        for w in self.workers
-                    ]
-                },
-            )
+            return httpx.Response(200, json={"workers": [self._info(w) for w in self.workers]})
+        worker_id = path.rsplit("/", 1)[1]
+        worker = next((w for w in self.workers if w.id == worker_id), None)
+        if method == "GET":
+            if worker is None:
+                return httpx.Response(404, json={"code": "WORKER_NOT_FOUND"})
+            return httpx.Response(200, json={**self._info(worker), "job_status": self.jobs.get(worker.url)})
         if method == "POST" and path == "/workers":
             body = json.loads(request.content)
-            for w in self.workers:
-                if w.url == body["url"]:
-                    return httpx.Response(409, json={"code": "WORKER_ALREADY_EXISTS"})
+            if self.at_url(body["url"]) is not None:
+                return httpx.Response(409, json={"code": "WORKER_ALREADY_EXISTS"})
             worker = FakeWorker(
                 self._id(), body["url"], [m["id"] for m in body["models"]], body.get("labels", {})
             )
             self.workers.append(worker)
+            self.jobs.pop(worker.url, None)  # the AddWorker job overwrites the URL's status, then ends
             return httpx.Response(202, json={"status": "accepted", "worker_id": worker.id})
         if method == "DELETE":
-            worker_id = path.rsplit("/", 1)[1]
-            for w in self.workers:
-                if w.id == worker_id:
-                    w.removing_in = self.removal_gets
-                    return httpx.Response(202, json={"status": "accepted"})
-            return httpx.Response(404, json={"code": "WORKER_NOT_FOUND"})
+            if worker is None:
+                return httpx.Response(404, json={"code": "WORKER_NOT_FOUND"})
+            self.delete(worker)
+            return httpx.Response(202, json={"status": "accepted"})
         return httpx.Response(405)
 
-    def add(self, url: str = BACKEND, tier: str = "primary-local", **kw: Any) -> FakeWorker:
-        worker = FakeWorker(self._id(), url, ["llm.primary"], {TIER_LABEL: tier}, **kw)
+    def _id(self) -> str:
+        return f"00000000-0000-0000-0000-{next(self.ids):012d}"
+
+    def add(self, url: str = BACKEND, tier: str = TIER, **kw: Any) -> FakeWorker:
+        worker = FakeWorker(self._id(), url, [ALIAS], {TIER_LABEL: tier}, **kw)
         self.workers.append(worker)
         return worker
 
@@ -130,7 +177,7 @@ def smg() -> FakeSmg:
     return FakeSmg()
 
 
-def make_router(smg: FakeSmg, admin: str = ADMIN, client: str = CLIENT) -> SmgRouter:
+def make_router(smg: FakeSmg, admin: str = ADMIN, client: str = CLIENT, **kw: Any) -> SmgRouter:
     creds = RouterCredentials(
         client=Secret(client, "env ANVIL_ROUTER_CLIENT_TOKEN"),
         admin=Secret(admin, "env ANVIL_ROUTER_ADMIN_TOKEN"),
@@ -139,8 +186,9 @@ def make_router(smg: FakeSmg, admin: str = ADMIN, client: str = CLIENT) -> SmgRo
         "http://127.0.0.1:30000",
         creds,
         transport=httpx.MockTransport(smg.handler),
-        poll_s=0.0,
-        sleep=lambda _s: None,
+        sleep=smg.sleep,
+        clock=smg.clock,
+        **kw,
     )
 
 
@@ -152,7 +200,7 @@ class TestSmgRouterCredentials:
         worker = smg.add()
         make_router(smg).probe_credentials()
         assert ("DELETE", f"/workers/{NIL_WORKER_ID}") in smg.calls
-        assert worker.removing_in is None
+        assert not worker.draining
 
     def test_a_user_role_admin_key_is_auth_rejected_naming_the_source(self, smg):
         with pytest.raises(AuthRejected) as err:
@@ -197,7 +245,6 @@ class TestSmgRouterRegistration:
 
     def test_register_waits_for_a_pending_removal_before_posting(self, smg):
         old = smg.add(tier="old-tier")
-        smg.removal_gets = 3
         make_router(smg).register("primary-local", BACKEND, ("llm.primary",))
         assert old not in smg.workers
         (new,) = smg.workers
@@ -221,7 +268,7 @@ class TestSmgRouterRegistration:
 
     def test_a_removal_that_never_finishes_is_transient(self, smg):
         smg.add()
-        smg.removal_gets = 10**9
+        smg.drain_s = 10**9
         router = make_router(smg)
         router._removal_timeout_s = 0.05
         with pytest.raises(TransientError, match="removed"):
@@ -231,7 +278,7 @@ class TestSmgRouterRegistration:
 class TestSmgRouterReadmit:
     def test_readmit_registers_and_ends_with_a_verified_routed_chat(self, smg):
         router = make_router(smg)
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
         assert smg.calls[-1] == ("POST", "/v1/chat/completions")
         assert router.routed_chat("llm.primary").model == "stub-model-a"
 
@@ -240,19 +287,19 @@ class TestSmgRouterReadmit:
         router = make_router(smg)
         assert router.ready()
         assert router.routed_chat("llm.primary").status == 503
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=10)
+        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
         assert stuck not in smg.workers
         assert router.routed_chat("llm.primary").status == 200
 
     def test_readmit_after_a_router_restart_registers_again(self, smg):
         smg.add()
         smg.workers.clear()  # a restarted smg remembers nothing
-        make_router(smg).readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        make_router(smg).readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
         assert [w.url for w in smg.workers] == [BACKEND]
 
     def test_readmit_removes_another_backend_of_the_tier(self, smg):
         smg.add(url="http://127.0.0.1:8009", served="candidate")
-        make_router(smg).readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        make_router(smg).readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
         assert [w.url for w in smg.workers] == [BACKEND]
 
     def test_readmit_fails_at_the_deadline_when_the_wrong_model_answers(self, smg):
@@ -272,6 +319,131 @@ class TestSmgRouterReadmit:
     def test_ready_is_false_when_the_router_is_down(self, smg):
         smg.down = True
         assert make_router(smg).ready() is False
+
+
+def readmit(router: SmgRouter, deadline_s: float = 60) -> None:
+    router.readmit(TIER, BACKEND, (ALIAS,), MODEL, deadline_s=deadline_s)
+
+
+def router_calls(smg: FakeSmg, method: str, prefix: str) -> int:
+    return sum(1 for m, p in smg.calls if m == method and p.startswith(prefix))
+
+
+def stays_routed(smg: FakeSmg, router: SmgRouter, seconds: float) -> bool:
+    """Advance the fake clock past any removal still queued; the route must hold throughout."""
+    end = smg.now + seconds
+    while smg.now < end:
+        if not router.check_route(TIER, BACKEND, MODEL).holds:
+            return False
+        smg.sleep(0.5)
+    return True
+
+
+class TestSmgRouterRemovalHold:
+    def test_readmission_ends_only_after_the_hold_window(self, smg):
+        readmit(make_router(smg, removal_hold_s=6.0))
+        assert smg.now >= 6.0
+        assert router_calls(smg, "POST", "/workers") == 1
+
+    def test_a_zero_hold_window_ends_at_the_first_verified_chat(self, smg):
+        readmit(make_router(smg, removal_hold_s=0))
+        assert smg.now < 1.0
+
+    def test_a_removal_pending_at_readmission_is_waited_out_never_deleted_again(self, smg):
+        smg.delete(smg.add())  # a killed process sent its DELETE
+        router = make_router(smg)
+        readmit(router)
+        assert router_calls(smg, "DELETE", "/workers/") == 0
+        (worker,) = smg.workers
+        assert not worker.draining and smg.removals == []
+        assert stays_routed(smg, router, 10)
+
+    def test_a_late_removal_landing_after_registration_is_re_registered(self, smg):
+        # Two DELETEs (a killed process, then a second one): the second removes the worker at
+        # once and clears its job status; the first one's removal is still queued, invisible.
+        old = smg.add()
+        smg.delete(old)
+        smg.sleep(0.5)
+        smg.delete(old)
+        assert smg.workers == [] and smg.jobs == {} and smg.removals
+        router = make_router(smg)
+        readmit(router)
+        assert router_calls(smg, "POST", "/workers") == 2  # registered, removed late, registered again
+        assert smg.removals == []
+        assert stays_routed(smg, router, 10)
+
+    def test_a_removal_of_the_new_registration_during_the_hold_is_waited_out_and_held_again(self, smg):
+        router = make_router(smg)
+        smg.at(2.0, lambda: smg.delete(smg.at_url()))  # someone removes it mid-hold
+        readmit(router)
+        assert router_calls(smg, "POST", "/workers") == 2
+        assert router_calls(smg, "DELETE", "/workers/") == 0
+        assert smg.now >= 2.0 + 6.0  # held past the sighting of that removal
+        assert stays_routed(smg, router, 10)
+
+    def test_a_hold_that_cannot_finish_before_the_deadline_fails_the_readmission(self, smg):
+        with pytest.raises(StepFailed, match="not yet held"):
+            readmit(make_router(smg, removal_hold_s=600), deadline_s=5)
+
+    def test_register_does_not_keep_a_worker_whose_removal_is_pending(self, smg):
+        smg.delete(smg.add())
+        make_router(smg).register(TIER, BACKEND, (ALIAS,))
+        (worker,) = smg.workers
+        assert not worker.draining
+        assert router_calls(smg, "DELETE", "/workers/") == 0
+
+
+class TestSmgRouteCheck:
+    def test_a_registered_admitted_routed_backend_holds(self, smg):
+        smg.add()
+        check = make_router(smg).check_route(TIER, BACKEND + "/", MODEL)
+        assert check.holds and bool(check) and check.reason == ""
+        assert check.url == BACKEND
+
+    def test_an_absent_registration_does_not_hold(self, smg):
+        check = make_router(smg).check_route(TIER, BACKEND, MODEL)
+        assert not check and "no worker" in check.reason
+
+    def test_a_draining_registration_does_not_hold(self, smg):
+        smg.delete(smg.add())
+        check = make_router(smg).check_route(TIER, BACKEND, MODEL)
+        assert not check and "removal" in check.reason
+
+    def test_a_queued_removal_does_not_hold_even_while_the_worker_reads_ready(self, smg):
+        smg.add()
+        smg.jobs[BACKEND] = {"job_type": "RemoveWorker", "status": "pending"}
+        assert not make_router(smg).check_route(TIER, BACKEND, MODEL)
+
+    def test_the_wrong_served_model_does_not_hold(self, smg):
+        smg.add(served="some-other-model")
+        check = make_router(smg).check_route(TIER, BACKEND, MODEL)
+        assert not check and "some-other-model" in check.reason
+
+    def test_another_backend_in_the_tier_does_not_hold(self, smg):
+        smg.add()
+        smg.add(url="http://127.0.0.1:8009")
+        check = make_router(smg).check_route(TIER, BACKEND, MODEL)
+        assert not check and "8009" in check.reason
+
+    def test_an_open_breaker_does_not_hold(self, smg):
+        smg.add(breaker_open=True)
+        check = make_router(smg).check_route(TIER, BACKEND, MODEL)
+        assert not check and "503" in check.reason
+
+    def test_an_unreachable_router_does_not_hold_and_does_not_raise(self, smg):
+        smg.down = True
+        check = make_router(smg).check_route(TIER, BACKEND, MODEL)
+        assert not check and "ConnectError" in check.reason
+
+    def test_a_rejected_client_key_raises(self, smg):
+        smg.add()
+        with pytest.raises(AuthRejected):
+            make_router(smg, client="wrong-key-1").check_route(TIER, BACKEND, MODEL)
+
+    def test_it_changes_nothing(self, smg):
+        smg.add()
+        make_router(smg).check_route(TIER, BACKEND, MODEL)
+        assert {m for m, p in smg.calls if p.startswith("/workers")} == {"GET"}
 
 
 class TestSmgRouterView:

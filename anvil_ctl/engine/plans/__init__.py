@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_ctl.core.steps import Plan
-from anvil_ctl.engine.plans import adopt, load, promote, qualify, rollback, unload
+from anvil_ctl.engine.plans import adopt, load, promote, qualify, reconcile, rollback, unload
 from anvil_ctl.engine.plans.args import (
     AdoptArgs,
     LoadArgs,
     PromoteArgs,
     QualifyArgs,
+    ReconcileArgs,
     RollbackArgs,
     UnloadArgs,
     from_json,
@@ -44,4 +45,5 @@ KINDS: dict[str, Kind] = {
     "rollback": Kind(RollbackArgs, rollback.build),
     "qualify": Kind(QualifyArgs, qualify.build),
     "unload": Kind(UnloadArgs, unload.build),
+    "reconcile": Kind(ReconcileArgs, reconcile.build),
 }

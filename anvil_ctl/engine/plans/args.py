@@ -99,7 +99,14 @@ class UnloadArgs:
     remove_residue: bool = False
 
 
-PlanArgs = AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | UnloadArgs
+@dataclass(frozen=True)
+class ReconcileArgs:
+    slot: str
+    serve: Identity
+    """The serve the slot's record publishes (its incumbent): what the tier must route to."""
+
+
+PlanArgs = AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | UnloadArgs | ReconcileArgs
 
 
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}

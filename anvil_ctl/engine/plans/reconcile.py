@@ -1,0 +1,169 @@
+"""`reconcile`: re-apply a slot's recorded route after a router restart or a late removal.
+
+The route a slot should have is what its record says: the slot's tier routed to its
+binding, answering from the serve the record publishes there, the slot's incumbent.
+Refused before anything changes unless that serve runs as its recorded container (same
+image and config fingerprint) and its binding answers healthy with its served model, no
+transaction is unresolved and the router accepts our credentials. A slot a `load`
+switched to a candidate that was never promoted is refused, naming the candidate: its
+tier stays unrouted by design until `promote` publishes it (with a decision and an
+approver) or `rollback` restores the incumbent; reconcile never publishes what promote
+has not approved.
+
+Steps: `route-slot` observes first (a route that already holds is recorded and left
+alone), else routes the tier to the serve and readmits it (readmission holds past any
+removal the router still had pending); then the authenticated routed smoke. Nothing is
+undone: the route before was the fault being repaired, and routing a healthy recorded
+serve takes nothing out of service. Both steps observe before they act, so `recover`
+rolls an interrupted reconcile forward once the route is applied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anvil_ctl.core.errors import AdapterError, StepFailed
+from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.model import LABEL_SLOT, Identity
+from anvil_ctl.core.ports import Router
+from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterCredentialsAccepted
+from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.plans.args import ReconcileArgs
+from anvil_ctl.engine.serving import identity_drift, is_running, route_slot_to, smoke_step
+from anvil_ctl.engine.world import World
+
+Ctx = StepContext[ReconcileArgs, World, NoMemo]
+
+HEALTH_PATH = "/health"
+"""Where the recorded serve's health is read (as `restart_retained` and `recheck` do)."""
+
+
+def _serve(ctx: Ctx) -> Identity:
+    return ctx.args.serve
+
+
+def _router(world: World) -> Router:
+    if world.router is None:  # RouterConfigured refuses this before any step
+        raise StepFailed("reconcile needs a router: the host config's router.kind is 'none'")
+    return world.router
+
+
+def what_runs(world: World, slot_name: str, serve: Identity) -> str:
+    """What serves the slot instead of its recorded serve, for a refusal a person can act on."""
+    slot = world.config.slot(slot_name)
+    cand = world.store.current_identity(slot_name, "candidate")
+    if cand is not None and cand.container_id != serve.container_id and is_running(world, cand.container_id):
+        return (
+            f"the slot runs the loaded candidate {cand.container_id[:12]} ({cand.served_model}), "
+            "which is not promoted: its tier stays unrouted until `anvilctl promote` publishes it "
+            "or `anvilctl rollback` restores the incumbent"
+        )
+    running = [c for c in world.runtime.list(labels={LABEL_SLOT: slot_name}) if c.running]
+    if running:
+        return "running for the slot: " + ", ".join(f"{c.id[:12]} ({c.name})" for c in running)
+    try:
+        served = sorted(m.id for m in world.engine.models(slot.base_url))
+    except AdapterError as exc:
+        return f"{slot.binding} does not answer as an OpenAI endpoint ({exc})"
+    if served:
+        return f"{slot.binding} serves {served} from no container we recorded"
+    return f"nothing we recorded runs for the slot and {slot.binding} serves nothing"
+
+
+# -- guards -----------------------------------------------------------------------------------
+
+
+class RouterConfigured(Guard[Ctx]):
+    """Reconciling a route needs a router: a host without one has no route to re-apply."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        if ctx.world.router is None:
+            return self.refuse("reconcile needs a router: the host config's router.kind is 'none'")
+        return None
+
+
+class RecordedServeRunning(Guard[Ctx]):
+    """The serve the slot's record publishes runs as its recorded container (same image and
+    config fingerprint) and its binding answers healthy with exactly its served model: only
+    then is routing the tier to the binding routing it to that serve."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        world, serve = ctx.world, ctx.args.serve
+        short = f"{serve.container_id[:12]} ({serve.served_model})"
+        drift = {d.field: d for d in identity_drift(world, serve, running=True)}
+        if "container" in drift:
+            return self.refuse(
+                f"recorded serve {short} no longer exists; {what_runs(world, serve.slot, serve)}",
+                container_id=serve.container_id,
+            )
+        if "status" in drift:
+            return self.refuse(
+                f"recorded serve {short} is {drift['status'].observed}, not running; "
+                f"{what_runs(world, serve.slot, serve)}",
+                container_id=serve.container_id,
+            )
+        if drift:
+            return self.refuse(
+                f"recorded serve {short} drifted from its identity: "
+                + "; ".join(d.describe(serve.container_id) for d in drift.values()),
+                drift=[d.as_dict() for d in drift.values()],
+            )
+        slot = world.config.slot(serve.slot)
+        try:
+            served = sorted(m.id for m in world.engine.models(slot.base_url))
+            healthy = world.engine.health(slot.base_url, HEALTH_PATH)
+        except AdapterError as exc:
+            return self.refuse(f"{slot.binding} does not answer for {short}: {exc}")
+        if served != [serve.served_model]:
+            return self.refuse(
+                f"{slot.binding} serves {served}, not the recorded serve {short}; "
+                f"{what_runs(world, serve.slot, serve)}"
+            )
+        if not healthy:
+            return self.refuse(f"recorded serve {short} runs but {slot.base_url}{HEALTH_PATH} is not healthy")
+        return None
+
+
+GUARDS: list[Guard[Ctx]] = [
+    RouterConfigured(),
+    RecordedServeRunning(),
+    NoUnresolvedTransaction(),
+    RouterCredentialsAccepted(),
+]
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+def route_slot(ctx: Ctx) -> StepResult:
+    """Observe the route; re-apply it only when it does not hold."""
+    world, serve = ctx.world, ctx.args.serve
+    slot = world.config.slot(serve.slot)
+    before = _router(world).check_route(slot.router_tier, slot.base_url, serve.served_model)
+    result: dict[str, Any] = {"tier": slot.router_tier, "url": slot.base_url, "model": serve.served_model}
+    if before.holds:
+        return {**result, "already_routed": True, "changed": False}
+    routed = route_slot_to(world, serve)
+    return {**result, **routed, "already_routed": False, "changed": True, "was": before.reason}
+
+
+def build(args: ReconcileArgs, world: World) -> Plan[ReconcileArgs, World, NoMemo]:
+    return Plan(
+        kind="reconcile",
+        args=args,
+        steps=[
+            Step(
+                "route-slot",
+                route_slot,
+                None,
+                "observe the tier's route; re-apply it to the recorded serve unless it holds",
+            ),
+            smoke_step(_serve),
+        ],
+        memo=NoMemo(),
+        guards=GUARDS,
+        slot=args.slot,
+        snapshot=lambda: observe(world, [args.slot]),
+        pivot="route-slot",
+    )
