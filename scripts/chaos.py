@@ -102,12 +102,24 @@ class ChaosHost:
             "adopt", self.camp.incumbent_id, "--slot", "primary", "--context-tokens", "524288"
         )
         assert r.returncode == 0, r.stderr
-        self.candidate: str | None = None
-        self.promoted = False
-        """The candidate was promoted once: a rollback can go either way between A and C."""
         self.durations: dict[str, float] = {}
 
     # -- observing ----------------------------------------------------------------------------
+
+    @property
+    def candidate(self) -> str | None:
+        """The latest loaded candidate, from the record."""
+        ident = self.context().store.current_identity("primary", "candidate")
+        return ident.container_id if ident else None
+
+    @property
+    def promoted(self) -> bool:
+        """The candidate was promoted once: a rollback can go either way between A and C."""
+        from anvil_ctl.commands import audit
+
+        cand = self.candidate
+        rows = audit.identities(self.context(), slot="primary", role="incumbent")
+        return cand is not None and any(r["container_id"] == cand for r in rows)
 
     def context(self) -> Context:
         env = self.camp.env
@@ -197,12 +209,7 @@ class ChaosHost:
                 self.verify_candidate()
             if step == "load":
                 self.unload_stopped_candidates()
-            out = self.run(*self.argv(step, phase)) if step != "recover" else self.run("recover")
-            if step == "load" and out.get("state") == "committed":
-                self.candidate = out["results"]["start-candidate"]["container_id"]
-                self.promoted = False
-            if step == "promote" and out.get("state") == "committed":
-                self.promoted = True
+            self.run(*self.argv(step, phase)) if step != "recover" else self.run("recover")
         raise RuntimeError(f"cannot reach phase {BEFORE[command]} for {command}: {self.observe()}")
 
     def verify_candidate(self) -> None:
@@ -299,11 +306,6 @@ class ChaosHost:
             problems.append(f"second recover still found work: {recovered[-1]['recovered']}")
         if any(r["_exit"] != 0 for r in recovered):
             problems.append(f"recover exit {[r['_exit'] for r in recovered]}")
-        if tx_state == "committed" and case.command == "load":
-            self.candidate = _candidate_of(ctx, txs[0]["tx_id"]) or self.candidate
-            self.promoted = False
-        if tx_state == "committed" and case.command == "promote":
-            self.promoted = True
         seen = self.observe()
         phase = self.phase_of(seen)
         if phase == before:
@@ -335,11 +337,6 @@ class ChaosHost:
         start = time.monotonic()
         out = self.run(*self.argv(command, phase))
         self.durations[command] = time.monotonic() - start
-        if command == "load" and out.get("state") == "committed":
-            self.candidate = out["results"]["start-candidate"]["container_id"]
-            self.promoted = False
-        if command == "promote" and out.get("state") == "committed":
-            self.promoted = True
         shown = self.run("audit", "show", out["tx_id"])
         rows = [f"{command}:state:{s['state']}" for s in shown["states"]]
         rows += [f"{command}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
@@ -353,15 +350,6 @@ def _transactions(ctx: Context) -> list[dict[str, Any]]:
     from anvil_ctl.commands import audit
 
     return audit.transactions(ctx, limit=5)
-
-
-def _candidate_of(ctx: Context, tx_id: str) -> str | None:
-    from anvil_ctl.commands import audit
-
-    for e in audit.show(ctx, tx_id)["steps"]:
-        if e["step"] == "start-candidate" and e["event"] == "result":
-            return str(e["detail"]["container_id"])
-    return None
 
 
 def table(verdicts: list[Verdict]) -> str:
