@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from anvil_ctl.adapters.credentials import Secret
-from anvil_ctl.adapters.haproxy import READY_URI, render_config, write_config
+from anvil_ctl.adapters.haproxy_config import READY_URI, render_config, write_config
 
 PYTHON = sys.executable
 

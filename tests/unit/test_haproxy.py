@@ -14,12 +14,8 @@ import httpx
 import pytest
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
-from anvil_ctl.adapters.haproxy import (
-    HaproxyRouter,
-    check_socket,
-    render_config,
-    write_config,
-)
+from anvil_ctl.adapters.haproxy import HaproxyRouter
+from anvil_ctl.adapters.haproxy_config import check_socket, render_config, write_config
 from anvil_ctl.core.errors import AdapterError, AuthRejected, CredentialError, StepFailed
 from anvil_ctl.core.ports import Router
 
