@@ -14,10 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import structlog
+
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.model import ContainerInfo, Identity, VramNeed
 from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.world import World
+
+log = structlog.get_logger("anvil.serving")
 
 
 class SlotArgs(Protocol):
@@ -256,8 +260,24 @@ def route_step(
     return Step(name, do, undo, description)
 
 
+def through_the_route(world: World, ident: Identity, call: Callable[[], StepResult]) -> StepResult:
+    """Run a check that goes through the router; when it fails because the route itself is
+    gone (a router restarted since the route step lost every registration), put the route
+    back once and run the check again. Any other failure stands."""
+    try:
+        return call()
+    except StepFailed as first:
+        if not route_problems(world, ident):
+            raise
+        log.warning("route lost during the transaction: re-applying it once", error=str(first))
+        route_slot_to(world, ident)
+        result = call()
+        return {**(result or {}), "route_reapplied": str(first)}
+
+
 def smoke_step(which: Callable[[C], Identity]) -> Step[C]:
     def do(ctx: C) -> StepResult:
-        return routed_smoke(ctx.world, which(ctx))
+        ident = which(ctx)
+        return through_the_route(ctx.world, ident, lambda: routed_smoke(ctx.world, ident))
 
     return Step("routed-smoke", do, None, "authenticated routed chat by alias")

@@ -256,3 +256,45 @@ class TestRecheck:
         text = path.read_text()
         assert 'anvil_recheck_passed{slot="primary"} 1' in text
         assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+class TestRouterRestartedMidCommand:
+    def _restart_router_at_first_routed_chat(self, host: FakeHost, ctx: Any, monkeypatch: Any) -> list[str]:
+        """The fake router loses every registration right before the first routed chat that
+        would have reached a registered backend (a router restarted after the route step)."""
+        world = ctx.world()
+        original = world.router.routed_chat
+        lost: list[str] = []
+
+        def chat(alias: str) -> Any:
+            tier = host.world.read()["router"]["tiers"].get("primary-local") or {}
+            if not lost and tier.get("state") == "ready":
+                with host.world.edit() as w:
+                    w["router"]["tiers"] = {}
+                lost.append(alias)
+            return original(alias)
+
+        monkeypatch.setattr(world.router, "routed_chat", chat)
+        return lost
+
+    def test_promote_puts_the_route_back_and_commits(self, fake_host: FakeHost, monkeypatch: Any) -> None:
+        _load(fake_host)
+        _decide(fake_host, "verified")
+        ctx = fake_host.context()
+        lost = self._restart_router_at_first_routed_chat(fake_host, ctx, monkeypatch)
+        out = lifecycle.promote(ctx, slot="primary", approved_by="operator")
+        assert lost == ["llm.primary"]  # the restart happened mid-command
+        assert out.state == TxState.COMMITTED, out.reason
+        assert "route_reapplied" in out.results["routed-smoke"]
+        assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "ready"
+
+    def test_rollback_puts_the_route_back_and_commits(self, fake_host: FakeHost, monkeypatch: Any) -> None:
+        _load(fake_host)
+        _decide(fake_host, "verified")
+        assert _promote(fake_host).state == TxState.COMMITTED
+        ctx = fake_host.context()
+        lost = self._restart_router_at_first_routed_chat(fake_host, ctx, monkeypatch)
+        out = lifecycle.rollback(ctx, slot="primary")
+        assert lost and out.state == TxState.COMMITTED, out.reason
+        routed = ctx.world().router.routed_chat("llm.primary")
+        assert routed.status == 200 and routed.model != "cand-393k"

@@ -40,6 +40,7 @@ from anvil_ctl.engine.serving import (
     route_slot_to,
     route_step,
     smoke_step,
+    through_the_route,
 )
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import approvals, qualification, waivers
@@ -136,14 +137,19 @@ def drain_again(ctx: Ctx, _r: StepResult) -> StepResult:
 
 def acceptance(ctx: Ctx) -> StepResult:
     world, cand = ctx.world, ctx.args.candidate
-    if world.acceptance is None:
+    accept = world.acceptance
+    if accept is None:
         raise StepFailed("no real-client acceptance is configured for this router")
     alias = world.config.slot(cand.slot).aliases[0]
-    result = world.acceptance(alias, cand.served_model)
-    data: dict[str, Any] = result.as_dict()
-    if not result.passed:
-        raise StepFailed(f"real-client acceptance failed: {data}", acceptance=data)
-    return data
+
+    def run() -> StepResult:
+        result = accept(alias, cand.served_model)
+        data: dict[str, Any] = result.as_dict()
+        if not result.passed:
+            raise StepFailed(f"real-client acceptance failed: {data}", acceptance=data)
+        return data
+
+    return through_the_route(world, cand, run)
 
 
 def record_promotion(ctx: Ctx) -> StepResult:
