@@ -78,7 +78,7 @@ class Context:
             return FakeGpus(FakeWorld(self.settings.fake_world_path))
         if self.settings.gpu == "simulated":
             from anvil_ctl.adapters.docker_runtime import DockerRuntime
-            from anvil_ctl.testing.gpu import SimulatedGpuProbe
+            from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
 
             runtime = DockerRuntime(base_url=self.settings.docker_host, gpu_mode="simulated")
             return SimulatedGpuProbe(self.config.gpu_roles, runtime)
@@ -157,7 +157,7 @@ def _real_world(ctx: Context) -> World:
     gpus: GpuProbe
     container_of_pid = None
     if simulated:
-        from anvil_ctl.testing.gpu import SimulatedGpuProbe
+        from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
 
         gpus = SimulatedGpuProbe(ctx.config.gpu_roles, runtime)
     else:

@@ -1,0 +1,128 @@
+"""Simulated GPUs driven by stub engines: what `ANVIL_GPU=simulated` uses without NVIDIA GPUs.
+
+The inventory is the host config's roles, and each card's used memory is the sum
+of what the stub engines in running managed containers say they hold
+(`GET /anvil/sim/vram`, see docs/CONTRACTS.md "Simulated GPUs"). The demo and
+the integration tests run on it; it implements the GpuProbe port like NVML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+import structlog
+
+from anvil_ctl.config import GpuRole
+from anvil_ctl.core.errors import AdapterError
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_PREFIX, GpuProcess, GpuReading
+from anvil_ctl.core.ports import ContainerRuntime
+
+log = structlog.get_logger()
+
+LABEL_PORT = LABEL_PREFIX + "port"
+LABEL_BINDING = LABEL_PREFIX + "binding"
+LABEL_GPUS = LABEL_PREFIX + "gpus"
+SIM_VRAM_PATH = "/anvil/sim/vram"
+
+
+def _default_http_get(url: str) -> Any:
+    response = httpx.get(url, timeout=2.0)
+    response.raise_for_status()
+    return response.json()
+
+
+def _endpoint(labels: Mapping[str, str]) -> str | None:
+    binding = labels.get(LABEL_BINDING)
+    if binding and ":" in binding:
+        host, _, port = binding.rpartition(":")
+        return f"http://{host}:{port}"
+    port_label = labels.get(LABEL_PORT)
+    if port_label and port_label.isdigit():
+        return f"http://127.0.0.1:{port_label}"
+    return None
+
+
+class SimulatedGpuProbe:
+    """GpuProbe over the host config's roles, with used memory reported by stub engines.
+
+    Each running container labelled `io.anvil.managed=true` is asked at
+    `http://<io.anvil.binding>` (or `http://127.0.0.1:<io.anvil.port>`) for
+    `/anvil/sim/vram` -> `{"gpus": {uuid: used_mib}}`; a card's used memory is
+    the sum over containers, capped at its capacity, and each contributing
+    container appears as a process with its init PID. A container that is not
+    answering yet (connection refused or reset) holds nothing, like an engine
+    that has not allocated; one that answers something else is an AdapterError.
+    A managed container with GPUs but no port label is an AdapterError too,
+    because its memory would silently go uncounted.
+    """
+
+    def __init__(
+        self,
+        roles: Mapping[str, GpuRole],
+        runtime: ContainerRuntime,
+        http_get: Callable[[str], Any] = _default_http_get,
+    ) -> None:
+        self.roles = dict(roles)
+        self.runtime = runtime
+        self.http_get = http_get
+
+    def driver_version(self) -> str:
+        return "simulated"
+
+    def _held(self) -> dict[str, list[GpuProcess]]:
+        held: dict[str, list[GpuProcess]] = {}
+        for info in self.runtime.list(labels={LABEL_MANAGED: "true"}):
+            if not info.running:
+                continue
+            base = _endpoint(info.labels)
+            if base is None:
+                if info.labels.get(LABEL_GPUS) or info.gpu_uuids:
+                    raise AdapterError(
+                        f"simulated GPUs: container {info.id[:12]} uses GPUs but has no "
+                        f"{LABEL_BINDING} or {LABEL_PORT} label to ask for its memory",
+                        container_id=info.id,
+                    )
+                continue
+            url = base + SIM_VRAM_PATH
+            try:
+                body = self.http_get(url)
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                log.info("gpu.sim_not_answering", container=info.id[:12], error=str(exc))
+                continue
+            except httpx.HTTPError as exc:
+                raise AdapterError(
+                    f"simulated GPUs: {url} of container {info.id[:12]} failed: {exc}",
+                    container_id=info.id,
+                ) from exc
+            try:
+                per_gpu = {str(k).lower(): int(v) for k, v in body["gpus"].items()}
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise AdapterError(
+                    f'simulated GPUs: {url} answered {body!r}; expected {{"gpus": {{"GPU-uuid": used_mib}}}}',
+                    container_id=info.id,
+                ) from exc
+            for uuid, used in per_gpu.items():
+                if used > 0:
+                    held.setdefault(uuid, []).append(GpuProcess(pid=info.pid or 0, used_mib=used))
+        return held
+
+    def gpus(self) -> list[GpuReading]:
+        held = self._held()
+        out = []
+        for index, (name, role) in enumerate(sorted(self.roles.items())):
+            procs = tuple(sorted(held.get(role.uuid.lower(), []), key=lambda p: p.pid))
+            used = min(role.capacity_mib, sum(p.used_mib for p in procs))
+            out.append(
+                GpuReading(
+                    uuid=role.uuid,
+                    name=role.name or f"Simulated GPU ({name})",
+                    index=index,
+                    total_mib=role.capacity_mib,
+                    used_mib=used,
+                    free_mib=role.capacity_mib - used,
+                    processes=procs,
+                )
+            )
+        return out
