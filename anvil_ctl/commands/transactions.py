@@ -32,31 +32,42 @@ def run_plan(
     *,
     dry_run: bool,
     tx_id: str | None = None,
-    locked: bool = False,
+    lock: HostLock | None = None,
 ) -> Outcome:
-    """Run a transaction; `locked` when the caller already holds the host lock (see `mutating`)."""
+    """Run a transaction; `lock` when the caller already holds the host lock (see `mutating`),
+    whose row is claimed here, once the plan is built from arguments that passed every check."""
     world = ctx.world()
     plan = KINDS[kind].build(args, world)
     engine = TransactionEngine(ctx.store, ctx.owner, crash_at=ctx.settings.crash_at)
     if dry_run:
         return engine.run(plan, world, dry_run=True)
     tx_id = tx_id or str(uuid.uuid4())
-    if locked or not plan.mutates:
+    if lock is not None:
+        lock.claim()
+        return engine.run(plan, world, tx_id=tx_id)
+    if not plan.mutates:
         return engine.run(plan, world, tx_id=tx_id)
     with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
         return engine.run(plan, world, tx_id=tx_id)
 
 
 @contextmanager
-def mutating(ctx: Context, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[None]:
-    """Hold the host lock while a command reads the state its arguments are built from:
-    identities read before the lock could be stale by the time the transaction runs.
-    A dry run changes nothing and takes no lock."""
+def mutating(ctx: Context, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[HostLock | None]:
+    """Hold the host's OS lock while a command reads the state its arguments are built from:
+    identities read before the lock could be stale by the time the transaction runs. The
+    lock row is claimed by `run_plan`, so bad input found here (exit 2) writes nothing.
+    A dry run changes nothing and takes no lock (None)."""
     if dry_run:
-        yield
+        yield None
         return
-    with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
-        yield
+    lock = HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id)
+    lock.acquire(claim=False)
+    try:
+        yield lock
+    except BaseException as exc:
+        lock.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    lock.release()
 
 
 def adopt(
@@ -124,7 +135,7 @@ def load(
     world = ctx.world()
     ctx.config.slot(slot)
     tx_id = tx_id or str(uuid.uuid4())
-    with mutating(ctx, "load", tx_id, dry_run=dry_run):
+    with mutating(ctx, "load", tx_id, dry_run=dry_run) as lock:
         incumbent = ctx.store.current_identity(slot, "incumbent")
         args = LoadArgs(
             slot=slot,
@@ -133,7 +144,7 @@ def load(
             incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
             accept_drift=accept_drift,
         )
-        return run_plan(ctx, "load", args, dry_run=dry_run, tx_id=tx_id, locked=True)
+        return run_plan(ctx, "load", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 
 
 def recover_all(ctx: Context) -> RecoverReport:
