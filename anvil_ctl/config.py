@@ -302,7 +302,10 @@ class Slot(_Strict):
 
     @model_validator(mode="after")
     def _binding(self) -> Slot:
-        host, _ = split_binding(self.binding)  # ValueError names the binding and the expected form
+        try:
+            host, _ = split_binding(self.binding)
+        except ValueError as exc:
+            raise ValueError(f"binding {exc}") from None
         if not is_loopback(host) and not self.allow_public_bind:
             raise ValueError(
                 f"binding {self.binding!r} is not loopback; set allow_public_bind = true to permit it"

@@ -327,7 +327,10 @@ def _verify(r: VerifyResult, out: Console) -> None:
         return
     print(f"MISMATCH: {_s(r.directory)} does not match its manifest ({len(r.mismatches)} problems)")
     for m in r.mismatches:
-        detail = f" (expected {_s(m.expected)}, found {_s(m.actual)})" if m.expected else ""
+        if m.expected is not None:
+            detail = f" (expected {_s(m.expected)}, found {_s(m.actual)})"
+        else:
+            detail = f": {_s(m.actual)}" if m.actual is not None else ""
         print(f"  {_s(m.path)}: {_s(m.problem)}{detail}")
 
 

@@ -95,7 +95,7 @@ def resolve_recipe_path(ref: str | Path, recipes_dir: Path) -> Path:
         if candidate.suffix == ".toml" or candidate.exists():
             return candidate  # load_recipe names what is wrong with it (missing, a directory ...)
         by_name = recipes_dir / f"{ref}.toml"
-        if by_name.exists():
+        if by_name.exists() or by_name.is_symlink():  # a broken link or loop: load_recipe names it
             return by_name
         known = sorted(p.stem for p in recipes_dir.glob("*.toml")) if recipes_dir.is_dir() else []
     except OSError as exc:  # a name too long for the file system, a loop in the path

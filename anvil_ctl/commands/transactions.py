@@ -15,6 +15,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.states import WAITING_STATES, TxState
+from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, check_int, check_person, check_text, require
 from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import serving
 from anvil_ctl.engine.plans import KINDS
@@ -82,6 +83,9 @@ def adopt(
     gpu_roles: tuple[str, ...] = (),
 ) -> Outcome:
     """Record a serving container (started by hand or another tool) as the slot's incumbent."""
+    context_tokens = require(
+        "--context-tokens", lambda n: check_int(n, lo=1, hi=MAX_CONTEXT_TOKENS), context_tokens
+    )
     world = ctx.world()
     slot_cfg = ctx.config.slot(slot)
     try:
@@ -173,6 +177,8 @@ def lock_status(ctx: Context) -> list[dict[str, Any]]:
 
 def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str, Any]:
     """Release a lock row by its exact ID (journaled); refuses a live local owner."""
+    by = require("--by", check_person, by)
+    reason = require("--reason", lambda r: check_text(r, empty=False), reason)
     for h in held_locks(ctx.store):
         if h.id == lock_id:
             if h.alive:
@@ -184,8 +190,8 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str,
 
 def resolve(ctx: Context, tx: str, *, by: str, note: str) -> dict[str, Any]:
     """A person records that they resolved a transaction that waits for one."""
-    if not by.strip() or not note.strip():
-        raise BadInput("--by and --note are required: who resolved it, and how", field="by")
+    by = require("--by", check_person, by)
+    note = require("--note", lambda n: check_text(n, multiline=True, empty=False), note)
     matches = [r for r in ctx.store.unresolved() if r.id.startswith(tx)]
     if len(matches) != 1:
         raise BadInput(f"transaction {tx!r}: no unique unresolved transaction matches", field="transaction")

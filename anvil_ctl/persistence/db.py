@@ -22,6 +22,7 @@ no empty database behind.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -72,7 +73,10 @@ def make_engine(url: str, *, create: bool = False) -> Engine:
         def _pragmas(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout={READ_BUSY_MS}")
-            cur.execute("PRAGMA journal_mode=WAL")
+            # WAL is a property of the file, set once: an empty file (not yet a database) is left
+            # as it is, so that a read-only command never writes a header into it.
+            if cur.execute("PRAGMA page_count").fetchone()[0]:
+                cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=FULL")
             cur.close()
@@ -176,6 +180,8 @@ def database_error(engine: Engine, exc: BaseException) -> AnvilError | None:
     base = name.split("_", 2)
     family = "_".join(base[:2]) if len(base) >= 2 else name
     db = where(engine)
+    if family == "SQLITE_CANTOPEN" and not os.access(Path(db).parent, os.W_OK):
+        family = "SQLITE_READONLY"  # a read-only directory: the -wal/-shm files cannot be made
     if family in _UNAVAILABLE:
         return Unavailable(
             f"state database {db} {_UNAVAILABLE[family]}", dependency="database", sqlite_error=name
