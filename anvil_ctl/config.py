@@ -122,7 +122,9 @@ def parse_toml(
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{path}: not valid TOML: {exc}", file=str(path)) from None
     except RecursionError:
-        raise error(f"{path}: nested more than {MAX_NESTING} levels deep; expected a {what}") from None
+        raise error(
+            f"{path}: nested more than {MAX_NESTING} levels deep; expected a {what}", file=str(path)
+        ) from None
     if _depth(data) > MAX_NESTING:
         raise error(f"{path}: nested more than {MAX_NESTING} levels deep; expected a {what}", file=str(path))
     return data
