@@ -38,11 +38,27 @@ class Context:
 
     @cached_property
     def engine(self) -> Engine:
+        """The state database, which must exist: reading never creates a database or directory."""
         from anvil_ctl.persistence.db import make_engine
 
-        if self.settings.db_url.startswith("sqlite"):
-            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         return make_engine(self.settings.db_url)
+
+    def create_database(self) -> Engine:
+        """The state database for `init`: the default state directory and the SQLite file are
+        created when missing (a directory named by an explicit --state-db URL must exist)."""
+        from anvil_ctl.persistence.db import make_engine
+
+        if self.settings.state_db is None:
+            try:
+                self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(
+                    f"state directory {self.settings.state_dir} cannot be created: {exc.strerror}",
+                    field="state_dir",
+                ) from None
+        engine = make_engine(self.settings.db_url, create=True)
+        self.__dict__["engine"] = engine
+        return engine
 
     @cached_property
     def store(self) -> Store:

@@ -15,14 +15,21 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from anvil_ctl.config import NAME_RE, HostConfig, Slot, format_validation_error
+from anvil_ctl.config import NAME_RE, Duration, HostConfig, MiB, Slot, format_validation_error, load_toml
 from anvil_ctl.core.errors import RecipeError
 from anvil_ctl.core.model import (
     LABEL_MANAGED,
@@ -36,17 +43,29 @@ from anvil_ctl.core.model import (
     Mount,
     sha256_hex,
 )
+from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT, check_text
 
-MODEL_IDENTITY_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)@(?P<rev>[0-9a-f]{40})$")
-IMAGE_DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
-IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-SHM_SIZE_RE = re.compile(r"^[0-9]+[bkmgBKMG]?$")
+MODEL_IDENTITY_RE = re.compile(
+    r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)@(?P<rev>[0-9a-f]{40})\Z", re.ASCII
+)
+IMAGE_DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}\Z")
+IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+SHM_SIZE_RE = re.compile(r"^[0-9]{1,15}[bkmgBKMG]?\Z")
 
 # Engines that serve no Hugging Face model, so `model` may be absent without being unknown.
 ENGINES_WITHOUT_MODEL = frozenset({"stub"})
 
 # Fields that may be left absent when the recipe lists them in `unknown`.
 _ABSENT_IF_UNKNOWN = ("model", "served_model", "max_concurrency")
+
+
+# Recipe values end up in container specs, records and terminals: bounded, no control characters.
+_LINE = AfterValidator(lambda v: check_text(v, max_len=1000))
+_NOTES = AfterValidator(lambda v: check_text(v, max_len=20000, multiline=True))
+_ARG = AfterValidator(lambda v: check_text(v, max_len=8192, multiline=True))
+Line = Annotated[str, _LINE]
+Arg = Annotated[str, _ARG]
+LIMIT = 2**62  # ulimits are 64-bit in the kernel; -1 means unlimited
 
 
 class _Strict(BaseModel):
@@ -56,8 +75,8 @@ class _Strict(BaseModel):
 class RecipeMount(_Strict):
     """A bind mount; a relative source resolves against the recipe file's directory."""
 
-    source: str = Field(min_length=1, description="Host path, absolute or relative to the recipe")
-    target: str = Field(description="Absolute path inside the container")
+    source: Line = Field(min_length=1, description="Host path, absolute or relative to the recipe")
+    target: Line = Field(description="Absolute path inside the container")
     read_only: bool = Field(True, description="Mount read-only")
 
     @field_validator("target")
@@ -69,44 +88,49 @@ class RecipeMount(_Strict):
 
 
 class Ulimit(_Strict):
-    soft: int = Field(ge=-1, description="Soft limit; -1 is unlimited")
-    hard: int = Field(ge=-1, description="Hard limit; -1 is unlimited")
+    soft: int = Field(ge=-1, le=LIMIT, description="Soft limit; -1 is unlimited")
+    hard: int = Field(ge=-1, le=LIMIT, description="Hard limit; -1 is unlimited")
 
 
 class Recipe(_Strict):
     """One serve, pinned: model, image, served identity, shape, container and provenance."""
 
     name: str = Field(description="Recipe name; equals the file name without .toml")
-    description: str = Field("", description="One line for listings")
-    engine: str = Field(min_length=1, description="Engine kind: stub, sglang, exllamav3, ...")
+    description: Line = Field("", description="One line for listings")
+    engine: Line = Field(min_length=1, description="Engine kind: stub, sglang, exllamav3, ...")
     model: str | None = Field(None, description="Model identity repo@<40-hex revision>")
     image: str = Field(description="name@sha256:<64 hex> or a local image ID sha256:<64 hex>")
-    served_model: str | None = Field(None, min_length=1, description="Id /v1/models must report")
-    context_tokens: int = Field(gt=0, description="Configured context (max model length) in tokens")
-    max_concurrency: int | None = Field(None, gt=0, description="Maximum running requests")
-    tp_size: int = Field(ge=1, description="Tensor-parallel size")
-    gpu_roles: tuple[str, ...] = Field(description="GPU role names, one per TP rank")
-    gpu_roles_reason: str = Field("", description="Why gpu_roles differs from tp_size, if it does")
-    vram_need_mib: int = Field(
+    served_model: Line | None = Field(None, min_length=1, description="Id /v1/models must report")
+    context_tokens: int = Field(
+        gt=0, le=MAX_CONTEXT_TOKENS, description="Configured context (max model length) in tokens"
+    )
+    max_concurrency: int | None = Field(None, gt=0, le=MAX_COUNT, description="Maximum running requests")
+    tp_size: int = Field(ge=1, le=64, description="Tensor-parallel size")
+    gpu_roles: tuple[str, ...] = Field(max_length=64, description="GPU role names, one per TP rank")
+    gpu_roles_reason: Line = Field("", description="Why gpu_roles differs from tp_size, if it does")
+    vram_need_mib: MiB = Field(
         0,
-        ge=0,
         description="MiB per card the serve holds once started; `load` waits for this plus the "
         "reserve to be free on each of its cards before starting it (0: only the reserve)",
     )
     port: int = Field(gt=0, lt=65536, description="Port the engine listens on; equals the slot's")
-    health_path: str = Field("/health", description="Path answering 200 when healthy")
-    startup_timeout_s: float = Field(600.0, gt=0, description="Deadline for health and identity")
-    profile: str = Field(min_length=1, description="Qualification profile name")
-    entrypoint: tuple[str, ...] | None = Field(None, description="Container entrypoint")
-    args: tuple[str, ...] = Field((), description="Container command (arguments to the entrypoint)")
-    env: dict[str, str] = Field(default_factory=dict, description="Container environment")
-    mounts: tuple[RecipeMount, ...] = Field((), description="Bind mounts")
+    health_path: Line = Field("/health", description="Path answering 200 when healthy")
+    startup_timeout_s: Duration = Field(600.0, description="Deadline for health and identity")
+    profile: Line = Field(min_length=1, description="Qualification profile name")
+    entrypoint: tuple[Arg, ...] | None = Field(None, max_length=256, description="Container entrypoint")
+    args: tuple[Arg, ...] = Field(
+        (), max_length=1024, description="Container command (arguments to the entrypoint)"
+    )
+    env: dict[Line, Arg] = Field(default_factory=dict, max_length=1024, description="Container environment")
+    mounts: tuple[RecipeMount, ...] = Field((), max_length=256, description="Bind mounts")
     shm_size: str | None = Field(None, description="Size of /dev/shm, e.g. 32g")
-    ipc_mode: str | None = Field(None, description="IPC mode: host, private, shareable")
-    ulimits: dict[str, int | Ulimit] = Field(default_factory=dict, description="name -> limit")
-    unknown: tuple[str, ...] = Field((), description="Fields (dotted) the sources do not give")
-    assumed: tuple[str, ...] = Field((), description="Fields (dotted) we chose, not from sources")
-    notes: str = Field("", description="Free-form notes")
+    ipc_mode: Line | None = Field(None, description="IPC mode: host, private, shareable")
+    ulimits: dict[Line, Annotated[int, Field(ge=-1, le=LIMIT)] | Ulimit] = Field(
+        default_factory=dict, description="name -> limit"
+    )
+    unknown: tuple[Line, ...] = Field((), description="Fields (dotted) the sources do not give")
+    assumed: tuple[Line, ...] = Field((), description="Fields (dotted) we chose, not from sources")
+    notes: Annotated[str, _NOTES] = Field("", description="Free-form notes")
     provenance: dict[str, Any] = Field(default_factory=dict, description="Where values came from")
 
     @field_validator("name")
@@ -201,13 +225,7 @@ class Recipe(_Strict):
 
 def load_recipe(path: Path) -> Recipe:
     """Read and validate one recipe; RecipeError names the file, the field and the expectation."""
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise RecipeError(f"{path}: recipe not found", file=str(path)) from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise RecipeError(f"{path}: not a readable TOML file: {exc}", file=str(path)) from exc
+    data = load_toml(path, "recipe", RecipeError)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:

@@ -21,13 +21,15 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from anvil_ctl.config import RouterConfig
+from anvil_ctl.config import RouterConfig, read_input_file
 from anvil_ctl.core.errors import CredentialError
+from anvil_ctl.core.validate import check_token
 
 TokenKind = Literal["admin", "client"]
 _FILE_KEYS: dict[TokenKind, str] = {"admin": "admin_token", "client": "client_token"}
+MAX_CREDENTIAL_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,15 @@ def check_private_file(path: Path) -> os.stat_result:
 
 
 def read_credential_file(path: Path) -> dict[str, str]:
-    """The token entries of a checked credential file (only string values of known keys)."""
+    """The token entries of a checked credential file (only string values of known keys).
+
+    Every problem is a CredentialError naming the file and the key, never a value: a
+    decoder message, a byte or a token must not reach a log or a terminal.
+    """
     check_private_file(path)
+    text = read_input_file(path, "credential file", max_bytes=MAX_CREDENTIAL_BYTES, error=_file_error)
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # Keep only the position: a decoder message must never carry file content.
         where = re.search(r"\(at (line \d+, column \d+|end of document)\)", str(exc))
@@ -117,10 +123,8 @@ def read_credential_file(path: Path) -> dict[str, str]:
             f"credential file {path} is not valid TOML ({where.group(1) if where else 'syntax'})",
             file=str(path),
         ) from None
-    except OSError as exc:
-        raise CredentialError(
-            f"credential file {path} cannot be read: {exc.strerror}", file=str(path)
-        ) from exc
+    except RecursionError:
+        raise CredentialError(f"credential file {path} is nested too deeply", file=str(path)) from None
     out: dict[str, str] = {}
     for key in _FILE_KEYS.values():
         value = data.get(key)
@@ -130,8 +134,21 @@ def read_credential_file(path: Path) -> dict[str, str]:
             raise CredentialError(
                 f"credential file {path}: {key} must be a non-empty string", file=str(path), key=key
             )
-        out[key] = value.strip()
+        out[key] = checked_token(value.strip(), f"credential file {path} ({key})")
     return out
+
+
+def _file_error(message: str, **data: Any) -> CredentialError:
+    """read_input_file's errors as CredentialError (its messages name the file, never content)."""
+    return CredentialError(message, **data)
+
+
+def checked_token(value: str, source: str) -> str:
+    """`value` if it can be sent as a bearer token; CredentialError naming `source` otherwise."""
+    try:
+        return check_token(value)
+    except ValueError as exc:
+        raise CredentialError(f"router token from {source}: {exc}", source=source) from None
 
 
 def resolve_token(
@@ -140,7 +157,7 @@ def resolve_token(
     """Resolve one token: environment variable first, then the credential file."""
     value = env.get(env_name, "").strip()
     if value:
-        return Secret(value, f"env {env_name}")
+        return Secret(checked_token(value, f"env {env_name}"), f"env {env_name}")
     key = _FILE_KEYS[kind]
     if credential_file is not None:
         entries = read_credential_file(credential_file)

@@ -2,7 +2,8 @@
 
 Containers are addressed by exact ID. `docker.errors.*` and connection errors are
 translated here and never leave this module: NotFound -> NotFound, 5xx and
-connection failures -> TransientError, everything else -> AdapterError. Only
+connection failures -> TransientError (an `Unavailable`: exit 7 naming Docker when it
+reaches the command line), everything else -> AdapterError. Only
 idempotent calls (inspect, list, image, start, stop) are retried, and only on
 TransientError; create and remove are not, because a lost answer to a
 successful create or remove must not be repeated blindly.
@@ -59,12 +60,14 @@ def translated(what: str) -> Iterator[None]:
     except docker.errors.APIError as exc:
         status = exc.status_code or 0
         if status >= 500:
-            raise TransientError(f"{what}: Docker API {status}", detail=str(exc)) from exc
+            raise TransientError(
+                f"{what}: Docker API {status}", dependency="docker", detail=str(exc)
+            ) from exc
         raise AdapterError(f"{what}: Docker API {status}: {exc.explanation}", status=status) from exc
     except docker.errors.DockerException as exc:
         raise AdapterError(f"{what}: {exc}") from exc
     except OSError as exc:  # requests' ConnectionError/Timeout derive from OSError
-        raise TransientError(f"{what}: cannot reach the Docker Engine: {exc}") from exc
+        raise TransientError(f"{what}: cannot reach the Docker Engine: {exc}", dependency="docker") from exc
 
 
 class DockerRuntime:
@@ -279,7 +282,7 @@ def _connect(base_url: str | None, timeout_s: float) -> Any:
     url = str(kwargs.get("base_url") or "")
     if url.startswith(("unix://", "http+unix://")) and not os.path.exists(url.split("://", 1)[1]):
         # checked here because the SDK leaks its socket when connect() to a missing path fails
-        raise TransientError(f"connect to the Docker Engine: no socket at {url}")
+        raise TransientError(f"connect to the Docker Engine: no socket at {url}", dependency="docker")
     with translated("connect to the Docker Engine"):
         probe = docker.APIClient(version="1.24", **kwargs)
         try:

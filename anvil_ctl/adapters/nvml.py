@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from anvil_ctl.core.errors import AdapterError, TransientError
+from anvil_ctl.core.errors import AdapterError, TransientError, Unavailable
 from anvil_ctl.core.model import GpuProcess, GpuReading
 
 MIB = 2**20
@@ -56,8 +56,11 @@ _UNSUPPORTED = (
 _HINT = "set ANVIL_GPU=simulated on a machine without NVIDIA GPUs"
 
 
-class NvmlUnavailable(AdapterError):
-    """NVML cannot be used on this host: no NVIDIA driver, no NVML library, or no GPU."""
+class NvmlUnavailable(Unavailable):
+    """NVML cannot be used on this host: no NVIDIA driver, no NVML library, or no GPU (exit 7)."""
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message, dependency="nvml", **data)
 
 
 def mib(value_bytes: int) -> int:
@@ -105,7 +108,7 @@ class NvmlProbe:
                 nvml_code=code,
             )
         if code in self._codes(_TRANSIENT):
-            return TransientError(detail, call=call, nvml_code=code)
+            return TransientError(detail, dependency="nvml", call=call, nvml_code=code)
         return AdapterError(detail, call=call, nvml_code=code)
 
     def _call(self, call: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

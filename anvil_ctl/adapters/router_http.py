@@ -42,9 +42,9 @@ def translated(what: str) -> Iterator[None]:
     try:
         yield
     except httpx.TimeoutException as exc:
-        raise TransientError(f"{what}: timed out ({type(exc).__name__})") from exc
+        raise TransientError(f"{what}: timed out ({type(exc).__name__})", dependency="router") from exc
     except httpx.TransportError as exc:
-        raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        raise TransientError(f"{what}: {type(exc).__name__}: {exc}", dependency="router") from exc
 
 
 def bearer(secret: Secret) -> dict[str, str]:

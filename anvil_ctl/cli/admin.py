@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.cli.views import Record, StatusView, Table
 from anvil_ctl.core.states import ExitCode
@@ -19,7 +20,7 @@ OVERRIDE_HELP = "Name the GPU with this UUID ROLE instead of compute-a, compute-
 @click.option(
     "--detect-gpus", is_flag=True, help="Also probe the GPUs and write [gpu_roles.*] into the host config."
 )
-@click.option("--override", multiple=True, metavar="UUID=ROLE", help=OVERRIDE_HELP)
+@click.option("--override", multiple=True, type=REF, metavar="UUID=ROLE", help=OVERRIDE_HELP)
 @pass_session
 def init(session: Session, detect_gpus: bool, override: tuple[str, ...]) -> Reply:
     """Create the state database, or upgrade it to the current schema."""
@@ -78,9 +79,9 @@ def recover(session: Session) -> Reply:
     "resolve",
     epilog=example('anvilctl resolve 8259c0de --by alice --note "restarted the incumbent by hand"'),
 )
-@click.argument("tx")
-@click.option("--by", required=True, help="Who resolved it.")
-@click.option("--note", required=True, help="What they did.")
+@click.argument("tx", type=REF)
+@click.option("--by", required=True, type=PERSON, help="Who resolved it.")
+@click.option("--note", required=True, type=NOTE, help="What they did.")
 @pass_session
 def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
     """Record that a person resolved a waiting transaction.
@@ -105,9 +106,9 @@ def lock_status(session: Session) -> Reply:
     "break",
     epilog=example('anvilctl lock break 3 --by alice --reason "owner pid 4711 is gone"'),
 )
-@click.argument("lock_id")
-@click.option("--by", required=True, help="Who breaks the lock.")
-@click.option("--reason", required=True, help="Why the owner is known to be dead.")
+@click.argument("lock_id", type=REF)
+@click.option("--by", required=True, type=PERSON, help="Who breaks the lock.")
+@click.option("--reason", required=True, type=REASON, help="Why the owner is known to be dead.")
 @pass_session
 def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
     """Release a dead owner's lock row (journaled).

@@ -3,8 +3,9 @@
 `main(argv)` parses with click, runs the command callback (which imports its command
 implementation only then), closes the command context, renders the result by its
 type and returns an `ExitCode`. Every error becomes one line on stderr here and
-nowhere else: a usage error exits 2, an `AnvilError` its own `exit_code`, anything
-else 1 (rerun with `--debug` for the traceback); Ctrl-C exits 130.
+nowhere else: a usage error exits 2, an `AnvilError` its own `exit_code` (2 bad input,
+3 refused, 7 a dependency unavailable ...), anything else 1: a bug (rerun with `--debug`
+for the traceback); Ctrl-C exits 130.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from anvil_ctl.cli.complete import PROG, completion
 from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
 from anvil_ctl.core.errors import AnvilError, ConfigError
 from anvil_ctl.core.states import ExitCode
+from anvil_ctl.core.validate import escape_text
 
 if TYPE_CHECKING:
     from anvil_ctl.bootstrap import Context
@@ -127,9 +129,18 @@ def settings_from(options: GlobalOptions) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
-            f"ANVIL_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+            f"{_setting_name(e['loc'], overrides)}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
         )
-        raise ConfigError(f"settings: {problems}") from None
+        raise ConfigError(problems) from None
+
+
+def _setting_name(loc: tuple[int | str, ...], flags: dict[str, Any]) -> str:
+    """The flag that gave a setting (`--state-db`), else its variable (`ANVIL_STATE_DB`)."""
+    name = "_".join(str(p) for p in loc)
+    if name in flags:
+        return "--" + name.replace("_", "-")
+    return f"ANVIL_{name.upper()}"
 
 
 def open_context(options: GlobalOptions) -> Context:
@@ -146,7 +157,9 @@ def open_context(options: GlobalOptions) -> Context:
 
 
 def _error(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    """One line on stderr; what came from a person or a file cannot start another or steer the
+    terminal: control and bidi characters and newlines are shown as escapes."""
+    print(f"{PROG}: error: {escape_text(message)}", file=sys.stderr)
 
 
 def _usage_message(exc: click.UsageError) -> str:

@@ -15,18 +15,21 @@ from click.decorators import FC
 
 from anvil_ctl.cli.complete import complete_slots
 from anvil_ctl.cli.gpu import waiver_table
+from anvil_ctl.cli.params import LIMIT, REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.cli.views import ChainCheck, DiffView, EvidenceAudit, Record, Table
 from anvil_ctl.core.model import IDENTITY_ROLES
 from anvil_ctl.core.states import TX_KINDS, ExitCode, TxState
 
-slot_option = click.option("--slot", shell_complete=complete_slots, metavar="SLOT", help="Only this slot.")
+slot_option = click.option(
+    "--slot", type=REF, shell_complete=complete_slots, metavar="SLOT", help="Only this slot."
+)
 
 
 def limit_option(what: str) -> Callable[[FC], FC]:
     return click.option(
         "--limit",
-        type=click.IntRange(min=1),
+        type=LIMIT,
         default=50,
         show_default=True,
         help=f"At most this many {what}, newest first.",
@@ -48,7 +51,12 @@ def limit_option(what: str) -> Callable[[FC], FC]:
     metavar="STATE",
     help=f"Only those now in this state: {', '.join(s.value for s in TxState)}.",
 )
-@click.option("--since", metavar="TIME", help="Only those created at or after this ISO-8601 UTC time.")
+@click.option(
+    "--since",
+    type=SINCE,
+    metavar="TIME",
+    help="Only those created at or after this RFC 3339 date or date-time (UTC without an offset).",
+)
 @limit_option("transactions")
 @pass_session
 def transactions(
@@ -62,7 +70,7 @@ def transactions(
 
 
 @click.command("show", epilog=example("anvilctl audit show 8259c0de"))
-@click.argument("tx")
+@click.argument("tx", type=REF)
 @pass_session
 def show(session: Session, tx: str) -> Reply:
     """One transaction: states, steps, snapshots, identities.
@@ -75,7 +83,7 @@ def show(session: Session, tx: str) -> Reply:
 
 
 @click.command("diff", epilog=example("anvilctl audit diff 8259c0de"))
-@click.argument("tx")
+@click.argument("tx", type=REF)
 @pass_session
 def diff(session: Session, tx: str) -> Reply:
     """A transaction's recorded snapshot diffs.
@@ -168,7 +176,7 @@ def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
 
 
 @click.command("evidence", epilog=example("anvilctl audit evidence 8259c0de"))
-@click.argument("tx")
+@click.argument("tx", type=REF)
 @pass_session
 def evidence(session: Session, tx: str) -> Reply:
     """A transaction's gate rows and manifest check (exit 6).

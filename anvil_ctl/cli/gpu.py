@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from anvil_ctl.cli.admin import OVERRIDE_HELP
+from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, Text
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.cli.views import DetectedRoles, GpuReadings, Record, Table
 from anvil_ctl.gpu.waivers import POLICIES
@@ -31,7 +32,7 @@ WAIVER_COLUMNS = (
 
 
 @click.command("detect", epilog=example("anvilctl gpus detect --override GPU-0123abcd=big --write"))
-@click.option("--override", multiple=True, metavar="UUID=ROLE", help=OVERRIDE_HELP)
+@click.option("--override", multiple=True, type=REF, metavar="UUID=ROLE", help=OVERRIDE_HELP)
 @click.option(
     "--write",
     is_flag=True,
@@ -79,14 +80,20 @@ gpus = click.Group(
 @click.option("--policy", required=True, type=click.Choice(POLICIES), help="The policy to waive.")
 @click.option(
     "--scope",
+    type=Text(1024),
     required=True,
     metavar="ROLES|DIGEST",
     help="GPU roles (compute-a,compute-b) or a recipe digest (64 hex, optional sha256:).",
 )
-@click.option("--value", type=int, required=True, help="The policy value in force under the waiver (MiB).")
-@click.option("--approved-by", required=True, help="Who approves the exception.")
-@click.option("--reason", required=True, help="Why the exception is safe.")
-@click.option("--expires", metavar="WHEN", help="ISO date (ends 00:00 UTC that day) or date-time.")
+@click.option("--value", type=MIB, required=True, help="The policy value in force under the waiver (MiB).")
+@click.option("--approved-by", type=PERSON, required=True, help="Who approves the exception.")
+@click.option("--reason", type=REASON, required=True, help="Why the exception is safe.")
+@click.option(
+    "--expires",
+    type=Text(64),
+    metavar="WHEN",
+    help="RFC 3339 date (ends 00:00 UTC that day) or date-time.",
+)
 @pass_session
 def waive(
     session: Session,
@@ -137,9 +144,9 @@ def waivers_list(session: Session) -> Reply:
 @click.command(
     "revoke", epilog=example('anvilctl waivers revoke wvr-0123456789ab --by alice --reason "pair re-cabled"')
 )
-@click.argument("waiver_id")
-@click.option("--by", required=True, help="Who revokes the waiver.")
-@click.option("--reason", required=True, help="Why the waiver is revoked.")
+@click.argument("waiver_id", type=REF)
+@click.option("--by", type=PERSON, required=True, help="Who revokes the waiver.")
+@click.option("--reason", type=REASON, required=True, help="Why the waiver is revoked.")
 @pass_session
 def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Reply:
     """Revoke a waiver (a new record; the waiver stays).

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from anvil_ctl.cli.complete import complete_slots
+from anvil_ctl.cli.params import PERSON, REF, TEXTFILE, check_new_file
 from anvil_ctl.cli.session import (
     Reply,
     Session,
@@ -20,16 +21,17 @@ from anvil_ctl.core.states import ExitCode
 
 
 @click.command("promote", epilog=example("anvilctl promote --slot primary --approved-by alice --dry-run"))
-@click.argument("candidate", required=False)
+@click.argument("candidate", type=REF, required=False)
 @click.option(
     "--slot",
+    type=REF,
     default="primary",
     show_default=True,
     shell_complete=complete_slots,
     metavar="SLOT",
     help="The slot to promote in.",
 )
-@click.option("--approved-by", required=True, help="The person approving this promotion.")
+@click.option("--approved-by", type=PERSON, required=True, help="The person approving this promotion.")
 @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
 @accept_drift_options
 @pass_session
@@ -69,6 +71,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     @click.command(name, epilog=example(f"anvilctl {name} --slot primary --dry-run"))
     @click.option(
         "--slot",
+        type=REF,
         default="primary",
         show_default=True,
         shell_complete=complete_slots,
@@ -77,12 +80,14 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     )
     @click.option(
         "--to",
+        type=REF,
         metavar="ID",
         help="The identity to bring back: a container ID prefix (8+ characters), "
         "an identity digest or a served model.",
     )
     @click.option(
         "--restore-group",
+        type=REF,
         metavar="GROUP",
         help="A restore group of the host config; it must contain the target.",
     )
@@ -118,6 +123,7 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
 )
 @click.option(
     "--slot",
+    type=REF,
     default="primary",
     show_default=True,
     shell_complete=complete_slots,
@@ -126,7 +132,8 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
 )
 @click.option(
     "--textfile",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=TEXTFILE,
+    metavar="FILE",
     help="Also write node_exporter textfile metrics to this file (atomically).",
 )
 @click.option(
@@ -141,10 +148,14 @@ def recheck(session: Session, slot: str, textfile: Path | None, repair: tuple[st
     """Goal-closure assertions; exit 6 on drift.
 
     For cron or a systemd timer; every run is recorded. Read-only unless --repair
-    names a repair: then the route alone is re-applied when it is what drifted.
+    names a repair: then the route alone is re-applied when it is what drifted. Exit 7
+    when the host cannot be observed (Docker or the state database unavailable): the
+    textfile then says anvil_recheck_up 0.
     """
     from anvil_ctl.commands import recheck as recheck_cmd
 
+    if textfile is not None:
+        check_new_file(textfile, "--textfile")  # before anything is observed or recorded
     result = recheck_cmd.recheck(session.context(), slot, repair=repair)
     if textfile is not None:
         recheck_cmd.write_textfile(textfile, result, now=time.time())

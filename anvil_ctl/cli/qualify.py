@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from anvil_ctl.cli.complete import complete_slots
+from anvil_ctl.cli.params import RECIPE, REF, Text
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
@@ -44,13 +45,16 @@ Exit status:
 )
 @click.option(
     "--slot",
+    type=REF,
     required=True,
     shell_complete=complete_slots,
     metavar="SLOT",
     help="The slot whose candidate to qualify.",
 )
-@click.option("--profile", help="Profile name or TOML path (default: the recipe's profile).")
-@click.option("--gates", metavar="A,B", help="Run only these gates of the profile, comma-separated.")
+@click.option("--profile", type=RECIPE, help="Profile name or TOML path (default: the recipe's profile).")
+@click.option(
+    "--gates", type=Text(1024), metavar="A,B", help="Run only these gates of the profile, comma-separated."
+)
 @pass_session
 def qualify(session: Session, slot: str, profile: str | None, gates: str | None) -> Reply:
     from anvil_ctl.commands import qualify as qualify_cmd
@@ -64,7 +68,7 @@ def qualify(session: Session, slot: str, profile: str | None, gates: str | None)
 
 
 @click.command("export", epilog=example("anvilctl evidence export 8259c0de ./bundle-8259"))
-@click.argument("tx")
+@click.argument("tx", type=REF)
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @pass_session
 def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
@@ -88,6 +92,8 @@ def evidence_verify(session: Session, directory: Path) -> Reply:
     """
     from anvil_ctl.commands import qualify as qualify_cmd
 
+    if not directory.is_dir():
+        raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
     session.context()  # settings and logging, as for every command; verify needs nothing else
     result = qualify_cmd.verify_evidence(directory)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)

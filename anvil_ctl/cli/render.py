@@ -6,6 +6,12 @@ result can only exist once its module is loaded, and the lookup walks the type's
 MRO. `tests/unit/test_cli_render.py` checks that every name resolves to a class.
 `--json` prints `payload(result)`: a view's payload, a result's `as_dict()` or a
 dataclass's fields, as exactly one JSON document.
+
+Warning: every value shown to a person may have come from a person or a file (an
+approver, a reason, a container name, a manifest path). Human renderers pass each
+one through `_s` (control, bidi and invisible characters and newlines shown as
+escapes), so no record can clear the screen or print a line of its own; JSON is
+escaped by the encoder (`ensure_ascii`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from anvil_ctl.cli import views
+from anvil_ctl.core.validate import escape_text
 
 if TYPE_CHECKING:
     from anvil_ctl.commands.qualify import QualifyOutcome
@@ -55,7 +62,13 @@ def to_json(result: Any) -> str:
 
 def console() -> Console:
     # Piped output (logs, cron mail) gets full-width tables instead of 80-column truncation.
-    return Console(highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    return Console(
+        highlight=False,
+        markup=False,
+        emoji=False,
+        soft_wrap=True,
+        width=None if sys.stdout.isatty() else 200,
+    )
 
 
 def show(result: Any, as_json: bool) -> None:
@@ -84,10 +97,15 @@ def _as_json(result: Any, out: Console) -> None:
     out.print(json.dumps(payload(result), indent=2, sort_keys=True, default=_json_default))
 
 
+def _s(value: Any) -> str:
+    """A value as one safe line of text (see the module warning)."""
+    return escape_text("" if value is None else str(value))
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, dict | list):
-        return json.dumps(value, default=str)
-    return "" if value is None else str(value)
+        return json.dumps(value, default=str)  # ensure_ascii: escaped by the encoder
+    return _s(value)
 
 
 def _table(t: views.Table, out: Console) -> None:
@@ -96,14 +114,15 @@ def _table(t: views.Table, out: Console) -> None:
         out.print("(none)")
         return
     cols = list(t.columns or rows[0].keys())
-    table = RichTable(*cols)
+    table = RichTable(*[_s(c) for c in cols])
     for row in rows:
         table.add_row(*[_cell(row.get(c)) for c in cols])
     out.print(table)
 
 
 def _text(t: views.Text, out: Console) -> None:
-    print(t.text, end="" if t.text.endswith("\n") else "\n")
+    text = escape_text(t.text, keep_newlines=True)
+    print(text, end="" if text.endswith("\n") else "\n")
 
 
 # -- transactions ------------------------------------------------------------------------------
@@ -115,21 +134,21 @@ def _outcome(o: Outcome, out: Console) -> None:
         head += f"  (transaction {o.tx_id})"
     if o.dry_run:
         head = f"{o.kind}: dry run, nothing changed" + (
-            f"; would be REFUSED: {o.reason}" if o.state.value == "refused" else ""
+            f"; would be REFUSED: {_s(o.reason)}" if o.state.value == "refused" else ""
         )
     out.print(head)
     if o.reason and not o.dry_run:
-        out.print(f"  reason: {o.reason}")
+        out.print(f"  reason: {_s(o.reason)}")
     if o.dry_run:
         out.print("  plan:")
         for s in o.plan:
-            out.print(f"    - {s['step']}: {s['description']} (undo: {s['undo']})")
+            out.print(f"    - {_s(s['step'])}: {_s(s['description'])} (undo: {_s(s['undo'])})")
         if o.before is not None:
             out.print(f"  starting snapshot sha256: {o.before.sha256}")
     if o.changes:
         out.print(f"  snapshot changes: {len(o.changes)}")
         for c in o.changes[:40]:
-            out.print(f"    {c.path}: {c.before!r} -> {c.after!r}")
+            out.print(f"    {_s(c.path)}: {_s(repr(c.before))} -> {_s(repr(c.after))}")
 
 
 def _recover(r: RecoverReport, out: Console) -> None:
@@ -137,50 +156,70 @@ def _recover(r: RecoverReport, out: Console) -> None:
         out.print("recover: nothing to recover")
         return
     for rec in r.recovered:
-        reason = f": {rec['reason']}" if rec.get("reason") else ""
-        out.print(f"recovered {rec['tx_id']} ({rec.get('kind', '?')}) -> {rec['state']}{reason}")
+        reason = f": {_s(rec['reason'])}" if rec.get("reason") else ""
+        out.print(f"recovered {_s(rec['tx_id'])} ({_s(rec.get('kind', '?'))}) -> {_s(rec['state'])}{reason}")
     for skip in r.skipped:
-        out.print(f"skipped {skip['tx_id']} ({skip.get('kind', '?')}): {skip.get('why', '')}")
+        what = skip.get("tx_id") or f"lock {skip.get('lock_id', '?')}"
+        out.print(f"skipped {_s(what)} ({_s(skip.get('kind', '?'))}): {_s(skip.get('why', ''))}")
     for lock in r.released_locks:
-        out.print(f"released the dead owner's lock row {lock.get('id', '?')}")
+        out.print(f"released the dead owner's lock row {_s(lock.get('id', '?'))}")
 
 
 def _recheck(r: RecheckResult, out: Console) -> None:
     table = RichTable("assertion", "result", "observed")
     for a in r.assertions:
-        table.add_row(a["name"], "PASS" if a["passed"] else "FAIL", _cell(a["observed"]))
+        table.add_row(_s(a["name"]), "PASS" if a["passed"] else "FAIL", _cell(a["observed"]))
     out.print(table)
-    verdict = "all assertions hold" if r.passed else "DRIFT: " + ", ".join(r.failed)
-    out.print(f"recheck of slot {r.slot}: {verdict} (recorded as recheck {r.recheck_id})")
+    if not r.up:
+        verdict = f"UNAVAILABLE, could not observe: {_s(r.unavailable)}"
+    elif r.passed:
+        verdict = "all assertions hold"
+    else:
+        verdict = "DRIFT: " + ", ".join(_s(f) for f in r.failed)
+    recorded = f"recorded as recheck {r.recheck_id}" if r.recheck_id is not None else "NOT recorded"
+    out.print(f"recheck of slot {_s(r.slot)}: {verdict} ({recorded})")
 
 
 def _status(view: views.StatusView, out: Console) -> None:
     for name, slot in view.data["slots"].items():
-        models = ", ".join(f"{m} ({n} tokens)" if n else m for m, n in slot["serving"]["models"]) or "nothing"
+        models = (
+            ", ".join(f"{_s(m)} ({n} tokens)" if n else _s(m) for m, n in slot["serving"]["models"])
+            or "nothing"
+        )
         out.print(
-            f"slot {name}: {slot['binding']} serves {models} "
+            f"slot {_s(name)}: {_s(slot['binding'])} serves {models} "
             f"({'healthy' if slot['serving']['healthy'] else 'NOT healthy'}); "
-            f"tier {slot['router_tier']} for {', '.join(slot['aliases'])}"
+            f"tier {_s(slot['router_tier'])} for {', '.join(_s(a) for a in slot['aliases'])}"
         )
         inc = slot.get("incumbent")
         if inc:
             out.print(
-                f"  incumbent: {inc['container_id'][:12]} {inc['served_model']} "
-                f"[{inc['status']}] identity {inc['identity_digest'][:12]}"
+                f"  incumbent: {_s(inc['container_id'][:12])} {_s(inc['served_model'])} "
+                f"[{_s(inc['status'])}] identity {_s(inc['identity_digest'][:12])}"
             )
         else:
             out.print("  incumbent: none recorded (adopt the serving container first)")
         table = RichTable("container", "name", "role", "status", "image")
         for c in slot["containers"]:
             table.add_row(
-                c["container_id"][:12], c["name"], c.get("role") or "", c["status"], c["image_id"][:19]
+                *(
+                    _s(v)
+                    for v in (
+                        c["container_id"][:12],
+                        c["name"],
+                        c.get("role"),
+                        c["status"],
+                        c["image_id"][:19],
+                    )
+                )
             )
         if slot["containers"]:
             out.print(table)
         backends = (slot.get("router") or {}).get("backends")
         if backends is not None:
             routed = (
-                ", ".join(f"{b.get('url')} -> {b.get('observed_model')}" for b in backends) or "no backend"
+                ", ".join(f"{_s(b.get('url'))} -> {_s(b.get('observed_model'))}" for b in backends)
+                or "no backend"
             )
             out.print(f"  router: {routed}")
 
@@ -190,9 +229,11 @@ def _diffs(view: views.DiffView, out: Console) -> None:
         out.print("(none)")
     for d in view.rows:
         verdict = "equal" if d["equal"] else f"{len(d['changes'])} change(s)"
-        out.print(f"{d['label']}: {verdict} ({d['before_sha256'][:12]} -> {d['after_sha256'][:12]})")
+        out.print(
+            f"{_s(d['label'])}: {verdict} ({_s(d['before_sha256'][:12])} -> {_s(d['after_sha256'][:12])})"
+        )
         for c in d["changes"]:
-            out.print(f"    {c['path']}: {c['before']!r} -> {c['after']!r}")
+            out.print(f"    {_s(c['path'])}: {_s(repr(c['before']))} -> {_s(repr(c['after']))}")
 
 
 def _chain(view: views.ChainCheck, out: Console) -> None:
@@ -209,30 +250,30 @@ def _chain(view: views.ChainCheck, out: Console) -> None:
 
 
 def _recipe_view(r: RecipeView, out: Console) -> None:
-    out.print(f"recipe {r.name} ({r.path})")
-    out.print(f"  digest    {r.digest}")
+    out.print(f"recipe {_s(r.name)} ({_s(r.path)})")
+    out.print(f"  digest    {_s(r.digest)}")
     out.print(f"  runnable  {'yes' if r.runnable else 'no'}")
     out.print(json.dumps(r.recipe, indent=2, sort_keys=True, default=str))
 
 
 def _validation(r: ValidationReport, out: Console) -> None:
-    out.print(f"ok: recipe {r.name} ({r.path}) is valid; digest {r.digest}")
+    out.print(f"ok: recipe {_s(r.name)} ({_s(r.path)}) is valid; digest {_s(r.digest)}")
     out.print(f"  runnable  {'yes' if r.runnable else 'no'}")
     if r.checked_slot:
-        out.print(f"  fits slot {r.checked_slot}")
+        out.print(f"  fits slot {_s(r.checked_slot)}")
     if r.unknown:
-        out.print(f"  unknown   {', '.join(r.unknown)}")
+        out.print(f"  unknown   {', '.join(_s(u) for u in r.unknown)}")
     if r.assumed:
-        out.print(f"  assumed   {', '.join(r.assumed)}")
+        out.print(f"  assumed   {', '.join(_s(a) for a in r.assumed)}")
 
 
 def _recipe_plan(p: Plan, out: Console) -> None:
-    out.print(f"plan of recipe {p.recipe} for slot {p.slot} ({p.path}); nothing was touched")
-    out.print(f"  digest              {p.digest}")
-    out.print(f"  config fingerprint  {p.config_fingerprint}")
+    out.print(f"plan of recipe {_s(p.recipe)} for slot {_s(p.slot)} ({_s(p.path)}); nothing was touched")
+    out.print(f"  digest              {_s(p.digest)}")
+    out.print(f"  config fingerprint  {_s(p.config_fingerprint)}")
     out.print(f"  runnable            {'yes' if p.runnable else 'no'}")
     if p.unknown:
-        out.print(f"  unknown             {', '.join(p.unknown)}")
+        out.print(f"  unknown             {', '.join(_s(u) for u in p.unknown)}")
     out.print(json.dumps(p.spec, indent=2, sort_keys=True, default=str))
 
 
@@ -246,60 +287,66 @@ def _qualify(q: QualifyOutcome, out: Console) -> None:
         return
     from anvil_ctl.qualify import render_gates, render_summary, summary_table
 
-    print(f"qualify: profile {result.profile}, {result.served_model} at {result.base_url}")
+    print(f"qualify: profile {_s(result.profile)}, {_s(result.served_model)} at {_s(result.base_url)}")
     print()
     if result.summary:
         if out.is_terminal:
             out.print(summary_table(result.summary, title="Capacity and endurance"))
         else:
-            print(render_summary(result.summary))
+            print(escape_text(render_summary(result.summary), keep_newlines=True))
         print()
-    print(render_gates(result.gates))
+    print(escape_text(render_gates(result.gates), keep_newlines=True))
     print()
-    print(f"DECISION: {decision['outcome'].upper()}  (standing policy)")
-    print(f"  decision     {decision['id']}  transaction {q.outcome.tx_id}")
-    print(f"  identity     {decision['identity_digest']}  container {decision['container_id'][:12]}")
+    print(f"DECISION: {_s(decision['outcome'].upper())}  (standing policy)")
+    print(f"  decision     {_s(decision['id'])}  transaction {_s(q.outcome.tx_id)}")
+    print(f"  identity     {_s(decision['identity_digest'])}  container {_s(decision['container_id'][:12])}")
     for reason in decision["reasons"]:
-        print(f"  reason       {reason}")
+        print(f"  reason       {_s(reason)}")
     if q.reclassified:
         rec = q.reclassified
         print(
-            f"RECLASSIFIED: {rec['outcome'].upper()} under waiver(s) "
-            f"{', '.join(rec['waiver_ids']) or '-'}  (decision {rec['id']} "
-            f"reclassifies {decision['id']})"
+            f"RECLASSIFIED: {_s(rec['outcome'].upper())} under waiver(s) "
+            f"{', '.join(_s(w) for w in rec['waiver_ids']) or '-'}  (decision {_s(rec['id'])} "
+            f"reclassifies {_s(decision['id'])})"
         )
-    print(f"  evidence     {result.tx_dir}  manifest sha256 {result.manifest.sha256}")
+    print(f"  evidence     {_s(result.tx_dir)}  manifest sha256 {_s(result.manifest.sha256)}")
 
 
 def _export(r: ExportResult, out: Console) -> None:
     red = r.redactions
     print(
-        f"exported {len(r.artifacts)} artifacts to {r.out_dir} "
+        f"exported {len(r.artifacts)} artifacts to {_s(r.out_dir)} "
         f"(redacted: {red.get('gpu_uuids', 0)} GPU UUIDs, {red.get('paths', 0)} host paths, "
-        f"{red.get('secrets', 0)} secrets); manifest sha256 {r.manifest.sha256}"
+        f"{red.get('secrets', 0)} secrets); manifest sha256 {_s(r.manifest.sha256)}"
     )
 
 
 def _verify(r: VerifyResult, out: Console) -> None:
     if r.ok:
-        print(f"ok: {r.checked} artifacts match {r.directory}/manifest.json")
+        print(f"ok: {r.checked} artifacts match {_s(r.directory)}/manifest.json")
         return
-    print(f"MISMATCH: {r.directory} does not match its manifest ({len(r.mismatches)} problems)")
+    print(f"MISMATCH: {_s(r.directory)} does not match its manifest ({len(r.mismatches)} problems)")
     for m in r.mismatches:
-        detail = f" (expected {m.expected}, found {m.actual})" if m.expected else ""
-        print(f"  {m.path}: {m.problem}{detail}")
+        if m.expected is not None:
+            detail = f" (expected {_s(m.expected)}, found {_s(m.actual)})"
+        else:
+            detail = f": {_s(m.actual)}" if m.actual is not None else ""
+        print(f"  {_s(m.path)}: {_s(m.problem)}{detail}")
 
 
 def _evidence_audit(view: views.EvidenceAudit, out: Console) -> None:
     data = view.data
-    print(f"evidence of transaction {data['tx_id']}")
+    print(f"evidence of transaction {_s(data['tx_id'])}")
     for g in data["gates"]:
         verdict = "PASS" if g["passed"] else "FAIL"
-        print(f"  {g['gate']:<24} {verdict}  {g['kind']:<10} {g['classification']:<24} {g['sha256']}")
+        print(
+            f"  {_s(g['gate']):<24} {verdict}  {_s(g['kind']):<10} "
+            f"{_s(g['classification']):<24} {_s(g['sha256'])}"
+        )
     v = data["verify"]
     print(
         f"manifest: {'ok' if v['ok'] else 'MISMATCH'} ({v['checked']} artifacts)"
-        + "".join(f"\n  {m['path']}: {m['problem']}" for m in v["mismatches"])
+        + "".join(f"\n  {_s(m['path'])}: {_s(m['problem'])}" for m in v["mismatches"])
     )
 
 
@@ -325,7 +372,7 @@ def _detected_roles(view: views.DetectedRoles, out: Console) -> None:
     else:
         state = f"not written to {data['config']} (pass --write)"
     # TOML is the useful human form: it can be pasted into the host config.
-    print(data["toml"] + f"# {state}")
+    print(escape_text(data["toml"], keep_newlines=True) + f"# {_s(state)}")
 
 
 RENDERERS: dict[str, Renderer] = {

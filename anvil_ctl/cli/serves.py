@@ -7,6 +7,7 @@ from dataclasses import asdict
 import click
 
 from anvil_ctl.cli.complete import complete_recipes, complete_slots
+from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
 from anvil_ctl.cli.session import (
     Reply,
     Session,
@@ -32,7 +33,7 @@ def recipes_list(session: Session) -> Reply:
 
 
 @click.command("show", epilog=example("anvilctl recipes show stub-393k-c1"))
-@click.argument("recipe", shell_complete=complete_recipes)
+@click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @pass_session
 def recipes_show(session: Session, recipe: str) -> Reply:
     """One recipe as data, with its digest.
@@ -45,9 +46,10 @@ def recipes_show(session: Session, recipe: str) -> Reply:
 
 
 @click.command("validate", epilog=example("anvilctl recipes validate stub-393k-c1 --slot primary"))
-@click.argument("recipe", shell_complete=complete_recipes)
+@click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @click.option(
     "--slot",
+    type=REF,
     shell_complete=complete_slots,
     metavar="SLOT",
     help="Also check that the recipe fits this slot of the host config (port, GPU roles).",
@@ -63,9 +65,10 @@ def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
 
 
 @click.command("plan", epilog=example("anvilctl recipes plan stub-393k-c1 --slot primary"))
-@click.argument("recipe", shell_complete=complete_recipes)
+@click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @click.option(
     "--slot",
+    type=REF,
     required=True,
     shell_complete=complete_slots,
     metavar="SLOT",
@@ -94,9 +97,14 @@ recipes = click.Group(
 
 
 @click.command("load", epilog=example("anvilctl load stub-393k-c1 --slot primary --dry-run"))
-@click.argument("recipe", shell_complete=complete_recipes)
+@click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @click.option(
-    "--slot", required=True, shell_complete=complete_slots, metavar="SLOT", help="The slot to load into."
+    "--slot",
+    type=REF,
+    required=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot to load into.",
 )
 @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
 @accept_drift_options
@@ -125,7 +133,7 @@ def load(
 
 
 @click.command("unload", epilog=example("anvilctl unload 3f2a9c1b7d4e --yes"))
-@click.argument("container_id")
+@click.argument("container_id", type=REF)
 @click.option("--yes", is_flag=True, help="Really remove it (without: show what would be removed).")
 @click.option(
     "--remove-residue",
@@ -148,9 +156,10 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
 
 
 @click.command("adopt", epilog=example("anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288"))
-@click.argument("container_id")
+@click.argument("container_id", type=REF)
 @click.option(
     "--slot",
+    type=REF,
     required=True,
     shell_complete=complete_slots,
     metavar="SLOT",
@@ -158,7 +167,7 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
 )
 @click.option(
     "--context-tokens",
-    type=click.IntRange(min=1),
+    type=CONTEXT_TOKENS,
     required=True,
     help="The context length the container serves, in tokens.",
 )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from anvil_ctl.cli.params import PERSON, REASON, Text
 from anvil_ctl.core.states import ExitCode
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ def global_options() -> list[click.Parameter]:
         ),
         click.Option(
             ["--state-db"],
+            type=Text(4096),
             metavar="URL",
             help="SQLAlchemy URL of the state database (env ANVIL_STATE_DB).",
             **common,
@@ -116,10 +118,18 @@ def global_options() -> list[click.Parameter]:
 def accept_drift_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--accept-drift --by NAME --reason TEXT`: a person's decision to mutate a drifted host."""
     fn = click.option(
-        "--reason", "drift_reason", metavar="TEXT", help="With --accept-drift: why it is safe to go on."
+        "--reason",
+        "drift_reason",
+        type=REASON,
+        metavar="TEXT",
+        help="With --accept-drift: why it is safe to go on.",
     )(fn)
     fn = click.option(
-        "--by", "drift_by", metavar="NAME", help="With --accept-drift: the person accepting the drift."
+        "--by",
+        "drift_by",
+        type=PERSON,
+        metavar="NAME",
+        help="With --accept-drift: the person accepting the drift.",
     )(fn)
     return click.option(
         "--accept-drift",

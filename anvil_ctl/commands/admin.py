@@ -12,9 +12,10 @@ from anvil_ctl.persistence.migrate import current_revision, upgrade
 
 
 def init(ctx: Context) -> dict[str, Any]:
-    ctx.settings.state_dir.mkdir(parents=True, exist_ok=True)
-    before, after = upgrade(ctx.engine)
-    return {"db": ctx.engine.url.render_as_string(hide_password=True), "from": before, "to": after}
+    """Create the state database (and the default state directory) or upgrade it."""
+    engine = ctx.create_database()
+    before, after = upgrade(engine)
+    return {"db": engine.url.render_as_string(hide_password=True), "from": before, "to": after}
 
 
 def db_upgrade(ctx: Context) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from typing import Any
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.validate import MAX_COUNT, check_int, parse_rfc3339, require, utc_stamp
 from anvil_ctl.persistence import qualification, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 
@@ -18,6 +19,10 @@ def transactions(
     since: str | None = None,
     limit: int = 50,
 ) -> list[dict[str, Any]]:
+    """The newest `limit` transactions; `since` an RFC 3339 date or date-time."""
+    if since is not None:
+        since = utc_stamp(require("--since", parse_rfc3339, since))
+    limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
     return queries.transactions(ctx.store, kind=kind, state=state, since=since, limit=limit)
 
 

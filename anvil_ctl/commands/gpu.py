@@ -14,7 +14,7 @@ from __future__ import annotations
 import tomllib
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import UTC, date, datetime, time
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -25,6 +25,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import GpuRole, HostConfig, format_validation_error
 from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
 from anvil_ctl.core.model import GpuReading
+from anvil_ctl.core.validate import MAX_MIB, check_int, check_person, check_text, parse_rfc3339, require
 from anvil_ctl.engine.gpu import ledger
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
 from anvil_ctl.gpu.waivers import POLICIES, Waiver, parse_scope
@@ -206,20 +207,9 @@ def detect(
 
 
 def parse_expiry(text: str, now: datetime) -> datetime:
-    """`--expires`: an ISO date (the waiver ends at 00:00 UTC that day) or an ISO date-time
-    (UTC when it names no zone). BadInput unless it lies after `now`."""
-    try:
-        if len(text.strip()) == 10:
-            when = datetime.combine(date.fromisoformat(text.strip()), time(0, 0), tzinfo=UTC)
-        else:
-            when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise BadInput(
-            f"--expires {text!r}: expected an ISO date (2026-12-31) or date-time (2026-12-31T18:00:00Z)",
-            field="expires",
-        ) from None
-    if when.utcoffset() is None:
-        when = when.replace(tzinfo=UTC)
+    """`--expires`: an RFC 3339 date (the waiver ends at 00:00 UTC that day) or date-time
+    (UTC when it names no offset). BadInput unless it lies after `now`."""
+    when = require("--expires", parse_rfc3339, text)
     if when <= now:
         raise BadInput(f"--expires {text!r}: {when.isoformat()} is not in the future", field="expires")
     return when
@@ -266,8 +256,9 @@ def waive(
     now = now or datetime.now(UTC)
     if policy not in POLICIES:
         raise BadInput(f"--policy {policy!r}: expected one of {list(POLICIES)}", field="policy")
-    if value < 0:
-        raise BadInput(f"--value {value}: expected MiB >= 0", field="value")
+    value = require("--value", lambda v: check_int(v, lo=0, hi=MAX_MIB), value)
+    approved_by = require("--approved-by", check_person, approved_by)
+    reason = require("--reason", lambda r: check_text(r, empty=False), reason)
     roles, digest = parse_scope(scope)
     if roles:
         known = set(ctx.config.gpu_roles)
@@ -294,10 +285,8 @@ def waive(
 
 def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> dict[str, Any]:
     """Revoke a waiver (a new revocation row; the waiver row stays) and re-judge decisions."""
-    if not by.strip():
-        raise BadInput("--by: expected who revokes the waiver", field="by")
-    if not reason.strip():
-        raise BadInput("--reason: expected why the waiver is revoked", field="reason")
+    by = require("--by", check_person, by)
+    reason = require("--reason", lambda r: check_text(r, empty=False), reason)
     waivers.revoke_waiver(ctx.store, waiver_id, by=by, reason=reason)
     return {"revoked": waiver_id, "by": by, "reclassified": _reclassify(ctx)}
 

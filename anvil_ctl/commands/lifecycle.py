@@ -9,6 +9,8 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.transactions import mutating, run_plan
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import Identity
+from anvil_ctl.core.validate import check_person, require
+from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.plans.args import DriftAcceptance, PromoteArgs, RollbackArgs
 from anvil_ctl.engine.plans.promote import standing_decision
 from anvil_ctl.engine.runner import Outcome
@@ -26,8 +28,9 @@ def promote(
     accept_drift: DriftAcceptance | None = None,
 ) -> Outcome:
     ctx.config.slot(slot)
+    approved_by = require("--approved-by", check_person, approved_by)
     tx_id = str(uuid.uuid4())
-    with mutating(ctx, "promote", tx_id, dry_run=dry_run):
+    with mutating(ctx, "promote", tx_id, dry_run=dry_run) as lock:
         return _promote_locked(
             ctx,
             slot=slot,
@@ -36,6 +39,7 @@ def promote(
             dry_run=dry_run,
             tx_id=tx_id,
             accept_drift=accept_drift,
+            lock=lock,
         )
 
 
@@ -48,6 +52,7 @@ def _promote_locked(
     dry_run: bool,
     tx_id: str,
     accept_drift: DriftAcceptance | None,
+    lock: HostLock | None,
 ) -> Outcome:
     cand = ctx.store.current_identity(slot, "candidate")
     if cand is None:
@@ -71,13 +76,13 @@ def _promote_locked(
         approved_by=approved_by,
         accept_drift=accept_drift,
     )
-    return run_plan(ctx, "promote", args, dry_run=dry_run, tx_id=tx_id, locked=True)
+    return run_plan(ctx, "promote", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 
 
-def _identity_by_ref(ctx: Context, slot: str, ref: str) -> Identity | None:
+def _check_to(ref: str) -> str:
     if len(ref) < 8 and not any(c in ref for c in "-._"):
         raise BadInput(f"--to {ref!r}: give at least 8 characters of a container ID or digest", field="to")
-    return ctx.store.identity_by_ref(slot, ref)
+    return ref
 
 
 def recorded_snapshot(ctx: Context, target: Identity) -> dict[str, Any] | None:
@@ -99,28 +104,8 @@ def rollback(
     dry_run: bool = False,
 ) -> Outcome:
     ctx.config.slot(slot)
-    tx_id = str(uuid.uuid4())
-    with mutating(ctx, "rollback", tx_id, dry_run=dry_run):
-        return _rollback_locked(
-            ctx, slot=slot, to=to, restore_group=restore_group, dry_run=dry_run, tx_id=tx_id
-        )
-
-
-def _rollback_locked(
-    ctx: Context, *, slot: str, to: str | None, restore_group: str | None, dry_run: bool, tx_id: str
-) -> Outcome:
-    world = ctx.world()
-    target: Identity | None
     if to:
-        target = _identity_by_ref(ctx, slot, to)
-        if target is None:
-            raise BadInput(f"--to {to!r}: no recorded identity of slot {slot} matches", field="to")
-    else:
-        # After a load the incumbent is stopped: restore it. After a promote the incumbent
-        # serves: go back to the recorded rollback identity.
-        incumbent = ctx.store.current_identity(slot, "incumbent")
-        serving_incumbent = incumbent is not None and is_running(world, incumbent.container_id)
-        target = ctx.store.current_identity(slot, "rollback") if serving_incumbent else incumbent
+        _check_to(to)
     members: tuple[str, ...] | None = None
     if restore_group is not None:
         if restore_group not in ctx.config.restore_groups:
@@ -130,6 +115,43 @@ def _rollback_locked(
                 field="restore_group",
             )
         members = tuple(ctx.config.restore_groups[restore_group])
+    tx_id = str(uuid.uuid4())
+    with mutating(ctx, "rollback", tx_id, dry_run=dry_run) as lock:
+        return _rollback_locked(
+            ctx,
+            slot=slot,
+            to=to,
+            restore_group=restore_group,
+            members=members,
+            dry_run=dry_run,
+            tx_id=tx_id,
+            lock=lock,
+        )
+
+
+def _rollback_locked(
+    ctx: Context,
+    *,
+    slot: str,
+    to: str | None,
+    restore_group: str | None,
+    members: tuple[str, ...] | None,
+    dry_run: bool,
+    tx_id: str,
+    lock: HostLock | None,
+) -> Outcome:
+    world = ctx.world()
+    target: Identity | None
+    if to:
+        target = ctx.store.identity_by_ref(slot, to)
+        if target is None:
+            raise BadInput(f"--to {to!r}: no recorded identity of slot {slot} matches", field="to")
+    else:
+        # After a load the incumbent is stopped: restore it. After a promote the incumbent
+        # serves: go back to the recorded rollback identity.
+        incumbent = ctx.store.current_identity(slot, "incumbent")
+        serving_incumbent = incumbent is not None and is_running(world, incumbent.container_id)
+        target = ctx.store.current_identity(slot, "rollback") if serving_incumbent else incumbent
     current, role = _serving_now(ctx, world, slot, target)
     args = RollbackArgs(
         slot=slot,
@@ -141,7 +163,7 @@ def _rollback_locked(
         restore_group_members=members,
         recorded_snapshot=recorded_snapshot(ctx, target) if target else None,
     )
-    return run_plan(ctx, "rollback", args, dry_run=dry_run, tx_id=tx_id, locked=True)
+    return run_plan(ctx, "rollback", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 
 
 def _serving_now(

@@ -1,9 +1,15 @@
-"""`recheck`: goal-closure assertions on a slot, for cron; read-only unless a repair is asked for.
+"""`recheck`: read-only goal-closure assertions on a slot, for cron.
 
 Each assertion is a name, a pass flag and what was observed. Every run is
 recorded (rechecks table) with its snapshot's SHA-256; `--textfile` writes
-Prometheus node_exporter textfile metrics with `prometheus_client`, which
-replaces the file atomically.
+Prometheus node_exporter textfile metrics (rendered by `prometheus_client`,
+replaced atomically).
+
+A recheck that cannot observe (Docker or the state database unavailable) is
+not drift and not a pass: it is recorded when the database can take it (one
+failed assertion, `observed`, saying what was unreachable), its textfile says
+`anvil_recheck_up 0` and `anvil_recheck_passed 0` instead of leaving the last
+pass in place, and the command exits 7 naming the dependency.
 
 One repair exists, and runs only when asked (`repair=("router",)`): when the
 only serve-independent failures are the router's (the route is missing or
@@ -19,9 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.reconcile import reconcile
-from anvil_ctl.core.errors import AnvilError, BadInput
+from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
+from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World
@@ -34,8 +43,15 @@ class RecheckResult:
     assertions: list[dict[str, Any]] = field(default_factory=list)
     snapshot_sha256: str = ""
     recheck_id: int | None = None
+    unavailable: str | None = None
+    """Why the host could not be observed (a dependency unavailable); None when it was."""
     repair: dict[str, Any] | None = None
     """The router repair this recheck followed (its transaction and the recheck before it)."""
+
+    @property
+    def up(self) -> bool:
+        """Whether the recheck could observe the host at all."""
+        return self.unavailable is None
 
     @property
     def failed(self) -> list[str]:
@@ -47,7 +63,9 @@ class RecheckResult:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.passed else 6
+        if not self.up:
+            return ExitCode.UNAVAILABLE
+        return ExitCode.OK if self.passed else ExitCode.DRIFT
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +75,8 @@ class RecheckResult:
             "assertions": self.assertions,
             "snapshot_sha256": self.snapshot_sha256,
             "recheck_id": self.recheck_id,
+            "up": self.up,
+            "unavailable": self.unavailable,
             "repair": self.repair,
         }
 
@@ -67,6 +87,7 @@ REPAIRS = ("router",)
 ROUTER_ASSERTIONS = frozenset({"router_readiness", "route_holds", "routed_smoke"})
 SERVE_ASSERTIONS = frozenset(
     {
+        "observed",
         "incumbent_recorded",
         "incumbent_container_running",
         "image_id",
@@ -85,7 +106,7 @@ any of them failing means re-routing is not the fix, so no repair runs."""
 def router_repairable(result: RecheckResult) -> bool:
     """The route is missing or stale while the recorded serve runs healthy."""
     failed = set(result.failed)
-    return bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
+    return result.up and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
 
 
 def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> RecheckResult:
@@ -111,25 +132,43 @@ def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> Recheck
 
 
 def _recheck(ctx: Context, slot: str, *, repair: dict[str, Any] | None = None) -> RecheckResult:
-    world: World = ctx.world()
-    ctx.config.slot(slot)
-    out = RecheckResult(slot=slot)
-    out.repair = repair
+    ctx.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
+    out = RecheckResult(slot=slot, repair=repair)
     if repair is not None:
         out.assertions.append({"name": "router_repair", "passed": repair["committed"], "observed": repair})
-    ident = ctx.store.current_identity(slot, "incumbent")
-    if ident is None:
-        out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
-    else:
-        out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
-    return _finish(ctx, world, out)
+    try:
+        world: World = ctx.world()
+        # The runtime must answer before anything it says is judged: an unreachable Docker
+        # Engine is "could not observe", never drift.
+        world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: slot})
+        ident = ctx.store.current_identity(slot, "incumbent")
+        if ident is None:
+            out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
+        else:
+            out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
+        _observe(world, out)
+    except Unavailable as exc:
+        kept = out.assertions[:1] if repair is not None else []  # the repair entry stays
+        out.assertions = [*kept, {"name": "observed", "passed": False, "observed": str(exc)}]
+        out.snapshot_sha256, out.unavailable = "", str(exc)
+    try:
+        _record(ctx, out)
+    except Unavailable as exc:  # the state database itself: the textfile still says so
+        if out.up:
+            out.unavailable = str(exc)
+    return out
 
 
-def _finish(ctx: Context, world: World, out: RecheckResult) -> RecheckResult:
+def _observe(world: World, out: RecheckResult) -> None:
     try:
         out.snapshot_sha256 = observe(world, [out.slot]).sha256
-    except AnvilError as exc:  # the runtime itself is unreachable: that is drift, and recorded
+    except Unavailable:
+        raise
+    except AnvilError as exc:  # observed, but something in it is broken: drift, recorded
         out.assertions.append({"name": "snapshot", "passed": False, "observed": str(exc)})
+
+
+def _record(ctx: Context, out: RecheckResult) -> None:
     out.recheck_id = rechecks.record_recheck(
         ctx.store,
         slot=out.slot,
@@ -138,14 +177,23 @@ def _finish(ctx: Context, world: World, out: RecheckResult) -> RecheckResult:
         assertions=out.assertions,
         snapshot_sha256=out.snapshot_sha256,
     )
-    return out
 
 
 def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
-    """node_exporter textfile metrics of one recheck, replaced atomically."""
-    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+    """node_exporter textfile metrics of one recheck, replaced atomically.
+
+    The directory must exist (it is never created: a typo must not grow a tree). A
+    failed write leaves the previous file, and no temporary file, behind.
+    """
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry()
+    up = Gauge(
+        "anvil_recheck_up",
+        "1 if the last recheck could observe the host; 0 if a dependency was unavailable.",
+        ["slot"],
+        registry=registry,
+    )
     passed = Gauge(
         "anvil_recheck_passed",
         "1 if every goal-closure assertion held on the last recheck.",
@@ -158,9 +206,15 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
     stamp = Gauge(
         "anvil_recheck_timestamp_seconds", "When the last recheck ran.", ["slot"], registry=registry
     )
-    passed.labels(slot=result.slot).set(int(result.passed))
-    for a in result.assertions:
-        assertion.labels(slot=result.slot, assertion=a["name"]).set(int(a["passed"]))
+    up.labels(slot=result.slot).set(int(result.up))
+    passed.labels(slot=result.slot).set(int(result.up and result.passed))
+    if result.up:
+        for a in result.assertions:
+            assertion.labels(slot=result.slot, assertion=a["name"]).set(int(a["passed"]))
     stamp.labels(slot=result.slot).set(now)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_to_textfile(str(path), registry)
+    try:
+        atomic_write(path, generate_latest(registry))
+    except OSError as exc:
+        raise Unavailable(
+            f"recheck textfile {path} cannot be written: {exc.strerror or exc}", dependency="textfile"
+        ) from None

@@ -13,6 +13,7 @@ from typing import Any
 from anvil_ctl.config import HostConfig
 from anvil_ctl.core.errors import RecipeError
 from anvil_ctl.core.model import config_fingerprint
+from anvil_ctl.core.validate import check_text
 from anvil_ctl.recipes import (
     Recipe,
     check_fits_slot,
@@ -85,15 +86,20 @@ class Plan:
 
 def resolve_recipe_path(ref: str | Path, recipes_dir: Path) -> Path:
     """A recipe by name (`recipes_dir/NAME.toml`) or by path; RecipeError when neither exists."""
+    try:
+        check_text(str(ref), max_len=4096, empty=False)
+    except ValueError as exc:
+        raise RecipeError(f"recipe {str(ref)[:80]!r}: {exc}", recipe=str(ref)[:80]) from None
     candidate = Path(ref)
-    if candidate.suffix == ".toml" or candidate.exists():
-        if not candidate.is_file():
-            raise RecipeError(f"{candidate}: recipe not found", file=str(candidate))
-        return candidate
-    by_name = recipes_dir / f"{ref}.toml"
-    if by_name.is_file():
-        return by_name
-    known = sorted(p.stem for p in recipes_dir.glob("*.toml")) if recipes_dir.is_dir() else []
+    try:
+        if candidate.suffix == ".toml" or candidate.exists():
+            return candidate  # load_recipe names what is wrong with it (missing, a directory ...)
+        by_name = recipes_dir / f"{ref}.toml"
+        if by_name.exists() or by_name.is_symlink():  # a broken link or loop: load_recipe names it
+            return by_name
+        known = sorted(p.stem for p in recipes_dir.glob("*.toml")) if recipes_dir.is_dir() else []
+    except OSError as exc:  # a name too long for the file system, a loop in the path
+        raise RecipeError(f"recipe {str(ref)[:80]!r}: {exc.strerror}", recipe=str(ref)[:80]) from None
     raise RecipeError(
         f"recipe {str(ref)!r} not found in {recipes_dir}; expected one of {known}",
         recipe=str(ref),

@@ -19,7 +19,7 @@ def reconcile(ctx: Context, slot: str, *, dry_run: bool = False) -> Outcome:
     """Route the slot's tier to the serve its record publishes (its incumbent), if it does not already."""
     ctx.config.slot(slot)
     tx_id = str(uuid.uuid4())
-    with mutating(ctx, "reconcile", tx_id, dry_run=dry_run):
+    with mutating(ctx, "reconcile", tx_id, dry_run=dry_run) as lock:
         serve = ctx.store.current_identity(slot, "incumbent")
         if serve is None:
             raise BadInput(
@@ -28,4 +28,4 @@ def reconcile(ctx: Context, slot: str, *, dry_run: bool = False) -> Outcome:
                 field="slot",
             )
         args = ReconcileArgs(slot=slot, serve=serve)
-        return run_plan(ctx, "reconcile", args, dry_run=dry_run, tx_id=tx_id, locked=True)
+        return run_plan(ctx, "reconcile", args, dry_run=dry_run, tx_id=tx_id, lock=lock)

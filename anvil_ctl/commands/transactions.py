@@ -15,6 +15,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.states import WAITING_STATES, TxState
+from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, check_int, check_person, check_text, require
 from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import serving
 from anvil_ctl.engine.plans import KINDS
@@ -32,31 +33,42 @@ def run_plan(
     *,
     dry_run: bool,
     tx_id: str | None = None,
-    locked: bool = False,
+    lock: HostLock | None = None,
 ) -> Outcome:
-    """Run a transaction; `locked` when the caller already holds the host lock (see `mutating`)."""
+    """Run a transaction; `lock` when the caller already holds the host lock (see `mutating`),
+    whose row is claimed here, once the plan is built from arguments that passed every check."""
     world = ctx.world()
     plan = KINDS[kind].build(args, world)
     engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
     if dry_run:
         return engine.run(plan, world, dry_run=True)
     tx_id = tx_id or str(uuid.uuid4())
-    if locked or not plan.mutates:
+    if lock is not None:
+        lock.claim()
+        return engine.run(plan, world, tx_id=tx_id)
+    if not plan.mutates:
         return engine.run(plan, world, tx_id=tx_id)
     with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
         return engine.run(plan, world, tx_id=tx_id)
 
 
 @contextmanager
-def mutating(ctx: Context, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[None]:
-    """Hold the host lock while a command reads the state its arguments are built from:
-    identities read before the lock could be stale by the time the transaction runs.
-    A dry run changes nothing and takes no lock."""
+def mutating(ctx: Context, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[HostLock | None]:
+    """Hold the host's OS lock while a command reads the state its arguments are built from:
+    identities read before the lock could be stale by the time the transaction runs. The
+    lock row is claimed by `run_plan`, so bad input found here (exit 2) writes nothing.
+    A dry run changes nothing and takes no lock (None)."""
     if dry_run:
-        yield
+        yield None
         return
-    with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
-        yield
+    lock = HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id)
+    lock.acquire(claim=False)
+    try:
+        yield lock
+    except BaseException as exc:
+        lock.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    lock.release()
 
 
 def adopt(
@@ -71,6 +83,9 @@ def adopt(
     gpu_roles: tuple[str, ...] = (),
 ) -> Outcome:
     """Record a serving container (started by hand or another tool) as the slot's incumbent."""
+    context_tokens = require(
+        "--context-tokens", lambda n: check_int(n, lo=1, hi=MAX_CONTEXT_TOKENS), context_tokens
+    )
     world = ctx.world()
     slot_cfg = ctx.config.slot(slot)
     try:
@@ -124,7 +139,7 @@ def load(
     world = ctx.world()
     ctx.config.slot(slot)
     tx_id = tx_id or str(uuid.uuid4())
-    with mutating(ctx, "load", tx_id, dry_run=dry_run):
+    with mutating(ctx, "load", tx_id, dry_run=dry_run) as lock:
         incumbent = ctx.store.current_identity(slot, "incumbent")
         args = LoadArgs(
             slot=slot,
@@ -133,7 +148,7 @@ def load(
             incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
             accept_drift=accept_drift,
         )
-        return run_plan(ctx, "load", args, dry_run=dry_run, tx_id=tx_id, locked=True)
+        return run_plan(ctx, "load", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 
 
 def recover_all(ctx: Context) -> RecoverReport:
@@ -162,6 +177,8 @@ def lock_status(ctx: Context) -> list[dict[str, Any]]:
 
 def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str, Any]:
     """Release a lock row by its exact ID (journaled); refuses a live local owner."""
+    by = require("--by", check_person, by)
+    reason = require("--reason", lambda r: check_text(r, empty=False), reason)
     for h in held_locks(ctx.store):
         if h.id == lock_id:
             if h.alive:
@@ -173,8 +190,8 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str,
 
 def resolve(ctx: Context, tx: str, *, by: str, note: str) -> dict[str, Any]:
     """A person records that they resolved a transaction that waits for one."""
-    if not by.strip() or not note.strip():
-        raise BadInput("--by and --note are required: who resolved it, and how", field="by")
+    by = require("--by", check_person, by)
+    note = require("--note", lambda n: check_text(n, multiline=True, empty=False), note)
     matches = [r for r in ctx.store.unresolved() if r.id.startswith(tx)]
     if len(matches) != 1:
         raise BadInput(f"transaction {tx!r}: no unique unresolved transaction matches", field="transaction")

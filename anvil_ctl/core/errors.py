@@ -9,7 +9,9 @@ AnvilError
 │   └── AuthRejected             the router refused our credentials (401/403)
 ├── NeedsOperator                exit 5: a step found the host must not be touched further
 ├── AdapterError                 a port's implementation failed (translated at the edge)
-│   ├── TransientError           worth retrying (connection reset, 5xx, API busy)
+│   ├── Unavailable              exit 7: a dependency (the state database, Docker, NVML, the
+│   │   │                        router) is busy, locked, read-only, full or unreachable
+│   │   └── TransientError       worth retrying (connection reset, 5xx, API busy)
 │   ├── NotFound                 the object named by an exact ID does not exist
 │   └── CredentialError          a token could not be resolved or its file is unsafe
 ├── StepFailed                   raised by a step's do/undo to fail with a reason
@@ -39,6 +41,7 @@ __all__ = [
     "StateStoreError",
     "StepFailed",
     "TransientError",
+    "Unavailable",
 ]
 
 
@@ -94,7 +97,20 @@ class AdapterError(AnvilError):
     """An adapter failed to do or observe something."""
 
 
-class TransientError(AdapterError):
+class Unavailable(AdapterError):
+    """A dependency is busy, locked, read-only, full or unreachable; `dependency` names it.
+
+    Not a bug and not bad input: the same command may work once the dependency is back.
+    """
+
+    exit_code = ExitCode.UNAVAILABLE
+
+    def __init__(self, message: str, *, dependency: str = "", **data: Any) -> None:
+        super().__init__(message, dependency=dependency, **data)
+        self.dependency = dependency
+
+
+class TransientError(Unavailable):
     """A failure worth retrying: connection refused or reset, 5xx, a busy API."""
 
 

@@ -76,6 +76,7 @@ class ExitCode(IntEnum):
     COMPENSATED = 4  # a step failed and the undos restored the before state
     NEEDS_OPERATOR = 5  # compensation failed, or an interrupted transaction is unresolved
     DRIFT = 6  # the host or the journal differs from the record
+    UNAVAILABLE = 7  # a dependency (database, Docker, NVML, router) is busy, locked, full or unreachable
 
 
 STATE_EXIT_CODES: dict[TxState, ExitCode] = {

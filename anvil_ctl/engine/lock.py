@@ -7,6 +7,11 @@ lock is free. Such a stale row is never silently taken over: mutators are
 refused until `anvilctl recover` (which compensates the owner's transaction and
 records the release) or `anvilctl lock break ID` (journaled) resolves it.
 The rows are written and read by `anvil_ctl.persistence.locks`.
+
+A command that must read the record before it knows its arguments (promote,
+rollback, load) takes the OS lock first and claims the row only when its
+transaction is about to begin (`acquire(claim=False)`, then `claim()`): bad
+input found in between exits 2 having written nothing, not even a lock row.
 """
 
 from __future__ import annotations
@@ -81,11 +86,12 @@ class HostLock:
         self.lock_id: str | None = None
         self._fd: int | None = None
 
-    def acquire(self, *, take_over_dead: bool = False) -> list[LockInfo]:
+    def acquire(self, *, take_over_dead: bool = False, claim: bool = True) -> list[LockInfo]:
         """Take the host lock or raise LockHeld naming the owner.
 
         With take_over_dead (only `recover` passes it) stale rows of dead owners are
-        returned to the caller, which must resolve them; otherwise they refuse.
+        returned to the caller, which must resolve them; otherwise they refuse. Without
+        `claim` only the OS lock is taken: `claim()` writes the row later.
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -100,26 +106,48 @@ class HostLock:
                 owner=holders[0].as_dict() if holders else None,
             ) from None
         self._fd = fd
+        try:
+            stale = self._check_rows(take_over_dead)
+            self._stamp(None)
+            if claim:
+                self.claim()
+        except BaseException:
+            self._unlock_fd()  # a refusal, or the database unavailable: hold nothing
+            raise
+        return stale
+
+    def _check_rows(self, take_over_dead: bool) -> list[LockInfo]:
         rows = held_locks(self.store, self.owner.hostname)
         # We hold the flock, yet a row claims a live owner: the lock file was replaced or a
         # PID was reused. Never run beside a possible mutator.
         live = [h for h in rows if h.alive]
         if live:
-            self._unlock_fd()
             raise LockHeld(f"another mutator holds this host: {live[0].describe()}", owner=live[0].as_dict())
         stale = [h for h in rows if h.alive is not True]
         if stale and not take_over_dead:
-            self._unlock_fd()
             raise LockHeld(
                 f"stale {stale[0].describe()}; run `anvilctl recover` "
                 f"(or `anvilctl lock break {stale[0].id}`)",
                 owner=stale[0].as_dict(),
             )
-        self.lock_id = str(uuid.uuid4())
-        locks.record_lock(self.store, self.lock_id, owner=self.owner, command=self.command, tx_id=self.tx_id)
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"lock_id": self.lock_id, "pid": self.owner.pid}).encode())
         return stale
+
+    def claim(self) -> None:
+        """Write the lock row naming this owner (once; the OS lock must be held)."""
+        if self._fd is None:
+            raise RuntimeError("claim() without the OS lock")
+        if self.lock_id is not None:
+            return
+        lock_id = str(uuid.uuid4())
+        locks.record_lock(self.store, lock_id, owner=self.owner, command=self.command, tx_id=self.tx_id)
+        self.lock_id = lock_id
+        self._stamp(lock_id)
+
+    def _stamp(self, lock_id: str | None) -> None:
+        """Say in the lock file who holds the OS lock, for a refused process to name."""
+        assert self._fd is not None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps({"lock_id": lock_id, "pid": self.owner.pid}).encode(), 0)
 
     def release(self) -> None:
         if self.lock_id is not None:
@@ -149,6 +177,8 @@ class HostLock:
 def _file_owner(path: Path) -> str:
     try:
         data = json.loads(path.read_text() or "{}")
+        if data.get("lock_id") is None:
+            return f"pid {data.get('pid')} holds the lock file {path} (checking its arguments)"
         return f"lock {data.get('lock_id')} held by pid {data.get('pid')}"
     except (OSError, ValueError):
         return f"lock file {path} is held by another process"

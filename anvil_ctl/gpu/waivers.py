@@ -43,8 +43,8 @@ __all__ = [
 
 Outcome = Literal["verified", "policy-infeasible", "failed"]
 
-_DIGEST_RE = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
-_ROLE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_DIGEST_RE = re.compile(r"^(sha256:)?[0-9a-f]{64}\Z")
+_ROLE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}\Z")
 
 
 def parse_scope(text: str) -> tuple[frozenset[str], str | None]:

@@ -1,42 +1,198 @@
 """Database engines: SQLite with WAL, foreign keys, synchronous=FULL and a busy timeout.
 
 SQLite write transactions begin with BEGIN IMMEDIATE so that two writers never
-both read the audit chain's tail and append after it.
+both read the audit chain's tail and append after it. Read transactions (the
+engine `reader(engine)` returns, which `Store.read` uses) begin DEFERRED: in WAL
+mode a reader never waits for a writer, so `status` and `audit` answer while
+another process holds the write lock, and a reader waits at most
+`READ_BUSY_MS` for the rare lock that does block it (a checkpoint, a process in
+exclusive locking mode).
+
+`translated(engine)` is the one edge where database errors become ours: a lock
+held past the busy timeout, a read-only, full or failing disk, or an unreachable
+server raise `Unavailable` naming the database (exit 7; nothing was written, the
+transaction rolled back); a file that is not an SQLite database, or a damaged
+one, raises `StateStoreError` (exit 2). Anything else (a constraint, an
+append-only trigger) is a bug and passes through.
+
+`make_engine` never creates a database unless asked (`create=True`, `anvilctl
+init` only): a read-only command pointed at a missing file says so and leaves
+no empty database behind.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import NullPool
 
-__all__ = ["Engine", "make_engine"]  # Engine: the handle callers hold, without importing sqlalchemy
+from anvil_ctl.core.errors import AnvilError, ConfigError, StateStoreError, Unavailable
 
-BUSY_TIMEOUT_MS = 10_000
+__all__ = ["Engine", "make_engine", "reader", "translated"]  # Engine: the handle callers hold
+
+READ_ONLY = "anvil_read_only"
+"""Execution option of the engine `reader()` returns: its transactions begin DEFERRED."""
+
+READ_BUSY_MS = 1_000
+"""How long a read waits for a lock before the command exits 7 (WAL readers rarely wait)."""
+
+WRITE_BUSY_MS = 3_000
+"""How long a write waits for another writer; our own write transactions last milliseconds."""
+
+BUSY_TIMEOUT_MS = WRITE_BUSY_MS  # the name earlier callers used
 
 
-def make_engine(url: str) -> Engine:
-    if url.startswith("sqlite"):
+def make_engine(url: str, *, create: bool = False) -> Engine:
+    """An engine for `url`; ConfigError for a URL that is none, StateStoreError for a missing or
+    irregular SQLite file (unless `create`, which makes the file in an existing directory)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(
+            "state database URL: not a database URL; expected sqlite:///PATH or postgresql://USER@HOST/DB",
+            field="state_db",
+        ) from None
+    if parsed.get_backend_name() == "sqlite":
+        _check_sqlite_file(parsed.database, create=create)
         engine = create_engine(
-            url,
+            parsed,
             poolclass=NullPool,
-            connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "isolation_level": None},
+            connect_args={"timeout": READ_BUSY_MS / 1000, "isolation_level": None},
         )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={READ_BUSY_MS}")
+            # WAL is a property of the file, set once: an empty file (not yet a database) is left
+            # as it is, so that a read-only command never writes a header into it.
+            if cur.execute("PRAGMA page_count").fetchone()[0]:
+                cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=FULL")
-            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             cur.close()
 
         @event.listens_for(engine, "begin")
         def _begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            if conn.get_execution_options().get(READ_ONLY):
+                conn.exec_driver_sql(f"PRAGMA busy_timeout={READ_BUSY_MS}")
+                conn.exec_driver_sql("BEGIN")
+            else:
+                conn.exec_driver_sql(f"PRAGMA busy_timeout={WRITE_BUSY_MS}")
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    try:
+        return create_engine(parsed, pool_pre_ping=True)
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise ConfigError(
+            f"state database URL {parsed.render_as_string(hide_password=True)}: {exc}; "
+            "expected sqlite:///PATH or postgresql://USER@HOST/DB",
+            field="state_db",
+        ) from None
+
+
+def reader(engine: Engine) -> Engine:
+    """The same database for reading: transactions that never take the write lock."""
+    return engine.execution_options(**{READ_ONLY: True})
+
+
+def where(engine: Engine) -> str:
+    """The database as a message names it: the SQLite file, or the URL without its password."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite" and url.database:
+        return url.database
+    return url.render_as_string(hide_password=True)
+
+
+def _check_sqlite_file(database: str | None, *, create: bool) -> None:
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        if not create:
+            raise StateStoreError(
+                f"state database {path} does not exist; run `anvilctl init` to create it", path=str(path)
+            ) from None
+        if not path.parent.is_dir():
+            raise StateStoreError(
+                f"state database {path}: directory {path.parent} does not exist", path=str(path)
+            ) from None
+        return
+    except NotADirectoryError:
+        raise StateStoreError(
+            f"state database {path}: a parent of it is not a directory", path=str(path)
+        ) from None
+    except OSError as exc:  # ELOOP, EACCES on a parent
+        raise StateStoreError(f"state database {path}: {exc.strerror}", path=str(path)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise StateStoreError(
+            f"state database {path} is a directory; expected an SQLite database file", path=str(path)
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise StateStoreError(
+            f"state database {path} is not a regular file; expected an SQLite database file", path=str(path)
+        )
+
+
+@contextmanager
+def translated(engine: Engine) -> Iterator[None]:
+    """Database errors raised inside become Unavailable or StateStoreError (see the module doc)."""
+    try:
+        yield
+    except (DBAPIError, sqlite3.Error) as exc:
+        ours = database_error(engine, exc)
+        if ours is None:
+            raise
+        raise ours from exc
+
+
+_UNAVAILABLE = {
+    "SQLITE_BUSY": "is locked by another process (busy); nothing was written, try again",
+    "SQLITE_LOCKED": "is locked by another process (busy); nothing was written, try again",
+    "SQLITE_READONLY": "is read-only (file, directory or file system); nothing was written",
+    "SQLITE_FULL": "cannot grow: the disk is full; nothing was written",
+    "SQLITE_IOERR": "cannot be written or read: disk I/O error; nothing was written",
+    "SQLITE_CANTOPEN": "cannot be opened (permissions, or its -wal/-shm files cannot be created)",
+    "SQLITE_PERM": "cannot be opened: permission denied",
+}
+_DAMAGED = {
+    "SQLITE_NOTADB": "is not an SQLite database",
+    "SQLITE_CORRUPT": "is damaged (database disk image is malformed)",
+}
+
+
+def database_error(engine: Engine, exc: BaseException) -> AnvilError | None:
+    """Our error for a database failure, or None when it is not the database's state (a bug)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    name = str(getattr(orig, "sqlite_errorname", ""))
+    base = name.split("_", 2)
+    family = "_".join(base[:2]) if len(base) >= 2 else name
+    db = where(engine)
+    if family == "SQLITE_CANTOPEN" and not os.access(Path(db).parent, os.W_OK):
+        family = "SQLITE_READONLY"  # a read-only directory: the -wal/-shm files cannot be made
+    if family in _UNAVAILABLE:
+        return Unavailable(
+            f"state database {db} {_UNAVAILABLE[family]}", dependency="database", sqlite_error=name
+        )
+    if family in _DAMAGED:
+        return StateStoreError(f"state database {db} {_DAMAGED[family]}", sqlite_error=name)
+    if isinstance(orig, sqlite3.OperationalError) and "disk" in str(orig):
+        return Unavailable(f"state database {db}: {orig}", dependency="database")
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return Unavailable(f"state database {db}: the connection was lost", dependency="database")
+    if engine.url.get_backend_name() != "sqlite" and type(exc).__name__ == "OperationalError":
+        first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+        return Unavailable(f"state database {db} is unreachable: {first}", dependency="database")
+    return None

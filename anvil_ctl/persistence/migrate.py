@@ -11,6 +11,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
 
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.persistence.db import reader, translated
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -30,8 +31,13 @@ def head_revision(engine: Engine) -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
+    with translated(engine), reader(engine).connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def _table_names(engine: Engine) -> list[str]:
+    with translated(engine), reader(engine).connect() as conn:
+        return inspect(conn).get_table_names()
 
 
 def check_revision(engine: Engine, *, allow_empty: bool = False) -> str | None:
@@ -41,7 +47,7 @@ def check_revision(engine: Engine, *, allow_empty: bool = False) -> str | None:
     current = current_revision(engine)
     url = engine.url.render_as_string(hide_password=True)
     if current is None:
-        has_tables = bool(inspect(engine).get_table_names())
+        has_tables = bool(_table_names(engine))
         if has_tables:
             raise StateStoreError(f"{url}: has tables but no alembic revision; not an anvil state db")
         if allow_empty:
@@ -63,5 +69,6 @@ def check_revision(engine: Engine, *, allow_empty: bool = False) -> str | None:
 def upgrade(engine: Engine) -> tuple[str | None, str]:
     """Upgrade to head; return (from, to). Refuses unknown/newer revisions first."""
     before = check_revision(engine, allow_empty=True)
-    command.upgrade(alembic_config(engine), "head")
+    with translated(engine):
+        command.upgrade(alembic_config(engine), "head")
     return before, head_revision(engine)

@@ -29,6 +29,7 @@ from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
 from anvil_ctl.persistence import audit
+from anvil_ctl.persistence.db import reader, translated
 from anvil_ctl.persistence.models import (
     IdentityRow,
     SnapshotDiff,
@@ -49,15 +50,18 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(reader(engine), expire_on_commit=False)
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
+        """A write transaction (BEGIN IMMEDIATE on SQLite), committed on leaving."""
+        with translated(self.engine), self._sessions.begin() as session:
             yield session
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with self._sessions() as session:
+        """A read transaction: never takes the write lock, so writers elsewhere do not block it."""
+        with translated(self.engine), self._read_sessions() as session:
             yield session
 
     def audit(self, session: Session, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:

@@ -20,12 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from anvil_ctl.atomic import atomic_write
+from anvil_ctl.config import read_input_file
 from anvil_ctl.core.errors import BadInput, StepFailed
+from anvil_ctl.core.validate import unsafe_char
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 GPU_UUID_RE = re.compile(r"\b(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_ARTIFACT_BYTES = 1 << 40
 
 
 def to_json(data: Any) -> bytes:
@@ -91,7 +96,7 @@ class Mismatch:
     """One way a directory differs from its manifest."""
 
     path: str
-    problem: str  # missing | sha256 | size | unlisted | unsafe_path | manifest
+    problem: str  # missing | sha256 | size | unlisted | unsafe_path | unreadable | manifest
     expected: str | int | None = None
     actual: str | int | None = None
 
@@ -116,14 +121,42 @@ class VerifyResult:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of an evidence directory, checked entry by entry (see `check_manifest`)."""
+    if not directory.is_dir():
+        raise BadInput(f"{directory}: not a directory; expected an evidence directory", path=str(directory))
+    path = directory / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        raise BadInput(f"{directory}: no {MANIFEST}", path=str(directory))
+    text = read_input_file(path, "evidence manifest file", max_bytes=MAX_MANIFEST_BYTES, error=BadInput)
     try:
-        data = json.loads((directory / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{directory}: no {MANIFEST}", path=str(directory)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{directory / MANIFEST}: not JSON: {exc}", path=str(directory)) from None
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{path}: not JSON: {exc}", path=str(directory)) from None
+    except RecursionError:
+        raise BadInput(f"{path}: nested too deeply; expected a manifest", path=str(directory)) from None
+    return check_manifest(data, path)
+
+
+def check_manifest(data: Any, path: Path) -> dict[str, Any]:
+    """`data` if it is a manifest: an object whose `artifacts` list holds one object per file,
+    each a distinct relative `path`, a 64-hex `sha256` and a `size` >= 0; BadInput otherwise."""
     if not isinstance(data, dict) or not isinstance(data.get("artifacts"), list):
-        raise BadInput(f"{directory / MANIFEST}: expected an object with an 'artifacts' list")
+        raise BadInput(f"{path}: expected an object with an 'artifacts' list", path=str(path))
+    seen: set[str] = set()
+    for i, entry in enumerate(data["artifacts"]):
+        where = f"{path}: artifacts[{i}]"
+        if not isinstance(entry, dict):
+            raise BadInput(f"{where}: expected an object with path, sha256 and size", path=str(path))
+        rel, digest, size = entry.get("path"), entry.get("sha256"), entry.get("size")
+        if not isinstance(rel, str) or not rel or len(rel) > 4096 or unsafe_char(rel) is not None:
+            raise BadInput(f"{where}.path: expected a relative file path", path=str(path))
+        if rel in seen:
+            raise BadInput(f"{where}.path: {rel!r} is listed twice", path=str(path))
+        seen.add(rel)
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise BadInput(f"{where}.sha256: expected 64 lowercase hex digits", path=str(path))
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_ARTIFACT_BYTES:
+            raise BadInput(f"{where}.size: expected a number of bytes >= 0", path=str(path))
     return data
 
 
@@ -139,14 +172,22 @@ def verify_bundle(directory: Path) -> VerifyResult:
     for entry in manifest["artifacts"]:
         rel = str(entry.get("path", ""))
         listed.add(rel)
-        target = (root / rel).resolve()
+        try:
+            target = (root / rel).resolve()
+        except (OSError, RuntimeError):  # a symlink loop
+            mismatches.append(Mismatch(rel, "unreadable"))
+            continue
         if not rel or Path(rel).is_absolute() or root not in target.parents:
             mismatches.append(Mismatch(rel, "unsafe_path"))
             continue
         if not target.is_file():
             mismatches.append(Mismatch(rel, "missing", entry.get("sha256")))
             continue
-        data = target.read_bytes()
+        try:
+            data = target.read_bytes()
+        except OSError as exc:
+            mismatches.append(Mismatch(rel, "unreadable", None, exc.strerror))
+            continue
         if len(data) != entry.get("size"):
             mismatches.append(Mismatch(rel, "size", entry.get("size"), len(data)))
         digest = hashlib.sha256(data).hexdigest()

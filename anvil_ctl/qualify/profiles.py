@@ -16,7 +16,6 @@ file and the field (`gates[2].count`) and say what was expected.
 from __future__ import annotations
 
 import inspect
-import tomllib
 import types
 import typing
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from anvil_ctl.config import load_toml
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.qualify.gates import GATE_TYPES, Gate
 
@@ -184,13 +184,7 @@ def load_profile(name_or_path: str | Path, *, search_dirs: Sequence[Path] = (PRO
                 field="profile",
             )
         path = found[0]
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: profile file not found", file=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"{path}: not valid TOML: {exc}", file=str(path)) from None
+    data = load_toml(path, "profile file", BadInput)
     return parse_profile(data, str(path))
 
 

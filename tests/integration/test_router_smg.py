@@ -368,7 +368,7 @@ def smg_host(
     )
     env = {"ANVIL_ROUTER_ADMIN_TOKEN": Keys.admin, "ANVIL_ROUTER_CLIENT_TOKEN": Keys.client}
     ctx = Context(settings=settings, env=env)
-    upgrade(ctx.engine)
+    upgrade(ctx.create_database())
     inc = stub_container(
         served_model=MODEL, port=port, labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"}
     )

@@ -85,7 +85,7 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str
         gpu="simulated",
     )
     ctx = Context(settings=settings, env={})
-    upgrade(ctx.engine)
+    upgrade(ctx.create_database())
     inc = stub_container(
         served_model=INCUMBENT, port=8001, labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"}
     )

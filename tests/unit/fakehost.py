@@ -112,7 +112,7 @@ def make_fake_host(root: Path) -> FakeHost:
     cfg.write_text(HOST_TOML)
     settings = Settings(state_dir=state, config=cfg, backend="fake", _env_file=None)  # type: ignore[call-arg]
     ctx = Context(settings=settings, env={})
-    upgrade(ctx.engine)
+    upgrade(ctx.create_database())
     world = FakeWorld(settings.fake_world_path)
     image_id = world.add_image("anvil-stub@sha256:" + "1" * 64)
     world.add_gpu("GPU-aaaaaaaa-0000-0000-0000-000000000001", 97887)

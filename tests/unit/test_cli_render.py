@@ -119,3 +119,60 @@ class TestJsonOutput:
     def test_a_result_is_its_as_dict(self) -> None:
         outcome = dry_run_outcome()
         assert json.loads(render.to_json(outcome)) == json.loads(json.dumps(outcome.as_dict()))
+
+
+FORGED = "op\n\x1b[31mFORGED: approved by cfo\x1b[0m"
+CLEAR = "r\x1b[2J"
+RLO = "safe\u202eevil"
+
+
+class TestDisplayThatCannotBeForged:
+    """A value that reached the record some other way (an older version, sqlite3 by hand) is
+    shown escaped: it cannot start a line of its own or steer the terminal."""
+
+    def _forged_waiver(self, fake_host: FakeHost) -> None:
+        from datetime import UTC, datetime
+
+        from anvil_ctl.gpu.waivers import Waiver
+        from anvil_ctl.persistence import waivers
+
+        waiver = Waiver(
+            id="wvr-forged00000",
+            policy="vram-reserve",
+            value=0,
+            approved_by=FORGED,
+            reason=CLEAR + RLO,
+            created_at=datetime.now(UTC),
+            roles=frozenset({"compute-a"}),
+            recipe_digest=None,
+            expires_at=None,
+        )
+        waivers.add_waiver(fake_host.context().store, waiver)
+
+    def test_waivers_list_shows_control_characters_as_escapes(
+        self, anvilctl: Run, fake_host: FakeHost
+    ) -> None:
+        self._forged_waiver(fake_host)
+        r = anvilctl("waivers", "list")
+        assert r.code == 0
+        assert "\x1b" not in r.out and "\u202e" not in r.out
+        assert "\\x1b[31mFORGED" in r.out and "\\x1b[2J" in r.out and "\\u202e" in r.out
+        assert not any(line.lstrip("│ ").startswith("\x1b[31mFORGED") for line in r.out.splitlines())
+        assert not any(line.strip().startswith("FORGED") for line in r.out.splitlines())
+
+    def test_json_escapes_them_too(self, anvilctl: Run, fake_host: FakeHost) -> None:
+        self._forged_waiver(fake_host)
+        r = anvilctl("--json", "waivers", "list")
+        assert "\x1b" not in r.out and "\u202e" not in r.out
+        assert any(w["approved_by"] == FORGED for w in r.json())  # the record itself is kept as it is
+
+    def test_an_outcome_reason_is_one_escaped_line(self, capsys: pytest.CaptureFixture[str]) -> None:
+        outcome = Outcome(kind="load", state=TxState.REFUSED, reason=FORGED, tx_id="t1")
+        render.show(outcome, as_json=False)
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "  reason: op\\n\\x1b[31mFORGED" in out
+
+    def test_an_error_line_is_one_escaped_line(self, anvilctl: Run) -> None:
+        r = anvilctl("audit", "show", "x\x1b[2J\u202e")
+        assert r.code == ExitCode.BAD_INPUT
+        assert r.err.count("\n") == 1 and "\x1b" not in r.err and "\u202e" not in r.err

@@ -354,10 +354,11 @@ class TestWaiverCli:
             (["--policy", "gpu-hours", "--scope", "compute-a"], "Invalid value for '--policy': 'gpu-hours'"),
             (["--scope", "Compute A!"], "waiver scope"),
             (["--scope", "compute-z"], "not in the host config"),
-            (["--scope", "compute-a", "--value", "-1"], "expected MiB >= 0"),
+            (["--scope", "compute-a", "--value", "-1"], "Invalid value for '--value'"),
+            (["--scope", "compute-a", "--value", str(10**30)], "Invalid value for '--value'"),
             (["--scope", "compute-a", "--expires", "2020-01-01"], "is not in the future"),
-            (["--scope", "compute-a", "--expires", "soon"], "expected an ISO date"),
-            (["--scope", "compute-a", "--approved-by", " "], "approver"),
+            (["--scope", "compute-a", "--expires", "soon"], "expected an RFC 3339 date"),
+            (["--scope", "compute-a", "--approved-by", " "], "Invalid value for '--approved-by'"),
         ],
     )
     def test_bad_input_exits_2_and_writes_nothing(

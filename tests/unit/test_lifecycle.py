@@ -9,6 +9,7 @@ import pytest
 from anvil_ctl.commands import audit, lifecycle, recheck, transactions
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
+from anvil_ctl.engine.plans.args import PromoteArgs
 from anvil_ctl.persistence import qualification, rechecks, waivers
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
@@ -105,10 +106,28 @@ class TestPromote:
         assert out.state == TxState.REFUSED
         assert "policy-infeasible" in out.reason
 
-    def test_an_empty_approver_is_refused(self, fake_host: FakeHost) -> None:
+    def test_an_empty_approver_is_bad_input_and_writes_nothing(self, fake_host: FakeHost) -> None:
         _load(fake_host)
         _decide(fake_host, "verified")
-        out = _promote(fake_host, approved_by=" ")
+        before = audit.transactions(fake_host.context(), limit=1000)
+        with pytest.raises(BadInput, match="--approved-by: expected a non-empty value"):
+            _promote(fake_host, approved_by=" ")
+        assert audit.transactions(fake_host.context(), limit=1000) == before
+
+    def test_the_plan_itself_refuses_an_empty_approver(self, fake_host: FakeHost) -> None:
+        """The ApproverNamed guard still holds for a caller that builds the arguments itself."""
+        _load(fake_host)
+        _decide(fake_host, "verified")
+        ctx = fake_host.context()
+        cand = ctx.store.current_identity("primary", "candidate")
+        args = PromoteArgs(
+            slot="primary",
+            candidate=cand,
+            incumbent=ctx.store.current_identity("primary", "incumbent"),
+            decision_id="d-1",
+            approved_by=" ",
+        )
+        out = transactions.run_plan(ctx, "promote", args, dry_run=False)
         assert out.state == TxState.REFUSED and out.refusal.guard == "ApproverNamed"  # type: ignore[union-attr]
 
     def test_a_failed_acceptance_compensates_to_the_before_state(self, fake_host: FakeHost) -> None:
@@ -252,9 +271,11 @@ class TestRecheck:
     def test_textfile_metrics_are_written_atomically(self, restored: FakeHost, tmp_path: Any) -> None:
         result = recheck.recheck(restored.context(), "primary")
         path = tmp_path / "textfile" / "anvil.prom"
+        path.parent.mkdir()  # the directory is the operator's: never created by a recheck
         recheck.write_textfile(path, result, now=1.0)
         text = path.read_text()
         assert 'anvil_recheck_passed{slot="primary"} 1' in text
+        assert 'anvil_recheck_up{slot="primary"} 1' in text
         assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 

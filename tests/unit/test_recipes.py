@@ -199,7 +199,7 @@ class TestLoadRecipe:
             load_recipe(tmp_path / "absent.toml")
 
     def test_invalid_toml_is_a_recipe_error(self, write_recipe: Callable[..., Path]) -> None:
-        with pytest.raises(RecipeError, match="not a readable TOML file"):
+        with pytest.raises(RecipeError, match="not valid TOML"):
             load_recipe(write_recipe(text="name = [unclosed"))
 
 

@@ -10,8 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from anvil_ctl.commands import audit
-from anvil_ctl.engine.lock import held_locks
+from anvil_ctl.core.errors import BadInput, LockHeld
+from anvil_ctl.engine.lock import HostLock, held_locks
 from tests.unit.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,3 +139,50 @@ class TestOneMutatorPerHost:
         assert out.strip() == "committed"
         status = _anvilctl(fake_host, "lock", "status", "--json")
         assert json.loads(status.stdout) == []
+
+
+class TestTheLockRowIsClaimedOnlyWhenTheTransactionBegins:
+    """A command that checks its arguments under the OS lock writes its row only once they
+    passed: exit 2 in between leaves no row, and a rival meanwhile is told who waits."""
+
+    def _lock(self, host: FakeHost, command: str) -> HostLock:
+        ctx = host.context()
+        return HostLock(ctx.store, host.settings.lock_path, ctx.owner, command)
+
+    def test_an_unclaimed_lock_writes_no_row_and_a_rival_is_refused_naming_the_pid(
+        self, fake_host: FakeHost
+    ) -> None:
+        rows_before = audit.transactions(fake_host.context(), limit=1000)
+        first = self._lock(fake_host, "promote")
+        first.acquire(claim=False)
+        try:
+            assert held_locks(fake_host.context().store) == []
+            with pytest.raises(
+                LockHeld, match=rf"pid {os.getpid()} holds the lock file .* \(checking its arguments\)"
+            ):
+                self._lock(fake_host, "rollback").acquire()
+            first.claim()
+            assert [h.command for h in held_locks(fake_host.context().store)] == ["promote"]
+        finally:
+            first.release()
+        assert held_locks(fake_host.context().store) == []
+        assert audit.transactions(fake_host.context(), limit=1000) == rows_before
+
+    def test_bad_input_found_under_the_lock_writes_nothing(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.commands import lifecycle
+
+        before = self._audit_rows(fake_host)
+        with pytest.raises(BadInput, match="no candidate"):
+            lifecycle.promote(fake_host.context(), slot="primary", approved_by="alice")
+        with pytest.raises(BadInput, match="no recorded identity"):
+            lifecycle.rollback(fake_host.context(), slot="primary", to="abcdefabcdef")
+        assert self._audit_rows(fake_host) == before
+
+    def _audit_rows(self, host: FakeHost) -> int:
+        import sqlite3
+
+        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+        try:
+            return int(con.execute("SELECT count(*) FROM audit_journal").fetchone()[0])
+        finally:
+            con.close()

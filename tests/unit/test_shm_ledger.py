@@ -32,7 +32,7 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(db: Path) -> Store:
-    engine = make_engine(f"sqlite:///{db}")
+    engine = make_engine(f"sqlite:///{db}", create=True)
     upgrade(engine)
     return Store(engine)
 
@@ -112,7 +112,7 @@ class TestCompositionRoot:
             state_dir=tmp_path / "state", config=tmp_path / "anvil.toml"
         )
         ctx = Context(settings=settings, env={})
-        upgrade(ctx.engine)
+        upgrade(ctx.create_database())
         runtime = FakeRuntime(FakeWorld(tmp_path / "world.json"))
         scanner = _shm(ctx, runtime)
         assert isinstance(scanner, ShmScanner)

@@ -25,7 +25,7 @@ class TestMigrations:
     def test_upgrade_of_an_empty_database_reaches_head_with_wal_and_foreign_keys(
         self, tmp_path: Path
     ) -> None:
-        engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+        engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}", create=True)
         before, after = upgrade(engine)
         assert before is None and after == check_revision(engine)
         with engine.connect() as conn:
@@ -34,7 +34,7 @@ class TestMigrations:
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
 
     def test_the_orm_and_the_migrations_agree(self, tmp_path: Path) -> None:
-        engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+        engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}", create=True)
         upgrade(engine)
         with engine.connect() as conn:
             diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
@@ -42,7 +42,7 @@ class TestMigrations:
 
     def test_a_database_at_an_unknown_revision_is_refused(self, tmp_path: Path) -> None:
         db = tmp_path / "a.db"
-        engine = make_engine(f"sqlite:///{db}")
+        engine = make_engine(f"sqlite:///{db}", create=True)
         upgrade(engine)
         con = sqlite3.connect(db)
         con.execute("UPDATE alembic_version SET version_num='9999_future'")
