@@ -152,6 +152,8 @@ def _recheck(r: RecheckResult, out: Console) -> None:
     out.print(table)
     verdict = "all assertions hold" if r.passed else "DRIFT: " + ", ".join(r.failed)
     out.print(f"recheck of slot {r.slot}: {verdict} (recorded as recheck {r.recheck_id})")
+    if r.audit_head:
+        out.print(f"audit head {r.audit_head}")
 
 
 def _status(view: views.StatusView, out: Console) -> None:
@@ -196,13 +198,23 @@ def _diffs(view: views.DiffView, out: Console) -> None:
 
 
 def _chain(view: views.ChainCheck, out: Console) -> None:
+    d = view.data
+    how = d["mode"] if not d.get("escalated") else f"{d['mode']}, walked everything: {d['escalated']}"
+    checked = f"{d['entries_checked']} entries and {d['rows_checked']} rows checked ({how})"
     if view.ok:
-        out.print(f"audit journal: {view.data['rows']} rows, hash chain intact")
-        return
-    problems = view.data["problems"]
-    out.print(f"audit journal: DRIFT, {len(problems)} problem(s) in {view.data['rows']} rows")
-    for p in problems:
-        out.print(f"  {json.dumps(p, sort_keys=True, default=str)}")
+        out.print(f"audit journal: {d['entries']} entries, hash chain intact; {checked}")
+    else:
+        problems = d["problems"]
+        out.print(f"audit journal: DRIFT, {len(problems)} problem(s); {checked}")
+        for p in problems:
+            out.print(f"  {json.dumps(p, sort_keys=True, default=str)}")
+    out.print(f"  head       {d['head']}")
+    head_file = d.get("head_file") or {}
+    if head_file.get("path"):
+        recorded = head_file.get("head") or "missing"
+        out.print(f"  head file  {head_file['path']}: {recorded}")
+    if d.get("checkpoint"):
+        out.print(f"  checkpoint {d['checkpoint']['id']} recorded at {d['checkpoint']['head']}")
 
 
 # -- recipes -----------------------------------------------------------------------------------
@@ -277,17 +289,24 @@ def _export(r: ExportResult, out: Console) -> None:
         f"exported {len(r.artifacts)} artifacts to {r.out_dir} "
         f"(redacted: {red.get('gpu_uuids', 0)} GPU UUIDs, {red.get('paths', 0)} host paths, "
         f"{red.get('secrets', 0)} secrets); manifest sha256 {r.manifest.sha256}"
+        + (" (recorded in the state database)" if r.recorded else "")
     )
 
 
 def _verify(r: VerifyResult, out: Console) -> None:
     if r.ok:
         print(f"ok: {r.checked} artifacts match {r.directory}/manifest.json")
-        return
-    print(f"MISMATCH: {r.directory} does not match its manifest ({len(r.mismatches)} problems)")
-    for m in r.mismatches:
-        detail = f" (expected {m.expected}, found {m.actual})" if m.expected else ""
-        print(f"  {m.path}: {m.problem}{detail}")
+    else:
+        print(f"MISMATCH: {r.directory} does not verify ({len(r.mismatches)} problems)")
+        for m in r.mismatches:
+            detail = f" (expected {m.expected}, found {m.actual})" if m.expected else ""
+            print(f"  {m.path}: {m.problem}{detail}")
+    if r.manifest_sha256:
+        print(f"  manifest sha256 {r.manifest_sha256}")
+    for b in r.bindings or ():
+        verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b.matched]
+        note = f" ({b.note})" if b.note else ""
+        print(f"  manifest {verdict} {b.against}{note}")
 
 
 def _evidence_audit(view: views.EvidenceAudit, out: Console) -> None:
@@ -301,6 +320,9 @@ def _evidence_audit(view: views.EvidenceAudit, out: Console) -> None:
         f"manifest: {'ok' if v['ok'] else 'MISMATCH'} ({v['checked']} artifacts)"
         + "".join(f"\n  {m['path']}: {m['problem']}" for m in v["mismatches"])
     )
+    for b in v.get("bindings") or ():
+        verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b["matched"]]
+        print(f"  manifest {verdict} {b['against']}" + (f" ({b['note']})" if b["note"] else ""))
 
 
 # -- GPUs --------------------------------------------------------------------------------------

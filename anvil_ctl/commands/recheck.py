@@ -4,6 +4,11 @@ Each assertion is a name, a pass flag and what was observed. Every run is
 recorded (rechecks table) with its snapshot's SHA-256; `--textfile` writes
 Prometheus node_exporter textfile metrics with `prometheus_client`, which
 replaces the file atomically.
+
+Each run also witnesses the audit chain's head after its own record (`SEQ:HASH`):
+in its result, an `audit.head` log line and the textfile's `anvil_audit_head`
+gauge, so a collector outside the database keeps heads that `anvilctl audit
+verify --expect-head` can check later.
 """
 
 from __future__ import annotations
@@ -12,12 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import rechecks
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -26,6 +35,7 @@ class RecheckResult:
     assertions: list[dict[str, Any]] = field(default_factory=list)
     snapshot_sha256: str = ""
     recheck_id: int | None = None
+    audit_head: str = ""  # SEQ:HASH of the audit chain after this run's record
 
     @property
     def failed(self) -> list[str]:
@@ -47,6 +57,7 @@ class RecheckResult:
             "assertions": self.assertions,
             "snapshot_sha256": self.snapshot_sha256,
             "recheck_id": self.recheck_id,
+            "audit_head": self.audit_head,
         }
 
 
@@ -75,6 +86,9 @@ def _finish(ctx: Context, world: World, out: RecheckResult) -> RecheckResult:
         assertions=out.assertions,
         snapshot_sha256=out.snapshot_sha256,
     )
+    head = ctx.store.head()
+    out.audit_head = str(head)
+    log.info("audit.head", seq=head.seq, hash=head.hash)
     return out
 
 
@@ -99,5 +113,14 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
     for a in result.assertions:
         assertion.labels(slot=result.slot, assertion=a["name"]).set(int(a["passed"]))
     stamp.labels(slot=result.slot).set(now)
+    if result.audit_head:
+        seq, _, digest = result.audit_head.partition(":")
+        head = Gauge(
+            "anvil_audit_head",
+            "The audit chain's last entry after the last recheck (value: its number; label: its hash).",
+            ["hash"],
+            registry=registry,
+        )
+        head.labels(hash=digest).set(int(seq))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_to_textfile(str(path), registry)

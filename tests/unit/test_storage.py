@@ -118,7 +118,7 @@ class TestAuditChain:
         self._tamper(fake_host, "UPDATE audit_journal SET payload_json='{\"x\":1}' WHERE id=3")
         code, result = self._verify(fake_host)
         assert code == 6 and not result["ok"]
-        assert {"row_id": 3, "problem": "content edited: hash does not match the row"} in result["problems"]
+        assert {"row_id": 3, "problem": "content edited: hash does not match the entry"} in result["problems"]
 
     def test_a_deleted_row_is_named(self, fake_host: FakeHost) -> None:
         self._tamper(fake_host, "DELETE FROM audit_journal WHERE id=4")

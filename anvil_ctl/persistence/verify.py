@@ -1,0 +1,438 @@
+"""`audit verify`: walk the chain, re-digest the rows it covers, compare the head.
+
+What is checked, and what each check catches:
+
+- the chain: ids without gaps, each entry linked to the one before and hashing to
+  its own hash (an entry edited, deleted, inserted or reordered);
+- every covered row (`coverage`): its digest recomputed from its table equals the
+  digest its entry recorded (a row edited, or replaced), every covered row is
+  still there (deleted), and every row of a history table is covered (inserted
+  outside anvilctl);
+- the head: the entry the head file names (and `--expect-head`, when given) is
+  there with the recorded hash (the tail cut off, the journal rewritten and
+  rehashed);
+- the append-only triggers are all in place and enabled.
+
+A full walk reads everything. An incremental one starts at the latest checkpoint
+(a position a clean verify recorded, with each covered table's row count then):
+entry `seq` must still have its hash, the entries after it are walked and the
+rows they cover re-digested, and each table must hold its checkpointed count
+plus what those entries cover. On SQLite a schema change since the checkpoint
+(a trigger dropped, even if put back) makes it walk everything, since rows
+covered before the checkpoint could then have been rewritten; any problem found
+does too, so that the report names each row. What an incremental run cannot
+see is an old row rewritten without a trace in the schema (a hand-edited file,
+PostgreSQL's `session_replication_role`): `--full` does, and is cheap enough for
+a daily timer. A clean run records its checkpoint (a covered row, so that a
+checkpoint cannot be slipped in: the one a run starts from must be covered by
+an entry after its position).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from anvil_ctl.core.model import canonical_json
+from anvil_ctl.persistence import audit
+from anvil_ctl.persistence.audit import Head
+from anvil_ctl.persistence.coverage import COVERED, RowKey, key_of, row_digest
+from anvil_ctl.persistence.ddl import expected_triggers
+from anvil_ctl.persistence.head import HeadFileError, read_head
+from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
+from anvil_ctl.persistence.store import Store, utcnow
+
+BATCH = 5000
+AUDIT_TABLE = AuditEntry.__tablename__
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One way the record differs from its chain: which entry, or which row of which table."""
+
+    problem: str
+    entry: int | None = None
+    table: str | None = None
+    key: RowKey | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"row_id": self.entry, "problem": self.problem}
+        if self.table is not None:
+            out["table"] = self.table
+        if self.key is not None:
+            out["key"] = self.key
+        return out
+
+
+@dataclass
+class Report:
+    """What one `audit verify` checked and found."""
+
+    mode: str  # full | incremental
+    head: Head = audit.EMPTY
+    entries_checked: int = 0
+    rows_checked: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    schema_version: int | None = None
+    started_from: dict[str, Any] | None = None  # the checkpoint an incremental run began at
+    escalated: str | None = None  # why an incremental run walked everything
+    head_file: dict[str, Any] = field(default_factory=dict)
+    expect_head: Head | None = None
+    checkpoint: dict[str, Any] | None = None  # the checkpoint this run recorded
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "mode": self.mode,
+            "escalated": self.escalated,
+            "rows": self.entries_checked,
+            "entries_checked": self.entries_checked,
+            "rows_checked": self.rows_checked,
+            "entries": self.head.seq,
+            "head": str(self.head),
+            "head_file": self.head_file,
+            "expect_head": str(self.expect_head) if self.expect_head else None,
+            "started_from": self.started_from,
+            "checkpoint": self.checkpoint,
+            "problems": [p.as_dict() for p in self.problems],
+        }
+
+
+# -- the chain ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Walk:
+    """Entries walked after `start`: where they ended, and the rows they cover."""
+
+    start: Head
+    end: Head
+    entries: int = 0
+    refs: dict[str, dict[RowKey, tuple[str, int]]] = field(default_factory=lambda: defaultdict(dict))
+
+
+def _walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str]) -> _Walk:
+    """Walk the entries after `start` in id order; `pins`: seq -> hash some record expects."""
+    walk = _Walk(start, start)
+    prev_hash, expected_id = start.hash, start.seq + 1
+    q = (
+        select(AuditEntry)
+        .where(AuditEntry.id > start.seq)
+        .order_by(AuditEntry.id)
+        .execution_options(yield_per=BATCH)
+    )
+    for row in s.execute(q).scalars():
+        walk.entries += 1
+        if row.id != expected_id:
+            problems.append(Problem(f"entries {expected_id}..{row.id - 1} missing (deleted)", row.id))
+        if row.prev_hash != prev_hash:
+            problems.append(
+                Problem(
+                    "link broken: prev_hash does not match the entry before it "
+                    "(an entry was deleted, inserted or reordered)",
+                    row.id,
+                )
+            )
+        recomputed = audit.entry_hash(
+            row.prev_hash,
+            row.id,
+            at=row.at,
+            tx_id=row.tx_id,
+            event=row.event,
+            payload=row.payload_json,
+            rows=row.rows_json,
+        )
+        if recomputed != row.hash:
+            problems.append(Problem("content edited: hash does not match the entry", row.id))
+        pinned = pins.get(row.id)
+        if pinned is not None and pinned != row.hash:
+            problems.append(Problem("entry differs from the checkpoint recorded at it", row.id))
+        try:
+            json.loads(row.payload_json)
+        except ValueError:
+            problems.append(Problem("payload is not JSON", row.id))
+        _take_refs(row, walk, problems)
+        prev_hash, expected_id = row.hash, row.id + 1
+        walk.end = Head(row.id, row.hash)
+    return walk
+
+
+def _take_refs(row: AuditEntry, walk: _Walk, problems: list[Problem]) -> None:
+    if row.rows_json == "[]":
+        return
+    try:
+        refs = json.loads(row.rows_json)
+        for table, key, digest in refs:
+            if table not in COVERED:
+                problems.append(Problem(f"covers a row of a table that is not history: {table}", row.id))
+                continue
+            earlier = walk.refs[table].get(key)
+            if earlier is not None:
+                problems.append(
+                    Problem(f"row covered twice (first by entry {earlier[1]})", row.id, table, key)
+                )
+            walk.refs[table][key] = (digest, row.id)
+    except (ValueError, TypeError):
+        problems.append(Problem("rows_json is not a list of [table, key, digest]", row.id))
+
+
+# -- the rows ----------------------------------------------------------------------------------
+
+
+def _check_all_rows(s: Session, walk: _Walk, report: Report) -> None:
+    """Every row of every covered table against the refs of the whole chain."""
+    for name, table in COVERED.items():
+        refs = walk.refs.pop(name, {})
+        count = 0
+        for values in s.execute(select(table).execution_options(yield_per=BATCH)).mappings():
+            count += 1
+            key = key_of(table, values)
+            ref = refs.pop(key, None)
+            if ref is None:
+                report.problems.append(
+                    Problem("row not covered by the journal (inserted outside anvilctl)", None, name, key)
+                )
+            elif ref[0] != row_digest(table, values):
+                report.problems.append(
+                    Problem("content edited: row digest differs from its journal entry", ref[1], name, key)
+                )
+        for key, (_digest, entry) in refs.items():
+            report.problems.append(
+                Problem("row deleted: covered by the journal, gone from its table", entry, name, key)
+            )
+        report.counts[name] = count
+        report.rows_checked += count
+
+
+def _chunks(keys: list[RowKey]) -> Iterator[list[RowKey]]:
+    for i in range(0, len(keys), 500):
+        yield keys[i : i + 500]
+
+
+def _check_new_rows(s: Session, walk: _Walk, report: Report) -> None:
+    """The rows the walked entries cover, looked up by key."""
+    for name, refs in walk.refs.items():
+        table = COVERED[name]
+        (pk,) = table.primary_key.columns
+        found: set[RowKey] = set()
+        for chunk in _chunks(list(refs)):
+            for values in s.execute(select(table).where(pk.in_(chunk))).mappings():
+                key = key_of(table, values)
+                found.add(key)
+                digest, entry = refs[key]
+                report.rows_checked += 1
+                if digest != row_digest(table, values):
+                    report.problems.append(
+                        Problem("content edited: row digest differs from its journal entry", entry, name, key)
+                    )
+        for key in set(refs) - found:
+            report.problems.append(
+                Problem("row deleted: covered by the journal, gone from its table", refs[key][1], name, key)
+            )
+
+
+def _table_counts(s: Session) -> dict[str, int]:
+    return {
+        name: int(s.execute(select(func.count()).select_from(t)).scalar_one()) for name, t in COVERED.items()
+    }
+
+
+# -- schema and head ---------------------------------------------------------------------------
+
+
+def _schema_version(s: Session) -> int | None:
+    if s.get_bind().dialect.name != "sqlite":
+        return None
+    return int(s.execute(text("PRAGMA schema_version")).scalar_one())
+
+
+def _check_triggers(s: Session, problems: list[Problem]) -> bool:
+    """Name each append-only trigger that is missing or disabled; True if all are in place."""
+    dialect = s.get_bind().dialect.name
+    expected = expected_triggers(dialect, (*COVERED, AUDIT_TABLE))
+    if dialect == "sqlite":
+        rows = s.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'"))
+        present = {r[0]: "O" for r in rows}
+    elif dialect == "postgresql":
+        rows = s.execute(text("SELECT tgname, tgenabled FROM pg_trigger WHERE NOT tgisinternal"))
+        present = {r[0]: r[1] for r in rows}
+    else:
+        return True
+    before = len(problems)
+    for name, table in sorted(expected.items()):
+        if name not in present:
+            problems.append(Problem(f"append-only trigger {name} is missing (dropped)", None, table))
+        elif present[name] == "D":
+            problems.append(Problem(f"append-only trigger {name} is disabled", None, table))
+    return len(problems) == before
+
+
+def _check_pinned(s: Session, end: Head, pinned: Head, what: str, problems: list[Problem]) -> None:
+    if pinned.seq > end.seq:
+        problems.append(
+            Problem(
+                f"tail cut: the journal ends at entry {end.seq} but {what} records entry {pinned.seq}: "
+                f"entries {end.seq + 1}..{pinned.seq} are gone",
+                pinned.seq,
+            )
+        )
+        return
+    held = audit.hash_at(s, pinned.seq)
+    if held is None:
+        problems.append(Problem(f"entry {pinned.seq}, recorded by {what}, is missing", pinned.seq))
+    elif held != pinned.hash:
+        problems.append(
+            Problem(
+                f"journal rewritten: entry {pinned.seq} has hash {held[:16]}…, {what} records "
+                f"{pinned.hash[:16]}…",
+                pinned.seq,
+            )
+        )
+
+
+def _check_head_file(s: Session, path: Path | None, report: Report) -> None:
+    if path is None:
+        report.head_file = {"path": None}
+        return
+    report.head_file = {"path": str(path)}
+    try:
+        recorded = read_head(path)
+    except HeadFileError as exc:
+        report.problems.append(Problem(f"head file: {exc}"))
+        return
+    if recorded is None:
+        if report.head.seq:
+            report.problems.append(
+                Problem(
+                    f"head file {path} is missing: a cut tail cannot be told from an intact one "
+                    "(restore it, or pass --expect-head SEQ:HASH)"
+                )
+            )
+        return
+    report.head_file["head"] = str(recorded)
+    report.head_file["behind"] = max(0, report.head.seq - recorded.seq)
+    _check_pinned(s, report.head, recorded, f"the head file {path}", report.problems)
+
+
+# -- verify ------------------------------------------------------------------------------------
+
+
+def _latest_checkpoint(s: Session) -> AuditCheckpoint | None:
+    return s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalar()
+
+
+def _checkpoint_dict(cp: AuditCheckpoint) -> dict[str, Any]:
+    return {"id": cp.id, "head": f"{cp.seq}:{cp.hash}", "mode": cp.mode, "at": cp.at}
+
+
+def _full(s: Session, report: Report) -> None:
+    pins = {cp.seq: (cp.id, cp.hash) for cp in s.execute(select(AuditCheckpoint)).scalars()}
+    walk = _walk(s, audit.EMPTY, report.problems, {seq: h for seq, (_id, h) in pins.items()})
+    report.entries_checked = walk.entries
+    report.head = walk.end
+    for seq, (cp_id, cp_hash) in sorted(pins.items()):
+        if seq > walk.end.seq:
+            _check_pinned(s, walk.end, Head(seq, cp_hash), f"checkpoint {cp_id}", report.problems)
+    _check_all_rows(s, walk, report)
+
+
+def _incremental(s: Session, cp: AuditCheckpoint, report: Report) -> str | None:
+    """Check what came after checkpoint `cp`; return why a full walk is needed, or None."""
+    report.started_from = _checkpoint_dict(cp)
+    if report.schema_version is not None and cp.schema_version != report.schema_version:
+        return f"the schema changed since checkpoint {cp.id}"
+    if audit.hash_at(s, cp.seq) != cp.hash:
+        return f"entry {cp.seq} no longer has the hash checkpoint {cp.id} recorded"
+    walk = _walk(s, Head(cp.seq, cp.hash), report.problems, {})
+    if cp.id not in walk.refs.get(AuditCheckpoint.__tablename__, {}):
+        return f"checkpoint {cp.id} is not covered by an entry after its position"
+    report.entries_checked, report.head = walk.entries, walk.end
+    _check_new_rows(s, walk, report)
+    if report.problems:
+        return "the entries after the checkpoint have problems"
+    before = json.loads(cp.counts_json)
+    counts = _table_counts(s)
+    for name, count in counts.items():
+        if count != before.get(name, 0) + len(walk.refs.get(name, {})):
+            return f"{name} holds {count} rows, not what checkpoint {cp.id} and the entries after it cover"
+    report.counts = counts
+    return None
+
+
+@contextmanager
+def _snapshot(store: Store) -> Iterator[Session]:
+    """One read transaction for the whole walk: counts and chain describe the same moment."""
+    with store.read() as s:
+        if s.get_bind().dialect.name == "postgresql":
+            s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        yield s
+
+
+def verify(store: Store, *, full: bool = False, expect_head: Head | None = None) -> Report:
+    """Verify the record (see the module doc); a clean run records a checkpoint."""
+    report = Report(mode="full" if full else "incremental", expect_head=expect_head)
+    with _snapshot(store) as s:
+        report.schema_version = _schema_version(s)
+        trigger_problems: list[Problem] = []
+        triggers_ok = _check_triggers(s, trigger_problems)
+        if not full:
+            cp = _latest_checkpoint(s)
+            if cp is None:
+                report.escalated = "no checkpoint yet"
+            elif not triggers_ok:
+                report.escalated = "append-only triggers are missing or disabled"
+            else:
+                report.escalated = _incremental(s, cp, report)
+        if full or report.escalated is not None:
+            report.problems, report.counts = [], {}
+            report.entries_checked = report.rows_checked = 0
+            _full(s, report)
+        report.problems[:0] = trigger_problems
+        _check_head_file(s, store.head_path, report)
+        if expect_head is not None:
+            _check_pinned(s, report.head, expect_head, "--expect-head", report.problems)
+    if report.ok:
+        report.checkpoint = _record_checkpoint(store, report)
+    return report
+
+
+def _record_checkpoint(store: Store, report: Report) -> dict[str, Any]:
+    with store.write() as s:
+        row = AuditCheckpoint(
+            seq=report.head.seq,
+            hash=report.head.hash,
+            schema_version=report.schema_version,
+            counts_json=canonical_json(report.counts),
+            mode=report.mode if not report.escalated else "full",
+            entries_checked=report.entries_checked,
+            rows_checked=report.rows_checked,
+            at=utcnow(),
+        )
+        s.add(row)
+        store.audit(
+            s,
+            "audit.checkpoint",
+            None,
+            {"head": str(report.head), "mode": row.mode, "rows_checked": report.rows_checked},
+        )
+        s.flush()
+        return _checkpoint_dict(row)
+
+
+def chain_counts(store: Store) -> Counter[str]:
+    """How many covered rows each table holds now (for benchmarks and tests)."""
+    with store.read() as s:
+        return Counter(_table_counts(s))
