@@ -199,7 +199,8 @@ class Builder:
             for table, rows in self.rows.items():
                 if rows:
                     conn.execute(COVERED[table].insert(), rows)
-            conn.execute(AuditEntry.__table__.insert(), self.entries)
+            if self.entries:
+                conn.execute(AuditEntry.__table__.insert(), self.entries)
         self.rows.clear()
         self.entries.clear()
 

@@ -215,6 +215,8 @@ def _chain(view: views.ChainCheck, out: Console) -> None:
         out.print(f"  head file  {head_file['path']}: {recorded}")
     if d.get("checkpoint"):
         out.print(f"  checkpoint {d['checkpoint']['id']} recorded at {d['checkpoint']['head']}")
+    elif d.get("checkpoint_error"):
+        out.print(f"  checkpoint not recorded: {d['checkpoint_error']}")
 
 
 # -- recipes -----------------------------------------------------------------------------------

@@ -45,9 +45,11 @@ def parse_head(text: str, *, what: str = "--expect-head") -> Head:
 def database_file(db_url: str) -> Path | None:
     """The file of an SQLite database URL; None for a server database (or in memory)."""
     url = make_url(db_url)
-    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
-        return Path(url.database)
-    return None
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    if url.database.startswith("file:"):  # an SQLite URI filename (`?uri=true`): its path part
+        return Path(url.database.removeprefix("file:").split("?", 1)[0])
+    return Path(url.database)
 
 
 def head_path_for(db_url: str, state_dir: Path) -> Path:

@@ -18,7 +18,8 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 def alembic_config(engine: Engine) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    # configparser interpolates %: a URL with an escaped socket path (%2F) must be doubled.
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
     cfg.attributes["engine"] = engine
     return cfg
 

@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.model import canonical_json
@@ -49,6 +51,8 @@ from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.head import HeadFileError, read_head
 from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
 from anvil_ctl.persistence.store import Store, utcnow
+
+log = structlog.get_logger(__name__)
 
 BATCH = 5000
 AUDIT_TABLE = AuditEntry.__tablename__
@@ -87,6 +91,7 @@ class Report:
     head_file: dict[str, Any] = field(default_factory=dict)
     expect_head: Head | None = None
     checkpoint: dict[str, Any] | None = None  # the checkpoint this run recorded
+    checkpoint_error: str | None = None  # why it could not record one (a read-only database)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -107,6 +112,7 @@ class Report:
             "expect_head": str(self.expect_head) if self.expect_head else None,
             "started_from": self.started_from,
             "checkpoint": self.checkpoint,
+            "checkpoint_error": self.checkpoint_error,
             "problems": [p.as_dict() for p in self.problems],
         }
 
@@ -405,7 +411,11 @@ def verify(store: Store, *, full: bool = False, expect_head: Head | None = None)
         if expect_head is not None:
             _check_pinned(s, report.head, expect_head, "--expect-head", report.problems)
     if report.ok:
-        report.checkpoint = _record_checkpoint(store, report)
+        try:
+            report.checkpoint = _record_checkpoint(store, report)
+        except OperationalError as exc:  # a read-only copy verifies all the same
+            report.checkpoint_error = str(exc.orig)
+            log.warning("audit.checkpoint_unrecorded", error=report.checkpoint_error)
     return report
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.persistence import rechecks
 from anvil_ctl.persistence.models import HISTORY_TABLES
@@ -89,6 +90,16 @@ class TestCheckpoints:
         assert not verify(checked)["ok"]
         with sql(checked) as con:
             assert con.execute("SELECT count(*) FROM audit_checkpoints").fetchone()[0] == checkpoints
+
+    def test_a_read_only_copy_verifies_without_recording_a_checkpoint(self, checked: FakeHost) -> None:
+        db = checked.settings.state_dir / "anvil.db"
+        before = entries(checked)
+        settings = checked.settings.model_copy(update={"state_db": f"sqlite:///file:{db}?mode=ro&uri=true"})
+        report = audit.verify(Context(settings=settings, env={}))
+        assert report["ok"] and report["checkpoint"] is None
+        assert "readonly" in report["checkpoint_error"]
+        assert report["head_file"]["path"] == str(db) + ".head"
+        assert entries(checked) == before
 
 
 class TestWhenTheCheckpointCannotBeTrusted:

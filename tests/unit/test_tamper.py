@@ -14,6 +14,7 @@ write paths) is built once per module and copied for each case.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
+import structlog.testing
 from sqlalchemy import String, Text
 
 from anvil_ctl import cli, log
@@ -466,6 +469,20 @@ class TestTheJournalTail:
             for p in report["problems"]
         )
 
+    def test_a_write_after_the_cut_leaves_the_head_file_as_evidence(
+        self, attacker: Attacker, host: FakeHost, verify: Any
+    ) -> None:
+        recorded = attacker.head_file.read_text()
+        attacker.drop_triggers()
+        attacker.cut_tail(5)
+        rechecks.record_recheck(
+            host.context().store, slot="primary", passed=True, failed=[], assertions=[], snapshot_sha256=""
+        )
+        assert attacker.head_file.read_text() == recorded  # not moved past a cut it cannot vouch for
+        code, report = verify()
+        assert code == ExitCode.DRIFT
+        assert any("journal rewritten" in p or "tail cut" in p for p in problems_of(report))
+
     def test_a_missing_head_file_is_named(self, attacker: Attacker, verify: Any) -> None:
         attacker.head_file.unlink()
         code, report = verify()
@@ -479,6 +496,19 @@ class TestTheJournalTail:
         attacker.head_file.write_text(json.dumps({"seq": seq, "hash": digest}))
         code, report = verify()
         assert code == ExitCode.OK and report["head_file"]["behind"] > 0
+
+
+class TestRecheckWitnessesTheHead:
+    def test_the_head_after_its_own_record_is_in_its_result_and_its_log_line(self, host: FakeHost) -> None:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+        try:
+            with structlog.testing.capture_logs() as logs:
+                result = recheck_cmd.recheck(host.context(), "primary")
+        finally:
+            log.configure("console", "warning")
+        head = host.context().store.head()
+        assert result.audit_head == str(head)
+        assert {"event": "audit.head", "seq": head.seq, "hash": head.hash, "log_level": "info"} in logs
 
 
 class TestExpectHead:
