@@ -13,6 +13,7 @@ each write with an fsync: hours, not minutes). Then it times:
   (interpreter start and imports included), three times each.
 
     .venv/bin/python benchmarks/audit_verify.py --transactions 100000 [--db /tmp/bench.db] [--keep]
+    .venv/bin/python benchmarks/audit_verify.py --db /tmp/bench.db --reuse   # again, same database
 
 Exits 1 when the incremental CLI run takes longer than --budget seconds (1.0).
 """
@@ -218,6 +219,7 @@ def main() -> int:
         "--db", type=Path, default=None, help="where to build it (default: a temporary directory)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--reuse", action="store_true", help="verify the database at --db as it is")
     parser.add_argument(
         "--budget", type=float, default=1.0, help="seconds allowed for the incremental CLI run"
     )
@@ -229,25 +231,27 @@ def main() -> int:
         args.db = Path(tmp) / "anvil.db"
     url = f"sqlite:///{args.db.resolve()}"
     engine = make_engine(url)
-    upgrade(engine)
-
-    builder = Builder()
-    start = time.perf_counter()
-    for i in range(args.transactions):
-        builder.transaction()
-        if i % 1000 == 999:
-            builder.flush(engine)
-    builder.flush(engine)
-    build_s = time.perf_counter() - start
     head_path = head_path_for(url, args.db.parent)
-    write_head(head_path, builder.head)
     store = Store(engine, head_path=head_path)
-    size_mib = args.db.stat().st_size / 2**20
-    rows = sum(builder.ids.values()) + args.transactions * 2  # + transactions and locks (text keys)
-    print(
-        f"built {args.transactions} transactions: {builder.head.seq} entries, {rows} rows, "
-        f"{size_mib:.0f} MiB, in {build_s:.0f} s"
-    )
+    if args.reuse and args.db.exists():
+        print(f"reusing {args.db} ({args.db.stat().st_size / 2**20:.0f} MiB, head {store.head()})")
+    else:
+        upgrade(engine)
+        builder = Builder()
+        start = time.perf_counter()
+        for i in range(args.transactions):
+            builder.transaction()
+            if i % 1000 == 999:
+                builder.flush(engine)
+        builder.flush(engine)
+        build_s = time.perf_counter() - start
+        write_head(head_path, builder.head)
+        size_mib = args.db.stat().st_size / 2**20
+        rows = sum(builder.ids.values()) + args.transactions * 2  # + transactions and locks (text keys)
+        print(
+            f"built {args.transactions} transactions: {builder.head.seq} entries, {rows} rows, "
+            f"{size_mib:.0f} MiB, in {build_s:.0f} s"
+        )
 
     full_s, full = timed(lambda: verify(store, full=True))
     assert full.ok, full.problems[:5]

@@ -31,15 +31,16 @@ an entry after its position).
 from __future__ import annotations
 
 import json
+from array import array
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import func, select, text
+from sqlalchemy import Table, func, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -120,6 +121,71 @@ class Report:
 # -- the chain ---------------------------------------------------------------------------------
 
 
+class _Refs:
+    """The digests the chain recorded for one table's rows, by key, with the entry of each.
+
+    A full walk holds one per covered row, millions at 100k transactions: integer keys
+    (dense, from 1, as autoincrement makes them) live in flat arrays, 32 bytes of digest
+    and 8 of entry each; any other key (text, or an integer far beyond the refs there
+    are, as an incremental walk sees them) in a dict.
+    """
+
+    def __init__(self) -> None:
+        self._digests = bytearray()
+        self._entries = array("Q")  # 0: no ref for this key
+        self._dense = 0
+        self._other: dict[RowKey, tuple[bytes, int]] = {}
+
+    def _slot(self, key: RowKey, grow: bool) -> int | None:
+        if not isinstance(key, int) or isinstance(key, bool) or key < 1:
+            return None
+        if key < len(self._entries):
+            return key
+        if not grow or key > 4 * (len(self) + 256):  # far beyond the refs there are: sparse
+            return None
+        size = max(key + 1, 2 * len(self._entries), 1024)
+        self._entries.extend([0] * (size - len(self._entries)))
+        self._digests.extend(bytes(32 * size - len(self._digests)))
+        return key
+
+    def add(self, key: RowKey, digest: bytes, entry: int) -> int | None:
+        """Record `key`'s digest; returns the entry that already covered it, if one did."""
+        slot = self._slot(key, grow=True)
+        if slot is None:
+            earlier = self._other.get(key)
+            self._other[key] = (digest, entry)
+            return earlier[1] if earlier else None
+        previous = self._entries[slot]
+        self._entries[slot] = entry
+        self._digests[32 * slot : 32 * slot + 32] = digest
+        self._dense += previous == 0
+        return previous or None
+
+    def pop(self, key: RowKey) -> tuple[bytes, int] | None:
+        slot = self._slot(key, grow=False)
+        if slot is None or not self._entries[slot]:
+            return self._other.pop(key, None)
+        entry = self._entries[slot]
+        self._entries[slot] = 0
+        self._dense -= 1
+        return bytes(self._digests[32 * slot : 32 * slot + 32]), entry
+
+    def items(self) -> Iterator[tuple[RowKey, int]]:
+        """(key, entry) of every ref not popped yet."""
+        for key, entry in enumerate(self._entries):
+            if entry:
+                yield key, entry
+        for other, (_digest, entry) in self._other.items():
+            yield other, entry
+
+    def __len__(self) -> int:
+        return self._dense + len(self._other)
+
+    def __contains__(self, key: RowKey) -> bool:
+        slot = self._slot(key, grow=False)
+        return bool(self._entries[slot]) if slot is not None else key in self._other
+
+
 @dataclass
 class _Walk:
     """Entries walked after `start`: where they ended, and the rows they cover."""
@@ -127,7 +193,19 @@ class _Walk:
     start: Head
     end: Head
     entries: int = 0
-    refs: dict[str, dict[RowKey, tuple[str, int]]] = field(default_factory=lambda: defaultdict(dict))
+    refs: dict[str, _Refs] = field(default_factory=lambda: defaultdict(_Refs))
+
+
+_ENTRY_COLUMNS = (
+    AuditEntry.id,
+    AuditEntry.at,
+    AuditEntry.tx_id,
+    AuditEntry.event,
+    AuditEntry.payload_json,
+    AuditEntry.prev_hash,
+    AuditEntry.hash,
+    AuditEntry.rows_json,
+)
 
 
 def _walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str]) -> _Walk:
@@ -135,12 +213,12 @@ def _walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str]
     walk = _Walk(start, start)
     prev_hash, expected_id = start.hash, start.seq + 1
     q = (
-        select(AuditEntry)
+        select(*_ENTRY_COLUMNS)
         .where(AuditEntry.id > start.seq)
         .order_by(AuditEntry.id)
         .execution_options(yield_per=BATCH)
     )
-    for row in s.execute(q).scalars():
+    for row in s.execute(q):
         walk.entries += 1
         if row.id != expected_id:
             problems.append(Problem(f"entries {expected_id}..{row.id - 1} missing (deleted)", row.id))
@@ -176,7 +254,7 @@ def _walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str]
     return walk
 
 
-def _take_refs(row: AuditEntry, walk: _Walk, problems: list[Problem]) -> None:
+def _take_refs(row: Any, walk: _Walk, problems: list[Problem]) -> None:
     if row.rows_json == "[]":
         return
     try:
@@ -185,12 +263,12 @@ def _take_refs(row: AuditEntry, walk: _Walk, problems: list[Problem]) -> None:
             if table not in COVERED:
                 problems.append(Problem(f"covers a row of a table that is not history: {table}", row.id))
                 continue
-            earlier = walk.refs[table].get(key)
+            raw = bytes.fromhex(digest)
+            if len(raw) != 32:
+                raise ValueError(digest)
+            earlier = walk.refs[table].add(key, raw, row.id)
             if earlier is not None:
-                problems.append(
-                    Problem(f"row covered twice (first by entry {earlier[1]})", row.id, table, key)
-                )
-            walk.refs[table][key] = (digest, row.id)
+                problems.append(Problem(f"row covered twice (first by entry {earlier})", row.id, table, key))
     except (ValueError, TypeError):
         problems.append(Problem("rows_json is not a list of [table, key, digest]", row.id))
 
@@ -198,24 +276,28 @@ def _take_refs(row: AuditEntry, walk: _Walk, problems: list[Problem]) -> None:
 # -- the rows ----------------------------------------------------------------------------------
 
 
+def _digest(table: Table, values: Mapping[Any, Any]) -> bytes:
+    return bytes.fromhex(row_digest(table, values))
+
+
 def _check_all_rows(s: Session, walk: _Walk, report: Report) -> None:
     """Every row of every covered table against the refs of the whole chain."""
     for name, table in COVERED.items():
-        refs = walk.refs.pop(name, {})
+        refs = walk.refs.pop(name, None) or _Refs()
         count = 0
         for values in s.execute(select(table).execution_options(yield_per=BATCH)).mappings():
             count += 1
             key = key_of(table, values)
-            ref = refs.pop(key, None)
+            ref = refs.pop(key)
             if ref is None:
                 report.problems.append(
                     Problem("row not covered by the journal (inserted outside anvilctl)", None, name, key)
                 )
-            elif ref[0] != row_digest(table, values):
+            elif ref[0] != _digest(table, values):
                 report.problems.append(
                     Problem("content edited: row digest differs from its journal entry", ref[1], name, key)
                 )
-        for key, (_digest, entry) in refs.items():
+        for key, entry in refs.items():
             report.problems.append(
                 Problem("row deleted: covered by the journal, gone from its table", entry, name, key)
             )
@@ -233,20 +315,23 @@ def _check_new_rows(s: Session, walk: _Walk, report: Report) -> None:
     for name, refs in walk.refs.items():
         table = COVERED[name]
         (pk,) = table.primary_key.columns
-        found: set[RowKey] = set()
-        for chunk in _chunks(list(refs)):
+        wanted = [key for key, _entry in refs.items()]
+        for chunk in _chunks(wanted):
             for values in s.execute(select(table).where(pk.in_(chunk))).mappings():
                 key = key_of(table, values)
-                found.add(key)
-                digest, entry = refs[key]
+                ref = refs.pop(key)
+                if ref is None:
+                    continue
                 report.rows_checked += 1
-                if digest != row_digest(table, values):
+                if ref[0] != _digest(table, values):
                     report.problems.append(
-                        Problem("content edited: row digest differs from its journal entry", entry, name, key)
+                        Problem(
+                            "content edited: row digest differs from its journal entry", ref[1], name, key
+                        )
                     )
-        for key in set(refs) - found:
+        for key, entry in refs.items():
             report.problems.append(
-                Problem("row deleted: covered by the journal, gone from its table", refs[key][1], name, key)
+                Problem("row deleted: covered by the journal, gone from its table", entry, name, key)
             )
 
 
@@ -363,16 +448,18 @@ def _incremental(s: Session, cp: AuditCheckpoint, report: Report) -> str | None:
     if audit.hash_at(s, cp.seq) != cp.hash:
         return f"entry {cp.seq} no longer has the hash checkpoint {cp.id} recorded"
     walk = _walk(s, Head(cp.seq, cp.hash), report.problems, {})
-    if cp.id not in walk.refs.get(AuditCheckpoint.__tablename__, {}):
+    own = walk.refs.get(AuditCheckpoint.__tablename__)
+    if own is None or cp.id not in own:
         return f"checkpoint {cp.id} is not covered by an entry after its position"
     report.entries_checked, report.head = walk.entries, walk.end
+    added = {name: len(refs) for name, refs in walk.refs.items()}
     _check_new_rows(s, walk, report)
     if report.problems:
         return "the entries after the checkpoint have problems"
     before = json.loads(cp.counts_json)
     counts = _table_counts(s)
     for name, count in counts.items():
-        if count != before.get(name, 0) + len(walk.refs.get(name, {})):
+        if count != before.get(name, 0) + added.get(name, 0):
             return f"{name} holds {count} rows, not what checkpoint {cp.id} and the entries after it cover"
     report.counts = counts
     return None

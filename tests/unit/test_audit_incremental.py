@@ -22,6 +22,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.persistence import rechecks
 from anvil_ctl.persistence.models import HISTORY_TABLES
+from anvil_ctl.persistence.verify import _Refs
 from tests.unit.fakehost import FakeHost
 
 
@@ -206,3 +207,34 @@ class TestCost:
         assert incremental["escalated"] is None
         assert incremental["entries_checked"] == 1 and incremental["rows_checked"] == 1
         assert full["rows_checked"] > 50
+
+
+class TestTheRefIndex:
+    """What a full walk holds per covered row: dense integer keys in arrays, the rest in a dict."""
+
+    D1, D2 = bytes(range(32)), bytes(range(1, 33))
+
+    def test_keys_come_back_with_their_digest_and_entry_once(self) -> None:
+        refs = _Refs()
+        for key in range(1, 5001):
+            assert refs.add(key, self.D1, key + 10) is None
+        assert refs.add("tx-1", self.D2, 7) is None
+        assert len(refs) == 5001 and 4000 in refs and "tx-1" in refs
+        assert refs.pop(4000) == (self.D1, 4010) and refs.pop(4000) is None
+        assert refs.pop("tx-1") == (self.D2, 7)
+        assert len(refs) == 4999 and 4000 not in refs
+
+    def test_a_second_ref_to_a_key_names_the_first_entry(self) -> None:
+        refs = _Refs()
+        refs.add(3, self.D1, 11)
+        refs.add("k", self.D1, 12)
+        assert refs.add(3, self.D2, 20) == 11
+        assert refs.add("k", self.D2, 21) == 12
+
+    def test_what_is_left_is_listed_and_a_far_key_stays_sparse(self) -> None:
+        refs = _Refs()
+        refs.add(2, self.D1, 5)
+        refs.add(10**12, self.D2, 6)  # a forged key far beyond the rows: no giant array
+        refs.add(-1, self.D2, 7)
+        assert sorted(refs.items(), key=str) == sorted([(2, 5), (10**12, 6), (-1, 7)], key=str)
+        assert refs.pop(10**12) == (self.D2, 6)
