@@ -6,7 +6,8 @@ dicts), never a session or an ORM row. One concept per module:
 - `store`: the Store, the Journal port (transactions, steps, snapshots, identities)
 - `audit`: the hash-chained audit journal (append, the head); `coverage`: which rows
   each entry covers and their digests; `head`: the head file outside the database;
-  `verify`: `audit verify` (full and incremental, checkpoints)
+  `chainwalk`: walking the chain; `verify`: `audit verify` (full and incremental,
+  checkpoints)
 - `queries`: read-only audit queries for operators
 - `gpu_ledger`, `qualification`, `waivers`, `approvals`, `rechecks`, `locks`: one
   history table (or pair) each

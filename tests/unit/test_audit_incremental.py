@@ -21,8 +21,8 @@ import pytest
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.persistence import rechecks
+from anvil_ctl.persistence.chainwalk import Refs
 from anvil_ctl.persistence.models import HISTORY_TABLES
-from anvil_ctl.persistence.verify import _Refs
 from tests.unit.fakehost import FakeHost
 
 
@@ -215,7 +215,7 @@ class TestTheRefIndex:
     D1, D2 = bytes(range(32)), bytes(range(1, 33))
 
     def test_keys_come_back_with_their_digest_and_entry_once(self) -> None:
-        refs = _Refs()
+        refs = Refs()
         for key in range(1, 5001):
             assert refs.add(key, self.D1, key + 10) is None
         assert refs.add("tx-1", self.D2, 7) is None
@@ -225,14 +225,14 @@ class TestTheRefIndex:
         assert len(refs) == 4999 and 4000 not in refs
 
     def test_a_second_ref_to_a_key_names_the_first_entry(self) -> None:
-        refs = _Refs()
+        refs = Refs()
         refs.add(3, self.D1, 11)
         refs.add("k", self.D1, 12)
         assert refs.add(3, self.D2, 20) == 11
         assert refs.add("k", self.D2, 21) == 12
 
     def test_what_is_left_is_listed_and_a_far_key_stays_sparse(self) -> None:
-        refs = _Refs()
+        refs = Refs()
         refs.add(2, self.D1, 5)
         refs.add(10**12, self.D2, 6)  # a forged key far beyond the rows: no giant array
         refs.add(-1, self.D2, 7)

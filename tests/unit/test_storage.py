@@ -16,7 +16,13 @@ from alembic.runtime.migration import MigrationContext
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.persistence.audit import GENESIS, entry_hash
 from anvil_ctl.persistence.db import make_engine
-from anvil_ctl.persistence.migrate import alembic_config, check_revision, upgrade
+from anvil_ctl.persistence.migrate import (
+    SCHEMA_REVISION,
+    alembic_config,
+    check_revision,
+    head_revision,
+    upgrade,
+)
 from anvil_ctl.persistence.models import Base
 from tests.unit.fakehost import FakeHost
 
@@ -41,6 +47,10 @@ class TestMigrations:
         with engine.connect() as conn:
             diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
         assert diffs == []
+
+    def test_the_revision_checked_without_alembic_is_alembics_head(self, tmp_path: Path) -> None:
+        engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+        assert head_revision(engine) == SCHEMA_REVISION
 
     def test_a_database_at_an_unknown_revision_is_refused(self, tmp_path: Path) -> None:
         db = tmp_path / "a.db"
