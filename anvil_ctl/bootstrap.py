@@ -62,11 +62,12 @@ class Context:
 
     @cached_property
     def store(self) -> Store:
+        from anvil_ctl.persistence.head import head_path_for
         from anvil_ctl.persistence.migrate import check_revision
         from anvil_ctl.persistence.store import Store
 
         check_revision(self.engine)
-        return Store(self.engine)
+        return Store(self.engine, head_path=head_path_for(self.settings.db_url, self.settings.state_dir))
 
     @cached_property
     def config(self) -> HostConfig:

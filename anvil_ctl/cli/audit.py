@@ -95,16 +95,29 @@ def diff(session: Session, tx: str) -> Reply:
     return Reply(DiffView(audit.diff(session.context(), tx)))
 
 
-@click.command("verify", epilog=example("anvilctl audit verify"))
+@click.command("verify", epilog=example("anvilctl audit verify --expect-head 1742:9f2c...e01a"))
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Walk the whole journal and re-digest every row, not only what came after the last checkpoint.",
+)
+@click.option(
+    "--expect-head",
+    metavar="SEQ:HASH",
+    help="A head recorded elsewhere (recheck textfile, logs, an earlier verify): the journal must hold it.",
+)
 @pass_session
-def verify(session: Session) -> Reply:
-    """Walk the audit journal's hash chain (exit 6 on a break).
+def verify(session: Session, full: bool, expect_head: str | None) -> Reply:
+    """Verify the audit journal and every row it covers (exit 6 on a break).
 
-    Names any edited, deleted or reordered row.
+    Walks the hash chain, recomputes the digest of every history row it covers, and
+    compares the head with the head file beside the database: names any edited,
+    deleted, inserted or reordered entry or row, and a cut tail. Incremental from the
+    last clean run's checkpoint unless --full; a clean run records a new checkpoint.
     """
     from anvil_ctl.commands import audit
 
-    check = ChainCheck(audit.verify(session.context()))
+    check = ChainCheck(audit.verify(session.context(), full=full, expect_head=expect_head))
     return Reply(check, ExitCode.OK if check.ok else ExitCode.DRIFT)
 
 

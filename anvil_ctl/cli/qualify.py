@@ -82,20 +82,30 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     return Reply(qualify_cmd.export_evidence(session.context(), tx, directory))
 
 
-@click.command("verify", epilog=example("anvilctl evidence verify ./bundle-8259"))
+@click.command(
+    "verify", epilog=example("anvilctl evidence verify ./bundle-8259 --expect-manifest 3f1c...9a0e")
+)
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--expect-manifest",
+    metavar="SHA",
+    help="The manifest's SHA-256 as printed at export, for a host without the state database.",
+)
 @pass_session
-def evidence_verify(session: Session, directory: Path) -> Reply:
-    """Check an evidence bundle against its manifest (exit 6).
+def evidence_verify(session: Session, directory: Path, expect_manifest: str | None) -> Reply:
+    """Check an evidence bundle against its manifest, and the manifest against the record (exit 6).
 
     DIR is a bundle written by `evidence export` or a transaction's evidence directory.
+    Every artifact must match the manifest, and the manifest's own SHA-256 must be one
+    recorded for its transaction in the state database (when there is one) and equal
+    --expect-manifest (when given); the output says which it used. A manifest neither
+    knows is reported unbound (exit 6): a consistently edited bundle looks intact.
     """
     from anvil_ctl.commands import qualify as qualify_cmd
 
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
-    session.context()  # settings and logging, as for every command; verify needs nothing else
-    result = qualify_cmd.verify_evidence(directory)
+    result = qualify_cmd.verify_evidence(session.context(), directory, expect_manifest=expect_manifest)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 

@@ -178,6 +178,8 @@ def _recheck(r: RecheckResult, out: Console) -> None:
         verdict = "DRIFT: " + ", ".join(_s(f) for f in r.failed)
     recorded = f"recorded as recheck {r.recheck_id}" if r.recheck_id is not None else "NOT recorded"
     out.print(f"recheck of slot {_s(r.slot)}: {verdict} ({recorded})")
+    if r.audit_head:
+        out.print(f"audit head {_s(r.audit_head)}")
 
 
 def _status(view: views.StatusView, out: Console) -> None:
@@ -237,13 +239,25 @@ def _diffs(view: views.DiffView, out: Console) -> None:
 
 
 def _chain(view: views.ChainCheck, out: Console) -> None:
+    d = view.data
+    how = d["mode"] if not d.get("escalated") else f"{d['mode']}, walked everything: {d['escalated']}"
+    checked = f"{d['entries_checked']} entries and {d['rows_checked']} rows checked ({how})"
     if view.ok:
-        out.print(f"audit journal: {view.data['rows']} rows, hash chain intact")
-        return
-    problems = view.data["problems"]
-    out.print(f"audit journal: DRIFT, {len(problems)} problem(s) in {view.data['rows']} rows")
-    for p in problems:
-        out.print(f"  {json.dumps(p, sort_keys=True, default=str)}")
+        out.print(f"audit journal: {d['entries']} entries, hash chain intact; {checked}")
+    else:
+        problems = d["problems"]
+        out.print(f"audit journal: DRIFT, {len(problems)} problem(s); {checked}")
+        for p in problems:
+            out.print(f"  {json.dumps(p, sort_keys=True, default=str)}")
+    out.print(f"  head       {d['head']}")
+    head_file = d.get("head_file") or {}
+    if head_file.get("path"):
+        recorded = head_file.get("head") or "missing"
+        out.print(f"  head file  {head_file['path']}: {recorded}")
+    if d.get("checkpoint"):
+        out.print(f"  checkpoint {d['checkpoint']['id']} recorded at {d['checkpoint']['head']}")
+    elif d.get("checkpoint_error"):
+        out.print(f"  checkpoint not recorded: {d['checkpoint_error']}")
 
 
 # -- recipes -----------------------------------------------------------------------------------
@@ -318,20 +332,27 @@ def _export(r: ExportResult, out: Console) -> None:
         f"exported {len(r.artifacts)} artifacts to {_s(r.out_dir)} "
         f"(redacted: {red.get('gpu_uuids', 0)} GPU UUIDs, {red.get('paths', 0)} host paths, "
         f"{red.get('secrets', 0)} secrets); manifest sha256 {_s(r.manifest.sha256)}"
+        + (" (recorded in the state database)" if r.recorded else "")
     )
 
 
 def _verify(r: VerifyResult, out: Console) -> None:
     if r.ok:
         print(f"ok: {r.checked} artifacts match {_s(r.directory)}/manifest.json")
-        return
-    print(f"MISMATCH: {_s(r.directory)} does not match its manifest ({len(r.mismatches)} problems)")
-    for m in r.mismatches:
-        if m.expected is not None:
-            detail = f" (expected {_s(m.expected)}, found {_s(m.actual)})"
-        else:
-            detail = f": {_s(m.actual)}" if m.actual is not None else ""
-        print(f"  {_s(m.path)}: {_s(m.problem)}{detail}")
+    else:
+        print(f"MISMATCH: {_s(r.directory)} does not verify ({len(r.mismatches)} problems)")
+        for m in r.mismatches:
+            if m.expected is not None:
+                detail = f" (expected {_s(m.expected)}, found {_s(m.actual)})"
+            else:
+                detail = f": {_s(m.actual)}" if m.actual is not None else ""
+            print(f"  {_s(m.path)}: {_s(m.problem)}{detail}")
+    if r.manifest_sha256:
+        print(f"  manifest sha256 {_s(r.manifest_sha256)}")
+    for b in r.bindings or ():
+        verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b.matched]
+        note = f" ({_s(b.note)})" if b.note else ""
+        print(f"  manifest {verdict} {_s(b.against)}{note}")
 
 
 def _evidence_audit(view: views.EvidenceAudit, out: Console) -> None:
@@ -348,6 +369,9 @@ def _evidence_audit(view: views.EvidenceAudit, out: Console) -> None:
         f"manifest: {'ok' if v['ok'] else 'MISMATCH'} ({v['checked']} artifacts)"
         + "".join(f"\n  {_s(m['path'])}: {_s(m['problem'])}" for m in v["mismatches"])
     )
+    for b in v.get("bindings") or ():
+        verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b["matched"]]
+        print(f"  manifest {verdict} {b['against']}" + (f" ({b['note']})" if b["note"] else ""))
 
 
 # -- GPUs --------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ class DiffView(View):
 
 @dataclass(frozen=True)
 class ChainCheck(View):
-    """`audit verify`: the audit journal's hash chain walked (rows, ok, problems)."""
+    """`audit verify`: the chain walked, covered rows re-digested, head compared (ok, problems)."""
 
     data: Mapping[str, Any]
 

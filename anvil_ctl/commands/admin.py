@@ -8,14 +8,32 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.engine.observe import router_view, serving
+from anvil_ctl.persistence.head import head_path_for, set_aside
 from anvil_ctl.persistence.migrate import current_revision, upgrade
+from anvil_ctl.persistence.store import utcnow
 
 
 def init(ctx: Context) -> dict[str, Any]:
-    """Create the state database (and the default state directory) or upgrade it."""
+    """Create or upgrade the state database (and the default state directory), and bring the
+    audit head file in line with it.
+
+    A new database starts a new chain: a head file left by an earlier database at the
+    same place is set aside (renamed, never deleted), since it pins a chain that is gone.
+    """
     engine = ctx.create_database()
     before, after = upgrade(engine)
-    return {"db": engine.url.render_as_string(hide_password=True), "from": before, "to": after}
+    out: dict[str, Any] = {
+        "db": engine.url.render_as_string(hide_password=True),
+        "from": before,
+        "to": after,
+    }
+    path = head_path_for(ctx.settings.db_url, ctx.settings.state_dir)
+    if before is None:
+        stale = set_aside(path, utcnow().replace(":", ""))
+        if stale is not None:
+            out["stale_head_file"] = str(stale)
+    out["audit_head"] = str(ctx.store.sync_head_file())
+    return out
 
 
 def db_upgrade(ctx: Context) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.validate import MAX_COUNT, check_int, parse_rfc3339, require, utc_stamp
 from anvil_ctl.persistence import qualification, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
+from anvil_ctl.persistence import verify as chain
+from anvil_ctl.persistence.head import parse_head
 
 
 def transactions(
@@ -44,9 +46,14 @@ def diff(ctx: Context, tx: str) -> list[dict[str, Any]]:
     return queries.snapshot_diffs(ctx.store, _resolve(ctx, tx))
 
 
-def verify(ctx: Context) -> dict[str, Any]:
-    count, problems = queries.verify_audit_chain(ctx.store)
-    return {"rows": count, "ok": not problems, "problems": [p.as_dict() for p in problems]}
+def verify(ctx: Context, *, full: bool = False, expect_head: str | None = None) -> dict[str, Any]:
+    """Verify the chain, every row it covers and its head (`persistence.verify`).
+
+    Incremental from the last checkpoint unless `full`; `expect_head` (`SEQ:HASH`) is a
+    head recorded elsewhere that the journal must still hold.
+    """
+    expected = parse_head(expect_head) if expect_head is not None else None
+    return chain.verify(ctx.store, full=full, expect_head=expected).as_dict()
 
 
 def identities(ctx: Context, *, slot: str | None = None, role: str = "incumbent") -> list[dict[str, Any]]:

@@ -9,9 +9,10 @@ be what the slot serves right now) and returns the decisions it recorded.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from anvil_ctl.engine.reclassify import ReclassifyReport
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
+from anvil_ctl.persistence.head import database_file
 from anvil_ctl.qualify import (
     QualificationResult,
     Redaction,
@@ -35,7 +37,7 @@ from anvil_ctl.qualify import (
     resolve_profile,
     verify_bundle,
 )
-from anvil_ctl.qualify.evidence import ExportResult, VerifyResult
+from anvil_ctl.qualify.evidence import ExportResult, ManifestReference, VerifyResult, read_manifest
 from anvil_ctl.qualify.report import Progress
 from anvil_ctl.recipes import load_recipe, recipe_digest
 
@@ -174,12 +176,62 @@ def _redaction(ctx: Context) -> Redaction:
 
 
 def export_evidence(ctx: Context, tx: str, out_dir: Path) -> ExportResult:
-    """A shareable bundle of `tx`'s evidence: GPU UUIDs, host paths and router tokens redacted."""
-    return export_bundle(evidence_tx_dir(ctx, tx), out_dir, redact=_redaction(ctx))
+    """A shareable bundle of `tx`'s evidence: GPU UUIDs, host paths and router tokens redacted.
+
+    The source must be the evidence the database recorded for `tx`; the export's own
+    manifest SHA-256 is recorded too, so that `evidence verify` can bind the bundle.
+    """
+    tx_dir = evidence_tx_dir(ctx, tx)
+    references = (_database_reference(ctx, tx_dir.name),)
+    result = export_bundle(tx_dir, out_dir, redact=_redaction(ctx), references=references)
+    qualification.record_manifest(
+        ctx.store,
+        tx_dir.name,
+        result.manifest.sha256,
+        kind="export",
+        source_sha256=result.source_manifest_sha256,
+    )
+    return replace(result, recorded=True)
 
 
-def verify_evidence(directory: Path) -> VerifyResult:
-    return verify_bundle(directory)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _database_reference(ctx: Context, tx_id: str) -> ManifestReference:
+    """What the state database recorded for `tx_id`'s manifests; a note if it cannot say.
+
+    A missing SQLite file is not created: then there is no database to ask.
+    """
+    db_file = database_file(ctx.settings.db_url)
+    if db_file is not None and not db_file.is_file():
+        return ManifestReference("database", (), f"no state database at {db_file}")
+    try:
+        found = qualification.manifests(ctx.store, tx_id)
+    except AnvilError as exc:  # not initialised, foreign, unreachable: no answer from it
+        return ManifestReference("database", (), f"state database unusable: {exc}")
+    if not found:
+        return ManifestReference("database", (), f"no manifest recorded for transaction {tx_id}")
+    return ManifestReference("database", tuple(m["sha256"] for m in found))
+
+
+def verify_evidence(ctx: Context, directory: Path, *, expect_manifest: str | None = None) -> VerifyResult:
+    """Check `directory` against its manifest, and the manifest against what was recorded:
+    the state database (when there is one) and `expect_manifest` (a SHA-256 printed at export)."""
+    references: list[ManifestReference] = []
+    if expect_manifest is not None:
+        if not _SHA256.match(expect_manifest):
+            raise BadInput(
+                f"--expect-manifest: expected 64 lowercase hex digits, got {expect_manifest!r}",
+                field="expect_manifest",
+            )
+        references.append(ManifestReference("--expect-manifest", (expect_manifest,)))
+    try:
+        tx_id = str(read_manifest(directory).get("tx_id") or "")
+    except BadInput:
+        tx_id = ""  # verify_bundle names what is wrong with the manifest
+    if tx_id:
+        references.insert(0, _database_reference(ctx, tx_id))
+    return verify_bundle(directory, references)
 
 
 def audit_decisions(ctx: Context, *, slot: str | None = None) -> list[dict[str, Any]]:
@@ -192,5 +244,5 @@ def audit_evidence(ctx: Context, tx: str) -> dict[str, Any]:
     return {
         "tx_id": tx_dir.name,
         "gates": qualification.evidence(ctx.store, tx_dir.name),
-        "verify": verify_bundle(tx_dir).as_dict(),
+        "verify": verify_bundle(tx_dir, (_database_reference(ctx, tx_dir.name),)).as_dict(),
     }

@@ -17,6 +17,11 @@ stale) while every assertion about the recorded serve itself passes, the
 `reconcile` transaction re-applies the route, then the slot is rechecked. Both
 rechecks are recorded; the second carries a `router_repair` entry naming the
 transaction. Nothing else is ever repaired.
+
+Each run also witnesses the audit chain's head after its own record (`SEQ:HASH`):
+in its result, an `audit.head` log line and the textfile's `anvil_audit_head`
+gauge, so a collector outside the database keeps heads that `anvilctl audit
+verify --expect-head` can check later.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import Context
@@ -35,6 +42,8 @@ from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import rechecks
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -52,6 +61,8 @@ class RecheckResult:
     def up(self) -> bool:
         """Whether the recheck could observe the host at all."""
         return self.unavailable is None
+
+    audit_head: str = ""  # SEQ:HASH of the audit chain after this run's record
 
     @property
     def failed(self) -> list[str]:
@@ -78,6 +89,7 @@ class RecheckResult:
             "up": self.up,
             "unavailable": self.unavailable,
             "repair": self.repair,
+            "audit_head": self.audit_head,
         }
 
 
@@ -177,6 +189,9 @@ def _record(ctx: Context, out: RecheckResult) -> None:
         assertions=out.assertions,
         snapshot_sha256=out.snapshot_sha256,
     )
+    head = ctx.store.head()
+    out.audit_head = str(head)
+    log.info("audit.head", seq=head.seq, hash=head.hash)
 
 
 def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
@@ -212,6 +227,15 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
         for a in result.assertions:
             assertion.labels(slot=result.slot, assertion=a["name"]).set(int(a["passed"]))
     stamp.labels(slot=result.slot).set(now)
+    if result.audit_head:
+        seq, _, digest = result.audit_head.partition(":")
+        head = Gauge(
+            "anvil_audit_head",
+            "The audit chain's last entry after the last recheck (value: its number; label: its hash).",
+            ["hash"],
+            registry=registry,
+        )
+        head.labels(hash=digest).set(int(seq))
     try:
         atomic_write(path, generate_latest(registry))
     except OSError as exc:

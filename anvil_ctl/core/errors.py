@@ -17,6 +17,8 @@ AnvilError
 ├── StepFailed                   raised by a step's do/undo to fail with a reason
 └── StateStoreError              the state database is missing, foreign or too new
 IllegalTransition (RuntimeError) misuse: a transition the table does not allow
+UncoveredRows (RuntimeError)     misuse: history rows committed without their audit entry
+                                 (anvil_ctl.persistence.coverage)
 """
 
 from __future__ import annotations

@@ -1,14 +1,21 @@
-"""The hash-chained audit journal.
+"""The hash-chained audit journal: appending entries, and the chain's head.
 
-Each row's hash is SHA-256 over the previous row's hash and the row's canonical
-content (id, time, transaction, event, payload). Editing a row breaks its own
-hash; deleting or reordering rows breaks the chain's links; `verify_chain` says
-which row.
+Each entry's hash is SHA-256 over the previous entry's hash and the entry's
+canonical content: id, time, transaction, event, payload and, when it covers
+any, the history rows written with it (`rows_json`: `[[table, key, digest],
+...]`, see `coverage`). Editing an entry breaks its own hash; deleting or
+reordering entries breaks the links; editing a covered row breaks its digest;
+deleting entries at the end is caught against the head recorded outside the
+database (`head`). `verify` walks all of it.
+
+The head, `(seq, hash)` of the last entry, is what a witness outside the
+database records: the head file beside the database, the recheck textfile, the
+logs, an operator's `--expect-head`.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,32 +23,75 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.model import canonical_json, sha256_hex
+from anvil_ctl.persistence.coverage import RowRef, take_pending
 from anvil_ctl.persistence.models import AuditEntry
 
 GENESIS = "0" * 64
 AUDIT_LOCK_KEY = 0x616E76696C  # "anvil"
+HEAD = "anvil.audit_head"  # session.info key: the head this session's entries made
 
 
-def entry_hash(prev_hash: str, row_id: int, *, at: str, tx_id: str | None, event: str, payload: str) -> str:
-    return sha256_hex(
-        prev_hash
-        + "|"
-        + canonical_json({"id": row_id, "at": at, "tx_id": tx_id, "event": event, "payload": payload})
-    )
+@dataclass(frozen=True, order=True)
+class Head:
+    """A chain position: entry `seq` and its hash (`SEQ:HASH` on the command line)."""
+
+    seq: int
+    hash: str
+
+    def __str__(self) -> str:
+        return f"{self.seq}:{self.hash}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "hash": self.hash}
 
 
-def append(session: Session, *, at: str, tx_id: str | None, event: str, payload: dict[str, Any]) -> None:
-    """Append one entry; the caller's write transaction serializes appenders.
+EMPTY = Head(0, GENESIS)
+
+
+def entry_hash(
+    prev_hash: str,
+    row_id: int,
+    *,
+    at: str,
+    tx_id: str | None,
+    event: str,
+    payload: str,
+    rows: str = "[]",
+) -> str:
+    """The entry's hash. `rows` joins the hashed content only when the entry covers rows,
+    so entries written before rows were covered keep their hashes."""
+    body: dict[str, Any] = {"id": row_id, "at": at, "tx_id": tx_id, "event": event, "payload": payload}
+    if rows != "[]":
+        body["rows"] = rows
+    return sha256_hex(prev_hash + "|" + canonical_json(body))
+
+
+def append(
+    session: Session,
+    *,
+    at: str,
+    tx_id: str | None,
+    event: str,
+    payload: dict[str, Any],
+    rows: Sequence[RowRef] = (),
+) -> Head:
+    """Append one entry covering the history rows flushed in `session` since the last one
+    (plus `rows`); the caller's write transaction serializes appenders.
 
     SQLite writers are serialized by BEGIN IMMEDIATE; on PostgreSQL a transaction-scoped
     advisory lock does it, so two hosts sharing one database never fork the chain.
     """
+    covered = [*take_pending(session), *rows]
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": AUDIT_LOCK_KEY})
-    last = session.execute(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(1)).scalar()
+    last = session.execute(
+        select(AuditEntry.id, AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)
+    ).first()
     prev_hash = last.hash if last else GENESIS
     row_id = (last.id + 1) if last else 1
     body = canonical_json(payload)
+    rows_json = canonical_json([list(r) for r in covered])
+    digest = entry_hash(prev_hash, row_id, at=at, tx_id=tx_id, event=event, payload=body, rows=rows_json)
     session.add(
         AuditEntry(
             id=row_id,
@@ -50,47 +100,23 @@ def append(session: Session, *, at: str, tx_id: str | None, event: str, payload:
             event=event,
             payload_json=body,
             prev_hash=prev_hash,
-            hash=entry_hash(prev_hash, row_id, at=at, tx_id=tx_id, event=event, payload=body),
+            hash=digest,
+            rows_json=rows_json,
         )
     )
+    head = Head(row_id, digest)
+    session.info[HEAD] = head
+    return head
 
 
-@dataclass(frozen=True)
-class ChainProblem:
-    row_id: int
-    problem: str
+def head(session: Session) -> Head:
+    """The last entry's position, or `EMPTY` for an empty journal."""
+    last = session.execute(
+        select(AuditEntry.id, AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)
+    ).first()
+    return Head(last.id, last.hash) if last else EMPTY
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"row_id": self.row_id, "problem": self.problem}
 
-
-def verify_chain(session: Session) -> tuple[int, list[ChainProblem]]:
-    """Walk the chain in id order; return (rows checked, problems)."""
-    problems: list[ChainProblem] = []
-    prev_hash = GENESIS
-    expected_id = 1
-    count = 0
-    for row in session.execute(select(AuditEntry).order_by(AuditEntry.id)).scalars():
-        count += 1
-        if row.id != expected_id:
-            problems.append(ChainProblem(row.id, f"row(s) {expected_id}..{row.id - 1} missing (deleted)"))
-        if row.prev_hash != prev_hash:
-            problems.append(
-                ChainProblem(
-                    row.id,
-                    "link broken: prev_hash does not match the row before it "
-                    "(a row was deleted, inserted or reordered)",
-                )
-            )
-        recomputed = entry_hash(
-            row.prev_hash, row.id, at=row.at, tx_id=row.tx_id, event=row.event, payload=row.payload_json
-        )
-        if recomputed != row.hash:
-            problems.append(ChainProblem(row.id, "content edited: hash does not match the row"))
-        try:
-            json.loads(row.payload_json)
-        except ValueError:
-            problems.append(ChainProblem(row.id, "payload is not JSON"))
-        prev_hash = row.hash
-        expected_id = row.id + 1
-    return count, problems
+def hash_at(session: Session, seq: int) -> str | None:
+    """The hash of entry `seq`, None if there is no such entry."""
+    return session.execute(select(AuditEntry.hash).where(AuditEntry.id == seq)).scalar()

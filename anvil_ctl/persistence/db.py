@@ -42,6 +42,10 @@ __all__ = ["Engine", "make_engine", "reader", "translated"]  # Engine: the handl
 READ_ONLY = "anvil_read_only"
 """Execution option of the engine `reader()` returns: its transactions begin DEFERRED."""
 
+BUSY_MS = "anvil_busy_ms"
+"""Execution option: how long this engine's write transactions wait for a lock (best-effort
+writes, such as a verify checkpoint, wait less than the default)."""
+
 READ_BUSY_MS = 1_000
 """How long a read waits for a lock before the command exits 7 (WAL readers rarely wait)."""
 
@@ -87,7 +91,8 @@ def make_engine(url: str, *, create: bool = False) -> Engine:
                 conn.exec_driver_sql(f"PRAGMA busy_timeout={READ_BUSY_MS}")
                 conn.exec_driver_sql("BEGIN")
             else:
-                conn.exec_driver_sql(f"PRAGMA busy_timeout={WRITE_BUSY_MS}")
+                busy = int(conn.get_execution_options().get(BUSY_MS, WRITE_BUSY_MS))
+                conn.exec_driver_sql(f"PRAGMA busy_timeout={busy}")
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine

@@ -3,15 +3,41 @@
 Migrations call these; the views are the documented query surface for
 operators (`sqlite3 state/anvil.db 'select * from v_transactions'`), so their
 columns only ever grow.
+
+What "append-only" refuses, per dialect:
+
+- SQLite: UPDATE and DELETE (`<table>_no_update`, `<table>_no_delete`, migrations 0001
+  and 0002), and REPLACE (`<table>_no_replace`, migration 0005). `INSERT OR REPLACE`
+  resolves a key conflict by deleting the old row, and that delete fires no DELETE
+  trigger unless the connection turned `recursive_triggers` on; so a BEFORE INSERT
+  trigger refuses any insert whose primary or unique key already exists. It needs
+  no pragma, and a plain insert pays one index lookup per key.
+- PostgreSQL: UPDATE and DELETE (`<table>_append_only`, row level) and TRUNCATE
+  (`<table>_no_truncate`, statement level: TRUNCATE fires no row trigger). An
+  upsert (`ON CONFLICT DO UPDATE`) is an UPDATE and is refused by the first.
+
+`expected_triggers` names them all, so `audit verify` can say which one is gone.
 """
 
 from __future__ import annotations
 
-from alembic import op
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Table, UniqueConstraint
+
+
+def _op() -> Any:
+    # alembic's proxy exists only while a migration runs; imported late so that `audit
+    # verify` (which asks `expected_triggers`) does not load alembic.
+    from alembic import op
+
+    return op
 
 
 def make_append_only(table: str) -> None:
-    """Refuse UPDATE and DELETE on a history table, at the database."""
+    """Refuse UPDATE and DELETE on a history table, at the database (migrations 0001, 0002)."""
+    op = _op()
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
         for action in ("UPDATE", "DELETE"):
@@ -31,9 +57,64 @@ def make_append_only(table: str) -> None:
 
 
 def drop_append_only(table: str) -> None:
+    op = _op()
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
         for action in ("update", "delete"):
             op.execute(f"DROP TRIGGER IF EXISTS {table}_no_{action}")
     elif dialect == "postgresql":
         op.execute(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table}")
+
+
+def unique_keys(table: Table) -> list[tuple[str, ...]]:
+    """The column tuples a REPLACE could collide on: the primary key and every unique key."""
+    keys = [tuple(c.name for c in table.primary_key.columns)]
+    for constraint in table.constraints:
+        if isinstance(constraint, UniqueConstraint):
+            cols = tuple(c.name for c in constraint.columns)
+            if cols not in keys:
+                keys.append(cols)
+    for column in table.columns:
+        if column.unique and (column.name,) not in keys:
+            keys.append((column.name,))
+    return keys
+
+
+def refuse_rewrites(table: Table) -> None:
+    """Refuse the rewrites UPDATE/DELETE triggers miss: REPLACE (SQLite), TRUNCATE (PostgreSQL)."""
+    op = _op()
+    name = table.name
+    dialect = op.get_bind().dialect.name
+    if dialect == "sqlite":
+        # NULL never equals anything, so an insert that lets SQLite choose the rowid passes.
+        clash = " OR ".join(
+            "(" + " AND ".join(f"{c} = NEW.{c}" for c in key) + ")" for key in unique_keys(table)
+        )
+        op.execute(  # names from our own metadata, never from input
+            f"CREATE TRIGGER {name}_no_replace BEFORE INSERT ON {name} "  # noqa: S608
+            f"WHEN EXISTS (SELECT 1 FROM {name} WHERE {clash}) "
+            f"BEGIN SELECT RAISE(ABORT, '{name} is append-only: a row with this key exists'); END"
+        )
+    elif dialect == "postgresql":
+        op.execute(
+            f"CREATE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {name} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION anvil_append_only()"
+        )
+
+
+def allow_rewrites(table: str) -> None:
+    op = _op()
+    dialect = op.get_bind().dialect.name
+    if dialect == "sqlite":
+        op.execute(f"DROP TRIGGER IF EXISTS {table}_no_replace")
+    elif dialect == "postgresql":
+        op.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table}")
+
+
+def expected_triggers(dialect: str, tables: Sequence[str]) -> dict[str, str]:
+    """trigger name -> table, for every append-only trigger the schema at head has."""
+    suffixes = {
+        "sqlite": ("no_update", "no_delete", "no_replace"),
+        "postgresql": ("append_only", "no_truncate"),
+    }.get(dialect, ())
+    return {f"{t}_{s}": t for t in tables for s in suffixes}

@@ -1,8 +1,9 @@
 """ORM models of the state database.
 
-Every table that records history is append-only (SQLite triggers refuse UPDATE
-and DELETE on them; see the migrations); "current" facts are derived as the
-latest row, never updated in place. Timestamps are ISO-8601 UTC text
+Every table that records history is append-only (triggers refuse UPDATE, DELETE,
+REPLACE and TRUNCATE on them; see `ddl` and the migrations) and every row of it
+is covered by the hash-chained audit journal (`HISTORY_TABLES`, see `coverage`);
+"current" facts are derived as the latest row, never updated in place. Timestamps are ISO-8601 UTC text
 (`2026-09-02T12:15:45.123456Z`), which sorts and reads the same in sqlite3 and
 PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable.
 """
@@ -122,7 +123,10 @@ class LockRelease(Base):
 
 
 class AuditEntry(Base):
-    """Hash-chained journal: hash = SHA-256(prev_hash | canonical row); see persistence.audit."""
+    """Hash-chained journal: hash = SHA-256(prev_hash | canonical entry); see persistence.audit.
+
+    `rows_json` lists the history rows this entry covers, each as [table, key, digest].
+    """
 
     __tablename__ = "audit_journal"
 
@@ -133,6 +137,7 @@ class AuditEntry(Base):
     payload_json: Mapped[str] = mapped_column(Text)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+    rows_json: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
 
 
 class GpuOwnershipEvent(Base):
@@ -236,6 +241,40 @@ class RecheckRow(Base):
     at: Mapped[str] = mapped_column(String(32), index=True)
 
 
+class EvidenceManifestRow(Base):
+    """The SHA-256 of an evidence manifest as written: a qualify run's, or an export's."""
+
+    __tablename__ = "evidence_manifests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str] = mapped_column(String(36), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    source_sha256: Mapped[str | None] = mapped_column(String(64))
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class AuditCheckpoint(Base):
+    """A chain position `audit verify` found intact, and what the covered tables held then.
+
+    Incremental verification starts from the latest one: entry `seq` must still have
+    `hash`, and each covered table must hold its `counts_json` count plus what the
+    entries after `seq` cover.
+    """
+
+    __tablename__ = "audit_checkpoints"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    hash: Mapped[str] = mapped_column(String(64))
+    schema_version: Mapped[int | None] = mapped_column(Integer)
+    counts_json: Mapped[str] = mapped_column(Text)
+    mode: Mapped[str] = mapped_column(String(16))
+    entries_checked: Mapped[int] = mapped_column(Integer)
+    rows_checked: Mapped[int] = mapped_column(Integer)
+    at: Mapped[str] = mapped_column(String(32))
+
+
 APPEND_ONLY_TABLES_0002 = (
     "gpu_ownership_events",
     "evidence",
@@ -279,3 +318,18 @@ class ShmMarkRow(Base):
 
 
 APPEND_ONLY_TABLES_0004 = ("shm_marks",)
+
+APPEND_ONLY_TABLES_0005 = ("evidence_manifests", "audit_checkpoints")
+
+# Every table whose rows are history: append-only, and each row covered by the audit chain.
+# The journal itself is append-only too, but it is the chain, not a row it covers.
+HISTORY_TABLES: tuple[str, ...] = tuple(
+    t
+    for t in (
+        *APPEND_ONLY_TABLES,
+        *APPEND_ONLY_TABLES_0002,
+        *APPEND_ONLY_TABLES_0004,
+        *APPEND_ONLY_TABLES_0005,
+    )
+    if t != AuditEntry.__tablename__
+)

@@ -1,6 +1,8 @@
-"""What qualify transactions found and decided: gate evidence and decisions.
+"""What qualify transactions found and decided: gate evidence, manifests and decisions.
 
-Evidence rows hold each gate's result and its artifact's SHA-256; a decision is
+Evidence rows hold each gate's result and its artifact's SHA-256; a manifest row
+the SHA-256 of an evidence manifest as written (a qualify run's, an export's),
+which binds a directory on disk to the database (`evidence verify`); a decision is
 bound to one candidate identity digest and is content-addressed (its ID is a
 digest of what it says), so recording it twice records it once. A
 reclassification under waivers is a new decision pointing at the one it
@@ -16,7 +18,7 @@ from typing import Any
 from sqlalchemy import select
 
 from anvil_ctl.core.model import canonical_json
-from anvil_ctl.persistence.models import DecisionRow, EvidenceRow
+from anvil_ctl.persistence.models import DecisionRow, EvidenceManifestRow, EvidenceRow
 from anvil_ctl.persistence.store import Store, utcnow
 
 # -- evidence ----------------------------------------------------------------------------------
@@ -63,6 +65,40 @@ def evidence(store: Store, tx_id: str) -> list[dict[str, Any]]:
                 "at": r.at,
             }
             for r in rows
+        ]
+
+
+# -- manifests ---------------------------------------------------------------------------------
+
+
+def record_manifest(
+    store: Store, tx_id: str, sha256: str, *, kind: str, source_sha256: str | None = None
+) -> None:
+    """Record the SHA-256 of a manifest written for transaction `tx_id` (kind: qualify, export)."""
+    with store.write() as s:
+        s.add(
+            EvidenceManifestRow(
+                tx_id=tx_id, kind=kind, sha256=sha256, source_sha256=source_sha256, at=utcnow()
+            )
+        )
+        store.audit(
+            s,
+            f"evidence.manifest.{kind}",
+            tx_id,
+            {"sha256": sha256, "source_sha256": source_sha256},
+        )
+
+
+def manifests(store: Store, tx_id: str) -> list[dict[str, Any]]:
+    """The manifests recorded for `tx_id`, oldest first."""
+    with store.read() as s:
+        rows = s.execute(
+            select(EvidenceManifestRow)
+            .where(EvidenceManifestRow.tx_id == tx_id)
+            .order_by(EvidenceManifestRow.id)
+        ).scalars()
+        return [
+            {"kind": r.kind, "sha256": r.sha256, "source_sha256": r.source_sha256, "at": r.at} for r in rows
         ]
 
 

@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy import select, text
 
 from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.persistence.audit import ChainProblem, verify_chain
 from anvil_ctl.persistence.models import (
     IdentityRow,
     SnapshotDiff,
@@ -126,12 +125,6 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[dict[str, Any]]:
             }
             for r in rows
         ]
-
-
-def verify_audit_chain(store: Store) -> tuple[int, list[ChainProblem]]:
-    """Walk the hash-chained audit journal: (rows checked, problems found)."""
-    with store.read() as s:
-        return verify_chain(s)
 
 
 def identities(store: Store, *, slot: str | None = None, role: str = "incumbent") -> list[dict[str, Any]]:

@@ -8,7 +8,9 @@ nothing outside the package sees a session or an ORM row.
 Every write happens in its own short database transaction and commits before
 the method returns: "journal, then act, then record" needs the intent durable
 before the side effect begins. Every write also appends to the hash-chained
-audit journal in the same database transaction.
+audit journal in the same database transaction, and that entry covers the
+history rows the write inserted (`coverage`: a commit that would leave one
+uncovered is refused). After the commit the head file is advanced (`head`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -28,8 +31,10 @@ from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit
-from anvil_ctl.persistence.db import reader, translated
+from anvil_ctl.persistence import audit, coverage
+from anvil_ctl.persistence import head as head_file
+from anvil_ctl.persistence.audit import Head
+from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
     IdentityRow,
     SnapshotDiff,
@@ -47,16 +52,34 @@ def utcnow() -> str:
 class Store:
     """Journal implementation; one instance per process, safe to share across threads."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, head_path: Path | None = None) -> None:
         self.engine = engine
+        self.head_path = head_path
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(reader(engine), expire_on_commit=False)
+        coverage.track(self._sessions)
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
-        """A write transaction (BEGIN IMMEDIATE on SQLite), committed on leaving."""
-        with translated(self.engine), self._sessions.begin() as session:
+    def write(self, *, busy_ms: int | None = None) -> Iterator[Session]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite), committed on leaving; then the head
+        file beside the database moves to the chain's new head. `busy_ms`: wait at most this
+        long for another writer (a best-effort write), instead of the default."""
+        advance_to: Head | None = None
+        sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
+        with translated(self.engine), sessions.begin() as session:
             yield session
+            new: Head | None = session.info.get(audit.HEAD)
+            if new is not None and self.head_path is not None:
+                hash_at = lambda seq: audit.hash_at(session, seq)  # noqa: E731
+                if head_file.may_advance(self.head_path, new, hash_at):
+                    advance_to = new
+        if advance_to is not None and self.head_path is not None:
+            head_file.advance(self.head_path, advance_to)
+
+    def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
+        sessions = sessionmaker(self.engine.execution_options(**{BUSY_MS: busy_ms}), expire_on_commit=False)
+        coverage.track(sessions)
+        return sessions
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -65,8 +88,25 @@ class Store:
             yield session
 
     def audit(self, session: Session, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:
-        """Append an audit entry inside the caller's write transaction."""
+        """Append an audit entry inside the caller's write transaction; it covers the history
+        rows the caller added to `session` before it."""
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
+
+    def head(self) -> Head:
+        """The audit chain's head now: (seq, hash) of its last entry."""
+        with self.read() as s:
+            return audit.head(s)
+
+    def sync_head_file(self) -> Head:
+        """Bring the head file up to the chain's head (after a migration appended entries)."""
+        with self.read() as s:
+            now = audit.head(s)
+            ok = self.head_path is not None and head_file.may_advance(
+                self.head_path, now, lambda seq: audit.hash_at(s, seq)
+            )
+        if ok and self.head_path is not None and now.seq:
+            head_file.advance(self.head_path, now)
+        return now
 
     def append_audit(self, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:
         """Append an audit entry on its own, for an event that has no row of its own."""

@@ -6,6 +6,14 @@ immutable: a second write of the same name is refused). `export_bundle` writes a
 shareable copy with GPU UUIDs, host paths and secrets redacted and its own
 manifest; `verify_bundle` re-hashes a directory against its manifest and lists
 every mismatch.
+
+A manifest only vouches for the files it lists; whoever edits an artifact can
+update its `sha256` and `size` too. What binds a directory to what was recorded
+is the manifest's own SHA-256: printed at export, recorded in the state
+database for every manifest written (qualify, export). `verify_bundle` checks it
+against the references its caller passes (the database, `--expect-manifest`)
+and says which it used; with references requested but none knowing this
+manifest, the bundle is reported unbound, never "ok".
 """
 
 from __future__ import annotations
@@ -102,10 +110,47 @@ class Mismatch:
 
 
 @dataclass(frozen=True)
+class ManifestReference:
+    """What one source says the manifest's SHA-256 must be.
+
+    `source`: "database" or "--expect-manifest"; `sha256s`: the values it accepts (empty:
+    the source knows nothing of this manifest, `note` says why).
+    """
+
+    source: str
+    sha256s: tuple[str, ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The manifest's SHA-256 held against one reference: matched True/False, None if unknown."""
+
+    against: str
+    expected: tuple[str, ...]
+    matched: bool | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class VerifyResult:
     directory: str
     checked: int
     mismatches: tuple[Mismatch, ...]
+    manifest_sha256: str | None = None
+    bindings: tuple[Binding, ...] | None = None  # None: no binding was asked for
+
+    @property
+    def artifacts_ok(self) -> bool:
+        """Every listed file is there with the listed hash and size, and nothing else is."""
+        return not any(m.problem in _ARTIFACT_PROBLEMS for m in self.mismatches)
+
+    @property
+    def bound(self) -> bool | None:
+        """The manifest is one a reference recorded (None: no binding was asked for)."""
+        if self.bindings is None:
+            return None
+        return any(b.matched for b in self.bindings) and not any(b.matched is False for b in self.bindings)
 
     @property
     def ok(self) -> bool:
@@ -116,8 +161,29 @@ class VerifyResult:
             "directory": self.directory,
             "ok": self.ok,
             "checked": self.checked,
+            "manifest_sha256": self.manifest_sha256,
+            "bound": self.bound,
+            "bindings": [asdict(b) for b in self.bindings] if self.bindings is not None else None,
             "mismatches": [asdict(m) for m in self.mismatches],
         }
+
+
+_ARTIFACT_PROBLEMS = frozenset({"missing", "sha256", "size", "unlisted", "unsafe_path", "manifest"})
+
+
+def _bind(sha: str, references: Sequence[ManifestReference]) -> tuple[tuple[Binding, ...], list[Mismatch]]:
+    bindings = tuple(
+        Binding(r.source, r.sha256s, (sha in r.sha256s) if r.sha256s else None, r.note) for r in references
+    )
+    problems = [
+        Mismatch(MANIFEST, "manifest_sha256", f"{b.against}: {', '.join(b.expected)}", sha)
+        for b in bindings
+        if b.matched is False
+    ]
+    if not any(b.matched for b in bindings) and not problems:
+        tried = "; ".join(f"{b.against}: {b.note or 'no record'}" for b in bindings) or "no reference"
+        problems.append(Mismatch(MANIFEST, "unbound", f"a recorded manifest SHA-256 ({tried})", sha))
+    return bindings, problems
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -160,12 +226,26 @@ def check_manifest(data: Any, path: Path) -> dict[str, Any]:
     return data
 
 
-def verify_bundle(directory: Path) -> VerifyResult:
-    """Re-hash every artifact named by the manifest; list missing, changed and unlisted files."""
+def manifest_sha256(directory: Path) -> str:
+    """The SHA-256 of the directory's manifest file, as bytes on disk."""
+    return hashlib.sha256((directory / MANIFEST).read_bytes()).hexdigest()
+
+
+def verify_bundle(directory: Path, references: Sequence[ManifestReference] | None = None) -> VerifyResult:
+    """Re-hash every artifact named by the manifest; list missing, changed and unlisted files.
+
+    With `references`, also hold the manifest's own SHA-256 against each (see the module
+    doc): a manifest none of them recorded is `unbound`, one that differs `manifest_sha256`.
+    """
     try:
         manifest = read_manifest(directory)
     except BadInput as exc:
-        return VerifyResult(str(directory), 0, (Mismatch(MANIFEST, "manifest", None, str(exc)),))
+        return VerifyResult(
+            str(directory),
+            0,
+            (Mismatch(MANIFEST, "manifest", None, str(exc)),),
+            bindings=None if references is None else (),
+        )
     root = directory.resolve()
     mismatches: list[Mismatch] = []
     listed: set[str] = set()
@@ -197,7 +277,12 @@ def verify_bundle(directory: Path) -> VerifyResult:
         rel = path.relative_to(root).as_posix()
         if path.is_file() and rel != MANIFEST and rel not in listed:
             mismatches.append(Mismatch(rel, "unlisted"))
-    return VerifyResult(str(directory), len(listed), tuple(mismatches))
+    sha = manifest_sha256(directory)
+    bindings = None
+    if references is not None:
+        bindings, problems = _bind(sha, references)
+        mismatches.extend(problems)
+    return VerifyResult(str(directory), len(listed), tuple(mismatches), sha, bindings)
 
 
 @dataclass(frozen=True)
@@ -244,25 +329,35 @@ class ExportResult:
     manifest: Artifact
     artifacts: tuple[Artifact, ...]
     redactions: dict[str, int]
+    source_manifest_sha256: str = ""
+    recorded: bool = False  # the export's manifest SHA-256 is in the state database
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "out_dir": self.out_dir,
             "manifest": self.manifest.as_dict(),
+            "source_manifest_sha256": self.source_manifest_sha256,
+            "recorded": self.recorded,
             "artifacts": [a.as_dict() for a in self.artifacts],
             "redactions": self.redactions,
         }
 
 
 def export_bundle(
-    tx_dir: Path, out_dir: Path, *, redact: Redaction | None = None, extra_paths: Sequence[str] = ()
+    tx_dir: Path,
+    out_dir: Path,
+    *,
+    redact: Redaction | None = None,
+    extra_paths: Sequence[str] = (),
+    references: Sequence[ManifestReference] | None = None,
 ) -> ExportResult:
     """Copy a verified transaction's artifacts to `out_dir`, redacted, with a new manifest.
 
-    The source must verify first (a tampered source is refused, not laundered). The
-    resolved evidence and state directories are always redacted as host paths.
+    The source must verify first, against `references` when given (a tampered source is
+    refused, not laundered). The resolved evidence and state directories are always
+    redacted as host paths.
     """
-    source = verify_bundle(tx_dir)
+    source = verify_bundle(tx_dir, references)
     if not source.ok:
         raise BadInput(
             f"{tx_dir}: evidence does not match its manifest; refusing to export",
@@ -307,4 +402,5 @@ def export_bundle(
         manifest=_artifact(out_dir, MANIFEST, payload),
         artifacts=tuple(artifacts),
         redactions=dict(redactor.counts),
+        source_manifest_sha256=source.manifest_sha256 or "",
     )

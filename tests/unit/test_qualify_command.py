@@ -195,7 +195,8 @@ class TestExportEvidence:
                 "paths": [str(writer.tx_dir), "/home/operator/.cache/x"],
             },
         )
-        writer.write_manifest()
+        # What the qualify plan records beside the manifest it wrote: export binds to it.
+        qualification.record_manifest(ctx.store, "tx-export", writer.write_manifest().sha256, kind="qualify")
         out = qualify_cmd.export_evidence(ctx, "tx-exp", tmp_path / "bundle")
         text = (tmp_path / "bundle" / "00-smoke.json").read_text()
         for secret in ("cli-s3cret-2", "adm-s3cret-1", GPU_A, "/home/operator", str(writer.tx_dir)):

@@ -9,12 +9,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.persistence.audit import GENESIS, entry_hash
 from anvil_ctl.persistence.db import make_engine
-from anvil_ctl.persistence.migrate import check_revision, upgrade
+from anvil_ctl.persistence.migrate import (
+    SCHEMA_REVISION,
+    alembic_config,
+    check_revision,
+    head_revision,
+    upgrade,
+)
 from anvil_ctl.persistence.models import Base
 from tests.unit.fakehost import FakeHost
 
@@ -39,6 +47,10 @@ class TestMigrations:
         with engine.connect() as conn:
             diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
         assert diffs == []
+
+    def test_the_revision_checked_without_alembic_is_alembics_head(self, tmp_path: Path) -> None:
+        engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}", create=True)
+        assert head_revision(engine) == SCHEMA_REVISION
 
     def test_a_database_at_an_unknown_revision_is_refused(self, tmp_path: Path) -> None:
         db = tmp_path / "a.db"
@@ -118,7 +130,7 @@ class TestAuditChain:
         self._tamper(fake_host, "UPDATE audit_journal SET payload_json='{\"x\":1}' WHERE id=3")
         code, result = self._verify(fake_host)
         assert code == 6 and not result["ok"]
-        assert {"row_id": 3, "problem": "content edited: hash does not match the row"} in result["problems"]
+        assert {"row_id": 3, "problem": "content edited: hash does not match the entry"} in result["problems"]
 
     def test_a_deleted_row_is_named(self, fake_host: FakeHost) -> None:
         self._tamper(fake_host, "DELETE FROM audit_journal WHERE id=4")
@@ -133,3 +145,94 @@ class TestAuditChain:
         code, result = self._verify(fake_host)
         assert code == 6
         assert any(p["row_id"] == 2 and "link broken" in p["problem"] for p in result["problems"])
+
+
+class TestUpgradeTo0005:
+    """A database written before the chain covered rows is brought under it by the upgrade."""
+
+    def _old_database(self, db: Path) -> None:
+        engine = make_engine(f"sqlite:///{db}", create=True)
+        command.upgrade(alembic_config(engine), "0003")
+        con = sqlite3.connect(db)
+        con.execute(
+            "INSERT INTO transactions VALUES ('tx-old', 'qualify', 'primary', '{}', 1, 'h', 'b', 't0')"
+        )
+        con.execute("INSERT INTO transaction_states VALUES (1, 'tx-old', 'committed', '', '{}', 't1')")
+        con.execute(
+            "INSERT INTO decisions VALUES ('dec-old', 'tx-old', 'primary', ?, ?, 'failed', 'smoke', ?, "
+            "NULL, '[]', '[]', '{}', 't2')",
+            ("i" * 64, "c" * 64, "m" * 64),
+        )
+        # The journal as 0003 wrote it: entries without rows.
+        prev = GENESIS
+        for n, event in enumerate(("tx.planned", "tx.committed", "decision"), start=1):
+            digest = entry_hash(prev, n, at=f"t{n}", tx_id="tx-old", event=event, payload="{}")
+            con.execute(
+                "INSERT INTO audit_journal VALUES (?, ?, 'tx-old', ?, '{}', ?, ?)",
+                (n, f"t{n}", event, prev, digest),
+            )
+            prev = digest
+        con.commit()
+        con.close()
+
+    def test_old_rows_are_covered_and_their_manifests_recorded(self, tmp_path: Path) -> None:
+        self._old_database(tmp_path / "anvil.db")
+        r = subprocess.run(
+            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "db", "upgrade", "--json"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["to"] == "0005" and (tmp_path / "anvil.db.head").is_file()
+        con = sqlite3.connect(tmp_path / "anvil.db")
+        covers = con.execute("SELECT payload_json FROM audit_journal WHERE event = 'audit.cover'").fetchall()
+        manifests = con.execute("SELECT tx_id, kind, sha256 FROM evidence_manifests").fetchall()
+        con.close()
+        assert {json.loads(c[0])["table"] for c in covers} == {
+            "transactions",
+            "transaction_states",
+            "decisions",
+            "evidence_manifests",
+        }
+        assert manifests == [("tx-old", "qualify", "m" * 64)]
+        verified = subprocess.run(
+            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "audit", "verify", "--json"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert verified.returncode == 0 and json.loads(verified.stdout)["rows_checked"] == 4
+
+    def test_an_old_row_edited_after_the_upgrade_is_named(self, tmp_path: Path) -> None:
+        self._old_database(tmp_path / "anvil.db")
+        upgrade(make_engine(f"sqlite:///{tmp_path / 'anvil.db'}"))
+        con = sqlite3.connect(tmp_path / "anvil.db")
+        con.execute("DROP TRIGGER decisions_no_update")
+        con.execute("UPDATE decisions SET outcome = 'verified'")
+        con.commit()
+        con.close()
+        r = subprocess.run(
+            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "audit", "verify", "--json"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert r.returncode == 6
+        problems = json.loads(r.stdout)["problems"]
+        assert any(p.get("table") == "decisions" and p.get("key") == "dec-old" for p in problems)
+
+
+class TestInit:
+    def test_a_new_database_sets_a_leftover_head_file_aside(self, tmp_path: Path) -> None:
+        (tmp_path / "anvil.db.head").write_text(json.dumps({"seq": 500, "hash": "a" * 64}))
+        r = subprocess.run(
+            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "init", "--json"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert r.returncode == 0, r.stderr
+        stale = Path(json.loads(r.stdout)["stale_head_file"])
+        assert json.loads(stale.read_text())["seq"] == 500
+        assert not (tmp_path / "anvil.db.head").exists()  # an empty chain has no head to pin

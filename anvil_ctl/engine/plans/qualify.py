@@ -146,6 +146,8 @@ def run_gates(ctx: Ctx) -> StepResult:
         progress=ctx.memo.progress,
     )
     ctx.memo.result = result
+    # The manifest's own hash binds the directory to this record (`evidence verify`).
+    qualification.record_manifest(world.store, ctx.tx_id, result.manifest.sha256, kind="qualify")
     return {
         "tx_dir": result.tx_dir,
         "outcome": result.outcome,

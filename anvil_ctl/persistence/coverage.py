@@ -1,0 +1,109 @@
+"""Which rows the audit chain covers, and the canonical digest of each.
+
+Every row of a history table (`models.HISTORY_TABLES`) is covered: the journal
+entry written in the same database transaction lists it as `[table, key,
+digest]`, and `audit verify` recomputes the digest from the table. The digest is
+SHA-256 over the canonical JSON of `{"table": name, "row": {column: value}}`
+with every column of the row that holds a value, so a value moved to another
+table or column does not verify either. NULL columns are left out: a migration
+that adds a nullable column leaves every older row's digest as it was.
+
+`track(sessionmaker)` makes this hold for every write without each writer
+remembering it: after each flush the inserted history rows wait in the
+session's `info`, `audit.append` takes them into its entry, and a commit that
+would leave one uncovered is refused (a bug: every history write appends an
+audit entry). A later table (a content-addressed snapshot store, a projection)
+is covered by adding its name to `HISTORY_TABLES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Table, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from anvil_ctl.core.model import sha256_hex
+from anvil_ctl.persistence.models import HISTORY_TABLES, Base
+
+RowKey = str | int
+RowRef = tuple[str, RowKey, str]  # (table, key, digest)
+
+COVERED: dict[str, Table] = {name: Base.metadata.tables[name] for name in HISTORY_TABLES}
+"""name -> table, for every table whose rows the chain covers."""
+
+PENDING = "anvil.uncovered_rows"
+
+
+class UncoveredRows(RuntimeError):
+    """Misuse: history rows were about to commit without the audit entry that covers them."""
+
+
+def _value(value: Any) -> str | int | None:
+    if isinstance(value, bool):
+        return int(value)
+    if value is None or isinstance(value, str | int):
+        return value
+    raise TypeError(f"history column value {value!r}: expected str, int or None")
+
+
+def key_of(table: Table, values: Mapping[Any, Any]) -> RowKey:
+    """A row's key: the value of its (single-column) primary key."""
+    (column,) = table.primary_key.columns
+    key = values[column.name]
+    if not isinstance(key, str | int) or isinstance(key, bool):
+        raise TypeError(f"{table.name}: key {key!r} is neither text nor an integer")
+    return key
+
+
+def row_digest(table: Table, values: Mapping[Any, Any]) -> str:
+    """SHA-256 of the row's canonical JSON, table name included (see the module doc)."""
+    row = {c.name: v for c in table.columns if (v := _value(values[c.name])) is not None}
+    return sha256_hex({"table": table.name, "row": row})
+
+
+def ref_of(table: Table, values: Mapping[Any, Any]) -> RowRef:
+    return (table.name, key_of(table, values), row_digest(table, values))
+
+
+def refs_of_rows(table: Table, rows: Iterable[Mapping[Any, Any]]) -> list[RowRef]:
+    return [ref_of(table, r) for r in rows]
+
+
+def _instance_values(obj: Any) -> dict[str, Any]:
+    return {c.name: getattr(obj, c.key) for c in obj.__mapper__.columns}
+
+
+def _collect(session: Session, _flush_context: Any) -> None:
+    # after_flush: the flushed objects are still in session.new, with their keys and
+    # defaults filled in; what they hold now is what the INSERT wrote.
+    pending: list[RowRef] = session.info.setdefault(PENDING, [])
+    for obj in session.new:
+        table = COVERED.get(obj.__table__.name)
+        if table is not None:
+            pending.append(ref_of(table, _instance_values(obj)))
+
+
+def _refuse_uncovered(session: Session) -> None:
+    session.flush()
+    pending = session.info.get(PENDING)
+    if pending:
+        session.info[PENDING] = []
+        raise UncoveredRows(
+            "history rows written without an audit entry: " + ", ".join(f"{t}:{k}" for t, k, _ in pending[:5])
+        )
+
+
+def track(sessions: sessionmaker[Session]) -> None:
+    """Cover every history row inserted through `sessions` (see the module doc)."""
+    event.listen(sessions, "after_flush", _collect)
+    event.listen(sessions, "before_commit", _refuse_uncovered)
+
+
+def take_pending(session: Session) -> list[RowRef]:
+    """The history rows flushed in `session` since the last audit entry; they are now taken."""
+    session.flush()
+    pending: list[RowRef] = session.info.get(PENDING) or []
+    session.info[PENDING] = []
+    return pending
