@@ -37,7 +37,7 @@ from anvil_ctl.qualify import (
 )
 from anvil_ctl.qualify.evidence import ExportResult, VerifyResult
 from anvil_ctl.qualify.report import Progress
-from anvil_ctl.recipes import load_recipe, recipe_digest
+from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
 
 # -- the command ------------------------------------------------------------------------------
 
@@ -74,8 +74,8 @@ class QualifyOutcome:
         }
 
 
-def _recipe_profile(ctx: Context, world: World, ident: Identity) -> str | None:
-    """The profile the candidate's recipe names, if that recipe is still the loaded one."""
+def candidate_recipe(ctx: Context, world: World, ident: Identity) -> Recipe | None:
+    """The candidate's recipe, if the recipe file still is the one that was loaded."""
     try:
         name = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE)
         if not name:
@@ -83,7 +83,12 @@ def _recipe_profile(ctx: Context, world: World, ident: Identity) -> str | None:
         recipe = load_recipe(resolve_recipe_path(name, ctx.settings.recipes_dir))
     except AnvilError:
         return None
-    return recipe.profile if recipe_digest(recipe) == ident.recipe_digest else None
+    return recipe if recipe_digest(recipe) == ident.recipe_digest else None
+
+
+def router_secrets(ctx: Context) -> tuple[str, ...]:
+    """The router tokens resolvable here: what evidence must never contain."""
+    return _redaction(ctx).secrets
 
 
 def qualify_slot(
@@ -99,7 +104,8 @@ def qualify_slot(
     world = ctx.world()
     ctx.config.slot(slot)
     ident = ctx.store.current_identity(slot, "candidate")
-    chosen = profile or (_recipe_profile(ctx, world, ident) if ident else None)
+    recipe = candidate_recipe(ctx, world, ident) if ident else None
+    chosen = profile or (recipe.profile if recipe else None)
     if ident is not None and chosen is None:
         raise BadInput(
             "the candidate's recipe (or its profile) cannot be read; pass --profile",
@@ -107,10 +113,17 @@ def qualify_slot(
         )
     resolved = resolve_profile(None, profile=chosen or "smoke", gates=list(gates) or None)
     args = QualifyArgs(
-        slot=slot, candidate=ident, profile=resolved.source or resolved.name, gates=tuple(gates)
+        slot=slot,
+        candidate=ident,
+        profile=resolved.source or resolved.name,
+        gates=tuple(gates),
+        recipe=recipe.name if recipe else "",
+        engine=recipe.engine if recipe else "",
+        source=recipe.source.model_dump(mode="json") if recipe and recipe.source else None,
     )
     plan = qualify_plan.build(args, world)
     plan.memo.progress, plan.memo.now = progress, now
+    plan.memo.secrets = router_secrets(ctx)
     # Non-mutating: no host lock, but journaled like every transaction.
     engine = TransactionEngine(ctx.store, ctx.owner, crash_at=ctx.settings.crash_at)
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))

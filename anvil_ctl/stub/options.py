@@ -1,7 +1,8 @@
 """The stub engine's options: command-line flags, each with an `ANVIL_STUB_<OPTION>` env twin.
 
 Flags win over env. Booleans in env accept 1/true/yes/on; the repeatable `--fault`
-reads a comma-separated list from `ANVIL_STUB_FAULT`.
+reads a comma-separated list from `ANVIL_STUB_FAULT`, the repeatable `--log-line` a
+newline-separated one from `ANVIL_STUB_LOG_LINE` (a log line may hold commas).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class StubOptions:
     verbose_default: bool = False
     default_max_tokens: int = 256
     gpu_uuids: tuple[str, ...] = ()
+    log_lines: tuple[str, ...] = ()
+    log_after: int = 0
+    restart_after: int | None = None
 
     @property
     def reported_name(self) -> str:
@@ -79,6 +83,9 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--answer-book", default=env_default("answer-book", None))
     p.add_argument("--reasoning-tokens", type=int, default=env_default("reasoning-tokens", 16))
     p.add_argument("--default-max-tokens", type=int, default=env_default("default-max-tokens", 256))
+    p.add_argument("--log-line", action="append", default=None, help="repeatable")
+    p.add_argument("--log-after", type=int, default=env_default("log-after", 0))
+    p.add_argument("--restart-after", type=int, default=env_default("restart-after", None))
     return p
 
 
@@ -91,6 +98,9 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
     unknown = faults - KNOWN_FAULTS
     if unknown:
         parser.error(f"unknown fault(s) {sorted(unknown)}; known: {sorted(KNOWN_FAULTS)}")
+    log_raw: list[str] = (
+        ns.log_line if ns.log_line is not None else env.get(ENV_PREFIX + "LOG_LINE", "").split("\n")
+    )
     visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
     gpus = tuple(u.strip() for u in visible.split(",") if u.strip().startswith("GPU-"))
     return StubOptions(
@@ -113,4 +123,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
         verbose_default=bool(ns.verbose_default),
         default_max_tokens=int(ns.default_max_tokens),
         gpu_uuids=gpus,
+        log_lines=tuple(line for line in log_raw if line.strip()),
+        log_after=int(ns.log_after),
+        restart_after=int(ns.restart_after) if ns.restart_after not in (None, "") else None,
     )

@@ -133,7 +133,7 @@ def check_evidence_and_rows(host: Host, tx: str, outcome: str, free_mib: int) ->
     ]
 
     gates = host.sql("select gate, passed, sha256 from evidence where tx_id = ?", tx)
-    assert len(gates) == 16  # served identity + the 15 gates of seed-qualification
+    assert len(gates) == 17  # served identity + the 16 gates of seed-qualification (log audit last)
     for gate, _passed, sha in gates:
         path = next(p for p in listed if p.endswith(f"-{gate}.json"))
         assert next(a for a in manifest["artifacts"] if a["path"] == path)["sha256"] == sha

@@ -90,6 +90,12 @@ class QualifyArgs:
     candidate: Identity | None
     profile: str
     gates: tuple[str, ...] = ()
+    recipe: str = ""
+    """The candidate's recipe, when it is still the loaded one."""
+    engine: str = ""
+    """Its engine: which log patterns the log audit applies."""
+    source: dict[str, Any] | None = None
+    """Its upstream source as published (provenance; external-prior figures)."""
 
 
 @dataclass(frozen=True)
