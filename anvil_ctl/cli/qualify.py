@@ -27,10 +27,17 @@ one, which must be what the slot serves), writes the evidence under
 The decision is computed under the standing policy; if an active waiver changes it, a
 second decision that reclassifies the first is recorded too (the first is never changed).
 
+With --ab ARM_A ARM_B it runs the matched A/B control instead: the capacity cells of two
+loaded candidates of the same model (each a recipe name, served model or container ID),
+one after the other, alternating arms per repetition. The profile (default ab-control)
+declares the protected boundaries, written with their digest before the first request;
+the verdict names the selected arm or each violated boundary.
+
 \b
 Exit status:
   0  the qualification ran and a decision was recorded, whatever the decision
-     (verified, policy-infeasible or failed: read it in the output or with --json)
+     (verified, policy-infeasible or failed: read it in the output or with --json);
+     with --ab: the comparison ran, whatever its verdict
   3  refused before running (no candidate, or the slot serves something else)
   4  the candidate changed during the run (evidence kept, no decision recorded)
 """
@@ -51,11 +58,25 @@ Exit status:
 )
 @click.option("--profile", help="Profile name or TOML path (default: the recipe's profile).")
 @click.option("--gates", metavar="A,B", help="Run only these gates of the profile, comma-separated.")
+@click.option(
+    "--ab",
+    nargs=2,
+    metavar="ARM_A ARM_B",
+    default=None,
+    help="Matched A/B of two loaded candidates of one model (profile default: ab-control).",
+)
 @pass_session
-def qualify(session: Session, slot: str, profile: str | None, gates: str | None) -> Reply:
+def qualify(
+    session: Session, slot: str, profile: str | None, gates: str | None, ab: tuple[str, str] | None
+) -> Reply:
     from anvil_ctl.commands import qualify as qualify_cmd
     from anvil_ctl.qualify import make_progress
 
+    if ab:
+        if gates:
+            raise click.UsageError("--gates does not go with --ab (the profile's capacity cells run)")
+        compared = qualify_cmd.qualify_ab(session.context(), slot=slot, arms=ab, profile=profile)
+        return Reply(compared, ExitCode(compared.exit_code))
     chosen = [g.strip() for g in (gates or "").split(",") if g.strip()]
     out = qualify_cmd.qualify_slot(
         session.context(), slot=slot, profile=profile, gates=chosen, progress=make_progress(sys.stderr)

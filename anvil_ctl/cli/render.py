@@ -22,7 +22,7 @@ from rich.table import Table as RichTable
 from anvil_ctl.cli import views
 
 if TYPE_CHECKING:
-    from anvil_ctl.commands.qualify import QualifyOutcome
+    from anvil_ctl.commands.qualify import AbOutcome, QualifyOutcome
     from anvil_ctl.commands.recheck import RecheckResult
     from anvil_ctl.commands.recipes import Plan, RecipeView, ValidationReport
     from anvil_ctl.engine.recover import RecoverReport
@@ -271,6 +271,57 @@ def _qualify(q: QualifyOutcome, out: Console) -> None:
     print(f"  evidence     {result.tx_dir}  manifest sha256 {result.manifest.sha256}")
 
 
+def _ab(a: AbOutcome, out: Console) -> None:
+    if a.comparison is None:
+        _outcome(a.outcome, out)
+        return
+    c = a.comparison
+    names = c["arms"]
+    print(f"A/B control (transaction {a.outcome.tx_id}): A = {names['A']}, B = {names['B']}")
+    print(f"  declared before the first request: digest {c.get('declaration_digest')}")
+    print()
+    rows = [
+        (
+            "Nominal context",
+            "A decode p50",
+            "B decode p50",
+            "Delta",
+            "A prefill p50",
+            "B prefill p50",
+            "Delta",
+        )
+    ]
+
+    def num(value: float | None, digits: int, unit: str) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}{unit}"
+
+    def delta(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.1f}%"
+
+    for cell in c["cells"]:
+        if cell.get("skipped"):
+            rows.append((cell["label"], "skipped", "", "", "", "", ""))
+            continue
+        rows.append(
+            (
+                cell["label"],
+                num(cell["A"]["decode_p50"], 2, " tok/s"),
+                num(cell["B"]["decode_p50"], 2, " tok/s"),
+                delta(cell["delta_pct"]["decode_p50"]),
+                num(cell["A"]["prefill_p50"], 0, " tok/s"),
+                num(cell["B"]["prefill_p50"], 0, " tok/s"),
+                delta(cell["delta_pct"]["prefill_p50"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
+    print()
+    verdict = c["verdict"]
+    print(f"VERDICT: {verdict['outcome'].upper()}: {verdict['summary']}")
+    print(f"  evidence     {a.tx_dir}")
+
+
 def _export(r: ExportResult, out: Console) -> None:
     red = r.redactions
     print(
@@ -342,6 +393,7 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.engine.recover.RecoverReport": _recover,
     "anvil_ctl.commands.recheck.RecheckResult": _recheck,
     "anvil_ctl.commands.qualify.QualifyOutcome": _qualify,
+    "anvil_ctl.commands.qualify.AbOutcome": _ab,
     "anvil_ctl.commands.recipes.RecipeView": _recipe_view,
     "anvil_ctl.commands.recipes.ValidationReport": _validation,
     "anvil_ctl.commands.recipes.Plan": _recipe_plan,

@@ -99,13 +99,29 @@ class QualifyArgs:
 
 
 @dataclass(frozen=True)
+class AbArm:
+    """One arm of an A/B: the reference the operator gave and the loaded candidate it names."""
+
+    name: str
+    identity: Identity
+
+
+@dataclass(frozen=True)
+class AbArgs:
+    slot: str
+    """The slot whose serving choice the comparison informs."""
+    arms: tuple[AbArm, AbArm]
+    profile: str
+
+
+@dataclass(frozen=True)
 class UnloadArgs:
     container_id: str
     slot: str
     remove_residue: bool = False
 
 
-PlanArgs = AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | UnloadArgs
+PlanArgs = AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | AbArgs | UnloadArgs
 
 
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
