@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from anvil_ctl.commands.recipes import Plan, RecipeView, ValidationReport
     from anvil_ctl.engine.recover import RecoverReport
     from anvil_ctl.engine.runner import Outcome
+    from anvil_ctl.qualify.claims import ClaimsCheck
     from anvil_ctl.qualify.evidence import ExportResult, VerifyResult
 
 Renderer = Callable[[Any, Console], None]
@@ -341,6 +342,26 @@ def _verify(r: VerifyResult, out: Console) -> None:
         print(f"  {m.path}: {m.problem}{detail}")
 
 
+def _claims(c: ClaimsCheck, out: Console) -> None:
+    for m in c.bundle.mismatches:
+        print(f"BUNDLE MISMATCH  {m.path}: {m.problem}")
+    for r in c.results:
+        if r.status == "external-prior":
+            print(f"external-prior   {r.claim}  (published by its source; not measured here, not recounted)")
+            continue
+        label = {"ok": "ok", "differs": "DIFFERS", "missing": "MISSING"}[r.status]
+        shown = ", ".join(f"{e['recounted']} from {e['artifact']}" for e in r.recounted)
+        print(f"{label:<16} {r.claim}" + (f"  (= {shown})" if r.status == "ok" else ""))
+        for problem in r.problems:
+            print(f"                   {problem}")
+    bad = [r.claim for r in c.results if r.status in ("differs", "missing")]
+    if c.ok:
+        print(f"ok: every local claim of {c.ledger} matches {c.evidence}")
+    else:
+        named = "; ".join(bad) or "the bundle does not match its manifest"
+        print(f"DRIFT: {len(bad)} claim(s) do not match the evidence: {named}")
+
+
 def _evidence_audit(view: views.EvidenceAudit, out: Console) -> None:
     data = view.data
     print(f"evidence of transaction {data['tx_id']}")
@@ -398,6 +419,7 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.commands.recipes.ValidationReport": _validation,
     "anvil_ctl.commands.recipes.Plan": _recipe_plan,
     "anvil_ctl.qualify.evidence.ExportResult": _export,
+    "anvil_ctl.qualify.claims.ClaimsCheck": _claims,
     "anvil_ctl.qualify.evidence.VerifyResult": _verify,
 }
 """Human renderer by result type (fully qualified name); anything else prints as JSON."""
