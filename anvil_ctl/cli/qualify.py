@@ -114,9 +114,34 @@ def evidence_verify(session: Session, directory: Path) -> Reply:
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
+@click.command("report", epilog=example("anvilctl evidence report 8259c0de -o report-8259.html"))
+@click.argument("tx")
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE.html",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the page (default <state>/reports/<transaction>.html).",
+)
+@pass_session
+def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
+    """Write the one-page HTML report of a qualification (exit 6 if its evidence was altered).
+
+    TX is a transaction ID, a unique prefix or an evidence directory. The page is one
+    self-contained file (inline CSS and SVG, nothing fetched): identity, decision and
+    reasons, waivers, the gate table, TTFT / prefill / decode against measured prompt
+    tokens, VRAM before and after the workload and after acceptance against the reserve,
+    and the A/B control when one compared this candidate. Figures come only from
+    verified evidence bundles. Needs the optional extra `report` (matplotlib).
+    """
+    from anvil_ctl.commands import report
+
+    return Reply(report.evidence_report(session.context(), tx, output))
+
+
 evidence = click.Group(
     "evidence",
-    commands=[evidence_export, evidence_verify],
-    help="Evidence bundles: export a redacted copy, verify one.",
+    commands=[evidence_export, evidence_verify, evidence_report],
+    help="Evidence bundles: export a redacted copy, verify one, report one on a page.",
     epilog=example("anvilctl evidence verify ./bundle-8259"),
 )

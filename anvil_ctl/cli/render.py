@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from anvil_ctl.commands.qualify import AbOutcome, QualifyOutcome
     from anvil_ctl.commands.recheck import RecheckResult
     from anvil_ctl.commands.recipes import Plan, RecipeView, ValidationReport
+    from anvil_ctl.commands.report import ReportResult
     from anvil_ctl.engine.recover import RecoverReport
     from anvil_ctl.engine.runner import Outcome
     from anvil_ctl.qualify.claims import ClaimsCheck
@@ -342,6 +343,12 @@ def _verify(r: VerifyResult, out: Console) -> None:
         print(f"  {m.path}: {m.problem}{detail}")
 
 
+def _report(r: ReportResult, out: Console) -> None:
+    print(f"wrote {r.path} ({r.size:,} bytes), one self-contained page, from verified evidence:")
+    for b in r.bundles:
+        print(f"  {b['tx_id']}  manifest sha256 {b['manifest_sha256']}")
+
+
 def _claims(c: ClaimsCheck, out: Console) -> None:
     for m in c.bundle.mismatches:
         print(f"BUNDLE MISMATCH  {m.path}: {m.problem}")
@@ -420,6 +427,7 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.commands.recipes.Plan": _recipe_plan,
     "anvil_ctl.qualify.evidence.ExportResult": _export,
     "anvil_ctl.qualify.claims.ClaimsCheck": _claims,
+    "anvil_ctl.commands.report.ReportResult": _report,
     "anvil_ctl.qualify.evidence.VerifyResult": _verify,
 }
 """Human renderer by result type (fully qualified name); anything else prints as JSON."""

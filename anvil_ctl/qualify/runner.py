@@ -1,6 +1,7 @@
 """Run a qualification profile against one engine endpoint, write evidence, decide.
 
-Order: the served identity (`GET /v1/models` must list the served model; its
+Order: the candidate's recorded identity (`identity.json`, when given), the served
+identity (`GET /v1/models` must list the served model; its
 `max_model_len` bounds long-context gates), a VRAM reading before the workload
 (`vram-before.json`, when a reserve probe is given), then each gate of the
 profile, each written as `NN-<gate>.json` as soon as it finishes, then
@@ -35,6 +36,7 @@ from anvil_ctl.qualify.results import GateResult
 log = structlog.get_logger()
 IDENTITY_GATE = "served-identity"
 VRAM_BEFORE = "vram-before.json"
+IDENTITY = "identity.json"
 PROVENANCE = "provenance.json"
 
 
@@ -153,6 +155,7 @@ async def qualify(
     engine: str = "",
     secrets: Sequence[str] = (),
     provenance: dict[str, Any] | None = None,
+    recorded_identity: dict[str, Any] | None = None,
 ) -> QualificationResult:
     """The async body of `run_qualification`."""
     progress = progress or NullProgress()
@@ -163,6 +166,8 @@ async def qualify(
     progress.run_started(profile.name, names)
     results: list[GateResult] = []
     hashes: dict[str, str] = {}
+    if recorded_identity is not None:
+        writer.write_json(IDENTITY, recorded_identity)
 
     def record(index: int, result: GateResult) -> None:
         artifact = writer.write_json(f"{index:02d}-{result.name}.json", result.as_dict())
@@ -262,6 +267,7 @@ def run_qualification(
     engine: str = "",
     secrets: Sequence[str] = (),
     provenance: dict[str, Any] | None = None,
+    recorded_identity: dict[str, Any] | None = None,
 ) -> QualificationResult:
     """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
 
@@ -286,6 +292,7 @@ def run_qualification(
             engine=engine,
             secrets=secrets,
             provenance=provenance,
+            recorded_identity=recorded_identity,
         )
     )
 

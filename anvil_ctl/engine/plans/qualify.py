@@ -159,6 +159,11 @@ def run_gates(ctx: Ctx) -> StepResult:
         engine=ctx.args.engine,
         secrets=ctx.memo.secrets,
         provenance={"recipe": ctx.args.recipe, "engine": ctx.args.engine, "source": ctx.args.source},
+        recorded_identity=ident.as_dict()
+        | {
+            "qualification_digest": ident.qualification_digest,
+            "gpu_role_uuids": {r: world.config.gpu_roles[r].uuid for r in roles_of(world, ident)},
+        },
     )
     ctx.memo.result = result
     return {
