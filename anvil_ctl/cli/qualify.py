@@ -54,7 +54,7 @@ Exit status:
     required=True,
     shell_complete=complete_slots,
     metavar="SLOT",
-    help="The slot whose candidate to qualify.",
+    help="The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).",
 )
 @click.option("--profile", help="Profile name or TOML path (default: the recipe's profile).")
 @click.option("--gates", metavar="A,B", help="Run only these gates of the profile, comma-separated.")

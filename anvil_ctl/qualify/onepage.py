@@ -52,6 +52,10 @@ def render_page(inputs: ReportInputs) -> str:
     q = inputs.qualification
     decision = q.files.get("decision.json") or {}
     title = f"Qualification of {decision.get('served_model', q.tx_id)}"
+    compared = q.files.get("ab-comparison.json")
+    if not decision and compared:
+        title = f"A/B control: {compared['arms']['A']} vs {compared['arms']['B']}"
+        decision = {"outcome": compared["verdict"]["outcome"], "profile": compared.get("select", "")}
     sources = [q, *inputs.promotions, *inputs.ab]
     footer = "".join(
         f"<li><code>{escape(b.tx_id)}</code>: {len(b.files)} artifacts, "

@@ -335,6 +335,11 @@ class TestTheAbTransaction:
             "03-order.json",
             "ab-comparison.json",
         }
+        from anvil_ctl.commands import report
+
+        page = Path(report.evidence_report(ctx, tx, tmp_path / "ab.html").path).read_text()
+        assert "A/B control: nospec vs adaptive" in page and "SELECTED" in page
+        assert "prefill_p50 &gt;= -3 % at contexts &gt;= 16K" in page
         rows = qualification.evidence(ctx.store, tx)
         assert [(r["gate"], r["passed"], r["classification"]) for r in rows][-1] == (
             "ab-comparison",
