@@ -83,21 +83,30 @@ CAPACITY_METRICS = (
 
 def capacity_svg(series: Sequence[Series]) -> str:
     """TTFT, prefill and decode against measured prompt tokens: p50 lines per concurrency over
-    every completed request as a faint point."""
-    with _figure(10.5, 3.3) as fig:
+    every completed request as a faint point. Axes start at 0; a request far above every p50
+    (a stream that arrived in one burst) is left above the axis and counted in the title."""
+    with _figure(10.5, 3.4) as fig:
         axes = fig.subplots(1, 3)
         for ax, (key, ylabel, title) in zip(axes, CAPACITY_METRICS, strict=True):
+            p50s: list[float] = []
+            ys: list[float] = []
             for i, s in enumerate(series):
                 color = PALETTE[i % len(PALETTE)]
                 pts = s.points.get(key, [])
                 if pts:
                     ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, alpha=0.35, color=color)
+                    ys.extend(p[1] for p in pts)
                 line = [(x, y) for x, y in zip(s.p50_x, s.p50.get(key, []), strict=True) if y is not None]
                 if line:
                     ax.plot(
                         [p[0] for p in line], [p[1] for p in line], marker="o", color=color, label=s.label
                     )
-            ax.set_title(title)
+                    p50s.extend(p[1] for p in line)
+            top = 1.5 * max(p50s) if p50s else None
+            hidden = sum(1 for y in ys if top is not None and y > top)
+            if top is not None:
+                ax.set_ylim(0, max([y for y in ys if y <= top] + p50s) * 1.12)
+            ax.set_title(title + (f" ({hidden} above the axis)" if hidden else ""))
             ax.set_xlabel("measured prompt tokens")
             ax.set_ylabel(ylabel)
             _thousands(ax)
@@ -130,7 +139,7 @@ def vram_svg(
     cards: Sequence[str], bars: Sequence[VramBar], standing: int | None, in_force: int | None
 ) -> str:
     """Free VRAM per card before the workload, after it and after acceptance, against the reserve."""
-    with _figure(7.5, 3.2) as fig:
+    with _figure(8.5, 3.2) as fig:
         ax = fig.subplots()
         width = 0.8 / max(1, len(bars))
         for i, bar in enumerate(bars):
@@ -154,7 +163,7 @@ def vram_svg(
         ax.set_xticks(range(len(cards)), list(cards))
         ax.set_ylabel("free MiB per card")
         ax.set_title("Free VRAM per card against the reserve")
-        ax.legend(fontsize=8, loc="upper right")
+        fig.legend(fontsize=8, loc="outside right upper")
         _thousands(ax, tokens_x=False)
         return _svg(fig)
 

@@ -86,7 +86,8 @@ class LogAudit(Gate):
 
 
 def _summary(found: LogClassification, log: ContainerLog) -> str:
-    window = f"{len(log.lines)} lines{' (truncated)' if log.truncated else ''}"
+    count = len(log.lines)
+    window = f"{count} line{'' if count == 1 else 's'}{' (truncated)' if log.truncated else ''}"
     problems = [f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(found.fatal_counts.items())]
     if log.restart_count:
         problems.append(f"container restarted {log.restart_count}x")
