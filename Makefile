@@ -3,14 +3,15 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-DEBS := docker.io haproxy tini iproute2 util-linux sqlite3 python3
+DEBS := docker.io haproxy tini iproute2 util-linux sqlite3 python3 chromium
 
 .PHONY: setup debs test unit check demo chaos clean
 
 setup: $(VENV)/.installed
 
 # Debian packages the integration tests and the demo need (dockerd, HAProxy, tini, ip, nsenter,
-# and the Debian python3 that stub containers bind-mount read-only).
+# the Debian python3 that stub containers bind-mount read-only, and chromium, which renders the
+# one-page report headless in its test and for the demo's screenshot).
 debs:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -22,7 +23,7 @@ debs:
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,postgres]'
+	$(PY) -m pip install -q -e '.[dev,postgres,report]'
 	@touch $@
 
 # The whole suite, unit and integration, inside the hermetic environment (own dockerd in a

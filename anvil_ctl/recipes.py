@@ -50,6 +50,7 @@ MODEL_IDENTITY_RE = re.compile(
 )
 IMAGE_DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}\Z")
 IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}\Z")
 SHM_SIZE_RE = re.compile(r"^[0-9]{1,15}[bkmgBKMG]?\Z")
 
 # Engines that serve no Hugging Face model, so `model` may be absent without being unknown.
@@ -92,6 +93,43 @@ class Ulimit(_Strict):
     hard: int = Field(ge=-1, le=LIMIT, description="Hard limit; -1 is unlimited")
 
 
+class ExternalPrior(_Strict):
+    """A figure the upstream source published: evidence of its own, never a local measurement."""
+
+    figure: str = Field(min_length=1, description="The figure as published, e.g. '~8,100 tok/s prefill'")
+    conditions: str = Field("", description="The conditions the source states (hardware, OS, context)")
+    where: str = Field(min_length=1, description="Where the source published it")
+
+
+class RecipeSource(_Strict):
+    """Where a recipe comes from upstream, as the source published it."""
+
+    repository: str | None = Field(None, description="Upstream repository, e.g. github.com/ORG/NAME")
+    release: str | None = Field(None, description="Release tag the recipe follows, e.g. v0.1.1-rc.14")
+    commit: str | None = Field(None, description="Source commit of that release (7-40 hex)")
+    image_tag: str | None = Field(None, description="Image tag as published (informational: tags move)")
+    image_digest: str | None = Field(None, description="Image digest as published, sha256:<64 hex>")
+    url: str | None = Field(None, description="Release notes or recipe page")
+    notes: str = Field("", description="What the source says of itself (e.g. not upstream-qualified)")
+    external_prior: tuple[ExternalPrior, ...] = Field(
+        (), description="Figures the source published: external-prior evidence, not measured here"
+    )
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, value: str | None) -> str | None:
+        if value is not None and not COMMIT_RE.match(value):
+            raise ValueError("expected a git commit of 7 to 40 lowercase hex digits")
+        return value
+
+    @field_validator("image_digest")
+    @classmethod
+    def _digest(cls, value: str | None) -> str | None:
+        if value is not None and not (IMAGE_ID_RE.match(value) or IMAGE_DIGEST_RE.match(value)):
+            raise ValueError("expected sha256:<64 hex> or NAME@sha256:<64 hex>")
+        return value
+
+
 class Recipe(_Strict):
     """One serve, pinned: model, image, served identity, shape, container and provenance."""
 
@@ -132,6 +170,9 @@ class Recipe(_Strict):
     assumed: tuple[Line, ...] = Field((), description="Fields (dotted) we chose, not from sources")
     notes: Annotated[str, _NOTES] = Field("", description="Free-form notes")
     provenance: dict[str, Any] = Field(default_factory=dict, description="Where values came from")
+    source: RecipeSource | None = Field(
+        None, description="Upstream release, commit, image tag and digest as published, external figures"
+    )
 
     @field_validator("name")
     @classmethod
@@ -192,6 +233,14 @@ class Recipe(_Strict):
         for entry in self.unknown:
             if "." not in entry and entry in self.model_fields_set:
                 raise ValueError(f"unknown: {entry!r} is given a value and listed as unknown")
+        published = self.source.image_digest if self.source else None
+        if published and "@sha256:" in self.image:
+            pinned = self.image.split("@", 1)[1]
+            if published.rsplit("@", 1)[-1] != pinned:
+                raise ValueError(
+                    f"source.image_digest: {published} differs from the pinned image {self.image}; "
+                    "expected the digest the source published"
+                )
         for name in _ABSENT_IF_UNKNOWN:
             if getattr(self, name) is not None or name in self.unknown:
                 continue
@@ -243,12 +292,13 @@ def load_recipe(path: Path) -> Recipe:
 def recipe_digest(recipe: Recipe) -> str:
     """SHA-256 of the recipe's canonical JSON; what `io.anvil.recipe-digest` carries.
 
-    `vram_need_mib` enters only when set, so that recipes written before the field
-    existed keep the digest their decisions and waivers were bound to.
+    `vram_need_mib` and `source` enter only when set, so that recipes written before
+    those fields existed keep the digest their decisions and waivers were bound to.
     """
     data = recipe.model_dump(mode="json")
-    if not data.get("vram_need_mib"):
-        data.pop("vram_need_mib", None)
+    for optional in ("vram_need_mib", "source"):
+        if not data.get(optional):
+            data.pop(optional, None)
     return sha256_hex(data)
 
 

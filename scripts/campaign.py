@@ -3,7 +3,8 @@
 Sets up, inside the hermetic test environment: a real smg router on 127.0.0.1
 with keys in a 0600 credential file, a host config with simulated GPUs (two
 97,887 MiB cards, as in the seeds), a stub EXL3-like incumbent started by hand
-from `recipes/stub-incumbent-524k.toml`, routed as `llm.primary`, and adopted.
+from `recipes/stub-incumbent-524k.toml`, routed as `llm.primary`, and adopted; two more
+slots for the arms of the matched A/B control.
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ binding = "127.0.0.1:8001"
 router_tier = "primary-local"
 aliases = ["llm.primary"]
 gpu_roles = ["compute-a", "compute-b"]
+
+# Two slots for the arms of the matched A/B control (stub-131k-nospec, stub-131k-mtp): both
+# serve at once, on no GPU role, never routed.
+[slots.ab-nospec]
+binding = "127.0.0.1:8011"
+router_tier = "ab-nospec-local"
+aliases = ["llm.ab-nospec"]
+
+[slots.ab-mtp]
+binding = "127.0.0.1:8012"
+router_tier = "ab-mtp-local"
+aliases = ["llm.ab-mtp"]
 
 [router]
 kind = "smg"
@@ -159,3 +172,48 @@ def start_incumbent_by_hand(camp: Campaign) -> str:
 def runtime() -> Any:
     """A Docker runtime on the test environment's engine (close it when done)."""
     return DockerRuntime(gpu_mode="simulated")
+
+
+def publish_claims(bundle: Path, path: Path) -> Path:
+    """The demo's publication: two public numbers read from the exported bundle, written as a
+    claims file bound to their artifacts (what `anvilctl claims check` recounts)."""
+    import json
+
+    capacity_file = next(bundle.glob("*-capacity.json"))
+    reserve_file = next(bundle.glob("*-vram_reserve.json"))
+    cells = json.loads(capacity_file.read_text())["evidence"]["cells"]
+    cell = next(c for c in cells if c["nominal_tokens"] == 4096 and c["concurrency"] == 1)
+    free = json.loads(reserve_file.read_text())["evidence"]["cards"][0]["free_mib"]
+    decode, prompt = f"{cell['decode_tps_p50']:.2f}", f"{cell['prompt_tokens_p50']:,.0f}"
+    where = "evidence.cells[nominal_tokens=4096,concurrency=1]"
+    path.write_text(
+        f"""\
+title = "Stub 393K/C1 promotion (make demo)"
+finding = "demo finding"
+
+[[claims]]
+claim = "{decode} decode tok/s"
+published = "{decode}"
+conditions = "{prompt} prompt tokens; C1; p50 of three"
+artifact = "{capacity_file.name}"
+path = "{where}.decode_tps_p50"
+
+  [[claims.condition]]
+  published = "{prompt}"
+  path = "{where}.prompt_tokens_p50"
+
+[[claims]]
+claim = "{free:,} MiB/card free after qualification"
+published = "{free:,}"
+conditions = "after the complete workload; standing reserve 3,072 MiB/card, waived to 0 for the pair"
+artifact = "{reserve_file.name}"
+path = "evidence.cards[0].free_mib"
+
+[[claims]]
+claim = "roughly 8,100 tok/s prefill upstream"
+origin = "external-prior"
+conditions = "upstream stable release, native Linux"
+source = "the recipe source's upstream release report"
+"""
+    )
+    return path

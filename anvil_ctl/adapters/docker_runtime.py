@@ -32,6 +32,7 @@ from anvil_ctl.adapters.docker_fingerprint import GPU_ENV, inspect_fingerprint_f
 from anvil_ctl.core.errors import AdapterError, BadInput, NotFound, TransientError
 from anvil_ctl.core.model import (
     ContainerInfo,
+    ContainerLog,
     ContainerSpec,
     ContainerStatus,
     ImageInfo,
@@ -260,6 +261,45 @@ class DockerRuntime:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(self._poll_s)
+
+    @_retry
+    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
+        """The newest lines of the container's output since it was created (all its runs), bounded.
+
+        Docker is asked for one line more than `max_lines` so that a longer log shows as
+        truncated; the stream is read with a moving window, so memory stays near `max_bytes`
+        whatever the engine printed.
+        """
+        attrs = self._exact(container_id)
+        state: dict[str, Any] = attrs.get("State") or {}
+        window = bytearray()
+        cut = False
+        with translated(f"logs of container {container_id}"):
+            stream = self._client.api.logs(
+                container_id, stdout=True, stderr=True, stream=True, follow=False, tail=max_lines + 1
+            )
+            try:
+                for chunk in stream:
+                    window += chunk
+                    if len(window) > 2 * max_bytes:
+                        del window[: len(window) - max_bytes]
+                        cut = True
+            finally:
+                close = getattr(stream, "close", None)
+                if callable(close):
+                    close()
+        status = str(state.get("Status", "dead"))
+        return ContainerLog.bounded(
+            bytes(window),
+            max_lines=max_lines,
+            max_bytes=max_bytes,
+            cut=cut,
+            restart_count=int(attrs.get("RestartCount") or 0),
+            oom_killed=bool(state.get("OOMKilled")),
+            status=status,
+            started_at=str(state.get("StartedAt") or ""),
+            exit_code=state.get("ExitCode") if status in STOPPED else None,
+        )
 
     def remove(self, container_id: str, *, force: bool = False) -> None:
         """Remove one container by exact ID; a running one is refused unless force."""

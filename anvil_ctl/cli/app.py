@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from anvil_ctl.cli import admin, audit, gpu, lifecycle, qualify, serves
+from anvil_ctl.cli import admin, audit, claims, gpu, lifecycle, qualify, serves
 from anvil_ctl.cli.complete import PROG, completion
 from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
 from anvil_ctl.core.errors import AnvilError, ConfigError
@@ -60,6 +60,7 @@ COMMANDS: list[click.Command] = [
     gpu.waivers,
     # records
     audit.audit,
+    claims.claims,
     completion,
 ]
 """Every top-level command and group, in one place; nothing registers itself on import."""

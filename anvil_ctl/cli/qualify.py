@@ -28,10 +28,17 @@ one, which must be what the slot serves), writes the evidence under
 The decision is computed under the standing policy; if an active waiver changes it, a
 second decision that reclassifies the first is recorded too (the first is never changed).
 
+With --ab ARM_A ARM_B it runs the matched A/B control instead: the capacity cells of two
+loaded candidates of the same model (each a recipe name, served model or container ID),
+one after the other, alternating arms per repetition. The profile (default ab-control)
+declares the protected boundaries, written with their digest before the first request;
+the verdict names the selected arm or each violated boundary.
+
 \b
 Exit status:
   0  the qualification ran and a decision was recorded, whatever the decision
-     (verified, policy-infeasible or failed: read it in the output or with --json)
+     (verified, policy-infeasible or failed: read it in the output or with --json);
+     with --ab: the comparison ran, whatever its verdict
   3  refused before running (no candidate, or the slot serves something else)
   4  the candidate changed during the run (evidence kept, no decision recorded)
 """
@@ -49,17 +56,32 @@ Exit status:
     required=True,
     shell_complete=complete_slots,
     metavar="SLOT",
-    help="The slot whose candidate to qualify.",
+    help="The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).",
 )
 @click.option("--profile", type=RECIPE, help="Profile name or TOML path (default: the recipe's profile).")
 @click.option(
     "--gates", type=Text(1024), metavar="A,B", help="Run only these gates of the profile, comma-separated."
 )
+@click.option(
+    "--ab",
+    nargs=2,
+    type=Text(200),
+    metavar="ARM_A ARM_B",
+    default=None,
+    help="Matched A/B of two loaded candidates of one model (profile default: ab-control).",
+)
 @pass_session
-def qualify(session: Session, slot: str, profile: str | None, gates: str | None) -> Reply:
+def qualify(
+    session: Session, slot: str, profile: str | None, gates: str | None, ab: tuple[str, str] | None
+) -> Reply:
     from anvil_ctl.commands import qualify as qualify_cmd
     from anvil_ctl.qualify import make_progress
 
+    if ab:
+        if gates:
+            raise click.UsageError("--gates does not go with --ab (the profile's capacity cells run)")
+        compared = qualify_cmd.qualify_ab(session.context(), slot=slot, arms=ab, profile=profile)
+        return Reply(compared, ExitCode(compared.exit_code))
     chosen = [g.strip() for g in (gates or "").split(",") if g.strip()]
     out = qualify_cmd.qualify_slot(
         session.context(), slot=slot, profile=profile, gates=chosen, progress=make_progress(sys.stderr)
@@ -109,9 +131,34 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
+@click.command("report", epilog=example("anvilctl evidence report 8259c0de -o report-8259.html"))
+@click.argument("tx")
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE.html",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the page (default <state>/reports/<transaction>.html).",
+)
+@pass_session
+def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
+    """Write the one-page HTML report of a qualification (exit 6 if its evidence was altered).
+
+    TX is a transaction ID, a unique prefix or an evidence directory. The page is one
+    self-contained file (inline CSS and SVG, nothing fetched): identity, decision and
+    reasons, waivers, the gate table, TTFT / prefill / decode against measured prompt
+    tokens, VRAM before and after the workload and after acceptance against the reserve,
+    and the A/B control when one compared this candidate. Figures come only from
+    verified evidence bundles. Needs the optional extra `report` (matplotlib).
+    """
+    from anvil_ctl.commands import report
+
+    return Reply(report.evidence_report(session.context(), tx, output))
+
+
 evidence = click.Group(
     "evidence",
-    commands=[evidence_export, evidence_verify],
-    help="Evidence bundles: export a redacted copy, verify one.",
+    commands=[evidence_export, evidence_verify, evidence_report],
+    help="Evidence bundles: export a redacted copy, verify one, report one on a page.",
     epilog=example("anvilctl evidence verify ./bundle-8259"),
 )

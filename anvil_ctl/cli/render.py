@@ -29,11 +29,13 @@ from anvil_ctl.cli import views
 from anvil_ctl.core.validate import escape_text
 
 if TYPE_CHECKING:
-    from anvil_ctl.commands.qualify import QualifyOutcome
+    from anvil_ctl.commands.qualify import AbOutcome, QualifyOutcome
     from anvil_ctl.commands.recheck import RecheckResult
     from anvil_ctl.commands.recipes import Plan, RecipeView, ValidationReport
+    from anvil_ctl.commands.report import ReportResult
     from anvil_ctl.engine.recover import RecoverReport
     from anvil_ctl.engine.runner import Outcome
+    from anvil_ctl.qualify.claims import ClaimsCheck
     from anvil_ctl.qualify.evidence import ExportResult, VerifyResult
 
 Renderer = Callable[[Any, Console], None]
@@ -326,6 +328,57 @@ def _qualify(q: QualifyOutcome, out: Console) -> None:
     print(f"  evidence     {_s(result.tx_dir)}  manifest sha256 {_s(result.manifest.sha256)}")
 
 
+def _ab(a: AbOutcome, out: Console) -> None:
+    if a.comparison is None:
+        _outcome(a.outcome, out)
+        return
+    c = a.comparison
+    names = c["arms"]
+    print(f"A/B control (transaction {a.outcome.tx_id}): A = {names['A']}, B = {names['B']}")
+    print(f"  declared before the first request: digest {c.get('declaration_digest')}")
+    print()
+    rows = [
+        (
+            "Nominal context",
+            "A decode p50",
+            "B decode p50",
+            "Delta",
+            "A prefill p50",
+            "B prefill p50",
+            "Delta",
+        )
+    ]
+
+    def num(value: float | None, digits: int, unit: str) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}{unit}"
+
+    def delta(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.1f}%"
+
+    for cell in c["cells"]:
+        if cell.get("skipped"):
+            rows.append((cell["label"], "skipped", "", "", "", "", ""))
+            continue
+        rows.append(
+            (
+                cell["label"],
+                num(cell["A"]["decode_p50"], 2, " tok/s"),
+                num(cell["B"]["decode_p50"], 2, " tok/s"),
+                delta(cell["delta_pct"]["decode_p50"]),
+                num(cell["A"]["prefill_p50"], 0, " tok/s"),
+                num(cell["B"]["prefill_p50"], 0, " tok/s"),
+                delta(cell["delta_pct"]["prefill_p50"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
+    print()
+    verdict = c["verdict"]
+    print(f"VERDICT: {verdict['outcome'].upper()}: {verdict['summary']}")
+    print(f"  evidence     {a.tx_dir}")
+
+
 def _export(r: ExportResult, out: Console) -> None:
     red = r.redactions
     print(
@@ -353,6 +406,32 @@ def _verify(r: VerifyResult, out: Console) -> None:
         verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b.matched]
         note = f" ({_s(b.note)})" if b.note else ""
         print(f"  manifest {verdict} {_s(b.against)}{note}")
+
+
+def _report(r: ReportResult, out: Console) -> None:
+    print(f"wrote {r.path} ({r.size:,} bytes), one self-contained page, from verified evidence:")
+    for b in r.bundles:
+        print(f"  {b['tx_id']}  manifest sha256 {b['manifest_sha256']}")
+
+
+def _claims(c: ClaimsCheck, out: Console) -> None:
+    for m in c.bundle.mismatches:
+        print(f"BUNDLE MISMATCH  {m.path}: {m.problem}")
+    for r in c.results:
+        if r.status == "external-prior":
+            print(f"external-prior   {r.claim}  (published by its source; not measured here, not recounted)")
+            continue
+        label = {"ok": "ok", "differs": "DIFFERS", "missing": "MISSING"}[r.status]
+        shown = ", ".join(f"{e['recounted']} from {e['artifact']}" for e in r.recounted)
+        print(f"{label:<16} {r.claim}" + (f"  (= {shown})" if r.status == "ok" else ""))
+        for problem in r.problems:
+            print(f"                   {problem}")
+    bad = [r.claim for r in c.results if r.status in ("differs", "missing")]
+    if c.ok:
+        print(f"ok: every local claim of {c.ledger} matches {c.evidence}")
+    else:
+        named = "; ".join(bad) or "the bundle does not match its manifest"
+        print(f"DRIFT: {len(bad)} claim(s) do not match the evidence: {named}")
 
 
 def _evidence_audit(view: views.EvidenceAudit, out: Console) -> None:
@@ -413,10 +492,13 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.engine.recover.RecoverReport": _recover,
     "anvil_ctl.commands.recheck.RecheckResult": _recheck,
     "anvil_ctl.commands.qualify.QualifyOutcome": _qualify,
+    "anvil_ctl.commands.qualify.AbOutcome": _ab,
     "anvil_ctl.commands.recipes.RecipeView": _recipe_view,
     "anvil_ctl.commands.recipes.ValidationReport": _validation,
     "anvil_ctl.commands.recipes.Plan": _recipe_plan,
     "anvil_ctl.qualify.evidence.ExportResult": _export,
+    "anvil_ctl.qualify.claims.ClaimsCheck": _claims,
+    "anvil_ctl.commands.report.ReportResult": _report,
     "anvil_ctl.qualify.evidence.VerifyResult": _verify,
 }
 """Human renderer by result type (fully qualified name); anything else prints as JSON."""

@@ -9,6 +9,7 @@ be what the slot serves right now) and returns the decisions it recorded.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Sequence
@@ -23,8 +24,9 @@ from anvil_ctl.commands.recipes import resolve_recipe_path
 from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
 from anvil_ctl.core.model import LABEL_RECIPE, Identity
 from anvil_ctl.engine import reclassify
+from anvil_ctl.engine.plans import ab as ab_plan
 from anvil_ctl.engine.plans import qualify as qualify_plan
-from anvil_ctl.engine.plans.args import QualifyArgs
+from anvil_ctl.engine.plans.args import AbArgs, AbArm, QualifyArgs
 from anvil_ctl.engine.reclassify import ReclassifyReport
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.world import World
@@ -39,7 +41,7 @@ from anvil_ctl.qualify import (
 )
 from anvil_ctl.qualify.evidence import ExportResult, ManifestReference, VerifyResult, read_manifest
 from anvil_ctl.qualify.report import Progress
-from anvil_ctl.recipes import load_recipe, recipe_digest
+from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
 
 # -- the command ------------------------------------------------------------------------------
 
@@ -76,8 +78,8 @@ class QualifyOutcome:
         }
 
 
-def _recipe_profile(ctx: Context, world: World, ident: Identity) -> str | None:
-    """The profile the candidate's recipe names, if that recipe is still the loaded one."""
+def candidate_recipe(ctx: Context, world: World, ident: Identity) -> Recipe | None:
+    """The candidate's recipe, if the recipe file still is the one that was loaded."""
     try:
         name = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE)
         if not name:
@@ -85,7 +87,12 @@ def _recipe_profile(ctx: Context, world: World, ident: Identity) -> str | None:
         recipe = load_recipe(resolve_recipe_path(name, ctx.settings.recipes_dir))
     except AnvilError:
         return None
-    return recipe.profile if recipe_digest(recipe) == ident.recipe_digest else None
+    return recipe if recipe_digest(recipe) == ident.recipe_digest else None
+
+
+def router_secrets(ctx: Context) -> tuple[str, ...]:
+    """The router tokens resolvable here: what evidence must never contain."""
+    return _redaction(ctx).secrets
 
 
 def qualify_slot(
@@ -101,7 +108,8 @@ def qualify_slot(
     world = ctx.world()
     ctx.config.slot(slot)
     ident = ctx.store.current_identity(slot, "candidate")
-    chosen = profile or (_recipe_profile(ctx, world, ident) if ident else None)
+    recipe = candidate_recipe(ctx, world, ident) if ident else None
+    chosen = profile or (recipe.profile if recipe else None)
     if ident is not None and chosen is None:
         raise BadInput(
             "the candidate's recipe (or its profile) cannot be read; pass --profile",
@@ -109,10 +117,17 @@ def qualify_slot(
         )
     resolved = resolve_profile(None, profile=chosen or "smoke", gates=list(gates) or None)
     args = QualifyArgs(
-        slot=slot, candidate=ident, profile=resolved.source or resolved.name, gates=tuple(gates)
+        slot=slot,
+        candidate=ident,
+        profile=resolved.source or resolved.name,
+        gates=tuple(gates),
+        recipe=recipe.name if recipe else "",
+        engine=recipe.engine if recipe else "",
+        source=recipe.source.model_dump(mode="json") if recipe and recipe.source else None,
     )
     plan = qualify_plan.build(args, world)
     plan.memo.progress, plan.memo.now = progress, now
+    plan.memo.secrets = router_secrets(ctx)
     # Non-mutating: no host lock, but journaled like every transaction.
     engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
@@ -124,6 +139,81 @@ def qualify_slot(
         decision=found.get(step.get("decision_id", "")),
         reclassified=found.get(step.get("reclassified_id") or ""),
     )
+
+
+# -- the matched A/B control --------------------------------------------------------------------
+
+
+@dataclass
+class AbOutcome:
+    """An A/B transaction's outcome and, when it ran, its comparison."""
+
+    outcome: Outcome
+    comparison: dict[str, Any] | None = None
+    tx_dir: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return self.outcome.exit_code
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tx_id": self.outcome.tx_id,
+            "state": self.outcome.state.value,
+            "reason": self.outcome.reason,
+            "refusal": self.outcome.refusal.as_dict() if self.outcome.refusal else None,
+            "results": self.outcome.results,
+            "comparison": self.comparison,
+            "tx_dir": self.tx_dir,
+        }
+
+
+def resolve_arm(ctx: Context, world: World, ref: str) -> AbArm:
+    """The loaded candidate (of any slot) that `ref` names: recipe name, served model or
+    container ID prefix (12+ characters); BadInput naming the arm when none or several match."""
+    found: list[Identity] = []
+    for slot in sorted(ctx.config.slots):
+        ident = ctx.store.current_identity(slot, "candidate")
+        if ident is None:
+            continue
+        try:
+            recipe = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE, "")
+        except AnvilError:
+            recipe = ""
+        by_id = len(ref) >= 12 and ident.container_id.startswith(ref)
+        if ref in (recipe, ident.served_model) or by_id:
+            found.append(ident)
+    if len(found) != 1:
+        problem = "no loaded candidate matches it" if not found else "several loaded candidates match it"
+        raise BadInput(
+            f"--ab {ref}: {problem}; expected a recipe name, served model or container ID of one "
+            "slot's loaded candidate (`anvilctl load RECIPE --slot S` first)",
+            field="ab",
+        )
+    return AbArm(name=ref, identity=found[0])
+
+
+def qualify_ab(ctx: Context, *, slot: str, arms: Sequence[str], profile: str | None = None) -> AbOutcome:
+    """Run the matched A/B control of two loaded candidates (see `anvil_ctl.engine.plans.ab`)."""
+    if len(arms) != 2 or arms[0] == arms[1]:
+        raise BadInput(f"--ab: expected two different arms, got {list(arms)}", field="ab")
+    world = ctx.world()
+    ctx.config.slot(slot)
+    chosen = profile or "ab-control"
+    loaded, _ = ab_plan.load_ab_profile(chosen)
+    args = AbArgs(
+        slot=slot,
+        arms=(resolve_arm(ctx, world, arms[0]), resolve_arm(ctx, world, arms[1])),
+        profile=loaded.source or loaded.name,
+    )
+    plan = ab_plan.build(args, world)
+    engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
+    outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
+    compared = outcome.results.get("compare")
+    comparison = None
+    if compared:
+        comparison = json.loads((Path(compared["tx_dir"]) / compared["artifact"]).read_text())
+    return AbOutcome(outcome, comparison, compared["tx_dir"] if compared else None)
 
 
 # -- reclassification under waivers -----------------------------------------------------------

@@ -15,7 +15,8 @@ AnvilError
 │   ├── NotFound                 the object named by an exact ID does not exist
 │   └── CredentialError          a token could not be resolved or its file is unsafe
 ├── StepFailed                   raised by a step's do/undo to fail with a reason
-└── StateStoreError              the state database is missing, foreign or too new
+├── StateStoreError              the state database is missing, foreign or too new
+└── EvidenceMismatch             exit 6: an evidence bundle differs from its manifest
 IllegalTransition (RuntimeError) misuse: a transition the table does not allow
 UncoveredRows (RuntimeError)     misuse: history rows committed without their audit entry
                                  (anvil_ctl.persistence.coverage)
@@ -34,6 +35,7 @@ __all__ = [
     "BadInput",
     "ConfigError",
     "CredentialError",
+    "EvidenceMismatch",
     "IllegalTransition",
     "LockHeld",
     "NeedsOperator",
@@ -134,3 +136,9 @@ class StateStoreError(AnvilError):
     """The state database is missing, at an unknown revision, or newer than this program."""
 
     exit_code = ExitCode.BAD_INPUT
+
+
+class EvidenceMismatch(AnvilError):
+    """An evidence bundle differs from its manifest: nothing is read from it as a figure."""
+
+    exit_code = ExitCode.DRIFT

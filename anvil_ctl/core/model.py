@@ -146,6 +146,53 @@ class ContainerInfo:
 
 
 @dataclass(frozen=True)
+class ContainerLog:
+    """A container's log, bounded, and what the runtime says of its restarts and memory.
+
+    `lines` are the newest lines of stdout and stderr since the container was created,
+    at most `max_lines` of them and `max_bytes` in all; `truncated` says older lines
+    were left out to stay within those caps.
+    """
+
+    lines: tuple[str, ...]
+    bytes_read: int
+    truncated: bool
+    max_lines: int
+    max_bytes: int
+    restart_count: int = 0
+    oom_killed: bool = False
+    status: str = ""
+    started_at: str = ""
+    exit_code: int | None = None
+
+    @classmethod
+    def bounded(
+        cls, tail: bytes, *, max_lines: int, max_bytes: int, cut: bool = False, **state: Any
+    ) -> ContainerLog:
+        """The log from the raw `tail` of a container's output, cut to the caps.
+
+        `tail` may hold one line more than `max_lines` (how an adapter learns there were
+        older lines); `cut`: the adapter already dropped bytes from its front.
+        """
+        data = tail
+        if len(data) > max_bytes:
+            data, cut = data[len(data) - max_bytes :], True
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        if cut and lines:
+            lines = lines[1:]  # the first line was cut in the middle
+        if len(lines) > max_lines:
+            lines, cut = lines[len(lines) - max_lines :], True
+        return cls(
+            lines=tuple(lines),
+            bytes_read=len(data),
+            truncated=cut,
+            max_lines=max_lines,
+            max_bytes=max_bytes,
+            **state,
+        )
+
+
+@dataclass(frozen=True)
 class ImageInfo:
     id: str
     repo_digests: tuple[str, ...] = ()

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 from anvil_ctl.core.model import (
     Backend,
     ContainerInfo,
+    ContainerLog,
     ContainerSpec,
     GpuReading,
     ImageInfo,
@@ -54,6 +55,11 @@ class ContainerRuntime(Protocol):
         ...
 
     def remove(self, container_id: str) -> None: ...
+
+    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
+        """The newest `max_lines` lines (at most `max_bytes`) of the container's stdout and
+        stderr since it was created, with its restart count and OOM flag; NotFound if absent."""
+        ...
 
 
 @runtime_checkable

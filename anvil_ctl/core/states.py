@@ -108,5 +108,14 @@ def check_transition(source: TxState, target: TxState) -> None:
         raise IllegalTransition(source.value, target.value)
 
 
-TX_KINDS: tuple[str, ...] = ("adopt", "load", "qualify", "promote", "rollback", "unload", "reconcile")
+TX_KINDS: tuple[str, ...] = (
+    "adopt",
+    "load",
+    "qualify",
+    "ab",
+    "promote",
+    "rollback",
+    "unload",
+    "reconcile",
+)
 """Every kind of transaction a plan is built for (`audit transactions --kind` offers these)."""

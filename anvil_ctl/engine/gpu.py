@@ -40,6 +40,7 @@ from anvil_ctl.gpu.ownership import (
 )
 from anvil_ctl.gpu.release import wait_for_vram_release
 from anvil_ctl.gpu.reserve import POLICY as VRAM_RESERVE
+from anvil_ctl.gpu.reserve import VramReserveGate
 from anvil_ctl.gpu.waivers import resolve
 from anvil_ctl.persistence import gpu_ledger
 from anvil_ctl.persistence import waivers as stored_waivers
@@ -264,22 +265,7 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
         missing = sorted(set(roles) - set(world.config.gpu_roles))
         if missing:
             raise StepFailed(f"VRAM release: roles not in the host config: {missing}")
-        waivers = stored_waivers.waivers(world.store)
-        now = datetime.now(UTC)
-        reserve: dict[str, int] = {}
-        waiver_ids: set[str] = set()
-        for role in roles:
-            eff = resolve(
-                VRAM_RESERVE,
-                policy_default=world.config.reserve_for(role),
-                role=role,
-                recipe_digest=need.recipe_digest or None,
-                waivers=waivers,
-                now=now,
-            )
-            reserve[role] = eff.value
-            if eff.waiver_id:
-                waiver_ids.add(eff.waiver_id)
+        reserve, waiver_ids = reserve_in_force(world, roles, need.recipe_digest)
         result = wait_for_vram_release(
             world.gpus,
             world.clock,
@@ -289,6 +275,53 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
             deadline_s=deadline_s,
             poll_s=poll_s,
         )
-        return {**result, "need_mib": need.need_mib, "reserve_mib": reserve, "waivers": sorted(waiver_ids)}
+        return {**result, "need_mib": need.need_mib, "reserve_mib": reserve, "waivers": waiver_ids}
 
     return gate
+
+
+def reserve_in_force(
+    world: World, roles: Sequence[str], recipe_digest: str, now: datetime | None = None
+) -> tuple[dict[str, int], list[str]]:
+    """The VRAM reserve per role in force `now` (the policy value, waivers applied) and the
+    IDs of the waivers that set it."""
+    waivers = stored_waivers.waivers(world.store)
+    when = now or datetime.now(UTC)
+    reserve: dict[str, int] = {}
+    waiver_ids: set[str] = set()
+    for role in roles:
+        eff = resolve(
+            VRAM_RESERVE,
+            policy_default=world.config.reserve_for(role),
+            role=role,
+            recipe_digest=recipe_digest or None,
+            waivers=waivers,
+            now=when,
+        )
+        reserve[role] = eff.value
+        if eff.waiver_id:
+            waiver_ids.add(eff.waiver_id)
+    return reserve, sorted(waiver_ids)
+
+
+def reserve_reading(world: World, ident: Identity, *, when: str) -> dict[str, Any]:
+    """Free MiB per card of `ident`'s roles now, against the reserve in force (waivers applied).
+
+    `passed` is False when a card keeps less than its reserve or was not reported;
+    `skipped` says why nothing was read (no GPU role, no probe).
+    """
+    roles = tuple(ident.gpu_roles or world.config.slot(ident.slot).gpu_roles)
+    if not roles:
+        return {"when": when, "skipped": "the serve uses no GPU role", "passed": True}
+    if world.gpus is None:
+        return {"when": when, "skipped": "no GPU probe configured", "passed": True}
+    reserve, waiver_ids = reserve_in_force(world, roles, ident.recipe_digest)
+    standing = {role: world.config.reserve_for(role) for role in roles}
+    uuids = {role: world.config.gpu_roles[role].uuid for role in roles}
+    result = VramReserveGate(reserve, uuids)(world.gpus.gpus())
+    return {
+        "when": when,
+        **result.evidence(),
+        "standing_mib": standing,
+        "waivers": waiver_ids,
+    }

@@ -6,6 +6,10 @@ candidate becomes the incumbent.
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlalchemy import select
+
 from anvil_ctl.persistence.models import ApprovalRow
 from anvil_ctl.persistence.store import Store, utcnow
 
@@ -14,3 +18,13 @@ def record_approval(store: Store, *, tx_id: str, decision_id: str, approved_by: 
     with store.write() as s:
         s.add(ApprovalRow(tx_id=tx_id, decision_id=decision_id, approved_by=approved_by, at=utcnow()))
         store.audit(s, "approval", tx_id, {"decision_id": decision_id, "approved_by": approved_by})
+
+
+def approvals(store: Store) -> list[dict[str, Any]]:
+    """Every approval, oldest first: which promotion relied on which decision, approved by whom."""
+    with store.read() as s:
+        rows = s.execute(select(ApprovalRow).order_by(ApprovalRow.id)).scalars()
+        return [
+            {"tx_id": r.tx_id, "decision_id": r.decision_id, "approved_by": r.approved_by, "at": r.at}
+            for r in rows
+        ]

@@ -65,13 +65,27 @@ def _artifact(root: Path, rel: str, data: bytes) -> Artifact:
 class EvidenceWriter:
     """Writes a transaction's artifacts once each, then its manifest."""
 
-    def __init__(self, evidence_dir: Path, tx_id: str) -> None:
+    def __init__(self, evidence_dir: Path, tx_id: str, *, resume: bool = False) -> None:
+        """`resume`: a step re-run after a crash; the files already written stay, are listed
+        again in the next manifest, and are never overwritten."""
         if not _SAFE_NAME.match(tx_id):
             raise BadInput(f"transaction id {tx_id!r}: expected letters, digits, '.', '_' or '-'")
         self.tx_dir = evidence_dir / tx_id
         self.tx_dir.mkdir(parents=True, exist_ok=True)
         self.tx_id = tx_id
         self.artifacts: list[Artifact] = []
+        if resume:
+            for path in sorted(self.tx_dir.iterdir()):
+                if path.is_file() and path.name != MANIFEST and _SAFE_NAME.match(path.name):
+                    self.artifacts.append(_artifact(self.tx_dir, path.name, path.read_bytes()))
+
+    def free_name(self, stem: str) -> str:
+        """`<stem>.json`, or `<stem>-2.json`, ... when a re-run finds the earlier one written."""
+        name, n = f"{stem}.json", 1
+        while (self.tx_dir / name).exists():
+            n += 1
+            name = f"{stem}-{n}.json"
+        return name
 
     def write_json(self, name: str, data: Any) -> Artifact:
         if not _SAFE_NAME.match(name) or name == MANIFEST:

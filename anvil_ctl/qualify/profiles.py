@@ -9,6 +9,12 @@
     name = "tools-20"         # optional, unique; default the type
     count = 20                # any keyword of the gate's __init__
 
+    select = "decode_p50"     # A/B only (`qualify --ab`): the metric that picks the faster arm
+    [[boundaries]]            # A/B only: protected boundaries, see anvil_ctl.qualify.ab
+    metric = "prefill_p50"
+    min_delta_pct = -3.0
+    min_context = 122880
+
 Named profiles ship in `anvil_ctl/profiles/`; a path works too. Errors name the
 file and the field (`gates[2].count`) and say what was expected.
 """
@@ -19,16 +25,17 @@ import inspect
 import types
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from anvil_ctl.config import load_toml
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.qualify.ab import METRICS, Boundary, parse_boundaries
 from anvil_ctl.qualify.gates import GATE_TYPES, Gate
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
-_TOP_KEYS = {"name", "description", "thinking", "gates"}
+_TOP_KEYS = {"name", "description", "thinking", "gates", "select", "boundaries"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,9 @@ class Profile:
     thinking: bool | None
     gates: tuple[GateSpec, ...]
     source: str = ""
+    ab_metric: str = "decode_p50"
+    """TOML `select`: the metric that picks the faster arm of an A/B."""
+    boundaries: tuple[Boundary, ...] = ()
 
     def build(self) -> list[Gate]:
         return [spec.build() for spec in self.gates]
@@ -63,7 +73,7 @@ class Profile:
                 field="gates",
             )
         chosen = tuple(g for g in self.gates if g.name in names or g.type in names)
-        return Profile(self.name, self.description, self.thinking, chosen, self.source)
+        return replace(self, gates=chosen)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +82,8 @@ class Profile:
             "thinking": self.thinking,
             "source": self.source,
             "gates": [{"type": g.type, "name": g.name, **g.params} for g in self.gates],
+            "select": self.ab_metric,
+            "boundaries": [b.as_dict() for b in self.boundaries],
         }
 
 
@@ -161,6 +173,11 @@ def parse_profile(data: dict[str, Any], source: str) -> Profile:
                 field=f"gates[{i}].name",
             )
         seen.add(spec.name)
+    select = data.get("select", "decode_p50")
+    if select not in METRICS:
+        raise BadInput(
+            f"{source}: select: {select!r}; expected one of {sorted(METRICS)}", file=source, field="select"
+        )
     name = data.get("name") or Path(source).stem
     return Profile(
         name=str(name),
@@ -168,6 +185,8 @@ def parse_profile(data: dict[str, Any], source: str) -> Profile:
         thinking=thinking,
         gates=specs,
         source=source,
+        ab_metric=str(select),
+        boundaries=parse_boundaries(data.get("boundaries"), source),
     )
 
 

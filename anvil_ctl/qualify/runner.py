@@ -1,10 +1,14 @@
 """Run a qualification profile against one engine endpoint, write evidence, decide.
 
-Order: the served identity (`GET /v1/models` must list the served model; its
-`max_model_len` bounds long-context gates), then each gate of the profile, each
-written as `NN-<gate>.json` as soon as it finishes, then `summary.json`,
-`decision.json` and `manifest.json`. Nothing here touches the host: qualify
-mutates nothing, and a failed gate is evidence, not an exception.
+Order: the candidate's recorded identity (`identity.json`, when given), the served
+identity (`GET /v1/models` must list the served model; its
+`max_model_len` bounds long-context gates), a VRAM reading before the workload
+(`vram-before.json`, when a reserve probe is given), then each gate of the
+profile, each written as `NN-<gate>.json` as soon as it finishes, then
+`summary.json`, `provenance.json` (which figures are local measurements, which
+are external-prior claims of the recipe's source), `decision.json` and
+`manifest.json`. Nothing here touches the host: qualify mutates nothing, and a
+failed gate is evidence, not an exception.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.evidence import Artifact, EvidenceWriter
-from anvil_ctl.qualify.gates.base import FIXTURES_DIR, GateContext, ReserveProbe
+from anvil_ctl.qualify.gates.base import FIXTURES_DIR, GateContext, LogReader, ReserveProbe
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.report import NullProgress, Progress, SummaryRow, summary_rows
 from anvil_ctl.qualify.results import GateResult
 
 log = structlog.get_logger()
 IDENTITY_GATE = "served-identity"
+VRAM_BEFORE = "vram-before.json"
+IDENTITY = "identity.json"
+PROVENANCE = "provenance.json"
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,11 @@ async def qualify(
     fixtures_dir: Path = FIXTURES_DIR,
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
+    container_log: LogReader | None = None,
+    engine: str = "",
+    secrets: Sequence[str] = (),
+    provenance: dict[str, Any] | None = None,
+    recorded_identity: dict[str, Any] | None = None,
 ) -> QualificationResult:
     """The async body of `run_qualification`."""
     progress = progress or NullProgress()
@@ -154,6 +166,8 @@ async def qualify(
     progress.run_started(profile.name, names)
     results: list[GateResult] = []
     hashes: dict[str, str] = {}
+    if recorded_identity is not None:
+        writer.write_json(IDENTITY, recorded_identity)
 
     def record(index: int, result: GateResult) -> None:
         artifact = writer.write_json(f"{index:02d}-{result.name}.json", result.as_dict())
@@ -174,6 +188,8 @@ async def qualify(
         progress.gate_started(IDENTITY_GATE, 1, len(names))
         identity, max_model_len = await _served_identity(client, served_model)
         record(0, identity)
+        if identity.passed and reserve_probe is not None:
+            writer.write_json(VRAM_BEFORE, await _vram_reading(reserve_probe))
         if identity.passed:
             ctx = GateContext(
                 client=client,
@@ -184,13 +200,17 @@ async def qualify(
                 fixtures_dir=fixtures_dir,
                 reserve_probe=reserve_probe,
                 on_request=progress.request_done,
+                container_log=container_log,
+                engine=engine,
+                secrets=tuple(secrets),
             )
             for index, gate in enumerate(gates, start=1):
                 progress.gate_started(gate.name, index + 1, len(names))
                 record(index, await gate(ctx))
 
     rows = summary_rows(results)
-    writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows]})
+    writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows], "origin": "local"})
+    writer.write_json(PROVENANCE, provenance_record(provenance, writer.artifacts))
     decision = make_decision(results, identity_digest, profile=profile.name, artifact_sha256=hashes)
     writer.write_json(
         "decision.json",
@@ -243,6 +263,11 @@ def run_qualification(
     fixtures_dir: Path = FIXTURES_DIR,
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
+    container_log: LogReader | None = None,
+    engine: str = "",
+    secrets: Sequence[str] = (),
+    provenance: dict[str, Any] | None = None,
+    recorded_identity: dict[str, Any] | None = None,
 ) -> QualificationResult:
     """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
 
@@ -263,8 +288,47 @@ def run_qualification(
             fixtures_dir=fixtures_dir,
             chars_per_token=chars_per_token,
             request_timeout_s=request_timeout_s,
+            container_log=container_log,
+            engine=engine,
+            secrets=secrets,
+            provenance=provenance,
+            recorded_identity=recorded_identity,
         )
     )
+
+
+async def _vram_reading(probe: ReserveProbe) -> dict[str, Any]:
+    """Free MiB per card now, against the standing reserve: the idle reading before any workload."""
+    try:
+        readings = await asyncio.to_thread(probe)
+    except AnvilError as exc:
+        return {"when": "before the first gate", "cards": [], "error": str(exc)}
+    cards = [{"uuid": u, "free_mib": free, "reserve_mib": reserve} for u, free, reserve in readings]
+    return {"when": "before the first gate", "cards": cards}
+
+
+def provenance_record(provenance: dict[str, Any] | None, artifacts: Sequence[Artifact]) -> dict[str, Any]:
+    """Which figures of this bundle are local measurements, and which are external-prior.
+
+    Every artifact written so far was measured here against the candidate. The recipe's
+    `source` and its `external_prior` figures are copied as they were published, under
+    their own key, so a report or a claim can never take one for a local result.
+    """
+    given = dict(provenance or {})
+    source = given.get("source") or None
+    external = list((source or {}).get("external_prior") or [])
+    return {
+        "recipe": given.get("recipe"),
+        "engine": given.get("engine"),
+        "source": source,
+        "local_measurements": {
+            "measured_by": "anvilctl qualify, against the candidate's own endpoint and container",
+            "artifacts": sorted(a.path for a in artifacts),
+        },
+        "external_prior": external,
+        "rule": "external_prior figures are the recipe source's published claims, not measured "
+        "here; never report them as local results",
+    }
 
 
 def select_gates(names: Sequence[str] | None, profile: Profile) -> Profile:

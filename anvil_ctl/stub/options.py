@@ -1,7 +1,8 @@
 """The stub engine's options: command-line flags, each with an `ANVIL_STUB_<OPTION>` env twin.
 
 Flags win over env. Booleans in env accept 1/true/yes/on; the repeatable `--fault`
-reads a comma-separated list from `ANVIL_STUB_FAULT`.
+reads a comma-separated list from `ANVIL_STUB_FAULT`, the repeatable `--log-line` a
+newline-separated one from `ANVIL_STUB_LOG_LINE` (a log line may hold commas).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class StubOptions:
     gpu_uuids: tuple[str, ...] = ()
     shm_files: tuple[str, ...] = ()
     shm_dir: str = "/dev/shm"  # noqa: S108 - the engine's own shared-memory directory
+    log_lines: tuple[str, ...] = ()
+    log_after: int = 0
+    restart_after: int | None = None
 
     @property
     def reported_name(self) -> str:
@@ -83,6 +87,9 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--default-max-tokens", type=int, default=env_default("default-max-tokens", 256))
     p.add_argument("--shm-file", action="append", default=None, help="repeatable")
     p.add_argument("--shm-dir", default=env_default("shm-dir", "/dev/shm"))  # noqa: S108
+    p.add_argument("--log-line", action="append", default=None, help="repeatable")
+    p.add_argument("--log-after", type=int, default=env_default("log-after", 0))
+    p.add_argument("--restart-after", type=int, default=env_default("restart-after", None))
     return p
 
 
@@ -101,6 +108,9 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
     bad = [f for f in shm_files if "/" in f or f in (".", "..")]
     if bad:
         parser.error(f"--shm-file takes a plain file name, not a path: {bad}")
+    log_raw: list[str] = (
+        ns.log_line if ns.log_line is not None else env.get(ENV_PREFIX + "LOG_LINE", "").split("\n")
+    )
     visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
     gpus = tuple(u.strip() for u in visible.split(",") if u.strip().startswith("GPU-"))
     return StubOptions(
@@ -125,4 +135,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
         gpu_uuids=gpus,
         shm_files=shm_files,
         shm_dir=ns.shm_dir,
+        log_lines=tuple(line for line in log_raw if line.strip()),
+        log_after=int(ns.log_after),
+        restart_after=int(ns.restart_after) if ns.restart_after not in (None, "") else None,
     )

@@ -8,6 +8,12 @@ ones. A rate of 0 means "instant".
 
 The server runs in a background thread; the main thread waits for SIGTERM/SIGINT
 (or --exit-after) and shuts it down, so a container stops at once.
+
+Log knobs for the log audit: `--log-line` lines are printed to stderr once
+`--log-after` completions have finished (0: at start); `--restart-after N` makes the
+engine restart inside its container after N completions, once, the way a supervised
+engine does: it prints that it restarts, re-executes itself and prints its start
+banner again.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ from anvil_ctl.stub.rules import (
 from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
 
 EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
+RESTARTED_ENV = "ANVIL_STUB_RESTARTED"  # set across the re-exec: --restart-after restarts once
+
+
+def _log(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 class StubState:
@@ -51,6 +63,8 @@ class StubState:
         self.ids = itertools.count(1)
         self.stop = threading.Event()
         self.exit_code = 0
+        self.restart = False
+        self.logged = bool(os.environ.get(RESTARTED_ENV))  # printed before the restart already
 
     def warming(self) -> bool:
         return time.monotonic() - self.started < self.options.slow_start
@@ -70,10 +84,23 @@ class StubState:
     def finished(self) -> None:
         with self.lock:
             self.completions_done += 1
+            self.print_log_lines()
             limit = self.options.exit_after
             if limit is not None and self.completions_done >= limit:
                 self.exit_code = EXIT_AFTER_CODE
                 self.stop.set()
+            again = self.options.restart_after
+            if again is not None and self.completions_done >= again and not os.environ.get(RESTARTED_ENV):
+                self.restart = True
+                self.stop.set()
+
+    def print_log_lines(self) -> None:
+        """Print the --log-line lines once --log-after completions are done (caller holds the lock
+        or runs before the server starts)."""
+        if not self.logged and self.completions_done >= self.options.log_after:
+            self.logged = True
+            for line in self.options.log_lines:
+                _log(line)
 
     def vram(self) -> dict[str, int]:
         o = self.options
@@ -404,12 +431,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
-    sys.stderr.write(f"anvil-stub: serving {options.served_model!r} on {options.host}:{options.port}\n")
-    sys.stderr.flush()
+    _log(f"anvil-stub: serving {options.served_model!r} on {options.host}:{options.port}")
+    with state.lock:
+        state.print_log_lines()
     while not state.stop.wait(0.5):
         pass
     server.shutdown()
     server.server_close()
     for fh in held:
         fh.close()
+    if state.restart and argv is None:
+        _log(f"anvil-stub: restarting after {state.completions_done} completions (--restart-after)")
+        os.environ[RESTARTED_ENV] = "1"
+        # The same interpreter and arguments: what a supervisor restarting the engine runs.
+        os.execv(sys.executable, [sys.executable, "-m", "anvil_ctl.stub", *sys.argv[1:]])  # noqa: S606
     return state.exit_code

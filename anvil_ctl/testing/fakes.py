@@ -24,6 +24,7 @@ from anvil_ctl.core.errors import AuthRejected, NotFound, StepFailed
 from anvil_ctl.core.model import (
     Backend,
     ContainerInfo,
+    ContainerLog,
     ContainerSpec,
     GpuReading,
     ImageInfo,
@@ -85,6 +86,14 @@ class FakeWorld:
     def add_gpu(self, uuid: str, total_mib: int, name: str = "Fake GPU") -> None:
         with self.edit() as w:
             w["gpus"].append({"uuid": uuid, "name": name, "total_mib": total_mib})
+
+    def append_log(self, container_id: str, *lines: str, restarts: int = 0, oom_killed: bool = False) -> None:
+        """What a fake container printed, and what its runtime reports of restarts and OOM."""
+        with self.edit() as w:
+            c = w["containers"][container_id]
+            c.setdefault("log", []).extend(lines)
+            c["restart_count"] = c.get("restart_count", 0) + restarts
+            c["oom_killed"] = c.get("oom_killed", False) or oom_killed
 
     def set_hang(self, op: str | None) -> None:
         with self.edit() as w:
@@ -198,6 +207,22 @@ class FakeRuntime:
         with self.world.edit() as w:
             if w["containers"].pop(container_id, None) is None:
                 raise NotFound(f"container {container_id} not found", container_id=container_id)
+
+    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
+        """The container's `log` lines (see `FakeWorld.append_log`), restart count and OOM flag."""
+        c = self.world.read()["containers"].get(container_id)
+        if c is None:
+            raise NotFound(f"container {container_id} not found", container_id=container_id)
+        lines = c.get("log", [])[-(max_lines + 1) :]
+        tail = "".join(line + "\n" for line in lines).encode()
+        return ContainerLog.bounded(
+            tail,
+            max_lines=max_lines,
+            max_bytes=max_bytes,
+            restart_count=int(c.get("restart_count", 0)),
+            oom_killed=bool(c.get("oom_killed", False)),
+            status=c["status"],
+        )
 
 
 class FakeEngineProbe:

@@ -133,7 +133,7 @@ def check_evidence_and_rows(host: Host, tx: str, outcome: str, free_mib: int) ->
     ]
 
     gates = host.sql("select gate, passed, sha256 from evidence where tx_id = ?", tx)
-    assert len(gates) == 16  # served identity + the 15 gates of seed-qualification
+    assert len(gates) == 17  # served identity + the 16 gates of seed-qualification (log audit last)
     for gate, _passed, sha in gates:
         path = next(p for p in listed if p.endswith(f"-{gate}.json"))
         assert next(a for a in manifest["artifacts"] if a["path"] == path)["sha256"] == sha
@@ -183,7 +183,8 @@ class TestQualifyCli:
         assert rows == ["4K", "120K", "230K", "4K"]  # 380K exceeds max_model_len: skipped
         assert "380K/C1 skipped" in r.stdout
         assert "DECISION: VERIFIED" in r.stdout
-        assert "[16/16] vram_reserve" in r.stderr  # plain progress lines off a TTY
+        assert "[16/17] vram_reserve" in r.stderr  # plain progress lines off a TTY
+        assert "[17/17] log_audit" in r.stderr
         decision = check_evidence_and_rows(host, tx, "verified", 3487)
         assert decision["container_id"] == container
         export_verify_and_tamper(host, tx, tmp_path)

@@ -3,7 +3,9 @@
 The stub engines' simulated GPU figures follow the reports in shared/seeds: on two
 97,887 MiB cards the 499,712-token C4 profile leaves 49 MiB free, the 393,216-token
 C1 profile 2,101 MiB after the workload, the 245,760-token C1 profile 3,487 MiB,
-against the standing 3,072 MiB reserve.
+against the standing 3,072 MiB reserve. The rest of the campaign rides along: the
+matched A/B control of two 131K arms, the bounded final log audit, free VRAM after
+real-client acceptance, the claim ledger and the one-page report.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from scripts.campaign import INCUMBENT_MODEL, Campaign, start_campaign, start_incumbent_by_hand
+from scripts.campaign import (
+    INCUMBENT_MODEL,
+    Campaign,
+    publish_claims,
+    start_campaign,
+    start_incumbent_by_hand,
+)
 from scripts.campaign import runtime as make_runtime
 
 _RUNTIME: list[Any] = []
@@ -88,6 +96,41 @@ class TestSeedCampaign:
         check = j(camp.anvilctl("--json", "recheck", "--slot", "primary"))
         assert check["passed"], check["failed"]
 
+    def test_01b_the_matched_ab_control_selects_adaptive_mtp_inside_its_declared_boundary(
+        self, camp: Campaign
+    ) -> None:
+        arms = []
+        for recipe, slot in (("stub-131k-nospec", "ab-nospec"), ("stub-131k-mtp", "ab-mtp")):
+            out = j(camp.anvilctl("--json", "load", recipe, "--slot", slot))
+            assert out["state"] == "committed", out["reason"]
+            arms.append(out["results"]["start-candidate"]["container_id"])
+        r = camp.anvilctl(
+            "--json",
+            "qualify",
+            "--ab",
+            "stub-131k-nospec",
+            "stub-131k-mtp",
+            "--slot",
+            "ab-mtp",
+            "--profile",
+            "ab-stub",
+        )
+        assert r.returncode == 0, r.stderr
+        out = j(r)
+        verdict = out["comparison"]["verdict"]
+        assert (verdict["outcome"], verdict["selected"]) == ("selected", "stub-131k-mtp"), verdict
+        assert [c["label"] for c in out["comparison"]["cells"]] == ["4K/C1", "16K/C1"]
+        assert all(c["delta_pct"]["decode_p50"] > 25 for c in out["comparison"]["cells"])  # 1,035 vs 741
+        declared = json.loads((Path(out["tx_dir"]) / "00-declaration.json").read_text())
+        assert (
+            out["results"]["declare"]["digest"]
+            == declared["digest"]
+            == out["comparison"]["declaration_digest"]
+        )
+        assert j(camp.anvilctl("--json", "evidence", "verify", out["tx_dir"]))["ok"] is True
+        for container in arms:
+            unload(camp, container)
+
     def test_02_the_499k_c4_candidate_is_policy_infeasible(self, camp: Campaign) -> None:
         container, _, decision = load_and_qualify(camp, "stub-499k-c4")
         assert decision["outcome"] == "policy-infeasible"
@@ -98,6 +141,11 @@ class TestSeedCampaign:
         assert decision["outcome"] == "policy-infeasible"
         gates = j(camp.anvilctl("--json", "audit", "show", qtx))
         assert gates["kind"] == "qualify"
+        rows = {g["gate"]: g for g in j(camp.anvilctl("--json", "audit", "evidence", qtx))["gates"]}
+        assert (rows["log_audit"]["passed"], rows["log_audit"]["classification"]) == (True, "pass")
+        audit_file = camp.work / "state" / "evidence" / qtx / Path(rows["log_audit"]["artifact"]).name
+        window = json.loads(audit_file.read_text())["evidence"]["window"]
+        assert window["max_lines"] == 20000 and window["lines_read"] >= 1 and not window["truncated"]
         camp.__dict__["q393"] = qtx
         unload(camp, container)
 
@@ -181,6 +229,43 @@ class TestSeedCampaign:
         assert out["results"]["routed-smoke"]["status"] == 200
         assert out["results"]["acceptance"]["passed"] is True
         assert not runtime().inspect(camp.incumbent_id).running
+        # Free VRAM after real clients, against the reserve the waiver sets (0), in the record.
+        reading = out["results"]["vram-after-acceptance"]
+        assert [(c["role"], c["free_mib"], c["threshold_mib"]) for c in reading["cards"]] == [
+            ("compute-a", 2101, 0),
+            ("compute-b", 2101, 0),
+        ]
+        assert reading["standing_mib"] == {"compute-a": 3072, "compute-b": 3072} and reading["waivers"]
+        assert out["results"]["record-promotion"]["vram_after_acceptance"] == reading
+        shown = j(camp.anvilctl("--json", "audit", "show", out["tx_id"]))
+        assert any(e["step"] == "vram-after-acceptance" and e["event"] == "result" for e in shown["steps"])
+
+    def test_10b_claims_recount_from_the_exported_bundle_and_a_changed_number_exits_6(
+        self, camp: Campaign
+    ) -> None:
+        bundle = camp.work / "bundle-393k"
+        assert (
+            camp.anvilctl("--json", "evidence", "export", camp.__dict__["q393"], str(bundle)).returncode == 0
+        )
+        claims = publish_claims(bundle, camp.work / "claims.toml")
+        ok = camp.anvilctl("--json", "claims", "check", str(claims), "--evidence", str(bundle))
+        assert ok.returncode == 0, ok.stdout
+        assert [c["status"] for c in j(ok)["claims"]] == ["ok", "ok", "external-prior"]
+        text = claims.read_text()
+        claims.write_text(text.replace('published = "2,101"', 'published = "2,543"'))
+        bad = camp.anvilctl("claims", "check", str(claims), "--evidence", str(bundle))
+        assert bad.returncode == 6
+        assert "DIFFERS          2,101 MiB/card free after qualification" in bad.stdout
+        table = camp.anvilctl("claims", "render", str(claims))
+        assert table.returncode == 0 and "| Public claim | Conditions | Evidence |" in table.stdout
+
+    def test_10c_the_report_shows_the_promotions_reading_after_acceptance(self, camp: Campaign) -> None:
+        page = camp.work / "report.html"
+        r = camp.anvilctl("evidence", "report", camp.__dict__["q393"], "-o", str(page))
+        assert r.returncode == 0, r.stderr
+        html = page.read_text()
+        assert "after acceptance" in html and "reserve in force 0 MiB" in html
+        assert "RECLASSIFIED" in html.upper() and html.count("<svg") == 2
 
     def test_11_rollback_returns_the_exact_incumbent(self, camp: Campaign) -> None:
         out = j(camp.anvilctl("--json", "rollback", "--slot", "primary"))

@@ -69,12 +69,19 @@ class FakeHost:
         }
 
     def candidate(
-        self, served: str = "cand-393k", *, fail_health: bool = False, name: str = "cand"
+        self,
+        served: str = "cand-393k",
+        *,
+        fail_health: bool = False,
+        name: str = "cand",
+        vram_mib: int = 94000,
     ) -> Candidate:
+        """A candidate holding `vram_mib` per card: by default 3,887 of 97,887 MiB stay free,
+        above the standing 3,072 reserve (95,786 leaves the seeds' 2,101 MiB)."""
         env = [
             ("FAKE_SERVED_MODEL", served),
             ("FAKE_BINDING", "127.0.0.1:8001"),
-            ("FAKE_VRAM_MIB", "95786"),
+            ("FAKE_VRAM_MIB", str(vram_mib)),
         ]
         if fail_health:
             env.append(("FAKE_FAIL_HEALTH", "1"))

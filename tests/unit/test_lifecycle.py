@@ -14,8 +14,8 @@ from anvil_ctl.persistence import qualification, rechecks, waivers
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 
-def _load(host: FakeHost, served: str = "cand-393k") -> str:
-    out = transactions.load(host.context(), slot="primary", candidate=host.candidate(served))
+def _load(host: FakeHost, served: str = "cand-393k", **kw: Any) -> str:
+    out = transactions.load(host.context(), slot="primary", candidate=host.candidate(served, **kw))
     assert out.state == TxState.COMMITTED, out.reason
     return str(out.results["start-candidate"]["container_id"])
 
@@ -140,6 +140,72 @@ class TestPromote:
         assert out.state == TxState.COMPENSATED and out.exit_code == 4
         assert ctx.store.current_identity("primary", "incumbent") == incumbent_before
         assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "drain"
+
+
+class TestVramAfterAcceptance:
+    """Promote reads each card after the real clients ran, against the reserve in force."""
+
+    def test_the_reading_is_in_the_journal_the_promotion_record_audit_show_and_a_verified_bundle(
+        self, fake_host: FakeHost
+    ) -> None:
+        from anvil_ctl.commands import audit as audit_cmd
+        from anvil_ctl.qualify import verify_bundle
+
+        _load(fake_host)
+        _decide(fake_host, "verified")
+        out = _promote(fake_host)
+        assert out.state == TxState.COMMITTED, out.reason
+        reading = out.results["vram-after-acceptance"]
+        assert reading["when"] == "after real-client acceptance" and reading["passed"] is True
+        assert [(c["role"], c["free_mib"], c["threshold_mib"]) for c in reading["cards"]] == [
+            ("compute-a", 3887, 3072),
+            ("compute-b", 3887, 3072),
+        ]
+        assert out.results["record-promotion"]["vram_after_acceptance"] == reading
+        shown = audit_cmd.show(fake_host.context(), out.tx_id or "")
+        assert any(
+            e["step"] == "vram-after-acceptance" and e["detail"].get("cards") == reading["cards"]
+            for e in shown["steps"]
+        )
+        bundle = fake_host.settings.evidence_dir / (out.tx_id or "")
+        assert verify_bundle(bundle).ok and (bundle / reading["artifact"]).is_file()
+
+    def test_a_card_below_the_reserve_undoes_the_promotion_naming_it(self, fake_host: FakeHost) -> None:
+        _load(fake_host, vram_mib=95786)
+        _decide(fake_host, "verified")
+        ctx = fake_host.context()
+        incumbent_before = ctx.store.current_identity("primary", "incumbent")
+        out = _promote(fake_host)
+        assert out.state == TxState.COMPENSATED and out.exit_code == 4
+        assert "compute-a 2101 < 3072 MiB" in out.reason
+        assert ctx.store.current_identity("primary", "incumbent") == incumbent_before
+        assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "drain"
+
+    def test_an_active_reserve_waiver_applies_as_for_qualification(self, fake_host: FakeHost) -> None:
+        from datetime import UTC, datetime
+
+        from anvil_ctl.gpu.waivers import Waiver
+
+        _load(fake_host, vram_mib=95786)
+        _decide(fake_host, "verified")
+        waiver = Waiver(
+            id="w-pair",
+            policy="vram-reserve",
+            value=0,
+            approved_by="op",
+            reason="model-only pair",
+            created_at=datetime.now(UTC),
+            roles=frozenset({"compute-a", "compute-b"}),
+        )
+        waivers.add_waiver(fake_host.context().store, waiver)
+        out = _promote(fake_host)
+        assert out.state == TxState.COMMITTED, out.reason
+        reading = out.results["vram-after-acceptance"]
+        assert reading["waivers"] == ["w-pair"] and reading["standing_mib"] == {
+            "compute-a": 3072,
+            "compute-b": 3072,
+        }
+        assert [(c["free_mib"], c["threshold_mib"]) for c in reading["cards"]] == [(2101, 0), (2101, 0)]
 
 
 class TestRollback:

@@ -15,6 +15,8 @@ from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.owner import current_owner
 from anvil_ctl.engine.plans import KINDS
 from anvil_ctl.engine.plans.args import (
+    AbArgs,
+    AbArm,
     AdoptArgs,
     LoadArgs,
     PromoteArgs,
@@ -51,7 +53,16 @@ def _samples(host: FakeHost) -> dict[str, object]:
             restore_group_members=("abc",),
             recorded_snapshot={"slots": {}},
         ),
-        "qualify": QualifyArgs(slot="primary", candidate=inc, profile="smoke", gates=("tools",)),
+        "qualify": QualifyArgs(
+            slot="primary",
+            candidate=inc,
+            profile="smoke",
+            gates=("tools",),
+            recipe="r",
+            engine="sglang",
+            source={"release": "v1", "external_prior": [{"figure": "fast", "where": "notes"}]},
+        ),
+        "ab": AbArgs(slot="primary", arms=(AbArm("a", inc), AbArm("b", inc)), profile="ab-stub"),
         "unload": UnloadArgs(container_id="c" * 64, slot="primary", remove_residue=True),
         "reconcile": ReconcileArgs(slot="primary", serve=inc),
     }
@@ -65,6 +76,7 @@ class TestRegistry:
             "promote": "PromoteArgs",
             "rollback": "RollbackArgs",
             "qualify": "QualifyArgs",
+            "ab": "AbArgs",
             "unload": "UnloadArgs",
             "reconcile": "ReconcileArgs",
         }

@@ -295,7 +295,12 @@ class TestRunQualification:
         manifest = json.loads((tmp_path / "tx-good" / "manifest.json").read_text())
         names = {a["path"] for a in manifest["artifacts"]}
         assert "decision.json" in names and "00-served-identity.json" in names
-        assert len(names) == len(result.gates) + 2
+        assert len(names) == len(result.gates) + 3  # the gates, summary, provenance, decision
+        provenance = json.loads((tmp_path / "tx-good" / "provenance.json").read_text())
+        assert (
+            provenance["external_prior"] == []
+            and "summary.json" in provenance["local_measurements"]["artifacts"]
+        )
         decision = json.loads((tmp_path / "tx-good" / "decision.json").read_text())
         assert decision["identity_digest"] == "d" * 64
         assert [r.label for r in result.summary][:2] == ["4K", "4K C2"]

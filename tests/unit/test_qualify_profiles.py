@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.qualify.gates import Capacity, Tools
+from anvil_ctl.qualify.gates import Capacity, LogAudit, Tools
 from anvil_ctl.qualify.profiles import available_profiles, load_profile, resolve_profile
 
 
@@ -33,6 +33,12 @@ class TestShippedProfiles:
         assert gates["coding"].thresholds()["visible_tokens"] == 2048
         assert gates["endurance"].thresholds()["requests"] == 60
         assert gates["vram_reserve"].kind == "policy"
+
+    @pytest.mark.parametrize("name", ["full", "seed-qualification", "demo"])
+    def test_the_campaign_profiles_end_with_the_bounded_log_audit(self, name: str) -> None:
+        last = load_profile(name).build()[-1]
+        assert isinstance(last, LogAudit) and last.kind == "functional"
+        assert last.max_lines > 0 and last.max_bytes > 0
 
 
 class TestErrors:

@@ -10,6 +10,7 @@ import pytest
 
 from anvil_ctl.config import HostConfig, Slot
 from anvil_ctl.core.errors import RecipeError
+from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.recipes import (
     Recipe,
     check_fits_slot,
@@ -330,3 +331,45 @@ class TestContainerSpec:
         text = BASE.format(name="r1", image=IMAGE_ID, extra="").replace("port = 8001", "port = 9000")
         with pytest.raises(RecipeError, match="port: 9000"):
             self.spec(write_recipe(text=text), host_config)
+
+
+SOURCE = {
+    "repository": "github.com/org/engine",
+    "release": "v0.1.1-rc.14",
+    "commit": "a547c90c74f1363920287eb80adc88a16d1e7005",
+    "image_tag": "ghcr.io/org/engine:v0.1.1-rc.14",
+    "image_digest": "sha256:" + "b" * 64,
+    "external_prior": [
+        {"figure": "~8,100 tok/s prefill", "conditions": "native Linux", "where": "release notes"}
+    ],
+}
+
+
+class TestRecipeSource:
+    def test_a_recipe_may_carry_its_upstream_source_with_external_figures(self) -> None:
+        r = Recipe.model_validate(fields(image=DIGEST_REF, source=SOURCE))
+        assert r.source is not None and r.source.release == "v0.1.1-rc.14"
+        assert r.source.external_prior[0].figure == "~8,100 tok/s prefill"
+
+    def test_a_published_digest_that_differs_from_the_pinned_image_is_refused(self) -> None:
+        other = SOURCE | {"image_digest": "sha256:" + "e" * 64}
+        with pytest.raises(ValueError, match=r"source\.image_digest"):
+            Recipe.model_validate(fields(image=DIGEST_REF, source=other))
+
+    @pytest.mark.parametrize(("key", "value"), [("commit", "main"), ("image_digest", "v1")])
+    def test_a_malformed_commit_or_digest_is_refused(self, key: str, value: str) -> None:
+        with pytest.raises(ValueError, match=key):
+            Recipe.model_validate(fields(source=SOURCE | {key: value}))
+
+    def test_an_external_figure_must_say_where_it_was_published(self) -> None:
+        with pytest.raises(ValueError, match="where"):
+            Recipe.model_validate(fields(source={"external_prior": [{"figure": "fast"}]}))
+
+    def test_a_recipe_without_a_source_keeps_its_digest(self) -> None:
+        plain = Recipe.model_validate(fields())
+        assert "source" not in plain.model_fields_set
+        expected = {
+            k: v for k, v in plain.model_dump(mode="json").items() if k not in ("source", "vram_need_mib")
+        }
+        assert recipe_digest(plain) == sha256_hex(expected)
+        assert recipe_digest(Recipe.model_validate(fields(source=SOURCE))) != recipe_digest(plain)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_ctl.core.steps import Plan
-from anvil_ctl.engine.plans import adopt, load, promote, qualify, reconcile, rollback, unload
+from anvil_ctl.engine.plans import ab, adopt, load, promote, qualify, reconcile, rollback, unload
 from anvil_ctl.engine.plans.args import (
+    AbArgs,
     AdoptArgs,
     LoadArgs,
     PromoteArgs,
@@ -44,6 +45,7 @@ KINDS: dict[str, Kind] = {
     "promote": Kind(PromoteArgs, promote.build),
     "rollback": Kind(RollbackArgs, rollback.build),
     "qualify": Kind(QualifyArgs, qualify.build),
+    "ab": Kind(AbArgs, ab.build),
     "unload": Kind(UnloadArgs, unload.build),
     "reconcile": Kind(ReconcileArgs, reconcile.build),
 }

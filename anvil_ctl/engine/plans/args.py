@@ -90,6 +90,28 @@ class QualifyArgs:
     candidate: Identity | None
     profile: str
     gates: tuple[str, ...] = ()
+    recipe: str = ""
+    """The candidate's recipe, when it is still the loaded one."""
+    engine: str = ""
+    """Its engine: which log patterns the log audit applies."""
+    source: dict[str, Any] | None = None
+    """Its upstream source as published (provenance; external-prior figures)."""
+
+
+@dataclass(frozen=True)
+class AbArm:
+    """One arm of an A/B: the reference the operator gave and the loaded candidate it names."""
+
+    name: str
+    identity: Identity
+
+
+@dataclass(frozen=True)
+class AbArgs:
+    slot: str
+    """The slot whose serving choice the comparison informs."""
+    arms: tuple[AbArm, AbArm]
+    profile: str
 
 
 @dataclass(frozen=True)
@@ -106,7 +128,9 @@ class ReconcileArgs:
     """The serve the slot's record publishes (its incumbent): what the tier must route to."""
 
 
-PlanArgs = AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | UnloadArgs | ReconcileArgs
+PlanArgs = (
+    AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | AbArgs | UnloadArgs | ReconcileArgs
+)
 
 
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}

@@ -11,8 +11,11 @@ candidate is the container serving the slot, the incumbent's rollback identity i
 complete and restorable, the router accepts our credentials and an approver is
 named. Steps: readmit the tier to the candidate (undo: drain it again); an
 authenticated routed smoke; real-client acceptance with the `openai` client;
-record the candidate as incumbent and the old incumbent as the rollback identity
-with the approval (undo: record the old incumbent back).
+free VRAM per card after that acceptance against the reserve in force (waivers
+apply as for qualification; below it, the promotion is undone like a failed
+acceptance), written to the promotion's own evidence bundle; record the candidate
+as incumbent and the old incumbent as the rollback identity with the approval and
+that reading (undo: record the old incumbent back).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.gpu import reserve_reading
 from anvil_ctl.engine.guards import (
     BaseVerified,
     NoUnresolvedTransaction,
@@ -152,6 +156,30 @@ def acceptance(ctx: Ctx) -> StepResult:
     return through_the_route(world, cand, run)
 
 
+def vram_after_acceptance(ctx: Ctx) -> StepResult:
+    """Free VRAM per card after real clients ran, against the reserve in force; evidence on disk."""
+    from anvil_ctl.qualify.evidence import EvidenceWriter
+
+    world, cand = ctx.world, ctx.args.candidate
+    reading = reserve_reading(world, cand, when="after real-client acceptance")
+    # A re-run after a crash keeps the earlier reading and adds its own: evidence is immutable.
+    writer = EvidenceWriter(world.settings.evidence_dir, ctx.tx_id, resume=True)
+    artifact = writer.write_json(
+        writer.free_name("vram-after-acceptance"),
+        {**reading, "tx_id": ctx.tx_id, "slot": cand.slot, "container_id": cand.container_id},
+    )
+    manifest = writer.write_manifest(kind="promotion", served_model=cand.served_model)
+    data = {**reading, "artifact": artifact.path, "manifest_sha256": manifest.sha256}
+    if not reading["passed"]:
+        low = ", ".join(
+            f"{c['role']} {c['free_mib']} < {c['threshold_mib']} MiB"
+            for c in reading["cards"]
+            if not c["passed"]
+        )
+        raise StepFailed(f"free VRAM after acceptance is below the reserve in force: {low}", reading=data)
+    return data
+
+
 def record_promotion(ctx: Ctx) -> StepResult:
     world, args = ctx.world, ctx.args
     old = args.incumbent
@@ -170,6 +198,7 @@ def record_promotion(ctx: Ctx) -> StepResult:
         "rollback": old.container_id,
         "approved_by": args.approved_by,
         "decision_id": args.decision_id,
+        "vram_after_acceptance": ctx.results.get("vram-after-acceptance"),
     }
 
 
@@ -197,6 +226,12 @@ def build(args: PromoteArgs, world: World) -> Plan[PromoteArgs, World, NoMemo]:
             route_step("route-to-candidate", _candidate, "route the tier to the candidate", drain_again),
             smoke_step(_candidate),
             Step("acceptance", acceptance, None, "real-client acceptance (openai: chat, stream, tool)"),
+            Step(
+                "vram-after-acceptance",
+                vram_after_acceptance,
+                None,
+                "free VRAM per card after acceptance against the reserve in force",
+            ),
             Step(
                 "record-promotion",
                 record_promotion,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AdapterError, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity, sha256_hex
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerLog, Identity, sha256_hex
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs
@@ -44,6 +44,8 @@ class QualifyMemo:
     progress: Progress | None = None
     now: datetime | None = None
     """When waivers are judged (tests pin it); None: the time `record-decision` runs."""
+    secrets: tuple[str, ...] = ()
+    """Router tokens the log audit redacts (never journaled: the memo is not)."""
 
 
 Ctx = StepContext[QualifyArgs, World, QualifyMemo]
@@ -130,6 +132,15 @@ def _reserve_probe(world: World, roles: Sequence[str]) -> Callable[[], list[Rese
     return probe
 
 
+def _log_reader(world: World, ident: Identity) -> Callable[[int, int], ContainerLog]:
+    """The candidate container's bounded log, read when the log audit runs (after the workload)."""
+
+    def read(max_lines: int, max_bytes: int) -> ContainerLog:
+        return world.runtime.logs(ident.container_id, max_lines=max_lines, max_bytes=max_bytes)
+
+    return read
+
+
 def run_gates(ctx: Ctx) -> StepResult:
     from anvil_ctl.qualify import resolve_profile, run_qualification
 
@@ -144,6 +155,15 @@ def run_gates(ctx: Ctx) -> StepResult:
         identity_digest=ident.qualification_digest,
         reserve_probe=_reserve_probe(world, roles_of(world, ident)),
         progress=ctx.memo.progress,
+        container_log=_log_reader(world, ident),
+        engine=ctx.args.engine,
+        secrets=ctx.memo.secrets,
+        provenance={"recipe": ctx.args.recipe, "engine": ctx.args.engine, "source": ctx.args.source},
+        recorded_identity=ident.as_dict()
+        | {
+            "qualification_digest": ident.qualification_digest,
+            "gpu_role_uuids": {r: world.config.gpu_roles[r].uuid for r in roles_of(world, ident)},
+        },
     )
     ctx.memo.result = result
     # The manifest's own hash binds the directory to this record (`evidence verify`).

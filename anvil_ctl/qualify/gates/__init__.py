@@ -15,6 +15,7 @@ from anvil_ctl.qualify.gates.functional import (
     ToolResultContinuation,
     Tools,
 )
+from anvil_ctl.qualify.gates.log_audit import LogAudit
 from anvil_ctl.qualify.gates.media import Image, Ocr
 from anvil_ctl.qualify.gates.reserve import VramReserve
 from anvil_ctl.qualify.gates.thinking import ThinkingControl
@@ -37,6 +38,7 @@ GATE_TYPES: dict[str, type[Gate]] = {
         Capacity,
         Endurance,
         VramReserve,
+        LogAudit,
     )
 }
 
@@ -49,6 +51,7 @@ __all__ = [
     "GateContext",
     "Image",
     "JsonOutput",
+    "LogAudit",
     "LongContextTool",
     "Needle",
     "Ocr",

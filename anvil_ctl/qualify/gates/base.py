@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.results import ChatResult, GateKind, GateResult
 
 ReserveReading = tuple[str, int, int]
 """(GPU UUID, free MiB, required reserve MiB) for one card."""
 ReserveProbe = Callable[[], list[ReserveReading]]
+LogReader = Callable[[int, int], ContainerLog]
+"""(max lines, max bytes) -> the candidate container's bounded log, restart count and OOM flag."""
 RequestListener = Callable[[str, bool, str], None]
 """Called once per finished request: (gate name, ok, short detail)."""
 
@@ -45,6 +48,11 @@ class GateContext:
     fixtures_dir: Path = FIXTURES_DIR
     reserve_probe: ReserveProbe | None = None
     on_request: RequestListener = field(default=_ignore)
+    container_log: LogReader | None = None
+    engine: str = ""
+    """The candidate recipe's engine: which log patterns apply."""
+    secrets: tuple[str, ...] = ()
+    """Values never to write into evidence (router tokens); the log audit redacts them."""
 
 
 @dataclass(frozen=True)

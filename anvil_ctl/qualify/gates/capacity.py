@@ -8,6 +8,7 @@ Classifications: `pass`, `incomplete` (a request failed), `below_threshold`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from anvil_ctl.qualify import prompts
@@ -17,6 +18,15 @@ from anvil_ctl.qualify.metrics import METRIC_KEYS, context_label, request_metric
 from anvil_ctl.qualify.results import GateResult
 
 CONTINUE = "Continue the numbered notes above in the same style, one sentence per note."
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """The rows of one repetition of a capacity cell and its aggregate output rate."""
+
+    rows: list[dict[str, Any]]
+    aggregate_tps: float
+    prompt: dict[str, Any]
 
 
 def _failure(attempt: Attempt) -> str | None:
@@ -136,22 +146,29 @@ class Capacity(_Workload):
         return self.result(passed, classification, {"cells": cells, "problems": problems}, summary)
 
     async def _cell(self, ctx: GateContext, nominal: int, conc: int) -> dict[str, Any]:
-        rows: list[dict[str, Any]] = []
-        aggregate: list[float] = []
+        reps = [await self.repetition(ctx, nominal, conc, rep) for rep in range(self.repetitions)]
+        return self.cell(nominal, conc, reps)
+
+    async def repetition(self, ctx: GateContext, nominal: int, conc: int, rep: int) -> Repetition:
+        """One repetition of a cell: `conc` requests at once (an A/B interleaves these)."""
+        jobs = []
         prompt_info: dict[str, Any] = {}
-        for rep in range(self.repetitions):
-            jobs = []
-            for lane in range(conc):
-                label = f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}"
-                request, text = self._request(ctx, nominal, salt=f"{self.name} {label}")
-                prompt_info = {"chars": len(text), "tail": text[-120:]}
-                jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
-            started = time.perf_counter()
-            batch = await gather_limited(conc, jobs)
-            wall = time.perf_counter() - started
-            tokens = sum(r.get("completion_tokens") or 0 for r in batch if r["completed"])
-            aggregate.append(tokens / wall if wall > 0 else 0.0)
-            rows.extend(batch)
+        for lane in range(conc):
+            label = f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}"
+            request, text = self._request(ctx, nominal, salt=f"{self.name} {label}")
+            prompt_info = {"chars": len(text), "tail": text[-120:]}
+            jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
+        started = time.perf_counter()
+        batch = await gather_limited(conc, jobs)
+        wall = time.perf_counter() - started
+        tokens = sum(r.get("completion_tokens") or 0 for r in batch if r["completed"])
+        return Repetition(batch, tokens / wall if wall > 0 else 0.0, prompt_info)
+
+    def cell(self, nominal: int, conc: int, reps: list[Repetition]) -> dict[str, Any]:
+        """A cell's evidence from its repetitions: every row, the p50/p95 and threshold problems."""
+        rows = [row for rep in reps for row in rep.rows]
+        aggregate = [rep.aggregate_tps for rep in reps]
+        prompt_info = reps[-1].prompt if reps else {}
         done = [r for r in rows if r["completed"]]
         cell: dict[str, Any] = {
             "nominal_tokens": nominal,

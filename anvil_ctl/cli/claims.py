@@ -1,0 +1,62 @@
+"""`anvilctl claims check|render`: the claim ledger of published numbers.
+
+`check` exits 6 when a published number differs from what the verified bundle says, its
+artifact or path is missing, or the bundle does not match its manifest; 2 on a malformed
+claims file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.views import Text
+from anvil_ctl.core.states import ExitCode
+
+ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
+
+
+@click.command("check", epilog=example("anvilctl claims check claims.toml --evidence ./bundle-8259"))
+@ledger_argument
+@click.option(
+    "--evidence",
+    "evidence",
+    required=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The evidence bundle the claims cite (an export or a transaction's evidence directory).",
+)
+@pass_session
+def check(session: Session, ledger: Path, evidence: Path) -> Reply:
+    """Recount every published claim from the verified evidence bundle (exit 6 on any difference).
+
+    Each local claim's number (and each number of its conditions) is read from its
+    artifact at its JSON path, rounded as declared and compared with the number as
+    published. External-prior claims are listed, never recounted.
+    """
+    from anvil_ctl.commands import claims
+
+    session.context()  # settings and logging, as for every command; the check needs nothing else
+    result = claims.check_claims(ledger, evidence)
+    return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
+
+
+@click.command("render", epilog=example("anvilctl claims render claims.toml"))
+@ledger_argument
+@pass_session
+def render(session: Session, ledger: Path) -> Reply:
+    """Print the claim ledger as the seeds' table: public claim, conditions, evidence."""
+    from anvil_ctl.commands import claims
+
+    session.context()
+    return Reply(Text(claims.render_claims(ledger)))
+
+
+claims = click.Group(
+    "claims",
+    commands=[check, render],
+    help="The claim ledger: every published number bound to its conditions and its evidence.",
+    epilog=example("anvilctl claims check claims.toml --evidence ./bundle-8259"),
+)

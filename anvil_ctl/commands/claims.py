@@ -1,0 +1,16 @@
+"""The claim ledger commands: recount published claims from an evidence bundle, render the ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anvil_ctl.qualify.claims import ClaimsCheck, check_ledger, load_ledger, render_ledger
+
+
+def check_claims(ledger: Path, evidence: Path) -> ClaimsCheck:
+    """Recount every claim of `ledger` from the verified bundle `evidence` (see qualify.claims)."""
+    return check_ledger(load_ledger(ledger), evidence)
+
+
+def render_claims(ledger: Path) -> str:
+    return render_ledger(load_ledger(ledger))

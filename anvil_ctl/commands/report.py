@@ -1,0 +1,82 @@
+"""`evidence report`: the one-page HTML report of a qualification (or an A/B control).
+
+Finds what belongs on the page: the transaction's verified evidence bundle; from the
+state database the decisions recorded for it (the raw one and any reclassification),
+the waivers they cite or that are active now, the promotions that relied on one of
+those decisions and the A/B controls that compared its candidate, each of those read
+from its own verified bundle. The page is written atomically; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from anvil_ctl.atomic import atomic_write
+from anvil_ctl.bootstrap import Context
+from anvil_ctl.commands.qualify import evidence_tx_dir
+from anvil_ctl.persistence import approvals, qualification, queries, waivers
+from anvil_ctl.qualify.onepage import Bundle, ReportInputs, render_page
+from anvil_ctl.qualify.plots import require_matplotlib
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    path: str
+    tx_id: str
+    bundles: tuple[dict[str, str], ...]
+    size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "tx_id": self.tx_id, "bundles": list(self.bundles), "size": self.size}
+
+
+def evidence_report(ctx: Context, tx: str, out: Path | None = None) -> ReportResult:
+    """Write the one-page report of transaction `tx` (ID, prefix or evidence directory)."""
+    require_matplotlib()
+    given = Path(tx)
+    tx_dir = given if given.is_dir() else evidence_tx_dir(ctx, tx)
+    main = Bundle.load(tx_dir)
+    inputs = ReportInputs(main)
+    if "ab-comparison.json" in main.files:
+        inputs.ab.append(main)
+    if not given.is_dir():  # a transaction of this database: its records belong on the page
+        _records(ctx, inputs)
+    page = render_page(inputs)
+    path = out or ctx.settings.state_dir / "reports" / f"{main.tx_id}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, page)
+    bundles = tuple(
+        {"tx_id": b.tx_id, "manifest_sha256": b.manifest_sha256}
+        for b in (main, *inputs.promotions, *[a for a in inputs.ab if a is not main])
+    )
+    return ReportResult(str(path), main.tx_id, bundles, len(page.encode()))
+
+
+def _records(ctx: Context, inputs: ReportInputs) -> None:
+    store, root = ctx.store, ctx.settings.evidence_dir
+    tx_id = inputs.qualification.tx_id
+    everything = qualification.decisions(store)
+    raw = [d for d in everything if d["tx_id"] == tx_id]
+    raw_ids = {d["id"] for d in raw}
+    inputs.decisions = raw + [d for d in everything if d["reclassifies"] in raw_ids]
+    ids = {d["id"] for d in inputs.decisions}
+    cited = {w for d in inputs.decisions for w in d["waiver_ids"]}
+    now = datetime.now(UTC)
+    inputs.waivers = [w.as_dict() for w in waivers.waivers(store) if w.id in cited or w.active(now)]
+    for approval in approvals.approvals(store):
+        if approval["decision_id"] in ids and (root / approval["tx_id"]).is_dir():
+            inputs.promotions.append(Bundle.load(root / approval["tx_id"], approval["tx_id"]))
+    digests = {d["identity_digest"] for d in raw}
+    for t in queries.transactions(store, kind="ab", limit=10_000):
+        declared = root / t["tx_id"] / "00-declaration.json"
+        if t["tx_id"] == tx_id or not declared.is_file():
+            continue
+        # Which arms it compared decides only whether it belongs here; its figures are read
+        # from the bundle once verified (a tampered one stops the report).
+        arms = json.loads(declared.read_text()).get("arms", [])
+        if any(a.get("identity", {}).get("qualification_digest") in digests for a in arms):
+            inputs.ab.append(Bundle.load(declared.parent, t["tx_id"]))

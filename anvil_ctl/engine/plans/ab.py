@@ -1,0 +1,217 @@
+"""`ab`: the matched A/B control of two loaded candidates of the same model.
+
+A non-mutating transaction of three steps. `declare` writes the profile's
+protected boundaries, the selection metric, the capacity cells and both arms'
+identities to `<state>/evidence/<tx>/00-declaration.json` and journals its digest
+before any request is sent; `measure` runs both arms' cells one after the other,
+alternating arms per repetition (`anvil_ctl.qualify.ab`), and writes each arm's raw
+cells; `compare` re-checks that both arms still are what they were, compares them
+per cell and writes the verdict (the selected arm, or every violated boundary),
+the manifest and the evidence rows.
+
+Both arms must be serving at once, each at its own slot's binding (two slots, or
+two CPU/stub serves): an A/B that swaps arms on one binding per repetition is not
+built. Like `qualify`, a crash loses the measurement (the memo is not journaled);
+`recover` marks it and nothing on the host needs undoing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anvil_ctl.core.errors import BadInput, StepFailed
+from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.plans.args import AbArgs, AbArm
+from anvil_ctl.engine.plans.qualify import serving_problems
+from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import qualification
+
+if TYPE_CHECKING:
+    from anvil_ctl.qualify.ab import Arm
+    from anvil_ctl.qualify.evidence import EvidenceWriter
+    from anvil_ctl.qualify.gates.capacity import Capacity
+    from anvil_ctl.qualify.profiles import Profile
+
+DECLARATION = "00-declaration.json"
+COMPARISON = "ab-comparison.json"
+
+
+@dataclass
+class AbMemo:
+    measured: dict[str, Any] | None = None
+    """Both arms' raw cells from `measure`; only this process has them."""
+
+
+Ctx = StepContext[AbArgs, World, AbMemo]
+
+
+class ArmsAreServing(Guard[Ctx]):
+    """Each arm is its slot's latest loaded candidate, running unchanged, its binding serving
+    exactly its model; the two are different serves of the same model identity."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        a, b = ctx.args.arms
+        if a.identity.container_id == b.identity.container_id:
+            return self.refuse(f"both arms name container {a.identity.container_id[:12]}: nothing to compare")
+        if a.identity.model_identity != b.identity.model_identity:
+            return self.refuse(
+                f"the arms serve different models ({a.identity.model_identity or 'none'} vs "
+                f"{b.identity.model_identity or 'none'}): a control compares one checkpoint"
+            )
+        for arm in (a, b):
+            current = ctx.world.store.current_identity(arm.identity.slot, "candidate")
+            if current is None or current.container_id != arm.identity.container_id:
+                return self.refuse(f"arm {arm.name} is no longer slot {arm.identity.slot}'s loaded candidate")
+            problems = serving_problems(ctx.world, arm.identity)
+            if problems:
+                return self.refuse(f"arm {arm.name} is not what its slot serves: " + "; ".join(problems))
+        return None
+
+
+GUARDS: list[Guard[Ctx]] = [ArmsAreServing()]
+
+
+def load_ab_profile(name: str) -> tuple[Profile, Capacity]:
+    """The profile and its capacity gate (the cells both arms run); BadInput without one."""
+    from anvil_ctl.qualify import load_profile
+    from anvil_ctl.qualify.gates.capacity import Capacity
+
+    profile = load_profile(name)
+    cells = [g for g in profile.build() if isinstance(g, Capacity)]
+    if len(cells) != 1:
+        raise BadInput(
+            f"profile {profile.name}: an A/B runs exactly one capacity gate's cells; found {len(cells)}",
+            field="profile",
+        )
+    return profile, cells[0]
+
+
+def _arms(world: World, arms: tuple[AbArm, AbArm]) -> list[Arm]:
+    from anvil_ctl.qualify.ab import Arm
+
+    return [
+        Arm(
+            name=arm.name,
+            base_url=world.config.slot(arm.identity.slot).base_url,
+            served_model=arm.identity.served_model,
+            identity={
+                "slot": arm.identity.slot,
+                "container_id": arm.identity.container_id,
+                "qualification_digest": arm.identity.qualification_digest,
+                "recipe_digest": arm.identity.recipe_digest,
+                "model_identity": arm.identity.model_identity,
+                "image_id": arm.identity.image_id,
+            },
+        )
+        for arm in arms
+    ]
+
+
+def _writer(ctx: Ctx) -> EvidenceWriter:
+    from anvil_ctl.qualify.evidence import EvidenceWriter
+
+    return EvidenceWriter(ctx.world.settings.evidence_dir, ctx.tx_id, resume=True)
+
+
+def declare(ctx: Ctx) -> StepResult:
+    from anvil_ctl.qualify.ab import declaration
+
+    profile, capacity = load_ab_profile(ctx.args.profile)
+    body = declaration(
+        _arms(ctx.world, ctx.args.arms), capacity, profile.boundaries, profile.ab_metric, profile.name
+    )
+    artifact = _writer(ctx).write_json(DECLARATION, body)
+    return {
+        "digest": body["digest"],
+        "artifact": artifact.path,
+        "sha256": artifact.sha256,
+        "boundaries": [b["text"] for b in body["boundaries"]],
+        "select": body["select"],
+    }
+
+
+def measure(ctx: Ctx) -> StepResult:
+    from anvil_ctl.qualify.ab import run_measure
+
+    _, capacity = load_ab_profile(ctx.args.profile)
+    measured = run_measure(_arms(ctx.world, ctx.args.arms), capacity)
+    ctx.memo.measured = measured
+    writer = _writer(ctx)
+    for index, (label, arm) in enumerate(zip("AB", ctx.args.arms, strict=True), start=1):
+        cells = measured["cells"][label]
+        writer.write_json(
+            f"{index:02d}-arm-{label}-cells.json", {"arm": label, "name": arm.name, "cells": cells}
+        )
+    writer.write_json("03-order.json", {"order": measured["order"]})
+    requests = sum(c.get("requests", 0) for label in "AB" for c in measured["cells"][label])
+    return {"requests": requests, "cells": len(measured["cells"]["A"])}
+
+
+def compare(ctx: Ctx) -> StepResult:
+    from anvil_ctl.qualify.ab import compare as compare_arms
+
+    world, measured = ctx.world, ctx.memo.measured
+    if measured is None:
+        raise StepFailed("no A/B measurement in this process; rerun `anvilctl qualify --ab`")
+    for arm in ctx.args.arms:  # the comparison binds to the arms: they must still be what ran
+        problems = serving_problems(world, arm.identity)
+        if problems:
+            raise StepFailed(f"arm {arm.name} changed during the A/B: " + "; ".join(problems))
+    profile, _ = load_ab_profile(ctx.args.profile)
+    declared = ctx.results.get("declare") or {}
+    result = compare_arms(
+        _arms(world, ctx.args.arms), measured["cells"], profile.boundaries, profile.ab_metric
+    )
+    result["declaration_digest"] = declared.get("digest")
+    writer = _writer(ctx)
+    artifact = writer.write_json(COMPARISON, result)
+    manifest = writer.write_manifest(kind="ab", slot=ctx.args.slot, profile=profile.name)
+    verdict = result["verdict"]
+    tx_dir = Path(writer.tx_dir)
+    qualification.record_evidence(
+        world.store,
+        ctx.tx_id,
+        [
+            {
+                "name": Path(a.path).stem,
+                "kind": "policy" if a.path == COMPARISON else "functional",
+                "passed": verdict["outcome"] == "selected" if a.path == COMPARISON else True,
+                "classification": verdict["outcome"] if a.path == COMPARISON else "raw",
+                "artifact": str(tx_dir / a.path),
+                "sha256": a.sha256,
+                "size": a.size,
+            }
+            for a in writer.artifacts
+        ],
+    )
+    return {
+        "outcome": verdict["outcome"],
+        "selected": verdict.get("selected"),
+        "summary": verdict["summary"],
+        "artifact": artifact.path,
+        "manifest_sha256": manifest.sha256,
+        "tx_dir": str(tx_dir),
+    }
+
+
+def build(args: AbArgs, world: World) -> Plan[AbArgs, World, AbMemo]:
+    slots = sorted({args.slot, *(a.identity.slot for a in args.arms)})
+    return Plan(
+        kind="ab",
+        args=args,
+        steps=[
+            Step("declare", declare, None, "write the boundaries and both arms; journal their digest"),
+            Step("measure", measure, None, "both arms' capacity cells, alternating per repetition"),
+            Step("compare", compare, None, "re-check the arms; per-cell deltas and the verdict"),
+        ],
+        memo=AbMemo(),
+        guards=GUARDS,
+        slot=args.slot,
+        snapshot=lambda: observe(world, slots),
+        mutates=False,
+        keeps_serving=False,  # nothing on the host changes
+    )

@@ -1,0 +1,350 @@
+"""The matched A/B control: two arms of one checkpoint, the same capacity cells, a verdict by
+boundaries declared before the run.
+
+The arms run one after the other, never at once, and the order alternates per
+repetition (A B, then B A, ...) so that drift of the host (heat, other load) hits
+both arms equally. Per cell each arm's p50 decode, prefill and TTFT are compared;
+`delta_pct` is always B relative to A. The faster arm by the profile's `select`
+metric (mean of its per-cell deltas) is selected only if it stays inside every
+protected boundary relative to the other arm; otherwise the verdict names each
+violated boundary and selects nothing. A boundary that covers no measured cell is
+violated too: an unmeasured protection protects nothing.
+
+Profiles declare the boundaries (`anvil_ctl.qualify.profiles`):
+
+    select = "decode_p50"
+    [[boundaries]]
+    metric = "prefill_p50"     # decode_p50 | prefill_p50 | ttft_p50
+    min_delta_pct = -3.0       # the selected arm may be at most 3 % slower ...
+    min_context = 122880       # ... at nominal contexts >= 120K
+    reason = "long agent sessions wait on long-context prefill"
+
+`declaration()` is written to the evidence, with its digest, before the first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.model import sha256_hex
+from anvil_ctl.qualify.client import EngineClient
+from anvil_ctl.qualify.gates.base import GateContext
+from anvil_ctl.qualify.gates.capacity import Capacity, Repetition
+from anvil_ctl.qualify.metrics import context_label
+
+Metric = Literal["decode_p50", "prefill_p50", "ttft_p50"]
+METRICS: dict[str, tuple[str, bool]] = {
+    "decode_p50": ("decode_tps_p50", True),
+    "prefill_p50": ("prefill_tps_p50", True),
+    "ttft_p50": ("ttft_s_p50", False),
+}
+"""metric -> (the capacity cell's key, whether higher is better)."""
+_BOUNDARY_KEYS = {"metric", "min_delta_pct", "max_delta_pct", "min_context", "max_context", "reason"}
+
+
+def pct(new: float | None, base: float | None) -> float | None:
+    """How much `new` differs from `base`, in % of `base` (None when either is unknown)."""
+    if new is None or base is None or base == 0:
+        return None
+    return (new - base) / base * 100.0
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A protected boundary: the selected arm's delta on `metric` vs the other arm, per cell."""
+
+    metric: str
+    min_delta_pct: float | None = None
+    max_delta_pct: float | None = None
+    min_context: int = 0
+    max_context: int | None = None
+    reason: str = ""
+
+    def applies(self, nominal: int) -> bool:
+        return nominal >= self.min_context and (self.max_context is None or nominal <= self.max_context)
+
+    def holds(self, delta: float | None) -> bool:
+        if delta is None:
+            return False
+        if self.min_delta_pct is not None and delta < self.min_delta_pct:
+            return False
+        return self.max_delta_pct is None or delta <= self.max_delta_pct
+
+    def describe(self) -> str:
+        """As the issue writes it: `prefill_p50 >= -3 % at contexts >= 120K`."""
+        parts = []
+        if self.min_delta_pct is not None:
+            parts.append(f"{self.metric} >= {self.min_delta_pct:g} %")
+        if self.max_delta_pct is not None:
+            parts.append(f"{self.metric} <= {self.max_delta_pct:+g} %")
+        scope = []
+        if self.min_context:
+            scope.append(f">= {context_label(self.min_context)}")
+        if self.max_context is not None:
+            scope.append(f"<= {context_label(self.max_context)}")
+        where = f" at contexts {' and '.join(scope)}" if scope else " at every context"
+        return " and ".join(parts) + where
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "text": self.describe()}
+
+
+def parse_boundaries(raw: Any, source: str) -> tuple[Boundary, ...]:
+    """`[[boundaries]]` of a profile; errors name the file and `boundaries[i].field`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise BadInput(
+            f"{source}: boundaries: expected [[boundaries]] tables", file=source, field="boundaries"
+        )
+    out = []
+    for i, item in enumerate(raw):
+        where = f"{source}: boundaries[{i}]"
+        if not isinstance(item, dict):
+            raise BadInput(f"{where}: expected a table", file=source, field=f"boundaries[{i}]")
+        unknown = sorted(set(item) - _BOUNDARY_KEYS)
+        if unknown:
+            raise BadInput(
+                f"{where}.{unknown[0]}: unknown key; expected some of {sorted(_BOUNDARY_KEYS)}",
+                file=source,
+                field=f"boundaries[{i}].{unknown[0]}",
+            )
+        metric = item.get("metric")
+        if metric not in METRICS:
+            raise BadInput(
+                f"{where}.metric: {metric!r}; expected one of {sorted(METRICS)}",
+                file=source,
+                field=f"boundaries[{i}].metric",
+            )
+        for key in ("min_delta_pct", "max_delta_pct"):
+            value = item.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise BadInput(
+                    f"{where}.{key}: expected a number of %", file=source, field=f"boundaries[{i}].{key}"
+                )
+        if item.get("min_delta_pct") is None and item.get("max_delta_pct") is None:
+            raise BadInput(
+                f"{where}: expected min_delta_pct or max_delta_pct", file=source, field=f"boundaries[{i}]"
+            )
+        for key in ("min_context", "max_context"):
+            value = item.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise BadInput(
+                    f"{where}.{key}: expected a number of tokens >= 0",
+                    file=source,
+                    field=f"boundaries[{i}].{key}",
+                )
+        out.append(
+            Boundary(
+                metric=str(metric),
+                min_delta_pct=_float(item.get("min_delta_pct")),
+                max_delta_pct=_float(item.get("max_delta_pct")),
+                min_context=int(item.get("min_context") or 0),
+                max_context=item.get("max_context"),
+                reason=str(item.get("reason", "")),
+            )
+        )
+    return tuple(out)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: a loaded candidate reached at its own endpoint."""
+
+    name: str
+    base_url: str
+    served_model: str
+    identity: dict[str, Any]
+    """What binds the arm's cells to a serve: qualification digest, container, recipe."""
+
+
+def declaration(
+    arms: Sequence[Arm], capacity: Capacity, boundaries: Sequence[Boundary], select: str, profile: str
+) -> dict[str, Any]:
+    """What is declared before the first request; `digest` covers all of it but itself."""
+    body = {
+        "profile": profile,
+        "select": select,
+        "boundaries": [b.as_dict() for b in boundaries],
+        "capacity": capacity.thresholds(),
+        "arms": [{"arm": label, **asdict(a)} for label, a in zip("AB", arms, strict=True)],
+        "order": "A B in odd repetitions, B A in even ones",
+    }
+    return {**body, "digest": sha256_hex(body)}
+
+
+async def _max_model_len(client: EngineClient, served_model: str) -> int | None:
+    cards = await client.models()
+    card = next((c for c in cards if c.id == served_model), None)
+    if card is None:
+        raise BadInput(f"{client.base_url}: serves {[c.id for c in cards]}, not {served_model!r}")
+    return card.max_model_len
+
+
+async def measure(
+    arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """Both arms' cells, alternating per repetition; returns each arm's raw cells and the order run."""
+    a, b = arms
+    async with (
+        EngineClient(a.base_url, timeout_s=request_timeout_s) as ca,
+        EngineClient(b.base_url, timeout_s=request_timeout_s) as cb,
+    ):
+        limits = [await _max_model_len(ca, a.served_model), await _max_model_len(cb, b.served_model)]
+        ctxs = {
+            "A": GateContext(client=ca, served_model=a.served_model, thinking=False, max_model_len=limits[0]),
+            "B": GateContext(client=cb, served_model=b.served_model, thinking=False, max_model_len=limits[1]),
+        }
+        cells: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+        order: list[dict[str, Any]] = []
+        for nominal in capacity.contexts:
+            for conc in capacity.concurrency:
+                too_long = [lim for lim in limits if lim and nominal > lim]
+                if too_long and capacity.skip_above_max_model_len:
+                    for arm in ("A", "B"):
+                        cells[arm].append(
+                            {"nominal_tokens": nominal, "concurrency": conc, "skipped": "above max_model_len"}
+                        )
+                    continue
+                reps: dict[str, list[Repetition]] = {"A": [], "B": []}
+                for rep in range(capacity.repetitions):
+                    for arm in ("A", "B") if rep % 2 == 0 else ("B", "A"):
+                        started = time.time()
+                        reps[arm].append(await capacity.repetition(ctxs[arm], nominal, conc, rep))
+                        order.append(
+                            {
+                                "cell": f"{context_label(nominal)}/C{conc}",
+                                "rep": rep + 1,
+                                "arm": arm,
+                                "at": started,
+                            }
+                        )
+                for arm in ("A", "B"):
+                    cells[arm].append(capacity.cell(nominal, conc, reps[arm]))
+    return {"cells": cells, "order": order}
+
+
+def compare(
+    arms: Sequence[Arm], cells: dict[str, list[dict[str, Any]]], boundaries: Sequence[Boundary], select: str
+) -> dict[str, Any]:
+    """Per cell each arm's p50s and the delta (B vs A); the verdict by the declared boundaries."""
+    names = {"A": arms[0].name, "B": arms[1].name}
+    rows = []
+    for ca, cb in zip(cells["A"], cells["B"], strict=True):
+        row: dict[str, Any] = {
+            "nominal_tokens": ca["nominal_tokens"],
+            "concurrency": ca["concurrency"],
+            "label": f"{context_label(ca['nominal_tokens'])}/C{ca['concurrency']}",
+        }
+        if ca.get("skipped") or cb.get("skipped"):
+            rows.append({**row, "skipped": ca.get("skipped") or cb.get("skipped")})
+            continue
+        for arm, cell in (("A", ca), ("B", cb)):
+            row[arm] = {
+                **{m: cell.get(key) for m, (key, _) in METRICS.items()},
+                "prompt_tokens_p50": cell.get("prompt_tokens_p50"),
+                "completed": cell.get("completed"),
+                "requests": cell.get("requests"),
+            }
+        row["delta_pct"] = {m: pct(row["B"][m], row["A"][m]) for m in METRICS}
+        rows.append(row)
+    return {
+        "arms": names,
+        "select": select,
+        "cells": rows,
+        "verdict": _verdict(names, rows, boundaries, select),
+    }
+
+
+def _verdict(
+    names: dict[str, str], rows: list[dict[str, Any]], boundaries: Sequence[Boundary], select: str
+) -> dict[str, Any]:
+    measured = [r for r in rows if not r.get("skipped")]
+    failed = [
+        f"{names[arm]} {r['label']}: {r[arm]['requests'] - r[arm]['completed']} failed"
+        for r in measured
+        for arm in ("A", "B")
+        if r[arm]["completed"] != r[arm]["requests"]
+    ]
+    deltas = [r["delta_pct"][select] for r in measured]
+    if not measured or failed or any(d is None for d in deltas):
+        why = "; ".join(failed) or ("no cell was measured" if not measured else f"{select} not measured")
+        return {
+            "outcome": "incomplete",
+            "selected": None,
+            "boundaries": [],
+            "summary": f"no arm selected: {why}",
+        }
+    score = sum(d for d in deltas if d is not None) / len(deltas)
+    if score == 0:
+        return {
+            "outcome": "no-difference",
+            "selected": None,
+            "boundaries": [],
+            "summary": f"{select}: no difference",
+        }
+    b_better = score > 0 if METRICS[select][1] else score < 0
+    winner, other = ("B", "A") if b_better else ("A", "B")
+    checks = []
+    for boundary in boundaries:
+        observed = [
+            {"cell": r["label"], "delta_pct": pct(r[winner][boundary.metric], r[other][boundary.metric])}
+            for r in measured
+            if boundary.applies(r["nominal_tokens"])
+        ]
+        for o in observed:
+            o["holds"] = boundary.holds(o["delta_pct"])
+        checks.append(
+            {
+                "boundary": boundary.describe(),
+                "arm": names[winner],
+                "cells": observed,
+                # An unmeasured protection protects nothing.
+                "holds": bool(observed) and all(o["holds"] for o in observed),
+            }
+        )
+    lead = f"{names[winner]} is faster by {select} (mean {abs(score):+.1f} % vs {names[other]})"
+    violated = [c for c in checks if not c["holds"]]
+    if violated:
+        named = "; ".join(f"{c['boundary']} violated ({_observed(c)})" for c in violated)
+        return {
+            "outcome": "boundary-violated",
+            "selected": None,
+            "faster": names[winner],
+            "boundaries": checks,
+            "summary": f"{lead}, but {named}: no arm selected",
+        }
+    held = "; ".join(f"{c['boundary']} ({_observed(c)})" for c in checks) or "no boundary declared"
+    return {
+        "outcome": "selected",
+        "selected": names[winner],
+        "faster": names[winner],
+        "boundaries": checks,
+        "summary": f"{names[winner]} selected: {lead}; every declared boundary holds: {held}",
+    }
+
+
+def _observed(check: dict[str, Any]) -> str:
+    cells = check["cells"]
+    if not cells:
+        return "no measured cell is covered"
+    return ", ".join(
+        f"{c['cell']} " + ("unmeasured" if c["delta_pct"] is None else f"{c['delta_pct']:+.1f} %")
+        for c in cells
+    )
+
+
+def run_measure(
+    arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """Synchronous `measure`, for callers that run no event loop."""
+    return asyncio.run(measure(arms, capacity, request_timeout_s=request_timeout_s))
