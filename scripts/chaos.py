@@ -102,6 +102,22 @@ class ChaosHost:
             "adopt", self.camp.incumbent_id, "--slot", "primary", "--context-tokens", "524288"
         )
         assert r.returncode == 0, r.stderr
+        # The campaign's waiver (shared/seeds: "standing reserve 3,072 MiB/card, waived to 0 for
+        # the pair"): without it promote's VRAM-after-acceptance step refuses every promotion.
+        r = self.camp.anvilctl(
+            "waive",
+            "--policy",
+            "vram-reserve",
+            "--scope",
+            "compute-a,compute-b",
+            "--value",
+            "0",
+            "--approved-by",
+            "chaos",
+            "--reason",
+            "model-only GPU pair (seed campaign)",
+        )
+        assert r.returncode == 0, r.stderr
         self.durations: dict[str, float] = {}
 
     # -- observing ----------------------------------------------------------------------------

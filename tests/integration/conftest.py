@@ -88,6 +88,25 @@ def runtime() -> Iterator[Any]:
     rt.close()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_containers_outlive_their_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Containers a module created (through anvilctl, where no factory tracks them) are removed
+    when it ends: a serve left on a fixed port by one module must not answer for the next."""
+    if _missing():
+        yield
+        return
+    client = docker.DockerClient(base_url=os.environ["DOCKER_HOST"])
+    try:
+        before = {c.id for c in client.containers.list(all=True)}
+        yield
+        for c in client.containers.list(all=True):
+            if c.id not in before:
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    c.remove(force=True)
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="session")
 def stub_image_id(runtime: Any) -> str:
     image_id = os.environ["ANVIL_STUB_IMAGE_ID"]

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from scripts.campaign import runtime
@@ -84,7 +84,8 @@ class TestForeignSharedMemory:
         try:
             foreign.write_bytes(b"\0" * 4096)
             segment.write_bytes(b"\0" * 8192)
-            holder = subprocess.Popen(["sleep", "600"], stdin=segment.open("rb"))
+            with segment.open("rb") as fh:  # the child keeps its own descriptor open
+                holder = subprocess.Popen(["sleep", "600"], stdin=fh)
             phase = host.prepare("rollback")
             check = host.run("recheck", "--slot", "primary")
             assert check["_exit"] == 0, check.get("failed")
@@ -153,16 +154,25 @@ def _restart_dockerd() -> None:
     deadline = time.monotonic() + 60
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    log = (Path(os.environ["ANVIL_TESTENV_DIR"]) / "dockerd.log").open("ab")
-    subprocess.Popen([a.decode() for a in argv], stdout=log, stderr=log, start_new_session=True)
+    with (Path(os.environ["ANVIL_TESTENV_DIR"]) / "dockerd.log").open("ab") as log:
+        # setsid -f: dockerd is nobody's child here; the test environment stops it by pid file.
+        subprocess.run(["setsid", "-f", *(a.decode() for a in argv)], stdout=log, stderr=log, check=True)
     sock = os.environ["DOCKER_HOST"].removeprefix("unix://")
-    transport = httpx.HTTPTransport(uds=sock)
-    with httpx.Client(transport=transport) as client:
-        while time.monotonic() < deadline:
-            try:
-                if client.get("http://docker/_ping", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    while time.monotonic() < deadline:
+        if _pings(sock):
+            return
+        time.sleep(0.2)
     raise AssertionError("dockerd did not come back within 60 s")
+
+
+def _pings(sock: str) -> bool:
+    """dockerd answers GET /_ping with 200 on its socket (a plain socket: nothing left open)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        try:
+            s.connect(sock)
+            s.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            status = s.recv(64).split(b"\r\n", 1)[0]
+        except OSError:
+            return False
+    return status.split(b" ")[1:2] == [b"200"]
