@@ -175,7 +175,14 @@ class Policy(_Strict):
     vram_reserve_mib: int = Field(3072, ge=0, description="Free MiB per card required after a workload")
     vram_release_deadline_s: float = Field(120.0, gt=0, description="Wait for VRAM to be freed")
     stop_timeout_s: float = Field(30.0, gt=0, description="Grace before a stopped container is killed")
-    health_poll_s: float = Field(0.5, gt=0, description="Interval between health probes")
+    health_poll_s: float = Field(
+        0.5,
+        gt=0,
+        description=(
+            "Longest interval between health (and VRAM-release) probes: polls start at 0.05 s "
+            "and double up to it"
+        ),
+    )
 
 
 # The names the engines we serve give their files in /dev/shm. A file matching one is

@@ -382,8 +382,16 @@ class HaproxyRouter:
                 self._set(f"set server {backend_name(tier)}/{slot.name} state drain")
 
     def readmit(
-        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+        self,
+        tier: str,
+        url: str,
+        aliases: tuple[str, ...],
+        expected_model: str,
+        deadline_s: float,
+        *,
+        hold: bool = False,
     ) -> None:
+        """`hold` changes nothing here: the Runtime API queues nothing that could land later."""
         self._known(tier)
         alias = (aliases or self.tiers[tier])[0]
         target = _split_url(url)
