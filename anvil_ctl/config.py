@@ -180,7 +180,7 @@ class Policy(_Strict):
         gt=0,
         description=(
             "Longest interval between health (and VRAM-release) probes: polls start at 0.05 s "
-            "and double up to it"
+            "and grow by a quarter each up to it"
         ),
     )
 

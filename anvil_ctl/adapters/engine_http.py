@@ -6,6 +6,7 @@ import socket
 
 import httpx
 
+from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.model import ModelCard
 
@@ -13,9 +14,11 @@ from anvil_ctl.core.model import ModelCard
 class HttpEngineProbe:
     """One client for the probe's life, opened on first use and closed by `close`.
 
-    Building an httpx client loads the CA bundle (50-80 ms on a loaded host), so it is
-    built once, not per probe. No connection is kept alive between probes: an engine
-    that restarts leaves no stale pooled socket behind, and nothing stays open.
+    Building an httpx client costs (with the CA bundle loaded, 40-80 ms on a loaded
+    host), so it is built once, not per probe, and without trust roots: an engine's
+    binding is plain HTTP on loopback (see `anvil_ctl.adapters.tls`). No connection is
+    kept alive between probes: an engine that restarts leaves no stale pooled socket
+    behind, and nothing stays open.
     """
 
     def __init__(self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
@@ -29,6 +32,7 @@ class HttpEngineProbe:
                 timeout=self._timeout_s,
                 transport=self._transport,
                 limits=httpx.Limits(max_keepalive_connections=0),
+                verify=context_for(),  # engines answer plain HTTP at their loopback binding
             )
         return self._client.get(url)
 

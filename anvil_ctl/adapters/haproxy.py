@@ -43,6 +43,7 @@ from anvil_ctl.adapters.router_http import (
     routed_chat,
     translated,
 )
+from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.core.errors import AdapterError, CredentialError, TransientError
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
@@ -244,7 +245,7 @@ class HaproxyRouter:
         self.socket_path = Path(socket_path)
         self.tiers = dict(tiers)
         self._client: Secret = credentials.client
-        self._http = httpx.Client(transport=transport, timeout=timeout_s)
+        self._http = httpx.Client(transport=transport, timeout=timeout_s, verify=context_for(self.url))
         self._socket_timeout_s = socket_timeout_s
         self._sleep = sleep
 

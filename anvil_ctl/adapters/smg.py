@@ -68,6 +68,7 @@ from anvil_ctl.adapters.router_http import (
     routed_chat,
     translated,
 )
+from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 
@@ -76,9 +77,11 @@ log = structlog.get_logger()
 TIER_LABEL = "anvil.tier"
 NIL_WORKER_ID = "00000000-0000-0000-0000-000000000000"
 PENDING_JOB = ("pending", "processing")
-OWN_REMOVAL_MIN_S = 4.5
+OWN_REMOVAL_MIN_S = 5.0
 """smg 1.13 removes a DELETEd worker after a fixed 5 s drain (5.10-5.15 s measured): a
-removal this adapter sees land sooner than this after its DELETE was not (only) its own."""
+removal this adapter sees land sooner than this after its DELETE was not (only) its own.
+(A foreign second DELETE landing in the last ~0.1 s before ours cannot be told apart; the
+engine's goal check after readmission finds the route gone and repairs it, holding.)"""
 POLL_FIRST_S = 0.02
 """Polls start this short and double up to `poll_s`: most waits end within a few polls."""
 
@@ -109,7 +112,9 @@ class SmgRouter:
         self.admin_url = _norm(admin_url or url)
         self._admin: Secret = credentials.require_admin()
         self._client: Secret = credentials.client
-        self._http = httpx.Client(transport=transport, timeout=timeout_s)
+        self._http = httpx.Client(
+            transport=transport, timeout=timeout_s, verify=context_for(self.url, self.admin_url)
+        )
         self._poll_s = poll_s
         self._removal_timeout_s = removal_timeout_s
         self._appear_timeout_s = appear_timeout_s

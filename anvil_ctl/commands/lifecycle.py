@@ -27,6 +27,9 @@ def promote(
 ) -> Outcome:
     ctx.config.slot(slot)
     tx_id = str(uuid.uuid4())
+    if not dry_run:
+        ctx.world()
+        ctx.warm_acceptance()  # the real client imports while guards, snapshot and readmission run
     with mutating(ctx, "promote", tx_id, dry_run=dry_run):
         return _promote_locked(
             ctx,

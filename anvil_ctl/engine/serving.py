@@ -115,14 +115,17 @@ def stop_verified(world: World, container_id: str) -> dict[str, Any]:
 
 POLL_FIRST_S = 0.05
 """The first pause of a poll: most waits (a stub's start, a released card) end within a few."""
+POLL_GROWTH = 1.25
+"""Each pause a quarter longer than the last: what is ready is seen within a quarter of the
+time already waited, and a long wait (a real engine loading weights) polls ever less."""
 
 
 def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
-    """Poll intervals: `first`, doubling up to `longest` (the policy's `health_poll_s`)."""
+    """Poll intervals: `first`, growing by `POLL_GROWTH` up to `longest` (`health_poll_s`)."""
     pause = min(first, longest)
     while True:
         yield pause
-        pause = min(pause * 2, longest)
+        pause = min(pause * POLL_GROWTH, longest)
 
 
 def wait_serving(

@@ -51,7 +51,8 @@ def wait_for_vram_release(
 ) -> dict[str, Any]:
     """Poll until every role's card has `free >= need + reserve`; return the readings.
 
-    Polls are `poll_s` apart, or start `first_poll_s` apart and double up to `poll_s`.
+    Polls are `poll_s` apart, or start `first_poll_s` apart and grow by a quarter each
+    up to `poll_s`.
 
     `uuids`: role -> GPU UUID of the cards the next serve will use; `need_mib`
     and `reserve_mib`: per card, one figure for all roles or role -> MiB. The
@@ -107,7 +108,7 @@ def wait_for_vram_release(
             )
             raise StepFailed(f"VRAM not released within {deadline_s:g} s: {names}", **record(False))
         clock.sleep(pause)
-        pause = min(pause * 2, poll_s)
+        pause = min(pause * 1.25, poll_s)
         current = _observe(probe, uuids)
         polls += 1
 
