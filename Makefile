@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEBS := docker.io haproxy tini iproute2 util-linux sqlite3 python3 chromium
 
-.PHONY: setup debs test unit check demo chaos clean
+.PHONY: setup debs test unit check demo chaos bench clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +49,21 @@ chaos: setup debs
 
 demo: setup debs
 	scripts/demo
+
+# Benchmarks, never timed tests: anvilctl against the bare sequence of the same parts (real
+# dockerd + smg, in the hermetic environment), state databases of 1k/10k/100k real
+# transactions (built once into BENCH_CACHE), and the capacity gate's fidelity; the tables go
+# to benchmarks/RESULTS.md. The 100k database takes minutes to build and ~3.5 GB of disk today.
+BENCH_REPS ?= 3
+SCALE_SIZES ?= 1000 10000 100000
+BENCH_CACHE ?= $(HOME)/.cache/anvil/bench
+bench: setup debs
+	@mkdir -p benchmarks/out
+	scripts/testenv run -- $(PY) benchmarks/paired.py --reps $(BENCH_REPS) --markdown-out benchmarks/out/paired.md
+	$(PY) benchmarks/scale.py --sizes $(SCALE_SIZES) --cache $(BENCH_CACHE) --markdown-out benchmarks/out/scale.md
+	-$(PY) benchmarks/capacity_accuracy.py --markdown-out benchmarks/out/capacity.md
+	$(PY) benchmarks/results.py benchmarks/out > benchmarks/RESULTS.md
+	@cat benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) state/anvil.db* state/anvil.lock state/evidence state/fake-world.* .mypy_cache .ruff_cache

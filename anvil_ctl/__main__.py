@@ -1,3 +1,3 @@
-from anvil_ctl.cli import main
+from anvil_ctl.cli import console
 
-raise SystemExit(main())
+console()

@@ -13,20 +13,32 @@ then records a refusal before any mutation instead of the command failing blind.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from anvil_ctl.config import HostConfig, Settings, load_host_config
 from anvil_ctl.core.errors import AuthRejected, ConfigError, CredentialError
-from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
+from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer, VramNeed
 from anvil_ctl.core.ports import ContainerRuntime, GpuProbe, Owner, Router, SharedMemory
 
 if TYPE_CHECKING:
     from anvil_ctl.engine.faults import Faults
-    from anvil_ctl.engine.world import Acceptance, AcceptanceReport, World
+    from anvil_ctl.engine.world import Acceptance, AcceptanceReport, VramRelease, World
     from anvil_ctl.persistence.db import Engine
     from anvil_ctl.persistence.store import Store
+
+
+ACCEPTANCE_MODULE = "anvil_ctl.acceptance"
+"""Real-client acceptance; imports `openai`, the heaviest import of any command."""
+
+
+def _import_quietly(module: str) -> None:
+    with contextlib.suppress(Exception):
+        importlib.import_module(module)
 
 
 @dataclass
@@ -103,6 +115,21 @@ class Context:
 
         return NvmlProbe()
 
+    def warm_acceptance(self) -> None:
+        """Start importing the real client (`openai`: 0.6-1.4 s) in the background.
+
+        For a command that runs real-client acceptance later (promote): its guards,
+        snapshot and readmission run meanwhile, and the acceptance step finds the module
+        imported. Call it after `world()`, whose imports (httpx and pydantic among them)
+        the client shares: the two threads then import disjoint modules. A failed import
+        here changes nothing: the acceptance step imports again and fails as it would.
+        """
+        if self.settings.backend == "fake" or self.config.router.kind == "none":
+            return
+        threading.Thread(
+            target=_import_quietly, args=(ACCEPTANCE_MODULE,), name="warm-acceptance", daemon=True
+        ).start()
+
     @cached_property
     def faults(self) -> Faults:
         """Fault injection, when the settings ask for it (tests and `make chaos` only)."""
@@ -120,18 +147,33 @@ class Context:
 
 def _finish(ctx: Context, world: World) -> World:
     """What both backends share: the model cache and the VRAM-release gate."""
-    from anvil_ctl.engine.gpu import vram_release_gate
-
     if ctx.config.model_cache_dir is not None:
         from anvil_ctl.adapters.hfcache import HfCache
 
         world.model_cache = HfCache(ctx.config.model_cache_dir)
     if world.gpus is not None and ctx.config.gpu_roles:
-        policy = ctx.config.policy
-        world.vram_release = vram_release_gate(
-            world, deadline_s=policy.vram_release_deadline_s, poll_s=min(1.0, policy.health_poll_s)
-        )
+        world.vram_release = _vram_release(ctx, world)
     return world
+
+
+def _vram_release(ctx: Context, world: World) -> VramRelease:
+    """The VRAM-release gate, built on its first use: most commands (status, recheck, audit)
+    never wait for VRAM, and the gate's modules (GPU policy, waivers, the ledger) stay unread."""
+    policy = ctx.config.policy
+    built: list[VramRelease] = []
+
+    def gate(need: VramNeed) -> dict[str, Any]:
+        if not built:
+            from anvil_ctl.engine.gpu import vram_release_gate
+
+            built.append(
+                vram_release_gate(
+                    world, deadline_s=policy.vram_release_deadline_s, poll_s=min(1.0, policy.health_poll_s)
+                )
+            )
+        return built[0](need)
+
+    return gate
 
 
 def _fake_world(ctx: Context) -> World:
@@ -228,7 +270,7 @@ def _router(ctx: Context) -> tuple[Router | None, Acceptance | None]:
         return UnresolvedCredentialsRouter(exc), None
 
     def acceptance(alias: str, model: str) -> AcceptanceReport:
-        from anvil_ctl.acceptance import run_acceptance
+        from anvil_ctl.acceptance import run_acceptance  # openai: only here (see warm_acceptance)
 
         return run_acceptance(rc.url, alias, model, creds.client)
 
@@ -269,7 +311,14 @@ class UnresolvedCredentialsRouter:
         raise self._refuse()
 
     def readmit(
-        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+        self,
+        tier: str,
+        url: str,
+        aliases: tuple[str, ...],
+        expected_model: str,
+        deadline_s: float,
+        *,
+        hold: bool = False,
     ) -> None:
         raise self._refuse()
 

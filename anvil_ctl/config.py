@@ -363,7 +363,13 @@ class Policy(_Strict):
     vram_reserve_mib: MiB = Field(3072, description="Free MiB per card required after a workload")
     vram_release_deadline_s: Duration = Field(120.0, description="Wait for VRAM to be freed")
     stop_timeout_s: Duration = Field(30.0, description="Grace before a stopped container is killed")
-    health_poll_s: Duration = Field(0.5, description="Interval between health probes")
+    health_poll_s: Duration = Field(
+        0.5,
+        description=(
+            "Longest interval between health (and VRAM-release) probes: polls start at 0.05 s "
+            "and grow by a quarter each up to it"
+        ),
+    )
 
 
 # The names the engines we serve give their files in /dev/shm. A file matching one is

@@ -42,6 +42,7 @@ from anvil_ctl.adapters.router_http import (
     routed_chat,
     translated,
 )
+from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, CredentialError, TransientError
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 
@@ -101,7 +102,7 @@ class HaproxyRouter:
         self.socket_path = Path(socket_path)
         self.tiers = dict(tiers)
         self._client: Secret = credentials.client
-        self._http = httpx.Client(transport=transport, timeout=timeout_s)
+        self._http = httpx.Client(transport=transport, timeout=timeout_s, verify=context_for(self.url))
         self._socket_timeout_s = socket_timeout_s
         self._sleep = sleep
 
@@ -239,8 +240,16 @@ class HaproxyRouter:
                 self._set(f"set server {backend_name(tier)}/{slot.name} state drain")
 
     def readmit(
-        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+        self,
+        tier: str,
+        url: str,
+        aliases: tuple[str, ...],
+        expected_model: str,
+        deadline_s: float,
+        *,
+        hold: bool = False,
     ) -> None:
+        """`hold` changes nothing here: the Runtime API queues nothing that could land later."""
         self._known(tier)
         alias = (aliases or self.tiers[tier])[0]
         target = _split_url(url)

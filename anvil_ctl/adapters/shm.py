@@ -210,6 +210,9 @@ class ShmScanner:
         by_inode = {(st.st_dev, st.st_ino): path for path, st in found.items()}
         by_path = {path: st.st_ino for path, st in found.items()}
         names = {os.path.basename(p) for p in found}
+        # A maps line that maps a candidate carries its inode as a field of its own: a
+        # process whose maps hold none of these tokens is skipped without parsing a line.
+        inodes = tuple(t for st in found.values() for t in (f" {st.st_ino} ", f" {st.st_ino}\n"))
         holders: dict[str, set[int]] = {}
         unreadable: set[int] = set()
         try:
@@ -220,7 +223,7 @@ class ShmScanner:
             if not entry.isdigit():
                 continue
             pid = int(entry)
-            for path in self._held_by(pid, by_inode, by_path, names, unreadable):
+            for path in self._held_by(pid, by_inode, by_path, names, unreadable, inodes=inodes):
                 holders.setdefault(path, set()).add(pid)
         return {p: tuple(sorted(s)) for p, s in holders.items()}, tuple(sorted(unreadable))
 
@@ -231,12 +234,16 @@ class ShmScanner:
         by_path: dict[str, int],
         names: set[str],
         unreadable: set[int],
+        *,
+        inodes: tuple[str, ...] = (),
     ) -> set[str]:
         found: set[str] = set()
         base = self.proc_root / str(pid)
         try:
             with open(base / "maps", encoding="utf-8", errors="surrogateescape") as fh:
-                for line in fh:
+                maps = fh.read()
+            if not inodes or any(token in maps for token in inodes):
+                for line in maps.splitlines(keepends=True):
                     hit = _mapped(line, by_inode, by_path)
                     if hit is not None:
                         found.add(hit)

@@ -8,6 +8,7 @@ the integration tests run on it; it implements the GpuProbe port like NVML.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,10 +28,31 @@ LABEL_GPUS = LABEL_PREFIX + "gpus"
 SIM_VRAM_PATH = "/anvil/sim/vram"
 
 
-def _default_http_get(url: str) -> Any:
-    response = httpx.get(url, timeout=2.0)
-    response.raise_for_status()
-    return response.json()
+class _HttpGet:
+    """GET a JSON body with one client for the probe's life (building a client loads the CA
+    bundle, 50-80 ms on a loaded host; NVML, which this stands in for, costs nothing like
+    it). No connection is kept alive: a stub restarted between readings leaves none stale."""
+
+    def __init__(self) -> None:
+        self._client: httpx.Client | None = None
+
+    def __call__(self, url: str) -> Any:
+        if self._client is None:
+            self._client = httpx.Client(
+                timeout=2.0,
+                limits=httpx.Limits(max_keepalive_connections=0),
+                # The stub answers plain HTTP on loopback: no CA bundle to load (40-80 ms);
+                # a context that trusts nothing could never complete a TLS handshake.
+                verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
+            )
+        response = self._client.get(url)
+        response.raise_for_status()
+        return response.json()
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
 
 def _endpoint(labels: Mapping[str, str]) -> str | None:
@@ -62,11 +84,16 @@ class SimulatedGpuProbe:
         self,
         roles: Mapping[str, GpuRole],
         runtime: ContainerRuntime,
-        http_get: Callable[[str], Any] = _default_http_get,
+        http_get: Callable[[str], Any] | None = None,
     ) -> None:
         self.roles = dict(roles)
         self.runtime = runtime
-        self.http_get = http_get
+        self.http_get: Callable[[str], Any] = http_get or _HttpGet()
+
+    def close(self) -> None:
+        close = getattr(self.http_get, "close", None)
+        if callable(close):
+            close()
 
     def driver_version(self) -> str:
         return "simulated"

@@ -30,11 +30,21 @@ binary in the test environment):
 - Registrations live in memory: a restarted smg has none, so readmission
   re-registers whatever is missing.
 
-The hold: readmission ends only once the registration has stayed listed,
-admitted and routed until `removal_hold_s` after the readmission began (any
-removal sent before, seen or not, has landed by then) and after the sighting
-of any removal pending for the registration it made; a registration removed
-meanwhile is registered again, within the readmission deadline.
+The hold: a registration made while a removal of its URL may still be pending is
+kept under observation until that removal has surely landed, and registered again
+if it lands meanwhile. A removal may be pending, and readmission holds, only when
+- this adapter sent a DELETE for the URL whose removal it has not seen land after a
+  full drain (`OWN_REMOVAL_MIN_S`): a removal seen sooner was a second DELETE's,
+  and the first one's may still be queued, invisible;
+- a removal was seen pending for the URL (a draining worker, a queued RemoveWorker
+  job), at readmission start or during it (someone else's DELETE): held until
+  `removal_hold_s` after its sighting;
+- the caller asks (`hold=True`): it cannot know what a process that died before it
+  sent (`recover`), or it repairs a route something broke (`reconcile`, the
+  availability restore, a goal's repair): held until `removal_hold_s` after the
+  readmission began.
+A live transaction's own drain waited until its removal landed, so its readmission
+ends at the first verified routed chat.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from anvil_ctl.adapters.router_http import (
     routed_chat,
     translated,
 )
+from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 
@@ -66,6 +77,13 @@ log = structlog.get_logger()
 TIER_LABEL = "anvil.tier"
 NIL_WORKER_ID = "00000000-0000-0000-0000-000000000000"
 PENDING_JOB = ("pending", "processing")
+OWN_REMOVAL_MIN_S = 5.0
+"""smg 1.13 removes a DELETEd worker after a fixed 5 s drain (5.10-5.15 s measured): a
+removal this adapter sees land sooner than this after its DELETE was not (only) its own.
+(A foreign second DELETE landing in the last ~0.1 s before ours cannot be told apart; the
+engine's goal check after readmission finds the route gone and repairs it, holding.)"""
+POLL_FIRST_S = 0.02
+"""Polls start this short and double up to `poll_s`: most waits end within a few polls."""
 
 
 def _norm(url: str) -> str:
@@ -83,7 +101,7 @@ class SmgRouter:
         admin_url: str | None = None,
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = 10.0,
-        poll_s: float = 0.25,
+        poll_s: float = 0.1,
         removal_timeout_s: float = 30.0,
         appear_timeout_s: float = 10.0,
         removal_hold_s: float = 6.0,
@@ -94,7 +112,9 @@ class SmgRouter:
         self.admin_url = _norm(admin_url or url)
         self._admin: Secret = credentials.require_admin()
         self._client: Secret = credentials.client
-        self._http = httpx.Client(transport=transport, timeout=timeout_s)
+        self._http = httpx.Client(
+            transport=transport, timeout=timeout_s, verify=context_for(self.url, self.admin_url)
+        )
         self._poll_s = poll_s
         self._removal_timeout_s = removal_timeout_s
         self._appear_timeout_s = appear_timeout_s
@@ -103,6 +123,8 @@ class SmgRouter:
         self._clock = clock
         self._removals_seen: dict[str, tuple[str, float]] = {}
         """URL -> (worker id, first sighting) of the newest removal seen pending there."""
+        self._deletes_unlanded: dict[str, float] = {}
+        """URL -> when this adapter sent a DELETE there whose removal it has not seen land."""
 
     def close(self) -> None:
         self._http.close()
@@ -197,10 +219,13 @@ class SmgRouter:
 
         A worker whose removal is already pending is not DELETEd again: that would
         remove it at once and hide the pending removal, which then takes the next
-        registration of the URL.
+        registration of the URL. Our own DELETE counts as landed only when the URL went
+        after a full drain (`OWN_REMOVAL_MIN_S`); until then readmission holds.
         """
-        worker_id, url = str(worker.get("id")), str(worker.get("url"))
+        worker_id, url = str(worker.get("id")), _norm(str(worker.get("url")))
+        sent: float | None = None
         if not self._removal_pending(worker):
+            sent = self._deletes_unlanded[url] = self._clock()
             response = self._call("DELETE", f"/workers/{worker_id}")
             if response.status_code not in (200, 202, 204, 404):
                 raise AdapterError(
@@ -209,13 +234,20 @@ class SmgRouter:
                 )
             log.info("router.smg.remove", url=url, worker_id=worker_id)
         self._wait(lambda: self._worker_at(url) is None, self._removal_timeout_s, f"{url} removed")
+        if sent is not None and self._clock() - sent >= OWN_REMOVAL_MIN_S:
+            if self._deletes_unlanded.get(url) == sent:
+                del self._deletes_unlanded[url]
+        elif sent is not None:
+            log.warning("router.smg.early_removal", url=url, seconds=round(self._clock() - sent, 3))
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
         end = self._clock() + timeout_s
+        pause = min(POLL_FIRST_S, self._poll_s)
         while not done():
             if self._clock() >= end:
                 raise TransientError(f"smg: timed out after {timeout_s:.0f} s waiting for {what}")
-            self._sleep(self._poll_s)
+            self._sleep(pause)
+            pause = min(pause * 2, self._poll_s)
 
     def _post(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
         body = {
@@ -294,7 +326,14 @@ class SmgRouter:
             self._remove(worker)
 
     def readmit(
-        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+        self,
+        tier: str,
+        url: str,
+        aliases: tuple[str, ...],
+        expected_model: str,
+        deadline_s: float,
+        *,
+        hold: bool = False,
     ) -> None:
         if not aliases:
             raise AdapterError("readmit: at least one alias is required")
@@ -326,7 +365,14 @@ class SmgRouter:
             stale["flag"] = answer.status >= 500
             check_answer(answer, alias, expected_model)
             return (
-                self._hold(tier, target, alias=alias, expected_model=expected_model, started=started, end=end)
+                self._hold(
+                    tier,
+                    target,
+                    alias=alias,
+                    expected_model=expected_model,
+                    since=started if hold else None,
+                    end=end,
+                )
                 or answer
             )
 
@@ -342,28 +388,48 @@ class SmgRouter:
             tier=tier,
             url=target,
             model=expected_model,
+            asked_to_hold=hold,
             seconds=round(self._clock() - started, 3),
         )
 
-    def _hold_until(self, url: str, started: float) -> float:
-        """When a removal that may still be pending for `url` has surely landed."""
+    def _hold_until(self, url: str, since: float | None) -> float | None:
+        """When every removal that may still be pending for `url` has surely landed (None: none may).
+
+        `since`: the caller's own reason to hold (the readmission's start), else None.
+        """
         seen = self._removals_seen.get(url)
-        return max(started, seen[1] if seen else started) + self._hold_s
+        sent = self._deletes_unlanded.get(url)
+        reasons = [t for t in (since, seen[1] if seen else None, sent) if t is not None]
+        return max(reasons) + self._hold_s if reasons else None
+
+    def _held(self, url: str, since: float | None) -> bool:
+        until = self._hold_until(url, since)
+        return until is None or self._clock() >= until
 
     def _hold(
-        self, tier: str, url: str, *, alias: str, expected_model: str, started: float, end: float
+        self,
+        tier: str,
+        url: str,
+        *,
+        alias: str,
+        expected_model: str,
+        since: float | None,
+        end: float,
     ) -> RoutedAnswer | None:
         """Keep observing the registration until no removal can still land on it.
 
-        A removal sent before readmission began lands within smg's drain (5 s) of it, one
-        seen pending within the drain of its sighting; past `removal_hold_s` after both,
-        nothing queued can remove the URL. Gone or pending removal meanwhile:
-        NotYetRouted, and the next attempt registers again. The routed chat is repeated
-        at the end (None when there was nothing to wait for).
+        A removal sent before `since` lands within smg's drain (5 s) of it, one seen
+        pending within the drain of its sighting, our own DELETE within the drain of its
+        sending; past `removal_hold_s` after each, nothing queued can remove the URL.
+        Gone or pending removal meanwhile: NotYetRouted, and the next attempt registers
+        again. The routed chat is repeated at the end (None when there was nothing to
+        wait for).
         """
-        if self._clock() >= self._hold_until(url, started):
+        if self._held(url, since):
             return None
-        while self._clock() < self._hold_until(url, started):
+        until = self._hold_until(url, since) or self._clock()
+        log.info("router.smg.hold", tier=tier, url=url, seconds=round(until - self._clock(), 3))
+        while not self._held(url, since):
             if self._clock() >= end:
                 raise NotYetRouted(f"smg worker {url} not yet held for {self._hold_s:.1f} s")
             self._sleep(self._poll_s)

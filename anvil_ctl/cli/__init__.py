@@ -11,6 +11,6 @@ implementations are imported inside the callbacks, so `anvilctl --help` is fast
 (`tests/unit/test_cli_help_imports.py` holds it).
 """
 
-from anvil_ctl.cli.app import main
+from anvil_ctl.cli.app import console, main
 
-__all__ = ["main"]
+__all__ = ["console", "main"]

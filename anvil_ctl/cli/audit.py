@@ -18,8 +18,7 @@ from anvil_ctl.cli.gpu import waiver_table
 from anvil_ctl.cli.params import LIMIT, REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.cli.views import ChainCheck, DiffView, EvidenceAudit, Record, Table
-from anvil_ctl.core.model import IDENTITY_ROLES
-from anvil_ctl.core.states import TX_KINDS, ExitCode, TxState
+from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
 
 slot_option = click.option(
     "--slot", type=REF, shell_complete=complete_slots, metavar="SLOT", help="Only this slot."

@@ -8,7 +8,6 @@ no Settings), and answer nothing rather than fail when a file is missing or brok
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 
 import click
@@ -29,6 +28,8 @@ def _options(ctx: click.Context) -> GlobalOptions:
 
 def complete_slots(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Slot names of the host config (`--config`, else ANVIL_CONFIG, else anvil.toml)."""
+    import tomllib  # only when completing: `--help` and every command skip it
+
     path = _options(ctx).config or Path(os.environ.get("ANVIL_CONFIG") or "anvil.toml")
     try:
         slots = tomllib.loads(path.read_text()).get("slots") or {}

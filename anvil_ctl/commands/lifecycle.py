@@ -30,6 +30,9 @@ def promote(
     ctx.config.slot(slot)
     approved_by = require("--approved-by", check_person, approved_by)
     tx_id = str(uuid.uuid4())
+    if not dry_run:
+        ctx.world()
+        ctx.warm_acceptance()  # the real client imports while guards, snapshot and readmission run
     with mutating(ctx, "promote", tx_id, dry_run=dry_run) as lock:
         return _promote_locked(
             ctx,

@@ -22,9 +22,6 @@ LABEL_TX = LABEL_PREFIX + "transaction"
 LABEL_ROLE = LABEL_PREFIX + "role"
 LABEL_SERVED_MODEL = LABEL_PREFIX + "served-model"
 
-IDENTITY_ROLES: tuple[str, ...] = ("incumbent", "candidate", "rollback")
-"""The roles an identity is recorded under for its slot; the latest row per (slot, role) is current."""
-
 
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no insignificant whitespace: the form every digest is taken of."""

@@ -81,12 +81,24 @@ class Router(Protocol):
         ...
 
     def readmit(
-        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+        self,
+        tier: str,
+        url: str,
+        aliases: tuple[str, ...],
+        expected_model: str,
+        deadline_s: float,
+        *,
+        hold: bool = False,
     ) -> None:
         """(Re-)register the backend and return only once a routed authenticated request
         answers 200 from expected_model and the registration holds: a removal the router
         still had pending for the same backend cannot undo it afterwards (re-registering
-        if one lands meanwhile). Raise StepFailed at the deadline."""
+        if one lands meanwhile). Raise StepFailed at the deadline.
+
+        `hold`: the caller cannot rule out a removal this adapter never saw (sent by a
+        process that died, or whatever broke the route being repaired), so the
+        registration is held as if one were pending since readmission began. Without
+        it, a router with late removals holds only for removals it sent or observed."""
         ...
 
     def routed_chat(self, alias: str) -> RoutedAnswer:

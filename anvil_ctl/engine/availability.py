@@ -13,7 +13,9 @@ re-routes a recorded serve that is running and answering at the binding (a
 router hiccup), and otherwise brings the harbour back: every other container of
 the slot is stopped and retained, the harbour's GPUs are released, the same
 container ID is started, routed and smoke-tested. What it did is journaled. It
-never stops a serve that is healthy and routed.
+never stops a serve that is healthy and routed. Its readmissions hold
+(`Router.readmit(hold=True)`): whatever broke the route may have left a removal
+pending that this process never saw.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def ensure_serving(world: World, tx_id: str, slot: str) -> dict[str, Any]:
     answering = serving_identity(world, state)
     if answering is not None and world.router is not None:
         try:
-            route_slot_to(world, answering)
+            route_slot_to(world, answering, hold=True)
             routed_smoke(world, answering)
             return {"action": "rerouted", "container_id": answering.container_id}
         except AnvilError as exc:
@@ -149,7 +151,7 @@ def bring_back(world: World, tx_id: str, harbour: Identity) -> dict[str, Any]:
     owners = gpu.record_ownership(world, tx_id, harbour, None)
     routed = None
     if world.router is not None:
-        route_slot_to(world, harbour)
+        route_slot_to(world, harbour, hold=True)
         routed = routed_smoke(world, harbour)
     log.warning("availability.harbour_restored", slot=harbour.slot, container_id=harbour.container_id)
     return {

@@ -29,7 +29,7 @@ from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import GpuProcess, GpuReading, Identity, VramNeed
 from anvil_ctl.core.steps import StepContext
-from anvil_ctl.engine.serving import container_absent_or_stopped
+from anvil_ctl.engine.serving import POLL_FIRST_S, container_absent_or_stopped
 from anvil_ctl.engine.world import VramRelease, World
 from anvil_ctl.gpu.ownership import (
     GpuOwner,
@@ -274,6 +274,7 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
             reserve_mib=reserve,
             deadline_s=deadline_s,
             poll_s=poll_s,
+            first_poll_s=POLL_FIRST_S,
         )
         return {**result, "need_mib": need.need_mib, "reserve_mib": reserve, "waivers": waiver_ids}
 

@@ -10,14 +10,15 @@ a journaled result, each observing before it acts, then the goal, verification
 and commit, exactly as a live run; a failure there compensates backwards.
 
 Undos already journaled as done are not run again, so recover is idempotent: a
-second run finds nothing to do. Either way the engine's availability rule holds:
+second run finds nothing to do. Every readmission recovery makes holds past any
+removal the dead owner may have left pending in the router. Either way the engine's availability rule holds:
 a slot that served when the transaction began serves when recover ends it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -99,6 +100,9 @@ def recover(
 ) -> RecoverReport:
     report = RecoverReport()
     engine = TransactionEngine(journal, me, faults=faults)
+    # The dead owner may have sent removals to the router that no adapter here saw: every
+    # readmission of this recovery holds past them (`Router.readmit(hold=True)`).
+    world = replace(world, hold_readmissions=True)
     for rec in journal.unfinished():
         alive = owner_alive(rec.owner, me)
         if alive is not False and rec.owner != me:

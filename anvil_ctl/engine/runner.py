@@ -21,6 +21,7 @@ pause the process (tests and `make chaos` only).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -140,7 +141,9 @@ class TransactionEngine:
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
         self._boundary(plan.kind, "state", "planned")
         bound = log.bind(tx_id=tx_id, kind=plan.kind)
+        started = time.perf_counter()
         refusal = self._check_guards(plan, ctx)
+        bound.debug("guards checked", seconds=round(time.perf_counter() - started, 3))
         if refusal is not None:
             self._transition(ctx, TxState.REFUSED, refusal.reason, refusal.as_dict())
             bound.warning("refused", guard=refusal.guard, reason=refusal.reason)
@@ -152,7 +155,9 @@ class TransactionEngine:
             return outcome
 
         if plan.snapshot:
+            started = time.perf_counter()
             outcome.before = plan.snapshot()
+            bound.debug("snapshot observed", label="before", seconds=round(time.perf_counter() - started, 3))
             self.journal.record_snapshot(tx_id, "before", outcome.before)
         self._transition(ctx, TxState.RUNNING)
         self._observe_start(plan, ctx)

@@ -10,7 +10,7 @@ swap-serve steps that load, promote and rollback assemble their plans from.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -117,12 +117,28 @@ def stop_verified(world: World, container_id: str) -> dict[str, Any]:
     return {"container_id": container_id, "status": info.status}
 
 
+POLL_FIRST_S = 0.05
+"""The first pause of a poll: most waits (a stub's start, a released card) end within a few."""
+POLL_GROWTH = 1.25
+"""Each pause a quarter longer than the last: what is ready is seen within a quarter of the
+time already waited, and a long wait (a real engine loading weights) polls ever less."""
+
+
+def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
+    """Poll intervals: `first`, growing by `POLL_GROWTH` up to `longest` (`health_poll_s`)."""
+    pause = min(first, longest)
+    while True:
+        yield pause
+        pause = min(pause * POLL_GROWTH, longest)
+
+
 def wait_serving(
     world: World, base_url: str, health_path: str, served_model: str, timeout_s: float
 ) -> dict[str, Any]:
-    """Wait until health is 200 and /v1/models names exactly served_model."""
+    """Wait until health is 200 and /v1/models names exactly served_model (polled with backoff)."""
     deadline = world.clock.now() + timeout_s
     last: dict[str, Any] = {"healthy": False, "models": []}
+    pause = pauses(world.config.policy.health_poll_s)
     while True:
         try:
             healthy = world.engine.health(base_url, health_path)
@@ -137,7 +153,7 @@ def wait_serving(
                 f"{base_url} did not serve {served_model!r} within {timeout_s:.0f}s (last: {last})",
                 last=last,
             )
-        world.clock.sleep(world.config.policy.health_poll_s)
+        world.clock.sleep(next(pause))
 
 
 def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0) -> dict[str, Any]:
@@ -156,8 +172,13 @@ def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0)
     return {"container_id": identity.container_id, **served}
 
 
-def route_slot_to(world: World, ident: Identity) -> dict[str, Any]:
-    """Readmit the slot's router tier to the serve `ident` describes (verified by routed chat)."""
+def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> dict[str, Any]:
+    """Readmit the slot's router tier to the serve `ident` describes (verified by routed chat).
+
+    `hold` (or `world.hold_readmissions`): a removal this process did not send may be
+    pending, so the router holds the registration past it (see `Router.readmit`). A live
+    transaction's readmission after its own drain does not need it.
+    """
     router = _router(world)
     slot = world.config.slot(ident.slot)
     router.readmit(
@@ -166,6 +187,7 @@ def route_slot_to(world: World, ident: Identity) -> dict[str, Any]:
         slot.aliases,
         ident.served_model,
         world.config.router.readmit_deadline_s,
+        hold=hold or world.hold_readmissions,
     )
     return {"tier": slot.router_tier, "routed_to": ident.served_model}
 

@@ -70,6 +70,10 @@ class World:
     """None where no GPU probe or no GPU role is configured."""
     container_of_pid: ContainerOfPid | None = None
     """Real GPUs only: NVML's PIDs are engine workers, children of the container's init."""
+    hold_readmissions: bool = False
+    """Every readmission holds as if a removal were pending (`Router.readmit(hold=True)`):
+    `recover` sets it, because a process that died mid-drain may have sent removals that
+    no adapter of this process saw."""
 
     def close(self) -> None:
         """Close the adapters' connections (Docker, router HTTP clients)."""

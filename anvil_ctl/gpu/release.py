@@ -47,8 +47,12 @@ def wait_for_vram_release(
     reserve_mib: int | Mapping[str, int],
     deadline_s: float,
     poll_s: float = 1.0,
+    first_poll_s: float | None = None,
 ) -> dict[str, Any]:
     """Poll until every role's card has `free >= need + reserve`; return the readings.
+
+    Polls are `poll_s` apart, or start `first_poll_s` apart and grow by a quarter each
+    up to `poll_s`.
 
     `uuids`: role -> GPU UUID of the cards the next serve will use; `need_mib`
     and `reserve_mib`: per card, one figure for all roles or role -> MiB. The
@@ -68,6 +72,7 @@ def wait_for_vram_release(
     before = _observe(probe, uuids)
     current = before
     polls = 1
+    pause = poll_s if first_poll_s is None else min(first_poll_s, poll_s)
 
     def record(satisfied: bool) -> dict[str, Any]:
         return {
@@ -102,7 +107,8 @@ def wait_for_vram_release(
                 f"{role_of[u]} free {r.free_mib} MiB < {required[u]} MiB" for u, r in short.items()
             )
             raise StepFailed(f"VRAM not released within {deadline_s:g} s: {names}", **record(False))
-        clock.sleep(poll_s)
+        clock.sleep(pause)
+        pause = min(pause * 1.25, poll_s)
         current = _observe(probe, uuids)
         polls += 1
 

@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -43,6 +44,7 @@ from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
 
 EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
 RESTARTED_ENV = "ANVIL_STUB_RESTARTED"  # set across the re-exec: --restart-after restarts once
+TIMINGS_KEPT = 1000  # completions whose measured timing GET /anvil/sim/timings reports
 
 
 def _log(line: str) -> None:
@@ -65,6 +67,9 @@ class StubState:
         self.exit_code = 0
         self.restart = False
         self.logged = bool(os.environ.get(RESTARTED_ENV))  # printed before the restart already
+        self.timings: deque[dict[str, Any]] = deque(maxlen=TIMINGS_KEPT)
+        """What the newest completions really took (Pacer.timing), numbered by `seq`."""
+        self.timing_seq = itertools.count(1)
 
     def warming(self) -> bool:
         return time.monotonic() - self.started < self.options.slow_start
@@ -114,20 +119,42 @@ class StubState:
 
 
 class Pacer:
-    """Sleeps until each token's absolute due time."""
+    """Sleeps until each token's absolute due time, and notes when the first and last went out.
+
+    The notes are the measured ground truth (`GET /anvil/sim/timings`): on a loaded host
+    sleeps overshoot, and what the stub really emitted is what a client can measure.
+    """
 
     def __init__(self, options: StubOptions, prompt_tokens: int, t0: float) -> None:
         self.prefill_s = prompt_tokens / options.prefill_tps if options.prefill_tps > 0 else 0.0
         self.step_s = 1.0 / options.decode_tps if options.decode_tps > 0 else 0.0
         self.t0 = t0
+        self.prompt_tokens = prompt_tokens
+        self.first: float | None = None
+        self.last: float | None = None
+        self.emitted = 0
 
     def wait_for(self, index: int) -> None:
         due = self.t0 + self.prefill_s + index * self.step_s
         while True:
-            left = due - time.monotonic()
+            now = time.monotonic()
+            left = due - now
             if left <= 0:
-                return
+                break
             time.sleep(left)
+        self.first = now if self.first is None else self.first
+        self.last, self.emitted = now, max(self.emitted, index + 1)
+
+    def timing(self) -> dict[str, Any] | None:
+        """What this completion really took: prompt to first token, first to last token."""
+        if self.first is None or self.last is None:
+            return None
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "tokens": self.emitted,
+            "prefill_s": self.first - self.t0,
+            "decode_s": self.last - self.first,
+        }
 
 
 def _usage(prompt: Prompt, c: Completion) -> dict[str, Any]:
@@ -201,6 +228,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(200, {"object": "list", "data": [card]})
         elif path == "/anvil/sim/vram":
             self._send_json(200, {"gpus": st.vram()})
+        elif path == "/anvil/sim/timings":
+            with st.lock:
+                self._send_json(200, {"timings": list(st.timings)})
         else:
             self._error(404, f"no route {path}")
 
@@ -248,6 +278,10 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 pacer.wait_for(max(completion.completion_tokens - 1, 0))
                 self._send_json(200, self._chat_body(prompt, completion))
+            timing = pacer.timing()
+            if timing is not None:
+                with st.lock:
+                    st.timings.append({"seq": next(st.timing_seq), **timing})
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away; nothing to answer
         finally:

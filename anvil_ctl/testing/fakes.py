@@ -292,10 +292,21 @@ class FakeRouter:
             self._tier(w, tier)["state"] = "drain"
 
     def readmit(
-        self, tier: str, url: str, aliases: tuple[str, ...], expected_model: str, deadline_s: float
+        self,
+        tier: str,
+        url: str,
+        aliases: tuple[str, ...],
+        expected_model: str,
+        deadline_s: float,
+        *,
+        hold: bool = False,
     ) -> None:
+        """Registers at once; every readmission is logged in the world (`router.readmits`:
+        tier, url and whether the caller asked to `hold`), so tests can see who asked."""
         self.probe_credentials()
         _maybe_hang_or_fail(self.world, "readmit")
+        with self.world.edit() as w:
+            w["router"].setdefault("readmits", []).append({"tier": tier, "url": url, "hold": hold})
         self.register(tier, url, aliases)
         models = [m.id for m in self.engine.models(url)]
         if expected_model not in models:

@@ -310,7 +310,8 @@ class TestSmgLateRemoval:
         time.sleep(0.5)
         admin_delete(smg.url, old.backend_id)
         wait_until(lambda: router.backends(TIER) == [], "the second DELETE to remove the worker", 5)
-        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 60))
+        # Nothing shows the hidden removal: the caller (recover, after the crash) asks for the hold.
+        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 60, hold=True))
         print(f"\nsmg readmit across a hidden pending removal: {seconds} s")
         assert route_breaks(router, url, REMOVAL_DELAY_S + 2) == []
 
@@ -320,10 +321,22 @@ class TestSmgLateRemoval:
         unheld = closing(SmgRouter(smg.url, creds(), removal_hold_s=0))
         without = timed(lambda: unheld.readmit(TIER, url, (ALIAS,), MODEL, 30))
         unheld.drain(TIER)
-        with_hold = timed(lambda: held.readmit(TIER, url, (ALIAS,), MODEL, 30))
+        with_hold = timed(lambda: held.readmit(TIER, url, (ALIAS,), MODEL, 30, hold=True))
         print(f"\nsmg clean readmit: {without} s without the hold, {with_hold} s with a 6 s hold")
         assert with_hold >= 6.0 > without
         assert held.check_route(TIER, url, MODEL).holds
+
+    def test_a_readmission_after_its_own_drain_does_not_wait_the_hold(self, router, smg, backend):
+        # What a live promote or rollback does: drain the tier (our DELETE, waited until the
+        # removal landed), then readmit. Nothing can be pending: no hold.
+        url = stub_url(backend)
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        drained = timed(lambda: router.drain(TIER))
+        assert drained >= REMOVAL_DELAY_S - 0.5  # smg's own drain, waited out
+        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 30))
+        print(f"\nsmg drain {drained} s, then readmit {seconds} s (hold {router._hold_s} s not waited)")
+        assert seconds < router._hold_s - 2
+        assert route_breaks(router, url, REMOVAL_DELAY_S + 2) == []
 
     def test_route_check_reads_a_pending_removal_as_not_holding(self, router, smg, backend):
         url = stub_url(backend)

@@ -7,8 +7,7 @@ import pytest
 
 from anvil_ctl.cli import app
 from anvil_ctl.cli.app import root
-from anvil_ctl.core.model import IDENTITY_ROLES
-from anvil_ctl.core.states import TX_KINDS, TxState
+from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, TxState
 from anvil_ctl.engine.plans import KINDS
 from anvil_ctl.gpu.waivers import POLICIES
 from tests.unit.clidocs import check_line

@@ -321,8 +321,8 @@ class TestSmgRouterReadmit:
         assert make_router(smg).ready() is False
 
 
-def readmit(router: SmgRouter, deadline_s: float = 60) -> None:
-    router.readmit(TIER, BACKEND, (ALIAS,), MODEL, deadline_s=deadline_s)
+def readmit(router: SmgRouter, deadline_s: float = 60, *, hold: bool = False) -> None:
+    router.readmit(TIER, BACKEND, (ALIAS,), MODEL, deadline_s=deadline_s, hold=hold)
 
 
 def router_calls(smg: FakeSmg, method: str, prefix: str) -> int:
@@ -340,13 +340,15 @@ def stays_routed(smg: FakeSmg, router: SmgRouter, seconds: float) -> bool:
 
 
 class TestSmgRouterRemovalHold:
-    def test_readmission_ends_only_after_the_hold_window(self, smg):
-        readmit(make_router(smg, removal_hold_s=6.0))
+    """A removal may be pending (asked, seen, or our own DELETE not seen land): hold past it."""
+
+    def test_a_readmission_asked_to_hold_ends_only_after_the_hold_window(self, smg):
+        readmit(make_router(smg, removal_hold_s=6.0), hold=True)
         assert smg.now >= 6.0
         assert router_calls(smg, "POST", "/workers") == 1
 
-    def test_a_zero_hold_window_ends_at_the_first_verified_chat(self, smg):
-        readmit(make_router(smg, removal_hold_s=0))
+    def test_a_zero_hold_window_ends_at_the_first_verified_chat_even_when_asked(self, smg):
+        readmit(make_router(smg, removal_hold_s=0), hold=True)
         assert smg.now < 1.0
 
     def test_a_removal_pending_at_readmission_is_waited_out_never_deleted_again(self, smg):
@@ -361,13 +363,14 @@ class TestSmgRouterRemovalHold:
     def test_a_late_removal_landing_after_registration_is_re_registered(self, smg):
         # Two DELETEs (a killed process, then a second one): the second removes the worker at
         # once and clears its job status; the first one's removal is still queued, invisible.
+        # Nothing shows it: the caller (recover, after a crash) asks for the hold.
         old = smg.add()
         smg.delete(old)
         smg.sleep(0.5)
         smg.delete(old)
         assert smg.workers == [] and smg.jobs == {} and smg.removals
         router = make_router(smg)
-        readmit(router)
+        readmit(router, hold=True)
         assert router_calls(smg, "POST", "/workers") == 2  # registered, removed late, registered again
         assert smg.removals == []
         assert stays_routed(smg, router, 10)
@@ -375,7 +378,7 @@ class TestSmgRouterRemovalHold:
     def test_a_removal_of_the_new_registration_during_the_hold_is_waited_out_and_held_again(self, smg):
         router = make_router(smg)
         smg.at(2.0, lambda: smg.delete(smg.at_url()))  # someone removes it mid-hold
-        readmit(router)
+        readmit(router, hold=True)
         assert router_calls(smg, "POST", "/workers") == 2
         assert router_calls(smg, "DELETE", "/workers/") == 0
         assert smg.now >= 2.0 + 6.0  # held past the sighting of that removal
@@ -383,7 +386,67 @@ class TestSmgRouterRemovalHold:
 
     def test_a_hold_that_cannot_finish_before_the_deadline_fails_the_readmission(self, smg):
         with pytest.raises(StepFailed, match="not yet held"):
-            readmit(make_router(smg, removal_hold_s=600), deadline_s=5)
+            readmit(make_router(smg, removal_hold_s=600), deadline_s=5, hold=True)
+
+    def test_an_own_delete_that_lands_early_is_held_past_the_removal_it_hid(self, smg):
+        # A foreign DELETE lands between our look at the worker and our DELETE: ours then
+        # removes the draining worker at once, and the foreign removal stays queued, hidden.
+        worker, real_delete = smg.add(), smg.delete
+
+        def raced(target: FakeWorker) -> None:
+            smg.delete = real_delete  # type: ignore[method-assign]
+            real_delete(target)  # the other client's DELETE, first
+            real_delete(target)  # ours, on a draining worker: removed at once
+
+        smg.delete = raced  # type: ignore[method-assign]
+        router = make_router(smg)
+        router.drain(TIER)
+        assert worker not in smg.workers and smg.removals  # gone at once; a removal still queued
+        readmit(router)  # nobody asked: the early landing of our own DELETE is the reason
+        assert smg.removals == []
+        assert router_calls(smg, "POST", "/workers") == 2  # the hidden removal took the first one
+        assert stays_routed(smg, router, 10)
+
+    def test_an_own_delete_whose_removal_was_never_seen_landing_holds(self, smg):
+        worker = smg.add()
+        router = make_router(smg, removal_timeout_s=1.0)  # gives up before smg's 5 s drain
+        with pytest.raises(TransientError, match="removed"):
+            router.drain(TIER)
+        smg.delete(worker)  # someone's second DELETE: gone at once, our removal still queued
+        assert smg.workers == [] and smg.jobs == {} and smg.removals
+        readmit(router)  # nothing visible is pending: our own unlanded DELETE is the reason
+        assert smg.removals == []
+        assert router_calls(smg, "POST", "/workers") == 2  # our late removal took the first one
+        assert stays_routed(smg, router, 10)
+
+
+class TestSmgRouterNoHold:
+    """Nothing pending: a live transaction's readmission ends at its first verified routed chat."""
+
+    def test_a_readmission_with_nothing_pending_does_not_wait_the_hold(self, smg):
+        readmit(make_router(smg, removal_hold_s=6.0))
+        assert smg.now < 1.0
+        assert router_calls(smg, "POST", "/workers") == 1
+
+    def test_a_readmission_after_its_own_drain_landed_does_not_wait_the_hold(self, smg):
+        # What a live rollback does: drain (our DELETE, waited until gone), then readmit.
+        smg.add()
+        router = make_router(smg, removal_hold_s=6.0)
+        router.drain(TIER)
+        assert smg.workers == [] and smg.removals == []
+        drained = smg.now
+        assert 5.0 <= drained < 5.5  # the removal landed after smg's drain
+        readmit(router)
+        assert smg.now - drained < 1.0
+        assert stays_routed(smg, router, 10)
+
+    def test_a_readmission_after_its_own_deregister_does_not_wait_the_hold(self, smg):
+        smg.add(url="http://127.0.0.1:8009", served="candidate")
+        router = make_router(smg, removal_hold_s=6.0)
+        started = smg.now
+        readmit(router)  # removes the other backend of the tier (its own DELETE), registers ours
+        assert 5.0 <= smg.now - started < 6.0
+        assert stays_routed(smg, router, 10)
 
     def test_register_does_not_keep_a_worker_whose_removal_is_pending(self, smg):
         smg.delete(smg.add())

@@ -211,7 +211,8 @@ def unrecord_promotion(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 def reroute(ctx: Ctx) -> None:
-    route_slot_to(ctx.world, ctx.args.candidate)
+    """The goal's repair: the route broke after readmission, so a removal may be pending."""
+    route_slot_to(ctx.world, ctx.args.candidate, hold=True)
 
 
 def _candidate(ctx: Ctx) -> Identity:

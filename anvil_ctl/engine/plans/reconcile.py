@@ -144,7 +144,8 @@ def route_slot(ctx: Ctx) -> StepResult:
     result: dict[str, Any] = {"tier": slot.router_tier, "url": slot.base_url, "model": serve.served_model}
     if before.holds:
         return {**result, "already_routed": True, "changed": False}
-    routed = route_slot_to(world, serve)
+    # Whatever broke the route (a restart, someone's DELETE) may have left a removal pending.
+    routed = route_slot_to(world, serve, hold=True)
     return {**result, **routed, "already_routed": False, "changed": True, "was": before.reason}
 
 

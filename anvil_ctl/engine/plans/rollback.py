@@ -192,7 +192,8 @@ def stop_target(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 def reroute(ctx: Ctx) -> None:
-    route_slot_to(ctx.world, _target(ctx))
+    """The goal's repair: the route broke after readmission, so a removal may be pending."""
+    route_slot_to(ctx.world, _target(ctx), hold=True)
 
 
 def record_restore(ctx: Ctx) -> StepResult:

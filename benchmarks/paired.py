@@ -1,0 +1,396 @@
+"""Paired benchmark: anvilctl against the bare sequence of the same parts, on the same containers.
+
+Run inside the hermetic environment (real dockerd, real smg, stub engines in containers):
+
+    scripts/testenv run -- .venv/bin/python benchmarks/paired.py [--reps 3] [--json OUT]
+
+One campaign host (scripts/campaign.py: smg with keys in a 0600 file, simulated GPUs, a
+stub incumbent started by hand, routed and adopted). Each repetition runs the anvilctl
+cycle and the bare cycle back to back, alternating which goes first, each from the same
+state (the incumbent serving and routed) back to it:
+
+- load: `anvilctl load stub-393k-c1` | drain the tier (DELETE its worker, wait until gone),
+  stop the incumbent, create and start the candidate, poll /health and /v1/models;
+- promote, gates excluded (a verified decision is recorded directly, untimed):
+  `anvilctl promote` | register the worker, wait until listed and healthy, routed smoke,
+  and the three acceptance requests (plain, streamed, tool call);
+- rollback: `anvilctl rollback` | drain the tier, stop the candidate, start the incumbent's
+  same container ID, poll /health and /v1/models, register, routed smoke.
+
+The bare sequence is written plainly: the Docker SDK and one httpx client, in this
+process (no interpreter start, no imports, no records), polling every 50 ms.
+Also: `anvilctl --help` against `python -c pass` (same interpreter), and the own time of
+`status` and `recheck` (their wall time minus the time spent waiting on Docker and HTTP
+calls, measured by benchmarks/owntime.py). On a loaded machine read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import docker
+import httpx
+
+from anvil_ctl.adapters.docker_runtime import DockerRuntime
+from anvil_ctl.bootstrap import Context
+from anvil_ctl.config import Settings, load_host_config
+from anvil_ctl.persistence import qualification
+from anvil_ctl.recipes import container_spec, load_recipe
+from scripts.campaign import Campaign, start_campaign, start_incumbent_by_hand
+
+SLOT, TIER, ALIAS, URL = "primary", "primary-local", "llm.primary", "http://127.0.0.1:8001"
+RECIPE = "stub-393k-c1"
+CANDIDATE_MODEL = "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp"
+INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
+POLL_S = 0.05
+ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
+
+TARGETS = {
+    "load": 1.2,
+    "promote (gates excluded)": 1.5,
+    "rollback": 1.15,
+    "`--help` / `python -c pass`": 3.0,
+}
+
+
+@dataclass
+class Series:
+    """Paired samples of one measure: anvilctl seconds and bare seconds."""
+
+    name: str
+    anvil: list[float] = field(default_factory=list)
+    bare: list[float] = field(default_factory=list)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [a / b for a, b in zip(self.anvil, self.bare, strict=True)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "anvil_s": self.anvil, "bare_s": self.bare, "ratios": self.ratios}
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    return " / ".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
+
+
+# -- the bare sequence ------------------------------------------------------------------------
+
+
+class Bare:
+    """The same parts, plainly: the Docker SDK and HTTP calls, no journal, no checks."""
+
+    def __init__(self, camp: Campaign) -> None:
+        self.admin = {"Authorization": f"Bearer {camp.admin_token}"}
+        self.client = {"Authorization": f"Bearer {camp.client_token}"}
+        self.smg = camp.smg.url
+        self.http = httpx.Client(timeout=30)
+        self.docker = docker.from_env()
+        host = load_host_config(camp.work / "anvil.toml")
+        path = REPO / "recipes" / f"{RECIPE}.toml"
+        self.make_spec = lambda tx: container_spec(
+            load_recipe(path),
+            slot_name=SLOT,
+            slot=host.slots[SLOT],
+            host_config=host,
+            recipe_path=path,
+            tx_id=tx,
+        )
+        # Only the translation of a spec into the SDK's create call is borrowed (untimed).
+        self.runtime = DockerRuntime(gpu_mode="simulated")
+
+    def close(self) -> None:
+        self.http.close()
+        self.docker.close()
+        self.runtime.close()
+
+    def workers(self) -> list[dict[str, Any]]:
+        body = self.http.get(f"{self.smg}/workers", headers=self.admin).json()
+        return [w for w in body["workers"] if (w.get("labels") or {}).get("anvil.tier") == TIER]
+
+    def drain(self) -> None:
+        for w in self.workers():
+            self.http.delete(f"{self.smg}/workers/{w['id']}", headers=self.admin)
+        while self.workers():
+            time.sleep(POLL_S)
+
+    def register(self, model: str) -> None:
+        body = {"url": URL, "models": [{"id": ALIAS}], "labels": {"anvil.tier": TIER}}
+        self.http.post(f"{self.smg}/workers", headers=self.admin, json=body)
+        while not any(w.get("is_healthy") for w in self.workers()):
+            time.sleep(POLL_S)
+        while self.chat({"messages": [{"role": "user", "content": "smoke"}]}).get("model") != model:
+            time.sleep(POLL_S)
+
+    def chat(self, extra: dict[str, Any]) -> dict[str, Any]:
+        r = self.http.post(
+            f"{self.smg}/v1/chat/completions", headers=self.client, json={"model": ALIAS, **extra}
+        )
+        return dict(r.json()) if r.status_code == 200 else {}
+
+    def acceptance(self, model: str) -> None:
+        """The three checks of real-client acceptance, as plain requests."""
+        assert (
+            self.chat({"messages": [{"role": "user", "content": "Reply with exactly: ok"}]})["model"] == model
+        )
+        with self.http.stream(
+            "POST",
+            f"{self.smg}/v1/chat/completions",
+            headers=self.client,
+            json={"model": ALIAS, "stream": True, "messages": [{"role": "user", "content": "stream"}]},
+        ) as r:
+            assert r.status_code == 200 and any(line == "data: [DONE]" for line in r.iter_lines())
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "lookup_slot",
+                "description": "Look up a serving slot.",
+                "parameters": {"type": "object", "properties": {"slot": {"type": "string"}}},
+            },
+        }
+        answer = self.chat(
+            {
+                "messages": [
+                    {"role": "user", "content": 'call `lookup_slot` with arguments JSON {"slot": "primary"}'}
+                ],
+                "tools": [tool],
+            }
+        )
+        assert answer["choices"][0]["message"].get("tool_calls"), answer
+
+    def serving(self, model: str) -> None:
+        while True:
+            try:
+                healthy = self.http.get(f"{URL}/health").status_code == 200
+                models = (
+                    [m["id"] for m in self.http.get(f"{URL}/v1/models").json()["data"]] if healthy else []
+                )
+                if models == [model]:
+                    return
+            except (httpx.TransportError, ValueError, KeyError):
+                pass
+            time.sleep(POLL_S)
+
+    # -- the three sequences, each timed --
+
+    def load(self, incumbent: str) -> tuple[float, str]:
+        spec = self.make_spec(f"bare-{uuid.uuid4().hex[:8]}")
+        started = time.perf_counter()
+        self.drain()
+        self.docker.api.stop(incumbent, timeout=10)
+        candidate = self.runtime.create(spec)
+        self.docker.api.start(candidate)
+        self.serving(CANDIDATE_MODEL)
+        return time.perf_counter() - started, candidate
+
+    def promote(self) -> float:
+        started = time.perf_counter()
+        self.register(CANDIDATE_MODEL)
+        self.acceptance(CANDIDATE_MODEL)
+        return time.perf_counter() - started
+
+    def rollback(self, candidate: str, incumbent: str) -> float:
+        started = time.perf_counter()
+        self.drain()
+        self.docker.api.stop(candidate, timeout=10)
+        self.docker.api.start(incumbent)
+        self.serving(INCUMBENT_MODEL)
+        self.register(INCUMBENT_MODEL)
+        return time.perf_counter() - started
+
+
+# -- anvilctl ---------------------------------------------------------------------------------
+
+
+def anvilctl(camp: Campaign, *args: str) -> float:
+    started = time.perf_counter()
+    r = subprocess.run([ANVILCTL, *args], env=camp.env, capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - started
+    if r.returncode != 0:
+        raise SystemExit(f"anvilctl {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr[-3000:]}")
+    return seconds
+
+
+def verified(camp: Campaign) -> None:
+    """Record a verified decision for the loaded candidate: promote without running the gates."""
+    settings = Settings(state_dir=camp.work / "state", config=camp.work / "anvil.toml", _env_file=None)  # type: ignore[call-arg]
+    ctx = Context(settings=settings, env={})
+    cand = ctx.store.current_identity(SLOT, "candidate")
+    assert cand is not None
+    qualification.record_decision(
+        ctx.store,
+        decision_id=f"bench-{uuid.uuid4()}",
+        tx_id=None,
+        slot=SLOT,
+        identity_digest=cand.qualification_digest,
+        container_id=cand.container_id,
+        outcome="verified",
+    )
+    ctx.engine.dispose()
+
+
+def anvil_cycle(camp: Campaign) -> tuple[float, float, float]:
+    load = anvilctl(camp, "load", RECIPE, "--slot", SLOT)
+    verified(camp)
+    promote = anvilctl(camp, "promote", "--slot", SLOT, "--approved-by", "bench")
+    rollback = anvilctl(camp, "rollback", "--slot", SLOT)
+    return load, promote, rollback
+
+
+def bare_cycle(bare: Bare, incumbent: str) -> tuple[float, float, float]:
+    load, candidate = bare.load(incumbent)
+    promote = bare.promote()
+    rollback = bare.rollback(candidate, incumbent)
+    return load, promote, rollback
+
+
+# -- process-level measures -------------------------------------------------------------------
+
+
+def wall(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, env=env, capture_output=True, check=True, timeout=120)
+    return time.perf_counter() - started
+
+
+def own_time(camp: Campaign, *args: str) -> tuple[float, float]:
+    """(wall s, s waiting on Docker and HTTP) of one `anvilctl ARGS`."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        started = time.perf_counter()
+        r = subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "owntime.py"), out.name, *args],
+            env=camp.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        seconds = time.perf_counter() - started
+        if r.returncode != 0:
+            raise SystemExit(f"anvilctl {' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}")
+        io = json.loads(Path(out.name).read_text())["io_s"]
+    return seconds, float(io)
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def run(reps: int, work: Path) -> dict[str, Any]:
+    camp = start_campaign(work)
+    bare: Bare | None = None
+    try:
+        anvilctl(camp, "init")
+        incumbent = start_incumbent_by_hand(camp)
+        anvilctl(camp, "adopt", incumbent, "--slot", SLOT, "--context-tokens", "524288")
+        bare = Bare(camp)
+        print("warm-up: one anvilctl cycle and one bare cycle (untimed)", flush=True)
+        anvil_cycle(camp)
+        bare_cycle(bare, incumbent)
+        series = {name: Series(name) for name in ("load", "promote (gates excluded)", "rollback")}
+        for rep in range(reps):
+            order = ("anvil", "bare") if rep % 2 == 0 else ("bare", "anvil")
+            got: dict[str, tuple[float, float, float]] = {}
+            for who in order:
+                got[who] = anvil_cycle(camp) if who == "anvil" else bare_cycle(bare, incumbent)
+            for i, s in enumerate(series.values()):
+                s.anvil.append(got["anvil"][i])
+                s.bare.append(got["bare"][i])
+            print(
+                f"rep {rep + 1}: "
+                + ", ".join(f"{s.name} {s.anvil[-1]:.2f}/{s.bare[-1]:.2f} s" for s in series.values()),
+                flush=True,
+            )
+        helps = Series("`--help` / `python -c pass`")
+        for _ in range(max(reps, 5)):
+            helps.anvil.append(wall([ANVILCTL, "--help"], camp.env))
+            helps.bare.append(wall([sys.executable, "-c", "pass"], camp.env))
+        own: dict[str, dict[str, list[float]]] = {}
+        for name, args in (("status", ("status",)), ("recheck", ("recheck", "--slot", SLOT))):
+            own[name] = {"wall_s": [], "io_s": [], "own_s": []}
+            for _ in range(max(reps, 3)):
+                seconds, io = own_time(camp, *args)
+                own[name]["wall_s"].append(seconds)
+                own[name]["io_s"].append(io)
+                own[name]["own_s"].append(seconds - io)
+        return {
+            "reps": reps,
+            "series": [s.as_dict() for s in (*series.values(), helps)],
+            "own_time": own,
+            "load_avg": os.getloadavg(),
+        }
+    finally:
+        if bare is not None:
+            bare.close()
+        camp.stop()
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['reps']} paired repetitions (alternating order); load average at the end "
+        f"{result['load_avg'][0]:.1f} / {result['load_avg'][1]:.1f} / {result['load_avg'][2]:.1f}.",
+        "",
+        "| measure | anvilctl s (min / med / max) | bare s (min / med / max) "
+        "| ratio (min / med / max) | target |",
+        "|---|---|---|---|---|",
+    ]
+    for s in result["series"]:
+        target = TARGETS.get(s["name"])
+        met = (
+            "" if target is None else (" ok" if statistics.median(s["ratios"]) <= target else " **not met**")
+        )
+        lines.append(
+            f"| {s['name']} | {spread(s['anvil_s'])} | {spread(s['bare_s'], '{:.3f}')} | "
+            f"{spread(s['ratios'])} | <= {target}{met} |"
+        )
+    lines += [
+        "",
+        "| command | wall s (min / med / max) | waiting on Docker + HTTP s "
+        "| own s (min / med / max) | target |",
+        "|---|---|---|---|---|",
+    ]
+    for name, m in result["own_time"].items():
+        met = " ok" if statistics.median(m["own_s"]) <= 0.5 else " **not met**"
+        lines.append(
+            f"| `{name}` | {spread(m['wall_s'])} | {spread(m['io_s'])} | {spread(m['own_s'])} | <= 0.5{met} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help="paired repetitions (at least 3)")
+    parser.add_argument("--json", type=Path, help="also write the samples here")
+    parser.add_argument("--markdown-out", type=Path, help="also write the tables here (make bench)")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "anvil-bench-paired")
+    args = parser.parse_args()
+    if not os.environ.get("ANVIL_TESTENV"):
+        print(
+            "run inside the hermetic environment: "
+            "scripts/testenv run -- .venv/bin/python benchmarks/paired.py"
+        )
+        return 2
+    result = run(max(args.reps, 3), args.work)
+    print()
+    print(markdown(result))
+    if args.markdown_out:
+        args.markdown_out.write_text(markdown(result) + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

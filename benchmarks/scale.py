@@ -1,0 +1,531 @@
+"""Scale: guards, status, audit and the README queries on state databases of 1k/10k/100k transactions.
+
+    .venv/bin/python benchmarks/scale.py [--sizes 1000 10000 100000] [--cache DIR] [--markdown]
+
+The databases hold copies of real transactions. A fake host (`ANVIL_BACKEND=fake`, the
+shipped fakes) adopts an incumbent and runs load, promote and rollback through the real
+engine and Store; then one more promote, rollback and load (with the promote's verified
+decision) is the template: every row those writes added, in every table, the audit
+journal included. A database of N transactions is the fake host's database plus copies
+of the template: fresh transaction, lock and decision IDs (in every column and JSON
+body), integer keys renumbered, timestamps moved ten minutes on per transaction, and the
+audit journal chained again with `anvil_ctl.persistence.audit`'s own hash. Rows are
+inserted in large transactions with `synchronous=OFF` (the Store commits every write with
+an fsync: hours at 100k, not minutes). Built databases are kept in --cache, keyed by
+the schema and the template, and reused.
+
+Timed on each, median of --repeat runs, in this process (the command's library function,
+what the CLI calls after it started), and as `anvilctl` processes where marked:
+- every guard of load, promote and rollback (the world is the fake host's, at the
+  template's end: the candidate loaded, the incumbent stopped);
+- `rollback --dry-run` (its guards and its starting snapshot), also as a process;
+- `status`, `audit transactions --limit 20`, `audit show PREFIX`, also as processes;
+- each `sqlite3 state/anvil.db "..."` query of README.md (a transaction prefix and a time
+  from the middle of the history), with its EXPLAIN QUERY PLAN;
+- `audit verify`, also as a process;
+- the database's size and the bytes per transaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sqlalchemy import MetaData, Table, column, create_engine, event, insert, select
+
+from anvil_ctl.bootstrap import Context
+from anvil_ctl.commands import admin, audit, lifecycle, transactions
+from anvil_ctl.core.guards import Refusal
+from anvil_ctl.log import configure
+from anvil_ctl.persistence import audit as audit_chain
+from anvil_ctl.persistence import qualification
+from anvil_ctl.persistence.migrate import SCHEMA_REVISION
+from tests.unit.fakehost import FakeHost, make_fake_host, reopen
+
+SLOT = "primary"
+STEP = timedelta(minutes=10)
+"""How far each copied transaction moves on: 100k transactions span about two years."""
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
+
+
+# -- the template: real transactions on the fake host -----------------------------------------
+
+
+def decide(host: FakeHost) -> None:
+    """A verified decision for the loaded candidate (what a passing `qualify` records)."""
+    ctx = host.context()
+    cand = ctx.store.current_identity(SLOT, "candidate")
+    assert cand is not None
+    qualification.record_decision(
+        ctx.store,
+        decision_id=hashlib.sha256(f"{cand.qualification_digest}-{uuid.uuid4()}".encode()).hexdigest(),
+        tx_id=None,
+        slot=SLOT,
+        identity_digest=cand.qualification_digest,
+        container_id=cand.container_id,
+        outcome="verified",
+    )
+
+
+def committed(outcome: Any) -> None:
+    assert outcome.state.value == "committed", outcome.reason
+
+
+def cycle(host: FakeHost, *, load_first: bool) -> None:
+    """promote, rollback, load (with a load first on a host that has no candidate yet)."""
+    if load_first:
+        committed(transactions.load(host.context(), slot=SLOT, candidate=host.candidate()))
+    decide(host)
+    committed(lifecycle.promote(host.context(), slot=SLOT, approved_by="bench"))
+    committed(lifecycle.rollback(host.context(), slot=SLOT))
+    committed(transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="cand-2")))
+
+
+def rowids(db: Path) -> dict[str, int]:
+    con = sqlite3.connect(db)
+    try:
+        names = [r[0] for r in con.execute("select name from sqlite_master where type='table'")]
+        return {n: con.execute(f'select coalesce(max(rowid), 0) from "{n}"').fetchone()[0] for n in names}
+    finally:
+        con.close()
+
+
+@dataclass
+class Template:
+    root: Path
+    """The fake host: its state database (the base of every size) and its world file."""
+    rows: dict[str, list[dict[str, Any]]]
+    """Table -> the rows the template's writes added, in rowid order."""
+    transactions: int
+    """Transactions in the base database."""
+
+    @property
+    def db(self) -> Path:
+        return self.root / "state" / "anvil.db"
+
+    @property
+    def per_copy(self) -> int:
+        return len(self.rows.get("transactions", []))
+
+    def digest(self) -> str:
+        """What a cached database depends on: the schema head and the template's shape."""
+        shape = {t: sorted(rows[0]) if rows else [] for t, rows in sorted(self.rows.items())}
+        counts = {t: len(rows) for t, rows in self.rows.items()}
+        blob = json.dumps([SCHEMA_REVISION, shape, counts], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def make_template(root: Path) -> Template:
+    root.mkdir(parents=True)
+    host = make_fake_host(root)
+    cycle(host, load_first=True)  # warm: the host has served, been promoted, rolled back, loaded
+    before = rowids(host.settings.state_dir / "anvil.db")
+    cycle(host, load_first=False)
+    db = host.settings.state_dir / "anvil.db"
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    rows: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for table, last in before.items():
+            if table == "alembic_version":
+                continue
+            got = con.execute(f'select * from "{table}" where rowid > ? order by rowid', (last,)).fetchall()
+            if got:
+                rows[table] = [dict(r) for r in got]
+        base = con.execute("select count(*) from transactions").fetchone()[0]
+    finally:
+        con.close()
+    return Template(root=root, rows=rows, transactions=base)
+
+
+# -- copying it -------------------------------------------------------------------------------
+
+
+def renamed(old: str, copy: int) -> str:
+    """A fresh ID of the same shape for copy `copy` (UUIDs stay UUIDs, hex stays hex)."""
+    digest = hashlib.sha256(f"{old}/{copy}".encode()).hexdigest()
+    if UUID.match(old):
+        return str(uuid.UUID(digest[:32]))
+    return digest[: len(old)] if re.fullmatch(r"[0-9a-f]+", old) else f"{old}-{copy}"
+
+
+def shifted(value: str, delta: timedelta) -> str:
+    stamp = datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ" if "." in value else "%Y-%m-%dT%H:%M:%SZ")
+    return (stamp.replace(tzinfo=UTC) + delta).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def copied(value: Any, names: dict[str, str], delta: timedelta) -> Any:
+    """A column value of a copy: renamed IDs (also inside JSON), timestamps moved on."""
+    if not isinstance(value, str):
+        return value
+    if value in names:
+        return names[value]
+    if ISO.match(value):
+        return shifted(value, delta)
+    for old, new in names.items():
+        if old in value:
+            value = value.replace(old, new)
+    return value
+
+
+class Copier:
+    """Writes copies of the template into a database, the audit chain continued."""
+
+    def __init__(self, template: Template, db: Path) -> None:
+        self.t = template
+        self.engine = create_engine(f"sqlite:///{db}")
+
+        @event.listens_for(self.engine, "connect")
+        def _fast(conn: sqlite3.Connection, _record: Any) -> None:
+            conn.execute("PRAGMA synchronous=OFF")
+            conn.execute("PRAGMA foreign_keys=OFF")
+
+        self.meta = MetaData()
+        self.meta.reflect(self.engine)
+        self.tables: dict[str, Table] = {
+            t.name: t for t in self.meta.sorted_tables if t.name in template.rows
+        }
+        self.string_keys = [
+            str(r[pk.name])
+            for name, t in self.tables.items()
+            for pk in t.primary_key.columns
+            if pk.type.python_type is str
+            for r in template.rows[name]
+        ]
+        for t in self.tables.values():
+            for fk in t.foreign_keys:
+                target = fk.column
+                if target.table.name in self.tables and target.type.python_type is int:
+                    raise SystemExit(f"{t.name}.{fk.parent.name} refers to an integer key: copy it too")
+        with self.engine.connect() as conn:
+            self.next_id = {
+                name: (
+                    conn.execute(
+                        select(column("rowid")).select_from(t).order_by(column("rowid").desc()).limit(1)
+                    ).scalar()
+                    or 0
+                )
+                + 1
+                for name, t in self.tables.items()
+            }
+            journal = self.tables["audit_journal"]
+            last = conn.execute(select(journal).order_by(journal.c.id.desc()).limit(1)).mappings().first()
+        assert last is not None
+        self.prev_hash = str(last["hash"])
+        self.span = max(STEP * template.per_copy, timedelta(seconds=1))
+
+    def row(self, table: str, row: dict[str, Any], copy: int, names: dict[str, str]) -> dict[str, Any]:
+        delta = self.span * (copy + 1)
+        out = {key: copied(value, names, delta) for key, value in row.items()}
+        t = self.tables[table]
+        for pk in t.primary_key.columns:
+            if pk.type.python_type is int:
+                out[pk.name] = self.next_id[table]
+                self.next_id[table] += 1
+        return out
+
+    def chain(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The audit row continued on the chain with persistence.audit's own hash."""
+        row["prev_hash"] = self.prev_hash
+        row["hash"] = audit_chain.entry_hash(
+            self.prev_hash,
+            row["id"],
+            at=row["at"],
+            tx_id=row["tx_id"],
+            event=row["event"],
+            payload=row["payload_json"],
+        )
+        self.prev_hash = row["hash"]
+        return row
+
+    def copies(self, count: int, progress: Callable[[int], None]) -> None:
+        batch = 200
+        for start in range(0, count, batch):
+            out: dict[str, list[dict[str, Any]]] = {name: [] for name in self.tables}
+            for copy in range(start, min(count, start + batch)):
+                names = {old: renamed(old, copy) for old in self.string_keys}
+                for name in self.tables:
+                    for r in self.t.rows[name]:
+                        new = self.row(name, r, copy, names)
+                        out[name].append(self.chain(new) if name == "audit_journal" else new)
+            with self.engine.begin() as conn:
+                for name, t in self.tables.items():
+                    if out[name]:
+                        conn.execute(insert(t), out[name])
+            progress(min(count, start + batch))
+
+
+def build(template: Template, size: int, cache: Path) -> Path:
+    """The database of `size` transactions, built once per schema and template."""
+    db = cache / f"scale-{template.digest()}-{size}.db"
+    if db.exists():
+        return db
+    copies = max(0, (size - template.transactions) // max(template.per_copy, 1))
+    work = db.with_suffix(".building")
+    shutil.copyfile(template.db, work)
+    started = time.monotonic()
+
+    def progress(done: int) -> None:
+        if done % 5000 < 200 or done == copies:
+            rate = done / max(time.monotonic() - started, 1e-6)
+            print(f"  {size}: {done}/{copies} copies ({rate:,.0f}/s)", file=sys.stderr, flush=True)
+
+    copier = Copier(template, work)
+    copier.copies(copies, progress)
+    copier.engine.dispose()
+    con = sqlite3.connect(work)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.execute("ANALYZE")
+    con.close()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{work}{suffix}").unlink(missing_ok=True)
+    work.rename(db)
+    return db
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def host_on(template: Template, db: Path) -> Iterator[FakeHost]:
+    """The fake host at the template's end, its state database replaced by `db` (copied)."""
+    with tempfile.TemporaryDirectory(dir=db.parent) as tmp:
+        root = Path(tmp)
+        shutil.copytree(template.root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("anvil.db*"))
+        shutil.copyfile(db, root / "state" / "anvil.db")
+        yield reopen(root)
+
+
+def median_s(fn: Callable[[], Any], repeat: int, budget_s: float = 20.0) -> float:
+    """Median seconds of up to `repeat` runs (fewer once they took `budget_s` together)."""
+    times: list[float] = []
+    while len(times) < repeat and sum(times) < budget_s:
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def guard_times(ctx: Context, host: FakeHost) -> dict[str, float]:
+    """Seconds of every guard of load, promote and rollback, each run whatever the others say."""
+    from anvil_ctl.engine import runner
+
+    seen: dict[str, float] = {}
+    real = runner.first_refusal
+
+    def every(guards: Any, gctx: Any) -> Refusal | None:
+        first = None
+        for guard in guards:
+            started = time.perf_counter()
+            try:
+                refusal = guard.check(gctx)
+            except Exception as exc:  # a guard that cannot check refuses; the time still counts
+                refusal = Refusal(type(exc).__name__, str(exc), {})
+            name = f"{gctx.kind}: {guard.name}"
+            seen[name] = max(seen.get(name, 0.0), time.perf_counter() - started)
+            first = first or refusal
+        return first
+
+    runner.first_refusal = every  # type: ignore[assignment]
+    try:
+        lifecycle.rollback(ctx, slot=SLOT, dry_run=True)
+        lifecycle.promote(ctx, slot=SLOT, approved_by="bench", dry_run=True)
+        transactions.load(ctx, slot=SLOT, candidate=host.candidate(name="cand-3"), dry_run=True)
+    finally:
+        runner.first_refusal = real  # type: ignore[assignment]
+    return seen
+
+
+def readme_queries() -> list[tuple[str, str]]:
+    """(comment, SQL) of every `sqlite3 state/anvil.db "..."` line of README.md."""
+    text = (REPO / "README.md").read_text()
+    found = []
+    for m in re.finditer(r'(?:# ([^\n]*)\n)?sqlite3 state/anvil\.db "((?:[^"\\]|\\.)*)"', text):
+        sql = " ".join(m.group(2).replace('\\"', '"').split())
+        found.append((m.group(1) or sql.split(" from ")[0], sql))
+    return found
+
+
+def instantiate(sql: str, prefix: str, moment: str) -> str:
+    """A README query with its example transaction prefix and time replaced by real ones."""
+    sql = re.sub(r"tx_id like '[0-9a-f]+%'", f"tx_id like '{prefix}%'", sql)
+    return re.sub(r"'\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ'", f"'{moment}'", sql)
+
+
+def query_plan(con: sqlite3.Connection, sql: str) -> list[str]:
+    return [str(r[3]) for r in con.execute(f"EXPLAIN QUERY PLAN {sql}")]
+
+
+def cli_s(host: FakeHost, *args: str) -> float:
+    started = time.perf_counter()
+    subprocess.run([ANVILCTL, *args], env=host.env(), capture_output=True, timeout=900, check=False)
+    return time.perf_counter() - started
+
+
+def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"size": size, "bytes": db.stat().st_size}
+    with host_on(template, db) as host:
+        ctx = host.context()
+        out["guards"] = guard_times(ctx, host)
+        con = sqlite3.connect(f"file:{host.settings.state_dir / 'anvil.db'}?mode=ro", uri=True)
+        out["transactions"] = con.execute("select count(*) from transactions").fetchone()[0]
+        middle_id, middle_at = con.execute(
+            "select id, created_at from transactions order by created_at limit 1 offset ?",
+            (out["transactions"] // 2,),
+        ).fetchone()
+        prefix, moment = str(middle_id)[:8], str(middle_at)[:19] + "Z"
+        timed: dict[str, float] = {
+            "rollback --dry-run": median_s(lambda: lifecycle.rollback(ctx, slot=SLOT, dry_run=True), repeat),
+            "status": median_s(lambda: admin.status(ctx), repeat),
+            "audit transactions --limit 20": median_s(lambda: audit.transactions(ctx, limit=20), repeat),
+            f"audit show {prefix}": median_s(lambda: audit.show(ctx, prefix), repeat),
+            "audit verify": median_s(lambda: audit.verify(ctx), 1),
+        }
+        out["library_s"] = timed
+        queries = []
+        for comment, sql in readme_queries():
+            real = instantiate(sql, prefix, moment)
+            seconds = median_s(lambda real=real: con.execute(real).fetchall(), repeat)
+            queries.append({"query": comment, "sql": real, "s": seconds, "plan": query_plan(con, real)})
+        con.close()
+        out["queries"] = queries
+        out["cli_s"] = {
+            "rollback --dry-run": cli_s(host, "rollback", "--slot", SLOT, "--dry-run"),
+            "status": cli_s(host, "status"),
+            "audit transactions --limit 20": cli_s(host, "audit", "transactions", "--limit", "20"),
+            "audit show PREFIX": cli_s(host, "audit", "show", prefix),
+            "audit verify": cli_s(host, "audit", "verify"),
+        }
+        ctx.close()
+    return out
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    sizes = [f"{r['size']:,} tx" for r in results]
+    lines = [
+        "| measure | " + " | ".join(sizes) + " | target at 100k |",
+        "|---|" + "---|" * len(sizes) + "---|",
+        "| size | "
+        + " | ".join(
+            f"{r['bytes'] / 1e6:,.1f} MB ({r['bytes'] / r['size'] / 1000:,.1f} KB/tx)" for r in results
+        )
+        + " | <= 8 KB/tx |",
+    ]
+    guard_names = sorted(results[0]["guards"])
+    worst = [max(r["guards"].items(), key=lambda kv: kv[1]) for r in results]
+    lines.append("| slowest guard | " + " | ".join(f"{ms(s)} ({n})" for n, s in worst) + " | <= 50 ms each |")
+    unresolved = [n for n in guard_names if "NoUnresolvedTransaction" in n]
+    for name in unresolved:
+        lines.append(
+            f"| {name} | " + " | ".join(ms(r["guards"].get(name, 0)) for r in results) + " | <= 50 ms |"
+        )
+    dry = [r["library_s"]["rollback --dry-run"] for r in results]
+    lines.append(
+        "| rollback --dry-run | "
+        + " | ".join(f"{ms(s)} (x{s / dry[0]:.1f})" for s in dry)
+        + f" | within 10 % of {results[0]['size']:,} |"
+    )
+    for key in ("status", "audit transactions --limit 20"):
+        lines.append(f"| {key} | " + " | ".join(ms(r["library_s"][key]) for r in results) + " | <= 50 ms |")
+    lines.append(
+        "| audit show PREFIX | "
+        + " | ".join(
+            ms(next(v for k, v in r["library_s"].items() if k.startswith("audit show"))) for r in results
+        )
+        + " | <= 50 ms |"
+    )
+    for i, q in enumerate(results[0]["queries"]):
+        lines.append(
+            f"| README: {q['query']} | "
+            + " | ".join(ms(r["queries"][i]["s"]) for r in results)
+            + " | <= 50 ms |"
+        )
+    lines.append(
+        "| audit verify | "
+        + " | ".join(ms(r["library_s"]["audit verify"]) for r in results)
+        + " | <= 1 s (incremental) |"
+    )
+    lines += ["", "As `anvilctl` processes (interpreter start and imports included):", ""]
+    lines += ["| command | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for key in results[0]["cli_s"]:
+        lines.append(f"| `anvilctl {key}` | " + " | ".join(ms(r["cli_s"][key]) for r in results) + " |")
+    last = results[-1]
+    lines += ["", f"EXPLAIN QUERY PLAN of the README queries at {last['size']:,} transactions:", "", "```"]
+    for q in last["queries"]:
+        lines.append(f"-- {q['query']}")
+        lines += [f"   {step}" for step in q["plan"]]
+    lines.append("```")
+    lines += ["", "Every guard of load, promote and rollback, each run whatever the others said:", ""]
+    lines += ["| guard | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for name in guard_names:
+        lines.append(f"| {name} | " + " | ".join(ms(r["guards"].get(name, 0)) for r in results) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "anvil" / "bench")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the measurements here")
+    parser.add_argument("--markdown-out", type=Path, help="also write the tables here (make bench)")
+    args = parser.parse_args()
+    configure("console", "warning")  # the engine's info lines would drown the tables
+    args.cache.mkdir(parents=True, exist_ok=True)
+    results = []
+    with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
+        print("template: real transactions on the fake host", file=sys.stderr, flush=True)
+        template = make_template(Path(tmp) / "host")
+        print(
+            f"template: {template.per_copy} transactions, "
+            + ", ".join(f"{t} {len(r)}" for t, r in sorted(template.rows.items())),
+            file=sys.stderr,
+            flush=True,
+        )
+        for size in sorted(args.sizes):
+            db = build(template, size, args.cache)
+            print(
+                f"measuring {size:,} transactions ({db.stat().st_size / 1e6:,.1f} MB)",
+                file=sys.stderr,
+                flush=True,
+            )
+            results.append(measure(template, db, size, args.repeat))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+    if args.markdown_out:
+        args.markdown_out.write_text(markdown(results) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

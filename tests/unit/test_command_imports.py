@@ -1,0 +1,103 @@
+"""Real commands import only what they use: no `openai` outside promote's acceptance step, no
+alembic outside `init`/`db upgrade`, no qualification package outside qualify.
+
+Each command runs in a fresh interpreter on the fake host (`main`, as the console entry
+point calls it), which then reports `sys.modules`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.unit.fakehost import FakeHost
+
+NEVER = ("openai", "alembic", "mako", "anvil_ctl.qualify", "anvil_ctl.acceptance")
+
+CHILD = """
+import json, sys
+from anvil_ctl.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def loaded_by(host: FakeHost, *args: str) -> tuple[int, set[str]]:
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, *args], env=host.env(), capture_output=True, text=True, timeout=120
+    )
+    report = json.loads(r.stderr.strip().splitlines()[-1])
+    return report["code"], set(report["modules"])
+
+
+def heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in NEVER))
+
+
+class TestCommandImports:
+    @pytest.mark.parametrize(
+        "args",
+        [
+            ("status",),
+            ("recheck", "--slot", "primary"),
+            ("audit", "transactions", "--limit", "5"),
+            ("audit", "verify"),
+            ("lock", "status"),
+            ("rollback", "--slot", "primary", "--dry-run"),
+            ("reconcile", "--slot", "primary", "--dry-run"),
+        ],
+        ids=" ".join,
+    )
+    def test_a_command_imports_no_client_no_migrations_and_no_qualification(
+        self, fake_host: FakeHost, args: tuple[str, ...]
+    ) -> None:
+        code, modules = loaded_by(fake_host, *args)
+        assert code in (0, 3), code  # a dry run may be refused; what it imported still counts
+        assert heavy(modules) == []
+
+    def test_the_check_catches_a_heavy_import(self, fake_host: FakeHost) -> None:
+        code, modules = loaded_by(fake_host, "init")
+        assert code == 0
+        assert "alembic" in heavy(modules)
+
+
+WARM = """
+import json, sys, threading
+from pathlib import Path
+from anvil_ctl.bootstrap import Context
+from anvil_ctl.config import Settings
+state_dir, config, backend = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+settings = Settings(state_dir=state_dir, config=config, backend=backend, _env_file=None)
+Context(settings=settings, env={}).warm_acceptance()
+for t in threading.enumerate():
+    if t.name == "warm-acceptance":
+        t.join(120)
+print(json.dumps(["openai" in sys.modules, "anvil_ctl.acceptance" in sys.modules]))
+"""
+
+
+class TestWarmAcceptance:
+    def test_a_real_router_gets_its_client_imported_in_the_background(self, fake_host: FakeHost) -> None:
+        s = fake_host.settings
+        r = subprocess.run(
+            [sys.executable, "-c", WARM, str(s.state_dir), str(s.config), "real"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=True,
+        )
+        assert json.loads(r.stdout) == [True, True]
+
+    def test_the_fakes_import_nothing_for_it(self, fake_host: FakeHost) -> None:
+        s = fake_host.settings
+        r = subprocess.run(
+            [sys.executable, "-c", WARM, str(s.state_dir), str(s.config), "fake"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=True,
+        )
+        assert json.loads(r.stdout) == [False, False]
