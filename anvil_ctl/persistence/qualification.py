@@ -74,7 +74,8 @@ def evidence(store: Store, tx_id: str) -> list[dict[str, Any]]:
 def record_manifest(
     store: Store, tx_id: str, sha256: str, *, kind: str, source_sha256: str | None = None
 ) -> None:
-    """Record the SHA-256 of a manifest written for transaction `tx_id` (kind: qualify, export)."""
+    """Record the SHA-256 of a manifest written for transaction `tx_id` (kind: qualify, ab,
+    promotion, export)."""
     with store.write() as s:
         s.add(
             EvidenceManifestRow(

@@ -87,7 +87,10 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str
     ctx = Context(settings=settings, env={})
     upgrade(ctx.create_database())
     inc = stub_container(
-        served_model=INCUMBENT, port=8001, labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"}
+        served_model=INCUMBENT,
+        port=8001,
+        labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
+        extra_args=["--max-model-len", "524288"],
     )
     out = transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=524288)
     assert out.state == TxState.COMMITTED, out.reason

@@ -169,6 +169,10 @@ class TestVramAfterAcceptance:
         )
         bundle = fake_host.settings.evidence_dir / (out.tx_id or "")
         assert verify_bundle(bundle).ok and (bundle / reading["artifact"]).is_file()
+        # Bound to the database (`evidence verify` and the report accept only bound bundles).
+        from anvil_ctl.commands import qualify as qualify_cmd
+
+        assert qualify_cmd.verify_evidence(fake_host.context(), bundle).ok
 
     def test_a_card_below_the_reserve_undoes_the_promotion_naming_it(self, fake_host: FakeHost) -> None:
         _load(fake_host, vram_mib=95786)

@@ -328,6 +328,9 @@ class TestTheAbTransaction:
         assert declared["boundaries"][0]["text"] == "prefill_p50 >= -3 % at contexts >= 16K"
         bundle = Path(out.tx_dir or "")
         assert verify_bundle(bundle).ok
+        # Bound to the database: the manifest's own hash was recorded with the transaction.
+        assert [m["kind"] for m in qualification.manifests(ctx.store, tx)] == ["ab"]
+        assert qualify_cmd.verify_evidence(ctx, bundle).ok
         assert {p.name for p in bundle.iterdir()} >= {
             "00-declaration.json",
             "01-arm-A-cells.json",
