@@ -197,8 +197,9 @@ def start_smg(
         # A worker posted while its engine is down is probed again only this often.
         "--worker-startup-check-interval",
         "1",
-        "--api-key",
-        client_token,
+        # One argument: a token may begin with "-" (token_urlsafe), which argparse would read
+        # as an option ("--api-key: expected one argument" once in 64 campaigns).
+        f"--api-key={client_token}",
         "--control-plane-api-keys",
         *keys,
     ]
