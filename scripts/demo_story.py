@@ -21,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,6 +134,8 @@ def main() -> int:
             "operator",
             "--reason",
             "model-only GPU pair",
+            "--expires",
+            (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%d"),
         )
         run(c, "audit", "decisions")
 

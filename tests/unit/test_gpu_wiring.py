@@ -283,6 +283,7 @@ class TestReleaseGateInLoad:
             value=0,
             approved_by="operator",
             reason="model-only pair",
+            no_expiry=True,
         )
         gpu_world["probe"].set_used(UA, 15_000)  # 82,887 free: enough for 80,000 + 0
         out = self._load(fake_host, 80_000)
@@ -321,7 +322,7 @@ def waiver_rows(host: FakeHost) -> tuple[int, int, int]:
         )
 
 
-WAIVE = ["waive", "--policy", "vram-reserve", "--value", "0", "--approved-by", "operator"]
+WAIVE = ["waive", "--policy", "vram-reserve", "--value", "0", "--approved-by", "operator", "--no-expiry"]
 
 
 class TestWaiverCli:
