@@ -3,6 +3,7 @@ and not at all with --json (anvil_ctl.cli.progress; the engine reports through i
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -93,10 +94,8 @@ class TestOnATerminal:
         def read_some() -> None:
             ready, _, _ = select.select([master], [], [], 0.1)
             if ready:
-                try:
+                with contextlib.suppress(OSError):  # OSError: the child closed the terminal
                     seen.extend(os.read(master, 65536))
-                except OSError:  # the child closed the terminal
-                    pass
 
         def screen() -> str:
             return ANSI.sub("", seen.decode(errors="replace"))
