@@ -12,6 +12,7 @@ import re
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -132,19 +133,29 @@ class TestOnAPipe:
         proc = subprocess.Popen(
             load_argv(fake_host), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        assert proc.stderr is not None
+        assert proc.stderr is not None and proc.stdout is not None
         lines: list[str] = []
+        # A thread reads stderr, so that the wait below has a deadline even if a line never comes.
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+        reader.start()
         try:
             wait_for(pause.exists, "the load to pause after start-candidate")
-            while not any("start-candidate: done in" in line for line in lines):
-                lines.append(proc.stderr.readline())
+            # The pause holds the transaction after start-candidate's result: its start line and
+            # the steps before it are on the pipe already.
+            wait_for(
+                lambda: any("[4/6] start-candidate: create" in line for line in lines), "start-candidate"
+            )
             assert proc.poll() is None  # still inside the transaction
+            assert not any("committed" in line for line in lines if not line.startswith("{"))
             pause.unlink()
-            out, err = proc.communicate(timeout=120)
+            out = proc.stdout.read()
+            proc.wait(timeout=120)
+            reader.join(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        lines += err.splitlines(keepends=True)
+            proc.stdout.close()
+            proc.stderr.close()
         assert proc.returncode == 0, "".join(lines)
         progress = [line for line in lines if not line.startswith("{")]  # JSON log lines aside
         assert progress and all(STAMP.match(line) for line in progress), progress
