@@ -216,7 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(reply or ExitCode.OK)
         from anvil_ctl.cli import render
 
-        render.show(reply.result, options.as_json, wide=options.wide)
+        try:
+            render.show(reply.result, options.as_json, wide=options.wide)
+        except BrokenPipeError:
+            # The reader left (`anvilctl audit show TX | head`): the work is done and recorded,
+            # so its exit code stands; stdout goes nowhere so that the exit flush cannot fail.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return int(reply.code)
     except click.UsageError as exc:
         _error(_usage_message(exc))

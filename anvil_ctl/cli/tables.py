@@ -3,9 +3,11 @@
 On a terminal a table that would be wider than the screen is narrowed, in this
 order: IDs and digests are elided in the middle (`8259c0de…4e1f`: the prefix that
 `anvilctl` resolves IDs by is kept whole, and the end too), then the widest text
-column is wrapped onto more lines, then the next. Nothing is ever cut off. On a pipe,
-or with `-o wide`, every value is printed in full and the columns are as wide as
-their widest value. Times are shown to the second, always RFC 3339 UTC with `Z`.
+column is wrapped onto more lines, then IDs keep their prefix alone (`8259c0de…`,
+a digest without its `sha256:`), then text wraps narrower still. Times are never
+broken, and nothing is ever cut off: what still does not fit, the terminal wraps.
+On a pipe, or with `-o wide`, every value is printed in full and the columns are as
+wide as their widest value. Times are shown to the second, always RFC 3339 UTC with `Z`.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ ELLIPSIS = "…"
 ID_HEAD = 8
 """Characters of an ID kept before the ellipsis: enough to resolve it as a prefix."""
 ID_TAIL = 4
-ID_MIN = ID_HEAD + 1 + ID_TAIL
 TEXT_MIN = 12
+TEXT_FLOOR = 6
+"""Text columns wrap to TEXT_MIN first; to TEXT_FLOOR only once IDs are down to their prefix."""
 GAP = "  "
 
 
@@ -35,17 +38,37 @@ def show_time(value: str) -> str:
 
 
 def elide_middle(value: str, width: int) -> str:
-    """`value` in `width` characters: its head and tail kept, the middle replaced by `…`."""
+    """`value` in `width` characters: its head and tail kept, the middle replaced by `…`; at
+    least its first ID_HEAD characters after any `sha256:` (the prefix IDs resolve by) and `…`,
+    the `sha256:` itself dropped last."""
     if len(value) <= width:
         return value
-    width = max(width, ID_MIN)
-    tail = ID_TAIL
-    return value[: width - 1 - tail] + ELLIPSIS + value[-tail:]
+    prefix = "sha256:" if value.startswith("sha256:") else ""
+    body = value[len(prefix) :]
+    room = width - len(prefix)
+    if room >= ID_HEAD + 1 + ID_TAIL:
+        return prefix + body[: room - 1 - ID_TAIL] + ELLIPSIS + body[-ID_TAIL:]
+    if room >= ID_HEAD + 1:
+        return prefix + body[:ID_HEAD] + ELLIPSIS
+    return body[:ID_HEAD] + ELLIPSIS  # narrower still: the digest's own prefix, without `sha256:`
+
+
+def _id_floor(values: Sequence[str], header: str, *, tail: bool, bare: bool = False) -> int:
+    """The narrowest an ID column gets: its values' prefix, with or without their tail, with
+    or without `sha256:` (bare)."""
+    keep = ID_HEAD + 1 + (ID_TAIL if tail else 0)
+    need = [min(len(v), (0 if bare or not v.startswith("sha256:") else 7) + keep) for v in values]
+    return max([len(header), *need])
 
 
 def _is_id_column(values: Sequence[str]) -> bool:
     present = [v for v in values if v]
     return bool(present) and all(ID_RE.match(v) for v in present)
+
+
+def _is_time_column(values: Sequence[str]) -> bool:
+    present = [v for v in values if v]
+    return bool(present) and all(TIME_RE.match(v) for v in present)
 
 
 def layout(
@@ -77,26 +100,35 @@ def _total(widths: Sequence[int]) -> int:
 
 
 def _fit(columns: Sequence[str], table: list[list[str]], widths: list[int], width: int) -> list[int]:
-    ids = [i for i in range(len(columns)) if _is_id_column([r[i] for r in table])]
-    # First: IDs elided in the middle, the longest first.
-    for i in sorted(ids, key=lambda i: -widths[i]):
-        if _total(widths) <= width:
-            return widths
-        target = max(ID_MIN, len(columns[i]), widths[i] - (_total(widths) - width))
-        if target < widths[i]:
-            for row in table:
-                row[i] = elide_middle(row[i], target)
-            widths[i] = max([len(columns[i]), *(len(r[i]) for r in table)])
-    # Then: the widest text column wrapped, then the next.
-    while _total(widths) > width:
-        candidates = [i for i in range(len(columns)) if i not in ids and widths[i] > TEXT_MIN]
-        if not candidates:
-            break  # the terminal wraps what is left; nothing is cut
-        i = max(candidates, key=lambda i: widths[i])
-        narrower = max(TEXT_MIN, len(columns[i]), widths[i] - (_total(widths) - width))
-        if narrower >= widths[i]:
-            ids.append(i)  # as narrow as its header allows: leave it be
-        widths[i] = min(widths[i], narrower)
+    """Column widths that fit `width` where they can; ID cells of `table` are elided in place."""
+    values = [[r[i] for r in table] for i in range(len(columns))]
+    ids = [i for i in range(len(columns)) if _is_id_column(values[i])]
+    texts = [i for i in range(len(columns)) if i not in ids and not _is_time_column(values[i])]
+
+    def shrink_ids(tail: bool, bare: bool = False) -> None:
+        for i in sorted(ids, key=lambda i: -widths[i]):
+            excess = _total(widths) - width
+            if excess <= 0:
+                return
+            widths[i] = max(_id_floor(values[i], columns[i], tail=tail, bare=bare), widths[i] - excess)
+
+    def wrap_texts(floor: int) -> None:
+        while _total(widths) > width:
+            candidates = [i for i in texts if widths[i] > max(floor, len(columns[i]))]
+            if not candidates:
+                return
+            i = max(candidates, key=lambda i: widths[i])
+            widths[i] = max(floor, len(columns[i]), widths[i] - (_total(widths) - width))
+
+    shrink_ids(tail=True)
+    wrap_texts(TEXT_MIN)
+    shrink_ids(tail=False)
+    shrink_ids(tail=False, bare=True)
+    wrap_texts(TEXT_FLOOR)
+    # Whatever is still too wide, the terminal wraps: nothing is cut.
+    for i in ids:
+        for row in table:
+            row[i] = elide_middle(row[i], widths[i])
     return widths
 
 
