@@ -14,6 +14,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -100,16 +101,34 @@ class Campaign:
         self, *args: str, env: dict[str, str] | None = None, echo: bool = False
     ) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "anvil_ctl", *args]
-        r = subprocess.run(cmd, env=env or self.env, text=True, capture_output=True, timeout=600)
-        self.log.append(f"$ anvilctl {' '.join(args)}\n{r.stdout}{r.stderr}(exit {r.returncode})\n")
-        if echo:
-            print(f"$ anvilctl {' '.join(args)}", flush=True)
-            sys.stdout.write(r.stdout)
-            for line in r.stderr.splitlines():
-                if not line.startswith("{"):
-                    print(line)
-            print(f"(exit {r.returncode})", flush=True)
-        return r
+        if not echo:
+            r = subprocess.run(cmd, env=env or self.env, text=True, capture_output=True, timeout=600)
+            self.log.append(f"$ anvilctl {' '.join(args)}\n{r.stdout}{r.stderr}(exit {r.returncode})\n")
+            return r
+        # Echoed (the demo): the command line first, its progress lines (stderr, plain and
+        # timestamped on a pipe) as they arrive, then its result, so the screen is never dark.
+        print(f"$ anvilctl {' '.join(args)}", flush=True)
+        err: list[str] = []
+
+        def relay(stream: Any) -> None:
+            for line in iter(stream.readline, ""):
+                err.append(line)
+                if not line.startswith("{"):  # JSON log lines stay in the log only
+                    print(line, end="", flush=True)
+
+        with subprocess.Popen(
+            cmd, env=env or self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ) as proc:
+            reader = threading.Thread(target=relay, args=(proc.stderr,), daemon=True)
+            reader.start()
+            assert proc.stdout is not None
+            out = proc.stdout.read()
+            code = proc.wait(timeout=600)
+            reader.join(timeout=60)
+        sys.stdout.write(out)
+        print(f"(exit {code})", flush=True)
+        self.log.append(f"$ anvilctl {' '.join(args)}\n{out}{''.join(err)}(exit {code})\n")
+        return subprocess.CompletedProcess(cmd, code, out, "".join(err))
 
     def stop(self) -> None:
         self.smg.stop()

@@ -111,7 +111,7 @@ def is_running(world: World, container_id: str) -> bool:
 def stop_verified(world: World, container_id: str) -> dict[str, Any]:
     """Stop a container and prove it exited; absent counts as a failure (nothing to retain)."""
     grace = world.config.policy.stop_timeout_s
-    world.progress.waiting(f"container {container_id[:12]} to stop (killed after {grace:g} s)", grace)
+    world.progress.waiting(f"container {container_id[:12]} to stop (SIGKILL at the deadline)", grace)
     world.runtime.stop(container_id, grace)
     info = world.runtime.inspect(container_id)
     if info.running:
