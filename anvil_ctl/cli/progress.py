@@ -301,7 +301,9 @@ class GateProgress:
 
     def gate_finished(self, result: GateResult) -> None:
         verdict = "PASS" if result.passed else f"FAIL ({result.classification})"
-        self.progress.note(f"{result.name}: {verdict} {result.summary} [{seconds(result.duration_s)}]")
+        # `gate [16/17] vram_reserve: PASS ...`: the gate's place in the run, as it started.
+        label = self._label if self._label.endswith(f"] {result.name}") else result.name
+        self.progress.note(f"{label}: {verdict} {result.summary} [{seconds(result.duration_s)}]")
 
     def run_finished(self, outcome: str) -> None:
         self.progress.note(f"qualify: decision {outcome}")

@@ -225,3 +225,21 @@ def test_for_stream_picks_live_on_a_terminal_and_lines_otherwise(stream_is_tty: 
 
     chosen = for_stream(Stream(), json_output=False)
     assert isinstance(chosen, LiveProgress if stream_is_tty else PlainProgress)
+
+
+class TestGateProgress:
+    def test_a_gate_verdict_names_its_place_in_the_run(self) -> None:
+        from anvil_ctl.cli.progress import GateProgress
+        from anvil_ctl.qualify.results import GateResult
+
+        stream = io.StringIO()
+        plain = PlainProgress(stream, heartbeat_s=0)
+        plain.transaction("t1", "qualify", "primary", 2)
+        gates = GateProgress(plain)
+        gates.gate_started("vram_reserve", 16, 17)
+        gates.gate_finished(
+            GateResult("vram_reserve", True, "policy", "pass", summary="all cards keep", duration_s=0.2)
+        )
+        assert re.search(
+            r"Z     gate \[16/17\] vram_reserve: PASS all cards keep \[0\.2 s\]$", stream.getvalue(), re.M
+        )
