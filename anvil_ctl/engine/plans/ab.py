@@ -170,6 +170,8 @@ def compare(ctx: Ctx) -> StepResult:
     writer = _writer(ctx)
     artifact = writer.write_json(COMPARISON, result)
     manifest = writer.write_manifest(kind="ab", slot=ctx.args.slot, profile=profile.name)
+    # Bound to this record, as a qualification's is (`evidence verify` finds it unbound otherwise).
+    qualification.record_manifest(world.store, ctx.tx_id, manifest.sha256, kind="ab")
     verdict = result["verdict"]
     tx_dir = Path(writer.tx_dir)
     qualification.record_evidence(

@@ -169,6 +169,8 @@ def vram_after_acceptance(ctx: Ctx) -> StepResult:
         {**reading, "tx_id": ctx.tx_id, "slot": cand.slot, "container_id": cand.container_id},
     )
     manifest = writer.write_manifest(kind="promotion", served_model=cand.served_model)
+    # Bound to this record, as a qualification's is (`evidence verify` finds it unbound otherwise).
+    qualification.record_manifest(world.store, ctx.tx_id, manifest.sha256, kind="promotion")
     data = {**reading, "artifact": artifact.path, "manifest_sha256": manifest.sha256}
     if not reading["passed"]:
         low = ", ".join(
