@@ -229,6 +229,14 @@ class TestTables:
         assert "d67d6124" in lines[1] and "…" in lines[1] and "48db" in lines[1]
         assert "2026-11-30T16:44:08Z" in lines[1]  # times are never cut
 
+    def test_a_digest_keeps_its_hex_prefix_and_drops_sha256_only_last(self) -> None:
+        from anvil_ctl.cli.tables import elide_middle
+
+        digest = "sha256:0cceb25d172d3abcdea8bf43db0b0a7dd7479f02e544dbe429f2bdee3af3eb53"
+        assert elide_middle(digest, 20) == "sha256:0cceb25d…eb53"
+        assert elide_middle(digest, 16) == "sha256:0cceb25d…"
+        assert elide_middle(digest, 9) == "0cceb25d…"
+
     def test_wide_or_no_width_prints_every_id_in_full(self) -> None:
         for lines in (
             layout(self.COLUMNS, self.ROWS, width=None),
