@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEBS := docker.io haproxy tini iproute2 util-linux sqlite3 python3 chromium
 
-.PHONY: setup debs test unit check demo chaos bench clean
+.PHONY: setup debs test unit wheel-test check demo chaos bench clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,12 @@ test: setup debs
 # Unit tests only: no Docker, no namespace, no root.
 unit: setup
 	$(PY) -m pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+# The wheel on its own (tests/packaging, also part of `make test`): built from this checkout,
+# installed non-editable into a fresh venv, and run from an empty directory: --version, init,
+# recipes list/plan, a fake-backend adopt + load + rollback, status.
+wheel-test: setup
+	$(PY) -m pytest -p no:cacheprovider tests/packaging $(PYTEST_ARGS)
 
 check: setup
 	$(VENV)/bin/ruff format --check anvil_ctl tests scripts benchmarks migrations

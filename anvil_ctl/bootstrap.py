@@ -16,14 +16,22 @@ from __future__ import annotations
 import contextlib
 import importlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from anvil_ctl.config import HostConfig, Settings, load_host_config
 from anvil_ctl.core.errors import AuthRejected, ConfigError, CredentialError
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer, VramNeed
-from anvil_ctl.core.ports import ContainerRuntime, GpuProbe, Owner, Router, SharedMemory
+from anvil_ctl.core.ports import (
+    ContainerRuntime,
+    GpuProbe,
+    Owner,
+    Progress,
+    Router,
+    SharedMemory,
+    SilentProgress,
+)
 
 if TYPE_CHECKING:
     from anvil_ctl.engine.faults import Faults
@@ -47,6 +55,10 @@ class Context:
 
     settings: Settings
     env: dict[str, str]
+    origins: dict[str, str] = field(default_factory=dict)
+    """Where each path setting came from (`config.setting_origins`); empty for library callers."""
+    progress: Progress = field(default_factory=SilentProgress)
+    """Where transactions report their steps and waits: the CLI's renderer, or nothing."""
 
     @cached_property
     def engine(self) -> Engine:
@@ -83,7 +95,21 @@ class Context:
 
     @cached_property
     def config(self) -> HostConfig:
-        return load_host_config(self.settings.config)
+        path = self.settings.config
+        origin = self.origins.get("config", "")
+        if origin.startswith("default") and not path.exists():
+            raise ConfigError(
+                f"{path}: host config not found ({origin}); pass --config FILE or set ANVIL_CONFIG",
+                file=str(path),
+            )
+        return load_host_config(path)
+
+    def optional_config(self) -> HostConfig | None:
+        """The host config, or None where none was named and the default file does not exist
+        (`recipes list` works without one); a named or existing file that is wrong still errs."""
+        if self.origins.get("config", "").startswith("default") and not self.settings.config.exists():
+            return None
+        return self.config
 
     @cached_property
     def owner(self) -> Owner:
@@ -146,7 +172,8 @@ class Context:
 
 
 def _finish(ctx: Context, world: World) -> World:
-    """What both backends share: the model cache and the VRAM-release gate."""
+    """What both backends share: progress, the model cache and the VRAM-release gate."""
+    world.progress = ctx.progress
     if ctx.config.model_cache_dir is not None:
         from anvil_ctl.adapters.hfcache import HfCache
 
@@ -277,7 +304,14 @@ def _router(ctx: Context) -> tuple[Router | None, Acceptance | None]:
     if rc.kind == "smg":
         from anvil_ctl.adapters.smg import SmgRouter
 
-        return SmgRouter(rc.url, creds, admin_url=rc.admin_url, removal_hold_s=rc.removal_hold_s), acceptance
+        smg = SmgRouter(
+            rc.url,
+            creds,
+            admin_url=rc.admin_url,
+            removal_hold_s=rc.removal_hold_s,
+            removal_timeout_s=rc.drain_deadline_s,
+        )
+        return smg, acceptance
     from anvil_ctl.adapters.haproxy import HaproxyRouter
 
     if rc.runtime_socket is None:

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -43,6 +43,7 @@ from anvil_ctl.core.validate import (
     split_binding,
     unsafe_char,
 )
+from anvil_ctl.places import DefaultPaths, process_defaults
 
 GPU_UUID_RE = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\Z")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}\Z")
@@ -185,17 +186,39 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ANVIL_", extra="ignore")
 
-    state_dir: FilePath = Field(Path("state"), description="Directory for the database, lock and evidence")
+    state_dir: FilePath = Field(
+        default_factory=lambda: process_defaults().state_dir,
+        description="Directory for the database, lock and evidence; default /var/lib/anvil as "
+        "root, else $XDG_DATA_HOME/anvil (~/.local/share/anvil)",
+    )
     state_db: str | None = Field(
         None,
         description="SQLAlchemy URL of the state database; default sqlite:///<state_dir>/anvil.db",
     )
-    config: FilePath = Field(Path("anvil.toml"), description="Path of the host config file")
-    recipes_dir: FilePath = Field(Path("recipes"), description="Directory of recipe TOML files")
+    config: FilePath = Field(
+        default_factory=lambda: process_defaults().config,
+        description="Path of the host config file; default /etc/anvil/anvil.toml as root, else "
+        "$XDG_CONFIG_HOME/anvil/anvil.toml (~/.config/anvil/anvil.toml)",
+    )
+    recipes_dir: FilePath | None = Field(
+        None,
+        description="Directory of recipe TOML files, searched first; then the host config's "
+        "recipes_dir, then the recipes shipped with anvilctl",
+    )
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="auto: console on a TTY, JSON lines otherwise"
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level (on a terminal, where progress is shown: warning unless set)"
+    )
+    progress_heartbeat_s: float = Field(
+        2.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Progress on a pipe: a 'still ...' line after this many quiet seconds in a "
+        "step; 0 turns it off",
+    )
     backend: Literal["real", "fake"] = Field(
         "real",
         description="real: Docker, NVML, HTTP routers; fake: the simulated host of anvil_ctl.testing",
@@ -344,6 +367,9 @@ class RouterConfig(_Strict):
     runtime_socket: FilePath | None = Field(None, description="HAProxy Runtime API socket")
     backend: Label | None = Field(None, description="HAProxy backend name for the tiers")
     readmit_deadline_s: Duration = Field(90.0, description="How long readmission may take")
+    drain_deadline_s: Duration = Field(
+        30.0, description="How long taking a backend out of the router (drain, removal) may take"
+    )
     removal_hold_s: float = Field(
         6.0,
         ge=0,
@@ -441,6 +467,11 @@ class HostConfig(_Strict):
     model_cache_dir: FilePath | None = Field(
         None, description="Hugging Face hub cache (…/hub) that engines mount; checked before load"
     )
+    recipes_dir: FilePath | None = Field(
+        None,
+        description="This host's recipes: searched after --recipes-dir / ANVIL_RECIPES_DIR and "
+        "before the recipes shipped with anvilctl; relative to this file's directory",
+    )
     restore_groups: dict[str, tuple[Annotated[str, _text(128, empty=False)], ...]] = Field(
         default_factory=dict,
         description="name -> container IDs or identity digests (prefixes of 12+ hex) restored together",
@@ -497,6 +528,40 @@ def load_toml(path: Path, what: str, error: Callable[..., AnvilError] = ConfigEr
 def load_host_config(path: Path) -> HostConfig:
     data = load_toml(path, "host config")
     try:
-        return HostConfig.model_validate(data)
+        config = HostConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(path, exc), file=str(path)) from None
+    if config.recipes_dir is not None and not config.recipes_dir.is_absolute():
+        # Relative to the file that names it, never to the current directory.
+        config = config.model_copy(update={"recipes_dir": path.parent / config.recipes_dir})
+    return config
+
+
+SETTING_VARIABLES = {
+    "state_dir": "ANVIL_STATE_DIR",
+    "state_db": "ANVIL_STATE_DB",
+    "config": "ANVIL_CONFIG",
+    "recipes_dir": "ANVIL_RECIPES_DIR",
+}
+
+
+def setting_origins(
+    flags: Mapping[str, object], env: Mapping[str, str], defaults: DefaultPaths
+) -> dict[str, str]:
+    """Where each path setting came from: its flag (`--state-dir`), its variable
+    (`ANVIL_STATE_DIR`), or the default (`default (root)`, `default (XDG)`); `status` and
+    `init` print it beside the path."""
+    upper = {k.upper() for k, v in env.items() if v}
+    out: dict[str, str] = {}
+    for name, variable in SETTING_VARIABLES.items():
+        if flags.get(name) is not None:
+            out[name] = "--" + name.replace("_", "-")
+        elif variable in upper:
+            out[name] = variable
+        elif name in ("state_dir", "config"):
+            out[name] = f"default ({defaults.why})"
+        elif name == "state_db":
+            out[name] = "default (<state dir>/anvil.db)"
+        else:
+            out[name] = "not set"
+    return out

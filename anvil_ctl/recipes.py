@@ -44,6 +44,7 @@ from anvil_ctl.core.model import (
     sha256_hex,
 )
 from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT, check_text
+from anvil_ctl.places import recipe_base
 
 MODEL_IDENTITY_RE = re.compile(
     r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)@(?P<rev>[0-9a-f]{40})\Z", re.ASCII
@@ -360,7 +361,7 @@ def container_name(recipe: Recipe, slot_name: str, tx_id: str) -> str:
 def _mount_source(source: str, recipe_path: Path) -> str:
     if os.path.isabs(source):
         return os.path.normpath(source)
-    return os.path.normpath(os.path.join(recipe_path.parent.absolute(), source))
+    return os.path.normpath(os.path.join(recipe_base(recipe_path.parent.absolute()), source))
 
 
 def container_spec(

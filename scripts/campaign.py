@@ -14,6 +14,10 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -100,16 +104,54 @@ class Campaign:
         self, *args: str, env: dict[str, str] | None = None, echo: bool = False
     ) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "anvil_ctl", *args]
-        r = subprocess.run(cmd, env=env or self.env, text=True, capture_output=True, timeout=600)
-        self.log.append(f"$ anvilctl {' '.join(args)}\n{r.stdout}{r.stderr}(exit {r.returncode})\n")
-        if echo:
-            print(f"$ anvilctl {' '.join(args)}", flush=True)
-            sys.stdout.write(r.stdout)
-            for line in r.stderr.splitlines():
-                if not line.startswith("{"):
-                    print(line)
-            print(f"(exit {r.returncode})", flush=True)
-        return r
+        if not echo:
+            r = subprocess.run(cmd, env=env or self.env, text=True, capture_output=True, timeout=600)
+            self.log.append(f"$ anvilctl {' '.join(args)}\n{r.stdout}{r.stderr}(exit {r.returncode})\n")
+            return r
+        # Echoed (the demo): the command line first, its progress lines (stderr, plain and
+        # timestamped on a pipe) as they arrive, then its result, so the screen is never dark.
+        print(f"$ anvilctl {' '.join(args)}", flush=True)
+        err: list[str] = []
+        started = last = time.monotonic()
+        finished = threading.Event()
+
+        def relay(stream: Any) -> None:
+            nonlocal last
+            for line in iter(stream.readline, ""):
+                err.append(line)
+                if not line.startswith("{"):  # JSON log lines stay in the log only
+                    print(line, end="", flush=True)
+                    last = time.monotonic()
+
+        def watchdog() -> None:
+            # A command with no progress of its own (init, recheck) still shows it is running.
+            nonlocal last
+            while not finished.wait(0.25):
+                if time.monotonic() - last >= 2.0:
+                    print(
+                        f"  ... anvilctl {args[0]} still running ({time.monotonic() - started:.0f} s)",
+                        flush=True,
+                    )
+                    last = time.monotonic()
+
+        dog = threading.Thread(target=watchdog, daemon=True)
+        dog.start()
+
+        with subprocess.Popen(
+            cmd, env=env or self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ) as proc:
+            reader = threading.Thread(target=relay, args=(proc.stderr,), daemon=True)
+            reader.start()
+            assert proc.stdout is not None
+            out = proc.stdout.read()
+            code = proc.wait(timeout=600)
+            reader.join(timeout=60)
+        finished.set()
+        dog.join()
+        sys.stdout.write(out)
+        print(f"(exit {code})", flush=True)
+        self.log.append(f"$ anvilctl {' '.join(args)}\n{out}{''.join(err)}(exit {code})\n")
+        return subprocess.CompletedProcess(cmd, code, out, "".join(err))
 
     def stop(self) -> None:
         self.smg.stop()
@@ -142,6 +184,27 @@ def start_campaign(work: Path) -> Campaign:
     return camp
 
 
+@contextmanager
+def ticking(what: str, every_s: float = 2.0) -> Iterator[None]:
+    """Say `what` now, and `... still <what> (N s)` every `every_s` seconds until the block ends:
+    a demo step without progress of its own never leaves the screen dark for long."""
+    print(what, flush=True)
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            print(f"  ... still {what.split(': ', 1)[-1]} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
 def start_incumbent_by_hand(camp: Campaign) -> str:
     """What the operator had before anvil_ctl: a serve started by hand, routed as llm.primary."""
     host = load_host_config(camp.work / "anvil.toml")
@@ -162,7 +225,10 @@ def start_incumbent_by_hand(camp: Campaign) -> str:
     runtime = DockerRuntime(gpu_mode="simulated")
     cid = runtime.create(spec)
     runtime.start(cid)
-    with SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router:
+    with (
+        SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router,
+        ticking("by hand: waiting for smg to readmit the incumbent (deadline 120 s)"),
+    ):
         router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
     runtime.close()
     camp.incumbent_id = cid

@@ -21,12 +21,20 @@ import json
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.campaign import Campaign, publish_claims, runtime, start_campaign, start_incumbent_by_hand
+from scripts.campaign import (
+    Campaign,
+    publish_claims,
+    runtime,
+    start_campaign,
+    start_incumbent_by_hand,
+    ticking,
+)
 
 
 def banner(text: str) -> None:
@@ -87,7 +95,8 @@ def main() -> int:
         banner("matched A/B control: 131K arms without and with adaptive MTP, boundary declared first")
         arms = []
         for recipe, slot in (("stub-131k-nospec", "ab-nospec"), ("stub-131k-mtp", "ab-mtp")):
-            out = json.loads(c.anvilctl("--json", "load", recipe, "--slot", slot).stdout)
+            with ticking(f"demo: loading A/B arm {recipe} on slot {slot}"):
+                out = json.loads(c.anvilctl("--json", "load", recipe, "--slot", slot).stdout)
             print(f"loaded {recipe} on slot {slot}: {out['state']}")
             arms.append(out["results"]["start-candidate"]["container_id"])
         run(
@@ -102,7 +111,7 @@ def main() -> int:
             "ab-stub",
         )
         for container in arms:
-            c.anvilctl("unload", container, "--yes")
+            run(c, "unload", container, "--yes")
 
         banner("load the 393,216-token C1 candidate (dry run, then for real)")
         run(c, "load", "stub-393k-c1", "--slot", "primary", "--dry-run")
@@ -133,13 +142,18 @@ def main() -> int:
             "operator",
             "--reason",
             "model-only GPU pair",
+            "--expires",
+            (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%d"),
         )
         run(c, "audit", "decisions")
 
         banner("promote with an approver: routed smoke, the openai client, free VRAM after acceptance")
         run(c, "promote", "--slot", "primary", "--approved-by", "operator")
-        promote_tx = json.loads(c.anvilctl("--json", "audit", "transactions", "--kind", "promote").stdout)[0]
-        shown = json.loads(c.anvilctl("--json", "audit", "show", promote_tx["tx_id"]).stdout)
+        with ticking("demo: reading the promotion's VRAM reading from its record"):
+            promote_tx = json.loads(
+                c.anvilctl("--json", "audit", "transactions", "--kind", "promote").stdout
+            )[0]
+            shown = json.loads(c.anvilctl("--json", "audit", "show", promote_tx["tx_id"]).stdout)
         reading = next(
             e["detail"]
             for e in shown["steps"]
@@ -164,7 +178,8 @@ def main() -> int:
 
         banner("the one-page report a person reads before promoting")
         page = work / "report.html"
-        run(c, "evidence", "report", q393, "-o", str(page))
+        with ticking("demo: verifying the bundles and drawing the report's plots"):
+            run(c, "evidence", "report", q393, "-o", str(page))
         screenshot(page, work / "report.png")
 
         banner("roll back to the exact incumbent container")
@@ -179,10 +194,11 @@ def main() -> int:
         run(c, "audit", "verify")
         print(f"\ndemo: done. State database: {work / 'state' / 'anvil.db'}")
     finally:
-        c.stop()
-        rt = runtime()
-        for info in rt.list(labels={"io.anvil.managed": "true"}):
-            rt.remove(info.id, force=True)
+        with ticking("demo: stopping the router and removing the demo's containers"):
+            c.stop()
+            rt = runtime()
+            for info in rt.list(labels={"io.anvil.managed": "true"}):
+                rt.remove(info.id, force=True)
     return 0
 
 

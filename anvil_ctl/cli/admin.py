@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import click
 
-from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF
+from anvil_ctl.cli.complete import complete_transactions
+from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import Record, StatusView, Table
+from anvil_ctl.cli.views import InitView, Record, StatusView, Table
 from anvil_ctl.core.states import ExitCode
 
 OVERRIDE_HELP = "Name the GPU with this UUID ROLE instead of compute-a, compute-b, ... (repeatable)."
@@ -23,7 +24,12 @@ OVERRIDE_HELP = "Name the GPU with this UUID ROLE instead of compute-a, compute-
 @click.option("--override", multiple=True, type=REF, metavar="UUID=ROLE", help=OVERRIDE_HELP)
 @pass_session
 def init(session: Session, detect_gpus: bool, override: tuple[str, ...]) -> Reply:
-    """Create the state database, or upgrade it to the current schema."""
+    """Create the state database, or upgrade it to the current schema.
+
+    Prints which state database and host config it used and where each came from: a
+    flag, ANVIL_*, or the default (/var/lib/anvil and /etc/anvil/anvil.toml as root,
+    ~/.local/share/anvil and ~/.config/anvil/anvil.toml otherwise).
+    """
     from anvil_ctl.commands import admin
 
     ctx = session.context()
@@ -32,7 +38,7 @@ def init(session: Session, detect_gpus: bool, override: tuple[str, ...]) -> Repl
         from anvil_ctl.commands import gpu
 
         result["gpu_roles"] = gpu.detect(ctx, overrides=gpu.parse_overrides(override), write=True)
-    return Reply(Record(result))
+    return Reply(InitView(result))
 
 
 @click.command("upgrade", epilog=example("anvilctl db upgrade"))
@@ -41,7 +47,7 @@ def db_upgrade(session: Session) -> Reply:
     """Run the state database's migrations up to the current schema."""
     from anvil_ctl.commands import admin
 
-    return Reply(Record(admin.db_upgrade(session.context())))
+    return Reply(InitView(admin.db_upgrade(session.context())))
 
 
 db = click.Group(
@@ -52,13 +58,43 @@ db = click.Group(
 )
 
 
-@click.command("status", epilog=example("anvilctl status --json"))
+@click.command("status", epilog=example("anvilctl status --watch --interval 5s"))
+@click.option(
+    "-w", "--watch", is_flag=True, help="Observe again every --interval until Ctrl-C (like kubectl -w)."
+)
+@click.option(
+    "--interval",
+    type=TIMEOUT,
+    default="2s",
+    show_default=True,
+    metavar="DURATION",
+    help="With --watch: time between observations.",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(1, 1_000_000),
+    metavar="N",
+    help="With --watch: stop after N observations (default: until Ctrl-C).",
+)
 @pass_session
-def status(session: Session) -> Reply:
-    """Slots, incumbents, candidates, health and the router's view."""
+def status(session: Session, watch: bool, interval: float, count: int | None) -> Reply:
+    """Slots, incumbents, candidates, health and the router's view.
+
+    Ends with the state database and host config it read, and where each came from.
+    With --watch it observes again every --interval: on a terminal the screen is
+    redrawn, on a pipe each observation follows the last, with --json one JSON document
+    per line. A dependency that is unavailable meanwhile is reported and watched again.
+    """
     from anvil_ctl.commands import admin
 
-    return Reply(StatusView(admin.status(session.context())))
+    if count is not None and not watch:
+        raise click.UsageError("--count goes with --watch")
+    if not watch:
+        return Reply(StatusView(admin.status(session.context())))
+    from anvil_ctl.cli.watch import watch_status
+
+    watch_status(session, interval_s=interval, count=count)
+    return Reply(None)
 
 
 @click.command("recover", epilog=example("anvilctl recover"))
@@ -79,7 +115,7 @@ def recover(session: Session) -> Reply:
     "resolve",
     epilog=example('anvilctl resolve 8259c0de --by alice --note "restarted the incumbent by hand"'),
 )
-@click.argument("tx", type=REF)
+@click.argument("tx", type=REF, shell_complete=complete_transactions)
 @click.option("--by", required=True, type=PERSON, help="Who resolved it.")
 @click.option("--note", required=True, type=NOTE, help="What they did.")
 @pass_session

@@ -22,6 +22,7 @@ import click
 from anvil_ctl.cli import admin, audit, claims, gpu, lifecycle, qualify, serves
 from anvil_ctl.cli.complete import PROG, completion
 from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
+from anvil_ctl.cli.topics import help_command
 from anvil_ctl.core.errors import AnvilError, ConfigError
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.validate import escape_text
@@ -61,6 +62,7 @@ COMMANDS: list[click.Command] = [
     audit.audit,
     claims.claims,
     completion,
+    help_command,
 ]
 """Every top-level command and group, in one place; nothing registers itself on import."""
 
@@ -100,8 +102,13 @@ root = click.Group(
 
 
 def attach_global_options(command: click.Command) -> None:
-    """Give `command` and every command below it the global options (see session.global_options)."""
-    command.params.extend(global_options())
+    """Give `command` and every command below it the global options (see session.global_options).
+
+    A command with an option of its own under a global option's name keeps its own there
+    (`evidence report -o FILE.html`); the global one still works before the command name.
+    """
+    taken = {opt for p in command.params for opt in getattr(p, "opts", ())}
+    command.params.extend(o for o in global_options() if not taken & set(getattr(o, "opts", ())))
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             attach_global_options(sub)
@@ -125,6 +132,7 @@ def settings_from(options: GlobalOptions) -> Settings:
             ("config", options.config),
             ("state_db", options.state_db),
             ("state_dir", options.state_dir),
+            ("recipes_dir", options.recipes_dir),
         )
         if value is not None
     }
@@ -147,13 +155,35 @@ def _setting_name(loc: tuple[int | str, ...], flags: dict[str, Any]) -> str:
 
 
 def open_context(options: GlobalOptions) -> Context:
-    """The one place the command context is built: settings, logging, then the context."""
+    """The one place the command context is built: settings, logging, progress, the context.
+
+    On a terminal the progress display stands in for info logs: the level is `warning` there
+    unless ANVIL_LOG_LEVEL or --debug says otherwise (a pipe keeps its JSON log lines).
+    """
     from anvil_ctl import log
     from anvil_ctl.bootstrap import Context
+    from anvil_ctl.cli.progress import for_stream
+    from anvil_ctl.config import setting_origins
+    from anvil_ctl.places import process_defaults
 
     settings = settings_from(options)
-    log.configure(settings.log_format, "debug" if options.debug else settings.log_level)
-    return Context(settings=settings, env=dict(os.environ))
+    env = dict(os.environ)
+    level: str = settings.log_level
+    if options.debug:
+        level = "debug"
+    elif sys.stderr.isatty() and not options.as_json and "ANVIL_LOG_LEVEL" not in env:
+        level = "warning"
+    log.configure(settings.log_format, level)
+    flags = {"config": options.config, "state_db": options.state_db, "state_dir": options.state_dir}
+    flags["recipes_dir"] = options.recipes_dir
+    return Context(
+        settings=settings,
+        env=env,
+        origins=setting_origins(flags, env, process_defaults()),
+        progress=for_stream(
+            sys.stderr, json_output=options.as_json, heartbeat_s=settings.progress_heartbeat_s
+        ),
+    )
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -188,7 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(reply or ExitCode.OK)
         from anvil_ctl.cli import render
 
-        render.show(reply.result, options.json)
+        try:
+            render.show(reply.result, options.as_json, wide=options.wide)
+        except BrokenPipeError:
+            # The reader left (`anvilctl audit show TX | head`): the work is done and recorded,
+            # so its exit code stands; stdout goes nowhere so that the exit flush cannot fail.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return int(reply.code)
     except click.UsageError as exc:
         _error(_usage_message(exc))

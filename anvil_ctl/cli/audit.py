@@ -13,11 +13,11 @@ from typing import Any
 import click
 from click.decorators import FC
 
-from anvil_ctl.cli.complete import complete_slots
+from anvil_ctl.cli.complete import complete_slots, complete_transactions
 from anvil_ctl.cli.gpu import waiver_table
 from anvil_ctl.cli.params import LIMIT, REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import ChainCheck, DiffView, EvidenceAudit, Record, Table
+from anvil_ctl.cli.views import ChainCheck, DiffView, EvidenceAudit, HistoryView, Table, TransactionView
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
 
 slot_option = click.option(
@@ -69,20 +69,20 @@ def transactions(
 
 
 @click.command("show", epilog=example("anvilctl audit show 8259c0de"))
-@click.argument("tx", type=REF)
+@click.argument("tx", type=REF, shell_complete=complete_transactions)
 @pass_session
 def show(session: Session, tx: str) -> Reply:
-    """One transaction: states, steps, snapshots, identities.
+    """One transaction as a timeline: states, steps with outcomes and durations.
 
-    TX is a transaction ID or unique prefix.
+    TX is a transaction ID or unique prefix. --json prints every journal row with its detail.
     """
     from anvil_ctl.commands import audit
 
-    return Reply(Record(audit.show(session.context(), tx)))
+    return Reply(TransactionView(audit.show(session.context(), tx)))
 
 
 @click.command("diff", epilog=example("anvilctl audit diff 8259c0de"))
-@click.argument("tx", type=REF)
+@click.argument("tx", type=REF, shell_complete=complete_transactions)
 @pass_session
 def diff(session: Session, tx: str) -> Reply:
     """A transaction's recorded snapshot diffs.
@@ -92,6 +92,29 @@ def diff(session: Session, tx: str) -> Reply:
     from anvil_ctl.commands import audit
 
     return Reply(DiffView(audit.diff(session.context(), tx)))
+
+
+@click.command("history", epilog=example("anvilctl audit history --slot primary"))
+@click.option(
+    "--slot",
+    type=REF,
+    required=True,
+    shell_complete=complete_slots,
+    metavar="SLOT",
+    help="The slot whose revisions to list.",
+)
+@limit_option("revisions")
+@pass_session
+def history(session: Session, slot: str, limit: int) -> Reply:
+    """A slot's revisions, numbered as `rollback --to REVISION` takes them (helm history).
+
+    Every adopt, load, promote and rollback of the slot that ran is a revision, numbered
+    from 1 in the order they began; refusals are not. A committed revision names the serve
+    it left (container and served model). Oldest first; --limit keeps the newest.
+    """
+    from anvil_ctl.commands import audit
+
+    return Reply(HistoryView(audit.history(session.context(), slot=slot, limit=limit)))
 
 
 @click.command("verify", epilog=example("anvilctl audit verify --expect-head 1742:9f2c...e01a"))
@@ -188,7 +211,7 @@ def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
 
 
 @click.command("evidence", epilog=example("anvilctl audit evidence 8259c0de"))
-@click.argument("tx", type=REF)
+@click.argument("tx", type=REF, shell_complete=complete_transactions)
 @pass_session
 def evidence(session: Session, tx: str) -> Reply:
     """A transaction's gate rows and manifest check (exit 6).
@@ -206,6 +229,7 @@ audit = click.Group(
     "audit",
     commands=[
         transactions,
+        history,
         show,
         diff,
         verify,

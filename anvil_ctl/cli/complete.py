@@ -1,20 +1,27 @@
-"""Shell completion: `anvilctl completion bash|zsh|fish`, and completers for slots and recipes.
+"""Shell completion: `anvilctl completion bash|zsh|fish`, and completers for slots, recipes,
+transaction IDs and container IDs.
 
-Completers run on every <TAB>: they read the host config's slot names and the
-recipes directory's file names lazily, with tomllib and a glob only (no pydantic,
-no Settings), and answer nothing rather than fail when a file is missing or broken.
+Completers run on every <TAB> and answer nothing rather than fail. Slots and recipes
+are read with tomllib and a glob only (no pydantic, no Settings): the host config's
+slot names (`--config`, else ANVIL_CONFIG, else the default config), and the recipe
+search's file names (`--recipes-dir` or ANVIL_RECIPES_DIR, the host config's
+`recipes_dir`, the shipped recipes). IDs come from the state database the command
+would use (flags, ANVIL_*, the default), read-only: newest first, transactions by
+their full ID, containers by their first 12 characters, each with what it is.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 from click.shell_completion import CompletionItem, get_completion_class
 
 from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example
 from anvil_ctl.cli.views import Text
+from anvil_ctl.places import RECIPES_DIR, process_defaults
 
 PROG = "anvilctl"
 COMPLETE_VAR = "_ANVILCTL_COMPLETE"
@@ -26,28 +33,82 @@ def _options(ctx: click.Context) -> GlobalOptions:
     return session.options if session is not None else GlobalOptions()
 
 
-def complete_slots(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    """Slot names of the host config (`--config`, else ANVIL_CONFIG, else anvil.toml)."""
+def _config_path(ctx: click.Context) -> Path:
+    return _options(ctx).config or Path(os.environ.get("ANVIL_CONFIG") or process_defaults().config)
+
+
+def _host_config(ctx: click.Context) -> dict[str, Any]:
     import tomllib  # only when completing: `--help` and every command skip it
 
-    path = _options(ctx).config or Path(os.environ.get("ANVIL_CONFIG") or "anvil.toml")
     try:
-        slots = tomllib.loads(path.read_text()).get("slots") or {}
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return []
+        data = tomllib.loads(_config_path(ctx).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def complete_slots(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Slot names of the host config."""
+    slots = _host_config(ctx).get("slots") or {}
     if not isinstance(slots, dict):
         return []
     return [CompletionItem(name) for name in sorted(slots) if name.startswith(incomplete)]
 
 
+def recipe_dirs(ctx: click.Context) -> list[Path]:
+    """The recipe search, as `commands.recipes.search_dirs` orders it."""
+    given = _options(ctx).recipes_dir or os.environ.get("ANVIL_RECIPES_DIR")
+    dirs = [Path(given)] if given else []
+    host = _host_config(ctx).get("recipes_dir")
+    if isinstance(host, str) and host:
+        dirs.append(_config_path(ctx).parent / host)
+    return [*dirs, RECIPES_DIR]
+
+
 def complete_recipes(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    """Recipe names of the recipes directory (ANVIL_RECIPES_DIR, else recipes/)."""
-    directory = Path(os.environ.get("ANVIL_RECIPES_DIR") or "recipes")
+    """Recipe names of the recipe search."""
+    names: set[str] = set()
+    for directory in recipe_dirs(ctx):
+        try:
+            names.update(p.stem for p in directory.glob("*.toml"))
+        except OSError:
+            continue
+    return [CompletionItem(name) for name in sorted(names) if name.startswith(incomplete)]
+
+
+def _recorded(ctx: click.Context, what: str, incomplete: str) -> list[CompletionItem]:
     try:
-        names = sorted(p.stem for p in directory.glob("*.toml"))
-    except OSError:
+        from anvil_ctl.bootstrap import Context
+        from anvil_ctl.cli.app import settings_from
+        from anvil_ctl.commands.audit import completion_ids
+
+        context = Context(settings=settings_from(_options(ctx)), env=dict(os.environ))
+        found = completion_ids(context, what, incomplete)
+    except Exception:  # no database, a locked one, a broken setting: complete nothing
         return []
-    return [CompletionItem(name) for name in names if name.startswith(incomplete)]
+    if what == "container":
+        seen: dict[str, str] = {}
+        for cid, about in found:
+            seen.setdefault(cid[:12], about)
+        return [CompletionItem(cid, help=about) for cid, about in seen.items()]
+    return [CompletionItem(tx, help=about) for tx, about in found]
+
+
+def complete_transactions(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """Recorded transaction IDs, newest first."""
+    return _recorded(ctx, "transaction", incomplete)
+
+
+def complete_containers(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """Recorded container IDs (12 characters), newest first."""
+    return _recorded(ctx, "container", incomplete)
+
+
+def complete_targets(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """`rollback --to`: recorded containers, then transactions."""
+    return _recorded(ctx, "container", incomplete) + _recorded(ctx, "transaction", incomplete)
 
 
 def completion_script(root: click.Command, shell: str) -> str:
@@ -67,6 +128,8 @@ def completion_script(root: click.Command, shell: str) -> str:
 def completion(ctx: click.Context, shell: str) -> Reply:
     """Print the shell completion script for SHELL (bash, zsh or fish).
 
-    Load it for this shell with `source <(anvilctl completion bash)`.
+    Load it for this shell with `source <(anvilctl completion bash)`. It completes
+    commands, options, slots, recipes, and the transaction and container IDs of the
+    state database.
     """
     return Reply(Text(completion_script(ctx.find_root().command, shell)))

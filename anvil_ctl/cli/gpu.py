@@ -92,7 +92,12 @@ gpus = click.Group(
     "--expires",
     type=Text(64),
     metavar="WHEN",
-    help="RFC 3339 date (ends 00:00 UTC that day) or date-time.",
+    help="When it ends: RFC 3339 date (00:00 UTC that day) or date-time. This or --no-expiry.",
+)
+@click.option(
+    "--no-expiry",
+    is_flag=True,
+    help="It never expires (until revoked): a choice the record names. This or --expires.",
 )
 @pass_session
 def waive(
@@ -104,12 +109,16 @@ def waive(
     approved_by: str,
     reason: str,
     expires: str | None,
+    no_expiry: bool,
 ) -> Reply:
-    """Record an attributed, scoped, expiring policy waiver.
+    """Record an attributed, scoped policy waiver that expires (or, said so, never does).
 
-    Stored decisions are re-judged under the waivers in force: a reclassification
-    is a new decision pointing at the old one; evidence is never rewritten.
+    One of --expires WHEN and --no-expiry is required. Stored decisions are re-judged
+    under the waivers in force: a reclassification is a new decision pointing at the
+    old one; evidence is never rewritten.
     """
+    if (expires is None) == (not no_expiry):
+        raise click.UsageError("give --expires WHEN or --no-expiry (exactly one)")
     from anvil_ctl.commands import gpu
 
     result = gpu.waive(
@@ -120,6 +129,7 @@ def waive(
         approved_by=approved_by,
         reason=reason,
         expires=expires,
+        no_expiry=no_expiry,
     )
     return Reply(Record(result))
 

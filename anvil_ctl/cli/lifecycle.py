@@ -7,21 +7,23 @@ from pathlib import Path
 
 import click
 
-from anvil_ctl.cli.complete import complete_slots
+from anvil_ctl.cli.complete import complete_containers, complete_slots, complete_targets
 from anvil_ctl.cli.params import PERSON, REF, TEXTFILE, check_new_file
 from anvil_ctl.cli.session import (
+    WAIT_TIMEOUT_HELP,
     Reply,
     Session,
     accept_drift_options,
     drift_acceptance,
     example,
     pass_session,
+    timeout_option,
 )
 from anvil_ctl.core.states import ExitCode
 
 
 @click.command("promote", epilog=example("anvilctl promote --slot primary --approved-by alice --dry-run"))
-@click.argument("candidate", type=REF, required=False)
+@click.argument("candidate", type=REF, required=False, shell_complete=complete_containers)
 @click.option(
     "--slot",
     type=REF,
@@ -33,6 +35,7 @@ from anvil_ctl.core.states import ExitCode
 )
 @click.option("--approved-by", type=PERSON, required=True, help="The person approving this promotion.")
 @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
 @pass_session
 def promote(
@@ -42,6 +45,7 @@ def promote(
     slot: str,
     approved_by: str,
     dry_run: bool,
+    timeout_s: float | None,
     accept_drift: bool,
     drift_by: str | None,
     drift_reason: str | None,
@@ -61,6 +65,7 @@ def promote(
         candidate=candidate,
         dry_run=dry_run,
         accept_drift=drift_acceptance(accept_drift, drift_by, drift_reason),
+        timeout_s=timeout_s,
     )
     return Reply(out, ExitCode(out.exit_code))
 
@@ -68,7 +73,7 @@ def promote(
 def _rollback_command(name: str, summary: str) -> click.Command:
     """`rollback` and `restore`: one command under two names (the README uses both)."""
 
-    @click.command(name, epilog=example(f"anvilctl {name} --slot primary --dry-run"))
+    @click.command(name, epilog=example(f"anvilctl {name} --slot primary --to 3 --dry-run"))
     @click.option(
         "--slot",
         type=REF,
@@ -81,9 +86,11 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     @click.option(
         "--to",
         type=REF,
-        metavar="ID",
-        help="The identity to bring back: a container ID prefix (8+ characters), "
-        "an identity digest or a served model.",
+        shell_complete=complete_targets,
+        metavar="REVISION|TX|CONTAINER",
+        help="What to bring back: a revision of `audit history --slot` (3), the serve a "
+        "transaction left (ID prefix, 8+ characters), a container ID prefix, an identity "
+        "digest or a served model.",
     )
     @click.option(
         "--restore-group",
@@ -92,14 +99,26 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         help="A restore group of the host config; it must contain the target.",
     )
     @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+    @timeout_option(WAIT_TIMEOUT_HELP)
     @pass_session
     def command(
-        session: Session, slot: str, to: str | None, restore_group: str | None, dry_run: bool
+        session: Session,
+        *,
+        slot: str,
+        to: str | None,
+        restore_group: str | None,
+        dry_run: bool,
+        timeout_s: float | None,
     ) -> Reply:
         from anvil_ctl.commands import lifecycle
 
         out = lifecycle.rollback(
-            session.context(), slot=slot, to=to, restore_group=restore_group, dry_run=dry_run
+            session.context(),
+            slot=slot,
+            to=to,
+            restore_group=restore_group,
+            dry_run=dry_run,
+            timeout_s=timeout_s,
         )
         return Reply(out, ExitCode(out.exit_code))
 

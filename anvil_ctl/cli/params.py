@@ -22,6 +22,7 @@ from anvil_ctl.core.validate import (
     MAX_TEXT,
     check_person,
     check_text,
+    parse_duration,
     parse_rfc3339,
     utc_stamp,
 )
@@ -62,6 +63,20 @@ class Timestamp(click.ParamType[str, Any]):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
             return utc_stamp(parse_rfc3339(str(value)))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Duration(click.ParamType[float, Any]):
+    """A duration (`90s`, `5m`, `1h30m`, or seconds), as kubectl and helm take `--timeout`."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -117,3 +132,4 @@ TEXTFILE = NewFile()
 CONTEXT_TOKENS = click.IntRange(1, MAX_CONTEXT_TOKENS)
 MIB = click.IntRange(0, MAX_MIB)
 LIMIT = click.IntRange(1, MAX_COUNT)
+TIMEOUT = Duration()

@@ -8,14 +8,13 @@ something else); 4 when the candidate changed during the run (no decision).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from anvil_ctl.cli.complete import complete_slots
+from anvil_ctl.cli.complete import complete_slots, complete_transactions
 from anvil_ctl.cli.params import RECIPE, REF, Text
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, example, pass_session, timeout_option
 from anvil_ctl.core.states import ExitCode
 
 QUALIFY_HELP = """\
@@ -70,27 +69,41 @@ Exit status:
     default=None,
     help="Matched A/B of two loaded candidates of one model (profile default: ab-control).",
 )
+@timeout_option(
+    "Longest the qualification may run, e.g. 30m: gates not started by then are recorded as "
+    "failed (timeout), so the decision cannot pass. No request waits longer either."
+)
 @pass_session
 def qualify(
-    session: Session, slot: str, profile: str | None, gates: str | None, ab: tuple[str, str] | None
+    session: Session,
+    *,
+    slot: str,
+    profile: str | None,
+    gates: str | None,
+    ab: tuple[str, str] | None,
+    timeout_s: float | None,
 ) -> Reply:
+    from anvil_ctl.cli.progress import GateProgress
     from anvil_ctl.commands import qualify as qualify_cmd
-    from anvil_ctl.qualify import make_progress
 
     if ab:
         if gates:
             raise click.UsageError("--gates does not go with --ab (the profile's capacity cells run)")
+        if timeout_s is not None:
+            raise click.UsageError("--timeout does not go with --ab (the profile's cells all run)")
         compared = qualify_cmd.qualify_ab(session.context(), slot=slot, arms=ab, profile=profile)
         return Reply(compared, ExitCode(compared.exit_code))
     chosen = [g.strip() for g in (gates or "").split(",") if g.strip()]
+    ctx = session.context()
+    progress = None if session.options.as_json else GateProgress(ctx.progress)
     out = qualify_cmd.qualify_slot(
-        session.context(), slot=slot, profile=profile, gates=chosen, progress=make_progress(sys.stderr)
+        ctx, slot=slot, profile=profile, gates=chosen, progress=progress, timeout_s=timeout_s
     )
     return Reply(out, ExitCode(out.exit_code))
 
 
 @click.command("export", epilog=example("anvilctl evidence export 8259c0de ./bundle-8259"))
-@click.argument("tx", type=REF)
+@click.argument("tx", type=REF, shell_complete=complete_transactions)
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @pass_session
 def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
@@ -132,7 +145,7 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
 
 
 @click.command("report", epilog=example("anvilctl evidence report 8259c0de -o report-8259.html"))
-@click.argument("tx")
+@click.argument("tx", shell_complete=complete_transactions)
 @click.option(
     "-o",
     "--output",

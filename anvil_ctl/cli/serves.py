@@ -6,29 +6,36 @@ from dataclasses import asdict
 
 import click
 
-from anvil_ctl.cli.complete import complete_recipes, complete_slots
+from anvil_ctl.cli.complete import complete_containers, complete_recipes, complete_slots
 from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
 from anvil_ctl.cli.session import (
+    WAIT_TIMEOUT_HELP,
     Reply,
     Session,
     accept_drift_options,
     drift_acceptance,
     example,
     pass_session,
+    timeout_option,
 )
 from anvil_ctl.cli.views import Record, Table
 from anvil_ctl.core.states import ExitCode
 
-RECIPE_LIST_COLUMNS = ("name", "valid", "runnable", "served_model", "context_tokens", "error")
+RECIPE_LIST_COLUMNS = ("name", "source", "valid", "runnable", "served_model", "context_tokens", "error")
 
 
 @click.command("list", epilog=example("anvilctl recipes list"))
 @pass_session
 def recipes_list(session: Session) -> Reply:
-    """List every recipe; an invalid file is listed with its error."""
+    """List every recipe and where it came from; an invalid file is listed with its error.
+
+    Recipes are searched in --recipes-dir (or ANVIL_RECIPES_DIR), then the host config's
+    recipes_dir, then the recipes shipped with anvilctl; the first file of a name wins
+    (--json names the files it shadows).
+    """
     from anvil_ctl.commands import recipes
 
-    found = recipes.list_recipes(session.context().settings.recipes_dir)
+    found = recipes.list_recipes(recipes.recipe_search(session.context()))
     return Reply(Table([asdict(r) for r in found], columns=RECIPE_LIST_COLUMNS))
 
 
@@ -42,7 +49,8 @@ def recipes_show(session: Session, recipe: str) -> Reply:
     """
     from anvil_ctl.commands import recipes
 
-    return Reply(recipes.show_recipe(recipe, session.context().settings.recipes_dir))
+    ctx = session.context()
+    return Reply(recipes.show_recipe(recipe, recipes.recipe_search(ctx)))
 
 
 @click.command("validate", epilog=example("anvilctl recipes validate stub-393k-c1 --slot primary"))
@@ -61,7 +69,8 @@ def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
 
     ctx = session.context()
     host = ctx.config if slot else None
-    return Reply(recipes.validate_recipe(recipe, ctx.settings.recipes_dir, host_config=host, slot_name=slot))
+    found = recipes.validate_recipe(recipe, recipes.recipe_search(ctx), host_config=host, slot_name=slot)
+    return Reply(found)
 
 
 @click.command("plan", epilog=example("anvilctl recipes plan stub-393k-c1 --slot primary"))
@@ -84,7 +93,7 @@ def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
 
     ctx = session.context()
     return Reply(
-        recipes.plan_recipe(recipe, ctx.settings.recipes_dir, host_config=ctx.config, slot_name=slot)
+        recipes.plan_recipe(recipe, recipes.recipe_search(ctx), host_config=ctx.config, slot_name=slot)
     )
 
 
@@ -107,6 +116,7 @@ recipes = click.Group(
     help="The slot to load into.",
 )
 @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
 @pass_session
 def load(
@@ -115,6 +125,7 @@ def load(
     recipe: str,
     slot: str,
     dry_run: bool,
+    timeout_s: float | None,
     accept_drift: bool,
     drift_by: str | None,
     drift_reason: str | None,
@@ -128,12 +139,14 @@ def load(
     from anvil_ctl.commands import serves
 
     accepted = drift_acceptance(accept_drift, drift_by, drift_reason)
-    out = serves.load(session.context(), recipe, slot=slot, dry_run=dry_run, accept_drift=accepted)
+    out = serves.load(
+        session.context(), recipe, slot=slot, dry_run=dry_run, accept_drift=accepted, timeout_s=timeout_s
+    )
     return Reply(out, ExitCode(out.exit_code))
 
 
 @click.command("unload", epilog=example("anvilctl unload 3f2a9c1b7d4e --yes"))
-@click.argument("container_id", type=REF)
+@click.argument("container_id", type=REF, shell_complete=complete_containers)
 @click.option("--yes", is_flag=True, help="Really remove it (without: show what would be removed).")
 @click.option(
     "--remove-residue",

@@ -29,8 +29,20 @@ class GlobalOptions:
     config: Path | None = None
     state_db: str | None = None
     state_dir: Path | None = None
+    recipes_dir: Path | None = None
     json: bool = False
+    output: str | None = None
+    """`-o json|table|wide`; json is the same as --json."""
     debug: bool = False
+
+    @property
+    def as_json(self) -> bool:
+        return self.json or self.output == "json"
+
+    @property
+    def wide(self) -> bool:
+        """`-o wide`: tables show every column and every ID in full, whatever the width."""
+        return self.output == "wide"
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,8 @@ class Session:
 
 pass_session = click.make_pass_decorator(Session)
 
+OUTPUT_FORMATS = ("table", "wide", "json")
+
 
 def example(line: str) -> str:
     """A command's help epilog: its one example line (click keeps `\\b` paragraphs unwrapped)."""
@@ -88,12 +102,14 @@ def global_options() -> list[click.Parameter]:
     Settings) applies where a flag is not given.
     """
     common: dict[str, Any] = {"expose_value": False, "callback": _remember}
+    config_help = "Host config file (env ANVIL_CONFIG; default /etc/anvil/anvil.toml as root, else "
+    config_help += "~/.config/anvil/anvil.toml)."
     return [
         click.Option(
             ["--config"],
             type=click.Path(dir_okay=False, path_type=Path),
             metavar="FILE",
-            help="Host config file (default anvil.toml; env ANVIL_CONFIG).",
+            help=config_help,
             **common,
         ),
         click.Option(
@@ -107,10 +123,26 @@ def global_options() -> list[click.Parameter]:
             ["--state-dir"],
             type=click.Path(file_okay=False, path_type=Path),
             metavar="DIR",
-            help="State directory: database, lock, evidence (env ANVIL_STATE_DIR).",
+            help="State directory: database, lock, evidence (env ANVIL_STATE_DIR; default "
+            "/var/lib/anvil as root, else ~/.local/share/anvil).",
+            **common,
+        ),
+        click.Option(
+            ["--recipes-dir"],
+            type=click.Path(file_okay=False, path_type=Path),
+            metavar="DIR",
+            help="Recipes searched first (env ANVIL_RECIPES_DIR); then the host config's "
+            "recipes_dir, then the shipped recipes.",
             **common,
         ),
         click.Option(["--json"], is_flag=True, help="Print the result as one JSON document.", **common),
+        click.Option(
+            ["-o", "--output"],
+            type=click.Choice(OUTPUT_FORMATS),
+            metavar="FORMAT",
+            help="Output format: table (default), wide (every column and ID in full) or json (= --json).",
+            **common,
+        ),
         click.Option(["--debug"], is_flag=True, help="Debug logging, and tracebacks on errors.", **common),
     ]
 
@@ -149,3 +181,16 @@ def drift_acceptance(accept: bool, by: str | None, reason: str | None) -> Any:
     from anvil_ctl.engine.plans.args import DriftAcceptance
 
     return DriftAcceptance(by=by.strip(), reason=reason.strip())
+
+
+def timeout_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--timeout DURATION` of load, promote, rollback and qualify (kubectl and helm spelling)."""
+    from anvil_ctl.cli.params import TIMEOUT
+
+    return click.option("--timeout", "timeout_s", type=TIMEOUT, metavar="DURATION", help=what)
+
+
+WAIT_TIMEOUT_HELP = (
+    "Longest any one wait may last (health, VRAM release, readmission), e.g. 90s, 5m; default: "
+    "the recipe's and the host config's deadlines. Compensation keeps those, never this."
+)

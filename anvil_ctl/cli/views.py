@@ -44,7 +44,8 @@ class Table(View):
 
 @dataclass(frozen=True)
 class Record(View):
-    """One record without a better shape (init, resolve, waive ...). Human: indented JSON."""
+    """One record without a better shape (resolve, waive, lock break ...). Human: indented
+    `key: value` lines."""
 
     data: Mapping[str, Any]
 
@@ -128,3 +129,34 @@ class Text(View):
 
     def payload(self) -> Any:
         return self.text
+
+
+@dataclass(frozen=True)
+class TransactionView(View):
+    """`audit show`: one transaction's states, step events, snapshots and identities. Human:
+    a timeline of steps with their outcomes and durations."""
+
+    data: Mapping[str, Any]
+
+    def payload(self) -> Any:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class HistoryView(View):
+    """`audit history --slot S`: the slot's revisions (helm history), oldest first."""
+
+    rows: Sequence[Row]
+
+    def payload(self) -> Any:
+        return [dict(r) for r in self.rows]
+
+
+@dataclass(frozen=True)
+class InitView(View):
+    """`init` and `db upgrade`: which database and config, the schema revision before and after."""
+
+    data: Mapping[str, Any]
+
+    def payload(self) -> Any:
+        return dict(self.data)

@@ -13,6 +13,22 @@ from anvil_ctl.persistence.migrate import current_revision, upgrade
 from anvil_ctl.persistence.store import utcnow
 
 
+def where(ctx: Context) -> dict[str, Any]:
+    """Which state database and host config this command uses, and where each came from
+    (a flag, ANVIL_*, or the default): `init` and `status` say it."""
+    st = ctx.settings
+    origin = ctx.origins.get("state_db" if st.state_db is not None else "state_dir", "given")
+    db = ctx.engine.url.render_as_string(hide_password=True)
+    return {
+        "state": {"db": db, "dir": str(st.state_dir), "origin": origin},
+        "config": {
+            "path": str(st.config),
+            "origin": ctx.origins.get("config", "given"),
+            "exists": st.config.exists(),
+        },
+    }
+
+
 def init(ctx: Context) -> dict[str, Any]:
     """Create or upgrade the state database (and the default state directory), and bring the
     audit head file in line with it.
@@ -33,7 +49,7 @@ def init(ctx: Context) -> dict[str, Any]:
         if stale is not None:
             out["stale_head_file"] = str(stale)
     out["audit_head"] = str(ctx.store.sync_head_file())
-    return out
+    return {**out, **where(ctx)}
 
 
 def db_upgrade(ctx: Context) -> dict[str, Any]:
@@ -81,4 +97,4 @@ def status(ctx: Context) -> dict[str, Any]:
             "serving": serving(world, slot.base_url),
             "router": router,
         }
-    return {"host": ctx.config.host, "slots": slots}
+    return {"host": ctx.config.host, "slots": slots, "observed_at": utcnow(), **where(ctx)}

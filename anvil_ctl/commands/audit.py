@@ -69,3 +69,23 @@ def rechecks(ctx: Context, *, slot: str | None = None, limit: int = 50) -> list[
 def decisions(ctx: Context, *, slot: str | None = None) -> list[dict[str, Any]]:
     """Every qualify decision (and reclassification), oldest first."""
     return qualification.decisions(ctx.store, slot=slot)
+
+
+def history(ctx: Context, *, slot: str, limit: int = 50) -> list[dict[str, Any]]:
+    """The slot's newest `limit` revisions, oldest first (`queries.slot_history`)."""
+    limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
+    rows = queries.slot_history(ctx.store, slot)
+    if not rows:
+        config = ctx.optional_config()
+        if config is not None and slot not in config.slots:
+            raise BadInput(
+                f"slot {slot!r} is not in the host config and has no history; expected one of "
+                f"{sorted(config.slots)}",
+                field="slot",
+            )
+    return rows[-limit:]
+
+
+def completion_ids(ctx: Context, what: str, prefix: str) -> list[tuple[str, str]]:
+    """Recorded transaction or container IDs starting with `prefix`, for shell completion."""
+    return queries.recent_ids(ctx.store, what, prefix)

@@ -25,7 +25,15 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import GpuRole, HostConfig, format_validation_error
 from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
 from anvil_ctl.core.model import GpuReading
-from anvil_ctl.core.validate import MAX_MIB, check_int, check_person, check_text, parse_rfc3339, require
+from anvil_ctl.core.validate import (
+    MAX_MIB,
+    check_int,
+    check_person,
+    check_text,
+    parse_rfc3339,
+    require,
+    utc_stamp,
+)
 from anvil_ctl.engine.gpu import ledger
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
 from anvil_ctl.gpu.waivers import POLICIES, Waiver, parse_scope
@@ -211,7 +219,7 @@ def parse_expiry(text: str, now: datetime) -> datetime:
     (UTC when it names no offset). BadInput unless it lies after `now`."""
     when = require("--expires", parse_rfc3339, text)
     if when <= now:
-        raise BadInput(f"--expires {text!r}: {when.isoformat()} is not in the future", field="expires")
+        raise BadInput(f"--expires {text!r}: {utc_stamp(when)} is not in the future", field="expires")
     return when
 
 
@@ -244,16 +252,25 @@ def waive(
     approved_by: str,
     reason: str,
     expires: str | None = None,
+    no_expiry: bool = False,
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest).
 
     Everything is checked before the write: the policy is known, the scope names
     roles of the host config (or is a recipe digest), the value is >= 0, the
-    approver and reason are given and the expiry lies ahead. Then stored
-    decisions are re-judged under the waivers in force.
+    approver and reason are given, and exactly one of `expires` (which must lie
+    ahead) and `no_expiry` says when it ends: a waiver that never expires is a
+    person's explicit choice, recorded as such. Then stored decisions are re-judged
+    under the waivers in force.
     """
     now = now or datetime.now(UTC)
+    if (expires is None) == (not no_expiry):
+        raise BadInput(
+            "--expires WHEN or --no-expiry: a waiver needs an end, or a person's explicit "
+            "choice that it has none (give exactly one)",
+            field="expires",
+        )
     if policy not in POLICIES:
         raise BadInput(f"--policy {policy!r}: expected one of {list(POLICIES)}", field="policy")
     value = require("--value", lambda v: check_int(v, lo=0, hi=MAX_MIB), value)
@@ -280,7 +297,8 @@ def waive(
         expires_at=parse_expiry(expires, now) if expires else None,
     )
     waivers.add_waiver(ctx.store, waiver)
-    return {"waiver": waiver.as_dict(), "reclassified": _reclassify(ctx)}
+    expiry = "never (--no-expiry)" if waiver.expires_at is None else utc_stamp(waiver.expires_at)
+    return {"waiver": waiver.as_dict(), "expiry": expiry, "reclassified": _reclassify(ctx)}
 
 
 def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> dict[str, Any]:

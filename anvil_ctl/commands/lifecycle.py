@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from anvil_ctl.bootstrap import Context
-from anvil_ctl.commands.transactions import mutating, run_plan
+from anvil_ctl.commands.transactions import limit_waits, mutating, run_plan
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.validate import check_person, require
@@ -16,6 +16,7 @@ from anvil_ctl.engine.plans.promote import standing_decision
 from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.engine.serving import is_running
 from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import queries
 
 
 def promote(
@@ -26,9 +27,11 @@ def promote(
     candidate: str | None = None,
     dry_run: bool = False,
     accept_drift: DriftAcceptance | None = None,
+    timeout_s: float | None = None,
 ) -> Outcome:
     ctx.config.slot(slot)
     approved_by = require("--approved-by", check_person, approved_by)
+    limit_waits(ctx, timeout_s)
     tx_id = str(uuid.uuid4())
     if not dry_run:
         ctx.world()
@@ -83,9 +86,70 @@ def _promote_locked(
 
 
 def _check_to(ref: str) -> str:
+    if is_revision(ref):
+        return ref
     if len(ref) < 8 and not any(c in ref for c in "-._"):
-        raise BadInput(f"--to {ref!r}: give at least 8 characters of a container ID or digest", field="to")
+        raise BadInput(
+            f"--to {ref!r}: expected a revision number (audit history), or at least 8 characters "
+            "of a transaction ID, container ID or identity digest, or a served model",
+            field="to",
+        )
     return ref
+
+
+def is_revision(ref: str) -> bool:
+    """A revision number of `audit history` (`3`); IDs are given with 8 characters or more."""
+    return ref.isdigit() and len(ref) < 8
+
+
+def resolve_to(ctx: Context, slot: str, ref: str) -> Identity:
+    """What `rollback --to REF` brings back: the serve a revision left (`audit history --slot`),
+    the serve a transaction left (ID or prefix), or a recorded identity by container ID,
+    identity digest or served model. A prefix naming two different serves is refused."""
+    if is_revision(ref):
+        revisions = queries.slot_history(ctx.store, slot)
+        if not 1 <= int(ref) <= len(revisions):
+            raise BadInput(f"--to {ref}: slot {slot} has revisions 1..{len(revisions)}", field="to")
+        rev = revisions[int(ref) - 1]
+        if rev["serve"] is None:
+            raise BadInput(
+                f"--to {ref}: revision {ref} ({rev['kind']}, {rev['state']}) left no serve to bring "
+                "back; expected a committed adopt, load, promote or rollback",
+                field="to",
+            )
+        return _identity(ctx, slot, rev["serve"]["identity_digest"], f"revision {ref}")
+    by_tx = [r for r in queries.slot_history(ctx.store, slot) if r["tx_id"].startswith(ref)]
+    by_ref = ctx.store.identity_by_ref(slot, ref)
+    if len(by_tx) > 1:
+        raise BadInput(f"--to {ref!r}: names transactions {[r['tx_id'] for r in by_tx]}", field="to")
+    if by_tx:
+        rev = by_tx[0]
+        if rev["serve"] is None:
+            raise BadInput(
+                f"--to {ref!r}: transaction {rev['tx_id']} ({rev['kind']}, {rev['state']}) left no "
+                "serve to bring back",
+                field="to",
+            )
+        found = _identity(ctx, slot, rev["serve"]["identity_digest"], f"transaction {rev['tx_id']}")
+        if by_ref is not None and by_ref.digest != found.digest:
+            raise BadInput(
+                f"--to {ref!r}: names transaction {rev['tx_id']} and container "
+                f"{by_ref.container_id[:12]}; give more characters",
+                field="to",
+            )
+        return found
+    if by_ref is None:
+        raise BadInput(
+            f"--to {ref!r}: no revision, transaction or recorded identity of slot {slot} matches", field="to"
+        )
+    return by_ref
+
+
+def _identity(ctx: Context, slot: str, digest: str, what: str) -> Identity:
+    found = ctx.store.identity_by_ref(slot, digest)
+    if found is None:  # the identity row came from the same history: only a cut record gets here
+        raise BadInput(f"--to: the identity {what} recorded is not in the record", field="to")
+    return found
 
 
 def recorded_snapshot(ctx: Context, target: Identity) -> dict[str, Any] | None:
@@ -105,10 +169,12 @@ def rollback(
     to: str | None = None,
     restore_group: str | None = None,
     dry_run: bool = False,
+    timeout_s: float | None = None,
 ) -> Outcome:
     ctx.config.slot(slot)
     if to:
         _check_to(to)
+    limit_waits(ctx, timeout_s)
     members: tuple[str, ...] | None = None
     if restore_group is not None:
         if restore_group not in ctx.config.restore_groups:
@@ -146,9 +212,7 @@ def _rollback_locked(
     world = ctx.world()
     target: Identity | None
     if to:
-        target = ctx.store.identity_by_ref(slot, to)
-        if target is None:
-            raise BadInput(f"--to {to!r}: no recorded identity of slot {slot} matches", field="to")
+        target = resolve_to(ctx, slot, to)
     else:
         # After a load the incumbent is stopped: restore it. After a promote the incumbent
         # serves: go back to the recorded rollback identity.

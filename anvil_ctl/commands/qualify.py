@@ -20,9 +20,10 @@ from typing import Any
 
 from anvil_ctl.adapters.credentials import TokenKind, resolve_token
 from anvil_ctl.bootstrap import Context
-from anvil_ctl.commands.recipes import resolve_recipe_path
+from anvil_ctl.commands.recipes import recipe_search, resolve_recipe_path
 from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
 from anvil_ctl.core.model import LABEL_RECIPE, Identity
+from anvil_ctl.core.validate import check_duration, require
 from anvil_ctl.engine import reclassify
 from anvil_ctl.engine.plans import ab as ab_plan
 from anvil_ctl.engine.plans import qualify as qualify_plan
@@ -84,7 +85,7 @@ def candidate_recipe(ctx: Context, world: World, ident: Identity) -> Recipe | No
         name = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE)
         if not name:
             return None
-        recipe = load_recipe(resolve_recipe_path(name, ctx.settings.recipes_dir))
+        recipe = load_recipe(resolve_recipe_path(name, recipe_search(ctx)))
     except AnvilError:
         return None
     return recipe if recipe_digest(recipe) == ident.recipe_digest else None
@@ -103,8 +104,14 @@ def qualify_slot(
     gates: Sequence[str] = (),
     progress: Progress | None = None,
     now: datetime | None = None,
+    timeout_s: float | None = None,
 ) -> QualifyOutcome:
-    """Qualify `slot`'s current candidate; record evidence and a decision (see module doc)."""
+    """Qualify `slot`'s current candidate; record evidence and a decision (see module doc).
+
+    `timeout_s` bounds the run: gates not started by then are recorded as failed (timeout).
+    """
+    if timeout_s is not None:
+        timeout_s = require("--timeout", check_duration, timeout_s)
     world = ctx.world()
     ctx.config.slot(slot)
     ident = ctx.store.current_identity(slot, "candidate")
@@ -124,6 +131,7 @@ def qualify_slot(
         recipe=recipe.name if recipe else "",
         engine=recipe.engine if recipe else "",
         source=recipe.source.model_dump(mode="json") if recipe and recipe.source else None,
+        timeout_s=timeout_s,
     )
     plan = qualify_plan.build(args, world)
     plan.memo.progress, plan.memo.now = progress, now
@@ -255,14 +263,20 @@ def _redaction(ctx: Context) -> Redaction:
             except (CredentialError, BadInput):
                 continue  # not resolvable here: then nothing of it can be redacted either
             secrets.append(token.reveal())
-    paths = [
-        str(p.resolve())
-        for p in (ctx.settings.state_dir, ctx.settings.evidence_dir, ctx.settings.recipes_dir)
-    ]
+    recipe_dirs = _recipe_dirs(ctx)
+    paths = [str(p.resolve()) for p in (ctx.settings.state_dir, ctx.settings.evidence_dir, *recipe_dirs)]
     home = ctx.env.get("HOME", "")
     if home.strip("/"):
         paths.append(home)
     return Redaction(secrets=tuple(secrets), paths=tuple(paths))
+
+
+def _recipe_dirs(ctx: Context) -> list[Path]:
+    """The recipe search's directories (host paths to redact), as far as they can be read."""
+    try:
+        return [d.path for d in recipe_search(ctx)]
+    except AnvilError:
+        return [p for p in (ctx.settings.recipes_dir,) if p is not None]
 
 
 def export_evidence(ctx: Context, tx: str, out_dir: Path) -> ExportResult:

@@ -6,14 +6,17 @@ no Docker, no GPU, no database.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import HostConfig
 from anvil_ctl.core.errors import RecipeError
 from anvil_ctl.core.model import config_fingerprint
 from anvil_ctl.core.validate import check_text
+from anvil_ctl.places import RECIPES_DIR
 from anvil_ctl.recipes import (
     Recipe,
     check_fits_slot,
@@ -34,6 +37,10 @@ class RecipeSummary:
     name: str
     path: str
     valid: bool
+    source: str = "given"
+    """Where it was found: `--recipes-dir`, `ANVIL_RECIPES_DIR`, `host config` or `shipped`."""
+    shadows: tuple[str, ...] = ()
+    """Files of the same name further down the search, which this one hides."""
     error: str | None = None
     engine: str | None = None
     served_model: str | None = None
@@ -84,60 +91,119 @@ class Plan:
     spec: dict[str, Any]
 
 
-def resolve_recipe_path(ref: str | Path, recipes_dir: Path) -> Path:
-    """A recipe by name (`recipes_dir/NAME.toml`) or by path; RecipeError when neither exists."""
+@dataclass(frozen=True)
+class RecipeDir:
+    """One directory of the recipe search, and why it is searched."""
+
+    path: Path
+    source: str
+    """`--recipes-dir`, `ANVIL_RECIPES_DIR`, `host config` or `shipped`."""
+
+
+RecipeDirs = Path | Sequence[RecipeDir]
+"""Where recipes are looked up: the search (`search_dirs`), or one directory."""
+
+
+def search_dirs(
+    given: Path | None, given_by: str, host_config: HostConfig | None, shipped: Path = RECIPES_DIR
+) -> list[RecipeDir]:
+    """The recipe search, first match wins: `--recipes-dir` or ANVIL_RECIPES_DIR (`given`,
+    named by `given_by`), the host config's `recipes_dir`, then the recipes shipped with
+    anvilctl. A directory someone named must exist; a name found in two is taken from the first."""
+    dirs = []
+    if given is not None:
+        dirs.append(RecipeDir(given, given_by))
+    if host_config is not None and host_config.recipes_dir is not None:
+        dirs.append(RecipeDir(host_config.recipes_dir, "host config"))
+    dirs.append(RecipeDir(shipped, "shipped"))
+    for d in dirs[:-1]:
+        if not d.path.is_dir():
+            raise RecipeError(
+                f"{d.path}: recipes directory not found (named by {d.source})", file=str(d.path)
+            )
+    return dirs
+
+
+def recipe_search(ctx: Context) -> list[RecipeDir]:
+    """This command's recipe search (`search_dirs`) from its settings and host config."""
+    given_by = ctx.origins.get("recipes_dir", "ANVIL_RECIPES_DIR")
+    return search_dirs(ctx.settings.recipes_dir, given_by, ctx.optional_config())
+
+
+def _dirs(recipes: RecipeDirs) -> list[RecipeDir]:
+    return [RecipeDir(recipes, "given")] if isinstance(recipes, Path) else list(recipes)
+
+
+def resolve_recipe_path(ref: str | Path, recipes: RecipeDirs) -> Path:
+    """A recipe by name (`DIR/NAME.toml`, the first directory of the search that has it) or by
+    path; RecipeError when neither exists."""
     try:
         check_text(str(ref), max_len=4096, empty=False)
     except ValueError as exc:
         raise RecipeError(f"recipe {str(ref)[:80]!r}: {exc}", recipe=str(ref)[:80]) from None
     candidate = Path(ref)
+    dirs = _dirs(recipes)
     try:
         if candidate.suffix == ".toml" or candidate.exists():
             return candidate  # load_recipe names what is wrong with it (missing, a directory ...)
-        by_name = recipes_dir / f"{ref}.toml"
-        if by_name.exists() or by_name.is_symlink():  # a broken link or loop: load_recipe names it
-            return by_name
-        known = sorted(p.stem for p in recipes_dir.glob("*.toml")) if recipes_dir.is_dir() else []
+        for d in dirs:
+            by_name = d.path / f"{ref}.toml"
+            if by_name.exists() or by_name.is_symlink():  # a broken link or loop: load_recipe names it
+                return by_name
+        known = sorted({p.stem for d in dirs if d.path.is_dir() for p in d.path.glob("*.toml")})
     except OSError as exc:  # a name too long for the file system, a loop in the path
         raise RecipeError(f"recipe {str(ref)[:80]!r}: {exc.strerror}", recipe=str(ref)[:80]) from None
+    where = ", ".join(f"{d.path} ({d.source})" for d in dirs)
     raise RecipeError(
-        f"recipe {str(ref)!r} not found in {recipes_dir}; expected one of {known}",
+        f"recipe {str(ref)!r} not found in {where}; expected one of {known}",
         recipe=str(ref),
     )
 
 
-def list_recipes(recipes_dir: Path) -> list[RecipeSummary]:
-    """Every `*.toml` in the directory by name; invalid files are listed with their error."""
-    if not recipes_dir.is_dir():
-        raise RecipeError(f"{recipes_dir}: recipes directory not found", file=str(recipes_dir))
-    out = []
-    for path in sorted(recipes_dir.glob("*.toml")):
-        try:
-            recipe = load_recipe(path)
-        except RecipeError as exc:
-            out.append(RecipeSummary(name=path.stem, path=str(path), valid=False, error=str(exc)))
-            continue
-        out.append(
-            RecipeSummary(
-                name=recipe.name,
-                path=str(path),
-                valid=True,
-                engine=recipe.engine,
-                served_model=recipe.served_model,
-                context_tokens=recipe.context_tokens,
-                max_concurrency=recipe.max_concurrency,
-                tp_size=recipe.tp_size,
-                image=recipe.image,
-                digest=recipe_digest(recipe),
-                runnable=recipe.runnable,
-                unknown=recipe.unknown,
-            )
-        )
+def list_recipes(recipes: RecipeDirs) -> list[RecipeSummary]:
+    """Every `*.toml` of the search by name, with the directory it came from (`source`); a name
+    found again further down the search is hidden by the first (`shadows` names the file it
+    hides). Invalid files are listed with their error."""
+    dirs = _dirs(recipes)
+    if not any(d.path.is_dir() for d in dirs):
+        raise RecipeError(f"{dirs[0].path}: recipes directory not found", file=str(dirs[0].path))
+    seen: dict[str, int] = {}
+    out: list[RecipeSummary] = []
+    for d in dirs:
+        for path in sorted(d.path.glob("*.toml")) if d.path.is_dir() else []:
+            if path.stem in seen:
+                first = out[seen[path.stem]]
+                out[seen[path.stem]] = replace(first, shadows=(*first.shadows, str(path)))
+                continue
+            seen[path.stem] = len(out)
+            out.append(_summary(path, d.source))
     return out
 
 
-def show_recipe(ref: str | Path, recipes_dir: Path) -> RecipeView:
-    path = resolve_recipe_path(ref, recipes_dir)
+def _summary(path: Path, source: str) -> RecipeSummary:
+    try:
+        recipe = load_recipe(path)
+    except RecipeError as exc:
+        return RecipeSummary(name=path.stem, path=str(path), source=source, valid=False, error=str(exc))
+    return RecipeSummary(
+        name=recipe.name,
+        path=str(path),
+        source=source,
+        valid=True,
+        engine=recipe.engine,
+        served_model=recipe.served_model,
+        context_tokens=recipe.context_tokens,
+        max_concurrency=recipe.max_concurrency,
+        tp_size=recipe.tp_size,
+        image=recipe.image,
+        digest=recipe_digest(recipe),
+        runnable=recipe.runnable,
+        unknown=recipe.unknown,
+    )
+
+
+def show_recipe(ref: str | Path, recipes: RecipeDirs) -> RecipeView:
+    path = resolve_recipe_path(ref, recipes)
     recipe = load_recipe(path)
     return RecipeView(
         name=recipe.name,
@@ -150,13 +216,13 @@ def show_recipe(ref: str | Path, recipes_dir: Path) -> RecipeView:
 
 def validate_recipe(
     ref: str | Path,
-    recipes_dir: Path,
+    recipes: RecipeDirs,
     *,
     host_config: HostConfig | None = None,
     slot_name: str | None = None,
 ) -> ValidationReport:
     """Validate the file; with a host config and slot also check it fits (port, GPU roles)."""
-    path = resolve_recipe_path(ref, recipes_dir)
+    path = resolve_recipe_path(ref, recipes)
     recipe = load_recipe(path)
     if host_config is not None and slot_name is not None:
         _check_host(recipe, host_config, slot_name)
@@ -173,14 +239,14 @@ def validate_recipe(
 
 def plan_recipe(
     ref: str | Path,
-    recipes_dir: Path,
+    recipes: RecipeDirs,
     *,
     host_config: HostConfig,
     slot_name: str,
     tx_id: str = PLAN_TX_ID,
 ) -> Plan:
     """The exact ContainerSpec `load` would create (as a dict); nothing is touched."""
-    path = resolve_recipe_path(ref, recipes_dir)
+    path = resolve_recipe_path(ref, recipes)
     recipe = load_recipe(path)
     slot = host_config.slot(slot_name)
     spec = container_spec(

@@ -8,8 +8,8 @@ from typing import Any
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import recipes as recipe_cmds
+from anvil_ctl.commands.transactions import limit_waits, run_plan
 from anvil_ctl.commands.transactions import load as load_tx
-from anvil_ctl.commands.transactions import run_plan
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
 from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadArgs
@@ -19,7 +19,7 @@ from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recip
 
 
 def candidate_from_recipe(ctx: Context, ref: str, slot: str, tx_id: str) -> Candidate:
-    path = recipe_cmds.resolve_recipe_path(ref, ctx.settings.recipes_dir)
+    path = recipe_cmds.resolve_recipe_path(ref, recipe_cmds.recipe_search(ctx))
     recipe = load_recipe(path)
     check_runnable(recipe)
     slot_cfg = ctx.config.slot(slot)
@@ -52,7 +52,10 @@ def load(
     slot: str,
     dry_run: bool = False,
     accept_drift: DriftAcceptance | None = None,
+    timeout_s: float | None = None,
 ) -> Outcome:
+    """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline)."""
+    limit_waits(ctx, timeout_s)
     tx_id = str(uuid.uuid4())
     cand = candidate_from_recipe(ctx, ref, slot, tx_id)
     return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift)

@@ -15,7 +15,14 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.states import WAITING_STATES, TxState
-from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, check_int, check_person, check_text, require
+from anvil_ctl.core.validate import (
+    MAX_CONTEXT_TOKENS,
+    check_duration,
+    check_int,
+    check_person,
+    check_text,
+    require,
+)
 from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import serving
 from anvil_ctl.engine.plans import KINDS
@@ -50,6 +57,14 @@ def run_plan(
         return engine.run(plan, world, tx_id=tx_id)
     with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
         return engine.run(plan, world, tx_id=tx_id)
+
+
+def limit_waits(ctx: Context, timeout_s: float | None) -> None:
+    """`--timeout`: no forward wait of this command's transaction (health, VRAM release,
+    readmission) lasts longer than `timeout_s`; compensation keeps the configured deadlines."""
+    if timeout_s is None:
+        return
+    ctx.world().wait_limit_s = require("--timeout", check_duration, timeout_s)
 
 
 @contextmanager

@@ -271,3 +271,70 @@ class Journal(Protocol):
     def unfinished(self) -> list[TxRecord]:
         """Transactions whose latest state is planned, running, compensating or interrupted."""
         ...
+
+
+class Progress(Protocol):
+    """What a person watching a transaction is told: its steps and its waits, as they happen.
+
+    The engine reports here and never prints; the CLI passes in its renderer (a live
+    display on a terminal, timestamped lines on a pipe, nothing with --json). Every
+    method returns at once: a renderer must not block the transaction it reports on.
+    """
+
+    def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
+        """A transaction of `steps` steps began running (its guards passed)."""
+        ...
+
+    def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
+        """A step began: phase `do`, `undo` (compensation) or `check` (the guards, seq -1)."""
+        ...
+
+    def step_finished(
+        self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
+    ) -> None:
+        """The step that began last ended, after `elapsed_s`; `error` says why when not `ok`."""
+        ...
+
+    def waiting(self, what: str, deadline_s: float) -> None:
+        """The running step waits for `what` (health, drain, readmission, VRAM) at most
+        `deadline_s` seconds."""
+        ...
+
+    def activity(self, text: str) -> None:
+        """What the running step does now, in a few words (replaced by the next one)."""
+        ...
+
+    def note(self, text: str) -> None:
+        """A line worth keeping (a gate's verdict, a route re-applied)."""
+        ...
+
+    def finished(self, state: str, reason: str, elapsed_s: float) -> None:
+        """The transaction reached its end state."""
+        ...
+
+
+class SilentProgress:
+    """Progress that tells nobody: library callers, tests, `--json`."""
+
+    def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
+        return None
+
+    def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
+        return None
+
+    def step_finished(
+        self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
+    ) -> None:
+        return None
+
+    def waiting(self, what: str, deadline_s: float) -> None:
+        return None
+
+    def activity(self, text: str) -> None:
+        return None
+
+    def note(self, text: str) -> None:
+        return None
+
+    def finished(self, state: str, reason: str, elapsed_s: float) -> None:
+        return None

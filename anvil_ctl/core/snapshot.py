@@ -1,4 +1,4 @@
-"""Snapshots: one canonical record of the live placement, its SHA-256, and a field-level diff.
+"""Snapshots: one canonical record of the live placement, its SHA-256, and a structural diff.
 
 The same schema serves a transaction's before and after and a recheck. Only
 placement facts enter (container IDs and states, image IDs, served identities,
@@ -6,6 +6,12 @@ GPU owners, router tiers, residue); fluctuating readings such as free MiB go to
 the transaction's step results instead, so that "the after-snapshot equals the
 recorded one" is a meaningful statement. Secrets never enter a snapshot; where a
 credential must be identified it enters as an HMAC.
+
+A diff says what happened: a subtree added (`+ path: value`), removed (`- path:
+value`) or a value replaced (`~ path: before -> after`); absence is an operation,
+never a value. It is stored as a JSON Patch (RFC 6902) with a `test` of every value
+it takes away, so that the stored patch, applied to the before-snapshot's body,
+yields the after-snapshot's body and keeps what was there.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from anvil_ctl.core.model import canonical_json, sha256_hex
 
@@ -59,37 +65,206 @@ def secret_hmac(secret: str, key: bytes) -> str:
     return "hmac-sha256:" + hmac.new(key, secret.encode(), hashlib.sha256).hexdigest()
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, dict) and value:
-        for key in sorted(value):
-            _flatten(value[key], f"{prefix}.{key}" if prefix else key, out)
-    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        for i, item in enumerate(value):
-            _flatten(item, f"{prefix}[{i}]", out)
-    else:
-        out[prefix] = value
+def _token(key: str) -> str:
+    """One JSON Pointer reference token (RFC 6901): '~' and '/' escaped."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _untoken(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def pointer(parts: tuple[str | int, ...]) -> str:
+    """The JSON Pointer of a path: `("router", "backends", 0)` -> `/router/backends/0`."""
+    return "".join(f"/{_token(str(p))}" for p in parts)
+
+
+def dotted(parts: tuple[str | int, ...]) -> str:
+    """The path as people read it: `router.backends[0]`, `gpu_owners.compute-a.container_id`."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out
 
 
 @dataclass(frozen=True)
 class Change:
-    path: str
-    before: Any
-    after: Any
+    """One difference: `add` (only after), `remove` (only before) or `replace` (both).
+
+    Absence is the op, never a value: a value that is JSON null is None in `before`/`after`
+    of a `replace`; `before` of an `add` and `after` of a `remove` are not values at all.
+    """
+
+    op: Literal["add", "remove", "replace"]
+    parts: tuple[str | int, ...]
+    before: Any = None
+    after: Any = None
+
+    @property
+    def path(self) -> str:
+        return dotted(self.parts)
+
+    @property
+    def pointer(self) -> str:
+        return pointer(self.parts)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "before": self.before, "after": self.after}
+        out: dict[str, Any] = {"op": self.op, "path": self.path, "pointer": self.pointer}
+        if self.op != "add":
+            out["before"] = self.before
+        if self.op != "remove":
+            out["after"] = self.after
+        return out
+
+    def describe(self) -> str:
+        """`+ path: value`, `- path: value` or `~ path: before -> after` (values as JSON)."""
+        if self.op == "add":
+            return f"+ {self.path}: {show_value(self.after)}"
+        if self.op == "remove":
+            return f"- {self.path}: {show_value(self.before)}"
+        return f"~ {self.path}: {show_value(self.before)} -> {show_value(self.after)}"
+
+
+def show_value(value: Any) -> str:
+    """A value as compact JSON: `null`, `[]`, `"text"` (absence is never a value)."""
+    return json.dumps(value, sort_keys=True, separators=(", ", ": "), ensure_ascii=False, default=str)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # bool is an int in Python: True == 1, but not in JSON.
+    return type(a) is type(b) and a == b
+
+
+def _walk(a: Any, b: Any, parts: tuple[str | int, ...], out: list[Change]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if key not in b:
+                out.append(Change("remove", (*parts, key), before=a[key]))
+            elif key not in a:
+                out.append(Change("add", (*parts, key), after=b[key]))
+            else:
+                _walk(a[key], b[key], (*parts, key), out)
+    elif isinstance(a, list) and isinstance(b, list):
+        common = min(len(a), len(b))
+        for i in range(common):
+            _walk(a[i], b[i], (*parts, i), out)
+        for i in range(common, len(b)):
+            out.append(Change("add", (*parts, i), after=b[i]))
+        # Highest index first, so that the patch applies in order (RFC 6902 shifts indexes).
+        for i in reversed(range(common, len(a))):
+            out.append(Change("remove", (*parts, i), before=a[i]))
+    elif not _same(a, b):
+        out.append(Change("replace", parts, before=a, after=b))
 
 
 def diff(before: Snapshot, after: Snapshot) -> list[Change]:
-    """Field-level differences, by dotted path; empty when the snapshots are equal."""
-    a: dict[str, Any] = {}
-    b: dict[str, Any] = {}
-    _flatten(before.body, "", a)
-    _flatten(after.body, "", b)
-    missing = object()
-    changes = []
-    for path in sorted(set(a) | set(b)):
-        va, vb = a.get(path, missing), b.get(path, missing)
-        if va != vb:
-            changes.append(Change(path, None if va is missing else va, None if vb is missing else vb))
-    return changes
+    """What changed from `before` to `after`: whole subtrees added or removed, leaves replaced.
+
+    Empty when the snapshots are equal. A key or list item present on one side only is
+    one `add` or `remove` of its whole value, never a leaf-by-leaf comparison with nothing.
+    """
+    out: list[Change] = []
+    _walk(before.body, after.body, (), out)
+    return out
+
+
+# -- JSON Patch (RFC 6902): how a diff is stored ----------------------------------------------
+
+
+def to_patch(changes: list[Change]) -> list[dict[str, Any]]:
+    """The changes as a JSON Patch that turns the before-snapshot's body into the after's.
+
+    Every `remove` and `replace` is preceded by a `test` of the value it takes away, so the
+    stored patch keeps what was there (for `- path: value` and `~ path: before -> after`)
+    and refuses to apply to any other document.
+    """
+    ops: list[dict[str, Any]] = []
+    for c in changes:
+        if c.op != "add":
+            ops.append({"op": "test", "path": c.pointer, "value": c.before})
+        if c.op == "remove":
+            ops.append({"op": "remove", "path": c.pointer})
+        else:
+            ops.append({"op": c.op, "path": c.pointer, "value": c.after})
+    return ops
+
+
+def _parts(ptr: str) -> tuple[str | int, ...]:
+    if not ptr:
+        return ()
+    if not ptr.startswith("/"):
+        raise ValueError(f"not a JSON pointer: {ptr!r}")
+    # An all-digit token is shown as a list index; snapshot keys (names, hex IDs) are not numbers.
+    return tuple(int(t) if t.isdigit() else _untoken(t) for t in ptr[1:].split("/"))
+
+
+def from_patch(ops: list[dict[str, Any]]) -> list[Change]:
+    """The changes a patch written by `to_patch` describes."""
+    out: list[Change] = []
+    tested: dict[str, Any] = {}
+    for op in ops:
+        kind, ptr = op["op"], op["path"]
+        if kind == "test":
+            tested[ptr] = op["value"]
+        elif kind == "add":
+            out.append(Change("add", _parts(ptr), after=op["value"]))
+        elif kind == "remove":
+            out.append(Change("remove", _parts(ptr), before=tested.pop(ptr, None)))
+        elif kind == "replace":
+            out.append(Change("replace", _parts(ptr), before=tested.pop(ptr, None), after=op["value"]))
+        else:
+            raise ValueError(f"JSON Patch op {kind!r} is not one a snapshot diff writes")
+    return out
+
+
+def changes_from_stored(data: list[dict[str, Any]]) -> tuple[str, list[Change]]:
+    """A stored diff (`snapshot_diffs.changes_json`) as ("json-patch" | "legacy", changes).
+
+    Rows written before diffs were JSON Patches hold `{path, before, after}` with None for
+    absence; they are read as they were written: a change from None is shown as added, one
+    to None as removed (the old writer could not tell absence from a JSON null).
+    """
+    if all("op" in item for item in data):
+        return "json-patch", from_patch(data)
+    out = []
+    for item in data:
+        before, after = item.get("before"), item.get("after")
+        op: Literal["add", "remove", "replace"] = (
+            "add" if before is None else "remove" if after is None else "replace"
+        )
+        out.append(Change(op, (str(item["path"]),), before=before, after=after))
+    return "legacy", out
+
+
+def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+    """`doc` with a patch applied (RFC 6902 add, remove, replace, test); `doc` is not changed.
+
+    A failed `test` raises ValueError: the patch was not made from this document.
+    """
+    result = json.loads(json.dumps(doc))
+    for op in ops:
+        parts = _parts(op["path"])
+        if not parts:
+            if op["op"] == "test" and not _same(result, op["value"]):
+                raise ValueError("test failed at the document root")
+            if op["op"] in ("add", "replace"):
+                result = json.loads(json.dumps(op["value"]))
+            continue
+        parent: Any = result
+        for p in parts[:-1]:
+            parent = parent[p if isinstance(parent, list) else str(p)]
+        last = parts[-1]
+        key: Any = last if isinstance(parent, list) else str(last)
+        if op["op"] == "test":
+            if not _same(parent[key], op["value"]):
+                raise ValueError(f"test failed at {op['path']}: {parent[key]!r} != {op['value']!r}")
+        elif op["op"] == "remove":
+            del parent[key]
+        elif op["op"] == "replace":
+            parent[key] = op["value"]
+        elif op["op"] == "add":
+            if isinstance(parent, list):
+                parent.insert(key, op["value"])
+            else:
+                parent[key] = op["value"]
+    return result

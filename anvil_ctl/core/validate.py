@@ -165,6 +165,24 @@ def check_duration(value: float, *, hi: float = MAX_DURATION_S) -> float:
     return float(value)
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(value: str) -> float:
+    """A duration as kubectl and helm write one (`90s`, `5m`, `1h30m`, `2m30.5s`, `500ms`) or
+    plain seconds (`300`), in seconds: finite, > 0 and at most MAX_DURATION_S."""
+    text = value.strip().lower()
+    total = 0.0
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        total = float(text)
+    elif text and _DURATION_PART.sub("", text) == "":
+        unit = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+        total = sum(float(n) * unit[u] for n, u in _DURATION_PART.findall(text))
+    else:
+        raise ValueError(f"{value[:40]!r}: expected a duration such as 90s, 5m, 1h30m or seconds")
+    return check_duration(total)
+
+
 def utc_stamp(when: datetime) -> str:
     """`when` as the database stores times (`2026-09-02T12:00:00.000000Z`), so strings compare."""
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

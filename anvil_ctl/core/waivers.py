@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.validate import utc_stamp
 
 VRAM_RESERVE = "vram-reserve"
 """The VRAM reserve policy: MiB each card keeps free after the workload."""
@@ -82,7 +83,7 @@ class Waiver:
 
     def as_dict(self) -> dict[str, Any]:
         def iso(t: datetime | None) -> str | None:
-            return None if t is None else t.isoformat()
+            return None if t is None else utc_stamp(t)
 
         return {
             "id": self.id,

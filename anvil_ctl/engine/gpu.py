@@ -272,7 +272,7 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
             {r: world.config.gpu_roles[r].uuid for r in roles},
             need_mib=need.need_mib,
             reserve_mib=reserve,
-            deadline_s=deadline_s,
+            deadline_s=world.wait(f"VRAM release on {', '.join(roles)}", deadline_s),
             poll_s=poll_s,
             first_poll_s=POLL_FIRST_S,
         )

@@ -29,7 +29,7 @@ import structlog
 
 from anvil_ctl.core.errors import AnvilError, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
-from anvil_ctl.core.ports import Journal, Owner
+from anvil_ctl.core.ports import Journal, Owner, Progress, SilentProgress
 from anvil_ctl.core.snapshot import Change, Snapshot, diff
 from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
@@ -80,6 +80,19 @@ class Outcome:
             "changes": [c.as_dict() for c in self.changes],
             "results": self.results,
         }
+
+
+_SILENT = SilentProgress()
+
+
+def _progress(world: object) -> Progress:
+    """The world's progress (a plan under test may run without a world: then nobody is told)."""
+    return world.progress if isinstance(world, World) else _SILENT
+
+
+def _undoing(world: object) -> None:
+    if isinstance(world, World):
+        world.undoing = True
 
 
 def _error_detail(exc: BaseException) -> dict[str, Any]:
@@ -140,10 +153,28 @@ class TransactionEngine:
         outcome.tx_id = tx_id
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
         self._boundary(plan.kind, "state", "planned")
+        started = time.monotonic()
+        _progress(world).transaction(tx_id, plan.kind, plan.slot, len(plan.steps))
+        try:
+            return self._run(outcome, plan, ctx)
+        finally:
+            # Also when an error escapes: a live display must end either way.
+            _progress(world).finished(outcome.state.value, outcome.reason, time.monotonic() - started)
+
+    def _run(self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Outcome:
+        tx_id, progress = ctx.tx_id, _progress(ctx.world)
         bound = log.bind(tx_id=tx_id, kind=plan.kind)
-        started = time.perf_counter()
+        t0 = time.monotonic()
+        progress.step_started(-1, "guards", "check", f"{len(plan.guards)} checks before any change")
         refusal = self._check_guards(plan, ctx)
-        bound.debug("guards checked", seconds=round(time.perf_counter() - started, 3))
+        progress.step_finished(
+            -1,
+            "guards",
+            "check",
+            ok=refusal is None,
+            elapsed_s=time.monotonic() - t0,
+            error=refusal.reason if refusal else "",
+        )
         if refusal is not None:
             self._transition(ctx, TxState.REFUSED, refusal.reason, refusal.as_dict())
             bound.warning("refused", guard=refusal.guard, reason=refusal.reason)
@@ -156,6 +187,7 @@ class TransactionEngine:
 
         if plan.snapshot:
             started = time.perf_counter()
+            progress.activity("observing the host: the before snapshot")
             outcome.before = plan.snapshot()
             bound.debug("snapshot observed", label="before", seconds=round(time.perf_counter() - started, 3))
             self.journal.record_snapshot(tx_id, "before", outcome.before)
@@ -238,17 +270,23 @@ class TransactionEngine:
 
     def _do(self, ctx: StepContext[A, W, M], seq: int, step: Step[StepContext[A, W, M]]) -> None:
         slog = log.bind(tx_id=ctx.tx_id, step=step.name)
+        progress, t0 = _progress(ctx.world), time.monotonic()
         self._event(ctx, seq, step.name, "do", "intent")
         slog.info("step intent")
+        progress.step_started(seq, step.name, "do", step.description)
         try:
             result = step.do(ctx) or {}
         except Exception as exc:
+            progress.step_finished(
+                seq, step.name, "do", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
+            )
             self._event(ctx, seq, step.name, "do", "error", detail=_error_detail(exc))
             raise
         ctx.results[step.name] = result
         if step.remember is not None:
             step.remember(ctx, result)
         self._event(ctx, seq, step.name, "do", "result", detail=result)
+        progress.step_finished(seq, step.name, "do", ok=True, elapsed_s=time.monotonic() - t0, error="")
         slog.info("step done")
 
     def _compensate_after(
@@ -275,19 +313,29 @@ class TransactionEngine:
     ) -> Outcome:
         """Run the undos of `todo` in reverse; the transaction is already `compensating`."""
         outcome.reason = reason
+        _undoing(ctx.world)  # undos wait as long as configured, whatever --timeout said
+        progress = _progress(ctx.world)
         for seq, step, result in reversed(todo):
             if step.undo is None:
                 continue
             slog = log.bind(tx_id=ctx.tx_id, step=step.name)
             self._event(ctx, seq, step.name, "undo", "intent")
+            progress.step_started(seq, step.name, "undo", f"undo: {step.description}")
+            t0 = time.monotonic()
             try:
                 undone = step.undo(ctx, result) or {}
             except NeedsOperator as exc:
+                progress.step_finished(
+                    seq, step.name, "undo", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
+                )
                 self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
                 # Keep the cause: the operator needs both what failed and what was left.
                 cause = NeedsOperator(f"{exc} (cause: {reason})", **exc.data)
                 return self._needs_operator(outcome, plan, ctx, cause)
             except Exception as exc:
+                progress.step_finished(
+                    seq, step.name, "undo", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
+                )
                 slog.error("undo failed", error=str(exc))
                 self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
                 why = f"undo of {step.name} failed: {exc} (after: {reason})"
@@ -296,6 +344,7 @@ class TransactionEngine:
                 outcome.state, outcome.reason = TxState.COMPENSATION_FAILED, why
                 return outcome
             self._event(ctx, seq, step.name, "undo", "result", detail=undone)
+            progress.step_finished(seq, step.name, "undo", ok=True, elapsed_s=time.monotonic() - t0, error="")
             slog.info("undo done")
         reason += self._keep_serving(plan, ctx)
         self._observe_after(plan, ctx, outcome, "compensated")
@@ -310,6 +359,8 @@ class TransactionEngine:
         """
         if not (plan.keeps_serving and plan.slot) or not self.served_at_start(ctx.tx_id):
             return ""
+        _undoing(ctx.world)
+        _progress(ctx.world).activity(f"making sure slot {plan.slot} serves (it did at the start)")
         result = ensure_serving(ctx.world, ctx.tx_id, plan.slot)
         if result["action"] == "none" and "problem" not in result:
             return ""
@@ -330,6 +381,7 @@ class TransactionEngine:
         """Snapshot the world as it is now and record its diff against the before snapshot."""
         if not plan.snapshot:
             return
+        _progress(ctx.world).activity(f"observing the host: the {label} snapshot")
         outcome.after = plan.snapshot()
         self.journal.record_snapshot(ctx.tx_id, label, outcome.after)
         if outcome.before is not None:

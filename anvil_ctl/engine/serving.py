@@ -110,7 +110,9 @@ def is_running(world: World, container_id: str) -> bool:
 
 def stop_verified(world: World, container_id: str) -> dict[str, Any]:
     """Stop a container and prove it exited; absent counts as a failure (nothing to retain)."""
-    world.runtime.stop(container_id, world.config.policy.stop_timeout_s)
+    grace = world.config.policy.stop_timeout_s
+    world.progress.waiting(f"container {container_id[:12]} to stop (SIGKILL at the deadline)", grace)
+    world.runtime.stop(container_id, grace)
     info = world.runtime.inspect(container_id)
     if info.running:
         raise StepFailed(f"container {container_id} still running after stop", container_id=container_id)
@@ -135,7 +137,9 @@ def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
 def wait_serving(
     world: World, base_url: str, health_path: str, served_model: str, timeout_s: float
 ) -> dict[str, Any]:
-    """Wait until health is 200 and /v1/models names exactly served_model (polled with backoff)."""
+    """Wait until health is 200 and /v1/models names exactly served_model (at most `timeout_s`,
+    or `--timeout` where that is shorter and the engine is not compensating)."""
+    timeout_s = world.wait(f"{base_url} to serve {served_model}", timeout_s)
     deadline = world.clock.now() + timeout_s
     last: dict[str, Any] = {"healthy": False, "models": []}
     pause = pauses(world.config.policy.health_poll_s)
@@ -181,12 +185,16 @@ def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> dict[
     """
     router = _router(world)
     slot = world.config.slot(ident.slot)
+    deadline_s = world.wait(
+        f"router tier {slot.router_tier} to readmit {slot.base_url} as {ident.served_model}",
+        world.config.router.readmit_deadline_s,
+    )
     router.readmit(
         slot.router_tier,
         slot.base_url,
         slot.aliases,
         ident.served_model,
-        world.config.router.readmit_deadline_s,
+        deadline_s,
         hold=hold or world.hold_readmissions,
     )
     return {"tier": slot.router_tier, "routed_to": ident.served_model}
@@ -216,7 +224,10 @@ def route_problems(world: World, ident: Identity) -> list[str]:
 
 def drain_slot(world: World, slot: str) -> dict[str, Any]:
     tier = world.config.slot(slot).router_tier
-    _router(world).drain(tier)
+    router = _router(world)
+    # The router adapter enforces this deadline itself (smg's removal wait); --timeout does not cut it.
+    world.progress.waiting(f"router tier {tier} to drain", world.config.router.drain_deadline_s)
+    router.drain(tier)
     return {"tier": tier}
 
 

@@ -19,8 +19,10 @@ from anvil_ctl.core.ports import (
     EngineProbe,
     GpuProbe,
     ModelCache,
+    Progress,
     Router,
     SharedMemory,
+    SilentProgress,
 )
 
 if TYPE_CHECKING:
@@ -74,6 +76,26 @@ class World:
     """Every readmission holds as if a removal were pending (`Router.readmit(hold=True)`):
     `recover` sets it, because a process that died mid-drain may have sent removals that
     no adapter of this process saw."""
+    progress: Progress = field(default_factory=SilentProgress)
+    """Where steps report their waits (the CLI's renderer; silent by default)."""
+    wait_limit_s: float | None = None
+    """`--timeout`: no forward wait (health, VRAM release, drain, readmission) lasts longer."""
+    undoing: bool = False
+    """Set by the engine while it compensates: undos keep the configured deadlines, since
+    giving up early on bringing a serve back would leave the slot dark."""
+
+    def deadline(self, configured_s: float) -> float:
+        """How long a wait may last: the configured deadline, capped by `--timeout` on the
+        forward path."""
+        if self.wait_limit_s is None or self.undoing:
+            return configured_s
+        return min(configured_s, self.wait_limit_s)
+
+    def wait(self, what: str, configured_s: float) -> float:
+        """Report a wait for `what` and return its deadline (`deadline`)."""
+        deadline_s = self.deadline(configured_s)
+        self.progress.waiting(what, deadline_s)
+        return deadline_s
 
     def close(self) -> None:
         """Close the adapters' connections (Docker, router HTTP clients)."""

@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import sha256_hex
+from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.core.waivers import POLICIES, VRAM_RESERVE, Waiver
 from anvil_ctl.gpu.reserve import ReserveResult
 
@@ -139,7 +140,7 @@ class Decision:
             "reclassifies": self.reclassifies,
             "waiver_ids": list(self.waiver_ids),
             "reasons": list(self.reasons),
-            "decided_at": None if self.decided_at is None else self.decided_at.isoformat(),
+            "decided_at": None if self.decided_at is None else utc_stamp(self.decided_at),
         }
 
 

@@ -9,7 +9,6 @@ message.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, inspect, text
@@ -17,11 +16,11 @@ from sqlalchemy.exc import DBAPIError
 
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.persistence.db import reader, translated
+from anvil_ctl.places import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 SCHEMA_REVISION = "0005"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select, text
 
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.core.snapshot import changes_from_stored
 from anvil_ctl.persistence.models import (
     IdentityRow,
     SnapshotDiff,
@@ -115,16 +116,22 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[dict[str, Any]]:
         rows = s.execute(
             select(SnapshotDiff).where(SnapshotDiff.tx_id == tx_id).order_by(SnapshotDiff.id)
         ).scalars()
-        return [
-            {
-                "label": r.label,
-                "equal": bool(r.equal),
-                "before_sha256": r.before_sha256,
-                "after_sha256": r.after_sha256,
-                "changes": json.loads(r.changes_json),
-            }
-            for r in rows
-        ]
+        out = []
+        for r in rows:
+            stored = json.loads(r.changes_json)
+            form, changes = changes_from_stored(stored)
+            out.append(
+                {
+                    "label": r.label,
+                    "equal": bool(r.equal),
+                    "before_sha256": r.before_sha256,
+                    "after_sha256": r.after_sha256,
+                    "format": form,
+                    "changes": [c.as_dict() for c in changes],
+                    "patch": stored if form == "json-patch" else None,
+                }
+            )
+        return out
 
 
 def identities(store: Store, *, slot: str | None = None, role: str = "incumbent") -> list[dict[str, Any]]:
@@ -140,3 +147,81 @@ def identities(store: Store, *, slot: str | None = None, role: str = "incumbent"
     sql += " ORDER BY id"
     with store.read() as s:
         return [dict(r._mapping) for r in s.execute(text(sql), params)]
+
+
+REVISION_KINDS = ("adopt", "load", "promote", "rollback")
+"""The transaction kinds that change what a slot serves: each one that ran is a revision."""
+
+
+def slot_history(store: Store, slot: str) -> list[dict[str, Any]]:
+    """The slot's revisions, oldest first (helm history): every adopt, load, promote and
+    rollback of the slot that ran (refusals never did), numbered from 1 in the order they
+    began. A committed revision names the serve it left: the incumbent it recorded, else the
+    candidate it loaded. History is append-only, so a revision's number never changes."""
+    sql = (
+        "SELECT t.tx_id, t.kind, t.state, t.reason, t.created_at, t.updated_at, "
+        "(SELECT MIN(s.id) FROM transaction_states s WHERE s.tx_id = t.tx_id) AS first_state "
+        "FROM v_transactions t WHERE t.slot = :slot "
+        "AND t.kind IN ('adopt', 'load', 'promote', 'rollback') "  # REVISION_KINDS
+        "AND EXISTS (SELECT 1 FROM transaction_states r WHERE r.tx_id = t.tx_id AND r.state = 'running') "
+        "ORDER BY first_state"
+    )
+    params: dict[str, Any] = {"slot": slot}
+    with store.read() as s:
+        txs = [dict(r._mapping) for r in s.execute(text(sql), params)]
+        serves: dict[str, dict[str, dict[str, Any]]] = {}
+        if txs:
+            rows = s.execute(
+                select(IdentityRow)
+                .where(IdentityRow.slot == slot, IdentityRow.tx_id.in_([t["tx_id"] for t in txs]))
+                .order_by(IdentityRow.id)
+            ).scalars()
+            for r in rows:
+                serves.setdefault(str(r.tx_id), {})[r.role] = {
+                    "container_id": r.container_id,
+                    "served_model": r.served_model,
+                    "identity_digest": r.digest,
+                    "role": r.role,
+                }
+    out = []
+    for number, t in enumerate(txs, start=1):
+        recorded = serves.get(t["tx_id"], {})
+        serve = recorded.get("incumbent") or recorded.get("candidate")
+        out.append(
+            {
+                "revision": number,
+                "tx_id": t["tx_id"],
+                "kind": t["kind"],
+                "state": t["state"],
+                "reason": t["reason"],
+                "created_at": t["created_at"],
+                "updated_at": t["updated_at"],
+                "serve": serve if t["state"] == "committed" else None,
+            }
+        )
+    return out
+
+
+def recent_ids(store: Store, what: str, prefix: str, limit: int = 100) -> list[tuple[str, str]]:
+    """(ID, what it is) of recorded transactions (`what="transaction"`) or containers
+    (`"container"`) whose ID starts with `prefix`, newest first: shell completion's answers."""
+    with store.read() as s:
+        if what == "transaction":
+            rows = s.execute(
+                select(Transaction.id, Transaction.kind, Transaction.slot)
+                .where(Transaction.id.startswith(prefix))
+                .order_by(Transaction.created_at.desc())
+                .limit(limit)
+            )
+            return [(r.id, f"{r.kind} {r.slot or ''}".strip()) for r in rows]
+        found: dict[str, str] = {}
+        idents = s.execute(
+            select(IdentityRow.container_id, IdentityRow.served_model, IdentityRow.role, IdentityRow.slot)
+            .where(IdentityRow.container_id.startswith(prefix))
+            .order_by(IdentityRow.id.desc())
+        )
+        for r in idents:
+            found.setdefault(r.container_id, f"{r.served_model} ({r.role} of {r.slot})")
+            if len(found) >= limit:
+                break
+        return list(found.items())

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
-from anvil_ctl.core.snapshot import Change, Snapshot
+from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
 from anvil_ctl.persistence import audit, coverage
 from anvil_ctl.persistence import head as head_file
@@ -262,7 +262,9 @@ class Store:
                     before_sha256=before.sha256,
                     after_sha256=after.sha256,
                     equal=int(not changes),
-                    changes_json=canonical_json([c.as_dict() for c in changes]),
+                    # A JSON Patch (RFC 6902) with a `test` of every value taken away; rows
+                    # written before it hold {path, before, after} (see snapshot.changes_from_stored).
+                    changes_json=canonical_json(to_patch(changes)),
                     at=utcnow(),
                 )
             )

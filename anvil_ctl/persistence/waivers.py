@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import canonical_json
+from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.core.waivers import Waiver
 from anvil_ctl.persistence.models import WaiverRevocation, WaiverRow
 from anvil_ctl.persistence.store import Store, utcnow
@@ -30,8 +31,8 @@ def add_waiver(store: Store, w: Waiver) -> None:
                 value=w.value,
                 approved_by=w.approved_by,
                 reason=w.reason,
-                created_at=w.created_at.isoformat(),
-                expires_at=w.expires_at.isoformat() if w.expires_at else None,
+                created_at=utc_stamp(w.created_at),
+                expires_at=utc_stamp(w.expires_at) if w.expires_at else None,
             )
         )
         store.audit(
@@ -45,6 +46,9 @@ def add_waiver(store: Store, w: Waiver) -> None:
                 "recipe_digest": w.recipe_digest,
                 "value": w.value,
                 "approved_by": w.approved_by,
+                # Said in the record: no expiry is a person's explicit choice (waive --no-expiry).
+                "expires_at": utc_stamp(w.expires_at) if w.expires_at else None,
+                "expiry": "explicit" if w.expires_at else "none (--no-expiry)",
             },
         )
 

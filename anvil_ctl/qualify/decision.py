@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import sha256_hex
+from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.qualify.results import GateResult
 
 Outcome = Literal["verified", "policy-infeasible", "failed"]
@@ -102,5 +103,5 @@ def make_decision(
         gates=gates,
         reasons=reasons,
         evidence_sha256=sha256_hex(list(gates)),
-        decided_at=decided_at or datetime.now(UTC).isoformat(),
+        decided_at=decided_at or utc_stamp(datetime.now(UTC)),
     )

@@ -30,7 +30,7 @@ from typing import Any
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.config import read_input_file
 from anvil_ctl.core.errors import BadInput, StepFailed
-from anvil_ctl.core.validate import unsafe_char
+from anvil_ctl.core.validate import unsafe_char, utc_stamp
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -104,7 +104,7 @@ class EvidenceWriter:
         manifest = {
             "manifest_version": MANIFEST_VERSION,
             "tx_id": self.tx_id,
-            "created_at": datetime.now(UTC).isoformat(),
+            "created_at": utc_stamp(datetime.now(UTC)),
             "artifacts": [a.as_dict() for a in sorted(self.artifacts, key=lambda a: a.path)],
             **extra,
         }
@@ -404,7 +404,7 @@ def export_bundle(
         "manifest_version": MANIFEST_VERSION,
         "kind": "export",
         "tx_id": redactor.apply(str(manifest.get("tx_id", ""))),
-        "created_at": datetime.now(UTC).isoformat(),
+        "created_at": utc_stamp(datetime.now(UTC)),
         "source_manifest_sha256": hashlib.sha256(source_manifest).hexdigest(),
         "redactions": dict(redactor.counts),
         "artifacts": [a.as_dict() for a in artifacts],

@@ -76,7 +76,7 @@ def render_page(inputs: ReportInputs) -> str:
         f'<section id="{escape(t.split(":")[0].lower().replace(" ", "-"))}"><h2>{escape(t)}</h2>{h}</section>'
         for t, h in parts
     )
-    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

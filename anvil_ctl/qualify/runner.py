@@ -25,10 +25,11 @@ import httpx
 import structlog
 
 from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.evidence import Artifact, EvidenceWriter
-from anvil_ctl.qualify.gates.base import FIXTURES_DIR, GateContext, LogReader, ReserveProbe
+from anvil_ctl.qualify.gates.base import FIXTURES_DIR, Gate, GateContext, LogReader, ReserveProbe
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.report import NullProgress, Progress, SummaryRow, summary_rows
 from anvil_ctl.qualify.results import GateResult
@@ -156,10 +157,19 @@ async def qualify(
     secrets: Sequence[str] = (),
     provenance: dict[str, Any] | None = None,
     recorded_identity: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
 ) -> QualificationResult:
-    """The async body of `run_qualification`."""
+    """The async body of `run_qualification`.
+
+    `timeout_s` (`qualify --timeout`) bounds the run: no request waits longer, and a gate
+    that would start after it is recorded as failed, not started (classification
+    `timeout`), so the decision says the qualification is incomplete, never that it passed.
+    """
+    end = None if timeout_s is None else time.monotonic() + timeout_s
+    if timeout_s is not None:
+        request_timeout_s = min(request_timeout_s, timeout_s)
     progress = progress or NullProgress()
-    started_at = datetime.now(UTC).isoformat()
+    started_at = utc_stamp(datetime.now(UTC))
     writer = EvidenceWriter(evidence_dir, tx_id)
     gates = profile.build()
     names = [IDENTITY_GATE, *(g.name for g in gates)]
@@ -206,6 +216,9 @@ async def qualify(
             )
             for index, gate in enumerate(gates, start=1):
                 progress.gate_started(gate.name, index + 1, len(names))
+                if end is not None and time.monotonic() >= end:
+                    record(index, _timed_out(gate, timeout_s or 0.0))
+                    continue
                 record(index, await gate(ctx))
 
     rows = summary_rows(results)
@@ -221,7 +234,7 @@ async def qualify(
             "profile_definition": profile.as_dict(),
         },
     )
-    finished_at = datetime.now(UTC).isoformat()
+    finished_at = utc_stamp(datetime.now(UTC))
     manifest = writer.write_manifest(
         identity_digest=identity_digest,
         outcome=decision.outcome,
@@ -268,6 +281,7 @@ def run_qualification(
     secrets: Sequence[str] = (),
     provenance: dict[str, Any] | None = None,
     recorded_identity: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
 ) -> QualificationResult:
     """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
 
@@ -293,7 +307,19 @@ def run_qualification(
             secrets=secrets,
             provenance=provenance,
             recorded_identity=recorded_identity,
+            timeout_s=timeout_s,
         )
+    )
+
+
+def _timed_out(gate: Gate, timeout_s: float) -> GateResult:
+    return GateResult(
+        name=gate.name,
+        passed=False,
+        kind=gate.kind,
+        classification="timeout",
+        evidence={"not_started": True, "timeout_s": timeout_s},
+        summary=f"not started: the qualification's --timeout of {timeout_s:g} s was reached",
     )
 
 

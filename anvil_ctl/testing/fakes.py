@@ -4,7 +4,9 @@ The world lives in one JSON file guarded by an flock, so that several processes
 (a transaction SIGKILLed mid-step and the `recover` that follows it) see the same
 host. `make demo` and the engine's unit tests run against it.
 
-A fake container serves its `served_model` while running; `hang` makes one
+A fake container serves its `served_model` while running (FAKE_SERVED_MODEL of its env, else
+the served model its recipe labels it with, at the binding label: so a real recipe loads on
+the fake backend); `hang` makes one
 operation block after its side effect until the knob is cleared, which lets a
 test kill the process between a step's intent and its result.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 from anvil_ctl.core.errors import AuthRejected, NotFound, StepFailed
 from anvil_ctl.core.model import (
+    LABEL_SERVED_MODEL,
     Backend,
     ContainerInfo,
     ContainerLog,
@@ -169,7 +172,7 @@ class FakeRuntime:
         with self.world.edit() as w:
             w["counter"] += 1
             cid = hashlib.sha256(f"{spec.name}-{w['counter']}".encode()).hexdigest()
-            env = dict(spec.env)
+            env, labels = dict(spec.env), dict(spec.labels)
             w["containers"][cid] = {
                 "id": cid,
                 "name": spec.name,
@@ -179,11 +182,11 @@ class FakeRuntime:
                 "labels": dict(spec.labels),
                 "fingerprint": config_fingerprint(spec.fingerprint_fields()),
                 "gpu_uuids": list(spec.gpu_uuids),
-                "served_model": env.get("FAKE_SERVED_MODEL", ""),
+                "served_model": env.get("FAKE_SERVED_MODEL") or labels.get(LABEL_SERVED_MODEL, ""),
                 "max_model_len": int(env.get("FAKE_MAX_MODEL_LEN", "0") or 0),
                 "healthy": env.get("FAKE_FAIL_HEALTH") != "1",
                 "vram_mib": int(env.get("FAKE_VRAM_MIB", "0") or 0),
-                "binding": env.get("FAKE_BINDING", ""),
+                "binding": env.get("FAKE_BINDING") or labels.get("io.anvil.binding", ""),
             }
         _maybe_hang_or_fail(self.world, "create")
         return cid

@@ -214,6 +214,7 @@ class TestSeedCampaign:
             "operator",
             "--reason",
             "model-only GPU pair; 2,101 MiB free after workload accepted",
+            "--no-expiry",
         )
         assert r.returncode == 0, r.stderr
         decisions = [d for d in j(camp.anvilctl("--json", "audit", "decisions")) if d["reclassifies"]]

@@ -309,7 +309,7 @@ def db_case(
     return Case(f"database:{name}", argv, code, names, {"ANVIL_STATE_DB": "sqlite:///{case}/x.db"}, files)
 
 
-WAIVE_OK = ("waive", "--policy", "vram-reserve", "--scope", "compute-a", "--value", "0")
+WAIVE_OK = ("waive", "--policy", "vram-reserve", "--scope", "compute-a", "--value", "0", "--no-expiry")
 WAIVE_OK_BY = (*WAIVE_OK, "--approved-by", "alice", "--reason", "r")
 
 DATABASES: list[Case] = [
@@ -390,6 +390,8 @@ def waive(**over: str) -> tuple[str, ...]:
     out: list[str] = ["waive"]
     for k, v in args.items():
         out += [k, v]
+    if "--expires" not in args:
+        out.append("--no-expiry")
     return tuple(out)
 
 

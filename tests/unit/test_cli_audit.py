@@ -24,6 +24,7 @@ WAIVE = [
     "operator",
     "--reason",
     "model-only pair",
+    "--no-expiry",
 ]
 
 

@@ -96,6 +96,17 @@ class TestRecipeCompletion:
         assert offered == ["stub-245k-c1"]
         assert "stub-393k-c1" in complete("anvilctl recipes plan ", cwd=REPO)
 
-    def test_a_missing_recipes_directory_completes_nothing(self, tmp_path: Path) -> None:
-        assert complete("anvilctl recipes show ", cwd=tmp_path) == []
-        assert complete("anvilctl load ", cwd=REPO, env={"ANVIL_RECIPES_DIR": str(tmp_path / "none")}) == []
+    def test_the_shipped_recipes_are_offered_from_any_directory(self, tmp_path: Path) -> None:
+        assert "stub-393k-c1" in complete("anvilctl recipes show ", cwd=tmp_path)
+
+    def test_a_recipes_directory_on_the_line_is_searched_before_the_shipped_ones(
+        self, tmp_path: Path
+    ) -> None:
+        (tmp_path / "mine-1.toml").write_text("name = 'mine-1'\n")
+        assert complete(f"anvilctl --recipes-dir {tmp_path} load mi", cwd=tmp_path) == ["mine-1"]
+
+    def test_a_missing_recipes_directory_leaves_the_shipped_ones_and_never_fails(
+        self, tmp_path: Path
+    ) -> None:
+        offered = complete("anvilctl load ", cwd=tmp_path, env={"ANVIL_RECIPES_DIR": str(tmp_path / "none")})
+        assert "stub-245k-c1" in offered

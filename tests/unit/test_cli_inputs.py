@@ -3,6 +3,7 @@ restorability drift refuses before mutation."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,9 @@ class TestBadInput:
             'name = "stub-245k-c1"', 'name = "unpinned"'
         )
         (recipes / "unpinned.toml").write_text(src)
-        r = anvilctl("recipes", "validate", "unpinned", cwd=tmp_path)
+        # No host config named (the default one is absent here: fine for a recipe check).
+        env = {k: v for k, v in os.environ.items() if k != "ANVIL_CONFIG"}
+        r = anvilctl("recipes", "validate", "unpinned", "--recipes-dir", "recipes", cwd=tmp_path, env=env)
         assert r.returncode == 2
         assert "unpinned.toml: image:" in r.stderr and "not pinned" in r.stderr
         assert "Traceback" not in r.stderr

@@ -49,9 +49,11 @@ class TestRendererTable:
 
         assert render.renderer_for(LoudOutcome) is render.renderer_for(Outcome)
 
-    def test_an_unknown_type_is_shown_as_json(self, capsys: pytest.CaptureFixture[str]) -> None:
-        render.show({"b": 1, "a": [1, 2]}, as_json=False)
-        assert json.loads(capsys.readouterr().out) == {"a": [1, 2], "b": 1}
+    def test_an_unknown_type_is_shown_as_key_value_lines_not_json(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        render.show({"b": 1, "a": [1, 2], "c": {"d": None}}, as_json=False)
+        assert capsys.readouterr().out == "b: 1\na: 1, 2\nc:\n  d: -\n"
 
 
 class TestHumanOutput:

@@ -283,6 +283,7 @@ class TestReleaseGateInLoad:
             value=0,
             approved_by="operator",
             reason="model-only pair",
+            no_expiry=True,
         )
         gpu_world["probe"].set_used(UA, 15_000)  # 82,887 free: enough for 80,000 + 0
         out = self._load(fake_host, 80_000)
@@ -321,7 +322,8 @@ def waiver_rows(host: FakeHost) -> tuple[int, int, int]:
         )
 
 
-WAIVE = ["waive", "--policy", "vram-reserve", "--value", "0", "--approved-by", "operator"]
+WAIVE_EXPIRING = ["waive", "--policy", "vram-reserve", "--value", "0", "--approved-by", "operator"]
+WAIVE = [*WAIVE_EXPIRING, "--no-expiry"]
 
 
 class TestWaiverCli:
@@ -375,6 +377,8 @@ class TestWaiverCli:
         argv = ["waive", "--reason", "r"]
         for k, v in {**base, **given}.items():
             argv += [k, v]
+        if "--expires" not in given:
+            argv.append("--no-expiry")  # one of the two is required; the case is about another field
         capsys.readouterr()
         code = cli.main(argv)
         assert code == 2
@@ -383,7 +387,7 @@ class TestWaiverCli:
 
     def test_an_expired_waiver_stops_applying(self, anvilctl: Any, fake_host: FakeHost) -> None:
         expires = (datetime.now(UTC) + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        code, _ = anvilctl(*WAIVE, "--scope", "compute-a", "--reason", "r", "--expires", expires)
+        code, _ = anvilctl(*WAIVE_EXPIRING, "--scope", "compute-a", "--reason", "r", "--expires", expires)
         assert code == 0
         ws = waivers.waivers(fake_host.context().store)
         later = datetime.now(UTC) + timedelta(days=3)

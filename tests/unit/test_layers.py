@@ -45,6 +45,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "core": _package("core"),
     "config": ("anvil_ctl.config",),
     "atomic": ("anvil_ctl.atomic",),
+    "places": ("anvil_ctl.places",),
     "log": ("anvil_ctl.log",),
     "persistence": _package("persistence"),
     "adapters": _package("adapters"),
@@ -69,21 +70,26 @@ _BASE = frozenset({"core", "config", "gpu", "qualify", "recipes"})
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "package": frozenset(),
     "core": frozenset(),
-    "config": frozenset({"core"}),
+    "config": frozenset({"core", "places"}),
     "atomic": frozenset(),
+    # places: where anvilctl's files are (the shipped migrations and recipes, the default
+    # state directory and host config); it imports nothing, and whoever needs a place asks it.
+    "places": frozenset(),
     "log": frozenset({"core", "config"}),
     # atomic: the audit chain's head file beside the database is replaced atomically.
-    "persistence": frozenset({"core", "config", "atomic"}),
+    "persistence": frozenset({"core", "config", "atomic", "places"}),
     "adapters": frozenset({"core", "config", "atomic"}),
     "gpu": frozenset({"core", "config"}),
     "qualify": frozenset({"core", "config", "atomic"}),
-    "recipes": frozenset({"core", "config"}),
+    # recipes: the shipped recipes' relative mounts resolve beside the installed package
+    "recipes": frozenset({"core", "config", "places"}),
     "stub": frozenset({"core"}),
     "acceptance": frozenset({"core", "config", "adapters"}),
     "engine": _BASE | {"persistence"},
-    "commands": _BASE | {"persistence", "adapters", "acceptance", "engine", "bootstrap", "atomic"},
+    "commands": _BASE | {"persistence", "adapters", "acceptance", "engine", "bootstrap", "atomic", "places"},
     "bootstrap": frozenset(LAYERS) - {"bootstrap", "cli", "migrations"},
-    "cli": _BASE | {"log", "commands", "bootstrap", "engine"},  # renders the engine's result types
+    # cli renders the engine's result types; its completion finds recipes and the default config
+    "cli": _BASE | {"log", "commands", "bootstrap", "engine", "places"},
     "testing": _BASE,
     "migrations": frozenset({"core", "persistence"}),
 }

@@ -174,7 +174,7 @@ class TestTheLockRowIsClaimedOnlyWhenTheTransactionBegins:
         before = self._audit_rows(fake_host)
         with pytest.raises(BadInput, match="no candidate"):
             lifecycle.promote(fake_host.context(), slot="primary", approved_by="alice")
-        with pytest.raises(BadInput, match="no recorded identity"):
+        with pytest.raises(BadInput, match="no revision, transaction or recorded identity"):
             lifecycle.rollback(fake_host.context(), slot="primary", to="abcdefabcdef")
         assert self._audit_rows(fake_host) == before
 

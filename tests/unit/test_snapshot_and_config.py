@@ -17,16 +17,15 @@ class TestSnapshot:
         b = Snapshot.of({"a": {"x": 2, "y": 1}, "b": [1, 2]})
         assert a.sha256 == b.sha256 and a == b
 
-    def test_diff_names_each_changed_field_by_path(self) -> None:
+    def test_diff_names_each_change_by_path_and_what_happened(self) -> None:
         a = Snapshot.of({"slots": {"primary": {"containers": {"c1": {"status": "running"}}}}})
         b = Snapshot.of(
             {"slots": {"primary": {"containers": {"c1": {"status": "exited"}, "c2": {"status": "running"}}}}}
         )
-        changes = {c.path: (c.before, c.after) for c in diff(a, b)}
-        assert changes == {
-            "slots.primary.containers.c1.status": ("running", "exited"),
-            "slots.primary.containers.c2.status": (None, "running"),
-        }
+        assert [c.describe() for c in diff(a, b)] == [
+            '~ slots.primary.containers.c1.status: "running" -> "exited"',
+            '+ slots.primary.containers.c2: {"status": "running"}',
+        ]
 
     def test_equal_snapshots_have_no_diff(self) -> None:
         assert diff(Snapshot.of({"a": 1}), Snapshot.of({"a": 1})) == []

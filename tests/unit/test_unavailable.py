@@ -66,6 +66,7 @@ MUTATIONS = [
         "a",
         "--reason",
         "r",
+        "--no-expiry",
     ),
     ("adopt", "{incumbent}", "--slot", "primary", "--context-tokens", "524288"),
     ("load", "stub-245k-c1", "--slot", "primary"),

@@ -96,6 +96,8 @@ class QualifyArgs:
     """Its engine: which log patterns the log audit applies."""
     source: dict[str, Any] | None = None
     """Its upstream source as published (provenance; external-prior figures)."""
+    timeout_s: float | None = None
+    """`qualify --timeout`: gates not started by then are recorded as failed (timeout)."""
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,7 @@ def run_gates(ctx: Ctx) -> StepResult:
         engine=ctx.args.engine,
         secrets=ctx.memo.secrets,
         provenance={"recipe": ctx.args.recipe, "engine": ctx.args.engine, "source": ctx.args.source},
+        timeout_s=ctx.args.timeout_s,
         recorded_identity=ident.as_dict()
         | {
             "qualification_digest": ident.qualification_digest,

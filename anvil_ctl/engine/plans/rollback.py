@@ -26,7 +26,7 @@ import copy
 from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.model import Identity, VramNeed
-from anvil_ctl.core.snapshot import Snapshot, diff
+from anvil_ctl.core.snapshot import Snapshot, diff, show_value
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu
 from anvil_ctl.engine.guards import (
@@ -219,7 +219,11 @@ def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot) -> lis
     want, got = placement(recorded, slot), placement(after, slot)
     ctx.world.store.record_diff(ctx.tx_id, "recorded-restored", want, got, diff(want, got))
     critical = diff(critical_placement(recorded, slot), critical_placement(after, slot))
-    return [f"{c.path}: recorded {c.before!r}, now {c.after!r}" for c in critical]
+    return [
+        f"{c.path}: recorded {'absent' if c.op == 'add' else show_value(c.before)}, "
+        f"now {'absent' if c.op == 'remove' else show_value(c.after)}"
+        for c in critical
+    ]
 
 
 def build(args: RollbackArgs, world: World) -> Plan[RollbackArgs, World, NoMemo]:

@@ -1,0 +1,127 @@
+"""Where human output goes, and the helpers every renderer shares.
+
+`Out` is one command's stdout: its width when it is a terminal (None on a pipe), whether
+`-o wide` asked for everything in full, and a rich console for the few renderables
+(summary tables) that need one. `s` makes any value one safe line, `lines_of` turns a
+nested record into indented `key: value` lines, `table` prints rows as `tables.layout`
+fits them.
+
+Warning: every value shown to a person may have come from a person or a file (an
+approver, a reason, a container name, a manifest path). Every renderer passes each one
+through `s` (control, bidi and invisible characters and newlines shown as escapes),
+so no record can clear the screen or print a line of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from anvil_ctl.cli.tables import layout, show_time
+from anvil_ctl.core.validate import escape_text
+
+
+def _console() -> Console:
+    return Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+@dataclass
+class Out:
+    """stdout for one result."""
+
+    width: int | None = None
+    """The terminal's width; None on a pipe (nothing is narrowed there)."""
+    wide: bool = False
+    console: Console = field(default_factory=_console)
+
+    @classmethod
+    def stdout(cls, *, wide: bool = False) -> Out:
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        return cls(width=width, wide=wide)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.width is not None
+
+    def line(self, text: str = "") -> None:
+        """One line of text that is already safe (built from `s`)."""
+        print(text, flush=False)
+
+    def print(self, renderable: Any) -> None:
+        """A rich renderable (a summary table), or text."""
+        if isinstance(renderable, str):
+            self.line(renderable)
+        else:
+            self.console.print(renderable)
+
+    def table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "") -> None:
+        """Rows under a header of `columns`, fitted to the terminal (see `tables`)."""
+        if not rows:
+            self.line(f"{indent}(none)")
+            return
+        width = None if self.width is None else max(20, self.width - len(indent))
+        cells = [[cell(v) for v in row] for row in rows]
+        for text in layout([s(c) for c in columns], cells, width=width, wide=self.wide):
+            self.line(indent + text)
+
+
+def s(value: Any) -> str:
+    """A value as one safe line of text (see the module warning)."""
+    return escape_text("" if value is None else str(value))
+
+
+def cell(value: Any) -> str:
+    """A table cell: text as is, times to the second, lists joined, records as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple) and all(not isinstance(v, dict | list) for v in value):
+        return ", ".join(s(v) for v in value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str, sort_keys=True)  # ensure_ascii: escaped by the encoder
+    return show_time(s(value))
+
+
+def scalar(value: Any) -> str:
+    """A value in a `key: value` line."""
+    if isinstance(value, str):
+        return show_time(s(value))
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return s(json.dumps(value, default=str, sort_keys=True))
+
+
+def lines_of(data: Mapping[str, Any], indent: str = "", skip: Sequence[str] = ()) -> list[str]:
+    """A record as indented `key: value` lines; a nested record's keys one level deeper, a list
+    of scalars joined, a list of records one `-` block each."""
+    out: list[str] = []
+    keys = [k for k in data if k not in skip]
+    pad = max((len(s(k)) for k in keys), default=0)
+    for key in keys:
+        value = data[key]
+        name = s(key)
+        if isinstance(value, Mapping) and value:
+            out.append(f"{indent}{name}:")
+            out.extend(lines_of(value, indent + "  "))
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, Mapping) for v in value):
+            out.append(f"{indent}{name}:")
+            for item in value:
+                block = lines_of(item, indent + "    ")
+                out.append(f"{indent}  - {block[0].lstrip()}" if block else f"{indent}  -")
+                out.extend(block[1:])
+        elif isinstance(value, list | tuple):
+            out.append(f"{indent}{(name + ':').ljust(pad + 1)} {', '.join(scalar(v) for v in value) or '-'}")
+        elif isinstance(value, Mapping):
+            out.append(f"{indent}{(name + ':').ljust(pad + 1)} -")
+        else:
+            out.append(f"{indent}{(name + ':').ljust(pad + 1)} {scalar(value)}")
+    return out

@@ -1,0 +1,309 @@
+"""What a person sees while a transaction runs: the engine's `Progress` port, rendered.
+
+The engine reports steps and waits through `anvil_ctl.core.ports.Progress` and never
+prints; the CLI chooses the renderer here (`for_stream`) and passes it in through the
+command context. On a terminal (`LiveProgress`): finished steps as lines with their
+elapsed time, and below them a live line with the running step, what it waits for,
+for how long and until which deadline. On a pipe (`PlainProgress`): one timestamped
+line per event, and a "still ..." line whenever a step has been quiet for
+`heartbeat_s`, so a log never goes silent during a long wait. With `--json`: nothing.
+Everything goes to stderr; stdout keeps the command's result.
+
+`GateProgress` turns the qualification runner's gate events into the same stream, so
+a qualify run has one display, not two competing for the terminal.
+
+Warning: step errors and notes can carry values from a person or a file (a recipe
+name, a served model); every text is passed through `escape_text`, and rich prints
+it as text, never as markup.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TextIO
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from anvil_ctl.core.ports import Progress, SilentProgress
+from anvil_ctl.core.validate import escape_text
+
+if TYPE_CHECKING:
+    from anvil_ctl.qualify.results import GateResult
+
+HEARTBEAT_S = 2.0
+"""Plain progress: after this many quiet seconds inside a step, a "still ..." line."""
+
+
+def for_stream(stream: TextIO, *, json_output: bool, heartbeat_s: float = HEARTBEAT_S) -> Progress:
+    """The renderer for this invocation: nothing with --json, live on a terminal, else lines."""
+    if json_output:
+        return SilentProgress()
+    if stream.isatty():
+        return LiveProgress(Console(file=stream, highlight=False, markup=False, emoji=False))
+    return PlainProgress(stream, heartbeat_s=heartbeat_s)
+
+
+def seconds(value: float) -> str:
+    """`0.4 s`, `12.3 s`, `2 min 05 s`."""
+    if value < 60:
+        return f"{value:.1f} s"
+    minutes, rest = divmod(int(value), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def _step_label(seq: int, name: str, phase: str, steps: int) -> str:
+    if phase == "check":
+        return "checks"
+    where = f"[{seq + 1}/{steps}]" if steps else f"[{seq + 1}]"
+    return f"undo {where} {name}" if phase == "undo" else f"{where} {name}"
+
+
+@dataclass
+class _Running:
+    """The step now running, and what it waits for."""
+
+    label: str
+    started: float
+    waiting: str = ""
+    wait_started: float = 0.0
+    deadline_s: float = 0.0
+    activity: str = ""
+
+
+class _State:
+    """What both renderers track: the transaction, the running step, its wait."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.kind = ""
+        self.steps = 0
+        self.running: _Running | None = None
+
+    def start_step(self, seq: int, name: str, phase: str) -> _Running:
+        self.running = _Running(_step_label(seq, name, phase, self.steps), self.clock())
+        return self.running
+
+    def wait_text(self) -> str:
+        r = self.running
+        if r is None or not r.waiting:
+            return ""
+        waited = self.clock() - r.wait_started
+        return f"waiting for {r.waiting}: {seconds(waited)} of {r.deadline_s:g} s"
+
+
+class PlainProgress:
+    """Timestamped lines (RFC 3339 UTC) for a pipe or a log file: no terminal control."""
+
+    def __init__(
+        self,
+        stream: TextIO,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.stream = stream
+        self.heartbeat_s = heartbeat_s
+        self._now = now
+        self._state = _State(clock)
+        self._lock = threading.Lock()
+        self._last = clock()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def _line(self, text: str) -> None:
+        stamp = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        with self._lock:
+            self.stream.write(f"{stamp} {escape_text(text)}\n")
+            self.stream.flush()
+            self._last = self._state.clock()
+
+    # -- the heartbeat: a quiet step still says it is alive --------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        if self.heartbeat_s <= 0 or self._beat is not None:
+            return
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._heartbeat, name="anvil-progress", daemon=True)
+        self._beat.start()
+
+    def _stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=1.0)
+        self._beat = None
+
+    def _heartbeat(self) -> None:
+        tick = min(0.25, self.heartbeat_s / 4)
+        while not self._stop.wait(tick):
+            running = self._state.running
+            if running is None or self._state.clock() - self._last < self.heartbeat_s:
+                continue
+            busy = seconds(self._state.clock() - running.started)
+            detail = self._state.wait_text() or running.activity or "working"
+            self._line(f"    ... {running.label}: {busy}, {detail}")
+
+    # -- the port ---------------------------------------------------------------------------------
+
+    def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
+        self._state.kind, self._state.steps = kind, steps
+        where = f" on slot {slot}" if slot else ""
+        self._line(f"{kind} {tx_id}: {steps} steps{where}")
+        self._start_heartbeat()
+
+    def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
+        running = self._state.start_step(seq, name, phase)
+        self._line(f"  {running.label}: {description}")
+
+    def step_finished(
+        self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
+    ) -> None:
+        label = _step_label(seq, name, phase, self._state.steps)
+        self._state.running = None
+        if ok:
+            self._line(f"  {label}: done in {seconds(elapsed_s)}")
+        else:
+            self._line(f"  {label}: FAILED after {seconds(elapsed_s)}: {error}")
+
+    def waiting(self, what: str, deadline_s: float) -> None:
+        running = self._state.running
+        if running is not None:
+            running.waiting, running.wait_started, running.deadline_s = what, self._state.clock(), deadline_s
+        self._line(f"    waiting for {what} (deadline {deadline_s:g} s)")
+
+    def activity(self, text: str) -> None:
+        if self._state.running is not None:
+            self._state.running.activity = text
+
+    def note(self, text: str) -> None:
+        self._line(f"    {text}")
+
+    def finished(self, state: str, reason: str, elapsed_s: float) -> None:
+        self._stop_heartbeat()
+        self._state.running = None
+        because = f": {reason}" if reason and state != "committed" else ""
+        self._line(f"{self._state.kind} {state} after {seconds(elapsed_s)}{because}")
+
+
+class _LiveLine:
+    """The live area under the finished steps: spinner, running step, elapsed, wait."""
+
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+
+    def __rich__(self) -> RenderableType:
+        r = self.state.running
+        if r is None:
+            return Text("")
+        busy = seconds(self.state.clock() - r.started)
+        frame = self.FRAMES[int(time.monotonic() * 10) % len(self.FRAMES)]
+        head = Text.assemble((frame, "cyan"), " ", escape_text(r.label), "  ", busy)
+        lines: list[RenderableType] = [head]
+        wait = self.state.wait_text()
+        if wait:
+            lines.append(Text("    " + escape_text(wait), style="dim"))
+        if r.activity:
+            lines.append(Text("    " + escape_text(r.activity), style="dim"))
+        return Group(*lines)
+
+
+class LiveProgress:
+    """On a terminal: a line per finished step, a live line for the running one (rich)."""
+
+    def __init__(self, console: Console, clock: Callable[[], float] = time.monotonic) -> None:
+        self.console = console
+        self._state = _State(clock)
+        self._live: Live | None = None
+
+    def _print(self, text: str, style: str = "") -> None:
+        self.console.print(Text(escape_text(text), style=style))
+
+    def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
+        self._state.kind, self._state.steps = kind, steps
+        where = f" on slot {slot}" if slot else ""
+        self._print(f"{kind} {tx_id}{where}: {steps} steps", "bold")
+        self._live = Live(
+            _LiveLine(self._state),
+            console=self.console,
+            refresh_per_second=8,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._live.start()
+
+    def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
+        self._state.start_step(seq, name, phase)
+
+    def step_finished(
+        self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
+    ) -> None:
+        label = _step_label(seq, name, phase, self._state.steps)
+        self._state.running = None
+        if ok:
+            self._print(f"  ✓ {label}  {seconds(elapsed_s)}", "green" if phase != "undo" else "yellow")
+        else:
+            self._print(f"  ✗ {label}  {seconds(elapsed_s)}: {error}", "red")
+
+    def waiting(self, what: str, deadline_s: float) -> None:
+        running = self._state.running
+        if running is not None:
+            running.waiting, running.wait_started, running.deadline_s = what, self._state.clock(), deadline_s
+
+    def activity(self, text: str) -> None:
+        if self._state.running is not None:
+            self._state.running.activity = text
+
+    def note(self, text: str) -> None:
+        self._print(f"    {text}")
+
+    def finished(self, state: str, reason: str, elapsed_s: float) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        self._state.running = None
+        style = "green" if state == "committed" else "red"
+        because = f": {reason}" if reason and state != "committed" else ""
+        self._print(f"{self._state.kind} {state} after {seconds(elapsed_s)}{because}", style)
+
+
+class GateProgress:
+    """The qualification runner's progress (`anvil_ctl.qualify.report.Progress`), told to the
+    transaction's progress: gate verdicts as notes, request counts as the step's activity."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self._label = ""
+        self._ok = self._failed = 0
+
+    def run_started(self, profile: str, gates: Sequence[str]) -> None:
+        self.progress.note(f"qualify: profile {profile}: {len(gates)} gates: {', '.join(gates)}")
+
+    def gate_started(self, name: str, index: int, total: int) -> None:
+        self._label, self._ok, self._failed = f"gate [{index}/{total}] {name}", 0, 0
+        self.progress.activity(self._label)
+
+    def request_done(self, gate: str, ok: bool, detail: str) -> None:
+        if ok:
+            self._ok += 1
+        else:
+            self._failed += 1
+            self.progress.note(f"{gate}: request FAILED {detail}")
+        self.progress.activity(f"{self._label}: {self._ok} requests ok, {self._failed} failed")
+
+    def gate_finished(self, result: GateResult) -> None:
+        verdict = "PASS" if result.passed else f"FAIL ({result.classification})"
+        # `gate [16/17] vram_reserve: PASS ...`: the gate's place in the run, as it started.
+        label = self._label if self._label.endswith(f"] {result.name}") else result.name
+        self.progress.note(f"{label}: {verdict} {result.summary} [{seconds(result.duration_s)}]")
+
+    def run_finished(self, outcome: str) -> None:
+        self.progress.note(f"qualify: decision {outcome}")

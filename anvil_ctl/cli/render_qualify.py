@@ -1,0 +1,238 @@
+"""Human renderings of recipes, qualification, evidence, claims and GPUs (see `render`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from anvil_ctl.cli import views
+from anvil_ctl.cli.output import Out, lines_of, s
+from anvil_ctl.cli.render_tx import outcome
+from anvil_ctl.core.validate import escape_text
+
+if TYPE_CHECKING:
+    from anvil_ctl.commands.qualify import AbOutcome, QualifyOutcome
+    from anvil_ctl.commands.recipes import Plan, RecipeView, ValidationReport
+    from anvil_ctl.commands.report import ReportResult
+    from anvil_ctl.qualify.claims import ClaimsCheck
+    from anvil_ctl.qualify.evidence import ExportResult, VerifyResult
+
+
+# -- recipes -----------------------------------------------------------------------------------
+
+
+def recipe_view(r: RecipeView, out: Out) -> None:
+    out.print(f"recipe {s(r.name)} ({s(r.path)})")
+    out.print(f"  digest    {s(r.digest)}")
+    out.print(f"  runnable  {'yes' if r.runnable else 'no'}")
+    for text in lines_of(r.recipe, "  "):
+        out.line(text)
+
+
+def validation(r: ValidationReport, out: Out) -> None:
+    out.print(f"ok: recipe {s(r.name)} ({s(r.path)}) is valid; digest {s(r.digest)}")
+    out.print(f"  runnable  {'yes' if r.runnable else 'no'}")
+    if r.checked_slot:
+        out.print(f"  fits slot {s(r.checked_slot)}")
+    if r.unknown:
+        out.print(f"  unknown   {', '.join(s(u) for u in r.unknown)}")
+    if r.assumed:
+        out.print(f"  assumed   {', '.join(s(a) for a in r.assumed)}")
+
+
+def recipe_plan(p: Plan, out: Out) -> None:
+    out.print(f"plan of recipe {s(p.recipe)} for slot {s(p.slot)} ({s(p.path)}); nothing was touched")
+    out.print(f"  digest              {s(p.digest)}")
+    out.print(f"  config fingerprint  {s(p.config_fingerprint)}")
+    out.print(f"  runnable            {'yes' if p.runnable else 'no'}")
+    if p.unknown:
+        out.print(f"  unknown             {', '.join(s(u) for u in p.unknown)}")
+    out.line("  container spec:")
+    for text in lines_of(p.spec, "    "):
+        out.line(text)
+
+
+# -- qualification and evidence ----------------------------------------------------------------
+
+
+def qualify(q: QualifyOutcome, out: Out) -> None:
+    result, decision = q.result, q.decision
+    if result is None or decision is None:  # refused, or the candidate changed: no decision
+        outcome(q.outcome, out)
+        return
+    from anvil_ctl.qualify import render_gates, render_summary, summary_table
+
+    out.line(f"qualify: profile {s(result.profile)}, {s(result.served_model)} at {s(result.base_url)}")
+    out.line()
+    if result.summary:
+        if out.is_terminal:
+            out.print(summary_table(result.summary, title="Capacity and endurance"))
+        else:
+            out.line(escape_text(render_summary(result.summary), keep_newlines=True))
+        out.line()
+    out.line(escape_text(render_gates(result.gates), keep_newlines=True))
+    out.line()
+    out.line(f"DECISION: {s(decision['outcome'].upper())}  (standing policy)")
+    out.line(f"  decision     {s(decision['id'])}  transaction {s(q.outcome.tx_id)}")
+    out.line(f"  identity     {s(decision['identity_digest'])}  container {s(decision['container_id'][:12])}")
+    for reason in decision["reasons"]:
+        out.line(f"  reason       {s(reason)}")
+    if q.reclassified:
+        rec = q.reclassified
+        out.line(
+            f"RECLASSIFIED: {s(rec['outcome'].upper())} under waiver(s) "
+            f"{', '.join(s(w) for w in rec['waiver_ids']) or '-'}  (decision {s(rec['id'])} "
+            f"reclassifies {s(decision['id'])})"
+        )
+    out.line(f"  evidence     {s(result.tx_dir)}  manifest sha256 {s(result.manifest.sha256)}")
+
+
+def ab(a: AbOutcome, out: Out) -> None:
+    if a.comparison is None:
+        outcome(a.outcome, out)
+        return
+    c = a.comparison
+    names = c["arms"]
+    out.line(f"A/B control (transaction {a.outcome.tx_id}): A = {names['A']}, B = {names['B']}")
+    out.line(f"  declared before the first request: digest {c.get('declaration_digest')}")
+    out.line()
+    rows = [
+        (
+            "Nominal context",
+            "A decode p50",
+            "B decode p50",
+            "Delta",
+            "A prefill p50",
+            "B prefill p50",
+            "Delta",
+        )
+    ]
+
+    def num(value: float | None, digits: int, unit: str) -> str:
+        return "-" if value is None else f"{value:,.{digits}f}{unit}"
+
+    def delta(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.1f}%"
+
+    for cell in c["cells"]:
+        if cell.get("skipped"):
+            rows.append((cell["label"], "skipped", "", "", "", "", ""))
+            continue
+        rows.append(
+            (
+                cell["label"],
+                num(cell["A"]["decode_p50"], 2, " tok/s"),
+                num(cell["B"]["decode_p50"], 2, " tok/s"),
+                delta(cell["delta_pct"]["decode_p50"]),
+                num(cell["A"]["prefill_p50"], 0, " tok/s"),
+                num(cell["B"]["prefill_p50"], 0, " tok/s"),
+                delta(cell["delta_pct"]["prefill_p50"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.line("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
+    out.line()
+    verdict = c["verdict"]
+    out.line(f"VERDICT: {verdict['outcome'].upper()}: {verdict['summary']}")
+    out.line(f"  evidence     {a.tx_dir}")
+
+
+def export(r: ExportResult, out: Out) -> None:
+    red = r.redactions
+    out.line(
+        f"exported {len(r.artifacts)} artifacts to {s(r.out_dir)} "
+        f"(redacted: {red.get('gpu_uuids', 0)} GPU UUIDs, {red.get('paths', 0)} host paths, "
+        f"{red.get('secrets', 0)} secrets); manifest sha256 {s(r.manifest.sha256)}"
+        + (" (recorded in the state database)" if r.recorded else "")
+    )
+
+
+def verify(r: VerifyResult, out: Out) -> None:
+    if r.ok:
+        out.line(f"ok: {r.checked} artifacts match {s(r.directory)}/manifest.json")
+    else:
+        out.line(f"MISMATCH: {s(r.directory)} does not verify ({len(r.mismatches)} problems)")
+        for m in r.mismatches:
+            if m.expected is not None:
+                detail = f" (expected {s(m.expected)}, found {s(m.actual)})"
+            else:
+                detail = f": {s(m.actual)}" if m.actual is not None else ""
+            out.line(f"  {s(m.path)}: {s(m.problem)}{detail}")
+    if r.manifest_sha256:
+        out.line(f"  manifest sha256 {s(r.manifest_sha256)}")
+    for b in r.bindings or ():
+        verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b.matched]
+        note = f" ({s(b.note)})" if b.note else ""
+        out.line(f"  manifest {verdict} {s(b.against)}{note}")
+
+
+def report(r: ReportResult, out: Out) -> None:
+    out.line(f"wrote {r.path} ({r.size:,} bytes), one self-contained page, from verified evidence:")
+    for b in r.bundles:
+        out.line(f"  {b['tx_id']}  manifest sha256 {b['manifest_sha256']}")
+
+
+def claims(c: ClaimsCheck, out: Out) -> None:
+    for m in c.bundle.mismatches:
+        out.line(f"BUNDLE MISMATCH  {m.path}: {m.problem}")
+    for r in c.results:
+        if r.status == "external-prior":
+            out.line(
+                f"external-prior   {r.claim}  (published by its source; not measured here, not recounted)"
+            )
+            continue
+        label = {"ok": "ok", "differs": "DIFFERS", "missing": "MISSING"}[r.status]
+        shown = ", ".join(f"{e['recounted']} from {e['artifact']}" for e in r.recounted)
+        out.line(f"{label:<16} {r.claim}" + (f"  (= {shown})" if r.status == "ok" else ""))
+        for problem in r.problems:
+            out.line(f"                   {problem}")
+    bad = [r.claim for r in c.results if r.status in ("differs", "missing")]
+    if c.ok:
+        out.line(f"ok: every local claim of {c.ledger} matches {c.evidence}")
+    else:
+        named = "; ".join(bad) or "the bundle does not match its manifest"
+        out.line(f"DRIFT: {len(bad)} claim(s) do not match the evidence: {named}")
+
+
+def evidence_audit(view: views.EvidenceAudit, out: Out) -> None:
+    data = view.data
+    out.line(f"evidence of transaction {s(data['tx_id'])}")
+    for g in data["gates"]:
+        verdict = "PASS" if g["passed"] else "FAIL"
+        out.line(
+            f"  {s(g['gate']):<24} {verdict}  {s(g['kind']):<10} "
+            f"{s(g['classification']):<24} {s(g['sha256'])}"
+        )
+    v = data["verify"]
+    out.line(
+        f"manifest: {'ok' if v['ok'] else 'MISMATCH'} ({v['checked']} artifacts)"
+        + "".join(f"\n  {s(m['path'])}: {s(m['problem'])}" for m in v["mismatches"])
+    )
+    for b in v.get("bindings") or ():
+        verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b["matched"]]
+        out.line(f"  manifest {verdict} {b['against']}" + (f" ({b['note']})" if b["note"] else ""))
+
+
+# -- GPUs --------------------------------------------------------------------------------------
+
+
+def gpu_readings(view: views.GpuReadings, out: Out) -> None:
+    keep = ("index", "role", "uuid", "total_mib", "used_mib", "free_mib")
+    rows = []
+    for g in view.data["gpus"]:
+        owner = g["owner"]
+        who = f"{owner['container_id'][:12]} ({owner['mode']})" if owner else ""
+        rows.append({k: g[k] for k in keep} | {"owner": who, "processes": len(g["processes"])})
+    out.table(list(rows[0]) if rows else [], [list(r.values()) for r in rows])
+
+
+def detected_roles(view: views.DetectedRoles, out: Out) -> None:
+    data = view.data
+    if data["written"]:
+        state = f"written to {data['config']}"
+    elif not data["changed"]:
+        state = f"{data['config']} already has these roles"
+    else:
+        state = f"not written to {data['config']} (pass --write)"
+    # TOML is the useful human form: it can be pasted into the host config.
+    out.line(escape_text(data["toml"], keep_newlines=True) + f"# {s(state)}")

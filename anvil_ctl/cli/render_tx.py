@@ -1,0 +1,237 @@
+"""Human renderings of transactions and their records: outcomes, diffs, timelines, history,
+recover, recheck and the audit chain (see `render`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from anvil_ctl.cli import views
+from anvil_ctl.cli.output import Out, cell, s
+from anvil_ctl.cli.tables import show_time
+from anvil_ctl.core.snapshot import show_value
+
+if TYPE_CHECKING:
+    from anvil_ctl.commands.recheck import RecheckResult
+    from anvil_ctl.engine.recover import RecoverReport
+    from anvil_ctl.engine.runner import Outcome
+
+MAX_CHANGES = 40
+"""An outcome lists this many snapshot changes; `audit diff TX` lists them all."""
+
+
+def change_line(c: Mapping[str, Any]) -> str:
+    """`+ path: value`, `- path: value` or `~ path: before -> after`; never None for absence."""
+    path = s(c["path"])
+    if c["op"] == "add":
+        return f"+ {path}: {s(show_value(c['after']))}"
+    if c["op"] == "remove":
+        return f"- {path}: {s(show_value(c['before']))}"
+    return f"~ {path}: {s(show_value(c['before']))} -> {s(show_value(c['after']))}"
+
+
+def outcome(o: Outcome, out: Out) -> None:
+    head = f"{o.kind}: {o.state.value}"
+    if o.tx_id:
+        head += f"  (transaction {o.tx_id})"
+    if o.dry_run:
+        head = f"{o.kind}: dry run, nothing changed" + (
+            f"; would be REFUSED: {s(o.reason)}" if o.state.value == "refused" else ""
+        )
+    out.line(head)
+    if o.reason and not o.dry_run:
+        out.line(f"  reason: {s(o.reason)}")
+    if o.dry_run:
+        out.line("  plan:")
+        for step in o.plan:
+            out.line(f"    - {s(step['step'])}: {s(step['description'])} (undo: {s(step['undo'])})")
+        if o.before is not None:
+            out.line(f"  starting snapshot sha256: {o.before.sha256}")
+    if o.changes:
+        out.line(f"  snapshot changes: {len(o.changes)}")
+        for c in o.changes[:MAX_CHANGES]:
+            out.line(f"    {change_line(c.as_dict())}")
+        if len(o.changes) > MAX_CHANGES:
+            out.line(f"    ... {len(o.changes) - MAX_CHANGES} more: anvilctl audit diff {o.tx_id}")
+
+
+def diffs(view: views.DiffView, out: Out) -> None:
+    if not view.rows:
+        out.line("(none)")
+    for d in view.rows:
+        verdict = "equal" if d["equal"] else f"{len(d['changes'])} change(s)"
+        out.line(f"{s(d['label'])}: {verdict} ({s(d['before_sha256'][:12])} -> {s(d['after_sha256'][:12])})")
+        if d.get("format") == "legacy":
+            out.line("  (recorded before diffs were stored as JSON Patch: a change from or to null")
+            out.line("   is shown as added or removed, as that writer recorded absence)")
+        for c in d["changes"]:
+            out.line(f"  {change_line(c)}")
+
+
+# -- audit show: the transaction as a timeline -------------------------------------------------
+
+
+def _at(value: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _took(start: str, end: str) -> str:
+    a, b = _at(start), _at(end)
+    return "" if a is None or b is None else f"{(b - a).total_seconds():.1f} s"
+
+
+def _summary(detail: Mapping[str, Any], limit: int = 100) -> str:
+    """A step's detail in a few words: its scalar fields as key=value, IDs shortened."""
+    parts = []
+    for key, value in detail.items():
+        if isinstance(value, dict | list) or value is None:
+            continue
+        text = str(value)
+        if len(text) > 24 and key.endswith(("_id", "digest", "sha256")):
+            text = text[:12]
+        parts.append(f"{key}={text}")
+    joined = " ".join(parts)
+    return s(joined if len(joined) <= limit else joined[: limit - 1] + "…")
+
+
+def _timeline(detail: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(time, line) for each state change and each step (its intent and outcome on one line)."""
+    events: list[tuple[str, str]] = []
+    for st in detail["states"]:
+        reason = f": {s(st['reason'])}" if st.get("reason") else ""
+        events.append((st["at"], f"state {s(st['state'])}{reason}"))
+    opened: dict[tuple[int, str, str], str] = {}
+    for ev in detail["steps"]:
+        key = (ev["seq"], ev["step"], ev["phase"])
+        label = f"[{ev['seq'] + 1}] {s(ev['step'])}" if ev["seq"] >= 0 else s(ev["step"])
+        if ev["phase"] == "undo":
+            label = f"undo {label}"
+        if ev["event"] == "intent":
+            opened[key] = ev["at"]
+            continue
+        since = opened.pop(key, None)
+        took = f" in {_took(since, ev['at'])}" if since else ""
+        info = ev.get("detail") or {}
+        if ev["event"] == "error":
+            message = info.get("message") or info.get("problems") or info
+            text = f"{label}: FAILED{took}: {s(message)}"
+        elif ev["event"] == "result":
+            text = f"{label}: done{took}"
+        else:
+            text = f"{label}: {s(ev['event'])}"
+        more = _summary(info) if ev["event"] != "error" else ""
+        events.append((since or ev["at"], text + (f"  ({more})" if more else "")))
+    for key, since in opened.items():  # an intent without a result: the process died there
+        events.append(
+            (since, f"[{key[0] + 1}] {s(key[1])}: started, never finished (see `anvilctl recover`)")
+        )
+    return sorted(events, key=lambda e: e[0])
+
+
+def transaction(view: views.TransactionView, out: Out) -> None:
+    d = view.data
+    state = d["states"][-1]["state"] if d["states"] else "?"
+    slot = f" on slot {s(d['slot'])}" if d.get("slot") else ""
+    out.line(f"transaction {s(d['tx_id'])}: {s(d['kind'])}{slot}, {s(state)}")
+    owner = d.get("owner") or {}
+    out.line(
+        f"  created {show_time(s(d['created_at']))} by pid {s(owner.get('pid'))} on {s(owner.get('host'))}"
+    )
+    out.line("")
+    for at, text in _timeline(d):
+        out.line(f"  {show_time(s(at))}  {text}")
+    if d["snapshots"]:
+        out.line("")
+        out.line(
+            "  snapshots:  " + ", ".join(f"{s(x['label'])} {s(x['sha256'][:12])}" for x in d["snapshots"])
+        )
+    for ident in d["identities"]:
+        out.line(
+            f"  recorded {s(ident['role'])}: container {s(ident['container_id'][:12])} "
+            f"{s(ident['served_model'])} (identity {s(ident['digest'][:12])})"
+        )
+    if d["snapshots"]:
+        out.line(f"  what changed: anvilctl audit diff {s(d['tx_id'][:8])}")
+
+
+def history(view: views.HistoryView, out: Out) -> None:
+    rows = [
+        [
+            r["revision"],
+            r["created_at"],
+            r["kind"],
+            r["state"],
+            (r.get("serve") or {}).get("container_id") or "",
+            (r.get("serve") or {}).get("served_model") or "",
+            r["tx_id"],
+            r.get("reason") or "",
+        ]
+        for r in view.rows
+    ]
+    columns = ["revision", "updated", "kind", "state", "container", "served_model", "tx_id", "description"]
+    out.table(columns, rows)
+
+
+# -- recover, recheck, the audit chain ---------------------------------------------------------
+
+
+def recover(r: RecoverReport, out: Out) -> None:
+    if not (r.recovered or r.skipped or r.released_locks):
+        out.line("recover: nothing to recover")
+        return
+    for rec in r.recovered:
+        reason = f": {s(rec['reason'])}" if rec.get("reason") else ""
+        out.line(f"recovered {s(rec['tx_id'])} ({s(rec.get('kind', '?'))}) -> {s(rec['state'])}{reason}")
+    for skip in r.skipped:
+        what = skip.get("tx_id") or f"lock {skip.get('lock_id', '?')}"
+        out.line(f"skipped {s(what)} ({s(skip.get('kind', '?'))}): {s(skip.get('why', ''))}")
+    for lock in r.released_locks:
+        out.line(f"released the dead owner's lock row {s(lock.get('id', '?'))}")
+
+
+def recheck(r: RecheckResult, out: Out) -> None:
+    out.table(
+        ["assertion", "result", "observed"],
+        [[a["name"], "PASS" if a["passed"] else "FAIL", a["observed"]] for a in r.assertions],
+    )
+    if not r.up:
+        verdict = f"UNAVAILABLE, could not observe: {s(r.unavailable)}"
+    elif r.passed:
+        verdict = "all assertions hold"
+    else:
+        verdict = "DRIFT: " + ", ".join(s(f) for f in r.failed)
+    recorded = f"recorded as recheck {r.recheck_id}" if r.recheck_id is not None else "NOT recorded"
+    out.line(f"recheck of slot {s(r.slot)}: {verdict} ({recorded})")
+    if r.audit_head:
+        out.line(f"audit head {s(r.audit_head)}")
+
+
+def chain(view: views.ChainCheck, out: Out) -> None:
+    d = view.data
+    how = d["mode"] if not d.get("escalated") else f"{d['mode']}, walked everything: {d['escalated']}"
+    checked = f"{d['entries_checked']} entries and {d['rows_checked']} rows checked ({s(how)})"
+    if view.ok:
+        out.line(f"audit journal: {d['entries']} entries, hash chain intact; {checked}")
+    else:
+        problems = d["problems"]
+        out.line(f"audit journal: DRIFT, {len(problems)} problem(s); {checked}")
+        for p in problems:
+            where = ", ".join(
+                f"{name} {cell(p.get(key))}"
+                for name, key in (("entry", "row_id"), ("table", "table"), ("key", "key"))
+                if p.get(key) is not None
+            )
+            out.line(f"  {s(p.get('problem'))}" + (f" ({where})" if where else ""))
+    out.line(f"  head       {s(d['head'])}")
+    head_file = d.get("head_file") or {}
+    if head_file.get("path"):
+        recorded = head_file.get("head") or "missing"
+        out.line(f"  head file  {s(head_file['path'])}: {s(recorded)}")
+    if d.get("checkpoint"):
+        out.line(f"  checkpoint {s(d['checkpoint']['id'])} recorded at {s(d['checkpoint']['head'])}")
+    elif d.get("checkpoint_error"):
+        out.line(f"  checkpoint not recorded: {s(d['checkpoint_error'])}")

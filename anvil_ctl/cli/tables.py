@@ -1,0 +1,138 @@
+"""Tables as kubectl prints them: plain aligned columns that fit the terminal.
+
+On a terminal a table that would be wider than the screen is narrowed, in this
+order: IDs and digests are elided in the middle (`8259c0de…4e1f`: the prefix that
+`anvilctl` resolves IDs by is kept whole, and the end too), then the widest text
+column is wrapped onto more lines, then IDs keep their prefix alone (`8259c0de…`,
+a digest without its `sha256:`), then text wraps narrower still. Times are never
+broken, and nothing is ever cut off: what still does not fit, the terminal wraps.
+On a pipe, or with `-o wide`, every value is printed in full and the columns are as
+wide as their widest value. Times are shown to the second, always RFC 3339 UTC with `Z`.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Sequence
+
+ID_RE = re.compile(r"^(sha256:)?[0-9a-f][0-9a-f-]{15,}$|^[a-z]{2,5}-[0-9a-f]{12,}$")
+"""A transaction or container ID, a digest, a waiver ID (`wvr-0123456789ab`)."""
+TIME_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]00:00)$")
+
+ELLIPSIS = "…"
+ID_HEAD = 8
+"""Characters of an ID kept before the ellipsis: enough to resolve it as a prefix."""
+ID_TAIL = 4
+TEXT_MIN = 12
+TEXT_FLOOR = 6
+"""Text columns wrap to TEXT_MIN first; to TEXT_FLOOR only once IDs are down to their prefix."""
+GAP = "  "
+
+
+def show_time(value: str) -> str:
+    """An RFC 3339 UTC time as people read it in a table: to the second, with `Z`
+    (`2026-09-02T12:00:00.123456Z` and `2026-09-02T12:00:00+00:00` -> `2026-09-02T12:00:00Z`)."""
+    m = TIME_RE.match(value)
+    return f"{m.group(1)}Z" if m else value
+
+
+def elide_middle(value: str, width: int) -> str:
+    """`value` in `width` characters: its head and tail kept, the middle replaced by `…`; at
+    least its first ID_HEAD characters after any `sha256:` (the prefix IDs resolve by) and `…`,
+    the `sha256:` itself dropped last."""
+    if len(value) <= width:
+        return value
+    prefix = "sha256:" if value.startswith("sha256:") else ""
+    body = value[len(prefix) :]
+    room = width - len(prefix)
+    if room >= ID_HEAD + 1 + ID_TAIL:
+        return prefix + body[: room - 1 - ID_TAIL] + ELLIPSIS + body[-ID_TAIL:]
+    if room >= ID_HEAD + 1:
+        return prefix + body[:ID_HEAD] + ELLIPSIS
+    return body[:ID_HEAD] + ELLIPSIS  # narrower still: the digest's own prefix, without `sha256:`
+
+
+def _id_floor(values: Sequence[str], header: str, *, tail: bool, bare: bool = False) -> int:
+    """The narrowest an ID column gets: its values' prefix, with or without their tail, with
+    or without `sha256:` (bare)."""
+    keep = ID_HEAD + 1 + (ID_TAIL if tail else 0)
+    need = [min(len(v), (0 if bare or not v.startswith("sha256:") else 7) + keep) for v in values]
+    return max([len(header), *need])
+
+
+def _is_id_column(values: Sequence[str]) -> bool:
+    present = [v for v in values if v]
+    return bool(present) and all(ID_RE.match(v) for v in present)
+
+
+def _is_time_column(values: Sequence[str]) -> bool:
+    present = [v for v in values if v]
+    return bool(present) and all(TIME_RE.match(v) for v in present)
+
+
+def layout(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], *, width: int | None, wide: bool = False
+) -> list[str]:
+    """The table's lines: a header and one or more lines per row, fitted to `width` (None:
+    no limit). Cells are text already made safe for a terminal."""
+    table = [[show_time(c) for c in row] for row in rows]
+    natural = [max([len(h), *(len(r[i]) for r in table)]) for i, h in enumerate(columns)]
+    widths = list(natural)
+    if width is not None and not wide:
+        widths = _fit(columns, table, widths, width)
+    out = [_join([h.ljust(w) for h, w in zip(columns, widths, strict=True)])]
+    for row in table:
+        cells = [_cell_lines(value, w) for value, w in zip(row, widths, strict=True)]
+        for n in range(max(len(c) for c in cells)):
+            out.append(
+                _join([(c[n] if n < len(c) else "").ljust(w) for c, w in zip(cells, widths, strict=True)])
+            )
+    return out
+
+
+def _join(cells: list[str]) -> str:
+    return GAP.join(cells).rstrip()
+
+
+def _total(widths: Sequence[int]) -> int:
+    return sum(widths) + len(GAP) * (len(widths) - 1)
+
+
+def _fit(columns: Sequence[str], table: list[list[str]], widths: list[int], width: int) -> list[int]:
+    """Column widths that fit `width` where they can; ID cells of `table` are elided in place."""
+    values = [[r[i] for r in table] for i in range(len(columns))]
+    ids = [i for i in range(len(columns)) if _is_id_column(values[i])]
+    texts = [i for i in range(len(columns)) if i not in ids and not _is_time_column(values[i])]
+
+    def shrink_ids(tail: bool, bare: bool = False) -> None:
+        for i in sorted(ids, key=lambda i: -widths[i]):
+            excess = _total(widths) - width
+            if excess <= 0:
+                return
+            widths[i] = max(_id_floor(values[i], columns[i], tail=tail, bare=bare), widths[i] - excess)
+
+    def wrap_texts(floor: int) -> None:
+        while _total(widths) > width:
+            candidates = [i for i in texts if widths[i] > max(floor, len(columns[i]))]
+            if not candidates:
+                return
+            i = max(candidates, key=lambda i: widths[i])
+            widths[i] = max(floor, len(columns[i]), widths[i] - (_total(widths) - width))
+
+    shrink_ids(tail=True)
+    wrap_texts(TEXT_MIN)
+    shrink_ids(tail=False)
+    shrink_ids(tail=False, bare=True)
+    wrap_texts(TEXT_FLOOR)
+    # Whatever is still too wide, the terminal wraps: nothing is cut.
+    for i in ids:
+        for row in table:
+            row[i] = elide_middle(row[i], widths[i])
+    return widths
+
+
+def _cell_lines(value: str, width: int) -> list[str]:
+    if len(value) <= width:
+        return [value]
+    return textwrap.wrap(value, width, break_long_words=True, break_on_hyphens=False) or [""]
