@@ -96,6 +96,14 @@ class ChaosHost:
 
     def __init__(self, work: Path) -> None:
         self.camp: Campaign = start_campaign(work)
+        try:
+            self._start()
+        except BaseException:
+            self.camp.stop()  # no router left running (or to a ResourceWarning) by a failed start
+            raise
+        self.durations: dict[str, float] = {}
+
+    def _start(self) -> None:
         r = self.camp.anvilctl("init")
         assert r.returncode == 0, r.stderr
         start_incumbent_by_hand(self.camp)
@@ -121,7 +129,6 @@ class ChaosHost:
             (datetime.now(UTC) + timedelta(days=30)).date().isoformat(),
         )
         assert r.returncode == 0, r.stderr
-        self.durations: dict[str, float] = {}
 
     # -- observing ----------------------------------------------------------------------------
 
