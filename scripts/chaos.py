@@ -32,6 +32,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,14 @@ class ChaosHost:
 
     def __init__(self, work: Path) -> None:
         self.camp: Campaign = start_campaign(work)
+        try:
+            self._start()
+        except BaseException:
+            self.camp.stop()  # no router left running (or to a ResourceWarning) by a failed start
+            raise
+        self.durations: dict[str, float] = {}
+
+    def _start(self) -> None:
         r = self.camp.anvilctl("init")
         assert r.returncode == 0, r.stderr
         start_incumbent_by_hand(self.camp)
@@ -116,9 +125,10 @@ class ChaosHost:
             "chaos",
             "--reason",
             "model-only GPU pair (seed campaign)",
+            "--expires",
+            (datetime.now(UTC) + timedelta(days=30)).date().isoformat(),
         )
         assert r.returncode == 0, r.stderr
-        self.durations: dict[str, float] = {}
 
     # -- observing ----------------------------------------------------------------------------
 
@@ -258,6 +268,9 @@ class ChaosHost:
 
     def case(self, case: Case) -> Verdict:
         before = self.prepare(case.command)
+        # Transactions that exist already: a kill before the command journals anything (during
+        # start-up) leaves no transaction of its own, and an earlier one must not be judged.
+        known = {t["tx_id"] for t in _transactions(self.context())}
         after = AFTER[before] if case.command == "rollback" else {"load": "B", "promote": "C"}[case.command]
         argv = self.argv(case.command, before)
         env = dict(self.camp.env)
@@ -298,7 +311,7 @@ class ChaosHost:
             out = self.run(*argv)
             self.durations[case.command] = time.monotonic() - start
         recovered = [self.run("recover"), self.run("recover")]
-        return self.judge(case, out, recovered, before, after)
+        return self.judge(case, out, recovered, before, after, known)
 
     def restart_router(self) -> None:
         """smg killed (SIGKILL) and started again with the same arguments: every registration lost."""
@@ -312,11 +325,17 @@ class ChaosHost:
         )
 
     def judge(
-        self, case: Case, out: dict[str, Any], recovered: list[dict[str, Any]], before: str, after: str
+        self,
+        case: Case,
+        out: dict[str, Any],
+        recovered: list[dict[str, Any]],
+        before: str,
+        after: str,
+        known: set[str],
     ) -> Verdict:
         ctx = self.context()
-        txs = [t for t in _transactions(ctx) if t["kind"] == case.command]
-        tx_state = txs[0]["state"] if txs else "none"
+        txs = [t for t in _transactions(ctx) if t["kind"] == case.command and t["tx_id"] not in known]
+        tx_state = txs[0]["state"] if txs else "none"  # none: killed before it journaled anything
         problems = []
         if recovered[-1].get("recovered"):
             problems.append(f"second recover still found work: {recovered[-1]['recovered']}")
@@ -332,7 +351,7 @@ class ChaosHost:
             converged = "dark"
         else:
             converged = "inconsistent"
-        want = {"before": ("compensated", "refused"), "after": ("committed",)}.get(converged, ())
+        want = {"before": ("compensated", "refused", "none"), "after": ("committed",)}.get(converged, ())
         if want and tx_state not in want:
             problems.append(f"host is {converged} but the transaction is {tx_state}")
         if phase in ("A", "C"):
