@@ -30,14 +30,18 @@ def init(session: Session, detect_gpus: bool, override: tuple[str, ...]) -> Repl
     flag, ANVIL_*, or the default (/var/lib/anvil and /etc/anvil/anvil.toml as root,
     ~/.local/share/anvil and ~/.config/anvil/anvil.toml otherwise).
     """
-    from anvil_ctl.commands import admin
+    from anvil_ctl.cli.progress import working
 
     ctx = session.context()
-    result = admin.init(ctx)
-    if detect_gpus:
-        from anvil_ctl.commands import gpu
+    with working(ctx.progress, "init: creating or upgrading the state database"):
+        from anvil_ctl.commands import admin
 
-        result["gpu_roles"] = gpu.detect(ctx, overrides=gpu.parse_overrides(override), write=True)
+        result = admin.init(ctx)
+    if detect_gpus:
+        with working(ctx.progress, "init: probing the GPUs"):
+            from anvil_ctl.commands import gpu
+
+            result["gpu_roles"] = gpu.detect(ctx, overrides=gpu.parse_overrides(override), write=True)
     return Reply(InitView(result))
 
 

@@ -171,11 +171,15 @@ def recheck(session: Session, slot: str, textfile: Path | None, repair: tuple[st
     when the host cannot be observed (Docker or the state database unavailable): the
     textfile then says anvil_recheck_up 0.
     """
-    from anvil_ctl.commands import recheck as recheck_cmd
+    from anvil_ctl.cli.progress import working
 
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded
-    result = recheck_cmd.recheck(session.context(), slot, repair=repair)
+    ctx = session.context()
+    with working(ctx.progress, f"recheck: observing slot {slot} and checking its goals"):
+        from anvil_ctl.commands import recheck as recheck_cmd
+
+        result = recheck_cmd.recheck(ctx, slot, repair=repair)
     if textfile is not None:
         recheck_cmd.write_textfile(textfile, result, now=time.time())
     return Reply(result, ExitCode(result.exit_code))

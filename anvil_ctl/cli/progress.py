@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
@@ -184,6 +185,16 @@ class PlainProgress:
     def note(self, text: str) -> None:
         self._line(f"    {text}")
 
+    def begin(self, what: str) -> None:
+        """A command that is not a transaction starts `what` (see `working`)."""
+        self._state.running = _Running(what, self._state.clock())
+        self._line(what)
+        self._start_heartbeat()
+
+    def end(self) -> None:
+        self._stop_heartbeat()
+        self._state.running = None
+
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
         self._stop_heartbeat()
         self._state.running = None
@@ -273,6 +284,24 @@ class LiveProgress:
         style = "green" if state == "committed" else "red"
         because = f": {reason}" if reason and state != "committed" else ""
         self._print(f"{self._state.kind} {state} after {seconds(elapsed_s)}{because}", style)
+
+
+@contextmanager
+def working(progress: Progress, what: str) -> Iterator[None]:
+    """What a command that is not a transaction (init, recheck, evidence report) is doing,
+    while it does it: on a terminal a transient spinner line, on a pipe a timestamped line
+    and a "still ..." line whenever it has been quiet for the heartbeat; nothing with --json."""
+    if isinstance(progress, LiveProgress):
+        with progress.console.status(Text(escape_text(what)), spinner="dots"):
+            yield
+    elif isinstance(progress, PlainProgress):
+        progress.begin(what)
+        try:
+            yield
+        finally:
+            progress.end()
+    else:
+        yield
 
 
 class GateProgress:

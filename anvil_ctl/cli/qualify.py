@@ -164,9 +164,13 @@ def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     and the A/B control when one compared this candidate. Figures come only from
     verified evidence bundles. Needs the optional extra `report` (matplotlib).
     """
-    from anvil_ctl.commands import report
+    from anvil_ctl.cli.progress import working
 
-    return Reply(report.evidence_report(session.context(), tx, output))
+    ctx = session.context()
+    with working(ctx.progress, f"evidence report: verifying the bundles of {tx} and drawing the page"):
+        from anvil_ctl.commands import report
+
+        return Reply(report.evidence_report(ctx, tx, output))
 
 
 evidence = click.Group(

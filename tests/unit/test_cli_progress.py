@@ -243,3 +243,58 @@ class TestGateProgress:
         assert re.search(
             r"Z     gate \[16/17\] vram_reserve: PASS all cards keep \[0\.2 s\]$", stream.getvalue(), re.M
         )
+
+
+class TestCommandsThatAreNotTransactions:
+    """init, recheck and evidence report say what they are doing while they do it."""
+
+    def test_on_a_pipe_a_stamped_line_then_still_lines_while_quiet(self) -> None:
+        from anvil_ctl.cli.progress import working
+
+        stream = io.StringIO()
+        progress = PlainProgress(stream, heartbeat_s=0.2)
+        with working(progress, "recheck: observing slot primary and checking its goals"):
+            wait_for(lambda: "... recheck: observing slot primary" in stream.getvalue(), "a still line", 10)
+        lines = stream.getvalue().splitlines()
+        assert STAMP.match(lines[0]) and lines[0].endswith(
+            "recheck: observing slot primary and checking its goals"
+        )
+        assert all(STAMP.match(line) for line in lines)
+        # After the block the heartbeat thread is gone (joined), so no line can follow.
+        assert not [t for t in threading.enumerate() if t.name == "anvil-progress" and t.is_alive()]
+
+    def test_on_a_terminal_a_spinner_line_while_it_works(self) -> None:
+        from anvil_ctl.cli.progress import working
+
+        buf = io.StringIO()
+        console = Console(file=buf, force_terminal=True, width=100, markup=False, highlight=False)
+        with working(LiveProgress(console), "init: creating or upgrading the state database"):
+            wait_for(lambda: "init: creating or upgrading" in ANSI.sub("", buf.getvalue()), "the spinner", 10)
+
+    def test_with_json_nothing(self) -> None:
+        from anvil_ctl.cli.progress import working
+
+        stream = io.StringIO()
+        with working(for_stream(stream, json_output=True), "init"):
+            pass
+        assert stream.getvalue() == ""
+
+    @pytest.mark.parametrize("argv", [["init"], ["recheck", "--slot", "primary"]])
+    def test_init_and_recheck_on_a_pipe_say_what_they_do(self, fake_host: FakeHost, argv: list[str]) -> None:
+        r = subprocess.run(
+            [sys.executable, "-m", "anvil_ctl", *argv],
+            cwd=REPO,
+            env=fake_host.env(),
+            capture_output=True,
+            text=True,
+        )
+        stamped = [line for line in r.stderr.splitlines() if STAMP.match(line)]
+        assert any(f"{argv[0]}: " in line for line in stamped), r.stderr
+        quiet = subprocess.run(
+            [sys.executable, "-m", "anvil_ctl", *argv, "--json"],
+            cwd=REPO,
+            env=fake_host.env(),
+            capture_output=True,
+            text=True,
+        )
+        assert not [line for line in quiet.stderr.splitlines() if STAMP.match(line)], quiet.stderr
