@@ -49,9 +49,13 @@ def init(session: Session, detect_gpus: bool, override: tuple[str, ...]) -> Repl
 @pass_session
 def db_upgrade(session: Session) -> Reply:
     """Run the state database's migrations up to the current schema."""
-    from anvil_ctl.commands import admin
+    from anvil_ctl.cli.progress import working
 
-    return Reply(InitView(admin.db_upgrade(session.context())))
+    ctx = session.context()
+    with working(ctx.progress, "db upgrade: running the state database's migrations"):
+        from anvil_ctl.commands import admin
+
+        return Reply(InitView(admin.db_upgrade(ctx)))
 
 
 db = click.Group(
@@ -109,9 +113,13 @@ def recover(session: Session) -> Reply:
     Backwards before a plan's pivot step, forwards after it. Exit 5 when a
     transaction still needs an operator afterwards.
     """
-    from anvil_ctl.commands import transactions
+    from anvil_ctl.cli.progress import working
 
-    report = transactions.recover_all(session.context())
+    ctx = session.context()
+    with working(ctx.progress, "recover: looking for transactions whose owner died"):
+        from anvil_ctl.commands import transactions
+
+        report = transactions.recover_all(ctx)
     return Reply(report, ExitCode(report.exit_code))
 
 

@@ -137,9 +137,14 @@ def verify(session: Session, full: bool, expect_head: str | None) -> Reply:
     deleted, inserted or reordered entry or row, and a cut tail. Incremental from the
     last clean run's checkpoint unless --full; a clean run records a new checkpoint.
     """
-    from anvil_ctl.commands import audit
+    from anvil_ctl.cli.progress import working
 
-    check = ChainCheck(audit.verify(session.context(), full=full, expect_head=expect_head))
+    ctx = session.context()
+    walk = "the whole journal" if full else "the journal from the last checkpoint"
+    with working(ctx.progress, f"audit verify: walking {walk} and re-digesting the rows it covers"):
+        from anvil_ctl.commands import audit
+
+        check = ChainCheck(audit.verify(ctx, full=full, expect_head=expect_head))
     return Reply(check, ExitCode.OK if check.ok else ExitCode.DRIFT)
 
 

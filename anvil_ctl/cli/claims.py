@@ -36,10 +36,13 @@ def check(session: Session, ledger: Path, evidence: Path) -> Reply:
     artifact at its JSON path, rounded as declared and compared with the number as
     published. External-prior claims are listed, never recounted.
     """
-    from anvil_ctl.commands import claims
+    from anvil_ctl.cli.progress import working
 
-    session.context()  # settings and logging, as for every command; the check needs nothing else
-    result = claims.check_claims(ledger, evidence)
+    ctx = session.context()  # settings and logging, as for every command; the check needs nothing else
+    with working(ctx.progress, f"claims check: recounting {ledger.name} from the verified bundle"):
+        from anvil_ctl.commands import claims
+
+        result = claims.check_claims(ledger, evidence)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 

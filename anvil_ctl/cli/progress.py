@@ -185,16 +185,6 @@ class PlainProgress:
     def note(self, text: str) -> None:
         self._line(f"    {text}")
 
-    def begin(self, what: str) -> None:
-        """A command that is not a transaction starts `what` (see `working`)."""
-        self._state.running = _Running(what, self._state.clock())
-        self._line(what)
-        self._start_heartbeat()
-
-    def end(self) -> None:
-        self._stop_heartbeat()
-        self._state.running = None
-
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
         self._stop_heartbeat()
         self._state.running = None
@@ -237,7 +227,33 @@ class LiveProgress:
     def _print(self, text: str, style: str = "") -> None:
         self.console.print(Text(escape_text(text), style=style))
 
+    def _stop_live(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def begin(self, what: str) -> None:
+        """A command that is not a transaction starts `what` (see `working`): a live line."""
+        self._stop_live()
+        self._state.running = _Running(what, self._state.clock())
+        self._live = Live(
+            _LiveLine(self._state),
+            console=self.console,
+            refresh_per_second=8,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._live.start()
+
+    def end(self) -> None:
+        self._stop_live()
+        self._state.running = None
+
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
+        # A transaction inside a command's own work (recheck --repair, recover) takes the
+        # terminal over: rich allows one live display at a time.
+        self._stop_live()
         self._state.kind, self._state.steps = kind, steps
         where = f" on slot {slot}" if slot else ""
         self._print(f"{kind} {tx_id}{where}: {steps} steps", "bold")
@@ -277,9 +293,7 @@ class LiveProgress:
         self._print(f"    {text}")
 
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
+        self._stop_live()
         self._state.running = None
         style = "green" if state == "committed" else "red"
         because = f": {reason}" if reason and state != "committed" else ""
@@ -288,13 +302,12 @@ class LiveProgress:
 
 @contextmanager
 def working(progress: Progress, what: str) -> Iterator[None]:
-    """What a command that is not a transaction (init, recheck, evidence report) is doing,
-    while it does it: on a terminal a transient spinner line, on a pipe a timestamped line
-    and a "still ..." line whenever it has been quiet for the heartbeat; nothing with --json."""
+    """What a command that is not a transaction (init, recheck, audit verify, evidence,
+    claims, recover) is doing, while it does it, on a terminal: a transient live line with
+    a spinner and the elapsed time, gone when the command ends, so a refusal or an error is
+    still the one line it prints. On a pipe and with --json nothing is added: a log gets the
+    command's result and, inside a transaction it runs, the transaction's own lines."""
     if isinstance(progress, LiveProgress):
-        with progress.console.status(Text(escape_text(what)), spinner="dots"):
-            yield
-    elif isinstance(progress, PlainProgress):
         progress.begin(what)
         try:
             yield

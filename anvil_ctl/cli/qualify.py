@@ -112,9 +112,13 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     TX is a transaction ID or a unique prefix, DIR a new or empty directory. GPU UUIDs, host paths and router
     tokens are redacted; the copy gets its own manifest.
     """
-    from anvil_ctl.commands import qualify as qualify_cmd
+    from anvil_ctl.cli.progress import working
 
-    return Reply(qualify_cmd.export_evidence(session.context(), tx, directory))
+    ctx = session.context()
+    with working(ctx.progress, f"evidence export: copying and redacting the evidence of {tx}"):
+        from anvil_ctl.commands import qualify as qualify_cmd
+
+        return Reply(qualify_cmd.export_evidence(ctx, tx, directory))
 
 
 @click.command(
@@ -136,11 +140,15 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     --expect-manifest (when given); the output says which it used. A manifest neither
     knows is reported unbound (exit 6): a consistently edited bundle looks intact.
     """
-    from anvil_ctl.commands import qualify as qualify_cmd
+    from anvil_ctl.cli.progress import working
 
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
-    result = qualify_cmd.verify_evidence(session.context(), directory, expect_manifest=expect_manifest)
+    ctx = session.context()
+    with working(ctx.progress, f"evidence verify: hashing every artifact of {directory}"):
+        from anvil_ctl.commands import qualify as qualify_cmd
+
+        result = qualify_cmd.verify_evidence(ctx, directory, expect_manifest=expect_manifest)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 

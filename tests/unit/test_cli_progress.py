@@ -248,21 +248,6 @@ class TestGateProgress:
 class TestCommandsThatAreNotTransactions:
     """init, recheck and evidence report say what they are doing while they do it."""
 
-    def test_on_a_pipe_a_stamped_line_then_still_lines_while_quiet(self) -> None:
-        from anvil_ctl.cli.progress import working
-
-        stream = io.StringIO()
-        progress = PlainProgress(stream, heartbeat_s=0.2)
-        with working(progress, "recheck: observing slot primary and checking its goals"):
-            wait_for(lambda: "... recheck: observing slot primary" in stream.getvalue(), "a still line", 10)
-        lines = stream.getvalue().splitlines()
-        assert STAMP.match(lines[0]) and lines[0].endswith(
-            "recheck: observing slot primary and checking its goals"
-        )
-        assert all(STAMP.match(line) for line in lines)
-        # After the block the heartbeat thread is gone (joined), so no line can follow.
-        assert not [t for t in threading.enumerate() if t.name == "anvil-progress" and t.is_alive()]
-
     def test_on_a_terminal_a_spinner_line_while_it_works(self) -> None:
         from anvil_ctl.cli.progress import working
 
@@ -270,6 +255,20 @@ class TestCommandsThatAreNotTransactions:
         console = Console(file=buf, force_terminal=True, width=100, markup=False, highlight=False)
         with working(LiveProgress(console), "init: creating or upgrading the state database"):
             wait_for(lambda: "init: creating or upgrading" in ANSI.sub("", buf.getvalue()), "the spinner", 10)
+
+    def test_a_transaction_inside_the_work_takes_the_terminal_over(self) -> None:
+        """recheck --repair runs a reconcile transaction and recover runs several inside their
+        own work: rich allows one live display at a time, so the transaction's replaces it."""
+        from anvil_ctl.cli.progress import working
+
+        buf = io.StringIO()
+        progress = LiveProgress(Console(file=buf, force_terminal=True, width=100, markup=False))
+        with working(progress, "recheck: observing slot primary and checking its goals"):
+            progress.transaction("t1", "reconcile", "primary", 1)
+            progress.step_started(0, "route", "do", "re-apply the route")
+            progress.step_finished(0, "route", "do", ok=True, elapsed_s=0.1, error="")
+            progress.finished("committed", "", 0.2)
+        assert "reconcile committed after" in ANSI.sub("", buf.getvalue())
 
     def test_with_json_nothing(self) -> None:
         from anvil_ctl.cli.progress import working
@@ -279,22 +278,55 @@ class TestCommandsThatAreNotTransactions:
             pass
         assert stream.getvalue() == ""
 
-    @pytest.mark.parametrize("argv", [["init"], ["recheck", "--slot", "primary"]])
-    def test_init_and_recheck_on_a_pipe_say_what_they_do(self, fake_host: FakeHost, argv: list[str]) -> None:
-        r = subprocess.run(
+    @pytest.mark.parametrize(
+        ("argv", "doing"),
+        [
+            (["init"], "init: creating or upgrading the state database"),
+            (["recheck", "--slot", "primary"], "recheck: observing slot primary and checking its goals"),
+        ],
+    )
+    def test_init_and_recheck_show_a_live_line_on_a_terminal_and_add_nothing_to_a_pipe(
+        self, fake_host: FakeHost, argv: list[str], doing: str
+    ) -> None:
+        env = fake_host.env() | {"COLUMNS": "120", "TERM": "xterm"}
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "anvil_ctl", *argv],
+            cwd=REPO,
+            env=env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            close_fds=True,
+        )
+        os.close(slave)
+        seen = bytearray()
+        try:
+            while True:
+                ready, _, _ = select.select([master], [], [], 0.1)
+                if ready:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:  # the child closed the terminal
+                        break
+                    if not chunk:
+                        break
+                    seen.extend(chunk)
+                elif proc.poll() is not None:
+                    break
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            os.close(master)
+        assert doing in ANSI.sub("", seen.decode(errors="replace")), seen
+        piped = subprocess.run(
             [sys.executable, "-m", "anvil_ctl", *argv],
             cwd=REPO,
             env=fake_host.env(),
             capture_output=True,
             text=True,
         )
-        stamped = [line for line in r.stderr.splitlines() if STAMP.match(line)]
-        assert any(f"{argv[0]}: " in line for line in stamped), r.stderr
-        quiet = subprocess.run(
-            [sys.executable, "-m", "anvil_ctl", *argv, "--json"],
-            cwd=REPO,
-            env=fake_host.env(),
-            capture_output=True,
-            text=True,
-        )
-        assert not [line for line in quiet.stderr.splitlines() if STAMP.match(line)], quiet.stderr
+        assert doing not in "".join(
+            line for line in piped.stderr.splitlines(keepends=True) if not line.startswith("{")
+        ), piped.stderr
