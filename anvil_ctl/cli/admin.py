@@ -93,12 +93,16 @@ def status(session: Session, watch: bool, interval: float, count: int | None) ->
     redrawn, on a pipe each observation follows the last, with --json one JSON document
     per line. A dependency that is unavailable meanwhile is reported and watched again.
     """
-    from anvil_ctl.commands import admin
-
     if count is not None and not watch:
         raise click.UsageError("--count goes with --watch")
     if not watch:
-        return Reply(StatusView(admin.status(session.context())))
+        from anvil_ctl.cli.progress import working
+
+        ctx = session.context()
+        with working(ctx.progress, "status: observing the containers, the engines and the router"):
+            from anvil_ctl.commands import admin
+
+            return Reply(StatusView(admin.status(ctx)))
     from anvil_ctl.cli.watch import watch_status
 
     watch_status(session, interval_s=interval, count=count)
