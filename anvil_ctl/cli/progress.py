@@ -227,15 +227,9 @@ class LiveProgress:
     def _print(self, text: str, style: str = "") -> None:
         self.console.print(Text(escape_text(text), style=style))
 
-    def _stop_live(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-
-    def begin(self, what: str) -> None:
-        """A command that is not a transaction starts `what` (see `working`): a live line."""
+    def _start_live(self) -> None:
+        """The transient live area under the printed lines (one at a time: rich's rule)."""
         self._stop_live()
-        self._state.running = _Running(what, self._state.clock())
         self._live = Live(
             _LiveLine(self._state),
             console=self.console,
@@ -245,6 +239,17 @@ class LiveProgress:
             redirect_stderr=False,
         )
         self._live.start()
+
+    def _stop_live(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def begin(self, what: str) -> None:
+        """A command that is not a transaction starts `what` (see `working`): a live line."""
+        self._stop_live()
+        self._state.running = _Running(what, self._state.clock())
+        self._start_live()
 
     def end(self) -> None:
         self._stop_live()
@@ -257,15 +262,7 @@ class LiveProgress:
         self._state.kind, self._state.steps = kind, steps
         where = f" on slot {slot}" if slot else ""
         self._print(f"{kind} {tx_id}{where}: {steps} steps", "bold")
-        self._live = Live(
-            _LiveLine(self._state),
-            console=self.console,
-            refresh_per_second=8,
-            transient=True,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        )
-        self._live.start()
+        self._start_live()
 
     def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
         self._state.start_step(seq, name, phase)
