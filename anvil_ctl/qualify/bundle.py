@@ -14,6 +14,7 @@ from typing import Any
 
 from anvil_ctl.core.errors import EvidenceMismatch
 from anvil_ctl.qualify.evidence import read_manifest, verify_bundle
+from anvil_ctl.qualify.manifest import listed_entries
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Bundle:
         manifest = read_manifest(directory)
         files = {
             str(a["path"]): json.loads((directory / str(a["path"])).read_text())
-            for a in manifest["artifacts"]
+            for a in listed_entries(manifest)
             if str(a["path"]).endswith(".json")
         }
         digest = hashlib.sha256((directory / "manifest.json").read_bytes()).hexdigest()

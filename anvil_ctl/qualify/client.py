@@ -13,25 +13,26 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
 
 import httpx
 
 from anvil_ctl.core.errors import AdapterError, TransientError
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, JSONValue
 from anvil_ctl.core.model import ModelCard
 from anvil_ctl.qualify.results import ChatResult, ResponsesResult, ToolCall, Usage
 from anvil_ctl.qualify.sse import SSEDecoder, StreamAssembler
 
-Message = dict[str, Any]
+Message = JSONObject
+"""One chat message: role, content (text, parts or null) and any tool calls."""
 
 
-def image_part(png: bytes, mime: str = "image/png") -> dict[str, Any]:
+def image_part(png: bytes, mime: str = "image/png") -> JSONObject:
     """A chat content part carrying an image as a data URL."""
     url = f"data:{mime};base64,{base64.b64encode(png).decode()}"
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def text_part(text: str) -> dict[str, Any]:
+def text_part(text: str) -> JSONObject:
     return {"type": "text", "text": text}
 
 
@@ -105,16 +106,16 @@ class EngineClient:
         messages: Sequence[Message],
         *,
         max_tokens: int | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
-        tool_choice: str | dict[str, Any] | None = None,
-        response_format: dict[str, Any] | None = None,
+        tools: Sequence[JSONObject] | None = None,
+        tool_choice: str | JSONObject | None = None,
+        response_format: JSONObject | None = None,
         enable_thinking: bool | None = None,
         stream: bool = False,
         temperature: float | None = 0.0,
-        extra: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        extra: JSONObject | None = None,
+    ) -> JSONObject:
         """The request body; `enable_thinking` travels as `chat_template_kwargs`."""
-        body: dict[str, Any] = {"model": model, "messages": list(messages)}
+        body: JSONObject = {"model": model, "messages": list(messages)}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if temperature is not None:
@@ -134,7 +135,7 @@ class EngineClient:
             body.update(extra)
         return body
 
-    async def chat(self, body: dict[str, Any]) -> ChatResult:
+    async def chat(self, body: JSONObject) -> ChatResult:
         """POST /v1/chat/completions; streams (and times the stream) when body says `stream`."""
         if body.get("stream"):
             return await self._chat_stream(body)
@@ -172,7 +173,7 @@ class EngineClient:
             e2e_s=end - t0,
         )
 
-    async def _chat_stream(self, body: dict[str, Any]) -> ChatResult:
+    async def _chat_stream(self, body: JSONObject) -> ChatResult:
         t0 = self._clock()
         assembler = StreamAssembler(t0=t0)
         decoder = SSEDecoder()
@@ -205,10 +206,10 @@ class EngineClient:
         *,
         max_output_tokens: int | None = None,
         enable_thinking: bool | None = None,
-        extra: dict[str, Any] | None = None,
+        extra: JSONObject | None = None,
     ) -> ResponsesResult:
         """POST /v1/responses (non-streaming subset)."""
-        body: dict[str, Any] = {
+        body: JSONObject = {
             "model": model,
             "input": input_ if isinstance(input_, str) else list(input_),
         }
@@ -232,16 +233,16 @@ class EngineClient:
         return parse_responses(data, status=response.status_code, e2e_s=end - t0)
 
 
-def parse_responses(data: dict[str, Any], *, status: int, e2e_s: float) -> ResponsesResult:
+def parse_responses(data: JSONMapping, *, status: int, e2e_s: float) -> ResponsesResult:
     """Output text of a Responses API object: `output_text`, else the message parts."""
     types: list[str] = []
     texts: list[str] = []
-    for item in data.get("output") or []:
+    for item in _items(data.get("output")):
         if not isinstance(item, dict):
             continue
         types.append(str(item.get("type")))
         if item.get("type") == "message":
-            for part in item.get("content") or []:
+            for part in _items(item.get("content")):
                 if isinstance(part, dict) and part.get("type") == "output_text":
                     texts.append(str(part.get("text") or ""))
     text = data.get("output_text")
@@ -250,16 +251,35 @@ def parse_responses(data: dict[str, Any], *, status: int, e2e_s: float) -> Respo
         status=status,
         text=text if isinstance(text, str) else "".join(texts),
         output_types=tuple(types),
-        response_status=data.get("status"),
+        response_status=_text_or_none(data.get("status")),
         usage=Usage.from_dict(usage) if isinstance(usage, dict) else None,
-        model=data.get("model"),
+        model=_text_or_none(data.get("model")),
         e2e_s=e2e_s,
     )
 
 
-def tool_arguments(call: ToolCall) -> Any:
+def _items(value: object) -> list[object]:
+    """The items of a JSON array field; none for a missing or null field.
+
+    A string or object iterates as it did before narrowing (characters or keys, which
+    callers skip as non-objects); any other scalar is not iterable, as before.
+    """
+    if not value:
+        return []
+    if isinstance(value, list | str | dict):
+        return list(value)
+    raise TypeError(f"{type(value).__name__!r} object is not iterable")
+
+
+def _text_or_none(value: object) -> str | None:
+    """A string field as text; a non-string value as its str(), null as None."""
+    return None if value is None else value if isinstance(value, str) else str(value)
+
+
+def tool_arguments(call: ToolCall) -> JSONValue:
     """A tool call's arguments parsed as JSON, or the sentinel string `<unparseable>`."""
     try:
-        return json.loads(call.arguments)
+        value: JSONValue = json.loads(call.arguments)
     except json.JSONDecodeError:
         return "<unparseable>"
+    return value

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.qualify.results import ChatResult
 
 
@@ -30,7 +30,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return data[low] + (data[high] - data[low]) * (rank - low)
 
 
-def request_metrics(result: ChatResult) -> dict[str, Any]:
+def request_metrics(result: ChatResult) -> JSONObject:
     """Timing and rates of one streamed request; None where the stream cannot tell."""
     usage = result.usage
     prompt = usage.prompt_tokens if usage else None
@@ -51,14 +51,21 @@ def request_metrics(result: ChatResult) -> dict[str, Any]:
     }
 
 
-def summarize(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+def summarize(rows: Sequence[JSONMapping], keys: Sequence[str]) -> JSONObject:
     """p50 and p95 of each key over the rows that have it."""
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for key in keys:
-        values = [float(r[key]) for r in rows if r.get(key) is not None]
+        values = [_real(r[key]) for r in rows if r.get(key) is not None]
         out[f"{key}_p50"] = percentile(values, 50)
         out[f"{key}_p95"] = percentile(values, 95)
     return out
+
+
+def _real(value: object) -> float:
+    """`float(value)` for what a row holds (a number, or a numeric string)."""
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(value).__name__!r}")
 
 
 METRIC_KEYS = ("prompt_tokens", "ttft_s", "ttfo_s", "e2e_s", "prefill_tps", "decode_tps")

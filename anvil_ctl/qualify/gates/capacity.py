@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject, get_array, get_float, get_int
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, stream_problem
@@ -24,9 +24,9 @@ CONTINUE = "Continue the numbered notes above in the same style, one sentence pe
 class Repetition:
     """The rows of one repetition of a capacity cell and its aggregate output rate."""
 
-    rows: list[dict[str, Any]]
+    rows: list[JSONObject]
     aggregate_tps: float
-    prompt: dict[str, Any]
+    prompt: JSONObject
 
 
 def _failure(attempt: Attempt) -> str | None:
@@ -51,7 +51,7 @@ class _Workload(Gate):
     ignore_eos: bool
     thinking: bool | None
 
-    def _request(self, ctx: GateContext, nominal: int, salt: str) -> tuple[dict[str, Any], str]:
+    def _request(self, ctx: GateContext, nominal: int, salt: str) -> tuple[JSONObject, str]:
         text = prompts.context_prompt(
             nominal,
             CONTINUE,
@@ -60,7 +60,7 @@ class _Workload(Gate):
             salt=salt,
         )
         thinking = ctx.thinking if self.thinking is None else self.thinking
-        extra = {"ignore_eos": True} if self.ignore_eos else None
+        extra: JSONObject | None = {"ignore_eos": True} if self.ignore_eos else None
         request = EngineClient.chat_body(
             ctx.served_model,
             [{"role": "user", "content": text}],
@@ -71,10 +71,10 @@ class _Workload(Gate):
         )
         return request, text
 
-    async def _measure(self, ctx: GateContext, label: str, request: dict[str, Any]) -> dict[str, Any]:
+    async def _measure(self, ctx: GateContext, label: str, request: JSONObject) -> JSONObject:
         attempt = await self.attempt(ctx, label, request)
         failure = _failure(attempt)
-        row: dict[str, Any] = {"label": label, "completed": failure is None, "failure": failure}
+        row: JSONObject = {"label": label, "completed": failure is None, "failure": failure}
         if attempt.result is not None:
             row.update(request_metrics(attempt.result))
             row["finish_reason"] = attempt.result.finish_reason
@@ -118,9 +118,11 @@ class Capacity(_Workload):
         self.max_ttft_s = max_ttft_s
 
     async def run(self, ctx: GateContext) -> GateResult:
-        cells: list[dict[str, Any]] = []
+        cells: list[JSONObject] = []
+        labels: list[str] = []
         for nominal in self.contexts:
             for conc in self.concurrency:
+                where = f"{context_label(nominal)}/C{conc} "
                 if self.skip_above_max_model_len and ctx.max_model_len and nominal > ctx.max_model_len:
                     cells.append(
                         {
@@ -129,30 +131,30 @@ class Capacity(_Workload):
                             "skipped": "above max_model_len",
                         }
                     )
+                    labels.append(where + "skipped")
                     continue
-                cells.append(await self._cell(ctx, nominal, conc))
-        problems = [p for cell in cells for p in cell.get("problems", [])]
+                cell = await self._cell(ctx, nominal, conc)
+                cells.append(cell)
+                labels.append(where + f"{cell['completed']}/{cell['requests']}")
+        problems = [p for cell in cells for p in get_array(cell, "problems")]
         incomplete = any(cell.get("failed") for cell in cells)
         measured = [c for c in cells if not c.get("skipped")]
         passed = bool(measured) and not incomplete and not problems
         classification = "incomplete" if incomplete else "below_threshold" if problems else "pass"
         if not measured:
             classification = "nothing_measured"
-        summary = "; ".join(
-            f"{context_label(c['nominal_tokens'])}/C{c['concurrency']} "
-            + ("skipped" if c.get("skipped") else f"{c['completed']}/{c['requests']}")
-            for c in cells
-        )
-        return self.result(passed, classification, {"cells": cells, "problems": problems}, summary)
+        summary = "; ".join(labels)
+        evidence: JSONObject = {"cells": [*cells], "problems": problems}
+        return self.result(passed, classification, evidence, summary)
 
-    async def _cell(self, ctx: GateContext, nominal: int, conc: int) -> dict[str, Any]:
+    async def _cell(self, ctx: GateContext, nominal: int, conc: int) -> JSONObject:
         reps = [await self.repetition(ctx, nominal, conc, rep) for rep in range(self.repetitions)]
         return self.cell(nominal, conc, reps)
 
     async def repetition(self, ctx: GateContext, nominal: int, conc: int, rep: int) -> Repetition:
         """One repetition of a cell: `conc` requests at once (an A/B interleaves these)."""
         jobs = []
-        prompt_info: dict[str, Any] = {}
+        prompt_info: JSONObject = {}
         for lane in range(conc):
             label = f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}"
             request, text = self._request(ctx, nominal, salt=f"{self.name} {label}")
@@ -161,16 +163,16 @@ class Capacity(_Workload):
         started = time.perf_counter()
         batch = await gather_limited(conc, jobs)
         wall = time.perf_counter() - started
-        tokens = sum(r.get("completion_tokens") or 0 for r in batch if r["completed"])
+        tokens = sum(get_int(r, "completion_tokens") or 0 for r in batch if r["completed"])
         return Repetition(batch, tokens / wall if wall > 0 else 0.0, prompt_info)
 
-    def cell(self, nominal: int, conc: int, reps: list[Repetition]) -> dict[str, Any]:
+    def cell(self, nominal: int, conc: int, reps: list[Repetition]) -> JSONObject:
         """A cell's evidence from its repetitions: every row, the p50/p95 and threshold problems."""
-        rows = [row for rep in reps for row in rep.rows]
+        rows: JSONArray = [row for rep in reps for row in rep.rows]
         aggregate = [rep.aggregate_tps for rep in reps]
         prompt_info = reps[-1].prompt if reps else {}
-        done = [r for r in rows if r["completed"]]
-        cell: dict[str, Any] = {
+        done = [row for rep in reps for row in rep.rows if row["completed"]]
+        cell: JSONObject = {
             "nominal_tokens": nominal,
             "concurrency": conc,
             "requests": len(rows),
@@ -181,13 +183,14 @@ class Capacity(_Workload):
             "aggregate_output_tps_p50": sorted(aggregate)[len(aggregate) // 2] if aggregate else None,
             "rows": rows,
         }
-        cell["problems"] = self._threshold_problems(cell)
+        cell["problems"] = [*self._threshold_problems(cell, f"{context_label(nominal)}/C{conc}")]
         return cell
 
-    def _threshold_problems(self, cell: dict[str, Any]) -> list[str]:
-        where = f"{context_label(cell['nominal_tokens'])}/C{cell['concurrency']}"
+    def _threshold_problems(self, cell: JSONObject, where: str) -> list[str]:
         found = []
-        decode, prefill, ttft = cell["decode_tps_p50"], cell["prefill_tps_p50"], cell["ttft_s_p50"]
+        decode = get_float(cell, "decode_tps_p50")
+        prefill = get_float(cell, "prefill_tps_p50")
+        ttft = get_float(cell, "ttft_s_p50")
         if self.min_decode_tps is not None and (decode is None or decode < self.min_decode_tps):
             found.append(f"{where}: decode p50 {decode} < {self.min_decode_tps}")
         if self.min_prefill_tps is not None and (prefill is None or prefill < self.min_prefill_tps):
@@ -233,9 +236,9 @@ class Endurance(_Workload):
         rows = await gather_limited(self.concurrency, jobs)
         wall = time.perf_counter() - started
         done = [r for r in rows if r["completed"]]
-        failures = [r for r in rows if not r["completed"]]
+        failures: JSONArray = [r for r in rows if not r["completed"]]
         passed = len(failures) <= self.max_failures and bool(rows)
-        evidence = {
+        evidence: JSONObject = {
             "nominal_tokens": self.context_tokens,
             "concurrency": self.concurrency,
             "requests": len(rows),

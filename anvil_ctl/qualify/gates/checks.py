@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _EDGE = "`'\" \t\r\n."
@@ -27,10 +28,11 @@ def strip_fence(text: str) -> str:
     return match.group(1).strip() if match else text
 
 
-def parse_json(text: str) -> tuple[bool, Any]:
+def parse_json(text: str) -> tuple[bool, JSONValue]:
     """(True, value) when `text` (maybe in a code fence) is JSON, else (False, error)."""
     try:
-        return True, json.loads(strip_fence(text))
+        value: JSONValue = json.loads(strip_fence(text))
+        return True, value
     except json.JSONDecodeError as exc:
         return False, str(exc)
 
@@ -44,9 +46,9 @@ def has_think_markup(text: str) -> bool:
 class Checks:
     """An ordered list of named checks; the first failed one classifies the gate."""
 
-    items: list[dict[str, Any]] = field(default_factory=list)
+    items: list[JSONObject] = field(default_factory=list)
 
-    def add(self, check: str, ok: bool, classification: str, **observed: Any) -> bool:
+    def add(self, check: str, ok: bool, classification: str, **observed: JSONValue) -> bool:
         self.items.append({"check": check, "ok": ok, "classification": classification, **observed})
         return ok
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from anvil_ctl.core.jsontypes import JSONArray
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import image_part, text_part
 from anvil_ctl.qualify.fixtures import load_ocr_cases
 from anvil_ctl.qualify.gates.base import Gate, GateContext, gather_limited
+from anvil_ctl.qualify.gates.chat import body, check_reply, finish
 from anvil_ctl.qualify.gates.checks import Checks, same_text
-from anvil_ctl.qualify.gates.functional import body, check_reply, finish
 from anvil_ctl.qualify.results import GateResult
 
 OCR_QUESTION = (
@@ -41,7 +42,7 @@ class Image(Gate):
 
     async def run(self, ctx: GateContext) -> GateResult:
         png = (ctx.fixtures_dir / self.image).read_bytes()
-        content = [image_part(png), text_part(prompts.reply_exactly(self.marker))]
+        content: JSONArray = [image_part(png), text_part(prompts.reply_exactly(self.marker))]
         attempt = await self.attempt(
             ctx, "image", body(ctx, [{"role": "user", "content": content}], self.max_tokens)
         )
@@ -77,7 +78,7 @@ class Ocr(Gate):
         for rep in range(self.repetitions):
             for case in cases:
                 parts = [image_part((ctx.fixtures_dir / img).read_bytes()) for img in case["images"]]
-                content = [*parts, text_part(OCR_QUESTION)]
+                content: JSONArray = [*parts, text_part(OCR_QUESTION)]
                 request = body(ctx, [{"role": "user", "content": content}], self.max_tokens)
                 label = f"{case['id']}#{rep + 1}"
                 plan.append({"label": label, "expected": case["expected"]})

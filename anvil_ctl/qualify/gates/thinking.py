@@ -9,10 +9,9 @@ Classifications: `pass`, `reasoning_leak`, `no_reasoning_channel`, `wrong_answer
 
 from __future__ import annotations
 
-from typing import Any
-
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.qualify import prompts
-from anvil_ctl.qualify.client import EngineClient
+from anvil_ctl.qualify.client import EngineClient, Message
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, stream_problem
 from anvil_ctl.qualify.gates.checks import Checks, has_think_markup, same_text
 from anvil_ctl.qualify.results import GateResult
@@ -38,11 +37,11 @@ class ThinkingControl(Gate):
 
     async def run(self, ctx: GateContext) -> GateResult:
         checks = Checks()
-        record: dict[str, Any] = {}
+        record: dict[str, JSONObject] = {}
         for direction in self.directions:
             enabled = direction == "enabled"
             marker = "THINKING-ON-OK" if enabled else "THINKING-OFF-OK"
-            messages = [{"role": "user", "content": prompts.reply_exactly(marker)}]
+            messages: list[Message] = [{"role": "user", "content": prompts.reply_exactly(marker)}]
             attempts = []
             for stream in (False, True):
                 request = EngineClient.chat_body(
@@ -59,10 +58,12 @@ class ThinkingControl(Gate):
             record[direction] = {
                 "enable_thinking": enabled,
                 "requests": [a.as_dict() for a in attempts],
-                "passed": all(c["ok"] for c in checks.items if c["check"].startswith(direction)),
+                "passed": all(c["ok"] for c in checks.items if str(c["check"]).startswith(direction)),
             }
         summary = " ".join(f"{d}={'ok' if record[d]['passed'] else 'FAIL'}" for d in self.directions)
-        return self.result(checks.passed, checks.classification, {"checks": checks.items, **record}, summary)
+        return self.result(
+            checks.passed, checks.classification, {"checks": [*checks.items], **record}, summary
+        )
 
     @staticmethod
     def _check(checks: Checks, attempt: Attempt, enabled: bool, marker: str) -> None:

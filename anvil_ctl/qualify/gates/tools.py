@@ -1,0 +1,191 @@
+"""Tool-calling gates: a batch of exact calls, a call at long context, a streamed call,
+and the answer after a tool result.
+
+Classifications: `pass`, `bad_tool_args`, `no_tool_call`, `bad_finish_reason`,
+`unexpected_tool_call`, `wrong_answer`, `truncated_stream`, `stream_error`, `error`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.qualify import prompts
+from anvil_ctl.qualify.client import Message
+from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, prompt_digest
+from anvil_ctl.qualify.gates.chat import body, check_tool_call, effective_context, finish, user
+from anvil_ctl.qualify.gates.checks import Checks
+from anvil_ctl.qualify.results import GateResult
+
+
+class Tools(Gate):
+    """A shared-prefix batch of `count` tool calls; every one must be exact."""
+
+    gate_type = "tools"
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        count: int = 20,
+        concurrency: int = 4,
+        prefix_tokens: int = 1024,
+        max_tokens: int = 256,
+    ) -> None:
+        super().__init__(name=name)
+        self.count = count
+        self.concurrency = concurrency
+        self.prefix_tokens = prefix_tokens
+        self.max_tokens = max_tokens
+
+    @staticmethod
+    def expected(i: int) -> JSONObject:
+        return {
+            "ledger": f"L-{i:03d}",
+            "index": i,
+            "amount": round(i * 1.25 + 0.5, 2),
+            "tags": [f"t{i}", "anvil"],
+        }
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        shared = prompts.filler(self.prefix_tokens, chars_per_token=ctx.chars_per_token)
+        system: Message = {
+            "role": "system",
+            "content": prompts.SYSTEM_TOOLS + "\n\nReference notes:\n" + shared,
+        }
+
+        def job(i: int) -> Callable[[], Awaitable[Attempt]]:
+            messages: list[Message] = [
+                system,
+                user(prompts.tool_instruction("record_value", self.expected(i))),
+            ]
+            return lambda: self.attempt(
+                ctx, f"call-{i}", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+            )
+
+        attempts = await gather_limited(self.concurrency, [job(i) for i in range(self.count)])
+        checks = Checks()
+        exact = 0
+        for i, attempt in enumerate(attempts):
+            before = len(checks.failed)
+            check_tool_call(checks, attempt.label, attempt, "record_value", self.expected(i))
+            exact += len(checks.failed) == before
+            ctx.on_request(self.name, len(checks.failed) == before, attempt.label)
+        result = finish(self, checks, attempts, exact=exact, total=self.count)
+        return self.result(
+            result.passed, result.classification, result.evidence, f"{exact}/{self.count} exact"
+        )
+
+
+class LongContextTool(Gate):
+    """A tool call asked for at the end of a prompt of `context_tokens` nominal tokens."""
+
+    gate_type = "long_context_tool"
+
+    def __init__(self, *, name: str | None = None, context_tokens: int = 8192, max_tokens: int = 256) -> None:
+        super().__init__(name=name)
+        self.context_tokens = context_tokens
+        self.max_tokens = max_tokens
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        args: JSONObject = {"order_id": "LC-90210", "include_items": True}
+        nominal = effective_context(ctx, self.context_tokens)
+        text = prompts.context_prompt(
+            nominal,
+            prompts.tool_instruction("lookup_order", args),
+            reserve_tokens=self.max_tokens + 512,
+            chars_per_token=ctx.chars_per_token,
+        )
+        messages: list[Message] = [{"role": "system", "content": prompts.SYSTEM_TOOLS}, user(text)]
+        attempt = await self.attempt(
+            ctx, "long-tool", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+        )
+        checks = Checks()
+        check_tool_call(checks, "long-tool", attempt, "lookup_order", args)
+        measured = attempt.result.usage.prompt_tokens if attempt.result and attempt.result.usage else None
+        return finish(
+            self,
+            checks,
+            [attempt],
+            nominal_tokens=nominal,
+            requested_tokens=self.context_tokens,
+            measured_prompt_tokens=measured,
+            prompt=prompt_digest(text),
+        )
+
+
+class StreamingTool(Gate):
+    """A streamed tool call, assembled from deltas by index, complete and exact."""
+
+    gate_type = "streaming_tool"
+
+    def __init__(self, *, name: str | None = None, max_tokens: int = 256) -> None:
+        super().__init__(name=name)
+        self.max_tokens = max_tokens
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        args: JSONObject = {"ledger": "STREAM-7", "index": 7, "amount": 19.5, "tags": ["stream", "delta"]}
+        messages: list[Message] = [
+            {"role": "system", "content": prompts.SYSTEM_TOOLS},
+            user(prompts.tool_instruction("record_value", args)),
+        ]
+        attempt = await self.attempt(
+            ctx,
+            "stream-tool",
+            body(ctx, messages, self.max_tokens, tools=prompts.TOOLS, stream=True),
+        )
+        checks = Checks()
+        check_tool_call(checks, "stream-tool", attempt, "record_value", args)
+        return finish(self, checks, [attempt])
+
+
+class ToolResultContinuation(Gate):
+    """After a tool result, the model answers in text, carrying the tool's content."""
+
+    gate_type = "tool_result"
+
+    def __init__(self, *, name: str | None = None, max_tokens: int = 256) -> None:
+        super().__init__(name=name)
+        self.max_tokens = max_tokens
+
+    async def run(self, ctx: GateContext) -> GateResult:
+        args: JSONObject = {"order_id": "A-1042", "include_items": False}
+        tool_content = "ORDER A-1042 SHIPPED 3 ITEMS"
+        messages: list[Message] = [
+            {"role": "system", "content": prompts.SYSTEM_TOOLS},
+            user(prompts.tool_instruction("lookup_order", args)),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_anvil_1",
+                        "type": "function",
+                        "function": {"name": "lookup_order", "arguments": json.dumps(args)},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_anvil_1", "content": tool_content},
+        ]
+        attempt = await self.attempt(
+            ctx, "continuation", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+        )
+        checks = Checks()
+        result = attempt.result
+        if checks.add("answered", result is not None, "error", error=attempt.error):
+            assert result is not None
+            checks.add(
+                "no further tool call",
+                not result.tool_calls,
+                "unexpected_tool_call",
+                observed=[c.name for c in result.tool_calls],
+            )
+            checks.add(
+                "carries the tool result",
+                tool_content.casefold() in result.content.casefold(),
+                "wrong_answer",
+                expected=tool_content,
+                observed=result.content[:500],
+            )
+        return finish(self, checks, [attempt])
