@@ -19,6 +19,7 @@ import httpx
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, JSONValue
 from anvil_ctl.core.model import ModelCard
+from anvil_ctl.qualify.narrow import items
 from anvil_ctl.qualify.results import ChatResult, ResponsesResult, ToolCall, Usage
 from anvil_ctl.qualify.sse import SSEDecoder, StreamAssembler
 
@@ -237,12 +238,12 @@ def parse_responses(data: JSONMapping, *, status: int, e2e_s: float) -> Response
     """Output text of a Responses API object: `output_text`, else the message parts."""
     types: list[str] = []
     texts: list[str] = []
-    for item in _items(data.get("output")):
+    for item in items(data.get("output")):
         if not isinstance(item, dict):
             continue
         types.append(str(item.get("type")))
         if item.get("type") == "message":
-            for part in _items(item.get("content")):
+            for part in items(item.get("content")):
                 if isinstance(part, dict) and part.get("type") == "output_text":
                     texts.append(str(part.get("text") or ""))
     text = data.get("output_text")
@@ -256,19 +257,6 @@ def parse_responses(data: JSONMapping, *, status: int, e2e_s: float) -> Response
         model=_text_or_none(data.get("model")),
         e2e_s=e2e_s,
     )
-
-
-def _items(value: object) -> list[object]:
-    """The items of a JSON array field; none for a missing or null field.
-
-    A string or object iterates as it did before narrowing (characters or keys, which
-    callers skip as non-objects); any other scalar is not iterable, as before.
-    """
-    if not value:
-        return []
-    if isinstance(value, list | str | dict):
-        return list(value)
-    raise TypeError(f"{type(value).__name__!r} object is not iterable")
 
 
 def _text_or_none(value: object) -> str | None:

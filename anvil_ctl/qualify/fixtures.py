@@ -13,7 +13,7 @@ import struct
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 TEXT_KEYWORD = b"anvil-text"
@@ -59,7 +59,16 @@ _FONT: dict[str, tuple[str, ...]] = {
     "-": ("00000", "00000", "00000", "11111", "00000", "00000", "00000"),
 }
 
-OCR_CASES: list[dict[str, Any]] = [
+
+class OcrCase(TypedDict):
+    """One OCR case: the fixture images, in order, and the text they show together."""
+
+    id: str
+    images: list[str]
+    expected: str
+
+
+OCR_CASES: list[OcrCase] = [
     {"id": "single-anvil", "images": ["ocr-anvil-42.png"], "expected": "ANVIL 42"},
     {"id": "single-heron", "images": ["ocr-blue-heron.png"], "expected": "BLUE HERON"},
     {"id": "single-port", "images": ["ocr-port-8001.png"], "expected": "PORT 8001"},
@@ -148,8 +157,8 @@ def write_fixtures(out_dir: Path = FIXTURES_DIR) -> list[Path]:
     return written
 
 
-def load_ocr_cases(fixtures_dir: Path = FIXTURES_DIR) -> list[dict[str, Any]]:
-    data: list[dict[str, Any]] = json.loads((fixtures_dir / "ocr_cases.json").read_text())
+def load_ocr_cases(fixtures_dir: Path = FIXTURES_DIR) -> list[OcrCase]:
+    data: list[OcrCase] = json.loads((fixtures_dir / "ocr_cases.json").read_text())
     return data
 
 

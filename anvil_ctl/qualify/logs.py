@@ -24,7 +24,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from anvil_ctl.core.jsontypes import JSONObject
 
 FatalKind = Literal["traceback", "cuda_error", "oom", "nccl_error", "crash", "engine_error", "restart"]
 FATAL_KINDS: tuple[FatalKind, ...] = (
@@ -69,7 +71,7 @@ class LogPatterns:
     known: bool = True
     """False: the engine has no set of its own; only the common fatal patterns apply."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "engine": self.engine,
             "known": self.known,
@@ -231,9 +233,9 @@ class LogClassification:
 
     lines: int = 0
     fatal_counts: dict[str, int] = field(default_factory=dict)
-    fatal: list[dict[str, Any]] = field(default_factory=list)
+    fatal: list[JSONObject] = field(default_factory=list)
     notices: dict[str, NoticeCount] = field(default_factory=dict)
-    starts: list[dict[str, Any]] = field(default_factory=list)
+    starts: list[JSONObject] = field(default_factory=list)
     other: int = 0
 
     @property
@@ -241,7 +243,7 @@ class LogClassification:
         """Engine restarts inside the container: start banners after the first."""
         return max(0, len(self.starts) - 1)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "lines": self.lines,
             "fatal_counts": dict(self.fatal_counts),

@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
+from anvil_ctl.qualify.narrow import real
 from anvil_ctl.qualify.results import ChatResult
 
 
@@ -55,17 +56,10 @@ def summarize(rows: Sequence[JSONMapping], keys: Sequence[str]) -> JSONObject:
     """p50 and p95 of each key over the rows that have it."""
     out: JSONObject = {}
     for key in keys:
-        values = [_real(r[key]) for r in rows if r.get(key) is not None]
+        values = [real(r[key]) for r in rows if r.get(key) is not None]
         out[f"{key}_p50"] = percentile(values, 50)
         out[f"{key}_p95"] = percentile(values, 95)
     return out
-
-
-def _real(value: object) -> float:
-    """`float(value)` for what a row holds (a number, or a numeric string)."""
-    if isinstance(value, int | float | str):
-        return float(value)
-    raise TypeError(f"float() argument must be a string or a real number, not {type(value).__name__!r}")
 
 
 METRIC_KEYS = ("prompt_tokens", "ttft_s", "ttfo_s", "e2e_s", "prefill_tps", "decode_tps")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 from rich.console import Console
+from rich.status import Status
 from rich.table import Table
 
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, get_float
 from anvil_ctl.qualify.metrics import context_label
+from anvil_ctl.qualify.narrow import fields, items, whole
 from anvil_ctl.qualify.results import GateResult
 
 
@@ -84,7 +87,7 @@ class RichProgress(PlainProgress):
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self._status: Any = None
+        self._status: Status | None = None
         self._gate = ""
         self._ok = 0
         self._failed = 0
@@ -96,8 +99,9 @@ class RichProgress(PlainProgress):
     def gate_started(self, name: str, index: int, total: int) -> None:
         self._gate, self._ok, self._failed = name, 0, 0
         self._label = f"[{index}/{total}] {name}"
-        self._status = self.console.status(f"{self._label} running")
-        self._status.start()
+        status = self.console.status(f"{self._label} running")
+        status.start()
+        self._status = status
 
     def request_done(self, gate: str, ok: bool, detail: str) -> None:
         if ok:
@@ -143,22 +147,22 @@ class SummaryRow:
     completed: int
     requests: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 
-def _row(label: str, cell: dict[str, Any]) -> SummaryRow:
+def _row(label: str, cell: JSONMapping) -> SummaryRow:
     return SummaryRow(
         label=label,
-        nominal_tokens=int(cell["nominal_tokens"]),
-        concurrency=int(cell["concurrency"]),
-        measured_prompt_p50=cell.get("prompt_tokens_p50"),
-        ttft_p50_s=cell.get("ttft_s_p50"),
-        ttfo_p50_s=cell.get("ttfo_s_p50"),
-        prefill_p50_tps=cell.get("prefill_tps_p50"),
-        decode_p50_tps=cell.get("decode_tps_p50"),
-        completed=int(cell.get("completed", 0)),
-        requests=int(cell.get("requests", 0)),
+        nominal_tokens=whole(cell["nominal_tokens"]),
+        concurrency=whole(cell["concurrency"]),
+        measured_prompt_p50=get_float(cell, "prompt_tokens_p50"),
+        ttft_p50_s=get_float(cell, "ttft_s_p50"),
+        ttfo_p50_s=get_float(cell, "ttfo_s_p50"),
+        prefill_p50_tps=get_float(cell, "prefill_tps_p50"),
+        decode_p50_tps=get_float(cell, "decode_tps_p50"),
+        completed=whole(cell.get("completed", 0)),
+        requests=whole(cell.get("requests", 0)),
     )
 
 
@@ -168,16 +172,17 @@ def summary_rows(results: Sequence[GateResult]) -> list[SummaryRow]:
     for result in results:
         gate_type = result.evidence.get("gate_type")
         if gate_type == "capacity":
-            for cell in result.evidence.get("cells", []):
+            for item in items(result.evidence.get("cells", [])):
+                cell = fields(item)
                 if cell.get("skipped"):
                     continue
-                label = context_label(cell["nominal_tokens"])
+                label = context_label(whole(cell["nominal_tokens"]))
                 if cell["concurrency"] != 1:
                     label += f" C{cell['concurrency']}"
                 rows.append(_row(label, cell))
         elif gate_type == "endurance" and "nominal_tokens" in result.evidence:
             ev = result.evidence
-            label = f"{context_label(ev['nominal_tokens'])} endurance"
+            label = f"{context_label(whole(ev['nominal_tokens']))} endurance"
             if ev["concurrency"] != 1:
                 label += f" C{ev['concurrency']}"
             rows.append(_row(label, ev))

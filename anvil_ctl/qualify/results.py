@@ -6,7 +6,10 @@ All are frozen dataclasses with `as_dict()` so that evidence is plain JSON.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
+from anvil_ctl.qualify.narrow import whole
 
 GateKind = Literal["functional", "policy"]
 
@@ -19,16 +22,16 @@ class Usage:
     reasoning_tokens: int | None = None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Usage:
+    def from_dict(cls, data: JSONMapping) -> Usage:
         details = data.get("completion_tokens_details") or data.get("output_tokens_details") or {}
-        prompt = int(data.get("prompt_tokens", data.get("input_tokens", 0)) or 0)
-        completion = int(data.get("completion_tokens", data.get("output_tokens", 0)) or 0)
+        prompt = whole(data.get("prompt_tokens", data.get("input_tokens", 0)) or 0)
+        completion = whole(data.get("completion_tokens", data.get("output_tokens", 0)) or 0)
         reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
         return cls(
             prompt_tokens=prompt,
             completion_tokens=completion,
-            total_tokens=int(data.get("total_tokens", prompt + completion) or 0),
-            reasoning_tokens=int(reasoning) if reasoning is not None else None,
+            total_tokens=whole(data.get("total_tokens", prompt + completion) or 0),
+            reasoning_tokens=whole(reasoning) if reasoning is not None else None,
         )
 
 
@@ -64,7 +67,7 @@ class ChatResult:
     ttfo_s: float | None = None
     chunks: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         data = asdict(self)
         data["tool_calls"] = [asdict(c) for c in self.tool_calls]
         data["errors"] = list(self.errors)
@@ -83,7 +86,7 @@ class ResponsesResult:
     model: str | None
     e2e_s: float
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         data = asdict(self)
         data["output_types"] = list(self.output_types)
         return data
@@ -102,9 +105,9 @@ class GateResult:
     passed: bool
     kind: GateKind
     classification: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JSONObject = field(default_factory=dict)
     summary: str = ""
     duration_s: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
+from anvil_ctl.qualify.narrow import as_text, fields, items, whole
 from anvil_ctl.qualify.results import ChatResult, ToolCall, Usage
 
 DONE = "[DONE]"
@@ -98,8 +98,9 @@ class StreamAssembler:
         for choice in chunk.get("choices") or []:
             self._choice(choice, at)
 
-    def _choice(self, choice: dict[str, Any], at: float) -> None:
-        delta = choice.get("delta") or {}
+    def _choice(self, event_choice: object, at: float) -> None:
+        choice = fields(event_choice)
+        delta = fields(choice.get("delta") or {})
         text = delta.get("content")
         if isinstance(text, str) and text:
             self.content.append(text)
@@ -112,22 +113,23 @@ class StreamAssembler:
             self.reasoning.append(thought)
             if self.first_output_at is None:
                 self.first_output_at = at
-        for part in delta.get("tool_calls") or []:
-            index = int(part.get("index", 0))
+        for delta_part in items(delta.get("tool_calls")):
+            part = fields(delta_part)
+            index = whole(part.get("index", 0))
             parts = self.tools.setdefault(index, _ToolCallParts())
             if self.first_tool_at is None:
                 self.first_tool_at = at
             if self.first_output_at is None:
                 self.first_output_at = at
-            parts.id = parts.id or part.get("id") or ""
-            function = part.get("function") or {}
+            parts.id = parts.id or as_text(part.get("id"))
+            function = fields(part.get("function") or {})
             # Engines send the name once, in the first delta of a call; later deltas
             # that repeat it must not double it.
-            parts.name = parts.name or function.get("name") or ""
+            parts.name = parts.name or as_text(function.get("name"))
             if function.get("arguments"):
-                parts.arguments.append(function["arguments"])
+                parts.arguments.append(as_text(function["arguments"]))
         if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
+            self.finish_reason = as_text(choice["finish_reason"])
 
     def finish(self, end: float, *, status: int, transport_error: str | None = None) -> ChatResult:
         """The assembled result; `transport_error` names a connection that broke mid-stream."""

@@ -13,9 +13,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.results import ChatResult, GateKind, GateResult
@@ -64,7 +65,7 @@ class Attempt:
     error: str | None = None
     error_kind: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "label": self.label,
             "result": self.result.as_dict() if self.result else None,
@@ -73,13 +74,25 @@ class Attempt:
         }
 
 
-def prompt_digest(text: str) -> dict[str, Any]:
+def prompt_digest(text: str) -> JSONObject:
     """A long prompt as evidence: its size, SHA-256 and tail, never the whole text."""
     return {
         "chars": len(text),
         "sha256": hashlib.sha256(text.encode()).hexdigest(),
         "tail": text[-300:],
     }
+
+
+def _json(value: object) -> JSONValue:
+    """`value` as the JSON the evidence encoder writes for it: tuples as arrays, mappings
+    with their keys as strings, anything that is not JSON as its str()."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json(item) for item in value]
+    if isinstance(value, dict):
+        return {str(k): _json(v) for k, v in value.items()}
+    return str(value)
 
 
 class Gate:
@@ -91,9 +104,10 @@ class Gate:
     def __init__(self, *, name: str | None = None) -> None:
         self.name = name or self.gate_type
 
-    def thresholds(self) -> dict[str, Any]:
-        """The gate's configuration as recorded in its evidence."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_") and k != "name"}
+    def thresholds(self) -> JSONObject:
+        """The gate's configuration as recorded in its evidence: its public attributes, which
+        `__init__` sets from profile parameters (JSON values; anything else as its str())."""
+        return {k: _json(v) for k, v in vars(self).items() if not k.startswith("_") and k != "name"}
 
     async def __call__(self, ctx: GateContext) -> GateResult:
         started = time.perf_counter()
@@ -105,7 +119,11 @@ class Gate:
             result = self.result(
                 False, "error", {"error": str(exc), "error_type": type(exc).__name__}, str(exc)
             )
-        evidence = {"gate_type": self.gate_type, "thresholds": self.thresholds(), **result.evidence}
+        evidence: JSONObject = {
+            "gate_type": self.gate_type,
+            "thresholds": self.thresholds(),
+            **result.evidence,
+        }
         return GateResult(
             name=result.name,
             passed=result.passed,
@@ -120,7 +138,7 @@ class Gate:
         raise NotImplementedError
 
     def result(
-        self, passed: bool, classification: str, evidence: dict[str, Any], summary: str = ""
+        self, passed: bool, classification: str, evidence: JSONObject, summary: str = ""
     ) -> GateResult:
         return GateResult(
             name=self.name,
@@ -131,7 +149,7 @@ class Gate:
             summary=summary,
         )
 
-    async def attempt(self, ctx: GateContext, label: str, body: dict[str, Any]) -> Attempt:
+    async def attempt(self, ctx: GateContext, label: str, body: JSONObject) -> Attempt:
         """Send one chat request; an engine error becomes a failed Attempt, not an exception."""
         try:
             result = await ctx.client.chat(body)

@@ -10,11 +10,13 @@ stopped it (the seeds' 768-token move-plan case). Classifications: `pass`,
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited
 from anvil_ctl.qualify.gates.checks import has_think_markup
@@ -41,10 +43,10 @@ class CodingTask:
     must_contain: tuple[str, ...] = ()
     must_not_contain: tuple[str, ...] = ()
     defines: str | None = None
-    json_equals: Any = None
+    json_equals: JSONValue = None
     regex_matches: tuple[str, ...] = ()
     regex_rejects: tuple[str, ...] = ()
-    notes: dict[str, Any] = field(default_factory=dict)
+    notes: JSONObject = field(default_factory=dict)
 
     def contradictions(self, text: str) -> list[str]:
         """What in `text` (even partial) is already wrong."""
@@ -204,7 +206,7 @@ class CodingAgent(Gate):
         tasks = [t for t in TASKS if not self.tasks or t.id in self.tasks]
         max_tokens = self.visible_tokens + (self.reasoning_allowance if ctx.thinking else 0)
         plan: list[tuple[CodingTask, str]] = []
-        jobs: list[Any] = []
+        jobs: list[Callable[[], Awaitable[Attempt]]] = []
         for rep in range(self.repetitions):
             for task in tasks:
                 label = f"{task.id}#{rep + 1}"
@@ -215,9 +217,9 @@ class CodingAgent(Gate):
                     enable_thinking=ctx.thinking,
                 )
                 plan.append((task, label))
-                jobs.append(lambda label=label, request=request: self.attempt(ctx, label, request))
+                jobs.append(functools.partial(self.attempt, ctx, label, request))
         attempts: list[Attempt] = await gather_limited(self.concurrency, jobs)
-        rows = []
+        rows: JSONArray = []
         counts: dict[str, int] = {}
         for (task, label), attempt in zip(plan, attempts, strict=True):
             result = attempt.result
@@ -232,7 +234,7 @@ class CodingAgent(Gate):
                     "label": label,
                     "task": task.id,
                     "classification": verdict,
-                    "problems": problems,
+                    "problems": [*problems],
                     "finish_reason": None if result is None else result.finish_reason,
                     "completion_tokens": None
                     if result is None or result.usage is None
@@ -246,5 +248,5 @@ class CodingAgent(Gate):
         # The worst verdict classifies the gate: a wrong answer outranks a cut one.
         order = ("error", "reasoning_leak", "wrong_answer", BUDGET)
         classification = next((v for v in order if counts.get(v)), "pass")
-        evidence = {"max_tokens": max_tokens, "counts": counts, "results": rows}
+        evidence: JSONObject = {"max_tokens": max_tokens, "counts": dict(counts), "results": rows}
         return self.result(passed, classification, evidence, f"{counts.get('pass', 0)}/{total}")

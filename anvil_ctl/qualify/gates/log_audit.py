@@ -15,8 +15,8 @@ Classifications: `pass`, `oom`, `restart`, `fatal_log_line`, `not_running`,
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify.gates.base import Gate, GateContext
 from anvil_ctl.qualify.logs import LogClassification, classify, patterns_for
@@ -63,7 +63,7 @@ class LogAudit(Gate):
             classification = "not_running"
         else:
             classification = "pass"
-        evidence: dict[str, Any] = {
+        evidence: JSONObject = {
             "window": {
                 "since": "container creation (every run of the container)",
                 "max_lines": log.max_lines,

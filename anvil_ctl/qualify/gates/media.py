@@ -5,13 +5,14 @@ Classifications: `pass`, `wrong_answer`, `error`.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable
 
 from anvil_ctl.core.jsontypes import JSONArray
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import image_part, text_part
 from anvil_ctl.qualify.fixtures import load_ocr_cases
-from anvil_ctl.qualify.gates.base import Gate, GateContext, gather_limited
+from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited
 from anvil_ctl.qualify.gates.chat import body, check_reply, finish
 from anvil_ctl.qualify.gates.checks import Checks, same_text
 from anvil_ctl.qualify.results import GateResult
@@ -73,8 +74,8 @@ class Ocr(Gate):
 
     async def run(self, ctx: GateContext) -> GateResult:
         cases = [c for c in load_ocr_cases(ctx.fixtures_dir) if not self.cases or c["id"] in self.cases]
-        jobs: list[Any] = []
-        plan: list[dict[str, Any]] = []
+        jobs: list[Callable[[], Awaitable[Attempt]]] = []
+        plan: list[dict[str, str]] = []
         for rep in range(self.repetitions):
             for case in cases:
                 parts = [image_part((ctx.fixtures_dir / img).read_bytes()) for img in case["images"]]
@@ -82,7 +83,7 @@ class Ocr(Gate):
                 request = body(ctx, [{"role": "user", "content": content}], self.max_tokens)
                 label = f"{case['id']}#{rep + 1}"
                 plan.append({"label": label, "expected": case["expected"]})
-                jobs.append(lambda label=label, request=request: self.attempt(ctx, label, request))
+                jobs.append(functools.partial(self.attempt, ctx, label, request))
         attempts = await gather_limited(self.concurrency, jobs)
         checks = Checks()
         correct = 0
@@ -100,10 +101,10 @@ class Ocr(Gate):
             correct += ok
             ctx.on_request(self.name, ok, item["label"])
         total = len(plan)
-        result = finish(self, checks, attempts, correct=correct, total=total)
+        outcome = finish(self, checks, attempts, correct=correct, total=total)
         return self.result(
-            result.passed and total > 0,
-            result.classification,
-            result.evidence,
+            outcome.passed and total > 0,
+            outcome.classification,
+            outcome.evidence,
             f"{correct}/{total}",
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.qualify.gates.base import Gate, GateContext
 from anvil_ctl.qualify.results import GateResult
 
@@ -28,7 +29,7 @@ class VramReserve(Gate):
             return self.result(False, "not_measured", {"cards": []}, "no reserve probe given")
         # The probe may block (NVML, an HTTP read of a simulated GPU): keep the loop free.
         readings = await asyncio.to_thread(ctx.reserve_probe)
-        cards = []
+        cards: list[JSONObject] = []
         for uuid, free_mib, reserve_mib in readings:
             required = reserve_mib if self.reserve_mib is None else self.reserve_mib
             cards.append(
@@ -44,4 +45,4 @@ class VramReserve(Gate):
         low = ", ".join(f"{c['free_mib']}<{c['reserve_mib']} MiB" for c in cards if not c["ok"])
         summary = "all cards keep their reserve" if passed else (low or "no cards read")
         classification = "below_reserve" if cards else "not_measured"
-        return self.result(passed, classification, {"cards": cards}, summary)
+        return self.result(passed, classification, {"cards": [*cards]}, summary)
