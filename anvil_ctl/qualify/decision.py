@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.qualify.results import GateResult
@@ -52,17 +53,17 @@ class Decision:
     outcome: Outcome
     identity_digest: str
     profile: str
-    gates: tuple[dict[str, Any], ...]
+    gates: tuple[JSONObject, ...]
     reasons: tuple[str, ...]
     evidence_sha256: str
     decided_at: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "outcome": self.outcome,
             "identity_digest": self.identity_digest,
             "profile": self.profile,
-            "gates": list(self.gates),
+            "gates": [*self.gates],
             "reasons": list(self.reasons),
             "evidence_sha256": self.evidence_sha256,
             "decided_at": self.decided_at,
@@ -81,7 +82,7 @@ def make_decision(
     if not identity_digest:
         raise BadInput("a decision must be bound to a candidate identity digest")
     hashes = artifact_sha256 or {}
-    gates = tuple(
+    gates: tuple[JSONObject, ...] = tuple(
         {
             "name": r.name,
             "kind": r.kind,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
 
 class PathError(Exception):
@@ -32,7 +31,7 @@ def _parts(path: str) -> list[str]:
     return parts
 
 
-def resolve(data: Any, path: str) -> Any:
+def resolve(data: object, path: str) -> object:
     """The value at `path` in `data` (see the module docstring); PathError says where it stops."""
     node = data
     walked = ""
@@ -68,7 +67,7 @@ def resolve(data: Any, path: str) -> Any:
     return node
 
 
-def _same(value: Any, text: str) -> bool:
+def _same(value: object, text: str) -> bool:
     if isinstance(value, bool):
         return str(value).lower() == text.lower()
     if isinstance(value, int | float):

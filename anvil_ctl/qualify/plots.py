@@ -13,16 +13,17 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from anvil_ctl.core.errors import BadInput
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.typing import RcKeyType
 
 PALETTE = ("#1f5fa8", "#d2691e", "#2e8b57", "#8e44ad", "#b22222", "#555555")
-STYLE: dict[str, Any] = {
+STYLE: dict[RcKeyType, object] = {
     "svg.fonttype": "none",  # text as text, no embedded glyph paths, no font files
     "svg.hashsalt": "anvil-report",  # stable element IDs: the same data draws the same SVG
     "font.family": "sans-serif",
@@ -51,7 +52,7 @@ def _figure(width: float, height: float) -> Iterator[Figure]:
     import matplotlib
     from matplotlib.figure import Figure
 
-    with matplotlib.rc_context(cast(Any, STYLE)):
+    with matplotlib.rc_context(STYLE):
         yield Figure(figsize=(width, height), layout="constrained")
 
 

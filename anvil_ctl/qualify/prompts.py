@@ -13,7 +13,8 @@ prompt tokens from usage beside the nominal target.
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from anvil_ctl.core.jsontypes import JSONObject
 
 # Sentences without any of the trigger phrases of the answer rules, numbered so
 # the text does not repeat exactly (real engines would otherwise cache or compress it).
@@ -81,7 +82,7 @@ def reply_exactly(marker: str) -> str:
     return f"Answer with the marker only, no other words.\nReply with exactly: {marker}"
 
 
-def tool_instruction(name: str, arguments: dict[str, Any]) -> str:
+def tool_instruction(name: str, arguments: JSONObject) -> str:
     """The stub's tool rule: the JSON object runs to the end of its line."""
     return (
         "Use the tool now; do not answer in text.\n"
@@ -89,14 +90,14 @@ def tool_instruction(name: str, arguments: dict[str, Any]) -> str:
     )
 
 
-def json_instruction(value: dict[str, Any]) -> str:
+def json_instruction(value: JSONObject) -> str:
     return (
         "Output JSON only, no prose and no code fence.\n"
         f"Return exactly this JSON: {json.dumps(value, separators=(', ', ': '))}"
     )
 
 
-def function_tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
+def function_tool(name: str, description: str, properties: JSONObject) -> JSONObject:
     return {
         "type": "function",
         "function": {
@@ -105,7 +106,7 @@ def function_tool(name: str, description: str, properties: dict[str, Any]) -> di
             "parameters": {
                 "type": "object",
                 "properties": properties,
-                "required": sorted(properties),
+                "required": [*sorted(properties)],
                 "additionalProperties": False,
             },
         },
@@ -127,7 +128,7 @@ LOOKUP_TOOL = function_tool(
     "Look up an order by its ID.",
     {"order_id": {"type": "string"}, "include_items": {"type": "boolean"}},
 )
-TOOLS = [RECORD_TOOL, LOOKUP_TOOL]
+TOOLS: list[JSONObject] = [RECORD_TOOL, LOOKUP_TOOL]
 
 SYSTEM_TOOLS = (
     "You are a precise assistant connected to tools. When the user asks you to call a tool "

@@ -19,17 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import structlog
 
 from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.evidence import Artifact, EvidenceWriter
 from anvil_ctl.qualify.gates.base import FIXTURES_DIR, Gate, GateContext, LogReader, ReserveProbe
+from anvil_ctl.qualify.narrow import fields, items
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.report import NullProgress, Progress, SummaryRow, summary_rows
 from anvil_ctl.qualify.results import GateResult
@@ -66,7 +67,7 @@ class QualificationResult:
     def artifact_for(self, gate: str) -> Artifact | None:
         return next((a for a in self.artifacts if a.path.endswith(f"-{gate}.json")), None)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "tx_id": self.tx_id,
             "profile": self.profile,
@@ -101,7 +102,7 @@ async def _served_identity(client: EngineClient, served_model: str) -> tuple[Gat
     try:
         cards = await client.models()
     except AnvilError as exc:
-        evidence: dict[str, Any] = {"error": str(exc), "error_type": type(exc).__name__}
+        evidence: JSONObject = {"error": str(exc), "error_type": type(exc).__name__}
         return (
             GateResult(
                 IDENTITY_GATE,
@@ -118,7 +119,7 @@ async def _served_identity(client: EngineClient, served_model: str) -> tuple[Gat
     card = next((c for c in cards if c.id == served_model), None)
     evidence = {
         "expected": served_model,
-        "observed": ids,
+        "observed": [*ids],
         "max_model_len": card.max_model_len if card else None,
     }
     passed = card is not None
@@ -155,8 +156,8 @@ async def qualify(
     container_log: LogReader | None = None,
     engine: str = "",
     secrets: Sequence[str] = (),
-    provenance: dict[str, Any] | None = None,
-    recorded_identity: dict[str, Any] | None = None,
+    provenance: JSONObject | None = None,
+    recorded_identity: JSONObject | None = None,
     timeout_s: float | None = None,
 ) -> QualificationResult:
     """The async body of `run_qualification`.
@@ -279,8 +280,8 @@ def run_qualification(
     container_log: LogReader | None = None,
     engine: str = "",
     secrets: Sequence[str] = (),
-    provenance: dict[str, Any] | None = None,
-    recorded_identity: dict[str, Any] | None = None,
+    provenance: JSONObject | None = None,
+    recorded_identity: JSONObject | None = None,
     timeout_s: float | None = None,
 ) -> QualificationResult:
     """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
@@ -323,17 +324,19 @@ def _timed_out(gate: Gate, timeout_s: float) -> GateResult:
     )
 
 
-async def _vram_reading(probe: ReserveProbe) -> dict[str, Any]:
+async def _vram_reading(probe: ReserveProbe) -> JSONObject:
     """Free MiB per card now, against the standing reserve: the idle reading before any workload."""
     try:
         readings = await asyncio.to_thread(probe)
     except AnvilError as exc:
         return {"when": "before the first gate", "cards": [], "error": str(exc)}
-    cards = [{"uuid": u, "free_mib": free, "reserve_mib": reserve} for u, free, reserve in readings]
+    cards: JSONArray = [
+        {"uuid": u, "free_mib": free, "reserve_mib": reserve} for u, free, reserve in readings
+    ]
     return {"when": "before the first gate", "cards": cards}
 
 
-def provenance_record(provenance: dict[str, Any] | None, artifacts: Sequence[Artifact]) -> dict[str, Any]:
+def provenance_record(provenance: JSONObject | None, artifacts: Sequence[Artifact]) -> dict[str, object]:
     """Which figures of this bundle are local measurements, and which are external-prior.
 
     Every artifact written so far was measured here against the candidate. The recipe's
@@ -342,7 +345,7 @@ def provenance_record(provenance: dict[str, Any] | None, artifacts: Sequence[Art
     """
     given = dict(provenance or {})
     source = given.get("source") or None
-    external = list((source or {}).get("external_prior") or [])
+    external = items(fields(source or {}).get("external_prior"))
     return {
         "recipe": given.get("recipe"),
         "engine": given.get("engine"),
