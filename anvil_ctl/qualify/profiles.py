@@ -24,10 +24,9 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from anvil_ctl.config import load_toml
 from anvil_ctl.core.errors import BadInput
@@ -42,7 +41,7 @@ _TOP_KEYS = {"name", "description", "thinking", "gates", "select", "boundaries"}
 class GateSpec:
     type: str
     name: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
 
     def build(self) -> Gate:
         return GATE_TYPES[self.type](name=self.name, **self.params)
@@ -75,7 +74,8 @@ class Profile:
         chosen = tuple(g for g in self.gates if g.name in names or g.type in names)
         return replace(self, gates=chosen)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
+        """The profile as its TOML says it (gate parameters are TOML values)."""
         return {
             "name": self.name,
             "description": self.description,
@@ -91,31 +91,33 @@ def available_profiles(search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> list[st
     return sorted({p.stem for d in search_dirs if d.is_dir() for p in d.glob("*.toml")})
 
 
-def _conforms(value: Any, hint: Any) -> bool:
-    if hint is Any:
-        return True
+def _conforms(value: object, hint: object) -> bool:
+    """`value` matches the type hint of a gate parameter (any value matches `Any`)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         return any(_conforms(value, arm) for arm in typing.get_args(hint))
     if hint is type(None):
         return value is None
     if origin is list:
-        (item,) = typing.get_args(hint) or (Any,)
+        (item,) = typing.get_args(hint) or (object,)
         return isinstance(value, list) and all(_conforms(v, item) for v in value)
     if hint is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if isinstance(hint, type):
-        return isinstance(value, hint)
+        try:
+            return isinstance(value, hint)
+        except TypeError:  # `Any` is a class since 3.11, but not one isinstance accepts
+            return True
     return True
 
 
-def _describe(hint: Any) -> str:
+def _describe(hint: object) -> str:
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
-def _gate_spec(source: str, index: int, raw: Any) -> GateSpec:
+def _gate_spec(source: str, index: int, raw: object) -> GateSpec:
     where = f"{source}: gates[{index}]"
     if not isinstance(raw, dict):
         raise BadInput(f"{where}: expected a table", file=source, field=f"gates[{index}]")
@@ -137,7 +139,7 @@ def _gate_spec(source: str, index: int, raw: Any) -> GateSpec:
                 file=source,
                 field=f"gates[{index}].{key}",
             )
-        if not _conforms(value, hints.get(key, Any)):
+        if key in hints and not _conforms(value, hints[key]):
             raise BadInput(
                 f"{where}.{key}: {value!r} is not {_describe(hints[key])}",
                 file=source,
@@ -149,7 +151,7 @@ def _gate_spec(source: str, index: int, raw: Any) -> GateSpec:
     return GateSpec(type=gate_type, name=name, params=params)
 
 
-def parse_profile(data: dict[str, Any], source: str) -> Profile:
+def parse_profile(data: Mapping[str, object], source: str) -> Profile:
     """A profile from parsed TOML; `source` names the file in errors."""
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
