@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject
 from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import GateContext
 from anvil_ctl.qualify.gates.capacity import Capacity, Repetition
 from anvil_ctl.qualify.metrics import context_label
+from anvil_ctl.qualify.narrow import real, whole
 
 Metric = Literal["decode_p50", "prefill_p50", "ttft_p50"]
 METRICS: dict[str, tuple[str, bool]] = {
@@ -90,11 +92,11 @@ class Boundary:
         where = f" at contexts {' and '.join(scope)}" if scope else " at every context"
         return " and ".join(parts) + where
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {**asdict(self), "text": self.describe()}
 
 
-def parse_boundaries(raw: Any, source: str) -> tuple[Boundary, ...]:
+def parse_boundaries(raw: object, source: str) -> tuple[Boundary, ...]:
     """`[[boundaries]]` of a profile; errors name the file and `boundaries[i].field`."""
     if raw is None:
         return ()
@@ -152,8 +154,8 @@ def parse_boundaries(raw: Any, source: str) -> tuple[Boundary, ...]:
     return tuple(out)
 
 
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
+def _float(value: object) -> float | None:
+    return None if value is None else real(value)
 
 
 @dataclass(frozen=True)
@@ -163,15 +165,15 @@ class Arm:
     name: str
     base_url: str
     served_model: str
-    identity: dict[str, Any]
+    identity: JSONObject
     """What binds the arm's cells to a serve: qualification digest, container, recipe."""
 
 
 def declaration(
     arms: Sequence[Arm], capacity: Capacity, boundaries: Sequence[Boundary], select: str, profile: str
-) -> dict[str, Any]:
+) -> JSONObject:
     """What is declared before the first request; `digest` covers all of it but itself."""
-    body = {
+    body: JSONObject = {
         "profile": profile,
         "select": select,
         "boundaries": [b.as_dict() for b in boundaries],
@@ -190,9 +192,7 @@ async def _max_model_len(client: EngineClient, served_model: str) -> int | None:
     return card.max_model_len
 
 
-async def measure(
-    arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0
-) -> dict[str, Any]:
+async def measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0) -> JSONObject:
     """Both arms' cells, alternating per repetition; returns each arm's raw cells and the order run."""
     a, b = arms
     async with (
@@ -204,8 +204,8 @@ async def measure(
             "A": GateContext(client=ca, served_model=a.served_model, thinking=False, max_model_len=limits[0]),
             "B": GateContext(client=cb, served_model=b.served_model, thinking=False, max_model_len=limits[1]),
         }
-        cells: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
-        order: list[dict[str, Any]] = []
+        cells: dict[str, JSONArray] = {"A": [], "B": []}
+        order: JSONArray = []
         for nominal in capacity.contexts:
             for conc in capacity.concurrency:
                 too_long = [lim for lim in limits if lim and nominal > lim]
@@ -230,52 +230,131 @@ async def measure(
                         )
                 for arm in ("A", "B"):
                     cells[arm].append(capacity.cell(nominal, conc, reps[arm]))
-    return {"cells": cells, "order": order}
+    return {"cells": {**cells}, "order": order}
+
+
+@dataclass(frozen=True)
+class _ArmCell:
+    """One arm's figures in one measured cell, as the comparison reads them."""
+
+    p50: dict[str, float | None]
+    """By metric name (`METRICS`)."""
+    prompt_tokens_p50: float | None
+    completed: int | None
+    requests: int | None
+
+    @classmethod
+    def of(cls, cell: JSONMapping) -> _ArmCell:
+        return cls(
+            {m: _number(cell.get(key)) for m, (key, _) in METRICS.items()},
+            _number(cell.get("prompt_tokens_p50")),
+            _count(cell.get("completed")),
+            _count(cell.get("requests")),
+        )
+
+    def as_dict(self) -> JSONObject:
+        return {
+            **self.p50,
+            "prompt_tokens_p50": self.prompt_tokens_p50,
+            "completed": self.completed,
+            "requests": self.requests,
+        }
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A cell both arms measured: each arm's figures and the delta (B vs A) per metric."""
+
+    label: str
+    nominal_tokens: int
+    arms: dict[str, _ArmCell]
+    delta_pct: dict[str, float | None]
+
+
+def _number(value: object) -> float | None:
+    """A p50 as the cell holds it; a non-number fails here, as the arithmetic on it did."""
+    if value is None or isinstance(value, int | float):
+        return value
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def _count(value: object) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    raise TypeError(f"expected a count, got {type(value).__name__}")
 
 
 def compare(
-    arms: Sequence[Arm], cells: dict[str, list[dict[str, Any]]], boundaries: Sequence[Boundary], select: str
-) -> dict[str, Any]:
+    arms: Sequence[Arm],
+    cells: Mapping[str, Sequence[JSONObject]],
+    boundaries: Sequence[Boundary],
+    select: str,
+) -> JSONObject:
     """Per cell each arm's p50s and the delta (B vs A); the verdict by the declared boundaries."""
     names = {"A": arms[0].name, "B": arms[1].name}
-    rows = []
+    rows: JSONArray = []
+    measured: list[_Row] = []
     for ca, cb in zip(cells["A"], cells["B"], strict=True):
-        row: dict[str, Any] = {
+        nominal = whole(ca["nominal_tokens"])
+        label = f"{context_label(nominal)}/C{ca['concurrency']}"
+        row: JSONObject = {
             "nominal_tokens": ca["nominal_tokens"],
             "concurrency": ca["concurrency"],
-            "label": f"{context_label(ca['nominal_tokens'])}/C{ca['concurrency']}",
+            "label": label,
         }
         if ca.get("skipped") or cb.get("skipped"):
             rows.append({**row, "skipped": ca.get("skipped") or cb.get("skipped")})
             continue
-        for arm, cell in (("A", ca), ("B", cb)):
-            row[arm] = {
-                **{m: cell.get(key) for m, (key, _) in METRICS.items()},
-                "prompt_tokens_p50": cell.get("prompt_tokens_p50"),
-                "completed": cell.get("completed"),
-                "requests": cell.get("requests"),
-            }
-        row["delta_pct"] = {m: pct(row["B"][m], row["A"][m]) for m in METRICS}
-        rows.append(row)
+        by_arm = {"A": _ArmCell.of(ca), "B": _ArmCell.of(cb)}
+        delta: dict[str, float | None] = {m: pct(by_arm["B"].p50[m], by_arm["A"].p50[m]) for m in METRICS}
+        measured.append(_Row(label, nominal, by_arm, delta))
+        rows.append({**row, "A": by_arm["A"].as_dict(), "B": by_arm["B"].as_dict(), "delta_pct": {**delta}})
     return {
-        "arms": names,
+        "arms": {**names},
         "select": select,
         "cells": rows,
-        "verdict": _verdict(names, rows, boundaries, select),
+        "verdict": _verdict(names, measured, boundaries, select),
     }
 
 
+@dataclass(frozen=True)
+class _Check:
+    """One declared boundary held against the cells it covers."""
+
+    boundary: str
+    arm: str
+    cells: list[tuple[str, float | None, bool]]
+    """(cell label, the winner's delta vs the other arm, whether the boundary holds there)."""
+
+    @property
+    def holds(self) -> bool:
+        # An unmeasured protection protects nothing.
+        return bool(self.cells) and all(ok for _, _, ok in self.cells)
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "boundary": self.boundary,
+            "arm": self.arm,
+            "cells": [{"cell": c, "delta_pct": d, "holds": ok} for c, d, ok in self.cells],
+            "holds": self.holds,
+        }
+
+    def observed(self) -> str:
+        if not self.cells:
+            return "no measured cell is covered"
+        return ", ".join(f"{c} " + ("unmeasured" if d is None else f"{d:+.1f} %") for c, d, _ in self.cells)
+
+
 def _verdict(
-    names: dict[str, str], rows: list[dict[str, Any]], boundaries: Sequence[Boundary], select: str
-) -> dict[str, Any]:
-    measured = [r for r in rows if not r.get("skipped")]
+    names: dict[str, str], measured: list[_Row], boundaries: Sequence[Boundary], select: str
+) -> JSONObject:
     failed = [
-        f"{names[arm]} {r['label']}: {r[arm]['requests'] - r[arm]['completed']} failed"
+        f"{names[arm]} {r.label}: {_difference(r.arms[arm])} failed"
         for r in measured
         for arm in ("A", "B")
-        if r[arm]["completed"] != r[arm]["requests"]
+        if r.arms[arm].completed != r.arms[arm].requests
     ]
-    deltas = [r["delta_pct"][select] for r in measured]
+    deltas = [r.delta_pct[select] for r in measured]
     if not measured or failed or any(d is None for d in deltas):
         why = "; ".join(failed) or ("no cell was measured" if not measured else f"{select} not measured")
         return {
@@ -296,55 +375,40 @@ def _verdict(
     winner, other = ("B", "A") if b_better else ("A", "B")
     checks = []
     for boundary in boundaries:
-        observed = [
-            {"cell": r["label"], "delta_pct": pct(r[winner][boundary.metric], r[other][boundary.metric])}
-            for r in measured
-            if boundary.applies(r["nominal_tokens"])
-        ]
-        for o in observed:
-            o["holds"] = boundary.holds(o["delta_pct"])
-        checks.append(
-            {
-                "boundary": boundary.describe(),
-                "arm": names[winner],
-                "cells": observed,
-                # An unmeasured protection protects nothing.
-                "holds": bool(observed) and all(o["holds"] for o in observed),
-            }
-        )
+        observed = []
+        for r in measured:
+            if boundary.applies(r.nominal_tokens):
+                delta = pct(r.arms[winner].p50[boundary.metric], r.arms[other].p50[boundary.metric])
+                observed.append((r.label, delta, boundary.holds(delta)))
+        checks.append(_Check(boundary.describe(), names[winner], observed))
     lead = f"{names[winner]} is faster by {select} (mean {abs(score):+.1f} % vs {names[other]})"
-    violated = [c for c in checks if not c["holds"]]
+    violated = [c for c in checks if not c.holds]
     if violated:
-        named = "; ".join(f"{c['boundary']} violated ({_observed(c)})" for c in violated)
+        named = "; ".join(f"{c.boundary} violated ({c.observed()})" for c in violated)
         return {
             "outcome": "boundary-violated",
             "selected": None,
             "faster": names[winner],
-            "boundaries": checks,
+            "boundaries": [c.as_dict() for c in checks],
             "summary": f"{lead}, but {named}: no arm selected",
         }
-    held = "; ".join(f"{c['boundary']} ({_observed(c)})" for c in checks) or "no boundary declared"
+    held = "; ".join(f"{c.boundary} ({c.observed()})" for c in checks) or "no boundary declared"
     return {
         "outcome": "selected",
         "selected": names[winner],
         "faster": names[winner],
-        "boundaries": checks,
+        "boundaries": [c.as_dict() for c in checks],
         "summary": f"{names[winner]} selected: {lead}; every declared boundary holds: {held}",
     }
 
 
-def _observed(check: dict[str, Any]) -> str:
-    cells = check["cells"]
-    if not cells:
-        return "no measured cell is covered"
-    return ", ".join(
-        f"{c['cell']} " + ("unmeasured" if c["delta_pct"] is None else f"{c['delta_pct']:+.1f} %")
-        for c in cells
-    )
+def _difference(arm: _ArmCell) -> int:
+    """How many of an arm's requests in a cell failed (requests - completed)."""
+    if arm.requests is None or arm.completed is None:
+        raise TypeError("unsupported operand type(s) for -: a missing request count")
+    return arm.requests - arm.completed
 
 
-def run_measure(
-    arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0
-) -> dict[str, Any]:
+def run_measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0) -> JSONObject:
     """Synchronous `measure`, for callers that run no event loop."""
     return asyncio.run(measure(arms, capacity, request_timeout_s=request_timeout_s))

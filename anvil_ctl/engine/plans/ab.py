@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.jsontypes import get_array, get_int, get_object
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import AbArgs, AbArm
@@ -129,7 +130,7 @@ def declare(ctx: Ctx) -> StepResult:
         "digest": body["digest"],
         "artifact": artifact.path,
         "sha256": artifact.sha256,
-        "boundaries": [b["text"] for b in body["boundaries"]],
+        "boundaries": [b.describe() for b in profile.boundaries],
         "select": body["select"],
     }
 
@@ -141,14 +142,17 @@ def measure(ctx: Ctx) -> StepResult:
     measured = run_measure(_arms(ctx.world, ctx.args.arms), capacity)
     ctx.memo.measured = measured
     writer = _writer(ctx)
+    by_arm = get_object(measured, "cells")
     for index, (label, arm) in enumerate(zip("AB", ctx.args.arms, strict=True), start=1):
-        cells = measured["cells"][label]
+        cells = by_arm[label]
         writer.write_json(
             f"{index:02d}-arm-{label}-cells.json", {"arm": label, "name": arm.name, "cells": cells}
         )
     writer.write_json("03-order.json", {"order": measured["order"]})
-    requests = sum(c.get("requests", 0) for label in "AB" for c in measured["cells"][label])
-    return {"requests": requests, "cells": len(measured["cells"]["A"])}
+    requests = sum(
+        get_int(c, "requests") or 0 for label in "AB" for c in get_array(by_arm, label) if isinstance(c, dict)
+    )
+    return {"requests": requests, "cells": len(get_array(by_arm, "A"))}
 
 
 def compare(ctx: Ctx) -> StepResult:
@@ -172,7 +176,7 @@ def compare(ctx: Ctx) -> StepResult:
     manifest = writer.write_manifest(kind="ab", slot=ctx.args.slot, profile=profile.name)
     # The manifest's own hash binds the directory to this record (`evidence verify`).
     qualification.record_manifest(world.store, ctx.tx_id, manifest.sha256, kind="ab")
-    verdict = result["verdict"]
+    verdict = get_object(result, "verdict")
     tx_dir = Path(writer.tx_dir)
     qualification.record_evidence(
         world.store,
