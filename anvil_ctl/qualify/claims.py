@@ -34,12 +34,14 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.qualify.evidence import VerifyResult, verify_bundle
 from anvil_ctl.qualify.jsonpath import PathError, resolve
 
@@ -71,7 +73,7 @@ class Number:
     decimals: int
 
     @classmethod
-    def parse(cls, raw: Any, where: str, file: str) -> Number:
+    def parse(cls, raw: object, where: str, file: str) -> Number:
         text = str(raw).strip() if isinstance(raw, int | float | str) and not isinstance(raw, bool) else ""
         if not _NUMBER.match(text):
             raise BadInput(
@@ -116,7 +118,7 @@ class Ledger:
     claims: tuple[Claim, ...]
 
 
-def _recount(raw: dict[str, Any], where: str, file: str, default_artifact: str | None) -> Recount:
+def _recount(raw: Mapping[str, object], where: str, file: str, default_artifact: str | None) -> Recount:
     published = Number.parse(raw.get("published"), f"{where}.published", file)
     artifact = raw.get("artifact", default_artifact)
     path = raw.get("path")
@@ -207,7 +209,7 @@ def load_ledger(path: Path) -> Ledger:
 # -- the check ---------------------------------------------------------------------------------
 
 
-def rounded(value: Any, decimals: int) -> Decimal:
+def rounded(value: object, decimals: int) -> Decimal:
     """`value` rounded half-up to `decimals`, as a publisher rounds."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise PathError(f"the value is {type(value).__name__}, not a number")
@@ -223,9 +225,9 @@ class ClaimResult:
     origin: Origin
     status: Literal["ok", "differs", "missing", "external-prior"]
     problems: list[str] = field(default_factory=list)
-    recounted: list[dict[str, Any]] = field(default_factory=list)
+    recounted: list[JSONObject] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "claim": self.claim,
             "origin": self.origin,
@@ -248,7 +250,7 @@ class ClaimsCheck:
     def ok(self) -> bool:
         return self.bundle.ok and all(r.status in ("ok", "external-prior") for r in self.results)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "ledger": self.ledger,
             "evidence": self.evidence,
@@ -275,7 +277,7 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
     bundle = verify_bundle(directory)
     broken = {m.path for m in bundle.mismatches}
     local = _local_artifacts(directory)
-    cache: dict[str, Any] = {}
+    cache: dict[str, JSONValue] = {}
     results = []
     for claim in ledger.claims:
         if claim.origin == "external-prior":
@@ -300,7 +302,7 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
             want = recount.published.value.quantize(
                 Decimal(1).scaleb(-recount.decimals), rounding=ROUND_HALF_UP
             )
-            entry = {
+            entry: JSONObject = {
                 "published": recount.published.text,
                 "recounted": f"{got:,.{recount.decimals}f}",
                 "raw": value,
@@ -321,7 +323,7 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
 
 
 def _problem_with(
-    recount: Recount, directory: Path, broken: set[str], local: set[str] | None, cache: dict[str, Any]
+    recount: Recount, directory: Path, broken: set[str], local: set[str] | None, cache: dict[str, JSONValue]
 ) -> str | None:
     name = recount.artifact
     if Path(name).is_absolute() or ".." in Path(name).parts:

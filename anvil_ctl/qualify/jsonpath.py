@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from anvil_ctl.core.jsontypes import JSONValue
+
 
 class PathError(Exception):
     """A path that does not lead to a value (internal: becomes a claim's problem)."""
@@ -31,7 +33,7 @@ def _parts(path: str) -> list[str]:
     return parts
 
 
-def resolve(data: object, path: str) -> object:
+def resolve(data: JSONValue, path: str) -> JSONValue:
     """The value at `path` in `data` (see the module docstring); PathError says where it stops."""
     node = data
     walked = ""
