@@ -62,9 +62,10 @@ def _records(ctx: Context, inputs: ReportInputs) -> None:
     everything = qualification.decisions(store)
     raw = [d for d in everything if d["tx_id"] == tx_id]
     raw_ids = {d["id"] for d in raw}
-    inputs.decisions = raw + [d for d in everything if d["reclassifies"] in raw_ids]
-    ids = {d["id"] for d in inputs.decisions}
-    cited = {w for d in inputs.decisions for w in d["waiver_ids"]}
+    decisions = raw + [d for d in everything if d["reclassifies"] in raw_ids]
+    inputs.decisions = decisions
+    ids = {d["id"] for d in decisions}
+    cited = {w for d in decisions for w in d["waiver_ids"]}
     now = datetime.now(UTC)
     inputs.waivers = [w.as_dict() for w in waivers.waivers(store) if w.id in cited or w.active(now)]
     for approval in approvals.approvals(store):

@@ -10,11 +10,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from anvil_ctl.core.errors import EvidenceMismatch
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.qualify.evidence import read_manifest, verify_bundle
 from anvil_ctl.qualify.manifest import listed_entries
+from anvil_ctl.qualify.narrow import fields
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Bundle:
     tx_id: str
     directory: Path
     manifest_sha256: str
-    files: dict[str, Any]
+    files: dict[str, JSONValue]
 
     @classmethod
     def load(cls, directory: Path, tx_id: str = "") -> Bundle:
@@ -37,7 +38,7 @@ class Bundle:
                 mismatches=[m.path for m in checked.mismatches],
             )
         manifest = read_manifest(directory)
-        files = {
+        files: dict[str, JSONValue] = {
             str(a["path"]): json.loads((directory / str(a["path"])).read_text())
             for a in listed_entries(manifest)
             if str(a["path"]).endswith(".json")
@@ -45,12 +46,13 @@ class Bundle:
         digest = hashlib.sha256((directory / "manifest.json").read_bytes()).hexdigest()
         return cls(tx_id or str(manifest.get("tx_id", directory.name)), directory, digest, files)
 
-    def gate(self, gate_type: str) -> dict[str, Any] | None:
+    def gate(self, gate_type: str) -> JSONObject | None:
+        """The first gate artifact (by name) whose evidence says it is of `gate_type`."""
         return next(
             (
                 v
                 for k, v in sorted(self.files.items())
-                if isinstance(v, dict) and v.get("evidence", {}).get("gate_type") == gate_type
+                if isinstance(v, dict) and fields(v.get("evidence", {})).get("gate_type") == gate_type
             ),
             None,
         )
@@ -59,7 +61,7 @@ class Bundle:
 @dataclass
 class ReportInputs:
     qualification: Bundle
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    waivers: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[JSONObject] = field(default_factory=list)
+    waivers: list[JSONObject] = field(default_factory=list)
     promotions: list[Bundle] = field(default_factory=list)
     ab: list[Bundle] = field(default_factory=list)

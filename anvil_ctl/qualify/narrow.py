@@ -51,3 +51,15 @@ def as_text(value: object) -> str:
     if not value:
         return ""
     return value if isinstance(value, str) else str(value)
+
+
+def number(value: object) -> float | None:
+    """A figure to draw or print: a JSON number as it is, anything else None (not drawn)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def texts(value: object) -> list[str]:
+    """The items of an array field as text, to join for display (none when missing or null)."""
+    return [str(item) for item in items(value)]

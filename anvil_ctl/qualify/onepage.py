@@ -18,6 +18,7 @@ from html import escape
 
 from anvil_ctl.qualify import plots, sections
 from anvil_ctl.qualify.bundle import Bundle, ReportInputs
+from anvil_ctl.qualify.narrow import fields
 
 __all__ = ["Bundle", "ReportInputs", "render_page"]
 
@@ -50,12 +51,15 @@ def render_page(inputs: ReportInputs) -> str:
     """The whole page as one HTML document."""
     plots.require_matplotlib()
     q = inputs.qualification
-    decision = q.files.get("decision.json") or {}
+    decision = fields(q.files.get("decision.json") or {})
     title = f"Qualification of {decision.get('served_model', q.tx_id)}"
     compared = q.files.get("ab-comparison.json")
     if not decision and compared:
-        title = f"A/B control: {compared['arms']['A']} vs {compared['arms']['B']}"
-        decision = {"outcome": compared["verdict"]["outcome"], "profile": compared.get("select", "")}
+        comparison = fields(compared)
+        arms = fields(comparison["arms"])
+        title = f"A/B control: {arms['A']} vs {arms['B']}"
+        verdict = fields(comparison["verdict"])
+        decision = {"outcome": verdict["outcome"], "profile": comparison.get("select", "")}
     sources = [q, *inputs.promotions, *inputs.ab]
     footer = "".join(
         f"<li><code>{escape(b.tx_id)}</code>: {len(b.files)} artifacts, "

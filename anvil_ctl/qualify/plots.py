@@ -13,9 +13,11 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONMapping
+from anvil_ctl.qualify.narrow import fields, items, number
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -169,10 +171,10 @@ def vram_svg(
         return _svg(fig)
 
 
-def ab_svg(comparison: dict[str, Any]) -> str:
+def ab_svg(comparison: JSONMapping) -> str:
     """Each arm's decode and prefill p50 per cell, with the delta (B vs A) over each pair."""
-    names = comparison["arms"]
-    cells = [c for c in comparison["cells"] if not c.get("skipped")]
+    names = fields(comparison["arms"])
+    cells = [fields(c) for c in items(comparison["cells"]) if not fields(c).get("skipped")]
     with _figure(9.0, 3.1) as fig:
         axes = fig.subplots(1, 2)
         for ax, (metric, title) in zip(
@@ -180,7 +182,7 @@ def ab_svg(comparison: dict[str, Any]) -> str:
         ):
             xs = range(len(cells))
             for i, arm in enumerate(("A", "B")):
-                values = [c[arm][metric] or 0 for c in cells]
+                values = [_p50(c, arm, metric) or 0 for c in cells]
                 ax.bar(
                     [x + (i - 0.5) * 0.38 for x in xs],
                     values,
@@ -189,12 +191,17 @@ def ab_svg(comparison: dict[str, Any]) -> str:
                     label=f"{arm}: {names[arm]}",
                 )
             for x, c in zip(xs, cells, strict=True):
-                delta = c["delta_pct"][metric]
-                top = max(c["A"][metric] or 0, c["B"][metric] or 0)
+                delta = number(fields(c["delta_pct"])[metric])
+                top = max(_p50(c, "A", metric) or 0, _p50(c, "B", metric) or 0)
                 if delta is not None:
                     ax.annotate(f"{delta:+.1f}%", (x, top), ha="center", va="bottom", fontsize=8)
-            ax.set_xticks(list(xs), [c["label"] for c in cells])
+            ax.set_xticks(list(xs), [str(c["label"]) for c in cells])
             ax.set_title(title)
             _thousands(ax, tokens_x=False)
         axes[0].legend(fontsize=8, loc="lower left")
         return _svg(fig)
+
+
+def _p50(cell: JSONMapping, arm: str, metric: str) -> float | None:
+    """One arm's p50 of `metric` in a compared cell."""
+    return number(fields(cell[arm])[metric])

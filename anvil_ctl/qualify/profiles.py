@@ -92,7 +92,7 @@ def available_profiles(search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> list[st
 
 
 def _conforms(value: object, hint: object) -> bool:
-    """`value` matches the type hint of a gate parameter (any value matches `Any`)."""
+    """`value` matches the type hint of a gate parameter (an unconstrained hint matches any value)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         return any(_conforms(value, arm) for arm in typing.get_args(hint))
@@ -108,7 +108,7 @@ def _conforms(value: object, hint: object) -> bool:
     if isinstance(hint, type):
         try:
             return isinstance(value, hint)
-        except TypeError:  # `Any` is a class since 3.11, but not one isinstance accepts
+        except TypeError:  # typing's catch-all is a class since 3.11, but not one isinstance accepts
             return True
     return True
 

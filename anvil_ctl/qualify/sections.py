@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
-from typing import Any
 
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.qualify import plots
 from anvil_ctl.qualify.bundle import Bundle, ReportInputs
 from anvil_ctl.qualify.metrics import context_label
+from anvil_ctl.qualify.narrow import fields, items, number, texts, whole
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[int] = ()) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join(
         "<tr>"
@@ -26,7 +27,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Sequen
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -36,15 +37,17 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def badge(word: str) -> str:
-    return f'<span class="verdict {escape(word)}">{escape(word.upper())}</span>'
+def badge(word: object) -> str:
+    """A verdict word as a colored badge (a non-string verdict shows as its text)."""
+    text = str(word)
+    return f'<span class="verdict {escape(text)}">{escape(text.upper())}</span>'
 
 
 def identity(q: Bundle) -> str:
-    ident = q.files.get("identity.json") or {}
-    decision = q.files.get("decision.json") or {}
-    prov = q.files.get("provenance.json") or {}
-    served = q.files.get("00-served-identity.json", {}).get("evidence", {})
+    ident = fields(q.files.get("identity.json") or {})
+    decision = fields(q.files.get("decision.json") or {})
+    prov = fields(q.files.get("provenance.json") or {})
+    served = fields(fields(q.files.get("00-served-identity.json", {})).get("evidence", {}))
     rows = [
         ("served model", decision.get("served_model") or ident.get("served_model")),
         ("recipe", prov.get("recipe")),
@@ -55,7 +58,7 @@ def identity(q: Bundle) -> str:
         ("config fingerprint", ident.get("config_fingerprint")),
         ("context tokens", ident.get("context_tokens") or served.get("max_model_len")),
         ("binding / slot", f"{ident.get('binding', '-')} / {ident.get('slot', '-')}"),
-        ("GPU roles", ", ".join(ident.get("gpu_roles", [])) or "-"),
+        ("GPU roles", ", ".join(texts(ident.get("gpu_roles", []))) or "-"),
         ("identity digest (decisions bind to it)", decision.get("identity_digest")),
         ("profile", decision.get("profile")),
         ("qualification transaction", q.tx_id),
@@ -64,10 +67,10 @@ def identity(q: Bundle) -> str:
 
 
 def decision(inputs: ReportInputs) -> str:
-    raw = inputs.qualification.files.get("decision.json") or {}
+    raw = fields(inputs.qualification.files.get("decision.json") or {})
     decided = escape(str(raw.get("decided_at", "")))
     parts = [f"<p>{badge(raw.get('outcome', 'unknown'))} under the standing policy, decided {decided}</p>"]
-    reasons = raw.get("reasons") or []
+    reasons = texts(raw.get("reasons"))
     parts.append(
         "<ul>" + "".join(f"<li>{escape(r)}</li>" for r in reasons) + "</ul>"
         if reasons
@@ -75,11 +78,11 @@ def decision(inputs: ReportInputs) -> str:
     )
     for d in inputs.decisions:
         if d.get("reclassifies"):
-            used = escape(", ".join(d.get("waiver_ids", [])) or "-")
-            why = "".join(f"<br>{escape(r)}" for r in d.get("reasons", []))
+            used = escape(", ".join(texts(d.get("waiver_ids", []))) or "-")
+            why = "".join(f"<br>{escape(r)}" for r in texts(d.get("reasons", [])))
             parts.append(
                 f'<div class="box"><b>Reclassified</b> {badge(d["outcome"])} by decision '
-                f"<code>{escape(d['id'])}</code> under waiver(s) {used}; "
+                f"<code>{escape(str(d['id']))}</code> under waiver(s) {used}; "
                 f"the raw evidence is unchanged.{why}</div>"
             )
     return "".join(parts)
@@ -93,7 +96,7 @@ def waivers(inputs: ReportInputs) -> str:
             w["id"],
             w["policy"],
             w["value"],
-            ", ".join(w.get("roles") or []) or w.get("recipe_digest"),
+            ", ".join(texts(w.get("roles"))) or w.get("recipe_digest"),
             w["approved_by"],
             w["reason"],
             w.get("expires_at") or "never",
@@ -107,11 +110,13 @@ def waivers(inputs: ReportInputs) -> str:
 
 
 def gates(q: Bundle) -> str:
-    decision = q.files.get("decision.json") or {}
+    decision = fields(q.files.get("decision.json") or {})
     results = {k: v for k, v in q.files.items() if k[:2].isdigit() and isinstance(v, dict) and "passed" in v}
     rows = []
-    for g in decision.get("gates", []):
-        art = next((v for k, v in sorted(results.items()) if k.endswith(f"-{g['name']}.json")), {})
+    for item in items(decision.get("gates", [])):
+        g = fields(item)
+        empty: JSONObject = {}
+        art = next((v for k, v in sorted(results.items()) if k.endswith(f"-{g['name']}.json")), empty)
         rows.append(
             (
                 g["name"],
@@ -119,7 +124,7 @@ def gates(q: Bundle) -> str:
                 "PASS" if g["passed"] else "FAIL",
                 g["classification"],
                 art.get("summary", ""),
-                (g.get("artifact_sha256") or "")[:12],
+                str(g.get("artifact_sha256") or "")[:12],
             )
         )
     return table(("gate", "kind", "verdict", "classification", "summary", "artifact sha256"), rows)
@@ -132,24 +137,21 @@ def capacity(q: Bundle) -> str:
         art = q.gate(gate_type)
         if art is None:
             continue
-        ev = art["evidence"]
-        cells = ev.get("cells") if gate_type == "capacity" else [ev]
-        for cell in cells or []:
+        ev = fields(art["evidence"])
+        cells = items(ev.get("cells")) if gate_type == "capacity" else [ev]
+        for cell in map(fields, cells):
             if cell.get("skipped") or "concurrency" not in cell:
                 continue
             label = f"C{cell['concurrency']}" + (" endurance" if gate_type == "endurance" else "")
             s = series.setdefault(label, plots.Series(label))
-            s.p50_x.append(cell.get("prompt_tokens_p50") or 0)
+            s.p50_x.append(number(cell.get("prompt_tokens_p50")) or 0)
+            rows = [fields(r) for r in items(cell.get("rows", []))]
             for key, _, _ in plots.CAPACITY_METRICS:
-                s.p50.setdefault(key, []).append(cell.get(f"{key}_p50"))
-                s.points.setdefault(key, []).extend(
-                    (r["prompt_tokens"], r[key])
-                    for r in cell.get("rows", [])
-                    if r.get("completed") and r.get(key) is not None and r.get("prompt_tokens")
-                )
+                s.p50.setdefault(key, []).append(number(cell.get(f"{key}_p50")))
+                s.points.setdefault(key, []).extend(_points(rows, key))
             cells_table.append(
                 (
-                    f"{context_label(cell['nominal_tokens'])} {label}",
+                    f"{context_label(whole(cell['nominal_tokens']))} {label}",
                     cell.get("prompt_tokens_p50"),
                     cell.get("ttft_s_p50"),
                     cell.get("prefill_tps_p50"),
@@ -174,38 +176,44 @@ def capacity(q: Bundle) -> str:
     )
 
 
+def _points(rows: Sequence[JSONMapping], key: str) -> list[tuple[float, float]]:
+    """(measured prompt tokens, `key`) of every completed request that has both."""
+    points = []
+    for r in rows:
+        x, y = number(r.get("prompt_tokens")), number(r.get(key))
+        if r.get("completed") and x and y is not None:
+            points.append((x, y))
+    return points
+
+
 def vram(inputs: ReportInputs) -> str:
     q = inputs.qualification
     bars: list[plots.VramBar] = []
     standing: int | None = None
     in_force: int | None = None
-    ident = q.files.get("identity.json") or {}
-    names = {u.lower(): role for role, u in (ident.get("gpu_role_uuids") or {}).items()}
-    before = q.files.get("vram-before.json")
-    if before and before.get("cards"):
-        bars.append(
-            plots.VramBar("before the workload", {c["uuid"].lower(): c["free_mib"] for c in before["cards"]})
-        )
-        standing = before["cards"][0].get("reserve_mib")
+    ident = fields(q.files.get("identity.json") or {})
+    names = {str(u).lower(): role for role, u in fields(ident.get("gpu_role_uuids") or {}).items()}
+    before = fields(q.files.get("vram-before.json") or {})
+    if before.get("cards"):
+        cards = [fields(c) for c in items(before["cards"])]
+        bars.append(plots.VramBar("before the workload", _free(cards)))
+        standing = _mib(cards[0].get("reserve_mib"))
     reserve = q.gate("vram_reserve")
-    if reserve and reserve["evidence"].get("cards"):
-        cards = reserve["evidence"]["cards"]
-        bars.append(plots.VramBar("after the workload", {c["uuid"].lower(): c["free_mib"] for c in cards}))
-        standing = cards[0].get("reserve_mib", standing)
-    rows: list[tuple[Any, ...]] = []
+    if reserve and fields(reserve["evidence"]).get("cards"):
+        cards = [fields(c) for c in items(fields(reserve["evidence"])["cards"])]
+        bars.append(plots.VramBar("after the workload", _free(cards)))
+        standing = _mib(cards[0].get("reserve_mib", standing))
+    rows: list[tuple[object, ...]] = []
     for p in inputs.promotions:
-        for name, reading in sorted(p.files.items()):
-            if not name.startswith("vram-after-acceptance") or not reading.get("cards"):
+        for name, value in sorted(p.files.items()):
+            if not name.startswith("vram-after-acceptance") or not fields(value).get("cards"):
                 continue
-            bars.append(
-                plots.VramBar(
-                    f"after acceptance ({p.tx_id[:8]})",
-                    {c["uuid"].lower(): c["free_mib"] for c in reading["cards"]},
-                )
-            )
-            names.update({c["uuid"].lower(): c["role"] for c in reading["cards"]})
-            in_force = reading["cards"][0]["threshold_mib"]
-            standing = next(iter(reading.get("standing_mib", {}).values()), standing)
+            reading = fields(value)
+            cards = [fields(c) for c in items(reading["cards"])]
+            bars.append(plots.VramBar(f"after acceptance ({p.tx_id[:8]})", _free(cards)))
+            names.update({str(c["uuid"]).lower(): str(c["role"]) for c in cards})
+            in_force = _mib(cards[0]["threshold_mib"])
+            standing = _mib(next(iter(fields(reading.get("standing_mib", {})).values()), standing))
             rows.extend(
                 (
                     p.tx_id[:8],
@@ -213,18 +221,18 @@ def vram(inputs: ReportInputs) -> str:
                     c["free_mib"],
                     c["threshold_mib"],
                     "PASS" if c["passed"] else "FAIL",
-                    ", ".join(reading.get("waivers", [])) or "-",
+                    ", ".join(texts(reading.get("waivers", []))) or "-",
                 )
-                for c in reading["cards"]
+                for c in cards
             )
     if not bars:
         return "<p>No VRAM reading in this evidence (no GPU roles or no probe).</p>"
-    cards = sorted({u for b in bars for u in b.free_mib})
-    label_of = {u: names.get(u) or (u if len(u) <= 16 else u[:13] + "...") for u in cards}
-    labels = [label_of[u] for u in cards]
+    uuids = sorted({u for b in bars for u in b.free_mib})
+    label_of = {u: names.get(u) or (u if len(u) <= 16 else u[:13] + "...") for u in uuids}
+    labels = [label_of[u] for u in uuids]
     relabelled = [plots.VramBar(b.label, {label_of[u]: v for u, v in b.free_mib.items()}) for b in bars]
     html = f'<div class="plot narrow">{plots.vram_svg(labels, relabelled, standing, in_force)}</div>'
-    readings = [(b.label, lab, b.free_mib.get(u)) for b in bars for u, lab in zip(cards, labels, strict=True)]
+    readings = [(b.label, lab, b.free_mib.get(u)) for b in bars for u, lab in zip(uuids, labels, strict=True)]
     html += table(("when", "card", "free MiB"), readings, numeric=(2,))
     if rows:
         html += "<p>After real-client acceptance, against the reserve in force (waivers applied):</p>"
@@ -234,43 +242,56 @@ def vram(inputs: ReportInputs) -> str:
     return html
 
 
+def _free(cards: Sequence[JSONMapping]) -> dict[str, int | None]:
+    """Free MiB by card UUID (lower case) of one reading's cards."""
+    return {str(c["uuid"]).lower(): _mib(c["free_mib"]) for c in cards}
+
+
+def _mib(value: object) -> int | None:
+    """A MiB figure as the reading holds it (an integer); anything else is not drawn."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def ab(inputs: ReportInputs) -> str:
     out = []
     for b in inputs.ab:
         comp = b.files.get("ab-comparison.json")
-        declared = b.files.get("00-declaration.json") or {}
+        declared = fields(b.files.get("00-declaration.json") or {})
         if not comp:
             continue
-        names = comp["arms"]
-        rows = [
-            (
-                c["label"],
-                c["A"]["decode_p50"],
-                c["B"]["decode_p50"],
-                _pct(c["delta_pct"]["decode_p50"]),
-                c["A"]["prefill_p50"],
-                c["B"]["prefill_p50"],
-                _pct(c["delta_pct"]["prefill_p50"]),
-            )
-            for c in comp["cells"]
-            if not c.get("skipped")
-        ]
-        verdict = comp["verdict"]
-        bounds = "; ".join(x["text"] for x in declared.get("boundaries", [])) or "none"
+        comparison = fields(comp)
+        names = fields(comparison["arms"])
+        rows = [_ab_row(fields(c)) for c in items(comparison["cells"]) if not fields(c).get("skipped")]
+        verdict = fields(comparison["verdict"])
+        bounds = "; ".join(str(fields(x)["text"]) for x in items(declared.get("boundaries", []))) or "none"
         digest = escape(str(declared.get("digest", ""))[:16])
         out.append(
-            f"<p>Transaction <code>{escape(b.tx_id)}</code>: A = <b>{escape(names['A'])}</b>, "
-            f"B = <b>{escape(names['B'])}</b>; boundaries declared before the first request "
+            f"<p>Transaction <code>{escape(b.tx_id)}</code>: A = <b>{escape(str(names['A']))}</b>, "
+            f"B = <b>{escape(str(names['B']))}</b>; boundaries declared before the first request "
             f"(digest <code>{digest}</code>): {escape(bounds)}</p>"
-            f'<div class="plot">{plots.ab_svg(comp)}</div>'
+            f'<div class="plot">{plots.ab_svg(comparison)}</div>'
             + table(
                 ("cell", "A decode p50", "B decode p50", "delta", "A prefill p50", "B prefill p50", "delta"),
                 rows,
                 numeric=(1, 2, 3, 4, 5, 6),
             )
-            + f"<p>{badge(verdict['outcome'])} {escape(verdict['summary'])}</p>"
+            + f"<p>{badge(verdict['outcome'])} {escape(str(verdict['summary']))}</p>"
         )
     return "".join(out) or "<p>No A/B control names this candidate.</p>"
+
+
+def _ab_row(c: JSONMapping) -> tuple[object, ...]:
+    """One measured cell of a comparison: each arm's decode and prefill p50 and the deltas."""
+    a, b, delta = fields(c["A"]), fields(c["B"]), fields(c["delta_pct"])
+    return (
+        c["label"],
+        a["decode_p50"],
+        b["decode_p50"],
+        _pct(number(delta["decode_p50"])),
+        a["prefill_p50"],
+        b["prefill_p50"],
+        _pct(number(delta["prefill_p50"])),
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -278,24 +299,24 @@ def _pct(value: float | None) -> str:
 
 
 def provenance(q: Bundle) -> str:
-    prov = q.files.get("provenance.json") or {}
-    source = prov.get("source") or {}
+    prov = fields(q.files.get("provenance.json") or {})
+    source = fields(prov.get("source") or {})
     html = ""
     if source:
         keys = ("repository", "release", "commit", "image_tag", "image_digest", "url", "notes")
         html += table(("source field", "as published"), [(k, source.get(k)) for k in keys if source.get(k)])
-    external = prov.get("external_prior") or []
+    external = [fields(e) for e in items(prov.get("external_prior"))]
     if external:
-        items = "".join(
-            f"<li><b>{escape(e.get('figure', ''))}</b>: {escape(e.get('conditions', ''))} "
-            f"({escape(e.get('where', ''))})</li>"
+        listed = "".join(
+            f"<li><b>{escape(str(e.get('figure', '')))}</b>: {escape(str(e.get('conditions', '')))} "
+            f"({escape(str(e.get('where', '')))})</li>"
             for e in external
         )
         html += (
             '<div class="box external"><h3>External-prior evidence: published by the source, '
-            f"NOT measured here</h3><ul>{items}</ul>"
+            f"NOT measured here</h3><ul>{listed}</ul>"
             "These figures are not local results and appear in no table or plot above.</div>"
         )
-    local = (prov.get("local_measurements") or {}).get("artifacts") or []
+    local = texts(fields(prov.get("local_measurements") or {}).get("artifacts"))
     html += f"<p>Local measurements in this bundle: {escape(', '.join(local)) or '-'}.</p>"
     return html
