@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from anvil_ctl.core.jsontypes import JSONObject
 
 ContainerStatus = Literal["created", "running", "paused", "restarting", "exited", "dead", "removing"]
 
@@ -23,12 +26,12 @@ LABEL_ROLE = LABEL_PREFIX + "role"
 LABEL_SERVED_MODEL = LABEL_PREFIX + "served-model"
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: object) -> str:
     """JSON with sorted keys and no insignificant whitespace: the form every digest is taken of."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def sha256_hex(value: Any) -> str:
+def sha256_hex(value: object) -> str:
     """SHA-256 of a value's canonical JSON (or of the bytes/str itself)."""
     if isinstance(value, bytes):
         data = value
@@ -66,7 +69,7 @@ class ContainerSpec:
     init: bool = True
     working_dir: str | None = None
 
-    def fingerprint_fields(self) -> dict[str, Any]:
+    def fingerprint_fields(self) -> dict[str, object]:
         return fingerprint_fields(
             image=self.image,
             command=list(self.command),
@@ -88,14 +91,14 @@ def fingerprint_fields(
     command: list[str],
     entrypoint: list[str] | None,
     env: dict[str, str],
-    mounts: list[dict[str, Any]],
-    ports: list[list[Any]],
+    mounts: Sequence[Mapping[str, str | bool]],
+    ports: list[list[int | str]],
     gpu_uuids: list[str],
     shm_size: str | int | None,
     ipc_mode: str | None,
-    ulimits: list[list[Any]],
+    ulimits: list[list[str | int]],
     network_mode: str,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The normalized fields a config fingerprint covers; env values enter only as a hash."""
     return {
         "image": image,
@@ -113,7 +116,7 @@ def fingerprint_fields(
     }
 
 
-def config_fingerprint(fields: dict[str, Any]) -> str:
+def config_fingerprint(fields: Mapping[str, object]) -> str:
     return sha256_hex(fields)
 
 
@@ -164,12 +167,23 @@ class ContainerLog:
 
     @classmethod
     def bounded(
-        cls, tail: bytes, *, max_lines: int, max_bytes: int, cut: bool = False, **state: Any
+        cls,
+        tail: bytes,
+        *,
+        max_lines: int,
+        max_bytes: int,
+        cut: bool = False,
+        restart_count: int = 0,
+        oom_killed: bool = False,
+        status: str = "",
+        started_at: str = "",
+        exit_code: int | None = None,
     ) -> ContainerLog:
         """The log from the raw `tail` of a container's output, cut to the caps.
 
         `tail` may hold one line more than `max_lines` (how an adapter learns there were
-        older lines); `cut`: the adapter already dropped bytes from its front.
+        older lines); `cut`: the adapter already dropped bytes from its front. The runtime's
+        state (restarts, OOM, status, start, exit code) is passed on as it was observed.
         """
         data = tail
         if len(data) > max_bytes:
@@ -185,7 +199,11 @@ class ContainerLog:
             truncated=cut,
             max_lines=max_lines,
             max_bytes=max_bytes,
-            **state,
+            restart_count=restart_count,
+            oom_killed=oom_killed,
+            status=status,
+            started_at=started_at,
+            exit_code=exit_code,
         )
 
 
@@ -256,7 +274,7 @@ class RouteCheck:
     def __bool__(self) -> bool:
         return self.holds
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 
@@ -340,11 +358,11 @@ class Identity:
     def missing(self) -> list[str]:
         return [name for name in self.REQUIRED if not getattr(self, name)]
 
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["repo_digests"] = sorted(self.repo_digests)
-        data["gpu_roles"] = sorted(self.gpu_roles)
-        data["aliases"] = sorted(self.aliases)
+    def as_dict(self) -> JSONObject:
+        data: JSONObject = asdict(self)
+        data["repo_digests"] = list(sorted(self.repo_digests))
+        data["gpu_roles"] = list(sorted(self.gpu_roles))
+        data["aliases"] = list(sorted(self.aliases))
         return data
 
     @property
@@ -372,9 +390,49 @@ class Identity:
         )
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Identity:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        for key in ("repo_digests", "gpu_roles", "aliases"):
-            if key in known:
-                known[key] = tuple(known[key])
-        return cls(**known)
+    def from_dict(cls, data: Mapping[str, object]) -> Identity:
+        """An identity as `as_dict` wrote it (keys it does not know are passed over).
+
+        A required field that is absent is a TypeError, as for the constructor; a field of
+        another JSON type than `as_dict` writes is a ValueError naming it.
+        """
+        absent = [name for name in cls.REQUIRED if name not in data]
+        if absent:
+            raise TypeError(f"Identity is missing required fields: {', '.join(absent)}")
+        return cls(
+            slot=_text(data, "slot"),
+            container_id=_text(data, "container_id"),
+            image_id=_text(data, "image_id"),
+            config_fingerprint=_text(data, "config_fingerprint"),
+            served_model=_text(data, "served_model"),
+            context_tokens=_count(data, "context_tokens"),
+            binding=_text(data, "binding"),
+            router_tier=_text(data, "router_tier"),
+            recipe_digest=_text(data, "recipe_digest"),
+            model_identity=_text(data, "model_identity"),
+            repo_digests=_texts(data, "repo_digests"),
+            gpu_roles=_texts(data, "gpu_roles"),
+            aliases=_texts(data, "aliases"),
+            container_name=_text(data, "container_name"),
+        )
+
+
+def _text(data: Mapping[str, object], key: str) -> str:
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"identity {key}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _count(data: Mapping[str, object], key: str) -> int:
+    value = data.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"identity {key}: expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _texts(data: Mapping[str, object], key: str) -> tuple[str, ...]:
+    value = data.get(key, ())
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"identity {key}: expected a list of strings")
+    return tuple(str(v) for v in value)
