@@ -1,18 +1,52 @@
-"""Value objects the core and its ports exchange: containers, images, GPUs, routers, identities.
+"""Value objects the core and its ports exchange: containers, images, GPUs, routers, residue.
 
 All are frozen dataclasses so they can be compared, hashed and put into snapshots
-without copying. None carries a secret.
+without copying. None carries a secret. A serve's `Identity` (`anvil_ctl.core.identity`)
+and the digest functions (`anvil_ctl.core.digest`) have modules of their own and are
+importable from here as well.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from anvil_ctl.core.digest import canonical_json, sha256_hex
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
+
+__all__ = [
+    "LABEL_MANAGED",
+    "LABEL_PREFIX",
+    "LABEL_RECIPE",
+    "LABEL_RECIPE_DIGEST",
+    "LABEL_ROLE",
+    "LABEL_SERVED_MODEL",
+    "LABEL_SLOT",
+    "LABEL_TX",
+    "Backend",
+    "ContainerInfo",
+    "ContainerLog",
+    "ContainerSpec",
+    "ContainerStatus",
+    "GpuProcess",
+    "GpuReading",
+    "Identity",
+    "ImageInfo",
+    "ModelCard",
+    "Mount",
+    "ResidueFile",
+    "ResidueRemoval",
+    "RouteCheck",
+    "RoutedAnswer",
+    "ShmMark",
+    "VramNeed",
+    "canonical_json",
+    "config_fingerprint",
+    "fingerprint_fields",
+    "sha256_hex",
+]
 
 ContainerStatus = Literal["created", "running", "paused", "restarting", "exited", "dead", "removing"]
 
@@ -24,22 +58,6 @@ LABEL_RECIPE_DIGEST = LABEL_PREFIX + "recipe-digest"
 LABEL_TX = LABEL_PREFIX + "transaction"
 LABEL_ROLE = LABEL_PREFIX + "role"
 LABEL_SERVED_MODEL = LABEL_PREFIX + "served-model"
-
-
-def canonical_json(value: object) -> str:
-    """JSON with sorted keys and no insignificant whitespace: the form every digest is taken of."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def sha256_hex(value: object) -> str:
-    """SHA-256 of a value's canonical JSON (or of the bytes/str itself)."""
-    if isinstance(value, bytes):
-        data = value
-    elif isinstance(value, str):
-        data = value.encode()
-    else:
-        data = canonical_json(value).encode()
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -319,120 +337,3 @@ class ResidueRemoval:
 
     removed: tuple[str, ...] = ()
     kept: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A serve's rollback identity: everything needed to bring it back exactly.
-
-    Captured before any mutation. `missing()` names the fields that are empty;
-    a mutation whose rollback identity has any is refused.
-    """
-
-    slot: str
-    container_id: str
-    image_id: str
-    config_fingerprint: str
-    served_model: str
-    context_tokens: int
-    binding: str
-    router_tier: str
-    recipe_digest: str = ""
-    model_identity: str = ""
-    repo_digests: tuple[str, ...] = ()
-    gpu_roles: tuple[str, ...] = ()
-    aliases: tuple[str, ...] = ()
-    container_name: str = ""
-
-    REQUIRED = (
-        "slot",
-        "container_id",
-        "image_id",
-        "config_fingerprint",
-        "served_model",
-        "context_tokens",
-        "binding",
-        "router_tier",
-    )
-
-    def missing(self) -> list[str]:
-        return [name for name in self.REQUIRED if not getattr(self, name)]
-
-    def as_dict(self) -> JSONObject:
-        data: JSONObject = asdict(self)
-        data["repo_digests"] = list(sorted(self.repo_digests))
-        data["gpu_roles"] = list(sorted(self.gpu_roles))
-        data["aliases"] = list(sorted(self.aliases))
-        return data
-
-    @property
-    def digest(self) -> str:
-        return sha256_hex(self.as_dict())
-
-    @property
-    def qualification_digest(self) -> str:
-        """What a decision is bound to: the serve as configured, not the container instance.
-
-        Recipe digest, image ID, model identity, config fingerprint, served model and
-        context: loading the same recipe again gives a new container ID but the same
-        qualification digest, so an earlier decision still applies to it; any change of
-        image, flags, env or mounts gives a new digest and needs a new qualification.
-        """
-        return sha256_hex(
-            {
-                "recipe_digest": self.recipe_digest,
-                "image_id": self.image_id,
-                "model_identity": self.model_identity,
-                "config_fingerprint": self.config_fingerprint,
-                "served_model": self.served_model,
-                "context_tokens": self.context_tokens,
-            }
-        )
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> Identity:
-        """An identity as `as_dict` wrote it (keys it does not know are passed over).
-
-        A required field that is absent is a TypeError, as for the constructor; a field of
-        another JSON type than `as_dict` writes is a ValueError naming it.
-        """
-        absent = [name for name in cls.REQUIRED if name not in data]
-        if absent:
-            raise TypeError(f"Identity is missing required fields: {', '.join(absent)}")
-        return cls(
-            slot=_text(data, "slot"),
-            container_id=_text(data, "container_id"),
-            image_id=_text(data, "image_id"),
-            config_fingerprint=_text(data, "config_fingerprint"),
-            served_model=_text(data, "served_model"),
-            context_tokens=_count(data, "context_tokens"),
-            binding=_text(data, "binding"),
-            router_tier=_text(data, "router_tier"),
-            recipe_digest=_text(data, "recipe_digest"),
-            model_identity=_text(data, "model_identity"),
-            repo_digests=_texts(data, "repo_digests"),
-            gpu_roles=_texts(data, "gpu_roles"),
-            aliases=_texts(data, "aliases"),
-            container_name=_text(data, "container_name"),
-        )
-
-
-def _text(data: Mapping[str, object], key: str) -> str:
-    value = data.get(key, "")
-    if not isinstance(value, str):
-        raise ValueError(f"identity {key}: expected a string, got {type(value).__name__}")
-    return value
-
-
-def _count(data: Mapping[str, object], key: str) -> int:
-    value = data.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"identity {key}: expected an integer, got {type(value).__name__}")
-    return value
-
-
-def _texts(data: Mapping[str, object], key: str) -> tuple[str, ...]:
-    value = data.get(key, ())
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"identity {key}: expected a list of strings")
-    return tuple(str(v) for v in value)

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from anvil_ctl.core.digest import canonical_json, sha256_hex
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import canonical_json, sha256_hex
 
 SCHEMA_VERSION = 1
 
