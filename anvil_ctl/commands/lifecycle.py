@@ -78,7 +78,7 @@ def _promote_locked(
         slot=slot,
         candidate=cand,
         incumbent=ctx.store.current_identity(slot, "incumbent"),
-        decision_id=decision["id"] if decision else None,
+        decision_id=str(decision["id"]) if decision else None,
         approved_by=approved_by,
         accept_drift=accept_drift,
     )

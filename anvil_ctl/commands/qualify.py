@@ -220,8 +220,8 @@ def qualify_ab(ctx: Context, *, slot: str, arms: Sequence[str], profile: str | N
     compared = outcome.results.get("compare")
     comparison = None
     if compared:
-        comparison = json.loads((Path(compared["tx_dir"]) / compared["artifact"]).read_text())
-    return AbOutcome(outcome, comparison, compared["tx_dir"] if compared else None)
+        comparison = json.loads((Path(str(compared["tx_dir"])) / str(compared["artifact"])).read_text())
+    return AbOutcome(outcome, comparison, str(compared["tx_dir"]) if compared else None)
 
 
 # -- reclassification under waivers -----------------------------------------------------------

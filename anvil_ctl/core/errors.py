@@ -24,8 +24,6 @@ UncoveredRows (RuntimeError)     misuse: history rows committed without their au
 
 from __future__ import annotations
 
-from typing import Any
-
 from anvil_ctl.core.states import ExitCode, IllegalTransition
 
 __all__ = [
@@ -54,7 +52,7 @@ class AnvilError(Exception):
 
     exit_code: int = ExitCode.INTERNAL
 
-    def __init__(self, message: str, **data: Any) -> None:
+    def __init__(self, message: str, **data: object) -> None:
         super().__init__(message)
         self.message = message
         self.data = data
@@ -109,7 +107,7 @@ class Unavailable(AdapterError):
 
     exit_code = ExitCode.UNAVAILABLE
 
-    def __init__(self, message: str, *, dependency: str = "", **data: Any) -> None:
+    def __init__(self, message: str, *, dependency: str = "", **data: object) -> None:
         super().__init__(message, dependency=dependency, **data)
         self.dependency = dependency
 

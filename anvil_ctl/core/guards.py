@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 C_contra = TypeVar("C_contra", contravariant=True)
 """The step context the guard reads (a guard for every kind takes the widest one)."""
@@ -20,9 +20,9 @@ C_contra = TypeVar("C_contra", contravariant=True)
 class Refusal:
     guard: str
     reason: str
-    data: dict[str, Any]
+    data: dict[str, object]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"guard": self.guard, "reason": self.reason, "data": self.data}
 
 
@@ -40,7 +40,7 @@ class Guard(Generic[C_contra]):
     def check(self, ctx: C_contra) -> Refusal | None:
         raise NotImplementedError
 
-    def refuse(self, reason: str, /, **data: Any) -> Refusal:
+    def refuse(self, reason: str, /, **data: object) -> Refusal:
         return Refusal(self.name, reason, data)
 
 

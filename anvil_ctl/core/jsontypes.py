@@ -4,9 +4,9 @@
 `JSONObject` is one JSON object. Code that reads a field narrows it where it
 reads it (`isinstance`, or the helpers below, which raise a `ValueError` naming
 the key), so that `mypy --strict` checks what is done with every value instead
-of trusting `Any`. Data with a known shape is a dataclass or a `TypedDict`; these
-aliases are for documents whose shape is open (snapshots, evidence, step results
-as stored).
+of trusting it unchecked. Data with a known shape is a dataclass or a `TypedDict`;
+these aliases are for documents whose shape is open (snapshots, evidence, step
+results as stored).
 """
 
 from __future__ import annotations
@@ -66,3 +66,14 @@ def get_float(doc: Mapping[str, object], key: str, default: float | None = None)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{key}: expected a number, got {type(value).__name__}")
     return float(value)
+
+
+def get_objects(doc: Mapping[str, object], key: str) -> list[JSONObject]:
+    """`doc[key]` as an array of objects ([] when absent); a ValueError naming the key when
+    it is another type or holds anything but objects."""
+    out: list[JSONObject] = []
+    for item in get_array(doc, key):
+        if not isinstance(item, dict):
+            raise ValueError(f"{key}: expected JSON objects, got {type(item).__name__}")
+        out.append(item)
+    return out

@@ -1,15 +1,52 @@
-"""Value objects the core and its ports exchange: containers, images, GPUs, routers, identities.
+"""Value objects the core and its ports exchange: containers, images, GPUs, routers, residue.
 
 All are frozen dataclasses so they can be compared, hashed and put into snapshots
-without copying. None carries a secret.
+without copying. None carries a secret. A serve's `Identity` (`anvil_ctl.core.identity`)
+and the digest functions (`anvil_ctl.core.digest`) have modules of their own and are
+importable from here as well.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from anvil_ctl.core.digest import canonical_json, sha256_hex
+from anvil_ctl.core.identity import Identity
+from anvil_ctl.core.jsontypes import JSONObject
+
+__all__ = [
+    "LABEL_MANAGED",
+    "LABEL_PREFIX",
+    "LABEL_RECIPE",
+    "LABEL_RECIPE_DIGEST",
+    "LABEL_ROLE",
+    "LABEL_SERVED_MODEL",
+    "LABEL_SLOT",
+    "LABEL_TX",
+    "Backend",
+    "ContainerInfo",
+    "ContainerLog",
+    "ContainerSpec",
+    "ContainerStatus",
+    "GpuProcess",
+    "GpuReading",
+    "Identity",
+    "ImageInfo",
+    "ModelCard",
+    "Mount",
+    "ResidueFile",
+    "ResidueRemoval",
+    "RouteCheck",
+    "RoutedAnswer",
+    "ShmMark",
+    "VramNeed",
+    "canonical_json",
+    "config_fingerprint",
+    "fingerprint_fields",
+    "sha256_hex",
+]
 
 ContainerStatus = Literal["created", "running", "paused", "restarting", "exited", "dead", "removing"]
 
@@ -21,22 +58,6 @@ LABEL_RECIPE_DIGEST = LABEL_PREFIX + "recipe-digest"
 LABEL_TX = LABEL_PREFIX + "transaction"
 LABEL_ROLE = LABEL_PREFIX + "role"
 LABEL_SERVED_MODEL = LABEL_PREFIX + "served-model"
-
-
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no insignificant whitespace: the form every digest is taken of."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def sha256_hex(value: Any) -> str:
-    """SHA-256 of a value's canonical JSON (or of the bytes/str itself)."""
-    if isinstance(value, bytes):
-        data = value
-    elif isinstance(value, str):
-        data = value.encode()
-    else:
-        data = canonical_json(value).encode()
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -66,7 +87,7 @@ class ContainerSpec:
     init: bool = True
     working_dir: str | None = None
 
-    def fingerprint_fields(self) -> dict[str, Any]:
+    def fingerprint_fields(self) -> dict[str, object]:
         return fingerprint_fields(
             image=self.image,
             command=list(self.command),
@@ -88,14 +109,14 @@ def fingerprint_fields(
     command: list[str],
     entrypoint: list[str] | None,
     env: dict[str, str],
-    mounts: list[dict[str, Any]],
-    ports: list[list[Any]],
+    mounts: Sequence[Mapping[str, str | bool]],
+    ports: list[list[int | str]],
     gpu_uuids: list[str],
     shm_size: str | int | None,
     ipc_mode: str | None,
-    ulimits: list[list[Any]],
+    ulimits: list[list[str | int]],
     network_mode: str,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The normalized fields a config fingerprint covers; env values enter only as a hash."""
     return {
         "image": image,
@@ -113,7 +134,7 @@ def fingerprint_fields(
     }
 
 
-def config_fingerprint(fields: dict[str, Any]) -> str:
+def config_fingerprint(fields: Mapping[str, object]) -> str:
     return sha256_hex(fields)
 
 
@@ -164,12 +185,23 @@ class ContainerLog:
 
     @classmethod
     def bounded(
-        cls, tail: bytes, *, max_lines: int, max_bytes: int, cut: bool = False, **state: Any
+        cls,
+        tail: bytes,
+        *,
+        max_lines: int,
+        max_bytes: int,
+        cut: bool = False,
+        restart_count: int = 0,
+        oom_killed: bool = False,
+        status: str = "",
+        started_at: str = "",
+        exit_code: int | None = None,
     ) -> ContainerLog:
         """The log from the raw `tail` of a container's output, cut to the caps.
 
         `tail` may hold one line more than `max_lines` (how an adapter learns there were
-        older lines); `cut`: the adapter already dropped bytes from its front.
+        older lines); `cut`: the adapter already dropped bytes from its front. The runtime's
+        state (restarts, OOM, status, start, exit code) is passed on as it was observed.
         """
         data = tail
         if len(data) > max_bytes:
@@ -185,7 +217,11 @@ class ContainerLog:
             truncated=cut,
             max_lines=max_lines,
             max_bytes=max_bytes,
-            **state,
+            restart_count=restart_count,
+            oom_killed=oom_killed,
+            status=status,
+            started_at=started_at,
+            exit_code=exit_code,
         )
 
 
@@ -256,7 +292,7 @@ class RouteCheck:
     def __bool__(self) -> bool:
         return self.holds
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 
@@ -301,80 +337,3 @@ class ResidueRemoval:
 
     removed: tuple[str, ...] = ()
     kept: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A serve's rollback identity: everything needed to bring it back exactly.
-
-    Captured before any mutation. `missing()` names the fields that are empty;
-    a mutation whose rollback identity has any is refused.
-    """
-
-    slot: str
-    container_id: str
-    image_id: str
-    config_fingerprint: str
-    served_model: str
-    context_tokens: int
-    binding: str
-    router_tier: str
-    recipe_digest: str = ""
-    model_identity: str = ""
-    repo_digests: tuple[str, ...] = ()
-    gpu_roles: tuple[str, ...] = ()
-    aliases: tuple[str, ...] = ()
-    container_name: str = ""
-
-    REQUIRED = (
-        "slot",
-        "container_id",
-        "image_id",
-        "config_fingerprint",
-        "served_model",
-        "context_tokens",
-        "binding",
-        "router_tier",
-    )
-
-    def missing(self) -> list[str]:
-        return [name for name in self.REQUIRED if not getattr(self, name)]
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["repo_digests"] = sorted(self.repo_digests)
-        data["gpu_roles"] = sorted(self.gpu_roles)
-        data["aliases"] = sorted(self.aliases)
-        return data
-
-    @property
-    def digest(self) -> str:
-        return sha256_hex(self.as_dict())
-
-    @property
-    def qualification_digest(self) -> str:
-        """What a decision is bound to: the serve as configured, not the container instance.
-
-        Recipe digest, image ID, model identity, config fingerprint, served model and
-        context: loading the same recipe again gives a new container ID but the same
-        qualification digest, so an earlier decision still applies to it; any change of
-        image, flags, env or mounts gives a new digest and needs a new qualification.
-        """
-        return sha256_hex(
-            {
-                "recipe_digest": self.recipe_digest,
-                "image_id": self.image_id,
-                "model_identity": self.model_identity,
-                "config_fingerprint": self.config_fingerprint,
-                "served_model": self.served_model,
-                "context_tokens": self.context_tokens,
-            }
-        )
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Identity:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        for key in ("repo_digests", "gpu_roles", "aliases"):
-            if key in known:
-                known[key] = tuple(known[key])
-        return cls(**known)

@@ -7,9 +7,11 @@ Every implementation translates its library's exceptions into
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
     Backend,
     ContainerInfo,
@@ -115,7 +117,7 @@ class Router(Protocol):
 
     def ready(self) -> bool: ...
 
-    def view(self, tier: str) -> dict[str, Any]:
+    def view(self, tier: str) -> JSONObject:
         """The router's view of a tier for snapshots (JSON-able, no secrets): `router`, `tier`,
         `ready`, and `backends` as url, aliases, observed_model, healthy, state."""
         ...
@@ -210,7 +212,7 @@ class TxRecord:
     id: str
     kind: str
     slot: str | None
-    args: dict[str, Any]
+    args: JSONObject
     owner: Owner
     state: TxState
     created_at: str
@@ -222,7 +224,7 @@ class StepEvent:
     step: str
     phase: str
     event: str
-    detail: dict[str, Any]
+    detail: JSONObject
     at: str
 
 
@@ -234,7 +236,7 @@ class Journal(Protocol):
         *,
         kind: str,
         slot: str | None,
-        args: dict[str, Any],
+        args: JSONObject,
         owner: Owner,
         tx_id: str | None = None,
     ) -> str:
@@ -242,7 +244,7 @@ class Journal(Protocol):
         ...
 
     def transition(
-        self, tx_id: str, target: TxState, reason: str = "", data: dict[str, Any] | None = None
+        self, tx_id: str, target: TxState, reason: str = "", data: Mapping[str, object] | None = None
     ) -> None:
         """Append a state row after checking the move against the transition table."""
         ...
@@ -257,7 +259,7 @@ class Journal(Protocol):
         step: str,
         phase: str,
         event: str,
-        detail: dict[str, Any] | None = None,
+        detail: Mapping[str, object] | None = None,
     ) -> None: ...
 
     def step_events(self, tx_id: str) -> list[StepEvent]: ...

@@ -19,22 +19,28 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from anvil_ctl.core.model import canonical_json, sha256_hex
+from anvil_ctl.core.digest import canonical_json, sha256_hex
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 
 SCHEMA_VERSION = 1
 
 
-def normalize(value: Any) -> Any:
-    """Canonical form: dict keys as str, tuples as lists, sets sorted, floats rounded."""
+def normalize(value: object) -> object:
+    """Canonical form: dict keys as str, tuples as lists, sets sorted, floats rounded.
+
+    A set is sorted before its items are normalized (the same order for the scalars,
+    strings and numbers, that a set holds).
+    """
     if isinstance(value, dict):
         return {str(k): normalize(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [normalize(v) for v in value]
     if isinstance(value, set | frozenset):
-        return sorted(normalize(v) for v in value)
+        return [normalize(v) for v in sorted(value)]
     if isinstance(value, float):
         return round(value, 6)
     return value
@@ -42,11 +48,11 @@ def normalize(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Snapshot:
-    body: dict[str, Any]
+    body: JSONObject
 
     @classmethod
-    def of(cls, body: dict[str, Any]) -> Snapshot:
-        normalized = normalize(body)
+    def of(cls, body: Mapping[str, object]) -> Snapshot:
+        normalized = {str(k): normalize(v) for k, v in body.items()}
         normalized["schema"] = SCHEMA_VERSION
         # A round trip through canonical JSON makes equal bodies equal objects.
         return cls(json.loads(canonical_json(normalized)))
@@ -97,8 +103,8 @@ class Change:
 
     op: Literal["add", "remove", "replace"]
     parts: tuple[str | int, ...]
-    before: Any = None
-    after: Any = None
+    before: JSONValue = None
+    after: JSONValue = None
 
     @property
     def path(self) -> str:
@@ -108,8 +114,8 @@ class Change:
     def pointer(self) -> str:
         return pointer(self.parts)
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": self.op, "path": self.path, "pointer": self.pointer}
+    def as_dict(self) -> JSONObject:
+        out: JSONObject = {"op": self.op, "path": self.path, "pointer": self.pointer}
         if self.op != "add":
             out["before"] = self.before
         if self.op != "remove":
@@ -125,17 +131,17 @@ class Change:
         return f"~ {self.path}: {show_value(self.before)} -> {show_value(self.after)}"
 
 
-def show_value(value: Any) -> str:
+def show_value(value: object) -> str:
     """A value as compact JSON: `null`, `[]`, `"text"` (absence is never a value)."""
     return json.dumps(value, sort_keys=True, separators=(", ", ": "), ensure_ascii=False, default=str)
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     # bool is an int in Python: True == 1, but not in JSON.
     return type(a) is type(b) and a == b
 
 
-def _walk(a: Any, b: Any, parts: tuple[str | int, ...], out: list[Change]) -> None:
+def _walk(a: JSONValue, b: JSONValue, parts: tuple[str | int, ...], out: list[Change]) -> None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
             if key not in b:
@@ -171,14 +177,14 @@ def diff(before: Snapshot, after: Snapshot) -> list[Change]:
 # -- JSON Patch (RFC 6902): how a diff is stored ----------------------------------------------
 
 
-def to_patch(changes: list[Change]) -> list[dict[str, Any]]:
+def to_patch(changes: list[Change]) -> list[JSONObject]:
     """The changes as a JSON Patch that turns the before-snapshot's body into the after's.
 
     Every `remove` and `replace` is preceded by a `test` of the value it takes away, so the
     stored patch keeps what was there (for `- path: value` and `~ path: before -> after`)
     and refuses to apply to any other document.
     """
-    ops: list[dict[str, Any]] = []
+    ops: list[JSONObject] = []
     for c in changes:
         if c.op != "add":
             ops.append({"op": "test", "path": c.pointer, "value": c.before})
@@ -189,35 +195,39 @@ def to_patch(changes: list[Change]) -> list[dict[str, Any]]:
     return ops
 
 
-def _parts(ptr: str) -> tuple[str | int, ...]:
+def _parts(ptr: JSONValue) -> tuple[str | int, ...]:
     if not ptr:
         return ()
-    if not ptr.startswith("/"):
+    if not isinstance(ptr, str) or not ptr.startswith("/"):
         raise ValueError(f"not a JSON pointer: {ptr!r}")
     # An all-digit token is shown as a list index; snapshot keys (names, hex IDs) are not numbers.
     return tuple(int(t) if t.isdigit() else _untoken(t) for t in ptr[1:].split("/"))
 
 
-def from_patch(ops: list[dict[str, Any]]) -> list[Change]:
+PatchOps = Sequence[Mapping[str, JSONValue]]
+"""A JSON Patch as read back (from `to_patch`, or `json.loads` of a stored one)."""
+
+
+def from_patch(ops: PatchOps) -> list[Change]:
     """The changes a patch written by `to_patch` describes."""
     out: list[Change] = []
-    tested: dict[str, Any] = {}
+    tested: dict[str, JSONValue] = {}
     for op in ops:
         kind, ptr = op["op"], op["path"]
         if kind == "test":
-            tested[ptr] = op["value"]
+            tested[str(ptr)] = op["value"]
         elif kind == "add":
             out.append(Change("add", _parts(ptr), after=op["value"]))
         elif kind == "remove":
-            out.append(Change("remove", _parts(ptr), before=tested.pop(ptr, None)))
+            out.append(Change("remove", _parts(ptr), before=tested.pop(str(ptr), None)))
         elif kind == "replace":
-            out.append(Change("replace", _parts(ptr), before=tested.pop(ptr, None), after=op["value"]))
+            out.append(Change("replace", _parts(ptr), before=tested.pop(str(ptr), None), after=op["value"]))
         else:
             raise ValueError(f"JSON Patch op {kind!r} is not one a snapshot diff writes")
     return out
 
 
-def changes_from_stored(data: list[dict[str, Any]]) -> tuple[str, list[Change]]:
+def changes_from_stored(data: PatchOps) -> tuple[str, list[Change]]:
     """A stored diff (`snapshot_diffs.changes_json`) as ("json-patch" | "legacy", changes).
 
     Rows written before diffs were JSON Patches hold `{path, before, after}` with None for
@@ -236,12 +246,57 @@ def changes_from_stored(data: list[dict[str, Any]]) -> tuple[str, list[Change]]:
     return "legacy", out
 
 
-def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+def _not_subscriptable(value: JSONValue) -> TypeError:
+    return TypeError(f"'{type(value).__name__}' object is not subscriptable")
+
+
+def _list_index(key: str | int) -> int:
+    if not isinstance(key, int):
+        raise TypeError(f"list indices must be integers or slices, not {type(key).__name__}")
+    return key
+
+
+def _child(parent: JSONValue, part: str | int) -> JSONValue:
+    if isinstance(parent, list):
+        return parent[_list_index(part)]
+    if isinstance(parent, dict):
+        return parent[str(part)]
+    raise _not_subscriptable(parent)
+
+
+def _apply_op(parent: JSONValue, last: str | int, op: Mapping[str, JSONValue]) -> None:
+    """One add, remove, replace or test at `parent[last]` (other ops are passed over)."""
+    kind = op["op"]
+    if kind not in ("test", "remove", "replace", "add"):
+        return
+    if isinstance(parent, list):
+        index = _list_index(last)
+        if kind == "test" and not _same(parent[index], op["value"]):
+            raise ValueError(f"test failed at {op['path']}: {parent[index]!r} != {op['value']!r}")
+        if kind == "remove":
+            del parent[index]
+        elif kind == "replace":
+            parent[index] = op["value"]
+        elif kind == "add":
+            parent.insert(index, op["value"])
+    elif isinstance(parent, dict):
+        key = str(last)
+        if kind == "test" and not _same(parent[key], op["value"]):
+            raise ValueError(f"test failed at {op['path']}: {parent[key]!r} != {op['value']!r}")
+        if kind == "remove":
+            del parent[key]
+        elif kind in ("replace", "add"):
+            parent[key] = op["value"]
+    else:
+        raise _not_subscriptable(parent)
+
+
+def apply_patch(doc: JSONValue, ops: PatchOps) -> JSONValue:
     """`doc` with a patch applied (RFC 6902 add, remove, replace, test); `doc` is not changed.
 
     A failed `test` raises ValueError: the patch was not made from this document.
     """
-    result = json.loads(json.dumps(doc))
+    result: JSONValue = json.loads(json.dumps(doc))
     for op in ops:
         parts = _parts(op["path"])
         if not parts:
@@ -250,21 +305,8 @@ def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
             if op["op"] in ("add", "replace"):
                 result = json.loads(json.dumps(op["value"]))
             continue
-        parent: Any = result
+        parent = result
         for p in parts[:-1]:
-            parent = parent[p if isinstance(parent, list) else str(p)]
-        last = parts[-1]
-        key: Any = last if isinstance(parent, list) else str(last)
-        if op["op"] == "test":
-            if not _same(parent[key], op["value"]):
-                raise ValueError(f"test failed at {op['path']}: {parent[key]!r} != {op['value']!r}")
-        elif op["op"] == "remove":
-            del parent[key]
-        elif op["op"] == "replace":
-            parent[key] = op["value"]
-        elif op["op"] == "add":
-            if isinstance(parent, list):
-                parent.insert(key, op["value"])
-            else:
-                parent[key] = op["value"]
+            parent = _child(parent, p)
+        _apply_op(parent, parts[-1], op)
     return result

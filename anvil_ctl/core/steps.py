@@ -22,14 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from anvil_ctl.core.guards import Guard
 
-StepResult = dict[str, Any] | None
+StepResult = JSONObject | None
 """What a do or undo reports: JSON-able detail, journaled as the step's result."""
 
 A_co = TypeVar("A_co", covariant=True)
@@ -59,7 +60,7 @@ class StepContext(Generic[A_co, W_co, M_co]):
     args: A_co
     world: W_co
     memo: M_co
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    results: dict[str, JSONObject] = field(default_factory=dict)
 
 
 C = TypeVar("C")
@@ -72,7 +73,7 @@ class Step(Generic[C]):
     do: Callable[[C], StepResult]
     undo: Callable[[C, StepResult], StepResult] | None = None
     description: str = ""
-    remember: Callable[[C, dict[str, Any]], None] | None = None
+    remember: Callable[[C, JSONObject], None] | None = None
     """Copy this step's journaled result into the context's memo (live and in `recover`)."""
 
 

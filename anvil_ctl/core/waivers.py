@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
 
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import utc_stamp
 
 VRAM_RESERVE = "vram-reserve"
@@ -81,7 +81,7 @@ class Waiver:
         """A copy revoked at `at` (the store appends it as a revocation row)."""
         return replace(self, revoked_at=at)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         def iso(t: datetime | None) -> str | None:
             return None if t is None else utc_stamp(t)
 
@@ -89,7 +89,7 @@ class Waiver:
             "id": self.id,
             "policy": self.policy,
             "value": self.value,
-            "roles": sorted(self.roles),
+            "roles": list(sorted(self.roles)),
             "recipe_digest": self.recipe_digest,
             "approved_by": self.approved_by,
             "reason": self.reason,
@@ -99,22 +99,49 @@ class Waiver:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Waiver:
+    def from_dict(cls, data: Mapping[str, object]) -> Waiver:
+        """A waiver as `as_dict` wrote it; a field of another type is BadInput naming it."""
+
+        def wrong(key: str, expected: str) -> BadInput:
+            got = type(data[key]).__name__
+            return BadInput(f"waiver {data.get('id')}: {key}: expected {expected}, got {got}", field=key)
+
+        def text(key: str) -> str:
+            value = data[key]
+            if not isinstance(value, str):
+                raise wrong(key, "a string")
+            return value
+
         def when(key: str) -> datetime | None:
             value = data.get(key)
-            return None if value is None else datetime.fromisoformat(value)
+            if value is None:
+                return None
+            if not isinstance(value, str):
+                raise wrong(key, "an ISO 8601 time")
+            return datetime.fromisoformat(value)
 
         created = when("created_at")
         if created is None:
             raise BadInput(f"waiver {data.get('id')}: created_at missing", field="created_at")
+        value = data["value"]
+        if not isinstance(value, int | float | str):
+            raise wrong("value", "MiB")
+        roles = data.get("roles") or ()
+        if not isinstance(roles, list | tuple | set | frozenset):
+            raise wrong("roles", "a list of GPU roles")
+        if not all(isinstance(r, str) for r in roles):
+            raise wrong("roles", "a list of GPU roles")
+        digest = data.get("recipe_digest")
+        if digest is not None and not isinstance(digest, str):
+            raise wrong("recipe_digest", "a string")
         return cls(
-            id=data["id"],
-            policy=data["policy"],
-            value=int(data["value"]),
-            roles=frozenset(data.get("roles") or ()),
-            recipe_digest=data.get("recipe_digest"),
-            approved_by=data["approved_by"],
-            reason=data["reason"],
+            id=text("id"),
+            policy=text("policy"),
+            value=int(value),
+            roles=frozenset(str(r) for r in roles),
+            recipe_digest=digest,
+            approved_by=text("approved_by"),
+            reason=text("reason"),
             created_at=created,
             expires_at=when("expires_at"),
             revoked_at=when("revoked_at"),

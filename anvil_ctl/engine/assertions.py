@@ -11,10 +11,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from anvil_ctl.config import Slot
 from anvil_ctl.core.errors import AnvilError, NotFound
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
 from anvil_ctl.engine.serving import FieldDrift, identity_drift
 from anvil_ctl.engine.world import World
@@ -25,13 +25,17 @@ from anvil_ctl.persistence import gpu_ledger
 class Assertion:
     name: str
     passed: bool
-    observed: Any
+    observed: JSONValue
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"name": self.name, "passed": self.passed, "observed": self.observed}
 
 
-def _check(out: list[Assertion], name: str, fn: Callable[[], tuple[bool, Any]]) -> None:
+Observation = tuple[bool, JSONValue]
+"""What one check found: whether it passed, and what it observed."""
+
+
+def _check(out: list[Assertion], name: str, fn: Callable[[], Observation]) -> None:
     try:
         ok, observed = fn()
     except AnvilError as exc:
@@ -58,15 +62,15 @@ def _container_checks(world: World, ident: Identity, out: list[Assertion]) -> No
     def drift() -> dict[str, FieldDrift]:
         return {d.field: d for d in identity_drift(world, ident, running=True)}
 
-    def running() -> tuple[bool, Any]:
+    def running() -> Observation:
         found = drift()
         if "container" in found:
             return False, "absent"
         status = found["status"].observed if "status" in found else "running"
         return "status" not in found, {"container_id": ident.container_id, "status": status}
 
-    def same(name: str, shown: Callable[[str], str]) -> Callable[[], tuple[bool, Any]]:
-        def check() -> tuple[bool, Any]:
+    def same(name: str, shown: Callable[[str], str]) -> Callable[[], Observation]:
+        def check() -> Observation:
             found = drift()
             if "container" in found:
                 raise NotFound(f"container {ident.container_id[:12]} is absent")
@@ -81,15 +85,15 @@ def _container_checks(world: World, ident: Identity, out: list[Assertion]) -> No
 
 
 def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion]) -> None:
-    def served() -> tuple[bool, Any]:
+    def served() -> Observation:
         models = [m.id for m in world.engine.models(cfg.base_url)]
-        return models == [ident.served_model], models
+        return models == [ident.served_model], list(models)
 
-    def context_tokens() -> tuple[bool, Any]:
+    def context_tokens() -> Observation:
         lens = [m.max_model_len for m in world.engine.models(cfg.base_url)]
-        return lens in ([ident.context_tokens], [None]), lens
+        return lens in ([ident.context_tokens], [None]), list(lens)
 
-    def binding() -> tuple[bool, Any]:
+    def binding() -> Observation:
         try:
             loop = ipaddress.ip_address(cfg.host).is_loopback
         except ValueError:
@@ -103,17 +107,17 @@ def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertio
 
 
 def _gpu_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
-    def gpu_owner() -> tuple[bool, Any]:
+    def gpu_owner() -> Observation:
         owners = gpu_ledger.gpu_owners(world.store)
         mine = {r: (owners.get(r) or {}).get("container_id") for r in ident.gpu_roles}
         return all(v == ident.container_id for v in mine.values()), mine
 
-    def gpus_found() -> tuple[bool, Any]:
+    def gpus_found() -> Observation:
         if world.gpus is None:
             return False, "no GPU probe"
         seen = {g.uuid.lower() for g in world.gpus.gpus()}
         want = {world.config.gpu_roles[r].uuid.lower(): r for r in ident.gpu_roles}
-        return set(want) <= seen, sorted(want[u] for u in want if u in seen)
+        return set(want) <= seen, list(sorted(want[u] for u in want if u in seen))
 
     _check(out, "gpu_owner", gpu_owner)
     _check(out, "expected_gpus_found", gpus_found)
@@ -123,19 +127,19 @@ def _router_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion
     router = world.router
     assert router is not None
 
-    def readiness() -> tuple[bool, Any]:
-        backends = router.view(cfg.router_tier).get("backends", [])
+    def readiness() -> Observation:
+        backends = get_objects(router.view(cfg.router_tier), "backends")
         urls = [b.get("url") for b in backends]
         observed = [b.get("observed_model") for b in backends]
         ok = router.ready() and urls == [cfg.base_url] and observed in ([ident.served_model], [None])
         return ok, {"ready": router.ready(), "backends": urls, "observed_models": observed}
 
-    def smoke() -> tuple[bool, Any]:
+    def smoke() -> Observation:
         answer = router.routed_chat(cfg.aliases[0])
         ok = answer.status == 200 and answer.model == ident.served_model
         return ok, {"status": answer.status, "model": answer.model}
 
-    def route_holds() -> tuple[bool, Any]:
+    def route_holds() -> Observation:
         check = router.check_route(cfg.router_tier, cfg.base_url, ident.served_model)
         return check.holds, check.as_dict()
 
@@ -145,19 +149,19 @@ def _router_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion
 
 
 def _host_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
-    def no_candidate() -> tuple[bool, Any]:
+    def no_candidate() -> Observation:
         # A promoted candidate keeps its creation label; as the incumbent it is no candidate.
         labels = {LABEL_MANAGED: "true", LABEL_ROLE: "candidate"}
         running = [
             c.id[:12] for c in world.runtime.list(labels=labels) if c.running and c.id != ident.container_id
         ]
-        return not running, running
+        return not running, list(running)
 
-    def residue() -> tuple[bool, Any]:
+    def residue() -> Observation:
         # Only our residue: files managed engines left and nobody holds. A database's
         # segments or any other program's file in /dev/shm never fail this.
         files = [r.path for r in world.shm.residue()] if world.shm else []
-        return not files, files
+        return not files, list(files)
 
     _check(out, "no_candidate_running", no_candidate)
     _check(out, "shm_residue_zero", residue)

@@ -20,12 +20,12 @@ pending that this process never saw.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import structlog
 
 from anvil_ctl.core.errors import AdapterError, AnvilError
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity, VramNeed
 from anvil_ctl.engine import gpu
 from anvil_ctl.engine.serving import (
@@ -64,8 +64,14 @@ class SlotState:
             return False
         return not self.router or self.routed_model == self.models[0]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "serving": self.serving}
+    def as_dict(self) -> JSONObject:
+        return {
+            "slot": self.slot,
+            "models": list(self.models),
+            "routed_model": self.routed_model,
+            "router": self.router,
+            "serving": self.serving,
+        }
 
 
 def observe_slot(world: World, slot: str) -> SlotState:
@@ -107,7 +113,7 @@ def record_harbour(world: World, tx_id: str, state: SlotState) -> Identity | Non
     return ident
 
 
-def ensure_serving(world: World, tx_id: str, slot: str) -> dict[str, Any]:
+def ensure_serving(world: World, tx_id: str, slot: str) -> JSONObject:
     """Make the slot serve again: re-route what answers, else bring the harbour back."""
     state = observe_slot(world, slot)
     if state.serving:
@@ -130,7 +136,7 @@ def ensure_serving(world: World, tx_id: str, slot: str) -> dict[str, Any]:
         return {"action": "harbour", "error": str(exc), "container_id": harbour.container_id}
 
 
-def bring_back(world: World, tx_id: str, harbour: Identity) -> dict[str, Any]:
+def bring_back(world: World, tx_id: str, harbour: Identity) -> JSONObject:
     """Stop (retain) every other container of the slot, start the harbour, route it."""
     stopped = []
     slot_containers = world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: harbour.slot})
@@ -156,7 +162,7 @@ def bring_back(world: World, tx_id: str, harbour: Identity) -> dict[str, Any]:
     log.warning("availability.harbour_restored", slot=harbour.slot, container_id=harbour.container_id)
     return {
         "container_id": harbour.container_id,
-        "stopped": stopped,
+        "stopped": list(stopped),
         "vram_release": release,
         "started": started,
         "gpu": owners,

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TypeVar
 
 import structlog
 
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import GpuProcess, GpuReading, Identity, VramNeed
 from anvil_ctl.core.steps import StepContext
 from anvil_ctl.engine.serving import POLL_FIRST_S, container_absent_or_stopped
@@ -86,19 +87,23 @@ def _pids_of(world: World, container_ids: Iterable[str]) -> set[int]:
     return pids
 
 
-def _data(refusal: OwnershipRefusal) -> dict[str, Any]:
+def _data(refusal: OwnershipRefusal) -> dict[str, object]:
     return {k: v for k, v in refusal.as_dict().items() if k != "reason"}
 
 
-class GpuRolesFree(Guard[StepContext[Any, World, Any]]):
+C = TypeVar("C", bound=StepContext[object, World, object])
+"""The context of the plan a guard is listed in (its accessor reads that plan's arguments)."""
+
+
+class GpuRolesFree(Guard[C]):
     """The roles a serve starts on are free: no owner in the ledger besides the serve it
     replaces, no exclusive owner anywhere, and no process on the cards that no known owner
     accounts for. The refusal names the owner (container, slot, transaction) or the PIDs."""
 
-    def __init__(self, request: Callable[[Any], StartRequest | None]) -> None:
+    def __init__(self, request: Callable[[C], StartRequest | None]) -> None:
         self.request = request
 
-    def check(self, ctx: StepContext[Any, World, Any]) -> Refusal | None:
+    def check(self, ctx: C) -> Refusal | None:
         request = self.request(ctx)
         if request is None or not request[0]:
             return None
@@ -199,19 +204,17 @@ def _release_all(world: World, container_id: str, tx_id: str) -> list[str]:
     return owned
 
 
-def record_ownership(
-    world: World, tx_id: str, identity: Identity, replaced: Identity | None
-) -> dict[str, Any]:
+def record_ownership(world: World, tx_id: str, identity: Identity, replaced: Identity | None) -> JSONObject:
     """The serve `identity` owns its roles; the serve it replaced (stopped) no longer does."""
     released = []
     if replaced is not None and replaced.container_id != identity.container_id:
         released = _release_all(world, replaced.container_id, tx_id)
     claimed = _claim(world, identity, tx_id)
     log.info("gpu.ownership_recorded", claimed=claimed, released=released)
-    return {"claimed": claimed, "released": released}
+    return {"claimed": list(claimed), "released": list(released)}
 
 
-def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> dict[str, Any]:
+def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> JSONObject:
     """Undo `record_ownership`: release what this transaction claimed for others than the
     incumbent, and re-claim for the incumbent the roles this transaction released of it."""
     inc_id = incumbent.container_id if incumbent else None
@@ -235,17 +238,17 @@ def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> d
         for (mode, slot), roles in sorted(by_mode.items()):
             gpu_ledger.claim_roles(world.store, roles, container_id=inc_id, tx_id=tx_id, mode=mode, slot=slot)
             reclaimed += roles
-    return {"released": released, "reclaimed_for_incumbent": reclaimed}
+    return {"released": list(released), "reclaimed_for_incumbent": list(reclaimed)}
 
 
-def move_ownership(world: World, tx_id: str, source: Identity | None, target: Identity) -> dict[str, Any]:
+def move_ownership(world: World, tx_id: str, source: Identity | None, target: Identity) -> JSONObject:
     """Rollback's step: `source`'s roles are released and `target` claims its own."""
     released = (
         _release_all(world, source.container_id, tx_id)
         if source is not None and source.container_id != target.container_id
         else []
     )
-    return {"released": released, "claimed": _claim(world, target, tx_id)}
+    return {"released": list(released), "claimed": list(_claim(world, target, tx_id))}
 
 
 # -- the VRAM-release gate ---------------------------------------------------------------------
@@ -256,7 +259,7 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
     none); reserve per card: the policy value in force now, waivers applied. The probe and
     clock are read from the world when the gate runs."""
 
-    def gate(need: VramNeed) -> dict[str, Any]:
+    def gate(need: VramNeed) -> JSONObject:
         roles = need.roles
         if not roles:
             return {"skipped": "the serve uses no GPU role"}
@@ -276,7 +279,12 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
             poll_s=poll_s,
             first_poll_s=POLL_FIRST_S,
         )
-        return {**result, "need_mib": need.need_mib, "reserve_mib": reserve, "waivers": waiver_ids}
+        return {
+            **result,
+            "need_mib": need.need_mib,
+            "reserve_mib": dict(reserve),
+            "waivers": list(waiver_ids),
+        }
 
     return gate
 
@@ -305,7 +313,7 @@ def reserve_in_force(
     return reserve, sorted(waiver_ids)
 
 
-def reserve_reading(world: World, ident: Identity, *, when: str) -> dict[str, Any]:
+def reserve_reading(world: World, ident: Identity, *, when: str) -> JSONObject:
     """Free MiB per card of `ident`'s roles now, against the reserve in force (waivers applied).
 
     `passed` is False when a card keeps less than its reserve or was not reported;
@@ -323,6 +331,6 @@ def reserve_reading(world: World, ident: Identity, *, when: str) -> dict[str, An
     return {
         "when": when,
         **result.evidence(),
-        "standing_mib": standing,
-        "waivers": waiver_ids,
+        "standing_mib": dict(standing),
+        "waivers": list(waiver_ids),
     }

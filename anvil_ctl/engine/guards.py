@@ -8,8 +8,8 @@ serve take an accessor (`which`) that picks it from the kind's typed arguments.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Never, Protocol, TypeVar
 
 from anvil_ctl.core.errors import AuthRejected, NotFound
 from anvil_ctl.core.guards import Guard, Refusal
@@ -20,7 +20,10 @@ from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.serving import identity_drift
 from anvil_ctl.engine.world import World
 
-AnyCtx = StepContext[Any, World, Any]
+AnyCtx = StepContext[object, World, object]
+"""The context of any plan: what a guard that every kind lists reads."""
+C = TypeVar("C", bound=AnyCtx)
+"""The context of the plan a guard is listed in (its accessor reads that plan's arguments)."""
 
 
 class IncumbentArgs(Protocol):
@@ -51,10 +54,10 @@ class NoUnresolvedTransaction(Guard[AnyCtx]):
         return None
 
 
-class RollbackIdentityComplete(Guard[StepContext[IncumbentArgs, World, Any]]):
+class RollbackIdentityComplete(Guard[StepContext[IncumbentArgs, World, object]]):
     """A slot with a serve on it has a recorded rollback identity with every required field."""
 
-    def check(self, ctx: StepContext[IncumbentArgs, World, Any]) -> Refusal | None:
+    def check(self, ctx: StepContext[IncumbentArgs, World, object]) -> Refusal | None:
         ident = ctx.args.incumbent
         if ident is None:
             slot = ctx.world.config.slot(ctx.args.slot)
@@ -70,14 +73,14 @@ class RollbackIdentityComplete(Guard[StepContext[IncumbentArgs, World, Any]]):
         return None
 
 
-class RollbackIdentityRestorable(Guard[AnyCtx]):
+class RollbackIdentityRestorable(Guard[C]):
     """The serve to bring back (the incumbent, or rollback's target) exists as the same
     container ID with the same image ID (still on the host) and config fingerprint."""
 
-    def __init__(self, which: Callable[[Any], Identity | None]) -> None:
+    def __init__(self, which: Callable[[C], Identity | None]) -> None:
         self.which = which
 
-    def check(self, ctx: AnyCtx) -> Refusal | None:
+    def check(self, ctx: C) -> Refusal | None:
         ident = self.which(ctx)
         if ident is None:
             return None
@@ -114,16 +117,16 @@ def _image_present(world: World, image_id: str) -> bool:
     return True
 
 
-class BaseVerified(Guard[AnyCtx]):
+class BaseVerified(Guard[C]):
     """A mutation starts from a verified base: the serve the record says is on the slot passes
     every goal-closure assertion (`anvilctl recheck`), unless a person accepted the drift by
     name and reason (`--accept-drift --by --reason`, journaled with the arguments)."""
 
-    def __init__(self, which: Callable[[Any], Identity | None], *, routed: bool) -> None:
+    def __init__(self, which: Callable[[C], Identity | None], *, routed: bool) -> None:
         self.which = which
         self.routed = routed
 
-    def check(self, ctx: AnyCtx) -> Refusal | None:
+    def check(self, ctx: C) -> Refusal | None:
         ident = self.which(ctx)
         if ident is None:
             return None
@@ -153,5 +156,5 @@ class RouterCredentialsAccepted(Guard[AnyCtx]):
         return None
 
 
-def describe(guards: list[Guard[Any]]) -> list[dict[str, Any]]:
+def describe(guards: Sequence[Guard[Never]]) -> list[dict[str, str]]:
     return [{"guard": g.name, "invariant": g.invariant} for g in guards]

@@ -22,9 +22,9 @@ import os
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from anvil_ctl.core.errors import BadInput, LockHeld, Refused
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.persistence import locks
@@ -50,7 +50,7 @@ class LockInfo:
             f"command {self.command}{tx}, since {self.since}"
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return asdict(self)
 
 

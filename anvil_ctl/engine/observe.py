@@ -14,16 +14,17 @@ managed containers hold, so a snapshot taken before a stop remembers them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from anvil_ctl.core.errors import AdapterError, NotFound
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SERVED_MODEL, LABEL_SLOT
 from anvil_ctl.core.snapshot import Snapshot
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import gpu_ledger
 
 
-def _container(world: World, container_id: str) -> dict[str, Any]:
+def _container(world: World, container_id: str) -> JSONObject:
     try:
         c = world.runtime.inspect(container_id)
     except NotFound:
@@ -37,11 +38,19 @@ def _container(world: World, container_id: str) -> dict[str, Any]:
         "managed": c.managed,
         "role": c.labels.get(LABEL_ROLE),
         "served_model": c.labels.get(LABEL_SERVED_MODEL),
-        "gpu_uuids": sorted(c.gpu_uuids),
+        "gpu_uuids": list(sorted(c.gpu_uuids)),
     }
 
 
-def serving(world: World, base_url: str, health_path: str = "/health") -> dict[str, Any]:
+class Serving(TypedDict):
+    """What a binding serves: whether it answers, is healthy, and (model, max_model_len) pairs."""
+
+    answering: bool
+    healthy: bool
+    models: list[tuple[str, int | None]]
+
+
+def serving(world: World, base_url: str, health_path: str = "/health") -> Serving:
     try:
         models = world.engine.models(base_url)
         healthy = world.engine.health(base_url, health_path)
@@ -54,7 +63,7 @@ def serving(world: World, base_url: str, health_path: str = "/health") -> dict[s
     }
 
 
-def router_view(world: World, tier: str) -> dict[str, Any]:
+def router_view(world: World, tier: str) -> JSONObject:
     if world.router is None:
         return {"configured": False}
     try:
@@ -64,7 +73,8 @@ def router_view(world: World, tier: str) -> dict[str, Any]:
 
 
 def observe(world: World, slots: list[str] | None = None) -> Snapshot:
-    body: dict[str, Any] = {"host": world.config.host, "slots": {}}
+    observed: dict[str, object] = {}
+    body: dict[str, object] = {"host": world.config.host, "slots": observed}
     for name in slots if slots is not None else sorted(world.config.slots):
         slot = world.config.slot(name)
         incumbent = world.store.current_identity(name, "incumbent")
@@ -72,7 +82,7 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
         ids = {c.id for c in managed}
         if incumbent:
             ids.add(incumbent.container_id)
-        body["slots"][name] = {
+        observed[name] = {
             "binding": slot.binding,
             "incumbent": {
                 "identity_digest": incumbent.digest if incumbent else None,

@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, get_int, get_object, get_objects
 from anvil_ctl.core.model import Identity, sha256_hex
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waivers as waiver_policy
@@ -39,7 +40,7 @@ def raw_decision_body(
     active: Sequence[waiver_policy.Waiver],
     now: datetime,
     roles: Sequence[str],
-) -> dict[str, Any]:
+) -> JSONObject:
     """The body of a raw decision: what it was judged on, so it can be re-judged later."""
     from anvil_ctl.qualify import candidate_identity_digest
 
@@ -56,7 +57,7 @@ def raw_decision_body(
         "recipe_digest": ident.recipe_digest,
         "served_model": ident.served_model,
         "reserve_roles": {world.config.gpu_roles[r].uuid.lower(): r for r in roles},
-        "reserve_standing_mib": standing,
+        "reserve_standing_mib": dict(standing),
         "reserve_in_force_mib": {
             r: waiver_policy.effective_reserve(v, r, ident.recipe_digest or None, active, now)
             for r, v in standing.items()
@@ -76,12 +77,57 @@ def _artifact_path(world: World, path: str) -> Path:
     return p if p.is_absolute() else world.settings.evidence_dir / p
 
 
-def stored_verdicts(world: World, raw: Mapping[str, Any]) -> list[Any]:
+def _text(raw: JSONMapping, key: str) -> str:
+    """A decision row's string field (a KeyError when it has none, as for any row)."""
+    value = raw[key]
+    if not isinstance(value, str):
+        raise ValueError(f"decision {raw.get('id')}: {key}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _body(raw: JSONMapping) -> JSONObject:
+    """A decision row's body: what it was judged on."""
+    body = raw["body"]
+    if not isinstance(body, dict):
+        raise ValueError(f"decision {raw.get('id')}: body: expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+_OUTCOMES: dict[str, waiver_policy.Outcome] = {
+    "verified": "verified",
+    "policy-infeasible": "policy-infeasible",
+    "failed": "failed",
+}
+
+
+def _outcome(raw: JSONMapping) -> waiver_policy.Outcome:
+    outcome = _text(raw, "outcome")
+    if outcome not in _OUTCOMES:
+        raise ValueError(f"decision {raw.get('id')}: outcome {outcome!r} is not one a decision records")
+    return _OUTCOMES[outcome]
+
+
+def _card(c: JSONObject, roles: Mapping[str, str]) -> CardCheck:
+    """One card of a stored reserve artifact, as the gate checked it."""
+    uuid, reserve = str(c["uuid"]), c["reserve_mib"]
+    if not isinstance(reserve, int | float | str):
+        raise TypeError(f"reserve_mib: expected a number, got {type(reserve).__name__}")
+    return CardCheck(
+        role=roles.get(uuid.lower(), uuid),
+        uuid=uuid,
+        threshold_mib=int(reserve),
+        free_mib=get_int(c, "free_mib"),
+    )
+
+
+def stored_verdicts(world: World, raw: JSONMapping) -> list[_Verdict | ReserveResult]:
     """The raw decision's gate verdicts from its evidence rows; reserve gates as ReserveResult
     rebuilt from their artifacts, whose SHA-256 must still match the recorded one."""
-    roles: dict[str, str] = raw["body"].get("reserve_roles", {})
-    out: list[Any] = []
-    for row in qualification.evidence(world.store, raw["tx_id"]):
+    roles = {uuid: str(role) for uuid, role in get_object(_body(raw), "reserve_roles").items()}
+    out: list[_Verdict | ReserveResult] = []
+    tx_id = raw["tx_id"]
+    rows = qualification.evidence(world.store, tx_id) if isinstance(tx_id, str) else []
+    for row in rows:
         if row["kind"] != "policy":
             out.append(_Verdict(row["gate"], row["passed"]))
             continue
@@ -92,44 +138,34 @@ def stored_verdicts(world: World, raw: Mapping[str, Any]) -> list[Any]:
             raise StepFailed(f"evidence {path} unreadable: {exc}", path=str(path)) from exc
         if sha256_hex(data) != row["sha256"]:
             raise StepFailed(f"evidence {path} does not match its recorded SHA-256")
-        cards = json.loads(data)["evidence"].get("cards", [])
-        out.append(
-            ReserveResult(
-                cards=tuple(
-                    CardCheck(
-                        role=roles.get(c["uuid"].lower(), c["uuid"]),
-                        uuid=c["uuid"],
-                        threshold_mib=int(c["reserve_mib"]),
-                        free_mib=c.get("free_mib"),
-                    )
-                    for c in cards
-                ),
-                name=row["gate"],
-            )
-        )
+        evidence: JSONObject = json.loads(data)["evidence"]
+        cards = tuple(_card(c, roles) for c in get_objects(evidence, "cards"))
+        out.append(ReserveResult(cards=cards, name=row["gate"]))
     return out
 
 
 def reclassify_one(
     world: World,
-    raw: Mapping[str, Any],
+    raw: JSONMapping,
     active: Sequence[waiver_policy.Waiver],
     now: datetime,
     *,
     tx_id: str | None,
-) -> dict[str, Any] | None:
+) -> JSONObject | None:
     """Record a decision over `raw` when the waivers in force at `now` change the outcome
     last recorded for it; returns the new decision row, or None."""
     store = world.store
-    chain = [raw, *(d for d in qualification.decisions(store) if d["reclassifies"] == raw["id"])]
+    raw_id = _text(raw, "id")
+    chain = [raw, *(d for d in qualification.decisions(store) if d["reclassifies"] == raw_id)]
     latest = chain[-1]
+    digest = _body(raw).get("recipe_digest")
     new = waiver_policy.reclassify(
         waiver_policy.Decision(
-            id=raw["id"],
-            outcome=raw["outcome"],
-            identity_digest=raw["identity_digest"],
-            evidence_id=raw["tx_id"] or raw["id"],
-            recipe_digest=raw["body"].get("recipe_digest") or None,
+            id=raw_id,
+            outcome=_outcome(raw),
+            identity_digest=_text(raw, "identity_digest"),
+            evidence_id=_text(raw, "tx_id") if raw["tx_id"] else raw_id,
+            recipe_digest=str(digest) if digest else None,
         ),
         stored_verdicts(world, raw),
         active,
@@ -145,28 +181,29 @@ def reclassify_one(
         store,
         decision_id=new_id,
         tx_id=tx_id,
-        slot=raw["slot"],
-        identity_digest=raw["identity_digest"],
-        container_id=raw["container_id"],
+        slot=_text(raw, "slot"),
+        identity_digest=_text(raw, "identity_digest"),
+        container_id=_text(raw, "container_id"),
         outcome=new.outcome,
-        profile=raw["profile"],
-        manifest_sha256=raw["manifest_sha256"],
-        reclassifies=raw["id"],
+        profile=_text(raw, "profile"),
+        manifest_sha256=_text(raw, "manifest_sha256"),
+        reclassifies=raw_id,
         waiver_ids=new.waiver_ids,
         reasons=new.reasons,
         body={**new.as_dict(), "id": new_id, "supersedes": latest["id"]},
     )
-    log.info("decision reclassified", raw=raw["id"], new=new_id, outcome=new.outcome)
-    return next(d for d in qualification.decisions(store) if d["id"] == new_id)
+    log.info("decision reclassified", raw=raw_id, new=new_id, outcome=new.outcome)
+    recorded: JSONObject = next(d for d in qualification.decisions(store) if d["id"] == new_id)
+    return recorded
 
 
 @dataclass
 class ReclassifyReport:
-    recorded: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, str]] = field(default_factory=list)
+    recorded: list[JSONObject] = field(default_factory=list)
+    skipped: list[JSONObject] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"recorded": self.recorded, "skipped": self.skipped}
+    def as_dict(self) -> JSONObject:
+        return {"recorded": list(self.recorded), "skipped": list(self.skipped)}
 
 
 def reclassify_decisions(

@@ -19,53 +19,54 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import structlog
 
 from anvil_ctl.core.errors import NeedsOperator
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.owner import owner_alive
-from anvil_ctl.engine.plans import KINDS, Kind
+from anvil_ctl.engine.plans import KINDS, TxKind
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.world import World
 
 log = structlog.get_logger("anvil.recover")
 
-AnyPlan = Plan[Any, World, Any]
-AnyStep = Step[StepContext[Any, World, Any]]
+AnyPlan = Plan[object, World, object]
+"""The plan of any kind, as `recover` rebuilds it from the journal."""
+AnyStep = Step[StepContext[object, World, object]]
 
 
 @dataclass
 class RecoverReport:
-    recovered: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    released_locks: list[dict[str, Any]] = field(default_factory=list)
+    recovered: list[JSONObject] = field(default_factory=list)
+    skipped: list[JSONObject] = field(default_factory=list)
+    released_locks: list[JSONObject] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
         done = {TxState.COMPENSATED.value, TxState.REFUSED.value, TxState.COMMITTED.value}
         return int(ExitCode.NEEDS_OPERATOR if any(r["state"] not in done for r in self.recovered) else 0)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
-            "recovered": self.recovered,
-            "skipped": self.skipped,
-            "released_locks": self.released_locks,
+            "recovered": list(self.recovered),
+            "skipped": list(self.skipped),
+            "released_locks": list(self.released_locks),
         }
 
 
-def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, AnyStep, dict[str, Any] | None]]:
+def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, AnyStep, JSONObject | None]]:
     """Steps whose do was started and whose undo has not completed, with recorded results.
 
     Journal events are matched to the rebuilt plan by step name and position together: a
     plan rebuilt under a changed config (a router added or removed) must not pair a
     journaled step with a different undo. A mismatch goes to a person.
     """
-    started: dict[int, dict[str, Any] | None] = {}
+    started: dict[int, JSONObject | None] = {}
     names: dict[int, str] = {}
     undone: set[int] = set()
     for ev in events:
@@ -94,7 +95,7 @@ def recover(
     journal: Journal,
     me: Owner,
     world: World,
-    kinds: Mapping[str, Kind] = KINDS,
+    kinds: Mapping[str, TxKind] = KINDS,
     *,
     faults: Faults = NO_FAULTS,
 ) -> RecoverReport:
@@ -139,9 +140,9 @@ def _recover_one(
     journal: Journal,
     engine: TransactionEngine,
     rec: TxRecord,
-    kinds: Mapping[str, Kind],
+    kinds: Mapping[str, TxKind],
     world: World,
-) -> dict[str, Any]:
+) -> JSONObject:
     bound = log.bind(tx_id=rec.id, kind=rec.kind)
     if rec.state == TxState.PLANNED:
         # The owner died while guards ran: nothing was mutated.
@@ -184,6 +185,6 @@ def _recover_one(
         "state": outcome.state.value,
         "direction": direction,
         # Only undos whose result this recovery journaled.
-        "undone": _undone(journal.step_events(rec.id))[undone_before:],
+        "undone": list(_undone(journal.step_events(rec.id))[undone_before:]),
         "reason": outcome.reason,
     }

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 
 from anvil_ctl.core.errors import AnvilError, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.ports import Journal, Owner, Progress, SilentProgress
 from anvil_ctl.core.snapshot import Change, Snapshot, diff
 from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
@@ -60,13 +61,13 @@ class Outcome:
     before: Snapshot | None = None
     after: Snapshot | None = None
     changes: list[Change] = field(default_factory=list)
-    results: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, JSONObject] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
         return int(STATE_EXIT_CODES[self.state])
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "tx_id": self.tx_id,
             "kind": self.kind,
@@ -95,8 +96,8 @@ def _undoing(world: object) -> None:
         world.undoing = True
 
 
-def _error_detail(exc: BaseException) -> dict[str, Any]:
-    detail: dict[str, Any] = {"error": type(exc).__name__, "message": str(exc)}
+def _error_detail(exc: BaseException) -> dict[str, object]:
+    detail: dict[str, object] = {"error": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, AnvilError) and exc.data:
         detail["data"] = exc.data
     return detail
@@ -121,13 +122,13 @@ class TransactionEngine:
         phase: str,
         event: str,
         *,
-        detail: dict[str, Any] | None = None,
+        detail: JSONMapping | None = None,
     ) -> None:
         self.journal.step_event(ctx.tx_id, seq=seq, step=step, phase=phase, event=event, detail=detail)
         self._boundary(ctx.kind, step, phase, event)
 
     def _transition(
-        self, ctx: StepContext[A, W, M], target: TxState, reason: str = "", data: dict[str, Any] | None = None
+        self, ctx: StepContext[A, W, M], target: TxState, reason: str = "", data: JSONMapping | None = None
     ) -> None:
         self.journal.transition(ctx.tx_id, target, reason, data)
         self._boundary(ctx.kind, "state", target.value)
@@ -178,11 +179,7 @@ class TransactionEngine:
         if refusal is not None:
             self._transition(ctx, TxState.REFUSED, refusal.reason, refusal.as_dict())
             bound.warning("refused", guard=refusal.guard, reason=refusal.reason)
-            outcome.state, outcome.reason, outcome.refusal = (
-                TxState.REFUSED,
-                refusal.reason,
-                refusal,
-            )
+            outcome.state, outcome.reason, outcome.refusal = TxState.REFUSED, refusal.reason, refusal
             return outcome
 
         if plan.snapshot:
@@ -308,7 +305,7 @@ class TransactionEngine:
         outcome: Outcome,
         plan: Plan[A, W, M],
         ctx: StepContext[A, W, M],
-        todo: list[tuple[int, Step[StepContext[A, W, M]], dict[str, Any] | None]],
+        todo: list[tuple[int, Step[StepContext[A, W, M]], JSONObject | None]],
         reason: str,
     ) -> Outcome:
         """Run the undos of `todo` in reverse; the transaction is already `compensating`."""

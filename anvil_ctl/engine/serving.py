@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import ContainerInfo, Identity, VramNeed
+from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.world import World
 
@@ -29,7 +31,7 @@ class SlotArgs(Protocol):
     def slot(self) -> str: ...
 
 
-C = TypeVar("C", bound=StepContext[SlotArgs, World, Any])
+C = TypeVar("C", bound=StepContext[SlotArgs, World, object])
 Which = Callable[[C], Identity | None]
 """Picks, from a step's context, the serve a shared step acts on (None: nothing to do)."""
 
@@ -42,8 +44,8 @@ class FieldDrift:
     """One identity-critical field whose live value differs from the recorded one."""
 
     field: str
-    recorded: Any
-    observed: Any
+    recorded: JSONValue
+    observed: JSONValue
 
     def describe(self, container_id: str) -> str:
         short = container_id[:12]
@@ -55,7 +57,7 @@ class FieldDrift:
             return f"binding serves {self.observed}, not [{self.recorded!r}]"
         return f"container {short} {self.field} drifted: recorded {self.recorded}, observed {self.observed}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"field": self.field, "recorded": self.recorded, "observed": self.observed}
 
 
@@ -88,7 +90,7 @@ def identity_drift(
     if serving:
         served = served_models(world, ident.slot)
         if served != [ident.served_model]:
-            drift.append(FieldDrift("served_model", ident.served_model, served))
+            drift.append(FieldDrift("served_model", ident.served_model, list(served)))
     return drift
 
 
@@ -108,7 +110,7 @@ def is_running(world: World, container_id: str) -> bool:
 # -- acting on serves -------------------------------------------------------------------------
 
 
-def stop_verified(world: World, container_id: str) -> dict[str, Any]:
+def stop_verified(world: World, container_id: str) -> JSONObject:
     """Stop a container and prove it exited; absent counts as a failure (nothing to retain)."""
     grace = world.config.policy.stop_timeout_s
     world.progress.waiting(f"container {container_id[:12]} to stop (SIGKILL at the deadline)", grace)
@@ -136,18 +138,18 @@ def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
 
 def wait_serving(
     world: World, base_url: str, health_path: str, served_model: str, timeout_s: float
-) -> dict[str, Any]:
+) -> JSONObject:
     """Wait until health is 200 and /v1/models names exactly served_model (at most `timeout_s`,
     or `--timeout` where that is shorter and the engine is not compensating)."""
     timeout_s = world.wait(f"{base_url} to serve {served_model}", timeout_s)
     deadline = world.clock.now() + timeout_s
-    last: dict[str, Any] = {"healthy": False, "models": []}
+    last: JSONObject = {"healthy": False, "models": []}
     pause = pauses(world.config.policy.health_poll_s)
     while True:
         try:
             healthy = world.engine.health(base_url, health_path)
             models = [m.id for m in world.engine.models(base_url)] if healthy else []
-            last = {"healthy": healthy, "models": models}
+            last = {"healthy": healthy, "models": list(models)}
             if healthy and models == [served_model]:
                 return {"healthy": True, "served_model": served_model, "url": base_url}
         except AdapterError as exc:
@@ -160,7 +162,7 @@ def wait_serving(
         world.clock.sleep(next(pause))
 
 
-def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0) -> dict[str, Any]:
+def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0) -> JSONObject:
     """Start the same container ID after verifying its identity; wait for its served model."""
     drift = identity_drift(world, identity)
     if drift:
@@ -176,7 +178,7 @@ def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0)
     return {"container_id": identity.container_id, **served}
 
 
-def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> dict[str, Any]:
+def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> JSONObject:
     """Readmit the slot's router tier to the serve `ident` describes (verified by routed chat).
 
     `hold` (or `world.hold_readmissions`): a removal this process did not send may be
@@ -200,7 +202,7 @@ def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> dict[
     return {"tier": slot.router_tier, "routed_to": ident.served_model}
 
 
-def routed_smoke(world: World, ident: Identity) -> dict[str, Any]:
+def routed_smoke(world: World, ident: Identity) -> JSONObject:
     """One authenticated routed chat by the slot's first alias must answer 200 from `ident`."""
     router = _router(world)
     alias = world.config.slot(ident.slot).aliases[0]
@@ -222,7 +224,7 @@ def route_problems(world: World, ident: Identity) -> list[str]:
     return [] if check.holds else [f"router tier {slot.router_tier}: {check.reason}"]
 
 
-def drain_slot(world: World, slot: str) -> dict[str, Any]:
+def drain_slot(world: World, slot: str) -> JSONObject:
     tier = world.config.slot(slot).router_tier
     router = _router(world)
     # The router adapter enforces this deadline itself (smg's removal wait); --timeout does not cut it.
@@ -231,7 +233,7 @@ def drain_slot(world: World, slot: str) -> dict[str, Any]:
     return {"tier": tier}
 
 
-def _router(world: World) -> Any:
+def _router(world: World) -> Router:
     if world.router is None:
         raise StepFailed("this step needs a router: the host config's router.kind is 'none'")
     return world.router
@@ -296,7 +298,7 @@ def route_step(
 def through_the_route(world: World, ident: Identity, call: Callable[[], StepResult]) -> StepResult:
     """Run a check that goes through the router; when it fails because the route itself is
     gone (a router restarted since the route step lost every registration), put the route
-    back once and run the check again. Any other failure stands."""
+    back once and run the check again. Every other failure stands."""
     try:
         return call()
     except StepFailed as first:

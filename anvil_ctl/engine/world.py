@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from anvil_ctl.config import HostConfig, Settings
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.ports import (
     Clock,
@@ -41,13 +42,13 @@ class AcceptanceReport(Protocol):
     @property
     def passed(self) -> bool: ...
 
-    def as_dict(self) -> dict[str, Any]: ...
+    def as_dict(self) -> JSONObject: ...
 
 
 Acceptance = Callable[[str, str], AcceptanceReport]
 """Real-client acceptance through the router: (alias, expected served model) -> report."""
 
-VramRelease = Callable[[VramNeed], dict[str, Any]]
+VramRelease = Callable[[VramNeed], JSONObject]
 """The VRAM-release gate: wait until the need is free, return both readings (StepFailed at the deadline)."""
 
 ContainerOfPid = Callable[[int], str | None]

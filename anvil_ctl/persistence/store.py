@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -162,7 +162,7 @@ class Store:
             return self._state(s, tx_id)
 
     def transition(
-        self, tx_id: str, target: TxState, reason: str = "", data: dict[str, Any] | None = None
+        self, tx_id: str, target: TxState, reason: str = "", data: Mapping[str, object] | None = None
     ) -> None:
         with self.write() as s:
             source = self._state(s, tx_id)
@@ -209,7 +209,7 @@ class Store:
         step: str,
         phase: str,
         event: str,
-        detail: dict[str, Any] | None = None,
+        detail: Mapping[str, object] | None = None,
     ) -> None:
         with self.write() as s:
             s.add(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -156,7 +156,7 @@ async def qualify(
     container_log: LogReader | None = None,
     engine: str = "",
     secrets: Sequence[str] = (),
-    provenance: JSONObject | None = None,
+    provenance: Mapping[str, object] | None = None,
     recorded_identity: JSONObject | None = None,
     timeout_s: float | None = None,
 ) -> QualificationResult:
@@ -280,7 +280,7 @@ def run_qualification(
     container_log: LogReader | None = None,
     engine: str = "",
     secrets: Sequence[str] = (),
-    provenance: JSONObject | None = None,
+    provenance: Mapping[str, object] | None = None,
     recorded_identity: JSONObject | None = None,
     timeout_s: float | None = None,
 ) -> QualificationResult:
@@ -336,7 +336,9 @@ async def _vram_reading(probe: ReserveProbe) -> JSONObject:
     return {"when": "before the first gate", "cards": cards}
 
 
-def provenance_record(provenance: JSONObject | None, artifacts: Sequence[Artifact]) -> dict[str, object]:
+def provenance_record(
+    provenance: Mapping[str, object] | None, artifacts: Sequence[Artifact]
+) -> dict[str, object]:
     """Which figures of this bundle are local measurements, and which are external-prior.
 
     Every artifact written so far was measured here against the candidate. The recipe's

@@ -9,11 +9,13 @@ that does not fit the class.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import TypeAdapter
 
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.model import ContainerSpec, Identity
 
 T = TypeVar("T")
@@ -80,7 +82,7 @@ class RollbackArgs:
     current_routed: bool
     restore_group: str | None = None
     restore_group_members: tuple[str, ...] | None = None
-    recorded_snapshot: dict[str, Any] | None = None
+    recorded_snapshot: Mapping[str, object] | None = None
     """The newest snapshot in which the target served: what the restored placement must equal."""
 
 
@@ -94,7 +96,7 @@ class QualifyArgs:
     """The candidate's recipe, when it is still the loaded one."""
     engine: str = ""
     """Its engine: which log patterns the log audit applies."""
-    source: dict[str, Any] | None = None
+    source: Mapping[str, object] | None = None
     """Its upstream source as published (provenance; external-prior figures)."""
     timeout_s: float | None = None
     """`qualify --timeout`: gates not started by then are recorded as failed (timeout)."""
@@ -135,23 +137,25 @@ PlanArgs = (
 )
 
 
-_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+_ADAPTERS: dict[type[object], TypeAdapter[object]] = {}
 
 
-def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+def _adapter(cls: type[object]) -> TypeAdapter[object]:
     adapter = _ADAPTERS.get(cls)
     if adapter is None:
         adapter = _ADAPTERS[cls] = TypeAdapter(cls)
     return adapter
 
 
-def to_json(args: object) -> dict[str, Any]:
+def to_json(args: object) -> JSONObject:
     """The journal form of a kind's arguments (any dataclass instance; JSON-able)."""
-    data: dict[str, Any] = _adapter(type(args)).dump_python(args, mode="json")
+    data: JSONObject = _adapter(type(args)).dump_python(args, mode="json")
     return data
 
 
-def from_json(cls: type[T], data: dict[str, Any]) -> T:
+def from_json(cls: type[T], data: JSONMapping) -> T:
     """Rebuild a kind's arguments from their journal form."""
-    args: T = _adapter(cls).validate_python(data)
+    args = _adapter(cls).validate_python(data)
+    if not isinstance(args, cls):  # pydantic builds the class it validates against
+        raise TypeError(f"expected {cls.__name__}, got {type(args).__name__}")
     return args

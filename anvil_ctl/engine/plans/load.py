@@ -16,10 +16,10 @@ the candidate is reached directly until `promote` routes it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, Identity, VramNeed
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu
@@ -162,7 +162,7 @@ def start_candidate(ctx: Ctx) -> StepResult:
     return {"container_id": container_id, "name": cand.spec.name}
 
 
-def remember_candidate(ctx: Ctx, result: dict[str, Any]) -> None:
+def remember_candidate(ctx: Ctx, result: JSONObject) -> None:
     ctx.memo.candidate_id = str(result["container_id"])
 
 
@@ -189,7 +189,7 @@ def stop_candidate(ctx: Ctx, _result: StepResult) -> StepResult:
         else:
             world.runtime.remove(cid)
             removed.append(cid)
-    return {"kept_stopped": kept, "removed": removed}
+    return {"kept_stopped": list(kept), "removed": list(removed)}
 
 
 def await_candidate(ctx: Ctx) -> StepResult:

@@ -21,10 +21,10 @@ that reading (undo: record the old incumbent back).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.jsontypes import JSONObject, get_array, get_objects
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.gpu import reserve_reading
@@ -53,13 +53,13 @@ from anvil_ctl.persistence.store import Store
 Ctx = StepContext[PromoteArgs, World, NoMemo]
 
 
-def standing_decision(store: Store, identity_digest: str) -> dict[str, Any] | None:
+def standing_decision(store: Store, identity_digest: str) -> JSONObject | None:
     """The newest decision for this identity whose waivers (if any) are all still active."""
     now = datetime.now(UTC)
     active = {w.id for w in waivers.waivers(store) if w.active(now)}
     for d in reversed(qualification.decisions(store, identity_digest=identity_digest)):
-        if all(wid in active for wid in d["waiver_ids"]):
-            standing: dict[str, Any] = d
+        if all(wid in active for wid in get_array(d, "waiver_ids")):
+            standing: JSONObject = d
             return standing
     return None
 
@@ -96,7 +96,7 @@ class CandidateVerified(Guard[Ctx]):
         if decision["outcome"] != "verified":
             return self.refuse(
                 f"candidate {cand.served_model} decision is {decision['outcome']} "
-                f"(decision {decision['id'][:12]}); only a verified decision can be promoted",
+                f"(decision {str(decision['id'])[:12]}); only a verified decision can be promoted",
                 decision=decision["id"],
             )
         return None
@@ -148,7 +148,7 @@ def acceptance(ctx: Ctx) -> StepResult:
 
     def run() -> StepResult:
         result = accept(alias, cand.served_model)
-        data: dict[str, Any] = result.as_dict()
+        data: JSONObject = result.as_dict()
         if not result.passed:
             raise StepFailed(f"real-client acceptance failed: {data}", acceptance=data)
         return data
@@ -175,7 +175,7 @@ def vram_after_acceptance(ctx: Ctx) -> StepResult:
     if not reading["passed"]:
         low = ", ".join(
             f"{c['role']} {c['free_mib']} < {c['threshold_mib']} MiB"
-            for c in reading["cards"]
+            for c in get_objects(reading, "cards")
             if not c["passed"]
         )
         raise StepFailed(f"free VRAM after acceptance is below the reserve in force: {low}", reading=data)

@@ -20,10 +20,9 @@ rolls an interrupted reconcile forward once the route is applied.
 
 from __future__ import annotations
 
-from typing import Any
-
 from anvil_ctl.core.errors import AdapterError, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_SLOT, Identity
 from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
@@ -141,7 +140,7 @@ def route_slot(ctx: Ctx) -> StepResult:
     world, serve = ctx.world, ctx.args.serve
     slot = world.config.slot(serve.slot)
     before = _router(world).check_route(slot.router_tier, slot.base_url, serve.served_model)
-    result: dict[str, Any] = {"tier": slot.router_tier, "url": slot.base_url, "model": serve.served_model}
+    result: JSONObject = {"tier": slot.router_tier, "url": slot.base_url, "model": serve.served_model}
     if before.holds:
         return {**result, "already_routed": True, "changed": False}
     # Whatever broke the route (a restart, someone's DELETE) may have left a removal pending.

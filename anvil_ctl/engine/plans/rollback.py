@@ -25,6 +25,7 @@ import copy
 
 from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import Identity, VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
@@ -68,33 +69,38 @@ def _routed_current(ctx: Ctx) -> Identity | None:
     return ctx.args.current if ctx.args.current_routed else None
 
 
+def _object(value: JSONValue) -> JSONObject:
+    """A snapshot's sub-object (the same dict), or {} where the snapshot has none."""
+    return value if isinstance(value, dict) else {}
+
+
 def placement(snapshot: Snapshot, slot: str) -> Snapshot:
     """The slot's placement: the snapshot without stopped containers other than the incumbent."""
     body = copy.deepcopy(snapshot.body)
-    s = body.get("slots", {}).get(slot)
-    if s is not None:
-        incumbent = (s.get("incumbent") or {}).get("container_id")
+    s = _object(body.get("slots")).get(slot)
+    if isinstance(s, dict):
+        incumbent = _object(s.get("incumbent")).get("container_id")
         s["containers"] = {
             cid: c
-            for cid, c in (s.get("containers") or {}).items()
-            if cid == incumbent or c.get("status") == "running"
+            for cid, c in _object(s.get("containers")).items()
+            if cid == incumbent or _object(c).get("status") == "running"
         }
     return Snapshot.of(body)
 
 
 def critical_placement(snapshot: Snapshot, slot: str) -> Snapshot:
     """The identity-critical fields of a slot's placement: what decides equality."""
-    s = (snapshot.body.get("slots") or {}).get(slot) or {}
-    containers = s.get("containers") or {}
+    s = _object(_object(snapshot.body.get("slots")).get(slot))
+    containers = {cid: _object(c) for cid, c in _object(s.get("containers")).items()}
     return Snapshot.of(
         {
-            "incumbent": (s.get("incumbent") or {}).get("container_id"),
+            "incumbent": _object(s.get("incumbent")).get("container_id"),
             "running": {
                 cid: {"image_id": c.get("image_id"), "fingerprint": c.get("fingerprint")}
                 for cid, c in containers.items()
                 if c.get("status") == "running"
             },
-            "serving": (s.get("serving") or {}).get("models"),
+            "serving": _object(s.get("serving")).get("models"),
             "binding": s.get("binding"),
             "gpu_owners": snapshot.body.get("gpu_owners"),
         }
@@ -214,7 +220,8 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
 
 def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot) -> list[str]:
     """Problems in the identity-critical fields; every difference is stored as a diff."""
-    recorded = Snapshot(dict(ctx.args.recorded_snapshot or {}))
+    # Normalizing changes nothing a placement reads: the recorded body is a stored snapshot's.
+    recorded = Snapshot.of(ctx.args.recorded_snapshot or {})
     slot = ctx.args.slot
     want, got = placement(recorded, slot), placement(after, slot)
     ctx.world.store.record_diff(ctx.tx_id, "recorded-restored", want, got, diff(want, got))

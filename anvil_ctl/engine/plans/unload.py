@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.jsontypes import JSONArray
 from anvil_ctl.core.model import LABEL_ROLE, LABEL_SLOT, ContainerInfo
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import NoUnresolvedTransaction
@@ -89,12 +90,14 @@ def release_roles(ctx: Ctx) -> StepResult:
     cid = ctx.args.container_id
     roles = sorted(r for r, o in gpu_ledger.gpu_owners(ctx.world.store).items() if o["container_id"] == cid)
     gpu_ledger.release_roles(ctx.world.store, roles, container_id=cid, tx_id=ctx.tx_id)
-    return {"released": roles}
+    return {"released": list(roles)}
 
 
 def record_residue(ctx: Ctx) -> StepResult:
     shm = ctx.world.shm
-    residue = [{"path": r.path, "size": r.size, "pids": list(r.pids)} for r in shm.residue()] if shm else []
+    residue: JSONArray = (
+        [{"path": r.path, "size": r.size, "pids": list(r.pids)} for r in shm.residue()] if shm else []
+    )
     return {"shm_residue": residue}
 
 
