@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -24,7 +24,7 @@ def text(max_len: int, *, multiline: bool = False, empty: bool = True) -> AfterV
     return AfterValidator(lambda v: check_text(v, max_len=max_len, multiline=multiline, empty=empty))
 
 
-def path_text(value: Any) -> Any:
+def path_text(value: object) -> object:
     """A path as given: no NUL or control characters (they cannot name a file we mean)."""
     if isinstance(value, str | Path):
         text = str(value)

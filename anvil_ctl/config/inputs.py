@@ -13,7 +13,6 @@ import stat
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -82,7 +81,7 @@ def decode_utf8(data: bytes, path: Path, what: str, error: Callable[..., AnvilEr
 
 def parse_toml(
     text: str, path: Path, what: str, error: Callable[..., AnvilError] = ConfigError
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """TOML text as a dict; `error` for a syntax error or arrays/tables nested too deeply."""
     try:
         data = tomllib.loads(text)
@@ -97,7 +96,7 @@ def parse_toml(
     return data
 
 
-def _depth(value: Any) -> int:
+def _depth(value: object) -> int:
     """How deeply lists and dicts nest in `value` (iteratively: no recursion limit to hit)."""
     deepest, todo = 0, [(value, 1)]
     while todo:
@@ -117,6 +116,6 @@ def format_validation_error(path: Path, exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def load_toml(path: Path, what: str, error: Callable[..., AnvilError] = ConfigError) -> dict[str, Any]:
+def load_toml(path: Path, what: str, error: Callable[..., AnvilError] = ConfigError) -> dict[str, object]:
     """A TOML file a person gave us, read by `read_input_file`; `error` names every problem."""
     return parse_toml(read_input_file(path, what, error=error), path, what, error)

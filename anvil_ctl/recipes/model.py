@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
@@ -150,7 +150,7 @@ class Recipe(_Strict):
     unknown: tuple[Line, ...] = Field((), description="Fields (dotted) the sources do not give")
     assumed: tuple[Line, ...] = Field((), description="Fields (dotted) we chose, not from sources")
     notes: Annotated[str, _NOTES] = Field("", description="Free-form notes")
-    provenance: dict[str, Any] = Field(default_factory=dict, description="Where values came from")
+    provenance: dict[str, object] = Field(default_factory=dict, description="Where values came from")
     source: RecipeSource | None = Field(
         None, description="Upstream release, commit, image tag and digest as published, external figures"
     )

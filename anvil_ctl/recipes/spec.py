@@ -10,10 +10,10 @@ import os
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from anvil_ctl.config import HostConfig, Slot
 from anvil_ctl.core.errors import RecipeError
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import (
     LABEL_MANAGED,
     LABEL_RECIPE,
@@ -130,18 +130,19 @@ def container_spec(
     )
 
 
-def spec_as_dict(spec: ContainerSpec) -> dict[str, Any]:
+def spec_as_dict(spec: ContainerSpec) -> JSONObject:
     """A ContainerSpec as plain JSON-able data (tuples as lists)."""
     data = asdict(spec)
     data["env"] = dict(spec.env)
     data["labels"] = dict(spec.labels)
-    result: dict[str, Any] = _lists(data)
-    return result
+    return {str(k): _lists(v) for k, v in data.items()}
 
 
-def _lists(value: Any) -> Any:
+def _lists(value: object) -> JSONValue:
     if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
+        return {str(k): _lists(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_lists(v) for v in value]
-    return value
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)  # not reached: a ContainerSpec holds text, numbers and flags only

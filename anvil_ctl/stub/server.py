@@ -24,10 +24,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING
 
 from anvil_ctl.stub.options import StubOptions, parse_options
 from anvil_ctl.stub.rules import (
@@ -41,8 +41,11 @@ from anvil_ctl.stub.rules import (
 from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
 from anvil_ctl.stub.state import RESTARTED_ENV, Pacer, StubState, log_line
 
+if TYPE_CHECKING:  # types only: the container holds the stub package alone
+    from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 
-def _usage(prompt: Prompt, c: Completion) -> dict[str, Any]:
+
+def _usage(prompt: Prompt, c: Completion) -> JSONObject:
     return {
         "prompt_tokens": prompt.tokens,
         "completion_tokens": c.completion_tokens,
@@ -56,12 +59,12 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "anvil-stub/1"
     state: StubState  # set on the subclass made by make_server
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         return  # quiet: request logs would drown test output
 
     # ------------------------------------------------------------ plumbing
 
-    def _send_json(self, status: int, payload: Any) -> None:
+    def _send_json(self, status: int, payload: object) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -73,7 +76,7 @@ class Handler(BaseHTTPRequestHandler):
         kind = "invalid_request_error" if status < 500 else "server_error"
         self._send_json(status, {"error": {"message": message, "type": kind, "code": status}})
 
-    def _body(self) -> dict[str, Any]:
+    def _body(self) -> dict[str, object]:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
@@ -84,7 +87,7 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest("body must be a JSON object")
         return body
 
-    def _sse(self, payload: Any) -> None:
+    def _sse(self, payload: object) -> None:
         data = payload if isinstance(payload, str) else json.dumps(payload)
         self.wfile.write(f"data: {data}\n\n".encode())
         self.wfile.flush()
@@ -174,8 +177,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ chat
 
-    def _chat_body(self, prompt: Prompt, c: Completion) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": c.content or None}
+    def _chat_body(self, prompt: Prompt, c: Completion) -> JSONObject:
+        message: JSONObject = {"role": "assistant", "content": c.content or None}
         if c.reasoning_tokens:
             message["reasoning_content"] = c.reasoning
         if c.tool_call is not None:
@@ -198,7 +201,7 @@ class Handler(BaseHTTPRequestHandler):
             "usage": _usage(prompt, c),
         }
 
-    def _stream_chat(self, prompt: Prompt, c: Completion, pacer: Pacer, body: dict[str, Any]) -> None:
+    def _stream_chat(self, prompt: Prompt, c: Completion, pacer: Pacer, body: Mapping[str, object]) -> None:
         st = self.state
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -209,7 +212,7 @@ class Handler(BaseHTTPRequestHandler):
         cid = f"chatcmpl-{next(st.ids)}"
         created = int(time.time())
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        def chunk(delta: JSONObject, finish: str | None = None) -> JSONObject:
             return {
                 "id": cid,
                 "object": "chat.completion.chunk",
@@ -218,10 +221,10 @@ class Handler(BaseHTTPRequestHandler):
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
             }
 
-        deltas: list[dict[str, Any]] = [{"reasoning_content": t} for t in c.reasoning_tokens]
+        deltas: list[JSONObject] = [{"reasoning_content": t} for t in c.reasoning_tokens]
         if c.tool_call is not None:
             call_id = f"call_{next(st.ids)}"
-            head = {"index": 0, "id": call_id, "type": "function"}
+            head: JSONObject = {"index": 0, "id": call_id, "type": "function"}
             first_args = c.tool_tokens[0] if c.tool_tokens else ""
             deltas.append(
                 {"tool_calls": [{**head, "function": {"name": c.tool_call.name, "arguments": first_args}}]}
@@ -254,10 +257,10 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ responses
 
-    def _responses_body(self, prompt: Prompt, c: Completion) -> dict[str, Any]:
+    def _responses_body(self, prompt: Prompt, c: Completion) -> JSONObject:
         st = self.state
         rid = next(st.ids)
-        output: list[dict[str, Any]] = []
+        output: JSONArray = []
         if c.reasoning_tokens:
             output.append(
                 {
@@ -321,13 +324,13 @@ def make_server(
     return server, state
 
 
-def hold_shm_files(options: StubOptions) -> list[Any]:
+def hold_shm_files(options: StubOptions) -> list[IO[bytes]]:
     """Create each --shm-file in --shm-dir (4 KiB) and keep it open while the stub runs.
 
     The stub never unlinks them: it behaves like an engine killed before its cleanup,
     which leaves its segments in /dev/shm for the controller to find as residue.
     """
-    held = []
+    held: list[IO[bytes]] = []
     for name in options.shm_files:
         fh = open(os.path.join(options.shm_dir, name), "w+b")  # noqa: SIM115 - held until exit
         fh.write(b"\0" * 4096)

@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
 
 from anvil_ctl.stub.options import StubOptions
 
@@ -42,7 +41,7 @@ class StubState:
         self.exit_code = 0
         self.restart = False
         self.logged = bool(os.environ.get(RESTARTED_ENV))  # printed before the restart already
-        self.timings: deque[dict[str, Any]] = deque(maxlen=TIMINGS_KEPT)
+        self.timings: deque[dict[str, float]] = deque(maxlen=TIMINGS_KEPT)
         """What the newest completions really took (Pacer.timing), numbered by `seq`."""
         self.timing_seq = itertools.count(1)
 
@@ -120,7 +119,7 @@ class Pacer:
         self.first = now if self.first is None else self.first
         self.last, self.emitted = now, max(self.emitted, index + 1)
 
-    def timing(self) -> dict[str, Any] | None:
+    def timing(self) -> dict[str, float] | None:
         """What this completion really took: prompt to first token, first to last token."""
         if self.first is None or self.last is None:
             return None

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from anvil_ctl.core.errors import AuthRejected, StepFailed
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.model import (
     Backend,
     RouteCheck,
     RoutedAnswer,
 )
 from anvil_ctl.testing.runtime import FakeEngineProbe
-from anvil_ctl.testing.world import FakeWorld, maybe_hang_or_fail
+from anvil_ctl.testing.world import FakeWorld, TierDoc, WorldDoc, maybe_hang_or_fail
+
+
+def _unknown_tier() -> TierDoc:
+    return {"url": None, "aliases": [], "state": "maint"}
 
 
 class FakeRouter:
@@ -25,28 +30,32 @@ class FakeRouter:
         if not self.world.read()["router"]["admin_token_ok"]:
             raise AuthRejected("router answered 401 to the admin token from the fake credential source")
 
-    def _tier(self, w: dict[str, Any], tier: str) -> dict[str, Any]:
-        tiers: dict[str, dict[str, Any]] = w["router"]["tiers"]
-        return tiers.setdefault(tier, {"url": None, "aliases": [], "state": "maint"})
+    def _tier(self, w: WorldDoc, tier: str) -> TierDoc:
+        return w["router"]["tiers"].setdefault(tier, _unknown_tier())
+
+    def _tier_now(self, tier: str) -> TierDoc:
+        """The tier as the world holds it now (an unknown tier: no URL, in maintenance)."""
+        return self.world.read()["router"]["tiers"].get(tier) or _unknown_tier()
 
     def backends(self, tier: str) -> list[Backend]:
         t = self.world.read()["router"]["tiers"].get(tier)
-        if not t or not t["url"]:
+        url = t["url"] if t else None
+        if not t or not url:
             return []
-        models = tuple(m.id for m in self.engine.models(t["url"]))
-        healthy = self.engine.health(t["url"], "/health")
-        return [Backend(t["url"], healthy, models, t["state"])]
+        models = tuple(m.id for m in self.engine.models(url))
+        healthy = self.engine.health(url, "/health")
+        return [Backend(url, healthy, models, t["state"])]
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
         with self.world.edit() as w:
             t = self._tier(w, tier)
-            t.update(url=url, aliases=list(aliases), state="ready")
+            t.update({"url": url, "aliases": list(aliases), "state": "ready"})
 
     def deregister(self, tier: str, url: str) -> None:
         with self.world.edit() as w:
             t = self._tier(w, tier)
             if t["url"] == url:
-                t.update(url=None, state="maint")
+                t.update({"url": None, "state": "maint"})
 
     def drain(self, tier: str) -> None:
         with self.world.edit() as w:
@@ -75,8 +84,9 @@ class FakeRouter:
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         for t in self.world.read()["router"]["tiers"].values():
-            if alias in t["aliases"] and t["url"] and t["state"] == "ready":
-                models = self.engine.models(t["url"])
+            url = t["url"]
+            if alias in t["aliases"] and url and t["state"] == "ready":
+                models = self.engine.models(url)
                 if models:
                     return RoutedAnswer(200, models[0].id, "ok")
                 return RoutedAnswer(503, None)
@@ -84,16 +94,16 @@ class FakeRouter:
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
         """Holds when the tier is ready at `url` and a routed chat answers from expected_model."""
-        t = self.world.read()["router"]["tiers"].get(tier) or {}
+        t = self._tier_now(tier)
 
         def verdict(reason: str = "") -> RouteCheck:
             return RouteCheck(tier, url, expected_model, holds=not reason, reason=reason)
 
-        if t.get("url") != url:
-            return verdict(f"fake tier {tier!r} points at {t.get('url')!r}")
-        if t.get("state") != "ready":
-            return verdict(f"fake tier {tier!r} is {t.get('state')}")
-        answer = self.routed_chat(t["aliases"][0]) if t.get("aliases") else RoutedAnswer(404, None)
+        if t["url"] != url:
+            return verdict(f"fake tier {tier!r} points at {t['url']!r}")
+        if t["state"] != "ready":
+            return verdict(f"fake tier {tier!r} is {t['state']}")
+        answer = self.routed_chat(t["aliases"][0]) if t["aliases"] else RoutedAnswer(404, None)
         if answer.status != 200 or answer.model != expected_model:
             return verdict(f"routed chat answered {answer.status} from {answer.model!r}")
         return verdict()
@@ -101,18 +111,20 @@ class FakeRouter:
     def ready(self) -> bool:
         return bool(self.world.read()["router"]["ready"])
 
-    def view(self, tier: str) -> dict[str, Any]:
+    def view(self, tier: str) -> JSONObject:
         """The same shape as the smg adapter's view; only admitted (ready) backends are listed."""
-        t = self.world.read()["router"]["tiers"].get(tier) or {}
-        backends = []
-        if t.get("url") and t.get("state") == "ready":
-            models = [m.id for m in self.engine.models(t["url"])]
+        t = self._tier_now(tier)
+        backends: JSONArray = []
+        url = t["url"]
+        if url and t["state"] == "ready":
+            models = [m.id for m in self.engine.models(url)]
+            aliases: JSONArray = [*t["aliases"]]
             backends.append(
                 {
-                    "url": t["url"],
-                    "aliases": t.get("aliases", []),
+                    "url": url,
+                    "aliases": aliases,
                     "observed_model": models[0] if models else None,
-                    "healthy": self.engine.health(t["url"], "/health"),
+                    "healthy": self.engine.health(url, "/health"),
                     "state": t["state"],
                 }
             )
@@ -128,11 +140,12 @@ class FakeAcceptanceResult:
     def passed(self) -> bool:
         return all(self.checks.values())
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "checks": self.checks, "model": self.model}
+    def as_dict(self) -> JSONObject:
+        checks: JSONObject = {**self.checks}
+        return {"passed": self.passed, "checks": checks, "model": self.model}
 
 
-def fake_acceptance(router: Any) -> Any:
+def fake_acceptance(router: FakeRouter) -> Callable[[str, str], FakeAcceptanceResult]:
     """Real-client acceptance stand-in: the routed answer must come from the expected model."""
 
     def run(alias: str, expected_model: str) -> FakeAcceptanceResult:

@@ -8,7 +8,6 @@ real recipe loads on the fake backend).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import (
@@ -16,11 +15,12 @@ from anvil_ctl.core.model import (
     ContainerInfo,
     ContainerLog,
     ContainerSpec,
+    ContainerStatus,
     ImageInfo,
     ModelCard,
     config_fingerprint,
 )
-from anvil_ctl.testing.world import FakeWorld, maybe_hang_or_fail
+from anvil_ctl.testing.world import ContainerDoc, FakeWorld, maybe_hang_or_fail
 
 
 class FakeRuntime:
@@ -29,7 +29,7 @@ class FakeRuntime:
     def __init__(self, world: FakeWorld) -> None:
         self.world = world
 
-    def _info(self, c: dict[str, Any]) -> ContainerInfo:
+    def _info(self, c: ContainerDoc) -> ContainerInfo:
         return ContainerInfo(
             id=c["id"],
             name=c["name"],
@@ -84,7 +84,7 @@ class FakeRuntime:
         maybe_hang_or_fail(self.world, "create")
         return cid
 
-    def _set_status(self, container_id: str, status: str) -> None:
+    def _set_status(self, container_id: str, status: ContainerStatus) -> None:
         with self.world.edit() as w:
             c = w["containers"].get(container_id)
             if c is None:
@@ -127,12 +127,11 @@ class FakeEngineProbe:
     def __init__(self, world: FakeWorld) -> None:
         self.world = world
 
-    def _serving(self, base_url: str) -> dict[str, Any] | None:
+    def _serving(self, base_url: str) -> ContainerDoc | None:
         binding = base_url.removeprefix("http://").rstrip("/")
         for c in self.world.read()["containers"].values():
             if c["status"] == "running" and c["binding"] == binding:
-                found: dict[str, Any] = c
-                return found
+                return c
         return None
 
     def listening(self, base_url: str) -> bool:

@@ -3,6 +3,7 @@
 Several processes (a transaction SIGKILLed mid-step and the `recover` that follows
 it) see the same host. `hang` makes one operation block after its side effect
 until the knob is cleared; `fail` makes one raise StepFailed (a number of times).
+The file's shape is `WorldDoc`; only these fakes (and tests, through `edit`) write it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,92 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.model import ContainerStatus
 
-EMPTY: dict[str, Any] = {
+
+class ContainerDoc(TypedDict):
+    """A fake container: what the runtime reports, and what its engine serves while running."""
+
+    id: str
+    name: str
+    image_id: str
+    image_ref: str
+    status: ContainerStatus
+    labels: dict[str, str]
+    fingerprint: str
+    gpu_uuids: list[str]
+    served_model: str
+    max_model_len: int
+    healthy: bool
+    vram_mib: int
+    binding: str
+    log: NotRequired[list[str]]
+    restart_count: NotRequired[int]
+    oom_killed: NotRequired[bool]
+
+
+class ImageDoc(TypedDict):
+    id: str
+    tags: list[str]
+    repo_digests: list[str]
+
+
+class TierDoc(TypedDict):
+    """A router tier: its one backend URL (None: none), client aliases, maint/drain/ready."""
+
+    url: str | None
+    aliases: list[str]
+    state: str
+
+
+class ReadmitDoc(TypedDict):
+    """One readmission the fake router was asked for."""
+
+    tier: str
+    url: str
+    hold: bool
+
+
+class RouterDoc(TypedDict):
+    tiers: dict[str, TierDoc]
+    admin_token_ok: bool
+    ready: bool
+    readmits: NotRequired[list[ReadmitDoc]]
+
+
+class GpuDoc(TypedDict):
+    uuid: str
+    name: str
+    total_mib: int
+
+
+class ResidueDoc(TypedDict):
+    """A file in the fake shared memory (see `FakeSharedMemory`)."""
+
+    path: str
+    size: int
+    pids: NotRequired[list[int]]
+    ours: NotRequired[bool]
+
+
+class WorldDoc(TypedDict):
+    """The fake world file."""
+
+    containers: dict[str, ContainerDoc]
+    images: dict[str, ImageDoc]
+    router: RouterDoc
+    gpus: list[GpuDoc]
+    residue: list[ResidueDoc]
+    hang: str | None
+    fail: dict[str, str]
+    fail_times: dict[str, int]
+    counter: int
+
+
+EMPTY: WorldDoc = {
     "containers": {},
     "images": {},
     "router": {"tiers": {}, "admin_token_ok": True, "ready": True},
@@ -36,7 +118,7 @@ class FakeWorld:
         self.path = path
 
     @contextmanager
-    def edit(self) -> Iterator[dict[str, Any]]:
+    def edit(self) -> Iterator[WorldDoc]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "a+") as lk:
             fcntl.flock(lk, fcntl.LOCK_EX)
@@ -46,16 +128,16 @@ class FakeWorld:
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
             tmp.replace(self.path)
 
-    def _load(self) -> dict[str, Any]:
+    def _load(self) -> WorldDoc:
         if self.path.exists():
-            loaded: dict[str, Any] = json.loads(self.path.read_text())
+            loaded: WorldDoc = json.loads(self.path.read_text())
             return loaded
-        fresh: dict[str, Any] = json.loads(json.dumps(EMPTY))
+        fresh: WorldDoc = json.loads(json.dumps(EMPTY))
         return fresh
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> WorldDoc:
         with self.edit() as data:
-            copy: dict[str, Any] = json.loads(json.dumps(data))
+            copy: WorldDoc = json.loads(json.dumps(data))
             return copy
 
     def add_image(self, ref: str) -> str:
