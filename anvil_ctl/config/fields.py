@@ -20,7 +20,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 STATE_DB_RE = re.compile(r"^(sqlite|postgresql)(\+[a-z0-9_]+)?://")
 
 
-def text(max_len: int, *, multiline: bool = False, empty: bool = True) -> AfterValidator:
+def text_field(max_len: int, *, multiline: bool = False, empty: bool = True) -> AfterValidator:
     return AfterValidator(lambda v: check_text(v, max_len=max_len, multiline=multiline, empty=empty))
 
 
@@ -38,7 +38,7 @@ def path_text(value: object) -> object:
     return value
 
 
-def url(*schemes: str) -> AfterValidator:
+def url_field(*schemes: str) -> AfterValidator:
     return AfterValidator(lambda v: check_url(v, schemes=schemes))
 
 
@@ -48,12 +48,12 @@ def env_name(value: str) -> str:
     return value
 
 
-Label = Annotated[str, text(253)]
+Label = Annotated[str, text_field(253)]
 """A one-line name or label from a file: host name, product name, alias, tier."""
 FilePath = Annotated[Path, BeforeValidator(path_text)]
 Duration = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
 MiB = Annotated[int, Field(ge=0, le=MAX_MIB)]
-HttpUrl = Annotated[str, url("http", "https")]
+HttpUrl = Annotated[str, url_field("http", "https")]
 
 
 class Strict(BaseModel):

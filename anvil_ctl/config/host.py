@@ -21,7 +21,7 @@ from anvil_ctl.config.fields import (
     MiB,
     Strict,
     env_name,
-    text,
+    text_field,
 )
 from anvil_ctl.config.inputs import format_validation_error, load_toml
 from anvil_ctl.core.errors import ConfigError
@@ -51,7 +51,7 @@ class Slot(Strict):
 
     binding: str = Field(description="host:port ([IPv6]:port) the engine listens on, loopback by default")
     router_tier: Label = Field(description="The router tier (backend group) this slot serves")
-    aliases: tuple[Annotated[str, text(253, empty=False)], ...] = Field(
+    aliases: tuple[Annotated[str, text_field(253, empty=False)], ...] = Field(
         max_length=64, description="Client model aliases routed to this slot"
     )
     gpu_roles: tuple[str, ...] = Field(
@@ -192,7 +192,7 @@ class ResidueConfig(Strict):
 class HostConfig(Strict):
     """anvil.toml: the host's GPU roles, slots, router and policy."""
 
-    host: Annotated[str, text(253, empty=False)] = Field(
+    host: Annotated[str, text_field(253, empty=False)] = Field(
         "localhost", description="Name of this host in records"
     )
     gpu_roles: dict[str, GpuRole] = Field(default_factory=dict, description="role name -> GPU")
@@ -210,7 +210,7 @@ class HostConfig(Strict):
         description="This host's recipes: searched after --recipes-dir / ANVIL_RECIPES_DIR and "
         "before the recipes shipped with anvilctl; relative to this file's directory",
     )
-    restore_groups: dict[str, tuple[Annotated[str, text(128, empty=False)], ...]] = Field(
+    restore_groups: dict[str, tuple[Annotated[str, text_field(128, empty=False)], ...]] = Field(
         default_factory=dict,
         description="name -> container IDs or identity digests (prefixes of 12+ hex) restored together",
     )
