@@ -12,13 +12,14 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import openai
 import structlog
+from openai.types.chat import ChatCompletion, ChatCompletionToolParam
 
 from anvil_ctl.adapters.credentials import Secret
 from anvil_ctl.core.errors import AuthRejected
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 
 log = structlog.get_logger()
 
@@ -27,7 +28,7 @@ STREAM_PROMPT = "Reply with exactly: anvil-acceptance-stream"
 TOOL_NAME = "lookup_slot"
 TOOL_ARGS = {"slot": "primary", "detail": "served_model"}
 TOOL_PROMPT = f"call `{TOOL_NAME}` with arguments JSON {json.dumps(TOOL_ARGS)}"
-TOOLS: list[dict[str, Any]] = [
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -47,7 +48,7 @@ TOOLS: list[dict[str, Any]] = [
 class AcceptanceCheck:
     name: str
     passed: bool
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JSONObject = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class AcceptanceResult:
     def passed(self) -> bool:
         return bool(self.checks) and all(c.passed for c in self.checks)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "router_url": self.router_url,
             "alias": self.alias,
@@ -86,7 +87,7 @@ def _plain(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
     )
 
 
-def _finish(reply: Any) -> str | None:
+def _finish(reply: ChatCompletion) -> str | None:
     return reply.choices[0].finish_reason if reply.choices else None
 
 
@@ -117,7 +118,7 @@ def _stream(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck
         "streaming_chat",
         ok,
         {
-            "models": sorted(models),
+            "models": [*sorted(models)],
             "chunks": chunks,
             "content": "".join(text)[:200],
             "finished": done,
@@ -130,18 +131,18 @@ def _tool(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
     reply = client.chat.completions.create(
         model=alias,
         messages=[{"role": "user", "content": TOOL_PROMPT}],
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=TOOLS,
         max_tokens=256,
     )
     calls = (reply.choices[0].message.tool_calls or []) if reply.choices else []
-    seen: list[dict[str, Any]] = []
+    seen: JSONArray = []
     ok_call = False
     for call in calls:
         fn = getattr(call, "function", None)
         if fn is None:
             continue
         try:
-            args = json.loads(fn.arguments)
+            args: JSONValue = json.loads(fn.arguments)
         except ValueError:
             args = None
         seen.append({"name": fn.name, "arguments": args})

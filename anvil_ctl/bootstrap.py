@@ -18,10 +18,11 @@ import importlib
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from anvil_ctl.config import HostConfig, Settings, load_host_config
 from anvil_ctl.core.errors import AuthRejected, ConfigError, CredentialError
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer, VramNeed
 from anvil_ctl.core.ports import (
     ContainerRuntime,
@@ -189,7 +190,7 @@ def _vram_release(ctx: Context, world: World) -> VramRelease:
     policy = ctx.config.policy
     built: list[VramRelease] = []
 
-    def gate(need: VramNeed) -> dict[str, Any]:
+    def gate(need: VramNeed) -> JSONObject:
         if not built:
             from anvil_ctl.engine.gpu import vram_release_gate
 
@@ -365,5 +366,5 @@ class UnresolvedCredentialsRouter:
     def ready(self) -> bool:
         raise self._refuse()
 
-    def view(self, tier: str) -> dict[str, Any]:
+    def view(self, tier: str) -> JSONObject:
         return {"tier": tier, "error": "credentials unavailable"}

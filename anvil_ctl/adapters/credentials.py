@@ -21,7 +21,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from anvil_ctl.config import RouterConfig, read_input_file
 from anvil_ctl.core.errors import CredentialError
@@ -138,7 +138,7 @@ def read_credential_file(path: Path) -> dict[str, str]:
     return out
 
 
-def _file_error(message: str, **data: Any) -> CredentialError:
+def _file_error(message: str, **data: object) -> CredentialError:
     """read_input_file's errors as CredentialError (its messages name the file, never content)."""
     return CredentialError(message, **data)
 

@@ -7,14 +7,15 @@ IpcMode and ShmSize get daemon defaults, and simulated GPUs travel as env. The
 adapter records what the spec left to defaults in labels (`SPEC_LABELS`) at
 create time; here each such field is accepted as "default" only when the
 observed value is still what Docker would have given by default, so a changed
-container still changes the fingerprint.
+container still changes the fingerprint. Inspect data is Docker's JSON as the SDK
+hands it back; `obj`, `arr`, `text` and `integer` narrow its values where they are read.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.model import LABEL_PREFIX, ContainerSpec, fingerprint_fields
 
 LABEL_GPUS = LABEL_PREFIX + "gpus"
@@ -28,6 +29,28 @@ DEFAULT_IPC_MODES = frozenset({"", "private", "shareable"})
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+
+
+def obj(value: JSONValue) -> JSONObject:
+    """`value` as a JSON object; {} for null, absent or another type."""
+    return value if isinstance(value, dict) else {}
+
+
+def arr(value: JSONValue) -> JSONArray:
+    """`value` as a JSON array; [] for null, absent or another type."""
+    return value if isinstance(value, list) else []
+
+
+def text(value: JSONValue, default: str = "") -> str:
+    """`value` as text: `default` for null, str() of anything else."""
+    return default if value is None else str(value)
+
+
+def integer(value: JSONValue) -> int | None:
+    """`value` as an integer (a number or its text); None for null or another type."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    return None
 
 
 def size_bytes(value: str | int) -> int:
@@ -61,91 +84,90 @@ def spec_labels(spec: ContainerSpec) -> dict[str, str]:
     return labels
 
 
-def _env(items: list[str] | None) -> dict[str, str]:
+def _env(items: JSONValue) -> dict[str, str]:
     env: dict[str, str] = {}
-    for item in items or []:
-        key, _, value = item.partition("=")
+    for item in arr(items):
+        key, _, value = str(item).partition("=")
         env[key] = value
     return env
 
 
-def _mounts(host_config: dict[str, Any]) -> list[dict[str, Any]]:
-    mounts = [
+def _mounts(host_config: JSONObject) -> list[JSONObject]:
+    mounts: list[JSONObject] = [
         {
             "source": m.get("Source", ""),
             "target": m.get("Target", ""),
             "read_only": bool(m.get("ReadOnly")),
         }
-        for m in host_config.get("Mounts") or []
+        for m in map(obj, arr(host_config.get("Mounts")))
     ]
-    for bind in host_config.get("Binds") or []:
-        parts = bind.split(":")
+    for bind in arr(host_config.get("Binds")):
+        parts = str(bind).split(":")
         mode = parts[2] if len(parts) > 2 else ""
         mounts.append({"source": parts[0], "target": parts[1], "read_only": "ro" in mode.split(",")})
     return mounts
 
 
-def _ports(host_config: dict[str, Any]) -> list[list[Any]]:
-    ports: list[list[Any]] = []
-    for key, bindings in (host_config.get("PortBindings") or {}).items():
+def _ports(host_config: JSONObject) -> list[JSONArray]:
+    ports: list[JSONArray] = []
+    for key, bindings in obj(host_config.get("PortBindings")).items():
         container_port = int(key.split("/")[0])
-        for b in bindings or []:
+        for b in map(obj, arr(bindings)):
             host = f"{b['HostIp']}:{b['HostPort']}" if b.get("HostIp") else str(b.get("HostPort", ""))
             ports.append([container_port, host])
     return ports
 
 
 def inspect_fingerprint_fields(
-    attrs: dict[str, Any], image_config: dict[str, Any] | None
-) -> tuple[dict[str, Any], list[str]]:
+    attrs: JSONObject, image_config: JSONObject | None
+) -> tuple[JSONObject, list[str]]:
     """(fingerprint fields, GPU UUIDs) from a container's inspect data and its image's Config."""
-    cfg: dict[str, Any] = attrs.get("Config") or {}
-    hc: dict[str, Any] = attrs.get("HostConfig") or {}
-    labels: dict[str, str] = cfg.get("Labels") or {}
-    img: dict[str, Any] = image_config or {}
-    defaults = set(labels.get(LABEL_DEFAULTS, "").split(","))
-    spec_keys = {k for k in labels.get(LABEL_ENV_KEYS, "").split(",") if k}
+    cfg, hc = obj(attrs.get("Config")), obj(attrs.get("HostConfig"))
+    labels = obj(cfg.get("Labels"))
+    img: JSONObject = image_config or {}
+    defaults = set(text(labels.get(LABEL_DEFAULTS)).split(","))
+    spec_keys = {k for k in text(labels.get(LABEL_ENV_KEYS)).split(",") if k}
 
     img_env = _env(img.get("Env"))
     env = {k: v for k, v in _env(cfg.get("Env")).items() if k in spec_keys or img_env.get(k) != v}
     gpus: list[str] = []
-    for req in hc.get("DeviceRequests") or []:
-        if ["gpu"] in (req.get("Capabilities") or []):
-            gpus.extend(req.get("DeviceIDs") or [])
+    for req in map(obj, arr(hc.get("DeviceRequests"))):
+        if ["gpu"] in arr(req.get("Capabilities")):
+            gpus.extend(str(d) for d in arr(req.get("DeviceIDs")))
     if GPU_ENV in env and GPU_ENV not in spec_keys:
         # simulated GPUs: the adapter put them there, they are not the spec's env
         gpus.extend(u for u in env.pop(GPU_ENV).split(",") if u)
 
-    command: list[str] = list(cfg.get("Cmd") or [])
-    if "command" in defaults and command == list(img.get("Cmd") or []):
+    command = [str(c) for c in arr(cfg.get("Cmd"))]
+    if "command" in defaults and command == arr(img.get("Cmd")):
         command = []
     entrypoint = cfg.get("Entrypoint")
     if "entrypoint" in defaults and entrypoint == img.get("Entrypoint"):
         entrypoint = None
 
-    shm_observed = int(hc.get("ShmSize") or 0)
+    shm_observed = integer(hc.get("ShmSize") or 0) or 0
     shm: str | int | None = shm_observed
     declared = labels.get(LABEL_SHM_SIZE)
-    if declared is not None and size_bytes(declared) == shm_observed:
-        shm = declared
+    if declared is not None and size_bytes(str(declared)) == shm_observed:
+        shm = str(declared)
     elif "shm_size" in defaults and shm_observed in (0, DEFAULT_SHM_BYTES):
         shm = None
 
-    ipc: str | None = hc.get("IpcMode") or ""
+    ipc: str | None = text(hc.get("IpcMode") or "")
     if "ipc_mode" in defaults and ipc in DEFAULT_IPC_MODES:
         ipc = None
 
     fields = fingerprint_fields(
-        image=cfg.get("Image", ""),
+        image=text(cfg.get("Image", "")),
         command=command,
-        entrypoint=list(entrypoint) if entrypoint is not None else None,
+        entrypoint=[str(e) for e in arr(entrypoint)] if entrypoint is not None else None,
         env=env,
         mounts=_mounts(hc),
         ports=_ports(hc),
         gpu_uuids=gpus,
         shm_size=shm,
         ipc_mode=ipc,
-        ulimits=[[u.get("Name"), u.get("Soft"), u.get("Hard")] for u in hc.get("Ulimits") or []],
-        network_mode=hc.get("NetworkMode", ""),
+        ulimits=[[u.get("Name"), u.get("Soft"), u.get("Hard")] for u in map(obj, arr(hc.get("Ulimits")))],
+        network_mode=text(hc.get("NetworkMode", "")),
     )
     return fields, sorted(gpus)

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import docker
 import docker.errors
@@ -28,8 +28,17 @@ from docker.types import DeviceRequest, Ulimit
 from docker.types import Mount as DockerMount
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from anvil_ctl.adapters.docker_fingerprint import GPU_ENV, inspect_fingerprint_fields, spec_labels
+from anvil_ctl.adapters.docker_fingerprint import (
+    GPU_ENV,
+    arr,
+    inspect_fingerprint_fields,
+    integer,
+    obj,
+    spec_labels,
+    text,
+)
 from anvil_ctl.core.errors import AdapterError, BadInput, NotFound, TransientError
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import (
     ContainerInfo,
     ContainerLog,
@@ -76,7 +85,7 @@ class DockerRuntime:
 
     def __init__(
         self,
-        client: Any | None = None,
+        client: docker.DockerClient | None = None,
         *,
         base_url: str | None = None,
         gpu_mode: GpuMode = "nvidia",
@@ -101,10 +110,10 @@ class DockerRuntime:
     def inspect(self, container_id: str) -> ContainerInfo:
         return self._info(self._exact(container_id), {})
 
-    def _exact(self, container_id: str) -> dict[str, Any]:
+    def _exact(self, container_id: str) -> JSONObject:
         """Inspect data of the container whose full ID is container_id (no names, no prefixes)."""
         with translated(f"inspect container {container_id}"):
-            attrs: dict[str, Any] = self._client.api.inspect_container(container_id)
+            attrs: JSONObject = self._client.api.inspect_container(container_id)
         if attrs.get("Id") != container_id:
             raise NotFound(
                 f"container {container_id}: no container has this exact ID",
@@ -118,11 +127,11 @@ class DockerRuntime:
         with translated("list containers"):
             summaries = self._client.api.containers(all=True, filters=filters)
         infos: list[ContainerInfo] = []
-        images: dict[str, dict[str, Any] | None] = {}
+        images: dict[str, JSONObject | None] = {}
         for summary in summaries:
             try:
                 with translated(f"inspect container {summary['Id']}"):
-                    attrs = self._client.api.inspect_container(summary["Id"])
+                    attrs: JSONObject = self._client.api.inspect_container(summary["Id"])
             except NotFound:
                 continue  # removed between list and inspect
             infos.append(self._info(attrs, images))
@@ -131,14 +140,14 @@ class DockerRuntime:
     @_retry
     def image(self, ref: str) -> ImageInfo:
         with translated(f"image {ref}"):
-            attrs: dict[str, Any] = self._client.api.inspect_image(ref)
+            attrs: JSONObject = self._client.api.inspect_image(ref)
         return ImageInfo(
-            id=attrs["Id"],
-            repo_digests=tuple(sorted(attrs.get("RepoDigests") or ())),
-            tags=tuple(sorted(attrs.get("RepoTags") or ())),
+            id=str(attrs["Id"]),
+            repo_digests=_texts(attrs.get("RepoDigests")),
+            tags=_texts(attrs.get("RepoTags")),
         )
 
-    def _image_attrs(self, image_id: str, cache: dict[str, dict[str, Any] | None]) -> dict[str, Any] | None:
+    def _image_attrs(self, image_id: str, cache: dict[str, JSONObject | None]) -> JSONObject | None:
         if image_id not in cache:
             try:
                 with translated(f"image {image_id}"):
@@ -147,30 +156,30 @@ class DockerRuntime:
                 cache[image_id] = None  # image deleted under a container: fingerprint without it
         return cache[image_id]
 
-    def _info(self, attrs: dict[str, Any], cache: dict[str, dict[str, Any] | None]) -> ContainerInfo:
-        image = self._image_attrs(attrs["Image"], cache)
-        fields, gpus = inspect_fingerprint_fields(attrs, (image or {}).get("Config"))
-        state: dict[str, Any] = attrs.get("State") or {}
+    def _info(self, attrs: JSONObject, cache: dict[str, JSONObject | None]) -> ContainerInfo:
+        image = self._image_attrs(str(attrs["Image"]), cache)
+        fields, gpus = inspect_fingerprint_fields(attrs, _image_config(image))
+        state, config = obj(attrs.get("State")), obj(attrs.get("Config"))
         status = cast(ContainerStatus, state.get("Status", "dead"))
         return ContainerInfo(
-            id=attrs["Id"],
-            name=attrs.get("Name", "").lstrip("/"),
-            image_id=attrs["Image"],
-            image_ref=(attrs.get("Config") or {}).get("Image", ""),
+            id=str(attrs["Id"]),
+            name=text(attrs.get("Name", "")).lstrip("/"),
+            image_id=str(attrs["Image"]),
+            image_ref=text(config.get("Image", "")),
             status=status,
-            labels=dict((attrs.get("Config") or {}).get("Labels") or {}),
+            labels={k: text(v) for k, v in obj(config.get("Labels")).items()},
             fingerprint=config_fingerprint(fields),
-            repo_digests=tuple(sorted((image or {}).get("RepoDigests") or ())),
+            repo_digests=_texts(image.get("RepoDigests") if image else None),
             gpu_uuids=tuple(gpus),
-            exit_code=state.get("ExitCode") if status in STOPPED else None,
-            pid=state.get("Pid") or None,
+            exit_code=integer(state.get("ExitCode")) if status in STOPPED else None,
+            pid=integer(state.get("Pid")) or None,
         )
 
-    def fingerprint_fields(self, container_id: str) -> dict[str, Any]:
+    def fingerprint_fields(self, container_id: str) -> JSONObject:
         """The normalized fields behind inspect(container_id).fingerprint (for diffs in reports)."""
         attrs = self._exact(container_id)
-        image = self._image_attrs(attrs["Image"], {})
-        fields, _ = inspect_fingerprint_fields(attrs, (image or {}).get("Config"))
+        image = self._image_attrs(str(attrs["Image"]), {})
+        fields, _ = inspect_fingerprint_fields(attrs, _image_config(image))
         return fields
 
     # ---------------------------------------------------------------- mutate
@@ -182,7 +191,7 @@ class DockerRuntime:
         if self.gpu_mode == "simulated" and spec.gpu_uuids:
             env[GPU_ENV] = ",".join(spec.gpu_uuids)
         labels = {**spec_labels(spec), **dict(spec.labels)}
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, object] = {
             "image": spec.image,
             "name": spec.name,
             "command": list(spec.command) or None,
@@ -251,7 +260,7 @@ class DockerRuntime:
 
     def _status(self, container_id: str) -> str:
         attrs = self._exact(container_id)
-        return str((attrs.get("State") or {}).get("Status", "dead"))
+        return str(obj(attrs.get("State")).get("Status", "dead"))
 
     def _wait_stopped(self, container_id: str, deadline_s: float) -> bool:
         deadline = time.monotonic() + deadline_s
@@ -271,7 +280,7 @@ class DockerRuntime:
         whatever the engine printed.
         """
         attrs = self._exact(container_id)
-        state: dict[str, Any] = attrs.get("State") or {}
+        state = obj(attrs.get("State"))
         window = bytearray()
         cut = False
         with translated(f"logs of container {container_id}"):
@@ -294,11 +303,11 @@ class DockerRuntime:
             max_lines=max_lines,
             max_bytes=max_bytes,
             cut=cut,
-            restart_count=int(attrs.get("RestartCount") or 0),
+            restart_count=integer(attrs.get("RestartCount") or 0) or 0,
             oom_killed=bool(state.get("OOMKilled")),
             status=status,
             started_at=str(state.get("StartedAt") or ""),
-            exit_code=state.get("ExitCode") if status in STOPPED else None,
+            exit_code=integer(state.get("ExitCode")) if status in STOPPED else None,
         )
 
     def remove(self, container_id: str, *, force: bool = False) -> None:
@@ -309,13 +318,13 @@ class DockerRuntime:
         log.info("container.removed", container_id=container_id)
 
 
-def _connect(base_url: str | None, timeout_s: float) -> Any:
+def _connect(base_url: str | None, timeout_s: float) -> docker.DockerClient:
     """A DockerClient at the server's own API version.
 
     The SDK's version="auto" connects inside the constructor and leaks its socket
     when that fails; asking /version with a probe we close ourselves does not.
     """
-    kwargs: dict[str, Any] = (
+    kwargs: dict[str, object] = (
         {"base_url": base_url} if base_url is not None else docker.utils.kwargs_from_env()
     )
     kwargs["timeout"] = int(timeout_s)
@@ -330,6 +339,17 @@ def _connect(base_url: str | None, timeout_s: float) -> Any:
         finally:
             probe.close()
         return docker.DockerClient(version=version, **kwargs)
+
+
+def _texts(value: JSONValue) -> tuple[str, ...]:
+    """A list of text (repo digests, tags) from inspect data, sorted."""
+    return tuple(sorted(str(v) for v in arr(value)))
+
+
+def _image_config(image: JSONObject | None) -> JSONObject | None:
+    """The image's Config from its inspect data (None: no image, or no Config)."""
+    config = image.get("Config") if image else None
+    return config if isinstance(config, dict) else None
 
 
 def _host_binding(host: str) -> tuple[str, int] | int:

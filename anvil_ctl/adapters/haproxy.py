@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -44,6 +43,7 @@ from anvil_ctl.adapters.router_http import (
 )
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, CredentialError, TransientError
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 
 log = structlog.get_logger()
@@ -314,16 +314,16 @@ class HaproxyRouter:
             return False
         return response.status_code == 200
 
-    def view(self, tier: str) -> dict[str, Any]:
+    def view(self, tier: str) -> JSONObject:
         """The router's view of a tier for snapshots. No secrets."""
-        backends = []
+        backends: JSONArray = []
         for slot in sorted(self.slots(tier), key=lambda s: s.name):
             if slot.state == "maint":
                 continue
             backends.append(
                 {
                     "url": slot.url,
-                    "aliases": list(self.tiers[tier]),
+                    "aliases": [*self.tiers[tier]],
                     "observed_model": None,  # HAProxy does not know what a backend serves
                     "healthy": slot.healthy,
                     "state": slot.state,

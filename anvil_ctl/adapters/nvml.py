@@ -20,9 +20,9 @@ the reserved memory plus up to 2 MiB of rounding.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -56,11 +56,51 @@ _UNSUPPORTED = (
 _HINT = "set ANVIL_GPU=simulated on a machine without NVIDIA GPUs"
 
 
+class MemoryInfo(Protocol):
+    """What `nvmlDeviceGetMemoryInfo` returns (v1 or v2): bytes."""
+
+    @property
+    def total(self) -> int: ...
+    @property
+    def used(self) -> int: ...
+    @property
+    def free(self) -> int: ...
+
+
+class ProcessInfo(Protocol):
+    """One entry of `nvmlDeviceGetComputeRunningProcesses` (`usedGpuMemory` may be None)."""
+
+    @property
+    def pid(self) -> int: ...
+
+
+class Nvml(Protocol):
+    """The part of the `pynvml` module this probe calls (a device handle is opaque to us)."""
+
+    NVMLError: type[Exception]
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str | bytes: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object: ...
+    def nvmlDeviceGetUUID(self, handle: object, /) -> str | bytes: ...
+    def nvmlDeviceGetName(self, handle: object, /) -> str | bytes: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object, /, version: int = ...) -> MemoryInfo: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object, /) -> Sequence[ProcessInfo]: ...
+
+
 class NvmlUnavailable(Unavailable):
     """NVML cannot be used on this host: no NVIDIA driver, no NVML library, or no GPU (exit 7)."""
 
-    def __init__(self, message: str, **data: Any) -> None:
+    def __init__(self, message: str, **data: object) -> None:
         super().__init__(message, dependency="nvml", **data)
+
+
+def _import_pynvml() -> Nvml:
+    """The `pynvml` module (untyped: it is this adapter's edge)."""
+    module: Nvml = importlib.import_module("pynvml")
+    return module
 
 
 def mib(value_bytes: int) -> int:
@@ -81,13 +121,13 @@ class NvmlProbe:
     calls and survives a driver reload.
     """
 
-    def __init__(self, nvml: Any | None = None) -> None:
+    def __init__(self, nvml: Nvml | None = None) -> None:
         self._nvml = nvml
 
-    def _module(self) -> Any:
+    def _module(self) -> Nvml:
         if self._nvml is None:
             try:
-                self._nvml = importlib.import_module("pynvml")
+                self._nvml = _import_pynvml()
             except ImportError as exc:
                 raise NvmlUnavailable(
                     f"the pynvml module (PyPI nvidia-ml-py) is not installed; {_HINT}"
@@ -111,7 +151,7 @@ class NvmlProbe:
             return TransientError(detail, dependency="nvml", call=call, nvml_code=code)
         return AdapterError(detail, call=call, nvml_code=code)
 
-    def _call(self, call: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _call(self, call: str, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         nvml = self._module()
         try:
             return fn(*args, **kwargs)
@@ -119,7 +159,7 @@ class NvmlProbe:
             raise self._translate(call, exc) from exc
 
     @contextmanager
-    def _session(self) -> Iterator[Any]:
+    def _session(self) -> Iterator[Nvml]:
         nvml = self._module()
         self._call("init", nvml.nvmlInit)
         try:
@@ -142,7 +182,7 @@ class NvmlProbe:
                 raise NvmlUnavailable(f"NVML sees no GPU on this host; {_HINT}")
             return [self._reading(nvml, i) for i in range(count)]
 
-    def _reading(self, nvml: Any, index: int) -> GpuReading:
+    def _reading(self, nvml: Nvml, index: int) -> GpuReading:
         handle = self._call(f"handle of GPU {index}", nvml.nvmlDeviceGetHandleByIndex, index)
         uuid = _text(self._call(f"UUID of GPU {index}", nvml.nvmlDeviceGetUUID, handle))
         name = _text(self._call(f"name of {uuid}", nvml.nvmlDeviceGetName, handle))
@@ -157,7 +197,7 @@ class NvmlProbe:
             processes=self._processes(nvml, handle, uuid),
         )
 
-    def _memory(self, nvml: Any, handle: Any, uuid: str) -> Any:
+    def _memory(self, nvml: Nvml, handle: object, uuid: str) -> MemoryInfo:
         version = getattr(nvml, "nvmlMemory_v2", None)
         if version is not None:
             try:
@@ -168,7 +208,7 @@ class NvmlProbe:
                 log.info("nvml.memory_v1_fallback", gpu=uuid, error=str(exc))
         return self._call(f"memory of {uuid}", nvml.nvmlDeviceGetMemoryInfo, handle)
 
-    def _processes(self, nvml: Any, handle: Any, uuid: str) -> tuple[GpuProcess, ...]:
+    def _processes(self, nvml: Nvml, handle: object, uuid: str) -> tuple[GpuProcess, ...]:
         try:
             procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         except nvml.NVMLError as exc:

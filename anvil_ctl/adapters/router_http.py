@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import httpx
 import structlog
@@ -24,6 +23,7 @@ from tenacity import (
 
 from anvil_ctl.adapters.credentials import Secret
 from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
+from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import RoutedAnswer
 
 log = structlog.get_logger()
@@ -66,18 +66,20 @@ def reject_auth(response: httpx.Response, secret: Secret, what: str) -> None:
 def response_model(response: httpx.Response) -> tuple[str | None, str | None]:
     """(model, content) of a chat completion body, (None, None) when it is not one."""
     try:
-        body: Any = response.json()
+        body: JSONValue = response.json()
     except ValueError:
         return None, None
     if not isinstance(body, dict):
         return None, None
-    model = body.get("model") if isinstance(body.get("model"), str) else None
+    model_given = body.get("model")
+    model = model_given if isinstance(model_given, str) else None
     content: str | None = None
     choices = body.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         message = choices[0].get("message")
-        if isinstance(message, dict) and isinstance(message.get("content"), str):
-            content = message["content"]
+        text = message.get("content") if isinstance(message, dict) else None
+        if isinstance(text, str):
+            content = text
     return model, content
 
 

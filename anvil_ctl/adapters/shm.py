@@ -37,14 +37,13 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
 from anvil_ctl.adapters.procfs import proc_cgroup_container
+from anvil_ctl.adapters.shm_removal import Observation, SeenFile, remove_residue
 from anvil_ctl.config import ENGINE_SEGMENTS
 from anvil_ctl.core.model import LABEL_MANAGED, ResidueFile, ResidueRemoval, ShmMark
 from anvil_ctl.core.ports import ContainerRuntime, ShmLedger
@@ -68,35 +67,6 @@ def managed_containers(runtime: ContainerRuntime) -> ManagedContainers:
         return {c.id: c.pid for c in runtime.list(labels={LABEL_MANAGED: "true"})}
 
     return listed
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """One file of ours as observed: its inode identity and content stamp, and who holds it."""
-
-    dev: int
-    ino: int
-    size: int
-    mtime_ns: int
-    pids: tuple[int, ...]
-    """Processes of managed containers holding it (others make a file not ours)."""
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One scan: our files by path (held or not) and how many processes could not be inspected."""
-
-    files: dict[str, _Seen] = field(default_factory=dict)
-    unreadable_pids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class RemovalReport:
-    """What a removal removed, and every residue file it kept with the reason."""
-
-    removed: tuple[str, ...] = ()
-    kept: tuple[tuple[str, str], ...] = ()
-    unreadable_pids: tuple[int, ...] = ()
 
 
 class ShmScanner:
@@ -138,7 +108,7 @@ class ShmScanner:
         owner = self._owners(holders)
         boot_id = self._boot_id()
         known = self._known(boot_id) if found else set()
-        files: dict[str, _Seen] = {}
+        files: dict[str, SeenFile] = {}
         marks: list[ShmMark] = []
         for path, st in found.items():
             pids = holders.get(path, ())
@@ -151,7 +121,7 @@ class ShmScanner:
                 marks += [ShmMark(*ident, container_id=cid, boot_id=boot_id) for cid in cids]
             elif ident not in known and not self._named(path):
                 continue  # nobody of ours was ever seen with it and no engine names it so
-            files[path] = _Seen(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, pids)
+            files[path] = SeenFile(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, pids)
         if marks and self.ledger is not None:
             self.ledger.remember(marks)
         return Observation(files=files, unreadable_pids=unreadable)
@@ -339,72 +309,3 @@ def _parent(proc_root: Path, pid: int) -> int | None:
         return int(fields[1])
     except (IndexError, ValueError):
         return None
-
-
-def remove_residue(
-    scanner: ShmScanner,
-    *,
-    interval_s: float = 1.0,
-    sleep: Callable[[float], None] = time.sleep,
-    allow_unreadable: bool = False,
-) -> RemovalReport:
-    """Delete our residue only when two observations `interval_s` apart agree nobody holds it.
-
-    Agree means: the same inode, size and mtime both times, ours both times, and no
-    process mapped or held it open either time. Files that are not ours never enter
-    either observation and are never touched. Any unreadable process makes the scan
-    unproven, and then nothing is removed, unless the caller passes `allow_unreadable`
-    (some sandboxes deny even root the maps of PID 1; the report still names them).
-    """
-    first = scanner.observe()
-    sleep(interval_s)
-    second = scanner.observe()
-    unreadable = tuple(sorted(set(first.unreadable_pids) | set(second.unreadable_pids)))
-    removed: list[str] = []
-    kept: list[tuple[str, str]] = []
-    for path in sorted(set(first.files) | set(second.files)):
-        reason = _keep_reason(path, first, second, () if allow_unreadable else unreadable)
-        if reason is None:
-            reason = _unlink_if_unchanged(path, second.files[path])
-        if reason is None:
-            removed.append(path)
-            log.info("shm.residue_removed", path=path, size=second.files[path].size)
-        else:
-            kept.append((path, reason))
-    return RemovalReport(removed=tuple(removed), kept=tuple(kept), unreadable_pids=unreadable)
-
-
-def _keep_reason(
-    path: str, first: Observation, second: Observation, unreadable: tuple[int, ...]
-) -> str | None:
-    a, b = first.files.get(path), second.files.get(path)
-    if a is None:
-        return "appeared between observations"
-    if b is None:
-        return "vanished between observations"
-    pids = sorted(set(a.pids) | set(b.pids))
-    if pids:
-        return f"mapped or open by pids {pids}"
-    if (a.dev, a.ino, a.size, a.mtime_ns) != (b.dev, b.ino, b.size, b.mtime_ns):
-        return "changed between observations"
-    if unreadable:
-        return f"holders unknown: {len(unreadable)} processes could not be inspected"
-    return None
-
-
-def _unlink_if_unchanged(path: str, seen: _Seen) -> str | None:
-    try:
-        st = os.lstat(path)
-        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (
-            seen.dev,
-            seen.ino,
-            seen.size,
-            seen.mtime_ns,
-        ):
-            return "changed before removal"
-        os.unlink(path)
-    except FileNotFoundError:
-        return "vanished before removal"
-    except OSError as exc:
-        return f"cannot remove: {exc.strerror}"
-    return None

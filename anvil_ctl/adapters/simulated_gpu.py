@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import httpx
 import structlog
 
 from anvil_ctl.config import GpuRole
 from anvil_ctl.core.errors import AdapterError
+from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_PREFIX, GpuProcess, GpuReading
 from anvil_ctl.core.ports import ContainerRuntime
 
@@ -36,7 +36,7 @@ class _HttpGet:
     def __init__(self) -> None:
         self._client: httpx.Client | None = None
 
-    def __call__(self, url: str) -> Any:
+    def __call__(self, url: str) -> JSONValue:
         if self._client is None:
             self._client = httpx.Client(
                 timeout=2.0,
@@ -47,7 +47,8 @@ class _HttpGet:
             )
         response = self._client.get(url)
         response.raise_for_status()
-        return response.json()
+        body: JSONValue = response.json()
+        return body
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -64,6 +65,20 @@ def _endpoint(labels: Mapping[str, str]) -> str | None:
     if port_label and port_label.isdigit():
         return f"http://127.0.0.1:{port_label}"
     return None
+
+
+def _per_gpu(body: JSONValue) -> dict[str, int]:
+    """`{"gpus": {uuid: used_mib}}` as UUID (lower case) -> MiB; a TypeError or ValueError otherwise."""
+    gpus = body.get("gpus") if isinstance(body, dict) else None
+    if not isinstance(gpus, dict):
+        raise TypeError(f"expected an object with an object 'gpus', got {type(body).__name__}")
+    return {str(k).lower(): _mib(v) for k, v in gpus.items()}
+
+
+def _mib(value: JSONValue) -> int:
+    if isinstance(value, str | int | float):
+        return int(value)
+    raise TypeError(f"expected a number of MiB, got {type(value).__name__}")
 
 
 class SimulatedGpuProbe:
@@ -84,11 +99,11 @@ class SimulatedGpuProbe:
         self,
         roles: Mapping[str, GpuRole],
         runtime: ContainerRuntime,
-        http_get: Callable[[str], Any] | None = None,
+        http_get: Callable[[str], JSONValue] | None = None,
     ) -> None:
         self.roles = dict(roles)
         self.runtime = runtime
-        self.http_get: Callable[[str], Any] = http_get or _HttpGet()
+        self.http_get: Callable[[str], JSONValue] = http_get or _HttpGet()
 
     def close(self) -> None:
         close = getattr(self.http_get, "close", None)
@@ -124,7 +139,7 @@ class SimulatedGpuProbe:
                     container_id=info.id,
                 ) from exc
             try:
-                per_gpu = {str(k).lower(): int(v) for k, v in body["gpus"].items()}
+                per_gpu = _per_gpu(body)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise AdapterError(
                     f'simulated GPUs: {url} answered {body!r}; expected {{"gpus": {{"GPU-uuid": used_mib}}}}',

@@ -14,8 +14,9 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, TypedDict
 
 import click
 
@@ -120,22 +121,30 @@ attach_global_options(root)
 # -- the command context -----------------------------------------------------------------------
 
 
+class _Overrides(TypedDict, total=False):
+    """The path settings a flag gave (a flag not given leaves its setting to the environment)."""
+
+    config: Path
+    state_db: str
+    state_dir: Path
+    recipes_dir: Path
+
+
 def settings_from(options: GlobalOptions) -> Settings:
     """Settings from the environment (ANVIL_*), overridden by the flags that were given."""
     from pydantic import ValidationError
 
     from anvil_ctl.config import Settings
 
-    overrides: dict[str, Any] = {
-        name: value
-        for name, value in (
-            ("config", options.config),
-            ("state_db", options.state_db),
-            ("state_dir", options.state_dir),
-            ("recipes_dir", options.recipes_dir),
-        )
-        if value is not None
-    }
+    overrides: _Overrides = {}
+    if options.config is not None:
+        overrides["config"] = options.config
+    if options.state_db is not None:
+        overrides["state_db"] = options.state_db
+    if options.state_dir is not None:
+        overrides["state_dir"] = options.state_dir
+    if options.recipes_dir is not None:
+        overrides["recipes_dir"] = options.recipes_dir
     try:
         return Settings(**overrides)
     except ValidationError as exc:
@@ -146,7 +155,7 @@ def settings_from(options: GlobalOptions) -> Settings:
         raise ConfigError(problems) from None
 
 
-def _setting_name(loc: tuple[int | str, ...], flags: dict[str, Any]) -> str:
+def _setting_name(loc: tuple[int | str, ...], flags: Mapping[str, object]) -> str:
     """The flag that gave a setting (`--state-db`), else its variable (`ANVIL_STATE_DB`)."""
     name = "_".join(str(p) for p in loc)
     if name in flags:

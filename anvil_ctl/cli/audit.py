@@ -8,7 +8,6 @@ transaction's evidence directory against its manifest.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import click
 from click.decorators import FC
@@ -17,7 +16,15 @@ from anvil_ctl.cli.complete import complete_slots, complete_transactions
 from anvil_ctl.cli.gpu import waiver_table
 from anvil_ctl.cli.params import LIMIT, REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import ChainCheck, DiffView, EvidenceAudit, HistoryView, Table, TransactionView
+from anvil_ctl.cli.views import (
+    ChainCheck,
+    DiffView,
+    EvidenceAudit,
+    HistoryView,
+    Table,
+    TransactionView,
+    items,
+)
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
 
 slot_option = click.option(
@@ -168,15 +175,15 @@ def incumbents(session: Session, slot: str | None, role: str) -> Reply:
     return Reply(Table(audit.identities(session.context(), slot=slot, role=role)))
 
 
-def _decision_cells(r: Mapping[str, Any]) -> Mapping[str, Any]:
+def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
     """A decision as one readable line: IDs and digests shortened, waivers joined."""
     return {
         "decision": str(r["id"])[:16],
         "at": str(r["at"])[:19],
         "slot": r.get("slot"),
         "outcome": r["outcome"],
-        "reclassifies": (r["reclassifies"] or "")[:16],
-        "waivers": ",".join(r["waiver_ids"]),
+        "reclassifies": str(r["reclassifies"] or "")[:16],
+        "waivers": ",".join(str(w) for w in items(r["waiver_ids"])),
         "profile": r["profile"],
         "identity": str(r["identity_digest"])[:12],
     }

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import click
 from click.shell_completion import CompletionItem, get_completion_class
@@ -37,7 +36,7 @@ def _config_path(ctx: click.Context) -> Path:
     return _options(ctx).config or Path(os.environ.get("ANVIL_CONFIG") or process_defaults().config)
 
 
-def _host_config(ctx: click.Context) -> dict[str, Any]:
+def _host_config(ctx: click.Context) -> dict[str, object]:
     import tomllib  # only when completing: `--help` and every command skip it
 
     try:

@@ -6,7 +6,7 @@ which imports only the core (checked by `test_cli_help_imports.py`).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import click
 
@@ -134,7 +134,7 @@ def waive(
     return Reply(Record(result))
 
 
-def waiver_table(rows: list[dict[str, Any]]) -> Table:
+def waiver_table(rows: Sequence[Mapping[str, object]]) -> Table:
     """`waivers list` and `audit waivers`: every waiver with its state now."""
     return Table(rows, columns=WAIVER_COLUMNS)
 

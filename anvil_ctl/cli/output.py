@@ -19,7 +19,6 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console
 
@@ -53,14 +52,14 @@ class Out:
         """One line of text that is already safe (built from `s`)."""
         print(text, flush=False)
 
-    def print(self, renderable: Any) -> None:
+    def print(self, renderable: object) -> None:
         """A rich renderable (a summary table), or text."""
         if isinstance(renderable, str):
             self.line(renderable)
         else:
             self.console.print(renderable)
 
-    def table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "") -> None:
+    def table(self, columns: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> None:
         """Rows under a header of `columns`, fitted to the terminal (see `tables`)."""
         if not rows:
             self.line(f"{indent}(none)")
@@ -71,12 +70,12 @@ class Out:
             self.line(indent + text)
 
 
-def s(value: Any) -> str:
+def s(value: object) -> str:
     """A value as one safe line of text (see the module warning)."""
     return escape_text("" if value is None else str(value))
 
 
-def cell(value: Any) -> str:
+def cell(value: object) -> str:
     """A table cell: text as is, times to the second, lists joined, records as JSON."""
     if value is None:
         return ""
@@ -89,7 +88,7 @@ def cell(value: Any) -> str:
     return show_time(s(value))
 
 
-def scalar(value: Any) -> str:
+def scalar(value: object) -> str:
     """A value in a `key: value` line."""
     if isinstance(value, str):
         return show_time(s(value))
@@ -100,7 +99,7 @@ def scalar(value: Any) -> str:
     return s(json.dumps(value, default=str, sort_keys=True))
 
 
-def lines_of(data: Mapping[str, Any], indent: str = "", skip: Sequence[str] = ()) -> list[str]:
+def lines_of(data: Mapping[str, object], indent: str = "", skip: Sequence[str] = ()) -> list[str]:
     """A record as indented `key: value` lines; a nested record's keys one level deeper, a list
     of scalars joined, a list of records one `-` block each."""
     out: list[str] = []

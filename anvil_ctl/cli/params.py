@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -28,7 +27,7 @@ from anvil_ctl.core.validate import (
 )
 
 
-class Text(click.ParamType[str, Any]):
+class Text(click.ParamType[str, object]):
     """One line (or, `multiline`, lines) of text without control, bidi or invisible characters."""
 
     name = "text"
@@ -36,43 +35,43 @@ class Text(click.ParamType[str, Any]):
     def __init__(self, max_len: int = MAX_TEXT, *, multiline: bool = False, empty: bool = False) -> None:
         self.max_len, self.multiline, self.empty = max_len, multiline, empty
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
         try:
             return check_text(str(value), max_len=self.max_len, multiline=self.multiline, empty=self.empty)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class Person(click.ParamType[str, Any]):
+class Person(click.ParamType[str, object]):
     """A person's name as recorded (approver, resolver): non-empty, one line, bounded."""
 
     name = "name"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
         try:
             return check_person(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class Timestamp(click.ParamType[str, Any]):
+class Timestamp(click.ParamType[str, object]):
     """An RFC 3339 date or date-time, as the database writes times (UTC, microseconds, Z)."""
 
     name = "time"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
         try:
             return utc_stamp(parse_rfc3339(str(value)))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class Duration(click.ParamType[float, Any]):
+class Duration(click.ParamType[float, object]):
     """A duration (`90s`, `5m`, `1h30m`, or seconds), as kubectl and helm take `--timeout`."""
 
     name = "duration"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
         try:
@@ -81,13 +80,13 @@ class Duration(click.ParamType[float, Any]):
             self.fail(str(exc), param, ctx)
 
 
-class NewFile(click.ParamType[Path, Any]):
+class NewFile(click.ParamType[Path, object]):
     """A file we will (re)write, as text; `check_new_file` checks it on disk when the command
     runs (not while parsing, so that documented examples parse on any machine)."""
 
     name = "file"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Path:
         try:
             return Path(check_text(str(value), max_len=4096, empty=False))
         except ValueError as exc:

@@ -17,20 +17,22 @@ including the escaping every value goes through (see its warning).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
-from typing import Any
 
 from anvil_ctl.cli import render_qualify as rq
 from anvil_ctl.cli import render_tx as rt
 from anvil_ctl.cli import views
 from anvil_ctl.cli.output import Out, lines_of, s
+from anvil_ctl.cli.views import items, record, records
+from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.validate import escape_text
 
-Renderer = Callable[[Any, Out], None]
+Renderer = Callable[..., None]
+"""A human renderer: `(result, out)`, the result of the type it is registered for."""
 
 
-def payload(result: Any) -> Any:
+def payload(result: object) -> object:
     """What `--json` prints for a result."""
     if isinstance(result, views.View):
         return result.payload()
@@ -42,16 +44,16 @@ def payload(result: Any) -> Any:
     return result
 
 
-def _json_default(o: Any) -> Any:
+def _json_default(o: object) -> object:
     converted = payload(o)
     return str(o) if converted is o else converted
 
 
-def to_json(result: Any) -> str:
+def to_json(result: object) -> str:
     return json.dumps(payload(result), indent=2, sort_keys=True, default=_json_default)
 
 
-def show(result: Any, as_json: bool, *, wide: bool = False, out: Out | None = None) -> None:
+def show(result: object, as_json: bool, *, wide: bool = False, out: Out | None = None) -> None:
     """Print a command's result: JSON, or the human renderer of its type."""
     if result is None:
         return
@@ -72,14 +74,14 @@ def renderer_for(kind: type) -> Renderer:
 # -- generic -----------------------------------------------------------------------------------
 
 
-def _record_of(result: Any, out: Out) -> None:
+def _record_of(result: object, out: Out) -> None:
     """Anything without a renderer of its own: its payload as `key: value` lines."""
-    data = json.loads(json.dumps(payload(result), default=_json_default))
+    data: JSONValue = json.loads(json.dumps(payload(result), default=_json_default))
     if isinstance(data, dict):
         for text in lines_of(data):
             out.line(text)
     elif isinstance(data, list) and all(isinstance(r, dict) for r in data):
-        _table(views.Table(data), out)
+        _table(views.Table(records(data)), out)
     else:
         out.line(s(data) if not isinstance(data, list) else ", ".join(s(v) for v in data))
 
@@ -105,8 +107,8 @@ def _text(t: views.Text, out: Out) -> None:
 # -- status and init: which database and config ------------------------------------------------
 
 
-def _where(data: dict[str, Any], out: Out) -> None:
-    state, config = data.get("state") or {}, data.get("config") or {}
+def _where(data: Mapping[str, object], out: Out) -> None:
+    state, config = record(data.get("state")), record(data.get("config"))
     if state:
         out.line(f"state database  {s(state['db'])}  ({s(state['origin'])})")
     if config:
@@ -115,35 +117,34 @@ def _where(data: dict[str, Any], out: Out) -> None:
 
 
 def _status(view: views.StatusView, out: Out) -> None:
-    for name, slot in view.data["slots"].items():
-        models = (
-            ", ".join(f"{s(m)} ({n} tokens)" if n else s(m) for m, n in slot["serving"]["models"])
-            or "nothing"
-        )
+    for name, slot_data in record(view.data["slots"]).items():
+        slot = record(slot_data)
+        serving = record(slot["serving"])
+        models = ", ".join(_served(pair) for pair in items(serving["models"])) or "nothing"
         out.line(
             f"slot {s(name)}: {s(slot['binding'])} serves {models} "
-            f"({'healthy' if slot['serving']['healthy'] else 'NOT healthy'}); "
-            f"tier {s(slot['router_tier'])} for {', '.join(s(a) for a in slot['aliases'])}"
+            f"({'healthy' if serving['healthy'] else 'NOT healthy'}); "
+            f"tier {s(slot['router_tier'])} for {', '.join(s(a) for a in items(slot['aliases']))}"
         )
-        inc = slot.get("incumbent")
+        inc = record(slot.get("incumbent"))
         if inc:
             out.line(
-                f"  incumbent: {s(inc['container_id'][:12])} {s(inc['served_model'])} "
-                f"[{s(inc['status'])}] identity {s(inc['identity_digest'][:12])}"
+                f"  incumbent: {s(str(inc['container_id'])[:12])} {s(inc['served_model'])} "
+                f"[{s(inc['status'])}] identity {s(str(inc['identity_digest'])[:12])}"
             )
         else:
             out.line("  incumbent: none recorded (adopt the serving container first)")
         rows = [
             [c["container_id"], c["name"], c.get("role"), c["status"], c["image_id"]]
-            for c in slot["containers"]
+            for c in records(slot["containers"])
         ]
         if rows:
             out.table(["container", "name", "role", "status", "image"], rows, indent="  ")
-        router = slot.get("router") or {}
+        router = record(slot.get("router"))
         backends = router.get("backends")
         if backends is not None:
             routed = (
-                ", ".join(f"{s(b.get('url'))} -> {s(b.get('observed_model'))}" for b in backends)
+                ", ".join(f"{s(b.get('url'))} -> {s(b.get('observed_model'))}" for b in records(backends))
                 or "no backend"
             )
             out.line(f"  router: {routed}")
@@ -151,7 +152,13 @@ def _status(view: views.StatusView, out: Out) -> None:
             out.line(f"  router: UNAVAILABLE: {s(router['error'])}")
     if view.data.get("observed_at"):
         out.line(f"observed at     {s(view.data['observed_at'])}")
-    _where(dict(view.data), out)
+    _where(view.data, out)
+
+
+def _served(pair: object) -> str:
+    """A served model and its context, `(model, tokens)`, as `model (N tokens)`."""
+    model, tokens = items(pair)
+    return f"{s(model)} ({tokens} tokens)" if tokens else s(model)
 
 
 def _init(view: views.InitView, out: Out) -> None:
@@ -162,13 +169,13 @@ def _init(view: views.InitView, out: Out) -> None:
         out.line(f"the state database is at the current schema revision {s(d['to'])}")
     else:
         out.line(f"upgraded the state database from schema revision {s(d['from'])} to {s(d['to'])}")
-    _where(dict(d), out)
+    _where(d, out)
     out.line(f"audit head      {s(d.get('audit_head'))}")
     if d.get("stale_head_file"):
         out.line(f"set aside the head file of an earlier database: {s(d['stale_head_file'])}")
     if d.get("gpu_roles"):
         out.line("gpu roles:")
-        for text in lines_of(d["gpu_roles"], "  ", skip=("toml",)):
+        for text in lines_of(record(d["gpu_roles"]), "  ", skip=("toml",)):
             out.line(text)
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from anvil_ctl.cli import views
 from anvil_ctl.cli.output import Out, lines_of, s
 from anvil_ctl.cli.render_tx import outcome
+from anvil_ctl.cli.views import items, record, records
 from anvil_ctl.core.validate import escape_text
 
 if TYPE_CHECKING:
@@ -194,22 +195,26 @@ def claims(c: ClaimsCheck, out: Out) -> None:
         out.line(f"DRIFT: {len(bad)} claim(s) do not match the evidence: {named}")
 
 
+_BINDING_VERDICTS: dict[object, str] = {True: "matches", False: "DIFFERS from", None: "not checked against"}
+"""A manifest binding's `matched`, in words."""
+
+
 def evidence_audit(view: views.EvidenceAudit, out: Out) -> None:
     data = view.data
     out.line(f"evidence of transaction {s(data['tx_id'])}")
-    for g in data["gates"]:
+    for g in records(data["gates"]):
         verdict = "PASS" if g["passed"] else "FAIL"
         out.line(
             f"  {s(g['gate']):<24} {verdict}  {s(g['kind']):<10} "
             f"{s(g['classification']):<24} {s(g['sha256'])}"
         )
-    v = data["verify"]
+    v = record(data["verify"])
     out.line(
         f"manifest: {'ok' if v['ok'] else 'MISMATCH'} ({v['checked']} artifacts)"
-        + "".join(f"\n  {s(m['path'])}: {s(m['problem'])}" for m in v["mismatches"])
+        + "".join(f"\n  {s(m['path'])}: {s(m['problem'])}" for m in records(v["mismatches"]))
     )
-    for b in v.get("bindings") or ():
-        verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b["matched"]]
+    for b in records(v.get("bindings")):
+        verdict = _BINDING_VERDICTS[b["matched"]]
         out.line(f"  manifest {verdict} {b['against']}" + (f" ({b['note']})" if b["note"] else ""))
 
 
@@ -219,10 +224,10 @@ def evidence_audit(view: views.EvidenceAudit, out: Out) -> None:
 def gpu_readings(view: views.GpuReadings, out: Out) -> None:
     keep = ("index", "role", "uuid", "total_mib", "used_mib", "free_mib")
     rows = []
-    for g in view.data["gpus"]:
-        owner = g["owner"]
-        who = f"{owner['container_id'][:12]} ({owner['mode']})" if owner else ""
-        rows.append({k: g[k] for k in keep} | {"owner": who, "processes": len(g["processes"])})
+    for g in records(view.data["gpus"]):
+        owner = record(g["owner"])
+        who = f"{str(owner['container_id'])[:12]} ({owner['mode']})" if owner else ""
+        rows.append({k: g[k] for k in keep} | {"owner": who, "processes": len(items(g["processes"]))})
     out.table(list(rows[0]) if rows else [], [list(r.values()) for r in rows])
 
 
@@ -235,4 +240,4 @@ def detected_roles(view: views.DetectedRoles, out: Out) -> None:
     else:
         state = f"not written to {data['config']} (pass --write)"
     # TOML is the useful human form: it can be pasted into the host config.
-    out.line(escape_text(data["toml"], keep_newlines=True) + f"# {s(state)}")
+    out.line(escape_text(str(data["toml"]), keep_newlines=True) + f"# {s(state)}")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from anvil_ctl.cli import views
 from anvil_ctl.cli.output import Out, cell, s
 from anvil_ctl.cli.tables import show_time
+from anvil_ctl.cli.views import number, record, records
 from anvil_ctl.core.snapshot import show_value
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ MAX_CHANGES = 40
 """An outcome lists this many snapshot changes; `audit diff TX` lists them all."""
 
 
-def change_line(c: Mapping[str, Any]) -> str:
+def change_line(c: Mapping[str, object]) -> str:
     """`+ path: value`, `- path: value` or `~ path: before -> after`; never None for absence."""
     path = s(c["path"])
     if c["op"] == "add":
@@ -60,12 +61,14 @@ def diffs(view: views.DiffView, out: Out) -> None:
     if not view.rows:
         out.line("(none)")
     for d in view.rows:
-        verdict = "equal" if d["equal"] else f"{len(d['changes'])} change(s)"
-        out.line(f"{s(d['label'])}: {verdict} ({s(d['before_sha256'][:12])} -> {s(d['after_sha256'][:12])})")
+        changes = records(d["changes"])
+        verdict = "equal" if d["equal"] else f"{len(changes)} change(s)"
+        before, after = str(d["before_sha256"])[:12], str(d["after_sha256"])[:12]
+        out.line(f"{s(d['label'])}: {verdict} ({s(before)} -> {s(after)})")
         if d.get("format") == "legacy":
             out.line("  (recorded before diffs were stored as JSON Patch: a change from or to null")
             out.line("   is shown as added or removed, as that writer recorded absence)")
-        for c in d["changes"]:
+        for c in changes:
             out.line(f"  {change_line(c)}")
 
 
@@ -84,7 +87,7 @@ def _took(start: str, end: str) -> str:
     return "" if a is None or b is None else f"{(b - a).total_seconds():.1f} s"
 
 
-def _summary(detail: Mapping[str, Any], limit: int = 100) -> str:
+def _summary(detail: Mapping[str, object], limit: int = 100) -> str:
     """A step's detail in a few words: its scalar fields as key=value, IDs shortened."""
     parts = []
     for key, value in detail.items():
@@ -98,24 +101,25 @@ def _summary(detail: Mapping[str, Any], limit: int = 100) -> str:
     return s(joined if len(joined) <= limit else joined[: limit - 1] + "…")
 
 
-def _timeline(detail: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _timeline(detail: Mapping[str, object]) -> list[tuple[str, str]]:
     """(time, line) for each state change and each step (its intent and outcome on one line)."""
     events: list[tuple[str, str]] = []
-    for st in detail["states"]:
+    for st in records(detail["states"]):
         reason = f": {s(st['reason'])}" if st.get("reason") else ""
-        events.append((st["at"], f"state {s(st['state'])}{reason}"))
-    opened: dict[tuple[int, str, str], str] = {}
-    for ev in detail["steps"]:
-        key = (ev["seq"], ev["step"], ev["phase"])
-        label = f"[{ev['seq'] + 1}] {s(ev['step'])}" if ev["seq"] >= 0 else s(ev["step"])
+        events.append((str(st["at"]), f"state {s(st['state'])}{reason}"))
+    opened: dict[tuple[int, object, object], str] = {}
+    for ev in records(detail["steps"]):
+        seq, at = number(ev["seq"]), str(ev["at"])
+        key = (seq, ev["step"], ev["phase"])
+        label = f"[{seq + 1}] {s(ev['step'])}" if seq >= 0 else s(ev["step"])
         if ev["phase"] == "undo":
             label = f"undo {label}"
         if ev["event"] == "intent":
-            opened[key] = ev["at"]
+            opened[key] = at
             continue
         since = opened.pop(key, None)
-        took = f" in {_took(since, ev['at'])}" if since else ""
-        info = ev.get("detail") or {}
+        took = f" in {_took(since, at)}" if since else ""
+        info = record(ev.get("detail"))
         if ev["event"] == "error":
             message = info.get("message") or info.get("problems") or info
             text = f"{label}: FAILED{took}: {s(message)}"
@@ -124,7 +128,7 @@ def _timeline(detail: Mapping[str, Any]) -> list[tuple[str, str]]:
         else:
             text = f"{label}: {s(ev['event'])}"
         more = _summary(info) if ev["event"] != "error" else ""
-        events.append((since or ev["at"], text + (f"  ({more})" if more else "")))
+        events.append((since or at, text + (f"  ({more})" if more else "")))
     for key, since in opened.items():  # an intent without a result: the process died there
         events.append(
             (since, f"[{key[0] + 1}] {s(key[1])}: started, never finished (see `anvilctl recover`)")
@@ -134,28 +138,29 @@ def _timeline(detail: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def transaction(view: views.TransactionView, out: Out) -> None:
     d = view.data
-    state = d["states"][-1]["state"] if d["states"] else "?"
+    states, snapshots = records(d["states"]), records(d["snapshots"])
+    state = states[-1]["state"] if states else "?"
     slot = f" on slot {s(d['slot'])}" if d.get("slot") else ""
     out.line(f"transaction {s(d['tx_id'])}: {s(d['kind'])}{slot}, {s(state)}")
-    owner = d.get("owner") or {}
+    owner = record(d.get("owner"))
     out.line(
         f"  created {show_time(s(d['created_at']))} by pid {s(owner.get('pid'))} on {s(owner.get('host'))}"
     )
     out.line("")
     for at, text in _timeline(d):
         out.line(f"  {show_time(s(at))}  {text}")
-    if d["snapshots"]:
+    if snapshots:
         out.line("")
         out.line(
-            "  snapshots:  " + ", ".join(f"{s(x['label'])} {s(x['sha256'][:12])}" for x in d["snapshots"])
+            "  snapshots:  " + ", ".join(f"{s(x['label'])} {s(str(x['sha256'])[:12])}" for x in snapshots)
         )
-    for ident in d["identities"]:
+    for ident in records(d["identities"]):
         out.line(
-            f"  recorded {s(ident['role'])}: container {s(ident['container_id'][:12])} "
-            f"{s(ident['served_model'])} (identity {s(ident['digest'][:12])})"
+            f"  recorded {s(ident['role'])}: container {s(str(ident['container_id'])[:12])} "
+            f"{s(ident['served_model'])} (identity {s(str(ident['digest'])[:12])})"
         )
-    if d["snapshots"]:
-        out.line(f"  what changed: anvilctl audit diff {s(d['tx_id'][:8])}")
+    if snapshots:
+        out.line(f"  what changed: anvilctl audit diff {s(str(d['tx_id'])[:8])}")
 
 
 def history(view: views.HistoryView, out: Out) -> None:
@@ -165,8 +170,8 @@ def history(view: views.HistoryView, out: Out) -> None:
             r["created_at"],
             r["kind"],
             r["state"],
-            (r.get("serve") or {}).get("container_id") or "",
-            (r.get("serve") or {}).get("served_model") or "",
+            record(r.get("serve")).get("container_id") or "",
+            record(r.get("serve")).get("served_model") or "",
             r["tx_id"],
             r.get("reason") or "",
         ]
@@ -217,7 +222,7 @@ def chain(view: views.ChainCheck, out: Out) -> None:
     if view.ok:
         out.line(f"audit journal: {d['entries']} entries, hash chain intact; {checked}")
     else:
-        problems = d["problems"]
+        problems = records(d["problems"])
         out.line(f"audit journal: DRIFT, {len(problems)} problem(s); {checked}")
         for p in problems:
             where = ", ".join(
@@ -227,11 +232,12 @@ def chain(view: views.ChainCheck, out: Out) -> None:
             )
             out.line(f"  {s(p.get('problem'))}" + (f" ({where})" if where else ""))
     out.line(f"  head       {s(d['head'])}")
-    head_file = d.get("head_file") or {}
+    head_file = record(d.get("head_file"))
     if head_file.get("path"):
         recorded = head_file.get("head") or "missing"
         out.line(f"  head file  {s(head_file['path'])}: {s(recorded)}")
     if d.get("checkpoint"):
-        out.line(f"  checkpoint {s(d['checkpoint']['id'])} recorded at {s(d['checkpoint']['head'])}")
+        checkpoint = record(d["checkpoint"])
+        out.line(f"  checkpoint {s(checkpoint['id'])} recorded at {s(checkpoint['head'])}")
     elif d.get("checkpoint_error"):
         out.line(f"  checkpoint not recorded: {s(d['checkpoint_error'])}")

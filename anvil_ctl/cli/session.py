@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
 
 import click
 
@@ -20,6 +20,15 @@ from anvil_ctl.core.states import ExitCode
 
 if TYPE_CHECKING:
     from anvil_ctl.bootstrap import Context
+    from anvil_ctl.engine.plans.args import DriftAcceptance
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+class OptionDecorator(Protocol):
+    """What `click.option(...)` returns: it adds an option to a command callback."""
+
+    def __call__(self, fn: F, /) -> F: ...
 
 
 @dataclass
@@ -84,12 +93,17 @@ def example(line: str) -> str:
     return f"\b\nExample:\n  {line}"
 
 
-def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def _remember(ctx: click.Context, param: click.Parameter, value: object) -> object:
     """Store a global option given at any level of the command line into the session."""
     session = ctx.find_object(Session)
     if session is not None and param.name and value not in (None, False):
         setattr(session.options, param.name, value)
     return value
+
+
+class _Common(TypedDict):
+    expose_value: bool
+    callback: Callable[[click.Context, click.Parameter, object], object]
 
 
 def global_options() -> list[click.Parameter]:
@@ -101,7 +115,7 @@ def global_options() -> list[click.Parameter]:
     taken for `--state-db` or `--state-dir`. The environment (`ANVIL_*`, read by
     Settings) applies where a flag is not given.
     """
-    common: dict[str, Any] = {"expose_value": False, "callback": _remember}
+    common: _Common = {"expose_value": False, "callback": _remember}
     config_help = "Host config file (env ANVIL_CONFIG; default /etc/anvil/anvil.toml as root, else "
     config_help += "~/.config/anvil/anvil.toml)."
     return [
@@ -147,7 +161,7 @@ def global_options() -> list[click.Parameter]:
     ]
 
 
-def accept_drift_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def accept_drift_options(fn: F) -> F:
     """`--accept-drift --by NAME --reason TEXT`: a person's decision to mutate a drifted host."""
     fn = click.option(
         "--reason",
@@ -170,7 +184,7 @@ def accept_drift_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-def drift_acceptance(accept: bool, by: str | None, reason: str | None) -> Any:
+def drift_acceptance(accept: bool, by: str | None, reason: str | None) -> DriftAcceptance | None:
     """The journaled DriftAcceptance, or None; both --by and --reason are required with it."""
     if not accept:
         if by or reason:
@@ -183,7 +197,7 @@ def drift_acceptance(accept: bool, by: str | None, reason: str | None) -> Any:
     return DriftAcceptance(by=by.strip(), reason=reason.strip())
 
 
-def timeout_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def timeout_option(what: str) -> OptionDecorator:
     """`--timeout DURATION` of load, promote, rollback and qualify (kubectl and helm spelling)."""
     from anvil_ctl.cli.params import TIMEOUT
 

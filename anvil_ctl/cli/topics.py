@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from anvil_ctl.cli.session import Reply, example
 from anvil_ctl.cli.views import Text
 from anvil_ctl.core.states import ALLOWED_TRANSITIONS, UNFINISHED_STATES, WAITING_STATES, ExitCode, TxState
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from pydantic.fields import FieldInfo
 
 EXIT_MEANINGS = {
     ExitCode.OK: "ok",
@@ -58,7 +62,7 @@ def _states() -> str:
     return "\n".join(lines)
 
 
-def _field(key: str, info: Any) -> list[str]:
+def _field(key: str, info: FieldInfo) -> list[str]:
     """One key: its name, its default where it is a plain value, its description."""
     default = ""
     if not info.is_required() and info.default_factory is None and info.default is not None:
@@ -69,7 +73,7 @@ def _field(key: str, info: Any) -> list[str]:
     return out
 
 
-def _model_fields(model: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
+def _model_fields(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
     """Every field of a pydantic model, a nested model as a `[section]` of its own."""
     from pydantic import BaseModel
 

@@ -4,22 +4,44 @@ A command that returns a dataclass (Outcome, RecheckResult, ...) is rendered as 
 type. One that returns a plain dict or list is wrapped here by its CLI handler: the
 view says what the data *is* (a table, a status, a diff) and `payload()` is exactly
 what `--json` prints, untrimmed. Human renderers live in `render`; views import
-nothing heavy.
+nothing heavy. A view's values are not narrowed (`object`): renderers read a nested
+record or list out of one with `record`, `items` and `records`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-Row = Mapping[str, Any]
+Row = Mapping[str, object]
+
+
+def record(value: object) -> Mapping[str, object]:
+    """`value` as a record to read fields from; an empty one when it is None or not a record."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def items(value: object) -> Sequence[object]:
+    """`value` as a list to go through; an empty one when it is None or not a list."""
+    return value if isinstance(value, list | tuple) else ()
+
+
+def records(value: object) -> list[Mapping[str, object]]:
+    """The records of a list (see `items`); anything else in it is skipped."""
+    return [v for v in items(value) if isinstance(v, Mapping)]
+
+
+def number(value: object) -> int:
+    """`value` as an integer; a TypeError, as arithmetic on it would raise, when it is another type."""
+    if not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
 
 
 class View:
     """Base of the CLI's views: `payload()` is the JSON document."""
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         raise NotImplementedError
 
 
@@ -32,10 +54,10 @@ class Table(View):
     columns: Sequence[str] | None = None
     cells: Callable[[Row], Row] | None = None
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return [dict(r) for r in self.rows]
 
-    def human_rows(self) -> list[dict[str, Any]]:
+    def human_rows(self) -> list[dict[str, object]]:
         rows = [dict(self.cells(r)) if self.cells else dict(r) for r in self.rows]
         if self.columns is None:
             return rows
@@ -47,9 +69,9 @@ class Record(View):
     """One record without a better shape (resolve, waive, lock break ...). Human: indented
     `key: value` lines."""
 
-    data: Mapping[str, Any]
+    data: Mapping[str, object]
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return dict(self.data)
 
 
@@ -57,9 +79,9 @@ class Record(View):
 class StatusView(View):
     """`status`: slots with binding, served models, incumbent, candidates and router view."""
 
-    data: Mapping[str, Any]
+    data: Mapping[str, object]
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return dict(self.data)
 
 
@@ -69,7 +91,7 @@ class DiffView(View):
 
     rows: Sequence[Row]
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return [dict(r) for r in self.rows]
 
 
@@ -77,13 +99,13 @@ class DiffView(View):
 class ChainCheck(View):
     """`audit verify`: the chain walked, covered rows re-digested, head compared (ok, problems)."""
 
-    data: Mapping[str, Any]
+    data: Mapping[str, object]
 
     @property
     def ok(self) -> bool:
         return bool(self.data["ok"])
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return dict(self.data)
 
 
@@ -91,9 +113,9 @@ class ChainCheck(View):
 class GpuReadings(View):
     """`gpus`: every GPU the probe sees, with role and owner; the driver version."""
 
-    data: Mapping[str, Any]
+    data: Mapping[str, object]
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return dict(self.data)
 
 
@@ -101,9 +123,9 @@ class GpuReadings(View):
 class DetectedRoles(View):
     """`gpus detect`: the `[gpu_roles.*]` TOML and whether it was written."""
 
-    data: Mapping[str, Any]
+    data: Mapping[str, object]
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return dict(self.data)
 
 
@@ -111,13 +133,13 @@ class DetectedRoles(View):
 class EvidenceAudit(View):
     """`audit evidence`: one transaction's gate rows and its manifest check."""
 
-    data: Mapping[str, Any]
+    data: Mapping[str, object]
 
     @property
     def ok(self) -> bool:
-        return bool(self.data["verify"]["ok"])
+        return bool(record(self.data["verify"])["ok"])
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return dict(self.data)
 
 
@@ -127,7 +149,7 @@ class Text(View):
 
     text: str
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return self.text
 
 
@@ -136,9 +158,9 @@ class TransactionView(View):
     """`audit show`: one transaction's states, step events, snapshots and identities. Human:
     a timeline of steps with their outcomes and durations."""
 
-    data: Mapping[str, Any]
+    data: Mapping[str, object]
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return dict(self.data)
 
 
@@ -148,7 +170,7 @@ class HistoryView(View):
 
     rows: Sequence[Row]
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return [dict(r) for r in self.rows]
 
 
@@ -156,7 +178,7 @@ class HistoryView(View):
 class InitView(View):
     """`init` and `db upgrade`: which database and config, the schema revision before and after."""
 
-    data: Mapping[str, Any]
+    data: Mapping[str, object]
 
-    def payload(self) -> Any:
+    def payload(self) -> object:
         return dict(self.data)

@@ -10,18 +10,18 @@ until every card of the next serve shows `free >= need + reserve`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import structlog
 
 from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import GpuReading, VramNeed
 from anvil_ctl.core.ports import Clock, GpuProbe
 
 log = structlog.get_logger()
 
 
-def _card(reading: GpuReading | None) -> dict[str, Any] | None:
+def _card(reading: GpuReading | None) -> JSONObject | None:
     if reading is None:
         return None
     return {
@@ -48,7 +48,7 @@ def wait_for_vram_release(
     deadline_s: float,
     poll_s: float = 1.0,
     first_poll_s: float | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """Poll until every role's card has `free >= need + reserve`; return the readings.
 
     Polls are `poll_s` apart, or start `first_poll_s` apart and grow by a quarter each
@@ -74,10 +74,10 @@ def wait_for_vram_release(
     polls = 1
     pause = poll_s if first_poll_s is None else min(first_poll_s, poll_s)
 
-    def record(satisfied: bool) -> dict[str, Any]:
+    def record(satisfied: bool) -> JSONObject:
         return {
-            "roles": dict(uuids),
-            "required_free_mib": required,
+            "roles": {**uuids},
+            "required_free_mib": {**required},
             "before": {u: _card(r) for u, r in before.items()},
             "after": {u: _card(r) for u, r in current.items()},
             "waited_s": round(clock.now() - start, 3),
@@ -122,7 +122,7 @@ def vram_release_step(
     deadline_s: float,
     poll_s: float = 1.0,
     default_need_mib: int = 0,
-) -> Callable[[VramNeed], dict[str, Any]]:
+) -> Callable[[VramNeed], JSONObject]:
     """A VRAM-release gate with fixed reserves (no waivers), for a world's `vram_release`.
 
     `uuids` and `reserve_mib` cover every host role (role -> UUID, role -> the
@@ -130,7 +130,7 @@ def vram_release_step(
     card; `default_need_mib` where it is 0) is the need.
     """
 
-    def gate(need: VramNeed) -> dict[str, Any]:
+    def gate(need: VramNeed) -> JSONObject:
         roles = need.roles
         if not roles:
             return {"skipped": "the candidate uses no GPU role"}

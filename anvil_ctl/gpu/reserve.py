@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from anvil_ctl.core.errors import ConfigError
+from anvil_ctl.core.jsontypes import JSONObject, get_int, get_str
 from anvil_ctl.core.model import GpuReading
 from anvil_ctl.core.waivers import VRAM_RESERVE
 
@@ -42,7 +42,7 @@ class CardCheck:
     def passed(self) -> bool:
         return self.free_mib is not None and self.free_mib >= self.threshold_mib
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "role": self.role,
             "uuid": self.uuid,
@@ -53,6 +53,23 @@ class CardCheck:
             "margin_mib": self.margin_mib,
             "passed": self.passed,
         }
+
+
+def _card_of(c: object) -> CardCheck:
+    """A CardCheck from its `as_dict()`."""
+    if not isinstance(c, Mapping):
+        raise ValueError(f"cards: expected a JSON object, got {type(c).__name__}")
+    threshold = get_int(c, "threshold_mib")
+    if threshold is None:
+        raise KeyError("threshold_mib")
+    return CardCheck(
+        role=str(c["role"]),
+        uuid=str(c["uuid"]),
+        threshold_mib=threshold,
+        free_mib=get_int(c, "free_mib"),
+        used_mib=get_int(c, "used_mib"),
+        total_mib=get_int(c, "total_mib"),
+    )
 
 
 @dataclass(frozen=True)
@@ -79,31 +96,27 @@ class ReserveResult:
             return None
         return min(m for m in margins if m is not None)
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> JSONObject:
         return {
             "gate": self.name,
             "policy": self.policy,
             "passed": self.passed,
-            "threshold_mib": self.threshold_mib,
+            "threshold_mib": {**self.threshold_mib},
             "margin_mib": self.margin_mib,
             "cards": [c.as_dict() for c in self.cards],
         }
 
     @classmethod
-    def from_evidence(cls, data: Mapping[str, Any]) -> ReserveResult:
+    def from_evidence(cls, data: Mapping[str, object]) -> ReserveResult:
         """Rebuild a result from `evidence()` (e.g. a stored row) to re-judge it under waivers."""
-        cards = tuple(
-            CardCheck(
-                role=c["role"],
-                uuid=c["uuid"],
-                threshold_mib=int(c["threshold_mib"]),
-                free_mib=c.get("free_mib"),
-                used_mib=c.get("used_mib"),
-                total_mib=c.get("total_mib"),
-            )
-            for c in data["cards"]
+        cards = data["cards"]
+        if not isinstance(cards, list):
+            raise ValueError(f"cards: expected a JSON array, got {type(cards).__name__}")
+        return cls(
+            cards=tuple(_card_of(c) for c in cards),
+            name=get_str(data, "gate", POLICY) or POLICY,
+            policy=get_str(data, "policy", POLICY) or POLICY,
         )
-        return cls(cards=cards, name=data.get("gate", POLICY), policy=data.get("policy", POLICY))
 
     def rejudged(self, thresholds: Mapping[str, int]) -> ReserveResult:
         """The same readings against other thresholds (roles not named keep theirs)."""

@@ -20,9 +20,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.core.waivers import POLICIES, VRAM_RESERVE, Waiver
@@ -130,7 +131,7 @@ class Decision:
     reasons: tuple[str, ...] = field(default=())
     decided_at: datetime | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "id": self.id,
             "outcome": self.outcome,
@@ -138,8 +139,8 @@ class Decision:
             "evidence_id": self.evidence_id,
             "recipe_digest": self.recipe_digest,
             "reclassifies": self.reclassifies,
-            "waiver_ids": list(self.waiver_ids),
-            "reasons": list(self.reasons),
+            "waiver_ids": [*self.waiver_ids],
+            "reasons": [*self.reasons],
             "decided_at": None if self.decided_at is None else utc_stamp(self.decided_at),
         }
 

@@ -15,8 +15,8 @@ import math
 import re
 import struct
 import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 TOKEN_CHARS = 4
 TOKENS_PER_MESSAGE = 8
@@ -85,7 +85,7 @@ class Completion:
     tool_call: ToolCall | None = None
     tool_tokens: tuple[str, ...] = ()
     finish_reason: str = "stop"
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def completion_tokens(self) -> int:
@@ -149,7 +149,7 @@ def decode_data_url(url: str) -> bytes:
 # ---------------------------------------------------------------- parsing
 
 
-def _parts(content: Any) -> tuple[str, tuple[bytes, ...]]:
+def _parts(content: object) -> tuple[str, tuple[bytes, ...]]:
     """Text and images of one message's content (a string or a list of parts)."""
     if content is None:
         return "", ()
@@ -176,19 +176,33 @@ def _parts(content: Any) -> tuple[str, tuple[bytes, ...]]:
     return "\n".join(texts), tuple(images)
 
 
-def _message(raw: Any) -> Message:
+def _message(raw: object) -> Message:
     if not isinstance(raw, dict) or "role" not in raw:
         raise BadRequest("each message must be an object with a role")
     text, images = _parts(raw.get("content"))
     return Message(role=str(raw["role"]), text=text, images=images)
 
 
-def _thinking(body: dict[str, Any]) -> bool:
+def _each(value: object) -> Iterable[object]:
+    """`value` to iterate over, as a loop over it would (a TypeError when it is not iterable)."""
+    if not isinstance(value, Iterable):
+        raise TypeError(f"'{type(value).__name__}' object is not iterable")
+    return value
+
+
+def _get(value: object, key: str) -> object:
+    """`value.get(key)` of a JSON object (an AttributeError, as the call would raise, for another type)."""
+    if not isinstance(value, dict):
+        raise AttributeError(f"'{type(value).__name__}' object has no attribute 'get'")
+    return value.get(key)
+
+
+def _thinking(body: Mapping[str, object]) -> bool:
     kwargs = body.get("chat_template_kwargs") or {}
     return bool(kwargs.get("enable_thinking", True)) if isinstance(kwargs, dict) else True
 
 
-def _max_tokens(body: dict[str, Any], *keys: str) -> int | None:
+def _max_tokens(body: Mapping[str, object], *keys: str) -> int | None:
     for key in keys:
         value = body.get(key)
         if value is not None:
@@ -198,13 +212,15 @@ def _max_tokens(body: dict[str, Any], *keys: str) -> int | None:
     return None
 
 
-def chat_prompt(body: dict[str, Any]) -> Prompt:
+def chat_prompt(body: Mapping[str, object]) -> Prompt:
     """A /v1/chat/completions request body as a Prompt."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
     tools = tuple(
-        str(t.get("function", {}).get("name", "")) for t in body.get("tools") or () if isinstance(t, dict)
+        str(t.get("function", {}).get("name", ""))
+        for t in _each(body.get("tools") or ())
+        if isinstance(t, dict)
     )
     fmt = body.get("response_format") or {}
     return Prompt(
@@ -216,12 +232,13 @@ def chat_prompt(body: dict[str, Any]) -> Prompt:
     )
 
 
-def responses_prompt(body: dict[str, Any]) -> Prompt:
+def responses_prompt(body: Mapping[str, object]) -> Prompt:
     """A /v1/responses request body (the subset: input string or message list) as a Prompt."""
     raw = body.get("input")
     messages: list[Message] = []
-    if isinstance(body.get("instructions"), str):
-        messages.append(Message(role="system", text=body["instructions"]))
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        messages.append(Message(role="system", text=instructions))
     if isinstance(raw, str):
         messages.append(Message(role="user", text=raw))
     elif isinstance(raw, list) and raw:
@@ -234,8 +251,8 @@ def responses_prompt(body: dict[str, Any]) -> Prompt:
                 messages.append(_message(item))
     else:
         raise BadRequest("input must be a string or a non-empty list of messages")
-    tools = tuple(str(t.get("name", "")) for t in body.get("tools") or () if isinstance(t, dict))
-    text_fmt = (body.get("text") or {}).get("format") or {}
+    tools = tuple(str(t.get("name", "")) for t in _each(body.get("tools") or ()) if isinstance(t, dict))
+    text_fmt = _get(body.get("text") or {}, "format") or {}
     return Prompt(
         messages=tuple(messages),
         tools=tools,

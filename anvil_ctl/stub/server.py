@@ -18,18 +18,16 @@ banner again.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING
 
 from anvil_ctl.stub.options import StubOptions, parse_options
 from anvil_ctl.stub.rules import (
@@ -41,123 +39,13 @@ from anvil_ctl.stub.rules import (
     load_answer_book,
 )
 from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
+from anvil_ctl.stub.state import RESTARTED_ENV, Pacer, StubState, log_line
 
-EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
-RESTARTED_ENV = "ANVIL_STUB_RESTARTED"  # set across the re-exec: --restart-after restarts once
-TIMINGS_KEPT = 1000  # completions whose measured timing GET /anvil/sim/timings reports
-
-
-def _log(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+if TYPE_CHECKING:  # types only: the container holds the stub package alone
+    from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 
 
-class StubState:
-    """Shared mutable state of one stub process (counters behind a lock)."""
-
-    def __init__(self, options: StubOptions, answer_book: list[tuple[str, str]]) -> None:
-        self.options = options
-        self.answer_book = answer_book
-        self.started = time.monotonic()
-        self.lock = threading.Lock()
-        self.completions_started = 0
-        self.completions_done = 0
-        self.ids = itertools.count(1)
-        self.stop = threading.Event()
-        self.exit_code = 0
-        self.restart = False
-        self.logged = bool(os.environ.get(RESTARTED_ENV))  # printed before the restart already
-        self.timings: deque[dict[str, Any]] = deque(maxlen=TIMINGS_KEPT)
-        """What the newest completions really took (Pacer.timing), numbered by `seq`."""
-        self.timing_seq = itertools.count(1)
-
-    def warming(self) -> bool:
-        return time.monotonic() - self.started < self.options.slow_start
-
-    def healthy(self) -> bool:
-        return not self.options.fail_health and not self.warming()
-
-    def admit(self) -> bool:
-        """Count a completion in; False once --exit-after's budget is used up."""
-        with self.lock:
-            limit = self.options.exit_after
-            if limit is not None and self.completions_started >= limit:
-                return False
-            self.completions_started += 1
-            return True
-
-    def finished(self) -> None:
-        with self.lock:
-            self.completions_done += 1
-            self.print_log_lines()
-            limit = self.options.exit_after
-            if limit is not None and self.completions_done >= limit:
-                self.exit_code = EXIT_AFTER_CODE
-                self.stop.set()
-            again = self.options.restart_after
-            if again is not None and self.completions_done >= again and not os.environ.get(RESTARTED_ENV):
-                self.restart = True
-                self.stop.set()
-
-    def print_log_lines(self) -> None:
-        """Print the --log-line lines once --log-after completions are done (caller holds the lock
-        or runs before the server starts)."""
-        if not self.logged and self.completions_done >= self.options.log_after:
-            self.logged = True
-            for line in self.options.log_lines:
-                _log(line)
-
-    def vram(self) -> dict[str, int]:
-        o = self.options
-        if not self.healthy():
-            used = 0
-        elif o.vram_loaded_mib is not None and self.completions_done >= o.vram_after_requests:
-            used = o.vram_loaded_mib
-        else:
-            used = o.vram_idle_mib
-        return dict.fromkeys(o.gpu_uuids, used)
-
-
-class Pacer:
-    """Sleeps until each token's absolute due time, and notes when the first and last went out.
-
-    The notes are the measured ground truth (`GET /anvil/sim/timings`): on a loaded host
-    sleeps overshoot, and what the stub really emitted is what a client can measure.
-    """
-
-    def __init__(self, options: StubOptions, prompt_tokens: int, t0: float) -> None:
-        self.prefill_s = prompt_tokens / options.prefill_tps if options.prefill_tps > 0 else 0.0
-        self.step_s = 1.0 / options.decode_tps if options.decode_tps > 0 else 0.0
-        self.t0 = t0
-        self.prompt_tokens = prompt_tokens
-        self.first: float | None = None
-        self.last: float | None = None
-        self.emitted = 0
-
-    def wait_for(self, index: int) -> None:
-        due = self.t0 + self.prefill_s + index * self.step_s
-        while True:
-            now = time.monotonic()
-            left = due - now
-            if left <= 0:
-                break
-            time.sleep(left)
-        self.first = now if self.first is None else self.first
-        self.last, self.emitted = now, max(self.emitted, index + 1)
-
-    def timing(self) -> dict[str, Any] | None:
-        """What this completion really took: prompt to first token, first to last token."""
-        if self.first is None or self.last is None:
-            return None
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "tokens": self.emitted,
-            "prefill_s": self.first - self.t0,
-            "decode_s": self.last - self.first,
-        }
-
-
-def _usage(prompt: Prompt, c: Completion) -> dict[str, Any]:
+def _usage(prompt: Prompt, c: Completion) -> JSONObject:
     return {
         "prompt_tokens": prompt.tokens,
         "completion_tokens": c.completion_tokens,
@@ -171,12 +59,12 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "anvil-stub/1"
     state: StubState  # set on the subclass made by make_server
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         return  # quiet: request logs would drown test output
 
     # ------------------------------------------------------------ plumbing
 
-    def _send_json(self, status: int, payload: Any) -> None:
+    def _send_json(self, status: int, payload: object) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -188,7 +76,7 @@ class Handler(BaseHTTPRequestHandler):
         kind = "invalid_request_error" if status < 500 else "server_error"
         self._send_json(status, {"error": {"message": message, "type": kind, "code": status}})
 
-    def _body(self) -> dict[str, Any]:
+    def _body(self) -> dict[str, object]:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
@@ -199,7 +87,7 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest("body must be a JSON object")
         return body
 
-    def _sse(self, payload: Any) -> None:
+    def _sse(self, payload: object) -> None:
         data = payload if isinstance(payload, str) else json.dumps(payload)
         self.wfile.write(f"data: {data}\n\n".encode())
         self.wfile.flush()
@@ -289,8 +177,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ chat
 
-    def _chat_body(self, prompt: Prompt, c: Completion) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": c.content or None}
+    def _chat_body(self, prompt: Prompt, c: Completion) -> JSONObject:
+        message: JSONObject = {"role": "assistant", "content": c.content or None}
         if c.reasoning_tokens:
             message["reasoning_content"] = c.reasoning
         if c.tool_call is not None:
@@ -313,7 +201,7 @@ class Handler(BaseHTTPRequestHandler):
             "usage": _usage(prompt, c),
         }
 
-    def _stream_chat(self, prompt: Prompt, c: Completion, pacer: Pacer, body: dict[str, Any]) -> None:
+    def _stream_chat(self, prompt: Prompt, c: Completion, pacer: Pacer, body: Mapping[str, object]) -> None:
         st = self.state
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -324,7 +212,7 @@ class Handler(BaseHTTPRequestHandler):
         cid = f"chatcmpl-{next(st.ids)}"
         created = int(time.time())
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        def chunk(delta: JSONObject, finish: str | None = None) -> JSONObject:
             return {
                 "id": cid,
                 "object": "chat.completion.chunk",
@@ -333,10 +221,10 @@ class Handler(BaseHTTPRequestHandler):
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
             }
 
-        deltas: list[dict[str, Any]] = [{"reasoning_content": t} for t in c.reasoning_tokens]
+        deltas: list[JSONObject] = [{"reasoning_content": t} for t in c.reasoning_tokens]
         if c.tool_call is not None:
             call_id = f"call_{next(st.ids)}"
-            head = {"index": 0, "id": call_id, "type": "function"}
+            head: JSONObject = {"index": 0, "id": call_id, "type": "function"}
             first_args = c.tool_tokens[0] if c.tool_tokens else ""
             deltas.append(
                 {"tool_calls": [{**head, "function": {"name": c.tool_call.name, "arguments": first_args}}]}
@@ -369,10 +257,10 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ responses
 
-    def _responses_body(self, prompt: Prompt, c: Completion) -> dict[str, Any]:
+    def _responses_body(self, prompt: Prompt, c: Completion) -> JSONObject:
         st = self.state
         rid = next(st.ids)
-        output: list[dict[str, Any]] = []
+        output: JSONArray = []
         if c.reasoning_tokens:
             output.append(
                 {
@@ -436,13 +324,13 @@ def make_server(
     return server, state
 
 
-def hold_shm_files(options: StubOptions) -> list[Any]:
+def hold_shm_files(options: StubOptions) -> list[IO[bytes]]:
     """Create each --shm-file in --shm-dir (4 KiB) and keep it open while the stub runs.
 
     The stub never unlinks them: it behaves like an engine killed before its cleanup,
     which leaves its segments in /dev/shm for the controller to find as residue.
     """
-    held = []
+    held: list[IO[bytes]] = []
     for name in options.shm_files:
         fh = open(os.path.join(options.shm_dir, name), "w+b")  # noqa: SIM115 - held until exit
         fh.write(b"\0" * 4096)
@@ -465,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
-    _log(f"anvil-stub: serving {options.served_model!r} on {options.host}:{options.port}")
+    log_line(f"anvil-stub: serving {options.served_model!r} on {options.host}:{options.port}")
     with state.lock:
         state.print_log_lines()
     while not state.stop.wait(0.5):
@@ -475,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for fh in held:
         fh.close()
     if state.restart and argv is None:
-        _log(f"anvil-stub: restarting after {state.completions_done} completions (--restart-after)")
+        log_line(f"anvil-stub: restarting after {state.completions_done} completions (--restart-after)")
         os.environ[RESTARTED_ENV] = "1"
         # The same interpreter and arguments: what a supervisor restarting the engine runs.
         os.execv(sys.executable, [sys.executable, "-m", "anvil_ctl.stub", *sys.argv[1:]])  # noqa: S606

@@ -43,7 +43,7 @@ def _package(name: str) -> tuple[str, ...]:
 LAYERS: dict[str, tuple[str, ...]] = {
     "package": ("anvil_ctl",),
     "core": _package("core"),
-    "config": ("anvil_ctl.config",),
+    "config": _package("config"),
     "atomic": ("anvil_ctl.atomic",),
     "places": ("anvil_ctl.places",),
     "log": ("anvil_ctl.log",),
@@ -51,7 +51,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "adapters": _package("adapters"),
     "gpu": _package("gpu"),
     "qualify": _package("qualify"),
-    "recipes": ("anvil_ctl.recipes",),
+    "recipes": _package("recipes"),
     "stub": _package("stub"),
     "acceptance": ("anvil_ctl.acceptance",),
     "engine": _package("engine"),

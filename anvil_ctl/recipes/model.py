@@ -1,23 +1,15 @@
-"""Recipes: pinned, validated descriptions of one serve, and the container spec `load` creates.
+"""The recipe model: one pinned, validated serve, read from its TOML file, and its digest.
 
-A recipe is a TOML file in `recipes/` whose file name (without `.toml`) is its
-`name`. It pins the model (`repo@<40-hex revision>`) and the image (repo digest
-or local image ID; a tag is refused), and names everything the container needs.
-Values the sources of a recipe do not give are never invented: they stay absent
-and are listed in `unknown`; values we chose ourselves are listed in `assumed`.
-A recipe with any `unknown` entry validates and plans but is not runnable.
-
-Warning: the recipe digest covers the file's content, not its location; relative
-mount sources resolve against the recipe's directory only when a spec is made.
+A recipe pins the model (`repo@<40-hex revision>`) and the image (repo digest or
+local image ID; a tag is refused). Values its sources do not give stay absent and
+are listed in `unknown`; a recipe with any `unknown` entry is not runnable.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
@@ -29,22 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from anvil_ctl.config import NAME_RE, Duration, HostConfig, MiB, Slot, format_validation_error, load_toml
+from anvil_ctl.config import NAME_RE, Duration, MiB, format_validation_error, load_toml
 from anvil_ctl.core.errors import RecipeError
-from anvil_ctl.core.model import (
-    LABEL_MANAGED,
-    LABEL_RECIPE,
-    LABEL_RECIPE_DIGEST,
-    LABEL_ROLE,
-    LABEL_SERVED_MODEL,
-    LABEL_SLOT,
-    LABEL_TX,
-    ContainerSpec,
-    Mount,
-    sha256_hex,
-)
+from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT, check_text
-from anvil_ctl.places import recipe_base
 
 MODEL_IDENTITY_RE = re.compile(
     r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)@(?P<rev>[0-9a-f]{40})\Z", re.ASCII
@@ -170,7 +150,7 @@ class Recipe(_Strict):
     unknown: tuple[Line, ...] = Field((), description="Fields (dotted) the sources do not give")
     assumed: tuple[Line, ...] = Field((), description="Fields (dotted) we chose, not from sources")
     notes: Annotated[str, _NOTES] = Field("", description="Free-form notes")
-    provenance: dict[str, Any] = Field(default_factory=dict, description="Where values came from")
+    provenance: dict[str, object] = Field(default_factory=dict, description="Where values came from")
     source: RecipeSource | None = Field(
         None, description="Upstream release, commit, image tag and digest as published, external figures"
     )
@@ -301,121 +281,3 @@ def recipe_digest(recipe: Recipe) -> str:
         if not data.get(optional):
             data.pop(optional, None)
     return sha256_hex(data)
-
-
-def check_runnable(recipe: Recipe) -> None:
-    """Refuse (RecipeError) a recipe that lists values its sources do not give."""
-    if recipe.unknown:
-        raise RecipeError(
-            f"recipe {recipe.name}: unknown: {', '.join(recipe.unknown)} not given by its sources; "
-            "expected every value known before it can run",
-            field="unknown",
-        )
-
-
-def check_fits_slot(recipe: Recipe, slot: Slot) -> None:
-    """The recipe listens on the slot's port and uses only GPU roles the slot allows."""
-    if recipe.port != slot.port:
-        raise RecipeError(
-            f"recipe {recipe.name}: port: {recipe.port} differs from the slot binding "
-            f"{slot.binding}; expected {slot.port}",
-            field="port",
-        )
-    if slot.gpu_roles:
-        foreign = [r for r in recipe.gpu_roles if r not in slot.gpu_roles]
-        if foreign:
-            raise RecipeError(
-                f"recipe {recipe.name}: gpu_roles: {foreign} are not allowed in this slot; "
-                f"expected roles among {list(slot.gpu_roles)}",
-                field="gpu_roles",
-            )
-
-
-def resolve_gpu_uuids(recipe: Recipe, host_config: HostConfig) -> tuple[str, ...]:
-    """GPU UUIDs of the recipe's roles, in role order (never indexes)."""
-    uuids = []
-    for role in recipe.gpu_roles:
-        gpu = host_config.gpu_roles.get(role)
-        if gpu is None:
-            raise RecipeError(
-                f"recipe {recipe.name}: gpu_roles: role {role!r} is not in the host config; "
-                f"expected one of {sorted(host_config.gpu_roles)}",
-                field="gpu_roles",
-            )
-        uuids.append(gpu.uuid)
-    return tuple(uuids)
-
-
-def short_tx(tx_id: str) -> str:
-    """The first eight alphanumerics of a transaction ID, lower case."""
-    short = re.sub(r"[^a-z0-9]", "", tx_id.lower())[:8]
-    if not short:
-        raise ValueError(f"transaction id {tx_id!r} has no letters or digits")
-    return short
-
-
-def container_name(recipe: Recipe, slot_name: str, tx_id: str) -> str:
-    return f"anvil-{slot_name}-{recipe.name}-{short_tx(tx_id)}"
-
-
-def _mount_source(source: str, recipe_path: Path) -> str:
-    if os.path.isabs(source):
-        return os.path.normpath(source)
-    return os.path.normpath(os.path.join(recipe_base(recipe_path.parent.absolute()), source))
-
-
-def container_spec(
-    recipe: Recipe,
-    *,
-    slot_name: str,
-    slot: Slot,
-    host_config: HostConfig,
-    recipe_path: Path,
-    tx_id: str,
-) -> ContainerSpec:
-    """Exactly the container `load` creates for this recipe in this slot; touches nothing."""
-    check_fits_slot(recipe, slot)
-    labels = {
-        LABEL_MANAGED: "true",
-        LABEL_SLOT: slot_name,
-        LABEL_RECIPE: recipe.name,
-        LABEL_RECIPE_DIGEST: recipe_digest(recipe),
-        LABEL_TX: tx_id,
-        LABEL_ROLE: "candidate",
-    }
-    if recipe.served_model is not None:
-        labels[LABEL_SERVED_MODEL] = recipe.served_model
-    return ContainerSpec(
-        name=container_name(recipe, slot_name, tx_id),
-        image=recipe.image,
-        command=recipe.args,
-        entrypoint=recipe.entrypoint,
-        env=tuple(sorted(recipe.env.items())),
-        labels=tuple(sorted(labels.items())),
-        mounts=tuple(
-            Mount(_mount_source(m.source, recipe_path), m.target, m.read_only) for m in recipe.mounts
-        ),
-        network_mode="host",
-        gpu_uuids=resolve_gpu_uuids(recipe, host_config),
-        shm_size=recipe.shm_size,
-        ipc_mode=recipe.ipc_mode,
-        ulimits=recipe.ulimit_tuples(),
-        init=True,
-    )
-
-
-def spec_as_dict(spec: ContainerSpec) -> dict[str, Any]:
-    """A ContainerSpec as plain JSON-able data (tuples as lists)."""
-    data = asdict(spec)
-    data["env"] = dict(spec.env)
-    data["labels"] = dict(spec.labels)
-    result: dict[str, Any] = _lists(data)
-    return result
-
-
-def _lists(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_lists(v) for v in value]
-    return value

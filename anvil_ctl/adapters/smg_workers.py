@@ -1,0 +1,131 @@
+"""smg's control plane (`/workers`), typed: the calls and the workers they list.
+
+`SmgWorkers` makes the admin calls (list, job status, register, remove) with the
+control-plane key and translates transport failures and 5xx into TransientError;
+`SmgWorker` is one listed worker narrowed, at this edge, to the fields the router
+adapter (`anvil_ctl.adapters.smg`) reads. Waiting, removal bookkeeping and the
+hold live there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from anvil_ctl.adapters.credentials import Secret
+from anvil_ctl.adapters.router_http import bearer, reject_auth, translated
+from anvil_ctl.core.errors import AdapterError, TransientError
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
+
+TIER_LABEL = "anvil.tier"
+NIL_WORKER_ID = "00000000-0000-0000-0000-000000000000"
+PENDING_JOB = ("pending", "processing")
+
+
+def norm(url: str) -> str:
+    return url.rstrip("/")
+
+
+@dataclass(frozen=True)
+class SmgWorker:
+    """One worker as `GET /workers` lists it (only the fields this adapter reads)."""
+
+    id: str
+    """The worker id as text ("None" when smg gave none), for `/workers/{id}`."""
+    backend_id: str | None
+    """The worker id when smg gave a non-empty one."""
+    url: str
+    """Normalised (no trailing '/')."""
+    status: str
+    """smg's status ("draining" while a removal drains it); "unknown" when absent."""
+    healthy: bool
+    tier: str | None
+    """The `anvil.tier` label, when it is text."""
+    aliases: tuple[str, ...]
+    """The ids of `models`, else `model_id`."""
+    observed_model: JSONValue
+    """The `served_model_name` label, as smg gave it."""
+
+    @property
+    def draining(self) -> bool:
+        return self.status == "draining"
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, object]) -> SmgWorker:
+        labels = raw.get("labels") or {}
+        tier = labels.get(TIER_LABEL) if isinstance(labels, dict) else None
+        models = raw.get("models") or []
+        ids = [m.get("id") for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+        aliases = tuple(i for i in ids if isinstance(i, str)) or (
+            (str(raw["model_id"]),) if raw.get("model_id") else ()
+        )
+        observed: JSONValue = labels.get("served_model_name") if isinstance(labels, dict) else None
+        return cls(
+            id=str(raw.get("id")),
+            backend_id=str(raw.get("id")) if raw.get("id") else None,
+            url=norm(str(raw.get("url"))),
+            status=str(raw.get("status", "unknown")),
+            healthy=bool(raw.get("is_healthy")),
+            tier=tier if isinstance(tier, str) else None,
+            aliases=aliases,
+            observed_model=observed,
+        )
+
+
+class SmgWorkers:
+    """The admin calls on smg's `/workers`, with the control-plane key."""
+
+    def __init__(self, http: httpx.Client, admin_url: str, admin: Secret) -> None:
+        self._http = http
+        self._admin_url = admin_url
+        self._admin = admin
+
+    def call(self, method: str, path: str, json: JSONObject | None = None) -> httpx.Response:
+        with translated(f"smg {method} {path}"):
+            response = self._http.request(
+                method, f"{self._admin_url}{path}", headers=bearer(self._admin), json=json
+            )
+        reject_auth(response, self._admin, f"{method} {path}")
+        if response.status_code >= 500:
+            raise TransientError(
+                f"smg {method} {path} answered {response.status_code}", status=response.status_code
+            )
+        return response
+
+    def listed(self) -> list[SmgWorker]:
+        response = self.call("GET", "/workers")
+        if response.status_code != 200:
+            raise AdapterError(f"smg GET /workers answered {response.status_code}")
+        try:
+            workers = response.json()["workers"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AdapterError("smg GET /workers: unexpected body") from exc
+        if not isinstance(workers, list):
+            return []
+        return [SmgWorker.from_json(w) for w in workers if isinstance(w, dict)]
+
+    def at(self, url: str) -> SmgWorker | None:
+        target = norm(url)
+        for worker in self.listed():
+            if worker.url == target:
+                return worker
+        return None
+
+    def of_tier(self, tier: str) -> list[SmgWorker]:
+        return [w for w in self.listed() if w.tier == tier]
+
+    def removal_queued(self, worker: SmgWorker) -> bool:
+        """smg reports a RemoveWorker job pending for the worker's URL (`GET /workers/{id}`)."""
+        response = self.call("GET", f"/workers/{worker.id}")
+        if response.status_code != 200:
+            return False
+        try:
+            body = response.json()
+        except ValueError:
+            return False
+        job = body.get("job_status") if isinstance(body, dict) else None
+        if not isinstance(job, dict):
+            return False
+        return job.get("job_type") == "RemoveWorker" and job.get("status") in PENDING_JOB

@@ -1,0 +1,261 @@
+"""The host config file (anvil.toml): GPU roles, slots, router, policy and residue globs.
+
+`load_host_config` reads it with `read_input_file` and validates every value;
+errors name the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+
+from anvil_ctl.config.fields import (
+    GPU_UUID_RE,
+    NAME_RE,
+    Duration,
+    FilePath,
+    HttpUrl,
+    Label,
+    MiB,
+    Strict,
+    env_name,
+    text_field,
+)
+from anvil_ctl.config.inputs import format_validation_error, load_toml
+from anvil_ctl.core.errors import ConfigError
+from anvil_ctl.core.validate import MAX_MIB, is_loopback, split_binding
+
+
+class GpuRole(Strict):
+    """A named GPU, pinned by UUID, never by index."""
+
+    uuid: str = Field(description="NVML UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+    capacity_mib: int = Field(gt=0, le=MAX_MIB, description="Total memory of the card in MiB")
+    reserve_mib: MiB | None = Field(
+        None, description="Free MiB to keep after a workload; default policy.vram_reserve_mib"
+    )
+    name: Label = Field("", description="Product name, informational")
+
+    @field_validator("uuid")
+    @classmethod
+    def _uuid(cls, value: str) -> str:
+        if not GPU_UUID_RE.match(value):
+            raise ValueError("expected a GPU UUID like GPU-0123abcd-0123-0123-0123-0123456789ab")
+        return value
+
+
+class Slot(Strict):
+    """A serving position: loopback binding, router tier, client aliases, GPU roles."""
+
+    binding: str = Field(description="host:port ([IPv6]:port) the engine listens on, loopback by default")
+    router_tier: Label = Field(description="The router tier (backend group) this slot serves")
+    aliases: tuple[Annotated[str, text_field(253, empty=False)], ...] = Field(
+        max_length=64, description="Client model aliases routed to this slot"
+    )
+    gpu_roles: tuple[str, ...] = Field(
+        default=(), max_length=64, description="GPU roles serves in this slot may use"
+    )
+    allow_public_bind: bool = Field(False, description="Permit a non-loopback binding")
+
+    @property
+    def host(self) -> str:
+        """The binding's host, without the brackets of an IPv6 address."""
+        return split_binding(self.binding)[0]
+
+    @property
+    def port(self) -> int:
+        return split_binding(self.binding)[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.binding}"
+
+    @model_validator(mode="after")
+    def _binding(self) -> Slot:
+        try:
+            host, _ = split_binding(self.binding)
+        except ValueError as exc:
+            raise ValueError(f"binding {exc}") from None
+        if not is_loopback(host) and not self.allow_public_bind:
+            raise ValueError(
+                f"binding {self.binding!r} is not loopback; set allow_public_bind = true to permit it"
+            )
+        if not self.aliases:
+            raise ValueError("aliases: expected at least one client alias")
+        return self
+
+
+class RouterConfig(Strict):
+    """How to reach the router and where its credentials come from (never the tokens themselves)."""
+
+    kind: Literal["smg", "haproxy", "none"] = Field("smg", description="Router implementation")
+    url: HttpUrl = Field("http://127.0.0.1:30000", description="Router data-plane URL (clients)")
+    admin_url: HttpUrl | None = Field(None, description="Control-plane URL; default url")
+    admin_token_env: Annotated[str, AfterValidator(env_name)] = Field(
+        "ANVIL_ROUTER_ADMIN_TOKEN", description="Env var of the admin token"
+    )
+    client_token_env: Annotated[str, AfterValidator(env_name)] = Field(
+        "ANVIL_ROUTER_CLIENT_TOKEN", description="Env var of the client token"
+    )
+    credential_file: FilePath | None = Field(
+        None, description="TOML file with admin_token/client_token; owner-only (0600)"
+    )
+    runtime_socket: FilePath | None = Field(None, description="HAProxy Runtime API socket")
+    backend: Label | None = Field(None, description="HAProxy backend name for the tiers")
+    readmit_deadline_s: Duration = Field(90.0, description="How long readmission may take")
+    drain_deadline_s: Duration = Field(
+        30.0, description="How long taking a backend out of the router (drain, removal) may take"
+    )
+    removal_hold_s: float = Field(
+        6.0,
+        ge=0,
+        le=600,
+        allow_inf_nan=False,
+        description=(
+            "smg: how long a readmitted registration must stay listed, admitted and routed, "
+            "counted from the start of readmission (and from the sighting of any removal pending "
+            "for it), before readmission ends. smg 1.13 removes a DELETEd worker after a fixed "
+            "5 s drain, by URL, whatever is registered at that URL by then (measured 5.10-5.15 s); "
+            "keep this above that delay. 0 turns the hold off"
+        ),
+    )
+
+
+class Policy(Strict):
+    vram_reserve_mib: MiB = Field(3072, description="Free MiB per card required after a workload")
+    vram_release_deadline_s: Duration = Field(120.0, description="Wait for VRAM to be freed")
+    stop_timeout_s: Duration = Field(30.0, description="Grace before a stopped container is killed")
+    health_poll_s: Duration = Field(
+        0.5,
+        description=(
+            "Longest interval between health (and VRAM-release) probes: polls start at 0.05 s "
+            "and grow by a quarter each up to it"
+        ),
+    )
+
+
+# The names the engines we serve give their files in /dev/shm. A file matching one is
+# ours once no process holds it, even if anvilctl never saw a managed container hold it.
+ENGINE_SEGMENTS: tuple[str, ...] = (
+    # NCCL: ncclShmOpen (src/misc/shmutils.cc) creates "/dev/shm/nccl-XXXXXX" with
+    # mkstemp for the SHM transport, proxy op pools and NVLS buffers.
+    "nccl-*",
+    # PyTorch: at::NewProcessWideShmHandle (aten/src/ATen/MapAllocator.cpp) names
+    # shm_open segments "/torch_<pid>_<random>_<n>": the file_system sharing strategy
+    # of torch.multiprocessing and the CUDA IPC ref-counter files.
+    "torch_*",
+    # Python multiprocessing.shared_memory: _SHM_NAME_PREFIX "/psm_" (CPython
+    # Lib/multiprocessing/shared_memory.py). vLLM's ShmRingBuffer/MessageQueue
+    # (vllm/distributed/device_communicators/shm_broadcast.py), its shm object
+    # storage and tensor arena, and SGLang's copy of shm_broadcast all create these.
+    "psm_*",
+    # SGLang names its own /dev/shm files "sglang_*": the HiCache host memory pool's
+    # `alloc_shm` falls back to "/dev/shm/sglang_host_pool_<hex>.mmap" where
+    # memfd_create is unavailable (unlinked right after creation, so only a kill in
+    # between leaves one). SGLang's other segments are psm_*, nccl-* and torch_*.
+    "sglang_*",
+)
+
+
+class ResidueConfig(Strict):
+    """[residue]: which files in the shared-memory directory are residue of managed engines.
+
+    Ours: a file a process of a managed container (label io.anvil.managed=true) was
+    seen holding, or a file whose name matches `include`; never a file matching
+    `exclude`, and never one held right now by a process outside managed containers.
+    Residue: a file of ours that no process holds any more.
+    """
+
+    directory: Path = Field(
+        Path("/dev/shm"),  # noqa: S108 - scanned, never written to
+        description="Shared-memory directory to scan (the host's, which ipc=host engines share)",
+    )
+    include: tuple[str, ...] = Field(
+        ENGINE_SEGMENTS,
+        description=(
+            "Globs of the engines' known segment names (matched against the name and the path "
+            "relative to the directory); default NCCL nccl-*, PyTorch torch_*, Python "
+            "multiprocessing psm_* (vLLM, SGLang), SGLang sglang_*"
+        ),
+    )
+    exclude: tuple[str, ...] = Field(
+        (),
+        description=(
+            "Globs that are never residue; they win over include and over files seen held "
+            "by managed containers"
+        ),
+    )
+
+
+class HostConfig(Strict):
+    """anvil.toml: the host's GPU roles, slots, router and policy."""
+
+    host: Annotated[str, text_field(253, empty=False)] = Field(
+        "localhost", description="Name of this host in records"
+    )
+    gpu_roles: dict[str, GpuRole] = Field(default_factory=dict, description="role name -> GPU")
+    slots: dict[str, Slot] = Field(default_factory=dict, description="slot name -> slot")
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    policy: Policy = Field(default_factory=Policy)
+    residue: ResidueConfig = Field(
+        default_factory=ResidueConfig, description="Which shared-memory files count as our residue"
+    )
+    model_cache_dir: FilePath | None = Field(
+        None, description="Hugging Face hub cache (…/hub) that engines mount; checked before load"
+    )
+    recipes_dir: FilePath | None = Field(
+        None,
+        description="This host's recipes: searched after --recipes-dir / ANVIL_RECIPES_DIR and "
+        "before the recipes shipped with anvilctl; relative to this file's directory",
+    )
+    restore_groups: dict[str, tuple[Annotated[str, text_field(128, empty=False)], ...]] = Field(
+        default_factory=dict,
+        description="name -> container IDs or identity digests (prefixes of 12+ hex) restored together",
+    )
+
+    @model_validator(mode="after")
+    def _references(self) -> HostConfig:
+        for name in [*self.gpu_roles, *self.slots, *self.restore_groups]:
+            if not NAME_RE.match(name):
+                raise ValueError(f"name {name!r}: expected lowercase letters, digits, '.', '_' or '-'")
+        uuids = [r.uuid.lower() for r in self.gpu_roles.values()]
+        if len(set(uuids)) != len(uuids):
+            raise ValueError("gpu_roles: two roles name the same GPU UUID")
+        for slot_name, slot in self.slots.items():
+            for role in slot.gpu_roles:
+                if role not in self.gpu_roles:
+                    raise ValueError(
+                        f"slots.{slot_name}.gpu_roles: unknown role {role!r}; "
+                        f"expected one of {sorted(self.gpu_roles)}"
+                    )
+        bindings = [s.binding for s in self.slots.values()]
+        if len(set(bindings)) != len(bindings):
+            raise ValueError("slots: two slots share one binding")
+        return self
+
+    def slot(self, name: str) -> Slot:
+        try:
+            return self.slots[name]
+        except KeyError:
+            raise ConfigError(
+                f"slot {name!r} is not in the host config; expected one of {sorted(self.slots)}",
+                field="slot",
+            ) from None
+
+    def reserve_for(self, role: str) -> int:
+        r = self.gpu_roles[role].reserve_mib
+        return self.policy.vram_reserve_mib if r is None else r
+
+
+def load_host_config(path: Path) -> HostConfig:
+    data = load_toml(path, "host config")
+    try:
+        config = HostConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(path, exc), file=str(path)) from None
+    if config.recipes_dir is not None and not config.recipes_dir.is_absolute():
+        # Relative to the file that names it, never to the current directory.
+        config = config.model_copy(update={"recipes_dir": path.parent / config.recipes_dir})
+    return config

@@ -1,0 +1,121 @@
+"""Reading the files a person gives us: host config, recipes, profiles, credential files.
+
+`read_input_file` returns a regular file's bytes decoded as UTF-8, refused by name
+when it is a directory, a FIFO, a symlink loop, too large or not UTF-8;
+`parse_toml` refuses arrays and tables nested too deeply; `format_validation_error`
+turns pydantic's errors into one line per problem (file, dotted key, expectation).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from anvil_ctl.core.errors import AnvilError, ConfigError
+
+MAX_INPUT_BYTES = 1 << 20
+"""Host configs, recipes and profiles are a few KiB; a larger file is a mistake."""
+
+MAX_NESTING = 16
+"""Arrays and tables nest at most this deep in our TOML files (ours use 3)."""
+
+
+def read_input_file(
+    path: Path,
+    what: str,
+    *,
+    max_bytes: int = MAX_INPUT_BYTES,
+    error: Callable[..., AnvilError] = ConfigError,
+) -> str:
+    """The text of a regular file, decoded as UTF-8; `error` names the file and the problem.
+
+    A directory, FIFO, socket or device, a symlink loop, a file over `max_bytes` or one
+    that is not UTF-8 is refused before (or instead of) being parsed. Reading opens
+    with O_NONBLOCK so that a FIFO swapped in after the check cannot hang us.
+    """
+    noun = what if what.endswith("file") else f"{what} file"
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise error(f"{path}: {what} not found", file=str(path)) from None
+    except (OSError, ValueError) as exc:  # ELOOP, EACCES, ENOTDIR, ENAMETOOLONG; NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise error(f"{path}: {what} cannot be read: {reason}", file=str(path)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"{path}: is a directory; expected a {noun}", file=str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise error(
+            f"{path}: is not a regular file (a FIFO, socket or device); expected a {noun}", file=str(path)
+        )
+    if st.st_size > max_bytes:
+        raise error(f"{path}: {st.st_size} bytes; expected a {noun} of at most {max_bytes}", file=str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise error(f"{path}: {what} cannot be read: {exc.strerror or exc}", file=str(path)) from None
+    if len(data) > max_bytes:
+        raise error(f"{path}: more than {max_bytes} bytes; expected a {noun}", file=str(path))
+    return decode_utf8(data, path, noun, error)
+
+
+def decode_utf8(data: bytes, path: Path, what: str, error: Callable[..., AnvilError] = ConfigError) -> str:
+    """`data` as UTF-8 text (a leading BOM dropped); `error` names the first bad byte."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise error(f"{path}: is UTF-16; expected a UTF-8 {what}", file=str(path))
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            f"expected a UTF-8 {what}",
+            file=str(path),
+        ) from None
+
+
+def parse_toml(
+    text: str, path: Path, what: str, error: Callable[..., AnvilError] = ConfigError
+) -> dict[str, object]:
+    """TOML text as a dict; `error` for a syntax error or arrays/tables nested too deeply."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML: {exc}", file=str(path)) from None
+    except RecursionError:
+        raise error(
+            f"{path}: nested more than {MAX_NESTING} levels deep; expected a {what}", file=str(path)
+        ) from None
+    if _depth(data) > MAX_NESTING:
+        raise error(f"{path}: nested more than {MAX_NESTING} levels deep; expected a {what}", file=str(path))
+    return data
+
+
+def _depth(value: object) -> int:
+    """How deeply lists and dicts nest in `value` (iteratively: no recursion limit to hit)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        deepest = max(deepest, level if isinstance(item, dict | list) else level - 1)
+        todo.extend((child, level + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def format_validation_error(path: Path, exc: ValidationError) -> str:
+    """One line per problem: file, dotted key, what was expected."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"{path}: {key}: {err['msg'].removeprefix('Value error, ')}")
+    return "; ".join(lines)
+
+
+def load_toml(path: Path, what: str, error: Callable[..., AnvilError] = ConfigError) -> dict[str, object]:
+    """A TOML file a person gave us, read by `read_input_file`; `error` names every problem."""
+    return parse_toml(read_input_file(path, what, error=error), path, what, error)

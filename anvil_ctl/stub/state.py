@@ -1,0 +1,131 @@
+"""The stub's shared state (counters, knobs, measured timings) and the pacing of its tokens.
+
+`StubState` holds one stub process's counters behind a lock and decides when
+--exit-after and --restart-after end it; `Pacer` sleeps until each token's absolute
+due time and notes what the completion really took.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from collections import deque
+
+from anvil_ctl.stub.options import StubOptions
+
+EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
+RESTARTED_ENV = "ANVIL_STUB_RESTARTED"  # set across the re-exec: --restart-after restarts once
+TIMINGS_KEPT = 1000  # completions whose measured timing GET /anvil/sim/timings reports
+
+
+def log_line(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+class StubState:
+    """Shared mutable state of one stub process (counters behind a lock)."""
+
+    def __init__(self, options: StubOptions, answer_book: list[tuple[str, str]]) -> None:
+        self.options = options
+        self.answer_book = answer_book
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.completions_started = 0
+        self.completions_done = 0
+        self.ids = itertools.count(1)
+        self.stop = threading.Event()
+        self.exit_code = 0
+        self.restart = False
+        self.logged = bool(os.environ.get(RESTARTED_ENV))  # printed before the restart already
+        self.timings: deque[dict[str, float]] = deque(maxlen=TIMINGS_KEPT)
+        """What the newest completions really took (Pacer.timing), numbered by `seq`."""
+        self.timing_seq = itertools.count(1)
+
+    def warming(self) -> bool:
+        return time.monotonic() - self.started < self.options.slow_start
+
+    def healthy(self) -> bool:
+        return not self.options.fail_health and not self.warming()
+
+    def admit(self) -> bool:
+        """Count a completion in; False once --exit-after's budget is used up."""
+        with self.lock:
+            limit = self.options.exit_after
+            if limit is not None and self.completions_started >= limit:
+                return False
+            self.completions_started += 1
+            return True
+
+    def finished(self) -> None:
+        with self.lock:
+            self.completions_done += 1
+            self.print_log_lines()
+            limit = self.options.exit_after
+            if limit is not None and self.completions_done >= limit:
+                self.exit_code = EXIT_AFTER_CODE
+                self.stop.set()
+            again = self.options.restart_after
+            if again is not None and self.completions_done >= again and not os.environ.get(RESTARTED_ENV):
+                self.restart = True
+                self.stop.set()
+
+    def print_log_lines(self) -> None:
+        """Print the --log-line lines once --log-after completions are done (caller holds the lock
+        or runs before the server starts)."""
+        if not self.logged and self.completions_done >= self.options.log_after:
+            self.logged = True
+            for line in self.options.log_lines:
+                log_line(line)
+
+    def vram(self) -> dict[str, int]:
+        o = self.options
+        if not self.healthy():
+            used = 0
+        elif o.vram_loaded_mib is not None and self.completions_done >= o.vram_after_requests:
+            used = o.vram_loaded_mib
+        else:
+            used = o.vram_idle_mib
+        return dict.fromkeys(o.gpu_uuids, used)
+
+
+class Pacer:
+    """Sleeps until each token's absolute due time, and notes when the first and last went out.
+
+    The notes are the measured ground truth (`GET /anvil/sim/timings`): on a loaded host
+    sleeps overshoot, and what the stub really emitted is what a client can measure.
+    """
+
+    def __init__(self, options: StubOptions, prompt_tokens: int, t0: float) -> None:
+        self.prefill_s = prompt_tokens / options.prefill_tps if options.prefill_tps > 0 else 0.0
+        self.step_s = 1.0 / options.decode_tps if options.decode_tps > 0 else 0.0
+        self.t0 = t0
+        self.prompt_tokens = prompt_tokens
+        self.first: float | None = None
+        self.last: float | None = None
+        self.emitted = 0
+
+    def wait_for(self, index: int) -> None:
+        due = self.t0 + self.prefill_s + index * self.step_s
+        while True:
+            now = time.monotonic()
+            left = due - now
+            if left <= 0:
+                break
+            time.sleep(left)
+        self.first = now if self.first is None else self.first
+        self.last, self.emitted = now, max(self.emitted, index + 1)
+
+    def timing(self) -> dict[str, float] | None:
+        """What this completion really took: prompt to first token, first to last token."""
+        if self.first is None or self.last is None:
+            return None
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "tokens": self.emitted,
+            "prefill_s": self.first - self.t0,
+            "decode_s": self.last - self.first,
+        }

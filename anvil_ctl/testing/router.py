@@ -1,0 +1,157 @@
+"""Fake router and acceptance over the fake world: tiers map to one backend URL each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from anvil_ctl.core.errors import AuthRejected, StepFailed
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
+from anvil_ctl.core.model import (
+    Backend,
+    RouteCheck,
+    RoutedAnswer,
+)
+from anvil_ctl.testing.runtime import FakeEngineProbe
+from anvil_ctl.testing.world import FakeWorld, TierDoc, WorldDoc, maybe_hang_or_fail
+
+
+def _unknown_tier() -> TierDoc:
+    return {"url": None, "aliases": [], "state": "maint"}
+
+
+class FakeRouter:
+    """A router whose tiers map to one backend URL each; routed answers come from FakeEngineProbe."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+        self.engine = FakeEngineProbe(world)
+
+    def probe_credentials(self) -> None:
+        if not self.world.read()["router"]["admin_token_ok"]:
+            raise AuthRejected("router answered 401 to the admin token from the fake credential source")
+
+    def _tier(self, w: WorldDoc, tier: str) -> TierDoc:
+        return w["router"]["tiers"].setdefault(tier, _unknown_tier())
+
+    def _tier_now(self, tier: str) -> TierDoc:
+        """The tier as the world holds it now (an unknown tier: no URL, in maintenance)."""
+        return self.world.read()["router"]["tiers"].get(tier) or _unknown_tier()
+
+    def backends(self, tier: str) -> list[Backend]:
+        t = self.world.read()["router"]["tiers"].get(tier)
+        url = t["url"] if t else None
+        if not t or not url:
+            return []
+        models = tuple(m.id for m in self.engine.models(url))
+        healthy = self.engine.health(url, "/health")
+        return [Backend(url, healthy, models, t["state"])]
+
+    def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
+        with self.world.edit() as w:
+            t = self._tier(w, tier)
+            t.update({"url": url, "aliases": list(aliases), "state": "ready"})
+
+    def deregister(self, tier: str, url: str) -> None:
+        with self.world.edit() as w:
+            t = self._tier(w, tier)
+            if t["url"] == url:
+                t.update({"url": None, "state": "maint"})
+
+    def drain(self, tier: str) -> None:
+        with self.world.edit() as w:
+            self._tier(w, tier)["state"] = "drain"
+
+    def readmit(
+        self,
+        tier: str,
+        url: str,
+        aliases: tuple[str, ...],
+        expected_model: str,
+        deadline_s: float,
+        *,
+        hold: bool = False,
+    ) -> None:
+        """Registers at once; every readmission is logged in the world (`router.readmits`:
+        tier, url and whether the caller asked to `hold`), so tests can see who asked."""
+        self.probe_credentials()
+        maybe_hang_or_fail(self.world, "readmit")
+        with self.world.edit() as w:
+            w["router"].setdefault("readmits", []).append({"tier": tier, "url": url, "hold": hold})
+        self.register(tier, url, aliases)
+        models = [m.id for m in self.engine.models(url)]
+        if expected_model not in models:
+            raise StepFailed(f"readmission of {tier}: backend serves {models}, expected {expected_model}")
+
+    def routed_chat(self, alias: str) -> RoutedAnswer:
+        for t in self.world.read()["router"]["tiers"].values():
+            url = t["url"]
+            if alias in t["aliases"] and url and t["state"] == "ready":
+                models = self.engine.models(url)
+                if models:
+                    return RoutedAnswer(200, models[0].id, "ok")
+                return RoutedAnswer(503, None)
+        return RoutedAnswer(404, None)
+
+    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
+        """Holds when the tier is ready at `url` and a routed chat answers from expected_model."""
+        t = self._tier_now(tier)
+
+        def verdict(reason: str = "") -> RouteCheck:
+            return RouteCheck(tier, url, expected_model, holds=not reason, reason=reason)
+
+        if t["url"] != url:
+            return verdict(f"fake tier {tier!r} points at {t['url']!r}")
+        if t["state"] != "ready":
+            return verdict(f"fake tier {tier!r} is {t['state']}")
+        answer = self.routed_chat(t["aliases"][0]) if t["aliases"] else RoutedAnswer(404, None)
+        if answer.status != 200 or answer.model != expected_model:
+            return verdict(f"routed chat answered {answer.status} from {answer.model!r}")
+        return verdict()
+
+    def ready(self) -> bool:
+        return bool(self.world.read()["router"]["ready"])
+
+    def view(self, tier: str) -> JSONObject:
+        """The same shape as the smg adapter's view; only admitted (ready) backends are listed."""
+        t = self._tier_now(tier)
+        backends: JSONArray = []
+        url = t["url"]
+        if url and t["state"] == "ready":
+            models = [m.id for m in self.engine.models(url)]
+            aliases: JSONArray = [*t["aliases"]]
+            backends.append(
+                {
+                    "url": url,
+                    "aliases": aliases,
+                    "observed_model": models[0] if models else None,
+                    "healthy": self.engine.health(url, "/health"),
+                    "state": t["state"],
+                }
+            )
+        return {"router": "fake", "tier": tier, "ready": self.ready(), "backends": backends}
+
+
+class FakeAcceptanceResult:
+    def __init__(self, checks: dict[str, bool], model: str | None) -> None:
+        self.checks = checks
+        self.model = model
+
+    @property
+    def passed(self) -> bool:
+        return all(self.checks.values())
+
+    def as_dict(self) -> JSONObject:
+        checks: JSONObject = {**self.checks}
+        return {"passed": self.passed, "checks": checks, "model": self.model}
+
+
+def fake_acceptance(router: FakeRouter) -> Callable[[str, str], FakeAcceptanceResult]:
+    """Real-client acceptance stand-in: the routed answer must come from the expected model."""
+
+    def run(alias: str, expected_model: str) -> FakeAcceptanceResult:
+        maybe_hang_or_fail(router.world, "acceptance")
+        answer = router.routed_chat(alias)
+        ok = answer.status == 200 and answer.model == expected_model
+        return FakeAcceptanceResult({"plain_chat": ok, "streaming_chat": ok, "tool_call": ok}, answer.model)
+
+    return run

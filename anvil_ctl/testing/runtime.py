@@ -1,0 +1,148 @@
+"""Fake container runtime and engine probe over the fake world.
+
+A fake container serves its `served_model` while running (FAKE_SERVED_MODEL of its
+env, else the served model its recipe labels it with, at the binding label: so a
+real recipe loads on the fake backend).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.model import (
+    LABEL_SERVED_MODEL,
+    ContainerInfo,
+    ContainerLog,
+    ContainerSpec,
+    ContainerStatus,
+    ImageInfo,
+    ModelCard,
+    config_fingerprint,
+)
+from anvil_ctl.testing.world import ContainerDoc, FakeWorld, maybe_hang_or_fail
+
+
+class FakeRuntime:
+    """ContainerRuntime over the fake world."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def _info(self, c: ContainerDoc) -> ContainerInfo:
+        return ContainerInfo(
+            id=c["id"],
+            name=c["name"],
+            image_id=c["image_id"],
+            image_ref=c["image_ref"],
+            status=c["status"],
+            labels=dict(c["labels"]),
+            fingerprint=c["fingerprint"],
+            gpu_uuids=tuple(c["gpu_uuids"]),
+        )
+
+    def inspect(self, container_id: str) -> ContainerInfo:
+        c = self.world.read()["containers"].get(container_id)
+        if c is None:
+            raise NotFound(f"container {container_id} not found", container_id=container_id)
+        return self._info(c)
+
+    def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
+        out = []
+        for c in self.world.read()["containers"].values():
+            if all(c["labels"].get(k) == v for k, v in (labels or {}).items()):
+                out.append(self._info(c))
+        return out
+
+    def image(self, ref: str) -> ImageInfo:
+        for img in self.world.read()["images"].values():
+            if ref == img["id"] or ref in img["tags"] or ref in img["repo_digests"]:
+                return ImageInfo(img["id"], tuple(img["repo_digests"]), tuple(img["tags"]))
+        raise NotFound(f"image {ref} not found", image=ref)
+
+    def create(self, spec: ContainerSpec) -> str:
+        image = self.image(spec.image)
+        with self.world.edit() as w:
+            w["counter"] += 1
+            cid = hashlib.sha256(f"{spec.name}-{w['counter']}".encode()).hexdigest()
+            env, labels = dict(spec.env), dict(spec.labels)
+            w["containers"][cid] = {
+                "id": cid,
+                "name": spec.name,
+                "image_id": image.id,
+                "image_ref": spec.image,
+                "status": "created",
+                "labels": dict(spec.labels),
+                "fingerprint": config_fingerprint(spec.fingerprint_fields()),
+                "gpu_uuids": list(spec.gpu_uuids),
+                "served_model": env.get("FAKE_SERVED_MODEL") or labels.get(LABEL_SERVED_MODEL, ""),
+                "max_model_len": int(env.get("FAKE_MAX_MODEL_LEN", "0") or 0),
+                "healthy": env.get("FAKE_FAIL_HEALTH") != "1",
+                "vram_mib": int(env.get("FAKE_VRAM_MIB", "0") or 0),
+                "binding": env.get("FAKE_BINDING") or labels.get("io.anvil.binding", ""),
+            }
+        maybe_hang_or_fail(self.world, "create")
+        return cid
+
+    def _set_status(self, container_id: str, status: ContainerStatus) -> None:
+        with self.world.edit() as w:
+            c = w["containers"].get(container_id)
+            if c is None:
+                raise NotFound(f"container {container_id} not found", container_id=container_id)
+            c["status"] = status
+
+    def start(self, container_id: str) -> None:
+        self._set_status(container_id, "running")
+        maybe_hang_or_fail(self.world, "start")
+
+    def stop(self, container_id: str, timeout_s: float) -> None:
+        self._set_status(container_id, "exited")
+        maybe_hang_or_fail(self.world, "stop")
+
+    def remove(self, container_id: str) -> None:
+        with self.world.edit() as w:
+            if w["containers"].pop(container_id, None) is None:
+                raise NotFound(f"container {container_id} not found", container_id=container_id)
+
+    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
+        """The container's `log` lines (see `FakeWorld.append_log`), restart count and OOM flag."""
+        c = self.world.read()["containers"].get(container_id)
+        if c is None:
+            raise NotFound(f"container {container_id} not found", container_id=container_id)
+        lines = c.get("log", [])[-(max_lines + 1) :]
+        tail = "".join(line + "\n" for line in lines).encode()
+        return ContainerLog.bounded(
+            tail,
+            max_lines=max_lines,
+            max_bytes=max_bytes,
+            restart_count=int(c.get("restart_count", 0)),
+            oom_killed=bool(c.get("oom_killed", False)),
+            status=c["status"],
+        )
+
+
+class FakeEngineProbe:
+    """Answers for the running fake container whose binding matches the URL."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def _serving(self, base_url: str) -> ContainerDoc | None:
+        binding = base_url.removeprefix("http://").rstrip("/")
+        for c in self.world.read()["containers"].values():
+            if c["status"] == "running" and c["binding"] == binding:
+                return c
+        return None
+
+    def listening(self, base_url: str) -> bool:
+        return self._serving(base_url) is not None
+
+    def health(self, base_url: str, path: str) -> bool:
+        c = self._serving(base_url)
+        return bool(c and c["healthy"])
+
+    def models(self, base_url: str) -> list[ModelCard]:
+        c = self._serving(base_url)
+        if c is None:
+            return []
+        return [ModelCard(c["served_model"], c["max_model_len"] or None)]

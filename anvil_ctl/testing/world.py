@@ -1,0 +1,190 @@
+"""The fake host's world: one JSON file guarded by an flock, and its failure knobs.
+
+Several processes (a transaction SIGKILLed mid-step and the `recover` that follows
+it) see the same host. `hang` makes one operation block after its side effect
+until the knob is cleared; `fail` makes one raise StepFailed (a number of times).
+The file's shape is `WorldDoc`; only these fakes (and tests, through `edit`) write it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NotRequired, TypedDict
+
+from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.model import ContainerStatus
+
+
+class ContainerDoc(TypedDict):
+    """A fake container: what the runtime reports, and what its engine serves while running."""
+
+    id: str
+    name: str
+    image_id: str
+    image_ref: str
+    status: ContainerStatus
+    labels: dict[str, str]
+    fingerprint: str
+    gpu_uuids: list[str]
+    served_model: str
+    max_model_len: int
+    healthy: bool
+    vram_mib: int
+    binding: str
+    log: NotRequired[list[str]]
+    restart_count: NotRequired[int]
+    oom_killed: NotRequired[bool]
+
+
+class ImageDoc(TypedDict):
+    id: str
+    tags: list[str]
+    repo_digests: list[str]
+
+
+class TierDoc(TypedDict):
+    """A router tier: its one backend URL (None: none), client aliases, maint/drain/ready."""
+
+    url: str | None
+    aliases: list[str]
+    state: str
+
+
+class ReadmitDoc(TypedDict):
+    """One readmission the fake router was asked for."""
+
+    tier: str
+    url: str
+    hold: bool
+
+
+class RouterDoc(TypedDict):
+    tiers: dict[str, TierDoc]
+    admin_token_ok: bool
+    ready: bool
+    readmits: NotRequired[list[ReadmitDoc]]
+
+
+class GpuDoc(TypedDict):
+    uuid: str
+    name: str
+    total_mib: int
+
+
+class ResidueDoc(TypedDict):
+    """A file in the fake shared memory (see `FakeSharedMemory`)."""
+
+    path: str
+    size: int
+    pids: NotRequired[list[int]]
+    ours: NotRequired[bool]
+
+
+class WorldDoc(TypedDict):
+    """The fake world file."""
+
+    containers: dict[str, ContainerDoc]
+    images: dict[str, ImageDoc]
+    router: RouterDoc
+    gpus: list[GpuDoc]
+    residue: list[ResidueDoc]
+    hang: str | None
+    fail: dict[str, str]
+    fail_times: dict[str, int]
+    counter: int
+
+
+EMPTY: WorldDoc = {
+    "containers": {},
+    "images": {},
+    "router": {"tiers": {}, "admin_token_ok": True, "ready": True},
+    "gpus": [],
+    "residue": [],
+    "hang": None,
+    "fail": {},
+    "fail_times": {},
+    "counter": 0,
+}
+
+
+class FakeWorld:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @contextmanager
+    def edit(self) -> Iterator[WorldDoc]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a+") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            data = self._load()
+            yield data
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(self.path)
+
+    def _load(self) -> WorldDoc:
+        if self.path.exists():
+            loaded: WorldDoc = json.loads(self.path.read_text())
+            return loaded
+        fresh: WorldDoc = json.loads(json.dumps(EMPTY))
+        return fresh
+
+    def read(self) -> WorldDoc:
+        with self.edit() as data:
+            copy: WorldDoc = json.loads(json.dumps(data))
+            return copy
+
+    def add_image(self, ref: str) -> str:
+        image_id = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+        with self.edit() as w:
+            w["images"][image_id] = {"id": image_id, "tags": [ref], "repo_digests": []}
+        return image_id
+
+    def add_gpu(self, uuid: str, total_mib: int, name: str = "Fake GPU") -> None:
+        with self.edit() as w:
+            w["gpus"].append({"uuid": uuid, "name": name, "total_mib": total_mib})
+
+    def append_log(self, container_id: str, *lines: str, restarts: int = 0, oom_killed: bool = False) -> None:
+        """What a fake container printed, and what its runtime reports of restarts and OOM."""
+        with self.edit() as w:
+            c = w["containers"][container_id]
+            c.setdefault("log", []).extend(lines)
+            c["restart_count"] = c.get("restart_count", 0) + restarts
+            c["oom_killed"] = c.get("oom_killed", False) or oom_killed
+
+    def set_hang(self, op: str | None) -> None:
+        with self.edit() as w:
+            w["hang"] = op
+
+    def set_fail(self, op: str, message: str | None, *, times: int | None = None) -> None:
+        """Make `op` fail with `message` (None: stop failing); `times` limits how often."""
+        with self.edit() as w:
+            w.setdefault("fail_times", {}).pop(op, None)
+            if message is None:
+                w["fail"].pop(op, None)
+            else:
+                w["fail"][op] = message
+                if times is not None:
+                    w["fail_times"][op] = times
+
+
+def maybe_hang_or_fail(world: FakeWorld, op: str) -> None:
+    with world.edit() as data:
+        message = data["fail"].get(op)
+        left = data.get("fail_times", {}).get(op)
+        if message is not None and left is not None:
+            if left <= 1:
+                data["fail"].pop(op)
+                data["fail_times"].pop(op)
+            else:
+                data["fail_times"][op] = left - 1
+    if message is not None:
+        raise StepFailed(f"fake {op} failed: {message}")
+    while world.read().get("hang") == op:
+        time.sleep(0.05)
