@@ -92,11 +92,16 @@ def _env(items: JSONValue) -> dict[str, str]:
     return env
 
 
-def _mounts(host_config: JSONObject) -> list[JSONObject]:
-    mounts: list[JSONObject] = [
+def _scalar(value: JSONValue) -> str | int:
+    """An int or a string as it is (Docker sends these); str() of anything else."""
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else str(value)
+
+
+def _mounts(host_config: JSONObject) -> list[dict[str, str | bool]]:
+    mounts: list[dict[str, str | bool]] = [
         {
-            "source": m.get("Source", ""),
-            "target": m.get("Target", ""),
+            "source": text(m.get("Source", "")),
+            "target": text(m.get("Target", "")),
             "read_only": bool(m.get("ReadOnly")),
         }
         for m in map(obj, arr(host_config.get("Mounts")))
@@ -108,8 +113,8 @@ def _mounts(host_config: JSONObject) -> list[JSONObject]:
     return mounts
 
 
-def _ports(host_config: JSONObject) -> list[JSONArray]:
-    ports: list[JSONArray] = []
+def _ports(host_config: JSONObject) -> list[list[int | str]]:
+    ports: list[list[int | str]] = []
     for key, bindings in obj(host_config.get("PortBindings")).items():
         container_port = int(key.split("/")[0])
         for b in map(obj, arr(bindings)):
@@ -120,7 +125,7 @@ def _ports(host_config: JSONObject) -> list[JSONArray]:
 
 def inspect_fingerprint_fields(
     attrs: JSONObject, image_config: JSONObject | None
-) -> tuple[JSONObject, list[str]]:
+) -> tuple[dict[str, object], list[str]]:
     """(fingerprint fields, GPU UUIDs) from a container's inspect data and its image's Config."""
     cfg, hc = obj(attrs.get("Config")), obj(attrs.get("HostConfig"))
     labels = obj(cfg.get("Labels"))
@@ -167,7 +172,10 @@ def inspect_fingerprint_fields(
         gpu_uuids=gpus,
         shm_size=shm,
         ipc_mode=ipc,
-        ulimits=[[u.get("Name"), u.get("Soft"), u.get("Hard")] for u in map(obj, arr(hc.get("Ulimits")))],
+        ulimits=[
+            [_scalar(u.get("Name")), _scalar(u.get("Soft")), _scalar(u.get("Hard"))]
+            for u in map(obj, arr(hc.get("Ulimits")))
+        ],
         network_mode=text(hc.get("NetworkMode", "")),
     )
     return fields, sorted(gpus)

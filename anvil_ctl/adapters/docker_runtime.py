@@ -175,7 +175,7 @@ class DockerRuntime:
             pid=integer(state.get("Pid")) or None,
         )
 
-    def fingerprint_fields(self, container_id: str) -> JSONObject:
+    def fingerprint_fields(self, container_id: str) -> dict[str, object]:
         """The normalized fields behind inspect(container_id).fingerprint (for diffs in reports)."""
         attrs = self._exact(container_id)
         image = self._image_attrs(str(attrs["Image"]), {})
