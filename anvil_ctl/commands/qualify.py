@@ -12,16 +12,17 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from anvil_ctl.adapters.credentials import TokenKind, resolve_token
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.recipes import recipe_search, resolve_recipe_path
 from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_RECIPE, Identity
 from anvil_ctl.core.validate import check_duration, require
 from anvil_ctl.engine import reclassify
@@ -33,6 +34,7 @@ from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.head import database_file
+from anvil_ctl.persistence.qualification import DecisionRecord, EvidenceRecord
 from anvil_ctl.qualify import (
     QualificationResult,
     Redaction,
@@ -53,8 +55,8 @@ class QualifyOutcome:
 
     outcome: Outcome
     result: QualificationResult | None = None
-    decision: dict[str, Any] | None = None
-    reclassified: dict[str, Any] | None = None
+    decision: DecisionRecord | None = None
+    reclassified: DecisionRecord | None = None
 
     @property
     def exit_code(self) -> int:
@@ -65,7 +67,7 @@ class QualifyOutcome:
         chosen = self.reclassified or self.decision
         return str(chosen["outcome"]) if chosen else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         base = self.result.as_dict() if self.result else {}
         return {
             **base,
@@ -141,15 +143,57 @@ def qualify_slot(
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
     found = {d["id"]: d for d in qualification.decisions(ctx.store, slot=slot)}
     step = outcome.results.get("record-decision") or {}
+    decision_id, reclassified_id = step.get("decision_id"), step.get("reclassified_id")
     return QualifyOutcome(
         outcome=outcome,
         result=plan.memo.result,
-        decision=found.get(step.get("decision_id", "")),
-        reclassified=found.get(step.get("reclassified_id") or ""),
+        decision=found.get(decision_id) if isinstance(decision_id, str) else None,
+        reclassified=found.get(reclassified_id) if isinstance(reclassified_id, str) else None,
     )
 
 
 # -- the matched A/B control --------------------------------------------------------------------
+
+
+class ArmFigures(TypedDict):
+    """One arm's p50s in one cell (`qualify.ab.METRICS`), and how many requests completed."""
+
+    decode_p50: float | None
+    prefill_p50: float | None
+    ttft_p50: float | None
+    prompt_tokens_p50: float | None
+    completed: int | None
+    requests: int | None
+
+
+class ComparedCell(TypedDict):
+    """One (context, concurrency) cell of the comparison; a skipped cell has no figures."""
+
+    nominal_tokens: int
+    concurrency: int
+    label: str
+    skipped: NotRequired[str]
+    A: NotRequired[ArmFigures]
+    B: NotRequired[ArmFigures]
+    delta_pct: NotRequired[dict[str, float | None]]  # metric -> B vs A, in %
+
+
+class Verdict(TypedDict):
+    outcome: str  # selected | boundary-violated | no-difference | incomplete
+    selected: str | None
+    faster: NotRequired[str]
+    boundaries: list[JSONObject]
+    summary: str
+
+
+class Comparison(TypedDict):
+    """The comparison artifact an A/B transaction wrote (`qualify.ab.compare`), as read back."""
+
+    arms: dict[str, str]  # A | B -> the arm's name
+    select: str
+    cells: list[ComparedCell]
+    verdict: Verdict
+    declaration_digest: NotRequired[str | None]
 
 
 @dataclass
@@ -157,14 +201,14 @@ class AbOutcome:
     """An A/B transaction's outcome and, when it ran, its comparison."""
 
     outcome: Outcome
-    comparison: dict[str, Any] | None = None
+    comparison: Comparison | None = None
     tx_dir: str | None = None
 
     @property
     def exit_code(self) -> int:
         return self.outcome.exit_code
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "tx_id": self.outcome.tx_id,
             "state": self.outcome.state.value,
@@ -338,11 +382,19 @@ def verify_evidence(ctx: Context, directory: Path, *, expect_manifest: str | Non
     return verify_bundle(directory, references)
 
 
-def audit_decisions(ctx: Context, *, slot: str | None = None) -> list[dict[str, Any]]:
+def audit_decisions(ctx: Context, *, slot: str | None = None) -> list[DecisionRecord]:
     return qualification.decisions(ctx.store, slot=slot)
 
 
-def audit_evidence(ctx: Context, tx: str) -> dict[str, Any]:
+class EvidenceAudit(TypedDict):
+    """`audit evidence`: a transaction's recorded gates and its directory's manifest check."""
+
+    tx_id: str
+    gates: list[EvidenceRecord]
+    verify: Mapping[str, object]  # `VerifyResult.as_dict()`
+
+
+def audit_evidence(ctx: Context, tx: str) -> EvidenceAudit:
     """`tx`'s gate rows from the database and its directory checked against the manifest."""
     tx_dir = evidence_tx_dir(ctx, tx)
     return {

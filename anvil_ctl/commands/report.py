@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import Context
@@ -23,14 +23,28 @@ from anvil_ctl.qualify.onepage import Bundle, ReportInputs, render_page
 from anvil_ctl.qualify.plots import require_matplotlib
 
 
+class BundleRef(TypedDict):
+    """An evidence bundle the page was drawn from, bound by its manifest's SHA-256."""
+
+    tx_id: str
+    manifest_sha256: str
+
+
+class ReportRecord(TypedDict):
+    path: str
+    tx_id: str
+    bundles: list[BundleRef]
+    size: int
+
+
 @dataclass(frozen=True)
 class ReportResult:
     path: str
     tx_id: str
-    bundles: tuple[dict[str, str], ...]
+    bundles: tuple[BundleRef, ...]
     size: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ReportRecord:
         return {"path": self.path, "tx_id": self.tx_id, "bundles": list(self.bundles), "size": self.size}
 
 
@@ -50,7 +64,7 @@ def evidence_report(ctx: Context, tx: str, out: Path | None = None) -> ReportRes
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, page)
     bundles = tuple(
-        {"tx_id": b.tx_id, "manifest_sha256": b.manifest_sha256}
+        BundleRef(tx_id=b.tx_id, manifest_sha256=b.manifest_sha256)
         for b in (main, *inputs.promotions, *[a for a in inputs.ab if a is not main])
     )
     return ReportResult(str(path), main.tx_id, bundles, len(page.encode()))
@@ -62,9 +76,10 @@ def _records(ctx: Context, inputs: ReportInputs) -> None:
     everything = qualification.decisions(store)
     raw = [d for d in everything if d["tx_id"] == tx_id]
     raw_ids = {d["id"] for d in raw}
-    inputs.decisions = raw + [d for d in everything if d["reclassifies"] in raw_ids]
-    ids = {d["id"] for d in inputs.decisions}
-    cited = {w for d in inputs.decisions for w in d["waiver_ids"]}
+    decisions = raw + [d for d in everything if d["reclassifies"] in raw_ids]
+    inputs.decisions = [dict(d) for d in decisions]  # the page reads them as plain records
+    ids = {d["id"] for d in decisions}
+    cited = {w for d in decisions for w in d["waiver_ids"]}
     now = datetime.now(UTC)
     inputs.waivers = [w.as_dict() for w in waivers.waivers(store) if w.id in cited or w.active(now)]
     for approval in approvals.approvals(store):

@@ -24,6 +24,7 @@ from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waivers as waiver_policy
 from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
 from anvil_ctl.persistence import qualification, waivers
+from anvil_ctl.persistence.qualification import DecisionRecord
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.runner import QualificationResult
@@ -117,7 +118,7 @@ def reclassify_one(
     now: datetime,
     *,
     tx_id: str | None,
-) -> dict[str, Any] | None:
+) -> DecisionRecord | None:
     """Record a decision over `raw` when the waivers in force at `now` change the outcome
     last recorded for it; returns the new decision row, or None."""
     store = world.store
@@ -162,7 +163,7 @@ def reclassify_one(
 
 @dataclass
 class ReclassifyReport:
-    recorded: list[dict[str, Any]] = field(default_factory=list)
+    recorded: list[DecisionRecord] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:

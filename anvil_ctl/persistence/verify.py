@@ -31,11 +31,11 @@ an entry after its position).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import structlog
 from sqlalchemy import Table, func, select, text
@@ -46,8 +46,8 @@ from anvil_ctl.core.errors import Unavailable
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence import audit, chainwalk
 from anvil_ctl.persistence.audit import Head
-from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
-from anvil_ctl.persistence.coverage import COVERED, RowKey, key_of, row_digest
+from anvil_ctl.persistence.chainwalk import BATCH, Problem, ProblemRecord, Refs, Walk
+from anvil_ctl.persistence.coverage import COVERED, RowKey, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.head import HeadFileError, read_head
 from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
@@ -56,6 +56,42 @@ from anvil_ctl.persistence.store import Store, utcnow
 log = structlog.get_logger(__name__)
 
 AUDIT_TABLE = AuditEntry.__tablename__
+
+
+class CheckpointRecord(TypedDict):
+    """A checkpoint as a report names it: the one a run started from, or the one it recorded."""
+
+    id: int
+    head: str  # SEQ:HASH
+    mode: str
+    at: str
+
+
+class HeadFileCheck(TypedDict, total=False):
+    """The head file beside the database: where it is, the head it records, how far behind."""
+
+    path: str | None
+    head: str
+    behind: int
+
+
+class ReportRecord(TypedDict):
+    """A `Report` as `audit verify --json` prints it."""
+
+    ok: bool
+    mode: str
+    escalated: str | None
+    rows: int  # = entries_checked, the name earlier versions printed
+    entries_checked: int
+    rows_checked: int
+    entries: int
+    head: str
+    head_file: HeadFileCheck
+    expect_head: str | None
+    started_from: CheckpointRecord | None
+    checkpoint: CheckpointRecord | None
+    checkpoint_error: str | None
+    problems: list[ProblemRecord]
 
 
 @dataclass
@@ -68,11 +104,11 @@ class Report:
     rows_checked: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     schema_version: int | None = None
-    started_from: dict[str, Any] | None = None  # the checkpoint an incremental run began at
+    started_from: CheckpointRecord | None = None  # the checkpoint an incremental run began at
     escalated: str | None = None  # why an incremental run walked everything
-    head_file: dict[str, Any] = field(default_factory=dict)
+    head_file: HeadFileCheck = field(default_factory=HeadFileCheck)
     expect_head: Head | None = None
-    checkpoint: dict[str, Any] | None = None  # the checkpoint this run recorded
+    checkpoint: CheckpointRecord | None = None  # the checkpoint this run recorded
     checkpoint_error: str | None = None  # why it could not record one (a read-only database)
     problems: list[Problem] = field(default_factory=list)
 
@@ -80,7 +116,7 @@ class Report:
     def ok(self) -> bool:
         return not self.problems
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ReportRecord:
         return {
             "ok": self.ok,
             "mode": self.mode,
@@ -102,7 +138,7 @@ class Report:
 # -- the rows ----------------------------------------------------------------------------------
 
 
-def _digest(table: Table, values: Mapping[Any, Any]) -> bytes:
+def _digest(table: Table, values: RowValues) -> bytes:
     return bytes.fromhex(row_digest(table, values))
 
 
@@ -251,7 +287,7 @@ def _latest_checkpoint(s: Session) -> AuditCheckpoint | None:
     return s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalar()
 
 
-def _checkpoint_dict(cp: AuditCheckpoint) -> dict[str, Any]:
+def _checkpoint_dict(cp: AuditCheckpoint) -> CheckpointRecord:
     return {"id": cp.id, "head": f"{cp.seq}:{cp.hash}", "mode": cp.mode, "at": cp.at}
 
 
@@ -339,7 +375,7 @@ CHECKPOINT_BUSY_MS = 200
 """A checkpoint only saves later work: when another writer holds the database, skip it."""
 
 
-def _record_checkpoint(store: Store, report: Report) -> dict[str, Any]:
+def _record_checkpoint(store: Store, report: Report) -> CheckpointRecord:
     with store.write(busy_ms=CHECKPOINT_BUSY_MS) as s:
         row = AuditCheckpoint(
             seq=report.head.seq,

@@ -48,19 +48,19 @@ from anvil_ctl.engine.serving import (
 )
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import approvals, qualification, waivers
+from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.store import Store
 
 Ctx = StepContext[PromoteArgs, World, NoMemo]
 
 
-def standing_decision(store: Store, identity_digest: str) -> dict[str, Any] | None:
+def standing_decision(store: Store, identity_digest: str) -> DecisionRecord | None:
     """The newest decision for this identity whose waivers (if any) are all still active."""
     now = datetime.now(UTC)
     active = {w.id for w in waivers.waivers(store) if w.active(now)}
     for d in reversed(qualification.decisions(store, identity_digest=identity_digest)):
         if all(wid in active for wid in d["waiver_ids"]):
-            standing: dict[str, Any] = d
-            return standing
+            return d
     return None
 
 
