@@ -305,7 +305,7 @@ def slot_history(store: Store, slot: str) -> list[Revision]:
         "ORDER BY first_state"
     )
     with store.read() as s:
-        txs = [_summary(m) for m in s.execute(text(sql), {"slot": slot}).mappings()]
+        txs = s.execute(text(sql), {"slot": slot}).mappings().all()
         serves: dict[str, dict[str, ServeRef]] = {}
         if txs:
             rows = s.execute(
