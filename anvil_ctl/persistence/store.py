@@ -376,10 +376,10 @@ class Store:
 
 
 def _object(value: object) -> Mapping[str, object]:
-    """A snapshot member that should be an object; {} when it is absent (or null)."""
+    """A snapshot member that should be an object; {} when it is absent, null or not one."""
     return value if isinstance(value, dict) else {}
 
 
 def _array(value: object) -> JSONArray:
-    """A snapshot member that should be an array; [] when it is absent (or null)."""
+    """A snapshot member that should be an array; [] when it is absent, null or not one."""
     return value if isinstance(value, list) else []
