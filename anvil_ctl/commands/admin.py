@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import AdapterError, NotFound
@@ -12,8 +13,72 @@ from anvil_ctl.persistence.head import head_path_for, set_aside
 from anvil_ctl.persistence.migrate import current_revision, upgrade
 from anvil_ctl.persistence.store import utcnow
 
+if TYPE_CHECKING:
+    from anvil_ctl.commands.gpu import Detected
 
-def where(ctx: Context) -> dict[str, Any]:
+
+class StateWhere(TypedDict):
+    db: str
+    dir: str
+    origin: str  # a flag, ANVIL_*, or the default
+
+
+class ConfigWhere(TypedDict):
+    path: str
+    origin: str
+    exists: bool
+
+
+class Where(TypedDict):
+    """Which state database and host config a command uses, and where each came from."""
+
+    state: StateWhere
+    config: ConfigWhere
+
+
+# `init` and `db upgrade`: the database, the migration it ran (from, to), the audit head, where.
+InitResult = TypedDict(
+    "InitResult",
+    {
+        "db": str,
+        "from": str | None,
+        "to": str,
+        "stale_head_file": NotRequired[str],  # a head file of an earlier database, set aside
+        "audit_head": str,
+        "state": StateWhere,
+        "config": ConfigWhere,
+        "gpu_roles": NotRequired["Detected"],  # `init --detect-gpus` adds the roles it wrote
+    },
+)
+
+
+class ContainerEntry(TypedDict):
+    container_id: str
+    name: str
+    status: str
+    role: str | None
+    image_id: str
+
+
+class SlotStatus(TypedDict):
+    binding: str
+    router_tier: str
+    aliases: list[str]
+    incumbent: dict[str, object] | None  # its recorded identity, its status now and digest
+    containers: list[ContainerEntry]
+    serving: Mapping[str, object]  # `engine.observe.serving`
+    router: Mapping[str, object]  # `engine.observe.router_view`, or {"error": why not}
+
+
+class Status(TypedDict):
+    host: str
+    slots: dict[str, SlotStatus]
+    observed_at: str
+    state: StateWhere
+    config: ConfigWhere
+
+
+def where(ctx: Context) -> Where:
     """Which state database and host config this command uses, and where each came from
     (a flag, ANVIL_*, or the default): `init` and `status` say it."""
     st = ctx.settings
@@ -29,7 +94,7 @@ def where(ctx: Context) -> dict[str, Any]:
     }
 
 
-def init(ctx: Context) -> dict[str, Any]:
+def init(ctx: Context) -> InitResult:
     """Create or upgrade the state database (and the default state directory), and bring the
     audit head file in line with it.
 
@@ -38,34 +103,49 @@ def init(ctx: Context) -> dict[str, Any]:
     """
     engine = ctx.create_database()
     before, after = upgrade(engine)
-    out: dict[str, Any] = {
-        "db": engine.url.render_as_string(hide_password=True),
+    db = engine.url.render_as_string(hide_password=True)
+    path = head_path_for(ctx.settings.db_url, ctx.settings.state_dir)
+    stale = set_aside(path, utcnow().replace(":", "")) if before is None else None
+    audit_head = str(ctx.store.sync_head_file())
+    here = where(ctx)
+    if stale is None:
+        return {
+            "db": db,
+            "from": before,
+            "to": after,
+            "audit_head": audit_head,
+            "state": here["state"],
+            "config": here["config"],
+        }
+    return {
+        "db": db,
         "from": before,
         "to": after,
+        "stale_head_file": str(stale),
+        "audit_head": audit_head,
+        "state": here["state"],
+        "config": here["config"],
     }
-    path = head_path_for(ctx.settings.db_url, ctx.settings.state_dir)
-    if before is None:
-        stale = set_aside(path, utcnow().replace(":", ""))
-        if stale is not None:
-            out["stale_head_file"] = str(stale)
-    out["audit_head"] = str(ctx.store.sync_head_file())
-    return {**out, **where(ctx)}
 
 
-def db_upgrade(ctx: Context) -> dict[str, Any]:
+def db_upgrade(ctx: Context) -> InitResult:
     return init(ctx)
 
 
-def db_revision(ctx: Context) -> dict[str, Any]:
+class DbRevision(TypedDict):
+    revision: str | None
+
+
+def db_revision(ctx: Context) -> DbRevision:
     return {"revision": current_revision(ctx.engine)}
 
 
-def status(ctx: Context) -> dict[str, Any]:
+def status(ctx: Context) -> Status:
     world = ctx.world()
-    slots: dict[str, Any] = {}
+    slots: dict[str, SlotStatus] = {}
     for name, slot in sorted(ctx.config.slots.items()):
         incumbent = ctx.store.current_identity(name, "incumbent")
-        entries = []
+        entries: list[ContainerEntry] = []
         for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name}):
             entries.append(
                 {
@@ -76,7 +156,7 @@ def status(ctx: Context) -> dict[str, Any]:
                     "image_id": c.image_id,
                 }
             )
-        inc: dict[str, Any] | None = None
+        inc: dict[str, object] | None = None
         if incumbent:
             st: str
             try:
@@ -84,6 +164,7 @@ def status(ctx: Context) -> dict[str, Any]:
             except NotFound:
                 st = "absent"
             inc = {**incumbent.as_dict(), "status": st, "identity_digest": incumbent.digest}
+        router: Mapping[str, object]
         try:
             router = router_view(world, slot.router_tier)
         except AdapterError as exc:
@@ -97,4 +178,12 @@ def status(ctx: Context) -> dict[str, Any]:
             "serving": serving(world, slot.base_url),
             "router": router,
         }
-    return {"host": ctx.config.host, "slots": slots, "observed_at": utcnow(), **where(ctx)}
+    observed_at = utcnow()
+    here = where(ctx)
+    return {
+        "host": ctx.config.host,
+        "slots": slots,
+        "observed_at": observed_at,
+        "state": here["state"],
+        "config": here["config"],
+    }

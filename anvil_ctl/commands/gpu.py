@@ -15,7 +15,7 @@ import tomllib
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TypedDict
 
 import structlog
 from pydantic import ValidationError
@@ -35,6 +35,7 @@ from anvil_ctl.core.validate import (
     utc_stamp,
 )
 from anvil_ctl.engine.gpu import ledger
+from anvil_ctl.gpu.ownership import Mode
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
 from anvil_ctl.gpu.waivers import POLICIES, Waiver, parse_scope
 from anvil_ctl.persistence import waivers
@@ -45,13 +46,46 @@ log = structlog.get_logger()
 # -- probe ------------------------------------------------------------------------------------
 
 
+class OwnerView(TypedDict):
+    """Who owns a GPU role, from the ledger."""
+
+    container_id: str
+    slot: str
+    mode: Mode
+    transaction_id: str
+
+
+class ProcessView(TypedDict):
+    pid: int
+    used_mib: int
+
+
+class GpuView(TypedDict):
+    """One GPU as `gpu readings` shows it: the probe's reading, its role and its owner."""
+
+    index: int
+    uuid: str
+    name: str
+    role: str
+    total_mib: int
+    used_mib: int
+    free_mib: int
+    processes: list[ProcessView]
+    owner: OwnerView | None
+
+
+class Readings(TypedDict):
+    driver: str
+    gpus: list[GpuView]
+
+
 def _optional_config(ctx: Context) -> HostConfig | None:
     if not ctx.settings.config.exists():
         return None
     return ctx.config
 
 
-def _optional_owners(ctx: Context) -> dict[str, Any]:
+def _optional_owners(ctx: Context) -> dict[str, OwnerView]:
     try:
         return {
             role: {
@@ -66,14 +100,14 @@ def _optional_owners(ctx: Context) -> dict[str, Any]:
         return {}  # no state database yet: nothing owns anything
 
 
-def readings(ctx: Context) -> dict[str, Any]:
+def readings(ctx: Context) -> Readings:
     """Every GPU the probe sees, with its role (host config) and owner (ledger), by NVML index."""
     probe = ctx.gpu_probe()
     gpus = probe.gpus()
     config = _optional_config(ctx)
     role_of = {r.uuid.lower(): name for name, r in (config.gpu_roles if config else {}).items()}
     owners = _optional_owners(ctx)
-    rows = []
+    rows: list[GpuView] = []
     for g in gpus:
         role = role_of.get(g.uuid.lower(), "")
         rows.append(
@@ -143,7 +177,7 @@ def replace_gpu_roles(text: str, roles: Mapping[str, GpuRole]) -> str:
     return tomlkit.dumps(doc)
 
 
-def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, Any]) -> dict[str, GpuRole]:
+def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, object]) -> dict[str, GpuRole]:
     """An operator's per-card reserve follows its card (by UUID) into the new roles."""
     reserves = {}
     for data in old.values():
@@ -156,13 +190,30 @@ def replace_role(role: GpuRole, reserve_mib: int | None) -> GpuRole:
     return role if reserve_mib is None else role.model_copy(update={"reserve_mib": reserve_mib})
 
 
+class RoleView(TypedDict):
+    uuid: str
+    capacity_mib: int
+    name: str
+    reserve_mib: int | None
+
+
+class Detected(TypedDict):
+    """`gpu detect`: the roles found, the `[gpu_roles.*]` TOML, and whether the file changed."""
+
+    config: str
+    written: bool
+    changed: bool
+    roles: dict[str, RoleView]
+    toml: str
+
+
 def detect(
     ctx: Context,
     *,
     overrides: Mapping[str, str] | None = None,
     write: bool = False,
     gpus: Sequence[GpuReading] | None = None,
-) -> dict[str, Any]:
+) -> Detected:
     """Name the host's GPUs (largest first, equal cards by UUID; overrides by UUID).
 
     With `write`, the host config file gets exactly these `[gpu_roles.*]` tables
@@ -231,7 +282,7 @@ def _state(w: Waiver, now: datetime) -> str:
     return "active" if w.active(now) else "pending"
 
 
-def _reclassify(ctx: Context) -> dict[str, Any]:
+def _reclassify(ctx: Context) -> Mapping[str, object]:
     """Re-judge stored decisions under the waivers now in force."""
     from anvil_ctl.engine.reclassify import reclassify_decisions
 
@@ -241,6 +292,20 @@ def _reclassify(ctx: Context) -> dict[str, Any]:
         # The waiver is recorded either way; say why decisions were not re-judged.
         log.warning("gpu.reclassify_failed", error=str(exc))
         return {"error": str(exc)}
+
+
+class Waived(TypedDict):
+    """`waive`: the waiver recorded, when it ends, and the decisions re-judged under it."""
+
+    waiver: Mapping[str, object]  # `Waiver.as_dict()`
+    expiry: str
+    reclassified: Mapping[str, object]  # `ReclassifyReport.as_dict()`, or {"error": why not}
+
+
+class Revoked(TypedDict):
+    revoked: str
+    by: str
+    reclassified: Mapping[str, object]
 
 
 def waive(
@@ -254,7 +319,7 @@ def waive(
     expires: str | None = None,
     no_expiry: bool = False,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> Waived:
     """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest).
 
     Everything is checked before the write: the policy is known, the scope names
@@ -301,7 +366,7 @@ def waive(
     return {"waiver": waiver.as_dict(), "expiry": expiry, "reclassified": _reclassify(ctx)}
 
 
-def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> dict[str, Any]:
+def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> Revoked:
     """Revoke a waiver (a new revocation row; the waiver row stays) and re-judge decisions."""
     by = require("--by", check_person, by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
@@ -309,7 +374,7 @@ def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> dict[str, A
     return {"revoked": waiver_id, "by": by, "reclassified": _reclassify(ctx)}
 
 
-def list_waivers(ctx: Context, now: datetime | None = None) -> list[dict[str, Any]]:
+def list_waivers(ctx: Context, now: datetime | None = None) -> list[dict[str, object]]:
     """Every waiver with its state now: active, expired, revoked (or pending)."""
     now = now or datetime.now(UTC)
     return [{**w.as_dict(), "state": _state(w, now)} for w in waivers.waivers(ctx.store)]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.transactions import limit_waits, mutating, run_plan
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.lock import HostLock
@@ -152,7 +152,7 @@ def _identity(ctx: Context, slot: str, digest: str, what: str) -> Identity:
     return found
 
 
-def recorded_snapshot(ctx: Context, target: Identity) -> dict[str, Any] | None:
+def recorded_snapshot(ctx: Context, target: Identity) -> JSONObject | None:
     """The newest recorded snapshot in which `target` served the slot as its incumbent.
 
     Serving means: recorded as the slot's incumbent, its container running, and the

@@ -1,27 +1,36 @@
-"""The qualify command, waiver reclassification, evidence export/verify and audit reads.
+"""The qualify command, the matched A/B control and waiver reclassification.
 
 `qualify_slot` runs the `qualify` plan (`anvil_ctl.engine.plans.qualify`)
 against a slot's current candidate (the latest `candidate` identity, which must
 be what the slot serves right now) and returns the decisions it recorded.
 `reclassify_decisions` re-judges stored raw decisions under the waivers in force
-(`anvil_ctl.engine.reclassify`); the `waive` command calls it.
+(`anvil_ctl.engine.reclassify`); the `waive` command calls it. Evidence export,
+verify and the audit reads live in `commands.evidence` (re-exported here).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
-from anvil_ctl.adapters.credentials import TokenKind, resolve_token
 from anvil_ctl.bootstrap import Context
+from anvil_ctl.commands.evidence import (  # re-exported: the CLI and tests find them here
+    EvidenceAudit,
+    audit_decisions,
+    audit_evidence,
+    evidence_tx_dir,
+    export_evidence,
+    router_secrets,
+    verify_evidence,
+)
 from anvil_ctl.commands.recipes import recipe_search, resolve_recipe_path
-from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
+from anvil_ctl.core.errors import AnvilError, BadInput
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_RECIPE, Identity
 from anvil_ctl.core.validate import check_duration, require
 from anvil_ctl.engine import reclassify
@@ -32,15 +41,8 @@ from anvil_ctl.engine.reclassify import ReclassifyReport
 from anvil_ctl.engine.runner import Outcome, TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
-from anvil_ctl.persistence.head import database_file
-from anvil_ctl.qualify import (
-    QualificationResult,
-    Redaction,
-    export_bundle,
-    resolve_profile,
-    verify_bundle,
-)
-from anvil_ctl.qualify.evidence import ExportResult, ManifestReference, VerifyResult, read_manifest
+from anvil_ctl.persistence.qualification import DecisionRecord
+from anvil_ctl.qualify import QualificationResult, resolve_profile
 from anvil_ctl.qualify.report import Progress
 from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
 
@@ -53,8 +55,8 @@ class QualifyOutcome:
 
     outcome: Outcome
     result: QualificationResult | None = None
-    decision: dict[str, Any] | None = None
-    reclassified: dict[str, Any] | None = None
+    decision: DecisionRecord | None = None
+    reclassified: DecisionRecord | None = None
 
     @property
     def exit_code(self) -> int:
@@ -65,7 +67,7 @@ class QualifyOutcome:
         chosen = self.reclassified or self.decision
         return str(chosen["outcome"]) if chosen else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         base = self.result.as_dict() if self.result else {}
         return {
             **base,
@@ -89,11 +91,6 @@ def candidate_recipe(ctx: Context, world: World, ident: Identity) -> Recipe | No
     except AnvilError:
         return None
     return recipe if recipe_digest(recipe) == ident.recipe_digest else None
-
-
-def router_secrets(ctx: Context) -> tuple[str, ...]:
-    """The router tokens resolvable here: what evidence must never contain."""
-    return _redaction(ctx).secrets
 
 
 def qualify_slot(
@@ -141,15 +138,57 @@ def qualify_slot(
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
     found = {d["id"]: d for d in qualification.decisions(ctx.store, slot=slot)}
     step = outcome.results.get("record-decision") or {}
+    decision_id, reclassified_id = step.get("decision_id"), step.get("reclassified_id")
     return QualifyOutcome(
         outcome=outcome,
         result=plan.memo.result,
-        decision=found.get(step.get("decision_id", "")),
-        reclassified=found.get(step.get("reclassified_id") or ""),
+        decision=found.get(decision_id) if isinstance(decision_id, str) else None,
+        reclassified=found.get(reclassified_id) if isinstance(reclassified_id, str) else None,
     )
 
 
 # -- the matched A/B control --------------------------------------------------------------------
+
+
+class ArmFigures(TypedDict):
+    """One arm's p50s in one cell (`qualify.ab.METRICS`), and how many requests completed."""
+
+    decode_p50: float | None
+    prefill_p50: float | None
+    ttft_p50: float | None
+    prompt_tokens_p50: float | None
+    completed: int | None
+    requests: int | None
+
+
+class ComparedCell(TypedDict):
+    """One (context, concurrency) cell of the comparison; a skipped cell has no figures."""
+
+    nominal_tokens: int
+    concurrency: int
+    label: str
+    skipped: NotRequired[str]
+    A: NotRequired[ArmFigures]
+    B: NotRequired[ArmFigures]
+    delta_pct: NotRequired[dict[str, float | None]]  # metric -> B vs A, in %
+
+
+class Verdict(TypedDict):
+    outcome: str  # selected | boundary-violated | no-difference | incomplete
+    selected: str | None
+    faster: NotRequired[str]
+    boundaries: list[JSONObject]
+    summary: str
+
+
+class Comparison(TypedDict):
+    """The comparison artifact an A/B transaction wrote (`qualify.ab.compare`), as read back."""
+
+    arms: dict[str, str]  # A | B -> the arm's name
+    select: str
+    cells: list[ComparedCell]
+    verdict: Verdict
+    declaration_digest: NotRequired[str | None]
 
 
 @dataclass
@@ -157,14 +196,14 @@ class AbOutcome:
     """An A/B transaction's outcome and, when it ran, its comparison."""
 
     outcome: Outcome
-    comparison: dict[str, Any] | None = None
+    comparison: Comparison | None = None
     tx_dir: str | None = None
 
     @property
     def exit_code(self) -> int:
         return self.outcome.exit_code
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "tx_id": self.outcome.tx_id,
             "state": self.outcome.state.value,
@@ -234,119 +273,20 @@ def reclassify_decisions(
     return reclassify.reclassify_decisions(ctx.world(), slot=slot, now=now)
 
 
-# -- evidence and audit -----------------------------------------------------------------------
-
-
-def evidence_tx_dir(ctx: Context, tx: str) -> Path:
-    """The evidence directory of transaction `tx` (an ID or a unique prefix)."""
-    root = ctx.settings.evidence_dir
-    found = sorted(p for p in root.glob(f"{tx}*") if p.is_dir()) if tx and root.is_dir() else []
-    if len(found) != 1:
-        raise BadInput(
-            f"evidence of transaction {tx!r}: {'no match' if not found else 'ambiguous prefix'} in {root}",
-            field="transaction",
-        )
-    return found[0]
-
-
-def _redaction(ctx: Context) -> Redaction:
-    secrets: list[str] = []
-    rc = ctx.config.router
-    if rc.kind != "none":
-        tokens: tuple[tuple[TokenKind, str], ...] = (
-            ("client", rc.client_token_env),
-            ("admin", rc.admin_token_env),
-        )
-        for kind, env_name in tokens:
-            try:
-                token = resolve_token(kind, env_name, ctx.env, rc.credential_file)
-            except (CredentialError, BadInput):
-                continue  # not resolvable here: then nothing of it can be redacted either
-            secrets.append(token.reveal())
-    recipe_dirs = _recipe_dirs(ctx)
-    paths = [str(p.resolve()) for p in (ctx.settings.state_dir, ctx.settings.evidence_dir, *recipe_dirs)]
-    home = ctx.env.get("HOME", "")
-    if home.strip("/"):
-        paths.append(home)
-    return Redaction(secrets=tuple(secrets), paths=tuple(paths))
-
-
-def _recipe_dirs(ctx: Context) -> list[Path]:
-    """The recipe search's directories (host paths to redact), as far as they can be read."""
-    try:
-        return [d.path for d in recipe_search(ctx)]
-    except AnvilError:
-        return [p for p in (ctx.settings.recipes_dir,) if p is not None]
-
-
-def export_evidence(ctx: Context, tx: str, out_dir: Path) -> ExportResult:
-    """A shareable bundle of `tx`'s evidence: GPU UUIDs, host paths and router tokens redacted.
-
-    The source must be the evidence the database recorded for `tx`; the export's own
-    manifest SHA-256 is recorded too, so that `evidence verify` can bind the bundle.
-    """
-    tx_dir = evidence_tx_dir(ctx, tx)
-    references = (_database_reference(ctx, tx_dir.name),)
-    result = export_bundle(tx_dir, out_dir, redact=_redaction(ctx), references=references)
-    qualification.record_manifest(
-        ctx.store,
-        tx_dir.name,
-        result.manifest.sha256,
-        kind="export",
-        source_sha256=result.source_manifest_sha256,
-    )
-    return replace(result, recorded=True)
-
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _database_reference(ctx: Context, tx_id: str) -> ManifestReference:
-    """What the state database recorded for `tx_id`'s manifests; a note if it cannot say.
-
-    A missing SQLite file is not created: then there is no database to ask.
-    """
-    db_file = database_file(ctx.settings.db_url)
-    if db_file is not None and not db_file.is_file():
-        return ManifestReference("database", (), f"no state database at {db_file}")
-    try:
-        found = qualification.manifests(ctx.store, tx_id)
-    except AnvilError as exc:  # not initialised, foreign, unreachable: no answer from it
-        return ManifestReference("database", (), f"state database unusable: {exc}")
-    if not found:
-        return ManifestReference("database", (), f"no manifest recorded for transaction {tx_id}")
-    return ManifestReference("database", tuple(m["sha256"] for m in found))
-
-
-def verify_evidence(ctx: Context, directory: Path, *, expect_manifest: str | None = None) -> VerifyResult:
-    """Check `directory` against its manifest, and the manifest against what was recorded:
-    the state database (when there is one) and `expect_manifest` (a SHA-256 printed at export)."""
-    references: list[ManifestReference] = []
-    if expect_manifest is not None:
-        if not _SHA256.match(expect_manifest):
-            raise BadInput(
-                f"--expect-manifest: expected 64 lowercase hex digits, got {expect_manifest!r}",
-                field="expect_manifest",
-            )
-        references.append(ManifestReference("--expect-manifest", (expect_manifest,)))
-    try:
-        tx_id = str(read_manifest(directory).get("tx_id") or "")
-    except BadInput:
-        tx_id = ""  # verify_bundle names what is wrong with the manifest
-    if tx_id:
-        references.insert(0, _database_reference(ctx, tx_id))
-    return verify_bundle(directory, references)
-
-
-def audit_decisions(ctx: Context, *, slot: str | None = None) -> list[dict[str, Any]]:
-    return qualification.decisions(ctx.store, slot=slot)
-
-
-def audit_evidence(ctx: Context, tx: str) -> dict[str, Any]:
-    """`tx`'s gate rows from the database and its directory checked against the manifest."""
-    tx_dir = evidence_tx_dir(ctx, tx)
-    return {
-        "tx_id": tx_dir.name,
-        "gates": qualification.evidence(ctx.store, tx_dir.name),
-        "verify": verify_bundle(tx_dir, (_database_reference(ctx, tx_dir.name),)).as_dict(),
-    }
+__all__ = [
+    "AbOutcome",
+    "Comparison",
+    "EvidenceAudit",
+    "QualifyOutcome",
+    "audit_decisions",
+    "audit_evidence",
+    "candidate_recipe",
+    "evidence_tx_dir",
+    "export_evidence",
+    "qualify_ab",
+    "qualify_slot",
+    "reclassify_decisions",
+    "resolve_arm",
+    "router_secrets",
+    "verify_evidence",
+]

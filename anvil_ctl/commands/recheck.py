@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import structlog
 
@@ -36,6 +36,7 @@ from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.reconcile import reconcile
 from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
@@ -46,15 +47,31 @@ from anvil_ctl.persistence import rechecks
 log = structlog.get_logger(__name__)
 
 
+class RecheckRecord(TypedDict):
+    """A `RecheckResult` as `recheck --json` prints it."""
+
+    slot: str
+    passed: bool
+    failed: list[str]
+    assertions: list[JSONObject]
+    snapshot_sha256: str
+    recheck_id: int | None
+    up: bool
+    unavailable: str | None
+    repair: JSONObject | None
+    audit_head: str
+
+
 @dataclass
 class RecheckResult:
     slot: str
-    assertions: list[dict[str, Any]] = field(default_factory=list)
+    assertions: list[JSONObject] = field(default_factory=list)
+    """Each: `name`, `passed` (a bool) and what was `observed`."""
     snapshot_sha256: str = ""
     recheck_id: int | None = None
     unavailable: str | None = None
     """Why the host could not be observed (a dependency unavailable); None when it was."""
-    repair: dict[str, Any] | None = None
+    repair: JSONObject | None = None
     """The router repair this recheck followed (its transaction and the recheck before it)."""
 
     @property
@@ -66,7 +83,7 @@ class RecheckResult:
 
     @property
     def failed(self) -> list[str]:
-        return [a["name"] for a in self.assertions if not a["passed"]]
+        return [str(a["name"]) for a in self.assertions if not a["passed"]]
 
     @property
     def passed(self) -> bool:
@@ -78,7 +95,7 @@ class RecheckResult:
             return ExitCode.UNAVAILABLE
         return ExitCode.OK if self.passed else ExitCode.DRIFT
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> RecheckRecord:
         return {
             "slot": self.slot,
             "passed": self.passed,
@@ -131,7 +148,7 @@ def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> Recheck
         return result
     try:
         outcome = reconcile(ctx, slot)
-        done: dict[str, Any] = {
+        done: JSONObject = {
             "tx_id": outcome.tx_id,
             "state": outcome.state.value,
             "reason": outcome.reason,
@@ -139,11 +156,15 @@ def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> Recheck
         }
     except AnvilError as exc:  # the host lock held by another mutator, say: nothing ran
         done = {"tx_id": None, "state": "not run", "reason": str(exc), "committed": False}
-    repaired = {**done, "before_recheck_id": result.recheck_id, "failed_before": result.failed}
+    repaired: JSONObject = {
+        **done,
+        "before_recheck_id": result.recheck_id,
+        "failed_before": list(result.failed),
+    }
     return _recheck(ctx, slot, repair=repaired)
 
 
-def _recheck(ctx: Context, slot: str, *, repair: dict[str, Any] | None = None) -> RecheckResult:
+def _recheck(ctx: Context, slot: str, *, repair: JSONObject | None = None) -> RecheckResult:
     ctx.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
     out = RecheckResult(slot=slot, repair=repair)
     if repair is not None:
@@ -225,7 +246,7 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
     passed.labels(slot=result.slot).set(int(result.up and result.passed))
     if result.up:
         for a in result.assertions:
-            assertion.labels(slot=result.slot, assertion=a["name"]).set(int(a["passed"]))
+            assertion.labels(slot=result.slot, assertion=a["name"]).set(int(bool(a["passed"])))
     stamp.labels(slot=result.slot).set(now)
     if result.audit_head:
         seq, _, digest = result.audit_head.partition(":")

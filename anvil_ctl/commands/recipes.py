@@ -6,14 +6,14 @@ no Docker, no GPU, no database.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import HostConfig
 from anvil_ctl.core.errors import RecipeError
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import config_fingerprint
 from anvil_ctl.core.validate import check_text
 from anvil_ctl.places import RECIPES_DIR
@@ -61,7 +61,7 @@ class RecipeView:
     path: str
     digest: str
     runnable: bool
-    recipe: dict[str, Any] = field(default_factory=dict)
+    recipe: JSONObject = field(default_factory=dict)  # the validated recipe, as JSON
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Plan:
     runnable: bool
     unknown: tuple[str, ...]
     config_fingerprint: str
-    spec: dict[str, Any]
+    spec: Mapping[str, object]  # `recipes.spec_as_dict`: the ContainerSpec as JSON-able data
 
 
 @dataclass(frozen=True)

@@ -13,24 +13,38 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import Context
-from anvil_ctl.commands.qualify import evidence_tx_dir
+from anvil_ctl.commands.evidence import evidence_tx_dir
 from anvil_ctl.persistence import approvals, qualification, queries, waivers
 from anvil_ctl.qualify.onepage import Bundle, ReportInputs, render_page
 from anvil_ctl.qualify.plots import require_matplotlib
+
+
+class BundleRef(TypedDict):
+    """An evidence bundle the page was drawn from, bound by its manifest's SHA-256."""
+
+    tx_id: str
+    manifest_sha256: str
+
+
+class ReportRecord(TypedDict):
+    path: str
+    tx_id: str
+    bundles: list[BundleRef]
+    size: int
 
 
 @dataclass(frozen=True)
 class ReportResult:
     path: str
     tx_id: str
-    bundles: tuple[dict[str, str], ...]
+    bundles: tuple[BundleRef, ...]
     size: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ReportRecord:
         return {"path": self.path, "tx_id": self.tx_id, "bundles": list(self.bundles), "size": self.size}
 
 
@@ -50,7 +64,7 @@ def evidence_report(ctx: Context, tx: str, out: Path | None = None) -> ReportRes
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, page)
     bundles = tuple(
-        {"tx_id": b.tx_id, "manifest_sha256": b.manifest_sha256}
+        BundleRef(tx_id=b.tx_id, manifest_sha256=b.manifest_sha256)
         for b in (main, *inputs.promotions, *[a for a in inputs.ab if a is not main])
     )
     return ReportResult(str(path), main.tx_id, bundles, len(page.encode()))
@@ -63,7 +77,7 @@ def _records(ctx: Context, inputs: ReportInputs) -> None:
     raw = [d for d in everything if d["tx_id"] == tx_id]
     raw_ids = {d["id"] for d in raw}
     decisions = raw + [d for d in everything if d["reclassifies"] in raw_ids]
-    inputs.decisions = decisions
+    inputs.decisions = list(decisions)
     ids = {d["id"] for d in decisions}
     cited = {w for d in decisions for w in d["waiver_ids"]}
     now = datetime.now(UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import TypedDict
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import recipes as recipe_cmds
@@ -61,9 +61,23 @@ def load(
     return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift)
 
 
+class WouldRemove(TypedDict):
+    """`unload` without --yes: what would be removed (nothing ran)."""
+
+    container_id: str
+    would_remove: bool
+    hint: str
+
+
+class ManagedContainer(TypedDict):
+    container_id: str
+    name: str
+    status: str
+
+
 def unload(
     ctx: Context, container_id: str, *, yes: bool = False, remove_residue: bool = False
-) -> Outcome | dict[str, Any]:
+) -> Outcome | WouldRemove:
     """Remove a candidate container this controller created (the `unload` plan).
 
     Without `yes` nothing runs: the answer says what would be removed, after the same
@@ -85,7 +99,7 @@ def unload(
     return run_plan(ctx, "unload", args, dry_run=False)
 
 
-def managed_candidates(ctx: Context) -> list[dict[str, Any]]:
+def managed_candidates(ctx: Context) -> list[ManagedContainer]:
     world = ctx.world()
     return [
         {"container_id": c.id, "name": c.name, "status": c.status}

@@ -7,9 +7,9 @@ returns an Outcome (or a report) for the CLI to render.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TypedDict
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput, NotFound
@@ -186,11 +186,18 @@ def recover_all(ctx: Context) -> RecoverReport:
     return report
 
 
-def lock_status(ctx: Context) -> list[dict[str, Any]]:
+def lock_status(ctx: Context) -> list[Mapping[str, object]]:
+    """Every lock row without a release, newest first (`LockInfo.as_dict()`)."""
     return [h.as_dict() for h in held_locks(ctx.store)]
 
 
-def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str, Any]:
+class LockBroken(TypedDict):
+    lock_id: str
+    broken: bool
+    was: Mapping[str, object]  # the lock row as `lock status` showed it
+
+
+def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> LockBroken:
     """Release a lock row by its exact ID (journaled); refuses a live local owner."""
     by = require("--by", check_person, by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
@@ -203,7 +210,11 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> dict[str,
     raise BadInput(f"lock {lock_id} is not held", field="lock_id")
 
 
-def resolve(ctx: Context, tx: str, *, by: str, note: str) -> dict[str, Any]:
+# What `resolve` did: the transaction moved from its waiting state to compensated, and by whom.
+Resolved = TypedDict("Resolved", {"tx_id": str, "from": str, "to": str, "resolved_by": str})
+
+
+def resolve(ctx: Context, tx: str, *, by: str, note: str) -> Resolved:
     """A person records that they resolved a transaction that waits for one."""
     by = require("--by", check_person, by)
     note = require("--note", lambda n: check_text(n, multiline=True, empty=False), note)

@@ -109,7 +109,7 @@ def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertio
 def _gpu_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
     def gpu_owner() -> Observation:
         owners = gpu_ledger.gpu_owners(world.store)
-        mine = {r: (owners.get(r) or {}).get("container_id") for r in ident.gpu_roles}
+        mine: JSONObject = {r: owners[r]["container_id"] if r in owners else None for r in ident.gpu_roles}
         return all(v == ident.container_id for v in mine.values()), mine
 
     def gpus_found() -> Observation:

@@ -232,7 +232,7 @@ def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> J
         owned = ledger(world.store)
         lost = {e.role: e for e in events if e.event == "release" and e.container_id == inc_id}
         free = sorted(r for r in lost if r not in owned)
-        by_mode: dict[tuple[str, str], list[str]] = {}
+        by_mode: dict[tuple[Mode, str], list[str]] = {}
         for role in free:
             by_mode.setdefault((lost[role].mode, lost[role].slot), []).append(role)
         for (mode, slot), roles in sorted(by_mode.items()):

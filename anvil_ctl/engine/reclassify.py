@@ -25,6 +25,7 @@ from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waivers as waiver_policy
 from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
 from anvil_ctl.persistence import qualification, waivers
+from anvil_ctl.persistence.qualification import DecisionRecord
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.runner import QualificationResult
@@ -151,7 +152,7 @@ def reclassify_one(
     now: datetime,
     *,
     tx_id: str | None,
-) -> JSONObject | None:
+) -> DecisionRecord | None:
     """Record a decision over `raw` when the waivers in force at `now` change the outcome
     last recorded for it; returns the new decision row, or None."""
     store = world.store
@@ -190,19 +191,18 @@ def reclassify_one(
         reclassifies=raw_id,
         waiver_ids=new.waiver_ids,
         reasons=new.reasons,
-        body={**new.as_dict(), "id": new_id, "supersedes": latest["id"]},
+        body={**new.as_dict(), "id": new_id, "supersedes": str(latest["id"])},
     )
     log.info("decision reclassified", raw=raw_id, new=new_id, outcome=new.outcome)
-    recorded: JSONObject = next(d for d in qualification.decisions(store) if d["id"] == new_id)
-    return recorded
+    return next(d for d in qualification.decisions(store) if d["id"] == new_id)
 
 
 @dataclass
 class ReclassifyReport:
-    recorded: list[JSONObject] = field(default_factory=list)
-    skipped: list[JSONObject] = field(default_factory=list)
+    recorded: list[DecisionRecord] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
-    def as_dict(self) -> JSONObject:
+    def as_dict(self) -> dict[str, object]:
         return {"recorded": list(self.recorded), "skipped": list(self.skipped)}
 
 

@@ -6,12 +6,21 @@ candidate becomes the incumbent.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from sqlalchemy import select
 
 from anvil_ctl.persistence.models import ApprovalRow
 from anvil_ctl.persistence.store import Store, utcnow
+
+
+class ApprovalRecord(TypedDict):
+    """One approval row as `approvals()` returns it."""
+
+    tx_id: str
+    decision_id: str
+    approved_by: str
+    at: str
 
 
 def record_approval(store: Store, *, tx_id: str, decision_id: str, approved_by: str) -> None:
@@ -20,7 +29,7 @@ def record_approval(store: Store, *, tx_id: str, decision_id: str, approved_by: 
         store.audit(s, "approval", tx_id, {"decision_id": decision_id, "approved_by": approved_by})
 
 
-def approvals(store: Store) -> list[dict[str, Any]]:
+def approvals(store: Store) -> list[ApprovalRecord]:
     """Every approval, oldest first: which promotion relied on which decision, approved by whom."""
     with store.read() as s:
         rows = s.execute(select(ApprovalRow).order_by(ApprovalRow.id)).scalars()

@@ -15,9 +15,9 @@ logs, an operator's `--expect-head`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
@@ -31,6 +31,13 @@ AUDIT_LOCK_KEY = 0x616E76696C  # "anvil"
 HEAD = "anvil.audit_head"  # session.info key: the head this session's entries made
 
 
+class HeadRecord(TypedDict):
+    """A `Head` as JSON (the head file's content)."""
+
+    seq: int
+    hash: str
+
+
 @dataclass(frozen=True, order=True)
 class Head:
     """A chain position: entry `seq` and its hash (`SEQ:HASH` on the command line)."""
@@ -41,7 +48,7 @@ class Head:
     def __str__(self) -> str:
         return f"{self.seq}:{self.hash}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> HeadRecord:
         return {"seq": self.seq, "hash": self.hash}
 
 
@@ -60,7 +67,13 @@ def entry_hash(
 ) -> str:
     """The entry's hash. `rows` joins the hashed content only when the entry covers rows,
     so entries written before rows were covered keep their hashes."""
-    body: dict[str, Any] = {"id": row_id, "at": at, "tx_id": tx_id, "event": event, "payload": payload}
+    body: dict[str, str | int | None] = {
+        "id": row_id,
+        "at": at,
+        "tx_id": tx_id,
+        "event": event,
+        "payload": payload,
+    }
     if rows != "[]":
         body["rows"] = rows
     return sha256_hex(prev_hash + "|" + canonical_json(body))
@@ -72,7 +85,7 @@ def append(
     at: str,
     tx_id: str | None,
     event: str,
-    payload: dict[str, Any],
+    payload: Mapping[str, object],
     rows: Sequence[RowRef] = (),
 ) -> Head:
     """Append one entry covering the history rows flushed in `session` since the last one

@@ -12,7 +12,7 @@ from array import array
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,6 +25,15 @@ from anvil_ctl.persistence.models import AuditEntry
 BATCH = 5000
 
 
+class ProblemRecord(TypedDict):
+    """A `Problem` as `audit verify --json` prints it (`row_id`: the entry)."""
+
+    row_id: int | None
+    problem: str
+    table: NotRequired[str]
+    key: NotRequired[RowKey]
+
+
 @dataclass(frozen=True)
 class Problem:
     """One way the record differs from its chain: which entry, or which row of which table."""
@@ -34,8 +43,8 @@ class Problem:
     table: str | None = None
     key: RowKey | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"row_id": self.entry, "problem": self.problem}
+    def as_dict(self) -> ProblemRecord:
+        out: ProblemRecord = {"row_id": self.entry, "problem": self.problem}
         if self.table is not None:
             out["table"] = self.table
         if self.key is not None:
@@ -170,26 +179,26 @@ def walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str])
             json.loads(row.payload_json)
         except ValueError:
             problems.append(Problem("payload is not JSON", row.id))
-        _take_refs(row, walked, problems)
+        _take_refs(row.id, row.rows_json, walked, problems)
         prev_hash, expected_id = row.hash, row.id + 1
         walked.end = Head(row.id, row.hash)
     return walked
 
 
-def _take_refs(row: Any, walked: Walk, problems: list[Problem]) -> None:
-    if row.rows_json == "[]":
+def _take_refs(entry: int, rows_json: str, walked: Walk, problems: list[Problem]) -> None:
+    if rows_json == "[]":
         return
     try:
-        refs = json.loads(row.rows_json)
+        refs = json.loads(rows_json)
         for table, key, digest in refs:
             if table not in COVERED:
-                problems.append(Problem(f"covers a row of a table that is not history: {table}", row.id))
+                problems.append(Problem(f"covers a row of a table that is not history: {table}", entry))
                 continue
             raw = bytes.fromhex(digest)
             if len(raw) != 32:
                 raise ValueError(digest)
-            earlier = walked.refs[table].add(key, raw, row.id)
+            earlier = walked.refs[table].add(key, raw, entry)
             if earlier is not None:
-                problems.append(Problem(f"row covered twice (first by entry {earlier})", row.id, table, key))
+                problems.append(Problem(f"row covered twice (first by entry {earlier})", entry, table, key))
     except (ValueError, TypeError):
-        problems.append(Problem("rows_json is not a list of [table, key, digest]", row.id))
+        problems.append(Problem("rows_json is not a list of [table, key, digest]", entry))

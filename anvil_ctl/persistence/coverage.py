@@ -19,16 +19,18 @@ is covered by adding its name to `HISTORY_TABLES`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TypeAlias
 
-from sqlalchemy import Table, event
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import RowMapping, Table, event
+from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
 from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.persistence.models import HISTORY_TABLES, Base
 
 RowKey = str | int
 RowRef = tuple[str, RowKey, str]  # (table, key, digest)
+RowValues: TypeAlias = Mapping[str, object] | RowMapping
+"""A row's values by column name: an ORM instance's (`_instance_values`) or a Core row's."""
 
 COVERED: dict[str, Table] = {name: Base.metadata.tables[name] for name in HISTORY_TABLES}
 """name -> table, for every table whose rows the chain covers."""
@@ -40,7 +42,7 @@ class UncoveredRows(RuntimeError):
     """Misuse: history rows were about to commit without the audit entry that covers them."""
 
 
-def _value(value: Any) -> str | int | None:
+def _value(value: object) -> str | int | None:
     if isinstance(value, bool):
         return int(value)
     if value is None or isinstance(value, str | int):
@@ -48,7 +50,7 @@ def _value(value: Any) -> str | int | None:
     raise TypeError(f"history column value {value!r}: expected str, int or None")
 
 
-def key_of(table: Table, values: Mapping[Any, Any]) -> RowKey:
+def key_of(table: Table, values: RowValues) -> RowKey:
     """A row's key: the value of its (single-column) primary key."""
     (column,) = table.primary_key.columns
     key = values[column.name]
@@ -57,25 +59,25 @@ def key_of(table: Table, values: Mapping[Any, Any]) -> RowKey:
     return key
 
 
-def row_digest(table: Table, values: Mapping[Any, Any]) -> str:
+def row_digest(table: Table, values: RowValues) -> str:
     """SHA-256 of the row's canonical JSON, table name included (see the module doc)."""
     row = {c.name: v for c in table.columns if (v := _value(values[c.name])) is not None}
     return sha256_hex({"table": table.name, "row": row})
 
 
-def ref_of(table: Table, values: Mapping[Any, Any]) -> RowRef:
+def ref_of(table: Table, values: RowValues) -> RowRef:
     return (table.name, key_of(table, values), row_digest(table, values))
 
 
-def refs_of_rows(table: Table, rows: Iterable[Mapping[Any, Any]]) -> list[RowRef]:
+def refs_of_rows(table: Table, rows: Iterable[RowValues]) -> list[RowRef]:
     return [ref_of(table, r) for r in rows]
 
 
-def _instance_values(obj: Any) -> dict[str, Any]:
+def _instance_values(obj: Base) -> dict[str, object]:
     return {c.name: getattr(obj, c.key) for c in obj.__mapper__.columns}
 
 
-def _collect(session: Session, _flush_context: Any) -> None:
+def _collect(session: Session, _flush_context: UOWTransaction) -> None:
     # after_flush: the flushed objects are still in session.new, with their keys and
     # defaults filled in; what they hold now is what the INSERT wrote.
     pending: list[RowRef] = session.info.setdefault(PENDING, [])

@@ -28,12 +28,11 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from anvil_ctl.core.errors import AnvilError, ConfigError, StateStoreError, Unavailable
 
@@ -74,7 +73,7 @@ def make_engine(url: str, *, create: bool = False) -> Engine:
         )
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        def _pragmas(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout={READ_BUSY_MS}")
             # WAL is a property of the file, set once: an empty file (not yet a database) is left
@@ -86,7 +85,7 @@ def make_engine(url: str, *, create: bool = False) -> Engine:
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _begin(conn: Any) -> None:
+        def _begin(conn: Connection) -> None:
             if conn.get_execution_options().get(READ_ONLY):
                 conn.exec_driver_sql(f"PRAGMA busy_timeout={READ_BUSY_MS}")
                 conn.exec_driver_sql("BEGIN")

@@ -22,12 +22,20 @@ What "append-only" refuses, per dialect:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
-from sqlalchemy import Table, UniqueConstraint
+from sqlalchemy import Connection, Table, UniqueConstraint
 
 
-def _op() -> Any:
+class _Op(Protocol):
+    """What these functions use of alembic's `op` (the module satisfies it)."""
+
+    def get_bind(self) -> Connection: ...
+
+    def execute(self, sqltext: str) -> None: ...
+
+
+def _op() -> _Op:
     # alembic's proxy exists only while a migration runs; imported late so that `audit
     # verify` (which asks `expected_triggers`) does not load alembic.
     from alembic import op

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from sqlalchemy import select
 
-from anvil_ctl.persistence.models import GpuOwnershipEvent
+from anvil_ctl.persistence.models import GpuMode, GpuOwnershipEvent
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -26,9 +26,19 @@ class OwnershipEvent:
     event: str
     container_id: str
     tx_id: str | None
-    mode: str
+    mode: GpuMode
     slot: str
     at: str
+
+
+class OwnerRecord(TypedDict):
+    """Who owns a GPU role now (`gpu_owners`): the claim that is its latest event."""
+
+    container_id: str
+    tx_id: str | None
+    mode: GpuMode
+    slot: str
+    since: str
 
 
 def claim_roles(
@@ -37,7 +47,7 @@ def claim_roles(
     *,
     container_id: str,
     tx_id: str | None,
-    mode: str,
+    mode: GpuMode,
     slot: str,
 ) -> None:
     with store.write() as s:
@@ -64,7 +74,7 @@ def claim_roles(
 def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_id: str | None) -> None:
     """Release the roles `container_id` owns (roles owned by another container are left alone)."""
     owners = gpu_owners(store)
-    mine = [r for r in roles if owners.get(r, {}).get("container_id") == container_id]
+    mine = [r for r in roles if r in owners and owners[r]["container_id"] == container_id]
     if not mine:
         return
     with store.write() as s:
@@ -80,12 +90,12 @@ def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_i
                     at=utcnow(),
                 )
             )
-        store.audit(s, "gpu.release", tx_id, {"roles": mine, "container_id": container_id})
+        store.audit(s, "gpu.release", tx_id, {"roles": list(mine), "container_id": container_id})
 
 
-def gpu_owners(store: Store) -> dict[str, dict[str, Any]]:
+def gpu_owners(store: Store) -> dict[str, OwnerRecord]:
     """role -> {container_id, tx_id, mode, slot, since} for roles whose latest event is a claim."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, OwnerRecord] = {}
     with store.read() as s:
         rows = s.execute(select(GpuOwnershipEvent).order_by(GpuOwnershipEvent.id)).scalars()
         for r in rows:

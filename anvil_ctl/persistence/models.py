@@ -10,8 +10,13 @@ PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+GpuMode = Literal["exclusive", "split"]
+"""How a serve owns its GPU roles (`anvil_ctl.gpu.ownership.Mode`; only these are written)."""
 
 
 class Base(DeclarativeBase):
@@ -151,7 +156,7 @@ class GpuOwnershipEvent(Base):
     event: Mapped[str] = mapped_column(String(16))
     container_id: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str | None] = mapped_column(String(36))
-    mode: Mapped[str] = mapped_column(String(16))
+    mode: Mapped[GpuMode] = mapped_column(String(16))
     slot: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32))
 

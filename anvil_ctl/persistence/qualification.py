@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from sqlalchemy import select
 
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence.models import DecisionRow, EvidenceManifestRow, EvidenceRow
 from anvil_ctl.persistence.store import Store, utcnow
@@ -24,7 +25,32 @@ from anvil_ctl.persistence.store import Store, utcnow
 # -- evidence ----------------------------------------------------------------------------------
 
 
-def record_evidence(store: Store, tx_id: str, gates: Iterable[dict[str, Any]]) -> int:
+class GateEvidence(TypedDict):
+    """One gate's result as `record_evidence` takes it (absent fields take their defaults)."""
+
+    name: str
+    passed: bool
+    kind: NotRequired[str]  # functional | policy | ...; "functional" when absent
+    classification: NotRequired[str | None]
+    artifact: NotRequired[str]  # the artifact's path
+    sha256: NotRequired[str]
+    size: NotRequired[int]
+
+
+class EvidenceRecord(TypedDict):
+    """One recorded gate as `evidence()` returns it."""
+
+    gate: str
+    kind: str
+    passed: bool
+    classification: str
+    artifact: str
+    sha256: str
+    size: int
+    at: str
+
+
+def record_evidence(store: Store, tx_id: str, gates: Iterable[GateEvidence]) -> int:
     """Each gate: name, kind, passed, classification, artifact (path), sha256, size."""
     n = 0
     with store.write() as s:
@@ -47,7 +73,7 @@ def record_evidence(store: Store, tx_id: str, gates: Iterable[dict[str, Any]]) -
     return n
 
 
-def evidence(store: Store, tx_id: str) -> list[dict[str, Any]]:
+def evidence(store: Store, tx_id: str) -> list[EvidenceRecord]:
     """The gates one qualify transaction recorded, in order."""
     with store.read() as s:
         rows = s.execute(
@@ -71,6 +97,15 @@ def evidence(store: Store, tx_id: str) -> list[dict[str, Any]]:
 # -- manifests ---------------------------------------------------------------------------------
 
 
+class ManifestRecord(TypedDict):
+    """One recorded manifest SHA-256 (`source_sha256`: the manifest an export was made from)."""
+
+    kind: str
+    sha256: str
+    source_sha256: str | None
+    at: str
+
+
 def record_manifest(
     store: Store, tx_id: str, sha256: str, *, kind: str, source_sha256: str | None = None
 ) -> None:
@@ -90,7 +125,7 @@ def record_manifest(
         )
 
 
-def manifests(store: Store, tx_id: str) -> list[dict[str, Any]]:
+def manifests(store: Store, tx_id: str) -> list[ManifestRecord]:
     """The manifests recorded for `tx_id`, oldest first."""
     with store.read() as s:
         rows = s.execute(
@@ -104,6 +139,24 @@ def manifests(store: Store, tx_id: str) -> list[dict[str, Any]]:
 
 
 # -- decisions ---------------------------------------------------------------------------------
+
+
+class DecisionRecord(TypedDict):
+    """One decision row: `reclassifies` names the decision a reclassification re-judges."""
+
+    id: str
+    tx_id: str | None
+    slot: str
+    identity_digest: str
+    container_id: str
+    outcome: str
+    profile: str
+    manifest_sha256: str
+    reclassifies: str | None
+    waiver_ids: list[str]
+    reasons: list[str]
+    body: JSONObject
+    at: str
 
 
 def record_decision(
@@ -120,7 +173,7 @@ def record_decision(
     reclassifies: str | None = None,
     waiver_ids: Sequence[str] = (),
     reasons: Sequence[str] = (),
-    body: dict[str, Any] | None = None,
+    body: JSONObject | None = None,
 ) -> None:
     with store.write() as s:
         if s.get(DecisionRow, decision_id) is not None:
@@ -156,7 +209,7 @@ def record_decision(
         )
 
 
-def _decision_dict(r: DecisionRow) -> dict[str, Any]:
+def _decision_dict(r: DecisionRow) -> DecisionRecord:
     return {
         "id": r.id,
         "tx_id": r.tx_id,
@@ -176,7 +229,7 @@ def _decision_dict(r: DecisionRow) -> dict[str, Any]:
 
 def decisions(
     store: Store, *, identity_digest: str | None = None, slot: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[DecisionRecord]:
     """Decisions oldest first, optionally only those of one identity digest and/or slot."""
     q = select(DecisionRow).order_by(DecisionRow.at, DecisionRow.id)
     if identity_digest:
@@ -187,6 +240,6 @@ def decisions(
         return [_decision_dict(r) for r in s.execute(q).scalars()]
 
 
-def latest_decision(store: Store, identity_digest: str) -> dict[str, Any] | None:
+def latest_decision(store: Store, identity_digest: str) -> DecisionRecord | None:
     found = decisions(store, identity_digest=identity_digest)
     return found[-1] if found else None

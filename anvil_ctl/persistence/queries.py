@@ -1,7 +1,7 @@
 """Read-only audit queries over the history: transactions, their journal, diffs, identities.
 
-These serve `anvilctl audit`; each returns plain JSON-able dicts, and none
-writes. The listings go through the stable operator views (`v_transactions`,
+These serve `anvilctl audit`; each returns plain JSON-able dicts (their shapes are
+the TypedDicts below), and none writes. The listings go through the stable operator views (`v_transactions`,
 `v_identities`, see migrations 0003), so they answer what an operator's own
 `sqlite3` query would.
 """
@@ -9,11 +9,12 @@ writes. The listings go through the stable operator views (`v_transactions`,
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
 
-from sqlalchemy import select, text
+from sqlalchemy import RowMapping, select, text
 
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.snapshot import changes_from_stored
 from anvil_ctl.persistence.models import (
     IdentityRow,
@@ -25,6 +26,131 @@ from anvil_ctl.persistence.models import (
 )
 from anvil_ctl.persistence.store import Store
 
+# -- shapes ------------------------------------------------------------------------------------
+
+
+class TransactionSummary(TypedDict):
+    """A row of `v_transactions`: a transaction with its current state."""
+
+    tx_id: str
+    kind: str
+    slot: str | None
+    state: str
+    reason: str
+    created_at: str
+    updated_at: str
+
+
+class OwnerRef(TypedDict):
+    pid: int
+    host: str
+
+
+class StateRecord(TypedDict):
+    state: str
+    reason: str
+    at: str
+    data: JSONObject
+
+
+class StepRecord(TypedDict):
+    seq: int
+    step: str
+    phase: str
+    event: str
+    at: str
+    detail: JSONObject
+
+
+class SnapshotRef(TypedDict):
+    label: str
+    sha256: str
+    at: str
+
+
+class IdentityRef(TypedDict):
+    role: str
+    container_id: str
+    served_model: str
+    digest: str
+
+
+class TransactionDetail(TypedDict):
+    """One transaction with its journal, in order (`audit show`)."""
+
+    tx_id: str
+    kind: str
+    slot: str | None
+    created_at: str
+    owner: OwnerRef
+    args: JSONObject
+    states: list[StateRecord]
+    steps: list[StepRecord]
+    snapshots: list[SnapshotRef]
+    identities: list[IdentityRef]
+
+
+class DiffRecord(TypedDict):
+    """One recorded before/after comparison (`format`: json-patch, or legacy for old rows)."""
+
+    label: str
+    equal: bool
+    before_sha256: str
+    after_sha256: str
+    format: str
+    changes: list[JSONObject]
+    patch: JSONArray | None  # the stored JSON Patch, when it is one
+
+
+class IdentityRecord(TypedDict):
+    """A row of `v_identities`."""
+
+    recorded_at: str
+    slot: str
+    role: str
+    container_id: str
+    image_id: str
+    served_model: str
+    digest: str
+    tx_id: str | None
+
+
+class ServeRef(TypedDict):
+    """The serve a committed revision left."""
+
+    container_id: str
+    served_model: str
+    identity_digest: str
+    role: str
+
+
+class Revision(TypedDict):
+    """One revision of a slot (`slot_history`)."""
+
+    revision: int
+    tx_id: str
+    kind: str
+    state: str
+    reason: str
+    created_at: str
+    updated_at: str
+    serve: ServeRef | None
+
+
+# -- queries -----------------------------------------------------------------------------------
+
+
+def _summary(m: RowMapping) -> TransactionSummary:
+    return TransactionSummary(
+        tx_id=m["tx_id"],
+        kind=m["kind"],
+        slot=m["slot"],
+        state=m["state"],
+        reason=m["reason"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+    )
+
 
 def transactions(
     store: Store,
@@ -33,10 +159,10 @@ def transactions(
     state: str | None = None,
     since: str | None = None,
     limit: int = 50,
-) -> list[dict[str, Any]]:
+) -> list[TransactionSummary]:
     """The newest `limit` transactions (with their current state), filtered by the given fields."""
     sql = "SELECT tx_id, kind, slot, state, reason, created_at, updated_at FROM v_transactions WHERE 1=1"
-    params: dict[str, Any] = {"limit": limit}
+    params: dict[str, str | int] = {"limit": limit}
     if kind:
         sql += " AND kind = :kind"
         params["kind"] = kind
@@ -48,7 +174,7 @@ def transactions(
         params["since"] = since
     sql += " ORDER BY created_at DESC LIMIT :limit"
     with store.read() as s:
-        return [dict(r._mapping) for r in s.execute(text(sql), params)]
+        return [_summary(m) for m in s.execute(text(sql), params).mappings()]
 
 
 def transaction_ids(store: Store, prefix: str) -> list[str]:
@@ -57,7 +183,7 @@ def transaction_ids(store: Store, prefix: str) -> list[str]:
         return list(s.execute(select(Transaction.id).where(Transaction.id.startswith(prefix))).scalars())
 
 
-def transaction_detail(store: Store, tx_id: str) -> dict[str, Any]:
+def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
     """One transaction with its states, step events, snapshots and identities, each in order."""
     with store.read() as s:
         t = s.get(Transaction, tx_id)
@@ -110,13 +236,13 @@ def transaction_detail(store: Store, tx_id: str) -> dict[str, Any]:
         }
 
 
-def snapshot_diffs(store: Store, tx_id: str) -> list[dict[str, Any]]:
+def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
     """The before/after snapshot comparisons one transaction recorded, in order."""
     with store.read() as s:
         rows = s.execute(
             select(SnapshotDiff).where(SnapshotDiff.tx_id == tx_id).order_by(SnapshotDiff.id)
         ).scalars()
-        out = []
+        out: list[DiffRecord] = []
         for r in rows:
             stored = json.loads(r.changes_json)
             form, changes = changes_from_stored(stored)
@@ -134,26 +260,38 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[dict[str, Any]]:
         return out
 
 
-def identities(store: Store, *, slot: str | None = None, role: str = "incumbent") -> list[dict[str, Any]]:
+def identities(store: Store, *, slot: str | None = None, role: str = "incumbent") -> list[IdentityRecord]:
     """Which container served (or was recorded for) each slot in `role`, and from when."""
     sql = (
         "SELECT recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "
         "FROM v_identities WHERE role = :role"
     )
-    params: dict[str, Any] = {"role": role}
+    params = {"role": role}
     if slot:
         sql += " AND slot = :slot"
         params["slot"] = slot
     sql += " ORDER BY id"
     with store.read() as s:
-        return [dict(r._mapping) for r in s.execute(text(sql), params)]
+        return [
+            IdentityRecord(
+                recorded_at=r.recorded_at,
+                slot=r.slot,
+                role=r.role,
+                container_id=r.container_id,
+                image_id=r.image_id,
+                served_model=r.served_model,
+                digest=r.digest,
+                tx_id=r.tx_id,
+            )
+            for r in s.execute(text(sql), params)
+        ]
 
 
 REVISION_KINDS = ("adopt", "load", "promote", "rollback")
 """The transaction kinds that change what a slot serves: each one that ran is a revision."""
 
 
-def slot_history(store: Store, slot: str) -> list[dict[str, Any]]:
+def slot_history(store: Store, slot: str) -> list[Revision]:
     """The slot's revisions, oldest first (helm history): every adopt, load, promote and
     rollback of the slot that ran (refusals never did), numbered from 1 in the order they
     began. A committed revision names the serve it left: the incumbent it recorded, else the
@@ -166,10 +304,9 @@ def slot_history(store: Store, slot: str) -> list[dict[str, Any]]:
         "AND EXISTS (SELECT 1 FROM transaction_states r WHERE r.tx_id = t.tx_id AND r.state = 'running') "
         "ORDER BY first_state"
     )
-    params: dict[str, Any] = {"slot": slot}
     with store.read() as s:
-        txs = [dict(r._mapping) for r in s.execute(text(sql), params)]
-        serves: dict[str, dict[str, dict[str, Any]]] = {}
+        txs = s.execute(text(sql), {"slot": slot}).mappings().all()
+        serves: dict[str, dict[str, ServeRef]] = {}
         if txs:
             rows = s.execute(
                 select(IdentityRow)
@@ -183,7 +320,7 @@ def slot_history(store: Store, slot: str) -> list[dict[str, Any]]:
                     "identity_digest": r.digest,
                     "role": r.role,
                 }
-    out = []
+    out: list[Revision] = []
     for number, t in enumerate(txs, start=1):
         recorded = serves.get(t["tx_id"], {})
         serve = recorded.get("incumbent") or recorded.get("candidate")

@@ -7,13 +7,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from sqlalchemy import select
 
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence.models import RecheckRow
 from anvil_ctl.persistence.store import Store, utcnow
+
+
+class RecheckRecord(TypedDict):
+    """One recorded run as `rechecks()` returns it (`failed`: the failed assertions' names)."""
+
+    id: int
+    slot: str
+    passed: bool
+    failed: list[str]
+    snapshot_sha256: str
+    at: str
 
 
 def record_recheck(
@@ -22,7 +34,7 @@ def record_recheck(
     slot: str,
     passed: bool,
     failed: Sequence[str],
-    assertions: list[dict[str, Any]],
+    assertions: Sequence[JSONObject],
     snapshot_sha256: str,
 ) -> int:
     """Record one run; return its row ID."""
@@ -31,7 +43,7 @@ def record_recheck(
             slot=slot,
             passed=int(passed),
             failed_json=canonical_json(list(failed)),
-            assertions_json=canonical_json(assertions),
+            assertions_json=canonical_json(list(assertions)),
             snapshot_sha256=snapshot_sha256,
             at=utcnow(),
         )
@@ -41,7 +53,7 @@ def record_recheck(
         return row.id
 
 
-def rechecks(store: Store, *, slot: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+def rechecks(store: Store, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:
     """The newest `limit` runs, newest first, optionally of one slot."""
     q = select(RecheckRow).order_by(RecheckRow.id.desc()).limit(limit)
     if slot:

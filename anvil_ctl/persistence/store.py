@@ -21,12 +21,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
@@ -87,7 +87,7 @@ class Store:
         with translated(self.engine), self._read_sessions() as session:
             yield session
 
-    def audit(self, session: Session, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:
+    def audit(self, session: Session, event: str, tx_id: str | None, payload: Mapping[str, object]) -> None:
         """Append an audit entry inside the caller's write transaction; it covers the history
         rows the caller added to `session` before it."""
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
@@ -108,7 +108,7 @@ class Store:
             head_file.advance(self.head_path, now)
         return now
 
-    def append_audit(self, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:
+    def append_audit(self, event: str, tx_id: str | None, payload: Mapping[str, object]) -> None:
         """Append an audit entry on its own, for an event that has no row of its own."""
         with self.write() as s:
             self.audit(s, event, tx_id, payload)
@@ -120,7 +120,7 @@ class Store:
         *,
         kind: str,
         slot: str | None,
-        args: dict[str, Any],
+        args: JSONObject,
         owner: Owner,
         tx_id: str | None = None,
     ) -> str:
@@ -339,7 +339,7 @@ class Store:
                     return Identity.from_dict(json.loads(r.body_json))
         return None
 
-    def served_snapshot(self, target: Identity) -> dict[str, Any] | None:
+    def served_snapshot(self, target: Identity) -> JSONObject | None:
         """The body of the newest recorded snapshot in which `target` served its slot as incumbent.
 
         Serving means: recorded as the slot's incumbent, its container running, and the
@@ -354,12 +354,15 @@ class Store:
                 .order_by(SnapshotRow.id.desc())
             ).scalars()
             for body_json in rows:
-                body: dict[str, Any] = json.loads(body_json)
-                slot = (body.get("slots") or {}).get(target.slot) or {}
-                if (slot.get("incumbent") or {}).get("container_id") != target.container_id:
+                body: JSONValue = json.loads(body_json)
+                if not isinstance(body, dict):
                     continue
-                container = (slot.get("containers") or {}).get(target.container_id) or {}
-                models = [m[0] for m in (slot.get("serving") or {}).get("models") or []]
+                slot = _object(_object(body.get("slots")).get(target.slot))
+                if _object(slot.get("incumbent")).get("container_id") != target.container_id:
+                    continue
+                container = _object(_object(slot.get("containers")).get(target.container_id))
+                served = _array(_object(slot.get("serving")).get("models"))
+                models = [m[0] for m in served if isinstance(m, list) and m]  # [name, max_model_len]
                 if container.get("status") == "running" and models == [target.served_model]:
                     return body
         return None
@@ -370,3 +373,13 @@ class Store:
                 select(SnapshotRow).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id)
             ).scalars()
             return {r.label: Snapshot(json.loads(r.body_json)) for r in rows}
+
+
+def _object(value: object) -> Mapping[str, object]:
+    """A snapshot member that should be an object; {} when it is absent, null or not one."""
+    return value if isinstance(value, dict) else {}
+
+
+def _array(value: object) -> JSONArray:
+    """A snapshot member that should be an array; [] when it is absent, null or not one."""
+    return value if isinstance(value, list) else []

@@ -31,11 +31,9 @@ an entry after its position).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 from sqlalchemy import Table, func, select, text
@@ -47,62 +45,29 @@ from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence import audit, chainwalk
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
-from anvil_ctl.persistence.coverage import COVERED, RowKey, key_of, row_digest
+from anvil_ctl.persistence.coverage import COVERED, RowKey, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.head import HeadFileError, read_head
 from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
 from anvil_ctl.persistence.store import Store, utcnow
+from anvil_ctl.persistence.verify_report import (  # re-exported: the report is verify's answer
+    CheckpointRecord,
+    HeadFileCheck,
+    Report,
+    ReportRecord,
+)
+
+__all__ = ["CheckpointRecord", "HeadFileCheck", "Report", "ReportRecord", "verify"]
 
 log = structlog.get_logger(__name__)
 
 AUDIT_TABLE = AuditEntry.__tablename__
 
 
-@dataclass
-class Report:
-    """What one `audit verify` checked and found."""
-
-    mode: str  # full | incremental
-    head: Head = audit.EMPTY
-    entries_checked: int = 0
-    rows_checked: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
-    schema_version: int | None = None
-    started_from: dict[str, Any] | None = None  # the checkpoint an incremental run began at
-    escalated: str | None = None  # why an incremental run walked everything
-    head_file: dict[str, Any] = field(default_factory=dict)
-    expect_head: Head | None = None
-    checkpoint: dict[str, Any] | None = None  # the checkpoint this run recorded
-    checkpoint_error: str | None = None  # why it could not record one (a read-only database)
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "mode": self.mode,
-            "escalated": self.escalated,
-            "rows": self.entries_checked,
-            "entries_checked": self.entries_checked,
-            "rows_checked": self.rows_checked,
-            "entries": self.head.seq,
-            "head": str(self.head),
-            "head_file": self.head_file,
-            "expect_head": str(self.expect_head) if self.expect_head else None,
-            "started_from": self.started_from,
-            "checkpoint": self.checkpoint,
-            "checkpoint_error": self.checkpoint_error,
-            "problems": [p.as_dict() for p in self.problems],
-        }
-
-
 # -- the rows ----------------------------------------------------------------------------------
 
 
-def _digest(table: Table, values: Mapping[Any, Any]) -> bytes:
+def _digest(table: Table, values: RowValues) -> bytes:
     return bytes.fromhex(row_digest(table, values))
 
 
@@ -251,7 +216,7 @@ def _latest_checkpoint(s: Session) -> AuditCheckpoint | None:
     return s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalar()
 
 
-def _checkpoint_dict(cp: AuditCheckpoint) -> dict[str, Any]:
+def _checkpoint_dict(cp: AuditCheckpoint) -> CheckpointRecord:
     return {"id": cp.id, "head": f"{cp.seq}:{cp.hash}", "mode": cp.mode, "at": cp.at}
 
 
@@ -339,7 +304,7 @@ CHECKPOINT_BUSY_MS = 200
 """A checkpoint only saves later work: when another writer holds the database, skip it."""
 
 
-def _record_checkpoint(store: Store, report: Report) -> dict[str, Any]:
+def _record_checkpoint(store: Store, report: Report) -> CheckpointRecord:
     with store.write(busy_ms=CHECKPOINT_BUSY_MS) as s:
         row = AuditCheckpoint(
             seq=report.head.seq,

@@ -42,7 +42,7 @@ def add_waiver(store: Store, w: Waiver) -> None:
             {
                 "id": w.id,
                 "policy": w.policy,
-                "roles": sorted(w.roles),
+                "roles": [*sorted(w.roles)],
                 "recipe_digest": w.recipe_digest,
                 "value": w.value,
                 "approved_by": w.approved_by,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +62,7 @@ class Bundle:
 @dataclass
 class ReportInputs:
     qualification: Bundle
-    decisions: list[JSONObject] = field(default_factory=list)
+    decisions: list[Mapping[str, object]] = field(default_factory=list)
     waivers: list[JSONObject] = field(default_factory=list)
     promotions: list[Bundle] = field(default_factory=list)
     ab: list[Bundle] = field(default_factory=list)

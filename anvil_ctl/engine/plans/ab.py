@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
-from anvil_ctl.core.jsontypes import get_array, get_int, get_object
+from anvil_ctl.core.jsontypes import JSONObject, get_int, get_object, get_objects
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import AbArgs, AbArm
@@ -43,8 +43,14 @@ COMPARISON = "ab-comparison.json"
 
 @dataclass
 class AbMemo:
-    measured: dict[str, Any] | None = None
+    measured: JSONObject | None = None
     """Both arms' raw cells from `measure`; only this process has them."""
+
+
+def _cells(measured: JSONObject) -> dict[str, list[JSONObject]]:
+    """Each arm's cells, by arm label ("A", "B"), from a measurement."""
+    cells = get_object(measured, "cells")
+    return {label: get_objects(cells, label) for label in cells}
 
 
 Ctx = StepContext[AbArgs, World, AbMemo]
@@ -141,18 +147,15 @@ def measure(ctx: Ctx) -> StepResult:
     _, capacity = load_ab_profile(ctx.args.profile)
     measured = run_measure(_arms(ctx.world, ctx.args.arms), capacity)
     ctx.memo.measured = measured
+    cells = _cells(measured)
     writer = _writer(ctx)
-    by_arm = get_object(measured, "cells")
     for index, (label, arm) in enumerate(zip("AB", ctx.args.arms, strict=True), start=1):
-        cells = by_arm[label]
         writer.write_json(
-            f"{index:02d}-arm-{label}-cells.json", {"arm": label, "name": arm.name, "cells": cells}
+            f"{index:02d}-arm-{label}-cells.json", {"arm": label, "name": arm.name, "cells": cells[label]}
         )
     writer.write_json("03-order.json", {"order": measured["order"]})
-    requests = sum(
-        get_int(c, "requests") or 0 for label in "AB" for c in get_array(by_arm, label) if isinstance(c, dict)
-    )
-    return {"requests": requests, "cells": len(get_array(by_arm, "A"))}
+    requests = sum(get_int(c, "requests") or 0 for label in "AB" for c in cells[label])
+    return {"requests": requests, "cells": len(cells["A"])}
 
 
 def compare(ctx: Ctx) -> StepResult:
@@ -168,7 +171,7 @@ def compare(ctx: Ctx) -> StepResult:
     profile, _ = load_ab_profile(ctx.args.profile)
     declared = ctx.results.get("declare") or {}
     result = compare_arms(
-        _arms(world, ctx.args.arms), measured["cells"], profile.boundaries, profile.ab_metric
+        _arms(world, ctx.args.arms), _cells(measured), profile.boundaries, profile.ab_metric
     )
     result["declaration_digest"] = declared.get("digest")
     writer = _writer(ctx)
@@ -186,7 +189,7 @@ def compare(ctx: Ctx) -> StepResult:
                 "name": Path(a.path).stem,
                 "kind": "policy" if a.path == COMPARISON else "functional",
                 "passed": verdict["outcome"] == "selected" if a.path == COMPARISON else True,
-                "classification": verdict["outcome"] if a.path == COMPARISON else "raw",
+                "classification": str(verdict["outcome"]) if a.path == COMPARISON else "raw",
                 "artifact": str(tx_dir / a.path),
                 "sha256": a.sha256,
                 "size": a.size,

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
-from anvil_ctl.core.jsontypes import JSONObject, get_array, get_objects
+from anvil_ctl.core.jsontypes import JSONObject, get_objects
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.gpu import reserve_reading
@@ -48,19 +48,19 @@ from anvil_ctl.engine.serving import (
 )
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import approvals, qualification, waivers
+from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.store import Store
 
 Ctx = StepContext[PromoteArgs, World, NoMemo]
 
 
-def standing_decision(store: Store, identity_digest: str) -> JSONObject | None:
+def standing_decision(store: Store, identity_digest: str) -> DecisionRecord | None:
     """The newest decision for this identity whose waivers (if any) are all still active."""
     now = datetime.now(UTC)
     active = {w.id for w in waivers.waivers(store) if w.active(now)}
     for d in reversed(qualification.decisions(store, identity_digest=identity_digest)):
-        if all(wid in active for wid in get_array(d, "waiver_ids")):
-            standing: JSONObject = d
-            return standing
+        if all(wid in active for wid in d["waiver_ids"]):
+            return d
     return None
 
 

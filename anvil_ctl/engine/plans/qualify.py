@@ -30,6 +30,7 @@ from anvil_ctl.engine.plans.args import QualifyArgs
 from anvil_ctl.engine.serving import identity_drift, served_models
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification, waivers
+from anvil_ctl.persistence.qualification import GateEvidence
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.gates.base import ReserveReading
@@ -188,7 +189,7 @@ def record_decision(ctx: Ctx) -> StepResult:
     if problems:
         raise StepFailed("candidate changed during qualification: " + "; ".join(problems))
     tx_dir = Path(result.tx_dir)
-    rows = []
+    rows: list[GateEvidence] = []
     for gate in result.gates:
         art = result.artifact_for(gate.name)
         rows.append(

@@ -1,0 +1,154 @@
+"""Evidence commands: export a shareable bundle, verify a directory, and the audit reads.
+
+`export_evidence` redacts host paths, GPU UUIDs and router tokens (`_redaction`; the
+qualify plan keeps the same tokens out of what it writes, `router_secrets`)
+and records the export's manifest; `verify_evidence` checks a directory against
+its manifest and the manifest against what the state database recorded;
+`audit_decisions` and `audit_evidence` read the records back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TypedDict
+
+from anvil_ctl.adapters.credentials import TokenKind, resolve_token
+from anvil_ctl.bootstrap import Context
+from anvil_ctl.commands.recipes import recipe_search
+from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
+from anvil_ctl.persistence import qualification
+from anvil_ctl.persistence.head import database_file
+from anvil_ctl.persistence.qualification import DecisionRecord, EvidenceRecord
+from anvil_ctl.qualify import Redaction, export_bundle, verify_bundle
+from anvil_ctl.qualify.evidence import ExportResult, ManifestReference, VerifyResult, read_manifest
+
+
+def evidence_tx_dir(ctx: Context, tx: str) -> Path:
+    """The evidence directory of transaction `tx` (an ID or a unique prefix)."""
+    root = ctx.settings.evidence_dir
+    found = sorted(p for p in root.glob(f"{tx}*") if p.is_dir()) if tx and root.is_dir() else []
+    if len(found) != 1:
+        raise BadInput(
+            f"evidence of transaction {tx!r}: {'no match' if not found else 'ambiguous prefix'} in {root}",
+            field="transaction",
+        )
+    return found[0]
+
+
+def router_secrets(ctx: Context) -> tuple[str, ...]:
+    """The router tokens resolvable here: what evidence must never contain."""
+    return _redaction(ctx).secrets
+
+
+def _redaction(ctx: Context) -> Redaction:
+    secrets: list[str] = []
+    rc = ctx.config.router
+    if rc.kind != "none":
+        tokens: tuple[tuple[TokenKind, str], ...] = (
+            ("client", rc.client_token_env),
+            ("admin", rc.admin_token_env),
+        )
+        for kind, env_name in tokens:
+            try:
+                token = resolve_token(kind, env_name, ctx.env, rc.credential_file)
+            except (CredentialError, BadInput):
+                continue  # not resolvable here: then nothing of it can be redacted either
+            secrets.append(token.reveal())
+    recipe_dirs = _recipe_dirs(ctx)
+    paths = [str(p.resolve()) for p in (ctx.settings.state_dir, ctx.settings.evidence_dir, *recipe_dirs)]
+    home = ctx.env.get("HOME", "")
+    if home.strip("/"):
+        paths.append(home)
+    return Redaction(secrets=tuple(secrets), paths=tuple(paths))
+
+
+def _recipe_dirs(ctx: Context) -> list[Path]:
+    """The recipe search's directories (host paths to redact), as far as they can be read."""
+    try:
+        return [d.path for d in recipe_search(ctx)]
+    except AnvilError:
+        return [p for p in (ctx.settings.recipes_dir,) if p is not None]
+
+
+def export_evidence(ctx: Context, tx: str, out_dir: Path) -> ExportResult:
+    """A shareable bundle of `tx`'s evidence: GPU UUIDs, host paths and router tokens redacted.
+
+    The source must be the evidence the database recorded for `tx`; the export's own
+    manifest SHA-256 is recorded too, so that `evidence verify` can bind the bundle.
+    """
+    tx_dir = evidence_tx_dir(ctx, tx)
+    references = (_database_reference(ctx, tx_dir.name),)
+    result = export_bundle(tx_dir, out_dir, redact=_redaction(ctx), references=references)
+    qualification.record_manifest(
+        ctx.store,
+        tx_dir.name,
+        result.manifest.sha256,
+        kind="export",
+        source_sha256=result.source_manifest_sha256,
+    )
+    return replace(result, recorded=True)
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _database_reference(ctx: Context, tx_id: str) -> ManifestReference:
+    """What the state database recorded for `tx_id`'s manifests; a note if it cannot say.
+
+    A missing SQLite file is not created: then there is no database to ask.
+    """
+    db_file = database_file(ctx.settings.db_url)
+    if db_file is not None and not db_file.is_file():
+        return ManifestReference("database", (), f"no state database at {db_file}")
+    try:
+        found = qualification.manifests(ctx.store, tx_id)
+    except AnvilError as exc:  # not initialised, foreign, unreachable: no answer from it
+        return ManifestReference("database", (), f"state database unusable: {exc}")
+    if not found:
+        return ManifestReference("database", (), f"no manifest recorded for transaction {tx_id}")
+    return ManifestReference("database", tuple(m["sha256"] for m in found))
+
+
+def verify_evidence(ctx: Context, directory: Path, *, expect_manifest: str | None = None) -> VerifyResult:
+    """Check `directory` against its manifest, and the manifest against what was recorded:
+    the state database (when there is one) and `expect_manifest` (a SHA-256 printed at export)."""
+    references: list[ManifestReference] = []
+    if expect_manifest is not None:
+        if not _SHA256.match(expect_manifest):
+            raise BadInput(
+                f"--expect-manifest: expected 64 lowercase hex digits, got {expect_manifest!r}",
+                field="expect_manifest",
+            )
+        references.append(ManifestReference("--expect-manifest", (expect_manifest,)))
+    try:
+        tx_id = str(read_manifest(directory).get("tx_id") or "")
+    except BadInput:
+        tx_id = ""  # verify_bundle names what is wrong with the manifest
+    if tx_id:
+        references.insert(0, _database_reference(ctx, tx_id))
+    return verify_bundle(directory, references)
+
+
+def audit_decisions(ctx: Context, *, slot: str | None = None) -> list[DecisionRecord]:
+    return qualification.decisions(ctx.store, slot=slot)
+
+
+class EvidenceAudit(TypedDict):
+    """`audit evidence`: a transaction's recorded gates and its directory's manifest check."""
+
+    tx_id: str
+    gates: list[EvidenceRecord]
+    verify: Mapping[str, object]  # `VerifyResult.as_dict()`
+
+
+def audit_evidence(ctx: Context, tx: str) -> EvidenceAudit:
+    """`tx`'s gate rows from the database and its directory checked against the manifest."""
+    tx_dir = evidence_tx_dir(ctx, tx)
+    return {
+        "tx_id": tx_dir.name,
+        "gates": qualification.evidence(ctx.store, tx_dir.name),
+        "verify": verify_bundle(tx_dir, (_database_reference(ctx, tx_dir.name),)).as_dict(),
+    }
