@@ -11,6 +11,15 @@ before the side effect begins. Every write also appends to the hash-chained
 audit journal in the same database transaction, and that entry covers the
 history rows the write inserted (`coverage`: a commit that would leave one
 uncovered is refused). After the commit the head file is advanced (`head`).
+
+What is current (a transaction's state, a slot's incumbent, the unresolved
+transactions) is read from the projection (`projection`), which the same write
+transaction keeps up to date; history is never scanned for its latest row.
+
+Records are lean: a transaction's arguments, a state's data and a step's detail
+live in their own (covered) rows only, not again in the audit entry's payload; a
+snapshot's body is stored once per distinct content (`snapshot_blobs`, keyed by its
+SHA-256) and each `snapshots` row refers to it, so an unchanged host costs a key.
 """
 
 from __future__ import annotations
@@ -31,12 +40,14 @@ from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage
+from anvil_ctl.persistence import audit, coverage, projection
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
+    IdentityCurrent,
     IdentityRow,
+    SnapshotBlob,
     SnapshotDiff,
     SnapshotRow,
     StepEventRow,
@@ -140,19 +151,20 @@ class Store:
                 )
             )
             s.flush()
-            s.add(
-                TransactionState(tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now)
+            first = TransactionState(
+                tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now
             )
-            self.audit(s, "tx.planned", tx_id, {"kind": kind, "slot": slot, "args": args})
+            s.add(first)
+            s.flush()
+            tx = s.get(Transaction, tx_id)
+            assert tx is not None
+            projection.on_begin(s, tx, first)
+            # The arguments are in the transaction's row, which this entry covers.
+            self.audit(s, "tx.planned", tx_id, {"kind": kind, "slot": slot})
         return tx_id
 
     def _state(self, s: Session, tx_id: str) -> TxState:
-        row = s.execute(
-            select(TransactionState.state)
-            .where(TransactionState.tx_id == tx_id)
-            .order_by(TransactionState.id.desc())
-            .limit(1)
-        ).scalar()
+        row = projection.tx_state(s, tx_id)
         if row is None:
             raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
         return TxState(row)
@@ -167,21 +179,18 @@ class Store:
         with self.write() as s:
             source = self._state(s, tx_id)
             check_transition(source, target)
-            s.add(
-                TransactionState(
-                    tx_id=tx_id,
-                    state=target.value,
-                    reason=reason,
-                    data_json=canonical_json(data or {}),
-                    at=utcnow(),
-                )
+            row = TransactionState(
+                tx_id=tx_id,
+                state=target.value,
+                reason=reason,
+                data_json=canonical_json(data or {}),
+                at=utcnow(),
             )
-            self.audit(
-                s,
-                f"tx.{target.value}",
-                tx_id,
-                {"from": source.value, "reason": reason, "data": data or {}},
-            )
+            s.add(row)
+            s.flush()
+            projection.on_transition(s, row)
+            # reason and data are in the covered state row; the entry names the move.
+            self.audit(s, f"tx.{target.value}", tx_id, {"from": source.value})
 
     def record(self, tx_id: str) -> TxRecord:
         with self.read() as s:
@@ -223,12 +232,8 @@ class Store:
                     at=utcnow(),
                 )
             )
-            self.audit(
-                s,
-                f"step.{phase}.{event}",
-                tx_id,
-                {"seq": seq, "step": step, "detail": detail or {}},
-            )
+            # The detail is in the covered step row; the entry names the step.
+            self.audit(s, f"step.{phase}.{event}", tx_id, {"seq": seq, "step": step})
 
     def step_events(self, tx_id: str) -> list[StepEvent]:
         with self.read() as s:
@@ -238,14 +243,12 @@ class Store:
             return [StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at) for r in rows]
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:
+        now = utcnow()
         with self.write() as s:
-            row = SnapshotRow(
-                tx_id=tx_id,
-                label=label,
-                sha256=snapshot.sha256,
-                body_json=snapshot.canonical,
-                at=utcnow(),
-            )
+            if s.get(SnapshotBlob, snapshot.sha256) is None:
+                s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=snapshot.canonical, at=now))
+            # body_json "" : the body is the blob with this sha256 (rows before 0007 hold it).
+            row = SnapshotRow(tx_id=tx_id, label=label, sha256=snapshot.sha256, body_json="", at=now)
             s.add(row)
             s.flush()
             self.audit(s, "snapshot", tx_id, {"label": label, "sha256": snapshot.sha256, "id": row.id})
@@ -273,18 +276,24 @@ class Store:
                 {"label": label, "equal": not changes, "changes": len(changes)},
             )
 
+    def _in_states(self, states: frozenset[TxState]) -> list[TxRecord]:
+        """Transactions whose current state is one of `states`, oldest first: one indexed
+        query on the projection, then each one's own row (there are few)."""
+        with self.read() as s:
+            out = []
+            for cur in projection.tx_rows_in(s, frozenset(st.value for st in states)):
+                tx = s.get(Transaction, cur.tx_id)
+                if tx is None:
+                    raise StateStoreError(f"transaction {cur.tx_id} not found", tx_id=cur.tx_id)
+                out.append(self._to_record(s, tx))
+            return out
+
     def unresolved(self) -> list[TxRecord]:
         """Unfinished transactions plus those that wait for a person."""
-        with self.read() as s:
-            txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()
-            records = [self._to_record(s, tx) for tx in txs]
-        return [r for r in records if r.state in UNRESOLVED_STATES]
+        return self._in_states(UNRESOLVED_STATES)
 
     def unfinished(self) -> list[TxRecord]:
-        with self.read() as s:
-            txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()
-            records = [self._to_record(s, tx) for tx in txs]
-        return [r for r in records if r.state in UNFINISHED_STATES]
+        return self._in_states(UNFINISHED_STATES)
 
     # -- identities -----------------------------------------------------------------------------
 
@@ -303,6 +312,7 @@ class Store:
             )
             s.add(row)
             s.flush()
+            projection.on_identity(s, row)
             self.audit(
                 s,
                 f"identity.{role}",
@@ -318,12 +328,11 @@ class Store:
     def current_identity(self, slot: str, role: str) -> Identity | None:
         with self.read() as s:
             row = s.execute(
-                select(IdentityRow)
-                .where(IdentityRow.slot == slot, IdentityRow.role == role)
-                .order_by(IdentityRow.id.desc())
-                .limit(1)
+                select(IdentityRow.body_json)
+                .join(IdentityCurrent, IdentityCurrent.identity_id == IdentityRow.id)
+                .where(IdentityCurrent.slot == slot, IdentityCurrent.role == role)
             ).scalar()
-            return Identity.from_dict(json.loads(row.body_json)) if row else None
+            return Identity.from_dict(json.loads(row)) if row else None
 
     def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
         """The newest identity recorded for `slot` (in any role) whose container ID or digest
@@ -346,13 +355,17 @@ class Store:
         """
         with self.read() as s:
             rows = s.execute(
-                select(SnapshotRow.body_json)
+                select(SnapshotRow.body_json, SnapshotRow.sha256)
                 .join(Transaction, Transaction.id == SnapshotRow.tx_id)
                 .where(Transaction.slot == target.slot)
                 .order_by(SnapshotRow.id.desc())
-            ).scalars()
-            for body_json in rows:
-                body: dict[str, Any] = json.loads(body_json)
+            )
+            seen: set[str] = set()
+            for body_json, sha in rows:
+                if sha in seen:  # the same content again: it did not qualify the first time
+                    continue
+                seen.add(sha)
+                body: dict[str, Any] = json.loads(body_json or _blob(s, sha))
                 slot = (body.get("slots") or {}).get(target.slot) or {}
                 if (slot.get("incumbent") or {}).get("container_id") != target.container_id:
                     continue
@@ -367,4 +380,12 @@ class Store:
             rows = s.execute(
                 select(SnapshotRow).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id)
             ).scalars()
-            return {r.label: Snapshot(json.loads(r.body_json)) for r in rows}
+            return {r.label: Snapshot(json.loads(r.body_json or _blob(s, r.sha256))) for r in rows}
+
+
+def _blob(s: Session, sha256: str) -> str:
+    """A snapshot body by its content hash (`snapshot_blobs`)."""
+    body = s.execute(select(SnapshotBlob.body_json).where(SnapshotBlob.sha256 == sha256)).scalar()
+    if body is None:
+        raise StateStoreError(f"snapshot body {sha256[:12]} is missing from snapshot_blobs")
+    return body
