@@ -371,6 +371,7 @@ def readme_queries() -> list[tuple[str, str]]:
 def instantiate(sql: str, prefix: str, moment: str) -> str:
     """A README query with its example transaction prefix and time replaced by real ones."""
     sql = re.sub(r"tx_id like '[0-9a-f]+%'", f"tx_id like '{prefix}%'", sql)
+    sql = re.sub(r"tx_id glob '[0-9a-f]+\*'", f"tx_id glob '{prefix}*'", sql)
     return re.sub(r"'\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ'", f"'{moment}'", sql)
 
 

@@ -2,8 +2,8 @@
 
 Who owns a role now is the latest event per role, when it is a claim; the
 projection's `gpu_owner_current` keeps that row per role, written with the event.
-Every write is audited (`gpu.claim`, `gpu.release`). Judging whether a start may go ahead is `anvil_ctl.gpu.ownership`'s business; this
-module only records and reads.
+Every write is audited (`gpu.claim`, `gpu.release`). Judging whether a start may go
+ahead is `anvil_ctl.gpu.ownership`'s business; this module only records and reads.
 """
 
 from __future__ import annotations

@@ -191,6 +191,7 @@ class DecisionRow(Base):
     """A decision bound to a candidate identity; a reclassification is a new row pointing back."""
 
     __tablename__ = "decisions"
+    __table_args__ = (Index("ix_decisions_identity_digest_at", "identity_digest", "at", "id"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)

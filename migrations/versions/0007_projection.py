@@ -116,6 +116,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("role"),
     )
 
+    # A candidate's standing decision: its identity's newest decisions first (history index).
+    op.create_index("ix_decisions_identity_digest_at", "decisions", ["identity_digest", "at", "id"])
+
     session = Session(bind=op.get_bind())
     try:
         projection.write_rebuilt(session)
@@ -193,6 +196,7 @@ def downgrade() -> None:
         """
     )
     op.execute(V_PROMOTIONS)
+    op.drop_index("ix_decisions_identity_digest_at", table_name="decisions")
     for table in ("gpu_owner_current", "serving_intervals", "identity_current", "tx_current"):
         op.drop_table(table)
     # Snapshot rows written since 0007 hold no body: theirs are here. A downgrade keeps
