@@ -432,8 +432,20 @@ class GpuOwnerCurrent(Base):
     since: Mapped[str] = mapped_column(String(32))
 
 
+class LockHeld(Base):
+    """One row per lock row without a release row (held, or left by an owner that died)."""
+
+    __tablename__ = "lock_held"
+    __table_args__ = (Index("ix_lock_held_host_since", "host", "since"), Index("ix_lock_held_since", "since"))
+
+    lock_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    since: Mapped[str] = mapped_column(String(32))
+
+
 PROJECTION_TABLES: tuple[str, ...] = (
     TxCurrent.__tablename__,
+    LockHeld.__tablename__,
     IdentityCurrent.__tablename__,
     ServingInterval.__tablename__,
     GpuOwnerCurrent.__tablename__,

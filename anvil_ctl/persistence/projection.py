@@ -1,9 +1,10 @@
 """The current-state projection: what is current, kept beside the history it summarizes.
 
-Four derived tables (`models.PROJECTION_TABLES`): each transaction's latest state
+Five derived tables (`models.PROJECTION_TABLES`): each transaction's latest state
 (`tx_current`), each (slot, role)'s latest identity (`identity_current`), who served
 each slot when (`serving_intervals`, one row per incumbent of a committed
-transaction) and each claimed GPU role's owner (`gpu_owner_current`). The Store's
+transaction), each claimed GPU role's owner (`gpu_owner_current`) and each lock row
+not released (`lock_held`). The Store's
 writers call the `on_*` functions inside the write transaction that appends the
 history row, so a commit carries both or neither.
 
@@ -26,6 +27,8 @@ from anvil_ctl.persistence.models import (
     GpuOwnershipEvent,
     IdentityCurrent,
     IdentityRow,
+    LockHeld,
+    LockRow,
     ServingInterval,
     Transaction,
     TransactionState,
@@ -112,6 +115,16 @@ def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
     else:
         cur.event_id, cur.container_id, cur.tx_id = row.id, row.container_id, row.tx_id
         cur.mode, cur.slot, cur.since = row.mode, row.slot, row.at
+
+
+def on_lock(s: Session, row: LockRow) -> None:
+    s.add(LockHeld(lock_id=row.id, host=row.host, since=row.since))
+
+
+def on_lock_release(s: Session, lock_id: str) -> None:
+    held = s.get(LockHeld, lock_id)
+    if held is not None:
+        s.delete(held)
 
 
 def _neighbour(s: Session, slot: str, identity_id: int, *, after: bool) -> ServingInterval | None:
@@ -210,6 +223,11 @@ _REBUILD: dict[str, str] = {
           AND e.id = (SELECT max(x.id) FROM gpu_ownership_events x WHERE x.role = e.role)
         ORDER BY e.role
     """,
+    "lock_held": """
+        SELECT l.id AS lock_id, l.host, l.since FROM locks l
+        WHERE NOT EXISTS (SELECT 1 FROM lock_releases r WHERE r.lock_id = l.id)
+        ORDER BY l.id
+    """,
 }
 
 _MAINTAINED: dict[str, str] = {
@@ -228,6 +246,7 @@ _MAINTAINED: dict[str, str] = {
     "gpu_owner_current": """
         SELECT role, event_id, container_id, tx_id, mode, slot, since FROM gpu_owner_current ORDER BY role
     """,
+    "lock_held": "SELECT lock_id, host, since FROM lock_held ORDER BY lock_id",
 }
 """The stored rows, in `_REBUILD`'s columns and order."""
 
@@ -255,6 +274,7 @@ def write_rebuilt(s: Session) -> dict[str, int]:
         "identity_current": IdentityCurrent,
         "serving_intervals": ServingInterval,
         "gpu_owner_current": GpuOwnerCurrent,
+        "lock_held": LockHeld,
     }
     rows = rebuild(s)
     for name, model in models.items():

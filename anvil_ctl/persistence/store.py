@@ -25,6 +25,7 @@ SHA-256) and each `snapshots` row refers to it, so an unchanged host costs a key
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +56,8 @@ from anvil_ctl.persistence.models import (
     TransactionState,
 )
 
+BATCHED = "anvil.batched_audit"  # session.info key: the audit events a `together()` holds
+
 
 def utcnow() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -68,6 +71,7 @@ class Store:
         self.head_path = head_path
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(reader(engine), expire_on_commit=False)
+        self._batch = threading.local()  # the session of this thread's `together()`, if any
         coverage.track(self._sessions)
 
     @contextmanager
@@ -75,10 +79,17 @@ class Store:
         """A write transaction (BEGIN IMMEDIATE on SQLite), committed on leaving; then the head
         file beside the database moves to the chain's new head. `busy_ms`: wait at most this
         long for another writer (a best-effort write), instead of the default."""
+        shared: Session | None = getattr(self._batch, "session", None)
+        if shared is not None:  # inside `together()`: its transaction, committed at its end
+            yield shared
+            return
         advance_to: Head | None = None
         sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
         with translated(self.engine), sessions.begin() as session:
             yield session
+            held: list[tuple[str, str | None, dict[str, Any]]] | None = session.info.pop(BATCHED, None)
+            if held:
+                self._append_batch(session, held)
             new: Head | None = session.info.get(audit.HEAD)
             if new is not None and self.head_path is not None:
                 hash_at = lambda seq: audit.hash_at(session, seq)  # noqa: E731
@@ -86,6 +97,40 @@ class Store:
                     advance_to = new
         if advance_to is not None and self.head_path is not None:
             head_file.advance(self.head_path, advance_to)
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """The writes inside share one database transaction and one audit entry.
+
+        For records that may commit together (a step's result with the next step's intent,
+        the after snapshot with the final state): fewer entries and fsyncs, and never a
+        state between them. Nothing inside may need to commit on its own, so no side
+        effect may happen inside; a failure rolls all of it back.
+        """
+        if getattr(self._batch, "session", None) is not None:
+            yield
+            return
+        with self.write() as session:
+            session.info[BATCHED] = []
+            self._batch.session = session
+            try:
+                yield
+            finally:
+                self._batch.session = None
+
+    def _append_batch(self, session: Session, held: list[tuple[str, str | None, dict[str, Any]]]) -> None:
+        """One entry for the writes of a `together()`: their events in order, the rows of all."""
+        if len(held) == 1:
+            event, tx_id, payload = held[0]
+        else:
+            tx_ids = {t for _e, t, _p in held}
+            tx_id = tx_ids.pop() if len(tx_ids) == 1 else None
+            event = "batch"
+            # each event's transaction only where the entry does not name one for all
+            payload = {
+                "events": [{"event": e, **p, **({"tx_id": t} if tx_id is None else {})} for e, t, p in held]
+            }
+        audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
     def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
         sessions = sessionmaker(self.engine.execution_options(**{BUSY_MS: busy_ms}), expire_on_commit=False)
@@ -100,7 +145,12 @@ class Store:
 
     def audit(self, session: Session, event: str, tx_id: str | None, payload: dict[str, Any]) -> None:
         """Append an audit entry inside the caller's write transaction; it covers the history
-        rows the caller added to `session` before it."""
+        rows the caller added to `session` before it. Inside `together()` the entry waits and
+        joins the one entry written at its end."""
+        held: list[tuple[str, str | None, dict[str, Any]]] | None = session.info.get(BATCHED)
+        if held is not None:
+            held.append((event, tx_id, payload))
+            return
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
     def head(self) -> Head:

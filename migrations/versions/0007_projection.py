@@ -5,7 +5,7 @@ Revises: 0005
 Create Date: 2026-11-30
 
 - The projection (`tx_current`, `identity_current`, `serving_intervals`,
-  `gpu_owner_current`): derived from history and written in the same database
+  `gpu_owner_current`, `lock_held`): derived from history and written in the same database
   transaction as the history row each summarizes (`persistence.projection`). It is not
   history: mutable, no append-only triggers, not covered by the audit chain (anyone can
   rebuild it from history, and `audit verify` compares it with a rebuild). Filled here
@@ -54,13 +54,14 @@ def _drop_views() -> None:
 
 
 def upgrade() -> None:
-    op.create_table(
-        "snapshot_blobs",
-        sa.Column("sha256", sa.String(length=64), nullable=False),
-        sa.Column("body_json", sa.Text(), nullable=False),
-        sa.Column("at", sa.String(length=32), nullable=False),
-        sa.PrimaryKeyConstraint("sha256"),
-    )
+    if not sa.inspect(op.get_bind()).has_table("snapshot_blobs"):  # a downgrade keeps it
+        op.create_table(
+            "snapshot_blobs",
+            sa.Column("sha256", sa.String(length=64), nullable=False),
+            sa.Column("body_json", sa.Text(), nullable=False),
+            sa.Column("at", sa.String(length=32), nullable=False),
+            sa.PrimaryKeyConstraint("sha256"),
+        )
     make_append_only("snapshot_blobs")
     refuse_rewrites(Base.metadata.tables["snapshot_blobs"])
     op.create_table(
@@ -116,6 +117,15 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("role"),
     )
 
+    op.create_table(
+        "lock_held",
+        sa.Column("lock_id", sa.String(length=36), nullable=False),
+        sa.Column("host", sa.String(length=255), nullable=False),
+        sa.Column("since", sa.String(length=32), nullable=False),
+        sa.PrimaryKeyConstraint("lock_id"),
+    )
+    op.create_index("ix_lock_held_host_since", "lock_held", ["host", "since"])
+    op.create_index("ix_lock_held_since", "lock_held", ["since"])
     # A candidate's standing decision: its identity's newest decisions first (history index).
     op.create_index("ix_decisions_identity_digest_at", "decisions", ["identity_digest", "at", "id"])
 
@@ -130,24 +140,24 @@ def upgrade() -> None:
     op.execute(
         """
         CREATE VIEW v_transactions AS
-        SELECT c.tx_id, c.kind, c.slot, c.created_at, c.state, c.reason,
-               c.updated_at, c.owner_host, c.owner_pid
-        FROM tx_current c
+        SELECT tx_id, kind, slot, created_at, state, reason, updated_at, owner_host, owner_pid
+        FROM tx_current
         """
     )
     op.execute(
         """
         CREATE VIEW v_gpu_owners AS
-        SELECT g.role, g.container_id, g.tx_id, g.mode, g.slot, g.since
-        FROM gpu_owner_current g
+        SELECT role, container_id, tx_id, mode, slot, since
+        FROM gpu_owner_current
         """
     )
     op.execute(
         """
         CREATE VIEW v_serving_history AS
-        SELECT v.slot, i.container_id, i.served_model, i.image_id, i.digest,
-               i.body_json AS identity_json, v.tx_id, v.served_from, v.served_until
-        FROM serving_intervals v JOIN identities i ON i.id = v.identity_id
+        SELECT serving_intervals.slot, identities.container_id, identities.served_model,
+               identities.image_id, identities.digest, identities.body_json AS identity_json,
+               serving_intervals.tx_id, serving_intervals.served_from, serving_intervals.served_until
+        FROM serving_intervals JOIN identities ON identities.id = serving_intervals.identity_id
         """
     )
     op.execute(V_PROMOTIONS)
@@ -197,7 +207,7 @@ def downgrade() -> None:
     )
     op.execute(V_PROMOTIONS)
     op.drop_index("ix_decisions_identity_digest_at", table_name="decisions")
-    for table in ("gpu_owner_current", "serving_intervals", "identity_current", "tx_current"):
+    for table in ("lock_held", "gpu_owner_current", "serving_intervals", "identity_current", "tx_current"):
         op.drop_table(table)
     # Snapshot rows written since 0007 hold no body: theirs are here. A downgrade keeps
     # the table and its rows (history that older code cannot read, but must not lose).
