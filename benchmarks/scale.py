@@ -9,7 +9,8 @@ decision) is the template: every row those writes added, in every table, the aud
 journal included. A database of N transactions is the fake host's database plus copies
 of the template: fresh transaction, lock and decision IDs (in every column and JSON
 body), integer keys renumbered, timestamps moved ten minutes on per transaction, and the
-audit journal chained again with `anvil_ctl.persistence.audit`'s own hash. Rows are
+audit journal chained again with `anvil_ctl.persistence.audit`'s own hash; the
+current-state projection is then rebuilt from that history. Rows are
 inserted in large transactions with `synchronous=OFF` (the Store commits every write with
 an fsync: hours at 100k, not minutes). Built databases are kept in --cache, keyed by
 the schema and the template, and reused.
@@ -52,14 +53,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sqlalchemy import MetaData, Table, column, create_engine, event, insert, select
+from sqlalchemy.orm import Session
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import admin, audit, lifecycle, transactions
 from anvil_ctl.core.guards import Refusal
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
-from anvil_ctl.persistence import qualification
+from anvil_ctl.persistence import projection, qualification
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
+from anvil_ctl.persistence.models import PROJECTION_TABLES
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
 
 SLOT = "primary"
@@ -149,7 +152,8 @@ def make_template(root: Path) -> Template:
     rows: dict[str, list[dict[str, Any]]] = {}
     try:
         for table, last in before.items():
-            if table == "alembic_version":
+            # The projection is derived: rebuilt from the copied history once they are in.
+            if table == "alembic_version" or table in PROJECTION_TABLES:
                 continue
             got = con.execute(f'select * from "{table}" where rowid > ? order by rowid', (last,)).fetchall()
             if got:
@@ -294,6 +298,8 @@ def build(template: Template, size: int, cache: Path) -> Path:
 
     copier = Copier(template, work)
     copier.copies(copies, progress)
+    with Session(copier.engine) as session, session.begin():
+        projection.write_rebuilt(session)
     copier.engine.dispose()
     con = sqlite3.connect(work)
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
