@@ -10,7 +10,7 @@ PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -191,7 +191,15 @@ class DecisionRow(Base):
     """A decision bound to a candidate identity; a reclassification is a new row pointing back."""
 
     __tablename__ = "decisions"
-    __table_args__ = (Index("ix_decisions_identity_digest_at", "identity_digest", "at", "id"),)
+    __table_args__ = (
+        Index("ix_decisions_identity_digest_at", "identity_digest", "at", "id"),
+        Index(
+            "ix_decisions_waived",
+            "id",
+            sqlite_where=text("waiver_ids_json <> '[]'"),
+            postgresql_where=text("waiver_ids_json <> '[]'"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
@@ -236,6 +244,7 @@ class WaiverRevocation(Base):
 
 class ApprovalRow(Base):
     __tablename__ = "approvals"
+    __table_args__ = (Index("ix_approvals_decision_id", "decision_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)

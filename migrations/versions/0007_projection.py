@@ -126,6 +126,15 @@ def upgrade() -> None:
     )
     op.create_index("ix_lock_held_host_since", "lock_held", ["host", "since"])
     op.create_index("ix_lock_held_since", "lock_held", ["since"])
+    # Promotions that relied on a waiver: the few decisions with waivers, then their approvals.
+    op.create_index(
+        "ix_decisions_waived",
+        "decisions",
+        ["id"],
+        sqlite_where=sa.text("waiver_ids_json <> '[]'"),
+        postgresql_where=sa.text("waiver_ids_json <> '[]'"),
+    )
+    op.create_index("ix_approvals_decision_id", "approvals", ["decision_id"])
     # A candidate's standing decision: its identity's newest decisions first (history index).
     op.create_index("ix_decisions_identity_digest_at", "decisions", ["identity_digest", "at", "id"])
 
@@ -207,6 +216,8 @@ def downgrade() -> None:
     )
     op.execute(V_PROMOTIONS)
     op.drop_index("ix_decisions_identity_digest_at", table_name="decisions")
+    op.drop_index("ix_decisions_waived", table_name="decisions")
+    op.drop_index("ix_approvals_decision_id", table_name="approvals")
     for table in ("lock_held", "gpu_owner_current", "serving_intervals", "identity_current", "tx_current"):
         op.drop_table(table)
     # Snapshot rows written since 0007 hold no body: theirs are here. A downgrade keeps
