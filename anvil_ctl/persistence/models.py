@@ -381,6 +381,14 @@ class TxCurrent(Base):
         Index("ix_tx_current_created_at", "created_at"),
         Index("ix_tx_current_kind_created_at", "kind", "created_at"),
         Index("ix_tx_current_slot_created_at", "slot", "created_at"),
+        # The few transactions not resolved (what every mutation's guard asks for), whatever
+        # the planner's statistics say about `state`.
+        Index(
+            "ix_tx_current_unresolved",
+            "created_at",
+            sqlite_where=text("unresolved = 1"),
+            postgresql_where=text("unresolved = 1"),
+        ),
     )
 
     tx_id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -389,6 +397,7 @@ class TxCurrent(Base):
     state: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text)
     state_id: Mapped[int] = mapped_column(Integer)
+    unresolved: Mapped[int] = mapped_column(Integer)  # 1: state in core.states.UNRESOLVED_STATES
     owner_pid: Mapped[int] = mapped_column(Integer)
     owner_host: Mapped[str] = mapped_column(String(255))
     owner_boot_id: Mapped[str] = mapped_column(String(64))

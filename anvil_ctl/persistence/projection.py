@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, insert, select, text
+from sqlalchemy import bindparam, delete, insert, select, text
 from sqlalchemy.orm import Session
 
+from anvil_ctl.core.states import UNRESOLVED_STATES
 from anvil_ctl.persistence.models import (
     GpuOwnerCurrent,
     GpuOwnershipEvent,
@@ -36,6 +37,7 @@ from anvil_ctl.persistence.models import (
 )
 
 COMMITTED = "committed"
+UNRESOLVED = sorted(s.value for s in UNRESOLVED_STATES)
 INCUMBENT = "incumbent"
 
 # -- kept up to date by the writers ------------------------------------------------------------
@@ -51,6 +53,7 @@ def on_begin(s: Session, tx: Transaction, state: TransactionState) -> None:
             state=state.state,
             reason=state.reason,
             state_id=state.id,
+            unresolved=int(state.state in UNRESOLVED),
             owner_pid=tx.owner_pid,
             owner_host=tx.owner_host,
             owner_boot_id=tx.owner_boot_id,
@@ -66,6 +69,7 @@ def on_transition(s: Session, state: TransactionState) -> None:
     if cur is None:  # a transaction without a projection row: history is the truth
         raise LookupError(f"tx_current has no row for {state.tx_id}; rebuild the projection")
     cur.state, cur.reason, cur.state_id, cur.updated_at = state.state, state.reason, state.id, state.at
+    cur.unresolved = int(state.state in UNRESOLVED)
     if state.state == COMMITTED:
         _place_interval(s, state.tx_id)
 
@@ -178,8 +182,15 @@ def tx_state(s: Session, tx_id: str) -> str | None:
 
 
 def tx_rows_in(s: Session, states: frozenset[str]) -> list[TxCurrent]:
-    """Transactions whose current state is one of `states`, oldest first (index on state)."""
-    q = select(TxCurrent).where(TxCurrent.state.in_(sorted(states))).order_by(TxCurrent.created_at)
+    """Transactions whose current state is one of `states` (unresolved ones), oldest first,
+    from the partial index of unresolved transactions: a handful of rows at any size."""
+    if not states <= set(UNRESOLVED):
+        raise ValueError(f"not unresolved states: {sorted(states - set(UNRESOLVED))}")
+    q = (
+        select(TxCurrent)
+        .where(TxCurrent.unresolved == 1, TxCurrent.state.in_(sorted(states)))
+        .order_by(TxCurrent.created_at)
+    )
     return list(s.execute(q).scalars())
 
 
@@ -188,6 +199,7 @@ def tx_rows_in(s: Session, states: frozenset[str]) -> list[TxCurrent]:
 _REBUILD: dict[str, str] = {
     "tx_current": """
         SELECT t.id AS tx_id, t.kind, t.slot, l.state, l.reason, l.id AS state_id,
+               CASE WHEN l.state IN :unresolved THEN 1 ELSE 0 END AS unresolved,
                t.owner_pid, t.owner_host, t.owner_boot_id, t.created_at, l.at AS updated_at
         FROM transactions t JOIN (
             SELECT s.tx_id, s.id, s.state, s.reason, s.at FROM transaction_states s
@@ -232,8 +244,8 @@ _REBUILD: dict[str, str] = {
 
 _MAINTAINED: dict[str, str] = {
     "tx_current": """
-        SELECT tx_id, kind, slot, state, reason, state_id, owner_pid, owner_host, owner_boot_id,
-               created_at, updated_at
+        SELECT tx_id, kind, slot, state, reason, state_id, unresolved, owner_pid, owner_host,
+               owner_boot_id, created_at, updated_at
         FROM tx_current ORDER BY tx_id
     """,
     "identity_current": """
@@ -253,7 +265,13 @@ _MAINTAINED: dict[str, str] = {
 
 def rebuild(s: Session) -> dict[str, list[dict[str, Any]]]:
     """Every projection table's rows as history says they are (full scans: not for commands)."""
-    return {name: [dict(r._mapping) for r in s.execute(text(sql))] for name, sql in _REBUILD.items()}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, sql in _REBUILD.items():
+        q = text(sql)
+        if ":unresolved" in sql:
+            q = q.bindparams(bindparam("unresolved", value=UNRESOLVED, expanding=True))
+        out[name] = [dict(r._mapping) for r in s.execute(q)]
+    return out
 
 
 def maintained(s: Session) -> dict[str, list[dict[str, Any]]]:

@@ -72,6 +72,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(length=32), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("state_id", sa.Integer(), nullable=False),
+        sa.Column("unresolved", sa.Integer(), nullable=False),
         sa.Column("owner_pid", sa.Integer(), nullable=False),
         sa.Column("owner_host", sa.String(length=255), nullable=False),
         sa.Column("owner_boot_id", sa.String(length=64), nullable=False),
@@ -83,6 +84,13 @@ def upgrade() -> None:
     op.create_index("ix_tx_current_created_at", "tx_current", ["created_at"])
     op.create_index("ix_tx_current_kind_created_at", "tx_current", ["kind", "created_at"])
     op.create_index("ix_tx_current_slot_created_at", "tx_current", ["slot", "created_at"])
+    op.create_index(
+        "ix_tx_current_unresolved",
+        "tx_current",
+        ["created_at"],
+        sqlite_where=sa.text("unresolved = 1"),
+        postgresql_where=sa.text("unresolved = 1"),
+    )
     op.create_table(
         "identity_current",
         sa.Column("slot", sa.String(length=64), nullable=False),
