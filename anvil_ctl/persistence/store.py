@@ -403,27 +403,37 @@ class Store:
         binding answering with its served model. Snapshots taken while it was stopped
         (a campaign of several loads) do not count.
         """
+        # Newest first, a page at a time by key (`id < last`): a range of the primary key that
+        # stops at the first snapshot that qualifies, however long the history is.
+        page, last = 64, None
+        seen: set[str] = set()
         with self.read() as s:
-            rows = s.execute(
-                select(SnapshotRow.body_json, SnapshotRow.sha256)
-                .join(Transaction, Transaction.id == SnapshotRow.tx_id)
-                .where(Transaction.slot == target.slot)
-                .order_by(SnapshotRow.id.desc())
-            )
-            seen: set[str] = set()
-            for body_json, sha in rows:
-                if sha in seen:  # the same content again: it did not qualify the first time
-                    continue
-                seen.add(sha)
-                body: dict[str, Any] = json.loads(body_json or _blob(s, sha))
-                slot = (body.get("slots") or {}).get(target.slot) or {}
-                if (slot.get("incumbent") or {}).get("container_id") != target.container_id:
-                    continue
-                container = (slot.get("containers") or {}).get(target.container_id) or {}
-                models = [m[0] for m in (slot.get("serving") or {}).get("models") or []]
-                if container.get("status") == "running" and models == [target.served_model]:
-                    return body
-        return None
+            while True:
+                q = (
+                    select(SnapshotRow.id, SnapshotRow.body_json, SnapshotRow.sha256)
+                    .join(Transaction, Transaction.id == SnapshotRow.tx_id)
+                    .where(Transaction.slot == target.slot)
+                    .order_by(SnapshotRow.id.desc())
+                    .limit(page)
+                )
+                if last is not None:
+                    q = q.where(SnapshotRow.id < last)
+                rows = s.execute(q).all()
+                for row_id, body_json, sha in rows:
+                    last = row_id
+                    if sha in seen:  # the same content again: it did not qualify the first time
+                        continue
+                    seen.add(sha)
+                    body: dict[str, Any] = json.loads(body_json or _blob(s, sha))
+                    slot = (body.get("slots") or {}).get(target.slot) or {}
+                    if (slot.get("incumbent") or {}).get("container_id") != target.container_id:
+                        continue
+                    container = (slot.get("containers") or {}).get(target.container_id) or {}
+                    models = [m[0] for m in (slot.get("serving") or {}).get("models") or []]
+                    if container.get("status") == "running" and models == [target.served_model]:
+                        return body
+                if len(rows) < page:
+                    return None
 
     def snapshots(self, tx_id: str) -> dict[str, Snapshot]:
         with self.read() as s:
