@@ -405,7 +405,9 @@ class Store:
         """
         # Newest first, a page at a time by key (`id < last`): a range of the primary key that
         # stops at the first snapshot that qualifies, however long the history is.
-        page, last = 64, None
+        # Always a range (even the first page): without one, SQLite may read every snapshot of
+        # the slot through the transactions' slot index and sort them.
+        page, last = 64, 2**62
         seen: set[str] = set()
         with self.read() as s:
             while True:
@@ -414,10 +416,9 @@ class Store:
                     .join(Transaction, Transaction.id == SnapshotRow.tx_id)
                     .where(Transaction.slot == target.slot)
                     .order_by(SnapshotRow.id.desc())
+                    .where(SnapshotRow.id < last)
                     .limit(page)
                 )
-                if last is not None:
-                    q = q.where(SnapshotRow.id < last)
                 rows = s.execute(q).all()
                 for row_id, body_json, sha in rows:
                     last = row_id
