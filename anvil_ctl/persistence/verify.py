@@ -11,7 +11,11 @@ What is checked, and what each check catches:
 - the head: the entry the head file names (and `--expect-head`, when given) is
   there with the recorded hash (the tail cut off, the journal rewritten and
   rehashed);
-- the append-only triggers are all in place and enabled.
+- the append-only triggers are all in place and enabled;
+- (full walks only) the current-state projection (`projection`) against a rebuild
+  from history: it is derived and not covered by the chain, so a table that differs
+  is named in `projection_differs` (a write outside anvilctl, or history rewritten
+  under it) without being a problem of the record itself, which the checks above judge.
 
 A full walk reads everything. An incremental one starts at the latest checkpoint
 (a position a clean verify recorded, with each covered table's row count then):
@@ -44,7 +48,7 @@ from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import Unavailable
 from anvil_ctl.core.model import canonical_json
-from anvil_ctl.persistence import audit, chainwalk
+from anvil_ctl.persistence import audit, chainwalk, projection
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
 from anvil_ctl.persistence.coverage import COVERED, RowKey, key_of, row_digest
@@ -75,6 +79,7 @@ class Report:
     checkpoint: dict[str, Any] | None = None  # the checkpoint this run recorded
     checkpoint_error: str | None = None  # why it could not record one (a read-only database)
     problems: list[Problem] = field(default_factory=list)
+    projection_differs: list[str] = field(default_factory=list)  # full walks: derived tables off
 
     @property
     def ok(self) -> bool:
@@ -96,6 +101,7 @@ class Report:
             "checkpoint": self.checkpoint,
             "checkpoint_error": self.checkpoint_error,
             "problems": [p.as_dict() for p in self.problems],
+            "projection_differs": self.projection_differs,
         }
 
 
@@ -264,6 +270,9 @@ def _full(s: Session, report: Report) -> None:
         if seq > walk.end.seq:
             _check_pinned(s, walk.end, Head(seq, cp_hash), f"checkpoint {cp_id}", report.problems)
     _check_all_rows(s, walk, report)
+    report.projection_differs = projection.compare(s)
+    if report.projection_differs:
+        log.warning("audit.projection_differs", tables=report.projection_differs)
 
 
 def _incremental(s: Session, cp: AuditCheckpoint, report: Report) -> str | None:
