@@ -9,7 +9,8 @@ decision) is the template: every row those writes added, in every table, the aud
 journal included. A database of N transactions is the fake host's database plus copies
 of the template: fresh transaction, lock and decision IDs (in every column and JSON
 body), integer keys renumbered, timestamps moved ten minutes on per transaction, and the
-audit journal chained again with `anvil_ctl.persistence.audit`'s own hash. Rows are
+audit journal chained again with `anvil_ctl.persistence.audit`'s own hash; the
+current-state projection is then rebuilt from that history. Rows are
 inserted in large transactions with `synchronous=OFF` (the Store commits every write with
 an fsync: hours at 100k, not minutes). Built databases are kept in --cache, keyed by
 the schema and the template, and reused.
@@ -52,14 +53,18 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sqlalchemy import MetaData, Table, column, create_engine, event, insert, select
+from sqlalchemy.orm import Session
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import admin, audit, lifecycle, transactions
 from anvil_ctl.core.guards import Refusal
+from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
-from anvil_ctl.persistence import qualification
+from anvil_ctl.persistence import projection, qualification
+from anvil_ctl.persistence.coverage import COVERED, ref_of
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
+from anvil_ctl.persistence.models import PROJECTION_TABLES
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
 
 SLOT = "primary"
@@ -149,7 +154,8 @@ def make_template(root: Path) -> Template:
     rows: dict[str, list[dict[str, Any]]] = {}
     try:
         for table, last in before.items():
-            if table == "alembic_version":
+            # The projection is derived: rebuilt from the copied history once they are in.
+            if table == "alembic_version" or table in PROJECTION_TABLES:
                 continue
             got = con.execute(f'select * from "{table}" where rowid > ? order by rowid', (last,)).fetchall()
             if got:
@@ -246,8 +252,19 @@ class Copier:
                 self.next_id[table] += 1
         return out
 
-    def chain(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The audit row continued on the chain with persistence.audit's own hash."""
+    def chain(
+        self, row: dict[str, Any], template_rows: str, made: dict[tuple[str, Any], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The audit row continued on the chain with persistence.audit's own hash, covering
+        the copies of the rows its template entry covered (their new keys and digests)."""
+        covered = []
+        for table, key, digest in json.loads(template_rows or "[]"):
+            new = made.get((table, key))
+            if new is None or table not in COVERED:
+                covered.append([table, key, digest])
+            else:
+                covered.append(list(ref_of(COVERED[table], new)))
+        row["rows_json"] = canonical_json(covered)
         row["prev_hash"] = self.prev_hash
         row["hash"] = audit_chain.entry_hash(
             self.prev_hash,
@@ -256,6 +273,7 @@ class Copier:
             tx_id=row["tx_id"],
             event=row["event"],
             payload=row["payload_json"],
+            rows=row["rows_json"],
         )
         self.prev_hash = row["hash"]
         return row
@@ -266,10 +284,17 @@ class Copier:
             out: dict[str, list[dict[str, Any]]] = {name: [] for name in self.tables}
             for copy in range(start, min(count, start + batch)):
                 names = {old: renamed(old, copy) for old in self.string_keys}
-                for name in self.tables:
+                made: dict[tuple[str, Any], dict[str, Any]] = {}
+                # the journal last: its entries cover the copies made before them
+                for name in sorted(self.tables, key=lambda n: n == "audit_journal"):
+                    (pk,) = self.tables[name].primary_key.columns
                     for r in self.t.rows[name]:
                         new = self.row(name, r, copy, names)
-                        out[name].append(self.chain(new) if name == "audit_journal" else new)
+                        if name == "audit_journal":
+                            out[name].append(self.chain(new, r.get("rows_json") or "[]", made))
+                        else:
+                            made[(name, r[pk.name])] = new
+                            out[name].append(new)
             with self.engine.begin() as conn:
                 for name, t in self.tables.items():
                     if out[name]:
@@ -294,6 +319,8 @@ def build(template: Template, size: int, cache: Path) -> Path:
 
     copier = Copier(template, work)
     copier.copies(copies, progress)
+    with Session(copier.engine) as session, session.begin():
+        projection.write_rebuilt(session)
     copier.engine.dispose()
     con = sqlite3.connect(work)
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -315,7 +342,11 @@ def host_on(template: Template, db: Path) -> Iterator[FakeHost]:
         root = Path(tmp)
         shutil.copytree(template.root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("anvil.db*"))
         shutil.copyfile(db, root / "state" / "anvil.db")
-        yield reopen(root)
+        host = reopen(root)
+        ctx = host.context()
+        ctx.store.sync_head_file()  # the copied history's head, as its own writes would have left it
+        ctx.close()
+        yield host
 
 
 def median_s(fn: Callable[[], Any], repeat: int, budget_s: float = 20.0) -> float:
@@ -371,6 +402,7 @@ def readme_queries() -> list[tuple[str, str]]:
 def instantiate(sql: str, prefix: str, moment: str) -> str:
     """A README query with its example transaction prefix and time replaced by real ones."""
     sql = re.sub(r"tx_id like '[0-9a-f]+%'", f"tx_id like '{prefix}%'", sql)
+    sql = re.sub(r"tx_id glob '[0-9a-f]+\*'", f"tx_id glob '{prefix}*'", sql)
     return re.sub(r"'\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ'", f"'{moment}'", sql)
 
 

@@ -8,6 +8,7 @@ Every implementation translates its library's exceptions into
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -263,6 +264,10 @@ class Journal(Protocol):
     ) -> None: ...
 
     def step_events(self, tx_id: str) -> list[StepEvent]: ...
+
+    def together(self) -> AbstractContextManager[None]:
+        """The writes inside commit as one (one database transaction, one audit entry)."""
+        ...
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int: ...
 

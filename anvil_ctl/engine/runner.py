@@ -22,6 +22,7 @@ pause the process (tests and `make chaos` only).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -108,11 +109,38 @@ class TransactionEngine:
         self.journal = journal
         self.owner = owner
         self.faults = faults
+        self._held: list[tuple[Callable[[], object], str]] = []
 
     # -- journal, with the fault-injection boundary --------------------------------------------
+    #
+    # Journal, then act, then record. An intent, an error and a state change commit before
+    # the runner goes on (`_commit`); a record of what was observed (a step's result, a
+    # snapshot, a diff) is held (`_hold`) and commits together with the next of those, in one
+    # database transaction and one audit entry. Nothing acts between a record and that next
+    # write, so no intent waits on a record, and a death in between looks like a death just
+    # before the record, which recovery already handles (the step may or may not be done).
 
     def _boundary(self, kind: str, *parts: str) -> None:
         self.faults.at(":".join((kind, *parts)))
+
+    def _hold(self, write: Callable[[], object], boundary: str) -> None:
+        self._held.append((write, boundary))
+
+    def _commit(self, write: Callable[[], object] | None = None, boundary: str | None = None) -> None:
+        """Write what is held and then `write`, as one; then pass their boundaries."""
+        held, self._held = self._held, []
+        todo = [*held, *([(write, boundary or "")] if write is not None else [])]
+        if not todo:
+            return
+        if len(todo) == 1:
+            todo[0][0]()
+        else:
+            with self.journal.together():
+                for w, _b in todo:
+                    w()
+        for _w, b in todo:
+            if b:
+                self.faults.at(b)
 
     def _event(
         self,
@@ -123,19 +151,36 @@ class TransactionEngine:
         event: str,
         *,
         detail: JSONMapping | None = None,
+        hold: bool = False,
     ) -> None:
-        self.journal.step_event(ctx.tx_id, seq=seq, step=step, phase=phase, event=event, detail=detail)
-        self._boundary(ctx.kind, step, phase, event)
+        def write() -> None:
+            self.journal.step_event(ctx.tx_id, seq=seq, step=step, phase=phase, event=event, detail=detail)
+
+        boundary = ":".join((ctx.kind, step, phase, event))
+        if hold:
+            self._hold(write, boundary)
+        else:
+            self._commit(write, boundary)
 
     def _transition(
         self, ctx: StepContext[A, W, M], target: TxState, reason: str = "", data: JSONMapping | None = None
     ) -> None:
-        self.journal.transition(ctx.tx_id, target, reason, data)
-        self._boundary(ctx.kind, "state", target.value)
+        self._commit(
+            lambda: self.journal.transition(ctx.tx_id, target, reason, data),
+            ":".join((ctx.kind, "state", target.value)),
+        )
 
     # -- running a plan ------------------------------------------------------------------------
 
     def run(
+        self, plan: Plan[A, W, M], world: W, *, dry_run: bool = False, tx_id: str | None = None
+    ) -> Outcome:
+        try:
+            return self._begin(plan, world, dry_run=dry_run, tx_id=tx_id)
+        finally:
+            self._commit()  # nothing held outlives the run (an unexpected error included)
+
+    def _begin(
         self, plan: Plan[A, W, M], world: W, *, dry_run: bool = False, tx_id: str | None = None
     ) -> Outcome:
         outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, dry_run=dry_run, plan=plan.describe())
@@ -187,11 +232,12 @@ class TransactionEngine:
             progress.activity("observing the host: the before snapshot")
             outcome.before = plan.snapshot()
             bound.debug("snapshot observed", label="before", seconds=round(time.perf_counter() - started, 3))
-            self.journal.record_snapshot(tx_id, "before", outcome.before)
+            before = outcome.before
+            self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before), "")
         self._transition(ctx, TxState.RUNNING)
         self._observe_start(plan, ctx)
         bound.info("running", steps=len(plan.steps))
-        return self.forward(outcome, plan, ctx, start=0)
+        return self._forward(outcome, plan, ctx, start=0)
 
     def _observe_start(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> None:
         """Whether the slot serves now and, if so, which serve is its safe harbour (journaled)."""
@@ -206,6 +252,14 @@ class TransactionEngine:
         self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], *, start: int
     ) -> Outcome:
         """Run the steps from `start`, then the goal and verification, then commit."""
+        try:
+            return self._forward(outcome, plan, ctx, start=start)
+        finally:
+            self._commit()
+
+    def _forward(
+        self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], *, start: int
+    ) -> Outcome:
         bound = log.bind(tx_id=ctx.tx_id, kind=plan.kind)
         for seq in range(start, len(plan.steps)):
             step = plan.steps[seq]
@@ -282,7 +336,7 @@ class TransactionEngine:
         ctx.results[step.name] = result
         if step.remember is not None:
             step.remember(ctx, result)
-        self._event(ctx, seq, step.name, "do", "result", detail=result)
+        self._event(ctx, seq, step.name, "do", "result", detail=result, hold=True)
         progress.step_finished(seq, step.name, "do", ok=True, elapsed_s=time.monotonic() - t0, error="")
         slog.info("step done")
 
@@ -298,7 +352,7 @@ class TransactionEngine:
         self._transition(ctx, TxState.COMPENSATING, reason)
         last = failed if failed is not None else len(plan.steps) - 1
         todo = [(seq, plan.steps[seq], ctx.results.get(plan.steps[seq].name)) for seq in range(last + 1)]
-        return self.compensate(outcome, plan, ctx, todo, reason)
+        return self._compensate(outcome, plan, ctx, todo, reason)
 
     def compensate(
         self,
@@ -309,6 +363,19 @@ class TransactionEngine:
         reason: str,
     ) -> Outcome:
         """Run the undos of `todo` in reverse; the transaction is already `compensating`."""
+        try:
+            return self._compensate(outcome, plan, ctx, todo, reason)
+        finally:
+            self._commit()
+
+    def _compensate(
+        self,
+        outcome: Outcome,
+        plan: Plan[A, W, M],
+        ctx: StepContext[A, W, M],
+        todo: list[tuple[int, Step[StepContext[A, W, M]], JSONObject | None]],
+        reason: str,
+    ) -> Outcome:
         outcome.reason = reason
         _undoing(ctx.world)  # undos wait as long as configured, whatever --timeout said
         progress = _progress(ctx.world)
@@ -340,7 +407,7 @@ class TransactionEngine:
                 self._transition(ctx, TxState.COMPENSATION_FAILED, why)
                 outcome.state, outcome.reason = TxState.COMPENSATION_FAILED, why
                 return outcome
-            self._event(ctx, seq, step.name, "undo", "result", detail=undone)
+            self._event(ctx, seq, step.name, "undo", "result", detail=undone, hold=True)
             progress.step_finished(seq, step.name, "undo", ok=True, elapsed_s=time.monotonic() - t0, error="")
             slog.info("undo done")
         reason += self._keep_serving(plan, ctx)
@@ -379,12 +446,13 @@ class TransactionEngine:
         if not plan.snapshot:
             return
         _progress(ctx.world).activity(f"observing the host: the {label} snapshot")
-        outcome.after = plan.snapshot()
-        self.journal.record_snapshot(ctx.tx_id, label, outcome.after)
-        if outcome.before is not None:
-            outcome.changes = diff(outcome.before, outcome.after)
-            self.journal.record_diff(
-                ctx.tx_id, f"before-{label}", outcome.before, outcome.after, outcome.changes
+        after = outcome.after = plan.snapshot()
+        self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after), "")
+        before = outcome.before
+        if before is not None:
+            changes = outcome.changes = diff(before, after)
+            self._hold(
+                lambda: self.journal.record_diff(ctx.tx_id, f"before-{label}", before, after, changes), ""
             )
 
     def _needs_operator(

@@ -1,9 +1,9 @@
 """The GPU ownership ledger: append-only claim and release events per GPU role.
 
-Who owns a role now is derived, never stored: the latest event per role, when it
-is a claim. Every write is audited (`gpu.claim`, `gpu.release`). Judging
-whether a start may go ahead is `anvil_ctl.gpu.ownership`'s business; this
-module only records and reads.
+Who owns a role now is the latest event per role, when it is a claim; the
+projection's `gpu_owner_current` keeps that row per role, written with the event.
+Every write is audited (`gpu.claim`, `gpu.release`). Judging whether a start may go
+ahead is `anvil_ctl.gpu.ownership`'s business; this module only records and reads.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import TypedDict
 
 from sqlalchemy import select
 
-from anvil_ctl.persistence.models import GpuMode, GpuOwnershipEvent
+from anvil_ctl.persistence import projection
+from anvil_ctl.persistence.models import GpuMode, GpuOwnerCurrent, GpuOwnershipEvent
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -52,17 +53,18 @@ def claim_roles(
 ) -> None:
     with store.write() as s:
         for role in roles:
-            s.add(
-                GpuOwnershipEvent(
-                    role=role,
-                    event="claim",
-                    container_id=container_id,
-                    tx_id=tx_id,
-                    mode=mode,
-                    slot=slot,
-                    at=utcnow(),
-                )
+            row = GpuOwnershipEvent(
+                role=role,
+                event="claim",
+                container_id=container_id,
+                tx_id=tx_id,
+                mode=mode,
+                slot=slot,
+                at=utcnow(),
             )
+            s.add(row)
+            s.flush()
+            projection.on_gpu_event(s, row)
         store.audit(
             s,
             "gpu.claim",
@@ -79,17 +81,18 @@ def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_i
         return
     with store.write() as s:
         for role in mine:
-            s.add(
-                GpuOwnershipEvent(
-                    role=role,
-                    event="release",
-                    container_id=container_id,
-                    tx_id=tx_id,
-                    mode=owners[role]["mode"],
-                    slot=owners[role]["slot"],
-                    at=utcnow(),
-                )
+            row = GpuOwnershipEvent(
+                role=role,
+                event="release",
+                container_id=container_id,
+                tx_id=tx_id,
+                mode=owners[role]["mode"],
+                slot=owners[role]["slot"],
+                at=utcnow(),
             )
+            s.add(row)
+            s.flush()
+            projection.on_gpu_event(s, row)
         store.audit(s, "gpu.release", tx_id, {"roles": list(mine), "container_id": container_id})
 
 
@@ -97,18 +100,14 @@ def gpu_owners(store: Store) -> dict[str, OwnerRecord]:
     """role -> {container_id, tx_id, mode, slot, since} for roles whose latest event is a claim."""
     out: dict[str, OwnerRecord] = {}
     with store.read() as s:
-        rows = s.execute(select(GpuOwnershipEvent).order_by(GpuOwnershipEvent.id)).scalars()
-        for r in rows:
-            if r.event == "claim":
-                out[r.role] = {
-                    "container_id": r.container_id,
-                    "tx_id": r.tx_id,
-                    "mode": r.mode,
-                    "slot": r.slot,
-                    "since": r.at,
-                }
-            else:
-                out.pop(r.role, None)
+        for r in s.execute(select(GpuOwnerCurrent).order_by(GpuOwnerCurrent.role)).scalars():
+            out[r.role] = {
+                "container_id": r.container_id,
+                "tx_id": r.tx_id,
+                "mode": r.mode,
+                "slot": r.slot,
+                "since": r.since,
+            }
     return out
 
 

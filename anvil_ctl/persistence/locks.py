@@ -3,7 +3,8 @@
 The OS lock (`anvil_ctl.engine.lock.HostLock`) is what excludes; a row says who
 holds it (pid, host, boot id, command, transaction, since). A row without a
 release row is held, or was held by an owner that died; rows are never
-updated. Both writes are audited (`lock.acquired`, `lock.<how>`).
+updated. The projection's `lock_held` lists those rows, written with them. Both
+writes are audited (`lock.acquired`, `lock.<how>`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from sqlalchemy import select
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.ports import Owner
-from anvil_ctl.persistence.models import LockRelease, LockRow
+from anvil_ctl.persistence import projection
+from anvil_ctl.persistence.models import LockHeld, LockRelease, LockRow
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -34,17 +36,18 @@ class LockRecord:
 def record_lock(store: Store, lock_id: str, *, owner: Owner, command: str, tx_id: str | None) -> None:
     """Write the row of a lock `owner` has just taken, with its audit entry."""
     with store.write() as s:
-        s.add(
-            LockRow(
-                id=lock_id,
-                host=owner.hostname,
-                pid=owner.pid,
-                boot_id=owner.boot_id,
-                command=command,
-                tx_id=tx_id,
-                since=utcnow(),
-            )
+        row = LockRow(
+            id=lock_id,
+            host=owner.hostname,
+            pid=owner.pid,
+            boot_id=owner.boot_id,
+            command=command,
+            tx_id=tx_id,
+            since=utcnow(),
         )
+        s.add(row)
+        s.flush()
+        projection.on_lock(s, row)
         store.audit(s, "lock.acquired", tx_id, {"lock_id": lock_id, "pid": owner.pid})
 
 
@@ -56,16 +59,17 @@ def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = 
         if s.execute(select(LockRelease).where(LockRelease.lock_id == lock_id)).scalar():
             raise BadInput(f"lock {lock_id} is already released", field="lock_id")
         s.add(LockRelease(lock_id=lock_id, how=how, by=by, reason=reason, at=utcnow()))
+        s.flush()
+        projection.on_lock_release(s, lock_id)
         store.audit(s, f"lock.{how}", None, {"lock_id": lock_id, "by": by, "reason": reason})
 
 
 def unreleased(store: Store, host: str | None = None) -> list[LockRecord]:
     """Lock rows without a release, newest first, optionally of one host."""
     with store.read() as s:
-        released = select(LockRelease.lock_id)
-        q = select(LockRow).where(LockRow.id.not_in(released)).order_by(LockRow.since.desc())
+        q = select(LockRow).join(LockHeld, LockHeld.lock_id == LockRow.id).order_by(LockHeld.since.desc())
         if host:
-            q = q.where(LockRow.host == host)
+            q = q.where(LockHeld.host == host)
         return [
             LockRecord(r.id, r.host, r.pid, r.boot_id, r.command, r.tx_id, r.since)
             for r in s.execute(q).scalars()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 GpuMode = Literal["exclusive", "split"]
@@ -69,6 +69,20 @@ class SnapshotRow(Base):
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
     sha256: Mapped[str] = mapped_column(String(64), index=True)
+    body_json: Mapped[str] = mapped_column(Text)
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class SnapshotBlob(Base):
+    """A snapshot's canonical body, stored once per distinct content (keyed by its SHA-256).
+
+    History: append-only and covered by the chain like the `snapshots` rows that refer
+    to it by `sha256` (from migration 0007 on, those rows leave `body_json` empty).
+    """
+
+    __tablename__ = "snapshot_blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
 
@@ -182,6 +196,15 @@ class DecisionRow(Base):
     """A decision bound to a candidate identity; a reclassification is a new row pointing back."""
 
     __tablename__ = "decisions"
+    __table_args__ = (
+        Index("ix_decisions_identity_digest_at", "identity_digest", "at", "id"),
+        Index(
+            "ix_decisions_waived",
+            "id",
+            sqlite_where=text("waiver_ids_json <> '[]'"),
+            postgresql_where=text("waiver_ids_json <> '[]'"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
@@ -226,6 +249,7 @@ class WaiverRevocation(Base):
 
 class ApprovalRow(Base):
     __tablename__ = "approvals"
+    __table_args__ = (Index("ix_approvals_decision_id", "decision_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
@@ -326,6 +350,8 @@ APPEND_ONLY_TABLES_0004 = ("shm_marks",)
 
 APPEND_ONLY_TABLES_0005 = ("evidence_manifests", "audit_checkpoints")
 
+APPEND_ONLY_TABLES_0007 = ("snapshot_blobs",)
+
 # Every table whose rows are history: append-only, and each row covered by the audit chain.
 # The journal itself is append-only too, but it is the chain, not a row it covers.
 HISTORY_TABLES: tuple[str, ...] = tuple(
@@ -335,6 +361,116 @@ HISTORY_TABLES: tuple[str, ...] = tuple(
         *APPEND_ONLY_TABLES_0002,
         *APPEND_ONLY_TABLES_0004,
         *APPEND_ONLY_TABLES_0005,
+        *APPEND_ONLY_TABLES_0007,
     )
     if t != AuditEntry.__tablename__
 )
+
+
+# -- the current-state projection (migration 0007) ------------------------------------------
+#
+# Not history: derived, mutable, and left out of the chain on purpose (`PROJECTION_TABLES`).
+# Each row is written in the same database transaction as the history row it summarizes,
+# so it cannot disagree with it; `projection.rebuild` derives the same rows from history
+# alone, and `audit verify` compares the two. Reads that ask "what is current" (guards,
+# `recover`, `status`, the views) use these rows and their indexes instead of scanning
+# history for the latest row of each key.
+
+
+class TxCurrent(Base):
+    """One row per transaction: its latest state (`state_id`: that `transaction_states` row)."""
+
+    __tablename__ = "tx_current"
+    __table_args__ = (
+        Index("ix_tx_current_state", "state"),
+        Index("ix_tx_current_created_at", "created_at"),
+        Index("ix_tx_current_kind_created_at", "kind", "created_at"),
+        Index("ix_tx_current_slot_created_at", "slot", "created_at"),
+        # The few transactions not resolved (what every mutation's guard asks for), whatever
+        # the planner's statistics say about `state`.
+        Index(
+            "ix_tx_current_unresolved",
+            "created_at",
+            sqlite_where=text("unresolved = 1"),
+            postgresql_where=text("unresolved = 1"),
+        ),
+    )
+
+    tx_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    slot: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    state_id: Mapped[int] = mapped_column(Integer)
+    unresolved: Mapped[int] = mapped_column(Integer)  # 1: state in core.states.UNRESOLVED_STATES
+    owner_pid: Mapped[int] = mapped_column(Integer)
+    owner_host: Mapped[str] = mapped_column(String(255))
+    owner_boot_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[str] = mapped_column(String(32))
+    updated_at: Mapped[str] = mapped_column(String(32))
+
+
+class IdentityCurrent(Base):
+    """One row per (slot, role): the latest identity recorded (`identity_id`), e.g. the incumbent."""
+
+    __tablename__ = "identity_current"
+
+    slot: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16), primary_key=True)
+    identity_id: Mapped[int] = mapped_column(Integer)
+    container_id: Mapped[str] = mapped_column(String(64))
+    digest: Mapped[str] = mapped_column(String(64))
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class ServingInterval(Base):
+    """One row per incumbent recorded by a committed transaction: who served a slot, from
+    `served_from` (its identity's time) until the next such incumbent's (None: still)."""
+
+    __tablename__ = "serving_intervals"
+    __table_args__ = (
+        Index("ix_serving_intervals_slot_from", "slot", "served_from"),
+        Index("ix_serving_intervals_from", "served_from"),
+        Index("ix_serving_intervals_tx_id", "tx_id"),
+    )
+
+    identity_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    slot: Mapped[str] = mapped_column(String(64))
+    tx_id: Mapped[str] = mapped_column(String(36))
+    served_from: Mapped[str] = mapped_column(String(32))
+    served_until: Mapped[str | None] = mapped_column(String(32))
+
+
+class GpuOwnerCurrent(Base):
+    """One row per GPU role that is claimed now (the latest ledger event is a claim)."""
+
+    __tablename__ = "gpu_owner_current"
+
+    role: Mapped[str] = mapped_column(String(64), primary_key=True)
+    event_id: Mapped[int] = mapped_column(Integer)
+    container_id: Mapped[str] = mapped_column(String(64))
+    tx_id: Mapped[str | None] = mapped_column(String(36))
+    mode: Mapped[GpuMode] = mapped_column(String(16))
+    slot: Mapped[str] = mapped_column(String(64))
+    since: Mapped[str] = mapped_column(String(32))
+
+
+class LockHeld(Base):
+    """One row per lock row without a release row (held, or left by an owner that died)."""
+
+    __tablename__ = "lock_held"
+    __table_args__ = (Index("ix_lock_held_host_since", "host", "since"), Index("ix_lock_held_since", "since"))
+
+    lock_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    since: Mapped[str] = mapped_column(String(32))
+
+
+PROJECTION_TABLES: tuple[str, ...] = (
+    TxCurrent.__tablename__,
+    LockHeld.__tablename__,
+    IdentityCurrent.__tablename__,
+    ServingInterval.__tablename__,
+    GpuOwnerCurrent.__tablename__,
+)
+"""Derived from history, rebuilt from it, mutable: deliberately not covered by the chain."""

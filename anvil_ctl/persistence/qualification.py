@@ -228,10 +228,22 @@ def _decision_dict(r: DecisionRow) -> DecisionRecord:
 
 
 def decisions(
-    store: Store, *, identity_digest: str | None = None, slot: str | None = None
+    store: Store,
+    *,
+    identity_digest: str | None = None,
+    slot: str | None = None,
+    newest_first: bool = False,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> list[DecisionRecord]:
-    """Decisions oldest first, optionally only those of one identity digest and/or slot."""
-    q = select(DecisionRow).order_by(DecisionRow.at, DecisionRow.id)
+    """Decisions oldest first (or newest first), optionally only those of one identity digest
+    and/or slot, optionally one page of them (`ix_decisions_identity_digest_at` serves it)."""
+    if newest_first:
+        q = select(DecisionRow).order_by(DecisionRow.at.desc(), DecisionRow.id.desc())
+    else:
+        q = select(DecisionRow).order_by(DecisionRow.at, DecisionRow.id)
+    if limit is not None:
+        q = q.limit(limit).offset(offset)
     if identity_digest:
         q = q.where(DecisionRow.identity_digest == identity_digest)
     if slot:

@@ -179,8 +179,14 @@ def transactions(
 
 def transaction_ids(store: Store, prefix: str) -> list[str]:
     """IDs of the transactions whose ID starts with `prefix`."""
+    # On SQLite a key range, not LIKE (which cannot use the BINARY primary-key index): U+FFFF
+    # sorts after every character an ID holds. PostgreSQL's collations may not order IDs
+    # byte-wise, so there it stays a prefix match.
+    q = select(Transaction.id).where(Transaction.id.startswith(prefix, autoescape=True))
     with store.read() as s:
-        return list(s.execute(select(Transaction.id).where(Transaction.id.startswith(prefix))).scalars())
+        if s.get_bind().dialect.name == "sqlite":
+            q = select(Transaction.id).where(Transaction.id >= prefix, Transaction.id < prefix + "\uffff")
+        return [i for i in s.execute(q).scalars() if i.startswith(prefix)]
 
 
 def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:

@@ -11,11 +11,21 @@ before the side effect begins. Every write also appends to the hash-chained
 audit journal in the same database transaction, and that entry covers the
 history rows the write inserted (`coverage`: a commit that would leave one
 uncovered is refused). After the commit the head file is advanced (`head`).
+
+What is current (a transaction's state, a slot's incumbent, the unresolved
+transactions) is read from the projection (`projection`), which the same write
+transaction keeps up to date; history is never scanned for its latest row.
+
+Records are lean: a transaction's arguments, a state's data and a step's detail
+live in their own (covered) rows only, not again in the audit entry's payload; a
+snapshot's body is stored once per distinct content (`snapshot_blobs`, keyed by its
+SHA-256) and each `snapshots` row refers to it, so an unchanged host costs a key.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -31,18 +41,22 @@ from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage
+from anvil_ctl.persistence import audit, coverage, projection
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
+    IdentityCurrent,
     IdentityRow,
+    SnapshotBlob,
     SnapshotDiff,
     SnapshotRow,
     StepEventRow,
     Transaction,
     TransactionState,
 )
+
+BATCHED = "anvil.batched_audit"  # session.info key: the audit events a `together()` holds
 
 
 def utcnow() -> str:
@@ -57,6 +71,7 @@ class Store:
         self.head_path = head_path
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(reader(engine), expire_on_commit=False)
+        self._batch = threading.local()  # the session of this thread's `together()`, if any
         coverage.track(self._sessions)
 
     @contextmanager
@@ -64,10 +79,17 @@ class Store:
         """A write transaction (BEGIN IMMEDIATE on SQLite), committed on leaving; then the head
         file beside the database moves to the chain's new head. `busy_ms`: wait at most this
         long for another writer (a best-effort write), instead of the default."""
+        shared: Session | None = getattr(self._batch, "session", None)
+        if shared is not None:  # inside `together()`: its transaction, committed at its end
+            yield shared
+            return
         advance_to: Head | None = None
         sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
         with translated(self.engine), sessions.begin() as session:
             yield session
+            held: list[tuple[str, str | None, Mapping[str, object]]] | None = session.info.pop(BATCHED, None)
+            if held:
+                self._append_batch(session, held)
             new: Head | None = session.info.get(audit.HEAD)
             if new is not None and self.head_path is not None:
                 hash_at = lambda seq: audit.hash_at(session, seq)  # noqa: E731
@@ -75,6 +97,42 @@ class Store:
                     advance_to = new
         if advance_to is not None and self.head_path is not None:
             head_file.advance(self.head_path, advance_to)
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """The writes inside share one database transaction and one audit entry.
+
+        For records that may commit together (a step's result with the next step's intent,
+        the after snapshot with the final state): fewer entries and fsyncs, and never a
+        state between them. Nothing inside may need to commit on its own, so no side
+        effect may happen inside; a failure rolls all of it back.
+        """
+        if getattr(self._batch, "session", None) is not None:
+            yield
+            return
+        with self.write() as session:
+            session.info[BATCHED] = []
+            self._batch.session = session
+            try:
+                yield
+            finally:
+                self._batch.session = None
+
+    def _append_batch(
+        self, session: Session, held: list[tuple[str, str | None, Mapping[str, object]]]
+    ) -> None:
+        """One entry for the writes of a `together()`: their events in order, the rows of all."""
+        if len(held) == 1:
+            event, tx_id, payload = held[0]
+        else:
+            tx_ids = {t for _e, t, _p in held}
+            tx_id = tx_ids.pop() if len(tx_ids) == 1 else None
+            event = "batch"
+            # each event's transaction only where the entry does not name one for all
+            payload = {
+                "events": [{"event": e, **p, **({"tx_id": t} if tx_id is None else {})} for e, t, p in held]
+            }
+        audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
     def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
         sessions = sessionmaker(self.engine.execution_options(**{BUSY_MS: busy_ms}), expire_on_commit=False)
@@ -89,7 +147,12 @@ class Store:
 
     def audit(self, session: Session, event: str, tx_id: str | None, payload: Mapping[str, object]) -> None:
         """Append an audit entry inside the caller's write transaction; it covers the history
-        rows the caller added to `session` before it."""
+        rows the caller added to `session` before it. Inside `together()` the entry waits and
+        joins the one entry written at its end."""
+        held: list[tuple[str, str | None, Mapping[str, object]]] | None = session.info.get(BATCHED)
+        if held is not None:
+            held.append((event, tx_id, payload))
+            return
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
     def head(self) -> Head:
@@ -140,19 +203,20 @@ class Store:
                 )
             )
             s.flush()
-            s.add(
-                TransactionState(tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now)
+            first = TransactionState(
+                tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now
             )
-            self.audit(s, "tx.planned", tx_id, {"kind": kind, "slot": slot, "args": args})
+            s.add(first)
+            s.flush()
+            tx = s.get(Transaction, tx_id)
+            assert tx is not None
+            projection.on_begin(s, tx, first)
+            # The arguments are in the transaction's row, which this entry covers.
+            self.audit(s, "tx.planned", tx_id, {"kind": kind, "slot": slot})
         return tx_id
 
     def _state(self, s: Session, tx_id: str) -> TxState:
-        row = s.execute(
-            select(TransactionState.state)
-            .where(TransactionState.tx_id == tx_id)
-            .order_by(TransactionState.id.desc())
-            .limit(1)
-        ).scalar()
+        row = projection.tx_state(s, tx_id)
         if row is None:
             raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
         return TxState(row)
@@ -167,21 +231,18 @@ class Store:
         with self.write() as s:
             source = self._state(s, tx_id)
             check_transition(source, target)
-            s.add(
-                TransactionState(
-                    tx_id=tx_id,
-                    state=target.value,
-                    reason=reason,
-                    data_json=canonical_json(data or {}),
-                    at=utcnow(),
-                )
+            row = TransactionState(
+                tx_id=tx_id,
+                state=target.value,
+                reason=reason,
+                data_json=canonical_json(data or {}),
+                at=utcnow(),
             )
-            self.audit(
-                s,
-                f"tx.{target.value}",
-                tx_id,
-                {"from": source.value, "reason": reason, "data": data or {}},
-            )
+            s.add(row)
+            s.flush()
+            projection.on_transition(s, row)
+            # reason and data are in the covered state row; the entry names the move.
+            self.audit(s, f"tx.{target.value}", tx_id, {"from": source.value})
 
     def record(self, tx_id: str) -> TxRecord:
         with self.read() as s:
@@ -223,12 +284,8 @@ class Store:
                     at=utcnow(),
                 )
             )
-            self.audit(
-                s,
-                f"step.{phase}.{event}",
-                tx_id,
-                {"seq": seq, "step": step, "detail": detail or {}},
-            )
+            # The detail is in the covered step row; the entry names the step.
+            self.audit(s, f"step.{phase}.{event}", tx_id, {"seq": seq, "step": step})
 
     def step_events(self, tx_id: str) -> list[StepEvent]:
         with self.read() as s:
@@ -238,14 +295,12 @@ class Store:
             return [StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at) for r in rows]
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:
+        now = utcnow()
         with self.write() as s:
-            row = SnapshotRow(
-                tx_id=tx_id,
-                label=label,
-                sha256=snapshot.sha256,
-                body_json=snapshot.canonical,
-                at=utcnow(),
-            )
+            if s.get(SnapshotBlob, snapshot.sha256) is None:
+                s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=snapshot.canonical, at=now))
+            # body_json "" : the body is the blob with this sha256 (rows before 0007 hold it).
+            row = SnapshotRow(tx_id=tx_id, label=label, sha256=snapshot.sha256, body_json="", at=now)
             s.add(row)
             s.flush()
             self.audit(s, "snapshot", tx_id, {"label": label, "sha256": snapshot.sha256, "id": row.id})
@@ -275,18 +330,24 @@ class Store:
                 {"label": label, "equal": not changes, "changes": len(changes)},
             )
 
+    def _in_states(self, states: frozenset[TxState]) -> list[TxRecord]:
+        """Transactions whose current state is one of `states`, oldest first: one indexed
+        query on the projection, then each one's own row (there are few)."""
+        with self.read() as s:
+            out = []
+            for cur in projection.tx_rows_in(s, frozenset(st.value for st in states)):
+                tx = s.get(Transaction, cur.tx_id)
+                if tx is None:
+                    raise StateStoreError(f"transaction {cur.tx_id} not found", tx_id=cur.tx_id)
+                out.append(self._to_record(s, tx))
+            return out
+
     def unresolved(self) -> list[TxRecord]:
         """Unfinished transactions plus those that wait for a person."""
-        with self.read() as s:
-            txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()
-            records = [self._to_record(s, tx) for tx in txs]
-        return [r for r in records if r.state in UNRESOLVED_STATES]
+        return self._in_states(UNRESOLVED_STATES)
 
     def unfinished(self) -> list[TxRecord]:
-        with self.read() as s:
-            txs = s.execute(select(Transaction).order_by(Transaction.created_at)).scalars()
-            records = [self._to_record(s, tx) for tx in txs]
-        return [r for r in records if r.state in UNFINISHED_STATES]
+        return self._in_states(UNFINISHED_STATES)
 
     # -- identities -----------------------------------------------------------------------------
 
@@ -305,6 +366,7 @@ class Store:
             )
             s.add(row)
             s.flush()
+            projection.on_identity(s, row)
             self.audit(
                 s,
                 f"identity.{role}",
@@ -320,12 +382,11 @@ class Store:
     def current_identity(self, slot: str, role: str) -> Identity | None:
         with self.read() as s:
             row = s.execute(
-                select(IdentityRow)
-                .where(IdentityRow.slot == slot, IdentityRow.role == role)
-                .order_by(IdentityRow.id.desc())
-                .limit(1)
+                select(IdentityRow.body_json)
+                .join(IdentityCurrent, IdentityCurrent.identity_id == IdentityRow.id)
+                .where(IdentityCurrent.slot == slot, IdentityCurrent.role == role)
             ).scalar()
-            return Identity.from_dict(json.loads(row.body_json)) if row else None
+            return Identity.from_dict(json.loads(row)) if row else None
 
     def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
         """The newest identity recorded for `slot` (in any role) whose container ID or digest
@@ -346,33 +407,48 @@ class Store:
         binding answering with its served model. Snapshots taken while it was stopped
         (a campaign of several loads) do not count.
         """
+        # Newest first, a page at a time by key (`id < last`): a range of the primary key that
+        # stops at the first snapshot that qualifies, however long the history is.
+        # Always a range (even the first page): without one, SQLite may read every snapshot of
+        # the slot through the transactions' slot index and sort them.
+        page, last = 64, 2**62
+        seen: set[str] = set()
         with self.read() as s:
-            rows = s.execute(
-                select(SnapshotRow.body_json)
-                .join(Transaction, Transaction.id == SnapshotRow.tx_id)
-                .where(Transaction.slot == target.slot)
-                .order_by(SnapshotRow.id.desc())
-            ).scalars()
-            for body_json in rows:
-                body: JSONValue = json.loads(body_json)
-                if not isinstance(body, dict):
-                    continue
-                slot = _object(_object(body.get("slots")).get(target.slot))
-                if _object(slot.get("incumbent")).get("container_id") != target.container_id:
-                    continue
-                container = _object(_object(slot.get("containers")).get(target.container_id))
-                served = _array(_object(slot.get("serving")).get("models"))
-                models = [m[0] for m in served if isinstance(m, list) and m]  # [name, max_model_len]
-                if container.get("status") == "running" and models == [target.served_model]:
-                    return body
-        return None
+            while True:
+                q = (
+                    select(SnapshotRow.id, SnapshotRow.body_json, SnapshotRow.sha256)
+                    .join(Transaction, Transaction.id == SnapshotRow.tx_id)
+                    .where(Transaction.slot == target.slot)
+                    .order_by(SnapshotRow.id.desc())
+                    .where(SnapshotRow.id < last)
+                    .limit(page)
+                )
+                rows = s.execute(q).all()
+                for row_id, body_json, sha in rows:
+                    last = row_id
+                    if sha in seen:  # the same content again: it did not qualify the first time
+                        continue
+                    seen.add(sha)
+                    body: JSONValue = json.loads(body_json or _blob(s, sha))
+                    if not isinstance(body, dict):
+                        continue
+                    slot = _object(_object(body.get("slots")).get(target.slot))
+                    if _object(slot.get("incumbent")).get("container_id") != target.container_id:
+                        continue
+                    container = _object(_object(slot.get("containers")).get(target.container_id))
+                    served = _array(_object(slot.get("serving")).get("models"))
+                    models = [m[0] for m in served if isinstance(m, list) and m]  # [name, max_model_len]
+                    if container.get("status") == "running" and models == [target.served_model]:
+                        return body
+                if len(rows) < page:
+                    return None
 
     def snapshots(self, tx_id: str) -> dict[str, Snapshot]:
         with self.read() as s:
             rows = s.execute(
                 select(SnapshotRow).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id)
             ).scalars()
-            return {r.label: Snapshot(json.loads(r.body_json)) for r in rows}
+            return {r.label: Snapshot(json.loads(r.body_json or _blob(s, r.sha256))) for r in rows}
 
 
 def _object(value: object) -> Mapping[str, object]:
@@ -383,3 +459,11 @@ def _object(value: object) -> Mapping[str, object]:
 def _array(value: object) -> JSONArray:
     """A snapshot member that should be an array; [] when it is absent, null or not one."""
     return value if isinstance(value, list) else []
+
+
+def _blob(s: Session, sha256: str) -> str:
+    """A snapshot body by its content hash (`snapshot_blobs`)."""
+    body = s.execute(select(SnapshotBlob.body_json).where(SnapshotBlob.sha256 == sha256)).scalar()
+    if body is None:
+        raise StateStoreError(f"snapshot body {sha256[:12]} is missing from snapshot_blobs")
+    return body

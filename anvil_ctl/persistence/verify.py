@@ -11,7 +11,11 @@ What is checked, and what each check catches:
 - the head: the entry the head file names (and `--expect-head`, when given) is
   there with the recorded hash (the tail cut off, the journal rewritten and
   rehashed);
-- the append-only triggers are all in place and enabled.
+- the append-only triggers are all in place and enabled;
+- (full walks only) the current-state projection (`projection`) against a rebuild
+  from history: it is derived and not covered by the chain, so a table that differs
+  is named in `projection_differs` (a write outside anvilctl, or history rewritten
+  under it) without being a problem of the record itself, which the checks above judge.
 
 A full walk reads everything. An incremental one starts at the latest checkpoint
 (a position a clean verify recorded, with each covered table's row count then):
@@ -42,7 +46,7 @@ from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import Unavailable
 from anvil_ctl.core.model import canonical_json
-from anvil_ctl.persistence import audit, chainwalk
+from anvil_ctl.persistence import audit, chainwalk, projection
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
 from anvil_ctl.persistence.coverage import COVERED, RowKey, RowValues, key_of, row_digest
@@ -229,6 +233,9 @@ def _full(s: Session, report: Report) -> None:
         if seq > walk.end.seq:
             _check_pinned(s, walk.end, Head(seq, cp_hash), f"checkpoint {cp_id}", report.problems)
     _check_all_rows(s, walk, report)
+    report.projection_differs = projection.compare(s)
+    if report.projection_differs:
+        log.warning("audit.projection_differs", tables=report.projection_differs)
 
 
 def _incremental(s: Session, cp: AuditCheckpoint, report: Report) -> str | None:

@@ -48,6 +48,7 @@ class ReportRecord(TypedDict):
     checkpoint: CheckpointRecord | None
     checkpoint_error: str | None
     problems: list[ProblemRecord]
+    projection_differs: list[str]
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Report:
     checkpoint: CheckpointRecord | None = None  # the checkpoint this run recorded
     checkpoint_error: str | None = None  # why it could not record one (a read-only database)
     problems: list[Problem] = field(default_factory=list)
+    projection_differs: list[str] = field(default_factory=list)  # full walks: derived tables off
 
     @property
     def ok(self) -> bool:
@@ -88,4 +90,5 @@ class Report:
             "checkpoint": self.checkpoint,
             "checkpoint_error": self.checkpoint_error,
             "problems": [p.as_dict() for p in self.problems],
+            "projection_differs": self.projection_differs,
         }

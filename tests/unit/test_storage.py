@@ -184,7 +184,7 @@ class TestUpgradeTo0005:
             cwd=REPO,
         )
         assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["to"] == "0005" and (tmp_path / "anvil.db.head").is_file()
+        assert json.loads(r.stdout)["to"] == SCHEMA_REVISION and (tmp_path / "anvil.db.head").is_file()
         con = sqlite3.connect(tmp_path / "anvil.db")
         covers = con.execute("SELECT payload_json FROM audit_journal WHERE event = 'audit.cover'").fetchall()
         manifests = con.execute("SELECT tx_id, kind, sha256 FROM evidence_manifests").fetchall()

@@ -58,10 +58,20 @@ def standing_decision(store: Store, identity_digest: str) -> DecisionRecord | No
     """The newest decision for this identity whose waivers (if any) are all still active."""
     now = datetime.now(UTC)
     active = {w.id for w in waivers.waivers(store) if w.active(now)}
-    for d in reversed(qualification.decisions(store, identity_digest=identity_digest)):
-        if all(wid in active for wid in d["waiver_ids"]):
-            return d
-    return None
+    # Newest first, a page at a time: the newest decision almost always stands, and an
+    # identity qualified thousands of times must not load them all.
+    page, offset = 16, 0
+    while True:
+        found = qualification.decisions(
+            store, identity_digest=identity_digest, newest_first=True, limit=page, offset=offset
+        )
+        for d in found:
+            if all(wid in active for wid in d["waiver_ids"]):
+                return d
+        if len(found) < page:
+            return None
+        offset += page
+        page *= 4
 
 
 class RouterConfigured(Guard[Ctx]):

@@ -1,0 +1,300 @@
+"""The current-state projection: what is current, kept beside the history it summarizes.
+
+Five derived tables (`models.PROJECTION_TABLES`): each transaction's latest state
+(`tx_current`), each (slot, role)'s latest identity (`identity_current`), who served
+each slot when (`serving_intervals`, one row per incumbent of a committed
+transaction), each claimed GPU role's owner (`gpu_owner_current`) and each lock row
+not released (`lock_held`). The Store's
+writers call the `on_*` functions inside the write transaction that appends the
+history row, so a commit carries both or neither.
+
+History stays the truth. `rebuild` derives the same rows from history alone (what
+migration 0007 wrote into an existing database, and what `compare` holds the
+maintained rows against); the projection is not covered by the audit chain since it
+is mutable by design and anyone can rebuild it. Nothing here is exported: only the
+modules of `anvil_ctl.persistence` call it.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import bindparam, delete, insert, select, text
+from sqlalchemy.orm import Session
+
+from anvil_ctl.core.states import UNRESOLVED_STATES
+from anvil_ctl.persistence.models import (
+    GpuOwnerCurrent,
+    GpuOwnershipEvent,
+    IdentityCurrent,
+    IdentityRow,
+    LockHeld,
+    LockRow,
+    ServingInterval,
+    Transaction,
+    TransactionState,
+    TxCurrent,
+)
+
+COMMITTED = "committed"
+UNRESOLVED = sorted(s.value for s in UNRESOLVED_STATES)
+INCUMBENT = "incumbent"
+
+# -- kept up to date by the writers ------------------------------------------------------------
+
+
+def on_begin(s: Session, tx: Transaction, state: TransactionState) -> None:
+    """A transaction was planned: its row, at its first state."""
+    s.add(
+        TxCurrent(
+            tx_id=tx.id,
+            kind=tx.kind,
+            slot=tx.slot,
+            state=state.state,
+            reason=state.reason,
+            state_id=state.id,
+            unresolved=int(state.state in UNRESOLVED),
+            owner_pid=tx.owner_pid,
+            owner_host=tx.owner_host,
+            owner_boot_id=tx.owner_boot_id,
+            created_at=tx.created_at,
+            updated_at=state.at,
+        )
+    )
+
+
+def on_transition(s: Session, state: TransactionState) -> None:
+    """A transaction moved on; committing places its incumbent in the serving history."""
+    cur = s.get(TxCurrent, state.tx_id)
+    if cur is None:  # a transaction without a projection row: history is the truth
+        raise LookupError(f"tx_current has no row for {state.tx_id}; rebuild the projection")
+    cur.state, cur.reason, cur.state_id, cur.updated_at = state.state, state.reason, state.id, state.at
+    cur.unresolved = int(state.state in UNRESOLVED)
+    if state.state == COMMITTED:
+        _place_interval(s, state.tx_id)
+
+
+def on_identity(s: Session, row: IdentityRow) -> None:
+    """An identity was recorded: the latest of its (slot, role); an incumbent recorded for a
+    committed transaction moves that transaction's serving interval to it."""
+    cur = s.get(IdentityCurrent, (row.slot, row.role))
+    if cur is None:
+        s.add(
+            IdentityCurrent(
+                slot=row.slot,
+                role=row.role,
+                identity_id=row.id,
+                container_id=row.container_id,
+                digest=row.digest,
+                at=row.at,
+            )
+        )
+    else:
+        cur.identity_id, cur.container_id, cur.digest, cur.at = row.id, row.container_id, row.digest, row.at
+    if row.role == INCUMBENT and row.tx_id is not None:
+        tx = s.get(TxCurrent, row.tx_id)
+        if tx is not None and tx.state == COMMITTED:
+            _place_interval(s, row.tx_id)
+
+
+def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
+    """A claim makes its container the role's owner; a release leaves the role unowned."""
+    cur = s.get(GpuOwnerCurrent, row.role)
+    if row.event != "claim":
+        if cur is not None:
+            s.delete(cur)
+        return
+    if cur is None:
+        s.add(
+            GpuOwnerCurrent(
+                role=row.role,
+                event_id=row.id,
+                container_id=row.container_id,
+                tx_id=row.tx_id,
+                mode=row.mode,
+                slot=row.slot,
+                since=row.at,
+            )
+        )
+    else:
+        cur.event_id, cur.container_id, cur.tx_id = row.id, row.container_id, row.tx_id
+        cur.mode, cur.slot, cur.since = row.mode, row.slot, row.at
+
+
+def on_lock(s: Session, row: LockRow) -> None:
+    s.add(LockHeld(lock_id=row.id, host=row.host, since=row.since))
+
+
+def on_lock_release(s: Session, lock_id: str) -> None:
+    held = s.get(LockHeld, lock_id)
+    if held is not None:
+        s.delete(held)
+
+
+def _neighbour(s: Session, slot: str, identity_id: int, *, after: bool) -> ServingInterval | None:
+    q = select(ServingInterval).where(ServingInterval.slot == slot)
+    if after:
+        q = q.where(ServingInterval.identity_id > identity_id).order_by(ServingInterval.identity_id)
+    else:
+        q = q.where(ServingInterval.identity_id < identity_id).order_by(ServingInterval.identity_id.desc())
+    return s.execute(q.limit(1)).scalar()
+
+
+def _place_interval(s: Session, tx_id: str) -> None:
+    """The committed transaction's last incumbent, in identity order among its slot's
+    intervals (as `LEAD(at) OVER (PARTITION BY slot ORDER BY id)` would put it)."""
+    s.flush()
+    ident = s.execute(
+        select(IdentityRow)
+        .where(IdentityRow.tx_id == tx_id, IdentityRow.role == INCUMBENT)
+        .order_by(IdentityRow.id.desc())
+        .limit(1)
+    ).scalar()
+    if ident is None:
+        return
+    for old in s.execute(select(ServingInterval).where(ServingInterval.tx_id == tx_id)).scalars().all():
+        before = _neighbour(s, old.slot, old.identity_id, after=False)
+        if before is not None:
+            before.served_until = old.served_until
+        s.delete(old)
+        s.flush()
+    nxt = _neighbour(s, ident.slot, ident.id, after=True)
+    before = _neighbour(s, ident.slot, ident.id, after=False)
+    if before is not None:
+        before.served_until = ident.at
+    s.add(
+        ServingInterval(
+            identity_id=ident.id,
+            slot=ident.slot,
+            tx_id=tx_id,
+            served_from=ident.at,
+            served_until=nxt.served_from if nxt is not None else None,
+        )
+    )
+    s.flush()
+
+
+# -- reads -------------------------------------------------------------------------------------
+
+
+def tx_state(s: Session, tx_id: str) -> str | None:
+    return s.execute(select(TxCurrent.state).where(TxCurrent.tx_id == tx_id)).scalar()
+
+
+def tx_rows_in(s: Session, states: frozenset[str]) -> list[TxCurrent]:
+    """Transactions whose current state is one of `states` (unresolved ones), oldest first,
+    from the partial index of unresolved transactions: a handful of rows at any size."""
+    if not states <= set(UNRESOLVED):
+        raise ValueError(f"not unresolved states: {sorted(states - set(UNRESOLVED))}")
+    q = (
+        select(TxCurrent)
+        .where(TxCurrent.unresolved == 1, TxCurrent.state.in_(sorted(states)))
+        .order_by(TxCurrent.created_at)
+    )
+    return list(s.execute(q).scalars())
+
+
+# -- derived from history alone ------------------------------------------------------------------
+
+_REBUILD: dict[str, str] = {
+    "tx_current": """
+        SELECT t.id AS tx_id, t.kind, t.slot, l.state, l.reason, l.id AS state_id,
+               CASE WHEN l.state IN :unresolved THEN 1 ELSE 0 END AS unresolved,
+               t.owner_pid, t.owner_host, t.owner_boot_id, t.created_at, l.at AS updated_at
+        FROM transactions t JOIN (
+            SELECT s.tx_id, s.id, s.state, s.reason, s.at FROM transaction_states s
+            WHERE s.id = (SELECT max(x.id) FROM transaction_states x WHERE x.tx_id = s.tx_id)
+        ) l ON l.tx_id = t.id
+        ORDER BY t.id
+    """,
+    "identity_current": """
+        SELECT i.slot, i.role, i.id AS identity_id, i.container_id, i.digest, i.at
+        FROM identities i
+        WHERE i.id = (SELECT max(j.id) FROM identities j WHERE j.slot = i.slot AND j.role = i.role)
+        ORDER BY i.slot, i.role
+    """,
+    "serving_intervals": """
+        SELECT c.id AS identity_id, c.slot, c.tx_id, c.at AS served_from,
+               LEAD(c.at) OVER (PARTITION BY c.slot ORDER BY c.id) AS served_until
+        FROM (
+            SELECT i.id, i.slot, i.tx_id, i.at
+            FROM identities i JOIN (
+            SELECT s.tx_id, s.id, s.state, s.reason, s.at FROM transaction_states s
+            WHERE s.id = (SELECT max(x.id) FROM transaction_states x WHERE x.tx_id = s.tx_id)
+        ) l ON l.tx_id = i.tx_id
+            WHERE i.role = 'incumbent' AND l.state = 'committed'
+              AND i.id = (SELECT max(j.id) FROM identities j
+                          WHERE j.tx_id = i.tx_id AND j.role = 'incumbent')
+        ) c
+        ORDER BY identity_id
+    """,
+    "gpu_owner_current": """
+        SELECT e.role, e.id AS event_id, e.container_id, e.tx_id, e.mode, e.slot, e.at AS since
+        FROM gpu_ownership_events e
+        WHERE e.event = 'claim'
+          AND e.id = (SELECT max(x.id) FROM gpu_ownership_events x WHERE x.role = e.role)
+        ORDER BY e.role
+    """,
+    "lock_held": """
+        SELECT l.id AS lock_id, l.host, l.since FROM locks l
+        WHERE NOT EXISTS (SELECT 1 FROM lock_releases r WHERE r.lock_id = l.id)
+        ORDER BY l.id
+    """,
+}
+
+_MAINTAINED: dict[str, str] = {
+    "tx_current": """
+        SELECT tx_id, kind, slot, state, reason, state_id, unresolved, owner_pid, owner_host,
+               owner_boot_id, created_at, updated_at
+        FROM tx_current ORDER BY tx_id
+    """,
+    "identity_current": """
+        SELECT slot, role, identity_id, container_id, digest, at FROM identity_current ORDER BY slot, role
+    """,
+    "serving_intervals": """
+        SELECT identity_id, slot, tx_id, served_from, served_until FROM serving_intervals
+        ORDER BY identity_id
+    """,
+    "gpu_owner_current": """
+        SELECT role, event_id, container_id, tx_id, mode, slot, since FROM gpu_owner_current ORDER BY role
+    """,
+    "lock_held": "SELECT lock_id, host, since FROM lock_held ORDER BY lock_id",
+}
+"""The stored rows, in `_REBUILD`'s columns and order."""
+
+
+def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
+    """Every projection table's rows as history says they are (full scans: not for commands)."""
+    out: dict[str, list[dict[str, object]]] = {}
+    for name, sql in _REBUILD.items():
+        q = text(sql)
+        if ":unresolved" in sql:
+            q = q.bindparams(bindparam("unresolved", value=UNRESOLVED, expanding=True))
+        out[name] = [dict(r._mapping) for r in s.execute(q)]
+    return out
+
+
+def maintained(s: Session) -> dict[str, list[dict[str, object]]]:
+    """Every projection table's rows as they are stored, in `rebuild`'s order and columns."""
+    return {name: [dict(r._mapping) for r in s.execute(text(sql))] for name, sql in _MAINTAINED.items()}
+
+
+def compare(s: Session) -> list[str]:
+    """The projection tables whose stored rows differ from a rebuild from history."""
+    want, have = rebuild(s), maintained(s)
+    return [name for name in _REBUILD if want[name] != have[name]]
+
+
+def write_rebuilt(s: Session) -> dict[str, int]:
+    """Replace the projection by a rebuild from history (migration 0007; a repair)."""
+    models = {
+        "tx_current": TxCurrent,
+        "identity_current": IdentityCurrent,
+        "serving_intervals": ServingInterval,
+        "gpu_owner_current": GpuOwnerCurrent,
+        "lock_held": LockHeld,
+    }
+    rows = rebuild(s)
+    for name, model in models.items():
+        s.execute(delete(model))
+        if rows[name]:
+            s.execute(insert(model), rows[name])
+    return {name: len(r) for name, r in rows.items()}

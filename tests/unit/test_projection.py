@@ -1,0 +1,362 @@
+"""The current-state projection agrees with history, its reads are indexed, and records are lean.
+
+- After a random sequence of load, promote and rollback on the shipped fakes (clean,
+  compensated, refused, killed at a random journal boundary and recovered), the
+  projection the writers kept equals a rebuild from history, table by table.
+- An existing database upgraded to 0007 gets the projection history implies.
+- `EXPLAIN QUERY PLAN` of each README query, and of every query the guards, `status`,
+  `recover`, `lock status` and `audit transactions/show` run, scans no history table.
+- A load, promote and rollback cost a measured number of bytes (printed; held under a
+  ceiling so a regression shows).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from sqlalchemy import event
+
+from anvil_ctl.bootstrap import Context
+from anvil_ctl.commands import admin, audit, lifecycle, transactions
+from anvil_ctl.persistence import projection, qualification
+from anvil_ctl.persistence.db import make_engine
+from anvil_ctl.persistence.migrate import alembic_config
+from anvil_ctl.persistence.models import HISTORY_TABLES, PROJECTION_TABLES
+from tests.unit.fakehost import FakeHost, make_fake_host
+
+SLOT = "primary"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _verified(host: FakeHost, n: int) -> None:
+    """A verified decision for the loaded candidate (what a passing `qualify` records)."""
+    ctx = host.context()
+    cand = ctx.store.current_identity(SLOT, "candidate")
+    if cand is None:
+        return
+    qualification.record_decision(
+        ctx.store,
+        decision_id=f"dec-{n}",
+        tx_id=None,
+        slot=SLOT,
+        identity_digest=cand.qualification_digest,
+        container_id=cand.container_id,
+        outcome="verified",
+    )
+
+
+def _compare(host: FakeHost) -> list[str]:
+    with host.context().store.read() as s:
+        return projection.compare(s)
+
+
+def _maintained(host: FakeHost) -> dict[str, list[dict[str, Any]]]:
+    with host.context().store.read() as s:
+        return projection.maintained(s)
+
+
+def _killed_at(host: FakeHost, boundary: str, run: Any) -> bool:
+    """Run `run(child_host)` in a forked child that SIGKILLs itself at `boundary`; False
+    when the child never got there (refused by a guard, or it took another path)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            settings = host.settings.model_copy(update={"crash_at": boundary})
+            ctx = Context(settings=settings, env={})
+            child = FakeHost(host.root, settings, host.world, host.image_id, host.incumbent_id)
+            child.context = lambda: ctx  # type: ignore[method-assign]
+            run(child)
+            code = 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 4:
+        return False
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        pytest.fail(f"child did not die at {boundary}: status {status}")
+    return True
+
+
+def _boundaries(host: FakeHost, tx_id: str, kind: str) -> list[str]:
+    shown = audit.show(host.context(), tx_id)
+    rows = [f"{kind}:state:{s['state']}" for s in shown["states"]]
+    rows += [f"{kind}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
+    return list(dict.fromkeys(rows))
+
+
+class TestTheProjectionEqualsARebuildFromHistory:
+    @pytest.mark.parametrize("seed", [1, 2])
+    def test_after_a_random_sequence_of_clean_compensated_refused_and_crashed_transactions(
+        self, tmp_path: Path, seed: int
+    ) -> None:
+        rng = random.Random(seed)
+        host = make_fake_host(tmp_path)
+        assert _compare(host) == []
+        seen: dict[str, list[str]] = {}
+        states: list[str] = []
+        for n in range(14):
+            op = rng.choice(["load", "load", "load-fails", "promote", "promote-fails", "rollback", "crash"])
+            ctx = host.context()
+            if op == "load":
+                out = transactions.load(ctx, slot=SLOT, candidate=host.candidate(name=f"cand-{n}"))
+                if out.tx_id and out.state.value == "committed":
+                    seen.setdefault("load", _boundaries(host, out.tx_id, "load"))
+                    _verified(host, n)
+            elif op == "load-fails":
+                out = transactions.load(
+                    ctx, slot=SLOT, candidate=host.candidate(name=f"bad-{n}", fail_health=True)
+                )
+            elif op == "promote":
+                out = lifecycle.promote(ctx, slot=SLOT, approved_by="operator")
+            elif op == "promote-fails":
+                host.world.set_fail("acceptance", "injected", times=1)
+                out = lifecycle.promote(ctx, slot=SLOT, approved_by="operator")
+            elif op == "rollback":
+                out = lifecycle.rollback(ctx, slot=SLOT)
+                if out.tx_id and out.state.value == "committed":
+                    seen.setdefault("rollback", _boundaries(host, out.tx_id, "rollback"))
+            else:
+                # A rollback runs on most states of the slot; a load only when nothing is loaded.
+                kind = rng.choice(["rollback", "load"])
+                boundary = rng.choice(seen.get(kind) or [f"{kind}:state:running"])
+
+                def run(h: FakeHost, n: int = n, kind: str = kind) -> Any:
+                    if kind == "rollback":
+                        return lifecycle.rollback(h.context(), slot=SLOT)
+                    return transactions.load(h.context(), slot=SLOT, candidate=h.candidate(name=f"k-{n}"))
+
+                died = _killed_at(host, boundary, run)
+                with host.world.edit() as w:
+                    w["fail"], w["fail_times"] = {}, {}
+                assert _compare(host) == [], f"after the kill at {boundary}"
+                transactions.recover_all(host.context())
+                states.append(f"killed at {boundary}, recovered" if died else f"{kind}: not killed")
+                assert _compare(host) == [], f"after recovering the kill at {boundary}"
+                continue
+            with host.world.edit() as w:
+                w["fail"], w["fail_times"] = {}, {}
+            states.append(f"{op}:{out.state.value}")
+            assert _compare(host) == [], states
+        for outcome in (":committed", ":compensated", ", recovered"):  # each kind was exercised
+            assert any(s.endswith(outcome) for s in states), (outcome, states)
+
+    def test_each_projection_table_is_checked(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        assert sorted(_maintained(host)) == sorted(PROJECTION_TABLES)
+
+    def test_a_projection_row_edited_by_hand_is_named_by_a_full_verify(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        transactions.load(host.context(), slot=SLOT, candidate=host.candidate())
+        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+        con.execute("UPDATE tx_current SET state = 'needs_operator'")
+        con.commit()
+        con.close()
+        report = audit.verify(host.context(), full=True)
+        assert report["ok"]  # the record itself is intact: the projection is not history
+        assert report["projection_differs"] == ["tx_current"]
+
+
+class TestTheProjectionIsNotHistory:
+    def test_no_projection_table_is_covered_by_the_chain(self) -> None:
+        assert not set(PROJECTION_TABLES) & set(HISTORY_TABLES)
+
+    def test_snapshot_bodies_are_history_and_stored_once_per_content(self, tmp_path: Path) -> None:
+        assert "snapshot_blobs" in HISTORY_TABLES
+        host = make_fake_host(tmp_path)
+        for _ in range(2):
+            lifecycle.rollback(host.context(), slot=SLOT, dry_run=True)
+            transactions.load(host.context(), slot=SLOT, candidate=host.candidate())
+            lifecycle.rollback(host.context(), slot=SLOT)
+        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+        snaps = con.execute("SELECT count(*), count(DISTINCT sha256) FROM snapshots").fetchone()
+        blobs = con.execute("SELECT count(*) FROM snapshot_blobs").fetchone()[0]
+        empty = con.execute("SELECT count(*) FROM snapshots WHERE body_json <> ''").fetchone()[0]
+        con.close()
+        assert blobs == snaps[1] < snaps[0] and empty == 0
+        assert audit.verify(host.context(), full=True)["ok"]
+
+
+class TestUpgradeOfAPopulatedDatabase:
+    def test_0007_builds_the_projection_history_implies(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        ctx = host.context()
+        transactions.load(ctx, slot=SLOT, candidate=host.candidate())
+        _verified(host, 1)
+        lifecycle.promote(host.context(), slot=SLOT, approved_by="operator")
+        transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="bad", fail_health=True))
+        lifecycle.rollback(host.context(), slot=SLOT)
+        kept = _maintained(host)
+        assert kept["serving_intervals"] and kept["gpu_owner_current"] and kept["tx_current"]
+        db = host.settings.state_dir / "anvil.db"
+        engine = make_engine(f"sqlite:///{db}")
+        command.downgrade(alembic_config(engine), "0005")
+        con = sqlite3.connect(db)
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        con.close()
+        assert not set(PROJECTION_TABLES) & names
+        command.upgrade(alembic_config(engine), "head")
+        engine.dispose()
+        assert _maintained(host) == kept
+        assert _compare(host) == []
+        assert audit.verify(host.context(), full=True)["ok"]
+
+
+# -- query plans -------------------------------------------------------------------------------
+
+SCAN = re.compile(r"^SCAN (\w+)")
+
+
+def _readme_queries() -> list[str]:
+    text = README.read_text()
+    found = re.findall(r'sqlite3 state/anvil\.db "((?:[^"\\]|\\.)*)"', text)
+    return [" ".join(q.replace('\\"', '"').split()) for q in found]
+
+
+PARTIAL_INDEXES = ("ix_decisions_waived",)
+"""Partial indexes: a scan of one reads only the rows it holds (decisions with waivers)."""
+
+
+def _history_scans(con: sqlite3.Connection, sql: str, params: Any = ()) -> list[str]:
+    plan = [str(r[3]) for r in con.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+    return [
+        p
+        for p in plan
+        if (m := SCAN.match(p))
+        and m.group(1) in (*HISTORY_TABLES, "audit_journal")
+        and not any(p.endswith(f"USING INDEX {ix}") for ix in PARTIAL_INDEXES)
+    ]
+
+
+OPERATOR_TABLES = ("waivers", "waiver_revocations")
+"""History written by a person's command (`waivers add/revoke`), never once per transaction:
+read whole, and small at any number of transactions."""
+
+
+def _bounded(sql: str, scans: list[str]) -> bool:
+    """A scan that cannot grow with the history: an operator table, or a walk in key order
+    without a filter that stops at its LIMIT (the audit chain's head)."""
+    tables = {SCAN.match(p).group(1) for p in scans}  # type: ignore[union-attr]
+    in_order = " LIMIT " in sql and " WHERE " not in sql and "ORDER BY" in sql
+    return tables <= set(OPERATOR_TABLES) or in_order
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
+    host = make_fake_host(tmp_path_factory.mktemp("plans"))
+    for n in range(2):
+        transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
+        _verified(host, n)
+        lifecycle.promote(host.context(), slot=SLOT, approved_by="operator")
+        lifecycle.rollback(host.context(), slot=SLOT)
+    transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="last"))
+    _verified(host, 9)
+    return host
+
+
+@contextmanager
+def _statements(ctx: Context) -> Iterator[list[tuple[str, Any]]]:
+    seen: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, params: Any, _context: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and not many:
+            seen.append((statement, params))
+
+    event.listen(ctx.store.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(ctx.store.engine, "before_cursor_execute", record)
+
+
+class TestQueryPlans:
+    def test_the_readme_lists_the_queries_this_test_checks(self) -> None:
+        assert len(_readme_queries()) >= 6
+
+    @pytest.mark.parametrize("index", range(6))
+    def test_no_readme_query_scans_a_history_table(self, populated: FakeHost, index: int) -> None:
+        sql = _readme_queries()[index]
+        con = sqlite3.connect(populated.settings.state_dir / "anvil.db")
+        try:
+            assert _history_scans(con, sql) == [], sql
+            con.execute(sql).fetchall()
+        finally:
+            con.close()
+
+    def test_no_guard_status_recover_lock_or_audit_query_scans_a_history_table(
+        self, populated: FakeHost
+    ) -> None:
+        ctx = populated.context()
+        tx_id = audit.transactions(ctx, limit=1)[0]["tx_id"]
+        with _statements(ctx) as seen:
+            lifecycle.rollback(ctx, slot=SLOT, dry_run=True)
+            lifecycle.promote(ctx, slot=SLOT, approved_by="operator", dry_run=True)
+            transactions.load(ctx, slot=SLOT, candidate=populated.candidate(name="x"), dry_run=True)
+            admin.status(ctx)
+            audit.transactions(ctx, limit=20)
+            audit.show(ctx, tx_id[:8])
+            transactions.lock_status(ctx)
+            transactions.recover_all(ctx)
+        assert len(seen) > 20
+        con = sqlite3.connect(populated.settings.state_dir / "anvil.db")
+        try:
+            found = {sql: _history_scans(con, sql, params) for sql, params in seen}
+        finally:
+            con.close()
+        bad = {
+            " ".join(sql.split())[:160]: scans
+            for sql, scans in found.items()
+            if scans and not _bounded(sql, scans)
+        }
+        assert bad == {}
+
+
+# -- bytes per transaction ---------------------------------------------------------------------
+
+CEILING_BYTES_PER_TX = 32_000
+"""Pages the database grows by per transaction (tables and indexes): measured about 29.7 KB
+with lean records, 40.6 KB before them (main at 0005). The target is 8 KB: not met, see
+the README's figures. The ceiling holds what was gained."""
+
+
+def _db_bytes(db: Path) -> int:
+    con = sqlite3.connect(db)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return int(con.execute("SELECT sum(pgsize) FROM dbstat").fetchone()[0])
+    finally:
+        con.close()
+
+
+class TestBytesPerTransaction:
+    def test_a_load_promote_rollback_cycle_costs_bytes_under_the_ceiling(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        host = make_fake_host(tmp_path)
+        db = host.settings.state_dir / "anvil.db"
+
+        def cycle(n: int) -> None:
+            transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
+            _verified(host, n)
+            assert lifecycle.promote(host.context(), slot=SLOT, approved_by="op").state.value == "committed"
+            assert lifecycle.rollback(host.context(), slot=SLOT).state.value == "committed"
+
+        cycle(0)  # warm: the host has served, been promoted and rolled back
+        before = _db_bytes(db)
+        cycles = 4
+        for n in range(1, cycles + 1):
+            cycle(n)
+        per_tx = (_db_bytes(db) - before) / (3 * cycles)
+        with capsys.disabled():
+            print(f"\nbytes per load/promote/rollback transaction, audit rows included: {per_tx:,.0f}")
+        assert per_tx <= CEILING_BYTES_PER_TX
