@@ -192,7 +192,7 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.cli.views.GpuReadings": rq.gpu_readings,
     "anvil_ctl.cli.views.DetectedRoles": rq.detected_roles,
     "anvil_ctl.cli.views.EvidenceAudit": rq.evidence_audit,
-    "anvil_ctl.engine.runner.Outcome": rt.outcome,
+    "anvil_ctl.engine.outcome.Outcome": rt.outcome,
     "anvil_ctl.engine.recover.RecoverReport": rt.recover,
     "anvil_ctl.commands.recheck.RecheckResult": rt.recheck,
     "anvil_ctl.commands.qualify.QualifyOutcome": rq.qualify,

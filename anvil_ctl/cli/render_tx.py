@@ -15,8 +15,8 @@ from anvil_ctl.core.snapshot import show_value
 
 if TYPE_CHECKING:
     from anvil_ctl.commands.recheck import RecheckResult
+    from anvil_ctl.engine.outcome import Outcome
     from anvil_ctl.engine.recover import RecoverReport
-    from anvil_ctl.engine.runner import Outcome
 
 MAX_CHANGES = 40
 """An outcome lists this many snapshot changes; `audit diff TX` lists them all."""

@@ -11,9 +11,9 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.lock import HostLock
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import DriftAcceptance, PromoteArgs, RollbackArgs
 from anvil_ctl.engine.plans.promote import standing_decision
-from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.engine.serving import is_running
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import queries

@@ -34,11 +34,12 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_RECIPE, Identity
 from anvil_ctl.core.validate import check_duration, require
 from anvil_ctl.engine import reclassify
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans import ab as ab_plan
 from anvil_ctl.engine.plans import qualify as qualify_plan
 from anvil_ctl.engine.plans.args import AbArgs, AbArm, QualifyArgs
 from anvil_ctl.engine.reclassify import ReclassifyReport
-from anvil_ctl.engine.runner import Outcome, TransactionEngine
+from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.qualification import DecisionRecord

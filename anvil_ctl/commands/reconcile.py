@@ -11,8 +11,8 @@ import uuid
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.transactions import mutating, run_plan
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import ReconcileArgs
-from anvil_ctl.engine.runner import Outcome
 
 
 def reconcile(ctx: Context, slot: str, *, dry_run: bool = False) -> Outcome:

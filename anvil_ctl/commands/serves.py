@@ -12,9 +12,9 @@ from anvil_ctl.commands.transactions import limit_waits, run_plan
 from anvil_ctl.commands.transactions import load as load_tx
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadArgs
 from anvil_ctl.engine.plans.unload import removal_problem
-from anvil_ctl.engine.runner import Outcome
 from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
 
 

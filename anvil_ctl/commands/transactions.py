@@ -25,10 +25,11 @@ from anvil_ctl.core.validate import (
 )
 from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import serving
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans import KINDS
 from anvil_ctl.engine.plans.args import AdoptArgs, Candidate, DriftAcceptance, LoadArgs, PlanArgs
 from anvil_ctl.engine.recover import RecoverReport, recover
-from anvil_ctl.engine.runner import Outcome, TransactionEngine
+from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.serving import is_running
 from anvil_ctl.persistence.locks import release_row
 

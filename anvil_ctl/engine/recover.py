@@ -28,9 +28,10 @@ from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.engine.plans import KINDS, TxKind
-from anvil_ctl.engine.runner import Outcome, TransactionEngine
+from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
 
 log = structlog.get_logger("anvil.recover")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import structlog
@@ -32,11 +31,13 @@ from anvil_ctl.core.errors import AnvilError, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.ports import Journal, Owner, Progress, SilentProgress
-from anvil_ctl.core.snapshot import Change, Snapshot, diff
-from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
+from anvil_ctl.core.snapshot import diff
+from anvil_ctl.core.states import TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
+from anvil_ctl.engine.journaling import JournalWriter
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import to_json
 from anvil_ctl.engine.world import World
 
@@ -46,42 +47,6 @@ W = World
 AVAILABILITY = "availability"
 
 log = structlog.get_logger("anvil.engine")
-
-
-@dataclass
-class Outcome:
-    """What a transaction did; `exit_code` is what the CLI returns for it."""
-
-    kind: str
-    state: TxState
-    tx_id: str | None = None
-    reason: str = ""
-    dry_run: bool = False
-    plan: list[dict[str, str]] = field(default_factory=list)
-    refusal: Refusal | None = None
-    before: Snapshot | None = None
-    after: Snapshot | None = None
-    changes: list[Change] = field(default_factory=list)
-    results: dict[str, JSONObject] = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> int:
-        return int(STATE_EXIT_CODES[self.state])
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "tx_id": self.tx_id,
-            "kind": self.kind,
-            "state": self.state.value,
-            "reason": self.reason,
-            "dry_run": self.dry_run,
-            "plan": self.plan,
-            "refusal": self.refusal.as_dict() if self.refusal else None,
-            "before_sha256": self.before.sha256 if self.before else None,
-            "after_sha256": self.after.sha256 if self.after else None,
-            "changes": [c.as_dict() for c in self.changes],
-            "results": self.results,
-        }
 
 
 _SILENT = SilentProgress()
@@ -109,38 +74,15 @@ class TransactionEngine:
         self.journal = journal
         self.owner = owner
         self.faults = faults
-        self._held: list[tuple[Callable[[], object], str]] = []
+        self._writer = JournalWriter(journal, faults)
 
-    # -- journal, with the fault-injection boundary --------------------------------------------
-    #
-    # Journal, then act, then record. An intent, an error and a state change commit before
-    # the runner goes on (`_commit`); a record of what was observed (a step's result, a
-    # snapshot, a diff) is held (`_hold`) and commits together with the next of those, in one
-    # database transaction and one audit entry. Nothing acts between a record and that next
-    # write, so no intent waits on a record, and a death in between looks like a death just
-    # before the record, which recovery already handles (the step may or may not be done).
-
-    def _boundary(self, kind: str, *parts: str) -> None:
-        self.faults.at(":".join((kind, *parts)))
+    # -- journal, with the fault-injection boundary (`journaling.JournalWriter`) -----------------
 
     def _hold(self, write: Callable[[], object], boundary: str) -> None:
-        self._held.append((write, boundary))
+        self._writer.hold(write, boundary)
 
     def _commit(self, write: Callable[[], object] | None = None, boundary: str | None = None) -> None:
-        """Write what is held and then `write`, as one; then pass their boundaries."""
-        held, self._held = self._held, []
-        todo = [*held, *([(write, boundary or "")] if write is not None else [])]
-        if not todo:
-            return
-        if len(todo) == 1:
-            todo[0][0]()
-        else:
-            with self.journal.together():
-                for w, _b in todo:
-                    w()
-        for _w, b in todo:
-            if b:
-                self.faults.at(b)
+        self._writer.commit(write, boundary)
 
     def _event(
         self,
@@ -198,7 +140,7 @@ class TransactionEngine:
         )
         outcome.tx_id = tx_id
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
-        self._boundary(plan.kind, "state", "planned")
+        self.faults.at(":".join((plan.kind, "state", "planned")))
         started = time.monotonic()
         _progress(world).transaction(tx_id, plan.kind, plan.slot, len(plan.steps))
         try:

@@ -36,21 +36,18 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
-from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
+from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage, projection
+from anvil_ctl.persistence import audit, coverage, projection, snapshots
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
     IdentityCurrent,
     IdentityRow,
-    SnapshotBlob,
-    SnapshotDiff,
-    SnapshotRow,
     StepEventRow,
     Transaction,
     TransactionState,
@@ -295,34 +292,16 @@ class Store:
             return [StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at) for r in rows]
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:
-        now = utcnow()
         with self.write() as s:
-            if s.get(SnapshotBlob, snapshot.sha256) is None:
-                s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=snapshot.canonical, at=now))
-            # body_json "" : the body is the blob with this sha256 (rows before 0007 hold it).
-            row = SnapshotRow(tx_id=tx_id, label=label, sha256=snapshot.sha256, body_json="", at=now)
-            s.add(row)
-            s.flush()
-            self.audit(s, "snapshot", tx_id, {"label": label, "sha256": snapshot.sha256, "id": row.id})
-            return row.id
+            row_id = snapshots.record(s, tx_id, label, snapshot, utcnow())
+            self.audit(s, "snapshot", tx_id, {"label": label, "sha256": snapshot.sha256, "id": row_id})
+            return row_id
 
     def record_diff(
         self, tx_id: str, label: str, before: Snapshot, after: Snapshot, changes: list[Change]
     ) -> None:
         with self.write() as s:
-            s.add(
-                SnapshotDiff(
-                    tx_id=tx_id,
-                    label=label,
-                    before_sha256=before.sha256,
-                    after_sha256=after.sha256,
-                    equal=int(not changes),
-                    # A JSON Patch (RFC 6902) with a `test` of every value taken away; rows
-                    # written before it hold {path, before, after} (see snapshot.changes_from_stored).
-                    changes_json=canonical_json(to_patch(changes)),
-                    at=utcnow(),
-                )
-            )
+            snapshots.record_diff(s, tx_id, label, before=before, after=after, changes=changes, now=utcnow())
             self.audit(
                 s,
                 "snapshot.diff",
@@ -401,69 +380,11 @@ class Store:
         return None
 
     def served_snapshot(self, target: Identity) -> JSONObject | None:
-        """The body of the newest recorded snapshot in which `target` served its slot as incumbent.
-
-        Serving means: recorded as the slot's incumbent, its container running, and the
-        binding answering with its served model. Snapshots taken while it was stopped
-        (a campaign of several loads) do not count.
-        """
-        # Newest first, a page at a time by key (`id < last`): a range of the primary key that
-        # stops at the first snapshot that qualifies, however long the history is.
-        # Always a range (even the first page): without one, SQLite may read every snapshot of
-        # the slot through the transactions' slot index and sort them.
-        page, last = 64, 2**62
-        seen: set[str] = set()
+        """The body of the newest recorded snapshot in which `target` served its slot as incumbent
+        (`snapshots.served_snapshot` says what serving means)."""
         with self.read() as s:
-            while True:
-                q = (
-                    select(SnapshotRow.id, SnapshotRow.body_json, SnapshotRow.sha256)
-                    .join(Transaction, Transaction.id == SnapshotRow.tx_id)
-                    .where(Transaction.slot == target.slot)
-                    .order_by(SnapshotRow.id.desc())
-                    .where(SnapshotRow.id < last)
-                    .limit(page)
-                )
-                rows = s.execute(q).all()
-                for row_id, body_json, sha in rows:
-                    last = row_id
-                    if sha in seen:  # the same content again: it did not qualify the first time
-                        continue
-                    seen.add(sha)
-                    body: JSONValue = json.loads(body_json or _blob(s, sha))
-                    if not isinstance(body, dict):
-                        continue
-                    slot = _object(_object(body.get("slots")).get(target.slot))
-                    if _object(slot.get("incumbent")).get("container_id") != target.container_id:
-                        continue
-                    container = _object(_object(slot.get("containers")).get(target.container_id))
-                    served = _array(_object(slot.get("serving")).get("models"))
-                    models = [m[0] for m in served if isinstance(m, list) and m]  # [name, max_model_len]
-                    if container.get("status") == "running" and models == [target.served_model]:
-                        return body
-                if len(rows) < page:
-                    return None
+            return snapshots.served_snapshot(s, target)
 
     def snapshots(self, tx_id: str) -> dict[str, Snapshot]:
         with self.read() as s:
-            rows = s.execute(
-                select(SnapshotRow).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id)
-            ).scalars()
-            return {r.label: Snapshot(json.loads(r.body_json or _blob(s, r.sha256))) for r in rows}
-
-
-def _object(value: object) -> Mapping[str, object]:
-    """A snapshot member that should be an object; {} when it is absent, null or not one."""
-    return value if isinstance(value, dict) else {}
-
-
-def _array(value: object) -> JSONArray:
-    """A snapshot member that should be an array; [] when it is absent, null or not one."""
-    return value if isinstance(value, list) else []
-
-
-def _blob(s: Session, sha256: str) -> str:
-    """A snapshot body by its content hash (`snapshot_blobs`)."""
-    body = s.execute(select(SnapshotBlob.body_json).where(SnapshotBlob.sha256 == sha256)).scalar()
-    if body is None:
-        raise StateStoreError(f"snapshot body {sha256[:12]} is missing from snapshot_blobs")
-    return body
+            return snapshots.of_transaction(s, tx_id)

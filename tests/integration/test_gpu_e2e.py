@@ -23,7 +23,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import audit, serves, transactions
 from anvil_ctl.config import Settings
 from anvil_ctl.core.states import TxState
-from anvil_ctl.engine.runner import Outcome
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.persistence import gpu_ledger
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.recipes import load_recipe

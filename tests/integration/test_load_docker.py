@@ -12,7 +12,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import serves, transactions
 from anvil_ctl.config import Settings
 from anvil_ctl.core.states import TxState
-from anvil_ctl.engine.runner import Outcome
+from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.persistence.migrate import upgrade
 from tests.integration.hosts import INCUMBENT, sim_host_toml
 

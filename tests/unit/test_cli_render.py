@@ -11,7 +11,7 @@ import pytest
 
 from anvil_ctl.cli import render, views
 from anvil_ctl.core.states import ExitCode, TxState
-from anvil_ctl.engine.runner import Outcome
+from anvil_ctl.engine.outcome import Outcome
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
 

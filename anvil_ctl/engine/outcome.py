@@ -1,0 +1,49 @@
+"""What a transaction did: the `Outcome` the engine returns and the CLI renders.
+
+`exit_code` comes from the one state -> exit-code map (`core.states.STATE_EXIT_CODES`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from anvil_ctl.core.guards import Refusal
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.snapshot import Change, Snapshot
+from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
+
+
+@dataclass
+class Outcome:
+    """What a transaction did; `exit_code` is what the CLI returns for it."""
+
+    kind: str
+    state: TxState
+    tx_id: str | None = None
+    reason: str = ""
+    dry_run: bool = False
+    plan: list[dict[str, str]] = field(default_factory=list)
+    refusal: Refusal | None = None
+    before: Snapshot | None = None
+    after: Snapshot | None = None
+    changes: list[Change] = field(default_factory=list)
+    results: dict[str, JSONObject] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return int(STATE_EXIT_CODES[self.state])
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "tx_id": self.tx_id,
+            "kind": self.kind,
+            "state": self.state.value,
+            "reason": self.reason,
+            "dry_run": self.dry_run,
+            "plan": self.plan,
+            "refusal": self.refusal.as_dict() if self.refusal else None,
+            "before_sha256": self.before.sha256 if self.before else None,
+            "after_sha256": self.after.sha256 if self.after else None,
+            "changes": [c.as_dict() for c in self.changes],
+            "results": self.results,
+        }
