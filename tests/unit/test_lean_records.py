@@ -1,9 +1,11 @@
-"""Lean records: large JSON bodies packed at rest, a rollback's arguments name their snapshot.
+"""Lean records: large JSON bodies packed at rest, compact row digests, a rollback's arguments
+name their snapshot.
 
 - `PackedJSON` stores a large body as a compressed BLOB on SQLite and reads it back as
   the same text; small bodies stay text.
-- A database holding rows written before packing (text) and after (BLOBs) verifies in
-  both modes, and a packed row edited afterwards is named.
+- A database holding rows written before packing (text, hex row digests in the journal)
+  and after (BLOBs, base64url digests) verifies in both modes, and a packed row edited
+  afterwards is named.
 - A rollback journals the SHA-256 of the snapshot it must restore, not its body, and
   the record holds that body; one journaled with the body (before migration 0008)
   still rebuilds and verifies its placement against it.
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.commands import audit, lifecycle, transactions
+from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import coltypes
 from anvil_ctl.persistence.coltypes import PACKED, pack, unpack
 from tests.unit.fakehost import FakeHost, make_fake_host
@@ -39,6 +42,18 @@ def _storage_types(host: FakeHost, table: str, column: str) -> set[str]:
     con = _db(host)
     try:
         return {r[0] for r in con.execute(f"SELECT DISTINCT typeof({column}) FROM {table}")}
+    finally:
+        con.close()
+
+
+def _digest_lengths(host: FakeHost) -> set[int]:
+    con = _db(host)
+    try:
+        return {
+            len(d)
+            for (rows,) in con.execute("SELECT rows_json FROM audit_journal")
+            for _t, _k, d in json.loads(rows)
+        }
     finally:
         con.close()
 
@@ -74,8 +89,9 @@ class TestTextAndPackedRowsTogether:
     def test_a_database_with_rows_of_both_formats_verifies_full_and_incremental(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        with monkeypatch.context() as m:  # the rows an older anvilctl wrote: text
+        with monkeypatch.context() as m:  # what an older anvilctl wrote: text, hex digests
             m.setattr(coltypes, "MIN_PACKED", 10**9)
+            m.setattr(audit_chain, "compact_digest", lambda digest: digest)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
         assert _storage_types(host, "snapshot_blobs", "body_json") == {"text"}
@@ -83,6 +99,7 @@ class TestTextAndPackedRowsTogether:
         _cycle(host, 2)
         assert _storage_types(host, "snapshot_blobs", "body_json") == {"text", "blob"}
         assert _storage_types(host, "transactions", "args_json") == {"text", "blob"}
+        assert _digest_lengths(host) == {43, 64}
         incremental = audit.verify(host.context())
         assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
         assert audit.verify(host.context(), full=True)["ok"]
