@@ -138,7 +138,12 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        """A read transaction: never takes the write lock, so writers elsewhere do not block it."""
+        """A read transaction: never takes the write lock, so writers elsewhere do not block it.
+        Inside `together()` it is that transaction: a read sees the writes before it."""
+        shared: Session | None = getattr(self._batch, "session", None)
+        if shared is not None:
+            yield shared
+            return
         with translated(self.engine), self._read_sessions() as session:
             yield session
 

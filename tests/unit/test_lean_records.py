@@ -6,6 +6,8 @@ name their snapshot.
 - A database holding rows written before packing (text, hex row digests in the journal)
   and after (BLOBs, base64url digests) verifies in both modes, and a packed row edited
   afterwards is named.
+- The record step of a load, promote and rollback (identities, GPU ownership, approval)
+  commits in one database transaction and one audit entry.
 - A rollback journals the SHA-256 of the snapshot it must restore, not its body, and
   the record holds that body; one journaled with the body (before migration 0008)
   still rebuilds and verifies its placement against it.
@@ -147,3 +149,27 @@ class TestRollbackArguments:
     def test_an_unknown_sha256_has_no_body(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         assert host.context().store.snapshot_body("0" * 64) is None
+
+
+class TestRecordStepsCommitAsOne:
+    @pytest.mark.parametrize("kind", ["load", "promote", "rollback"])
+    def test_a_record_steps_identity_and_ownership_rows_share_one_audit_entry(
+        self, tmp_path: Path, kind: str
+    ) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        con = _db(host)
+        try:
+            tx_id = con.execute(
+                "SELECT id FROM transactions WHERE kind = ? ORDER BY created_at DESC LIMIT 1", (kind,)
+            ).fetchone()[0]
+            covering = [
+                {t for t, _k, _d in json.loads(rows)}
+                for (rows,) in con.execute("SELECT rows_json FROM audit_journal WHERE tx_id = ?", (tx_id,))
+            ]
+        finally:
+            con.close()
+        other = "approvals" if kind == "promote" else "gpu_ownership_events"
+        records = [tables for tables in covering if other in tables]
+        assert len(records) == 1, covering  # the record step's rows: one entry
+        assert "identities" in records[0]

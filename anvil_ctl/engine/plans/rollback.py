@@ -205,8 +205,9 @@ def reroute(ctx: Ctx) -> None:
 
 def record_restore(ctx: Ctx) -> StepResult:
     world, target, cur = ctx.world, _target(ctx), _current(ctx)
-    world.store.record_identity(ctx.tx_id, "incumbent", target)
-    gpu.move_ownership(world, ctx.tx_id, cur, target)
+    with world.store.together():  # records only: one database transaction, one audit entry
+        world.store.record_identity(ctx.tx_id, "incumbent", target)
+        gpu.move_ownership(world, ctx.tx_id, cur, target)
     return {"incumbent": target.container_id}
 
 
