@@ -62,6 +62,7 @@ from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import projection, qualification
+from anvil_ctl.persistence.coltypes import PACKED, pack, unpack
 from anvil_ctl.persistence.coverage import COVERED, ref_of
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
 from anvil_ctl.persistence.models import PROJECTION_TABLES
@@ -184,6 +185,8 @@ def shifted(value: str, delta: timedelta) -> str:
 
 def copied(value: Any, names: dict[str, str], delta: timedelta) -> Any:
     """A column value of a copy: renamed IDs (also inside JSON), timestamps moved on."""
+    if isinstance(value, bytes) and value.startswith(PACKED):  # a packed JSON body
+        return pack(copied(unpack(value), names, delta))
     if not isinstance(value, str):
         return value
     if value in names:
@@ -263,7 +266,9 @@ class Copier:
             if new is None or table not in COVERED:
                 covered.append([table, key, digest])
             else:
-                covered.append(list(ref_of(COVERED[table], new)))
+                # a packed body digests as its text (`coltypes`), as the Store's rows do
+                as_read = {k: unpack(v) if isinstance(v, bytes) else v for k, v in new.items()}
+                covered.append(list(ref_of(COVERED[table], as_read)))
         row["rows_json"] = canonical_json(covered)
         row["prev_hash"] = self.prev_hash
         row["hash"] = audit_chain.entry_hash(

@@ -7,7 +7,6 @@ import uuid
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.transactions import limit_waits, mutating, run_plan
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.lock import HostLock
@@ -152,14 +151,16 @@ def _identity(ctx: Context, slot: str, digest: str, what: str) -> Identity:
     return found
 
 
-def recorded_snapshot(ctx: Context, target: Identity) -> JSONObject | None:
-    """The newest recorded snapshot in which `target` served the slot as its incumbent.
+def recorded_snapshot(ctx: Context, target: Identity) -> str | None:
+    """The SHA-256 of the newest recorded snapshot in which `target` served the slot as its
+    incumbent (the plan reads its body from the record).
 
     Serving means: recorded as the slot's incumbent, its container running, and the
     binding answering with its served model. Snapshots taken while it was stopped
     (a campaign of several loads) do not count.
     """
-    return ctx.store.served_snapshot(target)
+    found = ctx.store.served_snapshot(target)
+    return found[0] if found else None
 
 
 def rollback(
@@ -228,7 +229,7 @@ def _rollback_locked(
         current_routed=role == "incumbent",
         restore_group=restore_group,
         restore_group_members=members,
-        recorded_snapshot=recorded_snapshot(ctx, target) if target else None,
+        recorded_sha256=recorded_snapshot(ctx, target) if target else None,
     )
     return run_plan(ctx, "rollback", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 

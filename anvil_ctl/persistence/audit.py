@@ -3,7 +3,10 @@
 Each entry's hash is SHA-256 over the previous entry's hash and the entry's
 canonical content: id, time, transaction, event, payload and, when it covers
 any, the history rows written with it (`rows_json`: `[[table, key, digest],
-...]`, see `coverage`). Editing an entry breaks its own hash; deleting or
+...]`, see `coverage`; each digest in unpadded base64url, 43 characters, or in
+64 hex digits in entries written before that (`digest_bytes` reads both; the
+digest's bytes are what the chain checks, and the entry's hash covers the text
+as written). Editing an entry breaks its own hash; deleting or
 reordering entries breaks the links; editing a covered row breaks its digest;
 deleting entries at the end is caught against the head recorded outside the
 database (`head`). `verify` walks all of it.
@@ -15,6 +18,7 @@ logs, an operator's `--expect-head`.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
@@ -79,6 +83,19 @@ def entry_hash(
     return sha256_hex(prev_hash + "|" + canonical_json(body))
 
 
+def compact_digest(hex_digest: str) -> str:
+    """A row digest as `rows_json` holds it: 32 bytes in unpadded base64url (43 characters)."""
+    return base64.urlsafe_b64encode(bytes.fromhex(hex_digest)).rstrip(b"=").decode()
+
+
+def digest_bytes(digest: str) -> bytes:
+    """The 32 bytes of a `rows_json` digest, compact or hex; ValueError if it is neither."""
+    raw = bytes.fromhex(digest) if len(digest) == 64 else base64.urlsafe_b64decode(digest + "=")
+    if len(raw) != 32 or len(digest) not in (43, 64):
+        raise ValueError(digest)
+    return raw
+
+
 def append(
     session: Session,
     *,
@@ -103,7 +120,7 @@ def append(
     prev_hash = last.hash if last else GENESIS
     row_id = (last.id + 1) if last else 1
     body = canonical_json(payload)
-    rows_json = canonical_json([list(r) for r in covered])
+    rows_json = canonical_json([[t, k, compact_digest(d)] for t, k, d in covered])
     digest = entry_hash(prev_hash, row_id, at=at, tx_id=tx_id, event=event, payload=body, rows=rows_json)
     session.add(
         AuditEntry(

@@ -194,9 +194,7 @@ def _take_refs(entry: int, rows_json: str, walked: Walk, problems: list[Problem]
             if table not in COVERED:
                 problems.append(Problem(f"covers a row of a table that is not history: {table}", entry))
                 continue
-            raw = bytes.fromhex(digest)
-            if len(raw) != 32:
-                raise ValueError(digest)
+            raw = audit.digest_bytes(digest)
             earlier = walked.refs[table].add(key, raw, entry)
             if earlier is not None:
                 problems.append(Problem(f"row covered twice (first by entry {earlier})", entry, table, key))

@@ -5,7 +5,8 @@ REPLACE and TRUNCATE on them; see `ddl` and the migrations) and every row of it
 is covered by the hash-chained audit journal (`HISTORY_TABLES`, see `coverage`);
 "current" facts are derived as the latest row, never updated in place. Timestamps are ISO-8601 UTC text
 (`2026-09-02T12:15:45.123456Z`), which sorts and reads the same in sqlite3 and
-PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable.
+PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable; the
+large ones (`PackedJSON`) are stored compressed on SQLite, read back as the same text.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Literal
 
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from anvil_ctl.persistence.coltypes import PackedJSON
 
 GpuMode = Literal["exclusive", "split"]
 """How a serve owns its GPU roles (`anvil_ctl.gpu.ownership.Mode`; only these are written)."""
@@ -29,7 +32,7 @@ class Transaction(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32), index=True)
     slot: Mapped[str | None] = mapped_column(String(64), index=True)
-    args_json: Mapped[str] = mapped_column(Text)
+    args_json: Mapped[str] = mapped_column(PackedJSON)
     owner_pid: Mapped[int] = mapped_column(Integer)
     owner_host: Mapped[str] = mapped_column(String(255))
     owner_boot_id: Mapped[str] = mapped_column(String(64))
@@ -83,7 +86,7 @@ class SnapshotBlob(Base):
     __tablename__ = "snapshot_blobs"
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
-    body_json: Mapped[str] = mapped_column(Text)
+    body_json: Mapped[str] = mapped_column(PackedJSON)
     at: Mapped[str] = mapped_column(String(32))
 
 
@@ -96,7 +99,7 @@ class SnapshotDiff(Base):
     before_sha256: Mapped[str] = mapped_column(String(64))
     after_sha256: Mapped[str] = mapped_column(String(64))
     equal: Mapped[int] = mapped_column(Integer)
-    changes_json: Mapped[str] = mapped_column(Text)
+    changes_json: Mapped[str] = mapped_column(PackedJSON)
     at: Mapped[str] = mapped_column(String(32))
 
 

@@ -51,8 +51,9 @@ def record_diff(
     )
 
 
-def served_snapshot(s: Session, target: Identity) -> JSONObject | None:
-    """The body of the newest recorded snapshot in which `target` served its slot as incumbent.
+def served_snapshot(s: Session, target: Identity) -> tuple[str, JSONObject] | None:
+    """The SHA-256 and body of the newest recorded snapshot in which `target` served its slot
+    as incumbent.
 
     Serving means: recorded as the slot's incumbent, its container running, and the
     binding answering with its served model. Snapshots taken while it was stopped
@@ -89,9 +90,22 @@ def served_snapshot(s: Session, target: Identity) -> JSONObject | None:
             served = _array(_object(slot.get("serving")).get("models"))
             models = [m[0] for m in served if isinstance(m, list) and m]  # [name, max_model_len]
             if container.get("status") == "running" and models == [target.served_model]:
-                return body
+                return sha, body
         if len(rows) < page:
             return None
+
+
+def body_by_sha256(s: Session, sha256: str) -> JSONObject | None:
+    """A recorded snapshot's body by its SHA-256: its blob, or a row written before 0007."""
+    body = s.execute(select(SnapshotBlob.body_json).where(SnapshotBlob.sha256 == sha256)).scalar()
+    if body is None:
+        body = s.execute(
+            select(SnapshotRow.body_json)
+            .where(SnapshotRow.sha256 == sha256, SnapshotRow.body_json != "")
+            .limit(1)
+        ).scalar()
+    value: JSONValue = json.loads(body) if body else None
+    return value if isinstance(value, dict) else None
 
 
 def of_transaction(s: Session, tx_id: str) -> dict[str, Snapshot]:

@@ -138,7 +138,12 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        """A read transaction: never takes the write lock, so writers elsewhere do not block it."""
+        """A read transaction: never takes the write lock, so writers elsewhere do not block it.
+        Inside `together()` it is that transaction: a read sees the writes before it."""
+        shared: Session | None = getattr(self._batch, "session", None)
+        if shared is not None:
+            yield shared
+            return
         with translated(self.engine), self._read_sessions() as session:
             yield session
 
@@ -379,11 +384,16 @@ class Store:
                     return Identity.from_dict(json.loads(r.body_json))
         return None
 
-    def served_snapshot(self, target: Identity) -> JSONObject | None:
-        """The body of the newest recorded snapshot in which `target` served its slot as incumbent
-        (`snapshots.served_snapshot` says what serving means)."""
+    def served_snapshot(self, target: Identity) -> tuple[str, JSONObject] | None:
+        """SHA-256 and body of the newest recorded snapshot in which `target` served its slot as
+        incumbent (`snapshots.served_snapshot` says what serving means)."""
         with self.read() as s:
             return snapshots.served_snapshot(s, target)
+
+    def snapshot_body(self, sha256: str) -> JSONObject | None:
+        """A recorded snapshot's body by its SHA-256, None if the record holds no such body."""
+        with self.read() as s:
+            return snapshots.body_by_sha256(s, sha256)
 
     def snapshots(self, tx_id: str) -> dict[str, Snapshot]:
         with self.read() as s:

@@ -38,6 +38,7 @@ from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.waivers import Waiver
 from anvil_ctl.persistence import approvals, qualification, rechecks, shm_ledger, waivers
 from anvil_ctl.persistence.audit import GENESIS, entry_hash
+from anvil_ctl.persistence.coltypes import unpack
 from anvil_ctl.persistence.coverage import COVERED, UncoveredRows, row_digest
 from anvil_ctl.persistence.models import HISTORY_TABLES, RecheckRow
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
@@ -248,7 +249,9 @@ class Attacker:
         raise AssertionError(f"no entry covers {table}:{key}")
 
     def _set_digest(self, con: sqlite3.Connection, table: str, key: Any) -> int:
-        row = dict(con.execute(f"SELECT * FROM {table} WHERE {self.pk(table)} = ?", (key,)).fetchone())
+        raw = con.execute(f"SELECT * FROM {table} WHERE {self.pk(table)} = ?", (key,)).fetchone()
+        # The attacker knows the storage format: a packed JSON body digests as its text.
+        row = {k: unpack(v) if isinstance(v, bytes) else v for k, v in dict(raw).items()}
         entry = self.entry_covering(con, table, key)
         refs = [
             [t, k, row_digest(COVERED[t], row) if (t, k) == (table, key) else d]

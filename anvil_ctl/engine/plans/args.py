@@ -82,8 +82,12 @@ class RollbackArgs:
     current_routed: bool
     restore_group: str | None = None
     restore_group_members: tuple[str, ...] | None = None
+    recorded_sha256: str | None = None
+    """The SHA-256 of the newest recorded snapshot in which the target served: what the
+    restored placement must equal (its body is in the record once, not in these arguments)."""
     recorded_snapshot: Mapping[str, object] | None = None
-    """The newest snapshot in which the target served: what the restored placement must equal."""
+    """That snapshot's body, as rollbacks journaled before migration 0008 carried it (so
+    that `recover` rebuilds them); new rollbacks leave it None and name `recorded_sha256`."""
 
 
 @dataclass(frozen=True)

@@ -224,8 +224,9 @@ def record_candidate(ctx: Ctx) -> StepResult:
     world = ctx.world
     assert ctx.memo.candidate_id is not None, "start-candidate runs first"
     ident = candidate_identity(world, ctx.args.slot, ctx.args.candidate, ctx.memo.candidate_id)
-    world.store.record_identity(ctx.tx_id, "candidate", ident)
-    gpu.record_ownership(world, ctx.tx_id, ident, ctx.args.incumbent)
+    with world.store.together():  # records only: one database transaction, one audit entry
+        world.store.record_identity(ctx.tx_id, "candidate", ident)
+        gpu.record_ownership(world, ctx.tx_id, ident, ctx.args.incumbent)
     return {"identity_digest": ident.digest, "container_id": ident.container_id}
 
 

@@ -197,14 +197,15 @@ def record_promotion(ctx: Ctx) -> StepResult:
     old = args.incumbent
     if old is None:
         raise StepFailed(f"slot {args.slot}: no incumbent to keep as the rollback identity")
-    world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
-    world.store.record_identity(ctx.tx_id, "rollback", old)
-    approvals.record_approval(
-        world.store,
-        tx_id=ctx.tx_id,
-        decision_id=args.decision_id or "",
-        approved_by=args.approved_by,
-    )
+    with world.store.together():  # records only: one database transaction, one audit entry
+        world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
+        world.store.record_identity(ctx.tx_id, "rollback", old)
+        approvals.record_approval(
+            world.store,
+            tx_id=ctx.tx_id,
+            decision_id=args.decision_id or "",
+            approved_by=args.approved_by,
+        )
     return {
         "incumbent": args.candidate.container_id,
         "rollback": old.container_id,

@@ -22,6 +22,7 @@ slot serves ends `needs_operator` with the slot left serving.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
 from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.guards import Guard, Refusal
@@ -117,7 +118,7 @@ class TargetIdentityComplete(Guard[Ctx]):
         missing = target.missing()
         if missing:
             return self.refuse(f"rollback identity incomplete: missing {', '.join(missing)}")
-        if not ctx.args.recorded_snapshot:
+        if not (ctx.args.recorded_sha256 or ctx.args.recorded_snapshot):
             return self.refuse(
                 "no recorded snapshot of the target serving: nothing to prove equality against"
             )
@@ -204,8 +205,9 @@ def reroute(ctx: Ctx) -> None:
 
 def record_restore(ctx: Ctx) -> StepResult:
     world, target, cur = ctx.world, _target(ctx), _current(ctx)
-    world.store.record_identity(ctx.tx_id, "incumbent", target)
-    gpu.move_ownership(world, ctx.tx_id, cur, target)
+    with world.store.together():  # records only: one database transaction, one audit entry
+        world.store.record_identity(ctx.tx_id, "incumbent", target)
+        gpu.move_ownership(world, ctx.tx_id, cur, target)
     return {"incumbent": target.container_id}
 
 
@@ -218,10 +220,19 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
     return {"incumbent": cur.container_id if cur else None}
 
 
+def _recorded_body(ctx: Ctx) -> Mapping[str, object]:
+    """The recorded snapshot the restore must equal: named by its SHA-256 (or, journaled
+    before migration 0008, carried in the arguments); {} if the record lost it."""
+    if ctx.args.recorded_snapshot is not None:
+        return ctx.args.recorded_snapshot
+    sha = ctx.args.recorded_sha256
+    return (ctx.world.store.snapshot_body(sha) if sha else None) or {}
+
+
 def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot) -> list[str]:
     """Problems in the identity-critical fields; every difference is stored as a diff."""
     # Normalizing changes nothing a placement reads: the recorded body is a stored snapshot's.
-    recorded = Snapshot.of(ctx.args.recorded_snapshot or {})
+    recorded = Snapshot.of(_recorded_body(ctx))
     slot = ctx.args.slot
     want, got = placement(recorded, slot), placement(after, slot)
     ctx.world.store.record_diff(ctx.tx_id, "recorded-restored", want, got, diff(want, got))
