@@ -3,18 +3,23 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-DEBS := docker.io haproxy tini iproute2 util-linux sqlite3 python3 chromium
+DEBS := docker.io haproxy tini iproute2 util-linux sqlite3 postgresql python3 chromium
 
 .PHONY: setup debs test unit wheel-test check demo chaos bench clean
 
 setup: $(VENV)/.installed
 
 # Debian packages the integration tests and the demo need (dockerd, HAProxy, tini, ip, nsenter,
-# the Debian python3 that stub containers bind-mount read-only, and chromium, which renders the
-# one-page report headless in its test and for the demo's screenshot).
+# the Debian python3 that stub containers bind-mount read-only, chromium, which renders the
+# one-page report headless in its test and for the demo's screenshot, and PostgreSQL's server,
+# the second state backend: scripts/testenv starts a server of its own, so the package is told
+# not to create a system cluster).
 debs:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
+	  mkdir -p /etc/postgresql-common/createcluster.d; \
+	  test -e /etc/postgresql-common/createcluster.d/anvil.conf || \
+	    echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.d/anvil.conf; \
 	  echo "installing Debian packages:$$missing"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \

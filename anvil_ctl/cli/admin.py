@@ -11,9 +11,10 @@ import click
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import InitView, Record, StatusView, Table
+from anvil_ctl.cli.views import InitView, Record, StatusView, Table, Text
 from anvil_ctl.core.states import ExitCode
 
+GRANTS_HELP = "With --print-grants: a name the SQL uses."
 OVERRIDE_HELP = "Name the GPU with this UUID ROLE instead of compute-a, compute-b, ... (repeatable)."
 
 
@@ -22,16 +23,43 @@ OVERRIDE_HELP = "Name the GPU with this UUID ROLE instead of compute-a, compute-
     "--detect-gpus", is_flag=True, help="Also probe the GPUs and write [gpu_roles.*] into the host config."
 )
 @click.option("--override", multiple=True, type=REF, metavar="UUID=ROLE", help=OVERRIDE_HELP)
+@click.option(
+    "--print-grants",
+    is_flag=True,
+    help="Only print the SQL for PostgreSQL's migration role (owns the schema) and application "
+    "role (INSERT and SELECT history only); touches nothing.",
+)
+@click.option("--database", default="anvil", show_default=True, type=REF, metavar="NAME", help=GRANTS_HELP)
+@click.option(
+    "--owner-role", default="anvil_owner", show_default=True, type=REF, metavar="NAME", help=GRANTS_HELP
+)
+@click.option(
+    "--app-role", default="anvil_app", show_default=True, type=REF, metavar="NAME", help=GRANTS_HELP
+)
 @pass_session
-def init(session: Session, detect_gpus: bool, override: tuple[str, ...]) -> Reply:
+def init(
+    session: Session,
+    *,
+    detect_gpus: bool,
+    override: tuple[str, ...],
+    print_grants: bool,
+    database: str,
+    owner_role: str,
+    app_role: str,
+) -> Reply:
     """Create the state database, or upgrade it to the current schema.
 
     Prints which state database and host config it used and where each came from: a
     flag, ANVIL_*, or the default (/var/lib/anvil and /etc/anvil/anvil.toml as root,
-    ~/.local/share/anvil and ~/.config/anvil/anvil.toml otherwise).
+    ~/.local/share/anvil and ~/.config/anvil/anvil.toml otherwise). With --print-grants
+    it only prints SQL (docs/POSTGRES.md).
     """
     from anvil_ctl.cli.progress import working
 
+    if print_grants:
+        from anvil_ctl.commands import admin
+
+        return Reply(Text(admin.print_grants(database=database, owner=owner_role, app=app_role)))
     ctx = session.context()
     with working(ctx.progress, "init: creating or upgrading the state database"):
         from anvil_ctl.commands import admin

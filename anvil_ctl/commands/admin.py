@@ -128,6 +128,14 @@ def init(ctx: Context) -> InitResult:
     }
 
 
+def print_grants(*, database: str, owner: str, app: str) -> str:
+    """The SQL for PostgreSQL's migration and application roles (`persistence.grants`);
+    touches no database."""
+    from anvil_ctl.persistence.grants import grants_sql
+
+    return grants_sql(database=database, owner=owner, app=app)
+
+
 def db_upgrade(ctx: Context) -> InitResult:
     return init(ctx)
 

@@ -63,7 +63,9 @@ def served_snapshot(s: Session, target: Identity) -> tuple[str, JSONObject] | No
     # stops at the first snapshot that qualifies, however long the history is.
     # Always a range (even the first page): without one, SQLite may read every snapshot of
     # the slot through the transactions' slot index and sort them.
-    page, last = 64, 2**62
+    # The first bound is the largest INTEGER (the column's type): PostgreSQL refuses a larger
+    # parameter for an INTEGER comparison ("integer out of range"); SQLite took 2**62.
+    page, last = 64, 2**31 - 1
     seen: set[str] = set()
     while True:
         q = (

@@ -99,6 +99,27 @@ class TestForeignSharedMemory:
             foreign.unlink(missing_ok=True)
             segment.unlink(missing_ok=True)
 
+    def test_the_test_environments_postgresql_server_beside_the_engines_is_no_residue(
+        self, host: ChaosHost
+    ) -> None:
+        """The real server `scripts/testenv` runs on this host throughout (issue 15): its own
+        `/dev/shm/PostgreSQL.<n>` segments exist and are mapped by it; recheck passes and a
+        rollback commits (its after-snapshot verified) beside them, and they are left alone."""
+        pid = os.environ.get("ANVIL_TEST_PG_PID")
+        if not pid:
+            pytest.fail("no ANVIL_TEST_PG_PID: scripts/testenv starts a PostgreSQL server")
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        segments = sorted({Path(w) for w in maps.split() if w.startswith("/dev/shm/PostgreSQL.")})
+        assert segments, "the server maps its dynamic shared memory from /dev/shm"
+        phase = host.prepare("rollback")
+        check = host.run("recheck", "--slot", "primary")
+        assert check["_exit"] == 0, check.get("failed")
+        out = host.run(*host.argv("rollback", phase))
+        assert out["state"] == "committed", out.get("reason")
+        after = host.run("recheck", "--slot", "primary")
+        assert after["_exit"] == 0, after.get("failed")
+        assert all(s.exists() for s in segments), "a database's segments are never removed"
+
 
 class TestDockerdRestarted:
     def test_after_a_daemon_restart_promote_is_refused_and_rollback_restores(self, host: ChaosHost) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from tests.unit.fakehost import reopen
 
 def main() -> int:
     configure("json")
-    host = reopen(Path(sys.argv[1]))
+    host = reopen(Path(sys.argv[1]), state_db=os.environ.get("ANVIL_STATE_DB"))
     try:
         out = transactions.load(host.context(), slot="primary", candidate=host.candidate(name=sys.argv[2]))
     except AnvilError as exc:

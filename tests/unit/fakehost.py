@@ -60,13 +60,20 @@ class FakeHost:
         return Context(settings=self.settings, env={})
 
     def env(self) -> dict[str, str]:
-        return {
+        env = {
             **os.environ,
             "ANVIL_BACKEND": "fake",
             "ANVIL_STATE_DIR": str(self.settings.state_dir),
             "ANVIL_CONFIG": str(self.settings.config),
             "ANVIL_LOG_FORMAT": "json",
         }
+        if self.settings.state_db is not None:
+            env["ANVIL_STATE_DB"] = self.settings.state_db
+        return env
+
+    @property
+    def backend(self) -> str:
+        return "postgresql" if self.settings.state_db else "sqlite"
 
     def candidate(
         self,
@@ -113,11 +120,16 @@ class FakeHost:
         )
 
 
-def make_fake_host(root: Path) -> FakeHost:
+def make_fake_host(root: Path, *, state_db: str | None = None) -> FakeHost:
+    """A fake host under `root`; its state database is SQLite in `root/state`, or `state_db`
+    (a database at the schema's head, e.g. from the `pg_database` fixture)."""
     state = root / "state"
+    state.mkdir(parents=True, exist_ok=True)
     cfg = root / "anvil.toml"
     cfg.write_text(HOST_TOML)
-    settings = Settings(state_dir=state, config=cfg, backend="fake", _env_file=None)  # type: ignore[call-arg]
+    settings = Settings(  # type: ignore[call-arg]
+        state_dir=state, state_db=state_db, config=cfg, backend="fake", _env_file=None
+    )
     ctx = Context(settings=settings, env={})
     upgrade(ctx.create_database())
     world = FakeWorld(settings.fake_world_path)
@@ -141,10 +153,14 @@ def make_fake_host(root: Path) -> FakeHost:
     return FakeHost(root, settings, world, image_id, inc)
 
 
-def reopen(root: Path) -> FakeHost:
-    """The FakeHost made earlier under root, for a child process."""
+def reopen(root: Path, *, state_db: str | None = None) -> FakeHost:
+    """The FakeHost made earlier under root (on `state_db`, if it was), for a child process."""
     settings = Settings(  # type: ignore[call-arg]
-        state_dir=root / "state", config=root / "anvil.toml", backend="fake", _env_file=None
+        state_dir=root / "state",
+        state_db=state_db,
+        config=root / "anvil.toml",
+        backend="fake",
+        _env_file=None,
     )
     world = FakeWorld(settings.fake_world_path)
     image_id = next(iter(world.read()["images"]))

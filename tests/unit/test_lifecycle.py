@@ -51,6 +51,13 @@ def _promote(host: FakeHost, **kw: Any) -> Any:
     )
 
 
+@pytest.fixture
+def fake_host(fake_host_on: FakeHost) -> FakeHost:
+    """Every lifecycle test runs on both state backends (SQLite, and the test environment's
+    PostgreSQL server)."""
+    return fake_host_on
+
+
 class TestPromote:
     def test_a_verified_candidate_is_promoted_and_the_old_incumbent_becomes_the_rollback(
         self, fake_host: FakeHost

@@ -32,6 +32,7 @@ from anvil_ctl.persistence import projection, qualification
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.models import HISTORY_TABLES, PROJECTION_TABLES
+from tests.pgserver import execute_as_attacker
 from tests.unit.fakehost import FakeHost, make_fake_host
 
 SLOT = "primary"
@@ -96,12 +97,13 @@ def _boundaries(host: FakeHost, tx_id: str, kind: str) -> list[str]:
 
 
 class TestTheProjectionEqualsARebuildFromHistory:
-    @pytest.mark.parametrize("seed", [1, 2])
+    # Both seeds on SQLite, one on PostgreSQL (`backend` overrides the fixture's parameters).
+    @pytest.mark.parametrize(("backend", "seed"), [("sqlite", 1), ("sqlite", 2), ("postgresql", 1)])
     def test_after_a_random_sequence_of_clean_compensated_refused_and_crashed_transactions(
-        self, tmp_path: Path, seed: int
+        self, tmp_path: Path, seed: int, state_db: str | None
     ) -> None:
         rng = random.Random(seed)
-        host = make_fake_host(tmp_path)
+        host = make_fake_host(tmp_path, state_db=state_db)
         assert _compare(host) == []
         seen: dict[str, list[str]] = {}
         states: list[str] = []
@@ -155,13 +157,12 @@ class TestTheProjectionEqualsARebuildFromHistory:
         host = make_fake_host(tmp_path)
         assert sorted(_maintained(host)) == sorted(PROJECTION_TABLES)
 
-    def test_a_projection_row_edited_by_hand_is_named_by_a_full_verify(self, tmp_path: Path) -> None:
-        host = make_fake_host(tmp_path)
+    def test_a_projection_row_edited_by_hand_is_named_by_a_full_verify(self, fake_host_on: FakeHost) -> None:
+        host = fake_host_on
         transactions.load(host.context(), slot=SLOT, candidate=host.candidate())
-        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
-        con.execute("UPDATE tx_current SET state = 'needs_operator'")
-        con.commit()
-        con.close()
+        execute_as_attacker(
+            host.settings.db_url, "UPDATE tx_current SET state = 'needs_operator'", past_triggers=False
+        )
         report = audit.verify(host.context(), full=True)
         assert report["ok"]  # the record itself is intact: the projection is not history
         assert report["projection_differs"] == ["tx_current"]

@@ -60,20 +60,20 @@ def _anvilctl(host: FakeHost, *args: str) -> subprocess.CompletedProcess[str]:
 
 class TestRecoverAfterSigkill:
     def test_a_transaction_killed_between_intent_and_result_is_compensated_twice_safely(
-        self, fake_host: FakeHost
+        self, fake_host_on: FakeHost
     ) -> None:
-        fake_host.world.set_hang("start")  # start acts, then blocks before the result row
-        child = _spawn_load(fake_host, "killed-cand")
-        _wait_for(lambda: _started_intent(fake_host))
+        fake_host_on.world.set_hang("start")  # start acts, then blocks before the result row
+        child = _spawn_load(fake_host_on, "killed-cand")
+        _wait_for(lambda: _started_intent(fake_host_on))
         _wait_for(
             lambda: any(
                 c["name"] == "killed-cand" and c["status"] == "running"
-                for c in fake_host.world.read()["containers"].values()
+                for c in fake_host_on.world.read()["containers"].values()
             )
         )
         os.kill(child.pid, signal.SIGKILL)
         child.communicate()
-        ctx = fake_host.context()
+        ctx = fake_host_on.context()
         tx = audit.transactions(ctx, kind="load")[0]
         assert tx["state"] == "running"  # the dead owner left it mid-step
         steps = audit.show(ctx, tx["tx_id"])["steps"]
@@ -82,16 +82,16 @@ class TestRecoverAfterSigkill:
         assert [h.pid for h in held_locks(ctx.store)] == [child.pid]
         # A new mutator is refused while the dead owner's lock row stands.
         refused = subprocess.run(
-            [sys.executable, "-m", "tests.unit.child_load", str(fake_host.root), "other"],
+            [sys.executable, "-m", "tests.unit.child_load", str(fake_host_on.root), "other"],
             cwd=REPO,
-            env={**fake_host.env(), "PYTHONPATH": str(REPO)},
+            env={**fake_host_on.env(), "PYTHONPATH": str(REPO)},
             capture_output=True,
             text=True,
         )
         assert refused.returncode == 3 and "stale lock" in refused.stderr
 
-        fake_host.world.set_hang(None)
-        first = _anvilctl(fake_host, "recover", "--json")
+        fake_host_on.world.set_hang(None)
+        first = _anvilctl(fake_host_on, "recover", "--json")
         assert first.returncode == 0, first.stderr
         report = json.loads(first.stdout)
         assert [r["tx_id"] for r in report["recovered"]] == [tx["tx_id"]]
@@ -103,29 +103,29 @@ class TestRecoverAfterSigkill:
         ]
         assert [lk["pid"] for lk in report["released_locks"]] == [child.pid]
 
-        world = fake_host.world.read()
-        assert world["containers"][fake_host.incumbent_id]["status"] == "running"
+        world = fake_host_on.world.read()
+        assert world["containers"][fake_host_on.incumbent_id]["status"] == "running"
         killed = [c for c in world["containers"].values() if c["name"] == "killed-cand"]
         assert [c["status"] for c in killed] == ["exited"]
         assert world["router"]["tiers"]["primary-local"]["state"] == "ready"
         states = [s["state"] for s in audit.show(ctx, tx["tx_id"])["states"]]
         assert states == ["planned", "running", "interrupted", "compensating", "compensated"]
 
-        second = _anvilctl(fake_host, "recover", "--json")
+        second = _anvilctl(fake_host_on, "recover", "--json")
         assert second.returncode == 0, second.stderr
         assert json.loads(second.stdout) == {"recovered": [], "skipped": [], "released_locks": []}
-        assert fake_host.world.read() == world
+        assert fake_host_on.world.read() == world
 
 
 class TestOneMutatorPerHost:
     def test_two_racing_processes_one_proceeds_the_other_exits_3_naming_the_owner(
-        self, fake_host: FakeHost
+        self, fake_host_on: FakeHost
     ) -> None:
-        fake_host.world.set_hang("start")
-        a = _spawn_load(fake_host, "racer-a")
-        b = _spawn_load(fake_host, "racer-b")
+        fake_host_on.world.set_hang("start")
+        a = _spawn_load(fake_host_on, "racer-a")
+        b = _spawn_load(fake_host_on, "racer-b")
         # Exactly one reaches its start step; the other is refused at once.
-        _wait_for(lambda: _started_intent(fake_host))
+        _wait_for(lambda: _started_intent(fake_host_on))
         procs = {a.pid: a, b.pid: b}
         _wait_for(lambda: any(p.poll() is not None for p in procs.values()))
         loser = next(p for p in procs.values() if p.poll() is not None)
@@ -133,11 +133,11 @@ class TestOneMutatorPerHost:
         _, err = loser.communicate()
         assert loser.returncode == 3
         assert f"pid {winner.pid}" in err and "another mutator holds this host" in err
-        fake_host.world.set_hang(None)
+        fake_host_on.world.set_hang(None)
         out, err = winner.communicate(timeout=60)
         assert winner.returncode == 0, err
         assert out.strip() == "committed"
-        status = _anvilctl(fake_host, "lock", "status", "--json")
+        status = _anvilctl(fake_host_on, "lock", "status", "--json")
         assert json.loads(status.stdout) == []
 
 

@@ -24,6 +24,7 @@ from anvil_ctl.persistence.migrate import (
     upgrade,
 )
 from anvil_ctl.persistence.models import Base
+from tests.pgserver import execute_as_attacker
 from tests.unit.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,14 +104,11 @@ class TestCliOnANewDatabase:
 
 
 class TestAuditChain:
+    """On both backends (`fake_host_on`)."""
+
     def _tamper(self, host: FakeHost, sql: str) -> None:
-        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
         # Tampering means getting past the append-only triggers first.
-        con.execute("DROP TRIGGER IF EXISTS audit_journal_no_update")
-        con.execute("DROP TRIGGER IF EXISTS audit_journal_no_delete")
-        con.execute(sql)
-        con.commit()
-        con.close()
+        execute_as_attacker(host.settings.db_url, sql)
 
     def _verify(self, host: FakeHost) -> tuple[int, dict]:  # type: ignore[type-arg]
         r = subprocess.run(
@@ -122,27 +120,27 @@ class TestAuditChain:
         )
         return r.returncode, json.loads(r.stdout)
 
-    def test_an_untouched_chain_verifies(self, fake_host: FakeHost) -> None:
-        code, result = self._verify(fake_host)
+    def test_an_untouched_chain_verifies(self, fake_host_on: FakeHost) -> None:
+        code, result = self._verify(fake_host_on)
         assert code == 0 and result["ok"] and result["rows"] > 5
 
-    def test_an_edited_row_is_named(self, fake_host: FakeHost) -> None:
-        self._tamper(fake_host, "UPDATE audit_journal SET payload_json='{\"x\":1}' WHERE id=3")
-        code, result = self._verify(fake_host)
+    def test_an_edited_row_is_named(self, fake_host_on: FakeHost) -> None:
+        self._tamper(fake_host_on, "UPDATE audit_journal SET payload_json='{\"x\":1}' WHERE id=3")
+        code, result = self._verify(fake_host_on)
         assert code == 6 and not result["ok"]
         assert {"row_id": 3, "problem": "content edited: hash does not match the entry"} in result["problems"]
 
-    def test_a_deleted_row_is_named(self, fake_host: FakeHost) -> None:
-        self._tamper(fake_host, "DELETE FROM audit_journal WHERE id=4")
-        code, result = self._verify(fake_host)
+    def test_a_deleted_row_is_named(self, fake_host_on: FakeHost) -> None:
+        self._tamper(fake_host_on, "DELETE FROM audit_journal WHERE id=4")
+        code, result = self._verify(fake_host_on)
         assert code == 6
         assert any(p["row_id"] == 5 and "missing" in p["problem"] for p in result["problems"])
 
-    def test_reordered_rows_are_detected(self, fake_host: FakeHost) -> None:
-        self._tamper(fake_host, "UPDATE audit_journal SET id = 1000 WHERE id = 2")
-        self._tamper(fake_host, "UPDATE audit_journal SET id = 2 WHERE id = 3")
-        self._tamper(fake_host, "UPDATE audit_journal SET id = 3 WHERE id = 1000")
-        code, result = self._verify(fake_host)
+    def test_reordered_rows_are_detected(self, fake_host_on: FakeHost) -> None:
+        self._tamper(fake_host_on, "UPDATE audit_journal SET id = 1000 WHERE id = 2")
+        self._tamper(fake_host_on, "UPDATE audit_journal SET id = 2 WHERE id = 3")
+        self._tamper(fake_host_on, "UPDATE audit_journal SET id = 3 WHERE id = 1000")
+        code, result = self._verify(fake_host_on)
         assert code == 6
         assert any(p["row_id"] == 2 and "link broken" in p["problem"] for p in result["problems"])
 
