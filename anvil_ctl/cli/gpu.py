@@ -21,6 +21,7 @@ WAIVER_COLUMNS = (
     "policy",
     "value",
     "roles",
+    "gates",
     "recipe_digest",
     "approved_by",
     "created_at",
@@ -83,7 +84,17 @@ gpus = click.Group(
     metavar="ROLES|DIGEST",
     help="GPU roles (compute-a,compute-b) or a recipe digest (64 hex, optional sha256:).",
 )
-@click.option("--value", type=int, required=True, help="The policy value in force under the waiver (MiB).")
+@click.option(
+    "--value",
+    type=int,
+    default=None,
+    help="The policy value in force under the waiver (vram-reserve: MiB; gate: 0, the default).",
+)
+@click.option(
+    "--gates",
+    metavar="A,B",
+    help="With --policy gate: the gates whose failure is waived (scope: the recipe digest).",
+)
 @click.option("--approved-by", required=True, help="Who approves the exception.")
 @click.option("--reason", required=True, help="Why the exception is safe.")
 @click.option("--expires", metavar="WHEN", help="ISO date (ends 00:00 UTC that day) or date-time.")
@@ -93,12 +104,16 @@ def waive(
     *,
     policy: str,
     scope: str,
-    value: int,
+    value: int | None,
+    gates: str | None,
     approved_by: str,
     reason: str,
     expires: str | None,
 ) -> Reply:
     """Record an attributed, scoped, expiring policy waiver.
+
+    vram-reserve sets the reserve (MiB) for GPU roles or a recipe digest; gate waives
+    the failure of named functional gates (--gates) for one recipe digest.
 
     Stored decisions are re-judged under the waivers in force: a reclassification
     is a new decision pointing at the old one; evidence is never rewritten.
@@ -113,6 +128,7 @@ def waive(
         approved_by=approved_by,
         reason=reason,
         expires=expires,
+        gates=tuple(g.strip() for g in (gates or "").split(",") if g.strip()),
     )
     return Reply(Record(result))
 

@@ -202,6 +202,7 @@ class WaiverRow(Base):
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[str] = mapped_column(String(32))
     expires_at: Mapped[str | None] = mapped_column(String(32))
+    gates_json: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
 
 
 class WaiverRevocation(Base):

@@ -1,18 +1,24 @@
 """Run a qualification profile against one engine endpoint, write evidence, decide.
 
 Order: the served identity (`GET /v1/models` must list the served model; its
-`max_model_len` bounds long-context gates), then each gate of the profile, each
-written as `NN-<gate>.json` as soon as it finishes, then `summary.json`,
-`decision.json` and `manifest.json`. Nothing here touches the host: qualify
-mutates nothing, and a failed gate is evidence, not an exception.
+`max_model_len`, or the context the caller observed where the engine reports none,
+bounds long-context gates; an engine with a tokenize endpoint calibrates how many
+characters make a token, so prompts are sized in its own tokens), then each gate of
+the profile, each written as `NN-<gate>.json` as soon as it finishes, then
+`summary.json`, `decision.json` and `manifest.json`. Nothing here touches the host:
+qualify mutates nothing, and a failed gate is evidence, not an exception.
+
+A `liveness` probe, when given, is asked after every gate whether the engine is still
+running; an engine that died ends the run with a failed `engine-alive` gate naming the
+cause, and the evidence written so far is kept and decided on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +26,9 @@ from typing import Any
 import httpx
 import structlog
 
+from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.evidence import Artifact, EvidenceWriter
@@ -31,6 +39,11 @@ from anvil_ctl.qualify.results import GateResult
 
 log = structlog.get_logger()
 IDENTITY_GATE = "served-identity"
+ENGINE_GATE = "engine-alive"
+CALIBRATION_TOKENS = 1024
+
+Liveness = Callable[[], dict[str, Any] | None]
+"""None while the engine runs; otherwise what was observed of it (status, exit code)."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,34 @@ class QualificationResult:
         }
 
 
-async def _served_identity(client: EngineClient, served_model: str) -> tuple[GateResult, int | None]:
+async def _calibrate(
+    client: EngineClient, engine: EngineProfile, served_model: str, default: float
+) -> tuple[float, dict[str, Any]]:
+    """Characters per token of the prompt filler, counted by the engine's own tokenizer."""
+    if engine.tokenizer is None:
+        return default, {"chars_per_token": default, "source": "assumed (no tokenize endpoint)"}
+    sample = prompts.filler(CALIBRATION_TOKENS, chars_per_token=default, salt="calibration")
+    tok = engine.tokenizer
+    try:
+        count = await client.tokenize_count(
+            tok.path,
+            sample,
+            input_field=tok.input_field,
+            count_field=tok.count_field,
+            model_field=tok.model_field,
+            model=served_model,
+        )
+    except AnvilError as exc:
+        return default, {"chars_per_token": default, "source": f"assumed: tokenize failed: {exc}"}
+    if count <= 0:
+        return default, {"chars_per_token": default, "source": f"assumed: tokenizer counted {count}"}
+    ratio = round(len(sample) / count, 4)
+    return ratio, {"chars_per_token": ratio, "source": tok.path, "chars": len(sample), "tokens": count}
+
+
+async def _served_identity(
+    client: EngineClient, served_model: str, context: dict[str, Any] | None = None
+) -> tuple[GateResult, int | None]:
     started = time.perf_counter()
     try:
         cards = await client.models()
@@ -115,6 +155,11 @@ async def _served_identity(client: EngineClient, served_model: str) -> tuple[Gat
     }
     passed = card is not None
     summary = f"serves {served_model}" if passed else f"expected {served_model}, engine lists {ids}"
+    max_len = card.max_model_len if card else None
+    if context is not None:
+        # The engine reports no length in /v1/models: the caller observed it another way.
+        evidence["context"] = context
+        max_len = max_len or context.get("value")
     return (
         GateResult(
             IDENTITY_GATE,
@@ -125,8 +170,16 @@ async def _served_identity(client: EngineClient, served_model: str) -> tuple[Gat
             summary,
             time.perf_counter() - started,
         ),
-        card.max_model_len if card else None,
+        max_len,
     )
+
+
+def _engine_exited(during: str, observed: dict[str, Any], not_run: list[str]) -> GateResult:
+    summary = f"the engine stopped during gate {during}: container {observed.get('status')}" + (
+        f" with exit code {observed['exit_code']}" if observed.get("exit_code") is not None else ""
+    )
+    evidence = {"during_gate": during, "observed": observed, "gates_not_run": not_run}
+    return GateResult(ENGINE_GATE, False, "functional", "engine_exited", evidence, summary)
 
 
 async def qualify(
@@ -144,6 +197,9 @@ async def qualify(
     fixtures_dir: Path = FIXTURES_DIR,
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
+    engine: EngineProfile = OPENAI_COMPATIBLE,
+    context: dict[str, Any] | None = None,
+    liveness: Liveness | None = None,
 ) -> QualificationResult:
     """The async body of `run_qualification`."""
     progress = progress or NullProgress()
@@ -172,7 +228,22 @@ async def qualify(
         base_url, api_key=api_key, transport=transport, timeout_s=request_timeout_s
     ) as client:
         progress.gate_started(IDENTITY_GATE, 1, len(names))
-        identity, max_model_len = await _served_identity(client, served_model)
+        identity, max_model_len = await _served_identity(client, served_model, context)
+        if identity.passed:
+            chars_per_token, calibration = await _calibrate(client, engine, served_model, chars_per_token)
+            identity = replace(
+                identity,
+                evidence={
+                    **identity.evidence,
+                    "engine_profile": engine.name,
+                    "token_counting": {
+                        "streamed_usage": engine.streamed_usage,
+                        "prompt_tokens": engine.prompt_tokens,
+                        "completion_tokens": engine.completion_tokens,
+                    },
+                    "prompt_sizing": calibration,
+                },
+            )
         record(0, identity)
         if identity.passed:
             ctx = GateContext(
@@ -184,10 +255,15 @@ async def qualify(
                 fixtures_dir=fixtures_dir,
                 reserve_probe=reserve_probe,
                 on_request=progress.request_done,
+                engine=engine,
             )
             for index, gate in enumerate(gates, start=1):
                 progress.gate_started(gate.name, index + 1, len(names))
                 record(index, await gate(ctx))
+                died = liveness() if liveness is not None else None
+                if died is not None:
+                    record(index + 1, _engine_exited(gate.name, died, [g.name for g in gates[index:]]))
+                    break
 
     rows = summary_rows(results)
     writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows]})
@@ -198,6 +274,7 @@ async def qualify(
             **decision.as_dict(),
             "tx_id": tx_id,
             "served_model": served_model,
+            "engine_profile": engine.name,
             "profile_definition": profile.as_dict(),
         },
     )
@@ -243,6 +320,9 @@ def run_qualification(
     fixtures_dir: Path = FIXTURES_DIR,
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
+    engine: EngineProfile = OPENAI_COMPATIBLE,
+    context: dict[str, Any] | None = None,
+    liveness: Liveness | None = None,
 ) -> QualificationResult:
     """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
 
@@ -263,6 +343,9 @@ def run_qualification(
             fixtures_dir=fixtures_dir,
             chars_per_token=chars_per_token,
             request_timeout_s=request_timeout_s,
+            engine=engine,
+            context=context,
+            liveness=liveness,
         )
     )
 

@@ -3,6 +3,8 @@
 A gate is a small callable object (STYLE habit 14): `__init__` takes thresholds,
 `await gate(ctx)` returns a `GateResult` with evidence. Gates never raise for a
 model's failure; an engine error on one request is recorded and fails the gate.
+Where the engine's stream carries no usage, `attempt` completes it with the engine's
+own counts the way its profile says (`anvil_ctl.qualify.tokens`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.results import ChatResult, GateKind, GateResult
+from anvil_ctl.qualify.tokens import complete_usage
 
 ReserveReading = tuple[str, int, int]
 """(GPU UUID, free MiB, required reserve MiB) for one card."""
@@ -45,6 +49,8 @@ class GateContext:
     fixtures_dir: Path = FIXTURES_DIR
     reserve_probe: ReserveProbe | None = None
     on_request: RequestListener = field(default=_ignore)
+    engine: EngineProfile = OPENAI_COMPATIBLE
+    """How the engine reports usage and counts tokens (never which engine it is)."""
 
 
 @dataclass(frozen=True)
@@ -55,14 +61,19 @@ class Attempt:
     result: ChatResult | None
     error: str | None = None
     error_kind: str | None = None
+    usage_counted: dict[str, Any] | None = None
+    """How the usage was counted when the engine's stream carried none."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "label": self.label,
             "result": self.result.as_dict() if self.result else None,
             "error": self.error,
             "error_kind": self.error_kind,
         }
+        if self.usage_counted is not None:
+            data["usage_counted"] = self.usage_counted
+        return data
 
 
 def prompt_digest(text: str) -> dict[str, Any]:
@@ -130,7 +141,9 @@ class Gate:
         except AnvilError as exc:
             ctx.on_request(self.name, False, f"{label}: {exc}")
             return Attempt(label, None, str(exc), type(exc).__name__)
-        return Attempt(label, result)
+        # Counted after the request finished, so its timing is the engine's alone.
+        result, counted = await complete_usage(ctx.client, ctx.engine, body, result)
+        return Attempt(label, result, usage_counted=counted)
 
 
 async def gather_limited(concurrency: int, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:

@@ -1,7 +1,9 @@
 """Workload gates: capacity at nominal contexts and concurrencies, and endurance.
 
 Every request is streamed with usage so that its timing comes from the stream and
-its prompt size from the engine (measured, reported beside the nominal target).
+its prompt size from the engine (measured, reported beside the nominal target); an
+engine whose stream carries no usage is counted the way its profile says, after the
+timed request (`anvil_ctl.qualify.tokens`), and each row records how.
 Classifications: `pass`, `incomplete` (a request failed), `below_threshold`.
 """
 
@@ -17,6 +19,8 @@ from anvil_ctl.qualify.metrics import METRIC_KEYS, context_label, request_metric
 from anvil_ctl.qualify.results import GateResult
 
 CONTINUE = "Continue the numbered notes above in the same style, one sentence per note."
+SALT_TOKENS = 24
+"""Budget of the salt's system message (its text and the template's role markers)."""
 
 
 def _failure(attempt: Attempt) -> str | None:
@@ -42,18 +46,20 @@ class _Workload(Gate):
     thinking: bool | None
 
     def _request(self, ctx: GateContext, nominal: int, salt: str) -> tuple[dict[str, Any], str]:
+        # The salt opens the prompt, in a system message of its own: an engine's prefix cache
+        # then reuses only a few template tokens from the previous request, so the prefill
+        # measured is the whole prompt's, whatever the chat template puts first.
         text = prompts.context_prompt(
             nominal,
             CONTINUE,
-            reserve_tokens=self.output_tokens + 64,
+            reserve_tokens=self.output_tokens + 64 + SALT_TOKENS,
             chars_per_token=ctx.chars_per_token,
-            salt=salt,
         )
         thinking = ctx.thinking if self.thinking is None else self.thinking
         extra = {"ignore_eos": True} if self.ignore_eos else None
         request = EngineClient.chat_body(
             ctx.served_model,
-            [{"role": "user", "content": text}],
+            [{"role": "system", "content": f"Request {salt}."}, {"role": "user", "content": text}],
             max_tokens=self.output_tokens,
             enable_thinking=thinking,
             stream=True,
@@ -62,12 +68,21 @@ class _Workload(Gate):
         return request, text
 
     async def _measure(self, ctx: GateContext, label: str, request: dict[str, Any]) -> dict[str, Any]:
+        # Wall-clock start: lets the engine's own log lines of this request be found by time.
+        started_at = round(time.time(), 3)
         attempt = await self.attempt(ctx, label, request)
         failure = _failure(attempt)
-        row: dict[str, Any] = {"label": label, "completed": failure is None, "failure": failure}
+        row: dict[str, Any] = {
+            "label": label,
+            "completed": failure is None,
+            "failure": failure,
+            "started_at": started_at,
+        }
         if attempt.result is not None:
             row.update(request_metrics(attempt.result))
             row["finish_reason"] = attempt.result.finish_reason
+        if attempt.usage_counted is not None:
+            row["usage_counted"] = attempt.usage_counted
         if failure is not None:
             # Keep everything about a failed request; a completed one keeps its numbers.
             row["attempt"] = attempt.as_dict()
