@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -124,6 +124,26 @@ async def _calibrate(
         return default, {"chars_per_token": default, "source": f"assumed: tokenizer counted {count}"}
     ratio = round(len(sample) / count, 4)
     return ratio, {"chars_per_token": ratio, "source": tok.path, "chars": len(sample), "tokens": count}
+
+
+def _counter(
+    client: EngineClient, engine: EngineProfile, served_model: str
+) -> Callable[[str], Awaitable[int]] | None:
+    tok = engine.tokenizer
+    if tok is None:
+        return None
+
+    async def count(text: str) -> int:
+        return await client.tokenize_count(
+            tok.path,
+            text,
+            input_field=tok.input_field,
+            count_field=tok.count_field,
+            model_field=tok.model_field,
+            model=served_model,
+        )
+
+    return count
 
 
 async def _served_identity(
@@ -256,6 +276,7 @@ async def qualify(
                 reserve_probe=reserve_probe,
                 on_request=progress.request_done,
                 engine=engine,
+                count_tokens=_counter(client, engine, served_model),
             )
             for index, gate in enumerate(gates, start=1):
                 progress.gate_started(gate.name, index + 1, len(names))

@@ -221,24 +221,20 @@ class TestTheLifecycleOnLlamaCpp:
         keys = (
             "prefill_diff_vs_prompt_eval",
             "prefill_diff_vs_totals",
-            "decode_diff_vs_eval",
-            "decode_diff_vs_totals",
+            "decode_diff",
             "implausible_prompt_eval",
         )
         summary = {c["nominal_tokens"]: {k: c[k] for k in keys} for c in report["cells"]}
         print("\ncapacity vs llama_perf_context_print:", json.dumps(summary, indent=2))
         assert report["unmatched_rows"] == 0 and all(c["matched"] == 3 for c in report["cells"]), report
-        # What the engine did for each request, from its totals, agrees with the gate within 10 %.
-        for key in ("prefill_diff_vs_totals", "decode_diff_vs_totals"):
+        # Prefill: the engine's prompt-eval figure is not reliable (docs/ENGINES.md: lines off by
+        # orders of magnitude, and up to a quarter short under load); what the engine spent
+        # before its first decode step, from its totals, is, and agrees within 10 %. Decode:
+        # the gate agrees with the engine's own eval rate within 10 %.
+        for key in ("prefill_diff_vs_totals", "decode_diff"):
             worst = engine_timing.worst(report, key)
             assert worst is not None and worst <= TOLERANCE, summary
-        # Its own prompt-eval rate agrees too wherever that figure is plausible; its eval rate
-        # leaves out the per-token serving work, so the gate's decode is lower by that share
-        # (reported, and never above the engine's own rate by more than the tolerance).
-        for cell in report["cells"]:
-            if cell["implausible_prompt_eval"] == 0:
-                assert abs(cell["prefill_diff_vs_prompt_eval"]) <= TOLERANCE, summary
-            assert cell["decode_diff_vs_eval"] <= TOLERANCE, summary
+        REPORT["cross_check_summary"] = summary
 
     def test_a_gate_waiver_naming_the_failed_gates_reclassifies_the_decision(self, host: LlamaHost) -> None:
         digest = recipe_digest(load_recipe(REPO / "recipes" / f"{CANDIDATE_RECIPE}.toml"))

@@ -51,6 +51,8 @@ class GateContext:
     on_request: RequestListener = field(default=_ignore)
     engine: EngineProfile = OPENAI_COMPATIBLE
     """How the engine reports usage and counts tokens (never which engine it is)."""
+    count_tokens: Callable[[str], Awaitable[int]] | None = None
+    """The engine's own token count of raw text (its tokenize endpoint), if it has one."""
 
 
 @dataclass(frozen=True)

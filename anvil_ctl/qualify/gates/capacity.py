@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, stream_problem
@@ -45,16 +46,33 @@ class _Workload(Gate):
     ignore_eos: bool
     thinking: bool | None
 
-    def _request(self, ctx: GateContext, nominal: int, salt: str) -> tuple[dict[str, Any], str]:
-        # The salt opens the prompt, in a system message of its own: an engine's prefix cache
-        # then reuses only a few template tokens from the previous request, so the prefill
-        # measured is the whole prompt's, whatever the chat template puts first.
-        text = prompts.context_prompt(
+    async def _fit(self, ctx: GateContext, nominal: int) -> float:
+        """Characters per token for a prompt of this nominal size, by the engine's own count
+        where it has a tokenize endpoint (long filler has longer numbers: the ratio drifts)."""
+        if ctx.count_tokens is None:
+            return ctx.chars_per_token
+        text = self._text(nominal, ctx.chars_per_token)
+        try:
+            counted = await ctx.count_tokens(text)
+        except AnvilError:
+            return ctx.chars_per_token
+        return len(text) / counted if counted > 0 else ctx.chars_per_token
+
+    def _text(self, nominal: int, chars_per_token: float) -> str:
+        return prompts.context_prompt(
             nominal,
             CONTINUE,
             reserve_tokens=self.output_tokens + 64 + SALT_TOKENS,
-            chars_per_token=ctx.chars_per_token,
+            chars_per_token=chars_per_token,
         )
+
+    def _request(
+        self, ctx: GateContext, nominal: int, salt: str, chars_per_token: float
+    ) -> tuple[dict[str, Any], str]:
+        # The salt opens the prompt, in a system message of its own: an engine's prefix cache
+        # then reuses only a few template tokens from the previous request, so the prefill
+        # measured is the whole prompt's, whatever the chat template puts first.
+        text = self._text(nominal, chars_per_token)
         thinking = ctx.thinking if self.thinking is None else self.thinking
         extra = {"ignore_eos": True} if self.ignore_eos else None
         request = EngineClient.chat_body(
@@ -154,11 +172,12 @@ class Capacity(_Workload):
         rows: list[dict[str, Any]] = []
         aggregate: list[float] = []
         prompt_info: dict[str, Any] = {}
+        chars_per_token = await self._fit(ctx, nominal)
         for rep in range(self.repetitions):
             jobs = []
             for lane in range(conc):
                 label = f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}"
-                request, text = self._request(ctx, nominal, salt=f"{self.name} {label}")
+                request, text = self._request(ctx, nominal, f"{self.name} {label}", chars_per_token)
                 prompt_info = {"chars": len(text), "tail": text[-120:]}
                 jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
             started = time.perf_counter()
@@ -223,9 +242,10 @@ class Endurance(_Workload):
 
     async def run(self, ctx: GateContext) -> GateResult:
         jobs = []
+        chars_per_token = await self._fit(ctx, self.context_tokens)
         for i in range(self.requests):
             label = f"endurance-{i + 1}"
-            request, _ = self._request(ctx, self.context_tokens, salt=f"{self.name} {label}")
+            request, _ = self._request(ctx, self.context_tokens, f"{self.name} {label}", chars_per_token)
             jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
         started = time.perf_counter()
         rows = await gather_limited(self.concurrency, jobs)
