@@ -2,7 +2,8 @@
 
 Inside the hermetic test environment (`scripts/testenv run -- ...`, which loads the llama.cpp
 engine image and exports ANVIL_LLAMA_IMAGE_ID and ANVIL_MODEL_CACHE): a real HAProxy on
-127.0.0.1 whose checks GET /v1/models (llama.cpp has no /health), its client key in a 0600
+127.0.0.1 whose checks GET the engine profile's check path (/docs: llama.cpp has no /health,
+and its /v1/models waits behind a running completion), its client key in a 0600
 credential file, a host config whose model_cache_dir is the verified SmolLM2 cache, and a
 llama.cpp incumbent at 2,048 tokens started by hand from recipes/llama-smollm2-2k.toml and
 routed as `llm.primary`: what an operator had before anvil_ctl.
@@ -29,6 +30,7 @@ from anvil_ctl.adapters.credentials import resolve_credentials
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.config import load_host_config
+from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
 from anvil_ctl.recipes import container_spec, load_recipe
 from scripts.routers import Proc, start_haproxy
 
@@ -124,7 +126,8 @@ def start_llama_host(work: Path, model_cache: Path) -> LlamaHost:
         workdir=work / "routers",
         tiers={TIER: (ALIAS,)},
         client_token=client,
-        health_path="/v1/models",
+        # llama.cpp has no /health, and its /v1/models waits behind a running completion.
+        health_path=LLAMA_CPP_PYTHON.check_path,
     )
     host = LlamaHost(work=work, haproxy=haproxy, client_token=client, model_cache=model_cache)
     fd = os.open(host.cred, os.O_WRONLY | os.O_CREAT, 0o600)

@@ -100,6 +100,9 @@ class EngineProfile:
     timing: TimingLines | None = None
     stop_exit_codes: tuple[int, ...] = (0, 143)
     """Exit codes of a clean stop (SIGTERM through docker-init)."""
+    router_check_path: str | None = None
+    """What a router's health checks should GET, where that differs from the health route:
+    a path that answers while a completion runs (None: the health route, else /v1/models)."""
     sources: tuple[str, ...] = field(default=())
     """Where the facts above were observed or read."""
 
@@ -124,6 +127,11 @@ class EngineProfile:
             return None
         found = re.search(self.context_refusal, message)
         return int(found.group("limit")) if found else None
+
+    @property
+    def check_path(self) -> str:
+        """The path a router in front of this engine checks its backends with."""
+        return self.router_check_path or self.health_path or "/v1/models"
 
     def routed_model(self, served_model: str, alias: str) -> str:
         """The `model` a routed answer by `alias` carries from a serve of `served_model`."""
@@ -230,6 +238,10 @@ LLAMA_CPP_PYTHON = EngineProfile(
         total=r"llama_perf_context_print:\s+total time =\s*(?P<ms>[\d.]+) ms /\s*(?P<tokens>\d+) tokens",
     ),
     stop_exit_codes=(0, 143),
+    # /v1/models waits for the model's lock: 13 s behind a running completion, enough for a
+    # router's check to time out and take a serving backend out. /docs answers in 60 ms, and
+    # only once the model is loaded (the server loads it before it listens).
+    router_check_path="/docs",
     sources=("llama-cpp-python 0.3.36 in the test env's containers (docs/ENGINES.md)",),
 )
 

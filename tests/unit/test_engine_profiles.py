@@ -105,3 +105,10 @@ class TestRoutedModel:
     def test_an_engine_that_echoes_the_request_answers_with_the_alias(self):
         assert LLAMA_CPP_PYTHON.routed_model("smollm2-135m-q4_1", "llm.primary") == "llm.primary"
         assert STUB.routed_model("stub-model", "llm.primary") == "stub-model"
+
+
+class TestRouterChecks:
+    def test_a_router_checks_llama_cpp_where_a_running_completion_does_not_block(self):
+        assert LLAMA_CPP_PYTHON.check_path == "/docs"
+        assert STUB.check_path == "/health"
+        assert OPENAI_COMPATIBLE.check_path == "/health"
