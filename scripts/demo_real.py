@@ -1,8 +1,9 @@
 """`make demo-real`: the demo's story on a real engine nobody here wrote.
 
 llama.cpp (llama-cpp-python 0.3.36, CPU) serving SmolLM2-135M-Instruct (GGUF Q4_1) in real
-containers of the hermetic test environment, a real HAProxy in front (its checks GET
-/v1/models: llama.cpp has no /health). A 2,048-token incumbent started by hand serves
+containers of the hermetic test environment, a real HAProxy in front (its checks GET the
+engine profile's check path, /docs: llama.cpp has no /health and its /v1/models waits
+behind a running completion). A 2,048-token incumbent started by hand serves
 `llm.primary`; anvilctl adopts it (its context checked through the engine's refusal of an
 over-long prompt), loads the 8,192-token candidate (incumbent stopped and retained),
 qualifies it with `real-small` (the functional gates fail on a 135M model, the capacity
@@ -175,7 +176,10 @@ def main() -> int:
     if not os.environ.get("ANVIL_LLAMA_IMAGE_ID") or not cache:
         raise SystemExit("demo-real: the llama engine image is not loaded (make llama; scripts/testenv)")
     work = REPO / "state" / "demo-real"
-    banner("a real HAProxy on 127.0.0.1 (checks GET /v1/models); its client key in a 0600 file")
+    banner(
+        f"a real HAProxy on 127.0.0.1 (checks GET {LLAMA_CPP_PYTHON.check_path}); "
+        "its client key in a 0600 file"
+    )
     host = start_llama_host(work, Path(cache))
     print(f"haproxy pid {host.haproxy.pid} at {host.haproxy.url}; state in {work}")
     try:
