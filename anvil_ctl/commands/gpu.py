@@ -28,7 +28,7 @@ from anvil_ctl.core.model import GpuReading
 from anvil_ctl.core.validate import MAX_MIB, check_int, check_person, check_text, parse_rfc3339, require
 from anvil_ctl.engine.gpu import ledger
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
-from anvil_ctl.gpu.waivers import POLICIES, Waiver, parse_scope
+from anvil_ctl.gpu.waivers import GATE, POLICIES, Waiver, parse_scope
 from anvil_ctl.persistence import waivers
 
 log = structlog.get_logger()
@@ -240,22 +240,31 @@ def waive(
     *,
     policy: str,
     scope: str,
-    value: int,
+    value: int | None,
     approved_by: str,
     reason: str,
     expires: str | None = None,
     now: datetime | None = None,
+    gates: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest).
 
     Everything is checked before the write: the policy is known, the scope names
     roles of the host config (or is a recipe digest), the value is >= 0, the
-    approver and reason are given and the expiry lies ahead. Then stored
-    decisions are re-judged under the waivers in force.
+    approver and reason are given and the expiry lies ahead. A `gate` waiver names
+    the gates whose failure it waives, for one recipe digest (its value is 0: not
+    required). Then stored decisions are re-judged under the waivers in force.
     """
     now = now or datetime.now(UTC)
     if policy not in POLICIES:
         raise BadInput(f"--policy {policy!r}: expected one of {list(POLICIES)}", field="policy")
+    if policy == GATE:
+        value = 0 if value is None else value
+        _check_gate_waiver(scope, gates, value)
+    elif gates:
+        raise BadInput(f"--gates: only a {GATE!r} waiver names gates", field="gates")
+    if value is None:
+        raise BadInput(f"--value: required for the {policy} policy (MiB)", field="value")
     value = require("--value", lambda v: check_int(v, lo=0, hi=MAX_MIB), value)
     approved_by = require("--approved-by", check_person, approved_by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
@@ -278,9 +287,33 @@ def waive(
         roles=roles,
         recipe_digest=digest,
         expires_at=parse_expiry(expires, now) if expires else None,
+        gates=frozenset(gates),
     )
     waivers.add_waiver(ctx.store, waiver)
     return {"waiver": waiver.as_dict(), "reclassified": _reclassify(ctx)}
+
+
+UNWAIVABLE_GATES = frozenset({"served-identity", "engine-alive"})
+"""Facts about the candidate, not measurements of it: no waiver can make them pass."""
+
+
+def _check_gate_waiver(scope: str, gates: tuple[str, ...], value: int) -> None:
+    roles, digest = parse_scope(scope)
+    if roles or not digest:
+        raise BadInput(
+            f"--scope {scope!r}: a gate waiver applies to one recipe digest (64 hex; "
+            "`anvilctl recipes show NAME` prints it)",
+            field="scope",
+        )
+    if not gates:
+        raise BadInput("--gates: expected the gates whose failure is waived, e.g. smoke,json", field="gates")
+    bad = sorted(set(gates) & UNWAIVABLE_GATES)
+    if bad:
+        raise BadInput(
+            f"--gates: {', '.join(bad)} cannot be waived (they are not measurements)", field="gates"
+        )
+    if value != 0:
+        raise BadInput(f"--value {value}: a gate waiver's value is 0 (not required)", field="value")
 
 
 def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from anvil_ctl.qualify import (
     verify_bundle,
 )
 from anvil_ctl.qualify.evidence import ExportResult, ManifestReference, VerifyResult, read_manifest
+from anvil_ctl.qualify.profiles import PROFILES_DIR
 from anvil_ctl.qualify.report import Progress
 from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
 
@@ -259,6 +260,8 @@ def _redaction(ctx: Context) -> Redaction:
         str(p.resolve())
         for p in (ctx.settings.state_dir, ctx.settings.evidence_dir, ctx.settings.recipes_dir)
     ]
+    # Where the package's profiles live (a decision names its profile's file) is a host path too.
+    paths.append(str(PROFILES_DIR.parent.parent))
     home = ctx.env.get("HOME", "")
     if home.strip("/"):
         paths.append(home)

@@ -42,6 +42,20 @@ def sha256_hex(value: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def hub_repo_folder(repo_id: str) -> str:
+    """`org/name` -> `models--org--name`, the Hugging Face hub cache's folder of a model repository."""
+    return "models--" + repo_id.replace("/", "--")
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One file of a pinned model, by its path in the snapshot, its SHA-256 and its size."""
+
+    path: str
+    sha256: str
+    size: int
+
+
 @dataclass(frozen=True)
 class Mount:
     source: str
@@ -223,6 +237,15 @@ class ModelCard:
 
 
 @dataclass(frozen=True)
+class PromptAnswer:
+    """How an engine answered one probe prompt: its status and an excerpt of the body."""
+
+    status: int
+    body: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class Backend:
     """One backend of a router tier, as the router reports it."""
 
@@ -328,6 +351,9 @@ class Identity:
     gpu_roles: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     container_name: str = ""
+    engine_profile: str = ""
+    """How to probe the serve (`anvil_ctl.core.engine_profile`); empty: the OpenAI-compatible
+    assumptions (identities recorded before profiles existed)."""
 
     REQUIRED = (
         "slot",
@@ -348,6 +374,9 @@ class Identity:
         data["repo_digests"] = sorted(self.repo_digests)
         data["gpu_roles"] = sorted(self.gpu_roles)
         data["aliases"] = sorted(self.aliases)
+        if not self.engine_profile:
+            # Identities recorded before engine profiles keep the digest they were recorded with.
+            del data["engine_profile"]
         return data
 
     @property

@@ -18,7 +18,12 @@ from anvil_ctl.core.errors import BadInput
 VRAM_RESERVE = "vram-reserve"
 """The VRAM reserve policy: MiB each card keeps free after the workload."""
 
-POLICIES = (VRAM_RESERVE,)
+GATE = "gate"
+"""The functional-gate policy: each gate of a profile is required (1). A waiver sets it to 0
+(not required) for the named gates of one recipe: their failure no longer fails the
+decision, and is still recorded and shown."""
+
+POLICIES = (VRAM_RESERVE, GATE)
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,27 @@ class Waiver:
     recipe_digest: str | None = None
     expires_at: datetime | None = None
     revoked_at: datetime | None = None
+    gates: frozenset[str] = frozenset()
+    """With policy `gate`: the gates (by name) whose failure is waived."""
 
     def __post_init__(self) -> None:
         problems = []
         if self.policy not in POLICIES:
             problems.append(f"policy {self.policy!r}: expected one of {list(POLICIES)}")
-        if bool(self.roles) == bool(self.recipe_digest):
-            problems.append("scope: expected either GPU roles or a recipe digest, not both")
-        if self.value < 0:
-            problems.append("value: expected MiB >= 0")
+        if self.policy == GATE:
+            if not self.recipe_digest or self.roles:
+                problems.append("scope: a gate waiver applies to one recipe digest (no GPU roles)")
+            if not self.gates:
+                problems.append("gates: expected the names of the gates whose failure is waived")
+            if self.value != 0:
+                problems.append("value: expected 0 (the gates are not required)")
+        else:
+            if bool(self.roles) == bool(self.recipe_digest):
+                problems.append("scope: expected either GPU roles or a recipe digest, not both")
+            if self.gates:
+                problems.append(f"gates: only a {GATE!r} waiver names gates")
+            if self.value < 0:
+                problems.append("value: expected MiB >= 0")
         if not self.approved_by.strip():
             problems.append("approved_by: expected the approver's name")
         if not self.reason.strip():
@@ -58,6 +75,8 @@ class Waiver:
 
     @property
     def scope(self) -> str:
+        if self.gates:
+            return f"recipe {self.recipe_digest} gates {','.join(sorted(self.gates))}"
         return f"recipe {self.recipe_digest}" if self.recipe_digest else ",".join(sorted(self.roles))
 
     def active(self, now: datetime) -> bool:
@@ -66,6 +85,10 @@ class Waiver:
         if self.expires_at is not None and now >= self.expires_at:
             return False
         return self.revoked_at is None or now < self.revoked_at
+
+    def waives_gate(self, gate: str, recipe_digest: str | None) -> bool:
+        """A gate waiver naming `gate`, for this recipe digest (activity is the caller's check)."""
+        return self.policy == GATE and gate in self.gates and self.applies(GATE, "", recipe_digest)
 
     def applies(self, policy: str, role: str, recipe_digest: str | None) -> bool:
         if policy != self.policy:
@@ -89,6 +112,7 @@ class Waiver:
             "policy": self.policy,
             "value": self.value,
             "roles": sorted(self.roles),
+            "gates": sorted(self.gates),
             "recipe_digest": self.recipe_digest,
             "approved_by": self.approved_by,
             "reason": self.reason,
@@ -111,6 +135,7 @@ class Waiver:
             policy=data["policy"],
             value=int(data["value"]),
             roles=frozenset(data.get("roles") or ()),
+            gates=frozenset(data.get("gates") or ()),
             recipe_digest=data.get("recipe_digest"),
             approved_by=data["approved_by"],
             reason=data["reason"],

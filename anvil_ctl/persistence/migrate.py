@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 
 
 def _stamped(engine: Engine) -> str | None:

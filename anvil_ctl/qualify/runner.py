@@ -1,22 +1,30 @@
 """Run a qualification profile against one engine endpoint, write evidence, decide.
 
 Order: the candidate's recorded identity (`identity.json`, when given), the served
-identity (`GET /v1/models` must list the served model; its
-`max_model_len` bounds long-context gates), a VRAM reading before the workload
+identity (`GET /v1/models` must list the served model; its `max_model_len`, or the
+context the caller observed where the engine reports none, bounds long-context gates;
+an engine with a tokenize endpoint calibrates how many characters make a token, so
+prompts are sized in its own tokens), a VRAM reading before the workload
 (`vram-before.json`, when a reserve probe is given), then each gate of the
 profile, each written as `NN-<gate>.json` as soon as it finishes, then
 `summary.json`, `provenance.json` (which figures are local measurements, which
 are external-prior claims of the recipe's source), `decision.json` and
 `manifest.json`. Nothing here touches the host: qualify mutates nothing, and a
 failed gate is evidence, not an exception.
+
+The engine profile says how the engine counts tokens and which of its log lines are
+fatal or notices (the log audit reads them there). A `liveness` probe, when given, is
+asked after every gate whether the engine is still running; an engine that died ends
+the run with a failed `engine-alive` gate naming the cause, and the evidence written
+so far is kept and decided on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +32,9 @@ from typing import Any
 import httpx
 import structlog
 
+from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.evidence import Artifact, EvidenceWriter
@@ -38,6 +48,11 @@ IDENTITY_GATE = "served-identity"
 VRAM_BEFORE = "vram-before.json"
 IDENTITY = "identity.json"
 PROVENANCE = "provenance.json"
+ENGINE_GATE = "engine-alive"
+CALIBRATION_TOKENS = 1024
+
+Liveness = Callable[[], dict[str, Any] | None]
+"""None while the engine runs; otherwise what was observed of it (status, exit code)."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +110,54 @@ class QualificationResult:
         }
 
 
-async def _served_identity(client: EngineClient, served_model: str) -> tuple[GateResult, int | None]:
+async def _calibrate(
+    client: EngineClient, engine: EngineProfile, served_model: str, default: float
+) -> tuple[float, dict[str, Any]]:
+    """Characters per token of the prompt filler, counted by the engine's own tokenizer."""
+    if engine.tokenizer is None:
+        return default, {"chars_per_token": default, "source": "assumed (no tokenize endpoint)"}
+    sample = prompts.filler(CALIBRATION_TOKENS, chars_per_token=default, salt="calibration")
+    tok = engine.tokenizer
+    try:
+        count = await client.tokenize_count(
+            tok.path,
+            sample,
+            input_field=tok.input_field,
+            count_field=tok.count_field,
+            model_field=tok.model_field,
+            model=served_model,
+        )
+    except AnvilError as exc:
+        return default, {"chars_per_token": default, "source": f"assumed: tokenize failed: {exc}"}
+    if count <= 0:
+        return default, {"chars_per_token": default, "source": f"assumed: tokenizer counted {count}"}
+    ratio = round(len(sample) / count, 4)
+    return ratio, {"chars_per_token": ratio, "source": tok.path, "chars": len(sample), "tokens": count}
+
+
+def _counter(
+    client: EngineClient, engine: EngineProfile, served_model: str
+) -> Callable[[str], Awaitable[int]] | None:
+    tok = engine.tokenizer
+    if tok is None:
+        return None
+
+    async def count(text: str) -> int:
+        return await client.tokenize_count(
+            tok.path,
+            text,
+            input_field=tok.input_field,
+            count_field=tok.count_field,
+            model_field=tok.model_field,
+            model=served_model,
+        )
+
+    return count
+
+
+async def _served_identity(
+    client: EngineClient, served_model: str, context: dict[str, Any] | None = None
+) -> tuple[GateResult, int | None]:
     started = time.perf_counter()
     try:
         cards = await client.models()
@@ -122,6 +184,11 @@ async def _served_identity(client: EngineClient, served_model: str) -> tuple[Gat
     }
     passed = card is not None
     summary = f"serves {served_model}" if passed else f"expected {served_model}, engine lists {ids}"
+    max_len = card.max_model_len if card else None
+    if context is not None:
+        # The engine reports no length in /v1/models: the caller observed it another way.
+        evidence["context"] = context
+        max_len = max_len or context.get("value")
     return (
         GateResult(
             IDENTITY_GATE,
@@ -132,8 +199,16 @@ async def _served_identity(client: EngineClient, served_model: str) -> tuple[Gat
             summary,
             time.perf_counter() - started,
         ),
-        card.max_model_len if card else None,
+        max_len,
     )
+
+
+def _engine_exited(during: str, observed: dict[str, Any], not_run: list[str]) -> GateResult:
+    summary = f"the engine stopped during gate {during}: container {observed.get('status')}" + (
+        f" with exit code {observed['exit_code']}" if observed.get("exit_code") is not None else ""
+    )
+    evidence = {"during_gate": during, "observed": observed, "gates_not_run": not_run}
+    return GateResult(ENGINE_GATE, False, "functional", "engine_exited", evidence, summary)
 
 
 async def qualify(
@@ -152,10 +227,12 @@ async def qualify(
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
     container_log: LogReader | None = None,
-    engine: str = "",
+    engine: EngineProfile = OPENAI_COMPATIBLE,
     secrets: Sequence[str] = (),
     provenance: dict[str, Any] | None = None,
     recorded_identity: dict[str, Any] | None = None,
+    context: dict[str, Any] | None = None,
+    liveness: Liveness | None = None,
 ) -> QualificationResult:
     """The async body of `run_qualification`."""
     progress = progress or NullProgress()
@@ -186,7 +263,22 @@ async def qualify(
         base_url, api_key=api_key, transport=transport, timeout_s=request_timeout_s
     ) as client:
         progress.gate_started(IDENTITY_GATE, 1, len(names))
-        identity, max_model_len = await _served_identity(client, served_model)
+        identity, max_model_len = await _served_identity(client, served_model, context)
+        if identity.passed:
+            chars_per_token, calibration = await _calibrate(client, engine, served_model, chars_per_token)
+            identity = replace(
+                identity,
+                evidence={
+                    **identity.evidence,
+                    "engine_profile": engine.name,
+                    "token_counting": {
+                        "streamed_usage": engine.streamed_usage,
+                        "prompt_tokens": engine.prompt_tokens,
+                        "completion_tokens": engine.completion_tokens,
+                    },
+                    "prompt_sizing": calibration,
+                },
+            )
         record(0, identity)
         if identity.passed and reserve_probe is not None:
             writer.write_json(VRAM_BEFORE, await _vram_reading(reserve_probe))
@@ -202,11 +294,16 @@ async def qualify(
                 on_request=progress.request_done,
                 container_log=container_log,
                 engine=engine,
+                count_tokens=_counter(client, engine, served_model),
                 secrets=tuple(secrets),
             )
             for index, gate in enumerate(gates, start=1):
                 progress.gate_started(gate.name, index + 1, len(names))
                 record(index, await gate(ctx))
+                died = liveness() if liveness is not None else None
+                if died is not None:
+                    record(index + 1, _engine_exited(gate.name, died, [g.name for g in gates[index:]]))
+                    break
 
     rows = summary_rows(results)
     writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows], "origin": "local"})
@@ -218,6 +315,7 @@ async def qualify(
             **decision.as_dict(),
             "tx_id": tx_id,
             "served_model": served_model,
+            "engine_profile": engine.name,
             "profile_definition": profile.as_dict(),
         },
     )
@@ -264,10 +362,12 @@ def run_qualification(
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
     container_log: LogReader | None = None,
-    engine: str = "",
+    engine: EngineProfile = OPENAI_COMPATIBLE,
     secrets: Sequence[str] = (),
     provenance: dict[str, Any] | None = None,
     recorded_identity: dict[str, Any] | None = None,
+    context: dict[str, Any] | None = None,
+    liveness: Liveness | None = None,
 ) -> QualificationResult:
     """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
 
@@ -293,6 +393,8 @@ def run_qualification(
             secrets=secrets,
             provenance=provenance,
             recorded_identity=recorded_identity,
+            context=context,
+            liveness=liveness,
         )
     )
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from anvil_ctl.core.errors import AuthRejected, NotFound, StepFailed
+from anvil_ctl.core.errors import AuthRejected, NotFound, StepFailed, TransientError
 from anvil_ctl.core.model import (
     Backend,
     ContainerInfo,
@@ -29,6 +29,7 @@ from anvil_ctl.core.model import (
     GpuReading,
     ImageInfo,
     ModelCard,
+    PromptAnswer,
     ResidueFile,
     ResidueRemoval,
     RouteCheck,
@@ -184,6 +185,9 @@ class FakeRuntime:
                 "healthy": env.get("FAKE_FAIL_HEALTH") != "1",
                 "vram_mib": int(env.get("FAKE_VRAM_MIB", "0") or 0),
                 "binding": env.get("FAKE_BINDING", ""),
+                # llama.cpp's ways: no health route (404), answers echo the request's model
+                "no_health_route": env.get("FAKE_NO_HEALTH_ROUTE") == "1",
+                "echo_model": env.get("FAKE_ECHO_MODEL") == "1",
             }
         _maybe_hang_or_fail(self.world, "create")
         return cid
@@ -244,13 +248,27 @@ class FakeEngineProbe:
 
     def health(self, base_url: str, path: str) -> bool:
         c = self._serving(base_url)
-        return bool(c and c["healthy"])
+        return bool(c and c["healthy"] and not c.get("no_health_route"))
 
     def models(self, base_url: str) -> list[ModelCard]:
         c = self._serving(base_url)
         if c is None:
             return []
         return [ModelCard(c["served_model"], c["max_model_len"] or None)]
+
+    def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
+        """Refuses a prompt at or above the container's max_model_len the way llama.cpp does."""
+        c = self._serving(base_url)
+        if c is None:
+            raise TransientError(f"{base_url}: connection refused")
+        limit = c["max_model_len"]
+        if limit and words >= limit:
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{words} tokens ({words} in the messages, 1 in the completion)."
+            )
+            return PromptAnswer(400, json.dumps({"error": {"message": message}}))
+        return PromptAnswer(200, json.dumps({"model": model}))
 
 
 class FakeRouter:
@@ -297,16 +315,24 @@ class FakeRouter:
         self.probe_credentials()
         _maybe_hang_or_fail(self.world, "readmit")
         self.register(tier, url, aliases)
-        models = [m.id for m in self.engine.models(url)]
-        if expected_model not in models:
-            raise StepFailed(f"readmission of {tier}: backend serves {models}, expected {expected_model}")
+        # The readmission's own check (part of readmitting, as smg's and HAProxy's are): a
+        # test that replaces `routed_chat` to restart the router sees only later chats.
+        answer = self._answer(aliases[0])
+        if answer.model != expected_model:
+            raise StepFailed(
+                f"readmission of {tier}: routed answer from {answer.model!r}, expected {expected_model}"
+            )
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
+        return self._answer(alias)
+
+    def _answer(self, alias: str) -> RoutedAnswer:
         for t in self.world.read()["router"]["tiers"].values():
             if alias in t["aliases"] and t["url"] and t["state"] == "ready":
                 models = self.engine.models(t["url"])
                 if models:
-                    return RoutedAnswer(200, models[0].id, "ok")
+                    serving = self.engine._serving(t["url"]) or {}
+                    return RoutedAnswer(200, alias if serving.get("echo_model") else models[0].id, "ok")
                 return RoutedAnswer(503, None)
         return RoutedAnswer(404, None)
 
@@ -431,6 +457,9 @@ class FakeAcceptanceResult:
     @property
     def passed(self) -> bool:
         return all(self.checks.values())
+
+    def failed_checks(self) -> list[str]:
+        return [name for name, ok in self.checks.items() if not ok]
 
     def as_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "checks": self.checks, "model": self.model}
