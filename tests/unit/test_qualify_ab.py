@@ -328,6 +328,9 @@ class TestTheAbTransaction:
         assert declared["boundaries"][0]["text"] == "prefill_p50 >= -3 % at contexts >= 16K"
         bundle = Path(out.tx_dir or "")
         assert verify_bundle(bundle).ok
+        # Bound to the record: the database holds the manifest's hash (not only the files).
+        bound = qualify_cmd.verify_evidence(ctx, bundle)
+        assert bound.ok and [b.matched for b in bound.bindings or ()] == [True], bound.as_dict()
         assert {p.name for p in bundle.iterdir()} >= {
             "00-declaration.json",
             "01-arm-A-cells.json",

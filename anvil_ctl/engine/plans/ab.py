@@ -170,6 +170,8 @@ def compare(ctx: Ctx) -> StepResult:
     writer = _writer(ctx)
     artifact = writer.write_json(COMPARISON, result)
     manifest = writer.write_manifest(kind="ab", slot=ctx.args.slot, profile=profile.name)
+    # The manifest's own hash binds the directory to this record (`evidence verify`).
+    qualification.record_manifest(world.store, ctx.tx_id, manifest.sha256, kind="ab")
     verdict = result["verdict"]
     tx_dir = Path(writer.tx_dir)
     qualification.record_evidence(
