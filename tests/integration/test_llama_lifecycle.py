@@ -4,9 +4,13 @@ In the hermetic env (scripts/testenv loads the llama.cpp image and exports ANVIL
 and ANVIL_MODEL_CACHE): a real HAProxy routes `llm.primary` (its checks GET /v1/models, since
 llama.cpp has no /health) to a 2,048-token llama.cpp serve started by hand. anvilctl adopts it
 (the context checked through the engine's own refusal), loads the 8,192-token candidate (the
-first readiness poll finds the engine still loading), qualifies it with `real-small` (the
-functional gates fail on a 135M model, with its own output as evidence; the capacity cells
-are complete and agree with llama.cpp's own timing lines), an operator waives the failed
+first readiness poll finds the engine still loading), qualifies it with `real-lifecycle` (the
+issue's `real-small` cut to about a minute of CPU: every functional gate, capacity at 512 and
+1,024 tokens r=3, endurance 5; `make demo-real` runs `real-small` whole). The functional gates
+fail on a 135M model, with its own output as evidence; the capacity cells are complete and
+agree with llama.cpp's own timing lines (prefill against what the engine spent before its
+first decode step, decode inside the window the engine's own lines give: its eval rate above,
+its decode phase below, each +-10 %). An operator waives the failed
 gates (attributed, expiring, naming them), promotes it, plain curl and the openai client
 reach it through the router, rollback restores the exact incumbent container, recheck
 passes. Then the faults a real engine brings: a model file whose hash does not match
@@ -55,6 +59,8 @@ from scripts.llama_host import (
 )
 
 TOLERANCE = 0.10
+PROFILE = "real-lifecycle"
+"""The lifecycle's qualification: real-small's gates at lifecycle cost (make demo-real runs real-small)."""
 REPORT: dict[str, Any] = {}
 STORY: dict[str, Any] = {}
 
@@ -167,12 +173,10 @@ class TestTheLifecycleOnLlamaCpp:
             "waited_s": awaited["waited_s"],
         }
 
-    def test_qualify_real_small_fails_the_functional_gates_with_the_models_own_output(
-        self, host: LlamaHost
-    ) -> None:
+    def test_qualify_fails_the_functional_gates_with_the_models_own_output(self, host: LlamaHost) -> None:
         started = time.monotonic()
         out = json.loads(
-            ok(host.anvilctl("--json", "qualify", "--slot", "primary", "--profile", "real-small")).stdout
+            ok(host.anvilctl("--json", "qualify", "--slot", "primary", "--profile", PROFILE)).stdout
         )
         REPORT["qualify_s"] = round(time.monotonic() - started, 1)
         assert out["outcome"] == "failed"
@@ -197,7 +201,7 @@ class TestTheLifecycleOnLlamaCpp:
         assert {r.split()[2] for r in out["decision"]["reasons"]} == set(failed)
         capacity = json.loads(next(tx_dir.glob("*-capacity.json")).read_text())["evidence"]
         cells = {c["nominal_tokens"]: c for c in capacity["cells"]}
-        assert sorted(cells) == [512, 2048, 6144]
+        assert sorted(cells) == [512, 1024]
         for nominal, cell in cells.items():
             assert (cell["requests"], cell["completed"], cell["failed"]) == (3, 3, 0), cell
             # The engine's own prompt count (its template included), sized in its own tokens so
@@ -227,6 +231,9 @@ class TestTheLifecycleOnLlamaCpp:
             "prefill_diff_vs_prompt_eval",
             "prefill_diff_vs_totals",
             "decode_diff",
+            "decode_diff_vs_decode_phase",
+            "engine_decode_overhead_p50",
+            "decode_within_engine",
             "implausible_prompt_eval",
         )
         summary = {c["nominal_tokens"]: {k: c[k] for k in keys} for c in report["cells"]}
@@ -234,11 +241,14 @@ class TestTheLifecycleOnLlamaCpp:
         assert report["unmatched_rows"] == 0 and all(c["matched"] == 3 for c in report["cells"]), report
         # Prefill: the engine's prompt-eval figure is not reliable (docs/ENGINES.md: lines off by
         # orders of magnitude, and up to a quarter short under load); what the engine spent
-        # before its first decode step, from its totals, is, and agrees within 10 %. Decode:
-        # the gate agrees with the engine's own eval rate within 10 %.
-        for key in ("prefill_diff_vs_totals", "decode_diff"):
-            worst = engine_timing.worst(report, key)
-            assert worst is not None and worst <= TOLERANCE, summary
+        # before its first decode step, from its totals, is, and agrees within 10 %.
+        worst = engine_timing.worst(report, "prefill_diff_vs_totals")
+        assert worst is not None and worst <= TOLERANCE, summary
+        # Decode, like with like: the client's rate holds each eval step and the server's
+        # per-token work, so it lies between the engine's decode phase and its eval rate
+        # (each +-10 %); decode_diff (against eval alone) is printed, not judged.
+        assert report["decode_tolerance"] == TOLERANCE
+        assert all(c["decode_within_engine"] is True for c in engine_timing.report_cells(report)), summary
         REPORT["cross_check_summary"] = summary
 
     def test_a_gate_waiver_naming_the_failed_gates_reclassifies_the_decision(self, host: LlamaHost) -> None:
@@ -359,6 +369,8 @@ class TestRealEngineFaults:
                 "qualify",
                 "--slot",
                 "primary",
+                "--profile",
+                PROFILE,
                 "--gates",
                 "smoke,capacity",
             ],
