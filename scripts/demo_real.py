@@ -106,7 +106,7 @@ def cross_check(host: LlamaHost, out: dict[str, Any], candidate: str) -> None:
     blocks = engine_timing.parse_blocks(container_logs(candidate, timestamps=True), LLAMA_CPP_PYTHON.timing)
     report = engine_timing.compare(cells, blocks)
     print("tokens/s, p50 of 3 requests per cell; gate: what the client measured; engine: its log lines")
-    for c, cell in zip(report["cells"], cells, strict=True):
+    for c, cell in zip(engine_timing.report_cells(report), cells, strict=True):
         print(
             f"  nominal {c['nominal_tokens']}: {cell['prompt_tokens_p50']:.0f} prompt tokens (engine's count)"
         )
@@ -119,7 +119,10 @@ def cross_check(host: LlamaHost, out: dict[str, Any], candidate: str) -> None:
         )
         print(
             f"    decode:  gate {c['gate_decode_tps_p50']:.1f}; engine eval {c['engine_eval_tps_p50']:.1f} "
-            f"({c['decode_diff']:+.1%})"
+            f"({c['decode_diff']:+.1%}), engine decode phase {c['engine_decode_phase_tps_p50']:.1f} "
+            f"({c['decode_diff_vs_decode_phase']:+.1%}; {c['engine_decode_overhead_p50']:.1%} of it "
+            f"not eval); within the engine's window +-{report['decode_tolerance']:.0%}: "
+            f"{c['decode_within_engine']}"
         )
     (host.work / "cross-check.json").write_text(json.dumps(report, indent=2) + "\n")
 
