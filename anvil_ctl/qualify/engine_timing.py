@@ -17,9 +17,10 @@ the cell's p50 figures are compared with the engine's:
   its floor is the engine's decode phase, eval steps over everything after prompt eval
   (total - prompt eval: every step and all the per-token work, plus the little one-time
   work around the first token). The gate's decode is judged against that window, each
-  end with the tolerance (`decode_within_engine`); the engine-reported share of non-eval
-  time in its decode phase (`engine_decode_overhead`) says how wide it is, and the
-  difference to each end is reported.
+  end with the tolerance, request by request against its own block (`decode_within_engine`:
+  all of a cell's requests with a plausible block); the engine-reported share of non-eval
+  time in its decode phase (`engine_decode_overhead`) says how wide the window is, and the
+  paired difference to each end is reported.
 
 llama.cpp's prompt-eval time is sometimes implausible: a fraction of a millisecond for
 hundreds of tokens while (total - eval) is seconds (docs/ENGINES.md). A block whose
@@ -208,27 +209,42 @@ below) the gate's decode rate may lie: jitter of a loaded machine, not a fudge f
 server's per-token work, which the window itself holds."""
 
 
-def _decode_window(checks: Sequence[RowCheck], gate: float | None, tolerance: float) -> JSONObject:
-    """The gate's decode p50 against the engine's window: [decode phase, eval] +- tolerance."""
+def _row_within(c: RowCheck, tolerance: float) -> bool | None:
+    """One request's decode against its own block's window; None where it cannot be told."""
+    gate, floor, ceiling = c.gate_decode_tps, c.engine_decode_phase_tps, c.engine_decode_tps
+    if gate is None or floor is None or ceiling is None:
+        return None
+    return floor * (1 - tolerance) <= gate <= ceiling * (1 + tolerance)
+
+
+def _decode_window(checks: Sequence[RowCheck], tolerance: float) -> JSONObject:
+    """Each request's decode against the window of its own block, [decode phase, eval] +-
+    tolerance, paired: the p50s of a cell are taken over the same requests (the plausible
+    ones; a p50 over other requests than the gate's is not like with like)."""
     plausible = [c for c in checks if c.plausible_prompt_eval]
     # Without a plausible prompt-eval line, all blocks: the floor only gets lower (still true).
     basis = plausible or list(checks)
-    ceiling = _p50([c.engine_decode_tps for c in checks])
-    floor = _p50([c.engine_decode_phase_tps for c in basis])
-    overhead = _p50([c.engine_decode_overhead for c in basis])
-    within = (
-        gate is not None
-        and ceiling is not None
-        and floor is not None
-        and floor * (1 - tolerance) <= gate <= ceiling * (1 + tolerance)
-    )
+    verdicts = [_row_within(c, tolerance) for c in basis]
+    within = bool(verdicts) and all(v is True for v in verdicts)
     return {
-        "engine_decode_phase_tps_p50": floor,
-        "engine_decode_overhead_p50": None if overhead is None else round(overhead, 4),
+        "decode_rows_judged": len(basis),
+        "gate_decode_tps_p50_judged": _p50([c.gate_decode_tps for c in basis]),
+        "engine_decode_phase_tps_p50": _p50([c.engine_decode_phase_tps for c in basis]),
+        "engine_eval_tps_p50_judged": _p50([c.engine_decode_tps for c in basis]),
+        "engine_decode_overhead_p50": _rounded(_p50([c.engine_decode_overhead for c in basis])),
         "decode_phase_from": "plausible blocks" if plausible else "all blocks (no plausible prompt eval)",
-        "decode_diff_vs_decode_phase": _diff(gate, floor),
+        "decode_diff_vs_decode_phase": _rounded(
+            _p50([_diff(c.gate_decode_tps, c.engine_decode_phase_tps) for c in basis])
+        ),
+        "decode_diff_vs_eval_paired": _rounded(
+            _p50([_diff(c.gate_decode_tps, c.engine_decode_tps) for c in basis])
+        ),
         "decode_within_engine": within,
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def compare(
@@ -263,7 +279,7 @@ def compare(
                 "prefill_diff_vs_prompt_eval": _diff(gate_prefill, own),
                 "prefill_diff_vs_totals": _diff(gate_prefill, totals),
                 "decode_diff": _diff(gate_decode, decode),
-                **_decode_window(checks, gate_decode, tolerance),
+                **_decode_window(checks, tolerance),
                 "rows": [c.as_dict() for c in checks],
             }
         )

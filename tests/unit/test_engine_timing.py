@@ -112,6 +112,16 @@ class TestCompare:
         (cell,) = engine_timing.compare([CELL], blocks, tolerance=0.0)["cells"]  # type: ignore[misc]
         assert cell["decode_within_engine"] is False
 
+    def test_decode_is_judged_request_by_request_over_the_same_requests(self) -> None:
+        # r2's block has an implausible prompt-eval line: its decode phase is unknown, so r2 is
+        # not judged, and its decode (far under r1's) does not move the p50s that are compared.
+        rows = [CELL["rows"][0], {**CELL["rows"][1], "decode_tps": 10.0}]  # type: ignore[index,dict-item]
+        blocks = engine_timing.parse_blocks(LOG, TIMING)
+        (cell,) = engine_timing.compare([{**CELL, "rows": rows}], blocks)["cells"]  # type: ignore[misc]
+        assert cell["decode_rows_judged"] == 1 and cell["gate_decode_tps_p50_judged"] == 28.0
+        assert cell["decode_within_engine"] is True
+        assert cell["decode_diff_vs_eval_paired"] == round((28 - 31) / 31, 4)
+
     def test_skipped_cells_and_incomplete_rows_are_left_out(self) -> None:
         cells = [
             {"nominal_tokens": 8192, "concurrency": 1, "skipped": "above max_model_len"},
