@@ -86,7 +86,7 @@ clean:
 # image built from them. Each target reuses what is there and verified.
 LLAMA_BUILD_DEBS := cmake g++ make libgomp1
 
-.PHONY: llama llama-wheel llama-model llama-image
+.PHONY: llama llama-wheel llama-model llama-image demo-real
 
 llama: llama-wheel llama-model llama-image
 
@@ -110,4 +110,10 @@ llama-image: llama-wheel
 
 # `make test` builds or reuses them, so the llama integration tests find their image and model.
 test: llama
+
+# The demo's story on the real engine: llama.cpp serving SmolLM2-135M behind a real HAProxy
+# (adopt, load, qualify real-small, waive the failed gates, promote, curl + openai, rollback,
+# recheck, the evidence bundle). Slow on a loaded 2-core machine: prefill of 6k tokens on CPU.
+demo-real: setup debs llama
+	scripts/testenv run -- $(PY) scripts/demo_real.py
 # ---- end llama.cpp engine ----------------------------------------------------------------------

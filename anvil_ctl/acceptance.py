@@ -63,6 +63,9 @@ class AcceptanceResult:
     def passed(self) -> bool:
         return bool(self.checks) and all(c.passed for c in self.checks)
 
+    def failed_checks(self) -> list[str]:
+        return [c.name for c in self.checks if not c.passed]
+
     def as_dict(self) -> JSONObject:
         return {
             "router_url": self.router_url,

@@ -234,8 +234,13 @@ def start_haproxy(
     check_inter_ms: int = 300,
     slots: int = 2,
     netns: str | None = None,
+    health_path: str = "/health",
 ) -> Proc:
-    """HAProxy in the foreground (-db) with a generated 0600 config and a 0600 admin socket."""
+    """HAProxy in the foreground (-db) with a generated 0600 config and a 0600 admin socket.
+
+    `health_path` is what its checks GET on each backend: `/v1/models` for an engine
+    without a health route (llama.cpp), which answers 200 only once the model is loaded.
+    """
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     socket_path = workdir / f"haproxy-{port}.sock"
@@ -249,6 +254,7 @@ def start_haproxy(
         check_inter_ms=check_inter_ms,
         fall=1,
         rise=1,
+        health_path=health_path,
     )
     write_config(config_path, text)
     cmd = [*_netns_prefix(netns), "haproxy", "-db", "-f", str(config_path)]

@@ -1,14 +1,15 @@
-"""The EngineProbe port over httpx: /health and /v1/models of an OpenAI-compatible engine."""
+"""The EngineProbe port over httpx: /health, /v1/models and the context probe of an engine."""
 
 from __future__ import annotations
 
 import socket
+import time
 
 import httpx
 
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
-from anvil_ctl.core.model import ModelCard
+from anvil_ctl.core.model import ModelCard, PromptAnswer
 
 
 class HttpEngineProbe:
@@ -69,3 +70,25 @@ class HttpEngineProbe:
             return [ModelCard(str(m["id"]), m.get("max_model_len")) for m in data]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise AdapterError(f"{base_url}/v1/models: not an OpenAI model list") from exc
+
+    def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
+        """A chat of `words` one-token words ("a a a ..."; a BPE tokenizer splits at spaces,
+        so the prompt is at least that many tokens) with max_tokens 1.
+
+        An engine that checks the prompt against its context refuses it after tokenizing
+        (llama.cpp: 0.1 s for 2k tokens); one that accepts it evaluates the whole prompt,
+        which is why the timeout is long.
+        """
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "a " * words}],
+            "max_tokens": 1,
+            "temperature": 0,
+        }
+        started = time.monotonic()
+        try:
+            with httpx.Client(timeout=max(self._timeout_s, 600.0), transport=self._transport) as client:
+                r = client.post(base_url.rstrip("/") + "/v1/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise TransientError(f"{base_url}/v1/chat/completions (context probe): {exc!r}") from exc
+        return PromptAnswer(r.status_code, r.text[:1000], round(time.monotonic() - started, 3))

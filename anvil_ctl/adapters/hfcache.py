@@ -8,18 +8,29 @@ Layout checked (`<cache>` is the hub directory, e.g. ~/.cache/huggingface/hub):
 
 Complete means: the snapshot directory exists and holds at least one file, no
 `*.incomplete` blob remains (a download was cut), and every snapshot entry
-resolves to a regular file. Problems are reported, never raised: the caller
-(the load transaction's refusal check) decides. Nothing is downloaded or written.
+resolves to a regular file. `verify_files` checks more for the files a recipe pins
+(`model_files`): each exists in the snapshot with exactly the pinned size and SHA-256,
+and a `.gguf` file's header and metadata read back (`anvil_ctl.adapters.gguf`). Problems
+are reported, never raised: the caller (the load transaction's refusal check) decides.
+Nothing is downloaded or written.
+
+Warning: hashing reads every byte of every pinned file (about 0.3 s for the 98 MB
+SmolLM2 GGUF here); pin only the files an engine loads.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from anvil_ctl.adapters.gguf import GgufError, read_header
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.model import ModelFile, hub_repo_folder
 
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -37,15 +48,15 @@ class CacheReport:
     total_bytes: int = 0
     file_count: int = 0
     refs: dict[str, str] = field(default_factory=dict)
+    files: tuple[dict[str, Any], ...] = ()
+    """What `verify_files` observed of each pinned file (size, SHA-256, GGUF header)."""
 
     @property
     def identity(self) -> str:
         return f"{self.repo_id}@{self.revision}"
 
 
-def repo_folder(repo_id: str) -> str:
-    """`org/name` -> `models--org--name`, the hub's folder name for a model repository."""
-    return "models--" + repo_id.replace("/", "--")
+repo_folder = hub_repo_folder
 
 
 def parse_identity(identity: str) -> tuple[str, str]:
@@ -68,6 +79,19 @@ class HfCache:
     def verify_identity(self, identity: str) -> CacheReport:
         repo_id, revision = parse_identity(identity)
         return self.verify(repo_id, revision)
+
+    def verify_files(self, identity: str, files: Sequence[ModelFile]) -> CacheReport:
+        """`verify_identity` plus every pinned file's size, SHA-256 and (GGUF) header."""
+        report = self.verify_identity(identity)
+        if not files or not Path(report.snapshot_path).is_dir():
+            return report
+        problems = list(report.problems)
+        observed = []
+        for pin in files:
+            seen, found = _check_file(Path(report.snapshot_path), pin)
+            observed.append(seen)
+            problems.extend(found)
+        return replace(report, complete=not problems, problems=tuple(problems), files=tuple(observed))
 
     def verify(self, repo_id: str, revision: str) -> CacheReport:
         if not REPO_ID_RE.match(repo_id) or not REVISION_RE.match(revision):
@@ -100,6 +124,44 @@ class HfCache:
             file_count=count,
             refs=_refs(repo_dir / "refs"),
         )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_file(snapshot: Path, pin: ModelFile) -> tuple[dict[str, Any], list[str]]:
+    """(what was observed, problems) of one pinned file of a snapshot."""
+    path = snapshot / pin.path
+    seen: dict[str, Any] = {"path": pin.path, "pinned_sha256": pin.sha256, "pinned_size": pin.size}
+    if ".." in Path(pin.path).parts or Path(pin.path).is_absolute():
+        return seen, [f"{pin.path}: expected a path inside the snapshot"]
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return seen, [f"{pin.path}: pinned file not in the snapshot {snapshot}"]
+    except OSError as exc:
+        return seen, [f"{pin.path}: cannot stat: {exc.strerror}"]
+    seen["size"] = size
+    if size != pin.size:
+        return seen, [f"{pin.path}: {size} bytes, expected the pinned {pin.size}"]
+    try:
+        sha = _sha256(path)
+    except OSError as exc:
+        return seen, [f"{pin.path}: cannot read: {exc.strerror}"]
+    seen["sha256"] = sha
+    if sha != pin.sha256:
+        return seen, [f"{pin.path}: SHA-256 {sha[:16]}… differs from the pinned {pin.sha256[:16]}…"]
+    if pin.path.endswith(".gguf"):
+        try:
+            seen["gguf"] = read_header(path).as_dict()
+        except (GgufError, OSError) as exc:
+            return seen, [f"{pin.path}: not a readable GGUF file: {exc}"]
+    return seen, []
 
 
 def _incomplete_blobs(blobs: Path) -> list[str]:

@@ -22,6 +22,7 @@ WAIVER_COLUMNS = (
     "policy",
     "value",
     "roles",
+    "gates",
     "recipe_digest",
     "approved_by",
     "created_at",
@@ -85,7 +86,18 @@ gpus = click.Group(
     metavar="ROLES|DIGEST",
     help="GPU roles (compute-a,compute-b) or a recipe digest (64 hex, optional sha256:).",
 )
-@click.option("--value", type=MIB, required=True, help="The policy value in force under the waiver (MiB).")
+@click.option(
+    "--value",
+    type=MIB,
+    default=None,
+    help="The policy value in force under the waiver (vram-reserve: MiB; gate: 0, the default).",
+)
+@click.option(
+    "--gates",
+    type=Text(1024),
+    metavar="A,B",
+    help="With --policy gate: the gates whose failure is waived (scope: the recipe digest).",
+)
 @click.option("--approved-by", type=PERSON, required=True, help="Who approves the exception.")
 @click.option("--reason", type=REASON, required=True, help="Why the exception is safe.")
 @click.option(
@@ -105,13 +117,17 @@ def waive(
     *,
     policy: str,
     scope: str,
-    value: int,
+    value: int | None,
+    gates: str | None,
     approved_by: str,
     reason: str,
     expires: str | None,
     no_expiry: bool,
 ) -> Reply:
     """Record an attributed, scoped policy waiver that expires (or, said so, never does).
+
+    vram-reserve sets the reserve (MiB) for GPU roles or a recipe digest; gate waives
+    the failure of named functional gates (--gates) for one recipe digest.
 
     One of --expires WHEN and --no-expiry is required. Stored decisions are re-judged
     under the waivers in force: a reclassification is a new decision pointing at the
@@ -130,6 +146,7 @@ def waive(
         reason=reason,
         expires=expires,
         no_expiry=no_expiry,
+        gates=tuple(g.strip() for g in (gates or "").split(",") if g.strip()),
     )
     return Reply(Record(result))
 

@@ -19,6 +19,7 @@ from anvil_ctl.cli.session import (
     timeout_option,
 )
 from anvil_ctl.cli.views import Record, Table
+from anvil_ctl.core.engine_profile import ENGINE_PROFILES
 from anvil_ctl.core.states import ExitCode
 
 RECIPE_LIST_COLUMNS = ("name", "source", "valid", "runnable", "served_model", "context_tokens", "error")
@@ -184,12 +185,22 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
     required=True,
     help="The context length the container serves, in tokens.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(sorted(ENGINE_PROFILES)),
+    default=None,
+    help="The engine profile to probe it with (default: openai-compatible).",
+)
 @click.option("--dry-run", is_flag=True, help="Inspect and print the plan; record nothing.")
 @pass_session
-def adopt(session: Session, container_id: str, slot: str, context_tokens: int, dry_run: bool) -> Reply:
+def adopt(
+    session: Session, container_id: str, *, slot: str, context_tokens: int, engine: str | None, dry_run: bool
+) -> Reply:
     """Record the container serving a slot as its incumbent.
 
-    CONTAINER_ID must be running, and the slot's binding must serve one model.
+    CONTAINER_ID must be running, and the slot's binding must serve one model. The
+    engine profile says how it is probed from now on (health route, where its context
+    length shows); the context length is checked that way before anything is recorded.
     """
     from anvil_ctl.commands import transactions
 
@@ -199,5 +210,6 @@ def adopt(session: Session, container_id: str, slot: str, context_tokens: int, d
         container_id=container_id,
         context_tokens=context_tokens,
         dry_run=dry_run,
+        engine=engine or "",
     )
     return Reply(out, ExitCode(out.exit_code))

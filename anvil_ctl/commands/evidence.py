@@ -24,6 +24,7 @@ from anvil_ctl.persistence.head import database_file
 from anvil_ctl.persistence.qualification import DecisionRecord, EvidenceRecord
 from anvil_ctl.qualify import Redaction, export_bundle, verify_bundle
 from anvil_ctl.qualify.evidence import ExportResult, ManifestReference, VerifyResult, read_manifest
+from anvil_ctl.qualify.profiles import PROFILES_DIR
 
 
 def evidence_tx_dir(ctx: Context, tx: str) -> Path:
@@ -59,6 +60,8 @@ def _redaction(ctx: Context) -> Redaction:
             secrets.append(token.reveal())
     recipe_dirs = _recipe_dirs(ctx)
     paths = [str(p.resolve()) for p in (ctx.settings.state_dir, ctx.settings.evidence_dir, *recipe_dirs)]
+    # Where the package's profiles live (a decision names its profile's file) is a host path too.
+    paths.append(str(PROFILES_DIR.parent.parent))
     home = ctx.env.get("HOME", "")
     if home.strip("/"):
         paths.append(home)

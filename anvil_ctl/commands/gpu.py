@@ -37,7 +37,7 @@ from anvil_ctl.core.validate import (
 from anvil_ctl.engine.gpu import ledger
 from anvil_ctl.gpu.ownership import Mode
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
-from anvil_ctl.gpu.waivers import POLICIES, Waiver, parse_scope
+from anvil_ctl.gpu.waivers import GATE, POLICIES, Waiver, check_gate_waiver, parse_scope
 from anvil_ctl.persistence import waivers
 
 log = structlog.get_logger()
@@ -313,12 +313,13 @@ def waive(
     *,
     policy: str,
     scope: str,
-    value: int,
+    value: int | None,
     approved_by: str,
     reason: str,
     expires: str | None = None,
     no_expiry: bool = False,
     now: datetime | None = None,
+    gates: tuple[str, ...] = (),
 ) -> Waived:
     """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest).
 
@@ -326,8 +327,9 @@ def waive(
     roles of the host config (or is a recipe digest), the value is >= 0, the
     approver and reason are given, and exactly one of `expires` (which must lie
     ahead) and `no_expiry` says when it ends: a waiver that never expires is a
-    person's explicit choice, recorded as such. Then stored decisions are re-judged
-    under the waivers in force.
+    person's explicit choice, recorded as such. A `gate` waiver names the gates whose
+    failure it waives, for one recipe digest (its value is 0: not required). Then
+    stored decisions are re-judged under the waivers in force.
     """
     now = now or datetime.now(UTC)
     if (expires is None) == (not no_expiry):
@@ -338,6 +340,13 @@ def waive(
         )
     if policy not in POLICIES:
         raise BadInput(f"--policy {policy!r}: expected one of {list(POLICIES)}", field="policy")
+    if policy == GATE:
+        value = 0 if value is None else value
+        check_gate_waiver(scope, gates, value)
+    elif gates:
+        raise BadInput(f"--gates: only a {GATE!r} waiver names gates", field="gates")
+    if value is None:
+        raise BadInput(f"--value: required for the {policy} policy (MiB)", field="value")
     value = require("--value", lambda v: check_int(v, lo=0, hi=MAX_MIB), value)
     approved_by = require("--approved-by", check_person, approved_by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
@@ -360,6 +369,7 @@ def waive(
         roles=roles,
         recipe_digest=digest,
         expires_at=parse_expiry(expires, now) if expires else None,
+        gates=frozenset(gates),
     )
     waivers.add_waiver(ctx.store, waiver)
     expiry = "never (--no-expiry)" if waiver.expires_at is None else utc_stamp(waiver.expires_at)

@@ -35,13 +35,15 @@ def candidate_from_recipe(ctx: Context, ref: str, slot: str, tx_id: str) -> Cand
         recipe_digest=recipe_digest(recipe),
         served_model=recipe.served_model,
         context_tokens=recipe.context_tokens,
-        health_path=recipe.health_path,
+        health_path=recipe.effective_health_path,
         startup_timeout_s=recipe.startup_timeout_s,
         spec=spec,
         gpu_roles=tuple(recipe.gpu_roles),
         model_identity=recipe.model or "",
         max_concurrency=recipe.max_concurrency or 1,
         vram_need_mib=recipe.vram_need_mib,
+        engine_profile=recipe.profile_of_engine.name,
+        model_files=tuple(f.pin() for f in recipe.model_files),
     )
 
 

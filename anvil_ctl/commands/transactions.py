@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import TypedDict
 
 from anvil_ctl.bootstrap import Context
+from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.states import WAITING_STATES, TxState
@@ -23,6 +24,7 @@ from anvil_ctl.core.validate import (
     check_text,
     require,
 )
+from anvil_ctl.engine.context import observe_context
 from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import serving
 from anvil_ctl.engine.outcome import Outcome
@@ -97,30 +99,40 @@ def adopt(
     recipe_digest: str = "",
     model_identity: str = "",
     gpu_roles: tuple[str, ...] = (),
+    engine: str = "",
 ) -> Outcome:
-    """Record a serving container (started by hand or another tool) as the slot's incumbent."""
+    """Record a serving container (started by hand or another tool) as the slot's incumbent.
+
+    `engine` names its engine profile (how it is probed from now on: health route, where
+    its context shows); empty: the OpenAI-compatible assumptions.
+    """
     context_tokens = require(
         "--context-tokens", lambda n: check_int(n, lo=1, hi=MAX_CONTEXT_TOKENS), context_tokens
     )
+    if engine and engine not in ENGINE_PROFILES:
+        raise BadInput(f"--engine {engine!r}: expected one of {sorted(ENGINE_PROFILES)}", field="engine")
+    profile = engine_profile(engine)
     world = ctx.world()
     slot_cfg = ctx.config.slot(slot)
     try:
         info = world.runtime.inspect(container_id)
     except NotFound:
         raise BadInput(f"container {container_id}: not found", field="container_id") from None
-    observed = serving(world, slot_cfg.base_url)
+    observed = serving(world, slot_cfg.base_url, profile.health_path)
     models = [m for m, _ in observed["models"]]
-    if not info.running or len(models) != 1:
+    if not info.running or len(models) != 1 or not observed["healthy"]:
         raise BadInput(
             f"container {container_id[:12]} must be running and {slot_cfg.binding} must serve one model "
-            f"(observed status {info.status}, models {models})",
+            f"healthy (observed status {info.status}, models {models}, healthy {observed['healthy']}; "
+            f"engine profile {profile.name})",
             field="container_id",
         )
-    reported = observed["models"][0][1]
-    if reported is not None and reported != context_tokens:
+    seen = observe_context(world, profile, slot_cfg.base_url, models[0], context_tokens)
+    if not seen.matches(context_tokens):
         # Recording a context the engine does not serve would make every recheck report drift.
         raise BadInput(
-            f"--context-tokens {context_tokens}: {slot_cfg.binding} reports max_model_len {reported}",
+            f"--context-tokens {context_tokens}: {slot_cfg.binding} {seen.describe()} "
+            f"(engine profile {profile.name})",
             field="context_tokens",
         )
     image = world.runtime.image(info.image_id)
@@ -139,6 +151,7 @@ def adopt(
         gpu_roles=gpu_roles or slot_cfg.gpu_roles,
         aliases=slot_cfg.aliases,
         container_name=info.name,
+        engine_profile=engine,
     )
     return run_plan(ctx, "adopt", AdoptArgs(slot=slot, identity=ident), dry_run=dry_run)
 

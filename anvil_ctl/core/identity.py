@@ -37,6 +37,9 @@ class Identity:
     gpu_roles: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     container_name: str = ""
+    engine_profile: str = ""
+    """How to probe the serve (`anvil_ctl.core.engine_profile`); empty: the OpenAI-compatible
+    assumptions (identities recorded before profiles existed)."""
 
     REQUIRED = (
         "slot",
@@ -57,6 +60,9 @@ class Identity:
         data["repo_digests"] = list(sorted(self.repo_digests))
         data["gpu_roles"] = list(sorted(self.gpu_roles))
         data["aliases"] = list(sorted(self.aliases))
+        if not self.engine_profile:
+            # Identities recorded before engine profiles keep the digest they were recorded with.
+            del data["engine_profile"]
         return data
 
     @property
@@ -108,6 +114,7 @@ class Identity:
             gpu_roles=_texts(data, "gpu_roles"),
             aliases=_texts(data, "aliases"),
             container_name=_text(data, "container_name"),
+            engine_profile=_text(data, "engine_profile"),
         )
 
 

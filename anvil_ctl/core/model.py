@@ -35,7 +35,9 @@ __all__ = [
     "Identity",
     "ImageInfo",
     "ModelCard",
+    "ModelFile",
     "Mount",
+    "PromptAnswer",
     "ResidueFile",
     "ResidueRemoval",
     "RouteCheck",
@@ -58,6 +60,20 @@ LABEL_RECIPE_DIGEST = LABEL_PREFIX + "recipe-digest"
 LABEL_TX = LABEL_PREFIX + "transaction"
 LABEL_ROLE = LABEL_PREFIX + "role"
 LABEL_SERVED_MODEL = LABEL_PREFIX + "served-model"
+
+
+def hub_repo_folder(repo_id: str) -> str:
+    """`org/name` -> `models--org--name`, the Hugging Face hub cache's folder of a model repository."""
+    return "models--" + repo_id.replace("/", "--")
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One file of a pinned model, by its path in the snapshot, its SHA-256 and its size."""
+
+    path: str
+    sha256: str
+    size: int
 
 
 @dataclass(frozen=True)
@@ -253,6 +269,15 @@ class GpuReading:
 class ModelCard:
     id: str
     max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class PromptAnswer:
+    """How an engine answered one probe prompt: its status and an excerpt of the body."""
+
+    status: int
+    body: str = ""
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)

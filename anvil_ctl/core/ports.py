@@ -7,7 +7,7 @@ Every implementation translates its library's exceptions into
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -21,6 +21,8 @@ from anvil_ctl.core.model import (
     GpuReading,
     ImageInfo,
     ModelCard,
+    ModelFile,
+    PromptAnswer,
     ResidueFile,
     ResidueRemoval,
     RouteCheck,
@@ -145,6 +147,11 @@ class EngineProbe(Protocol):
         """Whether anything accepts connections at the URL's host and port (any server)."""
         ...
 
+    def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
+        """One chat of `words` one-token words (max_tokens 1): how the engine answers a
+        prompt of at least that many tokens (the context-refusal probe)."""
+        ...
+
 
 @runtime_checkable
 class SharedMemory(Protocol):
@@ -189,6 +196,10 @@ class ModelCache(Protocol):
 
     def verify_identity(self, identity: str) -> CacheVerdict:
         """Check `repo@revision`: snapshot present, no incomplete blobs, no broken links."""
+        ...
+
+    def verify_files(self, identity: str, files: Sequence[ModelFile]) -> CacheVerdict:
+        """`verify_identity`, and each pinned file's size and SHA-256 (and GGUF header)."""
         ...
 
 

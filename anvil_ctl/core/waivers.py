@@ -19,7 +19,12 @@ from anvil_ctl.core.validate import utc_stamp
 VRAM_RESERVE = "vram-reserve"
 """The VRAM reserve policy: MiB each card keeps free after the workload."""
 
-POLICIES = (VRAM_RESERVE,)
+GATE = "gate"
+"""The functional-gate policy: each gate of a profile is required (1). A waiver sets it to 0
+(not required) for the named gates of one recipe: their failure no longer fails the
+decision, and is still recorded and shown."""
+
+POLICIES = (VRAM_RESERVE, GATE)
 
 
 @dataclass(frozen=True)
@@ -36,15 +41,27 @@ class Waiver:
     recipe_digest: str | None = None
     expires_at: datetime | None = None
     revoked_at: datetime | None = None
+    gates: frozenset[str] = frozenset()
+    """With policy `gate`: the gates (by name) whose failure is waived."""
 
     def __post_init__(self) -> None:
         problems = []
         if self.policy not in POLICIES:
             problems.append(f"policy {self.policy!r}: expected one of {list(POLICIES)}")
-        if bool(self.roles) == bool(self.recipe_digest):
-            problems.append("scope: expected either GPU roles or a recipe digest, not both")
-        if self.value < 0:
-            problems.append("value: expected MiB >= 0")
+        if self.policy == GATE:
+            if not self.recipe_digest or self.roles:
+                problems.append("scope: a gate waiver applies to one recipe digest (no GPU roles)")
+            if not self.gates:
+                problems.append("gates: expected the names of the gates whose failure is waived")
+            if self.value != 0:
+                problems.append("value: expected 0 (the gates are not required)")
+        else:
+            if bool(self.roles) == bool(self.recipe_digest):
+                problems.append("scope: expected either GPU roles or a recipe digest, not both")
+            if self.gates:
+                problems.append(f"gates: only a {GATE!r} waiver names gates")
+            if self.value < 0:
+                problems.append("value: expected MiB >= 0")
         if not self.approved_by.strip():
             problems.append("approved_by: expected the approver's name")
         if not self.reason.strip():
@@ -59,6 +76,8 @@ class Waiver:
 
     @property
     def scope(self) -> str:
+        if self.gates:
+            return f"recipe {self.recipe_digest} gates {','.join(sorted(self.gates))}"
         return f"recipe {self.recipe_digest}" if self.recipe_digest else ",".join(sorted(self.roles))
 
     def active(self, now: datetime) -> bool:
@@ -67,6 +86,10 @@ class Waiver:
         if self.expires_at is not None and now >= self.expires_at:
             return False
         return self.revoked_at is None or now < self.revoked_at
+
+    def waives_gate(self, gate: str, recipe_digest: str | None) -> bool:
+        """A gate waiver naming `gate`, for this recipe digest (activity is the caller's check)."""
+        return self.policy == GATE and gate in self.gates and self.applies(GATE, "", recipe_digest)
 
     def applies(self, policy: str, role: str, recipe_digest: str | None) -> bool:
         if policy != self.policy:
@@ -90,6 +113,7 @@ class Waiver:
             "policy": self.policy,
             "value": self.value,
             "roles": list(sorted(self.roles)),
+            "gates": list(sorted(self.gates)),
             "recipe_digest": self.recipe_digest,
             "approved_by": self.approved_by,
             "reason": self.reason,
@@ -131,6 +155,11 @@ class Waiver:
             raise wrong("roles", "a list of GPU roles")
         if not all(isinstance(r, str) for r in roles):
             raise wrong("roles", "a list of GPU roles")
+        gates = data.get("gates") or ()
+        if not isinstance(gates, list | tuple | set | frozenset) or not all(
+            isinstance(g, str) for g in gates
+        ):
+            raise wrong("gates", "a list of gate names")
         digest = data.get("recipe_digest")
         if digest is not None and not isinstance(digest, str):
             raise wrong("recipe_digest", "a string")
@@ -139,6 +168,7 @@ class Waiver:
             policy=text("policy"),
             value=int(value),
             roles=frozenset(str(r) for r in roles),
+            gates=frozenset(str(g) for g in gates),
             recipe_digest=digest,
             approved_by=text("approved_by"),
             reason=text("reason"),

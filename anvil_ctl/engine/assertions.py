@@ -3,7 +3,8 @@
 One list, used by `anvilctl recheck` (cron) and by the `BaseVerified` guard that
 keeps load and promote from building on a drifted host. Each assertion is a
 name, a pass flag and what was observed; an assertion that cannot observe fails
-with the reason. Read-only.
+with the reason. Read-only. How the serve is probed (health route, where the context
+length shows, what a routed answer's `model` carries) is its engine profile's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from anvil_ctl.config import Slot
 from anvil_ctl.core.errors import AnvilError, NotFound
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
-from anvil_ctl.engine.serving import FieldDrift, identity_drift
+from anvil_ctl.engine.context import observed_context
+from anvil_ctl.engine.serving import (
+    FieldDrift,
+    identity_drift,
+    profile_of,
+    routed_chain_problems,
+    routed_expectation,
+)
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import gpu_ledger
 
@@ -85,13 +93,23 @@ def _container_checks(world: World, ident: Identity, out: list[Assertion]) -> No
 
 
 def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion]) -> None:
+    profile = profile_of(ident)
+
     def served() -> Observation:
         models = [m.id for m in world.engine.models(cfg.base_url)]
         return models == [ident.served_model], list(models)
 
     def context_tokens() -> Observation:
-        lens = [m.max_model_len for m in world.engine.models(cfg.base_url)]
-        return lens in ([ident.context_tokens], [None]), list(lens)
+        seen = observed_context(world, ident)
+        return seen.matches(ident.context_tokens), seen.as_dict()
+
+    def health() -> Observation:
+        if profile.health_path is None:
+            # No health route: an engine that loads before it listens is healthy when it lists
+            # its model (`served_model` above says which).
+            models: list[str] = [m.id for m in world.engine.models(cfg.base_url)]
+            return bool(models), {"health_route": None, "models": list(models)}
+        return world.engine.health(cfg.base_url, profile.health_path), cfg.base_url + profile.health_path
 
     def binding() -> Observation:
         try:
@@ -103,7 +121,7 @@ def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertio
     _check(out, "served_model", served)
     _check(out, "context_tokens", context_tokens)
     _check(out, "loopback_binding", binding)
-    _check(out, "health", lambda: (world.engine.health(cfg.base_url, "/health"), cfg.base_url + "/health"))
+    _check(out, "health", health)
 
 
 def _gpu_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
@@ -135,12 +153,20 @@ def _router_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion
         return ok, {"ready": router.ready(), "backends": urls, "observed_models": observed}
 
     def smoke() -> Observation:
-        answer = router.routed_chat(cfg.aliases[0])
-        ok = answer.status == 200 and answer.model == ident.served_model
-        return ok, {"status": answer.status, "model": answer.model}
+        alias, expected = routed_expectation(world, ident)
+        answer = router.routed_chat(alias)
+        chain = routed_chain_problems(world, ident)
+        ok = answer.status == 200 and answer.model == expected and not chain
+        return ok, {
+            "status": answer.status,
+            "model": answer.model,
+            "expected": expected,
+            "chain": list(chain),
+        }
 
     def route_holds() -> Observation:
-        check = router.check_route(cfg.router_tier, cfg.base_url, ident.served_model)
+        _alias, expected = routed_expectation(world, ident)
+        check = router.check_route(cfg.router_tier, cfg.base_url, expected)
         return check.holds, check.as_dict()
 
     _check(out, "router_readiness", readiness)

@@ -20,6 +20,7 @@ from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SERVED_MODEL, LABEL_SLOT
 from anvil_ctl.core.snapshot import Snapshot
+from anvil_ctl.engine.serving import profile_of
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import gpu_ledger
 
@@ -50,10 +51,12 @@ class Serving(TypedDict):
     models: list[tuple[str, int | None]]
 
 
-def serving(world: World, base_url: str, health_path: str = "/health") -> Serving:
+def serving(world: World, base_url: str, health_path: str | None = "/health") -> Serving:
+    """What the binding serves; `health_path` None: the engine has no health route, and
+    answering with a model list is its health (an engine that loads before it listens)."""
     try:
         models = world.engine.models(base_url)
-        healthy = world.engine.health(base_url, health_path)
+        healthy = world.engine.health(base_url, health_path) if health_path else bool(models)
     except AdapterError:
         return {"answering": False, "healthy": False, "models": []}
     return {
@@ -79,6 +82,16 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
         slot = world.config.slot(name)
         incumbent = world.store.current_identity(name, "incumbent")
         managed = world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name})
+        running = {c.id for c in managed if c.running}
+        serve = next(
+            (
+                ident
+                for ident in (incumbent, world.store.current_identity(name, "candidate"))
+                if ident is not None and ident.container_id in running
+            ),
+            incumbent,
+        )
+        health_path = profile_of(serve).health_path if serve else "/health"
         ids = {c.id for c in managed}
         if incumbent:
             ids.add(incumbent.container_id)
@@ -90,7 +103,7 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
                 "served_model": incumbent.served_model if incumbent else None,
             },
             "containers": {cid: _container(world, cid) for cid in sorted(ids)},
-            "serving": serving(world, slot.base_url),
+            "serving": serving(world, slot.base_url, health_path),
             "router": router_view(world, slot.router_tier),
         }
     # Only who owns which role and how: times and transaction IDs would make equal placements differ.

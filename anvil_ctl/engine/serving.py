@@ -6,6 +6,10 @@ answers healthy with the exact served model. `identity_drift` is the one
 comparison of a recorded identity with the live container (promote, the guards,
 restarts, recheck and qualify all use it). The step builders at the end are the
 swap-serve steps that load, promote and rollback assemble their plans from.
+
+How a serve is probed (health route, what a routed answer's `model` says, where its
+context shows) is its engine profile's (`anvil_ctl.core.engine_profile`), found by
+`profile_of`; nothing here branches on an engine's name.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
+from anvil_ctl.core.engine_profile import EngineProfile, engine_profile
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import ContainerInfo, Identity, VramNeed
@@ -37,6 +42,11 @@ Which = Callable[[C], Identity | None]
 
 
 # -- identity ---------------------------------------------------------------------------------
+
+
+def profile_of(ident: Identity) -> EngineProfile:
+    """The engine profile a recorded serve is probed with."""
+    return engine_profile(ident.engine_profile)
 
 
 @dataclass(frozen=True)
@@ -136,28 +146,56 @@ def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
         pause = min(pause * POLL_GROWTH, longest)
 
 
+def _observe_readiness(world: World, base_url: str, health_path: str | None) -> JSONObject:
+    """One readiness poll: the health route (if the engine has one), the model list, and
+    whether anything listens at all (an engine still loading may refuse connections)."""
+    if health_path is not None and not world.engine.health(base_url, health_path):
+        return {"healthy": False, "models": [], "listening": world.engine.listening(base_url)}
+    models: list[str] = [m.id for m in world.engine.models(base_url)]
+    listening = bool(models) or world.engine.listening(base_url)
+    return {"healthy": listening, "models": list(models), "listening": listening}
+
+
 def wait_serving(
-    world: World, base_url: str, health_path: str, served_model: str, timeout_s: float
+    world: World,
+    base_url: str,
+    health_path: str | None,
+    served_model: str,
+    timeout_s: float,
 ) -> JSONObject:
-    """Wait until health is 200 and /v1/models names exactly served_model (at most `timeout_s`,
-    or `--timeout` where that is shorter and the engine is not compensating)."""
+    """Wait until the health route (if the engine has one) is 200 and /v1/models names exactly
+    served_model (at most `timeout_s`, or `--timeout` where that is shorter and the engine is
+    not compensating); the result says how many polls it took and what the first one saw (an
+    engine that loads before it listens refuses connections at first)."""
     timeout_s = world.wait(f"{base_url} to serve {served_model}", timeout_s)
     deadline = world.clock.now() + timeout_s
+    started = world.clock.now()
     last: JSONObject = {"healthy": False, "models": []}
+    first: JSONObject | None = None
+    polls = 0
     pause = pauses(world.config.policy.health_poll_s)
     while True:
+        polls += 1
         try:
-            healthy = world.engine.health(base_url, health_path)
-            models = [m.id for m in world.engine.models(base_url)] if healthy else []
-            last = {"healthy": healthy, "models": list(models)}
-            if healthy and models == [served_model]:
-                return {"healthy": True, "served_model": served_model, "url": base_url}
+            last = _observe_readiness(world, base_url, health_path)
         except AdapterError as exc:
             last = {"healthy": False, "error": str(exc)}
+        first = first or last
+        if last.get("healthy") and last.get("models") == [served_model]:
+            return {
+                "healthy": True,
+                "served_model": served_model,
+                "url": base_url,
+                "health_path": health_path,
+                "polls": polls,
+                "first_poll": first,
+                "waited_s": round(world.clock.now() - started, 3),
+            }
         if world.clock.now() >= deadline:
             raise StepFailed(
                 f"{base_url} did not serve {served_model!r} within {timeout_s:.0f}s (last: {last})",
                 last=last,
+                polls=polls,
             )
         world.clock.sleep(next(pause))
 
@@ -174,8 +212,33 @@ def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0)
     if not is_running(world, identity.container_id):
         world.runtime.start(identity.container_id)
     slot = world.config.slot(identity.slot)
-    served = wait_serving(world, slot.base_url, "/health", identity.served_model, timeout_s)
+    health = profile_of(identity).health_path
+    served = wait_serving(world, slot.base_url, health, identity.served_model, timeout_s)
     return {"container_id": identity.container_id, **served}
+
+
+def routed_expectation(world: World, ident: Identity) -> tuple[str, str]:
+    """(alias, the `model` a routed answer by it must carry) for `ident`'s slot."""
+    alias = world.config.slot(ident.slot).aliases[0]
+    return alias, profile_of(ident).routed_model(ident.served_model, alias)
+
+
+def routed_chain_problems(world: World, ident: Identity) -> list[str]:
+    """For an engine whose answers echo the request's model, the routed identity is a chain:
+    the tier routes to the slot's binding (the router's view) and the binding serves
+    `ident.served_model` (/v1/models). Empty when it holds, or the engine names itself."""
+    if profile_of(ident).response_model == "served" or world.router is None:
+        return []
+    slot = world.config.slot(ident.slot)
+    problems = []
+    backends = world.router.view(slot.router_tier).get("backends", [])
+    urls = [b.get("url") for b in backends if isinstance(b, dict)] if isinstance(backends, list) else []
+    if urls != [slot.base_url]:
+        problems.append(f"router tier {slot.router_tier} routes to {urls}, not [{slot.base_url}]")
+    served = served_models(world, ident.slot)
+    if served != [ident.served_model]:
+        problems.append(f"{slot.base_url} serves {served}, not [{ident.served_model!r}]")
+    return problems
 
 
 def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> JSONObject:
@@ -187,32 +250,44 @@ def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> JSONO
     """
     router = _router(world)
     slot = world.config.slot(ident.slot)
+    _alias, expected = routed_expectation(world, ident)
     deadline_s = world.wait(
-        f"router tier {slot.router_tier} to readmit {slot.base_url} as {ident.served_model}",
+        f"router tier {slot.router_tier} to readmit {slot.base_url} as {expected}",
         world.config.router.readmit_deadline_s,
     )
     router.readmit(
         slot.router_tier,
         slot.base_url,
         slot.aliases,
-        ident.served_model,
+        expected,
         deadline_s,
         hold=hold or world.hold_readmissions,
     )
-    return {"tier": slot.router_tier, "routed_to": ident.served_model}
+    chain = routed_chain_problems(world, ident)
+    if chain:
+        raise StepFailed("routed identity not verified: " + "; ".join(chain), problems=chain)
+    return {"tier": slot.router_tier, "routed_to": ident.served_model, "answer_model": expected}
 
 
 def routed_smoke(world: World, ident: Identity) -> JSONObject:
     """One authenticated routed chat by the slot's first alias must answer 200 from `ident`."""
     router = _router(world)
-    alias = world.config.slot(ident.slot).aliases[0]
+    alias, expected = routed_expectation(world, ident)
     answer = router.routed_chat(alias)
-    if answer.status != 200 or answer.model != ident.served_model:
+    if answer.status != 200 or answer.model != expected:
         raise StepFailed(
             f"routed smoke to {alias}: HTTP {answer.status} from {answer.model!r}, "
-            f"expected 200 from {ident.served_model!r}"
+            f"expected 200 from {expected!r}"
         )
-    return {"alias": alias, "status": answer.status, "model": answer.model}
+    chain = routed_chain_problems(world, ident)
+    if chain:
+        raise StepFailed(f"routed smoke to {alias}: " + "; ".join(chain), problems=chain)
+    return {
+        "alias": alias,
+        "status": answer.status,
+        "model": answer.model,
+        "served_model": ident.served_model,
+    }
 
 
 def route_problems(world: World, ident: Identity) -> list[str]:
@@ -220,8 +295,12 @@ def route_problems(world: World, ident: Identity) -> list[str]:
     if world.router is None:
         return []
     slot = world.config.slot(ident.slot)
-    check = world.router.check_route(slot.router_tier, slot.base_url, ident.served_model)
-    return [] if check.holds else [f"router tier {slot.router_tier}: {check.reason}"]
+    _alias, expected = routed_expectation(world, ident)
+    check = world.router.check_route(slot.router_tier, slot.base_url, expected)
+    problems = [] if check.holds else [f"router tier {slot.router_tier}: {check.reason}"]
+    # An engine that echoes the request's model: the answer alone does not say which serve
+    # answered, so the chain (tier -> binding -> served name) is checked too.
+    return problems + [p for p in routed_chain_problems(world, ident) if "routes to" not in p]
 
 
 def drain_slot(world: World, slot: str) -> JSONObject:

@@ -1,7 +1,8 @@
 """Waivers: attributed, scoped, expiring exceptions to one policy value, and what they reclassify.
 
-A waiver changes one policy value (today `vram-reserve`, in MiB per card) for a
-scope: a set of GPU roles, or one recipe digest. It is active from `created_at`
+A waiver changes one policy value for a scope: `vram-reserve` (MiB per card) for a
+set of GPU roles or one recipe digest; `gate` (a functional gate is required: 1, or
+not: 0) for named gates of one recipe digest. It is active from `created_at`
 until `expires_at` (exclusive) or `revoked_at`, whichever comes first, so the
 question "was it in force at time T" has one answer forever. When several
 active waivers apply, the most recently created wins: a later operator
@@ -26,21 +27,26 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.core.validate import utc_stamp
-from anvil_ctl.core.waivers import POLICIES, VRAM_RESERVE, Waiver
+from anvil_ctl.core.waivers import GATE, POLICIES, VRAM_RESERVE, Waiver
 from anvil_ctl.gpu.reserve import ReserveResult
 
 __all__ = [
+    "GATE",
     "POLICIES",
+    "UNWAIVABLE_GATES",
     "Decision",
     "Effective",
     "GateVerdict",
     "Outcome",
+    "WaivedVerdict",
     "Waiver",
+    "check_gate_waiver",
     "effective_reserve",
     "outcome_of",
     "parse_scope",
     "reclassify",
     "resolve",
+    "waived_gate",
 ]
 
 Outcome = Literal["verified", "policy-infeasible", "failed"]
@@ -145,13 +151,33 @@ class Decision:
         }
 
 
+@dataclass(frozen=True)
+class WaivedVerdict:
+    """A failed gate whose failure a gate waiver waives: judged as passing, named as waived."""
+
+    name: str
+    waiver_id: str
+    passed: bool = True
+
+
+def waived_gate(
+    name: str, recipe_digest: str | None, waivers: Iterable[Waiver], now: datetime
+) -> Waiver | None:
+    """The newest active gate waiver of this recipe that names gate `name`, if any."""
+    applicable = [w for w in waivers if w.active(now) and w.waives_gate(name, recipe_digest)]
+    return max(applicable, key=lambda w: (w.created_at, w.id)) if applicable else None
+
+
 def outcome_of(results: Sequence[GateVerdict]) -> tuple[Outcome, tuple[str, ...]]:
     """verified: all pass; policy-infeasible: only policy gates fail; else failed."""
     failed = [r for r in results if not r.passed]
     policy_failed = [r for r in failed if isinstance(r, ReserveResult)]
-    reasons = tuple(f"{r.name} failed" for r in failed)
+    waived = tuple(
+        f"{r.name} failed, waived by {r.waiver_id}" for r in results if isinstance(r, WaivedVerdict)
+    )
+    reasons = tuple(f"{r.name} failed" for r in failed) + waived
     if not failed:
-        return "verified", ()
+        return "verified", waived
     if len(policy_failed) == len(failed):
         return "policy-infeasible", reasons
     return "failed", reasons
@@ -166,7 +192,8 @@ def reclassify(
     """A NEW decision re-judging the same evidence under the waivers active at `now`.
 
     Reserve results are re-judged with each card's threshold replaced by the
-    value in force (their recorded threshold is the policy default); other gate
+    value in force (their recorded threshold is the policy default); a failed gate
+    that an active gate waiver of this recipe names is judged waived; other gate
     results stand as recorded. The new decision points at `decision` and at its
     evidence; `decision` and `results` are not changed. Its ID is a digest of
     what it says, so reclassifying twice under the same waivers gives one ID.
@@ -176,7 +203,12 @@ def reclassify(
     rejudged: list[GateVerdict] = []
     for result in results:
         if not isinstance(result, ReserveResult):
-            rejudged.append(result)
+            waiver = None if result.passed else waived_gate(result.name, decision.recipe_digest, waivers, now)
+            if waiver is not None:
+                used.add(waiver.id)
+                rejudged.append(WaivedVerdict(result.name, waiver.id))
+            else:
+                rejudged.append(result)
             continue
         thresholds = {}
         for card in result.cards:
@@ -212,3 +244,27 @@ def reclassify(
         reasons=reasons,
         decided_at=now,
     )
+
+
+UNWAIVABLE_GATES = frozenset({"served-identity", "engine-alive"})
+"""Facts about the candidate, not measurements of it: no waiver can make them pass."""
+
+
+def check_gate_waiver(scope: str, gates: tuple[str, ...], value: int) -> None:
+    """A gate waiver's scope, gates and value, checked before anything is written."""
+    roles, digest = parse_scope(scope)
+    if roles or not digest:
+        raise BadInput(
+            f"--scope {scope!r}: a gate waiver applies to one recipe digest (64 hex; "
+            "`anvilctl recipes show NAME` prints it)",
+            field="scope",
+        )
+    if not gates:
+        raise BadInput("--gates: expected the gates whose failure is waived, e.g. smoke,json", field="gates")
+    bad = sorted(set(gates) & UNWAIVABLE_GATES)
+    if bad:
+        raise BadInput(
+            f"--gates: {', '.join(bad)} cannot be waived (they are not measurements)", field="gates"
+        )
+    if value != 0:
+        raise BadInput(f"--value {value}: a gate waiver's value is 0 (not required)", field="value")

@@ -238,6 +238,9 @@ class WaiverRow(Base):
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[str] = mapped_column(String(32))
     expires_at: Mapped[str | None] = mapped_column(String(32))
+    gates_json: Mapped[str | None] = mapped_column(Text)
+    """A gate waiver's gates (JSON list); NULL when it names none, so that waivers recorded
+    before the column existed keep their audit digest (migration 0008)."""
 
 
 class WaiverRevocation(Base):

@@ -101,6 +101,26 @@ class EngineClient:
             if isinstance(m, dict)
         ]
 
+    async def tokenize_count(
+        self, path: str, text: str, *, input_field: str, count_field: str, model_field: str | None, model: str
+    ) -> int:
+        """The engine's own token count of raw `text` at its tokenize endpoint `path`."""
+        body: JSONObject = {input_field: text}
+        if model_field:
+            body[model_field] = model
+        try:
+            response = await self._http.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise TransientError(f"POST {path}: {exc!r}") from exc
+        _raise_for(response.status_code, response.text, f"POST {path}")
+        try:
+            count = response.json()[count_field]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AdapterError(f"POST {path}: no {count_field!r} in {response.text[:200]}") from exc
+        if isinstance(count, list):  # a list of prompts counts each
+            count = sum(count)
+        return int(count)
+
     @staticmethod
     def chat_body(
         model: str,

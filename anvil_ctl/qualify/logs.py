@@ -1,13 +1,13 @@
-"""What an engine's log says: fatal and notice patterns per engine, and the classifier.
+"""What an engine's log says: the log audit's view of the engine profiles' patterns, and the classifier.
 
-The pattern sets are data, one `LogPatterns` per engine name (the recipe's
-`engine`): fatal patterns by class (traceback, CUDA error, OOM, NCCL error,
-crash, engine error, restart) and notice patterns, each with the reason the line
-is known to be non-fatal. Every engine gets the common fatal set; an engine
-without its own set gets only that, and the evidence says so. The lines come
-from what the engines really print: SGLang's scheduler and launcher, vLLM's
-engine core and API server, NCCL's plugin probe, and the llama.cpp / llama-cpp-python
-lines recorded in docs/ENGINES.md.
+The patterns are the engine profiles' (`anvil_ctl.core.engine_profile`, the one
+source): fatal patterns by class (traceback, CUDA error, OOM, NCCL error, crash,
+engine error, restart) and notice patterns, each with the reason the line is known
+to be non-fatal. Every engine gets the common fatal set; an engine without a profile
+of its own (or a profile that knows nothing of its log) gets only that, and the
+evidence says so. The lines come from what the engines really print: SGLang's
+scheduler and launcher, vLLM's engine core and API server, NCCL's plugin probe, and
+the llama.cpp / llama-cpp-python lines recorded in docs/ENGINES.md.
 
 A line that matches a fatal pattern is fatal even when a notice pattern matches it
 too: a notice may never hide a failure. An engine's start banner seen more than once
@@ -24,44 +24,41 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
+from anvil_ctl.core.engine_profile import (
+    COMMON_FATAL,
+    ENGINE_PROFILES,
+    FATAL_KINDS,
+    EngineProfile,
+    FatalKind,
+    FatalPattern,
+    NoticePattern,
+    find_engine_profile,
+)
 from anvil_ctl.core.jsontypes import JSONObject
 
-FatalKind = Literal["traceback", "cuda_error", "oom", "nccl_error", "crash", "engine_error", "restart"]
-FATAL_KINDS: tuple[FatalKind, ...] = (
-    "traceback",
-    "cuda_error",
-    "oom",
-    "nccl_error",
-    "crash",
-    "engine_error",
-    "restart",
-)
+__all__ = [
+    "COMMON_FATAL",
+    "ENGINE_PATTERNS",
+    "FATAL_KINDS",
+    "FatalKind",
+    "FatalPattern",
+    "LogClassification",
+    "LogPatterns",
+    "NoticePattern",
+    "classify",
+    "patterns_for",
+    "patterns_of",
+    "redact",
+]
+
 KEEP_CHARS = 400
 """A kept line is cut to this many characters (a traceback line can be a megabyte of tensor)."""
 
 
 @dataclass(frozen=True)
-class FatalPattern:
-    """A line that means the serve failed, of one class."""
-
-    kind: FatalKind
-    regex: str
-
-
-@dataclass(frozen=True)
-class NoticePattern:
-    """A line known to be harmless, and why."""
-
-    name: str
-    regex: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class LogPatterns:
-    """Everything the log audit knows of one engine's log."""
+    """Everything the log audit knows of one engine's log (from its engine profile)."""
 
     engine: str
     fatal: tuple[FatalPattern, ...]
@@ -81,111 +78,33 @@ class LogPatterns:
         }
 
 
-COMMON_FATAL: tuple[FatalPattern, ...] = (
-    FatalPattern("traceback", r"Traceback \(most recent call last\)"),
-    # OOM before CUDA error: "CUDA error: out of memory" is an OOM first.
-    FatalPattern("oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
-    FatalPattern("oom", r"cudaMalloc failed: out of memory|\bOOM[- ]kill|Out of memory: Killed process"),
-    FatalPattern("cuda_error", r"CUDA error\b|cudaError[A-Z]\w*|CUDA_ERROR_\w+|CUBLAS_STATUS_(?!SUCCESS)\w+"),
-    FatalPattern("cuda_error", r"an illegal memory access was encountered|device-side assert triggered"),
-    FatalPattern("nccl_error", r"NCCL error|nccl\w*Error\b|NCCL WARN .*(?:[Ff]ail|[Ee]rror|[Tt]imeout)"),
-    FatalPattern("nccl_error", r"Watchdog caught collective operation timeout"),
-    FatalPattern("crash", r"Segmentation fault|Fatal Python error|core dumped|\bSIGSEGV\b|\bSIGABRT\b"),
-)
-"""Every engine's fatal lines: Python tracebacks, CUDA and NCCL failures, OOM, crashes."""
-
-NCCL_PLUGIN = NoticePattern(
-    "nccl-plugin-absent",
-    r"NCCL INFO (?:NET|PROFILER|TUNER)/Plugin: (?:Could not find|Plugin load returned|"
-    r"Failed to find|No plugin found)",
-    "optional NCCL plugin not installed; NCCL says it uses its internal network plugin instead",
-)
-TORCH_DEPRECATION = NoticePattern(
-    "python-deprecation",
-    r"\b(?:FutureWarning|DeprecationWarning|PendingDeprecationWarning)\b|\bis deprecated\b",
-    "a Triton/Torch/library deprecation: it announces a future change and changes nothing now",
-)
-
-ENGINE_PATTERNS: dict[str, LogPatterns] = {
-    "stub": LogPatterns(
-        engine="stub",
-        fatal=(FatalPattern("engine_error", r"anvil-stub: (?:fatal|error)\b"),),
-        notices=(
-            NoticePattern(
-                "stub-notice",
-                r"anvil-stub: notice\b",
-                "the stub's planted notice line: informational by its contract (docs/CONTRACTS.md)",
-            ),
-            NCCL_PLUGIN,
-            TORCH_DEPRECATION,
-        ),
-        start=r"anvil-stub: serving ",
-    ),
-    "sglang": LogPatterns(
-        engine="sglang",
-        fatal=(
-            # Scheduler, TP worker and detokenizer failures are logged as "<Process> hit an
-            # exception: <traceback>", then the child SIGQUITs the launcher.
-            FatalPattern("engine_error", r"\b\w+ hit an exception\b"),
-            FatalPattern("engine_error", r"Received sigquit from a child process"),
-            FatalPattern("engine_error", r"Initialization failed\. warmup error"),
-        ),
-        notices=(NCCL_PLUGIN, TORCH_DEPRECATION),
-        start=r"The server is fired up and ready to roll!",
-    ),
-    "vllm": LogPatterns(
-        engine="vllm",
-        fatal=(
-            FatalPattern("engine_error", r"EngineCore (?:encountered a fatal error|failed to start)"),
-            FatalPattern("engine_error", r"EngineDeadError|AsyncEngineDeadError"),
-            FatalPattern("engine_error", r"Engine core initialization failed|WorkerProc hit an exception"),
-        ),
-        notices=(NCCL_PLUGIN, TORCH_DEPRECATION),
-        start=r"Starting vLLM API server",
-    ),
-    "llama.cpp": LogPatterns(
-        engine="llama.cpp",
-        fatal=(
-            FatalPattern("engine_error", r"llama_model_load: error loading model"),
-            FatalPattern("engine_error", r"failed to load model|Failed to load model from file"),
-            FatalPattern("engine_error", r"gguf_init_from_reader: invalid magic characters"),
-            FatalPattern("engine_error", r"Model path does not exist"),
-            FatalPattern("oom", r"ggml_\w+: failed to allocate|unable to allocate \w+ buffer"),
-        ),
-        notices=(
-            NoticePattern(
-                "mlock-failed",
-                r"warning: failed to mlock|Try increasing RLIMIT_MEMLOCK",
-                "mlock fails under Docker's RLIMIT_MEMLOCK and llama.cpp only warns: the model "
-                "stays mapped, its pages may be paged out (docs/ENGINES.md)",
-            ),
-            TORCH_DEPRECATION,
-        ),
-        # uvicorn's line when llama-cpp-python's server process starts.
-        start=r"Started server process \[",
-    ),
-}
-ENGINE_ALIASES = {
-    "llama-cpp-python": "llama.cpp",
-    "llama-cpp": "llama.cpp",
-    "llamacpp": "llama.cpp",
-    "llama_cpp": "llama.cpp",
-    "sglang-sm120": "sglang",
-}
+def patterns_of(profile: EngineProfile) -> LogPatterns:
+    """The common fatal set plus the profile's own patterns; only the common set (and
+    `known` False) for a profile that knows nothing of its engine's log."""
+    if not profile.own_log_patterns:
+        return LogPatterns(engine=profile.name, fatal=COMMON_FATAL, known=False)
+    return LogPatterns(
+        engine=profile.name,
+        fatal=profile.fatal_patterns,
+        notices=profile.notice_log_patterns,
+        start=profile.start_banner,
+    )
 
 
 def patterns_for(engine: str | None) -> LogPatterns:
-    """The common fatal set plus the engine's own; an unknown engine gets the common set only."""
-    name = (engine or "").strip().lower()
-    own = ENGINE_PATTERNS.get(ENGINE_ALIASES.get(name, name))
-    if own is None:
+    """The patterns of the engine profile `engine` names (aliases and case allowed); an
+    engine without a profile gets the common set only, under its own name."""
+    profile = find_engine_profile(engine)
+    if profile is None:
+        name = (engine or "").strip().lower()
         return LogPatterns(engine=name or "unknown", fatal=COMMON_FATAL, known=False)
-    return LogPatterns(
-        engine=own.engine,
-        fatal=(*COMMON_FATAL, *own.fatal),
-        notices=own.notices,
-        start=own.start,
-    )
+    return patterns_of(profile)
+
+
+ENGINE_PATTERNS: dict[str, LogPatterns] = {
+    name: patterns_of(profile) for name, profile in ENGINE_PROFILES.items() if profile.own_log_patterns
+}
+"""The log patterns of every engine profile that has its own (a view, not a second source)."""
 
 
 # -- redaction ---------------------------------------------------------------------------------

@@ -66,6 +66,9 @@ class ChatResult:
     ttft_s: float | None = None
     ttfo_s: float | None = None
     chunks: int = 0
+    output_chunks: int = 0
+    """Chunks that carried output (content, reasoning or a tool-call delta); an engine that
+    streams one token per chunk and reports no usage is counted by them."""
 
     def as_dict(self) -> JSONObject:
         data = asdict(self)

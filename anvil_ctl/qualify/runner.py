@@ -1,14 +1,22 @@
 """Run a qualification profile against one engine endpoint, write evidence, decide.
 
 Order: the candidate's recorded identity (`identity.json`, when given), the served
-identity (`GET /v1/models` must list the served model; its
-`max_model_len` bounds long-context gates), a VRAM reading before the workload
+identity (`GET /v1/models` must list the served model; its `max_model_len`, or the
+context the caller observed where the engine reports none, bounds long-context gates;
+an engine with a tokenize endpoint calibrates how many characters make a token, so
+prompts are sized in its own tokens), a VRAM reading before the workload
 (`vram-before.json`, when a reserve probe is given), then each gate of the
 profile, each written as `NN-<gate>.json` as soon as it finishes, then
 `summary.json`, `provenance.json` (which figures are local measurements, which
 are external-prior claims of the recipe's source), `decision.json` and
 `manifest.json`. Nothing here touches the host: qualify mutates nothing, and a
 failed gate is evidence, not an exception.
+
+The engine profile says how the engine counts tokens and which of its log lines are
+fatal or notices (the log audit reads them there). A `liveness` probe, when given, is
+asked after every gate whether the engine is still running; an engine that died ends
+the run with a failed `engine-alive` gate naming the cause, and the evidence written
+so far is kept and decided on.
 """
 
 from __future__ import annotations
@@ -16,27 +24,34 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import structlog
 
+from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
+from anvil_ctl.qualify.engine_gates import (
+    IDENTITY_GATE,
+    Liveness,
+    engine_exited,
+    served_identity,
+)
 from anvil_ctl.qualify.evidence import Artifact, EvidenceWriter
 from anvil_ctl.qualify.gates.base import FIXTURES_DIR, Gate, GateContext, LogReader, ReserveProbe
 from anvil_ctl.qualify.narrow import fields, items
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.report import NullProgress, Progress, SummaryRow, summary_rows
 from anvil_ctl.qualify.results import GateResult
+from anvil_ctl.qualify.tokens import calibrate, token_counter
 
 log = structlog.get_logger()
-IDENTITY_GATE = "served-identity"
 VRAM_BEFORE = "vram-before.json"
 IDENTITY = "identity.json"
 PROVENANCE = "provenance.json"
@@ -97,47 +112,6 @@ class QualificationResult:
         }
 
 
-async def _served_identity(client: EngineClient, served_model: str) -> tuple[GateResult, int | None]:
-    started = time.perf_counter()
-    try:
-        cards = await client.models()
-    except AnvilError as exc:
-        evidence: JSONObject = {"error": str(exc), "error_type": type(exc).__name__}
-        return (
-            GateResult(
-                IDENTITY_GATE,
-                False,
-                "functional",
-                "error",
-                evidence,
-                str(exc),
-                time.perf_counter() - started,
-            ),
-            None,
-        )
-    ids = [c.id for c in cards]
-    card = next((c for c in cards if c.id == served_model), None)
-    evidence = {
-        "expected": served_model,
-        "observed": [*ids],
-        "max_model_len": card.max_model_len if card else None,
-    }
-    passed = card is not None
-    summary = f"serves {served_model}" if passed else f"expected {served_model}, engine lists {ids}"
-    return (
-        GateResult(
-            IDENTITY_GATE,
-            passed,
-            "functional",
-            "pass" if passed else "wrong_model",
-            evidence,
-            summary,
-            time.perf_counter() - started,
-        ),
-        card.max_model_len if card else None,
-    )
-
-
 async def qualify(
     base_url: str,
     served_model: str,
@@ -154,11 +128,13 @@ async def qualify(
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
     container_log: LogReader | None = None,
-    engine: str = "",
+    engine: EngineProfile = OPENAI_COMPATIBLE,
     secrets: Sequence[str] = (),
     provenance: Mapping[str, object] | None = None,
     recorded_identity: JSONObject | None = None,
     timeout_s: float | None = None,
+    context: JSONObject | None = None,
+    liveness: Liveness | None = None,
 ) -> QualificationResult:
     """The async body of `run_qualification`.
 
@@ -197,7 +173,22 @@ async def qualify(
         base_url, api_key=api_key, transport=transport, timeout_s=request_timeout_s
     ) as client:
         progress.gate_started(IDENTITY_GATE, 1, len(names))
-        identity, max_model_len = await _served_identity(client, served_model)
+        identity, max_model_len = await served_identity(client, served_model, context)
+        if identity.passed:
+            chars_per_token, calibration = await calibrate(client, engine, served_model, chars_per_token)
+            identity = replace(
+                identity,
+                evidence={
+                    **identity.evidence,
+                    "engine_profile": engine.name,
+                    "token_counting": {
+                        "streamed_usage": engine.streamed_usage,
+                        "prompt_tokens": engine.prompt_tokens,
+                        "completion_tokens": engine.completion_tokens,
+                    },
+                    "prompt_sizing": calibration,
+                },
+            )
         record(0, identity)
         if identity.passed and reserve_probe is not None:
             writer.write_json(VRAM_BEFORE, await _vram_reading(reserve_probe))
@@ -213,6 +204,7 @@ async def qualify(
                 on_request=progress.request_done,
                 container_log=container_log,
                 engine=engine,
+                count_tokens=token_counter(client, engine, served_model),
                 secrets=tuple(secrets),
             )
             for index, gate in enumerate(gates, start=1):
@@ -221,6 +213,10 @@ async def qualify(
                     record(index, _timed_out(gate, timeout_s or 0.0))
                     continue
                 record(index, await gate(ctx))
+                died = liveness() if liveness is not None else None
+                if died is not None:
+                    record(index + 1, engine_exited(gate.name, died, [g.name for g in gates[index:]]))
+                    break
 
     rows = summary_rows(results)
     writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows], "origin": "local"})
@@ -232,6 +228,7 @@ async def qualify(
             **decision.as_dict(),
             "tx_id": tx_id,
             "served_model": served_model,
+            "engine_profile": engine.name,
             "profile_definition": profile.as_dict(),
         },
     )
@@ -278,11 +275,13 @@ def run_qualification(
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
     container_log: LogReader | None = None,
-    engine: str = "",
+    engine: EngineProfile = OPENAI_COMPATIBLE,
     secrets: Sequence[str] = (),
     provenance: Mapping[str, object] | None = None,
     recorded_identity: JSONObject | None = None,
     timeout_s: float | None = None,
+    context: JSONObject | None = None,
+    liveness: Liveness | None = None,
 ) -> QualificationResult:
     """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
 
@@ -309,6 +308,8 @@ def run_qualification(
             provenance=provenance,
             recorded_identity=recorded_identity,
             timeout_s=timeout_s,
+            context=context,
+            liveness=liveness,
         )
     )
 

@@ -70,6 +70,7 @@ class StreamAssembler:
     model: str | None = None
     done: bool = False
     chunks: int = 0
+    output_chunks: int = 0
     errors: list[str] = field(default_factory=list)
     first_content_at: float | None = None
     first_output_at: float | None = None
@@ -101,6 +102,8 @@ class StreamAssembler:
     def _choice(self, event_choice: object, at: float) -> None:
         choice = fields(event_choice)
         delta = fields(choice.get("delta") or {})
+        if any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")):
+            self.output_chunks += 1
         text = delta.get("content")
         if isinstance(text, str) and text:
             self.content.append(text)
@@ -160,4 +163,5 @@ class StreamAssembler:
             ttfo_s=rel(self.first_output_at),
             e2e_s=end - self.t0,
             chunks=self.chunks,
+            output_chunks=self.output_chunks,
         )

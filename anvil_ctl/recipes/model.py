@@ -22,8 +22,9 @@ from pydantic import (
 )
 
 from anvil_ctl.config import NAME_RE, Duration, MiB, format_validation_error, load_toml
+from anvil_ctl.core.engine_profile import ENGINE_PROFILES, EngineProfile, engine_profile
 from anvil_ctl.core.errors import RecipeError
-from anvil_ctl.core.model import sha256_hex
+from anvil_ctl.core.model import ModelFile, sha256_hex
 from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT, check_text
 
 MODEL_IDENTITY_RE = re.compile(
@@ -33,6 +34,7 @@ IMAGE_DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}\Z")
 IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}\Z")
 SHM_SIZE_RE = re.compile(r"^[0-9]{1,15}[bkmgBKMG]?\Z")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
 # Engines that serve no Hugging Face model, so `model` may be absent without being unknown.
 ENGINES_WITHOUT_MODEL = frozenset({"stub"})
@@ -67,6 +69,31 @@ class RecipeMount(_Strict):
         if not value.startswith("/"):
             raise ValueError("expected an absolute path inside the container")
         return value
+
+
+class RecipeModelFile(_Strict):
+    """A file of the pinned model the engine loads: checked byte for byte before `load`."""
+
+    path: Line = Field(min_length=1, description="Path inside the model's snapshot directory")
+    sha256: str = Field(description="SHA-256 of the file's bytes, 64 lowercase hex")
+    bytes: int = Field(gt=0, le=LIMIT, description="Size of the file in bytes")
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("expected a path inside the snapshot (relative, no '..')")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, value: str) -> str:
+        if not SHA256_RE.match(value):
+            raise ValueError("expected 64 lowercase hex digits")
+        return value
+
+    def pin(self) -> ModelFile:
+        return ModelFile(self.path, self.sha256, self.bytes)
 
 
 class Ulimit(_Strict):
@@ -117,7 +144,20 @@ class Recipe(_Strict):
     name: str = Field(description="Recipe name; equals the file name without .toml")
     description: Line = Field("", description="One line for listings")
     engine: Line = Field(min_length=1, description="Engine kind: stub, sglang, exllamav3, ...")
+    engine_profile: Line | None = Field(
+        None,
+        description="How to probe the engine (anvil_ctl.core.engine_profile); default the profile "
+        "named like `engine`, else the OpenAI-compatible assumptions",
+    )
     model: str | None = Field(None, description="Model identity repo@<40-hex revision>")
+    model_files: tuple[RecipeModelFile, ...] = Field(
+        (), max_length=1024, description="Files of the model the engine loads, pinned by size and SHA-256"
+    )
+    model_mount: Line | None = Field(
+        None,
+        description="Container path where the model's repository folder of the host config's "
+        "model_cache_dir is mounted read-only (the snapshot's links into blobs resolve there)",
+    )
     image: str = Field(description="name@sha256:<64 hex> or a local image ID sha256:<64 hex>")
     served_model: Line | None = Field(None, min_length=1, description="Id /v1/models must report")
     context_tokens: int = Field(
@@ -133,7 +173,9 @@ class Recipe(_Strict):
         "reserve to be free on each of its cards before starting it (0: only the reserve)",
     )
     port: int = Field(gt=0, lt=65536, description="Port the engine listens on; equals the slot's")
-    health_path: Line = Field("/health", description="Path answering 200 when healthy")
+    health_path: Line | None = Field(
+        None, description="Path answering 200 when healthy; default the engine profile's"
+    )
     startup_timeout_s: Duration = Field(600.0, description="Deadline for health and identity")
     profile: Line = Field(min_length=1, description="Qualification profile name")
     entrypoint: tuple[Arg, ...] | None = Field(None, max_length=256, description="Container entrypoint")
@@ -181,9 +223,23 @@ class Recipe(_Strict):
 
     @field_validator("health_path")
     @classmethod
-    def _health_path(cls, value: str) -> str:
-        if not value.startswith("/"):
+    def _health_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
             raise ValueError("expected a path starting with '/'")
+        return value
+
+    @field_validator("engine_profile")
+    @classmethod
+    def _engine_profile(cls, value: str | None) -> str | None:
+        if value is not None and value not in ENGINE_PROFILES:
+            raise ValueError(f"{value!r} is not an engine profile; expected one of {sorted(ENGINE_PROFILES)}")
+        return value
+
+    @field_validator("model_mount")
+    @classmethod
+    def _model_mount(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("expected an absolute path inside the container")
         return value
 
     @field_validator("shm_size")
@@ -228,7 +284,22 @@ class Recipe(_Strict):
             if name == "model" and self.engine in ENGINES_WITHOUT_MODEL:
                 continue
             raise ValueError(f"{name}: required; give it, or list it in unknown if no source does")
+        if (self.model_files or self.model_mount) and self.model is None:
+            raise ValueError("model_files, model_mount: need a pinned model identity in `model`")
         return self
+
+    @property
+    def profile_of_engine(self) -> EngineProfile:
+        """The engine profile: `engine_profile`, else the one named like `engine`, else the
+        OpenAI-compatible assumptions."""
+        if self.engine_profile:
+            return ENGINE_PROFILES[self.engine_profile]
+        return engine_profile(self.engine)
+
+    @property
+    def effective_health_path(self) -> str | None:
+        """The recipe's health path, else the engine profile's (None: no health route)."""
+        return self.health_path if self.health_path is not None else self.profile_of_engine.health_path
 
     @property
     def model_repo(self) -> str | None:
@@ -273,11 +344,22 @@ def load_recipe(path: Path) -> Recipe:
 def recipe_digest(recipe: Recipe) -> str:
     """SHA-256 of the recipe's canonical JSON; what `io.anvil.recipe-digest` carries.
 
-    `vram_need_mib` and `source` enter only when set, so that recipes written before
-    those fields existed keep the digest their decisions and waivers were bound to.
+    Fields added later (`vram_need_mib`, `source`, the engine profile's fields) enter only
+    when set, so that recipes written before them keep the digest their decisions and
+    waivers were bound to. `health_path` defaulted to "/health" before engine profiles and
+    always entered: a recipe whose path is "/health" through its profile enters it still.
     """
     data = recipe.model_dump(mode="json")
-    for optional in ("vram_need_mib", "source"):
+    if data.get("health_path") is None and recipe.effective_health_path == "/health":
+        data["health_path"] = "/health"
+    for optional in (
+        "vram_need_mib",
+        "source",
+        "engine_profile",
+        "model_files",
+        "model_mount",
+        "health_path",
+    ):
         if not data.get(optional):
             data.pop(optional, None)
     return sha256_hex(data)

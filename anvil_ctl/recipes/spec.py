@@ -24,6 +24,7 @@ from anvil_ctl.core.model import (
     LABEL_TX,
     ContainerSpec,
     Mount,
+    hub_repo_folder,
 )
 from anvil_ctl.places import recipe_base
 from anvil_ctl.recipes.model import Recipe, recipe_digest
@@ -111,6 +112,9 @@ def container_spec(
     }
     if recipe.served_model is not None:
         labels[LABEL_SERVED_MODEL] = recipe.served_model
+    mounts = [Mount(_mount_source(m.source, recipe_path), m.target, m.read_only) for m in recipe.mounts]
+    if recipe.model_mount is not None:
+        mounts.append(model_cache_mount(recipe, host_config))
     return ContainerSpec(
         name=container_name(recipe, slot_name, tx_id),
         image=recipe.image,
@@ -118,9 +122,7 @@ def container_spec(
         entrypoint=recipe.entrypoint,
         env=tuple(sorted(recipe.env.items())),
         labels=tuple(sorted(labels.items())),
-        mounts=tuple(
-            Mount(_mount_source(m.source, recipe_path), m.target, m.read_only) for m in recipe.mounts
-        ),
+        mounts=tuple(mounts),
         network_mode="host",
         gpu_uuids=resolve_gpu_uuids(recipe, host_config),
         shm_size=recipe.shm_size,
@@ -128,6 +130,21 @@ def container_spec(
         ulimits=recipe.ulimit_tuples(),
         init=True,
     )
+
+
+def model_cache_mount(recipe: Recipe, host_config: HostConfig) -> Mount:
+    """The model's repository folder in the host's model cache, read-only at `model_mount`:
+    the directory `load` verifies is the directory the engine reads."""
+    if recipe.model_mount is None or recipe.model_repo is None:
+        raise RecipeError(f"recipe {recipe.name}: model_mount: needs a model", field="model_mount")
+    if host_config.model_cache_dir is None:
+        raise RecipeError(
+            f"recipe {recipe.name}: model_mount: the host config sets no model_cache_dir to mount "
+            "the model from; expected model_cache_dir in anvil.toml",
+            field="model_mount",
+        )
+    source = os.path.normpath(host_config.model_cache_dir.absolute() / hub_repo_folder(recipe.model_repo))
+    return Mount(source, recipe.model_mount, True)
 
 
 def spec_as_dict(spec: ContainerSpec) -> JSONObject:

@@ -78,17 +78,26 @@ class FakeRouter:
         with self.world.edit() as w:
             w["router"].setdefault("readmits", []).append({"tier": tier, "url": url, "hold": hold})
         self.register(tier, url, aliases)
-        models = [m.id for m in self.engine.models(url)]
-        if expected_model not in models:
-            raise StepFailed(f"readmission of {tier}: backend serves {models}, expected {expected_model}")
+        # The readmission's own check (part of readmitting, as smg's and HAProxy's are): a
+        # test that replaces `routed_chat` to restart the router sees only later chats.
+        answer = self._answer(aliases[0])
+        if answer.model != expected_model:
+            raise StepFailed(
+                f"readmission of {tier}: routed answer from {answer.model!r}, expected {expected_model}"
+            )
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
+        return self._answer(alias)
+
+    def _answer(self, alias: str) -> RoutedAnswer:
         for t in self.world.read()["router"]["tiers"].values():
             url = t["url"]
             if alias in t["aliases"] and url and t["state"] == "ready":
                 models = self.engine.models(url)
                 if models:
-                    return RoutedAnswer(200, models[0].id, "ok")
+                    serving = self.engine.serving_container(url)
+                    echo = serving is not None and serving.get("echo_model", False)
+                    return RoutedAnswer(200, alias if echo else models[0].id, "ok")
                 return RoutedAnswer(503, None)
         return RoutedAnswer(404, None)
 
@@ -139,6 +148,9 @@ class FakeAcceptanceResult:
     @property
     def passed(self) -> bool:
         return all(self.checks.values())
+
+    def failed_checks(self) -> list[str]:
+        return [name for name, ok in self.checks.items() if not ok]
 
     def as_dict(self) -> JSONObject:
         checks: JSONObject = {**self.checks}

@@ -8,8 +8,9 @@ real recipe loads on the fake backend).
 from __future__ import annotations
 
 import hashlib
+import json
 
-from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.errors import NotFound, TransientError
 from anvil_ctl.core.model import (
     LABEL_SERVED_MODEL,
     ContainerInfo,
@@ -18,6 +19,7 @@ from anvil_ctl.core.model import (
     ContainerStatus,
     ImageInfo,
     ModelCard,
+    PromptAnswer,
     config_fingerprint,
 )
 from anvil_ctl.testing.world import ContainerDoc, FakeWorld, maybe_hang_or_fail
@@ -80,6 +82,9 @@ class FakeRuntime:
                 "healthy": env.get("FAKE_FAIL_HEALTH") != "1",
                 "vram_mib": int(env.get("FAKE_VRAM_MIB", "0") or 0),
                 "binding": env.get("FAKE_BINDING") or labels.get("io.anvil.binding", ""),
+                # llama.cpp's ways: no health route (404), answers echo the request's model
+                "no_health_route": env.get("FAKE_NO_HEALTH_ROUTE") == "1",
+                "echo_model": env.get("FAKE_ECHO_MODEL") == "1",
             }
         maybe_hang_or_fail(self.world, "create")
         return cid
@@ -127,6 +132,10 @@ class FakeEngineProbe:
     def __init__(self, world: FakeWorld) -> None:
         self.world = world
 
+    def serving_container(self, base_url: str) -> ContainerDoc | None:
+        """The running fake container bound at `base_url`, if any."""
+        return self._serving(base_url)
+
     def _serving(self, base_url: str) -> ContainerDoc | None:
         binding = base_url.removeprefix("http://").rstrip("/")
         for c in self.world.read()["containers"].values():
@@ -139,10 +148,24 @@ class FakeEngineProbe:
 
     def health(self, base_url: str, path: str) -> bool:
         c = self._serving(base_url)
-        return bool(c and c["healthy"])
+        return bool(c and c["healthy"] and not c.get("no_health_route"))
 
     def models(self, base_url: str) -> list[ModelCard]:
         c = self._serving(base_url)
         if c is None:
             return []
         return [ModelCard(c["served_model"], c["max_model_len"] or None)]
+
+    def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
+        """Refuses a prompt at or above the container's max_model_len the way llama.cpp does."""
+        c = self._serving(base_url)
+        if c is None:
+            raise TransientError(f"{base_url}: connection refused")
+        limit = c["max_model_len"]
+        if limit and words >= limit:
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{words} tokens ({words} in the messages, 1 in the completion)."
+            )
+            return PromptAnswer(400, json.dumps({"error": {"message": message}}))
+        return PromptAnswer(200, json.dumps({"model": model}))

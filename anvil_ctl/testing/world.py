@@ -37,6 +37,10 @@ class ContainerDoc(TypedDict):
     healthy: bool
     vram_mib: int
     binding: str
+    no_health_route: NotRequired[bool]
+    """llama.cpp's way: no health route (404)."""
+    echo_model: NotRequired[bool]
+    """llama.cpp's way: a routed answer carries the request's model (the alias)."""
     log: NotRequired[list[str]]
     restart_count: NotRequired[int]
     oom_killed: NotRequired[bool]

@@ -34,6 +34,7 @@ import openai
 import pytest
 
 from anvil_ctl.adapters.hfcache import HfCache, repo_folder
+from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import ContainerSpec, Mount
 from anvil_ctl.recipes import Recipe, load_recipe
@@ -74,14 +75,13 @@ def _logs(runtime: Any, container_id: str) -> str:
 
 
 def _spec(recipe: Recipe, image_id: str, model_repo_dir: Path, port: int, name: str) -> ContainerSpec:
-    """The recipe's container, on `port`, with the model cache of this env at /model."""
+    """The recipe's container, on `port`, with the model cache of this env at its model_mount."""
     args = list(recipe.args)
     args[args.index("--port") + 1] = str(port)
-    mounts = tuple(
-        Mount(str(model_repo_dir), m.target, m.read_only)
-        if m.target == MODEL_MOUNT
-        else Mount(**m.model_dump())
-        for m in recipe.mounts
+    assert recipe.model_mount == MODEL_MOUNT
+    mounts = (
+        *(Mount(**m.model_dump()) for m in recipe.mounts),
+        Mount(str(model_repo_dir), MODEL_MOUNT, True),
     )
     return ContainerSpec(
         name=name,
@@ -368,4 +368,6 @@ def test_a_corrupt_model_exits_1_with_llama_cpps_fatal_lines(
     assert any(line.startswith("llama_model_load: error loading model:") for line in fatal), logs[-2000:]
     assert "llama_model_load_from_file_impl: failed to load model" in fatal
     assert any(line.startswith("ValueError: Failed to load model from file:") for line in fatal)
+    # The engine profile's fatal patterns find llama.cpp's own lines (what log triage reads).
+    assert set(fatal) <= set(LLAMA_CPP_PYTHON.fatal_lines(logs))
     REPORT["corrupt_model_fatal_lines"] = fatal

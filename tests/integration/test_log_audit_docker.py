@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from anvil_ctl.core.engine_profile import STUB
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates import GateContext, LogAudit
 from anvil_ctl.qualify.results import GateResult
@@ -40,7 +41,7 @@ def audit(runtime: Any, container_id: str, **kw: int) -> GateResult:
 
     async def go() -> GateResult:
         async with EngineClient("http://127.0.0.1:9") as client:
-            ctx = GateContext(client=client, served_model="stub-model", container_log=read, engine="stub")
+            ctx = GateContext(client=client, served_model="stub-model", container_log=read, engine=STUB)
             return await LogAudit(**kw)(ctx)
 
     return asyncio.run(go())

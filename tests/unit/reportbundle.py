@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from anvil_ctl.core.engine_profile import STUB
 from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify import load_profile, run_qualification
 from anvil_ctl.qualify.gates.base import FIXTURES_DIR
@@ -101,7 +102,7 @@ def qualification_bundle(root: Path, tx_id: str = "tx-report") -> Path:
             identity_digest="a" * 64,
             reserve_probe=probe,
             container_log=reader,
-            engine="stub",
+            engine=STUB,
             provenance={"recipe": "stub-393k-c1", "engine": "stub", "source": SOURCE},
             recorded_identity={
                 "slot": "primary",

@@ -11,6 +11,7 @@ import pytest
 
 from anvil_ctl.adapters.hfcache import CacheReport, HfCache, parse_identity, repo_folder
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.model import ModelFile
 
 REPO = "org/model-x"
 REV = "c3cbb9891b67c741bcbf6b176dd7af9265b069db"
@@ -137,3 +138,47 @@ class TestParseIdentity:
     def test_refuses_an_unpinned_identity(self, identity: str) -> None:
         with pytest.raises(BadInput, match="40 lowercase hex"):
             parse_identity(identity)
+
+
+class TestPinnedFiles:
+    """verify_files: each pinned file is checked byte for byte (size, SHA-256, GGUF header)."""
+
+    @staticmethod
+    def pins(**overrides: object) -> list[ModelFile]:
+        data = FILES["model-00001-of-00002.safetensors"]
+        pin = {"path": "model-00001-of-00002.safetensors", "sha256": hashlib.sha256(data).hexdigest()}
+        pin |= {"size": len(data)} | overrides
+        return [ModelFile(**pin)]  # type: ignore[arg-type]
+
+    def test_files_with_the_pinned_size_and_hash_pass_and_are_reported(self, tmp_path: Path) -> None:
+        make_cache(tmp_path)
+        report = HfCache(tmp_path).verify_files(f"{REPO}@{REV}", self.pins())
+        assert report.complete, report.problems
+        assert report.files[0]["sha256"] == report.files[0]["pinned_sha256"]
+
+    def test_a_file_whose_bytes_differ_is_named_with_both_hashes(self, tmp_path: Path) -> None:
+        files = dict(FILES) | {"model-00001-of-00002.safetensors": b"A" + b"a" * 999}  # same size
+        make_cache(tmp_path, files)
+        report = HfCache(tmp_path).verify_files(f"{REPO}@{REV}", self.pins())
+        assert not report.complete
+        (problem,) = report.problems
+        assert problem.startswith("model-00001-of-00002.safetensors: SHA-256 ")
+        assert "differs from the pinned" in problem
+
+    def test_a_file_of_another_size_is_refused_before_hashing(self, tmp_path: Path) -> None:
+        make_cache(tmp_path)
+        report = HfCache(tmp_path).verify_files(f"{REPO}@{REV}", self.pins(size=999))
+        assert report.problems == ("model-00001-of-00002.safetensors: 1000 bytes, expected the pinned 999",)
+        assert "sha256" not in report.files[0]
+
+    def test_a_pinned_file_missing_from_the_snapshot_is_named(self, tmp_path: Path) -> None:
+        make_cache(tmp_path)
+        report = HfCache(tmp_path).verify_files(f"{REPO}@{REV}", self.pins(path="model.gguf"))
+        assert not report.complete and "model.gguf: pinned file not in the snapshot" in report.problems[0]
+
+    def test_a_gguf_file_must_read_back_as_gguf(self, tmp_path: Path) -> None:
+        garbage = b"\x00" * 64
+        make_cache(tmp_path, {"m.gguf": garbage})
+        pin = ModelFile("m.gguf", hashlib.sha256(garbage).hexdigest(), len(garbage))
+        report = HfCache(tmp_path).verify_files(f"{REPO}@{REV}", [pin])
+        assert not report.complete and "not a readable GGUF file" in report.problems[0]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 from anvil_ctl.commands import transactions
+from anvil_ctl.core.model import ModelFile
 from anvil_ctl.core.states import TxState
 from tests.unit.fakehost import FakeHost
 
@@ -55,3 +57,35 @@ class TestModelCacheGuard:
     def test_a_pinned_model_without_a_configured_cache_is_refused(self, fake_host: FakeHost) -> None:
         out = transactions.load(fake_host.context(), slot="primary", candidate=candidate(fake_host))
         assert out.state == TxState.REFUSED and "model_cache_dir" in out.reason
+
+
+class TestPinnedModelFiles:
+    """A candidate that pins model files is refused, before anything stops, unless each one has
+    exactly the pinned size and SHA-256 in the cache."""
+
+    PIN_OK = ModelFile("config.json", hashlib.sha256(b"x" * 1000).hexdigest(), 1000)
+
+    def test_a_file_whose_hash_differs_refuses_the_load_naming_it_and_nothing_changes(
+        self, fake_host: FakeHost, tmp_path: Path
+    ) -> None:
+        fabricate(tmp_path / "hub", incomplete=False)
+        with_cache(fake_host, tmp_path / "hub")
+        bad = dataclasses.replace(self.PIN_OK, sha256="0" * 64)
+        before = fake_host.world.read()
+        cand = dataclasses.replace(candidate(fake_host), model_files=(bad,))
+        out = transactions.load(fake_host.context(), slot="primary", candidate=cand)
+        assert out.state == TxState.REFUSED and out.exit_code == 3
+        assert out.refusal is not None and out.refusal.guard == "ModelCacheComplete"
+        assert (
+            "config.json: SHA-256 " in out.reason and "differs from the pinned 0000000000000000" in out.reason
+        )
+        assert fake_host.world.read() == before
+
+    def test_files_matching_their_pins_let_the_load_proceed(
+        self, fake_host: FakeHost, tmp_path: Path
+    ) -> None:
+        fabricate(tmp_path / "hub", incomplete=False)
+        with_cache(fake_host, tmp_path / "hub")
+        cand = dataclasses.replace(candidate(fake_host), model_files=(self.PIN_OK,))
+        out = transactions.load(fake_host.context(), slot="primary", candidate=cand)
+        assert out.state == TxState.COMMITTED, out.reason

@@ -328,9 +328,10 @@ class TestTheAbTransaction:
         assert declared["boundaries"][0]["text"] == "prefill_p50 >= -3 % at contexts >= 16K"
         bundle = Path(out.tx_dir or "")
         assert verify_bundle(bundle).ok
-        # Bound to the database: the manifest's own hash was recorded with the transaction.
+        # Bound to the record: the database holds the manifest's hash (not only the files).
         assert [m["kind"] for m in qualification.manifests(ctx.store, tx)] == ["ab"]
-        assert qualify_cmd.verify_evidence(ctx, bundle).ok
+        bound = qualify_cmd.verify_evidence(ctx, bundle)
+        assert bound.ok and [b.matched for b in bound.bindings or ()] == [True], bound.as_dict()
         assert {p.name for p in bundle.iterdir()} >= {
             "00-declaration.json",
             "01-arm-A-cells.json",

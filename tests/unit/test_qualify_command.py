@@ -14,6 +14,7 @@ from anvil_ctl.core.states import TxState
 from anvil_ctl.gpu.waivers import Waiver
 from anvil_ctl.persistence import qualification, waivers
 from anvil_ctl.qualify import EvidenceWriter, verify_bundle
+from anvil_ctl.qualify.profiles import PROFILES_DIR
 from tests.unit.fakehost import FakeHost
 
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -193,13 +194,15 @@ class TestExportEvidence:
                 "admin": "adm-s3cret-1",
                 "gpu": GPU_A,
                 "paths": [str(writer.tx_dir), "/home/operator/.cache/x"],
+                "profile": str(PROFILES_DIR / "real-small.toml"),
             },
         )
         # What the qualify plan records beside the manifest it wrote: export binds to it.
         qualification.record_manifest(ctx.store, "tx-export", writer.write_manifest().sha256, kind="qualify")
         out = qualify_cmd.export_evidence(ctx, "tx-exp", tmp_path / "bundle")
         text = (tmp_path / "bundle" / "00-smoke.json").read_text()
-        for secret in ("cli-s3cret-2", "adm-s3cret-1", GPU_A, "/home/operator", str(writer.tx_dir)):
+        checkout = str(PROFILES_DIR.parent.parent)  # a decision names its profile's file
+        for secret in ("cli-s3cret-2", "adm-s3cret-1", GPU_A, "/home/operator", str(writer.tx_dir), checkout):
             assert secret not in text
         assert json.loads(text)["gpu"] == "GPU-REDACTED-1"
         assert out.redactions["secrets"] == 2 and "s3cret" not in json.dumps(out.as_dict())

@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates import GATE_TYPES, GateContext, LogAudit
-from anvil_ctl.qualify.logs import ENGINE_PATTERNS, classify, patterns_for, redact
+from anvil_ctl.qualify.logs import COMMON_FATAL, ENGINE_PATTERNS, classify, patterns_for, redact
 from anvil_ctl.qualify.results import GateResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,8 +120,29 @@ class TestEnginePatterns:
         assert (unknown.known, unknown.engine, unknown.start) == (False, "exllamav3", None)
         assert classify(["Traceback (most recent call last):"], unknown).fatal_counts == {"traceback": 1}
 
+    def test_the_patterns_are_the_engine_profiles_and_nowhere_else(self) -> None:
+        # One source: every profile with log patterns of its own is what the audit applies,
+        # the common fatal set first; a profile without any gets the common set and says so.
+        for name, profile in ENGINE_PROFILES.items():
+            patterns = patterns_for(name)
+            assert patterns.engine == name
+            assert patterns.fatal[: len(COMMON_FATAL)] == COMMON_FATAL
+            if profile.own_log_patterns:
+                assert patterns.known and patterns.fatal == profile.fatal_patterns
+                assert (patterns.notices, patterns.start) == (
+                    profile.notice_log_patterns,
+                    profile.start_banner,
+                )
+                assert ENGINE_PATTERNS[name] == patterns
+            else:
+                assert (patterns.known, patterns.fatal, name in ENGINE_PATTERNS) == (
+                    False,
+                    COMMON_FATAL,
+                    False,
+                )
+
     def test_engine_names_are_matched_through_aliases(self) -> None:
-        assert patterns_for("llama-cpp-python").engine == "llama.cpp"
+        assert patterns_for("llama.cpp").engine == "llama-cpp-python"
         assert patterns_for("SGLang").engine == "sglang"
 
 
@@ -206,7 +228,11 @@ def audit(reader: Callable[[int, int], ContainerLog] | None, engine: str = "stub
     async def go() -> GateResult:
         async with EngineClient("http://127.0.0.1:9") as client:
             ctx = GateContext(
-                client=client, served_model="m", container_log=reader, engine=engine, secrets=("tok-1",)
+                client=client,
+                served_model="m",
+                container_log=reader,
+                engine=engine_profile(engine),
+                secrets=("tok-1",),
             )
             return await LogAudit(**kw)(ctx)
 
@@ -240,6 +266,15 @@ class TestLogAuditGate:
     def test_an_engine_restart_inside_the_container_fails(self) -> None:
         r = audit(fake_reader(BANNER, "anvil-stub: restarting after 3 completions", BANNER))
         assert (r.passed, r.classification, r.evidence["engine_restarts"]) == (False, "restart", 1)
+
+    def test_the_candidates_engine_profile_decides_what_is_fatal(self) -> None:
+        line = "llama_model_load: error loading model: tensor 'token_embd.weight' data is not within the file"
+        llama = audit(fake_reader("INFO:     Started server process [1]", line), engine="llama-cpp-python")
+        assert (llama.passed, llama.classification) == (False, "fatal_log_line")
+        assert llama.evidence["patterns"]["engine"] == "llama-cpp-python"
+        # The OpenAI-compatible assumptions know only the common set: the line is not theirs.
+        generic = audit(fake_reader(line), engine="openai-compatible")
+        assert (generic.passed, generic.evidence["patterns"]["known"]) == (True, False)
 
     def test_an_oom_kill_fails_as_oom(self) -> None:
         r = audit(fake_reader(BANNER, oom=True, status="exited"))

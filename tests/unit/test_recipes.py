@@ -368,8 +368,10 @@ class TestRecipeSource:
     def test_a_recipe_without_a_source_keeps_its_digest(self) -> None:
         plain = Recipe.model_validate(fields())
         assert "source" not in plain.model_fields_set
-        expected = {
-            k: v for k, v in plain.model_dump(mode="json").items() if k not in ("source", "vram_need_mib")
-        }
-        assert recipe_digest(plain) == sha256_hex(expected)
+        # What the digest was before `source`, `vram_need_mib` and the engine profile's fields:
+        # `health_path` then defaulted to "/health" (the stub's profile's path) and entered.
+        later = ("source", "vram_need_mib", "engine_profile", "model_files", "model_mount")
+        expected = {k: v for k, v in plain.model_dump(mode="json").items() if k not in later}
+        assert plain.health_path is None and plain.effective_health_path == "/health"
+        assert recipe_digest(plain) == sha256_hex(expected | {"health_path": "/health"})
         assert recipe_digest(Recipe.model_validate(fields(source=SOURCE))) != recipe_digest(plain)

@@ -161,6 +161,11 @@ class TestUpgradeTo0005:
             "NULL, '[]', '[]', '{}', 't2')",
             ("i" * 64, "c" * 64, "m" * 64),
         )
+        # A waiver as 0003 wrote it (no gates column: it comes with 0008).
+        con.execute(
+            "INSERT INTO waivers VALUES ('wvr-old', 'vram-reserve', '[\"compute-a\"]', NULL, 0, 'alice', "
+            "'model-only pair', 't3', NULL)"
+        )
         # The journal as 0003 wrote it: entries without rows.
         prev = GENESIS
         for n, event in enumerate(("tx.planned", "tx.committed", "decision"), start=1):
@@ -191,6 +196,7 @@ class TestUpgradeTo0005:
             "transactions",
             "transaction_states",
             "decisions",
+            "waivers",
             "evidence_manifests",
         }
         assert manifests == [("tx-old", "qualify", "m" * 64)]
@@ -200,7 +206,10 @@ class TestUpgradeTo0005:
             text=True,
             cwd=REPO,
         )
-        assert verified.returncode == 0 and json.loads(verified.stdout)["rows_checked"] == 4
+        # The waiver was covered by 0005 before 0008 added `gates_json`: NULL there, so its
+        # digest is the one its cover entry recorded.
+        assert verified.returncode == 0, verified.stdout
+        assert json.loads(verified.stdout)["rows_checked"] == 5
 
     def test_an_old_row_edited_after_the_upgrade_is_named(self, tmp_path: Path) -> None:
         self._old_database(tmp_path / "anvil.db")
@@ -219,6 +228,38 @@ class TestUpgradeTo0005:
         assert r.returncode == 6
         problems = json.loads(r.stdout)["problems"]
         assert any(p.get("table") == "decisions" and p.get("key") == "dec-old" for p in problems)
+
+
+class TestGateWaiverMigration:
+    """0008 adds `waivers.gates_json`: NULL where a waiver names no gates, triggers kept."""
+
+    def _triggers(self, db: Path) -> set[str]:
+        con = sqlite3.connect(db)
+        rows = con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'waivers'")
+        names = {r[0] for r in rows}
+        con.close()
+        return names
+
+    def test_down_to_0007_and_up_again_keeps_the_waivers_append_only(self, tmp_path: Path) -> None:
+        db = tmp_path / "anvil.db"
+        engine = make_engine(f"sqlite:///{db}", create=True)
+        upgrade(engine)
+        triggers = self._triggers(db)
+        assert {"waivers_no_update", "waivers_no_delete", "waivers_no_replace"} <= triggers
+        command.downgrade(alembic_config(engine), "0007")
+        con = sqlite3.connect(db)
+        columns = {r[1] for r in con.execute("PRAGMA table_info(waivers)")}
+        view = {r[1] for r in con.execute("PRAGMA table_info(v_waivers)")}
+        con.close()
+        assert "gates_json" not in columns and "gates_json" not in view
+        assert self._triggers(db) == triggers
+        command.upgrade(alembic_config(engine), "head")
+        con = sqlite3.connect(db)
+        nullable = {r[1]: not r[3] for r in con.execute("PRAGMA table_info(waivers)")}
+        view = {r[1] for r in con.execute("PRAGMA table_info(v_waivers)")}
+        con.close()
+        assert nullable["gates_json"] and "gates_json" in view
+        assert self._triggers(db) == triggers
 
 
 class TestInit:

@@ -16,7 +16,7 @@ from typing import TypeVar
 from pydantic import TypeAdapter
 
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.model import ContainerSpec, Identity
+from anvil_ctl.core.model import ContainerSpec, Identity, ModelFile
 
 T = TypeVar("T")
 
@@ -29,13 +29,17 @@ class Candidate:
     recipe_digest: str
     served_model: str
     context_tokens: int
-    health_path: str
+    health_path: str | None
+    """None: the engine has no health route; readiness is /v1/models listing the served name."""
     startup_timeout_s: float
     spec: ContainerSpec
     gpu_roles: tuple[str, ...] = ()
     model_identity: str = ""
     max_concurrency: int = 1
     vram_need_mib: int = 0  # per card; the VRAM-release gate waits for this plus the reserve
+    engine_profile: str = ""
+    model_files: tuple[ModelFile, ...] = ()
+    """Files of the model pinned by size and SHA-256, verified before anything stops."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,8 @@ class QualifyArgs:
     recipe: str = ""
     """The candidate's recipe, when it is still the loaded one."""
     engine: str = ""
-    """Its engine: which log patterns the log audit applies."""
+    """Its recipe's engine kind, recorded in provenance. How the engine is probed and which
+    log lines the log audit counts fatal are the candidate identity's engine profile's."""
     source: Mapping[str, object] | None = None
     """Its upstream source as published (provenance; external-prior figures)."""
     timeout_s: float | None = None

@@ -74,7 +74,9 @@ class CandidateImagePinned(Guard[Ctx]):
 
 
 class ModelCacheComplete(Guard[Ctx]):
-    """A candidate that pins a model finds it complete in the model cache before anything stops."""
+    """A candidate that pins a model finds it complete in the model cache before anything stops,
+    and every model file it pins there has exactly the pinned size and SHA-256 (and a GGUF
+    file's header reads back): a corrupt or substituted file is refused, never loaded."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         cand = ctx.args.candidate
@@ -86,10 +88,13 @@ class ModelCacheComplete(Guard[Ctx]):
                 f"recipe {cand.recipe} pins model {cand.model_identity} but the host config sets no "
                 "model_cache_dir to verify it in"
             )
-        report = cache.verify_identity(cand.model_identity)
+        if cand.model_files:
+            report = cache.verify_files(cand.model_identity, cand.model_files)
+        else:
+            report = cache.verify_identity(cand.model_identity)
         if not report.complete:
             return self.refuse(
-                f"model cache incomplete for {cand.model_identity}: {'; '.join(report.problems)}",
+                f"model cache does not hold {cand.model_identity} as pinned: {'; '.join(report.problems)}",
                 problems=list(report.problems),
             )
         return None
@@ -217,6 +222,7 @@ def candidate_identity(world: World, slot_name: str, cand: Candidate, container_
         gpu_roles=cand.gpu_roles,
         aliases=slot.aliases,
         container_name=info.name,
+        engine_profile=cand.engine_profile,
     )
 
 

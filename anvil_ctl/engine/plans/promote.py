@@ -43,6 +43,7 @@ from anvil_ctl.engine.serving import (
     route_problems,
     route_slot_to,
     route_step,
+    routed_expectation,
     smoke_step,
     through_the_route,
 )
@@ -149,18 +150,44 @@ def drain_again(ctx: Ctx, _r: StepResult) -> StepResult:
     return {**drain_slot(ctx.world, ctx.args.slot), "drained": True}
 
 
+ACCEPTANCE_GATES: dict[str, str] = {"tool_call": "tools"}
+"""Real-client acceptance checks that are a qualification gate seen through the router: a
+decision that relied on a waiver of that gate does not require the check either."""
+
+
+def waived_checks(world: World, decision_id: str | None) -> dict[str, str]:
+    """Acceptance check -> the gate waiver the promoted decision relied on for its gate."""
+    if decision_id is None:
+        return {}
+    decision = next((d for d in qualification.decisions(world.store) if d["id"] == decision_id), None)
+    if decision is None:
+        return {}
+    relied = {w.id: w for w in waivers.waivers(world.store) if w.id in decision["waiver_ids"]}
+    out = {}
+    for check, gate in ACCEPTANCE_GATES.items():
+        for w in relied.values():
+            if gate in w.gates:
+                out[check] = w.id
+    return out
+
+
 def acceptance(ctx: Ctx) -> StepResult:
     world, cand = ctx.world, ctx.args.candidate
     accept = world.acceptance
     if accept is None:
         raise StepFailed("no real-client acceptance is configured for this router")
-    alias = world.config.slot(cand.slot).aliases[0]
+    alias, expected = routed_expectation(world, cand)
+    waived = waived_checks(world, ctx.args.decision_id)
 
     def run() -> StepResult:
-        result = accept(alias, cand.served_model)
+        result = accept(alias, expected)
         data: JSONObject = result.as_dict()
-        if not result.passed:
+        failed = result.failed_checks()
+        required = [name for name in failed if name not in waived]
+        if required or not (result.passed or failed):
             raise StepFailed(f"real-client acceptance failed: {data}", acceptance=data)
+        if failed:
+            data["waived"] = {name: waived[name] for name in failed}
         return data
 
     return through_the_route(world, cand, run)

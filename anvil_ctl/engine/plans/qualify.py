@@ -8,6 +8,13 @@ computed under the standing policy (no waivers): that raw decision is never
 rewritten; when active waivers change its outcome, a second decision that
 `reclassifies` it is recorded from the same evidence (`engine.reclassify`).
 
+The gates probe the candidate the way its engine profile says (token counting,
+where its context shows). The run asks after every gate whether the candidate's
+container still runs: an engine that dies mid-run ends it with a failed
+`engine-alive` gate naming the exit, and `record-decision` records that `failed`
+decision (same container, same image and fingerprint, only no longer running)
+instead of refusing to decide.
+
 The qualification library (`anvil_ctl.qualify`: HTTP client, gates, evidence) is
 imported inside the steps, so rebuilding this plan in `recover` imports nothing
 heavy.
@@ -23,11 +30,13 @@ from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AdapterError, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerLog, Identity, sha256_hex
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.context import observed_context
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs
-from anvil_ctl.engine.serving import identity_drift, served_models
+from anvil_ctl.engine.serving import identity_drift, inspect_or_none, profile_of, served_models
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification, waivers
 from anvil_ctl.persistence.qualification import GateEvidence
@@ -80,6 +89,22 @@ def serving_problems(world: World, ident: Identity) -> list[str]:
     if served != [ident.served_model]:
         problems.append(f"{base_url} serves {served}, expected [{ident.served_model!r}]")
     return problems
+
+
+def _engine_died(result: QualificationResult) -> bool:
+    from anvil_ctl.qualify.engine_gates import ENGINE_GATE
+
+    return any(g.name == ENGINE_GATE and not g.passed for g in result.gates)
+
+
+def died_problems(world: World, ident: Identity) -> list[str]:
+    """Why a candidate that stopped during the run is not `ident` stopped (empty: it is):
+    a removed container, or one with another image or config, is not the identity decided on."""
+    return [
+        f"candidate container {ident.container_id[:12]}: {d.field} drifted"
+        for d in identity_drift(world, ident)
+        if d.field != "status"
+    ]
 
 
 class CandidateIsServing(Guard[Ctx]):
@@ -142,11 +167,29 @@ def _log_reader(world: World, ident: Identity) -> Callable[[int, int], Container
     return read
 
 
+def liveness(world: World, ident: Identity) -> Callable[[], JSONObject | None]:
+    """None while the candidate's container runs; else what the runtime says of it."""
+
+    def probe() -> JSONObject | None:
+        info = inspect_or_none(world, ident.container_id)
+        if info is None:
+            return {"container_id": ident.container_id, "status": "absent", "exit_code": None}
+        if info.running:
+            return None
+        return {"container_id": info.id, "status": info.status, "exit_code": info.exit_code}
+
+    return probe
+
+
 def run_gates(ctx: Ctx) -> StepResult:
     from anvil_ctl.qualify import resolve_profile, run_qualification
 
     world, ident = ctx.world, _candidate(ctx)
     profile = resolve_profile(None, profile=ctx.args.profile, gates=list(ctx.args.gates) or None)
+    engine = profile_of(ident)
+    # Where /v1/models reports no context length, observe it the profile's way (llama.cpp's
+    # refusal of an over-long prompt) so long-context gates are bounded by what is served.
+    context = None if engine.context_source == "models" else observed_context(world, ident).as_dict()
     result = run_qualification(
         world.config.slot(ident.slot).base_url,
         ident.served_model,
@@ -157,7 +200,7 @@ def run_gates(ctx: Ctx) -> StepResult:
         reserve_probe=_reserve_probe(world, roles_of(world, ident)),
         progress=ctx.memo.progress,
         container_log=_log_reader(world, ident),
-        engine=ctx.args.engine,
+        engine=engine,
         secrets=ctx.memo.secrets,
         provenance={"recipe": ctx.args.recipe, "engine": ctx.args.engine, "source": ctx.args.source},
         timeout_s=ctx.args.timeout_s,
@@ -166,6 +209,8 @@ def run_gates(ctx: Ctx) -> StepResult:
             "qualification_digest": ident.qualification_digest,
             "gpu_role_uuids": {r: world.config.gpu_roles[r].uuid for r in roles_of(world, ident)},
         },
+        context=context,
+        liveness=liveness(world, ident),
     )
     ctx.memo.result = result
     # The manifest's own hash binds the directory to this record (`evidence verify`).
@@ -184,8 +229,9 @@ def record_decision(ctx: Ctx) -> StepResult:
     world, ident, result = ctx.world, _candidate(ctx), ctx.memo.result
     if result is None:
         raise StepFailed("no qualification result in this process; rerun qualify")
-    # The decision binds to the identity: it must still be what ran the whole workload.
-    problems = serving_problems(world, ident)
+    # The decision binds to the identity: it must still be what ran the whole workload. An
+    # engine that died during the run is that identity, stopped: its failure is the decision.
+    problems = died_problems(world, ident) if _engine_died(result) else serving_problems(world, ident)
     if problems:
         raise StepFailed("candidate changed during qualification: " + "; ".join(problems))
     tx_dir = Path(result.tx_dir)

@@ -29,7 +29,13 @@ from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterCredentialsAccepted
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import ReconcileArgs
-from anvil_ctl.engine.serving import identity_drift, is_running, route_slot_to, smoke_step
+from anvil_ctl.engine.serving import (
+    identity_drift,
+    is_running,
+    route_slot_to,
+    routed_expectation,
+    smoke_step,
+)
 from anvil_ctl.engine.world import World
 
 Ctx = StepContext[ReconcileArgs, World, NoMemo]
@@ -139,7 +145,8 @@ def route_slot(ctx: Ctx) -> StepResult:
     """Observe the route; re-apply it only when it does not hold."""
     world, serve = ctx.world, ctx.args.serve
     slot = world.config.slot(serve.slot)
-    before = _router(world).check_route(slot.router_tier, slot.base_url, serve.served_model)
+    _alias, expected = routed_expectation(world, serve)
+    before = _router(world).check_route(slot.router_tier, slot.base_url, expected)
     result: JSONObject = {"tier": slot.router_tier, "url": slot.base_url, "model": serve.served_model}
     if before.holds:
         return {**result, "already_routed": True, "changed": False}

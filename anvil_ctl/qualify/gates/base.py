@@ -3,6 +3,8 @@
 A gate is a small callable object (STYLE habit 14): `__init__` takes thresholds,
 `await gate(ctx)` returns a `GateResult` with evidence. Gates never raise for a
 model's failure; an engine error on one request is recorded and fails the gate.
+Where the engine's stream carries no usage, `attempt` completes it with the engine's
+own counts the way its profile says (`anvil_ctl.qualify.tokens`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.results import ChatResult, GateKind, GateResult
+from anvil_ctl.qualify.tokens import complete_usage
 
 ReserveReading = tuple[str, int, int]
 """(GPU UUID, free MiB, required reserve MiB) for one card."""
@@ -50,8 +54,11 @@ class GateContext:
     reserve_probe: ReserveProbe | None = None
     on_request: RequestListener = field(default=_ignore)
     container_log: LogReader | None = None
-    engine: str = ""
-    """The candidate recipe's engine: which log patterns apply."""
+    engine: EngineProfile = OPENAI_COMPATIBLE
+    """How the engine reports usage, counts tokens and logs (never which engine it is): the
+    log audit reads its fatal, notice and start-banner patterns."""
+    count_tokens: Callable[[str], Awaitable[int]] | None = None
+    """The engine's own token count of raw text (its tokenize endpoint), if it has one."""
     secrets: tuple[str, ...] = ()
     """Values never to write into evidence (router tokens); the log audit redacts them."""
 
@@ -64,14 +71,19 @@ class Attempt:
     result: ChatResult | None
     error: str | None = None
     error_kind: str | None = None
+    usage_counted: JSONObject | None = None
+    """How the usage was counted when the engine's stream carried none."""
 
     def as_dict(self) -> JSONObject:
-        return {
+        data: JSONObject = {
             "label": self.label,
             "result": self.result.as_dict() if self.result else None,
             "error": self.error,
             "error_kind": self.error_kind,
         }
+        if self.usage_counted is not None:
+            data["usage_counted"] = self.usage_counted
+        return data
 
 
 def prompt_digest(text: str) -> JSONObject:
@@ -156,7 +168,9 @@ class Gate:
         except AnvilError as exc:
             ctx.on_request(self.name, False, f"{label}: {exc}")
             return Attempt(label, None, str(exc), type(exc).__name__)
-        return Attempt(label, result)
+        # Counted after the request finished, so its timing is the engine's alone.
+        result, counted = await complete_usage(ctx.client, ctx.engine, body, result)
+        return Attempt(label, result, usage_counted=counted)
 
 
 async def gather_limited(concurrency: int, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:

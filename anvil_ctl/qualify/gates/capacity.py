@@ -1,7 +1,9 @@
 """Workload gates: capacity at nominal contexts and concurrencies, and endurance.
 
 Every request is streamed with usage so that its timing comes from the stream and
-its prompt size from the engine (measured, reported beside the nominal target).
+its prompt size from the engine (measured, reported beside the nominal target); an
+engine whose stream carries no usage is counted the way its profile says, after the
+timed request (`anvil_ctl.qualify.tokens`), and each row records how.
 Classifications: `pass`, `incomplete` (a request failed), `below_threshold`.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, get_array, get_float, get_int
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
@@ -18,6 +21,8 @@ from anvil_ctl.qualify.metrics import METRIC_KEYS, context_label, request_metric
 from anvil_ctl.qualify.results import GateResult
 
 CONTINUE = "Continue the numbered notes above in the same style, one sentence per note."
+SALT_TOKENS = 24
+"""Budget of the salt's system message (its text and the template's role markers)."""
 
 
 @dataclass(frozen=True)
@@ -51,19 +56,38 @@ class _Workload(Gate):
     ignore_eos: bool
     thinking: bool | None
 
-    def _request(self, ctx: GateContext, nominal: int, salt: str) -> tuple[JSONObject, str]:
-        text = prompts.context_prompt(
+    async def _fit(self, ctx: GateContext, nominal: int) -> float:
+        """Characters per token for a prompt of this nominal size, by the engine's own count
+        where it has a tokenize endpoint (long filler has longer numbers: the ratio drifts)."""
+        if ctx.count_tokens is None:
+            return ctx.chars_per_token
+        text = self._text(nominal, ctx.chars_per_token)
+        try:
+            counted = await ctx.count_tokens(text)
+        except AnvilError:
+            return ctx.chars_per_token
+        return len(text) / counted if counted > 0 else ctx.chars_per_token
+
+    def _text(self, nominal: int, chars_per_token: float) -> str:
+        return prompts.context_prompt(
             nominal,
             CONTINUE,
-            reserve_tokens=self.output_tokens + 64,
-            chars_per_token=ctx.chars_per_token,
-            salt=salt,
+            reserve_tokens=self.output_tokens + 64 + SALT_TOKENS,
+            chars_per_token=chars_per_token,
         )
+
+    def _request(
+        self, ctx: GateContext, nominal: int, salt: str, chars_per_token: float
+    ) -> tuple[JSONObject, str]:
+        # The salt opens the prompt, in a system message of its own: an engine's prefix cache
+        # then reuses only a few template tokens from the previous request, so the prefill
+        # measured is the whole prompt's, whatever the chat template puts first.
+        text = self._text(nominal, chars_per_token)
         thinking = ctx.thinking if self.thinking is None else self.thinking
         extra: JSONObject | None = {"ignore_eos": True} if self.ignore_eos else None
         request = EngineClient.chat_body(
             ctx.served_model,
-            [{"role": "user", "content": text}],
+            [{"role": "system", "content": f"Request {salt}."}, {"role": "user", "content": text}],
             max_tokens=self.output_tokens,
             enable_thinking=thinking,
             stream=True,
@@ -72,12 +96,21 @@ class _Workload(Gate):
         return request, text
 
     async def _measure(self, ctx: GateContext, label: str, request: JSONObject) -> JSONObject:
+        # Wall-clock start: lets the engine's own log lines of this request be found by time.
+        started_at = round(time.time(), 3)
         attempt = await self.attempt(ctx, label, request)
         failure = _failure(attempt)
-        row: JSONObject = {"label": label, "completed": failure is None, "failure": failure}
+        row: JSONObject = {
+            "label": label,
+            "completed": failure is None,
+            "failure": failure,
+            "started_at": started_at,
+        }
         if attempt.result is not None:
             row.update(request_metrics(attempt.result))
             row["finish_reason"] = attempt.result.finish_reason
+        if attempt.usage_counted is not None:
+            row["usage_counted"] = attempt.usage_counted
         if failure is not None:
             # Keep everything about a failed request; a completed one keeps its numbers.
             row["attempt"] = attempt.as_dict()
@@ -148,16 +181,25 @@ class Capacity(_Workload):
         return self.result(passed, classification, evidence, summary)
 
     async def _cell(self, ctx: GateContext, nominal: int, conc: int) -> JSONObject:
-        reps = [await self.repetition(ctx, nominal, conc, rep) for rep in range(self.repetitions)]
+        chars_per_token = await self._fit(ctx, nominal)
+        reps = [
+            await self.repetition(ctx, nominal, conc, rep, chars_per_token) for rep in range(self.repetitions)
+        ]
         return self.cell(nominal, conc, reps)
 
-    async def repetition(self, ctx: GateContext, nominal: int, conc: int, rep: int) -> Repetition:
-        """One repetition of a cell: `conc` requests at once (an A/B interleaves these)."""
+    async def repetition(
+        self, ctx: GateContext, nominal: int, conc: int, rep: int, chars_per_token: float | None = None
+    ) -> Repetition:
+        """One repetition of a cell: `conc` requests at once (an A/B interleaves these).
+
+        `chars_per_token`: the prompt sizing fitted for this nominal size (None: fit it now)."""
+        if chars_per_token is None:
+            chars_per_token = await self._fit(ctx, nominal)
         jobs = []
         prompt_info: JSONObject = {}
         for lane in range(conc):
             label = f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}"
-            request, text = self._request(ctx, nominal, salt=f"{self.name} {label}")
+            request, text = self._request(ctx, nominal, f"{self.name} {label}", chars_per_token)
             prompt_info = {"chars": len(text), "tail": text[-120:]}
             jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
         started = time.perf_counter()
@@ -228,9 +270,10 @@ class Endurance(_Workload):
 
     async def run(self, ctx: GateContext) -> GateResult:
         jobs = []
+        chars_per_token = await self._fit(ctx, self.context_tokens)
         for i in range(self.requests):
             label = f"endurance-{i + 1}"
-            request, _ = self._request(ctx, self.context_tokens, salt=f"{self.name} {label}")
+            request, _ = self._request(ctx, self.context_tokens, f"{self.name} {label}", chars_per_token)
             jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
         started = time.perf_counter()
         rows = await gather_limited(self.concurrency, jobs)

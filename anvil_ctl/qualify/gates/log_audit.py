@@ -2,8 +2,8 @@
 
 Reads the newest `max_lines` lines (at most `max_bytes`) of the candidate
 container's output since it was created, plus the runtime's restart count and
-OOM flag, and classifies the lines with the engine's patterns
-(`anvil_ctl.qualify.logs`). Fails on any fatal line, on an engine restart (its
+OOM flag, and classifies the lines with the patterns of the engine's profile
+(`GateContext.engine`, through `anvil_ctl.qualify.logs`). Fails on any fatal line, on an engine restart (its
 start banner seen twice) or a container restart, on an OOM kill, and on a
 container that no longer runs. The caps, the window actually read and every
 count go into the evidence, with the matched lines redacted.
@@ -19,7 +19,7 @@ import asyncio
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify.gates.base import Gate, GateContext
-from anvil_ctl.qualify.logs import LogClassification, classify, patterns_for
+from anvil_ctl.qualify.logs import LogClassification, classify, patterns_for, patterns_of
 from anvil_ctl.qualify.results import GateResult
 
 
@@ -49,7 +49,8 @@ class LogAudit(Gate):
             return self.result(False, "not_measured", {}, "no container log source given")
         reader = ctx.container_log
         log = await asyncio.to_thread(reader, self.max_lines, self.max_bytes)
-        patterns = patterns_for(self.engine or ctx.engine)
+        # `engine` in the profile names an engine profile to use instead of the candidate's.
+        patterns = patterns_for(self.engine) if self.engine else patterns_of(ctx.engine)
         found = classify(log.lines, patterns, secrets=ctx.secrets, keep=self.keep_lines)
         restarts = log.restart_count + found.restarts
         fatal_lines = sum(n for kind, n in found.fatal_counts.items() if kind != "restart")

@@ -1,0 +1,401 @@
+"""Engine profiles: how the controller probes one kind of engine, as data.
+
+The engines operators run (SGLang, vLLM, llama.cpp, our stub) differ exactly where
+the controller depends on them: which health route exists and what "ready" means,
+whether the context length is reported, what `model` a response carries, whether a
+streamed response ends with usage, how prompt and completion tokens are counted,
+which log lines mean the engine died, which lines carry its own timings. Each
+difference is one field of `EngineProfile`; the engine, the qualification gates and
+the log audit read the field, never the engine's name (no `if engine == ...`).
+
+Log patterns live here and nowhere else: each profile's fatal lines (by class:
+traceback, CUDA error, OOM, NCCL error, crash, engine error), its notices (each with
+the reason the line is known to be harmless) and its start banner (seen twice in one
+container's log: the engine restarted inside it). Every profile is judged by
+`COMMON_FATAL` too. The log audit (`anvil_ctl.qualify.logs`) classifies with them.
+
+`ENGINE_PROFILES` is the one registry, keyed by the name a recipe's `engine` (or its
+`engine_profile`) gives; `ENGINE_ALIASES` maps other spellings of an engine's name
+to it. `OPENAI_COMPATIBLE` is what the controller assumed of every engine before
+profiles existed; a recipe whose engine has no profile of its own, and an identity
+recorded without one, are probed that way, and their logs are judged by the common
+fatal set only.
+
+Patterns are Python regular expressions searched line by line. Every fact is
+annotated with where it was observed (`sources`); docs/ENGINES.md has the detail.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
+from anvil_ctl.core.log_patterns import (
+    COMMON_FATAL,
+    FATAL_KINDS,
+    NCCL_PLUGIN,
+    PYTHON_DEPRECATION,
+    FatalKind,
+    FatalPattern,
+    NoticePattern,
+)
+
+__all__ = [
+    "COMMON_FATAL",
+    "ENGINE_ALIASES",
+    "ENGINE_PROFILES",
+    "FATAL_KINDS",
+    "LLAMA_CPP_PYTHON",
+    "NCCL_PLUGIN",
+    "OPENAI_COMPATIBLE",
+    "PYTHON_DEPRECATION",
+    "SGLANG",
+    "STUB",
+    "VLLM",
+    "EngineProfile",
+    "FatalKind",
+    "FatalPattern",
+    "NoticePattern",
+    "TimingLines",
+    "Tokenizer",
+    "engine_profile",
+    "find_engine_profile",
+]
+
+ContextSource = Literal["models", "refusal", "none"]
+"""Where the serving context length shows: `max_model_len` in /v1/models; the 400 the
+engine answers a prompt of at least that many tokens (`context_refusal` names it); or
+nowhere."""
+
+ResponseModel = Literal["served", "request"]
+"""What a chat response's `model` carries: the served name, or whatever the request
+named (then a routed answer by alias shows the alias, and the routed identity is the
+chain tier -> binding (router view) -> served name (/v1/models))."""
+
+PromptTokens = Literal["stream-usage", "plain-usage", "tokenize"]
+"""How a streamed request's prompt tokens are counted: the stream's final usage chunk;
+the `usage` of the same request sent again unstreamed with max_tokens 1 (after the timed
+one, so the timing is clean; the engine's prefix cache makes it cheap); or the
+tokenizer endpoint over the raw message text (no chat template: an undercount)."""
+
+CompletionTokens = Literal["stream-usage", "stream-chunks"]
+"""How a streamed request's completion tokens are counted: the final usage chunk, or
+one per output delta chunk (engines that stream one token per chunk)."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """The engine's tokenize endpoint: POST {input_field: text} -> {count_field: N}."""
+
+    path: str
+    input_field: str = "input"
+    count_field: str = "count"
+    model_field: str | None = "model"
+    """The body field naming the model, if the endpoint takes one."""
+
+
+@dataclass(frozen=True)
+class TimingLines:
+    """The engine's own per-completion timing lines in its log, one block per completion.
+
+    Each regex has the named groups `ms` and `tokens`; `prompt_eval` counts the prompt
+    tokens the engine evaluated (a prefix-cache hit is not evaluated again), `eval` the
+    decode steps after the first token, `total` the whole completion.
+    """
+
+    prompt_eval: str
+    eval: str
+    total: str
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """How to probe one kind of engine; see the module docstring for the fields' use."""
+
+    name: str
+    description: str
+    health_path: str | None
+    """A route answering 200 when healthy; None: the engine has none, readiness is
+    /v1/models listing the served name."""
+    context_source: ContextSource
+    response_model: ResponseModel
+    streamed_usage: bool
+    """True: `stream_options.include_usage` yields a final usage chunk."""
+    prompt_tokens: PromptTokens
+    completion_tokens: CompletionTokens
+    context_refusal: str | None = None
+    """With context_source `refusal`: a regex whose group `limit` is the context length,
+    searched in the 400 answer to an over-long prompt."""
+    tokenizer: Tokenizer | None = None
+    max_concurrency: int | None = None
+    """Requests the engine runs at once whatever it is told (None: as configured)."""
+    loads_before_listening: bool = False
+    """True: connection refused until the model is loaded; any 200 means loaded."""
+    fatal_log_patterns: tuple[FatalPattern, ...] = ()
+    """The engine's own lines that mean it failed (load or serve), beyond `COMMON_FATAL`."""
+    notice_log_patterns: tuple[NoticePattern, ...] = ()
+    """Worth reporting, not fatal: degraded settings, warnings an operator should read."""
+    start_banner: str | None = None
+    """The line the engine prints once per start; seen twice in one container's log, the
+    engine restarted inside the container."""
+    timing: TimingLines | None = None
+    stop_exit_codes: tuple[int, ...] = (0, 143)
+    """Exit codes of a clean stop (SIGTERM through docker-init)."""
+    router_check_path: str | None = None
+    """What a router's health checks should GET, where that differs from the health route:
+    a path that answers while a completion runs (None: the health route, else /v1/models)."""
+    sources: tuple[str, ...] = field(default=())
+    """Where the facts above were observed or read."""
+
+    def ready(self, health_ok: bool | None, models: Iterable[str], served_model: str) -> bool:
+        """Serving `served_model` and ready: the health route (if any) answered 200 and
+        /v1/models lists exactly the served name."""
+        if self.health_path is not None and not health_ok:
+            return False
+        return list(models) == [served_model]
+
+    @property
+    def fatal_patterns(self) -> tuple[FatalPattern, ...]:
+        """Every fatal pattern this engine's log is judged by: the common set, then its own
+        (the first class that matches names a line)."""
+        return (*COMMON_FATAL, *self.fatal_log_patterns)
+
+    @property
+    def own_log_patterns(self) -> bool:
+        """False: the profile knows nothing of its engine's log beyond the common set."""
+        return bool(self.fatal_log_patterns or self.notice_log_patterns or self.start_banner)
+
+    def fatal_lines(self, log_text: str) -> list[str]:
+        """The lines of `log_text` that match a fatal pattern, in order."""
+        return _matching(log_text, tuple(p.regex for p in self.fatal_patterns))
+
+    def notice_lines(self, log_text: str) -> list[str]:
+        """The lines of `log_text` that match a notice pattern and no fatal one, in order."""
+        fatal = set(self.fatal_lines(log_text))
+        notices = _matching(log_text, tuple(n.regex for n in self.notice_log_patterns))
+        return [line for line in notices if line not in fatal]
+
+    def refused_context(self, message: str) -> int | None:
+        """The context length a context-refusal answer names, or None."""
+        if self.context_refusal is None:
+            return None
+        found = re.search(self.context_refusal, message)
+        return int(found.group("limit")) if found else None
+
+    @property
+    def check_path(self) -> str:
+        """The path a router in front of this engine checks its backends with."""
+        return self.router_check_path or self.health_path or "/v1/models"
+
+    def routed_model(self, served_model: str, alias: str) -> str:
+        """The `model` a routed answer by `alias` carries from a serve of `served_model`."""
+        return served_model if self.response_model == "served" else alias
+
+    def as_dict(self) -> JSONObject:
+        return {str(k): _json(v) for k, v in asdict(self).items()}
+
+
+def _json(value: object) -> JSONValue:
+    """A profile's field as JSON (tuples as lists; a profile holds text, numbers and flags)."""
+    if isinstance(value, dict):
+        return {str(k): _json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def _matching(text: str, patterns: tuple[str, ...]) -> list[str]:
+    if not patterns:
+        return []
+    compiled = [re.compile(p) for p in patterns]
+    return [line for line in text.splitlines() if any(c.search(line) for c in compiled)]
+
+
+OPENAI_COMPATIBLE = EngineProfile(
+    name="openai-compatible",
+    description="What the controller assumed of every engine before profiles: /health, "
+    "max_model_len in /v1/models, the served name in responses, usage in streams",
+    health_path="/health",
+    context_source="models",
+    response_model="served",
+    streamed_usage=True,
+    prompt_tokens="stream-usage",
+    completion_tokens="stream-usage",
+    sources=("the controller's behaviour before engine profiles",),
+)
+
+STUB = EngineProfile(
+    name="stub",
+    description="anvil_ctl.stub, our own OpenAI-compatible engine (docs/CONTRACTS.md)",
+    health_path="/health",
+    context_source="models",
+    response_model="served",
+    streamed_usage=True,
+    prompt_tokens="stream-usage",
+    completion_tokens="stream-usage",
+    fatal_log_patterns=(
+        FatalPattern("engine_error", r"anvil-stub: (?:fatal|error)\b"),
+        FatalPattern("engine_error", r"OSError: \[Errno 98\] Address already in use"),
+    ),
+    notice_log_patterns=(
+        NoticePattern(
+            "stub-notice",
+            r"anvil-stub: notice\b",
+            "the stub's planted notice line: informational by its contract (docs/CONTRACTS.md)",
+        ),
+        NoticePattern(
+            "stub-fault-armed",
+            r"--fault ",
+            "the stub was started with a planted fault (--fault): a test's own setting, "
+            "reported so that a reader of the evidence sees it",
+        ),
+        NCCL_PLUGIN,
+        PYTHON_DEPRECATION,
+    ),
+    start_banner=r"anvil-stub: serving ",
+    sources=("anvil_ctl/stub (docs/CONTRACTS.md)",),
+)
+
+SGLANG = EngineProfile(
+    name="sglang",
+    description="SGLang's OpenAI-compatible server (python -m sglang.launch_server)",
+    health_path="/health",
+    context_source="models",
+    response_model="request",
+    streamed_usage=True,
+    prompt_tokens="stream-usage",
+    completion_tokens="stream-usage",
+    tokenizer=Tokenizer(path="/v1/tokenize", input_field="prompt", count_field="count"),
+    fatal_log_patterns=(
+        # Scheduler, TP worker and detokenizer failures are logged as "<Process> hit an
+        # exception: <traceback>", then the child SIGQUITs the launcher.
+        FatalPattern("engine_error", r"\b\w+ hit an exception\b"),
+        FatalPattern("engine_error", r"Received sigquit from a child process"),
+        FatalPattern("engine_error", r"Initialization failed\. warmup error"),
+        FatalPattern("oom", r"Not enough memory\. Please try to increase --mem-fraction-static"),
+    ),
+    notice_log_patterns=(
+        NCCL_PLUGIN,
+        PYTHON_DEPRECATION,
+        NoticePattern(
+            "warning",
+            r"\bWARNING\b",
+            "SGLang logs degraded settings and fallbacks at WARNING: worth an operator's reading, "
+            "and the serve goes on",
+        ),
+    ),
+    start_banner=r"The server is fired up and ready to roll!",
+    stop_exit_codes=(0, 143, 137),
+    sources=(
+        "sgl-project/sglang python/sglang/srt/entrypoints/openai/serving_tokenize.py (/v1/tokenize: "
+        "prompt -> count, max_model_len), serving_chat.py (response model is the request's); "
+        "not run here (no GPU): recipes/glm53-flash-ormandj-sglang-*.toml",
+    ),
+)
+
+LLAMA_CPP_PYTHON = EngineProfile(
+    name="llama-cpp-python",
+    description="llama.cpp through the llama-cpp-python 0.3.x server (python -m llama_cpp.server)",
+    health_path=None,
+    context_source="refusal",
+    context_refusal=r"maximum context length is (?P<limit>\d+) tokens",
+    response_model="request",
+    streamed_usage=False,
+    prompt_tokens="plain-usage",
+    completion_tokens="stream-chunks",
+    tokenizer=Tokenizer(path="/extras/tokenize/count", input_field="input", count_field="count"),
+    max_concurrency=1,
+    loads_before_listening=True,
+    fatal_log_patterns=(
+        FatalPattern("engine_error", r"llama_model_load: error loading model"),
+        FatalPattern("engine_error", r"failed to load model|Failed to load model from file"),
+        FatalPattern("engine_error", r"gguf_init_from_reader: invalid magic characters"),
+        FatalPattern("engine_error", r"Model path does not exist"),
+        FatalPattern("oom", r"ggml_\w+: failed to allocate|unable to allocate \w+ buffer"),
+    ),
+    notice_log_patterns=(
+        NoticePattern(
+            "mlock-failed",
+            r"warning: failed to mlock|Try increasing RLIMIT_MEMLOCK",
+            "mlock fails under Docker's RLIMIT_MEMLOCK and llama.cpp only warns: the model "
+            "stays mapped, its pages may be paged out (docs/ENGINES.md)",
+        ),
+        NoticePattern(
+            "context-below-training",
+            r"n_ctx_per_seq \(\d+\) < n_ctx_train \(\d+\)",
+            "the recipe serves a shorter context than the model was trained for (n_ctx): "
+            "its own choice, and the served context is what the gates measure",
+        ),
+        PYTHON_DEPRECATION,
+    ),
+    # uvicorn's line when llama-cpp-python's server process starts.
+    start_banner=r"Started server process \[",
+    timing=TimingLines(
+        prompt_eval=(
+            r"llama_perf_context_print: prompt eval time =\s*(?P<ms>[\d.]+) ms /\s*(?P<tokens>\d+) tokens"
+        ),
+        eval=r"llama_perf_context_print:\s+eval time =\s*(?P<ms>[\d.]+) ms /\s*(?P<tokens>\d+) runs",
+        total=r"llama_perf_context_print:\s+total time =\s*(?P<ms>[\d.]+) ms /\s*(?P<tokens>\d+) tokens",
+    ),
+    stop_exit_codes=(0, 143),
+    # /v1/models waits for the model's lock: 13 s behind a running completion, enough for a
+    # router's check to time out and take a serving backend out. /docs answers in 60 ms, and
+    # only once the model is loaded (the server loads it before it listens).
+    router_check_path="/docs",
+    sources=("llama-cpp-python 0.3.36 in the test env's containers (docs/ENGINES.md)",),
+)
+
+VLLM = EngineProfile(
+    name="vllm",
+    description="vLLM's OpenAI-compatible server (vllm serve): probed with the OpenAI-compatible "
+    "assumptions; its own fatal lines and start banner for the log audit",
+    health_path="/health",
+    context_source="models",
+    response_model="served",
+    streamed_usage=True,
+    prompt_tokens="stream-usage",
+    completion_tokens="stream-usage",
+    fatal_log_patterns=(
+        FatalPattern("engine_error", r"EngineCore (?:encountered a fatal error|failed to start)"),
+        FatalPattern("engine_error", r"EngineDeadError|AsyncEngineDeadError"),
+        FatalPattern("engine_error", r"Engine core initialization failed|WorkerProc hit an exception"),
+    ),
+    notice_log_patterns=(NCCL_PLUGIN, PYTHON_DEPRECATION),
+    start_banner=r"Starting vLLM API server",
+    stop_exit_codes=(0, 143, 137),
+    sources=(
+        "vllm-project/vllm vllm/v1/engine/core.py and vllm/entrypoints/openai/api_server.py "
+        "(log lines); not run here (no GPU)",
+    ),
+)
+
+ENGINE_PROFILES: dict[str, EngineProfile] = {
+    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON)
+}
+"""Every engine profile by name: the one registry."""
+
+ENGINE_ALIASES: dict[str, str] = {
+    "llama.cpp": "llama-cpp-python",
+    "llama-cpp": "llama-cpp-python",
+    "llamacpp": "llama-cpp-python",
+    "llama_cpp": "llama-cpp-python",
+    "sglang-sm120": "sglang",
+}
+"""Other spellings of an engine's name (a recipe's `engine`) -> its profile's name."""
+
+
+def find_engine_profile(name: str | None) -> EngineProfile | None:
+    """The profile `name` (or an alias of it, in any case) names; None if none does."""
+    key = (name or "").strip().lower()
+    return ENGINE_PROFILES.get(ENGINE_ALIASES.get(key, key))
+
+
+def engine_profile(name: str | None) -> EngineProfile:
+    """The profile named `name`; the OpenAI-compatible assumptions for an empty or unknown
+    name (an engine without a profile of its own, an identity recorded before profiles)."""
+    return find_engine_profile(name) or OPENAI_COMPATIBLE
