@@ -33,8 +33,9 @@ $(VENV)/.installed: pyproject.toml
 
 # The whole suite, unit and integration, inside the hermetic environment (own dockerd in a
 # loopback-only network namespace). Integration tests fail rather than skip here.
+# scripts/suite runs tests/integration alone, then the unit and packaging tests on every core.
 test: setup debs
-	ANVIL_REQUIRE_INTEGRATION=1 scripts/testenv run -- $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	ANVIL_REQUIRE_INTEGRATION=1 scripts/testenv run -- scripts/suite $(PY) $(PYTEST_ARGS)
 
 # Unit tests only: no Docker, no namespace, no root.
 unit: setup
