@@ -408,7 +408,12 @@ class TestReconcileOnSmg:
         print(f"\nreconcile after an smg restart: {time.monotonic() - started:.2f} s")
         assert out.state == TxState.COMMITTED, out.reason
         assert out.results["route-slot"]["changed"] is True
-        assert out.results["routed-smoke"] == {"alias": ALIAS, "status": 200, "model": MODEL}
+        assert out.results["routed-smoke"] == {
+            "alias": ALIAS,
+            "status": 200,
+            "model": MODEL,
+            "served_model": MODEL,
+        }
         assert route_breaks(router, url, REMOVAL_DELAY_S + 1) == []
         again = reconcile(ctx, "primary")
         assert again.results["route-slot"]["already_routed"] is True
