@@ -22,11 +22,13 @@ so far is kept and decided on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import ParamSpec
 
 import httpx
 import structlog
@@ -52,6 +54,8 @@ from anvil_ctl.qualify.results import GateResult
 from anvil_ctl.qualify.tokens import calibrate, token_counter
 
 log = structlog.get_logger()
+
+P = ParamSpec("P")
 VRAM_BEFORE = "vram-before.json"
 IDENTITY = "identity.json"
 PROVENANCE = "provenance.json"
@@ -259,59 +263,23 @@ async def qualify(
     )
 
 
-def run_qualification(
-    base_url: str,
-    served_model: str,
-    profile: Profile,
-    *,
-    evidence_dir: Path,
-    tx_id: str,
-    identity_digest: str,
-    reserve_probe: ReserveProbe | None = None,
-    progress: Progress | None = None,
-    api_key: str | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
-    fixtures_dir: Path = FIXTURES_DIR,
-    chars_per_token: float = 4.0,
-    request_timeout_s: float = 600.0,
-    container_log: LogReader | None = None,
-    engine: EngineProfile = OPENAI_COMPATIBLE,
-    secrets: Sequence[str] = (),
-    provenance: Mapping[str, object] | None = None,
-    recorded_identity: JSONObject | None = None,
-    timeout_s: float | None = None,
-    context: JSONObject | None = None,
-    liveness: Liveness | None = None,
-) -> QualificationResult:
-    """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
+def _synchronous(
+    body: Callable[P, Coroutine[object, object, QualificationResult]],
+) -> Callable[P, QualificationResult]:
+    """`body` run to completion in a fresh event loop, with `body`'s own signature."""
 
-    Synchronous wrapper over `qualify`; call it from code that runs no event loop.
-    """
-    return asyncio.run(
-        qualify(
-            base_url,
-            served_model,
-            profile,
-            evidence_dir=evidence_dir,
-            tx_id=tx_id,
-            identity_digest=identity_digest,
-            reserve_probe=reserve_probe,
-            progress=progress,
-            api_key=api_key,
-            transport=transport,
-            fixtures_dir=fixtures_dir,
-            chars_per_token=chars_per_token,
-            request_timeout_s=request_timeout_s,
-            container_log=container_log,
-            engine=engine,
-            secrets=secrets,
-            provenance=provenance,
-            recorded_identity=recorded_identity,
-            timeout_s=timeout_s,
-            context=context,
-            liveness=liveness,
-        )
-    )
+    @functools.wraps(body)
+    def run(*args: P.args, **kwargs: P.kwargs) -> QualificationResult:
+        return asyncio.run(body(*args, **kwargs))
+
+    return run
+
+
+run_qualification = _synchronous(qualify)
+"""Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
+
+Synchronous `qualify`, for code that runs no event loop; same arguments.
+"""
 
 
 def _timed_out(gate: Gate, timeout_s: float) -> GateResult:
