@@ -7,7 +7,10 @@ routed) -rollback-> A. Each case runs one command and disturbs it:
 
 - `crash`: SIGKILL at a named journal boundary (ANVIL_CRASH_AT), then `recover` twice;
 - `random`: SIGKILL after a random delay within the command's clean duration, then `recover`;
-- `router`: pause at a boundary (ANVIL_PAUSE_AT), kill and restart smg, let it go on.
+- `router`: pause at a boundary (ANVIL_PAUSE_AT), kill and restart smg, let it go on;
+- `router-after-commit`: the same just after the transaction committed (its last step's
+  result commits with the end state: engine/journaling.py), which no transaction can
+  undo; the operator's cron `recheck --repair router` is what must bring the route back.
 
 A rollback from C goes back to the incumbent (A); from A it rolls back to the
 retained candidate (`rollback --to`, C again), so rollback cases need no new load.
@@ -62,7 +65,7 @@ AFTER = {"A": "C", "C": "A"}  # a rollback's after phase, by its before phase
 @dataclass(frozen=True)
 class Case:
     command: str
-    mode: str  # crash | random | router | clean
+    mode: str  # crash | random | router | router-after-commit | clean
     boundary: str = ""
     delay_s: float = 0.0
 
@@ -224,12 +227,15 @@ class ChaosHost:
 
     def prepare(self, command: str) -> str:
         """Bring the host to a before phase of the command (clean commands, no faults)."""
-        for _ in range(5):
+        for attempt in range(8):
             phase = self.phase_of(self.observe())
             if phase in BEFORE[command] and (command != "rollback" or self.promoted):
                 if command == "promote":
                     self.verify_candidate()
                 return phase
+            if attempt % 2:  # a clean command did not get there: a route an earlier case lost?
+                self.run("recheck", "--slot", "primary", "--repair", "router")
+                continue
             step = {"A": "load", "B": "promote", "C": "rollback", None: "recover"}[phase]
             if step == "promote":
                 self.verify_candidate()
@@ -270,7 +276,7 @@ class ChaosHost:
         before = self.prepare(case.command)
         # Transactions that exist already: a kill before the command journals anything (during
         # start-up) leaves no transaction of its own, and an earlier one must not be judged.
-        known = {t["tx_id"] for t in _transactions(self.context())}
+        known = {t["tx_id"] for t in recent_transactions(self.context())}
         after = AFTER[before] if case.command == "rollback" else {"load": "B", "promote": "C"}[case.command]
         argv = self.argv(case.command, before)
         env = dict(self.camp.env)
@@ -292,7 +298,7 @@ class ChaosHost:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
             out = {}
-        elif case.mode == "router":
+        elif case.mode in ("router", "router-after-commit"):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "anvil_ctl", "--json", *argv],
                 env=env | {"ANVIL_PAUSE_AT": case.boundary},
@@ -311,6 +317,8 @@ class ChaosHost:
             out = self.run(*argv)
             self.durations[case.command] = time.monotonic() - start
         recovered = [self.run("recover"), self.run("recover")]
+        if case.mode == "router-after-commit":
+            self.run("recheck", "--slot", "primary", "--repair", "router")  # the operator's cron
         return self.judge(case, out, recovered, before, after, known)
 
     def restart_router(self) -> None:
@@ -334,7 +342,7 @@ class ChaosHost:
         known: set[str],
     ) -> Verdict:
         ctx = self.context()
-        txs = [t for t in _transactions(ctx) if t["kind"] == case.command and t["tx_id"] not in known]
+        txs = [t for t in recent_transactions(ctx) if t["kind"] == case.command and t["tx_id"] not in known]
         tx_state = txs[0]["state"] if txs else "none"  # none: killed before it journaled anything
         problems = []
         if recovered[-1].get("recovered"):
@@ -381,7 +389,7 @@ class ChaosHost:
         self.camp.stop()
 
 
-def _transactions(ctx: Context) -> list[dict[str, Any]]:
+def recent_transactions(ctx: Context) -> list[dict[str, Any]]:
     from anvil_ctl.commands import audit
 
     return audit.transactions(ctx, limit=5)
@@ -427,10 +435,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(_line(verdicts[-1]), flush=True)
         for command in ("promote", "rollback"):
             if command in commands:
-                for boundary in host.boundaries(command):
-                    if ":do:" in boundary:
-                        verdicts.append(host.case(Case(command, "router", boundary)))
-                        print(_line(verdicts[-1]), flush=True)
+                cases = [Case(command, "router", b) for b in during_transaction(host.boundaries(command))]
+                cases.append(Case(command, "router-after-commit", f"{command}:state:committed"))
+                for case in cases:
+                    verdicts.append(host.case(case))
+                    print(_line(verdicts[-1]), flush=True)
         for command in commands:
             span = host.durations.get(command, 10.0)
             for _ in range(args.random):
@@ -443,6 +452,18 @@ def main(argv: list[str] | None = None) -> int:
     bad = [v for v in verdicts if not v.ok]
     print(f"\n{len(verdicts)} cases, seed {args.seed}: {len(bad)} not converged")
     return 1 if bad else 0
+
+
+def during_transaction(boundaries: list[str]) -> list[str]:
+    """The step boundaries a router restart can strike while the transaction is still open.
+
+    A step's result is held and commits with the next journal write (engine/journaling.py),
+    so the last step's result commits with the end state: a pause there is after the commit,
+    the `router-after-commit` case.
+    """
+    steps = [b for b in boundaries if ":do:" in b]
+    results = [b for b in steps if b.endswith(":do:result")]
+    return [b for b in steps if not results or b != results[-1]]
 
 
 def _line(v: Verdict) -> str:

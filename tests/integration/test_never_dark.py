@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from scripts.campaign import runtime
-from scripts.chaos import Case, ChaosHost, Verdict, table
+from scripts.chaos import Case, ChaosHost, Verdict, recent_transactions, table
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +72,20 @@ class TestRouterRestarted:
         verdict = host.case(Case(command, "router", boundary))
         _all_ok([verdict])
         assert verdict.converged == "after", verdict  # the goal check re-applied the route
+
+    @pytest.mark.parametrize("command", ["promote", "rollback"])
+    def test_a_router_restarted_just_after_the_commit_is_routed_again_by_the_cron_recheck(
+        self, host: ChaosHost, command: str
+    ) -> None:
+        # The last step's result commits with the end state (engine/journaling.py): a restart
+        # there is after the commit, past any goal check; `recheck --repair router` closes it.
+        verdict = host.case(Case(command, "router-after-commit", f"{command}:state:committed"))
+        _all_ok([verdict])
+        assert verdict.tx_state == "committed", verdict
+        assert verdict.converged == "after", verdict
+        # The route really was lost, and the cron's repair (a reconcile transaction) restored it.
+        repair = recent_transactions(host.context())[0]
+        assert (repair["kind"], repair["state"]) == ("reconcile", "committed"), repair
 
 
 class TestForeignSharedMemory:
