@@ -13,7 +13,7 @@ from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.qualify.client import EngineClient, Message, tool_arguments
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, stream_problem
 from anvil_ctl.qualify.gates.checks import Checks, has_think_markup, same_text
-from anvil_ctl.qualify.results import GateResult
+from anvil_ctl.qualify.results import ChatResult, GateResult
 
 
 def user(text: str) -> Message:
@@ -21,31 +21,57 @@ def user(text: str) -> Message:
     return {"role": "user", "content": text}
 
 
-def check_reply(checks: Checks, label: str, attempt: Attempt, expected: str) -> None:
-    """The common checks of a request that must answer `expected` in visible content."""
+def answered(checks: Checks, label: str, attempt: Attempt) -> ChatResult | None:
+    """The attempt's result if it answered and, when streamed, its stream completed.
+
+    Records the `answered` and `stream complete` checks; None when either failed.
+    """
     result = attempt.result
     if not checks.add(f"{label}: answered", result is not None, "error", error=attempt.error):
-        return
+        return None
     assert result is not None
     if result.streamed:
         problem = stream_problem(result)
         if not checks.add(
             f"{label}: stream complete", problem is None, problem or "", errors=list(result.errors)
         ):
-            return
+            return None
+    return result
+
+
+def check_visible_answer(
+    checks: Checks,
+    label: str,
+    content: str,
+    expected: str,
+    *,
+    check: str = "content",
+    observed_chars: int = 500,
+    **extra: JSONValue,
+) -> None:
+    """Visible content is `expected` and carries no think markup."""
     checks.add(
         f"{label}: no think markup",
-        not has_think_markup(result.content),
+        not has_think_markup(content),
         "reasoning_leak",
-        observed=result.content[:300],
+        observed=content[:300],
     )
     checks.add(
-        f"{label}: content",
-        same_text(result.content, expected),
+        f"{label}: {check}",
+        same_text(content, expected),
         "wrong_answer",
         expected=expected,
-        observed=result.content[:500],
+        observed=content[:observed_chars],
+        **extra,
     )
+
+
+def check_reply(checks: Checks, label: str, attempt: Attempt, expected: str) -> None:
+    """The common checks of a request that must answer `expected` in visible content."""
+    result = answered(checks, label, attempt)
+    if result is None:
+        return
+    check_visible_answer(checks, label, result.content, expected)
     checks.add(
         f"{label}: usage",
         result.usage is not None and result.usage.completion_tokens > 0,
@@ -56,16 +82,9 @@ def check_reply(checks: Checks, label: str, attempt: Attempt, expected: str) -> 
 
 def check_tool_call(checks: Checks, label: str, attempt: Attempt, name: str, arguments: JSONObject) -> None:
     """Exactly one call of `name` whose arguments equal `arguments` as JSON values."""
-    result = attempt.result
-    if not checks.add(f"{label}: answered", result is not None, "error", error=attempt.error):
+    result = answered(checks, label, attempt)
+    if result is None:
         return
-    assert result is not None
-    if result.streamed:
-        problem = stream_problem(result)
-        if not checks.add(
-            f"{label}: stream complete", problem is None, problem or "", errors=list(result.errors)
-        ):
-            return
     calls = result.tool_calls
     if not checks.add(
         f"{label}: one tool call",

@@ -12,8 +12,9 @@ from __future__ import annotations
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient, Message
-from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, stream_problem
-from anvil_ctl.qualify.gates.checks import Checks, has_think_markup, same_text
+from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext
+from anvil_ctl.qualify.gates.chat import answered, check_visible_answer
+from anvil_ctl.qualify.gates.checks import Checks
 from anvil_ctl.qualify.results import GateResult
 
 
@@ -68,14 +69,9 @@ class ThinkingControl(Gate):
     @staticmethod
     def _check(checks: Checks, attempt: Attempt, enabled: bool, marker: str) -> None:
         label = attempt.label
-        result = attempt.result
-        if not checks.add(f"{label}: answered", result is not None, "error", error=attempt.error):
+        result = answered(checks, label, attempt)
+        if result is None:
             return
-        assert result is not None
-        if result.streamed:
-            problem = stream_problem(result)
-            if not checks.add(f"{label}: stream complete", problem is None, problem or ""):
-                return
         if enabled:
             checks.add(
                 f"{label}: reasoning channel",
@@ -90,17 +86,12 @@ class ThinkingControl(Gate):
                 "reasoning_leak",
                 reasoning_chars=len(result.reasoning),
             )
-        checks.add(
-            f"{label}: no think markup",
-            not has_think_markup(result.content),
-            "reasoning_leak",
-            observed=result.content[:300],
-        )
-        checks.add(
-            f"{label}: visible answer",
-            same_text(result.content, marker),
-            "wrong_answer",
-            expected=marker,
-            observed=result.content[:300],
+        check_visible_answer(
+            checks,
+            label,
+            result.content,
+            marker,
+            check="visible answer",
+            observed_chars=300,
             finish_reason=result.finish_reason,
         )
