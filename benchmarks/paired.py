@@ -51,7 +51,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Settings, load_host_config
 from anvil_ctl.persistence import qualification
 from anvil_ctl.recipes import container_spec, load_recipe
-from scripts.campaign import Campaign, start_campaign, start_incumbent_by_hand
+from scripts.campaign import Campaign, reserve_waiver, start_campaign, start_incumbent_by_hand
 
 SLOT, TIER, ALIAS, URL = "primary", "primary-local", "llm.primary", "http://127.0.0.1:8001"
 RECIPE = "stub-393k-c1"
@@ -295,6 +295,7 @@ def run(reps: int, work: Path) -> dict[str, Any]:
         anvilctl(camp, "init")
         incumbent = start_incumbent_by_hand(camp)
         anvilctl(camp, "adopt", incumbent, "--slot", SLOT, "--context-tokens", "524288")
+        anvilctl(camp, *reserve_waiver("bench"))  # else promote's VRAM-after-acceptance refuses
         bare = Bare(camp)
         print("warm-up: one anvilctl cycle and one bare cycle (untimed)", flush=True)
         anvil_cycle(camp)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,33 @@ def ticking(what: str, every_s: float = 2.0) -> Iterator[None]:
     finally:
         done.set()
         ticker.join()
+
+
+def reserve_waiver(
+    approved_by: str, reason: str = "model-only GPU pair", *, days: int | None = 30
+) -> list[str]:
+    """`anvilctl waive` arguments for the seeds' waiver: the standing 3,072 MiB/card reserve
+    waived to 0 for the model-only pair compute-a,compute-b (without it promote's
+    VRAM-after-acceptance step refuses the 393k candidate: 2,101 MiB free). `days=None`: no expiry."""
+    expiry = (
+        ["--no-expiry"]
+        if days is None
+        else ["--expires", (datetime.now(UTC) + timedelta(days=days)).date().isoformat()]
+    )
+    return [
+        "waive",
+        "--policy",
+        "vram-reserve",
+        "--scope",
+        "compute-a,compute-b",
+        "--value",
+        "0",
+        "--approved-by",
+        approved_by,
+        "--reason",
+        reason,
+        *expiry,
+    ]
 
 
 def start_incumbent_by_hand(camp: Campaign) -> str:

@@ -35,7 +35,6 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from anvil_ctl.persistence import qualification
 from scripts.campaign import (
     INCUMBENT_MODEL,
     Campaign,
+    reserve_waiver,
     runtime,
     start_campaign,
     start_incumbent_by_hand,
@@ -116,21 +116,7 @@ class ChaosHost:
         assert r.returncode == 0, r.stderr
         # The campaign's waiver (shared/seeds: "standing reserve 3,072 MiB/card, waived to 0 for
         # the pair"): without it promote's VRAM-after-acceptance step refuses every promotion.
-        r = self.camp.anvilctl(
-            "waive",
-            "--policy",
-            "vram-reserve",
-            "--scope",
-            "compute-a,compute-b",
-            "--value",
-            "0",
-            "--approved-by",
-            "chaos",
-            "--reason",
-            "model-only GPU pair (seed campaign)",
-            "--expires",
-            (datetime.now(UTC) + timedelta(days=30)).date().isoformat(),
-        )
+        r = self.camp.anvilctl(*reserve_waiver("chaos", "model-only GPU pair (seed campaign)"))
         assert r.returncode == 0, r.stderr
 
     # -- observing ----------------------------------------------------------------------------

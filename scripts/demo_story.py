@@ -21,7 +21,6 @@ import json
 import shutil
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from scripts.campaign import (
     Campaign,
     publish_claims,
+    reserve_waiver,
     runtime,
     start_campaign,
     start_incumbent_by_hand,
@@ -129,22 +129,7 @@ def main() -> int:
         run(c, "promote", "--slot", "primary", "--approved-by", "operator", ok=(3,))
 
         banner("the operator waives the reserve for the model-only GPU pair; the decision is reclassified")
-        run(
-            c,
-            "waive",
-            "--policy",
-            "vram-reserve",
-            "--scope",
-            "compute-a,compute-b",
-            "--value",
-            "0",
-            "--approved-by",
-            "operator",
-            "--reason",
-            "model-only GPU pair",
-            "--expires",
-            (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%d"),
-        )
+        run(c, *reserve_waiver("operator"))
         run(c, "audit", "decisions")
 
         banner("promote with an approver: routed smoke, the openai client, free VRAM after acceptance")

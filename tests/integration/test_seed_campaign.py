@@ -22,6 +22,7 @@ from scripts.campaign import (
     INCUMBENT_MODEL,
     Campaign,
     publish_claims,
+    reserve_waiver,
     start_campaign,
     start_incumbent_by_hand,
 )
@@ -203,18 +204,9 @@ class TestSeedCampaign:
         before = j(camp.anvilctl("--json", "audit", "show", qtx))
         r = camp.anvilctl(
             "--json",
-            "waive",
-            "--policy",
-            "vram-reserve",
-            "--scope",
-            "compute-a,compute-b",
-            "--value",
-            "0",
-            "--approved-by",
-            "operator",
-            "--reason",
-            "model-only GPU pair; 2,101 MiB free after workload accepted",
-            "--no-expiry",
+            *reserve_waiver(
+                "operator", "model-only GPU pair; 2,101 MiB free after workload accepted", days=None
+            ),
         )
         assert r.returncode == 0, r.stderr
         decisions = [d for d in j(camp.anvilctl("--json", "audit", "decisions")) if d["reclassifies"]]
