@@ -54,9 +54,10 @@ class LockInfo:
         return asdict(self)
 
 
-def held_locks(store: Store, host: str | None = None) -> list[LockInfo]:
-    """Lock rows without a release, newest first."""
-    rows = locks.unreleased(store, host)
+def held_locks(store: Store, me: Owner | None = None, *, all_hosts: bool = False) -> list[LockInfo]:
+    """Lock rows without a release, newest first: of the Store's host (or of every host);
+    `me` (this process, named by its host name) judges which owners still live."""
+    rows = locks.unreleased(store, all_hosts=all_hosts)
     return [
         LockInfo(
             r.id,
@@ -66,7 +67,7 @@ def held_locks(store: Store, host: str | None = None) -> list[LockInfo]:
             r.command,
             r.tx_id,
             r.since,
-            owner_alive(Owner(r.pid, r.host, r.boot_id)),
+            owner_alive(Owner(r.pid, r.host, r.boot_id), me),
         )
         for r in rows
     ]
@@ -99,7 +100,7 @@ class HostLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            holders = [h for h in held_locks(self.store, self.owner.hostname) if h.alive]
+            holders = [h for h in held_locks(self.store, self.owner) if h.alive]
             detail = holders[0].describe() if holders else _file_owner(self.path)
             raise LockHeld(
                 f"another mutator holds this host: {detail}",
@@ -117,7 +118,7 @@ class HostLock:
         return stale
 
     def _check_rows(self, take_over_dead: bool) -> list[LockInfo]:
-        rows = held_locks(self.store, self.owner.hostname)
+        rows = held_locks(self.store, self.owner)
         # We hold the flock, yet a row claims a live owner: the lock file was replaced or a
         # PID was reused. Never run beside a possible mutator.
         live = [h for h in rows if h.alive]

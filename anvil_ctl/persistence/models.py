@@ -14,16 +14,13 @@ from __future__ import annotations
 from typing import Literal
 
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
+from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column
 from anvil_ctl.persistence.coltypes import PackedJSON
 
 GpuMode = Literal["exclusive", "split"]
 """How a serve owns its GPU roles (`anvil_ctl.gpu.ownership.Mode`; only these are written)."""
-
-
-class Base(DeclarativeBase):
-    pass
 
 
 class Transaction(Base):
@@ -37,6 +34,7 @@ class Transaction(Base):
     owner_host: Mapped[str] = mapped_column(String(255))
     owner_boot_id: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[str] = mapped_column(String(32), index=True)
+    host_id: Mapped[int | None] = host_column()
 
 
 class TransactionState(Base):
@@ -49,6 +47,7 @@ class TransactionState(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     data_json: Mapped[str] = mapped_column(Text, default="{}")
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class StepEventRow(Base):
@@ -63,6 +62,7 @@ class StepEventRow(Base):
     event: Mapped[str] = mapped_column(String(16))
     detail_json: Mapped[str] = mapped_column(Text, default="{}")
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class SnapshotRow(Base):
@@ -74,6 +74,7 @@ class SnapshotRow(Base):
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class SnapshotBlob(Base):
@@ -101,6 +102,7 @@ class SnapshotDiff(Base):
     equal: Mapped[int] = mapped_column(Integer)
     changes_json: Mapped[str] = mapped_column(PackedJSON)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class IdentityRow(Base):
@@ -119,6 +121,7 @@ class IdentityRow(Base):
     served_model: Mapped[str] = mapped_column(String(255))
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class LockRow(Base):
@@ -131,6 +134,7 @@ class LockRow(Base):
     command: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str | None] = mapped_column(String(36))
     since: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class LockRelease(Base):
@@ -142,6 +146,7 @@ class LockRelease(Base):
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class AuditEntry(Base):
@@ -160,6 +165,7 @@ class AuditEntry(Base):
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
     rows_json: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    host_id: Mapped[int | None] = host_column()
 
 
 class GpuOwnershipEvent(Base):
@@ -176,6 +182,7 @@ class GpuOwnershipEvent(Base):
     mode: Mapped[GpuMode] = mapped_column(String(16))
     slot: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class EvidenceRow(Base):
@@ -193,6 +200,7 @@ class EvidenceRow(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(Integer)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class DecisionRow(Base):
@@ -222,6 +230,7 @@ class DecisionRow(Base):
     reasons_json: Mapped[str] = mapped_column(Text, default="[]")
     body_json: Mapped[str] = mapped_column(Text, default="{}")
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class WaiverRow(Base):
@@ -241,6 +250,7 @@ class WaiverRow(Base):
     gates_json: Mapped[str | None] = mapped_column(Text)
     """A gate waiver's gates (JSON list); NULL when it names none, so that waivers recorded
     before the column existed keep their audit digest (migration 0008)."""
+    host_id: Mapped[int | None] = host_column()
 
 
 class WaiverRevocation(Base):
@@ -251,6 +261,7 @@ class WaiverRevocation(Base):
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class ApprovalRow(Base):
@@ -262,6 +273,7 @@ class ApprovalRow(Base):
     decision_id: Mapped[str] = mapped_column(ForeignKey("decisions.id"))
     approved_by: Mapped[str] = mapped_column(String(255))
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class RecheckRow(Base):
@@ -274,6 +286,7 @@ class RecheckRow(Base):
     assertions_json: Mapped[str] = mapped_column(Text)
     snapshot_sha256: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32), index=True)
+    host_id: Mapped[int | None] = host_column()
 
 
 class EvidenceManifestRow(Base):
@@ -287,6 +300,7 @@ class EvidenceManifestRow(Base):
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     source_sha256: Mapped[str | None] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class AuditCheckpoint(Base):
@@ -308,6 +322,7 @@ class AuditCheckpoint(Base):
     entries_checked: Mapped[int] = mapped_column(Integer)
     rows_checked: Mapped[int] = mapped_column(Integer)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 APPEND_ONLY_TABLES_0002 = (
@@ -350,6 +365,7 @@ class ShmMarkRow(Base):
     ino: Mapped[int] = mapped_column(BigInteger)
     container_id: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 APPEND_ONLY_TABLES_0004 = ("shm_marks",)
@@ -357,6 +373,17 @@ APPEND_ONLY_TABLES_0004 = ("shm_marks",)
 APPEND_ONLY_TABLES_0005 = ("evidence_manifests", "audit_checkpoints")
 
 APPEND_ONLY_TABLES_0007 = ("snapshot_blobs",)
+
+APPEND_ONLY_TABLES_0009 = ("hosts",)
+
+HOST_TABLES: tuple[str, ...] = (
+    *APPEND_ONLY_TABLES,
+    *APPEND_ONLY_TABLES_0002,
+    *APPEND_ONLY_TABLES_0004,
+    *APPEND_ONLY_TABLES_0005,
+)
+"""The history tables whose rows carry `host_id` (the journal included). Not `snapshot_blobs`:
+a body is stored once per content, whichever host recorded it; not `hosts` itself."""
 
 # Every table whose rows are history: append-only, and each row covered by the audit chain.
 # The journal itself is append-only too, but it is the chain, not a row it covers.
@@ -368,6 +395,7 @@ HISTORY_TABLES: tuple[str, ...] = tuple(
         *APPEND_ONLY_TABLES_0004,
         *APPEND_ONLY_TABLES_0005,
         *APPEND_ONLY_TABLES_0007,
+        *APPEND_ONLY_TABLES_0009,
     )
     if t != AuditEntry.__tablename__
 )
@@ -385,8 +413,11 @@ from anvil_ctl.persistence.current_models import (  # noqa: E402
 )
 
 __all__ = [
+    "FIRST_HOST_ID",
     "PROJECTION_TABLES",
+    "Base",
     "GpuOwnerCurrent",
+    "Host",
     "IdentityCurrent",
     "LockHeld",
     "ServingInterval",

@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Engine, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Engine, event, select
+from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONObject
@@ -46,12 +46,15 @@ from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
+    FIRST_HOST_ID,
+    HOST_TABLES,
     IdentityCurrent,
     IdentityRow,
     StepEventRow,
     Transaction,
     TransactionState,
 )
+from anvil_ctl.persistence.scope import on_host
 
 BATCHED = "anvil.batched_audit"  # session.info key: the audit events a `together()` holds
 
@@ -61,15 +64,40 @@ def utcnow() -> str:
 
 
 class Store:
-    """Journal implementation; one instance per process, safe to share across threads."""
+    """Journal implementation; one instance per process, safe to share across threads.
 
-    def __init__(self, engine: Engine, *, head_path: Path | None = None) -> None:
+    `host_id` is this host's row in `hosts` (`persistence.hosts.attach` sets it): every
+    history row written through the Store carries it, and the reads that ask what is current
+    answer for this host. None (a library caller that registered no host) writes rows
+    without one, which are the first host's, and reads as the first host.
+    """
+
+    def __init__(self, engine: Engine, *, head_path: Path | None = None, host_id: int | None = None) -> None:
         self.engine = engine
         self.head_path = head_path
+        self.host_id = host_id
+        self.host_name: str | None = None
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(reader(engine), expire_on_commit=False)
         self._batch = threading.local()  # the session of this thread's `together()`, if any
-        coverage.track(self._sessions)
+        self._track(self._sessions)
+
+    @property
+    def host(self) -> int:
+        """The host whose records this Store reads and writes."""
+        return FIRST_HOST_ID if self.host_id is None else self.host_id
+
+    def _track(self, sessions: sessionmaker[Session]) -> None:
+        coverage.track(sessions)
+        event.listen(sessions, "before_flush", self._stamp_host)
+
+    def _stamp_host(self, session: Session, _ctx: UOWTransaction, _instances: object) -> None:
+        """Every new history row names this host (before coverage digests it, after the flush)."""
+        if self.host_id is None:
+            return
+        for obj in session.new:
+            if obj.__table__.name in HOST_TABLES and getattr(obj, "host_id", None) is None:
+                obj.host_id = self.host_id
 
     @contextmanager
     def write(self, *, busy_ms: int | None = None) -> Iterator[Session]:
@@ -83,6 +111,7 @@ class Store:
         advance_to: Head | None = None
         sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
         with translated(self.engine), sessions.begin() as session:
+            session.info[audit.HOST] = self.host_id
             yield session
             held: list[tuple[str, str | None, Mapping[str, object]]] | None = session.info.pop(BATCHED, None)
             if held:
@@ -133,7 +162,7 @@ class Store:
 
     def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
         sessions = sessionmaker(self.engine.execution_options(**{BUSY_MS: busy_ms}), expire_on_commit=False)
-        coverage.track(sessions)
+        self._track(sessions)
         return sessions
 
     @contextmanager
@@ -319,7 +348,7 @@ class Store:
         query on the projection, then each one's own row (there are few)."""
         with self.read() as s:
             out = []
-            for cur in projection.tx_rows_in(s, frozenset(st.value for st in states)):
+            for cur in projection.tx_rows_in(s, frozenset(st.value for st in states), self.host):
                 tx = s.get(Transaction, cur.tx_id)
                 if tx is None:
                     raise StateStoreError(f"transaction {cur.tx_id} not found", tx_id=cur.tx_id)
@@ -368,7 +397,11 @@ class Store:
             row = s.execute(
                 select(IdentityRow.body_json)
                 .join(IdentityCurrent, IdentityCurrent.identity_id == IdentityRow.id)
-                .where(IdentityCurrent.slot == slot, IdentityCurrent.role == role)
+                .where(
+                    IdentityCurrent.host_id == self.host,
+                    IdentityCurrent.slot == slot,
+                    IdentityCurrent.role == role,
+                )
             ).scalar()
             return Identity.from_dict(json.loads(row)) if row else None
 
@@ -377,7 +410,9 @@ class Store:
         starts with `ref`, or whose served model is `ref`."""
         with self.read() as s:
             rows = s.execute(
-                select(IdentityRow).where(IdentityRow.slot == slot).order_by(IdentityRow.id.desc())
+                select(IdentityRow)
+                .where(IdentityRow.slot == slot, on_host(IdentityRow.host_id, self.host))
+                .order_by(IdentityRow.id.desc())
             ).scalars()
             for r in rows:
                 if r.container_id.startswith(ref) or r.digest.startswith(ref) or r.served_model == ref:
@@ -388,7 +423,7 @@ class Store:
         """SHA-256 and body of the newest recorded snapshot in which `target` served its slot as
         incumbent (`snapshots.served_snapshot` says what serving means)."""
         with self.read() as s:
-            return snapshots.served_snapshot(s, target)
+            return snapshots.served_snapshot(s, target, self.host)
 
     def snapshot_body(self, sha256: str) -> JSONObject | None:
         """A recorded snapshot's body by its SHA-256, None if the record holds no such body."""
