@@ -143,7 +143,7 @@ def append(
     }
     if host is not None:  # otherwise left out of the INSERT: migration 0005 writes before it exists
         values["host_id"] = host
-    session.execute(insert(AuditEntry.__table__).values(values))
+    session.execute(insert(AuditEntry).values(values))
     head = Head(row_id, digest)
     session.info[HEAD] = head
     return head
