@@ -1,5 +1,10 @@
 """One mutator per host: an OS file lock held for the life of the process, plus a lock row.
 
+On PostgreSQL (a fleet's shared database) a session advisory lock keyed by the host's
+name is taken too, right after the file lock (`persistence.locks.AdvisoryLock`): mutators
+of different hosts take different keys and proceed in parallel; two of one host exclude
+each other even through two state directories. The server drops it when the process dies.
+
 The flock is what excludes; the row says who holds it (pid, host, boot id,
 command, transaction, since) so that a refused process can name the owner, and
 so that a holder that died is *detected*: its row stays unreleased while the OS
@@ -86,6 +91,7 @@ class HostLock:
         self.command = command
         self.lock_id: str | None = None
         self._fd: int | None = None
+        self._advisory = locks.AdvisoryLock(store, owner.hostname)
 
     def acquire(self, *, take_over_dead: bool = False, claim: bool = True) -> list[LockInfo]:
         """Take the host lock or raise LockHeld naming the owner.
@@ -108,6 +114,8 @@ class HostLock:
             ) from None
         self._fd = fd
         try:
+            if not self._advisory.try_acquire():
+                raise self._held_elsewhere()
             stale = self._check_rows(take_over_dead)
             self._stamp(None)
             if claim:
@@ -116,6 +124,20 @@ class HostLock:
             self._unlock_fd()  # a refusal, or the database unavailable: hold nothing
             raise
         return stale
+
+    def _held_elsewhere(self) -> LockHeld:
+        """Another session holds this host's advisory lock: a mutator of this host that took
+        it through another lock file (another state directory)."""
+        holders = [h for h in held_locks(self.store, self.owner) if h.alive is not False]
+        detail = (
+            holders[0].describe()
+            if holders
+            else f"a mutator of host {self.owner.hostname} holds its lock in the state database "
+            "(checking its arguments)"
+        )
+        return LockHeld(
+            f"another mutator holds this host: {detail}", owner=holders[0].as_dict() if holders else None
+        )
 
     def _check_rows(self, take_over_dead: bool) -> list[LockInfo]:
         rows = held_locks(self.store, self.owner)
@@ -157,6 +179,7 @@ class HostLock:
         self._unlock_fd()
 
     def _unlock_fd(self) -> None:
+        self._advisory.release()
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
