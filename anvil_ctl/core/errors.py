@@ -17,6 +17,7 @@ AnvilError
 ├── StepFailed                   raised by a step's do/undo to fail with a reason
 ├── StateStoreError              the state database is missing, foreign or too new
 ├── EvidenceMismatch             exit 6: an evidence bundle differs from its manifest
+├── RecordDiffers                exit 6: a record to be used (copied) does not verify
 ├── HostClaimed                  exit 8: another machine is recorded under this host's name
 └── TargetHoldsHost              exit 9: `db copy` found this host's rows in the target
 IllegalTransition (RuntimeError) misuse: a transition the table does not allow
@@ -42,6 +43,7 @@ __all__ = [
     "NeedsOperator",
     "NotFound",
     "RecipeError",
+    "RecordDiffers",
     "Refused",
     "StateStoreError",
     "StepFailed",
@@ -156,3 +158,9 @@ class TargetHoldsHost(AnvilError):
     """`db copy`: the target database already holds rows of this host; nothing was written."""
 
     exit_code = ExitCode.TARGET_HOLDS_HOST
+
+
+class RecordDiffers(AnvilError):
+    """The audit chain of a record to be used (a `db copy`'s source or copy) does not verify."""
+
+    exit_code = ExitCode.DRIFT

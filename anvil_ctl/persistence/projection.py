@@ -336,17 +336,19 @@ def compare(s: Session) -> list[str]:
     return [name for name in _REBUILD if want[name] != have[name]]
 
 
+MODELS = {
+    "tx_current": TxCurrent,
+    "identity_current": IdentityCurrent,
+    "serving_intervals": ServingInterval,
+    "gpu_owner_current": GpuOwnerCurrent,
+    "lock_held": LockHeld,
+}
+
+
 def write_rebuilt(s: Session) -> dict[str, int]:
-    """Replace the projection by a rebuild from history (migration 0007; a repair)."""
-    models = {
-        "tx_current": TxCurrent,
-        "identity_current": IdentityCurrent,
-        "serving_intervals": ServingInterval,
-        "gpu_owner_current": GpuOwnerCurrent,
-        "lock_held": LockHeld,
-    }
+    """Replace the projection by a rebuild from history (migrations 0007, 0009; a repair)."""
     rows = rebuild(s)
-    for name, model in models.items():
+    for name, model in MODELS.items():
         s.execute(delete(model))
         if rows[name]:
             s.execute(insert(model), rows[name])
