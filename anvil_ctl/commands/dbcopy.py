@@ -12,6 +12,7 @@ from anvil_ctl.persistence import hosts
 from anvil_ctl.persistence import verify as chain
 from anvil_ctl.persistence.copy import copy_host
 from anvil_ctl.persistence.db import make_engine, where
+from anvil_ctl.persistence.head import head_path_for
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.store import Store
 
@@ -38,10 +39,14 @@ def db_copy(ctx: Context, *, to: str) -> JSONObject:
             )
         before, after = upgrade(target)
         result = copy_host(source, target)
-        copied = Store(target)
+        # the head file this host will keep for the target (beside an SQLite file, else in
+        # the state directory), so that its next `audit verify` there has a witness
+        copied = Store(target, head_path=head_path_for(to, ctx.settings.state_dir))
         registered = hosts.by_name(copied, result.host)
         copied.host_id = registered.id if registered is not None else None
+        copied.sync_head_file()
         check = chain.verify(copied, full=True)
+        copied.sync_head_file()
         out = result.as_dict()
         out["migrated"] = {"from": before, "to": after}
         out["target_head"] = str(check.head)
