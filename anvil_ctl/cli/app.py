@@ -216,22 +216,16 @@ def _usage_message(exc: click.UsageError) -> str:
 
 
 def _masked(text: str, options: GlobalOptions) -> str:
-    """`text` with the state database's password (plain and percent-encoded) as ***."""
-    from urllib.parse import quote
-
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    """`text` with the state database's password (as given, and decoded) as ***."""
+    from urllib.parse import unquote, urlsplit
 
     for url in (options.state_db, os.environ.get("ANVIL_STATE_DB")):
-        if not url:
-            continue
         try:
-            password = make_url(url).password
-        except (ArgumentError, ValueError):
+            password = urlsplit(url).password if url else None
+        except ValueError:
             continue
-        if password:
-            for form in {str(password), quote(str(password), safe="")}:
-                text = text.replace(form, "***")
+        for form in {password, unquote(password)} if password else ():
+            text = text.replace(form, "***")
     return text
 
 

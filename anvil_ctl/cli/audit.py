@@ -213,6 +213,8 @@ def incumbents(session: Session, slot: str | None, role: str, host: str | None, 
     from anvil_ctl.commands import audit
 
     rows = audit.identities(session.context(), slot=slot, role=role, scope=_scope(host, all_hosts))
+    if host is None and not all_hosts and rows:  # one host's: its name in --json only
+        return Reply(Table(rows, columns=[c for c in rows[0] if c != "host"]))
     return Reply(Table(rows))
 
 

@@ -226,7 +226,7 @@ class HostConfig(Strict):
             if extra:
                 raise ValueError(f"[host]: unknown key {extra[0]!r}; expected name")
             value = value.get("name", "")
-        if isinstance(value, str) and value and not NAME_RE.match(value):
+        if isinstance(value, str) and not NAME_RE.match(value):  # given, so not empty
             raise ValueError(
                 f"host name {value!r}: expected a short name: lowercase letters, digits, '.', '_' "
                 "or '-', starting with a letter or digit, up to 63 characters"

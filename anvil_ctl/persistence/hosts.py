@@ -60,16 +60,36 @@ def _refuse(name: str, recorded: HostRecord, machine_id: str) -> HostClaimed:
     )
 
 
-def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> HostRecord:
-    """This process's host: registered now if the database has no such name, else checked
-    against the machine recorded for it. Sets `store.host_id` and `store.host_name`."""
+def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> HostRecord | None:
+    """This process's host, checked against the machine recorded for its name (`HostClaimed`
+    when another machine holds it). A name the database does not know yet is registered by
+    this host's first write (`register` now, for `init`): a read-only command writes nothing.
+    Sets `store.host_id` and `store.host_name`; returns the record, None while unregistered."""
     found = by_name(store, name)
+    store.host_name = name
     if found is None:
-        found = _register(store, name, machine_id=machine_id, boot_id=boot_id)
-    if found.machine_id != machine_id:
-        raise _refuse(name, found, machine_id)
-    store.host_id, store.host_name = found.id, found.name
+        store.unregistered = True
+        store.on_first_write = lambda: _settle(store, name, machine_id=machine_id, boot_id=boot_id)
+        return None
+    _settle_found(store, found, machine_id)
     return found
+
+
+def register(store: Store) -> None:
+    """Register the attached host now if it is not yet (`init`)."""
+    pending, store.on_first_write = store.on_first_write, None
+    if pending is not None:
+        pending()
+
+
+def _settle(store: Store, name: str, *, machine_id: str, boot_id: str) -> None:
+    _settle_found(store, _register(store, name, machine_id=machine_id, boot_id=boot_id), machine_id)
+
+
+def _settle_found(store: Store, found: HostRecord, machine_id: str) -> None:
+    if found.machine_id != machine_id:
+        raise _refuse(found.name, found, machine_id)
+    store.host_id, store.host_name, store.unregistered = found.id, found.name, False
 
 
 def _register(store: Store, name: str, *, machine_id: str, boot_id: str) -> HostRecord:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +77,10 @@ class Store:
         self.head_path = head_path
         self.host_id = host_id
         self.host_name: str | None = None
+        self.unregistered = False
+        """Attached to a host name the database does not know yet: reads find nothing of it,
+        and the first write registers it (`on_first_write`) before it writes."""
+        self.on_first_write: Callable[[], None] | None = None
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(reader(engine), expire_on_commit=False)
         self._batch = threading.local()  # the session of this thread's `together()`, if any
@@ -84,7 +88,10 @@ class Store:
 
     @property
     def host(self) -> int:
-        """The host whose records this Store reads and writes."""
+        """The host whose records this Store reads and writes (0, which no host is, while
+        this host is not registered yet)."""
+        if self.unregistered:
+            return 0
         return FIRST_HOST_ID if self.host_id is None else self.host_id
 
     def _track(self, sessions: sessionmaker[Session]) -> None:
@@ -108,6 +115,9 @@ class Store:
         if shared is not None:  # inside `together()`: its transaction, committed at its end
             yield shared
             return
+        register, self.on_first_write = self.on_first_write, None
+        if register is not None:  # this host's first write: its registration commits first
+            register()
         advance_to: Head | None = None
         sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
         with translated(self.engine), sessions.begin() as session:

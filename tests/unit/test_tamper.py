@@ -123,9 +123,9 @@ def populate(host: FakeHost) -> None:
         )
         assert audit_cmd.verify(ctx)["ok"]
     # a second host of the fleet registered in the same database (the first is this one)
-    hosts.attach(
-        Store(store.engine, head_path=store.head_path), "second-host", machine_id="f" * 32, boot_id="b"
-    )
+    second = Store(store.engine, head_path=store.head_path)
+    hosts.attach(second, "second-host", machine_id="f" * 32, boot_id="b")
+    hosts.register(second)
     recheck_cmd.recheck(ctx, "primary")  # an entry after the last checkpoint
 
 
