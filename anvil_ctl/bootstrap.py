@@ -175,7 +175,9 @@ class Context:
             from anvil_ctl.adapters.docker_runtime import DockerRuntime
             from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
 
-            runtime = DockerRuntime(base_url=self.settings.docker_host, gpu_mode="simulated")
+            runtime = DockerRuntime(
+                base_url=self.settings.docker_host, gpu_mode="simulated", host=self.host_name
+            )
             return SimulatedGpuProbe(self.config.gpu_roles, runtime)
         from anvil_ctl.adapters.nvml import NvmlProbe
 
@@ -278,7 +280,7 @@ def _real_world(ctx: Context) -> World:
 
     simulated = ctx.settings.gpu == "simulated"
     runtime = DockerRuntime(
-        base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia"
+        base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia", host=ctx.host_name
     )
     gpus: GpuProbe
     container_of_pid = None
