@@ -41,20 +41,17 @@ from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage, projection, snapshots
+from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
     FIRST_HOST_ID,
     HOST_TABLES,
-    IdentityCurrent,
-    IdentityRow,
     StepEventRow,
     Transaction,
     TransactionState,
 )
-from anvil_ctl.persistence.scope import on_host
 
 BATCHED = "anvil.batched_audit"  # session.info key: the audit events a `together()` holds
 
@@ -376,58 +373,24 @@ class Store:
 
     def record_identity(self, tx_id: str | None, role: str, identity: Identity) -> int:
         with self.write() as s:
-            row = IdentityRow(
-                tx_id=tx_id,
-                slot=identity.slot,
-                role=role,
-                digest=identity.digest,
-                container_id=identity.container_id,
-                image_id=identity.image_id,
-                served_model=identity.served_model,
-                body_json=canonical_json(identity.as_dict()),
-                at=utcnow(),
-            )
-            s.add(row)
-            s.flush()
-            projection.on_identity(s, row)
+            row = identities.record(s, tx_id, role, identity, utcnow())
             self.audit(
                 s,
                 f"identity.{role}",
                 tx_id,
-                {
-                    "slot": identity.slot,
-                    "digest": identity.digest,
-                    "container_id": identity.container_id,
-                },
+                {"slot": identity.slot, "digest": identity.digest, "container_id": identity.container_id},
             )
-            return row.id
+            return row
 
     def current_identity(self, slot: str, role: str) -> Identity | None:
         with self.read() as s:
-            row = s.execute(
-                select(IdentityRow.body_json)
-                .join(IdentityCurrent, IdentityCurrent.identity_id == IdentityRow.id)
-                .where(
-                    IdentityCurrent.host_id == self.host,
-                    IdentityCurrent.slot == slot,
-                    IdentityCurrent.role == role,
-                )
-            ).scalar()
-            return Identity.from_dict(json.loads(row)) if row else None
+            return identities.current(s, self.host, slot, role)
 
     def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
         """The newest identity recorded for `slot` (in any role) whose container ID or digest
         starts with `ref`, or whose served model is `ref`."""
         with self.read() as s:
-            rows = s.execute(
-                select(IdentityRow)
-                .where(IdentityRow.slot == slot, on_host(IdentityRow.host_id, self.host))
-                .order_by(IdentityRow.id.desc())
-            ).scalars()
-            for r in rows:
-                if r.container_id.startswith(ref) or r.digest.startswith(ref) or r.served_model == ref:
-                    return Identity.from_dict(json.loads(r.body_json))
-        return None
+            return identities.by_ref(s, self.host, slot, ref)
 
     def served_snapshot(self, target: Identity) -> tuple[str, JSONObject] | None:
         """SHA-256 and body of the newest recorded snapshot in which `target` served its slot as
