@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +35,9 @@ from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.persistence import locks
 from anvil_ctl.persistence.store import Store
+
+STAMP_WAIT_S = 0.5
+"""How long a refused process waits for the holder's pid to appear in the lock file."""
 
 
 @dataclass(frozen=True)
@@ -113,11 +117,11 @@ class HostLock:
                 owner=holders[0].as_dict() if holders else None,
             ) from None
         self._fd = fd
+        self._stamp(None)  # first: a process refused from now on can name our pid
         try:
             if not self._advisory.try_acquire():
                 raise self._held_elsewhere()
             stale = self._check_rows(take_over_dead)
-            self._stamp(None)
             if claim:
                 self.claim()
         except BaseException:
@@ -199,8 +203,15 @@ class HostLock:
 
 
 def _file_owner(path: Path) -> str:
+    """Who holds the lock file, as it says; the holder writes its pid right after taking the
+    lock, so an empty file is read again for a moment before it is reported as it is."""
+    deadline = time.monotonic() + STAMP_WAIT_S
     try:
-        data = json.loads(path.read_text() or "{}")
+        text = path.read_text()
+        while not text and time.monotonic() < deadline:
+            time.sleep(0.01)
+            text = path.read_text()
+        data = json.loads(text or "{}")
         if data.get("lock_id") is None:
             return f"pid {data.get('pid')} holds the lock file {path} (checking its arguments)"
         return f"lock {data.get('lock_id')} held by pid {data.get('pid')}"
