@@ -26,6 +26,11 @@ def db_copy(ctx: Context, *, to: str) -> JSONObject:
             "--to: expected a database URL: sqlite:///PATH or postgresql://USER@HOST/DB", field="--to"
         )
     source = ctx.store
+    if source.unregistered:
+        raise BadInput(
+            f"host {source.host_name!r} has no history in {where(source.engine)}: nothing to copy",
+            field="host",
+        )
     target = make_engine(to, create=True)
     try:
         if where(target) == where(source.engine):

@@ -383,6 +383,24 @@ class TestDbCopy:
         finally:
             engine.dispose()
 
+    def test_a_source_that_does_not_verify_is_not_copied(self, tmp_path: Path) -> None:
+        a = make_fake_host(tmp_path / "a", host="gpu-a", machine_id=MACHINE_A)
+        (a.settings.state_dir / "anvil.db.head").unlink()  # a cut tail can no longer be told
+        target = tmp_path / "target.db"
+        r = _anvilctl(a, "db", "copy", "--to", f"sqlite:///{target}")
+        assert r.returncode == ExitCode.DRIFT, r.stderr
+        assert "does not verify" in r.stderr and "nothing was copied" in r.stderr
+        assert not target.exists()
+
+    def test_a_host_without_history_has_nothing_to_copy(self, tmp_path: Path) -> None:
+        a = make_fake_host(tmp_path / "a", host="gpu-a", machine_id=MACHINE_A)
+        cfg = tmp_path / "other.toml"
+        cfg.write_text(a.settings.config.read_text().replace('host = "gpu-a"', 'host = "gpu-new"'))
+        target = tmp_path / "target.db"
+        r = _anvilctl(a, "--config", str(cfg), "db", "copy", "--to", f"sqlite:///{target}")
+        assert r.returncode == ExitCode.BAD_INPUT and "gpu-new" in r.stderr, r.stderr
+        assert not target.exists()
+
     def test_a_target_that_is_not_a_database_url_is_bad_input_naming_the_field(
         self, fake_host: FakeHost
     ) -> None:
