@@ -87,12 +87,48 @@ class Context:
 
     @cached_property
     def store(self) -> Store:
+        """The state database's Store, attached to this host (registered on first use, and
+        refused when another machine holds the name: `persistence.hosts`)."""
         from anvil_ctl.persistence.head import head_path_for
+        from anvil_ctl.persistence.hosts import attach
         from anvil_ctl.persistence.migrate import check_revision
         from anvil_ctl.persistence.store import Store
 
         check_revision(self.engine)
-        return Store(self.engine, head_path=head_path_for(self.settings.db_url, self.settings.state_dir))
+        store = Store(self.engine, head_path=head_path_for(self.settings.db_url, self.settings.state_dir))
+        attach(store, self.host_name, machine_id=self.machine_id, boot_id=self.owner.boot_id)
+        return store
+
+    @cached_property
+    def host_name(self) -> str:
+        """This host's name: the host config's, else the machine's hostname. A command that
+        needs no host config (audit, db) runs without one; a config that exists must be valid."""
+        import socket
+
+        from anvil_ctl.config import machine_host_name
+
+        config = self.config if self.settings.config.exists() else None
+        if config is not None and config.host:
+            return config.host
+        return machine_host_name(socket.gethostname())
+
+    @cached_property
+    def machine_id(self) -> str:
+        """This machine's identity (`machine_id_file`, /etc/machine-id by default)."""
+        path = self.settings.machine_id_file
+        try:
+            value = path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"machine id file {path}: cannot be read ({exc}); set ANVIL_MACHINE_ID_FILE",
+                field="machine_id_file",
+            ) from None
+        if not value or len(value) > 64 or not value.isalnum():
+            raise ConfigError(
+                f"machine id file {path}: expected up to 64 letters and digits (a machine id)",
+                field="machine_id_file",
+            )
+        return value
 
     @cached_property
     def config(self) -> HostConfig:
@@ -116,7 +152,10 @@ class Context:
     def owner(self) -> Owner:
         from anvil_ctl.engine.owner import current_owner
 
-        return current_owner()
+        # Lock rows and transactions name the host by its fleet name, so that a second host
+        # on one machine (tests) or a renamed machine keeps its records apart.
+        me = current_owner()
+        return Owner(pid=me.pid, hostname=self.host_name, boot_id=me.boot_id)
 
     def world(self) -> World:
         """The one World of this command (built on first use)."""
@@ -136,7 +175,9 @@ class Context:
             from anvil_ctl.adapters.docker_runtime import DockerRuntime
             from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
 
-            runtime = DockerRuntime(base_url=self.settings.docker_host, gpu_mode="simulated")
+            runtime = DockerRuntime(
+                base_url=self.settings.docker_host, gpu_mode="simulated", host=self.host_name
+            )
             return SimulatedGpuProbe(self.config.gpu_roles, runtime)
         from anvil_ctl.adapters.nvml import NvmlProbe
 
@@ -239,7 +280,7 @@ def _real_world(ctx: Context) -> World:
 
     simulated = ctx.settings.gpu == "simulated"
     runtime = DockerRuntime(
-        base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia"
+        base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia", host=ctx.host_name
     )
     gpus: GpuProbe
     container_of_pid = None

@@ -40,6 +40,7 @@ from anvil_ctl.adapters.docker_fingerprint import (
 from anvil_ctl.core.errors import AdapterError, BadInput, NotFound, TransientError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import (
+    LABEL_PREFIX,
     ContainerInfo,
     ContainerLog,
     ContainerSpec,
@@ -80,6 +81,10 @@ def translated(what: str) -> Iterator[None]:
         raise TransientError(f"{what}: cannot reach the Docker Engine: {exc}", dependency="docker") from exc
 
 
+LABEL_HOST = LABEL_PREFIX + "host"
+"""The fleet host that created a container (`DockerRuntime(host=...)`)."""
+
+
 class DockerRuntime:
     """The ContainerRuntime port on a Docker Engine."""
 
@@ -91,11 +96,18 @@ class DockerRuntime:
         gpu_mode: GpuMode = "nvidia",
         api_timeout_s: float = 60.0,
         poll_s: float = 0.1,
+        host: str | None = None,
     ) -> None:
-        """Use `client` if given, else connect to base_url (None: the SDK default, DOCKER_HOST)."""
+        """Use `client` if given, else connect to base_url (None: the SDK default, DOCKER_HOST).
+
+        `host`: the fleet host this runtime acts for. Containers it creates are labelled
+        `io.anvil.host=<host>`, and it does not list containers labelled for another host:
+        where two hosts of a fleet share one Docker Engine (the tests), each sees its own
+        containers and the ones no host labelled (started by hand)."""
         if gpu_mode not in ("nvidia", "simulated"):
             raise BadInput(f"gpu_mode must be 'nvidia' or 'simulated', not {gpu_mode!r}")
         self.gpu_mode: GpuMode = gpu_mode
+        self.host = host
         self._poll_s = poll_s
         if client is None:
             client = _connect(base_url, api_timeout_s)
@@ -134,7 +146,9 @@ class DockerRuntime:
                     attrs: JSONObject = self._client.api.inspect_container(summary["Id"])
             except NotFound:
                 continue  # removed between list and inspect
-            infos.append(self._info(attrs, images))
+            info = self._info(attrs, images)
+            if self.host is None or info.labels.get(LABEL_HOST, self.host) == self.host:
+                infos.append(info)
         return sorted(infos, key=lambda i: i.id)
 
     @_retry
@@ -191,6 +205,8 @@ class DockerRuntime:
         if self.gpu_mode == "simulated" and spec.gpu_uuids:
             env[GPU_ENV] = ",".join(spec.gpu_uuids)
         labels = {**spec_labels(spec), **dict(spec.labels)}
+        if self.host is not None:
+            labels.setdefault(LABEL_HOST, self.host)
         kwargs: dict[str, object] = {
             "image": spec.image,
             "name": spec.name,

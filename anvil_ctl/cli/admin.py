@@ -86,9 +86,36 @@ def db_upgrade(session: Session) -> Reply:
         return Reply(InitView(admin.db_upgrade(ctx)))
 
 
+@click.command("copy", epilog=example("anvilctl db copy --to 'postgresql+psycopg://anvil_owner@db/anvil'"))
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    metavar="URL",
+    help="The target state database (migrated to the current schema first); its password is never printed.",
+)
+@pass_session
+def db_copy(session: Session, to: str) -> Reply:
+    """Copy this host's whole history into another state database (a fleet's PostgreSQL).
+
+    Verifies this host's record in full, copies every history row of this host in one
+    transaction, re-chaining its audit entries on the target (each names the source entry
+    it stands for; a last `db.copied` entry names the source head), then verifies the
+    target in full and prints the rows copied per table. Refuses (exit 9, nothing
+    written) a target that already holds this host.
+    """
+    from anvil_ctl.cli.progress import working
+
+    ctx = session.context()
+    with working(ctx.progress, "db copy: verifying, copying and verifying the copy"):
+        from anvil_ctl.commands import dbcopy
+
+        return Reply(Record(dbcopy.db_copy(ctx, to=to)))
+
+
 db = click.Group(
     "db",
-    commands=[db_upgrade],
+    commands=[db_upgrade, db_copy],
     help="State database maintenance.",
     epilog=example("anvilctl db upgrade"),
 )

@@ -14,13 +14,14 @@ import contextlib
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypedDict
 
 import click
 
-from anvil_ctl.cli import admin, audit, claims, gpu, lifecycle, qualify, serves
+from anvil_ctl.cli import admin, audit, claims, fleet, gpu, lifecycle, qualify, serves
 from anvil_ctl.cli.complete import PROG, completion
 from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
 from anvil_ctl.cli.topics import help_command
@@ -61,6 +62,7 @@ COMMANDS: list[click.Command] = [
     gpu.waivers,
     # records
     audit.audit,
+    fleet.fleet,
     claims.claims,
     completion,
     help_command,
@@ -213,6 +215,20 @@ def _usage_message(exc: click.UsageError) -> str:
     return f"{message} (see `{path} --help`)"
 
 
+def _masked(text: str, options: GlobalOptions) -> str:
+    """`text` with the state database's password (as given, and decoded) as ***."""
+    from urllib.parse import unquote, urlsplit
+
+    for url in (options.state_db, os.environ.get("ANVIL_STATE_DB")):
+        try:
+            password = urlsplit(url).password if url else None
+        except ValueError:
+            continue
+        for form in {password, unquote(password)} if password else ():
+            text = text.replace(form, "***")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `anvilctl` with `argv` (default: sys.argv[1:]); return the exit code."""
     options = GlobalOptions()
@@ -242,7 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.BAD_INPUT)
     except AnvilError as exc:
         if options.debug:
-            raise
+            # the traceback for a person debugging, and still our exit code (a wrong database
+            # password exits 7 with --debug too); no password appears in it
+            print(_masked(traceback.format_exc(), options), file=sys.stderr, end="")
         _error(str(exc))
         return int(exc.exit_code)
     except (click.Abort, KeyboardInterrupt):

@@ -8,6 +8,7 @@ transaction's evidence directory against its manifest.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import click
 from click.decorators import FC
@@ -27,9 +28,29 @@ from anvil_ctl.cli.views import (
 )
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
 
+if TYPE_CHECKING:
+    from anvil_ctl.commands.audit import HostScope
+
 slot_option = click.option(
     "--slot", type=REF, shell_complete=complete_slots, metavar="SLOT", help="Only this slot."
 )
+
+
+def host_options(f: FC) -> FC:
+    """`--host NAME` (default: this host) and `--all-hosts`: which hosts of a fleet sharing
+    the state database a listing answers for."""
+    f = click.option(
+        "--all-hosts", is_flag=True, help="Every host of the fleet sharing this state database."
+    )(f)
+    return click.option(
+        "--host", "host", type=REF, metavar="NAME", help="This host of the fleet instead of this one."
+    )(f)
+
+
+def _scope(host: str | None, all_hosts: bool) -> HostScope:
+    from anvil_ctl.commands.audit import HostScope
+
+    return HostScope(host=host, all_hosts=all_hosts)
 
 
 def limit_option(what: str) -> Callable[[FC], FC]:
@@ -64,41 +85,54 @@ def limit_option(what: str) -> Callable[[FC], FC]:
     help="Only those created at or after this RFC 3339 date or date-time (UTC without an offset).",
 )
 @limit_option("transactions")
+@host_options
 @pass_session
 def transactions(
-    session: Session, kind: str | None, state: str | None, since: str | None, limit: int
+    session: Session,
+    *,
+    kind: str | None,
+    state: str | None,
+    since: str | None,
+    limit: int,
+    host: str | None,
+    all_hosts: bool,
 ) -> Reply:
-    """List transactions with their current state and reason."""
+    """List transactions with their current state and reason (this host's, unless --host or
+    --all-hosts)."""
     from anvil_ctl.commands import audit
 
-    rows = audit.transactions(session.context(), kind=kind, state=state, since=since, limit=limit)
+    rows = audit.transactions(
+        session.context(), kind=kind, state=state, since=since, limit=limit, scope=_scope(host, all_hosts)
+    )
     return Reply(Table(rows))
 
 
 @click.command("show", epilog=example("anvilctl audit show 8259c0de"))
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
+@host_options
 @pass_session
-def show(session: Session, tx: str) -> Reply:
+def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     """One transaction as a timeline: states, steps with outcomes and durations.
 
     TX is a transaction ID or unique prefix. --json prints every journal row with its detail.
     """
     from anvil_ctl.commands import audit
 
-    return Reply(TransactionView(audit.show(session.context(), tx)))
+    return Reply(TransactionView(audit.show(session.context(), tx, _scope(host, all_hosts))))
 
 
 @click.command("diff", epilog=example("anvilctl audit diff 8259c0de"))
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
+@host_options
 @pass_session
-def diff(session: Session, tx: str) -> Reply:
+def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     """A transaction's recorded snapshot diffs.
 
     TX is a transaction ID or unique prefix.
     """
     from anvil_ctl.commands import audit
 
-    return Reply(DiffView(audit.diff(session.context(), tx)))
+    return Reply(DiffView(audit.diff(session.context(), tx, _scope(host, all_hosts))))
 
 
 @click.command("history", epilog=example("anvilctl audit history --slot primary"))
@@ -135,14 +169,17 @@ def history(session: Session, slot: str, limit: int) -> Reply:
     metavar="SEQ:HASH",
     help="A head recorded elsewhere (recheck textfile, logs, an earlier verify): the journal must hold it.",
 )
+@host_options
 @pass_session
-def verify(session: Session, full: bool, expect_head: str | None) -> Reply:
+def verify(session: Session, full: bool, expect_head: str | None, host: str | None, all_hosts: bool) -> Reply:
     """Verify the audit journal and every row it covers (exit 6 on a break).
 
     Walks the hash chain, recomputes the digest of every history row it covers, and
     compares the head with the head file beside the database: names any edited,
     deleted, inserted or reordered entry or row, and a cut tail. Incremental from the
     last clean run's checkpoint unless --full; a clean run records a new checkpoint.
+    A fleet's hosts share one chain: every run verifies all of it; --host and
+    --all-hosts choose whose entries the report counts.
     """
     from anvil_ctl.cli.progress import working
 
@@ -151,7 +188,9 @@ def verify(session: Session, full: bool, expect_head: str | None) -> Reply:
     with working(ctx.progress, f"audit verify: walking {walk} and re-digesting the rows it covers"):
         from anvil_ctl.commands import audit
 
-        check = ChainCheck(audit.verify(ctx, full=full, expect_head=expect_head))
+        check = ChainCheck(
+            audit.verify(ctx, full=full, expect_head=expect_head, scope=_scope(host, all_hosts))
+        )
     return Reply(check, ExitCode.OK if check.ok else ExitCode.DRIFT)
 
 
@@ -164,15 +203,46 @@ def verify(session: Session, full: bool, expect_head: str | None) -> Reply:
     show_default=True,
     help="List the identities recorded under this role instead.",
 )
+@host_options
 @pass_session
-def incumbents(session: Session, slot: str | None, role: str) -> Reply:
+def incumbents(session: Session, slot: str | None, role: str, host: str | None, all_hosts: bool) -> Reply:
     """Which container was each slot's incumbent, and when.
 
     Oldest first; --role lists candidates or rollback identities instead.
     """
     from anvil_ctl.commands import audit
 
-    return Reply(Table(audit.identities(session.context(), slot=slot, role=role)))
+    rows = audit.identities(session.context(), slot=slot, role=role, scope=_scope(host, all_hosts))
+    if host is None and not all_hosts and rows:  # one host's: its name in --json only
+        return Reply(Table(rows, columns=[c for c in rows[0] if c != "host"]))
+    return Reply(Table(rows))
+
+
+@click.command(
+    "served", epilog=example("anvilctl audit served --slot primary --at 2026-09-02T12:00:00Z --all-hosts")
+)
+@click.option(
+    "--slot", type=REF, required=True, shell_complete=complete_slots, metavar="SLOT", help="The slot."
+)
+@click.option(
+    "--at",
+    "at",
+    type=SINCE,
+    required=True,
+    metavar="TIME",
+    help="The moment: an RFC 3339 date or date-time (UTC without an offset).",
+)
+@host_options
+@pass_session
+def served(session: Session, slot: str, at: str, host: str | None, all_hosts: bool) -> Reply:
+    """Which container served SLOT at TIME: this host's, --host NAME's, or every host's.
+
+    From the serving history (v_serving_history): the incumbent a committed transaction
+    left, from its record until the next one's. None where nothing served then.
+    """
+    from anvil_ctl.commands import audit
+
+    return Reply(Table(audit.served(session.context(), slot=slot, at=at, scope=_scope(host, all_hosts))))
 
 
 def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
@@ -246,6 +316,7 @@ audit = click.Group(
         diff,
         verify,
         incumbents,
+        served,
         decisions,
         waivers,
         rechecks,

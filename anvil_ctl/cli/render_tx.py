@@ -241,3 +241,5 @@ def chain(view: views.ChainCheck, out: Out) -> None:
         out.line(f"  checkpoint {s(checkpoint['id'])} recorded at {s(checkpoint['head'])}")
     elif d.get("checkpoint_error"):
         out.line(f"  checkpoint not recorded: {s(d['checkpoint_error'])}")
+    for h in records(d.get("hosts") or []):  # the fleet's one chain: entries per host asked about
+        out.line(f"  host       {s(h.get('host'))}: {s(h.get('entries'))} entries")

@@ -35,6 +35,10 @@ EXIT_MEANINGS = {
     ExitCode.DRIFT: "drift: recheck, audit verify or evidence verify found a difference from the record",
     ExitCode.UNAVAILABLE: "unavailable: a dependency (state database, Docker, NVML, router) is busy, "
     "locked, read-only, full or unreachable; nothing changed, try again",
+    ExitCode.HOST_CLAIMED: "host claimed: another machine (machine id) is recorded under this host "
+    "name in the state database; nothing changed",
+    ExitCode.TARGET_HOLDS_HOST: "db copy refused: the target database already holds this host's "
+    "history; nothing written",
 }
 
 

@@ -9,6 +9,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.engine.observe import router_view, serving
+from anvil_ctl.persistence import hosts
 from anvil_ctl.persistence.head import head_path_for, set_aside
 from anvil_ctl.persistence.migrate import current_revision, upgrade
 from anvil_ctl.persistence.store import utcnow
@@ -106,6 +107,7 @@ def init(ctx: Context) -> InitResult:
     db = engine.url.render_as_string(hide_password=True)
     path = head_path_for(ctx.settings.db_url, ctx.settings.state_dir)
     stale = set_aside(path, utcnow().replace(":", "")) if before is None else None
+    hosts.register(ctx.store)  # this host, with its machine id (or checked against it)
     audit_head = str(ctx.store.sync_head_file())
     here = where(ctx)
     if stale is None:

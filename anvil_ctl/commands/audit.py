@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.validate import MAX_COUNT, check_int, parse_rfc3339, require, utc_stamp
-from anvil_ctl.persistence import qualification, queries
+from anvil_ctl.core.validate import MAX_COUNT, check_int, check_text, parse_rfc3339, require, utc_stamp
+from anvil_ctl.persistence import fleet, hosts, qualification, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 from anvil_ctl.persistence import verify as chain
+from anvil_ctl.persistence.fleet import Served
 from anvil_ctl.persistence.head import parse_head
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.queries import (
@@ -21,6 +24,40 @@ from anvil_ctl.persistence.rechecks import RecheckRecord
 from anvil_ctl.persistence.verify import ReportRecord
 
 
+def check_name(value: str) -> str:
+    return check_text(value, max_len=64, empty=False)
+
+
+@dataclass(frozen=True)
+class HostScope:
+    """Which hosts an audit query answers for: `--host NAME` (default: this host) or
+    `--all-hosts`."""
+
+    host: str | None = None
+    all_hosts: bool = False
+
+
+THIS_HOST = HostScope()
+
+
+def host_id(ctx: Context, scope: HostScope) -> int | None:
+    """The host a query is scoped to, None for every host; BadInput for an unknown name."""
+    if scope.all_hosts:
+        if scope.host is not None:
+            raise BadInput("--host and --all-hosts: give one of them", field="--host")
+        return None
+    if scope.host is None:
+        return ctx.store.host
+    name = require("--host", check_name, scope.host)
+    found = hosts.by_name(ctx.store, name)
+    if found is None:
+        known = [h.name for h in hosts.all_hosts(ctx.store)]
+        raise BadInput(
+            f"--host {name!r}: no such host in the state database; expected one of {known}", field="--host"
+        )
+    return found.id
+
+
 def transactions(
     ctx: Context,
     *,
@@ -28,16 +65,18 @@ def transactions(
     state: str | None = None,
     since: str | None = None,
     limit: int = 50,
+    scope: HostScope = THIS_HOST,
 ) -> list[TransactionSummary]:
     """The newest `limit` transactions; `since` an RFC 3339 date or date-time."""
     if since is not None:
         since = utc_stamp(require("--since", parse_rfc3339, since))
     limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
-    return queries.transactions(ctx.store, kind=kind, state=state, since=since, limit=limit)
+    host = host_id(ctx, scope)
+    return queries.transactions(ctx.store, kind=kind, state=state, since=since, limit=limit, host=host)
 
 
-def _resolve(ctx: Context, tx: str) -> str:
-    ids = queries.transaction_ids(ctx.store, tx)
+def _resolve(ctx: Context, tx: str, scope: HostScope = THIS_HOST) -> str:
+    ids = queries.transaction_ids(ctx.store, tx, host_id(ctx, scope))
     if len(ids) != 1:
         raise BadInput(
             f"transaction {tx!r}: {'no match' if not ids else 'ambiguous prefix'}",
@@ -46,27 +85,43 @@ def _resolve(ctx: Context, tx: str) -> str:
     return ids[0]
 
 
-def show(ctx: Context, tx: str) -> TransactionDetail:
-    return queries.transaction_detail(ctx.store, _resolve(ctx, tx))
+def show(ctx: Context, tx: str, scope: HostScope = THIS_HOST) -> TransactionDetail:
+    return queries.transaction_detail(ctx.store, _resolve(ctx, tx, scope))
 
 
-def diff(ctx: Context, tx: str) -> list[DiffRecord]:
-    return queries.snapshot_diffs(ctx.store, _resolve(ctx, tx))
+def diff(ctx: Context, tx: str, scope: HostScope = THIS_HOST) -> list[DiffRecord]:
+    return queries.snapshot_diffs(ctx.store, _resolve(ctx, tx, scope))
 
 
-def verify(ctx: Context, *, full: bool = False, expect_head: str | None = None) -> ReportRecord:
+def verify(
+    ctx: Context, *, full: bool = False, expect_head: str | None = None, scope: HostScope = THIS_HOST
+) -> ReportRecord:
     """Verify the chain, every row it covers and its head (`persistence.verify`).
 
     Incremental from the last checkpoint unless `full`; `expect_head` (`SEQ:HASH`) is a
-    head recorded elsewhere that the journal must still hold.
+    head recorded elsewhere that the journal must still hold. The fleet's hosts share one
+    chain, so every run verifies all of it (every host's entries and rows); `scope` picks
+    the hosts whose entries and rows the report counts (`hosts`).
     """
     expected = parse_head(expect_head) if expect_head is not None else None
-    return chain.verify(ctx.store, full=full, expect_head=expected).as_dict()
+    host = host_id(ctx, scope)
+    report = chain.verify(ctx.store, full=full, expect_head=expected).as_dict()
+    report["hosts"] = chain.host_counts(ctx.store, host)
+    return report
 
 
-def identities(ctx: Context, *, slot: str | None = None, role: str = "incumbent") -> list[IdentityRecord]:
+def identities(
+    ctx: Context, *, slot: str | None = None, role: str = "incumbent", scope: HostScope = THIS_HOST
+) -> list[IdentityRecord]:
     """Which container served (or was recorded for) each slot, and from when."""
-    return queries.identities(ctx.store, slot=slot, role=role)
+    return queries.identities(ctx.store, slot=slot, role=role, host=host_id(ctx, scope))
+
+
+def served(ctx: Context, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> list[Served]:
+    """Which container served `slot` at time `at` (RFC 3339), on one host or on every host."""
+    slot = require("--slot", check_name, slot)
+    when = utc_stamp(require("--at", parse_rfc3339, at))
+    return fleet.served_at(ctx.store, slot=slot, at=when, host=host_id(ctx, scope))
 
 
 def rechecks(ctx: Context, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:
@@ -82,7 +137,7 @@ def decisions(ctx: Context, *, slot: str | None = None) -> list[DecisionRecord]:
 def history(ctx: Context, *, slot: str, limit: int = 50) -> list[Revision]:
     """The slot's newest `limit` revisions, oldest first (`queries.slot_history`)."""
     limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
-    rows = queries.slot_history(ctx.store, slot)
+    rows = queries.slot_history(ctx.store, slot, ctx.store.host)
     if not rows:
         config = ctx.optional_config()
         if config is not None and slot not in config.slots:

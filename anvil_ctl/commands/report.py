@@ -86,7 +86,7 @@ def _records(ctx: Context, inputs: ReportInputs) -> None:
         if approval["decision_id"] in ids and (root / approval["tx_id"]).is_dir():
             inputs.promotions.append(Bundle.load(root / approval["tx_id"], approval["tx_id"]))
     digests = {d["identity_digest"] for d in raw}
-    for t in queries.transactions(store, kind="ab", limit=10_000):
+    for t in queries.transactions(store, kind="ab", limit=10_000, host=store.host):
         declared = root / t["tx_id"] / "00-declaration.json"
         if t["tx_id"] == tx_id or not declared.is_file():
             continue

@@ -202,7 +202,7 @@ def recover_all(ctx: Context) -> RecoverReport:
 
 def lock_status(ctx: Context) -> list[Mapping[str, object]]:
     """Every lock row without a release, newest first (`LockInfo.as_dict()`)."""
-    return [h.as_dict() for h in held_locks(ctx.store)]
+    return [h.as_dict() for h in held_locks(ctx.store, ctx.owner)]
 
 
 class LockBroken(TypedDict):
@@ -215,7 +215,7 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> LockBroke
     """Release a lock row by its exact ID (journaled); refuses a live local owner."""
     by = require("--by", check_person, by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
-    for h in held_locks(ctx.store):
+    for h in held_locks(ctx.store, ctx.owner):
         if h.id == lock_id:
             if h.alive:
                 raise BadInput(f"{h.describe()}: the owner is alive; stop it instead", field="lock_id")

@@ -34,6 +34,7 @@ from anvil_ctl.config.host import (
     RouterConfig,
     Slot,
     load_host_config,
+    machine_host_name,
 )
 from anvil_ctl.config.inputs import (
     MAX_INPUT_BYTES,
@@ -71,6 +72,7 @@ __all__ = [
     "format_validation_error",
     "load_host_config",
     "load_toml",
+    "machine_host_name",
     "parse_toml",
     "read_input_file",
     "setting_origins",

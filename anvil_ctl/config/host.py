@@ -192,8 +192,11 @@ class ResidueConfig(Strict):
 class HostConfig(Strict):
     """anvil.toml: the host's GPU roles, slots, router and policy."""
 
-    host: Annotated[str, text_field(253, empty=False)] = Field(
-        "localhost", description="Name of this host in records"
+    host: str = Field(
+        "",
+        description='This host\'s name in the records and the fleet: `[host] name = "gpu-a"` '
+        "(or `host = \"gpu-a\"`); lowercase letters, digits, '.', '_' or '-', up to 63; default: "
+        "the machine's hostname (its first label, lowercased)",
     )
     gpu_roles: dict[str, GpuRole] = Field(default_factory=dict, description="role name -> GPU")
     slots: dict[str, Slot] = Field(default_factory=dict, description="slot name -> slot")
@@ -214,6 +217,21 @@ class HostConfig(Strict):
         default_factory=dict,
         description="name -> container IDs or identity digests (prefixes of 12+ hex) restored together",
     )
+
+    @field_validator("host", mode="before")
+    @classmethod
+    def _host(cls, value: object) -> object:
+        if isinstance(value, dict):  # the [host] table
+            extra = sorted(set(value) - {"name"})
+            if extra:
+                raise ValueError(f"[host]: unknown key {extra[0]!r}; expected name")
+            value = value.get("name", "")
+        if isinstance(value, str) and not NAME_RE.match(value):  # given, so not empty
+            raise ValueError(
+                f"host name {value!r}: expected a short name: lowercase letters, digits, '.', '_' "
+                "or '-', starting with a letter or digit, up to 63 characters"
+            )
+        return value
 
     @model_validator(mode="after")
     def _references(self) -> HostConfig:
@@ -247,6 +265,18 @@ class HostConfig(Strict):
     def reserve_for(self, role: str) -> int:
         r = self.gpu_roles[role].reserve_mib
         return self.policy.vram_reserve_mib if r is None else r
+
+
+def machine_host_name(hostname: str) -> str:
+    """The host name a config without one gets: the machine's hostname's first label,
+    lowercased; ConfigError when even that is not a valid name."""
+    name = hostname.split(".", 1)[0].lower()
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            f"the machine's hostname {hostname!r} is not a valid host name; set [host] name in anvil.toml",
+            field="host",
+        )
+    return name
 
 
 def load_host_config(path: Path) -> HostConfig:

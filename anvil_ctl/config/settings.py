@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         description="nvml: real GPUs; simulated: GPUs declared in the host config, driven by stubs",
     )
     docker_host: str | None = Field(None, description="Docker Engine URL; default from DOCKER_HOST")
+    machine_id_file: FilePath = Field(
+        Path("/etc/machine-id"),
+        description="The file holding this machine's identity, recorded when a host name is first "
+        "used with a state database and checked on every later use; another file for tests that "
+        "run two hosts on one machine",
+    )
     crash_at: str | None = Field(
         None,
         description="Fault injection for tests and `make chaos` only: SIGKILL this process right after "

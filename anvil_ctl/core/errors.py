@@ -16,7 +16,10 @@ AnvilError
 │   └── CredentialError          a token could not be resolved or its file is unsafe
 ├── StepFailed                   raised by a step's do/undo to fail with a reason
 ├── StateStoreError              the state database is missing, foreign or too new
-└── EvidenceMismatch             exit 6: an evidence bundle differs from its manifest
+├── EvidenceMismatch             exit 6: an evidence bundle differs from its manifest
+├── RecordDiffers                exit 6: a record to be used (copied) does not verify
+├── HostClaimed                  exit 8: another machine is recorded under this host's name
+└── TargetHoldsHost              exit 9: `db copy` found this host's rows in the target
 IllegalTransition (RuntimeError) misuse: a transition the table does not allow
 UncoveredRows (RuntimeError)     misuse: history rows committed without their audit entry
                                  (anvil_ctl.persistence.coverage)
@@ -34,14 +37,17 @@ __all__ = [
     "ConfigError",
     "CredentialError",
     "EvidenceMismatch",
+    "HostClaimed",
     "IllegalTransition",
     "LockHeld",
     "NeedsOperator",
     "NotFound",
     "RecipeError",
+    "RecordDiffers",
     "Refused",
     "StateStoreError",
     "StepFailed",
+    "TargetHoldsHost",
     "TransientError",
     "Unavailable",
 ]
@@ -138,5 +144,23 @@ class StateStoreError(AnvilError):
 
 class EvidenceMismatch(AnvilError):
     """An evidence bundle differs from its manifest: nothing is read from it as a figure."""
+
+    exit_code = ExitCode.DRIFT
+
+
+class HostClaimed(AnvilError):
+    """The configured host name is recorded for another machine: two machines cannot be one host."""
+
+    exit_code = ExitCode.HOST_CLAIMED
+
+
+class TargetHoldsHost(AnvilError):
+    """`db copy`: the target database already holds rows of this host; nothing was written."""
+
+    exit_code = ExitCode.TARGET_HOLDS_HOST
+
+
+class RecordDiffers(AnvilError):
+    """The audit chain of a record to be used (a `db copy`'s source or copy) does not verify."""
 
     exit_code = ExitCode.DRIFT

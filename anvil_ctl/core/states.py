@@ -77,6 +77,8 @@ class ExitCode(IntEnum):
     NEEDS_OPERATOR = 5  # compensation failed, or an interrupted transaction is unresolved
     DRIFT = 6  # the host or the journal differs from the record
     UNAVAILABLE = 7  # a dependency (database, Docker, NVML, router) is busy, locked, full or unreachable
+    HOST_CLAIMED = 8  # another machine holds this host name in the state database; nothing changed
+    TARGET_HOLDS_HOST = 9  # `db copy`: the target already holds this host's history; nothing written
 
 
 STATE_EXIT_CODES: dict[TxState, ExitCode] = {

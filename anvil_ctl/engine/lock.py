@@ -1,5 +1,10 @@
 """One mutator per host: an OS file lock held for the life of the process, plus a lock row.
 
+On PostgreSQL (a fleet's shared database) a session advisory lock keyed by the host's
+name is taken too, right after the file lock (`persistence.locks.AdvisoryLock`): mutators
+of different hosts take different keys and proceed in parallel; two of one host exclude
+each other even through two state directories. The server drops it when the process dies.
+
 The flock is what excludes; the row says who holds it (pid, host, boot id,
 command, transaction, since) so that a refused process can name the owner, and
 so that a holder that died is *detected*: its row stays unreleased while the OS
@@ -19,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +35,9 @@ from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.persistence import locks
 from anvil_ctl.persistence.store import Store
+
+STAMP_WAIT_S = 0.5
+"""How long a refused process waits for the holder's pid to appear in the lock file."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +63,10 @@ class LockInfo:
         return asdict(self)
 
 
-def held_locks(store: Store, host: str | None = None) -> list[LockInfo]:
-    """Lock rows without a release, newest first."""
-    rows = locks.unreleased(store, host)
+def held_locks(store: Store, me: Owner | None = None, *, all_hosts: bool = False) -> list[LockInfo]:
+    """Lock rows without a release, newest first: of the Store's host (or of every host);
+    `me` (this process, named by its host name) judges which owners still live."""
+    rows = locks.unreleased(store, all_hosts=all_hosts)
     return [
         LockInfo(
             r.id,
@@ -66,7 +76,7 @@ def held_locks(store: Store, host: str | None = None) -> list[LockInfo]:
             r.command,
             r.tx_id,
             r.since,
-            owner_alive(Owner(r.pid, r.host, r.boot_id)),
+            owner_alive(Owner(r.pid, r.host, r.boot_id), me),
         )
         for r in rows
     ]
@@ -85,6 +95,7 @@ class HostLock:
         self.command = command
         self.lock_id: str | None = None
         self._fd: int | None = None
+        self._advisory = locks.AdvisoryLock(store, owner.hostname)
 
     def acquire(self, *, take_over_dead: bool = False, claim: bool = True) -> list[LockInfo]:
         """Take the host lock or raise LockHeld naming the owner.
@@ -99,16 +110,18 @@ class HostLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            holders = [h for h in held_locks(self.store, self.owner.hostname) if h.alive]
+            holders = [h for h in held_locks(self.store, self.owner) if h.alive]
             detail = holders[0].describe() if holders else _file_owner(self.path)
             raise LockHeld(
                 f"another mutator holds this host: {detail}",
                 owner=holders[0].as_dict() if holders else None,
             ) from None
         self._fd = fd
+        self._stamp(None)  # first: a process refused from now on can name our pid
         try:
+            if not self._advisory.try_acquire():
+                raise self._held_elsewhere()
             stale = self._check_rows(take_over_dead)
-            self._stamp(None)
             if claim:
                 self.claim()
         except BaseException:
@@ -116,8 +129,22 @@ class HostLock:
             raise
         return stale
 
+    def _held_elsewhere(self) -> LockHeld:
+        """Another session holds this host's advisory lock: a mutator of this host that took
+        it through another lock file (another state directory)."""
+        holders = [h for h in held_locks(self.store, self.owner) if h.alive is not False]
+        detail = (
+            holders[0].describe()
+            if holders
+            else f"a mutator of host {self.owner.hostname} holds its lock in the state database "
+            "(checking its arguments)"
+        )
+        return LockHeld(
+            f"another mutator holds this host: {detail}", owner=holders[0].as_dict() if holders else None
+        )
+
     def _check_rows(self, take_over_dead: bool) -> list[LockInfo]:
-        rows = held_locks(self.store, self.owner.hostname)
+        rows = held_locks(self.store, self.owner)
         # We hold the flock, yet a row claims a live owner: the lock file was replaced or a
         # PID was reused. Never run beside a possible mutator.
         live = [h for h in rows if h.alive]
@@ -156,6 +183,7 @@ class HostLock:
         self._unlock_fd()
 
     def _unlock_fd(self) -> None:
+        self._advisory.release()
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
@@ -175,8 +203,15 @@ class HostLock:
 
 
 def _file_owner(path: Path) -> str:
+    """Who holds the lock file, as it says; the holder writes its pid right after taking the
+    lock, so an empty file is read again for a moment before it is reported as it is."""
+    deadline = time.monotonic() + STAMP_WAIT_S
     try:
-        data = json.loads(path.read_text() or "{}")
+        text = path.read_text()
+        while not text and time.monotonic() < deadline:
+            time.sleep(0.01)
+            text = path.read_text()
+        data = json.loads(text or "{}")
         if data.get("lock_id") is None:
             return f"pid {data.get('pid')} holds the lock file {path} (checking its arguments)"
         return f"lock {data.get('lock_id')} held by pid {data.get('pid')}"

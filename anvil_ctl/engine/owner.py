@@ -38,9 +38,13 @@ def pid_alive(pid: int) -> bool:
 
 
 def owner_alive(owner: Owner, me: Owner | None = None) -> bool | None:
-    """True/False when it can be known from this host; None for another host's owner."""
+    """True/False when it can be known from this host; None for another host's owner.
+
+    `me` names this host by its fleet name (anvil.toml); an owner recorded under this
+    machine's hostname (rows written before host names, or by a library caller) is local too.
+    """
     me = me or current_owner()
-    if owner.hostname != me.hostname:
+    if owner.hostname not in (me.hostname, socket.gethostname()):
         return None
     if owner.boot_id != me.boot_id:
         return False  # the host rebooted since: every process of that boot is gone

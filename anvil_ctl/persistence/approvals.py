@@ -11,6 +11,7 @@ from typing import TypedDict
 from sqlalchemy import select
 
 from anvil_ctl.persistence.models import ApprovalRow
+from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -32,7 +33,9 @@ def record_approval(store: Store, *, tx_id: str, decision_id: str, approved_by: 
 def approvals(store: Store) -> list[ApprovalRecord]:
     """Every approval, oldest first: which promotion relied on which decision, approved by whom."""
     with store.read() as s:
-        rows = s.execute(select(ApprovalRow).order_by(ApprovalRow.id)).scalars()
+        rows = s.execute(
+            select(ApprovalRow).where(on_host(ApprovalRow.host_id, store.host)).order_by(ApprovalRow.id)
+        ).scalars()
         return [
             {"tx_id": r.tx_id, "decision_id": r.decision_id, "approved_by": r.approved_by, "at": r.at}
             for r in rows

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from sqlalchemy import select, text
+from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.model import canonical_json, sha256_hex
@@ -33,6 +33,7 @@ from anvil_ctl.persistence.models import AuditEntry
 GENESIS = "0" * 64
 AUDIT_LOCK_KEY = 0x616E76696C  # "anvil"
 HEAD = "anvil.audit_head"  # session.info key: the head this session's entries made
+HOST = "anvil.host_id"  # session.info key: the host this session writes for (Store.write sets it)
 
 
 class HeadRecord(TypedDict):
@@ -68,9 +69,11 @@ def entry_hash(
     event: str,
     payload: str,
     rows: str = "[]",
+    host: int | None = None,
 ) -> str:
     """The entry's hash. `rows` joins the hashed content only when the entry covers rows,
-    so entries written before rows were covered keep their hashes."""
+    and `host` only when the entry names one (from migration 0009 on), so entries written
+    before either existed keep their hashes."""
     body: dict[str, str | int | None] = {
         "id": row_id,
         "at": at,
@@ -80,6 +83,8 @@ def entry_hash(
     }
     if rows != "[]":
         body["rows"] = rows
+    if host is not None:
+        body["host"] = host
     return sha256_hex(prev_hash + "|" + canonical_json(body))
 
 
@@ -109,7 +114,8 @@ def append(
     (plus `rows`); the caller's write transaction serializes appenders.
 
     SQLite writers are serialized by BEGIN IMMEDIATE; on PostgreSQL a transaction-scoped
-    advisory lock does it, so two hosts sharing one database never fork the chain.
+    advisory lock does it, so two hosts sharing one database never fork the chain: one
+    chain for the whole fleet (docs/POSTGRES.md says why).
     """
     covered = [*take_pending(session), *rows]
     if session.get_bind().dialect.name == "postgresql":
@@ -121,19 +127,23 @@ def append(
     row_id = (last.id + 1) if last else 1
     body = canonical_json(payload)
     rows_json = canonical_json([[t, k, compact_digest(d)] for t, k, d in covered])
-    digest = entry_hash(prev_hash, row_id, at=at, tx_id=tx_id, event=event, payload=body, rows=rows_json)
-    session.add(
-        AuditEntry(
-            id=row_id,
-            at=at,
-            tx_id=tx_id,
-            event=event,
-            payload_json=body,
-            prev_hash=prev_hash,
-            hash=digest,
-            rows_json=rows_json,
-        )
+    host: int | None = session.info.get(HOST)
+    digest = entry_hash(
+        prev_hash, row_id, at=at, tx_id=tx_id, event=event, payload=body, rows=rows_json, host=host
     )
+    values: dict[str, str | int | None] = {
+        "id": row_id,
+        "at": at,
+        "tx_id": tx_id,
+        "event": event,
+        "payload_json": body,
+        "prev_hash": prev_hash,
+        "hash": digest,
+        "rows_json": rows_json,
+    }
+    if host is not None:  # otherwise left out of the INSERT: migration 0005 writes before it exists
+        values["host_id"] = host
+    session.execute(insert(AuditEntry).values(values))
     head = Head(row_id, digest)
     session.info[HEAD] = head
     return head

@@ -136,6 +136,7 @@ _ENTRY_COLUMNS = (
     AuditEntry.prev_hash,
     AuditEntry.hash,
     AuditEntry.rows_json,
+    AuditEntry.host_id,
 )
 
 
@@ -169,6 +170,7 @@ def walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str])
             event=row.event,
             payload=row.payload_json,
             rows=row.rows_json,
+            host=row.host_id,
         )
         if recomputed != row.hash:
             problems.append(Problem("content edited: hash does not match the entry", row.id))

@@ -3,14 +3,17 @@
 Not history: derived, mutable, and left out of the chain on purpose (`PROJECTION_TABLES`).
 Each row is written in the same database transaction as the history row it summarizes,
 so it cannot disagree with it; `projection.rebuild` derives the same rows from history
-alone, and `audit verify` compares the two. Reads that ask "what is current" (guards,
+alone, and `audit verify` compares the two. Every row names its host (`host_id`, never
+NULL here: history rows from before migration 0009 are the first host's), and the keys
+of "the latest per (slot, role)" and "the owner of a GPU role" begin with it: two hosts
+of a fleet have slots and roles of the same names. Reads that ask "what is current" (guards,
 `recover`, `status`, the views) use these rows and their indexes instead of scanning
 history for the latest row of each key.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Index, Integer, String, Text, text
+from sqlalchemy import Index, Integer, SmallInteger, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from anvil_ctl.persistence.models import Base, GpuMode
@@ -25,6 +28,7 @@ class TxCurrent(Base):
         Index("ix_tx_current_created_at", "created_at"),
         Index("ix_tx_current_kind_created_at", "kind", "created_at"),
         Index("ix_tx_current_slot_created_at", "slot", "created_at"),
+        Index("ix_tx_current_host_created_at", "host_id", "created_at"),
         # The few transactions not resolved (what every mutation's guard asks for), whatever
         # the planner's statistics say about `state`.
         Index(
@@ -36,6 +40,7 @@ class TxCurrent(Base):
     )
 
     tx_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    host_id: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
     kind: Mapped[str] = mapped_column(String(32))
     slot: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(32))
@@ -54,6 +59,7 @@ class IdentityCurrent(Base):
 
     __tablename__ = "identity_current"
 
+    host_id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("1"))
     slot: Mapped[str] = mapped_column(String(64), primary_key=True)
     role: Mapped[str] = mapped_column(String(16), primary_key=True)
     identity_id: Mapped[int] = mapped_column(Integer)
@@ -69,11 +75,13 @@ class ServingInterval(Base):
     __tablename__ = "serving_intervals"
     __table_args__ = (
         Index("ix_serving_intervals_slot_from", "slot", "served_from"),
+        Index("ix_serving_intervals_host_slot_from", "host_id", "slot", "served_from"),
         Index("ix_serving_intervals_from", "served_from"),
         Index("ix_serving_intervals_tx_id", "tx_id"),
     )
 
     identity_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    host_id: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
     slot: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str] = mapped_column(String(36))
     served_from: Mapped[str] = mapped_column(String(32))
@@ -85,6 +93,7 @@ class GpuOwnerCurrent(Base):
 
     __tablename__ = "gpu_owner_current"
 
+    host_id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("1"))
     role: Mapped[str] = mapped_column(String(64), primary_key=True)
     event_id: Mapped[int] = mapped_column(Integer)
     container_id: Mapped[str] = mapped_column(String(64))
@@ -98,9 +107,14 @@ class LockHeld(Base):
     """One row per lock row without a release row (held, or left by an owner that died)."""
 
     __tablename__ = "lock_held"
-    __table_args__ = (Index("ix_lock_held_host_since", "host", "since"), Index("ix_lock_held_since", "since"))
+    __table_args__ = (
+        Index("ix_lock_held_host_since", "host", "since"),
+        Index("ix_lock_held_since", "since"),
+        Index("ix_lock_held_host_id_since", "host_id", "since"),
+    )
 
     lock_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    host_id: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
     host: Mapped[str] = mapped_column(String(255))
     since: Mapped[str] = mapped_column(String(32))
 

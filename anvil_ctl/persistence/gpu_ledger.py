@@ -100,7 +100,11 @@ def gpu_owners(store: Store) -> dict[str, OwnerRecord]:
     """role -> {container_id, tx_id, mode, slot, since} for roles whose latest event is a claim."""
     out: dict[str, OwnerRecord] = {}
     with store.read() as s:
-        for r in s.execute(select(GpuOwnerCurrent).order_by(GpuOwnerCurrent.role)).scalars():
+        for r in s.execute(
+            select(GpuOwnerCurrent)
+            .where(GpuOwnerCurrent.host_id == store.host)
+            .order_by(GpuOwnerCurrent.role)
+        ).scalars():
             out[r.role] = {
                 "container_id": r.container_id,
                 "tx_id": r.tx_id,

@@ -10,12 +10,14 @@ writes are audited (`lock.acquired`, `lock.<how>`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from hashlib import sha256
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select, text
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.persistence import projection
+from anvil_ctl.persistence.db import translated
 from anvil_ctl.persistence.models import LockHeld, LockRelease, LockRow
 from anvil_ctl.persistence.store import Store, utcnow
 
@@ -64,13 +66,67 @@ def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = 
         store.audit(s, f"lock.{how}", None, {"lock_id": lock_id, "by": by, "reason": reason})
 
 
-def unreleased(store: Store, host: str | None = None) -> list[LockRecord]:
-    """Lock rows without a release, newest first, optionally of one host."""
+def unreleased(store: Store, *, all_hosts: bool = False) -> list[LockRecord]:
+    """Lock rows without a release, newest first: of the Store's host, or of every host."""
     with store.read() as s:
-        q = select(LockRow).join(LockHeld, LockHeld.lock_id == LockRow.id).order_by(LockHeld.since.desc())
-        if host:
-            q = q.where(LockHeld.host == host)
+        q = select(LockRow).join(LockHeld, LockHeld.lock_id == LockRow.id)
+        if all_hosts:
+            q = q.order_by(LockHeld.since.desc())
+        else:
+            q = q.where(LockHeld.host_id == store.host).order_by(LockHeld.since.desc())
         return [
             LockRecord(r.id, r.host, r.pid, r.boot_id, r.command, r.tx_id, r.since)
             for r in s.execute(q).scalars()
         ]
+
+
+def host_lock_key(host: str) -> int:
+    """A stable signed 64-bit key for host `host`'s advisory lock (PostgreSQL's bigint)."""
+    return int.from_bytes(sha256(b"anvil-host-lock:" + host.encode()).digest()[:8], "big", signed=True)
+
+
+class AdvisoryLock:
+    """On PostgreSQL, a session advisory lock keyed by the host's name, held on a connection of
+    its own for as long as the host lock: the one lock that excludes a second mutator of the
+    same host wherever it runs (two state directories, two machines), while mutators of other
+    hosts take other keys and run in parallel. On SQLite there is nothing to take: the
+    database is one machine's, and the OS lock beside it excludes."""
+
+    def __init__(self, store: Store, host: str) -> None:
+        self.engine = store.engine
+        self.host = host
+        self._conn: Connection | None = None
+
+    def try_acquire(self) -> bool:
+        """Take it now, or False if another session holds it (never waits)."""
+        if self.engine.dialect.name != "postgresql" or self._conn is not None:
+            return True
+        with translated(self.engine):
+            conn = self.engine.connect()
+            try:
+                got = bool(
+                    conn.execute(
+                        text("SELECT pg_try_advisory_lock(:key)"), {"key": host_lock_key(self.host)}
+                    ).scalar()
+                )
+                conn.commit()  # the lock is the session's, not the transaction's
+            except BaseException:
+                conn.close()
+                raise
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def release(self) -> None:
+        """Give it back (closing the connection would too: the server drops a session's locks)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            with translated(self.engine):
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": host_lock_key(self.host)})
+                conn.commit()
+        finally:
+            conn.close()

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy.orm import Mapped, mapped_column
 
+from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column
 from anvil_ctl.persistence.coltypes import PackedJSON
+from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
 
 GpuMode = Literal["exclusive", "split"]
 """How a serve owns its GPU roles (`anvil_ctl.gpu.ownership.Mode`; only these are written)."""
-
-
-class Base(DeclarativeBase):
-    pass
 
 
 class Transaction(Base):
@@ -37,6 +35,7 @@ class Transaction(Base):
     owner_host: Mapped[str] = mapped_column(String(255))
     owner_boot_id: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[str] = mapped_column(String(32), index=True)
+    host_id: Mapped[int | None] = host_column()
 
 
 class TransactionState(Base):
@@ -49,6 +48,7 @@ class TransactionState(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     data_json: Mapped[str] = mapped_column(Text, default="{}")
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class StepEventRow(Base):
@@ -63,6 +63,7 @@ class StepEventRow(Base):
     event: Mapped[str] = mapped_column(String(16))
     detail_json: Mapped[str] = mapped_column(Text, default="{}")
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class SnapshotRow(Base):
@@ -74,6 +75,7 @@ class SnapshotRow(Base):
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class SnapshotBlob(Base):
@@ -101,6 +103,7 @@ class SnapshotDiff(Base):
     equal: Mapped[int] = mapped_column(Integer)
     changes_json: Mapped[str] = mapped_column(PackedJSON)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class IdentityRow(Base):
@@ -119,6 +122,7 @@ class IdentityRow(Base):
     served_model: Mapped[str] = mapped_column(String(255))
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class LockRow(Base):
@@ -131,6 +135,7 @@ class LockRow(Base):
     command: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str | None] = mapped_column(String(36))
     since: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class LockRelease(Base):
@@ -142,6 +147,7 @@ class LockRelease(Base):
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class AuditEntry(Base):
@@ -160,6 +166,7 @@ class AuditEntry(Base):
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
     rows_json: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    host_id: Mapped[int | None] = host_column()
 
 
 class GpuOwnershipEvent(Base):
@@ -176,6 +183,7 @@ class GpuOwnershipEvent(Base):
     mode: Mapped[GpuMode] = mapped_column(String(16))
     slot: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class EvidenceRow(Base):
@@ -193,6 +201,7 @@ class EvidenceRow(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(Integer)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class DecisionRow(Base):
@@ -222,6 +231,7 @@ class DecisionRow(Base):
     reasons_json: Mapped[str] = mapped_column(Text, default="[]")
     body_json: Mapped[str] = mapped_column(Text, default="{}")
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class WaiverRow(Base):
@@ -241,6 +251,7 @@ class WaiverRow(Base):
     gates_json: Mapped[str | None] = mapped_column(Text)
     """A gate waiver's gates (JSON list); NULL when it names none, so that waivers recorded
     before the column existed keep their audit digest (migration 0008)."""
+    host_id: Mapped[int | None] = host_column()
 
 
 class WaiverRevocation(Base):
@@ -251,6 +262,7 @@ class WaiverRevocation(Base):
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class ApprovalRow(Base):
@@ -262,6 +274,7 @@ class ApprovalRow(Base):
     decision_id: Mapped[str] = mapped_column(ForeignKey("decisions.id"))
     approved_by: Mapped[str] = mapped_column(String(255))
     at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 class RecheckRow(Base):
@@ -274,40 +287,7 @@ class RecheckRow(Base):
     assertions_json: Mapped[str] = mapped_column(Text)
     snapshot_sha256: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32), index=True)
-
-
-class EvidenceManifestRow(Base):
-    """The SHA-256 of an evidence manifest as written: a qualify run's, or an export's."""
-
-    __tablename__ = "evidence_manifests"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    tx_id: Mapped[str] = mapped_column(String(36), index=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    sha256: Mapped[str] = mapped_column(String(64), index=True)
-    source_sha256: Mapped[str | None] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(String(32))
-
-
-class AuditCheckpoint(Base):
-    """A chain position `audit verify` found intact, and what the covered tables held then.
-
-    Incremental verification starts from the latest one: entry `seq` must still have
-    `hash`, and each covered table must hold its `counts_json` count plus what the
-    entries after `seq` cover.
-    """
-
-    __tablename__ = "audit_checkpoints"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    seq: Mapped[int] = mapped_column(Integer)
-    hash: Mapped[str] = mapped_column(String(64))
-    schema_version: Mapped[int | None] = mapped_column(Integer)
-    counts_json: Mapped[str] = mapped_column(Text)
-    mode: Mapped[str] = mapped_column(String(16))
-    entries_checked: Mapped[int] = mapped_column(Integer)
-    rows_checked: Mapped[int] = mapped_column(Integer)
-    at: Mapped[str] = mapped_column(String(32))
+    host_id: Mapped[int | None] = host_column()
 
 
 APPEND_ONLY_TABLES_0002 = (
@@ -333,30 +313,22 @@ APPEND_ONLY_TABLES = (
 )
 
 
-class ShmMarkRow(Base):
-    """A shared-memory file a process of a managed container was seen holding (the shm ledger).
-
-    Written once per (boot, path, inode); read back so that a file left after its
-    container stopped is still known as ours. See `anvil_ctl.persistence.shm_ledger`.
-    """
-
-    __tablename__ = "shm_marks"
-    __table_args__ = (Index("ix_shm_marks_boot_id_path", "boot_id", "path"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    boot_id: Mapped[str] = mapped_column(String(64))
-    path: Mapped[str] = mapped_column(Text)
-    dev: Mapped[int] = mapped_column(BigInteger)
-    ino: Mapped[int] = mapped_column(BigInteger)
-    container_id: Mapped[str] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(String(32))
-
-
 APPEND_ONLY_TABLES_0004 = ("shm_marks",)
 
 APPEND_ONLY_TABLES_0005 = ("evidence_manifests", "audit_checkpoints")
 
 APPEND_ONLY_TABLES_0007 = ("snapshot_blobs",)
+
+APPEND_ONLY_TABLES_0009 = ("hosts",)
+
+HOST_TABLES: tuple[str, ...] = (
+    *APPEND_ONLY_TABLES,
+    *APPEND_ONLY_TABLES_0002,
+    *APPEND_ONLY_TABLES_0004,
+    *APPEND_ONLY_TABLES_0005,
+)
+"""The history tables whose rows carry `host_id` (the journal included). Not `snapshot_blobs`:
+a body is stored once per content, whichever host recorded it; not `hosts` itself."""
 
 # Every table whose rows are history: append-only, and each row covered by the audit chain.
 # The journal itself is append-only too, but it is the chain, not a row it covers.
@@ -368,6 +340,7 @@ HISTORY_TABLES: tuple[str, ...] = tuple(
         *APPEND_ONLY_TABLES_0004,
         *APPEND_ONLY_TABLES_0005,
         *APPEND_ONLY_TABLES_0007,
+        *APPEND_ONLY_TABLES_0009,
     )
     if t != AuditEntry.__tablename__
 )
@@ -385,10 +358,16 @@ from anvil_ctl.persistence.current_models import (  # noqa: E402
 )
 
 __all__ = [
+    "FIRST_HOST_ID",
     "PROJECTION_TABLES",
+    "AuditCheckpoint",
+    "Base",
+    "EvidenceManifestRow",
     "GpuOwnerCurrent",
+    "Host",
     "IdentityCurrent",
     "LockHeld",
     "ServingInterval",
+    "ShmMarkRow",
     "TxCurrent",
 ]

@@ -17,11 +17,14 @@ modules of `anvil_ctl.persistence` call it.
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, delete, insert, select, text
+import re
+
+from sqlalchemy import bindparam, delete, insert, inspect, select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
 from anvil_ctl.persistence.models import (
+    FIRST_HOST_ID,
     GpuOwnerCurrent,
     GpuOwnershipEvent,
     IdentityCurrent,
@@ -38,6 +41,12 @@ COMMITTED = "committed"
 UNRESOLVED = sorted(s.value for s in UNRESOLVED_STATES)
 INCUMBENT = "incumbent"
 
+
+def host_of(row_host_id: int | None) -> int:
+    """The host a history row belongs to: NULL (written before migration 0009) is the first."""
+    return FIRST_HOST_ID if row_host_id is None else row_host_id
+
+
 # -- kept up to date by the writers ------------------------------------------------------------
 
 
@@ -46,6 +55,7 @@ def on_begin(s: Session, tx: Transaction, state: TransactionState) -> None:
     s.add(
         TxCurrent(
             tx_id=tx.id,
+            host_id=host_of(tx.host_id),
             kind=tx.kind,
             slot=tx.slot,
             state=state.state,
@@ -75,10 +85,12 @@ def on_transition(s: Session, state: TransactionState) -> None:
 def on_identity(s: Session, row: IdentityRow) -> None:
     """An identity was recorded: the latest of its (slot, role); an incumbent recorded for a
     committed transaction moves that transaction's serving interval to it."""
-    cur = s.get(IdentityCurrent, (row.slot, row.role))
+    host = host_of(row.host_id)
+    cur = s.get(IdentityCurrent, (host, row.slot, row.role))
     if cur is None:
         s.add(
             IdentityCurrent(
+                host_id=host,
                 slot=row.slot,
                 role=row.role,
                 identity_id=row.id,
@@ -97,7 +109,8 @@ def on_identity(s: Session, row: IdentityRow) -> None:
 
 def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
     """A claim makes its container the role's owner; a release leaves the role unowned."""
-    cur = s.get(GpuOwnerCurrent, row.role)
+    host = host_of(row.host_id)
+    cur = s.get(GpuOwnerCurrent, (host, row.role))
     if row.event != "claim":
         if cur is not None:
             s.delete(cur)
@@ -105,6 +118,7 @@ def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
     if cur is None:
         s.add(
             GpuOwnerCurrent(
+                host_id=host,
                 role=row.role,
                 event_id=row.id,
                 container_id=row.container_id,
@@ -120,7 +134,7 @@ def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
 
 
 def on_lock(s: Session, row: LockRow) -> None:
-    s.add(LockHeld(lock_id=row.id, host=row.host, since=row.since))
+    s.add(LockHeld(lock_id=row.id, host_id=host_of(row.host_id), host=row.host, since=row.since))
 
 
 def on_lock_release(s: Session, lock_id: str) -> None:
@@ -129,8 +143,8 @@ def on_lock_release(s: Session, lock_id: str) -> None:
         s.delete(held)
 
 
-def _neighbour(s: Session, slot: str, identity_id: int, *, after: bool) -> ServingInterval | None:
-    q = select(ServingInterval).where(ServingInterval.slot == slot)
+def _neighbour(s: Session, host: int, slot: str, identity_id: int, *, after: bool) -> ServingInterval | None:
+    q = select(ServingInterval).where(ServingInterval.host_id == host, ServingInterval.slot == slot)
     if after:
         q = q.where(ServingInterval.identity_id > identity_id).order_by(ServingInterval.identity_id)
     else:
@@ -150,19 +164,21 @@ def _place_interval(s: Session, tx_id: str) -> None:
     ).scalar()
     if ident is None:
         return
+    host = host_of(ident.host_id)
     for old in s.execute(select(ServingInterval).where(ServingInterval.tx_id == tx_id)).scalars().all():
-        before = _neighbour(s, old.slot, old.identity_id, after=False)
+        before = _neighbour(s, old.host_id, old.slot, old.identity_id, after=False)
         if before is not None:
             before.served_until = old.served_until
         s.delete(old)
         s.flush()
-    nxt = _neighbour(s, ident.slot, ident.id, after=True)
-    before = _neighbour(s, ident.slot, ident.id, after=False)
+    nxt = _neighbour(s, host, ident.slot, ident.id, after=True)
+    before = _neighbour(s, host, ident.slot, ident.id, after=False)
     if before is not None:
         before.served_until = ident.at
     s.add(
         ServingInterval(
             identity_id=ident.id,
+            host_id=host,
             slot=ident.slot,
             tx_id=tx_id,
             served_from=ident.at,
@@ -179,9 +195,10 @@ def tx_state(s: Session, tx_id: str) -> str | None:
     return s.execute(select(TxCurrent.state).where(TxCurrent.tx_id == tx_id)).scalar()
 
 
-def tx_rows_in(s: Session, states: frozenset[str]) -> list[TxCurrent]:
+def tx_rows_in(s: Session, states: frozenset[str], host: int | None = None) -> list[TxCurrent]:
     """Transactions whose current state is one of `states` (unresolved ones), oldest first,
-    from the partial index of unresolved transactions: a handful of rows at any size."""
+    from the partial index of unresolved transactions: a handful of rows at any size; only
+    host `host`'s where given."""
     if not states <= set(UNRESOLVED):
         raise ValueError(f"not unresolved states: {sorted(states - set(UNRESOLVED))}")
     q = (
@@ -189,14 +206,19 @@ def tx_rows_in(s: Session, states: frozenset[str]) -> list[TxCurrent]:
         .where(TxCurrent.unresolved == 1, TxCurrent.state.in_(sorted(states)))
         .order_by(TxCurrent.created_at)
     )
+    if host is not None:
+        q = q.where(TxCurrent.host_id == host)
     return list(s.execute(q).scalars())
 
 
 # -- derived from history alone ------------------------------------------------------------------
 
+# On a projection from before migration 0009 (which 0007 rebuilds) every marker is nothing;
+# from 0009 on, `{host:t}` is ", <t>'s host AS host_id", `{same:a,b}` "<a> and <b> are rows of
+# one host AND ", `{order:t}` "<t>'s host, " and `{raw:t}` ", <t>.host_id".
 _REBUILD: dict[str, str] = {
     "tx_current": """
-        SELECT t.id AS tx_id, t.kind, t.slot, l.state, l.reason, l.id AS state_id,
+        SELECT t.id AS tx_id{host:t}, t.kind, t.slot, l.state, l.reason, l.id AS state_id,
                CASE WHEN l.state IN :unresolved THEN 1 ELSE 0 END AS unresolved,
                t.owner_pid, t.owner_host, t.owner_boot_id, t.created_at, l.at AS updated_at
         FROM transactions t JOIN (
@@ -206,16 +228,17 @@ _REBUILD: dict[str, str] = {
         ORDER BY t.id
     """,
     "identity_current": """
-        SELECT i.slot, i.role, i.id AS identity_id, i.container_id, i.digest, i.at
+        SELECT i.slot, i.role{host:i}, i.id AS identity_id, i.container_id, i.digest, i.at
         FROM identities i
-        WHERE i.id = (SELECT max(j.id) FROM identities j WHERE j.slot = i.slot AND j.role = i.role)
-        ORDER BY i.slot, i.role
+        WHERE i.id = (SELECT max(j.id) FROM identities j
+                      WHERE {same:i,j}j.slot = i.slot AND j.role = i.role)
+        ORDER BY {order:i}i.slot, i.role
     """,
     "serving_intervals": """
-        SELECT c.id AS identity_id, c.slot, c.tx_id, c.at AS served_from,
-               LEAD(c.at) OVER (PARTITION BY c.slot ORDER BY c.id) AS served_until
+        SELECT c.id AS identity_id{host:c}, c.slot, c.tx_id, c.at AS served_from,
+               LEAD(c.at) OVER (PARTITION BY {order:c}c.slot ORDER BY c.id) AS served_until
         FROM (
-            SELECT i.id, i.slot, i.tx_id, i.at
+            SELECT i.id{raw:i}, i.slot, i.tx_id, i.at
             FROM identities i JOIN (
             SELECT s.tx_id, s.id, s.state, s.reason, s.at FROM transaction_states s
             WHERE s.id = (SELECT max(x.id) FROM transaction_states x WHERE x.tx_id = s.tx_id)
@@ -227,14 +250,14 @@ _REBUILD: dict[str, str] = {
         ORDER BY identity_id
     """,
     "gpu_owner_current": """
-        SELECT e.role, e.id AS event_id, e.container_id, e.tx_id, e.mode, e.slot, e.at AS since
+        SELECT e.role{host:e}, e.id AS event_id, e.container_id, e.tx_id, e.mode, e.slot, e.at AS since
         FROM gpu_ownership_events e
         WHERE e.event = 'claim'
-          AND e.id = (SELECT max(x.id) FROM gpu_ownership_events x WHERE x.role = e.role)
-        ORDER BY e.role
+          AND e.id = (SELECT max(x.id) FROM gpu_ownership_events x WHERE {same:e,x}x.role = e.role)
+        ORDER BY {order:e}e.role
     """,
     "lock_held": """
-        SELECT l.id AS lock_id, l.host, l.since FROM locks l
+        SELECT l.id AS lock_id{host:l}, l.host, l.since FROM locks l
         WHERE NOT EXISTS (SELECT 1 FROM lock_releases r WHERE r.lock_id = l.id)
         ORDER BY l.id
     """,
@@ -242,29 +265,55 @@ _REBUILD: dict[str, str] = {
 
 _MAINTAINED: dict[str, str] = {
     "tx_current": """
-        SELECT tx_id, kind, slot, state, reason, state_id, unresolved, owner_pid, owner_host,
+        SELECT tx_id{host}, kind, slot, state, reason, state_id, unresolved, owner_pid, owner_host,
                owner_boot_id, created_at, updated_at
         FROM tx_current ORDER BY tx_id
     """,
     "identity_current": """
-        SELECT slot, role, identity_id, container_id, digest, at FROM identity_current ORDER BY slot, role
+        SELECT slot, role{host}, identity_id, container_id, digest, at FROM identity_current
+        ORDER BY {order}slot, role
     """,
     "serving_intervals": """
-        SELECT identity_id, slot, tx_id, served_from, served_until FROM serving_intervals
+        SELECT identity_id{host}, slot, tx_id, served_from, served_until FROM serving_intervals
         ORDER BY identity_id
     """,
     "gpu_owner_current": """
-        SELECT role, event_id, container_id, tx_id, mode, slot, since FROM gpu_owner_current ORDER BY role
+        SELECT role{host}, event_id, container_id, tx_id, mode, slot, since FROM gpu_owner_current
+        ORDER BY {order}role
     """,
-    "lock_held": "SELECT lock_id, host, since FROM lock_held ORDER BY lock_id",
+    "lock_held": "SELECT lock_id{host}, host, since FROM lock_held ORDER BY lock_id",
 }
 """The stored rows, in `_REBUILD`'s columns and order."""
 
 
+def _keyed_by_host(s: Session) -> bool:
+    """Whether the projection has `host_id` (from migration 0009 on; 0007 rebuilds it without)."""
+    return "host_id" in {c["name"] for c in inspect(s.connection()).get_columns("tx_current")}
+
+
+def _sql(template: str, fleet: bool) -> str:
+    def host(m: re.Match[str]) -> str:
+        kind, args = m.group(1), (m.group(2) or "").split(",")
+        if not fleet:
+            return ""
+        if kind == "host":
+            return f", coalesce({args[0]}.host_id, {FIRST_HOST_ID}) AS host_id" if args[0] else ", host_id"
+        if kind == "raw":
+            return f", {args[0]}.host_id"
+        if kind == "same":
+            a, b = args
+            return f"coalesce({a}.host_id, {FIRST_HOST_ID}) = coalesce({b}.host_id, {FIRST_HOST_ID}) AND "
+        return f"coalesce({args[0]}.host_id, {FIRST_HOST_ID}), " if args[0] else "host_id, "
+
+    return re.sub(r"\{(host|same|order|raw)(?::([\w,]+))?\}", host, template)
+
+
 def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
     """Every projection table's rows as history says they are (full scans: not for commands)."""
+    fleet = _keyed_by_host(s)
     out: dict[str, list[dict[str, object]]] = {}
-    for name, sql in _REBUILD.items():
+    for name, template in _REBUILD.items():
+        sql = _sql(template, fleet)
         q = text(sql)
         if ":unresolved" in sql:
             q = q.bindparams(bindparam("unresolved", value=UNRESOLVED, expanding=True))
@@ -274,7 +323,11 @@ def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
 
 def maintained(s: Session) -> dict[str, list[dict[str, object]]]:
     """Every projection table's rows as they are stored, in `rebuild`'s order and columns."""
-    return {name: [dict(r._mapping) for r in s.execute(text(sql))] for name, sql in _MAINTAINED.items()}
+    fleet = _keyed_by_host(s)
+    return {
+        name: [dict(r._mapping) for r in s.execute(text(_sql(sql, fleet)))]
+        for name, sql in _MAINTAINED.items()
+    }
 
 
 def compare(s: Session) -> list[str]:
@@ -283,17 +336,19 @@ def compare(s: Session) -> list[str]:
     return [name for name in _REBUILD if want[name] != have[name]]
 
 
+MODELS = {
+    "tx_current": TxCurrent,
+    "identity_current": IdentityCurrent,
+    "serving_intervals": ServingInterval,
+    "gpu_owner_current": GpuOwnerCurrent,
+    "lock_held": LockHeld,
+}
+
+
 def write_rebuilt(s: Session) -> dict[str, int]:
-    """Replace the projection by a rebuild from history (migration 0007; a repair)."""
-    models = {
-        "tx_current": TxCurrent,
-        "identity_current": IdentityCurrent,
-        "serving_intervals": ServingInterval,
-        "gpu_owner_current": GpuOwnerCurrent,
-        "lock_held": LockHeld,
-    }
+    """Replace the projection by a rebuild from history (migrations 0007, 0009; a repair)."""
     rows = rebuild(s)
-    for name, model in models.items():
+    for name, model in MODELS.items():
         s.execute(delete(model))
         if rows[name]:
             s.execute(insert(model), rows[name])

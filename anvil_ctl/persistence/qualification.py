@@ -20,6 +20,7 @@ from sqlalchemy import select
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence.models import DecisionRow, EvidenceManifestRow, EvidenceRow
+from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store, utcnow
 
 # -- evidence ----------------------------------------------------------------------------------
@@ -248,6 +249,7 @@ def decisions(
         q = q.where(DecisionRow.identity_digest == identity_digest)
     if slot:
         q = q.where(DecisionRow.slot == slot)
+    q = q.where(on_host(DecisionRow.host_id, store.host))
     with store.read() as s:
         return [_decision_dict(r) for r in s.execute(q).scalars()]
 

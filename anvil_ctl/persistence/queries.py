@@ -17,6 +17,7 @@ from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.snapshot import changes_from_stored
 from anvil_ctl.persistence.models import (
+    Host,
     IdentityRow,
     SnapshotDiff,
     SnapshotRow,
@@ -24,15 +25,18 @@ from anvil_ctl.persistence.models import (
     Transaction,
     TransactionState,
 )
+from anvil_ctl.persistence.projection import host_of
+from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store
 
 # -- shapes ------------------------------------------------------------------------------------
 
 
 class TransactionSummary(TypedDict):
-    """A row of `v_transactions`: a transaction with its current state."""
+    """A row of `v_transactions`: a transaction with its current state, and its host."""
 
     tx_id: str
+    host: str | None
     kind: str
     slot: str | None
     state: str
@@ -43,7 +47,7 @@ class TransactionSummary(TypedDict):
 
 class OwnerRef(TypedDict):
     pid: int
-    host: str
+    host: str  # the owner's host name as the transaction recorded it
 
 
 class StateRecord(TypedDict):
@@ -82,6 +86,7 @@ class TransactionDetail(TypedDict):
     kind: str
     slot: str | None
     created_at: str
+    host: str | None  # the fleet host that ran it (None: no host registered yet)
     owner: OwnerRef
     args: JSONObject
     states: list[StateRecord]
@@ -105,6 +110,7 @@ class DiffRecord(TypedDict):
 class IdentityRecord(TypedDict):
     """A row of `v_identities`."""
 
+    host: str | None
     recorded_at: str
     slot: str
     role: str
@@ -143,6 +149,7 @@ class Revision(TypedDict):
 def _summary(m: RowMapping) -> TransactionSummary:
     return TransactionSummary(
         tx_id=m["tx_id"],
+        host=m["host"],
         kind=m["kind"],
         slot=m["slot"],
         state=m["state"],
@@ -159,10 +166,17 @@ def transactions(
     state: str | None = None,
     since: str | None = None,
     limit: int = 50,
+    host: int | None = None,
 ) -> list[TransactionSummary]:
-    """The newest `limit` transactions (with their current state), filtered by the given fields."""
-    sql = "SELECT tx_id, kind, slot, state, reason, created_at, updated_at FROM v_transactions WHERE 1=1"
+    """The newest `limit` transactions (with their current state), filtered by the given fields:
+    of host `host`, or of every host when None."""
+    sql = (
+        "SELECT tx_id, host, kind, slot, state, reason, created_at, updated_at FROM v_transactions WHERE 1=1"
+    )
     params: dict[str, str | int] = {"limit": limit}
+    if host is not None:
+        sql += " AND host_id = :host"
+        params["host"] = host
     if kind:
         sql += " AND kind = :kind"
         params["kind"] = kind
@@ -177,8 +191,8 @@ def transactions(
         return [_summary(m) for m in s.execute(text(sql), params).mappings()]
 
 
-def transaction_ids(store: Store, prefix: str) -> list[str]:
-    """IDs of the transactions whose ID starts with `prefix`."""
+def transaction_ids(store: Store, prefix: str, host: int | None = None) -> list[str]:
+    """IDs of the transactions whose ID starts with `prefix` (of host `host`, if given)."""
     # On SQLite a key range, not LIKE (which cannot use the BINARY primary-key index): U+FFFF
     # sorts after every character an ID holds. PostgreSQL's collations may not order IDs
     # byte-wise, so there it stays a prefix match.
@@ -186,6 +200,8 @@ def transaction_ids(store: Store, prefix: str) -> list[str]:
     with store.read() as s:
         if s.get_bind().dialect.name == "sqlite":
             q = select(Transaction.id).where(Transaction.id >= prefix, Transaction.id < prefix + "\uffff")
+        if host is not None:
+            q = q.where(on_host(Transaction.host_id, host))
         return [i for i in s.execute(q).scalars() if i.startswith(prefix)]
 
 
@@ -207,11 +223,13 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
         idents = s.execute(
             select(IdentityRow).where(IdentityRow.tx_id == t.id).order_by(IdentityRow.id)
         ).scalars()
+        host = s.get(Host, host_of(t.host_id))
         return {
             "tx_id": t.id,
             "kind": t.kind,
             "slot": t.slot,
             "created_at": t.created_at,
+            "host": host.name if host is not None else None,
             "owner": {"pid": t.owner_pid, "host": t.owner_host},
             "args": json.loads(t.args_json),
             "states": [
@@ -266,13 +284,19 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
         return out
 
 
-def identities(store: Store, *, slot: str | None = None, role: str = "incumbent") -> list[IdentityRecord]:
-    """Which container served (or was recorded for) each slot in `role`, and from when."""
+def identities(
+    store: Store, *, slot: str | None = None, role: str = "incumbent", host: int | None = None
+) -> list[IdentityRecord]:
+    """Which container served (or was recorded for) each slot in `role`, and from when (on
+    host `host`, or on every host when None)."""
     sql = (
-        "SELECT recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "
+        "SELECT host, recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "
         "FROM v_identities WHERE role = :role"
     )
-    params = {"role": role}
+    params: dict[str, str | int] = {"role": role}
+    if host is not None:
+        sql += " AND host_id = :host"
+        params["host"] = host
     if slot:
         sql += " AND slot = :slot"
         params["slot"] = slot
@@ -280,6 +304,7 @@ def identities(store: Store, *, slot: str | None = None, role: str = "incumbent"
     with store.read() as s:
         return [
             IdentityRecord(
+                host=r.host,
                 recorded_at=r.recorded_at,
                 slot=r.slot,
                 role=r.role,
@@ -297,7 +322,7 @@ REVISION_KINDS = ("adopt", "load", "promote", "rollback")
 """The transaction kinds that change what a slot serves: each one that ran is a revision."""
 
 
-def slot_history(store: Store, slot: str) -> list[Revision]:
+def slot_history(store: Store, slot: str, host: int) -> list[Revision]:
     """The slot's revisions, oldest first (helm history): every adopt, load, promote and
     rollback of the slot that ran (refusals never did), numbered from 1 in the order they
     began. A committed revision names the serve it left: the incumbent it recorded, else the
@@ -305,13 +330,13 @@ def slot_history(store: Store, slot: str) -> list[Revision]:
     sql = (
         "SELECT t.tx_id, t.kind, t.state, t.reason, t.created_at, t.updated_at, "
         "(SELECT MIN(s.id) FROM transaction_states s WHERE s.tx_id = t.tx_id) AS first_state "
-        "FROM v_transactions t WHERE t.slot = :slot "
+        "FROM v_transactions t WHERE t.slot = :slot AND t.host_id = :host "
         "AND t.kind IN ('adopt', 'load', 'promote', 'rollback') "  # REVISION_KINDS
         "AND EXISTS (SELECT 1 FROM transaction_states r WHERE r.tx_id = t.tx_id AND r.state = 'running') "
         "ORDER BY first_state"
     )
     with store.read() as s:
-        txs = s.execute(text(sql), {"slot": slot}).mappings().all()
+        txs = s.execute(text(sql), {"slot": slot, "host": host}).mappings().all()
         serves: dict[str, dict[str, ServeRef]] = {}
         if txs:
             rows = s.execute(

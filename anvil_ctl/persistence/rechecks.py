@@ -14,6 +14,7 @@ from sqlalchemy import select
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence.models import RecheckRow
+from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -55,7 +56,12 @@ def record_recheck(
 
 def rechecks(store: Store, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:
     """The newest `limit` runs, newest first, optionally of one slot."""
-    q = select(RecheckRow).order_by(RecheckRow.id.desc()).limit(limit)
+    q = (
+        select(RecheckRow)
+        .where(on_host(RecheckRow.host_id, store.host))
+        .order_by(RecheckRow.id.desc())
+        .limit(limit)
+    )
     if slot:
         q = q.where(RecheckRow.slot == slot)
     with store.read() as s:

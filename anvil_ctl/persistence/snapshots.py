@@ -20,6 +20,7 @@ from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
+from anvil_ctl.persistence.scope import on_host
 
 
 def record(s: Session, tx_id: str | None, label: str, snapshot: Snapshot, now: str) -> int:
@@ -51,7 +52,7 @@ def record_diff(
     )
 
 
-def served_snapshot(s: Session, target: Identity) -> tuple[str, JSONObject] | None:
+def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONObject] | None:
     """The SHA-256 and body of the newest recorded snapshot in which `target` served its slot
     as incumbent.
 
@@ -71,7 +72,7 @@ def served_snapshot(s: Session, target: Identity) -> tuple[str, JSONObject] | No
         q = (
             select(SnapshotRow.id, SnapshotRow.body_json, SnapshotRow.sha256)
             .join(Transaction, Transaction.id == SnapshotRow.tx_id)
-            .where(Transaction.slot == target.slot)
+            .where(Transaction.slot == target.slot, on_host(Transaction.host_id, host))
             .order_by(SnapshotRow.id.desc())
             .where(SnapshotRow.id < last)
             .limit(page)

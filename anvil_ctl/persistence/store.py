@@ -27,13 +27,13 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Engine, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Engine, event, select
+from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONObject
@@ -41,13 +41,13 @@ from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage, projection, snapshots
+from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
-    IdentityCurrent,
-    IdentityRow,
+    FIRST_HOST_ID,
+    HOST_TABLES,
     StepEventRow,
     Transaction,
     TransactionState,
@@ -61,15 +61,47 @@ def utcnow() -> str:
 
 
 class Store:
-    """Journal implementation; one instance per process, safe to share across threads."""
+    """Journal implementation; one instance per process, safe to share across threads.
 
-    def __init__(self, engine: Engine, *, head_path: Path | None = None) -> None:
+    `host_id` is this host's row in `hosts` (`persistence.hosts.attach` sets it): every
+    history row written through the Store carries it, and the reads that ask what is current
+    answer for this host. None (a library caller that registered no host) writes rows
+    without one, which are the first host's, and reads as the first host.
+    """
+
+    def __init__(self, engine: Engine, *, head_path: Path | None = None, host_id: int | None = None) -> None:
         self.engine = engine
         self.head_path = head_path
+        self.host_id = host_id
+        self.host_name: str | None = None
+        self.unregistered = False
+        """Attached to a host name the database does not know yet: reads find nothing of it,
+        and the first write registers it (`on_first_write`) before it writes."""
+        self.on_first_write: Callable[[], None] | None = None
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(reader(engine), expire_on_commit=False)
         self._batch = threading.local()  # the session of this thread's `together()`, if any
-        coverage.track(self._sessions)
+        self._track(self._sessions)
+
+    @property
+    def host(self) -> int:
+        """The host whose records this Store reads and writes (0, which no host is, while
+        this host is not registered yet)."""
+        if self.unregistered:
+            return 0
+        return FIRST_HOST_ID if self.host_id is None else self.host_id
+
+    def _track(self, sessions: sessionmaker[Session]) -> None:
+        coverage.track(sessions)
+        event.listen(sessions, "before_flush", self._stamp_host)
+
+    def _stamp_host(self, session: Session, _ctx: UOWTransaction, _instances: object) -> None:
+        """Every new history row names this host (before coverage digests it, after the flush)."""
+        if self.host_id is None:
+            return
+        for obj in session.new:
+            if obj.__table__.name in HOST_TABLES and getattr(obj, "host_id", None) is None:
+                obj.host_id = self.host_id
 
     @contextmanager
     def write(self, *, busy_ms: int | None = None) -> Iterator[Session]:
@@ -80,9 +112,13 @@ class Store:
         if shared is not None:  # inside `together()`: its transaction, committed at its end
             yield shared
             return
+        register, self.on_first_write = self.on_first_write, None
+        if register is not None:  # this host's first write: its registration commits first
+            register()
         advance_to: Head | None = None
         sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
         with translated(self.engine), sessions.begin() as session:
+            session.info[audit.HOST] = self.host_id
             yield session
             held: list[tuple[str, str | None, Mapping[str, object]]] | None = session.info.pop(BATCHED, None)
             if held:
@@ -133,7 +169,7 @@ class Store:
 
     def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
         sessions = sessionmaker(self.engine.execution_options(**{BUSY_MS: busy_ms}), expire_on_commit=False)
-        coverage.track(sessions)
+        self._track(sessions)
         return sessions
 
     @contextmanager
@@ -319,7 +355,7 @@ class Store:
         query on the projection, then each one's own row (there are few)."""
         with self.read() as s:
             out = []
-            for cur in projection.tx_rows_in(s, frozenset(st.value for st in states)):
+            for cur in projection.tx_rows_in(s, frozenset(st.value for st in states), self.host):
                 tx = s.get(Transaction, cur.tx_id)
                 if tx is None:
                     raise StateStoreError(f"transaction {cur.tx_id} not found", tx_id=cur.tx_id)
@@ -337,58 +373,30 @@ class Store:
 
     def record_identity(self, tx_id: str | None, role: str, identity: Identity) -> int:
         with self.write() as s:
-            row = IdentityRow(
-                tx_id=tx_id,
-                slot=identity.slot,
-                role=role,
-                digest=identity.digest,
-                container_id=identity.container_id,
-                image_id=identity.image_id,
-                served_model=identity.served_model,
-                body_json=canonical_json(identity.as_dict()),
-                at=utcnow(),
-            )
-            s.add(row)
-            s.flush()
-            projection.on_identity(s, row)
+            row = identities.record(s, tx_id, role, identity, utcnow())
             self.audit(
                 s,
                 f"identity.{role}",
                 tx_id,
-                {
-                    "slot": identity.slot,
-                    "digest": identity.digest,
-                    "container_id": identity.container_id,
-                },
+                {"slot": identity.slot, "digest": identity.digest, "container_id": identity.container_id},
             )
-            return row.id
+            return row
 
     def current_identity(self, slot: str, role: str) -> Identity | None:
         with self.read() as s:
-            row = s.execute(
-                select(IdentityRow.body_json)
-                .join(IdentityCurrent, IdentityCurrent.identity_id == IdentityRow.id)
-                .where(IdentityCurrent.slot == slot, IdentityCurrent.role == role)
-            ).scalar()
-            return Identity.from_dict(json.loads(row)) if row else None
+            return identities.current(s, self.host, slot, role)
 
     def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
         """The newest identity recorded for `slot` (in any role) whose container ID or digest
         starts with `ref`, or whose served model is `ref`."""
         with self.read() as s:
-            rows = s.execute(
-                select(IdentityRow).where(IdentityRow.slot == slot).order_by(IdentityRow.id.desc())
-            ).scalars()
-            for r in rows:
-                if r.container_id.startswith(ref) or r.digest.startswith(ref) or r.served_model == ref:
-                    return Identity.from_dict(json.loads(r.body_json))
-        return None
+            return identities.by_ref(s, self.host, slot, ref)
 
     def served_snapshot(self, target: Identity) -> tuple[str, JSONObject] | None:
         """SHA-256 and body of the newest recorded snapshot in which `target` served its slot as
         incumbent (`snapshots.served_snapshot` says what serving means)."""
         with self.read() as s:
-            return snapshots.served_snapshot(s, target)
+            return snapshots.served_snapshot(s, target, self.host)
 
     def snapshot_body(self, sha256: str) -> JSONObject | None:
         """A recorded snapshot's body by its SHA-256, None if the record holds no such body."""

@@ -52,11 +52,12 @@ from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
 from anvil_ctl.persistence.coverage import COVERED, RowKey, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.head import HeadFileError, read_head
-from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
+from anvil_ctl.persistence.models import FIRST_HOST_ID, AuditCheckpoint, AuditEntry
 from anvil_ctl.persistence.store import Store, utcnow
 from anvil_ctl.persistence.verify_report import (  # re-exported: the report is verify's answer
     CheckpointRecord,
     HeadFileCheck,
+    HostEntries,
     Report,
     ReportRecord,
 )
@@ -332,3 +333,23 @@ def _record_checkpoint(store: Store, report: Report) -> CheckpointRecord:
         )
         s.flush()
         return _checkpoint_dict(row)
+
+
+def host_counts(store: Store, host: int | None) -> list[HostEntries]:
+    """Per host (`host`, or every registered host when None): its name and how many journal
+    entries it wrote (the first host's include those written before hosts existed); the
+    report's `hosts`. The chain itself is one for the whole fleet."""
+    sql = (
+        "SELECT h.id, h.name, (SELECT count(*) FROM audit_journal a "
+        "WHERE a.host_id = h.id OR (h.id = :first AND a.host_id IS NULL)) AS entries FROM hosts h"
+    )
+    params: dict[str, int] = {"first": FIRST_HOST_ID}
+    if host is not None:
+        sql += " WHERE h.id = :host"
+        params["host"] = host
+    sql += " ORDER BY h.id"
+    with store.read() as s:
+        return [
+            {"host": str(r.name), "host_id": int(r.id), "entries": int(r.entries)}
+            for r in s.execute(text(sql), params)
+        ]

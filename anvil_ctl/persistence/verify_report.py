@@ -7,7 +7,7 @@ audit verify --json` prints, its shape spelled out by `ReportRecord`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from anvil_ctl.persistence import audit
 from anvil_ctl.persistence.audit import Head
@@ -49,6 +49,13 @@ class ReportRecord(TypedDict):
     checkpoint_error: str | None
     problems: list[ProblemRecord]
     projection_differs: list[str]
+    hosts: NotRequired[list[HostEntries]]  # `audit verify` adds the hosts it was asked about
+
+
+class HostEntries(TypedDict):
+    host: str
+    host_id: int
+    entries: int
 
 
 @dataclass

@@ -17,6 +17,7 @@ from anvil_ctl.core.model import canonical_json
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.core.waivers import Waiver
 from anvil_ctl.persistence.models import WaiverRevocation, WaiverRow
+from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -73,7 +74,11 @@ def waivers(store: Store) -> list[Waiver]:
             r.waiver_id: datetime.fromisoformat(r.at.replace("Z", "+00:00"))
             for r in s.execute(select(WaiverRevocation)).scalars()
         }
-        rows = list(s.execute(select(WaiverRow).order_by(WaiverRow.created_at)).scalars())
+        rows = list(
+            s.execute(
+                select(WaiverRow).where(on_host(WaiverRow.host_id, store.host)).order_by(WaiverRow.created_at)
+            ).scalars()
+        )
     return [
         Waiver(
             id=r.id,

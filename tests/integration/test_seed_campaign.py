@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +349,22 @@ class TestSeedCampaign:
             assert kind in kinds
         states = {t["state"] for t in j(camp.anvilctl("--json", "audit", "transactions", "--limit", "100"))}
         assert "refused" in states
+
+    def test_12b_db_copy_carries_the_campaign_into_postgresql_where_it_verifies(
+        self, camp: Campaign, pg_database: Callable[..., str]
+    ) -> None:
+        """Issue 15 point 6: the campaign's SQLite history copied into an empty PostgreSQL
+        database (migrated by the copy), verified there in full; a second copy is refused."""
+        url = pg_database(migrated=False)
+        source = j(camp.anvilctl("--json", "audit", "transactions", "--limit", "1000"))
+        out = j(camp.anvilctl("--json", "db", "copy", "--to", url))
+        assert out["target_verified"]["ok"] is True and out["rows"]["transactions"] == len(source)
+        on_target = {**camp.env, "ANVIL_STATE_DB": url}
+        verify = camp.anvilctl("--json", "audit", "verify", "--full", "--all-hosts", env=on_target)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        copied = j(camp.anvilctl("--json", "audit", "transactions", "--limit", "1000", env=on_target))
+        assert sorted(t["tx_id"] for t in copied) == sorted(t["tx_id"] for t in source)
+        assert camp.anvilctl("db", "copy", "--to", url).returncode == 9
 
     def test_13_no_token_appears_in_the_database_logs_snapshots_or_evidence(self, camp: Campaign) -> None:
         tokens = [camp.admin_token.encode(), camp.client_token.encode()]

@@ -69,6 +69,8 @@ class FakeHost:
         }
         if self.settings.state_db is not None:
             env["ANVIL_STATE_DB"] = self.settings.state_db
+        if self.settings.machine_id_file != Path("/etc/machine-id"):
+            env["ANVIL_MACHINE_ID_FILE"] = str(self.settings.machine_id_file)
         return env
 
     @property
@@ -120,15 +122,23 @@ class FakeHost:
         )
 
 
-def make_fake_host(root: Path, *, state_db: str | None = None) -> FakeHost:
+def make_fake_host(
+    root: Path, *, state_db: str | None = None, host: str = "testhost", machine_id: str | None = None
+) -> FakeHost:
     """A fake host under `root`; its state database is SQLite in `root/state`, or `state_db`
-    (a database at the schema's head, e.g. from the `pg_database` fixture)."""
+    (a database at the schema's head, e.g. from the `pg_database` fixture, or another fake
+    host's). `host` names it in anvil.toml; `machine_id` (default: this machine's) is written
+    to `root/machine-id` for it, so that two fake hosts of one fleet are two machines."""
     state = root / "state"
     state.mkdir(parents=True, exist_ok=True)
     cfg = root / "anvil.toml"
-    cfg.write_text(HOST_TOML)
+    cfg.write_text(HOST_TOML.replace('host = "testhost"', f'host = "{host}"', 1))
+    extra: dict[str, Path] = {}
+    if machine_id is not None:
+        (root / "machine-id").write_text(machine_id + "\n")
+        extra["machine_id_file"] = root / "machine-id"
     settings = Settings(  # type: ignore[call-arg]
-        state_dir=state, state_db=state_db, config=cfg, backend="fake", _env_file=None
+        state_dir=state, state_db=state_db, config=cfg, backend="fake", _env_file=None, **extra
     )
     ctx = Context(settings=settings, env={})
     upgrade(ctx.create_database())

@@ -207,9 +207,10 @@ class TestUpgradeTo0005:
             cwd=REPO,
         )
         # The waiver was covered by 0005 before 0008 added `gates_json`: NULL there, so its
-        # digest is the one its cover entry recorded.
+        # digest is the one its cover entry recorded. The sixth row: this first use registered
+        # its host (migration 0009's `hosts`).
         assert verified.returncode == 0, verified.stdout
-        assert json.loads(verified.stdout)["rows_checked"] == 5
+        assert json.loads(verified.stdout)["rows_checked"] == 6
 
     def test_an_old_row_edited_after_the_upgrade_is_named(self, tmp_path: Path) -> None:
         self._old_database(tmp_path / "anvil.db")
@@ -274,4 +275,5 @@ class TestInit:
         assert r.returncode == 0, r.stderr
         stale = Path(json.loads(r.stdout)["stale_head_file"])
         assert json.loads(stale.read_text())["seq"] == 500
-        assert not (tmp_path / "anvil.db.head").exists()  # an empty chain has no head to pin
+        # the new chain's one entry: init registered this host (it pins no stale head)
+        assert json.loads((tmp_path / "anvil.db.head").read_text())["seq"] == 1

@@ -36,11 +36,12 @@ from anvil_ctl.commands import transactions
 from anvil_ctl.core.model import ShmMark, canonical_json
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.waivers import Waiver
-from anvil_ctl.persistence import approvals, qualification, rechecks, shm_ledger, waivers
+from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, shm_ledger, waivers
 from anvil_ctl.persistence.audit import GENESIS, entry_hash
 from anvil_ctl.persistence.coltypes import unpack
 from anvil_ctl.persistence.coverage import COVERED, UncoveredRows, row_digest
 from anvil_ctl.persistence.models import HISTORY_TABLES, RecheckRow
+from anvil_ctl.persistence.store import Store
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
 
 T0 = datetime(2026, 9, 2, 12, 0, tzinfo=UTC)
@@ -121,6 +122,10 @@ def populate(host: FakeHost) -> None:
             store, slot="primary", passed=True, failed=[], assertions=[], snapshot_sha256="s" * 64
         )
         assert audit_cmd.verify(ctx)["ok"]
+    # a second host of the fleet registered in the same database (the first is this one)
+    second = Store(store.engine, head_path=store.head_path)
+    hosts.attach(second, "second-host", machine_id="f" * 32, boot_id="b")
+    hosts.register(second)
     recheck_cmd.recheck(ctx, "primary")  # an entry after the last checkpoint
 
 
@@ -228,7 +233,7 @@ class Attacker:
         values = dict(row)
         pk = self.pk(table)
         if isinstance(values[pk], int):
-            values.pop(pk)
+            values[pk] += 1000  # a new key (`hosts.id` is a SMALLINT: SQLite does not choose one)
         else:
             values[pk] = f"forged-{table}"[:36]
         for c in t.columns:

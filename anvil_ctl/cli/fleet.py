@@ -1,0 +1,29 @@
+"""`anvilctl fleet status`: every host sharing the state database (a PostgreSQL fleet)."""
+
+from __future__ import annotations
+
+import click
+
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.views import Record
+
+
+@click.command("status", epilog=example("anvilctl fleet status --json"))
+@pass_session
+def fleet_status(session: Session) -> Reply:
+    """Every host of the fleet: its slots and incumbents, last recheck, open transactions.
+
+    Read from the state database the hosts share (registered by each host's first
+    command); `this_host` marks the one this command runs as.
+    """
+    from anvil_ctl.commands import fleet
+
+    return Reply(Record({"hosts": fleet.status(session.context())}))
+
+
+fleet = click.Group(
+    "fleet",
+    commands=[fleet_status],
+    help="The hosts that share this state database.",
+    epilog=example("anvilctl fleet status"),
+)

@@ -1,0 +1,223 @@
+"""`anvilctl db copy --to URL`: one host's whole history into another state database.
+
+The use: a host that kept its record in SQLite joins a fleet's PostgreSQL database. What
+is copied is every history row of this host (each table the chain covers, `hosts` row
+included, and the snapshot bodies its snapshots name), in one database transaction on
+the target, which is migrated to the head first.
+
+Integer row keys collide with the rows other hosts already wrote there, so rows get new
+keys on the target (string keys, transaction IDs among them, are kept), and every row
+names the host's new id there. The chain's entries list `[table, key, digest]`, so the
+source's entries cannot be carried over as they are: the copy re-chains, honestly. The
+source's chain is verified first (in full: nothing is copied from a record that does not
+verify), and then each of the host's source entries becomes one target entry with the
+same time, transaction, event and payload, plus `copied: {seq, hash}` naming the source
+entry it stands for, covering the same rows under their target keys and digests. A last
+entry, `db.copied`, names the source database (password masked), its verified head and
+the rows copied per table. The target's chain is then verified in full.
+
+Not copied: `audit_checkpoints` (they pin positions of the source's chain, which the
+target's does not have; the count is reported) and the projection, which is rebuilt on
+the target for this host from the copied history. A target that already knows this
+host's name is refused (`TargetHoldsHost`, exit 9) before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, Table, func, insert, select, text
+from sqlalchemy.orm import Session
+
+from anvil_ctl.core.errors import TargetHoldsHost
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.persistence import audit, projection
+from anvil_ctl.persistence.coverage import COVERED, RowKey, key_of, row_digest
+from anvil_ctl.persistence.db import translated, where
+from anvil_ctl.persistence.models import FIRST_HOST_ID, AuditEntry, Base, Host
+from anvil_ctl.persistence.scope import on_host
+from anvil_ctl.persistence.store import Store, utcnow
+
+NOT_COPIED = ("audit_checkpoints",)
+"""History that names positions of the source's own chain (see the module doc)."""
+
+ORDER = (
+    "transactions",
+    "transaction_states",
+    "step_events",
+    "snapshot_blobs",
+    "snapshots",
+    "snapshot_diffs",
+    "identities",
+    "locks",
+    "lock_releases",
+    "gpu_ownership_events",
+    "evidence",
+    "decisions",
+    "waivers",
+    "waiver_revocations",
+    "approvals",
+    "rechecks",
+    "shm_marks",
+    "evidence_manifests",
+)
+"""Parents before the rows that refer to them (`hosts` goes first, on its own)."""
+
+_TIME = {"transactions": "created_at", "decisions": "at", "waivers": "created_at", "locks": "since"}
+"""Tables keyed by text: copied in time order (a reclassification after the decision it names)."""
+
+
+@dataclass
+class CopyResult:
+    host: str
+    source: str
+    target: str
+    source_head: str
+    target_head: str = ""
+    rows: dict[str, int] = field(default_factory=dict)
+    entries: int = 0
+    not_copied: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "host": self.host,
+            "source": self.source,
+            "target": self.target,
+            "source_head": self.source_head,
+            "target_head": self.target_head,
+            "rows": dict(self.rows),
+            "entries": self.entries,
+            "not_copied": dict(self.not_copied),
+        }
+
+
+def _table(name: str) -> Table:
+    return Base.metadata.tables[name]
+
+
+def _source_rows(s: Session, name: str, host: int) -> list[dict[str, object]]:
+    t = _table(name)
+    if name == "snapshot_blobs":  # shared by content: those this host's snapshots name
+        named = select(_table("snapshots").c.sha256).where(on_host(_table("snapshots").c.host_id, host))
+        q = select(t).where(t.c.sha256.in_(named)).order_by(t.c.sha256)
+    else:
+        (pk,) = t.primary_key.columns
+        q = select(t).where(on_host(t.c.host_id, host)).order_by(t.c[_TIME.get(name, pk.name)], pk)
+    return [dict(r) for r in s.execute(q).mappings()]
+
+
+def copy_host(source: Store, target_engine: Engine) -> CopyResult:
+    """Copy `source`'s host (its `host_id`/`host_name`) into `target_engine`, migrated to head
+    (see the module doc). The source's chain must verify in full (checked by the caller)."""
+    host_name = source.host_name or ""
+    result = CopyResult(
+        host=host_name,
+        source=where(source.engine),
+        target=where(target_engine),
+        source_head=str(source.head()),
+    )
+    with source.read() as src:
+        host_row = src.execute(select(Host).where(Host.id == source.host)).scalar_one()
+        machine_id, boot_id, registered_at = host_row.machine_id, host_row.boot_id, host_row.registered_at
+        rows = {name: _source_rows(src, name, source.host) for name in ORDER}
+        entries = list(
+            src.execute(
+                select(AuditEntry).where(on_host(AuditEntry.host_id, source.host)).order_by(AuditEntry.id)
+            ).scalars()
+        )
+        for name in NOT_COPIED:
+            t = _table(name)
+            result.not_copied[name] = int(
+                src.execute(
+                    select(func.count()).select_from(t).where(on_host(t.c.host_id, source.host))
+                ).scalar_one()
+            )
+    with translated(target_engine), Session(bind=target_engine) as s, s.begin():
+        if target_engine.dialect.name == "postgresql":  # the chain's lock, for the whole copy
+            s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": audit.AUDIT_LOCK_KEY})
+        if s.execute(select(Host.id).where(Host.name == host_name)).scalar() is not None:
+            raise TargetHoldsHost(
+                f"target {result.target} already holds host {host_name!r}: nothing was copied "
+                "(a host's history is copied once, into a database that does not know it yet)",
+                host=host_name,
+                target=result.target,
+            )
+        last = s.execute(select(func.max(Host.id))).scalar()
+        new_host = FIRST_HOST_ID if last is None else last + 1
+        moved: dict[tuple[str, RowKey], tuple[RowKey, str]] = {}
+        hosts = _table("hosts")
+        host_values: dict[str, object] = {
+            "id": new_host,
+            "name": host_name,
+            "machine_id": machine_id,
+            "boot_id": boot_id,
+            "registered_at": registered_at,
+        }
+        s.execute(insert(hosts).values(host_values))
+        moved[("hosts", source.host)] = (new_host, row_digest(hosts, host_values))
+        result.rows["hosts"] = 1
+        result.rows.update(_insert_rows(s, rows, new_host, moved))
+        s.info[audit.HOST] = new_host
+        for e in entries:
+            refs = [(t, *moved[(t, k)]) for t, k, _d in json.loads(e.rows_json) if (t, k) in moved]
+            payload = {**json.loads(e.payload_json), "copied": {"seq": e.id, "hash": e.hash}}
+            audit.append(s, at=e.at, tx_id=e.tx_id, event=e.event, payload=payload, rows=refs)
+            result.entries += 1
+        audit.append(
+            s,
+            at=utcnow(),
+            tx_id=None,
+            event="db.copied",
+            payload={
+                "host": host_name,
+                "source": result.source,
+                "source_head": result.source_head,
+                "rows": dict(result.rows),
+                "not_copied": dict(result.not_copied),
+            },
+        )
+        built = projection.rebuild(s)
+        for name, model in projection.MODELS.items():
+            mine = [r for r in built[name] if r.get("host_id") == new_host]
+            if mine:
+                s.execute(insert(model), mine)
+    return result
+
+
+def _insert_rows(
+    s: Session,
+    rows: dict[str, list[dict[str, object]]],
+    new_host: int,
+    moved: dict[tuple[str, RowKey], tuple[RowKey, str]],
+) -> dict[str, int]:
+    """Insert the source's rows under the new host; `moved`: (table, source key) -> (target
+    key, target digest). Returns rows inserted per table."""
+    counts: dict[str, int] = {}
+    for name in ORDER:
+        t = _table(name)
+        copied = 0
+        for values in rows[name]:
+            key = key_of(t, values)
+            if name == "snapshot_blobs":
+                if s.execute(select(t.c.sha256).where(t.c.sha256 == key)).scalar() is None:
+                    s.execute(insert(t).values(values))
+                    copied += 1
+                moved[(name, key)] = (key, row_digest(t, values))
+                continue
+            new = dict(values, host_id=new_host)
+            if isinstance(key, int):
+                (pk,) = t.primary_key.columns
+                new.pop(pk.name)
+                new[pk.name] = s.execute(insert(t).values(new).returning(pk)).scalar_one()
+            else:
+                s.execute(insert(t).values(new))
+            moved[(name, key)] = (key_of(t, new), row_digest(t, new))
+            copied += 1
+        counts[name] = copied
+    return counts
+
+
+def covered_tables() -> list[str]:
+    """Every history table the copy carries (the chain's, less `NOT_COPIED`)."""
+    return ["hosts", *(t for t in ORDER if t in COVERED)]

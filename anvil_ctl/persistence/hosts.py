@@ -1,0 +1,116 @@
+"""The fleet's hosts: each host name registered once, bound to the machine that claimed it.
+
+A host is named in `anvil.toml` (`[host] name`) and identified by its machine id
+(`/etc/machine-id`). The first command that opens a database for a host name registers
+it (`hosts` row + audit entry `host.registered`); every later one checks that the machine
+is the one recorded, so two machines cannot silently write as one host (`HostClaimed`,
+exit 8, naming both). The first host registered in a database gets `FIRST_HOST_ID`: the
+rows written before migration 0009 (no host) are its.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from sqlalchemy import func, select, text
+
+from anvil_ctl.core.errors import HostClaimed
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.persistence import audit
+from anvil_ctl.persistence.models import FIRST_HOST_ID, Host
+from anvil_ctl.persistence.store import Store, utcnow
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    id: int
+    name: str
+    machine_id: str
+    boot_id: str
+    registered_at: str
+
+    def as_dict(self) -> JSONObject:
+        return dict(asdict(self))
+
+
+def _record(row: Host) -> HostRecord:
+    return HostRecord(row.id, row.name, row.machine_id, row.boot_id, row.registered_at)
+
+
+def all_hosts(store: Store) -> list[HostRecord]:
+    """Every registered host, in registration order."""
+    with store.read() as s:
+        return [_record(r) for r in s.execute(select(Host).order_by(Host.id)).scalars()]
+
+
+def by_name(store: Store, name: str) -> HostRecord | None:
+    with store.read() as s:
+        row = s.execute(select(Host).where(Host.name == name)).scalar()
+        return _record(row) if row is not None else None
+
+
+def _refuse(name: str, recorded: HostRecord, machine_id: str) -> HostClaimed:
+    return HostClaimed(
+        f"host {name!r} is recorded for machine {recorded.machine_id} (registered "
+        f"{recorded.registered_at}), but this machine is {machine_id}: two machines cannot be one "
+        "host; give this one its own name in anvil.toml ([host] name)",
+        host=name,
+        recorded_machine_id=recorded.machine_id,
+        machine_id=machine_id,
+    )
+
+
+def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> HostRecord | None:
+    """This process's host, checked against the machine recorded for its name (`HostClaimed`
+    when another machine holds it). A name the database does not know yet is registered by
+    this host's first write (`register` now, for `init`): a read-only command writes nothing.
+    Sets `store.host_id` and `store.host_name`; returns the record, None while unregistered."""
+    found = by_name(store, name)
+    store.host_name = name
+    if found is None:
+        store.unregistered = True
+        store.on_first_write = lambda: _settle(store, name, machine_id=machine_id, boot_id=boot_id)
+        return None
+    _settle_found(store, found, machine_id)
+    return found
+
+
+def register(store: Store) -> None:
+    """Register the attached host now if it is not yet (`init`)."""
+    pending, store.on_first_write = store.on_first_write, None
+    if pending is not None:
+        pending()
+
+
+def _settle(store: Store, name: str, *, machine_id: str, boot_id: str) -> None:
+    _settle_found(store, _register(store, name, machine_id=machine_id, boot_id=boot_id), machine_id)
+
+
+def _settle_found(store: Store, found: HostRecord, machine_id: str) -> None:
+    if found.machine_id != machine_id:
+        raise _refuse(found.name, found, machine_id)
+    store.host_id, store.host_name, store.unregistered = found.id, found.name, False
+
+
+def _register(store: Store, name: str, *, machine_id: str, boot_id: str) -> HostRecord:
+    with store.write() as s:
+        if s.get_bind().dialect.name == "postgresql":
+            # the chain's lock: registrations (and every append) one at a time, so two new
+            # hosts never take the same id
+            s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": audit.AUDIT_LOCK_KEY})
+        row = s.execute(select(Host).where(Host.name == name)).scalar()
+        if row is not None:  # registered since we looked
+            return _record(row)
+        last = s.execute(select(func.max(Host.id))).scalar()
+        row = Host(
+            id=FIRST_HOST_ID if last is None else last + 1,
+            name=name,
+            machine_id=machine_id,
+            boot_id=boot_id,
+            registered_at=utcnow(),
+        )
+        s.add(row)
+        s.flush()
+        s.info[audit.HOST] = row.id
+        store.audit(s, "host.registered", None, {"host": name, "machine_id": machine_id})
+        return _record(row)
