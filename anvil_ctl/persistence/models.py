@@ -16,7 +16,8 @@ from typing import Literal
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from anvil_ctl.persistence.coltypes import PackedJSON
+from anvil_ctl.persistence.coltypes import HexDigest, PackedJSON
+from anvil_ctl.persistence.rowrefs import PackedRows
 
 GpuMode = Literal["exclusive", "split"]
 """How a serve owns its GPU roles (`anvil_ctl.gpu.ownership.Mode`; only these are written)."""
@@ -145,9 +146,14 @@ class LockRelease(Base):
 
 
 class AuditEntry(Base):
-    """Hash-chained journal: hash = SHA-256(prev_hash | canonical entry); see persistence.audit.
+    """Hash-chained journal: hash = SHA-256(previous entry's hash | canonical entry); see
+    persistence.audit.
 
     `rows_json` lists the history rows this entry covers, each as [table, key, digest].
+    `prev_hash` holds the previous entry's whole hash in entries written before migration
+    0010, and its first `audit.LINK_TAG` hex digits after it (the hash itself still
+    chains the whole one); on SQLite `hash` is stored as 32 bytes and `rows_json` packed
+    (`rowrefs`) in those entries.
     """
 
     __tablename__ = "audit_journal"
@@ -158,8 +164,8 @@ class AuditEntry(Base):
     event: Mapped[str] = mapped_column(String(64))
     payload_json: Mapped[str] = mapped_column(Text)
     prev_hash: Mapped[str] = mapped_column(String(64))
-    hash: Mapped[str] = mapped_column(String(64), unique=True)
-    rows_json: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    hash: Mapped[str] = mapped_column(HexDigest(64), unique=True)
+    rows_json: Mapped[str] = mapped_column(PackedRows, default="[]", server_default="[]")
 
 
 class GpuOwnershipEvent(Base):
