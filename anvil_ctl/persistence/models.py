@@ -105,7 +105,11 @@ class SnapshotDiff(Base):
 
 
 class IdentityRow(Base):
-    """A serve's identity as observed at one moment; the latest row per (slot, role) is current."""
+    """A serve's identity as observed at one moment; the latest row per (slot, role) is current.
+
+    From migration 0010 on `body_json` is empty: the body is the `identity_bodies` row keyed
+    by `digest` (the SHA-256 of the body); older rows hold it themselves.
+    """
 
     __tablename__ = "identities"
     __table_args__ = (Index("ix_identities_slot_role_id", "slot", "role", "id"),)
@@ -118,6 +122,17 @@ class IdentityRow(Base):
     container_id: Mapped[str] = mapped_column(String(64), index=True)
     image_id: Mapped[str] = mapped_column(String(80))
     served_model: Mapped[str] = mapped_column(String(255))
+    body_json: Mapped[str] = mapped_column(Text)
+    at: Mapped[str] = mapped_column(String(32))
+
+
+class IdentityBody(Base):
+    """An identity's canonical body, stored once per distinct content (keyed by its SHA-256,
+    the identity's `digest`). History: append-only and covered by the chain."""
+
+    __tablename__ = "identity_bodies"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
 
@@ -153,18 +168,19 @@ class AuditEntry(Base):
     `prev_hash` holds the previous entry's whole hash in entries written before migration
     0010, and its first `audit.LINK_TAG` hex digits after it (the hash itself still
     chains the whole one); on SQLite `hash` is stored as 32 bytes and `rows_json` packed
-    (`rowrefs`) in those entries.
+    (`rowrefs`) in those entries. No index but the id's: nothing looks an entry up by its
+    transaction or hash (0010 dropped both; an edited copy of a hash is caught by the walk).
     """
 
     __tablename__ = "audit_journal"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     at: Mapped[str] = mapped_column(String(32))
-    tx_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    tx_id: Mapped[str | None] = mapped_column(String(36))
     event: Mapped[str] = mapped_column(String(64))
     payload_json: Mapped[str] = mapped_column(Text)
     prev_hash: Mapped[str] = mapped_column(String(64))
-    hash: Mapped[str] = mapped_column(HexDigest(64), unique=True)
+    hash: Mapped[str] = mapped_column(HexDigest(64))
     rows_json: Mapped[str] = mapped_column(PackedRows, default="[]", server_default="[]")
 
 
@@ -364,6 +380,8 @@ APPEND_ONLY_TABLES_0005 = ("evidence_manifests", "audit_checkpoints")
 
 APPEND_ONLY_TABLES_0007 = ("snapshot_blobs",)
 
+APPEND_ONLY_TABLES_0010 = ("identity_bodies",)
+
 # Every table whose rows are history: append-only, and each row covered by the audit chain.
 # The journal itself is append-only too, but it is the chain, not a row it covers.
 HISTORY_TABLES: tuple[str, ...] = tuple(
@@ -374,6 +392,7 @@ HISTORY_TABLES: tuple[str, ...] = tuple(
         *APPEND_ONLY_TABLES_0004,
         *APPEND_ONLY_TABLES_0005,
         *APPEND_ONLY_TABLES_0007,
+        *APPEND_ONLY_TABLES_0010,
     )
     if t != AuditEntry.__tablename__
 )

@@ -19,7 +19,8 @@ transaction keeps up to date; history is never scanned for its latest row.
 Records are lean: a transaction's arguments, a state's data and a step's detail
 live in their own (covered) rows only, not again in the audit entry's payload; a
 snapshot's body is stored once per distinct content (`snapshot_blobs`, keyed by its
-SHA-256) and each `snapshots` row refers to it, so an unchanged host costs a key.
+SHA-256) and each `snapshots` row refers to it, so an unchanged host costs a key; an
+identity's body likewise (`identities`, `identity_bodies`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage, projection, snapshots
+from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
@@ -336,19 +337,7 @@ class Store:
 
     def record_identity(self, tx_id: str | None, role: str, identity: Identity) -> int:
         with self.write() as s:
-            row = IdentityRow(
-                tx_id=tx_id,
-                slot=identity.slot,
-                role=role,
-                digest=identity.digest,
-                container_id=identity.container_id,
-                image_id=identity.image_id,
-                served_model=identity.served_model,
-                body_json=canonical_json(identity.as_dict()),
-                at=utcnow(),
-            )
-            s.add(row)
-            s.flush()
+            row = identities.record(s, tx_id, role, identity, utcnow())
             projection.on_identity(s, row)
             self.audit(s, f"identity.{role}", tx_id, {})  # the covered identity row holds it all
             return row.id
@@ -356,11 +345,13 @@ class Store:
     def current_identity(self, slot: str, role: str) -> Identity | None:
         with self.read() as s:
             row = s.execute(
-                select(IdentityRow.body_json)
+                select(IdentityRow.body_json, IdentityRow.digest)
                 .join(IdentityCurrent, IdentityCurrent.identity_id == IdentityRow.id)
                 .where(IdentityCurrent.slot == slot, IdentityCurrent.role == role)
-            ).scalar()
-            return Identity.from_dict(json.loads(row)) if row else None
+            ).first()
+            if row is None:
+                return None
+            return Identity.from_dict(json.loads(identities.body(s, row.body_json, row.digest)))
 
     def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
         """The newest identity recorded for `slot` (in any role) whose container ID or digest
@@ -371,7 +362,7 @@ class Store:
             ).scalars()
             for r in rows:
                 if r.container_id.startswith(ref) or r.digest.startswith(ref) or r.served_model == ref:
-                    return Identity.from_dict(json.loads(r.body_json))
+                    return Identity.from_dict(json.loads(identities.body(s, r.body_json, r.digest)))
         return None
 
     def served_snapshot(self, target: Identity) -> tuple[str, JSONObject] | None:

@@ -16,11 +16,17 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from alembic import command
 from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Session
 
 from anvil_ctl.commands import audit
+from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.persistence import audit as audit_chain
-from anvil_ctl.persistence import coltypes, rowrefs
+from anvil_ctl.persistence import coltypes, identities, rowrefs
+from anvil_ctl.persistence.db import make_engine
+from anvil_ctl.persistence.migrate import alembic_config
+from anvil_ctl.persistence.models import IdentityRow
 from anvil_ctl.persistence.rowrefs import TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.rawjournal import JournalRow
@@ -120,8 +126,9 @@ class TestLeanEntries:
         )
         assert {(len(str(p)), t, n) for p, t, n, _r in rows} == {(8, "blob", 32)}
         assert {r for *_x, r in rows} == {"blob"}  # every entry of a cycle covers rows
-        steps = _raw(host, "SELECT payload_json FROM audit_journal WHERE event LIKE 'step.%'")
-        assert steps and {p for (p,) in steps} == {"{}"}  # the step rows hold it all
+        payloads = [str(p) for (p,) in _raw(host, "SELECT payload_json FROM audit_journal")]
+        # what the step, snapshot and identity rows hold is not repeated in the entries
+        assert payloads and not [p for p in payloads if '"seq"' in p or '"sha256"' in p or '"digest"' in p]
 
     def test_a_batch_names_its_events_and_keeps_only_payloads_its_rows_do_not_hold(
         self, tmp_path: Path
@@ -233,3 +240,87 @@ class TestALeanEntryRewritten:
                 rows=str(e["rows_json"]),
             )
             prev = str(e["hash"])
+
+
+def _old_identities(m: pytest.MonkeyPatch) -> None:
+    """Record identities as anvilctl did before 0010: the body in each row."""
+
+    def record(s: Session, tx_id: str | None, role: str, identity: Identity, now: str) -> IdentityRow:
+        row = IdentityRow(
+            tx_id=tx_id,
+            slot=identity.slot,
+            role=role,
+            digest=identity.digest,
+            container_id=identity.container_id,
+            image_id=identity.image_id,
+            served_model=identity.served_model,
+            body_json=canonical_json(identity.as_dict()),
+            at=now,
+        )
+        s.add(row)
+        s.flush()
+        return row
+
+    m.setattr(identities, "record", record)
+
+
+class TestUpgradeTo0010:
+    """A database written before 0010 (old entries, identity bodies in their rows, a
+    checkpoint among them) at revision 0008, upgraded, then written to by this code."""
+
+    def test_it_upgrades_and_verifies_from_the_old_checkpoint_and_in_full(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:
+            _old_writer(m)
+            _old_identities(m)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+            assert audit.verify(host.context(), full=True)["ok"]
+        db = host.settings.state_dir / "anvil.db"
+        engine = make_engine(f"sqlite:///{db}")
+        command.downgrade(alembic_config(engine), "0008")
+        assert _raw(host, "SELECT count(*) FROM identity_bodies") == [(0,)]
+        indexes = {
+            str(n) for (n,) in _raw(host, "SELECT name FROM sqlite_master WHERE tbl_name = 'audit_journal'")
+        }
+        assert "ix_audit_journal_tx_id" in indexes and "sqlite_autoindex_audit_journal_1" in indexes
+        before = _raw(host, "SELECT id, prev_hash, hash, rows_json FROM audit_journal ORDER BY id")
+
+        command.upgrade(alembic_config(engine), "head")
+        engine.dispose()
+        assert _raw(host, "SELECT id, prev_hash, hash, rows_json FROM audit_journal ORDER BY id") == before
+        indexes = {
+            str(n) for (n,) in _raw(host, "SELECT name FROM sqlite_master WHERE tbl_name = 'audit_journal'")
+        }
+        assert indexes == {
+            "audit_journal",
+            "audit_journal_no_update",
+            "audit_journal_no_delete",
+            "audit_journal_no_replace",
+        }
+        first = audit.verify(host.context())  # from the old checkpoint: the schema changed since
+        assert first["ok"] and first["escalated"] and "schema changed" in first["escalated"]
+
+        _cycle(host, 2)
+        assert _raw(host, "SELECT count(*) FROM identities WHERE body_json = ''")[0][0] > 0
+        assert _raw(host, "SELECT count(*) FROM identities WHERE body_json <> ''")[0][0] > 0
+        assert _raw(host, "SELECT count(*) FROM v_serving_history WHERE identity_json IS NULL") == [(0,)]
+        ctx = host.context()
+        incumbent = ctx.store.current_identity("primary", "incumbent")
+        assert incumbent is not None and incumbent.container_id == host.incumbent_id
+        incremental = audit.verify(host.context())
+        assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
+        full = audit.verify(host.context(), full=True)
+        assert full["ok"] and not full["projection_differs"]
+        forms = {(len(str(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")}
+        assert forms == {(64, "text"), (8, "blob")}
+
+    def test_a_replayed_entry_is_refused_by_id_after_the_upgrade(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+        try:
+            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+                con.execute("INSERT OR REPLACE INTO audit_journal SELECT * FROM audit_journal WHERE id = 1")
+        finally:
+            con.close()
