@@ -81,6 +81,8 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
+COPY_FORMAT = 2
+"""How copies are written (part of a cached database's key): 2 stores lean journal entries."""
 
 
 # -- the template: real transactions on the fake host -----------------------------------------
@@ -146,7 +148,7 @@ class Template:
         """What a cached database depends on: the schema head and the template's shape."""
         shape = {t: sorted(rows[0]) if rows else [] for t, rows in sorted(self.rows.items())}
         counts = {t: len(rows) for t, rows in self.rows.items()}
-        blob = json.dumps([SCHEMA_REVISION, shape, counts], sort_keys=True)
+        blob = json.dumps([SCHEMA_REVISION, COPY_FORMAT, shape, counts], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -275,7 +277,8 @@ class Copier:
             else:
                 # a packed body digests as its text (`coltypes`), as the Store's rows do
                 as_read = {k: unpack(v) if isinstance(v, bytes) else v for k, v in new.items()}
-                covered.append(list(ref_of(COVERED[table], as_read)))
+                ref_table, ref_key, hex_digest = ref_of(COVERED[table], as_read)
+                covered.append([ref_table, ref_key, audit_chain.compact_digest(hex_digest)])
         rows_json = canonical_json(covered)
         digest = audit_chain.entry_hash(
             self.prev_hash,

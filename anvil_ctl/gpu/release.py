@@ -56,10 +56,9 @@ def wait_for_vram_release(
 
     `uuids`: role -> GPU UUID of the cards the next serve will use; `need_mib`
     and `reserve_mib`: per card, one figure for all roles or role -> MiB. The
-    result (a JSON-able dict for the transaction's step record) holds `after`
-    readings per UUID, the `before` ones when it polled more than once (with one
-    poll they are the same reading, recorded once), `required_free_mib` per UUID,
-    `waited_s` and `polls`. At the deadline, or at once if a card is missing or its
+    result (a JSON-able dict for the transaction's step record) holds `before`
+    and `after` readings per UUID, `required_free_mib` per UUID, `waited_s`
+    and `polls`. At the deadline, or at once if a card is missing or its
     capacity can never meet the requirement, raises StepFailed carrying the
     same dict in its data.
     """
@@ -79,7 +78,7 @@ def wait_for_vram_release(
         return {
             "roles": {**uuids},
             "required_free_mib": {**required},
-            **({"before": {u: _card(r) for u, r in before.items()}} if polls > 1 else {}),
+            "before": {u: _card(r) for u, r in before.items()},
             "after": {u: _card(r) for u, r in current.items()},
             "waited_s": round(clock.now() - start, 3),
             "polls": polls,

@@ -330,8 +330,8 @@ CEILING_BYTES_PER_TX = 15_500
 two), 22.2-22.9 KB before migration 0010's lean journal (an 8-hex link tag instead of the
 previous hash, hashes as bytes, covered rows packed, no payload repeating the covered
 rows, no index on the journal but its id's: 8.2 -> 3.2 KB of journal), identity bodies
-stored once per content, the before snapshot, `running` and the availability check
-committed with the first intent, and one VRAM reading where one poll sufficed. 29.0 KB
+stored once per content, and the before snapshot, `running` and the availability check
+committed with the first intent. 29.0 KB
 before packing, 40.6 KB before lean records (main at 0005).
 
 The target is 8 KB: not met. What remains per transaction (payload bytes): 13 step rows
