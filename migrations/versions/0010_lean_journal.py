@@ -13,6 +13,9 @@ Create Date: 2026-12-01
   fifth of the journal's bytes. SQLite cannot drop a constraint in place, so the table
   is copied (rows, ids and values as they are, so every hash still verifies) and its
   append-only triggers are put back; the REPLACE trigger now checks the id only.
+- `identities` loses `ix_identities_digest` and `ix_identities_container_id`: no query
+  looks an identity up by either (by slot and role, by transaction, by id; a container
+  ID prefix is matched with LIKE, which those indexes did not serve).
 - Entries appended from now on are lean (`persistence.audit`): no new column, each
   entry's form tells which it is, and the old ones verify as before.
 
@@ -100,6 +103,8 @@ def upgrade() -> None:
         refuse_rewrites(Base.metadata.tables["identity_bodies"])
     _serving_history(bodies=True)
 
+    op.drop_index("ix_identities_digest", table_name="identities")
+    op.drop_index("ix_identities_container_id", table_name="identities")
     op.drop_index("ix_audit_journal_tx_id", table_name=JOURNAL)
     if bind.dialect.name == "sqlite":
         _copy_journal_sqlite(unique_hash=False)
@@ -116,3 +121,5 @@ def downgrade() -> None:
     else:
         op.create_unique_constraint("audit_journal_hash_key", JOURNAL, ["hash"])
     op.create_index("ix_audit_journal_tx_id", JOURNAL, ["tx_id"], unique=False)
+    op.create_index("ix_identities_digest", "identities", ["digest"], unique=False)
+    op.create_index("ix_identities_container_id", "identities", ["container_id"], unique=False)

@@ -325,13 +325,14 @@ class TestQueryPlans:
 # -- bytes per transaction ---------------------------------------------------------------------
 
 CEILING_BYTES_PER_TX = 15_500
-"""Pages the database grows by per transaction (tables and indexes): measured 14.7 KB here
-(14.2 KB over 24 transactions; whole pages over 12 transactions: runs differ by a page or
-two), 22.2-22.9 KB before migration 0010's lean journal (an 8-hex link tag instead of the
-previous hash, hashes as bytes, covered rows packed, no payload repeating the covered
-rows, no index on the journal but its id's: 8.2 -> 3.2 KB of journal), identity bodies
-stored once per content, and the before snapshot, `running` and the availability check
-committed with the first intent. 29.0 KB
+"""Pages the database grows by per transaction (tables and indexes): measured 15.0 KB here
+(also 15.0 KB over 60 transactions; whole pages over 12 transactions: a change moves it by
+a page, 341 B), 22.2-22.9 KB before migration 0010's lean journal (an 8-hex link tag
+instead of the previous hash, hashes as bytes, covered rows packed, no payload repeating
+the covered rows, no index on the journal but its id's: 8.2 -> 3.2 KB of journal),
+identity bodies stored once per content, two identity indexes no query used dropped, and
+the before snapshot, `running` and the availability check committed with the first
+intent. 29.0 KB
 before packing, 40.6 KB before lean records (main at 0005).
 
 The target is 8 KB: not met. What remains per transaction (payload bytes): 13 step rows
