@@ -16,8 +16,9 @@ inserted in large transactions with `synchronous=OFF` (the Store commits every w
 an fsync: hours at 100k, not minutes). Built databases are kept in --cache, keyed by
 the schema and the template, and reused.
 
-Timed on each, median of --repeat runs, in this process (the command's library function,
-what the CLI calls after it started), and as `anvilctl` processes where marked:
+Timed on each, median of --repeat runs, in a process of its own per size (the command's
+library function, what the CLI calls after it started; a process that built and measured
+the smaller sizes first slows the later ones), and as `anvilctl` processes where marked:
 - every guard of load, promote and rollback (the world is the fake host's, at the
   template's end: the candidate loaded, the incumbent stopped);
 - `rollback --dry-run` (its guards and its starting snapshot): the fastest and the median
