@@ -9,21 +9,27 @@ decision) is the template: every row those writes added, in every table, the aud
 journal included. A database of N transactions is the fake host's database plus copies
 of the template: fresh transaction, lock and decision IDs (in every column and JSON
 body), integer keys renumbered, timestamps moved ten minutes on per transaction, and the
-audit journal chained again with `anvil_ctl.persistence.audit`'s own hash; the
+audit journal chained again with `anvil_ctl.persistence.audit`'s own hash, its entries
+stored as the Store stores them (lean: link tag, hash bytes, packed rows); the
 current-state projection is then rebuilt from that history. Rows are
 inserted in large transactions with `synchronous=OFF` (the Store commits every write with
 an fsync: hours at 100k, not minutes). Built databases are kept in --cache, keyed by
 the schema and the template, and reused.
 
-Timed on each, median of --repeat runs, in this process (the command's library function,
-what the CLI calls after it started), and as `anvilctl` processes where marked:
+Timed on each, median of --repeat runs, in a process of its own per size (the command's
+library function, what the CLI calls after it started; a process that built and measured
+the smaller sizes first slows the later ones), and as `anvilctl` processes where marked:
 - every guard of load, promote and rollback (the world is the fake host's, at the
   template's end: the candidate loaded, the incumbent stopped);
-- `rollback --dry-run` (its guards and its starting snapshot), also as a process;
+- `rollback --dry-run` (its guards and its starting snapshot): the fastest and the median
+  of at least five runs, and the time spent in SQLite beside them (`dbtime`), also as a
+  process;
 - `status`, `audit transactions --limit 20`, `audit show PREFIX`, also as processes;
 - each `sqlite3 state/anvil.db "..."` query of README.md (a transaction prefix and a time
   from the middle of the history), with its EXPLAIN QUERY PLAN;
-- `audit verify`, also as a process;
+- `audit verify`: `--full` first (a fresh copy has no checkpoint; this records one), then
+  a promote, rollback and load, then the incremental run from that checkpoint, each with
+  the entries and rows it checked; both also as processes (after one more transaction);
 - the database's size and the bytes per transaction.
 """
 
@@ -66,6 +72,8 @@ from anvil_ctl.persistence.coltypes import PACKED, pack, unpack
 from anvil_ctl.persistence.coverage import COVERED, ref_of
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
 from anvil_ctl.persistence.models import PROJECTION_TABLES
+from anvil_ctl.persistence.rowrefs import Unpackable, pack_rows, unpack_rows
+from benchmarks.dbtime import timed_runs
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
 
 SLOT = "primary"
@@ -74,6 +82,8 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
+COPY_FORMAT = 2
+"""How copies are written (part of a cached database's key): 2 stores lean journal entries."""
 
 
 # -- the template: real transactions on the fake host -----------------------------------------
@@ -139,7 +149,7 @@ class Template:
         """What a cached database depends on: the schema head and the template's shape."""
         shape = {t: sorted(rows[0]) if rows else [] for t, rows in sorted(self.rows.items())}
         counts = {t: len(rows) for t, rows in self.rows.items()}
-        blob = json.dumps([SCHEMA_REVISION, shape, counts], sort_keys=True)
+        blob = json.dumps([SCHEMA_REVISION, COPY_FORMAT, shape, counts], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -242,7 +252,7 @@ class Copier:
             journal = self.tables["audit_journal"]
             last = conn.execute(select(journal).order_by(journal.c.id.desc()).limit(1)).mappings().first()
         assert last is not None
-        self.prev_hash = str(last["hash"])
+        self.prev_hash = last["hash"].hex() if isinstance(last["hash"], bytes) else str(last["hash"])
         self.span = max(STEP * template.per_copy, timedelta(seconds=1))
 
     def row(self, table: str, row: dict[str, Any], copy: int, names: dict[str, str]) -> dict[str, Any]:
@@ -261,26 +271,33 @@ class Copier:
         """The audit row continued on the chain with persistence.audit's own hash, covering
         the copies of the rows its template entry covered (their new keys and digests)."""
         covered = []
-        for table, key, digest in json.loads(template_rows or "[]"):
+        for table, key, digest in json.loads(unpack_rows(template_rows or "[]")):
             new = made.get((table, key))
             if new is None or table not in COVERED:
                 covered.append([table, key, digest])
             else:
                 # a packed body digests as its text (`coltypes`), as the Store's rows do
                 as_read = {k: unpack(v) if isinstance(v, bytes) else v for k, v in new.items()}
-                covered.append(list(ref_of(COVERED[table], as_read)))
-        row["rows_json"] = canonical_json(covered)
-        row["prev_hash"] = self.prev_hash
-        row["hash"] = audit_chain.entry_hash(
+                ref_table, ref_key, hex_digest = ref_of(COVERED[table], as_read)
+                covered.append([ref_table, ref_key, audit_chain.compact_digest(hex_digest)])
+        rows_json = canonical_json(covered)
+        digest = audit_chain.entry_hash(
             self.prev_hash,
             row["id"],
             at=row["at"],
             tx_id=row["tx_id"],
             event=row["event"],
             payload=row["payload_json"],
-            rows=row["rows_json"],
+            rows=rows_json,
         )
-        self.prev_hash = row["hash"]
+        # stored as the Store stores a lean entry (`persistence.audit`, `rowrefs`)
+        row["prev_hash"] = self.prev_hash[: audit_chain.LINK_TAG]
+        row["hash"] = bytes.fromhex(digest)
+        try:
+            row["rows_json"] = pack_rows(rows_json)
+        except Unpackable:
+            row["rows_json"] = rows_json
+        self.prev_hash = digest
         return row
 
     def copies(self, count: int, progress: Callable[[int], None]) -> None:
@@ -296,7 +313,7 @@ class Copier:
                     for r in self.t.rows[name]:
                         new = self.row(name, r, copy, names)
                         if name == "audit_journal":
-                            out[name].append(self.chain(new, r.get("rows_json") or "[]", made))
+                            out[name].append(self.chain(new, r["rows_json"] or "[]", made))
                         else:
                             made[(name, r[pk.name])] = new
                             out[name].append(new)
@@ -433,12 +450,11 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
             (out["transactions"] // 2,),
         ).fetchone()
         prefix, moment = str(middle_id)[:8], str(middle_at)[:19] + "Z"
+        out["dry_run"] = timed_runs(lambda: lifecycle.rollback(ctx, slot=SLOT, dry_run=True), max(5, repeat))
         timed: dict[str, float] = {
-            "rollback --dry-run": median_s(lambda: lifecycle.rollback(ctx, slot=SLOT, dry_run=True), repeat),
             "status": median_s(lambda: admin.status(ctx), repeat),
             "audit transactions --limit 20": median_s(lambda: audit.transactions(ctx, limit=20), repeat),
             f"audit show {prefix}": median_s(lambda: audit.show(ctx, prefix), repeat),
-            "audit verify": median_s(lambda: audit.verify(ctx), 1),
         }
         out["library_s"] = timed
         queries = []
@@ -453,10 +469,44 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
             "status": cli_s(host, "status"),
             "audit transactions --limit 20": cli_s(host, "audit", "transactions", "--limit", "20"),
             "audit show PREFIX": cli_s(host, "audit", "show", prefix),
-            "audit verify": cli_s(host, "audit", "verify"),
         }
+        out["verify"] = verify_times(ctx, host)
         ctx.close()
     return out
+
+
+def verify_run(ctx: Context, *, full: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    report = audit.verify(ctx, full=full)
+    seconds = time.perf_counter() - started
+    assert report["ok"], report["problems"][:5]
+    return {
+        "s": seconds,
+        "mode": report["mode"],
+        "escalated": report["escalated"],
+        "entries_checked": report["entries_checked"],
+        "rows_checked": report["rows_checked"],
+    }
+
+
+def verify_times(ctx: Context, host: FakeHost) -> dict[str, Any]:
+    """`--full` (recording a checkpoint), then new transactions, then incremental from it;
+    then each again as an `anvilctl` process (three more transactions past the checkpoint)."""
+    full = verify_run(ctx, full=True)
+    cycle(host, load_first=False)  # promote, rollback, load: three transactions past the checkpoint
+    incremental = verify_run(ctx, full=False)
+    assert incremental["mode"] == "incremental" and not incremental["escalated"], incremental
+    incremental["new_transactions"] = 3
+    cycle(host, load_first=False)  # three more for the process to check
+    cli_incremental = cli_s(host, "audit", "verify")
+    return {
+        "full": full,
+        "incremental": incremental,
+        "cli_s": {
+            "audit verify": cli_incremental,
+            "audit verify --full": cli_s(host, "audit", "verify", "--full"),
+        },
+    }
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -485,11 +535,21 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {name} | " + " | ".join(ms(r["guards"].get(name, 0)) for r in results) + " | <= 50 ms |"
         )
-    dry = [r["library_s"]["rollback --dry-run"] for r in results]
+    dry = [r["dry_run"] for r in results]
     lines.append(
-        "| rollback --dry-run | "
-        + " | ".join(f"{ms(s)} (x{s / dry[0]:.1f})" for s in dry)
+        f"| rollback --dry-run, fastest of {dry[0]['runs']} (median) | "
+        + " | ".join(
+            f"{ms(d['min_s'])} (x{d['min_s'] / dry[0]['min_s']:.2f}; median {ms(d['median_s'])})" for d in dry
+        )
         + f" | within 10 % of {results[0]['size']:,} |"
+    )
+    lines.append(
+        "| rollback --dry-run, time in SQLite, fastest (median) | "
+        + " | ".join(
+            f"{ms(d['db_min_s'])} (x{d['db_min_s'] / dry[0]['db_min_s']:.2f}; median {ms(d['db_median_s'])})"
+            for d in dry
+        )
+        + " | |"
     )
     for key in ("status", "audit transactions --limit 20"):
         lines.append(f"| {key} | " + " | ".join(ms(r["library_s"][key]) for r in results) + " | <= 50 ms |")
@@ -506,15 +566,27 @@ def markdown(results: list[dict[str, Any]]) -> str:
             + " | ".join(ms(r["queries"][i]["s"]) for r in results)
             + " | <= 50 ms |"
         )
+
+    def checked(v: dict[str, Any]) -> str:
+        return f"{ms(v['s'])} ({v['entries_checked']:,} entries, {v['rows_checked']:,} rows)"
+
     lines.append(
-        "| audit verify | "
-        + " | ".join(ms(r["library_s"]["audit verify"]) for r in results)
-        + " | <= 1 s (incremental) |"
+        f"| audit verify, incremental ({results[0]['verify']['incremental']['new_transactions']} "
+        "transactions past the checkpoint) | "
+        + " | ".join(checked(r["verify"]["incremental"]) for r in results)
+        + " | <= 1 s |"
+    )
+    lines.append(
+        "| audit verify --full | " + " | ".join(checked(r["verify"]["full"]) for r in results) + " | |"
     )
     lines += ["", "As `anvilctl` processes (interpreter start and imports included):", ""]
     lines += ["| command | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
     for key in results[0]["cli_s"]:
         lines.append(f"| `anvilctl {key}` | " + " | ".join(ms(r["cli_s"][key]) for r in results) + " |")
+    for key in results[0]["verify"]["cli_s"]:
+        lines.append(
+            f"| `anvilctl {key}` | " + " | ".join(ms(r["verify"]["cli_s"][key]) for r in results) + " |"
+        )
     last = results[-1]
     lines += ["", f"EXPLAIN QUERY PLAN of the README queries at {last['size']:,} transactions:", "", "```"]
     for q in last["queries"]:
@@ -528,6 +600,23 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def measure_apart(template: Template, db: Path, size: int, repeat: int) -> dict[str, Any]:
+    """`measure` in a process of its own: what building the databases and measuring the
+    sizes before left on this process's heap made the later sizes slower (the collector's
+    passes over it: `rollback --dry-run` x1.6 at 10k measured after 1k here, x1.0 alone)."""
+    argv = ["--measure-one", str(db), "--template-root", str(template.root)]
+    r = subprocess.run(
+        [sys.executable, __file__, *argv, "--sizes", str(size), "--repeat", str(repeat)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"measuring {size} failed:\n{r.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(r.stdout)
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
@@ -535,8 +624,14 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     parser.add_argument("--markdown-out", type=Path, help="also write the tables here (make bench)")
+    parser.add_argument("--measure-one", type=Path, help=argparse.SUPPRESS)  # measure_apart's child
+    parser.add_argument("--template-root", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure("console", "warning")  # the engine's info lines would drown the tables
+    if args.measure_one is not None:  # one size, in this fresh process; JSON on stdout
+        only = Template(root=args.template_root, rows={}, transactions=0)
+        print(json.dumps(measure(only, args.measure_one, args.sizes[0], args.repeat)))
+        return 0
     args.cache.mkdir(parents=True, exist_ok=True)
     results = []
     with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
@@ -555,7 +650,7 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            results.append(measure(template, db, size, args.repeat))
+            results.append(measure_apart(template, db, size, args.repeat))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     print(markdown(results))

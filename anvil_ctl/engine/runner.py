@@ -105,12 +105,22 @@ class TransactionEngine:
             self._commit(write, boundary)
 
     def _transition(
-        self, ctx: StepContext[A, W, M], target: TxState, reason: str = "", data: JSONMapping | None = None
+        self,
+        ctx: StepContext[A, W, M],
+        target: TxState,
+        reason: str = "",
+        data: JSONMapping | None = None,
+        *,
+        hold: bool = False,
     ) -> None:
-        self._commit(
-            lambda: self.journal.transition(ctx.tx_id, target, reason, data),
-            ":".join((ctx.kind, "state", target.value)),
-        )
+        def write() -> None:
+            self.journal.transition(ctx.tx_id, target, reason, data)
+
+        boundary = ":".join((ctx.kind, "state", target.value))
+        if hold:
+            self._hold(write, boundary)
+        else:
+            self._commit(write, boundary)
 
     # -- running a plan ------------------------------------------------------------------------
 
@@ -176,7 +186,10 @@ class TransactionEngine:
             bound.debug("snapshot observed", label="before", seconds=round(time.perf_counter() - started, 3))
             before = outcome.before
             self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before), "")
-        self._transition(ctx, TxState.RUNNING)
+        # Held: the before snapshot, `running` and the availability check only observe, so they
+        # commit with the first intent (one database transaction, one audit entry), before
+        # the first side effect.
+        self._transition(ctx, TxState.RUNNING, hold=True)
         self._observe_start(plan, ctx)
         bound.info("running", steps=len(plan.steps))
         return self._forward(outcome, plan, ctx, start=0)
@@ -188,7 +201,7 @@ class TransactionEngine:
         state = observe_slot(ctx.world, plan.slot)
         harbour = record_harbour(ctx.world, ctx.tx_id, state)
         detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
-        self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail)
+        self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail, hold=True)
 
     def forward(
         self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], *, start: int

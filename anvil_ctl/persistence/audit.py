@@ -11,6 +11,12 @@ reordering entries breaks the links; editing a covered row breaks its digest;
 deleting entries at the end is caught against the head recorded outside the
 database (`head`). `verify` walks all of it.
 
+Entries written from migration 0010 on are lean (the entry's format says which it
+is): `prev_hash` holds only the first `LINK_TAG` hex digits of the previous entry's
+hash, enough to tell a broken link from an edited entry, while the hash still
+chains the whole previous hash (verify takes it from the entry before); on SQLite
+the hash is stored as its 32 bytes and the covered rows packed (`rowrefs`).
+
 The head, `(seq, hash)` of the last entry, is what a witness outside the
 database records: the head file beside the database, the recheck textfile, the
 logs, an operator's `--expect-head`.
@@ -31,6 +37,8 @@ from anvil_ctl.persistence.coverage import RowRef, take_pending
 from anvil_ctl.persistence.models import AuditEntry
 
 GENESIS = "0" * 64
+LINK_TAG = 8
+"""Hex digits of the previous hash a lean entry keeps (an entry with 64 keeps them all)."""
 AUDIT_LOCK_KEY = 0x616E76696C  # "anvil"
 HEAD = "anvil.audit_head"  # session.info key: the head this session's entries made
 HOST = "anvil.host_id"  # session.info key: the host this session writes for (Store.write sets it)
@@ -137,7 +145,7 @@ def append(
         "tx_id": tx_id,
         "event": event,
         "payload_json": body,
-        "prev_hash": prev_hash,
+        "prev_hash": prev_hash[:LINK_TAG],
         "hash": digest,
         "rows_json": rows_json,
     }

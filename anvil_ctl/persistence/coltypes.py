@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 
-from sqlalchemy import Text
+from sqlalchemy import String, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
@@ -62,3 +62,30 @@ class PackedJSON(TypeDecorator[str]):
         if isinstance(value, str | bytes):
             return unpack(value)
         raise TypeError(f"packed JSON column holds {type(value).__name__}")
+
+
+# -- the audit journal's compact columns ----------------------------------------------------------
+
+
+class HexDigest(TypeDecorator[str]):
+    """A SHA-256 in 64 lowercase hex digits, stored as its 32 bytes on SQLite.
+
+    Callers see the hex text either way; an entry written before (hex text at rest) reads
+    as it always did, so the value at rest says which form it is.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | bytes | None:
+        if value is None or dialect.name != "sqlite" or len(value) != 64:
+            return value
+        raw = bytes.fromhex(value)
+        return raw if raw.hex() == value else value  # only lowercase hex round-trips
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, bytes):
+            return value.hex()
+        raise TypeError(f"digest column holds {type(value).__name__}")

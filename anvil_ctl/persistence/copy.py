@@ -2,7 +2,7 @@
 
 The use: a host that kept its record in SQLite joins a fleet's PostgreSQL database. What
 is copied is every history row of this host (each table the chain covers, `hosts` row
-included, and the snapshot bodies its snapshots name), in one database transaction on
+included, and the snapshot and identity bodies its rows name), in one database transaction on
 the target, which is migrated to the head first.
 
 Integer row keys collide with the rows other hosts already wrote there, so rows get new
@@ -49,6 +49,7 @@ ORDER = (
     "snapshot_blobs",
     "snapshots",
     "snapshot_diffs",
+    "identity_bodies",
     "identities",
     "locks",
     "lock_releases",
@@ -63,6 +64,10 @@ ORDER = (
     "evidence_manifests",
 )
 """Parents before the rows that refer to them (`hosts` goes first, on its own)."""
+
+SHARED = {"snapshot_blobs": ("snapshots", "sha256"), "identity_bodies": ("identities", "digest")}
+"""Tables stored once per content, whichever host wrote them, keyed by their SHA-256: the
+host's rows are those its own rows of (table, column) name; one already in the target stays."""
 
 _TIME = {"transactions": "created_at", "decisions": "at", "waivers": "created_at", "locks": "since"}
 """Tables keyed by text: copied in time order (a reclassification after the decision it names)."""
@@ -98,9 +103,11 @@ def _table(name: str) -> Table:
 
 def _source_rows(s: Session, name: str, host: int) -> list[dict[str, object]]:
     t = _table(name)
-    if name == "snapshot_blobs":  # shared by content: those this host's snapshots name
-        named = select(_table("snapshots").c.sha256).where(on_host(_table("snapshots").c.host_id, host))
-        q = select(t).where(t.c.sha256.in_(named)).order_by(t.c.sha256)
+    if name in SHARED:  # stored once per content: those this host's rows name
+        (key,) = t.primary_key.columns
+        naming, column = SHARED[name]
+        named = select(_table(naming).c[column]).where(on_host(_table(naming).c.host_id, host))
+        q = select(t).where(key.in_(named)).order_by(key)
     else:
         (pk,) = t.primary_key.columns
         q = select(t).where(on_host(t.c.host_id, host)).order_by(t.c[_TIME.get(name, pk.name)], pk)
@@ -199,8 +206,9 @@ def _insert_rows(
         copied = 0
         for values in rows[name]:
             key = key_of(t, values)
-            if name == "snapshot_blobs":
-                if s.execute(select(t.c.sha256).where(t.c.sha256 == key)).scalar() is None:
+            if name in SHARED:
+                (pk,) = t.primary_key.columns
+                if s.execute(select(pk).where(pk == key)).scalar() is None:
                     s.execute(insert(t).values(values))
                     copied += 1
                 moved[(name, key)] = (key, row_digest(t, values))

@@ -65,12 +65,7 @@ def claim_roles(
             s.add(row)
             s.flush()
             projection.on_gpu_event(s, row)
-        store.audit(
-            s,
-            "gpu.claim",
-            tx_id,
-            {"roles": list(roles), "container_id": container_id, "mode": mode},
-        )
+        store.audit(s, "gpu.claim", tx_id, {})  # the covered event rows hold it all
 
 
 def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_id: str | None) -> None:
@@ -93,7 +88,7 @@ def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_i
             s.add(row)
             s.flush()
             projection.on_gpu_event(s, row)
-        store.audit(s, "gpu.release", tx_id, {"roles": list(mine), "container_id": container_id})
+        store.audit(s, "gpu.release", tx_id, {})  # the covered event rows hold it all
 
 
 def gpu_owners(store: Store) -> dict[str, OwnerRecord]:

@@ -1,5 +1,13 @@
-"""Serve identities as recorded (`identities`, history) and as current (`identity_current`):
-the Store's identity records, for one host of the fleet."""
+"""Serve identities as recorded (`identities`, history) and as current (`identity_current`),
+for one host of the fleet; each body stored once per distinct content.
+
+A serve's identity is recorded often (the candidate a load starts, the same serve as
+incumbent when promoted, as rollback identity, as harbour) and its body rarely changes:
+the body is stored once in `identity_bodies`, keyed by the identity's digest (the SHA-256
+of the body), and each `identities` row names it by that digest with an empty
+`body_json` (rows written before migration 0010 hold the body themselves). These
+functions work inside the caller's session; the Store appends the covering audit entry.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +16,28 @@ import json
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.persistence import projection
-from anvil_ctl.persistence.models import IdentityCurrent, IdentityRow
+from anvil_ctl.persistence.models import IdentityBody, IdentityCurrent, IdentityRow
 from anvil_ctl.persistence.scope import on_host
 
 
 def record(s: Session, tx_id: str | None, role: str, identity: Identity, now: str) -> int:
-    """Append the identity row (the caller's write transaction audits it); its id."""
+    """Append the identity row (and its body when the content is new); its id. The caller's
+    write transaction audits it."""
+    digest = identity.digest
+    if s.get(IdentityBody, digest) is None:
+        s.add(IdentityBody(digest=digest, body_json=canonical_json(identity.as_dict()), at=now))
     row = IdentityRow(
         tx_id=tx_id,
         slot=identity.slot,
         role=role,
-        digest=identity.digest,
+        digest=digest,
         container_id=identity.container_id,
         image_id=identity.image_id,
         served_model=identity.served_model,
-        body_json=canonical_json(identity.as_dict()),
+        body_json="",
         at=now,
     )
     s.add(row)
@@ -33,14 +46,26 @@ def record(s: Session, tx_id: str | None, role: str, identity: Identity, now: st
     return row.id
 
 
+def body(s: Session, body_json: str, digest: str) -> str:
+    """The body of an `identities` row: its own (before 0010), else its digest's."""
+    if body_json:
+        return body_json
+    stored = s.execute(select(IdentityBody.body_json).where(IdentityBody.digest == digest)).scalar()
+    if stored is None:
+        raise StateStoreError(f"identity body {digest} is missing from identity_bodies")
+    return stored
+
+
 def current(s: Session, host: int, slot: str, role: str) -> Identity | None:
     """Host `host`'s latest identity of (slot, role), from the projection."""
     row = s.execute(
-        select(IdentityRow.body_json)
+        select(IdentityRow.body_json, IdentityRow.digest)
         .join(IdentityCurrent, IdentityCurrent.identity_id == IdentityRow.id)
         .where(IdentityCurrent.host_id == host, IdentityCurrent.slot == slot, IdentityCurrent.role == role)
-    ).scalar()
-    return Identity.from_dict(json.loads(row)) if row else None
+    ).first()
+    if row is None:
+        return None
+    return Identity.from_dict(json.loads(body(s, row.body_json, row.digest)))
 
 
 def by_ref(s: Session, host: int, slot: str, ref: str) -> Identity | None:
@@ -53,5 +78,5 @@ def by_ref(s: Session, host: int, slot: str, ref: str) -> Identity | None:
     ).scalars()
     for r in rows:
         if r.container_id.startswith(ref) or r.digest.startswith(ref) or r.served_model == ref:
-            return Identity.from_dict(json.loads(r.body_json))
+            return Identity.from_dict(json.loads(body(s, r.body_json, r.digest)))
     return None

@@ -50,7 +50,7 @@ def record_lock(store: Store, lock_id: str, *, owner: Owner, command: str, tx_id
         s.add(row)
         s.flush()
         projection.on_lock(s, row)
-        store.audit(s, "lock.acquired", tx_id, {"lock_id": lock_id, "pid": owner.pid})
+        store.audit(s, "lock.acquired", tx_id, {})  # the covered lock row holds it all
 
 
 def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = "") -> None:
@@ -63,7 +63,7 @@ def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = 
         s.add(LockRelease(lock_id=lock_id, how=how, by=by, reason=reason, at=utcnow()))
         s.flush()
         projection.on_lock_release(s, lock_id)
-        store.audit(s, f"lock.{how}", None, {"lock_id": lock_id, "by": by, "reason": reason})
+        store.audit(s, f"lock.{how}", None, {})  # the covered release row holds it all
 
 
 def unreleased(store: Store, *, all_hosts: bool = False) -> list[LockRecord]:

@@ -17,8 +17,9 @@ from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column
-from anvil_ctl.persistence.coltypes import PackedJSON
+from anvil_ctl.persistence.coltypes import HexDigest, PackedJSON
 from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
+from anvil_ctl.persistence.rowrefs import PackedRows
 
 GpuMode = Literal["exclusive", "split"]
 """How a serve owns its GPU roles (`anvil_ctl.gpu.ownership.Mode`; only these are written)."""
@@ -107,7 +108,11 @@ class SnapshotDiff(Base):
 
 
 class IdentityRow(Base):
-    """A serve's identity as observed at one moment; the latest row per (slot, role) is current."""
+    """A serve's identity as observed at one moment; the latest row per (slot, role) is current.
+
+    From migration 0010 on `body_json` is empty: the body is the `identity_bodies` row keyed
+    by `digest` (the SHA-256 of the body); older rows hold it themselves.
+    """
 
     __tablename__ = "identities"
     __table_args__ = (Index("ix_identities_slot_role_id", "slot", "role", "id"),)
@@ -116,13 +121,24 @@ class IdentityRow(Base):
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     slot: Mapped[str] = mapped_column(String(64))
     role: Mapped[str] = mapped_column(String(16))
-    digest: Mapped[str] = mapped_column(String(64), index=True)
-    container_id: Mapped[str] = mapped_column(String(64), index=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    container_id: Mapped[str] = mapped_column(String(64))
     image_id: Mapped[str] = mapped_column(String(80))
     served_model: Mapped[str] = mapped_column(String(255))
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
     host_id: Mapped[int | None] = host_column()
+
+
+class IdentityBody(Base):
+    """An identity's canonical body, stored once per distinct content (keyed by its SHA-256,
+    the identity's `digest`). History: append-only and covered by the chain."""
+
+    __tablename__ = "identity_bodies"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    body_json: Mapped[str] = mapped_column(Text)
+    at: Mapped[str] = mapped_column(String(32))
 
 
 class LockRow(Base):
@@ -151,21 +167,27 @@ class LockRelease(Base):
 
 
 class AuditEntry(Base):
-    """Hash-chained journal: hash = SHA-256(prev_hash | canonical entry); see persistence.audit.
+    """Hash-chained journal: hash = SHA-256(previous entry's hash | canonical entry); see
+    persistence.audit.
 
     `rows_json` lists the history rows this entry covers, each as [table, key, digest].
+    `prev_hash` holds the previous entry's whole hash in entries written before migration
+    0010, and its first `audit.LINK_TAG` hex digits after it (the hash itself still
+    chains the whole one); on SQLite `hash` is stored as 32 bytes and `rows_json` packed
+    (`rowrefs`) in those entries. No index but the id's: nothing looks an entry up by its
+    transaction or hash (0010 dropped both; an edited copy of a hash is caught by the walk).
     """
 
     __tablename__ = "audit_journal"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     at: Mapped[str] = mapped_column(String(32))
-    tx_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    tx_id: Mapped[str | None] = mapped_column(String(36))
     event: Mapped[str] = mapped_column(String(64))
     payload_json: Mapped[str] = mapped_column(Text)
     prev_hash: Mapped[str] = mapped_column(String(64))
-    hash: Mapped[str] = mapped_column(String(64), unique=True)
-    rows_json: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    hash: Mapped[str] = mapped_column(HexDigest(64))
+    rows_json: Mapped[str] = mapped_column(PackedRows, default="[]", server_default="[]")
     host_id: Mapped[int | None] = host_column()
 
 
@@ -328,7 +350,10 @@ HOST_TABLES: tuple[str, ...] = (
     *APPEND_ONLY_TABLES_0005,
 )
 """The history tables whose rows carry `host_id` (the journal included). Not `snapshot_blobs`:
-a body is stored once per content, whichever host recorded it; not `hosts` itself."""
+a body is stored once per content, whichever host recorded it; not `identity_bodies` (migration
+0010: an identity's body once per content, likewise); not `hosts` itself."""
+
+APPEND_ONLY_TABLES_0010 = ("identity_bodies",)
 
 # Every table whose rows are history: append-only, and each row covered by the audit chain.
 # The journal itself is append-only too, but it is the chain, not a row it covers.
@@ -341,6 +366,7 @@ HISTORY_TABLES: tuple[str, ...] = tuple(
         *APPEND_ONLY_TABLES_0005,
         *APPEND_ONLY_TABLES_0007,
         *APPEND_ONLY_TABLES_0009,
+        *APPEND_ONLY_TABLES_0010,
     )
     if t != AuditEntry.__tablename__
 )

@@ -118,12 +118,7 @@ def record_manifest(
                 tx_id=tx_id, kind=kind, sha256=sha256, source_sha256=source_sha256, at=utcnow()
             )
         )
-        store.audit(
-            s,
-            f"evidence.manifest.{kind}",
-            tx_id,
-            {"sha256": sha256, "source_sha256": source_sha256},
-        )
+        store.audit(s, f"evidence.manifest.{kind}", tx_id, {})  # the covered row holds it all
 
 
 def manifests(store: Store, tx_id: str) -> list[ManifestRecord]:
@@ -196,18 +191,7 @@ def record_decision(
                 at=utcnow(),
             )
         )
-        store.audit(
-            s,
-            "decision",
-            tx_id,
-            {
-                "id": decision_id,
-                "outcome": outcome,
-                "identity_digest": identity_digest,
-                "reclassifies": reclassifies,
-                "waiver_ids": list(waiver_ids),
-            },
-        )
+        store.audit(s, "decision", tx_id, {})  # the covered decision row holds it all
 
 
 def _decision_dict(r: DecisionRow) -> DecisionRecord:

@@ -19,7 +19,8 @@ transaction keeps up to date; history is never scanned for its latest row.
 Records are lean: a transaction's arguments, a state's data and a step's detail
 live in their own (covered) rows only, not again in the audit entry's payload; a
 snapshot's body is stored once per distinct content (`snapshot_blobs`, keyed by its
-SHA-256) and each `snapshots` row refers to it, so an unchanged host costs a key.
+SHA-256) and each `snapshots` row refers to it, so an unchanged host costs a key; an
+identity's body likewise (`identities`, `identity_bodies`).
 """
 
 from __future__ import annotations
@@ -161,9 +162,13 @@ class Store:
             tx_ids = {t for _e, t, _p in held}
             tx_id = tx_ids.pop() if len(tx_ids) == 1 else None
             event = "batch"
-            # each event's transaction only where the entry does not name one for all
+            # each event by name, or with its payload (and its transaction, where the entry
+            # does not name one for all) when it has one
             payload = {
-                "events": [{"event": e, **p, **({"tx_id": t} if tx_id is None else {})} for e, t, p in held]
+                "events": [
+                    {"event": e, **p, **({"tx_id": t} if tx_id is None else {})} if p or tx_id is None else e
+                    for e, t, p in held
+                ]
             }
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
@@ -249,8 +254,8 @@ class Store:
             tx = s.get(Transaction, tx_id)
             assert tx is not None
             projection.on_begin(s, tx, first)
-            # The arguments are in the transaction's row, which this entry covers.
-            self.audit(s, "tx.planned", tx_id, {"kind": kind, "slot": slot})
+            # Kind, slot and arguments are in the transaction's row, which this entry covers.
+            self.audit(s, "tx.planned", tx_id, {})
         return tx_id
 
     def _state(self, s: Session, tx_id: str) -> TxState:
@@ -322,8 +327,8 @@ class Store:
                     at=utcnow(),
                 )
             )
-            # The detail is in the covered step row; the entry names the step.
-            self.audit(s, f"step.{phase}.{event}", tx_id, {"seq": seq, "step": step})
+            # The step, its position and detail are in the covered step row.
+            self.audit(s, f"step.{phase}.{event}", tx_id, {})
 
     def step_events(self, tx_id: str) -> list[StepEvent]:
         with self.read() as s:
@@ -335,7 +340,7 @@ class Store:
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:
         with self.write() as s:
             row_id = snapshots.record(s, tx_id, label, snapshot, utcnow())
-            self.audit(s, "snapshot", tx_id, {"label": label, "sha256": snapshot.sha256, "id": row_id})
+            self.audit(s, "snapshot", tx_id, {})  # the covered rows hold label, hash and body
             return row_id
 
     def record_diff(
@@ -343,12 +348,7 @@ class Store:
     ) -> None:
         with self.write() as s:
             snapshots.record_diff(s, tx_id, label, before=before, after=after, changes=changes, now=utcnow())
-            self.audit(
-                s,
-                "snapshot.diff",
-                tx_id,
-                {"label": label, "equal": not changes, "changes": len(changes)},
-            )
+            self.audit(s, "snapshot.diff", tx_id, {})  # the covered diff row holds it all
 
     def _in_states(self, states: frozenset[TxState]) -> list[TxRecord]:
         """Transactions whose current state is one of `states`, oldest first: one indexed
@@ -374,12 +374,7 @@ class Store:
     def record_identity(self, tx_id: str | None, role: str, identity: Identity) -> int:
         with self.write() as s:
             row = identities.record(s, tx_id, role, identity, utcnow())
-            self.audit(
-                s,
-                f"identity.{role}",
-                tx_id,
-                {"slot": identity.slot, "digest": identity.digest, "container_id": identity.container_id},
-            )
+            self.audit(s, f"identity.{role}", tx_id, {})  # the covered identity row holds it all
             return row
 
     def current_identity(self, slot: str, role: str) -> Identity | None:

@@ -24,11 +24,13 @@ from anvil_ctl.persistence import rechecks
 from anvil_ctl.persistence.chainwalk import Refs
 from anvil_ctl.persistence.models import HISTORY_TABLES
 from tests.unit.fakehost import FakeHost
+from tests.unit.rawjournal import JournalRow
 
 
 @contextmanager
 def sql(host: FakeHost) -> Iterator[sqlite3.Connection]:
     con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+    con.row_factory = JournalRow
     try:
         yield con
         con.commit()

@@ -26,6 +26,7 @@ from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import coltypes
 from anvil_ctl.persistence.coltypes import PACKED, pack, unpack
 from tests.unit.fakehost import FakeHost, make_fake_host
+from tests.unit.rawjournal import JournalRow
 from tests.unit.test_projection import SLOT, _verified
 
 
@@ -37,7 +38,9 @@ def _cycle(host: FakeHost, n: int) -> None:
 
 
 def _db(host: FakeHost) -> sqlite3.Connection:
-    return sqlite3.connect(host.settings.state_dir / "anvil.db")
+    con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+    con.row_factory = JournalRow
+    return con
 
 
 def _storage_types(host: FakeHost, table: str, column: str) -> set[str]:

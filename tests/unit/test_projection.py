@@ -324,13 +324,23 @@ class TestQueryPlans:
 
 # -- bytes per transaction ---------------------------------------------------------------------
 
-CEILING_BYTES_PER_TX = 23_500
-"""Pages the database grows by per transaction (tables and indexes): measured 22.2-22.9 KB
-(whole pages over 12 transactions: runs differ by a page or two) with large JSON bodies
-packed, rollback's snapshot named by its SHA-256, row digests in base64url and each record
-step in one audit entry; 29.0 KB before those, 40.6 KB before lean records (main at 0005).
-The target is 8 KB: not met (the audit journal alone is ~8 KB: 14.7 entries per
-transaction). The ceiling holds what was gained."""
+CEILING_BYTES_PER_TX = 15_500
+"""Pages the database grows by per transaction (tables and indexes): measured 15.0 KB here
+(also 15.0 KB over 60 transactions; whole pages over 12 transactions: a change moves it by
+a page, 341 B), 22.2-22.9 KB before migration 0010's lean journal (an 8-hex link tag
+instead of the previous hash, hashes as bytes, covered rows packed, no payload repeating
+the covered rows, no index on the journal but its id's: 8.2 -> 3.2 KB of journal),
+identity bodies stored once per content, two identity indexes no query used dropped, and
+the before snapshot, `running` and the availability check committed with the first
+intent. 29.0 KB
+before packing, 40.6 KB before lean records (main at 0005).
+
+The target is 8 KB: not met. What remains per transaction (payload bytes): 13 step rows
+(~3.0 KB plus 0.6 KB of the (tx_id, id) index the README's step query needs), 12.7 journal
+entries (~3.1 KB: each one commit, at ~240 B: time, transaction, event, tag, hash, and
+~36 B per covered row), a new after snapshot (~1.0 KB packed) and its diffs (~0.9 KB),
+the arguments (~0.8 KB), two identity rows, GPU ownership events, states, the lock. The
+ceiling holds what was gained."""
 
 
 def _db_bytes(db: Path) -> int:

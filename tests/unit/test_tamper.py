@@ -43,6 +43,7 @@ from anvil_ctl.persistence.coverage import COVERED, UncoveredRows, row_digest
 from anvil_ctl.persistence.models import HISTORY_TABLES, RecheckRow
 from anvil_ctl.persistence.store import Store
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
+from tests.unit.rawjournal import JournalRow
 
 T0 = datetime(2026, 9, 2, 12, 0, tzinfo=UTC)
 
@@ -184,7 +185,7 @@ class Attacker:
     @contextmanager
     def sql(self) -> Iterator[sqlite3.Connection]:
         con = sqlite3.connect(self.db)
-        con.row_factory = sqlite3.Row
+        con.row_factory = JournalRow  # the attacker knows the journal's storage format
         try:
             yield con
             con.commit()

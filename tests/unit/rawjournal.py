@@ -1,0 +1,40 @@
+"""Reading the audit journal with plain sqlite3, as someone who knows its storage format.
+
+On SQLite a lean entry (migration 0010 on) stores `hash` as its 32 bytes and `rows_json`
+packed (`anvil_ctl.persistence.rowrefs`); `JournalRow` reads them as the hex and JSON
+text the chain hashes, and every other value as stored. Use it as a connection's
+`row_factory`: rows index by position and by name, unpack into a tuple and into a dict.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+
+from anvil_ctl.persistence.rowrefs import unpack_rows
+
+
+def _decoded(name: str, value: object) -> object:
+    if isinstance(value, bytes) and name == "hash" and len(value) == 32:
+        return value.hex()
+    if isinstance(value, bytes) and name == "rows_json":
+        return unpack_rows(value)
+    return value
+
+
+class JournalRow:
+    def __init__(self, cursor: sqlite3.Cursor, raw: tuple[object, ...]) -> None:
+        self._names = [d[0] for d in cursor.description]
+        self._values = [_decoded(n, v) for n, v in zip(self._names, raw, strict=True)]
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+    def __getitem__(self, key: int | str) -> object:
+        return self._values[key if isinstance(key, int) else self._names.index(key)]
+
+    def __iter__(self) -> Iterator[object]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
