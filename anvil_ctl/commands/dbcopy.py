@@ -65,6 +65,7 @@ def db_copy(ctx: Context, *, to: str) -> JSONObject:
                 f"the copy in {where(target)} does not verify ({len(check.problems)} problems): run "
                 "`anvilctl audit verify --full` against it",
                 result=out,
+                problems=[p.as_dict() for p in check.problems[:20]],
             )
         return out
     finally:

@@ -210,8 +210,10 @@ def _insert_rows(
                 (pk,) = t.primary_key.columns
                 if s.execute(select(pk).where(pk == key)).scalar() is None:
                     s.execute(insert(t).values(values))
+                    moved[(name, key)] = (key, row_digest(t, values))
                     copied += 1
-                moved[(name, key)] = (key, row_digest(t, values))
+                # else: another host stored this content first, and its entry covers that
+                # row; a row is covered once, so the copied entries leave it out
                 continue
             new = dict(values, host_id=new_host)
             if isinstance(key, int):

@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -35,6 +35,7 @@ from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Settings, load_host_config
 from anvil_ctl.persistence import qualification
 from anvil_ctl.recipes import container_spec, load_recipe
+from scripts.campaign import reserve_waiver
 from scripts.routers import Proc, start_haproxy
 
 pytestmark = pytest.mark.integration
@@ -211,22 +212,7 @@ def _start_host(
         router.readmit(f"{slot}-local", f"http://127.0.0.1:{port}", (f"llm.{slot}",), INCUMBENT_MODEL, 120)
     r = host.anvilctl("adopt", host.incumbent_id, "--slot", slot, "--context-tokens", "524288")
     assert r.returncode == 0, host.log[-1]
-    expires = (datetime.now(UTC) + timedelta(days=30)).date().isoformat()
-    r = host.anvilctl(
-        "waive",
-        "--policy",
-        "vram-reserve",
-        "--scope",
-        "compute-a,compute-b",
-        "--value",
-        "0",
-        "--approved-by",
-        "fleet-test",
-        "--reason",
-        "model-only GPU pair",
-        "--expires",
-        expires,
-    )
+    r = host.anvilctl(*reserve_waiver("fleet-test"))
     assert r.returncode == 0, host.log[-1]
     return host
 

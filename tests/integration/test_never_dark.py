@@ -3,8 +3,8 @@ restarts, renamed and removed retained serves, foreign shared memory; after each
 and the host is at its exact before or after state, serving and routed where it served.
 
 The harness is `scripts/chaos.py` (also `make chaos`, which runs every boundary of every
-command and random-time kills); here: every boundary of rollback, a seeded sample of load
-and promote boundaries, and the named faults of issue 11.
+command and random-time kills); here: a seeded half of rollback's boundaries, a seeded
+sample of load and promote boundaries, and the named faults of issue 11.
 """
 
 from __future__ import annotations
@@ -44,10 +44,15 @@ def _all_ok(verdicts: list[Verdict]) -> None:
 
 
 class TestKilledAtEveryBoundary:
-    def test_every_boundary_of_rollback_converges_to_before_or_after(self, host: ChaosHost) -> None:
-        verdicts = [host.case(Case("rollback", "crash", b)) for b in host.boundaries("rollback")]
-        assert len(verdicts) >= 15
-        _all_ok(verdicts)
+    def test_a_seeded_half_of_rollbacks_boundaries_converges_to_before_or_after(
+        self, host: ChaosHost
+    ) -> None:
+        # Half of them, seeded (ANVIL_CHAOS_SEED): all 18 cost ~4 minutes of a suite that must
+        # stay under 30; `make chaos` kills at every one (docs/NEVER_DARK.md).
+        boundaries = host.boundaries("rollback")
+        assert len(boundaries) >= 15
+        sample = random.Random(f"{SEED}-rollback").sample(boundaries, k=len(boundaries) // 2)
+        _all_ok([host.case(Case("rollback", "crash", b)) for b in sample])
 
     @pytest.mark.parametrize("command", ["load", "promote"])
     def test_a_seeded_sample_of_boundaries_converges(self, host: ChaosHost, command: str) -> None:
