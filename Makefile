@@ -31,11 +31,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,postgres,report]'
 	@touch $@
 
-# The whole suite, unit and integration, inside the hermetic environment (own dockerd in a
-# loopback-only network namespace). Integration tests fail rather than skip here.
-# scripts/suite runs tests/integration alone, then the unit and packaging tests on every core.
+# The whole suite, unit and integration, inside hermetic environments (each its own dockerd,
+# PostgreSQL and /dev/shm in a loopback-only network namespace). Integration tests fail rather
+# than skip here. scripts/suite runs tests/integration in two environments at once, then the
+# unit and packaging tests on every core.
 test: setup debs
-	ANVIL_REQUIRE_INTEGRATION=1 scripts/testenv run -- scripts/suite $(PY) $(PYTEST_ARGS)
+	ANVIL_REQUIRE_INTEGRATION=1 scripts/suite $(PY) $(PYTEST_ARGS)
 
 # Unit tests only: no Docker, no namespace, no root.
 unit: setup
