@@ -166,3 +166,24 @@ def execute_as_attacker(db_url: str, *statements: str, past_triggers: bool = Tru
                 conn.exec_driver_sql(sql.replace("%", "%%"))
     finally:
         engine.dispose()
+
+
+def table_text(db_url: str) -> str:
+    """Every row of every table of the database's schema, as PostgreSQL prints a row (a
+    bytea column as \\x and hex): what a search for a secret in the database reads."""
+    engine = create_engine(make_url(db_url), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            tables = conn.execute(
+                text(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' ORDER BY 1"
+                )
+            ).scalars()
+            return "\n".join(
+                row
+                for name in list(tables)
+                for row in conn.execute(text(f'SELECT t::text FROM "{name}" t')).scalars()
+            )
+    finally:
+        engine.dispose()

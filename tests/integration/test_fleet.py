@@ -1,16 +1,19 @@
-"""A fleet on the test environment's PostgreSQL: two hosts, load/promote/rollback at once.
+"""A fleet on the test environment's PostgreSQL: two hosts, two test environments.
 
-Two hosts (`gpu-a`, `gpu-b`): two state directories and anvil.toml, two machine ids, two
-HAProxy routers, each its own stub engines in the environment's dockerd, one PostgreSQL
-state database. Both run load, promote and rollback at the same time and both commit;
-`fleet status` shows both; `audit verify --full --all-hosts` is clean; the serving
-history answers which container served a slot on host B at a time T.
+Host A (`gpu-a`) is the test environment the tests run in; host B (`gpu-b`) is a second one
+started beside it (`tests/integration/second_env.py`: `scripts/testenv up` from inside the
+first, its own network namespace and dockerd, no PostgreSQL server of its own). Each host
+has its own state directory, anvil.toml and machine id, its own HAProxy router and stub
+engines in its own dockerd, and the same slot layout as the other (`primary` on
+127.0.0.1:8001: each has a loopback of its own). Both share one PostgreSQL database, host B
+through the first env's server's unix socket. Host B's commands run inside its env
+(`scripts/testenv exec DIR -- ...`).
 
-The two hosts share one dockerd here (real hosts each have their own): each host's
-runtime labels what it creates with its name and lists only its own containers (and
-unlabelled ones), the incumbents started by hand carry their host's label, the slots are
-bound to different ports (`primary` on 127.0.0.1:8001 for gpu-a, `second` on
-127.0.0.1:8002 for gpu-b) and the simulated GPUs have different UUIDs.
+Both run load, promote and rollback at the same time and both commit. While host A's load
+holds A's host lock, a second mutator on host A is refused (exit 3, naming the owner's host
+and pid) and writes nothing; the first one still commits. `fleet status` shows both;
+`audit verify --full --all-hosts` is clean; the serving history answers which container
+served llm.primary on host B at a time T (a container of B's dockerd that A's does not have).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,15 +38,23 @@ from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Settings, load_host_config
+from anvil_ctl.engine.lock import held_locks
 from anvil_ctl.persistence import qualification
 from anvil_ctl.recipes import container_spec, load_recipe
 from scripts.campaign import reserve_waiver
 from scripts.routers import Proc, start_haproxy
+from tests.integration import second_env
+from tests.integration.second_env import SecondEnv, in_netns
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
+MUTATIONS = ("load", "promote", "rollback")
+SLOT, PORT = "primary", 8001  # on each host: each has its own loopback
+LOAD_SLOW_START_S = 5
+"""Host A's candidate answers /health only after this long: its load holds A's host lock at
+least that long, the time in which the second mutator of host A is refused."""
 
 HOST_TOML = """\
 [host]
@@ -73,33 +86,43 @@ health_poll_s = 0.1
 """
 
 
-def _recipe(src: str, dest: Path, name: str, port: int) -> None:
+def _recipe(src: str, dest: Path, name: str, *, slow_start_s: float = 0) -> None:
     text = (REPO / "recipes" / f"{src}.toml").read_text()
     text = text.replace(f'name = "{src}"', f'name = "{name}"')
-    text = text.replace("port = 8001", f"port = {port}").replace('"--port", "8001"', f'"--port", "{port}"')
     text = text.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    if slow_start_s:
+        text = text.replace('"--vram-idle-mib"', f'"--slow-start", "{slow_start_s}", "--vram-idle-mib"')
     (dest / f"{name}.toml").write_text(text)
 
 
 @dataclass
 class FleetHost:
     name: str
-    slot: str
-    port: int
     work: Path
     haproxy: Proc
+    env_b: SecondEnv | None = None
+    """Host B's test environment; None for host A (the environment the test runs in)."""
     env: dict[str, str] = field(default_factory=dict)
     incumbent_id: str = ""
     log: list[str] = field(default_factory=list)
 
+    @property
+    def prefix(self) -> list[str]:
+        return self.env_b.prefix if self.env_b else []
+
+    def inside(self) -> AbstractContextManager[None]:
+        """This thread inside the host's network namespace (its loopback, its router)."""
+        return in_netns(self.env_b.netns) if self.env_b else nullcontext()
+
+    def runtime(self) -> DockerRuntime:
+        """The host's own Docker Engine."""
+        return DockerRuntime(base_url=self.env["DOCKER_HOST"], gpu_mode="simulated")
+
+    def argv(self, *args: str) -> list[str]:
+        return [*self.prefix, sys.executable, "-m", "anvil_ctl", *args]
+
     def anvilctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(
-            [sys.executable, "-m", "anvil_ctl", *args],
-            env=self.env,
-            text=True,
-            capture_output=True,
-            timeout=600,
-        )
+        r = subprocess.run(self.argv(*args), env=self.env, text=True, capture_output=True, timeout=600)
         self.log.append(
             f"$ anvilctl {' '.join(args)} -> {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-4000:]}"
         )
@@ -126,13 +149,13 @@ class FleetHost:
         """A verified decision for the loaded candidate (promote's precondition; qualify is
         not what this test is about)."""
         ctx = self.context()
-        cand = ctx.store.current_identity(self.slot, "candidate")
+        cand = ctx.store.current_identity(SLOT, "candidate")
         assert cand is not None
         qualification.record_decision(
             ctx.store,
             decision_id=f"fleet-{self.name}-{cand.qualification_digest[:12]}",
             tx_id=None,
-            slot=self.slot,
+            slot=SLOT,
             identity_digest=cand.qualification_digest,
             container_id=cand.container_id,
             outcome="verified",
@@ -140,15 +163,19 @@ class FleetHost:
 
 
 def _start_host(
-    root: Path, name: str, n: int, slot: str, port: int, db_url: str, started: list[FleetHost]
+    root: Path, name: str, n: int, db_url: str, started: list[FleetHost], env_b: SecondEnv | None = None
 ) -> FleetHost:
     work = root / name
     (work / "recipes").mkdir(parents=True)
     client = secrets.token_urlsafe(24)
-    proxy = start_haproxy(
-        workdir=work / "routers", tiers={f"{slot}-local": (f"llm.{slot}",)}, client_token=client
-    )
-    host = FleetHost(name, slot, port, work, proxy)
+    host_env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_ROUTER_")}
+    if env_b is not None:
+        host_env |= env_b.env  # its DOCKER_HOST, netns, stub image
+    with in_netns(env_b.netns) if env_b else nullcontext():
+        proxy = start_haproxy(
+            workdir=work / "routers", tiers={f"{SLOT}-local": (f"llm.{SLOT}",)}, client_token=client
+        )
+    host = FleetHost(name, work, proxy, env_b)
     started.append(host)  # its router is stopped at teardown whatever happens next
     cred = work / "router-credentials.toml"
     fd = os.open(cred, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -159,17 +186,17 @@ def _start_host(
         HOST_TOML.format(
             name=name,
             n=n,
-            slot=slot,
-            port=port,
+            slot=SLOT,
+            port=PORT,
             router_url=proxy.url,
             socket=proxy.extra["socket"],
             cred=cred,
         )
     )
     (work / "machine-id").write_text(f"{n}" * 32 + "\n")
-    _recipe("stub-incumbent-524k", work / "recipes", f"inc-{name}", port)
-    _recipe("stub-393k-c1", work / "recipes", f"cand-{name}", port)
-    host.env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_ROUTER_")} | {
+    _recipe("stub-incumbent-524k", work / "recipes", f"inc-{name}")
+    _recipe("stub-393k-c1", work / "recipes", f"cand-{name}", slow_start_s=0 if env_b else LOAD_SLOW_START_S)
+    host.env = host_env | {
         "ANVIL_CONFIG": str(config),
         "ANVIL_STATE_DIR": str(work / "state"),
         "ANVIL_STATE_DB": db_url,
@@ -179,65 +206,106 @@ def _start_host(
         "ANVIL_LOG_FORMAT": "json",
     }
     assert host.anvilctl("init").returncode == 0, host.log[-1]
-    # what the operator had before: a serve started by hand, routed
+    # what the operator had before: a serve started by hand on the host's engine, routed
     cfg = load_host_config(config)
     recipe_path = work / "recipes" / f"inc-{name}.toml"
     spec = container_spec(
         load_recipe(recipe_path),
-        slot_name=slot,
-        slot=cfg.slots[slot],
+        slot_name=SLOT,
+        slot=cfg.slots[SLOT],
         host_config=cfg,
         recipe_path=recipe_path,
         tx_id="by-hand",
     )
-    labels = dict(spec.labels) | {
-        "io.anvil.role": "incumbent",
-        "io.anvil.binding": f"127.0.0.1:{port}",
-        # on its host's own Docker Engine, as it were (see the module doc)
-        "io.anvil.host": name,
-    }
+    labels = dict(spec.labels) | {"io.anvil.role": "incumbent", "io.anvil.binding": f"127.0.0.1:{PORT}"}
     spec = replace(spec, name=f"fleet-incumbent-{name}", labels=tuple(sorted(labels.items())))
-    runtime = DockerRuntime(gpu_mode="simulated")
+    runtime = host.runtime()
     try:
         host.incumbent_id = runtime.create(spec)
         runtime.start(host.incumbent_id)
     finally:
         runtime.close()
-    with HaproxyRouter(
-        proxy.url,
-        Path(proxy.extra["socket"]),
-        resolve_credentials(cfg.router, {}, need_admin=False),
-        {f"{slot}-local": (f"llm.{slot}",)},
-    ) as router:
-        router.readmit(f"{slot}-local", f"http://127.0.0.1:{port}", (f"llm.{slot}",), INCUMBENT_MODEL, 120)
-    r = host.anvilctl("adopt", host.incumbent_id, "--slot", slot, "--context-tokens", "524288")
+    with (
+        host.inside(),
+        HaproxyRouter(
+            proxy.url,
+            Path(proxy.extra["socket"]),
+            resolve_credentials(cfg.router, {}, need_admin=False),
+            {f"{SLOT}-local": (f"llm.{SLOT}",)},
+        ) as router,
+    ):
+        router.readmit(f"{SLOT}-local", f"http://127.0.0.1:{PORT}", (f"llm.{SLOT}",), INCUMBENT_MODEL, 120)
+    r = host.anvilctl("adopt", host.incumbent_id, "--slot", SLOT, "--context-tokens", "524288")
     assert r.returncode == 0, host.log[-1]
     r = host.anvilctl(*reserve_waiver("fleet-test"))
     assert r.returncode == 0, host.log[-1]
     return host
 
 
+def _teardown(started: list[FleetHost]) -> None:
+    """Each host's containers (all of its own engine's: the incumbent and what anvilctl made),
+    by ID; its router, by PID."""
+    for h in started:
+        try:
+            runtime = h.runtime()
+            try:
+                mine = {c.id for c in runtime.list(labels={"io.anvil.host": h.name})} | {h.incumbent_id}
+                for cid in sorted(mine - {""}):
+                    runtime.remove(cid, force=True)
+            finally:
+                runtime.close()
+        finally:
+            h.haproxy.stop()
+
+
 @pytest.fixture
 def fleet(tmp_path: Path, pg_database: Callable[..., str]) -> Iterator[tuple[FleetHost, FleetHost]]:
     url = pg_database(migrated=False)
+    starting = second_env.start(tmp_path / "testenv-b.log")  # comes up while host A is set up
+    env_b: SecondEnv | None = None
     started: list[FleetHost] = []
     try:
-        a = _start_host(tmp_path, "gpu-a", 1, "primary", 8001, url, started)
-        b = _start_host(tmp_path, "gpu-b", 2, "second", 8002, url, started)
+        a = _start_host(tmp_path, "gpu-a", 1, url, started)
+        env_b = starting.wait()
+        b = _start_host(tmp_path, "gpu-b", 2, url, started, env_b)
         yield a, b
     finally:
-        runtime = DockerRuntime(gpu_mode="simulated")
         try:
-            # ours only, by ID: what each host created (labelled with its name) and its incumbent
-            ours = {h.incumbent_id for h in started if h.incumbent_id}
-            for h in started:
-                ours |= {c.id for c in runtime.list(labels={"io.anvil.host": h.name})}
-            for cid in sorted(ours):
-                runtime.remove(cid, force=True)
+            _teardown(started)
         finally:
-            runtime.close()
-        for h in started:
-            h.haproxy.stop()
+            if env_b is not None:
+                env_b.down()
+            else:
+                starting.abandon()
+
+
+def _load_refusing_a_rival(host: FleetHost) -> subprocess.CompletedProcess[str]:
+    """Host A's load; while it holds A's host lock (its lock row written), a second mutator
+    of A (another load) is tried and must be refused."""
+    args = ("load", f"cand-{host.name}", "--slot", SLOT)
+    holder = subprocess.Popen(
+        host.argv(*args), env=host.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        store = host.context().store
+        deadline = time.monotonic() + 60
+        while not any(lk.pid == holder.pid for lk in held_locks(store)):
+            assert holder.poll() is None, f"load ended ({holder.returncode}) before its lock row was seen"
+            assert time.monotonic() < deadline, "no lock row of the load within 60 s"
+            time.sleep(0.05)
+        rival = host.anvilctl(*args)
+        assert rival.returncode == 3, host.log[-1]
+        assert "another mutator holds this host" in rival.stderr, host.log[-1]
+        assert f"pid {holder.pid} on {host.name}" in rival.stderr, host.log[-1]
+        # the rival wrote no lock row: any held is the load's
+        assert {lk.pid for lk in held_locks(store)} <= {holder.pid}
+        out, err = holder.communicate(timeout=300)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.communicate()
+    host.log.append(f"$ anvilctl {' '.join(args)} -> {holder.returncode}\n{out[-2000:]}{err[-4000:]}")
+    return subprocess.CompletedProcess(holder.args, holder.returncode, out, err)
 
 
 def _cycle(host: FleetHost, marks: dict[str, str], failures: list[str]) -> None:
@@ -245,25 +313,36 @@ def _cycle(host: FleetHost, marks: dict[str, str], failures: list[str]) -> None:
     try:
         for step in ("load", "promote", "rollback"):
             if step == "load":
-                r = host.anvilctl("load", f"cand-{host.name}", "--slot", host.slot)
+                if host.env_b is None:
+                    r = _load_refusing_a_rival(host)
+                else:
+                    r = host.anvilctl("load", f"cand-{host.name}", "--slot", SLOT)
             elif step == "promote":
                 host.verify_candidate()
-                r = host.anvilctl("promote", "--slot", host.slot, "--approved-by", "fleet-test")
+                r = host.anvilctl("promote", "--slot", SLOT, "--approved-by", "fleet-test")
                 marks[host.name] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             else:
-                r = host.anvilctl("rollback", "--slot", host.slot)
+                r = host.anvilctl("rollback", "--slot", SLOT)
             if r.returncode != 0:
                 failures.append(host.log[-1])
                 return
     except Exception as exc:  # a thread's failure is reported by the test, not lost
-        failures.append(f"{host.name}: {type(exc).__name__}: {exc}")
+        failures.append(f"{host.name}: {type(exc).__name__}: {exc}\n" + "\n".join(host.log[-3:]))
 
 
 class TestFleetOnPostgres:
-    def test_two_hosts_load_promote_rollback_at_once_and_the_fleet_answers_for_both(
+    def test_two_hosts_in_two_environments_load_promote_rollback_at_once_and_the_fleet_answers_for_both(
         self, fleet: tuple[FleetHost, FleetHost]
     ) -> None:
         a, b = fleet
+        # two engines: each host's incumbent is a container of its own dockerd only
+        for h, other in ((a, b), (b, a)):
+            rt = h.runtime()
+            try:
+                ids = {c.id for c in rt.list()}
+            finally:
+                rt.close()
+            assert h.incumbent_id in ids and other.incumbent_id not in ids
         marks: dict[str, str] = {}
         failures: list[str] = []
         threads = [threading.Thread(target=_cycle, args=(h, marks, failures)) for h in (a, b)]
@@ -276,11 +355,10 @@ class TestFleetOnPostgres:
         for h in (a, b):
             txs = h.json("audit", "transactions")
             assert isinstance(txs, list)
-            assert {(t["host"], t["kind"], t["state"]) for t in txs} >= {
-                (h.name, "load", "committed"),
-                (h.name, "promote", "committed"),
-                (h.name, "rollback", "committed"),
-            }
+            # one of each, all committed: the refused second mutator of A left no transaction
+            mutations = [(t["host"], t["kind"], t["state"]) for t in txs if t["kind"] in MUTATIONS]
+            assert sorted(mutations) == sorted((h.name, kind, "committed") for kind in MUTATIONS), txs
+            assert h.json("lock", "status") == []
         status = a.json("fleet", "status")
         assert isinstance(status, dict)
         hosts = {h["host"]: h for h in status["hosts"]}
@@ -293,13 +371,22 @@ class TestFleetOnPostgres:
         assert verify.returncode == 0, verify.stdout + verify.stderr
         assert [h["host"] for h in json.loads(verify.stdout)["hosts"]] == ["gpu-a", "gpu-b"]
 
-        # which container served llm.second on host B between its promote and its rollback:
-        # its promoted candidate, asked from host A
-        cand_b = b.context().store.current_identity(b.slot, "candidate")
-        assert cand_b is not None
-        served = a.json("audit", "served", "--slot", "second", "--at", marks["gpu-b"], "--host", "gpu-b")
+        # which container served llm.primary on host B between its promote and its rollback:
+        # its promoted candidate (a container of B's engine), asked from host A
+        cand_a = a.context().store.current_identity(SLOT, "candidate")
+        cand_b = b.context().store.current_identity(SLOT, "candidate")
+        assert cand_a is not None and cand_b is not None
+        served = a.json("audit", "served", "--slot", SLOT, "--at", marks["gpu-b"], "--host", "gpu-b")
         assert isinstance(served, list)
         assert [(s["host"], s["container_id"]) for s in served] == [("gpu-b", cand_b.container_id)]
-        everyone = a.json("audit", "served", "--slot", "primary", "--at", marks["gpu-a"], "--all-hosts")
+        rt_b = b.runtime()
+        try:
+            assert cand_b.container_id in {c.id for c in rt_b.list()}
+        finally:
+            rt_b.close()
+        everyone = a.json("audit", "served", "--slot", SLOT, "--at", marks["gpu-a"], "--all-hosts")
         assert isinstance(everyone, list)
-        assert [s["host"] for s in everyone] == ["gpu-a"]
+        by_host = {s["host"]: s["container_id"] for s in everyone}
+        assert by_host["gpu-a"] == cand_a.container_id
+        # host B served primary too at that time: its incumbent or its candidate
+        assert by_host.get("gpu-b") in {b.incumbent_id, cand_b.container_id}, everyone

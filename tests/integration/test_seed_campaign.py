@@ -6,10 +6,17 @@ C1 profile 2,101 MiB after the workload, the 245,760-token C1 profile 3,487 MiB,
 against the standing 3,072 MiB reserve. The rest of the campaign rides along: the
 matched A/B control of two 131K arms, the bounded final log audit, free VRAM after
 real-client acceptance, the claim ledger and the one-page report.
+
+The campaign runs twice, once on each state backend (issue 15): on the state directory's
+SQLite file, and on a fresh database of the PostgreSQL server the test environment starts
+(`tests.pgserver`; failed, not skipped, where the suite requires it). Every step is the same
+on both, but two: the no-token check reads the SQLite file, or every row of every table of
+the PostgreSQL database; `db copy` (SQLite history into PostgreSQL) runs from SQLite only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -27,6 +34,8 @@ from scripts.campaign import (
     start_incumbent_by_hand,
 )
 from scripts.campaign import runtime as make_runtime
+from tests.conftest import BACKENDS
+from tests.pgserver import PgServer, skip_or_fail, table_text
 
 _RUNTIME: list[Any] = []
 
@@ -41,9 +50,23 @@ def runtime() -> Any:
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def camp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Campaign]:
-    c = start_campaign(tmp_path_factory.mktemp("campaign"))
+@pytest.fixture(scope="module", params=BACKENDS)
+def camp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Campaign]:
+    """The campaign on `backend`: SQLite in its state directory, or a fresh PostgreSQL database
+    (empty: `init` migrates it), dropped at the end."""
+    backend = str(request.param)
+    server: PgServer | None = None
+    database = ""
+    if backend == "postgresql":
+        server = request.getfixturevalue("pg_server")
+        if server is None:
+            skip_or_fail()
+        assert server is not None
+        database = server.database(migrated=False)
+    c = start_campaign(tmp_path_factory.mktemp(f"campaign-{backend}"))
+    c.__dict__["backend"] = backend
+    if server is not None:
+        c.env["ANVIL_STATE_DB"] = server.url_str(database)
     try:
         assert c.anvilctl("init").returncode == 0
         start_incumbent_by_hand(c)
@@ -55,8 +78,13 @@ def camp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Campaign]:
         rt = runtime()
         for info in rt.list(labels={"io.anvil.managed": "true"}):
             rt.remove(info.id, force=True)
+        if c.incumbent_id:  # the next backend's campaign starts its incumbent under the same name
+            with contextlib.suppress(Exception):
+                rt.remove(c.incumbent_id, force=True)
         rt.close()
         _RUNTIME.clear()
+        if server is not None:
+            server.drop(database)
 
 
 def j(r: Any) -> Any:
@@ -355,6 +383,8 @@ class TestSeedCampaign:
     ) -> None:
         """Issue 15 point 6: the campaign's SQLite history copied into an empty PostgreSQL
         database (migrated by the copy), verified there in full; a second copy is refused."""
+        if camp.__dict__["backend"] != "sqlite":
+            pytest.skip("db copy carries an SQLite history into PostgreSQL; this one is there already")
         url = pg_database(migrated=False)
         source = j(camp.anvilctl("--json", "audit", "transactions", "--limit", "1000"))
         out = j(camp.anvilctl("--json", "db", "copy", "--to", url))
@@ -369,8 +399,13 @@ class TestSeedCampaign:
     def test_13_no_token_appears_in_the_database_logs_snapshots_or_evidence(self, camp: Campaign) -> None:
         tokens = [camp.admin_token.encode(), camp.client_token.encode()]
         files = [p for p in (camp.work / "state").rglob("*") if p.is_file()]
-        assert any(p.name == "anvil.db" for p in files)
         leaks = [str(p) for p in files for t in tokens if t in p.read_bytes()]
+        if camp.__dict__["backend"] == "sqlite":
+            assert any(p.name == "anvil.db" for p in files)
+        else:  # every row of every table, as text (a bytea column as hex)
+            rows = table_text(camp.env["ANVIL_STATE_DB"])
+            assert camp.incumbent_id in rows  # the history is there to be searched
+            leaks += ["the state database" for t in tokens if t.decode() in rows or t.hex() in rows]
         logs = "".join(camp.log).encode()
         assert [t for t in tokens if t in logs] == []
         assert leaks == []
