@@ -52,9 +52,10 @@ REPO = Path(__file__).resolve().parents[2]
 INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
 MUTATIONS = ("load", "promote", "rollback")
 SLOT, PORT = "primary", 8001  # on each host: each has its own loopback
-LOAD_SLOW_START_S = 5
-"""Host A's candidate answers /health only after this long: its load holds A's host lock at
-least that long, the time in which the second mutator of host A is refused."""
+HOLD_AT = "load:start-candidate:do:intent"
+"""Host A's load pauses right after this journal row commits (ANVIL_PAUSE_AT: it waits until
+its state directory's `paused-at` file is removed), holding A's host lock for as long as the
+test needs to try a second mutator of host A, however slow the machine."""
 
 HOST_TOML = """\
 [host]
@@ -86,12 +87,10 @@ health_poll_s = 0.1
 """
 
 
-def _recipe(src: str, dest: Path, name: str, *, slow_start_s: float = 0) -> None:
+def _recipe(src: str, dest: Path, name: str) -> None:
     text = (REPO / "recipes" / f"{src}.toml").read_text()
     text = text.replace(f'name = "{src}"', f'name = "{name}"')
     text = text.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
-    if slow_start_s:
-        text = text.replace('"--vram-idle-mib"', f'"--slow-start", "{slow_start_s}", "--vram-idle-mib"')
     (dest / f"{name}.toml").write_text(text)
 
 
@@ -195,7 +194,7 @@ def _start_host(
     )
     (work / "machine-id").write_text(f"{n}" * 32 + "\n")
     _recipe("stub-incumbent-524k", work / "recipes", f"inc-{name}")
-    _recipe("stub-393k-c1", work / "recipes", f"cand-{name}", slow_start_s=0 if env_b else LOAD_SLOW_START_S)
+    _recipe("stub-393k-c1", work / "recipes", f"cand-{name}")
     host.env = host_env | {
         "ANVIL_CONFIG": str(config),
         "ANVIL_STATE_DIR": str(work / "state"),
@@ -280,27 +279,35 @@ def fleet(tmp_path: Path, pg_database: Callable[..., str]) -> Iterator[tuple[Fle
 
 
 def _load_refusing_a_rival(host: FleetHost) -> subprocess.CompletedProcess[str]:
-    """Host A's load; while it holds A's host lock (its lock row written), a second mutator
-    of A (another load) is tried and must be refused."""
+    """Host A's load; while it holds A's host lock (paused inside its transaction, its lock row
+    written), a second mutator of A (another load) is tried and must be refused."""
     args = ("load", f"cand-{host.name}", "--slot", SLOT)
+    paused = host.work / "state" / "paused-at"
     holder = subprocess.Popen(
-        host.argv(*args), env=host.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        host.argv(*args),
+        env=host.env | {"ANVIL_PAUSE_AT": HOLD_AT},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
-        store = host.context().store
-        deadline = time.monotonic() + 60
-        while not any(lk.pid == holder.pid for lk in held_locks(store)):
-            assert holder.poll() is None, f"load ended ({holder.returncode}) before its lock row was seen"
-            assert time.monotonic() < deadline, "no lock row of the load within 60 s"
+        deadline = time.monotonic() + 120
+        while not paused.exists():
+            assert holder.poll() is None, f"load ended ({holder.returncode}) before it paused at {HOLD_AT}"
+            assert time.monotonic() < deadline, f"the load did not reach {HOLD_AT} within 120 s"
             time.sleep(0.05)
+        store = host.context().store
+        assert {lk.pid for lk in held_locks(store)} == {holder.pid}  # the load holds the lock
         rival = host.anvilctl(*args)
         assert rival.returncode == 3, host.log[-1]
         assert "another mutator holds this host" in rival.stderr, host.log[-1]
         assert f"pid {holder.pid} on {host.name}" in rival.stderr, host.log[-1]
-        # the rival wrote no lock row: any held is the load's
-        assert {lk.pid for lk in held_locks(store)} <= {holder.pid}
+        # the rival wrote no lock row: the only one held is still the load's
+        assert {lk.pid for lk in held_locks(store)} == {holder.pid}
+        paused.unlink()
         out, err = holder.communicate(timeout=300)
     finally:
+        paused.unlink(missing_ok=True)
         if holder.poll() is None:
             holder.kill()
             holder.communicate()
