@@ -102,7 +102,7 @@ class DockerRuntime:
 
         `host`: the fleet host this runtime acts for. Containers it creates are labelled
         `io.anvil.host=<host>`, and it does not list containers labelled for another host:
-        where two hosts of a fleet share one Docker Engine (the tests), each sees its own
+        where two hosts of a fleet share one Docker Engine, each sees its own
         containers and the ones no host labelled (started by hand)."""
         if gpu_mode not in ("nvidia", "simulated"):
             raise BadInput(f"gpu_mode must be 'nvidia' or 'simulated', not {gpu_mode!r}")

@@ -147,6 +147,29 @@ class TestCreateAndInspect:
         assert ids == [mine]
         assert {mine, other} <= {c.id for c in runtime.list()}
 
+    def test_two_fleet_hosts_on_one_engine_each_list_their_own_and_the_unlabelled(
+        self, runtime: DockerRuntime, stub_spec: SpecFactory, created: Any
+    ) -> None:
+        """`DockerRuntime(host=...)` labels what it creates with its host and lists only
+        those and the containers no host labelled (started by hand); a runtime without a host
+        lists everything."""
+        host_a = DockerRuntime(base_url=os.environ["DOCKER_HOST"], gpu_mode="simulated", host="gpu-a")
+        host_b = DockerRuntime(base_url=os.environ["DOCKER_HOST"], gpu_mode="simulated", host="gpu-b")
+        try:
+            slot = {"io.anvil.slot": "fleet-list-test"}
+            of_a = created(stub_spec(labels=slot), host_a)
+            of_b = created(stub_spec(labels=slot), host_b)
+            by_hand = created(stub_spec(labels=slot))  # no host runtime: no host label
+            assert host_a.inspect(of_a).labels["io.anvil.host"] == "gpu-a"
+            assert host_b.inspect(of_b).labels["io.anvil.host"] == "gpu-b"
+            assert "io.anvil.host" not in runtime.inspect(by_hand).labels
+            assert {c.id for c in host_a.list(labels=slot)} == {of_a, by_hand}
+            assert {c.id for c in host_b.list(labels=slot)} == {of_b, by_hand}
+            assert {c.id for c in runtime.list(labels=slot)} == {of_a, of_b, by_hand}
+        finally:
+            host_a.close()
+            host_b.close()
+
     def test_image_reports_id_and_tags_and_a_missing_image_is_not_found(
         self, runtime: DockerRuntime, stub_image_id: str
     ) -> None:
