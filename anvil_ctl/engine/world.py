@@ -103,7 +103,7 @@ class World:
 
     def close(self) -> None:
         """Close the adapters' connections (Docker, router HTTP clients)."""
-        for part in (self.runtime, self.router, self.engine, self.gpus):
+        for part in (self.runtime, self.router, self.engine, self.gpus, self.acceptance):
             close = getattr(part, "close", None)
             if callable(close):
                 close()
