@@ -11,8 +11,8 @@ one JSON line. The parent rebuilds the same `AcceptanceResult` (or raises the sa
 Warning: the child is a copy of the command. It touches nothing it inherited (the
 database, the Docker and router clients, the host lock is not taken yet when it forks):
 it reads its pipe, makes the three requests, writes its answer and leaves with
-`os._exit`. It ends when its request pipe closes: when the parent asks, closes the
-worker, or dies.
+`os._exit`. An unasked child is killed when the worker closes (it has only been importing); it also
+leaves when its request pipe closes (the parent died).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -108,12 +109,15 @@ class AcceptanceWorker:
         return Answered(get_object(answer, "result"))
 
     def close(self) -> None:
-        """End the worker: its request pipe closes, so an unasked child leaves; reaped here."""
+        """End the worker and reap it. A child not asked (a refused promote) has only been
+        importing: it is killed rather than waited for; an asked one has answered already."""
         pid, self._pid = self._pid, None
         if not pid:
             return
         os.close(self._requests)
         os.close(self._answers)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
 
