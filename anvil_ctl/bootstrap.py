@@ -13,9 +13,6 @@ then records a refusal before any mutation instead of the command failing blind.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -36,18 +33,9 @@ from anvil_ctl.core.ports import (
 
 if TYPE_CHECKING:
     from anvil_ctl.engine.faults import Faults
-    from anvil_ctl.engine.world import Acceptance, AcceptanceReport, VramRelease, World
+    from anvil_ctl.engine.world import Acceptance, VramRelease, World
     from anvil_ctl.persistence.db import Engine
     from anvil_ctl.persistence.store import Store
-
-
-ACCEPTANCE_MODULE = "anvil_ctl.acceptance"
-"""Real-client acceptance; imports `openai`, the heaviest import of any command."""
-
-
-def _import_quietly(module: str) -> None:
-    with contextlib.suppress(Exception):
-        importlib.import_module(module)
 
 
 @dataclass
@@ -184,19 +172,17 @@ class Context:
         return NvmlProbe()
 
     def warm_acceptance(self) -> None:
-        """Start importing the real client (`openai`: 0.6-1.4 s) in the background.
+        """Fork the real client's worker now (`RealAcceptance.warm`), for a command that runs
+        real-client acceptance later (promote): `openai` (0.6-1.4 s of CPU) imports in the
+        child, on another core, while this process checks, observes and readmits. Call it
+        after `world()` and before the host lock is taken, so the child holds neither."""
+        from anvil_ctl.acceptance_worker import RealAcceptance
 
-        For a command that runs real-client acceptance later (promote): its guards,
-        snapshot and readmission run meanwhile, and the acceptance step finds the module
-        imported. Call it after `world()`, whose imports (httpx and pydantic among them)
-        the client shares: the two threads then import disjoint modules. A failed import
-        here changes nothing: the acceptance step imports again and fails as it would.
-        """
-        if self.settings.backend == "fake" or self.config.router.kind == "none":
+        if self.settings.backend == "fake":
             return
-        threading.Thread(
-            target=_import_quietly, args=(ACCEPTANCE_MODULE,), name="warm-acceptance", daemon=True
-        ).start()
+        acceptance = self.world().acceptance
+        if isinstance(acceptance, RealAcceptance):
+            acceptance.warm()
 
     @cached_property
     def faults(self) -> Faults:
@@ -338,11 +324,9 @@ def _router(ctx: Context) -> tuple[Router | None, Acceptance | None]:
     except CredentialError as exc:
         return UnresolvedCredentialsRouter(exc), None
 
-    def acceptance(alias: str, model: str) -> AcceptanceReport:
-        from anvil_ctl.acceptance import run_acceptance  # openai: only here (see warm_acceptance)
+    from anvil_ctl.acceptance_worker import RealAcceptance
 
-        return run_acceptance(rc.url, alias, model, creds.client)
-
+    acceptance = RealAcceptance(rc.url, creds.client)
     if rc.kind == "smg":
         from anvil_ctl.adapters.smg import SmgRouter
 

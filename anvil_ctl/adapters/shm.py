@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -180,9 +181,10 @@ class ShmScanner:
         by_inode = {(st.st_dev, st.st_ino): path for path, st in found.items()}
         by_path = {path: st.st_ino for path, st in found.items()}
         names = {os.path.basename(p) for p in found}
-        # A maps line that maps a candidate carries its inode as a field of its own: a
-        # process whose maps hold none of these tokens is skipped without parsing a line.
-        inodes = tuple(t for st in found.values() for t in (f" {st.st_ino} ", f" {st.st_ino}\n"))
+        inodes = sorted({st.st_ino for st in found.values()})
+        lines = _lines_mapping(inodes)
+        # A line mapping a candidate carries its inode as a field of its own.
+        tokens = tuple(t for i in inodes for t in (f" {i} ".encode(), f" {i}\n".encode()))
         holders: dict[str, set[int]] = {}
         unreadable: set[int] = set()
         try:
@@ -193,7 +195,7 @@ class ShmScanner:
             if not entry.isdigit():
                 continue
             pid = int(entry)
-            for path in self._held_by(pid, by_inode, by_path, names, unreadable, inodes=inodes):
+            for path in self._held_by(pid, by_inode, by_path, names, unreadable, lines=lines, tokens=tokens):
                 holders.setdefault(path, set()).add(pid)
         return {p: tuple(sorted(s)) for p, s in holders.items()}, tuple(sorted(unreadable))
 
@@ -205,31 +207,40 @@ class ShmScanner:
         names: set[str],
         unreadable: set[int],
         *,
-        inodes: tuple[str, ...] = (),
+        lines: re.Pattern[bytes] | None = None,
+        tokens: tuple[bytes, ...] = (),
     ) -> set[str]:
         found: set[str] = set()
-        base = self.proc_root / str(pid)
+        # Plain string paths and bytes: this runs for every process on the host, three times
+        # per transaction (the base check and both snapshots). Only the maps lines whose inode
+        # field is a candidate's (`lines`, one pass in C) are decoded and parsed.
+        base = f"{self.proc_root}/{pid}"
         try:
-            with open(base / "maps", encoding="utf-8", errors="surrogateescape") as fh:
-                maps = fh.read()
-            if not inodes or any(token in maps for token in inodes):
-                for line in maps.splitlines(keepends=True):
-                    hit = _mapped(line, by_inode, by_path)
-                    if hit is not None:
-                        found.add(hit)
+            with open(f"{base}/maps", "rb") as fh:
+                raw = fh.read()
+            if lines is None:
+                candidates: Iterable[bytes] = raw.splitlines(keepends=True)
+            elif any(token in raw for token in tokens):  # most processes map none: memmem only
+                candidates = (m[0] for m in lines.finditer(raw))
+            else:
+                candidates = ()
+            for line in candidates:
+                hit = _mapped(line.decode("utf-8", errors="surrogateescape"), by_inode, by_path)
+                if hit is not None:
+                    found.add(hit)
         except (FileNotFoundError, ProcessLookupError):
             return found  # the process exited during the scan
         except OSError:
             unreadable.add(pid)  # permission denied (not root) or a kernel refusal
         try:
-            fds = os.listdir(base / "fd")
+            fds = os.listdir(f"{base}/fd")
         except (FileNotFoundError, ProcessLookupError):
             return found
         except OSError:
             unreadable.add(pid)
             return found
         for fd in fds:
-            link = base / "fd" / fd
+            link = f"{base}/fd/{fd}"
             try:
                 target = os.readlink(link).removesuffix(DELETED_SUFFIX)
                 # Only a candidate's name is worth a stat (which follows the link into
@@ -275,6 +286,18 @@ class ShmScanner:
                 return None
             pid = parent
         return None
+
+
+def _lines_mapping(inodes: Iterable[int]) -> re.Pattern[bytes]:
+    """The /proc/<pid>/maps lines whose inode (the fifth field) is one of `inodes`.
+
+    Only such a line can map a candidate: `_mapped` matches by (device, inode), or by path
+    with the same inode, so every other line is skipped unparsed.
+    """
+    alternatives = b"|".join(str(i).encode() for i in sorted(set(inodes)))
+    return re.compile(
+        rb"^[^ \n]+ [^ \n]+ [^ \n]+ [^ \n]+ (?:" + alternatives + rb")(?=[ \n]|\Z)[^\n]*\n?", re.M
+    )
 
 
 def _mapped(line: str, by_inode: dict[tuple[int, int], str], by_path: dict[str, int]) -> str | None:

@@ -41,7 +41,7 @@ from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.world import World
+from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.persistence import rechecks
 
 log = structlog.get_logger(__name__)
@@ -175,11 +175,12 @@ def _recheck(ctx: Context, slot: str, *, repair: JSONObject | None = None) -> Re
         # Engine is "could not observe", never drift.
         world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: slot})
         ident = ctx.store.current_identity(slot, "incumbent")
-        if ident is None:
-            out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
-        else:
-            out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
-        _observe(world, out)
+        with one_reading(world):  # assertions and snapshot only observe: /dev/shm scanned once
+            if ident is None:
+                out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
+            else:
+                out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
+            _observe(world, out)
     except Unavailable as exc:
         kept = out.assertions[:1] if repair is not None else []  # the repair entry stays
         out.assertions = [*kept, {"name": "observed", "passed": False, "observed": str(exc)}]

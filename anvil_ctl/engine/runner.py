@@ -39,7 +39,7 @@ from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.journaling import JournalWriter
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import to_json
-from anvil_ctl.engine.world import World
+from anvil_ctl.engine.world import World, one_reading
 
 A = TypeVar("A")
 M = TypeVar("M")
@@ -139,10 +139,11 @@ class TransactionEngine:
         if dry_run:
             ctx = StepContext(tx_id="dry-run", kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
             # Every guard runs and the starting snapshot is observed; nothing is written.
-            outcome.refusal = self._check_guards(plan, ctx)
-            if outcome.refusal:
-                outcome.state, outcome.reason = TxState.REFUSED, outcome.refusal.reason
-            outcome.before = plan.snapshot() if plan.snapshot else None
+            with one_reading(world):
+                outcome.refusal = self._check_guards(plan, ctx)
+                if outcome.refusal:
+                    outcome.state, outcome.reason = TxState.REFUSED, outcome.refusal.reason
+                outcome.before = plan.snapshot() if plan.snapshot else None
             return outcome
 
         tx_id = self.journal.begin(
@@ -164,28 +165,30 @@ class TransactionEngine:
         bound = log.bind(tx_id=tx_id, kind=plan.kind)
         t0 = time.monotonic()
         progress.step_started(-1, "guards", "check", f"{len(plan.guards)} checks before any change")
-        refusal = self._check_guards(plan, ctx)
-        progress.step_finished(
-            -1,
-            "guards",
-            "check",
-            ok=refusal is None,
-            elapsed_s=time.monotonic() - t0,
-            error=refusal.reason if refusal else "",
-        )
-        if refusal is not None:
-            self._transition(ctx, TxState.REFUSED, refusal.reason, refusal.as_dict())
-            bound.warning("refused", guard=refusal.guard, reason=refusal.reason)
-            outcome.state, outcome.reason, outcome.refusal = TxState.REFUSED, refusal.reason, refusal
-            return outcome
+        with one_reading(ctx.world):  # the guards and the before snapshot only observe
+            refusal = self._check_guards(plan, ctx)
+            progress.step_finished(
+                -1,
+                "guards",
+                "check",
+                ok=refusal is None,
+                elapsed_s=time.monotonic() - t0,
+                error=refusal.reason if refusal else "",
+            )
+            if refusal is not None:
+                self._transition(ctx, TxState.REFUSED, refusal.reason, refusal.as_dict())
+                bound.warning("refused", guard=refusal.guard, reason=refusal.reason)
+                outcome.state, outcome.reason, outcome.refusal = TxState.REFUSED, refusal.reason, refusal
+                return outcome
 
-        if plan.snapshot:
-            started = time.perf_counter()
-            progress.activity("observing the host: the before snapshot")
-            outcome.before = plan.snapshot()
-            bound.debug("snapshot observed", label="before", seconds=round(time.perf_counter() - started, 3))
-            before = outcome.before
-            self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before), "")
+            if plan.snapshot:
+                started = time.perf_counter()
+                progress.activity("observing the host: the before snapshot")
+                outcome.before = plan.snapshot()
+                seconds = round(time.perf_counter() - started, 3)
+                bound.debug("snapshot observed", label="before", seconds=seconds)
+                before = outcome.before
+                self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before), "")
         # Held: the before snapshot, `running` and the availability check only observe, so they
         # commit with the first intent (one database transaction, one audit entry), before
         # the first side effect.

@@ -7,13 +7,14 @@ Every field is a typed port or value; optional capabilities are optional fields
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from anvil_ctl.config import HostConfig, Settings
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import VramNeed
+from anvil_ctl.core.model import ResidueFile, ResidueRemoval, VramNeed
 from anvil_ctl.core.ports import (
     Clock,
     ContainerRuntime,
@@ -102,7 +103,44 @@ class World:
 
     def close(self) -> None:
         """Close the adapters' connections (Docker, router HTTP clients)."""
-        for part in (self.runtime, self.router, self.engine, self.gpus):
+        for part in (self.runtime, self.router, self.engine, self.gpus, self.acceptance):
             close = getattr(part, "close", None)
             if callable(close):
                 close()
+
+
+class _OneScan:
+    """A SharedMemory whose residue is scanned once (see `one_reading`)."""
+
+    def __init__(self, shm: SharedMemory) -> None:
+        self.shm = shm
+        self._residue: list[ResidueFile] | None = None
+
+    def residue(self) -> list[ResidueFile]:
+        if self._residue is None:
+            self._residue = self.shm.residue()
+        return list(self._residue)
+
+    def remove_unheld(self) -> ResidueRemoval:
+        self._residue = None  # a removal changes what is there: the next reading scans again
+        return self.shm.remove_unheld()
+
+
+@contextmanager
+def one_reading(world: object) -> Iterator[None]:
+    """A stretch in which the host is only observed: /dev/shm's residue is scanned once.
+
+    For the checks before a transaction's first mutation and its before snapshot, and for
+    recheck's assertions and snapshot: each asked for the residue, and each scan walks
+    every process's maps and descriptors (tens of ms on a busy host), with nothing of ours
+    changing it in between. Any other world (a plan under test) is left as it is.
+    """
+    if not isinstance(world, World) or world.shm is None:
+        yield
+        return
+    shm = world.shm
+    world.shm = _OneScan(shm)
+    try:
+        yield
+    finally:
+        world.shm = shm

@@ -31,6 +31,7 @@ HEAVY = (
     "anvil_ctl.persistence",
     "anvil_ctl.adapters",
     "anvil_ctl.engine",
+    "anvil_ctl.core.engine_profile",
 )
 
 CHILD = """

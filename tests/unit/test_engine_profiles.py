@@ -42,6 +42,12 @@ class TestTheRegistry:
         assert set(ENGINE_PROFILES) == {"openai-compatible", "stub", "sglang", "vllm", "llama-cpp-python"}
         assert all(name == p.name for name, p in ENGINE_PROFILES.items())
 
+    def test_the_command_lines_engine_choices_are_the_registered_profiles(self):
+        """`--engine` offers a constant (so `--help` does not build the profiles): the same names."""
+        from anvil_ctl.cli.serves import ENGINE_NAMES
+
+        assert tuple(sorted(ENGINE_PROFILES)) == ENGINE_NAMES
+
     def test_an_unknown_or_empty_name_gets_the_openai_compatible_assumptions(self):
         assert engine_profile("exl3") is OPENAI_COMPATIBLE
         assert engine_profile("") is OPENAI_COMPATIBLE

@@ -53,7 +53,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "qualify": _package("qualify"),
     "recipes": _package("recipes"),
     "stub": _package("stub"),
-    "acceptance": ("anvil_ctl.acceptance",),
+    "acceptance": ("anvil_ctl.acceptance", "anvil_ctl.acceptance_worker"),
     "engine": _package("engine"),
     "commands": _package("commands"),
     "bootstrap": _package("bootstrap"),

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.adapters.procfs import proc_cgroup_container
-from anvil_ctl.adapters.shm import ManagedContainers, ShmScanner, managed_containers, remove_residue
+from anvil_ctl.adapters.shm import (
+    ManagedContainers,
+    ShmScanner,
+    _lines_mapping,
+    managed_containers,
+    remove_residue,
+)
 from anvil_ctl.config import ENGINE_SEGMENTS, HostConfig
 from anvil_ctl.core.model import LABEL_MANAGED, ContainerSpec, ShmMark
 from anvil_ctl.core.ports import SharedMemory, ShmLedger
@@ -363,6 +369,24 @@ class TestResidueIsOurs:
         obs = ShmScanner(shm, proc_root=proc_root).observe()
         assert obs.unreadable_pids == (77,)
         assert [s.pids for s in obs.files.values()] == [()]
+
+
+class TestMapsLines:
+    def test_only_lines_whose_inode_field_is_a_candidates_are_picked(self) -> None:
+        maps = (
+            b"7f00-7f01 rw-s 00000000 00:1a 1234                       /dev/shm/x\n"
+            b"7f00-7f01 rw-s 00000000 00:1a 12345                      /dev/shm/y\n"
+            b"7f00-7f01 rw-p 00000000 00:00 0 \n"
+            b"7f00-7f01 r--p 00001234 fd:01 77 /usr/lib/x 1234\n"
+            b"55aa-55ab rw-s 00000000 00:1a 99 /dev/shm/z (deleted)\n"
+            b"7f00-7f01 rw-s 00000000 00:1a 1234"
+        )
+        picked = [m[0] for m in _lines_mapping([1234, 99]).finditer(maps)]
+        assert picked == [
+            b"7f00-7f01 rw-s 00000000 00:1a 1234                       /dev/shm/x\n",
+            b"55aa-55ab rw-s 00000000 00:1a 99 /dev/shm/z (deleted)\n",
+            b"7f00-7f01 rw-s 00000000 00:1a 1234",
+        ]
 
 
 class TestRealProc:

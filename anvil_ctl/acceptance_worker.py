@@ -1,0 +1,151 @@
+"""Real-client acceptance in a forked worker, so that `openai` imports on another core meanwhile.
+
+Importing the official client costs 0.6-1.4 s of CPU (hundreds of generated type
+modules). In a thread of the command it competes with the guards, snapshots and
+readmission for the interpreter lock; a child forked when promote starts imports it
+in parallel, then waits for the one request (alias, expected model), runs
+`anvil_ctl.acceptance.run_acceptance` with its own client and answers the result as
+one JSON line. The parent rebuilds the same `AcceptanceResult` (or raises the same
+`AuthRejected`).
+
+Warning: the child is a copy of the command. It touches nothing it inherited (the
+database, the Docker and router clients, the host lock is not taken yet when it forks):
+it reads its pipe, makes the three requests, writes its answer and leaves with
+`os._exit`. An unasked child is killed when the worker closes (it has only been importing); it also
+leaves when its request pipe closes (the parent died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from anvil_ctl.core.errors import AdapterError, AuthRejected
+from anvil_ctl.core.jsontypes import JSONObject, get_object, get_objects
+
+if TYPE_CHECKING:
+    from anvil_ctl.acceptance import AcceptanceResult
+    from anvil_ctl.adapters.credentials import Secret
+
+
+def _child(requests: int, answers: int, router_url: str, token: Secret) -> None:
+    """The forked child: import the client, wait for the request, answer it; never returns."""
+    code = 0
+    try:
+        from anvil_ctl.acceptance import run_acceptance
+
+        with os.fdopen(requests, "rb") as rq:
+            line = rq.readline()
+        if line:
+            ask = json.loads(line)
+            answer: JSONObject
+            try:
+                result = run_acceptance(router_url, str(ask["alias"]), str(ask["model"]), token)
+                answer = {"result": result.as_dict()}
+            except AuthRejected as exc:
+                answer = {"auth_rejected": str(exc), "data": json.loads(json.dumps(exc.data, default=str))}
+            except Exception as exc:  # the parent raises it as the step's failure
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            with os.fdopen(answers, "wb") as out:
+                out.write(json.dumps(answer).encode() + b"\n")
+    except BaseException:  # Ctrl-C reaches the whole process group; the parent reports it
+        code = 1
+    os._exit(code)
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The child's `AcceptanceResult`, as its `as_dict()` (an `AcceptanceReport`); this process
+    never imports `anvil_ctl.acceptance` (and so `openai`) to hold it."""
+
+    result: JSONObject
+
+    @property
+    def passed(self) -> bool:
+        return self.result.get("passed") is True
+
+    def failed_checks(self) -> list[str]:
+        return [str(c["name"]) for c in get_objects(self.result, "checks") if c.get("passed") is not True]
+
+    def as_dict(self) -> JSONObject:
+        return dict(self.result)
+
+
+class AcceptanceWorker:
+    """The `Acceptance` of a real router, run by a forked child (see the module docstring)."""
+
+    def __init__(self, router_url: str, token: Secret) -> None:
+        self.router_url, self.token = router_url, token
+        req_r, self._requests = os.pipe()
+        self._answers, ans_w = os.pipe()
+        self._pid: int | None = os.fork()
+        if self._pid == 0:
+            os.close(self._requests)
+            os.close(self._answers)
+            _child(req_r, ans_w, router_url, token)
+        os.close(req_r)
+        os.close(ans_w)
+
+    def __call__(self, alias: str, model: str) -> Answered:
+        if self._pid is None:
+            raise AdapterError("the acceptance worker was closed or has answered already")
+        with contextlib.suppress(OSError):  # the child died: its answer is empty, reported below
+            os.write(self._requests, json.dumps({"alias": alias, "model": model}).encode() + b"\n")
+        with os.fdopen(self._answers, "rb", closefd=False) as ans:
+            line = ans.readline()
+        self.close()
+        if not line:
+            raise AdapterError("the real-client acceptance worker ended without an answer")
+        answer = json.loads(line)
+        if "auth_rejected" in answer:
+            data = answer.get("data") or {}
+            raise AuthRejected(str(answer["auth_rejected"]), **data)
+        if "error" in answer:
+            raise AdapterError(f"real-client acceptance: {answer['error']}")
+        return Answered(get_object(answer, "result"))
+
+    def close(self) -> None:
+        """End the worker and reap it. A child not asked (a refused promote) has only been
+        importing: it is killed rather than waited for; an asked one has answered already."""
+        pid, self._pid = self._pid, None
+        if not pid:
+            return
+        os.close(self._requests)
+        os.close(self._answers)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+class RealAcceptance:
+    """Real-client acceptance with the router's client token (`anvil_ctl.acceptance`, openai).
+
+    `warm()` forks its worker ahead of use (`anvil_ctl.acceptance_worker`): the client
+    imports on another core while the command goes on. Unwarmed, it runs in this process.
+    """
+
+    def __init__(self, router_url: str, token: Secret) -> None:
+        self.router_url, self.token = router_url, token
+        self._worker: AcceptanceWorker | None = None
+
+    def warm(self) -> None:
+        if self._worker is None:
+            self._worker = AcceptanceWorker(self.router_url, self.token)
+
+    def __call__(self, alias: str, model: str) -> AcceptanceResult | Answered:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            return worker(alias, model)
+        from anvil_ctl.acceptance import run_acceptance  # openai: only here
+
+        return run_acceptance(self.router_url, alias, model, self.token)
+
+    def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
