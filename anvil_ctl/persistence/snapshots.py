@@ -3,8 +3,12 @@
 A snapshot's body is stored once per distinct content (`snapshot_blobs`, keyed by its
 SHA-256); each `snapshots` row names its blob (rows written before migration 0007 hold
 the body themselves). A diff is stored as a JSON Patch (RFC 6902) with a `test` of every
-value it takes away. These functions work inside the caller's session: the Store opens
-the write transaction and appends the audit entry that covers the rows added here.
+value it takes away, or, when it is exactly the diff of two snapshots whose bodies are
+stored (a transaction's before and after snapshots, from migration 0011 on), as `DERIVED`:
+the row keeps both hashes and `equal`, and the patch is worked out from the two covered
+blobs when read (`stored_changes`), so the same evidence is not stored twice. These
+functions work inside the caller's session: the Store opens the write transaction and
+appends the audit entry that covers the rows added here.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from sqlalchemy.orm import Session
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.model import Identity, canonical_json
-from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
+from anvil_ctl.core.snapshot import Change, Snapshot, diff, to_patch
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
 from anvil_ctl.persistence.scope import on_host
 
@@ -34,9 +38,16 @@ def record(s: Session, tx_id: str | None, label: str, snapshot: Snapshot, now: s
     return row.id
 
 
+DERIVED = '"blobs"'
+"""`changes_json` of a diff that is the JSON Patch between its two stored snapshots' bodies."""
+
+
 def record_diff(
     s: Session, tx_id: str, label: str, *, before: Snapshot, after: Snapshot, changes: list[Change], now: str
 ) -> None:
+    patch = canonical_json(to_patch(changes))
+    if changes and _derivable(s, before, after, patch):
+        patch = DERIVED
     s.add(
         SnapshotDiff(
             tx_id=tx_id,
@@ -46,10 +57,30 @@ def record_diff(
             equal=int(not changes),
             # A JSON Patch (RFC 6902) with a `test` of every value taken away; rows
             # written before it hold {path, before, after} (see snapshot.changes_from_stored).
-            changes_json=canonical_json(to_patch(changes)),
+            changes_json=patch,
             at=now,
         )
     )
+
+
+def _derivable(s: Session, before: Snapshot, after: Snapshot, patch: str) -> bool:
+    """Whether `patch` is what `stored_changes` will work out from the two stored bodies."""
+    for snap in (before, after):
+        blob = s.get(SnapshotBlob, snap.sha256)
+        if blob is None or blob.body_json != snap.canonical:
+            return False
+    return canonical_json(to_patch(diff(before, after))) == patch
+
+
+def stored_changes(s: Session, row: SnapshotDiff) -> list[JSONObject]:
+    """A diff row's JSON Patch (or the older form it was written in), as stored or derived."""
+    if row.changes_json == DERIVED:
+        before, after = (Snapshot(json.loads(_blob(s, sha))) for sha in (row.before_sha256, row.after_sha256))
+        return to_patch(diff(before, after))
+    value: JSONValue = json.loads(row.changes_json)
+    if not isinstance(value, list) or not all(isinstance(op, dict) for op in value):
+        raise StateStoreError(f"snapshot diff {row.id}: changes_json is not a list of objects")
+    return [op for op in value if isinstance(op, dict)]
 
 
 def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONObject] | None:
