@@ -3,10 +3,14 @@
 - A transaction's before/after diff that is exactly the diff of its two stored snapshots
   is stored as `snapshots.DERIVED` and read back, by `audit diff`, as the same patch the
   older rows hold in full; rows of both forms read and verify together.
+- An entry lists each covered row by the first 16 bytes of its SHA-256 (22 base64url
+  characters, packed under `rowrefs.SHORT_TAG`); entries listing all 32 bytes (0010) or
+  hex (before) verify with them, and a row edited under a short digest is named.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -14,8 +18,11 @@ import pytest
 
 from anvil_ctl.commands import audit
 from anvil_ctl.core.snapshot import Snapshot, diff, to_patch
+from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import snapshots
+from anvil_ctl.persistence.rowrefs import SHORT_TAG, TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
+from tests.unit.rawjournal import JournalRow
 from tests.unit.test_lean_records import _cycle
 
 
@@ -109,3 +116,86 @@ class TestDerivedDiffs:
         report = audit.verify(host.context(), full=True)
         assert not report["ok"]
         assert [(p.get("table"), p.get("key")) for p in report["problems"]] == [("snapshot_blobs", sha)]
+
+
+SHORT = "0guvJ3yr4TApTTvm4pA6WQ"
+LONG = "0guvJ3yr4TApTTvm4pA6WTSktdgSk2WWrrBnml4yDuU"
+
+
+def _journal(host: FakeHost) -> list[JournalRow]:
+    con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+    con.row_factory = JournalRow
+    try:
+        rows: list[JournalRow] = con.execute("SELECT id, rows_json FROM audit_journal ORDER BY id").fetchall()
+        return rows
+    finally:
+        con.close()
+
+
+def _digest_lengths(host: FakeHost) -> set[int]:
+    return {len(d) for e in _journal(host) for _t, _k, d in json.loads(str(e["rows_json"]))}
+
+
+class TestShortRowDigests:
+    def test_a_list_of_short_digests_packs_under_its_own_tag_and_reads_back_the_same(self) -> None:
+        text = audit_chain.canonical_json([["step_events", 7, SHORT], ["transactions", "dec-1", SHORT]])
+        packed = pack_rows(text)
+        assert packed.startswith(SHORT_TAG) and unpack_rows(packed) == text
+        assert len(packed) == 2 + (1 + 1 + 16) + (1 + 6 + 16)
+        assert pack_rows(text.replace(SHORT, LONG)).startswith(TAG)
+        with pytest.raises(Unpackable):  # digests of both sizes in one list stay text
+            pack_rows(audit_chain.canonical_json([["step_events", 7, SHORT], ["step_events", 8, LONG]]))
+
+    def test_digest_bytes_reads_every_form_and_refuses_others(self) -> None:
+        assert len(audit_chain.digest_bytes(SHORT)) == 16
+        assert len(audit_chain.digest_bytes(LONG)) == 32
+        assert len(audit_chain.digest_bytes("ab" * 32)) == 32
+        for bad in ("", SHORT[:-1], LONG + "A", "zz" * 32):
+            with pytest.raises(ValueError):
+                audit_chain.digest_bytes(bad)
+
+    def test_new_entries_list_16_bytes_and_verify_with_older_32_byte_and_hex_entries(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:  # as anvilctl wrote before 0010: hex digests
+            m.setattr(audit_chain, "compact_digest", lambda digest: digest)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+        with monkeypatch.context() as m:  # as 0010 wrote: all 32 bytes
+            m.setattr(audit_chain, "ROW_DIGEST_BYTES", 32)
+            _cycle(host, 2)
+        assert audit.verify(host.context(), full=True)["ok"]  # a checkpoint among the older entries
+        _cycle(host, 3)
+        assert _digest_lengths(host) == {64, 43, 22}
+        incremental = audit.verify(host.context())
+        assert incremental["ok"] and incremental["mode"] == "incremental" and incremental["rows"] > 0
+        full = audit.verify(host.context(), full=True)
+        assert full["ok"] and full["rows"] > incremental["rows"]
+
+    @pytest.mark.parametrize("full", [True, False])
+    def test_a_row_edited_under_a_short_digest_is_named_with_its_entry(
+        self, tmp_path: Path, full: bool
+    ) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        audit.verify(host.context())  # checkpoint
+        _cycle(host, 2)
+        (step_id,) = _raw(host, "SELECT max(id) FROM step_events WHERE detail_json <> '{}'")[0]
+        entry = [
+            int(str(e["id"]))
+            for e in _journal(host)
+            if ["step_events", step_id] in [r[:2] for r in json.loads(str(e["rows_json"]))]
+        ]
+        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+        trigger = "step_events_no_update"
+        (ddl,) = con.execute("SELECT sql FROM sqlite_master WHERE name = ?", (trigger,)).fetchone()
+        con.execute(f"DROP TRIGGER {trigger}")
+        con.execute("UPDATE step_events SET detail_json = '{\"forged\":1}' WHERE id = ?", (step_id,))
+        con.execute(ddl)
+        con.commit()
+        con.close()
+        report = audit.verify(host.context(), full=full)
+        assert not report["ok"]
+        assert [(p["row_id"], p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]] == [
+            (entry[0], "step_events", step_id, "content edited: row digest differs from its journal entry")
+        ]
