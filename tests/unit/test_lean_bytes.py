@@ -6,6 +6,9 @@
 - An entry lists each covered row by the first 16 bytes of its SHA-256 (22 base64url
   characters, packed under `rowrefs.SHORT_TAG`); entries listing all 32 bytes (0010) or
   hex (before) verify with them, and a row edited under a short digest is named.
+- On SQLite an entry's time is stored as 8 bytes and its transaction ID as 16
+  (`coltypes.CompactTime`, `CompactUuid`), read back as the text the hash covers; entries
+  with text verify with them, and a compact value rewritten is named.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from anvil_ctl.commands import audit
 from anvil_ctl.core.snapshot import Snapshot, diff, to_patch
 from anvil_ctl.persistence import audit as audit_chain
-from anvil_ctl.persistence import snapshots
+from anvil_ctl.persistence import coltypes, snapshots
 from anvil_ctl.persistence.rowrefs import SHORT_TAG, TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.rawjournal import JournalRow
@@ -198,4 +202,83 @@ class TestShortRowDigests:
         assert not report["ok"]
         assert [(p["row_id"], p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]] == [
             (entry[0], "step_events", step_id, "content edited: row digest differs from its journal entry")
+        ]
+
+
+class TestCompactTimeAndTransaction:
+    SQLITE = sqlite_dialect()
+
+    @pytest.mark.parametrize(
+        ("column", "value", "size"),
+        [
+            (coltypes.CompactTime(), "2026-12-01T02:38:40.324711Z", 8),
+            (coltypes.CompactTime(), "1970-01-01T00:00:00.000000Z", 8),
+            (coltypes.CompactUuid(), "ebb3b74e-e315-4139-8efd-665926a40560", 16),
+        ],
+    )
+    def test_a_value_in_its_form_is_stored_as_bytes_and_reads_back_the_same(
+        self, column: coltypes.CompactTime | coltypes.CompactUuid, value: str, size: int
+    ) -> None:
+        stored = column.process_bind_param(value, self.SQLITE)
+        assert isinstance(stored, bytes) and len(stored) == size
+        assert column.process_result_value(stored, self.SQLITE) == value
+
+    @pytest.mark.parametrize(
+        ("column", "value"),
+        [
+            (coltypes.CompactTime(), "2026-12-01T02:38:40Z"),
+            (coltypes.CompactTime(), "2026-12-01 02:38:40.324711"),
+            (coltypes.CompactTime(), "1969-12-31T23:59:59.000000Z"),
+            (coltypes.CompactUuid(), "EBB3B74E-E315-4139-8EFD-665926A40560"),
+            (coltypes.CompactUuid(), "tx-old"),
+            (coltypes.CompactUuid(), "ebb3b74ee3154139-8efd-665926a40560{}"),
+        ],
+    )
+    def test_a_value_that_would_not_read_back_the_same_stays_text(
+        self, column: coltypes.CompactTime | coltypes.CompactUuid, value: str
+    ) -> None:
+        assert column.process_bind_param(value, self.SQLITE) == value
+
+    def test_entries_with_text_and_compact_values_verify_together(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def as_text(_self: object, value: str | None, _dialect: object) -> str | None:
+            return value
+
+        with monkeypatch.context() as m:  # as anvilctl wrote before 0011
+            m.setattr(coltypes.CompactTime, "process_bind_param", as_text)
+            m.setattr(coltypes.CompactUuid, "process_bind_param", as_text)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+        assert audit.verify(host.context(), full=True)["ok"]
+        _cycle(host, 2)
+        forms = set(_raw(host, "SELECT typeof(at), typeof(tx_id) FROM audit_journal"))
+        assert {("text", "text"), ("blob", "blob"), ("blob", "null")} <= forms
+        assert _raw(host, "SELECT DISTINCT length(at) FROM audit_journal WHERE typeof(at) = 'blob'") == [(8,)]
+        incremental = audit.verify(host.context())
+        assert incremental["ok"] and incremental["mode"] == "incremental" and incremental["entries"] > 0
+        assert audit.verify(host.context(), full=True)["ok"]
+
+    @pytest.mark.parametrize(
+        ("column", "value"), [("at", (1).to_bytes(8, "big")), ("at", b"\x01"), ("tx_id", bytes(16))]
+    )
+    def test_a_compact_value_rewritten_is_named(self, tmp_path: Path, column: str, value: bytes) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        (n,) = _raw(host, "SELECT max(id) FROM audit_journal WHERE typeof(tx_id) = 'blob'")[0]
+        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+        triggers = con.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'audit_journal'"
+        ).fetchall()
+        for name, _ddl in triggers:
+            con.execute(f"DROP TRIGGER {name}")
+        con.execute(f"UPDATE audit_journal SET {column} = ? WHERE id = ?", (value, n))
+        for _name, ddl in triggers:
+            con.execute(ddl)
+        con.commit()
+        con.close()
+        report = audit.verify(host.context(), full=True)
+        assert not report["ok"]
+        assert [(p["row_id"], p["problem"]) for p in report["problems"]] == [
+            (n, "content edited: hash does not match the entry")
         ]

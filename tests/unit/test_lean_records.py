@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 from pathlib import Path
 
 import pytest
@@ -168,7 +169,10 @@ class TestRecordStepsCommitAsOne:
             ).fetchone()[0]
             covering = [
                 {t for t, _k, _d in json.loads(rows)}
-                for (rows,) in con.execute("SELECT rows_json FROM audit_journal WHERE tx_id = ?", (tx_id,))
+                # the journal keeps a transaction's ID as its 16 bytes (0011: coltypes.CompactUuid)
+                for (rows,) in con.execute(
+                    "SELECT rows_json FROM audit_journal WHERE tx_id = ?", (uuid.UUID(tx_id).bytes,)
+                )
             ]
         finally:
             con.close()
