@@ -174,6 +174,36 @@ def append(
     return head
 
 
+Held = tuple[str, str | None, Mapping[str, object], int]
+"""An audit event a `Store.together()` holds: name, transaction, payload, and how many
+history rows were pending in the session after it (its own rows are the difference)."""
+
+
+def batch_entry(held: Sequence[Held]) -> tuple[str, str | None, Mapping[str, object]]:
+    """The one entry (event, transaction, payload) for the events of a `together()`.
+
+    One event is its own entry. Several make a `batch`: each event with its payload (and
+    its transaction, where the entry does not name one for all) when it has one; by name
+    when it covers no row of its own; an event with neither is left out, since its rows,
+    which the entry lists in order, name it (a step row its step, phase and event; an
+    identity row its role; ...). From migration 0011 on; older batches name every event.
+    """
+    if len(held) == 1:
+        event, tx_id, payload, _rows = held[0]
+        return event, tx_id, payload
+    tx_ids = {t for _e, t, _p, _r in held}
+    tx_id = tx_ids.pop() if len(tx_ids) == 1 else None
+    events: list[object] = []
+    before = 0
+    for e, t, p, pending in held:
+        own_rows, before = pending - before, pending
+        if p or tx_id is None:
+            events.append({"event": e, **p, **({"tx_id": t} if tx_id is None else {})})
+        elif own_rows <= 0:  # none of its own (or taken by an entry written meanwhile)
+            events.append(e)
+    return "batch", tx_id, ({"events": events} if events else {})
+
+
 def head(session: Session) -> Head:
     """The last entry's position, or `EMPTY` for an empty journal."""
     last = session.execute(

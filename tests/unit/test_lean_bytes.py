@@ -9,6 +9,8 @@
 - On SQLite an entry's time is stored as 8 bytes and its transaction ID as 16
   (`coltypes.CompactTime`, `CompactUuid`), read back as the text the hash covers; entries
   with text verify with them, and a compact value rewritten is named.
+- A `batch` entry leaves out the events whose own rows name them (it lists the rows in
+  order); an event with a payload, or with no row of its own, is still written out.
 """
 
 from __future__ import annotations
@@ -282,3 +284,51 @@ class TestCompactTimeAndTransaction:
         assert [(p["row_id"], p["problem"]) for p in report["problems"]] == [
             (n, "content edited: hash does not match the entry")
         ]
+
+
+class TestBatchEntries:
+    def test_events_named_by_their_own_rows_are_left_out_the_others_kept(self) -> None:
+        held: list[audit_chain.Held] = [
+            ("step.do.result", "tx-1", {}, 1),
+            ("gpu.claim", "tx-1", {}, 1),  # no row of its own: no role was claimed
+            ("tx.committed", "tx-1", {"from": "running"}, 2),
+            ("snapshot", "tx-1", {}, 4),
+        ]
+        assert audit_chain.batch_entry(held) == (
+            "batch",
+            "tx-1",
+            {"events": ["gpu.claim", {"event": "tx.committed", "from": "running"}]},
+        )
+        rows_only = [("step.do.result", "tx-1", {}, 1), ("step.do.intent", "tx-1", {}, 2)]
+        assert audit_chain.batch_entry(rows_only) == ("batch", "tx-1", {})
+        alone = [("step.do.intent", "tx-1", {}, 1)]
+        assert audit_chain.batch_entry(alone) == ("step.do.intent", "tx-1", {})
+
+    def test_events_of_several_transactions_keep_each_its_transaction(self) -> None:
+        held: list[audit_chain.Held] = [("step.do.result", "tx-1", {}, 1), ("lock.released", None, {}, 2)]
+        assert audit_chain.batch_entry(held) == (
+            "batch",
+            None,
+            {
+                "events": [
+                    {"event": "step.do.result", "tx_id": "tx-1"},
+                    {"event": "lock.released", "tx_id": None},
+                ]
+            },
+        )
+
+    def test_a_cycle_s_batches_cover_their_rows_and_verify(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+        con.row_factory = JournalRow
+        try:
+            batches = con.execute(
+                "SELECT payload_json, rows_json FROM audit_journal WHERE event = 'batch'"
+            ).fetchall()
+        finally:
+            con.close()
+        empty = [json.loads(str(b["rows_json"])) for b in batches if b["payload_json"] == "{}"]
+        assert empty and all(len(rows) >= 2 for rows in empty)  # the rows name what the batch held
+        assert {r[0] for rows in empty for r in rows} >= {"step_events"}
+        assert audit.verify(host.context(), full=True)["ok"]
