@@ -23,19 +23,43 @@ from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.snapshot import Change, Snapshot, diff, to_patch
+from anvil_ctl.persistence import blobdelta
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
 from anvil_ctl.persistence.scope import on_host
 
 
 def record(s: Session, tx_id: str | None, label: str, snapshot: Snapshot, now: str) -> int:
-    """Add a `snapshots` row (and its blob when the content is new); returns the row's id."""
+    """Add a `snapshots` row (and its blob when the content is new, as a delta against the
+    transaction's earlier snapshot when that is smaller: `blobdelta`); returns the row's id."""
     if s.get(SnapshotBlob, snapshot.sha256) is None:
-        s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=snapshot.canonical, at=now))
+        body = snapshot.canonical
+        base = _delta_base(s, tx_id)
+        if base is not None:
+            body = blobdelta.encode(body, *base) or body
+        s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=body, at=now))
     # body_json "" : the body is the blob with this sha256 (rows before 0007 hold it).
     row = SnapshotRow(tx_id=tx_id, label=label, sha256=snapshot.sha256, body_json="", at=now)
     s.add(row)
     s.flush()
     return row.id
+
+
+def _delta_base(s: Session, tx_id: str | None) -> tuple[str, str] | None:
+    """(SHA-256, text) of a body stored whole to store a new one against: the blob of the
+    transaction's latest snapshot, or that blob's own base when it is a delta."""
+    if tx_id is None:
+        return None
+    sha = s.execute(
+        select(SnapshotRow.sha256).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id.desc()).limit(1)
+    ).scalar()
+    stored = _stored(s, sha) if sha else None
+    if sha is None or stored is None:
+        return None
+    base = blobdelta.base_of(stored)
+    if base is None:
+        return sha, stored
+    whole = _stored(s, base)
+    return (base, whole) if whole is not None and blobdelta.base_of(whole) is None else None
 
 
 DERIVED = '"blobs"'
@@ -66,8 +90,8 @@ def record_diff(
 def _derivable(s: Session, before: Snapshot, after: Snapshot, patch: str) -> bool:
     """Whether `patch` is what `stored_changes` will work out from the two stored bodies."""
     for snap in (before, after):
-        blob = s.get(SnapshotBlob, snap.sha256)
-        if blob is None or blob.body_json != snap.canonical:
+        stored = _stored(s, snap.sha256)
+        if stored is None or _whole(s, stored) != snap.canonical:
             return False
     return canonical_json(to_patch(diff(before, after))) == patch
 
@@ -131,7 +155,8 @@ def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONO
 
 def body_by_sha256(s: Session, sha256: str) -> JSONObject | None:
     """A recorded snapshot's body by its SHA-256: its blob, or a row written before 0007."""
-    body = s.execute(select(SnapshotBlob.body_json).where(SnapshotBlob.sha256 == sha256)).scalar()
+    stored = _stored(s, sha256)
+    body = None if stored is None else _whole(s, stored)
     if body is None:
         body = s.execute(
             select(SnapshotRow.body_json)
@@ -158,9 +183,28 @@ def _array(value: object) -> JSONArray:
     return value if isinstance(value, list) else []
 
 
+def _stored(s: Session, sha256: str) -> str | None:
+    """A blob's text as stored (whole, or a delta), None if there is no such blob."""
+    blob = s.get(SnapshotBlob, sha256)
+    return None if blob is None else blob.body_json
+
+
 def _blob(s: Session, sha256: str) -> str:
-    """A snapshot body by its content hash (`snapshot_blobs`)."""
-    body = s.execute(select(SnapshotBlob.body_json).where(SnapshotBlob.sha256 == sha256)).scalar()
+    """A snapshot body by its content hash (`snapshot_blobs`), a delta inflated."""
+    body = _stored(s, sha256)
     if body is None:
         raise StateStoreError(f"snapshot body {sha256[:12]} is missing from snapshot_blobs")
-    return body
+    return _whole(s, body)
+
+
+def _whole(s: Session, stored: str) -> str:
+    def base(sha: str) -> str:
+        text = _stored(s, sha)
+        if text is None or blobdelta.base_of(text) is not None:
+            raise StateStoreError(f"snapshot body {sha[:12]}, a delta's base, is missing or not whole")
+        return text
+
+    try:
+        return blobdelta.decode(stored, base)
+    except ValueError as exc:
+        raise StateStoreError(str(exc)) from None

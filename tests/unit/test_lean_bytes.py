@@ -11,6 +11,10 @@
   with text verify with them, and a compact value rewritten is named.
 - A `batch` entry leaves out the events whose own rows name them (it lists the rows in
   order); an event with a payload, or with no row of its own, is still written out.
+- A new snapshot body is stored as a delta against the transaction's earlier snapshot's
+  whole body when that is at most half the size (`blobdelta`); every blob reads back as
+  the body its SHA-256 names, whole blobs written before read with deltas, and a delta's
+  base rewritten is named by verify.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import pytest
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from anvil_ctl.commands import audit
+from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.snapshot import Snapshot, diff, to_patch
 from anvil_ctl.persistence import audit as audit_chain
-from anvil_ctl.persistence import coltypes, snapshots
+from anvil_ctl.persistence import blobdelta, coltypes, snapshots
 from anvil_ctl.persistence.rowrefs import SHORT_TAG, TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.rawjournal import JournalRow
@@ -332,3 +337,82 @@ class TestBatchEntries:
         assert empty and all(len(rows) >= 2 for rows in empty)  # the rows name what the batch held
         assert {r[0] for rows in empty for r in rows} >= {"step_events"}
         assert audit.verify(host.context(), full=True)["ok"]
+
+
+def _blobs(host: FakeHost) -> dict[str, str]:
+    """Every blob's text as stored (whole or a delta), by SHA-256."""
+    with host.context().store.read() as s:
+        return {sha: text for sha in _shas(host) if (text := snapshots._stored(s, sha)) is not None}
+
+
+def _shas(host: FakeHost) -> list[str]:
+    return [str(sha) for (sha,) in _raw(host, "SELECT sha256 FROM snapshot_blobs ORDER BY rowid")]
+
+
+class TestSnapshotDeltas:
+    BASE = json.dumps({"schema": 1, "slots": {"primary": {"containers": {"a" * 64: {"status": "running"}}}}})
+
+    def test_a_delta_inflates_back_and_one_no_smaller_is_not_made(self) -> None:
+        text = self.BASE.replace("running", "exited")
+        delta = blobdelta.encode(text, "b" * 64, self.BASE)
+        assert delta is not None and blobdelta.base_of(delta) == "b" * 64
+        assert blobdelta.decode(delta, lambda sha: self.BASE if sha == "b" * 64 else "") == text
+        unrelated = json.dumps({"schema": 1, "noise": [str(n) * 7 for n in range(300)]})
+        assert blobdelta.encode(unrelated, "b" * 64, "x") is None
+        assert (
+            blobdelta.base_of(self.BASE) is None and blobdelta.decode(self.BASE, lambda _s: "") == self.BASE
+        )
+        with pytest.raises(ValueError, match="does not inflate"):
+            blobdelta.decode(delta, lambda _sha: self.BASE.replace("a", "c"))
+
+    def test_a_cycle_stores_deltas_and_every_blob_reads_as_the_body_its_sha256_names(
+        self, tmp_path: Path
+    ) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        _cycle(host, 2)
+        stored = _blobs(host)
+        deltas = {sha: blobdelta.base_of(t) for sha, t in stored.items() if blobdelta.base_of(t)}
+        assert deltas and all(
+            base in stored and blobdelta.base_of(stored[base]) is None for base in deltas.values()
+        )
+        with host.context().store.read() as s:
+            for sha in stored:
+                assert Snapshot(json.loads(snapshots._blob(s, sha))).sha256 == sha
+        assert audit.verify(host.context(), full=True)["ok"]
+
+    def test_whole_blobs_written_before_read_with_deltas(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:  # as anvilctl wrote before 0011: every body whole
+            m.setattr(blobdelta, "encode", lambda *_a: None)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+        whole = set(_shas(host))
+        _cycle(host, 2)
+        stored = _blobs(host)
+        assert all(blobdelta.base_of(stored[sha]) is None for sha in whole)
+        assert any(blobdelta.base_of(t) for sha, t in stored.items() if sha not in whole)
+        with host.context().store.read() as s:
+            assert all(Snapshot(json.loads(snapshots._blob(s, sha))).sha256 == sha for sha in stored)
+        report = audit.verify(host.context(), full=True)
+        assert report["ok"] and report["rows"] > 0
+
+    def test_a_delta_s_base_rewritten_is_named_and_the_delta_refuses_to_read(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        stored = _blobs(host)
+        sha, base = next((sha, b) for sha, t in stored.items() if (b := blobdelta.base_of(t)))
+        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
+        trigger = "snapshot_blobs_no_update"
+        (ddl,) = con.execute("SELECT sql FROM sqlite_master WHERE name = ?", (trigger,)).fetchone()
+        con.execute(f"DROP TRIGGER {trigger}")
+        con.execute("UPDATE snapshot_blobs SET body_json = ? WHERE sha256 = ?", (stored[base] + " ", base))
+        con.execute(ddl)
+        con.commit()
+        con.close()
+        report = audit.verify(host.context(), full=True)
+        assert not report["ok"]
+        assert [(p.get("table"), p.get("key")) for p in report["problems"]] == [("snapshot_blobs", base)]
+        with host.context().store.read() as s, pytest.raises(StateStoreError, match="does not inflate"):
+            snapshots._blob(s, sha)
