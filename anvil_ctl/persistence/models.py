@@ -73,7 +73,7 @@ class SnapshotRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
-    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    sha256: Mapped[str] = mapped_column(String(64))  # its blob's key (0011 dropped the index)
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
     host_id: Mapped[int | None] = host_column()

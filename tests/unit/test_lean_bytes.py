@@ -15,6 +15,10 @@
   whole body when that is at most half the size (`blobdelta`); every blob reads back as
   the body its SHA-256 names, whole blobs written before read with deltas, and a delta's
   base rewritten is named by verify.
+- Migration 0011: a database written the 0010 way (whole 32-byte digests, text times and
+  IDs, whole blobs and diffs), with a checkpoint among those rows, downgraded to 0010 and
+  upgraded, then written to by this code, verifies from the checkpoint and in full; the
+  index 0011 drops comes back on a downgrade, and rows in the new forms stay.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from alembic import command
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from anvil_ctl.commands import audit
@@ -31,6 +36,8 @@ from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.snapshot import Snapshot, diff, to_patch
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import blobdelta, coltypes, snapshots
+from anvil_ctl.persistence.db import make_engine
+from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.rowrefs import SHORT_TAG, TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.rawjournal import JournalRow
@@ -416,3 +423,66 @@ class TestSnapshotDeltas:
         assert [(p.get("table"), p.get("key")) for p in report["problems"]] == [("snapshot_blobs", base)]
         with host.context().store.read() as s, pytest.raises(StateStoreError, match="does not inflate"):
             snapshots._blob(s, sha)
+
+
+def _the_0010_way(m: pytest.MonkeyPatch) -> None:
+    """Write as anvilctl at 0010 did: 32-byte digests, text times and IDs, whole blobs and diffs."""
+
+    def as_text(_self: object, value: str | None, _dialect: object) -> str | None:
+        return value
+
+    m.setattr(audit_chain, "ROW_DIGEST_BYTES", 32)
+    m.setattr(coltypes.CompactTime, "process_bind_param", as_text)
+    m.setattr(coltypes.CompactUuid, "process_bind_param", as_text)
+    m.setattr(blobdelta, "encode", lambda *_a: None)
+    m.setattr(snapshots, "_derivable", lambda *_a: False)
+
+
+def _snapshot_indexes(host: FakeHost) -> set[str]:
+    return {
+        str(n)
+        for (n,) in _raw(
+            host, "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'snapshots'"
+        )
+    }
+
+
+class TestUpgradeTo0011:
+    def test_rows_of_both_forms_verify_across_a_downgrade_and_upgrade(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:
+            _the_0010_way(m)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among 0010 rows
+        assert _digest_lengths(host) == {43}
+        assert "ix_snapshots_sha256" not in _snapshot_indexes(host)
+        engine = make_engine(f"sqlite:///{host.settings.state_dir / 'anvil.db'}")
+        command.downgrade(alembic_config(engine), "0010")
+        assert "ix_snapshots_sha256" in _snapshot_indexes(host)
+        command.upgrade(alembic_config(engine), "head")
+        assert "ix_snapshots_sha256" not in _snapshot_indexes(host)
+        first = audit.verify(host.context())  # from the checkpoint: the schema changed since
+        assert first["ok"] and first["escalated"] and "schema changed" in first["escalated"]
+
+        _cycle(host, 2)
+        assert _digest_lengths(host) == {43, 22}
+        assert {("text",), ("blob",)} <= set(_raw(host, "SELECT DISTINCT typeof(at) FROM audit_journal"))
+        assert any(blobdelta.base_of(t) for t in _blobs(host).values())
+        assert (
+            _raw(host, "SELECT count(*) FROM snapshot_diffs WHERE changes_json = ?", snapshots.DERIVED)[0][0]
+            > 0
+        )
+        incremental = audit.verify(host.context())
+        assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
+        full = audit.verify(host.context(), full=True)
+        assert full["ok"] and not full["projection_differs"]
+
+        before = _raw(host, "SELECT count(*) FROM audit_journal")
+        command.downgrade(alembic_config(engine), "0010")  # the new rows stay
+        assert _raw(host, "SELECT count(*) FROM audit_journal") == before
+        assert "ix_snapshots_sha256" in _snapshot_indexes(host)
+        command.upgrade(alembic_config(engine), "head")
+        engine.dispose()
+        assert audit.verify(host.context(), full=True)["ok"]
