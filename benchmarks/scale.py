@@ -49,7 +49,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -83,9 +83,9 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 3
+COPY_FORMAT = 4
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
-3 also the journal's compact time and transaction ID and snapshot deltas (migration 0011)."""
+4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011)."""
 SQLITE = sqlite_dialect()
 COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
 """The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
@@ -142,7 +142,7 @@ class Template:
     values as text, snapshot bodies whole: `delta_bases` says which were deltas)."""
     transactions: int
     """Transactions in the base database."""
-    delta_bases: dict[str, str]
+    delta_bases: dict[str, str] = field(default_factory=dict)
     """A snapshot blob stored as a delta -> its base's SHA-256 (copies are stored so again)."""
 
     @property
@@ -280,6 +280,16 @@ class Copier:
         assert last is not None
         self.prev_hash = last["hash"].hex() if isinstance(last["hash"], bytes) else str(last["hash"])
         self.span = max(STEP * template.per_copy, timedelta(seconds=1))
+        self.bases: dict[str, str] = {}
+
+    def whole(self, sha: str) -> str:
+        """A blob of the base database, stored whole (a template delta's base)."""
+        if sha not in self.bases:
+            with self.engine.connect() as conn:
+                t = self.tables["snapshot_blobs"]
+                stored = conn.execute(select(t.c.body_json).where(t.c.sha256 == sha)).scalar()
+            self.bases[sha] = unpack(stored)
+        return self.bases[sha]
 
     def row(self, table: str, row: dict[str, Any], copy: int, names: dict[str, str]) -> dict[str, Any]:
         delta = self.span * (copy + 1)
@@ -315,6 +325,7 @@ class Copier:
             event=row["event"],
             payload=row["payload_json"],
             rows=rows_json,
+            host=row.get("host_id"),  # hashed in when the entry names its host (from 0009)
         )
         # stored as the Store stores a lean entry (`persistence.audit`, `rowrefs`)
         row["prev_hash"] = self.prev_hash[: audit_chain.LINK_TAG]
@@ -343,11 +354,17 @@ class Copier:
                         if name == "audit_journal":
                             out[name].append(self.chain(new, r["rows_json"] or "[]", made))
                             continue
-                        base = made.get(("snapshot_blobs", self.t.delta_bases.get(r[pk.name])))
-                        if name == "snapshot_blobs" and base is not None:  # a delta, as the Store stores it
+                        base_sha = self.t.delta_bases.get(r[pk.name]) if name == "snapshot_blobs" else None
+                        if base_sha is not None:  # a delta, as the Store stores it
+                            # against the copy of its base, or the base itself when that is
+                            # not in the template (a blob of the base database, stored whole)
+                            base = made.get(("snapshot_blobs", base_sha))
+                            if base is not None:
+                                base_sha, base_text = base["sha256"], unpack(base["body_json"])
+                            else:
+                                base_text = self.whole(base_sha)
                             whole = unpack(new["body_json"])
-                            delta = blobdelta.encode(whole, base["sha256"], unpack(base["body_json"]))
-                            new["body_json"] = pack(delta or whole)
+                            new["body_json"] = pack(blobdelta.encode(whole, base_sha, base_text) or whole)
                         made[(name, r[pk.name])] = new
                         out[name].append(new)
             with self.engine.begin() as conn:
