@@ -331,7 +331,7 @@ CEILING_BYTES_PER_TX = 12_700
 journal (3.1 -> 1.8 KB of journal with the next two), time and transaction ID stored
 compactly in the journal, `batch` entries that leave out the events their rows name, new
 snapshot bodies stored as deltas against the transaction's earlier one (1.1 -> 0.55 KB), a
-before/after diff derived from its two stored snapshots (0.9 KB -> 70 B), the promotion
+before/after diff derived from its two stored snapshots (0.9 -> 0.3 KB), the promotion
 record naming its VRAM reading instead of copying it, and ix_snapshots_sha256 dropped.
 22.2-22.9 KB before migration 0010's lean journal, 29.0 KB before packing, 40.6 KB before
 lean records (main at 0005).
