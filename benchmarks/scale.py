@@ -49,7 +49,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sqlalchemy import MetaData, Table, column, create_engine, event, insert, select
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.orm import Session
 
 from anvil_ctl.bootstrap import Context
@@ -67,8 +68,8 @@ from anvil_ctl.core.guards import Refusal
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
-from anvil_ctl.persistence import projection, qualification
-from anvil_ctl.persistence.coltypes import PACKED, pack, unpack
+from anvil_ctl.persistence import blobdelta, projection, qualification
+from anvil_ctl.persistence.coltypes import PACKED, CompactTime, CompactUuid, pack, unpack
 from anvil_ctl.persistence.coverage import COVERED, ref_of
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
 from anvil_ctl.persistence.models import PROJECTION_TABLES
@@ -82,8 +83,12 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 2
-"""How copies are written (part of a cached database's key): 2 stores lean journal entries."""
+COPY_FORMAT = 4
+"""How copies are written (part of a cached database's key): 2 stores lean journal entries,
+4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011)."""
+SQLITE = sqlite_dialect()
+COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
+"""The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
 
 
 # -- the template: real transactions on the fake host -----------------------------------------
@@ -133,9 +138,12 @@ class Template:
     root: Path
     """The fake host: its state database (the base of every size) and its world file."""
     rows: dict[str, list[dict[str, Any]]]
-    """Table -> the rows the template's writes added, in rowid order."""
+    """Table -> the rows the template's writes added, in rowid order (the journal's compact
+    values as text, snapshot bodies whole: `delta_bases` says which were deltas)."""
     transactions: int
     """Transactions in the base database."""
+    delta_bases: dict[str, str] = field(default_factory=dict)
+    """A snapshot blob stored as a delta -> its base's SHA-256 (copies are stored so again)."""
 
     @property
     def db(self) -> Path:
@@ -171,10 +179,28 @@ def make_template(root: Path) -> Template:
             got = con.execute(f'select * from "{table}" where rowid > ? order by rowid', (last,)).fetchall()
             if got:
                 rows[table] = [dict(r) for r in got]
+        for r in rows.get("audit_journal", []):
+            for name, kind in COMPACT.items():
+                r[name] = kind.process_result_value(r[name], SQLITE)
+
+        def stored(sha: str) -> str:
+            return str(
+                unpack(
+                    con.execute("select body_json from snapshot_blobs where sha256 = ?", (sha,)).fetchone()[0]
+                )
+            )
+
+        delta_bases: dict[str, str] = {}
+        for r in rows.get("snapshot_blobs", []):
+            text = unpack(r["body_json"])
+            base_sha = blobdelta.base_of(text)
+            if base_sha is not None:
+                delta_bases[r["sha256"]] = base_sha
+                r["body_json"] = pack(blobdelta.decode(text, stored))
         base = con.execute("select count(*) from transactions").fetchone()[0]
     finally:
         con.close()
-    return Template(root=root, rows=rows, transactions=base)
+    return Template(root=root, rows=rows, transactions=base, delta_bases=delta_bases)
 
 
 # -- copying it -------------------------------------------------------------------------------
@@ -254,6 +280,16 @@ class Copier:
         assert last is not None
         self.prev_hash = last["hash"].hex() if isinstance(last["hash"], bytes) else str(last["hash"])
         self.span = max(STEP * template.per_copy, timedelta(seconds=1))
+        self.bases: dict[str, str] = {}
+
+    def whole(self, sha: str) -> str:
+        """A blob of the base database, stored whole (a template delta's base)."""
+        if sha not in self.bases:
+            with self.engine.connect() as conn:
+                t = self.tables["snapshot_blobs"]
+                stored = conn.execute(select(t.c.body_json).where(t.c.sha256 == sha)).scalar()
+            self.bases[sha] = unpack(stored)
+        return self.bases[sha]
 
     def row(self, table: str, row: dict[str, Any], copy: int, names: dict[str, str]) -> dict[str, Any]:
         delta = self.span * (copy + 1)
@@ -289,10 +325,13 @@ class Copier:
             event=row["event"],
             payload=row["payload_json"],
             rows=rows_json,
+            host=row.get("host_id"),  # hashed in when the entry names its host (from 0009)
         )
         # stored as the Store stores a lean entry (`persistence.audit`, `rowrefs`)
         row["prev_hash"] = self.prev_hash[: audit_chain.LINK_TAG]
         row["hash"] = bytes.fromhex(digest)
+        for name, kind in COMPACT.items():
+            row[name] = kind.process_bind_param(row[name], SQLITE)
         try:
             row["rows_json"] = pack_rows(rows_json)
         except Unpackable:
@@ -314,9 +353,20 @@ class Copier:
                         new = self.row(name, r, copy, names)
                         if name == "audit_journal":
                             out[name].append(self.chain(new, r["rows_json"] or "[]", made))
-                        else:
-                            made[(name, r[pk.name])] = new
-                            out[name].append(new)
+                            continue
+                        base_sha = self.t.delta_bases.get(r[pk.name]) if name == "snapshot_blobs" else None
+                        if base_sha is not None:  # a delta, as the Store stores it
+                            # against the copy of its base, or the base itself when that is
+                            # not in the template (a blob of the base database, stored whole)
+                            base = made.get(("snapshot_blobs", base_sha))
+                            if base is not None:
+                                base_sha, base_text = base["sha256"], unpack(base["body_json"])
+                            else:
+                                base_text = self.whole(base_sha)
+                            whole = unpack(new["body_json"])
+                            new["body_json"] = pack(blobdelta.encode(whole, base_sha, base_text) or whole)
+                        made[(name, r[pk.name])] = new
+                        out[name].append(new)
             with self.engine.begin() as conn:
                 for name, t in self.tables.items():
                     if out[name]:

@@ -3,13 +3,14 @@
 Each entry's hash is SHA-256 over the previous entry's hash and the entry's
 canonical content: id, time, transaction, event, payload and, when it covers
 any, the history rows written with it (`rows_json`: `[[table, key, digest],
-...]`, see `coverage`; each digest in unpadded base64url, 43 characters, or in
-64 hex digits in entries written before that (`digest_bytes` reads both; the
-digest's bytes are what the chain checks, and the entry's hash covers the text
-as written). Editing an entry breaks its own hash; deleting or
-reordering entries breaks the links; editing a covered row breaks its digest;
-deleting entries at the end is caught against the head recorded outside the
-database (`head`). `verify` walks all of it.
+...]`, see `coverage`; each digest the first `ROW_DIGEST_BYTES` (16) bytes of the
+row's SHA-256 in unpadded base64url, 22 characters, from migration 0011 on; all 32
+bytes, 43 characters, or 64 hex digits in entries written before (`digest_bytes`
+reads all three; the digest's bytes are what the chain checks, a row matching when
+its SHA-256 starts with them, and the entry's hash covers the text as written).
+Editing an entry breaks its own hash; deleting or reordering entries breaks the
+links; editing a covered row breaks its digest; deleting entries at the end is caught
+against the head recorded outside the database (`head`). `verify` walks all of it.
 
 Entries written from migration 0010 on are lean (the entry's format says which it
 is): `prev_hash` holds only the first `LINK_TAG` hex digits of the previous entry's
@@ -38,6 +39,9 @@ from anvil_ctl.persistence.models import AuditEntry
 
 GENESIS = "0" * 64
 LINK_TAG = 8
+ROW_DIGEST_BYTES = 16
+"""Bytes of a covered row's SHA-256 a new entry lists: 128 bits, so a row edited to match
+needs a second preimage (2**128 work); the entry's own hash keeps all 32."""
 """Hex digits of the previous hash a lean entry keeps (an entry with 64 keeps them all)."""
 AUDIT_LOCK_KEY = 0x616E76696C  # "anvil"
 HEAD = "anvil.audit_head"  # session.info key: the head this session's entries made
@@ -97,14 +101,27 @@ def entry_hash(
 
 
 def compact_digest(hex_digest: str) -> str:
-    """A row digest as `rows_json` holds it: 32 bytes in unpadded base64url (43 characters)."""
-    return base64.urlsafe_b64encode(bytes.fromhex(hex_digest)).rstrip(b"=").decode()
+    """A row digest as a new entry's `rows_json` holds it: its first `ROW_DIGEST_BYTES` bytes
+    in unpadded base64url (22 characters)."""
+    raw = bytes.fromhex(hex_digest)[:ROW_DIGEST_BYTES]
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+DIGEST_FORMS = {22: 16, 43: 32, 64: 32}
+"""A `rows_json` digest's length in characters -> its bytes: base64url of 16 or 32, or hex."""
 
 
 def digest_bytes(digest: str) -> bytes:
-    """The 32 bytes of a `rows_json` digest, compact or hex; ValueError if it is neither."""
-    raw = bytes.fromhex(digest) if len(digest) == 64 else base64.urlsafe_b64decode(digest + "=")
-    if len(raw) != 32 or len(digest) not in (43, 64):
+    """The bytes of a `rows_json` digest (16 or 32), compact or hex; ValueError if it is neither."""
+    size = DIGEST_FORMS.get(len(digest))
+    if size is None:
+        raise ValueError(digest)
+    raw = (
+        bytes.fromhex(digest)
+        if len(digest) == 64
+        else base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4))
+    )
+    if len(raw) != size:
         raise ValueError(digest)
     return raw
 
@@ -155,6 +172,36 @@ def append(
     head = Head(row_id, digest)
     session.info[HEAD] = head
     return head
+
+
+Held = tuple[str, str | None, Mapping[str, object], int]
+"""An audit event a `Store.together()` holds: name, transaction, payload, and how many
+history rows were pending in the session after it (its own rows are the difference)."""
+
+
+def batch_entry(held: Sequence[Held]) -> tuple[str, str | None, Mapping[str, object]]:
+    """The one entry (event, transaction, payload) for the events of a `together()`.
+
+    One event is its own entry. Several make a `batch`: each event with its payload (and
+    its transaction, where the entry does not name one for all) when it has one; by name
+    when it covers no row of its own; an event with neither is left out, since its rows,
+    which the entry lists in order, name it (a step row its step, phase and event; an
+    identity row its role; ...). From migration 0011 on; older batches name every event.
+    """
+    if len(held) == 1:
+        event, tx_id, payload, _rows = held[0]
+        return event, tx_id, payload
+    tx_ids = {t for _e, t, _p, _r in held}
+    tx_id = tx_ids.pop() if len(tx_ids) == 1 else None
+    events: list[object] = []
+    before = 0
+    for e, t, p, pending in held:
+        own_rows, before = pending - before, pending
+        if p or tx_id is None:
+            events.append({"event": e, **p, **({"tx_id": t} if tx_id is None else {})})
+        elif own_rows <= 0:  # none of its own (or taken by an entry written meanwhile)
+            events.append(e)
+    return "batch", tx_id, ({"events": events} if events else {})
 
 
 def head(session: Session) -> Head:

@@ -57,12 +57,14 @@ class Refs:
 
     A full walk holds one per covered row, millions at 100k transactions: integer keys
     (dense, from 1, as autoincrement makes them) live in flat arrays, 32 bytes of digest
-    and 8 of entry each; any other key (text, or an integer far beyond the refs there
+    and 8 of entry each (a digest of 16 bytes, as entries list from migration 0011 on, is
+    marked as such in a byte of its own); any other key (text, or an integer far beyond the refs there
     are, as an incremental walk sees them) in a dict.
     """
 
     def __init__(self) -> None:
         self._digests = bytearray()
+        self._short = bytearray()  # 1: the slot's digest is of 16 bytes
         self._entries = array("Q")  # 0: no ref for this key
         self._dense = 0
         self._other: dict[RowKey, tuple[bytes, int]] = {}
@@ -77,6 +79,7 @@ class Refs:
         size = max(key + 1, 2 * len(self._entries), 1024)
         self._entries.extend([0] * (size - len(self._entries)))
         self._digests.extend(bytes(32 * size - len(self._digests)))
+        self._short.extend(bytes(size - len(self._short)))
         return key
 
     def add(self, key: RowKey, digest: bytes, entry: int) -> int | None:
@@ -88,7 +91,8 @@ class Refs:
             return earlier[1] if earlier else None
         previous = self._entries[slot]
         self._entries[slot] = entry
-        self._digests[32 * slot : 32 * slot + 32] = digest
+        self._digests[32 * slot : 32 * slot + len(digest)] = digest
+        self._short[slot] = len(digest) == 16
         self._dense += previous == 0
         return previous or None
 
@@ -99,7 +103,8 @@ class Refs:
         entry = self._entries[slot]
         self._entries[slot] = 0
         self._dense -= 1
-        return bytes(self._digests[32 * slot : 32 * slot + 32]), entry
+        size = 16 if self._short[slot] else 32
+        return bytes(self._digests[32 * slot : 32 * slot + size]), entry
 
     def items(self) -> Iterator[tuple[RowKey, int]]:
         """(key, entry) of every ref not popped yet."""

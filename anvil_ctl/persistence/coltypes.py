@@ -10,11 +10,17 @@ stored as it is.
 
 Only columns that no operator view or README query reads with `json_extract` are
 packed: a packed value reads as a BLOB in `sqlite3`.
+
+The journal's compact columns (no view reads them): `HexDigest` (a hash as 32 bytes),
+`CompactTime` (a `utcnow()` time as 8 bytes) and `CompactUuid` (a transaction ID as 16
+bytes), each read back as the text it was given, which is what the entry's hash covers.
 """
 
 from __future__ import annotations
 
+import uuid
 import zlib
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import String, Text
 from sqlalchemy.engine import Dialect
@@ -89,3 +95,71 @@ class HexDigest(TypeDecorator[str]):
         if isinstance(value, bytes):
             return value.hex()
         raise TypeError(f"digest column holds {type(value).__name__}")
+
+
+UNREADABLE = "\x00 unreadable compact value"
+"""What a compact column's BLOB that is not one of its forms reads as: no entry hashes it."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def _micros(value: str) -> int | None:
+    """Microseconds since the epoch of a `utcnow()` time, if it reads back as the same text."""
+    try:
+        when = datetime.strptime(value, _TIME_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    delta = when - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return micros if micros >= 0 and _time_text(micros) == value else None
+
+
+def _time_text(micros: int) -> str:
+    return (_EPOCH + timedelta(microseconds=micros)).strftime(_TIME_FORMAT)
+
+
+class CompactTime(TypeDecorator[str]):
+    """A `utcnow()` time (27 characters), stored on SQLite as 8 bytes: microseconds since the
+    epoch, big-endian. Callers see the text either way; a value that would not read back
+    as the same text (and every value written before) is stored as text."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | bytes | None:
+        if value is None or dialect.name != "sqlite":
+            return value
+        micros = _micros(value)
+        return value if micros is None else micros.to_bytes(8, "big")
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, bytes):
+            return _time_text(int.from_bytes(value, "big")) if len(value) == 8 else UNREADABLE
+        raise TypeError(f"time column holds {type(value).__name__}")
+
+
+class CompactUuid(TypeDecorator[str]):
+    """A UUID in its 36-character text, stored on SQLite as its 16 bytes when it reads back
+    as the same text (lowercase, hyphenated); any other value is stored as text."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | bytes | None:
+        if value is None or dialect.name != "sqlite" or len(value) != 36:
+            return value
+        try:
+            raw = uuid.UUID(value)
+        except ValueError:
+            return value
+        return raw.bytes if str(raw) == value else value
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, bytes):
+            return str(uuid.UUID(bytes=value)) if len(value) == 16 else UNREADABLE
+        raise TypeError(f"UUID column holds {type(value).__name__}")

@@ -17,7 +17,7 @@ from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column
-from anvil_ctl.persistence.coltypes import HexDigest, PackedJSON
+from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, PackedJSON
 from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
 from anvil_ctl.persistence.rowrefs import PackedRows
 
@@ -73,7 +73,7 @@ class SnapshotRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
-    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    sha256: Mapped[str] = mapped_column(String(64))  # its blob's key (0011 dropped the index)
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
     host_id: Mapped[int | None] = host_column()
@@ -174,15 +174,16 @@ class AuditEntry(Base):
     `prev_hash` holds the previous entry's whole hash in entries written before migration
     0010, and its first `audit.LINK_TAG` hex digits after it (the hash itself still
     chains the whole one); on SQLite `hash` is stored as 32 bytes and `rows_json` packed
-    (`rowrefs`) in those entries. No index but the id's: nothing looks an entry up by its
+    (`rowrefs`) in those entries, and from migration 0011 on `at` as 8 bytes and `tx_id`
+    as 16 (`coltypes`). No index but the id's: nothing looks an entry up by its
     transaction or hash (0010 dropped both; an edited copy of a hash is caught by the walk).
     """
 
     __tablename__ = "audit_journal"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[str] = mapped_column(String(32))
-    tx_id: Mapped[str | None] = mapped_column(String(36))
+    at: Mapped[str] = mapped_column(CompactTime(32))
+    tx_id: Mapped[str | None] = mapped_column(CompactUuid(36))
     event: Mapped[str] = mapped_column(String(64))
     payload_json: Mapped[str] = mapped_column(Text)
     prev_hash: Mapped[str] = mapped_column(String(64))

@@ -14,8 +14,9 @@ from typing import TypedDict
 from sqlalchemy import RowMapping, select, text
 
 from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.core.jsontypes import JSONArray, JSONObject
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.snapshot import changes_from_stored
+from anvil_ctl.persistence import snapshots
 from anvil_ctl.persistence.models import (
     Host,
     IdentityRow,
@@ -268,7 +269,7 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
         ).scalars()
         out: list[DiffRecord] = []
         for r in rows:
-            stored = json.loads(r.changes_json)
+            stored = snapshots.stored_changes(s, r)
             form, changes = changes_from_stored(stored)
             out.append(
                 {
@@ -278,7 +279,7 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
                     "after_sha256": r.after_sha256,
                     "format": form,
                     "changes": [c.as_dict() for c in changes],
-                    "patch": stored if form == "json-patch" else None,
+                    "patch": list[JSONValue](stored) if form == "json-patch" else None,
                 }
             )
         return out

@@ -4,7 +4,8 @@ An entry's `rows_json` is the canonical JSON text `[[table, key, digest], ...]` 
 `coverage`), and the entry's hash covers that text. On SQLite a new entry stores it as
 a BLOB tagged `00 72` ("r"), about half the size: per row one byte naming the table and
 the kind of key, the key (a varint, a UUID's 16 bytes, a hex SHA-256's 32 bytes, or
-UTF-8 text), and the digest's 32 bytes. Reading it back gives the same text, so the
+UTF-8 text), and the digest's 32 bytes; tagged `00 73` ("s") when every digest is of 16
+bytes (entries from migration 0011 on), and then 16 bytes each. Reading it back gives the same text, so the
 hash, `audit verify` and anyone reading through `unpack_rows` see what was hashed; a
 list that would not come back byte for byte (an unknown table, a hex digest of an
 older entry) stays text, as every entry written before this did.
@@ -26,6 +27,10 @@ from anvil_ctl.core.digest import canonical_json
 
 TAG = b"\x00r"
 """The tag of a packed list: no JSON text starts with a NUL byte."""
+SHORT_TAG = b"\x00s"
+"""The tag of a packed list whose digests are of 16 bytes (22 base64url characters)."""
+_DIGEST_SIZE = {TAG: 32, SHORT_TAG: 16}
+_TEXT_SIZE = {32: 43, 16: 22}
 
 TABLES: tuple[str, ...] = (
     "transactions",
@@ -117,16 +122,24 @@ def pack_rows(text: str) -> bytes:
         raise Unpackable("not JSON") from None
     if not isinstance(refs, list) or not refs:
         raise Unpackable("not a non-empty list")
-    out = bytearray(TAG)
+    first = refs[0][2] if isinstance(refs[0], list) and len(refs[0]) == 3 else None
+    tag = SHORT_TAG if isinstance(first, str) and len(first) == _TEXT_SIZE[16] else TAG
+    width = _TEXT_SIZE[_DIGEST_SIZE[tag]]
+    out = bytearray(tag)
     for ref in refs:
         if not isinstance(ref, list) or len(ref) != 3:
             raise Unpackable(f"ref {ref!r}")
         table, key, digest = ref
         code = _CODE.get(table) if isinstance(table, str) else None
-        if code is None or not isinstance(digest, str) or len(digest) != 43:
+        if code is None or not isinstance(digest, str) or len(digest) != width:
             raise Unpackable(f"ref {ref!r}")
         kind, key_bytes = _key(key)
-        raw = base64.urlsafe_b64decode(digest + "=")
+        try:
+            raw = base64.urlsafe_b64decode(digest + "=" * (-width % 4))
+            if len(raw) != _DIGEST_SIZE[tag]:
+                raise ValueError(digest)
+        except ValueError:
+            raise Unpackable(f"ref {ref!r}") from None
         out += bytes([code << 2 | kind]) + key_bytes + raw
     packed = bytes(out)
     if unpack_rows(packed) != text:
@@ -138,7 +151,8 @@ def unpack_rows(value: str | bytes) -> str:
     """The `rows_json` text a stored value holds (text as it is, or a packed BLOB)."""
     if isinstance(value, str):
         return value
-    if not value.startswith(TAG):
+    width = _DIGEST_SIZE.get(value[: len(TAG)])
+    if width is None:
         raise ValueError("stored BLOB is not a packed row list")
     refs: list[list[str | int]] = []
     at = len(TAG)
@@ -157,10 +171,10 @@ def unpack_rows(value: str | bytes) -> str:
             else:
                 size, at = _read_varint(value, at)
                 key, at = value[at : at + size].decode(), at + size
-            digest = value[at : at + 32]
-            if len(digest) != 32:
+            digest = value[at : at + width]
+            if len(digest) != width:
                 raise ValueError("truncated")
-            at += 32
+            at += width
             refs.append([table, key, base64.urlsafe_b64encode(digest).rstrip(b"=").decode()])
     except (IndexError, ValueError, UnicodeDecodeError):
         raise ValueError("stored BLOB is not a packed row list") from None

@@ -3,8 +3,12 @@
 A snapshot's body is stored once per distinct content (`snapshot_blobs`, keyed by its
 SHA-256); each `snapshots` row names its blob (rows written before migration 0007 hold
 the body themselves). A diff is stored as a JSON Patch (RFC 6902) with a `test` of every
-value it takes away. These functions work inside the caller's session: the Store opens
-the write transaction and appends the audit entry that covers the rows added here.
+value it takes away, or, when it is exactly the diff of two snapshots whose bodies are
+stored (a transaction's before and after snapshots, from migration 0011 on), as `DERIVED`:
+the row keeps both hashes and `equal`, and the patch is worked out from the two covered
+blobs when read (`stored_changes`), so the same evidence is not stored twice. These
+functions work inside the caller's session: the Store opens the write transaction and
+appends the audit entry that covers the rows added here.
 """
 
 from __future__ import annotations
@@ -18,15 +22,21 @@ from sqlalchemy.orm import Session
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.model import Identity, canonical_json
-from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
+from anvil_ctl.core.snapshot import Change, Snapshot, diff, to_patch
+from anvil_ctl.persistence import blobdelta
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
 from anvil_ctl.persistence.scope import on_host
 
 
 def record(s: Session, tx_id: str | None, label: str, snapshot: Snapshot, now: str) -> int:
-    """Add a `snapshots` row (and its blob when the content is new); returns the row's id."""
+    """Add a `snapshots` row (and its blob when the content is new, as a delta against the
+    transaction's earlier snapshot when that is smaller: `blobdelta`); returns the row's id."""
     if s.get(SnapshotBlob, snapshot.sha256) is None:
-        s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=snapshot.canonical, at=now))
+        body = snapshot.canonical
+        base = _delta_base(s, tx_id)
+        if base is not None:
+            body = blobdelta.encode(body, *base) or body
+        s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=body, at=now))
     # body_json "" : the body is the blob with this sha256 (rows before 0007 hold it).
     row = SnapshotRow(tx_id=tx_id, label=label, sha256=snapshot.sha256, body_json="", at=now)
     s.add(row)
@@ -34,9 +44,34 @@ def record(s: Session, tx_id: str | None, label: str, snapshot: Snapshot, now: s
     return row.id
 
 
+def _delta_base(s: Session, tx_id: str | None) -> tuple[str, str] | None:
+    """(SHA-256, text) of a body stored whole to store a new one against: the blob of the
+    transaction's latest snapshot, or that blob's own base when it is a delta."""
+    if tx_id is None:
+        return None
+    sha = s.execute(
+        select(SnapshotRow.sha256).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id.desc()).limit(1)
+    ).scalar()
+    stored = _stored(s, sha) if sha else None
+    if sha is None or stored is None:
+        return None
+    base = blobdelta.base_of(stored)
+    if base is None:
+        return sha, stored
+    whole = _stored(s, base)
+    return (base, whole) if whole is not None and blobdelta.base_of(whole) is None else None
+
+
+DERIVED = '"blobs"'
+"""`changes_json` of a diff that is the JSON Patch between its two stored snapshots' bodies."""
+
+
 def record_diff(
     s: Session, tx_id: str, label: str, *, before: Snapshot, after: Snapshot, changes: list[Change], now: str
 ) -> None:
+    patch = canonical_json(to_patch(changes))
+    if changes and _derivable(s, before, after, patch):
+        patch = DERIVED
     s.add(
         SnapshotDiff(
             tx_id=tx_id,
@@ -46,10 +81,30 @@ def record_diff(
             equal=int(not changes),
             # A JSON Patch (RFC 6902) with a `test` of every value taken away; rows
             # written before it hold {path, before, after} (see snapshot.changes_from_stored).
-            changes_json=canonical_json(to_patch(changes)),
+            changes_json=patch,
             at=now,
         )
     )
+
+
+def _derivable(s: Session, before: Snapshot, after: Snapshot, patch: str) -> bool:
+    """Whether `patch` is what `stored_changes` will work out from the two stored bodies."""
+    for snap in (before, after):
+        stored = _stored(s, snap.sha256)
+        if stored is None or _whole(s, stored) != snap.canonical:
+            return False
+    return canonical_json(to_patch(diff(before, after))) == patch
+
+
+def stored_changes(s: Session, row: SnapshotDiff) -> list[JSONObject]:
+    """A diff row's JSON Patch (or the older form it was written in), as stored or derived."""
+    if row.changes_json == DERIVED:
+        before, after = (Snapshot(json.loads(_blob(s, sha))) for sha in (row.before_sha256, row.after_sha256))
+        return to_patch(diff(before, after))
+    value: JSONValue = json.loads(row.changes_json)
+    if not isinstance(value, list) or not all(isinstance(op, dict) for op in value):
+        raise StateStoreError(f"snapshot diff {row.id}: changes_json is not a list of objects")
+    return [op for op in value if isinstance(op, dict)]
 
 
 def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONObject] | None:
@@ -100,7 +155,8 @@ def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONO
 
 def body_by_sha256(s: Session, sha256: str) -> JSONObject | None:
     """A recorded snapshot's body by its SHA-256: its blob, or a row written before 0007."""
-    body = s.execute(select(SnapshotBlob.body_json).where(SnapshotBlob.sha256 == sha256)).scalar()
+    stored = _stored(s, sha256)
+    body = None if stored is None else _whole(s, stored)
     if body is None:
         body = s.execute(
             select(SnapshotRow.body_json)
@@ -127,9 +183,28 @@ def _array(value: object) -> JSONArray:
     return value if isinstance(value, list) else []
 
 
+def _stored(s: Session, sha256: str) -> str | None:
+    """A blob's text as stored (whole, or a delta), None if there is no such blob."""
+    blob = s.get(SnapshotBlob, sha256)
+    return None if blob is None else blob.body_json
+
+
 def _blob(s: Session, sha256: str) -> str:
-    """A snapshot body by its content hash (`snapshot_blobs`)."""
-    body = s.execute(select(SnapshotBlob.body_json).where(SnapshotBlob.sha256 == sha256)).scalar()
+    """A snapshot body by its content hash (`snapshot_blobs`), a delta inflated."""
+    body = _stored(s, sha256)
     if body is None:
         raise StateStoreError(f"snapshot body {sha256[:12]} is missing from snapshot_blobs")
-    return body
+    return _whole(s, body)
+
+
+def _whole(s: Session, stored: str) -> str:
+    def base(sha: str) -> str:
+        text = _stored(s, sha)
+        if text is None or blobdelta.base_of(text) is not None:
+            raise StateStoreError(f"snapshot body {sha[:12]}, a delta's base, is missing or not whole")
+        return text
+
+    try:
+        return blobdelta.decode(stored, base)
+    except ValueError as exc:
+        raise StateStoreError(str(exc)) from None

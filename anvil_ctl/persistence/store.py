@@ -44,7 +44,7 @@ from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
 from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots
 from anvil_ctl.persistence import head as head_file
-from anvil_ctl.persistence.audit import Head
+from anvil_ctl.persistence.audit import Head, Held
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
     FIRST_HOST_ID,
@@ -121,7 +121,7 @@ class Store:
         with translated(self.engine), sessions.begin() as session:
             session.info[audit.HOST] = self.host_id
             yield session
-            held: list[tuple[str, str | None, Mapping[str, object]]] | None = session.info.pop(BATCHED, None)
+            held: list[Held] | None = session.info.pop(BATCHED, None)
             if held:
                 self._append_batch(session, held)
             new: Head | None = session.info.get(audit.HEAD)
@@ -152,24 +152,9 @@ class Store:
             finally:
                 self._batch.session = None
 
-    def _append_batch(
-        self, session: Session, held: list[tuple[str, str | None, Mapping[str, object]]]
-    ) -> None:
+    def _append_batch(self, session: Session, held: list[Held]) -> None:
         """One entry for the writes of a `together()`: their events in order, the rows of all."""
-        if len(held) == 1:
-            event, tx_id, payload = held[0]
-        else:
-            tx_ids = {t for _e, t, _p in held}
-            tx_id = tx_ids.pop() if len(tx_ids) == 1 else None
-            event = "batch"
-            # each event by name, or with its payload (and its transaction, where the entry
-            # does not name one for all) when it has one
-            payload = {
-                "events": [
-                    {"event": e, **p, **({"tx_id": t} if tx_id is None else {})} if p or tx_id is None else e
-                    for e, t, p in held
-                ]
-            }
+        event, tx_id, payload = audit.batch_entry(held)
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
     def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
@@ -192,9 +177,10 @@ class Store:
         """Append an audit entry inside the caller's write transaction; it covers the history
         rows the caller added to `session` before it. Inside `together()` the entry waits and
         joins the one entry written at its end."""
-        held: list[tuple[str, str | None, Mapping[str, object]]] | None = session.info.get(BATCHED)
+        held: list[Held] | None = session.info.get(BATCHED)
         if held is not None:
-            held.append((event, tx_id, payload))
+            session.flush()  # the rows written for this event wait in the session's info
+            held.append((event, tx_id, payload, len(session.info.get(coverage.PENDING) or [])))
             return
         audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 

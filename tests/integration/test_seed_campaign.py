@@ -257,7 +257,11 @@ class TestSeedCampaign:
             ("compute-b", 2101, 0),
         ]
         assert reading["standing_mib"] == {"compute-a": 3072, "compute-b": 3072} and reading["waivers"]
-        assert out["results"]["record-promotion"]["vram_after_acceptance"] == reading
+        assert out["results"]["record-promotion"]["vram_after_acceptance"] == {
+            "step": "vram-after-acceptance",
+            "passed": True,
+            "manifest_sha256": reading["manifest_sha256"],
+        }
         shown = j(camp.anvilctl("--json", "audit", "show", out["tx_id"]))
         assert any(e["step"] == "vram-after-acceptance" and e["event"] == "result" for e in shown["steps"])
 

@@ -1,7 +1,8 @@
 """Reading the audit journal with plain sqlite3, as someone who knows its storage format.
 
 On SQLite a lean entry (migration 0010 on) stores `hash` as its 32 bytes and `rows_json`
-packed (`anvil_ctl.persistence.rowrefs`); `JournalRow` reads them as the hex and JSON
+packed (`anvil_ctl.persistence.rowrefs`), and from 0011 on `at` and `tx_id` compactly
+(`coltypes`); `JournalRow` reads them as the hex and JSON
 text the chain hashes, and every other value as stored. Use it as a connection's
 `row_factory`: rows index by position and by name, unpack into a tuple and into a dict.
 """
@@ -11,12 +12,20 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
+
+from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid
 from anvil_ctl.persistence.rowrefs import unpack_rows
+
+_SQLITE = sqlite_dialect()
+_COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
 
 
 def _decoded(name: str, value: object) -> object:
     if isinstance(value, bytes) and name == "hash" and len(value) == 32:
         return value.hex()
+    if isinstance(value, bytes) and name in _COMPACT:
+        return _COMPACT[name].process_result_value(value, _SQLITE)
     if isinstance(value, bytes) and name == "rows_json":
         return unpack_rows(value)
     return value

@@ -139,8 +139,9 @@ class TestLeanEntries:
             json.loads(str(p))
             for (p,) in _raw(host, "SELECT payload_json FROM audit_journal WHERE event = 'batch'")
         ]
-        events = [e for b in batches for e in b["events"]]
-        assert "step.do.result" in events and "step.do.intent" in events
+        events = [e for b in batches for e in b.get("events", [])]
+        # from 0011 an event whose own rows name it is left out (test_lean_bytes)
+        assert {} in batches and "step.do.result" not in events and "step.do.intent" not in events
         assert {"event": "tx.committed", "from": "running"} in events
 
     def test_old_and_lean_entries_verify_together_from_an_old_checkpoint_and_in_full(

@@ -168,7 +168,12 @@ class TestVramAfterAcceptance:
             ("compute-a", 3887, 3072),
             ("compute-b", 3887, 3072),
         ]
-        assert out.results["record-promotion"]["vram_after_acceptance"] == reading
+        # the promotion record names the reading (its step, outcome and manifest), not a copy
+        assert out.results["record-promotion"]["vram_after_acceptance"] == {
+            "step": "vram-after-acceptance",
+            "passed": True,
+            "manifest_sha256": reading["manifest_sha256"],
+        }
         shown = audit_cmd.show(fake_host.context(), out.tx_id or "")
         assert any(
             e["step"] == "vram-after-acceptance" and e["detail"].get("cards") == reading["cards"]

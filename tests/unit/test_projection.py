@@ -324,23 +324,25 @@ class TestQueryPlans:
 
 # -- bytes per transaction ---------------------------------------------------------------------
 
-CEILING_BYTES_PER_TX = 15_500
-"""Pages the database grows by per transaction (tables and indexes): measured 15.0 KB here
-(also 15.0 KB over 60 transactions; whole pages over 12 transactions: a change moves it by
-a page, 341 B), 22.2-22.9 KB before migration 0010's lean journal (an 8-hex link tag
-instead of the previous hash, hashes as bytes, covered rows packed, no payload repeating
-the covered rows, no index on the journal but its id's: 8.2 -> 3.2 KB of journal),
-identity bodies stored once per content, two identity indexes no query used dropped, and
-the before snapshot, `running` and the availability check committed with the first
-intent. 29.0 KB
-before packing, 40.6 KB before lean records (main at 0005).
+CEILING_BYTES_PER_TX = 12_700
+"""Pages the database grows by per transaction (tables and indexes): measured 12.3 KB here
+(36 pages over 12 transactions: whole pages, so a change moves it by 341 B; 11.3 KB over
+36 transactions), 15.0 KB before migration 0011's lean records: 16-byte row digests in the
+journal (3.1 -> 1.8 KB of journal with the next two), time and transaction ID stored
+compactly in the journal, `batch` entries that leave out the events their rows name, new
+snapshot bodies stored as deltas against the transaction's earlier one (1.1 -> 0.55 KB), a
+before/after diff derived from its two stored snapshots (0.9 -> 0.3 KB), the promotion
+record naming its VRAM reading instead of copying it, and ix_snapshots_sha256 dropped.
+22.2-22.9 KB before migration 0010's lean journal, 29.0 KB before packing, 40.6 KB before
+lean records (main at 0005).
 
-The target is 8 KB: not met. What remains per transaction (payload bytes): 13 step rows
-(~3.0 KB plus 0.6 KB of the (tx_id, id) index the README's step query needs), 12.7 journal
-entries (~3.1 KB: each one commit, at ~240 B: time, transaction, event, tag, hash, and
-~36 B per covered row), a new after snapshot (~1.0 KB packed) and its diffs (~0.9 KB),
-the arguments (~0.8 KB), two identity rows, GPU ownership events, states, the lock. The
-ceiling holds what was gained."""
+The target is 8 KB: not met. What remains per transaction (payload bytes, over 36
+transactions): 13 step rows (~3.0 KB plus 0.57 KB of the (tx_id, id) index the README's
+step query needs: a 36-character tx_id and a 27-character time in each, and the step
+details, the largest the VRAM release's readings), 12.7 journal entries (~1.8 KB), the
+arguments (~0.8 KB: the identities they name, in full), two identity rows (~0.65 KB), a
+snapshot delta (~0.55 KB), GPU ownership events (~0.45 KB), snapshot rows, states, the
+lock. The ceiling holds what was gained."""
 
 
 def _db_bytes(db: Path) -> int:
