@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from sqlalchemy import bindparam, delete, insert, inspect, select, text
+from sqlalchemy import bindparam, delete, insert, inspect, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
@@ -201,14 +201,19 @@ def tx_rows_in(s: Session, states: frozenset[str], host: int | None = None) -> l
     host `host`'s where given."""
     if not states <= set(UNRESOLVED):
         raise ValueError(f"not unresolved states: {sorted(states - set(UNRESOLVED))}")
-    q = (
-        select(TxCurrent)
-        .where(TxCurrent.unresolved == 1, TxCurrent.state.in_(sorted(states)))
-        .order_by(TxCurrent.created_at)
+    # Written so that no plan can walk the whole history whatever statistics the planner has:
+    # `unresolved = 1` as a literal (the partial index's own condition, which a bound
+    # parameter would not prove), no ORDER BY (the few rows are sorted here: ordered by
+    # created_at, SQLite preferred walking ix_tx_current_created_at or, with the fleet's host
+    # condition, ix_tx_current_host_created_at: every transaction, 178 ms at 100k), and the
+    # host compared as `host_id + 0`, which no host index can serve. What is left for the
+    # planner is the partial index or the state index, both of which hold only these rows.
+    q = select(TxCurrent).where(
+        TxCurrent.unresolved == literal_column("1"), TxCurrent.state.in_(sorted(states))
     )
     if host is not None:
-        q = q.where(TxCurrent.host_id == host)
-    return list(s.execute(q).scalars())
+        q = q.where(TxCurrent.host_id + literal_column("0") == host)
+    return sorted(s.execute(q).scalars(), key=lambda r: (r.created_at, r.tx_id))
 
 
 # -- derived from history alone ------------------------------------------------------------------
