@@ -40,6 +40,7 @@ from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.rowrefs import SHORT_TAG, TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
+from tests.unit.forge import edit_past_trigger
 from tests.unit.rawjournal import JournalRow
 from tests.unit.test_lean_records import _cycle
 
@@ -123,14 +124,12 @@ class TestDerivedDiffs:
             "SELECT after_sha256 FROM snapshot_diffs WHERE changes_json = ? ORDER BY id DESC LIMIT 1",
             snapshots.DERIVED,
         )[0]
-        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
-        trigger = "snapshot_blobs_no_update"
-        (ddl,) = con.execute("SELECT sql FROM sqlite_master WHERE name = ?", (trigger,)).fetchone()
-        con.execute(f"DROP TRIGGER {trigger}")
-        con.execute("UPDATE snapshot_blobs SET body_json = '{\"forged\":1}' WHERE sha256 = ?", (sha,))
-        con.execute(ddl)
-        con.commit()
-        con.close()
+        edit_past_trigger(
+            host.settings.state_dir / "anvil.db",
+            "snapshot_blobs_no_update",
+            "UPDATE snapshot_blobs SET body_json = '{\"forged\":1}' WHERE sha256 = ?",
+            (sha,),
+        )
         report = audit.verify(host.context(), full=True)
         assert not report["ok"]
         assert [(p.get("table"), p.get("key")) for p in report["problems"]] == [("snapshot_blobs", sha)]
@@ -204,14 +203,12 @@ class TestShortRowDigests:
             for e in _journal(host)
             if ["step_events", step_id] in [r[:2] for r in json.loads(str(e["rows_json"]))]
         ]
-        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
-        trigger = "step_events_no_update"
-        (ddl,) = con.execute("SELECT sql FROM sqlite_master WHERE name = ?", (trigger,)).fetchone()
-        con.execute(f"DROP TRIGGER {trigger}")
-        con.execute("UPDATE step_events SET detail_json = '{\"forged\":1}' WHERE id = ?", (step_id,))
-        con.execute(ddl)
-        con.commit()
-        con.close()
+        edit_past_trigger(
+            host.settings.state_dir / "anvil.db",
+            "step_events_no_update",
+            "UPDATE step_events SET detail_json = '{\"forged\":1}' WHERE id = ?",
+            (step_id,),
+        )
         report = audit.verify(host.context(), full=full)
         assert not report["ok"]
         assert [(p["row_id"], p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]] == [
@@ -410,14 +407,12 @@ class TestSnapshotDeltas:
         _cycle(host, 1)
         stored = _blobs(host)
         sha, base = next((sha, b) for sha, t in stored.items() if (b := blobdelta.base_of(t)))
-        con = sqlite3.connect(host.settings.state_dir / "anvil.db")
-        trigger = "snapshot_blobs_no_update"
-        (ddl,) = con.execute("SELECT sql FROM sqlite_master WHERE name = ?", (trigger,)).fetchone()
-        con.execute(f"DROP TRIGGER {trigger}")
-        con.execute("UPDATE snapshot_blobs SET body_json = ? WHERE sha256 = ?", (stored[base] + " ", base))
-        con.execute(ddl)
-        con.commit()
-        con.close()
+        edit_past_trigger(
+            host.settings.state_dir / "anvil.db",
+            "snapshot_blobs_no_update",
+            "UPDATE snapshot_blobs SET body_json = ? WHERE sha256 = ?",
+            (stored[base] + " ", base),
+        )
         report = audit.verify(host.context(), full=True)
         assert not report["ok"]
         assert [(p.get("table"), p.get("key")) for p in report["problems"]] == [("snapshot_blobs", base)]
