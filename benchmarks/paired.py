@@ -55,9 +55,14 @@ import httpx
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Settings, load_host_config
-from anvil_ctl.persistence import qualification
 from anvil_ctl.recipes import container_spec, load_recipe
-from scripts.campaign import Campaign, reserve_waiver, start_campaign, start_incumbent_by_hand
+from scripts.campaign import (
+    Campaign,
+    reserve_waiver,
+    start_campaign,
+    start_incumbent_by_hand,
+    verified_decision,
+)
 
 SLOT, TIER, ALIAS, URL = "primary", "primary-local", "llm.primary", "http://127.0.0.1:8001"
 RECIPE = "stub-393k-c1"
@@ -235,17 +240,7 @@ def verified(camp: Campaign) -> None:
     """Record a verified decision for the loaded candidate: promote without running the gates."""
     settings = Settings(state_dir=camp.work / "state", config=camp.work / "anvil.toml", _env_file=None)  # type: ignore[call-arg]
     ctx = Context(settings=settings, env={})
-    cand = ctx.store.current_identity(SLOT, "candidate")
-    assert cand is not None
-    qualification.record_decision(
-        ctx.store,
-        decision_id=f"bench-{uuid.uuid4()}",
-        tx_id=None,
-        slot=SLOT,
-        identity_digest=cand.qualification_digest,
-        container_id=cand.container_id,
-        outcome="verified",
-    )
+    verified_decision(ctx.store, SLOT, f"bench-{uuid.uuid4()}")
     ctx.engine.dispose()
 
 

@@ -31,6 +31,8 @@ from anvil_ctl.adapters.credentials import resolve_credentials
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.smg import SmgRouter
 from anvil_ctl.config import load_host_config
+from anvil_ctl.persistence import qualification
+from anvil_ctl.persistence.store import Store
 from anvil_ctl.recipes import container_spec, load_recipe
 from scripts.routers import Proc, start_smg
 
@@ -204,6 +206,23 @@ def ticking(what: str, every_s: float = 2.0) -> Iterator[None]:
     finally:
         done.set()
         ticker.join()
+
+
+def verified_decision(store: Store, slot: str, decision_id: str) -> None:
+    """Record a verified decision for `slot`'s loaded candidate, what a passing `qualify`
+    records: for the tests and harnesses about promote, which qualify is not. `decision_id`
+    may hold `{digest}`, the first 12 characters of the candidate's qualification digest."""
+    cand = store.current_identity(slot, "candidate")
+    assert cand is not None, f"slot {slot} has no candidate"
+    qualification.record_decision(
+        store,
+        decision_id=decision_id.format(digest=cand.qualification_digest[:12]),
+        tx_id=None,
+        slot=slot,
+        identity_digest=cand.qualification_digest,
+        container_id=cand.container_id,
+        outcome="verified",
+    )
 
 
 def reserve_waiver(

@@ -44,7 +44,6 @@ if str(REPO) not in sys.path:
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Settings
-from anvil_ctl.persistence import qualification
 from scripts.campaign import (
     INCUMBENT_MODEL,
     Campaign,
@@ -52,6 +51,7 @@ from scripts.campaign import (
     runtime,
     start_campaign,
     start_incumbent_by_hand,
+    verified_decision,
 )
 from scripts.routers import start_smg
 
@@ -234,17 +234,7 @@ class ChaosHost:
         """A verified decision for the loaded candidate (promote's precondition; qualify is not
         what this harness tests)."""
         ctx = self.context()
-        cand = ctx.store.current_identity("primary", "candidate")
-        assert cand is not None
-        qualification.record_decision(
-            ctx.store,
-            decision_id="chaos-" + cand.qualification_digest[:12],
-            tx_id=None,
-            slot="primary",
-            identity_digest=cand.qualification_digest,
-            container_id=cand.container_id,
-            outcome="verified",
-        )
+        verified_decision(ctx.store, "primary", "chaos-{digest}")
 
     def unload_stopped_candidates(self) -> None:
         rt = runtime()

@@ -39,9 +39,8 @@ from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Settings, load_host_config
 from anvil_ctl.engine.lock import held_locks
-from anvil_ctl.persistence import qualification
 from anvil_ctl.recipes import container_spec, load_recipe
-from scripts.campaign import reserve_waiver
+from scripts.campaign import reserve_waiver, verified_decision
 from scripts.routers import Proc, start_haproxy
 from tests.integration import second_env
 from tests.integration.second_env import SecondEnv, in_netns
@@ -148,17 +147,7 @@ class FleetHost:
         """A verified decision for the loaded candidate (promote's precondition; qualify is
         not what this test is about)."""
         ctx = self.context()
-        cand = ctx.store.current_identity(SLOT, "candidate")
-        assert cand is not None
-        qualification.record_decision(
-            ctx.store,
-            decision_id=f"fleet-{self.name}-{cand.qualification_digest[:12]}",
-            tx_id=None,
-            slot=SLOT,
-            identity_digest=cand.qualification_digest,
-            container_id=cand.container_id,
-            outcome="verified",
-        )
+        verified_decision(ctx.store, SLOT, f"fleet-{self.name}-{{digest}}")
 
 
 def _start_host(

@@ -27,7 +27,7 @@ from anvil_ctl.commands import audit, lifecycle, recheck, transactions
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.availability import observe_slot
 from anvil_ctl.engine.lock import held_locks
-from anvil_ctl.persistence import qualification
+from scripts.campaign import verified_decision
 from tests.unit.fakehost import FakeHost, make_fake_host
 
 
@@ -37,17 +37,7 @@ def _load(host: FakeHost, **kw: Any) -> Any:
 
 def _verified(host: FakeHost) -> None:
     ctx = host.context()
-    cand = ctx.store.current_identity("primary", "candidate")
-    assert cand is not None
-    qualification.record_decision(
-        ctx.store,
-        decision_id="d-fi",
-        tx_id=None,
-        slot="primary",
-        identity_digest=cand.qualification_digest,
-        container_id=cand.container_id,
-        outcome="verified",
-    )
+    verified_decision(ctx.store, "primary", "d-fi")
 
 
 def _promote(host: FakeHost) -> Any:

@@ -33,10 +33,11 @@ from anvil_ctl.commands.audit import HostScope
 from anvil_ctl.core.errors import BadInput, LockHeld
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.lock import HostLock
-from anvil_ctl.persistence import hosts, projection, qualification
+from anvil_ctl.persistence import hosts, projection
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.models import HOST_TABLES
 from anvil_ctl.persistence.store import Store
+from scripts.campaign import verified_decision
 from tests.unit.fakehost import FakeHost, make_fake_host
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,17 +73,7 @@ def _anvilctl(
 def _verified(host: FakeHost, n: int) -> None:
     """A verified decision for the loaded candidate (what a passing `qualify` records)."""
     ctx = host.context()
-    cand = ctx.store.current_identity(SLOT, "candidate")
-    assert cand is not None
-    qualification.record_decision(
-        ctx.store,
-        decision_id=f"dec-{host.settings.state_dir.parent.name}-{n}",
-        tx_id=None,
-        slot=SLOT,
-        identity_digest=cand.qualification_digest,
-        container_id=cand.container_id,
-        outcome="verified",
-    )
+    verified_decision(ctx.store, SLOT, f"dec-{host.settings.state_dir.parent.name}-{n}")
 
 
 def _now() -> str:

@@ -18,7 +18,7 @@ from anvil_ctl.commands import lifecycle, transactions
 from anvil_ctl.commands.reconcile import reconcile
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.availability import ensure_serving
-from anvil_ctl.persistence import qualification
+from scripts.campaign import verified_decision
 from tests.unit.fakehost import FakeHost
 
 
@@ -36,17 +36,7 @@ def loaded_and_verified(host: FakeHost) -> None:
     out = transactions.load(host.context(), slot="primary", candidate=host.candidate())
     assert out.state == TxState.COMMITTED, out.reason
     ctx = host.context()
-    cand = ctx.store.current_identity("primary", "candidate")
-    assert cand is not None
-    qualification.record_decision(
-        ctx.store,
-        decision_id="d-hold",
-        tx_id=None,
-        slot="primary",
-        identity_digest=cand.qualification_digest,
-        container_id=cand.container_id,
-        outcome="verified",
-    )
+    verified_decision(ctx.store, "primary", "d-hold")
 
 
 def promoted(host: FakeHost) -> None:
