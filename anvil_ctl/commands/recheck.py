@@ -34,7 +34,6 @@ import structlog
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import Context
-from anvil_ctl.commands.reconcile import reconcile
 from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
@@ -146,6 +145,10 @@ def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> Recheck
     result = _recheck(ctx, slot)
     if "router" not in repair or not router_repairable(result):
         return result
+    # Imported here: the transaction machinery (plans, runner, lock) is what a plain recheck,
+    # run from cron every few minutes, has no use for.
+    from anvil_ctl.commands.reconcile import reconcile
+
     try:
         outcome = reconcile(ctx, slot)
         done: JSONObject = {
