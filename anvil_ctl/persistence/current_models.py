@@ -16,6 +16,7 @@ from __future__ import annotations
 from sqlalchemy import Index, Integer, SmallInteger, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from anvil_ctl.persistence.base import partial_index
 from anvil_ctl.persistence.models import Base, GpuMode
 
 
@@ -31,12 +32,7 @@ class TxCurrent(Base):
         Index("ix_tx_current_host_created_at", "host_id", "created_at"),
         # The few transactions not resolved (what every mutation's guard asks for), whatever
         # the planner's statistics say about `state`.
-        Index(
-            "ix_tx_current_unresolved",
-            "created_at",
-            sqlite_where=text("unresolved = 1"),
-            postgresql_where=text("unresolved = 1"),
-        ),
+        partial_index("ix_tx_current_unresolved", "created_at", where="unresolved = 1"),
     )
 
     tx_id: Mapped[str] = mapped_column(String(36), primary_key=True)

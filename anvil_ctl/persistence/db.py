@@ -96,13 +96,20 @@ def make_engine(url: str, *, create: bool = False) -> Engine:
 
         return engine
     try:
-        return create_engine(parsed, pool_pre_ping=True)
+        engine = create_engine(parsed, pool_pre_ping=True)
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise ConfigError(
             f"state database URL {parsed.render_as_string(hide_password=True)}: {exc}; "
             "expected sqlite:///PATH or postgresql://USER@HOST/DB",
             field="state_db",
         ) from None
+    # The models' partial indexes name their PostgreSQL WHERE only once a PostgreSQL engine
+    # exists (`base.partial_index`): SQLite never loads that dialect.
+    from anvil_ctl.persistence.base import add_postgresql_options
+    from anvil_ctl.persistence.models import Base
+
+    add_postgresql_options(Base.metadata)
+    return engine
 
 
 def reader(engine: Engine) -> Engine:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column
+from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column, partial_index
 from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, PackedJSON
 from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
 from anvil_ctl.persistence.rowrefs import PackedRows
@@ -233,12 +233,7 @@ class DecisionRow(Base):
     __tablename__ = "decisions"
     __table_args__ = (
         Index("ix_decisions_identity_digest_at", "identity_digest", "at", "id"),
-        Index(
-            "ix_decisions_waived",
-            "id",
-            sqlite_where=text("waiver_ids_json <> '[]'"),
-            postgresql_where=text("waiver_ids_json <> '[]'"),
-        ),
+        partial_index("ix_decisions_waived", "id", where="waiver_ids_json <> '[]'"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
