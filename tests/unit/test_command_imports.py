@@ -1,5 +1,7 @@
 """Real commands import only what they use: no `openai` outside promote's acceptance step, no
-alembic outside `init`/`db upgrade`, no qualification package outside qualify.
+alembic outside `init`/`db upgrade`, no qualification package outside qualify; `status` and
+`recheck` (read-only, run by hand and from cron) no transaction machinery and, on SQLite, no
+PostgreSQL dialect.
 
 Each command runs in a fresh interpreter on the fake host (`main`, as the console entry
 point calls it), which then reports `sys.modules`.
@@ -17,6 +19,17 @@ from tests.unit.fakehost import FakeHost
 
 NEVER = ("openai", "alembic", "mako", "anvil_ctl.qualify", "anvil_ctl.acceptance")
 
+# What a read-only command has no use for: the plans, their runner and the host lock (recheck
+# imports reconcile only when --repair router runs it), and the PostgreSQL dialect (its drivers'
+# modules, ~45 ms) on a SQLite state database (`persistence.base.partial_index`).
+READ_ONLY_NEVER = (
+    "anvil_ctl.engine.plans",
+    "anvil_ctl.engine.runner",
+    "anvil_ctl.engine.lock",
+    "anvil_ctl.commands.transactions",
+    "sqlalchemy.dialects.postgresql",
+)
+
 CHILD = """
 import json, sys
 from anvil_ctl.cli import main
@@ -33,8 +46,8 @@ def loaded_by(host: FakeHost, *args: str) -> tuple[int, set[str]]:
     return report["code"], set(report["modules"])
 
 
-def heavy(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in NEVER))
+def heavy(modules: set[str], never: tuple[str, ...] = NEVER) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in never))
 
 
 class TestCommandImports:
@@ -62,6 +75,22 @@ class TestCommandImports:
         code, modules = loaded_by(fake_host, "init")
         assert code == 0
         assert "alembic" in heavy(modules)
+
+
+class TestReadOnlyImports:
+    @pytest.mark.parametrize("args", [("status",), ("recheck", "--slot", "primary")], ids=" ".join)
+    def test_a_read_only_command_imports_no_transaction_machinery_and_no_postgresql_dialect(
+        self, fake_host: FakeHost, args: tuple[str, ...]
+    ) -> None:
+        code, modules = loaded_by(fake_host, *args)
+        assert code == 0
+        assert "sqlalchemy.dialects.sqlite" in modules  # it did open the state database
+        assert heavy(modules, READ_ONLY_NEVER) == []
+
+    def test_the_check_catches_the_transaction_machinery(self, fake_host: FakeHost) -> None:
+        code, modules = loaded_by(fake_host, "reconcile", "--slot", "primary", "--dry-run")
+        assert code in (0, 3), code
+        assert {"anvil_ctl.engine.plans", "anvil_ctl.engine.lock"} <= set(heavy(modules, READ_ONLY_NEVER))
 
 
 WARM = """
