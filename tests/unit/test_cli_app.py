@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -127,3 +130,61 @@ class TestErrorMapping:
         r = child("load", "stub-245k-c1", "--slot", "nope", env=fake_host.env())
         assert r.code == ExitCode.BAD_INPUT
         assert "slot 'nope'" in r.err and "Traceback" not in r.err
+
+
+COLLECTOR = """
+import gc, json, sys, time
+from anvil_ctl.cli import app
+
+app.STARTING_S = 0.3
+seen = {}
+
+
+def main(argv=None):
+    seen["during"] = gc.isenabled()
+    return 0
+
+
+if sys.argv[1] == "main":  # a library caller: main keeps the collector as it is
+    app.main(["--version"])
+    print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
+    sys.exit(0)
+app.main = main
+started = time.monotonic()
+deadline = started + 30
+real_exit = app.os._exit
+
+
+def watch(code):
+    while not gc.isenabled() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(json.dumps({**seen, "after": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                      "waited": time.monotonic() - started}), flush=True)
+    real_exit(code)
+
+
+app.os._exit = watch
+app.console()
+"""
+
+
+class TestCollectorWhileStarting:
+    """The console entry point runs its start without the cyclic garbage collector, then turns
+    it back on with what the start built frozen; `main` alone leaves it as it is."""
+
+    def run(self, mode: str) -> dict[str, object]:
+        r = subprocess.run(
+            [sys.executable, "-c", COLLECTOR, mode], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0, r.stderr
+        report: dict[str, object] = json.loads(r.stdout.strip().splitlines()[-1])
+        return report
+
+    def test_the_console_starts_without_the_collector_and_turns_it_back_on(self) -> None:
+        report = self.run("console")
+        assert report["during"] is False
+        assert report["after"] is True and isinstance(report["frozen"], int) and report["frozen"] > 0
+        assert isinstance(report["waited"], float) and report["waited"] >= 0.3
+
+    def test_main_called_by_a_library_keeps_the_collector_on(self) -> None:
+        assert self.run("main") == {"enabled": True, "frozen": 0}
