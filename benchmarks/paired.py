@@ -41,6 +41,7 @@ import argparse
 import compileall
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -276,10 +277,17 @@ def wall(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-def own_time(camp: Campaign, *args: str) -> tuple[float, float, list[str]]:
-    """(wall s, s waiting on Docker and HTTP, the third-party packages it imported) of one
-    `anvilctl ARGS`."""
+def children_cpu_s() -> float:
+    """User + system CPU seconds of the children this process has waited for, so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def own_time(camp: Campaign, *args: str) -> tuple[float, float, float, list[str]]:
+    """(wall s, s waiting on Docker and HTTP, CPU s, the third-party packages it imported) of
+    one `anvilctl ARGS`."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cpu = children_cpu_s()
         started = time.perf_counter()
         r = subprocess.run(
             [sys.executable, str(REPO / "benchmarks" / "owntime.py"), out.name, *args],
@@ -289,30 +297,37 @@ def own_time(camp: Campaign, *args: str) -> tuple[float, float, list[str]]:
             timeout=120,
         )
         seconds = time.perf_counter() - started
+        cpu = children_cpu_s() - cpu
         if r.returncode != 0:
             raise SystemExit(f"anvilctl {' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}")
         noted = json.loads(Path(out.name).read_text())
-    return seconds, float(noted["io_s"]), list(noted["libraries"])
+    return seconds, float(noted["io_s"]), cpu, list(noted["libraries"])
 
 
-def library_floor(camp: Campaign, libraries: list[str]) -> float:
-    """Wall s of a process that imports only `libraries` and exits as anvilctl does."""
-    return wall([sys.executable, str(REPO / "benchmarks" / "owntime.py"), "--floor", *libraries], camp.env)
+def library_floor(camp: Campaign, libraries: list[str]) -> tuple[float, float]:
+    """(wall s, CPU s) of a process that imports only `libraries` and exits as anvilctl does."""
+    cpu = children_cpu_s()
+    seconds = wall([sys.executable, str(REPO / "benchmarks" / "owntime.py"), "--floor", *libraries], camp.env)
+    return seconds, children_cpu_s() - cpu
 
 
 def own_times(camp: Campaign, reps: int) -> dict[str, dict[str, Any]]:
-    """status and recheck: wall, Docker + HTTP, own, and the libraries' floor after each run."""
+    """status and recheck: wall, Docker + HTTP, own, and the libraries' floor after each run;
+    the CPU seconds of both processes too (steadier than wall time on a loaded machine)."""
     own: dict[str, dict[str, Any]] = {}
     for name, args in (("status", ("status",)), ("recheck", ("recheck", "--slot", SLOT))):
-        m: dict[str, Any] = {"wall_s": [], "io_s": [], "own_s": [], "floor_s": [], "beyond_s": []}
+        m: dict[str, Any] = {
+            k: [] for k in ("wall_s", "io_s", "own_s", "floor_s", "beyond_s", "beyond_cpu_s")
+        }
         for _ in range(max(reps, 3)):
-            seconds, io, libraries = own_time(camp, *args)
-            floor = library_floor(camp, libraries)
+            seconds, io, cpu, libraries = own_time(camp, *args)
+            floor, floor_cpu = library_floor(camp, libraries)
             m["wall_s"].append(seconds)
             m["io_s"].append(io)
             m["own_s"].append(seconds - io)
             m["floor_s"].append(floor)
             m["beyond_s"].append(seconds - io - floor)
+            m["beyond_cpu_s"].append(cpu - floor_cpu)
             m["libraries"] = libraries
         own[name] = m
     return own
@@ -397,11 +412,13 @@ def markdown(result: dict[str, Any]) -> str:
         "libraries' floor is a process that starts, imports only the third-party packages that "
         "run imported, and exits as anvilctl does, timed right after each run; own time minus "
         "it is anvilctl's own (its modules, its work, and any library submodule it loads "
-        "beyond the packages' own imports).",
+        "beyond the packages' own imports). The last column is the same difference in CPU "
+        "seconds (user + system) of the two processes, which a loaded machine disturbs less.",
         "",
         "| command | wall s (min / med / max) | waiting on Docker + HTTP s "
-        "| own s (min / med / max) | libraries' floor s | own beyond the floor s | target |",
-        "|---|---|---|---|---|---|---|",
+        "| own s (min / med / max) | libraries' floor s | own beyond the floor s | target "
+        "| beyond the floor, CPU s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, m in result["own_time"].items():
         own = statistics.median(m["own_s"])
@@ -412,7 +429,8 @@ def markdown(result: dict[str, Any]) -> str:
         )
         lines.append(
             f"| `{name}` | {spread(m['wall_s'])} | {spread(m['io_s'])} | {spread(m['own_s'])} "
-            f"| {spread(m['floor_s'])} | {spread(m['beyond_s'])} | {verdict} |"
+            f"| {spread(m['floor_s'])} | {spread(m['beyond_s'])} | {verdict} "
+            f"| {spread(m['beyond_cpu_s'])} |"
         )
     for name, m in result["own_time"].items():
         lines += ["", f"Third-party packages `{name}` imported: {', '.join(m['libraries'])}."]
