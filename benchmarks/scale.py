@@ -83,9 +83,10 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 4
+COPY_FORMAT = 5
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
-4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011)."""
+4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
+5 also packed step details (migration 0012)."""
 SQLITE = sqlite_dialect()
 COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
 """The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""

@@ -1,6 +1,7 @@
 """Column types that store a value more compactly than callers see it.
 
-`PackedJSON`: a large JSON body (a snapshot, a diff, a transaction's arguments) is
+`PackedJSON`: a large JSON body (a snapshot, a diff, a transaction's arguments, a step's
+detail from migration 0012 on: `PackedDetail`) is
 stored on SQLite as a zlib-compressed BLOB when that is smaller, behind a one-byte
 tag; callers, the row digests of `coverage` and `audit verify` see the same text
 either way, so a row's digest does not depend on how it was stored, and rows written
@@ -68,6 +69,14 @@ class PackedJSON(TypeDecorator[str]):
         if isinstance(value, str | bytes):
             return unpack(value)
         raise TypeError(f"packed JSON column holds {type(value).__name__}")
+
+
+class PackedDetail(PackedJSON):
+    """A step's detail (`step_events.detail_json`), packed from migration 0012 on: the
+    VRAM readings of `release-vram` and `vram-after-acceptance` are most of a step's bytes.
+    `v_steps` shows the column as stored (a BLOB when packed); `audit show TX` decodes it."""
+
+    cache_ok = True
 
 
 # -- the audit journal's compact columns ----------------------------------------------------------

@@ -17,7 +17,7 @@ from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column
-from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, PackedJSON
+from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, PackedDetail, PackedJSON
 from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
 from anvil_ctl.persistence.rowrefs import PackedRows
 
@@ -62,7 +62,7 @@ class StepEventRow(Base):
     step: Mapped[str] = mapped_column(String(64))
     phase: Mapped[str] = mapped_column(String(8))
     event: Mapped[str] = mapped_column(String(16))
-    detail_json: Mapped[str] = mapped_column(Text, default="{}")
+    detail_json: Mapped[str] = mapped_column(PackedDetail, default="{}")
     at: Mapped[str] = mapped_column(String(32))
     host_id: Mapped[int | None] = host_column()
 
