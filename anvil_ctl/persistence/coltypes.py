@@ -128,6 +128,11 @@ def _time_text(micros: int) -> str:
     return (_EPOCH + timedelta(microseconds=micros)).strftime(_TIME_FORMAT)
 
 
+def time_of(stored: bytes) -> str:
+    """The text of a time `CompactTime` stored as bytes (what raw SQL reads back)."""
+    return _time_text(int.from_bytes(stored, "big")) if len(stored) == 8 else UNREADABLE
+
+
 class CompactTime(TypeDecorator[str]):
     """A `utcnow()` time (27 characters), stored on SQLite as 8 bytes: microseconds since the
     epoch, big-endian. Callers see the text either way; a value that would not read back
@@ -146,7 +151,7 @@ class CompactTime(TypeDecorator[str]):
         if value is None or isinstance(value, str):
             return value
         if isinstance(value, bytes):
-            return _time_text(int.from_bytes(value, "big")) if len(value) == 8 else UNREADABLE
+            return time_of(value)
         raise TypeError(f"time column holds {type(value).__name__}")
 
 

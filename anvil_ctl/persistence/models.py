@@ -5,8 +5,10 @@ REPLACE and TRUNCATE on them; see `ddl` and the migrations) and every row of it
 is covered by the hash-chained audit journal (`HISTORY_TABLES`, see `coverage`);
 "current" facts are derived as the latest row, never updated in place. Timestamps are ISO-8601 UTC text
 (`2026-09-02T12:15:45.123456Z`), which sorts and reads the same in sqlite3 and
-PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable; the
-large ones (`PackedJSON`) are stored compressed on SQLite, read back as the same text.
+PostgreSQL; on SQLite the `at` of the many-row history tables no view or query compares
+(`CompactTime`, from migration 0013 on) is stored as 8 bytes and read back as that text.
+JSON bodies are canonical JSON text so that their hashes are stable; the large ones
+(`PackedJSON`) are stored compressed on SQLite, read back as the same text.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class TransactionState(Base):
     state: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text, default="")
     data_json: Mapped[str] = mapped_column(Text, default="{}")
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -63,7 +65,7 @@ class StepEventRow(Base):
     phase: Mapped[str] = mapped_column(String(8))
     event: Mapped[str] = mapped_column(String(16))
     detail_json: Mapped[str] = mapped_column(PackedDetail, default="{}")
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -75,7 +77,7 @@ class SnapshotRow(Base):
     label: Mapped[str] = mapped_column(String(32))
     sha256: Mapped[str] = mapped_column(String(64))  # its blob's key (0011 dropped the index)
     body_json: Mapped[str] = mapped_column(Text)
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -90,7 +92,7 @@ class SnapshotBlob(Base):
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     body_json: Mapped[str] = mapped_column(PackedJSON)
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
 
 
 class SnapshotDiff(Base):
@@ -103,7 +105,7 @@ class SnapshotDiff(Base):
     after_sha256: Mapped[str] = mapped_column(String(64))
     equal: Mapped[int] = mapped_column(Integer)
     changes_json: Mapped[str] = mapped_column(PackedJSON)
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -138,7 +140,7 @@ class IdentityBody(Base):
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     body_json: Mapped[str] = mapped_column(Text)
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
 
 
 class LockRow(Base):
@@ -162,7 +164,7 @@ class LockRelease(Base):
     how: Mapped[str] = mapped_column(String(16))
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text, default="")
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -205,7 +207,7 @@ class GpuOwnershipEvent(Base):
     tx_id: Mapped[str | None] = mapped_column(String(36))
     mode: Mapped[GpuMode] = mapped_column(String(16))
     slot: Mapped[str] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -296,7 +298,7 @@ class ApprovalRow(Base):
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     decision_id: Mapped[str] = mapped_column(ForeignKey("decisions.id"))
     approved_by: Mapped[str] = mapped_column(String(255))
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 

@@ -23,6 +23,7 @@ from sqlalchemy import bindparam, delete, insert, inspect, literal_column, selec
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
+from anvil_ctl.persistence.coltypes import time_of
 from anvil_ctl.persistence.models import (
     FIRST_HOST_ID,
     GpuOwnerCurrent,
@@ -322,8 +323,16 @@ def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
         q = text(sql)
         if ":unresolved" in sql:
             q = q.bindparams(bindparam("unresolved", value=UNRESOLVED, expanding=True))
-        out[name] = [dict(r._mapping) for r in s.execute(q)]
+        out[name] = [{k: _as_text(v) for k, v in r._mapping.items()} for r in s.execute(q)]
     return out
+
+
+def _as_text(value: object) -> object:
+    """A value as the projection stores it: a history time stored compactly (8 bytes on
+    SQLite, from migration 0013 on; `coltypes.CompactTime`) as its text."""
+    if isinstance(value, bytes):
+        return time_of(value)
+    return value
 
 
 def maintained(s: Session) -> dict[str, list[dict[str, object]]]:

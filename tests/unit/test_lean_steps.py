@@ -5,11 +5,18 @@
   the text its row digest covers; small details stay text. Steps written before (text)
   and after verify together, in full and from a checkpoint across a downgrade to 0011
   and an upgrade, and a packed detail edited past the trigger is named by table and key.
+- Migration 0013: on SQLite the `at` of the many-row history tables no README query
+  compares as text is stored as 8 bytes (`coltypes.CompactTime`) and read back as the text
+  the row digest covers; `v_steps` shows it as that text; the projection rebuilt from
+  history still matches the maintained one; a compact time edited is named; rows with text
+  times (written before) and compact ones verify together across a downgrade to 0012 and an
+  upgrade, the downgrade's `v_steps` showing the stored value and the upgrade's the text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -18,7 +25,7 @@ from alembic import command
 
 from anvil_ctl.commands import audit
 from anvil_ctl.persistence import coltypes
-from anvil_ctl.persistence.coltypes import PACKED, pack, unpack
+from anvil_ctl.persistence.coltypes import PACKED, pack, time_of, unpack
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
@@ -122,6 +129,109 @@ class TestUpgradeTo0012:
         before = _raw(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events")
         command.downgrade(alembic_config(engine), "0011")  # the packed rows stay
         assert _raw(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events") == before
+        command.upgrade(alembic_config(engine), "head")
+        engine.dispose()
+        assert audit.verify(host.context(), full=True)["ok"]
+
+
+COMPACT_TIMES = (
+    "step_events",
+    "transaction_states",
+    "gpu_ownership_events",
+    "snapshots",
+    "snapshot_blobs",
+    "snapshot_diffs",
+    "identity_bodies",
+    "lock_releases",
+    "approvals",
+)
+ISO = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$"
+
+
+def _time_forms(host: FakeHost, table: str) -> set[object]:
+    return {t for (t,) in _raw(host, f"SELECT DISTINCT typeof(at) FROM {table}")}
+
+
+def _the_0012_way(m: pytest.MonkeyPatch) -> None:
+    """Write times as text, as anvilctl at 0012 did (the journal's too, as before 0011)."""
+
+    def as_text(_self: object, value: str | None, _dialect: object) -> str | None:
+        return value
+
+    m.setattr(coltypes.CompactTime, "process_bind_param", as_text)
+
+
+class TestCompactTimes:
+    def test_history_times_are_8_bytes_at_rest_and_read_back_as_their_text(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        for table in COMPACT_TIMES:
+            assert _time_forms(host, table) == {"blob"}, table
+        assert _time_forms(host, "identities") == {"text"}  # v_identities.recorded_at
+        assert {t for (t,) in _raw(host, "SELECT DISTINCT typeof(created_at) FROM transactions")} == {
+            "text"
+        }  # ordered by
+        # v_steps shows each as the text the Store reads (README: "... at from v_steps ...")
+        stored = _raw(host, "SELECT tx_id, at FROM step_events ORDER BY id")
+        shown = _raw(host, "SELECT tx_id, at FROM v_steps")
+        assert len(shown) == len(stored) > 0
+        assert shown == [(tx, time_of(at)) for tx, at in stored if isinstance(at, bytes)]
+        tx_id = str(stored[-1][0])
+        events = host.context().store.step_events(tx_id)
+        assert [e.at for e in events] == [at for tx, at in shown if tx == tx_id]
+        assert all(re.match(ISO, e.at) for e in events)
+        report = audit.verify(host.context(), full=True)
+        assert report["ok"] and report["projection_differs"] == []
+
+    def test_a_compact_time_edited_afterwards_is_named(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        assert audit.verify(host.context(), full=True)["ok"]
+        row_id, raw = _raw(host, "SELECT id, at FROM transaction_states ORDER BY id DESC LIMIT 1")[0]
+        assert isinstance(raw, bytes) and len(raw) == 8
+        earlier = (int.from_bytes(raw, "big") - 3_600_000_000).to_bytes(8, "big")  # an hour back
+        edit_past_trigger(
+            _db(host),
+            "transaction_states_no_update",
+            "UPDATE transaction_states SET at = ? WHERE id = ?",
+            (earlier, row_id),
+        )
+        report = audit.verify(host.context(), full=True)
+        assert not report["ok"]
+        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
+        assert named == [
+            ("transaction_states", row_id, "content edited: row digest differs from its journal entry")
+        ]
+
+
+class TestUpgradeTo0013:
+    def test_times_of_both_forms_verify_across_a_downgrade_and_upgrade(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:
+            _the_0012_way(m)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
+        assert _time_forms(host, "step_events") == {"text"}
+        engine = make_engine(f"sqlite:///{_db(host)}")
+        command.downgrade(alembic_config(engine), "0012")
+        command.upgrade(alembic_config(engine), "head")
+
+        _cycle(host, 2)
+        for table in COMPACT_TIMES:
+            assert _time_forms(host, table) == {"text", "blob"}, table
+        shown = _raw(host, "SELECT at FROM v_steps")
+        assert shown and all(isinstance(at, str) and re.match(ISO, at) for (at,) in shown)
+        incremental = audit.verify(host.context())
+        assert incremental["ok"] and incremental["mode"] == "incremental"
+        full = audit.verify(host.context(), full=True)
+        assert full["ok"] and full["projection_differs"] == []
+
+        before = _raw(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events")
+        command.downgrade(alembic_config(engine), "0012")  # the compact rows stay, shown as stored
+        assert _raw(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events") == before
+        assert {type(at) for (at,) in _raw(host, "SELECT at FROM v_steps")} == {str, bytes}
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         assert audit.verify(host.context(), full=True)["ok"]
