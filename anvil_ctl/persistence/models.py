@@ -203,8 +203,8 @@ class GpuOwnershipEvent(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     role: Mapped[str] = mapped_column(String(64))
     event: Mapped[str] = mapped_column(String(16))
-    container_id: Mapped[str] = mapped_column(String(64))
-    tx_id: Mapped[str | None] = mapped_column(String(36))
+    container_id: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0014 on
+    tx_id: Mapped[str | None] = mapped_column(CompactUuid(36))  # 16 bytes on SQLite from 0014 on
     mode: Mapped[GpuMode] = mapped_column(String(16))
     slot: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(CompactTime(32))

@@ -1,4 +1,4 @@
-"""Lean step events (issue 13 point 3, bytes per transaction).
+"""Lean history rows (issue 13 point 3, bytes per transaction): migrations 0012-0014.
 
 - Migration 0012: a step's detail of 128 bytes or more is stored packed on SQLite
   (`coltypes.PackedDetail`, a BLOB tagged `00 7a`) when that is smaller, and read back as
@@ -11,6 +11,10 @@
   history still matches the maintained one; a compact time edited is named; rows with text
   times (written before) and compact ones verify together across a downgrade to 0012 and an
   upgrade, the downgrade's `v_steps` showing the stored value and the upgrade's the text.
+- Migration 0014: on SQLite a GPU ownership event's container ID is stored as its 32 bytes
+  and its transaction ID as 16, read back as text; a transaction's events are found in both
+  forms (what its undo works from), the projection rebuilt from them matches, and an event's
+  container rewritten is named.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import uuid
 from pathlib import Path
 
 import pytest
 from alembic import command
 
 from anvil_ctl.commands import audit
-from anvil_ctl.persistence import coltypes
+from anvil_ctl.persistence import coltypes, gpu_ledger
 from anvil_ctl.persistence.coltypes import PACKED, pack, time_of, unpack
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
@@ -235,3 +240,79 @@ class TestUpgradeTo0013:
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         assert audit.verify(host.context(), full=True)["ok"]
+
+
+def _the_0013_way(m: pytest.MonkeyPatch) -> None:
+    """Write GPU ownership events' IDs as text, as anvilctl at 0013 did (and the journal's
+    transaction IDs, as before 0011)."""
+
+    def as_text(_self: object, value: str | None, _dialect: object) -> str | None:
+        return value
+
+    m.setattr(coltypes.HexDigest, "process_bind_param", as_text)
+    m.setattr(coltypes.CompactUuid, "process_bind_param", as_text)
+
+
+def _gpu_forms(host: FakeHost) -> set[tuple[object, ...]]:
+    return set(_raw(host, "SELECT DISTINCT typeof(container_id), typeof(tx_id) FROM gpu_ownership_events"))
+
+
+class TestCompactGpuEvents:
+    def test_ids_are_bytes_at_rest_and_a_transactions_events_read_back_in_both_forms(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:
+            _the_0013_way(m)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+        assert _gpu_forms(host) == {("text", "text")}
+        engine = make_engine(f"sqlite:///{_db(host)}")
+        command.downgrade(alembic_config(engine), "0013")
+        command.upgrade(alembic_config(engine), "head")
+        engine.dispose()
+        _cycle(host, 2)
+        assert _gpu_forms(host) == {("text", "text"), ("blob", "blob")}
+        sizes = _raw(
+            host,
+            "SELECT DISTINCT length(container_id), length(tx_id) FROM gpu_ownership_events"
+            " WHERE typeof(tx_id) = 'blob'",
+        )
+        assert sizes == [(32, 16)]
+        for form in ("text", "blob"):
+            raw_tx, raw_container = _raw(
+                host,
+                "SELECT tx_id, container_id FROM gpu_ownership_events WHERE typeof(tx_id) = ?"
+                " ORDER BY id DESC LIMIT 1",
+                form,
+            )[0]
+            assert isinstance(raw_tx, str | bytes) and isinstance(raw_container, str | bytes)
+            tx_id = raw_tx if isinstance(raw_tx, str) else str(uuid.UUID(bytes=raw_tx))
+            container = raw_container if isinstance(raw_container, str) else raw_container.hex()
+            events = gpu_ledger.transaction_events(host.context().store, tx_id)
+            assert events and {e.tx_id for e in events} == {tx_id}, form
+            assert container in {e.container_id for e in events}
+            assert all(len(e.container_id) == 64 for e in events)
+        report = audit.verify(host.context(), full=True)
+        assert report["ok"] and report["projection_differs"] == []
+        assert audit.verify(host.context())["ok"]
+
+    def test_a_compact_container_id_edited_afterwards_is_named(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        assert audit.verify(host.context(), full=True)["ok"]
+        row_id, raw = _raw(
+            host, "SELECT id, container_id FROM gpu_ownership_events ORDER BY id DESC LIMIT 1"
+        )[0]
+        assert isinstance(raw, bytes) and len(raw) == 32
+        edit_past_trigger(
+            _db(host),
+            "gpu_ownership_events_no_update",
+            "UPDATE gpu_ownership_events SET container_id = ? WHERE id = ?",
+            (bytes(32), row_id),
+        )
+        report = audit.verify(host.context(), full=True)
+        assert not report["ok"]
+        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
+        assert named == [
+            ("gpu_ownership_events", row_id, "content edited: row digest differs from its journal entry")
+        ]
