@@ -69,7 +69,7 @@ from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import blobdelta, projection, qualification
-from anvil_ctl.persistence.coltypes import PACKED, CompactTime, CompactUuid, pack, unpack
+from anvil_ctl.persistence.coltypes import PACKED, CompactTime, CompactUuid, HexDigest, pack, unpack
 from anvil_ctl.persistence.coverage import COVERED, ref_of
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
 from anvil_ctl.persistence.models import PROJECTION_TABLES
@@ -83,12 +83,29 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 4
+COPY_FORMAT = 7
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
-4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011)."""
+4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
+5 also packed step details (migration 0012), 6 also history times stored compactly (0013),
+7 also GPU ownership events' IDs (0014)."""
 SQLITE = sqlite_dialect()
 COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
 """The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
+STORED_COMPACT: dict[str, dict[str, Any]] = {
+    name: {c.name: c.type for c in t.columns if isinstance(c.type, CompactTime | CompactUuid | HexDigest)}
+    for name, t in COVERED.items()
+}
+"""Each history table's columns stored compactly on SQLite (times from migration 0013 on, GPU
+ownership events' IDs from 0014 on):
+copied as their text, stored as the Store stores them."""
+
+
+def read_back(table: str, name: str, value: Any) -> Any:
+    """A stored value of a history row as the Store reads it (what its digest covers)."""
+    kind = STORED_COMPACT.get(table, {}).get(name)
+    if kind is not None:
+        return kind.process_result_value(value, SQLITE)
+    return unpack(value) if isinstance(value, bytes) else value
 
 
 # -- the template: real transactions on the fake host -----------------------------------------
@@ -182,6 +199,10 @@ def make_template(root: Path) -> Template:
         for r in rows.get("audit_journal", []):
             for name, kind in COMPACT.items():
                 r[name] = kind.process_result_value(r[name], SQLITE)
+        for table, got_rows in rows.items():
+            for r in got_rows:
+                for name, kind in STORED_COMPACT.get(table, {}).items():
+                    r[name] = kind.process_result_value(r[name], SQLITE)
 
         def stored(sha: str) -> str:
             return str(
@@ -299,6 +320,8 @@ class Copier:
             if pk.type.python_type is int:
                 out[pk.name] = self.next_id[table]
                 self.next_id[table] += 1
+        for name, kind in STORED_COMPACT.get(table, {}).items():  # the journal's: `chain`
+            out[name] = kind.process_bind_param(out[name], SQLITE)
         return out
 
     def chain(
@@ -313,7 +336,7 @@ class Copier:
                 covered.append([table, key, digest])
             else:
                 # a packed body digests as its text (`coltypes`), as the Store's rows do
-                as_read = {k: unpack(v) if isinstance(v, bytes) else v for k, v in new.items()}
+                as_read = {k: read_back(table, k, v) for k, v in new.items()}
                 ref_table, ref_key, hex_digest = ref_of(COVERED[table], as_read)
                 covered.append([ref_table, ref_key, audit_chain.compact_digest(hex_digest)])
         rows_json = canonical_json(covered)

@@ -1,6 +1,7 @@
 """Column types that store a value more compactly than callers see it.
 
-`PackedJSON`: a large JSON body (a snapshot, a diff, a transaction's arguments) is
+`PackedJSON`: a large JSON body (a snapshot, a diff, a transaction's arguments, a step's
+detail from migration 0012 on: `PackedDetail`) is
 stored on SQLite as a zlib-compressed BLOB when that is smaller, behind a one-byte
 tag; callers, the row digests of `coverage` and `audit verify` see the same text
 either way, so a row's digest does not depend on how it was stored, and rows written
@@ -70,6 +71,14 @@ class PackedJSON(TypeDecorator[str]):
         raise TypeError(f"packed JSON column holds {type(value).__name__}")
 
 
+class PackedDetail(PackedJSON):
+    """A step's detail (`step_events.detail_json`), packed from migration 0012 on: the
+    VRAM readings of `release-vram` and `vram-after-acceptance` are most of a step's bytes.
+    `v_steps` shows the column as stored (a BLOB when packed); `audit show TX` decodes it."""
+
+    cache_ok = True
+
+
 # -- the audit journal's compact columns ----------------------------------------------------------
 
 
@@ -119,6 +128,11 @@ def _time_text(micros: int) -> str:
     return (_EPOCH + timedelta(microseconds=micros)).strftime(_TIME_FORMAT)
 
 
+def time_of(stored: bytes) -> str:
+    """The text of a time `CompactTime` stored as bytes (what raw SQL reads back)."""
+    return _time_text(int.from_bytes(stored, "big")) if len(stored) == 8 else UNREADABLE
+
+
 class CompactTime(TypeDecorator[str]):
     """A `utcnow()` time (27 characters), stored on SQLite as 8 bytes: microseconds since the
     epoch, big-endian. Callers see the text either way; a value that would not read back
@@ -137,7 +151,7 @@ class CompactTime(TypeDecorator[str]):
         if value is None or isinstance(value, str):
             return value
         if isinstance(value, bytes):
-            return _time_text(int.from_bytes(value, "big")) if len(value) == 8 else UNREADABLE
+            return time_of(value)
         raise TypeError(f"time column holds {type(value).__name__}")
 
 

@@ -5,8 +5,10 @@ REPLACE and TRUNCATE on them; see `ddl` and the migrations) and every row of it
 is covered by the hash-chained audit journal (`HISTORY_TABLES`, see `coverage`);
 "current" facts are derived as the latest row, never updated in place. Timestamps are ISO-8601 UTC text
 (`2026-09-02T12:15:45.123456Z`), which sorts and reads the same in sqlite3 and
-PostgreSQL. JSON bodies are canonical JSON text so that their hashes are stable; the
-large ones (`PackedJSON`) are stored compressed on SQLite, read back as the same text.
+PostgreSQL; on SQLite the `at` of the many-row history tables no view or query compares
+(`CompactTime`, from migration 0013 on) is stored as 8 bytes and read back as that text.
+JSON bodies are canonical JSON text so that their hashes are stable; the large ones
+(`PackedJSON`) are stored compressed on SQLite, read back as the same text.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column, partial_index
-from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, PackedJSON
+from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, PackedDetail, PackedJSON
 from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
 from anvil_ctl.persistence.rowrefs import PackedRows
 
@@ -48,7 +50,7 @@ class TransactionState(Base):
     state: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text, default="")
     data_json: Mapped[str] = mapped_column(Text, default="{}")
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -62,8 +64,8 @@ class StepEventRow(Base):
     step: Mapped[str] = mapped_column(String(64))
     phase: Mapped[str] = mapped_column(String(8))
     event: Mapped[str] = mapped_column(String(16))
-    detail_json: Mapped[str] = mapped_column(Text, default="{}")
-    at: Mapped[str] = mapped_column(String(32))
+    detail_json: Mapped[str] = mapped_column(PackedDetail, default="{}")
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -75,7 +77,7 @@ class SnapshotRow(Base):
     label: Mapped[str] = mapped_column(String(32))
     sha256: Mapped[str] = mapped_column(String(64))  # its blob's key (0011 dropped the index)
     body_json: Mapped[str] = mapped_column(Text)
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -90,7 +92,7 @@ class SnapshotBlob(Base):
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     body_json: Mapped[str] = mapped_column(PackedJSON)
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
 
 
 class SnapshotDiff(Base):
@@ -103,7 +105,7 @@ class SnapshotDiff(Base):
     after_sha256: Mapped[str] = mapped_column(String(64))
     equal: Mapped[int] = mapped_column(Integer)
     changes_json: Mapped[str] = mapped_column(PackedJSON)
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -138,7 +140,7 @@ class IdentityBody(Base):
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     body_json: Mapped[str] = mapped_column(Text)
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
 
 
 class LockRow(Base):
@@ -162,7 +164,7 @@ class LockRelease(Base):
     how: Mapped[str] = mapped_column(String(16))
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text, default="")
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -201,11 +203,11 @@ class GpuOwnershipEvent(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     role: Mapped[str] = mapped_column(String(64))
     event: Mapped[str] = mapped_column(String(16))
-    container_id: Mapped[str] = mapped_column(String(64))
-    tx_id: Mapped[str | None] = mapped_column(String(36))
+    container_id: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0014 on
+    tx_id: Mapped[str | None] = mapped_column(CompactUuid(36))  # 16 bytes on SQLite from 0014 on
     mode: Mapped[GpuMode] = mapped_column(String(16))
     slot: Mapped[str] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 
@@ -291,7 +293,7 @@ class ApprovalRow(Base):
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     decision_id: Mapped[str] = mapped_column(ForeignKey("decisions.id"))
     approved_by: Mapped[str] = mapped_column(String(255))
-    at: Mapped[str] = mapped_column(String(32))
+    at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
 
 

@@ -20,9 +20,12 @@ from __future__ import annotations
 import re
 
 from sqlalchemy import bindparam, delete, insert, inspect, literal_column, select, text
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.orm import Session
+from sqlalchemy.types import TypeDecorator
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
+from anvil_ctl.persistence.coltypes import CompactUuid, HexDigest, time_of
 from anvil_ctl.persistence.models import (
     FIRST_HOST_ID,
     GpuOwnerCurrent,
@@ -322,8 +325,25 @@ def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
         q = text(sql)
         if ":unresolved" in sql:
             q = q.bindparams(bindparam("unresolved", value=UNRESOLVED, expanding=True))
-        out[name] = [dict(r._mapping) for r in s.execute(q)]
+        out[name] = [{k: _as_text(k, v) for k, v in r._mapping.items()} for r in s.execute(q)]
     return out
+
+
+_COMPACT: dict[str, TypeDecorator[str]] = {
+    "container_id": HexDigest(),
+    "tx_id": CompactUuid(),
+}
+"""History columns the rebuild reads that SQLite may hold compactly (`coltypes`), besides
+times: a GPU ownership event's container and transaction (from migration 0014 on)."""
+
+
+def _as_text(name: str, value: object) -> object:
+    """A value as the projection stores it: a history value stored compactly on SQLite (a
+    time, from migration 0013 on; a container or transaction ID, from 0014 on) as its text."""
+    if not isinstance(value, bytes):
+        return value
+    kind = _COMPACT.get(name)
+    return kind.process_result_value(value, sqlite_dialect()) if kind is not None else time_of(value)
 
 
 def maintained(s: Session) -> dict[str, list[dict[str, object]]]:

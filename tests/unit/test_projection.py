@@ -355,10 +355,14 @@ class TestQueryPlans:
 
 # -- bytes per transaction ---------------------------------------------------------------------
 
-CEILING_BYTES_PER_TX = 12_700
-"""Pages the database grows by per transaction (tables and indexes): measured 12.3 KB here
-(36 pages over 12 transactions: whole pages, so a change moves it by 341 B; 11.3 KB over
-36 transactions), 15.0 KB before migration 0011's lean records: 16-byte row digests in the
+CEILING_BYTES_PER_TX = 10_000
+"""Pages the database grows by per transaction (tables and indexes): measured 9.9 KB here
+(29 pages over 12 transactions: whole pages, so a change moves it by 341 B; 9.8 KB over
+36 transactions; 9.6 KB with 0014's GPU ownership events, 0.4 -> 0.26 KB, not a page here)
+with migration 0013's compact history times (8 bytes for 27 of text in the `at` of ~25
+rows per transaction); 11.6 KB (10.2 KB over 36) before it, with migration
+0012's packed step details (1.74 -> 0.98 KB of details); 12.3 KB before that, 15.0 KB
+before migration 0011's lean records: 16-byte row digests in the
 journal (3.1 -> 1.8 KB of journal with the next two), time and transaction ID stored
 compactly in the journal, `batch` entries that leave out the events their rows name, new
 snapshot bodies stored as deltas against the transaction's earlier one (1.1 -> 0.55 KB), a

@@ -57,6 +57,7 @@ EDIT_COLUMN = {
     "gpu_ownership_events": "container_id",
     "evidence_manifests": "sha256",
     "audit_checkpoints": "mode",
+    "snapshot_blobs": "at",  # its one other column, the body, is packed; `at` compact (0013)
 }
 
 

@@ -1,0 +1,318 @@
+"""Lean history rows (issue 13 point 3, bytes per transaction): migrations 0012-0014.
+
+- Migration 0012: a step's detail of 128 bytes or more is stored packed on SQLite
+  (`coltypes.PackedDetail`, a BLOB tagged `00 7a`) when that is smaller, and read back as
+  the text its row digest covers; small details stay text. Steps written before (text)
+  and after verify together, in full and from a checkpoint across a downgrade to 0011
+  and an upgrade, and a packed detail edited past the trigger is named by table and key.
+- Migration 0013: on SQLite the `at` of the many-row history tables no README query
+  compares as text is stored as 8 bytes (`coltypes.CompactTime`) and read back as the text
+  the row digest covers; `v_steps` shows it as that text; the projection rebuilt from
+  history still matches the maintained one; a compact time edited is named; rows with text
+  times (written before) and compact ones verify together across a downgrade to 0012 and an
+  upgrade, the downgrade's `v_steps` showing the stored value and the upgrade's the text.
+- Migration 0014: on SQLite a GPU ownership event's container ID is stored as its 32 bytes
+  and its transaction ID as 16, read back as text; a transaction's events are found in both
+  forms (what its undo works from), the projection rebuilt from them matches, and an event's
+  container rewritten is named.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+from alembic import command
+
+from anvil_ctl.commands import audit
+from anvil_ctl.persistence import coltypes, gpu_ledger
+from anvil_ctl.persistence.coltypes import PACKED, pack, time_of, unpack
+from anvil_ctl.persistence.db import make_engine
+from anvil_ctl.persistence.migrate import alembic_config
+from tests.unit.fakehost import FakeHost, make_fake_host
+from tests.unit.forge import edit_past_trigger
+from tests.unit.test_lean_records import _cycle
+
+
+def _db(host: FakeHost) -> Path:
+    return host.settings.state_dir / "anvil.db"
+
+
+def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
+    con = sqlite3.connect(_db(host))
+    try:
+        return [tuple(r) for r in con.execute(sql, args)]
+    finally:
+        con.close()
+
+
+def _detail_forms(host: FakeHost) -> set[object]:
+    return {t for (t,) in _raw(host, "SELECT DISTINCT typeof(detail_json) FROM step_events")}
+
+
+def _the_0011_way(m: pytest.MonkeyPatch) -> None:
+    """Write step details as anvilctl at 0011 did: text."""
+
+    def as_text(_self: object, value: str | None, _dialect: object) -> str | None:
+        return value
+
+    m.setattr(coltypes.PackedDetail, "process_bind_param", as_text)
+
+
+class TestPackedStepDetail:
+    def test_large_details_are_packed_and_read_back_as_the_same_steps(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        packed = _raw(
+            host,
+            "SELECT id, tx_id, step, phase, event, detail_json FROM step_events"
+            " WHERE typeof(detail_json) = 'blob'",
+        )
+        steps = {str(step) for _i, _t, step, _p, _e, _d in packed}
+        assert {"release-vram", "vram-after-acceptance"} <= steps, steps
+        for *_row, raw in packed:
+            assert isinstance(raw, bytes) and raw.startswith(PACKED)
+            assert len(raw) < len(unpack(raw).encode())
+        assert _raw(host, "SELECT count(*) FROM step_events WHERE typeof(detail_json) = 'text'")[0][0] > 0
+        # the Store reads them as the detail written: the rows' decoded text, parsed
+        _id, tx_id, step, phase, name, raw = packed[-1]
+        assert isinstance(raw, bytes)
+        events = host.context().store.step_events(str(tx_id))
+        (event,) = [e for e in events if (e.step, e.phase, e.event) == (step, phase, name)]
+        assert event.detail == json.loads(unpack(raw))
+        shown = audit.show(host.context(), str(tx_id))
+        assert any(s["detail"] == event.detail for s in shown["steps"])
+        assert audit.verify(host.context(), full=True)["ok"]
+
+    def test_a_packed_detail_edited_afterwards_is_named(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        assert audit.verify(host.context(), full=True)["ok"]
+        row_id, raw = _raw(
+            host, "SELECT id, detail_json FROM step_events WHERE typeof(detail_json) = 'blob' LIMIT 1"
+        )[0]
+        assert isinstance(raw, bytes)
+        forged = pack(unpack(raw)[:-1] + ',"forged":1}')
+        assert isinstance(forged, bytes) and unpack(forged) != unpack(raw)
+        edit_past_trigger(
+            _db(host),
+            "step_events_no_update",
+            "UPDATE step_events SET detail_json = ? WHERE id = ?",
+            (forged, row_id),
+        )
+        report = audit.verify(host.context(), full=True)
+        assert not report["ok"]
+        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
+        assert named == [("step_events", row_id, "content edited: row digest differs from its journal entry")]
+
+
+class TestUpgradeTo0012:
+    def test_steps_of_both_forms_verify_across_a_downgrade_and_upgrade(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:
+            _the_0011_way(m)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
+        assert _detail_forms(host) == {"text"}
+        engine = make_engine(f"sqlite:///{_db(host)}")
+        command.downgrade(alembic_config(engine), "0011")
+        assert _raw(host, "SELECT version_num FROM alembic_version") == [("0011",)]
+        command.upgrade(alembic_config(engine), "head")
+
+        _cycle(host, 2)
+        assert _detail_forms(host) == {"text", "blob"}
+        incremental = audit.verify(host.context())
+        assert incremental["ok"] and incremental["mode"] == "incremental"
+        assert audit.verify(host.context(), full=True)["ok"]
+
+        before = _raw(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events")
+        command.downgrade(alembic_config(engine), "0011")  # the packed rows stay
+        assert _raw(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events") == before
+        command.upgrade(alembic_config(engine), "head")
+        engine.dispose()
+        assert audit.verify(host.context(), full=True)["ok"]
+
+
+COMPACT_TIMES = (
+    "step_events",
+    "transaction_states",
+    "gpu_ownership_events",
+    "snapshots",
+    "snapshot_blobs",
+    "snapshot_diffs",
+    "identity_bodies",
+    "lock_releases",
+    "approvals",
+)
+ISO = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$"
+
+
+def _time_forms(host: FakeHost, table: str) -> set[object]:
+    return {t for (t,) in _raw(host, f"SELECT DISTINCT typeof(at) FROM {table}")}
+
+
+def _the_0012_way(m: pytest.MonkeyPatch) -> None:
+    """Write times as text, as anvilctl at 0012 did (the journal's too, as before 0011)."""
+
+    def as_text(_self: object, value: str | None, _dialect: object) -> str | None:
+        return value
+
+    m.setattr(coltypes.CompactTime, "process_bind_param", as_text)
+
+
+class TestCompactTimes:
+    def test_history_times_are_8_bytes_at_rest_and_read_back_as_their_text(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        for table in COMPACT_TIMES:
+            assert _time_forms(host, table) == {"blob"}, table
+        assert _time_forms(host, "identities") == {"text"}  # v_identities.recorded_at
+        assert {t for (t,) in _raw(host, "SELECT DISTINCT typeof(created_at) FROM transactions")} == {
+            "text"
+        }  # ordered by
+        # v_steps shows each as the text the Store reads (README: "... at from v_steps ...")
+        stored = _raw(host, "SELECT tx_id, at FROM step_events ORDER BY id")
+        shown = _raw(host, "SELECT tx_id, at FROM v_steps")
+        assert len(shown) == len(stored) > 0
+        assert shown == [(tx, time_of(at)) for tx, at in stored if isinstance(at, bytes)]
+        tx_id = str(stored[-1][0])
+        events = host.context().store.step_events(tx_id)
+        assert [e.at for e in events] == [at for tx, at in shown if tx == tx_id]
+        assert all(re.match(ISO, e.at) for e in events)
+        report = audit.verify(host.context(), full=True)
+        assert report["ok"] and report["projection_differs"] == []
+
+    def test_a_compact_time_edited_afterwards_is_named(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        assert audit.verify(host.context(), full=True)["ok"]
+        row_id, raw = _raw(host, "SELECT id, at FROM transaction_states ORDER BY id DESC LIMIT 1")[0]
+        assert isinstance(raw, bytes) and len(raw) == 8
+        earlier = (int.from_bytes(raw, "big") - 3_600_000_000).to_bytes(8, "big")  # an hour back
+        edit_past_trigger(
+            _db(host),
+            "transaction_states_no_update",
+            "UPDATE transaction_states SET at = ? WHERE id = ?",
+            (earlier, row_id),
+        )
+        report = audit.verify(host.context(), full=True)
+        assert not report["ok"]
+        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
+        assert named == [
+            ("transaction_states", row_id, "content edited: row digest differs from its journal entry")
+        ]
+
+
+class TestUpgradeTo0013:
+    def test_times_of_both_forms_verify_across_a_downgrade_and_upgrade(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:
+            _the_0012_way(m)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
+        assert _time_forms(host, "step_events") == {"text"}
+        engine = make_engine(f"sqlite:///{_db(host)}")
+        command.downgrade(alembic_config(engine), "0012")
+        command.upgrade(alembic_config(engine), "head")
+
+        _cycle(host, 2)
+        for table in COMPACT_TIMES:
+            assert _time_forms(host, table) == {"text", "blob"}, table
+        shown = _raw(host, "SELECT at FROM v_steps")
+        assert shown and all(isinstance(at, str) and re.match(ISO, at) for (at,) in shown)
+        incremental = audit.verify(host.context())
+        assert incremental["ok"] and incremental["mode"] == "incremental"
+        full = audit.verify(host.context(), full=True)
+        assert full["ok"] and full["projection_differs"] == []
+
+        before = _raw(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events")
+        command.downgrade(alembic_config(engine), "0012")  # the compact rows stay, shown as stored
+        assert _raw(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events") == before
+        assert {type(at) for (at,) in _raw(host, "SELECT at FROM v_steps")} == {str, bytes}
+        command.upgrade(alembic_config(engine), "head")
+        engine.dispose()
+        assert audit.verify(host.context(), full=True)["ok"]
+
+
+def _the_0013_way(m: pytest.MonkeyPatch) -> None:
+    """Write GPU ownership events' IDs as text, as anvilctl at 0013 did (and the journal's
+    transaction IDs, as before 0011)."""
+
+    def as_text(_self: object, value: str | None, _dialect: object) -> str | None:
+        return value
+
+    m.setattr(coltypes.HexDigest, "process_bind_param", as_text)
+    m.setattr(coltypes.CompactUuid, "process_bind_param", as_text)
+
+
+def _gpu_forms(host: FakeHost) -> set[tuple[object, ...]]:
+    return set(_raw(host, "SELECT DISTINCT typeof(container_id), typeof(tx_id) FROM gpu_ownership_events"))
+
+
+class TestCompactGpuEvents:
+    def test_ids_are_bytes_at_rest_and_a_transactions_events_read_back_in_both_forms(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with monkeypatch.context() as m:
+            _the_0013_way(m)
+            host = make_fake_host(tmp_path)
+            _cycle(host, 1)
+        assert _gpu_forms(host) == {("text", "text")}
+        engine = make_engine(f"sqlite:///{_db(host)}")
+        command.downgrade(alembic_config(engine), "0013")
+        command.upgrade(alembic_config(engine), "head")
+        engine.dispose()
+        _cycle(host, 2)
+        assert _gpu_forms(host) == {("text", "text"), ("blob", "blob")}
+        sizes = _raw(
+            host,
+            "SELECT DISTINCT length(container_id), length(tx_id) FROM gpu_ownership_events"
+            " WHERE typeof(tx_id) = 'blob'",
+        )
+        assert sizes == [(32, 16)]
+        for form in ("text", "blob"):
+            raw_tx, raw_container = _raw(
+                host,
+                "SELECT tx_id, container_id FROM gpu_ownership_events WHERE typeof(tx_id) = ?"
+                " ORDER BY id DESC LIMIT 1",
+                form,
+            )[0]
+            assert isinstance(raw_tx, str | bytes) and isinstance(raw_container, str | bytes)
+            tx_id = raw_tx if isinstance(raw_tx, str) else str(uuid.UUID(bytes=raw_tx))
+            container = raw_container if isinstance(raw_container, str) else raw_container.hex()
+            events = gpu_ledger.transaction_events(host.context().store, tx_id)
+            assert events and {e.tx_id for e in events} == {tx_id}, form
+            assert container in {e.container_id for e in events}
+            assert all(len(e.container_id) == 64 for e in events)
+        report = audit.verify(host.context(), full=True)
+        assert report["ok"] and report["projection_differs"] == []
+        assert audit.verify(host.context())["ok"]
+
+    def test_a_compact_container_id_edited_afterwards_is_named(self, tmp_path: Path) -> None:
+        host = make_fake_host(tmp_path)
+        _cycle(host, 1)
+        assert audit.verify(host.context(), full=True)["ok"]
+        row_id, raw = _raw(
+            host, "SELECT id, container_id FROM gpu_ownership_events ORDER BY id DESC LIMIT 1"
+        )[0]
+        assert isinstance(raw, bytes) and len(raw) == 32
+        edit_past_trigger(
+            _db(host),
+            "gpu_ownership_events_no_update",
+            "UPDATE gpu_ownership_events SET container_id = ? WHERE id = ?",
+            (bytes(32), row_id),
+        )
+        report = audit.verify(host.context(), full=True)
+        assert not report["ok"]
+        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
+        assert named == [
+            ("gpu_ownership_events", row_id, "content edited: row digest differs from its journal entry")
+        ]
