@@ -404,7 +404,8 @@ class TransactionEngine:
         if not plan.snapshot:
             return
         _progress(ctx.world).activity(f"observing the host: the {label} snapshot")
-        after = outcome.after = plan.snapshot()
+        with one_reading(ctx.world):  # it only observes: each container is inspected once
+            after = outcome.after = plan.snapshot()
         self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after), "")
         before = outcome.before
         if before is not None:

@@ -154,8 +154,12 @@ class _OneLook:
 
     def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         key = ("list", repr(sorted((labels or {}).items())))
+        fresh = key not in self._seen
         got = self._once(key, lambda: self.runtime.list(labels=labels))
         assert isinstance(got, list)
+        if fresh:  # a listed container was inspected to be listed: that is its inspect
+            for info in got:
+                self._seen.setdefault(("inspect", info.id), info)
         return list(got)
 
     def image(self, ref: str) -> ImageInfo:
