@@ -202,7 +202,8 @@ class TransactionEngine:
         if not (plan.keeps_serving and plan.slot):
             return
         state = observe_slot(ctx.world, plan.slot)
-        harbour = record_harbour(ctx.world, ctx.tx_id, state)
+        # Held, as the availability event below: both commit with the first intent.
+        harbour = record_harbour(ctx.world, ctx.tx_id, state, lambda record: self._hold(record, ""))
         detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
         self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail, hold=True)
 
