@@ -3,7 +3,7 @@
 Importing the official client costs 0.6-1.4 s of CPU (hundreds of generated type
 modules). In a thread of the command it competes with the guards, snapshots and
 readmission for the interpreter lock; a child forked when promote starts imports it
-in parallel, then waits for the one request (alias, expected model), runs
+in parallel and builds its client, then waits for the one request (alias, expected model), runs
 `anvil_ctl.acceptance.run_acceptance` with its own client and answers the result as
 one JSON line. The parent rebuilds the same `AcceptanceResult` (or raises the same
 `AuthRejected`).
@@ -36,15 +36,20 @@ def _child(requests: int, answers: int, router_url: str, token: Secret) -> None:
     """The forked child: import the client, wait for the request, answer it; never returns."""
     code = 0
     try:
-        from anvil_ctl.acceptance import run_acceptance
+        from anvil_ctl.acceptance import open_client, run_acceptance
 
+        client = None
+        with contextlib.suppress(Exception):  # else built when asked, and its error answered
+            client = open_client(router_url, token)  # before the ask: it sends nothing
         with os.fdopen(requests, "rb") as rq:
             line = rq.readline()
         if line:
             ask = json.loads(line)
             answer: JSONObject
             try:
-                result = run_acceptance(router_url, str(ask["alias"]), str(ask["model"]), token)
+                result = run_acceptance(
+                    router_url, str(ask["alias"]), str(ask["model"]), token, client=client
+                )
                 answer = {"result": result.as_dict()}
             except AuthRejected as exc:
                 answer = {"auth_rejected": str(exc), "data": json.loads(json.dumps(exc.data, default=str))}

@@ -48,13 +48,17 @@ class Context:
     """Where each path setting came from (`config.setting_origins`); empty for library callers."""
     progress: Progress = field(default_factory=SilentProgress)
     """Where transactions report their steps and waits: the CLI's renderer, or nothing."""
+    keep_connection: bool = False
+    """Keep one SQLite connection for the context's life (`persistence.db`), closed by `close`:
+    for a caller that closes its context (the CLI); others connect once per database
+    transaction and leave nothing open."""
 
     @cached_property
     def engine(self) -> Engine:
         """The state database, which must exist: reading never creates a database or directory."""
         from anvil_ctl.persistence.db import make_engine
 
-        return make_engine(self.settings.db_url)
+        return make_engine(self.settings.db_url, keep_connection=self.keep_connection)
 
     def create_database(self) -> Engine:
         """The state database for `init`: the default state directory and the SQLite file are
@@ -69,7 +73,7 @@ class Context:
                     f"state directory {self.settings.state_dir} cannot be created: {exc.strerror}",
                     field="state_dir",
                 ) from None
-        engine = make_engine(self.settings.db_url, create=True)
+        engine = make_engine(self.settings.db_url, create=True, keep_connection=self.keep_connection)
         self.__dict__["engine"] = engine
         return engine
 
@@ -193,10 +197,13 @@ class Context:
         return Faults(crash_at=s.crash_at, pause_at=s.pause_at, pause_file=s.pause_file)
 
     def close(self) -> None:
-        """Close the adapters' connections (Docker, router HTTP clients)."""
+        """Close the adapters' connections (Docker, router HTTP clients) and the database's."""
         world: World | None = self.__dict__.pop("_world", None)
         if world is not None:
             world.close()
+        engine: Engine | None = self.__dict__.get("engine")
+        if engine is not None:
+            engine.dispose()
 
 
 def _finish(ctx: Context, world: World) -> World:

@@ -77,7 +77,9 @@ __all__ = ["NIL_WORKER_ID", "OWN_REMOVAL_MIN_S", "POLL_FIRST_S", "TIER_LABEL", "
 log = structlog.get_logger()
 
 POLL_FIRST_S = 0.02
-"""Polls start this short and double up to `poll_s`: most waits end within a few polls."""
+"""Polls start this short and double up to `poll_s`: most waits end within a few polls.
+`poll_s` is 0.05 s: a drain waits smg's 5 s, and what it overshoots the removal by is lost
+(half a poll on average); one poll is one local GET /workers (~1.5 ms)."""
 
 
 class SmgRouter:
@@ -91,7 +93,7 @@ class SmgRouter:
         admin_url: str | None = None,
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = 10.0,
-        poll_s: float = 0.1,
+        poll_s: float = 0.05,
         removal_timeout_s: float = 30.0,
         appear_timeout_s: float = 10.0,
         removal_hold_s: float = 6.0,

@@ -196,6 +196,7 @@ def open_context(options: GlobalOptions) -> Context:
         progress=for_stream(
             sys.stderr, json_output=options.as_json, heartbeat_s=settings.progress_heartbeat_s
         ),
+        keep_connection=True,  # the session closes the context when the command ends
     )
 
 

@@ -130,7 +130,7 @@ class Policy(Strict):
     health_poll_s: Duration = Field(
         0.5,
         description=(
-            "Longest interval between health (and VRAM-release) probes: polls start at 0.05 s "
+            "Longest interval between health (and VRAM-release) probes: polls start at 0.02 s "
             "and grow by a quarter each up to it"
         ),
     )

@@ -20,6 +20,7 @@ pending that this process never saw.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -100,8 +101,12 @@ def serving_identity(world: World, state: SlotState) -> Identity | None:
     return None
 
 
-def record_harbour(world: World, tx_id: str, state: SlotState) -> Identity | None:
-    """Record the serving identity as the slot's safe harbour (when it is a new one)."""
+def record_harbour(
+    world: World, tx_id: str, state: SlotState, write: Callable[[Callable[[], object]], None] | None = None
+) -> Identity | None:
+    """Record the serving identity as the slot's safe harbour (when it is a new one).
+    `write`: how to commit the record (the engine holds it for its first intent's commit);
+    by default it commits at once."""
     if not state.serving:
         return None
     ident = serving_identity(world, state)
@@ -109,7 +114,14 @@ def record_harbour(world: World, tx_id: str, state: SlotState) -> Identity | Non
         return None
     current = world.store.current_identity(state.slot, "harbour")
     if current is None or current.digest != ident.digest:
-        world.store.record_identity(tx_id, "harbour", ident)
+
+        def record() -> None:
+            world.store.record_identity(tx_id, "harbour", ident)
+
+        if write is None:
+            record()
+        else:
+            write(record)
     return ident
 
 

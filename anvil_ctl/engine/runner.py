@@ -202,7 +202,8 @@ class TransactionEngine:
         if not (plan.keeps_serving and plan.slot):
             return
         state = observe_slot(ctx.world, plan.slot)
-        harbour = record_harbour(ctx.world, ctx.tx_id, state)
+        # Held, as the availability event below: both commit with the first intent.
+        harbour = record_harbour(ctx.world, ctx.tx_id, state, lambda record: self._hold(record, ""))
         detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
         self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail, hold=True)
 
@@ -404,7 +405,8 @@ class TransactionEngine:
         if not plan.snapshot:
             return
         _progress(ctx.world).activity(f"observing the host: the {label} snapshot")
-        after = outcome.after = plan.snapshot()
+        with one_reading(ctx.world):  # it only observes: each container is inspected once
+            after = outcome.after = plan.snapshot()
         self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after), "")
         before = outcome.before
         if before is not None:

@@ -8,6 +8,7 @@ every reading scans again: the after snapshot sees what the steps changed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +16,12 @@ import pytest
 from anvil_ctl.commands import recheck, transactions
 from anvil_ctl.core.model import ResidueFile
 from anvil_ctl.core.states import TxState
+from anvil_ctl.engine import world as world_module
+from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.testing.fakes import FakeSharedMemory
-from tests.unit.fakehost import FakeHost
+from anvil_ctl.testing.runtime import FakeRuntime
+from tests.unit.fakehost import FakeHost, make_fake_host
 
 LEFT = {"path": "/dev/shm/nccl-left01", "size": 4096}
 
@@ -33,6 +37,21 @@ def scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return real(self)
 
     monkeypatch.setattr(FakeSharedMemory, "residue", counted)
+    return seen
+
+
+@pytest.fixture
+def looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every question asked of the fake's container runtime (inspect, list, image), named."""
+    seen: list[str] = []
+    for name in ("inspect", "list", "image"):
+        real = getattr(FakeRuntime, name)
+
+        def counted(self: FakeRuntime, *args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            seen.append(_name)
+            return _real(self, *args, **kw)
+
+        monkeypatch.setattr(FakeRuntime, name, counted)
     return seen
 
 
@@ -99,3 +118,46 @@ class TestOneReading:
         assert out.state == TxState.REFUSED
         assert "shm_residue_zero" in out.reason
         assert len(scans) == 1
+
+
+class TestOneLook:
+    """Inside the stretch each container, image and container query is asked of the runtime
+    once; a change made through the runtime forgets what was seen; after it, every call asks."""
+
+    def test_inside_the_stretch_one_inspect_answers_until_a_change_is_made(
+        self, fake_host: FakeHost, looks: list[str]
+    ) -> None:
+        world: World = fake_host.context().world()
+        runtime, cid = world.runtime, fake_host.incumbent_id
+        with one_reading(world):
+            assert world.runtime.inspect(cid).running
+            assert world.runtime.inspect(cid).running
+            assert [c.id for c in world.runtime.list()] == [c.id for c in world.runtime.list()]
+            assert looks == ["inspect", "list"]
+            world.runtime.stop(cid, 1.0)  # a change: what was seen is forgotten
+            assert not world.runtime.inspect(cid).running
+            assert looks == ["inspect", "list", "inspect"]
+        assert world.runtime is runtime
+        world.runtime.inspect(cid)
+        world.runtime.inspect(cid)
+        assert looks == ["inspect", "list", "inspect", "inspect", "inspect"]
+
+    def test_a_load_asks_the_runtime_fewer_questions_and_records_the_same_snapshots(
+        self, fake_host: FakeHost, tmp_path: Path, looks: list[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The same load on two identical hosts, with and without the one look."""
+        other = make_fake_host(tmp_path / "other")
+        seen_plainly = observe(fake_host.context().world(), ["primary"])
+        looks.clear()
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
+        )
+        with_look = len(looks)
+        monkeypatch.setattr(world_module, "_OneLook", lambda runtime: runtime)
+        looks.clear()
+        plain = transactions.load(other.context(), slot="primary", candidate=other.candidate("cand-393k"))
+        assert out.state == plain.state == TxState.COMMITTED, (out.reason, plain.reason)
+        assert with_look < len(looks), (with_look, len(looks))
+        # The before snapshot is exactly what a plain observation saw just before.
+        assert out.before is not None
+        assert out.before.sha256 == seen_plainly.sha256
