@@ -102,8 +102,13 @@ class HexDigest(TypeDecorator[str]):
         if value is None or isinstance(value, str):
             return value
         if isinstance(value, bytes):
-            return value.hex()
+            return digest_of(value)
         raise TypeError(f"digest column holds {type(value).__name__}")
+
+
+def digest_of(stored: bytes) -> str:
+    """The text of a digest `HexDigest` stored as bytes (what raw SQL reads back)."""
+    return stored.hex()
 
 
 UNREADABLE = "\x00 unreadable compact value"
@@ -155,6 +160,11 @@ class CompactTime(TypeDecorator[str]):
         raise TypeError(f"time column holds {type(value).__name__}")
 
 
+def uuid_of(stored: bytes) -> str:
+    """The text of a transaction ID `CompactUuid` stored as bytes (what raw SQL reads back)."""
+    return str(uuid.UUID(bytes=stored)) if len(stored) == 16 else UNREADABLE
+
+
 class CompactUuid(TypeDecorator[str]):
     """A UUID in its 36-character text, stored on SQLite as its 16 bytes when it reads back
     as the same text (lowercase, hyphenated); any other value is stored as text."""
@@ -175,5 +185,5 @@ class CompactUuid(TypeDecorator[str]):
         if value is None or isinstance(value, str):
             return value
         if isinstance(value, bytes):
-            return str(uuid.UUID(bytes=value)) if len(value) == 16 else UNREADABLE
+            return uuid_of(value)
         raise TypeError(f"UUID column holds {type(value).__name__}")

@@ -18,14 +18,13 @@ modules of `anvil_ctl.persistence` call it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from sqlalchemy import bindparam, delete, insert, inspect, literal_column, select, text
-from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.orm import Session
-from sqlalchemy.types import TypeDecorator
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
-from anvil_ctl.persistence.coltypes import CompactUuid, HexDigest, time_of
+from anvil_ctl.persistence.coltypes import digest_of, time_of, uuid_of
 from anvil_ctl.persistence.models import (
     FIRST_HOST_ID,
     GpuOwnerCurrent,
@@ -329,9 +328,9 @@ def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
     return out
 
 
-_COMPACT: dict[str, TypeDecorator[str]] = {
-    "container_id": HexDigest(),
-    "tx_id": CompactUuid(),
+_COMPACT: dict[str, Callable[[bytes], str]] = {
+    "container_id": digest_of,
+    "tx_id": uuid_of,
 }
 """History columns the rebuild reads that SQLite may hold compactly (`coltypes`), besides
 times: a GPU ownership event's container and transaction (from migration 0014 on)."""
@@ -342,8 +341,7 @@ def _as_text(name: str, value: object) -> object:
     time, from migration 0013 on; a container or transaction ID, from 0014 on) as its text."""
     if not isinstance(value, bytes):
         return value
-    kind = _COMPACT.get(name)
-    return kind.process_result_value(value, sqlite_dialect()) if kind is not None else time_of(value)
+    return (_COMPACT.get(name) or time_of)(value)
 
 
 def maintained(s: Session) -> dict[str, list[dict[str, object]]]:
