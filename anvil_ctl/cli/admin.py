@@ -11,7 +11,6 @@ import click
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import InitView, Record, StatusView, Table, Text
 from anvil_ctl.core.states import ExitCode
 
 GRANTS_HELP = "With --print-grants: a name the SQL uses."
@@ -55,6 +54,7 @@ def init(
     it only prints SQL (docs/POSTGRES.md).
     """
     from anvil_ctl.cli.progress import working
+    from anvil_ctl.cli.views import InitView, Text
 
     if print_grants:
         from anvil_ctl.commands import admin
@@ -78,6 +78,7 @@ def init(
 def db_upgrade(session: Session) -> Reply:
     """Run the state database's migrations up to the current schema."""
     from anvil_ctl.cli.progress import working
+    from anvil_ctl.cli.views import InitView
 
     ctx = session.context()
     with working(ctx.progress, "db upgrade: running the state database's migrations"):
@@ -105,6 +106,7 @@ def db_copy(session: Session, to: str) -> Reply:
     written) a target that already holds this host.
     """
     from anvil_ctl.cli.progress import working
+    from anvil_ctl.cli.views import Record
 
     ctx = session.context()
     with working(ctx.progress, "db copy: verifying, copying and verifying the copy"):
@@ -148,6 +150,8 @@ def status(session: Session, watch: bool, interval: float, count: int | None) ->
     redrawn, on a pipe each observation follows the last, with --json one JSON document
     per line. A dependency that is unavailable meanwhile is reported and watched again.
     """
+    from anvil_ctl.cli.views import StatusView
+
     if count is not None and not watch:
         raise click.UsageError("--count goes with --watch")
     if not watch:
@@ -195,6 +199,7 @@ def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
 
     TX (an ID or unique prefix) must be compensation_failed or needs_operator.
     """
+    from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import transactions
 
     return Reply(Record(transactions.resolve(session.context(), tx, by=by, note=note)))
@@ -204,6 +209,7 @@ def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
 @pass_session
 def lock_status(session: Session) -> Reply:
     """Who holds the host mutator lock."""
+    from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import transactions
 
     return Reply(Table(transactions.lock_status(session.context())))
@@ -222,6 +228,7 @@ def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
 
     LOCK_ID as `anvilctl lock status` shows it; a live owner is refused.
     """
+    from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import transactions
 
     return Reply(Record(transactions.lock_break(session.context(), lock_id, by=by, reason=reason)))

@@ -17,15 +17,6 @@ from anvil_ctl.cli.complete import complete_slots, complete_transactions
 from anvil_ctl.cli.gpu import waiver_table
 from anvil_ctl.cli.params import LIMIT, REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import (
-    ChainCheck,
-    DiffView,
-    EvidenceAudit,
-    HistoryView,
-    Table,
-    TransactionView,
-    items,
-)
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
 
 if TYPE_CHECKING:
@@ -99,6 +90,7 @@ def transactions(
 ) -> Reply:
     """List transactions with their current state and reason (this host's, unless --host or
     --all-hosts)."""
+    from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
     rows = audit.transactions(
@@ -116,6 +108,7 @@ def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
 
     TX is a transaction ID or unique prefix. --json prints every journal row with its detail.
     """
+    from anvil_ctl.cli.views import TransactionView
     from anvil_ctl.commands import audit
 
     return Reply(TransactionView(audit.show(session.context(), tx, _scope(host, all_hosts))))
@@ -130,6 +123,7 @@ def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
 
     TX is a transaction ID or unique prefix.
     """
+    from anvil_ctl.cli.views import DiffView
     from anvil_ctl.commands import audit
 
     return Reply(DiffView(audit.diff(session.context(), tx, _scope(host, all_hosts))))
@@ -153,6 +147,7 @@ def history(session: Session, slot: str, limit: int) -> Reply:
     from 1 in the order they began; refusals are not. A committed revision names the serve
     it left (container and served model). Oldest first; --limit keeps the newest.
     """
+    from anvil_ctl.cli.views import HistoryView
     from anvil_ctl.commands import audit
 
     return Reply(HistoryView(audit.history(session.context(), slot=slot, limit=limit)))
@@ -182,6 +177,7 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     --all-hosts choose whose entries the report counts.
     """
     from anvil_ctl.cli.progress import working
+    from anvil_ctl.cli.views import ChainCheck
 
     ctx = session.context()
     walk = "the whole journal" if full else "the journal from the last checkpoint"
@@ -210,6 +206,7 @@ def incumbents(session: Session, slot: str | None, role: str, host: str | None, 
 
     Oldest first; --role lists candidates or rollback identities instead.
     """
+    from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
     rows = audit.identities(session.context(), slot=slot, role=role, scope=_scope(host, all_hosts))
@@ -240,6 +237,7 @@ def served(session: Session, slot: str, at: str, host: str | None, all_hosts: bo
     From the serving history (v_serving_history): the incumbent a committed transaction
     left, from its record until the next one's. None where nothing served then.
     """
+    from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
     return Reply(Table(audit.served(session.context(), slot=slot, at=at, scope=_scope(host, all_hosts))))
@@ -247,6 +245,8 @@ def served(session: Session, slot: str, at: str, host: str | None, all_hosts: bo
 
 def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
     """A decision as one readable line: IDs and digests shortened, waivers joined."""
+    from anvil_ctl.cli.views import items
+
     return {
         "decision": str(r["id"])[:16],
         "at": str(r["at"])[:19],
@@ -267,6 +267,7 @@ def decisions(session: Session, slot: str | None) -> Reply:
 
     --json prints every field.
     """
+    from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import qualify
 
     return Reply(Table(qualify.audit_decisions(session.context(), slot=slot), cells=_decision_cells))
@@ -287,6 +288,7 @@ def waivers(session: Session) -> Reply:
 @pass_session
 def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
     """Recorded recheck runs: pass/fail and the failed assertions."""
+    from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
     return Reply(Table(audit.rechecks(session.context(), slot=slot, limit=limit)))
@@ -301,6 +303,7 @@ def evidence(session: Session, tx: str) -> Reply:
     TX (ID or unique prefix) names the transaction whose evidence directory is
     checked against its manifest.
     """
+    from anvil_ctl.cli.views import EvidenceAudit
     from anvil_ctl.commands import qualify
 
     found = EvidenceAudit(qualify.audit_evidence(session.context(), tx))

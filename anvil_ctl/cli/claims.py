@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import Text
 from anvil_ctl.core.states import ExitCode
 
 ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
@@ -51,6 +50,7 @@ def check(session: Session, ledger: Path, evidence: Path) -> Reply:
 @pass_session
 def render(session: Session, ledger: Path) -> Reply:
     """Print the claim ledger as the seeds' table: public claim, conditions, evidence."""
+    from anvil_ctl.cli.views import Text
     from anvil_ctl.commands import claims
 
     session.context()

@@ -19,7 +19,6 @@ import click
 from click.shell_completion import CompletionItem, get_completion_class
 
 from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example
-from anvil_ctl.cli.views import Text
 from anvil_ctl.places import RECIPES_DIR, process_defaults
 
 PROG = "anvilctl"
@@ -131,4 +130,6 @@ def completion(ctx: click.Context, shell: str) -> Reply:
     commands, options, slots, recipes, and the transaction and container IDs of the
     state database.
     """
+    from anvil_ctl.cli.views import Text
+
     return Reply(Text(completion_script(ctx.find_root().command, shell)))

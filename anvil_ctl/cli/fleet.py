@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import Record
 
 
 @click.command("status", epilog=example("anvilctl fleet status --json"))
@@ -16,6 +15,7 @@ def fleet_status(session: Session) -> Reply:
     Read from the state database the hosts share (registered by each host's first
     command); `this_host` marks the one this command runs as.
     """
+    from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import fleet
 
     return Reply(Record({"hosts": fleet.status(session.context())}))

@@ -7,14 +7,17 @@ which imports only the core (checked by `test_cli_help_imports.py`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from anvil_ctl.cli.admin import OVERRIDE_HELP
 from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, Text
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.cli.views import DetectedRoles, GpuReadings, Record, Table
 from anvil_ctl.core.waivers import POLICIES  # the light module: `--help` stays fast
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli.views import Table
 
 WAIVER_COLUMNS = (
     "id",
@@ -45,6 +48,7 @@ def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Rep
 
     Prints the [gpu_roles.*] tables as TOML; --write puts them into the host config.
     """
+    from anvil_ctl.cli.views import DetectedRoles
     from anvil_ctl.commands import gpu
 
     result = gpu.detect(session.context(), overrides=gpu.parse_overrides(override), write=write)
@@ -56,6 +60,7 @@ def _gpus(session: Session) -> Reply | None:
     """GPU readings by UUID, with role and owner (--json: every field)."""
     if click.get_current_context().invoked_subcommand is not None:
         return None  # `gpus detect`: the subcommand answers
+    from anvil_ctl.cli.views import GpuReadings
     from anvil_ctl.commands import gpu
 
     return Reply(GpuReadings(gpu.readings(session.context())))
@@ -133,6 +138,8 @@ def waive(
     under the waivers in force: a reclassification is a new decision pointing at the
     old one; evidence is never rewritten.
     """
+    from anvil_ctl.cli.views import Record
+
     if (expires is None) == (not no_expiry):
         raise click.UsageError("give --expires WHEN or --no-expiry (exactly one)")
     from anvil_ctl.commands import gpu
@@ -153,6 +160,8 @@ def waive(
 
 def waiver_table(rows: Sequence[Mapping[str, object]]) -> Table:
     """`waivers list` and `audit waivers`: every waiver with its state now."""
+    from anvil_ctl.cli.views import Table
+
     return Table(rows, columns=WAIVER_COLUMNS)
 
 
@@ -180,6 +189,7 @@ def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Re
 
     Stored decisions are re-judged without WAIVER_ID.
     """
+    from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import gpu
 
     return Reply(Record(gpu.revoke(session.context(), waiver_id, by=by, reason=reason)))

@@ -18,7 +18,6 @@ from anvil_ctl.cli.session import (
     pass_session,
     timeout_option,
 )
-from anvil_ctl.cli.views import Record, Table
 from anvil_ctl.core.states import ExitCode
 
 ENGINE_NAMES = ("llama-cpp-python", "openai-compatible", "sglang", "stub", "vllm")
@@ -37,6 +36,7 @@ def recipes_list(session: Session) -> Reply:
     recipes_dir, then the recipes shipped with anvilctl; the first file of a name wins
     (--json names the files it shadows).
     """
+    from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import recipes
 
     found = recipes.list_recipes(recipes.recipe_search(session.context()))
@@ -164,6 +164,7 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
     CONTAINER_ID must carry anvilctl's candidate labels and be no slot's incumbent
     or rollback identity; without --yes nothing is removed.
     """
+    from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import serves
 
     out = serves.unload(session.context(), container_id, yes=yes, remove_residue=remove_residue)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import click
 
 from anvil_ctl.cli.session import Reply, example
-from anvil_ctl.cli.views import Text
 from anvil_ctl.core.states import ALLOWED_TRANSITIONS, UNFINISHED_STATES, WAITING_STATES, ExitCode, TxState
 
 if TYPE_CHECKING:
@@ -213,6 +212,8 @@ def help_command(ctx: click.Context, words: tuple[str, ...]) -> Reply:
 
     Without a word it lists both.
     """
+    from anvil_ctl.cli.views import Text
+
     root = ctx.find_root().command
     if not words:
         return Reply(Text(_index(root)))

@@ -13,17 +13,21 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from anvil_ctl.cli.output import Out, s
 from anvil_ctl.cli.session import Session
-from anvil_ctl.cli.views import StatusView
 from anvil_ctl.core.errors import Unavailable
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli.views import StatusView
 
 CLEAR = "\x1b[H\x1b[2J"
 
 
 def watch_status(session: Session, *, interval_s: float, count: int | None) -> None:
     from anvil_ctl.cli import render
+    from anvil_ctl.cli.views import StatusView
     from anvil_ctl.commands import admin
 
     ctx = session.context()
