@@ -282,12 +282,14 @@ def _state(w: Waiver, now: datetime) -> str:
     return "active" if w.active(now) else "pending"
 
 
-def _reclassify(ctx: Context) -> Mapping[str, object]:
-    """Re-judge stored decisions under the waivers now in force."""
+def _reclassify(ctx: Context, now: datetime | None = None) -> Mapping[str, object]:
+    """Re-judge stored decisions under the waivers in force at `now` (the command's own
+    instant: a waiver recorded at `now` is judged at that same instant, never at a later
+    clock reading that its expiry may already have passed)."""
     from anvil_ctl.engine.reclassify import reclassify_decisions
 
     try:
-        return reclassify_decisions(ctx.world()).as_dict()
+        return reclassify_decisions(ctx.world(), now=now).as_dict()
     except AnvilError as exc:
         # The waiver is recorded either way; say why decisions were not re-judged.
         log.warning("gpu.reclassify_failed", error=str(exc))
@@ -373,7 +375,7 @@ def waive(
     )
     waivers.add_waiver(ctx.store, waiver)
     expiry = "never (--no-expiry)" if waiver.expires_at is None else utc_stamp(waiver.expires_at)
-    return {"waiver": waiver.as_dict(), "expiry": expiry, "reclassified": _reclassify(ctx)}
+    return {"waiver": waiver.as_dict(), "expiry": expiry, "reclassified": _reclassify(ctx, now)}
 
 
 def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> Revoked:
