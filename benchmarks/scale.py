@@ -69,7 +69,7 @@ from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import blobdelta, projection, qualification
-from anvil_ctl.persistence.coltypes import PACKED, CompactTime, CompactUuid, HexDigest, pack, unpack
+from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, is_packed, pack, unpack
 from anvil_ctl.persistence.coverage import COVERED, ref_of
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
 from anvil_ctl.persistence.models import PROJECTION_TABLES
@@ -83,11 +83,11 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 7
+COPY_FORMAT = 8
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
 4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
 5 also packed step details (migration 0012), 6 also history times stored compactly (0013),
-7 also GPU ownership events' IDs (0014)."""
+7 also GPU ownership events' IDs (0014), 8 packs JSON bodies against the dictionary (0015)."""
 SQLITE = sqlite_dialect()
 COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
 """The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
@@ -242,7 +242,7 @@ def shifted(value: str, delta: timedelta) -> str:
 
 def copied(value: Any, names: dict[str, str], delta: timedelta) -> Any:
     """A column value of a copy: renamed IDs (also inside JSON), timestamps moved on."""
-    if isinstance(value, bytes) and value.startswith(PACKED):  # a packed JSON body
+    if is_packed(value) and isinstance(value, bytes):  # a packed JSON body
         return pack(copied(unpack(value), names, delta))
     if not isinstance(value, str):
         return value

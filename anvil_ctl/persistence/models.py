@@ -8,7 +8,8 @@ is covered by the hash-chained audit journal (`HISTORY_TABLES`, see `coverage`);
 PostgreSQL; on SQLite the `at` of the many-row history tables no view or query compares
 (`CompactTime`, from migration 0013 on) is stored as 8 bytes and read back as that text.
 JSON bodies are canonical JSON text so that their hashes are stable; the large ones
-(`PackedJSON`) are stored compressed on SQLite, read back as the same text.
+(`PackedJSON`) are stored compressed on SQLite (against a preset dictionary from migration
+0015 on), read back as the same text.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from alembic import command
 
 from anvil_ctl.commands import audit
 from anvil_ctl.persistence import coltypes, gpu_ledger
-from anvil_ctl.persistence.coltypes import PACKED, pack, time_of, unpack
+from anvil_ctl.persistence.coltypes import PACKED_DICT, pack, time_of, unpack
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
@@ -75,7 +75,7 @@ class TestPackedStepDetail:
         steps = {str(step) for _i, _t, step, _p, _e, _d in packed}
         assert {"release-vram", "vram-after-acceptance"} <= steps, steps
         for *_row, raw in packed:
-            assert isinstance(raw, bytes) and raw.startswith(PACKED)
+            assert isinstance(raw, bytes) and raw.startswith(PACKED_DICT)  # 0015 on (test_lean_dictionary)
             assert len(raw) < len(unpack(raw).encode())
         assert _raw(host, "SELECT count(*) FROM step_events WHERE typeof(detail_json) = 'text'")[0][0] > 0
         # the Store reads them as the detail written: the rows' decoded text, parsed
