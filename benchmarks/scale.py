@@ -83,11 +83,12 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 8
+COPY_FORMAT = 9
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
 4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
 5 also packed step details (migration 0012), 6 also history times stored compactly (0013),
-7 also GPU ownership events' IDs (0014), 8 packs JSON bodies against the dictionary (0015)."""
+7 also GPU ownership events' IDs (0014), 8 packs JSON bodies against the dictionary (0015),
+9 names a step's transaction by its copied first state row (`tx_ref`, 0016)."""
 SQLITE = sqlite_dialect()
 COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
 """The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
@@ -280,11 +281,17 @@ class Copier:
             if pk.type.python_type is str
             for r in template.rows[name]
         ]
+        # (table, column) -> the table whose integer key it names (a step's `tx_ref`, 0016):
+        # a copy's row names the copy of that row
+        self.int_refs: dict[tuple[str, str], str] = {}
         for t in self.tables.values():
             for fk in t.foreign_keys:
                 target = fk.column
                 if target.table.name in self.tables and target.type.python_type is int:
-                    raise SystemExit(f"{t.name}.{fk.parent.name} refers to an integer key: copy it too")
+                    order = list(self.tables)  # parents first (`sorted_tables`)
+                    if order.index(target.table.name) > order.index(t.name):
+                        raise SystemExit(f"{t.name}.{fk.parent.name} names a table copied after it")
+                    self.int_refs[(t.name, fk.parent.name)] = target.table.name
         with self.engine.connect() as conn:
             self.next_id = {
                 name: (
@@ -374,6 +381,10 @@ class Copier:
                     (pk,) = self.tables[name].primary_key.columns
                     for r in self.t.rows[name]:
                         new = self.row(name, r, copy, names)
+                        for (table, col), parent in self.int_refs.items():
+                            if table == name and r[col] is not None:
+                                (parent_pk,) = self.tables[parent].primary_key.columns
+                                new[col] = made[(parent, r[col])][parent_pk.name]
                         if name == "audit_journal":
                             out[name].append(self.chain(new, r["rows_json"] or "[]", made))
                             continue

@@ -5,15 +5,16 @@ is copied is every history row of this host (each table the chain covers, `hosts
 included, and the snapshot and identity bodies its rows name), in one database transaction on
 the target, which is migrated to the head first.
 
-Integer row keys collide with the rows other hosts already wrote there, so rows get new
-keys on the target (string keys, transaction IDs among them, are kept), and every row
-names the host's new id there. The chain's entries list `[table, key, digest]`, so the
-source's entries cannot be carried over as they are: the copy re-chains, honestly. The
-source's chain is verified first (in full: nothing is copied from a record that does not
-verify), and then each of the host's source entries becomes one target entry with the
-same time, transaction, event and payload, plus `copied: {seq, hash}` naming the source
-entry it stands for, covering the same rows under their target keys and digests. A last
-entry, `db.copied`, names the source database (password masked), its verified head and
+Integer row keys collide with the rows other hosts already wrote there, so rows get new keys
+on the target (string keys, transaction IDs among them, are kept), a column that names a row
+by its integer key (`REFERS`: a step's `tx_ref`, from migration 0016 on) names the row's new
+key, and every row names the host's new id there. The chain's entries list `[table, key,
+digest]`, so the source's entries cannot be carried over as they are: the copy re-chains,
+honestly. The source's chain is verified first (in full: nothing is copied from a record
+that does not verify), and then each of the host's source entries becomes one target entry
+with the same time, transaction, event and payload, plus `copied: {seq, hash}` naming the
+source entry it stands for, covering the same rows under their target keys and digests. A
+last entry, `db.copied`, names the source database (password masked), its verified head and
 the rows copied per table. The target's chain is then verified in full.
 
 Not copied: `audit_checkpoints` (they pin positions of the source's chain, which the
@@ -68,6 +69,9 @@ ORDER = (
 SHARED = {"snapshot_blobs": ("snapshots", "sha256"), "identity_bodies": ("identities", "digest")}
 """Tables stored once per content, whichever host wrote them, keyed by their SHA-256: the
 host's rows are those its own rows of (table, column) name; one already in the target stays."""
+
+REFERS = {("step_events", "tx_ref"): "transaction_states"}
+"""Integer columns that name a row of another table by its key (renumbered on the target)."""
 
 _TIME = {"transactions": "created_at", "decisions": "at", "waivers": "created_at", "locks": "since"}
 """Tables keyed by text: copied in time order (a reclassification after the decision it names)."""
@@ -216,6 +220,10 @@ def _insert_rows(
                 # row; a row is covered once, so the copied entries leave it out
                 continue
             new = dict(values, host_id=new_host)
+            for (table, column), parent in REFERS.items():
+                ref = new.get(column) if table == name else None
+                if isinstance(ref, int):  # the parent was copied first (`ORDER`)
+                    new[column] = moved[(parent, ref)][0]
             if isinstance(key, int):
                 (pk,) = t.primary_key.columns
                 new.pop(pk.name)

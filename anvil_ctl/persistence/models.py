@@ -56,11 +56,20 @@ class TransactionState(Base):
 
 
 class StepEventRow(Base):
+    """A step's intent or result. From migration 0016 on a row names its transaction by
+    `tx_ref`, the integer key of the transaction's first (`planned`) state row, which names
+    the transaction by its ID (`tx_id` is NULL); rows written before name it by `tx_id`.
+    `v_steps` shows the ID either way; `transaction_steps` reads both."""
+
     __tablename__ = "step_events"
-    __table_args__ = (Index("ix_step_events_tx_id_id", "tx_id", "id"),)
+    __table_args__ = (
+        partial_index("ix_step_events_tx_id_id", "tx_id", "id", where="tx_id IS NOT NULL"),
+        partial_index("ix_step_events_tx_ref_id", "tx_ref", "id", where="tx_ref IS NOT NULL"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"))
+    tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"))
+    tx_ref: Mapped[int | None] = mapped_column(ForeignKey("transaction_states.id"))
     seq: Mapped[int] = mapped_column(Integer)
     step: Mapped[str] = mapped_column(String(64))
     phase: Mapped[str] = mapped_column(String(8))

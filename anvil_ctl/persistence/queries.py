@@ -16,13 +16,12 @@ from sqlalchemy import RowMapping, select, text
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.snapshot import changes_from_stored
-from anvil_ctl.persistence import snapshots
+from anvil_ctl.persistence import snapshots, txref
 from anvil_ctl.persistence.models import (
     Host,
     IdentityRow,
     SnapshotDiff,
     SnapshotRow,
-    StepEventRow,
     Transaction,
     TransactionState,
 )
@@ -215,9 +214,7 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
         states = s.execute(
             select(TransactionState).where(TransactionState.tx_id == t.id).order_by(TransactionState.id)
         ).scalars()
-        steps = s.execute(
-            select(StepEventRow).where(StepEventRow.tx_id == t.id).order_by(StepEventRow.id)
-        ).scalars()
+        steps = txref.step_rows(s, t.id)
         snaps = s.execute(
             select(SnapshotRow).where(SnapshotRow.tx_id == t.id).order_by(SnapshotRow.id)
         ).scalars()

@@ -31,6 +31,7 @@ from anvil_ctl.persistence.jsondict import JSON_V1
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.forge import edit_past_trigger
+from tests.unit.test_lean_history import TX_OF
 from tests.unit.test_lean_records import _cycle
 
 PACKED_COLUMNS = (
@@ -126,13 +127,15 @@ class TestDictionaryPackingAtRest:
         ) == [("{}",)]
         ((tx_id,),) = _raw(host, "SELECT id FROM transactions WHERE kind = 'rollback'")
         ctx = host.context()
-        for (raw,) in _raw(host, "SELECT detail_json FROM step_events WHERE tx_id = ?", tx_id):
+        for (raw,) in _raw(host, f"SELECT detail_json FROM step_events WHERE {TX_OF} = ?", tx_id):
             if isinstance(raw, bytes):
                 assert raw.startswith(PACKED_DICT)
         details = [e.detail for e in ctx.store.step_events(str(tx_id))]
         stored = [
             json.loads(unpack(raw) if isinstance(raw, bytes) else str(raw))
-            for (raw,) in _raw(host, "SELECT detail_json FROM step_events WHERE tx_id = ? ORDER BY id", tx_id)
+            for (raw,) in _raw(
+                host, f"SELECT detail_json FROM step_events WHERE {TX_OF} = ? ORDER BY id", tx_id
+            )
         ]
         assert details == stored
         assert audit.verify(host.context(), full=True)["ok"]

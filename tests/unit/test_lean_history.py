@@ -50,6 +50,10 @@ def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
         con.close()
 
 
+TX_OF = "coalesce(tx_id, (SELECT s.tx_id FROM transaction_states s WHERE s.id = tx_ref))"
+"""SQL: a step row's transaction ID, named by `tx_id` or (from migration 0016 on) `tx_ref`."""
+
+
 def _detail_forms(host: FakeHost) -> set[object]:
     return {t for (t,) in _raw(host, "SELECT DISTINCT typeof(detail_json) FROM step_events")}
 
@@ -69,7 +73,7 @@ class TestPackedStepDetail:
         _cycle(host, 1)
         packed = _raw(
             host,
-            "SELECT id, tx_id, step, phase, event, detail_json FROM step_events"
+            f"SELECT id, {TX_OF}, step, phase, event, detail_json FROM step_events"
             " WHERE typeof(detail_json) = 'blob'",
         )
         steps = {str(step) for _i, _t, step, _p, _e, _d in packed}
@@ -177,7 +181,7 @@ class TestCompactTimes:
             "text"
         }  # ordered by
         # v_steps shows each as the text the Store reads (README: "... at from v_steps ...")
-        stored = _raw(host, "SELECT tx_id, at FROM step_events ORDER BY id")
+        stored = _raw(host, f"SELECT {TX_OF}, at FROM step_events ORDER BY id")
         shown = _raw(host, "SELECT tx_id, at FROM v_steps")
         assert len(shown) == len(stored) > 0
         assert shown == [(tx, time_of(at)) for tx, at in stored if isinstance(at, bytes)]
