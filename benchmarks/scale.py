@@ -69,7 +69,15 @@ from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import blobdelta, projection, qualification
-from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, is_packed, pack, unpack
+from anvil_ctl.persistence.coltypes import (
+    CompactTime,
+    CompactUuid,
+    HexDigest,
+    ImageId,
+    is_packed,
+    pack,
+    unpack,
+)
 from anvil_ctl.persistence.coverage import COVERED, ref_of
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
 from anvil_ctl.persistence.models import PROJECTION_TABLES
@@ -83,21 +91,26 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 9
+COPY_FORMAT = 10
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
 4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
 5 also packed step details (migration 0012), 6 also history times stored compactly (0013),
 7 also GPU ownership events' IDs (0014), 8 packs JSON bodies against the dictionary (0015),
-9 names a step's transaction by its copied first state row (`tx_ref`, 0016)."""
+9 names a step's transaction by its copied first state row (`tx_ref`, 0016), 10 stores
+identities' IDs compactly (0017)."""
 SQLITE = sqlite_dialect()
 COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
 """The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
 STORED_COMPACT: dict[str, dict[str, Any]] = {
-    name: {c.name: c.type for c in t.columns if isinstance(c.type, CompactTime | CompactUuid | HexDigest)}
+    name: {
+        c.name: c.type
+        for c in t.columns
+        if isinstance(c.type, CompactTime | CompactUuid | HexDigest | ImageId)
+    }
     for name, t in COVERED.items()
 }
 """Each history table's columns stored compactly on SQLite (times from migration 0013 on, GPU
-ownership events' IDs from 0014 on):
+ownership events' IDs from 0014 on, identities' from 0017 on):
 copied as their text, stored as the Store stores them."""
 
 

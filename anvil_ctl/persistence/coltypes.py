@@ -219,3 +219,39 @@ class CompactUuid(TypeDecorator[str]):
         if isinstance(value, bytes):
             return uuid_of(value)
         raise TypeError(f"UUID column holds {type(value).__name__}")
+
+
+IMAGE = "sha256:"
+"""The prefix of a Docker image ID (`sha256:` and 64 hex digits)."""
+
+
+def image_of(stored: bytes) -> str:
+    """The text of an image ID `ImageId` stored as bytes (what raw SQL reads back)."""
+    return IMAGE + stored.hex() if len(stored) == 32 else UNREADABLE
+
+
+class ImageId(TypeDecorator[str]):
+    """A Docker image ID (`sha256:` and 64 lowercase hex digits), stored on SQLite as the
+    digest's 32 bytes (identities, from migration 0017 on); any other value is stored as
+    text, and reads back as it was given either way."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | bytes | None:
+        if value is None or dialect.name != "sqlite" or len(value) != len(IMAGE) + 64:
+            return value
+        if not value.startswith(IMAGE):
+            return value
+        try:
+            raw = bytes.fromhex(value[len(IMAGE) :])
+        except ValueError:
+            return value
+        return raw if IMAGE + raw.hex() == value else value
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, bytes):
+            return image_of(value)
+        raise TypeError(f"image ID column holds {type(value).__name__}")

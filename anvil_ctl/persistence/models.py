@@ -20,7 +20,14 @@ from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column, partial_index
-from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, PackedDetail, PackedJSON
+from anvil_ctl.persistence.coltypes import (
+    CompactTime,
+    CompactUuid,
+    HexDigest,
+    ImageId,
+    PackedDetail,
+    PackedJSON,
+)
 from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
 from anvil_ctl.persistence.rowrefs import PackedRows
 
@@ -123,7 +130,9 @@ class IdentityRow(Base):
     """A serve's identity as observed at one moment; the latest row per (slot, role) is current.
 
     From migration 0010 on `body_json` is empty: the body is the `identity_bodies` row keyed
-    by `digest` (the SHA-256 of the body); older rows hold it themselves.
+    by `digest` (the SHA-256 of the body); older rows hold it themselves. From migration 0017
+    on, on SQLite, `digest`, `container_id` and `image_id` are stored as their 32 bytes and read
+    back as the text the row digest covers; `v_identities` and `v_serving_history` show text.
     """
 
     __tablename__ = "identities"
@@ -133,9 +142,9 @@ class IdentityRow(Base):
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     slot: Mapped[str] = mapped_column(String(64))
     role: Mapped[str] = mapped_column(String(16))
-    digest: Mapped[str] = mapped_column(String(64))
-    container_id: Mapped[str] = mapped_column(String(64))
-    image_id: Mapped[str] = mapped_column(String(80))
+    digest: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0017 on
+    container_id: Mapped[str] = mapped_column(HexDigest(64))  # likewise
+    image_id: Mapped[str] = mapped_column(ImageId(80))  # likewise: `sha256:` and its 32 bytes
     served_model: Mapped[str] = mapped_column(String(255))
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))

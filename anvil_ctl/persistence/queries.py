@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import TypedDict
 
-from sqlalchemy import RowMapping, select, text
+from sqlalchemy import LargeBinary, RowMapping, String, case, func, select, text, type_coerce
 
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
@@ -381,9 +381,15 @@ def recent_ids(store: Store, what: str, prefix: str, limit: int = 100) -> list[t
             )
             return [(r.id, f"{r.kind} {r.slot or ''}".strip()) for r in rows]
         found: dict[str, str] = {}
+        # on SQLite a container ID is stored as 32 bytes from migration 0017 on (text before)
+        matches = IdentityRow.container_id.startswith(prefix)
+        if s.get_bind().dialect.name == "sqlite":
+            stored = type_coerce(IdentityRow.container_id, LargeBinary)
+            as_text = case((func.typeof(stored) == "blob", func.lower(func.hex(stored))), else_=stored)
+            matches = type_coerce(as_text, String).startswith(prefix)
         idents = s.execute(
             select(IdentityRow.container_id, IdentityRow.served_model, IdentityRow.role, IdentityRow.slot)
-            .where(IdentityRow.container_id.startswith(prefix))
+            .where(matches)
             .order_by(IdentityRow.id.desc())
         )
         for r in idents:

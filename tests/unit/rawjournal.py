@@ -2,7 +2,8 @@
 
 On SQLite a lean entry (migration 0010 on) stores `hash` as its 32 bytes and `rows_json`
 packed (`anvil_ctl.persistence.rowrefs`), and from 0011 on `at` and `tx_id` compactly
-(`coltypes`); `JournalRow` reads them as the hex and JSON
+(`coltypes`), as history rows store their times (0013) and their container IDs, identity
+digests and image IDs (0014, 0017); `JournalRow` reads them as the hex and JSON
 text the chain hashes, and every other value as stored. Use it as a connection's
 `row_factory`: rows index by position and by name, unpack into a tuple and into a dict.
 """
@@ -14,11 +15,17 @@ from collections.abc import Iterator
 
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
-from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid
+from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, ImageId
 from anvil_ctl.persistence.rowrefs import unpack_rows
 
 _SQLITE = sqlite_dialect()
-_COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
+_COMPACT = {
+    "at": CompactTime(),
+    "tx_id": CompactUuid(),
+    "container_id": HexDigest(),
+    "digest": HexDigest(),
+    "image_id": ImageId(),
+}
 
 
 def _decoded(name: str, value: object) -> object:

@@ -355,18 +355,20 @@ class TestQueryPlans:
 
 # -- bytes per transaction ---------------------------------------------------------------------
 
-CEILING_BYTES_PER_TX = 7_900
-"""Pages the database grows by per transaction (tables and indexes): measured 7.5 KB here (22
+CEILING_BYTES_PER_TX = 7_500
+"""Pages the database grows by per transaction (tables and indexes): measured 7.2 KB here (21
 pages over 12 transactions: whole pages, so a change moves it by 341 B; the ceiling leaves
-one page for a page split landing inside the measured stretch) with migration 0016's step
-rows naming their transaction by an integer (`tx_ref`: step rows 1.57 -> 1.13 KB of payload,
-and their index of small ascending integers fills its pages); 8.5 KB (25 pages) before it,
-with migration 0015's dictionary packing (step details 1.97 -> 1.57 KB, arguments 0.80 ->
-0.56 KB of payload); 9.6-9.9 KB (28-29 pages) before it, 9.8 KB over 36 transactions; 9.6 KB
-with 0014's GPU ownership events, 0.4 -> 0.26 KB, not a page here) with migration 0013's
-compact history times (8 bytes for 27 of text in the `at` of ~25 rows per transaction); 11.6
-KB (10.2 KB over 36) before it, with migration 0012's packed step details (1.74 -> 0.98 KB
-of details); 12.3 KB before that, 15.0 KB before migration 0011's lean records: 16-byte row
+one page for a page split landing inside the measured stretch) with migration 0017's compact
+identities (their digest, container and image IDs as 32 bytes each: identities 0.65 -> 0.44
+KB of payload); 7.5 KB (22 pages) before it, with migration 0016's step rows naming their
+transaction by an integer (`tx_ref`: step rows 1.57 -> 1.13 KB of payload, and their index
+of small ascending integers fills its pages); 8.5 KB (25 pages) before it, with migration
+0015's dictionary packing (step details 1.97 -> 1.57 KB, arguments 0.80 -> 0.56 KB of
+payload); 9.6-9.9 KB (28-29 pages) before it, 9.8 KB over 36 transactions; 9.6 KB with
+0014's GPU ownership events, 0.4 -> 0.26 KB, not a page here) with migration 0013's compact
+history times (8 bytes for 27 of text in the `at` of ~25 rows per transaction); 11.6 KB
+(10.2 KB over 36) before it, with migration 0012's packed step details (1.74 -> 0.98 KB of
+details); 12.3 KB before that, 15.0 KB before migration 0011's lean records: 16-byte row
 digests in the journal (3.1 -> 1.8 KB of journal with the next two), time and transaction ID
 stored compactly in the journal, `batch` entries that leave out the events their rows name,
 new snapshot bodies stored as deltas against the transaction's earlier one (1.1 -> 0.55 KB),
