@@ -110,8 +110,20 @@ def _source_rows(s: Session, name: str, host: int) -> list[dict[str, object]]:
     if name in SHARED:  # stored once per content: those this host's rows name
         (key,) = t.primary_key.columns
         naming, column = SHARED[name]
-        named = select(_table(naming).c[column]).where(on_host(_table(naming).c.host_id, host))
-        q = select(t).where(key.in_(named)).order_by(key)
+        # read as text (the naming column may store bytes on SQLite: snapshots.sha256 from 0018
+        # and identities.digest from 0017 on, while the bodies' keys stay text)
+        named = sorted(
+            set(
+                s.execute(
+                    select(_table(naming).c[column]).where(on_host(_table(naming).c.host_id, host))
+                ).scalars()
+            )
+        )
+        rows: list[dict[str, object]] = []
+        for start in range(0, len(named), 500):
+            chunk = named[start : start + 500]
+            rows += [dict(r) for r in s.execute(select(t).where(key.in_(chunk)).order_by(key)).mappings()]
+        return sorted(rows, key=lambda r: str(r[key.name]))
     else:
         (pk,) = t.primary_key.columns
         q = select(t).where(on_host(t.c.host_id, host)).order_by(t.c[_TIME.get(name, pk.name)], pk)

@@ -220,3 +220,6 @@ class TestCopiedSteps:
         assert moved != was  # renumbered: the copy's steps name the copy's state row
         assert _raw(target, "SELECT count(*) FROM step_events WHERE tx_ref = ?", moved)[0][0] == len(steps)
         assert _raw(target, STEP_QUERY, tx_id[:8] + "*") == steps
+        # the bodies its rows name came along (keyed by text; identities.digest is bytes, 0017)
+        bodies = "SELECT count(*) FROM identities i JOIN identity_bodies b ON b.digest = lower(hex(i.digest))"
+        assert _raw(target, bodies + " WHERE i.host_id = 2")[0][0] == _raw(source, bodies)[0][0] > 0
