@@ -74,6 +74,7 @@ from anvil_ctl.persistence.coltypes import (
     CompactUuid,
     HexDigest,
     ImageId,
+    LinkTag,
     is_packed,
     pack,
     unpack,
@@ -91,15 +92,15 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 10
+COPY_FORMAT = 11
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
 4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
 5 also packed step details (migration 0012), 6 also history times stored compactly (0013),
 7 also GPU ownership events' IDs (0014), 8 packs JSON bodies against the dictionary (0015),
 9 names a step's transaction by its copied first state row (`tx_ref`, 0016), 10 stores
-identities' IDs compactly (0017)."""
+identities' IDs compactly (0017), 11 also link tags, boot IDs and snapshot references (0018)."""
 SQLITE = sqlite_dialect()
-COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
+COMPACT = {"at": CompactTime(), "tx_id": CompactUuid(), "prev_hash": LinkTag()}
 """The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
 STORED_COMPACT: dict[str, dict[str, Any]] = {
     name: {

@@ -255,3 +255,29 @@ class ImageId(TypeDecorator[str]):
         if isinstance(value, bytes):
             return image_of(value)
         raise TypeError(f"image ID column holds {type(value).__name__}")
+
+
+class LinkTag(TypeDecorator[str]):
+    """A lean journal entry's `prev_hash`: the previous hash's first 8 hex digits
+    (`audit.LINK_TAG`), stored on SQLite as their 4 bytes from migration 0018 on; any other
+    value (the whole hash of an entry written before 0010) is stored as text, and reads back
+    as it was given either way."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | bytes | None:
+        if value is None or dialect.name != "sqlite" or len(value) != 8:
+            return value
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            return value
+        return raw if raw.hex() == value else value
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, bytes):
+            return value.hex() if len(value) == 4 else UNREADABLE
+        raise TypeError(f"link tag column holds {type(value).__name__}")

@@ -25,6 +25,7 @@ from anvil_ctl.persistence.coltypes import (
     CompactUuid,
     HexDigest,
     ImageId,
+    LinkTag,
     PackedDetail,
     PackedJSON,
 )
@@ -44,7 +45,7 @@ class Transaction(Base):
     args_json: Mapped[str] = mapped_column(PackedJSON)
     owner_pid: Mapped[int] = mapped_column(Integer)
     owner_host: Mapped[str] = mapped_column(String(255))
-    owner_boot_id: Mapped[str] = mapped_column(String(64))
+    owner_boot_id: Mapped[str] = mapped_column(CompactUuid(64))  # 16 bytes on SQLite from 0018 on
     created_at: Mapped[str] = mapped_column(String(32), index=True)
     host_id: Mapped[int | None] = host_column()
 
@@ -92,7 +93,7 @@ class SnapshotRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
-    sha256: Mapped[str] = mapped_column(String(64))  # its blob's key (0011 dropped the index)
+    sha256: Mapped[str] = mapped_column(HexDigest(64))  # its blob's key; 32 bytes on SQLite from 0018
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
@@ -118,8 +119,8 @@ class SnapshotDiff(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
-    before_sha256: Mapped[str] = mapped_column(String(64))
-    after_sha256: Mapped[str] = mapped_column(String(64))
+    before_sha256: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0018 on
+    after_sha256: Mapped[str] = mapped_column(HexDigest(64))
     equal: Mapped[int] = mapped_column(Integer)
     changes_json: Mapped[str] = mapped_column(PackedJSON)
     at: Mapped[str] = mapped_column(CompactTime(32))
@@ -168,7 +169,7 @@ class LockRow(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
-    boot_id: Mapped[str] = mapped_column(String(64))
+    boot_id: Mapped[str] = mapped_column(CompactUuid(64))  # 16 bytes on SQLite from 0018 on
     command: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str | None] = mapped_column(String(36))
     since: Mapped[str] = mapped_column(String(32))
@@ -207,7 +208,7 @@ class AuditEntry(Base):
     tx_id: Mapped[str | None] = mapped_column(CompactUuid(36))
     event: Mapped[str] = mapped_column(String(64))
     payload_json: Mapped[str] = mapped_column(Text)
-    prev_hash: Mapped[str] = mapped_column(String(64))
+    prev_hash: Mapped[str] = mapped_column(LinkTag(64))  # 4 bytes on SQLite from 0018 on
     hash: Mapped[str] = mapped_column(HexDigest(64))
     rows_json: Mapped[str] = mapped_column(PackedRows, default="[]", server_default="[]")
     host_id: Mapped[int | None] = host_column()
