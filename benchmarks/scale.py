@@ -69,7 +69,16 @@ from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import blobdelta, projection, qualification
-from anvil_ctl.persistence.coltypes import PACKED, CompactTime, CompactUuid, HexDigest, pack, unpack
+from anvil_ctl.persistence.coltypes import (
+    CompactTime,
+    CompactUuid,
+    HexDigest,
+    ImageId,
+    LinkTag,
+    is_packed,
+    pack,
+    unpack,
+)
 from anvil_ctl.persistence.coverage import COVERED, ref_of
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
 from anvil_ctl.persistence.models import PROJECTION_TABLES
@@ -83,20 +92,26 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 7
+COPY_FORMAT = 11
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
 4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
 5 also packed step details (migration 0012), 6 also history times stored compactly (0013),
-7 also GPU ownership events' IDs (0014)."""
+7 also GPU ownership events' IDs (0014), 8 packs JSON bodies against the dictionary (0015),
+9 names a step's transaction by its copied first state row (`tx_ref`, 0016), 10 stores
+identities' IDs compactly (0017), 11 also link tags, boot IDs and snapshot references (0018)."""
 SQLITE = sqlite_dialect()
-COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
+COMPACT = {"at": CompactTime(), "tx_id": CompactUuid(), "prev_hash": LinkTag()}
 """The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
 STORED_COMPACT: dict[str, dict[str, Any]] = {
-    name: {c.name: c.type for c in t.columns if isinstance(c.type, CompactTime | CompactUuid | HexDigest)}
+    name: {
+        c.name: c.type
+        for c in t.columns
+        if isinstance(c.type, CompactTime | CompactUuid | HexDigest | ImageId)
+    }
     for name, t in COVERED.items()
 }
 """Each history table's columns stored compactly on SQLite (times from migration 0013 on, GPU
-ownership events' IDs from 0014 on):
+ownership events' IDs from 0014 on, identities' from 0017 on):
 copied as their text, stored as the Store stores them."""
 
 
@@ -242,7 +257,7 @@ def shifted(value: str, delta: timedelta) -> str:
 
 def copied(value: Any, names: dict[str, str], delta: timedelta) -> Any:
     """A column value of a copy: renamed IDs (also inside JSON), timestamps moved on."""
-    if isinstance(value, bytes) and value.startswith(PACKED):  # a packed JSON body
+    if is_packed(value) and isinstance(value, bytes):  # a packed JSON body
         return pack(copied(unpack(value), names, delta))
     if not isinstance(value, str):
         return value
@@ -280,11 +295,17 @@ class Copier:
             if pk.type.python_type is str
             for r in template.rows[name]
         ]
+        # (table, column) -> the table whose integer key it names (a step's `tx_ref`, 0016):
+        # a copy's row names the copy of that row
+        self.int_refs: dict[tuple[str, str], str] = {}
         for t in self.tables.values():
             for fk in t.foreign_keys:
                 target = fk.column
                 if target.table.name in self.tables and target.type.python_type is int:
-                    raise SystemExit(f"{t.name}.{fk.parent.name} refers to an integer key: copy it too")
+                    order = list(self.tables)  # parents first (`sorted_tables`)
+                    if order.index(target.table.name) > order.index(t.name):
+                        raise SystemExit(f"{t.name}.{fk.parent.name} names a table copied after it")
+                    self.int_refs[(t.name, fk.parent.name)] = target.table.name
         with self.engine.connect() as conn:
             self.next_id = {
                 name: (
@@ -374,6 +395,10 @@ class Copier:
                     (pk,) = self.tables[name].primary_key.columns
                     for r in self.t.rows[name]:
                         new = self.row(name, r, copy, names)
+                        for (table, col), parent in self.int_refs.items():
+                            if table == name and r[col] is not None:
+                                (parent_pk,) = self.tables[parent].primary_key.columns
+                                new[col] = made[(parent, r[col])][parent_pk.name]
                         if name == "audit_journal":
                             out[name].append(self.chain(new, r["rows_json"] or "[]", made))
                             continue

@@ -1,13 +1,15 @@
 """Column types that store a value more compactly than callers see it.
 
-`PackedJSON`: a large JSON body (a snapshot, a diff, a transaction's arguments, a step's
+`PackedJSON`: a JSON body (a snapshot, a diff, a transaction's arguments, a step's
 detail from migration 0012 on: `PackedDetail`) is
-stored on SQLite as a zlib-compressed BLOB when that is smaller, behind a one-byte
-tag; callers, the row digests of `coverage` and `audit verify` see the same text
-either way, so a row's digest does not depend on how it was stored, and rows written
-before migration 0008 (plain text) read as they always did. PostgreSQL compresses
-large values itself (TOAST), and its TEXT columns take no bytes: there the text is
-stored as it is.
+stored on SQLite as a compressed BLOB when that is smaller, behind a two-byte
+tag: `00 79` from migration 0015 on (raw deflate against the preset dictionary
+`jsondict.JSON_V1`, for bodies of `MIN_PACKED` bytes or more), `00 7a` before it (a zlib
+stream, for bodies of 128 bytes or more), and both read back. Callers, the row digests of
+`coverage` and `audit verify` see the same text either way, so a row's digest does not
+depend on how it was stored, and rows written before migration 0008 (plain text) read as
+they always did. PostgreSQL compresses large values itself (TOAST), and its TEXT columns
+take no bytes: there the text is stored as it is.
 
 Only columns that no operator view or README query reads with `json_extract` are
 packed: a packed value reads as a BLOB in `sqlite3`.
@@ -27,11 +29,38 @@ from sqlalchemy import String, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-PACKED = b"\x00z"
-"""The tag of a packed value: no JSON text starts with a NUL byte."""
+from anvil_ctl.persistence.jsondict import JSON_V1
 
-MIN_PACKED = 128
-"""Below this many bytes of text, compression saves nothing worth a BLOB."""
+PACKED = b"\x00z"
+"""The tag of a value packed before migration 0015: a zlib stream. No JSON text starts with
+a NUL byte."""
+
+PACKED_DICT = b"\x00y"
+"""The tag of a value packed from migration 0015 on: raw deflate against `JSON_V1`."""
+
+TAGS = (PACKED_DICT, PACKED)
+"""Every packed form's tag, the one `pack` writes first."""
+
+MIN_PACKED = 16
+"""Below this many bytes of text, packing saves nothing worth a BLOB (`{}` stays text)."""
+
+
+def _deflate(raw: bytes) -> bytes:
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zdict=JSON_V1)
+    return squeeze.compress(raw) + squeeze.flush()
+
+
+def _inflate(data: bytes) -> bytes:
+    inflate = zlib.decompressobj(-15, zdict=JSON_V1)
+    raw = inflate.decompress(data) + inflate.flush()
+    if not inflate.eof or inflate.unused_data:
+        raise zlib.error("not one whole deflate stream")
+    return raw
+
+
+def is_packed(value: object) -> bool:
+    """Whether a stored value is a packed JSON body (of either form)."""
+    return isinstance(value, bytes) and value[:2] in TAGS
 
 
 def pack(text: str) -> str | bytes:
@@ -39,17 +68,20 @@ def pack(text: str) -> str | bytes:
     raw = text.encode()
     if len(raw) < MIN_PACKED:
         return text
-    packed = PACKED + zlib.compress(raw, 9)
+    packed = PACKED_DICT + _deflate(raw)
     return packed if len(packed) < len(raw) else text
 
 
 def unpack(value: str | bytes) -> str:
-    """The text a stored value holds (plain text, or a packed BLOB)."""
+    """The text a stored value holds (plain text, or a packed BLOB of either form)."""
     if isinstance(value, str):
         return value
-    if not value.startswith(PACKED):
-        raise ValueError("stored BLOB is not a packed JSON body")
-    return zlib.decompress(value[len(PACKED) :]).decode()
+    tag, data = value[:2], value[2:]
+    if tag == PACKED_DICT:
+        return _inflate(data).decode()
+    if tag == PACKED:
+        return zlib.decompress(data).decode()
+    raise ValueError("stored BLOB is not a packed JSON body")
 
 
 class PackedJSON(TypeDecorator[str]):
@@ -187,3 +219,65 @@ class CompactUuid(TypeDecorator[str]):
         if isinstance(value, bytes):
             return uuid_of(value)
         raise TypeError(f"UUID column holds {type(value).__name__}")
+
+
+IMAGE = "sha256:"
+"""The prefix of a Docker image ID (`sha256:` and 64 hex digits)."""
+
+
+def image_of(stored: bytes) -> str:
+    """The text of an image ID `ImageId` stored as bytes (what raw SQL reads back)."""
+    return IMAGE + stored.hex() if len(stored) == 32 else UNREADABLE
+
+
+class ImageId(TypeDecorator[str]):
+    """A Docker image ID (`sha256:` and 64 lowercase hex digits), stored on SQLite as the
+    digest's 32 bytes (identities, from migration 0017 on); any other value is stored as
+    text, and reads back as it was given either way."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | bytes | None:
+        if value is None or dialect.name != "sqlite" or len(value) != len(IMAGE) + 64:
+            return value
+        if not value.startswith(IMAGE):
+            return value
+        try:
+            raw = bytes.fromhex(value[len(IMAGE) :])
+        except ValueError:
+            return value
+        return raw if IMAGE + raw.hex() == value else value
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, bytes):
+            return image_of(value)
+        raise TypeError(f"image ID column holds {type(value).__name__}")
+
+
+class LinkTag(TypeDecorator[str]):
+    """A lean journal entry's `prev_hash`: the previous hash's first 8 hex digits
+    (`audit.LINK_TAG`), stored on SQLite as their 4 bytes from migration 0018 on; any other
+    value (the whole hash of an entry written before 0010) is stored as text, and reads back
+    as it was given either way."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | bytes | None:
+        if value is None or dialect.name != "sqlite" or len(value) != 8:
+            return value
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            return value
+        return raw if raw.hex() == value else value
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, bytes):
+            return value.hex() if len(value) == 4 else UNREADABLE
+        raise TypeError(f"link tag column holds {type(value).__name__}")

@@ -5,15 +5,16 @@ is copied is every history row of this host (each table the chain covers, `hosts
 included, and the snapshot and identity bodies its rows name), in one database transaction on
 the target, which is migrated to the head first.
 
-Integer row keys collide with the rows other hosts already wrote there, so rows get new
-keys on the target (string keys, transaction IDs among them, are kept), and every row
-names the host's new id there. The chain's entries list `[table, key, digest]`, so the
-source's entries cannot be carried over as they are: the copy re-chains, honestly. The
-source's chain is verified first (in full: nothing is copied from a record that does not
-verify), and then each of the host's source entries becomes one target entry with the
-same time, transaction, event and payload, plus `copied: {seq, hash}` naming the source
-entry it stands for, covering the same rows under their target keys and digests. A last
-entry, `db.copied`, names the source database (password masked), its verified head and
+Integer row keys collide with the rows other hosts already wrote there, so rows get new keys
+on the target (string keys, transaction IDs among them, are kept), a column that names a row
+by its integer key (`REFERS`: a step's `tx_ref`, from migration 0016 on) names the row's new
+key, and every row names the host's new id there. The chain's entries list `[table, key,
+digest]`, so the source's entries cannot be carried over as they are: the copy re-chains,
+honestly. The source's chain is verified first (in full: nothing is copied from a record
+that does not verify), and then each of the host's source entries becomes one target entry
+with the same time, transaction, event and payload, plus `copied: {seq, hash}` naming the
+source entry it stands for, covering the same rows under their target keys and digests. A
+last entry, `db.copied`, names the source database (password masked), its verified head and
 the rows copied per table. The target's chain is then verified in full.
 
 Not copied: `audit_checkpoints` (they pin positions of the source's chain, which the
@@ -69,6 +70,9 @@ SHARED = {"snapshot_blobs": ("snapshots", "sha256"), "identity_bodies": ("identi
 """Tables stored once per content, whichever host wrote them, keyed by their SHA-256: the
 host's rows are those its own rows of (table, column) name; one already in the target stays."""
 
+REFERS = {("step_events", "tx_ref"): "transaction_states"}
+"""Integer columns that name a row of another table by its key (renumbered on the target)."""
+
 _TIME = {"transactions": "created_at", "decisions": "at", "waivers": "created_at", "locks": "since"}
 """Tables keyed by text: copied in time order (a reclassification after the decision it names)."""
 
@@ -106,8 +110,20 @@ def _source_rows(s: Session, name: str, host: int) -> list[dict[str, object]]:
     if name in SHARED:  # stored once per content: those this host's rows name
         (key,) = t.primary_key.columns
         naming, column = SHARED[name]
-        named = select(_table(naming).c[column]).where(on_host(_table(naming).c.host_id, host))
-        q = select(t).where(key.in_(named)).order_by(key)
+        # read as text (the naming column may store bytes on SQLite: snapshots.sha256 from 0018
+        # and identities.digest from 0017 on, while the bodies' keys stay text)
+        named = sorted(
+            set(
+                s.execute(
+                    select(_table(naming).c[column]).where(on_host(_table(naming).c.host_id, host))
+                ).scalars()
+            )
+        )
+        rows: list[dict[str, object]] = []
+        for start in range(0, len(named), 500):
+            chunk = named[start : start + 500]
+            rows += [dict(r) for r in s.execute(select(t).where(key.in_(chunk)).order_by(key)).mappings()]
+        return sorted(rows, key=lambda r: str(r[key.name]))
     else:
         (pk,) = t.primary_key.columns
         q = select(t).where(on_host(t.c.host_id, host)).order_by(t.c[_TIME.get(name, pk.name)], pk)
@@ -216,6 +232,10 @@ def _insert_rows(
                 # row; a row is covered once, so the copied entries leave it out
                 continue
             new = dict(values, host_id=new_host)
+            for (table, column), parent in REFERS.items():
+                ref = new.get(column) if table == name else None
+                if isinstance(ref, int):  # the parent was copied first (`ORDER`)
+                    new[column] = moved[(parent, ref)][0]
             if isinstance(key, int):
                 (pk,) = t.primary_key.columns
                 new.pop(pk.name)

@@ -8,7 +8,8 @@ is covered by the hash-chained audit journal (`HISTORY_TABLES`, see `coverage`);
 PostgreSQL; on SQLite the `at` of the many-row history tables no view or query compares
 (`CompactTime`, from migration 0013 on) is stored as 8 bytes and read back as that text.
 JSON bodies are canonical JSON text so that their hashes are stable; the large ones
-(`PackedJSON`) are stored compressed on SQLite, read back as the same text.
+(`PackedJSON`) are stored compressed on SQLite (against a preset dictionary from migration
+0015 on), read back as the same text.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column, partial_index
-from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, PackedDetail, PackedJSON
+from anvil_ctl.persistence.coltypes import (
+    CompactTime,
+    CompactUuid,
+    HexDigest,
+    ImageId,
+    LinkTag,
+    PackedDetail,
+    PackedJSON,
+)
 from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
 from anvil_ctl.persistence.rowrefs import PackedRows
 
@@ -36,7 +45,7 @@ class Transaction(Base):
     args_json: Mapped[str] = mapped_column(PackedJSON)
     owner_pid: Mapped[int] = mapped_column(Integer)
     owner_host: Mapped[str] = mapped_column(String(255))
-    owner_boot_id: Mapped[str] = mapped_column(String(64))
+    owner_boot_id: Mapped[str] = mapped_column(CompactUuid(64))  # 16 bytes on SQLite from 0018 on
     created_at: Mapped[str] = mapped_column(String(32), index=True)
     host_id: Mapped[int | None] = host_column()
 
@@ -55,11 +64,20 @@ class TransactionState(Base):
 
 
 class StepEventRow(Base):
+    """A step's intent or result. From migration 0016 on a row names its transaction by
+    `tx_ref`, the integer key of the transaction's first (`planned`) state row, which names
+    the transaction by its ID (`tx_id` is NULL); rows written before name it by `tx_id`.
+    `v_steps` shows the ID either way; `transaction_steps` reads both."""
+
     __tablename__ = "step_events"
-    __table_args__ = (Index("ix_step_events_tx_id_id", "tx_id", "id"),)
+    __table_args__ = (
+        partial_index("ix_step_events_tx_id_id", "tx_id", "id", where="tx_id IS NOT NULL"),
+        partial_index("ix_step_events_tx_ref_id", "tx_ref", "id", where="tx_ref IS NOT NULL"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"))
+    tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"))
+    tx_ref: Mapped[int | None] = mapped_column(ForeignKey("transaction_states.id"))
     seq: Mapped[int] = mapped_column(Integer)
     step: Mapped[str] = mapped_column(String(64))
     phase: Mapped[str] = mapped_column(String(8))
@@ -75,7 +93,7 @@ class SnapshotRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
-    sha256: Mapped[str] = mapped_column(String(64))  # its blob's key (0011 dropped the index)
+    sha256: Mapped[str] = mapped_column(HexDigest(64))  # its blob's key; 32 bytes on SQLite from 0018
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(CompactTime(32))
     host_id: Mapped[int | None] = host_column()
@@ -101,8 +119,8 @@ class SnapshotDiff(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
-    before_sha256: Mapped[str] = mapped_column(String(64))
-    after_sha256: Mapped[str] = mapped_column(String(64))
+    before_sha256: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0018 on
+    after_sha256: Mapped[str] = mapped_column(HexDigest(64))
     equal: Mapped[int] = mapped_column(Integer)
     changes_json: Mapped[str] = mapped_column(PackedJSON)
     at: Mapped[str] = mapped_column(CompactTime(32))
@@ -113,7 +131,9 @@ class IdentityRow(Base):
     """A serve's identity as observed at one moment; the latest row per (slot, role) is current.
 
     From migration 0010 on `body_json` is empty: the body is the `identity_bodies` row keyed
-    by `digest` (the SHA-256 of the body); older rows hold it themselves.
+    by `digest` (the SHA-256 of the body); older rows hold it themselves. From migration 0017
+    on, on SQLite, `digest`, `container_id` and `image_id` are stored as their 32 bytes and read
+    back as the text the row digest covers; `v_identities` and `v_serving_history` show text.
     """
 
     __tablename__ = "identities"
@@ -123,9 +143,9 @@ class IdentityRow(Base):
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     slot: Mapped[str] = mapped_column(String(64))
     role: Mapped[str] = mapped_column(String(16))
-    digest: Mapped[str] = mapped_column(String(64))
-    container_id: Mapped[str] = mapped_column(String(64))
-    image_id: Mapped[str] = mapped_column(String(80))
+    digest: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0017 on
+    container_id: Mapped[str] = mapped_column(HexDigest(64))  # likewise
+    image_id: Mapped[str] = mapped_column(ImageId(80))  # likewise: `sha256:` and its 32 bytes
     served_model: Mapped[str] = mapped_column(String(255))
     body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
@@ -149,7 +169,7 @@ class LockRow(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
-    boot_id: Mapped[str] = mapped_column(String(64))
+    boot_id: Mapped[str] = mapped_column(CompactUuid(64))  # 16 bytes on SQLite from 0018 on
     command: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str | None] = mapped_column(String(36))
     since: Mapped[str] = mapped_column(String(32))
@@ -188,7 +208,7 @@ class AuditEntry(Base):
     tx_id: Mapped[str | None] = mapped_column(CompactUuid(36))
     event: Mapped[str] = mapped_column(String(64))
     payload_json: Mapped[str] = mapped_column(Text)
-    prev_hash: Mapped[str] = mapped_column(String(64))
+    prev_hash: Mapped[str] = mapped_column(LinkTag(64))  # 4 bytes on SQLite from 0018 on
     hash: Mapped[str] = mapped_column(HexDigest(64))
     rows_json: Mapped[str] = mapped_column(PackedRows, default="[]", server_default="[]")
     host_id: Mapped[int | None] = host_column()

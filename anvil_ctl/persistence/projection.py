@@ -330,10 +330,13 @@ def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
 
 _COMPACT: dict[str, Callable[[bytes], str]] = {
     "container_id": digest_of,
+    "digest": digest_of,
     "tx_id": uuid_of,
+    "owner_boot_id": uuid_of,
 }
 """History columns the rebuild reads that SQLite may hold compactly (`coltypes`), besides
-times: a GPU ownership event's container and transaction (from migration 0014 on)."""
+times: a GPU ownership event's container and transaction (from migration 0014 on), an
+identity's container and digest (from 0017 on), a transaction's owner's boot (from 0018 on)."""
 
 
 def _as_text(name: str, value: object) -> object:

@@ -11,18 +11,17 @@ from __future__ import annotations
 import json
 from typing import TypedDict
 
-from sqlalchemy import RowMapping, select, text
+from sqlalchemy import LargeBinary, RowMapping, String, case, func, select, text, type_coerce
 
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.snapshot import changes_from_stored
-from anvil_ctl.persistence import snapshots
+from anvil_ctl.persistence import snapshots, txref
 from anvil_ctl.persistence.models import (
     Host,
     IdentityRow,
     SnapshotDiff,
     SnapshotRow,
-    StepEventRow,
     Transaction,
     TransactionState,
 )
@@ -215,9 +214,7 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
         states = s.execute(
             select(TransactionState).where(TransactionState.tx_id == t.id).order_by(TransactionState.id)
         ).scalars()
-        steps = s.execute(
-            select(StepEventRow).where(StepEventRow.tx_id == t.id).order_by(StepEventRow.id)
-        ).scalars()
+        steps = txref.step_rows(s, t.id)
         snaps = s.execute(
             select(SnapshotRow).where(SnapshotRow.tx_id == t.id).order_by(SnapshotRow.id)
         ).scalars()
@@ -384,9 +381,15 @@ def recent_ids(store: Store, what: str, prefix: str, limit: int = 100) -> list[t
             )
             return [(r.id, f"{r.kind} {r.slot or ''}".strip()) for r in rows]
         found: dict[str, str] = {}
+        # on SQLite a container ID is stored as 32 bytes from migration 0017 on (text before)
+        matches = IdentityRow.container_id.startswith(prefix)
+        if s.get_bind().dialect.name == "sqlite":
+            stored = type_coerce(IdentityRow.container_id, LargeBinary)
+            as_text = case((func.typeof(stored) == "blob", func.lower(func.hex(stored))), else_=stored)
+            matches = type_coerce(as_text, String).startswith(prefix)
         idents = s.execute(
             select(IdentityRow.container_id, IdentityRow.served_model, IdentityRow.role, IdentityRow.slot)
-            .where(IdentityRow.container_id.startswith(prefix))
+            .where(matches)
             .order_by(IdentityRow.id.desc())
         )
         for r in idents:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from sqlalchemy import select
+from sqlalchemy import String, select, type_coerce
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import StateStoreError
@@ -160,7 +160,9 @@ def body_by_sha256(s: Session, sha256: str) -> JSONObject | None:
     if body is None:
         body = s.execute(
             select(SnapshotRow.body_json)
-            .where(SnapshotRow.sha256 == sha256, SnapshotRow.body_json != "")
+            # a row that holds its body is from before 0007: its sha256 is text (0018 stores
+            # newer ones as bytes), so the value is compared as text, not converted
+            .where(type_coerce(SnapshotRow.sha256, String) == sha256, SnapshotRow.body_json != "")
             .limit(1)
         ).scalar()
     value: JSONValue = json.loads(body) if body else None

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Engine, event, select
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
 from anvil_ctl.core.errors import StateStoreError
@@ -42,7 +42,7 @@ from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots
+from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots, txref
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head, Held
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
@@ -302,9 +302,11 @@ class Store:
         detail: Mapping[str, object] | None = None,
     ) -> None:
         with self.write() as s:
+            ref = txref.first_state(s, tx_id)  # None only for a transaction with no state
             s.add(
                 StepEventRow(
-                    tx_id=tx_id,
+                    tx_id=tx_id if ref is None else None,
+                    tx_ref=ref,
                     seq=seq,
                     step=step,
                     phase=phase,
@@ -318,9 +320,7 @@ class Store:
 
     def step_events(self, tx_id: str) -> list[StepEvent]:
         with self.read() as s:
-            rows = s.execute(
-                select(StepEventRow).where(StepEventRow.tx_id == tx_id).order_by(StepEventRow.id)
-            ).scalars()
+            rows = txref.step_rows(s, tx_id)
             return [StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at) for r in rows]
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:

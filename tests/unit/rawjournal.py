@@ -2,7 +2,9 @@
 
 On SQLite a lean entry (migration 0010 on) stores `hash` as its 32 bytes and `rows_json`
 packed (`anvil_ctl.persistence.rowrefs`), and from 0011 on `at` and `tx_id` compactly
-(`coltypes`); `JournalRow` reads them as the hex and JSON
+(`coltypes`), as history rows store their times (0013) and their container IDs, identity
+digests and image IDs (0014, 0017), and from 0018 on its link tag, boot IDs and snapshot
+references; `JournalRow` reads them as the hex and JSON
 text the chain hashes, and every other value as stored. Use it as a connection's
 `row_factory`: rows index by position and by name, unpack into a tuple and into a dict.
 """
@@ -14,11 +16,23 @@ from collections.abc import Iterator
 
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
-from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid
+from anvil_ctl.persistence.coltypes import CompactTime, CompactUuid, HexDigest, ImageId, LinkTag
 from anvil_ctl.persistence.rowrefs import unpack_rows
 
 _SQLITE = sqlite_dialect()
-_COMPACT = {"at": CompactTime(), "tx_id": CompactUuid()}
+_COMPACT = {
+    "at": CompactTime(),
+    "tx_id": CompactUuid(),
+    "container_id": HexDigest(),
+    "digest": HexDigest(),
+    "image_id": ImageId(),
+    "prev_hash": LinkTag(),
+    "owner_boot_id": CompactUuid(),
+    "boot_id": CompactUuid(),
+    "sha256": HexDigest(),
+    "before_sha256": HexDigest(),
+    "after_sha256": HexDigest(),
+}
 
 
 def _decoded(name: str, value: object) -> object:

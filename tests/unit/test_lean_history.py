@@ -30,7 +30,7 @@ from alembic import command
 
 from anvil_ctl.commands import audit
 from anvil_ctl.persistence import coltypes, gpu_ledger
-from anvil_ctl.persistence.coltypes import PACKED, pack, time_of, unpack
+from anvil_ctl.persistence.coltypes import PACKED_DICT, pack, time_of, unpack
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
@@ -48,6 +48,10 @@ def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
         return [tuple(r) for r in con.execute(sql, args)]
     finally:
         con.close()
+
+
+TX_OF = "coalesce(tx_id, (SELECT s.tx_id FROM transaction_states s WHERE s.id = tx_ref))"
+"""SQL: a step row's transaction ID, named by `tx_id` or (from migration 0016 on) `tx_ref`."""
 
 
 def _detail_forms(host: FakeHost) -> set[object]:
@@ -69,13 +73,13 @@ class TestPackedStepDetail:
         _cycle(host, 1)
         packed = _raw(
             host,
-            "SELECT id, tx_id, step, phase, event, detail_json FROM step_events"
+            f"SELECT id, {TX_OF}, step, phase, event, detail_json FROM step_events"
             " WHERE typeof(detail_json) = 'blob'",
         )
         steps = {str(step) for _i, _t, step, _p, _e, _d in packed}
         assert {"release-vram", "vram-after-acceptance"} <= steps, steps
         for *_row, raw in packed:
-            assert isinstance(raw, bytes) and raw.startswith(PACKED)
+            assert isinstance(raw, bytes) and raw.startswith(PACKED_DICT)  # 0015 on (test_lean_dictionary)
             assert len(raw) < len(unpack(raw).encode())
         assert _raw(host, "SELECT count(*) FROM step_events WHERE typeof(detail_json) = 'text'")[0][0] > 0
         # the Store reads them as the detail written: the rows' decoded text, parsed
@@ -177,7 +181,7 @@ class TestCompactTimes:
             "text"
         }  # ordered by
         # v_steps shows each as the text the Store reads (README: "... at from v_steps ...")
-        stored = _raw(host, "SELECT tx_id, at FROM step_events ORDER BY id")
+        stored = _raw(host, f"SELECT {TX_OF}, at FROM step_events ORDER BY id")
         shown = _raw(host, "SELECT tx_id, at FROM v_steps")
         assert len(shown) == len(stored) > 0
         assert shown == [(tx, time_of(at)) for tx, at in stored if isinstance(at, bytes)]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from alembic import command
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
@@ -24,6 +25,7 @@ from anvil_ctl.commands import audit
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import coltypes, identities, projection, rowrefs
+from anvil_ctl.persistence.coltypes import LinkTag
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.models import IdentityRow
@@ -41,6 +43,14 @@ def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
         return [tuple(r) for r in con.execute(sql, args)]
     finally:
         con.close()
+
+
+def _tag(stored: object) -> str:
+    """A stored `prev_hash` as its hex digits (a lean entry's 8 are 4 bytes from 0018 on)."""
+    return str(_LINK.process_result_value(stored, sqlite_dialect()))
+
+
+_LINK = LinkTag()
 
 
 def _attack(host: FakeHost, sql: str, *args: object) -> None:
@@ -124,7 +134,7 @@ class TestLeanEntries:
         rows = _raw(
             host, "SELECT prev_hash, typeof(hash), length(hash), typeof(rows_json) FROM audit_journal"
         )
-        assert {(len(str(p)), t, n) for p, t, n, _r in rows} == {(8, "blob", 32)}
+        assert {(len(_tag(p)), t, n) for p, t, n, _r in rows} == {(8, "blob", 32)}
         assert {r for *_x, r in rows} == {"blob"}  # every entry of a cycle covers rows
         payloads = [str(p) for (p,) in _raw(host, "SELECT payload_json FROM audit_journal")]
         # what the step, snapshot and identity rows hold is not repeated in the entries
@@ -154,10 +164,12 @@ class TestLeanEntries:
             old = audit.verify(host.context(), full=True)  # records a checkpoint among old entries
         assert old["ok"]
         assert {
-            (len(str(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
+            (len(_tag(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
         } == {(64, "text")}
         _cycle(host, 2)
-        forms = {(len(str(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")}
+        forms = {
+            (len(_tag(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
+        }
         assert forms == {(64, "text"), (8, "blob")}
         incremental = audit.verify(host.context())
         assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
@@ -316,7 +328,9 @@ class TestUpgradeTo0010:
         assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
         full = audit.verify(host.context(), full=True)
         assert full["ok"] and not full["projection_differs"]
-        forms = {(len(str(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")}
+        forms = {
+            (len(_tag(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
+        }
         assert forms == {(64, "text"), (8, "blob")}
 
     def test_a_replayed_entry_is_refused_by_id_after_the_upgrade(self, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import pytest
 from anvil_ctl.commands import audit, lifecycle, transactions
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import coltypes
-from anvil_ctl.persistence.coltypes import PACKED, pack, unpack
+from anvil_ctl.persistence.coltypes import PACKED_DICT, pack, unpack
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.rawjournal import JournalRow
 from tests.unit.test_projection import SLOT, _verified
@@ -68,7 +68,7 @@ class TestPackedJSON:
     def test_a_large_body_packs_smaller_and_unpacks_to_the_same_text(self) -> None:
         text = json.dumps({"slots": {f"s{i}": {"status": "running"} for i in range(50)}})
         packed = pack(text)
-        assert isinstance(packed, bytes) and packed.startswith(PACKED)
+        assert isinstance(packed, bytes) and packed.startswith(PACKED_DICT)
         assert len(packed) < len(text.encode()) and unpack(packed) == text
 
     def test_a_small_body_stays_text(self) -> None:

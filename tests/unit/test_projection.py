@@ -355,29 +355,34 @@ class TestQueryPlans:
 
 # -- bytes per transaction ---------------------------------------------------------------------
 
-CEILING_BYTES_PER_TX = 10_000
-"""Pages the database grows by per transaction (tables and indexes): measured 9.9 KB here
-(29 pages over 12 transactions: whole pages, so a change moves it by 341 B; 9.8 KB over
-36 transactions; 9.6 KB with 0014's GPU ownership events, 0.4 -> 0.26 KB, not a page here)
-with migration 0013's compact history times (8 bytes for 27 of text in the `at` of ~25
-rows per transaction); 11.6 KB (10.2 KB over 36) before it, with migration
-0012's packed step details (1.74 -> 0.98 KB of details); 12.3 KB before that, 15.0 KB
-before migration 0011's lean records: 16-byte row digests in the
-journal (3.1 -> 1.8 KB of journal with the next two), time and transaction ID stored
-compactly in the journal, `batch` entries that leave out the events their rows name, new
-snapshot bodies stored as deltas against the transaction's earlier one (1.1 -> 0.55 KB), a
-before/after diff derived from its two stored snapshots (0.9 -> 0.3 KB), the promotion
-record naming its VRAM reading instead of copying it, and ix_snapshots_sha256 dropped.
-22.2-22.9 KB before migration 0010's lean journal, 29.0 KB before packing, 40.6 KB before
-lean records (main at 0005).
-
-The target is 8 KB: not met. What remains per transaction (payload bytes, over 36
-transactions): 13 step rows (~3.0 KB plus 0.57 KB of the (tx_id, id) index the README's
-step query needs: a 36-character tx_id and a 27-character time in each, and the step
-details, the largest the VRAM release's readings), 12.7 journal entries (~1.8 KB), the
-arguments (~0.8 KB: the identities they name, in full), two identity rows (~0.65 KB), a
-snapshot delta (~0.55 KB), GPU ownership events (~0.45 KB), snapshot rows, states, the
-lock. The ceiling holds what was gained."""
+CEILING_BYTES_PER_TX = 6_900
+"""Pages the database grows by per transaction (tables and indexes): measured 6.5 KB here (19
+pages over 12 transactions: whole pages, so a change moves it by 341 B; the ceiling leaves
+one page for a page split landing inside the measured stretch) with migration 0018's compact
+IDs (link tags 4 bytes, boot IDs 16, snapshot references 32); 7.2 KB (21 pages) before it,
+with migration 0017's compact identities (their digest, container and image IDs as 32 bytes
+each: identities 0.65 -> 0.44 KB of payload); 7.5 KB (22 pages) before it, with migration
+0016's step rows naming their transaction by an integer (`tx_ref`: step rows 1.57 -> 1.13 KB
+of payload, and their index of small ascending integers fills its pages); 8.5 KB (25 pages)
+before it, with migration 0015's dictionary packing (step details 1.97 -> 1.57 KB, arguments
+0.80 -> 0.56 KB of payload); 9.6-9.9 KB (28-29 pages) before it, 9.8 KB over 36
+transactions; 9.6 KB with 0014's GPU ownership events, 0.4 -> 0.26 KB, not a page here) with
+migration 0013's compact history times (8 bytes for 27 of text in the `at` of ~25 rows per
+transaction); 11.6 KB (10.2 KB over 36) before it, with migration 0012's packed step details
+(1.74 -> 0.98 KB of details); 12.3 KB before that, 15.0 KB before migration 0011's lean
+records: 16-byte row digests in the journal (3.1 -> 1.8 KB of journal with the next two),
+time and transaction ID stored compactly in the journal, `batch` entries that leave out the
+events their rows name, new snapshot bodies stored as deltas against the transaction's
+earlier one (1.1 -> 0.55 KB), a before/after diff derived from its two stored snapshots (0.9
+-> 0.3 KB), the promotion record naming its VRAM reading instead of copying it, and
+ix_snapshots_sha256 dropped. 22.2-22.9 KB before migration 0010's lean journal, 29.0 KB
+before packing, 40.6 KB before lean records (main at 0005). The target is 8 KB: not met.
+What remains per transaction (payload bytes, over 36 transactions): 13 step rows (~3.0 KB
+plus 0.57 KB of the (tx_id, id) index the README's step query needs: a 36-character tx_id
+and a 27-character time in each, and the step details, the largest the VRAM release's
+readings), 12.7 journal entries (~1.8 KB), the arguments (~0.8 KB: the identities they name,
+in full), two identity rows (~0.65 KB), a snapshot delta (~0.55 KB), GPU ownership events
+(~0.45 KB), snapshot rows, states, the lock. The ceiling holds what was gained."""
 
 
 def _db_bytes(db: Path) -> int:
