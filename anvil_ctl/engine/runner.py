@@ -223,11 +223,12 @@ class TransactionEngine:
                 bound.debug("snapshot observed", label="before", seconds=seconds)
                 before = outcome.before
                 self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before), "")
-        # Held: the before snapshot, `running` and the availability check only observe, so they
-        # commit with the first intent (one database transaction, one audit entry), before
-        # the first side effect.
-        self._transition(ctx, TxState.RUNNING, hold=True)
-        self._observe_start(plan, ctx)
+            # Held: the before snapshot, `running` and the availability check only observe, so
+            # they commit with the first intent (one database transaction, one audit entry),
+            # before the first side effect. The availability check is part of the same reading:
+            # its model list and routed chat are the ones the guards and the snapshot saw.
+            self._transition(ctx, TxState.RUNNING, hold=True)
+            self._observe_start(plan, ctx)
         bound.info("running", steps=len(plan.steps))
         return self._forward(outcome, plan, ctx, start=0)
 
