@@ -273,7 +273,7 @@ class TransactionEngine:
             )
         self._observe_after(plan, ctx, outcome, "after")
         problems = (
-            plan.verify_after(ctx, outcome.before, outcome.after)
+            plan.verify_after(ctx, outcome.before, outcome.after, lambda record: self._hold(record, ""))
             if (plan.verify_after and outcome.after)
             else []
         )

@@ -241,3 +241,27 @@ class TestTheLockRowCommitsWithTheTransaction:
         stale = held_locks(fake_host.context().store, fake_host.context().owner)
         assert [(h.command, h.alive) for h in stale] == [("rollback", False)]
         assert self._one_entry_covers(fake_host, "locks", "transactions")
+
+    def test_a_rollbacks_recorded_restored_diff_commits_with_its_end_state(self, fake_host: FakeHost) -> None:
+        from sqlalchemy import select
+
+        from anvil_ctl.commands import lifecycle
+        from anvil_ctl.commands.transactions import load
+        from anvil_ctl.persistence.models import AuditEntry
+
+        assert (
+            load(fake_host.context(), slot="primary", candidate=fake_host.candidate()).state.value
+            == "committed"
+        )
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state.value == "committed", out.reason
+        with fake_host.context().store.read() as s:
+            last = s.execute(
+                select(AuditEntry.rows_json).order_by(AuditEntry.id.desc()).limit(1)
+            ).scalar_one()
+        tables = [str(r[0]) for r in json.loads(last)]
+        # the after snapshot's diff and the recorded-restored one, the committed state, the release
+        assert tables.count("snapshot_diffs") == 2, tables
+        assert {"transaction_states", "lock_releases"} <= set(tables)
+        labels = [d["label"] for d in audit.diff(fake_host.context(), out.tx_id or "")]
+        assert sorted(labels) == ["before-after", "recorded-restored"]
