@@ -284,25 +284,12 @@ def _fake_world(ctx: Context) -> World:
 def _real_world(ctx: Context) -> World:
     from anvil_ctl.adapters.docker_runtime import DockerRuntime
     from anvil_ctl.adapters.engine_http import HttpEngineProbe
-    from anvil_ctl.engine.world import World
+    from anvil_ctl.engine.world import World, WorldRuntime
 
     simulated = ctx.settings.gpu == "simulated"
     runtime = DockerRuntime(
         base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia", host=ctx.host_name
     )
-    gpus: GpuProbe
-    container_of_pid = None
-    if simulated:
-        from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
-
-        gpus = SimulatedGpuProbe(ctx.config.gpu_roles, runtime)
-    else:
-        from anvil_ctl.adapters.nvml import NvmlProbe
-        from anvil_ctl.adapters.procfs import proc_cgroup_container
-
-        gpus = NvmlProbe()
-        # NVML reports engine worker PIDs; /proc tells which container each runs in.
-        container_of_pid = proc_cgroup_container
     router, acceptance = _router(ctx)
     world = World(
         settings=ctx.settings,
@@ -311,11 +298,23 @@ def _real_world(ctx: Context) -> World:
         runtime=runtime,
         engine=HttpEngineProbe(),
         router=router,
-        gpus=gpus,
-        shm=_shm(ctx, runtime),
         acceptance=acceptance,
-        container_of_pid=container_of_pid,
     )
+    # The scanner and the simulated GPUs list the managed containers through the world's
+    # runtime as it is when they ask: inside `one_reading`, the stretch's one look.
+    current = WorldRuntime(world)
+    if simulated:
+        from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
+
+        world.gpus = SimulatedGpuProbe(ctx.config.gpu_roles, current)
+    else:
+        from anvil_ctl.adapters.nvml import NvmlProbe
+        from anvil_ctl.adapters.procfs import proc_cgroup_container
+
+        world.gpus = NvmlProbe()
+        # NVML reports engine worker PIDs; /proc tells which container each runs in.
+        world.container_of_pid = proc_cgroup_container
+    world.shm = _shm(ctx, current)
     return _finish(ctx, world)
 
 

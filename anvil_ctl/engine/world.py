@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from anvil_ctl.config import HostConfig, Settings
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
+    LABEL_MANAGED,
     Backend,
     ContainerInfo,
     ContainerLog,
@@ -124,6 +125,39 @@ class World:
                 close()
 
 
+class WorldRuntime:
+    """The world's container runtime as it is at each call: inside `one_reading` the stretch's
+    one look. For the adapters built beside the world that list its managed containers (the
+    /dev/shm scanner, the simulated GPUs): in a stretch their listing is the stretch's."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def inspect(self, container_id: str) -> ContainerInfo:
+        return self.world.runtime.inspect(container_id)
+
+    def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
+        return self.world.runtime.list(labels=labels)
+
+    def image(self, ref: str) -> ImageInfo:
+        return self.world.runtime.image(ref)
+
+    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
+        return self.world.runtime.logs(container_id, max_lines=max_lines, max_bytes=max_bytes)
+
+    def create(self, spec: ContainerSpec) -> str:
+        return self.world.runtime.create(spec)
+
+    def start(self, container_id: str) -> None:
+        self.world.runtime.start(container_id)
+
+    def stop(self, container_id: str, timeout_s: float) -> None:
+        self.world.runtime.stop(container_id, timeout_s)
+
+    def remove(self, container_id: str) -> None:
+        self.world.runtime.remove(container_id)
+
+
 class _OneScan:
     """A SharedMemory whose residue is scanned once (see `one_reading`)."""
 
@@ -176,7 +210,16 @@ class _OneLook(_Once):
         return got
 
     def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
-        key = ("list", repr(sorted((labels or {}).items())))
+        wanted = dict(labels or {})
+        if wanted.get(LABEL_MANAGED) == "true" and len(wanted) > 1:
+            # One listing of the managed containers answers every narrower query of them (the
+            # slot's, the candidates'): the runtime's label filter is this exact match.
+            return [
+                c
+                for c in self.list(labels={LABEL_MANAGED: "true"})
+                if all(c.labels.get(k) == v for k, v in wanted.items())
+            ]
+        key = ("list", repr(sorted(wanted.items())))
         fresh = key not in self._seen
         got = self._once(key, lambda: self.runtime.list(labels=labels))
         assert isinstance(got, list)

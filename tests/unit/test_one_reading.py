@@ -247,3 +247,49 @@ class TestOneReadingOfTheBindingAndTheRouter:
         assert {k: v for k, v in seen.items() if k != "harbour"} == {
             k: v for k, v in plain_seen.items() if k != "harbour"
         }
+
+
+class TestOneListingOfTheManagedContainers:
+    def test_narrower_queries_of_managed_containers_are_answered_from_one_listing(
+        self, fake_host: FakeHost, looks: list[str]
+    ) -> None:
+        from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
+
+        transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k"))
+        world: World = fake_host.context().world()
+        queries = [
+            {LABEL_MANAGED: "true", LABEL_SLOT: "primary"},
+            {LABEL_MANAGED: "true", LABEL_ROLE: "candidate"},
+            {LABEL_MANAGED: "true", LABEL_SLOT: "elsewhere"},
+        ]
+        plainly = [sorted(c.id for c in world.runtime.list(labels=q)) for q in queries]
+        assert plainly[0] and plainly[1] and not plainly[2]
+        looks.clear()
+        with one_reading(world):
+            seen = [sorted(c.id for c in world.runtime.list(labels=q)) for q in queries]
+            world.runtime.inspect(plainly[1][0])  # inspected to be listed
+        assert seen == plainly
+        assert looks == ["list"]
+
+    def test_an_adapter_listing_through_the_worlds_runtime_shares_the_stretchs_listing(
+        self, fake_host: FakeHost, looks: list[str]
+    ) -> None:
+        """What the real world gives the /dev/shm scanner and the simulated GPUs."""
+        from anvil_ctl.adapters.shm import managed_containers
+        from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
+        from anvil_ctl.engine.world import WorldRuntime
+
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
+        )
+        candidate = str(out.results["start-candidate"]["container_id"])
+        world: World = fake_host.context().world()
+        managed = managed_containers(WorldRuntime(world))
+        looks.clear()
+        with one_reading(world):
+            held = managed()
+            slot = world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: "primary"})
+        assert candidate in held and candidate in [c.id for c in slot]
+        assert looks == ["list"]
+        managed()  # outside the stretch: the runtime itself is asked
+        assert looks == ["list", "list"]
