@@ -95,13 +95,22 @@ class Series:
     name: str
     anvil: list[float] = field(default_factory=list)
     bare: list[float] = field(default_factory=list)
+    anvil_cpu: list[float] = field(default_factory=list)
+    """CPU seconds (user + system) of each anvilctl run and the children it waited for (the
+    acceptance worker): steadier than its wall time on a loaded machine."""
 
     @property
     def ratios(self) -> list[float]:
         return [a / b for a, b in zip(self.anvil, self.bare, strict=True)]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "anvil_s": self.anvil, "bare_s": self.bare, "ratios": self.ratios}
+        return {
+            "name": self.name,
+            "anvil_s": self.anvil,
+            "bare_s": self.bare,
+            "ratios": self.ratios,
+            "anvil_cpu_s": self.anvil_cpu,
+        }
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -253,11 +262,21 @@ def verified(camp: Campaign) -> None:
     ctx.engine.dispose()
 
 
+CPU_OF_LAST_CYCLE: list[float] = []
+"""The CPU seconds of the last anvil_cycle's three commands (load, promote, rollback)."""
+
+
 def anvil_cycle(camp: Campaign) -> tuple[float, float, float]:
+    cpu = [children_cpu_s()]
     load = anvilctl(camp, "load", RECIPE, "--slot", SLOT)
+    cpu.append(children_cpu_s())
     verified(camp)
+    cpu.append(children_cpu_s())
     promote = anvilctl(camp, "promote", "--slot", SLOT, "--approved-by", "bench")
+    cpu.append(children_cpu_s())
     rollback = anvilctl(camp, "rollback", "--slot", SLOT)
+    cpu.append(children_cpu_s())
+    CPU_OF_LAST_CYCLE[:] = [cpu[1] - cpu[0], cpu[3] - cpu[2], cpu[4] - cpu[3]]
     return load, promote, rollback
 
 
@@ -364,6 +383,7 @@ def run(reps: int, work: Path, *, own_only: bool = False) -> dict[str, Any]:
             for i, s in enumerate(series.values()):
                 s.anvil.append(got["anvil"][i])
                 s.bare.append(got["bare"][i])
+                s.anvil_cpu.append(CPU_OF_LAST_CYCLE[i])
             print(
                 f"rep {rep + 1}: "
                 + ", ".join(f"{s.name} {s.anvil[-1]:.2f}/{s.bare[-1]:.2f} s" for s in series.values()),
@@ -406,6 +426,14 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {s['name']} | {spread(s['anvil_s'])} | {spread(s['bare_s'], '{:.3f}')} | "
             f"{spread(s['ratios'])} | <= {target}{met} |"
         )
+    cpu = [s for s in result["series"] if s.get("anvil_cpu_s")]
+    if cpu:
+        lines += [
+            "",
+            "| measure | anvilctl CPU s, user + system (min / med / max) |",
+            "|---|---|",
+            *(f"| {s['name']} | {spread(s['anvil_cpu_s'])} |" for s in cpu),
+        ]
     lines += [
         "",
         "Own time is wall time minus the time spent waiting on Docker and HTTP calls. The "

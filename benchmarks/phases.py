@@ -215,6 +215,8 @@ def phases(
                 "counts": dict(counts),
                 "top": sorted(labels.items(), key=lambda kv: -kv[1])[:4],
                 "fns": fns,
+                # in order, from the phase's start: (s, kind, seconds, label), for --json readers
+                "events": [(round(s - at, 4), k, round(sec, 4), lb) for k, s, sec, lb in inside],
             }
         )
     return {"wall_s": ended - started, "rows": rows}

@@ -33,8 +33,10 @@ def promote(
     limit_waits(ctx, timeout_s)
     tx_id = str(uuid.uuid4())
     if not dry_run:
+        # First: the real client imports while the world is built, and while guards,
+        # snapshot and readmission run; the child holds none of the world's connections.
+        ctx.warm_acceptance()
         ctx.world()
-        ctx.warm_acceptance()  # the real client imports while guards, snapshot and readmission run
     with mutating(ctx, "promote", tx_id, dry_run=dry_run) as lock:
         return _promote_locked(
             ctx,

@@ -54,8 +54,9 @@ def run_plan(
         return engine.run(plan, world, dry_run=True)
     tx_id = tx_id or str(uuid.uuid4())
     if lock is not None:
-        lock.claim()
-        return engine.run(plan, world, tx_id=tx_id)
+        # The row is claimed with the transaction's first row and released with its end state
+        # (`TransactionEngine.run`); an error before an end state leaves it for `recover`.
+        return engine.run(plan, world, tx_id=tx_id, opening=lock.claim, closing=lock.release_row)
     if not plan.mutates:
         return engine.run(plan, world, tx_id=tx_id)
     with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):

@@ -63,6 +63,9 @@ class StepContext(Generic[A_co, W_co, M_co]):
     results: dict[str, JSONObject] = field(default_factory=dict)
 
 
+Hold = Callable[[Callable[[], object]], None]
+"""Keep a record (a journal write) to commit with the engine's next journal write."""
+
 C = TypeVar("C")
 """A step's context type: StepContext[its plan's args, world, memo]."""
 
@@ -82,7 +85,9 @@ class Plan(Generic[A_co, W_co, M_co]):
     """A transaction kind's ordered guards and steps, built from journaled arguments.
 
     `snapshot` observes the live placement (read-only); `verify_after` may compare
-    the before and after snapshots and return problems that fail the commit.
+    the before and after snapshots and return problems that fail the commit; a record it
+    makes of what it compared goes to its `hold` argument, which commits it with the
+    transaction's end state (nothing acts in between).
     """
 
     kind: str
@@ -92,9 +97,9 @@ class Plan(Generic[A_co, W_co, M_co]):
     guards: Sequence[Guard[StepContext[A_co, W_co, M_co]]] = ()
     slot: str | None = None
     snapshot: Callable[[], Snapshot] | None = None
-    verify_after: Callable[[StepContext[A_co, W_co, M_co], Snapshot | None, Snapshot], list[str]] | None = (
-        None
-    )
+    verify_after: (
+        Callable[[StepContext[A_co, W_co, M_co], Snapshot | None, Snapshot, Hold], list[str]] | None
+    ) = None
     mutates: bool = True
     pivot: str | None = None
     """Name of the step after which recovery goes forward (None: always backwards)."""

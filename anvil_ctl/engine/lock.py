@@ -176,10 +176,16 @@ class HostLock:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, json.dumps({"lock_id": lock_id, "pid": self.owner.pid}).encode(), 0)
 
-    def release(self) -> None:
+    def release_row(self) -> None:
+        """Record the row's release now (inside the caller's `Store.together()` when it writes
+        with a transaction's end state); the OS lock stays held until `release()`, which
+        excludes meanwhile."""
         if self.lock_id is not None:
             locks.release_row(self.store, self.lock_id, how="released", by=f"pid {self.owner.pid}")
             self.lock_id = None
+
+    def release(self) -> None:
+        self.release_row()
         self._unlock_fd()
 
     def _unlock_fd(self) -> None:

@@ -17,6 +17,11 @@ once); a critical difference found by `verify_after` while the slot serves ends
 
 Every journal row is a boundary where `anvil_ctl.engine.faults` may crash or
 pause the process (tests and `make chaos` only).
+
+The host lock's row (`anvil_ctl.engine.lock`) is claimed in the database transaction that
+writes the transaction's first row (`opening`), and released in the one that writes its
+end state (`closing`): two commits fewer per command, and no moment in which a finished
+transaction still names a live lock row (or a lock row names no transaction yet).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.ports import Journal, Owner, Progress, SilentProgress
 from anvil_ctl.core.snapshot import diff
-from anvil_ctl.core.states import TxState
+from anvil_ctl.core.states import UNFINISHED_STATES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
@@ -75,6 +80,7 @@ class TransactionEngine:
         self.owner = owner
         self.faults = faults
         self._writer = JournalWriter(journal, faults)
+        self._closing: Callable[[], object] | None = None
 
     # -- journal, with the fault-injection boundary (`journaling.JournalWriter`) -----------------
 
@@ -114,7 +120,14 @@ class TransactionEngine:
         hold: bool = False,
     ) -> None:
         def write() -> None:
-            self.journal.transition(ctx.tx_id, target, reason, data)
+            closing = self._closing if target not in UNFINISHED_STATES else None
+            if closing is None:
+                self.journal.transition(ctx.tx_id, target, reason, data)
+                return
+            self._closing = None
+            with self.journal.together():  # the end state and the lock's release: one commit
+                self.journal.transition(ctx.tx_id, target, reason, data)
+                closing()
 
         boundary = ":".join((ctx.kind, "state", target.value))
         if hold:
@@ -125,15 +138,33 @@ class TransactionEngine:
     # -- running a plan ------------------------------------------------------------------------
 
     def run(
-        self, plan: Plan[A, W, M], world: W, *, dry_run: bool = False, tx_id: str | None = None
+        self,
+        plan: Plan[A, W, M],
+        world: W,
+        *,
+        dry_run: bool = False,
+        tx_id: str | None = None,
+        opening: Callable[[], object] | None = None,
+        closing: Callable[[], object] | None = None,
     ) -> Outcome:
+        """Run `plan` as a transaction. `opening` writes with the transaction's first row (the
+        host lock's claim), `closing` with its end state (the lock's release), each in the same
+        database transaction; an error that escapes before an end state skips `closing`."""
+        self._closing = closing
         try:
-            return self._begin(plan, world, dry_run=dry_run, tx_id=tx_id)
+            return self._begin(plan, world, dry_run=dry_run, tx_id=tx_id, opening=opening)
         finally:
+            self._closing = None
             self._commit()  # nothing held outlives the run (an unexpected error included)
 
     def _begin(
-        self, plan: Plan[A, W, M], world: W, *, dry_run: bool = False, tx_id: str | None = None
+        self,
+        plan: Plan[A, W, M],
+        world: W,
+        *,
+        dry_run: bool = False,
+        tx_id: str | None = None,
+        opening: Callable[[], object] | None = None,
     ) -> Outcome:
         outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, dry_run=dry_run, plan=plan.describe())
         if dry_run:
@@ -146,9 +177,12 @@ class TransactionEngine:
                 outcome.before = plan.snapshot() if plan.snapshot else None
             return outcome
 
-        tx_id = self.journal.begin(
-            kind=plan.kind, slot=plan.slot, args=to_json(plan.args), owner=self.owner, tx_id=tx_id
-        )
+        with self.journal.together():  # the lock's row and the transaction's first: one commit
+            if opening is not None:
+                opening()
+            tx_id = self.journal.begin(
+                kind=plan.kind, slot=plan.slot, args=to_json(plan.args), owner=self.owner, tx_id=tx_id
+            )
         outcome.tx_id = tx_id
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
         self.faults.at(":".join((plan.kind, "state", "planned")))
@@ -189,11 +223,12 @@ class TransactionEngine:
                 bound.debug("snapshot observed", label="before", seconds=seconds)
                 before = outcome.before
                 self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before), "")
-        # Held: the before snapshot, `running` and the availability check only observe, so they
-        # commit with the first intent (one database transaction, one audit entry), before
-        # the first side effect.
-        self._transition(ctx, TxState.RUNNING, hold=True)
-        self._observe_start(plan, ctx)
+            # Held: the before snapshot, `running` and the availability check only observe, so
+            # they commit with the first intent (one database transaction, one audit entry),
+            # before the first side effect. The availability check is part of the same reading:
+            # its model list and routed chat are the ones the guards and the snapshot saw.
+            self._transition(ctx, TxState.RUNNING, hold=True)
+            self._observe_start(plan, ctx)
         bound.info("running", steps=len(plan.steps))
         return self._forward(outcome, plan, ctx, start=0)
 
@@ -238,7 +273,7 @@ class TransactionEngine:
             )
         self._observe_after(plan, ctx, outcome, "after")
         problems = (
-            plan.verify_after(ctx, outcome.before, outcome.after)
+            plan.verify_after(ctx, outcome.before, outcome.after, lambda record: self._hold(record, ""))
             if (plan.verify_after and outcome.after)
             else []
         )

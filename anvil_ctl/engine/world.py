@@ -6,6 +6,7 @@ Every field is a typed port or value; optional capabilities are optional fields
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,12 +16,19 @@ from typing import TYPE_CHECKING, Protocol
 from anvil_ctl.config import HostConfig, Settings
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
+    LABEL_MANAGED,
+    Backend,
     ContainerInfo,
     ContainerLog,
     ContainerSpec,
+    GpuReading,
     ImageInfo,
+    ModelCard,
+    PromptAnswer,
     ResidueFile,
     ResidueRemoval,
+    RouteCheck,
+    RoutedAnswer,
     VramNeed,
 )
 from anvil_ctl.core.ports import (
@@ -117,6 +125,39 @@ class World:
                 close()
 
 
+class WorldRuntime:
+    """The world's container runtime as it is at each call: inside `one_reading` the stretch's
+    one look. For the adapters built beside the world that list its managed containers (the
+    /dev/shm scanner, the simulated GPUs): in a stretch their listing is the stretch's."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def inspect(self, container_id: str) -> ContainerInfo:
+        return self.world.runtime.inspect(container_id)
+
+    def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
+        return self.world.runtime.list(labels=labels)
+
+    def image(self, ref: str) -> ImageInfo:
+        return self.world.runtime.image(ref)
+
+    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
+        return self.world.runtime.logs(container_id, max_lines=max_lines, max_bytes=max_bytes)
+
+    def create(self, spec: ContainerSpec) -> str:
+        return self.world.runtime.create(spec)
+
+    def start(self, container_id: str) -> None:
+        self.world.runtime.start(container_id)
+
+    def stop(self, container_id: str, timeout_s: float) -> None:
+        self.world.runtime.stop(container_id, timeout_s)
+
+    def remove(self, container_id: str) -> None:
+        self.world.runtime.remove(container_id)
+
+
 class _OneScan:
     """A SharedMemory whose residue is scanned once (see `one_reading`)."""
 
@@ -134,18 +175,34 @@ class _OneScan:
         return self.shm.remove_unheld()
 
 
-class _OneLook:
-    """A ContainerRuntime that inspects each container, image and label query once (see
-    `one_reading`); any change made through it forgets what it saw."""
+class _Once:
+    """One kind of reading in a stretch (see `one_reading`): each question is answered once,
+    until a change through any reading of the stretch forgets them all; an error (NotFound,
+    an unreachable endpoint) is raised each time, never kept."""
 
-    def __init__(self, runtime: ContainerRuntime) -> None:
-        self.runtime = runtime
-        self._seen: dict[tuple[str, str], object] = {}
+    def __init__(self, stretch: list[_Once]) -> None:
+        self._seen: dict[tuple[object, ...], object] = {}
+        self._stretch = stretch
+        stretch.append(self)
 
-    def _once(self, key: tuple[str, str], look: Callable[[], object]) -> object:
+    def _once(self, key: tuple[object, ...], look: Callable[[], object]) -> object:
         if key not in self._seen:
-            self._seen[key] = look()  # an error (NotFound) is raised each time, never kept
+            self._seen[key] = look()
         return self._seen[key]
+
+    def forget(self) -> None:
+        """Something changed: a started container serves (and holds GPU memory), a route moved."""
+        for reading in self._stretch:
+            reading._seen.clear()
+
+
+class _OneLook(_Once):
+    """A ContainerRuntime that inspects each container, image and label query once (see
+    `one_reading`); any change made through it forgets what the stretch saw."""
+
+    def __init__(self, runtime: ContainerRuntime, stretch: list[_Once]) -> None:
+        super().__init__(stretch)
+        self.runtime = runtime
 
     def inspect(self, container_id: str) -> ContainerInfo:
         got = self._once(("inspect", container_id), lambda: self.runtime.inspect(container_id))
@@ -153,7 +210,16 @@ class _OneLook:
         return got
 
     def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
-        key = ("list", repr(sorted((labels or {}).items())))
+        wanted = dict(labels or {})
+        if wanted.get(LABEL_MANAGED) == "true" and len(wanted) > 1:
+            # One listing of the managed containers answers every narrower query of them (the
+            # slot's, the candidates'): the runtime's label filter is this exact match.
+            return [
+                c
+                for c in self.list(labels={LABEL_MANAGED: "true"})
+                if all(c.labels.get(k) == v for k, v in wanted.items())
+            ]
+        key = ("list", repr(sorted(wanted.items())))
         fresh = key not in self._seen
         got = self._once(key, lambda: self.runtime.list(labels=labels))
         assert isinstance(got, list)
@@ -171,43 +237,157 @@ class _OneLook:
         return self.runtime.logs(container_id, max_lines=max_lines, max_bytes=max_bytes)
 
     def create(self, spec: ContainerSpec) -> str:
-        self._seen.clear()
+        self.forget()
         return self.runtime.create(spec)
 
     def start(self, container_id: str) -> None:
-        self._seen.clear()
+        self.forget()
         self.runtime.start(container_id)
 
     def stop(self, container_id: str, timeout_s: float) -> None:
-        self._seen.clear()
+        self.forget()
         self.runtime.stop(container_id, timeout_s)
 
     def remove(self, container_id: str) -> None:
-        self._seen.clear()
+        self.forget()
         self.runtime.remove(container_id)
+
+
+class _OneProbe(_Once):
+    """An EngineProbe that asks each binding for its health, model list and listening once
+    (see `one_reading`); the context-refusal probe is asked every time."""
+
+    def __init__(self, engine: EngineProbe, stretch: list[_Once]) -> None:
+        super().__init__(stretch)
+        self.engine = engine
+
+    def health(self, base_url: str, path: str) -> bool:
+        return bool(self._once(("health", base_url, path), lambda: self.engine.health(base_url, path)))
+
+    def models(self, base_url: str) -> list[ModelCard]:
+        got = self._once(("models", base_url), lambda: self.engine.models(base_url))
+        assert isinstance(got, list)
+        return list(got)
+
+    def listening(self, base_url: str) -> bool:
+        return bool(self._once(("listening", base_url), lambda: self.engine.listening(base_url)))
+
+    def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
+        return self.engine.probe_prompt(base_url, model, words)
+
+
+class _OneRoute(_Once):
+    """A Router whose reads (backends, view, readiness, a routed chat by alias, a route check)
+    are asked once (see `one_reading`); a change through it (register, deregister, drain,
+    readmit) forgets what it saw. The credential probe is asked every time."""
+
+    def __init__(self, router: Router, stretch: list[_Once]) -> None:
+        super().__init__(stretch)
+        self.router = router
+
+    def probe_credentials(self) -> None:
+        self.router.probe_credentials()
+
+    def backends(self, tier: str) -> list[Backend]:
+        got = self._once(("backends", tier), lambda: self.router.backends(tier))
+        assert isinstance(got, list)
+        return list(got)
+
+    def view(self, tier: str) -> JSONObject:
+        got = self._once(("view", tier), lambda: self.router.view(tier))
+        assert isinstance(got, dict)
+        return copy.deepcopy(got)  # it goes into snapshots, which own what they hold
+
+    def ready(self) -> bool:
+        return bool(self._once(("ready",), self.router.ready))
+
+    def routed_chat(self, alias: str) -> RoutedAnswer:
+        got = self._once(("chat", alias), lambda: self.router.routed_chat(alias))
+        assert isinstance(got, RoutedAnswer)
+        return got
+
+    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
+        got = self._once(
+            ("route", tier, url, expected_model), lambda: self.router.check_route(tier, url, expected_model)
+        )
+        assert isinstance(got, RouteCheck)
+        return got
+
+    def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
+        self.forget()
+        self.router.register(tier, url, aliases)
+
+    def deregister(self, tier: str, url: str) -> None:
+        self.forget()
+        self.router.deregister(tier, url)
+
+    def drain(self, tier: str) -> None:
+        self.forget()
+        self.router.drain(tier)
+
+    def readmit(
+        self,
+        tier: str,
+        url: str,
+        aliases: tuple[str, ...],
+        expected_model: str,
+        deadline_s: float,
+        *,
+        hold: bool = False,
+    ) -> None:
+        self.forget()
+        self.router.readmit(tier, url, aliases, expected_model, deadline_s, hold=hold)
+
+
+class _OneGpuReading(_Once):
+    """A GpuProbe read once (see `one_reading`): the simulated probe lists the managed
+    containers and asks each stub engine, NVML asks the driver."""
+
+    def __init__(self, gpus: GpuProbe, stretch: list[_Once]) -> None:
+        super().__init__(stretch)
+        self.gpus_probe = gpus
+
+    def gpus(self) -> list[GpuReading]:
+        got = self._once(("gpus",), self.gpus_probe.gpus)
+        assert isinstance(got, list)
+        return list(got)
+
+    def driver_version(self) -> str:
+        return self.gpus_probe.driver_version()
 
 
 @contextmanager
 def one_reading(world: object) -> Iterator[None]:
     """A stretch in which the host is only observed: /dev/shm's residue is scanned once, and
-    each container, image and container query is inspected once.
+    each container, image and container query, each binding's health and model list, each
+    router reading (backends, view, readiness, a routed chat by alias, a route check) and the
+    GPU readings are asked once.
 
-    For the checks before a transaction's first mutation and its before snapshot, and for
-    recheck's assertions and snapshot: each asked for the residue, and each scan walks
-    every process's maps and descriptors (tens of ms on a busy host), with nothing of ours
-    changing it in between. The guards and the snapshot also ask Docker about the same few
-    containers again and again (40-54 requests before a load's first step, each inspected
-    container's fingerprint computed anew); they now see one reading of each, as the residue.
-    Any other world (a plan under test) is left as it is.
+    For the checks before a transaction's first mutation, its before snapshot and its
+    availability check, for the goal check and after snapshot, and for recheck's assertions
+    and snapshot: each asked for the residue, and each scan walks every process's maps and
+    descriptors (tens of ms on a busy host), with nothing of ours changing it in between. The
+    guards and the snapshot also asked Docker about the same few containers again and again
+    (40-54 requests before a load's first step), the binding for its models five times, smg
+    for its workers and readiness four, and made the same routed chat twice (BaseVerified's
+    smoke, then the availability check); they now see one reading of each, as the residue.
+    A change made through the stretch (a container started, a route re-applied) forgets every
+    reading; nothing may wait for a change inside one (a poll would see its first answer
+    forever). A stretch inside a stretch is the outer one. Any other world (a plan under
+    test) is left as it is.
     """
-    if not isinstance(world, World):
-        yield
+    if not isinstance(world, World) or isinstance(world.runtime, _Once):
+        yield  # not a World, or already inside a stretch: its one reading goes on
         return
-    shm, runtime = world.shm, world.runtime
+    shm, runtime, engine, router, gpus = world.shm, world.runtime, world.engine, world.router, world.gpus
+    stretch: list[_Once] = []
     if shm is not None:
         world.shm = _OneScan(shm)
-    world.runtime = _OneLook(runtime)
+    world.runtime = _OneLook(runtime, stretch)
+    world.engine = _OneProbe(engine, stretch)
+    world.router = _OneRoute(router, stretch) if router is not None else None
+    world.gpus = _OneGpuReading(gpus, stretch) if gpus is not None else None
     try:
         yield
     finally:
-        world.shm, world.runtime = shm, runtime
+        world.shm, world.runtime, world.engine, world.router, world.gpus = shm, runtime, engine, router, gpus

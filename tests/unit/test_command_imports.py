@@ -101,14 +101,13 @@ from anvil_ctl.config import Settings
 state_dir, config, backend = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 settings = Settings(state_dir=state_dir, config=config, backend=backend, _env_file=None)
 ctx = Context(settings=settings, env={})
-if backend == "real":  # the real world's acceptance, without the Docker Engine the world needs
-    from types import SimpleNamespace
+if backend == "real":  # the real acceptance, warmed before (and without) any world
     from anvil_ctl.acceptance_worker import RealAcceptance
     from anvil_ctl.adapters.credentials import Secret
-    acceptance = RealAcceptance("http://127.0.0.1:9", Secret("c", "test"))
-    ctx.__dict__["_world"] = SimpleNamespace(acceptance=acceptance, close=acceptance.close)
+    ctx.__dict__["_acceptance"] = RealAcceptance("http://127.0.0.1:9", Secret("c", "test"))
 ctx.warm_acceptance()
-worker = getattr(ctx.world().acceptance, "_worker", None)
+acceptance = ctx.real_acceptance() if backend == "real" else ctx.world().acceptance
+worker = getattr(acceptance, "_worker", None)
 pid = worker._pid if worker is not None else None
 ctx.close()
 import os
@@ -131,7 +130,8 @@ class TestWarmAcceptance:
             timeout=180,
         )
         assert r.returncode == 0, r.stderr
-        # This process never imports the client; the worker was forked, and reaped at close.
+        # This process never imports the client; the worker was forked, and reaped at close
+        # (no world was built: the context closes its acceptance itself).
         assert json.loads(r.stdout) == [False, False, True, False]
 
     def test_the_fakes_import_nothing_for_it(self, fake_host: FakeHost) -> None:

@@ -20,7 +20,8 @@ from anvil_ctl.engine import world as world_module
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.testing.fakes import FakeSharedMemory
-from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.router import FakeRouter
+from anvil_ctl.testing.runtime import FakeEngineProbe, FakeRuntime
 from tests.unit.fakehost import FakeHost, make_fake_host
 
 LEFT = {"path": "/dev/shm/nccl-left01", "size": 4096}
@@ -52,6 +53,26 @@ def looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             return _real(self, *args, **kw)
 
         monkeypatch.setattr(FakeRuntime, name, counted)
+    return seen
+
+
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every question asked of the fake engine probe and router (models, health, view,
+    readiness, routed chat, route check), named; the fake router's own calls included."""
+    seen: list[str] = []
+    for cls, names in (
+        (FakeEngineProbe, ("models", "health", "listening")),
+        (FakeRouter, ("view", "ready", "routed_chat", "check_route")),
+    ):
+        for name in names:
+            real = getattr(cls, name)
+
+            def counted(self: Any, *args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+                seen.append(_name)
+                return _real(self, *args, **kw)
+
+            monkeypatch.setattr(cls, name, counted)
     return seen
 
 
@@ -153,7 +174,7 @@ class TestOneLook:
             fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
         )
         with_look = len(looks)
-        monkeypatch.setattr(world_module, "_OneLook", lambda runtime: runtime)
+        monkeypatch.setattr(world_module, "_OneLook", lambda runtime, _stretch: runtime)
         looks.clear()
         plain = transactions.load(other.context(), slot="primary", candidate=other.candidate("cand-393k"))
         assert out.state == plain.state == TxState.COMMITTED, (out.reason, plain.reason)
@@ -161,3 +182,114 @@ class TestOneLook:
         # The before snapshot is exactly what a plain observation saw just before.
         assert out.before is not None
         assert out.before.sha256 == seen_plainly.sha256
+
+
+class TestOneReadingOfTheBindingAndTheRouter:
+    """Inside the stretch each binding's models and health and each router reading are asked
+    once; a change made through the stretch (here: a container stopped) forgets every reading;
+    after it, every call asks."""
+
+    def test_inside_the_stretch_each_is_asked_once_until_a_change_is_made(
+        self, fake_host: FakeHost, asked: list[str]
+    ) -> None:
+        world: World = fake_host.context().world()
+        url = world.config.slot("primary").base_url
+        router, engine = world.router, world.engine
+        assert router is not None
+        with one_reading(world):
+            assert world.router is not None
+            for _ in range(2):
+                assert [m.id for m in world.engine.models(url)] == [
+                    "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
+                ]
+                assert world.engine.health(url, "/health")
+                assert world.router.routed_chat("llm.primary").status == 200
+                assert world.router.ready()
+            # the fake router's chat reads the binding's models itself: the second "models"
+            assert sorted(asked) == ["health", "models", "models", "ready", "routed_chat"]
+            world.runtime.stop(fake_host.incumbent_id, 1.0)  # a change: every reading is forgotten
+            assert world.engine.models(url) == []
+            assert world.router.routed_chat("llm.primary").status != 200
+            # asked again: the model list, and the chat (the fake router reads the models for it)
+            assert sorted(asked[5:]) == ["models", "models", "routed_chat"]
+        assert (world.router, world.engine) == (router, engine)
+        asked.clear()
+        world.engine.models(url)
+        world.engine.models(url)
+        assert asked == ["models", "models"]
+
+    def test_a_load_makes_one_routed_chat_fewer_and_records_the_same_availability(
+        self, fake_host: FakeHost, tmp_path: Path, asked: list[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The same load on two identical hosts, with and without one reading of the binding
+        and the router: the availability check sees the routed chat of BaseVerified's smoke."""
+        other = make_fake_host(tmp_path / "other")
+        asked.clear()  # the other host's adoption asked too
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
+        )
+        with_reading = list(asked)
+        for name in ("_OneProbe", "_OneRoute", "_OneGpuReading"):
+            monkeypatch.setattr(world_module, name, lambda port, _stretch: port)
+        asked.clear()
+        plain = transactions.load(other.context(), slot="primary", candidate=other.candidate("cand-393k"))
+        assert out.state == plain.state == TxState.COMMITTED, (out.reason, plain.reason)
+        assert with_reading.count("routed_chat") == asked.count("routed_chat") - 1
+        assert len(with_reading) < len(asked), (with_reading, asked)
+
+        def availability(host: FakeHost, tx_id: str | None) -> dict[str, Any]:
+            assert tx_id is not None
+            events = host.context().store.step_events(tx_id)
+            return next(dict(e.detail) for e in events if e.step == "availability" and e.event == "before")
+
+        seen, plain_seen = availability(fake_host, out.tx_id), availability(other, plain.tx_id)
+        assert seen["serving"] and seen["routed_model"] == plain_seen["routed_model"]
+        assert {k: v for k, v in seen.items() if k != "harbour"} == {
+            k: v for k, v in plain_seen.items() if k != "harbour"
+        }
+
+
+class TestOneListingOfTheManagedContainers:
+    def test_narrower_queries_of_managed_containers_are_answered_from_one_listing(
+        self, fake_host: FakeHost, looks: list[str]
+    ) -> None:
+        from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
+
+        transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k"))
+        world: World = fake_host.context().world()
+        queries = [
+            {LABEL_MANAGED: "true", LABEL_SLOT: "primary"},
+            {LABEL_MANAGED: "true", LABEL_ROLE: "candidate"},
+            {LABEL_MANAGED: "true", LABEL_SLOT: "elsewhere"},
+        ]
+        plainly = [sorted(c.id for c in world.runtime.list(labels=q)) for q in queries]
+        assert plainly[0] and plainly[1] and not plainly[2]
+        looks.clear()
+        with one_reading(world):
+            seen = [sorted(c.id for c in world.runtime.list(labels=q)) for q in queries]
+            world.runtime.inspect(plainly[1][0])  # inspected to be listed
+        assert seen == plainly
+        assert looks == ["list"]
+
+    def test_an_adapter_listing_through_the_worlds_runtime_shares_the_stretchs_listing(
+        self, fake_host: FakeHost, looks: list[str]
+    ) -> None:
+        """What the real world gives the /dev/shm scanner and the simulated GPUs."""
+        from anvil_ctl.adapters.shm import managed_containers
+        from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
+        from anvil_ctl.engine.world import WorldRuntime
+
+        out = transactions.load(
+            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
+        )
+        candidate = str(out.results["start-candidate"]["container_id"])
+        world: World = fake_host.context().world()
+        managed = managed_containers(WorldRuntime(world))
+        looks.clear()
+        with one_reading(world):
+            held = managed()
+            slot = world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: "primary"})
+        assert candidate in held and candidate in [c.id for c in slot]
+        assert looks == ["list"]
+        managed()  # outside the stretch: the runtime itself is asked
+        assert looks == ["list", "list"]

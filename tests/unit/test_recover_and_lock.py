@@ -186,3 +186,82 @@ class TestTheLockRowIsClaimedOnlyWhenTheTransactionBegins:
             return int(con.execute("SELECT count(*) FROM audit_journal").fetchone()[0])
         finally:
             con.close()
+
+
+class TestTheLockRowCommitsWithTheTransaction:
+    """The lock row is written in the database transaction of the transaction's first row and
+    released in the one of its end state (one commit each instead of two)."""
+
+    def _entries(self, host: FakeHost) -> list[tuple[str, set[str]]]:
+        """Each audit entry: its event, and the tables of the rows it covers."""
+        from sqlalchemy import select
+
+        from anvil_ctl.persistence.models import AuditEntry
+
+        with host.context().store.read() as s:
+            rows = s.execute(select(AuditEntry.event, AuditEntry.rows_json).order_by(AuditEntry.id)).all()
+        return [(event, {str(r[0]) for r in json.loads(covered)}) for event, covered in rows]
+
+    def _one_entry_covers(self, host: FakeHost, *tables: str) -> bool:
+        return any(set(tables) <= covered for _event, covered in self._entries(host))
+
+    def test_a_load_claims_its_row_with_its_first_row_and_releases_it_with_its_end_state(
+        self, fake_host: FakeHost
+    ) -> None:
+        from anvil_ctl.commands.transactions import load
+
+        before = len(self._entries(fake_host))
+        outcome = load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        assert outcome.state.value == "committed"
+        assert held_locks(fake_host.context().store) == []
+        written = [covered for _event, covered in self._entries(fake_host)[before:]]
+        assert {"locks", "transactions"} <= written[0]
+        assert {"lock_releases", "transaction_states"} <= written[-1]
+        assert not [c for c in written if "locks" in c or "lock_releases" in c][1:-1]
+
+    def test_a_refusal_releases_the_row_in_the_commit_of_its_refused_state(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.commands import lifecycle
+
+        # Nothing to restore: the incumbent serves and no rollback identity is recorded.
+        outcome = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert outcome.state.value == "refused", outcome.reason
+        assert held_locks(fake_host.context().store) == []
+        assert self._one_entry_covers(fake_host, "lock_releases", "transaction_states")
+
+    def test_a_crash_before_the_end_state_leaves_the_row_for_recover(self, fake_host: FakeHost) -> None:
+        child = subprocess.run(
+            [sys.executable, "-m", "anvil_ctl", "rollback", "--slot", "primary"],
+            cwd=REPO,
+            env={**fake_host.env(), "ANVIL_CRASH_AT": "rollback:state:planned"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+        stale = held_locks(fake_host.context().store, fake_host.context().owner)
+        assert [(h.command, h.alive) for h in stale] == [("rollback", False)]
+        assert self._one_entry_covers(fake_host, "locks", "transactions")
+
+    def test_a_rollbacks_recorded_restored_diff_commits_with_its_end_state(self, fake_host: FakeHost) -> None:
+        from sqlalchemy import select
+
+        from anvil_ctl.commands import lifecycle
+        from anvil_ctl.commands.transactions import load
+        from anvil_ctl.persistence.models import AuditEntry
+
+        assert (
+            load(fake_host.context(), slot="primary", candidate=fake_host.candidate()).state.value
+            == "committed"
+        )
+        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        assert out.state.value == "committed", out.reason
+        with fake_host.context().store.read() as s:
+            last = s.execute(
+                select(AuditEntry.rows_json).order_by(AuditEntry.id.desc()).limit(1)
+            ).scalar_one()
+        tables = [str(r[0]) for r in json.loads(last)]
+        # the after snapshot's diff and the recorded-restored one, the committed state, the release
+        assert tables.count("snapshot_diffs") == 2, tables
+        assert {"transaction_states", "lock_releases"} <= set(tables)
+        labels = [d["label"] for d in audit.diff(fake_host.context(), out.tx_id or "")]
+        assert sorted(labels) == ["before-after", "recorded-restored"]

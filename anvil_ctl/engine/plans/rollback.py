@@ -29,7 +29,7 @@ from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import Identity, VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
-from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu
 from anvil_ctl.engine.guards import (
     NoUnresolvedTransaction,
@@ -229,13 +229,15 @@ def _recorded_body(ctx: Ctx) -> Mapping[str, object]:
     return (ctx.world.store.snapshot_body(sha) if sha else None) or {}
 
 
-def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot) -> list[str]:
-    """Problems in the identity-critical fields; every difference is stored as a diff."""
+def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot, hold: Hold) -> list[str]:
+    """Problems in the identity-critical fields; every difference is stored as a diff (held:
+    it commits with the end state, as the after snapshot and its diff do)."""
     # Normalizing changes nothing a placement reads: the recorded body is a stored snapshot's.
     recorded = Snapshot.of(_recorded_body(ctx))
     slot = ctx.args.slot
     want, got = placement(recorded, slot), placement(after, slot)
-    ctx.world.store.record_diff(ctx.tx_id, "recorded-restored", want, got, diff(want, got))
+    changes = diff(want, got)
+    hold(lambda: ctx.world.store.record_diff(ctx.tx_id, "recorded-restored", want, got, changes))
     critical = diff(critical_placement(recorded, slot), critical_placement(after, slot))
     return [
         f"{c.path}: recorded {'absent' if c.op == 'add' else show_value(c.before)}, "
