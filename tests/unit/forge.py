@@ -1,10 +1,27 @@
-"""Editing a history row the way an attacker with the database file would: drop the table's
-append-only trigger, write, put the trigger back (so only the audit chain can tell)."""
+"""The state database as a file, the way an operator with `sqlite3` or an attacker reads and
+edits it: raw rows as stored, and a history row edited past its append-only trigger (drop
+the trigger, write, put it back, so only the audit chain can tell)."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+
+from tests.unit.fakehost import FakeHost
+
+
+def db_file(host: FakeHost) -> Path:
+    """The fake host's SQLite state database."""
+    return host.settings.state_dir / "anvil.db"
+
+
+def raw_rows(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
+    """`sql`'s rows as stored (BLOBs as bytes), read outside the Store."""
+    con = sqlite3.connect(db_file(host))
+    try:
+        return [tuple(r) for r in con.execute(sql, args)]
+    finally:
+        con.close()
 
 
 def edit_past_trigger(db: Path, trigger: str, sql: str, params: tuple[object, ...] = ()) -> None:

@@ -40,22 +40,14 @@ from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.rowrefs import SHORT_TAG, TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import edit_past_trigger
+from tests.unit.forge import edit_past_trigger, raw_rows
 from tests.unit.rawjournal import JournalRow
 from tests.unit.test_lean_records import _cycle
 
 
-def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
-    con = sqlite3.connect(host.settings.state_dir / "anvil.db")
-    try:
-        return [tuple(r) for r in con.execute(sql, args)]
-    finally:
-        con.close()
-
-
 def _diffs_by_tx(host: FakeHost) -> dict[str, list[tuple[object, ...]]]:
     out: dict[str, list[tuple[object, ...]]] = {}
-    for tx_id, *rest in _raw(host, "SELECT tx_id, label, changes_json FROM snapshot_diffs ORDER BY id"):
+    for tx_id, *rest in raw_rows(host, "SELECT tx_id, label, changes_json FROM snapshot_diffs ORDER BY id"):
         out.setdefault(str(tx_id), []).append(tuple(rest))
     return out
 
@@ -119,7 +111,7 @@ class TestDerivedDiffs:
     def test_a_derived_diff_whose_snapshot_was_rewritten_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        (sha,) = _raw(
+        (sha,) = raw_rows(
             host,
             "SELECT after_sha256 FROM snapshot_diffs WHERE changes_json = ? ORDER BY id DESC LIMIT 1",
             snapshots.DERIVED,
@@ -199,7 +191,7 @@ class TestShortRowDigests:
         _cycle(host, 1)
         audit.verify(host.context())  # checkpoint
         _cycle(host, 2)
-        (step_id,) = _raw(host, "SELECT max(id) FROM step_events WHERE detail_json <> '{}'")[0]
+        (step_id,) = raw_rows(host, "SELECT max(id) FROM step_events WHERE detail_json <> '{}'")[0]
         entry = [
             int(str(e["id"]))
             for e in _journal(host)
@@ -265,9 +257,11 @@ class TestCompactTimeAndTransaction:
             _cycle(host, 1)
         assert audit.verify(host.context(), full=True)["ok"]
         _cycle(host, 2)
-        forms = set(_raw(host, "SELECT typeof(at), typeof(tx_id) FROM audit_journal"))
+        forms = set(raw_rows(host, "SELECT typeof(at), typeof(tx_id) FROM audit_journal"))
         assert {("text", "text"), ("blob", "blob"), ("blob", "null")} <= forms
-        assert _raw(host, "SELECT DISTINCT length(at) FROM audit_journal WHERE typeof(at) = 'blob'") == [(8,)]
+        assert raw_rows(host, "SELECT DISTINCT length(at) FROM audit_journal WHERE typeof(at) = 'blob'") == [
+            (8,)
+        ]
         incremental = audit.verify(host.context())
         assert incremental["ok"] and incremental["mode"] == "incremental" and incremental["entries"] > 0
         assert audit.verify(host.context(), full=True)["ok"]
@@ -278,7 +272,7 @@ class TestCompactTimeAndTransaction:
     def test_a_compact_value_rewritten_is_named(self, tmp_path: Path, column: str, value: bytes) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        (n,) = _raw(host, "SELECT max(id) FROM audit_journal WHERE typeof(tx_id) = 'blob'")[0]
+        (n,) = raw_rows(host, "SELECT max(id) FROM audit_journal WHERE typeof(tx_id) = 'blob'")[0]
         con = sqlite3.connect(host.settings.state_dir / "anvil.db")
         triggers = con.execute(
             "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'audit_journal'"
@@ -352,7 +346,7 @@ def _blobs(host: FakeHost) -> dict[str, str]:
 
 
 def _shas(host: FakeHost) -> list[str]:
-    return [str(sha) for (sha,) in _raw(host, "SELECT sha256 FROM snapshot_blobs ORDER BY rowid")]
+    return [str(sha) for (sha,) in raw_rows(host, "SELECT sha256 FROM snapshot_blobs ORDER BY rowid")]
 
 
 class TestSnapshotDeltas:
@@ -438,7 +432,7 @@ def _the_0010_way(m: pytest.MonkeyPatch) -> None:
 def _snapshot_indexes(host: FakeHost) -> set[str]:
     return {
         str(n)
-        for (n,) in _raw(
+        for (n,) in raw_rows(
             host, "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'snapshots'"
         )
     }
@@ -465,10 +459,12 @@ class TestUpgradeTo0011:
 
         _cycle(host, 2)
         assert _digest_lengths(host) == {43, 22}
-        assert {("text",), ("blob",)} <= set(_raw(host, "SELECT DISTINCT typeof(at) FROM audit_journal"))
+        assert {("text",), ("blob",)} <= set(raw_rows(host, "SELECT DISTINCT typeof(at) FROM audit_journal"))
         assert any(blobdelta.base_of(t) for t in _blobs(host).values())
         assert (
-            _raw(host, "SELECT count(*) FROM snapshot_diffs WHERE changes_json = ?", snapshots.DERIVED)[0][0]
+            raw_rows(host, "SELECT count(*) FROM snapshot_diffs WHERE changes_json = ?", snapshots.DERIVED)[
+                0
+            ][0]
             > 0
         )
         incremental = audit.verify(host.context())
@@ -476,9 +472,9 @@ class TestUpgradeTo0011:
         full = audit.verify(host.context(), full=True)
         assert full["ok"] and not full["projection_differs"]
 
-        before = _raw(host, "SELECT count(*) FROM audit_journal")
+        before = raw_rows(host, "SELECT count(*) FROM audit_journal")
         command.downgrade(alembic_config(engine), "0010")  # the new rows stay
-        assert _raw(host, "SELECT count(*) FROM audit_journal") == before
+        assert raw_rows(host, "SELECT count(*) FROM audit_journal") == before
         assert "ix_snapshots_sha256" in _snapshot_indexes(host)
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()

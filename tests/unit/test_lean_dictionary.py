@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import zlib
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.jsondict import JSON_V1
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import edit_past_trigger
+from tests.unit.forge import db_file, edit_past_trigger, raw_rows
 from tests.unit.test_lean_history import TX_OF
 from tests.unit.test_lean_records import _cycle
 
@@ -41,20 +40,8 @@ PACKED_COLUMNS = (
 )
 
 
-def _db(host: FakeHost) -> Path:
-    return host.settings.state_dir / "anvil.db"
-
-
-def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
-    con = sqlite3.connect(_db(host))
-    try:
-        return [tuple(r) for r in con.execute(sql, args)]
-    finally:
-        con.close()
-
-
 def _tags(host: FakeHost, table: str, column: str) -> set[bytes]:
-    return {bytes(v[:2]) for (v,) in _raw(host, f"SELECT {column} FROM {table}") if isinstance(v, bytes)}
+    return {bytes(v[:2]) for (v,) in raw_rows(host, f"SELECT {column} FROM {table}") if isinstance(v, bytes)}
 
 
 def _the_0014_way(m: pytest.MonkeyPatch) -> None:
@@ -117,23 +104,23 @@ class TestDictionaryPackingAtRest:
         for table, column in PACKED_COLUMNS:
             assert _tags(host, table, column) == {PACKED_DICT}, (table, column)
         # small details now pack too (128 bytes was 0014's floor); `{}` stays text
-        sizes = _raw(
+        sizes = raw_rows(
             host,
             "SELECT length(CAST(detail_json AS BLOB)) FROM step_events WHERE typeof(detail_json) = 'blob'",
         )
         assert any(int(str(n)) < 64 for (n,) in sizes)
-        assert _raw(
+        assert raw_rows(
             host, "SELECT DISTINCT detail_json FROM step_events WHERE typeof(detail_json) = 'text'"
         ) == [("{}",)]
-        ((tx_id,),) = _raw(host, "SELECT id FROM transactions WHERE kind = 'rollback'")
+        ((tx_id,),) = raw_rows(host, "SELECT id FROM transactions WHERE kind = 'rollback'")
         ctx = host.context()
-        for (raw,) in _raw(host, f"SELECT detail_json FROM step_events WHERE {TX_OF} = ?", tx_id):
+        for (raw,) in raw_rows(host, f"SELECT detail_json FROM step_events WHERE {TX_OF} = ?", tx_id):
             if isinstance(raw, bytes):
                 assert raw.startswith(PACKED_DICT)
         details = [e.detail for e in ctx.store.step_events(str(tx_id))]
         stored = [
             json.loads(unpack(raw) if isinstance(raw, bytes) else str(raw))
-            for (raw,) in _raw(
+            for (raw,) in raw_rows(
                 host, f"SELECT detail_json FROM step_events WHERE {TX_OF} = ? ORDER BY id", tx_id
             )
         ]
@@ -144,7 +131,7 @@ class TestDictionaryPackingAtRest:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert audit.verify(host.context(), full=True)["ok"]
-        row_id, raw = _raw(
+        row_id, raw = raw_rows(
             host,
             "SELECT id, detail_json FROM step_events"
             " WHERE step = 'release-vram' AND event = 'result' LIMIT 1",
@@ -153,7 +140,7 @@ class TestDictionaryPackingAtRest:
         forged = pack(unpack(raw).replace('"released":true', '"released":false'))
         assert isinstance(forged, bytes) and unpack(forged) != unpack(raw)
         edit_past_trigger(
-            _db(host),
+            db_file(host),
             "step_events_no_update",
             "UPDATE step_events SET detail_json = ? WHERE id = ?",
             (forged, row_id),
@@ -175,9 +162,9 @@ class TestUpgradeTo0015:
             assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among 0014 rows
         for table, column in PACKED_COLUMNS:
             assert _tags(host, table, column) == {PACKED}, (table, column)
-        engine = make_engine(f"sqlite:///{_db(host)}")
+        engine = make_engine(f"sqlite:///{db_file(host)}")
         command.downgrade(alembic_config(engine), "0014")
-        assert _raw(host, "SELECT version_num FROM alembic_version") == [("0014",)]
+        assert raw_rows(host, "SELECT version_num FROM alembic_version") == [("0014",)]
         command.upgrade(alembic_config(engine), "head")
 
         _cycle(host, 2)
@@ -187,13 +174,15 @@ class TestUpgradeTo0015:
         assert incremental["ok"] and incremental["mode"] == "incremental"
         assert audit.verify(host.context(), full=True)["ok"]
         # the Store reads the older transaction's steps as written
-        first = str(_raw(host, "SELECT id FROM transactions WHERE kind = 'load' ORDER BY created_at")[0][0])
+        first = str(
+            raw_rows(host, "SELECT id FROM transactions WHERE kind = 'load' ORDER BY created_at")[0][0]
+        )
         assert [e.step for e in host.context().store.step_events(first)]
 
         stored = "SELECT id, detail_json FROM step_events ORDER BY id"
-        before = _raw(host, stored)
+        before = raw_rows(host, stored)
         command.downgrade(alembic_config(engine), "0014")  # every row stays as stored
-        assert _raw(host, stored) == before
+        assert raw_rows(host, stored) == before
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         assert audit.verify(host.context(), full=True)["ok"]

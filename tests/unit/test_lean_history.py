@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import uuid
 from pathlib import Path
 
@@ -34,28 +33,15 @@ from anvil_ctl.persistence.coltypes import PACKED_DICT, pack, time_of, unpack
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import edit_past_trigger
+from tests.unit.forge import db_file, edit_past_trigger, raw_rows
 from tests.unit.test_lean_records import _cycle
-
-
-def _db(host: FakeHost) -> Path:
-    return host.settings.state_dir / "anvil.db"
-
-
-def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
-    con = sqlite3.connect(_db(host))
-    try:
-        return [tuple(r) for r in con.execute(sql, args)]
-    finally:
-        con.close()
-
 
 TX_OF = "coalesce(tx_id, (SELECT s.tx_id FROM transaction_states s WHERE s.id = tx_ref))"
 """SQL: a step row's transaction ID, named by `tx_id` or (from migration 0016 on) `tx_ref`."""
 
 
 def _detail_forms(host: FakeHost) -> set[object]:
-    return {t for (t,) in _raw(host, "SELECT DISTINCT typeof(detail_json) FROM step_events")}
+    return {t for (t,) in raw_rows(host, "SELECT DISTINCT typeof(detail_json) FROM step_events")}
 
 
 def _the_0011_way(m: pytest.MonkeyPatch) -> None:
@@ -71,7 +57,7 @@ class TestPackedStepDetail:
     def test_large_details_are_packed_and_read_back_as_the_same_steps(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        packed = _raw(
+        packed = raw_rows(
             host,
             f"SELECT id, {TX_OF}, step, phase, event, detail_json FROM step_events"
             " WHERE typeof(detail_json) = 'blob'",
@@ -81,7 +67,7 @@ class TestPackedStepDetail:
         for *_row, raw in packed:
             assert isinstance(raw, bytes) and raw.startswith(PACKED_DICT)  # 0015 on (test_lean_dictionary)
             assert len(raw) < len(unpack(raw).encode())
-        assert _raw(host, "SELECT count(*) FROM step_events WHERE typeof(detail_json) = 'text'")[0][0] > 0
+        assert raw_rows(host, "SELECT count(*) FROM step_events WHERE typeof(detail_json) = 'text'")[0][0] > 0
         # the Store reads them as the detail written: the rows' decoded text, parsed
         _id, tx_id, step, phase, name, raw = packed[-1]
         assert isinstance(raw, bytes)
@@ -96,14 +82,14 @@ class TestPackedStepDetail:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert audit.verify(host.context(), full=True)["ok"]
-        row_id, raw = _raw(
+        row_id, raw = raw_rows(
             host, "SELECT id, detail_json FROM step_events WHERE typeof(detail_json) = 'blob' LIMIT 1"
         )[0]
         assert isinstance(raw, bytes)
         forged = pack(unpack(raw)[:-1] + ',"forged":1}')
         assert isinstance(forged, bytes) and unpack(forged) != unpack(raw)
         edit_past_trigger(
-            _db(host),
+            db_file(host),
             "step_events_no_update",
             "UPDATE step_events SET detail_json = ? WHERE id = ?",
             (forged, row_id),
@@ -124,9 +110,9 @@ class TestUpgradeTo0012:
             _cycle(host, 1)
             assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
         assert _detail_forms(host) == {"text"}
-        engine = make_engine(f"sqlite:///{_db(host)}")
+        engine = make_engine(f"sqlite:///{db_file(host)}")
         command.downgrade(alembic_config(engine), "0011")
-        assert _raw(host, "SELECT version_num FROM alembic_version") == [("0011",)]
+        assert raw_rows(host, "SELECT version_num FROM alembic_version") == [("0011",)]
         command.upgrade(alembic_config(engine), "head")
 
         _cycle(host, 2)
@@ -135,9 +121,9 @@ class TestUpgradeTo0012:
         assert incremental["ok"] and incremental["mode"] == "incremental"
         assert audit.verify(host.context(), full=True)["ok"]
 
-        before = _raw(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events")
+        before = raw_rows(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events")
         command.downgrade(alembic_config(engine), "0011")  # the packed rows stay
-        assert _raw(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events") == before
+        assert raw_rows(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events") == before
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         assert audit.verify(host.context(), full=True)["ok"]
@@ -158,7 +144,7 @@ ISO = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$"
 
 
 def _time_forms(host: FakeHost, table: str) -> set[object]:
-    return {t for (t,) in _raw(host, f"SELECT DISTINCT typeof(at) FROM {table}")}
+    return {t for (t,) in raw_rows(host, f"SELECT DISTINCT typeof(at) FROM {table}")}
 
 
 def _the_0012_way(m: pytest.MonkeyPatch) -> None:
@@ -177,12 +163,12 @@ class TestCompactTimes:
         for table in COMPACT_TIMES:
             assert _time_forms(host, table) == {"blob"}, table
         assert _time_forms(host, "identities") == {"text"}  # v_identities.recorded_at
-        assert {t for (t,) in _raw(host, "SELECT DISTINCT typeof(created_at) FROM transactions")} == {
+        assert {t for (t,) in raw_rows(host, "SELECT DISTINCT typeof(created_at) FROM transactions")} == {
             "text"
         }  # ordered by
         # v_steps shows each as the text the Store reads (README: "... at from v_steps ...")
-        stored = _raw(host, f"SELECT {TX_OF}, at FROM step_events ORDER BY id")
-        shown = _raw(host, "SELECT tx_id, at FROM v_steps")
+        stored = raw_rows(host, f"SELECT {TX_OF}, at FROM step_events ORDER BY id")
+        shown = raw_rows(host, "SELECT tx_id, at FROM v_steps")
         assert len(shown) == len(stored) > 0
         assert shown == [(tx, time_of(at)) for tx, at in stored if isinstance(at, bytes)]
         tx_id = str(stored[-1][0])
@@ -196,11 +182,11 @@ class TestCompactTimes:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert audit.verify(host.context(), full=True)["ok"]
-        row_id, raw = _raw(host, "SELECT id, at FROM transaction_states ORDER BY id DESC LIMIT 1")[0]
+        row_id, raw = raw_rows(host, "SELECT id, at FROM transaction_states ORDER BY id DESC LIMIT 1")[0]
         assert isinstance(raw, bytes) and len(raw) == 8
         earlier = (int.from_bytes(raw, "big") - 3_600_000_000).to_bytes(8, "big")  # an hour back
         edit_past_trigger(
-            _db(host),
+            db_file(host),
             "transaction_states_no_update",
             "UPDATE transaction_states SET at = ? WHERE id = ?",
             (earlier, row_id),
@@ -223,24 +209,24 @@ class TestUpgradeTo0013:
             _cycle(host, 1)
             assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
         assert _time_forms(host, "step_events") == {"text"}
-        engine = make_engine(f"sqlite:///{_db(host)}")
+        engine = make_engine(f"sqlite:///{db_file(host)}")
         command.downgrade(alembic_config(engine), "0012")
         command.upgrade(alembic_config(engine), "head")
 
         _cycle(host, 2)
         for table in COMPACT_TIMES:
             assert _time_forms(host, table) == {"text", "blob"}, table
-        shown = _raw(host, "SELECT at FROM v_steps")
+        shown = raw_rows(host, "SELECT at FROM v_steps")
         assert shown and all(isinstance(at, str) and re.match(ISO, at) for (at,) in shown)
         incremental = audit.verify(host.context())
         assert incremental["ok"] and incremental["mode"] == "incremental"
         full = audit.verify(host.context(), full=True)
         assert full["ok"] and full["projection_differs"] == []
 
-        before = _raw(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events")
+        before = raw_rows(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events")
         command.downgrade(alembic_config(engine), "0012")  # the compact rows stay, shown as stored
-        assert _raw(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events") == before
-        assert {type(at) for (at,) in _raw(host, "SELECT at FROM v_steps")} == {str, bytes}
+        assert raw_rows(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events") == before
+        assert {type(at) for (at,) in raw_rows(host, "SELECT at FROM v_steps")} == {str, bytes}
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         assert audit.verify(host.context(), full=True)["ok"]
@@ -258,7 +244,9 @@ def _the_0013_way(m: pytest.MonkeyPatch) -> None:
 
 
 def _gpu_forms(host: FakeHost) -> set[tuple[object, ...]]:
-    return set(_raw(host, "SELECT DISTINCT typeof(container_id), typeof(tx_id) FROM gpu_ownership_events"))
+    return set(
+        raw_rows(host, "SELECT DISTINCT typeof(container_id), typeof(tx_id) FROM gpu_ownership_events")
+    )
 
 
 class TestCompactGpuEvents:
@@ -270,20 +258,20 @@ class TestCompactGpuEvents:
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
         assert _gpu_forms(host) == {("text", "text")}
-        engine = make_engine(f"sqlite:///{_db(host)}")
+        engine = make_engine(f"sqlite:///{db_file(host)}")
         command.downgrade(alembic_config(engine), "0013")
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         _cycle(host, 2)
         assert _gpu_forms(host) == {("text", "text"), ("blob", "blob")}
-        sizes = _raw(
+        sizes = raw_rows(
             host,
             "SELECT DISTINCT length(container_id), length(tx_id) FROM gpu_ownership_events"
             " WHERE typeof(tx_id) = 'blob'",
         )
         assert sizes == [(32, 16)]
         for form in ("text", "blob"):
-            raw_tx, raw_container = _raw(
+            raw_tx, raw_container = raw_rows(
                 host,
                 "SELECT tx_id, container_id FROM gpu_ownership_events WHERE typeof(tx_id) = ?"
                 " ORDER BY id DESC LIMIT 1",
@@ -304,12 +292,12 @@ class TestCompactGpuEvents:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert audit.verify(host.context(), full=True)["ok"]
-        row_id, raw = _raw(
+        row_id, raw = raw_rows(
             host, "SELECT id, container_id FROM gpu_ownership_events ORDER BY id DESC LIMIT 1"
         )[0]
         assert isinstance(raw, bytes) and len(raw) == 32
         edit_past_trigger(
-            _db(host),
+            db_file(host),
             "gpu_ownership_events_no_update",
             "UPDATE gpu_ownership_events SET container_id = ? WHERE id = ?",
             (bytes(32), row_id),

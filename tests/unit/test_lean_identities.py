@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from anvil_ctl.persistence.coltypes import HexDigest, ImageId
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import edit_past_trigger
+from tests.unit.forge import db_file, edit_past_trigger, raw_rows
 from tests.unit.test_lean_records import _cycle
 
 SLOT = "primary"
@@ -34,20 +33,10 @@ SHOWN = "SELECT id, container_id, image_id, digest FROM v_identities ORDER BY id
 SQLITE = sqlite_dialect()
 
 
-def _db(host: FakeHost) -> Path:
-    return host.settings.state_dir / "anvil.db"
-
-
-def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
-    con = sqlite3.connect(_db(host))
-    try:
-        return [tuple(r) for r in con.execute(sql, args)]
-    finally:
-        con.close()
-
-
 def _forms(host: FakeHost) -> set[tuple[object, ...]]:
-    return set(_raw(host, "SELECT typeof(digest), typeof(container_id), typeof(image_id) FROM identities"))
+    return set(
+        raw_rows(host, "SELECT typeof(digest), typeof(container_id), typeof(image_id) FROM identities")
+    )
 
 
 def _the_0016_way(m: pytest.MonkeyPatch) -> None:
@@ -90,7 +79,7 @@ class TestCompactIdentities:
         ctx = host.context()
         incumbent = ctx.store.current_identity(SLOT, "incumbent")
         assert incumbent is not None
-        ((cid, image, digest),) = _raw(
+        ((cid, image, digest),) = raw_rows(
             host,
             "SELECT container_id, image_id, digest FROM v_identities"
             " WHERE slot = ? AND role = 'incumbent' ORDER BY id DESC LIMIT 1",
@@ -98,13 +87,13 @@ class TestCompactIdentities:
         )
         assert (cid, image) == (incumbent.container_id, incumbent.image_id)
         assert isinstance(digest, str) and len(digest) == 64 and image.startswith("sha256:")  # type: ignore[union-attr]
-        served = _raw(host, "SELECT container_id, image_id, digest, identity_json FROM v_serving_history")
+        served = raw_rows(host, "SELECT container_id, image_id, digest, identity_json FROM v_serving_history")
         assert served and all(isinstance(v, str) for row in served for v in row)  # bodies found
-        raw = _raw(host, "SELECT container_id FROM identities ORDER BY id DESC LIMIT 1")[0][0]
+        raw = raw_rows(host, "SELECT container_id FROM identities ORDER BY id DESC LIMIT 1")[0][0]
         assert (
             isinstance(raw, bytes)
             and coltypes.digest_of(raw)
-            == _raw(host, "SELECT container_id FROM v_identities ORDER BY id DESC LIMIT 1")[0][0]
+            == raw_rows(host, "SELECT container_id FROM v_identities ORDER BY id DESC LIMIT 1")[0][0]
         )
         report = audit.verify(host.context(), full=True)
         assert report["ok"] and report["projection_differs"] == []
@@ -115,10 +104,10 @@ class TestCompactIdentities:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert audit.verify(host.context(), full=True)["ok"]
-        row_id, raw = _raw(host, "SELECT id, container_id FROM identities ORDER BY id DESC LIMIT 1")[0]
+        row_id, raw = raw_rows(host, "SELECT id, container_id FROM identities ORDER BY id DESC LIMIT 1")[0]
         assert isinstance(raw, bytes) and len(raw) == 32
         edit_past_trigger(
-            _db(host),
+            db_file(host),
             "identities_no_update",
             "UPDATE identities SET container_id = ? WHERE id = ?",
             (bytes(32), row_id),
@@ -139,15 +128,15 @@ class TestUpgradeTo0017:
             _cycle(host, 1)
             assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
         assert _forms(host) == {("text", "text", "text")}
-        text_rows = _raw(host, SHOWN)
-        engine = make_engine(f"sqlite:///{_db(host)}")
+        text_rows = raw_rows(host, SHOWN)
+        engine = make_engine(f"sqlite:///{db_file(host)}")
         command.downgrade(alembic_config(engine), "0016")
-        assert _raw(host, "SELECT version_num FROM alembic_version") == [("0016",)]
+        assert raw_rows(host, "SELECT version_num FROM alembic_version") == [("0016",)]
         command.upgrade(alembic_config(engine), "head")
 
         _cycle(host, 2)
         assert _forms(host) == {("text", "text", "text"), ("blob", "blob", "blob")}
-        shown = _raw(host, SHOWN)
+        shown = raw_rows(host, SHOWN)
         assert shown[: len(text_rows)] == text_rows  # the older rows read as they did
         assert all(isinstance(v, str) for row in shown for v in row[1:])
         incremental = audit.verify(host.context())
@@ -156,11 +145,11 @@ class TestUpgradeTo0017:
         assert report["ok"] and report["projection_differs"] == []
 
         stored = "SELECT * FROM identities ORDER BY id"
-        before = _raw(host, stored)
+        before = raw_rows(host, stored)
         command.downgrade(alembic_config(engine), "0016")  # the compact rows stay
-        assert _raw(host, stored) == before
-        assert {type(c) for (_i, c, _m, _d) in _raw(host, SHOWN)} == {str, bytes}  # 0016's views
+        assert raw_rows(host, stored) == before
+        assert {type(c) for (_i, c, _m, _d) in raw_rows(host, SHOWN)} == {str, bytes}  # 0016's views
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
-        assert _raw(host, SHOWN) == shown
+        assert raw_rows(host, SHOWN) == shown
         assert audit.verify(host.context(), full=True)["ok"]

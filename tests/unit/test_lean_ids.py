@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from anvil_ctl.persistence.coltypes import CompactUuid, HexDigest, LinkTag
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import edit_past_trigger
+from tests.unit.forge import db_file, edit_past_trigger, raw_rows
 from tests.unit.test_lean_records import _cycle
 
 SQLITE = sqlite_dialect()
@@ -38,21 +37,9 @@ FORMS = {
 }
 
 
-def _db(host: FakeHost) -> Path:
-    return host.settings.state_dir / "anvil.db"
-
-
-def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
-    con = sqlite3.connect(_db(host))
-    try:
-        return [tuple(r) for r in con.execute(sql, args)]
-    finally:
-        con.close()
-
-
 def _forms(host: FakeHost, table: str) -> set[tuple[object, object]]:
     column, _size = FORMS[table]
-    return set(_raw(host, f"SELECT typeof({column}), length({column}) FROM {table}"))
+    return set(raw_rows(host, f"SELECT typeof({column}), length({column}) FROM {table}"))
 
 
 def _the_0017_way(m: pytest.MonkeyPatch) -> None:
@@ -81,7 +68,7 @@ class TestCompactIds:
         for table, (_column, size) in FORMS.items():
             assert _forms(host, table) == {("blob", size)}, table
         ctx = host.context()
-        ((tx_id,),) = _raw(host, "SELECT id FROM transactions WHERE kind = 'rollback'")
+        ((tx_id,),) = raw_rows(host, "SELECT id FROM transactions WHERE kind = 'rollback'")
         tx = str(tx_id)
         snaps = ctx.store.snapshots(tx)
         assert {"before", "after"} <= set(snaps) and all(len(s.sha256) == 64 for s in snaps.values())
@@ -99,10 +86,10 @@ class TestCompactIds:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert audit.verify(host.context(), full=True)["ok"]
-        row_id, raw = _raw(host, "SELECT id, sha256 FROM snapshots ORDER BY id DESC LIMIT 1")[0]
+        row_id, raw = raw_rows(host, "SELECT id, sha256 FROM snapshots ORDER BY id DESC LIMIT 1")[0]
         assert isinstance(raw, bytes) and len(raw) == 32
         edit_past_trigger(
-            _db(host),
+            db_file(host),
             "snapshots_no_update",
             "UPDATE snapshots SET sha256 = ? WHERE id = ?",
             (bytes(32), row_id),
@@ -114,7 +101,7 @@ class TestCompactIds:
 
 
 def _boot_text(host: FakeHost, tx_id: str) -> str:
-    ((raw,),) = _raw(host, "SELECT owner_boot_id FROM transactions WHERE id = ?", tx_id)
+    ((raw,),) = raw_rows(host, "SELECT owner_boot_id FROM transactions WHERE id = ?", tx_id)
     return str(CompactUuid().process_result_value(raw, SQLITE))
 
 
@@ -129,9 +116,9 @@ class TestUpgradeTo0018:
             assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
         for table in FORMS:
             assert {t for t, _n in _forms(host, table)} == {"text"}, table
-        engine = make_engine(f"sqlite:///{_db(host)}")
+        engine = make_engine(f"sqlite:///{db_file(host)}")
         command.downgrade(alembic_config(engine), "0017")
-        assert _raw(host, "SELECT version_num FROM alembic_version") == [("0017",)]
+        assert raw_rows(host, "SELECT version_num FROM alembic_version") == [("0017",)]
         command.upgrade(alembic_config(engine), "head")
 
         _cycle(host, 2)
@@ -144,13 +131,15 @@ class TestUpgradeTo0018:
         assert incremental["ok"] and incremental["mode"] == "incremental"
         report = audit.verify(host.context(), full=True)
         assert report["ok"] and report["projection_differs"] == []
-        old = str(_raw(host, "SELECT id FROM transactions WHERE kind = 'rollback' ORDER BY created_at")[0][0])
+        old = str(
+            raw_rows(host, "SELECT id FROM transactions WHERE kind = 'rollback' ORDER BY created_at")[0][0]
+        )
         assert set(host.context().store.snapshots(old)) >= {"before", "after"}
 
         stored = "SELECT * FROM snapshots ORDER BY id"
-        before = _raw(host, stored)
+        before = raw_rows(host, stored)
         command.downgrade(alembic_config(engine), "0017")  # the compact rows stay
-        assert _raw(host, stored) == before
+        assert raw_rows(host, stored) == before
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         assert audit.verify(host.context(), full=True)["ok"]

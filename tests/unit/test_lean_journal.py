@@ -31,18 +31,11 @@ from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.models import IdentityRow
 from anvil_ctl.persistence.rowrefs import TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
+from tests.unit.forge import raw_rows
 from tests.unit.rawjournal import JournalRow
 from tests.unit.test_lean_records import _cycle
 
 DIGEST = "0guvJ3yr4TApTTvm4pA6WTSktdgSk2WWrrBnml4yDuU"
-
-
-def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
-    con = sqlite3.connect(host.settings.state_dir / "anvil.db")
-    try:
-        return [tuple(r) for r in con.execute(sql, args)]
-    finally:
-        con.close()
 
 
 def _tag(stored: object) -> str:
@@ -131,12 +124,12 @@ class TestLeanEntries:
     def test_new_entries_are_lean_at_rest(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        rows = _raw(
+        rows = raw_rows(
             host, "SELECT prev_hash, typeof(hash), length(hash), typeof(rows_json) FROM audit_journal"
         )
         assert {(len(_tag(p)), t, n) for p, t, n, _r in rows} == {(8, "blob", 32)}
         assert {r for *_x, r in rows} == {"blob"}  # every entry of a cycle covers rows
-        payloads = [str(p) for (p,) in _raw(host, "SELECT payload_json FROM audit_journal")]
+        payloads = [str(p) for (p,) in raw_rows(host, "SELECT payload_json FROM audit_journal")]
         # what the step, snapshot and identity rows hold is not repeated in the entries
         assert payloads and not [p for p in payloads if '"seq"' in p or '"sha256"' in p or '"digest"' in p]
 
@@ -147,7 +140,7 @@ class TestLeanEntries:
         _cycle(host, 1)
         batches = [
             json.loads(str(p))
-            for (p,) in _raw(host, "SELECT payload_json FROM audit_journal WHERE event = 'batch'")
+            for (p,) in raw_rows(host, "SELECT payload_json FROM audit_journal WHERE event = 'batch'")
         ]
         events = [e for b in batches for e in b.get("events", [])]
         # from 0011 an event whose own rows name it is left out (test_lean_bytes)
@@ -164,11 +157,11 @@ class TestLeanEntries:
             old = audit.verify(host.context(), full=True)  # records a checkpoint among old entries
         assert old["ok"]
         assert {
-            (len(_tag(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
+            (len(_tag(p)), t) for p, t in raw_rows(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
         } == {(64, "text")}
         _cycle(host, 2)
         forms = {
-            (len(_tag(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
+            (len(_tag(p)), t) for p, t in raw_rows(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
         }
         assert forms == {(64, "text"), (8, "blob")}
         incremental = audit.verify(host.context())
@@ -191,7 +184,7 @@ class TestALeanEntryRewritten:
         return [(p["row_id"], p["problem"]) for p in report["problems"]]
 
     def _middle_entry_with_rows(self, host: FakeHost) -> int:
-        ids = [i for (i,) in _raw(host, "SELECT id FROM audit_journal WHERE typeof(rows_json) = 'blob'")]
+        ids = [i for (i,) in raw_rows(host, "SELECT id FROM audit_journal WHERE typeof(rows_json) = 'blob'")]
         return int(str(ids[len(ids) // 2]))
 
     def test_an_edited_payload_is_named(self, host: FakeHost) -> None:
@@ -201,7 +194,7 @@ class TestALeanEntryRewritten:
 
     def test_a_digest_changed_inside_the_packed_rows_is_named(self, host: FakeHost) -> None:
         n = self._middle_entry_with_rows(host)
-        (blob,) = _raw(host, "SELECT rows_json FROM audit_journal WHERE id = ?", n)[0]
+        (blob,) = raw_rows(host, "SELECT rows_json FROM audit_journal WHERE id = ?", n)[0]
         assert isinstance(blob, bytes)
         forged = blob[:-1] + bytes([blob[-1] ^ 1])
         _attack(host, "UPDATE audit_journal SET rows_json = ? WHERE id = ?", forged, n)
@@ -295,18 +288,22 @@ class TestUpgradeTo0010:
         db = host.settings.state_dir / "anvil.db"
         engine = make_engine(f"sqlite:///{db}")
         command.downgrade(alembic_config(engine), "0008")
-        assert _raw(host, "SELECT count(*) FROM identity_bodies") == [(0,)]
+        assert raw_rows(host, "SELECT count(*) FROM identity_bodies") == [(0,)]
         indexes = {
-            str(n) for (n,) in _raw(host, "SELECT name FROM sqlite_master WHERE tbl_name = 'audit_journal'")
+            str(n)
+            for (n,) in raw_rows(host, "SELECT name FROM sqlite_master WHERE tbl_name = 'audit_journal'")
         }
         assert "ix_audit_journal_tx_id" in indexes and "sqlite_autoindex_audit_journal_1" in indexes
-        before = _raw(host, "SELECT id, prev_hash, hash, rows_json FROM audit_journal ORDER BY id")
+        before = raw_rows(host, "SELECT id, prev_hash, hash, rows_json FROM audit_journal ORDER BY id")
 
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
-        assert _raw(host, "SELECT id, prev_hash, hash, rows_json FROM audit_journal ORDER BY id") == before
+        assert (
+            raw_rows(host, "SELECT id, prev_hash, hash, rows_json FROM audit_journal ORDER BY id") == before
+        )
         indexes = {
-            str(n) for (n,) in _raw(host, "SELECT name FROM sqlite_master WHERE tbl_name = 'audit_journal'")
+            str(n)
+            for (n,) in raw_rows(host, "SELECT name FROM sqlite_master WHERE tbl_name = 'audit_journal'")
         }
         assert indexes == {
             "audit_journal",
@@ -318,9 +315,9 @@ class TestUpgradeTo0010:
         assert first["ok"] and first["escalated"] and "schema changed" in first["escalated"]
 
         _cycle(host, 2)
-        assert _raw(host, "SELECT count(*) FROM identities WHERE body_json = ''")[0][0] > 0
-        assert _raw(host, "SELECT count(*) FROM identities WHERE body_json <> ''")[0][0] > 0
-        assert _raw(host, "SELECT count(*) FROM v_serving_history WHERE identity_json IS NULL") == [(0,)]
+        assert raw_rows(host, "SELECT count(*) FROM identities WHERE body_json = ''")[0][0] > 0
+        assert raw_rows(host, "SELECT count(*) FROM identities WHERE body_json <> ''")[0][0] > 0
+        assert raw_rows(host, "SELECT count(*) FROM v_serving_history WHERE identity_json IS NULL") == [(0,)]
         ctx = host.context()
         incumbent = ctx.store.current_identity("primary", "incumbent")
         assert incumbent is not None and incumbent.container_id == host.incumbent_id
@@ -329,7 +326,7 @@ class TestUpgradeTo0010:
         full = audit.verify(host.context(), full=True)
         assert full["ok"] and not full["projection_differs"]
         forms = {
-            (len(_tag(p)), t) for p, t in _raw(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
+            (len(_tag(p)), t) for p, t in raw_rows(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
         }
         assert forms == {(64, "text"), (8, "blob")}
 

@@ -29,27 +29,15 @@ from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.models import Base
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import edit_past_trigger
+from tests.unit.forge import db_file, edit_past_trigger, raw_rows
 from tests.unit.test_lean_records import _cycle
 
 STEP_QUERY = "select seq, step, phase, event, at from v_steps where tx_id glob ?"
 """README.md's step query, with the transaction's prefix as a parameter."""
 
 
-def _db(host: FakeHost) -> Path:
-    return host.settings.state_dir / "anvil.db"
-
-
-def _raw(host: FakeHost, sql: str, *args: object) -> list[tuple[object, ...]]:
-    con = sqlite3.connect(_db(host))
-    try:
-        return [tuple(r) for r in con.execute(sql, args)]
-    finally:
-        con.close()
-
-
 def _tx(host: FakeHost, kind: str, n: int = -1) -> str:
-    return str(_raw(host, "SELECT id FROM transactions WHERE kind = ? ORDER BY created_at", kind)[n][0])
+    return str(raw_rows(host, "SELECT id FROM transactions WHERE kind = ? ORDER BY created_at", kind)[n][0])
 
 
 def _the_0015_way(m: pytest.MonkeyPatch) -> None:
@@ -65,16 +53,16 @@ class TestStepRefs:
     def test_new_steps_name_their_transaction_by_its_first_state_and_read_back(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        assert _raw(host, "SELECT count(*) FROM step_events WHERE tx_id IS NOT NULL") == [(0,)]
+        assert raw_rows(host, "SELECT count(*) FROM step_events WHERE tx_id IS NOT NULL") == [(0,)]
         tx_id = _tx(host, "rollback")
-        ((first,),) = _raw(host, "SELECT min(id) FROM transaction_states WHERE tx_id = ?", tx_id)
-        ((state,),) = _raw(host, "SELECT state FROM transaction_states WHERE id = ?", first)
+        ((first,),) = raw_rows(host, "SELECT min(id) FROM transaction_states WHERE tx_id = ?", tx_id)
+        ((state,),) = raw_rows(host, "SELECT state FROM transaction_states WHERE id = ?", first)
         assert state == "planned"
-        refs = _raw(host, "SELECT DISTINCT tx_ref FROM step_events WHERE tx_ref = ?", first)
+        refs = raw_rows(host, "SELECT DISTINCT tx_ref FROM step_events WHERE tx_ref = ?", first)
         assert refs == [(first,)]
         stored = _store_steps(host, tx_id)
         assert len(stored) > 10
-        assert _raw(host, STEP_QUERY, tx_id[:8] + "*") == stored  # v_steps: the same, in order
+        assert raw_rows(host, STEP_QUERY, tx_id[:8] + "*") == stored  # v_steps: the same, in order
         shown = audit.show(host.context(), tx_id)
         assert [(s["seq"], s["step"], s["phase"], s["event"], s["at"]) for s in shown["steps"]] == stored
         assert [s[1] for s in _store_steps(host, _tx(host, "promote"))] != [s[1] for s in stored]
@@ -83,7 +71,7 @@ class TestStepRefs:
     def test_the_readme_step_query_searches_indexes_for_both_forms(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        plan = [str(r[-1]) for r in _raw(host, "EXPLAIN QUERY PLAN " + STEP_QUERY, "8259*")]
+        plan = [str(r[-1]) for r in raw_rows(host, "EXPLAIN QUERY PLAN " + STEP_QUERY, "8259*")]
         assert any("ix_step_events_tx_id_id" in p for p in plan), plan
         assert any("ix_step_events_tx_ref_id" in p for p in plan), plan
         assert any("ix_transaction_states_tx_id_id" in p for p in plan), plan
@@ -93,12 +81,12 @@ class TestStepRefs:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert audit.verify(host.context(), full=True)["ok"]
-        ((other,),) = _raw(
+        ((other,),) = raw_rows(
             host, "SELECT min(id) FROM transaction_states WHERE tx_id = ?", _tx(host, "promote")
         )
-        row_id = _raw(host, "SELECT max(id) FROM step_events")[0][0]
+        row_id = raw_rows(host, "SELECT max(id) FROM step_events")[0][0]
         edit_past_trigger(
-            _db(host),
+            db_file(host),
             "step_events_no_update",
             "UPDATE step_events SET tx_ref = ? WHERE id = ?",
             (other, row_id),
@@ -112,10 +100,10 @@ class TestStepRefs:
 def _as_at_0015(host: FakeHost) -> None:
     """Give the database the `step_events` table of 0015 (tx_id NOT NULL, no tx_ref), its
     rows, keys and triggers as they were: what a database from before 0016 holds."""
-    engine = make_engine(f"sqlite:///{_db(host)}")
+    engine = make_engine(f"sqlite:///{db_file(host)}")
     command.downgrade(alembic_config(engine), "0015")
     engine.dispose()
-    con = sqlite3.connect(_db(host))
+    con = sqlite3.connect(db_file(host))
     try:
         triggers = [
             str(sql)
@@ -156,49 +144,49 @@ class TestUpgradeTo0016:
             _the_0015_way(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-        assert _raw(host, "SELECT count(*) FROM step_events WHERE tx_id IS NULL") == [(0,)]
+        assert raw_rows(host, "SELECT count(*) FROM step_events WHERE tx_id IS NULL") == [(0,)]
         assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among 0015 rows
         _as_at_0015(host)
-        assert "tx_ref" not in {str(r[1]) for r in _raw(host, "PRAGMA table_info(step_events)")}
-        before = _raw(host, "SELECT id, tx_id, seq, step, phase, event, detail_json, at FROM step_events")
+        assert "tx_ref" not in {str(r[1]) for r in raw_rows(host, "PRAGMA table_info(step_events)")}
+        before = raw_rows(host, "SELECT id, tx_id, seq, step, phase, event, detail_json, at FROM step_events")
         old_tx = _tx(host, "rollback")
-        old_steps = _raw(host, STEP_QUERY, old_tx[:8] + "*")
+        old_steps = raw_rows(host, STEP_QUERY, old_tx[:8] + "*")
 
-        engine = make_engine(f"sqlite:///{_db(host)}")
+        engine = make_engine(f"sqlite:///{db_file(host)}")
         command.upgrade(alembic_config(engine), "head")  # copies the table
-        columns = {str(r[1]): r[3] for r in _raw(host, "PRAGMA table_info(step_events)")}
+        columns = {str(r[1]): r[3] for r in raw_rows(host, "PRAGMA table_info(step_events)")}
         assert columns["tx_id"] == 0 and "tx_ref" in columns  # tx_id NULL-able
         assert (
-            _raw(host, "SELECT id, tx_id, seq, step, phase, event, detail_json, at FROM step_events")
+            raw_rows(host, "SELECT id, tx_id, seq, step, phase, event, detail_json, at FROM step_events")
             == before
         )
         with engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-            edit = sqlite3.connect(_db(host))
+            edit = sqlite3.connect(db_file(host))
             try:
                 edit.execute("UPDATE step_events SET seq = seq + 1 WHERE id = 1")
             finally:
                 edit.close()
-        assert _raw(host, STEP_QUERY, old_tx[:8] + "*") == old_steps == _store_steps(host, old_tx)
+        assert raw_rows(host, STEP_QUERY, old_tx[:8] + "*") == old_steps == _store_steps(host, old_tx)
 
         _cycle(host, 2)
-        assert {r[0] is None for r in _raw(host, "SELECT tx_id FROM step_events")} == {True, False}
+        assert {r[0] is None for r in raw_rows(host, "SELECT tx_id FROM step_events")} == {True, False}
         incremental = audit.verify(host.context())
         assert incremental["ok"] and incremental["mode"] == "incremental"
         assert audit.verify(host.context(), full=True)["ok"]
         new_tx = _tx(host, "rollback")
-        assert _raw(host, STEP_QUERY, new_tx[:8] + "*") == _store_steps(host, new_tx) != []
+        assert raw_rows(host, STEP_QUERY, new_tx[:8] + "*") == _store_steps(host, new_tx) != []
 
         stored = "SELECT * FROM step_events ORDER BY id"
-        rows = _raw(host, stored)
+        rows = raw_rows(host, stored)
         command.downgrade(alembic_config(engine), "0015")  # every row stays as stored
-        assert _raw(host, stored) == rows
+        assert raw_rows(host, stored) == rows
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
-        assert _raw(host, stored) == rows
+        assert raw_rows(host, stored) == rows
         assert audit.verify(host.context(), full=True)["ok"]
-        assert _raw(host, STEP_QUERY, new_tx[:8] + "*") == _store_steps(host, new_tx)
+        assert raw_rows(host, STEP_QUERY, new_tx[:8] + "*") == _store_steps(host, new_tx)
 
 
 class TestCopiedSteps:
@@ -211,15 +199,17 @@ class TestCopiedSteps:
         _cycle(target, 2)  # decision IDs of its own (dec-N)
         _cycle(target, 3)  # the target's state rows take the keys the source's rows have
         tx_id = _tx(source, "rollback")
-        steps = _raw(source, STEP_QUERY, tx_id[:8] + "*")
+        steps = raw_rows(source, STEP_QUERY, tx_id[:8] + "*")
         first = "SELECT min(id) FROM transaction_states WHERE tx_id = ?"
-        out = db_copy(source.context(), to=f"sqlite:///{_db(target)}")
+        out = db_copy(source.context(), to=f"sqlite:///{db_file(target)}")
         assert out["target_verified"]["ok"] and out["rows"]["step_events"] > 0
-        ((moved,),) = _raw(target, first, tx_id)
-        ((was,),) = _raw(source, first, tx_id)
+        ((moved,),) = raw_rows(target, first, tx_id)
+        ((was,),) = raw_rows(source, first, tx_id)
         assert moved != was  # renumbered: the copy's steps name the copy's state row
-        assert _raw(target, "SELECT count(*) FROM step_events WHERE tx_ref = ?", moved)[0][0] == len(steps)
-        assert _raw(target, STEP_QUERY, tx_id[:8] + "*") == steps
+        assert raw_rows(target, "SELECT count(*) FROM step_events WHERE tx_ref = ?", moved)[0][0] == len(
+            steps
+        )
+        assert raw_rows(target, STEP_QUERY, tx_id[:8] + "*") == steps
         # the bodies its rows name came along (keyed by text; identities.digest is bytes, 0017)
         bodies = "SELECT count(*) FROM identities i JOIN identity_bodies b ON b.digest = lower(hex(i.digest))"
-        assert _raw(target, bodies + " WHERE i.host_id = 2")[0][0] == _raw(source, bodies)[0][0] > 0
+        assert raw_rows(target, bodies + " WHERE i.host_id = 2")[0][0] == raw_rows(source, bodies)[0][0] > 0
