@@ -56,14 +56,18 @@ def record_lock(store: Store, lock_id: str, *, owner: Owner, command: str, tx_id
 def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = "") -> None:
     """Append the release of `lock_id` (how: released, recovered, broken); once only."""
     with store.write() as s:
-        if s.get(LockRow, lock_id) is None:
+        row = s.get(LockRow, lock_id)
+        if row is None:
             raise BadInput(f"lock {lock_id} not found", field="lock_id")
         if s.execute(select(LockRelease).where(LockRelease.lock_id == lock_id)).scalar():
             raise BadInput(f"lock {lock_id} is already released", field="lock_id")
         s.add(LockRelease(lock_id=lock_id, how=how, by=by, reason=reason, at=utcnow()))
         s.flush()
         projection.on_lock_release(s, lock_id)
-        store.audit(s, f"lock.{how}", None, {})  # the covered release row holds it all
+        # Under the lock's transaction, as its acquisition is: the release commits with that
+        # transaction's end state, and a batch of one transaction names it once instead of
+        # naming it in every event beside a release of no transaction.
+        store.audit(s, f"lock.{how}", row.tx_id, {})  # the covered release row holds it all
 
 
 def unreleased(store: Store, *, all_hosts: bool = False) -> list[LockRecord]:

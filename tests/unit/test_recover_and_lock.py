@@ -219,6 +219,26 @@ class TestTheLockRowCommitsWithTheTransaction:
         assert {"lock_releases", "transaction_states"} <= written[-1]
         assert not [c for c in written if "locks" in c or "lock_releases" in c][1:-1]
 
+    def test_the_end_state_entry_names_the_transaction_once(self, fake_host: FakeHost) -> None:
+        """The release is the lock's transaction's, as its acquisition: the entry that commits
+        it with the end state names that transaction, and its events do not each repeat it."""
+        from sqlalchemy import select
+
+        from anvil_ctl.commands.transactions import load
+        from anvil_ctl.persistence.models import AuditEntry
+
+        outcome = load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        assert outcome.state.value == "committed"
+        with fake_host.context().store.read() as s:
+            last = s.execute(
+                select(AuditEntry.tx_id, AuditEntry.payload_json, AuditEntry.rows_json)
+                .order_by(AuditEntry.id.desc())
+                .limit(1)
+            ).one()
+        assert {str(r[0]) for r in json.loads(last.rows_json)} >= {"lock_releases", "transaction_states"}
+        assert last.tx_id == outcome.tx_id
+        assert '"tx_id"' not in last.payload_json, last.payload_json
+
     def test_a_refusal_releases_the_row_in_the_commit_of_its_refused_state(self, fake_host: FakeHost) -> None:
         from anvil_ctl.commands import lifecycle
 
