@@ -92,7 +92,7 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 11
+COPY_FORMAT = 12  # 12: no ANALYZE (anvilctl never runs it; its statistics changed plans)
 """How copies are written (part of a cached database's key): 2 stores lean journal entries,
 4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
 5 also packed step details (migration 0012), 6 also history times stored compactly (0013),
@@ -444,7 +444,10 @@ def build(template: Template, size: int, cache: Path) -> Path:
     copier.engine.dispose()
     con = sqlite3.connect(work)
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    con.execute("ANALYZE")
+    # No ANALYZE: anvilctl never runs it, so a host's planner has no sqlite_stat1 and the
+    # measured plans must be the ones it gets. (With statistics of a history where every
+    # transaction committed, the compensation query scanned tx_current instead of
+    # searching ix_tx_current_state.)
     con.close()
     for suffix in ("-wal", "-shm"):
         Path(f"{work}{suffix}").unlink(missing_ok=True)
@@ -722,6 +725,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     parser.add_argument("--markdown-out", type=Path, help="also write the tables here (make bench)")
+    parser.add_argument(
+        "--build-only", action="store_true", help="build (or find) the databases in --cache, measure nothing"
+    )
     parser.add_argument("--measure-one", type=Path, help=argparse.SUPPRESS)  # measure_apart's child
     parser.add_argument("--template-root", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -743,12 +749,17 @@ def main() -> int:
         )
         for size in sorted(args.sizes):
             db = build(template, size, args.cache)
+            if args.build_only:
+                print(f"built {db} ({db.stat().st_size / 1e6:,.1f} MB)", file=sys.stderr, flush=True)
+                continue
             print(
                 f"measuring {size:,} transactions ({db.stat().st_size / 1e6:,.1f} MB)",
                 file=sys.stderr,
                 flush=True,
             )
             results.append(measure_apart(template, db, size, args.repeat))
+    if args.build_only:
+        return 0
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     print(markdown(results))

@@ -5,7 +5,8 @@ llama-cpp-python 0.3.36 exists on PyPI only as an sdist; compiling it takes 7-25
 on two loaded cores. This script is idempotent:
 
 * if `llama_cpp_python-0.3.36-*.whl` is in the wheel cache, it is reused, else it is
-  built from the sdist (`pip wheel --no-binary`), `nice`d, with
+  built reproducibly (see build_wheel) from the sdist pinned by SHA-256, with the build
+  tools pinned by hash in `scripts/llama-build-requirements.txt`, `nice`d, with
   `CMAKE_BUILD_PARALLEL_LEVEL=2` and a CPU-only, non-native build
   (`-DGGML_NATIVE=OFF`, AVX/AVX2/FMA/F16C on) so it runs on any x86-64-v3 host;
 * the wheels of the `[server]` extra's dependencies are pinned by file name and SHA-256
@@ -22,29 +23,41 @@ else ~/.cache/anvil/wheels.
     build_llama_wheel.py --relock   # re-resolve the [server] dependencies (needs PyPI) and
                                     # rewrite scripts/llama-server-wheels.sha256
 
-The compiled wheel is not bit-reproducible (llama.cpp embeds its build directory in
-assertion messages), so the engine image ID is a function of this cache's wheel: a
-rebuilt wheel gives a new image ID, and recipes pinning the old one are refused.
+The compiled wheel is reproducible: Debian bookworm's gcc 12.2 and CMake 3.25 on two
+machines give the same bytes, so the engine image ID the recipes pin holds on a new
+machine. A different compiler (another Debian point release) may give other bytes, hence
+another image ID; recipes pinning the old one are then refused and must be re-pinned.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 VERSION = "0.3.36"
 REQUIREMENT = f"llama-cpp-python=={VERSION}"
 WHEEL_GLOB = f"llama_cpp_python-{VERSION}-*.whl"
+SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+SOURCE_DATE_EPOCH = "1704067200"  # 2024-01-01T00:00:00Z
+BUILD_ROOT = Path("/tmp/anvil-llama-build")  # fixed: the build's paths end up in its bytes
+UNIMPORTED_TOPS = ("include", "lib", "bin")
 LOCK = Path(__file__).resolve().parent / "llama-server-wheels.sha256"
+BUILD_TOOLS = Path(__file__).resolve().parent / "llama-build-requirements.txt"
 # The interpreter the wheels are for: Debian bookworm's python3 (3.11), bind-mounted into
 # engine containers. Given explicitly so any host Python can fetch them.
 TARGET = ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "abi3"]
@@ -98,24 +111,104 @@ def missing_deps(cache: Path) -> list[tuple[str, str]]:
 
 
 def build_wheel(cache: Path) -> Path:
-    """Compile the wheel from the sdist into the cache; the file appears only when complete."""
-    env = dict(os.environ)
-    env["CMAKE_ARGS"] = CMAKE_ARGS
-    env["CMAKE_BUILD_PARALLEL_LEVEL"] = "2"
-    env["FORCE_CMAKE"] = "1"
-    with tempfile.TemporaryDirectory(prefix="anvil-llama-wheel-") as tmp:
-        cmd = ["nice", "-n", "10", sys.executable, "-m", "pip", "wheel", "--no-deps"]
-        cmd += ["--no-binary", "llama-cpp-python", "--disable-pip-version-check", "-w", tmp, REQUIREMENT]
-        log(f"building {REQUIREMENT} (CMAKE_ARGS={CMAKE_ARGS}); this takes minutes")
+    """Compile the wheel from the pinned sdist into the cache; the file appears only when complete.
+
+    Reproducible: the same sdist, build tools, compiler and flags give the same bytes on
+    every run and machine. What would vary is fixed: the source and build trees are always
+    BUILD_ROOT (llama.cpp's assertion messages embed `__FILE__`), the build tools come from
+    a hash-pinned venv instead of an isolated build env resolved afresh, the CMake generator
+    is named (a host with ninja would otherwise get a different build), SOURCE_DATE_EPOCH
+    fixes every timestamp, and the wheel is repacked without the trees no import reaches
+    (`include/`, `lib/`, `bin/`: headers, CMake and pkg-config files, which embed the random
+    staging directory scikit-build-core installs into, and a second copy of the libraries).
+    """
+    with _exclusive(BUILD_ROOT.with_name(BUILD_ROOT.name + ".lock")):
+        shutil.rmtree(BUILD_ROOT, ignore_errors=True)
+        BUILD_ROOT.mkdir(parents=True)
+        sdist = fetch_sdist(cache)
+        with tarfile.open(sdist) as tf:
+            tf.extractall(BUILD_ROOT, filter="data")
+        src = BUILD_ROOT / f"llama_cpp_python-{VERSION}"
+        venv = BUILD_ROOT / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        py = str(venv / "bin" / "python")
+        pip = [py, "-m", "pip", "--disable-pip-version-check", "-q"]
+        subprocess.run([*pip, "install", "--no-deps", "--require-hashes", "-r", str(BUILD_TOOLS)], check=True)
+        env = _build_env()
+        cmd = ["nice", "-n", "10", *pip, "wheel", "--no-deps", "--no-build-isolation"]
+        cmd += ["-C", f"build-dir={BUILD_ROOT / 'build'}", "-w", str(BUILD_ROOT / "out"), str(src)]
+        log(f"building {REQUIREMENT} in {BUILD_ROOT} (CMAKE_ARGS={CMAKE_ARGS}); this takes minutes")
         t0 = time.monotonic()
         subprocess.run(cmd, check=True, env=env)
-        built = sorted(Path(tmp).glob(WHEEL_GLOB))
+        built = sorted((BUILD_ROOT / "out").glob(WHEEL_GLOB))
         if len(built) != 1:
-            raise SystemExit(f"build_llama_wheel: expected one {WHEEL_GLOB} in {tmp}, got {built}")
-        target = cache / built[0].name
-        _copy(built[0], target)
-        log(f"built {target.name} in {time.monotonic() - t0:.0f}s")
+            raise SystemExit(
+                f"build_llama_wheel: expected one {WHEEL_GLOB} in {BUILD_ROOT / 'out'}, got {built}"
+            )
+        final = _repack(py, built[0], env)
+        target = cache / final.name
+        _copy(final, target)
+        log(f"built {target.name} in {time.monotonic() - t0:.0f}s; SHA-256 {sha256_file(target)}")
+        shutil.rmtree(BUILD_ROOT, ignore_errors=True)
         return target
+
+
+def _build_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CMAKE_", "PIP_", "MAKE"))}
+    env |= {"CFLAGS": "", "CXXFLAGS": "", "LDFLAGS": "", "CPPFLAGS": ""}
+    env |= {
+        "CMAKE_ARGS": CMAKE_ARGS,
+        "CMAKE_GENERATOR": "Unix Makefiles",
+        "CMAKE_BUILD_PARALLEL_LEVEL": "2",
+        "FORCE_CMAKE": "1",
+        "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
+        "LC_ALL": "C",
+        "TZ": "UTC",
+    }
+    return env
+
+
+def _repack(py: str, wheel: Path, env: dict[str, str]) -> Path:
+    """The wheel without its unimported top-level trees, repacked with fixed timestamps."""
+    unpacked = BUILD_ROOT / "unpacked"
+    subprocess.run([py, "-m", "wheel", "unpack", "-d", str(unpacked), str(wheel)], check=True, env=env)
+    (tree,) = unpacked.iterdir()
+    for top in UNIMPORTED_TOPS:
+        shutil.rmtree(tree / top, ignore_errors=True)
+    out = BUILD_ROOT / "final"
+    out.mkdir()
+    subprocess.run([py, "-m", "wheel", "pack", "-d", str(out), str(tree)], check=True, env=env)
+    (final,) = out.glob(WHEEL_GLOB)
+    return final
+
+
+def fetch_sdist(cache: Path) -> Path:
+    """The pinned sdist, from the cache or downloaded by version and SHA-256."""
+    path = cache / SDIST
+    if path.is_file() and sha256_file(path) == SDIST_SHA256:
+        return path
+    with tempfile.TemporaryDirectory(prefix="anvil-llama-sdist-") as tmp:
+        reqs = Path(tmp) / "requirements.txt"
+        reqs.write_text(f"{REQUIREMENT} --hash=sha256:{SDIST_SHA256}\n")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+        cmd += ["--require-hashes", "--disable-pip-version-check", "-q", "-d", tmp, "-r", str(reqs)]
+        subprocess.run(cmd, check=True)
+        got = Path(tmp) / SDIST
+        if not got.is_file() or sha256_file(got) != SDIST_SHA256:
+            raise SystemExit(f"build_llama_wheel: pip download did not give {SDIST} ({SDIST_SHA256})")
+        _copy(got, path)
+    return path
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """One build at a time on this host: they share BUILD_ROOT."""
+    with lock.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _copy(src: Path, dst: Path) -> None:
