@@ -70,6 +70,7 @@ from scripts.campaign import (
     start_incumbent_by_hand,
     verified_decision,
 )
+from scripts.routers import exit_on_sigterm
 
 SLOT, TIER, ALIAS, URL = "primary", "primary-local", "llm.primary", "http://127.0.0.1:8001"
 RECIPE = "stub-393k-c1"
@@ -481,6 +482,7 @@ def main() -> int:
             "scripts/testenv run -- .venv/bin/python benchmarks/paired.py"
         )
         return 2
+    exit_on_sigterm()
     # What an installed package has (pip compiles at install); see the module docstring.
     compileall.compile_dir(REPO / "anvil_ctl", quiet=1)
     result = run(max(args.reps, 3), args.work, own_only=args.own_only)

@@ -269,7 +269,9 @@ def main() -> int:
 
     from benchmarks.paired import RECIPE, SLOT, anvil_cycle, anvilctl, verified
     from scripts.campaign import reserve_waiver, start_campaign, start_incumbent_by_hand
+    from scripts.routers import exit_on_sigterm
 
+    exit_on_sigterm()
     compileall.compile_dir(REPO / "anvil_ctl", quiet=1)
     camp = start_campaign(args.work)
     runs: dict[str, list[dict[str, Any]]] = {"load": [], "promote": [], "rollback": []}

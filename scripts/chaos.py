@@ -44,6 +44,7 @@ if str(REPO) not in sys.path:
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Settings
+from anvil_ctl.persistence.queries import TransactionSummary
 from scripts.campaign import (
     INCUMBENT_MODEL,
     Campaign,
@@ -53,7 +54,7 @@ from scripts.campaign import (
     start_incumbent_by_hand,
     verified_decision,
 )
-from scripts.routers import start_smg
+from scripts.routers import exit_on_sigterm, start_smg
 
 ALIAS = "llm.primary"
 BINDING = "http://127.0.0.1:8001"
@@ -365,7 +366,7 @@ class ChaosHost:
         self.camp.stop()
 
 
-def recent_transactions(ctx: Context) -> list[dict[str, Any]]:
+def recent_transactions(ctx: Context) -> list[TransactionSummary]:
     from anvil_ctl.commands import audit
 
     return audit.transactions(ctx, limit=5)
@@ -401,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commands", default=",".join(COMMANDS))
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
+    exit_on_sigterm()
     host = ChaosHost(args.work)
     verdicts: list[Verdict] = []
     try:

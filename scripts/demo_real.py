@@ -43,6 +43,7 @@ from scripts.llama_host import (
     start_incumbent_by_hand,
     start_llama_host,
 )
+from scripts.routers import exit_on_sigterm
 
 
 def banner(text: str) -> None:
@@ -178,6 +179,7 @@ def main() -> int:
     cache = os.environ.get("ANVIL_MODEL_CACHE")
     if not os.environ.get("ANVIL_LLAMA_IMAGE_ID") or not cache:
         raise SystemExit("demo-real: the llama engine image is not loaded (make llama; scripts/testenv)")
+    exit_on_sigterm()
     work = REPO / "state" / "demo-real"
     banner(
         f"a real HAProxy on 127.0.0.1 (checks GET {LLAMA_CPP_PYTHON.check_path}); "

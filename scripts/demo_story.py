@@ -35,6 +35,7 @@ from scripts.campaign import (
     start_incumbent_by_hand,
     ticking,
 )
+from scripts.routers import exit_on_sigterm
 
 
 def banner(text: str) -> None:
@@ -80,6 +81,7 @@ def screenshot(page: Path, png: Path) -> None:
 
 
 def main() -> int:
+    exit_on_sigterm()
     work = REPO / "state" / "demo"
     banner("a real smg router on 127.0.0.1; router keys in a 0600 credential file")
     c = start_campaign(work)

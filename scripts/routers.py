@@ -154,6 +154,19 @@ def start_stub(
     return proc
 
 
+def exit_on_sigterm() -> None:
+    """In a script's main thread: SIGTERM raises SystemExit(143), so `finally` stops its routers.
+
+    Python's default for SIGTERM is to die at once, and smg, a process of its own, outlives
+    a killed chaos run or benchmark (`timeout`, a CI job's cancel) and keeps its port.
+    """
+    signal.signal(signal.SIGTERM, _raise_exit)
+
+
+def _raise_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def start_smg(
     *,
     workdir: Path,
