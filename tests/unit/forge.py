@@ -1,13 +1,19 @@
 """The state database as a file, the way an operator with `sqlite3` or an attacker reads and
 edits it: raw rows as stored, and a history row edited past its append-only trigger (drop
-the trigger, write, put it back, so only the audit chain can tell)."""
+the trigger, write, put it back, so only the audit chain can tell), and what `audit verify`
+names after that edit."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
+from anvil_ctl.commands import audit
+from anvil_ctl.persistence.coverage import RowKey
+from anvil_ctl.persistence.verify_report import ReportRecord
 from tests.unit.fakehost import FakeHost
+
+EDITED = "content edited: row digest differs from its journal entry"
 
 
 def db_file(host: FakeHost) -> Path:
@@ -35,3 +41,18 @@ def edit_past_trigger(db: Path, trigger: str, sql: str, params: tuple[object, ..
         con.commit()
     finally:
         con.close()
+
+
+def verify_after_edit(
+    host: FakeHost, trigger: str, sql: str, params: tuple[object, ...] = (), *, full: bool = True
+) -> ReportRecord:
+    """Edit the fake host's database past `trigger`, then `audit verify` it: the report, not ok."""
+    edit_past_trigger(db_file(host), trigger, sql, params)
+    report = audit.verify(host.context(), full=full)
+    assert not report["ok"]
+    return report
+
+
+def named(report: ReportRecord) -> list[tuple[str | None, RowKey | None, str]]:
+    """Each problem in `report` as (table, key, problem)."""
+    return [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]

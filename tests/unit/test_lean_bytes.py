@@ -40,7 +40,7 @@ from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.rowrefs import SHORT_TAG, TAG, Unpackable, pack_rows, unpack_rows
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import edit_past_trigger, raw_rows
+from tests.unit.forge import EDITED, raw_rows, verify_after_edit
 from tests.unit.rawjournal import JournalRow
 from tests.unit.test_lean_records import _cycle
 
@@ -118,14 +118,12 @@ class TestDerivedDiffs:
         )[0]
         if isinstance(sha, bytes):  # 32 bytes from 0018 on; the blob's key stays text
             sha = coltypes.digest_of(sha)
-        edit_past_trigger(
-            host.settings.state_dir / "anvil.db",
+        report = verify_after_edit(
+            host,
             "snapshot_blobs_no_update",
             "UPDATE snapshot_blobs SET body_json = '{\"forged\":1}' WHERE sha256 = ?",
             (sha,),
         )
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
         assert [(p.get("table"), p.get("key")) for p in report["problems"]] == [("snapshot_blobs", sha)]
 
 
@@ -197,16 +195,15 @@ class TestShortRowDigests:
             for e in _journal(host)
             if ["step_events", step_id] in [r[:2] for r in json.loads(str(e["rows_json"]))]
         ]
-        edit_past_trigger(
-            host.settings.state_dir / "anvil.db",
+        report = verify_after_edit(
+            host,
             "step_events_no_update",
             "UPDATE step_events SET detail_json = '{\"forged\":1}' WHERE id = ?",
             (step_id,),
+            full=full,
         )
-        report = audit.verify(host.context(), full=full)
-        assert not report["ok"]
         assert [(p["row_id"], p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]] == [
-            (entry[0], "step_events", step_id, "content edited: row digest differs from its journal entry")
+            (entry[0], "step_events", step_id, EDITED)
         ]
 
 
@@ -403,14 +400,12 @@ class TestSnapshotDeltas:
         _cycle(host, 1)
         stored = _blobs(host)
         sha, base = next((sha, b) for sha, t in stored.items() if (b := blobdelta.base_of(t)))
-        edit_past_trigger(
-            host.settings.state_dir / "anvil.db",
+        report = verify_after_edit(
+            host,
             "snapshot_blobs_no_update",
             "UPDATE snapshot_blobs SET body_json = ? WHERE sha256 = ?",
             (stored[base] + " ", base),
         )
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
         assert [(p.get("table"), p.get("key")) for p in report["problems"]] == [("snapshot_blobs", base)]
         with host.context().store.read() as s, pytest.raises(StateStoreError, match="does not inflate"):
             snapshots._blob(s, sha)

@@ -29,7 +29,7 @@ from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.jsondict import JSON_V1
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import db_file, edit_past_trigger, raw_rows
+from tests.unit.forge import EDITED, db_file, named, raw_rows, verify_after_edit
 from tests.unit.test_lean_history import TX_OF
 from tests.unit.test_lean_records import _cycle
 
@@ -139,16 +139,13 @@ class TestDictionaryPackingAtRest:
         assert isinstance(raw, bytes) and raw.startswith(PACKED_DICT)
         forged = pack(unpack(raw).replace('"released":true', '"released":false'))
         assert isinstance(forged, bytes) and unpack(forged) != unpack(raw)
-        edit_past_trigger(
-            db_file(host),
+        report = verify_after_edit(
+            host,
             "step_events_no_update",
             "UPDATE step_events SET detail_json = ? WHERE id = ?",
             (forged, row_id),
         )
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
-        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
-        assert named == [("step_events", row_id, "content edited: row digest differs from its journal entry")]
+        assert named(report) == [("step_events", row_id, EDITED)]
 
 
 class TestUpgradeTo0015:

@@ -33,7 +33,7 @@ from anvil_ctl.persistence.coltypes import PACKED_DICT, pack, time_of, unpack
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import db_file, edit_past_trigger, raw_rows
+from tests.unit.forge import EDITED, db_file, named, raw_rows, verify_after_edit
 from tests.unit.test_lean_records import _cycle
 
 TX_OF = "coalesce(tx_id, (SELECT s.tx_id FROM transaction_states s WHERE s.id = tx_ref))"
@@ -88,16 +88,13 @@ class TestPackedStepDetail:
         assert isinstance(raw, bytes)
         forged = pack(unpack(raw)[:-1] + ',"forged":1}')
         assert isinstance(forged, bytes) and unpack(forged) != unpack(raw)
-        edit_past_trigger(
-            db_file(host),
+        report = verify_after_edit(
+            host,
             "step_events_no_update",
             "UPDATE step_events SET detail_json = ? WHERE id = ?",
             (forged, row_id),
         )
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
-        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
-        assert named == [("step_events", row_id, "content edited: row digest differs from its journal entry")]
+        assert named(report) == [("step_events", row_id, EDITED)]
 
 
 class TestUpgradeTo0012:
@@ -185,18 +182,13 @@ class TestCompactTimes:
         row_id, raw = raw_rows(host, "SELECT id, at FROM transaction_states ORDER BY id DESC LIMIT 1")[0]
         assert isinstance(raw, bytes) and len(raw) == 8
         earlier = (int.from_bytes(raw, "big") - 3_600_000_000).to_bytes(8, "big")  # an hour back
-        edit_past_trigger(
-            db_file(host),
+        report = verify_after_edit(
+            host,
             "transaction_states_no_update",
             "UPDATE transaction_states SET at = ? WHERE id = ?",
             (earlier, row_id),
         )
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
-        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
-        assert named == [
-            ("transaction_states", row_id, "content edited: row digest differs from its journal entry")
-        ]
+        assert named(report) == [("transaction_states", row_id, EDITED)]
 
 
 class TestUpgradeTo0013:
@@ -296,15 +288,10 @@ class TestCompactGpuEvents:
             host, "SELECT id, container_id FROM gpu_ownership_events ORDER BY id DESC LIMIT 1"
         )[0]
         assert isinstance(raw, bytes) and len(raw) == 32
-        edit_past_trigger(
-            db_file(host),
+        report = verify_after_edit(
+            host,
             "gpu_ownership_events_no_update",
             "UPDATE gpu_ownership_events SET container_id = ? WHERE id = ?",
             (bytes(32), row_id),
         )
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
-        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
-        assert named == [
-            ("gpu_ownership_events", row_id, "content edited: row digest differs from its journal entry")
-        ]
+        assert named(report) == [("gpu_ownership_events", row_id, EDITED)]

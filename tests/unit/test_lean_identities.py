@@ -25,7 +25,7 @@ from anvil_ctl.persistence.coltypes import HexDigest, ImageId
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import db_file, edit_past_trigger, raw_rows
+from tests.unit.forge import EDITED, db_file, named, raw_rows, verify_after_edit
 from tests.unit.test_lean_records import _cycle
 
 SLOT = "primary"
@@ -106,16 +106,13 @@ class TestCompactIdentities:
         assert audit.verify(host.context(), full=True)["ok"]
         row_id, raw = raw_rows(host, "SELECT id, container_id FROM identities ORDER BY id DESC LIMIT 1")[0]
         assert isinstance(raw, bytes) and len(raw) == 32
-        edit_past_trigger(
-            db_file(host),
+        report = verify_after_edit(
+            host,
             "identities_no_update",
             "UPDATE identities SET container_id = ? WHERE id = ?",
             (bytes(32), row_id),
         )
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
-        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
-        assert named == [("identities", row_id, "content edited: row digest differs from its journal entry")]
+        assert named(report) == [("identities", row_id, EDITED)]
 
 
 class TestUpgradeTo0017:

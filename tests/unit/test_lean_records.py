@@ -27,6 +27,7 @@ from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import coltypes
 from anvil_ctl.persistence.coltypes import PACKED_DICT, pack, unpack
 from tests.unit.fakehost import FakeHost, make_fake_host
+from tests.unit.forge import EDITED, verify_after_edit
 from tests.unit.rawjournal import JournalRow
 from tests.unit.test_projection import SLOT, _verified
 
@@ -115,22 +116,18 @@ class TestTextAndPackedRowsTogether:
         _cycle(host, 1)
         con = _db(host)
         sha, raw = con.execute("SELECT sha256, body_json FROM snapshot_blobs LIMIT 1").fetchone()
+        con.close()
         assert isinstance(raw, bytes)
         edited = pack(unpack(raw)[:-1] + ',"forged":1}')
         assert isinstance(edited, bytes) and unpack(edited) != unpack(raw)
-        trigger = "snapshot_blobs_no_update"
-        (ddl,) = con.execute("SELECT sql FROM sqlite_master WHERE name = ?", (trigger,)).fetchone()
-        con.execute(f"DROP TRIGGER {trigger}")
-        con.execute("UPDATE snapshot_blobs SET body_json = ? WHERE sha256 = ?", (edited, sha))
-        con.execute(ddl)  # put back: only the row's digest can tell
-        con.commit()
-        con.close()
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
+        report = verify_after_edit(
+            host,
+            "snapshot_blobs_no_update",
+            "UPDATE snapshot_blobs SET body_json = ? WHERE sha256 = ?",
+            (edited, sha),
+        )
         named = [p for p in report["problems"] if p.get("table") == "snapshot_blobs"]
-        assert [(p["key"], p["problem"]) for p in named] == [
-            (sha, "content edited: row digest differs from its journal entry")
-        ]
+        assert [(p["key"], p["problem"]) for p in named] == [(sha, EDITED)]
 
 
 class TestRollbackArguments:

@@ -29,7 +29,7 @@ from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from anvil_ctl.persistence.models import Base
 from tests.unit.fakehost import FakeHost, make_fake_host
-from tests.unit.forge import db_file, edit_past_trigger, raw_rows
+from tests.unit.forge import EDITED, db_file, named, raw_rows, verify_after_edit
 from tests.unit.test_lean_records import _cycle
 
 STEP_QUERY = "select seq, step, phase, event, at from v_steps where tx_id glob ?"
@@ -85,16 +85,13 @@ class TestStepRefs:
             host, "SELECT min(id) FROM transaction_states WHERE tx_id = ?", _tx(host, "promote")
         )
         row_id = raw_rows(host, "SELECT max(id) FROM step_events")[0][0]
-        edit_past_trigger(
-            db_file(host),
+        report = verify_after_edit(
+            host,
             "step_events_no_update",
             "UPDATE step_events SET tx_ref = ? WHERE id = ?",
             (other, row_id),
         )
-        report = audit.verify(host.context(), full=True)
-        assert not report["ok"]
-        named = [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]
-        assert named == [("step_events", row_id, "content edited: row digest differs from its journal entry")]
+        assert named(report) == [("step_events", row_id, EDITED)]
 
 
 def _as_at_0015(host: FakeHost) -> None:
