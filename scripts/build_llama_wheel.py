@@ -175,6 +175,9 @@ def _repack(py: str, wheel: Path, env: dict[str, str]) -> Path:
     (tree,) = unpacked.iterdir()
     for top in UNIMPORTED_TOPS:
         shutil.rmtree(tree / top, ignore_errors=True)
+    for path in tree.rglob("*"):  # modes as a umask of 022 leaves them, whatever this one is
+        if path.is_file():
+            path.chmod(0o755 if path.stat().st_mode & 0o111 else 0o644)
     out = BUILD_ROOT / "final"
     out.mkdir()
     subprocess.run([py, "-m", "wheel", "pack", "-d", str(out), str(tree)], check=True, env=env)
