@@ -265,6 +265,53 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
     return host
 
 
+@pytest.fixture(scope="module")
+def longer(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
+    """`populated`'s story with three times its cycles."""
+    host = make_fake_host(tmp_path_factory.mktemp("plans-longer"))
+    for n in range(6):
+        transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
+        _verified(host, n)
+        lifecycle.promote(host.context(), slot=SLOT, approved_by="operator")
+        lifecycle.rollback(host.context(), slot=SLOT)
+    transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="last"))
+    _verified(host, 9)
+    return host
+
+
+def _statement_steps(host: FakeHost) -> dict[str, int]:
+    """SQL text -> the most SQLite VM steps one execution of it took, for every SELECT the
+    guards (dry runs), status, audit, lock status and recover run on `host`."""
+    ctx = host.context()
+    tx_id = audit.transactions(ctx, limit=1)[0]["tx_id"]
+    with _statements(ctx) as seen:
+        lifecycle.rollback(ctx, slot=SLOT, dry_run=True)
+        lifecycle.promote(ctx, slot=SLOT, approved_by="operator", dry_run=True)
+        transactions.load(ctx, slot=SLOT, candidate=host.candidate(name="x"), dry_run=True)
+        admin.status(ctx)
+        audit.transactions(ctx, limit=20)
+        audit.show(ctx, tx_id[:8])
+        transactions.lock_status(ctx)
+        transactions.recover_all(ctx)
+    con = sqlite3.connect(f"file:{host.settings.state_dir / 'anvil.db'}?mode=ro", uri=True)
+    steps: dict[str, int] = {}
+    counter = [0]
+
+    def step() -> int:
+        counter[0] += 1
+        return 0
+
+    con.set_progress_handler(step, 1)
+    try:
+        for sql, params in seen:
+            counter[0] = 0
+            con.execute(sql, params).fetchall()
+            steps[sql] = max(steps.get(sql, 0), counter[0])
+    finally:
+        con.close()
+    return steps
+
+
 @contextmanager
 def _statements(ctx: Context) -> Iterator[list[tuple[str, Any]]]:
     seen: list[tuple[str, Any]] = []
@@ -320,6 +367,23 @@ class TestQueryPlans:
             if scans and not _bounded(sql, scans)
         }
         assert bad == {}
+
+    def test_no_guard_status_recover_lock_or_audit_query_costs_more_with_more_history(
+        self, populated: FakeHost, longer: FakeHost
+    ) -> None:
+        """The work SQLite does for each statement (virtual machine steps, counted on a copy of
+        the database) is the same with 3x the history. A search through an index whose
+        matches grow with history (every transaction of a slot) followed by a sort is not a
+        SCAN, so the plan test above let `rollback`'s served-snapshot query through: it read
+        every snapshot of the slot and sorted them (238 ms at 100k transactions)."""
+        small, large = _statement_steps(populated), _statement_steps(longer)
+        assert len(small) > 20
+        grown = {
+            " ".join(sql.split())[:160]: (small[sql], large[sql])
+            for sql in small.keys() & large.keys()
+            if large[sql] > small[sql] * 1.5 + 200
+        }
+        assert grown == {}
 
     @pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
     def test_the_guards_unresolved_query_reads_an_index_of_unresolved_rows_only(
