@@ -24,7 +24,8 @@ from pathlib import Path
 from scripts.routers import Proc, exit_on_sigterm
 if sys.argv[1] == "handled":
     exit_on_sigterm()
-router = Proc("router", subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL), "http://127.0.0.1:1", Path("/dev/null"))
+sleeper = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL)  # not our stdout: EOF when we die
+router = Proc("router", sleeper, "http://127.0.0.1:1", Path("/dev/null"))
 try:
     print(router.pid, flush=True)
     time.sleep(600)
