@@ -252,10 +252,9 @@ def _bounded(sql: str, scans: list[str]) -> bool:
     return tables <= set(OPERATOR_TABLES) or in_order
 
 
-@pytest.fixture(scope="module")
-def populated(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
-    host = make_fake_host(tmp_path_factory.mktemp("plans"))
-    for n in range(2):
+def _story(host: FakeHost, cycles: int) -> FakeHost:
+    """`cycles` load + promote + rollback on `host`, then a last load, each candidate verified."""
+    for n in range(cycles):
         transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
         _verified(host, n)
         lifecycle.promote(host.context(), slot=SLOT, approved_by="operator")
@@ -263,20 +262,17 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
     transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="last"))
     _verified(host, 9)
     return host
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
+    return _story(make_fake_host(tmp_path_factory.mktemp("plans")), cycles=2)
 
 
 @pytest.fixture(scope="module")
 def longer(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
     """`populated`'s story with three times its cycles."""
-    host = make_fake_host(tmp_path_factory.mktemp("plans-longer"))
-    for n in range(6):
-        transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
-        _verified(host, n)
-        lifecycle.promote(host.context(), slot=SLOT, approved_by="operator")
-        lifecycle.rollback(host.context(), slot=SLOT)
-    transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="last"))
-    _verified(host, 9)
-    return host
+    return _story(make_fake_host(tmp_path_factory.mktemp("plans-longer")), cycles=6)
 
 
 def _statement_steps(host: FakeHost) -> dict[str, int]:
