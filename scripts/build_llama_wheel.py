@@ -23,10 +23,12 @@ else ~/.cache/anvil/wheels.
     build_llama_wheel.py --relock   # re-resolve the [server] dependencies (needs PyPI) and
                                     # rewrite scripts/llama-server-wheels.sha256
 
-The compiled wheel is reproducible: Debian bookworm's gcc 12.2 and CMake 3.25 on two
-machines give the same bytes, so the engine image ID the recipes pin holds on a new
-machine. A different compiler (another Debian point release) may give other bytes, hence
-another image ID; recipes pinning the old one are then refused and must be re-pinned.
+The compiled wheel is reproducible: with Debian bookworm's gcc 12.2 and CMake 3.25 it
+has the same bytes on every build (checked: three builds, in other caches, umasks and
+working directories, one from a fresh clone with no cache), so the engine image ID the
+recipes pin holds on a new machine of the same kind. A different compiler (another Debian
+point release) may give other bytes, hence another image ID; recipes pinning the old one
+are then refused and must be re-pinned.
 """
 
 from __future__ import annotations
@@ -188,18 +190,12 @@ def _repack(py: str, wheel: Path, env: dict[str, str]) -> Path:
 def fetch_sdist(cache: Path) -> Path:
     """The pinned sdist, from the cache or downloaded by version and SHA-256."""
     path = cache / SDIST
-    if path.is_file() and sha256_file(path) == SDIST_SHA256:
-        return path
-    with tempfile.TemporaryDirectory(prefix="anvil-llama-sdist-") as tmp:
-        reqs = Path(tmp) / "requirements.txt"
-        reqs.write_text(f"{REQUIREMENT} --hash=sha256:{SDIST_SHA256}\n")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-        cmd += ["--require-hashes", "--disable-pip-version-check", "-q", "-d", tmp, "-r", str(reqs)]
-        subprocess.run(cmd, check=True)
-        got = Path(tmp) / SDIST
-        if not got.is_file() or sha256_file(got) != SDIST_SHA256:
-            raise SystemExit(f"build_llama_wheel: pip download did not give {SDIST} ({SDIST_SHA256})")
-        _copy(got, path)
+    if not (path.is_file() and sha256_file(path) == SDIST_SHA256):
+        _download(
+            cache,
+            [(f"{REQUIREMENT} --hash=sha256:{SDIST_SHA256}", SDIST_SHA256, SDIST)],
+            ["--no-binary", ":all:"],
+        )
     return path
 
 
@@ -231,20 +227,27 @@ def _requirement(digest: str, name: str) -> str:
 
 def fetch_deps(cache: Path, missing: list[tuple[str, str]]) -> None:
     """pip download the missing pinned wheels (by version and hash) into the cache."""
-    with tempfile.TemporaryDirectory(prefix="anvil-llama-deps-") as tmp:
+    options = ["--only-binary=:all:", *TARGET]
+    for platform in PLATFORMS:
+        options += ["--platform", platform]
+    _download(cache, [(_requirement(d, n), d, n) for d, n in missing], options)
+    log(f"fetched {len(missing)} dependency wheel(s) into {cache}")
+
+
+def _download(cache: Path, pins: list[tuple[str, str, str]], options: list[str]) -> None:
+    """`pip download --require-hashes` of (requirement line, SHA-256, file name) pins into the
+    cache, each checked by its SHA-256 before it is copied there."""
+    with tempfile.TemporaryDirectory(prefix="anvil-llama-download-") as tmp:
         reqs = Path(tmp) / "requirements.txt"
-        reqs.write_text("".join(_requirement(d, n) + "\n" for d, n in missing))
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-        cmd += ["--require-hashes", "--disable-pip-version-check", "-q", "-d", tmp, *TARGET]
-        for platform in PLATFORMS:
-            cmd += ["--platform", platform]
-        subprocess.run([*cmd, "-r", str(reqs)], check=True)
-        for digest, name in missing:
+        reqs.write_text("".join(line + "\n" for line, _, _ in pins))
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes"]
+        cmd += ["--disable-pip-version-check", "-q", "-d", tmp, *options, "-r", str(reqs)]
+        subprocess.run(cmd, check=True)
+        for _, digest, name in pins:
             got = Path(tmp) / name
             if not got.is_file() or sha256_file(got) != digest:
                 raise SystemExit(f"build_llama_wheel: pip download did not give {name} ({digest})")
             _copy(got, cache / name)
-    log(f"fetched {len(missing)} dependency wheel(s) into {cache}")
 
 
 def relock(cache: Path, wheel: Path) -> None:
