@@ -125,6 +125,9 @@ def build_wheel(cache: Path) -> Path:
     staging directory scikit-build-core installs into, and a second copy of the libraries).
     """
     with _exclusive(BUILD_ROOT.with_name(BUILD_ROOT.name + ".lock")):
+        if built := llama_wheels(cache):  # by the run that held the lock while this one waited
+            log(f"built meanwhile by another run: {built[0]}")
+            return built[0]
         shutil.rmtree(BUILD_ROOT, ignore_errors=True)
         BUILD_ROOT.mkdir(parents=True)
         sdist = fetch_sdist(cache)
