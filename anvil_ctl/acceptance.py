@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import openai
-import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionToolParam
 
 from anvil_ctl.adapters.credentials import Secret
 from anvil_ctl.core.errors import AuthRejected
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger()
+log = get_logger()
 
 PLAIN_PROMPT = "Reply with exactly: anvil-acceptance-plain"
 STREAM_PROMPT = "Reply with exactly: anvil-acceptance-stream"

@@ -1,19 +1,48 @@
 """structlog setup: JSON lines when not on a TTY, a readable console on a TTY.
 
 Lines inside a transaction carry `tx_id` and `step` because the engine binds them.
+
+Modules take their logger from `get_logger()` here, not from structlog: importing structlog
+loads asyncio, rich and pygments with it (structlog.dev), a large part of a short command's
+start-up, so it is imported at the first line that passes the configured level. A command
+that logs nothing at its level (`status` on a healthy host, `--help`, a parse error) never
+loads it. Once it is loaded every call goes to structlog as it is configured then (a test's
+`structlog.testing.capture_logs` included), and structlog does the filtering.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING, Any
 
-import structlog
+if TYPE_CHECKING:
+    from structlog.typing import Processor
+
+
+class _Setup:
+    pending: tuple[str, str] | None = None
+    """`configure`'s arguments while structlog is not loaded yet; applied when it is."""
+    min_level = logging.NOTSET
+    """The configured level while `pending` holds: a line below it is dropped unloaded."""
+
+
+_setup = _Setup()
 
 
 def configure(fmt: str = "auto", level: str = "info") -> None:
+    if "structlog" in sys.modules:  # loaded already (a test, a library user): at once
+        _setup.pending = None
+        _apply(fmt, level)
+    else:
+        _setup.pending, _setup.min_level = (fmt, level), getattr(logging, level.upper())
+
+
+def _apply(fmt: str, level: str) -> None:
+    import structlog
+
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
-    renderer: structlog.typing.Processor = (
+    renderer: Processor = (
         structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
         if use_console
         else structlog.processors.JSONRenderer(sort_keys=True)
@@ -29,3 +58,55 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def _structlog() -> Any:
+    import structlog
+
+    if _setup.pending is not None:
+        fmt, level = _setup.pending
+        _setup.pending = None
+        _apply(fmt, level)
+    return structlog
+
+
+class Logger:
+    """A structlog logger that loads structlog at its first line not below the level."""
+
+    __slots__ = ("_args", "_bound", "_context")
+
+    def __init__(self, args: tuple[str, ...] = (), context: dict[str, Any] | None = None) -> None:
+        self._args = args
+        self._context = context or {}
+        self._bound: Any = None
+
+    def bind(self, **values: Any) -> Logger:
+        return Logger(self._args, {**self._context, **values})
+
+    def _emit(self, level: int, method: str, event: str, values: dict[str, Any]) -> None:
+        if _setup.pending is not None and level < _setup.min_level:
+            return
+        if not self._context:  # structlog's lazy proxy: the configuration at each call
+            logger = _structlog().get_logger(*self._args)
+        else:  # a bound logger, as structlog's bind makes it: at the first line
+            if self._bound is None:
+                self._bound = _structlog().get_logger(*self._args).bind(**self._context)
+            logger = self._bound
+        getattr(logger, method)(event, **values)
+
+    def debug(self, event: str, **values: Any) -> None:
+        self._emit(logging.DEBUG, "debug", event, values)
+
+    def info(self, event: str, **values: Any) -> None:
+        self._emit(logging.INFO, "info", event, values)
+
+    def warning(self, event: str, **values: Any) -> None:
+        self._emit(logging.WARNING, "warning", event, values)
+
+    def error(self, event: str, **values: Any) -> None:
+        self._emit(logging.ERROR, "error", event, values)
+
+
+def get_logger(*args: str) -> Logger:
+    """`structlog.get_logger(*args)`, loaded at its first line (the args reach the factory)."""
+    return Logger(args)

@@ -23,7 +23,6 @@ from typing import Literal, cast
 
 import docker
 import docker.errors
-import structlog
 from docker.types import DeviceRequest, Ulimit
 from docker.types import Mount as DockerMount
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -48,10 +47,11 @@ from anvil_ctl.core.model import (
     ImageInfo,
     config_fingerprint,
 )
+from anvil_ctl.log import get_logger
 
 GpuMode = Literal["nvidia", "simulated"]
 STOPPED = frozenset({"exited", "created", "dead"})
-log = structlog.get_logger()
+log = get_logger()
 
 _retry = retry(
     retry=retry_if_exception_type(TransientError),

@@ -24,7 +24,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
-import structlog
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.haproxy_config import (
@@ -45,8 +44,9 @@ from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, CredentialError, TransientError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger()
+log = get_logger()
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol, TypeVar
 
-import structlog
-
 from anvil_ctl.core.errors import AdapterError, TransientError, Unavailable
 from anvil_ctl.core.model import GpuProcess, GpuReading
+from anvil_ctl.log import get_logger
 
 MIB = 2**20
 
-log = structlog.get_logger()
+log = get_logger()
 
 T = TypeVar("T")
 

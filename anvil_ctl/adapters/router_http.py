@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
-import structlog
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -25,8 +24,9 @@ from anvil_ctl.adapters.credentials import Secret
 from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
 from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import RoutedAnswer
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger()
+log = get_logger()
 
 READMIT_PROMPT = "Reply with exactly: anvil-readmit"
 PROBE_ALIAS = "anvil.credential-probe"

@@ -41,13 +41,12 @@ import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-import structlog
-
 from anvil_ctl.adapters.procfs import proc_cgroup_container
 from anvil_ctl.adapters.shm_removal import Observation, SeenFile, remove_residue
 from anvil_ctl.config import ENGINE_SEGMENTS
 from anvil_ctl.core.model import LABEL_MANAGED, ResidueFile, ResidueRemoval, ShmMark
 from anvil_ctl.core.ports import ContainerRuntime, ShmLedger
+from anvil_ctl.log import get_logger
 
 # We scan /dev/shm, never create files in it.
 DEFAULT_DIRECTORY = Path("/dev/shm")  # noqa: S108
@@ -58,7 +57,7 @@ MAX_ANCESTRY = 64
 ManagedContainers = Callable[[], Mapping[str, int | None]]
 """Managed containers now: container ID -> init PID (None when it runs no process)."""
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def managed_containers(runtime: ContainerRuntime) -> ManagedContainers:

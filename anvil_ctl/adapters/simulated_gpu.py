@@ -12,15 +12,15 @@ import ssl
 from collections.abc import Callable, Mapping
 
 import httpx
-import structlog
 
 from anvil_ctl.config import GpuRole
 from anvil_ctl.core.errors import AdapterError
 from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_PREFIX, GpuProcess, GpuReading
 from anvil_ctl.core.ports import ContainerRuntime
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger()
+log = get_logger()
 
 LABEL_PORT = LABEL_PREFIX + "port"
 LABEL_BINDING = LABEL_PREFIX + "binding"

@@ -53,7 +53,6 @@ import time
 from collections.abc import Callable
 
 import httpx
-import structlog
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.router_http import (
@@ -71,10 +70,11 @@ from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
+from anvil_ctl.log import get_logger
 
 __all__ = ["NIL_WORKER_ID", "OWN_REMOVAL_MIN_S", "POLL_FIRST_S", "TIER_LABEL", "SmgRouter"]
 
-log = structlog.get_logger()
+log = get_logger()
 
 POLL_FIRST_S = 0.02
 """Polls start this short and double up to `poll_s`: most waits end within a few polls.

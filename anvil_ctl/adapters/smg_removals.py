@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import structlog
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger()
+log = get_logger()
 
 OWN_REMOVAL_MIN_S = 5.0
 """smg 1.13 removes a DELETEd worker after a fixed 5 s drain (5.10-5.15 s measured): a

@@ -2,9 +2,9 @@
 
 `Out` is one command's stdout: its width when it is a terminal (None on a pipe), whether
 `-o wide` asked for everything in full, and a rich console for the few renderables
-(summary tables) that need one. `s` makes any value one safe line, `lines_of` turns a
-nested record into indented `key: value` lines, `table` prints rows as `tables.layout`
-fits them.
+(summary tables) that need one, made (and rich imported) when one is printed. `s` makes
+any value one safe line, `lines_of` turns a nested record into indented `key: value`
+lines, `table` prints rows as `tables.layout` fits them.
 
 Warning: every value shown to a person may have come from a person or a file (an
 approver, a reason, a container name, a manifest path). Every renderer passes each one
@@ -18,16 +18,15 @@ import json
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-
-from rich.console import Console
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from anvil_ctl.cli.tables import layout, show_time
 from anvil_ctl.core.validate import escape_text
 
-
-def _console() -> Console:
-    return Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @dataclass
@@ -37,7 +36,12 @@ class Out:
     width: int | None = None
     """The terminal's width; None on a pipe (nothing is narrowed there)."""
     wide: bool = False
-    console: Console = field(default_factory=_console)
+
+    @cached_property
+    def console(self) -> Console:
+        from rich.console import Console
+
+        return Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
 
     @classmethod
     def stdout(cls, *, wide: bool = False) -> Out:

@@ -27,14 +27,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
-from rich.text import Text
-
 from anvil_ctl.core.ports import Progress, SilentProgress
 from anvil_ctl.core.validate import escape_text
 
+# rich is imported where a terminal display is drawn (`for_stream` on a TTY, `LiveProgress`),
+# not here: a command on a pipe, a cron job's recheck, never loads it
 if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.live import Live
+
     from anvil_ctl.qualify.results import GateResult
 
 HEARTBEAT_S = 2.0
@@ -46,6 +47,8 @@ def for_stream(stream: TextIO, *, json_output: bool, heartbeat_s: float = HEARTB
     if json_output:
         return SilentProgress()
     if stream.isatty():
+        from rich.console import Console
+
         return LiveProgress(Console(file=stream, highlight=False, markup=False, emoji=False))
     return PlainProgress(stream, heartbeat_s=heartbeat_s)
 
@@ -201,6 +204,9 @@ class _LiveLine:
         self.state = state
 
     def __rich__(self) -> RenderableType:
+        from rich.console import Group
+        from rich.text import Text
+
         r = self.state.running
         if r is None:
             return Text("")
@@ -225,10 +231,14 @@ class LiveProgress:
         self._live: Live | None = None
 
     def _print(self, text: str, style: str = "") -> None:
+        from rich.text import Text
+
         self.console.print(Text(escape_text(text), style=style))
 
     def _start_live(self) -> None:
         """The transient live area under the printed lines (one at a time: rich's rule)."""
+        from rich.live import Live
+
         self._stop_live()
         self._live = Live(
             _LiveLine(self._state),

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TypedDict
 
-import structlog
 from pydantic import ValidationError
 
 from anvil_ctl.atomic import atomic_write
@@ -38,9 +37,10 @@ from anvil_ctl.engine.gpu import ledger
 from anvil_ctl.gpu.ownership import Mode
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
 from anvil_ctl.gpu.waivers import GATE, POLICIES, Waiver, check_gate_waiver, parse_scope
+from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import waivers
 
-log = structlog.get_logger()
+log = get_logger()
 
 
 # -- probe ------------------------------------------------------------------------------------

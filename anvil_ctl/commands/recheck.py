@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-import structlog
-
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
@@ -41,9 +39,10 @@ from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World, one_reading
+from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import rechecks
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class RecheckRecord(TypedDict):

@@ -23,8 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
-
 from anvil_ctl.core.errors import AdapterError, AnvilError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity, VramNeed
@@ -39,8 +37,9 @@ from anvil_ctl.engine.serving import (
     stop_verified,
 )
 from anvil_ctl.engine.world import World
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger("anvil.availability")
+log = get_logger("anvil.availability")
 
 RECORDED_ROLES = ("incumbent", "candidate", "rollback", "harbour")
 

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger("anvil.faults")
+log = get_logger("anvil.faults")
 
 PAUSE_LIMIT_S = 600.0
 

@@ -23,8 +23,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
-import structlog
-
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONObject
@@ -43,11 +41,12 @@ from anvil_ctl.gpu.release import wait_for_vram_release
 from anvil_ctl.gpu.reserve import POLICY as VRAM_RESERVE
 from anvil_ctl.gpu.reserve import VramReserveGate
 from anvil_ctl.gpu.waivers import resolve
+from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import gpu_ledger
 from anvil_ctl.persistence import waivers as stored_waivers
 from anvil_ctl.persistence.store import Store
 
-log = structlog.get_logger()
+log = get_logger()
 
 
 def ownership_mode(roles: Collection[str]) -> Mode:

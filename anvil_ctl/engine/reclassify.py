@@ -16,21 +16,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import structlog
-
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, get_int, get_object, get_objects
 from anvil_ctl.core.model import Identity, sha256_hex
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waivers as waiver_policy
 from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
+from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import qualification, waivers
 from anvil_ctl.persistence.qualification import DecisionRecord
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.runner import QualificationResult
 
-log = structlog.get_logger()
+log = get_logger()
 
 
 def raw_decision_body(

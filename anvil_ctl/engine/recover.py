@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-import structlog
-
 from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
@@ -33,8 +31,9 @@ from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.engine.plans import KINDS, TxKind
 from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger("anvil.recover")
+log = get_logger("anvil.recover")
 
 AnyPlan = Plan[object, World, object]
 """The plan of any kind, as `recover` rebuilds it from the journal."""

@@ -30,8 +30,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import structlog
-
 from anvil_ctl.core.errors import AnvilError, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
@@ -45,13 +43,14 @@ from anvil_ctl.engine.journaling import JournalWriter
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import to_json
 from anvil_ctl.engine.world import World, one_reading
+from anvil_ctl.log import get_logger
 
 A = TypeVar("A")
 M = TypeVar("M")
 W = World
 AVAILABILITY = "availability"
 
-log = structlog.get_logger("anvil.engine")
+log = get_logger("anvil.engine")
 
 
 _SILENT = SilentProgress()

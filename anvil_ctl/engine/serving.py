@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-import structlog
-
 from anvil_ctl.core.engine_profile import EngineProfile, engine_profile
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
@@ -27,8 +25,9 @@ from anvil_ctl.core.model import ContainerInfo, Identity, VramNeed
 from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.world import World
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger("anvil.serving")
+log = get_logger("anvil.serving")
 
 
 class SlotArgs(Protocol):

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-import structlog
-
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import GpuReading, VramNeed
 from anvil_ctl.core.ports import Clock, GpuProbe
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger()
+log = get_logger()
 
 
 def _card(reading: GpuReading | None) -> JSONObject | None:

@@ -22,14 +22,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import structlog
 from sqlalchemy.engine import make_url
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.log import get_logger
 from anvil_ctl.persistence.audit import Head
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 HEAD_RE = re.compile(r"^(\d{1,18}):([0-9a-f]{64})$")
 

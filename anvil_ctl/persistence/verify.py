@@ -39,13 +39,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import structlog
 from sqlalchemy import Table, func, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import Unavailable
 from anvil_ctl.core.model import canonical_json
+from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import audit, chainwalk, projection
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
@@ -64,7 +64,7 @@ from anvil_ctl.persistence.verify_report import (  # re-exported: the report is 
 
 __all__ = ["CheckpointRecord", "HeadFileCheck", "Report", "ReportRecord", "verify"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 AUDIT_TABLE = AuditEntry.__tablename__
 

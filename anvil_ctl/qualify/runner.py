@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import ParamSpec
 
 import httpx
-import structlog
 
 from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.validate import utc_stamp
+from anvil_ctl.log import get_logger
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.engine_gates import (
@@ -53,7 +53,7 @@ from anvil_ctl.qualify.report import NullProgress, Progress, SummaryRow, summary
 from anvil_ctl.qualify.results import GateResult
 from anvil_ctl.qualify.tokens import calibrate, token_counter
 
-log = structlog.get_logger()
+log = get_logger()
 
 P = ParamSpec("P")
 VRAM_BEFORE = "vram-before.json"

@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-import structlog
-
 from anvil_ctl.core.model import LABEL_PREFIX, GpuProcess, GpuReading
+from anvil_ctl.log import get_logger
 
-log = structlog.get_logger()
+log = get_logger()
 
 LABEL_PORT = LABEL_PREFIX + "port"
 LABEL_BINDING = LABEL_PREFIX + "binding"
