@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from structlog.typing import Processor
@@ -28,6 +29,7 @@ class _Setup:
 
 
 _setup = _Setup()
+_applying = threading.Lock()
 
 
 def configure(fmt: str = "auto", level: str = "info") -> None:
@@ -60,14 +62,27 @@ def _apply(fmt: str, level: str) -> None:
     )
 
 
-def _structlog() -> Any:
+class _Sink(Protocol):
+    """What a structlog logger offers that ours pass lines to."""
+
+    def bind(self, **values: object) -> _Sink: ...
+    def debug(self, event: str, **values: object) -> object: ...
+    def info(self, event: str, **values: object) -> object: ...
+    def warning(self, event: str, **values: object) -> object: ...
+    def error(self, event: str, **values: object) -> object: ...
+
+
+def _structlog_logger(args: tuple[str, ...]) -> _Sink:
+    """`structlog.get_logger(*args)`, structlog loaded and configured first."""
     import structlog
 
     if _setup.pending is not None:
-        fmt, level = _setup.pending
-        _setup.pending = None
-        _apply(fmt, level)
-    return structlog
+        with _applying:  # once; another thread's first line waits until it is done
+            if _setup.pending is not None:
+                _apply(*_setup.pending)
+                _setup.pending = None
+    logger: _Sink = structlog.get_logger(*args)
+    return logger
 
 
 class Logger:
@@ -75,35 +90,35 @@ class Logger:
 
     __slots__ = ("_args", "_bound", "_context")
 
-    def __init__(self, args: tuple[str, ...] = (), context: dict[str, Any] | None = None) -> None:
+    def __init__(self, args: tuple[str, ...] = (), context: dict[str, object] | None = None) -> None:
         self._args = args
         self._context = context or {}
-        self._bound: Any = None
+        self._bound: _Sink | None = None
 
-    def bind(self, **values: Any) -> Logger:
+    def bind(self, **values: object) -> Logger:
         return Logger(self._args, {**self._context, **values})
 
-    def _emit(self, level: int, method: str, event: str, values: dict[str, Any]) -> None:
+    def _emit(self, level: int, method: str, event: str, values: dict[str, object]) -> None:
         if _setup.pending is not None and level < _setup.min_level:
             return
         if not self._context:  # structlog's lazy proxy: the configuration at each call
-            logger = _structlog().get_logger(*self._args)
+            logger = _structlog_logger(self._args)
         else:  # a bound logger, as structlog's bind makes it: at the first line
             if self._bound is None:
-                self._bound = _structlog().get_logger(*self._args).bind(**self._context)
+                self._bound = _structlog_logger(self._args).bind(**self._context)
             logger = self._bound
         getattr(logger, method)(event, **values)
 
-    def debug(self, event: str, **values: Any) -> None:
+    def debug(self, event: str, **values: object) -> None:
         self._emit(logging.DEBUG, "debug", event, values)
 
-    def info(self, event: str, **values: Any) -> None:
+    def info(self, event: str, **values: object) -> None:
         self._emit(logging.INFO, "info", event, values)
 
-    def warning(self, event: str, **values: Any) -> None:
+    def warning(self, event: str, **values: object) -> None:
         self._emit(logging.WARNING, "warning", event, values)
 
-    def error(self, event: str, **values: Any) -> None:
+    def error(self, event: str, **values: object) -> None:
         self._emit(logging.ERROR, "error", event, values)
 
 

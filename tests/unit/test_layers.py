@@ -75,22 +75,25 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # places: where anvilctl's files are (the shipped migrations and recipes, the default
     # state directory and host config); it imports nothing, and whoever needs a place asks it.
     "places": frozenset(),
-    "log": frozenset({"core", "config"}),
+    # log: structlog behind `get_logger`, loaded at the first line that passes the level; it
+    # imports no layer, and every layer that logs takes its logger there
+    "log": frozenset(),
     # atomic: the audit chain's head file beside the database is replaced atomically.
-    "persistence": frozenset({"core", "config", "atomic", "places"}),
-    "adapters": frozenset({"core", "config", "atomic"}),
-    "gpu": frozenset({"core", "config"}),
-    "qualify": frozenset({"core", "config", "atomic"}),
+    "persistence": frozenset({"core", "config", "atomic", "places", "log"}),
+    "adapters": frozenset({"core", "config", "atomic", "log"}),
+    "gpu": frozenset({"core", "config", "log"}),
+    "qualify": frozenset({"core", "config", "atomic", "log"}),
     # recipes: the shipped recipes' relative mounts resolve beside the installed package
     "recipes": frozenset({"core", "config", "places"}),
     "stub": frozenset({"core"}),
-    "acceptance": frozenset({"core", "config", "adapters"}),
-    "engine": _BASE | {"persistence"},
-    "commands": _BASE | {"persistence", "adapters", "acceptance", "engine", "bootstrap", "atomic", "places"},
+    "acceptance": frozenset({"core", "config", "adapters", "log"}),
+    "engine": _BASE | {"persistence", "log"},
+    "commands": _BASE
+    | {"persistence", "adapters", "acceptance", "engine", "bootstrap", "atomic", "places", "log"},
     "bootstrap": frozenset(LAYERS) - {"bootstrap", "cli", "migrations"},
     # cli renders the engine's result types; its completion finds recipes and the default config
     "cli": _BASE | {"log", "commands", "bootstrap", "engine", "places"},
-    "testing": _BASE,
+    "testing": _BASE | {"log"},
     "migrations": frozenset({"core", "persistence"}),
 }
 

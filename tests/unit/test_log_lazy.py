@@ -92,3 +92,28 @@ def test_no_module_of_ours_imports_structlog_itself() -> None:
         if p.name != "log.py" and ("import structlog" in p.read_text() or "from structlog" in p.read_text())
     ]
     assert offenders == []
+
+
+THREADS = """
+import sys, threading
+from anvil_ctl import log
+log.configure("json", "info")
+go = threading.Barrier(8)
+def first_line(n):
+    go.wait()
+    log.get_logger().bind(thread=n).info("first", n=n)
+threads = [threading.Thread(target=first_line, args=(n,)) for n in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+
+
+def test_first_lines_of_several_threads_at_once_are_all_written_as_configured() -> None:
+    # the configuration is applied once, before any of them is written: none goes out in
+    # structlog's unconfigured form (a console line on stdout)
+    r = _run(THREADS)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    lines = _lines(r.stderr)
+    assert sorted(int(str(x["n"])) for x in lines) == list(range(8))
+    assert all(x["event"] == "first" and x["thread"] == x["n"] for x in lines)
