@@ -40,8 +40,8 @@ class Transaction(Base):
     __tablename__ = "transactions"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(32), index=True)
-    slot: Mapped[str | None] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(32))  # no index: views filter tx_current (0019)
+    slot: Mapped[str | None] = mapped_column(String(64))
     args_json: Mapped[str] = mapped_column(PackedJSON)
     owner_pid: Mapped[int] = mapped_column(Integer)
     owner_host: Mapped[str] = mapped_column(String(255))
@@ -261,7 +261,7 @@ class DecisionRow(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     slot: Mapped[str] = mapped_column(String(64))
-    identity_digest: Mapped[str] = mapped_column(String(64), index=True)
+    identity_digest: Mapped[str] = mapped_column(String(64))  # ix_decisions_identity_digest_at
     container_id: Mapped[str] = mapped_column(String(64))
     outcome: Mapped[str] = mapped_column(String(32))
     profile: Mapped[str] = mapped_column(String(64), default="")

@@ -120,8 +120,10 @@ def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONO
     # compared as `slot || ''`, which no index serves: otherwise SQLite (no statistics: we
     # never ANALYZE) reads every transaction of the slot through ix_transactions_slot, all
     # their snapshots, and sorts them (238 ms at 100k transactions, 1 ms at 1k) instead of
-    # walking the snapshots' primary key. The walk costs the snapshots newer than the one
-    # found, of any slot; a slot's own snapshots are the newest ones when it is rolled back.
+    # walking the snapshots' primary key (0019 dropped that index, unused since; the form
+    # stays, so that no index on the slot can draw the planner off the walk). The walk costs
+    # the snapshots newer than the one found, of any slot; a slot's own snapshots are the
+    # newest ones when it is rolled back.
     # The first bound is the largest INTEGER (the column's type): PostgreSQL refuses a larger
     # parameter for an INTEGER comparison ("integer out of range"); SQLite took 2**62.
     # Pages of 8, then twice as many each time up to 256: the snapshot sought is usually
