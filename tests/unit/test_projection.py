@@ -275,9 +275,8 @@ def longer(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
     return _story(make_fake_host(tmp_path_factory.mktemp("plans-longer")), cycles=6)
 
 
-def _statement_steps(host: FakeHost) -> dict[str, int]:
-    """SQL text -> the most SQLite VM steps one execution of it took, for every SELECT the
-    guards (dry runs), status, audit, lock status and recover run on `host`."""
+def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
+    """The SELECTs the guards (dry runs), status, audit, lock status and recover run on `host`."""
     ctx = host.context()
     tx_id = audit.transactions(ctx, limit=1)[0]["tx_id"]
     with _statements(ctx) as seen:
@@ -289,6 +288,13 @@ def _statement_steps(host: FakeHost) -> dict[str, int]:
         audit.show(ctx, tx_id[:8])
         transactions.lock_status(ctx)
         transactions.recover_all(ctx)
+    return seen
+
+
+def _statement_steps(host: FakeHost) -> dict[str, int]:
+    """SQL text -> the most SQLite VM steps one execution of it took, for every SELECT the
+    guards (dry runs), status, audit, lock status and recover run on `host`."""
+    seen = _every_read(host)
     con = sqlite3.connect(f"file:{host.settings.state_dir / 'anvil.db'}?mode=ro", uri=True)
     steps: dict[str, int] = {}
     counter = [0]
@@ -340,17 +346,7 @@ class TestQueryPlans:
     def test_no_guard_status_recover_lock_or_audit_query_scans_a_history_table(
         self, populated: FakeHost
     ) -> None:
-        ctx = populated.context()
-        tx_id = audit.transactions(ctx, limit=1)[0]["tx_id"]
-        with _statements(ctx) as seen:
-            lifecycle.rollback(ctx, slot=SLOT, dry_run=True)
-            lifecycle.promote(ctx, slot=SLOT, approved_by="operator", dry_run=True)
-            transactions.load(ctx, slot=SLOT, candidate=populated.candidate(name="x"), dry_run=True)
-            admin.status(ctx)
-            audit.transactions(ctx, limit=20)
-            audit.show(ctx, tx_id[:8])
-            transactions.lock_status(ctx)
-            transactions.recover_all(ctx)
+        seen = _every_read(populated)
         assert len(seen) > 20
         con = sqlite3.connect(populated.settings.state_dir / "anvil.db")
         try:
