@@ -75,6 +75,9 @@ def floor(names: list[str]) -> None:
 
 
 def main() -> None:
+    # as the console entry point does before anything imports httpx (`cli.app._without_httpx_cli`),
+    # so that this harness's own `import httpx` and the floor load what anvilctl loads
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     if sys.argv[1] == "--floor":
         floor(sys.argv[2:])
     import httpx

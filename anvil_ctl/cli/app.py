@@ -289,12 +289,23 @@ def console() -> NoReturn:
     flushing; library callers and tests call `main` and keep a normal exit.
     """
     _collector_off_while_starting()
+    _without_httpx_cli()
     code = main()
     for stream in (sys.stdout, sys.stderr):
         # The reader may have left (`anvilctl ... | head`): nothing more to say to it.
         with contextlib.suppress(BrokenPipeError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+def _without_httpx_cli() -> None:
+    """`import httpx` also imports httpx's own command line client (`httpx._main`: rich,
+    pygments and click) whenever those are installed, as they are here; that is 60-70 ms of
+    every command that talks HTTP, for a client anvilctl never runs (encode/httpx#3547 moves
+    it out of `__init__`). A `None` in `sys.modules` makes that one import fail, and httpx
+    then defines a stub `httpx.main`. Only the console entry point does this: it owns its
+    process; a library caller's httpx stays whole."""
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 
 STARTING_S = 2.0
