@@ -8,6 +8,10 @@ start-up, so it is imported at the first line that passes the configured level. 
 that logs nothing at its level (`status` on a healthy host, `--help`, a parse error) never
 loads it. Once it is loaded every call goes to structlog as it is configured then (a test's
 `structlog.testing.capture_logs` included), and structlog does the filtering.
+
+Where the lines are JSON (a pipe, a cron job, `--log-format json`) structlog is loaded without
+rich: `structlog.dev` imports rich (and pygments through it) whenever it is installed, only for
+the console renderer's exception display, which JSON lines never use (`_import_structlog`).
 """
 
 from __future__ import annotations
@@ -40,13 +44,39 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
         _setup.pending, _setup.min_level = (fmt, level), getattr(logging, level.upper())
 
 
+def _uses_console(fmt: str) -> bool:
+    return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+
+
+def _import_structlog(fmt: str) -> None:
+    """Import structlog for lines in `fmt`; for JSON lines off a terminal, without rich.
+
+    `structlog.dev` runs `import rich` at its import, for the console renderer's exception
+    display alone; JSON lines never use it, and rich with pygments is 30-60 ms of a command's
+    start-up. A `None` in `sys.modules` makes that one import fail (structlog then keeps
+    its plain traceback formatter), and is taken out again at once, so rich itself still
+    imports for whoever needs it later. On a terminal (where the progress display may be
+    importing rich from another thread) nothing is hidden.
+    """
+    if "structlog" in sys.modules:
+        return
+    if _uses_console(fmt) or sys.stderr.isatty() or "rich" in sys.modules:
+        import structlog
+
+        return
+    sys.modules["rich"] = None  # type: ignore[assignment]
+    try:
+        import structlog  # noqa: F401
+    finally:
+        del sys.modules["rich"]
+
+
 def _apply(fmt: str, level: str) -> None:
     import structlog
 
-    use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: Processor = (
         structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-        if use_console
+        if _uses_console(fmt)
         else structlog.processors.JSONRenderer(sort_keys=True)
     )
     structlog.configure(
@@ -74,13 +104,14 @@ class _Sink(Protocol):
 
 def _structlog_logger(args: tuple[str, ...]) -> _Sink:
     """`structlog.get_logger(*args)`, structlog loaded and configured first."""
-    import structlog
-
     if _setup.pending is not None:
         with _applying:  # once; another thread's first line waits until it is done
             if _setup.pending is not None:
+                _import_structlog(_setup.pending[0])
                 _apply(*_setup.pending)
                 _setup.pending = None
+    import structlog
+
     logger: _Sink = structlog.get_logger(*args)
     return logger
 

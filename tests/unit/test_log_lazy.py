@@ -59,9 +59,39 @@ def test_a_command_that_logs_loads_structlog_and_writes_its_lines(fake_host: Fak
     r = _run(CHILD, "recheck", env=fake_host.env() | {"ANVIL_LOG_LEVEL": "info"})
     lines = _lines(r.stderr)
     assert lines[-1]["code"] == 0, r.stderr
-    assert "structlog" in lines[-1]["loaded"]  # type: ignore[operator]
+    # its lines are JSON (stderr is a pipe): structlog without rich and pygments
+    assert lines[-1]["loaded"] == ["structlog"], r.stderr
     head = [x for x in lines[:-1] if x.get("event") == "audit.head"]
     assert len(head) == 1 and head[0]["level"] == "info" and head[0]["seq"], r.stderr
+
+
+RICH = """
+import json, sys
+from anvil_ctl import log
+log.configure(sys.argv[1], "info")
+log.get_logger().info("line", n=1)
+import structlog.dev
+before = "rich" in sys.modules
+import rich.console  # whoever needs rich later still gets it
+print(json.dumps({"rich_before": before, "structlog_sees_rich": structlog.dev.rich is not None,
+                  "rich_after": rich.console.__name__}), file=sys.stderr)
+"""
+
+
+def test_json_lines_load_structlog_without_rich_and_rich_still_imports_afterwards() -> None:
+    r = _run(RICH, "json")
+    assert r.returncode == 0, r.stderr
+    line, report = _lines(r.stderr)
+    assert line["event"] == "line" and line["n"] == 1
+    assert report == {"rich_before": False, "structlog_sees_rich": False, "rich_after": "rich.console"}
+
+
+def test_console_lines_load_structlog_with_rich_for_its_exception_display() -> None:
+    r = _run(RICH, "console")
+    assert r.returncode == 0, r.stderr
+    assert "line" in r.stderr.splitlines()[0]  # a console line, not JSON
+    report = _lines(r.stderr)[-1]
+    assert report == {"rich_before": True, "structlog_sees_rich": True, "rich_after": "rich.console"}
 
 
 def test_lines_below_the_level_cost_no_import_and_the_rest_are_written_with_their_context() -> None:
