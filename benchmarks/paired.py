@@ -18,7 +18,13 @@ state (the incumbent serving and routed) back to it:
   same container ID, poll /health and /v1/models, register, routed smoke.
 
 The bare sequence is written plainly: the Docker SDK and one httpx client, in this
-process (no interpreter start, no imports, no records), polling every 50 ms.
+process (no interpreter start, no imports, no records), polling every 50 ms. Its chats send
+anvilctl's own request bodies (the readmission prompt and max_tokens of
+`router_http.routed_chat`; the prompts, max_tokens and tool of `anvil_ctl.acceptance`): the stub
+decodes what it is asked for (recipes run it with `--verbose-default`: a prompt it has no
+answer for gets `max_tokens`, else 256, tokens at 1,000 tok/s), so a bare chat of another
+prompt would time the stub's decoding, not the sequence (until 2026-12-03 the bare smoke
+"smoke" took 0.27 s to anvilctl's 0.02 s).
 Also: `anvilctl --help` against `python -c pass` (same interpreter), and the own time of
 `status` and `recheck` (their wall time minus the time spent waiting on Docker and HTTP
 calls, measured by benchmarks/owntime.py). On a loaded machine read the ratios.
@@ -59,7 +65,9 @@ if str(REPO) not in sys.path:
 import docker
 import httpx
 
+from anvil_ctl.acceptance import PLAIN_PROMPT, STREAM_PROMPT, TOOL_PROMPT, TOOLS
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
+from anvil_ctl.adapters.router_http import READMIT_PROMPT
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.config import Settings, load_host_config
 from anvil_ctl.recipes import container_spec, load_recipe
@@ -163,7 +171,8 @@ class Bare:
         self.http.post(f"{self.smg}/workers", headers=self.admin, json=body)
         while not any(w.get("is_healthy") for w in self.workers()):
             time.sleep(POLL_S)
-        while self.chat({"messages": [{"role": "user", "content": "smoke"}]}).get("model") != model:
+        smoke = {"messages": [{"role": "user", "content": READMIT_PROMPT}], "max_tokens": 64, "stream": False}
+        while self.chat(smoke).get("model") != model:
             time.sleep(POLL_S)
 
     def chat(self, extra: dict[str, Any]) -> dict[str, Any]:
@@ -173,33 +182,23 @@ class Bare:
         return dict(r.json()) if r.status_code == 200 else {}
 
     def acceptance(self, model: str) -> None:
-        """The three checks of real-client acceptance, as plain requests."""
-        assert (
-            self.chat({"messages": [{"role": "user", "content": "Reply with exactly: ok"}]})["model"] == model
-        )
+        """The three checks of real-client acceptance, as plain requests with its bodies."""
+        plain = {"messages": [{"role": "user", "content": PLAIN_PROMPT}], "max_tokens": 64}
+        assert self.chat(plain)["model"] == model
         with self.http.stream(
             "POST",
             f"{self.smg}/v1/chat/completions",
             headers=self.client,
-            json={"model": ALIAS, "stream": True, "messages": [{"role": "user", "content": "stream"}]},
+            json={
+                "model": ALIAS,
+                "stream": True,
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": STREAM_PROMPT}],
+            },
         ) as r:
             assert r.status_code == 200 and any(line == "data: [DONE]" for line in r.iter_lines())
-        tool = {
-            "type": "function",
-            "function": {
-                "name": "lookup_slot",
-                "description": "Look up a serving slot.",
-                "parameters": {"type": "object", "properties": {"slot": {"type": "string"}}},
-            },
-        }
-        answer = self.chat(
-            {
-                "messages": [
-                    {"role": "user", "content": 'call `lookup_slot` with arguments JSON {"slot": "primary"}'}
-                ],
-                "tools": [tool],
-            }
-        )
+        tool = {"messages": [{"role": "user", "content": TOOL_PROMPT}], "tools": TOOLS, "max_tokens": 256}
+        answer = self.chat(tool)
         assert answer["choices"][0]["message"].get("tool_calls"), answer
 
     def serving(self, model: str) -> None:
