@@ -11,13 +11,13 @@ from typing import TypedDict
 
 from sqlalchemy import select, text
 
+from anvil_ctl.persistence import projection
 from anvil_ctl.persistence.models import (
     Host,
     IdentityCurrent,
     IdentityRow,
     LockHeld,
     RecheckRow,
-    TxCurrent,
 )
 from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store
@@ -78,11 +78,9 @@ def status(store: Store) -> list[HostStatus]:
                 .order_by(RecheckRow.id.desc())
                 .limit(1)
             ).first()
-            open_txs = s.execute(
-                select(TxCurrent)
-                .where(TxCurrent.unresolved == 1, TxCurrent.host_id == h.id)
-                .order_by(TxCurrent.created_at)
-            ).scalars()
+            # the projection's own read of unresolved transactions (its partial index): a
+            # bound `unresolved = ?` cannot use it, and walked every transaction of the host
+            open_txs = projection.tx_rows_in(s, frozenset(projection.UNRESOLVED), host=h.id)
             locks = s.execute(select(LockHeld.lock_id).where(LockHeld.host_id == h.id)).all()
             out.append(
                 {
