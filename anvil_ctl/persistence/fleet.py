@@ -19,7 +19,7 @@ from anvil_ctl.persistence.models import (
     LockHeld,
     RecheckRow,
 )
-from anvil_ctl.persistence.scope import on_host
+from anvil_ctl.persistence.scope import host_key
 from anvil_ctl.persistence.store import Store
 
 
@@ -74,7 +74,7 @@ def status(store: Store) -> list[HostStatus]:
             ).all()
             recheck = s.execute(
                 select(RecheckRow.slot, RecheckRow.passed, RecheckRow.at)
-                .where(on_host(RecheckRow.host_id, h.id))
+                .where(host_key(RecheckRow.host_id) == h.id)  # ix_rechecks_host_key_id
                 .order_by(RecheckRow.id.desc())
                 .limit(1)
             ).first()

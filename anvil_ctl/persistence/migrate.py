@@ -21,7 +21,7 @@ from anvil_ctl.places import MIGRATIONS_DIR
 if TYPE_CHECKING:
     from alembic.config import Config
 
-SCHEMA_REVISION = "0019"
+SCHEMA_REVISION = "0020"
 
 
 def _stamped(engine: Engine) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text
+from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column, partial_index
@@ -31,6 +31,7 @@ from anvil_ctl.persistence.coltypes import (
 )
 from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
 from anvil_ctl.persistence.rowrefs import PackedRows
+from anvil_ctl.persistence.scope import HOST_KEY_SQL
 
 GpuMode = Literal["exclusive", "split"]
 """How a serve owns its GPU roles (`anvil_ctl.gpu.ownership.Mode`; only these are written)."""
@@ -318,7 +319,12 @@ class ApprovalRow(Base):
 
 
 class RecheckRow(Base):
+    """One recheck run. Read newest first per host (`audit rechecks`, `fleet status`) through
+    `ix_rechecks_host_key_id` (0020): a host's newest runs are a search, whatever the other
+    hosts of the database ran since."""
+
     __tablename__ = "rechecks"
+    __table_args__ = (Index("ix_rechecks_host_key_id", text(HOST_KEY_SQL), "id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     slot: Mapped[str] = mapped_column(String(64), index=True)

@@ -250,6 +250,7 @@ def _bounded(sql: str, scans: list[str]) -> bool:
     """A scan that cannot grow with the history: an operator table, or a walk in key order
     without a filter that stops at its LIMIT (the audit chain's head)."""
     tables = {SCAN.match(p).group(1) for p in scans}  # type: ignore[union-attr]
+    sql = " ".join(sql.split())  # SQLAlchemy breaks its lines before WHERE and ORDER BY
     in_order = " LIMIT " in sql and " WHERE " not in sql and "ORDER BY" in sql
     return tables <= set(OPERATOR_TABLES) or in_order
 
