@@ -1,6 +1,6 @@
 """Scale: guards, status, audit and the README queries on state databases of 1k/10k/100k transactions.
 
-    .venv/bin/python benchmarks/scale.py [--sizes 1000 10000 100000] [--cache DIR] [--markdown]
+    .venv/bin/python benchmarks/scale.py [--sizes 1000 10000 100000] [--cache DIR] [--markdown-out FILE]
 
 The databases hold copies of real transactions. A fake host (`ANVIL_BACKEND=fake`, the
 shipped fakes) adopts an incumbent and runs load, promote and rollback through the real

@@ -298,11 +298,10 @@ def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
     return seen
 
 
-def _statement_steps(host: FakeHost) -> dict[str, int]:
-    """SQL text -> the most SQLite VM steps one execution of it took, for every SELECT the
-    guards (dry runs), status, audit, lock status and recover run on `host`."""
-    seen = _every_read(host)
-    con = sqlite3.connect(f"file:{host.settings.state_dir / 'anvil.db'}?mode=ro", uri=True)
+def vm_steps(db: Path, statements: list[tuple[str, Any]]) -> dict[str, int]:
+    """SQL text -> the most SQLite virtual machine steps one execution of it took on `db` (read
+    only): what a statement costs, whatever the machine's load."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     steps: dict[str, int] = {}
     counter = [0]
 
@@ -312,13 +311,19 @@ def _statement_steps(host: FakeHost) -> dict[str, int]:
 
     con.set_progress_handler(step, 1)
     try:
-        for sql, params in seen:
+        for sql, params in statements:
             counter[0] = 0
             con.execute(sql, params).fetchall()
             steps[sql] = max(steps.get(sql, 0), counter[0])
     finally:
         con.close()
     return steps
+
+
+def _statement_steps(host: FakeHost) -> dict[str, int]:
+    """SQL text -> the most SQLite VM steps one execution of it took, for every SELECT the
+    guards (dry runs), status, audit, lock status and recover run on `host`."""
+    return vm_steps(host.settings.state_dir / "anvil.db", _every_read(host))
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from anvil_ctl.persistence.models import RecheckRow
 from anvil_ctl.persistence.scope import HOST_KEY_SQL
 from tests.unit.fakehost import FakeHost
 from tests.unit.test_fleet import SLOT, _fleet
-from tests.unit.test_projection import _statements
+from tests.unit.test_projection import _statements, vm_steps
 
 INDEX = "ix_rechecks_host_key_id"
 
@@ -65,19 +65,7 @@ def _reads(host: FakeHost, other: FakeHost) -> dict[str, tuple[str, Any]]:
 
 def _steps(db: Path, sql: str, params: Any) -> int:
     """SQLite virtual machine steps of one execution (what the statement costs, load aside)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    counter = [0]
-
-    def step() -> int:
-        counter[0] += 1
-        return 0
-
-    con.set_progress_handler(step, 1)
-    try:
-        con.execute(sql, params).fetchall()
-    finally:
-        con.close()
-    return counter[0]
+    return vm_steps(db, [(sql, params)])[sql]
 
 
 def test_0020_makes_the_index_of_the_host_key_and_its_downgrade_takes_it_back(tmp_path: Path) -> None:
