@@ -321,7 +321,8 @@ class ApprovalRow(Base):
 class RecheckRow(Base):
     """One recheck run. Read newest first per host (`audit rechecks`, `fleet status`) through
     `ix_rechecks_host_key_id` (0020): a host's newest runs are a search, whatever the other
-    hosts of the database ran since."""
+    hosts of the database ran since. Its assertions (what each observed: most of a run's
+    bytes, written every cron interval) are `PackedJSON` from 0020 on."""
 
     __tablename__ = "rechecks"
     __table_args__ = (Index("ix_rechecks_host_key_id", text(HOST_KEY_SQL), "id"),)
@@ -330,7 +331,7 @@ class RecheckRow(Base):
     slot: Mapped[str] = mapped_column(String(64), index=True)
     passed: Mapped[int] = mapped_column(Integer)
     failed_json: Mapped[str] = mapped_column(Text)
-    assertions_json: Mapped[str] = mapped_column(Text)
+    assertions_json: Mapped[str] = mapped_column(PackedJSON)  # packed on SQLite from 0020 on
     snapshot_sha256: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32), index=True)
     host_id: Mapped[int | None] = host_column()
