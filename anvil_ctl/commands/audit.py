@@ -135,9 +135,9 @@ def decisions(ctx: Context, *, slot: str | None = None) -> list[DecisionRecord]:
 
 
 def history(ctx: Context, *, slot: str, limit: int = 50) -> list[Revision]:
-    """The slot's newest `limit` revisions, oldest first (`queries.slot_history`)."""
+    """The slot's newest `limit` revisions, oldest first (`queries.slot_revisions`)."""
     limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
-    rows = queries.slot_history(ctx.store, slot, ctx.store.host)
+    _, rows = queries.slot_revisions(ctx.store, slot, ctx.store.host, newest=limit)
     if not rows:
         config = ctx.optional_config()
         if config is not None and slot not in config.slots:
@@ -146,7 +146,7 @@ def history(ctx: Context, *, slot: str, limit: int = 50) -> list[Revision]:
                 f"{sorted(config.slots)}",
                 field="slot",
             )
-    return rows[-limit:]
+    return rows
 
 
 def completion_ids(ctx: Context, what: str, prefix: str) -> list[tuple[str, str]]:

@@ -108,10 +108,10 @@ def resolve_to(ctx: Context, slot: str, ref: str) -> Identity:
     the serve a transaction left (ID or prefix), or a recorded identity by container ID,
     identity digest or served model. A prefix naming two different serves is refused."""
     if is_revision(ref):
-        revisions = queries.slot_history(ctx.store, slot, ctx.store.host)
-        if not 1 <= int(ref) <= len(revisions):
-            raise BadInput(f"--to {ref}: slot {slot} has revisions 1..{len(revisions)}", field="to")
-        rev = revisions[int(ref) - 1]
+        count, revisions = queries.slot_revisions(ctx.store, slot, ctx.store.host, number=int(ref))
+        if not revisions:
+            raise BadInput(f"--to {ref}: slot {slot} has revisions 1..{count}", field="to")
+        (rev,) = revisions
         if rev["serve"] is None:
             raise BadInput(
                 f"--to {ref}: revision {ref} ({rev['kind']}, {rev['state']}) left no serve to bring "
@@ -119,7 +119,7 @@ def resolve_to(ctx: Context, slot: str, ref: str) -> Identity:
                 field="to",
             )
         return _identity(ctx, slot, rev["serve"]["identity_digest"], f"revision {ref}")
-    by_tx = [r for r in queries.slot_history(ctx.store, slot, ctx.store.host) if r["tx_id"].startswith(ref)]
+    by_tx = queries.slot_revisions_of(ctx.store, slot, ctx.store.host, ref)
     by_ref = ctx.store.identity_by_ref(slot, ref)
     if len(by_tx) > 1:
         raise BadInput(f"--to {ref!r}: names transactions {[r['tx_id'] for r in by_tx]}", field="to")
