@@ -425,13 +425,15 @@ def recent_ids(store: Store, what: str, prefix: str, limit: int = 100) -> list[t
     (`"container"`) whose ID starts with `prefix`, newest first: shell completion's answers."""
     with store.read() as s:
         if what == "transaction":
-            rows = s.execute(
-                select(Transaction.id, Transaction.kind, Transaction.slot)
-                .where(Transaction.id.startswith(prefix))
-                .order_by(Transaction.created_at.desc())
-                .limit(limit)
-            )
-            return [(r.id, f"{r.kind} {r.slot or ''}".strip()) for r in rows]
+            q = select(Transaction.id, Transaction.kind, Transaction.slot)
+            if prefix and s.get_bind().dialect.name == "sqlite":
+                # a key range, as `transaction_ids` has it: LIKE cannot use the primary key's
+                # BINARY index and read every transaction (30-48 ms at 100k, 2 ms at 1k)
+                q = q.where(Transaction.id >= prefix, Transaction.id < prefix + "\uffff")
+            elif prefix:
+                q = q.where(Transaction.id.startswith(prefix, autoescape=True))
+            rows = s.execute(q.order_by(Transaction.created_at.desc()).limit(limit))
+            return [(r.id, f"{r.kind} {r.slot or ''}".strip()) for r in rows if r.id.startswith(prefix)]
         found: dict[str, str] = {}
         # on SQLite a container ID is stored as 32 bytes from migration 0017 on (text before)
         matches = IdentityRow.container_id.startswith(prefix)

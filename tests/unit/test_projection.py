@@ -280,8 +280,8 @@ def longer(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
 
 
 def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
-    """The SELECTs the guards (dry runs), status, fleet status, audit, lock status and recover
-    run on `host`."""
+    """The SELECTs the guards (dry runs), status, fleet status, audit (with shell completion of a
+    transaction prefix), lock status and recover run on `host`."""
     ctx = host.context()
     tx_id = audit.transactions(ctx, limit=1)[0]["tx_id"]
     with _statements(ctx) as seen:
@@ -293,6 +293,7 @@ def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
         audit.transactions(ctx, limit=20)
         audit.rechecks(ctx, slot=SLOT, limit=20)
         audit.show(ctx, tx_id[:8])
+        audit.completion_ids(ctx, "transaction", tx_id[:3])  # shell completion of a prefix
         transactions.lock_status(ctx)
         transactions.recover_all(ctx)
     return seen
