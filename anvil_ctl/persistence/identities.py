@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.persistence import projection
 from anvil_ctl.persistence.models import IdentityBody, IdentityCurrent, IdentityRow
+from anvil_ctl.persistence.pages import newest_first
 from anvil_ctl.persistence.scope import on_host
 
 
@@ -71,14 +72,14 @@ def current(s: Session, host: int, slot: str, role: str) -> Identity | None:
 def by_ref(s: Session, host: int, slot: str, ref: str) -> Identity | None:
     """Host `host`'s newest identity of `slot` (any role) whose container ID or digest starts
     with `ref`, or whose served model is `ref`."""
-    # Newest first, a page at a time by key (`id < last`), stopping at the first match: the
-    # identities recorded since it, not all of them. The slot is compared as `slot || ''`,
-    # which no index serves: through ix_identities_slot_role_id SQLite read every identity of
-    # the slot and sorted them before the first row (and the ORM rows were read whole): 9.8 s
-    # for `rollback --to` at 100k transactions. Pages as `snapshots.served_snapshot` pages.
-    page, last = 8, 2**31 - 1
-    while True:
-        rows = s.execute(
+
+    # Newest first by key, stopping at the first match (`pages.newest_first`): the identities
+    # recorded since it, not all of them. The slot is compared as `slot || ''`, which no index
+    # serves: through ix_identities_slot_role_id SQLite read every identity of the slot and
+    # sorted them before the first row (and the ORM rows were read whole): 9.8 s for
+    # `rollback --to` at 100k transactions.
+    def page(below: int, size: int) -> Select[int, str, str, str, str]:
+        return (
             select(
                 IdentityRow.id,
                 IdentityRow.container_id,
@@ -87,14 +88,12 @@ def by_ref(s: Session, host: int, slot: str, ref: str) -> Identity | None:
                 IdentityRow.body_json,
             )
             .where(IdentityRow.slot.concat("") == slot, on_host(IdentityRow.host_id, host))
-            .where(IdentityRow.id < last)
+            .where(IdentityRow.id < below)
             .order_by(IdentityRow.id.desc())
-            .limit(page)
-        ).all()
-        for row_id, container_id, digest, served_model, body_json in rows:
-            last = row_id
-            if container_id.startswith(ref) or digest.startswith(ref) or served_model == ref:
-                return Identity.from_dict(json.loads(body(s, body_json, digest)))
-        if len(rows) < page:
-            return None
-        page = min(page * 2, 256)
+            .limit(size)
+        )
+
+    for _, container_id, digest, served_model, body_json in newest_first(s, page):
+        if container_id.startswith(ref) or digest.startswith(ref) or served_model == ref:
+            return Identity.from_dict(json.loads(body(s, body_json, digest)))
+    return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from sqlalchemy import String, select, type_coerce
+from sqlalchemy import Select, String, select, type_coerce
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import StateStoreError
@@ -25,6 +25,7 @@ from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.snapshot import Change, Snapshot, diff, to_patch
 from anvil_ctl.persistence import blobdelta
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
+from anvil_ctl.persistence.pages import newest_first
 from anvil_ctl.persistence.scope import on_host
 
 
@@ -115,8 +116,9 @@ def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONO
     binding answering with its served model. Snapshots taken while it was stopped
     (a campaign of several loads) do not count.
     """
-    # Newest first, a page at a time by key (`id < last`): a range of the primary key that
-    # stops at the first snapshot that qualifies, however long the history is. The slot is
+
+    # Newest first by key (`pages.newest_first`): a range of the primary key that stops at
+    # the first snapshot that qualifies, however long the history is. The slot is
     # compared as `slot || ''`, which no index serves: otherwise SQLite (no statistics: we
     # never ANALYZE) reads every transaction of the slot through ix_transactions_slot, all
     # their snapshots, and sorts them (238 ms at 100k transactions, 1 ms at 1k) instead of
@@ -124,41 +126,33 @@ def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONO
     # stays, so that no index on the slot can draw the planner off the walk). The walk costs
     # the snapshots newer than the one found, of any slot; a slot's own snapshots are the
     # newest ones when it is rolled back.
-    # The first bound is the largest INTEGER (the column's type): PostgreSQL refuses a larger
-    # parameter for an INTEGER comparison ("integer out of range"); SQLite took 2**62.
-    # Pages of 8, then twice as many each time up to 256: the snapshot sought is usually
-    # among the last few, and a first page of 64 read 64 rows whatever the history.
-    page, last = 8, 2**31 - 1
-    seen: set[str] = set()
-    while True:
-        q = (
+    def page(below: int, size: int) -> Select[int, str, str]:
+        return (
             select(SnapshotRow.id, SnapshotRow.body_json, SnapshotRow.sha256)
             .join(Transaction, Transaction.id == SnapshotRow.tx_id)
             .where(Transaction.slot.concat("") == target.slot, on_host(Transaction.host_id, host))
             .order_by(SnapshotRow.id.desc())
-            .where(SnapshotRow.id < last)
-            .limit(page)
+            .where(SnapshotRow.id < below)
+            .limit(size)
         )
-        rows = s.execute(q).all()
-        for row_id, body_json, sha in rows:
-            last = row_id
-            if sha in seen:  # the same content again: it did not qualify the first time
-                continue
-            seen.add(sha)
-            body: JSONValue = json.loads(body_json or _blob(s, sha))
-            if not isinstance(body, dict):
-                continue
-            slot = _object(_object(body.get("slots")).get(target.slot))
-            if _object(slot.get("incumbent")).get("container_id") != target.container_id:
-                continue
-            container = _object(_object(slot.get("containers")).get(target.container_id))
-            served = _array(_object(slot.get("serving")).get("models"))
-            models = [m[0] for m in served if isinstance(m, list) and m]  # [name, max_model_len]
-            if container.get("status") == "running" and models == [target.served_model]:
-                return sha, body
-        if len(rows) < page:
-            return None
-        page = min(page * 2, 256)
+
+    seen: set[str] = set()
+    for _, body_json, sha in newest_first(s, page):
+        if sha in seen:  # the same content again: it did not qualify the first time
+            continue
+        seen.add(sha)
+        body: JSONValue = json.loads(body_json or _blob(s, sha))
+        if not isinstance(body, dict):
+            continue
+        slot = _object(_object(body.get("slots")).get(target.slot))
+        if _object(slot.get("incumbent")).get("container_id") != target.container_id:
+            continue
+        container = _object(_object(slot.get("containers")).get(target.container_id))
+        served = _array(_object(slot.get("serving")).get("models"))
+        models = [m[0] for m in served if isinstance(m, list) and m]  # [name, max_model_len]
+        if container.get("status") == "running" and models == [target.served_model]:
+            return sha, body
+    return None
 
 
 def body_by_sha256(s: Session, sha256: str) -> JSONObject | None:
