@@ -26,6 +26,9 @@ the smaller sizes first slows the later ones), and as `anvilctl` processes where
   process;
 - `status`, `audit transactions --limit 20`, `audit show PREFIX`, `fleet status` (which reads
   every host's unresolved transactions and newest recheck), also as processes;
+- `audit history`, `audit decisions` and `audit incumbents` with `--limit 20`, finding
+  revision 3 for `rollback --to 3`, and promote's look-up of the waivers its decision relied
+  on (`BEYOND_TARGETS`);
 - each `sqlite3 state/anvil.db "..."` query of README.md (a transaction prefix and a time
   from the middle of the history), with its EXPLAIN QUERY PLAN;
 - `audit verify`: `--full` first (a fresh copy has no checkpoint; this records one), then
@@ -66,8 +69,10 @@ from sqlalchemy.orm import Session
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import admin, audit, fleet, lifecycle, transactions
+from anvil_ctl.commands.evidence import audit_decisions
 from anvil_ctl.core.guards import Refusal
 from anvil_ctl.core.model import canonical_json
+from anvil_ctl.engine.plans.promote import waived_checks
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import blobdelta, projection, qualification
@@ -543,6 +548,17 @@ def cli_s(host: FakeHost, *args: str) -> float:
     return time.perf_counter() - started
 
 
+BEYOND_TARGETS = (
+    "audit history --limit 20",
+    "audit decisions --limit 20",
+    "audit incumbents --limit 20",
+    "rollback --to 3: finding revision 3",
+    "promote: the waivers its decision relied on",
+)
+"""Reads the issue names no target for, timed because their cost must not grow with history
+either (each read every revision, decision or identity recorded before migration 0021)."""
+
+
 def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, Any]:
     out: dict[str, Any] = {"size": size, "bytes": db.stat().st_size}
     with host_on(template, db) as host:
@@ -555,12 +571,22 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
             (out["transactions"] // 2,),
         ).fetchone()
         prefix, moment = str(middle_id)[:8], str(middle_at)[:19] + "Z"
+        (newest_decision,) = con.execute("select id from decisions order by at desc limit 1").fetchone()
         out["dry_run"] = timed_runs(lambda: lifecycle.rollback(ctx, slot=SLOT, dry_run=True), max(5, repeat))
         timed: dict[str, float] = {
             "status": median_s(lambda: admin.status(ctx), repeat),
             "audit transactions --limit 20": median_s(lambda: audit.transactions(ctx, limit=20), repeat),
             f"audit show {prefix}": median_s(lambda: audit.show(ctx, prefix), repeat),
             "fleet status": median_s(lambda: fleet.status(ctx), repeat),
+            "audit history --limit 20": median_s(lambda: audit.history(ctx, slot=SLOT, limit=20), repeat),
+            "audit decisions --limit 20": median_s(lambda: audit_decisions(ctx, limit=20), repeat),
+            "audit incumbents --limit 20": median_s(lambda: audit.identities(ctx, limit=20), repeat),
+            "rollback --to 3: finding revision 3": median_s(
+                lambda: lifecycle.resolve_to(ctx, SLOT, "3"), repeat
+            ),
+            "promote: the waivers its decision relied on": median_s(
+                lambda: waived_checks(ctx.world(), newest_decision), repeat
+            ),
         }
         out["library_s"] = timed
         queries = []
@@ -671,6 +697,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
     )
     for key in ("status", "audit transactions --limit 20", "fleet status"):
         lines.append(f"| {key} | " + " | ".join(ms(r["library_s"][key]) for r in results) + " | <= 50 ms |")
+    for key in BEYOND_TARGETS:
+        row = " | ".join(ms(r["library_s"][key]) for r in results)
+        lines.append(f"| {key} | {row} | flat |")
     lines.append(
         "| audit show PREFIX | "
         + " | ".join(

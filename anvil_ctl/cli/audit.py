@@ -50,7 +50,7 @@ def limit_option(what: str) -> Callable[[FC], FC]:
         type=LIMIT,
         default=50,
         show_default=True,
-        help=f"At most this many {what}, newest first.",
+        help=f"At most this many {what}: the newest.",
     )
 
 
@@ -199,17 +199,23 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     show_default=True,
     help="List the identities recorded under this role instead.",
 )
+@limit_option("identities")
 @host_options
 @pass_session
-def incumbents(session: Session, slot: str | None, role: str, host: str | None, all_hosts: bool) -> Reply:
+def incumbents(
+    session: Session, *, slot: str | None, role: str, limit: int, host: str | None, all_hosts: bool
+) -> Reply:
     """Which container was each slot's incumbent, and when.
 
-    Oldest first; --role lists candidates or rollback identities instead.
+    Oldest first; --limit keeps the newest; --role lists candidates or rollback identities
+    instead.
     """
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
-    rows = audit.identities(session.context(), slot=slot, role=role, scope=_scope(host, all_hosts))
+    rows = audit.identities(
+        session.context(), slot=slot, role=role, scope=_scope(host, all_hosts), limit=limit
+    )
     if host is None and not all_hosts and rows:  # one host's: its name in --json only
         return Reply(Table(rows, columns=[c for c in rows[0] if c != "host"]))
     return Reply(Table(rows))
@@ -259,18 +265,20 @@ def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
     }
 
 
-@click.command("decisions", epilog=example("anvilctl audit decisions --slot primary"))
+@click.command("decisions", epilog=example("anvilctl audit decisions --slot primary --limit 10"))
 @slot_option
+@limit_option("decisions")
 @pass_session
-def decisions(session: Session, slot: str | None) -> Reply:
+def decisions(session: Session, slot: str | None, limit: int) -> Reply:
     """Qualification decisions, reclassifications included.
 
-    --json prints every field.
+    Oldest first; --limit keeps the newest. --json prints every field.
     """
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import qualify
 
-    return Reply(Table(qualify.audit_decisions(session.context(), slot=slot), cells=_decision_cells))
+    decided = qualify.audit_decisions(session.context(), slot=slot, limit=limit)
+    return Reply(Table(decided, cells=_decision_cells))
 
 
 @click.command("waivers", epilog=example("anvilctl audit waivers --json"))

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.validate import MAX_COUNT, check_int, check_text, parse_rfc3339, require, utc_stamp
-from anvil_ctl.persistence import fleet, hosts, qualification, queries
+from anvil_ctl.persistence import fleet, hosts, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 from anvil_ctl.persistence import verify as chain
 from anvil_ctl.persistence.fleet import Served
 from anvil_ctl.persistence.head import parse_head
-from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.queries import (
     DiffRecord,
     IdentityRecord,
@@ -111,10 +110,17 @@ def verify(
 
 
 def identities(
-    ctx: Context, *, slot: str | None = None, role: str = "incumbent", scope: HostScope = THIS_HOST
+    ctx: Context,
+    *,
+    slot: str | None = None,
+    role: str = "incumbent",
+    scope: HostScope = THIS_HOST,
+    limit: int = 50,
 ) -> list[IdentityRecord]:
-    """Which container served (or was recorded for) each slot, and from when."""
-    return queries.identities(ctx.store, slot=slot, role=role, host=host_id(ctx, scope))
+    """Which container served (or was recorded for) each slot, and from when: the newest
+    `limit` recorded, oldest first."""
+    limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
+    return queries.identities(ctx.store, slot=slot, role=role, host=host_id(ctx, scope), limit=limit)
 
 
 def served(ctx: Context, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> list[Served]:
@@ -127,11 +133,6 @@ def served(ctx: Context, *, slot: str, at: str, scope: HostScope = THIS_HOST) ->
 def rechecks(ctx: Context, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:
     """The newest recheck results, newest first."""
     return recheck_rows.rechecks(ctx.store, slot=slot, limit=limit)
-
-
-def decisions(ctx: Context, *, slot: str | None = None) -> list[DecisionRecord]:
-    """Every qualify decision (and reclassification), oldest first."""
-    return qualification.decisions(ctx.store, slot=slot)
 
 
 def history(ctx: Context, *, slot: str, limit: int = 50) -> list[Revision]:

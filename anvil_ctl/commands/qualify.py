@@ -137,15 +137,20 @@ def qualify_slot(
     # Non-mutating: no host lock, but journaled like every transaction.
     engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
-    found = {d["id"]: d for d in qualification.decisions(ctx.store, slot=slot)}
     step = outcome.results.get("record-decision") or {}
     decision_id, reclassified_id = step.get("decision_id"), step.get("reclassified_id")
     return QualifyOutcome(
         outcome=outcome,
         result=plan.memo.result,
-        decision=found.get(decision_id) if isinstance(decision_id, str) else None,
-        reclassified=found.get(reclassified_id) if isinstance(reclassified_id, str) else None,
+        decision=_decision_of(ctx, decision_id, slot),
+        reclassified=_decision_of(ctx, reclassified_id, slot),
     )
+
+
+def _decision_of(ctx: Context, decision_id: object, slot: str) -> DecisionRecord | None:
+    """The decision `decision_id` names when it is one of `slot`'s, else None."""
+    found = qualification.decision(ctx.store, decision_id) if isinstance(decision_id, str) else None
+    return found if found is not None and found["slot"] == slot else None
 
 
 # -- the matched A/B control --------------------------------------------------------------------

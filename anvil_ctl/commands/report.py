@@ -73,10 +73,8 @@ def evidence_report(ctx: Context, tx: str, out: Path | None = None) -> ReportRes
 def _records(ctx: Context, inputs: ReportInputs) -> None:
     store, root = ctx.store, ctx.settings.evidence_dir
     tx_id = inputs.qualification.tx_id
-    everything = qualification.decisions(store)
-    raw = [d for d in everything if d["tx_id"] == tx_id]
-    raw_ids = {d["id"] for d in raw}
-    decisions = raw + [d for d in everything if d["reclassifies"] in raw_ids]
+    raw = qualification.decisions_of_tx(store, tx_id)
+    decisions = raw + qualification.reclassifications(store, {d["id"] for d in raw})
     inputs.decisions = list(decisions)
     ids = {d["id"] for d in decisions}
     cited = {w for d in decisions for w in d["waiver_ids"]}

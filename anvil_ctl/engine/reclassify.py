@@ -156,7 +156,7 @@ def reclassify_one(
     last recorded for it; returns the new decision row, or None."""
     store = world.store
     raw_id = _text(raw, "id")
-    chain = [raw, *(d for d in qualification.decisions(store) if d["reclassifies"] == raw_id)]
+    chain = [raw, *qualification.reclassifications(store, [raw_id])]
     latest = chain[-1]
     digest = _body(raw).get("recipe_digest")
     new = waiver_policy.reclassify(
@@ -193,7 +193,9 @@ def reclassify_one(
         body={**new.as_dict(), "id": new_id, "supersedes": str(latest["id"])},
     )
     log.info("decision reclassified", raw=raw_id, new=new_id, outcome=new.outcome)
-    return next(d for d in qualification.decisions(store) if d["id"] == new_id)
+    recorded = qualification.decision(store, new_id)
+    assert recorded is not None  # recorded above (or before, with the same content)
+    return recorded
 
 
 @dataclass

@@ -33,6 +33,8 @@ class TxCurrent(Base):
         # The few transactions not resolved (what every mutation's guard asks for), whatever
         # the planner's statistics say about `state`.
         partial_index("ix_tx_current_unresolved", "created_at", where="unresolved = 1"),
+        # A slot's revisions by number (migration 0021): its newest, one by number, how many.
+        partial_index("ix_tx_current_revision", "host_id", "slot", "revision", where="revision IS NOT NULL"),
     )
 
     tx_id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -48,6 +50,9 @@ class TxCurrent(Base):
     owner_boot_id: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[str] = mapped_column(String(32))
     updated_at: Mapped[str] = mapped_column(String(32))
+    revision: Mapped[int | None] = mapped_column(Integer)
+    """Its number among its slot's revisions (`projection.REVISION_KINDS` that ran), from 1 in
+    the order they began; None for any other transaction (migration 0021)."""
 
 
 class IdentityCurrent(Base):

@@ -21,7 +21,7 @@ from anvil_ctl.places import MIGRATIONS_DIR
 if TYPE_CHECKING:
     from alembic.config import Config
 
-SCHEMA_REVISION = "0020"
+SCHEMA_REVISION = "0021"
 
 
 def _stamped(engine: Engine) -> str | None:

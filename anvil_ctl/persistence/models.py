@@ -256,6 +256,9 @@ class DecisionRow(Base):
     __tablename__ = "decisions"
     __table_args__ = (
         Index("ix_decisions_identity_digest_at", "identity_digest", "at", "id"),
+        Index("ix_decisions_at", "at"),  # the newest decisions (`audit decisions --limit`; 0021)
+        # what reclassifies a decision (0021): reclassifications only, raw decisions cost nothing
+        partial_index("ix_decisions_reclassifies", "reclassifies", where="reclassifies IS NOT NULL"),
         partial_index("ix_decisions_waived", "id", where="waiver_ids_json <> '[]'"),
     )
 

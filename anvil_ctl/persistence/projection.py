@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from sqlalchemy import bindparam, delete, insert, inspect, literal_column, select, text
+from sqlalchemy import bindparam, delete, func, insert, inspect, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
@@ -40,8 +40,13 @@ from anvil_ctl.persistence.models import (
 )
 
 COMMITTED = "committed"
+RUNNING = "running"
 UNRESOLVED = sorted(s.value for s in UNRESOLVED_STATES)
 INCUMBENT = "incumbent"
+
+REVISION_KINDS = ("adopt", "load", "promote", "rollback")
+"""The transaction kinds that change what a slot serves: each one that ran is a revision of
+its slot (`tx_current.revision`; refusals never ran)."""
 
 
 def host_of(row_host_id: int | None) -> int:
@@ -80,8 +85,23 @@ def on_transition(s: Session, state: TransactionState) -> None:
         raise LookupError(f"tx_current has no row for {state.tx_id}; rebuild the projection")
     cur.state, cur.reason, cur.state_id, cur.updated_at = state.state, state.reason, state.id, state.at
     cur.unresolved = int(state.state in UNRESOLVED)
+    slot = cur.slot
+    if state.state == RUNNING and cur.revision is None and cur.kind in REVISION_KINDS and slot is not None:
+        cur.revision = _next_revision(s, cur.host_id, slot)  # a revision of its slot begins
     if state.state == COMMITTED:
         _place_interval(s, state.tx_id)
+
+
+def _next_revision(s: Session, host: int, slot: str) -> int:
+    """The number the slot's next revision takes: one past its newest (a search of
+    `ix_tx_current_revision`). A transaction runs while it holds its host's lock, so a slot's
+    revisions run in the order they began, the order `rebuild` numbers them in."""
+    newest = s.execute(
+        select(func.max(TxCurrent.revision)).where(
+            TxCurrent.host_id == host, TxCurrent.slot == slot, TxCurrent.revision.is_not(None)
+        )
+    ).scalar()
+    return (newest or 0) + 1
 
 
 def on_identity(s: Session, row: IdentityRow) -> None:
@@ -227,11 +247,11 @@ _REBUILD: dict[str, str] = {
     "tx_current": """
         SELECT t.id AS tx_id{host:t}, t.kind, t.slot, l.state, l.reason, l.id AS state_id,
                CASE WHEN l.state IN :unresolved THEN 1 ELSE 0 END AS unresolved,
-               t.owner_pid, t.owner_host, t.owner_boot_id, t.created_at, l.at AS updated_at
+               t.owner_pid, t.owner_host, t.owner_boot_id, t.created_at, l.at AS updated_at{revision}
         FROM transactions t JOIN (
             SELECT s.tx_id, s.id, s.state, s.reason, s.at FROM transaction_states s
             WHERE s.id = (SELECT max(x.id) FROM transaction_states x WHERE x.tx_id = s.tx_id)
-        ) l ON l.tx_id = t.id
+        ) l ON l.tx_id = t.id{revisions}
         ORDER BY t.id
     """,
     "identity_current": """
@@ -273,7 +293,7 @@ _REBUILD: dict[str, str] = {
 _MAINTAINED: dict[str, str] = {
     "tx_current": """
         SELECT tx_id{host}, kind, slot, state, reason, state_id, unresolved, owner_pid, owner_host,
-               owner_boot_id, created_at, updated_at
+               owner_boot_id, created_at, updated_at{revision}
         FROM tx_current ORDER BY tx_id
     """,
     "identity_current": """
@@ -293,12 +313,39 @@ _MAINTAINED: dict[str, str] = {
 """The stored rows, in `_REBUILD`'s columns and order."""
 
 
-def _keyed_by_host(s: Session) -> bool:
-    """Whether the projection has `host_id` (from migration 0009 on; 0007 rebuilds it without)."""
-    return "host_id" in {c["name"] for c in inspect(s.connection()).get_columns("tx_current")}
+_REVISIONS = """
+ LEFT JOIN (
+    SELECT n.tx_id, ROW_NUMBER() OVER (PARTITION BY n.host_key, n.slot ORDER BY n.first_state) AS revision
+    FROM (
+        SELECT x.id AS tx_id, coalesce(x.host_id, 1) AS host_key, x.slot,
+               (SELECT min(f.id) FROM transaction_states f WHERE f.tx_id = x.id) AS first_state
+        FROM transactions x
+        WHERE x.kind IN :revision_kinds AND x.slot IS NOT NULL
+          AND EXISTS (SELECT 1 FROM transaction_states r WHERE r.tx_id = x.id AND r.state = 'running')
+    ) n
+ ) rv ON rv.tx_id = t.id"""
+"""Each revision's number as history says it: a slot's revision-kind transactions that ran,
+numbered by their first state rows (the order they began)."""
 
 
-def _sql(template: str, fleet: bool) -> str:
+def _columns(s: Session) -> set[str]:
+    return {c["name"] for c in inspect(s.connection()).get_columns("tx_current")}
+
+
+def _sql(template: str, columns: set[str]) -> str:
+    """`template` for a projection whose `tx_current` has these columns: keyed by host from
+    migration 0009 on (0007 rebuilds it without), its revisions numbered from 0021 on."""
+    if "revision" in columns:
+        # a rebuild numbers them (`_REVISIONS`); the stored rows have the column
+        joined = "{revisions}" in template
+        template = template.replace("{revisions}", _REVISIONS)
+        template = template.replace("{revision}", ", rv.revision" if joined else ", revision")
+    else:
+        template = template.replace("{revisions}", "").replace("{revision}", "")
+    return _host_sql(template, "host_id" in columns)
+
+
+def _host_sql(template: str, fleet: bool) -> str:
     def host(m: re.Match[str]) -> str:
         kind, args = m.group(1), (m.group(2) or "").split(",")
         if not fleet:
@@ -317,13 +364,15 @@ def _sql(template: str, fleet: bool) -> str:
 
 def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
     """Every projection table's rows as history says they are (full scans: not for commands)."""
-    fleet = _keyed_by_host(s)
+    columns = _columns(s)
     out: dict[str, list[dict[str, object]]] = {}
     for name, template in _REBUILD.items():
-        sql = _sql(template, fleet)
+        sql = _sql(template, columns)
         q = text(sql)
         if ":unresolved" in sql:
             q = q.bindparams(bindparam("unresolved", value=UNRESOLVED, expanding=True))
+        if ":revision_kinds" in sql:
+            q = q.bindparams(bindparam("revision_kinds", value=list(REVISION_KINDS), expanding=True))
         out[name] = [{k: _as_text(k, v) for k, v in r._mapping.items()} for r in s.execute(q)]
     return out
 
@@ -349,9 +398,9 @@ def _as_text(name: str, value: object) -> object:
 
 def maintained(s: Session) -> dict[str, list[dict[str, object]]]:
     """Every projection table's rows as they are stored, in `rebuild`'s order and columns."""
-    fleet = _keyed_by_host(s)
+    columns = _columns(s)
     return {
-        name: [dict(r._mapping) for r in s.execute(text(_sql(sql, fleet)))]
+        name: [dict(r._mapping) for r in s.execute(text(_sql(sql, columns)))]
         for name, sql in _MAINTAINED.items()
     }
 

@@ -12,7 +12,7 @@ re-judges; nothing here rewrites a row. Every write is audited.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import NotRequired, TypedDict
 
 from sqlalchemy import select
@@ -239,5 +239,42 @@ def decisions(
 
 
 def latest_decision(store: Store, identity_digest: str) -> DecisionRecord | None:
-    found = decisions(store, identity_digest=identity_digest)
-    return found[-1] if found else None
+    found = decisions(store, identity_digest=identity_digest, newest_first=True, limit=1)
+    return found[0] if found else None
+
+
+def decision(store: Store, decision_id: str) -> DecisionRecord | None:
+    """One decision of this host by its ID (its key), or None."""
+    q = select(DecisionRow).where(DecisionRow.id == decision_id, on_host(DecisionRow.host_id, store.host))
+    with store.read() as s:
+        row = s.execute(q).scalar()
+        return _decision_dict(row) if row is not None else None
+
+
+def reclassifications(store: Store, raw_ids: Collection[str]) -> list[DecisionRecord]:
+    """This host's decisions that reclassify one of `raw_ids`, oldest first: through
+    `ix_decisions_reclassifies`, which holds reclassifications only (migration 0021)."""
+    if not raw_ids:
+        return []
+    q = (
+        select(DecisionRow)
+        .where(
+            DecisionRow.reclassifies.is_not(None),  # the partial index's condition, written out
+            DecisionRow.reclassifies.in_(sorted(raw_ids)),
+            on_host(DecisionRow.host_id, store.host),
+        )
+        .order_by(DecisionRow.at, DecisionRow.id)
+    )
+    with store.read() as s:
+        return [_decision_dict(r) for r in s.execute(q).scalars()]
+
+
+def decisions_of_tx(store: Store, tx_id: str) -> list[DecisionRecord]:
+    """This host's decisions recorded by transaction `tx_id` (its qualify), oldest first."""
+    q = (
+        select(DecisionRow)
+        .where(DecisionRow.tx_id == tx_id, on_host(DecisionRow.host_id, store.host))
+        .order_by(DecisionRow.at, DecisionRow.id)
+    )
+    with store.read() as s:
+        return [_decision_dict(r) for r in s.execute(q).scalars()]

@@ -9,6 +9,7 @@ the TypedDicts below), and none writes. The listings go through the stable opera
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TypedDict
 
 from sqlalchemy import (
@@ -301,10 +302,16 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
 
 
 def identities(
-    store: Store, *, slot: str | None = None, role: str = "incumbent", host: int | None = None
+    store: Store,
+    *,
+    slot: str | None = None,
+    role: str = "incumbent",
+    host: int | None = None,
+    limit: int | None = None,
 ) -> list[IdentityRecord]:
     """Which container served (or was recorded for) each slot in `role`, and from when (on
-    host `host`, or on every host when None)."""
+    host `host`, or on every host when None), oldest first: every one, or the newest `limit`
+    (a walk newest first by key, through `ix_identities_slot_role_id` for one slot)."""
     sql = (
         "SELECT host, recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "
         "FROM v_identities WHERE role = :role"
@@ -316,8 +323,15 @@ def identities(
     if slot:
         sql += " AND slot = :slot"
         params["slot"] = slot
-    sql += " ORDER BY id"
+    if limit is not None:
+        sql += " ORDER BY id DESC LIMIT :limit"
+        params["limit"] = limit
+    else:
+        sql += " ORDER BY id"
     with store.read() as s:
+        rows = list(s.execute(text(sql), params))
+        if limit is not None:
+            rows.reverse()
         return [
             IdentityRecord(
                 host=r.host,
@@ -330,25 +344,16 @@ def identities(
                 digest=r.digest,
                 tx_id=r.tx_id,
             )
-            for r in s.execute(text(sql), params)
+            for r in rows
         ]
 
 
-REVISION_KINDS = ("adopt", "load", "promote", "rollback")
-"""The transaction kinds that change what a slot serves: each one that ran is a revision."""
-
-
-_REVISIONS = (
-    "FROM v_transactions t WHERE t.slot = :slot AND t.host_id = :host "
-    "AND t.kind IN ('adopt', 'load', 'promote', 'rollback') "  # REVISION_KINDS
-    "AND EXISTS (SELECT 1 FROM transaction_states r WHERE r.tx_id = t.tx_id AND r.state = 'running')"
-)
-"""A slot's revisions: its adopts, loads, promotes and rollbacks that ran (refusals never did)."""
-_FIRST_STATE = "(SELECT MIN(s.id) FROM transaction_states s WHERE s.tx_id = t.tx_id)"
-"""When a revision began: its first state row's key (the order that numbers revisions)."""
-_REVISION_COLUMNS = (
-    f"t.tx_id, t.kind, t.state, t.reason, t.created_at, t.updated_at, {_FIRST_STATE} AS first_state"
-)
+_REVISIONS = "FROM tx_current t WHERE t.host_id = :host AND t.slot = :slot AND t.revision IS NOT NULL"
+"""A slot's revisions: its adopts, loads, promotes and rollbacks that ran (refusals never did),
+each numbered in `tx_current.revision` (`projection.REVISION_KINDS`). Through
+`ix_tx_current_revision`: its condition, `revision IS NOT NULL`, is written out so that
+SQLite may use the partial index."""
+_REVISION_COLUMNS = "t.tx_id, t.kind, t.state, t.reason, t.created_at, t.updated_at, t.revision"
 
 
 def slot_revisions(
@@ -357,58 +362,50 @@ def slot_revisions(
     """How many revisions the slot has, and those asked for, oldest first (helm history).
 
     A revision is an adopt, load, promote or rollback of the slot that ran (refusals never
-    did), numbered from 1 in the order they began. A committed revision names the serve it
-    left: the incumbent it recorded, else the candidate it loaded. History is append-only, so
-    a revision's number never changes.
+    did), numbered from 1 in the order they began; the projection keeps each one's number
+    (`tx_current.revision`, given when it runs), so none of this reads the slot's history. A
+    committed revision names the serve it left: the incumbent it recorded, else the candidate
+    it loaded. History is append-only, so a revision's number never changes.
 
-    Asked for: every revision, or only the newest `newest`, or only revision `number`. Every
-    revision is counted (their numbers), but serves are read for those returned only: reading
-    every serve of a long history (an IN list of every transaction) was most of `audit history
-    --limit 20` (5.4 s at 100k transactions) and of `rollback --to REF`."""
-    sql = f"SELECT {_REVISION_COLUMNS} {_REVISIONS} ORDER BY first_state"
+    Asked for: every revision, or only the newest `newest`, or only revision `number`."""
     with store.read() as s:
-        numbered = list(
-            enumerate(s.execute(text(sql), {"slot": slot, "host": host}).mappings().all(), start=1)
-        )
-        total = len(numbered)
+        params: dict[str, object] = {"slot": slot, "host": host}
+        total = int(s.execute(text(f"SELECT coalesce(max(t.revision), 0) {_REVISIONS}"), params).scalar_one())
+        sql = f"SELECT {_REVISION_COLUMNS} {_REVISIONS}"
         if number is not None:
-            numbered = numbered[number - 1 : number] if number >= 1 else []
+            sql += " AND t.revision = :number"
+            params["number"] = number
         if newest is not None:
-            numbered = numbered[-newest:] if newest > 0 else []
-        return total, _revisions(s, slot, numbered)
+            sql += " AND t.revision > :after"
+            params["after"] = total - max(newest, 0)
+        rows = s.execute(text(f"{sql} ORDER BY t.revision"), params).mappings().all()
+        return total, _revisions(s, slot, rows)
 
 
 def slot_revisions_of(store: Store, slot: str, host: int, tx_prefix: str) -> list[Revision]:
     """The slot's revisions whose transaction ID starts with `tx_prefix`, numbered as
     `slot_revisions` numbers them. The transactions are found by their key
-    (`transaction_ids`), so a prefix naming none costs no walk of the slot's history; a
-    revision found is numbered by counting the revisions that began up to it."""
+    (`transaction_ids`), so a prefix naming none costs no walk of the slot's history."""
     ids = transaction_ids(store, tx_prefix, host)
     if not ids:
         return []
-    params: dict[str, object] = {"slot": slot, "host": host, "ids": ids}
-    found = text(f"SELECT {_REVISION_COLUMNS} {_REVISIONS} AND t.tx_id IN :ids ORDER BY first_state")
-    count = text(f"SELECT count(*) {_REVISIONS} AND {_FIRST_STATE} <= :first")
+    found = text(f"SELECT {_REVISION_COLUMNS} {_REVISIONS} AND t.tx_id IN :ids ORDER BY t.revision")
     with store.read() as s:
-        rows = s.execute(found.bindparams(bindparam("ids", expanding=True)), params).mappings().all()
-        numbered = [
-            (int(s.execute(count, {"slot": slot, "host": host, "first": r["first_state"]}).scalar_one()), r)
-            for r in rows
-        ]
-        return _revisions(s, slot, numbered)
+        rows = s.execute(
+            found.bindparams(bindparam("ids", expanding=True)), {"slot": slot, "host": host, "ids": ids}
+        ).mappings()
+        return _revisions(s, slot, list(rows))
 
 
-def _revisions(s: Session, slot: str, numbered: list[tuple[int, RowMapping]]) -> list[Revision]:
-    """`numbered` (number, revision row) as `Revision`s, each with the serve it left."""
+def _revisions(s: Session, slot: str, numbered: Sequence[RowMapping]) -> list[Revision]:
+    """Revision rows (`_REVISION_COLUMNS`) as `Revision`s, each with the serve it left."""
     serves: dict[str, dict[str, ServeRef]] = {}
     if numbered:
         rows = s.execute(
             select(IdentityRow)
             # the slot as `slot || ''`: through the slot's index SQLite read every identity of
             # the slot; by ix_identities_tx_id it reads those of these transactions only
-            .where(
-                IdentityRow.slot.concat("") == slot, IdentityRow.tx_id.in_([t["tx_id"] for _, t in numbered])
-            )
+            .where(IdentityRow.slot.concat("") == slot, IdentityRow.tx_id.in_([t["tx_id"] for t in numbered]))
             .order_by(IdentityRow.id)
         ).scalars()
         for r in rows:
@@ -419,12 +416,12 @@ def _revisions(s: Session, slot: str, numbered: list[tuple[int, RowMapping]]) ->
                 "role": r.role,
             }
     out: list[Revision] = []
-    for n, t in numbered:
+    for t in numbered:
         recorded = serves.get(t["tx_id"], {})
         serve = recorded.get("incumbent") or recorded.get("candidate")
         out.append(
             {
-                "revision": n,
+                "revision": int(t["revision"]),
                 "tx_id": t["tx_id"],
                 "kind": t["kind"],
                 "state": t["state"],

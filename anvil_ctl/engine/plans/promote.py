@@ -159,7 +159,7 @@ def waived_checks(world: World, decision_id: str | None) -> dict[str, str]:
     """Acceptance check -> the gate waiver the promoted decision relied on for its gate."""
     if decision_id is None:
         return {}
-    decision = next((d for d in qualification.decisions(world.store) if d["id"] == decision_id), None)
+    decision = qualification.decision(world.store, decision_id)
     if decision is None:
         return {}
     relied = {w.id: w for w in waivers.waivers(world.store) if w.id in decision["waiver_ids"]}

@@ -279,7 +279,8 @@ def record_decision(ctx: Ctx) -> StepResult:
             world, ident, result=result, active=active, now=now, roles=roles_of(world, ident)
         ),
     )
-    raw = next(d for d in qualification.decisions(world.store, slot=ident.slot) if d["id"] == raw_id)
+    raw = qualification.decision(world.store, raw_id)
+    assert raw is not None  # recorded above (or before, with the same content)
     newer = reclassify_one(world, raw, active, now, tx_id=ctx.tx_id)
     return {
         "decision_id": raw_id,
