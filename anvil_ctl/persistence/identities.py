@@ -69,6 +69,17 @@ def current(s: Session, host: int, slot: str, role: str) -> Identity | None:
     return Identity.from_dict(json.loads(body(s, row.body_json, row.digest)))
 
 
+def of_transaction(s: Session, tx_id: str, role: str) -> Identity | None:
+    """The identity transaction `tx_id` recorded last in `role` (through `ix_identities_tx_id`)."""
+    row = s.execute(
+        select(IdentityRow.body_json, IdentityRow.digest)
+        .where(IdentityRow.tx_id == tx_id, IdentityRow.role == role)
+        .order_by(IdentityRow.id.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else Identity.from_dict(json.loads(body(s, row.body_json, row.digest)))
+
+
 def by_ref(s: Session, host: int, slot: str, ref: str) -> Identity | None:
     """Host `host`'s newest identity of `slot` (any role) whose container ID or digest starts
     with `ref`, or whose served model is `ref`."""

@@ -367,6 +367,11 @@ class Store:
         with self.read() as s:
             return identities.current(s, self.host, slot, role)
 
+    def identity_of(self, tx_id: str, role: str) -> Identity | None:
+        """The identity transaction `tx_id` recorded last in `role`."""
+        with self.read() as s:
+            return identities.of_transaction(s, tx_id, role)
+
     def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
         """The newest identity recorded for `slot` (in any role) whose container ID or digest
         starts with `ref`, or whose served model is `ref`."""

@@ -60,6 +60,19 @@ def test_a_transaction_prefix_finds_its_revision_numbered_as_in_the_whole_histor
     assert queries.slot_revisions_of(ctx.store, SLOT, ctx.store.host, "zzzzzzzz") == []
 
 
+def test_rollback_to_a_revision_brings_back_the_serve_it_left(populated: FakeHost) -> None:
+    ctx = populated.context()
+    for rev in audit.history(ctx, slot=SLOT, limit=10_000):
+        if rev["serve"] is None:
+            continue
+        found = lifecycle.resolve_to(ctx, SLOT, str(rev["revision"]))
+        assert (found.digest, found.container_id) == (
+            rev["serve"]["identity_digest"],
+            rev["serve"]["container_id"],
+        )
+        assert lifecycle.resolve_to(ctx, SLOT, rev["tx_id"][:12]) == found
+
+
 def test_rollback_to_a_container_finds_its_newest_identity(populated: FakeHost) -> None:
     ctx = populated.context()
     incumbent = ctx.store.current_identity(SLOT, "incumbent")
@@ -72,13 +85,15 @@ def test_rollback_to_a_container_finds_its_newest_identity(populated: FakeHost) 
 
 def _reads(host: FakeHost) -> list[tuple[str, Any]]:
     """The SELECTs of `audit history --limit 2` and of resolving `rollback --to` the incumbent's
-    container (the usual REF: what served before) on `host`."""
+    container (the usual REF: what served before) and `rollback --to 2` on `host`."""
     ctx = host.context()
     incumbent = ctx.store.current_identity(SLOT, "incumbent")
     assert incumbent is not None
     with _statements(ctx) as seen:
         audit.history(ctx, slot=SLOT, limit=2)
         lifecycle.resolve_to(ctx, SLOT, incumbent.container_id[:12])
+        # the serve revision 2 left (the first candidate promoted): recorded early, never again
+        assert lifecycle.resolve_to(ctx, SLOT, "2").container_id != incumbent.container_id
     return seen
 
 
@@ -97,6 +112,27 @@ def test_what_they_read_costs_the_same_with_three_times_the_history(
         if large[sql] > small[sql] * 1.5 + 50
     }
     assert grew == {}
+    # and all of them together: a walk in pages repeats one statement, each page as dear
+    total = [_total_steps(h.settings.state_dir / "anvil.db", _reads(h)) for h in stories]
+    assert total[1] - total[0] <= 50, total  # 3x the history: the same steps (a walk adds 100s)
+
+
+def _total_steps(db: Path, statements: list[tuple[str, Any]]) -> int:
+    """SQLite virtual machine steps of every execution of `statements` on `db`, summed."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    counter = [0]
+
+    def step() -> int:
+        counter[0] += 1
+        return 0
+
+    con.set_progress_handler(step, 1)
+    try:
+        for sql, params in statements:
+            con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+    return counter[0]
     in_lists = [
         p for sql, p in _reads(stories[1]) if "FROM identities" in sql and "IN (" in " ".join(sql.split())
     ]
