@@ -24,7 +24,7 @@ from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.forge import db_file
-from tests.unit.test_projection import SLOT, _statements, _story, vm_steps
+from tests.unit.test_projection import SLOT, _statements, _story, total_steps, vm_steps
 
 
 @pytest.fixture(scope="module")
@@ -113,26 +113,9 @@ def test_what_they_read_costs_the_same_with_three_times_the_history(
     }
     assert grew == {}
     # and all of them together: a walk in pages repeats one statement, each page as dear
-    total = [_total_steps(h.settings.state_dir / "anvil.db", _reads(h)) for h in stories]
+    total = [total_steps(h.settings.state_dir / "anvil.db", _reads(h)) for h in stories]
     assert total[1] - total[0] <= 50, total  # 3x the history: the same steps (a walk adds 100s)
 
-
-def _total_steps(db: Path, statements: list[tuple[str, Any]]) -> int:
-    """SQLite virtual machine steps of every execution of `statements` on `db`, summed."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    counter = [0]
-
-    def step() -> int:
-        counter[0] += 1
-        return 0
-
-    con.set_progress_handler(step, 1)
-    try:
-        for sql, params in statements:
-            con.execute(sql, params).fetchall()
-    finally:
-        con.close()
-    return counter[0]
     in_lists = [
         p for sql, p in _reads(stories[1]) if "FROM identities" in sql and "IN (" in " ".join(sql.split())
     ]
