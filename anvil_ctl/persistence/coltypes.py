@@ -24,12 +24,16 @@ from __future__ import annotations
 import uuid
 import zlib
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-from sqlalchemy import String, Text
+from sqlalchemy import ColumnElement, LargeBinary, String, Text, case, func, type_coerce
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
 from anvil_ctl.persistence.jsondict import JSON_V1
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import QueryableAttribute
 
 PACKED = b"\x00z"
 """The tag of a value packed before migration 0015: a zlib stream. No JSON text starts with
@@ -281,3 +285,17 @@ class LinkTag(TypeDecorator[str]):
         if isinstance(value, bytes):
             return value.hex() if len(value) == 4 else UNREADABLE
         raise TypeError(f"link tag column holds {type(value).__name__}")
+
+
+def starts_with_hex(
+    column: ColumnElement[str] | QueryableAttribute[str], prefix: str, dialect: str
+) -> ColumnElement[bool]:
+    """`column` (a `HexDigest`: on SQLite its bytes from the migration that compacted it on,
+    text before) starts with `prefix`, compared in SQL as text: exactly, not as a pattern."""
+    if dialect == "sqlite":
+        stored = type_coerce(column, LargeBinary)
+        as_text = case((func.typeof(stored) == "blob", func.lower(func.hex(stored))), else_=stored)
+        value = type_coerce(as_text, String)
+    else:
+        value = type_coerce(column, String)
+    return func.substr(value, 1, len(prefix)) == prefix

@@ -14,16 +14,11 @@ from typing import TypedDict
 
 from sqlalchemy import (
     ColumnElement,
-    LargeBinary,
     RowMapping,
-    String,
     and_,
     bindparam,
-    case,
-    func,
     select,
     text,
-    type_coerce,
 )
 from sqlalchemy.orm import Session
 
@@ -31,6 +26,7 @@ from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.snapshot import changes_from_stored
 from anvil_ctl.persistence import snapshots, txref
+from anvil_ctl.persistence.coltypes import starts_with_hex
 from anvil_ctl.persistence.models import (
     Host,
     IdentityRow,
@@ -446,11 +442,7 @@ def recent_ids(store: Store, what: str, prefix: str, limit: int = 100) -> list[t
             return [(r.id, f"{r.kind} {r.slot or ''}".strip()) for r in rows if r.id.startswith(prefix)]
         found: dict[str, str] = {}
         # on SQLite a container ID is stored as 32 bytes from migration 0017 on (text before)
-        matches = IdentityRow.container_id.startswith(prefix)
-        if s.get_bind().dialect.name == "sqlite":
-            stored = type_coerce(IdentityRow.container_id, LargeBinary)
-            as_text = case((func.typeof(stored) == "blob", func.lower(func.hex(stored))), else_=stored)
-            matches = type_coerce(as_text, String).startswith(prefix)
+        matches = starts_with_hex(IdentityRow.container_id, prefix, s.get_bind().dialect.name)
         idents = s.execute(
             select(IdentityRow.container_id, IdentityRow.served_model, IdentityRow.role, IdentityRow.slot)
             .where(matches)
