@@ -300,11 +300,10 @@ def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
     return seen
 
 
-def vm_steps(db: Path, statements: list[tuple[str, Any]]) -> dict[str, int]:
-    """SQL text -> the most SQLite virtual machine steps one execution of it took on `db` (read
+def _each_steps(db: Path, statements: list[tuple[str, Any]]) -> list[int]:
+    """The SQLite virtual machine steps each execution of `statements` took on `db` (read
     only): what a statement costs, whatever the machine's load."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    steps: dict[str, int] = {}
     counter = [0]
 
     def step() -> int:
@@ -312,34 +311,30 @@ def vm_steps(db: Path, statements: list[tuple[str, Any]]) -> dict[str, int]:
         return 0
 
     con.set_progress_handler(step, 1)
+    taken = []
     try:
         for sql, params in statements:
             counter[0] = 0
             con.execute(sql, params).fetchall()
-            steps[sql] = max(steps.get(sql, 0), counter[0])
+            taken.append(counter[0])
     finally:
         con.close()
+    return taken
+
+
+def vm_steps(db: Path, statements: list[tuple[str, Any]]) -> dict[str, int]:
+    """SQL text -> the most steps one execution of it took on `db` (`_each_steps`)."""
+    steps: dict[str, int] = {}
+    for (sql, _), n in zip(statements, _each_steps(db, statements), strict=True):
+        steps[sql] = max(steps.get(sql, 0), n)
     return steps
 
 
 def total_steps(db: Path, statements: list[tuple[str, Any]]) -> int:
-    """SQLite virtual machine steps of every execution of `statements` on `db` (read only),
-    summed: a walk in pages repeats one statement, each page as dear, which the most one
-    execution took (`vm_steps`) does not show."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    counter = [0]
-
-    def step() -> int:
-        counter[0] += 1
-        return 0
-
-    con.set_progress_handler(step, 1)
-    try:
-        for sql, params in statements:
-            con.execute(sql, params).fetchall()
-    finally:
-        con.close()
-    return counter[0]
+    """The steps of every execution of `statements` on `db`, summed: a walk in pages repeats
+    one statement, each page as dear, which the most one execution took (`vm_steps`) does
+    not show."""
+    return sum(_each_steps(db, statements))
 
 
 def _statement_steps(host: FakeHost) -> dict[str, int]:
