@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.validate import MAX_COUNT, check_int, check_text, parse_rfc3339, require, utc_stamp
+from anvil_ctl.core.validate import check_text, parse_rfc3339, require, require_limit, utc_stamp
 from anvil_ctl.persistence import fleet, hosts, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 from anvil_ctl.persistence import verify as chain
@@ -69,7 +69,7 @@ def transactions(
     """The newest `limit` transactions; `since` an RFC 3339 date or date-time."""
     if since is not None:
         since = utc_stamp(require("--since", parse_rfc3339, since))
-    limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
+    limit = require_limit(limit)
     host = host_id(ctx, scope)
     return queries.transactions(ctx.store, kind=kind, state=state, since=since, limit=limit, host=host)
 
@@ -119,7 +119,7 @@ def identities(
 ) -> list[IdentityRecord]:
     """Which container served (or was recorded for) each slot, and from when: the newest
     `limit` recorded, oldest first."""
-    limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
+    limit = require_limit(limit)
     return queries.identities(ctx.store, slot=slot, role=role, host=host_id(ctx, scope), limit=limit)
 
 
@@ -137,7 +137,7 @@ def rechecks(ctx: Context, *, slot: str | None = None, limit: int = 50) -> list[
 
 def history(ctx: Context, *, slot: str, limit: int = 50) -> list[Revision]:
     """The slot's newest `limit` revisions, oldest first (`queries.slot_revisions`)."""
-    limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
+    limit = require_limit(limit)
     _, rows = queries.slot_revisions(ctx.store, slot, ctx.store.host, newest=limit)
     if not rows:
         config = ctx.optional_config()

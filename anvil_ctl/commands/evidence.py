@@ -19,7 +19,7 @@ from anvil_ctl.adapters.credentials import TokenKind, resolve_token
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.recipes import recipe_search
 from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
-from anvil_ctl.core.validate import MAX_COUNT, check_int, require
+from anvil_ctl.core.validate import require_limit
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.head import database_file
 from anvil_ctl.persistence.qualification import DecisionRecord, EvidenceRecord
@@ -139,7 +139,7 @@ def verify_evidence(ctx: Context, directory: Path, *, expect_manifest: str | Non
 def audit_decisions(ctx: Context, *, slot: str | None = None, limit: int = 50) -> list[DecisionRecord]:
     """The newest `limit` qualify decisions (reclassifications included), oldest first:
     `ix_decisions_at` finds them without reading every decision recorded."""
-    limit = require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)
+    limit = require_limit(limit)
     newest = qualification.decisions(ctx.store, slot=slot, newest_first=True, limit=limit)
     return newest[::-1]
 

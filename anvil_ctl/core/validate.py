@@ -271,3 +271,8 @@ def require(name: str, check: Callable[[T], R], value: T) -> R:
         return check(value)
     except ValueError as exc:
         raise BadInput(f"{name}: {exc}", field=name.lstrip("-").replace("-", "_")) from None
+
+
+def require_limit(limit: int) -> int:
+    """A listing's `--limit`: 1 to MAX_COUNT, else BadInput naming `--limit`."""
+    return require("--limit", lambda n: check_int(n, lo=1, hi=MAX_COUNT), limit)

@@ -1,8 +1,9 @@
 """Reading a history table newest first by its key, a page at a time, until the caller stops.
 
-For a search that ends at the first row that qualifies (a rollback target's served snapshot,
-the identity a `--to` REF names): the rows it reads are those recorded since that row,
-however long the history is, where one query without a LIMIT read (and sorted) them all.
+For a search that ends at the first row that qualifies and whose test is Python's, not SQL's
+(a rollback target's served snapshot: its body is parsed): the rows it reads are those
+recorded since that row, however long the history is, where one query without a LIMIT read
+(and sorted) them all.
 """
 
 from __future__ import annotations

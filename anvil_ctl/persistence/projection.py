@@ -87,21 +87,23 @@ def on_transition(s: Session, state: TransactionState) -> None:
     cur.unresolved = int(state.state in UNRESOLVED)
     slot = cur.slot
     if state.state == RUNNING and cur.revision is None and cur.kind in REVISION_KINDS and slot is not None:
-        cur.revision = _next_revision(s, cur.host_id, slot)  # a revision of its slot begins
+        # a revision of its slot begins: it runs while it holds its host's lock, so a slot's
+        # revisions run in the order they began, the order `rebuild` numbers them in
+        cur.revision = newest_revision(s, cur.host_id, slot) + 1
     if state.state == COMMITTED:
         _place_interval(s, state.tx_id)
 
 
-def _next_revision(s: Session, host: int, slot: str) -> int:
-    """The number the slot's next revision takes: one past its newest (a search of
-    `ix_tx_current_revision`). A transaction runs while it holds its host's lock, so a slot's
-    revisions run in the order they began, the order `rebuild` numbers them in."""
+def newest_revision(s: Session, host: int, slot: str) -> int:
+    """The number of the slot's newest revision, which is how many it has (0: none): a search of
+    `ix_tx_current_revision`, whose condition `revision IS NOT NULL` is written out so that
+    SQLite may use the partial index."""
     newest = s.execute(
         select(func.max(TxCurrent.revision)).where(
             TxCurrent.host_id == host, TxCurrent.slot == slot, TxCurrent.revision.is_not(None)
         )
     ).scalar()
-    return (newest or 0) + 1
+    return newest or 0
 
 
 def on_identity(s: Session, row: IdentityRow) -> None:

@@ -35,7 +35,7 @@ from anvil_ctl.persistence.models import (
     Transaction,
     TransactionState,
 )
-from anvil_ctl.persistence.projection import host_of
+from anvil_ctl.persistence.projection import host_of, newest_revision
 from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store
 
@@ -366,7 +366,7 @@ def slot_revisions(
     Asked for: every revision, or only the newest `newest`, or only revision `number`."""
     with store.read() as s:
         params: dict[str, object] = {"slot": slot, "host": host}
-        total = int(s.execute(text(f"SELECT coalesce(max(t.revision), 0) {_REVISIONS}"), params).scalar_one())
+        total = newest_revision(s, host, slot)
         sql = f"SELECT {_REVISION_COLUMNS} {_REVISIONS}"
         if number is not None:
             sql += " AND t.revision = :number"
