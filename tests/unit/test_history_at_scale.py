@@ -129,7 +129,7 @@ def test_each_revision_read_searches_the_revision_index(populated: FakeHost) -> 
         audit.history(ctx, slot=SLOT, limit=2)
         queries.slot_revisions(ctx.store, SLOT, ctx.store.host, number=3)
         queries.slot_revisions_of(ctx.store, SLOT, ctx.store.host, every[-1]["tx_id"][:8])
-    reads = [(q, p) for q, p in seen if "FROM tx_current t" in q]
+    reads = [(q, p) for q, p in seen if "FROM tx_current" in q]
     assert len(reads) >= 4, reads  # the count and the newest, the count and one, the prefix's
     with sqlite3.connect(Path(populated.settings.state_dir) / "anvil.db") as con:
         for sql, params in reads:
