@@ -404,6 +404,9 @@ class UnresolvedCredentialsRouter:
     def drain(self, tier: str) -> None:
         raise self._refuse()
 
+    def in_flight(self, tier: str, url: str) -> int | None:
+        raise self._refuse()
+
     def readmit(
         self,
         tier: str,

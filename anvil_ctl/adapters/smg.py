@@ -244,6 +244,11 @@ class SmgRouter:
         for worker in self._workers.of_tier(tier):
             self._remove(worker)
 
+    def in_flight(self, tier: str, url: str) -> int | None:
+        """smg's `load` of the worker at `url` (listed while it drains; None once removed)."""
+        worker = self._workers.at(url)
+        return None if worker is None else worker.load
+
     def readmit(
         self,
         tier: str,

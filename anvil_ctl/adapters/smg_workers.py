@@ -47,6 +47,8 @@ class SmgWorker:
     """The ids of `models`, else `model_id`."""
     observed_model: JSONValue
     """The `served_model_name` label, as smg gave it."""
+    load: int = 0
+    """smg's count of requests it is passing to the worker now."""
 
     @property
     def draining(self) -> bool:
@@ -71,6 +73,7 @@ class SmgWorker:
             tier=tier if isinstance(tier, str) else None,
             aliases=aliases,
             observed_model=observed,
+            load=load if isinstance(load := raw.get("load"), int) else 0,
         )
 
 

@@ -14,11 +14,13 @@ from anvil_ctl.cli.session import (
     Reply,
     Session,
     accept_drift_options,
+    drain_options,
     drift_acceptance,
     example,
     pass_session,
     timeout_option,
 )
+from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
 
@@ -100,6 +102,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     )
     @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
     @timeout_option(WAIT_TIMEOUT_HELP)
+    @drain_options("cut")
     @pass_session
     def command(
         session: Session,
@@ -109,6 +112,8 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         restore_group: str | None,
         dry_run: bool,
         timeout_s: float | None,
+        drain_timeout_s: float | None,
+        on_drain_timeout: OnDrainTimeout | None,
     ) -> Reply:
         from anvil_ctl.commands import lifecycle
 
@@ -119,11 +124,15 @@ def _rollback_command(name: str, summary: str) -> click.Command:
             restore_group=restore_group,
             dry_run=dry_run,
             timeout_s=timeout_s,
+            drain_timeout_s=drain_timeout_s,
+            on_drain_timeout=on_drain_timeout,
         )
         return Reply(out, ExitCode(out.exit_code))
 
     command.help = (
-        f"{summary}\n\nStop (and keep) what serves now, start the same container ID of the target, "
+        f"{summary}\n\nDrain what serves now (no new requests; the answers in flight finish, "
+        "at most --drain-timeout: at it a rollback goes on and counts the answers it cut), stop "
+        "(and keep) it, start the same container ID of the target, "
         "check health and identity, route back; commit only if the identity-critical fields "
         "equal the recorded ones. `rollback` and `restore` are the same command."
     )

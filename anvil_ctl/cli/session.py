@@ -210,6 +210,30 @@ def drift_acceptance(accept: bool, by: str | None, reason: str | None) -> DriftA
     return DriftAcceptance(by=by.strip(), reason=reason.strip())
 
 
+def drain_options(default: str) -> Callable[[F], F]:
+    """`--drain-timeout DURATION --on-drain-timeout abort|cut`: how a serve taken out of traffic
+    waits for its answers in flight, and what happens at the deadline (`default` says which)."""
+    from anvil_ctl.cli.params import TIMEOUT
+
+    def add(fn: F) -> F:
+        fn = click.option(
+            "--on-drain-timeout",
+            type=click.Choice(["abort", "cut"]),
+            help=f"At the drain's deadline: abort (compensate; the serve stays routed; exit 3) or "
+            f"cut (stop it anyway; the cut answers are counted in the record). Default: {default}.",
+        )(fn)
+        return click.option(
+            "--drain-timeout",
+            "drain_timeout_s",
+            type=TIMEOUT,
+            metavar="DURATION",
+            help="Longest wait for the answers in flight on the serve taken out of traffic "
+            "(e.g. 5m); default: the recipe's drain_timeout_s, else 300s.",
+        )(fn)
+
+    return add
+
+
 def timeout_option(what: str) -> OptionDecorator:
     """`--timeout DURATION` of load, promote, rollback and qualify (kubectl and helm spelling)."""
     from anvil_ctl.cli.params import TIMEOUT

@@ -7,7 +7,7 @@ import uuid
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands.transactions import limit_waits, mutating, run_plan
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.model import Identity
+from anvil_ctl.core.model import DrainPolicy, Identity, OnDrainTimeout
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import Outcome
@@ -178,7 +178,11 @@ def rollback(
     restore_group: str | None = None,
     dry_run: bool = False,
     timeout_s: float | None = None,
+    drain_timeout_s: float | None = None,
+    on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome:
+    """Bring a recorded serve back; what serves now is drained first, and at the drain's
+    deadline (`drain_timeout_s`) the rollback goes on and counts the answers it cut."""
     ctx.config.slot(slot)
     if to:
         _check_to(to)
@@ -203,6 +207,7 @@ def rollback(
             dry_run=dry_run,
             tx_id=tx_id,
             lock=lock,
+            drain=DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="cut"),
         )
 
 
@@ -216,6 +221,7 @@ def _rollback_locked(
     dry_run: bool,
     tx_id: str,
     lock: HostLock | None,
+    drain: DrainPolicy,
 ) -> Outcome:
     world = ctx.world()
     target: Identity | None
@@ -237,6 +243,7 @@ def _rollback_locked(
         restore_group=restore_group,
         restore_group_members=members,
         recorded_sha256=recorded_snapshot(ctx, target) if target else None,
+        drain=drain,
     )
     return run_plan(ctx, "rollback", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 

@@ -50,6 +50,8 @@ class StubOptions:
     log_lines: tuple[str, ...] = ()
     log_after: int = 0
     restart_after: int | None = None
+    stop_timeout: float = 600.0
+    """On SIGTERM, how long completions in flight may still run before the stub exits."""
 
     @property
     def reported_name(self) -> str:
@@ -90,6 +92,7 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--log-line", action="append", default=None, help="repeatable")
     p.add_argument("--log-after", type=int, default=env_default("log-after", 0))
     p.add_argument("--restart-after", type=int, default=env_default("restart-after", None))
+    p.add_argument("--stop-timeout", type=float, default=env_default("stop-timeout", 600.0))
     return p
 
 
@@ -138,4 +141,5 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
         log_lines=tuple(line for line in log_raw if line.strip()),
         log_after=int(ns.log_after),
         restart_after=int(ns.restart_after) if ns.restart_after not in (None, "") else None,
+        stop_timeout=float(ns.stop_timeout),
     )

@@ -45,6 +45,12 @@ class StubState:
         """What the newest completions really took (Pacer.timing), numbered by `seq`."""
         self.timing_seq = itertools.count(1)
 
+    @property
+    def running(self) -> int:
+        """Completions admitted and not finished: the gauge an engine publishes on /metrics."""
+        with self.lock:
+            return self.completions_started - self.completions_done
+
     def warming(self) -> bool:
         return time.monotonic() - self.started < self.options.slow_start
 
@@ -52,8 +58,10 @@ class StubState:
         return not self.options.fail_health and not self.warming()
 
     def admit(self) -> bool:
-        """Count a completion in; False once --exit-after's budget is used up."""
+        """Count a completion in; False once stopping (SIGTERM) or --exit-after's budget is used up."""
         with self.lock:
+            if self.stop.is_set():
+                return False
             limit = self.options.exit_after
             if limit is not None and self.completions_started >= limit:
                 return False

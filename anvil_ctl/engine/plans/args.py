@@ -16,7 +16,14 @@ from typing import TypeVar
 from pydantic import TypeAdapter
 
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.model import ContainerSpec, Identity, ModelFile
+from anvil_ctl.core.model import (
+    CUT_AT_DEADLINE,
+    REFUSE_TO_CUT,
+    ContainerSpec,
+    DrainPolicy,
+    Identity,
+    ModelFile,
+)
 
 T = TypeVar("T")
 
@@ -40,6 +47,8 @@ class Candidate:
     engine_profile: str = ""
     model_files: tuple[ModelFile, ...] = ()
     """Files of the model pinned by size and SHA-256, verified before anything stops."""
+    drain_timeout_s: float | None = None
+    """The recipe's `drain_timeout_s`: how long load waits for the incumbent's answers."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ class LoadArgs:
     incumbent_running: bool
     """Observed before any mutation: compensation restores this, not more."""
     accept_drift: DriftAcceptance | None = None
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,8 @@ class RollbackArgs:
     recorded_snapshot: Mapping[str, object] | None = None
     """That snapshot's body, as rollbacks journaled before migration 0008 carried it (so
     that `recover` rebuilds them); new rollbacks leave it None and name `recorded_sha256`."""
+    drain: DrainPolicy = CUT_AT_DEADLINE
+    """Rollback is the emergency tool: at its drain's deadline it goes on, counting the cut."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,7 @@ class UnloadArgs:
     container_id: str
     slot: str
     remove_residue: bool = False
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)
