@@ -45,6 +45,13 @@ if it lands meanwhile. A removal may be pending, and readmission holds, only whe
   readmission began.
 A live transaction's own drain waited until its removal landed, so its readmission
 ends at the first verified routed chat.
+
+Workers this adapter registers carry `health.drain_settle_secs = 0`: smg removes them at
+once when DELETEd (requests in flight go on over their connections), so a drain waits for
+no fixed delay and no removal of theirs is ever left pending. Before a drain removes a
+tier's worker, it parks the tier's alias on a worker at the parking responder
+(`anvil_ctl.adapters.smg_parking`), so that clients get a retryable 503 with Retry-After,
+never a 404, until readmission removes the parked worker.
 """
 
 from __future__ import annotations
@@ -64,8 +71,16 @@ from anvil_ctl.adapters.router_http import (
     routed_chat,
     translated,
 )
+from anvil_ctl.adapters.smg_parking import ParkingResponder
 from anvil_ctl.adapters.smg_removals import OWN_REMOVAL_MIN_S, PendingRemovals
-from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, TIER_LABEL, SmgWorker, SmgWorkers, norm
+from anvil_ctl.adapters.smg_workers import (
+    NIL_WORKER_ID,
+    PARKED_LABEL,
+    TIER_LABEL,
+    SmgWorker,
+    SmgWorkers,
+    norm,
+)
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONObject
@@ -77,9 +92,8 @@ __all__ = ["NIL_WORKER_ID", "OWN_REMOVAL_MIN_S", "POLL_FIRST_S", "TIER_LABEL", "
 log = get_logger()
 
 POLL_FIRST_S = 0.02
-"""Polls start this short and double up to `poll_s`: most waits end within a few polls.
-`poll_s` is 0.05 s: a drain waits smg's 5 s, and what it overshoots the removal by is lost
-(half a poll on average); one poll is one local GET /workers (~1.5 ms)."""
+"""Polls start this short and double up to `poll_s`: most waits end within a few polls
+(one poll is one local GET /workers, ~1.5 ms)."""
 
 
 class SmgRouter:
@@ -114,9 +128,12 @@ class SmgRouter:
         self._sleep = sleep
         self._clock = clock
         self._removals = PendingRemovals(removal_hold_s, clock)
+        self._parking: ParkingResponder | None = None
 
     def close(self) -> None:
         self._http.close()
+        if self._parking is not None:
+            self._parking.close()
 
     def __enter__(self) -> SmgRouter:
         return self
@@ -160,7 +177,7 @@ class SmgRouter:
             log.info("router.smg.remove", url=url, worker_id=worker_id)
         self._wait(lambda: self._workers.at(url) is None, self._removal_timeout_s, f"{url} removed")
         if sent is not None:
-            self._removals.gone(url, sent)
+            self._removals.gone(url, sent, worker.settle_s)
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
         end = self._clock() + timeout_s
@@ -176,6 +193,7 @@ class SmgRouter:
             "url": norm(url),
             "models": [{"id": alias} for alias in aliases],
             "labels": {TIER_LABEL: tier},
+            "health": {"drain_settle_secs": 0},
         }
         response = self._workers.call("POST", "/workers", json=body)
         if response.status_code == 409:
@@ -239,10 +257,46 @@ class SmgRouter:
         self._remove(existing)
 
     def drain(self, tier: str) -> None:
-        """Quiesce: smg's removal stops new admissions at once (`draining`) and lets in-flight
-        requests finish; wait until every backend of the tier is gone."""
-        for worker in self._workers.of_tier(tier):
+        """Quiesce: park the tier's alias (503 from now on), then remove every backend of the
+        tier and wait until it is gone; requests in flight go on over their connections."""
+        workers = self._workers.of_tier(tier)
+        aliases = next((w.aliases for w in workers if w.aliases), ())
+        if aliases:
+            self._park(tier, aliases[0])
+        for worker in workers:
             self._remove(worker)
+
+    def _park(self, tier: str, alias: str) -> None:
+        """Register `alias` on a worker at the parking responder (best effort: without it the
+        window answers 404, as smg does for an alias nobody serves)."""
+        if self._parking is None:
+            self._parking = ParkingResponder()
+        url = self._parking.url
+        if self._workers.at(url) is not None:
+            return
+        body: JSONObject = {
+            "url": url,
+            "models": [{"id": alias}],
+            "labels": {PARKED_LABEL: tier},
+            "health": {"drain_settle_secs": 0},
+        }
+        response = self._workers.call("POST", "/workers", json=body)
+        if response.status_code not in (200, 201, 202):
+            log.warning("router.smg.park_refused", tier=tier, status=response.status_code)
+            return
+        try:
+            self._wait(lambda: self._workers.at(url) is not None, self._appear_timeout_s, f"{url} listed")
+        except TransientError as exc:
+            log.warning("router.smg.park_not_listed", tier=tier, error=str(exc))
+            return
+        log.info("router.smg.parked", tier=tier, alias=alias, url=url)
+
+    def _unpark(self, tier: str) -> None:
+        """Remove the tier's parked workers (no wait: their URLs are never a serve's)."""
+        for worker in self._workers.listed():
+            if worker.parked == tier:
+                self._workers.call("DELETE", f"/workers/{worker.id}")
+                log.info("router.smg.unparked", tier=tier, url=worker.url)
 
     def in_flight(self, tier: str, url: str) -> int | None:
         """smg's `load` of the worker at `url` (listed while it drains; None once removed)."""
@@ -283,6 +337,7 @@ class SmgRouter:
                 existing = self._workers.at(url)
             if existing is None or not existing.healthy:
                 raise NotYetRouted(f"smg worker {url} not healthy yet")
+            self._unpark(tier)  # the serve's worker is healthy: the alias goes to it alone
             answer = routed_chat(self._http, self.url, alias, self._client)
             # Healthy worker, chat failing with a 5xx: smg's circuit breaker is open.
             # A fresh registration starts with a closed breaker.

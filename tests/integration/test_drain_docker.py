@@ -9,6 +9,9 @@ cut (rollback).
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from scripts.chaos import ALIAS, BINDING, ChaosHost
+from scripts.chaos import ALIAS, BINDING, ChaosHost, recent_transactions
 
 pytestmark = pytest.mark.integration
 
@@ -113,12 +116,47 @@ class TestStreamsInFlightFinish:
         assert host.prepare("promote") == "B"  # a loaded candidate, reached at its binding
         cand = host.candidate
         assert cand is not None
-        direct = stream(BINDING, "unused", "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp", 8000)
+        direct = stream(BINDING, "unused", "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp", 40000)
         out = host.run("unload", cand, "--yes")
         assert out["state"] == "committed", out.get("reason")
         assert (direct.join().finish_reason, direct.error) == ("length", None)
         assert drain_of(out, "stop-candidate")["in_flight"] == 1
         host.run("rollback", "--slot", "primary")  # the incumbent serves again for what follows
+
+
+class TestTheWindow:
+    def test_requests_while_no_serve_is_routed_get_503_with_retry_after_never_404(
+        self, host: ChaosHost
+    ) -> None:
+        assert host.prepare("load") == "A"
+        client = openai.OpenAI(
+            base_url=host.camp.smg.url + "/v1", api_key=host.camp.client_token, max_retries=0
+        )
+        seen: list[tuple[int, str | None]] = []
+        done = threading.Event()
+
+        def ask() -> None:
+            while not done.is_set():
+                try:
+                    client.chat.completions.create(
+                        model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                    )
+                    seen.append((200, None))
+                except openai.APIStatusError as exc:
+                    seen.append((exc.status_code, exc.response.headers.get("retry-after")))
+                time.sleep(0.05)
+
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        out = host.run(*host.argv("load"))
+        time.sleep(1)  # a committed load leaves the tier drained: the window goes on
+        done.set()
+        asker.join(30)
+        assert out["state"] == "committed", out.get("reason")
+        statuses = {status for status, _ in seen}
+        assert 404 not in statuses and statuses <= {200, 503}, seen
+        assert {retry for status, retry in seen if status == 503} == {"1"}, seen
+        assert seen[0][0] == 200 and seen[-1][0] == 503  # served before, retryable after
 
 
 class TestDeadline:
@@ -143,3 +181,41 @@ class TestDeadline:
         assert long.join().finish_reason is None  # the one answer cut, and counted
         shown = host.run("audit", "show", out["tx_id"])
         assert '"cut": 1' in str(shown).replace("'", '"'), shown
+
+
+def _draining(host: ChaosHost) -> bool:
+    """The newest load journaled its stop-incumbent intent and no result: its drain waits."""
+    ctx = host.context()
+    loads = [t for t in recent_transactions(ctx) if t["kind"] == "load"]
+    if not loads:
+        return False
+    events = [(e.step, e.event) for e in ctx.store.step_events(loads[0]["tx_id"])]
+    return ("stop-incumbent", "intent") in events and ("stop-incumbent", "result") not in events
+
+
+class TestKilledDuringTheDrain:
+    def test_recover_converges_with_the_incumbent_routed_and_its_answer_finished(
+        self, host: ChaosHost
+    ) -> None:
+        assert host.prepare("load") == "A"
+        known = {t["tx_id"] for t in recent_transactions(host.context())}
+        long = stream(host.camp.smg.url, host.camp.client_token, ALIAS, 40 * TOKENS_PER_S)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "anvil_ctl", "--json", *host.argv("load")],
+            env=host.camp.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not _draining(host) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _draining(host), "the load never reached its drain"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert recent_transactions(host.context())[0]["tx_id"] not in known
+        recovered = host.run("recover")
+        assert recovered["_exit"] == 0, recovered
+        assert host.phase_of(host.observe()) == "A"  # the incumbent routed and serving again
+        assert (long.join().finish_reason, long.error) == ("length", None)
