@@ -57,22 +57,19 @@ import httpx
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
-    answer_problem,
+    RouterHttp,
     check_answer,
     probe_client_token,
     readmit_loop,
     routed_chat,
-    translated,
 )
-from anvil_ctl.adapters.smg_removals import OWN_REMOVAL_MIN_S, PendingRemovals
+from anvil_ctl.adapters.smg_removals import PendingRemovals
 from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, TIER_LABEL, SmgWorker, SmgWorkers, norm
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
-
-__all__ = ["NIL_WORKER_ID", "OWN_REMOVAL_MIN_S", "POLL_FIRST_S", "TIER_LABEL", "SmgRouter"]
 
 log = get_logger()
 
@@ -82,8 +79,11 @@ POLL_FIRST_S = 0.02
 (half a poll on average); one poll is one local GET /workers (~1.5 ms)."""
 
 
-class SmgRouter:
+class SmgRouter(RouterHttp):
     """`anvil_ctl.core.ports.Router` over smg's HTTP control and data planes."""
+
+    NAME = "smg"
+    READY_PATH = "/readiness"
 
     def __init__(
         self,
@@ -114,15 +114,6 @@ class SmgRouter:
         self._sleep = sleep
         self._clock = clock
         self._removals = PendingRemovals(removal_hold_s, clock)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> SmgRouter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SmgRouter(url={self.url!r}, admin_url={self.admin_url!r})"
@@ -349,39 +340,21 @@ class SmgRouter:
         return answer
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
-        target = norm(url)
+        return super().check_route(tier, norm(url), expected_model)
 
-        def verdict(reason: str = "") -> RouteCheck:
-            return RouteCheck(tier, target, expected_model, holds=not reason, reason=reason)
-
-        try:
-            workers = self._workers.of_tier(tier)
-            mine = [w for w in workers if w.url == target]
-            others = sorted(w.url for w in workers if w not in mine)
-            if not mine:
-                return verdict(f"smg lists no worker of tier {tier!r} at {target}")
-            if others:
-                return verdict(f"tier {tier!r} also has {', '.join(others)}")
-            if self._removal_pending(mine[0]):
-                return verdict(f"smg has a removal of {target} pending (it is draining)")
-            if not mine[0].healthy:
-                return verdict(f"smg reads {target} unhealthy")
-            alias = mine[0].aliases[0] if mine[0].aliases else ""
-            answer = routed_chat(self._http, self.url, alias, self._client)
-        except AdapterError as exc:  # unreachable, busy or answering nonsense: no route to rely on
-            return verdict(f"smg: {exc}")
-        return verdict(answer_problem(answer, alias, expected_model) or "")
-
-    def routed_chat(self, alias: str) -> RoutedAnswer:
-        return routed_chat(self._http, self.url, alias, self._client)
-
-    def ready(self) -> bool:
-        try:
-            with translated("smg GET /readiness"):
-                response = self._http.get(f"{self.url}/readiness")
-        except TransientError:
-            return False
-        return response.status_code == 200
+    def _route_problem(self, tier: str, url: str) -> tuple[str, str]:
+        workers = self._workers.of_tier(tier)
+        mine = [w for w in workers if w.url == url]
+        others = sorted(w.url for w in workers if w not in mine)
+        if not mine:
+            return f"smg lists no worker of tier {tier!r} at {url}", ""
+        if others:
+            return f"tier {tier!r} also has {', '.join(others)}", ""
+        if self._removal_pending(mine[0]):
+            return f"smg has a removal of {url} pending (it is draining)", ""
+        if not mine[0].healthy:
+            return f"smg reads {url} unhealthy", ""
+        return "", mine[0].aliases[0] if mine[0].aliases else ""
 
     def view(self, tier: str) -> JSONObject:
         """The router's view of a tier for snapshots: backends, observed model, readiness."""
