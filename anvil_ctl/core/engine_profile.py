@@ -172,12 +172,6 @@ class EngineProfile:
         """The lines of `log_text` that match a fatal pattern, in order."""
         return _matching(log_text, tuple(p.regex for p in self.fatal_patterns))
 
-    def notice_lines(self, log_text: str) -> list[str]:
-        """The lines of `log_text` that match a notice pattern and no fatal one, in order."""
-        fatal = set(self.fatal_lines(log_text))
-        notices = _matching(log_text, tuple(n.regex for n in self.notice_log_patterns))
-        return [line for line in notices if line not in fatal]
-
     def refused_context(self, message: str) -> int | None:
         """The context length a context-refusal answer names, or None."""
         if self.context_refusal is None:

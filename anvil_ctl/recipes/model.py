@@ -306,10 +306,6 @@ class Recipe(_Strict):
         return self.model.split("@", 1)[0] if self.model else None
 
     @property
-    def model_revision(self) -> str | None:
-        return self.model.split("@", 1)[1] if self.model else None
-
-    @property
     def runnable(self) -> bool:
         """True when no value is unknown; only such a recipe may be loaded."""
         return not self.unknown

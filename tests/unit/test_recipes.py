@@ -118,7 +118,7 @@ class TestRecipeModel:
 
     def test_parses_a_pinned_model_identity(self) -> None:
         recipe = Recipe.model_validate(fields(engine="sglang", model=f"org/name@{REVISION}"))
-        assert (recipe.model_repo, recipe.model_revision) == ("org/name", REVISION)
+        assert (recipe.model_repo, recipe.model) == ("org/name", f"org/name@{REVISION}")
 
     @pytest.mark.parametrize("model", ["org/name", "org/name@main", f"name@{REVISION}"])
     def test_refuses_a_model_without_a_40_hex_revision(self, model: str) -> None:
