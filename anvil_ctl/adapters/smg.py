@@ -9,12 +9,12 @@ workers; a tier has one backend, registered with its first alias as model id
 Observed behaviour this adapter is written around (smg 1.13.0, against the real
 binary in the test environment):
 - `POST /workers` answers 202 and registers in the background (a job); the
-  worker appears in `GET /workers` 0.1-0.3 s later.
+  worker appears in `GET /workers` shortly after.
 - `DELETE /workers/{id}` answers 202 and queues a removal job keyed by the
   worker's URL: the worker reads `draining` (unhealthy, routed chat 503) at once,
   `GET /workers/{id}` shows `job_status` {job_type RemoveWorker, status
-  processing}, and after a fixed 5 s drain the job removes *whatever worker is
-  registered at that URL by then* (gone 5.10-5.15 s after the DELETE). Nothing
+  processing}, and after a fixed drain (`OWN_REMOVAL_MIN_S`) the job removes
+  *whatever worker is registered at that URL by then*. Nothing
   cancels it: a POST of the URL meanwhile answers 409, a PUT answers 202 and reads
   the worker `ready` again, yet the removal still lands. A second DELETE of a
   draining worker removes it at once and clears the URL's job status while the
@@ -74,9 +74,8 @@ from anvil_ctl.log import get_logger
 log = get_logger()
 
 POLL_FIRST_S = 0.02
-"""Polls start this short and double up to `poll_s`: most waits end within a few polls.
-`poll_s` is 0.05 s: a drain waits smg's 5 s, and what it overshoots the removal by is lost
-(half a poll on average); one poll is one local GET /workers (~1.5 ms)."""
+"""Polls start this short and double up to `poll_s`: most waits end within a few polls, and
+what a wait overshoots the removal it waits for by is lost (half a poll on average)."""
 
 
 class SmgRouter(RouterHttp):
@@ -314,7 +313,7 @@ class SmgRouter(RouterHttp):
     ) -> RoutedAnswer | None:
         """Keep observing the registration until no removal can still land on it.
 
-        A removal sent before `since` lands within smg's drain (5 s) of it, one seen
+        A removal sent before `since` lands within smg's drain of it, one seen
         pending within the drain of its sighting, our own DELETE within the drain of its
         sending; past `removal_hold_s` after each, nothing queued can remove the URL.
         Gone or pending removal meanwhile: NotYetRouted, and the next attempt registers

@@ -337,8 +337,8 @@ LLAMA_CPP_PYTHON = EngineProfile(
         total=r"llama_perf_context_print:\s+total time =\s*(?P<ms>[\d.]+) ms /\s*(?P<tokens>\d+) tokens",
     ),
     stop_exit_codes=(0, 143),
-    # /v1/models waits for the model's lock: 13 s behind a running completion, enough for a
-    # router's check to time out and take a serving backend out. /docs answers in 60 ms, and
+    # /v1/models waits for the model's lock behind a running completion, long enough for a
+    # router's check to time out and take a serving backend out. /docs answers at once, and
     # only once the model is loaded (the server loads it before it listens).
     router_check_path="/docs",
     sources=("llama-cpp-python 0.3.36 in the test env's containers (docs/ENGINES.md)",),
