@@ -25,17 +25,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from anvil_ctl.core.engine_profile import (
-    COMMON_FATAL,
-    ENGINE_PROFILES,
-    FATAL_KINDS,
-    EngineProfile,
-    FatalKind,
-    FatalPattern,
-    NoticePattern,
-    find_engine_profile,
-)
+from anvil_ctl.core.engine_profile import ENGINE_PROFILES, EngineProfile, find_engine_profile
 from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.log_patterns import COMMON_FATAL, FATAL_KINDS, FatalKind, FatalPattern, NoticePattern
 
 __all__ = [
     "COMMON_FATAL",
