@@ -30,7 +30,6 @@ from __future__ import annotations
 from anvil_ctl.core.states import ExitCode
 
 
-
 class AnvilError(Exception):
     """Base of every error anvil_ctl raises on purpose."""
 
