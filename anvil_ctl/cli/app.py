@@ -17,23 +17,18 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TypedDict
+from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 
 from anvil_ctl.cli import admin, audit, claims, fleet, gpus_and_waivers, lifecycle, qualify, serves
 from anvil_ctl.cli.complete import PROG, completion
-from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
+from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options, open_app
 from anvil_ctl.cli.topics import help_command
-from anvil_ctl.core.errors import AnvilError, ConfigError
+from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.validate import escape_text
-
-if TYPE_CHECKING:
-    from anvil_ctl.bootstrap import App
-    from anvil_ctl.config import Settings
 
 INTERRUPTED = 128 + signal.SIGINT  # the shell's convention for a process ended by Ctrl-C: 130
 
@@ -120,84 +115,6 @@ def attach_global_options(command: click.Command) -> None:
 
 
 attach_global_options(root)
-
-
-# -- the App ----------------------------------------------------------------------------------
-
-
-class _Overrides(TypedDict, total=False):
-    """The path settings a flag gave (a flag not given leaves its setting to the environment)."""
-
-    config: Path
-    state_db: str
-    state_dir: Path
-    recipes_dir: Path
-
-
-def settings_from(options: GlobalOptions) -> Settings:
-    """Settings from the environment (ANVIL_*), overridden by the flags that were given."""
-    from pydantic import ValidationError
-
-    from anvil_ctl.config import Settings
-
-    overrides: _Overrides = {}
-    if options.config is not None:
-        overrides["config"] = options.config
-    if options.state_db is not None:
-        overrides["state_db"] = options.state_db
-    if options.state_dir is not None:
-        overrides["state_dir"] = options.state_dir
-    if options.recipes_dir is not None:
-        overrides["recipes_dir"] = options.recipes_dir
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{_setting_name(e['loc'], overrides)}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
-        raise ConfigError(problems) from None
-
-
-def _setting_name(loc: tuple[int | str, ...], flags: Mapping[str, object]) -> str:
-    """The flag that gave a setting (`--state-db`), else its variable (`ANVIL_STATE_DB`)."""
-    name = "_".join(str(p) for p in loc)
-    if name in flags:
-        return "--" + name.replace("_", "-")
-    return f"ANVIL_{name.upper()}"
-
-
-def open_app(options: GlobalOptions) -> App:
-    """The one place the App is built: settings, logging, progress, the App.
-
-    On a terminal the progress display stands in for info logs: the level is `warning` there
-    unless ANVIL_LOG_LEVEL or --debug says otherwise (a pipe keeps its JSON log lines).
-    """
-    from anvil_ctl import log
-    from anvil_ctl.bootstrap import App
-    from anvil_ctl.cli.progress import for_stream
-    from anvil_ctl.config import setting_origins
-    from anvil_ctl.places import process_defaults
-
-    settings = settings_from(options)
-    env = dict(os.environ)
-    level: str = settings.log_level
-    if options.debug:
-        level = "debug"
-    elif sys.stderr.isatty() and not options.as_json and "ANVIL_LOG_LEVEL" not in env:
-        level = "warning"
-    log.configure(settings.log_format, level)
-    flags = {"config": options.config, "state_db": options.state_db, "state_dir": options.state_dir}
-    flags["recipes_dir"] = options.recipes_dir
-    return App(
-        settings=settings,
-        env=env,
-        origins=setting_origins(flags, env, process_defaults()),
-        progress=for_stream(
-            sys.stderr, json_output=options.as_json, heartbeat_s=settings.progress_heartbeat_s
-        ),
-        keep_connection=True,  # the session closes the App when the command ends
-    )
 
 
 # -- main --------------------------------------------------------------------------------------

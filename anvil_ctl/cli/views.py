@@ -138,3 +138,24 @@ class HistoryView(_Rows):
 
 class InitView(_Data):
     """`init` and `db upgrade`: which database and config, the schema revision before and after."""
+
+
+WAIVER_COLUMNS = (
+    "id",
+    "state",
+    "policy",
+    "value",
+    "roles",
+    "gates",
+    "recipe_digest",
+    "approved_by",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+    "reason",
+)
+
+
+def waiver_table(rows: Sequence[Row]) -> Table:
+    """`waivers list` and `audit waivers`: every waiver with its state now."""
+    return Table(rows, columns=WAIVER_COLUMNS)
