@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from anvil_ctl.config import HostConfig, Settings, load_host_config
+from anvil_ctl.config.host import HostConfig, load_host_config
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.errors import AuthRejected, ConfigError, CredentialError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer, VramNeed
@@ -97,7 +98,7 @@ class App:
         needs no host config (audit, db) runs without one; a config that exists must be valid."""
         import socket
 
-        from anvil_ctl.config import machine_host_name
+        from anvil_ctl.config.host import machine_host_name
 
         config = self.config if self.settings.config.exists() else None
         if config is not None and config.host:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from anvil_ctl.config import GpuRole
+from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import AdapterError
 from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_PREFIX, GpuProcess, GpuReading

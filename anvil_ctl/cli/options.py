@@ -29,15 +29,19 @@ class OptionDecorator(Protocol):
 
 def slot_option(help: str, *, default: str | None = None, required: bool = False) -> OptionDecorator:
     """`--slot SLOT`: a slot of the host config, completed from it."""
+    # default=None is a value to click (a required option would take it): only a real one is given
+    if default is not None:
+        return click.option(
+            "--slot",
+            type=REF,
+            default=default,
+            show_default=True,
+            shell_complete=complete_slots,
+            metavar="SLOT",
+            help=help,
+        )
     return click.option(
-        "--slot",
-        type=REF,
-        default=default,
-        show_default=default is not None,
-        required=required,
-        shell_complete=complete_slots,
-        metavar="SLOT",
-        help=help,
+        "--slot", type=REF, required=required, shell_complete=complete_slots, metavar="SLOT", help=help
     )
 
 

@@ -24,7 +24,7 @@ from anvil_ctl.core.states import ExitCode
 
 if TYPE_CHECKING:
     from anvil_ctl.bootstrap import App
-    from anvil_ctl.config import Settings
+    from anvil_ctl.config.settings import Settings
 
 
 @dataclass
@@ -185,7 +185,7 @@ def settings_from(options: GlobalOptions) -> Settings:
     """Settings from the environment (ANVIL_*), overridden by the flags that were given."""
     from pydantic import ValidationError
 
-    from anvil_ctl.config import Settings
+    from anvil_ctl.config.settings import Settings
 
     overrides: _Overrides = {}
     if options.config is not None:
@@ -223,7 +223,7 @@ def open_app(options: GlobalOptions) -> App:
     from anvil_ctl import log
     from anvil_ctl.bootstrap import App
     from anvil_ctl.cli.progress import for_stream
-    from anvil_ctl.config import setting_origins
+    from anvil_ctl.config.settings import setting_origins
     from anvil_ctl.places import process_defaults
 
     settings = settings_from(options)

@@ -36,9 +36,10 @@ from pathlib import Path
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition

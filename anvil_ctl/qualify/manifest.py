@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from anvil_ctl.config import read_input_file
+from anvil_ctl.config.inputs import read_input_file
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import unsafe_char

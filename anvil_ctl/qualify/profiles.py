@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from anvil_ctl.config import load_toml
+from anvil_ctl.config.inputs import load_toml
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.qualify.ab import METRICS, Boundary, parse_boundaries
 from anvil_ctl.qualify.gates import GATE_TYPES, Gate

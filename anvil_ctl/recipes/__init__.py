@@ -10,64 +10,6 @@ A recipe with any `unknown` entry validates and plans but is not runnable.
 Warning: the recipe digest covers the file's content, not its location; relative
 mount sources resolve against the recipe's directory only when a spec is made.
 
-This package re-exports its modules' public names: `model` (the recipe, its
-loading and digest) and `spec` (the container spec and the checks before it).
+Modules: `model` (the recipe, its loading and digest) and `spec` (the container spec
+and the checks before it).
 """
-
-from anvil_ctl.recipes.model import (
-    COMMIT_RE,
-    ENGINES_WITHOUT_MODEL,
-    IMAGE_DIGEST_RE,
-    IMAGE_ID_RE,
-    LIMIT,
-    MODEL_IDENTITY_RE,
-    SHM_SIZE_RE,
-    Arg,
-    ExternalPrior,
-    Line,
-    Recipe,
-    RecipeModelFile,
-    RecipeMount,
-    RecipeSource,
-    Ulimit,
-    load_recipe,
-    recipe_digest,
-)
-from anvil_ctl.recipes.spec import (
-    check_fits_slot,
-    check_runnable,
-    container_name,
-    container_spec,
-    model_cache_mount,
-    resolve_gpu_uuids,
-    short_tx,
-    spec_as_dict,
-)
-
-__all__ = [
-    "COMMIT_RE",
-    "ENGINES_WITHOUT_MODEL",
-    "IMAGE_DIGEST_RE",
-    "IMAGE_ID_RE",
-    "LIMIT",
-    "MODEL_IDENTITY_RE",
-    "SHM_SIZE_RE",
-    "Arg",
-    "ExternalPrior",
-    "Line",
-    "Recipe",
-    "RecipeModelFile",
-    "RecipeMount",
-    "RecipeSource",
-    "Ulimit",
-    "check_fits_slot",
-    "check_runnable",
-    "container_name",
-    "container_spec",
-    "load_recipe",
-    "model_cache_mount",
-    "recipe_digest",
-    "resolve_gpu_uuids",
-    "short_tx",
-    "spec_as_dict",
-]

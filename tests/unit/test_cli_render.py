@@ -136,7 +136,7 @@ class TestDisplayThatCannotBeForged:
     def _forged_waiver(self, fake_host: FakeHost) -> None:
         from datetime import UTC, datetime
 
-        from anvil_ctl.gpu.waiver_policy import Waiver
+        from anvil_ctl.core.waiver import Waiver
         from anvil_ctl.persistence import waiver_rows
 
         waiver = Waiver(

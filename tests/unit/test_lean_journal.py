@@ -22,7 +22,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from anvil_ctl.commands import audit
-from anvil_ctl.core.model import Identity, canonical_json
+from anvil_ctl.core.digest import canonical_json
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import coltypes, identities, projection, rowrefs
 from anvil_ctl.persistence.coltypes import LinkTag

@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from anvil_ctl.adapters.shm import ShmScanner
 from anvil_ctl.bootstrap import App, _shm
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.ports import ShmLedger
 from anvil_ctl.persistence import shm_ledger

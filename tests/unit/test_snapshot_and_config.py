@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.config import load_host_config
+from anvil_ctl.config.host import load_host_config
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.snapshot import Snapshot, diff
 
