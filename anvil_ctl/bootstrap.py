@@ -178,11 +178,11 @@ class App:
 
     def warm_acceptance(self) -> None:
         """Fork the real client's worker now (`RealAcceptance.warm`), for a command that runs
-        real-client acceptance later (promote): `openai` (0.6-1.4 s of CPU) imports in the
+        real-client acceptance later (promote): `openai`, slow to import, imports in the
         child, on another core, while this process builds its world, checks, observes and
         readmits. Call it first, before `world()` and the host lock: the child then holds
         neither, nor the world's Docker, router and database connections, and its import
-        starts 0.1-0.25 s earlier (the world's construction; more on a loaded host)."""
+        starts earlier by the world's construction."""
         from anvil_ctl.acceptance_worker import RealAcceptance
 
         if self.settings.backend == "fake":

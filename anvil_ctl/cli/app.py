@@ -199,10 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def console() -> NoReturn:
     """`anvilctl` and `python -m anvil_ctl`: run `main`, flush, and leave without a teardown.
 
-    By the time `main` returns, the App is closed (database connections and
-    adapters, in `Session.close`) and the output is written; what is left is the
-    interpreter's own teardown of hundreds of modules (0.7-1.8 s measured on a loaded
-    host, more after `openai`). Only this entry point skips it, with `os._exit` after
+    By the time `main` returns, the App is closed (database connections and adapters, in
+    `Session.close`) and the output is written; what is left is the interpreter's own slow
+    teardown of hundreds of modules. Only this entry point skips it, with `os._exit` after
     flushing; library callers and tests call `main` and keep a normal exit.
     """
     _collector_off_while_starting()
@@ -217,8 +216,8 @@ def console() -> NoReturn:
 
 def _without_httpx_cli() -> None:
     """`import httpx` also imports httpx's own command line client (`httpx._main`: rich,
-    pygments and click) whenever those are installed, as they are here; that is 60-70 ms of
-    every command that talks HTTP, for a client anvilctl never runs (encode/httpx#3547 moves
+    pygments and click) whenever those are installed, as they are here: a cost to every
+    command that talks HTTP, for a client anvilctl never runs (encode/httpx#3547 moves
     it out of `__init__`). A `None` in `sys.modules` makes that one import fail, and httpx
     then defines a stub `httpx.main`. Only the console entry point does this: it owns its
     process; a library caller's httpx stays whole."""
@@ -234,12 +233,11 @@ def _collector_off_while_starting() -> None:
 
     Starting a command imports its modules: hundreds of thousands of objects (classes,
     functions, ORM mappings, pydantic schemas) that live as long as the process, and almost
-    no garbage cycles; at CPython's default threshold the collector still ran ~190 times
-    during one `status`, scanning them again and again (55-85 ms measured with
-    `gc.callbacks`, every command pays it). After the start the collector is on again, with
-    what the start built frozen out of its scans (`gc.freeze`): a command that runs for
-    minutes (qualify, `status --watch`) collects its cycles as usual. Only the console entry
-    point does this; library callers and tests that call `main` keep their collector as is.
+    no garbage cycles; at CPython's default threshold the collector still runs over them
+    again and again, which every command would pay. After the start the collector is on
+    again, with what the start built frozen out of its scans (`gc.freeze`): a command that
+    runs for minutes (qualify, `status --watch`) collects its cycles as usual. Only the
+    console entry point does this; library callers and tests that call `main` keep theirs.
     """
     gc.disable()
     timer = threading.Timer(STARTING_S, _collector_on)

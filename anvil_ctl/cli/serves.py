@@ -21,7 +21,7 @@ from anvil_ctl.core.states import ExitCode
 
 ENGINE_NAMES = ("llama-cpp-python", "openai-compatible", "sglang", "stub", "vllm")
 """The engine profiles' names, for `--engine`'s choices: `core.engine_profile` builds its profiles
-(and their log patterns) at import, ~5 ms that `--help` need not pay; a test holds the two equal."""
+(and their log patterns) at import, which `--help` need not pay; a test holds the two equal."""
 
 RECIPE_LIST_COLUMNS = ("name", "source", "valid", "runnable", "served_model", "context_tokens", "error")
 

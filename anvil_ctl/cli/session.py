@@ -115,8 +115,8 @@ def global_options() -> tuple[click.Parameter, ...]:
     """The global options: one set, built once and shared by every command and group.
 
     A click parameter holds no per-command state (parsing keeps its values in the
-    `click.Context`), so the same seven objects serve all 54 commands and groups: building
-    a copy for each cost `--help` ~10 ms (378 options). They are attached to every level of
+    `click.Context`), so the same seven objects serve every command and group (a copy for
+    each would slow `--help`). They are attached to every level of
     the command tree (see `app.attach_global_options`), so `anvilctl --json audit
     transactions` and `anvilctl audit transactions --json` mean the same. Click matches
     long options exactly, never by prefix: `--state` is never taken for `--state-db` or
