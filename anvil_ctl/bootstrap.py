@@ -288,7 +288,7 @@ def _real_world(ctx: Context) -> World:
 
     simulated = ctx.settings.gpu == "simulated"
     runtime = DockerRuntime(
-        base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia", host=ctx.host_name
+        base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "auto", host=ctx.host_name
     )
     router, acceptance = _router(ctx)
     world = World(
