@@ -63,8 +63,8 @@ from anvil_ctl.adapters.nvml import NvmlProbe
 from anvil_ctl.adapters.procfs import proc_cgroup_container
 from anvil_ctl.config import load_host_config
 from anvil_ctl.core.engine_profile import LLAMA_CPP_CUDA
-from anvil_ctl.qualify import engine_timing
 from anvil_ctl.recipes import container_spec, load_recipe, recipe_digest
+from scripts import engine_timing
 from scripts.llama_host import (
     ALIAS,
     BINDING,
