@@ -138,7 +138,7 @@ class SmiSampler:
                 "nvidia-smi",
                 "--query-gpu=uuid,memory.used,memory.free",
                 "--format=csv,noheader,nounits",
-                f"-lms={interval_ms}",
+                f"--loop-ms={interval_ms}",
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -413,6 +413,10 @@ def measure_need(
     )
     r.raise_for_status()
     held = card()
+    if held.used_mib - idle < 100:
+        raise RuntimeError(
+            f"the engine took {held.used_mib - idle} MiB of the card: it is not on the GPU (see its log)"
+        )
     procs = {p.pid: p.used_mib for p in held.processes}
     owners = {pid: proc_cgroup_container(pid) for pid in procs}
     info = runtime.inspect(cid)
@@ -566,7 +570,8 @@ def tell(story: Story, args: argparse.Namespace, work: Path, runtime: DockerRunt
     needs: dict[int, dict[str, Any]] = {}
     for context in (2048, 8192):
         with story.step(f"measure the VRAM need at {context} tokens") as row:
-            probe_recipe = work / "recipes" / f"probe-{context}.toml"
+            (work / "probe").mkdir(exist_ok=True)
+            probe_recipe = work / "probe" / f"{INCUMBENT if context == 2048 else CANDIDATE}.toml"
             probe_recipe.write_text(render_recipe(context, args.image_id, 0, args.wheel_sha256, "probe"))
             m = measure_need(story, runtime, host.config, probe_recipe, context)
             m["need_mib"] = 64 * math.ceil(m["held_mib"] / 64)
@@ -651,7 +656,9 @@ def tell(story: Story, args: argparse.Namespace, work: Path, runtime: DockerRunt
             "gates": {g["name"]: g["passed"] for g in out["gates"]},
         }
         tx_dir = Path(out["tx_dir"])
-        before = json.loads((tx_dir / "vram-before.json").read_text())
+        before_file = tx_dir / "vram-before.json"
+        before = json.loads(before_file.read_text()) if before_file.exists() else {}
+        story.check(bool(before.get("cards")), "qualify read the cards before the workload")
         for c in before.get("cards", []):
             if c["uuid"].lower() == story.uuid.lower():
                 t = (tx_dir / "vram-before.json").stat().st_mtime
