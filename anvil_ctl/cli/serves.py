@@ -19,7 +19,7 @@ from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
-ENGINE_NAMES = ("llama-cpp-python", "openai-compatible", "sglang", "stub", "vllm")
+ENGINE_NAMES = ("llama-cpp-python", "llama-cpp-python-cuda", "openai-compatible", "sglang", "stub", "vllm")
 """The engine profiles' names, for `--engine`'s choices: `core.engine_profile` builds its profiles
 (and their log patterns) at import, which `--help` need not pay; a test holds the two equal."""
 
