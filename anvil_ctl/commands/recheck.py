@@ -18,6 +18,11 @@ stale) while every assertion about the recorded serve itself passes, the
 rechecks are recorded; the second carries a `router_repair` entry naming the
 transaction. Nothing else is ever repaired.
 
+A slot in the middle of a campaign (a committed `load` not yet promoted or rolled back) is
+judged by the state the campaign should have (`engine.campaign`): the candidate serving with
+its identity, the incumbent retained intact, the tier as the load left it. Its result, record
+and metrics say `phase: qualifying`; a slot outside a campaign is `serving`.
+
 Each run also witnesses the audit chain's head after its own record (`SEQ:HASH`):
 in its result, an `audit.head` log line and the textfile's `anvil_audit_head`
 gauge, so a collector outside the database keeps heads that `anvilctl audit
@@ -37,6 +42,7 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
+from anvil_ctl.engine.campaign import QUALIFYING, SERVING, campaign_assertions, campaign_of
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
@@ -49,6 +55,7 @@ class RecheckRecord(TypedDict):
     """A `RecheckResult` as `recheck --json` prints it."""
 
     slot: str
+    phase: str
     passed: bool
     failed: list[str]
     assertions: list[JSONObject]
@@ -71,6 +78,8 @@ class RecheckResult:
     """Why the host could not be observed (a dependency unavailable); None when it was."""
     repair: JSONObject | None = None
     """The router repair this recheck followed (its transaction and the recheck before it)."""
+    phase: str = SERVING
+    """`serving`, or `qualifying` between a committed load and its promote or rollback."""
 
     @property
     def up(self) -> bool:
@@ -96,6 +105,7 @@ class RecheckResult:
     def as_dict(self) -> RecheckRecord:
         return {
             "slot": self.slot,
+            "phase": self.phase,
             "passed": self.passed,
             "failed": self.failed,
             "assertions": self.assertions,
@@ -133,7 +143,8 @@ any of them failing means re-routing is not the fix, so no repair runs."""
 def router_repairable(result: RecheckResult) -> bool:
     """The route is missing or stale while the recorded serve runs healthy."""
     failed = set(result.failed)
-    return result.up and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
+    serving = result.up and result.phase == SERVING
+    return serving and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
 
 
 def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> RecheckResult:
@@ -177,8 +188,12 @@ def _recheck(ctx: Context, slot: str, *, repair: JSONObject | None = None) -> Re
         # Engine is "could not observe", never drift.
         world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: slot})
         ident = ctx.store.current_identity(slot, "incumbent")
+        campaign = campaign_of(world, slot)
         with one_reading(world):  # assertions and snapshot only observe: /dev/shm scanned once
-            if ident is None:
+            if campaign is not None:
+                out.phase = QUALIFYING
+                out.assertions.extend(a.as_dict() for a in campaign_assertions(world, campaign))
+            elif ident is None:
                 out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
             else:
                 out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
@@ -245,6 +260,14 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
     stamp = Gauge(
         "anvil_recheck_timestamp_seconds", "When the last recheck ran.", ["slot"], registry=registry
     )
+    phase = Gauge(
+        "anvil_recheck_phase",
+        "1 for the campaign phase the last recheck judged the slot in (serving or qualifying).",
+        ["slot", "phase"],
+        registry=registry,
+    )
+    for name in (SERVING, QUALIFYING):
+        phase.labels(slot=result.slot, phase=name).set(int(result.up and result.phase == name))
     up.labels(slot=result.slot).set(int(result.up))
     passed.labels(slot=result.slot).set(int(result.up and result.passed))
     if result.up:

@@ -1,7 +1,8 @@
 """The stub engine's options: command-line flags, each with an `ANVIL_STUB_<OPTION>` env twin.
 
 Flags win over env. Booleans in env accept 1/true/yes/on; the repeatable `--fault`
-reads a comma-separated list from `ANVIL_STUB_FAULT`, the repeatable `--log-line` a
+reads a comma-separated list from `ANVIL_STUB_FAULT`, the repeatable `--late-fault`
+(`anvil_ctl.stub.schedule`) one from `ANVIL_STUB_LATE_FAULT`, the repeatable `--log-line` a
 newline-separated one from `ANVIL_STUB_LOG_LINE` (a log line may hold commas).
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from anvil_ctl.stub.schedule import LateFault, ScheduleError, parse_late_fault
 
 KNOWN_FAULTS = frozenset(
     {
@@ -50,6 +53,7 @@ class StubOptions:
     log_lines: tuple[str, ...] = ()
     log_after: int = 0
     restart_after: int | None = None
+    late_faults: tuple[LateFault, ...] = ()
 
     @property
     def reported_name(self) -> str:
@@ -90,6 +94,7 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--log-line", action="append", default=None, help="repeatable")
     p.add_argument("--log-after", type=int, default=env_default("log-after", 0))
     p.add_argument("--restart-after", type=int, default=env_default("restart-after", None))
+    p.add_argument("--late-fault", action="append", default=None, help="repeatable: KIND[:VALUE]@N|Ts")
     return p
 
 
@@ -111,6 +116,13 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
     log_raw: list[str] = (
         ns.log_line if ns.log_line is not None else env.get(ENV_PREFIX + "LOG_LINE", "").split("\n")
     )
+    late_raw: list[str] = (
+        ns.late_fault if ns.late_fault is not None else env.get(ENV_PREFIX + "LATE_FAULT", "").split(",")
+    )
+    try:
+        late = tuple(parse_late_fault(f) for f in late_raw if f.strip())
+    except ScheduleError as exc:
+        parser.error(str(exc))
     visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
     gpus = tuple(u.strip() for u in visible.split(",") if u.strip().startswith("GPU-"))
     return StubOptions(
@@ -138,4 +150,5 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
         log_lines=tuple(line for line in log_raw if line.strip()),
         log_after=int(ns.log_after),
         restart_after=int(ns.restart_after) if ns.restart_after not in (None, "") else None,
+        late_faults=late,
     )
