@@ -33,13 +33,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.campaign import QUALIFYING, SERVING, campaign_assertions, campaign_of
@@ -48,7 +48,18 @@ from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import rechecks
 
+if TYPE_CHECKING:  # `recheck --slo` only: the official client and the profiles import with it
+    from anvil_ctl.commands.slo import Enablement
+
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class SloRequest:
+    """`recheck --slo`: sample the route against the serve's thresholds (`commands.slo`)."""
+
+    profile: str | None = None
+    rollback_on_breach: Enablement | None = None
 
 
 class RecheckRecord(TypedDict):
@@ -147,12 +158,19 @@ def router_repairable(result: RecheckResult) -> bool:
     return serving and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
 
 
-def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> RecheckResult:
-    """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again."""
+def recheck(
+    ctx: Context, slot: str, *, repair: tuple[str, ...] = (), slo: SloRequest | None = None
+) -> RecheckResult:
+    """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again;
+    with `slo`, sample the route against the serve's thresholds too (when the rest holds)."""
     unknown = sorted(set(repair) - set(REPAIRS))
     if unknown:
         raise BadInput(f"--repair {', '.join(unknown)}: expected one of {list(REPAIRS)}", field="repair")
-    result = _recheck(ctx, slot)
+    if slo is not None and slo.profile is not None:
+        from anvil_ctl.qualify.profiles import load_profile
+
+        load_profile(slo.profile)  # a wrong --profile is bad input before anything is observed
+    result = _recheck(ctx, slot, slo=slo)
     if "router" not in repair or not router_repairable(result):
         return result
     # Imported here: the transaction machinery (plans, runner, lock) is what a plain recheck,
@@ -174,10 +192,12 @@ def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> Recheck
         "before_recheck_id": result.recheck_id,
         "failed_before": list(result.failed),
     }
-    return _recheck(ctx, slot, repair=repaired)
+    return _recheck(ctx, slot, repair=repaired, slo=slo)
 
 
-def _recheck(ctx: Context, slot: str, *, repair: JSONObject | None = None) -> RecheckResult:
+def _recheck(
+    ctx: Context, slot: str, *, repair: JSONObject | None = None, slo: SloRequest | None = None
+) -> RecheckResult:
     ctx.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
     out = RecheckResult(slot=slot, repair=repair)
     if repair is not None:
@@ -198,6 +218,8 @@ def _recheck(ctx: Context, slot: str, *, repair: JSONObject | None = None) -> Re
             else:
                 out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
             _observe(world, out)
+        if slo is not None:
+            out.assertions.append(_slo(ctx, out, ident, slo))
     except Unavailable as exc:
         kept = out.assertions[:1] if repair is not None else []  # the repair entry stays
         out.assertions = [*kept, {"name": "observed", "passed": False, "observed": str(exc)}]
@@ -208,6 +230,20 @@ def _recheck(ctx: Context, slot: str, *, repair: JSONObject | None = None) -> Re
         if out.up:
             out.unavailable = str(exc)
     return out
+
+
+def _slo(ctx: Context, out: RecheckResult, ident: Identity | None, slo: SloRequest) -> JSONObject:
+    """The `slo` assertion: sampled only where the route should serve the recorded incumbent
+    and every other assertion holds (a route known broken needs no sample to say so)."""
+    if out.phase != SERVING or ident is None:
+        why = "a campaign is in progress: the route serves nothing until promote" if ident else "no incumbent"
+        return {"name": "slo", "passed": out.phase != SERVING, "observed": {"skipped": why}}
+    if out.failed:
+        return {"name": "slo", "passed": False, "observed": {"skipped": f"failed first: {out.failed}"}}
+    from anvil_ctl.commands.slo import slo_check
+
+    held, observed = slo_check(ctx, ident, profile=slo.profile, rollback_on_breach=slo.rollback_on_breach)
+    return {"name": "slo", "passed": held, "observed": observed}
 
 
 def _observe(world: World, out: RecheckResult) -> None:
