@@ -59,7 +59,7 @@ def promote(
     from anvil_ctl.commands import lifecycle
 
     out = lifecycle.promote(
-        session.context(),
+        session.app(),
         slot=slot,
         approved_by=approved_by,
         candidate=candidate,
@@ -113,7 +113,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         from anvil_ctl.commands import lifecycle
 
         out = lifecycle.rollback(
-            session.context(),
+            session.app(),
             slot=slot,
             to=to,
             restore_group=restore_group,
@@ -211,8 +211,8 @@ def recheck(
         raise click.UsageError(
             "--rollback-on-breach needs --by NAME, --until TIME and --reason TEXT (and they need it)"
         )
-    ctx = session.context()
-    with working(ctx.progress, f"recheck: observing slot {slot} and checking its goals"):
+    app = session.app()
+    with working(app.progress, f"recheck: observing slot {slot} and checking its goals"):
         from anvil_ctl.commands import recheck as recheck_cmd
 
         request = None
@@ -222,7 +222,7 @@ def recheck(
 
             enabled = Enablement(by, parse_rfc3339(until), reason) if by and until and reason else None
             request = recheck_cmd.SloRequest(profile=profile, rollback_on_breach=enabled)
-        result = recheck_cmd.recheck(ctx, slot, repair=repair, slo=request)
+        result = recheck_cmd.recheck(app, slot, repair=repair, slo=request)
     if textfile is not None:
         recheck_cmd.write_textfile(textfile, result, now=time.time())
     return Reply(result, ExitCode(result.exit_code))
@@ -248,5 +248,5 @@ def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     """
     from anvil_ctl.commands import reconcile as reconcile_cmd
 
-    out = reconcile_cmd.reconcile(session.context(), slot, dry_run=dry_run)
+    out = reconcile_cmd.reconcile(session.app(), slot, dry_run=dry_run)
     return Reply(out, ExitCode(out.exit_code))

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from anvil_ctl.atomic import atomic_write
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity
@@ -159,7 +159,7 @@ def router_repairable(result: RecheckResult) -> bool:
 
 
 def recheck(
-    ctx: Context, slot: str, *, repair: tuple[str, ...] = (), slo: SloRequest | None = None
+    app: App, slot: str, *, repair: tuple[str, ...] = (), slo: SloRequest | None = None
 ) -> RecheckResult:
     """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again;
     with `slo`, sample the route against the serve's thresholds too (when the rest holds)."""
@@ -170,7 +170,7 @@ def recheck(
         from anvil_ctl.qualify.profiles import load_profile
 
         load_profile(slo.profile)  # a wrong --profile is bad input before anything is observed
-    result = _recheck(ctx, slot, slo=slo)
+    result = _recheck(app, slot, slo=slo)
     if "router" not in repair or not router_repairable(result):
         return result
     # Imported here: the transaction machinery (plans, runner, lock) is what a plain recheck,
@@ -178,7 +178,7 @@ def recheck(
     from anvil_ctl.commands.reconcile import reconcile
 
     try:
-        outcome = reconcile(ctx, slot)
+        outcome = reconcile(app, slot)
         done: JSONObject = {
             "tx_id": outcome.tx_id,
             "state": outcome.state.value,
@@ -192,22 +192,22 @@ def recheck(
         "before_recheck_id": result.recheck_id,
         "failed_before": list(result.failed),
     }
-    return _recheck(ctx, slot, repair=repaired, slo=slo)
+    return _recheck(app, slot, repair=repaired, slo=slo)
 
 
 def _recheck(
-    ctx: Context, slot: str, *, repair: JSONObject | None = None, slo: SloRequest | None = None
+    app: App, slot: str, *, repair: JSONObject | None = None, slo: SloRequest | None = None
 ) -> RecheckResult:
-    ctx.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
+    app.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
     out = RecheckResult(slot=slot, repair=repair)
     if repair is not None:
         out.assertions.append({"name": "router_repair", "passed": repair["committed"], "observed": repair})
     try:
-        world: World = ctx.world()
+        world: World = app.world()
         # The runtime must answer before anything it says is judged: an unreachable Docker
         # Engine is "could not observe", never drift.
         world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: slot})
-        ident = ctx.store.current_identity(slot, "incumbent")
+        ident = app.store.current_identity(slot, "incumbent")
         campaign = campaign_of(world, slot)
         with one_reading(world):  # assertions and snapshot only observe: /dev/shm scanned once
             if campaign is not None:
@@ -219,20 +219,20 @@ def _recheck(
                 out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
             _observe(world, out)
         if slo is not None:
-            out.assertions.append(_slo(ctx, out, ident, slo))
+            out.assertions.append(_slo(app, out, ident, slo))
     except Unavailable as exc:
         kept = out.assertions[:1] if repair is not None else []  # the repair entry stays
         out.assertions = [*kept, {"name": "observed", "passed": False, "observed": str(exc)}]
         out.snapshot_sha256, out.unavailable = "", str(exc)
     try:
-        _record(ctx, out)
+        _record(app, out)
     except Unavailable as exc:  # the state database itself: the textfile still says so
         if out.up:
             out.unavailable = str(exc)
     return out
 
 
-def _slo(ctx: Context, out: RecheckResult, ident: Identity | None, slo: SloRequest) -> JSONObject:
+def _slo(app: App, out: RecheckResult, ident: Identity | None, slo: SloRequest) -> JSONObject:
     """The `slo` assertion: sampled only where the route should serve the recorded incumbent
     and every other assertion holds (a route known broken needs no sample to say so)."""
     if out.phase != SERVING or ident is None:
@@ -242,7 +242,7 @@ def _slo(ctx: Context, out: RecheckResult, ident: Identity | None, slo: SloReque
         return {"name": "slo", "passed": False, "observed": {"skipped": f"failed first: {out.failed}"}}
     from anvil_ctl.commands.slo import slo_check
 
-    held, observed = slo_check(ctx, ident, profile=slo.profile, rollback_on_breach=slo.rollback_on_breach)
+    held, observed = slo_check(app, ident, profile=slo.profile, rollback_on_breach=slo.rollback_on_breach)
     return {"name": "slo", "passed": held, "observed": observed}
 
 
@@ -255,16 +255,16 @@ def _observe(world: World, out: RecheckResult) -> None:
         out.assertions.append({"name": "snapshot", "passed": False, "observed": str(exc)})
 
 
-def _record(ctx: Context, out: RecheckResult) -> None:
+def _record(app: App, out: RecheckResult) -> None:
     out.recheck_id = rechecks.record_recheck(
-        ctx.store,
+        app.store,
         slot=out.slot,
         passed=out.passed,
         failed=out.failed,
         assertions=out.assertions,
         snapshot_sha256=out.snapshot_sha256,
     )
-    head = ctx.store.head()
+    head = app.store.head()
     out.audit_head = str(head)
     log.info("audit.head", seq=head.seq, hash=head.hash)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AnvilError, BadInput
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
 from anvil_ctl.core.model import Identity
@@ -64,25 +64,25 @@ class Enablement:
         }
 
 
-def _standing_policy(ctx: Context, ident: Identity, profile: str | None) -> tuple[WatchPolicy, JSONObject]:
+def _standing_policy(app: App, ident: Identity, profile: str | None) -> tuple[WatchPolicy, JSONObject]:
     """The serve's watch policy and where its qualified values come from."""
-    decision = qualification.latest_decision(ctx.store, ident.qualification_digest)
+    decision = qualification.latest_decision(app.store, ident.qualification_digest)
     chosen = profile or (decision["profile"] if decision else None)
     policy = load_profile(chosen).watch if chosen else DEFAULT
     origin: JSONObject = {"decision": decision["id"] if decision else None, "profile": chosen}
     return policy, origin
 
 
-def _qualified(ctx: Context, ident: Identity) -> tuple[dict[str, float], JSONObject]:
+def _qualified(app: App, ident: Identity) -> tuple[dict[str, float], JSONObject]:
     """The qualified values of the serve's newest qualification, from its verified artifact."""
-    decision = qualification.latest_decision(ctx.store, ident.qualification_digest)
+    decision = qualification.latest_decision(app.store, ident.qualification_digest)
     tx_id = decision["tx_id"] if decision else None
     if not tx_id:
         return {}, {"evidence": None, "why": "no qualification recorded for this serve"}
-    for gate in qualification.evidence(ctx.store, tx_id):
+    for gate in qualification.evidence(app.store, tx_id):
         path = Path(gate["artifact"])
         if not path.is_absolute():
-            path = ctx.settings.evidence_dir / tx_id / path
+            path = app.settings.evidence_dir / tx_id / path
         try:
             raw = path.read_bytes()
         except OSError:
@@ -117,7 +117,7 @@ def breaches(limits: list[Limit], samples: list[Sample], consecutive: int) -> li
 
 
 def slo_check(
-    ctx: Context,
+    app: App,
     ident: Identity,
     *,
     profile: str | None = None,
@@ -128,13 +128,13 @@ def slo_check(
     """Sample the slot's route; (held, what was observed) for the recheck's `slo` assertion."""
     from anvil_ctl.adapters.credentials import resolve_credentials
 
-    rc = ctx.config.router
+    rc = app.config.router
     if rc.kind == "none":
         return False, {"error": "recheck --slo samples through the router; router.kind is 'none'"}
-    policy, origin = _standing_policy(ctx, ident, profile)
-    values, baseline = _qualified(ctx, ident)
+    policy, origin = _standing_policy(app, ident, profile)
+    values, baseline = _qualified(app, ident)
     limits = policy.limits(values)
-    alias = ctx.config.slot(ident.slot).aliases[0]
+    alias = app.config.slot(ident.slot).aliases[0]
     declared: JSONObject = {
         "slot": ident.slot,
         "serve": ident.container_id,
@@ -145,8 +145,8 @@ def slo_check(
         "limits": [lim.as_dict() for lim in limits],
         "rollback_on_breach": rollback_on_breach.as_dict() if rollback_on_breach else None,
     }
-    ctx.store.append_audit("slo.declared", None, declared)  # before the first request
-    creds = resolve_credentials(rc, ctx.env, need_admin=False)
+    app.store.append_audit("slo.declared", None, declared)  # before the first request
+    creds = resolve_credentials(rc, app.env, need_admin=False)
     client = open_client(rc.url, creds.client.reveal())
     samples: list[Sample] = []
     try:
@@ -168,12 +168,12 @@ def slo_check(
         "rollback": None,
     }
     if found and rollback_on_breach is not None:
-        observed["rollback"] = _roll_back(ctx, ident, rollback_on_breach, found, now())
+        observed["rollback"] = _roll_back(app, ident, rollback_on_breach, found, now())
     return not found, observed
 
 
 def _roll_back(
-    ctx: Context, ident: Identity, enabled: Enablement, found: list[JSONObject], at: datetime
+    app: App, ident: Identity, enabled: Enablement, found: list[JSONObject], at: datetime
 ) -> JSONValue:
     if not enabled.in_force(at):
         return {"ran": False, "why": f"--rollback-on-breach expired at {utc_stamp(enabled.until)}"}
@@ -181,7 +181,7 @@ def _roll_back(
 
     decided: JSONObject = {**enabled.as_dict(), "breaches": [*found], "serve": ident.container_id}
     try:
-        out = rollback(ctx, slot=ident.slot, decided_by=decided)
+        out = rollback(app, slot=ident.slot, decided_by=decided)
     except AnvilError as exc:  # refused before it began (the host lock held, say): nothing ran
         return {"ran": False, "why": str(exc)}
     return {"ran": True, "tx_id": out.tx_id, "state": out.state.value, "reason": out.reason}

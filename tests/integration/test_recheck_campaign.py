@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from anvil_ctl.adapters.smg import SmgRouter
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import lifecycle, serves, transactions
 from anvil_ctl.commands.reconcile import reconcile
 from anvil_ctl.config import Settings
@@ -64,7 +64,7 @@ def campaign(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict
         gpu="simulated",
     )
     tokens = {"ANVIL_ROUTER_ADMIN_TOKEN": Keys.admin, "ANVIL_ROUTER_CLIENT_TOKEN": Keys.client}
-    ctx = Context(settings=settings, env=tokens)
+    ctx = App(settings=settings, env=tokens)
     upgrade(ctx.create_database())
     inc = stub_container(
         served_model=INCUMBENT,

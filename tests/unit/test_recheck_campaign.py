@@ -33,16 +33,16 @@ QUALIFYING_NAMES = {
 
 
 def _load(host: FakeHost, name: str = "cand-393k") -> str:
-    out = transactions.load(host.context(), slot="primary", candidate=host.candidate(name))
+    out = transactions.load(host.app(), slot="primary", candidate=host.candidate(name))
     assert out.state == TxState.COMMITTED, out.reason
     return str(out.results["start-candidate"]["container_id"])
 
 
 def _verified(host: FakeHost) -> None:
-    cand = host.context().store.current_identity("primary", "candidate")
+    cand = host.app().store.current_identity("primary", "candidate")
     assert cand is not None
     qualification.record_decision(
-        host.context().store,
+        host.app().store,
         decision_id="d-1",
         tx_id=None,
         slot="primary",
@@ -53,7 +53,7 @@ def _verified(host: FakeHost) -> None:
 
 
 def _failed(host: FakeHost) -> list[str]:
-    r = recheck.recheck(host.context(), "primary")
+    r = recheck.recheck(host.app(), "primary")
     assert r.phase == "qualifying"
     assert r.exit_code == (0 if r.passed else 6)
     return r.failed
@@ -67,13 +67,13 @@ def qualifying(fake_host: FakeHost) -> FakeHost:
 
 class TestQualifyingPhase:
     def test_a_committed_load_is_judged_as_the_campaign_and_passes(self, qualifying: FakeHost) -> None:
-        result = recheck.recheck(qualifying.context(), "primary")
+        result = recheck.recheck(qualifying.app(), "primary")
         assert (result.phase, result.exit_code, result.failed) == ("qualifying", 0, [])
         assert {a["name"] for a in result.assertions} == QUALIFYING_NAMES
         campaign = next(a["observed"] for a in result.assertions if a["name"] == "campaign")
         assert campaign["incumbent"] == qualifying.incumbent_id
         assert campaign["candidate"] != qualifying.incumbent_id
-        row = rechecks.rechecks(qualifying.context().store)[0]
+        row = rechecks.rechecks(qualifying.app().store)[0]
         assert row["passed"] is True
 
     def test_its_json_and_textfile_name_the_phase(
@@ -94,7 +94,7 @@ class TestQualifyingPhase:
         assert 'anvil_recheck_passed{slot="primary"} 1.0' in text
 
     def test_a_stopped_candidate_is_drift(self, qualifying: FakeHost) -> None:
-        cand = qualifying.context().store.current_identity("primary", "candidate")
+        cand = qualifying.app().store.current_identity("primary", "candidate")
         assert cand is not None
         with qualifying.world.edit() as w:
             w["containers"][cand.container_id]["status"] = "exited"
@@ -112,7 +112,7 @@ class TestQualifyingPhase:
         assert "incumbent_retained" in failed
         observed = next(
             a["observed"]
-            for a in recheck.recheck(qualifying.context(), "primary").assertions
+            for a in recheck.recheck(qualifying.app(), "primary").assertions
             if a["name"] == "incumbent_retained"
         )
         assert observed["status"] == "absent"
@@ -123,7 +123,7 @@ class TestQualifyingPhase:
         assert _failed(qualifying) == ["tier_as_loaded"]
 
     def test_a_stray_candidate_beside_the_campaigns_is_drift(self, qualifying: FakeHost) -> None:
-        rt = qualifying.context().world().runtime
+        rt = qualifying.app().world().runtime
         spec = qualifying.candidate("stray").spec
         cid = rt.create(type(spec)(**{**spec.__dict__, "env": (("FAKE_BINDING", "127.0.0.1:9002"),)}))
         rt.start(cid)
@@ -133,7 +133,7 @@ class TestQualifyingPhase:
         with qualifying.world.edit() as w:
             w["router"]["tiers"]["primary-local"]["state"] = "ready"
         before = qualifying.world.read()
-        r = recheck.recheck(qualifying.context(), "primary", repair=("router",))
+        r = recheck.recheck(qualifying.app(), "primary", repair=("router",))
         assert r.repair is None and r.failed == ["tier_as_loaded"]
         assert qualifying.world.read() == before
 
@@ -141,31 +141,31 @@ class TestQualifyingPhase:
 class TestThePhaseEnds:
     def test_a_promote_ends_the_campaign(self, qualifying: FakeHost) -> None:
         _verified(qualifying)
-        out = lifecycle.promote(qualifying.context(), slot="primary", approved_by="operator")
+        out = lifecycle.promote(qualifying.app(), slot="primary", approved_by="operator")
         assert out.state == TxState.COMMITTED, out.reason
-        result = recheck.recheck(qualifying.context(), "primary")
+        result = recheck.recheck(qualifying.app(), "primary")
         assert (result.phase, result.failed) == ("serving", [])
 
     def test_a_rollback_ends_the_campaign(self, qualifying: FakeHost) -> None:
-        out = lifecycle.rollback(qualifying.context(), slot="primary")
+        out = lifecycle.rollback(qualifying.app(), slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
-        result = recheck.recheck(qualifying.context(), "primary")
+        result = recheck.recheck(qualifying.app(), "primary")
         assert (result.phase, result.failed) == ("serving", [])
 
     def test_a_compensated_promote_leaves_the_campaign_in_progress(self, qualifying: FakeHost) -> None:
         _verified(qualifying)
         qualifying.world.set_fail("readmit", "HTTP 401 from the router")
-        out: Any = lifecycle.promote(qualifying.context(), slot="primary", approved_by="operator")
+        out: Any = lifecycle.promote(qualifying.app(), slot="primary", approved_by="operator")
         assert out.state == TxState.COMPENSATED, out.reason
         qualifying.world.set_fail("readmit", None)
-        result = recheck.recheck(qualifying.context(), "primary")
+        result = recheck.recheck(qualifying.app(), "primary")
         assert (result.phase, result.failed) == ("qualifying", [])
 
     def test_a_second_load_in_the_campaign_is_judged_by_its_candidate(self, qualifying: FakeHost) -> None:
-        first = qualifying.context().store.current_identity("primary", "candidate")
-        serves.unload(qualifying.context(), first.container_id, yes=True)  # type: ignore[union-attr]
+        first = qualifying.app().store.current_identity("primary", "candidate")
+        serves.unload(qualifying.app(), first.container_id, yes=True)  # type: ignore[union-attr]
         second = _load(qualifying, "cand-second")
-        result = recheck.recheck(qualifying.context(), "primary")
+        result = recheck.recheck(qualifying.app(), "primary")
         assert (result.phase, result.failed) == ("qualifying", [])
         campaign = next(a["observed"] for a in result.assertions if a["name"] == "campaign")
         assert campaign["candidate"] == second

@@ -191,6 +191,6 @@ class TestTheCommandLine:
 
         cfg = fake_host.settings.config
         cfg.write_text(cfg.read_text().replace('kind = "smg"', 'kind = "none"'))
-        result = recheck.recheck(fake_host.context(), "primary", slo=recheck.SloRequest())
+        result = recheck.recheck(fake_host.app(), "primary", slo=recheck.SloRequest())
         slo = next(a for a in result.assertions if a["name"] == "slo")
         assert result.exit_code == 6 and "router.kind is 'none'" in slo["observed"]["error"]
