@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from anvil_ctl.cli.complete import complete_containers, complete_slots, complete_targets
-from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, check_new_file
+from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, check_new_file
 from anvil_ctl.cli.session import (
     WAIT_TIMEOUT_HELP,
     Reply,
@@ -177,6 +177,13 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
 @click.option("--by", type=PERSON, metavar="NAME", help="Who enabled --rollback-on-breach (recorded).")
 @click.option("--until", type=SINCE, metavar="TIME", help="--rollback-on-breach is in force until then.")
 @click.option("--reason", type=REASON, help="Why --rollback-on-breach is enabled (recorded).")
+@click.option(
+    "--wait-router",
+    type=TIMEOUT,
+    metavar="DURATION",
+    help="First wait up to DURATION for the router to answer (a router's start hook: "
+    "contrib/systemd, contrib/anvil-router-watch); exit 7 if it does not.",
+)
 @pass_session
 def recheck(
     session: Session,
@@ -190,6 +197,7 @@ def recheck(
     by: str | None,
     until: str | None,
     reason: str | None,
+    wait_router: float | None,
 ) -> Reply:
     """Goal-closure assertions; exit 6 on drift.
 
@@ -222,7 +230,7 @@ def recheck(
 
             enabled = Enablement(by, parse_rfc3339(until), reason) if by and until and reason else None
             request = recheck_cmd.SloRequest(profile=profile, rollback_on_breach=enabled)
-        result = recheck_cmd.recheck(app, slot, repair=repair, slo=request)
+        result = recheck_cmd.recheck(app, slot, repair=repair, slo=request, wait_router_s=wait_router)
     if textfile is not None:
         recheck_cmd.write_textfile(textfile, result, now=time.time())
     return Reply(result, ExitCode(result.exit_code))

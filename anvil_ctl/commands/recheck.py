@@ -31,19 +31,21 @@ verify --expect-head` can check later.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import App
-from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
+from anvil_ctl.core.errors import AnvilError, AuthRejected, BadInput, Unavailable
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.campaign import QUALIFYING, SERVING, campaign_assertions, campaign_of
 from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.serving import pauses
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import rechecks
@@ -158,14 +160,47 @@ def router_repairable(result: RecheckResult) -> bool:
     return serving and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
 
 
+def wait_router(app: App, timeout_s: float) -> float:
+    """Wait until the router answers our admin credentials; the seconds it took. A router's unit
+    or container is reported started before it listens, and the route repair its start hook
+    runs must not judge a router that is still coming up. Unavailable (exit 7) at the deadline."""
+    world = app.world()
+    if world.router is None:
+        return 0.0
+    started = time.monotonic()
+    for pause in pauses(world.config.policy.health_poll_s):
+        try:
+            world.router.probe_credentials()
+            return time.monotonic() - started
+        except AuthRejected:
+            raise
+        except AnvilError as exc:
+            if time.monotonic() - started >= timeout_s:
+                raise Unavailable(
+                    f"the router did not answer within {timeout_s:g} s: {exc}", dependency="router"
+                ) from None
+        time.sleep(pause)
+    raise AssertionError("pauses() never ends")
+
+
 def recheck(
-    app: App, slot: str, *, repair: tuple[str, ...] = (), slo: SloRequest | None = None
+    app: App,
+    slot: str,
+    *,
+    repair: tuple[str, ...] = (),
+    slo: SloRequest | None = None,
+    wait_router_s: float | None = None,
 ) -> RecheckResult:
     """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again;
-    with `slo`, sample the route against the serve's thresholds too (when the rest holds)."""
+    with `slo`, sample the route against the serve's thresholds too (when the rest holds);
+    with `wait_router_s`, first wait that long at most for the router to answer."""
     unknown = sorted(set(repair) - set(REPAIRS))
     if unknown:
         raise BadInput(f"--repair {', '.join(unknown)}: expected one of {list(REPAIRS)}", field="repair")
+    app.config.slot(slot)
+    if wait_router_s is not None:
+        waited = wait_router(app, wait_router_s)
+        log.info("recheck.router_answered", waited_s=round(waited, 3))
     if slo is not None and slo.profile is not None:
         from anvil_ctl.qualify.profiles import load_profile
 

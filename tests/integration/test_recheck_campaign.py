@@ -34,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TIER, CANDIDATE = "primary-local", "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp"
+TOKENS = {"ANVIL_ROUTER_ADMIN_TOKEN": Keys.admin, "ANVIL_ROUTER_CLIENT_TOKEN": Keys.client}
 
 
 def anvilctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -43,17 +44,27 @@ def anvilctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
     )
 
 
-@pytest.fixture
-def campaign(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str, Any]]:
-    """A committed load behind a real smg: the incumbent stopped and retained, the tier drained."""
-    smg: Proc = start_smg(
-        workdir=tmp_path / "smg", admin_token=Keys.admin, client_token=Keys.client, user_token=Keys.user
-    )
+def cli_env(settings: Settings, recipes: Path) -> dict[str, str]:
+    """The environment a cron line or a router's start hook runs `anvilctl` with."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ANVIL_") or k == "ANVIL_TESTENV"},
+        **TOKENS,
+        "ANVIL_STATE_DIR": str(settings.state_dir),
+        "ANVIL_CONFIG": str(settings.config),
+        "ANVIL_RECIPES_DIR": str(recipes),
+        "ANVIL_GPU": "simulated",
+        "ANVIL_LOG_FORMAT": "json",
+    }
+
+
+def loaded_host(tmp_path: Path, stub_container: Any, router_url: str) -> dict[str, Any]:
+    """A committed load behind the smg at `router_url`: the incumbent (adopted, routed) stopped
+    and retained, the tier drained, the candidate serving on 127.0.0.1:8001."""
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     variant(recipes, "good-393k", [])
     toml = sim_host_toml().replace(
-        'kind = "none"', f'kind = "smg"\nurl = "{smg.url}"\nreadmit_deadline_s = 60'
+        'kind = "none"', f'kind = "smg"\nurl = "{router_url}"\nreadmit_deadline_s = 60'
     )
     (tmp_path / "anvil.toml").write_text(toml)
     settings = Settings(  # type: ignore[call-arg]
@@ -63,48 +74,48 @@ def campaign(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict
         backend="real",
         gpu="simulated",
     )
-    tokens = {"ANVIL_ROUTER_ADMIN_TOKEN": Keys.admin, "ANVIL_ROUTER_CLIENT_TOKEN": Keys.client}
-    ctx = App(settings=settings, env=tokens)
-    upgrade(ctx.create_database())
+    app = App(settings=settings, env=TOKENS)
+    upgrade(app.create_database())
     inc = stub_container(
         served_model=INCUMBENT,
         port=8001,
         labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
         extra_args=["--max-model-len", "524288"],
     )
-    assert transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=524288).state == (
+    assert transactions.adopt(app, slot="primary", container_id=inc.id, context_tokens=524288).state == (
         TxState.COMMITTED
     )
-    assert reconcile(ctx, "primary").state == TxState.COMMITTED  # the incumbent routed
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ANVIL_") or k == "ANVIL_TESTENV"},
-        **tokens,
-        "ANVIL_STATE_DIR": str(settings.state_dir),
-        "ANVIL_CONFIG": str(settings.config),
-        "ANVIL_RECIPES_DIR": str(recipes),
-        "ANVIL_GPU": "simulated",
-        "ANVIL_LOG_FORMAT": "json",
-        "DOCKER_HOST": os.environ["DOCKER_HOST"],
-    }
+    assert reconcile(app, "primary").state == TxState.COMMITTED  # the incumbent routed
+    env = cli_env(settings, recipes)
     serving = anvilctl(env, "--json", "recheck", "--slot", "primary")
     assert serving.returncode == 0 and json.loads(serving.stdout)["phase"] == "serving", serving.stdout
-    out = serves.load(ctx, "good-393k", slot="primary")
+    out = serves.load(app, "good-393k", slot="primary")
     assert out.state == TxState.COMMITTED, out.reason
-    router = SmgRouter(smg.url, creds())
-    yield {
-        "ctx": ctx,
+    return {
+        "app": app,
         "env": env,
         "incumbent": inc,
         "candidate": out.results["start-candidate"]["container_id"],
-        "router": router,
-        "runtime": runtime,
-        "textfile": tmp_path / "anvil.prom",
     }
-    router.close()
-    ctx.world().close()
-    ctx.engine.dispose()
+
+
+def close_host(host: dict[str, Any], runtime: Any) -> None:
+    host["app"].world().close()
+    host["app"].engine.dispose()
     for c in runtime.list(labels={"io.anvil.role": "candidate"}):
         runtime.remove(c.id, force=True)
+
+
+@pytest.fixture
+def campaign(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str, Any]]:
+    smg: Proc = start_smg(
+        workdir=tmp_path / "smg", admin_token=Keys.admin, client_token=Keys.client, user_token=Keys.user
+    )
+    host = loaded_host(tmp_path, stub_container, smg.url)
+    router = SmgRouter(smg.url, creds())
+    yield {**host, "router": router, "runtime": runtime, "textfile": tmp_path / "anvil.prom"}
+    router.close()
+    close_host(host, runtime)
     smg.stop()
 
 
@@ -145,7 +156,7 @@ class TestRecheckDuringQualification:
     def test_a_rollback_ends_the_campaign_and_the_serving_phase_passes(
         self, campaign: dict[str, Any]
     ) -> None:
-        out = lifecycle.rollback(campaign["ctx"], slot="primary")
+        out = lifecycle.rollback(campaign["app"], slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
         code, result = _recheck(campaign)
         assert (code, result["phase"], result["failed"]) == (0, "serving", []), result["assertions"]
