@@ -29,7 +29,7 @@ from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AnvilError, BadInput
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
 from anvil_ctl.core.model import Identity
-from anvil_ctl.core.validate import check_person, check_text, utc_stamp
+from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
 from anvil_ctl.persistence import qualification
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.slosample import Sample, open_client, sample
@@ -44,11 +44,11 @@ class Enablement:
 
     by: str
     until: datetime
-    reason: str = ""
+    reason: str
 
     def __post_init__(self) -> None:
-        check_person(self.by)
-        check_text(self.reason)
+        require("--by", check_person, self.by)
+        require("--reason", lambda r: check_text(r, empty=False), self.reason)
         if self.until.utcoffset() is None:
             raise BadInput("--until: expected a time with a zone (RFC 3339)", field="until")
 

@@ -57,15 +57,26 @@ def cli_env(settings: Settings, recipes: Path) -> dict[str, str]:
     }
 
 
-def loaded_host(tmp_path: Path, stub_container: Any, router_url: str) -> dict[str, Any]:
+def loaded_host(
+    tmp_path: Path,
+    stub_container: Any,
+    router_url: str,
+    *,
+    load: bool = True,
+    incumbent_args: tuple[str, ...] = (),
+    candidate_args: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """A committed load behind the smg at `router_url`: the incumbent (adopted, routed) stopped
-    and retained, the tier drained, the candidate serving on 127.0.0.1:8001."""
+    and retained, the tier drained, the candidate serving on 127.0.0.1:8001 (`load=False`: the
+    incumbent serving, routed). `*_args`: more stub arguments of each. No VRAM reserve: the
+    stub recipe's workload leaves 2,101 MiB per card, which promote's reserve would refuse."""
     recipes = tmp_path / "recipes"
     recipes.mkdir()
-    variant(recipes, "good-393k", [])
+    variant(recipes, "good-393k", list(candidate_args))
     toml = sim_host_toml().replace(
         'kind = "none"', f'kind = "smg"\nurl = "{router_url}"\nreadmit_deadline_s = 60'
     )
+    toml = toml.replace("[policy]\n", "[policy]\nvram_reserve_mib = 0\n")
     (tmp_path / "anvil.toml").write_text(toml)
     settings = Settings(  # type: ignore[call-arg]
         state_dir=tmp_path / "state",
@@ -80,7 +91,7 @@ def loaded_host(tmp_path: Path, stub_container: Any, router_url: str) -> dict[st
         served_model=INCUMBENT,
         port=8001,
         labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
-        extra_args=["--max-model-len", "524288"],
+        extra_args=["--max-model-len", "524288", *incumbent_args],
     )
     assert transactions.adopt(app, slot="primary", container_id=inc.id, context_tokens=524288).state == (
         TxState.COMMITTED
@@ -101,7 +112,7 @@ def loaded_host(tmp_path: Path, stub_container: Any, router_url: str) -> dict[st
 
 def close_host(host: dict[str, Any], runtime: Any) -> None:
     host["app"].world().close()
-    host["app"].engine.dispose()
+    host["app"].database.dispose()
     for c in runtime.list(labels={"io.anvil.role": "candidate"}):
         runtime.remove(c.id, force=True)
 

@@ -175,6 +175,8 @@ def smg_container(tmp_path: Path, docker_client: Any, stub_image_id: str) -> Ite
     ro = {"bind": "", "mode": "ro"}
     volumes = {p: {**ro, "bind": p} for p in ("/usr", "/lib", "/lib64") if Path(p).exists()}
     volumes[str(VENV)] = {**ro, "bind": str(VENV)}
+    home = Path(sys.executable).resolve().parent.parent  # the interpreter the venv was made from
+    volumes.setdefault(str(home), {**ro, "bind": str(home)})
     volumes[str(conf)] = {**ro, "bind": "/run/anvil"}
     name = f"anvil-test-smg-{uuid.uuid4().hex[:8]}"
     container = docker_client.containers.run(

@@ -4,15 +4,21 @@ each late fault that a watch must see)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from anvil_ctl.commands.slo import breaches
+from anvil_ctl.commands import audit, lifecycle, transactions
+from anvil_ctl.commands.slo import Enablement, _roll_back, breaches
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.states import TxState
 from anvil_ctl.qualify.profiles import load_profile, parse_profile
 from anvil_ctl.qualify.slosample import RequestResult, Sample, open_client, sample
 from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, Threshold, qualified_values
+from scripts.campaign import verified_decision
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
 from tests.unit.test_stub_server import StubFactory, stub
@@ -194,3 +200,49 @@ class TestTheCommandLine:
         result = recheck.recheck(fake_host.app(), "primary", slo=recheck.SloRequest())
         slo = next(a for a in result.assertions if a["name"] == "slo")
         assert result.exit_code == 6 and "router.kind is 'none'" in slo["observed"]["error"]
+
+
+class TestRollbackOnBreach:
+    BREACH: ClassVar[list[JSONObject]] = [
+        {"metric": "ttft_p95_s", "op": "max", "limit": 1.0, "observed": [2.0, 2.1]}
+    ]
+
+    def test_past_its_until_nothing_is_rolled_back_and_the_run_says_so(self, fake_host: FakeHost) -> None:
+        app = fake_host.app()
+        ident = app.store.current_identity("primary", "incumbent")
+        assert ident is not None
+        enabled = Enablement("alice", datetime(2026, 1, 1, tzinfo=UTC), "bake")
+        before = fake_host.world.read()
+        out = _roll_back(app, ident, enabled, self.BREACH, datetime(2026, 6, 1, tzinfo=UTC))
+        assert out == {"ran": False, "why": "--rollback-on-breach expired at 2026-01-01T00:00:00.000000Z"}
+        assert fake_host.world.read() == before
+        assert audit.transactions(app, kind="rollback") == []
+
+    def test_in_force_it_rolls_back_attributed_to_the_policy_and_its_enabler(
+        self, fake_host: FakeHost
+    ) -> None:
+        app = fake_host.app()
+        assert (
+            transactions.load(app, slot="primary", candidate=fake_host.candidate("cand")).state
+            == TxState.COMMITTED
+        )
+        verified_decision(app.store, "primary", "d-{digest}")
+        assert lifecycle.promote(app, slot="primary", approved_by="operator").state == TxState.COMMITTED
+        promoted = app.store.current_identity("primary", "incumbent")
+        assert promoted is not None and promoted.container_id != fake_host.incumbent_id
+        enabled = Enablement("alice", datetime(2099, 1, 1, tzinfo=UTC), "bake")
+        out = _roll_back(app, promoted, enabled, self.BREACH, datetime(2026, 12, 4, tzinfo=UTC))
+        assert isinstance(out, dict) and out["ran"] is True and out["state"] == "committed", out
+        decided = audit.show(app, str(out["tx_id"]))["args"]["decided_by"]
+        assert decided["enabled_by"] == "alice" and decided["policy"] == "rollback-on-breach"
+        assert decided["breaches"] == self.BREACH and decided["serve"] == promoted.container_id
+        back = app.store.current_identity("primary", "incumbent")
+        assert back is not None and back.container_id == fake_host.incumbent_id
+
+    def test_an_enablement_needs_a_zoned_until_and_a_person(self) -> None:
+        with pytest.raises(BadInput, match="--until"):
+            Enablement("alice", datetime(2099, 1, 1), "bake")
+        with pytest.raises(BadInput, match="--by"):
+            Enablement("", datetime(2099, 1, 1, tzinfo=UTC), "bake")
+        with pytest.raises(BadInput, match="--reason"):
+            Enablement("alice", datetime(2099, 1, 1, tzinfo=UTC), "")
