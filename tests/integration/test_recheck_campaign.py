@@ -100,14 +100,12 @@ def loaded_host(
     env = cli_env(settings, recipes)
     serving = anvilctl(env, "--json", "recheck", "--slot", "primary")
     assert serving.returncode == 0 and json.loads(serving.stdout)["phase"] == "serving", serving.stdout
-    out = serves.load(app, "good-393k", slot="primary")
-    assert out.state == TxState.COMMITTED, out.reason
-    return {
-        "app": app,
-        "env": env,
-        "incumbent": inc,
-        "candidate": out.results["start-candidate"]["container_id"],
-    }
+    host = {"app": app, "env": env, "incumbent": inc, "candidate": None}
+    if load:
+        out = serves.load(app, "good-393k", slot="primary")
+        assert out.state == TxState.COMMITTED, out.reason
+        host["candidate"] = out.results["start-candidate"]["container_id"]
+    return host
 
 
 def close_host(host: dict[str, Any], runtime: Any) -> None:

@@ -126,7 +126,10 @@ class TestRecheckSlo:
             "alice",
             "bake",
         )
-        assert decided["until"].startswith("2099-01-01T00:00:00") and decided["breaches"][0]["metric"] == "ttft_p95_s"
+        assert (
+            decided["until"].startswith("2099-01-01T00:00:00")
+            and decided["breaches"][0]["metric"] == "ttft_p95_s"
+        )
         incumbent = host["app"].store.current_identity("primary", "incumbent")
         assert incumbent is not None and incumbent.container_id == host["incumbent"].id
         code, after = slo(host)
