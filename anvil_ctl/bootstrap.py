@@ -288,7 +288,7 @@ def _real_world(app: App) -> World:
 
     simulated = app.settings.gpu == "simulated"
     runtime = DockerRuntime(
-        base_url=app.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia", host=app.host_name
+        base_url=app.settings.docker_host, gpu_mode="simulated" if simulated else "auto", host=app.host_name
     )
     router, acceptance = _router(app)
     world = World(

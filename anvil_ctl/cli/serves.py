@@ -20,7 +20,7 @@ from anvil_ctl.cli.session import (
 )
 from anvil_ctl.core.states import ExitCode
 
-ENGINE_NAMES = ("llama-cpp-python", "openai-compatible", "sglang", "stub", "vllm")
+ENGINE_NAMES = ("llama-cpp-python", "llama-cpp-python-cuda", "openai-compatible", "sglang", "stub", "vllm")
 """The engine profiles' names, for `--engine`'s choices: `core.engine_profile` builds its profiles
 (and their log patterns) at import, ~5 ms that `--help` need not pay; a test holds the two equal."""
 

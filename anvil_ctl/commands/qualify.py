@@ -43,8 +43,8 @@ from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.qualification import DecisionRecord
-from anvil_ctl.qualify import QualificationResult, resolve_profile
-from anvil_ctl.qualify.report import Progress
+from anvil_ctl.qualify.profiles import resolve_profile
+from anvil_ctl.qualify.runner import Progress, QualificationResult
 from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
 
 # -- the command ------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
@@ -48,6 +48,7 @@ __all__ = [
     "ENGINE_ALIASES",
     "ENGINE_PROFILES",
     "FATAL_KINDS",
+    "LLAMA_CPP_CUDA",
     "LLAMA_CPP_PYTHON",
     "NCCL_PLUGIN",
     "OPENAI_COMPATIBLE",
@@ -58,6 +59,7 @@ __all__ = [
     "EngineProfile",
     "FatalKind",
     "FatalPattern",
+    "GpuUse",
     "NoticePattern",
     "TimingLines",
     "Tokenizer",
@@ -112,6 +114,19 @@ class TimingLines:
 
 
 @dataclass(frozen=True)
+class GpuUse:
+    """How an engine's processes hold the GPUs they are given: what the ownership record and
+    the VRAM-release gate rely on, stated per engine."""
+
+    processes: str
+    """Which processes NVML lists on a granted GPU (their PIDs map to the container by cgroup)."""
+    holds: str
+    """What the memory they hold is, and when it is taken."""
+    release: str
+    """When the memory comes back: what the VRAM-release gate waits for after a stop."""
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """How to probe one kind of engine; see the module docstring for the fields' use."""
 
@@ -144,6 +159,8 @@ class EngineProfile:
     timing: TimingLines | None = None
     stop_exit_codes: tuple[int, ...] = (0, 143)
     """Exit codes of a clean stop (SIGTERM through docker-init)."""
+    gpu: GpuUse | None = None
+    """How its processes use the GPU; None: it runs on CPU, or nobody has watched it on one."""
     router_check_path: str | None = None
     """What a router's health checks should GET, where that differs from the health route:
     a path that answers while a completion runs (None: the health route, else /v1/models)."""
@@ -350,6 +367,44 @@ LLAMA_CPP_PYTHON = EngineProfile(
     sources=("llama-cpp-python 0.3.36 in the test env's containers (docs/ENGINES.md)",),
 )
 
+LLAMA_CPP_CUDA = replace(
+    LLAMA_CPP_PYTHON,
+    name="llama-cpp-python-cuda",
+    description="llama.cpp through the llama-cpp-python 0.3.x server, built with GGML_CUDA: "
+    "the model's layers offloaded to one GPU (--n_gpu_layers -1)",
+    fatal_log_patterns=(
+        *LLAMA_CPP_PYTHON.fatal_log_patterns,
+        FatalPattern("cuda_error", r"ggml_cuda_init: failed to initialize CUDA"),
+        FatalPattern("cuda_error", r"ggml_cuda_compute_forward: \w+ failed|ggml-cuda\.cu:\d+: .*error"),
+        FatalPattern(
+            "oom", r"ggml_backend_cuda_buffer_type_alloc_buffer: allocating [\d.]+ MiB on device \d+: "
+        ),
+    ),
+    notice_log_patterns=(
+        *LLAMA_CPP_PYTHON.notice_log_patterns,
+        NoticePattern(
+            "no-gpu-offload",
+            r"llama_model_load_from_file_impl: (?:no CUDA devices|using device CPU)|"
+            r"offloaded 0/\d+ layers to GPU",
+            "the engine found no GPU or offloaded nothing: it serves, slowly, from the CPU "
+            "(the ownership record then shows no process on the granted GPU)",
+        ),
+    ),
+    gpu=GpuUse(
+        processes="one: the server's Python process (a child of docker-init, not the "
+        "container's init PID) opens one CUDA context on each granted GPU",
+        holds="the offloaded weights, the KV cache for n_ctx and the CUDA compute buffers, "
+        "all allocated while the model loads, before the server listens; constant while it "
+        "serves (no allocation per request)",
+        release="at the process's exit, when the driver destroys its context: SIGTERM through "
+        "docker-init ends it; there is no sleep or unload API",
+    ),
+    sources=(
+        "llama-cpp-python 0.3.36 built with -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90, run on "
+        "an H200 under anvilctl (scripts/gpu_story.py; docs/ENGINES.md)",
+    ),
+)
+
 VLLM = EngineProfile(
     name="vllm",
     description="vLLM's OpenAI-compatible server (vllm serve): probed with the OpenAI-compatible "
@@ -375,7 +430,7 @@ VLLM = EngineProfile(
 )
 
 ENGINE_PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON)
+    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON, LLAMA_CPP_CUDA)
 }
 """Every engine profile by name: the one registry."""
 
@@ -384,6 +439,7 @@ ENGINE_ALIASES: dict[str, str] = {
     "llama-cpp": "llama-cpp-python",
     "llamacpp": "llama-cpp-python",
     "llama_cpp": "llama-cpp-python",
+    "llama.cpp-cuda": "llama-cpp-python-cuda",
     "sglang-sm120": "sglang",
 }
 """Other spellings of an engine's name (a recipe's `engine`) -> its profile's name."""

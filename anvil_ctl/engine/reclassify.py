@@ -42,7 +42,7 @@ def raw_decision_body(
     roles: Sequence[str],
 ) -> JSONObject:
     """The body of a raw decision: what it was judged on, so it can be re-judged later."""
-    from anvil_ctl.qualify import candidate_identity_digest
+    from anvil_ctl.qualify.decision import candidate_identity_digest
 
     standing = {r: world.config.reserve_for(r) for r in roles}
     return {

@@ -39,7 +39,14 @@ LLAMA_PERF = "\n".join(
 
 class TestTheRegistry:
     def test_every_profile_is_registered_under_its_own_name(self):
-        assert set(ENGINE_PROFILES) == {"openai-compatible", "stub", "sglang", "vllm", "llama-cpp-python"}
+        assert set(ENGINE_PROFILES) == {
+            "openai-compatible",
+            "stub",
+            "sglang",
+            "vllm",
+            "llama-cpp-python",
+            "llama-cpp-python-cuda",
+        }
         assert all(name == p.name for name, p in ENGINE_PROFILES.items())
 
     def test_the_command_lines_engine_choices_are_the_registered_profiles(self):

@@ -51,6 +51,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "adapters": _package("adapters"),
     "gpu": _package("gpu"),
     "qualify": _package("qualify"),
+    "evidence": _package("evidence"),
     "recipes": _package("recipes"),
     "stub": _package("stub"),
     "acceptance": ("anvil_ctl.acceptance", "anvil_ctl.acceptance_worker"),
@@ -62,8 +63,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "migrations": ("migrations", "migrations.*"),
 }
 
-# The core, the configuration and the domain packages (GPU policy, qualification, recipes).
-_BASE = frozenset({"core", "config", "gpu", "qualify", "recipes"})
+# The core, the configuration and the domain packages (GPU policy, qualification, its
+# evidence, recipes).
+_BASE = frozenset({"core", "config", "gpu", "qualify", "evidence", "recipes"})
 
 # Which other layers each layer may import; anything not listed is off limits. Only
 # `bootstrap`, the composition root, may import `testing`.
@@ -82,7 +84,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "persistence": frozenset({"core", "config", "atomic", "places", "log"}),
     "adapters": frozenset({"core", "config", "atomic", "log"}),
     "gpu": frozenset({"core", "config", "log"}),
-    "qualify": frozenset({"core", "config", "atomic", "log"}),
+    # qualify writes its evidence; evidence reads bundles and never runs a qualification
+    "qualify": frozenset({"core", "config", "atomic", "log", "evidence"}),
+    "evidence": frozenset({"core", "config", "atomic", "log"}),
     # recipes: the shipped recipes' relative mounts resolve beside the installed package
     "recipes": frozenset({"core", "config", "places"}),
     "stub": frozenset({"core"}),

@@ -154,7 +154,7 @@ class TestVramAfterAcceptance:
         self, fake_host: FakeHost
     ) -> None:
         from anvil_ctl.commands import audit as audit_cmd
-        from anvil_ctl.qualify import verify_bundle
+        from anvil_ctl.evidence.bundle import verify_bundle
 
         _load(fake_host)
         _decide(fake_host, "verified")

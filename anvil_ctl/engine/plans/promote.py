@@ -195,7 +195,7 @@ def acceptance(ctx: Ctx) -> StepResult:
 
 def vram_after_acceptance(ctx: Ctx) -> StepResult:
     """Free VRAM per card after real clients ran, against the reserve in force; evidence on disk."""
-    from anvil_ctl.qualify.evidence import EvidenceWriter
+    from anvil_ctl.evidence.bundle import EvidenceWriter
 
     world, cand = ctx.world, ctx.args.candidate
     reading = reserve_reading(world, cand, when="after real-client acceptance")

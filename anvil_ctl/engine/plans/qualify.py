@@ -43,8 +43,7 @@ from anvil_ctl.persistence.qualification import GateEvidence
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.gates.base import ReserveReading
-    from anvil_ctl.qualify.report import Progress
-    from anvil_ctl.qualify.runner import QualificationResult
+    from anvil_ctl.qualify.runner import Progress, QualificationResult
 
 
 @dataclass
@@ -182,7 +181,8 @@ def liveness(world: World, ident: Identity) -> Callable[[], JSONObject | None]:
 
 
 def run_gates(ctx: Ctx) -> StepResult:
-    from anvil_ctl.qualify import resolve_profile, run_qualification
+    from anvil_ctl.qualify.profiles import resolve_profile
+    from anvil_ctl.qualify.runner import run_qualification
 
     world, ident = ctx.world, _candidate(ctx)
     profile = resolve_profile(None, profile=ctx.args.profile, gates=list(ctx.args.gates) or None)

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, get_array, get_float, get_int
+from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, stream_problem
-from anvil_ctl.qualify.metrics import METRIC_KEYS, context_label, request_metrics, summarize
+from anvil_ctl.qualify.metrics import METRIC_KEYS, request_metrics, summarize
 from anvil_ctl.qualify.results import GateResult
 
 CONTINUE = "Continue the numbered notes above in the same style, one sentence per note."
