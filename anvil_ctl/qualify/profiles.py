@@ -9,6 +9,8 @@
     name = "tools-20"         # optional, unique; default the type
     count = 20                # any keyword of the gate's __init__
 
+    [watch]                   # the thresholds held on the route after qualification
+                              # (`recheck --slo`, a watched promote): see watchpolicy
     select = "decode_p50"     # A/B only (`qualify --ab`): the metric that picks the faster arm
     [[boundaries]]            # A/B only: protected boundaries, see anvil_ctl.qualify.ab
     metric = "prefill_p50"
@@ -34,9 +36,10 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.qualify.ab import METRICS, Boundary, parse_boundaries
 from anvil_ctl.qualify.gates import GATE_TYPES
 from anvil_ctl.qualify.gates.base import Gate
+from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, parse_watch
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
-_TOP_KEYS = {"name", "description", "thinking", "gates", "select", "boundaries"}
+_TOP_KEYS = {"name", "description", "thinking", "gates", "select", "boundaries", "watch"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class Profile:
     ab_metric: str = "decode_p50"
     """TOML `select`: the metric that picks the faster arm of an A/B."""
     boundaries: tuple[Boundary, ...] = ()
+    watch: WatchPolicy = DEFAULT
+    """TOML `[watch]`: the thresholds the serve is held to on the route (`watchpolicy`)."""
 
     def build(self) -> list[Gate]:
         return [spec.build() for spec in self.gates]
@@ -178,6 +183,7 @@ def parse_profile(data: Mapping[str, object], source: str) -> Profile:
         source=source,
         ab_metric=str(select),
         boundaries=parse_boundaries(data.get("boundaries"), source),
+        watch=parse_watch(data.get("watch"), source),
     )
 
 
