@@ -160,7 +160,8 @@ class App:
     def gpu_probe(self) -> GpuProbe:
         """The GPU probe the settings choose, without a world: NVML needs no host config."""
         if self.settings.backend == "fake":
-            from anvil_ctl.testing.fakes import FakeGpus, FakeWorld
+            from anvil_ctl.testing.host import FakeGpus
+            from anvil_ctl.testing.world import FakeWorld
 
             return FakeGpus(FakeWorld(self.settings.fake_world_path))
         if self.settings.gpu == "simulated":
@@ -255,15 +256,10 @@ def _vram_release(app: App, world: World) -> VramRelease:
 
 def _fake_world(app: App) -> World:
     from anvil_ctl.engine.world import World
-    from anvil_ctl.testing.fakes import (
-        FakeGpus,
-        FakeRouter,
-        FakeRuntime,
-        FakeServerProbe,
-        FakeSharedMemory,
-        FakeWorld,
-        fake_acceptance,
-    )
+    from anvil_ctl.testing.host import FakeGpus, FakeSharedMemory
+    from anvil_ctl.testing.router import FakeRouter, fake_acceptance
+    from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
+    from anvil_ctl.testing.world import FakeWorld
 
     fw = FakeWorld(app.settings.fake_world_path)
     router = FakeRouter(fw) if app.config.router.kind != "none" else None

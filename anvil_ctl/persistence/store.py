@@ -367,6 +367,11 @@ class Store:
         with self.read() as s:
             return identities.current(s, self.host, slot, role)
 
+    def newest_committed_revision(self, slot: str) -> tuple[str, str] | None:
+        """(transaction ID, kind) of the slot's newest committed adopt, load, promote or rollback."""
+        with self.read() as s:
+            return projection.newest_committed(s, self.host, slot)
+
     def identity_of(self, tx_id: str, role: str) -> Identity | None:
         """The identity transaction `tx_id` recorded last in `role`."""
         with self.read() as s:

@@ -24,7 +24,8 @@ from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.plans.args import Candidate
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.migrate import upgrade
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 HOST_TOML = """
 host = "llama-host"

@@ -27,7 +27,9 @@ from anvil_ctl.adapters.shm import (
 from anvil_ctl.config import ENGINE_SEGMENTS, HostConfig
 from anvil_ctl.core.model import LABEL_MANAGED, ContainerSpec, ShmMark
 from anvil_ctl.core.ports import SharedMemory, ShmLedger
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld, MemoryShmLedger
+from anvil_ctl.testing.host import MemoryShmLedger
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 ENGINE = "e" * 64  # a managed container
 OTHER = "0" * 64  # a container anvilctl does not manage

@@ -20,7 +20,8 @@ from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.shm_ledger import StoreShmLedger
 from anvil_ctl.persistence.store import Store
 from anvil_ctl.persistence.verify import verify
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 ENGINE = "e" * 64
 

@@ -91,7 +91,7 @@ def serving_problems(world: World, ident: Identity) -> list[str]:
 
 
 def _engine_died(result: QualificationResult) -> bool:
-    from anvil_ctl.qualify.engine_gates import ENGINE_GATE
+    from anvil_ctl.qualify.runner import ENGINE_GATE
 
     return any(g.name == ENGINE_GATE and not g.passed for g in result.gates)
 
