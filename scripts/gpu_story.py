@@ -22,10 +22,11 @@ CUDA engine image loaded (scripts/build_llama_cuda.py) and the SmolLM2 model cac
     acceptance (and the VRAM reserve after it); curl and the openai client through HAProxy.
  7. rollback to the same incumbent container ID; recheck; audit verify; evidence export.
 
-nvidia-smi runs beside it all the while (`--loop-ms 50`, each line with its own timestamp).
-Every VRAM figure that the record holds (the release gate's readings, the qualification's readings before and after the
-workload, the reading after acceptance, `anvilctl gpus` after each step) is compared with
-the nvidia-smi samples taken while that record was written: nearest in time, within 1 MiB.
+nvidia-smi runs beside it all the while (`--loop-ms 50`, each line with its own
+timestamp). Every VRAM figure that the record holds (the release gate's readings, the
+qualification's readings before and after the workload, the reading after acceptance,
+`anvilctl gpus` after each step) is compared with the nvidia-smi samples taken while that
+record was written: nearest in time, within 1 MiB.
 
     python3 scripts/gpu_story.py --image-id sha256:... --model-cache DIR --out DIR
 
