@@ -35,7 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from anvil_ctl.core.model import canonical_json
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.persistence import audit
 from anvil_ctl.persistence.coverage import COVERED, ref_of

@@ -6,25 +6,24 @@ from dataclasses import asdict
 
 import click
 
-from anvil_ctl.cli.complete import complete_containers, complete_recipes, complete_slots
-from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
-from anvil_ctl.cli.session import (
+from anvil_ctl.cli.complete import complete_containers, complete_recipes
+from anvil_ctl.cli.options import (
     WAIT_TIMEOUT_HELP,
-    Reply,
-    Session,
     accept_drift_options,
     drain_options,
     drift_acceptance,
-    example,
-    pass_session,
+    dry_run_option,
+    slot_option,
     timeout_option,
 )
+from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
-ENGINE_NAMES = ("llama-cpp-python", "openai-compatible", "sglang", "stub", "vllm")
+ENGINE_NAMES = ("llama-cpp-python", "llama-cpp-python-cuda", "openai-compatible", "sglang", "stub", "vllm")
 """The engine profiles' names, for `--engine`'s choices: `core.engine_profile` builds its profiles
-(and their log patterns) at import, ~5 ms that `--help` need not pay; a test holds the two equal."""
+(and their log patterns) at import, which `--help` need not pay; a test holds the two equal."""
 
 RECIPE_LIST_COLUMNS = ("name", "source", "valid", "runnable", "served_model", "context_tokens", "error")
 
@@ -41,7 +40,7 @@ def recipes_list(session: Session) -> Reply:
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import recipes
 
-    found = recipes.list_recipes(recipes.recipe_search(session.context()))
+    found = recipes.list_recipes(recipes.recipe_search(session.app()))
     return Reply(Table([asdict(r) for r in found], columns=RECIPE_LIST_COLUMNS))
 
 
@@ -55,40 +54,27 @@ def recipes_show(session: Session, recipe: str) -> Reply:
     """
     from anvil_ctl.commands import recipes
 
-    ctx = session.context()
-    return Reply(recipes.show_recipe(recipe, recipes.recipe_search(ctx)))
+    app = session.app()
+    return Reply(recipes.show_recipe(recipe, recipes.recipe_search(app)))
 
 
 @click.command("validate", epilog=example("anvilctl recipes validate stub-393k-c1 --slot primary"))
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
-@click.option(
-    "--slot",
-    type=REF,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="Also check that the recipe fits this slot of the host config (port, GPU roles).",
-)
+@slot_option("Also check that the recipe fits this slot of the host config (port, GPU roles).")
 @pass_session
 def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
     """Check RECIPE; a bad field exits 2 naming the file and the field."""
     from anvil_ctl.commands import recipes
 
-    ctx = session.context()
-    host = ctx.config if slot else None
-    found = recipes.validate_recipe(recipe, recipes.recipe_search(ctx), host_config=host, slot_name=slot)
+    app = session.app()
+    host = app.config if slot else None
+    found = recipes.validate_recipe(recipe, recipes.recipe_search(app), host_config=host, slot_name=slot)
     return Reply(found)
 
 
 @click.command("plan", epilog=example("anvilctl recipes plan stub-393k-c1 --slot primary"))
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot to plan the serve for.",
-)
+@slot_option("The slot to plan the serve for.", required=True)
 @pass_session
 def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
     """The exact container spec `load` would create.
@@ -97,9 +83,9 @@ def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
     """
     from anvil_ctl.commands import recipes
 
-    ctx = session.context()
+    app = session.app()
     return Reply(
-        recipes.plan_recipe(recipe, recipes.recipe_search(ctx), host_config=ctx.config, slot_name=slot)
+        recipes.plan_recipe(recipe, recipes.recipe_search(app), host_config=app.config, slot_name=slot)
     )
 
 
@@ -113,15 +99,8 @@ recipes = click.Group(
 
 @click.command("load", epilog=example("anvilctl load stub-393k-c1 --slot primary --dry-run"))
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot to load into.",
-)
-@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@slot_option("The slot to load into.", required=True)
+@dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @drain_options("abort")
 @accept_drift_options
@@ -157,7 +136,7 @@ def load(
 
     accepted = drift_acceptance(accept_drift, drift_by, drift_reason)
     out = serves.load(
-        session.context(),
+        session.app(),
         recipe,
         slot=slot,
         dry_run=dry_run,
@@ -199,7 +178,7 @@ def unload(
     from anvil_ctl.commands import serves
 
     out = serves.unload(
-        session.context(),
+        session.app(),
         container_id,
         yes=yes,
         remove_residue=remove_residue,
@@ -213,14 +192,7 @@ def unload(
 
 @click.command("adopt", epilog=example("anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288"))
 @click.argument("container_id", type=REF)
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot the container serves.",
-)
+@slot_option("The slot the container serves.", required=True)
 @click.option(
     "--context-tokens",
     type=CONTEXT_TOKENS,
@@ -233,7 +205,7 @@ def unload(
     default=None,
     help="The engine profile to probe it with (default: openai-compatible).",
 )
-@click.option("--dry-run", is_flag=True, help="Inspect and print the plan; record nothing.")
+@dry_run_option("Inspect and print the plan; record nothing.")
 @pass_session
 def adopt(
     session: Session, container_id: str, *, slot: str, context_tokens: int, engine: str | None, dry_run: bool
@@ -247,7 +219,7 @@ def adopt(
     from anvil_ctl.commands import transactions
 
     out = transactions.adopt(
-        session.context(),
+        session.app(),
         slot=slot,
         container_id=container_id,
         context_tokens=context_tokens,

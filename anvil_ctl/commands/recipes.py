@@ -10,22 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from anvil_ctl.bootstrap import Context
-from anvil_ctl.config import HostConfig
+from anvil_ctl.bootstrap import App
+from anvil_ctl.config.host import HostConfig
 from anvil_ctl.core.errors import RecipeError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import config_fingerprint
 from anvil_ctl.core.validate import check_text
 from anvil_ctl.places import RECIPES_DIR
-from anvil_ctl.recipes import (
-    Recipe,
-    check_fits_slot,
-    container_spec,
-    load_recipe,
-    recipe_digest,
-    resolve_gpu_uuids,
-    spec_as_dict,
-)
+from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
+from anvil_ctl.recipes.spec import check_fits_slot, container_spec, resolve_gpu_uuids, spec_as_dict
 
 PLAN_TX_ID = "planned"
 
@@ -124,10 +117,10 @@ def search_dirs(
     return dirs
 
 
-def recipe_search(ctx: Context) -> list[RecipeDir]:
+def recipe_search(app: App) -> list[RecipeDir]:
     """This command's recipe search (`search_dirs`) from its settings and host config."""
-    given_by = ctx.origins.get("recipes_dir", "ANVIL_RECIPES_DIR")
-    return search_dirs(ctx.settings.recipes_dir, given_by, ctx.optional_config())
+    given_by = app.origins.get("recipes_dir", "ANVIL_RECIPES_DIR")
+    return search_dirs(app.settings.recipes_dir, given_by, app.optional_config())
 
 
 def _dirs(recipes: RecipeDirs) -> list[RecipeDir]:

@@ -21,8 +21,9 @@ from typing import Protocol, TypeVar
 
 from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.core.errors import DrainRefused
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import DrainPolicy, Identity
+from anvil_ctl.core.model import DrainPolicy
 from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.serving import Which, pauses, restart_retained, stop_verified
 from anvil_ctl.engine.world import World
@@ -55,7 +56,7 @@ def in_flight(world: World, slot_name: str, profile: str) -> InFlight:
     slot = world.config.slot(slot_name)
     metric = engine_profile(profile).running_metric
     if metric:
-        count = world.engine.running(slot.base_url, metric)
+        count = world.server.running(slot.base_url, metric)
         if count is not None:
             return InFlight(count, f"engine {metric}")
     if world.router is not None:

@@ -13,7 +13,7 @@ from typing import Never, Protocol, TypeVar
 
 from anvil_ctl.core.errors import AuthRejected, NotFound
 from anvil_ctl.core.guards import Guard, Refusal
-from anvil_ctl.core.model import Identity
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.states import UNFINISHED_STATES
 from anvil_ctl.core.steps import StepContext
 from anvil_ctl.engine.assertions import slot_assertions
@@ -61,7 +61,7 @@ class RollbackIdentityComplete(Guard[StepContext[IncumbentArgs, World, object]])
         ident = ctx.args.incumbent
         if ident is None:
             slot = ctx.world.config.slot(ctx.args.slot)
-            if ctx.world.engine.models(slot.base_url):
+            if ctx.world.server.models(slot.base_url):
                 return self.refuse(
                     f"slot {ctx.args.slot}: {slot.binding} is serving but no rollback identity "
                     "is recorded; adopt the serving container first (`anvilctl adopt`)"

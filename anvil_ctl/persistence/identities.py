@@ -16,8 +16,9 @@ import json
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.core.model import Identity, canonical_json
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.persistence import projection
 from anvil_ctl.persistence.coltypes import starts_with_hex
 from anvil_ctl.persistence.models import IdentityBody, IdentityCurrent, IdentityRow

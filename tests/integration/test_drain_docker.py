@@ -133,6 +133,7 @@ class TestTheWindow:
             base_url=host.camp.smg.url + "/v1", api_key=host.camp.client_token, max_retries=0
         )
         seen: list[tuple[int, str | None]] = []
+        odd: list[str] = []
         done = threading.Event()
 
         def ask() -> None:
@@ -144,6 +145,8 @@ class TestTheWindow:
                     seen.append((200, None))
                 except openai.APIStatusError as exc:
                     seen.append((exc.status_code, exc.response.headers.get("retry-after")))
+                    if exc.status_code not in (200, 503):
+                        odd.append(f"{time.monotonic():.2f} {exc.status_code} {exc.response.text[:300]}")
                 time.sleep(0.05)
 
         asker = threading.Thread(target=ask, daemon=True)
@@ -154,7 +157,7 @@ class TestTheWindow:
         asker.join(30)
         assert out["state"] == "committed", out.get("reason")
         statuses = {status for status, _ in seen}
-        assert 404 not in statuses and statuses <= {200, 503}, seen
+        assert 404 not in statuses and statuses <= {200, 503}, odd
         assert {retry for status, retry in seen if status == 503} == {"1"}, seen
         assert seen[0][0] == 200 and seen[-1][0] == 503  # served before, retryable after
 
@@ -185,7 +188,7 @@ class TestDeadline:
 
 def _draining(host: ChaosHost) -> bool:
     """The newest load journaled its stop-incumbent intent and no result: its drain waits."""
-    ctx = host.context()
+    ctx = host.app()
     loads = [t for t in recent_transactions(ctx) if t["kind"] == "load"]
     if not loads:
         return False
@@ -198,7 +201,7 @@ class TestKilledDuringTheDrain:
         self, host: ChaosHost
     ) -> None:
         assert host.prepare("load") == "A"
-        known = {t["tx_id"] for t in recent_transactions(host.context())}
+        known = {t["tx_id"] for t in recent_transactions(host.app())}
         long = stream(host.camp.smg.url, host.camp.client_token, ALIAS, 40 * TOKENS_PER_S)
         proc = subprocess.Popen(
             [sys.executable, "-m", "anvil_ctl", "--json", *host.argv("load")],
@@ -214,7 +217,7 @@ class TestKilledDuringTheDrain:
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        assert recent_transactions(host.context())[0]["tx_id"] not in known
+        assert recent_transactions(host.app())[0]["tx_id"] not in known
         recovered = host.run("recover")
         assert recovered["_exit"] == 0, recovered
         assert host.phase_of(host.observe()) == "A"  # the incumbent routed and serving again

@@ -17,7 +17,8 @@ import httpx
 
 from anvil_ctl.core.engine_profile import STUB
 from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.gates import GateContext, LogAudit
+from anvil_ctl.qualify.gates.base import GateContext
+from anvil_ctl.qualify.gates.host import LogAudit
 from anvil_ctl.qualify.results import GateResult
 from tests.integration.conftest import StubFactory, stub_url
 
@@ -41,8 +42,8 @@ def audit(runtime: Any, container_id: str, **kw: int) -> GateResult:
 
     async def go() -> GateResult:
         async with EngineClient("http://127.0.0.1:9") as client:
-            ctx = GateContext(client=client, served_model="stub-model", container_log=read, engine=STUB)
-            return await LogAudit(**kw)(ctx)
+            gate_ctx = GateContext(client=client, served_model="stub-model", container_log=read, engine=STUB)
+            return await LogAudit(**kw)(gate_ctx)
 
     return asyncio.run(go())
 

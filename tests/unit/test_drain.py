@@ -18,11 +18,11 @@ def _in_flight(host: FakeHost, container_id: str, count: int, *, stuck: bool = F
 
 
 def _load(host: FakeHost, drain: DrainPolicy | None = None) -> Outcome:
-    return transactions.load(host.context(), slot="primary", candidate=host.candidate(), drain=drain)
+    return transactions.load(host.app(), slot="primary", candidate=host.candidate(), drain=drain)
 
 
 def _drain_detail(host: FakeHost, tx_id: str, step: str) -> dict[str, object]:
-    shown = audit.show(host.context(), tx_id)
+    shown = audit.show(host.app(), tx_id)
     results = [s["detail"] for s in shown["steps"] if s["step"] == step and s["event"] == "result"]
     assert results, f"no result of {step} in {shown['steps']}"
     drain = results[-1]["drain"]
@@ -70,7 +70,7 @@ class TestRollback:
         assert loaded.state == TxState.COMMITTED, loaded.reason
         cand_id = str(loaded.results["start-candidate"]["container_id"])
         _in_flight(fake_host, cand_id, 4, stuck=True)
-        out = lifecycle.rollback(fake_host.context(), slot="primary", drain_timeout_s=0.2)
+        out = lifecycle.rollback(fake_host.app(), slot="primary", drain_timeout_s=0.2)
         assert out.state == TxState.COMMITTED, out.reason
         drain = _drain_detail(fake_host, out.tx_id or "", "stop-current")
         assert (drain["cut"], drain["in_flight"], drain["source"]) == (4, 4, "router")
@@ -81,7 +81,7 @@ class TestRollback:
         cand_id = str(loaded.results["start-candidate"]["container_id"])
         _in_flight(fake_host, cand_id, 1, stuck=True)
         out = lifecycle.rollback(
-            fake_host.context(), slot="primary", drain_timeout_s=0.2, on_drain_timeout="abort"
+            fake_host.app(), slot="primary", drain_timeout_s=0.2, on_drain_timeout="abort"
         )
         assert (out.state, out.exit_code) == (TxState.COMPENSATED, ExitCode.REFUSED)
         assert fake_host.world.read()["containers"][cand_id]["status"] == "running"
@@ -98,7 +98,7 @@ class TestUnload:
         self, fake_host: FakeHost, candidate_id: str
     ) -> None:
         _in_flight(fake_host, candidate_id, 2)
-        out = serves.unload(fake_host.context(), candidate_id, yes=True)
+        out = serves.unload(fake_host.app(), candidate_id, yes=True)
         assert isinstance(out, Outcome) and out.state == TxState.COMMITTED, out
         assert out.results["stop-candidate"]["drain"]["in_flight"] == 2
         assert candidate_id not in fake_host.world.read()["containers"]
@@ -107,7 +107,7 @@ class TestUnload:
         self, fake_host: FakeHost, candidate_id: str
     ) -> None:
         _in_flight(fake_host, candidate_id, 1, stuck=True)
-        out = serves.unload(fake_host.context(), candidate_id, yes=True, drain_timeout_s=0.2)
+        out = serves.unload(fake_host.app(), candidate_id, yes=True, drain_timeout_s=0.2)
         assert isinstance(out, Outcome)
         assert (out.state, out.exit_code) == (TxState.COMPENSATED, ExitCode.REFUSED)
         assert fake_host.world.read()["containers"][candidate_id]["status"] == "running"

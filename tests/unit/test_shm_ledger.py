@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import text
 
 from anvil_ctl.adapters.shm import ShmScanner
-from anvil_ctl.bootstrap import Context, _shm
-from anvil_ctl.config import Settings
+from anvil_ctl.bootstrap import App, _shm
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.ports import ShmLedger
 from anvil_ctl.persistence import shm_ledger
@@ -20,7 +20,8 @@ from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.shm_ledger import StoreShmLedger
 from anvil_ctl.persistence.store import Store
 from anvil_ctl.persistence.verify import verify
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 ENGINE = "e" * 64
 
@@ -110,10 +111,10 @@ class TestCompositionRoot:
         settings = Settings(  # type: ignore[call-arg]
             state_dir=tmp_path / "state", config=tmp_path / "anvil.toml"
         )
-        ctx = Context(settings=settings, env={})
-        upgrade(ctx.create_database())
+        app = App(settings=settings, env={})
+        upgrade(app.create_database())
         runtime = FakeRuntime(FakeWorld(tmp_path / "world.json"))
-        scanner = _shm(ctx, runtime)
+        scanner = _shm(app, runtime)
         assert isinstance(scanner, ShmScanner)
         assert scanner.directory == tmp_path.resolve()
         assert (scanner.include, scanner.exclude) == (("nccl-*",), ("nccl-keep*",))

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited
-from anvil_ctl.qualify.gates.checks import has_think_markup
+from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, has_think_markup
 from anvil_ctl.qualify.results import GateResult
 
 _BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
@@ -164,11 +163,6 @@ TASKS: tuple[CodingTask, ...] = (
 )
 
 
-def answer_book() -> list[dict[str, str]]:
-    """The stub's `--answer-book` entries: each task's marker -> its reference answer."""
-    return [{"match": task.marker, "answer": task.reference} for task in TASKS]
-
-
 def classify(task: CodingTask, content: str, finish_reason: str | None) -> tuple[str, list[str]]:
     """(classification, problems) of one answer."""
     if has_think_markup(content):
@@ -180,44 +174,34 @@ def classify(task: CodingTask, content: str, finish_reason: str | None) -> tuple
     return ("wrong_answer" if problems else "pass"), problems
 
 
+@dataclass(kw_only=True, eq=False)
 class CodingAgent(Gate):
     """`tasks` x `repetitions` deterministic coding tasks, each answer validated."""
 
     gate_type = "coding"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        repetitions: int = 3,
-        visible_tokens: int = 2048,
-        reasoning_allowance: int = 0,
-        tasks: list[str] | None = None,
-        concurrency: int = 1,
-    ) -> None:
-        super().__init__(name=name)
-        self.repetitions = repetitions
-        self.visible_tokens = visible_tokens
-        self.reasoning_allowance = reasoning_allowance
-        self.tasks = tasks
-        self.concurrency = concurrency
+    repetitions: int = 3
+    visible_tokens: int = 2048
+    reasoning_allowance: int = 0
+    tasks: list[str] | None = None
+    concurrency: int = 1
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         tasks = [t for t in TASKS if not self.tasks or t.id in self.tasks]
-        max_tokens = self.visible_tokens + (self.reasoning_allowance if ctx.thinking else 0)
+        max_tokens = self.visible_tokens + (self.reasoning_allowance if gate_ctx.thinking else 0)
         plan: list[tuple[CodingTask, str]] = []
         jobs: list[Callable[[], Awaitable[Attempt]]] = []
         for rep in range(self.repetitions):
             for task in tasks:
                 label = f"{task.id}#{rep + 1}"
                 request = EngineClient.chat_body(
-                    ctx.served_model,
+                    gate_ctx.served_model,
                     [{"role": "user", "content": task.prompt}],
                     max_tokens=max_tokens,
-                    enable_thinking=ctx.thinking,
+                    enable_thinking=gate_ctx.thinking,
                 )
                 plan.append((task, label))
-                jobs.append(functools.partial(self.attempt, ctx, label, request))
+                jobs.append(functools.partial(self.attempt, gate_ctx, label, request))
         attempts: list[Attempt] = await gather_limited(self.concurrency, jobs)
         rows: JSONArray = []
         counts: dict[str, int] = {}
@@ -228,7 +212,7 @@ class CodingAgent(Gate):
             else:
                 verdict, problems = classify(task, result.content, result.finish_reason)
             counts[verdict] = counts.get(verdict, 0) + 1
-            ctx.on_request(self.name, verdict == "pass", f"{label}: {verdict}")
+            gate_ctx.on_request(self.name, verdict == "pass", f"{label}: {verdict}")
             rows.append(
                 {
                     "label": label,

@@ -9,35 +9,37 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import Message
-from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, prompt_digest
-from anvil_ctl.qualify.gates.chat import body, check_tool_call, effective_context, finish, user
-from anvil_ctl.qualify.gates.checks import Checks
+from anvil_ctl.qualify.gates.base import (
+    Attempt,
+    Checks,
+    Gate,
+    GateContext,
+    body,
+    check_tool_call,
+    effective_context,
+    finish,
+    gather_limited,
+    prompt_digest,
+    user,
+)
 from anvil_ctl.qualify.results import GateResult
 
 
+@dataclass(kw_only=True, eq=False)
 class Tools(Gate):
     """A shared-prefix batch of `count` tool calls; every one must be exact."""
 
     gate_type = "tools"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        count: int = 20,
-        concurrency: int = 4,
-        prefix_tokens: int = 1024,
-        max_tokens: int = 256,
-    ) -> None:
-        super().__init__(name=name)
-        self.count = count
-        self.concurrency = concurrency
-        self.prefix_tokens = prefix_tokens
-        self.max_tokens = max_tokens
+    count: int = 20
+    concurrency: int = 4
+    prefix_tokens: int = 1024
+    max_tokens: int = 256
 
     @staticmethod
     def expected(i: int) -> JSONObject:
@@ -48,8 +50,8 @@ class Tools(Gate):
             "tags": [f"t{i}", "anvil"],
         }
 
-    async def run(self, ctx: GateContext) -> GateResult:
-        shared = prompts.filler(self.prefix_tokens, chars_per_token=ctx.chars_per_token)
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        shared = prompts.filler(self.prefix_tokens, chars_per_token=gate_ctx.chars_per_token)
         system: Message = {
             "role": "system",
             "content": prompts.SYSTEM_TOOLS + "\n\nReference notes:\n" + shared,
@@ -61,7 +63,7 @@ class Tools(Gate):
                 user(prompts.tool_instruction("record_value", self.expected(i))),
             ]
             return lambda: self.attempt(
-                ctx, f"call-{i}", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+                gate_ctx, f"call-{i}", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
             )
 
         attempts = await gather_limited(self.concurrency, [job(i) for i in range(self.count)])
@@ -71,35 +73,34 @@ class Tools(Gate):
             before = len(checks.failed)
             check_tool_call(checks, attempt.label, attempt, "record_value", self.expected(i))
             exact += len(checks.failed) == before
-            ctx.on_request(self.name, len(checks.failed) == before, attempt.label)
+            gate_ctx.on_request(self.name, len(checks.failed) == before, attempt.label)
         result = finish(self, checks, attempts, exact=exact, total=self.count)
         return self.result(
             result.passed, result.classification, result.evidence, f"{exact}/{self.count} exact"
         )
 
 
+@dataclass(kw_only=True, eq=False)
 class LongContextTool(Gate):
     """A tool call asked for at the end of a prompt of `context_tokens` nominal tokens."""
 
     gate_type = "long_context_tool"
 
-    def __init__(self, *, name: str | None = None, context_tokens: int = 8192, max_tokens: int = 256) -> None:
-        super().__init__(name=name)
-        self.context_tokens = context_tokens
-        self.max_tokens = max_tokens
+    context_tokens: int = 8192
+    max_tokens: int = 256
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"order_id": "LC-90210", "include_items": True}
-        nominal = effective_context(ctx, self.context_tokens)
+        nominal = effective_context(gate_ctx, self.context_tokens)
         text = prompts.context_prompt(
             nominal,
             prompts.tool_instruction("lookup_order", args),
             reserve_tokens=self.max_tokens + 512,
-            chars_per_token=ctx.chars_per_token,
+            chars_per_token=gate_ctx.chars_per_token,
         )
         messages: list[Message] = [{"role": "system", "content": prompts.SYSTEM_TOOLS}, user(text)]
         attempt = await self.attempt(
-            ctx, "long-tool", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+            gate_ctx, "long-tool", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
         )
         checks = Checks()
         check_tool_call(checks, "long-tool", attempt, "lookup_order", args)
@@ -115,41 +116,39 @@ class LongContextTool(Gate):
         )
 
 
+@dataclass(kw_only=True, eq=False)
 class StreamingTool(Gate):
     """A streamed tool call, assembled from deltas by index, complete and exact."""
 
     gate_type = "streaming_tool"
 
-    def __init__(self, *, name: str | None = None, max_tokens: int = 256) -> None:
-        super().__init__(name=name)
-        self.max_tokens = max_tokens
+    max_tokens: int = 256
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"ledger": "STREAM-7", "index": 7, "amount": 19.5, "tags": ["stream", "delta"]}
         messages: list[Message] = [
             {"role": "system", "content": prompts.SYSTEM_TOOLS},
             user(prompts.tool_instruction("record_value", args)),
         ]
         attempt = await self.attempt(
-            ctx,
+            gate_ctx,
             "stream-tool",
-            body(ctx, messages, self.max_tokens, tools=prompts.TOOLS, stream=True),
+            body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS, stream=True),
         )
         checks = Checks()
         check_tool_call(checks, "stream-tool", attempt, "record_value", args)
         return finish(self, checks, [attempt])
 
 
+@dataclass(kw_only=True, eq=False)
 class ToolResultContinuation(Gate):
     """After a tool result, the model answers in text, carrying the tool's content."""
 
     gate_type = "tool_result"
 
-    def __init__(self, *, name: str | None = None, max_tokens: int = 256) -> None:
-        super().__init__(name=name)
-        self.max_tokens = max_tokens
+    max_tokens: int = 256
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"order_id": "A-1042", "include_items": False}
         tool_content = "ORDER A-1042 SHIPPED 3 ITEMS"
         messages: list[Message] = [
@@ -169,7 +168,7 @@ class ToolResultContinuation(Gate):
             {"role": "tool", "tool_call_id": "call_anvil_1", "content": tool_content},
         ]
         attempt = await self.attempt(
-            ctx, "continuation", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+            gate_ctx, "continuation", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
         )
         checks = Checks()
         result = attempt.result

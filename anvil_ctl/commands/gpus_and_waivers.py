@@ -1,0 +1,394 @@
+"""GPU commands: probe readings, role detection into the host config, and waivers.
+
+`readings` and `detect` read the GPUs through the probe the settings choose
+(NVML, simulated or the fake backend's); `detect(write=True)` rewrites only the
+`[gpu_roles.*]` tables of the host config file, keeping every other line, and
+refuses (nothing written) when the result would not be a valid host config,
+e.g. a slot naming a role that detection no longer produces. `waive`, `revoke`
+and `list_waivers` record and read the attributed policy exceptions; a change
+of waivers re-judges stored decisions (`commands.qualify.reclassify_decisions`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TypedDict
+
+from pydantic import ValidationError
+
+from anvil_ctl.atomic import atomic_write
+from anvil_ctl.bootstrap import App
+from anvil_ctl.config.host import GpuRole, HostConfig
+from anvil_ctl.config.inputs import format_validation_error
+from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
+from anvil_ctl.core.model import GpuReading
+from anvil_ctl.core.validate import (
+    MAX_MIB,
+    check_int,
+    check_person,
+    check_text,
+    parse_rfc3339,
+    require,
+    utc_stamp,
+)
+from anvil_ctl.core.waiver import GATE, POLICIES, Waiver
+from anvil_ctl.engine.gpu_ownership import ledger
+from anvil_ctl.gpu.ownership import Mode
+from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
+from anvil_ctl.gpu.waiver_policy import check_gate_waiver, parse_scope
+from anvil_ctl.log import get_logger
+from anvil_ctl.persistence import waiver_rows
+
+log = get_logger()
+
+
+# -- probe ------------------------------------------------------------------------------------
+
+
+class OwnerView(TypedDict):
+    """Who owns a GPU role, from the ledger."""
+
+    container_id: str
+    slot: str
+    mode: Mode
+    transaction_id: str
+
+
+class ProcessView(TypedDict):
+    pid: int
+    used_mib: int
+
+
+class GpuView(TypedDict):
+    """One GPU as `gpu readings` shows it: the probe's reading, its role and its owner."""
+
+    index: int
+    uuid: str
+    name: str
+    role: str
+    total_mib: int
+    used_mib: int
+    free_mib: int
+    processes: list[ProcessView]
+    owner: OwnerView | None
+
+
+class Readings(TypedDict):
+    driver: str
+    gpus: list[GpuView]
+
+
+def _optional_config(app: App) -> HostConfig | None:
+    if not app.settings.config.exists():
+        return None
+    return app.config
+
+
+def _optional_owners(app: App) -> dict[str, OwnerView]:
+    try:
+        return {
+            role: {
+                "container_id": o.container_id,
+                "slot": o.slot,
+                "mode": o.mode,
+                "transaction_id": o.transaction_id,
+            }
+            for role, o in ledger(app.store).items()
+        }
+    except StateStoreError:
+        return {}  # no state database yet: nothing owns anything
+
+
+def readings(app: App) -> Readings:
+    """Every GPU the probe sees, with its role (host config) and owner (ledger), by NVML index."""
+    probe = app.gpu_probe()
+    gpus = probe.gpus()
+    config = _optional_config(app)
+    role_of = {r.uuid.lower(): name for name, r in (config.gpu_roles if config else {}).items()}
+    owners = _optional_owners(app)
+    rows: list[GpuView] = []
+    for g in gpus:
+        role = role_of.get(g.uuid.lower(), "")
+        rows.append(
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "role": role,
+                "total_mib": g.total_mib,
+                "used_mib": g.used_mib,
+                "free_mib": g.free_mib,
+                "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in g.processes],
+                "owner": owners.get(role) if role else None,
+            }
+        )
+    return {"driver": probe.driver_version(), "gpus": rows}
+
+
+# -- role detection ---------------------------------------------------------------------------
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, str]:
+    """`UUID=ROLE` strings -> {uuid: role}; BadInput for anything else or a UUID given twice."""
+    out: dict[str, str] = {}
+    for item in items:
+        uuid_, sep, role = item.partition("=")
+        if not sep or not uuid_.strip() or not role.strip():
+            raise BadInput(f"--override {item!r}: expected UUID=ROLE", field="override")
+        key = uuid_.strip().lower()
+        if key in out:
+            raise BadInput(f"--override: GPU {uuid_.strip()} given twice", field="override")
+        out[key] = role.strip()
+    return out
+
+
+def replace_gpu_roles(text: str, roles: Mapping[str, GpuRole]) -> str:
+    """`text` (a host config) with its GPU roles replaced by `roles`, written with tomlkit.
+
+    Every other key, comment and blank line stays as it was. A role that exists in
+    both is updated in place (its own comments kept); a role no longer detected is
+    removed with its table; a new role is added after the others.
+    """
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    try:
+        doc = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise ConfigError(f"host config is not valid TOML: {exc}", field="gpu_roles") from None
+    table = doc.get("gpu_roles")
+    if not isinstance(table, dict):
+        table = tomlkit.table(is_super_table=True)
+        doc["gpu_roles"] = table
+    for name in [n for n in table if n not in roles]:
+        del table[name]
+    for name, role in roles.items():
+        fields = role.model_dump(exclude_none=True, exclude_defaults=True)
+        fields["uuid"], fields["capacity_mib"] = role.uuid, role.capacity_mib
+        entry = table.get(name)
+        if not isinstance(entry, dict):
+            table[name] = entry = tomlkit.table()
+        for key in [k for k in entry if k not in fields]:
+            del entry[key]
+        for key in ("uuid", "capacity_mib", "reserve_mib", "name"):
+            if key in fields:
+                entry[key] = fields[key]
+    return tomlkit.dumps(doc)
+
+
+def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, object]) -> dict[str, GpuRole]:
+    """An operator's per-card reserve follows its card (by UUID) into the new roles."""
+    reserves = {}
+    for data in old.values():
+        if isinstance(data, dict) and data.get("uuid") and data.get("reserve_mib") is not None:
+            reserves[str(data["uuid"]).lower()] = int(data["reserve_mib"])
+    return {name: replace_role(role, reserves.get(role.uuid.lower())) for name, role in new.items()}
+
+
+def replace_role(role: GpuRole, reserve_mib: int | None) -> GpuRole:
+    return role if reserve_mib is None else role.model_copy(update={"reserve_mib": reserve_mib})
+
+
+class RoleView(TypedDict):
+    uuid: str
+    capacity_mib: int
+    name: str
+    reserve_mib: int | None
+
+
+class Detected(TypedDict):
+    """`gpu detect`: the roles found, the `[gpu_roles.*]` TOML, and whether the file changed."""
+
+    config: str
+    written: bool
+    changed: bool
+    roles: dict[str, RoleView]
+    toml: str
+
+
+def detect(
+    app: App,
+    *,
+    overrides: Mapping[str, str] | None = None,
+    write: bool = False,
+    gpus: Sequence[GpuReading] | None = None,
+) -> Detected:
+    """Name the host's GPUs (largest first, equal cards by UUID; overrides by UUID).
+
+    With `write`, the host config file gets exactly these `[gpu_roles.*]` tables
+    (created with only them if it does not exist); a reserve set per card is
+    kept for the same UUID. The new file is validated as a host config before
+    it replaces the old one atomically; nothing is written on any error.
+    """
+    found = list(gpus) if gpus is not None else app.gpu_probe().gpus()
+    roles = detect_roles(found, overrides)
+    path = app.settings.config
+    old_text = path.read_text() if path.exists() else ""
+    try:
+        old = tomllib.loads(old_text) if old_text else {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}", file=str(path)) from None
+    roles = _keep_reserves(roles, old.get("gpu_roles") or {})
+    roles_toml = render_gpu_roles_toml(roles)
+    new_text = replace_gpu_roles(old_text, roles) if old_text else roles_toml
+    try:
+        HostConfig.model_validate(tomllib.loads(new_text))
+    except ValidationError as exc:
+        raise ConfigError(
+            f"{path}: with the detected roles the host config would be invalid: "
+            + format_validation_error(path, exc),
+            file=str(path),
+        ) from None
+    changed = new_text != old_text
+    if write and changed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, new_text)
+        log.info("gpu.roles_written", config=str(path), roles=sorted(roles))
+    return {
+        "config": str(path),
+        "written": write and changed,
+        "changed": changed,
+        "roles": {
+            name: {
+                "uuid": r.uuid,
+                "capacity_mib": r.capacity_mib,
+                "name": r.name,
+                "reserve_mib": r.reserve_mib,
+            }
+            for name, r in roles.items()
+        },
+        "toml": roles_toml,
+    }
+
+
+# -- waivers ----------------------------------------------------------------------------------
+
+
+def parse_expiry(text: str, now: datetime) -> datetime:
+    """`--expires`: an RFC 3339 date (the waiver ends at 00:00 UTC that day) or date-time
+    (UTC when it names no offset). BadInput unless it lies after `now`."""
+    when = require("--expires", parse_rfc3339, text)
+    if when <= now:
+        raise BadInput(f"--expires {text!r}: {utc_stamp(when)} is not in the future", field="expires")
+    return when
+
+
+def _state(w: Waiver, now: datetime) -> str:
+    if w.revoked_at is not None and now >= w.revoked_at:
+        return "revoked"
+    if w.expires_at is not None and now >= w.expires_at:
+        return "expired"
+    return "active" if w.active(now) else "pending"
+
+
+def _reclassify(app: App, now: datetime | None = None) -> Mapping[str, object]:
+    """Re-judge stored decisions under the waivers in force at `now` (the command's own
+    instant: a waiver recorded at `now` is judged at that same instant, never at a later
+    clock reading that its expiry may already have passed)."""
+    from anvil_ctl.engine.reclassify import reclassify_decisions
+
+    try:
+        return reclassify_decisions(app.world(), now=now).as_dict()
+    except AnvilError as exc:
+        # The waiver is recorded either way; say why decisions were not re-judged.
+        log.warning("gpu.reclassify_failed", error=str(exc))
+        return {"error": str(exc)}
+
+
+class Waived(TypedDict):
+    """`waive`: the waiver recorded, when it ends, and the decisions re-judged under it."""
+
+    waiver: Mapping[str, object]  # `Waiver.as_dict()`
+    expiry: str
+    reclassified: Mapping[str, object]  # `ReclassifyReport.as_dict()`, or {"error": why not}
+
+
+class Revoked(TypedDict):
+    revoked: str
+    by: str
+    reclassified: Mapping[str, object]
+
+
+def waive(
+    app: App,
+    *,
+    policy: str,
+    scope: str,
+    value: int | None,
+    approved_by: str,
+    reason: str,
+    expires: str | None = None,
+    no_expiry: bool = False,
+    now: datetime | None = None,
+    gates: tuple[str, ...] = (),
+) -> Waived:
+    """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest).
+
+    Everything is checked before the write: the policy is known, the scope names
+    roles of the host config (or is a recipe digest), the value is >= 0, the
+    approver and reason are given, and exactly one of `expires` (which must lie
+    ahead) and `no_expiry` says when it ends: a waiver that never expires is a
+    person's explicit choice, recorded as such. A `gate` waiver names the gates whose
+    failure it waives, for one recipe digest (its value is 0: not required). Then
+    stored decisions are re-judged under the waivers in force.
+    """
+    now = now or datetime.now(UTC)
+    if (expires is None) == (not no_expiry):
+        raise BadInput(
+            "--expires WHEN or --no-expiry: a waiver needs an end, or a person's explicit "
+            "choice that it has none (give exactly one)",
+            field="expires",
+        )
+    if policy not in POLICIES:
+        raise BadInput(f"--policy {policy!r}: expected one of {list(POLICIES)}", field="policy")
+    if policy == GATE:
+        value = 0 if value is None else value
+        check_gate_waiver(scope, gates, value)
+    elif gates:
+        raise BadInput(f"--gates: only a {GATE!r} waiver names gates", field="gates")
+    if value is None:
+        raise BadInput(f"--value: required for the {policy} policy (MiB)", field="value")
+    value = require("--value", lambda v: check_int(v, lo=0, hi=MAX_MIB), value)
+    approved_by = require("--approved-by", check_person, approved_by)
+    reason = require("--reason", lambda r: check_text(r, empty=False), reason)
+    roles, digest = parse_scope(scope)
+    if roles:
+        known = set(app.config.gpu_roles)
+        unknown = sorted(roles - known)
+        if unknown:
+            raise BadInput(
+                f"--scope: GPU roles {unknown} are not in the host config; expected among {sorted(known)}",
+                field="scope",
+            )
+    waiver = Waiver(
+        id="wvr-" + uuid.uuid4().hex[:12],
+        policy=policy,
+        value=value,
+        approved_by=approved_by,
+        reason=reason,
+        created_at=now,
+        roles=roles,
+        recipe_digest=digest,
+        expires_at=parse_expiry(expires, now) if expires else None,
+        gates=frozenset(gates),
+    )
+    waiver_rows.add_waiver(app.store, waiver)
+    expiry = "never (--no-expiry)" if waiver.expires_at is None else utc_stamp(waiver.expires_at)
+    return {"waiver": waiver.as_dict(), "expiry": expiry, "reclassified": _reclassify(app, now)}
+
+
+def revoke(app: App, waiver_id: str, *, by: str, reason: str) -> Revoked:
+    """Revoke a waiver (a new revocation row; the waiver row stays) and re-judge decisions."""
+    by = require("--by", check_person, by)
+    reason = require("--reason", lambda r: check_text(r, empty=False), reason)
+    waiver_rows.revoke_waiver(app.store, waiver_id, by=by, reason=reason)
+    return {"revoked": waiver_id, "by": by, "reclassified": _reclassify(app)}
+
+
+def list_waivers(app: App, now: datetime | None = None) -> list[dict[str, object]]:
+    """Every waiver with its state now: active, expired, revoked (or pending)."""
+    now = now or datetime.now(UTC)
+    return [{**w.as_dict(), "state": _state(w, now)} for w in waiver_rows.waivers(app.store)]

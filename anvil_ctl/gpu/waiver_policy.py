@@ -1,0 +1,250 @@
+"""Waivers: attributed, scoped, expiring exceptions to one policy value, and what they reclassify.
+
+A waiver changes one policy value for a scope: `vram-reserve` (MiB per card) for a
+set of GPU roles or one recipe digest; `gate` (a functional gate is required: 1, or
+not: 0) for named gates of one recipe digest. It is active from `created_at`
+until `expires_at` (exclusive) or `revoked_at`, whichever comes first, so the
+question "was it in force at time T" has one answer forever. When several
+active waivers apply, the most recently created wins: a later operator
+decision supersedes an earlier one.
+
+A decision computed under a waiver is a new record pointing at the decision it
+reclassifies and at the same evidence; the original is never changed.
+
+The `Waiver` value type itself is `anvil_ctl.core.waiver`'s (the store keeps it too).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol
+
+from anvil_ctl.core.digest import sha256_hex
+from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.validate import utc_stamp
+from anvil_ctl.core.waiver import VRAM_RESERVE, Waiver
+from anvil_ctl.gpu.reserve import ReserveResult
+
+Outcome = Literal["verified", "policy-infeasible", "failed"]
+
+_DIGEST_RE = re.compile(r"^(sha256:)?[0-9a-f]{64}\Z")
+_ROLE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}\Z")
+
+
+def parse_scope(text: str) -> tuple[frozenset[str], str | None]:
+    """`--scope` as the CLI takes it: a recipe digest (64 hex, optional `sha256:`) or ROLE,ROLE."""
+    text = text.strip()
+    if _DIGEST_RE.match(text):
+        return frozenset(), text.removeprefix("sha256:")
+    roles = frozenset(r.strip() for r in text.split(",") if r.strip())
+    bad = sorted(r for r in roles if not _ROLE_RE.match(r))
+    if not roles or bad:
+        raise BadInput(
+            f"waiver scope {text!r}: expected a recipe digest (64 hex) or GPU roles like compute-a,compute-b",
+            field="scope",
+        )
+    return roles, None
+
+
+@dataclass(frozen=True)
+class Effective:
+    """A policy value in force, and the waiver that set it (None: the default)."""
+
+    value: int
+    waiver_id: str | None = None
+
+
+def resolve(
+    policy: str,
+    *,
+    policy_default: int,
+    role: str,
+    recipe_digest: str | None,
+    waivers: Iterable[Waiver],
+    now: datetime,
+) -> Effective:
+    """The value in force for one role now: the newest active applicable waiver or the default."""
+    applicable = [w for w in waivers if w.active(now) and w.applies(policy, role, recipe_digest)]
+    if not applicable:
+        return Effective(policy_default)
+    newest = max(applicable, key=lambda w: (w.created_at, w.id))
+    return Effective(newest.value, newest.id)
+
+
+def effective_reserve(
+    policy_default: int,
+    role: str,
+    recipe_digest: str | None,
+    waivers: Iterable[Waiver],
+    now: datetime,
+) -> int:
+    """The VRAM reserve in MiB in force for `role` (and the serve's recipe digest) at `now`."""
+    return resolve(
+        VRAM_RESERVE,
+        policy_default=policy_default,
+        role=role,
+        recipe_digest=recipe_digest,
+        waivers=waivers,
+        now=now,
+    ).value
+
+
+class GateVerdict(Protocol):
+    """What reclassification needs of any gate result."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def passed(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A qualify decision bound to a candidate identity; `reclassifies` points at an earlier one."""
+
+    id: str
+    outcome: Outcome
+    identity_digest: str
+    evidence_id: str
+    recipe_digest: str | None = None
+    reclassifies: str | None = None
+    waiver_ids: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = field(default=())
+    decided_at: datetime | None = None
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "id": self.id,
+            "outcome": self.outcome,
+            "identity_digest": self.identity_digest,
+            "evidence_id": self.evidence_id,
+            "recipe_digest": self.recipe_digest,
+            "reclassifies": self.reclassifies,
+            "waiver_ids": [*self.waiver_ids],
+            "reasons": [*self.reasons],
+            "decided_at": None if self.decided_at is None else utc_stamp(self.decided_at),
+        }
+
+
+@dataclass(frozen=True)
+class WaivedVerdict:
+    """A failed gate whose failure a gate waiver waives: judged as passing, named as waived."""
+
+    name: str
+    waiver_id: str
+    passed: bool = True
+
+
+def waived_gate(
+    name: str, recipe_digest: str | None, waivers: Iterable[Waiver], now: datetime
+) -> Waiver | None:
+    """The newest active gate waiver of this recipe that names gate `name`, if any."""
+    applicable = [w for w in waivers if w.active(now) and w.waives_gate(name, recipe_digest)]
+    return max(applicable, key=lambda w: (w.created_at, w.id)) if applicable else None
+
+
+def outcome_of(results: Sequence[GateVerdict]) -> tuple[Outcome, tuple[str, ...]]:
+    """verified: all pass; policy-infeasible: only policy gates fail; else failed."""
+    failed = [r for r in results if not r.passed]
+    policy_failed = [r for r in failed if isinstance(r, ReserveResult)]
+    waived = tuple(
+        f"{r.name} failed, waived by {r.waiver_id}" for r in results if isinstance(r, WaivedVerdict)
+    )
+    reasons = tuple(f"{r.name} failed" for r in failed) + waived
+    if not failed:
+        return "verified", waived
+    if len(policy_failed) == len(failed):
+        return "policy-infeasible", reasons
+    return "failed", reasons
+
+
+def reclassify(
+    decision: Decision,
+    results: Sequence[GateVerdict],
+    waivers: Iterable[Waiver],
+    now: datetime,
+) -> Decision:
+    """A NEW decision re-judging the same evidence under the waivers active at `now`.
+
+    Reserve results are re-judged with each card's threshold replaced by the
+    value in force (their recorded threshold is the policy default); a failed gate
+    that an active gate waiver of this recipe names is judged waived; other gate
+    results stand as recorded. The new decision points at `decision` and at its
+    evidence; `decision` and `results` are not changed. Its ID is a digest of
+    what it says, so reclassifying twice under the same waivers gives one ID.
+    """
+    waivers = list(waivers)
+    used: set[str] = set()
+    rejudged: list[GateVerdict] = []
+    for result in results:
+        if not isinstance(result, ReserveResult):
+            waiver = None if result.passed else waived_gate(result.name, decision.recipe_digest, waivers, now)
+            if waiver is not None:
+                used.add(waiver.id)
+                rejudged.append(WaivedVerdict(result.name, waiver.id))
+            else:
+                rejudged.append(result)
+            continue
+        thresholds = {}
+        for card in result.cards:
+            eff = resolve(
+                VRAM_RESERVE,
+                policy_default=card.threshold_mib,
+                role=card.role,
+                recipe_digest=decision.recipe_digest,
+                waivers=waivers,
+                now=now,
+            )
+            thresholds[card.role] = eff.value
+            if eff.waiver_id is not None:
+                used.add(eff.waiver_id)
+        rejudged.append(result.rejudged(thresholds))
+    outcome, reasons = outcome_of(rejudged)
+    waiver_ids = tuple(sorted(used))
+    body = {
+        "reclassifies": decision.id,
+        "evidence_id": decision.evidence_id,
+        "identity_digest": decision.identity_digest,
+        "outcome": outcome,
+        "waiver_ids": list(waiver_ids),
+    }
+    return Decision(
+        id="dec-" + sha256_hex(body)[:16],
+        outcome=outcome,
+        identity_digest=decision.identity_digest,
+        evidence_id=decision.evidence_id,
+        recipe_digest=decision.recipe_digest,
+        reclassifies=decision.id,
+        waiver_ids=waiver_ids,
+        reasons=reasons,
+        decided_at=now,
+    )
+
+
+UNWAIVABLE_GATES = frozenset({"served-identity", "engine-alive"})
+"""Facts about the candidate, not measurements of it: no waiver can make them pass."""
+
+
+def check_gate_waiver(scope: str, gates: tuple[str, ...], value: int) -> None:
+    """A gate waiver's scope, gates and value, checked before anything is written."""
+    roles, digest = parse_scope(scope)
+    if roles or not digest:
+        raise BadInput(
+            f"--scope {scope!r}: a gate waiver applies to one recipe digest (64 hex; "
+            "`anvilctl recipes show NAME` prints it)",
+            field="scope",
+        )
+    if not gates:
+        raise BadInput("--gates: expected the gates whose failure is waived, e.g. smoke,json", field="gates")
+    bad = sorted(set(gates) & UNWAIVABLE_GATES)
+    if bad:
+        raise BadInput(
+            f"--gates: {', '.join(bad)} cannot be waived (they are not measurements)", field="gates"
+        )
+    if value != 0:
+        raise BadInput(f"--value {value}: a gate waiver's value is 0 (not required)", field="value")
