@@ -51,12 +51,15 @@ once when DELETEd (requests in flight go on over their connections), so a drain 
 no fixed delay and no removal of theirs is ever left pending. Before a drain removes a
 tier's worker, it parks the tier's alias on a worker at the parking responder
 (`anvil_ctl.adapters.smg_parking`), so that clients get a retryable 503 with Retry-After,
-never a 404, until readmission removes the parked worker.
+never a 404, until readmission removes the parked worker (two DELETEs: draining, then gone
+at once). A process that ends with a tier parked DELETEs its parked worker once: smg then
+keeps it draining, answering 503 itself, for `PARK_SETTLE_S`.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 
 import httpx
@@ -91,6 +94,12 @@ log = get_logger()
 POLL_FIRST_S = 0.02
 """Polls start this short and double up to `poll_s`: most waits end within a few polls, and
 what a wait overshoots the removal it waits for by is lost (half a poll on average)."""
+
+
+PARK_SETTLE_S = 3600
+"""A parked worker's drain time: how long smg answers 503 for a tier left parked by a process
+that has ended (a committed load waiting for its promote), before it removes the worker and
+answers 404 again."""
 
 
 class SmgRouter(RouterHttp):
@@ -129,8 +138,18 @@ class SmgRouter(RouterHttp):
         self._clock = clock
         self._removals = PendingRemovals(removal_hold_s, clock)
         self._parking: ParkingResponder | None = None
+        self._parked: dict[str, str] = {}
+        """tier -> the parked worker this process registered for it and has not removed."""
 
     def close(self) -> None:
+        """A tier still parked stays parked by smg itself (its worker draining, see above)."""
+        for tier, worker_id in list(self._parked.items()):
+            try:
+                self._workers.call("DELETE", f"/workers/{worker_id}")
+                log.info("router.smg.left_parked", tier=tier, seconds=PARK_SETTLE_S)
+            except AdapterError as exc:
+                log.warning("router.smg.left_parked_failed", tier=tier, error=str(exc))
+        self._parked.clear()
         super().close()
         if self._parking is not None:
             self._parking.close()
@@ -260,19 +279,23 @@ class SmgRouter(RouterHttp):
         for worker in workers:
             self._remove(worker)
 
+    def in_flight(self, tier: str, url: str) -> int | None:
+        """smg's `load` of the worker at `url` (None once it is removed, which is at once for
+        the workers this adapter registers: the drain counts with the engine's own figure)."""
+        worker = self._workers.at(url)
+        return None if worker is None else worker.load
+
     def _park(self, tier: str, alias: str) -> None:
         """Register `alias` on a worker at the parking responder (best effort: without it the
         window answers 404, as smg does for an alias nobody serves)."""
         if self._parking is None:
             self._parking = ParkingResponder()
-        url = self._parking.url
-        if self._workers.at(url) is not None:
-            return
+        url = f"{self._parking.url}/parked/{uuid.uuid4().hex}"
         body: JSONObject = {
             "url": url,
             "models": [{"id": alias}],
             "labels": {PARKED_LABEL: tier},
-            "health": {"drain_settle_secs": 0},
+            "health": {"drain_settle_secs": PARK_SETTLE_S},
         }
         response = self._workers.call("POST", "/workers", json=body)
         if response.status_code not in (200, 201, 202):
@@ -283,19 +306,29 @@ class SmgRouter(RouterHttp):
         except TransientError as exc:
             log.warning("router.smg.park_not_listed", tier=tier, error=str(exc))
             return
+        parked = self._workers.at(url)
+        if parked is not None:
+            self._parked[tier] = parked.id
         log.info("router.smg.parked", tier=tier, alias=alias, url=url)
 
     def _unpark(self, tier: str) -> None:
-        """Remove the tier's parked workers (no wait: their URLs are never a serve's)."""
-        for worker in self._workers.listed():
-            if worker.parked == tier:
+        """Remove the tier's parked workers: a DELETE drains one, a second removes it at once."""
+        parked = [w for w in self._workers.listed() if w.parked == tier]
+        for worker in parked:
+            for _ in range(1 if worker.draining else 2):
                 self._workers.call("DELETE", f"/workers/{worker.id}")
-                log.info("router.smg.unparked", tier=tier, url=worker.url)
-
-    def in_flight(self, tier: str, url: str) -> int | None:
-        """smg's `load` of the worker at `url` (listed while it drains; None once removed)."""
-        worker = self._workers.at(url)
-        return None if worker is None else worker.load
+            log.info("router.smg.unparked", tier=tier, url=worker.url)
+        self._parked.pop(tier, None)
+        if parked:
+            gone = {w.url for w in parked}
+            try:
+                self._wait(
+                    lambda: not any(w.url in gone for w in self._workers.listed()),
+                    self._appear_timeout_s,
+                    f"tier {tier}'s parked worker removed",
+                )
+            except TransientError as exc:
+                log.warning("router.smg.unpark_slow", tier=tier, error=str(exc))
 
     def readmit(
         self,

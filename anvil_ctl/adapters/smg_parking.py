@@ -2,13 +2,14 @@
 
 smg answers `404 model_not_found` (which the official clients do not retry) once no worker
 serves an alias, and `503 no_available_workers` with `Retry-After: 1` while some registered
-worker serves it but none is available. So when a tier drains, its aliases are registered
-on a worker of their own (label `anvil.parked`) at this responder, a loopback HTTP server in
-the controller's process: smg's health checks pass, and every request it is sent is answered
-`503` with `Retry-After: 1`. When the controller exits with the tier still drained (a
-committed `load`: the candidate is reached directly until `promote`), the responder goes with
-it, smg reads the parked worker unhealthy, and keeps answering 503 for the alias. Readmission
-removes the parked worker once the serve's own worker is listed healthy.
+worker serves it but none is available. So when a tier drains, its alias is registered on a
+worker of its own (label `anvil.parked`) at this responder, a loopback HTTP server in the
+controller's process, under a path of its own (`/parked/<id>`: no two parked workers share a
+URL, so no removal smg still has pending for one can take another). smg's health checks pass,
+and every request it is sent is answered `503` with `Retry-After: 1`. The smg adapter
+removes the parked worker at readmission; a controller that exits with the tier still
+drained (a committed `load`: the candidate is reached directly until `promote`) DELETEs it
+first, and smg keeps it draining, answering 503 itself, for the worker's drain time.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        if self.path.startswith("/v1/models"):
+        path = self.path.split("?", 1)[0]
+        if path.endswith("/v1/models"):
             self._send(200, b'{"object":"list","data":[{"id":"anvil-parked","object":"model"}]}')
-        elif self.path.startswith("/health"):
+        elif path.endswith("/health"):
             self._send(200, b'{"status":"ok"}')
         else:
             self._send(404, b'{"error":{"message":"not found"}}')

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
-from anvil_ctl.adapters.smg import SmgRouter
+from anvil_ctl.adapters.smg import PARK_SETTLE_S, SmgRouter
 from anvil_ctl.adapters.smg_parking import ParkingResponder
 from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, PARKED_LABEL, TIER_LABEL
 from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
@@ -281,7 +281,7 @@ class TestSmgRouterRegistration:
         smg.at(0.01, lambda: seen.append([w.url for w in smg.workers]))
         make_router(smg).drain("primary-local")
         (parked,) = [w for w in smg.workers if w.labels.get(PARKED_LABEL) == "primary-local"]
-        assert parked.models == [ALIAS] and parked.drain_s == 0
+        assert parked.models == [ALIAS] and parked.drain_s == PARK_SETTLE_S
         assert seen == [[BACKEND, parked.url]]  # parked before the tier's worker went
 
     def test_readmission_removes_the_parked_worker(self, smg):
@@ -290,6 +290,15 @@ class TestSmgRouterRegistration:
         router.drain("primary-local")
         readmit(router)
         assert [w.url for w in smg.workers] == [BACKEND]
+
+    def test_a_process_ending_with_the_tier_parked_leaves_smg_answering_503_itself(self, smg):
+        smg.add()
+        router = make_router(smg)
+        router.drain("primary-local")
+        router.close()
+        (parked,) = smg.workers
+        assert parked.draining and PARKED_LABEL in parked.labels  # unavailable: smg answers 503
+        assert router_calls(smg, "DELETE", "/workers/") == 2  # the serve's worker, then the parked one
 
     def test_a_removal_that_never_finishes_is_transient(self, smg):
         smg.add()
@@ -435,7 +444,7 @@ class TestSmgRouterRemovalHold:
         router.drain(TIER)
         assert worker not in smg.workers and smg.removals  # gone at once; a removal still queued
         readmit(router)  # nobody asked: the early landing of our own DELETE is the reason
-        assert smg.removals == []
+        assert [r for r in smg.removals if r[1] == BACKEND] == []  # the parked URL's is its own
         # The parked alias, then the hidden removal took the first registration.
         assert router_calls(smg, "POST", "/workers") == 3
         assert stays_routed(smg, router, 10)
@@ -448,7 +457,7 @@ class TestSmgRouterRemovalHold:
         smg.delete(worker)  # someone's second DELETE: gone at once, our removal still queued
         assert serving(smg) == [] and smg.jobs == {} and smg.removals
         readmit(router)  # nothing visible is pending: our own unlanded DELETE is the reason
-        assert smg.removals == []
+        assert [r for r in smg.removals if r[1] == BACKEND] == []  # the parked URL's is its own
         # The parked alias, then our late removal took the first registration.
         assert router_calls(smg, "POST", "/workers") == 3
         assert stays_routed(smg, router, 10)
