@@ -91,8 +91,6 @@ class StubState:
         """Count a completion in and return how many others began before it; None once
         --exit-after's budget is used up or a late `exit` stopped the engine."""
         with self.lock:
-            if self.stop.is_set():
-                return False
             limit = self.options.exit_after
             if (limit is not None and self.completions_started >= limit) or self.stop.is_set():
                 return None
