@@ -15,7 +15,8 @@ from typing import TypedDict
 from sqlalchemy import String, literal, or_, select
 
 from anvil_ctl.persistence import projection
-from anvil_ctl.persistence.models import GpuMode, GpuOwnerCurrent, GpuOwnershipEvent
+from anvil_ctl.persistence.current_models import GpuOwnerCurrent
+from anvil_ctl.persistence.models import GpuMode, GpuOwnershipEvent
 from anvil_ctl.persistence.store import Store, utcnow
 
 

@@ -24,13 +24,12 @@ from anvil_ctl.persistence import rechecks
 from anvil_ctl.persistence.chainwalk import Refs
 from anvil_ctl.persistence.models import HISTORY_TABLES
 from tests.unit.fakehost import FakeHost
-from tests.unit.rawjournal import JournalRow
 
 
 @contextmanager
 def sql(host: FakeHost) -> Iterator[sqlite3.Connection]:
     con = sqlite3.connect(host.settings.state_dir / "anvil.db")
-    con.row_factory = JournalRow
+    con.row_factory = sqlite3.Row
     try:
         yield con
         con.commit()
@@ -216,7 +215,7 @@ class TestCost:
 class TestTheRefIndex:
     """What a full walk holds per covered row: dense integer keys in arrays, the rest in a dict."""
 
-    D1, D2 = bytes(range(32)), bytes(range(1, 33))
+    D1, D2 = bytes(range(16)), bytes(range(1, 17))
 
     def test_keys_come_back_with_their_digest_and_entry_once(self) -> None:
         refs = Refs()

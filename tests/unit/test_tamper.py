@@ -17,6 +17,7 @@ import json
 import logging
 import shutil
 import sqlite3
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,13 +38,11 @@ from anvil_ctl.core.model import ShmMark, canonical_json
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.waivers import Waiver
 from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, shm_ledger, waivers
-from anvil_ctl.persistence.audit import GENESIS, entry_hash
-from anvil_ctl.persistence.coltypes import unpack
+from anvil_ctl.persistence.audit import GENESIS, LINK_TAG, compact_digest, entry_hash
 from anvil_ctl.persistence.coverage import COVERED, UncoveredRows, row_digest
 from anvil_ctl.persistence.models import HISTORY_TABLES, RecheckRow
 from anvil_ctl.persistence.store import Store
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
-from tests.unit.rawjournal import JournalRow
 
 T0 = datetime(2026, 9, 2, 12, 0, tzinfo=UTC)
 
@@ -57,7 +56,7 @@ EDIT_COLUMN = {
     "gpu_ownership_events": "container_id",
     "evidence_manifests": "sha256",
     "audit_checkpoints": "mode",
-    "snapshot_blobs": "at",  # its one other column, the body, is packed; `at` compact (0013)
+    "snapshot_blobs": "at",  # its one other column, the body, is compressed
 }
 
 
@@ -186,7 +185,7 @@ class Attacker:
     @contextmanager
     def sql(self) -> Iterator[sqlite3.Connection]:
         con = sqlite3.connect(self.db)
-        con.row_factory = JournalRow  # the attacker knows the journal's storage format
+        con.row_factory = sqlite3.Row
         try:
             yield con
             con.commit()
@@ -257,11 +256,11 @@ class Attacker:
 
     def _set_digest(self, con: sqlite3.Connection, table: str, key: Any) -> int:
         raw = con.execute(f"SELECT * FROM {table} WHERE {self.pk(table)} = ?", (key,)).fetchone()
-        # The attacker knows the storage format: a packed JSON body digests as its text.
-        row = {k: unpack(v) if isinstance(v, bytes) else v for k, v in dict(raw).items()}
+        # The attacker knows the storage format: a compressed JSON body digests as its text.
+        row = {k: zlib.decompress(v).decode() if isinstance(v, bytes) else v for k, v in dict(raw).items()}
         entry = self.entry_covering(con, table, key)
         refs = [
-            [t, k, row_digest(COVERED[t], row) if (t, k) == (table, key) else d]
+            [t, k, compact_digest(row_digest(COVERED[t], row)) if (t, k) == (table, key) else d]
             for t, k, d in json.loads(entry["rows_json"])
         ]
         con.execute(
@@ -282,9 +281,11 @@ class Attacker:
                 event=e["event"],
                 payload=e["payload_json"],
                 rows=e["rows_json"],
+                host=e["host_id"],
             )
             con.execute(
-                "UPDATE audit_journal SET prev_hash = ?, hash = ? WHERE id = ?", (prev, digest, e["id"])
+                "UPDATE audit_journal SET prev_hash = ?, hash = ? WHERE id = ?",
+                (prev[:LINK_TAG], digest, e["id"]),
             )
             prev = digest
 
