@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import limit_waits, mutating, run_plan
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import Identity
@@ -20,7 +20,7 @@ from anvil_ctl.persistence.queries import Revision
 
 
 def promote(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     approved_by: str,
@@ -29,18 +29,18 @@ def promote(
     accept_drift: DriftAcceptance | None = None,
     timeout_s: float | None = None,
 ) -> Outcome:
-    ctx.config.slot(slot)
+    app.config.slot(slot)
     approved_by = require("--approved-by", check_person, approved_by)
-    limit_waits(ctx, timeout_s)
+    limit_waits(app, timeout_s)
     tx_id = str(uuid.uuid4())
     if not dry_run:
         # First: the real client imports while the world is built, and while guards,
         # snapshot and readmission run; the child holds none of the world's connections.
-        ctx.warm_acceptance()
-        ctx.world()
-    with mutating(ctx, "promote", tx_id, dry_run=dry_run) as lock:
+        app.warm_acceptance()
+        app.world()
+    with mutating(app, "promote", tx_id, dry_run=dry_run) as lock:
         return _promote_locked(
-            ctx,
+            app,
             slot=slot,
             approved_by=approved_by,
             candidate=candidate,
@@ -52,7 +52,7 @@ def promote(
 
 
 def _promote_locked(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     approved_by: str,
@@ -62,7 +62,7 @@ def _promote_locked(
     accept_drift: DriftAcceptance | None,
     lock: HostLock | None,
 ) -> Outcome:
-    cand = ctx.store.current_identity(slot, "candidate")
+    cand = app.store.current_identity(slot, "candidate")
     if cand is None:
         raise BadInput(f"slot {slot}: no candidate has been loaded", field="candidate")
     if candidate and not (
@@ -75,16 +75,16 @@ def _promote_locked(
             f"({cand.container_id[:12]}, {cand.served_model})",
             field="candidate",
         )
-    decision = standing_decision(ctx.store, cand.qualification_digest)
+    decision = standing_decision(app.store, cand.qualification_digest)
     args = PromoteArgs(
         slot=slot,
         candidate=cand,
-        incumbent=ctx.store.current_identity(slot, "incumbent"),
+        incumbent=app.store.current_identity(slot, "incumbent"),
         decision_id=str(decision["id"]) if decision else None,
         approved_by=approved_by,
         accept_drift=accept_drift,
     )
-    return run_plan(ctx, "promote", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
+    return run_plan(app, "promote", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 
 
 def _check_to(ref: str) -> str:
@@ -104,12 +104,12 @@ def is_revision(ref: str) -> bool:
     return ref.isdigit() and len(ref) < 8
 
 
-def resolve_to(ctx: Context, slot: str, ref: str) -> Identity:
+def resolve_to(app: App, slot: str, ref: str) -> Identity:
     """What `rollback --to REF` brings back: the serve a revision left (`audit history --slot`),
     the serve a transaction left (ID or prefix), or a recorded identity by container ID,
     identity digest or served model. A prefix naming two different serves is refused."""
     if is_revision(ref):
-        count, revisions = queries.slot_revisions(ctx.store, slot, ctx.store.host, number=int(ref))
+        count, revisions = queries.slot_revisions(app.store, slot, app.store.host, number=int(ref))
         if not revisions:
             raise BadInput(f"--to {ref}: slot {slot} has revisions 1..{count}", field="to")
         (rev,) = revisions
@@ -119,9 +119,9 @@ def resolve_to(ctx: Context, slot: str, ref: str) -> Identity:
                 "back; expected a committed adopt, load, promote or rollback",
                 field="to",
             )
-        return _identity(ctx, rev, f"revision {ref}")
-    by_tx = queries.slot_revisions_of(ctx.store, slot, ctx.store.host, ref)
-    by_ref = ctx.store.identity_by_ref(slot, ref)
+        return _identity(app, rev, f"revision {ref}")
+    by_tx = queries.slot_revisions_of(app.store, slot, app.store.host, ref)
+    by_ref = app.store.identity_by_ref(slot, ref)
     if len(by_tx) > 1:
         raise BadInput(f"--to {ref!r}: names transactions {[r['tx_id'] for r in by_tx]}", field="to")
     if by_tx:
@@ -132,7 +132,7 @@ def resolve_to(ctx: Context, slot: str, ref: str) -> Identity:
                 "serve to bring back",
                 field="to",
             )
-        found = _identity(ctx, rev, f"transaction {rev['tx_id']}")
+        found = _identity(app, rev, f"transaction {rev['tx_id']}")
         if by_ref is not None and by_ref.digest != found.digest:
             raise BadInput(
                 f"--to {ref!r}: names transaction {rev['tx_id']} and container "
@@ -147,18 +147,18 @@ def resolve_to(ctx: Context, slot: str, ref: str) -> Identity:
     return by_ref
 
 
-def _identity(ctx: Context, rev: Revision, what: str) -> Identity:
+def _identity(app: App, rev: Revision, what: str) -> Identity:
     """The serve revision `rev` left, read through its transaction's identity rows (a search:
     by its digest, the newest identity naming it was a walk back to it, 0.45 s for revision 3 at
     100k transactions)."""
     serve = rev["serve"]
-    found = ctx.store.identity_of(rev["tx_id"], serve["role"]) if serve is not None else None
+    found = app.store.identity_of(rev["tx_id"], serve["role"]) if serve is not None else None
     if found is None:  # the identity row came from the same history: only a cut record gets here
         raise BadInput(f"--to: the identity {what} recorded is not in the record", field="to")
     return found
 
 
-def recorded_snapshot(ctx: Context, target: Identity) -> str | None:
+def recorded_snapshot(app: App, target: Identity) -> str | None:
     """The SHA-256 of the newest recorded snapshot in which `target` served the slot as its
     incumbent (the plan reads its body from the record).
 
@@ -166,12 +166,12 @@ def recorded_snapshot(ctx: Context, target: Identity) -> str | None:
     binding answering with its served model. Snapshots taken while it was stopped
     (a campaign of several loads) do not count.
     """
-    found = ctx.store.served_snapshot(target)
+    found = app.store.served_snapshot(target)
     return found[0] if found else None
 
 
 def rollback(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     to: str | None = None,
@@ -179,23 +179,23 @@ def rollback(
     dry_run: bool = False,
     timeout_s: float | None = None,
 ) -> Outcome:
-    ctx.config.slot(slot)
+    app.config.slot(slot)
     if to:
         _check_to(to)
-    limit_waits(ctx, timeout_s)
+    limit_waits(app, timeout_s)
     members: tuple[str, ...] | None = None
     if restore_group is not None:
-        if restore_group not in ctx.config.restore_groups:
+        if restore_group not in app.config.restore_groups:
             raise BadInput(
                 f"--restore-group {restore_group!r}: not in the host config's restore_groups "
-                f"({sorted(ctx.config.restore_groups)})",
+                f"({sorted(app.config.restore_groups)})",
                 field="restore_group",
             )
-        members = tuple(ctx.config.restore_groups[restore_group])
+        members = tuple(app.config.restore_groups[restore_group])
     tx_id = str(uuid.uuid4())
-    with mutating(ctx, "rollback", tx_id, dry_run=dry_run) as lock:
+    with mutating(app, "rollback", tx_id, dry_run=dry_run) as lock:
         return _rollback_locked(
-            ctx,
+            app,
             slot=slot,
             to=to,
             restore_group=restore_group,
@@ -207,7 +207,7 @@ def rollback(
 
 
 def _rollback_locked(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     to: str | None,
@@ -217,17 +217,17 @@ def _rollback_locked(
     tx_id: str,
     lock: HostLock | None,
 ) -> Outcome:
-    world = ctx.world()
+    world = app.world()
     target: Identity | None
     if to:
-        target = resolve_to(ctx, slot, to)
+        target = resolve_to(app, slot, to)
     else:
         # After a load the incumbent is stopped: restore it. After a promote the incumbent
         # serves: go back to the recorded rollback identity.
-        incumbent = ctx.store.current_identity(slot, "incumbent")
+        incumbent = app.store.current_identity(slot, "incumbent")
         serving_incumbent = incumbent is not None and is_running(world, incumbent.container_id)
-        target = ctx.store.current_identity(slot, "rollback") if serving_incumbent else incumbent
-    current, role = _serving_now(ctx, world, slot, target)
+        target = app.store.current_identity(slot, "rollback") if serving_incumbent else incumbent
+    current, role = _serving_now(app, world, slot, target)
     args = RollbackArgs(
         slot=slot,
         target=target,
@@ -236,17 +236,15 @@ def _rollback_locked(
         current_routed=role == "incumbent",
         restore_group=restore_group,
         restore_group_members=members,
-        recorded_sha256=recorded_snapshot(ctx, target) if target else None,
+        recorded_sha256=recorded_snapshot(app, target) if target else None,
     )
-    return run_plan(ctx, "rollback", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
+    return run_plan(app, "rollback", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 
 
-def _serving_now(
-    ctx: Context, world: World, slot: str, target: Identity | None
-) -> tuple[Identity | None, str]:
+def _serving_now(app: App, world: World, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
     """What serves the slot now (to be stopped and retained), and its recorded role."""
     for role in ("incumbent", "candidate"):
-        ident = ctx.store.current_identity(slot, role)
+        ident = app.store.current_identity(slot, role)
         if (
             ident
             and (target is None or ident.container_id != target.container_id)

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.evidence import (  # re-exported: the CLI and tests find them here
     EvidenceAudit,
     audit_decisions,
@@ -82,20 +82,20 @@ class QualifyOutcome:
         }
 
 
-def candidate_recipe(ctx: Context, world: World, ident: Identity) -> Recipe | None:
+def candidate_recipe(app: App, world: World, ident: Identity) -> Recipe | None:
     """The candidate's recipe, if the recipe file still is the one that was loaded."""
     try:
         name = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE)
         if not name:
             return None
-        recipe = load_recipe(resolve_recipe_path(name, recipe_search(ctx)))
+        recipe = load_recipe(resolve_recipe_path(name, recipe_search(app)))
     except AnvilError:
         return None
     return recipe if recipe_digest(recipe) == ident.recipe_digest else None
 
 
 def qualify_slot(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     profile: str | None = None,
@@ -110,10 +110,10 @@ def qualify_slot(
     """
     if timeout_s is not None:
         timeout_s = require("--timeout", check_duration, timeout_s)
-    world = ctx.world()
-    ctx.config.slot(slot)
-    ident = ctx.store.current_identity(slot, "candidate")
-    recipe = candidate_recipe(ctx, world, ident) if ident else None
+    world = app.world()
+    app.config.slot(slot)
+    ident = app.store.current_identity(slot, "candidate")
+    recipe = candidate_recipe(app, world, ident) if ident else None
     chosen = profile or (recipe.profile if recipe else None)
     if ident is not None and chosen is None:
         raise BadInput(
@@ -133,23 +133,23 @@ def qualify_slot(
     )
     plan = qualify_plan.build(args, world)
     plan.memo.progress, plan.memo.now = progress, now
-    plan.memo.secrets = router_secrets(ctx)
+    plan.memo.secrets = router_secrets(app)
     # Non-mutating: no host lock, but journaled like every transaction.
-    engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
+    engine = TransactionEngine(app.store, app.owner, faults=app.faults)
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
     step = outcome.results.get("record-decision") or {}
     decision_id, reclassified_id = step.get("decision_id"), step.get("reclassified_id")
     return QualifyOutcome(
         outcome=outcome,
         result=plan.memo.result,
-        decision=_decision_of(ctx, decision_id, slot),
-        reclassified=_decision_of(ctx, reclassified_id, slot),
+        decision=_decision_of(app, decision_id, slot),
+        reclassified=_decision_of(app, reclassified_id, slot),
     )
 
 
-def _decision_of(ctx: Context, decision_id: object, slot: str) -> DecisionRecord | None:
+def _decision_of(app: App, decision_id: object, slot: str) -> DecisionRecord | None:
     """The decision `decision_id` names when it is one of `slot`'s, else None."""
-    found = qualification.decision(ctx.store, decision_id) if isinstance(decision_id, str) else None
+    found = qualification.decision(app.store, decision_id) if isinstance(decision_id, str) else None
     return found if found is not None and found["slot"] == slot else None
 
 
@@ -221,12 +221,12 @@ class AbOutcome:
         }
 
 
-def resolve_arm(ctx: Context, world: World, ref: str) -> AbArm:
+def resolve_arm(app: App, world: World, ref: str) -> AbArm:
     """The loaded candidate (of any slot) that `ref` names: recipe name, served model or
     container ID prefix (12+ characters); BadInput naming the arm when none or several match."""
     found: list[Identity] = []
-    for slot in sorted(ctx.config.slots):
-        ident = ctx.store.current_identity(slot, "candidate")
+    for slot in sorted(app.config.slots):
+        ident = app.store.current_identity(slot, "candidate")
         if ident is None:
             continue
         try:
@@ -246,21 +246,21 @@ def resolve_arm(ctx: Context, world: World, ref: str) -> AbArm:
     return AbArm(name=ref, identity=found[0])
 
 
-def qualify_ab(ctx: Context, *, slot: str, arms: Sequence[str], profile: str | None = None) -> AbOutcome:
+def qualify_ab(app: App, *, slot: str, arms: Sequence[str], profile: str | None = None) -> AbOutcome:
     """Run the matched A/B control of two loaded candidates (see `anvil_ctl.engine.plans.ab`)."""
     if len(arms) != 2 or arms[0] == arms[1]:
         raise BadInput(f"--ab: expected two different arms, got {list(arms)}", field="ab")
-    world = ctx.world()
-    ctx.config.slot(slot)
+    world = app.world()
+    app.config.slot(slot)
     chosen = profile or "ab-control"
     loaded, _ = ab_plan.load_ab_profile(chosen)
     args = AbArgs(
         slot=slot,
-        arms=(resolve_arm(ctx, world, arms[0]), resolve_arm(ctx, world, arms[1])),
+        arms=(resolve_arm(app, world, arms[0]), resolve_arm(app, world, arms[1])),
         profile=loaded.source or loaded.name,
     )
     plan = ab_plan.build(args, world)
-    engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
+    engine = TransactionEngine(app.store, app.owner, faults=app.faults)
     outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
     compared = outcome.results.get("compare")
     comparison = None
@@ -273,10 +273,10 @@ def qualify_ab(ctx: Context, *, slot: str, arms: Sequence[str], profile: str | N
 
 
 def reclassify_decisions(
-    ctx: Context, *, slot: str | None = None, now: datetime | None = None
+    app: App, *, slot: str | None = None, now: datetime | None = None
 ) -> ReclassifyReport:
     """Re-judge every stored raw decision (of `slot`) under the waivers active `now`."""
-    return reclassify.reclassify_decisions(ctx.world(), slot=slot, now=now)
+    return reclassify.reclassify_decisions(app.world(), slot=slot, now=now)
 
 
 __all__ = [

@@ -6,7 +6,7 @@ import uuid
 from dataclasses import replace
 from typing import TypedDict
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recipes as recipe_cmds
 from anvil_ctl.commands.transactions import limit_waits, run_plan
 from anvil_ctl.commands.transactions import load as load_tx
@@ -18,13 +18,13 @@ from anvil_ctl.engine.plans.unload import removal_problem
 from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
 
 
-def candidate_from_recipe(ctx: Context, ref: str, slot: str, tx_id: str) -> Candidate:
-    path = recipe_cmds.resolve_recipe_path(ref, recipe_cmds.recipe_search(ctx))
+def candidate_from_recipe(app: App, ref: str, slot: str, tx_id: str) -> Candidate:
+    path = recipe_cmds.resolve_recipe_path(ref, recipe_cmds.recipe_search(app))
     recipe = load_recipe(path)
     check_runnable(recipe)
-    slot_cfg = ctx.config.slot(slot)
+    slot_cfg = app.config.slot(slot)
     spec = container_spec(
-        recipe, slot_name=slot, slot=slot_cfg, host_config=ctx.config, recipe_path=path, tx_id=tx_id
+        recipe, slot_name=slot, slot=slot_cfg, host_config=app.config, recipe_path=path, tx_id=tx_id
     )
     # The simulated GPU probe and operators find a serve's endpoint by this label.
     spec = replace(spec, labels=(*spec.labels, ("io.anvil.binding", slot_cfg.binding)))
@@ -48,7 +48,7 @@ def candidate_from_recipe(ctx: Context, ref: str, slot: str, tx_id: str) -> Cand
 
 
 def load(
-    ctx: Context,
+    app: App,
     ref: str,
     *,
     slot: str,
@@ -57,10 +57,10 @@ def load(
     timeout_s: float | None = None,
 ) -> Outcome:
     """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline)."""
-    limit_waits(ctx, timeout_s)
+    limit_waits(app, timeout_s)
     tx_id = str(uuid.uuid4())
-    cand = candidate_from_recipe(ctx, ref, slot, tx_id)
-    return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift)
+    cand = candidate_from_recipe(app, ref, slot, tx_id)
+    return load_tx(app, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift)
 
 
 class WouldRemove(TypedDict):
@@ -78,14 +78,14 @@ class ManagedContainer(TypedDict):
 
 
 def unload(
-    ctx: Context, container_id: str, *, yes: bool = False, remove_residue: bool = False
+    app: App, container_id: str, *, yes: bool = False, remove_residue: bool = False
 ) -> Outcome | WouldRemove:
     """Remove a candidate container this controller created (the `unload` plan).
 
     Without `yes` nothing runs: the answer says what would be removed, after the same
     checks the plan's guard makes.
     """
-    world = ctx.world()
+    world = app.world()
     try:
         info = world.runtime.inspect(container_id)
     except NotFound:
@@ -98,11 +98,11 @@ def unload(
     args = UnloadArgs(
         container_id=info.id, slot=info.labels.get(LABEL_SLOT, ""), remove_residue=remove_residue
     )
-    return run_plan(ctx, "unload", args, dry_run=False)
+    return run_plan(app, "unload", args, dry_run=False)
 
 
-def managed_candidates(ctx: Context) -> list[ManagedContainer]:
-    world = ctx.world()
+def managed_candidates(app: App) -> list[ManagedContainer]:
+    world = app.world()
     return [
         {"container_id": c.id, "name": c.name, "status": c.status}
         for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_ROLE: "candidate"})

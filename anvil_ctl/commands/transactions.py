@@ -1,6 +1,6 @@
 """Commands that run transactions: adopt, load, recover; and the lock commands.
 
-Each takes the command Context, holds the host lock for its whole life, and
+Each takes the command App, holds the host lock for its whole life, and
 returns an Outcome (or a report) for the CLI to render.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TypedDict
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.model import Identity
@@ -24,7 +24,6 @@ from anvil_ctl.core.validate import (
     check_text,
     require,
 )
-from anvil_ctl.engine.context import observe_context
 from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.observe import serving
 from anvil_ctl.engine.outcome import Outcome
@@ -32,12 +31,13 @@ from anvil_ctl.engine.plans import KINDS
 from anvil_ctl.engine.plans.args import AdoptArgs, Candidate, DriftAcceptance, LoadArgs, PlanArgs
 from anvil_ctl.engine.recover import RecoverReport, recover
 from anvil_ctl.engine.runner import TransactionEngine
+from anvil_ctl.engine.served_context import observe_context
 from anvil_ctl.engine.serving import is_running
 from anvil_ctl.persistence.locks import release_row
 
 
 def run_plan(
-    ctx: Context,
+    app: App,
     kind: str,
     args: PlanArgs,
     *,
@@ -47,9 +47,9 @@ def run_plan(
 ) -> Outcome:
     """Run a transaction; `lock` when the caller already holds the host lock (see `mutating`),
     whose row is claimed here, once the plan is built from arguments that passed every check."""
-    world = ctx.world()
+    world = app.world()
     plan = KINDS[kind].build(args, world)
-    engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
+    engine = TransactionEngine(app.store, app.owner, faults=app.faults)
     if dry_run:
         return engine.run(plan, world, dry_run=True)
     tx_id = tx_id or str(uuid.uuid4())
@@ -59,20 +59,20 @@ def run_plan(
         return engine.run(plan, world, tx_id=tx_id, opening=lock.claim, closing=lock.release_row)
     if not plan.mutates:
         return engine.run(plan, world, tx_id=tx_id)
-    with HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id):
+    with HostLock(app.store, app.settings.lock_path, app.owner, kind, tx_id):
         return engine.run(plan, world, tx_id=tx_id)
 
 
-def limit_waits(ctx: Context, timeout_s: float | None) -> None:
+def limit_waits(app: App, timeout_s: float | None) -> None:
     """`--timeout`: no forward wait of this command's transaction (health, VRAM release,
     readmission) lasts longer than `timeout_s`; compensation keeps the configured deadlines."""
     if timeout_s is None:
         return
-    ctx.world().wait_limit_s = require("--timeout", check_duration, timeout_s)
+    app.world().wait_limit_s = require("--timeout", check_duration, timeout_s)
 
 
 @contextmanager
-def mutating(ctx: Context, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[HostLock | None]:
+def mutating(app: App, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[HostLock | None]:
     """Hold the host's OS lock while a command reads the state its arguments are built from:
     identities read before the lock could be stale by the time the transaction runs. The
     lock row is claimed by `run_plan`, so bad input found here (exit 2) writes nothing.
@@ -80,7 +80,7 @@ def mutating(ctx: Context, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[
     if dry_run:
         yield None
         return
-    lock = HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, kind, tx_id)
+    lock = HostLock(app.store, app.settings.lock_path, app.owner, kind, tx_id)
     lock.acquire(claim=False)
     try:
         yield lock
@@ -91,7 +91,7 @@ def mutating(ctx: Context, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[
 
 
 def adopt(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     container_id: str,
@@ -113,8 +113,8 @@ def adopt(
     if engine and engine not in ENGINE_PROFILES:
         raise BadInput(f"--engine {engine!r}: expected one of {sorted(ENGINE_PROFILES)}", field="engine")
     profile = engine_profile(engine)
-    world = ctx.world()
-    slot_cfg = ctx.config.slot(slot)
+    world = app.world()
+    slot_cfg = app.config.slot(slot)
     try:
         info = world.runtime.inspect(container_id)
     except NotFound:
@@ -154,11 +154,11 @@ def adopt(
         container_name=info.name,
         engine_profile=engine,
     )
-    return run_plan(ctx, "adopt", AdoptArgs(slot=slot, identity=ident), dry_run=dry_run)
+    return run_plan(app, "adopt", AdoptArgs(slot=slot, identity=ident), dry_run=dry_run)
 
 
 def load(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     candidate: Candidate,
@@ -166,11 +166,11 @@ def load(
     tx_id: str | None = None,
     accept_drift: DriftAcceptance | None = None,
 ) -> Outcome:
-    world = ctx.world()
-    ctx.config.slot(slot)
+    world = app.world()
+    app.config.slot(slot)
     tx_id = tx_id or str(uuid.uuid4())
-    with mutating(ctx, "load", tx_id, dry_run=dry_run) as lock:
-        incumbent = ctx.store.current_identity(slot, "incumbent")
+    with mutating(app, "load", tx_id, dry_run=dry_run) as lock:
+        incumbent = app.store.current_identity(slot, "incumbent")
         args = LoadArgs(
             slot=slot,
             candidate=candidate,
@@ -178,32 +178,32 @@ def load(
             incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
             accept_drift=accept_drift,
         )
-        return run_plan(ctx, "load", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
+        return run_plan(app, "load", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 
 
-def recover_all(ctx: Context) -> RecoverReport:
-    world = ctx.world()
-    lock = HostLock(ctx.store, ctx.settings.lock_path, ctx.owner, "recover")
+def recover_all(app: App) -> RecoverReport:
+    world = app.world()
+    lock = HostLock(app.store, app.settings.lock_path, app.owner, "recover")
     stale = lock.acquire(take_over_dead=True)
     try:
-        report = recover(ctx.store, ctx.owner, world, faults=ctx.faults)
+        report = recover(app.store, app.owner, world, faults=app.faults)
         # A dead owner's lock row goes only once nothing it left is unresolved: not after this
         # run's failures, and not while an earlier run's transaction still waits for a person.
-        left = {(r.owner.pid, r.owner.hostname, r.owner.boot_id) for r in ctx.store.unresolved()}
+        left = {(r.owner.pid, r.owner.hostname, r.owner.boot_id) for r in app.store.unresolved()}
         for dead in stale:
             if (dead.pid, dead.host, dead.boot_id) in left:
                 report.skipped.append({"lock_id": dead.id, "why": "its owner left unresolved transactions"})
                 continue
-            release_row(ctx.store, dead.id, how="recovered", by=f"recover pid {ctx.owner.pid}")
+            release_row(app.store, dead.id, how="recovered", by=f"recover pid {app.owner.pid}")
             report.released_locks.append(dead.as_dict())
     finally:
         lock.release()
     return report
 
 
-def lock_status(ctx: Context) -> list[Mapping[str, object]]:
+def lock_status(app: App) -> list[Mapping[str, object]]:
     """Every lock row without a release, newest first (`LockInfo.as_dict()`)."""
-    return [h.as_dict() for h in held_locks(ctx.store, ctx.owner)]
+    return [h.as_dict() for h in held_locks(app.store, app.owner)]
 
 
 class LockBroken(TypedDict):
@@ -212,15 +212,15 @@ class LockBroken(TypedDict):
     was: Mapping[str, object]  # the lock row as `lock status` showed it
 
 
-def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> LockBroken:
+def lock_break(app: App, lock_id: str, *, by: str, reason: str) -> LockBroken:
     """Release a lock row by its exact ID (journaled); refuses a live local owner."""
     by = require("--by", check_person, by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
-    for h in held_locks(ctx.store, ctx.owner):
+    for h in held_locks(app.store, app.owner):
         if h.id == lock_id:
             if h.alive:
                 raise BadInput(f"{h.describe()}: the owner is alive; stop it instead", field="lock_id")
-            release_row(ctx.store, lock_id, how="broken", by=by, reason=reason)
+            release_row(app.store, lock_id, how="broken", by=by, reason=reason)
             return {"lock_id": lock_id, "broken": True, "was": h.as_dict()}
     raise BadInput(f"lock {lock_id} is not held", field="lock_id")
 
@@ -229,11 +229,11 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> LockBroke
 Resolved = TypedDict("Resolved", {"tx_id": str, "from": str, "to": str, "resolved_by": str})
 
 
-def resolve(ctx: Context, tx: str, *, by: str, note: str) -> Resolved:
+def resolve(app: App, tx: str, *, by: str, note: str) -> Resolved:
     """A person records that they resolved a transaction that waits for one."""
     by = require("--by", check_person, by)
     note = require("--note", lambda n: check_text(n, multiline=True, empty=False), note)
-    matches = [r for r in ctx.store.unresolved() if r.id.startswith(tx)]
+    matches = [r for r in app.store.unresolved() if r.id.startswith(tx)]
     if len(matches) != 1:
         raise BadInput(f"transaction {tx!r}: no unique unresolved transaction matches", field="transaction")
     rec = matches[0]
@@ -242,5 +242,5 @@ def resolve(ctx: Context, tx: str, *, by: str, note: str) -> Resolved:
             f"transaction {rec.id[:8]} is {rec.state.value}: `anvilctl recover` handles it, not a person",
             field="transaction",
         )
-    ctx.store.transition(rec.id, TxState.COMPENSATED, f"resolved by {by}: {note}", {"resolved_by": by})
+    app.store.transition(rec.id, TxState.COMPENSATED, f"resolved by {by}: {note}", {"resolved_by": by})
     return {"tx_id": rec.id, "from": rec.state.value, "to": "compensated", "resolved_by": by}

@@ -197,7 +197,7 @@ async def qualify(
         if identity.passed and reserve_probe is not None:
             writer.write_json(VRAM_BEFORE, await _vram_reading(reserve_probe))
         if identity.passed:
-            ctx = GateContext(
+            gate_ctx = GateContext(
                 client=client,
                 served_model=served_model,
                 thinking=profile.thinking,
@@ -216,7 +216,7 @@ async def qualify(
                 if end is not None and time.monotonic() >= end:
                     record(index, _timed_out(gate, timeout_s or 0.0))
                     continue
-                record(index, await gate(ctx))
+                record(index, await gate(gate_ctx))
                 died = liveness() if liveness is not None else None
                 if died is not None:
                     record(index + 1, engine_exited(gate.name, died, [g.name for g in gates[index:]]))

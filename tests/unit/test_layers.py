@@ -350,7 +350,7 @@ class TestTheChecker:
         assert [v.imported for v in found] == ["anvil_ctl.testing"]
 
     def test_a_known_violation_masks_only_its_own_import(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        module, prefix = "anvil_ctl.commands.gpu", "anvil_ctl.testing"
+        module, prefix = "anvil_ctl.commands.gpus_and_waivers", "anvil_ctl.testing"
         monkeypatch.setitem(globals(), "KNOWN_VIOLATIONS", frozenset({(module, prefix)}))
         planted = check_source(module, f"import {prefix}\nimport anvil_ctl.cli\n")
         assert [v.imported for v in planted if not _known(v)] == ["anvil_ctl.cli"]

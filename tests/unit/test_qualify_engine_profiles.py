@@ -74,8 +74,8 @@ def run_gate(mock: LlamaLike, gate: Any, **ctx_kw: Any) -> GateResult:
     async def go() -> GateResult:
         transport = httpx.MockTransport(mock.handle)
         async with EngineClient("http://llama.test", transport=transport) as client:
-            ctx = GateContext(client=client, served_model=MODEL, **ctx_kw)
-            result: GateResult = await gate(ctx)
+            gate_ctx = GateContext(client=client, served_model=MODEL, **ctx_kw)
+            result: GateResult = await gate(gate_ctx)
             return result
 
     return asyncio.run(go())

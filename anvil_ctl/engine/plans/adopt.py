@@ -8,7 +8,7 @@ the caller's observation that the container runs and its binding serves one mode
 from __future__ import annotations
 
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
-from anvil_ctl.engine import gpu
+from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import AdoptArgs
 from anvil_ctl.engine.world import World
@@ -19,7 +19,7 @@ Ctx = StepContext[AdoptArgs, World, NoMemo]
 def record_incumbent(ctx: Ctx) -> StepResult:
     ident = ctx.args.identity
     ctx.world.store.record_identity(ctx.tx_id, "incumbent", ident)
-    gpu.record_ownership(ctx.world, ctx.tx_id, ident, None)
+    gpu_ownership.record_ownership(ctx.world, ctx.tx_id, ident, None)
     return {"identity_digest": ident.digest}
 
 

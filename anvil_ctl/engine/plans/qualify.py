@@ -33,12 +33,12 @@ from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerLog, Identity, sha256_hex
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.context import observed_context
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs
+from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import identity_drift, inspect_or_none, profile_of, served_models
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import qualification, waivers
+from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import GateEvidence
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ def record_decision(ctx: Ctx) -> StepResult:
         )
     qualification.record_evidence(world.store, ctx.tx_id, rows)
     now = ctx.memo.now or datetime.now(UTC)
-    active = waivers.waivers(world.store)
+    active = waiver_rows.waivers(world.store)
     decision = result.decision
     raw_id = (
         "dec-"
