@@ -50,7 +50,8 @@ class HostHistory(History):
 
 class Compressed(TypeDecorator[str]):
     """Canonical JSON text stored deflated (zlib). Callers, row digests and `audit verify`
-    see the text; in `sqlite3` the value is a BLOB (`audit show TX` prints it)."""
+    see the text; in `sqlite3` the value is a BLOB (`audit show TX` prints it). A stored value
+    that is not a zlib stream of text reads as `UNREADABLE`, which no digest covers."""
 
     impl = LargeBinary
     cache_ok = True
@@ -61,9 +62,13 @@ class Compressed(TypeDecorator[str]):
     def process_result_value(self, value: object, dialect: Dialect) -> str | None:
         if value is None:
             return None
-        if not isinstance(value, bytes | memoryview):
-            raise TypeError(f"compressed column holds {type(value).__name__}")
-        return zlib.decompress(value).decode()
+        try:
+            return zlib.decompress(value).decode()  # type: ignore[arg-type]
+        except (TypeError, zlib.error, UnicodeDecodeError):
+            return UNREADABLE
+
+
+UNREADABLE = "\x00 not a compressed JSON body"
 
 
 _POSTGRESQL_WHERE = "anvil_postgresql_where"

@@ -252,7 +252,7 @@ def decision(store: Store, decision_id: str) -> DecisionRecord | None:
 
 def reclassifications(store: Store, raw_ids: Collection[str]) -> list[DecisionRecord]:
     """This host's decisions that reclassify one of `raw_ids`, oldest first: through
-    `ix_decisions_reclassifies`, which holds reclassifications only (migration 0021)."""
+    `ix_decisions_reclassifies`, which holds reclassifications only."""
     if not raw_ids:
         return []
     q = (

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
-from anvil_ctl.core.snapshot import changes_from_stored
+from anvil_ctl.core.snapshot import from_patch
 from anvil_ctl.persistence import snapshots
 from anvil_ctl.persistence.models import (
     Host,
@@ -106,7 +106,7 @@ class TransactionDetail(TypedDict):
 
 
 class DiffRecord(TypedDict):
-    """One recorded before/after comparison (`format`: json-patch, or legacy for old rows)."""
+    """One recorded before/after comparison (`format`: json-patch)."""
 
     label: str
     equal: bool
@@ -284,16 +284,16 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
         out: list[DiffRecord] = []
         for r in rows:
             stored = snapshots.stored_changes(r)
-            form, changes = changes_from_stored(stored)
+            changes = from_patch(stored)
             out.append(
                 {
                     "label": r.label,
                     "equal": bool(r.equal),
                     "before_sha256": r.before_sha256,
                     "after_sha256": r.after_sha256,
-                    "format": form,
+                    "format": "json-patch",
                     "changes": [c.as_dict() for c in changes],
-                    "patch": list[JSONValue](stored) if form == "json-patch" else None,
+                    "patch": list[JSONValue](stored),
                 }
             )
         return out

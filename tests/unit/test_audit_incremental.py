@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -87,8 +88,9 @@ class TestCheckpoints:
     def test_a_failed_run_records_no_checkpoint(self, checked: FakeHost) -> None:
         with sql(checked) as con:
             con.execute(
-                "INSERT INTO rechecks (slot, passed, failed_json, assertions_json, snapshot_sha256, at) "
-                "VALUES ('primary', 1, '[]', '[]', '', 'forged')"
+                "INSERT INTO rechecks (slot, passed, failed_json, assertions_json, snapshot_sha256, at, "
+                "host_id) VALUES ('primary', 1, '[]', ?, '', 'forged', 1)",
+                (zlib.compress(b"[]"),),
             )
             checkpoints = con.execute("SELECT count(*) FROM audit_checkpoints").fetchone()[0]
         assert not verify(checked)["ok"]
@@ -112,8 +114,9 @@ class TestWhenTheCheckpointCannotBeTrusted:
     ) -> None:
         with sql(checked) as con:  # INSERT passes the triggers; the journal does not cover it
             con.execute(
-                "INSERT INTO rechecks (slot, passed, failed_json, assertions_json, snapshot_sha256, at) "
-                "VALUES ('primary', 1, '[]', '[]', '', 'forged')"
+                "INSERT INTO rechecks (slot, passed, failed_json, assertions_json, snapshot_sha256, at, "
+                "host_id) VALUES ('primary', 1, '[]', ?, '', 'forged', 1)",
+                (zlib.compress(b"[]"),),
             )
         report = verify(checked)
         assert not report["ok"]
@@ -178,7 +181,7 @@ class TestWhenTheCheckpointCannotBeTrusted:
             counts["audit_checkpoints"] += 1
             con.execute(
                 "INSERT INTO audit_checkpoints (seq, hash, schema_version, counts_json, mode, "
-                "entries_checked, rows_checked, at) VALUES (?, ?, ?, ?, 'full', 0, 0, 'forged')",
+                "entries_checked, rows_checked, at, host_id) VALUES (?, ?, ?, ?, 'full', 0, 0, 'forged', 1)",
                 (seq, digest, version, json.dumps(counts)),
             )
         report = verify(checked)

@@ -190,7 +190,7 @@ class TestBaseline:
     def _schema(self, db: Path) -> list[tuple[str, str, str]]:
         con = sqlite3.connect(db)
         rows = con.execute(
-            "SELECT type, name, sql FROM sqlite_master WHERE name <> 'alembic_version' ORDER BY name"
+            "SELECT type, name, sql FROM sqlite_master WHERE tbl_name <> 'alembic_version' ORDER BY name"
         )
         schema = [(t, n, s or "") for t, n, s in rows]
         con.close()

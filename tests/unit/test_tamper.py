@@ -159,7 +159,8 @@ def verify(host: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     def run(*args: str) -> tuple[int, dict[str, Any]]:
         capsys.readouterr()
         code = cli.main(["audit", "verify", "--json", *args])
-        out = capsys.readouterr().out
+        out, err = capsys.readouterr()
+        assert out.strip(), f"audit verify exited {code} without a report; stderr: {err[-2000:]}"
         return code, json.loads(out)
 
     return run
