@@ -561,10 +561,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
         + " | ".join(
             f"{r['bytes'] / 1e6:,.1f} MB ({r['bytes'] / r['size'] / 1000:,.1f} KB/tx)" for r in results
         )
-        + " | <= 8 KB/tx |",
+        + " | reported (no target) |",
         "| bytes per transaction added since the size before (no fixed schema cost) | "
         + " | ".join(_marginal(results[i - 1], r) if i else "" for i, r in enumerate(results))
-        + " | <= 8 KB/tx |",
+        + " | reported (no target) |",
     ]
     guard_names = sorted(results[0]["guards"])
     worst = [max(r["guards"].items(), key=lambda kv: kv[1]) for r in results]

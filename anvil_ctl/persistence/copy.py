@@ -211,8 +211,3 @@ def _insert_rows(
             copied += 1
         counts[name] = copied
     return counts
-
-
-def covered_tables() -> list[str]:
-    """Every history table the copy carries (the chain's, less `NOT_COPIED`)."""
-    return ["hosts", *ORDER]

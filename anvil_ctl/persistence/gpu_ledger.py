@@ -115,8 +115,6 @@ def transaction_events(store: Store, tx_id: str) -> list[OwnershipEvent]:
     """The ledger events one transaction wrote, in order (what its undo works from)."""
     with store.read() as s:
         rows = s.execute(
-            select(GpuOwnershipEvent)
-            .where(GpuOwnershipEvent.tx_id == tx_id)
-            .order_by(GpuOwnershipEvent.id)
+            select(GpuOwnershipEvent).where(GpuOwnershipEvent.tx_id == tx_id).order_by(GpuOwnershipEvent.id)
         ).scalars()
         return [OwnershipEvent(r.role, r.event, r.container_id, r.tx_id, r.mode, r.slot, r.at) for r in rows]

@@ -199,13 +199,6 @@ class Store:
             head_file.advance(self.head_path, now)
         return now
 
-    def append_audit(self, event: str, tx_id: str | None, payload: Mapping[str, object]) -> None:
-        """Append an audit entry on its own, for an event that has no row of its own."""
-        with self.write() as s:
-            self.audit(s, event, tx_id, payload)
-
-    # -- Journal port -------------------------------------------------------------------------
-
     def begin(
         self,
         *,
