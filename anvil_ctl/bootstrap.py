@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from anvil_ctl.config import HostConfig, Settings, load_host_config
+from anvil_ctl.config.host import HostConfig, load_host_config
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.errors import AuthRejected, ConfigError, CredentialError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer, VramNeed
@@ -97,7 +98,7 @@ class App:
         needs no host config (audit, db) runs without one; a config that exists must be valid."""
         import socket
 
-        from anvil_ctl.config import machine_host_name
+        from anvil_ctl.config.host import machine_host_name
 
         config = self.config if self.settings.config.exists() else None
         if config is not None and config.host:
@@ -160,7 +161,8 @@ class App:
     def gpu_probe(self) -> GpuProbe:
         """The GPU probe the settings choose, without a world: NVML needs no host config."""
         if self.settings.backend == "fake":
-            from anvil_ctl.testing.fakes import FakeGpus, FakeWorld
+            from anvil_ctl.testing.host import FakeGpus
+            from anvil_ctl.testing.world import FakeWorld
 
             return FakeGpus(FakeWorld(self.settings.fake_world_path))
         if self.settings.gpu == "simulated":
@@ -177,11 +179,11 @@ class App:
 
     def warm_acceptance(self) -> None:
         """Fork the real client's worker now (`RealAcceptance.warm`), for a command that runs
-        real-client acceptance later (promote): `openai` (0.6-1.4 s of CPU) imports in the
+        real-client acceptance later (promote): `openai`, slow to import, imports in the
         child, on another core, while this process builds its world, checks, observes and
         readmits. Call it first, before `world()` and the host lock: the child then holds
         neither, nor the world's Docker, router and database connections, and its import
-        starts 0.1-0.25 s earlier (the world's construction; more on a loaded host)."""
+        starts earlier by the world's construction."""
         from anvil_ctl.acceptance_worker import RealAcceptance
 
         if self.settings.backend == "fake":
@@ -255,15 +257,10 @@ def _vram_release(app: App, world: World) -> VramRelease:
 
 def _fake_world(app: App) -> World:
     from anvil_ctl.engine.world import World
-    from anvil_ctl.testing.fakes import (
-        FakeGpus,
-        FakeRouter,
-        FakeRuntime,
-        FakeServerProbe,
-        FakeSharedMemory,
-        FakeWorld,
-        fake_acceptance,
-    )
+    from anvil_ctl.testing.host import FakeGpus, FakeSharedMemory
+    from anvil_ctl.testing.router import FakeRouter, fake_acceptance
+    from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
+    from anvil_ctl.testing.world import FakeWorld
 
     fw = FakeWorld(app.settings.fake_world_path)
     router = FakeRouter(fw) if app.config.router.kind != "none" else None
@@ -288,7 +285,7 @@ def _real_world(app: App) -> World:
 
     simulated = app.settings.gpu == "simulated"
     runtime = DockerRuntime(
-        base_url=app.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia", host=app.host_name
+        base_url=app.settings.docker_host, gpu_mode="simulated" if simulated else "auto", host=app.host_name
     )
     router, acceptance = _router(app)
     world = World(

@@ -69,8 +69,8 @@ from sqlalchemy.orm import Session
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import admin, audit, fleet, lifecycle, transactions
 from anvil_ctl.commands.evidence import audit_decisions
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.guards import Refusal
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.engine.plans.promote import waived_checks
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain

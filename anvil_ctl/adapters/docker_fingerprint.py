@@ -19,6 +19,8 @@ from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.model import LABEL_PREFIX, ContainerSpec, fingerprint_fields
 
 LABEL_GPUS = LABEL_PREFIX + "gpus"
+LABEL_GPU_LIBRARIES = LABEL_PREFIX + "gpu.libraries"
+"""Driver libraries the adapter mounted for a "devices" GPU container: not the spec's mounts."""
 LABEL_ENV_KEYS = LABEL_PREFIX + "spec.env-keys"
 LABEL_DEFAULTS = LABEL_PREFIX + "spec.defaults"
 LABEL_SHM_SIZE = LABEL_PREFIX + "spec.shm-size"
@@ -133,12 +135,19 @@ def inspect_fingerprint_fields(
     defaults = set(text(labels.get(LABEL_DEFAULTS)).split(","))
     spec_keys = {k for k in text(labels.get(LABEL_ENV_KEYS)).split(",") if k}
 
+    adapter_mounts = {t for t in text(labels.get(LABEL_GPU_LIBRARIES)).split(",") if t}
     img_env = _env(img.get("Env"))
     env = {k: v for k, v in _env(cfg.get("Env")).items() if k in spec_keys or img_env.get(k) != v}
     gpus: list[str] = []
     for req in map(obj, arr(hc.get("DeviceRequests"))):
         if ["gpu"] in arr(req.get("Capabilities")):
             gpus.extend(str(d) for d in arr(req.get("DeviceIDs")))
+    if any(
+        re.fullmatch(r"/dev/nvidia\d+", text(d.get("PathInContainer")))
+        for d in map(obj, arr(hc.get("Devices")))
+    ):
+        # GPUs given as device nodes ("devices" mode): the label names them by UUID
+        gpus.extend(u for u in text(labels.get(LABEL_GPUS)).split(",") if u)
     if GPU_ENV in env and GPU_ENV not in spec_keys:
         # simulated GPUs: the adapter put them there, they are not the spec's env
         gpus.extend(u for u in env.pop(GPU_ENV).split(",") if u)
@@ -167,7 +176,7 @@ def inspect_fingerprint_fields(
         command=command,
         entrypoint=[str(e) for e in arr(entrypoint)] if entrypoint is not None else None,
         env=env,
-        mounts=_mounts(hc),
+        mounts=[m for m in _mounts(hc) if m["target"] not in adapter_mounts],
         ports=_ports(hc),
         gpu_uuids=gpus,
         shm_size=shm,

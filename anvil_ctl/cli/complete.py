@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 from click.shell_completion import CompletionItem, get_completion_class
 
-from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example
+from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, settings_from
 from anvil_ctl.places import RECIPES_DIR, process_defaults
 
 PROG = "anvilctl"
@@ -79,7 +79,6 @@ def complete_recipes(
 def _recorded(click_ctx: click.Context, what: str, incomplete: str) -> list[CompletionItem]:
     try:
         from anvil_ctl.bootstrap import App
-        from anvil_ctl.cli.app import settings_from
         from anvil_ctl.commands.audit import completion_ids
 
         app = App(settings=settings_from(_options(click_ctx)), env=dict(os.environ))

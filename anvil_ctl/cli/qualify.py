@@ -12,9 +12,10 @@ from pathlib import Path
 
 import click
 
-from anvil_ctl.cli.complete import complete_slots, complete_transactions
+from anvil_ctl.cli.complete import complete_transactions
+from anvil_ctl.cli.options import slot_option, timeout_option
 from anvil_ctl.cli.params import RECIPE, REF, Text
-from anvil_ctl.cli.session import Reply, Session, example, pass_session, timeout_option
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
 QUALIFY_HELP = """\
@@ -49,13 +50,8 @@ Exit status:
     short_help="Qualify the candidate; record evidence and a decision.",
     epilog=example("anvilctl qualify --slot primary --profile demo --gates vram_reserve"),
 )
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).",
+@slot_option(
+    "The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).", required=True
 )
 @click.option("--profile", type=RECIPE, help="Profile name or TOML path (default: the recipe's profile).")
 @click.option(

@@ -207,7 +207,7 @@ def recheck(r: RecheckResult, out: Out) -> None:
     else:
         verdict = "DRIFT: " + ", ".join(s(f) for f in r.failed)
     recorded = f"recorded as recheck {r.recheck_id}" if r.recheck_id is not None else "NOT recorded"
-    out.line(f"recheck of slot {s(r.slot)}: {verdict} ({recorded})")
+    out.line(f"recheck of slot {s(r.slot)} ({s(r.phase)}): {verdict} ({recorded})")
     if r.audit_head:
         out.line(f"audit head {s(r.audit_head)}")
 

@@ -20,11 +20,11 @@ from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.recipes import recipe_search
 from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
 from anvil_ctl.core.validate import require_limit
+from anvil_ctl.evidence.bundle import ManifestReference, VerifyResult, read_manifest, verify_bundle
+from anvil_ctl.evidence.export import ExportResult, Redaction, export_bundle
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.head import database_file
 from anvil_ctl.persistence.qualification import DecisionRecord, EvidenceRecord
-from anvil_ctl.qualify import Redaction, export_bundle, verify_bundle
-from anvil_ctl.qualify.evidence import ExportResult, ManifestReference, VerifyResult, read_manifest
 from anvil_ctl.qualify.profiles import PROFILES_DIR
 
 

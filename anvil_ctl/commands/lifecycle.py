@@ -7,7 +7,8 @@ import uuid
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import limit_waits, mutating, run_plan
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.model import Identity
+from anvil_ctl.core.identity import Identity
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import Outcome
@@ -178,7 +179,9 @@ def rollback(
     restore_group: str | None = None,
     dry_run: bool = False,
     timeout_s: float | None = None,
+    decided_by: JSONObject | None = None,
 ) -> Outcome:
+    """Bring back a recorded serve; `decided_by` names the policy when no person asked."""
     app.config.slot(slot)
     if to:
         _check_to(to)
@@ -201,6 +204,7 @@ def rollback(
             restore_group=restore_group,
             members=members,
             dry_run=dry_run,
+            decided_by=decided_by,
             tx_id=tx_id,
             lock=lock,
         )
@@ -216,6 +220,7 @@ def _rollback_locked(
     dry_run: bool,
     tx_id: str,
     lock: HostLock | None,
+    decided_by: JSONObject | None = None,
 ) -> Outcome:
     world = app.world()
     target: Identity | None
@@ -237,6 +242,7 @@ def _rollback_locked(
         restore_group=restore_group,
         restore_group_members=members,
         recorded_sha256=recorded_snapshot(app, target) if target else None,
+        decided_by=decided_by,
     )
     return run_plan(app, "rollback", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 

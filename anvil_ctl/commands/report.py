@@ -18,9 +18,10 @@ from typing import TypedDict
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.evidence import evidence_tx_dir
+from anvil_ctl.evidence.bundle import Bundle, ReportInputs
+from anvil_ctl.evidence.plots import require_matplotlib
+from anvil_ctl.evidence.report import render_page
 from anvil_ctl.persistence import approvals, qualification, queries, waiver_rows
-from anvil_ctl.qualify.onepage import Bundle, ReportInputs, render_page
-from anvil_ctl.qualify.plots import require_matplotlib
 
 
 class BundleRef(TypedDict):

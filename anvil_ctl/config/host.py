@@ -117,8 +117,8 @@ class RouterConfig(Strict):
             "smg: how long a readmitted registration must stay listed, admitted and routed, "
             "counted from the start of readmission (and from the sighting of any removal pending "
             "for it), before readmission ends. smg 1.13 removes a DELETEd worker after a fixed "
-            "5 s drain, by URL, whatever is registered at that URL by then (measured 5.10-5.15 s); "
-            "keep this above that delay. 0 turns the hold off"
+            "drain, by URL, whatever is registered at that URL by then; keep this above that "
+            "drain. 0 turns the hold off"
         ),
     )
 
@@ -130,7 +130,7 @@ class Policy(Strict):
     health_poll_s: Duration = Field(
         0.5,
         description=(
-            "Longest interval between health (and VRAM-release) probes: polls start at 0.02 s "
+            "Longest interval between health (and VRAM-release) probes: polls start short "
             "and grow by a quarter each up to it"
         ),
     )

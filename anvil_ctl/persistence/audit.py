@@ -24,7 +24,7 @@ from typing import TypedDict
 from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
 
-from anvil_ctl.core.model import canonical_json, sha256_hex
+from anvil_ctl.core.digest import canonical_json, sha256_hex
 from anvil_ctl.persistence.coverage import RowRef, take_pending
 from anvil_ctl.persistence.models import AuditEntry
 

@@ -24,7 +24,7 @@ from typing import TypeAlias
 from sqlalchemy import RowMapping, Table, event
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
-from anvil_ctl.core.model import sha256_hex
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.persistence.models import HISTORY_TABLES, Base
 
 RowKey = str | int

@@ -15,8 +15,9 @@ import json
 from sqlalchemy import ColumnElement, Select, func, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.core.model import Identity, canonical_json
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.persistence import projection
 from anvil_ctl.persistence.current_models import IdentityCurrent
 from anvil_ctl.persistence.models import IdentityBody, IdentityRow

@@ -17,8 +17,8 @@ from typing import NotRequired, TypedDict
 
 from sqlalchemy import select
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence.models import DecisionRow, EvidenceManifestRow, EvidenceRow
 from anvil_ctl.persistence.store import Store, utcnow
 

@@ -11,8 +11,8 @@ from typing import TypedDict
 
 from sqlalchemy import select
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence.models import RecheckRow
 from anvil_ctl.persistence.store import Store, utcnow
 

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
-from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
 from anvil_ctl.persistence.pages import newest_first

@@ -35,9 +35,10 @@ from pathlib import Path
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
@@ -199,6 +200,13 @@ class Store:
             head_file.advance(self.head_path, now)
         return now
 
+    def append_audit(self, event: str, tx_id: str | None, payload: Mapping[str, object]) -> None:
+        """Append an audit entry on its own, for an event that has no row of its own."""
+        with self.write() as s:
+            self.audit(s, event, tx_id, payload)
+
+    # -- Journal port -------------------------------------------------------------------------
+
     def begin(
         self,
         *,
@@ -358,6 +366,11 @@ class Store:
     def current_identity(self, slot: str, role: str) -> Identity | None:
         with self.read() as s:
             return identities.current(s, self.host, slot, role)
+
+    def newest_committed_revision(self, slot: str) -> tuple[str, str] | None:
+        """(transaction ID, kind) of the slot's newest committed adopt, load, promote or rollback."""
+        with self.read() as s:
+            return projection.newest_committed(s, self.host, slot)
 
     def identity_of(self, tx_id: str, role: str) -> Identity | None:
         """The identity transaction `tx_id` recorded last in `role`."""

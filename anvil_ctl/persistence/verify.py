@@ -43,8 +43,8 @@ from sqlalchemy import Table, func, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import Unavailable
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import audit, chainwalk, projection
 from anvil_ctl.persistence.audit import Head

@@ -12,8 +12,8 @@ from datetime import datetime
 
 from sqlalchemy import select
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.persistence.models import WaiverRevocation, WaiverRow

@@ -21,10 +21,12 @@ from pydantic import (
     model_validator,
 )
 
-from anvil_ctl.config import NAME_RE, Duration, MiB, format_validation_error, load_toml
+from anvil_ctl.config.fields import NAME_RE, Duration, MiB
+from anvil_ctl.config.inputs import format_validation_error, load_toml
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.engine_profile import ENGINE_PROFILES, EngineProfile, engine_profile
 from anvil_ctl.core.errors import RecipeError
-from anvil_ctl.core.model import ModelFile, sha256_hex
+from anvil_ctl.core.model import ModelFile
 from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT, check_text
 
 MODEL_IDENTITY_RE = re.compile(
@@ -304,10 +306,6 @@ class Recipe(_Strict):
     @property
     def model_repo(self) -> str | None:
         return self.model.split("@", 1)[0] if self.model else None
-
-    @property
-    def model_revision(self) -> str | None:
-        return self.model.split("@", 1)[1] if self.model else None
 
     @property
     def runnable(self) -> bool:

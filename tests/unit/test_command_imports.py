@@ -97,7 +97,7 @@ WARM = """
 import json, sys
 from pathlib import Path
 from anvil_ctl.bootstrap import App
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 state_dir, config, backend = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 settings = Settings(state_dir=state_dir, config=config, backend=backend, _env_file=None)
 app = App(settings=settings, env={})

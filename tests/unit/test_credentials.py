@@ -14,7 +14,7 @@ from anvil_ctl.adapters.credentials import (
     resolve_credentials,
     resolve_token,
 )
-from anvil_ctl.config import RouterConfig
+from anvil_ctl.config.host import RouterConfig
 from anvil_ctl.core.errors import CredentialError
 
 ADMIN = "adm-4f1c2e-secret"

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from anvil_ctl.core.states import ExitCode
+from anvil_ctl.evidence.bundle import EvidenceWriter
 from anvil_ctl.persistence import qualification
-from anvil_ctl.qualify import EvidenceWriter
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
 

@@ -21,10 +21,11 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_RECIPE, LABEL_ROLE, LABEL_SLOT, ContainerSpec
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.plans.args import Candidate
+from anvil_ctl.evidence.bundle import verify_bundle
 from anvil_ctl.persistence import qualification
-from anvil_ctl.qualify import load_profile, verify_bundle
 from anvil_ctl.qualify.ab import Arm, Boundary, compare, declaration, parse_boundaries, run_measure
 from anvil_ctl.qualify.gates.capacity import Capacity
+from anvil_ctl.qualify.profiles import load_profile
 from tests.unit.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,29 +16,24 @@ from typing import Any
 import httpx
 import pytest
 
-from anvil_ctl.qualify import load_profile, run_qualification
 from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.gates import (
-    Capacity,
-    CodingAgent,
-    Endurance,
-    Gate,
-    GateContext,
+from anvil_ctl.qualify.gates.base import FIXTURES_DIR, Gate, GateContext
+from anvil_ctl.qualify.gates.capacity import Capacity, Endurance
+from anvil_ctl.qualify.gates.coding import CodingAgent
+from anvil_ctl.qualify.gates.functional import (
     Image,
     JsonOutput,
-    LongContextTool,
     Needle,
     Ocr,
     ResponsesApi,
     Smoke,
-    StreamingTool,
     ThinkingControl,
-    ToolResultContinuation,
-    Tools,
-    VramReserve,
 )
-from anvil_ctl.qualify.gates.base import FIXTURES_DIR
+from anvil_ctl.qualify.gates.host import VramReserve
+from anvil_ctl.qualify.gates.tools import LongContextTool, StreamingTool, ToolResultContinuation, Tools
+from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.results import GateResult
+from anvil_ctl.qualify.runner import run_qualification
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER_BOOK = FIXTURES_DIR / "coding_answer_book.json"

@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from anvil_ctl.adapters.shm import ShmScanner
 from anvil_ctl.bootstrap import App, _shm
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.ports import ShmLedger
 from anvil_ctl.persistence import hosts, shm_ledger
@@ -20,7 +20,8 @@ from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.shm_ledger import StoreShmLedger
 from anvil_ctl.persistence.store import Store
 from anvil_ctl.persistence.verify import verify
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 ENGINE = "e" * 64
 

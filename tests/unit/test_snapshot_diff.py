@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonpatch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anvil_ctl.core.snapshot import (
     Snapshot,
-    apply_patch,
     diff,
     from_patch,
     to_patch,
@@ -97,13 +97,13 @@ class TestJsonPatch:
         a, b = Snapshot.of({"root": before}), Snapshot.of({"root": after})
         changes = diff(a, b)
         patch = to_patch(changes)
-        assert apply_patch(a.body, patch) == b.body
+        assert jsonpatch.apply_patch(a.body, patch) == b.body
         assert [c.describe() for c in from_patch(patch)] == [c.describe() for c in changes]
 
     def test_the_patch_refuses_a_document_it_was_not_made_from(self) -> None:
         patch = to_patch(diff(Snapshot.of({"a": 1}), Snapshot.of({"a": 2})))
-        with pytest.raises(ValueError, match="test failed"):
-            apply_patch({"a": 5, "schema": 1}, patch)
+        with pytest.raises(jsonpatch.JsonPatchTestFailed):
+            jsonpatch.apply_patch({"a": 5, "schema": 1}, patch)
 
 
 class TestStoredDiffs:
@@ -119,7 +119,7 @@ class TestStoredDiffs:
         app.store.record_diff(tx, "one-to-none", before, after, diff(before, after))
         (row,) = [d for d in queries.snapshot_diffs(app.store, tx) if d["label"] == "one-to-none"]
         assert row["format"] == "json-patch"
-        assert apply_patch(before.body, row["patch"]) == after.body
+        assert jsonpatch.apply_patch(before.body, row["patch"]) == after.body
         assert row["changes"] == [
             {"op": "remove", "path": "router.backends[0]", "pointer": "/router/backends/0", "before": BACKEND}
         ]

@@ -34,7 +34,8 @@ from anvil_ctl import cli, log
 from anvil_ctl.commands import audit as audit_cmd
 from anvil_ctl.commands import recheck as recheck_cmd
 from anvil_ctl.commands import transactions
-from anvil_ctl.core.model import ShmMark, canonical_json
+from anvil_ctl.core.digest import canonical_json
+from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, shm_ledger, waiver_rows

@@ -15,8 +15,9 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter
 
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.model import ContainerSpec, Identity, ModelFile
+from anvil_ctl.core.model import ContainerSpec, ModelFile
 
 T = TypeVar("T")
 
@@ -92,6 +93,9 @@ class RollbackArgs:
     recorded_snapshot: Mapping[str, object] | None = None
     """That snapshot's body, as rollbacks journaled before migration 0008 carried it (so
     that `recover` rebuilds them); new rollbacks leave it None and name `recorded_sha256`."""
+    decided_by: Mapping[str, object] | None = None
+    """A rollback no person asked for: the policy that decided it (`recheck --slo
+    --rollback-on-breach`), who enabled it and until when, and the breaching samples."""
 
 
 @dataclass(frozen=True)

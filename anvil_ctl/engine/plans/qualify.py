@@ -28,10 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import AdapterError, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerLog, Identity, sha256_hex
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerLog
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs
@@ -43,8 +45,7 @@ from anvil_ctl.persistence.qualification import GateEvidence
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.gates.base import ReserveReading
-    from anvil_ctl.qualify.report import Progress
-    from anvil_ctl.qualify.runner import QualificationResult
+    from anvil_ctl.qualify.runner import Progress, QualificationResult
 
 
 @dataclass
@@ -92,7 +93,7 @@ def serving_problems(world: World, ident: Identity) -> list[str]:
 
 
 def _engine_died(result: QualificationResult) -> bool:
-    from anvil_ctl.qualify.engine_gates import ENGINE_GATE
+    from anvil_ctl.qualify.runner import ENGINE_GATE
 
     return any(g.name == ENGINE_GATE and not g.passed for g in result.gates)
 
@@ -182,7 +183,8 @@ def liveness(world: World, ident: Identity) -> Callable[[], JSONObject | None]:
 
 
 def run_gates(ctx: Ctx) -> StepResult:
-    from anvil_ctl.qualify import resolve_profile, run_qualification
+    from anvil_ctl.qualify.profiles import resolve_profile
+    from anvil_ctl.qualify.runner import run_qualification
 
     world, ident = ctx.world, _candidate(ctx)
     profile = resolve_profile(None, profile=ctx.args.profile, gates=list(ctx.args.gates) or None)

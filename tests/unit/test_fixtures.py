@@ -5,13 +5,8 @@ from __future__ import annotations
 import struct
 import zlib
 
-from anvil_ctl.qualify.fixtures import (
-    FIXTURES_DIR,
-    IMAGE_TEXTS,
-    generated_files,
-    png_text,
-    render_png,
-)
+from anvil_ctl.stub.rules import png_text
+from scripts.fixtures import FIXTURES_DIR, IMAGE_TEXTS, generated_files, render_png
 
 
 class TestFixtures:

@@ -1,9 +1,10 @@
-"""Deterministic fixtures: OCR images (stdlib PNG, 5x7 bitmap font) and the coding answer book.
+"""Writes the qualification's committed fixtures: OCR images (stdlib PNG, 5x7 bitmap font),
+their cases, and the coding answer book the stub engine answers from.
 
 Each PNG draws its known text and also carries it in a `tEXt` chunk with keyword
 `anvil-text`, which the stub engine reads (docs/CONTRACTS.md, answer rule 6).
-`python -m anvil_ctl.qualify.fixtures [DIR]` rewrites the committed files; a unit
-test proves the committed files equal what this module generates.
+`python -m scripts.fixtures [DIR]` rewrites the files in `anvil_ctl/fixtures`; a unit test
+proves the committed files equal what this module generates.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import struct
 import sys
 import zlib
 from pathlib import Path
-from typing import TypedDict
 
-FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
+from anvil_ctl.qualify.gates.coding import TASKS
+
+FIXTURES_DIR = Path(__file__).resolve().parent.parent / "anvil_ctl" / "fixtures"
 TEXT_KEYWORD = b"anvil-text"
 
 _FONT: dict[str, tuple[str, ...]] = {
@@ -60,15 +62,7 @@ _FONT: dict[str, tuple[str, ...]] = {
 }
 
 
-class OcrCase(TypedDict):
-    """One OCR case: the fixture images, in order, and the text they show together."""
-
-    id: str
-    images: list[str]
-    expected: str
-
-
-OCR_CASES: list[OcrCase] = [
+OCR_CASES = [
     {"id": "single-anvil", "images": ["ocr-anvil-42.png"], "expected": "ANVIL 42"},
     {"id": "single-heron", "images": ["ocr-blue-heron.png"], "expected": "BLUE HERON"},
     {"id": "single-port", "images": ["ocr-port-8001.png"], "expected": "PORT 8001"},
@@ -122,28 +116,13 @@ def render_png(text: str, *, scale: int = 4, margin: int = 3) -> bytes:
     )
 
 
-def png_text(png: bytes) -> str | None:
-    """The `anvil-text` of a PNG, or None."""
-    pos = 8
-    while pos + 8 <= len(png):
-        (length,) = struct.unpack(">I", png[pos : pos + 4])
-        kind = png[pos + 4 : pos + 8]
-        data = png[pos + 8 : pos + 8 + length]
-        if kind == b"tEXt":
-            key, _, value = data.partition(b"\x00")
-            if key == TEXT_KEYWORD:
-                return value.decode("latin-1")
-        pos += 12 + length
-    return None
-
-
 def generated_files() -> dict[str, bytes]:
     """Every fixture file by name, as this module generates it."""
-    from anvil_ctl.qualify.gates.coding import answer_book
-
     files = {name: render_png(text) for name, text in IMAGE_TEXTS.items()}
     files["ocr_cases.json"] = (json.dumps(OCR_CASES, indent=2) + "\n").encode()
-    files["coding_answer_book.json"] = (json.dumps(answer_book(), indent=2) + "\n").encode()
+    # The stub's `--answer-book`: each coding task's marker -> its reference answer.
+    book = [{"match": task.marker, "answer": task.reference} for task in TASKS]
+    files["coding_answer_book.json"] = (json.dumps(book, indent=2) + "\n").encode()
     return files
 
 
@@ -155,11 +134,6 @@ def write_fixtures(out_dir: Path = FIXTURES_DIR) -> list[Path]:
         path.write_bytes(data)
         written.append(path)
     return written
-
-
-def load_ocr_cases(fixtures_dir: Path = FIXTURES_DIR) -> list[OcrCase]:
-    data: list[OcrCase] = json.loads((fixtures_dir / "ocr_cases.json").read_text())
-    return data
 
 
 if __name__ == "__main__":

@@ -1,20 +1,23 @@
-"""The bounded final log audit: the candidate's container log and its restart and OOM record.
+"""Gates that read the host rather than the engine's answers: the VRAM reserve after the
+workload (a policy gate) and the bounded final log audit.
 
-Reads the newest `max_lines` lines (at most `max_bytes`) of the candidate
-container's output since it was created, plus the runtime's restart count and
-OOM flag, and classifies the lines with the patterns of the engine's profile
-(`GateContext.engine`, through `anvil_ctl.qualify.logs`). Fails on any fatal line, on an engine restart (its
-start banner seen twice) or a container restart, on an OOM kill, and on a
-container that no longer runs. The caps, the window actually read and every
-count go into the evidence, with the matched lines redacted.
+The reserve probe (`ReserveProbe`) returns `(GPU UUID, free MiB, reserve MiB)` per card;
+the GPU side (NVML or simulated) lives in `anvil_ctl.gpu`. The log audit reads the newest
+`max_lines` lines (at most `max_bytes`) of the candidate container's output since it was
+created, plus the runtime's restart count and OOM flag, and classifies the lines with the
+patterns of the engine's profile (`anvil_ctl.qualify.logs`). It fails on any fatal line,
+on an engine restart (its start banner seen twice) or a container restart, on an OOM kill,
+and on a container that no longer runs. The caps, the window actually read and every count
+go into the evidence, with the matched lines redacted.
 
-Classifications: `pass`, `oom`, `restart`, `fatal_log_line`, `not_running`,
-`not_measured` (no log source given).
+Classifications: `pass`, `below_reserve`, `not_measured`, `oom`, `restart`,
+`fatal_log_line`, `not_running`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import ContainerLog
@@ -23,26 +26,50 @@ from anvil_ctl.qualify.logs import LogClassification, classify, patterns_for, pa
 from anvil_ctl.qualify.results import GateResult
 
 
+@dataclass(kw_only=True, eq=False)
+class VramReserve(Gate):
+    """Every card keeps at least its reserve of free MiB after the workload."""
+
+    gate_type = "vram_reserve"
+    kind = "policy"
+
+    reserve_mib: int | None = None
+
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        if gate_ctx.reserve_probe is None:
+            return self.result(False, "not_measured", {"cards": []}, "no reserve probe given")
+        # The probe may block (NVML, an HTTP read of a simulated GPU): keep the loop free.
+        readings = await asyncio.to_thread(gate_ctx.reserve_probe)
+        cards: list[JSONObject] = []
+        for uuid, free_mib, reserve_mib in readings:
+            required = reserve_mib if self.reserve_mib is None else self.reserve_mib
+            cards.append(
+                {
+                    "uuid": uuid,
+                    "free_mib": free_mib,
+                    "reserve_mib": required,
+                    "ok": free_mib >= required,
+                    "margin_mib": free_mib - required,
+                }
+            )
+        passed = bool(cards) and all(c["ok"] for c in cards)
+        low = ", ".join(f"{c['free_mib']}<{c['reserve_mib']} MiB" for c in cards if not c["ok"])
+        summary = "all cards keep their reserve" if passed else (low or "no cards read")
+        classification = "below_reserve" if cards else "not_measured"
+        return self.result(passed, classification, {"cards": [*cards]}, summary)
+
+
+@dataclass(kw_only=True, eq=False)
 class LogAudit(Gate):
     """No traceback, CUDA error, OOM, NCCL error, crash or restart in the candidate's log."""
 
     gate_type = "log_audit"
     kind = "functional"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        max_lines: int = 20000,
-        max_bytes: int = 8 * 1024 * 1024,
-        keep_lines: int = 20,
-        engine: str | None = None,
-    ) -> None:
-        super().__init__(name=name)
-        self.max_lines = max_lines
-        self.max_bytes = max_bytes
-        self.keep_lines = keep_lines
-        self.engine = engine
+    max_lines: int = 20000
+    max_bytes: int = 8 * 1024 * 1024
+    keep_lines: int = 20
+    engine: str | None = None
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         if gate_ctx.container_log is None:
