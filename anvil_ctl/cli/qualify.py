@@ -1,10 +1,4 @@
-"""Qualification: qualify, evidence export|verify.
-
-`qualify` exits 0 whenever it ran and recorded a decision, whatever the decision
-says (verified, policy-infeasible or failed are data, printed prominently and
-stored); 3 when refused before running (no candidate, or the slot serves
-something else); 4 when the candidate changed during the run (no decision).
-"""
+"""Qualification: qualify, evidence export|verify|report (exit codes: QUALIFY_HELP)."""
 
 from __future__ import annotations
 
