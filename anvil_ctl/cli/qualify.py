@@ -8,7 +8,7 @@ import click
 
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import slot_option, timeout_option
-from anvil_ctl.cli.params import RECIPE, REF, Text
+from anvil_ctl.cli.params import RECIPE, REF, text
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
@@ -49,12 +49,12 @@ Exit status:
 )
 @click.option("--profile", type=RECIPE, help="Profile name or TOML path (default: the recipe's profile).")
 @click.option(
-    "--gates", type=Text(1024), metavar="A,B", help="Run only these gates of the profile, comma-separated."
+    "--gates", type=text(1024), metavar="A,B", help="Run only these gates of the profile, comma-separated."
 )
 @click.option(
     "--ab",
     nargs=2,
-    type=Text(200),
+    type=text(200),
     metavar="ARM_A ARM_B",
     default=None,
     help="Matched A/B of two loaded candidates of one model (profile default: ab-control).",
