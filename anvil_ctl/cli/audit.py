@@ -1,9 +1,4 @@
-"""`anvilctl audit ...`: read-only views of the state database.
-
-transactions, show, diff and verify read the journal; incumbents, decisions,
-waivers and rechecks list the records the README documents; evidence checks one
-transaction's evidence directory against its manifest.
-"""
+"""`anvilctl audit ...`: read-only views of the state database: its journal, chain and records."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from anvil_ctl.cli.params import Text
+from anvil_ctl.cli.params import text
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.states import ExitCode
 
@@ -106,7 +106,7 @@ class _Common(TypedDict):
 # file-system search, when it is built).
 _FILE = click.Path(dir_okay=False, path_type=Path)
 _DIR = click.Path(file_okay=False, path_type=Path)
-_DB_URL = Text(4096)
+_DB_URL = text(4096)
 _FORMAT = click.Choice(OUTPUT_FORMATS)
 
 
