@@ -9,19 +9,19 @@ from __future__ import annotations
 import click
 
 from anvil_ctl.cli.complete import complete_transactions
+from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
 GRANTS_HELP = "With --print-grants: a name the SQL uses."
-OVERRIDE_HELP = "Name the GPU with this UUID ROLE instead of compute-a, compute-b, ... (repeatable)."
 
 
 @click.command("init", epilog=example("anvilctl init --detect-gpus"))
 @click.option(
     "--detect-gpus", is_flag=True, help="Also probe the GPUs and write [gpu_roles.*] into the host config."
 )
-@click.option("--override", multiple=True, type=REF, metavar="UUID=ROLE", help=OVERRIDE_HELP)
+@override_option
 @click.option(
     "--print-grants",
     is_flag=True,

@@ -1,10 +1,4 @@
-"""Qualification: qualify, evidence export|verify.
-
-`qualify` exits 0 whenever it ran and recorded a decision, whatever the decision
-says (verified, policy-infeasible or failed are data, printed prominently and
-stored); 3 when refused before running (no candidate, or the slot serves
-something else); 4 when the candidate changed during the run (no decision).
-"""
+"""Qualification: qualify, evidence export|verify|report (exit codes: QUALIFY_HELP)."""
 
 from __future__ import annotations
 
@@ -12,9 +6,10 @@ from pathlib import Path
 
 import click
 
-from anvil_ctl.cli.complete import complete_slots, complete_transactions
-from anvil_ctl.cli.params import RECIPE, REF, Text
-from anvil_ctl.cli.session import Reply, Session, example, pass_session, timeout_option
+from anvil_ctl.cli.complete import complete_transactions
+from anvil_ctl.cli.options import slot_option, timeout_option
+from anvil_ctl.cli.params import RECIPE, REF, text
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
 QUALIFY_HELP = """\
@@ -49,22 +44,17 @@ Exit status:
     short_help="Qualify the candidate; record evidence and a decision.",
     epilog=example("anvilctl qualify --slot primary --profile demo --gates vram_reserve"),
 )
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).",
+@slot_option(
+    "The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).", required=True
 )
 @click.option("--profile", type=RECIPE, help="Profile name or TOML path (default: the recipe's profile).")
 @click.option(
-    "--gates", type=Text(1024), metavar="A,B", help="Run only these gates of the profile, comma-separated."
+    "--gates", type=text(1024), metavar="A,B", help="Run only these gates of the profile, comma-separated."
 )
 @click.option(
     "--ab",
     nargs=2,
-    type=Text(200),
+    type=text(200),
     metavar="ARM_A ARM_B",
     default=None,
     help="Matched A/B of two loaded candidates of one model (profile default: ab-control).",
