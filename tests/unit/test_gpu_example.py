@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from anvil_ctl.core.states import ExitCode
-from anvil_ctl.recipes import load_recipe
+from anvil_ctl.recipes.model import load_recipe
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
 
