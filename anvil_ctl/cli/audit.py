@@ -134,12 +134,10 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     A fleet's hosts share one chain: every run verifies all of it; --host and
     --all-hosts choose whose entries the report counts.
     """
-    from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import ChainCheck
 
-    app = session.app()
     walk = "the whole journal" if full else "the journal from the last checkpoint"
-    with working(app.progress, f"audit verify: walking {walk} and re-digesting the rows it covers"):
+    with session.working(f"audit verify: walking {walk} and re-digesting the rows it covers") as app:
         from anvil_ctl.commands import audit
 
         check = ChainCheck(
