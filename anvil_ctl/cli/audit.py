@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import click
 
@@ -12,9 +11,6 @@ from anvil_ctl.cli.options import host_options, host_scope, limit_option, slot_o
 from anvil_ctl.cli.params import REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
-
-if TYPE_CHECKING:
-    pass
 
 only_slot = slot_option("Only this slot.")
 
