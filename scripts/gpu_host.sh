@@ -52,7 +52,8 @@ docker)
     --bridge=none --storage-driver=overlay2 --containerd=/run/containerd/containerd.sock \
     >"$W/dockerd.log" 2>&1 </dev/null &
   wait_for 60 env PYTHONPATH="$W/site" python3 -c 'import docker; docker.from_env().ping()'
-  haproxy -v | head -1
+  haproxy -v >"$W/haproxy.version"  # not `| head`: its SIGPIPE fails the step under pipefail
+  sed -n 1p "$W/haproxy.version"
   PYTHONPATH="$W/site" python3 -c 'import docker; i = docker.from_env().info(); print("docker", i["ServerVersion"], i["CgroupVersion"], i["Driver"], sorted(i["Runtimes"]))'
   ;;
 model1)
