@@ -130,7 +130,6 @@ ONLY_IN: dict[str, frozenset[str]] = {
 KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 
-
 # -- the checker -------------------------------------------------------------------------------
 
 
