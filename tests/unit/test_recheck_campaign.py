@@ -169,3 +169,29 @@ class TestThePhaseEnds:
         assert (result.phase, result.failed) == ("qualifying", [])
         campaign = next(a["observed"] for a in result.assertions if a["name"] == "campaign")
         assert campaign["candidate"] == second
+
+
+class TestWaitRouter:
+    """`--wait-router`: a router's start hook waits for the router to answer before judging."""
+
+    def test_a_router_that_answers_after_a_while_is_waited_for(self, fake_host: FakeHost) -> None:
+        fake_host.world.set_fail("probe_credentials", "connection refused", times=3)
+        result = recheck.recheck(fake_host.app(), "primary", repair=("router",), wait_router_s=30)
+        assert result.passed and result.repair is None
+        assert "probe_credentials" not in fake_host.world.read()["fail"]  # every refusal was met
+
+    def test_a_router_that_never_answers_exits_7_and_records_nothing(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.core.errors import Unavailable
+
+        fake_host.world.set_fail("probe_credentials", "connection refused")
+        with pytest.raises(Unavailable, match=r"did not answer within 0\.3 s"):
+            recheck.recheck(fake_host.app(), "primary", wait_router_s=0.3)
+        assert rechecks.rechecks(fake_host.app().store) == []
+
+    def test_rejected_credentials_are_not_waited_out(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.core.errors import AuthRejected
+
+        with fake_host.world.edit() as w:
+            w["router"]["admin_token_ok"] = False
+        with pytest.raises(AuthRejected):  # at once: waited out, it would be Unavailable
+            recheck.recheck(fake_host.app(), "primary", wait_router_s=60)
