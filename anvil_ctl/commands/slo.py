@@ -27,8 +27,8 @@ from pathlib import Path
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AnvilError, BadInput
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
-from anvil_ctl.core.model import Identity
 from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
 from anvil_ctl.persistence import qualification
 from anvil_ctl.qualify.profiles import load_profile

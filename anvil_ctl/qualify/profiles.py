@@ -24,16 +24,18 @@ file and the field (`gates[2].count`) and say what was expected.
 from __future__ import annotations
 
 import inspect
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from anvil_ctl.config import load_toml
+from pydantic import TypeAdapter, ValidationError
+
+from anvil_ctl.config.inputs import load_toml
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.qualify.ab import METRICS, Boundary, parse_boundaries
-from anvil_ctl.qualify.gates import GATE_TYPES, Gate
+from anvil_ctl.qualify.gates import GATE_TYPES
+from anvil_ctl.qualify.gates.base import Gate
 from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, parse_watch
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -96,25 +98,12 @@ def available_profiles(search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> list[st
     return sorted({p.stem for d in search_dirs if d.is_dir() for p in d.glob("*.toml")})
 
 
-def _conforms(value: object, hint: object) -> bool:
-    """`value` matches the type hint of a gate parameter (an unconstrained hint matches any value)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, arm) for arm in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if origin is list:
-        (item,) = typing.get_args(hint) or (object,)
-        return isinstance(value, list) and all(_conforms(v, item) for v in value)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(hint, type):
-        try:
-            return isinstance(value, hint)
-        except TypeError:  # typing's catch-all is a class since 3.11, but not one isinstance accepts
-            return True
+def _conforms(value: object, hint: type[object]) -> bool:
+    """`value` is a `hint` as it stands, without conversion (an int is a float, a bool is no int)."""
+    try:
+        TypeAdapter(hint).validate_python(value, strict=True)
+    except ValidationError:
+        return False
     return True
 
 

@@ -58,11 +58,9 @@ def _usage(prompt: Prompt, c: Completion) -> JSONObject:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "anvil-stub/1"
-    # TCP_NODELAY on every accepted connection, as the engines we stand in for have it
-    # (vLLM, SGLang and llama-cpp-python serve through uvicorn on asyncio, which sets it on
-    # every TCP transport). Without it a response is two small writes (headers, then body) and
-    # the body waits for the ACK of the headers, which a keep-alive peer that delays its ACKs
-    # (smg) sends ~40 ms later: every routed chat after a connection's first paid that.
+    # TCP_NODELAY, as the engines we stand in for have it (uvicorn sets it on every transport):
+    # without it a response's body waits for the ACK of its headers, which a keep-alive peer
+    # that delays its ACKs (smg) sends late.
     disable_nagle_algorithm = True
     state: StubState  # set on the subclass made by make_server
 
