@@ -87,7 +87,9 @@ def _apply(fmt: str, level: str) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # stderr as it is when a logger is made, not when configured: a caller that replaced
+        # it since (a test's capture, closed after it) is written to, not the closed one
+        logger_factory=lambda *_args: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )
 

@@ -1,14 +1,8 @@
-"""`anvilctl audit ...`: read-only views of the state database.
-
-transactions, show, diff and verify read the journal; incumbents, decisions,
-waivers and rechecks list the records the README documents; evidence checks one
-transaction's evidence directory against its manifest.
-"""
+"""`anvilctl audit ...`: read-only views of the state database: its journal, chain and records."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import click
 
@@ -17,9 +11,6 @@ from anvil_ctl.cli.options import host_options, host_scope, limit_option, slot_o
 from anvil_ctl.cli.params import REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
-
-if TYPE_CHECKING:
-    pass
 
 only_slot = slot_option("Only this slot.")
 
@@ -139,12 +130,10 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     A fleet's hosts share one chain: every run verifies all of it; --host and
     --all-hosts choose whose entries the report counts.
     """
-    from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import ChainCheck
 
-    app = session.app()
     walk = "the whole journal" if full else "the journal from the last checkpoint"
-    with working(app.progress, f"audit verify: walking {walk} and re-digesting the rows it covers"):
+    with session.working(f"audit verify: walking {walk} and re-digesting the rows it covers") as app:
         from anvil_ctl.commands import audit
 
         check = ChainCheck(

@@ -6,17 +6,12 @@ which imports only the core (checked by `test_cli_help_imports.py`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import click
 
 from anvil_ctl.cli.options import override_option
-from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, Text
+from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, text
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays fast
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.command("detect", epilog=example("anvilctl gpus detect --override GPU-0123abcd=big --write"))
@@ -72,7 +67,7 @@ gpus = click.Group(
 @click.option("--policy", required=True, type=click.Choice(POLICIES), help="The policy to waive.")
 @click.option(
     "--scope",
-    type=Text(1024),
+    type=text(1024),
     required=True,
     metavar="ROLES|DIGEST",
     help="GPU roles (compute-a,compute-b) or a recipe digest (64 hex, optional sha256:).",
@@ -85,7 +80,7 @@ gpus = click.Group(
 )
 @click.option(
     "--gates",
-    type=Text(1024),
+    type=text(1024),
     metavar="A,B",
     help="With --policy gate: the gates whose failure is waived (scope: the recipe digest).",
 )
@@ -93,7 +88,7 @@ gpus = click.Group(
 @click.option("--reason", type=REASON, required=True, help="Why the exception is safe.")
 @click.option(
     "--expires",
-    type=Text(64),
+    type=text(64),
     metavar="WHEN",
     help="When it ends: RFC 3339 date (00:00 UTC that day) or date-time. This or --no-expiry.",
 )

@@ -191,8 +191,6 @@ def recheck(
     textfile then says anvil_recheck_up 0. Between a committed load and its promote or
     rollback the slot is judged as the campaign should be (phase qualifying).
     """
-    from anvil_ctl.cli.progress import working
-
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded
     if (profile or rollback_on_breach) and not slo:
@@ -203,8 +201,7 @@ def recheck(
         raise click.UsageError(
             "--rollback-on-breach needs --by NAME, --until TIME and --reason TEXT (and they need it)"
         )
-    app = session.app()
-    with working(app.progress, f"recheck: observing slot {slot} and checking its goals"):
+    with session.working(f"recheck: observing slot {slot} and checking its goals") as app:
         from anvil_ctl.commands import recheck as recheck_cmd
 
         request = None

@@ -8,17 +8,18 @@ so this module, like the command modules at import time, loads only click and th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from anvil_ctl.cli.params import Text
+from anvil_ctl.cli.params import text
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.states import ExitCode
 
@@ -72,6 +73,15 @@ class Session:
             self._app = self._opener(self.options)
         return self._app
 
+    @contextlib.contextmanager
+    def working(self, what: str) -> Iterator[App]:
+        """The App, with `what` on a terminal's live line while the command does it."""
+        from anvil_ctl.cli.progress import working
+
+        app = self.app()
+        with working(app.progress, what):
+            yield app
+
     def close(self) -> None:
         """Close the App's adapters; safe to call twice or when none was opened."""
         app, self._app = self._app, None
@@ -106,7 +116,7 @@ class _Common(TypedDict):
 # file-system search, when it is built).
 _FILE = click.Path(dir_okay=False, path_type=Path)
 _DIR = click.Path(file_okay=False, path_type=Path)
-_DB_URL = Text(4096)
+_DB_URL = text(4096)
 _FORMAT = click.Choice(OUTPUT_FORMATS)
 
 

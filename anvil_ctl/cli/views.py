@@ -1,11 +1,8 @@
-"""Typed views the CLI wraps plain command results in, so the renderer is chosen by type.
+"""Typed views the CLI wraps plain command results in, so that the renderer is chosen by type.
 
-A command that returns a dataclass (Outcome, RecheckResult, ...) is rendered as that
-type. One that returns a plain dict or list is wrapped here by its CLI handler: the
-view says what the data *is* (a table, a status, a diff) and `payload()` is exactly
-what `--json` prints, untrimmed. Human renderers live in `render`; views import
-nothing heavy. A view's values are not narrowed (`object`): renderers read a nested
-record or list out of one with `record`, `items` and `records`.
+A view says what the data is (a table, a status, a diff); its `payload()` is exactly what
+`--json` prints. Views import nothing heavy; renderers read nested values out of them
+with `record`, `items` and `records`.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from anvil_ctl.config.fields import (
     Strict,
     env_name,
     text_field,
+    valid_if,
 )
 from anvil_ctl.config.inputs import format_validation_error, load_toml
 from anvil_ctl.core.errors import ConfigError
@@ -31,19 +32,14 @@ from anvil_ctl.core.validate import MAX_MIB, is_loopback, split_binding
 class GpuRole(Strict):
     """A named GPU, pinned by UUID, never by index."""
 
-    uuid: str = Field(description="NVML UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+    uuid: Annotated[
+        str, valid_if(GPU_UUID_RE.match, "expected a GPU UUID like GPU-0123abcd-0123-0123-0123-0123456789ab")
+    ] = Field(description="NVML UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
     capacity_mib: int = Field(gt=0, le=MAX_MIB, description="Total memory of the card in MiB")
     reserve_mib: MiB | None = Field(
         None, description="Free MiB to keep after a workload; default policy.vram_reserve_mib"
     )
     name: Label = Field("", description="Product name, informational")
-
-    @field_validator("uuid")
-    @classmethod
-    def _uuid(cls, value: str) -> str:
-        if not GPU_UUID_RE.match(value):
-            raise ValueError("expected a GPU UUID like GPU-0123abcd-0123-0123-0123-0123456789ab")
-        return value
 
 
 class Slot(Strict):

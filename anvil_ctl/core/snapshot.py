@@ -217,22 +217,3 @@ def from_patch(ops: PatchOps) -> list[Change]:
         else:
             raise ValueError(f"JSON Patch op {kind!r} is not one a snapshot diff writes")
     return out
-
-
-def changes_from_stored(data: PatchOps) -> tuple[str, list[Change]]:
-    """A stored diff (`snapshot_diffs.changes_json`) as ("json-patch" | "legacy", changes).
-
-    Rows written before diffs were JSON Patches hold `{path, before, after}` with None for
-    absence; they are read as they were written: a change from None is shown as added, one
-    to None as removed (the old writer could not tell absence from a JSON null).
-    """
-    if all("op" in item for item in data):
-        return "json-patch", from_patch(data)
-    out = []
-    for item in data:
-        before, after = item.get("before"), item.get("after")
-        op: Literal["add", "remove", "replace"] = (
-            "add" if before is None else "remove" if after is None else "replace"
-        )
-        out.append(Change(op, (str(item["path"]),), before=before, after=after))
-    return "legacy", out

@@ -21,7 +21,7 @@ NEVER = ("openai", "alembic", "mako", "anvil_ctl.qualify", "anvil_ctl.acceptance
 
 # What a read-only command has no use for: the plans, their runner and the host lock (recheck
 # imports reconcile only when --repair router runs it), and the PostgreSQL dialect (its drivers'
-# modules, ~45 ms) on a SQLite state database (`persistence.base.partial_index`).
+# modules, ~45 ms) on a SQLite state database (`persistence.models.partial_index`).
 READ_ONLY_NEVER = (
     "anvil_ctl.engine.plans",
     "anvil_ctl.engine.runner",

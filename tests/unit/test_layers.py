@@ -112,8 +112,8 @@ ONLY_IN: dict[str, frozenset[str]] = {
     # ORM rows, DDL and the audit chain's session-level code never leave persistence.
     "anvil_ctl.persistence.models": frozenset({"persistence", "migrations"}),
     "anvil_ctl.persistence.ddl": frozenset({"persistence", "migrations"}),
-    # ... but the migration that brings rows written before it under the chain appends with it.
-    "anvil_ctl.persistence.audit": frozenset({"persistence", "migrations"}),
+    "anvil_ctl.persistence.current_models": frozenset({"persistence", "migrations"}),
+    "anvil_ctl.persistence.audit": frozenset({"persistence"}),
     # Foreign SDKs stay behind their adapter.
     "docker": frozenset({"adapters"}),
     "pynvml": frozenset({"anvil_ctl.adapters.nvml"}),
@@ -128,16 +128,6 @@ ONLY_IN: dict[str, frozenset[str]] = {
 # (importing module, imported module or prefix): violations allowed for now, each with its
 # reason. Empty: the bootstrap builds the fakes, so no command imports them.
 KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
-
-
-# Import cycles allowed for now, each a strongly connected set of modules, with its reason.
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # TEMPORARY (issue 31): the persistence work is breaking this circle; delete the entry
-        # when it lands (test_every_known_cycle_still_occurs says when).
-        frozenset({"anvil_ctl.persistence.models", "anvil_ctl.persistence.current_models"}),
-    }
-)
 
 
 # -- the checker -------------------------------------------------------------------------------
@@ -330,12 +320,8 @@ class TestTheTree:
         assert stale == [], f"{stale} no longer occur: delete them from KNOWN_VIOLATIONS"
 
     def test_no_module_imports_itself_back_through_others(self) -> None:
-        cycles = [c for c in import_cycles(_scan()) if frozenset(c) not in KNOWN_CYCLES]
+        cycles = import_cycles(_scan())
         assert cycles == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
-
-    def test_every_known_cycle_still_occurs(self) -> None:
-        stale = KNOWN_CYCLES - {frozenset(c) for c in import_cycles(_scan())}
-        assert stale == set(), f"{sorted(map(sorted, stale))} no longer occur: delete them from KNOWN_CYCLES"
 
     def test_every_module_belongs_to_a_layer(self) -> None:
         assert [m for m in _scan() if layer_of(m) is None] == []

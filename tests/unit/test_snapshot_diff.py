@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import jsonpatch
@@ -12,13 +11,11 @@ from hypothesis import strategies as st
 
 from anvil_ctl.core.snapshot import (
     Snapshot,
-    changes_from_stored,
     diff,
     from_patch,
     to_patch,
 )
 from anvil_ctl.persistence import queries
-from anvil_ctl.persistence.models import SnapshotDiff
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
 
@@ -126,37 +123,6 @@ class TestStoredDiffs:
         assert row["changes"] == [
             {"op": "remove", "path": "router.backends[0]", "pointer": "/router/backends/0", "before": BACKEND}
         ]
-
-    def test_a_row_written_before_json_patch_is_still_readable(self, fake_host: FakeHost) -> None:
-        app, tx = fake_host.app(), self._tx(fake_host)
-        legacy = [
-            {"path": "gpu_owners", "before": {}, "after": None},
-            {"path": "gpu_owners.compute-a.container_id", "before": None, "after": "7180"},
-        ]
-        with app.store.write() as s:
-            s.add(
-                SnapshotDiff(
-                    tx_id=tx,
-                    label="legacy",
-                    before_sha256="a" * 64,
-                    after_sha256="b" * 64,
-                    equal=0,
-                    changes_json=json.dumps(legacy),
-                    at="2026-09-02T12:00:00.000000Z",
-                )
-            )
-            app.store.audit(s, "snapshot.diff", tx, {"label": "legacy", "equal": False, "changes": 2})
-        (row,) = [d for d in queries.snapshot_diffs(app.store, tx) if d["label"] == "legacy"]
-        assert row["format"] == "legacy" and row["patch"] is None
-        assert [(c["op"], c["path"]) for c in row["changes"]] == [
-            ("remove", "gpu_owners"),
-            ("add", "gpu_owners.compute-a.container_id"),
-        ]
-        form, changes = changes_from_stored(legacy)
-        assert (
-            form == "legacy"
-            and [c.describe() for c in changes][1] == '+ gpu_owners.compute-a.container_id: "7180"'
-        )
 
 
 @pytest.fixture
