@@ -11,7 +11,7 @@ CUDA engine image loaded (scripts/build_llama_cuda.py) and the SmolLM2 model cac
     tokens, a long prompt run through it, the card's used MiB read, then stopped, and the
     time until the card is back to its idle reading (polled every 5 ms) recorded. The
     recipes are written with those needs (`--recipes-out`), and the card's reserve is set so
-    that it holds the candidate and nothing else: total - need(8k) - margin. With it the
+    that it holds the candidate and nothing else: idle free - need(8k) - margin. With it the
     VRAM-release gate of load and rollback has to wait for the stopped serve's memory.
  3. A 2,048-token incumbent started by hand and routed by a real HAProxy; anvilctl adopts it
     (GPU ownership from NVML PIDs mapped to the container by cgroup).
@@ -22,10 +22,11 @@ CUDA engine image loaded (scripts/build_llama_cuda.py) and the SmolLM2 model cac
     acceptance (and the VRAM reserve after it); curl and the openai client through HAProxy.
  7. rollback to the same incumbent container ID; recheck; audit verify; evidence export.
 
-nvidia-smi runs beside it all the while (`-lms 50`). Every VRAM figure that the record
-holds (the release gate's readings, the qualification's readings before and after the
-workload, the reading after acceptance, `anvilctl gpus` after each step) is compared with
-the nvidia-smi samples taken while that record was written: nearest in time, within 1 MiB.
+nvidia-smi runs beside it all the while (`--loop-ms 50`, each line with its own
+timestamp). Every VRAM figure that the record holds (the release gate's readings, the
+qualification's readings before and after the workload, the reading after acceptance,
+`anvilctl gpus` after each step) is compared with the nvidia-smi samples taken while that
+record was written: nearest in time, within 1 MiB.
 
     python3 scripts/gpu_story.py --image-id sha256:... --model-cache DIR --out DIR
 
@@ -61,9 +62,10 @@ if str(REPO) not in sys.path:
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.nvml import NvmlProbe
 from anvil_ctl.adapters.procfs import proc_cgroup_container
-from anvil_ctl.config import load_host_config
+from anvil_ctl.config.host import load_host_config
 from anvil_ctl.core.engine_profile import LLAMA_CPP_CUDA
-from anvil_ctl.recipes import container_spec, load_recipe, recipe_digest
+from anvil_ctl.recipes.model import load_recipe, recipe_digest
+from anvil_ctl.recipes.spec import container_spec
 from scripts import engine_timing
 from scripts.llama_host import (
     ALIAS,
@@ -122,7 +124,7 @@ def parse_at(at: str) -> float:
 
 @dataclass(frozen=True)
 class Sample:
-    t: float  # when the line arrived (time.time())
+    t: float  # when nvidia-smi read it (its own timestamp field)
     uuid: str
     used: int
     free: int
@@ -136,7 +138,7 @@ class SmiSampler:
         self._proc = subprocess.Popen(
             [
                 "nvidia-smi",
-                "--query-gpu=uuid,memory.used,memory.free",
+                "--query-gpu=timestamp,uuid,memory.used,memory.free",
                 "--format=csv,noheader,nounits",
                 f"--loop-ms={interval_ms}",
             ],
@@ -149,9 +151,12 @@ class SmiSampler:
     def _read(self) -> None:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
+            # nvidia-smi's own time of the reading: its output reaches a pipe in bursts, so
+            # the time a line arrives can be later than the reading by a buffer's worth.
             parts = [p.strip() for p in line.split(",")]
-            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                self.samples.append(Sample(time.time(), parts[0].lower(), int(parts[1]), int(parts[2])))
+            if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+                at = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.samples.append(Sample(at, parts[1].lower(), int(parts[2]), int(parts[3])))
 
     def stop(self) -> None:
         self._proc.terminate()
@@ -295,7 +300,8 @@ def release_check(story: Story, host: LlamaHost, tx_id: str, label: str) -> None
     before = _by_uuid(detail["before"], story.uuid)
     after = _by_uuid(detail["after"], story.uuid)
     story.compare(f"{label}: release-vram, first poll", "free", before["free_mib"], t0, t0 + 0.2)
-    story.compare(f"{label}: release-vram, last poll", "free", after["free_mib"], t1 - 0.2, t1)
+    if detail["polls"] > 1:  # with one poll, `after` is the `before` reading
+        story.compare(f"{label}: release-vram, last poll", "free", after["free_mib"], t1 - 0.2, t1)
     stop_step = "stop-incumbent" if label == "load" else "stop-current"
     s0, stopped, _ = step_window(steps, stop_step)
     idle = story.facts["idle_used_mib"]
@@ -480,7 +486,7 @@ def main() -> int:
     parser.add_argument("--model-cache", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=REPO / "state" / "gpu-story")
-    parser.add_argument("--margin-mib", type=int, default=256, help="reserve = total - need(8k) - margin")
+    parser.add_argument("--margin-mib", type=int, default=256, help="reserve = idle free - need(8k) - margin")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work: Path = args.work
@@ -594,8 +600,7 @@ def tell(story: Story, args: argparse.Namespace, work: Path, runtime: DockerRunt
         (work / "recipes" / f"{name}.toml").write_text(
             render_recipe(context, args.image_id, m["need_mib"], args.wheel_sha256, measured)
         )
-    total = story.facts["gpu"]["capacity_mib"]
-    reserve = total - needs[8192]["need_mib"] - args.margin_mib
+    reserve = idle["free_mib"] - needs[8192]["need_mib"] - args.margin_mib
     story.facts["reserve_mib"] = reserve
     write_config(reserve)
 

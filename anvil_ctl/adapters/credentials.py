@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from anvil_ctl.config import RouterConfig, read_input_file
+from anvil_ctl.config.host import RouterConfig
+from anvil_ctl.config.inputs import read_input_file
 from anvil_ctl.core.errors import CredentialError
 from anvil_ctl.core.validate import check_token
 
@@ -61,13 +62,6 @@ class RouterCredentials:
         if self.admin is None:
             raise CredentialError("no router admin token was resolved", kind="admin")
         return self.admin
-
-    def describe(self) -> dict[str, str | None]:
-        """Where each token came from, for logs and records (no values)."""
-        return {
-            "admin_source": self.admin.source if self.admin else None,
-            "client_source": self.client.source,
-        }
 
     def __repr__(self) -> str:
         admin = self.admin.source if self.admin else None
@@ -113,7 +107,7 @@ def read_credential_file(path: Path) -> dict[str, str]:
     decoder message, a byte or a token must not reach a log or a terminal.
     """
     check_private_file(path)
-    text = read_input_file(path, "credential file", max_bytes=MAX_CREDENTIAL_BYTES, error=_file_error)
+    text = read_input_file(path, "credential file", max_bytes=MAX_CREDENTIAL_BYTES, error=CredentialError)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -136,11 +130,6 @@ def read_credential_file(path: Path) -> dict[str, str]:
             )
         out[key] = checked_token(value.strip(), f"credential file {path} ({key})")
     return out
-
-
-def _file_error(message: str, **data: object) -> CredentialError:
-    """read_input_file's errors as CredentialError (its messages name the file, never content)."""
-    return CredentialError(message, **data)
 
 
 def checked_token(value: str, source: str) -> str:

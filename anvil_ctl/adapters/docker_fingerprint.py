@@ -4,7 +4,7 @@ The fingerprint must equal `ContainerSpec.fingerprint_fields()` of the spec the
 container was created from, yet Docker's inspect data differs from the request in
 known ways: the image's Env/Cmd/Entrypoint are merged in, ShmSize is in bytes,
 IpcMode and ShmSize get daemon defaults, and simulated GPUs travel as env. The
-adapter records what the spec left to defaults in labels (`SPEC_LABELS`) at
+adapter records what the spec left to defaults in labels (`spec_labels`) at
 create time; here each such field is accepted as "default" only when the
 observed value is still what Docker would have given by default, so a changed
 container still changes the fingerprint. Inspect data is Docker's JSON as the SDK
@@ -24,7 +24,6 @@ LABEL_GPU_LIBRARIES = LABEL_PREFIX + "gpu.libraries"
 LABEL_ENV_KEYS = LABEL_PREFIX + "spec.env-keys"
 LABEL_DEFAULTS = LABEL_PREFIX + "spec.defaults"
 LABEL_SHM_SIZE = LABEL_PREFIX + "spec.shm-size"
-SPEC_LABELS = (LABEL_ENV_KEYS, LABEL_DEFAULTS, LABEL_SHM_SIZE)
 GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
 DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 DEFAULT_IPC_MODES = frozenset({"", "private", "shareable"})

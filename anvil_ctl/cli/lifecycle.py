@@ -7,34 +7,25 @@ from pathlib import Path
 
 import click
 
-from anvil_ctl.cli.complete import complete_containers, complete_slots, complete_targets
-from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, check_new_file
-from anvil_ctl.cli.session import (
+from anvil_ctl.cli.complete import complete_containers, complete_targets
+from anvil_ctl.cli.options import (
     WAIT_TIMEOUT_HELP,
-    Reply,
-    Session,
     accept_drift_options,
     drift_acceptance,
-    example,
-    pass_session,
+    dry_run_option,
+    slot_option,
     timeout_option,
 )
+from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, check_new_file
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
 
 @click.command("promote", epilog=example("anvilctl promote --slot primary --approved-by alice --dry-run"))
 @click.argument("candidate", type=REF, required=False, shell_complete=complete_containers)
-@click.option(
-    "--slot",
-    type=REF,
-    default="primary",
-    show_default=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot to promote in.",
-)
+@slot_option("The slot to promote in.", default="primary")
 @click.option("--approved-by", type=PERSON, required=True, help="The person approving this promotion.")
-@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
 @pass_session
@@ -74,15 +65,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     """`rollback` and `restore`: one command under two names (the README uses both)."""
 
     @click.command(name, epilog=example(f"anvilctl {name} --slot primary --to 3 --dry-run"))
-    @click.option(
-        "--slot",
-        type=REF,
-        default="primary",
-        show_default=True,
-        shell_complete=complete_slots,
-        metavar="SLOT",
-        help="The slot to restore.",
-    )
+    @slot_option("The slot to restore.", default="primary")
     @click.option(
         "--to",
         type=REF,
@@ -98,7 +81,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         metavar="GROUP",
         help="A restore group of the host config; it must contain the target.",
     )
-    @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+    @dry_run_option()
     @timeout_option(WAIT_TIMEOUT_HELP)
     @pass_session
     def command(
@@ -140,15 +123,7 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
     "recheck",
     epilog=example("anvilctl recheck --slot primary --textfile /var/lib/node_exporter/textfile/anvil.prom"),
 )
-@click.option(
-    "--slot",
-    type=REF,
-    default="primary",
-    show_default=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot to recheck.",
-)
+@slot_option("The slot to recheck.", default="primary")
 @click.option(
     "--textfile",
     type=TEXTFILE,
@@ -207,8 +182,6 @@ def recheck(
     textfile then says anvil_recheck_up 0. Between a committed load and its promote or
     rollback the slot is judged as the campaign should be (phase qualifying).
     """
-    from anvil_ctl.cli.progress import working
-
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded
     if (profile or rollback_on_breach) and not slo:
@@ -219,8 +192,7 @@ def recheck(
         raise click.UsageError(
             "--rollback-on-breach needs --by NAME, --until TIME and --reason TEXT (and they need it)"
         )
-    app = session.app()
-    with working(app.progress, f"recheck: observing slot {slot} and checking its goals"):
+    with session.working(f"recheck: observing slot {slot} and checking its goals") as app:
         from anvil_ctl.commands import recheck as recheck_cmd
 
         request = None
@@ -237,15 +209,8 @@ def recheck(
 
 
 @click.command("reconcile", epilog=example("anvilctl reconcile --slot primary --dry-run"))
-@click.option(
-    "--slot",
-    default="primary",
-    show_default=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot whose recorded route to re-apply.",
-)
-@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@slot_option("The slot whose recorded route to re-apply.", default="primary")
+@dry_run_option()
 @pass_session
 def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     """Re-apply the recorded route of the slot's running incumbent.

@@ -7,8 +7,8 @@ import uuid
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import limit_waits, mutating, run_plan
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import Identity
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import Outcome

@@ -30,8 +30,9 @@ from anvil_ctl.commands.evidence import (  # re-exported: the CLI and tests find
 )
 from anvil_ctl.commands.recipes import recipe_search, resolve_recipe_path
 from anvil_ctl.core.errors import AnvilError, BadInput
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_RECIPE, Identity
+from anvil_ctl.core.model import LABEL_RECIPE
 from anvil_ctl.core.validate import check_duration, require
 from anvil_ctl.engine import reclassify
 from anvil_ctl.engine.outcome import Outcome
@@ -45,7 +46,7 @@ from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.qualify.profiles import resolve_profile
 from anvil_ctl.qualify.runner import Progress, QualificationResult
-from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
+from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
 
 # -- the command ------------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadArgs
 from anvil_ctl.engine.plans.unload import removal_problem
-from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
+from anvil_ctl.recipes.model import load_recipe, recipe_digest
+from anvil_ctl.recipes.spec import check_runnable, container_spec
 
 
 def candidate_from_recipe(app: App, ref: str, slot: str, tx_id: str) -> Candidate:

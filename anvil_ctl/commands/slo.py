@@ -27,13 +27,13 @@ from pathlib import Path
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AnvilError, BadInput
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
-from anvil_ctl.core.model import Identity
 from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
 from anvil_ctl.persistence import qualification
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.slosample import Sample, open_client, sample
-from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, WatchPolicy, qualified_values
+from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, breaches, qualified_values
 
 POLICY = "rollback-on-breach"
 
@@ -98,24 +98,6 @@ def _qualified(app: App, ident: Identity) -> tuple[dict[str, float], JSONObject]
     return {}, {"evidence": None, "tx_id": tx_id, "why": "the qualification measured no capacity cell"}
 
 
-def breaches(limits: list[Limit], samples: list[Sample], consecutive: int) -> list[JSONObject]:
-    """The limits failed by `consecutive` samples in a row (a sample that cannot judge one
-    breaks the run), each with the breaching samples' values."""
-    found: list[JSONObject] = []
-    for i, limit in enumerate(limits):
-        run: list[float | None] = []
-        for s in samples:
-            observed = s.metrics().get(limit.metric)
-            if limit.holds(observed) is False:
-                run.append(observed)
-                if len(run) >= consecutive:
-                    found.append({"threshold": i, **limit.as_dict(), "observed": list(run[-consecutive:])})
-                    break
-            else:
-                run = []
-    return found
-
-
 def slo_check(
     app: App,
     ident: Identity,
@@ -160,7 +142,7 @@ def slo_check(
             )
     finally:
         client.close()
-    found = breaches(limits, samples, policy.consecutive)
+    found = breaches(limits, [s.metrics() for s in samples], policy.consecutive)
     observed: JSONObject = {
         **declared,
         "samples": [s.as_dict() for s in samples],

@@ -14,7 +14,7 @@ from typing import TypedDict
 from anvil_ctl.bootstrap import App
 from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.errors import BadInput, NotFound
-from anvil_ctl.core.model import Identity
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.states import WAITING_STATES, TxState
 from anvil_ctl.core.validate import (
     MAX_CONTEXT_TOKENS,

@@ -13,10 +13,11 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from anvil_ctl.config import Slot
+from anvil_ctl.config.host import Slot
 from anvil_ctl.core.errors import AnvilError, NotFound
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE
 from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import (
     FieldDrift,

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
-from anvil_ctl.core.model import Identity
 from anvil_ctl.engine.assertions import Assertion, Observation, _check, slot_assertions
 from anvil_ctl.engine.serving import identity_drift, inspect_or_none
 from anvil_ctl.engine.world import World

@@ -20,8 +20,9 @@ from typing import Protocol, TypeVar
 
 from anvil_ctl.core.engine_profile import EngineProfile, engine_profile
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import ContainerInfo, Identity, VramNeed
+from anvil_ctl.core.model import ContainerInfo, VramNeed
 from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.world import World
@@ -132,9 +133,8 @@ def stop_verified(world: World, container_id: str) -> JSONObject:
 
 POLL_FIRST_S = 0.02
 """The first pause of a poll: most waits (a stub's start, a released card) end within a few.
-Short, because the pause after the wait is over is time lost (a stub serves 0.1-0.2 s after
-its start: polls at 0.02 s growing by a quarter see it 0.04 s late at most, from 0.05 s up to
-0.07 s); a poll is two local HTTP requests."""
+Short, because the pause after the wait is over is time lost; a poll is two local HTTP
+requests."""
 POLL_GROWTH = 1.25
 """Each pause a quarter longer than the last: what is ready is seen within a quarter of the
 time already waited, and a long wait (a real engine loading weights) polls ever less."""

@@ -29,9 +29,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject, real, whole
-from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import GateContext

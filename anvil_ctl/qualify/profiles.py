@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from anvil_ctl.config import load_toml
+from anvil_ctl.config.inputs import load_toml
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.qualify.ab import METRICS, Boundary, parse_boundaries
 from anvil_ctl.qualify.gates import GATE_TYPES

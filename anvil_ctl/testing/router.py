@@ -27,6 +27,7 @@ class FakeRouter:
         self.server = FakeServerProbe(world)
 
     def probe_credentials(self) -> None:
+        maybe_hang_or_fail(self.world, "probe_credentials")  # a router not answering yet
         if not self.world.read()["router"]["admin_token_ok"]:
             raise AuthRejected("router answered 401 to the admin token from the fake credential source")
 

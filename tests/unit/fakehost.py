@@ -8,7 +8,7 @@ from pathlib import Path
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import transactions
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.model import (
     LABEL_MANAGED,
     LABEL_RECIPE_DIGEST,

@@ -11,13 +11,13 @@ from typing import ClassVar
 import pytest
 
 from anvil_ctl.commands import audit, lifecycle, transactions
-from anvil_ctl.commands.slo import Enablement, _roll_back, breaches
+from anvil_ctl.commands.slo import Enablement, _roll_back
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.states import TxState
 from anvil_ctl.qualify.profiles import load_profile, parse_profile
 from anvil_ctl.qualify.slosample import RequestResult, Sample, open_client, sample
-from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, Threshold, qualified_values
+from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, Threshold, breaches, qualified_values
 from scripts.campaign import verified_decision
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
@@ -107,9 +107,8 @@ class TestTheWatchTable:
             assert load_profile(name).watch.consecutive >= 1
 
 
-def _sample(**per_request: float | None) -> Sample:
-    ttft = per_request.get("ttft_s", 0.1)
-    return Sample(0.0, (RequestResult(True, ttft, 50.0, "stop", "m"),))
+def _sample(ttft_s: float) -> dict[str, float | None]:
+    return Sample(0.0, (RequestResult(True, ttft_s, 50.0, "stop", "m"),)).metrics()
 
 
 class TestBreaches:

@@ -15,8 +15,9 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter
 
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.model import ContainerSpec, Identity, ModelFile
+from anvil_ctl.core.model import ContainerSpec, ModelFile
 
 T = TypeVar("T")
 

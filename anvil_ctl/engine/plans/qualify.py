@@ -28,10 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import AdapterError, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerLog, Identity, sha256_hex
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerLog
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs

@@ -26,8 +26,9 @@ from collections.abc import Mapping
 
 from anvil_ctl.core.errors import NeedsOperator
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import Identity, VramNeed
+from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
 from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
