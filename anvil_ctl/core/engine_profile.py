@@ -344,8 +344,9 @@ LLAMA_CPP_CUDA = replace(
         processes="one: the server's Python process (a child of docker-init, not the "
         "container's init PID) opens one CUDA context on each granted GPU",
         holds="the offloaded weights, the KV cache for n_ctx and the CUDA compute buffers, "
-        "all allocated while the model loads, before the server listens; constant while it "
-        "serves (no allocation per request)",
+        "allocated while the model loads, before the server listens; it grows once more with "
+        "the first long prompts (cuBLAS workspace and larger batches: +218 MiB on an H200 at "
+        "8k), so a VRAM need is measured after a long prompt, not at load",
         release="at the process's exit, when the driver destroys its context: SIGTERM through "
         "docker-init ends it; there is no sleep or unload API",
     ),
