@@ -228,7 +228,8 @@ class TestRollbackOnBreach:
             == TxState.COMMITTED
         )
         verified_decision(app.store, "primary", "d-{digest}")
-        assert lifecycle.promote(app, slot="primary", approved_by="operator").state == TxState.COMMITTED
+        promote = lifecycle.promote(app, slot="primary", approved_by="operator")
+        assert promote.state == TxState.COMMITTED
         promoted = app.store.current_identity("primary", "incumbent")
         assert promoted is not None and promoted.container_id != fake_host.incumbent_id
         enabled = Enablement("alice", datetime(2099, 1, 1, tzinfo=UTC), "bake")
@@ -237,6 +238,7 @@ class TestRollbackOnBreach:
         decided = audit.show(app, str(out["tx_id"]))["args"]["decided_by"]
         assert decided["enabled_by"] == "alice" and decided["policy"] == "rollback-on-breach"
         assert decided["breaches"] == self.BREACH and decided["serve"] == promoted.container_id
+        assert decided["undoes"] == {"tx_id": promote.tx_id, "kind": "promote"}  # the link to the promote
         back = app.store.current_identity("primary", "incumbent")
         assert back is not None and back.container_id == fake_host.incumbent_id
 

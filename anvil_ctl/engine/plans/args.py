@@ -98,7 +98,8 @@ class RollbackArgs:
     that `recover` rebuilds them); new rollbacks leave it None and name `recorded_sha256`."""
     decided_by: Mapping[str, object] | None = None
     """A rollback no person asked for: the policy that decided it (`recheck --slo
-    --rollback-on-breach`), who enabled it and until when, and the breaching samples."""
+    --rollback-on-breach`), who enabled it and until when, the breaching samples and the
+    transaction it undoes (`undoes`: the promote that put the serve on the route)."""
     drain: DrainPolicy = CUT_AT_DEADLINE
     """Rollback is the emergency tool: at its drain's deadline it goes on, counting the cut."""
 
