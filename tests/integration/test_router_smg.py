@@ -280,6 +280,7 @@ class TestSmgQuiesceAndReadmit:
         )
         print(f"\nsmg POST during pending DELETE: {raced.status_code} {raced.text[:120]}")
         assert raced.status_code == 202, raced.text
+        wait_until(lambda: router._workers.at(url) is not None, "the raced registration to be listed", 10)
         # The raced registration lacks the tier's label: the adapter replaces it.
         seconds = timed(lambda: router.register(TIER, url, (ALIAS,)))
         print(f"smg register across a pending delete: {seconds} s")
