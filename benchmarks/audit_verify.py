@@ -267,7 +267,7 @@ def main() -> int:
         )
 
     # One more transaction through the Store's own write path, as a command writes.
-    tx = store.begin(kind="load", slot="primary", args={}, owner=Owner(1, "h", "b"))
+    tx = store.begin(kind="load", slot="primary", args={}, owner=Owner(1, "h", "b"), tx_id="tx-load")
     store.step_event(tx, seq=0, step="s", phase="do", event="intent")
 
     inproc, inproc_cpu = [], []

@@ -73,6 +73,7 @@ from anvil_ctl.commands.evidence import audit_decisions
 from anvil_ctl.core.guards import Refusal
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.engine.plans.promote import waived_checks
+from anvil_ctl.engine.plans.rollback import resolve_target
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import blobdelta, projection, qualification
@@ -582,7 +583,7 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
             "audit decisions --limit 20": median_s(lambda: audit_decisions(ctx, limit=20), repeat),
             "audit incumbents --limit 20": median_s(lambda: audit.identities(ctx, limit=20), repeat),
             "rollback --to 3: finding revision 3": median_s(
-                lambda: lifecycle.resolve_to(ctx, SLOT, "3"), repeat
+                lambda: resolve_target(ctx.store, SLOT, "3"), repeat
             ),
             "promote: the waivers its decision relied on": median_s(
                 lambda: waived_checks(ctx.world(), newest_decision), repeat

@@ -11,7 +11,6 @@ verify and the audit reads live in `commands.evidence` (re-exported here).
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,24 +27,20 @@ from anvil_ctl.commands.evidence import (  # re-exported: the CLI and tests find
     router_secrets,
     verify_evidence,
 )
-from anvil_ctl.commands.recipes import recipe_search, resolve_recipe_path
-from anvil_ctl.core.errors import AnvilError, BadInput
+from anvil_ctl.commands.recipes import recipe_search
+from anvil_ctl.commands.transactions import enter
+from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_RECIPE, Identity
 from anvil_ctl.core.validate import check_duration, require
 from anvil_ctl.engine import reclassify
 from anvil_ctl.engine.outcome import Outcome
-from anvil_ctl.engine.plans import ab as ab_plan
-from anvil_ctl.engine.plans import qualify as qualify_plan
-from anvil_ctl.engine.plans.args import AbArgs, AbArm, QualifyArgs
+from anvil_ctl.engine.plans.args import AbRequest, QualifyRequest
+from anvil_ctl.engine.plans.qualify import QualifyMemo
 from anvil_ctl.engine.reclassify import ReclassifyReport
-from anvil_ctl.engine.runner import TransactionEngine
-from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.qualification import DecisionRecord
-from anvil_ctl.qualify import QualificationResult, resolve_profile
+from anvil_ctl.qualify import QualificationResult
 from anvil_ctl.qualify.report import Progress
-from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
 
 # -- the command ------------------------------------------------------------------------------
 
@@ -82,18 +77,6 @@ class QualifyOutcome:
         }
 
 
-def candidate_recipe(ctx: Context, world: World, ident: Identity) -> Recipe | None:
-    """The candidate's recipe, if the recipe file still is the one that was loaded."""
-    try:
-        name = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE)
-        if not name:
-            return None
-        recipe = load_recipe(resolve_recipe_path(name, recipe_search(ctx)))
-    except AnvilError:
-        return None
-    return recipe if recipe_digest(recipe) == ident.recipe_digest else None
-
-
 def qualify_slot(
     ctx: Context,
     *,
@@ -110,38 +93,22 @@ def qualify_slot(
     """
     if timeout_s is not None:
         timeout_s = require("--timeout", check_duration, timeout_s)
-    world = ctx.world()
-    ctx.config.slot(slot)
-    ident = ctx.store.current_identity(slot, "candidate")
-    recipe = candidate_recipe(ctx, world, ident) if ident else None
-    chosen = profile or (recipe.profile if recipe else None)
-    if ident is not None and chosen is None:
-        raise BadInput(
-            "the candidate's recipe (or its profile) cannot be read; pass --profile",
-            field="profile",
-        )
-    resolved = resolve_profile(None, profile=chosen or "smoke", gates=list(gates) or None)
-    args = QualifyArgs(
+    request = QualifyRequest(
         slot=slot,
-        candidate=ident,
-        profile=resolved.source or resolved.name,
+        profile=profile,
         gates=tuple(gates),
-        recipe=recipe.name if recipe else "",
-        engine=recipe.engine if recipe else "",
-        source=recipe.source.model_dump(mode="json") if recipe and recipe.source else None,
         timeout_s=timeout_s,
+        recipe_dirs=tuple(d.path for d in recipe_search(ctx)),
+        progress=progress,
+        now=now,
+        secrets=router_secrets(ctx),
     )
-    plan = qualify_plan.build(args, world)
-    plan.memo.progress, plan.memo.now = progress, now
-    plan.memo.secrets = router_secrets(ctx)
-    # Non-mutating: no host lock, but journaled like every transaction.
-    engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
-    outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
+    outcome = enter(ctx, request)
     step = outcome.results.get("record-decision") or {}
     decision_id, reclassified_id = step.get("decision_id"), step.get("reclassified_id")
     return QualifyOutcome(
         outcome=outcome,
-        result=plan.memo.result,
+        result=outcome.memo.result if isinstance(outcome.memo, QualifyMemo) else None,
         decision=_decision_of(ctx, decision_id, slot),
         reclassified=_decision_of(ctx, reclassified_id, slot),
     )
@@ -221,47 +188,11 @@ class AbOutcome:
         }
 
 
-def resolve_arm(ctx: Context, world: World, ref: str) -> AbArm:
-    """The loaded candidate (of any slot) that `ref` names: recipe name, served model or
-    container ID prefix (12+ characters); BadInput naming the arm when none or several match."""
-    found: list[Identity] = []
-    for slot in sorted(ctx.config.slots):
-        ident = ctx.store.current_identity(slot, "candidate")
-        if ident is None:
-            continue
-        try:
-            recipe = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE, "")
-        except AnvilError:
-            recipe = ""
-        by_id = len(ref) >= 12 and ident.container_id.startswith(ref)
-        if ref in (recipe, ident.served_model) or by_id:
-            found.append(ident)
-    if len(found) != 1:
-        problem = "no loaded candidate matches it" if not found else "several loaded candidates match it"
-        raise BadInput(
-            f"--ab {ref}: {problem}; expected a recipe name, served model or container ID of one "
-            "slot's loaded candidate (`anvilctl load RECIPE --slot S` first)",
-            field="ab",
-        )
-    return AbArm(name=ref, identity=found[0])
-
-
 def qualify_ab(ctx: Context, *, slot: str, arms: Sequence[str], profile: str | None = None) -> AbOutcome:
     """Run the matched A/B control of two loaded candidates (see `anvil_ctl.engine.plans.ab`)."""
-    if len(arms) != 2 or arms[0] == arms[1]:
+    if len(arms) != 2:
         raise BadInput(f"--ab: expected two different arms, got {list(arms)}", field="ab")
-    world = ctx.world()
-    ctx.config.slot(slot)
-    chosen = profile or "ab-control"
-    loaded, _ = ab_plan.load_ab_profile(chosen)
-    args = AbArgs(
-        slot=slot,
-        arms=(resolve_arm(ctx, world, arms[0]), resolve_arm(ctx, world, arms[1])),
-        profile=loaded.source or loaded.name,
-    )
-    plan = ab_plan.build(args, world)
-    engine = TransactionEngine(ctx.store, ctx.owner, faults=ctx.faults)
-    outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
+    outcome = enter(ctx, AbRequest(slot=slot, arms=(arms[0], arms[1]), profile=profile or "ab-control"))
     compared = outcome.results.get("compare")
     comparison = None
     if compared:
@@ -286,13 +217,11 @@ __all__ = [
     "QualifyOutcome",
     "audit_decisions",
     "audit_evidence",
-    "candidate_recipe",
     "evidence_tx_dir",
     "export_evidence",
     "qualify_ab",
     "qualify_slot",
     "reclassify_decisions",
-    "resolve_arm",
     "router_secrets",
     "verify_evidence",
 ]

@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import replace
 from typing import TypedDict
 
 from anvil_ctl.bootstrap import Context
 from anvil_ctl.commands import recipes as recipe_cmds
-from anvil_ctl.commands.transactions import limit_waits, run_plan
+from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.commands.transactions import load as load_tx
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE
 from anvil_ctl.engine.outcome import Outcome
-from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadArgs
+from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadRequest
 from anvil_ctl.engine.plans.unload import removal_problem
 from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
 
 
-def candidate_from_recipe(ctx: Context, ref: str, slot: str, tx_id: str) -> Candidate:
+def candidate_from_recipe(ctx: Context, ref: str, slot: str) -> Candidate:
     path = recipe_cmds.resolve_recipe_path(ref, recipe_cmds.recipe_search(ctx))
     recipe = load_recipe(path)
     check_runnable(recipe)
     slot_cfg = ctx.config.slot(slot)
-    spec = container_spec(
-        recipe, slot_name=slot, slot=slot_cfg, host_config=ctx.config, recipe_path=path, tx_id=tx_id
-    )
+    spec = container_spec(recipe, slot_name=slot, slot=slot_cfg, host_config=ctx.config, recipe_path=path)
     # The simulated GPU probe and operators find a serve's endpoint by this label.
     spec = replace(spec, labels=(*spec.labels, ("io.anvil.binding", slot_cfg.binding)))
     if recipe.served_model is None:
@@ -58,9 +55,8 @@ def load(
 ) -> Outcome:
     """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline)."""
     limit_waits(ctx, timeout_s)
-    tx_id = str(uuid.uuid4())
-    cand = candidate_from_recipe(ctx, ref, slot, tx_id)
-    return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift)
+    cand = candidate_from_recipe(ctx, ref, slot)
+    return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, accept_drift=accept_drift)
 
 
 class WouldRemove(TypedDict):
@@ -85,20 +81,17 @@ def unload(
     Without `yes` nothing runs: the answer says what would be removed, after the same
     checks the plan's guard makes.
     """
+    if yes:
+        return enter(ctx, UnloadRequest(container_id=container_id, remove_residue=remove_residue))
     world = ctx.world()
     try:
         info = world.runtime.inspect(container_id)
     except NotFound:
         raise BadInput(f"container {container_id}: not found", field="container_id") from None
-    if not yes:
-        problem = removal_problem(world, info)
-        if problem:
-            raise Refused(problem, container_id=info.id)
-        return {"container_id": info.id, "would_remove": True, "hint": "pass --yes to remove"}
-    args = UnloadArgs(
-        container_id=info.id, slot=info.labels.get(LABEL_SLOT, ""), remove_residue=remove_residue
-    )
-    return run_plan(ctx, "unload", args, dry_run=False)
+    problem = removal_problem(world, info)
+    if problem:
+        raise Refused(problem, container_id=info.id)
+    return {"container_id": info.id, "would_remove": True, "hint": "pass --yes to remove"}
 
 
 def managed_candidates(ctx: Context) -> list[ManagedContainer]:

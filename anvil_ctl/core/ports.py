@@ -250,9 +250,10 @@ class Journal(Protocol):
         slot: str | None,
         args: JSONObject,
         owner: Owner,
-        tx_id: str | None = None,
+        tx_id: str,
     ) -> str:
-        """Write a new transaction in state `planned`; return its ID."""
+        """Write a new transaction `tx_id` (made by `anvil_ctl.engine.entry`) in state `planned`;
+        return its ID."""
         ...
 
     def transition(

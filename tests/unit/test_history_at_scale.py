@@ -19,6 +19,7 @@ import pytest
 from alembic import command
 
 from anvil_ctl.commands import audit, lifecycle
+from anvil_ctl.engine.plans.rollback import resolve_target
 from anvil_ctl.persistence import queries
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import alembic_config
@@ -65,22 +66,22 @@ def test_rollback_to_a_revision_brings_back_the_serve_it_left(populated: FakeHos
     for rev in audit.history(ctx, slot=SLOT, limit=10_000):
         if rev["serve"] is None:
             continue
-        found = lifecycle.resolve_to(ctx, SLOT, str(rev["revision"]))
+        found = resolve_target(ctx.store, SLOT, str(rev["revision"]))
         assert (found.digest, found.container_id) == (
             rev["serve"]["identity_digest"],
             rev["serve"]["container_id"],
         )
-        assert lifecycle.resolve_to(ctx, SLOT, rev["tx_id"][:12]) == found
+        assert resolve_target(ctx.store, SLOT, rev["tx_id"][:12]) == found
 
 
 def test_rollback_to_a_container_finds_its_newest_identity(populated: FakeHost) -> None:
     ctx = populated.context()
     incumbent = ctx.store.current_identity(SLOT, "incumbent")
     assert incumbent is not None
-    found = lifecycle.resolve_to(ctx, SLOT, incumbent.container_id[:12])
+    found = resolve_target(ctx.store, SLOT, incumbent.container_id[:12])
     assert found.digest == incumbent.digest
     with pytest.raises(Exception, match="no revision, transaction or recorded identity"):
-        lifecycle.resolve_to(ctx, SLOT, "f" * 12)
+        resolve_target(ctx.store, SLOT, "f" * 12)
 
 
 def _reads(host: FakeHost) -> list[tuple[str, Any]]:
@@ -91,9 +92,9 @@ def _reads(host: FakeHost) -> list[tuple[str, Any]]:
     assert incumbent is not None
     with _statements(ctx) as seen:
         audit.history(ctx, slot=SLOT, limit=2)
-        lifecycle.resolve_to(ctx, SLOT, incumbent.container_id[:12])
+        resolve_target(ctx.store, SLOT, incumbent.container_id[:12])
         # the serve revision 2 left (the first candidate promoted): recorded early, never again
-        assert lifecycle.resolve_to(ctx, SLOT, "2").container_id != incumbent.container_id
+        assert resolve_target(ctx.store, SLOT, "2").container_id != incumbent.container_id
     return seen
 
 

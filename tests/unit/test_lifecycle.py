@@ -9,7 +9,8 @@ import pytest
 from anvil_ctl.commands import audit, lifecycle, recheck, transactions
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
-from anvil_ctl.engine.plans.args import PromoteArgs
+from anvil_ctl.engine import entry
+from anvil_ctl.engine.plans.args import PromoteRequest
 from anvil_ctl.persistence import qualification, rechecks, waivers
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
@@ -122,19 +123,12 @@ class TestPromote:
         assert audit.transactions(fake_host.context(), limit=1000) == before
 
     def test_the_plan_itself_refuses_an_empty_approver(self, fake_host: FakeHost) -> None:
-        """The ApproverNamed guard still holds for a caller that builds the arguments itself."""
+        """The ApproverNamed guard still holds for a caller that builds the request itself."""
         _load(fake_host)
         _decide(fake_host, "verified")
         ctx = fake_host.context()
-        cand = ctx.store.current_identity("primary", "candidate")
-        args = PromoteArgs(
-            slot="primary",
-            candidate=cand,
-            incumbent=ctx.store.current_identity("primary", "incumbent"),
-            decision_id="d-1",
-            approved_by=" ",
-        )
-        out = transactions.run_plan(ctx, "promote", args, dry_run=False)
+        request = PromoteRequest(slot="primary", approved_by=" ")
+        out = entry.run(ctx.world(), ctx.owner, request)
         assert out.state == TxState.REFUSED and out.refusal.guard == "ApproverNamed"  # type: ignore[union-attr]
 
     def test_a_failed_acceptance_compensates_to_the_before_state(self, fake_host: FakeHost) -> None:

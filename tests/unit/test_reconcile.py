@@ -144,7 +144,7 @@ class TestReconcileRefuses:
 
     def test_an_unresolved_transaction_is_refused(self, fake_host: FakeHost) -> None:
         ctx = fake_host.context()
-        tx = ctx.store.begin(kind="load", slot="primary", args={}, owner=ctx.owner)
+        tx = ctx.store.begin(kind="load", slot="primary", args={}, owner=ctx.owner, tx_id="tx-open")
         ctx.store.transition(tx, TxState.RUNNING)
         out = reconcile(fake_host.context(), "primary")
         assert out.state == TxState.REFUSED and out.refusal.guard == "NoUnresolvedTransaction"  # type: ignore[union-attr]
@@ -214,7 +214,8 @@ class TestRecheckRepairsTheRoute:
         router_restarted(fake_host)
         ctx = fake_host.context()
         ctx.store.transition(
-            ctx.store.begin(kind="load", slot="primary", args={}, owner=ctx.owner), TxState.RUNNING
+            ctx.store.begin(kind="load", slot="primary", args={}, owner=ctx.owner, tx_id="tx-open"),
+            TxState.RUNNING,
         )
         result = recheck.recheck(ctx, "primary", repair=("router",))
         assert not result.passed and "router_repair" in result.failed
