@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Context:
-    """What one command works with: settings, environment, and (lazily) the rest."""
+class App:
+    """The composition root of one command: settings, environment, and (lazily) the rest."""
 
     settings: Settings
     env: dict[str, str]
@@ -49,12 +49,12 @@ class Context:
     progress: Progress = field(default_factory=SilentProgress)
     """Where transactions report their steps and waits: the CLI's renderer, or nothing."""
     keep_connection: bool = False
-    """Keep one SQLite connection for the context's life (`persistence.db`), closed by `close`:
-    for a caller that closes its context (the CLI); others connect once per database
+    """Keep one SQLite connection for the App's life (`persistence.db`), closed by `close`:
+    for a caller that closes its App (the CLI); others connect once per database
     transaction and leave nothing open."""
 
     @cached_property
-    def engine(self) -> Engine:
+    def database(self) -> Engine:
         """The state database, which must exist: reading never creates a database or directory."""
         from anvil_ctl.persistence.db import make_engine
 
@@ -74,7 +74,7 @@ class Context:
                     field="state_dir",
                 ) from None
         engine = make_engine(self.settings.db_url, create=True, keep_connection=self.keep_connection)
-        self.__dict__["engine"] = engine
+        self.__dict__["database"] = engine
         return engine
 
     @cached_property
@@ -86,8 +86,8 @@ class Context:
         from anvil_ctl.persistence.migrate import check_revision
         from anvil_ctl.persistence.store import Store
 
-        check_revision(self.engine)
-        store = Store(self.engine, head_path=head_path_for(self.settings.db_url, self.settings.state_dir))
+        check_revision(self.database)
+        store = Store(self.database, head_path=head_path_for(self.settings.db_url, self.settings.state_dir))
         attach(store, self.host_name, machine_id=self.machine_id, boot_id=self.owner.boot_id)
         return store
 
@@ -216,32 +216,32 @@ class Context:
         close = getattr(acceptance, "close", None)
         if callable(close):  # warmed, and no world was built to close it (a refusal, bad input)
             close()
-        engine: Engine | None = self.__dict__.get("engine")
-        if engine is not None:
-            engine.dispose()
+        database: Engine | None = self.__dict__.get("database")
+        if database is not None:
+            database.dispose()
 
 
-def _finish(ctx: Context, world: World) -> World:
+def _finish(app: App, world: World) -> World:
     """What both backends share: progress, the model cache and the VRAM-release gate."""
-    world.progress = ctx.progress
-    if ctx.config.model_cache_dir is not None:
+    world.progress = app.progress
+    if app.config.model_cache_dir is not None:
         from anvil_ctl.adapters.hfcache import HfCache
 
-        world.model_cache = HfCache(ctx.config.model_cache_dir)
-    if world.gpus is not None and ctx.config.gpu_roles:
-        world.vram_release = _vram_release(ctx, world)
+        world.model_cache = HfCache(app.config.model_cache_dir)
+    if world.gpus is not None and app.config.gpu_roles:
+        world.vram_release = _vram_release(app, world)
     return world
 
 
-def _vram_release(ctx: Context, world: World) -> VramRelease:
+def _vram_release(app: App, world: World) -> VramRelease:
     """The VRAM-release gate, built on its first use: most commands (status, recheck, audit)
     never wait for VRAM, and the gate's modules (GPU policy, waivers, the ledger) stay unread."""
-    policy = ctx.config.policy
+    policy = app.config.policy
     built: list[VramRelease] = []
 
     def gate(need: VramNeed) -> JSONObject:
         if not built:
-            from anvil_ctl.engine.gpu import vram_release_gate
+            from anvil_ctl.engine.gpu_ownership import vram_release_gate
 
             built.append(
                 vram_release_gate(
@@ -253,50 +253,50 @@ def _vram_release(ctx: Context, world: World) -> VramRelease:
     return gate
 
 
-def _fake_world(ctx: Context) -> World:
+def _fake_world(app: App) -> World:
     from anvil_ctl.engine.world import World
     from anvil_ctl.testing.fakes import (
-        FakeEngineProbe,
         FakeGpus,
         FakeRouter,
         FakeRuntime,
+        FakeServerProbe,
         FakeSharedMemory,
         FakeWorld,
         fake_acceptance,
     )
 
-    fw = FakeWorld(ctx.settings.fake_world_path)
-    router = FakeRouter(fw) if ctx.config.router.kind != "none" else None
+    fw = FakeWorld(app.settings.fake_world_path)
+    router = FakeRouter(fw) if app.config.router.kind != "none" else None
     world = World(
-        settings=ctx.settings,
-        config=ctx.config,
-        store=ctx.store,
+        settings=app.settings,
+        config=app.config,
+        store=app.store,
         runtime=FakeRuntime(fw),
-        engine=FakeEngineProbe(fw),
+        server=FakeServerProbe(fw),
         router=router,
         gpus=FakeGpus(fw),
         shm=FakeSharedMemory(fw),
         acceptance=fake_acceptance(router) if router is not None else None,
     )
-    return _finish(ctx, world)
+    return _finish(app, world)
 
 
-def _real_world(ctx: Context) -> World:
+def _real_world(app: App) -> World:
     from anvil_ctl.adapters.docker_runtime import DockerRuntime
-    from anvil_ctl.adapters.engine_http import HttpEngineProbe
+    from anvil_ctl.adapters.engine_http import HttpServerProbe
     from anvil_ctl.engine.world import World, WorldRuntime
 
-    simulated = ctx.settings.gpu == "simulated"
+    simulated = app.settings.gpu == "simulated"
     runtime = DockerRuntime(
-        base_url=ctx.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia", host=ctx.host_name
+        base_url=app.settings.docker_host, gpu_mode="simulated" if simulated else "nvidia", host=app.host_name
     )
-    router, acceptance = _router(ctx)
+    router, acceptance = _router(app)
     world = World(
-        settings=ctx.settings,
-        config=ctx.config,
-        store=ctx.store,
+        settings=app.settings,
+        config=app.config,
+        store=app.store,
         runtime=runtime,
-        engine=HttpEngineProbe(),
+        server=HttpServerProbe(),
         router=router,
         acceptance=acceptance,
     )
@@ -306,7 +306,7 @@ def _real_world(ctx: Context) -> World:
     if simulated:
         from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
 
-        world.gpus = SimulatedGpuProbe(ctx.config.gpu_roles, current)
+        world.gpus = SimulatedGpuProbe(app.config.gpu_roles, current)
     else:
         from anvil_ctl.adapters.nvml import NvmlProbe
         from anvil_ctl.adapters.procfs import proc_cgroup_container
@@ -314,38 +314,38 @@ def _real_world(ctx: Context) -> World:
         world.gpus = NvmlProbe()
         # NVML reports engine worker PIDs; /proc tells which container each runs in.
         world.container_of_pid = proc_cgroup_container
-    world.shm = _shm(ctx, current)
-    return _finish(ctx, world)
+    world.shm = _shm(app, current)
+    return _finish(app, world)
 
 
-def _shm(ctx: Context, runtime: ContainerRuntime) -> SharedMemory:
+def _shm(app: App, runtime: ContainerRuntime) -> SharedMemory:
     """The /dev/shm scanner: residue is only what managed containers held, or engines name so."""
     from anvil_ctl.adapters.shm import ShmScanner, managed_containers
     from anvil_ctl.persistence.shm_ledger import StoreShmLedger
 
-    rc = ctx.config.residue
+    rc = app.config.residue
     return ShmScanner(
         rc.directory,
         include=rc.include,
         exclude=rc.exclude,
         managed=managed_containers(runtime),
-        ledger=StoreShmLedger(ctx.store),
+        ledger=StoreShmLedger(app.store),
     )
 
 
-def _router(ctx: Context) -> tuple[Router | None, Acceptance | None]:
+def _router(app: App) -> tuple[Router | None, Acceptance | None]:
     """The configured router and the real-client acceptance that uses its client token."""
     from anvil_ctl.adapters.credentials import resolve_credentials
 
-    rc = ctx.config.router
+    rc = app.config.router
     if rc.kind == "none":
         return None, None
     try:
-        creds = resolve_credentials(rc, ctx.env, need_admin=rc.kind == "smg")
+        creds = resolve_credentials(rc, app.env, need_admin=rc.kind == "smg")
     except CredentialError as exc:
         return UnresolvedCredentialsRouter(exc), None
 
-    acceptance = ctx.real_acceptance()
+    acceptance = app.real_acceptance()
     if rc.kind == "smg":
         from anvil_ctl.adapters.smg import SmgRouter
 
@@ -360,19 +360,19 @@ def _router(ctx: Context) -> tuple[Router | None, Acceptance | None]:
     from anvil_ctl.adapters.haproxy import HaproxyRouter
 
     if rc.runtime_socket is None:
-        raise ConfigError(f"{ctx.settings.config}: router.runtime_socket: required for haproxy")
-    tiers = {s.router_tier: s.aliases for s in ctx.config.slots.values()}
+        raise ConfigError(f"{app.settings.config}: router.runtime_socket: required for haproxy")
+    tiers = {s.router_tier: s.aliases for s in app.config.slots.values()}
     return HaproxyRouter(rc.url, rc.runtime_socket, creds, tiers), acceptance
 
 
-def _real_acceptance(ctx: Context) -> Acceptance | None:
+def _real_acceptance(app: App) -> Acceptance | None:
     from anvil_ctl.adapters.credentials import resolve_credentials
 
-    rc = ctx.config.router
+    rc = app.config.router
     if rc.kind == "none":
         return None
     try:
-        creds = resolve_credentials(rc, ctx.env, need_admin=rc.kind == "smg")
+        creds = resolve_credentials(rc, app.env, need_admin=rc.kind == "smg")
     except CredentialError:
         return None  # the router refuses every call (`UnresolvedCredentialsRouter`)
     from anvil_ctl.acceptance_worker import RealAcceptance

@@ -28,9 +28,9 @@ from typing import Any
 
 import httpx
 
+from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates import Capacity, GateContext
-from anvil_ctl.qualify.metrics import context_label
 from anvil_ctl.qualify.results import GateResult
 
 REPO = Path(__file__).resolve().parents[1]

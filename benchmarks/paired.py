@@ -70,7 +70,7 @@ import httpx
 from anvil_ctl.acceptance import PLAIN_PROMPT, STREAM_PROMPT, TOOL_PROMPT, TOOLS
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.router_http import READMIT_PROMPT
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.config import Settings, load_host_config
 from anvil_ctl.recipes import container_spec, load_recipe
 from scripts.campaign import (
@@ -268,9 +268,9 @@ def anvilctl(camp: Campaign, *args: str) -> float:
 def verified(camp: Campaign) -> None:
     """Record a verified decision for the loaded candidate: promote without running the gates."""
     settings = Settings(state_dir=camp.work / "state", config=camp.work / "anvil.toml", _env_file=None)  # type: ignore[call-arg]
-    ctx = Context(settings=settings, env={})
-    verified_decision(ctx.store, SLOT, f"bench-{uuid.uuid4()}")
-    ctx.engine.dispose()
+    app = App(settings=settings, env={})
+    verified_decision(app.store, SLOT, f"bench-{uuid.uuid4()}")
+    app.database.dispose()
 
 
 CPU_OF_LAST_CYCLE: list[float] = []

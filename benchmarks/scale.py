@@ -67,7 +67,7 @@ from sqlalchemy import MetaData, Table, column, create_engine, event, insert, se
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.orm import Session
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import admin, audit, fleet, lifecycle, transactions
 from anvil_ctl.commands.evidence import audit_decisions
 from anvil_ctl.core.guards import Refusal
@@ -136,11 +136,11 @@ def read_back(table: str, name: str, value: Any) -> Any:
 
 def decide(host: FakeHost) -> None:
     """A verified decision for the loaded candidate (what a passing `qualify` records)."""
-    ctx = host.context()
-    cand = ctx.store.current_identity(SLOT, "candidate")
+    app = host.app()
+    cand = app.store.current_identity(SLOT, "candidate")
     assert cand is not None
     qualification.record_decision(
-        ctx.store,
+        app.store,
         decision_id=hashlib.sha256(f"{cand.qualification_digest}-{uuid.uuid4()}".encode()).hexdigest(),
         tx_id=None,
         slot=SLOT,
@@ -157,11 +157,11 @@ def committed(outcome: Any) -> None:
 def cycle(host: FakeHost, *, load_first: bool) -> None:
     """promote, rollback, load (with a load first on a host that has no candidate yet)."""
     if load_first:
-        committed(transactions.load(host.context(), slot=SLOT, candidate=host.candidate()))
+        committed(transactions.load(host.app(), slot=SLOT, candidate=host.candidate()))
     decide(host)
-    committed(lifecycle.promote(host.context(), slot=SLOT, approved_by="bench"))
-    committed(lifecycle.rollback(host.context(), slot=SLOT))
-    committed(transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="cand-2")))
+    committed(lifecycle.promote(host.app(), slot=SLOT, approved_by="bench"))
+    committed(lifecycle.rollback(host.app(), slot=SLOT))
+    committed(transactions.load(host.app(), slot=SLOT, candidate=host.candidate(name="cand-2")))
 
 
 def rowids(db: Path) -> dict[str, int]:
@@ -476,9 +476,9 @@ def host_on(template: Template, db: Path) -> Iterator[FakeHost]:
         shutil.copytree(template.root, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("anvil.db*"))
         shutil.copyfile(db, root / "state" / "anvil.db")
         host = reopen(root)
-        ctx = host.context()
-        ctx.store.sync_head_file()  # the copied history's head, as its own writes would have left it
-        ctx.close()
+        app = host.app()
+        app.store.sync_head_file()  # the copied history's head, as its own writes would have left it
+        app.close()
         yield host
 
 
@@ -492,7 +492,7 @@ def median_s(fn: Callable[[], Any], repeat: int, budget_s: float = 20.0) -> floa
     return statistics.median(times)
 
 
-def guard_times(ctx: Context, host: FakeHost) -> dict[str, float]:
+def guard_times(app: App, host: FakeHost) -> dict[str, float]:
     """Seconds of every guard of load, promote and rollback, each run whatever the others say."""
     from anvil_ctl.engine import runner
 
@@ -514,9 +514,9 @@ def guard_times(ctx: Context, host: FakeHost) -> dict[str, float]:
 
     runner.first_refusal = every  # type: ignore[assignment]
     try:
-        lifecycle.rollback(ctx, slot=SLOT, dry_run=True)
-        lifecycle.promote(ctx, slot=SLOT, approved_by="bench", dry_run=True)
-        transactions.load(ctx, slot=SLOT, candidate=host.candidate(name="cand-3"), dry_run=True)
+        lifecycle.rollback(app, slot=SLOT, dry_run=True)
+        lifecycle.promote(app, slot=SLOT, approved_by="bench", dry_run=True)
+        transactions.load(app, slot=SLOT, candidate=host.candidate(name="cand-3"), dry_run=True)
     finally:
         runner.first_refusal = real  # type: ignore[assignment]
     return seen
@@ -563,8 +563,8 @@ either (each read every revision, decision or identity recorded before migration
 def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, Any]:
     out: dict[str, Any] = {"size": size, "bytes": db.stat().st_size}
     with host_on(template, db) as host:
-        ctx = host.context()
-        out["guards"] = guard_times(ctx, host)
+        app = host.app()
+        out["guards"] = guard_times(app, host)
         con = sqlite3.connect(f"file:{host.settings.state_dir / 'anvil.db'}?mode=ro", uri=True)
         out["transactions"] = con.execute("select count(*) from transactions").fetchone()[0]
         middle_id, middle_at = con.execute(
@@ -573,20 +573,20 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
         ).fetchone()
         prefix, moment = str(middle_id)[:8], str(middle_at)[:19] + "Z"
         (newest_decision,) = con.execute("select id from decisions order by at desc limit 1").fetchone()
-        out["dry_run"] = timed_runs(lambda: lifecycle.rollback(ctx, slot=SLOT, dry_run=True), max(5, repeat))
+        out["dry_run"] = timed_runs(lambda: lifecycle.rollback(app, slot=SLOT, dry_run=True), max(5, repeat))
         timed: dict[str, float] = {
-            "status": median_s(lambda: admin.status(ctx), repeat),
-            "audit transactions --limit 20": median_s(lambda: audit.transactions(ctx, limit=20), repeat),
-            f"audit show {prefix}": median_s(lambda: audit.show(ctx, prefix), repeat),
-            "fleet status": median_s(lambda: fleet.status(ctx), repeat),
-            "audit history --limit 20": median_s(lambda: audit.history(ctx, slot=SLOT, limit=20), repeat),
-            "audit decisions --limit 20": median_s(lambda: audit_decisions(ctx, limit=20), repeat),
-            "audit incumbents --limit 20": median_s(lambda: audit.identities(ctx, limit=20), repeat),
+            "status": median_s(lambda: admin.status(app), repeat),
+            "audit transactions --limit 20": median_s(lambda: audit.transactions(app, limit=20), repeat),
+            f"audit show {prefix}": median_s(lambda: audit.show(app, prefix), repeat),
+            "fleet status": median_s(lambda: fleet.status(app), repeat),
+            "audit history --limit 20": median_s(lambda: audit.history(app, slot=SLOT, limit=20), repeat),
+            "audit decisions --limit 20": median_s(lambda: audit_decisions(app, limit=20), repeat),
+            "audit incumbents --limit 20": median_s(lambda: audit.identities(app, limit=20), repeat),
             "rollback --to 3: finding revision 3": median_s(
-                lambda: resolve_target(ctx.store, SLOT, "3"), repeat
+                lambda: resolve_target(app.store, SLOT, "3"), repeat
             ),
             "promote: the waivers its decision relied on": median_s(
-                lambda: waived_checks(ctx.world(), newest_decision), repeat
+                lambda: waived_checks(app.world(), newest_decision), repeat
             ),
         }
         out["library_s"] = timed
@@ -604,14 +604,14 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
             "audit show PREFIX": cli_s(host, "audit", "show", prefix),
             "fleet status": cli_s(host, "fleet", "status"),
         }
-        out["verify"] = verify_times(ctx, host)
-        ctx.close()
+        out["verify"] = verify_times(app, host)
+        app.close()
     return out
 
 
-def verify_run(ctx: Context, *, full: bool) -> dict[str, Any]:
+def verify_run(app: App, *, full: bool) -> dict[str, Any]:
     started = time.perf_counter()
-    report = audit.verify(ctx, full=full)
+    report = audit.verify(app, full=full)
     seconds = time.perf_counter() - started
     assert report["ok"], report["problems"][:5]
     return {
@@ -623,12 +623,12 @@ def verify_run(ctx: Context, *, full: bool) -> dict[str, Any]:
     }
 
 
-def verify_times(ctx: Context, host: FakeHost) -> dict[str, Any]:
+def verify_times(app: App, host: FakeHost) -> dict[str, Any]:
     """`--full` (recording a checkpoint), then new transactions, then incremental from it;
     then each again as an `anvilctl` process (three more transactions past the checkpoint)."""
-    full = verify_run(ctx, full=True)
+    full = verify_run(app, full=True)
     cycle(host, load_first=False)  # promote, rollback, load: three transactions past the checkpoint
-    incremental = verify_run(ctx, full=False)
+    incremental = verify_run(app, full=False)
     assert incremental["mode"] == "incremental" and not incremental["escalated"], incremental
     incremental["new_transactions"] = 3
     cycle(host, load_first=False)  # three more for the process to check

@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.config import Settings
 from anvil_ctl.persistence.queries import TransactionSummary
 from scripts.campaign import (
@@ -125,7 +125,7 @@ class ChaosHost:
     @property
     def candidate(self) -> str | None:
         """The latest loaded candidate, from the record."""
-        ident = self.context().store.current_identity("primary", "candidate")
+        ident = self.app().store.current_identity("primary", "candidate")
         return ident.container_id if ident else None
 
     @property
@@ -134,10 +134,10 @@ class ChaosHost:
         from anvil_ctl.commands import audit
 
         cand = self.candidate
-        rows = audit.identities(self.context(), slot="primary", role="incumbent")
+        rows = audit.identities(self.app(), slot="primary", role="incumbent")
         return cand is not None and any(r["container_id"] == cand for r in rows)
 
-    def context(self) -> Context:
+    def app(self) -> App:
         env = self.camp.env
         settings = Settings(  # type: ignore[call-arg]
             state_dir=Path(env["ANVIL_STATE_DIR"]),
@@ -146,7 +146,7 @@ class ChaosHost:
             gpu="simulated",
             _env_file=None,
         )
-        return Context(settings=settings, env=env)
+        return App(settings=settings, env=env)
 
     def observe(self) -> Observed:
         import httpx
@@ -234,8 +234,8 @@ class ChaosHost:
     def verify_candidate(self) -> None:
         """A verified decision for the loaded candidate (promote's precondition; qualify is not
         what this harness tests)."""
-        ctx = self.context()
-        verified_decision(ctx.store, "primary", "chaos-{digest}")
+        app = self.app()
+        verified_decision(app.store, "primary", "chaos-{digest}")
 
     def unload_stopped_candidates(self) -> None:
         rt = runtime()
@@ -253,7 +253,7 @@ class ChaosHost:
         before = self.prepare(case.command)
         # Transactions that exist already: a kill before the command journals anything (during
         # start-up) leaves no transaction of its own, and an earlier one must not be judged.
-        known = {t["tx_id"] for t in recent_transactions(self.context())}
+        known = {t["tx_id"] for t in recent_transactions(self.app())}
         after = AFTER[before] if case.command == "rollback" else {"load": "B", "promote": "C"}[case.command]
         argv = self.argv(case.command, before)
         env = dict(self.camp.env)
@@ -318,8 +318,8 @@ class ChaosHost:
         after: str,
         known: set[str],
     ) -> Verdict:
-        ctx = self.context()
-        txs = [t for t in recent_transactions(ctx) if t["kind"] == case.command and t["tx_id"] not in known]
+        app = self.app()
+        txs = [t for t in recent_transactions(app) if t["kind"] == case.command and t["tx_id"] not in known]
         tx_state = txs[0]["state"] if txs else "none"  # none: killed before it journaled anything
         problems = []
         if recovered[-1].get("recovered"):
@@ -366,10 +366,10 @@ class ChaosHost:
         self.camp.stop()
 
 
-def recent_transactions(ctx: Context) -> list[TransactionSummary]:
+def recent_transactions(app: App) -> list[TransactionSummary]:
     from anvil_ctl.commands import audit
 
-    return audit.transactions(ctx, limit=5)
+    return audit.transactions(app, limit=5)
 
 
 def table(verdicts: list[Verdict]) -> str:

@@ -1,4 +1,4 @@
-"""The EngineProbe port over httpx: /health, /v1/models and the context probe of an engine."""
+"""The ServerProbe port over httpx: /health, /v1/models and the context probe of an engine."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.model import ModelCard, PromptAnswer
 
 
-class HttpEngineProbe:
+class HttpServerProbe:
     """One client for the probe's life, opened on first use and closed by `close`.
 
     Building an httpx client costs (with the CA bundle loaded, 40-80 ms on a loaded

@@ -60,16 +60,18 @@ def init(
         from anvil_ctl.commands import admin
 
         return Reply(Text(admin.print_grants(database=database, owner=owner_role, app=app_role)))
-    ctx = session.context()
-    with working(ctx.progress, "init: creating or upgrading the state database"):
+    app = session.app()
+    with working(app.progress, "init: creating or upgrading the state database"):
         from anvil_ctl.commands import admin
 
-        result = admin.init(ctx)
+        result = admin.init(app)
     if detect_gpus:
-        with working(ctx.progress, "init: probing the GPUs"):
-            from anvil_ctl.commands import gpu
+        with working(app.progress, "init: probing the GPUs"):
+            from anvil_ctl.commands import gpus_and_waivers
 
-            result["gpu_roles"] = gpu.detect(ctx, overrides=gpu.parse_overrides(override), write=True)
+            result["gpu_roles"] = gpus_and_waivers.detect(
+                app, overrides=gpus_and_waivers.parse_overrides(override), write=True
+            )
     return Reply(InitView(result))
 
 
@@ -80,11 +82,11 @@ def db_upgrade(session: Session) -> Reply:
     from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import InitView
 
-    ctx = session.context()
-    with working(ctx.progress, "db upgrade: running the state database's migrations"):
+    app = session.app()
+    with working(app.progress, "db upgrade: running the state database's migrations"):
         from anvil_ctl.commands import admin
 
-        return Reply(InitView(admin.db_upgrade(ctx)))
+        return Reply(InitView(admin.db_upgrade(app)))
 
 
 @click.command("copy", epilog=example("anvilctl db copy --to 'postgresql+psycopg://anvil_owner@db/anvil'"))
@@ -108,11 +110,11 @@ def db_copy(session: Session, to: str) -> Reply:
     from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import Record
 
-    ctx = session.context()
-    with working(ctx.progress, "db copy: verifying, copying and verifying the copy"):
+    app = session.app()
+    with working(app.progress, "db copy: verifying, copying and verifying the copy"):
         from anvil_ctl.commands import dbcopy
 
-        return Reply(Record(dbcopy.db_copy(ctx, to=to)))
+        return Reply(Record(dbcopy.db_copy(app, to=to)))
 
 
 db = click.Group(
@@ -157,11 +159,11 @@ def status(session: Session, watch: bool, interval: float, count: int | None) ->
     if not watch:
         from anvil_ctl.cli.progress import working
 
-        ctx = session.context()
-        with working(ctx.progress, "status: observing the containers, the engines and the router"):
+        app = session.app()
+        with working(app.progress, "status: observing the containers, the engines and the router"):
             from anvil_ctl.commands import admin
 
-            return Reply(StatusView(admin.status(ctx)))
+            return Reply(StatusView(admin.status(app)))
     from anvil_ctl.cli.watch import watch_status
 
     watch_status(session, interval_s=interval, count=count)
@@ -178,11 +180,11 @@ def recover(session: Session) -> Reply:
     """
     from anvil_ctl.cli.progress import working
 
-    ctx = session.context()
-    with working(ctx.progress, "recover: looking for transactions whose owner died"):
+    app = session.app()
+    with working(app.progress, "recover: looking for transactions whose owner died"):
         from anvil_ctl.commands import transactions
 
-        report = transactions.recover_all(ctx)
+        report = transactions.recover_all(app)
     return Reply(report, ExitCode(report.exit_code))
 
 
@@ -202,7 +204,7 @@ def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import transactions
 
-    return Reply(Record(transactions.resolve(session.context(), tx, by=by, note=note)))
+    return Reply(Record(transactions.resolve(session.app(), tx, by=by, note=note)))
 
 
 @click.command("status", epilog=example("anvilctl lock status"))
@@ -212,7 +214,7 @@ def lock_status(session: Session) -> Reply:
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import transactions
 
-    return Reply(Table(transactions.lock_status(session.context())))
+    return Reply(Table(transactions.lock_status(session.app())))
 
 
 @click.command(
@@ -231,7 +233,7 @@ def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import transactions
 
-    return Reply(Record(transactions.lock_break(session.context(), lock_id, by=by, reason=reason)))
+    return Reply(Record(transactions.lock_break(session.app(), lock_id, by=by, reason=reason)))
 
 
 lock = click.Group(

@@ -1,7 +1,7 @@
 """The `anvilctl` root: the one command table, global options, and the one exit-code mapping.
 
 `main(argv)` parses with click, runs the command callback (which imports its command
-implementation only then), closes the command context, renders the result by its
+implementation only then), closes the App, renders the result by its
 type and returns an `ExitCode`. Every error becomes one line on stderr here and
 nowhere else: a usage error exits 2, an `AnvilError` its own `exit_code` (2 bad input,
 3 refused, 7 a dependency unavailable ...), anything else 1: a bug (rerun with `--debug`
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NoReturn, TypedDict
 
 import click
 
-from anvil_ctl.cli import admin, audit, claims, fleet, gpu, lifecycle, qualify, serves
+from anvil_ctl.cli import admin, audit, claims, fleet, gpus_and_waivers, lifecycle, qualify, serves
 from anvil_ctl.cli.complete import PROG, completion
 from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
 from anvil_ctl.cli.topics import help_command
@@ -32,7 +32,7 @@ from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.validate import escape_text
 
 if TYPE_CHECKING:
-    from anvil_ctl.bootstrap import Context
+    from anvil_ctl.bootstrap import App
     from anvil_ctl.config import Settings
 
 INTERRUPTED = 128 + signal.SIGINT  # the shell's convention for a process ended by Ctrl-C: 130
@@ -59,9 +59,9 @@ COMMANDS: list[click.Command] = [
     lifecycle.recheck,
     lifecycle.reconcile,
     # GPUs and waivers
-    gpu.gpus,
-    gpu.waive,
-    gpu.waivers,
+    gpus_and_waivers.gpus,
+    gpus_and_waivers.waive,
+    gpus_and_waivers.waivers,
     # records
     audit.audit,
     fleet.fleet,
@@ -82,10 +82,10 @@ def _version() -> str:
         return "unknown"
 
 
-def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    if value and not ctx.resilient_parsing:
+def _print_version(click_ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not click_ctx.resilient_parsing:
         click.echo(f"{PROG} {_version()}")
-        ctx.exit(ExitCode.OK)
+        click_ctx.exit(ExitCode.OK)
 
 
 root = click.Group(
@@ -122,7 +122,7 @@ def attach_global_options(command: click.Command) -> None:
 attach_global_options(root)
 
 
-# -- the command context -----------------------------------------------------------------------
+# -- the App ----------------------------------------------------------------------------------
 
 
 class _Overrides(TypedDict, total=False):
@@ -167,14 +167,14 @@ def _setting_name(loc: tuple[int | str, ...], flags: Mapping[str, object]) -> st
     return f"ANVIL_{name.upper()}"
 
 
-def open_context(options: GlobalOptions) -> Context:
-    """The one place the command context is built: settings, logging, progress, the context.
+def open_app(options: GlobalOptions) -> App:
+    """The one place the App is built: settings, logging, progress, the App.
 
     On a terminal the progress display stands in for info logs: the level is `warning` there
     unless ANVIL_LOG_LEVEL or --debug says otherwise (a pipe keeps its JSON log lines).
     """
     from anvil_ctl import log
-    from anvil_ctl.bootstrap import Context
+    from anvil_ctl.bootstrap import App
     from anvil_ctl.cli.progress import for_stream
     from anvil_ctl.config import setting_origins
     from anvil_ctl.places import process_defaults
@@ -189,14 +189,14 @@ def open_context(options: GlobalOptions) -> Context:
     log.configure(settings.log_format, level)
     flags = {"config": options.config, "state_db": options.state_db, "state_dir": options.state_dir}
     flags["recipes_dir"] = options.recipes_dir
-    return Context(
+    return App(
         settings=settings,
         env=env,
         origins=setting_origins(flags, env, process_defaults()),
         progress=for_stream(
             sys.stderr, json_output=options.as_json, heartbeat_s=settings.progress_heartbeat_s
         ),
-        keep_connection=True,  # the session closes the context when the command ends
+        keep_connection=True,  # the session closes the App when the command ends
     )
 
 
@@ -235,7 +235,7 @@ def _masked(text: str, options: GlobalOptions) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `anvilctl` with `argv` (default: sys.argv[1:]); return the exit code."""
     options = GlobalOptions()
-    session = Session(options, open_context)
+    session = Session(options, open_app)
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def console() -> NoReturn:
     """`anvilctl` and `python -m anvil_ctl`: run `main`, flush, and leave without a teardown.
 
-    By the time `main` returns, the command context is closed (database connections and
+    By the time `main` returns, the App is closed (database connections and
     adapters, in `Session.close`) and the output is written; what is left is the
     interpreter's own teardown of hundreds of modules (0.7-1.8 s measured on a loaded
     host, more after `openai`). Only this entry point skips it, with `os._exit` after

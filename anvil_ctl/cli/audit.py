@@ -14,7 +14,7 @@ import click
 from click.decorators import FC
 
 from anvil_ctl.cli.complete import complete_slots, complete_transactions
-from anvil_ctl.cli.gpu import waiver_table
+from anvil_ctl.cli.gpus_and_waivers import waiver_table
 from anvil_ctl.cli.params import LIMIT, REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
@@ -94,7 +94,7 @@ def transactions(
     from anvil_ctl.commands import audit
 
     rows = audit.transactions(
-        session.context(), kind=kind, state=state, since=since, limit=limit, scope=_scope(host, all_hosts)
+        session.app(), kind=kind, state=state, since=since, limit=limit, scope=_scope(host, all_hosts)
     )
     return Reply(Table(rows))
 
@@ -111,7 +111,7 @@ def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     from anvil_ctl.cli.views import TransactionView
     from anvil_ctl.commands import audit
 
-    return Reply(TransactionView(audit.show(session.context(), tx, _scope(host, all_hosts))))
+    return Reply(TransactionView(audit.show(session.app(), tx, _scope(host, all_hosts))))
 
 
 @click.command("diff", epilog=example("anvilctl audit diff 8259c0de"))
@@ -126,7 +126,7 @@ def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     from anvil_ctl.cli.views import DiffView
     from anvil_ctl.commands import audit
 
-    return Reply(DiffView(audit.diff(session.context(), tx, _scope(host, all_hosts))))
+    return Reply(DiffView(audit.diff(session.app(), tx, _scope(host, all_hosts))))
 
 
 @click.command("history", epilog=example("anvilctl audit history --slot primary"))
@@ -150,7 +150,7 @@ def history(session: Session, slot: str, limit: int) -> Reply:
     from anvil_ctl.cli.views import HistoryView
     from anvil_ctl.commands import audit
 
-    return Reply(HistoryView(audit.history(session.context(), slot=slot, limit=limit)))
+    return Reply(HistoryView(audit.history(session.app(), slot=slot, limit=limit)))
 
 
 @click.command("verify", epilog=example("anvilctl audit verify --expect-head 1742:9f2c...e01a"))
@@ -179,13 +179,13 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import ChainCheck
 
-    ctx = session.context()
+    app = session.app()
     walk = "the whole journal" if full else "the journal from the last checkpoint"
-    with working(ctx.progress, f"audit verify: walking {walk} and re-digesting the rows it covers"):
+    with working(app.progress, f"audit verify: walking {walk} and re-digesting the rows it covers"):
         from anvil_ctl.commands import audit
 
         check = ChainCheck(
-            audit.verify(ctx, full=full, expect_head=expect_head, scope=_scope(host, all_hosts))
+            audit.verify(app, full=full, expect_head=expect_head, scope=_scope(host, all_hosts))
         )
     return Reply(check, ExitCode.OK if check.ok else ExitCode.DRIFT)
 
@@ -213,9 +213,7 @@ def incumbents(
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
-    rows = audit.identities(
-        session.context(), slot=slot, role=role, scope=_scope(host, all_hosts), limit=limit
-    )
+    rows = audit.identities(session.app(), slot=slot, role=role, scope=_scope(host, all_hosts), limit=limit)
     if host is None and not all_hosts and rows:  # one host's: its name in --json only
         return Reply(Table(rows, columns=[c for c in rows[0] if c != "host"]))
     return Reply(Table(rows))
@@ -246,7 +244,7 @@ def served(session: Session, slot: str, at: str, host: str | None, all_hosts: bo
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
-    return Reply(Table(audit.served(session.context(), slot=slot, at=at, scope=_scope(host, all_hosts))))
+    return Reply(Table(audit.served(session.app(), slot=slot, at=at, scope=_scope(host, all_hosts))))
 
 
 def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
@@ -277,7 +275,7 @@ def decisions(session: Session, slot: str | None, limit: int) -> Reply:
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import qualify
 
-    decided = qualify.audit_decisions(session.context(), slot=slot, limit=limit)
+    decided = qualify.audit_decisions(session.app(), slot=slot, limit=limit)
     return Reply(Table(decided, cells=_decision_cells))
 
 
@@ -285,9 +283,9 @@ def decisions(session: Session, slot: str | None, limit: int) -> Reply:
 @pass_session
 def waivers(session: Session) -> Reply:
     """Every waiver with its state now (= waivers list)."""
-    from anvil_ctl.commands import gpu
+    from anvil_ctl.commands import gpus_and_waivers
 
-    return Reply(waiver_table(gpu.list_waivers(session.context())))
+    return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))
 
 
 @click.command("rechecks", epilog=example("anvilctl audit rechecks --slot primary --limit 5"))
@@ -299,7 +297,7 @@ def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
-    return Reply(Table(audit.rechecks(session.context(), slot=slot, limit=limit)))
+    return Reply(Table(audit.rechecks(session.app(), slot=slot, limit=limit)))
 
 
 @click.command("evidence", epilog=example("anvilctl audit evidence 8259c0de"))
@@ -314,7 +312,7 @@ def evidence(session: Session, tx: str) -> Reply:
     from anvil_ctl.cli.views import EvidenceAudit
     from anvil_ctl.commands import qualify
 
-    found = EvidenceAudit(qualify.audit_evidence(session.context(), tx))
+    found = EvidenceAudit(qualify.audit_evidence(session.app(), tx))
     return Reply(found, ExitCode.OK if found.ok else ExitCode.DRIFT)
 
 

@@ -37,8 +37,8 @@ def check(session: Session, ledger: Path, evidence: Path) -> Reply:
     """
     from anvil_ctl.cli.progress import working
 
-    ctx = session.context()  # settings and logging, as for every command; the check needs nothing else
-    with working(ctx.progress, f"claims check: recounting {ledger.name} from the verified bundle"):
+    app = session.app()  # settings and logging, as for every command; the check needs nothing else
+    with working(app.progress, f"claims check: recounting {ledger.name} from the verified bundle"):
         from anvil_ctl.commands import claims
 
         result = claims.check_claims(ledger, evidence)
@@ -53,7 +53,7 @@ def render(session: Session, ledger: Path) -> Reply:
     from anvil_ctl.cli.views import Text
     from anvil_ctl.commands import claims
 
-    session.context()
+    session.app()
     return Reply(Text(claims.render_claims(ledger)))
 
 

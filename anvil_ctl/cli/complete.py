@@ -26,47 +26,49 @@ COMPLETE_VAR = "_ANVILCTL_COMPLETE"
 SHELLS = ("bash", "zsh", "fish")
 
 
-def _options(ctx: click.Context) -> GlobalOptions:
-    session = ctx.find_object(Session)
+def _options(click_ctx: click.Context) -> GlobalOptions:
+    session = click_ctx.find_object(Session)
     return session.options if session is not None else GlobalOptions()
 
 
-def _config_path(ctx: click.Context) -> Path:
-    return _options(ctx).config or Path(os.environ.get("ANVIL_CONFIG") or process_defaults().config)
+def _config_path(click_ctx: click.Context) -> Path:
+    return _options(click_ctx).config or Path(os.environ.get("ANVIL_CONFIG") or process_defaults().config)
 
 
-def _host_config(ctx: click.Context) -> dict[str, object]:
+def _host_config(click_ctx: click.Context) -> dict[str, object]:
     import tomllib  # only when completing: `--help` and every command skip it
 
     try:
-        data = tomllib.loads(_config_path(ctx).read_text())
+        data = tomllib.loads(_config_path(click_ctx).read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def complete_slots(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_slots(click_ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Slot names of the host config."""
-    slots = _host_config(ctx).get("slots") or {}
+    slots = _host_config(click_ctx).get("slots") or {}
     if not isinstance(slots, dict):
         return []
     return [CompletionItem(name) for name in sorted(slots) if name.startswith(incomplete)]
 
 
-def recipe_dirs(ctx: click.Context) -> list[Path]:
+def recipe_dirs(click_ctx: click.Context) -> list[Path]:
     """The recipe search, as `commands.recipes.search_dirs` orders it."""
-    given = _options(ctx).recipes_dir or os.environ.get("ANVIL_RECIPES_DIR")
+    given = _options(click_ctx).recipes_dir or os.environ.get("ANVIL_RECIPES_DIR")
     dirs = [Path(given)] if given else []
-    host = _host_config(ctx).get("recipes_dir")
+    host = _host_config(click_ctx).get("recipes_dir")
     if isinstance(host, str) and host:
-        dirs.append(_config_path(ctx).parent / host)
+        dirs.append(_config_path(click_ctx).parent / host)
     return [*dirs, RECIPES_DIR]
 
 
-def complete_recipes(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_recipes(
+    click_ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
     """Recipe names of the recipe search."""
     names: set[str] = set()
-    for directory in recipe_dirs(ctx):
+    for directory in recipe_dirs(click_ctx):
         try:
             names.update(p.stem for p in directory.glob("*.toml"))
         except OSError:
@@ -74,14 +76,14 @@ def complete_recipes(ctx: click.Context, param: click.Parameter, incomplete: str
     return [CompletionItem(name) for name in sorted(names) if name.startswith(incomplete)]
 
 
-def _recorded(ctx: click.Context, what: str, incomplete: str) -> list[CompletionItem]:
+def _recorded(click_ctx: click.Context, what: str, incomplete: str) -> list[CompletionItem]:
     try:
-        from anvil_ctl.bootstrap import Context
+        from anvil_ctl.bootstrap import App
         from anvil_ctl.cli.app import settings_from
         from anvil_ctl.commands.audit import completion_ids
 
-        context = Context(settings=settings_from(_options(ctx)), env=dict(os.environ))
-        found = completion_ids(context, what, incomplete)
+        app = App(settings=settings_from(_options(click_ctx)), env=dict(os.environ))
+        found = completion_ids(app, what, incomplete)
     except Exception:  # no database, a locked one, a broken setting: complete nothing
         return []
     if what == "container":
@@ -93,20 +95,24 @@ def _recorded(ctx: click.Context, what: str, incomplete: str) -> list[Completion
 
 
 def complete_transactions(
-    ctx: click.Context, param: click.Parameter, incomplete: str
+    click_ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[CompletionItem]:
     """Recorded transaction IDs, newest first."""
-    return _recorded(ctx, "transaction", incomplete)
+    return _recorded(click_ctx, "transaction", incomplete)
 
 
-def complete_containers(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_containers(
+    click_ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
     """Recorded container IDs (12 characters), newest first."""
-    return _recorded(ctx, "container", incomplete)
+    return _recorded(click_ctx, "container", incomplete)
 
 
-def complete_targets(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_targets(
+    click_ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
     """`rollback --to`: recorded containers, then transactions."""
-    return _recorded(ctx, "container", incomplete) + _recorded(ctx, "transaction", incomplete)
+    return _recorded(click_ctx, "container", incomplete) + _recorded(click_ctx, "transaction", incomplete)
 
 
 def completion_script(root: click.Command, shell: str) -> str:
@@ -123,7 +129,7 @@ def completion_script(root: click.Command, shell: str) -> str:
 )
 @click.argument("shell", type=click.Choice(SHELLS))
 @click.pass_context
-def completion(ctx: click.Context, shell: str) -> Reply:
+def completion(click_ctx: click.Context, shell: str) -> Reply:
     """Print the shell completion script for SHELL (bash, zsh or fish).
 
     Load it for this shell with `source <(anvilctl completion bash)`. It completes
@@ -132,4 +138,4 @@ def completion(ctx: click.Context, shell: str) -> Reply:
     """
     from anvil_ctl.cli.views import Text
 
-    return Reply(Text(completion_script(ctx.find_root().command, shell)))
+    return Reply(Text(completion_script(click_ctx.find_root().command, shell)))

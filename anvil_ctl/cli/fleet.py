@@ -18,7 +18,7 @@ def fleet_status(session: Session) -> Reply:
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import fleet
 
-    return Reply(Record({"hosts": fleet.status(session.context())}))
+    return Reply(Record({"hosts": fleet.status(session.app())}))
 
 
 fleet = click.Group(

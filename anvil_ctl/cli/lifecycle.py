@@ -59,7 +59,7 @@ def promote(
     from anvil_ctl.commands import lifecycle
 
     out = lifecycle.promote(
-        session.context(),
+        session.app(),
         slot=slot,
         approved_by=approved_by,
         candidate=candidate,
@@ -113,7 +113,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         from anvil_ctl.commands import lifecycle
 
         out = lifecycle.rollback(
-            session.context(),
+            session.app(),
             slot=slot,
             to=to,
             restore_group=restore_group,
@@ -175,11 +175,11 @@ def recheck(session: Session, slot: str, textfile: Path | None, repair: tuple[st
 
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded
-    ctx = session.context()
-    with working(ctx.progress, f"recheck: observing slot {slot} and checking its goals"):
+    app = session.app()
+    with working(app.progress, f"recheck: observing slot {slot} and checking its goals"):
         from anvil_ctl.commands import recheck as recheck_cmd
 
-        result = recheck_cmd.recheck(ctx, slot, repair=repair)
+        result = recheck_cmd.recheck(app, slot, repair=repair)
     if textfile is not None:
         recheck_cmd.write_textfile(textfile, result, now=time.time())
     return Reply(result, ExitCode(result.exit_code))
@@ -205,5 +205,5 @@ def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     """
     from anvil_ctl.commands import reconcile as reconcile_cmd
 
-    out = reconcile_cmd.reconcile(session.context(), slot, dry_run=dry_run)
+    out = reconcile_cmd.reconcile(session.app(), slot, dry_run=dry_run)
     return Reply(out, ExitCode(out.exit_code))

@@ -35,11 +35,11 @@ class Text(click.ParamType[str, object]):
     def __init__(self, max_len: int = MAX_TEXT, *, multiline: bool = False, empty: bool = False) -> None:
         self.max_len, self.multiline, self.empty = max_len, multiline, empty
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> str:
         try:
             return check_text(str(value), max_len=self.max_len, multiline=self.multiline, empty=self.empty)
         except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(str(exc), param, click_ctx)
 
 
 class Person(click.ParamType[str, object]):
@@ -47,11 +47,11 @@ class Person(click.ParamType[str, object]):
 
     name = "name"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> str:
         try:
             return check_person(str(value))
         except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(str(exc), param, click_ctx)
 
 
 class Timestamp(click.ParamType[str, object]):
@@ -59,11 +59,11 @@ class Timestamp(click.ParamType[str, object]):
 
     name = "time"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> str:
         try:
             return utc_stamp(parse_rfc3339(str(value)))
         except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(str(exc), param, click_ctx)
 
 
 class Duration(click.ParamType[float, object]):
@@ -71,13 +71,13 @@ class Duration(click.ParamType[float, object]):
 
     name = "duration"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
         try:
             return parse_duration(str(value))
         except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(str(exc), param, click_ctx)
 
 
 class NewFile(click.ParamType[Path, object]):
@@ -86,11 +86,11 @@ class NewFile(click.ParamType[Path, object]):
 
     name = "file"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> Path:
         try:
             return Path(check_text(str(value), max_len=4096, empty=False))
         except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(str(exc), param, click_ctx)
 
 
 def check_new_file(path: Path, flag: str) -> Path:

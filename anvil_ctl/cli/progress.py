@@ -325,7 +325,7 @@ def working(progress: Progress, what: str) -> Iterator[None]:
 
 
 class GateProgress:
-    """The qualification runner's progress (`anvil_ctl.qualify.report.Progress`), told to the
+    """The qualification runner's progress (`anvil_ctl.qualify.runner.Progress`), told to the
     transaction's progress: gate verdicts as notes, request counts as the step's activity."""
 
     def __init__(self, progress: Progress) -> None:

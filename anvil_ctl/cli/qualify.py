@@ -91,13 +91,13 @@ def qualify(
             raise click.UsageError("--gates does not go with --ab (the profile's capacity cells run)")
         if timeout_s is not None:
             raise click.UsageError("--timeout does not go with --ab (the profile's cells all run)")
-        compared = qualify_cmd.qualify_ab(session.context(), slot=slot, arms=ab, profile=profile)
+        compared = qualify_cmd.qualify_ab(session.app(), slot=slot, arms=ab, profile=profile)
         return Reply(compared, ExitCode(compared.exit_code))
     chosen = [g.strip() for g in (gates or "").split(",") if g.strip()]
-    ctx = session.context()
-    progress = None if session.options.as_json else GateProgress(ctx.progress)
+    app = session.app()
+    progress = None if session.options.as_json else GateProgress(app.progress)
     out = qualify_cmd.qualify_slot(
-        ctx, slot=slot, profile=profile, gates=chosen, progress=progress, timeout_s=timeout_s
+        app, slot=slot, profile=profile, gates=chosen, progress=progress, timeout_s=timeout_s
     )
     return Reply(out, ExitCode(out.exit_code))
 
@@ -114,11 +114,11 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     """
     from anvil_ctl.cli.progress import working
 
-    ctx = session.context()
-    with working(ctx.progress, f"evidence export: copying and redacting the evidence of {tx}"):
+    app = session.app()
+    with working(app.progress, f"evidence export: copying and redacting the evidence of {tx}"):
         from anvil_ctl.commands import qualify as qualify_cmd
 
-        return Reply(qualify_cmd.export_evidence(ctx, tx, directory))
+        return Reply(qualify_cmd.export_evidence(app, tx, directory))
 
 
 @click.command(
@@ -144,11 +144,11 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
 
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
-    ctx = session.context()
-    with working(ctx.progress, f"evidence verify: hashing every artifact of {directory}"):
+    app = session.app()
+    with working(app.progress, f"evidence verify: hashing every artifact of {directory}"):
         from anvil_ctl.commands import qualify as qualify_cmd
 
-        result = qualify_cmd.verify_evidence(ctx, directory, expect_manifest=expect_manifest)
+        result = qualify_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
@@ -174,11 +174,11 @@ def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     """
     from anvil_ctl.cli.progress import working
 
-    ctx = session.context()
-    with working(ctx.progress, f"evidence report: verifying the bundles of {tx} and drawing the page"):
+    app = session.app()
+    with working(app.progress, f"evidence report: verifying the bundles of {tx} and drawing the page"):
         from anvil_ctl.commands import report
 
-        return Reply(report.evidence_report(ctx, tx, output))
+        return Reply(report.evidence_report(app, tx, output))
 
 
 evidence = click.Group(

@@ -200,9 +200,9 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.commands.recipes.RecipeView": rq.recipe_view,
     "anvil_ctl.commands.recipes.ValidationReport": rq.validation,
     "anvil_ctl.commands.recipes.Plan": rq.recipe_plan,
-    "anvil_ctl.qualify.evidence_export.ExportResult": rq.export,
-    "anvil_ctl.qualify.claims.ClaimsCheck": rq.claims,
+    "anvil_ctl.evidence.export.ExportResult": rq.export,
+    "anvil_ctl.evidence.claims.ClaimsCheck": rq.claims,
     "anvil_ctl.commands.report.ReportResult": rq.report,
-    "anvil_ctl.qualify.evidence_verify.VerifyResult": rq.verify,
+    "anvil_ctl.evidence.bundle.VerifyResult": rq.verify,
 }
 """Human renderer by result type (fully qualified name); anything else prints as `key: value` lines."""

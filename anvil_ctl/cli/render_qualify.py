@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from anvil_ctl.commands.qualify import AbOutcome, QualifyOutcome
     from anvil_ctl.commands.recipes import Plan, RecipeView, ValidationReport
     from anvil_ctl.commands.report import ReportResult
-    from anvil_ctl.qualify.claims import ClaimsCheck
-    from anvil_ctl.qualify.evidence import ExportResult, VerifyResult
+    from anvil_ctl.evidence.bundle import VerifyResult
+    from anvil_ctl.evidence.claims import ClaimsCheck
+    from anvil_ctl.evidence.export import ExportResult
 
 
 # -- recipes -----------------------------------------------------------------------------------
@@ -60,7 +61,8 @@ def qualify(q: QualifyOutcome, out: Out) -> None:
     if result is None or decision is None:  # refused, or the candidate changed: no decision
         outcome(q.outcome, out)
         return
-    from anvil_ctl.qualify import render_gates, render_summary, summary_table
+    from anvil_ctl.evidence.summary import render_summary, summary_table
+    from anvil_ctl.qualify.runner import render_gates
 
     out.line(f"qualify: profile {s(result.profile)}, {s(result.served_model)} at {s(result.base_url)}")
     out.line()

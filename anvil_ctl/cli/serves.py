@@ -39,7 +39,7 @@ def recipes_list(session: Session) -> Reply:
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import recipes
 
-    found = recipes.list_recipes(recipes.recipe_search(session.context()))
+    found = recipes.list_recipes(recipes.recipe_search(session.app()))
     return Reply(Table([asdict(r) for r in found], columns=RECIPE_LIST_COLUMNS))
 
 
@@ -53,8 +53,8 @@ def recipes_show(session: Session, recipe: str) -> Reply:
     """
     from anvil_ctl.commands import recipes
 
-    ctx = session.context()
-    return Reply(recipes.show_recipe(recipe, recipes.recipe_search(ctx)))
+    app = session.app()
+    return Reply(recipes.show_recipe(recipe, recipes.recipe_search(app)))
 
 
 @click.command("validate", epilog=example("anvilctl recipes validate stub-393k-c1 --slot primary"))
@@ -71,9 +71,9 @@ def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
     """Check RECIPE; a bad field exits 2 naming the file and the field."""
     from anvil_ctl.commands import recipes
 
-    ctx = session.context()
-    host = ctx.config if slot else None
-    found = recipes.validate_recipe(recipe, recipes.recipe_search(ctx), host_config=host, slot_name=slot)
+    app = session.app()
+    host = app.config if slot else None
+    found = recipes.validate_recipe(recipe, recipes.recipe_search(app), host_config=host, slot_name=slot)
     return Reply(found)
 
 
@@ -95,9 +95,9 @@ def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
     """
     from anvil_ctl.commands import recipes
 
-    ctx = session.context()
+    app = session.app()
     return Reply(
-        recipes.plan_recipe(recipe, recipes.recipe_search(ctx), host_config=ctx.config, slot_name=slot)
+        recipes.plan_recipe(recipe, recipes.recipe_search(app), host_config=app.config, slot_name=slot)
     )
 
 
@@ -144,7 +144,7 @@ def load(
 
     accepted = drift_acceptance(accept_drift, drift_by, drift_reason)
     out = serves.load(
-        session.context(), recipe, slot=slot, dry_run=dry_run, accept_drift=accepted, timeout_s=timeout_s
+        session.app(), recipe, slot=slot, dry_run=dry_run, accept_drift=accepted, timeout_s=timeout_s
     )
     return Reply(out, ExitCode(out.exit_code))
 
@@ -167,7 +167,7 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import serves
 
-    out = serves.unload(session.context(), container_id, yes=yes, remove_residue=remove_residue)
+    out = serves.unload(session.app(), container_id, yes=yes, remove_residue=remove_residue)
     if isinstance(out, dict):  # without --yes: what would be removed
         return Reply(Record(out))
     return Reply(out, ExitCode(out.exit_code))
@@ -209,7 +209,7 @@ def adopt(
     from anvil_ctl.commands import transactions
 
     out = transactions.adopt(
-        session.context(),
+        session.app(),
         slot=slot,
         container_id=container_id,
         context_tokens=context_tokens,

@@ -1,8 +1,8 @@
-"""One invocation of `anvilctl`: its global options, its command context, and what it answers.
+"""One invocation of `anvilctl`: its global options, its App, and what it answers.
 
-Every command callback takes the `Session` (`@pass_session`), asks it for the command
-context when it needs one, and returns a `Reply`: a typed result for the renderers and
-the exit code. Nothing here imports a command implementation: `--help` must stay fast,
+Every command callback takes the `Session` (`@pass_session`), asks it for the `App`
+(`anvil_ctl.bootstrap`) when it needs one, and returns a `Reply`: a typed result for the
+renderers and the exit code. Nothing here imports a command implementation: `--help` must stay fast,
 so this module, like the command modules at import time, loads only click and the core.
 """
 
@@ -20,7 +20,7 @@ from anvil_ctl.cli.params import PERSON, REASON, Text
 from anvil_ctl.core.states import ExitCode
 
 if TYPE_CHECKING:
-    from anvil_ctl.bootstrap import Context
+    from anvil_ctl.bootstrap import App
     from anvil_ctl.engine.plans.args import DriftAcceptance
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -64,24 +64,24 @@ class Reply:
 
 
 class Session:
-    """The global options of this invocation and its command context, opened on first use."""
+    """The global options of this invocation and its App, opened on first use."""
 
-    def __init__(self, options: GlobalOptions, opener: Callable[[GlobalOptions], Context]) -> None:
+    def __init__(self, options: GlobalOptions, opener: Callable[[GlobalOptions], App]) -> None:
         self.options = options
         self._opener = opener
-        self._context: Context | None = None
+        self._app: App | None = None
 
-    def context(self) -> Context:
-        """The command context (settings from flags + env, logging configured), built once."""
-        if self._context is None:
-            self._context = self._opener(self.options)
-        return self._context
+    def app(self) -> App:
+        """The App (settings from flags + env, logging configured), built once."""
+        if self._app is None:
+            self._app = self._opener(self.options)
+        return self._app
 
     def close(self) -> None:
-        """Close the context's adapters; safe to call twice or when none was opened."""
-        context, self._context = self._context, None
-        if context is not None:
-            context.close()
+        """Close the App's adapters; safe to call twice or when none was opened."""
+        app, self._app = self._app, None
+        if app is not None:
+            app.close()
 
 
 pass_session = click.make_pass_decorator(Session)
@@ -94,9 +94,9 @@ def example(line: str) -> str:
     return f"\b\nExample:\n  {line}"
 
 
-def _remember(ctx: click.Context, param: click.Parameter, value: object) -> object:
+def _remember(click_ctx: click.Context, param: click.Parameter, value: object) -> object:
     """Store a global option given at any level of the command line into the session."""
-    session = ctx.find_object(Session)
+    session = click_ctx.find_object(Session)
     if session is not None and param.name and value not in (None, False):
         setattr(session.options, param.name, value)
     return value

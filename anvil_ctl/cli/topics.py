@@ -206,7 +206,7 @@ def _index(root: click.Command) -> str:
 )
 @click.argument("words", nargs=-1, metavar="[TOPIC | COMMAND...]")
 @click.pass_context
-def help_command(ctx: click.Context, words: tuple[str, ...]) -> Reply:
+def help_command(click_ctx: click.Context, words: tuple[str, ...]) -> Reply:
     """The manual: a topic (exit-codes, states, files, environment, host-config, recipe, output),
     or a command's help.
 
@@ -214,18 +214,18 @@ def help_command(ctx: click.Context, words: tuple[str, ...]) -> Reply:
     """
     from anvil_ctl.cli.views import Text
 
-    root = ctx.find_root().command
+    root = click_ctx.find_root().command
     if not words:
         return Reply(Text(_index(root)))
     if len(words) == 1 and words[0] in TOPICS:
         return Reply(Text(TOPICS[words[0]][1]()))
     command: click.Command = root
-    path = [ctx.find_root().info_name or "anvilctl"]
+    path = [click_ctx.find_root().info_name or "anvilctl"]
     for word in words:
         sub = command.commands.get(word) if isinstance(command, click.Group) else None
         if sub is None:
             raise click.UsageError(
-                f"no help topic or command {' '.join(words)!r}; topics: {', '.join(TOPICS)}", ctx=ctx
+                f"no help topic or command {' '.join(words)!r}; topics: {', '.join(TOPICS)}", ctx=click_ctx
             )
         command, path = sub, [*path, word]
     with click.Context(command, info_name=" ".join(path), parent=None) as sub_ctx:

@@ -30,7 +30,7 @@ def watch_status(session: Session, *, interval_s: float, count: int | None) -> N
     from anvil_ctl.cli.views import StatusView
     from anvil_ctl.commands import admin
 
-    ctx = session.context()
+    app = session.app()
     as_json = session.options.as_json
     terminal = sys.stdout.isatty() and not as_json
     seen = 0
@@ -38,7 +38,7 @@ def watch_status(session: Session, *, interval_s: float, count: int | None) -> N
         while count is None or seen < count:
             stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             try:
-                view: StatusView | None = StatusView(admin.status(ctx))
+                view: StatusView | None = StatusView(admin.status(app))
                 problem = ""
             except Unavailable as exc:
                 view, problem = None, str(exc)

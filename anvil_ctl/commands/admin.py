@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.engine.observe import router_view, serving
@@ -15,7 +15,7 @@ from anvil_ctl.persistence.migrate import current_revision, upgrade
 from anvil_ctl.persistence.store import utcnow
 
 if TYPE_CHECKING:
-    from anvil_ctl.commands.gpu import Detected
+    from anvil_ctl.commands.gpus_and_waivers import Detected
 
 
 class StateWhere(TypedDict):
@@ -79,37 +79,37 @@ class Status(TypedDict):
     config: ConfigWhere
 
 
-def where(ctx: Context) -> Where:
+def where(app: App) -> Where:
     """Which state database and host config this command uses, and where each came from
     (a flag, ANVIL_*, or the default): `init` and `status` say it."""
-    st = ctx.settings
-    origin = ctx.origins.get("state_db" if st.state_db is not None else "state_dir", "given")
-    db = ctx.engine.url.render_as_string(hide_password=True)
+    st = app.settings
+    origin = app.origins.get("state_db" if st.state_db is not None else "state_dir", "given")
+    db = app.database.url.render_as_string(hide_password=True)
     return {
         "state": {"db": db, "dir": str(st.state_dir), "origin": origin},
         "config": {
             "path": str(st.config),
-            "origin": ctx.origins.get("config", "given"),
+            "origin": app.origins.get("config", "given"),
             "exists": st.config.exists(),
         },
     }
 
 
-def init(ctx: Context) -> InitResult:
+def init(app: App) -> InitResult:
     """Create or upgrade the state database (and the default state directory), and bring the
     audit head file in line with it.
 
     A new database starts a new chain: a head file left by an earlier database at the
     same place is set aside (renamed, never deleted), since it pins a chain that is gone.
     """
-    engine = ctx.create_database()
+    engine = app.create_database()
     before, after = upgrade(engine)
     db = engine.url.render_as_string(hide_password=True)
-    path = head_path_for(ctx.settings.db_url, ctx.settings.state_dir)
+    path = head_path_for(app.settings.db_url, app.settings.state_dir)
     stale = set_aside(path, utcnow().replace(":", "")) if before is None else None
-    hosts.register(ctx.store)  # this host, with its machine id (or checked against it)
-    audit_head = str(ctx.store.sync_head_file())
-    here = where(ctx)
+    hosts.register(app.store)  # this host, with its machine id (or checked against it)
+    audit_head = str(app.store.sync_head_file())
+    here = where(app)
     if stale is None:
         return {
             "db": db,
@@ -138,23 +138,23 @@ def print_grants(*, database: str, owner: str, app: str) -> str:
     return grants_sql(database=database, owner=owner, app=app)
 
 
-def db_upgrade(ctx: Context) -> InitResult:
-    return init(ctx)
+def db_upgrade(app: App) -> InitResult:
+    return init(app)
 
 
 class DbRevision(TypedDict):
     revision: str | None
 
 
-def db_revision(ctx: Context) -> DbRevision:
-    return {"revision": current_revision(ctx.engine)}
+def db_revision(app: App) -> DbRevision:
+    return {"revision": current_revision(app.database)}
 
 
-def status(ctx: Context) -> Status:
-    world = ctx.world()
+def status(app: App) -> Status:
+    world = app.world()
     slots: dict[str, SlotStatus] = {}
-    for name, slot in sorted(ctx.config.slots.items()):
-        incumbent = ctx.store.current_identity(name, "incumbent")
+    for name, slot in sorted(app.config.slots.items()):
+        incumbent = app.store.current_identity(name, "incumbent")
         entries: list[ContainerEntry] = []
         for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name}):
             entries.append(
@@ -189,9 +189,9 @@ def status(ctx: Context) -> Status:
             "router": router,
         }
     observed_at = utcnow()
-    here = where(ctx)
+    here = where(app)
     return {
-        "host": ctx.config.host,
+        "host": app.config.host,
         "slots": slots,
         "observed_at": observed_at,
         "state": here["state"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.validate import check_text, parse_rfc3339, require, require_limit, utc_stamp
 from anvil_ctl.persistence import fleet, hosts, queries
@@ -39,18 +39,18 @@ class HostScope:
 THIS_HOST = HostScope()
 
 
-def host_id(ctx: Context, scope: HostScope) -> int | None:
+def host_id(app: App, scope: HostScope) -> int | None:
     """The host a query is scoped to, None for every host; BadInput for an unknown name."""
     if scope.all_hosts:
         if scope.host is not None:
             raise BadInput("--host and --all-hosts: give one of them", field="--host")
         return None
     if scope.host is None:
-        return ctx.store.host
+        return app.store.host
     name = require("--host", check_name, scope.host)
-    found = hosts.by_name(ctx.store, name)
+    found = hosts.by_name(app.store, name)
     if found is None:
-        known = [h.name for h in hosts.all_hosts(ctx.store)]
+        known = [h.name for h in hosts.all_hosts(app.store)]
         raise BadInput(
             f"--host {name!r}: no such host in the state database; expected one of {known}", field="--host"
         )
@@ -58,7 +58,7 @@ def host_id(ctx: Context, scope: HostScope) -> int | None:
 
 
 def transactions(
-    ctx: Context,
+    app: App,
     *,
     kind: str | None = None,
     state: str | None = None,
@@ -70,12 +70,12 @@ def transactions(
     if since is not None:
         since = utc_stamp(require("--since", parse_rfc3339, since))
     limit = require_limit(limit)
-    host = host_id(ctx, scope)
-    return queries.transactions(ctx.store, kind=kind, state=state, since=since, limit=limit, host=host)
+    host = host_id(app, scope)
+    return queries.transactions(app.store, kind=kind, state=state, since=since, limit=limit, host=host)
 
 
-def _resolve(ctx: Context, tx: str, scope: HostScope = THIS_HOST) -> str:
-    ids = queries.transaction_ids(ctx.store, tx, host_id(ctx, scope))
+def _resolve(app: App, tx: str, scope: HostScope = THIS_HOST) -> str:
+    ids = queries.transaction_ids(app.store, tx, host_id(app, scope))
     if len(ids) != 1:
         raise BadInput(
             f"transaction {tx!r}: {'no match' if not ids else 'ambiguous prefix'}",
@@ -84,16 +84,16 @@ def _resolve(ctx: Context, tx: str, scope: HostScope = THIS_HOST) -> str:
     return ids[0]
 
 
-def show(ctx: Context, tx: str, scope: HostScope = THIS_HOST) -> TransactionDetail:
-    return queries.transaction_detail(ctx.store, _resolve(ctx, tx, scope))
+def show(app: App, tx: str, scope: HostScope = THIS_HOST) -> TransactionDetail:
+    return queries.transaction_detail(app.store, _resolve(app, tx, scope))
 
 
-def diff(ctx: Context, tx: str, scope: HostScope = THIS_HOST) -> list[DiffRecord]:
-    return queries.snapshot_diffs(ctx.store, _resolve(ctx, tx, scope))
+def diff(app: App, tx: str, scope: HostScope = THIS_HOST) -> list[DiffRecord]:
+    return queries.snapshot_diffs(app.store, _resolve(app, tx, scope))
 
 
 def verify(
-    ctx: Context, *, full: bool = False, expect_head: str | None = None, scope: HostScope = THIS_HOST
+    app: App, *, full: bool = False, expect_head: str | None = None, scope: HostScope = THIS_HOST
 ) -> ReportRecord:
     """Verify the chain, every row it covers and its head (`persistence.verify`).
 
@@ -103,14 +103,14 @@ def verify(
     the hosts whose entries and rows the report counts (`hosts`).
     """
     expected = parse_head(expect_head) if expect_head is not None else None
-    host = host_id(ctx, scope)
-    report = chain.verify(ctx.store, full=full, expect_head=expected).as_dict()
-    report["hosts"] = chain.host_counts(ctx.store, host)
+    host = host_id(app, scope)
+    report = chain.verify(app.store, full=full, expect_head=expected).as_dict()
+    report["hosts"] = chain.host_counts(app.store, host)
     return report
 
 
 def identities(
-    ctx: Context,
+    app: App,
     *,
     slot: str | None = None,
     role: str = "incumbent",
@@ -120,27 +120,27 @@ def identities(
     """Which container served (or was recorded for) each slot, and from when: the newest
     `limit` recorded, oldest first."""
     limit = require_limit(limit)
-    return queries.identities(ctx.store, slot=slot, role=role, host=host_id(ctx, scope), limit=limit)
+    return queries.identities(app.store, slot=slot, role=role, host=host_id(app, scope), limit=limit)
 
 
-def served(ctx: Context, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> list[Served]:
+def served(app: App, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> list[Served]:
     """Which container served `slot` at time `at` (RFC 3339), on one host or on every host."""
     slot = require("--slot", check_name, slot)
     when = utc_stamp(require("--at", parse_rfc3339, at))
-    return fleet.served_at(ctx.store, slot=slot, at=when, host=host_id(ctx, scope))
+    return fleet.served_at(app.store, slot=slot, at=when, host=host_id(app, scope))
 
 
-def rechecks(ctx: Context, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:
+def rechecks(app: App, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:
     """The newest recheck results, newest first."""
-    return recheck_rows.rechecks(ctx.store, slot=slot, limit=limit)
+    return recheck_rows.rechecks(app.store, slot=slot, limit=limit)
 
 
-def history(ctx: Context, *, slot: str, limit: int = 50) -> list[Revision]:
+def history(app: App, *, slot: str, limit: int = 50) -> list[Revision]:
     """The slot's newest `limit` revisions, oldest first (`queries.slot_revisions`)."""
     limit = require_limit(limit)
-    _, rows = queries.slot_revisions(ctx.store, slot, ctx.store.host, newest=limit)
+    _, rows = queries.slot_revisions(app.store, slot, app.store.host, newest=limit)
     if not rows:
-        config = ctx.optional_config()
+        config = app.optional_config()
         if config is not None and slot not in config.slots:
             raise BadInput(
                 f"slot {slot!r} is not in the host config and has no history; expected one of "
@@ -150,6 +150,6 @@ def history(ctx: Context, *, slot: str, limit: int = 50) -> list[Revision]:
     return rows
 
 
-def completion_ids(ctx: Context, what: str, prefix: str) -> list[tuple[str, str]]:
+def completion_ids(app: App, what: str, prefix: str) -> list[tuple[str, str]]:
     """Recorded transaction or container IDs starting with `prefix`, for shell completion."""
-    return queries.recent_ids(ctx.store, what, prefix)
+    return queries.recent_ids(app.store, what, prefix)

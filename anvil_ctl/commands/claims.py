@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anvil_ctl.qualify.claims import ClaimsCheck, check_ledger, load_ledger, render_ledger
+from anvil_ctl.evidence.claims import ClaimsCheck, check_ledger, load_ledger, render_ledger
 
 
 def check_claims(ledger: Path, evidence: Path) -> ClaimsCheck:
-    """Recount every claim of `ledger` from the verified bundle `evidence` (see qualify.claims)."""
+    """Recount every claim of `ledger` from the verified bundle `evidence` (see evidence.claims)."""
     return check_ledger(load_ledger(ledger), evidence)
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.config.fields import STATE_DB_RE
 from anvil_ctl.core.errors import BadInput, RecordDiffers
 from anvil_ctl.core.jsontypes import JSONObject
@@ -17,7 +17,7 @@ from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.store import Store
 
 
-def db_copy(ctx: Context, *, to: str) -> JSONObject:
+def db_copy(app: App, *, to: str) -> JSONObject:
     """Verify this host's record (in full), copy it into `to` (migrated to the head first),
     verify the target (in full); rows copied per table, both heads. The password of either
     URL is never printed."""
@@ -25,7 +25,7 @@ def db_copy(ctx: Context, *, to: str) -> JSONObject:
         raise BadInput(
             "--to: expected a database URL: sqlite:///PATH or postgresql://USER@HOST/DB", field="--to"
         )
-    source = ctx.store
+    source = app.store
     if source.unregistered:
         raise BadInput(
             f"host {source.host_name!r} has no history in {where(source.engine)}: nothing to copy",
@@ -46,7 +46,7 @@ def db_copy(ctx: Context, *, to: str) -> JSONObject:
         result = copy_host(source, target)
         # the head file this host will keep for the target (beside an SQLite file, else in
         # the state directory), so that its next `audit verify` there has a witness
-        copied = Store(target, head_path=head_path_for(to, ctx.settings.state_dir))
+        copied = Store(target, head_path=head_path_for(to, app.settings.state_dir))
         registered = hosts.by_name(copied, result.host)
         copied.host_id = registered.id if registered is not None else None
         copied.sync_head_file()

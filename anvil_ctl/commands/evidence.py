@@ -16,21 +16,21 @@ from pathlib import Path
 from typing import TypedDict
 
 from anvil_ctl.adapters.credentials import TokenKind, resolve_token
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.recipes import recipe_search
 from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
 from anvil_ctl.core.validate import require_limit
+from anvil_ctl.evidence.bundle import ManifestReference, VerifyResult, read_manifest, verify_bundle
+from anvil_ctl.evidence.export import ExportResult, Redaction, export_bundle
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.head import database_file
 from anvil_ctl.persistence.qualification import DecisionRecord, EvidenceRecord
-from anvil_ctl.qualify import Redaction, export_bundle, verify_bundle
-from anvil_ctl.qualify.evidence import ExportResult, ManifestReference, VerifyResult, read_manifest
 from anvil_ctl.qualify.profiles import PROFILES_DIR
 
 
-def evidence_tx_dir(ctx: Context, tx: str) -> Path:
+def evidence_tx_dir(app: App, tx: str) -> Path:
     """The evidence directory of transaction `tx` (an ID or a unique prefix)."""
-    root = ctx.settings.evidence_dir
+    root = app.settings.evidence_dir
     found = sorted(p for p in root.glob(f"{tx}*") if p.is_dir()) if tx and root.is_dir() else []
     if len(found) != 1:
         raise BadInput(
@@ -40,14 +40,14 @@ def evidence_tx_dir(ctx: Context, tx: str) -> Path:
     return found[0]
 
 
-def router_secrets(ctx: Context) -> tuple[str, ...]:
+def router_secrets(app: App) -> tuple[str, ...]:
     """The router tokens resolvable here: what evidence must never contain."""
-    return _redaction(ctx).secrets
+    return _redaction(app).secrets
 
 
-def _redaction(ctx: Context) -> Redaction:
+def _redaction(app: App) -> Redaction:
     secrets: list[str] = []
-    rc = ctx.config.router
+    rc = app.config.router
     if rc.kind != "none":
         tokens: tuple[tuple[TokenKind, str], ...] = (
             ("client", rc.client_token_env),
@@ -55,39 +55,39 @@ def _redaction(ctx: Context) -> Redaction:
         )
         for kind, env_name in tokens:
             try:
-                token = resolve_token(kind, env_name, ctx.env, rc.credential_file)
+                token = resolve_token(kind, env_name, app.env, rc.credential_file)
             except (CredentialError, BadInput):
                 continue  # not resolvable here: then nothing of it can be redacted either
             secrets.append(token.reveal())
-    recipe_dirs = _recipe_dirs(ctx)
-    paths = [str(p.resolve()) for p in (ctx.settings.state_dir, ctx.settings.evidence_dir, *recipe_dirs)]
+    recipe_dirs = _recipe_dirs(app)
+    paths = [str(p.resolve()) for p in (app.settings.state_dir, app.settings.evidence_dir, *recipe_dirs)]
     # Where the package's profiles live (a decision names its profile's file) is a host path too.
     paths.append(str(PROFILES_DIR.parent.parent))
-    home = ctx.env.get("HOME", "")
+    home = app.env.get("HOME", "")
     if home.strip("/"):
         paths.append(home)
     return Redaction(secrets=tuple(secrets), paths=tuple(paths))
 
 
-def _recipe_dirs(ctx: Context) -> list[Path]:
+def _recipe_dirs(app: App) -> list[Path]:
     """The recipe search's directories (host paths to redact), as far as they can be read."""
     try:
-        return [d.path for d in recipe_search(ctx)]
+        return [d.path for d in recipe_search(app)]
     except AnvilError:
-        return [p for p in (ctx.settings.recipes_dir,) if p is not None]
+        return [p for p in (app.settings.recipes_dir,) if p is not None]
 
 
-def export_evidence(ctx: Context, tx: str, out_dir: Path) -> ExportResult:
+def export_evidence(app: App, tx: str, out_dir: Path) -> ExportResult:
     """A shareable bundle of `tx`'s evidence: GPU UUIDs, host paths and router tokens redacted.
 
     The source must be the evidence the database recorded for `tx`; the export's own
     manifest SHA-256 is recorded too, so that `evidence verify` can bind the bundle.
     """
-    tx_dir = evidence_tx_dir(ctx, tx)
-    references = (_database_reference(ctx, tx_dir.name),)
-    result = export_bundle(tx_dir, out_dir, redact=_redaction(ctx), references=references)
+    tx_dir = evidence_tx_dir(app, tx)
+    references = (_database_reference(app, tx_dir.name),)
+    result = export_bundle(tx_dir, out_dir, redact=_redaction(app), references=references)
     qualification.record_manifest(
-        ctx.store,
+        app.store,
         tx_dir.name,
         result.manifest.sha256,
         kind="export",
@@ -99,16 +99,16 @@ def export_evidence(ctx: Context, tx: str, out_dir: Path) -> ExportResult:
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def _database_reference(ctx: Context, tx_id: str) -> ManifestReference:
+def _database_reference(app: App, tx_id: str) -> ManifestReference:
     """What the state database recorded for `tx_id`'s manifests; a note if it cannot say.
 
     A missing SQLite file is not created: then there is no database to ask.
     """
-    db_file = database_file(ctx.settings.db_url)
+    db_file = database_file(app.settings.db_url)
     if db_file is not None and not db_file.is_file():
         return ManifestReference("database", (), f"no state database at {db_file}")
     try:
-        found = qualification.manifests(ctx.store, tx_id)
+        found = qualification.manifests(app.store, tx_id)
     except AnvilError as exc:  # not initialised, foreign, unreachable: no answer from it
         return ManifestReference("database", (), f"state database unusable: {exc}")
     if not found:
@@ -116,7 +116,7 @@ def _database_reference(ctx: Context, tx_id: str) -> ManifestReference:
     return ManifestReference("database", tuple(m["sha256"] for m in found))
 
 
-def verify_evidence(ctx: Context, directory: Path, *, expect_manifest: str | None = None) -> VerifyResult:
+def verify_evidence(app: App, directory: Path, *, expect_manifest: str | None = None) -> VerifyResult:
     """Check `directory` against its manifest, and the manifest against what was recorded:
     the state database (when there is one) and `expect_manifest` (a SHA-256 printed at export)."""
     references: list[ManifestReference] = []
@@ -132,15 +132,15 @@ def verify_evidence(ctx: Context, directory: Path, *, expect_manifest: str | Non
     except BadInput:
         tx_id = ""  # verify_bundle names what is wrong with the manifest
     if tx_id:
-        references.insert(0, _database_reference(ctx, tx_id))
+        references.insert(0, _database_reference(app, tx_id))
     return verify_bundle(directory, references)
 
 
-def audit_decisions(ctx: Context, *, slot: str | None = None, limit: int = 50) -> list[DecisionRecord]:
+def audit_decisions(app: App, *, slot: str | None = None, limit: int = 50) -> list[DecisionRecord]:
     """The newest `limit` qualify decisions (reclassifications included), oldest first:
     `ix_decisions_at` finds them without reading every decision recorded."""
     limit = require_limit(limit)
-    newest = qualification.decisions(ctx.store, slot=slot, newest_first=True, limit=limit)
+    newest = qualification.decisions(app.store, slot=slot, newest_first=True, limit=limit)
     return newest[::-1]
 
 
@@ -152,11 +152,11 @@ class EvidenceAudit(TypedDict):
     verify: Mapping[str, object]  # `VerifyResult.as_dict()`
 
 
-def audit_evidence(ctx: Context, tx: str) -> EvidenceAudit:
+def audit_evidence(app: App, tx: str) -> EvidenceAudit:
     """`tx`'s gate rows from the database and its directory checked against the manifest."""
-    tx_dir = evidence_tx_dir(ctx, tx)
+    tx_dir = evidence_tx_dir(app, tx)
     return {
         "tx_id": tx_dir.name,
-        "gates": qualification.evidence(ctx.store, tx_dir.name),
-        "verify": verify_bundle(tx_dir, (_database_reference(ctx, tx_dir.name),)).as_dict(),
+        "gates": qualification.evidence(app.store, tx_dir.name),
+        "verify": verify_bundle(tx_dir, (_database_reference(app, tx_dir.name),)).as_dict(),
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.validate import check_person, require
@@ -11,7 +11,7 @@ from anvil_ctl.engine.plans.args import DriftAcceptance, PromoteRequest, Rollbac
 
 
 def promote(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     approved_by: str,
@@ -20,21 +20,21 @@ def promote(
     accept_drift: DriftAcceptance | None = None,
     timeout_s: float | None = None,
 ) -> Outcome:
-    ctx.config.slot(slot)
+    app.config.slot(slot)
     approved_by = require("--approved-by", check_person, approved_by)
-    limit_waits(ctx, timeout_s)
+    limit_waits(app, timeout_s)
     if not dry_run:
         # First: the real client imports while the world is built, and while guards,
         # snapshot and readmission run; the child holds none of the world's connections.
-        ctx.warm_acceptance()
+        app.warm_acceptance()
     request = PromoteRequest(
         slot=slot, approved_by=approved_by, candidate=candidate, accept_drift=accept_drift
     )
-    return enter(ctx, request, dry_run=dry_run)
+    return enter(app, request, dry_run=dry_run)
 
 
 def rollback(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     to: str | None = None,
@@ -42,16 +42,16 @@ def rollback(
     dry_run: bool = False,
     timeout_s: float | None = None,
 ) -> Outcome:
-    ctx.config.slot(slot)
-    limit_waits(ctx, timeout_s)
+    app.config.slot(slot)
+    limit_waits(app, timeout_s)
     members: tuple[str, ...] | None = None
     if restore_group is not None:
-        if restore_group not in ctx.config.restore_groups:
+        if restore_group not in app.config.restore_groups:
             raise BadInput(
                 f"--restore-group {restore_group!r}: not in the host config's restore_groups "
-                f"({sorted(ctx.config.restore_groups)})",
+                f"({sorted(app.config.restore_groups)})",
                 field="restore_group",
             )
-        members = tuple(ctx.config.restore_groups[restore_group])
+        members = tuple(app.config.restore_groups[restore_group])
     request = RollbackRequest(slot=slot, to=to, restore_group=restore_group, restore_group_members=members)
-    return enter(ctx, request, dry_run=dry_run)
+    return enter(app, request, dry_run=dry_run)

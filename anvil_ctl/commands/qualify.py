@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.evidence import (  # re-exported: the CLI and tests find them here
     EvidenceAudit,
     audit_decisions,
@@ -39,8 +39,7 @@ from anvil_ctl.engine.plans.qualify import QualifyMemo
 from anvil_ctl.engine.reclassify import ReclassifyReport
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.qualification import DecisionRecord
-from anvil_ctl.qualify import QualificationResult
-from anvil_ctl.qualify.report import Progress
+from anvil_ctl.qualify.runner import Progress, QualificationResult
 
 # -- the command ------------------------------------------------------------------------------
 
@@ -78,7 +77,7 @@ class QualifyOutcome:
 
 
 def qualify_slot(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     profile: str | None = None,
@@ -98,25 +97,25 @@ def qualify_slot(
         profile=profile,
         gates=tuple(gates),
         timeout_s=timeout_s,
-        recipe_dirs=tuple(d.path for d in recipe_search(ctx)),
+        recipe_dirs=tuple(d.path for d in recipe_search(app)),
         progress=progress,
         now=now,
-        secrets=router_secrets(ctx),
+        secrets=router_secrets(app),
     )
-    outcome = enter(ctx, request)
+    outcome = enter(app, request)
     step = outcome.results.get("record-decision") or {}
     decision_id, reclassified_id = step.get("decision_id"), step.get("reclassified_id")
     return QualifyOutcome(
         outcome=outcome,
         result=outcome.memo.result if isinstance(outcome.memo, QualifyMemo) else None,
-        decision=_decision_of(ctx, decision_id, slot),
-        reclassified=_decision_of(ctx, reclassified_id, slot),
+        decision=_decision_of(app, decision_id, slot),
+        reclassified=_decision_of(app, reclassified_id, slot),
     )
 
 
-def _decision_of(ctx: Context, decision_id: object, slot: str) -> DecisionRecord | None:
+def _decision_of(app: App, decision_id: object, slot: str) -> DecisionRecord | None:
     """The decision `decision_id` names when it is one of `slot`'s, else None."""
-    found = qualification.decision(ctx.store, decision_id) if isinstance(decision_id, str) else None
+    found = qualification.decision(app.store, decision_id) if isinstance(decision_id, str) else None
     return found if found is not None and found["slot"] == slot else None
 
 
@@ -188,11 +187,11 @@ class AbOutcome:
         }
 
 
-def qualify_ab(ctx: Context, *, slot: str, arms: Sequence[str], profile: str | None = None) -> AbOutcome:
+def qualify_ab(app: App, *, slot: str, arms: Sequence[str], profile: str | None = None) -> AbOutcome:
     """Run the matched A/B control of two loaded candidates (see `anvil_ctl.engine.plans.ab`)."""
     if len(arms) != 2:
         raise BadInput(f"--ab: expected two different arms, got {list(arms)}", field="ab")
-    outcome = enter(ctx, AbRequest(slot=slot, arms=(arms[0], arms[1]), profile=profile or "ab-control"))
+    outcome = enter(app, AbRequest(slot=slot, arms=(arms[0], arms[1]), profile=profile or "ab-control"))
     compared = outcome.results.get("compare")
     comparison = None
     if compared:
@@ -204,10 +203,10 @@ def qualify_ab(ctx: Context, *, slot: str, arms: Sequence[str], profile: str | N
 
 
 def reclassify_decisions(
-    ctx: Context, *, slot: str | None = None, now: datetime | None = None
+    app: App, *, slot: str | None = None, now: datetime | None = None
 ) -> ReclassifyReport:
     """Re-judge every stored raw decision (of `slot`) under the waivers active `now`."""
-    return reclassify.reclassify_decisions(ctx.world(), slot=slot, now=now)
+    return reclassify.reclassify_decisions(app.world(), slot=slot, now=now)
 
 
 __all__ = [

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from anvil_ctl.atomic import atomic_write
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
@@ -136,12 +136,12 @@ def router_repairable(result: RecheckResult) -> bool:
     return result.up and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
 
 
-def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> RecheckResult:
+def recheck(app: App, slot: str, *, repair: tuple[str, ...] = ()) -> RecheckResult:
     """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again."""
     unknown = sorted(set(repair) - set(REPAIRS))
     if unknown:
         raise BadInput(f"--repair {', '.join(unknown)}: expected one of {list(REPAIRS)}", field="repair")
-    result = _recheck(ctx, slot)
+    result = _recheck(app, slot)
     if "router" not in repair or not router_repairable(result):
         return result
     # Imported here: the transaction machinery (plans, runner, lock) is what a plain recheck,
@@ -149,7 +149,7 @@ def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> Recheck
     from anvil_ctl.commands.reconcile import reconcile
 
     try:
-        outcome = reconcile(ctx, slot)
+        outcome = reconcile(app, slot)
         done: JSONObject = {
             "tx_id": outcome.tx_id,
             "state": outcome.state.value,
@@ -163,20 +163,20 @@ def recheck(ctx: Context, slot: str, *, repair: tuple[str, ...] = ()) -> Recheck
         "before_recheck_id": result.recheck_id,
         "failed_before": list(result.failed),
     }
-    return _recheck(ctx, slot, repair=repaired)
+    return _recheck(app, slot, repair=repaired)
 
 
-def _recheck(ctx: Context, slot: str, *, repair: JSONObject | None = None) -> RecheckResult:
-    ctx.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
+def _recheck(app: App, slot: str, *, repair: JSONObject | None = None) -> RecheckResult:
+    app.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
     out = RecheckResult(slot=slot, repair=repair)
     if repair is not None:
         out.assertions.append({"name": "router_repair", "passed": repair["committed"], "observed": repair})
     try:
-        world: World = ctx.world()
+        world: World = app.world()
         # The runtime must answer before anything it says is judged: an unreachable Docker
         # Engine is "could not observe", never drift.
         world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: slot})
-        ident = ctx.store.current_identity(slot, "incumbent")
+        ident = app.store.current_identity(slot, "incumbent")
         with one_reading(world):  # assertions and snapshot only observe: /dev/shm scanned once
             if ident is None:
                 out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
@@ -188,7 +188,7 @@ def _recheck(ctx: Context, slot: str, *, repair: JSONObject | None = None) -> Re
         out.assertions = [*kept, {"name": "observed", "passed": False, "observed": str(exc)}]
         out.snapshot_sha256, out.unavailable = "", str(exc)
     try:
-        _record(ctx, out)
+        _record(app, out)
     except Unavailable as exc:  # the state database itself: the textfile still says so
         if out.up:
             out.unavailable = str(exc)
@@ -204,16 +204,16 @@ def _observe(world: World, out: RecheckResult) -> None:
         out.assertions.append({"name": "snapshot", "passed": False, "observed": str(exc)})
 
 
-def _record(ctx: Context, out: RecheckResult) -> None:
+def _record(app: App, out: RecheckResult) -> None:
     out.recheck_id = rechecks.record_recheck(
-        ctx.store,
+        app.store,
         slot=out.slot,
         passed=out.passed,
         failed=out.failed,
         assertions=out.assertions,
         snapshot_sha256=out.snapshot_sha256,
     )
-    head = ctx.store.head()
+    head = app.store.head()
     out.audit_head = str(head)
     log.info("audit.head", seq=head.seq, hash=head.hash)
 

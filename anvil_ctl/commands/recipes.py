@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.config import HostConfig
 from anvil_ctl.core.errors import RecipeError
 from anvil_ctl.core.jsontypes import JSONObject
@@ -124,10 +124,10 @@ def search_dirs(
     return dirs
 
 
-def recipe_search(ctx: Context) -> list[RecipeDir]:
+def recipe_search(app: App) -> list[RecipeDir]:
     """This command's recipe search (`search_dirs`) from its settings and host config."""
-    given_by = ctx.origins.get("recipes_dir", "ANVIL_RECIPES_DIR")
-    return search_dirs(ctx.settings.recipes_dir, given_by, ctx.optional_config())
+    given_by = app.origins.get("recipes_dir", "ANVIL_RECIPES_DIR")
+    return search_dirs(app.settings.recipes_dir, given_by, app.optional_config())
 
 
 def _dirs(recipes: RecipeDirs) -> list[RecipeDir]:

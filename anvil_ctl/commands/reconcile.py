@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import enter
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import ReconcileRequest
 
 
-def reconcile(ctx: Context, slot: str, *, dry_run: bool = False) -> Outcome:
+def reconcile(app: App, slot: str, *, dry_run: bool = False) -> Outcome:
     """Route the slot's tier to the serve its record publishes (its incumbent), if it does not already."""
-    return enter(ctx, ReconcileRequest(slot=slot), dry_run=dry_run)
+    return enter(app, ReconcileRequest(slot=slot), dry_run=dry_run)

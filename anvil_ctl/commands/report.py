@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import TypedDict
 
 from anvil_ctl.atomic import atomic_write
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.evidence import evidence_tx_dir
-from anvil_ctl.persistence import approvals, qualification, queries, waivers
-from anvil_ctl.qualify.onepage import Bundle, ReportInputs, render_page
-from anvil_ctl.qualify.plots import require_matplotlib
+from anvil_ctl.evidence.bundle import Bundle, ReportInputs
+from anvil_ctl.evidence.plots import require_matplotlib
+from anvil_ctl.evidence.report import render_page
+from anvil_ctl.persistence import approvals, qualification, queries, waiver_rows
 
 
 class BundleRef(TypedDict):
@@ -48,19 +49,19 @@ class ReportResult:
         return {"path": self.path, "tx_id": self.tx_id, "bundles": list(self.bundles), "size": self.size}
 
 
-def evidence_report(ctx: Context, tx: str, out: Path | None = None) -> ReportResult:
+def evidence_report(app: App, tx: str, out: Path | None = None) -> ReportResult:
     """Write the one-page report of transaction `tx` (ID, prefix or evidence directory)."""
     require_matplotlib()
     given = Path(tx)
-    tx_dir = given if given.is_dir() else evidence_tx_dir(ctx, tx)
+    tx_dir = given if given.is_dir() else evidence_tx_dir(app, tx)
     main = Bundle.load(tx_dir)
     inputs = ReportInputs(main)
     if "ab-comparison.json" in main.files:
         inputs.ab.append(main)
     if not given.is_dir():  # a transaction of this database: its records belong on the page
-        _records(ctx, inputs)
+        _records(app, inputs)
     page = render_page(inputs)
-    path = out or ctx.settings.state_dir / "reports" / f"{main.tx_id}.html"
+    path = out or app.settings.state_dir / "reports" / f"{main.tx_id}.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, page)
     bundles = tuple(
@@ -70,8 +71,8 @@ def evidence_report(ctx: Context, tx: str, out: Path | None = None) -> ReportRes
     return ReportResult(str(path), main.tx_id, bundles, len(page.encode()))
 
 
-def _records(ctx: Context, inputs: ReportInputs) -> None:
-    store, root = ctx.store, ctx.settings.evidence_dir
+def _records(app: App, inputs: ReportInputs) -> None:
+    store, root = app.store, app.settings.evidence_dir
     tx_id = inputs.qualification.tx_id
     raw = qualification.decisions_of_tx(store, tx_id)
     decisions = raw + qualification.reclassifications(store, {d["id"] for d in raw})
@@ -79,7 +80,7 @@ def _records(ctx: Context, inputs: ReportInputs) -> None:
     ids = {d["id"] for d in decisions}
     cited = {w for d in decisions for w in d["waiver_ids"]}
     now = datetime.now(UTC)
-    inputs.waivers = [w.as_dict() for w in waivers.waivers(store) if w.id in cited or w.active(now)]
+    inputs.waivers = [w.as_dict() for w in waiver_rows.waivers(store) if w.id in cited or w.active(now)]
     for approval in approvals.approvals(store):
         if approval["decision_id"] in ids and (root / approval["tx_id"]).is_dir():
             inputs.promotions.append(Bundle.load(root / approval["tx_id"], approval["tx_id"]))

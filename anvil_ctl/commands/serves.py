@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TypedDict
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recipes as recipe_cmds
 from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.commands.transactions import load as load_tx
@@ -17,12 +17,12 @@ from anvil_ctl.engine.plans.unload import removal_problem
 from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
 
 
-def candidate_from_recipe(ctx: Context, ref: str, slot: str) -> Candidate:
-    path = recipe_cmds.resolve_recipe_path(ref, recipe_cmds.recipe_search(ctx))
+def candidate_from_recipe(app: App, ref: str, slot: str) -> Candidate:
+    path = recipe_cmds.resolve_recipe_path(ref, recipe_cmds.recipe_search(app))
     recipe = load_recipe(path)
     check_runnable(recipe)
-    slot_cfg = ctx.config.slot(slot)
-    spec = container_spec(recipe, slot_name=slot, slot=slot_cfg, host_config=ctx.config, recipe_path=path)
+    slot_cfg = app.config.slot(slot)
+    spec = container_spec(recipe, slot_name=slot, slot=slot_cfg, host_config=app.config, recipe_path=path)
     # The simulated GPU probe and operators find a serve's endpoint by this label.
     spec = replace(spec, labels=(*spec.labels, ("io.anvil.binding", slot_cfg.binding)))
     if recipe.served_model is None:
@@ -45,7 +45,7 @@ def candidate_from_recipe(ctx: Context, ref: str, slot: str) -> Candidate:
 
 
 def load(
-    ctx: Context,
+    app: App,
     ref: str,
     *,
     slot: str,
@@ -54,9 +54,9 @@ def load(
     timeout_s: float | None = None,
 ) -> Outcome:
     """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline)."""
-    limit_waits(ctx, timeout_s)
-    cand = candidate_from_recipe(ctx, ref, slot)
-    return load_tx(ctx, slot=slot, candidate=cand, dry_run=dry_run, accept_drift=accept_drift)
+    limit_waits(app, timeout_s)
+    cand = candidate_from_recipe(app, ref, slot)
+    return load_tx(app, slot=slot, candidate=cand, dry_run=dry_run, accept_drift=accept_drift)
 
 
 class WouldRemove(TypedDict):
@@ -74,7 +74,7 @@ class ManagedContainer(TypedDict):
 
 
 def unload(
-    ctx: Context, container_id: str, *, yes: bool = False, remove_residue: bool = False
+    app: App, container_id: str, *, yes: bool = False, remove_residue: bool = False
 ) -> Outcome | WouldRemove:
     """Remove a candidate container this controller created (the `unload` plan).
 
@@ -82,8 +82,8 @@ def unload(
     checks the plan's guard makes.
     """
     if yes:
-        return enter(ctx, UnloadRequest(container_id=container_id, remove_residue=remove_residue))
-    world = ctx.world()
+        return enter(app, UnloadRequest(container_id=container_id, remove_residue=remove_residue))
+    world = app.world()
     try:
         info = world.runtime.inspect(container_id)
     except NotFound:
@@ -94,8 +94,8 @@ def unload(
     return {"container_id": info.id, "would_remove": True, "hint": "pass --yes to remove"}
 
 
-def managed_candidates(ctx: Context) -> list[ManagedContainer]:
-    world = ctx.world()
+def managed_candidates(app: App) -> list[ManagedContainer]:
+    world = app.world()
     return [
         {"container_id": c.id, "name": c.name, "status": c.status}
         for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_ROLE: "candidate"})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import WAITING_STATES, TxState
 from anvil_ctl.core.validate import (
@@ -28,21 +28,21 @@ from anvil_ctl.engine.recover import RecoverReport
 from anvil_ctl.persistence.locks import release_row
 
 
-def enter(ctx: Context, request: Request, *, dry_run: bool = False) -> Outcome:
+def enter(app: App, request: Request, *, dry_run: bool = False) -> Outcome:
     """Run `request` through the engine's one entry with this command's world and owner."""
-    return entry.run(ctx.world(), ctx.owner, request, dry_run=dry_run, faults=ctx.faults)
+    return entry.run(app.world(), app.owner, request, dry_run=dry_run, faults=app.faults)
 
 
-def limit_waits(ctx: Context, timeout_s: float | None) -> None:
+def limit_waits(app: App, timeout_s: float | None) -> None:
     """`--timeout`: no forward wait of this command's transaction (health, VRAM release,
     readmission) lasts longer than `timeout_s`; compensation keeps the configured deadlines."""
     if timeout_s is None:
         return
-    ctx.world().wait_limit_s = require("--timeout", check_duration, timeout_s)
+    app.world().wait_limit_s = require("--timeout", check_duration, timeout_s)
 
 
 def adopt(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     container_id: str,
@@ -67,27 +67,27 @@ def adopt(
         gpu_roles=gpu_roles,
         engine=engine,
     )
-    return enter(ctx, request, dry_run=dry_run)
+    return enter(app, request, dry_run=dry_run)
 
 
 def load(
-    ctx: Context,
+    app: App,
     *,
     slot: str,
     candidate: Candidate,
     dry_run: bool = False,
     accept_drift: DriftAcceptance | None = None,
 ) -> Outcome:
-    return enter(ctx, LoadRequest(slot=slot, candidate=candidate, accept_drift=accept_drift), dry_run=dry_run)
+    return enter(app, LoadRequest(slot=slot, candidate=candidate, accept_drift=accept_drift), dry_run=dry_run)
 
 
-def recover_all(ctx: Context) -> RecoverReport:
-    return entry.recover(ctx.world(), ctx.owner, faults=ctx.faults)
+def recover_all(app: App) -> RecoverReport:
+    return entry.recover(app.world(), app.owner, faults=app.faults)
 
 
-def lock_status(ctx: Context) -> list[Mapping[str, object]]:
+def lock_status(app: App) -> list[Mapping[str, object]]:
     """Every lock row without a release, newest first (`LockInfo.as_dict()`)."""
-    return [h.as_dict() for h in held_locks(ctx.store, ctx.owner)]
+    return [h.as_dict() for h in held_locks(app.store, app.owner)]
 
 
 class LockBroken(TypedDict):
@@ -96,15 +96,15 @@ class LockBroken(TypedDict):
     was: Mapping[str, object]  # the lock row as `lock status` showed it
 
 
-def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> LockBroken:
+def lock_break(app: App, lock_id: str, *, by: str, reason: str) -> LockBroken:
     """Release a lock row by its exact ID (journaled); refuses a live local owner."""
     by = require("--by", check_person, by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
-    for h in held_locks(ctx.store, ctx.owner):
+    for h in held_locks(app.store, app.owner):
         if h.id == lock_id:
             if h.alive:
                 raise BadInput(f"{h.describe()}: the owner is alive; stop it instead", field="lock_id")
-            release_row(ctx.store, lock_id, how="broken", by=by, reason=reason)
+            release_row(app.store, lock_id, how="broken", by=by, reason=reason)
             return {"lock_id": lock_id, "broken": True, "was": h.as_dict()}
     raise BadInput(f"lock {lock_id} is not held", field="lock_id")
 
@@ -113,11 +113,11 @@ def lock_break(ctx: Context, lock_id: str, *, by: str, reason: str) -> LockBroke
 Resolved = TypedDict("Resolved", {"tx_id": str, "from": str, "to": str, "resolved_by": str})
 
 
-def resolve(ctx: Context, tx: str, *, by: str, note: str) -> Resolved:
+def resolve(app: App, tx: str, *, by: str, note: str) -> Resolved:
     """A person records that they resolved a transaction that waits for one."""
     by = require("--by", check_person, by)
     note = require("--note", lambda n: check_text(n, multiline=True, empty=False), note)
-    matches = [r for r in ctx.store.unresolved() if r.id.startswith(tx)]
+    matches = [r for r in app.store.unresolved() if r.id.startswith(tx)]
     if len(matches) != 1:
         raise BadInput(f"transaction {tx!r}: no unique unresolved transaction matches", field="transaction")
     rec = matches[0]
@@ -126,5 +126,5 @@ def resolve(ctx: Context, tx: str, *, by: str, note: str) -> Resolved:
             f"transaction {rec.id[:8]} is {rec.state.value}: `anvilctl recover` handles it, not a person",
             field="transaction",
         )
-    ctx.store.transition(rec.id, TxState.COMPENSATED, f"resolved by {by}: {note}", {"resolved_by": by})
+    app.store.transition(rec.id, TxState.COMPENSATED, f"resolved by {by}: {note}", {"resolved_by": by})
     return {"tx_id": rec.id, "from": rec.state.value, "to": "compensated", "resolved_by": by}

@@ -77,3 +77,58 @@ def get_objects(doc: Mapping[str, object], key: str) -> list[JSONObject]:
             raise ValueError(f"{key}: expected JSON objects, got {type(item).__name__}")
         out.append(item)
     return out
+
+
+# Reading fields of evidence documents with the semantics of the plain expression each helper
+# replaces: what that expression accepted is accepted, and what made it raise raises the same
+# exception type.
+
+
+def fields(value: object) -> JSONMapping:
+    """`value` as a JSON object; anything else raises AttributeError, as `.get` on it did."""
+    if isinstance(value, dict):
+        return value
+    raise AttributeError(f"{type(value).__name__!r} object has no attribute 'get'")
+
+
+def items(value: object) -> list[object]:
+    """The items of an array field, none when it is missing, null or empty (a string or an
+    object iterates as characters or keys, which the caller skips or refuses)."""
+    if not value:
+        return []
+    if isinstance(value, list | str | dict):
+        return list(value)
+    raise TypeError(f"{type(value).__name__!r} object is not iterable")
+
+
+def whole(value: object) -> int:
+    """`int(value)` of a JSON number or numeric string; TypeError for anything else."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"int() argument must be a string or a real number, not {type(value).__name__!r}")
+
+
+def real(value: object) -> float:
+    """`float(value)` of a JSON number or numeric string; TypeError for anything else."""
+    if isinstance(value, int | float | str):
+        return float(value)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(value).__name__!r}")
+
+
+def as_text(value: object) -> str:
+    """A text field: a string as it is, a missing or empty value as "", any other as its str()."""
+    if not value:
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def number(value: object) -> float | None:
+    """A figure to draw or print: a JSON number as it is, anything else None (not drawn)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def texts(value: object) -> list[str]:
+    """The items of an array field as text, to join for display (none when missing or null)."""
+    return [str(item) for item in items(value)]

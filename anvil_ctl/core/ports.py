@@ -136,7 +136,7 @@ class GpuProbe(Protocol):
 
 
 @runtime_checkable
-class EngineProbe(Protocol):
+class ServerProbe(Protocol):
     """The engine's OpenAI-compatible endpoint, for health and served identity."""
 
     def health(self, base_url: str, path: str) -> bool: ...

@@ -17,7 +17,7 @@ from anvil_ctl.config import Slot
 from anvil_ctl.core.errors import AnvilError, NotFound
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
-from anvil_ctl.engine.context import observed_context
+from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import (
     FieldDrift,
     identity_drift,
@@ -96,7 +96,7 @@ def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertio
     profile = profile_of(ident)
 
     def served() -> Observation:
-        models = [m.id for m in world.engine.models(cfg.base_url)]
+        models = [m.id for m in world.server.models(cfg.base_url)]
         return models == [ident.served_model], list(models)
 
     def context_tokens() -> Observation:
@@ -107,9 +107,9 @@ def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertio
         if profile.health_path is None:
             # No health route: an engine that loads before it listens is healthy when it lists
             # its model (`served_model` above says which).
-            models: list[str] = [m.id for m in world.engine.models(cfg.base_url)]
+            models: list[str] = [m.id for m in world.server.models(cfg.base_url)]
             return bool(models), {"health_route": None, "models": list(models)}
-        return world.engine.health(cfg.base_url, profile.health_path), cfg.base_url + profile.health_path
+        return world.server.health(cfg.base_url, profile.health_path), cfg.base_url + profile.health_path
 
     def binding() -> Observation:
         try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from anvil_ctl.core.errors import AdapterError, AnvilError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity, VramNeed
-from anvil_ctl.engine import gpu
+from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.serving import (
     inspect_or_none,
     is_running,
@@ -165,7 +165,7 @@ def bring_back(world: World, tx_id: str, harbour: Identity) -> JSONObject:
     if not is_running(world, harbour.container_id) and world.vram_release is not None:
         release = world.vram_release(VramNeed(harbour.gpu_roles, 0, harbour.recipe_digest))
     started = restart_retained(world, harbour)
-    owners = gpu.record_ownership(world, tx_id, harbour, None)
+    owners = gpu_ownership.record_ownership(world, tx_id, harbour, None)
     routed = None
     if world.router is not None:
         route_slot_to(world, harbour, hold=True)

@@ -61,7 +61,7 @@ class RollbackIdentityComplete(Guard[StepContext[IncumbentArgs, World, object]])
         ident = ctx.args.incumbent
         if ident is None:
             slot = ctx.world.config.slot(ctx.args.slot)
-            if ctx.world.engine.models(slot.base_url):
+            if ctx.world.server.models(slot.base_url):
                 return self.refuse(
                     f"slot {ctx.args.slot}: {slot.binding} is serving but no rollback identity "
                     "is recorded; adopt the serving container first (`anvilctl adopt`)"

@@ -55,8 +55,8 @@ def serving(world: World, base_url: str, health_path: str | None = "/health") ->
     """What the binding serves; `health_path` None: the engine has no health route, and
     answering with a model list is its health (an engine that loads before it listens)."""
     try:
-        models = world.engine.models(base_url)
-        healthy = world.engine.health(base_url, health_path) if health_path else bool(models)
+        models = world.server.models(base_url)
+        healthy = world.server.health(base_url, health_path) if health_path else bool(models)
     except AdapterError:
         return {"answering": False, "healthy": False, "models": []}
     return {

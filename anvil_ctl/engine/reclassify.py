@@ -20,10 +20,10 @@ from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, get_int, get_object, get_objects
 from anvil_ctl.core.model import Identity, sha256_hex
 from anvil_ctl.engine.world import World
-from anvil_ctl.gpu import waivers as waiver_policy
+from anvil_ctl.gpu import waiver_policy
 from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
 from anvil_ctl.log import get_logger
-from anvil_ctl.persistence import qualification, waivers
+from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import DecisionRecord
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def raw_decision_body(
     roles: Sequence[str],
 ) -> JSONObject:
     """The body of a raw decision: what it was judged on, so it can be re-judged later."""
-    from anvil_ctl.qualify import candidate_identity_digest
+    from anvil_ctl.qualify.decision import candidate_identity_digest
 
     standing = {r: world.config.reserve_for(r) for r in roles}
     return {
@@ -216,7 +216,7 @@ def reclassify_decisions(
     waivers change (a waiver added, expired or revoked); raw evidence is only read.
     """
     now = now or datetime.now(UTC)
-    active = waivers.waivers(world.store)
+    active = waiver_rows.waivers(world.store)
     report = ReclassifyReport()
     for raw in qualification.decisions(world.store, slot=slot):
         if raw["reclassifies"] is not None or raw["body"].get("policy") != "standing":

@@ -104,7 +104,7 @@ def identity_drift(
 
 
 def served_models(world: World, slot: str) -> list[str]:
-    return sorted(m.id for m in world.engine.models(world.config.slot(slot).base_url))
+    return sorted(m.id for m in world.server.models(world.config.slot(slot).base_url))
 
 
 def container_absent_or_stopped(world: World, container_id: str) -> bool:
@@ -151,10 +151,10 @@ def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
 def _observe_readiness(world: World, base_url: str, health_path: str | None) -> JSONObject:
     """One readiness poll: the health route (if the engine has one), the model list, and
     whether anything listens at all (an engine still loading may refuse connections)."""
-    if health_path is not None and not world.engine.health(base_url, health_path):
-        return {"healthy": False, "models": [], "listening": world.engine.listening(base_url)}
-    models: list[str] = [m.id for m in world.engine.models(base_url)]
-    listening = bool(models) or world.engine.listening(base_url)
+    if health_path is not None and not world.server.health(base_url, health_path):
+        return {"healthy": False, "models": [], "listening": world.server.listening(base_url)}
+    models: list[str] = [m.id for m in world.server.models(base_url)]
+    listening = bool(models) or world.server.listening(base_url)
     return {"healthy": listening, "models": list(models), "listening": listening}
 
 

@@ -34,11 +34,11 @@ from anvil_ctl.core.model import (
 from anvil_ctl.core.ports import (
     Clock,
     ContainerRuntime,
-    EngineProbe,
     GpuProbe,
     ModelCache,
     Progress,
     Router,
+    ServerProbe,
     SharedMemory,
     SilentProgress,
 )
@@ -80,7 +80,7 @@ class World:
     config: HostConfig
     store: Store
     runtime: ContainerRuntime
-    engine: EngineProbe
+    server: ServerProbe
     router: Router | None = None
     gpus: GpuProbe | None = None
     shm: SharedMemory | None = None
@@ -119,7 +119,7 @@ class World:
 
     def close(self) -> None:
         """Close the adapters' connections (Docker, router HTTP clients)."""
-        for part in (self.runtime, self.router, self.engine, self.gpus, self.acceptance):
+        for part in (self.runtime, self.router, self.server, self.gpus, self.acceptance):
             close = getattr(part, "close", None)
             if callable(close):
                 close()
@@ -254,26 +254,26 @@ class _OneLook(_Once):
 
 
 class _OneProbe(_Once):
-    """An EngineProbe that asks each binding for its health, model list and listening once
+    """A ServerProbe that asks each binding for its health, model list and listening once
     (see `one_reading`); the context-refusal probe is asked every time."""
 
-    def __init__(self, engine: EngineProbe, stretch: list[_Once]) -> None:
+    def __init__(self, server: ServerProbe, stretch: list[_Once]) -> None:
         super().__init__(stretch)
-        self.engine = engine
+        self.server = server
 
     def health(self, base_url: str, path: str) -> bool:
-        return bool(self._once(("health", base_url, path), lambda: self.engine.health(base_url, path)))
+        return bool(self._once(("health", base_url, path), lambda: self.server.health(base_url, path)))
 
     def models(self, base_url: str) -> list[ModelCard]:
-        got = self._once(("models", base_url), lambda: self.engine.models(base_url))
+        got = self._once(("models", base_url), lambda: self.server.models(base_url))
         assert isinstance(got, list)
         return list(got)
 
     def listening(self, base_url: str) -> bool:
-        return bool(self._once(("listening", base_url), lambda: self.engine.listening(base_url)))
+        return bool(self._once(("listening", base_url), lambda: self.server.listening(base_url)))
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
-        return self.engine.probe_prompt(base_url, model, words)
+        return self.server.probe_prompt(base_url, model, words)
 
 
 class _OneRoute(_Once):
@@ -379,15 +379,15 @@ def one_reading(world: object) -> Iterator[None]:
     if not isinstance(world, World) or isinstance(world.runtime, _Once):
         yield  # not a World, or already inside a stretch: its one reading goes on
         return
-    shm, runtime, engine, router, gpus = world.shm, world.runtime, world.engine, world.router, world.gpus
+    shm, runtime, server, router, gpus = world.shm, world.runtime, world.server, world.router, world.gpus
     stretch: list[_Once] = []
     if shm is not None:
         world.shm = _OneScan(shm)
     world.runtime = _OneLook(runtime, stretch)
-    world.engine = _OneProbe(engine, stretch)
+    world.server = _OneProbe(server, stretch)
     world.router = _OneRoute(router, stretch) if router is not None else None
     world.gpus = _OneGpuReading(gpus, stretch) if gpus is not None else None
     try:
         yield
     finally:
-        world.shm, world.runtime, world.engine, world.router, world.gpus = shm, runtime, engine, router, gpus
+        world.shm, world.runtime, world.server, world.router, world.gpus = shm, runtime, server, router, gpus

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.jsontypes import JSONObject, get_int, get_str
 from anvil_ctl.core.model import GpuReading
-from anvil_ctl.core.waivers import VRAM_RESERVE
+from anvil_ctl.core.waiver import VRAM_RESERVE
 
 POLICY = VRAM_RESERVE
 

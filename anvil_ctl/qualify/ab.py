@@ -33,12 +33,12 @@ from collections.abc import Sequence
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
+from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.ab_compare import compare, pct
 from anvil_ctl.qualify.ab_declare import METRICS, Arm, Boundary, Metric, declaration, parse_boundaries
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import GateContext
 from anvil_ctl.qualify.gates.capacity import Capacity, Repetition
-from anvil_ctl.qualify.metrics import context_label
 
 __all__ = [
     "METRICS",

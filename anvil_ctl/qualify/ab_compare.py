@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject
+from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject, whole
+from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.ab_declare import METRICS, Arm, Boundary
-from anvil_ctl.qualify.metrics import context_label
-from anvil_ctl.qualify.narrow import whole
 
 
 def pct(new: float | None, base: float | None) -> float | None:

@@ -10,11 +10,10 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.jsontypes import JSONObject, real
 from anvil_ctl.core.model import sha256_hex
+from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.gates.capacity import Capacity
-from anvil_ctl.qualify.metrics import context_label
-from anvil_ctl.qualify.narrow import real
 
 Metric = Literal["decode_p50", "prefill_p50", "ttft_p50"]
 METRICS: dict[str, tuple[str, bool]] = {

@@ -17,9 +17,8 @@ from types import TracebackType
 import httpx
 
 from anvil_ctl.core.errors import AdapterError, TransientError
-from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, JSONValue
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, JSONValue, items
 from anvil_ctl.core.model import ModelCard
-from anvil_ctl.qualify.narrow import items
 from anvil_ctl.qualify.results import ChatResult, ResponsesResult, ToolCall, Usage
 from anvil_ctl.qualify.sse import SSEDecoder, StreamAssembler
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.qualify.narrow import real
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, real
 from anvil_ctl.qualify.results import ChatResult
 
 
@@ -63,8 +62,3 @@ def summarize(rows: Sequence[JSONMapping], keys: Sequence[str]) -> JSONObject:
 
 
 METRIC_KEYS = ("prompt_tokens", "ttft_s", "ttfo_s", "e2e_s", "prefill_tps", "decode_tps")
-
-
-def context_label(tokens: int) -> str:
-    """4096 -> '4K', 122880 -> '120K', 1000 -> '1000'."""
-    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.qualify.narrow import whole
+from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, whole
 
 GateKind = Literal["functional", "policy"]
 

@@ -28,14 +28,16 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import ParamSpec
+from typing import ParamSpec, Protocol
 
 import httpx
 
 from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
-from anvil_ctl.core.jsontypes import JSONArray, JSONObject
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject, fields, items
 from anvil_ctl.core.validate import utc_stamp
+from anvil_ctl.evidence.bundle import Artifact, EvidenceWriter
+from anvil_ctl.evidence.summary import SummaryRow, summary_rows
 from anvil_ctl.log import get_logger
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
@@ -45,11 +47,8 @@ from anvil_ctl.qualify.engine_gates import (
     engine_exited,
     served_identity,
 )
-from anvil_ctl.qualify.evidence import Artifact, EvidenceWriter
 from anvil_ctl.qualify.gates.base import FIXTURES_DIR, Gate, GateContext, LogReader, ReserveProbe
-from anvil_ctl.qualify.narrow import fields, items
 from anvil_ctl.qualify.profiles import Profile
-from anvil_ctl.qualify.report import NullProgress, Progress, SummaryRow, summary_rows
 from anvil_ctl.qualify.results import GateResult
 from anvil_ctl.qualify.tokens import calibrate, token_counter
 
@@ -59,6 +58,39 @@ P = ParamSpec("P")
 VRAM_BEFORE = "vram-before.json"
 IDENTITY = "identity.json"
 PROVENANCE = "provenance.json"
+
+
+class Progress(Protocol):
+    """What the runner reports while it works (the CLI's `GateProgress` shows it)."""
+
+    def run_started(self, profile: str, gates: Sequence[str]) -> None: ...
+
+    def gate_started(self, name: str, index: int, total: int) -> None: ...
+
+    def request_done(self, gate: str, ok: bool, detail: str) -> None: ...
+
+    def gate_finished(self, result: GateResult) -> None: ...
+
+    def run_finished(self, outcome: str) -> None: ...
+
+
+class NullProgress:
+    """Reports nothing (library callers, --json)."""
+
+    def run_started(self, profile: str, gates: Sequence[str]) -> None:
+        return None
+
+    def gate_started(self, name: str, index: int, total: int) -> None:
+        return None
+
+    def request_done(self, gate: str, ok: bool, detail: str) -> None:
+        return None
+
+    def gate_finished(self, result: GateResult) -> None:
+        return None
+
+    def run_finished(self, outcome: str) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -197,7 +229,7 @@ async def qualify(
         if identity.passed and reserve_probe is not None:
             writer.write_json(VRAM_BEFORE, await _vram_reading(reserve_probe))
         if identity.passed:
-            ctx = GateContext(
+            gate_ctx = GateContext(
                 client=client,
                 served_model=served_model,
                 thinking=profile.thinking,
@@ -216,13 +248,13 @@ async def qualify(
                 if end is not None and time.monotonic() >= end:
                     record(index, _timed_out(gate, timeout_s or 0.0))
                     continue
-                record(index, await gate(ctx))
+                record(index, await gate(gate_ctx))
                 died = liveness() if liveness is not None else None
                 if died is not None:
                     record(index + 1, engine_exited(gate.name, died, [g.name for g in gates[index:]]))
                     break
 
-    rows = summary_rows(results)
+    rows = summary_rows(r.evidence for r in results)
     writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows], "origin": "local"})
     writer.write_json(PROVENANCE, provenance_record(provenance, writer.artifacts))
     decision = make_decision(results, identity_digest, profile=profile.name, artifact_sha256=hashes)
@@ -331,6 +363,11 @@ def provenance_record(
     }
 
 
-def select_gates(names: Sequence[str] | None, profile: Profile) -> Profile:
-    """`--gates` applied to a profile (kept here for callers that hold a profile already)."""
-    return profile.select(names) if names else profile
+def render_gates(results: Sequence[GateResult]) -> str:
+    """One line per gate: verdict, kind, classification, summary."""
+    width = max((len(r.name) for r in results), default=4)
+    return "\n".join(
+        f"{r.name.ljust(width)}  {'PASS' if r.passed else 'FAIL'}  {r.kind:<10}  "
+        f"{r.classification:<32}  {r.summary}".rstrip()
+        for r in results
+    )

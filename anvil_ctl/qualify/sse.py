@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from anvil_ctl.qualify.narrow import as_text, fields, items, whole
+from anvil_ctl.core.jsontypes import as_text, fields, items, whole
 from anvil_ctl.qualify.results import ChatResult, ToolCall, Usage
 
 DONE = "[DONE]"
@@ -75,10 +75,8 @@ class StreamAssembler:
     first_content_at: float | None = None
     first_output_at: float | None = None
     first_tool_at: float | None = None
-    last_event_at: float | None = None
 
     def feed(self, data: str, at: float) -> None:
-        self.last_event_at = at
         if data.strip() == DONE:
             self.done = True
             return

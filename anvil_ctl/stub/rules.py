@@ -16,7 +16,7 @@ import re
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 TOKEN_CHARS = 4
 TOKENS_PER_MESSAGE = 8
@@ -68,15 +68,6 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class Answer:
-    """A decided answer before the token cap: reasoning, then content or one tool call."""
-
-    content: str = ""
-    reasoning: str = ""
-    tool_call: ToolCall | None = None
-
-
-@dataclass(frozen=True)
 class Completion:
     """An answer after the cap, split into the tokens that will be emitted, in order."""
 
@@ -85,7 +76,6 @@ class Completion:
     tool_call: ToolCall | None = None
     tool_tokens: tuple[str, ...] = ()
     finish_reason: str = "stop"
-    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def completion_tokens(self) -> int:

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from anvil_ctl.testing.host import FakeGpus, FakeSharedMemory, MemoryShmLedger
 from anvil_ctl.testing.router import FakeAcceptanceResult, FakeRouter, fake_acceptance
-from anvil_ctl.testing.runtime import FakeEngineProbe, FakeRuntime
+from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
 from anvil_ctl.testing.world import EMPTY, FakeWorld
 
 __all__ = [
     "EMPTY",
     "FakeAcceptanceResult",
-    "FakeEngineProbe",
     "FakeGpus",
     "FakeRouter",
     "FakeRuntime",
+    "FakeServerProbe",
     "FakeSharedMemory",
     "FakeWorld",
     "MemoryShmLedger",

@@ -11,7 +11,7 @@ from anvil_ctl.core.model import (
     RouteCheck,
     RoutedAnswer,
 )
-from anvil_ctl.testing.runtime import FakeEngineProbe
+from anvil_ctl.testing.runtime import FakeServerProbe
 from anvil_ctl.testing.world import FakeWorld, TierDoc, WorldDoc, maybe_hang_or_fail
 
 
@@ -20,11 +20,11 @@ def _unknown_tier() -> TierDoc:
 
 
 class FakeRouter:
-    """A router whose tiers map to one backend URL each; routed answers come from FakeEngineProbe."""
+    """A router whose tiers map to one backend URL each; routed answers come from FakeServerProbe."""
 
     def __init__(self, world: FakeWorld) -> None:
         self.world = world
-        self.engine = FakeEngineProbe(world)
+        self.server = FakeServerProbe(world)
 
     def probe_credentials(self) -> None:
         if not self.world.read()["router"]["admin_token_ok"]:
@@ -42,8 +42,8 @@ class FakeRouter:
         url = t["url"] if t else None
         if not t or not url:
             return []
-        models = tuple(m.id for m in self.engine.models(url))
-        healthy = self.engine.health(url, "/health")
+        models = tuple(m.id for m in self.server.models(url))
+        healthy = self.server.health(url, "/health")
         return [Backend(url, healthy, models, t["state"])]
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
@@ -93,9 +93,9 @@ class FakeRouter:
         for t in self.world.read()["router"]["tiers"].values():
             url = t["url"]
             if alias in t["aliases"] and url and t["state"] == "ready":
-                models = self.engine.models(url)
+                models = self.server.models(url)
                 if models:
-                    serving = self.engine.serving_container(url)
+                    serving = self.server.serving_container(url)
                     echo = serving is not None and serving.get("echo_model", False)
                     return RoutedAnswer(200, alias if echo else models[0].id, "ok")
                 return RoutedAnswer(503, None)
@@ -126,14 +126,14 @@ class FakeRouter:
         backends: JSONArray = []
         url = t["url"]
         if url and t["state"] == "ready":
-            models = [m.id for m in self.engine.models(url)]
+            models = [m.id for m in self.server.models(url)]
             aliases: JSONArray = [*t["aliases"]]
             backends.append(
                 {
                     "url": url,
                     "aliases": aliases,
                     "observed_model": models[0] if models else None,
-                    "healthy": self.engine.health(url, "/health"),
+                    "healthy": self.server.health(url, "/health"),
                     "state": t["state"],
                 }
             )

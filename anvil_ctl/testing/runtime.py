@@ -126,7 +126,7 @@ class FakeRuntime:
         )
 
 
-class FakeEngineProbe:
+class FakeServerProbe:
     """Answers for the running fake container whose binding matches the URL."""
 
     def __init__(self, world: FakeWorld) -> None:

@@ -4,7 +4,7 @@ Revision ID: 0008
 Revises: 0007
 Create Date: 2026-11-30
 
-The `gate` policy (anvil_ctl.core.waivers.GATE) scopes a waiver to one recipe digest and
+The `gate` policy (anvil_ctl.core.waiver.GATE) scopes a waiver to one recipe digest and
 names gates; they are stored as a JSON list in `waivers.gates_json`. v_waivers gains the
 column (operator views only ever grow).
 

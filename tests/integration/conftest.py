@@ -31,7 +31,7 @@ import pytest
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import ContainerInfo, ContainerSpec
-from anvil_ctl.stub.container import stub_container_spec
+from tests.integration.hosts import stub_container_spec
 
 REQUIRED_ENV = ("ANVIL_TESTENV", "DOCKER_HOST", "ANVIL_STUB_IMAGE_ID")
 

@@ -36,7 +36,7 @@ import pytest
 from anvil_ctl.adapters.credentials import resolve_credentials
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.haproxy import HaproxyRouter
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.config import Settings, load_host_config
 from anvil_ctl.engine.lock import held_locks
 from anvil_ctl.recipes import container_spec, load_recipe
@@ -131,7 +131,7 @@ class FleetHost:
         assert r.returncode == 0, self.log[-1]
         return json.loads(r.stdout)
 
-    def context(self) -> Context:
+    def app(self) -> App:
         settings = Settings(  # type: ignore[call-arg]
             state_dir=Path(self.env["ANVIL_STATE_DIR"]),
             state_db=self.env["ANVIL_STATE_DB"],
@@ -141,13 +141,13 @@ class FleetHost:
             machine_id_file=Path(self.env["ANVIL_MACHINE_ID_FILE"]),
             _env_file=None,
         )
-        return Context(settings=settings, env=self.env)
+        return App(settings=settings, env=self.env)
 
     def verify_candidate(self) -> None:
         """A verified decision for the loaded candidate (promote's precondition; qualify is
         not what this test is about)."""
-        ctx = self.context()
-        verified_decision(ctx.store, SLOT, f"fleet-{self.name}-{{digest}}")
+        app = self.app()
+        verified_decision(app.store, SLOT, f"fleet-{self.name}-{{digest}}")
 
 
 def _start_host(
@@ -285,7 +285,7 @@ def _load_refusing_a_rival(host: FleetHost) -> subprocess.CompletedProcess[str]:
             assert holder.poll() is None, f"load ended ({holder.returncode}) before it paused at {HOLD_AT}"
             assert time.monotonic() < deadline, f"the load did not reach {HOLD_AT} within 120 s"
             time.sleep(0.05)
-        store = host.context().store
+        store = host.app().store
         assert {lk.pid for lk in held_locks(store)} == {holder.pid}  # the load holds the lock
         rival = host.anvilctl(*args)
         assert rival.returncode == 3, host.log[-1]
@@ -369,8 +369,8 @@ class TestFleetOnPostgres:
 
         # which container served llm.primary on host B between its promote and its rollback:
         # its promoted candidate (a container of B's engine), asked from host A
-        cand_a = a.context().store.current_identity(SLOT, "candidate")
-        cand_b = b.context().store.current_identity(SLOT, "candidate")
+        cand_a = a.app().store.current_identity(SLOT, "candidate")
+        cand_b = b.app().store.current_identity(SLOT, "candidate")
         assert cand_a is not None and cand_b is not None
         served = a.json("audit", "served", "--slot", SLOT, "--at", marks["gpu-b"], "--host", "gpu-b")
         assert isinstance(served, list)

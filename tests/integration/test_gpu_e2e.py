@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, serves, transactions
 from anvil_ctl.config import Settings
 from anvil_ctl.core.states import TxState
@@ -56,22 +56,22 @@ def copy_recipe(recipes: Path, name: str = "stub-393k-c1", **changes: str) -> No
     (recipes / f"{name}.toml").write_text(src)
 
 
-def load(ctx: Context, recipe: str, slot: str) -> Outcome:
+def load(app: App, recipe: str, slot: str) -> Outcome:
     """`anvilctl load` as serves.load does it, with the recipe's vram_need_mib on the candidate
     even where commands/serves.py does not pass it yet."""
-    cand = serves.candidate_from_recipe(ctx, recipe, slot)
+    cand = serves.candidate_from_recipe(app, recipe, slot)
     if not cand.vram_need_mib:
-        need = load_recipe(ctx.settings.recipes_dir / f"{recipe}.toml").vram_need_mib
+        need = load_recipe(app.settings.recipes_dir / f"{recipe}.toml").vram_need_mib
         cand = replace(cand, vram_need_mib=need)
-    return transactions.load(ctx, slot=slot, candidate=cand)
+    return transactions.load(app, slot=slot, candidate=cand)
 
 
 def container_states(runtime: Any) -> dict[str, str]:
     return {c.id: c.status for c in runtime.list()}
 
 
-def transactions_count(ctx: Context) -> int:
-    with ctx.store.read() as s:
+def transactions_count(app: App) -> int:
+    with app.store.read() as s:
         return int(s.execute(text("select count(*) from transactions")).scalar_one())
 
 
@@ -99,8 +99,8 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str
         backend="real",
         gpu="simulated",
     )
-    ctx = Context(settings=settings, env={})
-    upgrade(ctx.create_database())
+    app = App(settings=settings, env={})
+    upgrade(app.create_database())
     inc = stub_container(
         served_model=INCUMBENT,
         port=8001,
@@ -108,16 +108,16 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str
         extra_args=["--vram-idle-mib", "92000", "--vram-loaded-mib", "93000", "--max-model-len", "524288"],
         labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
     )
-    out = transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=524288)
+    out = transactions.adopt(app, slot="primary", container_id=inc.id, context_tokens=524288)
     assert out.state == TxState.COMMITTED, out.reason
-    yield {"ctx": ctx, "incumbent": inc, "runtime": runtime}
+    yield {"app": app, "incumbent": inc, "runtime": runtime}
     for c in runtime.list(labels={"io.anvil.role": "candidate"}):
         runtime.remove(c.id, force=True)
 
 
 class TestGpuOwnershipOnDocker:
     def test_adopt_gives_the_incumbent_both_roles_exclusively(self, host: dict[str, Any]) -> None:
-        owners = gpu_ledger.gpu_owners(host["ctx"].store)
+        owners = gpu_ledger.gpu_owners(host["app"].store)
         assert {r: (o["container_id"], o["mode"]) for r, o in owners.items()} == {
             "compute-a": (host["incumbent"].id, "exclusive"),
             "compute-b": (host["incumbent"].id, "exclusive"),
@@ -126,11 +126,11 @@ class TestGpuOwnershipOnDocker:
     def test_load_of_stub_393k_claims_both_roles_and_records_the_release_readings(
         self, host: dict[str, Any]
     ) -> None:
-        ctx, rt, inc = host["ctx"], host["runtime"], host["incumbent"]
-        out = load(ctx, "stub-393k-c1", "primary")
+        app, rt, inc = host["app"], host["runtime"], host["incumbent"]
+        out = load(app, "stub-393k-c1", "primary")
         assert out.state == TxState.COMMITTED, out.reason
         cand = out.results["start-candidate"]["container_id"]
-        owners = gpu_ledger.gpu_owners(ctx.store)
+        owners = gpu_ledger.gpu_owners(app.store)
         assert {r: (o["container_id"], o["mode"], o["tx_id"]) for r, o in owners.items()} == {
             "compute-a": (cand, "exclusive", out.tx_id),
             "compute-b": (cand, "exclusive", out.tx_id),
@@ -149,7 +149,7 @@ class TestGpuOwnershipOnDocker:
             # The incumbent is proven stopped before the gate's first reading.
             assert gate["before"][uuid_]["total_mib"] == 97_887
             assert gate["after"][uuid_]["free_mib"] >= 97_608
-        steps = audit.show(ctx, out.tx_id or "")["steps"]
+        steps = audit.show(app, out.tx_id or "")["steps"]
         journaled = [e for e in steps if e["step"] == "release-vram" and e["event"] == "result"]
         assert len(journaled) == 1
         assert "before" in str(journaled[0]) and "after" in str(journaled[0])
@@ -157,23 +157,23 @@ class TestGpuOwnershipOnDocker:
     def test_a_second_gpu_start_while_the_candidate_owns_the_roles_is_refused_naming_it(
         self, host: dict[str, Any]
     ) -> None:
-        ctx, rt = host["ctx"], host["runtime"]
-        first = load(ctx, "stub-393k-c1", "primary")
+        app, rt = host["app"], host["runtime"]
+        first = load(app, "stub-393k-c1", "primary")
         assert first.state == TxState.COMMITTED, first.reason
         cand = first.results["start-candidate"]["container_id"]
-        before_host, before_tx = container_states(rt), transactions_count(ctx)
-        out = load(ctx, "side-c1", "secondary")
+        before_host, before_tx = container_states(rt), transactions_count(app)
+        out = load(app, "side-c1", "secondary")
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert out.refusal is not None and out.refusal.guard == "GpuRolesFree"
         assert f"owned exclusively by container {cand[:12]} in slot primary" in out.reason
         assert f"transaction {first.tx_id}" in out.reason
         assert container_states(rt) == before_host
-        assert transactions_count(ctx) == before_tx + 1  # only the refusal record
+        assert transactions_count(app) == before_tx + 1  # only the refusal record
 
     def test_a_managed_container_outside_the_ledger_refuses_the_load_by_pid(
         self, host: dict[str, Any], stub_container: Any
     ) -> None:
-        ctx, rt, inc = host["ctx"], host["runtime"], host["incumbent"]
+        app, rt, inc = host["app"], host["runtime"], host["incumbent"]
         stray = stub_container(
             served_model="stray",
             gpu_uuids=[UB],
@@ -181,7 +181,7 @@ class TestGpuOwnershipOnDocker:
         )
         assert stray.pid
         before_host = container_states(rt)
-        out = load(ctx, "stub-393k-c1", "primary")
+        out = load(app, "stub-393k-c1", "primary")
         assert out.state == TxState.REFUSED, out.reason
         assert out.refusal is not None and out.refusal.guard == "GpuRolesFree"
         assert out.reason == (

@@ -211,10 +211,10 @@ def test_a_chat_through_the_official_client_reports_usage(served: Served) -> Non
 
 def test_the_context_shows_only_in_the_context_length_error(served: Served) -> None:
     """/v1/models has no context length; a prompt longer than n_ctx gets a 400 that names it."""
-    ctx = served.recipe.context_tokens
+    context_tokens = served.recipe.context_tokens
     body = {
         "model": served.served_model,
-        "messages": [{"role": "user", "content": "word " * (ctx + 100)}],
+        "messages": [{"role": "user", "content": "word " * (context_tokens + 100)}],
         "max_tokens": 1,
     }
     t0 = time.monotonic()
@@ -223,7 +223,7 @@ def test_the_context_shows_only_in_the_context_length_error(served: Served) -> N
     assert r.status_code == 400, r.text[:500]
     error = r.json()["error"]
     assert error["code"] == "context_length_exceeded"
-    assert f"maximum context length is {ctx} tokens" in error["message"]
+    assert f"maximum context length is {context_tokens} tokens" in error["message"]
     REPORT["context_error"] = {"seconds": round(elapsed, 3), "error": error}
 
 

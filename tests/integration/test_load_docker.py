@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import serves, transactions
 from anvil_ctl.config import Settings
 from anvil_ctl.core.states import TxState
@@ -48,24 +48,24 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> dict[str, Any]:
         backend="real",
         gpu="simulated",
     )
-    ctx = Context(settings=settings, env={})
-    upgrade(ctx.create_database())
+    app = App(settings=settings, env={})
+    upgrade(app.create_database())
     inc = stub_container(
         served_model=INCUMBENT,
         port=8001,
         labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
         extra_args=["--max-model-len", "524288"],
     )
-    out = transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=524288)
+    out = transactions.adopt(app, slot="primary", container_id=inc.id, context_tokens=524288)
     assert out.state == TxState.COMMITTED, out.reason
     created: list[str] = []
-    yield {"ctx": ctx, "incumbent": inc, "runtime": runtime, "created": created}
+    yield {"app": app, "incumbent": inc, "runtime": runtime, "created": created}
     for c in runtime.list(labels={"io.anvil.role": "candidate"}):
         runtime.remove(c.id, force=True)
 
 
-def counts(ctx: Context) -> dict[str, int]:
-    with ctx.store.read() as s:
+def counts(app: App) -> dict[str, int]:
+    with app.store.read() as s:
         return {
             t: s.execute(text(f"select count(*) from {t}")).scalar_one()
             for t in ("transactions", "step_events", "snapshots", "identities")
@@ -78,8 +78,8 @@ def containers(runtime: Any) -> dict[str, str]:
 
 class TestLoadOnDocker:
     def test_load_keeps_the_incumbent_id_stopped_and_serves_the_candidate(self, host: dict[str, Any]) -> None:
-        ctx, rt, inc = host["ctx"], host["runtime"], host["incumbent"]
-        out = serves.load(ctx, "good-393k", slot="primary")
+        app, rt, inc = host["app"], host["runtime"], host["incumbent"]
+        out = serves.load(app, "good-393k", slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
         assert rt.inspect(inc.id).status == "exited"
         cand = rt.inspect(out.results["start-candidate"]["container_id"])
@@ -91,8 +91,8 @@ class TestLoadOnDocker:
     def test_a_bad_candidate_compensates_to_the_same_incumbent_container(
         self, host: dict[str, Any], recipe: str
     ) -> None:
-        ctx, rt, inc = host["ctx"], host["runtime"], host["incumbent"]
-        out = serves.load(ctx, recipe, slot="primary")
+        app, rt, inc = host["app"], host["runtime"], host["incumbent"]
+        out = serves.load(app, recipe, slot="primary")
         assert out.state == TxState.COMPENSATED and out.exit_code == 4
         assert "await-candidate" in out.reason
         assert rt.inspect(inc.id).running  # the same container ID serves again
@@ -108,23 +108,23 @@ class TestRefusalsOnDocker:
     ) -> None:
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert containers(host["runtime"]) == before_host
-        after = counts(host["ctx"])
+        after = counts(host["app"])
         assert after == {**before_db, "transactions": before_db["transactions"] + 1}
 
     def test_an_absent_pinned_image_is_refused(self, host: dict[str, Any], tmp_path: Path) -> None:
-        recipes = host["ctx"].settings.recipes_dir
+        recipes = host["app"].settings.recipes_dir
         src = (recipes / "good-393k.toml").read_text().replace("468637ca", "00000000")
         (recipes / "absent-image.toml").write_text(src.replace('name = "good-393k"', 'name = "absent-image"'))
-        before_db, before_host = counts(host["ctx"]), containers(host["runtime"])
-        out = serves.load(host["ctx"], "absent-image", slot="primary")
+        before_db, before_host = counts(host["app"]), containers(host["runtime"])
+        out = serves.load(host["app"], "absent-image", slot="primary")
         self._assert_unchanged(host, out, before_db, before_host)
         assert out.refusal.guard == "CandidateImagePinned"
 
     def test_a_removed_incumbent_is_refused(self, host: dict[str, Any]) -> None:
         rt, inc = host["runtime"], host["incumbent"]
         rt.remove(inc.id, force=True)
-        before_db, before_host = counts(host["ctx"]), containers(rt)
-        out = serves.load(host["ctx"], "good-393k", slot="primary")
+        before_db, before_host = counts(host["app"]), containers(rt)
+        out = serves.load(host["app"], "good-393k", slot="primary")
         self._assert_unchanged(host, out, before_db, before_host)
         assert "was removed" in out.reason
 
@@ -134,8 +134,8 @@ class TestRefusalsOnDocker:
         rt, inc = host["runtime"], host["incumbent"]
         rt.stop(inc.id, 5)
         stub_container(served_model="someone-else", port=8001)
-        before_db, before_host = counts(host["ctx"]), containers(rt)
-        out = serves.load(host["ctx"], "good-393k", slot="primary")
+        before_db, before_host = counts(host["app"]), containers(rt)
+        out = serves.load(host["app"], "good-393k", slot="primary")
         self._assert_unchanged(host, out, before_db, before_host)
         assert out.refusal.guard == "BindingNotTaken"
 
@@ -145,21 +145,21 @@ class TestUnloadOnDocker:
         self, host: dict[str, Any], stub_container: Any
     ) -> None:
         foreign = stub_container(served_model="foreign")
-        out = serves.unload(host["ctx"], foreign.id, yes=True)
+        out = serves.unload(host["app"], foreign.id, yes=True)
         assert isinstance(out, Outcome) and out.state == TxState.REFUSED
         assert "not created by anvilctl" in out.reason
         assert host["runtime"].inspect(foreign.id).running
 
     def test_unload_refuses_the_incumbent(self, host: dict[str, Any]) -> None:
         inc = host["incumbent"]
-        out = serves.unload(host["ctx"], inc.id, yes=True)
+        out = serves.unload(host["app"], inc.id, yes=True)
         assert isinstance(out, Outcome) and out.state == TxState.REFUSED
         assert host["runtime"].inspect(inc.id).running
 
     def test_unload_removes_a_candidate_it_created(self, host: dict[str, Any]) -> None:
-        out = serves.load(host["ctx"], "wrong-name-393k", slot="primary")
+        out = serves.load(host["app"], "wrong-name-393k", slot="primary")
         kept = host["runtime"].list(labels={"io.anvil.transaction": out.tx_id or ""})
-        result = serves.unload(host["ctx"], kept[0].id, yes=True)
+        result = serves.unload(host["app"], kept[0].id, yes=True)
         assert isinstance(result, Outcome) and result.state == TxState.COMMITTED, result
         assert result.results["remove-candidate"]["removed"] is True
         assert host["runtime"].list(labels={"io.anvil.transaction": out.tx_id or ""}) == []

@@ -41,8 +41,8 @@ def audit(runtime: Any, container_id: str, **kw: int) -> GateResult:
 
     async def go() -> GateResult:
         async with EngineClient("http://127.0.0.1:9") as client:
-            ctx = GateContext(client=client, served_model="stub-model", container_log=read, engine=STUB)
-            return await LogAudit(**kw)(ctx)
+            gate_ctx = GateContext(client=client, served_model="stub-model", container_log=read, engine=STUB)
+            return await LogAudit(**kw)(gate_ctx)
 
     return asyncio.run(go())
 

@@ -89,7 +89,7 @@ class TestRouterRestarted:
         assert verdict.tx_state == "committed", verdict
         assert verdict.converged == "after", verdict
         # The route really was lost, and the cron's repair (a reconcile transaction) restored it.
-        repair = recent_transactions(host.context())[0]
+        repair = recent_transactions(host.app())[0]
         assert (repair["kind"], repair["state"]) == ("reconcile", "committed"), repair
 
 
@@ -157,7 +157,7 @@ class TestRetainedServes:
 
     def test_a_renamed_retained_incumbent_is_the_same_container(self, host: ChaosHost) -> None:
         host.prepare("rollback")
-        inc = host.context().store.current_identity("primary", "rollback")
+        inc = host.app().store.current_identity("primary", "rollback")
         rt = runtime()
         try:
             rt._client.api.rename(inc.container_id if inc else "", "renamed-by-an-operator")
@@ -169,9 +169,9 @@ class TestRetainedServes:
 
     def test_a_removed_retained_serve_is_refused_and_the_slot_keeps_serving(self, host: ChaosHost) -> None:
         phase = host.prepare("rollback")
-        ctx = host.context()
+        app = host.app()
         target_role = "rollback" if phase == "C" else "candidate"
-        target = ctx.store.current_identity("primary", target_role)
+        target = app.store.current_identity("primary", target_role)
         assert target is not None
         before = host.observe()
         rt = runtime()

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.config import Settings
-from anvil_ctl.gpu.waivers import Waiver
-from anvil_ctl.persistence import waivers
+from anvil_ctl.gpu.waiver_policy import Waiver
+from anvil_ctl.persistence import waiver_rows
 from tests.integration.hosts import sim_host_toml
 
 pytestmark = pytest.mark.integration
@@ -71,7 +71,7 @@ class Host:
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
-    def context(self) -> Context:
+    def app(self) -> App:
         settings = Settings(  # type: ignore[call-arg]
             state_dir=self.state,
             config=self.root / "anvil.toml",
@@ -79,7 +79,7 @@ class Host:
             backend="real",
             gpu="simulated",
         )
-        return Context(settings=settings, env={})
+        return App(settings=settings, env={})
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         with sqlite3.connect(self.state / "anvil.db") as db:
@@ -202,7 +202,7 @@ class TestQualifyCli:
         raw = check_evidence_and_rows(host, tx, "policy-infeasible", 2101)
         export_verify_and_tamper(host, tx, tmp_path)
 
-        ctx = host.context()
+        app = host.app()
         now = datetime.now(UTC)
         waiver = Waiver(
             id="w-model-pair",
@@ -214,12 +214,12 @@ class TestQualifyCli:
             roles=frozenset({"compute-a", "compute-b"}),
             expires_at=now + timedelta(days=1),
         )
-        waivers.add_waiver(ctx.store, waiver)
-        report = qualify_cmd.reclassify_decisions(ctx, slot="primary")
+        waiver_rows.add_waiver(app.store, waiver)
+        report = qualify_cmd.reclassify_decisions(app, slot="primary")
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("verified", raw["id"], ["w-model-pair"])
         ]
-        assert qualify_cmd.reclassify_decisions(ctx).recorded == []  # nothing new to say
+        assert qualify_cmd.reclassify_decisions(app).recorded == []  # nothing new to say
         again = next(d for d in host.json("audit", "decisions") if d["id"] == raw["id"])
         assert again == raw  # the original decision is never rewritten
         manifest = host.state / "evidence" / tx / "manifest.json"

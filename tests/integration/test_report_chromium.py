@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from anvil_ctl.qualify.onepage import Bundle, ReportInputs, render_page
+from anvil_ctl.evidence.bundle import Bundle, ReportInputs
+from anvil_ctl.evidence.report import render_page
 from tests.unit.reportbundle import qualification_bundle
 
 CHROMIUM_FLAGS = (

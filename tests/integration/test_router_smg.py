@@ -25,7 +25,7 @@ import pytest
 from anvil_ctl.acceptance import run_acceptance
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret, resolve_credentials
 from anvil_ctl.adapters.smg import SmgRouter
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recheck, transactions
 from anvil_ctl.commands.reconcile import reconcile
 from anvil_ctl.config import RouterConfig, Settings
@@ -380,22 +380,22 @@ def smg_host(
         state_dir=tmp_path / "state", config=tmp_path / "anvil.toml", backend="real", gpu="simulated"
     )
     env = {"ANVIL_ROUTER_ADMIN_TOKEN": Keys.admin, "ANVIL_ROUTER_CLIENT_TOKEN": Keys.client}
-    ctx = Context(settings=settings, env=env)
-    upgrade(ctx.create_database())
+    app = App(settings=settings, env=env)
+    upgrade(app.create_database())
     inc = stub_container(
         served_model=MODEL, port=port, labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"}
     )
-    out = transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=32768)
+    out = transactions.adopt(app, slot="primary", container_id=inc.id, context_tokens=32768)
     assert out.state == TxState.COMMITTED, out.reason
-    yield {"ctx": ctx, "smg": smg, "smg_port": int(smg.url.rsplit(":", 1)[1]), "incumbent": inc}
-    ctx.world().close()  # the router's and Docker's connections
-    ctx.engine.dispose()
+    yield {"app": app, "smg": smg, "smg_port": int(smg.url.rsplit(":", 1)[1]), "incumbent": inc}
+    app.world().close()  # the router's and Docker's connections
+    app.database.dispose()
 
 
 class TestReconcileOnSmg:
     def test_a_restarted_smg_gets_the_route_back_from_reconcile(self, smg_host, smg_factory, closing):
-        ctx = smg_host["ctx"]
-        first = reconcile(ctx, "primary")  # nothing was registered yet: reconcile routes it
+        app = smg_host["app"]
+        first = reconcile(app, "primary")  # nothing was registered yet: reconcile routes it
         assert first.state == TxState.COMMITTED, first.reason
         url = stub_url(smg_host["incumbent"])
         router = closing(SmgRouter(smg_host["smg"].url, creds()))
@@ -404,7 +404,7 @@ class TestReconcileOnSmg:
         smg_factory(port=smg_host["smg_port"])
         assert "no worker" in router.check_route(TIER, url, MODEL).reason
         started = time.monotonic()
-        out = reconcile(ctx, "primary")
+        out = reconcile(app, "primary")
         print(f"\nreconcile after an smg restart: {time.monotonic() - started:.2f} s")
         assert out.state == TxState.COMMITTED, out.reason
         assert out.results["route-slot"]["changed"] is True
@@ -415,25 +415,25 @@ class TestReconcileOnSmg:
             "served_model": MODEL,
         }
         assert route_breaks(router, url, REMOVAL_DELAY_S + 1) == []
-        again = reconcile(ctx, "primary")
+        again = reconcile(app, "primary")
         assert again.results["route-slot"]["already_routed"] is True
 
     def test_recheck_repairs_the_route_after_an_smg_restart(self, smg_host, smg_factory):
-        ctx = smg_host["ctx"]
-        assert reconcile(ctx, "primary").state == TxState.COMMITTED
+        app = smg_host["app"]
+        assert reconcile(app, "primary").state == TxState.COMMITTED
         smg_host["smg"].kill()
         smg_factory(port=smg_host["smg_port"])
-        plain = recheck.recheck(ctx, "primary")
+        plain = recheck.recheck(app, "primary")
         assert {"route_holds", "routed_smoke"} <= set(plain.failed)
-        repaired = recheck.recheck(ctx, "primary", repair=("router",))
+        repaired = recheck.recheck(app, "primary", repair=("router",))
         assert repaired.passed, repaired.assertions
         assert repaired.repair is not None and repaired.repair["committed"] is True
 
     def test_reconcile_is_refused_when_the_recorded_serve_is_not_running(self, smg_host, runtime, closing):
-        ctx, inc = smg_host["ctx"], smg_host["incumbent"]
+        app, inc = smg_host["app"], smg_host["incumbent"]
         router = closing(SmgRouter(smg_host["smg"].url, creds()))
         runtime.stop(inc.id, 5)
-        out = reconcile(ctx, "primary")
+        out = reconcile(app, "primary")
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert out.refusal is not None and out.refusal.guard == "RecordedServeRunning"
         assert f"{inc.id[:12]} ({MODEL}) is exited, not running" in out.reason

@@ -305,7 +305,7 @@ class TestSeedCampaign:
         from anvil_ctl.adapters.credentials import resolve_credentials
         from anvil_ctl.adapters.smg import SmgRouter
         from anvil_ctl.config import load_host_config
-        from anvil_ctl.stub.container import stub_container_spec
+        from tests.integration.hosts import stub_container_spec
 
         def failed() -> list[str]:
             r = camp.anvilctl("--json", "recheck", "--slot", "primary")

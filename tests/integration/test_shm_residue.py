@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recheck, serves, transactions
 from anvil_ctl.config import Settings
 from anvil_ctl.core.errors import NotFound
@@ -84,18 +84,18 @@ def host(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[dict[str
         backend="real",
         gpu="simulated",
     )
-    ctx = Context(settings=settings, env={})
-    upgrade(ctx.create_database())
+    app = App(settings=settings, env={})
+    upgrade(app.create_database())
     inc = stub_container(
         served_model=INCUMBENT,
         port=8001,
         labels={"io.anvil.slot": "primary", "io.anvil.role": "incumbent"},
         extra_args=["--max-model-len", "524288"],
     )
-    out = transactions.adopt(ctx, slot="primary", container_id=inc.id, context_tokens=524288)
+    out = transactions.adopt(app, slot="primary", container_id=inc.id, context_tokens=524288)
     assert out.state == TxState.COMMITTED, out.reason
-    yield {"ctx": ctx, "runtime": runtime}
-    ctx.close()
+    yield {"app": app, "runtime": runtime}
+    app.close()
 
 
 @pytest.fixture
@@ -123,14 +123,14 @@ def leaker(stub_spec: Callable[..., ContainerSpec], runtime: Any) -> Iterator[Ca
             runtime.remove(cid, force=True)
 
 
-def residue_check(ctx: Context) -> dict[str, Any]:
-    result = recheck.recheck(ctx, "primary")
+def residue_check(app: App) -> dict[str, Any]:
+    result = recheck.recheck(app, "primary")
     (found,) = [a for a in result.assertions if a["name"] == "shm_residue_zero"]
     return found
 
 
-def marks(ctx: Context) -> list[tuple[str, str]]:
-    with ctx.store.read() as s:
+def marks(app: App) -> list[tuple[str, str]]:
+    with app.store.read() as s:
         return [(r[0], r[1]) for r in s.execute(text("select path, container_id from v_shm_marks"))]
 
 
@@ -138,26 +138,26 @@ class TestResidueMeansOurs:
     def test_foreign_files_never_count_and_a_file_a_stub_left_counts_until_removed(
         self, host: dict[str, Any], foreign_files: dict[str, Path], leaker: Callable[[str], str]
     ) -> None:
-        ctx, rt = host["ctx"], host["runtime"]
+        app, rt = host["app"], host["runtime"]
         left = SHM / f"anvil-it-left-{uuid.uuid4().hex[:10]}"  # no engine's name: known by the ledger only
         try:
-            assert residue_check(ctx) == {"name": "shm_residue_zero", "passed": True, "observed": []}
+            assert residue_check(app) == {"name": "shm_residue_zero", "passed": True, "observed": []}
 
             cid = leaker(left.name)
             assert left.exists(), "the stub shares the host's /dev/shm (ipc=host)"
-            assert residue_check(ctx)["passed"] is True  # held by the running engine: in use
-            assert (str(left), cid) in marks(ctx)  # seen held by a managed container, remembered
+            assert residue_check(app)["passed"] is True  # held by the running engine: in use
+            assert (str(left), cid) in marks(app)  # seen held by a managed container, remembered
 
             rt.stop(cid, 5)
             assert left.exists()
-            assert residue_check(ctx) == {
+            assert residue_check(app) == {
                 "name": "shm_residue_zero",
                 "passed": False,
                 "observed": [str(left)],
             }
-            assert observe(ctx.world(), ["primary"]).body["shm_residue"] == [str(left)]
+            assert observe(app.world(), ["primary"]).body["shm_residue"] == [str(left)]
 
-            out = serves.unload(ctx, cid, yes=True, remove_residue=True)
+            out = serves.unload(app, cid, yes=True, remove_residue=True)
             assert out.state == TxState.COMMITTED, out.reason
             report = out.results["remove-residue"]
             mentioned = set(report["removed"]) | {k["path"] for k in report["kept"]}
@@ -167,7 +167,7 @@ class TestResidueMeansOurs:
                 assert report["kept"] == [{"path": str(left), "why": report["kept"][0]["why"]}]
                 assert report["kept"][0]["why"].startswith("holders unknown")
                 left.unlink()
-            assert residue_check(ctx) == {"name": "shm_residue_zero", "passed": True, "observed": []}
+            assert residue_check(app) == {"name": "shm_residue_zero", "passed": True, "observed": []}
             assert foreign_files["foreign"].exists() and foreign_files["pg"].exists()
         finally:
             left.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ def main() -> int:
     configure("json")
     host = reopen(Path(sys.argv[1]), state_db=os.environ.get("ANVIL_STATE_DB"))
     try:
-        out = transactions.load(host.context(), slot="primary", candidate=host.candidate(name=sys.argv[2]))
+        out = transactions.load(host.app(), slot="primary", candidate=host.candidate(name=sys.argv[2]))
     except AnvilError as exc:
         print(f"anvilctl: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -43,11 +43,11 @@ def _dry_tree() -> click.Group:
 
     def stub(command: click.Command) -> None:
         def record(**_params: object) -> None:
-            ctx = click.get_current_context()
-            parsed = ctx.find_object(Parsed)
-            if parsed is not None and (ctx.invoked_subcommand is None or not parsed.path):
-                parsed.path = ctx.command_path.split()[1:]
-                parsed.command = ctx.command
+            click_ctx = click.get_current_context()
+            parsed = click_ctx.find_object(Parsed)
+            if parsed is not None and (click_ctx.invoked_subcommand is None or not parsed.path):
+                parsed.path = click_ctx.command_path.split()[1:]
+                parsed.command = click_ctx.command
 
         command.callback = record
         if isinstance(command, click.Group):

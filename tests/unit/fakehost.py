@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import transactions
 from anvil_ctl.config import Settings
 from anvil_ctl.core.model import (
@@ -56,8 +56,8 @@ class FakeHost:
     image_id: str
     incumbent_id: str
 
-    def context(self) -> Context:
-        return Context(settings=self.settings, env={})
+    def app(self) -> App:
+        return App(settings=self.settings, env={})
 
     def env(self) -> dict[str, str]:
         env = {
@@ -140,8 +140,8 @@ def make_fake_host(
     settings = Settings(  # type: ignore[call-arg]
         state_dir=state, state_db=state_db, config=cfg, backend="fake", _env_file=None, **extra
     )
-    ctx = Context(settings=settings, env={})
-    upgrade(ctx.create_database())
+    app = App(settings=settings, env={})
+    upgrade(app.create_database())
     world = FakeWorld(settings.fake_world_path)
     image_id = world.add_image("anvil-stub@sha256:" + "1" * 64)
     world.add_gpu("GPU-aaaaaaaa-0000-0000-0000-000000000001", 97887)
@@ -155,10 +155,10 @@ def make_fake_host(
         )
     )
     rt.start(inc)
-    world_obj = ctx.world()
+    world_obj = app.world()
     assert world_obj.router is not None
     world_obj.router.register("primary-local", "http://127.0.0.1:8001", ("llm.primary",))
-    out = transactions.adopt(ctx, slot="primary", container_id=inc, context_tokens=524288)
+    out = transactions.adopt(app, slot="primary", container_id=inc, context_tokens=524288)
     assert out.state.value == "committed", out.reason
     return FakeHost(root, settings, world, image_id, inc)
 
@@ -174,7 +174,7 @@ def reopen(root: Path, *, state_db: str | None = None) -> FakeHost:
     )
     world = FakeWorld(settings.fake_world_path)
     image_id = next(iter(world.read()["images"]))
-    ctx = Context(settings=settings, env={})
-    inc = ctx.store.current_identity("primary", "incumbent")
+    app = App(settings=settings, env={})
+    inc = app.store.current_identity("primary", "incumbent")
     assert inc is not None
     return FakeHost(root, settings, world, image_id, inc.container_id)

@@ -48,7 +48,7 @@ def verify_after_edit(
 ) -> ReportRecord:
     """Edit the fake host's database past `trigger`, then `audit verify` it: the report, not ok."""
     edit_past_trigger(db_file(host), trigger, sql, params)
-    report = audit.verify(host.context(), full=full)
+    report = audit.verify(host.app(), full=full)
     assert not report["ok"]
     return report
 

@@ -15,8 +15,9 @@ import httpx
 
 from anvil_ctl.core.engine_profile import STUB
 from anvil_ctl.core.model import ContainerLog
-from anvil_ctl.qualify import load_profile, run_qualification
 from anvil_ctl.qualify.gates.base import FIXTURES_DIR
+from anvil_ctl.qualify.profiles import load_profile
+from anvil_ctl.qualify.runner import run_qualification
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_A = "GPU-00000000-0000-4000-8000-00000000000a"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.persistence import rechecks
 from anvil_ctl.persistence.chainwalk import Refs
@@ -44,7 +44,7 @@ def entries(host: FakeHost) -> int:
 
 
 def verify(host: FakeHost, **kw: Any) -> dict[str, Any]:
-    return audit.verify(host.context(), **kw)
+    return audit.verify(host.app(), **kw)
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ class TestCheckpoints:
 
     def test_the_next_run_checks_only_what_came_after_it(self, checked: FakeHost) -> None:
         before = entries(checked)
-        out = transactions.load(checked.context(), slot="primary", candidate=checked.candidate())
+        out = transactions.load(checked.app(), slot="primary", candidate=checked.candidate())
         assert out.state.value == "committed"
         new_entries = entries(checked) - before
         report = verify(checked)
@@ -100,7 +100,7 @@ class TestCheckpoints:
         db = checked.settings.state_dir / "anvil.db"
         before = entries(checked)
         settings = checked.settings.model_copy(update={"state_db": f"sqlite:///file:{db}?mode=ro&uri=true"})
-        report = audit.verify(Context(settings=settings, env={}))
+        report = audit.verify(App(settings=settings, env={}))
         assert report["ok"] and report["checkpoint"] is None
         assert "readonly" in report["checkpoint_error"]
         assert report["head_file"]["path"] == str(db) + ".head"
@@ -130,7 +130,7 @@ class TestWhenTheCheckpointCannotBeTrusted:
         self, checked: FakeHost
     ) -> None:
         rechecks.record_recheck(
-            checked.context().store,
+            checked.app().store,
             slot="primary",
             passed=False,
             failed=["x"],
@@ -156,7 +156,7 @@ class TestWhenTheCheckpointCannotBeTrusted:
 
     def test_a_forged_checkpoint_is_not_trusted(self, checked: FakeHost) -> None:
         rechecks.record_recheck(
-            checked.context().store,
+            checked.app().store,
             slot="primary",
             passed=False,
             failed=["x"],
@@ -195,11 +195,11 @@ class TestWhenTheCheckpointCannotBeTrusted:
 
 class TestCost:
     def test_an_incremental_run_reads_no_row_the_checkpoint_covers(self, checked: FakeHost) -> None:
-        out = transactions.load(checked.context(), slot="primary", candidate=checked.candidate())
+        out = transactions.load(checked.app(), slot="primary", candidate=checked.candidate())
         assert out.state.value == "committed", out.reason
         for _ in range(20):
             rechecks.record_recheck(
-                checked.context().store,
+                checked.app().store,
                 slot="primary",
                 passed=True,
                 failed=[],

@@ -92,7 +92,7 @@ class TestErrorMapping:
     ) -> None:
         from anvil_ctl.commands import admin
 
-        def refuse(ctx: object) -> None:
+        def refuse(app: object) -> None:
             raise Refused("the host lock is held by pid 4711")
 
         monkeypatch.setattr(admin, "status", refuse)
@@ -105,7 +105,7 @@ class TestErrorMapping:
     ) -> None:
         from anvil_ctl.commands import admin
 
-        def crash(ctx: object) -> None:
+        def crash(app: object) -> None:
             raise ZeroDivisionError("boom")
 
         monkeypatch.setattr(admin, "status", crash)
@@ -118,7 +118,7 @@ class TestErrorMapping:
     def test_ctrl_c_exits_130(self, anvilctl: Run, monkeypatch: pytest.MonkeyPatch) -> None:
         from anvil_ctl.commands import admin
 
-        def interrupted(ctx: object) -> None:
+        def interrupted(app: object) -> None:
             raise KeyboardInterrupt
 
         monkeypatch.setattr(admin, "status", interrupted)

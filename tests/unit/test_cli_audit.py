@@ -36,7 +36,7 @@ def anvilctl(fake_host: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytes
 @pytest.fixture
 def decided(fake_host: FakeHost) -> FakeHost:
     """A raw decision and its reclassification under a waiver."""
-    store = fake_host.context().store
+    store = fake_host.app().store
     common = {"tx_id": None, "slot": "primary", "identity_digest": "i" * 64, "container_id": "c" * 64}
     qualification.record_decision(
         store, decision_id=RAW, outcome="policy-infeasible", profile="demo", **common
@@ -64,7 +64,7 @@ class TestAuditIncumbents:
         assert human.code == ExitCode.OK and "incumbent" in human.out and "primary" in human.out
 
     def test_role_lists_the_loaded_candidate_instead(self, anvilctl: Run, fake_host: FakeHost) -> None:
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
         r = anvilctl("audit", "incumbents", "--role", "candidate", "--json")
         assert [(i["role"], i["served_model"]) for i in r.json()] == [("candidate", "cand-393k")]
@@ -118,7 +118,7 @@ class TestAuditDecisions:
 
 class TestAuditTransactions:
     def test_state_and_kind_filter_together(self, anvilctl: Run, fake_host: FakeHost) -> None:
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
         r = anvilctl("audit", "transactions", "--state", "committed", "--kind", "load")
         assert r.code == ExitCode.OK, r.err
@@ -127,7 +127,7 @@ class TestAuditTransactions:
         assert [(t["tx_id"], t["kind"], t["state"]) for t in rows] == [(out.tx_id, "load", "committed")]
 
     def test_show_and_diff_name_the_transaction(self, anvilctl: Run, fake_host: FakeHost) -> None:
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.tx_id is not None
         shown = anvilctl("audit", "show", out.tx_id[:8], "--json")
         assert shown.json()["tx_id"] == out.tx_id

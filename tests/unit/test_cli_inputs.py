@@ -64,13 +64,13 @@ class TestRestorability:
         with fake_host.world.edit() as w:
             w["containers"][fake_host.incumbent_id]["fingerprint"] = "0" * 64
         before = fake_host.world.read()
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.REFUSED and "fingerprint drifted" in out.reason
         assert fake_host.world.read() == before
 
     def test_a_vanished_incumbent_image_refuses_the_load(self, fake_host: FakeHost) -> None:
         with fake_host.world.edit() as w:
             w["images"].clear()
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.REFUSED
         assert "is gone from the host" in out.reason

@@ -135,8 +135,8 @@ class TestDisplayThatCannotBeForged:
     def _forged_waiver(self, fake_host: FakeHost) -> None:
         from datetime import UTC, datetime
 
-        from anvil_ctl.gpu.waivers import Waiver
-        from anvil_ctl.persistence import waivers
+        from anvil_ctl.gpu.waiver_policy import Waiver
+        from anvil_ctl.persistence import waiver_rows
 
         waiver = Waiver(
             id="wvr-forged00000",
@@ -149,7 +149,7 @@ class TestDisplayThatCannotBeForged:
             recipe_digest=None,
             expires_at=None,
         )
-        waivers.add_waiver(fake_host.context().store, waiver)
+        waiver_rows.add_waiver(fake_host.app().store, waiver)
 
     def test_waivers_list_shows_control_characters_as_escapes(
         self, anvilctl: Run, fake_host: FakeHost

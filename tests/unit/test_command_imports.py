@@ -96,20 +96,20 @@ class TestReadOnlyImports:
 WARM = """
 import json, sys
 from pathlib import Path
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.config import Settings
 state_dir, config, backend = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 settings = Settings(state_dir=state_dir, config=config, backend=backend, _env_file=None)
-ctx = Context(settings=settings, env={})
+app = App(settings=settings, env={})
 if backend == "real":  # the real acceptance, warmed before (and without) any world
     from anvil_ctl.acceptance_worker import RealAcceptance
     from anvil_ctl.adapters.credentials import Secret
-    ctx.__dict__["_acceptance"] = RealAcceptance("http://127.0.0.1:9", Secret("c", "test"))
-ctx.warm_acceptance()
-acceptance = ctx.real_acceptance() if backend == "real" else ctx.world().acceptance
+    app.__dict__["_acceptance"] = RealAcceptance("http://127.0.0.1:9", Secret("c", "test"))
+app.warm_acceptance()
+acceptance = app.real_acceptance() if backend == "real" else app.world().acceptance
 worker = getattr(acceptance, "_worker", None)
 pid = worker._pid if worker is not None else None
-ctx.close()
+app.close()
 import os
 try:
     os.kill(pid, 0) if pid else None

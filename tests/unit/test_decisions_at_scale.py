@@ -28,7 +28,7 @@ SLOT = "primary"
 
 def _decide(host: FakeHost, n: int) -> None:
     """`n` raw decisions of `n` identities, every third reclassified (a waiver's), on `host`."""
-    store = host.context().store
+    store = host.app().store
     for i in range(n):
         common = {"slot": SLOT, "identity_digest": f"{i:064x}", "container_id": "c" * 64}
         raw = f"dec-raw-{i:06d}"
@@ -60,16 +60,16 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> tuple[FakeHost, FakeHost]
 
 def _reads(host: FakeHost) -> list[tuple[str, Any]]:
     """The SELECTs of each lookup that picks one decision, or a few, out of all of them."""
-    ctx = host.context()
-    with _statements(ctx) as seen:
-        assert len(audit_decisions(ctx, slot=SLOT, limit=5)) == 5
-        assert len(audit_decisions(ctx, limit=5)) == 5
-        assert qualification.decision(ctx.store, "dec-raw-000003") is not None
-        assert [d["id"] for d in qualification.reclassifications(ctx.store, ["dec-raw-000003"])] == [
+    app = host.app()
+    with _statements(app) as seen:
+        assert len(audit_decisions(app, slot=SLOT, limit=5)) == 5
+        assert len(audit_decisions(app, limit=5)) == 5
+        assert qualification.decision(app.store, "dec-raw-000003") is not None
+        assert [d["id"] for d in qualification.reclassifications(app.store, ["dec-raw-000003"])] == [
             "dec-new-000003"
         ]
-        assert qualification.latest_decision(ctx.store, f"{3:064x}") is not None
-        assert waived_checks(ctx.world(), "dec-new-000003") == {}
+        assert qualification.latest_decision(app.store, f"{3:064x}") is not None
+        assert waived_checks(app.world(), "dec-new-000003") == {}
     return seen
 
 
@@ -101,16 +101,16 @@ def test_each_reads_an_index_of_the_decisions(hosts: tuple[FakeHost, FakeHost]) 
 def test_the_newest_decisions_are_the_tail_of_all_of_them_oldest_first(
     hosts: tuple[FakeHost, FakeHost],
 ) -> None:
-    ctx = hosts[0].context()
-    every = qualification.decisions(ctx.store)
+    app = hosts[0].app()
+    every = qualification.decisions(app.store)
     assert len(every) == 40
     for limit in (1, 7, 40, 100):
-        assert audit_decisions(ctx, limit=limit) == every[-limit:]
+        assert audit_decisions(app, limit=limit) == every[-limit:]
     # reclassifications of several decisions at once, oldest first, and none for a reclassification
     raws = [d["id"] for d in every if d["reclassifies"] is None][:7]
-    assert qualification.reclassifications(ctx.store, raws) == [d for d in every if d["reclassifies"] in raws]
-    assert qualification.reclassifications(ctx.store, ["dec-new-000003"]) == []
-    assert qualification.decision(ctx.store, "dec-missing") is None
+    assert qualification.reclassifications(app.store, raws) == [d for d in every if d["reclassifies"] in raws]
+    assert qualification.reclassifications(app.store, ["dec-new-000003"]) == []
+    assert qualification.decision(app.store, "dec-missing") is None
 
 
 def test_audit_decisions_and_incumbents_take_a_limit(
@@ -120,7 +120,7 @@ def test_audit_decisions_and_incumbents_take_a_limit(
     r = anvilctl("audit", "decisions", "--limit", "3", "--json")
     assert r.code == 0, r.err
     assert [d["id"] for d in r.json()] == [
-        d["id"] for d in qualification.decisions(hosts[0].context().store)[-3:]
+        d["id"] for d in qualification.decisions(hosts[0].app().store)[-3:]
     ]
     assert len(anvilctl("audit", "decisions", "--json").json()) == 40  # 50 by default
     bad = anvilctl("audit", "decisions", "--limit", "0")
@@ -131,14 +131,14 @@ def test_incumbents_newest_first_by_key_then_oldest_first(tmp_path: Any) -> None
     from tests.unit.test_projection import _story
 
     host = _story(make_fake_host(tmp_path), cycles=2)
-    ctx = host.context()
+    app = host.app()
     for slot in (SLOT, None):
-        every = audit.identities(ctx, slot=slot, limit=10_000)
+        every = audit.identities(app, slot=slot, limit=10_000)
         assert len(every) >= 4
         for limit in (1, 3):
-            assert audit.identities(ctx, slot=slot, limit=limit) == every[-limit:]
-    with _statements(ctx) as seen:
-        audit.identities(ctx, slot=SLOT, limit=3)
+            assert audit.identities(app, slot=slot, limit=limit) == every[-limit:]
+    with _statements(app) as seen:
+        audit.identities(app, slot=SLOT, limit=3)
     (sql, params) = next((q, p) for q, p in seen if "v_identities" in q)
     with sqlite3.connect(db_file(host)) as con:
         plan = [str(r[3]) for r in con.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
@@ -149,6 +149,6 @@ def test_incumbents_newest_first_by_key_then_oldest_first(tmp_path: Any) -> None
 def test_a_waiver_re_judges_decisions_by_their_own_chains(hosts: tuple[FakeHost, FakeHost]) -> None:
     """`gpu waive`'s re-judging reads each raw decision's reclassifications through the index
     (the decisions here have no standing policy, so each is passed over, as before)."""
-    ctx = hosts[0].context()
-    report = reclassify_decisions(ctx.world(), slot=SLOT)
+    app = hosts[0].app()
+    report = reclassify_decisions(app.world(), slot=SLOT)
     assert report.recorded == [] and report.skipped == []

@@ -17,8 +17,8 @@ from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 
 def _table_counts(host: FakeHost) -> dict[str, int]:
-    ctx = host.context()
-    with ctx.store.read() as s:
+    app = host.app()
+    with app.store.read() as s:
         return {
             t: s.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
             for t in ("transactions", "step_events", "snapshots", "identities", "audit_journal")
@@ -27,18 +27,18 @@ def _table_counts(host: FakeHost) -> dict[str, int]:
 
 class TestJournaledSteps:
     def test_every_step_commits_its_intent_before_and_its_result_after(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
-        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate())
+        app = fake_host.app()
+        out = transactions.load(app, slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
-        shown = audit.show(ctx, out.tx_id or "")
+        shown = audit.show(app, out.tx_id or "")
         do_events = [(e["step"], e["event"]) for e in shown["steps"] if e["phase"] == "do"]
         names = [s["step"] for s in out.plan]
         assert do_events == [(n, ev) for n in names for ev in ("intent", "result")]
         assert [s["state"] for s in shown["states"]] == ["planned", "running", "committed"]
 
     def test_load_stops_but_keeps_the_incumbent_and_serves_the_candidate(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
-        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate())
+        app = fake_host.app()
+        out = transactions.load(app, slot="primary", candidate=fake_host.candidate())
         containers = fake_host.world.read()["containers"]
         assert containers[fake_host.incumbent_id]["status"] == "exited"
         cid = out.results["start-candidate"]["container_id"]
@@ -51,12 +51,12 @@ class TestCompensation:
     def test_a_failed_step_undoes_completed_steps_in_reverse_and_journals_each(
         self, fake_host: FakeHost
     ) -> None:
-        ctx = fake_host.context()
-        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate(fail_health=True))
+        app = fake_host.app()
+        out = transactions.load(app, slot="primary", candidate=fake_host.candidate(fail_health=True))
         assert out.state == TxState.COMPENSATED
         assert out.exit_code == 4
         assert "await-candidate" in out.reason
-        events = audit.show(ctx, out.tx_id or "")["steps"]
+        events = audit.show(app, out.tx_id or "")["steps"]
         undo_order = [e["step"] for e in events if e["phase"] == "undo" and e["event"] == "result"]
         assert undo_order == ["start-candidate", "stop-incumbent", "drain-tier"]
         # Each undo has its intent journaled before its result.
@@ -72,8 +72,8 @@ class TestCompensation:
     def test_the_before_and_compensated_snapshots_differ_only_by_the_kept_candidate(
         self, fake_host: FakeHost
     ) -> None:
-        ctx = fake_host.context()
-        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate(fail_health=True))
+        app = fake_host.app()
+        out = transactions.load(app, slot="primary", candidate=fake_host.candidate(fail_health=True))
         kept = [c["id"] for c in fake_host.world.read()["containers"].values() if c["name"] == "cand"]
         assert len(kept) == 1
         # One change: the kept candidate's whole record added (never a field-by-field "None ->").
@@ -110,9 +110,9 @@ class TestCompensation:
                 Step("c", boom, None),
             ],
         )
-        ctx = fake_host.context()
-        ctx.store.begin(kind="test", slot=None, args={}, owner=current_owner(), tx_id="tx-test")
-        engine = TransactionEngine(ctx.store, current_owner())
+        app = fake_host.app()
+        app.store.begin(kind="test", slot=None, args={}, owner=current_owner(), tx_id="tx-test")
+        engine = TransactionEngine(app.store, current_owner())
         out = engine.run(plan, None, "tx-test")
         engine.commit()
         assert out.state == TxState.COMPENSATION_FAILED
@@ -123,12 +123,12 @@ class TestCompensation:
 
 class TestRefusal:
     def test_a_refused_transaction_changes_nothing_but_its_refusal_record(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
+        app = fake_host.app()
         world_before = fake_host.world.read()
         counts_before = _table_counts(fake_host)
         cand = fake_host.candidate()
         bad = replace(cand, spec=replace(cand.spec, image="sha256:" + "9" * 64))
-        out = transactions.load(ctx, slot="primary", candidate=bad)
+        out = transactions.load(app, slot="primary", candidate=bad)
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert out.refusal is not None and out.refusal.guard == "CandidateImagePinned"
         assert fake_host.world.read() == world_before
@@ -136,13 +136,13 @@ class TestRefusal:
         assert counts["transactions"] == counts_before["transactions"] + 1
         assert counts["step_events"] == counts_before["step_events"]
         assert counts["snapshots"] == counts_before["snapshots"]
-        assert audit.transactions(ctx, state="refused")[0]["reason"].startswith("pinned image")
+        assert audit.transactions(app, state="refused")[0]["reason"].startswith("pinned image")
 
     def test_rejected_router_credentials_refuse_before_mutation(self, fake_host: FakeHost) -> None:
         with fake_host.world.edit() as w:
             w["router"]["admin_token_ok"] = False
         before = fake_host.world.read()
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.REFUSED
         assert out.refusal is not None and out.refusal.guard == "RouterCredentialsAccepted"
         assert fake_host.world.read() == before
@@ -150,7 +150,7 @@ class TestRefusal:
     def test_a_removed_incumbent_refuses_the_load(self, fake_host: FakeHost) -> None:
         with fake_host.world.edit() as w:
             del w["containers"][fake_host.incumbent_id]
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.REFUSED
         assert "was removed" in out.reason
 
@@ -160,7 +160,7 @@ class TestDryRun:
         before_world = fake_host.world.read()
         before_db = _table_counts(fake_host)
         out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate(), dry_run=True
+            fake_host.app(), slot="primary", candidate=fake_host.candidate(), dry_run=True
         )
         assert out.dry_run and out.tx_id is None
         assert [s["step"] for s in out.plan] == [
@@ -181,7 +181,7 @@ class TestDryRun:
             w["router"]["admin_token_ok"] = False
         before_db = _table_counts(fake_host)
         out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate(), dry_run=True
+            fake_host.app(), slot="primary", candidate=fake_host.candidate(), dry_run=True
         )
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert _table_counts(fake_host) == before_db
@@ -201,7 +201,7 @@ class TestAppendOnly:
         db.close()
 
     def test_identity_records_are_json_with_no_token(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
-        ident = ctx.store.current_identity("primary", "incumbent")
+        app = fake_host.app()
+        ident = app.store.current_identity("primary", "incumbent")
         assert ident is not None and ident.container_id == fake_host.incumbent_id
         assert json.loads(json.dumps(ident.as_dict()))["served_model"] == INCUMBENT_MODEL

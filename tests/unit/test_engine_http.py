@@ -5,13 +5,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from anvil_ctl.adapters.engine_http import HttpEngineProbe
+from anvil_ctl.adapters.engine_http import HttpServerProbe
 from anvil_ctl.core.errors import AdapterError
 from anvil_ctl.core.model import ModelCard
 
 
-def probe(handler) -> HttpEngineProbe:  # type: ignore[no-untyped-def]
-    return HttpEngineProbe(transport=httpx.MockTransport(handler))
+def probe(handler) -> HttpServerProbe:  # type: ignore[no-untyped-def]
+    return HttpServerProbe(transport=httpx.MockTransport(handler))
 
 
 class TestHttpEngineProbe:

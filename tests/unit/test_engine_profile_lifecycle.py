@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.bootstrap import Context
-from anvil_ctl.commands import gpu as gpu_cmd
+from anvil_ctl.bootstrap import App
+from anvil_ctl.commands import gpus_and_waivers as gpu_cmd
 from anvil_ctl.commands import lifecycle, recheck, transactions
 from anvil_ctl.config import Settings
 from anvil_ctl.core.errors import BadInput
@@ -53,8 +53,8 @@ class LlamaHost:
     image_id: str
     incumbent_id: str
 
-    def context(self) -> Context:
-        return Context(settings=self.settings, env={})
+    def app(self) -> App:
+        return App(settings=self.settings, env={})
 
     def candidate(self) -> Candidate:
         env = (*LLAMA_ENV, ("FAKE_SERVED_MODEL", "smollm2-8k"), ("FAKE_MAX_MODEL_LEN", "8192"))
@@ -81,8 +81,8 @@ def host(tmp_path: Path) -> LlamaHost:
     cfg = tmp_path / "anvil.toml"
     cfg.write_text(HOST_TOML)
     settings = Settings(state_dir=tmp_path / "state", config=cfg, backend="fake", _env_file=None)  # type: ignore[call-arg]
-    ctx = Context(settings=settings, env={"ANVIL_ROUTER_CLIENT_TOKEN": "client-token-123"})
-    upgrade(ctx.create_database())
+    app = App(settings=settings, env={"ANVIL_ROUTER_CLIENT_TOKEN": "client-token-123"})
+    upgrade(app.create_database())
     world = FakeWorld(settings.fake_world_path)
     image_id = world.add_image("llama@sha256:" + "2" * 64)
     rt = FakeRuntime(world)
@@ -94,7 +94,7 @@ def host(tmp_path: Path) -> LlamaHost:
         )
     )
     rt.start(inc)
-    router = ctx.world().router
+    router = app.world().router
     assert router is not None
     router.register("primary-local", "http://127.0.0.1:8001", ("llm.primary",))
     return LlamaHost(settings, world, image_id, inc)
@@ -102,7 +102,7 @@ def host(tmp_path: Path) -> LlamaHost:
 
 def adopt(host: LlamaHost, context_tokens: int = 2048) -> TxState:
     out = transactions.adopt(
-        host.context(),
+        host.app(),
         slot="primary",
         container_id=host.incumbent_id,
         context_tokens=context_tokens,
@@ -116,13 +116,13 @@ class TestAdoptAndRecheck:
         with pytest.raises(BadInput, match="refuses prompts of 2048 tokens or more"):
             adopt(host, context_tokens=4096)
         assert adopt(host) == TxState.COMMITTED
-        ident = host.context().store.current_identity("primary", "incumbent")
+        ident = host.app().store.current_identity("primary", "incumbent")
         assert ident is not None and ident.engine_profile == "llama-cpp-python"
 
     def test_an_unknown_engine_profile_is_bad_input(self, host: LlamaHost) -> None:
         with pytest.raises(BadInput, match="--engine 'exllamav3'"):
             transactions.adopt(
-                host.context(),
+                host.app(),
                 slot="primary",
                 container_id=host.incumbent_id,
                 context_tokens=2048,
@@ -133,7 +133,7 @@ class TestAdoptAndRecheck:
         self, host: LlamaHost
     ) -> None:
         adopt(host)
-        result = recheck.recheck(host.context(), "primary")
+        result = recheck.recheck(host.app(), "primary")
         observed = {a["name"]: a["observed"] for a in result.assertions}
         assert result.passed, [a for a in result.assertions if not a["passed"]]
         assert observed["health"]["health_route"] is None
@@ -144,7 +144,7 @@ class TestAdoptAndRecheck:
         adopt(host)
         with host.world.edit() as w:
             w["containers"][host.incumbent_id]["max_model_len"] = 1024
-        result = recheck.recheck(host.context(), "primary")
+        result = recheck.recheck(host.app(), "primary")
         context = next(a for a in result.assertions if a["name"] == "context_tokens")
         assert not context["passed"] and context["observed"]["value"] == 1024
 
@@ -152,15 +152,15 @@ class TestAdoptAndRecheck:
 class TestLoadPromoteRollback:
     def test_the_whole_swap_runs_on_the_profiles_fields(self, host: LlamaHost) -> None:
         adopt(host)
-        load = transactions.load(host.context(), slot="primary", candidate=host.candidate())
+        load = transactions.load(host.app(), slot="primary", candidate=host.candidate())
         assert load.state == TxState.COMMITTED, load.reason
         awaited = load.results["await-candidate"]
         assert awaited["health_path"] is None and awaited["served_model"] == "smollm2-8k"
-        ctx = host.context()
-        cand = ctx.store.current_identity("primary", "candidate")
+        app = host.app()
+        cand = app.store.current_identity("primary", "candidate")
         assert cand is not None and cand.engine_profile == "llama-cpp-python"
         qualification.record_decision(
-            ctx.store,
+            app.store,
             decision_id="d-1",
             tx_id=None,
             slot="primary",
@@ -168,25 +168,25 @@ class TestLoadPromoteRollback:
             container_id=cand.container_id,
             outcome="verified",
         )
-        promote = lifecycle.promote(host.context(), slot="primary", approved_by="operator")
+        promote = lifecycle.promote(host.app(), slot="primary", approved_by="operator")
         assert promote.state == TxState.COMMITTED, promote.reason
         assert promote.results["routed-smoke"]["model"] == "llm.primary"
         assert promote.results["routed-smoke"]["served_model"] == "smollm2-8k"
-        assert recheck.recheck(host.context(), "primary").passed
-        back = lifecycle.rollback(host.context(), slot="primary")
+        assert recheck.recheck(host.app(), "primary").passed
+        back = lifecycle.rollback(host.app(), slot="primary")
         assert back.state == TxState.COMMITTED, back.reason
         assert host.world.read()["containers"][host.incumbent_id]["status"] == "running"
-        assert recheck.recheck(host.context(), "primary").passed
+        assert recheck.recheck(host.app(), "primary").passed
 
 
 class TestGateWaiver:
     T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
     def record_failed(self, host: LlamaHost) -> None:
-        ctx = host.context()
-        ctx.store.begin(kind="qualify", slot="primary", args={}, owner=ctx.owner, tx_id="tx-q")
+        app = host.app()
+        app.store.begin(kind="qualify", slot="primary", args={}, owner=app.owner, tx_id="tx-q")
         qualification.record_evidence(
-            ctx.store,
+            app.store,
             "tx-q",
             [
                 {"name": n, "kind": "functional", "passed": ok, "classification": c}
@@ -200,7 +200,7 @@ class TestGateWaiver:
             ],
         )
         qualification.record_decision(
-            ctx.store,
+            app.store,
             decision_id="dec-raw",
             tx_id="tx-q",
             slot="primary",
@@ -221,7 +221,7 @@ class TestGateWaiver:
             "expires": "2026-12-02",
             "now": self.T0,
         }
-        return gpu_cmd.waive(host.context(), **(args | kw))  # type: ignore[arg-type]
+        return gpu_cmd.waive(host.app(), **(args | kw))  # type: ignore[arg-type]
 
     def test_waiving_every_failed_gate_reclassifies_the_decision_verified_naming_them(
         self, host: LlamaHost
@@ -230,7 +230,7 @@ class TestGateWaiver:
         out = self.waive(host, "smoke", "tools")
         waiver = out["waiver"]
         assert waiver["gates"] == ["smoke", "tools"] and waiver["expires_at"].startswith("2026-12-02")  # type: ignore[index]
-        decisions = qualification.decisions(host.context().store, slot="primary")
+        decisions = qualification.decisions(host.app().store, slot="primary")
         raw, newer = decisions
         assert raw["outcome"] == "failed" and newer["reclassifies"] == "dec-raw"
         assert newer["outcome"] == "verified" and newer["waiver_ids"] == [waiver["id"]]  # type: ignore[index]
@@ -242,7 +242,7 @@ class TestGateWaiver:
     def test_waiving_only_some_failed_gates_leaves_the_decision_failed(self, host: LlamaHost) -> None:
         self.record_failed(host)
         self.waive(host, "smoke")
-        assert len(qualification.decisions(host.context().store, slot="primary")) == 1
+        assert len(qualification.decisions(host.app().store, slot="primary")) == 1
 
     @pytest.mark.parametrize(
         ("kw", "message"),
@@ -258,10 +258,10 @@ class TestGateWaiver:
     ) -> None:
         with pytest.raises(BadInput, match=message):
             self.waive(host, "smoke", **kw)
-        assert gpu_cmd.list_waivers(host.context()) == []
+        assert gpu_cmd.list_waivers(host.app()) == []
 
     def test_a_gate_waiver_expires(self, host: LlamaHost) -> None:
         self.record_failed(host)
         self.waive(host, "smoke", "tools")
-        later = gpu_cmd.list_waivers(host.context(), now=self.T0 + timedelta(days=3))
+        later = gpu_cmd.list_waivers(host.app(), now=self.T0 + timedelta(days=3))
         assert [w["state"] for w in later] == ["expired"]

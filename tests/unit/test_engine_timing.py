@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
-from anvil_ctl.qualify import engine_timing
+from scripts import engine_timing
 
 assert LLAMA_CPP_PYTHON.timing is not None
 TIMING = LLAMA_CPP_PYTHON.timing

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from anvil_ctl.core.states import ExitCode
+from anvil_ctl.evidence.bundle import EvidenceWriter
 from anvil_ctl.persistence import qualification
-from anvil_ctl.qualify import EvidenceWriter
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
 
@@ -34,12 +34,12 @@ def anvilctl(fake_host: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytes
 @pytest.fixture
 def recorded(fake_host: FakeHost) -> Path:
     """A transaction's evidence directory whose manifest the database recorded (as qualify does)."""
-    ctx = fake_host.context()
-    writer = EvidenceWriter(ctx.settings.evidence_dir, TX)
+    app = fake_host.app()
+    writer = EvidenceWriter(app.settings.evidence_dir, TX)
     writer.write_json("01-smoke.json", {"passed": True, "latency_ms": 41})
     writer.write_json("02-reserve.json", {"free_mib": 2101})
     manifest = writer.write_manifest(outcome="failed")
-    qualification.record_manifest(ctx.store, TX, manifest.sha256, kind="qualify")
+    qualification.record_manifest(app.store, TX, manifest.sha256, kind="qualify")
     return writer.tx_dir
 
 
@@ -111,7 +111,7 @@ class TestExport:
         exported = out.json()
         assert exported["recorded"] is True
         assert exported["manifest"]["sha256"] == sha(tmp_path / "bundle" / "manifest.json")
-        kinds = [m["kind"] for m in qualification.manifests(fake_host.context().store, TX)]
+        kinds = [m["kind"] for m in qualification.manifests(fake_host.app().store, TX)]
         assert kinds == ["qualify", "export"]
         r = anvilctl("evidence", "verify", str(tmp_path / "bundle"), "--json")
         assert r.code == ExitCode.OK and r.json()["bindings"][0]["against"] == "database"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, lifecycle, recheck, transactions
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.availability import observe_slot
@@ -32,20 +32,20 @@ from tests.unit.fakehost import FakeHost, make_fake_host
 
 
 def _load(host: FakeHost, **kw: Any) -> Any:
-    return transactions.load(host.context(), slot="primary", candidate=host.candidate(**kw))
+    return transactions.load(host.app(), slot="primary", candidate=host.candidate(**kw))
 
 
 def _verified(host: FakeHost) -> None:
-    ctx = host.context()
-    verified_decision(ctx.store, "primary", "d-fi")
+    app = host.app()
+    verified_decision(app.store, "primary", "d-fi")
 
 
 def _promote(host: FakeHost) -> Any:
-    return lifecycle.promote(host.context(), slot="primary", approved_by="operator")
+    return lifecycle.promote(host.app(), slot="primary", approved_by="operator")
 
 
 def _rollback(host: FakeHost) -> Any:
-    return lifecycle.rollback(host.context(), slot="primary")
+    return lifecycle.rollback(host.app(), slot="primary")
 
 
 def _loaded(host: FakeHost) -> None:
@@ -97,7 +97,7 @@ def _boundaries(root: Path, scenario: Scenario) -> list[str]:
     """Every journal boundary a clean run of the scenario passes, in order."""
     host = _fresh(root, scenario)
     out = scenario.command(host)
-    shown = audit.show(host.context(), out.tx_id or "")
+    shown = audit.show(host.app(), out.tx_id or "")
     rows = [f"{scenario.kind}:state:{s['state']}" for s in shown["states"]]
     rows += [f"{scenario.kind}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
     return list(dict.fromkeys(rows))
@@ -124,9 +124,9 @@ def _run_killed(host: FakeHost, scenario: Scenario, boundary: str) -> None:
         code = 3
         try:
             settings = host.settings.model_copy(update={"crash_at": boundary})
-            ctx = Context(settings=settings, env={})
+            app = App(settings=settings, env={})
             child = FakeHost(host.root, settings, host.world, host.image_id, host.incumbent_id)
-            child.context = lambda: ctx  # type: ignore[method-assign]
+            child.context = lambda: app  # type: ignore[method-assign]
             scenario.command(child)
             code = 4  # the boundary was never reached
         finally:
@@ -143,22 +143,22 @@ def test_a_kill_at_every_boundary_recovers_to_before_or_after_and_never_dark(
 ) -> None:
     sc = SCENARIOS[scenario]
     host = _fresh(tmp_path, sc)
-    serving_before = observe_slot(host.context().world(), "primary").serving
+    serving_before = observe_slot(host.app().world(), "primary").serving
     _run_killed(host, sc, boundary)
     with host.world.edit() as w:  # a failure armed for the run must not hit what follows
         w["fail"], w["fail_times"] = {}, {}
 
-    first = transactions.recover_all(host.context())
-    second = transactions.recover_all(host.context())
+    first = transactions.recover_all(host.app())
+    second = transactions.recover_all(host.app())
     assert first.exit_code == 0, first.as_dict()
     assert second.exit_code == 0 and second.recovered == [], second.as_dict()
 
-    ctx = host.context()
-    tx = audit.transactions(ctx, kind=sc.kind, limit=1)[0]
+    app = host.app()
+    tx = audit.transactions(app, kind=sc.kind, limit=1)[0]
     assert tx["state"] in ("committed", "compensated", "refused"), tx
-    assert audit.verify(ctx)["ok"]
-    assert held_locks(ctx.store) == []  # the dead owner's row went with its transaction
-    state = observe_slot(ctx.world(), "primary")
+    assert audit.verify(app)["ok"]
+    assert held_locks(app.store) == []  # the dead owner's row went with its transaction
+    state = observe_slot(app.world(), "primary")
     if sc.kind == "load" and tx["state"] == "committed":
         # The after state of a load: the candidate answers directly, the tier drained by design.
         assert state.models == ("cand-393k",) and state.routed_model is None, state
@@ -173,7 +173,7 @@ def test_a_kill_at_every_boundary_recovers_to_before_or_after_and_never_dark(
     # before state serve the candidate directly, which recheck rightly calls drift).
     incumbent_serves = sc.kind == "rollback" or (sc.kind == "load") != committed
     if incumbent_serves:
-        result = recheck.recheck(ctx, "primary")
+        result = recheck.recheck(app, "primary")
         assert result.passed, [a for a in result.assertions if not a["passed"]]
     # The next command on this host succeeds.
     if sc.kind == "load" and tx["state"] == "committed":

@@ -72,8 +72,8 @@ def _anvilctl(
 
 def _verified(host: FakeHost, n: int) -> None:
     """A verified decision for the loaded candidate (what a passing `qualify` records)."""
-    ctx = host.context()
-    verified_decision(ctx.store, SLOT, f"dec-{host.settings.state_dir.parent.name}-{n}")
+    app = host.app()
+    verified_decision(app.store, SLOT, f"dec-{host.settings.state_dir.parent.name}-{n}")
 
 
 def _now() -> str:
@@ -88,7 +88,7 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 def _head_and_hosts(host: FakeHost) -> tuple[str, int]:
-    store = host.context().store
+    store = host.app().store
     return str(store.head()), len(hosts.all_hosts(store))
 
 
@@ -97,7 +97,7 @@ class TestHostIdentity:
         self, fleet: tuple[FakeHost, FakeHost]
     ) -> None:
         a, _b = fleet
-        store = a.context().store
+        store = a.app().store
         assert [(h.id, h.name, h.machine_id) for h in hosts.all_hosts(store)] == [
             (1, "gpu-a", MACHINE_A),
             (2, "gpu-b", MACHINE_B),
@@ -142,35 +142,35 @@ class TestHostScoping:
         self, fleet: tuple[FakeHost, FakeHost]
     ) -> None:
         a, b = fleet
-        out = transactions.load(a.context(), slot=SLOT, candidate=a.candidate())
+        out = transactions.load(a.app(), slot=SLOT, candidate=a.candidate())
         assert out.state.value == "committed", out.reason
         # a's candidate is a's: b (same slot name, same database) has none
-        assert a.context().store.current_identity(SLOT, "candidate") is not None
-        assert b.context().store.current_identity(SLOT, "candidate") is None
-        assert b.context().store.unresolved() == []
-        assert [t["kind"] for t in audit.transactions(b.context())] == ["adopt"]
-        assert {t["host"] for t in audit.transactions(b.context())} == {"gpu-b"}
-        everyone = audit.transactions(b.context(), scope=HostScope(all_hosts=True))
+        assert a.app().store.current_identity(SLOT, "candidate") is not None
+        assert b.app().store.current_identity(SLOT, "candidate") is None
+        assert b.app().store.unresolved() == []
+        assert [t["kind"] for t in audit.transactions(b.app())] == ["adopt"]
+        assert {t["host"] for t in audit.transactions(b.app())} == {"gpu-b"}
+        everyone = audit.transactions(b.app(), scope=HostScope(all_hosts=True))
         assert sorted((t["host"], t["kind"]) for t in everyone) == [
             ("gpu-a", "adopt"),
             ("gpu-a", "load"),
             ("gpu-b", "adopt"),
         ]
-        assert [t["kind"] for t in audit.transactions(b.context(), scope=HostScope(host="gpu-a"))] == [
+        assert [t["kind"] for t in audit.transactions(b.app(), scope=HostScope(host="gpu-a"))] == [
             "load",
             "adopt",
         ]
         # a transaction of another host is shown only when asked for
         with pytest.raises(BadInput):
-            audit.show(b.context(), str(out.tx_id))
-        shown = audit.show(b.context(), str(out.tx_id), HostScope(host="gpu-a"))
+            audit.show(b.app(), str(out.tx_id))
+        shown = audit.show(b.app(), str(out.tx_id), HostScope(host="gpu-a"))
         assert shown["host"] == "gpu-a"
         with pytest.raises(BadInput) as unknown:
-            audit.transactions(b.context(), scope=HostScope(host="gpu-z"))
+            audit.transactions(b.app(), scope=HostScope(host="gpu-z"))
         assert unknown.value.data["field"] == "--host"
-        with a.context().store.read() as s:
+        with a.app().store.read() as s:
             assert projection.compare(s) == []
-        report = audit.verify(b.context(), full=True, scope=HostScope(all_hosts=True))
+        report = audit.verify(b.app(), full=True, scope=HostScope(all_hosts=True))
         assert report["ok"], report["problems"]
         assert [h["host"] for h in report.get("hosts", [])] == ["gpu-a", "gpu-b"]
 
@@ -180,7 +180,7 @@ class TestHostScoping:
         a, b = fleet
         from anvil_ctl.commands import recheck
 
-        recheck.recheck(b.context(), SLOT)
+        recheck.recheck(b.app(), SLOT)
         r = _anvilctl(a, "fleet", "status", "--json")
         assert r.returncode == 0, r.stderr
         got = json.loads(r.stdout)["hosts"]
@@ -195,12 +195,12 @@ class TestHostScoping:
     ) -> None:
         a, b = fleet
         before_promote = _now()
-        transactions.load(a.context(), slot=SLOT, candidate=a.candidate())
+        transactions.load(a.app(), slot=SLOT, candidate=a.candidate())
         _verified(a, 1)
-        promoted = lifecycle.promote(a.context(), slot=SLOT, approved_by="operator")
+        promoted = lifecycle.promote(a.app(), slot=SLOT, approved_by="operator")
         assert promoted.state.value == "committed", promoted.reason
         after_promote = _now()
-        candidate = a.context().store.current_identity(SLOT, "incumbent")
+        candidate = a.app().store.current_identity(SLOT, "incumbent")
         assert candidate is not None and candidate.container_id != a.incumbent_id
 
         def served(at: str, *scope: str) -> list[tuple[str, str]]:
@@ -230,13 +230,13 @@ def _spawn_load(host: FakeHost, name: str) -> subprocess.Popen[str]:
 
 
 def _started_intent(host: FakeHost) -> bool:
-    ctx = host.context()
-    txs = audit.transactions(ctx, kind="load")
+    app = host.app()
+    txs = audit.transactions(app, kind="load")
     if not txs:
         return False
     return any(
         s["step"] == "start-candidate" and s["event"] == "intent"
-        for s in audit.show(ctx, txs[0]["tx_id"])["steps"]
+        for s in audit.show(app, txs[0]["tx_id"])["steps"]
     )
 
 
@@ -249,7 +249,7 @@ class TestPerHostLock:
         holder = _spawn_load(a, "cand-a")
         _wait_for(lambda: _started_intent(a))
         # meanwhile b's own load runs to its end
-        out = transactions.load(b.context(), slot=SLOT, candidate=b.candidate(name="cand-b"))
+        out = transactions.load(b.app(), slot=SLOT, candidate=b.candidate(name="cand-b"))
         assert out.state.value == "committed", out.reason
         rival = _spawn_load(a, "rival-a")
         _, err = rival.communicate(timeout=60)
@@ -260,7 +260,7 @@ class TestPerHostLock:
         assert holder.returncode == 0, err
         assert stdout.strip() == "committed"
         for host in (a, b):
-            assert [t["state"] for t in audit.transactions(host.context(), kind="load")] == ["committed"]
+            assert [t["state"] for t in audit.transactions(host.app(), kind="load")] == ["committed"]
             assert _anvilctl(host, "lock", "status", "--json").stdout.strip() == "[]"
 
     def test_on_postgresql_one_host_through_two_state_directories_is_still_one_mutator(
@@ -295,17 +295,17 @@ class TestPerHostLock:
         twin = make_fake_host(
             tmp_path / "twin", state_db=a.settings.state_db, host="gpu-a", machine_id=MACHINE_A
         )
-        ctx = a.context()
-        first = HostLock(ctx.store, a.settings.lock_path, ctx.owner, "promote")
+        app = a.app()
+        first = HostLock(app.store, a.settings.lock_path, app.owner, "promote")
         first.acquire(claim=False)
         try:
-            twin_ctx = twin.context()
-            rival = HostLock(twin_ctx.store, twin.settings.lock_path, twin_ctx.owner, "load")
+            twin_app = twin.app()
+            rival = HostLock(twin_app.store, twin.settings.lock_path, twin_app.owner, "load")
             with pytest.raises(LockHeld) as held:
                 rival.acquire()
             assert "a mutator of host gpu-a holds its lock in the state database" in str(held.value)
-            b_ctx = b.context()  # another host's lock is another key
-            other = HostLock(b_ctx.store, b.settings.lock_path, b_ctx.owner, "load")
+            b_app = b.app()  # another host's lock is another key
+            other = HostLock(b_app.store, b.settings.lock_path, b_app.owner, "load")
             other.acquire()
             other.release()
         finally:
@@ -320,10 +320,10 @@ class TestDbCopy:
         self, tmp_path: Path, target: str, request: pytest.FixtureRequest
     ) -> None:
         a = make_fake_host(tmp_path / "a", host="gpu-a", machine_id=MACHINE_A)
-        transactions.load(a.context(), slot=SLOT, candidate=a.candidate())
+        transactions.load(a.app(), slot=SLOT, candidate=a.candidate())
         _verified(a, 1)
-        assert lifecycle.promote(a.context(), slot=SLOT, approved_by="operator").state.value == "committed"
-        assert lifecycle.rollback(a.context(), slot=SLOT).state.value == "committed"
+        assert lifecycle.promote(a.app(), slot=SLOT, approved_by="operator").state.value == "committed"
+        assert lifecycle.rollback(a.app(), slot=SLOT).state.value == "committed"
         if target == "postgresql":
             make: Callable[..., str] = request.getfixturevalue("pg_database")
             url = make(migrated=False)  # an empty database: the copy migrates it first
@@ -358,7 +358,7 @@ class TestDbCopy:
         assert verify.returncode == 0, verify.stdout + verify.stderr
         status = json.loads(_anvilctl(a, "fleet", "status", "--json", env=on_target).stdout)["hosts"]
         mine = next(h for h in status if h["host"] == "gpu-a")
-        source_incumbent = a.context().store.current_identity(SLOT, "incumbent")
+        source_incumbent = a.app().store.current_identity(SLOT, "incumbent")
         assert source_incumbent is not None
         assert [s["incumbent"] for s in mine["slots"]] == [source_incumbent.container_id]
         listed = json.loads(_anvilctl(a, "audit", "transactions", "--json", env=on_target).stdout)

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.states import TxState
 from anvil_ctl.gpu.release import vram_release_step, wait_for_vram_release
-from anvil_ctl.testing.gpu import FakeGpuProbe, ManualClock, reading
+from anvil_ctl.testing.fake_gpus import FakeGpuProbe, ManualClock, reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UB = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
@@ -94,7 +94,7 @@ class TestVramReleaseInLoad:
     """The gate as the `load` transaction's release-vram step, on the engine's fake host."""
 
     def _load_with_gate(self, fake_host: Any, probe: FakeGpuProbe, monkeypatch: pytest.MonkeyPatch) -> Any:
-        original = Context.world
+        original = App.world
         step = vram_release_step(
             probe,
             ManualClock(),
@@ -105,13 +105,13 @@ class TestVramReleaseInLoad:
             default_need_mib=80_000,
         )
 
-        def world_with_gate(self: Context) -> Any:
+        def world_with_gate(self: App) -> Any:
             world = original(self)
             world.vram_release = step
             return world
 
-        monkeypatch.setattr(Context, "world", world_with_gate)
-        return transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        monkeypatch.setattr(App, "world", world_with_gate)
+        return transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
 
     def test_a_release_timeout_compensates_and_brings_the_incumbent_back(
         self, fake_host: Any, probe: FakeGpuProbe, monkeypatch: pytest.MonkeyPatch

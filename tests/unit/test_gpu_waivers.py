@@ -10,7 +10,7 @@ import pytest
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.gpu.reserve import ReserveResult, VramReserveGate
-from anvil_ctl.gpu.waivers import (
+from anvil_ctl.gpu.waiver_policy import (
     Decision,
     Waiver,
     effective_reserve,
@@ -18,7 +18,7 @@ from anvil_ctl.gpu.waivers import (
     parse_scope,
     reclassify,
 )
-from anvil_ctl.testing.gpu import reading
+from anvil_ctl.testing.fake_gpus import reading
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 DIGEST = "ab" * 32

@@ -14,20 +14,20 @@ from sqlalchemy import text
 
 from anvil_ctl import cli, log
 from anvil_ctl.adapters.procfs import proc_cgroup_container
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, transactions
-from anvil_ctl.commands import gpu as gpu_cmds
+from anvil_ctl.commands import gpus_and_waivers as gpu_cmds
 from anvil_ctl.config import GpuRole
 from anvil_ctl.core.model import LABEL_SLOT, GpuProcess
 from anvil_ctl.core.states import TxState
 from anvil_ctl.core.steps import StepContext
-from anvil_ctl.engine.gpu import ownership_mode, record_ownership, release_ownership
+from anvil_ctl.engine.gpu_ownership import ownership_mode, record_ownership, release_ownership
 from anvil_ctl.engine.plans.args import Candidate, LoadArgs
 from anvil_ctl.engine.plans.load import GUARDS as LOAD_GUARDS
 from anvil_ctl.engine.plans.load import LoadMemo, candidate_identity
-from anvil_ctl.gpu.waivers import effective_reserve
-from anvil_ctl.persistence import gpu_ledger, waivers
-from anvil_ctl.testing.gpu import FakeGpuProbe, ManualClock, reading
+from anvil_ctl.gpu.waiver_policy import effective_reserve
+from anvil_ctl.persistence import gpu_ledger, waiver_rows
+from anvil_ctl.testing.fake_gpus import FakeGpuProbe, ManualClock, reading
 from tests.unit.fakehost import FakeHost
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -45,7 +45,7 @@ gpu_roles = ["compute-a", "compute-b"]
 def owners(host: FakeHost) -> dict[str, tuple[str, str, str]]:
     return {
         role: (o["container_id"], o["mode"], o["slot"])
-        for role, o in gpu_ledger.gpu_owners(host.context().store).items()
+        for role, o in gpu_ledger.gpu_owners(host.app().store).items()
     }
 
 
@@ -76,7 +76,7 @@ def guard_check(host: FakeHost, cand: Candidate, incumbent: Any = None) -> Any:
         tx_id="t-guard",
         kind="load",
         args=LoadArgs(slot="secondary", candidate=cand, incumbent=incumbent, incumbent_running=True),
-        world=host.context().world(),
+        world=host.app().world(),
         memo=LoadMemo(),
     )
     (guard,) = [g for g in LOAD_GUARDS if g.name == "GpuRolesFree"]
@@ -88,14 +88,14 @@ def gpu_world(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Every world built gets a FakeGpuProbe (readings a test sets) and a ManualClock."""
     probe = FakeGpuProbe([reading(UA, 97_887, 0), reading(UB, 97_887, 0, index=1)])
     clock = ManualClock()
-    original = Context.world
+    original = App.world
 
-    def world(self: Context) -> Any:
+    def world(self: App) -> Any:
         w = original(self)
         w.gpus, w.clock = probe, clock
         return w
 
-    monkeypatch.setattr(Context, "world", world)
+    monkeypatch.setattr(App, "world", world)
     return {"probe": probe, "clock": clock}
 
 
@@ -118,7 +118,7 @@ class TestOwnershipLedger:
     def test_load_moves_both_roles_from_the_stopped_incumbent_to_the_candidate(
         self, fake_host: FakeHost
     ) -> None:
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
         cand = out.results["start-candidate"]["container_id"]
         assert owners(fake_host) == {
@@ -131,7 +131,7 @@ class TestOwnershipLedger:
     def test_a_compensated_load_leaves_the_incumbent_owning_its_roles(self, fake_host: FakeHost) -> None:
         before = owners(fake_host)
         out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate(fail_health=True)
+            fake_host.app(), slot="primary", candidate=fake_host.candidate(fail_health=True)
         )
         assert out.state == TxState.COMPENSATED
         assert owners(fake_host) == before
@@ -141,9 +141,9 @@ class TestOwnershipLedger:
     def test_the_undo_gives_the_roles_back_to_the_incumbent_and_is_idempotent(
         self, fake_host: FakeHost
     ) -> None:
-        ctx = fake_host.context()
-        world = ctx.world()
-        inc = ctx.store.current_identity("primary", "incumbent")
+        app = fake_host.app()
+        world = app.world()
+        inc = app.store.current_identity("primary", "incumbent")
         assert inc is not None
         cand = fake_host.candidate()
         cid = world.runtime.create(cand.spec)
@@ -165,11 +165,11 @@ class TestOwnershipLedger:
 class TestGpuRolesFree:
     def test_an_exclusive_owner_refuses_any_other_gpu_start_naming_it(self, fake_host: FakeHost) -> None:
         add_secondary_slot(fake_host)
-        loaded = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        loaded = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         cand_id = loaded.results["start-candidate"]["container_id"]
         before = fake_host.world.read()["containers"]
         out = transactions.load(
-            fake_host.context(),
+            fake_host.app(),
             slot="secondary",
             candidate=side_candidate(fake_host, ("compute-b",)),
         )
@@ -181,7 +181,7 @@ class TestGpuRolesFree:
 
     def test_a_split_owner_refuses_only_its_own_role(self, fake_host: FakeHost) -> None:
         add_secondary_slot(fake_host)
-        store, inc = fake_host.context().store, fake_host.incumbent_id
+        store, inc = fake_host.app().store, fake_host.incumbent_id
         gpu_ledger.release_roles(store, ["compute-a", "compute-b"], container_id=inc, tx_id=None)
         gpu_ledger.claim_roles(
             store, ["compute-a"], container_id=inc, tx_id="t-split", mode="split", slot="primary"
@@ -199,7 +199,7 @@ class TestGpuRolesFree:
 
     def test_the_incumbent_being_replaced_does_not_compete(self, fake_host: FakeHost) -> None:
         add_secondary_slot(fake_host)
-        inc = fake_host.context().store.current_identity("primary", "incumbent")
+        inc = fake_host.app().store.current_identity("primary", "incumbent")
         assert inc is not None
         cand = side_candidate(fake_host, ("compute-a", "compute-b"))
         assert guard_check(fake_host, cand) is not None
@@ -210,7 +210,7 @@ class TestGpuRolesFree:
     ) -> None:
         gpu_world["probe"].set_used(UB, 4_000, [GpuProcess(pid=4242, used_mib=4_000)])
         before = fake_host.world.read()["containers"]
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.REFUSED
         assert out.refusal is not None and out.refusal.guard == "GpuRolesFree"
         assert out.reason == (
@@ -238,7 +238,7 @@ class TestProcCgroupContainer:
 class TestReleaseGateInLoad:
     def _load(self, host: FakeHost, need: int) -> Any:
         cand = replace(host.candidate(), vram_need_mib=need)
-        return transactions.load(host.context(), slot="primary", candidate=cand)
+        return transactions.load(host.app(), slot="primary", candidate=cand)
 
     def test_the_step_result_holds_need_reserve_and_both_readings(
         self, fake_host: FakeHost, gpu_world: dict[str, Any]
@@ -257,7 +257,7 @@ class TestReleaseGateInLoad:
         # poll 1 was the guards' one reading (BaseVerified's GPUs found and GpuRolesFree's
         # strangers see the same answer)
         assert gate["polls"] == 2 and gate["waivers"] == []
-        steps = audit.show(fake_host.context(), out.tx_id or "")["steps"]
+        steps = audit.show(fake_host.app(), out.tx_id or "")["steps"]
         shown = json.dumps([e for e in steps if e["step"] == "release-vram"], default=str)
         assert '"need_mib": 80000' in shown  # journaled, not only returned
 
@@ -278,7 +278,7 @@ class TestReleaseGateInLoad:
         self, fake_host: FakeHost, gpu_world: dict[str, Any]
     ) -> None:
         waived = gpu_cmds.waive(
-            fake_host.context(),
+            fake_host.app(),
             policy="vram-reserve",
             scope="compute-a,compute-b",
             value=0,
@@ -315,8 +315,8 @@ def anvilctl(fake_host: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytes
     return run
 
 
-def waiver_rows(host: FakeHost) -> tuple[int, int, int]:
-    with host.context().store.read() as s:
+def waiver_row_counts(host: FakeHost) -> tuple[int, int, int]:
+    with host.app().store.read() as s:
         return tuple(  # type: ignore[return-value]
             s.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
             for t in ("waivers", "waiver_revocations", "audit_journal")
@@ -346,7 +346,7 @@ class TestWaiverCli:
     ) -> None:
         code, out = anvilctl(*WAIVE, "--scope", "sha256:" + "d" * 64, "--reason", "this recipe")
         assert code == 0 and out["waiver"]["recipe_digest"] == "d" * 64
-        ws = waivers.waivers(fake_host.context().store)
+        ws = waiver_rows.waivers(fake_host.app().store)
         now = datetime.now(UTC)
         assert effective_reserve(3072, "compute-a", "d" * 64, ws, now) == 0
         assert effective_reserve(3072, "compute-a", "e" * 64, ws, now) == 3072
@@ -372,7 +372,7 @@ class TestWaiverCli:
         args: list[str],
         message: str,
     ) -> None:
-        before = waiver_rows(fake_host)
+        before = waiver_row_counts(fake_host)
         base = {"--policy": "vram-reserve", "--value": "0", "--approved-by": "operator"}
         given = dict(zip(args[::2], args[1::2], strict=True))
         argv = ["waive", "--reason", "r"]
@@ -384,17 +384,17 @@ class TestWaiverCli:
         code = cli.main(argv)
         assert code == 2
         assert message in capsys.readouterr().err
-        assert waiver_rows(fake_host) == before
+        assert waiver_row_counts(fake_host) == before
 
     def test_an_expired_waiver_stops_applying(self, anvilctl: Any, fake_host: FakeHost) -> None:
         expires = (datetime.now(UTC) + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
         code, _ = anvilctl(*WAIVE_EXPIRING, "--scope", "compute-a", "--reason", "r", "--expires", expires)
         assert code == 0
-        ws = waivers.waivers(fake_host.context().store)
+        ws = waiver_rows.waivers(fake_host.app().store)
         later = datetime.now(UTC) + timedelta(days=3)
         assert effective_reserve(3072, "compute-a", None, ws, datetime.now(UTC)) == 0
         assert effective_reserve(3072, "compute-a", None, ws, later) == 3072
-        listed = gpu_cmds.list_waivers(fake_host.context(), now=later)
+        listed = gpu_cmds.list_waivers(fake_host.app(), now=later)
         assert [r["state"] for r in listed] == ["expired"]
 
     def test_revoke_stops_the_waiver_and_keeps_its_record(self, anvilctl: Any, fake_host: FakeHost) -> None:
@@ -402,14 +402,14 @@ class TestWaiverCli:
         wid = out["waiver"]["id"]
         code, revoked = anvilctl("waivers", "revoke", wid, "--by", "lead", "--reason", "done")
         assert code == 0 and revoked["revoked"] == wid
-        ws = waivers.waivers(fake_host.context().store)
+        ws = waiver_rows.waivers(fake_host.app().store)
         assert effective_reserve(3072, "compute-a", None, ws, datetime.now(UTC)) == 3072
         _, listed = anvilctl("waivers", "list")
         assert [(r["id"], r["state"], r["reason"]) for r in listed] == [(wid, "revoked", "r")]
-        before = waiver_rows(fake_host)
+        before = waiver_row_counts(fake_host)
         assert anvilctl("waivers", "revoke", wid, "--by", "lead", "--reason", "again")[0] == 2
         assert anvilctl("waivers", "revoke", "wvr-nope", "--by", "x", "--reason", "y")[0] == 2
-        assert waiver_rows(fake_host) == before
+        assert waiver_row_counts(fake_host) == before
 
 
 class TestGpusCli:
@@ -448,7 +448,7 @@ class TestGpusCli:
         self, fake_host: FakeHost, tmp_path: Path
     ) -> None:
         settings = fake_host.settings.model_copy(update={"config": tmp_path / "new" / "anvil.toml"})
-        out = gpu_cmds.detect(Context(settings=settings, env={}), overrides={UB: "big"}, write=True)
+        out = gpu_cmds.detect(App(settings=settings, env={}), overrides={UB: "big"}, write=True)
         assert out["written"] is True
         assert out["roles"]["compute-a"]["uuid"] == UA and out["roles"]["big"]["uuid"] == UB
         assert settings.config.read_text() == out["toml"]

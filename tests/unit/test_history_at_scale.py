@@ -43,58 +43,58 @@ def populated(stories: tuple[FakeHost, FakeHost]) -> FakeHost:
 def test_the_newest_revisions_are_the_whole_historys_last_with_their_numbers_and_serves(
     populated: FakeHost,
 ) -> None:
-    ctx = populated.context()
-    every = audit.history(ctx, slot=SLOT, limit=10_000)
+    app = populated.app()
+    every = audit.history(app, slot=SLOT, limit=10_000)
     assert len(every) >= 8 and [r["revision"] for r in every] == list(range(1, len(every) + 1))
     for limit in (1, 2, 5):
-        assert audit.history(ctx, slot=SLOT, limit=limit) == every[-limit:]
-    count, (third,) = queries.slot_revisions(ctx.store, SLOT, ctx.store.host, number=3)
+        assert audit.history(app, slot=SLOT, limit=limit) == every[-limit:]
+    count, (third,) = queries.slot_revisions(app.store, SLOT, app.store.host, number=3)
     assert (count, third) == (len(every), every[2])
 
 
 def test_a_transaction_prefix_finds_its_revision_numbered_as_in_the_whole_history(
     populated: FakeHost,
 ) -> None:
-    ctx = populated.context()
-    for rev in audit.history(ctx, slot=SLOT, limit=10_000):
-        assert queries.slot_revisions_of(ctx.store, SLOT, ctx.store.host, rev["tx_id"][:8]) == [rev]
-    assert queries.slot_revisions_of(ctx.store, SLOT, ctx.store.host, "zzzzzzzz") == []
+    app = populated.app()
+    for rev in audit.history(app, slot=SLOT, limit=10_000):
+        assert queries.slot_revisions_of(app.store, SLOT, app.store.host, rev["tx_id"][:8]) == [rev]
+    assert queries.slot_revisions_of(app.store, SLOT, app.store.host, "zzzzzzzz") == []
 
 
 def test_rollback_to_a_revision_brings_back_the_serve_it_left(populated: FakeHost) -> None:
-    ctx = populated.context()
-    for rev in audit.history(ctx, slot=SLOT, limit=10_000):
+    app = populated.app()
+    for rev in audit.history(app, slot=SLOT, limit=10_000):
         if rev["serve"] is None:
             continue
-        found = resolve_target(ctx.store, SLOT, str(rev["revision"]))
+        found = resolve_target(app.store, SLOT, str(rev["revision"]))
         assert (found.digest, found.container_id) == (
             rev["serve"]["identity_digest"],
             rev["serve"]["container_id"],
         )
-        assert resolve_target(ctx.store, SLOT, rev["tx_id"][:12]) == found
+        assert resolve_target(app.store, SLOT, rev["tx_id"][:12]) == found
 
 
 def test_rollback_to_a_container_finds_its_newest_identity(populated: FakeHost) -> None:
-    ctx = populated.context()
-    incumbent = ctx.store.current_identity(SLOT, "incumbent")
+    app = populated.app()
+    incumbent = app.store.current_identity(SLOT, "incumbent")
     assert incumbent is not None
-    found = resolve_target(ctx.store, SLOT, incumbent.container_id[:12])
+    found = resolve_target(app.store, SLOT, incumbent.container_id[:12])
     assert found.digest == incumbent.digest
     with pytest.raises(Exception, match="no revision, transaction or recorded identity"):
-        resolve_target(ctx.store, SLOT, "f" * 12)
+        resolve_target(app.store, SLOT, "f" * 12)
 
 
 def _reads(host: FakeHost) -> list[tuple[str, Any]]:
     """The SELECTs of `audit history --limit 2` and of resolving `rollback --to` the incumbent's
     container (the usual REF: what served before) and `rollback --to 2` on `host`."""
-    ctx = host.context()
-    incumbent = ctx.store.current_identity(SLOT, "incumbent")
+    app = host.app()
+    incumbent = app.store.current_identity(SLOT, "incumbent")
     assert incumbent is not None
-    with _statements(ctx) as seen:
-        audit.history(ctx, slot=SLOT, limit=2)
-        resolve_target(ctx.store, SLOT, incumbent.container_id[:12])
+    with _statements(app) as seen:
+        audit.history(app, slot=SLOT, limit=2)
+        resolve_target(app.store, SLOT, incumbent.container_id[:12])
         # the serve revision 2 left (the first candidate promoted): recorded early, never again
-        assert resolve_target(ctx.store, SLOT, "2").container_id != incumbent.container_id
+        assert resolve_target(app.store, SLOT, "2").container_id != incumbent.container_id
     return seen
 
 
@@ -124,12 +124,12 @@ def test_what_they_read_costs_the_same_with_three_times_the_history(
 
 
 def test_each_revision_read_searches_the_revision_index(populated: FakeHost) -> None:
-    ctx = populated.context()
-    every = audit.history(ctx, slot=SLOT, limit=10_000)
-    with _statements(ctx) as seen:
-        audit.history(ctx, slot=SLOT, limit=2)
-        queries.slot_revisions(ctx.store, SLOT, ctx.store.host, number=3)
-        queries.slot_revisions_of(ctx.store, SLOT, ctx.store.host, every[-1]["tx_id"][:8])
+    app = populated.app()
+    every = audit.history(app, slot=SLOT, limit=10_000)
+    with _statements(app) as seen:
+        audit.history(app, slot=SLOT, limit=2)
+        queries.slot_revisions(app.store, SLOT, app.store.host, number=3)
+        queries.slot_revisions_of(app.store, SLOT, app.store.host, every[-1]["tx_id"][:8])
     reads = [(q, p) for q, p in seen if "FROM tx_current" in q]
     assert len(reads) >= 4, reads  # the count and the newest, the count and one, the prefix's
     with sqlite3.connect(Path(populated.settings.state_dir) / "anvil.db") as con:
@@ -155,10 +155,10 @@ def test_the_numbers_kept_are_those_counted_before_and_0021_gives_them_to_an_old
     tmp_path: Path,
 ) -> None:
     host = _story(make_fake_host(tmp_path), cycles=2)
-    ctx = host.context()
+    app = host.app()
     with sqlite3.connect(db_file(host)) as con:
-        counted = [r[0] for r in con.execute(_COUNTED, {"slot": SLOT, "host": ctx.store.host})]
-    every = audit.history(ctx, slot=SLOT, limit=10_000)
+        counted = [r[0] for r in con.execute(_COUNTED, {"slot": SLOT, "host": app.store.host})]
+    every = audit.history(app, slot=SLOT, limit=10_000)
     assert len(counted) >= 8 and [r["tx_id"] for r in every] == counted
     assert [r["revision"] for r in every] == list(range(1, len(counted) + 1))
 
@@ -172,10 +172,10 @@ def test_the_numbers_kept_are_those_counted_before_and_0021_gives_them_to_an_old
         command.upgrade(alembic_config(engine), "head")
     finally:
         engine.dispose()
-    ctx = host.context()
-    assert audit.history(ctx, slot=SLOT, limit=10_000) == every
-    assert audit.verify(ctx, full=True)["ok"]  # the projection equals a rebuild from history
+    app = host.app()
+    assert audit.history(app, slot=SLOT, limit=10_000) == every
+    assert audit.verify(app, full=True)["ok"]  # the projection equals a rebuild from history
     # and the next revision continues from the numbers it was given
-    lifecycle.rollback(ctx, slot=SLOT)
-    after = audit.history(ctx, slot=SLOT, limit=2)
+    lifecycle.rollback(app, slot=SLOT)
+    after = audit.history(app, slot=SLOT, limit=2)
     assert [r["revision"] for r in after] == [len(every), len(every) + 1]

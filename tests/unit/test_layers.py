@@ -51,6 +51,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "adapters": _package("adapters"),
     "gpu": _package("gpu"),
     "qualify": _package("qualify"),
+    "evidence": _package("evidence"),
     "recipes": _package("recipes"),
     "stub": _package("stub"),
     "acceptance": ("anvil_ctl.acceptance", "anvil_ctl.acceptance_worker"),
@@ -62,8 +63,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "migrations": ("migrations", "migrations.*"),
 }
 
-# The core, the configuration and the domain packages (GPU policy, qualification, recipes).
-_BASE = frozenset({"core", "config", "gpu", "qualify", "recipes"})
+# The core, the configuration and the domain packages (GPU policy, qualification, its
+# evidence, recipes).
+_BASE = frozenset({"core", "config", "gpu", "qualify", "evidence", "recipes"})
 
 # Which other layers each layer may import; anything not listed is off limits. Only
 # `bootstrap`, the composition root, may import `testing`.
@@ -82,7 +84,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "persistence": frozenset({"core", "config", "atomic", "places", "log"}),
     "adapters": frozenset({"core", "config", "atomic", "log"}),
     "gpu": frozenset({"core", "config", "log"}),
-    "qualify": frozenset({"core", "config", "atomic", "log"}),
+    # qualify writes its evidence; evidence reads bundles and never runs a qualification
+    "qualify": frozenset({"core", "config", "atomic", "log", "evidence"}),
+    "evidence": frozenset({"core", "config", "atomic", "log"}),
     # recipes: the shipped recipes' relative mounts resolve beside the installed package
     "recipes": frozenset({"core", "config", "places"}),
     "stub": frozenset({"core"}),
@@ -350,7 +354,7 @@ class TestTheChecker:
         assert [v.imported for v in found] == ["anvil_ctl.testing"]
 
     def test_a_known_violation_masks_only_its_own_import(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        module, prefix = "anvil_ctl.commands.gpu", "anvil_ctl.testing"
+        module, prefix = "anvil_ctl.commands.gpus_and_waivers", "anvil_ctl.testing"
         monkeypatch.setitem(globals(), "KNOWN_VIOLATIONS", frozenset({(module, prefix)}))
         planted = check_source(module, f"import {prefix}\nimport anvil_ctl.cli\n")
         assert [v.imported for v in planted if not _known(v)] == ["anvil_ctl.cli"]

@@ -54,7 +54,7 @@ def _diffs_by_tx(host: FakeHost) -> dict[str, list[tuple[object, ...]]]:
 
 def _expected_patch(host: FakeHost, tx_id: str) -> list[object]:
     """The before/after patch worked out here from the transaction's two stored snapshots."""
-    with host.context().store.read() as s:
+    with host.app().store.read() as s:
         snaps = snapshots.of_transaction(s, tx_id)
     before, after = Snapshot(snaps["before"].body), Snapshot(snaps["after"].body)
     return list(to_patch(diff(before, after)))
@@ -74,7 +74,7 @@ class TestDerivedDiffs:
         ]
         assert derived and {label for _tx, label in derived} == {"before-after"}
         for tx, _label in derived:
-            (shown,) = [d for d in audit.diff(host.context(), tx) if d["label"] == "before-after"]
+            (shown,) = [d for d in audit.diff(host.app(), tx) if d["label"] == "before-after"]
             patch = _expected_patch(host, tx)
             assert patch and shown["patch"] == patch and shown["format"] == "json-patch"
             assert not shown["equal"] and len(shown["changes"]) == len(
@@ -85,7 +85,7 @@ class TestDerivedDiffs:
             c for rows in _diffs_by_tx(host).values() for label, c in rows if label == "recorded-restored"
         ]
         assert kept and snapshots.DERIVED not in kept
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
     def test_diffs_stored_whole_and_derived_read_and_verify_together(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -103,9 +103,9 @@ class TestDerivedDiffs:
         }
         assert whole and derived and not whole & derived
         for tx in whole | derived:
-            (shown,) = [d for d in audit.diff(host.context(), tx) if d["label"] == "before-after"]
+            (shown,) = [d for d in audit.diff(host.app(), tx) if d["label"] == "before-after"]
             assert shown["patch"] == _expected_patch(host, tx)
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"] and report["rows"] > 0
 
     def test_a_derived_diff_whose_snapshot_was_rewritten_is_named(self, tmp_path: Path) -> None:
@@ -173,12 +173,12 @@ class TestShortRowDigests:
         with monkeypatch.context() as m:  # as 0010 wrote: all 32 bytes
             m.setattr(audit_chain, "ROW_DIGEST_BYTES", 32)
             _cycle(host, 2)
-        assert audit.verify(host.context(), full=True)["ok"]  # a checkpoint among the older entries
+        assert audit.verify(host.app(), full=True)["ok"]  # a checkpoint among the older entries
         _cycle(host, 3)
         assert _digest_lengths(host) == {64, 43, 22}
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental" and incremental["rows"] > 0
-        full = audit.verify(host.context(), full=True)
+        full = audit.verify(host.app(), full=True)
         assert full["ok"] and full["rows"] > incremental["rows"]
 
     @pytest.mark.parametrize("full", [True, False])
@@ -187,7 +187,7 @@ class TestShortRowDigests:
     ) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        audit.verify(host.context())  # checkpoint
+        audit.verify(host.app())  # checkpoint
         _cycle(host, 2)
         (step_id,) = raw_rows(host, "SELECT max(id) FROM step_events WHERE detail_json <> '{}'")[0]
         entry = [
@@ -252,16 +252,16 @@ class TestCompactTimeAndTransaction:
             m.setattr(coltypes.CompactUuid, "process_bind_param", as_text)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         _cycle(host, 2)
         forms = set(raw_rows(host, "SELECT typeof(at), typeof(tx_id) FROM audit_journal"))
         assert {("text", "text"), ("blob", "blob"), ("blob", "null")} <= forms
         assert raw_rows(host, "SELECT DISTINCT length(at) FROM audit_journal WHERE typeof(at) = 'blob'") == [
             (8,)
         ]
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental" and incremental["entries"] > 0
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
     @pytest.mark.parametrize(
         ("column", "value"), [("at", (1).to_bytes(8, "big")), ("at", b"\x01"), ("tx_id", bytes(16))]
@@ -281,7 +281,7 @@ class TestCompactTimeAndTransaction:
             con.execute(ddl)
         con.commit()
         con.close()
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert not report["ok"]
         assert [(p["row_id"], p["problem"]) for p in report["problems"]] == [
             (n, "content edited: hash does not match the entry")
@@ -333,12 +333,12 @@ class TestBatchEntries:
         empty = [json.loads(str(b["rows_json"])) for b in batches if b["payload_json"] == "{}"]
         assert empty and all(len(rows) >= 2 for rows in empty)  # the rows name what the batch held
         assert {r[0] for rows in empty for r in rows} >= {"step_events"}
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
 
 def _blobs(host: FakeHost) -> dict[str, str]:
     """Every blob's text as stored (whole or a delta), by SHA-256."""
-    with host.context().store.read() as s:
+    with host.app().store.read() as s:
         return {sha: text for sha in _shas(host) if (text := snapshots._stored(s, sha)) is not None}
 
 
@@ -373,10 +373,10 @@ class TestSnapshotDeltas:
         assert deltas and all(
             base in stored and blobdelta.base_of(stored[base]) is None for base in deltas.values()
         )
-        with host.context().store.read() as s:
+        with host.app().store.read() as s:
             for sha in stored:
                 assert Snapshot(json.loads(snapshots._blob(s, sha))).sha256 == sha
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
     def test_whole_blobs_written_before_read_with_deltas(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -390,9 +390,9 @@ class TestSnapshotDeltas:
         stored = _blobs(host)
         assert all(blobdelta.base_of(stored[sha]) is None for sha in whole)
         assert any(blobdelta.base_of(t) for sha, t in stored.items() if sha not in whole)
-        with host.context().store.read() as s:
+        with host.app().store.read() as s:
             assert all(Snapshot(json.loads(snapshots._blob(s, sha))).sha256 == sha for sha in stored)
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"] and report["rows"] > 0
 
     def test_a_delta_s_base_rewritten_is_named_and_the_delta_refuses_to_read(self, tmp_path: Path) -> None:
@@ -407,7 +407,7 @@ class TestSnapshotDeltas:
             (stored[base] + " ", base),
         )
         assert [(p.get("table"), p.get("key")) for p in report["problems"]] == [("snapshot_blobs", base)]
-        with host.context().store.read() as s, pytest.raises(StateStoreError, match="does not inflate"):
+        with host.app().store.read() as s, pytest.raises(StateStoreError, match="does not inflate"):
             snapshots._blob(s, sha)
 
 
@@ -441,7 +441,7 @@ class TestUpgradeTo0011:
             _the_0010_way(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among 0010 rows
+            assert audit.verify(host.app(), full=True)["ok"]  # the checkpoint, among 0010 rows
         assert _digest_lengths(host) == {43}
         assert "ix_snapshots_sha256" not in _snapshot_indexes(host)
         engine = make_engine(f"sqlite:///{host.settings.state_dir / 'anvil.db'}")
@@ -449,7 +449,7 @@ class TestUpgradeTo0011:
         assert "ix_snapshots_sha256" in _snapshot_indexes(host)
         command.upgrade(alembic_config(engine), "head")
         assert "ix_snapshots_sha256" not in _snapshot_indexes(host)
-        first = audit.verify(host.context())  # from the checkpoint: the schema changed since
+        first = audit.verify(host.app())  # from the checkpoint: the schema changed since
         assert first["ok"] and first["escalated"] and "schema changed" in first["escalated"]
 
         _cycle(host, 2)
@@ -462,9 +462,9 @@ class TestUpgradeTo0011:
             ][0]
             > 0
         )
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
-        full = audit.verify(host.context(), full=True)
+        full = audit.verify(host.app(), full=True)
         assert full["ok"] and not full["projection_differs"]
 
         before = raw_rows(host, "SELECT count(*) FROM audit_journal")
@@ -473,4 +473,4 @@ class TestUpgradeTo0011:
         assert "ix_snapshots_sha256" in _snapshot_indexes(host)
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]

@@ -113,11 +113,11 @@ class TestDictionaryPackingAtRest:
             host, "SELECT DISTINCT detail_json FROM step_events WHERE typeof(detail_json) = 'text'"
         ) == [("{}",)]
         ((tx_id,),) = raw_rows(host, "SELECT id FROM transactions WHERE kind = 'rollback'")
-        ctx = host.context()
+        app = host.app()
         for (raw,) in raw_rows(host, f"SELECT detail_json FROM step_events WHERE {TX_OF} = ?", tx_id):
             if isinstance(raw, bytes):
                 assert raw.startswith(PACKED_DICT)
-        details = [e.detail for e in ctx.store.step_events(str(tx_id))]
+        details = [e.detail for e in app.store.step_events(str(tx_id))]
         stored = [
             json.loads(unpack(raw) if isinstance(raw, bytes) else str(raw))
             for (raw,) in raw_rows(
@@ -125,12 +125,12 @@ class TestDictionaryPackingAtRest:
             )
         ]
         assert details == stored
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
     def test_a_dictionary_packed_detail_edited_afterwards_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         row_id, raw = raw_rows(
             host,
             "SELECT id, detail_json FROM step_events"
@@ -156,7 +156,7 @@ class TestUpgradeTo0015:
             _the_0014_way(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among 0014 rows
+            assert audit.verify(host.app(), full=True)["ok"]  # the checkpoint, among 0014 rows
         for table, column in PACKED_COLUMNS:
             assert _tags(host, table, column) == {PACKED}, (table, column)
         engine = make_engine(f"sqlite:///{db_file(host)}")
@@ -167,14 +167,14 @@ class TestUpgradeTo0015:
         _cycle(host, 2)
         for table, column in PACKED_COLUMNS:
             assert _tags(host, table, column) == {PACKED, PACKED_DICT}, (table, column)
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental"
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         # the Store reads the older transaction's steps as written
         first = str(
             raw_rows(host, "SELECT id FROM transactions WHERE kind = 'load' ORDER BY created_at")[0][0]
         )
-        assert [e.step for e in host.context().store.step_events(first)]
+        assert [e.step for e in host.app().store.step_events(first)]
 
         stored = "SELECT id, detail_json FROM step_events ORDER BY id"
         before = raw_rows(host, stored)
@@ -182,4 +182,4 @@ class TestUpgradeTo0015:
         assert raw_rows(host, stored) == before
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]

@@ -71,17 +71,17 @@ class TestPackedStepDetail:
         # the Store reads them as the detail written: the rows' decoded text, parsed
         _id, tx_id, step, phase, name, raw = packed[-1]
         assert isinstance(raw, bytes)
-        events = host.context().store.step_events(str(tx_id))
+        events = host.app().store.step_events(str(tx_id))
         (event,) = [e for e in events if (e.step, e.phase, e.event) == (step, phase, name)]
         assert event.detail == json.loads(unpack(raw))
-        shown = audit.show(host.context(), str(tx_id))
+        shown = audit.show(host.app(), str(tx_id))
         assert any(s["detail"] == event.detail for s in shown["steps"])
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
     def test_a_packed_detail_edited_afterwards_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         row_id, raw = raw_rows(
             host, "SELECT id, detail_json FROM step_events WHERE typeof(detail_json) = 'blob' LIMIT 1"
         )[0]
@@ -105,7 +105,7 @@ class TestUpgradeTo0012:
             _the_0011_way(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
+            assert audit.verify(host.app(), full=True)["ok"]  # the checkpoint, among text rows
         assert _detail_forms(host) == {"text"}
         engine = make_engine(f"sqlite:///{db_file(host)}")
         command.downgrade(alembic_config(engine), "0011")
@@ -114,16 +114,16 @@ class TestUpgradeTo0012:
 
         _cycle(host, 2)
         assert _detail_forms(host) == {"text", "blob"}
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental"
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
         before = raw_rows(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events")
         command.downgrade(alembic_config(engine), "0011")  # the packed rows stay
         assert raw_rows(host, "SELECT count(*), sum(typeof(detail_json) = 'blob') FROM step_events") == before
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
 
 COMPACT_TIMES = (
@@ -169,16 +169,16 @@ class TestCompactTimes:
         assert len(shown) == len(stored) > 0
         assert shown == [(tx, time_of(at)) for tx, at in stored if isinstance(at, bytes)]
         tx_id = str(stored[-1][0])
-        events = host.context().store.step_events(tx_id)
+        events = host.app().store.step_events(tx_id)
         assert [e.at for e in events] == [at for tx, at in shown if tx == tx_id]
         assert all(re.match(ISO, e.at) for e in events)
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"] and report["projection_differs"] == []
 
     def test_a_compact_time_edited_afterwards_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         row_id, raw = raw_rows(host, "SELECT id, at FROM transaction_states ORDER BY id DESC LIMIT 1")[0]
         assert isinstance(raw, bytes) and len(raw) == 8
         earlier = (int.from_bytes(raw, "big") - 3_600_000_000).to_bytes(8, "big")  # an hour back
@@ -199,7 +199,7 @@ class TestUpgradeTo0013:
             _the_0012_way(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
+            assert audit.verify(host.app(), full=True)["ok"]  # the checkpoint, among text rows
         assert _time_forms(host, "step_events") == {"text"}
         engine = make_engine(f"sqlite:///{db_file(host)}")
         command.downgrade(alembic_config(engine), "0012")
@@ -210,9 +210,9 @@ class TestUpgradeTo0013:
             assert _time_forms(host, table) == {"text", "blob"}, table
         shown = raw_rows(host, "SELECT at FROM v_steps")
         assert shown and all(isinstance(at, str) and re.match(ISO, at) for (at,) in shown)
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental"
-        full = audit.verify(host.context(), full=True)
+        full = audit.verify(host.app(), full=True)
         assert full["ok"] and full["projection_differs"] == []
 
         before = raw_rows(host, "SELECT count(*), sum(typeof(at) = 'blob') FROM step_events")
@@ -221,7 +221,7 @@ class TestUpgradeTo0013:
         assert {type(at) for (at,) in raw_rows(host, "SELECT at FROM v_steps")} == {str, bytes}
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
 
 def _the_0013_way(m: pytest.MonkeyPatch) -> None:
@@ -272,18 +272,18 @@ class TestCompactGpuEvents:
             assert isinstance(raw_tx, str | bytes) and isinstance(raw_container, str | bytes)
             tx_id = raw_tx if isinstance(raw_tx, str) else str(uuid.UUID(bytes=raw_tx))
             container = raw_container if isinstance(raw_container, str) else raw_container.hex()
-            events = gpu_ledger.transaction_events(host.context().store, tx_id)
+            events = gpu_ledger.transaction_events(host.app().store, tx_id)
             assert events and {e.tx_id for e in events} == {tx_id}, form
             assert container in {e.container_id for e in events}
             assert all(len(e.container_id) == 64 for e in events)
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"] and report["projection_differs"] == []
-        assert audit.verify(host.context())["ok"]
+        assert audit.verify(host.app())["ok"]
 
     def test_a_compact_container_id_edited_afterwards_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         row_id, raw = raw_rows(
             host, "SELECT id, container_id FROM gpu_ownership_events ORDER BY id DESC LIMIT 1"
         )[0]

@@ -76,8 +76,8 @@ class TestCompactIdentities:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert _forms(host) == {("blob", "blob", "blob")}
-        ctx = host.context()
-        incumbent = ctx.store.current_identity(SLOT, "incumbent")
+        app = host.app()
+        incumbent = app.store.current_identity(SLOT, "incumbent")
         assert incumbent is not None
         ((cid, image, digest),) = raw_rows(
             host,
@@ -95,15 +95,15 @@ class TestCompactIdentities:
             and coltypes.digest_of(raw)
             == raw_rows(host, "SELECT container_id FROM v_identities ORDER BY id DESC LIMIT 1")[0][0]
         )
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"] and report["projection_differs"] == []
-        found = queries.recent_ids(ctx.store, "container", str(cid)[:10])
+        found = queries.recent_ids(app.store, "container", str(cid)[:10])
         assert [c for c, _what in found] == [cid]
 
     def test_a_compact_container_id_edited_afterwards_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         row_id, raw = raw_rows(host, "SELECT id, container_id FROM identities ORDER BY id DESC LIMIT 1")[0]
         assert isinstance(raw, bytes) and len(raw) == 32
         report = verify_after_edit(
@@ -123,7 +123,7 @@ class TestUpgradeTo0017:
             _the_0016_way(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
+            assert audit.verify(host.app(), full=True)["ok"]  # the checkpoint, among text rows
         assert _forms(host) == {("text", "text", "text")}
         text_rows = raw_rows(host, SHOWN)
         engine = make_engine(f"sqlite:///{db_file(host)}")
@@ -136,9 +136,9 @@ class TestUpgradeTo0017:
         shown = raw_rows(host, SHOWN)
         assert shown[: len(text_rows)] == text_rows  # the older rows read as they did
         assert all(isinstance(v, str) for row in shown for v in row[1:])
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental"
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"] and report["projection_differs"] == []
 
         stored = "SELECT * FROM identities ORDER BY id"
@@ -149,4 +149,4 @@ class TestUpgradeTo0017:
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         assert raw_rows(host, SHOWN) == shown
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]

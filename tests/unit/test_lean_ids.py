@@ -67,25 +67,25 @@ class TestCompactIds:
         _cycle(host, 1)
         for table, (_column, size) in FORMS.items():
             assert _forms(host, table) == {("blob", size)}, table
-        ctx = host.context()
+        app = host.app()
         ((tx_id,),) = raw_rows(host, "SELECT id FROM transactions WHERE kind = 'rollback'")
         tx = str(tx_id)
-        snaps = ctx.store.snapshots(tx)
+        snaps = app.store.snapshots(tx)
         assert {"before", "after"} <= set(snaps) and all(len(s.sha256) == 64 for s in snaps.values())
-        diffs = queries.snapshot_diffs(ctx.store, tx)
+        diffs = queries.snapshot_diffs(app.store, tx)
         assert diffs
-        with ctx.store.read() as session:  # each names a stored snapshot by its text
+        with app.store.read() as session:  # each names a stored snapshot by its text
             for d in diffs:
                 for sha in (d["before_sha256"], d["after_sha256"]):
                     assert snapshots.body_by_sha256(session, sha) is not None
-        assert ctx.store.record(tx).owner.boot_id == _boot_text(host, tx)
-        report = audit.verify(host.context(), full=True)
+        assert app.store.record(tx).owner.boot_id == _boot_text(host, tx)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"] and report["projection_differs"] == []
 
     def test_a_compact_snapshot_reference_edited_afterwards_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         row_id, raw = raw_rows(host, "SELECT id, sha256 FROM snapshots ORDER BY id DESC LIMIT 1")[0]
         assert isinstance(raw, bytes) and len(raw) == 32
         report = verify_after_edit(
@@ -110,7 +110,7 @@ class TestUpgradeTo0018:
             _the_0017_way(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-            assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among text rows
+            assert audit.verify(host.app(), full=True)["ok"]  # the checkpoint, among text rows
         for table in FORMS:
             assert {t for t, _n in _forms(host, table)} == {"text"}, table
         engine = make_engine(f"sqlite:///{db_file(host)}")
@@ -124,14 +124,14 @@ class TestUpgradeTo0018:
                 "text",
                 "blob",
             }, table
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental"
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"] and report["projection_differs"] == []
         old = str(
             raw_rows(host, "SELECT id FROM transactions WHERE kind = 'rollback' ORDER BY created_at")[0][0]
         )
-        assert set(host.context().store.snapshots(old)) >= {"before", "after"}
+        assert set(host.app().store.snapshots(old)) >= {"before", "after"}
 
         stored = "SELECT * FROM snapshots ORDER BY id"
         before = raw_rows(host, stored)
@@ -139,4 +139,4 @@ class TestUpgradeTo0018:
         assert raw_rows(host, stored) == before
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]

@@ -154,7 +154,7 @@ class TestLeanEntries:
             _old_writer(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-            old = audit.verify(host.context(), full=True)  # records a checkpoint among old entries
+            old = audit.verify(host.app(), full=True)  # records a checkpoint among old entries
         assert old["ok"]
         assert {
             (len(_tag(p)), t) for p, t in raw_rows(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
@@ -164,10 +164,10 @@ class TestLeanEntries:
             (len(_tag(p)), t) for p, t in raw_rows(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")
         }
         assert forms == {(64, "text"), (8, "blob")}
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
         assert incremental["entries"] > 0 and incremental["rows"] > 0
-        full = audit.verify(host.context(), full=True)
+        full = audit.verify(host.app(), full=True)
         assert full["ok"] and full["entries"] > incremental["entries"]
 
 
@@ -179,7 +179,7 @@ class TestALeanEntryRewritten:
         return host
 
     def _problems(self, host: FakeHost) -> list[tuple[int | None, str]]:
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert not report["ok"]
         return [(p["row_id"], p["problem"]) for p in report["problems"]]
 
@@ -284,7 +284,7 @@ class TestUpgradeTo0010:
             _old_identities(m)
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
-            assert audit.verify(host.context(), full=True)["ok"]
+            assert audit.verify(host.app(), full=True)["ok"]
         db = host.settings.state_dir / "anvil.db"
         engine = make_engine(f"sqlite:///{db}")
         command.downgrade(alembic_config(engine), "0008")
@@ -311,19 +311,19 @@ class TestUpgradeTo0010:
             "audit_journal_no_delete",
             "audit_journal_no_replace",
         }
-        first = audit.verify(host.context())  # from the old checkpoint: the schema changed since
+        first = audit.verify(host.app())  # from the old checkpoint: the schema changed since
         assert first["ok"] and first["escalated"] and "schema changed" in first["escalated"]
 
         _cycle(host, 2)
         assert raw_rows(host, "SELECT count(*) FROM identities WHERE body_json = ''")[0][0] > 0
         assert raw_rows(host, "SELECT count(*) FROM identities WHERE body_json <> ''")[0][0] > 0
         assert raw_rows(host, "SELECT count(*) FROM v_serving_history WHERE identity_json IS NULL") == [(0,)]
-        ctx = host.context()
-        incumbent = ctx.store.current_identity("primary", "incumbent")
+        app = host.app()
+        incumbent = app.store.current_identity("primary", "incumbent")
         assert incumbent is not None and incumbent.container_id == host.incumbent_id
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
-        full = audit.verify(host.context(), full=True)
+        full = audit.verify(host.app(), full=True)
         assert full["ok"] and not full["projection_differs"]
         forms = {
             (len(_tag(p)), t) for p, t in raw_rows(host, "SELECT prev_hash, typeof(hash) FROM audit_journal")

@@ -32,7 +32,7 @@ def _stored(host: FakeHost) -> list[tuple[int, str, bytes | str]]:
 
 
 def _run(host: FakeHost) -> int:
-    out = recheck(host.context(), SLOT)
+    out = recheck(host.app(), SLOT)
     assert out.passed and out.recheck_id is not None, out.failed
     return out.recheck_id
 
@@ -46,7 +46,7 @@ def test_a_runs_assertions_are_packed_smaller_and_read_back_as_the_text_it_recor
     assertions = json.loads(text)
     assert {a["name"] for a in assertions} >= {"incumbent_container_running", "routed_smoke", "gpu_owner"}
     assert len(raw) * 3 < len(text.encode()), (len(raw), len(text))  # 1,722 -> 457 bytes here
-    assert audit.verify(host.context(), full=True)["ok"]
+    assert audit.verify(host.app(), full=True)["ok"]
 
 
 def test_runs_written_as_text_before_and_packed_after_verify_alike(
@@ -59,8 +59,8 @@ def test_runs_written_as_text_before_and_packed_after_verify_alike(
     new = _run(host)
     kinds = {i: k for i, k, _ in _stored(host)}
     assert (kinds[old], kinds[new]) == ("text", "blob")
-    assert audit.verify(host.context(), full=True)["ok"]
-    assert [r["id"] for r in audit.rechecks(host.context())] == [new, old]
+    assert audit.verify(host.app(), full=True)["ok"]
+    assert [r["id"] for r in audit.rechecks(host.app())] == [new, old]
 
 
 def test_a_packed_run_edited_afterwards_is_named(tmp_path: Path) -> None:

@@ -33,10 +33,10 @@ from tests.unit.test_projection import SLOT, _verified
 
 
 def _cycle(host: FakeHost, n: int) -> None:
-    transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
+    transactions.load(host.app(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
     _verified(host, n)
-    assert lifecycle.promote(host.context(), slot=SLOT, approved_by="op").state.value == "committed"
-    assert lifecycle.rollback(host.context(), slot=SLOT).state.value == "committed"
+    assert lifecycle.promote(host.app(), slot=SLOT, approved_by="op").state.value == "committed"
+    assert lifecycle.rollback(host.app(), slot=SLOT).state.value == "committed"
 
 
 def _db(host: FakeHost) -> sqlite3.Connection:
@@ -83,11 +83,11 @@ class TestPackedJSON:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
         assert _storage_types(host, "snapshot_blobs", "body_json") == {"blob"}
-        ctx = host.context()
+        app = host.app()
         con = _db(host)
         tx_id = con.execute("SELECT id FROM transactions WHERE kind = 'rollback'").fetchone()[0]
         con.close()
-        snaps = ctx.store.snapshots(tx_id)
+        snaps = app.store.snapshots(tx_id)
         assert set(snaps) >= {"before", "after"}
         assert all(s.sha256 and isinstance(s.body, dict) for s in snaps.values())
 
@@ -102,14 +102,14 @@ class TestTextAndPackedRowsTogether:
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
         assert _storage_types(host, "snapshot_blobs", "body_json") == {"text"}
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         _cycle(host, 2)
         assert _storage_types(host, "snapshot_blobs", "body_json") == {"text", "blob"}
         assert _storage_types(host, "transactions", "args_json") == {"text", "blob"}
         assert _digest_lengths(host) == {22, 64}  # 16-byte digests from 0011 on (test_lean_bytes)
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental" and not incremental["escalated"]
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
     def test_a_packed_row_edited_afterwards_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
@@ -136,20 +136,20 @@ class TestRollbackArguments:
     ) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        ctx = host.context()
+        app = host.app()
         con = _db(host)
         tx_id = con.execute("SELECT id FROM transactions WHERE kind = 'rollback'").fetchone()[0]
         con.close()
-        args = ctx.store.record(tx_id).args
+        args = app.store.record(tx_id).args
         assert args.get("recorded_snapshot") is None
         sha = args["recorded_sha256"]
         assert isinstance(sha, str) and len(sha) == 64
-        body = ctx.store.snapshot_body(sha)
+        body = app.store.snapshot_body(sha)
         assert body is not None and SLOT in body["slots"]  # type: ignore[operator]
 
     def test_an_unknown_sha256_has_no_body(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
-        assert host.context().store.snapshot_body("0" * 64) is None
+        assert host.app().store.snapshot_body("0" * 64) is None
 
 
 class TestRecordStepsCommitAsOne:

@@ -46,7 +46,7 @@ def _the_0015_way(m: pytest.MonkeyPatch) -> None:
 
 
 def _store_steps(host: FakeHost, tx_id: str) -> list[tuple[object, ...]]:
-    return [(e.seq, e.step, e.phase, e.event, e.at) for e in host.context().store.step_events(tx_id)]
+    return [(e.seq, e.step, e.phase, e.event, e.at) for e in host.app().store.step_events(tx_id)]
 
 
 class TestStepRefs:
@@ -63,10 +63,10 @@ class TestStepRefs:
         stored = _store_steps(host, tx_id)
         assert len(stored) > 10
         assert raw_rows(host, STEP_QUERY, tx_id[:8] + "*") == stored  # v_steps: the same, in order
-        shown = audit.show(host.context(), tx_id)
+        shown = audit.show(host.app(), tx_id)
         assert [(s["seq"], s["step"], s["phase"], s["event"], s["at"]) for s in shown["steps"]] == stored
         assert [s[1] for s in _store_steps(host, _tx(host, "promote"))] != [s[1] for s in stored]
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
     def test_the_readme_step_query_searches_indexes_for_both_forms(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
@@ -80,7 +80,7 @@ class TestStepRefs:
     def test_a_step_moved_to_another_transaction_is_named(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
         _cycle(host, 1)
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         ((other,),) = raw_rows(
             host, "SELECT min(id) FROM transaction_states WHERE tx_id = ?", _tx(host, "promote")
         )
@@ -142,7 +142,7 @@ class TestUpgradeTo0016:
             host = make_fake_host(tmp_path)
             _cycle(host, 1)
         assert raw_rows(host, "SELECT count(*) FROM step_events WHERE tx_id IS NULL") == [(0,)]
-        assert audit.verify(host.context(), full=True)["ok"]  # the checkpoint, among 0015 rows
+        assert audit.verify(host.app(), full=True)["ok"]  # the checkpoint, among 0015 rows
         _as_at_0015(host)
         assert "tx_ref" not in {str(r[1]) for r in raw_rows(host, "PRAGMA table_info(step_events)")}
         before = raw_rows(host, "SELECT id, tx_id, seq, step, phase, event, detail_json, at FROM step_events")
@@ -169,9 +169,9 @@ class TestUpgradeTo0016:
 
         _cycle(host, 2)
         assert {r[0] is None for r in raw_rows(host, "SELECT tx_id FROM step_events")} == {True, False}
-        incremental = audit.verify(host.context())
+        incremental = audit.verify(host.app())
         assert incremental["ok"] and incremental["mode"] == "incremental"
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         new_tx = _tx(host, "rollback")
         assert raw_rows(host, STEP_QUERY, new_tx[:8] + "*") == _store_steps(host, new_tx) != []
 
@@ -182,7 +182,7 @@ class TestUpgradeTo0016:
         command.upgrade(alembic_config(engine), "head")
         engine.dispose()
         assert raw_rows(host, stored) == rows
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
         assert raw_rows(host, STEP_QUERY, new_tx[:8] + "*") == _store_steps(host, new_tx)
 
 
@@ -198,7 +198,7 @@ class TestCopiedSteps:
         tx_id = _tx(source, "rollback")
         steps = raw_rows(source, STEP_QUERY, tx_id[:8] + "*")
         first = "SELECT min(id) FROM transaction_states WHERE tx_id = ?"
-        out = db_copy(source.context(), to=f"sqlite:///{db_file(target)}")
+        out = db_copy(source.app(), to=f"sqlite:///{db_file(target)}")
         assert out["target_verified"]["ok"] and out["rows"]["step_events"] > 0
         ((moved,),) = raw_rows(target, first, tx_id)
         ((was,),) = raw_rows(source, first, tx_id)

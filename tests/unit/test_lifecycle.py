@@ -11,12 +11,12 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine import entry
 from anvil_ctl.engine.plans.args import PromoteRequest
-from anvil_ctl.persistence import qualification, rechecks, waivers
+from anvil_ctl.persistence import qualification, rechecks, waiver_rows
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 
 def _load(host: FakeHost, served: str = "cand-393k", **kw: Any) -> str:
-    out = transactions.load(host.context(), slot="primary", candidate=host.candidate(served, **kw))
+    out = transactions.load(host.app(), slot="primary", candidate=host.candidate(served, **kw))
     assert out.state == TxState.COMMITTED, out.reason
     return str(out.results["start-candidate"]["container_id"])
 
@@ -30,11 +30,11 @@ def _decide(
     decision_id: str = "d-1",
     reclassifies: str | None = None,
 ) -> None:
-    ctx = host.context()
-    cand = ident or ctx.store.current_identity("primary", "candidate")
+    app = host.app()
+    cand = ident or app.store.current_identity("primary", "candidate")
     assert cand is not None
     qualification.record_decision(
-        ctx.store,
+        app.store,
         decision_id=decision_id,
         tx_id=None,
         slot="primary",
@@ -47,9 +47,7 @@ def _decide(
 
 
 def _promote(host: FakeHost, **kw: Any) -> Any:
-    return lifecycle.promote(
-        host.context(), slot="primary", approved_by=kw.pop("approved_by", "operator"), **kw
-    )
+    return lifecycle.promote(host.app(), slot="primary", approved_by=kw.pop("approved_by", "operator"), **kw)
 
 
 @pytest.fixture
@@ -67,9 +65,9 @@ class TestPromote:
         _decide(fake_host, "verified")
         out = _promote(fake_host)
         assert out.state == TxState.COMMITTED, out.reason
-        ctx = fake_host.context()
-        assert ctx.store.current_identity("primary", "incumbent").container_id == cand_id  # type: ignore[union-attr]
-        assert ctx.store.current_identity("primary", "rollback").container_id == fake_host.incumbent_id  # type: ignore[union-attr]
+        app = fake_host.app()
+        assert app.store.current_identity("primary", "incumbent").container_id == cand_id  # type: ignore[union-attr]
+        assert app.store.current_identity("primary", "rollback").container_id == fake_host.incumbent_id  # type: ignore[union-attr]
         tier = fake_host.world.read()["router"]["tiers"]["primary-local"]
         assert tier["state"] == "ready"
         assert out.results["routed-smoke"]["model"] == "cand-393k"
@@ -93,11 +91,11 @@ class TestPromote:
     def test_a_reclassification_counts_only_while_its_waiver_is_active(self, fake_host: FakeHost) -> None:
         from datetime import UTC, datetime
 
-        from anvil_ctl.gpu.waivers import Waiver
+        from anvil_ctl.gpu.waiver_policy import Waiver
 
         _load(fake_host)
         _decide(fake_host, "policy-infeasible")
-        ctx = fake_host.context()
+        app = fake_host.app()
         w = Waiver(
             id="w-1",
             policy="vram-reserve",
@@ -107,9 +105,9 @@ class TestPromote:
             created_at=datetime.now(UTC),
             roles=frozenset({"compute-a", "compute-b"}),
         )
-        waivers.add_waiver(ctx.store, w)
+        waiver_rows.add_waiver(app.store, w)
         _decide(fake_host, "verified", waiver_ids=("w-1",), decision_id="d-2", reclassifies="d-1")
-        waivers.revoke_waiver(ctx.store, "w-1", by="op", reason="changed mind")
+        waiver_rows.revoke_waiver(app.store, "w-1", by="op", reason="changed mind")
         out = _promote(fake_host)
         assert out.state == TxState.REFUSED
         assert "policy-infeasible" in out.reason
@@ -117,29 +115,28 @@ class TestPromote:
     def test_an_empty_approver_is_bad_input_and_writes_nothing(self, fake_host: FakeHost) -> None:
         _load(fake_host)
         _decide(fake_host, "verified")
-        before = audit.transactions(fake_host.context(), limit=1000)
+        before = audit.transactions(fake_host.app(), limit=1000)
         with pytest.raises(BadInput, match="--approved-by: expected a non-empty value"):
             _promote(fake_host, approved_by=" ")
-        assert audit.transactions(fake_host.context(), limit=1000) == before
+        assert audit.transactions(fake_host.app(), limit=1000) == before
 
     def test_the_plan_itself_refuses_an_empty_approver(self, fake_host: FakeHost) -> None:
         """The ApproverNamed guard still holds for a caller that builds the request itself."""
         _load(fake_host)
         _decide(fake_host, "verified")
-        ctx = fake_host.context()
-        request = PromoteRequest(slot="primary", approved_by=" ")
-        out = entry.run(ctx.world(), ctx.owner, request)
+        app = fake_host.app()
+        out = entry.run(app.world(), app.owner, PromoteRequest(slot="primary", approved_by=" "))
         assert out.state == TxState.REFUSED and out.refusal.guard == "ApproverNamed"  # type: ignore[union-attr]
 
     def test_a_failed_acceptance_compensates_to_the_before_state(self, fake_host: FakeHost) -> None:
         _load(fake_host)
         _decide(fake_host, "verified")
-        ctx = fake_host.context()
-        incumbent_before = ctx.store.current_identity("primary", "incumbent")
+        app = fake_host.app()
+        incumbent_before = app.store.current_identity("primary", "incumbent")
         fake_host.world.set_fail("readmit", "backend answered 503")
         out = _promote(fake_host)
         assert out.state == TxState.COMPENSATED and out.exit_code == 4
-        assert ctx.store.current_identity("primary", "incumbent") == incumbent_before
+        assert app.store.current_identity("primary", "incumbent") == incumbent_before
         assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "drain"
 
 
@@ -150,7 +147,7 @@ class TestVramAfterAcceptance:
         self, fake_host: FakeHost
     ) -> None:
         from anvil_ctl.commands import audit as audit_cmd
-        from anvil_ctl.qualify import verify_bundle
+        from anvil_ctl.evidence.bundle import verify_bundle
 
         _load(fake_host)
         _decide(fake_host, "verified")
@@ -168,7 +165,7 @@ class TestVramAfterAcceptance:
             "passed": True,
             "manifest_sha256": reading["manifest_sha256"],
         }
-        shown = audit_cmd.show(fake_host.context(), out.tx_id or "")
+        shown = audit_cmd.show(fake_host.app(), out.tx_id or "")
         assert any(
             e["step"] == "vram-after-acceptance" and e["detail"].get("cards") == reading["cards"]
             for e in shown["steps"]
@@ -178,23 +175,23 @@ class TestVramAfterAcceptance:
         # Bound to the database (`evidence verify` and the report accept only bound bundles).
         from anvil_ctl.commands import qualify as qualify_cmd
 
-        assert qualify_cmd.verify_evidence(fake_host.context(), bundle).ok
+        assert qualify_cmd.verify_evidence(fake_host.app(), bundle).ok
 
     def test_a_card_below_the_reserve_undoes_the_promotion_naming_it(self, fake_host: FakeHost) -> None:
         _load(fake_host, vram_mib=95786)
         _decide(fake_host, "verified")
-        ctx = fake_host.context()
-        incumbent_before = ctx.store.current_identity("primary", "incumbent")
+        app = fake_host.app()
+        incumbent_before = app.store.current_identity("primary", "incumbent")
         out = _promote(fake_host)
         assert out.state == TxState.COMPENSATED and out.exit_code == 4
         assert "compute-a 2101 < 3072 MiB" in out.reason
-        assert ctx.store.current_identity("primary", "incumbent") == incumbent_before
+        assert app.store.current_identity("primary", "incumbent") == incumbent_before
         assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "drain"
 
     def test_an_active_reserve_waiver_applies_as_for_qualification(self, fake_host: FakeHost) -> None:
         from datetime import UTC, datetime
 
-        from anvil_ctl.gpu.waivers import Waiver
+        from anvil_ctl.gpu.waiver_policy import Waiver
 
         _load(fake_host, vram_mib=95786)
         _decide(fake_host, "verified")
@@ -207,7 +204,7 @@ class TestVramAfterAcceptance:
             created_at=datetime.now(UTC),
             roles=frozenset({"compute-a", "compute-b"}),
         )
-        waivers.add_waiver(fake_host.context().store, waiver)
+        waiver_rows.add_waiver(fake_host.app().store, waiver)
         out = _promote(fake_host)
         assert out.state == TxState.COMMITTED, out.reason
         reading = out.results["vram-after-acceptance"]
@@ -223,33 +220,33 @@ class TestRollback:
         self, fake_host: FakeHost
     ) -> None:
         cand_id = _load(fake_host)
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
         world = fake_host.world.read()
         assert world["containers"][fake_host.incumbent_id]["status"] == "running"
         assert world["containers"][cand_id]["status"] == "exited"  # retained, not removed
-        diffs = audit.diff(fake_host.context(), out.tx_id or "")
+        diffs = audit.diff(fake_host.app(), out.tx_id or "")
         assert [d["equal"] for d in diffs if d["label"] == "recorded-restored"] == [True]
 
     def test_rollback_after_a_promotion_returns_to_the_exact_old_incumbent(self, fake_host: FakeHost) -> None:
         cand_id = _load(fake_host)
         _decide(fake_host, "verified")
         assert _promote(fake_host).state == TxState.COMMITTED
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
-        ctx = fake_host.context()
-        assert ctx.store.current_identity("primary", "incumbent").container_id == fake_host.incumbent_id  # type: ignore[union-attr]
+        app = fake_host.app()
+        assert app.store.current_identity("primary", "incumbent").container_id == fake_host.incumbent_id  # type: ignore[union-attr]
         world = fake_host.world.read()
         assert world["containers"][fake_host.incumbent_id]["status"] == "running"
         assert world["containers"][cand_id]["status"] == "exited"
-        assert recheck.recheck(ctx, "primary").passed
+        assert recheck.recheck(app, "primary").passed
 
     def test_a_restore_group_without_the_rollback_identity_is_refused(self, fake_host: FakeHost) -> None:
         _load(fake_host)
         cfg = fake_host.settings.config
         cfg.write_text(cfg.read_text() + '\n[restore_groups]\nsplit-a = ["0123456789abcdef"]\n')
         before = fake_host.world.read()
-        out = lifecycle.rollback(fake_host.context(), slot="primary", restore_group="split-a")
+        out = lifecycle.rollback(fake_host.app(), slot="primary", restore_group="split-a")
         assert out.state == TxState.REFUSED
         assert "does not contain the declared rollback identity" in out.reason
         assert fake_host.world.read() == before
@@ -257,13 +254,13 @@ class TestRollback:
     def test_an_unknown_restore_group_is_bad_input(self, fake_host: FakeHost) -> None:
         _load(fake_host)
         with pytest.raises(BadInput, match="restore_groups"):
-            lifecycle.rollback(fake_host.context(), slot="primary", restore_group="nope")
+            lifecycle.rollback(fake_host.app(), slot="primary", restore_group="nope")
 
     def test_a_removed_retained_container_refuses_the_rollback(self, fake_host: FakeHost) -> None:
         _load(fake_host)
         with fake_host.world.edit() as w:
             del w["containers"][fake_host.incumbent_id]
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.REFUSED and "was removed" in out.reason
 
     def test_rejected_credentials_refuse_before_mutation(self, fake_host: FakeHost) -> None:
@@ -271,7 +268,7 @@ class TestRollback:
         with fake_host.world.edit() as w:
             w["router"]["admin_token_ok"] = False
         before = fake_host.world.read()
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.REFUSED and out.refusal.guard == "RouterCredentialsAccepted"  # type: ignore[union-attr]
         assert fake_host.world.read() == before
 
@@ -280,14 +277,14 @@ class TestRollback:
     ) -> None:
         cand = _load(fake_host)
         fake_host.world.set_fail("readmit", "HTTP 401 from the router")
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.COMPENSATED and out.exit_code == 4, out.reason
         assert out.reason.startswith("route-back:")
         containers = fake_host.world.read()["containers"]
         # The target was stopped again and kept; the candidate serves at the binding as before.
         assert containers[fake_host.incumbent_id]["status"] == "exited"
         assert containers[cand]["status"] == "running"
-        steps = audit.show(fake_host.context(), out.tx_id or "")["steps"]
+        steps = audit.show(fake_host.app(), out.tx_id or "")["steps"]
         undone = [e["step"] for e in steps if e["phase"] == "undo" and e["event"] == "result"]
         assert undone == ["start-target", "stop-current", "drain-tier"]
 
@@ -298,7 +295,7 @@ class TestRecheck:
         return fake_host
 
     def test_a_healthy_slot_passes_every_assertion(self, restored: FakeHost) -> None:
-        result = recheck.recheck(restored.context(), "primary")
+        result = recheck.recheck(restored.app(), "primary")
         assert result.passed and result.exit_code == 0
         names = {a["name"] for a in result.assertions}
         assert {
@@ -311,13 +308,13 @@ class TestRecheck:
             "loopback_binding",
             "health",
         } <= names
-        assert rechecks.rechecks(restored.context().store)[0]["passed"] is True
+        assert rechecks.rechecks(restored.app().store)[0]["passed"] is True
 
     def test_each_injected_drift_is_named(self, restored: FakeHost) -> None:
-        ctx = restored.context()
+        app = restored.app()
 
         def failed() -> list[str]:
-            r = recheck.recheck(ctx, "primary")
+            r = recheck.recheck(app, "primary")
             assert r.exit_code == (0 if r.passed else 6)
             return r.failed
 
@@ -338,14 +335,14 @@ class TestRecheck:
         assert "incumbent_container_running" in failed()
 
     def test_a_candidate_left_running_is_drift(self, restored: FakeHost) -> None:
-        rt = restored.context().world().runtime
+        rt = restored.app().world().runtime
         spec = restored.candidate("stray").spec
         cid = rt.create(type(spec)(**{**spec.__dict__, "env": (("FAKE_BINDING", "127.0.0.1:9002"),)}))
         rt.start(cid)
-        assert recheck.recheck(restored.context(), "primary").failed == ["no_candidate_running"]
+        assert recheck.recheck(restored.app(), "primary").failed == ["no_candidate_running"]
 
     def test_textfile_metrics_are_written_atomically(self, restored: FakeHost, tmp_path: Any) -> None:
-        result = recheck.recheck(restored.context(), "primary")
+        result = recheck.recheck(restored.app(), "primary")
         path = tmp_path / "textfile" / "anvil.prom"
         path.parent.mkdir()  # the directory is the operator's: never created by a recheck
         recheck.write_textfile(path, result, now=1.0)
@@ -356,10 +353,10 @@ class TestRecheck:
 
 
 class TestRouterRestartedMidCommand:
-    def _restart_router_at_first_routed_chat(self, host: FakeHost, ctx: Any, monkeypatch: Any) -> list[str]:
+    def _restart_router_at_first_routed_chat(self, host: FakeHost, app: Any, monkeypatch: Any) -> list[str]:
         """The fake router loses every registration right before the first routed chat that
         would have reached a registered backend (a router restarted after the route step)."""
-        world = ctx.world()
+        world = app.world()
         original = world.router.routed_chat
         lost: list[str] = []
 
@@ -377,9 +374,9 @@ class TestRouterRestartedMidCommand:
     def test_promote_puts_the_route_back_and_commits(self, fake_host: FakeHost, monkeypatch: Any) -> None:
         _load(fake_host)
         _decide(fake_host, "verified")
-        ctx = fake_host.context()
-        lost = self._restart_router_at_first_routed_chat(fake_host, ctx, monkeypatch)
-        out = lifecycle.promote(ctx, slot="primary", approved_by="operator")
+        app = fake_host.app()
+        lost = self._restart_router_at_first_routed_chat(fake_host, app, monkeypatch)
+        out = lifecycle.promote(app, slot="primary", approved_by="operator")
         assert lost == ["llm.primary"]  # the restart happened mid-command
         assert out.state == TxState.COMMITTED, out.reason
         assert "route_reapplied" in out.results["routed-smoke"]
@@ -389,9 +386,9 @@ class TestRouterRestartedMidCommand:
         _load(fake_host)
         _decide(fake_host, "verified")
         assert _promote(fake_host).state == TxState.COMMITTED
-        ctx = fake_host.context()
-        lost = self._restart_router_at_first_routed_chat(fake_host, ctx, monkeypatch)
-        out = lifecycle.rollback(ctx, slot="primary")
+        app = fake_host.app()
+        lost = self._restart_router_at_first_routed_chat(fake_host, app, monkeypatch)
+        out = lifecycle.rollback(app, slot="primary")
         assert lost and out.state == TxState.COMMITTED, out.reason
-        routed = ctx.world().router.routed_chat("llm.primary")
+        routed = app.world().router.routed_chat("llm.primary")
         assert routed.status == 200 and routed.model != "cand-393k"

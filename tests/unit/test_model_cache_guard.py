@@ -42,7 +42,7 @@ class TestModelCacheGuard:
         fabricate(tmp_path / "hub", incomplete=True)
         with_cache(fake_host, tmp_path / "hub")
         before = fake_host.world.read()
-        out = transactions.load(fake_host.context(), slot="primary", candidate=candidate(fake_host))
+        out = transactions.load(fake_host.app(), slot="primary", candidate=candidate(fake_host))
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert out.refusal is not None and out.refusal.guard == "ModelCacheComplete"
         assert "incomplete" in out.reason
@@ -51,11 +51,11 @@ class TestModelCacheGuard:
     def test_a_complete_cache_lets_the_load_proceed(self, fake_host: FakeHost, tmp_path: Path) -> None:
         fabricate(tmp_path / "hub", incomplete=False)
         with_cache(fake_host, tmp_path / "hub")
-        out = transactions.load(fake_host.context(), slot="primary", candidate=candidate(fake_host))
+        out = transactions.load(fake_host.app(), slot="primary", candidate=candidate(fake_host))
         assert out.state == TxState.COMMITTED, out.reason
 
     def test_a_pinned_model_without_a_configured_cache_is_refused(self, fake_host: FakeHost) -> None:
-        out = transactions.load(fake_host.context(), slot="primary", candidate=candidate(fake_host))
+        out = transactions.load(fake_host.app(), slot="primary", candidate=candidate(fake_host))
         assert out.state == TxState.REFUSED and "model_cache_dir" in out.reason
 
 
@@ -73,7 +73,7 @@ class TestPinnedModelFiles:
         bad = dataclasses.replace(self.PIN_OK, sha256="0" * 64)
         before = fake_host.world.read()
         cand = dataclasses.replace(candidate(fake_host), model_files=(bad,))
-        out = transactions.load(fake_host.context(), slot="primary", candidate=cand)
+        out = transactions.load(fake_host.app(), slot="primary", candidate=cand)
         assert out.state == TxState.REFUSED and out.exit_code == 3
         assert out.refusal is not None and out.refusal.guard == "ModelCacheComplete"
         assert (
@@ -87,5 +87,5 @@ class TestPinnedModelFiles:
         fabricate(tmp_path / "hub", incomplete=False)
         with_cache(fake_host, tmp_path / "hub")
         cand = dataclasses.replace(candidate(fake_host), model_files=(self.PIN_OK,))
-        out = transactions.load(fake_host.context(), slot="primary", candidate=cand)
+        out = transactions.load(fake_host.app(), slot="primary", candidate=cand)
         assert out.state == TxState.COMMITTED, out.reason

@@ -21,7 +21,7 @@ from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.testing.fakes import FakeSharedMemory
 from anvil_ctl.testing.router import FakeRouter
-from anvil_ctl.testing.runtime import FakeEngineProbe, FakeRuntime
+from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
 from tests.unit.fakehost import FakeHost, make_fake_host
 
 LEFT = {"path": "/dev/shm/nccl-left01", "size": 4096}
@@ -62,7 +62,7 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     readiness, routed chat, route check), named; the fake router's own calls included."""
     seen: list[str] = []
     for cls, names in (
-        (FakeEngineProbe, ("models", "health", "listening")),
+        (FakeServerProbe, ("models", "health", "listening")),
         (FakeRouter, ("view", "ready", "routed_chat", "check_route")),
     ):
         for name in names:
@@ -85,7 +85,7 @@ class TestOneReading:
     def test_inside_the_stretch_one_scan_answers_and_after_it_a_reading_scans_again(
         self, fake_host: FakeHost, scans: list[int]
     ) -> None:
-        world: World = fake_host.context().world()
+        world: World = fake_host.app().world()
         shm = world.shm
         assert shm is not None
         with one_reading(world):
@@ -102,7 +102,7 @@ class TestOneReading:
         self, fake_host: FakeHost, scans: list[int]
     ) -> None:
         put(fake_host, LEFT)
-        world: World = fake_host.context().world()
+        world: World = fake_host.app().world()
         with one_reading(world):
             assert world.shm is not None
             assert [r.path for r in world.shm.residue()] == [LEFT["path"]]
@@ -113,7 +113,7 @@ class TestOneReading:
     def test_recheck_scans_once_for_its_assertion_and_its_snapshot(
         self, fake_host: FakeHost, scans: list[int]
     ) -> None:
-        result = recheck.recheck(fake_host.context(), "primary")
+        result = recheck.recheck(fake_host.app(), "primary")
         assert result.passed, result.failed
         assert [a["passed"] for a in result.assertions if a["name"] == "shm_residue_zero"] == [True]
         assert len(scans) == 1
@@ -121,9 +121,7 @@ class TestOneReading:
     def test_a_load_scans_once_before_its_first_mutation_and_once_after(
         self, fake_host: FakeHost, scans: list[int]
     ) -> None:
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
-        )
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
         assert out.state == TxState.COMMITTED, out.reason
         assert out.before is not None and out.after is not None
         # The base check and the before snapshot share one scan; the after snapshot has its own.
@@ -133,9 +131,7 @@ class TestOneReading:
         self, fake_host: FakeHost, scans: list[int]
     ) -> None:
         put(fake_host, LEFT)
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
-        )
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
         assert out.state == TxState.REFUSED
         assert "shm_residue_zero" in out.reason
         assert len(scans) == 1
@@ -148,7 +144,7 @@ class TestOneLook:
     def test_inside_the_stretch_one_inspect_answers_until_a_change_is_made(
         self, fake_host: FakeHost, looks: list[str]
     ) -> None:
-        world: World = fake_host.context().world()
+        world: World = fake_host.app().world()
         runtime, cid = world.runtime, fake_host.incumbent_id
         with one_reading(world):
             assert world.runtime.inspect(cid).running
@@ -168,15 +164,13 @@ class TestOneLook:
     ) -> None:
         """The same load on two identical hosts, with and without the one look."""
         other = make_fake_host(tmp_path / "other")
-        seen_plainly = observe(fake_host.context().world(), ["primary"])
+        seen_plainly = observe(fake_host.app().world(), ["primary"])
         looks.clear()
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
-        )
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
         with_look = len(looks)
         monkeypatch.setattr(world_module, "_OneLook", lambda runtime, _stretch: runtime)
         looks.clear()
-        plain = transactions.load(other.context(), slot="primary", candidate=other.candidate("cand-393k"))
+        plain = transactions.load(other.app(), slot="primary", candidate=other.candidate("cand-393k"))
         assert out.state == plain.state == TxState.COMMITTED, (out.reason, plain.reason)
         assert with_look < len(looks), (with_look, len(looks))
         # The before snapshot is exactly what a plain observation saw just before.
@@ -192,30 +186,30 @@ class TestOneReadingOfTheBindingAndTheRouter:
     def test_inside_the_stretch_each_is_asked_once_until_a_change_is_made(
         self, fake_host: FakeHost, asked: list[str]
     ) -> None:
-        world: World = fake_host.context().world()
+        world: World = fake_host.app().world()
         url = world.config.slot("primary").base_url
-        router, engine = world.router, world.engine
+        router, server = world.router, world.server
         assert router is not None
         with one_reading(world):
             assert world.router is not None
             for _ in range(2):
-                assert [m.id for m in world.engine.models(url)] == [
+                assert [m.id for m in world.server.models(url)] == [
                     "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
                 ]
-                assert world.engine.health(url, "/health")
+                assert world.server.health(url, "/health")
                 assert world.router.routed_chat("llm.primary").status == 200
                 assert world.router.ready()
             # the fake router's chat reads the binding's models itself: the second "models"
             assert sorted(asked) == ["health", "models", "models", "ready", "routed_chat"]
             world.runtime.stop(fake_host.incumbent_id, 1.0)  # a change: every reading is forgotten
-            assert world.engine.models(url) == []
+            assert world.server.models(url) == []
             assert world.router.routed_chat("llm.primary").status != 200
             # asked again: the model list, and the chat (the fake router reads the models for it)
             assert sorted(asked[5:]) == ["models", "models", "routed_chat"]
-        assert (world.router, world.engine) == (router, engine)
+        assert (world.router, world.server) == (router, server)
         asked.clear()
-        world.engine.models(url)
-        world.engine.models(url)
+        world.server.models(url)
+        world.server.models(url)
         assert asked == ["models", "models"]
 
     def test_a_load_makes_one_routed_chat_fewer_and_records_the_same_availability(
@@ -225,21 +219,19 @@ class TestOneReadingOfTheBindingAndTheRouter:
         and the router: the availability check sees the routed chat of BaseVerified's smoke."""
         other = make_fake_host(tmp_path / "other")
         asked.clear()  # the other host's adoption asked too
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
-        )
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
         with_reading = list(asked)
         for name in ("_OneProbe", "_OneRoute", "_OneGpuReading"):
             monkeypatch.setattr(world_module, name, lambda port, _stretch: port)
         asked.clear()
-        plain = transactions.load(other.context(), slot="primary", candidate=other.candidate("cand-393k"))
+        plain = transactions.load(other.app(), slot="primary", candidate=other.candidate("cand-393k"))
         assert out.state == plain.state == TxState.COMMITTED, (out.reason, plain.reason)
         assert with_reading.count("routed_chat") == asked.count("routed_chat") - 1
         assert len(with_reading) < len(asked), (with_reading, asked)
 
         def availability(host: FakeHost, tx_id: str | None) -> dict[str, Any]:
             assert tx_id is not None
-            events = host.context().store.step_events(tx_id)
+            events = host.app().store.step_events(tx_id)
             return next(dict(e.detail) for e in events if e.step == "availability" and e.event == "before")
 
         seen, plain_seen = availability(fake_host, out.tx_id), availability(other, plain.tx_id)
@@ -255,8 +247,8 @@ class TestOneListingOfTheManagedContainers:
     ) -> None:
         from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
 
-        transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k"))
-        world: World = fake_host.context().world()
+        transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
+        world: World = fake_host.app().world()
         queries = [
             {LABEL_MANAGED: "true", LABEL_SLOT: "primary"},
             {LABEL_MANAGED: "true", LABEL_ROLE: "candidate"},
@@ -279,11 +271,9 @@ class TestOneListingOfTheManagedContainers:
         from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
         from anvil_ctl.engine.world import WorldRuntime
 
-        out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate("cand-393k")
-        )
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
         candidate = str(out.results["start-candidate"]["container_id"])
-        world: World = fake_host.context().world()
+        world: World = fake_host.app().world()
         managed = managed_containers(WorldRuntime(world))
         looks.clear()
         with one_reading(world):

@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _samples(host: FakeHost) -> dict[str, object]:
-    ctx = host.context()
-    inc = ctx.store.current_identity("primary", "incumbent")
+    app = host.app()
+    inc = app.store.current_identity("primary", "incumbent")
     assert inc is not None
     cand = host.candidate()
     return {
@@ -89,7 +89,7 @@ class TestRegistry:
 
     @pytest.mark.parametrize("kind", sorted(KINDS))
     def test_a_plan_rebuilt_from_the_journal_has_the_same_steps(self, kind: str, fake_host: FakeHost) -> None:
-        world = fake_host.context().world()
+        world = fake_host.app().world()
         args = _samples(fake_host)[kind]
         live = KINDS[kind].build(args, world)
         rebuilt = KINDS[kind].rebuild(json.loads(json.dumps(to_json(args))), world)
@@ -109,7 +109,7 @@ class TestRegistry:
 
 CHILD = """
 import sys
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.config import Settings
 from anvil_ctl.engine.recover import recover_unfinished
 from anvil_ctl.log import configure
@@ -117,8 +117,8 @@ from anvil_ctl.log import configure
 configure("json", "warning")
 root = sys.argv[1]
 settings = Settings(state_dir=root + "/state", config=root + "/anvil.toml", backend="fake", _env_file=None)
-ctx = Context(settings=settings, env={})
-report = recover_unfinished(ctx.store, ctx.owner, ctx.world())
+app = App(settings=settings, env={})
+report = recover_unfinished(app.store, app.owner, app.world())
 loaded = sorted(m for m in sys.modules if m.startswith("anvil_ctl.commands") or m == "anvil_ctl.qualify")
 print(report.recovered[0]["state"], loaded)
 """
@@ -128,18 +128,18 @@ class TestRecoverRebuildsQualify:
     def test_a_process_that_imported_only_the_engine_recovers_a_qualify_transaction(
         self, fake_host: FakeHost
     ) -> None:
-        ctx = fake_host.context()
-        inc = ctx.store.current_identity("primary", "incumbent")
+        app = fake_host.app()
+        inc = app.store.current_identity("primary", "incumbent")
         assert inc is not None
         dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
         me = current_owner()
         owner = Owner(pid=int(dead.stdout), hostname=me.hostname, boot_id=me.boot_id)
         args = QualifyArgs(slot="primary", candidate=inc, profile="smoke")
-        tx = ctx.store.begin(
+        tx = app.store.begin(
             kind="qualify", slot="primary", args=to_json(args), owner=owner, tx_id="tx-qualify"
         )
-        ctx.store.transition(tx, TxState.RUNNING)
-        ctx.store.step_event(tx, seq=0, step="run-gates", phase="do", event="intent")
+        app.store.transition(tx, TxState.RUNNING)
+        app.store.step_event(tx, seq=0, step="run-gates", phase="do", event="intent")
 
         child = subprocess.run(
             [sys.executable, "-c", CHILD, str(fake_host.root)],
@@ -151,4 +151,4 @@ class TestRecoverRebuildsQualify:
         assert child.returncode == 0, child.stderr
         assert child.stdout.split()[0] == "compensated"
         assert child.stdout.strip().endswith("[]"), child.stdout  # no command module, no qualify library
-        assert ctx.store.state(tx) == TxState.COMPENSATED
+        assert app.store.state(tx) == TxState.COMPENSATED

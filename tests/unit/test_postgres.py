@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, lifecycle
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.grants import app_grants, history_tables
@@ -103,12 +103,12 @@ class TestAppendOnlyForEveryStatement:
         self, populated: tuple[FakeHost, str], server: PgServer
     ) -> None:
         host, name = populated
-        app = f"anvil_app_{uuid.uuid4().hex[:8]}"
-        server.role(app, PASSWORD)
+        role = f"anvil_app_{uuid.uuid4().hex[:8]}"
+        server.role(role, PASSWORD)
         with server.admin(name) as conn:
-            for statement in app_grants(owner="postgres", app=app):
+            for statement in app_grants(owner="postgres", app=role):
                 conn.execute(text(statement))
-        app_url = server.url(name, user=app, password=PASSWORD)
+        app_url = server.url(name, user=role, password=PASSWORD)
         engine = create_engine(app_url, poolclass=NullPool)
         refused: dict[str, list[str]] = {}
         try:
@@ -131,17 +131,17 @@ class TestAppendOnlyForEveryStatement:
         assert all(v == ["UPDATE", "DELETE", "TRUNCATE"] for v in refused.values())
         # ... and that role is all a mutating command needs
         as_app = host.settings.model_copy(update={"state_db": app_url.render_as_string(hide_password=False)})
-        ctx = Context(settings=as_app, env={})
-        out = lifecycle.rollback(ctx, slot="primary")  # the incumbent back, the candidate stopped
+        app = App(settings=as_app, env={})
+        out = lifecycle.rollback(app, slot="primary")  # the incumbent back, the candidate stopped
         assert out.state.value == "committed", out.reason
-        report = audit.verify(Context(settings=as_app, env={}), full=True)
+        report = audit.verify(App(settings=as_app, env={}), full=True)
         assert report["ok"] and report["projection_differs"] == [], report
 
     def test_as_the_owner_the_triggers_refuse_update_delete_and_truncate(
         self, populated: tuple[FakeHost, str], server: PgServer
     ) -> None:
         host, name = populated
-        before = audit.verify(host.context(), full=True)
+        before = audit.verify(host.app(), full=True)
         assert before["ok"]
         messages: dict[str, str] = {}
         with server.admin(name) as conn:
@@ -161,7 +161,7 @@ class TestAppendOnlyForEveryStatement:
         assert all(m.endswith("is append-only") for m in messages.values()), messages
         assert len(messages) == 3 * len(history_tables())
         assert min(counts.values()) >= 2, counts
-        after = audit.verify(host.context(), full=True)
+        after = audit.verify(host.app(), full=True)
         assert after["ok"] and after["rows"] >= before["rows"], after  # (+ the first verify's checkpoint)
 
     def test_a_row_edited_past_the_triggers_is_named(
@@ -171,7 +171,7 @@ class TestAppendOnlyForEveryStatement:
         with server.admin(name) as conn:
             conn.execute(text("SET session_replication_role = replica"))  # triggers off: the owner can
             conn.execute(text("UPDATE decisions SET outcome = 'verified' WHERE id = 'dec-1'"))
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert not report["ok"]
         assert any(p.get("table") == "decisions" and p.get("key") == "dec-1" for p in report["problems"]), (
             report

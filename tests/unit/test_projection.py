@@ -27,7 +27,7 @@ import pytest
 from alembic import command
 from sqlalchemy import event
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import admin, audit, fleet, lifecycle, transactions
 from anvil_ctl.commands.recheck import recheck
 from anvil_ctl.persistence import projection, qualification
@@ -43,12 +43,12 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _verified(host: FakeHost, n: int) -> None:
     """A verified decision for the loaded candidate (what a passing `qualify` records)."""
-    ctx = host.context()
-    cand = ctx.store.current_identity(SLOT, "candidate")
+    app = host.app()
+    cand = app.store.current_identity(SLOT, "candidate")
     if cand is None:
         return
     qualification.record_decision(
-        ctx.store,
+        app.store,
         decision_id=f"dec-{n}",
         tx_id=None,
         slot=SLOT,
@@ -59,12 +59,12 @@ def _verified(host: FakeHost, n: int) -> None:
 
 
 def _compare(host: FakeHost) -> list[str]:
-    with host.context().store.read() as s:
+    with host.app().store.read() as s:
         return projection.compare(s)
 
 
 def _maintained(host: FakeHost) -> dict[str, list[dict[str, Any]]]:
-    with host.context().store.read() as s:
+    with host.app().store.read() as s:
         return projection.maintained(s)
 
 
@@ -76,9 +76,9 @@ def _killed_at(host: FakeHost, boundary: str, run: Any) -> bool:
         code = 3
         try:
             settings = host.settings.model_copy(update={"crash_at": boundary})
-            ctx = Context(settings=settings, env={})
+            app = App(settings=settings, env={})
             child = FakeHost(host.root, settings, host.world, host.image_id, host.incumbent_id)
-            child.context = lambda: ctx  # type: ignore[method-assign]
+            child.context = lambda: app  # type: ignore[method-assign]
             run(child)
             code = 4
         finally:
@@ -92,7 +92,7 @@ def _killed_at(host: FakeHost, boundary: str, run: Any) -> bool:
 
 
 def _boundaries(host: FakeHost, tx_id: str, kind: str) -> list[str]:
-    shown = audit.show(host.context(), tx_id)
+    shown = audit.show(host.app(), tx_id)
     rows = [f"{kind}:state:{s['state']}" for s in shown["states"]]
     rows += [f"{kind}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
     return list(dict.fromkeys(rows))
@@ -111,23 +111,23 @@ class TestTheProjectionEqualsARebuildFromHistory:
         states: list[str] = []
         for n in range(14):
             op = rng.choice(["load", "load", "load-fails", "promote", "promote-fails", "rollback", "crash"])
-            ctx = host.context()
+            app = host.app()
             if op == "load":
-                out = transactions.load(ctx, slot=SLOT, candidate=host.candidate(name=f"cand-{n}"))
+                out = transactions.load(app, slot=SLOT, candidate=host.candidate(name=f"cand-{n}"))
                 if out.tx_id and out.state.value == "committed":
                     seen.setdefault("load", _boundaries(host, out.tx_id, "load"))
                     _verified(host, n)
             elif op == "load-fails":
                 out = transactions.load(
-                    ctx, slot=SLOT, candidate=host.candidate(name=f"bad-{n}", fail_health=True)
+                    app, slot=SLOT, candidate=host.candidate(name=f"bad-{n}", fail_health=True)
                 )
             elif op == "promote":
-                out = lifecycle.promote(ctx, slot=SLOT, approved_by="operator")
+                out = lifecycle.promote(app, slot=SLOT, approved_by="operator")
             elif op == "promote-fails":
                 host.world.set_fail("acceptance", "injected", times=1)
-                out = lifecycle.promote(ctx, slot=SLOT, approved_by="operator")
+                out = lifecycle.promote(app, slot=SLOT, approved_by="operator")
             elif op == "rollback":
-                out = lifecycle.rollback(ctx, slot=SLOT)
+                out = lifecycle.rollback(app, slot=SLOT)
                 if out.tx_id and out.state.value == "committed":
                     seen.setdefault("rollback", _boundaries(host, out.tx_id, "rollback"))
             else:
@@ -137,14 +137,14 @@ class TestTheProjectionEqualsARebuildFromHistory:
 
                 def run(h: FakeHost, n: int = n, kind: str = kind) -> Any:
                     if kind == "rollback":
-                        return lifecycle.rollback(h.context(), slot=SLOT)
-                    return transactions.load(h.context(), slot=SLOT, candidate=h.candidate(name=f"k-{n}"))
+                        return lifecycle.rollback(h.app(), slot=SLOT)
+                    return transactions.load(h.app(), slot=SLOT, candidate=h.candidate(name=f"k-{n}"))
 
                 died = _killed_at(host, boundary, run)
                 with host.world.edit() as w:
                     w["fail"], w["fail_times"] = {}, {}
                 assert _compare(host) == [], f"after the kill at {boundary}"
-                transactions.recover_all(host.context())
+                transactions.recover_all(host.app())
                 states.append(f"killed at {boundary}, recovered" if died else f"{kind}: not killed")
                 assert _compare(host) == [], f"after recovering the kill at {boundary}"
                 continue
@@ -161,11 +161,11 @@ class TestTheProjectionEqualsARebuildFromHistory:
 
     def test_a_projection_row_edited_by_hand_is_named_by_a_full_verify(self, fake_host_on: FakeHost) -> None:
         host = fake_host_on
-        transactions.load(host.context(), slot=SLOT, candidate=host.candidate())
+        transactions.load(host.app(), slot=SLOT, candidate=host.candidate())
         execute_as_attacker(
             host.settings.db_url, "UPDATE tx_current SET state = 'needs_operator'", past_triggers=False
         )
-        report = audit.verify(host.context(), full=True)
+        report = audit.verify(host.app(), full=True)
         assert report["ok"]  # the record itself is intact: the projection is not history
         assert report["projection_differs"] == ["tx_current"]
 
@@ -178,27 +178,27 @@ class TestTheProjectionIsNotHistory:
         assert "snapshot_blobs" in HISTORY_TABLES
         host = make_fake_host(tmp_path)
         for _ in range(2):
-            lifecycle.rollback(host.context(), slot=SLOT, dry_run=True)
-            transactions.load(host.context(), slot=SLOT, candidate=host.candidate())
-            lifecycle.rollback(host.context(), slot=SLOT)
+            lifecycle.rollback(host.app(), slot=SLOT, dry_run=True)
+            transactions.load(host.app(), slot=SLOT, candidate=host.candidate())
+            lifecycle.rollback(host.app(), slot=SLOT)
         con = sqlite3.connect(host.settings.state_dir / "anvil.db")
         snaps = con.execute("SELECT count(*), count(DISTINCT sha256) FROM snapshots").fetchone()
         blobs = con.execute("SELECT count(*) FROM snapshot_blobs").fetchone()[0]
         empty = con.execute("SELECT count(*) FROM snapshots WHERE body_json <> ''").fetchone()[0]
         con.close()
         assert blobs == snaps[1] < snaps[0] and empty == 0
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
 
 class TestUpgradeOfAPopulatedDatabase:
     def test_0007_builds_the_projection_history_implies(self, tmp_path: Path) -> None:
         host = make_fake_host(tmp_path)
-        ctx = host.context()
-        transactions.load(ctx, slot=SLOT, candidate=host.candidate())
+        app = host.app()
+        transactions.load(app, slot=SLOT, candidate=host.candidate())
         _verified(host, 1)
-        lifecycle.promote(host.context(), slot=SLOT, approved_by="operator")
-        transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="bad", fail_health=True))
-        lifecycle.rollback(host.context(), slot=SLOT)
+        lifecycle.promote(host.app(), slot=SLOT, approved_by="operator")
+        transactions.load(host.app(), slot=SLOT, candidate=host.candidate(name="bad", fail_health=True))
+        lifecycle.rollback(host.app(), slot=SLOT)
         kept = _maintained(host)
         assert kept["serving_intervals"] and kept["gpu_owner_current"] and kept["tx_current"]
         db = host.settings.state_dir / "anvil.db"
@@ -212,7 +212,7 @@ class TestUpgradeOfAPopulatedDatabase:
         engine.dispose()
         assert _maintained(host) == kept
         assert _compare(host) == []
-        assert audit.verify(host.context(), full=True)["ok"]
+        assert audit.verify(host.app(), full=True)["ok"]
 
 
 # -- query plans -------------------------------------------------------------------------------
@@ -259,12 +259,12 @@ def _bounded(sql: str, scans: list[str]) -> bool:
 def _story(host: FakeHost, cycles: int) -> FakeHost:
     """`cycles` load + promote + rollback on `host`, then a last load, each candidate verified."""
     for n in range(cycles):
-        transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
+        transactions.load(host.app(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
         _verified(host, n)
-        lifecycle.promote(host.context(), slot=SLOT, approved_by="operator")
-        lifecycle.rollback(host.context(), slot=SLOT)
-        recheck(host.context(), SLOT)  # cron's history grows with it
-    transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name="last"))
+        lifecycle.promote(host.app(), slot=SLOT, approved_by="operator")
+        lifecycle.rollback(host.app(), slot=SLOT)
+        recheck(host.app(), SLOT)  # cron's history grows with it
+    transactions.load(host.app(), slot=SLOT, candidate=host.candidate(name="last"))
     _verified(host, 9)
     return host
 
@@ -283,20 +283,20 @@ def longer(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
 def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
     """The SELECTs the guards (dry runs), status, fleet status, audit (with shell completion of a
     transaction prefix), lock status and recover run on `host`."""
-    ctx = host.context()
-    tx_id = audit.transactions(ctx, limit=1)[0]["tx_id"]
-    with _statements(ctx) as seen:
-        lifecycle.rollback(ctx, slot=SLOT, dry_run=True)
-        lifecycle.promote(ctx, slot=SLOT, approved_by="operator", dry_run=True)
-        transactions.load(ctx, slot=SLOT, candidate=host.candidate(name="x"), dry_run=True)
-        admin.status(ctx)
-        fleet.status(ctx)
-        audit.transactions(ctx, limit=20)
-        audit.rechecks(ctx, slot=SLOT, limit=20)
-        audit.show(ctx, tx_id[:8])
-        audit.completion_ids(ctx, "transaction", tx_id[:3])  # shell completion of a prefix
-        transactions.lock_status(ctx)
-        transactions.recover_all(ctx)
+    app = host.app()
+    tx_id = audit.transactions(app, limit=1)[0]["tx_id"]
+    with _statements(app) as seen:
+        lifecycle.rollback(app, slot=SLOT, dry_run=True)
+        lifecycle.promote(app, slot=SLOT, approved_by="operator", dry_run=True)
+        transactions.load(app, slot=SLOT, candidate=host.candidate(name="x"), dry_run=True)
+        admin.status(app)
+        fleet.status(app)
+        audit.transactions(app, limit=20)
+        audit.rechecks(app, slot=SLOT, limit=20)
+        audit.show(app, tx_id[:8])
+        audit.completion_ids(app, "transaction", tx_id[:3])  # shell completion of a prefix
+        transactions.lock_status(app)
+        transactions.recover_all(app)
     return seen
 
 
@@ -344,18 +344,18 @@ def _statement_steps(host: FakeHost) -> dict[str, int]:
 
 
 @contextmanager
-def _statements(ctx: Context) -> Iterator[list[tuple[str, Any]]]:
+def _statements(app: App) -> Iterator[list[tuple[str, Any]]]:
     seen: list[tuple[str, Any]] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, params: Any, _context: Any, many: bool) -> None:
         if statement.lstrip().upper().startswith("SELECT") and not many:
             seen.append((statement, params))
 
-    event.listen(ctx.store.engine, "before_cursor_execute", record)
+    event.listen(app.store.engine, "before_cursor_execute", record)
     try:
         yield seen
     finally:
-        event.remove(ctx.store.engine, "before_cursor_execute", record)
+        event.remove(app.store.engine, "before_cursor_execute", record)
 
 
 class TestQueryPlans:
@@ -429,12 +429,12 @@ class TestQueryPlans:
             src.backup(con)
             if analyzed:
                 con.execute("ANALYZE")
-            ctx = populated.context()
-            with _statements(ctx) as seen:
+            app = populated.app()
+            with _statements(app) as seen:
                 if reader == "guards":
-                    ctx.store.unresolved()
+                    app.store.unresolved()
                 else:
-                    fleet.status(ctx)
+                    fleet.status(app)
             (sql, params) = next((q, p) for q, p in seen if "FROM tx_current" in q)
             assert "host_id" in sql
             plan = [str(r[3]) for r in con.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
@@ -497,10 +497,10 @@ class TestBytesPerTransaction:
         db = host.settings.state_dir / "anvil.db"
 
         def cycle(n: int) -> None:
-            transactions.load(host.context(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
+            transactions.load(host.app(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
             _verified(host, n)
-            assert lifecycle.promote(host.context(), slot=SLOT, approved_by="op").state.value == "committed"
-            assert lifecycle.rollback(host.context(), slot=SLOT).state.value == "committed"
+            assert lifecycle.promote(host.app(), slot=SLOT, approved_by="op").state.value == "committed"
+            assert lifecycle.rollback(host.app(), slot=SLOT).state.value == "committed"
 
         cycle(0)  # warm: the host has served, been promoted and rolled back
         before = _db_bytes(db)

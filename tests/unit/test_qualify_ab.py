@@ -21,10 +21,11 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_RECIPE, LABEL_ROLE, LABEL_SLOT, ContainerSpec
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.plans.args import Candidate
+from anvil_ctl.evidence.bundle import verify_bundle
 from anvil_ctl.persistence import qualification
-from anvil_ctl.qualify import load_profile, verify_bundle
 from anvil_ctl.qualify.ab import Arm, Boundary, compare, declaration, parse_boundaries, run_measure
 from anvil_ctl.qualify.gates.capacity import Capacity
+from anvil_ctl.qualify.profiles import load_profile
 from tests.unit.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,7 +279,7 @@ def ab_host(fake_host: FakeHost, stubs: Callable[..., str]) -> Iterator[tuple[Fa
     arms = {"nospec": ("ab-a", pa, "m-nospec"), "adaptive": ("ab-b", pb, "m-adaptive")}
     for recipe, (slot, port, served) in arms.items():
         out = transactions.load(
-            fake_host.context(), slot=slot, candidate=arm_candidate(fake_host, slot, port, served, recipe)
+            fake_host.app(), slot=slot, candidate=arm_candidate(fake_host, slot, port, served, recipe)
         )
         assert out.state == TxState.COMMITTED, out.reason
     yield fake_host, {"ports": (pa, pb), "start": stubs}
@@ -312,15 +313,15 @@ class TestTheAbTransaction:
         pa, pb = env["ports"]
         env["start"]("m-nospec", *CONTROL, port=pa)
         env["start"]("m-adaptive", *FASTER, port=pb)
-        ctx = host.context()
+        app = host.app()
         out = qualify_cmd.qualify_ab(
-            ctx, slot="ab-b", arms=("nospec", "adaptive"), profile=write_profile(tmp_path, -3.0)
+            app, slot="ab-b", arms=("nospec", "adaptive"), profile=write_profile(tmp_path, -3.0)
         )
         assert out.outcome.state == TxState.COMMITTED and out.exit_code == 0, out.outcome.reason
         assert out.comparison is not None
         assert out.comparison["verdict"]["selected"] == "adaptive"
         tx = out.outcome.tx_id or ""
-        events = [(e.step, e.event) for e in ctx.store.step_events(tx) if e.step in ("declare", "measure")]
+        events = [(e.step, e.event) for e in app.store.step_events(tx) if e.step in ("declare", "measure")]
         assert events[:3] == [("declare", "intent"), ("declare", "result"), ("measure", "intent")]
         declared = json.loads((Path(out.tx_dir or "") / "00-declaration.json").read_text())
         assert out.comparison["declaration_digest"] == declared["digest"]
@@ -329,8 +330,8 @@ class TestTheAbTransaction:
         bundle = Path(out.tx_dir or "")
         assert verify_bundle(bundle).ok
         # Bound to the record: the database holds the manifest's hash (not only the files).
-        assert [m["kind"] for m in qualification.manifests(ctx.store, tx)] == ["ab"]
-        bound = qualify_cmd.verify_evidence(ctx, bundle)
+        assert [m["kind"] for m in qualification.manifests(app.store, tx)] == ["ab"]
+        bound = qualify_cmd.verify_evidence(app, bundle)
         assert bound.ok and [b.matched for b in bound.bindings or ()] == [True], bound.as_dict()
         assert {p.name for p in bundle.iterdir()} >= {
             "00-declaration.json",
@@ -341,10 +342,10 @@ class TestTheAbTransaction:
         }
         from anvil_ctl.commands import report
 
-        page = Path(report.evidence_report(ctx, tx, tmp_path / "ab.html").path).read_text()
+        page = Path(report.evidence_report(app, tx, tmp_path / "ab.html").path).read_text()
         assert "A/B control: nospec vs adaptive" in page and "SELECTED" in page
         assert "prefill_p50 &gt;= -3 % at contexts &gt;= 16K" in page
-        rows = qualification.evidence(ctx.store, tx)
+        rows = qualification.evidence(app.store, tx)
         assert [(r["gate"], r["passed"], r["classification"]) for r in rows][-1] == (
             "ab-comparison",
             True,
@@ -356,25 +357,25 @@ class TestTheAbTransaction:
     ) -> None:
         host, _ = ab_host
         with pytest.raises(BadInput, match="--ab mystery: no loaded candidate matches it"):
-            qualify_cmd.qualify_ab(host.context(), slot="ab-b", arms=("nospec", "mystery"), profile="ab-stub")
+            qualify_cmd.qualify_ab(host.app(), slot="ab-b", arms=("nospec", "mystery"), profile="ab-stub")
 
     def test_an_arm_that_stopped_serving_is_refused_before_any_request(
         self, ab_host: tuple[FakeHost, dict[str, Any]]
     ) -> None:
         host, _ = ab_host
-        ctx = host.context()
-        cand = ctx.store.current_identity("ab-a", "candidate")
+        app = host.app()
+        cand = app.store.current_identity("ab-a", "candidate")
         assert cand is not None
         with host.world.edit() as w:
             w["containers"][cand.container_id]["status"] = "exited"
-        out = qualify_cmd.qualify_ab(ctx, slot="ab-b", arms=("nospec", "adaptive"), profile="ab-stub")
+        out = qualify_cmd.qualify_ab(app, slot="ab-b", arms=("nospec", "adaptive"), profile="ab-stub")
         assert (out.outcome.state, out.exit_code) == (TxState.REFUSED, 3)
         assert "arm nospec is not what its slot serves" in out.outcome.reason
-        assert not (ctx.settings.evidence_dir / (out.outcome.tx_id or "-")).exists()
+        assert not (app.settings.evidence_dir / (out.outcome.tx_id or "-")).exists()
 
     def test_a_profile_without_one_capacity_gate_is_bad_input(
         self, ab_host: tuple[FakeHost, dict[str, Any]]
     ) -> None:
         host, _ = ab_host
         with pytest.raises(BadInput, match="exactly one capacity gate"):
-            qualify_cmd.qualify_ab(host.context(), slot="ab-b", arms=("nospec", "adaptive"), profile="smoke")
+            qualify_cmd.qualify_ab(host.app(), slot="ab-b", arms=("nospec", "adaptive"), profile="smoke")

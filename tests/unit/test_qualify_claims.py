@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.qualify.claims import PathError, check_ledger, load_ledger, render_ledger, resolve
-from anvil_ctl.qualify.evidence import EvidenceWriter
+from anvil_ctl.evidence.bundle import EvidenceWriter
+from anvil_ctl.evidence.claims import PathError, check_ledger, load_ledger, render_ledger, resolve
 from anvil_ctl.qualify.runner import provenance_record
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost

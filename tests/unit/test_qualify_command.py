@@ -7,13 +7,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.states import TxState
-from anvil_ctl.gpu.waivers import Waiver
-from anvil_ctl.persistence import qualification, waivers
-from anvil_ctl.qualify import EvidenceWriter, verify_bundle
+from anvil_ctl.evidence.bundle import EvidenceWriter, verify_bundle
+from anvil_ctl.gpu.waiver_policy import Waiver
+from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.qualify.profiles import PROFILES_DIR
 from tests.unit.fakehost import FakeHost
 
@@ -38,9 +38,9 @@ def waiver(**kw: Any) -> Waiver:
 
 def raw_decision(host: FakeHost, *, free_mib: int = 2101, tx: str = "tx-raw") -> dict[str, Any]:
     """A stored raw policy-infeasible decision with its reserve artifact, as qualify leaves it."""
-    ctx = host.context()
-    ctx.store.begin(kind="qualify", slot="primary", args={}, owner=ctx.owner, tx_id=tx)
-    writer = EvidenceWriter(ctx.settings.evidence_dir, tx)
+    app = host.app()
+    app.store.begin(kind="qualify", slot="primary", args={}, owner=app.owner, tx_id=tx)
+    writer = EvidenceWriter(app.settings.evidence_dir, tx)
     cards = [{"uuid": u, "free_mib": free_mib, "reserve_mib": 3072} for u in (GPU_A, GPU_B)]
     art = writer.write_json(
         "01-vram_reserve.json",
@@ -49,7 +49,7 @@ def raw_decision(host: FakeHost, *, free_mib: int = 2101, tx: str = "tx-raw") ->
     smoke = writer.write_json("00-smoke.json", {"name": "smoke", "passed": True})
     writer.write_manifest()
     qualification.record_evidence(
-        ctx.store,
+        app.store,
         tx,
         [
             {
@@ -73,7 +73,7 @@ def raw_decision(host: FakeHost, *, free_mib: int = 2101, tx: str = "tx-raw") ->
         ],
     )
     qualification.record_decision(
-        ctx.store,
+        app.store,
         decision_id="dec-raw",
         tx_id=tx,
         slot="primary",
@@ -87,90 +87,90 @@ def raw_decision(host: FakeHost, *, free_mib: int = 2101, tx: str = "tx-raw") ->
             "reserve_roles": {GPU_A.lower(): "compute-a", GPU_B.lower(): "compute-b"},
         },
     )
-    return next(d for d in qualification.decisions(ctx.store) if d["id"] == "dec-raw")
+    return next(d for d in qualification.decisions(app.store) if d["id"] == "dec-raw")
 
 
-def outcomes(ctx: Context) -> list[tuple[str, str, str | None, list[str]]]:
+def outcomes(app: App) -> list[tuple[str, str, str | None, list[str]]]:
     return [
         (d["id"], d["outcome"], d["reclassifies"], d["waiver_ids"])
-        for d in qualification.decisions(ctx.store)
+        for d in qualification.decisions(app.store)
     ]
 
 
 class TestQualifyRefusals:
     def test_a_slot_without_a_candidate_is_refused_and_journaled(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
-        out = qualify_cmd.qualify_slot(ctx, slot="primary", profile="smoke")
+        app = fake_host.app()
+        out = qualify_cmd.qualify_slot(app, slot="primary", profile="smoke")
         assert (out.outcome.state, out.exit_code) == (TxState.REFUSED, 3)
         assert "no loaded candidate" in out.outcome.reason
-        assert ctx.store.state(out.outcome.tx_id or "") == TxState.REFUSED
-        assert qualification.decisions(ctx.store) == [] and out.result is None
+        assert app.store.state(out.outcome.tx_id or "") == TxState.REFUSED
+        assert qualification.decisions(app.store) == [] and out.result is None
 
     def test_a_candidate_whose_binding_serves_another_model_is_refused(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
-        out = transactions.load(ctx, slot="primary", candidate=fake_host.candidate())
+        app = fake_host.app()
+        out = transactions.load(app, slot="primary", candidate=fake_host.candidate())
         assert out.state == TxState.COMMITTED, out.reason
-        cand = ctx.store.current_identity("primary", "candidate")
+        cand = app.store.current_identity("primary", "candidate")
         assert cand is not None
         with fake_host.world.edit() as w:
             w["containers"][cand.container_id]["served_model"] = "someone-else"
-        q = qualify_cmd.qualify_slot(ctx, slot="primary", profile="smoke")
+        q = qualify_cmd.qualify_slot(app, slot="primary", profile="smoke")
         assert q.exit_code == 3 and "serves ['someone-else']" in q.outcome.reason
-        assert not (ctx.settings.evidence_dir / (q.outcome.tx_id or "-")).exists()
+        assert not (app.settings.evidence_dir / (q.outcome.tx_id or "-")).exists()
 
 
 class TestReclassifyDecisions:
     def test_an_active_pair_waiver_adds_a_verified_decision_pointing_at_the_raw_one(
         self, fake_host: FakeHost
     ) -> None:
-        ctx = fake_host.context()
+        app = fake_host.app()
         raw = raw_decision(fake_host)
-        waivers.add_waiver(ctx.store, waiver())
-        report = qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1))
+        waiver_rows.add_waiver(app.store, waiver())
+        report = qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1))
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("verified", "dec-raw", ["w-1"])
         ]
-        assert next(d for d in qualification.decisions(ctx.store) if d["id"] == "dec-raw") == raw
+        assert next(d for d in qualification.decisions(app.store) if d["id"] == "dec-raw") == raw
 
     def test_reclassifying_again_under_the_same_waivers_records_nothing(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
+        app = fake_host.app()
         raw_decision(fake_host)
-        waivers.add_waiver(ctx.store, waiver())
-        qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1))
-        before = outcomes(ctx)
-        assert qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=2)).recorded == []
-        assert outcomes(ctx) == before
+        waiver_rows.add_waiver(app.store, waiver())
+        qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1))
+        before = outcomes(app)
+        assert qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=2)).recorded == []
+        assert outcomes(app) == before
 
     def test_a_revoked_waiver_records_the_standing_outcome_again(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
+        app = fake_host.app()
         raw_decision(fake_host)
-        waivers.add_waiver(ctx.store, waiver())
-        qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1))
-        waivers.revoke_waiver(ctx.store, "w-1", by="operator", reason="pair reused")
-        report = qualify_cmd.reclassify_decisions(ctx)
+        waiver_rows.add_waiver(app.store, waiver())
+        qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1))
+        waiver_rows.revoke_waiver(app.store, "w-1", by="operator", reason="pair reused")
+        report = qualify_cmd.reclassify_decisions(app)
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("policy-infeasible", "dec-raw", [])
         ]
-        assert [o[1] for o in outcomes(ctx)] == [
+        assert [o[1] for o in outcomes(app)] == [
             "policy-infeasible",
             "verified",
             "policy-infeasible",
         ]
 
     def test_a_waiver_too_small_for_the_shortfall_changes_nothing(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
+        app = fake_host.app()
         raw_decision(fake_host)
-        waivers.add_waiver(ctx.store, waiver(value=2500))  # 2101 free is still short
-        assert qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1)).recorded == []
-        assert [o[0] for o in outcomes(ctx)] == ["dec-raw"]
+        waiver_rows.add_waiver(app.store, waiver(value=2500))  # 2101 free is still short
+        assert qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1)).recorded == []
+        assert [o[0] for o in outcomes(app)] == ["dec-raw"]
 
     def test_a_tampered_reserve_artifact_is_skipped_not_trusted(self, fake_host: FakeHost) -> None:
-        ctx = fake_host.context()
+        app = fake_host.app()
         raw_decision(fake_host)
-        path = ctx.settings.evidence_dir / "tx-raw" / "01-vram_reserve.json"
+        path = app.settings.evidence_dir / "tx-raw" / "01-vram_reserve.json"
         path.write_text(path.read_text().replace("2101", "9101"))
-        waivers.add_waiver(ctx.store, waiver())
-        report = qualify_cmd.reclassify_decisions(ctx, now=T0 + timedelta(hours=1))
+        waiver_rows.add_waiver(app.store, waiver())
+        report = qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1))
         assert report.recorded == []
         assert report.skipped[0]["decision_id"] == "dec-raw"
         assert "SHA-256" in report.skipped[0]["reason"]
@@ -185,8 +185,8 @@ class TestExportEvidence:
             "ANVIL_ROUTER_CLIENT_TOKEN": "cli-s3cret-2",
             "HOME": "/home/operator",
         }
-        ctx = Context(settings=fake_host.settings, env=env)
-        writer = EvidenceWriter(ctx.settings.evidence_dir, "tx-export")
+        app = App(settings=fake_host.settings, env=env)
+        writer = EvidenceWriter(app.settings.evidence_dir, "tx-export")
         writer.write_json(
             "00-smoke.json",
             {
@@ -198,8 +198,8 @@ class TestExportEvidence:
             },
         )
         # What the qualify plan records beside the manifest it wrote: export binds to it.
-        qualification.record_manifest(ctx.store, "tx-export", writer.write_manifest().sha256, kind="qualify")
-        out = qualify_cmd.export_evidence(ctx, "tx-exp", tmp_path / "bundle")
+        qualification.record_manifest(app.store, "tx-export", writer.write_manifest().sha256, kind="qualify")
+        out = qualify_cmd.export_evidence(app, "tx-exp", tmp_path / "bundle")
         text = (tmp_path / "bundle" / "00-smoke.json").read_text()
         checkout = str(PROFILES_DIR.parent.parent)  # a decision names its profile's file
         for secret in ("cli-s3cret-2", "adm-s3cret-1", GPU_A, "/home/operator", str(writer.tx_dir), checkout):

@@ -16,11 +16,13 @@ from typing import Any
 import httpx
 
 from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON, OPENAI_COMPATIBLE
-from anvil_ctl.qualify import load_profile, run_qualification, verify_bundle
+from anvil_ctl.evidence.bundle import verify_bundle
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.engine_gates import ENGINE_GATE
 from anvil_ctl.qualify.gates import Capacity, GateContext, Smoke
+from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.results import GateResult
+from anvil_ctl.qualify.runner import run_qualification
 
 MODEL = "smollm2-135m-q4_1-8k"
 TEMPLATE_TOKENS = 30  # what the chat template adds (the default system prompt and role markers)
@@ -74,8 +76,8 @@ def run_gate(mock: LlamaLike, gate: Any, **ctx_kw: Any) -> GateResult:
     async def go() -> GateResult:
         transport = httpx.MockTransport(mock.handle)
         async with EngineClient("http://llama.test", transport=transport) as client:
-            ctx = GateContext(client=client, served_model=MODEL, **ctx_kw)
-            result: GateResult = await gate(ctx)
+            gate_ctx = GateContext(client=client, served_model=MODEL, **ctx_kw)
+            result: GateResult = await gate(gate_ctx)
             return result
 
     return asyncio.run(go())

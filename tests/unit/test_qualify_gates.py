@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import pytest
 
-from anvil_ctl.qualify import load_profile, run_qualification
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates import (
     Capacity,
@@ -38,7 +37,9 @@ from anvil_ctl.qualify.gates import (
     VramReserve,
 )
 from anvil_ctl.qualify.gates.base import FIXTURES_DIR
+from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.results import GateResult
+from anvil_ctl.qualify.runner import run_qualification
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER_BOOK = FIXTURES_DIR / "coding_answer_book.json"

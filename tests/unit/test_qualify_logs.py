@@ -227,14 +227,14 @@ def fake_reader(
 def audit(reader: Callable[[int, int], ContainerLog] | None, engine: str = "stub", **kw: int) -> GateResult:
     async def go() -> GateResult:
         async with EngineClient("http://127.0.0.1:9") as client:
-            ctx = GateContext(
+            gate_ctx = GateContext(
                 client=client,
                 served_model="m",
                 container_log=reader,
                 engine=engine_profile(engine),
                 secrets=("tok-1",),
             )
-            return await LogAudit(**kw)(ctx)
+            return await LogAudit(**kw)(gate_ctx)
 
     return asyncio.run(go())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from anvil_ctl.qualify.gates.coding import TASKS, classify
-from anvil_ctl.qualify.metrics import context_label, percentile, request_metrics
+from anvil_ctl.qualify.metrics import percentile, request_metrics
 from anvil_ctl.qualify.results import ChatResult, Usage
 
 
@@ -42,9 +42,6 @@ class TestRequestMetrics:
         result = ChatResult(200, "", "", (), None, None, "m", True, 1.0)
         m = request_metrics(result)
         assert m["prefill_tps"] is None and m["decode_tps"] is None
-
-    def test_context_labels(self) -> None:
-        assert [context_label(n) for n in (4096, 122880, 1000)] == ["4K", "120K", "1000"]
 
 
 class TestCodingClassify:

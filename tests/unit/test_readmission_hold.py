@@ -13,7 +13,7 @@ import os
 import signal
 from typing import Any
 
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import lifecycle, transactions
 from anvil_ctl.commands.reconcile import reconcile
 from anvil_ctl.core.states import TxState
@@ -33,15 +33,15 @@ def forget_readmits(host: FakeHost) -> None:
 
 
 def loaded_and_verified(host: FakeHost) -> None:
-    out = transactions.load(host.context(), slot="primary", candidate=host.candidate())
+    out = transactions.load(host.app(), slot="primary", candidate=host.candidate())
     assert out.state == TxState.COMMITTED, out.reason
-    ctx = host.context()
-    verified_decision(ctx.store, "primary", "d-hold")
+    app = host.app()
+    verified_decision(app.store, "primary", "d-hold")
 
 
 def promoted(host: FakeHost) -> None:
     loaded_and_verified(host)
-    out = lifecycle.promote(host.context(), slot="primary", approved_by="operator")
+    out = lifecycle.promote(host.app(), slot="primary", approved_by="operator")
     assert out.state == TxState.COMMITTED, out.reason
 
 
@@ -52,7 +52,7 @@ def killed_rollback_at(host: FakeHost, boundary: str) -> None:
         code = 3
         try:
             settings = host.settings.model_copy(update={"crash_at": boundary})
-            lifecycle.rollback(Context(settings=settings, env={}), slot="primary")
+            lifecycle.rollback(App(settings=settings, env={}), slot="primary")
             code = 4  # the boundary was never reached
         finally:
             os._exit(code)
@@ -64,14 +64,14 @@ class TestLiveTransactionsDoNotAskToHold:
     def test_a_live_promote_readmits_without_asking(self, fake_host: FakeHost) -> None:
         loaded_and_verified(fake_host)
         forget_readmits(fake_host)
-        out = lifecycle.promote(fake_host.context(), slot="primary", approved_by="operator")
+        out = lifecycle.promote(fake_host.app(), slot="primary", approved_by="operator")
         assert out.state == TxState.COMMITTED, out.reason
         assert [r["hold"] for r in readmits(fake_host)] == [False]
 
     def test_a_live_rollback_readmits_without_asking(self, fake_host: FakeHost) -> None:
         promoted(fake_host)
         forget_readmits(fake_host)
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
         assert [r["hold"] for r in readmits(fake_host)] == [False]
 
@@ -80,7 +80,7 @@ class TestLiveTransactionsDoNotAskToHold:
     ) -> None:
         forget_readmits(fake_host)
         out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate(fail_health=True)
+            fake_host.app(), slot="primary", candidate=fake_host.candidate(fail_health=True)
         )
         assert out.state == TxState.COMPENSATED, out.reason
         assert [r["hold"] for r in readmits(fake_host)] == [False]  # the drain's undo
@@ -91,7 +91,7 @@ class TestRepairsAskToHold:
         with fake_host.world.edit() as w:
             w["router"]["tiers"] = {}  # a restarted router remembers no registration
         forget_readmits(fake_host)
-        out = reconcile(fake_host.context(), "primary")
+        out = reconcile(fake_host.app(), "primary")
         assert out.state == TxState.COMMITTED, out.reason
         assert [r["hold"] for r in readmits(fake_host)] == [True]
 
@@ -99,7 +99,7 @@ class TestRepairsAskToHold:
         with fake_host.world.edit() as w:
             w["router"]["tiers"] = {}
         forget_readmits(fake_host)
-        result = ensure_serving(fake_host.context().world(), "tx-restore", "primary")
+        result = ensure_serving(fake_host.app().world(), "tx-restore", "primary")
         assert result["action"] == "rerouted", result
         assert [r["hold"] for r in readmits(fake_host)] == [True]
 
@@ -107,7 +107,7 @@ class TestRepairsAskToHold:
         promoted(fake_host)
         killed_rollback_at(fake_host, "rollback:stop-current:do:result")  # drained, stopped
         forget_readmits(fake_host)
-        report = transactions.recover_all(fake_host.context())
+        report = transactions.recover_all(fake_host.app())
         assert report.exit_code == 0, report.as_dict()
         assert [r["state"] for r in report.recovered] == ["compensated"]
         log = readmits(fake_host)

@@ -49,12 +49,12 @@ def _runs(db: Path, host_id: int | None, count: int) -> None:
 def _reads(host: FakeHost, other: FakeHost) -> dict[str, tuple[str, Any]]:
     """The rechecks SELECTs of `host`'s `audit rechecks` (with and without a slot) and of `fleet
     status` (which asks for each host's newest run), by what asked them."""
-    ctx, other_ctx = host.context(), other.context()
+    app, other_app = host.app(), other.app()
     found: dict[str, tuple[str, Any]] = {}
     for name, asker, call in (
-        ("audit rechecks", ctx, lambda: audit.rechecks(ctx, limit=20)),
-        ("audit rechecks --slot", ctx, lambda: audit.rechecks(ctx, slot=SLOT, limit=20)),
-        ("fleet status", other_ctx, lambda: fleet.status(other_ctx)),
+        ("audit rechecks", app, lambda: audit.rechecks(app, limit=20)),
+        ("audit rechecks --slot", app, lambda: audit.rechecks(app, slot=SLOT, limit=20)),
+        ("fleet status", other_app, lambda: fleet.status(other_app)),
     ):
         with _statements(asker) as seen:
             call()
@@ -88,7 +88,7 @@ def test_0020_makes_the_index_of_the_host_key_and_its_downgrade_takes_it_back(tm
 def test_a_hosts_newest_runs_cost_the_same_whatever_another_host_recorded_since(tmp_path: Path) -> None:
     a, b = _fleet(tmp_path, None)
     db = a.settings.state_dir / "anvil.db"
-    assert recheck(b.context(), SLOT).recheck_id is not None
+    assert recheck(b.app(), SLOT).recheck_id is not None
     _runs(db, None, 1)  # a row from before hosts were recorded: the first host's (a's)
     _runs(db, 1, 20)
     small = {k: _steps(db, sql, p) for k, (sql, p) in _reads(b, a).items()}
@@ -98,9 +98,9 @@ def test_a_hosts_newest_runs_cost_the_same_whatever_another_host_recorded_since(
     grown = {k: (small[k], large[k]) for k in small if large[k] > small[k] * 1.5 + 50}
     assert grown == {}, grown
     # what each host reads is its own: b its one run, a every other run, the unowned one too
-    assert [r["id"] for r in audit.rechecks(b.context(), limit=5000)] == [1]
-    assert len(audit.rechecks(a.context(), limit=5000)) == 1 + 20 + 3000
-    got = {h["host"]: h["last_recheck"] for h in fleet.status(a.context())}
+    assert [r["id"] for r in audit.rechecks(b.app(), limit=5000)] == [1]
+    assert len(audit.rechecks(a.app(), limit=5000)) == 1 + 20 + 3000
+    got = {h["host"]: h["last_recheck"] for h in fleet.status(a.app())}
     assert got["gpu-b"] is not None and got["gpu-a"] is not None
     for sql, params in _reads(b, a).values():
         with sqlite3.connect(db) as con:

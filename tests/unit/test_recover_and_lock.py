@@ -39,11 +39,11 @@ def _wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-unty
 
 
 def _started_intent(host: FakeHost) -> bool:
-    ctx = host.context()
-    txs = audit.transactions(ctx, kind="load")
+    app = host.app()
+    txs = audit.transactions(app, kind="load")
     if not txs:
         return False
-    steps = audit.show(ctx, txs[0]["tx_id"])["steps"]
+    steps = audit.show(app, txs[0]["tx_id"])["steps"]
     return any(s["step"] == "start-candidate" and s["event"] == "intent" for s in steps)
 
 
@@ -73,13 +73,13 @@ class TestRecoverAfterSigkill:
         )
         os.kill(child.pid, signal.SIGKILL)
         child.communicate()
-        ctx = fake_host_on.context()
-        tx = audit.transactions(ctx, kind="load")[0]
+        app = fake_host_on.app()
+        tx = audit.transactions(app, kind="load")[0]
         assert tx["state"] == "running"  # the dead owner left it mid-step
-        steps = audit.show(ctx, tx["tx_id"])["steps"]
+        steps = audit.show(app, tx["tx_id"])["steps"]
         assert ("start-candidate", "intent") in [(s["step"], s["event"]) for s in steps]
         assert ("start-candidate", "result") not in [(s["step"], s["event"]) for s in steps]
-        assert [h.pid for h in held_locks(ctx.store)] == [child.pid]
+        assert [h.pid for h in held_locks(app.store)] == [child.pid]
         # A new mutator is refused while the dead owner's lock row stands.
         refused = subprocess.run(
             [sys.executable, "-m", "tests.unit.child_load", str(fake_host_on.root), "other"],
@@ -108,7 +108,7 @@ class TestRecoverAfterSigkill:
         killed = [c for c in world["containers"].values() if c["name"] == "killed-cand"]
         assert [c["status"] for c in killed] == ["exited"]
         assert world["router"]["tiers"]["primary-local"]["state"] == "ready"
-        states = [s["state"] for s in audit.show(ctx, tx["tx_id"])["states"]]
+        states = [s["state"] for s in audit.show(app, tx["tx_id"])["states"]]
         assert states == ["planned", "running", "interrupted", "compensating", "compensated"]
 
         second = _anvilctl(fake_host_on, "recover", "--json")
@@ -146,36 +146,36 @@ class TestTheLockRowIsClaimedOnlyWhenTheTransactionBegins:
     passed: exit 2 in between leaves no row, and a rival meanwhile is told who waits."""
 
     def _lock(self, host: FakeHost, command: str) -> HostLock:
-        ctx = host.context()
-        return HostLock(ctx.store, host.settings.lock_path, ctx.owner, command)
+        app = host.app()
+        return HostLock(app.store, host.settings.lock_path, app.owner, command)
 
     def test_an_unclaimed_lock_writes_no_row_and_a_rival_is_refused_naming_the_pid(
         self, fake_host: FakeHost
     ) -> None:
-        rows_before = audit.transactions(fake_host.context(), limit=1000)
+        rows_before = audit.transactions(fake_host.app(), limit=1000)
         first = self._lock(fake_host, "promote")
         first.acquire(claim=False)
         try:
-            assert held_locks(fake_host.context().store) == []
+            assert held_locks(fake_host.app().store) == []
             with pytest.raises(
                 LockHeld, match=rf"pid {os.getpid()} holds the lock file .* \(checking its arguments\)"
             ):
                 self._lock(fake_host, "rollback").acquire()
             first.claim()
-            assert [h.command for h in held_locks(fake_host.context().store)] == ["promote"]
+            assert [h.command for h in held_locks(fake_host.app().store)] == ["promote"]
         finally:
             first.release()
-        assert held_locks(fake_host.context().store) == []
-        assert audit.transactions(fake_host.context(), limit=1000) == rows_before
+        assert held_locks(fake_host.app().store) == []
+        assert audit.transactions(fake_host.app(), limit=1000) == rows_before
 
     def test_bad_input_found_under_the_lock_writes_nothing(self, fake_host: FakeHost) -> None:
         from anvil_ctl.commands import lifecycle
 
         before = self._audit_rows(fake_host)
         with pytest.raises(BadInput, match="no candidate"):
-            lifecycle.promote(fake_host.context(), slot="primary", approved_by="alice")
+            lifecycle.promote(fake_host.app(), slot="primary", approved_by="alice")
         with pytest.raises(BadInput, match="no revision, transaction or recorded identity"):
-            lifecycle.rollback(fake_host.context(), slot="primary", to="abcdefabcdef")
+            lifecycle.rollback(fake_host.app(), slot="primary", to="abcdefabcdef")
         assert self._audit_rows(fake_host) == before
 
     def _audit_rows(self, host: FakeHost) -> int:
@@ -198,7 +198,7 @@ class TestTheLockRowCommitsWithTheTransaction:
 
         from anvil_ctl.persistence.models import AuditEntry
 
-        with host.context().store.read() as s:
+        with host.app().store.read() as s:
             rows = s.execute(select(AuditEntry.event, AuditEntry.rows_json).order_by(AuditEntry.id)).all()
         return [(event, {str(r[0]) for r in json.loads(covered)}) for event, covered in rows]
 
@@ -211,9 +211,9 @@ class TestTheLockRowCommitsWithTheTransaction:
         from anvil_ctl.commands.transactions import load
 
         before = len(self._entries(fake_host))
-        outcome = load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        outcome = load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert outcome.state.value == "committed"
-        assert held_locks(fake_host.context().store) == []
+        assert held_locks(fake_host.app().store) == []
         written = [covered for _event, covered in self._entries(fake_host)[before:]]
         assert {"locks", "transactions"} <= written[0]
         assert {"lock_releases", "transaction_states"} <= written[-1]
@@ -227,9 +227,9 @@ class TestTheLockRowCommitsWithTheTransaction:
         from anvil_ctl.commands.transactions import load
         from anvil_ctl.persistence.models import AuditEntry
 
-        outcome = load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        outcome = load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert outcome.state.value == "committed"
-        with fake_host.context().store.read() as s:
+        with fake_host.app().store.read() as s:
             last = s.execute(
                 select(AuditEntry.tx_id, AuditEntry.payload_json, AuditEntry.rows_json)
                 .order_by(AuditEntry.id.desc())
@@ -243,9 +243,9 @@ class TestTheLockRowCommitsWithTheTransaction:
         from anvil_ctl.commands import lifecycle
 
         # Nothing to restore: the incumbent serves and no rollback identity is recorded.
-        outcome = lifecycle.rollback(fake_host.context(), slot="primary")
+        outcome = lifecycle.rollback(fake_host.app(), slot="primary")
         assert outcome.state.value == "refused", outcome.reason
-        assert held_locks(fake_host.context().store) == []
+        assert held_locks(fake_host.app().store) == []
         assert self._one_entry_covers(fake_host, "lock_releases", "transaction_states")
 
     def test_a_crash_before_the_end_state_leaves_the_row_for_recover(self, fake_host: FakeHost) -> None:
@@ -258,7 +258,7 @@ class TestTheLockRowCommitsWithTheTransaction:
             timeout=60,
         )
         assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
-        stale = held_locks(fake_host.context().store, fake_host.context().owner)
+        stale = held_locks(fake_host.app().store, fake_host.app().owner)
         assert [(h.command, h.alive) for h in stale] == [("rollback", False)]
         assert self._one_entry_covers(fake_host, "locks", "transactions")
 
@@ -270,12 +270,11 @@ class TestTheLockRowCommitsWithTheTransaction:
         from anvil_ctl.persistence.models import AuditEntry
 
         assert (
-            load(fake_host.context(), slot="primary", candidate=fake_host.candidate()).state.value
-            == "committed"
+            load(fake_host.app(), slot="primary", candidate=fake_host.candidate()).state.value == "committed"
         )
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state.value == "committed", out.reason
-        with fake_host.context().store.read() as s:
+        with fake_host.app().store.read() as s:
             last = s.execute(
                 select(AuditEntry.rows_json).order_by(AuditEntry.id.desc()).limit(1)
             ).scalar_one()
@@ -283,5 +282,5 @@ class TestTheLockRowCommitsWithTheTransaction:
         # the after snapshot's diff and the recorded-restored one, the committed state, the release
         assert tables.count("snapshot_diffs") == 2, tables
         assert {"transaction_states", "lock_releases"} <= set(tables)
-        labels = [d["label"] for d in audit.diff(fake_host.context(), out.tx_id or "")]
+        labels = [d["label"] for d in audit.diff(fake_host.app(), out.tx_id or "")]
         assert sorted(labels) == ["before-after", "recorded-restored"]

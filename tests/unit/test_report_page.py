@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.core.errors import EvidenceMismatch
-from anvil_ctl.qualify.evidence import EvidenceWriter
-from anvil_ctl.qualify.onepage import Bundle, ReportInputs, render_page
+from anvil_ctl.evidence.bundle import Bundle, EvidenceWriter, ReportInputs
+from anvil_ctl.evidence.report import render_page
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
 from tests.unit.reportbundle import EXTERNAL, GPU_A, qualification_bundle

@@ -27,7 +27,7 @@ def put(host: FakeHost, *entries: dict[str, Any]) -> None:
 
 
 def residue_assertion(host: FakeHost) -> dict[str, Any]:
-    result = recheck.recheck(host.context(), "primary")
+    result = recheck.recheck(host.app(), "primary")
     (found,) = [a for a in result.assertions if a["name"] == "shm_residue_zero"]
     return found
 
@@ -35,7 +35,7 @@ def residue_assertion(host: FakeHost) -> dict[str, Any]:
 class TestRecheckResidue:
     def test_another_programs_files_never_fail_the_residue_assertion(self, fake_host: FakeHost) -> None:
         put(fake_host, PG, FOREIGN)
-        result = recheck.recheck(fake_host.context(), "primary")
+        result = recheck.recheck(fake_host.app(), "primary")
         assert result.passed and result.exit_code == 0
         assert residue_assertion(fake_host) == {"name": "shm_residue_zero", "passed": True, "observed": []}
 
@@ -57,11 +57,11 @@ class TestRecheckResidue:
 class TestSnapshotResidue:
     def test_the_snapshot_names_only_our_residue(self, fake_host: FakeHost) -> None:
         put(fake_host, PG, FOREIGN, LIVE, LEFT)
-        world = fake_host.context().world()
+        world = fake_host.app().world()
         assert observe(world, ["primary"]).body["shm_residue"] == [LEFT["path"]]
 
     def test_another_programs_files_do_not_change_the_snapshot(self, fake_host: FakeHost) -> None:
-        world = fake_host.context().world()
+        world = fake_host.app().world()
         before = observe(world, ["primary"]).sha256
         put(fake_host, PG, FOREIGN, LIVE)
         assert observe(world, ["primary"]).sha256 == before
@@ -71,11 +71,11 @@ class TestUnloadRemovesOnlyOurResidue:
     def test_remove_residue_deletes_our_unheld_files_keeps_held_ones_and_never_touches_others(
         self, fake_host: FakeHost
     ) -> None:
-        load = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        load = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         assert load.state == TxState.COMMITTED, load.reason
         put(fake_host, PG, FOREIGN, LIVE, LEFT)
         out = serves.unload(
-            fake_host.context(),
+            fake_host.app(),
             load.results["start-candidate"]["container_id"],
             yes=True,
             remove_residue=True,

@@ -18,8 +18,8 @@ from tests.unit.fakehost import FakeHost
 
 def _needs_operator(host: FakeHost) -> str:
     """A loaded candidate, then a transaction that a step ended in needs_operator."""
-    transactions.load(host.context(), slot="primary", candidate=host.candidate())
-    store = host.context().store
+    transactions.load(host.app(), slot="primary", candidate=host.candidate())
+    store = host.app().store
     tx = store.begin(kind="rollback", slot="primary", args={}, owner=current_owner(), tx_id="tx-rollback")
     store.transition(tx, TxState.RUNNING)
     store.transition(tx, TxState.NEEDS_OPERATOR, "a step found the host must not be touched")
@@ -30,7 +30,7 @@ class TestUnresolvedTransactions:
     def test_a_transaction_waiting_for_a_person_refuses_the_next_mutation(self, fake_host: FakeHost) -> None:
         tx = _needs_operator(fake_host)
         before = fake_host.world.read()
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.REFUSED
         assert out.refusal is not None and out.refusal.guard == "NoUnresolvedTransaction"
         assert tx[:8] in out.reason and "needs_operator" in out.reason
@@ -39,10 +39,10 @@ class TestUnresolvedTransactions:
     def test_resolve_records_the_person_and_unblocks(self, fake_host: FakeHost) -> None:
         tx = _needs_operator(fake_host)
         with pytest.raises(BadInput):
-            transactions.resolve(fake_host.context(), tx[:8], by="", note="")
-        done = transactions.resolve(fake_host.context(), tx[:8], by="operator", note="checked by hand")
+            transactions.resolve(fake_host.app(), tx[:8], by="", note="")
+        done = transactions.resolve(fake_host.app(), tx[:8], by="operator", note="checked by hand")
         assert done == {"tx_id": tx, "from": "needs_operator", "to": "compensated", "resolved_by": "operator"}
-        out = lifecycle.rollback(fake_host.context(), slot="primary")
+        out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
 
 
@@ -52,12 +52,12 @@ class TestCompensationRestoresNoMore:
     ) -> None:
         from anvil_ctl.commands import serves
 
-        first = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
-        serves.unload(fake_host.context(), first.results["start-candidate"]["container_id"], yes=True)
+        first = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
+        serves.unload(fake_host.app(), first.results["start-candidate"]["container_id"], yes=True)
         assert fake_host.world.read()["containers"][fake_host.incumbent_id]["status"] == "exited"
         tier_before = fake_host.world.read()["router"]["tiers"]["primary-local"]["state"]
         out = transactions.load(
-            fake_host.context(), slot="primary", candidate=fake_host.candidate(fail_health=True, name="c2")
+            fake_host.app(), slot="primary", candidate=fake_host.candidate(fail_health=True, name="c2")
         )
         assert out.state == TxState.COMPENSATED
         assert [s["step"] for s in out.plan][:2] == ["release-vram", "start-candidate"]
@@ -68,9 +68,9 @@ class TestCompensationRestoresNoMore:
 
 class TestNothingToRestore:
     def test_a_rollback_whose_target_already_serves_is_refused(self, fake_host: FakeHost) -> None:
-        transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
-        assert lifecycle.rollback(fake_host.context(), slot="primary").state == TxState.COMMITTED
-        out = lifecycle.rollback(fake_host.context(), slot="primary", to=fake_host.incumbent_id[:12])
+        transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
+        assert lifecycle.rollback(fake_host.app(), slot="primary").state == TxState.COMMITTED
+        out = lifecycle.rollback(fake_host.app(), slot="primary", to=fake_host.incumbent_id[:12])
         assert out.state == TxState.REFUSED and "already serves" in out.reason
 
 
@@ -78,7 +78,7 @@ class TestLockRows:
     def test_a_command_that_dies_inside_the_lock_keeps_its_row(
         self, fake_host: FakeHost, tmp_path: Path
     ) -> None:
-        store = fake_host.context().store
+        store = fake_host.app().store
         with (
             pytest.raises(KeyboardInterrupt),
             HostLock(store, tmp_path / "anvil.lock", current_owner(), "load"),
@@ -89,7 +89,7 @@ class TestLockRows:
     def test_a_live_row_refuses_even_when_the_lock_file_was_replaced(
         self, fake_host: FakeHost, tmp_path: Path
     ) -> None:
-        store = fake_host.context().store
+        store = fake_host.app().store
         first = HostLock(store, tmp_path / "a.lock", current_owner(), "load")
         first.acquire()
         try:
@@ -101,10 +101,10 @@ class TestLockRows:
 
 class TestLockFirstArguments:
     def test_bad_input_read_under_the_lock_releases_it(self, fake_host: FakeHost) -> None:
-        transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         with pytest.raises(BadInput, match="not the slot's loaded candidate"):
-            lifecycle.promote(fake_host.context(), slot="primary", approved_by="op", candidate="nope")
-        assert held_locks(fake_host.context().store) == []
+            lifecycle.promote(fake_host.app(), slot="primary", approved_by="op", candidate="nope")
+        assert held_locks(fake_host.app().store) == []
 
 
 class TestRecoverMatchesStepsByName:
@@ -127,8 +127,8 @@ class TestBindingHeldByAStranger:
     ) -> None:
         from anvil_ctl.commands import serves
 
-        first = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
-        serves.unload(fake_host.context(), first.results["start-candidate"]["container_id"], yes=True)
+        first = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
+        serves.unload(fake_host.app(), first.results["start-candidate"]["container_id"], yes=True)
         # A server we did not start answers on the binding (no OpenAI model list, say).
         with fake_host.world.edit() as w:
             w["containers"]["stranger"] = {
@@ -146,7 +146,7 @@ class TestBindingHeldByAStranger:
                 "vram_mib": 0,
                 "binding": "127.0.0.1:8001",
             }
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate(name="c3"))
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate(name="c3"))
         assert out.state == TxState.REFUSED
         assert out.refusal is not None and out.refusal.guard == "BindingNotTaken"
         assert "something we do not own" in out.reason
@@ -172,8 +172,6 @@ class TestAdoptRecordsWhatServes:
         rt.stop(fake_host.incumbent_id, 1)
         rt.start(other)
         with pytest.raises(BadInput, match="reports max_model_len 32768"):
-            transactions.adopt(fake_host.context(), slot="primary", container_id=other, context_tokens=524288)
-        out = transactions.adopt(
-            fake_host.context(), slot="primary", container_id=other, context_tokens=32768
-        )
+            transactions.adopt(fake_host.app(), slot="primary", container_id=other, context_tokens=524288)
+        out = transactions.adopt(fake_host.app(), slot="primary", container_id=other, context_tokens=32768)
         assert out.state == TxState.COMMITTED, out.reason

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from anvil_ctl.adapters.shm import ShmScanner
-from anvil_ctl.bootstrap import Context, _shm
+from anvil_ctl.bootstrap import App, _shm
 from anvil_ctl.config import Settings
 from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.ports import ShmLedger
@@ -110,10 +110,10 @@ class TestCompositionRoot:
         settings = Settings(  # type: ignore[call-arg]
             state_dir=tmp_path / "state", config=tmp_path / "anvil.toml"
         )
-        ctx = Context(settings=settings, env={})
-        upgrade(ctx.create_database())
+        app = App(settings=settings, env={})
+        upgrade(app.create_database())
         runtime = FakeRuntime(FakeWorld(tmp_path / "world.json"))
-        scanner = _shm(ctx, runtime)
+        scanner = _shm(app, runtime)
         assert isinstance(scanner, ShmScanner)
         assert scanner.directory == tmp_path.resolve()
         assert (scanner.include, scanner.exclude) == (("nccl-*",), ("nccl-keep*",))

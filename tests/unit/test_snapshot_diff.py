@@ -111,16 +111,16 @@ class TestJsonPatch:
 
 class TestStoredDiffs:
     def _tx(self, fake_host: FakeHost) -> str:
-        ctx = fake_host.context()
-        (row,) = queries.transactions(ctx.store, kind="adopt", limit=1)
+        app = fake_host.app()
+        (row,) = queries.transactions(app.store, kind="adopt", limit=1)
         return str(row["tx_id"])
 
     def test_a_diff_is_stored_as_a_json_patch_and_read_back_as_changes(self, fake_host: FakeHost) -> None:
-        ctx, tx = fake_host.context(), self._tx(fake_host)
+        app, tx = fake_host.app(), self._tx(fake_host)
         before = Snapshot.of({"router": {"backends": [BACKEND]}})
         after = Snapshot.of({"router": {"backends": []}})
-        ctx.store.record_diff(tx, "one-to-none", before, after, diff(before, after))
-        (row,) = [d for d in queries.snapshot_diffs(ctx.store, tx) if d["label"] == "one-to-none"]
+        app.store.record_diff(tx, "one-to-none", before, after, diff(before, after))
+        (row,) = [d for d in queries.snapshot_diffs(app.store, tx) if d["label"] == "one-to-none"]
         assert row["format"] == "json-patch"
         assert apply_patch(before.body, row["patch"]) == after.body
         assert row["changes"] == [
@@ -128,12 +128,12 @@ class TestStoredDiffs:
         ]
 
     def test_a_row_written_before_json_patch_is_still_readable(self, fake_host: FakeHost) -> None:
-        ctx, tx = fake_host.context(), self._tx(fake_host)
+        app, tx = fake_host.app(), self._tx(fake_host)
         legacy = [
             {"path": "gpu_owners", "before": {}, "after": None},
             {"path": "gpu_owners.compute-a.container_id", "before": None, "after": "7180"},
         ]
-        with ctx.store.write() as s:
+        with app.store.write() as s:
             s.add(
                 SnapshotDiff(
                     tx_id=tx,
@@ -145,8 +145,8 @@ class TestStoredDiffs:
                     at="2026-09-02T12:00:00.000000Z",
                 )
             )
-            ctx.store.audit(s, "snapshot.diff", tx, {"label": "legacy", "equal": False, "changes": 2})
-        (row,) = [d for d in queries.snapshot_diffs(ctx.store, tx) if d["label"] == "legacy"]
+            app.store.audit(s, "snapshot.diff", tx, {"label": "legacy", "equal": False, "changes": 2})
+        (row,) = [d for d in queries.snapshot_diffs(app.store, tx) if d["label"] == "legacy"]
         assert row["format"] == "legacy" and row["patch"] is None
         assert [(c["op"], c["path"]) for c in row["changes"]] == [
             ("remove", "gpu_owners"),
@@ -168,11 +168,11 @@ class TestDiffRendering:
     def test_audit_diff_prints_plus_minus_and_tilde_lines_and_never_none(
         self, fake_host: FakeHost, anvilctl: Run
     ) -> None:
-        ctx = fake_host.context()
-        (row,) = queries.transactions(ctx.store, kind="adopt", limit=1)
+        app = fake_host.app()
+        (row,) = queries.transactions(app.store, kind="adopt", limit=1)
         before = Snapshot.of({"gpu_owners": {}, "router": {"backends": [BACKEND]}, "state": "a"})
         after = Snapshot.of({"gpu_owners": {"compute-a": "7180"}, "router": {"backends": []}, "state": "b"})
-        ctx.store.record_diff(row["tx_id"], "rendered", before, after, diff(before, after))
+        app.store.record_diff(row["tx_id"], "rendered", before, after, diff(before, after))
         r = anvilctl("audit", "diff", row["tx_id"])
         assert r.code == 0, r.err
         assert "rendered: 3 change(s)" in r.out
@@ -185,7 +185,7 @@ class TestDiffRendering:
         from anvil_ctl.cli import render
         from anvil_ctl.commands import transactions
 
-        out = transactions.load(fake_host.context(), slot="primary", candidate=fake_host.candidate())
+        out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate())
         lines_out = [line.strip() for line in _rendered(render, out).splitlines()]
         changes = [line for line in lines_out if line[:2] in ("+ ", "- ", "~ ")]
         assert changes and all("None" not in line for line in changes)

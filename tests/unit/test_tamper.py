@@ -35,8 +35,8 @@ from anvil_ctl.commands import recheck as recheck_cmd
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.model import ShmMark, canonical_json
 from anvil_ctl.core.states import ExitCode
-from anvil_ctl.core.waivers import Waiver
-from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, shm_ledger, waivers
+from anvil_ctl.core.waiver import Waiver
+from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, shm_ledger, waiver_rows
 from anvil_ctl.persistence.audit import GENESIS, entry_hash
 from anvil_ctl.persistence.coltypes import unpack
 from anvil_ctl.persistence.coverage import COVERED, UncoveredRows, row_digest
@@ -77,9 +77,9 @@ def populate(host: FakeHost) -> None:
     """At least two rows in every history table (one in the middle of the chain), through
     anvil_ctl's own writes: adopt (make_fake_host), load, qualification records, waivers,
     approvals, rechecks, evidence manifests, verify checkpoints."""
-    ctx = host.context()
-    store = ctx.store
-    out = transactions.load(ctx, slot="primary", candidate=host.candidate())
+    app = host.app()
+    store = app.store
+    out = transactions.load(app, slot="primary", candidate=host.candidate())
     assert out.tx_id is not None
     tx = out.tx_id
     shm_ledger.record_marks(
@@ -106,7 +106,7 @@ def populate(host: FakeHost) -> None:
             outcome="failed",
             manifest_sha256=f"{n}" * 64,
         )
-        waivers.add_waiver(
+        waiver_rows.add_waiver(
             store,
             Waiver(
                 id=f"w-{n}",
@@ -118,17 +118,17 @@ def populate(host: FakeHost) -> None:
                 roles=frozenset({"compute-a", "compute-b"}),
             ),
         )
-        waivers.revoke_waiver(store, f"w-{n}", by="operator", reason="done")
+        waiver_rows.revoke_waiver(store, f"w-{n}", by="operator", reason="done")
         approvals.record_approval(store, tx_id=tx, decision_id=f"dec-{n}", approved_by="operator")
         rechecks.record_recheck(
             store, slot="primary", passed=True, failed=[], assertions=[], snapshot_sha256="s" * 64
         )
-        assert audit_cmd.verify(ctx)["ok"]
+        assert audit_cmd.verify(app)["ok"]
     # a second host of the fleet registered in the same database (the first is this one)
     second = Store(store.engine, head_path=store.head_path)
     hosts.attach(second, "second-host", machine_id="f" * 32, boot_id="b")
     hosts.register(second)
-    recheck_cmd.recheck(ctx, "primary")  # an entry after the last checkpoint
+    recheck_cmd.recheck(app, "primary")  # an entry after the last checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -493,7 +493,7 @@ class TestTheJournalTail:
         attacker.drop_triggers()
         attacker.cut_tail(5)
         rechecks.record_recheck(
-            host.context().store, slot="primary", passed=True, failed=[], assertions=[], snapshot_sha256=""
+            host.app().store, slot="primary", passed=True, failed=[], assertions=[], snapshot_sha256=""
         )
         assert attacker.head_file.read_text() == recorded  # not moved past a cut it cannot vouch for
         code, report = verify()
@@ -520,17 +520,17 @@ class TestRecheckWitnessesTheHead:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
         try:
             with structlog.testing.capture_logs() as logs:
-                result = recheck_cmd.recheck(host.context(), "primary")
+                result = recheck_cmd.recheck(host.app(), "primary")
         finally:
             log.configure("console", "warning")
-        head = host.context().store.head()
+        head = host.app().store.head()
         assert result.audit_head == str(head)
         assert {"event": "audit.head", "seq": head.seq, "hash": head.hash, "log_level": "info"} in logs
 
 
 class TestExpectHead:
     def test_a_head_witnessed_by_recheck_is_held(self, host: FakeHost, verify: Any, tmp_path: Path) -> None:
-        result = recheck_cmd.recheck(host.context(), "primary")
+        result = recheck_cmd.recheck(host.app(), "primary")
         prom = tmp_path / "anvil.prom"
         recheck_cmd.write_textfile(prom, result, now=0.0)
         seq, _, digest = result.audit_head.partition(":")
@@ -540,7 +540,7 @@ class TestExpectHead:
     def test_a_rewrite_with_the_head_file_rewritten_too_is_named_against_the_witness(
         self, host: FakeHost, attacker: Attacker, verify: Any
     ) -> None:
-        witnessed = recheck_cmd.recheck(host.context(), "primary").audit_head
+        witnessed = recheck_cmd.recheck(host.app(), "primary").audit_head
         attacker.drop_triggers()
         attacker.rewrite("waivers", "w-1", "approved_by", "cfo")
         with attacker.sql() as con:
@@ -573,7 +573,7 @@ class TestExpectHead:
 
 class TestEveryWriteIsCovered:
     def test_a_history_row_without_its_audit_entry_is_refused_at_commit(self, host: FakeHost) -> None:
-        store = host.context().store
+        store = host.app().store
         with pytest.raises(UncoveredRows, match="rechecks"), store.write() as s:
             s.add(
                 RecheckRow(
@@ -585,7 +585,7 @@ class TestEveryWriteIsCovered:
                     at="t",
                 )
             )
-        assert audit_cmd.verify(host.context(), full=True)["ok"]
+        assert audit_cmd.verify(host.app(), full=True)["ok"]
 
     def test_the_untouched_populated_database_verifies_in_both_modes(
         self, verify: Any, attacker: Attacker

@@ -42,7 +42,7 @@ def test_the_unused_indexes_are_gone_and_a_downgrade_gives_them_back(tmp_path: P
     _cycle(host, 1)
     db = db_file(host)
     assert not set(DROPPED) & _indexes(db)
-    assert audit.verify(host.context(), full=True)["ok"]
+    assert audit.verify(host.app(), full=True)["ok"]
     # what used to read them reads another index (never a scan of the history table)
     by_digest = _plan(db, "SELECT id FROM decisions WHERE identity_digest = ? ORDER BY at DESC", "d")
     assert "INDEX ix_decisions_identity_digest_at (identity_digest=?)" in by_digest, by_digest
@@ -59,5 +59,5 @@ def test_the_unused_indexes_are_gone_and_a_downgrade_gives_them_back(tmp_path: P
     finally:
         engine.dispose()
     _cycle(host, 2)
-    report = audit.verify(host.context(), full=True)
+    report = audit.verify(host.app(), full=True)
     assert report["ok"] and report["projection_differs"] == []

@@ -33,8 +33,8 @@ from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
 
 if TYPE_CHECKING:
+    from anvil_ctl.evidence.bundle import EvidenceWriter
     from anvil_ctl.qualify.ab import Arm
-    from anvil_ctl.qualify.evidence import EvidenceWriter
     from anvil_ctl.qualify.gates.capacity import Capacity
     from anvil_ctl.qualify.profiles import Profile
 
@@ -85,8 +85,8 @@ GUARDS: list[Guard[Ctx]] = [ArmsAreServing()]
 
 def load_ab_profile(name: str) -> tuple[Profile, Capacity]:
     """The profile and its capacity gate (the cells both arms run); BadInput without one."""
-    from anvil_ctl.qualify import load_profile
     from anvil_ctl.qualify.gates.capacity import Capacity
+    from anvil_ctl.qualify.profiles import load_profile
 
     profile = load_profile(name)
     cells = [g for g in profile.build() if isinstance(g, Capacity)]
@@ -120,7 +120,7 @@ def _arms(world: World, arms: tuple[AbArm, AbArm]) -> list[Arm]:
 
 
 def _writer(ctx: Ctx) -> EvidenceWriter:
-    from anvil_ctl.qualify.evidence import EvidenceWriter
+    from anvil_ctl.evidence.bundle import EvidenceWriter
 
     return EvidenceWriter(ctx.world.settings.evidence_dir, ctx.tx_id, resume=True)
 

@@ -12,10 +12,10 @@ from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
-from anvil_ctl.engine import gpu
-from anvil_ctl.engine.context import observe_context
+from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.observe import observe, serving
 from anvil_ctl.engine.plans.args import AdoptArgs, AdoptRequest
+from anvil_ctl.engine.served_context import observe_context
 from anvil_ctl.engine.serving import inspect_or_none
 from anvil_ctl.engine.world import World
 
@@ -72,7 +72,7 @@ def prepare(world: World, req: AdoptRequest) -> AdoptArgs:
 def record_incumbent(ctx: Ctx) -> StepResult:
     ident = ctx.args.identity
     ctx.world.store.record_identity(ctx.tx_id, "incumbent", ident)
-    gpu.record_ownership(ctx.world, ctx.tx_id, ident, None)
+    gpu_ownership.record_ownership(ctx.world, ctx.tx_id, ident, None)
     return {"identity_digest": ident.digest}
 
 

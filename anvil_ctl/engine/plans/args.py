@@ -21,7 +21,7 @@ from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.model import ContainerSpec, Identity, ModelFile
 
 if TYPE_CHECKING:
-    from anvil_ctl.qualify.report import Progress
+    from anvil_ctl.qualify.runner import Progress
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, Identity, VramNeed
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
-from anvil_ctl.engine import gpu
+from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.guards import (
     BaseVerified,
     NoUnresolvedTransaction,
@@ -119,13 +119,13 @@ class BindingNotTaken(Guard[Ctx]):
                 container_id=others[0].id,
             )
         slot = world.config.slot(slot_name)
-        if _running_incumbent(ctx) is None and world.engine.listening(slot.base_url):
+        if _running_incumbent(ctx) is None and world.server.listening(slot.base_url):
             return self.refuse(
                 f"binding {slot.binding} accepts connections but no recorded serve runs there: "
                 "something we do not own holds it"
             )
         if ident is not None:
-            served = [m.id for m in world.engine.models(slot.base_url)]
+            served = [m.id for m in world.server.models(slot.base_url)]
             if served and served != [ident.served_model]:
                 return self.refuse(
                     f"binding {slot.binding} serves {served}, "
@@ -134,7 +134,7 @@ class BindingNotTaken(Guard[Ctx]):
         return None
 
 
-def _gpu_request(ctx: Ctx) -> gpu.StartRequest:
+def _gpu_request(ctx: Ctx) -> gpu_ownership.StartRequest:
     inc = ctx.args.incumbent
     return ctx.args.candidate.gpu_roles, {inc.container_id} if inc else set()
 
@@ -147,7 +147,7 @@ GUARDS: list[Guard[Ctx]] = [
     ModelCacheComplete(),
     BindingNotTaken(),
     BaseVerified(_running_incumbent, routed=True),
-    gpu.GpuRolesFree(_gpu_request),
+    gpu_ownership.GpuRolesFree(_gpu_request),
     RouterCredentialsAccepted(),
 ]
 
@@ -237,12 +237,12 @@ def record_candidate(ctx: Ctx) -> StepResult:
     ident = candidate_identity(world, ctx.args.slot, ctx.args.candidate, ctx.memo.candidate_id)
     with world.store.together():  # records only: one database transaction, one audit entry
         world.store.record_identity(ctx.tx_id, "candidate", ident)
-        gpu.record_ownership(world, ctx.tx_id, ident, ctx.args.incumbent)
+        gpu_ownership.record_ownership(world, ctx.tx_id, ident, ctx.args.incumbent)
     return {"identity_digest": ident.digest, "container_id": ident.container_id}
 
 
 def release_candidate_record(ctx: Ctx, _result: StepResult) -> StepResult:
-    gpu.release_ownership(ctx.world, ctx.tx_id, ctx.args.incumbent)
+    gpu_ownership.release_ownership(ctx.world, ctx.tx_id, ctx.args.incumbent)
     return {"released": True}
 
 

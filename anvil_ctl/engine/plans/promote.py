@@ -27,7 +27,7 @@ from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
 from anvil_ctl.core.model import Identity
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.gpu import reserve_reading
+from anvil_ctl.engine.gpu_ownership import reserve_reading
 from anvil_ctl.engine.guards import (
     BaseVerified,
     NoUnresolvedTransaction,
@@ -48,7 +48,7 @@ from anvil_ctl.engine.serving import (
     through_the_route,
 )
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import approvals, qualification, waivers
+from anvil_ctl.persistence import approvals, qualification, waiver_rows
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.store import Store
 
@@ -58,7 +58,7 @@ Ctx = StepContext[PromoteArgs, World, NoMemo]
 def standing_decision(store: Store, identity_digest: str) -> DecisionRecord | None:
     """The newest decision for this identity whose waivers (if any) are all still active."""
     now = datetime.now(UTC)
-    active = {w.id for w in waivers.waivers(store) if w.active(now)}
+    active = {w.id for w in waiver_rows.waivers(store) if w.active(now)}
     # Newest first, a page at a time: the newest decision almost always stands, and an
     # identity qualified thousands of times must not load them all.
     page, offset = 16, 0
@@ -156,7 +156,7 @@ class CandidateIsServing(Guard[Ctx]):
                 return self.refuse(f"candidate container {short} is {d.observed}")
         if drift:
             return self.refuse(f"candidate container {short} drifted from its identity")
-        served = [m.id for m in ctx.world.engine.models(ctx.world.config.slot(cand.slot).base_url)]
+        served = [m.id for m in ctx.world.server.models(ctx.world.config.slot(cand.slot).base_url)]
         if served != [cand.served_model]:
             return self.refuse(f"slot serves {served}, not the candidate {cand.served_model!r}")
         return None
@@ -191,7 +191,7 @@ def waived_checks(world: World, decision_id: str | None) -> dict[str, str]:
     decision = qualification.decision(world.store, decision_id)
     if decision is None:
         return {}
-    relied = {w.id: w for w in waivers.waivers(world.store) if w.id in decision["waiver_ids"]}
+    relied = {w.id: w for w in waiver_rows.waivers(world.store) if w.id in decision["waiver_ids"]}
     out = {}
     for check, gate in ACCEPTANCE_GATES.items():
         for w in relied.values():
@@ -224,7 +224,7 @@ def acceptance(ctx: Ctx) -> StepResult:
 
 def vram_after_acceptance(ctx: Ctx) -> StepResult:
     """Free VRAM per card after real clients ran, against the reserve in force; evidence on disk."""
-    from anvil_ctl.qualify.evidence import EvidenceWriter
+    from anvil_ctl.evidence.bundle import EvidenceWriter
 
     world, cand = ctx.world, ctx.args.candidate
     reading = reserve_reading(world, cand, when="after real-client acceptance")

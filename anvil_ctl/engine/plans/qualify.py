@@ -40,19 +40,18 @@ from anvil_ctl.core.model import (
     sha256_hex,
 )
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.context import observed_context
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest
+from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import identity_drift, inspect_or_none, profile_of, served_models
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import qualification, waivers
+from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import GateEvidence
 from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.gates.base import ReserveReading
-    from anvil_ctl.qualify.report import Progress
-    from anvil_ctl.qualify.runner import QualificationResult
+    from anvil_ctl.qualify.runner import Progress, QualificationResult
 
 
 @dataclass
@@ -190,7 +189,8 @@ def liveness(world: World, ident: Identity) -> Callable[[], JSONObject | None]:
 
 
 def run_gates(ctx: Ctx) -> StepResult:
-    from anvil_ctl.qualify import resolve_profile, run_qualification
+    from anvil_ctl.qualify.profiles import resolve_profile
+    from anvil_ctl.qualify.runner import run_qualification
 
     world, ident = ctx.world, _candidate(ctx)
     profile = resolve_profile(None, profile=ctx.args.profile, gates=list(ctx.args.gates) or None)
@@ -259,7 +259,7 @@ def record_decision(ctx: Ctx) -> StepResult:
         )
     qualification.record_evidence(world.store, ctx.tx_id, rows)
     now = ctx.memo.now or datetime.now(UTC)
-    active = waivers.waivers(world.store)
+    active = waiver_rows.waivers(world.store)
     decision = result.decision
     raw_id = (
         "dec-"
@@ -313,7 +313,7 @@ def _loaded_recipe(world: World, ident: Identity, dirs: Sequence[Path]) -> Recip
 def prepare(world: World, req: QualifyRequest) -> QualifyArgs:
     """The slot's loaded candidate, its recipe (when still the loaded one) and the profile:
     `req.profile`, else the recipe's."""
-    from anvil_ctl.qualify import resolve_profile
+    from anvil_ctl.qualify.profiles import resolve_profile
 
     world.config.slot(req.slot)
     ident = world.store.current_identity(req.slot, "candidate")

@@ -68,7 +68,7 @@ def what_runs(world: World, slot_name: str, serve: Identity) -> str:
     if running:
         return "running for the slot: " + ", ".join(f"{c.id[:12]} ({c.name})" for c in running)
     try:
-        served = sorted(m.id for m in world.engine.models(slot.base_url))
+        served = sorted(m.id for m in world.server.models(slot.base_url))
     except AdapterError as exc:
         return f"{slot.binding} does not answer as an OpenAI endpoint ({exc})"
     if served:
@@ -116,8 +116,8 @@ class RecordedServeRunning(Guard[Ctx]):
             )
         slot = world.config.slot(serve.slot)
         try:
-            served = sorted(m.id for m in world.engine.models(slot.base_url))
-            healthy = world.engine.health(slot.base_url, HEALTH_PATH)
+            served = sorted(m.id for m in world.server.models(slot.base_url))
+            healthy = world.server.health(slot.base_url, HEALTH_PATH)
         except AdapterError as exc:
             return self.refuse(f"{slot.binding} does not answer for {short}: {exc}")
         if served != [serve.served_model]:

@@ -30,7 +30,7 @@ from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import Identity, VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
 from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
-from anvil_ctl.engine import gpu
+from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.guards import (
     NoUnresolvedTransaction,
     RollbackIdentityRestorable,
@@ -255,7 +255,7 @@ class TargetNotAlreadyServing(Guard[Ctx]):
         world = ctx.world
         if container_absent_or_stopped(world, target.container_id):
             return None
-        served = [m.id for m in world.engine.models(world.config.slot(target.slot).base_url)]
+        served = [m.id for m in world.server.models(world.config.slot(target.slot).base_url)]
         if served == [target.served_model]:
             return self.refuse(
                 f"{target.container_id[:12]} ({target.served_model}) already serves slot {target.slot}; "
@@ -282,7 +282,7 @@ class RestoreGroupContainsTarget(Guard[Ctx]):
         return None
 
 
-def _gpu_request(ctx: Ctx) -> gpu.StartRequest | None:
+def _gpu_request(ctx: Ctx) -> gpu_ownership.StartRequest | None:
     target, cur = ctx.args.target, ctx.args.current
     if target is None:
         return None
@@ -296,7 +296,7 @@ GUARDS: list[Guard[Ctx]] = [
     RestoreGroupContainsTarget(),
     NoUnresolvedTransaction(),
     RollbackIdentityRestorable(lambda ctx: ctx.args.target),
-    gpu.GpuRolesFree(_gpu_request),
+    gpu_ownership.GpuRolesFree(_gpu_request),
     RouterCredentialsAccepted(),
 ]
 
@@ -327,7 +327,7 @@ def record_restore(ctx: Ctx) -> StepResult:
     world, target, cur = ctx.world, _target(ctx), _current(ctx)
     with world.store.together():  # records only: one database transaction, one audit entry
         world.store.record_identity(ctx.tx_id, "incumbent", target)
-        gpu.move_ownership(world, ctx.tx_id, cur, target)
+        gpu_ownership.move_ownership(world, ctx.tx_id, cur, target)
     return {"incumbent": target.container_id}
 
 
@@ -336,7 +336,7 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
     if cur is not None and ctx.args.current_role == "incumbent":
         world.store.record_identity(ctx.tx_id, "incumbent", cur)
     if cur is not None:
-        gpu.move_ownership(world, ctx.tx_id, target, cur)
+        gpu_ownership.move_ownership(world, ctx.tx_id, target, cur)
     return {"incumbent": cur.container_id if cur else None}
 
 

@@ -1,7 +1,7 @@
 """What every gate shares: the context it runs in, its base class, request helpers.
 
 A gate is a small callable object (STYLE habit 14): `__init__` takes thresholds,
-`await gate(ctx)` returns a `GateResult` with evidence. Gates never raise for a
+`await gate(gate_ctx)` returns a `GateResult` with evidence. Gates never raise for a
 model's failure; an engine error on one request is recorded and fails the gate.
 Where the engine's stream carries no usage, `attempt` completes it with the engine's
 own counts the way its profile says (`anvil_ctl.qualify.tokens`).
@@ -121,10 +121,10 @@ class Gate:
         `__init__` sets from profile parameters (JSON values; anything else as its str())."""
         return {k: _json(v) for k, v in vars(self).items() if not k.startswith("_") and k != "name"}
 
-    async def __call__(self, ctx: GateContext) -> GateResult:
+    async def __call__(self, gate_ctx: GateContext) -> GateResult:
         started = time.perf_counter()
         try:
-            result = await self.run(ctx)
+            result = await self.run(gate_ctx)
         except AnvilError as exc:
             # An engine refusing or breaking outside a per-request guard still yields
             # a result: the evidence records why, and the gate fails.
@@ -146,7 +146,7 @@ class Gate:
             duration_s=round(time.perf_counter() - started, 6),
         )
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         raise NotImplementedError
 
     def result(
@@ -161,15 +161,15 @@ class Gate:
             summary=summary,
         )
 
-    async def attempt(self, ctx: GateContext, label: str, body: JSONObject) -> Attempt:
+    async def attempt(self, gate_ctx: GateContext, label: str, body: JSONObject) -> Attempt:
         """Send one chat request; an engine error becomes a failed Attempt, not an exception."""
         try:
-            result = await ctx.client.chat(body)
+            result = await gate_ctx.client.chat(body)
         except AnvilError as exc:
-            ctx.on_request(self.name, False, f"{label}: {exc}")
+            gate_ctx.on_request(self.name, False, f"{label}: {exc}")
             return Attempt(label, None, str(exc), type(exc).__name__)
         # Counted after the request finished, so its timing is the engine's alone.
-        result, counted = await complete_usage(ctx.client, ctx.engine, body, result)
+        result, counted = await complete_usage(gate_ctx.client, gate_ctx.engine, body, result)
         return Attempt(label, result, usage_counted=counted)
 
 

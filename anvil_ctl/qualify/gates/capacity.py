@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, get_array, get_float, get_int
+from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, stream_problem
-from anvil_ctl.qualify.metrics import METRIC_KEYS, context_label, request_metrics, summarize
+from anvil_ctl.qualify.metrics import METRIC_KEYS, request_metrics, summarize
 from anvil_ctl.qualify.results import GateResult
 
 CONTINUE = "Continue the numbered notes above in the same style, one sentence per note."
@@ -56,17 +57,17 @@ class _Workload(Gate):
     ignore_eos: bool
     thinking: bool | None
 
-    async def _fit(self, ctx: GateContext, nominal: int) -> float:
+    async def _fit(self, gate_ctx: GateContext, nominal: int) -> float:
         """Characters per token for a prompt of this nominal size, by the engine's own count
         where it has a tokenize endpoint (long filler has longer numbers: the ratio drifts)."""
-        if ctx.count_tokens is None:
-            return ctx.chars_per_token
-        text = self._text(nominal, ctx.chars_per_token)
+        if gate_ctx.count_tokens is None:
+            return gate_ctx.chars_per_token
+        text = self._text(nominal, gate_ctx.chars_per_token)
         try:
-            counted = await ctx.count_tokens(text)
+            counted = await gate_ctx.count_tokens(text)
         except AnvilError:
-            return ctx.chars_per_token
-        return len(text) / counted if counted > 0 else ctx.chars_per_token
+            return gate_ctx.chars_per_token
+        return len(text) / counted if counted > 0 else gate_ctx.chars_per_token
 
     def _text(self, nominal: int, chars_per_token: float) -> str:
         return prompts.context_prompt(
@@ -77,16 +78,16 @@ class _Workload(Gate):
         )
 
     def _request(
-        self, ctx: GateContext, nominal: int, salt: str, chars_per_token: float
+        self, gate_ctx: GateContext, nominal: int, salt: str, chars_per_token: float
     ) -> tuple[JSONObject, str]:
         # The salt opens the prompt, in a system message of its own: an engine's prefix cache
         # then reuses only a few template tokens from the previous request, so the prefill
         # measured is the whole prompt's, whatever the chat template puts first.
         text = self._text(nominal, chars_per_token)
-        thinking = ctx.thinking if self.thinking is None else self.thinking
+        thinking = gate_ctx.thinking if self.thinking is None else self.thinking
         extra: JSONObject | None = {"ignore_eos": True} if self.ignore_eos else None
         request = EngineClient.chat_body(
-            ctx.served_model,
+            gate_ctx.served_model,
             [{"role": "system", "content": f"Request {salt}."}, {"role": "user", "content": text}],
             max_tokens=self.output_tokens,
             enable_thinking=thinking,
@@ -95,10 +96,10 @@ class _Workload(Gate):
         )
         return request, text
 
-    async def _measure(self, ctx: GateContext, label: str, request: JSONObject) -> JSONObject:
+    async def _measure(self, gate_ctx: GateContext, label: str, request: JSONObject) -> JSONObject:
         # Wall-clock start: lets the engine's own log lines of this request be found by time.
         started_at = round(time.time(), 3)
-        attempt = await self.attempt(ctx, label, request)
+        attempt = await self.attempt(gate_ctx, label, request)
         failure = _failure(attempt)
         row: JSONObject = {
             "label": label,
@@ -114,7 +115,7 @@ class _Workload(Gate):
         if failure is not None:
             # Keep everything about a failed request; a completed one keeps its numbers.
             row["attempt"] = attempt.as_dict()
-        ctx.on_request(self.name, failure is None, f"{label}: {failure or 'ok'}")
+        gate_ctx.on_request(self.name, failure is None, f"{label}: {failure or 'ok'}")
         return row
 
 
@@ -150,13 +151,17 @@ class Capacity(_Workload):
         self.min_prefill_tps = min_prefill_tps
         self.max_ttft_s = max_ttft_s
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         cells: list[JSONObject] = []
         labels: list[str] = []
         for nominal in self.contexts:
             for conc in self.concurrency:
                 where = f"{context_label(nominal)}/C{conc} "
-                if self.skip_above_max_model_len and ctx.max_model_len and nominal > ctx.max_model_len:
+                if (
+                    self.skip_above_max_model_len
+                    and gate_ctx.max_model_len
+                    and nominal > gate_ctx.max_model_len
+                ):
                     cells.append(
                         {
                             "nominal_tokens": nominal,
@@ -166,7 +171,7 @@ class Capacity(_Workload):
                     )
                     labels.append(where + "skipped")
                     continue
-                cell = await self._cell(ctx, nominal, conc)
+                cell = await self._cell(gate_ctx, nominal, conc)
                 cells.append(cell)
                 labels.append(where + f"{cell['completed']}/{cell['requests']}")
         problems = [p for cell in cells for p in get_array(cell, "problems")]
@@ -180,28 +185,29 @@ class Capacity(_Workload):
         evidence: JSONObject = {"cells": [*cells], "problems": problems}
         return self.result(passed, classification, evidence, summary)
 
-    async def _cell(self, ctx: GateContext, nominal: int, conc: int) -> JSONObject:
-        chars_per_token = await self._fit(ctx, nominal)
+    async def _cell(self, gate_ctx: GateContext, nominal: int, conc: int) -> JSONObject:
+        chars_per_token = await self._fit(gate_ctx, nominal)
         reps = [
-            await self.repetition(ctx, nominal, conc, rep, chars_per_token) for rep in range(self.repetitions)
+            await self.repetition(gate_ctx, nominal, conc, rep, chars_per_token)
+            for rep in range(self.repetitions)
         ]
         return self.cell(nominal, conc, reps)
 
     async def repetition(
-        self, ctx: GateContext, nominal: int, conc: int, rep: int, chars_per_token: float | None = None
+        self, gate_ctx: GateContext, nominal: int, conc: int, rep: int, chars_per_token: float | None = None
     ) -> Repetition:
         """One repetition of a cell: `conc` requests at once (an A/B interleaves these).
 
         `chars_per_token`: the prompt sizing fitted for this nominal size (None: fit it now)."""
         if chars_per_token is None:
-            chars_per_token = await self._fit(ctx, nominal)
+            chars_per_token = await self._fit(gate_ctx, nominal)
         jobs = []
         prompt_info: JSONObject = {}
         for lane in range(conc):
             label = f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}"
-            request, text = self._request(ctx, nominal, f"{self.name} {label}", chars_per_token)
+            request, text = self._request(gate_ctx, nominal, f"{self.name} {label}", chars_per_token)
             prompt_info = {"chars": len(text), "tail": text[-120:]}
-            jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
+            jobs.append(lambda label=label, request=request: self._measure(gate_ctx, label, request))
         started = time.perf_counter()
         batch = await gather_limited(conc, jobs)
         wall = time.perf_counter() - started
@@ -268,13 +274,13 @@ class Endurance(_Workload):
         self.ignore_eos = ignore_eos
         self.max_failures = max_failures
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         jobs = []
-        chars_per_token = await self._fit(ctx, self.context_tokens)
+        chars_per_token = await self._fit(gate_ctx, self.context_tokens)
         for i in range(self.requests):
             label = f"endurance-{i + 1}"
-            request, _ = self._request(ctx, self.context_tokens, f"{self.name} {label}", chars_per_token)
-            jobs.append(lambda label=label, request=request: self._measure(ctx, label, request))
+            request, _ = self._request(gate_ctx, self.context_tokens, f"{self.name} {label}", chars_per_token)
+            jobs.append(lambda label=label, request=request: self._measure(gate_ctx, label, request))
         started = time.perf_counter()
         rows = await gather_limited(self.concurrency, jobs)
         wall = time.perf_counter() - started

@@ -110,15 +110,15 @@ def check_tool_call(checks: Checks, label: str, attempt: Attempt, name: str, arg
     )
 
 
-def effective_context(ctx: GateContext, requested: int) -> int:
+def effective_context(gate_ctx: GateContext, requested: int) -> int:
     """The requested nominal context, clamped to the engine's max_model_len when known."""
-    if ctx.max_model_len and requested > ctx.max_model_len:
-        return ctx.max_model_len
+    if gate_ctx.max_model_len and requested > gate_ctx.max_model_len:
+        return gate_ctx.max_model_len
     return requested
 
 
 def body(
-    ctx: GateContext,
+    gate_ctx: GateContext,
     messages: Sequence[Message],
     max_tokens: int,
     *,
@@ -128,10 +128,10 @@ def body(
 ) -> JSONObject:
     """A chat request of the served model, with the run's thinking setting."""
     return EngineClient.chat_body(
-        ctx.served_model,
+        gate_ctx.served_model,
         messages,
         max_tokens=max_tokens,
-        enable_thinking=ctx.thinking,
+        enable_thinking=gate_ctx.thinking,
         tools=tools,
         response_format=response_format,
         stream=stream,

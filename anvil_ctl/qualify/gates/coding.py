@@ -202,22 +202,22 @@ class CodingAgent(Gate):
         self.tasks = tasks
         self.concurrency = concurrency
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         tasks = [t for t in TASKS if not self.tasks or t.id in self.tasks]
-        max_tokens = self.visible_tokens + (self.reasoning_allowance if ctx.thinking else 0)
+        max_tokens = self.visible_tokens + (self.reasoning_allowance if gate_ctx.thinking else 0)
         plan: list[tuple[CodingTask, str]] = []
         jobs: list[Callable[[], Awaitable[Attempt]]] = []
         for rep in range(self.repetitions):
             for task in tasks:
                 label = f"{task.id}#{rep + 1}"
                 request = EngineClient.chat_body(
-                    ctx.served_model,
+                    gate_ctx.served_model,
                     [{"role": "user", "content": task.prompt}],
                     max_tokens=max_tokens,
-                    enable_thinking=ctx.thinking,
+                    enable_thinking=gate_ctx.thinking,
                 )
                 plan.append((task, label))
-                jobs.append(functools.partial(self.attempt, ctx, label, request))
+                jobs.append(functools.partial(self.attempt, gate_ctx, label, request))
         attempts: list[Attempt] = await gather_limited(self.concurrency, jobs)
         rows: JSONArray = []
         counts: dict[str, int] = {}
@@ -228,7 +228,7 @@ class CodingAgent(Gate):
             else:
                 verdict, problems = classify(task, result.content, result.finish_reason)
             counts[verdict] = counts.get(verdict, 0) + 1
-            ctx.on_request(self.name, verdict == "pass", f"{label}: {verdict}")
+            gate_ctx.on_request(self.name, verdict == "pass", f"{label}: {verdict}")
             rows.append(
                 {
                     "label": label,

@@ -54,19 +54,19 @@ class Smoke(Gate):
         self.marker = marker
         self.max_tokens = max_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         checks = Checks()
         messages = [user(prompts.reply_exactly(self.marker))]
         attempts = [
-            await self.attempt(ctx, "plain", body(ctx, messages, self.max_tokens)),
-            await self.attempt(ctx, "stream", body(ctx, messages, self.max_tokens, stream=True)),
+            await self.attempt(gate_ctx, "plain", body(gate_ctx, messages, self.max_tokens)),
+            await self.attempt(gate_ctx, "stream", body(gate_ctx, messages, self.max_tokens, stream=True)),
         ]
         for attempt in attempts:
             check_reply(checks, attempt.label, attempt, self.marker)
             if attempt.result is not None:
                 checks.add(
                     f"{attempt.label}: model",
-                    attempt.result.model == ctx.served_model,
+                    attempt.result.model == gate_ctx.served_model,
                     "wrong_model",
                     observed=attempt.result.model,
                 )
@@ -82,13 +82,13 @@ class JsonOutput(Gate):
         super().__init__(name=name)
         self.max_tokens = max_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         expected: JSONObject = {"status": "ok", "service": "anvil", "items": [3, 1, 2], "ready": True}
         messages = [user(prompts.json_instruction(expected))]
         attempt = await self.attempt(
-            ctx,
+            gate_ctx,
             "json",
-            body(ctx, messages, self.max_tokens, response_format={"type": "json_object"}),
+            body(gate_ctx, messages, self.max_tokens, response_format={"type": "json_object"}),
         )
         checks = Checks()
         if checks.add("answered", attempt.result is not None, "error", error=attempt.error):
@@ -121,14 +121,14 @@ class ResponsesApi(Gate):
         self.marker = marker
         self.max_output_tokens = max_output_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         checks = Checks()
         try:
-            answer = await ctx.client.responses(
-                ctx.served_model,
+            answer = await gate_ctx.client.responses(
+                gate_ctx.served_model,
                 prompts.reply_exactly(self.marker),
                 max_output_tokens=self.max_output_tokens,
-                enable_thinking=ctx.thinking,
+                enable_thinking=gate_ctx.thinking,
             )
         except AnvilError as exc:
             checks.add("answered", False, "error", error=str(exc))
@@ -174,17 +174,17 @@ class Needle(Gate):
         self.needle = needle
         self.max_tokens = max_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
-        nominal = effective_context(ctx, self.context_tokens)
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        nominal = effective_context(gate_ctx, self.context_tokens)
         text = prompts.context_prompt(
             nominal,
             "What is the needle? Answer with its value only.",
             reserve_tokens=self.max_tokens + 512,
-            chars_per_token=ctx.chars_per_token,
+            chars_per_token=gate_ctx.chars_per_token,
             needle=self.needle,
             needle_depth=self.depth,
         )
-        attempt = await self.attempt(ctx, "needle", body(ctx, [user(text)], self.max_tokens))
+        attempt = await self.attempt(gate_ctx, "needle", body(gate_ctx, [user(text)], self.max_tokens))
         checks = Checks()
         result: ChatResult | None = attempt.result
         if checks.add("answered", result is not None, "error", error=attempt.error):

@@ -44,14 +44,14 @@ class LogAudit(Gate):
         self.keep_lines = keep_lines
         self.engine = engine
 
-    async def run(self, ctx: GateContext) -> GateResult:
-        if ctx.container_log is None:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        if gate_ctx.container_log is None:
             return self.result(False, "not_measured", {}, "no container log source given")
-        reader = ctx.container_log
+        reader = gate_ctx.container_log
         log = await asyncio.to_thread(reader, self.max_lines, self.max_bytes)
         # `engine` in the profile names an engine profile to use instead of the candidate's.
-        patterns = patterns_for(self.engine) if self.engine else patterns_of(ctx.engine)
-        found = classify(log.lines, patterns, secrets=ctx.secrets, keep=self.keep_lines)
+        patterns = patterns_for(self.engine) if self.engine else patterns_of(gate_ctx.engine)
+        found = classify(log.lines, patterns, secrets=gate_ctx.secrets, keep=self.keep_lines)
         restarts = log.restart_count + found.restarts
         fatal_lines = sum(n for kind, n in found.fatal_counts.items() if kind != "restart")
         if log.oom_killed or found.fatal_counts.get("oom"):

@@ -41,11 +41,11 @@ class Image(Gate):
         self.marker = marker
         self.max_tokens = max_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
-        png = (ctx.fixtures_dir / self.image).read_bytes()
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        png = (gate_ctx.fixtures_dir / self.image).read_bytes()
         content: JSONArray = [image_part(png), text_part(prompts.reply_exactly(self.marker))]
         attempt = await self.attempt(
-            ctx, "image", body(ctx, [{"role": "user", "content": content}], self.max_tokens)
+            gate_ctx, "image", body(gate_ctx, [{"role": "user", "content": content}], self.max_tokens)
         )
         checks = Checks()
         check_reply(checks, "image", attempt, self.marker)
@@ -72,18 +72,18 @@ class Ocr(Gate):
         self.concurrency = concurrency
         self.max_tokens = max_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
-        cases = [c for c in load_ocr_cases(ctx.fixtures_dir) if not self.cases or c["id"] in self.cases]
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        cases = [c for c in load_ocr_cases(gate_ctx.fixtures_dir) if not self.cases or c["id"] in self.cases]
         jobs: list[Callable[[], Awaitable[Attempt]]] = []
         plan: list[dict[str, str]] = []
         for rep in range(self.repetitions):
             for case in cases:
-                parts = [image_part((ctx.fixtures_dir / img).read_bytes()) for img in case["images"]]
+                parts = [image_part((gate_ctx.fixtures_dir / img).read_bytes()) for img in case["images"]]
                 content: JSONArray = [*parts, text_part(OCR_QUESTION)]
-                request = body(ctx, [{"role": "user", "content": content}], self.max_tokens)
+                request = body(gate_ctx, [{"role": "user", "content": content}], self.max_tokens)
                 label = f"{case['id']}#{rep + 1}"
                 plan.append({"label": label, "expected": case["expected"]})
-                jobs.append(functools.partial(self.attempt, ctx, label, request))
+                jobs.append(functools.partial(self.attempt, gate_ctx, label, request))
         attempts = await gather_limited(self.concurrency, jobs)
         checks = Checks()
         correct = 0
@@ -99,7 +99,7 @@ class Ocr(Gate):
                 error=attempt.error,
             )
             correct += ok
-            ctx.on_request(self.name, ok, item["label"])
+            gate_ctx.on_request(self.name, ok, item["label"])
         total = len(plan)
         outcome = finish(self, checks, attempts, correct=correct, total=total)
         return self.result(

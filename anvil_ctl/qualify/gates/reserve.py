@@ -24,11 +24,11 @@ class VramReserve(Gate):
         super().__init__(name=name)
         self.reserve_mib = reserve_mib
 
-    async def run(self, ctx: GateContext) -> GateResult:
-        if ctx.reserve_probe is None:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        if gate_ctx.reserve_probe is None:
             return self.result(False, "not_measured", {"cards": []}, "no reserve probe given")
         # The probe may block (NVML, an HTTP read of a simulated GPU): keep the loop free.
-        readings = await asyncio.to_thread(ctx.reserve_probe)
+        readings = await asyncio.to_thread(gate_ctx.reserve_probe)
         cards: list[JSONObject] = []
         for uuid, free_mib, reserve_mib in readings:
             required = reserve_mib if self.reserve_mib is None else self.reserve_mib

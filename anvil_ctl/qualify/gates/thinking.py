@@ -36,7 +36,7 @@ class ThinkingControl(Gate):
         self.disabled_max_tokens = disabled_max_tokens
         self.directions = directions or ["enabled", "disabled"]
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         checks = Checks()
         record: dict[str, JSONObject] = {}
         for direction in self.directions:
@@ -46,14 +46,14 @@ class ThinkingControl(Gate):
             attempts = []
             for stream in (False, True):
                 request = EngineClient.chat_body(
-                    ctx.served_model,
+                    gate_ctx.served_model,
                     messages,
                     max_tokens=self.enabled_max_tokens if enabled else self.disabled_max_tokens,
                     enable_thinking=enabled,
                     stream=stream,
                 )
                 label = f"{direction}-{'stream' if stream else 'plain'}"
-                attempt = await self.attempt(ctx, label, request)
+                attempt = await self.attempt(gate_ctx, label, request)
                 attempts.append(attempt)
                 self._check(checks, attempt, enabled, marker)
             record[direction] = {

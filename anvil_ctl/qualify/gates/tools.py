@@ -48,8 +48,8 @@ class Tools(Gate):
             "tags": [f"t{i}", "anvil"],
         }
 
-    async def run(self, ctx: GateContext) -> GateResult:
-        shared = prompts.filler(self.prefix_tokens, chars_per_token=ctx.chars_per_token)
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        shared = prompts.filler(self.prefix_tokens, chars_per_token=gate_ctx.chars_per_token)
         system: Message = {
             "role": "system",
             "content": prompts.SYSTEM_TOOLS + "\n\nReference notes:\n" + shared,
@@ -61,7 +61,7 @@ class Tools(Gate):
                 user(prompts.tool_instruction("record_value", self.expected(i))),
             ]
             return lambda: self.attempt(
-                ctx, f"call-{i}", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+                gate_ctx, f"call-{i}", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
             )
 
         attempts = await gather_limited(self.concurrency, [job(i) for i in range(self.count)])
@@ -71,7 +71,7 @@ class Tools(Gate):
             before = len(checks.failed)
             check_tool_call(checks, attempt.label, attempt, "record_value", self.expected(i))
             exact += len(checks.failed) == before
-            ctx.on_request(self.name, len(checks.failed) == before, attempt.label)
+            gate_ctx.on_request(self.name, len(checks.failed) == before, attempt.label)
         result = finish(self, checks, attempts, exact=exact, total=self.count)
         return self.result(
             result.passed, result.classification, result.evidence, f"{exact}/{self.count} exact"
@@ -88,18 +88,18 @@ class LongContextTool(Gate):
         self.context_tokens = context_tokens
         self.max_tokens = max_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"order_id": "LC-90210", "include_items": True}
-        nominal = effective_context(ctx, self.context_tokens)
+        nominal = effective_context(gate_ctx, self.context_tokens)
         text = prompts.context_prompt(
             nominal,
             prompts.tool_instruction("lookup_order", args),
             reserve_tokens=self.max_tokens + 512,
-            chars_per_token=ctx.chars_per_token,
+            chars_per_token=gate_ctx.chars_per_token,
         )
         messages: list[Message] = [{"role": "system", "content": prompts.SYSTEM_TOOLS}, user(text)]
         attempt = await self.attempt(
-            ctx, "long-tool", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+            gate_ctx, "long-tool", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
         )
         checks = Checks()
         check_tool_call(checks, "long-tool", attempt, "lookup_order", args)
@@ -124,16 +124,16 @@ class StreamingTool(Gate):
         super().__init__(name=name)
         self.max_tokens = max_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"ledger": "STREAM-7", "index": 7, "amount": 19.5, "tags": ["stream", "delta"]}
         messages: list[Message] = [
             {"role": "system", "content": prompts.SYSTEM_TOOLS},
             user(prompts.tool_instruction("record_value", args)),
         ]
         attempt = await self.attempt(
-            ctx,
+            gate_ctx,
             "stream-tool",
-            body(ctx, messages, self.max_tokens, tools=prompts.TOOLS, stream=True),
+            body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS, stream=True),
         )
         checks = Checks()
         check_tool_call(checks, "stream-tool", attempt, "record_value", args)
@@ -149,7 +149,7 @@ class ToolResultContinuation(Gate):
         super().__init__(name=name)
         self.max_tokens = max_tokens
 
-    async def run(self, ctx: GateContext) -> GateResult:
+    async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"order_id": "A-1042", "include_items": False}
         tool_content = "ORDER A-1042 SHIPPED 3 ITEMS"
         messages: list[Message] = [
@@ -169,7 +169,7 @@ class ToolResultContinuation(Gate):
             {"role": "tool", "tool_call_id": "call_anvil_1", "content": tool_content},
         ]
         attempt = await self.attempt(
-            ctx, "continuation", body(ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+            gate_ctx, "continuation", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
         )
         checks = Checks()
         result = attempt.result

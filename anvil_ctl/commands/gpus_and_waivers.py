@@ -20,7 +20,7 @@ from typing import TypedDict
 from pydantic import ValidationError
 
 from anvil_ctl.atomic import atomic_write
-from anvil_ctl.bootstrap import Context
+from anvil_ctl.bootstrap import App
 from anvil_ctl.config import GpuRole, HostConfig, format_validation_error
 from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
 from anvil_ctl.core.model import GpuReading
@@ -33,12 +33,12 @@ from anvil_ctl.core.validate import (
     require,
     utc_stamp,
 )
-from anvil_ctl.engine.gpu import ledger
+from anvil_ctl.engine.gpu_ownership import ledger
 from anvil_ctl.gpu.ownership import Mode
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
-from anvil_ctl.gpu.waivers import GATE, POLICIES, Waiver, check_gate_waiver, parse_scope
+from anvil_ctl.gpu.waiver_policy import GATE, POLICIES, Waiver, check_gate_waiver, parse_scope
 from anvil_ctl.log import get_logger
-from anvil_ctl.persistence import waivers
+from anvil_ctl.persistence import waiver_rows
 
 log = get_logger()
 
@@ -79,13 +79,13 @@ class Readings(TypedDict):
     gpus: list[GpuView]
 
 
-def _optional_config(ctx: Context) -> HostConfig | None:
-    if not ctx.settings.config.exists():
+def _optional_config(app: App) -> HostConfig | None:
+    if not app.settings.config.exists():
         return None
-    return ctx.config
+    return app.config
 
 
-def _optional_owners(ctx: Context) -> dict[str, OwnerView]:
+def _optional_owners(app: App) -> dict[str, OwnerView]:
     try:
         return {
             role: {
@@ -94,19 +94,19 @@ def _optional_owners(ctx: Context) -> dict[str, OwnerView]:
                 "mode": o.mode,
                 "transaction_id": o.transaction_id,
             }
-            for role, o in ledger(ctx.store).items()
+            for role, o in ledger(app.store).items()
         }
     except StateStoreError:
         return {}  # no state database yet: nothing owns anything
 
 
-def readings(ctx: Context) -> Readings:
+def readings(app: App) -> Readings:
     """Every GPU the probe sees, with its role (host config) and owner (ledger), by NVML index."""
-    probe = ctx.gpu_probe()
+    probe = app.gpu_probe()
     gpus = probe.gpus()
-    config = _optional_config(ctx)
+    config = _optional_config(app)
     role_of = {r.uuid.lower(): name for name, r in (config.gpu_roles if config else {}).items()}
-    owners = _optional_owners(ctx)
+    owners = _optional_owners(app)
     rows: list[GpuView] = []
     for g in gpus:
         role = role_of.get(g.uuid.lower(), "")
@@ -208,7 +208,7 @@ class Detected(TypedDict):
 
 
 def detect(
-    ctx: Context,
+    app: App,
     *,
     overrides: Mapping[str, str] | None = None,
     write: bool = False,
@@ -221,9 +221,9 @@ def detect(
     kept for the same UUID. The new file is validated as a host config before
     it replaces the old one atomically; nothing is written on any error.
     """
-    found = list(gpus) if gpus is not None else ctx.gpu_probe().gpus()
+    found = list(gpus) if gpus is not None else app.gpu_probe().gpus()
     roles = detect_roles(found, overrides)
-    path = ctx.settings.config
+    path = app.settings.config
     old_text = path.read_text() if path.exists() else ""
     try:
         old = tomllib.loads(old_text) if old_text else {}
@@ -282,14 +282,14 @@ def _state(w: Waiver, now: datetime) -> str:
     return "active" if w.active(now) else "pending"
 
 
-def _reclassify(ctx: Context, now: datetime | None = None) -> Mapping[str, object]:
+def _reclassify(app: App, now: datetime | None = None) -> Mapping[str, object]:
     """Re-judge stored decisions under the waivers in force at `now` (the command's own
     instant: a waiver recorded at `now` is judged at that same instant, never at a later
     clock reading that its expiry may already have passed)."""
     from anvil_ctl.engine.reclassify import reclassify_decisions
 
     try:
-        return reclassify_decisions(ctx.world(), now=now).as_dict()
+        return reclassify_decisions(app.world(), now=now).as_dict()
     except AnvilError as exc:
         # The waiver is recorded either way; say why decisions were not re-judged.
         log.warning("gpu.reclassify_failed", error=str(exc))
@@ -311,7 +311,7 @@ class Revoked(TypedDict):
 
 
 def waive(
-    ctx: Context,
+    app: App,
     *,
     policy: str,
     scope: str,
@@ -354,7 +354,7 @@ def waive(
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
     roles, digest = parse_scope(scope)
     if roles:
-        known = set(ctx.config.gpu_roles)
+        known = set(app.config.gpu_roles)
         unknown = sorted(roles - known)
         if unknown:
             raise BadInput(
@@ -373,20 +373,20 @@ def waive(
         expires_at=parse_expiry(expires, now) if expires else None,
         gates=frozenset(gates),
     )
-    waivers.add_waiver(ctx.store, waiver)
+    waiver_rows.add_waiver(app.store, waiver)
     expiry = "never (--no-expiry)" if waiver.expires_at is None else utc_stamp(waiver.expires_at)
-    return {"waiver": waiver.as_dict(), "expiry": expiry, "reclassified": _reclassify(ctx, now)}
+    return {"waiver": waiver.as_dict(), "expiry": expiry, "reclassified": _reclassify(app, now)}
 
 
-def revoke(ctx: Context, waiver_id: str, *, by: str, reason: str) -> Revoked:
+def revoke(app: App, waiver_id: str, *, by: str, reason: str) -> Revoked:
     """Revoke a waiver (a new revocation row; the waiver row stays) and re-judge decisions."""
     by = require("--by", check_person, by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
-    waivers.revoke_waiver(ctx.store, waiver_id, by=by, reason=reason)
-    return {"revoked": waiver_id, "by": by, "reclassified": _reclassify(ctx)}
+    waiver_rows.revoke_waiver(app.store, waiver_id, by=by, reason=reason)
+    return {"revoked": waiver_id, "by": by, "reclassified": _reclassify(app)}
 
 
-def list_waivers(ctx: Context, now: datetime | None = None) -> list[dict[str, object]]:
+def list_waivers(app: App, now: datetime | None = None) -> list[dict[str, object]]:
     """Every waiver with its state now: active, expired, revoked (or pending)."""
     now = now or datetime.now(UTC)
-    return [{**w.as_dict(), "state": _state(w, now)} for w in waivers.waivers(ctx.store)]
+    return [{**w.as_dict(), "state": _state(w, now)} for w in waiver_rows.waivers(app.store)]

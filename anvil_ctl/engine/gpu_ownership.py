@@ -40,10 +40,10 @@ from anvil_ctl.gpu.ownership import (
 from anvil_ctl.gpu.release import wait_for_vram_release
 from anvil_ctl.gpu.reserve import POLICY as VRAM_RESERVE
 from anvil_ctl.gpu.reserve import VramReserveGate
-from anvil_ctl.gpu.waivers import resolve
+from anvil_ctl.gpu.waiver_policy import resolve
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import gpu_ledger
-from anvil_ctl.persistence import waivers as stored_waivers
+from anvil_ctl.persistence import waiver_rows as stored_waivers
 from anvil_ctl.persistence.store import Store
 
 log = get_logger()

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.jsontypes import JSONMapping
-from anvil_ctl.qualify.narrow import fields, items, number
+from anvil_ctl.core.jsontypes import JSONMapping, fields, items, number
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -11,7 +11,7 @@ decision supersedes an earlier one.
 A decision computed under a waiver is a new record pointing at the decision it
 reclassifies and at the same evidence; the original is never changed.
 
-The `Waiver` value type itself is `anvil_ctl.core.waivers`' (the store keeps it
+The `Waiver` value type itself is `anvil_ctl.core.waiver`' (the store keeps it
 too); it is exported from here with the judging that uses it.
 """
 
@@ -27,7 +27,7 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.core.validate import utc_stamp
-from anvil_ctl.core.waivers import GATE, POLICIES, VRAM_RESERVE, Waiver
+from anvil_ctl.core.waiver import GATE, POLICIES, VRAM_RESERVE, Waiver
 from anvil_ctl.gpu.reserve import ReserveResult
 
 __all__ = [

@@ -23,10 +23,11 @@ A claims file (TOML):
     origin = "external-prior"               # published by the source, not measured here
     source = "upstream stable release report"
 
-Paths: keys joined by `.`; `[3]` indexes a list, `[key=value,...]` picks the one
-element whose fields equal those values. A local claim must come from an artifact the
-bundle's `provenance.json` lists as a local measurement, never from its external-prior
-section; external-prior claims are listed as such and never recounted.
+Paths: keys joined by `.`; `[3]` indexes a list (negative from its end), `[key=value,...]`
+picks the one element whose fields equal those values (numbers compared as numbers). A
+local claim must come from an artifact the bundle's `provenance.json` lists as a local
+measurement, never from its external-prior section; external-prior claims are listed as
+such and never recounted.
 """
 
 from __future__ import annotations
@@ -42,10 +43,7 @@ from typing import Literal
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.qualify.evidence import VerifyResult, verify_bundle
-from anvil_ctl.qualify.jsonpath import PathError, resolve
-
-__all__ = ["ClaimsCheck", "Ledger", "PathError", "check_ledger", "load_ledger", "render_ledger", "resolve"]
+from anvil_ctl.evidence.bundle import VerifyResult, verify_bundle
 
 Origin = Literal["local", "external-prior"]
 _NUMBER = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$")
@@ -64,6 +62,76 @@ _CONDITION_KEYS = {"published", "decimals", "path", "artifact"}
 _TOP_KEYS = {"title", "finding", "claims"}
 
 
+class PathError(Exception):
+    """A path that does not lead to a value (internal: becomes a claim's problem)."""
+
+
+def _path_parts(path: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in path:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "." and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return parts
+
+
+def resolve(data: JSONValue, path: str) -> JSONValue:
+    """The value at `path` in `data` (see the module docstring); PathError says where it stops."""
+    node = data
+    walked = ""
+    for part in _path_parts(path):
+        match = re.fullmatch(r"([^\[\]]*)((?:\[[^\[\]]*\])*)", part)
+        if match is None:
+            raise PathError(f"{part!r} is not a key with optional [selectors]")
+        name, selectors = match.groups()
+        if name:
+            if not isinstance(node, dict) or name not in node:
+                raise PathError(f"no key {name!r} at {walked or 'the top'}")
+            node = node[name]
+            walked = f"{walked}.{name}" if walked else name
+        for selector in re.findall(r"\[([^\[\]]*)\]", selectors):
+            if not isinstance(node, list):
+                raise PathError(f"{walked} is not a list")
+            if re.fullmatch(r"-?\d+", selector):
+                index = int(selector)
+                if not -len(node) <= index < len(node):
+                    raise PathError(f"{walked}[{index}] is out of range ({len(node)} elements)")
+                node = node[index]
+            else:
+                wanted = dict(kv.split("=", 1) for kv in selector.split(",") if "=" in kv)
+                found = [
+                    item
+                    for item in node
+                    if isinstance(item, dict) and all(_same(item.get(k), v) for k, v in wanted.items())
+                ]
+                if len(found) != 1:
+                    raise PathError(f"{walked}[{selector}] matches {len(found)} elements, expected one")
+                node = found[0]
+            walked += f"[{selector}]"
+    return node
+
+
+def _same(value: object, text: str) -> bool:
+    if isinstance(value, bool):
+        return str(value).lower() == text.lower()
+    if isinstance(value, int | float):
+        try:
+            return Decimal(str(value)) == Decimal(text)
+        except InvalidOperation:
+            return False
+    return str(value) == text
+
+
+# -- the ledger --------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Number:
     """A number as published: its text, its value and how many decimals it shows."""
@@ -76,11 +144,7 @@ class Number:
     def parse(cls, raw: object, where: str, file: str) -> Number:
         text = str(raw).strip() if isinstance(raw, int | float | str) and not isinstance(raw, bool) else ""
         if not _NUMBER.match(text):
-            raise BadInput(
-                f"{file}: {where}: {raw!r} is not a number as published (e.g. 112.07 or 2,969)",
-                file=file,
-                field=where,
-            )
+            raise _bad(file, where, f"{raw!r} is not a number as published (e.g. 112.07 or 2,969)")
         plain = text.replace(",", "")
         decimals = len(plain.split(".", 1)[1]) if "." in plain else 0
         return cls(text, Decimal(plain), decimals)
@@ -118,19 +182,58 @@ class Ledger:
     claims: tuple[Claim, ...]
 
 
+def _bad(file: str, where: str, problem: str) -> BadInput:
+    return BadInput(f"{file}: {where}: {problem}", file=file, field=where)
+
+
 def _recount(raw: Mapping[str, object], where: str, file: str, default_artifact: str | None) -> Recount:
     published = Number.parse(raw.get("published"), f"{where}.published", file)
     artifact = raw.get("artifact", default_artifact)
     path = raw.get("path")
     for key, value in (("artifact", artifact), ("path", path)):
         if not isinstance(value, str) or not value.strip():
-            raise BadInput(
-                f"{file}: {where}.{key}: expected the evidence {key}", file=file, field=f"{where}.{key}"
-            )
+            raise _bad(file, f"{where}.{key}", f"expected the evidence {key}")
     decimals = raw.get("decimals", published.decimals)
     if isinstance(decimals, bool) or not isinstance(decimals, int) or not 0 <= decimals <= 12:
-        raise BadInput(f"{file}: {where}.decimals: expected 0..12", file=file, field=f"{where}.decimals")
+        raise _bad(file, f"{where}.decimals", "expected 0..12")
     return Recount(published, str(artifact), str(path), decimals)
+
+
+def _claim(raw: object, where: str, file: str) -> Claim:
+    if not isinstance(raw, dict):
+        raise _bad(file, where, "expected a table")
+    extra = sorted(set(raw) - _CLAIM_KEYS)
+    if extra:
+        raise _bad(file, f"{where}.{extra[0]}", f"unknown key; expected some of {sorted(_CLAIM_KEYS)}")
+    text = raw.get("claim")
+    if not isinstance(text, str) or not text.strip():
+        raise _bad(file, f"{where}.claim", "expected the public text")
+    origin = raw.get("origin", "local")
+    if origin not in ("local", "external-prior"):
+        raise _bad(file, f"{where}.origin", f"{origin!r}; expected local or external-prior")
+    conditions = str(raw.get("conditions", ""))
+    if origin == "external-prior":
+        if not str(raw.get("source", "")).strip():
+            raise _bad(file, f"{where}.source", "an external-prior claim names where it was published")
+        if "artifact" in raw or "path" in raw or "condition" in raw:
+            raise _bad(
+                file,
+                where,
+                "an external-prior claim is not recounted from local evidence; "
+                "expected no artifact, path or condition",
+            )
+        return Claim(text, "external-prior", conditions, str(raw["source"]))
+    number = _recount(raw, where, file, None)
+    conditions_raw = raw.get("condition", [])
+    if not isinstance(conditions_raw, list):
+        raise BadInput(f"{file}: {where}.condition: expected [[claims.condition]] tables", file=file)
+    checks = []
+    for j, cond in enumerate(conditions_raw):
+        cwhere = f"{where}.condition[{j}]"
+        if not isinstance(cond, dict) or set(cond) - _CONDITION_KEYS:
+            raise _bad(file, cwhere, f"expected a table of {sorted(_CONDITION_KEYS)}")
+        checks.append(_recount(cond, cwhere, file, number.artifact))
+    return Claim(text, "local", conditions, "", number, tuple(checks))
 
 
 def load_ledger(path: Path) -> Ledger:
@@ -147,63 +250,9 @@ def load_ledger(path: Path) -> Ledger:
         raise BadInput(f"{file}: {unknown[0]}: unknown key; expected {sorted(_TOP_KEYS)}", file=file)
     raw_claims = data.get("claims")
     if not isinstance(raw_claims, list) or not raw_claims:
-        raise BadInput(f"{file}: claims: expected at least one [[claims]] table", file=file, field="claims")
-    claims = []
-    for i, raw in enumerate(raw_claims):
-        where = f"claims[{i}]"
-        if not isinstance(raw, dict):
-            raise BadInput(f"{file}: {where}: expected a table", file=file, field=where)
-        extra = sorted(set(raw) - _CLAIM_KEYS)
-        if extra:
-            raise BadInput(
-                f"{file}: {where}.{extra[0]}: unknown key; expected some of {sorted(_CLAIM_KEYS)}",
-                file=file,
-                field=f"{where}.{extra[0]}",
-            )
-        text = raw.get("claim")
-        if not isinstance(text, str) or not text.strip():
-            raise BadInput(
-                f"{file}: {where}.claim: expected the public text", file=file, field=f"{where}.claim"
-            )
-        origin = raw.get("origin", "local")
-        if origin not in ("local", "external-prior"):
-            raise BadInput(
-                f"{file}: {where}.origin: {origin!r}; expected local or external-prior",
-                file=file,
-                field=f"{where}.origin",
-            )
-        if origin == "external-prior":
-            if not str(raw.get("source", "")).strip():
-                raise BadInput(
-                    f"{file}: {where}.source: an external-prior claim names where it was published",
-                    file=file,
-                    field=f"{where}.source",
-                )
-            if "artifact" in raw or "path" in raw or "condition" in raw:
-                raise BadInput(
-                    f"{file}: {where}: an external-prior claim is not recounted from local evidence; "
-                    "expected no artifact, path or condition",
-                    file=file,
-                    field=where,
-                )
-            claims.append(Claim(text, "external-prior", str(raw.get("conditions", "")), str(raw["source"])))
-            continue
-        number = _recount(raw, where, file, None)
-        conditions_raw = raw.get("condition", [])
-        if not isinstance(conditions_raw, list):
-            raise BadInput(f"{file}: {where}.condition: expected [[claims.condition]] tables", file=file)
-        checks = []
-        for j, cond in enumerate(conditions_raw):
-            cwhere = f"{where}.condition[{j}]"
-            if not isinstance(cond, dict) or set(cond) - _CONDITION_KEYS:
-                raise BadInput(
-                    f"{file}: {cwhere}: expected a table of {sorted(_CONDITION_KEYS)}",
-                    file=file,
-                    field=cwhere,
-                )
-            checks.append(_recount(cond, cwhere, file, number.artifact))
-        claims.append(Claim(text, "local", str(raw.get("conditions", "")), "", number, tuple(checks)))
-    return Ledger(file, str(data.get("title", "")), str(data.get("finding", "")), tuple(claims))
+        raise _bad(file, "claims", "expected at least one [[claims]] table")
+    claims = tuple(_claim(raw, f"claims[{i}]", file) for i, raw in enumerate(raw_claims))
+    return Ledger(file, str(data.get("title", "")), str(data.get("finding", "")), claims)
 
 
 # -- the check ---------------------------------------------------------------------------------

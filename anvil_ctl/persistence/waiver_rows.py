@@ -2,7 +2,7 @@
 
 A waiver row is never changed: revoking one appends a revocation row, and
 reading applies it (`Waiver.revoked_at`). Both writes are audited. Which value
-a waiver puts in force is `anvil_ctl.gpu.waivers`'s business.
+a waiver puts in force is `anvil_ctl.gpu.waiver_policy`'s business.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sqlalchemy import select
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import canonical_json
 from anvil_ctl.core.validate import utc_stamp
-from anvil_ctl.core.waivers import Waiver
+from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.persistence.models import WaiverRevocation, WaiverRow
 from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store, utcnow

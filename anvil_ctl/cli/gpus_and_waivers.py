@@ -1,6 +1,6 @@
 """GPUs and waivers: gpus, gpus detect, waive, waivers list|revoke.
 
-The waiver policies offered by `waive --policy` come from `anvil_ctl.gpu.waivers`,
+The waiver policies offered by `waive --policy` come from `anvil_ctl.gpu.waiver_policy`,
 which imports only the core (checked by `test_cli_help_imports.py`).
 """
 
@@ -14,7 +14,7 @@ import click
 from anvil_ctl.cli.admin import OVERRIDE_HELP
 from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, Text
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
-from anvil_ctl.core.waivers import POLICIES  # the light module: `--help` stays fast
+from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays fast
 
 if TYPE_CHECKING:
     from anvil_ctl.cli.views import Table
@@ -49,9 +49,11 @@ def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Rep
     Prints the [gpu_roles.*] tables as TOML; --write puts them into the host config.
     """
     from anvil_ctl.cli.views import DetectedRoles
-    from anvil_ctl.commands import gpu
+    from anvil_ctl.commands import gpus_and_waivers
 
-    result = gpu.detect(session.context(), overrides=gpu.parse_overrides(override), write=write)
+    result = gpus_and_waivers.detect(
+        session.app(), overrides=gpus_and_waivers.parse_overrides(override), write=write
+    )
     return Reply(DetectedRoles(result))
 
 
@@ -61,9 +63,9 @@ def _gpus(session: Session) -> Reply | None:
     if click.get_current_context().invoked_subcommand is not None:
         return None  # `gpus detect`: the subcommand answers
     from anvil_ctl.cli.views import GpuReadings
-    from anvil_ctl.commands import gpu
+    from anvil_ctl.commands import gpus_and_waivers
 
-    return Reply(GpuReadings(gpu.readings(session.context())))
+    return Reply(GpuReadings(gpus_and_waivers.readings(session.app())))
 
 
 gpus = click.Group(
@@ -142,10 +144,10 @@ def waive(
 
     if (expires is None) == (not no_expiry):
         raise click.UsageError("give --expires WHEN or --no-expiry (exactly one)")
-    from anvil_ctl.commands import gpu
+    from anvil_ctl.commands import gpus_and_waivers
 
-    result = gpu.waive(
-        session.context(),
+    result = gpus_and_waivers.waive(
+        session.app(),
         policy=policy,
         scope=scope,
         value=value,
@@ -172,9 +174,9 @@ def waivers_list(session: Session) -> Reply:
 
     A state is active, expired, revoked or pending.
     """
-    from anvil_ctl.commands import gpu
+    from anvil_ctl.commands import gpus_and_waivers
 
-    return Reply(waiver_table(gpu.list_waivers(session.context())))
+    return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))
 
 
 @click.command(
@@ -190,9 +192,9 @@ def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Re
     Stored decisions are re-judged without WAIVER_ID.
     """
     from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import gpu
+    from anvil_ctl.commands import gpus_and_waivers
 
-    return Reply(Record(gpu.revoke(session.context(), waiver_id, by=by, reason=reason)))
+    return Reply(Record(gpus_and_waivers.revoke(session.app(), waiver_id, by=by, reason=reason)))
 
 
 waivers = click.Group(

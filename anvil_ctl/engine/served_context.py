@@ -64,13 +64,13 @@ def observe_context(
 ) -> ContextObservation:
     """The context length the engine at `base_url` shows, per `profile` (see module doc)."""
     if profile.context_source == "models":
-        lens: list[int | None] = [m.max_model_len for m in world.engine.models(base_url)]
+        lens: list[int | None] = [m.max_model_len for m in world.server.models(base_url)]
         if len(lens) == 1 and lens[0] is not None:
             return ContextObservation(int(lens[0]), "max_model_len", list(lens))
         return ContextObservation(None, "not-reported", list(lens))
     if profile.context_source == "refusal":
         try:
-            answer = world.engine.probe_prompt(base_url, served_model, expected)
+            answer = world.server.probe_prompt(base_url, served_model, expected)
         except AdapterError as exc:
             return ContextObservation(None, "probe-failed", str(exc))
         detail: JSONObject = {"status": answer.status, "seconds": answer.seconds, "prompt_words": expected}

@@ -1,8 +1,8 @@
-"""Exporting evidence: a redacted, shareable copy of a verified transaction directory.
+"""A redacted, shareable copy of a verified transaction directory.
 
-`export_bundle` refuses a source that does not verify (a tampered source is refused,
-not laundered), copies its artifacts with GPU UUIDs, host paths and secrets redacted,
-and writes the copy its own manifest, which names the source manifest's SHA-256.
+The source must verify first (a tampered source is refused, not laundered). The copy has
+GPU UUIDs (consistently renamed), host paths and secrets redacted, and a manifest of its
+own that names the source manifest's SHA-256.
 """
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ from anvil_ctl.atomic import atomic_write
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import utc_stamp
-from anvil_ctl.qualify.evidence_verify import ManifestReference, verify_bundle
-from anvil_ctl.qualify.manifest import (
-    GPU_UUID_RE,
+from anvil_ctl.evidence.bundle import (
     MANIFEST,
     MANIFEST_VERSION,
     Artifact,
-    artifact_of,
+    ManifestReference,
     listed_entries,
     read_manifest,
     to_json,
+    verify_bundle,
 )
+
+GPU_UUID_RE = re.compile(r"\b(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,8 @@ def export_bundle(
 ) -> ExportResult:
     """Copy a verified transaction's artifacts to `out_dir`, redacted, with a new manifest.
 
-    The source must verify first, against `references` when given (a tampered source is
-    refused, not laundered). The resolved evidence and state directories are always
-    redacted as host paths.
+    The source must verify, against `references` when given. The resolved evidence and
+    state directories are always redacted as host paths.
     """
     source = verify_bundle(tx_dir, references)
     if not source.ok:
@@ -115,12 +115,13 @@ def export_bundle(
     redaction = redact or Redaction()
     resolved = tx_dir.resolve()
     auto = [str(p) for p in (resolved, resolved.parent, resolved.parent.parent) if str(p) != "/"]
-    redaction = Redaction(
-        secrets=redaction.secrets,
-        paths=(*redaction.paths, *extra_paths, *auto),
-        gpu_uuids=redaction.gpu_uuids,
+    redactor = _Redactor(
+        Redaction(
+            secrets=redaction.secrets,
+            paths=(*redaction.paths, *extra_paths, *auto),
+            gpu_uuids=redaction.gpu_uuids,
+        )
     )
-    redactor = _Redactor(redaction)
     manifest = read_manifest(tx_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     artifacts = []
@@ -131,14 +132,13 @@ def export_bundle(
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, payload)
-        artifacts.append(artifact_of(out_dir, rel, payload))
-    source_manifest = (tx_dir / MANIFEST).read_bytes()
+        artifacts.append(Artifact.of(rel, payload))
     bundle_manifest = {
         "manifest_version": MANIFEST_VERSION,
         "kind": "export",
         "tx_id": redactor.apply(str(manifest.get("tx_id", ""))),
         "created_at": utc_stamp(datetime.now(UTC)),
-        "source_manifest_sha256": hashlib.sha256(source_manifest).hexdigest(),
+        "source_manifest_sha256": hashlib.sha256((tx_dir / MANIFEST).read_bytes()).hexdigest(),
         "redactions": dict(redactor.counts),
         "artifacts": [a.as_dict() for a in artifacts],
     }
@@ -146,7 +146,7 @@ def export_bundle(
     atomic_write(out_dir / MANIFEST, payload)
     return ExportResult(
         out_dir=str(out_dir),
-        manifest=artifact_of(out_dir, MANIFEST, payload),
+        manifest=Artifact.of(MANIFEST, payload),
         artifacts=tuple(artifacts),
         redactions=dict(redactor.counts),
         source_manifest_sha256=source.manifest_sha256 or "",

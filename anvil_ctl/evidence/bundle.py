@@ -1,0 +1,349 @@
+"""Evidence on disk: a transaction's JSON artifacts, each written once, and the manifest
+that lists them; verifying a directory against its manifest; a verified bundle as read.
+
+Layout: `<evidence_dir>/<tx_id>/<artifact>.json` plus `manifest.json` listing every
+artifact with its SHA-256 and size. Evidence is immutable: a second write of a name is
+refused. A manifest only vouches for the files it lists (whoever edits an artifact can
+update its `sha256` and `size` too): what binds a directory to what was recorded is the
+manifest's own SHA-256, recorded in the state database for every manifest written.
+`verify_bundle` holds it against the references its caller passes (the database,
+`--expect-manifest`); with references asked for but none knowing this manifest, the
+bundle is reported unbound, never "ok".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from anvil_ctl.atomic import atomic_write
+from anvil_ctl.config import read_input_file
+from anvil_ctl.core.errors import BadInput, EvidenceMismatch, StepFailed
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue, fields, get_int, get_str
+from anvil_ctl.core.validate import unsafe_char, utc_stamp
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_ARTIFACT_BYTES = 1 << 40
+
+
+def to_json(data: object) -> bytes:
+    """The artifact encoding: sorted keys, two-space indent, UTF-8, trailing newline."""
+    return (json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, default=str) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One file of evidence: its path relative to the transaction directory, hash and size."""
+
+    path: str
+    sha256: str
+    size: int
+
+    @classmethod
+    def of(cls, path: str, data: bytes) -> Artifact:
+        return cls(path, hashlib.sha256(data).hexdigest(), len(data))
+
+    def as_dict(self) -> JSONObject:
+        return {"path": self.path, "sha256": self.sha256, "size": self.size}
+
+
+class EvidenceWriter:
+    """Writes a transaction's artifacts once each, then its manifest."""
+
+    def __init__(self, evidence_dir: Path, tx_id: str, *, resume: bool = False) -> None:
+        """`resume`: a step re-run after a crash; the files already written stay, are listed
+        again in the next manifest, and are never overwritten."""
+        if not SAFE_NAME.match(tx_id):
+            raise BadInput(f"transaction id {tx_id!r}: expected letters, digits, '.', '_' or '-'")
+        self.tx_dir = evidence_dir / tx_id
+        self.tx_dir.mkdir(parents=True, exist_ok=True)
+        self.tx_id = tx_id
+        self.artifacts: list[Artifact] = []
+        if resume:
+            for path in sorted(self.tx_dir.iterdir()):
+                if path.is_file() and path.name != MANIFEST and SAFE_NAME.match(path.name):
+                    self.artifacts.append(Artifact.of(path.name, path.read_bytes()))
+
+    def free_name(self, stem: str) -> str:
+        """`<stem>.json`, or `<stem>-2.json`, ... when a re-run finds the earlier one written."""
+        name, n = f"{stem}.json", 1
+        while (self.tx_dir / name).exists():
+            n += 1
+            name = f"{stem}-{n}.json"
+        return name
+
+    def write_json(self, name: str, data: object) -> Artifact:
+        if not SAFE_NAME.match(name) or name == MANIFEST:
+            raise BadInput(f"artifact name {name!r}: expected a plain file name other than {MANIFEST}")
+        path = self.tx_dir / name
+        if path.exists():
+            raise StepFailed(f"evidence {path} already exists; evidence is immutable", path=str(path))
+        payload = to_json(data)
+        atomic_write(path, payload)
+        artifact = Artifact.of(name, payload)
+        self.artifacts.append(artifact)
+        return artifact
+
+    def write_manifest(self, **extra: object) -> Artifact:
+        """Write manifest.json over every artifact written; returns the manifest's own hash."""
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "tx_id": self.tx_id,
+            "created_at": utc_stamp(datetime.now(UTC)),
+            "artifacts": [a.as_dict() for a in sorted(self.artifacts, key=lambda a: a.path)],
+            **extra,
+        }
+        payload = to_json(manifest)
+        atomic_write(self.tx_dir / MANIFEST, payload)
+        return Artifact.of(MANIFEST, payload)
+
+
+def read_manifest(directory: Path) -> JSONObject:
+    """The manifest of an evidence directory, checked entry by entry (see `check_manifest`)."""
+    if not directory.is_dir():
+        raise BadInput(f"{directory}: not a directory; expected an evidence directory", path=str(directory))
+    path = directory / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        raise BadInput(f"{directory}: no {MANIFEST}", path=str(directory))
+    text = read_input_file(path, "evidence manifest file", max_bytes=MAX_MANIFEST_BYTES, error=BadInput)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{path}: not JSON: {exc}", path=str(directory)) from None
+    except RecursionError:
+        raise BadInput(f"{path}: nested too deeply; expected a manifest", path=str(directory)) from None
+    return check_manifest(data, path)
+
+
+def check_manifest(data: object, path: Path) -> JSONObject:
+    """`data` if it is a manifest: an object whose `artifacts` list holds one object per file,
+    each a distinct relative `path`, a 64-hex `sha256` and a `size` >= 0; BadInput otherwise."""
+    if not isinstance(data, dict) or not isinstance(data.get("artifacts"), list):
+        raise BadInput(f"{path}: expected an object with an 'artifacts' list", path=str(path))
+    seen: set[str] = set()
+    artifacts: list[object] = data["artifacts"]
+    for i, entry in enumerate(artifacts):
+        where = f"{path}: artifacts[{i}]"
+        if not isinstance(entry, dict):
+            raise BadInput(f"{where}: expected an object with path, sha256 and size", path=str(path))
+        rel, digest, size = entry.get("path"), entry.get("sha256"), entry.get("size")
+        if not isinstance(rel, str) or not rel or len(rel) > 4096 or unsafe_char(rel) is not None:
+            raise BadInput(f"{where}.path: expected a relative file path", path=str(path))
+        if rel in seen:
+            raise BadInput(f"{where}.path: {rel!r} is listed twice", path=str(path))
+        seen.add(rel)
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise BadInput(f"{where}.sha256: expected 64 lowercase hex digits", path=str(path))
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_ARTIFACT_BYTES:
+            raise BadInput(f"{where}.size: expected a number of bytes >= 0", path=str(path))
+    return data
+
+
+def listed_entries(manifest: JSONObject) -> list[JSONObject]:
+    """The `artifacts` entries of a manifest `check_manifest` accepted: one object each."""
+    entries = manifest["artifacts"]
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+# -- verifying ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One way a directory differs from its manifest."""
+
+    path: str
+    problem: str  # missing | sha256 | size | unlisted | unsafe_path | unreadable | manifest
+    expected: str | int | None = None
+    actual: str | int | None = None
+
+
+@dataclass(frozen=True)
+class ManifestReference:
+    """What one source ("database" or "--expect-manifest") says the manifest's SHA-256 must be;
+    no `sha256s`: the source knows nothing of this manifest, `note` says why."""
+
+    source: str
+    sha256s: tuple[str, ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The manifest's SHA-256 held against one reference: matched True/False, None if unknown."""
+
+    against: str
+    expected: tuple[str, ...]
+    matched: bool | None
+    note: str = ""
+
+
+_ARTIFACT_PROBLEMS = frozenset({"missing", "sha256", "size", "unlisted", "unsafe_path", "manifest"})
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    directory: str
+    checked: int
+    mismatches: tuple[Mismatch, ...]
+    manifest_sha256: str | None = None
+    bindings: tuple[Binding, ...] | None = None  # None: no binding was asked for
+
+    @property
+    def artifacts_ok(self) -> bool:
+        """Every listed file is there with the listed hash and size, and nothing else is."""
+        return not any(m.problem in _ARTIFACT_PROBLEMS for m in self.mismatches)
+
+    @property
+    def bound(self) -> bool | None:
+        """The manifest is one a reference recorded (None: no binding was asked for)."""
+        if self.bindings is None:
+            return None
+        return any(b.matched for b in self.bindings) and not any(b.matched is False for b in self.bindings)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "directory": self.directory,
+            "ok": self.ok,
+            "checked": self.checked,
+            "manifest_sha256": self.manifest_sha256,
+            "bound": self.bound,
+            "bindings": [asdict(b) for b in self.bindings] if self.bindings is not None else None,
+            "mismatches": [asdict(m) for m in self.mismatches],
+        }
+
+
+def _bind(sha: str, references: Sequence[ManifestReference]) -> tuple[tuple[Binding, ...], list[Mismatch]]:
+    bindings = tuple(
+        Binding(r.source, r.sha256s, (sha in r.sha256s) if r.sha256s else None, r.note) for r in references
+    )
+    problems = [
+        Mismatch(MANIFEST, "manifest_sha256", f"{b.against}: {', '.join(b.expected)}", sha)
+        for b in bindings
+        if b.matched is False
+    ]
+    if not any(b.matched for b in bindings) and not problems:
+        tried = "; ".join(f"{b.against}: {b.note or 'no record'}" for b in bindings) or "no reference"
+        problems.append(Mismatch(MANIFEST, "unbound", f"a recorded manifest SHA-256 ({tried})", sha))
+    return bindings, problems
+
+
+def verify_bundle(directory: Path, references: Sequence[ManifestReference] | None = None) -> VerifyResult:
+    """Re-hash every artifact named by the manifest; list missing, changed and unlisted files.
+
+    With `references`, also hold the manifest's own SHA-256 against each: a manifest none
+    of them recorded is `unbound`, one that differs `manifest_sha256`.
+    """
+    try:
+        manifest = read_manifest(directory)
+    except BadInput as exc:
+        return VerifyResult(
+            str(directory),
+            0,
+            (Mismatch(MANIFEST, "manifest", None, str(exc)),),
+            bindings=None if references is None else (),
+        )
+    root = directory.resolve()
+    mismatches: list[Mismatch] = []
+    listed: set[str] = set()
+    for entry in listed_entries(manifest):
+        rel = str(entry.get("path", ""))
+        sha256, size = get_str(entry, "sha256"), get_int(entry, "size")
+        listed.add(rel)
+        try:
+            target = (root / rel).resolve()
+        except (OSError, RuntimeError):  # a symlink loop
+            mismatches.append(Mismatch(rel, "unreadable"))
+            continue
+        if not rel or Path(rel).is_absolute() or root not in target.parents:
+            mismatches.append(Mismatch(rel, "unsafe_path"))
+            continue
+        if not target.is_file():
+            mismatches.append(Mismatch(rel, "missing", sha256))
+            continue
+        try:
+            data = target.read_bytes()
+        except OSError as exc:
+            mismatches.append(Mismatch(rel, "unreadable", None, exc.strerror))
+            continue
+        if len(data) != size:
+            mismatches.append(Mismatch(rel, "size", size, len(data)))
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256:
+            mismatches.append(Mismatch(rel, "sha256", sha256, digest))
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and rel != MANIFEST and rel not in listed:
+            mismatches.append(Mismatch(rel, "unlisted"))
+    sha = hashlib.sha256((directory / MANIFEST).read_bytes()).hexdigest()
+    bindings = None
+    if references is not None:
+        bindings, problems = _bind(sha, references)
+        mismatches.extend(problems)
+    return VerifyResult(str(directory), len(listed), tuple(mismatches), sha, bindings)
+
+
+# -- reading a verified bundle -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One verified evidence directory and its JSON artifacts; nothing is read from a bundle
+    that differs from its manifest (EvidenceMismatch, exit 6)."""
+
+    tx_id: str
+    directory: Path
+    manifest_sha256: str
+    files: dict[str, JSONValue]
+
+    @classmethod
+    def load(cls, directory: Path, tx_id: str = "") -> Bundle:
+        checked = verify_bundle(directory)
+        if not checked.ok:
+            problems = ", ".join(f"{m.path}: {m.problem}" for m in checked.mismatches)
+            raise EvidenceMismatch(
+                f"{directory}: evidence does not match its manifest ({problems}); "
+                "nothing is reported from it",
+                mismatches=[m.path for m in checked.mismatches],
+            )
+        manifest = read_manifest(directory)
+        files: dict[str, JSONValue] = {
+            str(a["path"]): json.loads((directory / str(a["path"])).read_text())
+            for a in listed_entries(manifest)
+            if str(a["path"]).endswith(".json")
+        }
+        tx = tx_id or str(manifest.get("tx_id", directory.name))
+        return cls(tx, directory, checked.manifest_sha256 or "", files)
+
+    def gate(self, gate_type: str) -> JSONObject | None:
+        """The first gate artifact (by name) whose evidence says it is of `gate_type`."""
+        return next(
+            (
+                v
+                for k, v in sorted(self.files.items())
+                if isinstance(v, dict) and fields(v.get("evidence", {})).get("gate_type") == gate_type
+            ),
+            None,
+        )
+
+
+@dataclass
+class ReportInputs:
+    qualification: Bundle
+    decisions: list[Mapping[str, object]] = field(default_factory=list)
+    waivers: list[JSONObject] = field(default_factory=list)
+    promotions: list[Bundle] = field(default_factory=list)
+    ab: list[Bundle] = field(default_factory=list)
