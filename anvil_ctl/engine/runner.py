@@ -79,7 +79,7 @@ class TransactionEngine:
 
     # -- journal, with the fault-injection boundary (`journaling.JournalWriter`) -----------------
 
-    def _hold(self, write: Callable[[], object], boundary: str) -> None:
+    def _hold(self, write: Callable[[], object], boundary: str = "") -> None:
         self._writer.hold(write, boundary)
 
     def _commit(self, write: Callable[[], object] | None = None, boundary: str | None = None) -> None:
@@ -185,7 +185,7 @@ class TransactionEngine:
                 seconds = round(time.perf_counter() - started, 3)
                 bound.debug("snapshot observed", label="before", seconds=seconds)
                 before = outcome.before
-                self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before), "")
+                self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before))
             # Held: the before snapshot, `running` and the availability check only observe, so
             # they commit with the first intent (one database transaction, one audit entry),
             # before the first side effect. The availability check is part of the same reading:
@@ -201,7 +201,7 @@ class TransactionEngine:
             return
         state = observe_slot(ctx.world, plan.slot)
         # Held, as the availability event below: both commit with the first intent.
-        harbour = record_harbour(ctx.world, ctx.tx_id, state, lambda record: self._hold(record, ""))
+        harbour = record_harbour(ctx.world, ctx.tx_id, state, self._hold)
         detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
         self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail, hold=True)
 
@@ -236,7 +236,7 @@ class TransactionEngine:
             )
         self._observe_after(plan, ctx, outcome, "after")
         problems = (
-            plan.verify_after(ctx, outcome.before, outcome.after, lambda record: self._hold(record, ""))
+            plan.verify_after(ctx, outcome.before, outcome.after, self._hold)
             if (plan.verify_after and outcome.after)
             else []
         )
@@ -405,13 +405,11 @@ class TransactionEngine:
         _progress(ctx.world).activity(f"observing the host: the {label} snapshot")
         with one_reading(ctx.world):  # it only observes: each container is inspected once
             after = outcome.after = plan.snapshot()
-        self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after), "")
+        self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after))
         before = outcome.before
         if before is not None:
             changes = outcome.changes = diff(before, after)
-            self._hold(
-                lambda: self.journal.record_diff(ctx.tx_id, f"before-{label}", before, after, changes), ""
-            )
+            self._hold(lambda: self.journal.record_diff(ctx.tx_id, f"before-{label}", before, after, changes))
 
     def _needs_operator(
         self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], exc: NeedsOperator
