@@ -116,9 +116,9 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
 
     app = session.app()
     with working(app.progress, f"evidence export: copying and redacting the evidence of {tx}"):
-        from anvil_ctl.commands import qualify as qualify_cmd
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-        return Reply(qualify_cmd.export_evidence(app, tx, directory))
+        return Reply(evidence_cmd.export_evidence(app, tx, directory))
 
 
 @click.command(
@@ -146,9 +146,9 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
     app = session.app()
     with working(app.progress, f"evidence verify: hashing every artifact of {directory}"):
-        from anvil_ctl.commands import qualify as qualify_cmd
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-        result = qualify_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
+        result = evidence_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 

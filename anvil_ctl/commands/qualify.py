@@ -5,7 +5,7 @@ against a slot's current candidate (the latest `candidate` identity, which must
 be what the slot serves right now) and returns the decisions it recorded.
 `reclassify_decisions` re-judges stored raw decisions under the waivers in force
 (`anvil_ctl.engine.reclassify`); the `waive` command calls it. Evidence export,
-verify and the audit reads live in `commands.evidence` (re-exported here).
+verify and the audit reads live in `commands.evidence`.
 """
 
 from __future__ import annotations
@@ -18,15 +18,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.commands.evidence import (  # re-exported: the CLI and tests find them here
-    EvidenceAudit,
-    audit_decisions,
-    audit_evidence,
-    evidence_tx_dir,
-    export_evidence,
-    router_secrets,
-    verify_evidence,
-)
+from anvil_ctl.commands.evidence import router_secrets
 from anvil_ctl.commands.recipes import recipe_search
 from anvil_ctl.commands.transactions import enter
 from anvil_ctl.core.errors import BadInput
@@ -207,20 +199,3 @@ def reclassify_decisions(
 ) -> ReclassifyReport:
     """Re-judge every stored raw decision (of `slot`) under the waivers active `now`."""
     return reclassify.reclassify_decisions(app.world(), slot=slot, now=now)
-
-
-__all__ = [
-    "AbOutcome",
-    "Comparison",
-    "EvidenceAudit",
-    "QualifyOutcome",
-    "audit_decisions",
-    "audit_evidence",
-    "evidence_tx_dir",
-    "export_evidence",
-    "qualify_ab",
-    "qualify_slot",
-    "reclassify_decisions",
-    "router_secrets",
-    "verify_evidence",
-]

@@ -10,7 +10,6 @@ from anvil_ctl.commands import recipes as recipe_cmds
 from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.commands.transactions import load as load_tx
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadRequest
 from anvil_ctl.engine.plans.unload import removal_problem
@@ -67,12 +66,6 @@ class WouldRemove(TypedDict):
     hint: str
 
 
-class ManagedContainer(TypedDict):
-    container_id: str
-    name: str
-    status: str
-
-
 def unload(
     app: App, container_id: str, *, yes: bool = False, remove_residue: bool = False
 ) -> Outcome | WouldRemove:
@@ -92,11 +85,3 @@ def unload(
     if problem:
         raise Refused(problem, container_id=info.id)
     return {"container_id": info.id, "would_remove": True, "hint": "pass --yes to remove"}
-
-
-def managed_candidates(app: App) -> list[ManagedContainer]:
-    world = app.world()
-    return [
-        {"container_id": c.id, "name": c.name, "status": c.status}
-        for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_ROLE: "candidate"})
-    ]

@@ -60,7 +60,7 @@ def run(
         engine.commit(lock.release_row if lock is not None else None)  # with the end state
     except BaseException as exc:
         if lock is not None:
-            lock.__exit__(type(exc), exc, exc.__traceback__)
+            lock.release_after(exc)
         raise
     if lock is not None:
         lock.release()

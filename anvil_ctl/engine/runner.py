@@ -345,20 +345,16 @@ class TransactionEngine:
             t0 = time.monotonic()
             try:
                 undone = step.undo(ctx, result) or {}
-            except NeedsOperator as exc:
-                progress.step_finished(
-                    seq, step.name, "undo", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
-                )
-                self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
-                # Keep the cause: the operator needs both what failed and what was left.
-                cause = NeedsOperator(f"{exc} (cause: {reason})", **exc.data)
-                return self._needs_operator(outcome, plan, ctx, cause)
             except Exception as exc:
                 progress.step_finished(
                     seq, step.name, "undo", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
                 )
-                slog.error("undo failed", error=str(exc))
                 self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
+                if isinstance(exc, NeedsOperator):
+                    # Keep the cause: the operator needs both what failed and what was left.
+                    cause = NeedsOperator(f"{exc} (cause: {reason})", **exc.data)
+                    return self._needs_operator(outcome, plan, ctx, cause)
+                slog.error("undo failed", error=str(exc))
                 why = f"undo of {step.name} failed: {exc} (after: {reason})"
                 why += self._keep_serving(plan, ctx)
                 self._transition(ctx, TxState.COMPENSATION_FAILED, why)

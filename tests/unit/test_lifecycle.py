@@ -173,9 +173,9 @@ class TestVramAfterAcceptance:
         bundle = fake_host.settings.evidence_dir / (out.tx_id or "")
         assert verify_bundle(bundle).ok and (bundle / reading["artifact"]).is_file()
         # Bound to the database (`evidence verify` and the report accept only bound bundles).
-        from anvil_ctl.commands import qualify as qualify_cmd
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-        assert qualify_cmd.verify_evidence(fake_host.app(), bundle).ok
+        assert evidence_cmd.verify_evidence(fake_host.app(), bundle).ok
 
     def test_a_card_below_the_reserve_undoes_the_promotion_naming_it(self, fake_host: FakeHost) -> None:
         _load(fake_host, vram_mib=95786)

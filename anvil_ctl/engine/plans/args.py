@@ -145,11 +145,6 @@ class ReconcileArgs:
     """The serve the slot's record publishes (its incumbent): what the tier must route to."""
 
 
-PlanArgs = (
-    AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | AbArgs | UnloadArgs | ReconcileArgs
-)
-
-
 # -- requests: what a command asks for, before the record is read ---------------------------------
 # A kind's `prepare` turns its request into its arguments (`anvil_ctl.engine.entry`); requests
 # are never journaled.
