@@ -28,8 +28,8 @@ from tests.unit.fakehost import FakeHost
 PACKAGE = Path(anvil_ctl.__file__).parent
 
 
-def _uuid4_calls() -> set[tuple[str, str]]:
-    """(module, enclosing function) of every call to uuid4 in the package."""
+def _calls(callee: str) -> set[tuple[str, str]]:
+    """(module, enclosing function) of every call to `callee` in the package."""
     found: set[tuple[str, str]] = set()
     for path in PACKAGE.rglob("*.py"):
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
@@ -44,7 +44,7 @@ def _uuid4_calls() -> set[tuple[str, str]]:
                         if isinstance(node.func, ast.Attribute)
                         else getattr(node.func, "id", "")
                     )
-                    if name == "uuid4":
+                    if name == callee:
                         found.add((module, func.name))
     return found
 
@@ -82,10 +82,16 @@ class TestOneMintPlace:
     def test_the_package_makes_transaction_ids_only_in_the_entry(self) -> None:
         """uuid4 is called in three places: the entry (transaction IDs), the host lock (its
         row's ID) and the waive command (a waiver's ID); the store has no default ID to make."""
-        assert _uuid4_calls() == {
+        assert _calls("uuid4") == {
             ("anvil_ctl.engine.entry", "run"),
             ("anvil_ctl.engine.lock", "claim"),
             ("anvil_ctl.commands.gpus_and_waivers", "waive"),
+        }
+
+    def test_only_the_entry_and_recover_run_the_transaction_engine(self) -> None:
+        assert _calls("TransactionEngine") == {
+            ("anvil_ctl.engine.entry", "run"),
+            ("anvil_ctl.engine.recover", "recover_unfinished"),
         }
 
     def test_the_journal_requires_the_id_it_is_given(self, fake_host: FakeHost) -> None:
