@@ -52,8 +52,8 @@ wheel-test: setup
 	$(PY) -m pytest -p no:cacheprovider tests/packaging $(PYTEST_ARGS)
 
 check: setup
-	$(VENV)/bin/ruff format --check anvil_ctl tests scripts benchmarks migrations
-	$(VENV)/bin/ruff check anvil_ctl tests scripts benchmarks migrations
+	$(VENV)/bin/ruff format --check anvil_ctl tests scripts benchmarks migrations contrib/anvil-router-watch
+	$(VENV)/bin/ruff check anvil_ctl tests scripts benchmarks migrations contrib/anvil-router-watch
 	$(VENV)/bin/mypy --strict anvil_ctl
 
 # Never dark, the long way: every journal boundary of load, promote and rollback killed, smg

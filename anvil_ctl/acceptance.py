@@ -161,9 +161,8 @@ CHECKS: tuple[Callable[[openai.OpenAI, str, str], AcceptanceCheck], ...] = (_pla
 
 
 def open_client(router_url: str, client_token: Secret, *, timeout_s: float = 60.0) -> openai.OpenAI:
-    """The official client for the router, its chat resource loaded; it sends nothing yet.
-    Building it costs 0.05-0.1 s (its HTTP client, TLS context and lazily imported resources):
-    the acceptance worker builds it while it waits to be asked."""
+    """The official client for the router, its chat resource loaded; it sends nothing yet (the
+    acceptance worker builds it while it waits to be asked)."""
     client = openai.OpenAI(
         base_url=router_url.rstrip("/") + "/v1",
         api_key=client_token.reveal(),

@@ -1,12 +1,11 @@
 """Real-client acceptance in a forked worker, so that `openai` imports on another core meanwhile.
 
-Importing the official client costs 0.6-1.4 s of CPU (hundreds of generated type
-modules). In a thread of the command it competes with the guards, snapshots and
-readmission for the interpreter lock; a child forked when promote starts imports it
-in parallel and builds its client, then waits for the one request (alias, expected model), runs
-`anvil_ctl.acceptance.run_acceptance` with its own client and answers the result as
-one JSON line. The parent rebuilds the same `AcceptanceResult` (or raises the same
-`AuthRejected`).
+Importing the official client is seconds of CPU (hundreds of generated type modules),
+which in a thread of the command would compete with the guards, snapshots and readmission
+for the interpreter lock. A child forked when promote starts imports it and builds its
+client, then waits for the one request (alias, expected model), runs
+`anvil_ctl.acceptance.run_acceptance` and answers the result as one JSON line; the parent
+rebuilds the same `AcceptanceResult` (or raises the same `AuthRejected`).
 
 Warning: the child is a copy of the command. It touches nothing it inherited (the
 database, the Docker and router clients, the host lock is not taken yet when it forks):

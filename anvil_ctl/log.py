@@ -52,7 +52,7 @@ def _import_structlog(fmt: str) -> None:
     """Import structlog for lines in `fmt`; for JSON lines off a terminal, without rich.
 
     `structlog.dev` runs `import rich` at its import, for the console renderer's exception
-    display alone; JSON lines never use it, and rich with pygments is 30-60 ms of a command's
+    display alone; JSON lines never use it, and rich with pygments weighs on a command's
     start-up. A `None` in `sys.modules` makes that one import fail (structlog then keeps
     its plain traceback formatter), and is taken out again at once, so rich itself still
     imports for whoever needs it later. On a terminal (where the progress display may be
@@ -87,7 +87,9 @@ def _apply(fmt: str, level: str) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # stderr as it is when a logger is made, not when configured: a caller that replaced
+        # it since (a test's capture, closed after it) is written to, not the closed one
+        logger_factory=lambda *_args: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )
 

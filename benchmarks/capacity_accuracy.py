@@ -30,7 +30,8 @@ import httpx
 
 from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.gates import Capacity, GateContext
+from anvil_ctl.qualify.gates.base import GateContext
+from anvil_ctl.qualify.gates.capacity import Capacity
 from anvil_ctl.qualify.results import GateResult
 
 REPO = Path(__file__).resolve().parents[1]

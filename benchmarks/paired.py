@@ -71,8 +71,10 @@ from anvil_ctl.acceptance import PLAIN_PROMPT, STREAM_PROMPT, TOOL_PROMPT, TOOLS
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.router_http import READMIT_PROMPT
 from anvil_ctl.bootstrap import App
-from anvil_ctl.config import Settings, load_host_config
-from anvil_ctl.recipes import container_spec, load_recipe
+from anvil_ctl.config.host import load_host_config
+from anvil_ctl.config.settings import Settings
+from anvil_ctl.recipes.model import load_recipe
+from anvil_ctl.recipes.spec import container_spec
 from scripts.campaign import (
     Campaign,
     reserve_waiver,

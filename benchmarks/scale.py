@@ -10,8 +10,8 @@ journal included. A database of N transactions is the fake host's database plus 
 of the template: fresh transaction, lock and decision IDs (in every column and JSON
 body), integer keys renumbered, timestamps moved ten minutes on per transaction, and the
 audit journal chained again with `anvil_ctl.persistence.audit`'s own hash, its entries
-stored as the Store stores them (lean: link tag, hash bytes, packed rows); the
-current-state projection is then rebuilt from that history. Rows are
+stored as the Store stores them; the current-state projection is then rebuilt from that
+history. Rows are
 inserted in large transactions with `synchronous=OFF` (the Store commits every write with
 an fsync: hours at 100k, not minutes). Built databases are kept in --cache, keyed by
 the schema and the template, and reused.
@@ -51,10 +51,10 @@ import sys
 import tempfile
 import time
 import uuid
-import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -64,33 +64,21 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sqlalchemy import MetaData, Table, column, create_engine, event, insert, select
-from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.orm import Session
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import admin, audit, fleet, lifecycle, transactions
 from anvil_ctl.commands.evidence import audit_decisions
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.guards import Refusal
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.engine.plans.promote import waived_checks
 from anvil_ctl.engine.plans.rollback import resolve_target
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
-from anvil_ctl.persistence import blobdelta, projection, qualification
-from anvil_ctl.persistence.coltypes import (
-    CompactTime,
-    CompactUuid,
-    HexDigest,
-    ImageId,
-    LinkTag,
-    is_packed,
-    pack,
-    unpack,
-)
+from anvil_ctl.persistence import projection, qualification
 from anvil_ctl.persistence.coverage import COVERED, ref_of
+from anvil_ctl.persistence.current_models import PROJECTION_TABLES
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
-from anvil_ctl.persistence.models import PROJECTION_TABLES
-from anvil_ctl.persistence.rowrefs import Unpackable, pack_rows, unpack_rows
 from benchmarks.dbtime import timed_runs
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
 
@@ -100,35 +88,14 @@ STEP = timedelta(minutes=10)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
-COPY_FORMAT = 12  # 12: no ANALYZE (anvilctl never runs it; its statistics changed plans)
-"""How copies are written (part of a cached database's key): 2 stores lean journal entries,
-4 also the journal's compact time and transaction ID and snapshot deltas (migration 0011),
-5 also packed step details (migration 0012), 6 also history times stored compactly (0013),
-7 also GPU ownership events' IDs (0014), 8 packs JSON bodies against the dictionary (0015),
-9 names a step's transaction by its copied first state row (`tx_ref`, 0016), 10 stores
-identities' IDs compactly (0017), 11 also link tags, boot IDs and snapshot references (0018)."""
-SQLITE = sqlite_dialect()
-COMPACT = {"at": CompactTime(), "tx_id": CompactUuid(), "prev_hash": LinkTag()}
-"""The journal's columns stored compactly on SQLite (`coltypes`): copied as their text."""
-STORED_COMPACT: dict[str, dict[str, Any]] = {
-    name: {
-        c.name: c.type
-        for c in t.columns
-        if isinstance(c.type, CompactTime | CompactUuid | HexDigest | ImageId)
-    }
-    for name, t in COVERED.items()
-}
-"""Each history table's columns stored compactly on SQLite (times from migration 0013 on, GPU
-ownership events' IDs from 0014 on, identities' from 0017 on):
-copied as their text, stored as the Store stores them."""
+COPY_FORMAT = 13
+"""How copies are written (part of a cached database's key)."""
 
 
-def read_back(table: str, name: str, value: Any) -> Any:
-    """A stored value of a history row as the Store reads it (what its digest covers)."""
-    kind = STORED_COMPACT.get(table, {}).get(name)
-    if kind is not None:
-        return kind.process_result_value(value, SQLITE)
-    return unpack(value) if isinstance(value, bytes) else value
+def read_back(value: Any) -> Any:
+    """A stored value of a history row as the Store reads it (what its digest covers): a
+    compressed JSON body (`models.Compressed`) as its text."""
+    return zlib.decompress(value).decode() if isinstance(value, bytes) else value
 
 
 # -- the template: real transactions on the fake host -----------------------------------------
@@ -178,12 +145,9 @@ class Template:
     root: Path
     """The fake host: its state database (the base of every size) and its world file."""
     rows: dict[str, list[dict[str, Any]]]
-    """Table -> the rows the template's writes added, in rowid order (the journal's compact
-    values as text, snapshot bodies whole: `delta_bases` says which were deltas)."""
+    """Table -> the rows the template's writes added, in rowid order, as stored."""
     transactions: int
     """Transactions in the base database."""
-    delta_bases: dict[str, str] = field(default_factory=dict)
-    """A snapshot blob stored as a delta -> its base's SHA-256 (copies are stored so again)."""
 
     @property
     def db(self) -> Path:
@@ -219,32 +183,10 @@ def make_template(root: Path) -> Template:
             got = con.execute(f'select * from "{table}" where rowid > ? order by rowid', (last,)).fetchall()
             if got:
                 rows[table] = [dict(r) for r in got]
-        for r in rows.get("audit_journal", []):
-            for name, kind in COMPACT.items():
-                r[name] = kind.process_result_value(r[name], SQLITE)
-        for table, got_rows in rows.items():
-            for r in got_rows:
-                for name, kind in STORED_COMPACT.get(table, {}).items():
-                    r[name] = kind.process_result_value(r[name], SQLITE)
-
-        def stored(sha: str) -> str:
-            return str(
-                unpack(
-                    con.execute("select body_json from snapshot_blobs where sha256 = ?", (sha,)).fetchone()[0]
-                )
-            )
-
-        delta_bases: dict[str, str] = {}
-        for r in rows.get("snapshot_blobs", []):
-            text = unpack(r["body_json"])
-            base_sha = blobdelta.base_of(text)
-            if base_sha is not None:
-                delta_bases[r["sha256"]] = base_sha
-                r["body_json"] = pack(blobdelta.decode(text, stored))
         base = con.execute("select count(*) from transactions").fetchone()[0]
     finally:
         con.close()
-    return Template(root=root, rows=rows, transactions=base, delta_bases=delta_bases)
+    return Template(root=root, rows=rows, transactions=base)
 
 
 # -- copying it -------------------------------------------------------------------------------
@@ -265,8 +207,8 @@ def shifted(value: str, delta: timedelta) -> str:
 
 def copied(value: Any, names: dict[str, str], delta: timedelta) -> Any:
     """A column value of a copy: renamed IDs (also inside JSON), timestamps moved on."""
-    if is_packed(value) and isinstance(value, bytes):  # a packed JSON body
-        return pack(copied(unpack(value), names, delta))
+    if isinstance(value, bytes):  # a compressed JSON body
+        return zlib.compress(copied(read_back(value), names, delta).encode(), 9)
     if not isinstance(value, str):
         return value
     if value in names:
@@ -292,9 +234,7 @@ class Copier:
             conn.execute("PRAGMA foreign_keys=OFF")
 
         self.meta = MetaData()
-        with warnings.catch_warnings():  # the rechecks' expression index (0020): not copied into
-            warnings.filterwarnings("ignore", "Skipped unsupported reflection of expression-based index")
-            self.meta.reflect(self.engine)
+        self.meta.reflect(self.engine)
         self.tables: dict[str, Table] = {
             t.name: t for t in self.meta.sorted_tables if t.name in template.rows
         }
@@ -305,17 +245,6 @@ class Copier:
             if pk.type.python_type is str
             for r in template.rows[name]
         ]
-        # (table, column) -> the table whose integer key it names (a step's `tx_ref`, 0016):
-        # a copy's row names the copy of that row
-        self.int_refs: dict[tuple[str, str], str] = {}
-        for t in self.tables.values():
-            for fk in t.foreign_keys:
-                target = fk.column
-                if target.table.name in self.tables and target.type.python_type is int:
-                    order = list(self.tables)  # parents first (`sorted_tables`)
-                    if order.index(target.table.name) > order.index(t.name):
-                        raise SystemExit(f"{t.name}.{fk.parent.name} names a table copied after it")
-                    self.int_refs[(t.name, fk.parent.name)] = target.table.name
         with self.engine.connect() as conn:
             self.next_id = {
                 name: (
@@ -330,18 +259,8 @@ class Copier:
             journal = self.tables["audit_journal"]
             last = conn.execute(select(journal).order_by(journal.c.id.desc()).limit(1)).mappings().first()
         assert last is not None
-        self.prev_hash = last["hash"].hex() if isinstance(last["hash"], bytes) else str(last["hash"])
+        self.prev_hash = str(last["hash"])
         self.span = max(STEP * template.per_copy, timedelta(seconds=1))
-        self.bases: dict[str, str] = {}
-
-    def whole(self, sha: str) -> str:
-        """A blob of the base database, stored whole (a template delta's base)."""
-        if sha not in self.bases:
-            with self.engine.connect() as conn:
-                t = self.tables["snapshot_blobs"]
-                stored = conn.execute(select(t.c.body_json).where(t.c.sha256 == sha)).scalar()
-            self.bases[sha] = unpack(stored)
-        return self.bases[sha]
 
     def row(self, table: str, row: dict[str, Any], copy: int, names: dict[str, str]) -> dict[str, Any]:
         delta = self.span * (copy + 1)
@@ -351,8 +270,6 @@ class Copier:
             if pk.type.python_type is int:
                 out[pk.name] = self.next_id[table]
                 self.next_id[table] += 1
-        for name, kind in STORED_COMPACT.get(table, {}).items():  # the journal's: `chain`
-            out[name] = kind.process_bind_param(out[name], SQLITE)
         return out
 
     def chain(
@@ -361,13 +278,12 @@ class Copier:
         """The audit row continued on the chain with persistence.audit's own hash, covering
         the copies of the rows its template entry covered (their new keys and digests)."""
         covered = []
-        for table, key, digest in json.loads(unpack_rows(template_rows or "[]")):
+        for table, key, digest in json.loads(template_rows or "[]"):
             new = made.get((table, key))
             if new is None or table not in COVERED:
                 covered.append([table, key, digest])
             else:
-                # a packed body digests as its text (`coltypes`), as the Store's rows do
-                as_read = {k: read_back(table, k, v) for k, v in new.items()}
+                as_read = {k: read_back(v) for k, v in new.items()}
                 ref_table, ref_key, hex_digest = ref_of(COVERED[table], as_read)
                 covered.append([ref_table, ref_key, audit_chain.compact_digest(hex_digest)])
         rows_json = canonical_json(covered)
@@ -379,17 +295,11 @@ class Copier:
             event=row["event"],
             payload=row["payload_json"],
             rows=rows_json,
-            host=row.get("host_id"),  # hashed in when the entry names its host (from 0009)
+            host=row["host_id"],
         )
-        # stored as the Store stores a lean entry (`persistence.audit`, `rowrefs`)
         row["prev_hash"] = self.prev_hash[: audit_chain.LINK_TAG]
-        row["hash"] = bytes.fromhex(digest)
-        for name, kind in COMPACT.items():
-            row[name] = kind.process_bind_param(row[name], SQLITE)
-        try:
-            row["rows_json"] = pack_rows(rows_json)
-        except Unpackable:
-            row["rows_json"] = rows_json
+        row["hash"] = digest
+        row["rows_json"] = rows_json
         self.prev_hash = digest
         return row
 
@@ -405,24 +315,9 @@ class Copier:
                     (pk,) = self.tables[name].primary_key.columns
                     for r in self.t.rows[name]:
                         new = self.row(name, r, copy, names)
-                        for (table, col), parent in self.int_refs.items():
-                            if table == name and r[col] is not None:
-                                (parent_pk,) = self.tables[parent].primary_key.columns
-                                new[col] = made[(parent, r[col])][parent_pk.name]
                         if name == "audit_journal":
                             out[name].append(self.chain(new, r["rows_json"] or "[]", made))
                             continue
-                        base_sha = self.t.delta_bases.get(r[pk.name]) if name == "snapshot_blobs" else None
-                        if base_sha is not None:  # a delta, as the Store stores it
-                            # against the copy of its base, or the base itself when that is
-                            # not in the template (a blob of the base database, stored whole)
-                            base = made.get(("snapshot_blobs", base_sha))
-                            if base is not None:
-                                base_sha, base_text = base["sha256"], unpack(base["body_json"])
-                            else:
-                                base_text = self.whole(base_sha)
-                            whole = unpack(new["body_json"])
-                            new["body_json"] = pack(blobdelta.encode(whole, base_sha, base_text) or whole)
                         made[(name, r[pk.name])] = new
                         out[name].append(new)
             with self.engine.begin() as conn:
@@ -667,10 +562,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
         + " | ".join(
             f"{r['bytes'] / 1e6:,.1f} MB ({r['bytes'] / r['size'] / 1000:,.1f} KB/tx)" for r in results
         )
-        + " | <= 8 KB/tx |",
+        + " | reported (no target) |",
         "| bytes per transaction added since the size before (no fixed schema cost) | "
         + " | ".join(_marginal(results[i - 1], r) if i else "" for i, r in enumerate(results))
-        + " | <= 8 KB/tx |",
+        + " | reported (no target) |",
     ]
     guard_names = sorted(results[0]["guards"])
     worst = [max(r["guards"].items(), key=lambda kv: kv[1]) for r in results]

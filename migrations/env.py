@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Engine
 
+from anvil_ctl.persistence.current_models import Base
 from anvil_ctl.persistence.db import make_engine
-from anvil_ctl.persistence.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -31,10 +31,10 @@ from hypothesis import given, settings
 
 from anvil_ctl import cli, log
 from anvil_ctl.adapters.credentials import read_credential_file, resolve_credentials
-from anvil_ctl.config import RouterConfig, load_host_config
+from anvil_ctl.config.host import RouterConfig, load_host_config
 from anvil_ctl.core.errors import BadInput, CredentialError
 from anvil_ctl.evidence.bundle import read_manifest
-from anvil_ctl.recipes import load_recipe
+from anvil_ctl.recipes.model import load_recipe
 from tests.unit import test_input_properties as props
 from tests.unit.badinput_cases import BASE_RECIPE, CASES, CREDENTIALS, HOST
 from tests.unit.fakehost import make_fake_host

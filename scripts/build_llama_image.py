@@ -170,6 +170,7 @@ class _Member:
     data: bytes | None = None  # file payload, or None when read from a wheel
     wheel: Path | None = None
     member: str = ""
+    host_file: Path | None = None  # a file copied as it is (extra_files)
     size: int = 0
     linkname: str = ""
 
@@ -185,8 +186,18 @@ def _site_path(wheel: Wheel, name: str, is_llama: bool) -> str | None:
     return name
 
 
-def layer_members(wheels: list[Wheel]) -> tuple[dict[str, _Member], dict[str, object]]:
-    """Every member of the layer by path, and the manifest describing where they came from."""
+def layer_members(
+    wheels: list[Wheel],
+    *,
+    extra_files: dict[str, Path] | None = None,
+    python: str = f"{CONTAINER_PYTHON} (host, bind-mounted read-only; CPython 3.11)",
+    variant: str = "cpu",
+) -> tuple[dict[str, _Member], dict[str, object]]:
+    """Every member of the layer by path, and the manifest describing where they came from.
+
+    `extra_files`: files beside the wheels' (site-packages path -> host file), each named in
+    the manifest by SHA-256 (the CUDA engine's runtime libraries); `python` and `variant`
+    describe the interpreter the wheels are for and the build."""
     members: dict[str, _Member] = {}
     for path, kind, mode, payload in _ROOTFS:
         if kind == "file":
@@ -215,13 +226,21 @@ def layer_members(wheels: list[Wheel]) -> tuple[dict[str, _Member], dict[str, ob
                     member=info.filename,
                     size=info.file_size,
                 )
+    extras = []
+    for rel, source in sorted((extra_files or {}).items()):
+        target = f"{SITE}/{rel}"
+        if target in members:
+            raise SystemExit(f"build_llama_image: {target} is in a wheel and an extra file")
+        members[target] = _Member("file", 0o644, host_file=source, size=source.stat().st_size)
+        extras.append({"path": target, "sha256": sha256_file(source), "bytes": source.stat().st_size})
     manifest: dict[str, object] = {
         "format": FORMAT,
         "engine": "llama-cpp-python",
         "version": VERSION,
-        "python": f"{CONTAINER_PYTHON} (host, bind-mounted read-only; CPython 3.11)",
+        "python": python,
         "site_packages": CONTAINER_SITE,
         "wheels": [{"file": w.name, "sha256": w.sha256} for w in wheels],
+        **({"variant": variant, "extra_files": extras} if variant != "cpu" else {}),
         "not_installed": {
             "llama-cpp-python": list(LLAMA_SKIPPED_TOPS),
             "all": [".data/scripts", ".data/headers", ".data/data"],
@@ -254,6 +273,9 @@ def write_layer(members: dict[str, _Member], out: Path) -> str:
                     tar.addfile(_info(path, "symlink", m.mode, linkname=m.linkname))
                 elif m.data is not None:
                     tar.addfile(_info(path, "file", m.mode, size=m.size), io.BytesIO(m.data))
+                elif m.host_file is not None:
+                    with m.host_file.open("rb") as src:
+                        tar.addfile(_info(path, "file", m.mode, size=m.size), src)
                 else:
                     assert m.wheel is not None
                     zf = zips.get(m.wheel) or zips.setdefault(m.wheel, zipfile.ZipFile(m.wheel))
@@ -288,9 +310,10 @@ def image_config(diff_id: str, manifest_sha256: str, llama_sha256: str) -> bytes
     )
 
 
-def build_tarball(wheels: list[Wheel], out: Path) -> str:
-    """Write the `docker save`-format tarball to `out`; return the image ID."""
-    members, _ = layer_members(wheels)
+def build_tarball(wheels: list[Wheel], out: Path, **layer: object) -> str:
+    """Write the `docker save`-format tarball to `out`; return the image ID (`layer`: the
+    keyword arguments of layer_members)."""
+    members, _ = layer_members(wheels, **layer)  # type: ignore[arg-type]
     manifest_member = members["opt/llama/MANIFEST.json"]
     assert manifest_member.data is not None
     manifest_sha = hashlib.sha256(manifest_member.data).hexdigest()

@@ -30,10 +30,11 @@ if str(REPO) not in sys.path:
 from anvil_ctl.adapters.credentials import resolve_credentials
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.smg import SmgRouter
-from anvil_ctl.config import load_host_config
+from anvil_ctl.config.host import load_host_config
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.store import Store
-from anvil_ctl.recipes import container_spec, load_recipe
+from anvil_ctl.recipes.model import load_recipe
+from anvil_ctl.recipes.spec import container_spec
 from scripts.routers import Proc, start_smg
 
 INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"

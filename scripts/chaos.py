@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.persistence.queries import TransactionSummary
 from scripts.campaign import (
     INCUMBENT_MODEL,

@@ -29,9 +29,10 @@ if str(REPO) not in sys.path:
 from anvil_ctl.adapters.credentials import resolve_credentials
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.haproxy import HaproxyRouter
-from anvil_ctl.config import load_host_config
+from anvil_ctl.config.host import load_host_config
 from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
-from anvil_ctl.recipes import container_spec, load_recipe
+from anvil_ctl.recipes.model import load_recipe
+from anvil_ctl.recipes.spec import container_spec
 from scripts.routers import Proc, start_haproxy
 
 TIER, ALIAS = "primary-local", "llm.primary"

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from anvil_ctl.config import RouterConfig, read_input_file
+from anvil_ctl.config.host import RouterConfig
+from anvil_ctl.config.inputs import read_input_file
 from anvil_ctl.core.errors import CredentialError
 from anvil_ctl.core.validate import check_token
 

@@ -4,7 +4,7 @@ The fingerprint must equal `ContainerSpec.fingerprint_fields()` of the spec the
 container was created from, yet Docker's inspect data differs from the request in
 known ways: the image's Env/Cmd/Entrypoint are merged in, ShmSize is in bytes,
 IpcMode and ShmSize get daemon defaults, and simulated GPUs travel as env. The
-adapter records what the spec left to defaults in labels (`SPEC_LABELS`) at
+adapter records what the spec left to defaults in labels (`spec_labels`) at
 create time; here each such field is accepted as "default" only when the
 observed value is still what Docker would have given by default, so a changed
 container still changes the fingerprint. Inspect data is Docker's JSON as the SDK
@@ -19,10 +19,11 @@ from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.model import LABEL_PREFIX, ContainerSpec, fingerprint_fields
 
 LABEL_GPUS = LABEL_PREFIX + "gpus"
+LABEL_GPU_LIBRARIES = LABEL_PREFIX + "gpu.libraries"
+"""Driver libraries the adapter mounted for a "devices" GPU container: not the spec's mounts."""
 LABEL_ENV_KEYS = LABEL_PREFIX + "spec.env-keys"
 LABEL_DEFAULTS = LABEL_PREFIX + "spec.defaults"
 LABEL_SHM_SIZE = LABEL_PREFIX + "spec.shm-size"
-SPEC_LABELS = (LABEL_ENV_KEYS, LABEL_DEFAULTS, LABEL_SHM_SIZE)
 GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
 DEFAULT_SHM_BYTES = 64 * 1024 * 1024
 DEFAULT_IPC_MODES = frozenset({"", "private", "shareable"})
@@ -133,12 +134,19 @@ def inspect_fingerprint_fields(
     defaults = set(text(labels.get(LABEL_DEFAULTS)).split(","))
     spec_keys = {k for k in text(labels.get(LABEL_ENV_KEYS)).split(",") if k}
 
+    adapter_mounts = {t for t in text(labels.get(LABEL_GPU_LIBRARIES)).split(",") if t}
     img_env = _env(img.get("Env"))
     env = {k: v for k, v in _env(cfg.get("Env")).items() if k in spec_keys or img_env.get(k) != v}
     gpus: list[str] = []
     for req in map(obj, arr(hc.get("DeviceRequests"))):
         if ["gpu"] in arr(req.get("Capabilities")):
             gpus.extend(str(d) for d in arr(req.get("DeviceIDs")))
+    if any(
+        re.fullmatch(r"/dev/nvidia\d+", text(d.get("PathInContainer")))
+        for d in map(obj, arr(hc.get("Devices")))
+    ):
+        # GPUs given as device nodes ("devices" mode): the label names them by UUID
+        gpus.extend(u for u in text(labels.get(LABEL_GPUS)).split(",") if u)
     if GPU_ENV in env and GPU_ENV not in spec_keys:
         # simulated GPUs: the adapter put them there, they are not the spec's env
         gpus.extend(u for u in env.pop(GPU_ENV).split(",") if u)
@@ -167,7 +175,7 @@ def inspect_fingerprint_fields(
         command=command,
         entrypoint=[str(e) for e in arr(entrypoint)] if entrypoint is not None else None,
         env=env,
-        mounts=_mounts(hc),
+        mounts=[m for m in _mounts(hc) if m["target"] not in adapter_mounts],
         ports=_ports(hc),
         gpu_uuids=gpus,
         shm_size=shm,

@@ -9,8 +9,12 @@ TransientError; create and remove are not, because a lost answer to a
 successful create or remove must not be repeated blindly.
 
 GPU modes: "nvidia" passes GPUs as a DeviceRequest (device_ids = UUIDs,
-capabilities [["gpu"]]); "simulated" passes them as env NVIDIA_VISIBLE_DEVICES
-(no NVIDIA runtime exists there). Both set the label io.anvil.gpus.
+capabilities [["gpu"]]), which needs the NVIDIA Container Toolkit in the engine;
+"devices" gives the container the GPUs' device nodes and the driver's libraries itself
+(`nvidia_devices`: a host with the driver and Docker but no toolkit); "simulated" passes
+them as env NVIDIA_VISIBLE_DEVICES (no GPU at all). "auto" picks "nvidia" when the
+engine lists an `nvidia` runtime, else "devices", at the first create. All set the label
+io.anvil.gpus, which is how inspect reads a "devices" container's GPUs back.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from docker.types import DeviceRequest, Ulimit
 from docker.types import Mount as DockerMount
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from anvil_ctl.adapters import nvidia_devices
 from anvil_ctl.adapters.docker_fingerprint import (
     GPU_ENV,
+    LABEL_GPU_LIBRARIES,
     arr,
     inspect_fingerprint_fields,
     integer,
@@ -49,7 +55,7 @@ from anvil_ctl.core.model import (
 )
 from anvil_ctl.log import get_logger
 
-GpuMode = Literal["nvidia", "simulated"]
+GpuMode = Literal["nvidia", "devices", "simulated", "auto"]
 STOPPED = frozenset({"exited", "created", "dead"})
 log = get_logger()
 
@@ -104,8 +110,8 @@ class DockerRuntime:
         `io.anvil.host=<host>`, and it does not list containers labelled for another host:
         where two hosts of a fleet share one Docker Engine, each sees its own
         containers and the ones no host labelled (started by hand)."""
-        if gpu_mode not in ("nvidia", "simulated"):
-            raise BadInput(f"gpu_mode must be 'nvidia' or 'simulated', not {gpu_mode!r}")
+        if gpu_mode not in ("nvidia", "devices", "simulated", "auto"):
+            raise BadInput(f"gpu_mode must be 'nvidia', 'devices', 'simulated' or 'auto', not {gpu_mode!r}")
         self.gpu_mode: GpuMode = gpu_mode
         self.host = host
         self._poll_s = poll_s
@@ -196,6 +202,16 @@ class DockerRuntime:
         fields, _ = inspect_fingerprint_fields(attrs, _image_config(image))
         return fields
 
+    def resolved_gpu_mode(self) -> GpuMode:
+        """The GPU mode in force: "auto" resolved once, by whether the engine has an NVIDIA
+        runtime (the toolkit registers one as `nvidia`)."""
+        if self.gpu_mode == "auto":
+            with translated("docker info"):
+                runtimes = obj(self._client.info().get("Runtimes"))
+            self.gpu_mode = "nvidia" if "nvidia" in runtimes else "devices"
+            log.info("docker.gpu_mode", gpu_mode=self.gpu_mode, runtimes=sorted(runtimes))
+        return self.gpu_mode
+
     # ---------------------------------------------------------------- mutate
 
     def create(self, spec: ContainerSpec) -> str:
@@ -232,10 +248,22 @@ class DockerRuntime:
             kwargs["ulimits"] = [Ulimit(name=n, soft=s, hard=h) for n, s, h in spec.ulimits]
         if spec.working_dir is not None:
             kwargs["working_dir"] = spec.working_dir
-        if self.gpu_mode == "nvidia" and spec.gpu_uuids:
+        mode = self.resolved_gpu_mode() if spec.gpu_uuids else self.gpu_mode
+        if mode == "nvidia" and spec.gpu_uuids:
             kwargs["device_requests"] = [
                 DeviceRequest(device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]])
             ]
+        if mode == "devices" and spec.gpu_uuids:
+            kwargs["devices"] = nvidia_devices.device_nodes(spec.gpu_uuids, nvidia_devices.gpu_nodes())
+            libraries = nvidia_devices.library_mounts(
+                nvidia_devices.driver_libraries(nvidia_devices.read_ldconfig_cache()),
+                [(m.source, m.target) for m in spec.mounts],
+            )
+            kwargs["mounts"] = [
+                *cast(list[DockerMount], kwargs["mounts"]),
+                *(DockerMount(target=lib, source=lib, type="bind", read_only=True) for lib in libraries),
+            ]
+            labels[LABEL_GPU_LIBRARIES] = ",".join(libraries)
         with translated(f"create container {spec.name}"):
             container = self._client.containers.create(**kwargs)
         container_id = str(container.id)

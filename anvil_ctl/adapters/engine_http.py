@@ -15,11 +15,10 @@ from anvil_ctl.core.model import ModelCard, PromptAnswer
 class HttpServerProbe:
     """One client for the probe's life, opened on first use and closed by `close`.
 
-    Building an httpx client costs (with the CA bundle loaded, 40-80 ms on a loaded
-    host), so it is built once, not per probe, and without trust roots: an engine's
-    binding is plain HTTP on loopback (see `anvil_ctl.adapters.tls`). No connection is
-    kept alive between probes: an engine that restarts leaves no stale pooled socket
-    behind, and nothing stays open.
+    Building an httpx client is costly (the CA bundle), so it is built once, not per
+    probe, and without trust roots: an engine's binding is plain HTTP on loopback (see
+    `anvil_ctl.adapters.tls`). No connection is kept alive between probes: an engine that
+    restarts leaves no stale pooled socket behind, and nothing stays open.
     """
 
     def __init__(self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
@@ -76,7 +75,7 @@ class HttpServerProbe:
         so the prompt is at least that many tokens) with max_tokens 1.
 
         An engine that checks the prompt against its context refuses it after tokenizing
-        (llama.cpp: 0.1 s for 2k tokens); one that accepts it evaluates the whole prompt,
+        (quickly); one that accepts it evaluates the whole prompt,
         which is why the timeout is long.
         """
         body = {

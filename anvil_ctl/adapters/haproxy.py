@@ -33,15 +33,14 @@ from anvil_ctl.adapters.haproxy_config import (
 )
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
-    answer_problem,
+    RouterHttp,
     check_answer,
     probe_client_token,
     readmit_loop,
     routed_chat,
-    translated,
 )
 from anvil_ctl.adapters.tls import context_for
-from anvil_ctl.core.errors import AdapterError, CredentialError, TransientError
+from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
@@ -83,8 +82,11 @@ def _split_url(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
-class HaproxyRouter:
+class HaproxyRouter(RouterHttp):
     """`anvil_ctl.core.ports.Router` over HAProxy's Runtime API and its data plane."""
+
+    NAME = "haproxy"
+    READY_PATH = READY_URI  # answers 200 once some tier has a server up
 
     def __init__(
         self,
@@ -105,15 +107,6 @@ class HaproxyRouter:
         self._http = httpx.Client(transport=transport, timeout=timeout_s, verify=context_for(self.url))
         self._socket_timeout_s = socket_timeout_s
         self._sleep = sleep
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> HaproxyRouter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"HaproxyRouter(url={self.url!r}, socket={str(self.socket_path)!r})"
@@ -276,43 +269,25 @@ class HaproxyRouter:
         readmit_loop(attempt, what=f"haproxy tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep)
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
+        _split_url(url)  # a malformed URL is an error of the caller's, not a verdict
+        return super().check_route(tier, url, expected_model)
+
+    def _route_problem(self, tier: str, url: str) -> tuple[str, str]:
+        self._known(tier)
         target = _split_url(url)
-
-        def verdict(reason: str = "") -> RouteCheck:
-            return RouteCheck(tier, url, expected_model, holds=not reason, reason=reason)
-
-        try:
-            self._known(tier)
-            live = [s for s in self.slots(tier) if s.state != "maint"]
-            mine = [s for s in live if (s.addr, s.port) == target]
-            others = sorted(s.url for s in live if s not in mine and s.state == "ready")
-            if not mine:
-                return verdict(f"no server of haproxy backend {backend_name(tier)} points at {url}")
-            if others:
-                return verdict(f"tier {tier!r} also routes to {', '.join(others)}")
-            if mine[0].state != "ready":
-                return verdict(f"haproxy server {mine[0].name} for {url} is {mine[0].state}")
-            if not mine[0].healthy:
-                return verdict(f"haproxy reads {url} {mine[0].status}")
-            alias = self.tiers[tier][0]
-            answer = routed_chat(self._http, self.url, alias, self._client)
-        except CredentialError:
-            raise  # an unsafe admin socket is configuration, not a missing route
-        except AdapterError as exc:  # socket gone, haproxy down, config and tiers disagree
-            return verdict(f"haproxy: {exc}")
-        return verdict(answer_problem(answer, alias, expected_model) or "")
-
-    def routed_chat(self, alias: str) -> RoutedAnswer:
-        return routed_chat(self._http, self.url, alias, self._client)
-
-    def ready(self) -> bool:
-        """HAProxy answers its monitor URI with 200 once some tier has a server up."""
-        try:
-            with translated("haproxy monitor uri"):
-                response = self._http.get(f"{self.url}{READY_URI}")
-        except TransientError:
-            return False
-        return response.status_code == 200
+        live = [s for s in self.slots(tier) if s.state != "maint"]
+        mine = [s for s in live if (s.addr, s.port) == target]
+        others = sorted(s.url for s in live if s not in mine and s.state == "ready")
+        alias = self.tiers[tier][0]
+        if not mine:
+            return f"no server of haproxy backend {backend_name(tier)} points at {url}", alias
+        if others:
+            return f"tier {tier!r} also routes to {', '.join(others)}", alias
+        if mine[0].state != "ready":
+            return f"haproxy server {mine[0].name} for {url} is {mine[0].state}", alias
+        if not mine[0].healthy:
+            return f"haproxy reads {url} {mine[0].status}", alias
+        return "", alias
 
     def view(self, tier: str) -> JSONObject:
         """The router's view of a tier for snapshots. No secrets."""

@@ -14,8 +14,8 @@ and a `.gguf` file's header and metadata read back (`anvil_ctl.adapters.gguf`). 
 are reported, never raised: the caller (the load transaction's refusal check) decides.
 Nothing is downloaded or written.
 
-Warning: hashing reads every byte of every pinned file (about 0.3 s for the 98 MB
-SmolLM2 GGUF here); pin only the files an engine loads.
+Warning: hashing reads every byte of every pinned file; pin only the files an engine
+loads.
 """
 
 from __future__ import annotations

@@ -5,16 +5,11 @@ is translated here: a host without the NVIDIA driver, its NVML library or any
 GPU raises `NvmlUnavailable` with a message that says so; a timeout or a GPU not
 yet ready raises `TransientError`; anything else `AdapterError`.
 
-Rounding: NVML reports bytes; we report MiB as `bytes // 2**20` (floor). On two
-H200s (driver 580.159.04, scripts/gpu_check.py) `nvidia-smi` printed `used` and
-`free` 1 MiB higher than the floor whenever the byte count was not a whole MiB
-(it rounds, we floor): figures agree within 1 MiB, and the floor never
-overstates the free memory a reserve gate relies on. Memory is
-read with `nvmlDeviceGetMemoryInfo_v2` where the driver has it: since R510
-`nvidia-smi` reports `used` without the driver's reserved memory, and the v1
-call would count that reservation as used (several hundred MiB on an H200).
-Because each figure is floored separately, `total` may exceed `used + free` by
-the reserved memory plus up to 2 MiB of rounding.
+Rounding: NVML reports bytes; we report MiB as `bytes // 2**20` (floor), so a figure may
+be 1 MiB under `nvidia-smi`'s (which rounds), and never overstates the free memory a
+reserve gate relies on. Memory is read with `nvmlDeviceGetMemoryInfo_v2` where the driver
+has it: since R510 `used` excludes the driver's reserved memory, which the v1 call counts
+as used. So `total` may exceed `used + free` by the reserved memory plus up to 2 MiB.
 """
 
 from __future__ import annotations

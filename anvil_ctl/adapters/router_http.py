@@ -1,4 +1,5 @@
-"""HTTP pieces both router adapters share: error translation, the routed chat, the readmission loop.
+"""What both router adapters share: error translation, the routed chat, the readmission loop,
+and `RouterHttp`, the data-plane half of the `Router` port (routed chat, readiness, a route's check).
 
 httpx exceptions end here (`TransientError`); a 401/403 becomes `AuthRejected`
 naming the credential's source, never its value. The readmission loop retries
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Self
 
 import httpx
 from tenacity import (
@@ -21,9 +23,9 @@ from tenacity import (
 )
 
 from anvil_ctl.adapters.credentials import Secret
-from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
+from anvil_ctl.core.errors import AdapterError, AuthRejected, CredentialError, StepFailed, TransientError
 from anvil_ctl.core.jsontypes import JSONValue
-from anvil_ctl.core.model import RoutedAnswer
+from anvil_ctl.core.model import RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
 
 log = get_logger()
@@ -183,3 +185,53 @@ def readmit_loop(
         seconds=round(clock() - started, 3),
     )
     return answer
+
+
+class RouterHttp:
+    """The data plane both routers serve alike; a router says where its readiness is and what
+    stands in a route's way (`_route_problem`)."""
+
+    NAME: str
+    READY_PATH: str
+    url: str
+    _http: httpx.Client
+    _client: Secret
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _route_problem(self, tier: str, url: str) -> tuple[str, str]:
+        """(what stands in the way of routing `tier` to `url`, "" if nothing; the alias to chat to)."""
+        raise NotImplementedError
+
+    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
+        def verdict(reason: str = "") -> RouteCheck:
+            return RouteCheck(tier, url, expected_model, holds=not reason, reason=reason)
+
+        try:
+            problem, alias = self._route_problem(tier, url)
+            if problem:
+                return verdict(problem)
+            answer = self.routed_chat(alias)
+        except CredentialError:
+            raise  # an unsafe admin socket is configuration, not a missing route
+        except AdapterError as exc:  # unreachable, busy or answering nonsense: no route to rely on
+            return verdict(f"{self.NAME}: {exc}")
+        return verdict(answer_problem(answer, alias, expected_model) or "")
+
+    def routed_chat(self, alias: str) -> RoutedAnswer:
+        return routed_chat(self._http, self.url, alias, self._client)
+
+    def ready(self) -> bool:
+        try:
+            with translated(f"{self.NAME} GET {self.READY_PATH}"):
+                response = self._http.get(f"{self.url}{self.READY_PATH}")
+        except TransientError:
+            return False
+        return response.status_code == 200

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from anvil_ctl.adapters.procfs import proc_cgroup_container
 from anvil_ctl.adapters.shm_removal import Observation, SeenFile, remove_residue
-from anvil_ctl.config import ENGINE_SEGMENTS
+from anvil_ctl.config.host import ENGINE_SEGMENTS
 from anvil_ctl.core.model import LABEL_MANAGED, ResidueFile, ResidueRemoval, ShmMark
 from anvil_ctl.core.ports import ContainerRuntime, ShmLedger
 from anvil_ctl.log import get_logger

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from anvil_ctl.config import GpuRole
+from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import AdapterError
 from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_PREFIX, GpuProcess, GpuReading
@@ -29,9 +29,9 @@ SIM_VRAM_PATH = "/anvil/sim/vram"
 
 
 class _HttpGet:
-    """GET a JSON body with one client for the probe's life (building a client loads the CA
-    bundle, 50-80 ms on a loaded host; NVML, which this stands in for, costs nothing like
-    it). No connection is kept alive: a stub restarted between readings leaves none stale."""
+    """GET a JSON body with one client for the probe's life (building a client is costly;
+    NVML, which this stands in for, is not). No connection is kept alive: a stub restarted
+    between readings leaves none stale."""
 
     def __init__(self) -> None:
         self._client: httpx.Client | None = None
@@ -41,7 +41,7 @@ class _HttpGet:
             self._client = httpx.Client(
                 timeout=2.0,
                 limits=httpx.Limits(max_keepalive_connections=0),
-                # The stub answers plain HTTP on loopback: no CA bundle to load (40-80 ms);
+                # The stub answers plain HTTP on loopback: no CA bundle to load;
                 # a context that trusts nothing could never complete a TLS handshake.
                 verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
             )

@@ -9,12 +9,12 @@ workers; a tier has one backend, registered with its first alias as model id
 Observed behaviour this adapter is written around (smg 1.13.0, against the real
 binary in the test environment):
 - `POST /workers` answers 202 and registers in the background (a job); the
-  worker appears in `GET /workers` 0.1-0.3 s later.
+  worker appears in `GET /workers` shortly after.
 - `DELETE /workers/{id}` answers 202 and queues a removal job keyed by the
   worker's URL: the worker reads `draining` (unhealthy, routed chat 503) at once,
   `GET /workers/{id}` shows `job_status` {job_type RemoveWorker, status
-  processing}, and after a fixed 5 s drain the job removes *whatever worker is
-  registered at that URL by then* (gone 5.10-5.15 s after the DELETE). Nothing
+  processing}, and after a fixed drain (`OWN_REMOVAL_MIN_S`) the job removes
+  *whatever worker is registered at that URL by then*. Nothing
   cancels it: a POST of the URL meanwhile answers 409, a PUT answers 202 and reads
   the worker `ready` again, yet the removal still lands. A second DELETE of a
   draining worker removes it at once and clears the URL's job status while the
@@ -57,14 +57,13 @@ import httpx
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
-    answer_problem,
+    RouterHttp,
     check_answer,
     probe_client_token,
     readmit_loop,
     routed_chat,
-    translated,
 )
-from anvil_ctl.adapters.smg_removals import OWN_REMOVAL_MIN_S, PendingRemovals
+from anvil_ctl.adapters.smg_removals import PendingRemovals
 from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, TIER_LABEL, SmgWorker, SmgWorkers, norm
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
@@ -72,18 +71,18 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
 
-__all__ = ["NIL_WORKER_ID", "OWN_REMOVAL_MIN_S", "POLL_FIRST_S", "TIER_LABEL", "SmgRouter"]
-
 log = get_logger()
 
 POLL_FIRST_S = 0.02
-"""Polls start this short and double up to `poll_s`: most waits end within a few polls.
-`poll_s` is 0.05 s: a drain waits smg's 5 s, and what it overshoots the removal by is lost
-(half a poll on average); one poll is one local GET /workers (~1.5 ms)."""
+"""Polls start this short and double up to `poll_s`: most waits end within a few polls, and
+what a wait overshoots the removal it waits for by is lost (half a poll on average)."""
 
 
-class SmgRouter:
+class SmgRouter(RouterHttp):
     """`anvil_ctl.core.ports.Router` over smg's HTTP control and data planes."""
+
+    NAME = "smg"
+    READY_PATH = "/readiness"
 
     def __init__(
         self,
@@ -114,15 +113,6 @@ class SmgRouter:
         self._sleep = sleep
         self._clock = clock
         self._removals = PendingRemovals(removal_hold_s, clock)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> SmgRouter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SmgRouter(url={self.url!r}, admin_url={self.admin_url!r})"
@@ -323,7 +313,7 @@ class SmgRouter:
     ) -> RoutedAnswer | None:
         """Keep observing the registration until no removal can still land on it.
 
-        A removal sent before `since` lands within smg's drain (5 s) of it, one seen
+        A removal sent before `since` lands within smg's drain of it, one seen
         pending within the drain of its sighting, our own DELETE within the drain of its
         sending; past `removal_hold_s` after each, nothing queued can remove the URL.
         Gone or pending removal meanwhile: NotYetRouted, and the next attempt registers
@@ -349,39 +339,21 @@ class SmgRouter:
         return answer
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
-        target = norm(url)
+        return super().check_route(tier, norm(url), expected_model)
 
-        def verdict(reason: str = "") -> RouteCheck:
-            return RouteCheck(tier, target, expected_model, holds=not reason, reason=reason)
-
-        try:
-            workers = self._workers.of_tier(tier)
-            mine = [w for w in workers if w.url == target]
-            others = sorted(w.url for w in workers if w not in mine)
-            if not mine:
-                return verdict(f"smg lists no worker of tier {tier!r} at {target}")
-            if others:
-                return verdict(f"tier {tier!r} also has {', '.join(others)}")
-            if self._removal_pending(mine[0]):
-                return verdict(f"smg has a removal of {target} pending (it is draining)")
-            if not mine[0].healthy:
-                return verdict(f"smg reads {target} unhealthy")
-            alias = mine[0].aliases[0] if mine[0].aliases else ""
-            answer = routed_chat(self._http, self.url, alias, self._client)
-        except AdapterError as exc:  # unreachable, busy or answering nonsense: no route to rely on
-            return verdict(f"smg: {exc}")
-        return verdict(answer_problem(answer, alias, expected_model) or "")
-
-    def routed_chat(self, alias: str) -> RoutedAnswer:
-        return routed_chat(self._http, self.url, alias, self._client)
-
-    def ready(self) -> bool:
-        try:
-            with translated("smg GET /readiness"):
-                response = self._http.get(f"{self.url}/readiness")
-        except TransientError:
-            return False
-        return response.status_code == 200
+    def _route_problem(self, tier: str, url: str) -> tuple[str, str]:
+        workers = self._workers.of_tier(tier)
+        mine = [w for w in workers if w.url == url]
+        others = sorted(w.url for w in workers if w not in mine)
+        if not mine:
+            return f"smg lists no worker of tier {tier!r} at {url}", ""
+        if others:
+            return f"tier {tier!r} also has {', '.join(others)}", ""
+        if self._removal_pending(mine[0]):
+            return f"smg has a removal of {url} pending (it is draining)", ""
+        if not mine[0].healthy:
+            return f"smg reads {url} unhealthy", ""
+        return "", mine[0].aliases[0] if mine[0].aliases else ""
 
     def view(self, tier: str) -> JSONObject:
         """The router's view of a tier for snapshots: backends, observed model, readiness."""

@@ -15,10 +15,10 @@ from anvil_ctl.log import get_logger
 log = get_logger()
 
 OWN_REMOVAL_MIN_S = 5.0
-"""smg 1.13 removes a DELETEd worker after a fixed 5 s drain (5.10-5.15 s measured): a
-removal this adapter sees land sooner than this after its DELETE was not (only) its own.
-(A foreign second DELETE landing in the last ~0.1 s before ours cannot be told apart; the
-engine's goal check after readmission finds the route gone and repairs it, holding.)"""
+"""smg 1.13's fixed drain before it removes a DELETEd worker: a removal this adapter sees
+land sooner than this after its DELETE was not (only) its own. (A foreign second DELETE
+landing just before ours cannot be told apart; the engine's goal check after readmission
+finds the route gone and repairs it, holding.)"""
 
 
 class PendingRemovals:

@@ -1,7 +1,7 @@
 """TLS for the adapters' httpx clients: trust roots are loaded only where a URL is https.
 
 Building an httpx client builds an SSL context, and loading the CA bundle into it
-costs 40-80 ms on a loaded host, for every client of every command, although the
+is costly, for every client of every command, although the
 engines, the stub's GPU endpoint and usually the router speak plain HTTP on
 127.0.0.1. A client whose URLs are all `http://` gets a context without trust
 roots: it never needs one, and if it were ever sent to an https URL it could not

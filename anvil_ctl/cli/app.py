@@ -17,23 +17,18 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TypedDict
+from collections.abc import Sequence
+from typing import NoReturn
 
 import click
 
 from anvil_ctl.cli import admin, audit, claims, fleet, gpus_and_waivers, lifecycle, qualify, serves
 from anvil_ctl.cli.complete import PROG, completion
-from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
+from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options, open_app
 from anvil_ctl.cli.topics import help_command
-from anvil_ctl.core.errors import AnvilError, ConfigError
+from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.validate import escape_text
-
-if TYPE_CHECKING:
-    from anvil_ctl.bootstrap import App
-    from anvil_ctl.config import Settings
 
 INTERRUPTED = 128 + signal.SIGINT  # the shell's convention for a process ended by Ctrl-C: 130
 
@@ -122,84 +117,6 @@ def attach_global_options(command: click.Command) -> None:
 attach_global_options(root)
 
 
-# -- the App ----------------------------------------------------------------------------------
-
-
-class _Overrides(TypedDict, total=False):
-    """The path settings a flag gave (a flag not given leaves its setting to the environment)."""
-
-    config: Path
-    state_db: str
-    state_dir: Path
-    recipes_dir: Path
-
-
-def settings_from(options: GlobalOptions) -> Settings:
-    """Settings from the environment (ANVIL_*), overridden by the flags that were given."""
-    from pydantic import ValidationError
-
-    from anvil_ctl.config import Settings
-
-    overrides: _Overrides = {}
-    if options.config is not None:
-        overrides["config"] = options.config
-    if options.state_db is not None:
-        overrides["state_db"] = options.state_db
-    if options.state_dir is not None:
-        overrides["state_dir"] = options.state_dir
-    if options.recipes_dir is not None:
-        overrides["recipes_dir"] = options.recipes_dir
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{_setting_name(e['loc'], overrides)}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
-        raise ConfigError(problems) from None
-
-
-def _setting_name(loc: tuple[int | str, ...], flags: Mapping[str, object]) -> str:
-    """The flag that gave a setting (`--state-db`), else its variable (`ANVIL_STATE_DB`)."""
-    name = "_".join(str(p) for p in loc)
-    if name in flags:
-        return "--" + name.replace("_", "-")
-    return f"ANVIL_{name.upper()}"
-
-
-def open_app(options: GlobalOptions) -> App:
-    """The one place the App is built: settings, logging, progress, the App.
-
-    On a terminal the progress display stands in for info logs: the level is `warning` there
-    unless ANVIL_LOG_LEVEL or --debug says otherwise (a pipe keeps its JSON log lines).
-    """
-    from anvil_ctl import log
-    from anvil_ctl.bootstrap import App
-    from anvil_ctl.cli.progress import for_stream
-    from anvil_ctl.config import setting_origins
-    from anvil_ctl.places import process_defaults
-
-    settings = settings_from(options)
-    env = dict(os.environ)
-    level: str = settings.log_level
-    if options.debug:
-        level = "debug"
-    elif sys.stderr.isatty() and not options.as_json and "ANVIL_LOG_LEVEL" not in env:
-        level = "warning"
-    log.configure(settings.log_format, level)
-    flags = {"config": options.config, "state_db": options.state_db, "state_dir": options.state_dir}
-    flags["recipes_dir"] = options.recipes_dir
-    return App(
-        settings=settings,
-        env=env,
-        origins=setting_origins(flags, env, process_defaults()),
-        progress=for_stream(
-            sys.stderr, json_output=options.as_json, heartbeat_s=settings.progress_heartbeat_s
-        ),
-        keep_connection=True,  # the session closes the App when the command ends
-    )
-
-
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -282,10 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def console() -> NoReturn:
     """`anvilctl` and `python -m anvil_ctl`: run `main`, flush, and leave without a teardown.
 
-    By the time `main` returns, the App is closed (database connections and
-    adapters, in `Session.close`) and the output is written; what is left is the
-    interpreter's own teardown of hundreds of modules (0.7-1.8 s measured on a loaded
-    host, more after `openai`). Only this entry point skips it, with `os._exit` after
+    By the time `main` returns, the App is closed (database connections and adapters, in
+    `Session.close`) and the output is written; what is left is the interpreter's own slow
+    teardown of hundreds of modules. Only this entry point skips it, with `os._exit` after
     flushing; library callers and tests call `main` and keep a normal exit.
     """
     _collector_off_while_starting()
@@ -300,8 +216,8 @@ def console() -> NoReturn:
 
 def _without_httpx_cli() -> None:
     """`import httpx` also imports httpx's own command line client (`httpx._main`: rich,
-    pygments and click) whenever those are installed, as they are here; that is 60-70 ms of
-    every command that talks HTTP, for a client anvilctl never runs (encode/httpx#3547 moves
+    pygments and click) whenever those are installed, as they are here: a cost to every
+    command that talks HTTP, for a client anvilctl never runs (encode/httpx#3547 moves
     it out of `__init__`). A `None` in `sys.modules` makes that one import fail, and httpx
     then defines a stub `httpx.main`. Only the console entry point does this: it owns its
     process; a library caller's httpx stays whole."""
@@ -317,12 +233,11 @@ def _collector_off_while_starting() -> None:
 
     Starting a command imports its modules: hundreds of thousands of objects (classes,
     functions, ORM mappings, pydantic schemas) that live as long as the process, and almost
-    no garbage cycles; at CPython's default threshold the collector still ran ~190 times
-    during one `status`, scanning them again and again (55-85 ms measured with
-    `gc.callbacks`, every command pays it). After the start the collector is on again, with
-    what the start built frozen out of its scans (`gc.freeze`): a command that runs for
-    minutes (qualify, `status --watch`) collects its cycles as usual. Only the console entry
-    point does this; library callers and tests that call `main` keep their collector as is.
+    no garbage cycles; at CPython's default threshold the collector still runs over them
+    again and again, which every command would pay. After the start the collector is on
+    again, with what the start built frozen out of its scans (`gc.freeze`): a command that
+    runs for minutes (qualify, `status --watch`) collects its cycles as usual. Only the
+    console entry point does this; library callers and tests that call `main` keep theirs.
     """
     gc.disable()
     timer = threading.Timer(STARTING_S, _collector_on)

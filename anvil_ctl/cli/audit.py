@@ -1,57 +1,18 @@
-"""`anvilctl audit ...`: read-only views of the state database.
-
-transactions, show, diff and verify read the journal; incumbents, decisions,
-waivers and rechecks list the records the README documents; evidence checks one
-transaction's evidence directory against its manifest.
-"""
+"""`anvilctl audit ...`: read-only views of the state database: its journal, chain and records."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import click
-from click.decorators import FC
 
-from anvil_ctl.cli.complete import complete_slots, complete_transactions
-from anvil_ctl.cli.gpus_and_waivers import waiver_table
-from anvil_ctl.cli.params import LIMIT, REF, SINCE
+from anvil_ctl.cli.complete import complete_transactions
+from anvil_ctl.cli.options import host_options, host_scope, limit_option, slot_option
+from anvil_ctl.cli.params import REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
 
-if TYPE_CHECKING:
-    from anvil_ctl.commands.audit import HostScope
-
-slot_option = click.option(
-    "--slot", type=REF, shell_complete=complete_slots, metavar="SLOT", help="Only this slot."
-)
-
-
-def host_options(f: FC) -> FC:
-    """`--host NAME` (default: this host) and `--all-hosts`: which hosts of a fleet sharing
-    the state database a listing answers for."""
-    f = click.option(
-        "--all-hosts", is_flag=True, help="Every host of the fleet sharing this state database."
-    )(f)
-    return click.option(
-        "--host", "host", type=REF, metavar="NAME", help="This host of the fleet instead of this one."
-    )(f)
-
-
-def _scope(host: str | None, all_hosts: bool) -> HostScope:
-    from anvil_ctl.commands.audit import HostScope
-
-    return HostScope(host=host, all_hosts=all_hosts)
-
-
-def limit_option(what: str) -> Callable[[FC], FC]:
-    return click.option(
-        "--limit",
-        type=LIMIT,
-        default=50,
-        show_default=True,
-        help=f"At most this many {what}: the newest.",
-    )
+only_slot = slot_option("Only this slot.")
 
 
 @click.command(
@@ -94,7 +55,7 @@ def transactions(
     from anvil_ctl.commands import audit
 
     rows = audit.transactions(
-        session.app(), kind=kind, state=state, since=since, limit=limit, scope=_scope(host, all_hosts)
+        session.app(), kind=kind, state=state, since=since, limit=limit, scope=host_scope(host, all_hosts)
     )
     return Reply(Table(rows))
 
@@ -111,7 +72,7 @@ def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     from anvil_ctl.cli.views import TransactionView
     from anvil_ctl.commands import audit
 
-    return Reply(TransactionView(audit.show(session.app(), tx, _scope(host, all_hosts))))
+    return Reply(TransactionView(audit.show(session.app(), tx, host_scope(host, all_hosts))))
 
 
 @click.command("diff", epilog=example("anvilctl audit diff 8259c0de"))
@@ -126,18 +87,11 @@ def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     from anvil_ctl.cli.views import DiffView
     from anvil_ctl.commands import audit
 
-    return Reply(DiffView(audit.diff(session.app(), tx, _scope(host, all_hosts))))
+    return Reply(DiffView(audit.diff(session.app(), tx, host_scope(host, all_hosts))))
 
 
 @click.command("history", epilog=example("anvilctl audit history --slot primary"))
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot whose revisions to list.",
-)
+@slot_option("The slot whose revisions to list.", required=True)
 @limit_option("revisions")
 @pass_session
 def history(session: Session, slot: str, limit: int) -> Reply:
@@ -176,22 +130,20 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     A fleet's hosts share one chain: every run verifies all of it; --host and
     --all-hosts choose whose entries the report counts.
     """
-    from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import ChainCheck
 
-    app = session.app()
     walk = "the whole journal" if full else "the journal from the last checkpoint"
-    with working(app.progress, f"audit verify: walking {walk} and re-digesting the rows it covers"):
+    with session.working(f"audit verify: walking {walk} and re-digesting the rows it covers") as app:
         from anvil_ctl.commands import audit
 
         check = ChainCheck(
-            audit.verify(app, full=full, expect_head=expect_head, scope=_scope(host, all_hosts))
+            audit.verify(app, full=full, expect_head=expect_head, scope=host_scope(host, all_hosts))
         )
     return Reply(check, ExitCode.OK if check.ok else ExitCode.DRIFT)
 
 
 @click.command("incumbents", epilog=example("anvilctl audit incumbents --slot primary"))
-@slot_option
+@only_slot
 @click.option(
     "--role",
     type=click.Choice(IDENTITY_ROLES),
@@ -213,7 +165,9 @@ def incumbents(
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
-    rows = audit.identities(session.app(), slot=slot, role=role, scope=_scope(host, all_hosts), limit=limit)
+    rows = audit.identities(
+        session.app(), slot=slot, role=role, scope=host_scope(host, all_hosts), limit=limit
+    )
     if host is None and not all_hosts and rows:  # one host's: its name in --json only
         return Reply(Table(rows, columns=[c for c in rows[0] if c != "host"]))
     return Reply(Table(rows))
@@ -222,9 +176,7 @@ def incumbents(
 @click.command(
     "served", epilog=example("anvilctl audit served --slot primary --at 2026-09-02T12:00:00Z --all-hosts")
 )
-@click.option(
-    "--slot", type=REF, required=True, shell_complete=complete_slots, metavar="SLOT", help="The slot."
-)
+@slot_option("The slot.", required=True)
 @click.option(
     "--at",
     "at",
@@ -244,7 +196,7 @@ def served(session: Session, slot: str, at: str, host: str | None, all_hosts: bo
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
-    return Reply(Table(audit.served(session.app(), slot=slot, at=at, scope=_scope(host, all_hosts))))
+    return Reply(Table(audit.served(session.app(), slot=slot, at=at, scope=host_scope(host, all_hosts))))
 
 
 def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
@@ -264,7 +216,7 @@ def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
 
 
 @click.command("decisions", epilog=example("anvilctl audit decisions --slot primary --limit 10"))
-@slot_option
+@only_slot
 @limit_option("decisions")
 @pass_session
 def decisions(session: Session, slot: str | None, limit: int) -> Reply:
@@ -283,13 +235,14 @@ def decisions(session: Session, slot: str | None, limit: int) -> Reply:
 @pass_session
 def waivers(session: Session) -> Reply:
     """Every waiver with its state now (= waivers list)."""
+    from anvil_ctl.cli.views import waiver_table
     from anvil_ctl.commands import gpus_and_waivers
 
     return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))
 
 
 @click.command("rechecks", epilog=example("anvilctl audit rechecks --slot primary --limit 5"))
-@slot_option
+@only_slot
 @limit_option("recheck runs")
 @pass_session
 def rechecks(session: Session, slot: str | None, limit: int) -> Reply:

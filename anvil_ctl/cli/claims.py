@@ -35,10 +35,7 @@ def check(session: Session, ledger: Path, evidence: Path) -> Reply:
     artifact at its JSON path, rounded as declared and compared with the number as
     published. External-prior claims are listed, never recounted.
     """
-    from anvil_ctl.cli.progress import working
-
-    app = session.app()  # settings and logging, as for every command; the check needs nothing else
-    with working(app.progress, f"claims check: recounting {ledger.name} from the verified bundle"):
+    with session.working(f"claims check: recounting {ledger.name} from the verified bundle"):
         from anvil_ctl.evidence.claims import check_ledger, load_ledger
 
         result = check_ledger(load_ledger(ledger), evidence)

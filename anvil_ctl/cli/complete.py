@@ -1,13 +1,10 @@
 """Shell completion: `anvilctl completion bash|zsh|fish`, and completers for slots, recipes,
 transaction IDs and container IDs.
 
-Completers run on every <TAB> and answer nothing rather than fail. Slots and recipes
-are read with tomllib and a glob only (no pydantic, no Settings): the host config's
-slot names (`--config`, else ANVIL_CONFIG, else the default config), and the recipe
-search's file names (`--recipes-dir` or ANVIL_RECIPES_DIR, the host config's
-`recipes_dir`, the shipped recipes). IDs come from the state database the command
-would use (flags, ANVIL_*, the default), read-only: newest first, transactions by
-their full ID, containers by their first 12 characters, each with what it is.
+Completers run on every <TAB> and answer nothing rather than fail. Slots and recipes are
+read with tomllib and a glob only (no pydantic, no Settings), from the host config and the
+recipe search the command would use; IDs come read-only from its state database, newest
+first, each with what it is.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from pathlib import Path
 import click
 from click.shell_completion import CompletionItem, get_completion_class
 
-from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example
+from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, settings_from
 from anvil_ctl.places import RECIPES_DIR, process_defaults
 
 PROG = "anvilctl"
@@ -79,7 +76,6 @@ def complete_recipes(
 def _recorded(click_ctx: click.Context, what: str, incomplete: str) -> list[CompletionItem]:
     try:
         from anvil_ctl.bootstrap import App
-        from anvil_ctl.cli.app import settings_from
         from anvil_ctl.commands.audit import completion_ids
 
         app = App(settings=settings_from(_options(click_ctx)), env=dict(os.environ))

@@ -6,37 +6,16 @@ which imports only the core (checked by `test_cli_help_imports.py`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
-
 import click
 
-from anvil_ctl.cli.admin import OVERRIDE_HELP
-from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, Text
+from anvil_ctl.cli.options import override_option
+from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, text
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays fast
 
-if TYPE_CHECKING:
-    from anvil_ctl.cli.views import Table
-
-WAIVER_COLUMNS = (
-    "id",
-    "state",
-    "policy",
-    "value",
-    "roles",
-    "gates",
-    "recipe_digest",
-    "approved_by",
-    "created_at",
-    "expires_at",
-    "revoked_at",
-    "reason",
-)
-
 
 @click.command("detect", epilog=example("anvilctl gpus detect --override GPU-0123abcd=big --write"))
-@click.option("--override", multiple=True, type=REF, metavar="UUID=ROLE", help=OVERRIDE_HELP)
+@override_option
 @click.option(
     "--write",
     is_flag=True,
@@ -88,7 +67,7 @@ gpus = click.Group(
 @click.option("--policy", required=True, type=click.Choice(POLICIES), help="The policy to waive.")
 @click.option(
     "--scope",
-    type=Text(1024),
+    type=text(1024),
     required=True,
     metavar="ROLES|DIGEST",
     help="GPU roles (compute-a,compute-b) or a recipe digest (64 hex, optional sha256:).",
@@ -101,7 +80,7 @@ gpus = click.Group(
 )
 @click.option(
     "--gates",
-    type=Text(1024),
+    type=text(1024),
     metavar="A,B",
     help="With --policy gate: the gates whose failure is waived (scope: the recipe digest).",
 )
@@ -109,7 +88,7 @@ gpus = click.Group(
 @click.option("--reason", type=REASON, required=True, help="Why the exception is safe.")
 @click.option(
     "--expires",
-    type=Text(64),
+    type=text(64),
     metavar="WHEN",
     help="When it ends: RFC 3339 date (00:00 UTC that day) or date-time. This or --no-expiry.",
 )
@@ -160,13 +139,6 @@ def waive(
     return Reply(Record(result))
 
 
-def waiver_table(rows: Sequence[Mapping[str, object]]) -> Table:
-    """`waivers list` and `audit waivers`: every waiver with its state now."""
-    from anvil_ctl.cli.views import Table
-
-    return Table(rows, columns=WAIVER_COLUMNS)
-
-
 @click.command("list", epilog=example("anvilctl waivers list"))
 @pass_session
 def waivers_list(session: Session) -> Reply:
@@ -174,6 +146,7 @@ def waivers_list(session: Session) -> Reply:
 
     A state is active, expired, revoked or pending.
     """
+    from anvil_ctl.cli.views import waiver_table
     from anvil_ctl.commands import gpus_and_waivers
 
     return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))

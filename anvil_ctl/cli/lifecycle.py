@@ -7,34 +7,25 @@ from pathlib import Path
 
 import click
 
-from anvil_ctl.cli.complete import complete_containers, complete_slots, complete_targets
-from anvil_ctl.cli.params import PERSON, REF, TEXTFILE, check_new_file
-from anvil_ctl.cli.session import (
+from anvil_ctl.cli.complete import complete_containers, complete_targets
+from anvil_ctl.cli.options import (
     WAIT_TIMEOUT_HELP,
-    Reply,
-    Session,
     accept_drift_options,
     drift_acceptance,
-    example,
-    pass_session,
+    dry_run_option,
+    slot_option,
     timeout_option,
 )
+from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, check_new_file
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
 
 @click.command("promote", epilog=example("anvilctl promote --slot primary --approved-by alice --dry-run"))
 @click.argument("candidate", type=REF, required=False, shell_complete=complete_containers)
-@click.option(
-    "--slot",
-    type=REF,
-    default="primary",
-    show_default=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot to promote in.",
-)
+@slot_option("The slot to promote in.", default="primary")
 @click.option("--approved-by", type=PERSON, required=True, help="The person approving this promotion.")
-@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
 @pass_session
@@ -74,15 +65,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     """`rollback` and `restore`: one command under two names (the README uses both)."""
 
     @click.command(name, epilog=example(f"anvilctl {name} --slot primary --to 3 --dry-run"))
-    @click.option(
-        "--slot",
-        type=REF,
-        default="primary",
-        show_default=True,
-        shell_complete=complete_slots,
-        metavar="SLOT",
-        help="The slot to restore.",
-    )
+    @slot_option("The slot to restore.", default="primary")
     @click.option(
         "--to",
         type=REF,
@@ -98,7 +81,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         metavar="GROUP",
         help="A restore group of the host config; it must contain the target.",
     )
-    @click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+    @dry_run_option()
     @timeout_option(WAIT_TIMEOUT_HELP)
     @pass_session
     def command(
@@ -140,15 +123,7 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
     "recheck",
     epilog=example("anvilctl recheck --slot primary --textfile /var/lib/node_exporter/textfile/anvil.prom"),
 )
-@click.option(
-    "--slot",
-    type=REF,
-    default="primary",
-    show_default=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot to recheck.",
-)
+@slot_option("The slot to recheck.", default="primary")
 @click.option(
     "--textfile",
     type=TEXTFILE,
@@ -162,39 +137,80 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
     help="Run this safe repair when only it would fix the drift: router re-applies the recorded "
     "route of the running, healthy incumbent (a `reconcile` transaction).",
 )
+@click.option(
+    "--slo",
+    is_flag=True,
+    help="Also sample the route with the official client against the serve's [watch] thresholds "
+    "(the profile that qualified it); a breach fails the `slo` assertion.",
+)
+@click.option("--profile", type=REF, metavar="P", help="With --slo: take the thresholds from this profile.")
+@click.option(
+    "--rollback-on-breach",
+    is_flag=True,
+    help="With --slo: on a breach, roll back to the recorded rollback identity; needs --by and --until.",
+)
+@click.option("--by", type=PERSON, metavar="NAME", help="Who enabled --rollback-on-breach (recorded).")
+@click.option("--until", type=SINCE, metavar="TIME", help="--rollback-on-breach is in force until then.")
+@click.option("--reason", type=REASON, help="Why --rollback-on-breach is enabled (recorded).")
+@click.option(
+    "--wait-router",
+    type=TIMEOUT,
+    metavar="DURATION",
+    help="First wait up to DURATION for the router to answer (a router's start hook: "
+    "contrib/systemd, contrib/anvil-router-watch); exit 7 if it does not.",
+)
 @pass_session
-def recheck(session: Session, slot: str, textfile: Path | None, repair: tuple[str, ...]) -> Reply:
+def recheck(
+    session: Session,
+    *,
+    slot: str,
+    textfile: Path | None,
+    repair: tuple[str, ...],
+    slo: bool,
+    profile: str | None,
+    rollback_on_breach: bool,
+    by: str | None,
+    until: str | None,
+    reason: str | None,
+    wait_router: float | None,
+) -> Reply:
     """Goal-closure assertions; exit 6 on drift.
 
     For cron or a systemd timer; every run is recorded. Read-only unless --repair
     names a repair: then the route alone is re-applied when it is what drifted. Exit 7
     when the host cannot be observed (Docker or the state database unavailable): the
-    textfile then says anvil_recheck_up 0.
+    textfile then says anvil_recheck_up 0. Between a committed load and its promote or
+    rollback the slot is judged as the campaign should be (phase qualifying).
     """
-    from anvil_ctl.cli.progress import working
-
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded
-    app = session.app()
-    with working(app.progress, f"recheck: observing slot {slot} and checking its goals"):
+    if (profile or rollback_on_breach) and not slo:
+        raise click.UsageError("--profile and --rollback-on-breach go with --slo")
+    if rollback_on_breach != bool(by and until and reason) or (
+        not rollback_on_breach and (by or until or reason)
+    ):
+        raise click.UsageError(
+            "--rollback-on-breach needs --by NAME, --until TIME and --reason TEXT (and they need it)"
+        )
+    with session.working(f"recheck: observing slot {slot} and checking its goals") as app:
         from anvil_ctl.commands import recheck as recheck_cmd
 
-        result = recheck_cmd.recheck(app, slot, repair=repair)
+        request = None
+        if slo:
+            from anvil_ctl.commands.slo import Enablement
+            from anvil_ctl.core.validate import parse_rfc3339
+
+            enabled = Enablement(by, parse_rfc3339(until), reason) if by and until and reason else None
+            request = recheck_cmd.SloRequest(profile=profile, rollback_on_breach=enabled)
+        result = recheck_cmd.recheck(app, slot, repair=repair, slo=request, wait_router_s=wait_router)
     if textfile is not None:
         recheck_cmd.write_textfile(textfile, result, now=time.time())
     return Reply(result, ExitCode(result.exit_code))
 
 
 @click.command("reconcile", epilog=example("anvilctl reconcile --slot primary --dry-run"))
-@click.option(
-    "--slot",
-    default="primary",
-    show_default=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot whose recorded route to re-apply.",
-)
-@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@slot_option("The slot whose recorded route to re-apply.", default="primary")
+@dry_run_option()
 @pass_session
 def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     """Re-apply the recorded route of the slot's running incumbent.

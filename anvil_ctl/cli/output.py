@@ -1,15 +1,12 @@
 """Where human output goes, and the helpers every renderer shares.
 
-`Out` is one command's stdout: its width when it is a terminal (None on a pipe), whether
-`-o wide` asked for everything in full, and a rich console for the few renderables
-(summary tables) that need one, made (and rich imported) when one is printed. `s` makes
-any value one safe line, `lines_of` turns a nested record into indented `key: value`
-lines, `table` prints rows as `tables.layout` fits them.
+`Out` is one command's stdout (its width on a terminal, None on a pipe; `-o wide`); `s`
+makes any value one safe line, `lines_of` a nested record indented `key: value` lines,
+`table` prints rows as `tables.layout` fits them.
 
-Warning: every value shown to a person may have come from a person or a file (an
-approver, a reason, a container name, a manifest path). Every renderer passes each one
-through `s` (control, bidi and invisible characters and newlines shown as escapes),
-so no record can clear the screen or print a line of its own.
+Warning: every value shown may have come from a person or a file (an approver, a reason, a
+container name). Every renderer passes each one through `s` (control, bidi and invisible
+characters and newlines shown as escapes), so no record can steer the terminal.
 """
 
 from __future__ import annotations

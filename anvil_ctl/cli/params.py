@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
@@ -26,71 +28,25 @@ from anvil_ctl.core.validate import (
     utc_stamp,
 )
 
+T = TypeVar("T")
 
-class Text(click.ParamType[str, object]):
+
+class Checked(click.ParamType[T, object]):
+    """A parameter type made of one check of `core.validate`: its ValueError is the usage error."""
+
+    def __init__(self, name: str, check: Callable[[str], T]) -> None:
+        self.name, self._check = name, check
+
+    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> T:
+        try:
+            return self._check(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, click_ctx)
+
+
+def text(max_len: int = MAX_TEXT, *, multiline: bool = False) -> Checked[str]:
     """One line (or, `multiline`, lines) of text without control, bidi or invisible characters."""
-
-    name = "text"
-
-    def __init__(self, max_len: int = MAX_TEXT, *, multiline: bool = False, empty: bool = False) -> None:
-        self.max_len, self.multiline, self.empty = max_len, multiline, empty
-
-    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> str:
-        try:
-            return check_text(str(value), max_len=self.max_len, multiline=self.multiline, empty=self.empty)
-        except ValueError as exc:
-            self.fail(str(exc), param, click_ctx)
-
-
-class Person(click.ParamType[str, object]):
-    """A person's name as recorded (approver, resolver): non-empty, one line, bounded."""
-
-    name = "name"
-
-    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> str:
-        try:
-            return check_person(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, click_ctx)
-
-
-class Timestamp(click.ParamType[str, object]):
-    """An RFC 3339 date or date-time, as the database writes times (UTC, microseconds, Z)."""
-
-    name = "time"
-
-    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> str:
-        try:
-            return utc_stamp(parse_rfc3339(str(value)))
-        except ValueError as exc:
-            self.fail(str(exc), param, click_ctx)
-
-
-class Duration(click.ParamType[float, object]):
-    """A duration (`90s`, `5m`, `1h30m`, or seconds), as kubectl and helm take `--timeout`."""
-
-    name = "duration"
-
-    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> float:
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_duration(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, click_ctx)
-
-
-class NewFile(click.ParamType[Path, object]):
-    """A file we will (re)write, as text; `check_new_file` checks it on disk when the command
-    runs (not while parsing, so that documented examples parse on any machine)."""
-
-    name = "file"
-
-    def convert(self, value: object, param: click.Parameter | None, click_ctx: click.Context | None) -> Path:
-        try:
-            return Path(check_text(str(value), max_len=4096, empty=False))
-        except ValueError as exc:
-            self.fail(str(exc), param, click_ctx)
+    return Checked("text", lambda v: check_text(v, max_len=max_len, multiline=multiline, empty=False))
 
 
 def check_new_file(path: Path, flag: str) -> Path:
@@ -119,16 +75,21 @@ def check_new_file(path: Path, flag: str) -> Path:
     return path
 
 
-PERSON = Person()
-REASON = Text(MAX_TEXT)
-NOTE = Text(MAX_TEXT, multiline=True)
-REF = Text(256)
+PERSON = Checked("name", check_person)
+"""A person's name as recorded (approver, resolver): non-empty, one line, bounded."""
+REASON = text()
+NOTE = text(multiline=True)
+REF = text(256)
 """An ID, prefix, name or digest that names a record or a container."""
-RECIPE = Text(4096)
+RECIPE = text(4096)
 """A recipe or profile: a name in its directory, or a path."""
-SINCE = Timestamp()
-TEXTFILE = NewFile()
+SINCE = Checked("time", lambda v: utc_stamp(parse_rfc3339(v)))
+"""An RFC 3339 date or date-time, as the database writes times (UTC, microseconds, Z)."""
+TEXTFILE = Checked("file", lambda v: Path(check_text(v, max_len=4096, empty=False)))
+"""A file we will (re)write; `check_new_file` checks it on disk when the command runs (not
+while parsing, so that documented examples parse on any machine)."""
 CONTEXT_TOKENS = click.IntRange(1, MAX_CONTEXT_TOKENS)
 MIB = click.IntRange(0, MAX_MIB)
 LIMIT = click.IntRange(1, MAX_COUNT)
-TIMEOUT = Duration()
+TIMEOUT = Checked("duration", parse_duration)
+"""A duration (`90s`, `5m`, `1h30m`, or seconds), as kubectl and helm take `--timeout`."""

@@ -1,20 +1,13 @@
-"""What a person sees while a transaction runs: the engine's `Progress` port, rendered.
+"""What a person sees while a transaction runs: the engine's `Progress` port, rendered on stderr.
 
-The engine reports steps and waits through `anvil_ctl.core.ports.Progress` and never
-prints; the CLI chooses the renderer here (`for_stream`) and passes it in through the
-command context. On a terminal (`LiveProgress`): finished steps as lines with their
-elapsed time, and below them a live line with the running step, what it waits for,
-for how long and until which deadline. On a pipe (`PlainProgress`): one timestamped
-line per event, and a "still ..." line whenever a step has been quiet for
-`heartbeat_s`, so a log never goes silent during a long wait. With `--json`: nothing.
-Everything goes to stderr; stdout keeps the command's result.
+On a terminal (`LiveProgress`): finished steps as lines, and a live line with the running
+step, what it waits for and until which deadline. On a pipe (`PlainProgress`): one
+timestamped line per event, and a "still ..." line when a step has been quiet for
+`heartbeat_s`, so a log never goes silent. With `--json`: nothing. `GateProgress` feeds the
+qualification runner's gate events into the same display.
 
-`GateProgress` turns the qualification runner's gate events into the same stream, so
-a qualify run has one display, not two competing for the terminal.
-
-Warning: step errors and notes can carry values from a person or a file (a recipe
-name, a served model); every text is passed through `escape_text`, and rich prints
-it as text, never as markup.
+Warning: step errors and notes can carry values from a person or a file; every text is
+passed through `escape_text`, and rich prints it as text, never as markup.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""Qualification: qualify, evidence export|verify.
-
-`qualify` exits 0 whenever it ran and recorded a decision, whatever the decision
-says (verified, policy-infeasible or failed are data, printed prominently and
-stored); 3 when refused before running (no candidate, or the slot serves
-something else); 4 when the candidate changed during the run (no decision).
-"""
+"""Qualification: qualify, evidence export|verify|report (exit codes: QUALIFY_HELP)."""
 
 from __future__ import annotations
 
@@ -12,9 +6,10 @@ from pathlib import Path
 
 import click
 
-from anvil_ctl.cli.complete import complete_slots, complete_transactions
-from anvil_ctl.cli.params import RECIPE, REF, Text
-from anvil_ctl.cli.session import Reply, Session, example, pass_session, timeout_option
+from anvil_ctl.cli.complete import complete_transactions
+from anvil_ctl.cli.options import slot_option, timeout_option
+from anvil_ctl.cli.params import RECIPE, REF, text
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
 QUALIFY_HELP = """\
@@ -49,22 +44,17 @@ Exit status:
     short_help="Qualify the candidate; record evidence and a decision.",
     epilog=example("anvilctl qualify --slot primary --profile demo --gates vram_reserve"),
 )
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).",
+@slot_option(
+    "The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).", required=True
 )
 @click.option("--profile", type=RECIPE, help="Profile name or TOML path (default: the recipe's profile).")
 @click.option(
-    "--gates", type=Text(1024), metavar="A,B", help="Run only these gates of the profile, comma-separated."
+    "--gates", type=text(1024), metavar="A,B", help="Run only these gates of the profile, comma-separated."
 )
 @click.option(
     "--ab",
     nargs=2,
-    type=Text(200),
+    type=text(200),
     metavar="ARM_A ARM_B",
     default=None,
     help="Matched A/B of two loaded candidates of one model (profile default: ab-control).",
@@ -112,10 +102,7 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     TX is a transaction ID or a unique prefix, DIR a new or empty directory. GPU UUIDs, host paths and router
     tokens are redacted; the copy gets its own manifest.
     """
-    from anvil_ctl.cli.progress import working
-
-    app = session.app()
-    with working(app.progress, f"evidence export: copying and redacting the evidence of {tx}"):
+    with session.working(f"evidence export: copying and redacting the evidence of {tx}") as app:
         from anvil_ctl.commands import evidence as evidence_cmd
 
         return Reply(evidence_cmd.export_evidence(app, tx, directory))
@@ -140,12 +127,9 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     --expect-manifest (when given); the output says which it used. A manifest neither
     knows is reported unbound (exit 6): a consistently edited bundle looks intact.
     """
-    from anvil_ctl.cli.progress import working
-
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
-    app = session.app()
-    with working(app.progress, f"evidence verify: hashing every artifact of {directory}"):
+    with session.working(f"evidence verify: hashing every artifact of {directory}") as app:
         from anvil_ctl.commands import evidence as evidence_cmd
 
         result = evidence_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
@@ -172,10 +156,7 @@ def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     and the A/B control when one compared this candidate. Figures come only from
     verified evidence bundles. Needs the optional extra `report` (matplotlib).
     """
-    from anvil_ctl.cli.progress import working
-
-    app = session.app()
-    with working(app.progress, f"evidence report: verifying the bundles of {tx} and drawing the page"):
+    with session.working(f"evidence report: verifying the bundles of {tx} and drawing the page") as app:
         from anvil_ctl.commands import report
 
         return Reply(report.evidence_report(app, tx, output))

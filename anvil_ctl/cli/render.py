@@ -1,17 +1,10 @@
 """Human and JSON rendering of command results, chosen by the result's type.
 
-`RENDERERS` maps a result type's fully qualified name to its human renderer. Names,
-not classes, so that rendering a `status` does not import the qualify package: a
-result can only exist once its module is loaded, and the lookup walks the type's
-MRO. `tests/unit/test_cli_render.py` checks that every name resolves to a class.
-`--json` (or `-o json`) prints `payload(result)`: a view's payload, a result's
-`as_dict()` or a dataclass's fields, as exactly one JSON document. A type without a
-renderer of its own is printed as indented `key: value` lines, never as JSON.
-
-The renderers live beside this module by subject: `render_tx` (transactions,
-diffs, timelines, history, recover, recheck, the audit chain) and `render_qualify`
-(recipes, qualification, evidence, claims, GPUs); `output` holds what they share,
-including the escaping every value goes through (see its warning).
+`RENDERERS` maps a result type's qualified name (not the class: rendering a `status` must
+not import the qualify package) to its human renderer, looked up along the type's MRO; a
+type without one prints as `key: value` lines. `--json` prints `payload(result)` as one
+JSON document. The renderers live beside this module by subject (`render_tx`,
+`render_qualify`); `output` holds what they share, including the escaping (see its warning).
 """
 
 from __future__ import annotations
@@ -84,10 +77,6 @@ def _record_of(result: object, out: Out) -> None:
         _table(views.Table(records(data)), out)
     else:
         out.line(s(data) if not isinstance(data, list) else ", ".join(s(v) for v in data))
-
-
-def _record(view: views.Record, out: Out) -> None:
-    _record_of(view, out)
 
 
 def _table(t: views.Table, out: Out) -> None:
@@ -181,7 +170,7 @@ def _init(view: views.InitView, out: Out) -> None:
 
 RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.cli.views.Table": _table,
-    "anvil_ctl.cli.views.Record": _record,
+    "anvil_ctl.cli.views.Record": _record_of,
     "anvil_ctl.cli.views.Text": _text,
     "anvil_ctl.cli.views.StatusView": _status,
     "anvil_ctl.cli.views.InitView": _init,

@@ -65,9 +65,6 @@ def diffs(view: views.DiffView, out: Out) -> None:
         verdict = "equal" if d["equal"] else f"{len(changes)} change(s)"
         before, after = str(d["before_sha256"])[:12], str(d["after_sha256"])[:12]
         out.line(f"{s(d['label'])}: {verdict} ({s(before)} -> {s(after)})")
-        if d.get("format") == "legacy":
-            out.line("  (recorded before diffs were stored as JSON Patch: a change from or to null")
-            out.line("   is shown as added or removed, as that writer recorded absence)")
         for c in changes:
             out.line(f"  {change_line(c)}")
 
@@ -210,7 +207,7 @@ def recheck(r: RecheckResult, out: Out) -> None:
     else:
         verdict = "DRIFT: " + ", ".join(s(f) for f in r.failed)
     recorded = f"recorded as recheck {r.recheck_id}" if r.recheck_id is not None else "NOT recorded"
-    out.line(f"recheck of slot {s(r.slot)}: {verdict} ({recorded})")
+    out.line(f"recheck of slot {s(r.slot)} ({s(r.phase)}): {verdict} ({recorded})")
     if r.audit_head:
         out.line(f"audit head {s(r.audit_head)}")
 

@@ -6,23 +6,22 @@ from dataclasses import asdict
 
 import click
 
-from anvil_ctl.cli.complete import complete_containers, complete_recipes, complete_slots
-from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
-from anvil_ctl.cli.session import (
+from anvil_ctl.cli.complete import complete_containers, complete_recipes
+from anvil_ctl.cli.options import (
     WAIT_TIMEOUT_HELP,
-    Reply,
-    Session,
     accept_drift_options,
     drift_acceptance,
-    example,
-    pass_session,
+    dry_run_option,
+    slot_option,
     timeout_option,
 )
+from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
+from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import ExitCode
 
-ENGINE_NAMES = ("llama-cpp-python", "openai-compatible", "sglang", "stub", "vllm")
+ENGINE_NAMES = ("llama-cpp-python", "llama-cpp-python-cuda", "openai-compatible", "sglang", "stub", "vllm")
 """The engine profiles' names, for `--engine`'s choices: `core.engine_profile` builds its profiles
-(and their log patterns) at import, ~5 ms that `--help` need not pay; a test holds the two equal."""
+(and their log patterns) at import, which `--help` need not pay; a test holds the two equal."""
 
 RECIPE_LIST_COLUMNS = ("name", "source", "valid", "runnable", "served_model", "context_tokens", "error")
 
@@ -59,13 +58,7 @@ def recipes_show(session: Session, recipe: str) -> Reply:
 
 @click.command("validate", epilog=example("anvilctl recipes validate stub-393k-c1 --slot primary"))
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
-@click.option(
-    "--slot",
-    type=REF,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="Also check that the recipe fits this slot of the host config (port, GPU roles).",
-)
+@slot_option("Also check that the recipe fits this slot of the host config (port, GPU roles).")
 @pass_session
 def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
     """Check RECIPE; a bad field exits 2 naming the file and the field."""
@@ -79,14 +72,7 @@ def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
 
 @click.command("plan", epilog=example("anvilctl recipes plan stub-393k-c1 --slot primary"))
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot to plan the serve for.",
-)
+@slot_option("The slot to plan the serve for.", required=True)
 @pass_session
 def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
     """The exact container spec `load` would create.
@@ -111,15 +97,8 @@ recipes = click.Group(
 
 @click.command("load", epilog=example("anvilctl load stub-393k-c1 --slot primary --dry-run"))
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot to load into.",
-)
-@click.option("--dry-run", is_flag=True, help="Run every guard and print the plan; change nothing.")
+@slot_option("The slot to load into.", required=True)
+@dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
 @pass_session
@@ -175,14 +154,7 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
 
 @click.command("adopt", epilog=example("anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288"))
 @click.argument("container_id", type=REF)
-@click.option(
-    "--slot",
-    type=REF,
-    required=True,
-    shell_complete=complete_slots,
-    metavar="SLOT",
-    help="The slot the container serves.",
-)
+@slot_option("The slot the container serves.", required=True)
 @click.option(
     "--context-tokens",
     type=CONTEXT_TOKENS,
@@ -195,7 +167,7 @@ def unload(session: Session, container_id: str, yes: bool, remove_residue: bool)
     default=None,
     help="The engine profile to probe it with (default: openai-compatible).",
 )
-@click.option("--dry-run", is_flag=True, help="Inspect and print the plan; record nothing.")
+@dry_run_option("Inspect and print the plan; record nothing.")
 @pass_session
 def adopt(
     session: Session, container_id: str, *, slot: str, context_tokens: int, engine: str | None, dry_run: bool

@@ -8,28 +8,24 @@ so this module, like the command modules at import time, loads only click and th
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypedDict
 
 import click
 
-from anvil_ctl.cli.params import PERSON, REASON, Text
+from anvil_ctl.cli.params import text
+from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.states import ExitCode
 
 if TYPE_CHECKING:
     from anvil_ctl.bootstrap import App
-    from anvil_ctl.engine.plans.args import DriftAcceptance
-
-F = TypeVar("F", bound=Callable[..., object])
-
-
-class OptionDecorator(Protocol):
-    """What `click.option(...)` returns: it adds an option to a command callback."""
-
-    def __call__(self, fn: F, /) -> F: ...
+    from anvil_ctl.config.settings import Settings
 
 
 @dataclass
@@ -77,6 +73,15 @@ class Session:
             self._app = self._opener(self.options)
         return self._app
 
+    @contextlib.contextmanager
+    def working(self, what: str) -> Iterator[App]:
+        """The App, with `what` on a terminal's live line while the command does it."""
+        from anvil_ctl.cli.progress import working
+
+        app = self.app()
+        with working(app.progress, what):
+            yield app
+
     def close(self) -> None:
         """Close the App's adapters; safe to call twice or when none was opened."""
         app, self._app = self._app, None
@@ -111,7 +116,7 @@ class _Common(TypedDict):
 # file-system search, when it is built).
 _FILE = click.Path(dir_okay=False, path_type=Path)
 _DIR = click.Path(file_okay=False, path_type=Path)
-_DB_URL = Text(4096)
+_DB_URL = text(4096)
 _FORMAT = click.Choice(OUTPUT_FORMATS)
 
 
@@ -120,8 +125,8 @@ def global_options() -> tuple[click.Parameter, ...]:
     """The global options: one set, built once and shared by every command and group.
 
     A click parameter holds no per-command state (parsing keeps its values in the
-    `click.Context`), so the same seven objects serve all 54 commands and groups: building
-    a copy for each cost `--help` ~10 ms (378 options). They are attached to every level of
+    `click.Context`), so the same seven objects serve every command and group (a copy for
+    each would slow `--help`). They are attached to every level of
     the command tree (see `app.attach_global_options`), so `anvilctl --json audit
     transactions` and `anvilctl audit transactions --json` mean the same. Click matches
     long options exactly, never by prefix: `--state` is never taken for `--state-db` or
@@ -174,50 +179,79 @@ def global_options() -> tuple[click.Parameter, ...]:
     )
 
 
-def accept_drift_options(fn: F) -> F:
-    """`--accept-drift --by NAME --reason TEXT`: a person's decision to mutate a drifted host."""
-    fn = click.option(
-        "--reason",
-        "drift_reason",
-        type=REASON,
-        metavar="TEXT",
-        help="With --accept-drift: why it is safe to go on.",
-    )(fn)
-    fn = click.option(
-        "--by",
-        "drift_by",
-        type=PERSON,
-        metavar="NAME",
-        help="With --accept-drift: the person accepting the drift.",
-    )(fn)
-    return click.option(
-        "--accept-drift",
-        is_flag=True,
-        help="Go on although the slot differs from its record (recorded with --by and --reason).",
-    )(fn)
+# -- opening the App ----------------------------------------------------------------------------------
 
 
-def drift_acceptance(accept: bool, by: str | None, reason: str | None) -> DriftAcceptance | None:
-    """The journaled DriftAcceptance, or None; both --by and --reason are required with it."""
-    if not accept:
-        if by or reason:
-            raise click.UsageError("--by and --reason go with --accept-drift")
-        return None
-    if not (by and by.strip()) or not (reason and reason.strip()):
-        raise click.UsageError("--accept-drift needs --by NAME and --reason TEXT")
-    from anvil_ctl.engine.plans.args import DriftAcceptance
+class _Overrides(TypedDict, total=False):
+    """The path settings a flag gave (a flag not given leaves its setting to the environment)."""
 
-    return DriftAcceptance(by=by.strip(), reason=reason.strip())
+    config: Path
+    state_db: str
+    state_dir: Path
+    recipes_dir: Path
 
 
-def timeout_option(what: str) -> OptionDecorator:
-    """`--timeout DURATION` of load, promote, rollback and qualify (kubectl and helm spelling)."""
-    from anvil_ctl.cli.params import TIMEOUT
+def settings_from(options: GlobalOptions) -> Settings:
+    """Settings from the environment (ANVIL_*), overridden by the flags that were given."""
+    from pydantic import ValidationError
 
-    return click.option("--timeout", "timeout_s", type=TIMEOUT, metavar="DURATION", help=what)
+    from anvil_ctl.config.settings import Settings
+
+    overrides: _Overrides = {}
+    if options.config is not None:
+        overrides["config"] = options.config
+    if options.state_db is not None:
+        overrides["state_db"] = options.state_db
+    if options.state_dir is not None:
+        overrides["state_dir"] = options.state_dir
+    if options.recipes_dir is not None:
+        overrides["recipes_dir"] = options.recipes_dir
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_setting_name(e['loc'], overrides)}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise ConfigError(problems) from None
 
 
-WAIT_TIMEOUT_HELP = (
-    "Longest any one wait may last (health, VRAM release, readmission), e.g. 90s, 5m; default: "
-    "the recipe's and the host config's deadlines. Compensation keeps those, never this."
-)
+def _setting_name(loc: tuple[int | str, ...], flags: Mapping[str, object]) -> str:
+    """The flag that gave a setting (`--state-db`), else its variable (`ANVIL_STATE_DB`)."""
+    name = "_".join(str(p) for p in loc)
+    if name in flags:
+        return "--" + name.replace("_", "-")
+    return f"ANVIL_{name.upper()}"
+
+
+def open_app(options: GlobalOptions) -> App:
+    """The one place the App is built: settings, logging, progress, the App.
+
+    On a terminal the progress display stands in for info logs: the level is `warning` there
+    unless ANVIL_LOG_LEVEL or --debug says otherwise (a pipe keeps its JSON log lines).
+    """
+    from anvil_ctl import log
+    from anvil_ctl.bootstrap import App
+    from anvil_ctl.cli.progress import for_stream
+    from anvil_ctl.config.settings import setting_origins
+    from anvil_ctl.places import process_defaults
+
+    settings = settings_from(options)
+    env = dict(os.environ)
+    level: str = settings.log_level
+    if options.debug:
+        level = "debug"
+    elif sys.stderr.isatty() and not options.as_json and "ANVIL_LOG_LEVEL" not in env:
+        level = "warning"
+    log.configure(settings.log_format, level)
+    flags = {"config": options.config, "state_db": options.state_db, "state_dir": options.state_dir}
+    flags["recipes_dir"] = options.recipes_dir
+    return App(
+        settings=settings,
+        env=env,
+        origins=setting_origins(flags, env, process_defaults()),
+        progress=for_stream(
+            sys.stderr, json_output=options.as_json, heartbeat_s=settings.progress_heartbeat_s
+        ),
+        keep_connection=True,  # the session closes the App when the command ends
+    )

@@ -94,7 +94,7 @@ def _model_fields(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...
 
 
 def _environment() -> str:
-    from anvil_ctl.config import Settings
+    from anvil_ctl.config.settings import Settings
 
     lines = ["Settings, from the environment (a flag of the same name wins where there is one):", ""]
     for name, info in Settings.model_fields.items():
@@ -110,7 +110,7 @@ def _environment() -> str:
 
 
 def _host_config() -> str:
-    from anvil_ctl.config import GpuRole, HostConfig, Slot
+    from anvil_ctl.config.host import GpuRole, HostConfig, Slot
 
     lines = ["The host config (anvil.toml), key by key; `[gpu_roles.NAME]` and `[slots.NAME]` repeat:", ""]
     lines += _model_fields(HostConfig, skip=("gpu_roles", "slots"))
@@ -120,7 +120,7 @@ def _host_config() -> str:
 
 
 def _recipe() -> str:
-    from anvil_ctl.recipes import Recipe
+    from anvil_ctl.recipes.model import Recipe
 
     head = ["A recipe (a TOML file of the recipe search; see `anvilctl help files`), key by key:", ""]
     return "\n".join(head + _model_fields(Recipe))

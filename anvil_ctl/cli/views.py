@@ -1,11 +1,8 @@
-"""Typed views the CLI wraps plain command results in, so the renderer is chosen by type.
+"""Typed views the CLI wraps plain command results in, so that the renderer is chosen by type.
 
-A command that returns a dataclass (Outcome, RecheckResult, ...) is rendered as that
-type. One that returns a plain dict or list is wrapped here by its CLI handler: the
-view says what the data *is* (a table, a status, a diff) and `payload()` is exactly
-what `--json` prints, untrimmed. Human renderers live in `render`; views import
-nothing heavy. A view's values are not narrowed (`object`): renderers read a nested
-record or list out of one with `record`, `items` and `records`.
+A view says what the data is (a table, a status, a diff); its `payload()` is exactly what
+`--json` prints. Views import nothing heavy; renderers read nested values out of them
+with `record`, `items` and `records`.
 """
 
 from __future__ import annotations
@@ -46,16 +43,32 @@ class View:
 
 
 @dataclass(frozen=True)
-class Table(View):
-    """Rows of records. Human: a table of `columns` (all keys of the first row if None),
-    each row passed through `cells` first when given (trimming IDs, joining lists)."""
+class _Data(View):
+    """A view of one record; its payload is the record."""
+
+    data: Mapping[str, object]
+
+    def payload(self) -> object:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class _Rows(View):
+    """A view of rows; its payload is the list of them."""
 
     rows: Sequence[Row]
-    columns: Sequence[str] | None = None
-    cells: Callable[[Row], Row] | None = None
 
     def payload(self) -> object:
         return [dict(r) for r in self.rows]
+
+
+@dataclass(frozen=True)
+class Table(_Rows):
+    """Rows of records. Human: a table of `columns` (all keys of the first row if None),
+    each row passed through `cells` first when given (trimming IDs, joining lists)."""
+
+    columns: Sequence[str] | None = None
+    cells: Callable[[Row], Row] | None = None
 
     def human_rows(self) -> list[dict[str, object]]:
         rows = [dict(self.cells(r)) if self.cells else dict(r) for r in self.rows]
@@ -64,83 +77,41 @@ class Table(View):
         return [{c: r.get(c) for c in self.columns} for r in rows]
 
 
-@dataclass(frozen=True)
-class Record(View):
+class Record(_Data):
     """One record without a better shape (resolve, waive, lock break ...). Human: indented
     `key: value` lines."""
 
-    data: Mapping[str, object]
 
-    def payload(self) -> object:
-        return dict(self.data)
-
-
-@dataclass(frozen=True)
-class StatusView(View):
+class StatusView(_Data):
     """`status`: slots with binding, served models, incumbent, candidates and router view."""
 
-    data: Mapping[str, object]
 
-    def payload(self) -> object:
-        return dict(self.data)
-
-
-@dataclass(frozen=True)
-class DiffView(View):
+class DiffView(_Rows):
     """`audit diff`: a transaction's snapshot diffs (label, equal, hashes, changes)."""
 
-    rows: Sequence[Row]
 
-    def payload(self) -> object:
-        return [dict(r) for r in self.rows]
-
-
-@dataclass(frozen=True)
-class ChainCheck(View):
+class ChainCheck(_Data):
     """`audit verify`: the chain walked, covered rows re-digested, head compared (ok, problems)."""
-
-    data: Mapping[str, object]
 
     @property
     def ok(self) -> bool:
         return bool(self.data["ok"])
 
-    def payload(self) -> object:
-        return dict(self.data)
 
-
-@dataclass(frozen=True)
-class GpuReadings(View):
+class GpuReadings(_Data):
     """`gpus`: every GPU the probe sees, with role and owner; the driver version."""
 
-    data: Mapping[str, object]
 
-    def payload(self) -> object:
-        return dict(self.data)
-
-
-@dataclass(frozen=True)
-class DetectedRoles(View):
+class DetectedRoles(_Data):
     """`gpus detect`: the `[gpu_roles.*]` TOML and whether it was written."""
 
-    data: Mapping[str, object]
 
-    def payload(self) -> object:
-        return dict(self.data)
-
-
-@dataclass(frozen=True)
-class EvidenceAudit(View):
+class EvidenceAudit(_Data):
     """`audit evidence`: one transaction's gate rows and its manifest check."""
-
-    data: Mapping[str, object]
 
     @property
     def ok(self) -> bool:
         return bool(record(self.data["verify"])["ok"])
-
-    def payload(self) -> object:
-        return dict(self.data)
 
 
 @dataclass(frozen=True)
@@ -153,32 +124,35 @@ class Text(View):
         return self.text
 
 
-@dataclass(frozen=True)
-class TransactionView(View):
+class TransactionView(_Data):
     """`audit show`: one transaction's states, step events, snapshots and identities. Human:
     a timeline of steps with their outcomes and durations."""
 
-    data: Mapping[str, object]
 
-    def payload(self) -> object:
-        return dict(self.data)
-
-
-@dataclass(frozen=True)
-class HistoryView(View):
+class HistoryView(_Rows):
     """`audit history --slot S`: the slot's revisions (helm history), oldest first."""
 
-    rows: Sequence[Row]
 
-    def payload(self) -> object:
-        return [dict(r) for r in self.rows]
-
-
-@dataclass(frozen=True)
-class InitView(View):
+class InitView(_Data):
     """`init` and `db upgrade`: which database and config, the schema revision before and after."""
 
-    data: Mapping[str, object]
 
-    def payload(self) -> object:
-        return dict(self.data)
+WAIVER_COLUMNS = (
+    "id",
+    "state",
+    "policy",
+    "value",
+    "roles",
+    "gates",
+    "recipe_digest",
+    "approved_by",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+    "reason",
+)
+
+
+def waiver_table(rows: Sequence[Row]) -> Table:
+    """`waivers list` and `audit waivers`: every waiver with its state now."""
+    return Table(rows, columns=WAIVER_COLUMNS)

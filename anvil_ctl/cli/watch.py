@@ -1,10 +1,8 @@
-"""`status --watch`: observe again and again until Ctrl-C (or --count), as `kubectl get -w` does.
+"""`status --watch`: observe again until Ctrl-C (or --count), as `kubectl get -w` does.
 
-On a terminal the screen is cleared and the status drawn again each time; on a pipe each
-observation is printed after the last under a timestamped line; with --json each one is
-one JSON document on one line (JSON Lines). A dependency that becomes unavailable meanwhile
-(Docker restarting, the database locked) is reported as one line and watched again: a
-watch is for seeing it come back.
+A terminal is redrawn; a pipe gets each observation after a timestamped line; --json one
+JSON document per line. A dependency that becomes unavailable meanwhile is one line, and
+watched again: a watch is for seeing it come back.
 """
 
 from __future__ import annotations

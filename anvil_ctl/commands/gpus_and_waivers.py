@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import App
-from anvil_ctl.config import GpuRole, HostConfig, format_validation_error
+from anvil_ctl.config.host import GpuRole, HostConfig
+from anvil_ctl.config.inputs import format_validation_error
 from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
 from anvil_ctl.core.model import GpuReading
 from anvil_ctl.core.validate import (
@@ -33,10 +34,11 @@ from anvil_ctl.core.validate import (
     require,
     utc_stamp,
 )
+from anvil_ctl.core.waiver import GATE, POLICIES, Waiver
 from anvil_ctl.engine.gpu_ownership import ledger
 from anvil_ctl.gpu.ownership import Mode
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
-from anvil_ctl.gpu.waiver_policy import GATE, POLICIES, Waiver, check_gate_waiver, parse_scope
+from anvil_ctl.gpu.waiver_policy import check_gate_waiver, parse_scope
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import waiver_rows
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import DriftAcceptance, PromoteRequest, RollbackRequest
@@ -41,7 +42,9 @@ def rollback(
     restore_group: str | None = None,
     dry_run: bool = False,
     timeout_s: float | None = None,
+    decided_by: JSONObject | None = None,
 ) -> Outcome:
+    """Bring back a recorded serve; `decided_by` names the policy when no person asked."""
     app.config.slot(slot)
     limit_waits(app, timeout_s)
     members: tuple[str, ...] | None = None
@@ -53,5 +56,7 @@ def rollback(
                 field="restore_group",
             )
         members = tuple(app.config.restore_groups[restore_group])
-    request = RollbackRequest(slot=slot, to=to, restore_group=restore_group, restore_group_members=members)
+    request = RollbackRequest(
+        slot=slot, to=to, restore_group=restore_group, restore_group_members=members, decided_by=decided_by
+    )
     return enter(app, request, dry_run=dry_run)

@@ -18,6 +18,11 @@ stale) while every assertion about the recorded serve itself passes, the
 rechecks are recorded; the second carries a `router_repair` entry naming the
 transaction. Nothing else is ever repaired.
 
+A slot in the middle of a campaign (a committed `load` not yet promoted or rolled back) is
+judged by the state the campaign should have (`engine.campaign`): the candidate serving with
+its identity, the incumbent retained intact, the tier as the load left it. Its result, record
+and metrics say `phase: qualifying`; a slot outside a campaign is `serving`.
+
 Each run also witnesses the audit chain's head after its own record (`SEQ:HASH`):
 in its result, an `audit.head` log line and the textfile's `anvil_audit_head`
 gauge, so a collector outside the database keeps heads that `anvilctl audit
@@ -26,29 +31,45 @@ verify --expect-head` can check later.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import App
-from anvil_ctl.core.errors import AnvilError, BadInput, Unavailable
+from anvil_ctl.core.errors import AnvilError, AuthRejected, BadInput, Unavailable
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
+from anvil_ctl.engine.campaign import QUALIFYING, SERVING, campaign_assertions, campaign_of
 from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.serving import pauses
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import rechecks
 
+if TYPE_CHECKING:  # `recheck --slo` only: the official client and the profiles import with it
+    from anvil_ctl.commands.slo import Enablement
+
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class SloRequest:
+    """`recheck --slo`: sample the route against the serve's thresholds (`commands.slo`)."""
+
+    profile: str | None = None
+    rollback_on_breach: Enablement | None = None
 
 
 class RecheckRecord(TypedDict):
     """A `RecheckResult` as `recheck --json` prints it."""
 
     slot: str
+    phase: str
     passed: bool
     failed: list[str]
     assertions: list[JSONObject]
@@ -71,6 +92,8 @@ class RecheckResult:
     """Why the host could not be observed (a dependency unavailable); None when it was."""
     repair: JSONObject | None = None
     """The router repair this recheck followed (its transaction and the recheck before it)."""
+    phase: str = SERVING
+    """`serving`, or `qualifying` between a committed load and its promote or rollback."""
 
     @property
     def up(self) -> bool:
@@ -96,6 +119,7 @@ class RecheckResult:
     def as_dict(self) -> RecheckRecord:
         return {
             "slot": self.slot,
+            "phase": self.phase,
             "passed": self.passed,
             "failed": self.failed,
             "assertions": self.assertions,
@@ -133,15 +157,56 @@ any of them failing means re-routing is not the fix, so no repair runs."""
 def router_repairable(result: RecheckResult) -> bool:
     """The route is missing or stale while the recorded serve runs healthy."""
     failed = set(result.failed)
-    return result.up and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
+    serving = result.up and result.phase == SERVING
+    return serving and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
 
 
-def recheck(app: App, slot: str, *, repair: tuple[str, ...] = ()) -> RecheckResult:
-    """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again."""
+def wait_router(app: App, timeout_s: float) -> float:
+    """Wait until the router answers our admin credentials; the seconds it took. A router's unit
+    or container is reported started before it listens, and the route repair its start hook
+    runs must not judge a router that is still coming up. Unavailable (exit 7) at the deadline."""
+    world = app.world()
+    if world.router is None:
+        return 0.0
+    started = time.monotonic()
+    for pause in pauses(world.config.policy.health_poll_s):
+        try:
+            world.router.probe_credentials()
+            return time.monotonic() - started
+        except AuthRejected:
+            raise
+        except AnvilError as exc:
+            if time.monotonic() - started >= timeout_s:
+                raise Unavailable(
+                    f"the router did not answer within {timeout_s:g} s: {exc}", dependency="router"
+                ) from None
+        time.sleep(pause)
+    raise AssertionError("pauses() never ends")
+
+
+def recheck(
+    app: App,
+    slot: str,
+    *,
+    repair: tuple[str, ...] = (),
+    slo: SloRequest | None = None,
+    wait_router_s: float | None = None,
+) -> RecheckResult:
+    """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again;
+    with `slo`, sample the route against the serve's thresholds too (when the rest holds);
+    with `wait_router_s`, first wait that long at most for the router to answer."""
     unknown = sorted(set(repair) - set(REPAIRS))
     if unknown:
         raise BadInput(f"--repair {', '.join(unknown)}: expected one of {list(REPAIRS)}", field="repair")
-    result = _recheck(app, slot)
+    app.config.slot(slot)
+    if wait_router_s is not None:
+        waited = wait_router(app, wait_router_s)
+        log.info("recheck.router_answered", waited_s=round(waited, 3))
+    if slo is not None and slo.profile is not None:
+        from anvil_ctl.qualify.profiles import load_profile
+
+        load_profile(slo.profile)  # a wrong --profile is bad input before anything is observed
+    result = _recheck(app, slot, slo=slo)
     if "router" not in repair or not router_repairable(result):
         return result
     # Imported here: the transaction machinery (plans, runner, lock) is what a plain recheck,
@@ -163,10 +228,12 @@ def recheck(app: App, slot: str, *, repair: tuple[str, ...] = ()) -> RecheckResu
         "before_recheck_id": result.recheck_id,
         "failed_before": list(result.failed),
     }
-    return _recheck(app, slot, repair=repaired)
+    return _recheck(app, slot, repair=repaired, slo=slo)
 
 
-def _recheck(app: App, slot: str, *, repair: JSONObject | None = None) -> RecheckResult:
+def _recheck(
+    app: App, slot: str, *, repair: JSONObject | None = None, slo: SloRequest | None = None
+) -> RecheckResult:
     app.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
     out = RecheckResult(slot=slot, repair=repair)
     if repair is not None:
@@ -177,12 +244,18 @@ def _recheck(app: App, slot: str, *, repair: JSONObject | None = None) -> Rechec
         # Engine is "could not observe", never drift.
         world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: slot})
         ident = app.store.current_identity(slot, "incumbent")
+        campaign = campaign_of(world, slot)
         with one_reading(world):  # assertions and snapshot only observe: /dev/shm scanned once
-            if ident is None:
+            if campaign is not None:
+                out.phase = QUALIFYING
+                out.assertions.extend(a.as_dict() for a in campaign_assertions(world, campaign))
+            elif ident is None:
                 out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
             else:
                 out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
             _observe(world, out)
+        if slo is not None:
+            out.assertions.append(_slo(app, out, ident, slo))
     except Unavailable as exc:
         kept = out.assertions[:1] if repair is not None else []  # the repair entry stays
         out.assertions = [*kept, {"name": "observed", "passed": False, "observed": str(exc)}]
@@ -193,6 +266,20 @@ def _recheck(app: App, slot: str, *, repair: JSONObject | None = None) -> Rechec
         if out.up:
             out.unavailable = str(exc)
     return out
+
+
+def _slo(app: App, out: RecheckResult, ident: Identity | None, slo: SloRequest) -> JSONObject:
+    """The `slo` assertion: sampled only where the route should serve the recorded incumbent
+    and every other assertion holds (a route known broken needs no sample to say so)."""
+    if out.phase != SERVING or ident is None:
+        why = "a campaign is in progress: the route serves nothing until promote" if ident else "no incumbent"
+        return {"name": "slo", "passed": out.phase != SERVING, "observed": {"skipped": why}}
+    if out.failed:
+        return {"name": "slo", "passed": False, "observed": {"skipped": f"failed first: {out.failed}"}}
+    from anvil_ctl.commands.slo import slo_check
+
+    held, observed = slo_check(app, ident, profile=slo.profile, rollback_on_breach=slo.rollback_on_breach)
+    return {"name": "slo", "passed": held, "observed": observed}
 
 
 def _observe(world: World, out: RecheckResult) -> None:
@@ -245,6 +332,14 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
     stamp = Gauge(
         "anvil_recheck_timestamp_seconds", "When the last recheck ran.", ["slot"], registry=registry
     )
+    phase = Gauge(
+        "anvil_recheck_phase",
+        "1 for the campaign phase the last recheck judged the slot in (serving or qualifying).",
+        ["slot", "phase"],
+        registry=registry,
+    )
+    for name in (SERVING, QUALIFYING):
+        phase.labels(slot=result.slot, phase=name).set(int(result.up and result.phase == name))
     up.labels(slot=result.slot).set(int(result.up))
     passed.labels(slot=result.slot).set(int(result.up and result.passed))
     if result.up:

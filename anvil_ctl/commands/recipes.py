@@ -11,21 +11,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.config import HostConfig
+from anvil_ctl.config.host import HostConfig
 from anvil_ctl.core.errors import RecipeError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import config_fingerprint
 from anvil_ctl.core.validate import check_text
 from anvil_ctl.places import RECIPES_DIR
-from anvil_ctl.recipes import (
-    Recipe,
-    check_fits_slot,
-    container_spec,
-    load_recipe,
-    recipe_digest,
-    resolve_gpu_uuids,
-    spec_as_dict,
-)
+from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
+from anvil_ctl.recipes.spec import check_fits_slot, container_spec, resolve_gpu_uuids, spec_as_dict
 
 PLAN_TX_ID = "planned"
 

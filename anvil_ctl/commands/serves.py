@@ -13,7 +13,8 @@ from anvil_ctl.core.errors import BadInput, NotFound, Refused
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadRequest
 from anvil_ctl.engine.plans.unload import removal_problem
-from anvil_ctl.recipes import check_runnable, container_spec, load_recipe, recipe_digest
+from anvil_ctl.recipes.model import load_recipe, recipe_digest
+from anvil_ctl.recipes.spec import check_runnable, container_spec
 
 
 def candidate_from_recipe(app: App, ref: str, slot: str) -> Candidate:

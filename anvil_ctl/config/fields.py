@@ -7,6 +7,7 @@ name a file we could mean, durations are finite, URLs of a known scheme.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +37,17 @@ def path_text(value: object) -> object:
         if len(text) > 4096:
             raise ValueError("expected a path of at most 4096 characters")
     return value
+
+
+def valid_if(ok: Callable[[str], object], expected: str) -> AfterValidator:
+    """A text field's check: its value where `ok(value)` is true, else ValueError(`expected`)."""
+
+    def check(value: str) -> str:
+        if not ok(value):
+            raise ValueError(expected)
+        return value
+
+    return AfterValidator(check)
 
 
 def url_field(*schemes: str) -> AfterValidator:

@@ -22,6 +22,7 @@ from anvil_ctl.config.fields import (
     Strict,
     env_name,
     text_field,
+    valid_if,
 )
 from anvil_ctl.config.inputs import format_validation_error, load_toml
 from anvil_ctl.core.errors import ConfigError
@@ -31,19 +32,14 @@ from anvil_ctl.core.validate import MAX_MIB, is_loopback, split_binding
 class GpuRole(Strict):
     """A named GPU, pinned by UUID, never by index."""
 
-    uuid: str = Field(description="NVML UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+    uuid: Annotated[
+        str, valid_if(GPU_UUID_RE.match, "expected a GPU UUID like GPU-0123abcd-0123-0123-0123-0123456789ab")
+    ] = Field(description="NVML UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
     capacity_mib: int = Field(gt=0, le=MAX_MIB, description="Total memory of the card in MiB")
     reserve_mib: MiB | None = Field(
         None, description="Free MiB to keep after a workload; default policy.vram_reserve_mib"
     )
     name: Label = Field("", description="Product name, informational")
-
-    @field_validator("uuid")
-    @classmethod
-    def _uuid(cls, value: str) -> str:
-        if not GPU_UUID_RE.match(value):
-            raise ValueError("expected a GPU UUID like GPU-0123abcd-0123-0123-0123-0123456789ab")
-        return value
 
 
 class Slot(Strict):
@@ -117,8 +113,8 @@ class RouterConfig(Strict):
             "smg: how long a readmitted registration must stay listed, admitted and routed, "
             "counted from the start of readmission (and from the sighting of any removal pending "
             "for it), before readmission ends. smg 1.13 removes a DELETEd worker after a fixed "
-            "5 s drain, by URL, whatever is registered at that URL by then (measured 5.10-5.15 s); "
-            "keep this above that delay. 0 turns the hold off"
+            "drain, by URL, whatever is registered at that URL by then; keep this above that "
+            "drain. 0 turns the hold off"
         ),
     )
 
@@ -130,7 +126,7 @@ class Policy(Strict):
     health_poll_s: Duration = Field(
         0.5,
         description=(
-            "Longest interval between health (and VRAM-release) probes: polls start at 0.02 s "
+            "Longest interval between health (and VRAM-release) probes: polls start short "
             "and grow by a quarter each up to it"
         ),
     )

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from anvil_ctl.config.fields import STATE_DB_RE, FilePath
-from anvil_ctl.core.validate import check_url, unsafe_char
+from anvil_ctl.config.fields import STATE_DB_RE, FilePath, url_field, valid_if
+from anvil_ctl.core.validate import unsafe_char
 from anvil_ctl.places import DefaultPaths, process_defaults
 
 
@@ -28,7 +28,16 @@ class Settings(BaseSettings):
         description="Directory for the database, lock and evidence; default /var/lib/anvil as "
         "root, else $XDG_DATA_HOME/anvil (~/.local/share/anvil)",
     )
-    state_db: str | None = Field(
+    state_db: (
+        Annotated[
+            str,
+            valid_if(
+                lambda v: unsafe_char(v) is None and STATE_DB_RE.match(v),
+                "expected a database URL: sqlite:///PATH or postgresql://USER@HOST/DB",
+            ),
+        ]
+        | None
+    ) = Field(
         None,
         description="SQLAlchemy URL of the state database; default sqlite:///<state_dir>/anvil.db",
     )
@@ -68,7 +77,9 @@ class Settings(BaseSettings):
         "nvml",
         description="nvml: real GPUs; simulated: GPUs declared in the host config, driven by stubs",
     )
-    docker_host: str | None = Field(None, description="Docker Engine URL; default from DOCKER_HOST")
+    docker_host: Annotated[str, url_field("unix", "tcp", "http", "https", "ssh")] | None = Field(
+        None, description="Docker Engine URL; default from DOCKER_HOST"
+    )
     machine_id_file: FilePath = Field(
         Path("/etc/machine-id"),
         description="The file holding this machine's identity, recorded when a host name is first "
@@ -92,21 +103,6 @@ class Settings(BaseSettings):
         if value.exists() and not value.is_dir():
             raise ValueError(f"{value} exists and is not a directory; expected a state directory")
         return value
-
-    @field_validator("state_db")
-    @classmethod
-    def _state_db(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        bad = unsafe_char(value)
-        if bad is not None or not STATE_DB_RE.match(value):
-            raise ValueError("expected a database URL: sqlite:///PATH or postgresql://USER@HOST/DB")
-        return value
-
-    @field_validator("docker_host")
-    @classmethod
-    def _docker_host(cls, value: str | None) -> str | None:
-        return None if value is None else check_url(value, schemes=("unix", "tcp", "http", "https", "ssh"))
 
     @property
     def db_url(self) -> str:

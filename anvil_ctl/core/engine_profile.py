@@ -1,69 +1,31 @@
 """Engine profiles: how the controller probes one kind of engine, as data.
 
-The engines operators run (SGLang, vLLM, llama.cpp, our stub) differ exactly where
-the controller depends on them: which health route exists and what "ready" means,
-whether the context length is reported, what `model` a response carries, whether a
-streamed response ends with usage, how prompt and completion tokens are counted,
-which log lines mean the engine died, which lines carry its own timings. Each
-difference is one field of `EngineProfile`; the engine, the qualification gates and
-the log audit read the field, never the engine's name (no `if engine == ...`).
+Engines differ exactly where the controller depends on them (the health route, the
+reported context, the `model` a response carries, streamed usage, token counts, fatal
+and timing log lines); each difference is one field of `EngineProfile`, which the engine,
+the gates and the log audit read: never an `if engine == ...`. Log patterns live here
+only, and every profile is judged by `COMMON_FATAL` too.
 
-Log patterns live here and nowhere else: each profile's fatal lines (by class:
-traceback, CUDA error, OOM, NCCL error, crash, engine error), its notices (each with
-the reason the line is known to be harmless) and its start banner (seen twice in one
-container's log: the engine restarted inside it). Every profile is judged by
-`COMMON_FATAL` too. The log audit (`anvil_ctl.qualify.logs`) classifies with them.
-
-`ENGINE_PROFILES` is the one registry, keyed by the name a recipe's `engine` (or its
-`engine_profile`) gives; `ENGINE_ALIASES` maps other spellings of an engine's name
-to it. `OPENAI_COMPATIBLE` is what the controller assumed of every engine before
-profiles existed; a recipe whose engine has no profile of its own, and an identity
-recorded without one, are probed that way, and their logs are judged by the common
-fatal set only.
-
-Patterns are Python regular expressions searched line by line. Every fact is
-annotated with where it was observed (`sources`); docs/ENGINES.md has the detail.
+`ENGINE_PROFILES` is the one registry, keyed by a recipe's `engine`; `ENGINE_ALIASES`
+maps other spellings to it; an engine without a profile is probed as `OPENAI_COMPATIBLE`.
+Each fact names where it was observed (`sources`; docs/ENGINES.md has the detail).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.log_patterns import (
     COMMON_FATAL,
-    FATAL_KINDS,
     NCCL_PLUGIN,
     PYTHON_DEPRECATION,
-    FatalKind,
     FatalPattern,
     NoticePattern,
 )
-
-__all__ = [
-    "COMMON_FATAL",
-    "ENGINE_ALIASES",
-    "ENGINE_PROFILES",
-    "FATAL_KINDS",
-    "LLAMA_CPP_PYTHON",
-    "NCCL_PLUGIN",
-    "OPENAI_COMPATIBLE",
-    "PYTHON_DEPRECATION",
-    "SGLANG",
-    "STUB",
-    "VLLM",
-    "EngineProfile",
-    "FatalKind",
-    "FatalPattern",
-    "NoticePattern",
-    "TimingLines",
-    "Tokenizer",
-    "engine_profile",
-    "find_engine_profile",
-]
 
 ContextSource = Literal["models", "refusal", "none"]
 """Where the serving context length shows: `max_model_len` in /v1/models; the 400 the
@@ -112,20 +74,34 @@ class TimingLines:
 
 
 @dataclass(frozen=True)
+class GpuUse:
+    """How an engine's processes hold the GPUs they are given: what the ownership record and
+    the VRAM-release gate rely on, stated per engine."""
+
+    processes: str
+    """Which processes NVML lists on a granted GPU (their PIDs map to the container by cgroup)."""
+    holds: str
+    """What the memory they hold is, and when it is taken."""
+    release: str
+    """When the memory comes back: what the VRAM-release gate waits for after a stop."""
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """How to probe one kind of engine; see the module docstring for the fields' use."""
 
     name: str
     description: str
-    health_path: str | None
+    # The defaults are the OpenAI-compatible assumptions (`OPENAI_COMPATIBLE`).
+    health_path: str | None = "/health"
     """A route answering 200 when healthy; None: the engine has none, readiness is
     /v1/models listing the served name."""
-    context_source: ContextSource
-    response_model: ResponseModel
-    streamed_usage: bool
+    context_source: ContextSource = "models"
+    response_model: ResponseModel = "served"
+    streamed_usage: bool = True
     """True: `stream_options.include_usage` yields a final usage chunk."""
-    prompt_tokens: PromptTokens
-    completion_tokens: CompletionTokens
+    prompt_tokens: PromptTokens = "stream-usage"
+    completion_tokens: CompletionTokens = "stream-usage"
     context_refusal: str | None = None
     """With context_source `refusal`: a regex whose group `limit` is the context length,
     searched in the 400 answer to an over-long prompt."""
@@ -144,6 +120,8 @@ class EngineProfile:
     timing: TimingLines | None = None
     stop_exit_codes: tuple[int, ...] = (0, 143)
     """Exit codes of a clean stop (SIGTERM through docker-init)."""
+    gpu: GpuUse | None = None
+    """How its processes use the GPU; None: it runs on CPU, or nobody has watched it on one."""
     router_check_path: str | None = None
     """What a router's health checks should GET, where that differs from the health route:
     a path that answers while a completion runs (None: the health route, else /v1/models)."""
@@ -171,12 +149,6 @@ class EngineProfile:
     def fatal_lines(self, log_text: str) -> list[str]:
         """The lines of `log_text` that match a fatal pattern, in order."""
         return _matching(log_text, tuple(p.regex for p in self.fatal_patterns))
-
-    def notice_lines(self, log_text: str) -> list[str]:
-        """The lines of `log_text` that match a notice pattern and no fatal one, in order."""
-        fatal = set(self.fatal_lines(log_text))
-        notices = _matching(log_text, tuple(n.regex for n in self.notice_log_patterns))
-        return [line for line in notices if line not in fatal]
 
     def refused_context(self, message: str) -> int | None:
         """The context length a context-refusal answer names, or None."""
@@ -220,24 +192,12 @@ OPENAI_COMPATIBLE = EngineProfile(
     name="openai-compatible",
     description="What the controller assumed of every engine before profiles: /health, "
     "max_model_len in /v1/models, the served name in responses, usage in streams",
-    health_path="/health",
-    context_source="models",
-    response_model="served",
-    streamed_usage=True,
-    prompt_tokens="stream-usage",
-    completion_tokens="stream-usage",
     sources=("the controller's behaviour before engine profiles",),
 )
 
 STUB = EngineProfile(
     name="stub",
     description="anvil_ctl.stub, our own OpenAI-compatible engine (docs/CONTRACTS.md)",
-    health_path="/health",
-    context_source="models",
-    response_model="served",
-    streamed_usage=True,
-    prompt_tokens="stream-usage",
-    completion_tokens="stream-usage",
     fatal_log_patterns=(
         FatalPattern("engine_error", r"anvil-stub: (?:fatal|error)\b"),
         FatalPattern("engine_error", r"OSError: \[Errno 98\] Address already in use"),
@@ -264,12 +224,7 @@ STUB = EngineProfile(
 SGLANG = EngineProfile(
     name="sglang",
     description="SGLang's OpenAI-compatible server (python -m sglang.launch_server)",
-    health_path="/health",
-    context_source="models",
     response_model="request",
-    streamed_usage=True,
-    prompt_tokens="stream-usage",
-    completion_tokens="stream-usage",
     tokenizer=Tokenizer(path="/v1/tokenize", input_field="prompt", count_field="count"),
     fatal_log_patterns=(
         # Scheduler, TP worker and detokenizer failures are logged as "<Process> hit an
@@ -343,23 +298,55 @@ LLAMA_CPP_PYTHON = EngineProfile(
         total=r"llama_perf_context_print:\s+total time =\s*(?P<ms>[\d.]+) ms /\s*(?P<tokens>\d+) tokens",
     ),
     stop_exit_codes=(0, 143),
-    # /v1/models waits for the model's lock: 13 s behind a running completion, enough for a
-    # router's check to time out and take a serving backend out. /docs answers in 60 ms, and
+    # /v1/models waits for the model's lock behind a running completion, long enough for a
+    # router's check to time out and take a serving backend out. /docs answers at once, and
     # only once the model is loaded (the server loads it before it listens).
     router_check_path="/docs",
     sources=("llama-cpp-python 0.3.36 in the test env's containers (docs/ENGINES.md)",),
+)
+
+LLAMA_CPP_CUDA = replace(
+    LLAMA_CPP_PYTHON,
+    name="llama-cpp-python-cuda",
+    description="llama.cpp through the llama-cpp-python 0.3.x server, built with GGML_CUDA: "
+    "the model's layers offloaded to one GPU (--n_gpu_layers -1)",
+    fatal_log_patterns=(
+        *LLAMA_CPP_PYTHON.fatal_log_patterns,
+        FatalPattern("cuda_error", r"ggml_cuda_init: failed to initialize CUDA"),
+        FatalPattern("cuda_error", r"ggml_cuda_compute_forward: \w+ failed|ggml-cuda\.cu:\d+: .*error"),
+        FatalPattern(
+            "oom", r"ggml_backend_cuda_buffer_type_alloc_buffer: allocating [\d.]+ MiB on device \d+: "
+        ),
+    ),
+    notice_log_patterns=(
+        *LLAMA_CPP_PYTHON.notice_log_patterns,
+        NoticePattern(
+            "no-gpu-offload",
+            r"llama_model_load_from_file_impl: (?:no CUDA devices|using device CPU)|"
+            r"offloaded 0/\d+ layers to GPU",
+            "the engine found no GPU or offloaded nothing: it serves, slowly, from the CPU "
+            "(the ownership record then shows no process on the granted GPU)",
+        ),
+    ),
+    gpu=GpuUse(
+        processes="one: the server's Python process (a child of docker-init, not the "
+        "container's init PID) opens one CUDA context on each granted GPU",
+        holds="the offloaded weights, the KV cache for n_ctx and the CUDA compute buffers, "
+        "all allocated while the model loads, before the server listens; constant while it "
+        "serves (no allocation per request)",
+        release="at the process's exit, when the driver destroys its context: SIGTERM through "
+        "docker-init ends it; there is no sleep or unload API",
+    ),
+    sources=(
+        "llama-cpp-python 0.3.36 built with -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90, run on "
+        "an H200 under anvilctl (scripts/gpu_story.py; docs/ENGINES.md)",
+    ),
 )
 
 VLLM = EngineProfile(
     name="vllm",
     description="vLLM's OpenAI-compatible server (vllm serve): probed with the OpenAI-compatible "
     "assumptions; its own fatal lines and start banner for the log audit",
-    health_path="/health",
-    context_source="models",
-    response_model="served",
-    streamed_usage=True,
-    prompt_tokens="stream-usage",
-    completion_tokens="stream-usage",
     fatal_log_patterns=(
         FatalPattern("engine_error", r"EngineCore (?:encountered a fatal error|failed to start)"),
         FatalPattern("engine_error", r"EngineDeadError|AsyncEngineDeadError"),
@@ -375,7 +362,7 @@ VLLM = EngineProfile(
 )
 
 ENGINE_PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON)
+    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON, LLAMA_CPP_CUDA)
 }
 """Every engine profile by name: the one registry."""
 
@@ -384,6 +371,7 @@ ENGINE_ALIASES: dict[str, str] = {
     "llama-cpp": "llama-cpp-python",
     "llamacpp": "llama-cpp-python",
     "llama_cpp": "llama-cpp-python",
+    "llama.cpp-cuda": "llama-cpp-python-cuda",
     "sglang-sm120": "sglang",
 }
 """Other spellings of an engine's name (a recipe's `engine`) -> its profile's name."""

@@ -20,37 +20,14 @@ AnvilError
 ├── RecordDiffers                exit 6: a record to be used (copied) does not verify
 ├── HostClaimed                  exit 8: another machine is recorded under this host's name
 └── TargetHoldsHost              exit 9: `db copy` found this host's rows in the target
-IllegalTransition (RuntimeError) misuse: a transition the table does not allow
+IllegalTransition (RuntimeError) misuse: a transition the table does not allow (core.states)
 UncoveredRows (RuntimeError)     misuse: history rows committed without their audit entry
                                  (anvil_ctl.persistence.coverage)
 """
 
 from __future__ import annotations
 
-from anvil_ctl.core.states import ExitCode, IllegalTransition
-
-__all__ = [
-    "AdapterError",
-    "AnvilError",
-    "AuthRejected",
-    "BadInput",
-    "ConfigError",
-    "CredentialError",
-    "EvidenceMismatch",
-    "HostClaimed",
-    "IllegalTransition",
-    "LockHeld",
-    "NeedsOperator",
-    "NotFound",
-    "RecipeError",
-    "RecordDiffers",
-    "Refused",
-    "StateStoreError",
-    "StepFailed",
-    "TargetHoldsHost",
-    "TransientError",
-    "Unavailable",
-]
+from anvil_ctl.core.states import ExitCode
 
 
 class AnvilError(Exception):

@@ -12,15 +12,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 FatalKind = Literal["traceback", "cuda_error", "oom", "nccl_error", "crash", "engine_error", "restart"]
-FATAL_KINDS: tuple[FatalKind, ...] = (
-    "traceback",
-    "cuda_error",
-    "oom",
-    "nccl_error",
-    "crash",
-    "engine_error",
-    "restart",
-)
 
 
 @dataclass(frozen=True)

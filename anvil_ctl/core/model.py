@@ -2,8 +2,7 @@
 
 All are frozen dataclasses so they can be compared, hashed and put into snapshots
 without copying. None carries a secret. A serve's `Identity` (`anvil_ctl.core.identity`)
-and the digest functions (`anvil_ctl.core.digest`) have modules of their own and are
-importable from here as well.
+and the digest functions (`anvil_ctl.core.digest`) have modules of their own.
 """
 
 from __future__ import annotations
@@ -12,43 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from anvil_ctl.core.digest import canonical_json, sha256_hex
-from anvil_ctl.core.identity import Identity
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.jsontypes import JSONObject
-
-__all__ = [
-    "LABEL_MANAGED",
-    "LABEL_PREFIX",
-    "LABEL_RECIPE",
-    "LABEL_RECIPE_DIGEST",
-    "LABEL_ROLE",
-    "LABEL_SERVED_MODEL",
-    "LABEL_SLOT",
-    "LABEL_TX",
-    "Backend",
-    "ContainerInfo",
-    "ContainerLog",
-    "ContainerSpec",
-    "ContainerStatus",
-    "GpuProcess",
-    "GpuReading",
-    "Identity",
-    "ImageInfo",
-    "ModelCard",
-    "ModelFile",
-    "Mount",
-    "PromptAnswer",
-    "ResidueFile",
-    "ResidueRemoval",
-    "RouteCheck",
-    "RoutedAnswer",
-    "ShmMark",
-    "VramNeed",
-    "canonical_json",
-    "config_fingerprint",
-    "fingerprint_fields",
-    "sha256_hex",
-]
 
 ContainerStatus = Literal["created", "running", "paused", "restarting", "exited", "dead", "removing"]
 

@@ -4,8 +4,7 @@ The same schema serves a transaction's before and after and a recheck. Only
 placement facts enter (container IDs and states, image IDs, served identities,
 GPU owners, router tiers, residue); fluctuating readings such as free MiB go to
 the transaction's step results instead, so that "the after-snapshot equals the
-recorded one" is a meaningful statement. Secrets never enter a snapshot; where a
-credential must be identified it enters as an HMAC.
+recorded one" is a meaningful statement. Secrets never enter a snapshot.
 
 A diff says what happened: a subtree added (`+ path: value`), removed (`- path:
 value`) or a value replaced (`~ path: before -> after`); absence is an operation,
@@ -16,8 +15,6 @@ yields the after-snapshot's body and keeps what was there.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,11 +61,6 @@ class Snapshot:
     @property
     def sha256(self) -> str:
         return sha256_hex(self.canonical)
-
-
-def secret_hmac(secret: str, key: bytes) -> str:
-    """Identify a secret without storing it."""
-    return "hmac-sha256:" + hmac.new(key, secret.encode(), hashlib.sha256).hexdigest()
 
 
 def _token(key: str) -> str:
@@ -225,88 +217,3 @@ def from_patch(ops: PatchOps) -> list[Change]:
         else:
             raise ValueError(f"JSON Patch op {kind!r} is not one a snapshot diff writes")
     return out
-
-
-def changes_from_stored(data: PatchOps) -> tuple[str, list[Change]]:
-    """A stored diff (`snapshot_diffs.changes_json`) as ("json-patch" | "legacy", changes).
-
-    Rows written before diffs were JSON Patches hold `{path, before, after}` with None for
-    absence; they are read as they were written: a change from None is shown as added, one
-    to None as removed (the old writer could not tell absence from a JSON null).
-    """
-    if all("op" in item for item in data):
-        return "json-patch", from_patch(data)
-    out = []
-    for item in data:
-        before, after = item.get("before"), item.get("after")
-        op: Literal["add", "remove", "replace"] = (
-            "add" if before is None else "remove" if after is None else "replace"
-        )
-        out.append(Change(op, (str(item["path"]),), before=before, after=after))
-    return "legacy", out
-
-
-def _not_subscriptable(value: JSONValue) -> TypeError:
-    return TypeError(f"'{type(value).__name__}' object is not subscriptable")
-
-
-def _list_index(key: str | int) -> int:
-    if not isinstance(key, int):
-        raise TypeError(f"list indices must be integers or slices, not {type(key).__name__}")
-    return key
-
-
-def _child(parent: JSONValue, part: str | int) -> JSONValue:
-    if isinstance(parent, list):
-        return parent[_list_index(part)]
-    if isinstance(parent, dict):
-        return parent[str(part)]
-    raise _not_subscriptable(parent)
-
-
-def _apply_op(parent: JSONValue, last: str | int, op: Mapping[str, JSONValue]) -> None:
-    """One add, remove, replace or test at `parent[last]` (other ops are passed over)."""
-    kind = op["op"]
-    if kind not in ("test", "remove", "replace", "add"):
-        return
-    if isinstance(parent, list):
-        index = _list_index(last)
-        if kind == "test" and not _same(parent[index], op["value"]):
-            raise ValueError(f"test failed at {op['path']}: {parent[index]!r} != {op['value']!r}")
-        if kind == "remove":
-            del parent[index]
-        elif kind == "replace":
-            parent[index] = op["value"]
-        elif kind == "add":
-            parent.insert(index, op["value"])
-    elif isinstance(parent, dict):
-        key = str(last)
-        if kind == "test" and not _same(parent[key], op["value"]):
-            raise ValueError(f"test failed at {op['path']}: {parent[key]!r} != {op['value']!r}")
-        if kind == "remove":
-            del parent[key]
-        elif kind in ("replace", "add"):
-            parent[key] = op["value"]
-    else:
-        raise _not_subscriptable(parent)
-
-
-def apply_patch(doc: JSONValue, ops: PatchOps) -> JSONValue:
-    """`doc` with a patch applied (RFC 6902 add, remove, replace, test); `doc` is not changed.
-
-    A failed `test` raises ValueError: the patch was not made from this document.
-    """
-    result: JSONValue = json.loads(json.dumps(doc))
-    for op in ops:
-        parts = _parts(op["path"])
-        if not parts:
-            if op["op"] == "test" and not _same(result, op["value"]):
-                raise ValueError("test failed at the document root")
-            if op["op"] in ("add", "replace"):
-                result = json.loads(json.dumps(op["value"]))
-            continue
-        parent = result
-        for p in parts[:-1]:
-            parent = _child(parent, p)
-        _apply_op(parent, parts[-1], op)
-    return result

@@ -13,10 +13,11 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from anvil_ctl.config import Slot
+from anvil_ctl.config.host import Slot
 from anvil_ctl.core.errors import AnvilError, NotFound
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, Identity
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE
 from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import (
     FieldDrift,
@@ -51,12 +52,15 @@ def _check(out: list[Assertion], name: str, fn: Callable[[], Observation]) -> No
     out.append(Assertion(name, bool(ok), observed))
 
 
-def slot_assertions(world: World, ident: Identity, *, routed: bool = True) -> list[Assertion]:
+def slot_assertions(
+    world: World, ident: Identity, *, routed: bool = True, role: str = "incumbent"
+) -> list[Assertion]:
     """Every assertion about `ident` serving its slot; `routed=False` leaves the router out
-    (a loaded candidate is reached directly until promote routes it)."""
+    (a loaded candidate is reached directly until promote routes it). `role` names the serve
+    in the container assertion (`incumbent_container_running`, `candidate_container_running`)."""
     cfg = world.config.slot(ident.slot)
     out: list[Assertion] = []
-    _container_checks(world, ident, out)
+    _container_checks(world, ident, out, role)
     _serving_checks(world, cfg, ident, out)
     if ident.gpu_roles:
         _gpu_checks(world, ident, out)
@@ -66,7 +70,7 @@ def slot_assertions(world: World, ident: Identity, *, routed: bool = True) -> li
     return out
 
 
-def _container_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
+def _container_checks(world: World, ident: Identity, out: list[Assertion], role: str) -> None:
     def drift() -> dict[str, FieldDrift]:
         return {d.field: d for d in identity_drift(world, ident, running=True)}
 
@@ -87,7 +91,7 @@ def _container_checks(world: World, ident: Identity, out: list[Assertion]) -> No
 
         return check
 
-    _check(out, "incumbent_container_running", running)
+    _check(out, f"{role}_container_running", running)
     _check(out, "image_id", same("image_id", lambda v: v))
     _check(out, "config_fingerprint", same("config_fingerprint", lambda v: v[:16]))
 

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from anvil_ctl.core.errors import AdapterError, AnvilError
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, Identity, VramNeed
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, VramNeed
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.serving import (
     inspect_or_none,

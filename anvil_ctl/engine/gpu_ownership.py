@@ -25,8 +25,9 @@ from typing import TypeVar
 
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import GpuProcess, GpuReading, Identity, VramNeed
+from anvil_ctl.core.model import GpuProcess, GpuReading, VramNeed
 from anvil_ctl.core.steps import StepContext
 from anvil_ctl.engine.serving import POLL_FIRST_S, container_absent_or_stopped
 from anvil_ctl.engine.world import VramRelease, World

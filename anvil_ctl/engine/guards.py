@@ -13,7 +13,7 @@ from typing import Never, Protocol, TypeVar
 
 from anvil_ctl.core.errors import AuthRejected, NotFound
 from anvil_ctl.core.guards import Guard, Refusal
-from anvil_ctl.core.model import Identity
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.states import UNFINISHED_STATES
 from anvil_ctl.core.steps import StepContext
 from anvil_ctl.engine.assertions import slot_assertions

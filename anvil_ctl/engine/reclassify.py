@@ -16,9 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, get_int, get_object, get_objects
-from anvil_ctl.core.model import Identity, sha256_hex
+from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waiver_policy
 from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
@@ -37,7 +39,7 @@ def raw_decision_body(
     ident: Identity,
     *,
     result: QualificationResult,
-    active: Sequence[waiver_policy.Waiver],
+    active: Sequence[Waiver],
     now: datetime,
     roles: Sequence[str],
 ) -> JSONObject:
@@ -147,7 +149,7 @@ def stored_verdicts(world: World, raw: JSONMapping) -> list[_Verdict | ReserveRe
 def reclassify_one(
     world: World,
     raw: JSONMapping,
-    active: Sequence[waiver_policy.Waiver],
+    active: Sequence[Waiver],
     now: datetime,
     *,
     tx_id: str | None,

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from anvil_ctl.core.engine_profile import EngineProfile, engine_profile
 from anvil_ctl.core.errors import AdapterError
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import Identity
 from anvil_ctl.engine.world import World
 
 INCONCLUSIVE = frozenset({"probe-failed", "accepted"})

@@ -20,8 +20,9 @@ from typing import Protocol, TypeVar
 
 from anvil_ctl.core.engine_profile import EngineProfile, engine_profile
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import ContainerInfo, Identity, VramNeed
+from anvil_ctl.core.model import ContainerInfo, VramNeed
 from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.world import World

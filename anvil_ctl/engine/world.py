@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
-from anvil_ctl.config import HostConfig, Settings
+from anvil_ctl.config.host import HostConfig
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
     LABEL_MANAGED,

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from anvil_ctl.atomic import atomic_write
-from anvil_ctl.config import read_input_file
+from anvil_ctl.config.inputs import read_input_file
 from anvil_ctl.core.errors import BadInput, EvidenceMismatch, StepFailed
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, fields, get_int, get_str
 from anvil_ctl.core.validate import unsafe_char, utc_stamp

@@ -9,11 +9,11 @@ until every card of the next serve shows `free >= need + reserve`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import GpuReading, VramNeed
+from anvil_ctl.core.model import GpuReading
 from anvil_ctl.core.ports import Clock, GpuProbe
 from anvil_ctl.log import get_logger
 
@@ -110,40 +110,3 @@ def wait_for_vram_release(
         pause = min(pause * 1.25, poll_s)
         current = _observe(probe, uuids)
         polls += 1
-
-
-def vram_release_step(
-    probe: GpuProbe,
-    clock: Clock,
-    uuids: Mapping[str, str],
-    *,
-    reserve_mib: Mapping[str, int],
-    deadline_s: float,
-    poll_s: float = 1.0,
-    default_need_mib: int = 0,
-) -> Callable[[VramNeed], JSONObject]:
-    """A VRAM-release gate with fixed reserves (no waivers), for a world's `vram_release`.
-
-    `uuids` and `reserve_mib` cover every host role (role -> UUID, role -> the
-    reserve in force); the need's roles select the cards, and its `need_mib` (per
-    card; `default_need_mib` where it is 0) is the need.
-    """
-
-    def gate(need: VramNeed) -> JSONObject:
-        roles = need.roles
-        if not roles:
-            return {"skipped": "the candidate uses no GPU role"}
-        unknown = sorted(set(roles) - set(uuids))
-        if unknown:
-            raise StepFailed(f"VRAM release: roles not in the host config: {unknown}")
-        return wait_for_vram_release(
-            probe,
-            clock,
-            {r: uuids[r] for r in roles},
-            need_mib=need.need_mib or default_need_mib,
-            reserve_mib={r: reserve_mib[r] for r in roles},
-            deadline_s=deadline_s,
-            poll_s=poll_s,
-        )
-
-    return gate

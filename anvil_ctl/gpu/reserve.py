@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from anvil_ctl.core.errors import ConfigError
-from anvil_ctl.core.jsontypes import JSONObject, get_int, get_str
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import GpuReading
 from anvil_ctl.core.waiver import VRAM_RESERVE
 
@@ -55,23 +55,6 @@ class CardCheck:
         }
 
 
-def _card_of(c: object) -> CardCheck:
-    """A CardCheck from its `as_dict()`."""
-    if not isinstance(c, Mapping):
-        raise ValueError(f"cards: expected a JSON object, got {type(c).__name__}")
-    threshold = get_int(c, "threshold_mib")
-    if threshold is None:
-        raise KeyError("threshold_mib")
-    return CardCheck(
-        role=str(c["role"]),
-        uuid=str(c["uuid"]),
-        threshold_mib=threshold,
-        free_mib=get_int(c, "free_mib"),
-        used_mib=get_int(c, "used_mib"),
-        total_mib=get_int(c, "total_mib"),
-    )
-
-
 @dataclass(frozen=True)
 class ReserveResult:
     """The gate's verdict with every reading: what goes into the transaction's evidence."""
@@ -105,18 +88,6 @@ class ReserveResult:
             "margin_mib": self.margin_mib,
             "cards": [c.as_dict() for c in self.cards],
         }
-
-    @classmethod
-    def from_evidence(cls, data: Mapping[str, object]) -> ReserveResult:
-        """Rebuild a result from `evidence()` (e.g. a stored row) to re-judge it under waivers."""
-        cards = data["cards"]
-        if not isinstance(cards, list):
-            raise ValueError(f"cards: expected a JSON array, got {type(cards).__name__}")
-        return cls(
-            cards=tuple(_card_of(c) for c in cards),
-            name=get_str(data, "gate", POLICY) or POLICY,
-            policy=get_str(data, "policy", POLICY) or POLICY,
-        )
 
     def rejudged(self, thresholds: Mapping[str, int]) -> ReserveResult:
         """The same readings against other thresholds (roles not named keep theirs)."""

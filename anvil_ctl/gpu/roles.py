@@ -1,7 +1,7 @@
 """GPU roles for the host config: detected from NVML readings, rendered as `[gpu_roles.*]`.
 
 Naming and order are `anvil_ctl.gpu.naming`'s (largest first, then canonical
-UUID); this module turns them into `anvil_ctl.config.GpuRole` values and TOML.
+UUID); this module turns them into `anvil_ctl.config.host.GpuRole` values and TOML.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
-from anvil_ctl.config import NAME_RE, GpuRole
+from anvil_ctl.config.fields import NAME_RE
+from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.model import GpuReading
 from anvil_ctl.gpu.naming import assign_role_names

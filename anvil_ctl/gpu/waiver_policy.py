@@ -11,8 +11,7 @@ decision supersedes an earlier one.
 A decision computed under a waiver is a new record pointing at the decision it
 reclassifies and at the same evidence; the original is never changed.
 
-The `Waiver` value type itself is `anvil_ctl.core.waiver`' (the store keeps it
-too); it is exported from here with the judging that uses it.
+The `Waiver` value type itself is `anvil_ctl.core.waiver`'s (the store keeps it too).
 """
 
 from __future__ import annotations
@@ -23,31 +22,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.core.validate import utc_stamp
-from anvil_ctl.core.waiver import GATE, POLICIES, VRAM_RESERVE, Waiver
+from anvil_ctl.core.waiver import VRAM_RESERVE, Waiver
 from anvil_ctl.gpu.reserve import ReserveResult
-
-__all__ = [
-    "GATE",
-    "POLICIES",
-    "UNWAIVABLE_GATES",
-    "Decision",
-    "Effective",
-    "GateVerdict",
-    "Outcome",
-    "WaivedVerdict",
-    "Waiver",
-    "check_gate_waiver",
-    "effective_reserve",
-    "outcome_of",
-    "parse_scope",
-    "reclassify",
-    "resolve",
-    "waived_gate",
-]
 
 Outcome = Literal["verified", "policy-infeasible", "failed"]
 

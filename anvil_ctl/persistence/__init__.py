@@ -11,6 +11,6 @@ dicts), never a session or an ORM row. One concept per module:
 - `queries`: read-only audit queries for operators
 - `gpu_ledger`, `qualification`, `waivers`, `approvals`, `rechecks`, `locks`: one
   history table (or pair) each
-- `models`, `ddl`, `db`, `migrate`: ORM models, DDL the ORM cannot express, engines,
-  and the alembic-owned schema
+- `models` (history), `current_models` (the projection, `projection`), `ddl`, `db`,
+  `migrate`: ORM models, DDL the ORM cannot express, engines, and the alembic-owned schema
 """

@@ -11,7 +11,6 @@ from typing import TypedDict
 from sqlalchemy import select
 
 from anvil_ctl.persistence.models import ApprovalRow
-from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -34,7 +33,7 @@ def approvals(store: Store) -> list[ApprovalRecord]:
     """Every approval, oldest first: which promotion relied on which decision, approved by whom."""
     with store.read() as s:
         rows = s.execute(
-            select(ApprovalRow).where(on_host(ApprovalRow.host_id, store.host)).order_by(ApprovalRow.id)
+            select(ApprovalRow).where(ApprovalRow.host_id == store.host).order_by(ApprovalRow.id)
         ).scalars()
         return [
             {"tx_id": r.tx_id, "decision_id": r.decision_id, "approved_by": r.approved_by, "at": r.at}

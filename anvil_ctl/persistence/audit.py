@@ -1,26 +1,17 @@
 """The hash-chained audit journal: appending entries, and the chain's head.
 
-Each entry's hash is SHA-256 over the previous entry's hash and the entry's
-canonical content: id, time, transaction, event, payload and, when it covers
-any, the history rows written with it (`rows_json`: `[[table, key, digest],
-...]`, see `coverage`; each digest the first `ROW_DIGEST_BYTES` (16) bytes of the
-row's SHA-256 in unpadded base64url, 22 characters, from migration 0011 on; all 32
-bytes, 43 characters, or 64 hex digits in entries written before (`digest_bytes`
-reads all three; the digest's bytes are what the chain checks, a row matching when
-its SHA-256 starts with them, and the entry's hash covers the text as written).
-Editing an entry breaks its own hash; deleting or reordering entries breaks the
-links; editing a covered row breaks its digest; deleting entries at the end is caught
-against the head recorded outside the database (`head`). `verify` walks all of it.
+Each entry's hash is SHA-256 over the previous entry's whole hash and the entry's
+canonical content: id, time, transaction, event, payload, host and the history rows
+written with it (`rows_json`: `[[table, key, digest], ...]`, see `coverage`; each digest
+the first `ROW_DIGEST_BYTES` bytes of the row's SHA-256 in unpadded base64url). `prev_hash`
+keeps the first `LINK_TAG` hex digits of the previous hash, enough to tell a broken link
+from an edited entry. Editing an entry breaks its own hash; deleting or reordering entries
+breaks the links; editing a covered row breaks its digest; deleting entries at the end is
+caught against the head recorded outside the database (`head`). `verify` walks all of it.
 
-Entries written from migration 0010 on are lean (the entry's format says which it
-is): `prev_hash` holds only the first `LINK_TAG` hex digits of the previous entry's
-hash, enough to tell a broken link from an edited entry, while the hash still
-chains the whole previous hash (verify takes it from the entry before); on SQLite
-the hash is stored as its 32 bytes and the covered rows packed (`rowrefs`).
-
-The head, `(seq, hash)` of the last entry, is what a witness outside the
-database records: the head file beside the database, the recheck textfile, the
-logs, an operator's `--expect-head`.
+The head, `(seq, hash)` of the last entry, is what a witness outside the database
+records: the head file beside the database, the recheck textfile, the logs, an
+operator's `--expect-head`.
 """
 
 from __future__ import annotations
@@ -33,16 +24,16 @@ from typing import TypedDict
 from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
 
-from anvil_ctl.core.model import canonical_json, sha256_hex
+from anvil_ctl.core.digest import canonical_json, sha256_hex
 from anvil_ctl.persistence.coverage import RowRef, take_pending
 from anvil_ctl.persistence.models import AuditEntry
 
 GENESIS = "0" * 64
 LINK_TAG = 8
+"""Hex digits of the previous hash an entry keeps in `prev_hash`."""
 ROW_DIGEST_BYTES = 16
-"""Bytes of a covered row's SHA-256 a new entry lists: 128 bits, so a row edited to match
+"""Bytes of a covered row's SHA-256 an entry lists: 128 bits, so a row edited to match
 needs a second preimage (2**128 work); the entry's own hash keeps all 32."""
-"""Hex digits of the previous hash a lean entry keeps (an entry with 64 keeps them all)."""
 AUDIT_LOCK_KEY = 0x616E76696C  # "anvil"
 HEAD = "anvil.audit_head"  # session.info key: the head this session's entries made
 HOST = "anvil.host_id"  # session.info key: the host this session writes for (Store.write sets it)
@@ -80,48 +71,33 @@ def entry_hash(
     tx_id: str | None,
     event: str,
     payload: str,
-    rows: str = "[]",
-    host: int | None = None,
+    rows: str,
+    host: int,
 ) -> str:
-    """The entry's hash. `rows` joins the hashed content only when the entry covers rows,
-    and `host` only when the entry names one (from migration 0009 on), so entries written
-    before either existed keep their hashes."""
-    body: dict[str, str | int | None] = {
+    """The entry's hash: the previous hash and the entry's canonical content."""
+    body = {
         "id": row_id,
         "at": at,
         "tx_id": tx_id,
         "event": event,
         "payload": payload,
+        "rows": rows,
+        "host": host,
     }
-    if rows != "[]":
-        body["rows"] = rows
-    if host is not None:
-        body["host"] = host
     return sha256_hex(prev_hash + "|" + canonical_json(body))
 
 
 def compact_digest(hex_digest: str) -> str:
-    """A row digest as a new entry's `rows_json` holds it: its first `ROW_DIGEST_BYTES` bytes
-    in unpadded base64url (22 characters)."""
+    """A row digest as `rows_json` holds it: its first `ROW_DIGEST_BYTES` bytes in unpadded
+    base64url (22 characters)."""
     raw = bytes.fromhex(hex_digest)[:ROW_DIGEST_BYTES]
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-DIGEST_FORMS = {22: 16, 43: 32, 64: 32}
-"""A `rows_json` digest's length in characters -> its bytes: base64url of 16 or 32, or hex."""
-
-
 def digest_bytes(digest: str) -> bytes:
-    """The bytes of a `rows_json` digest (16 or 32), compact or hex; ValueError if it is neither."""
-    size = DIGEST_FORMS.get(len(digest))
-    if size is None:
-        raise ValueError(digest)
-    raw = (
-        bytes.fromhex(digest)
-        if len(digest) == 64
-        else base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4))
-    )
-    if len(raw) != size:
+    """The bytes of a `rows_json` digest; ValueError if it is not one."""
+    raw = base64.urlsafe_b64decode(digest + "==") if len(digest) == 22 else b""
+    if len(raw) != ROW_DIGEST_BYTES:
         raise ValueError(digest)
     return raw
 
@@ -152,11 +128,14 @@ def append(
     row_id = (last.id + 1) if last else 1
     body = canonical_json(payload)
     rows_json = canonical_json([[t, k, compact_digest(d)] for t, k, d in covered])
-    host: int | None = session.info.get(HOST)
+    host = session.info.get(HOST)
+    if not isinstance(host, int):
+        raise RuntimeError("an audit entry needs the host it is written for (Store.write sets it)")
     digest = entry_hash(
         prev_hash, row_id, at=at, tx_id=tx_id, event=event, payload=body, rows=rows_json, host=host
     )
     values: dict[str, str | int | None] = {
+        "host_id": host,
         "id": row_id,
         "at": at,
         "tx_id": tx_id,
@@ -166,8 +145,6 @@ def append(
         "hash": digest,
         "rows_json": rows_json,
     }
-    if host is not None:  # otherwise left out of the INSERT: migration 0005 writes before it exists
-        values["host_id"] = host
     session.execute(insert(AuditEntry).values(values))
     head = Head(row_id, digest)
     session.info[HEAD] = head
@@ -186,7 +163,7 @@ def batch_entry(held: Sequence[Held]) -> tuple[str, str | None, Mapping[str, obj
     its transaction, where the entry does not name one for all) when it has one; by name
     when it covers no row of its own; an event with neither is left out, since its rows,
     which the entry lists in order, name it (a step row its step, phase and event; an
-    identity row its role; ...). From migration 0011 on; older batches name every event.
+    identity row its role; ...).
     """
     if len(held) == 1:
         event, tx_id, payload, _rows = held[0]

@@ -23,6 +23,7 @@ from anvil_ctl.persistence.coverage import COVERED, RowKey
 from anvil_ctl.persistence.models import AuditEntry
 
 BATCH = 5000
+_SIZE = audit.ROW_DIGEST_BYTES
 
 
 class ProblemRecord(TypedDict):
@@ -55,16 +56,14 @@ class Problem:
 class Refs:
     """The digests the chain recorded for one table's rows, by key, with the entry of each.
 
-    A full walk holds one per covered row, millions at 100k transactions: integer keys
-    (dense, from 1, as autoincrement makes them) live in flat arrays, 32 bytes of digest
-    and 8 of entry each (a digest of 16 bytes, as entries list from migration 0011 on, is
-    marked as such in a byte of its own); any other key (text, or an integer far beyond the refs there
-    are, as an incremental walk sees them) in a dict.
+    A full walk holds one per covered row, millions of them in a large record: integer keys
+    (dense, from 1, as autoincrement makes them) live in flat arrays, 16 bytes of digest and
+    8 of entry each; any other key (text, or an integer far beyond the refs there are, as an
+    incremental walk sees them) in a dict.
     """
 
     def __init__(self) -> None:
         self._digests = bytearray()
-        self._short = bytearray()  # 1: the slot's digest is of 16 bytes
         self._entries = array("Q")  # 0: no ref for this key
         self._dense = 0
         self._other: dict[RowKey, tuple[bytes, int]] = {}
@@ -78,8 +77,7 @@ class Refs:
             return None
         size = max(key + 1, 2 * len(self._entries), 1024)
         self._entries.extend([0] * (size - len(self._entries)))
-        self._digests.extend(bytes(32 * size - len(self._digests)))
-        self._short.extend(bytes(size - len(self._short)))
+        self._digests.extend(bytes(_SIZE * size - len(self._digests)))
         return key
 
     def add(self, key: RowKey, digest: bytes, entry: int) -> int | None:
@@ -91,8 +89,7 @@ class Refs:
             return earlier[1] if earlier else None
         previous = self._entries[slot]
         self._entries[slot] = entry
-        self._digests[32 * slot : 32 * slot + len(digest)] = digest
-        self._short[slot] = len(digest) == 16
+        self._digests[_SIZE * slot : _SIZE * (slot + 1)] = digest
         self._dense += previous == 0
         return previous or None
 
@@ -103,8 +100,7 @@ class Refs:
         entry = self._entries[slot]
         self._entries[slot] = 0
         self._dense -= 1
-        size = 16 if self._short[slot] else 32
-        return bytes(self._digests[32 * slot : 32 * slot + size]), entry
+        return bytes(self._digests[_SIZE * slot : _SIZE * (slot + 1)]), entry
 
     def items(self) -> Iterator[tuple[RowKey, int]]:
         """(key, entry) of every ref not popped yet."""
@@ -159,11 +155,9 @@ def walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str])
         walked.entries += 1
         if row.id != expected_id:
             problems.append(Problem(f"entries {expected_id}..{row.id - 1} missing (deleted)", row.id))
-        # An entry before 0010 keeps the whole previous hash and hashes over what it keeps;
-        # a lean one keeps a tag of it and hashes over the previous entry's own hash, so
-        # behind a broken link its hash cannot be checked on its own.
-        lean = len(row.prev_hash) == audit.LINK_TAG
-        linked = row.prev_hash == (prev_hash[: audit.LINK_TAG] if lean else prev_hash)
+        # An entry keeps a tag of the previous hash and hashes over the previous entry's
+        # own hash, so behind a broken link its hash cannot be checked on its own.
+        linked = row.prev_hash == prev_hash[: audit.LINK_TAG]
         if not linked:
             problems.append(
                 Problem(
@@ -172,8 +166,8 @@ def walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str])
                     row.id,
                 )
             )
-        if (linked or not lean) and row.hash != audit.entry_hash(
-            prev_hash if lean else row.prev_hash,
+        if linked and row.hash != audit.entry_hash(
+            prev_hash,
             row.id,
             at=row.at,
             tx_id=row.tx_id,

@@ -6,16 +6,15 @@ included, and the snapshot and identity bodies its rows name), in one database t
 the target, which is migrated to the head first.
 
 Integer row keys collide with the rows other hosts already wrote there, so rows get new keys
-on the target (string keys, transaction IDs among them, are kept), a column that names a row
-by its integer key (`REFERS`: a step's `tx_ref`, from migration 0016 on) names the row's new
-key, and every row names the host's new id there. The chain's entries list `[table, key,
-digest]`, so the source's entries cannot be carried over as they are: the copy re-chains,
-honestly. The source's chain is verified first (in full: nothing is copied from a record
-that does not verify), and then each of the host's source entries becomes one target entry
-with the same time, transaction, event and payload, plus `copied: {seq, hash}` naming the
-source entry it stands for, covering the same rows under their target keys and digests. A
-last entry, `db.copied`, names the source database (password masked), its verified head and
-the rows copied per table. The target's chain is then verified in full.
+on the target (string keys, transaction IDs among them, are kept), and every row names the
+host's new id there. The chain's entries list `[table, key, digest]`, so the source's entries
+cannot be carried over as they are: the copy re-chains, honestly. The source's chain is
+verified first (in full: nothing is copied from a record that does not verify), and then
+each of the host's source entries becomes one target entry with the same time, transaction,
+event and payload, plus `copied: {seq, hash}` naming the source entry it stands for,
+covering the same rows under their target keys and digests. A last entry, `db.copied`,
+names the source database (password masked), its verified head and the rows copied per
+table. The target's chain is then verified in full.
 
 Not copied: `audit_checkpoints` (they pin positions of the source's chain, which the
 target's does not have; the count is reported) and the projection, which is rebuilt on
@@ -34,44 +33,20 @@ from sqlalchemy.orm import Session
 from anvil_ctl.core.errors import TargetHoldsHost
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.persistence import audit, projection
-from anvil_ctl.persistence.coverage import COVERED, RowKey, key_of, row_digest
+from anvil_ctl.persistence.coverage import RowKey, key_of, row_digest
 from anvil_ctl.persistence.db import translated, where
-from anvil_ctl.persistence.models import FIRST_HOST_ID, AuditEntry, Base, Host
-from anvil_ctl.persistence.scope import on_host
+from anvil_ctl.persistence.models import FIRST_HOST_ID, HISTORY_TABLES, AuditEntry, Base, Host
 from anvil_ctl.persistence.store import Store, utcnow
 
 NOT_COPIED = ("audit_checkpoints",)
 """History that names positions of the source's own chain (see the module doc)."""
 
-ORDER = (
-    "transactions",
-    "transaction_states",
-    "step_events",
-    "snapshot_blobs",
-    "snapshots",
-    "snapshot_diffs",
-    "identity_bodies",
-    "identities",
-    "locks",
-    "lock_releases",
-    "gpu_ownership_events",
-    "evidence",
-    "decisions",
-    "waivers",
-    "waiver_revocations",
-    "approvals",
-    "rechecks",
-    "shm_marks",
-    "evidence_manifests",
-)
+ORDER = tuple(t for t in HISTORY_TABLES if t not in ("hosts", *NOT_COPIED))
 """Parents before the rows that refer to them (`hosts` goes first, on its own)."""
 
 SHARED = {"snapshot_blobs": ("snapshots", "sha256"), "identity_bodies": ("identities", "digest")}
 """Tables stored once per content, whichever host wrote them, keyed by their SHA-256: the
 host's rows are those its own rows of (table, column) name; one already in the target stays."""
-
-REFERS = {("step_events", "tx_ref"): "transaction_states"}
-"""Integer columns that name a row of another table by its key (renumbered on the target)."""
 
 _TIME = {"transactions": "created_at", "decisions": "at", "waivers": "created_at", "locks": "since"}
 """Tables keyed by text: copied in time order (a reclassification after the decision it names)."""
@@ -110,14 +85,8 @@ def _source_rows(s: Session, name: str, host: int) -> list[dict[str, object]]:
     if name in SHARED:  # stored once per content: those this host's rows name
         (key,) = t.primary_key.columns
         naming, column = SHARED[name]
-        # read as text (the naming column may store bytes on SQLite: snapshots.sha256 from 0018
-        # and identities.digest from 0017 on, while the bodies' keys stay text)
         named = sorted(
-            set(
-                s.execute(
-                    select(_table(naming).c[column]).where(on_host(_table(naming).c.host_id, host))
-                ).scalars()
-            )
+            set(s.execute(select(_table(naming).c[column]).where(_table(naming).c.host_id == host)).scalars())
         )
         rows: list[dict[str, object]] = []
         for start in range(0, len(named), 500):
@@ -126,7 +95,7 @@ def _source_rows(s: Session, name: str, host: int) -> list[dict[str, object]]:
         return sorted(rows, key=lambda r: str(r[key.name]))
     else:
         (pk,) = t.primary_key.columns
-        q = select(t).where(on_host(t.c.host_id, host)).order_by(t.c[_TIME.get(name, pk.name)], pk)
+        q = select(t).where(t.c.host_id == host).order_by(t.c[_TIME.get(name, pk.name)], pk)
     return [dict(r) for r in s.execute(q).mappings()]
 
 
@@ -146,14 +115,14 @@ def copy_host(source: Store, target_engine: Engine) -> CopyResult:
         rows = {name: _source_rows(src, name, source.host) for name in ORDER}
         entries = list(
             src.execute(
-                select(AuditEntry).where(on_host(AuditEntry.host_id, source.host)).order_by(AuditEntry.id)
+                select(AuditEntry).where(AuditEntry.host_id == source.host).order_by(AuditEntry.id)
             ).scalars()
         )
         for name in NOT_COPIED:
             t = _table(name)
             result.not_copied[name] = int(
                 src.execute(
-                    select(func.count()).select_from(t).where(on_host(t.c.host_id, source.host))
+                    select(func.count()).select_from(t).where(t.c.host_id == source.host)
                 ).scalar_one()
             )
     with translated(target_engine), Session(bind=target_engine) as s, s.begin():
@@ -232,10 +201,6 @@ def _insert_rows(
                 # row; a row is covered once, so the copied entries leave it out
                 continue
             new = dict(values, host_id=new_host)
-            for (table, column), parent in REFERS.items():
-                ref = new.get(column) if table == name else None
-                if isinstance(ref, int):  # the parent was copied first (`ORDER`)
-                    new[column] = moved[(parent, ref)][0]
             if isinstance(key, int):
                 (pk,) = t.primary_key.columns
                 new.pop(pk.name)
@@ -246,8 +211,3 @@ def _insert_rows(
             copied += 1
         counts[name] = copied
     return counts
-
-
-def covered_tables() -> list[str]:
-    """Every history table the copy carries (the chain's, less `NOT_COPIED`)."""
-    return ["hosts", *(t for t in ORDER if t in COVERED)]

@@ -18,13 +18,13 @@ is covered by adding its name to `HISTORY_TABLES`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TypeAlias
 
 from sqlalchemy import RowMapping, Table, event
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
-from anvil_ctl.core.model import sha256_hex
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.persistence.models import HISTORY_TABLES, Base
 
 RowKey = str | int
@@ -67,10 +67,6 @@ def row_digest(table: Table, values: RowValues) -> str:
 
 def ref_of(table: Table, values: RowValues) -> RowRef:
     return (table.name, key_of(table, values), row_digest(table, values))
-
-
-def refs_of_rows(table: Table, rows: Iterable[RowValues]) -> list[RowRef]:
-    return [ref_of(table, r) for r in rows]
 
 
 def _instance_values(obj: Base) -> dict[str, object]:

@@ -1,23 +1,20 @@
-"""ORM models of the current-state projection (migration 0007).
+"""ORM models of the current-state projection.
 
 Not history: derived, mutable, and left out of the chain on purpose (`PROJECTION_TABLES`).
 Each row is written in the same database transaction as the history row it summarizes,
 so it cannot disagree with it; `projection.rebuild` derives the same rows from history
-alone, and `audit verify` compares the two. Every row names its host (`host_id`, never
-NULL here: history rows from before migration 0009 are the first host's), and the keys
-of "the latest per (slot, role)" and "the owner of a GPU role" begin with it: two hosts
-of a fleet have slots and roles of the same names. Reads that ask "what is current" (guards,
-`recover`, `status`, the views) use these rows and their indexes instead of scanning
-history for the latest row of each key.
+alone, and `audit verify --full` compares the two. The keys of "the latest per (slot,
+role)" and "the owner of a GPU role" begin with the host: two hosts of a fleet have slots
+and roles of the same names. Reads that ask "what is current" (guards, `recover`,
+`status`, the views) use these rows and their indexes instead of scanning history.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Index, Integer, SmallInteger, String, Text, text
+from sqlalchemy import Index, Integer, SmallInteger, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from anvil_ctl.persistence.base import partial_index
-from anvil_ctl.persistence.models import Base, GpuMode
+from anvil_ctl.persistence.models import Base, GpuMode, partial_index
 
 
 class TxCurrent(Base):
@@ -33,12 +30,12 @@ class TxCurrent(Base):
         # The few transactions not resolved (what every mutation's guard asks for), whatever
         # the planner's statistics say about `state`.
         partial_index("ix_tx_current_unresolved", "created_at", where="unresolved = 1"),
-        # A slot's revisions by number (migration 0021): its newest, one by number, how many.
+        # A slot's revisions by number: its newest, one by number, how many.
         partial_index("ix_tx_current_revision", "host_id", "slot", "revision", where="revision IS NOT NULL"),
     )
 
     tx_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    host_id: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
+    host_id: Mapped[int] = mapped_column(SmallInteger)
     kind: Mapped[str] = mapped_column(String(32))
     slot: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(32))
@@ -52,7 +49,7 @@ class TxCurrent(Base):
     updated_at: Mapped[str] = mapped_column(String(32))
     revision: Mapped[int | None] = mapped_column(Integer)
     """Its number among its slot's revisions (`projection.REVISION_KINDS` that ran), from 1 in
-    the order they began; None for any other transaction (migration 0021)."""
+    the order they began; None for any other transaction."""
 
 
 class IdentityCurrent(Base):
@@ -60,7 +57,7 @@ class IdentityCurrent(Base):
 
     __tablename__ = "identity_current"
 
-    host_id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("1"))
+    host_id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     slot: Mapped[str] = mapped_column(String(64), primary_key=True)
     role: Mapped[str] = mapped_column(String(16), primary_key=True)
     identity_id: Mapped[int] = mapped_column(Integer)
@@ -82,7 +79,7 @@ class ServingInterval(Base):
     )
 
     identity_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    host_id: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
+    host_id: Mapped[int] = mapped_column(SmallInteger)
     slot: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str] = mapped_column(String(36))
     served_from: Mapped[str] = mapped_column(String(32))
@@ -94,7 +91,7 @@ class GpuOwnerCurrent(Base):
 
     __tablename__ = "gpu_owner_current"
 
-    host_id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("1"))
+    host_id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     role: Mapped[str] = mapped_column(String(64), primary_key=True)
     event_id: Mapped[int] = mapped_column(Integer)
     container_id: Mapped[str] = mapped_column(String(64))
@@ -115,7 +112,7 @@ class LockHeld(Base):
     )
 
     lock_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    host_id: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
+    host_id: Mapped[int] = mapped_column(SmallInteger)
     host: Mapped[str] = mapped_column(String(255))
     since: Mapped[str] = mapped_column(String(32))
 

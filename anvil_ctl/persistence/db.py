@@ -18,11 +18,10 @@ append-only trigger) is a bug and passes through.
 `make_engine(keep_connection=True)` (a command of the CLI) keeps one SQLite connection for
 the command's life instead of one per database transaction: its PRAGMAs run once, and no
 write pays for closing the database's last connection, which in WAL mode checkpoints the
-log into the database file (two more fsyncs) and removes it (a promote made ~34 of them).
+log into the database file (two more fsyncs) and removes it.
 Durability does not depend on it: with synchronous=FULL a commit is on disk in the log when
-it returns, and a process killed after it leaves the same committed rows either way. The
-owner closes it with `dispose()` (the command context's `close`); without the flag nothing
-stays open between transactions (library callers and tests that never close an engine).
+it returns. The owner closes it with `dispose()`; without the flag nothing stays open
+between transactions (library callers and tests that never close an engine).
 
 `make_engine` never creates a database unless asked (`create=True`, `anvilctl
 init` only): a read-only command pointed at a missing file says so and leaves
@@ -59,8 +58,6 @@ READ_BUSY_MS = 1_000
 
 WRITE_BUSY_MS = 3_000
 """How long a write waits for another writer; our own write transactions last milliseconds."""
-
-BUSY_TIMEOUT_MS = WRITE_BUSY_MS  # the name earlier callers used
 
 
 def make_engine(url: str, *, create: bool = False, keep_connection: bool = False) -> Engine:
@@ -120,9 +117,9 @@ def make_engine(url: str, *, create: bool = False, keep_connection: bool = False
             field="state_db",
         ) from None
     # The models' partial indexes name their PostgreSQL WHERE only once a PostgreSQL engine
-    # exists (`base.partial_index`): SQLite never loads that dialect.
-    from anvil_ctl.persistence.base import add_postgresql_options
-    from anvil_ctl.persistence.models import Base
+    # exists (`models.partial_index`): SQLite never loads that dialect.
+    import anvil_ctl.persistence.current_models  # noqa: F401  (its tables join the metadata)
+    from anvil_ctl.persistence.models import Base, add_postgresql_options
 
     add_postgresql_options(Base.metadata)
     return engine

@@ -1,13 +1,9 @@
-"""DDL the ORM cannot express: append-only triggers and the stable operator views.
-
-Migrations call these; the views are the documented query surface for
-operators (`sqlite3 state/anvil.db 'select * from v_transactions'`), so their
-columns only ever grow.
+"""DDL the ORM cannot express: the append-only triggers that migrations make.
 
 What "append-only" refuses, per dialect:
 
-- SQLite: UPDATE and DELETE (`<table>_no_update`, `<table>_no_delete`, migrations 0001
-  and 0002), and REPLACE (`<table>_no_replace`, migration 0005). `INSERT OR REPLACE`
+- SQLite: UPDATE and DELETE (`<table>_no_update`, `<table>_no_delete`), and REPLACE
+  (`<table>_no_replace`). `INSERT OR REPLACE`
   resolves a key conflict by deleting the old row, and that delete fires no DELETE
   trigger unless the connection turned `recursive_triggers` on; so a BEFORE INSERT
   trigger refuses any insert whose primary or unique key already exists. It needs
@@ -43,35 +39,39 @@ def _op() -> _Op:
     return op
 
 
-def make_append_only(table: str) -> None:
-    """Refuse UPDATE and DELETE on a history table, at the database (migrations 0001, 0002)."""
+def make_append_only(table: Table) -> None:
+    """Refuse every rewrite of a history table at the database (see the module doc)."""
     op = _op()
+    name = table.name
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
         for action in ("UPDATE", "DELETE"):
             op.execute(
-                f"CREATE TRIGGER {table}_no_{action.lower()} BEFORE {action} ON {table} "
-                f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+                f"CREATE TRIGGER {name}_no_{action.lower()} BEFORE {action} ON {name} "
+                f"BEGIN SELECT RAISE(ABORT, '{name} is append-only'); END"
             )
+        # NULL never equals anything, so an insert that lets SQLite choose the rowid passes.
+        clash = " OR ".join(
+            "(" + " AND ".join(f"{c} = NEW.{c}" for c in key) + ")" for key in unique_keys(table)
+        )
+        op.execute(  # names from our own metadata, never from input
+            f"CREATE TRIGGER {name}_no_replace BEFORE INSERT ON {name} "  # noqa: S608
+            f"WHEN EXISTS (SELECT 1 FROM {name} WHERE {clash}) "
+            f"BEGIN SELECT RAISE(ABORT, '{name} is append-only: a row with this key exists'); END"
+        )
     elif dialect == "postgresql":
         op.execute(
             "CREATE OR REPLACE FUNCTION anvil_append_only() RETURNS trigger AS $$ "
             "BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END; $$ LANGUAGE plpgsql"
         )
         op.execute(
-            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
+            f"CREATE TRIGGER {name}_append_only BEFORE UPDATE OR DELETE ON {name} "
             "FOR EACH ROW EXECUTE FUNCTION anvil_append_only()"
         )
-
-
-def drop_append_only(table: str) -> None:
-    op = _op()
-    dialect = op.get_bind().dialect.name
-    if dialect == "sqlite":
-        for action in ("update", "delete"):
-            op.execute(f"DROP TRIGGER IF EXISTS {table}_no_{action}")
-    elif dialect == "postgresql":
-        op.execute(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table}")
+        op.execute(
+            f"CREATE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {name} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION anvil_append_only()"
+        )
 
 
 def unique_keys(table: Table) -> list[tuple[str, ...]]:
@@ -86,37 +86,6 @@ def unique_keys(table: Table) -> list[tuple[str, ...]]:
         if column.unique and (column.name,) not in keys:
             keys.append((column.name,))
     return keys
-
-
-def refuse_rewrites(table: Table) -> None:
-    """Refuse the rewrites UPDATE/DELETE triggers miss: REPLACE (SQLite), TRUNCATE (PostgreSQL)."""
-    op = _op()
-    name = table.name
-    dialect = op.get_bind().dialect.name
-    if dialect == "sqlite":
-        # NULL never equals anything, so an insert that lets SQLite choose the rowid passes.
-        clash = " OR ".join(
-            "(" + " AND ".join(f"{c} = NEW.{c}" for c in key) + ")" for key in unique_keys(table)
-        )
-        op.execute(  # names from our own metadata, never from input
-            f"CREATE TRIGGER {name}_no_replace BEFORE INSERT ON {name} "  # noqa: S608
-            f"WHEN EXISTS (SELECT 1 FROM {name} WHERE {clash}) "
-            f"BEGIN SELECT RAISE(ABORT, '{name} is append-only: a row with this key exists'); END"
-        )
-    elif dialect == "postgresql":
-        op.execute(
-            f"CREATE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {name} "
-            "FOR EACH STATEMENT EXECUTE FUNCTION anvil_append_only()"
-        )
-
-
-def allow_rewrites(table: str) -> None:
-    op = _op()
-    dialect = op.get_bind().dialect.name
-    if dialect == "sqlite":
-        op.execute(f"DROP TRIGGER IF EXISTS {table}_no_replace")
-    elif dialect == "postgresql":
-        op.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table}")
 
 
 def expected_triggers(dialect: str, tables: Sequence[str]) -> dict[str, str]:

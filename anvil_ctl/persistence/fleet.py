@@ -12,14 +12,8 @@ from typing import TypedDict
 from sqlalchemy import select, text
 
 from anvil_ctl.persistence import projection
-from anvil_ctl.persistence.models import (
-    Host,
-    IdentityCurrent,
-    IdentityRow,
-    LockHeld,
-    RecheckRow,
-)
-from anvil_ctl.persistence.scope import host_key
+from anvil_ctl.persistence.current_models import IdentityCurrent, LockHeld
+from anvil_ctl.persistence.models import Host, IdentityRow, RecheckRow
 from anvil_ctl.persistence.store import Store
 
 
@@ -74,7 +68,7 @@ def status(store: Store) -> list[HostStatus]:
             ).all()
             recheck = s.execute(
                 select(RecheckRow.slot, RecheckRow.passed, RecheckRow.at)
-                .where(host_key(RecheckRow.host_id) == h.id)  # ix_rechecks_host_key_id
+                .where(RecheckRow.host_id == h.id)  # ix_rechecks_host_id_id
                 .order_by(RecheckRow.id.desc())
                 .limit(1)
             ).first()

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from sqlalchemy import String, literal, or_, select
+from sqlalchemy import select
 
 from anvil_ctl.persistence import projection
-from anvil_ctl.persistence.models import GpuMode, GpuOwnerCurrent, GpuOwnershipEvent
+from anvil_ctl.persistence.current_models import GpuOwnerCurrent
+from anvil_ctl.persistence.models import GpuMode, GpuOwnershipEvent
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -114,13 +115,6 @@ def transaction_events(store: Store, tx_id: str) -> list[OwnershipEvent]:
     """The ledger events one transaction wrote, in order (what its undo works from)."""
     with store.read() as s:
         rows = s.execute(
-            select(GpuOwnershipEvent)
-            .where(
-                or_(  # its 16 bytes on SQLite (from migration 0014 on), or the text written before
-                    GpuOwnershipEvent.tx_id == tx_id,
-                    GpuOwnershipEvent.tx_id == literal(tx_id, String()),
-                )
-            )
-            .order_by(GpuOwnershipEvent.id)
+            select(GpuOwnershipEvent).where(GpuOwnershipEvent.tx_id == tx_id).order_by(GpuOwnershipEvent.id)
         ).scalars()
         return [OwnershipEvent(r.role, r.event, r.container_id, r.tx_id, r.mode, r.slot, r.at) for r in rows]

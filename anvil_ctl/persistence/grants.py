@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.persistence.models import HISTORY_TABLES, PROJECTION_TABLES, AuditEntry
+from anvil_ctl.persistence.current_models import PROJECTION_TABLES
+from anvil_ctl.persistence.models import APPEND_ONLY_TABLES
 
 ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """A PostgreSQL name that needs no quoting: what these statements may name."""
@@ -33,7 +34,7 @@ DATABASE = "anvil"
 
 def history_tables() -> tuple[str, ...]:
     """Every table the application role may only INSERT into and SELECT from."""
-    return tuple(sorted((*HISTORY_TABLES, AuditEntry.__tablename__)))
+    return tuple(sorted(APPEND_ONLY_TABLES))
 
 
 def _ident(value: str, what: str) -> str:

@@ -4,8 +4,7 @@ A host is named in `anvil.toml` (`[host] name`) and identified by its machine id
 (`/etc/machine-id`). The first command that opens a database for a host name registers
 it (`hosts` row + audit entry `host.registered`); every later one checks that the machine
 is the one recorded, so two machines cannot silently write as one host (`HostClaimed`,
-exit 8, naming both). The first host registered in a database gets `FIRST_HOST_ID`: the
-rows written before migration 0009 (no host) are its.
+exit 8, naming both). The first host registered in a database gets `FIRST_HOST_ID`.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ from sqlalchemy import Connection, select, text
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.persistence import projection
+from anvil_ctl.persistence.current_models import LockHeld
 from anvil_ctl.persistence.db import translated
-from anvil_ctl.persistence.models import LockHeld, LockRelease, LockRow
+from anvil_ctl.persistence.models import LockRelease, LockRow
 from anvil_ctl.persistence.store import Store, utcnow
 
 

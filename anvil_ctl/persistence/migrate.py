@@ -21,7 +21,10 @@ from anvil_ctl.places import MIGRATIONS_DIR
 if TYPE_CHECKING:
     from alembic.config import Config
 
-SCHEMA_REVISION = "0021"
+SCHEMA_REVISION = "baseline"
+
+RETIRED = frozenset(f"{n:04d}" for n in range(1, 22))
+"""The revisions of development versions before the baseline: their encodings have no reader."""
 
 
 def _stamped(engine: Engine) -> str | None:
@@ -75,6 +78,12 @@ def check_revision(engine: Engine, *, allow_empty: bool = False) -> str | None:
     known = {rev.revision for rev in script.walk_revisions()}
     current = current_revision(engine)
     url = engine.url.render_as_string(hide_password=True)
+    if current in RETIRED:
+        raise StateStoreError(
+            f"{url}: database is at revision {current}, written by a development version of anvilctl "
+            f"before its {SCHEMA_REVISION} schema; this anvilctl cannot read it. Keep the file as "
+            "evidence and create a new state database with `anvilctl init`"
+        )
     if current is None:
         has_tables = bool(_table_names(engine))
         if has_tables:

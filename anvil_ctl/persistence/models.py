@@ -1,57 +1,130 @@
-"""ORM models of the state database.
+"""ORM models of the state database's history (the projection's are in `current_models`).
 
-Every table that records history is append-only (triggers refuse UPDATE, DELETE,
-REPLACE and TRUNCATE on them; see `ddl` and the migrations) and every row of it
-is covered by the hash-chained audit journal (`HISTORY_TABLES`, see `coverage`);
-"current" facts are derived as the latest row, never updated in place. Timestamps are ISO-8601 UTC text
-(`2026-09-02T12:15:45.123456Z`), which sorts and reads the same in sqlite3 and
-PostgreSQL; on SQLite the `at` of the many-row history tables no view or query compares
-(`CompactTime`, from migration 0013 on) is stored as 8 bytes and read back as that text.
-JSON bodies are canonical JSON text so that their hashes are stable; the large ones
-(`PackedJSON`) are stored compressed on SQLite (against a preset dictionary from migration
-0015 on), read back as the same text.
+Every table that records history is append-only (triggers refuse UPDATE, DELETE, REPLACE
+and TRUNCATE on them: `ddl`), and every row of it is covered by the hash-chained audit
+journal: such a model derives from `History`, which is how `HISTORY_TABLES` lists them.
+"Current" facts are derived as the latest row, never updated in place. Timestamps are
+ISO-8601 UTC text (`2026-09-02T12:15:45.123456Z`), which sorts and reads the same in
+sqlite3 and PostgreSQL. JSON is canonical text so that its hashes are stable; the large
+bodies (`Compressed`) are stored deflated, and every reader sees the text.
 """
 
 from __future__ import annotations
 
+import zlib
 from typing import Literal
 
-from sqlalchemy import ForeignKey, Index, Integer, String, Text, text
-from sqlalchemy.orm import Mapped, mapped_column
-
-from anvil_ctl.persistence.base import FIRST_HOST_ID, Base, Host, host_column, partial_index
-from anvil_ctl.persistence.coltypes import (
-    CompactTime,
-    CompactUuid,
-    HexDigest,
-    ImageId,
-    LinkTag,
-    PackedDetail,
-    PackedJSON,
+from sqlalchemy import (
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    text,
 )
-from anvil_ctl.persistence.ledger_models import AuditCheckpoint, EvidenceManifestRow, ShmMarkRow
-from anvil_ctl.persistence.rowrefs import PackedRows
-from anvil_ctl.persistence.scope import HOST_KEY_SQL
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 GpuMode = Literal["exclusive", "split"]
 """How a serve owns its GPU roles (`anvil_ctl.gpu.ownership.Mode`; only these are written)."""
 
 
-class Transaction(Base):
+class Base(DeclarativeBase):
+    pass
+
+
+class History:
+    """An append-only table whose every row the audit chain covers (see the module doc)."""
+
+
+class HostHistory(History):
+    """History written by one host of the fleet: every row names it."""
+
+    host_id: Mapped[int] = mapped_column(SmallInteger, ForeignKey("hosts.id"))
+
+
+class Compressed(TypeDecorator[str]):
+    """Canonical JSON text stored deflated (zlib). Callers, row digests and `audit verify`
+    see the text; in `sqlite3` the value is a BLOB (`audit show TX` prints it). A stored value
+    that is not a zlib stream of text reads as `UNREADABLE`, which no digest covers."""
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else zlib.compress(value.encode(), 9)
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        try:
+            return zlib.decompress(value).decode()  # type: ignore[arg-type]
+        except (TypeError, zlib.error, UnicodeDecodeError):
+            return UNREADABLE
+
+
+UNREADABLE = "\x00 not a compressed JSON body"
+
+
+_POSTGRESQL_WHERE = "anvil_postgresql_where"
+
+
+def partial_index(name: str, *columns: str, where: str) -> Index:
+    """An index over the rows for which `where` holds, on SQLite and on PostgreSQL.
+
+    PostgreSQL's `postgresql_where` is kept in the index's `info` and set by
+    `add_postgresql_options` when a PostgreSQL engine is made: naming a dialect's option at
+    construction loads that dialect (all its drivers' modules), which every command on
+    SQLite would otherwise pay for.
+    """
+    return Index(name, *columns, sqlite_where=text(where), info={_POSTGRESQL_WHERE: where})
+
+
+def add_postgresql_options(metadata: MetaData) -> None:
+    """Give every `partial_index` of `metadata` its PostgreSQL `WHERE` (idempotent)."""
+    for table in metadata.tables.values():
+        for index in table.indexes:
+            where = index.info.get(_POSTGRESQL_WHERE)
+            if where is not None and index.dialect_options["postgresql"]["where"] is None:
+                index.dialect_options["postgresql"]["where"] = text(where)
+
+
+class Host(History, Base):
+    """A host of the fleet: its name (anvil.toml `[host] name`) and the machine that claimed it,
+    registered once, never changed (a second machine claiming the name is refused)."""
+
+    __tablename__ = "hosts"
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    machine_id: Mapped[str] = mapped_column(String(64))
+    boot_id: Mapped[str] = mapped_column(String(64))
+    registered_at: Mapped[str] = mapped_column(String(32))
+
+
+FIRST_HOST_ID = 1
+"""The id the first host registered in a database gets."""
+
+
+class Transaction(HostHistory, Base):
     __tablename__ = "transactions"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(32))  # no index: views filter tx_current (0019)
+    kind: Mapped[str] = mapped_column(String(32))  # no index: views filter tx_current
     slot: Mapped[str | None] = mapped_column(String(64))
-    args_json: Mapped[str] = mapped_column(PackedJSON)
+    args_json: Mapped[str] = mapped_column(Compressed)
     owner_pid: Mapped[int] = mapped_column(Integer)
     owner_host: Mapped[str] = mapped_column(String(255))
-    owner_boot_id: Mapped[str] = mapped_column(CompactUuid(64))  # 16 bytes on SQLite from 0018 on
+    owner_boot_id: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[str] = mapped_column(String(32), index=True)
-    host_id: Mapped[int | None] = host_column()
 
 
-class TransactionState(Base):
+class TransactionState(HostHistory, Base):
     __tablename__ = "transaction_states"
     __table_args__ = (Index("ix_transaction_states_tx_id_id", "tx_id", "id"),)
 
@@ -60,82 +133,67 @@ class TransactionState(Base):
     state: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text, default="")
     data_json: Mapped[str] = mapped_column(Text, default="{}")
-    at: Mapped[str] = mapped_column(CompactTime(32))
-    host_id: Mapped[int | None] = host_column()
+    at: Mapped[str] = mapped_column(String(32))
 
 
-class StepEventRow(Base):
-    """A step's intent or result. From migration 0016 on a row names its transaction by
-    `tx_ref`, the integer key of the transaction's first (`planned`) state row, which names
-    the transaction by its ID (`tx_id` is NULL); rows written before name it by `tx_id`.
-    `v_steps` shows the ID either way; `transaction_steps` reads both."""
+class StepEventRow(HostHistory, Base):
+    """A step's intent or result."""
 
     __tablename__ = "step_events"
-    __table_args__ = (
-        partial_index("ix_step_events_tx_id_id", "tx_id", "id", where="tx_id IS NOT NULL"),
-        partial_index("ix_step_events_tx_ref_id", "tx_ref", "id", where="tx_ref IS NOT NULL"),
-    )
+    __table_args__ = (Index("ix_step_events_tx_id_id", "tx_id", "id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"))
-    tx_ref: Mapped[int | None] = mapped_column(ForeignKey("transaction_states.id"))
+    tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"))
     seq: Mapped[int] = mapped_column(Integer)
     step: Mapped[str] = mapped_column(String(64))
     phase: Mapped[str] = mapped_column(String(8))
     event: Mapped[str] = mapped_column(String(16))
-    detail_json: Mapped[str] = mapped_column(PackedDetail, default="{}")
-    at: Mapped[str] = mapped_column(CompactTime(32))
-    host_id: Mapped[int | None] = host_column()
+    detail_json: Mapped[str] = mapped_column(Compressed, default="{}")
+    at: Mapped[str] = mapped_column(String(32))
 
 
-class SnapshotRow(Base):
+class SnapshotRow(HostHistory, Base):
+    """A snapshot taken: its body is the `snapshot_blobs` row of its `sha256`."""
+
     __tablename__ = "snapshots"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
-    sha256: Mapped[str] = mapped_column(HexDigest(64))  # its blob's key; 32 bytes on SQLite from 0018
-    body_json: Mapped[str] = mapped_column(Text)
-    at: Mapped[str] = mapped_column(CompactTime(32))
-    host_id: Mapped[int | None] = host_column()
+    sha256: Mapped[str] = mapped_column(String(64))
+    at: Mapped[str] = mapped_column(String(32))
 
 
-class SnapshotBlob(Base):
-    """A snapshot's canonical body, stored once per distinct content (keyed by its SHA-256).
-
-    History: append-only and covered by the chain like the `snapshots` rows that refer
-    to it by `sha256` (from migration 0007 on, those rows leave `body_json` empty).
-    """
+class SnapshotBlob(History, Base):
+    """A snapshot's canonical body, stored once per distinct content (keyed by its SHA-256),
+    whichever host recorded it."""
 
     __tablename__ = "snapshot_blobs"
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
-    body_json: Mapped[str] = mapped_column(PackedJSON)
-    at: Mapped[str] = mapped_column(CompactTime(32))
+    body_json: Mapped[str] = mapped_column(Compressed)
+    at: Mapped[str] = mapped_column(String(32))
 
 
-class SnapshotDiff(Base):
+class SnapshotDiff(HostHistory, Base):
+    """Two snapshots' difference as a JSON Patch (RFC 6902) with a `test` of every value it
+    takes away."""
+
     __tablename__ = "snapshot_diffs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
-    before_sha256: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0018 on
-    after_sha256: Mapped[str] = mapped_column(HexDigest(64))
+    before_sha256: Mapped[str] = mapped_column(String(64))
+    after_sha256: Mapped[str] = mapped_column(String(64))
     equal: Mapped[int] = mapped_column(Integer)
-    changes_json: Mapped[str] = mapped_column(PackedJSON)
-    at: Mapped[str] = mapped_column(CompactTime(32))
-    host_id: Mapped[int | None] = host_column()
+    changes_json: Mapped[str] = mapped_column(Compressed)
+    at: Mapped[str] = mapped_column(String(32))
 
 
-class IdentityRow(Base):
+class IdentityRow(HostHistory, Base):
     """A serve's identity as observed at one moment; the latest row per (slot, role) is current.
-
-    From migration 0010 on `body_json` is empty: the body is the `identity_bodies` row keyed
-    by `digest` (the SHA-256 of the body); older rows hold it themselves. From migration 0017
-    on, on SQLite, `digest`, `container_id` and `image_id` are stored as their 32 bytes and read
-    back as the text the row digest covers; `v_identities` and `v_serving_history` show text.
-    """
+    Its body is the `identity_bodies` row of its `digest` (the SHA-256 of the body)."""
 
     __tablename__ = "identities"
     __table_args__ = (Index("ix_identities_slot_role_id", "slot", "role", "id"),)
@@ -144,40 +202,37 @@ class IdentityRow(Base):
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     slot: Mapped[str] = mapped_column(String(64))
     role: Mapped[str] = mapped_column(String(16))
-    digest: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0017 on
-    container_id: Mapped[str] = mapped_column(HexDigest(64))  # likewise
-    image_id: Mapped[str] = mapped_column(ImageId(80))  # likewise: `sha256:` and its 32 bytes
+    digest: Mapped[str] = mapped_column(String(64))
+    container_id: Mapped[str] = mapped_column(String(64))
+    image_id: Mapped[str] = mapped_column(String(80))
     served_model: Mapped[str] = mapped_column(String(255))
-    body_json: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
-    host_id: Mapped[int | None] = host_column()
 
 
-class IdentityBody(Base):
+class IdentityBody(History, Base):
     """An identity's canonical body, stored once per distinct content (keyed by its SHA-256,
-    the identity's `digest`). History: append-only and covered by the chain."""
+    the identity's `digest`), whichever host recorded it."""
 
     __tablename__ = "identity_bodies"
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     body_json: Mapped[str] = mapped_column(Text)
-    at: Mapped[str] = mapped_column(CompactTime(32))
+    at: Mapped[str] = mapped_column(String(32))
 
 
-class LockRow(Base):
+class LockRow(HostHistory, Base):
     __tablename__ = "locks"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
-    boot_id: Mapped[str] = mapped_column(CompactUuid(64))  # 16 bytes on SQLite from 0018 on
+    boot_id: Mapped[str] = mapped_column(String(64))
     command: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str | None] = mapped_column(String(36))
     since: Mapped[str] = mapped_column(String(32))
-    host_id: Mapped[int | None] = host_column()
 
 
-class LockRelease(Base):
+class LockRelease(HostHistory, Base):
     __tablename__ = "lock_releases"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -185,37 +240,29 @@ class LockRelease(Base):
     how: Mapped[str] = mapped_column(String(16))
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text, default="")
-    at: Mapped[str] = mapped_column(CompactTime(32))
-    host_id: Mapped[int | None] = host_column()
+    at: Mapped[str] = mapped_column(String(32))
 
 
 class AuditEntry(Base):
-    """Hash-chained journal: hash = SHA-256(previous entry's hash | canonical entry); see
-    persistence.audit.
-
-    `rows_json` lists the history rows this entry covers, each as [table, key, digest].
-    `prev_hash` holds the previous entry's whole hash in entries written before migration
-    0010, and its first `audit.LINK_TAG` hex digits after it (the hash itself still
-    chains the whole one); on SQLite `hash` is stored as 32 bytes and `rows_json` packed
-    (`rowrefs`) in those entries, and from migration 0011 on `at` as 8 bytes and `tx_id`
-    as 16 (`coltypes`). No index but the id's: nothing looks an entry up by its
-    transaction or hash (0010 dropped both; an edited copy of a hash is caught by the walk).
-    """
+    """Hash-chained journal entry (see `audit`): append-only, and the chain itself rather
+    than a row it covers. `rows_json` lists the history rows the entry covers, each as
+    [table, key, digest]; `prev_hash` holds the first `audit.LINK_TAG` hex digits of the
+    previous entry's hash. No index but the id's: verify walks by id."""
 
     __tablename__ = "audit_journal"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[str] = mapped_column(CompactTime(32))
-    tx_id: Mapped[str | None] = mapped_column(CompactUuid(36))
+    at: Mapped[str] = mapped_column(String(32))
+    tx_id: Mapped[str | None] = mapped_column(String(36))
     event: Mapped[str] = mapped_column(String(64))
     payload_json: Mapped[str] = mapped_column(Text)
-    prev_hash: Mapped[str] = mapped_column(LinkTag(64))  # 4 bytes on SQLite from 0018 on
-    hash: Mapped[str] = mapped_column(HexDigest(64))
-    rows_json: Mapped[str] = mapped_column(PackedRows, default="[]", server_default="[]")
-    host_id: Mapped[int | None] = host_column()
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+    rows_json: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
+    host_id: Mapped[int] = mapped_column(SmallInteger, ForeignKey("hosts.id"))
 
 
-class GpuOwnershipEvent(Base):
+class GpuOwnershipEvent(HostHistory, Base):
     """A claim or release of a GPU role; the latest event per role says who owns it now."""
 
     __tablename__ = "gpu_ownership_events"
@@ -224,15 +271,14 @@ class GpuOwnershipEvent(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     role: Mapped[str] = mapped_column(String(64))
     event: Mapped[str] = mapped_column(String(16))
-    container_id: Mapped[str] = mapped_column(HexDigest(64))  # 32 bytes on SQLite from 0014 on
-    tx_id: Mapped[str | None] = mapped_column(CompactUuid(36))  # 16 bytes on SQLite from 0014 on
+    container_id: Mapped[str] = mapped_column(String(64))
+    tx_id: Mapped[str | None] = mapped_column(String(36))
     mode: Mapped[GpuMode] = mapped_column(String(16))
     slot: Mapped[str] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(CompactTime(32))
-    host_id: Mapped[int | None] = host_column()
+    at: Mapped[str] = mapped_column(String(32))
 
 
-class EvidenceRow(Base):
+class EvidenceRow(HostHistory, Base):
     """One gate's result and its artifact's hash; never rewritten."""
 
     __tablename__ = "evidence"
@@ -247,17 +293,16 @@ class EvidenceRow(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(Integer)
     at: Mapped[str] = mapped_column(String(32))
-    host_id: Mapped[int | None] = host_column()
 
 
-class DecisionRow(Base):
+class DecisionRow(HostHistory, Base):
     """A decision bound to a candidate identity; a reclassification is a new row pointing back."""
 
     __tablename__ = "decisions"
     __table_args__ = (
         Index("ix_decisions_identity_digest_at", "identity_digest", "at", "id"),
-        Index("ix_decisions_at", "at"),  # the newest decisions (`audit decisions --limit`; 0021)
-        # what reclassifies a decision (0021): reclassifications only, raw decisions cost nothing
+        Index("ix_decisions_at", "at"),  # the newest decisions (`audit decisions --limit`)
+        # what reclassifies a decision: reclassifications only, raw decisions cost nothing
         partial_index("ix_decisions_reclassifies", "reclassifies", where="reclassifies IS NOT NULL"),
         partial_index("ix_decisions_waived", "id", where="waiver_ids_json <> '[]'"),
     )
@@ -265,7 +310,7 @@ class DecisionRow(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     slot: Mapped[str] = mapped_column(String(64))
-    identity_digest: Mapped[str] = mapped_column(String(64))  # ix_decisions_identity_digest_at
+    identity_digest: Mapped[str] = mapped_column(String(64))
     container_id: Mapped[str] = mapped_column(String(64))
     outcome: Mapped[str] = mapped_column(String(32))
     profile: Mapped[str] = mapped_column(String(64), default="")
@@ -275,10 +320,9 @@ class DecisionRow(Base):
     reasons_json: Mapped[str] = mapped_column(Text, default="[]")
     body_json: Mapped[str] = mapped_column(Text, default="{}")
     at: Mapped[str] = mapped_column(String(32))
-    host_id: Mapped[int | None] = host_column()
 
 
-class WaiverRow(Base):
+class WaiverRow(HostHistory, Base):
     """An attributed, scoped, expiring change of one policy value."""
 
     __tablename__ = "waivers"
@@ -293,12 +337,10 @@ class WaiverRow(Base):
     created_at: Mapped[str] = mapped_column(String(32))
     expires_at: Mapped[str | None] = mapped_column(String(32))
     gates_json: Mapped[str | None] = mapped_column(Text)
-    """A gate waiver's gates (JSON list); NULL when it names none, so that waivers recorded
-    before the column existed keep their audit digest (migration 0008)."""
-    host_id: Mapped[int | None] = host_column()
+    """A gate waiver's gates (JSON list); NULL when it names none."""
 
 
-class WaiverRevocation(Base):
+class WaiverRevocation(HostHistory, Base):
     __tablename__ = "waiver_revocations"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -306,10 +348,9 @@ class WaiverRevocation(Base):
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
-    host_id: Mapped[int | None] = host_column()
 
 
-class ApprovalRow(Base):
+class ApprovalRow(HostHistory, Base):
     __tablename__ = "approvals"
     __table_args__ = (Index("ix_approvals_decision_id", "decision_id"),)
 
@@ -317,111 +358,82 @@ class ApprovalRow(Base):
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     decision_id: Mapped[str] = mapped_column(ForeignKey("decisions.id"))
     approved_by: Mapped[str] = mapped_column(String(255))
-    at: Mapped[str] = mapped_column(CompactTime(32))
-    host_id: Mapped[int | None] = host_column()
+    at: Mapped[str] = mapped_column(String(32))
 
 
-class RecheckRow(Base):
-    """One recheck run. Read newest first per host (`audit rechecks`, `fleet status`) through
-    `ix_rechecks_host_key_id` (0020): a host's newest runs are a search, whatever the other
-    hosts of the database ran since. Its assertions (what each observed: most of a run's
-    bytes, written every cron interval) are `PackedJSON` from 0020 on."""
+class RecheckRow(HostHistory, Base):
+    """One recheck run, read newest first per host (`audit rechecks`, `fleet status`) through
+    `ix_rechecks_host_id_id`: a search, whatever other hosts ran since."""
 
     __tablename__ = "rechecks"
-    __table_args__ = (Index("ix_rechecks_host_key_id", text(HOST_KEY_SQL), "id"),)
+    __table_args__ = (Index("ix_rechecks_host_id_id", "host_id", "id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     slot: Mapped[str] = mapped_column(String(64), index=True)
     passed: Mapped[int] = mapped_column(Integer)
     failed_json: Mapped[str] = mapped_column(Text)
-    assertions_json: Mapped[str] = mapped_column(PackedJSON)  # packed on SQLite from 0020 on
+    assertions_json: Mapped[str] = mapped_column(Compressed)
     snapshot_sha256: Mapped[str] = mapped_column(String(64))
     at: Mapped[str] = mapped_column(String(32), index=True)
-    host_id: Mapped[int | None] = host_column()
 
 
-APPEND_ONLY_TABLES_0002 = (
-    "gpu_ownership_events",
-    "evidence",
-    "decisions",
-    "waivers",
-    "waiver_revocations",
-    "approvals",
-    "rechecks",
-)
+class EvidenceManifestRow(HostHistory, Base):
+    """The SHA-256 of an evidence manifest as written: a qualify run's, or an export's."""
 
-APPEND_ONLY_TABLES = (
-    "transactions",
-    "transaction_states",
-    "step_events",
-    "snapshots",
-    "snapshot_diffs",
-    "identities",
-    "locks",
-    "lock_releases",
-    "audit_journal",
-)
+    __tablename__ = "evidence_manifests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tx_id: Mapped[str] = mapped_column(String(36), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    source_sha256: Mapped[str | None] = mapped_column(String(64))
+    at: Mapped[str] = mapped_column(String(32))
 
 
-APPEND_ONLY_TABLES_0004 = ("shm_marks",)
+class AuditCheckpoint(HostHistory, Base):
+    """A chain position `audit verify` found intact, and what the covered tables held then.
 
-APPEND_ONLY_TABLES_0005 = ("evidence_manifests", "audit_checkpoints")
+    Incremental verification starts from the latest one: entry `seq` must still have
+    `hash`, and each covered table must hold its `counts_json` count plus what the
+    entries after `seq` cover.
+    """
 
-APPEND_ONLY_TABLES_0007 = ("snapshot_blobs",)
+    __tablename__ = "audit_checkpoints"
 
-APPEND_ONLY_TABLES_0009 = ("hosts",)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    hash: Mapped[str] = mapped_column(String(64))
+    schema_version: Mapped[int | None] = mapped_column(Integer)
+    counts_json: Mapped[str] = mapped_column(Text)
+    mode: Mapped[str] = mapped_column(String(16))
+    entries_checked: Mapped[int] = mapped_column(Integer)
+    rows_checked: Mapped[int] = mapped_column(Integer)
+    at: Mapped[str] = mapped_column(String(32))
 
-HOST_TABLES: tuple[str, ...] = (
-    *APPEND_ONLY_TABLES,
-    *APPEND_ONLY_TABLES_0002,
-    *APPEND_ONLY_TABLES_0004,
-    *APPEND_ONLY_TABLES_0005,
-)
-"""The history tables whose rows carry `host_id` (the journal included). Not `snapshot_blobs`:
-a body is stored once per content, whichever host recorded it; not `identity_bodies` (migration
-0010: an identity's body once per content, likewise); not `hosts` itself."""
 
-APPEND_ONLY_TABLES_0010 = ("identity_bodies",)
+class ShmMarkRow(HostHistory, Base):
+    """A shared-memory file a process of a managed container was seen holding (the shm
+    ledger), written once per (boot, path, inode) so that a file left after its container
+    stopped is still known as ours (`shm_ledger`)."""
 
-# Every table whose rows are history: append-only, and each row covered by the audit chain.
-# The journal itself is append-only too, but it is the chain, not a row it covers.
+    __tablename__ = "shm_marks"
+    __table_args__ = (Index("ix_shm_marks_boot_id_path", "boot_id", "path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    boot_id: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)
+    dev: Mapped[int] = mapped_column(BigInteger)
+    ino: Mapped[int] = mapped_column(BigInteger)
+    container_id: Mapped[str] = mapped_column(String(64))
+    at: Mapped[str] = mapped_column(String(32))
+
+
+_MODELS = {m.class_.__tablename__: m.class_ for m in Base.registry.mappers}
+
 HISTORY_TABLES: tuple[str, ...] = tuple(
-    t
-    for t in (
-        *APPEND_ONLY_TABLES,
-        *APPEND_ONLY_TABLES_0002,
-        *APPEND_ONLY_TABLES_0004,
-        *APPEND_ONLY_TABLES_0005,
-        *APPEND_ONLY_TABLES_0007,
-        *APPEND_ONLY_TABLES_0009,
-        *APPEND_ONLY_TABLES_0010,
-    )
-    if t != AuditEntry.__tablename__
+    t.name for t in Base.metadata.sorted_tables if issubclass(_MODELS[t.name], History)
 )
+"""Every history table, parents before the tables that refer to them."""
 
-
-# The projection's tables live in `current_models`; imported here so that `Base.metadata`
-# always holds them and `models` stays the one place to import any table from.
-from anvil_ctl.persistence.current_models import (  # noqa: E402
-    PROJECTION_TABLES,
-    GpuOwnerCurrent,
-    IdentityCurrent,
-    LockHeld,
-    ServingInterval,
-    TxCurrent,
-)
-
-__all__ = [
-    "FIRST_HOST_ID",
-    "PROJECTION_TABLES",
-    "AuditCheckpoint",
-    "Base",
-    "EvidenceManifestRow",
-    "GpuOwnerCurrent",
-    "Host",
-    "IdentityCurrent",
-    "LockHeld",
-    "ServingInterval",
-    "ShmMarkRow",
-    "TxCurrent",
-]
+APPEND_ONLY_TABLES: tuple[str, ...] = (*HISTORY_TABLES, AuditEntry.__tablename__)
+"""The tables whose triggers refuse rewrites: history and the journal."""

@@ -9,34 +9,31 @@ writers call the `on_*` functions inside the write transaction that appends the
 history row, so a commit carries both or neither.
 
 History stays the truth. `rebuild` derives the same rows from history alone (what
-migration 0007 wrote into an existing database, and what `compare` holds the
-maintained rows against); the projection is not covered by the audit chain since it
+`compare` holds the maintained rows against, and what a copied host's projection is
+made from); the projection is not covered by the audit chain since it
 is mutable by design and anyone can rebuild it. Nothing here is exported: only the
 modules of `anvil_ctl.persistence` call it.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-
-from sqlalchemy import bindparam, delete, func, insert, inspect, literal_column, select, text
+from sqlalchemy import bindparam, delete, func, insert, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
-from anvil_ctl.persistence.coltypes import digest_of, time_of, uuid_of
-from anvil_ctl.persistence.models import (
-    FIRST_HOST_ID,
+from anvil_ctl.persistence.current_models import (
     GpuOwnerCurrent,
-    GpuOwnershipEvent,
     IdentityCurrent,
-    IdentityRow,
     LockHeld,
-    LockRow,
     ServingInterval,
+    TxCurrent,
+)
+from anvil_ctl.persistence.models import (
+    GpuOwnershipEvent,
+    IdentityRow,
+    LockRow,
     Transaction,
     TransactionState,
-    TxCurrent,
 )
 
 COMMITTED = "committed"
@@ -49,11 +46,6 @@ REVISION_KINDS = ("adopt", "load", "promote", "rollback")
 its slot (`tx_current.revision`; refusals never ran)."""
 
 
-def host_of(row_host_id: int | None) -> int:
-    """The host a history row belongs to: NULL (written before migration 0009) is the first."""
-    return FIRST_HOST_ID if row_host_id is None else row_host_id
-
-
 # -- kept up to date by the writers ------------------------------------------------------------
 
 
@@ -62,7 +54,7 @@ def on_begin(s: Session, tx: Transaction, state: TransactionState) -> None:
     s.add(
         TxCurrent(
             tx_id=tx.id,
-            host_id=host_of(tx.host_id),
+            host_id=tx.host_id,
             kind=tx.kind,
             slot=tx.slot,
             state=state.state,
@@ -106,10 +98,24 @@ def newest_revision(s: Session, host: int, slot: str) -> int:
     return newest or 0
 
 
+def newest_committed(s: Session, host: int, slot: str) -> tuple[str, str] | None:
+    """(transaction ID, kind) of the slot's newest committed revision, None if it has none: the
+    revisions walked newest first through `ix_tx_current_revision`, those that did not commit
+    (compensated, refused after they ran) passed over."""
+    row = s.execute(
+        select(TxCurrent.tx_id, TxCurrent.kind)
+        .where(TxCurrent.host_id == host, TxCurrent.slot == slot, TxCurrent.revision.is_not(None))
+        .where(TxCurrent.state == COMMITTED)
+        .order_by(TxCurrent.revision.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else (row.tx_id, row.kind)
+
+
 def on_identity(s: Session, row: IdentityRow) -> None:
     """An identity was recorded: the latest of its (slot, role); an incumbent recorded for a
     committed transaction moves that transaction's serving interval to it."""
-    host = host_of(row.host_id)
+    host = row.host_id
     cur = s.get(IdentityCurrent, (host, row.slot, row.role))
     if cur is None:
         s.add(
@@ -133,7 +139,7 @@ def on_identity(s: Session, row: IdentityRow) -> None:
 
 def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
     """A claim makes its container the role's owner; a release leaves the role unowned."""
-    host = host_of(row.host_id)
+    host = row.host_id
     cur = s.get(GpuOwnerCurrent, (host, row.role))
     if row.event != "claim":
         if cur is not None:
@@ -158,7 +164,7 @@ def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
 
 
 def on_lock(s: Session, row: LockRow) -> None:
-    s.add(LockHeld(lock_id=row.id, host_id=host_of(row.host_id), host=row.host, since=row.since))
+    s.add(LockHeld(lock_id=row.id, host_id=row.host_id, host=row.host, since=row.since))
 
 
 def on_lock_release(s: Session, lock_id: str) -> None:
@@ -188,7 +194,7 @@ def _place_interval(s: Session, tx_id: str) -> None:
     ).scalar()
     if ident is None:
         return
-    host = host_of(ident.host_id)
+    host = ident.host_id
     for old in s.execute(select(ServingInterval).where(ServingInterval.tx_id == tx_id)).scalars().all():
         before = _neighbour(s, old.host_id, old.slot, old.identity_id, after=False)
         if before is not None:
@@ -229,9 +235,9 @@ def tx_rows_in(s: Session, states: frozenset[str], host: int | None = None) -> l
     # `unresolved = 1` as a literal (the partial index's own condition, which a bound
     # parameter would not prove), no ORDER BY (the few rows are sorted here: ordered by
     # created_at, SQLite preferred walking ix_tx_current_created_at or, with the fleet's host
-    # condition, ix_tx_current_host_created_at: every transaction, 178 ms at 100k), and the
-    # host compared as `host_id + 0`, which no host index can serve. What is left for the
-    # planner is the partial index or the state index, both of which hold only these rows.
+    # condition, ix_tx_current_host_created_at: every transaction), and the host compared as
+    # `host_id + 0`, which no host index can serve. What is left for the planner is the
+    # partial index or the state index, both of which hold only these rows.
     q = select(TxCurrent).where(
         TxCurrent.unresolved == literal_column("1"), TxCurrent.state.in_(sorted(states))
     )
@@ -242,36 +248,45 @@ def tx_rows_in(s: Session, states: frozenset[str], host: int | None = None) -> l
 
 # -- derived from history alone ------------------------------------------------------------------
 
-# On a projection from before migration 0009 (which 0007 rebuilds) every marker is nothing;
-# from 0009 on, `{host:t}` is ", <t>'s host AS host_id", `{same:a,b}` "<a> and <b> are rows of
-# one host AND ", `{order:t}` "<t>'s host, " and `{raw:t}` ", <t>.host_id".
+# ruff: noqa: S608 -- the f-strings below join constant SQL, never input
+_LATEST_STATE = """
+    SELECT s.tx_id, s.id, s.state, s.reason, s.at FROM transaction_states s
+    WHERE s.id = (SELECT max(x.id) FROM transaction_states x WHERE x.tx_id = s.tx_id)
+"""
+
 _REBUILD: dict[str, str] = {
-    "tx_current": """
-        SELECT t.id AS tx_id{host:t}, t.kind, t.slot, l.state, l.reason, l.id AS state_id,
+    "tx_current": f"""
+        SELECT t.id AS tx_id, t.host_id, t.kind, t.slot, l.state, l.reason, l.id AS state_id,
                CASE WHEN l.state IN :unresolved THEN 1 ELSE 0 END AS unresolved,
-               t.owner_pid, t.owner_host, t.owner_boot_id, t.created_at, l.at AS updated_at{revision}
-        FROM transactions t JOIN (
-            SELECT s.tx_id, s.id, s.state, s.reason, s.at FROM transaction_states s
-            WHERE s.id = (SELECT max(x.id) FROM transaction_states x WHERE x.tx_id = s.tx_id)
-        ) l ON l.tx_id = t.id{revisions}
+               t.owner_pid, t.owner_host, t.owner_boot_id, t.created_at, l.at AS updated_at,
+               rv.revision
+        FROM transactions t JOIN ({_LATEST_STATE}) l ON l.tx_id = t.id
+        LEFT JOIN (
+            SELECT n.tx_id, ROW_NUMBER() OVER (PARTITION BY n.host_id, n.slot ORDER BY n.first_state)
+                   AS revision
+            FROM (
+                SELECT x.id AS tx_id, x.host_id, x.slot,
+                       (SELECT min(f.id) FROM transaction_states f WHERE f.tx_id = x.id) AS first_state
+                FROM transactions x
+                WHERE x.kind IN :revision_kinds AND x.slot IS NOT NULL
+                  AND EXISTS (SELECT 1 FROM transaction_states r WHERE r.tx_id = x.id AND r.state = 'running')
+            ) n
+        ) rv ON rv.tx_id = t.id
         ORDER BY t.id
     """,
     "identity_current": """
-        SELECT i.slot, i.role{host:i}, i.id AS identity_id, i.container_id, i.digest, i.at
+        SELECT i.host_id, i.slot, i.role, i.id AS identity_id, i.container_id, i.digest, i.at
         FROM identities i
         WHERE i.id = (SELECT max(j.id) FROM identities j
-                      WHERE {same:i,j}j.slot = i.slot AND j.role = i.role)
-        ORDER BY {order:i}i.slot, i.role
+                      WHERE j.host_id = i.host_id AND j.slot = i.slot AND j.role = i.role)
+        ORDER BY i.host_id, i.slot, i.role
     """,
-    "serving_intervals": """
-        SELECT c.id AS identity_id{host:c}, c.slot, c.tx_id, c.at AS served_from,
-               LEAD(c.at) OVER (PARTITION BY {order:c}c.slot ORDER BY c.id) AS served_until
+    "serving_intervals": f"""
+        SELECT c.id AS identity_id, c.host_id, c.slot, c.tx_id, c.at AS served_from,
+               LEAD(c.at) OVER (PARTITION BY c.host_id, c.slot ORDER BY c.id) AS served_until
         FROM (
-            SELECT i.id{raw:i}, i.slot, i.tx_id, i.at
-            FROM identities i JOIN (
-            SELECT s.tx_id, s.id, s.state, s.reason, s.at FROM transaction_states s
-            WHERE s.id = (SELECT max(x.id) FROM transaction_states x WHERE x.tx_id = s.tx_id)
-        ) l ON l.tx_id = i.tx_id
+            SELECT i.id, i.host_id, i.slot, i.tx_id, i.at
+            FROM identities i JOIN ({_LATEST_STATE}) l ON l.tx_id = i.tx_id
             WHERE i.role = 'incumbent' AND l.state = 'committed'
               AND i.id = (SELECT max(j.id) FROM identities j
                           WHERE j.tx_id = i.tx_id AND j.role = 'incumbent')
@@ -279,139 +294,19 @@ _REBUILD: dict[str, str] = {
         ORDER BY identity_id
     """,
     "gpu_owner_current": """
-        SELECT e.role{host:e}, e.id AS event_id, e.container_id, e.tx_id, e.mode, e.slot, e.at AS since
+        SELECT e.host_id, e.role, e.id AS event_id, e.container_id, e.tx_id, e.mode, e.slot, e.at AS since
         FROM gpu_ownership_events e
         WHERE e.event = 'claim'
-          AND e.id = (SELECT max(x.id) FROM gpu_ownership_events x WHERE {same:e,x}x.role = e.role)
-        ORDER BY {order:e}e.role
+          AND e.id = (SELECT max(x.id) FROM gpu_ownership_events x
+                      WHERE x.host_id = e.host_id AND x.role = e.role)
+        ORDER BY e.host_id, e.role
     """,
     "lock_held": """
-        SELECT l.id AS lock_id{host:l}, l.host, l.since FROM locks l
+        SELECT l.id AS lock_id, l.host_id, l.host, l.since FROM locks l
         WHERE NOT EXISTS (SELECT 1 FROM lock_releases r WHERE r.lock_id = l.id)
         ORDER BY l.id
     """,
 }
-
-_MAINTAINED: dict[str, str] = {
-    "tx_current": """
-        SELECT tx_id{host}, kind, slot, state, reason, state_id, unresolved, owner_pid, owner_host,
-               owner_boot_id, created_at, updated_at{revision}
-        FROM tx_current ORDER BY tx_id
-    """,
-    "identity_current": """
-        SELECT slot, role{host}, identity_id, container_id, digest, at FROM identity_current
-        ORDER BY {order}slot, role
-    """,
-    "serving_intervals": """
-        SELECT identity_id{host}, slot, tx_id, served_from, served_until FROM serving_intervals
-        ORDER BY identity_id
-    """,
-    "gpu_owner_current": """
-        SELECT role{host}, event_id, container_id, tx_id, mode, slot, since FROM gpu_owner_current
-        ORDER BY {order}role
-    """,
-    "lock_held": "SELECT lock_id{host}, host, since FROM lock_held ORDER BY lock_id",
-}
-"""The stored rows, in `_REBUILD`'s columns and order."""
-
-
-_REVISIONS = """
- LEFT JOIN (
-    SELECT n.tx_id, ROW_NUMBER() OVER (PARTITION BY n.host_key, n.slot ORDER BY n.first_state) AS revision
-    FROM (
-        SELECT x.id AS tx_id, coalesce(x.host_id, 1) AS host_key, x.slot,
-               (SELECT min(f.id) FROM transaction_states f WHERE f.tx_id = x.id) AS first_state
-        FROM transactions x
-        WHERE x.kind IN :revision_kinds AND x.slot IS NOT NULL
-          AND EXISTS (SELECT 1 FROM transaction_states r WHERE r.tx_id = x.id AND r.state = 'running')
-    ) n
- ) rv ON rv.tx_id = t.id"""
-"""Each revision's number as history says it: a slot's revision-kind transactions that ran,
-numbered by their first state rows (the order they began)."""
-
-
-def _columns(s: Session) -> set[str]:
-    return {c["name"] for c in inspect(s.connection()).get_columns("tx_current")}
-
-
-def _sql(template: str, columns: set[str]) -> str:
-    """`template` for a projection whose `tx_current` has these columns: keyed by host from
-    migration 0009 on (0007 rebuilds it without), its revisions numbered from 0021 on."""
-    if "revision" in columns:
-        # a rebuild numbers them (`_REVISIONS`); the stored rows have the column
-        joined = "{revisions}" in template
-        template = template.replace("{revisions}", _REVISIONS)
-        template = template.replace("{revision}", ", rv.revision" if joined else ", revision")
-    else:
-        template = template.replace("{revisions}", "").replace("{revision}", "")
-    return _host_sql(template, "host_id" in columns)
-
-
-def _host_sql(template: str, fleet: bool) -> str:
-    def host(m: re.Match[str]) -> str:
-        kind, args = m.group(1), (m.group(2) or "").split(",")
-        if not fleet:
-            return ""
-        if kind == "host":
-            return f", coalesce({args[0]}.host_id, {FIRST_HOST_ID}) AS host_id" if args[0] else ", host_id"
-        if kind == "raw":
-            return f", {args[0]}.host_id"
-        if kind == "same":
-            a, b = args
-            return f"coalesce({a}.host_id, {FIRST_HOST_ID}) = coalesce({b}.host_id, {FIRST_HOST_ID}) AND "
-        return f"coalesce({args[0]}.host_id, {FIRST_HOST_ID}), " if args[0] else "host_id, "
-
-    return re.sub(r"\{(host|same|order|raw)(?::([\w,]+))?\}", host, template)
-
-
-def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
-    """Every projection table's rows as history says they are (full scans: not for commands)."""
-    columns = _columns(s)
-    out: dict[str, list[dict[str, object]]] = {}
-    for name, template in _REBUILD.items():
-        sql = _sql(template, columns)
-        q = text(sql)
-        if ":unresolved" in sql:
-            q = q.bindparams(bindparam("unresolved", value=UNRESOLVED, expanding=True))
-        if ":revision_kinds" in sql:
-            q = q.bindparams(bindparam("revision_kinds", value=list(REVISION_KINDS), expanding=True))
-        out[name] = [{k: _as_text(k, v) for k, v in r._mapping.items()} for r in s.execute(q)]
-    return out
-
-
-_COMPACT: dict[str, Callable[[bytes], str]] = {
-    "container_id": digest_of,
-    "digest": digest_of,
-    "tx_id": uuid_of,
-    "owner_boot_id": uuid_of,
-}
-"""History columns the rebuild reads that SQLite may hold compactly (`coltypes`), besides
-times: a GPU ownership event's container and transaction (from migration 0014 on), an
-identity's container and digest (from 0017 on), a transaction's owner's boot (from 0018 on)."""
-
-
-def _as_text(name: str, value: object) -> object:
-    """A value as the projection stores it: a history value stored compactly on SQLite (a
-    time, from migration 0013 on; a container or transaction ID, from 0014 on) as its text."""
-    if not isinstance(value, bytes):
-        return value
-    return (_COMPACT.get(name) or time_of)(value)
-
-
-def maintained(s: Session) -> dict[str, list[dict[str, object]]]:
-    """Every projection table's rows as they are stored, in `rebuild`'s order and columns."""
-    columns = _columns(s)
-    return {
-        name: [dict(r._mapping) for r in s.execute(text(_sql(sql, columns)))]
-        for name, sql in _MAINTAINED.items()
-    }
-
-
-def compare(s: Session) -> list[str]:
-    """The projection tables whose stored rows differ from a rebuild from history."""
-    want, have = rebuild(s), maintained(s)
-    return [name for name in _REBUILD if want[name] != have[name]]
-
 
 MODELS = {
     "tx_current": TxCurrent,
@@ -422,8 +317,36 @@ MODELS = {
 }
 
 
+def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
+    """Every projection table's rows as history says they are (full scans: not for commands)."""
+    out: dict[str, list[dict[str, object]]] = {}
+    for name, sql in _REBUILD.items():
+        q = text(sql)
+        if ":unresolved" in sql:
+            q = q.bindparams(
+                bindparam("unresolved", value=UNRESOLVED, expanding=True),
+                bindparam("revision_kinds", value=list(REVISION_KINDS), expanding=True),
+            )
+        out[name] = [dict(r._mapping) for r in s.execute(q)]
+    return out
+
+
+def maintained(s: Session) -> dict[str, list[dict[str, object]]]:
+    """Every projection table's rows as they are stored, in `rebuild`'s order (the key's)."""
+    return {
+        name: [dict(r) for r in s.execute(select(m.__table__).order_by(*m.__table__.primary_key)).mappings()]
+        for name, m in MODELS.items()
+    }
+
+
+def compare(s: Session) -> list[str]:
+    """The projection tables whose stored rows differ from a rebuild from history."""
+    want, have = rebuild(s), maintained(s)
+    return [name for name in _REBUILD if want[name] != have[name]]
+
+
 def write_rebuilt(s: Session) -> dict[str, int]:
-    """Replace the projection by a rebuild from history (migrations 0007, 0009; a repair)."""
+    """Replace the projection by a rebuild from history (a repair; a database built in bulk)."""
     rows = rebuild(s)
     for name, model in MODELS.items():
         s.execute(delete(model))

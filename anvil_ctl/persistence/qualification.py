@@ -17,10 +17,9 @@ from typing import NotRequired, TypedDict
 
 from sqlalchemy import select
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence.models import DecisionRow, EvidenceManifestRow, EvidenceRow
-from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store, utcnow
 
 # -- evidence ----------------------------------------------------------------------------------
@@ -233,7 +232,7 @@ def decisions(
         q = q.where(DecisionRow.identity_digest == identity_digest)
     if slot:
         q = q.where(DecisionRow.slot == slot)
-    q = q.where(on_host(DecisionRow.host_id, store.host))
+    q = q.where(DecisionRow.host_id == store.host)
     with store.read() as s:
         return [_decision_dict(r) for r in s.execute(q).scalars()]
 
@@ -245,7 +244,7 @@ def latest_decision(store: Store, identity_digest: str) -> DecisionRecord | None
 
 def decision(store: Store, decision_id: str) -> DecisionRecord | None:
     """One decision of this host by its ID (its key), or None."""
-    q = select(DecisionRow).where(DecisionRow.id == decision_id, on_host(DecisionRow.host_id, store.host))
+    q = select(DecisionRow).where(DecisionRow.id == decision_id, DecisionRow.host_id == store.host)
     with store.read() as s:
         row = s.execute(q).scalar()
         return _decision_dict(row) if row is not None else None
@@ -253,7 +252,7 @@ def decision(store: Store, decision_id: str) -> DecisionRecord | None:
 
 def reclassifications(store: Store, raw_ids: Collection[str]) -> list[DecisionRecord]:
     """This host's decisions that reclassify one of `raw_ids`, oldest first: through
-    `ix_decisions_reclassifies`, which holds reclassifications only (migration 0021)."""
+    `ix_decisions_reclassifies`, which holds reclassifications only."""
     if not raw_ids:
         return []
     q = (
@@ -261,7 +260,7 @@ def reclassifications(store: Store, raw_ids: Collection[str]) -> list[DecisionRe
         .where(
             DecisionRow.reclassifies.is_not(None),  # the partial index's condition, written out
             DecisionRow.reclassifies.in_(sorted(raw_ids)),
-            on_host(DecisionRow.host_id, store.host),
+            DecisionRow.host_id == store.host,
         )
         .order_by(DecisionRow.at, DecisionRow.id)
     )
@@ -273,7 +272,7 @@ def decisions_of_tx(store: Store, tx_id: str) -> list[DecisionRecord]:
     """This host's decisions recorded by transaction `tx_id` (its qualify), oldest first."""
     q = (
         select(DecisionRow)
-        .where(DecisionRow.tx_id == tx_id, on_host(DecisionRow.host_id, store.host))
+        .where(DecisionRow.tx_id == tx_id, DecisionRow.host_id == store.host)
         .order_by(DecisionRow.at, DecisionRow.id)
     )
     with store.read() as s:

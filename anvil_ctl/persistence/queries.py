@@ -2,7 +2,7 @@
 
 These serve `anvilctl audit`; each returns plain JSON-able dicts (their shapes are
 the TypedDicts below), and none writes. The listings go through the stable operator views (`v_transactions`,
-`v_identities`, see migrations 0003), so they answer what an operator's own
+`v_identities`), so they answer what an operator's own
 `sqlite3` query would.
 """
 
@@ -17,6 +17,7 @@ from sqlalchemy import (
     RowMapping,
     and_,
     bindparam,
+    func,
     select,
     text,
 )
@@ -24,19 +25,18 @@ from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
-from anvil_ctl.core.snapshot import changes_from_stored
-from anvil_ctl.persistence import snapshots, txref
-from anvil_ctl.persistence.coltypes import starts_with_hex
+from anvil_ctl.core.snapshot import from_patch
+from anvil_ctl.persistence import snapshots
 from anvil_ctl.persistence.models import (
     Host,
     IdentityRow,
     SnapshotDiff,
     SnapshotRow,
+    StepEventRow,
     Transaction,
     TransactionState,
 )
-from anvil_ctl.persistence.projection import host_of, newest_revision
-from anvil_ctl.persistence.scope import on_host
+from anvil_ctl.persistence.projection import newest_revision
 from anvil_ctl.persistence.store import Store
 
 # -- shapes ------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ class TransactionDetail(TypedDict):
 
 
 class DiffRecord(TypedDict):
-    """One recorded before/after comparison (`format`: json-patch, or legacy for old rows)."""
+    """One recorded before/after comparison (`format`: json-patch)."""
 
     label: str
     equal: bool
@@ -216,7 +216,7 @@ def transaction_ids(store: Store, prefix: str, host: int | None = None) -> list[
     with store.read() as s:
         q = select(Transaction.id).where(_id_starts_with(s, prefix))
         if host is not None:
-            q = q.where(on_host(Transaction.host_id, host))
+            q = q.where(Transaction.host_id == host)
         return [i for i in s.execute(q).scalars() if i.startswith(prefix)]
 
 
@@ -229,14 +229,16 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
         states = s.execute(
             select(TransactionState).where(TransactionState.tx_id == t.id).order_by(TransactionState.id)
         ).scalars()
-        steps = txref.step_rows(s, t.id)
+        steps = s.execute(
+            select(StepEventRow).where(StepEventRow.tx_id == t.id).order_by(StepEventRow.id)
+        ).scalars()
         snaps = s.execute(
             select(SnapshotRow).where(SnapshotRow.tx_id == t.id).order_by(SnapshotRow.id)
         ).scalars()
         idents = s.execute(
             select(IdentityRow).where(IdentityRow.tx_id == t.id).order_by(IdentityRow.id)
         ).scalars()
-        host = s.get(Host, host_of(t.host_id))
+        host = s.get(Host, t.host_id)
         return {
             "tx_id": t.id,
             "kind": t.kind,
@@ -281,17 +283,17 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
         ).scalars()
         out: list[DiffRecord] = []
         for r in rows:
-            stored = snapshots.stored_changes(s, r)
-            form, changes = changes_from_stored(stored)
+            stored = snapshots.stored_changes(r)
+            changes = from_patch(stored)
             out.append(
                 {
                     "label": r.label,
                     "equal": bool(r.equal),
                     "before_sha256": r.before_sha256,
                     "after_sha256": r.after_sha256,
-                    "format": form,
+                    "format": "json-patch",
                     "changes": [c.as_dict() for c in changes],
-                    "patch": list[JSONValue](stored) if form == "json-patch" else None,
+                    "patch": list[JSONValue](stored),
                 }
             )
         return out
@@ -436,13 +438,12 @@ def recent_ids(store: Store, what: str, prefix: str, limit: int = 100) -> list[t
     with store.read() as s:
         if what == "transaction":
             q = select(Transaction.id, Transaction.kind, Transaction.slot)
-            if prefix:  # by key (LIKE read every transaction: 30-48 ms at 100k, 2 ms at 1k)
+            if prefix:  # by key: LIKE would read every transaction
                 q = q.where(_id_starts_with(s, prefix))
             rows = s.execute(q.order_by(Transaction.created_at.desc()).limit(limit))
             return [(r.id, f"{r.kind} {r.slot or ''}".strip()) for r in rows if r.id.startswith(prefix)]
         found: dict[str, str] = {}
-        # on SQLite a container ID is stored as 32 bytes from migration 0017 on (text before)
-        matches = starts_with_hex(IdentityRow.container_id, prefix, s.get_bind().dialect.name)
+        matches = func.substr(IdentityRow.container_id, 1, len(prefix)) == prefix  # not a pattern
         idents = s.execute(
             select(IdentityRow.container_id, IdentityRow.served_model, IdentityRow.role, IdentityRow.slot)
             .where(matches)

@@ -11,10 +11,9 @@ from typing import TypedDict
 
 from sqlalchemy import select
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.persistence.models import RecheckRow
-from anvil_ctl.persistence.scope import host_key
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -58,7 +57,7 @@ def rechecks(store: Store, *, slot: str | None = None, limit: int = 50) -> list[
     """The newest `limit` runs, newest first, optionally of one slot."""
     q = (
         select(RecheckRow)
-        .where(host_key(RecheckRow.host_id) == store.host)  # ix_rechecks_host_key_id
+        .where(RecheckRow.host_id == store.host)  # ix_rechecks_host_id_id
         .order_by(RecheckRow.id.desc())
         .limit(limit)
     )

@@ -16,11 +16,10 @@ What is current (a transaction's state, a slot's incumbent, the unresolved
 transactions) is read from the projection (`projection`), which the same write
 transaction keeps up to date; history is never scanned for its latest row.
 
-Records are lean: a transaction's arguments, a state's data and a step's detail
-live in their own (covered) rows only, not again in the audit entry's payload; a
-snapshot's body is stored once per distinct content (`snapshot_blobs`, keyed by its
-SHA-256) and each `snapshots` row refers to it, so an unchanged host costs a key; an
-identity's body likewise (`identities`, `identity_bodies`).
+A transaction's arguments, a state's data and a step's detail live in their own
+(covered) rows only, not again in the audit entry's payload; a snapshot's body is stored
+once per distinct content (`snapshot_blobs`, keyed by its SHA-256) and each `snapshots`
+row refers to it; an identity's body likewise (`identity_bodies`).
 """
 
 from __future__ import annotations
@@ -32,22 +31,23 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import Identity, canonical_json
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots, txref
+from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head, Held
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
     FIRST_HOST_ID,
-    HOST_TABLES,
+    HostHistory,
     StepEventRow,
     Transaction,
     TransactionState,
@@ -65,8 +65,8 @@ class Store:
 
     `host_id` is this host's row in `hosts` (`persistence.hosts.attach` sets it): every
     history row written through the Store carries it, and the reads that ask what is current
-    answer for this host. None (a library caller that registered no host) writes rows
-    without one, which are the first host's, and reads as the first host.
+    answer for this host. None (a library caller that registered no host) reads as the
+    first host and cannot write history.
     """
 
     def __init__(self, engine: Engine, *, head_path: Path | None = None, host_id: int | None = None) -> None:
@@ -100,7 +100,7 @@ class Store:
         if self.host_id is None:
             return
         for obj in session.new:
-            if obj.__table__.name in HOST_TABLES and getattr(obj, "host_id", None) is None:
+            if isinstance(obj, HostHistory) and getattr(obj, "host_id", None) is None:
                 obj.host_id = self.host_id
 
     @contextmanager
@@ -300,11 +300,9 @@ class Store:
         detail: Mapping[str, object] | None = None,
     ) -> None:
         with self.write() as s:
-            ref = txref.first_state(s, tx_id)  # None only for a transaction with no state
             s.add(
                 StepEventRow(
-                    tx_id=tx_id if ref is None else None,
-                    tx_ref=ref,
+                    tx_id=tx_id,
                     seq=seq,
                     step=step,
                     phase=phase,
@@ -318,7 +316,9 @@ class Store:
 
     def step_events(self, tx_id: str) -> list[StepEvent]:
         with self.read() as s:
-            rows = txref.step_rows(s, tx_id)
+            rows = s.execute(
+                select(StepEventRow).where(StepEventRow.tx_id == tx_id).order_by(StepEventRow.id)
+            ).scalars()
             return [StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at) for r in rows]
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:
@@ -364,6 +364,11 @@ class Store:
     def current_identity(self, slot: str, role: str) -> Identity | None:
         with self.read() as s:
             return identities.current(s, self.host, slot, role)
+
+    def newest_committed_revision(self, slot: str) -> tuple[str, str] | None:
+        """(transaction ID, kind) of the slot's newest committed adopt, load, promote or rollback."""
+        with self.read() as s:
+            return projection.newest_committed(s, self.host, slot)
 
     def identity_of(self, tx_id: str, role: str) -> Identity | None:
         """The identity transaction `tx_id` recorded last in `role`."""

@@ -43,8 +43,8 @@ from sqlalchemy import Table, func, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import Unavailable
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import audit, chainwalk, projection
 from anvil_ctl.persistence.audit import Head
@@ -52,7 +52,7 @@ from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
 from anvil_ctl.persistence.coverage import COVERED, RowKey, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.head import HeadFileError, read_head
-from anvil_ctl.persistence.models import FIRST_HOST_ID, AuditCheckpoint, AuditEntry
+from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
 from anvil_ctl.persistence.store import Store, utcnow
 from anvil_ctl.persistence.verify_report import (  # re-exported: the report is verify's answer
     CheckpointRecord,
@@ -73,9 +73,8 @@ AUDIT_TABLE = AuditEntry.__tablename__
 
 
 def _edited(recorded: bytes, table: Table, values: RowValues) -> bool:
-    """Whether the row's SHA-256 does not start with the digest its entry recorded (all 32
-    bytes, or the first 16 in entries from migration 0011 on)."""
-    return not bytes.fromhex(row_digest(table, values)).startswith(recorded) or len(recorded) < 16
+    """Whether the row's SHA-256 does not start with the digest its entry recorded."""
+    return not bytes.fromhex(row_digest(table, values)).startswith(recorded)
 
 
 def _check_all_rows(s: Session, walk: Walk, report: Report) -> None:
@@ -339,13 +338,12 @@ def _record_checkpoint(store: Store, report: Report) -> CheckpointRecord:
 
 def host_counts(store: Store, host: int | None) -> list[HostEntries]:
     """Per host (`host`, or every registered host when None): its name and how many journal
-    entries it wrote (the first host's include those written before hosts existed); the
-    report's `hosts`. The chain itself is one for the whole fleet."""
+    entries it wrote; the report's `hosts`. The chain itself is one for the whole fleet."""
     sql = (
-        "SELECT h.id, h.name, (SELECT count(*) FROM audit_journal a "
-        "WHERE a.host_id = h.id OR (h.id = :first AND a.host_id IS NULL)) AS entries FROM hosts h"
+        "SELECT h.id, h.name, (SELECT count(*) FROM audit_journal a WHERE a.host_id = h.id) AS entries "
+        "FROM hosts h"
     )
-    params: dict[str, int] = {"first": FIRST_HOST_ID}
+    params: dict[str, int] = {}
     if host is not None:
         sql += " WHERE h.id = :host"
         params["host"] = host

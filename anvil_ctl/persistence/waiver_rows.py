@@ -12,12 +12,11 @@ from datetime import datetime
 
 from sqlalchemy import select
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.model import canonical_json
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.persistence.models import WaiverRevocation, WaiverRow
-from anvil_ctl.persistence.scope import on_host
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -76,7 +75,7 @@ def waivers(store: Store) -> list[Waiver]:
         }
         rows = list(
             s.execute(
-                select(WaiverRow).where(on_host(WaiverRow.host_id, store.host)).order_by(WaiverRow.created_at)
+                select(WaiverRow).where(WaiverRow.host_id == store.host).order_by(WaiverRow.created_at)
             ).scalars()
         )
     return [

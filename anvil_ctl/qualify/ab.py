@@ -20,38 +20,163 @@ Profiles declare the boundaries (`anvil_ctl.qualify.profiles`):
     reason = "long agent sessions wait on long-context prefill"
 
 `declaration()` is written to the evidence, with its digest, before the first request.
-
-`ab_declare.py` holds what is declared, `ab_compare.py` the comparison; their names are
-re-exported here. This module measures: both arms' cells, alternating per repetition.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.jsontypes import JSONArray, JSONObject
+from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject, real, whole
 from anvil_ctl.evidence.summary import context_label
-from anvil_ctl.qualify.ab_compare import compare, pct
-from anvil_ctl.qualify.ab_declare import METRICS, Arm, Boundary, Metric, declaration, parse_boundaries
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import GateContext
 from anvil_ctl.qualify.gates.capacity import Capacity, Repetition
 
-__all__ = [
-    "METRICS",
-    "Arm",
-    "Boundary",
-    "Metric",
-    "compare",
-    "declaration",
-    "measure",
-    "parse_boundaries",
-    "pct",
-    "run_measure",
-]
+Metric = Literal["decode_p50", "prefill_p50", "ttft_p50"]
+METRICS: dict[str, tuple[str, bool]] = {
+    "decode_p50": ("decode_tps_p50", True),
+    "prefill_p50": ("prefill_tps_p50", True),
+    "ttft_p50": ("ttft_s_p50", False),
+}
+"""metric -> (the capacity cell's key, whether higher is better)."""
+_BOUNDARY_KEYS = {"metric", "min_delta_pct", "max_delta_pct", "min_context", "max_context", "reason"}
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A protected boundary: the selected arm's delta on `metric` vs the other arm, per cell."""
+
+    metric: str
+    min_delta_pct: float | None = None
+    max_delta_pct: float | None = None
+    min_context: int = 0
+    max_context: int | None = None
+    reason: str = ""
+
+    def applies(self, nominal: int) -> bool:
+        return nominal >= self.min_context and (self.max_context is None or nominal <= self.max_context)
+
+    def holds(self, delta: float | None) -> bool:
+        if delta is None:
+            return False
+        if self.min_delta_pct is not None and delta < self.min_delta_pct:
+            return False
+        return self.max_delta_pct is None or delta <= self.max_delta_pct
+
+    def describe(self) -> str:
+        """As the issue writes it: `prefill_p50 >= -3 % at contexts >= 120K`."""
+        parts = []
+        if self.min_delta_pct is not None:
+            parts.append(f"{self.metric} >= {self.min_delta_pct:g} %")
+        if self.max_delta_pct is not None:
+            parts.append(f"{self.metric} <= {self.max_delta_pct:+g} %")
+        scope = []
+        if self.min_context:
+            scope.append(f">= {context_label(self.min_context)}")
+        if self.max_context is not None:
+            scope.append(f"<= {context_label(self.max_context)}")
+        where = f" at contexts {' and '.join(scope)}" if scope else " at every context"
+        return " and ".join(parts) + where
+
+    def as_dict(self) -> JSONObject:
+        return {**asdict(self), "text": self.describe()}
+
+
+def parse_boundaries(raw: object, source: str) -> tuple[Boundary, ...]:
+    """`[[boundaries]]` of a profile; errors name the file and `boundaries[i].field`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise BadInput(
+            f"{source}: boundaries: expected [[boundaries]] tables", file=source, field="boundaries"
+        )
+    out = []
+    for i, item in enumerate(raw):
+        where = f"{source}: boundaries[{i}]"
+        if not isinstance(item, dict):
+            raise BadInput(f"{where}: expected a table", file=source, field=f"boundaries[{i}]")
+        unknown = sorted(set(item) - _BOUNDARY_KEYS)
+        if unknown:
+            raise BadInput(
+                f"{where}.{unknown[0]}: unknown key; expected some of {sorted(_BOUNDARY_KEYS)}",
+                file=source,
+                field=f"boundaries[{i}].{unknown[0]}",
+            )
+        metric = item.get("metric")
+        if metric not in METRICS:
+            raise BadInput(
+                f"{where}.metric: {metric!r}; expected one of {sorted(METRICS)}",
+                file=source,
+                field=f"boundaries[{i}].metric",
+            )
+        for key in ("min_delta_pct", "max_delta_pct"):
+            value = item.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise BadInput(
+                    f"{where}.{key}: expected a number of %", file=source, field=f"boundaries[{i}].{key}"
+                )
+        if item.get("min_delta_pct") is None and item.get("max_delta_pct") is None:
+            raise BadInput(
+                f"{where}: expected min_delta_pct or max_delta_pct", file=source, field=f"boundaries[{i}]"
+            )
+        for key in ("min_context", "max_context"):
+            value = item.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise BadInput(
+                    f"{where}.{key}: expected a number of tokens >= 0",
+                    file=source,
+                    field=f"boundaries[{i}].{key}",
+                )
+        out.append(
+            Boundary(
+                metric=str(metric),
+                min_delta_pct=_float(item.get("min_delta_pct")),
+                max_delta_pct=_float(item.get("max_delta_pct")),
+                min_context=int(item.get("min_context") or 0),
+                max_context=item.get("max_context"),
+                reason=str(item.get("reason", "")),
+            )
+        )
+    return tuple(out)
+
+
+def _float(value: object) -> float | None:
+    return None if value is None else real(value)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: a loaded candidate reached at its own endpoint."""
+
+    name: str
+    base_url: str
+    served_model: str
+    identity: JSONObject
+    """What binds the arm's cells to a serve: qualification digest, container, recipe."""
+
+
+def declaration(
+    arms: Sequence[Arm], capacity: Capacity, boundaries: Sequence[Boundary], select: str, profile: str
+) -> JSONObject:
+    """What is declared before the first request; `digest` covers all of it but itself."""
+    body: JSONObject = {
+        "profile": profile,
+        "select": select,
+        "boundaries": [b.as_dict() for b in boundaries],
+        "capacity": capacity.thresholds(),
+        "arms": [{"arm": label, **asdict(a)} for label, a in zip("AB", arms, strict=True)],
+        "order": "A B in odd repetitions, B A in even ones",
+    }
+    return {**body, "digest": sha256_hex(body)}
+
+
+# -- measuring both arms -------------------------------------------------------------------------
 
 
 async def _max_model_len(client: EngineClient, served_model: str) -> int | None:
@@ -106,3 +231,189 @@ async def measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s:
 def run_measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0) -> JSONObject:
     """Synchronous `measure`, for callers that run no event loop."""
     return asyncio.run(measure(arms, capacity, request_timeout_s=request_timeout_s))
+
+
+# -- the comparison and its verdict -------------------------------------------------------------
+
+
+def pct(new: float | None, base: float | None) -> float | None:
+    """How much `new` differs from `base`, in % of `base` (None when either is unknown)."""
+    if new is None or base is None or base == 0:
+        return None
+    return (new - base) / base * 100.0
+
+
+@dataclass(frozen=True)
+class _ArmCell:
+    """One arm's figures in one measured cell, as the comparison reads them."""
+
+    p50: dict[str, float | None]
+    """By metric name (`METRICS`)."""
+    prompt_tokens_p50: float | None
+    completed: int | None
+    requests: int | None
+
+    @classmethod
+    def of(cls, cell: JSONMapping) -> _ArmCell:
+        return cls(
+            {m: _number(cell.get(key)) for m, (key, _) in METRICS.items()},
+            _number(cell.get("prompt_tokens_p50")),
+            _count(cell.get("completed")),
+            _count(cell.get("requests")),
+        )
+
+    def as_dict(self) -> JSONObject:
+        return {
+            **self.p50,
+            "prompt_tokens_p50": self.prompt_tokens_p50,
+            "completed": self.completed,
+            "requests": self.requests,
+        }
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A cell both arms measured: each arm's figures and the delta (B vs A) per metric."""
+
+    label: str
+    nominal_tokens: int
+    arms: dict[str, _ArmCell]
+    delta_pct: dict[str, float | None]
+
+
+def _number(value: object) -> float | None:
+    """A p50 as the cell holds it; a non-number fails here, as the arithmetic on it did."""
+    if value is None or isinstance(value, int | float):
+        return value
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def _count(value: object) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    raise TypeError(f"expected a count, got {type(value).__name__}")
+
+
+def compare(
+    arms: Sequence[Arm],
+    cells: Mapping[str, Sequence[JSONObject]],
+    boundaries: Sequence[Boundary],
+    select: str,
+) -> JSONObject:
+    """Per cell each arm's p50s and the delta (B vs A); the verdict by the declared boundaries."""
+    names = {"A": arms[0].name, "B": arms[1].name}
+    rows: JSONArray = []
+    measured: list[_Row] = []
+    for ca, cb in zip(cells["A"], cells["B"], strict=True):
+        nominal = whole(ca["nominal_tokens"])
+        label = f"{context_label(nominal)}/C{ca['concurrency']}"
+        row: JSONObject = {
+            "nominal_tokens": ca["nominal_tokens"],
+            "concurrency": ca["concurrency"],
+            "label": label,
+        }
+        if ca.get("skipped") or cb.get("skipped"):
+            rows.append({**row, "skipped": ca.get("skipped") or cb.get("skipped")})
+            continue
+        by_arm = {"A": _ArmCell.of(ca), "B": _ArmCell.of(cb)}
+        delta: dict[str, float | None] = {m: pct(by_arm["B"].p50[m], by_arm["A"].p50[m]) for m in METRICS}
+        measured.append(_Row(label, nominal, by_arm, delta))
+        rows.append({**row, "A": by_arm["A"].as_dict(), "B": by_arm["B"].as_dict(), "delta_pct": {**delta}})
+    return {
+        "arms": {**names},
+        "select": select,
+        "cells": rows,
+        "verdict": _verdict(names, measured, boundaries, select),
+    }
+
+
+@dataclass(frozen=True)
+class _Check:
+    """One declared boundary held against the cells it covers."""
+
+    boundary: str
+    arm: str
+    cells: list[tuple[str, float | None, bool]]
+    """(cell label, the winner's delta vs the other arm, whether the boundary holds there)."""
+
+    @property
+    def holds(self) -> bool:
+        # An unmeasured protection protects nothing.
+        return bool(self.cells) and all(ok for _, _, ok in self.cells)
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "boundary": self.boundary,
+            "arm": self.arm,
+            "cells": [{"cell": c, "delta_pct": d, "holds": ok} for c, d, ok in self.cells],
+            "holds": self.holds,
+        }
+
+    def observed(self) -> str:
+        if not self.cells:
+            return "no measured cell is covered"
+        return ", ".join(f"{c} " + ("unmeasured" if d is None else f"{d:+.1f} %") for c, d, _ in self.cells)
+
+
+def _verdict(
+    names: dict[str, str], measured: list[_Row], boundaries: Sequence[Boundary], select: str
+) -> JSONObject:
+    failed = [
+        f"{names[arm]} {r.label}: {_difference(r.arms[arm])} failed"
+        for r in measured
+        for arm in ("A", "B")
+        if r.arms[arm].completed != r.arms[arm].requests
+    ]
+    deltas = [r.delta_pct[select] for r in measured]
+    if not measured or failed or any(d is None for d in deltas):
+        why = "; ".join(failed) or ("no cell was measured" if not measured else f"{select} not measured")
+        return {
+            "outcome": "incomplete",
+            "selected": None,
+            "boundaries": [],
+            "summary": f"no arm selected: {why}",
+        }
+    score = sum(d for d in deltas if d is not None) / len(deltas)
+    if score == 0:
+        return {
+            "outcome": "no-difference",
+            "selected": None,
+            "boundaries": [],
+            "summary": f"{select}: no difference",
+        }
+    b_better = score > 0 if METRICS[select][1] else score < 0
+    winner, other = ("B", "A") if b_better else ("A", "B")
+    checks = []
+    for boundary in boundaries:
+        observed = []
+        for r in measured:
+            if boundary.applies(r.nominal_tokens):
+                delta = pct(r.arms[winner].p50[boundary.metric], r.arms[other].p50[boundary.metric])
+                observed.append((r.label, delta, boundary.holds(delta)))
+        checks.append(_Check(boundary.describe(), names[winner], observed))
+    lead = f"{names[winner]} is faster by {select} (mean {abs(score):+.1f} % vs {names[other]})"
+    violated = [c for c in checks if not c.holds]
+    if violated:
+        named = "; ".join(f"{c.boundary} violated ({c.observed()})" for c in violated)
+        return {
+            "outcome": "boundary-violated",
+            "selected": None,
+            "faster": names[winner],
+            "boundaries": [c.as_dict() for c in checks],
+            "summary": f"{lead}, but {named}: no arm selected",
+        }
+    held = "; ".join(f"{c.boundary} ({c.observed()})" for c in checks) or "no boundary declared"
+    return {
+        "outcome": "selected",
+        "selected": names[winner],
+        "faster": names[winner],
+        "boundaries": [c.as_dict() for c in checks],
+        "summary": f"{names[winner]} selected: {lead}; every declared boundary holds: {held}",
+    }
+
+
+def _difference(arm: _ArmCell) -> int:
+    """How many of an arm's requests in a cell failed (requests - completed)."""
+    if arm.requests is None or arm.completed is None:
+        raise TypeError("unsupported operand type(s) for -: a missing request count")
+    return arm.requests - arm.completed

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject, real
-from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.gates.capacity import Capacity
 

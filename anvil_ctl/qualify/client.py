@@ -16,6 +16,7 @@ from types import TracebackType
 
 import httpx
 
+from anvil_ctl.core.engine_profile import Tokenizer
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, JSONValue, items
 from anvil_ctl.core.model import ModelCard
@@ -100,13 +101,12 @@ class EngineClient:
             if isinstance(m, dict)
         ]
 
-    async def tokenize_count(
-        self, path: str, text: str, *, input_field: str, count_field: str, model_field: str | None, model: str
-    ) -> int:
-        """The engine's own token count of raw `text` at its tokenize endpoint `path`."""
-        body: JSONObject = {input_field: text}
-        if model_field:
-            body[model_field] = model
+    async def tokenize_count(self, tokenizer: Tokenizer, text: str, model: str) -> int:
+        """The engine's own token count of raw `text` at its tokenize endpoint."""
+        path, count_field = tokenizer.path, tokenizer.count_field
+        body: JSONObject = {tokenizer.input_field: text}
+        if tokenizer.model_field:
+            body[tokenizer.model_field] = model
         try:
             response = await self._http.post(path, json=body)
         except httpx.HTTPError as exc:
@@ -127,7 +127,6 @@ class EngineClient:
         *,
         max_tokens: int | None = None,
         tools: Sequence[JSONObject] | None = None,
-        tool_choice: str | JSONObject | None = None,
         response_format: JSONObject | None = None,
         enable_thinking: bool | None = None,
         stream: bool = False,
@@ -142,8 +141,6 @@ class EngineClient:
             body["temperature"] = temperature
         if tools:
             body["tools"] = list(tools)
-        if tool_choice is not None:
-            body["tool_choice"] = tool_choice
         if response_format is not None:
             body["response_format"] = response_format
         if enable_thinking is not None:
@@ -226,7 +223,6 @@ class EngineClient:
         *,
         max_output_tokens: int | None = None,
         enable_thinking: bool | None = None,
-        extra: JSONObject | None = None,
     ) -> ResponsesResult:
         """POST /v1/responses (non-streaming subset)."""
         body: JSONObject = {
@@ -237,8 +233,6 @@ class EngineClient:
             body["max_output_tokens"] = max_output_tokens
         if enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
-        if extra:
-            body.update(extra)
         t0 = self._clock()
         try:
             response = await self._http.post("/v1/responses", json=body)

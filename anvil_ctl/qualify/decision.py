@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import sha256_hex
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.qualify.results import GateResult
 

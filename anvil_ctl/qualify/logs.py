@@ -25,32 +25,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from anvil_ctl.core.engine_profile import (
-    COMMON_FATAL,
-    ENGINE_PROFILES,
-    FATAL_KINDS,
-    EngineProfile,
-    FatalKind,
-    FatalPattern,
-    NoticePattern,
-    find_engine_profile,
-)
+from anvil_ctl.core.engine_profile import EngineProfile, find_engine_profile
 from anvil_ctl.core.jsontypes import JSONObject
-
-__all__ = [
-    "COMMON_FATAL",
-    "ENGINE_PATTERNS",
-    "FATAL_KINDS",
-    "FatalKind",
-    "FatalPattern",
-    "LogClassification",
-    "LogPatterns",
-    "NoticePattern",
-    "classify",
-    "patterns_for",
-    "patterns_of",
-    "redact",
-]
+from anvil_ctl.core.log_patterns import COMMON_FATAL, FatalPattern, NoticePattern
 
 KEEP_CHARS = 400
 """A kept line is cut to this many characters (a traceback line can be a megabyte of tensor)."""
@@ -99,12 +76,6 @@ def patterns_for(engine: str | None) -> LogPatterns:
         name = (engine or "").strip().lower()
         return LogPatterns(engine=name or "unknown", fatal=COMMON_FATAL, known=False)
     return patterns_of(profile)
-
-
-ENGINE_PATTERNS: dict[str, LogPatterns] = {
-    name: patterns_of(profile) for name, profile in ENGINE_PROFILES.items() if profile.own_log_patterns
-}
-"""The log patterns of every engine profile that has its own (a view, not a second source)."""
 
 
 # -- redaction ---------------------------------------------------------------------------------

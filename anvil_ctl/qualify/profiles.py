@@ -9,6 +9,8 @@
     name = "tools-20"         # optional, unique; default the type
     count = 20                # any keyword of the gate's __init__
 
+    [watch]                   # the thresholds held on the route after qualification
+                              # (`recheck --slo`, a watched promote): see watchpolicy
     select = "decode_p50"     # A/B only (`qualify --ab`): the metric that picks the faster arm
     [[boundaries]]            # A/B only: protected boundaries, see anvil_ctl.qualify.ab
     metric = "prefill_p50"
@@ -22,19 +24,22 @@ file and the field (`gates[2].count`) and say what was expected.
 from __future__ import annotations
 
 import inspect
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from anvil_ctl.config import load_toml
+from pydantic import TypeAdapter, ValidationError
+
+from anvil_ctl.config.inputs import load_toml
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.qualify.ab import METRICS, Boundary, parse_boundaries
-from anvil_ctl.qualify.gates import GATE_TYPES, Gate
+from anvil_ctl.qualify.gates import GATE_TYPES
+from anvil_ctl.qualify.gates.base import Gate
+from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, parse_watch
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
-_TOP_KEYS = {"name", "description", "thinking", "gates", "select", "boundaries"}
+_TOP_KEYS = {"name", "description", "thinking", "gates", "select", "boundaries", "watch"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class Profile:
     ab_metric: str = "decode_p50"
     """TOML `select`: the metric that picks the faster arm of an A/B."""
     boundaries: tuple[Boundary, ...] = ()
+    watch: WatchPolicy = DEFAULT
+    """TOML `[watch]`: the thresholds the serve is held to on the route (`watchpolicy`)."""
 
     def build(self) -> list[Gate]:
         return [spec.build() for spec in self.gates]
@@ -91,25 +98,12 @@ def available_profiles(search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> list[st
     return sorted({p.stem for d in search_dirs if d.is_dir() for p in d.glob("*.toml")})
 
 
-def _conforms(value: object, hint: object) -> bool:
-    """`value` matches the type hint of a gate parameter (an unconstrained hint matches any value)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, arm) for arm in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if origin is list:
-        (item,) = typing.get_args(hint) or (object,)
-        return isinstance(value, list) and all(_conforms(v, item) for v in value)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(hint, type):
-        try:
-            return isinstance(value, hint)
-        except TypeError:  # typing's catch-all is a class since 3.11, but not one isinstance accepts
-            return True
+def _conforms(value: object, hint: type[object]) -> bool:
+    """`value` is a `hint` as it stands, without conversion (an int is a float, a bool is no int)."""
+    try:
+        TypeAdapter(hint).validate_python(value, strict=True)
+    except ValidationError:
+        return False
     return True
 
 
@@ -189,6 +183,7 @@ def parse_profile(data: Mapping[str, object], source: str) -> Profile:
         source=source,
         ab_metric=str(select),
         boundaries=parse_boundaries(data.get("boundaries"), source),
+        watch=parse_watch(data.get("watch"), source),
     )
 
 

@@ -41,12 +41,6 @@ from anvil_ctl.evidence.summary import SummaryRow, summary_rows
 from anvil_ctl.log import get_logger
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
-from anvil_ctl.qualify.engine_gates import (
-    IDENTITY_GATE,
-    Liveness,
-    engine_exited,
-    served_identity,
-)
 from anvil_ctl.qualify.gates.base import FIXTURES_DIR, Gate, GateContext, LogReader, ReserveProbe
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.results import GateResult
@@ -55,9 +49,13 @@ from anvil_ctl.qualify.tokens import calibrate, token_counter
 log = get_logger()
 
 P = ParamSpec("P")
+IDENTITY_GATE = "served-identity"
+ENGINE_GATE = "engine-alive"
 VRAM_BEFORE = "vram-before.json"
 IDENTITY = "identity.json"
 PROVENANCE = "provenance.json"
+Liveness = Callable[[], JSONObject | None]
+"""None while the engine runs; otherwise what was observed of it (status, exit code)."""
 
 
 class Progress(Protocol):
@@ -312,6 +310,47 @@ run_qualification = _synchronous(qualify)
 
 Synchronous `qualify`, for code that runs no event loop; same arguments.
 """
+
+
+async def served_identity(
+    client: EngineClient, served_model: str, context: JSONObject | None = None
+) -> tuple[GateResult, int | None]:
+    """The runner's first gate: `GET /v1/models` lists the served model. Its `max_model_len`,
+    or the context the caller observed where the engine reports none, bounds long-context
+    gates (returned beside the result)."""
+    started = time.perf_counter()
+    try:
+        cards = await client.models()
+    except AnvilError as exc:
+        evidence: JSONObject = {"error": str(exc), "error_type": type(exc).__name__}
+        elapsed = time.perf_counter() - started
+        return GateResult(IDENTITY_GATE, False, "functional", "error", evidence, str(exc), elapsed), None
+    ids = [c.id for c in cards]
+    card = next((c for c in cards if c.id == served_model), None)
+    max_len = card.max_model_len if card else None
+    evidence = {"expected": served_model, "observed": [*ids], "max_model_len": max_len}
+    if context is not None:
+        evidence["context"] = context
+        seen = context.get("value")
+        if max_len is None and isinstance(seen, int) and not isinstance(seen, bool):
+            max_len = seen
+    passed = card is not None
+    summary = f"serves {served_model}" if passed else f"expected {served_model}, engine lists {ids}"
+    classification = "pass" if passed else "wrong_model"
+    elapsed = time.perf_counter() - started
+    return GateResult(
+        IDENTITY_GATE, passed, "functional", classification, evidence, summary, elapsed
+    ), max_len
+
+
+def engine_exited(during: str, observed: JSONObject, not_run: list[str]) -> GateResult:
+    """The failed `engine-alive` gate a run ends with when the `Liveness` probe saw the engine
+    die: it names the gate it died in and the gates not run."""
+    summary = f"the engine stopped during gate {during}: container {observed.get('status')}" + (
+        f" with exit code {observed['exit_code']}" if observed.get("exit_code") is not None else ""
+    )
+    evidence: JSONObject = {"during_gate": during, "observed": observed, "gates_not_run": [*not_run]}
+    return GateResult(ENGINE_GATE, False, "functional", "engine_exited", evidence, summary)
 
 
 def _timed_out(gate: Gate, timeout_s: float) -> GateResult:

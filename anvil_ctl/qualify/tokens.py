@@ -56,14 +56,8 @@ async def prompt_tokens(
                 return None, how
             return answer.usage.prompt_tokens, how
         if engine.prompt_tokens == "tokenize" and engine.tokenizer is not None:
-            tok = engine.tokenizer
             count = await client.tokenize_count(
-                tok.path,
-                message_text(body),
-                input_field=tok.input_field,
-                count_field=tok.count_field,
-                model_field=tok.model_field,
-                model=str(body.get("model", "")),
+                engine.tokenizer, message_text(body), str(body.get("model", ""))
             )
             how["template"] = "not counted (raw message text)"
             return count, how
@@ -104,22 +98,19 @@ async def calibrate(
     if engine.tokenizer is None:
         return default, {"chars_per_token": default, "source": "assumed (no tokenize endpoint)"}
     sample = prompts.filler(CALIBRATION_TOKENS, chars_per_token=default, salt="calibration")
-    tok = engine.tokenizer
     try:
-        count = await client.tokenize_count(
-            tok.path,
-            sample,
-            input_field=tok.input_field,
-            count_field=tok.count_field,
-            model_field=tok.model_field,
-            model=served_model,
-        )
+        count = await client.tokenize_count(engine.tokenizer, sample, served_model)
     except AnvilError as exc:
         return default, {"chars_per_token": default, "source": f"assumed: tokenize failed: {exc}"}
     if count <= 0:
         return default, {"chars_per_token": default, "source": f"assumed: tokenizer counted {count}"}
     ratio = round(len(sample) / count, 4)
-    return ratio, {"chars_per_token": ratio, "source": tok.path, "chars": len(sample), "tokens": count}
+    return ratio, {
+        "chars_per_token": ratio,
+        "source": engine.tokenizer.path,
+        "chars": len(sample),
+        "tokens": count,
+    }
 
 
 def token_counter(
@@ -131,13 +122,6 @@ def token_counter(
         return None
 
     async def count(text: str) -> int:
-        return await client.tokenize_count(
-            tok.path,
-            text,
-            input_field=tok.input_field,
-            count_field=tok.count_field,
-            model_field=tok.model_field,
-            model=served_model,
-        )
+        return await client.tokenize_count(tok, text, served_model)
 
     return count

@@ -13,18 +13,18 @@ from typing import Annotated
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from anvil_ctl.config import NAME_RE, Duration, MiB, format_validation_error, load_toml
+from anvil_ctl.config.fields import NAME_RE, Duration, MiB, Strict, valid_if
+from anvil_ctl.config.inputs import format_validation_error, load_toml
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.engine_profile import ENGINE_PROFILES, EngineProfile, engine_profile
 from anvil_ctl.core.errors import RecipeError
-from anvil_ctl.core.model import ModelFile, sha256_hex
+from anvil_ctl.core.model import ModelFile
 from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT, check_text
 
 MODEL_IDENTITY_RE = re.compile(
@@ -48,60 +48,44 @@ _LINE = AfterValidator(lambda v: check_text(v, max_len=1000))
 _NOTES = AfterValidator(lambda v: check_text(v, max_len=20000, multiline=True))
 _ARG = AfterValidator(lambda v: check_text(v, max_len=8192, multiline=True))
 Line = Annotated[str, _LINE]
+_ABSOLUTE = valid_if(lambda v: v.startswith("/"), "expected an absolute path inside the container")
 Arg = Annotated[str, _ARG]
 LIMIT = 2**62  # ulimits are 64-bit in the kernel; -1 means unlimited
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RecipeMount(_Strict):
+class RecipeMount(Strict):
     """A bind mount; a relative source resolves against the recipe file's directory."""
 
     source: Line = Field(min_length=1, description="Host path, absolute or relative to the recipe")
-    target: Line = Field(description="Absolute path inside the container")
+    target: Annotated[Line, _ABSOLUTE] = Field(description="Absolute path inside the container")
     read_only: bool = Field(True, description="Mount read-only")
 
-    @field_validator("target")
-    @classmethod
-    def _absolute_target(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("expected an absolute path inside the container")
-        return value
 
-
-class RecipeModelFile(_Strict):
+class RecipeModelFile(Strict):
     """A file of the pinned model the engine loads: checked byte for byte before `load`."""
 
-    path: Line = Field(min_length=1, description="Path inside the model's snapshot directory")
-    sha256: str = Field(description="SHA-256 of the file's bytes, 64 lowercase hex")
+    path: Annotated[
+        Line,
+        valid_if(
+            lambda v: not v.startswith("/") and ".." not in v.split("/"),
+            "expected a path inside the snapshot (relative, no '..')",
+        ),
+    ] = Field(min_length=1, description="Path inside the model's snapshot directory")
+    sha256: Annotated[str, valid_if(SHA256_RE.match, "expected 64 lowercase hex digits")] = Field(
+        description="SHA-256 of the file's bytes, 64 lowercase hex"
+    )
     bytes: int = Field(gt=0, le=LIMIT, description="Size of the file in bytes")
-
-    @field_validator("path")
-    @classmethod
-    def _relative(cls, value: str) -> str:
-        if value.startswith("/") or ".." in value.split("/"):
-            raise ValueError("expected a path inside the snapshot (relative, no '..')")
-        return value
-
-    @field_validator("sha256")
-    @classmethod
-    def _sha(cls, value: str) -> str:
-        if not SHA256_RE.match(value):
-            raise ValueError("expected 64 lowercase hex digits")
-        return value
 
     def pin(self) -> ModelFile:
         return ModelFile(self.path, self.sha256, self.bytes)
 
 
-class Ulimit(_Strict):
+class Ulimit(Strict):
     soft: int = Field(ge=-1, le=LIMIT, description="Soft limit; -1 is unlimited")
     hard: int = Field(ge=-1, le=LIMIT, description="Hard limit; -1 is unlimited")
 
 
-class ExternalPrior(_Strict):
+class ExternalPrior(Strict):
     """A figure the upstream source published: evidence of its own, never a local measurement."""
 
     figure: str = Field(min_length=1, description="The figure as published, e.g. '~8,100 tok/s prefill'")
@@ -109,39 +93,39 @@ class ExternalPrior(_Strict):
     where: str = Field(min_length=1, description="Where the source published it")
 
 
-class RecipeSource(_Strict):
+class RecipeSource(Strict):
     """Where a recipe comes from upstream, as the source published it."""
 
     repository: str | None = Field(None, description="Upstream repository, e.g. github.com/ORG/NAME")
     release: str | None = Field(None, description="Release tag the recipe follows, e.g. v0.1.1-rc.14")
-    commit: str | None = Field(None, description="Source commit of that release (7-40 hex)")
+    commit: (
+        Annotated[str, valid_if(COMMIT_RE.match, "expected a git commit of 7 to 40 lowercase hex digits")]
+        | None
+    ) = Field(None, description="Source commit of that release (7-40 hex)")
     image_tag: str | None = Field(None, description="Image tag as published (informational: tags move)")
-    image_digest: str | None = Field(None, description="Image digest as published, sha256:<64 hex>")
+    image_digest: (
+        Annotated[
+            str,
+            valid_if(
+                lambda v: IMAGE_ID_RE.match(v) or IMAGE_DIGEST_RE.match(v),
+                "expected sha256:<64 hex> or NAME@sha256:<64 hex>",
+            ),
+        ]
+        | None
+    ) = Field(None, description="Image digest as published, sha256:<64 hex>")
     url: str | None = Field(None, description="Release notes or recipe page")
     notes: str = Field("", description="What the source says of itself (e.g. not upstream-qualified)")
     external_prior: tuple[ExternalPrior, ...] = Field(
         (), description="Figures the source published: external-prior evidence, not measured here"
     )
 
-    @field_validator("commit")
-    @classmethod
-    def _commit(cls, value: str | None) -> str | None:
-        if value is not None and not COMMIT_RE.match(value):
-            raise ValueError("expected a git commit of 7 to 40 lowercase hex digits")
-        return value
 
-    @field_validator("image_digest")
-    @classmethod
-    def _digest(cls, value: str | None) -> str | None:
-        if value is not None and not (IMAGE_ID_RE.match(value) or IMAGE_DIGEST_RE.match(value)):
-            raise ValueError("expected sha256:<64 hex> or NAME@sha256:<64 hex>")
-        return value
-
-
-class Recipe(_Strict):
+class Recipe(Strict):
     """One serve, pinned: model, image, served identity, shape, container and provenance."""
 
-    name: str = Field(description="Recipe name; equals the file name without .toml")
+    name: Annotated[
+        str, valid_if(NAME_RE.match, "expected lowercase letters, digits, '.', '_' or '-' (max 63)")
+    ] = Field(description="Recipe name; equals the file name without .toml")
     description: Line = Field("", description="One line for listings")
     engine: Line = Field(min_length=1, description="Engine kind: stub, sglang, exllamav3, ...")
     engine_profile: Line | None = Field(
@@ -149,11 +133,20 @@ class Recipe(_Strict):
         description="How to probe the engine (anvil_ctl.core.engine_profile); default the profile "
         "named like `engine`, else the OpenAI-compatible assumptions",
     )
-    model: str | None = Field(None, description="Model identity repo@<40-hex revision>")
+    model: (
+        Annotated[
+            str,
+            valid_if(
+                MODEL_IDENTITY_RE.match,
+                "expected a pinned model identity ORG/NAME@<40 lowercase hex revision>",
+            ),
+        ]
+        | None
+    ) = Field(None, description="Model identity repo@<40-hex revision>")
     model_files: tuple[RecipeModelFile, ...] = Field(
         (), max_length=1024, description="Files of the model the engine loads, pinned by size and SHA-256"
     )
-    model_mount: Line | None = Field(
+    model_mount: Annotated[Line, _ABSOLUTE] | None = Field(
         None,
         description="Container path where the model's repository folder of the host config's "
         "model_cache_dir is mounted read-only (the snapshot's links into blobs resolve there)",
@@ -173,9 +166,9 @@ class Recipe(_Strict):
         "reserve to be free on each of its cards before starting it (0: only the reserve)",
     )
     port: int = Field(gt=0, lt=65536, description="Port the engine listens on; equals the slot's")
-    health_path: Line | None = Field(
-        None, description="Path answering 200 when healthy; default the engine profile's"
-    )
+    health_path: (
+        Annotated[Line, valid_if(lambda v: v.startswith("/"), "expected a path starting with '/'")] | None
+    ) = Field(None, description="Path answering 200 when healthy; default the engine profile's")
     startup_timeout_s: Duration = Field(600.0, description="Deadline for health and identity")
     profile: Line = Field(min_length=1, description="Qualification profile name")
     entrypoint: tuple[Arg, ...] | None = Field(None, max_length=256, description="Container entrypoint")
@@ -184,7 +177,10 @@ class Recipe(_Strict):
     )
     env: dict[Line, Arg] = Field(default_factory=dict, max_length=1024, description="Container environment")
     mounts: tuple[RecipeMount, ...] = Field((), max_length=256, description="Bind mounts")
-    shm_size: str | None = Field(None, description="Size of /dev/shm, e.g. 32g")
+    shm_size: (
+        Annotated[str, valid_if(SHM_SIZE_RE.match, "expected a size such as 16g, 512m or a number of bytes")]
+        | None
+    ) = Field(None, description="Size of /dev/shm, e.g. 32g")
     ipc_mode: Line | None = Field(None, description="IPC mode: host, private, shareable")
     ulimits: dict[Line, Annotated[int, Field(ge=-1, le=LIMIT)] | Ulimit] = Field(
         default_factory=dict, description="name -> limit"
@@ -197,20 +193,6 @@ class Recipe(_Strict):
         None, description="Upstream release, commit, image tag and digest as published, external figures"
     )
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not NAME_RE.match(value):
-            raise ValueError("expected lowercase letters, digits, '.', '_' or '-' (max 63)")
-        return value
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, value: str | None) -> str | None:
-        if value is not None and not MODEL_IDENTITY_RE.match(value):
-            raise ValueError("expected a pinned model identity ORG/NAME@<40 lowercase hex revision>")
-        return value
-
     @field_validator("image")
     @classmethod
     def _image(cls, value: str) -> str:
@@ -221,32 +203,11 @@ class Recipe(_Strict):
             "image ID sha256:<64 hex> (a tag such as NAME:latest can move)"
         )
 
-    @field_validator("health_path")
-    @classmethod
-    def _health_path(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError("expected a path starting with '/'")
-        return value
-
     @field_validator("engine_profile")
     @classmethod
     def _engine_profile(cls, value: str | None) -> str | None:
         if value is not None and value not in ENGINE_PROFILES:
             raise ValueError(f"{value!r} is not an engine profile; expected one of {sorted(ENGINE_PROFILES)}")
-        return value
-
-    @field_validator("model_mount")
-    @classmethod
-    def _model_mount(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError("expected an absolute path inside the container")
-        return value
-
-    @field_validator("shm_size")
-    @classmethod
-    def _shm_size(cls, value: str | None) -> str | None:
-        if value is not None and not SHM_SIZE_RE.match(value):
-            raise ValueError("expected a size such as 16g, 512m or a number of bytes")
         return value
 
     @field_validator("gpu_roles")
@@ -304,10 +265,6 @@ class Recipe(_Strict):
     @property
     def model_repo(self) -> str | None:
         return self.model.split("@", 1)[0] if self.model else None
-
-    @property
-    def model_revision(self) -> str | None:
-        return self.model.split("@", 1)[1] if self.model else None
 
     @property
     def runnable(self) -> bool:

@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-from anvil_ctl.config import HostConfig, Slot
+from anvil_ctl.config.host import HostConfig, Slot
 from anvil_ctl.core.errors import RecipeError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import (

@@ -4,7 +4,8 @@ Every field of `StubOptions` is the flag of its name (`served_model`: `--served-
 except the repeatable ones (`REPEATED`) and the GPUs, which come from
 `NVIDIA_VISIBLE_DEVICES` as a real engine's do. Flags win over env. Booleans in env
 accept 1/true/yes/on; a repeatable flag's env twin is a comma-separated list, except
-`ANVIL_STUB_LOG_LINE`'s, one line per item (a log line may hold commas).
+`ANVIL_STUB_LOG_LINE`'s, one line per item (a log line may hold commas). `--late-fault`
+schedules a fault from its onset on (`anvil_ctl.stub.schedule`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,18 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from anvil_ctl.stub.schedule import LateFault, ScheduleError, parse_late_fault
+
 KNOWN_FAULTS = frozenset(
     {"bad-tool-args", "reasoning-leak", "truncate-stream", "bad-json", "no-reasoning", "ignore-max-tokens"}
 )
 ENV_PREFIX = "ANVIL_STUB_"
-REPEATED = {"faults": ("fault", ","), "shm_files": ("shm-file", ","), "log_lines": ("log-line", "\n")}
+REPEATED = {
+    "faults": ("fault", ","),
+    "shm_files": ("shm-file", ","),
+    "log_lines": ("log-line", "\n"),
+    "late_faults": ("late-fault", ","),
+}
 """field -> (its repeatable flag, the separator of its env twin)"""
 
 
@@ -48,6 +56,7 @@ class StubOptions:
     log_lines: tuple[str, ...] = ()
     log_after: int = 0
     restart_after: int | None = None
+    late_faults: tuple[LateFault, ...] = ()
 
     @property
     def reported_name(self) -> str:
@@ -82,6 +91,10 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
     bad = [f for f in values["shm_files"] if "/" in f or f in (".", "..")]
     if bad:
         parser.error(f"--shm-file takes a plain file name, not a path: {bad}")
+    try:
+        values["late_faults"] = tuple(parse_late_fault(f) for f in values["late_faults"])
+    except ScheduleError as exc:
+        parser.error(str(exc))
     for name in ("wrong_served_name", "answer_book"):
         values[name] = values[name] or None
     visible = env.get("NVIDIA_VISIBLE_DEVICES", "")

@@ -13,7 +13,8 @@ Log knobs for the log audit: `--log-line` lines are printed to stderr once
 `--log-after` completions have finished (0: at start); `--restart-after N` makes the
 engine restart inside its container after N completions, once, the way a supervised
 engine does: it prints that it restarts, re-executes itself and prints its start
-banner again.
+banner again. `--late-fault` schedules faults that begin after N completions or T
+seconds (`anvil_ctl.stub.schedule`).
 """
 
 from __future__ import annotations
@@ -57,11 +58,9 @@ def _usage(prompt: Prompt, c: Completion) -> JSONObject:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "anvil-stub/1"
-    # TCP_NODELAY on every accepted connection, as the engines we stand in for have it
-    # (vLLM, SGLang and llama-cpp-python serve through uvicorn on asyncio, which sets it on
-    # every TCP transport). Without it a response is two small writes (headers, then body) and
-    # the body waits for the ACK of the headers, which a keep-alive peer that delays its ACKs
-    # (smg) sends ~40 ms later: every routed chat after a connection's first paid that.
+    # TCP_NODELAY, as the engines we stand in for have it (uvicorn sets it on every transport):
+    # without it a response's body waits for the ACK of its headers, which a keep-alive peer
+    # that delays its ACKs (smg) sends late.
     disable_nagle_algorithm = True
     state: StubState  # set on the subclass made by make_server
 
@@ -150,10 +149,15 @@ class Handler(BaseHTTPRequestHandler):
                 f"prompt has {prompt.tokens} tokens, more than max_model_len {st.options.max_model_len}",
             )
             return
-        if not st.admit():
+        before = st.admit()
+        if before is None:
             self._error(503, "shutting down (exit-after)")
             return
+        late = st.late_effects(before)
         try:
+            if late.http_500:
+                self._error(500, "injected fault (http-500)")
+                return
             o = st.options
             completion = complete(
                 prompt,
@@ -163,19 +167,19 @@ class Handler(BaseHTTPRequestHandler):
                 verbose_default=o.verbose_default,
                 default_max_tokens=o.default_max_tokens,
             )
-            pacer = Pacer(o, prompt.tokens, t0)
+            pacer = Pacer(o, prompt.tokens, t0, late)
             if path == "/v1/responses":
                 pacer.wait_for(max(completion.completion_tokens - 1, 0))
                 self._send_json(200, self._responses_body(prompt, completion))
             elif body.get("stream"):
-                self._stream_chat(prompt, completion, pacer, body)
+                self._stream_chat(prompt, completion, pacer, body, truncate=late.truncate)
             else:
                 pacer.wait_for(max(completion.completion_tokens - 1, 0))
                 self._send_json(200, self._chat_body(prompt, completion))
             timing = pacer.timing()
             if timing is not None:
                 with st.lock:
-                    st.timings.append({"seq": next(st.timing_seq), **timing})
+                    st.timings.append({"seq": next(st.timing_seq), **timing, "late_faults": [*late.kinds]})
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away; nothing to answer
         finally:
@@ -207,7 +211,15 @@ class Handler(BaseHTTPRequestHandler):
             "usage": _usage(prompt, c),
         }
 
-    def _stream_chat(self, prompt: Prompt, c: Completion, pacer: Pacer, body: Mapping[str, object]) -> None:
+    def _stream_chat(
+        self,
+        prompt: Prompt,
+        c: Completion,
+        pacer: Pacer,
+        body: Mapping[str, object],
+        *,
+        truncate: bool = False,
+    ) -> None:
         st = self.state
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -241,7 +253,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             deltas.extend({"content": t} for t in c.content_tokens)
         cut_at = None
-        if "truncate-stream" in st.options.faults:
+        if truncate or "truncate-stream" in st.options.faults:
             cut_at = len(c.reasoning_tokens) + len(c.content_tokens) // 2
         if not deltas:
             self._sse(chunk({"role": "assistant", "content": ""}))
@@ -362,8 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_line(f"anvil-stub: serving {options.served_model!r} on {options.host}:{options.port}")
     with state.lock:
         state.print_log_lines()
-    while not state.stop.wait(0.5):
-        pass
+    while not state.stop.wait(0.1 if options.late_faults else 0.5):
+        state.tick()
     server.shutdown()
     server.server_close()
     for fh in held:

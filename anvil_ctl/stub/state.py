@@ -1,7 +1,8 @@
 """The stub's shared state (counters, knobs, measured timings) and the pacing of its tokens.
 
 `StubState` holds one stub process's counters behind a lock and decides when
---exit-after and --restart-after end it; `Pacer` sleeps until each token's absolute
+--exit-after, --restart-after and a late `exit` fault end it (and when a late `fatal-log`
+prints); `Pacer` sleeps until each token's absolute
 due time and notes what the completion really took.
 """
 
@@ -15,6 +16,7 @@ import time
 from collections import deque
 
 from anvil_ctl.stub.options import StubOptions
+from anvil_ctl.stub.schedule import FATAL_LINE, Effects, effects
 
 EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
 RESTARTED_ENV = "ANVIL_STUB_RESTARTED"  # set across the re-exec: --restart-after restarts once
@@ -41,9 +43,37 @@ class StubState:
         self.exit_code = 0
         self.restart = False
         self.logged = bool(os.environ.get(RESTARTED_ENV))  # printed before the restart already
-        self.timings: deque[dict[str, float]] = deque(maxlen=TIMINGS_KEPT)
-        """What the newest completions really took (Pacer.timing), numbered by `seq`."""
+        self.timings: deque[dict[str, object]] = deque(maxlen=TIMINGS_KEPT)
+        """What the newest completions really took (Pacer.timing), numbered by `seq`, with the
+        late faults due for each (`late_faults`)."""
         self.timing_seq = itertools.count(1)
+        self.fatal_logged = False
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def late_effects(self, completions: int) -> Effects:
+        """What the late faults do to a completion that `completions` others preceded."""
+        return effects(self.options.late_faults, completions, self.elapsed())
+
+    def tick(self) -> None:
+        """The late faults whose onset is a time: the fatal line, the exit."""
+        with self.lock:
+            self._late(self.completions_done)
+
+    def _late(self, done: int) -> None:
+        """Fire the late `fatal-log` (once) and `exit` faults now due (caller holds the lock)."""
+        now = self.elapsed()
+        for fault in self.options.late_faults:
+            if not fault.due(done, now):
+                continue
+            if fault.kind == "fatal-log" and not self.fatal_logged:
+                self.fatal_logged = True
+                log_line(FATAL_LINE)
+            elif fault.kind == "exit" and not self.stop.is_set():
+                log_line("anvil-stub: exiting: injected fault (exit)")
+                self.exit_code = EXIT_AFTER_CODE
+                self.stop.set()
 
     def warming(self) -> bool:
         return time.monotonic() - self.started < self.options.slow_start
@@ -51,14 +81,15 @@ class StubState:
     def healthy(self) -> bool:
         return not self.options.fail_health and not self.warming()
 
-    def admit(self) -> bool:
-        """Count a completion in; False once --exit-after's budget is used up."""
+    def admit(self) -> int | None:
+        """Count a completion in and return how many others began before it; None once
+        --exit-after's budget is used up or a late `exit` stopped the engine."""
         with self.lock:
             limit = self.options.exit_after
-            if limit is not None and self.completions_started >= limit:
-                return False
+            if (limit is not None and self.completions_started >= limit) or self.stop.is_set():
+                return None
             self.completions_started += 1
-            return True
+            return self.completions_started - 1
 
     def finished(self) -> None:
         with self.lock:
@@ -68,6 +99,7 @@ class StubState:
             if limit is not None and self.completions_done >= limit:
                 self.exit_code = EXIT_AFTER_CODE
                 self.stop.set()
+            self._late(self.completions_done)
             again = self.options.restart_after
             if again is not None and self.completions_done >= again and not os.environ.get(RESTARTED_ENV):
                 self.restart = True
@@ -99,9 +131,15 @@ class Pacer:
     sleeps overshoot, and what the stub really emitted is what a client can measure.
     """
 
-    def __init__(self, options: StubOptions, prompt_tokens: int, t0: float) -> None:
+    def __init__(
+        self, options: StubOptions, prompt_tokens: int, t0: float, late: Effects | None = None
+    ) -> None:
+        late = late or Effects()
         self.prefill_s = prompt_tokens / options.prefill_tps if options.prefill_tps > 0 else 0.0
+        self.prefill_s += late.extra_first_token_s
         self.step_s = 1.0 / options.decode_tps if options.decode_tps > 0 else 0.0
+        if late.decode_tps_cap is not None:
+            self.step_s = max(self.step_s, 1.0 / late.decode_tps_cap)
         self.t0 = t0
         self.prompt_tokens = prompt_tokens
         self.first: float | None = None

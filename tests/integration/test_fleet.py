@@ -37,9 +37,11 @@ from anvil_ctl.adapters.credentials import resolve_credentials
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.bootstrap import App
-from anvil_ctl.config import Settings, load_host_config
+from anvil_ctl.config.host import load_host_config
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.engine.lock import held_locks
-from anvil_ctl.recipes import container_spec, load_recipe
+from anvil_ctl.recipes.model import load_recipe
+from anvil_ctl.recipes.spec import container_spec
 from scripts.campaign import reserve_waiver, verified_decision
 from scripts.routers import Proc, start_haproxy
 from tests.integration import second_env

@@ -20,12 +20,12 @@ from sqlalchemy import text
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, serves, transactions
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.persistence import gpu_ledger
 from anvil_ctl.persistence.migrate import upgrade
-from anvil_ctl.recipes import load_recipe
+from anvil_ctl.recipes.model import load_recipe
 from tests.integration.hosts import sim_host_toml
 
 pytestmark = pytest.mark.integration

@@ -37,7 +37,7 @@ from anvil_ctl.adapters.hfcache import HfCache, repo_folder
 from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import ContainerSpec, Mount
-from anvil_ctl.recipes import Recipe, load_recipe
+from anvil_ctl.recipes.model import Recipe, load_recipe
 from tests.integration.conftest import find_free_port
 
 REPO = Path(__file__).resolve().parents[2]

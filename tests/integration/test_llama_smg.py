@@ -23,9 +23,10 @@ import httpx
 import pytest
 
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
-from anvil_ctl.config import load_host_config
+from anvil_ctl.config.host import load_host_config
 from anvil_ctl.core.errors import NotFound
-from anvil_ctl.recipes import container_spec, load_recipe
+from anvil_ctl.recipes.model import load_recipe
+from anvil_ctl.recipes.spec import container_spec
 from scripts.llama_host import BINDING, INCUMBENT_MODEL, INCUMBENT_RECIPE, REPO, wait_listed
 from scripts.routers import start_smg
 

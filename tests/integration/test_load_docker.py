@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import serves, transactions
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.persistence.migrate import upgrade

@@ -17,7 +17,8 @@ import httpx
 
 from anvil_ctl.core.engine_profile import STUB
 from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.gates import GateContext, LogAudit
+from anvil_ctl.qualify.gates.base import GateContext
+from anvil_ctl.qualify.gates.host import LogAudit
 from anvil_ctl.qualify.results import GateResult
 from tests.integration.conftest import StubFactory, stub_url
 

@@ -24,8 +24,8 @@ import pytest
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import qualify as qualify_cmd
-from anvil_ctl.config import Settings
-from anvil_ctl.gpu.waiver_policy import Waiver
+from anvil_ctl.config.settings import Settings
+from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.persistence import waiver_rows
 from tests.integration.hosts import sim_host_toml
 

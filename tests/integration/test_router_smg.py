@@ -28,7 +28,8 @@ from anvil_ctl.adapters.smg import SmgRouter
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recheck, transactions
 from anvil_ctl.commands.reconcile import reconcile
-from anvil_ctl.config import RouterConfig, Settings
+from anvil_ctl.config.host import RouterConfig
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.errors import AuthRejected, CredentialError
 from anvil_ctl.core.states import TxState
 from anvil_ctl.persistence.migrate import upgrade

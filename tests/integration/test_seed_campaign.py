@@ -304,7 +304,7 @@ class TestSeedCampaign:
     def test_11b_recheck_names_each_drift_injected_one_at_a_time(self, camp: Campaign) -> None:
         from anvil_ctl.adapters.credentials import resolve_credentials
         from anvil_ctl.adapters.smg import SmgRouter
-        from anvil_ctl.config import load_host_config
+        from anvil_ctl.config.host import load_host_config
         from tests.integration.hosts import stub_container_spec
 
         def failed() -> list[str]:

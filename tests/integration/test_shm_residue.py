@@ -25,7 +25,7 @@ from sqlalchemy import text
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recheck, serves, transactions
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import ContainerSpec
 from anvil_ctl.core.states import TxState

@@ -78,7 +78,9 @@ SEED_WORLD = f"""
 import sys
 from pathlib import Path
 from anvil_ctl.core.model import ContainerSpec
-from anvil_ctl.testing.fakes import FakeRouter, FakeRuntime, FakeWorld
+from anvil_ctl.testing.router import FakeRouter
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 world = FakeWorld(Path(sys.argv[1]))
 world.add_gpu("GPU-aaaaaaaa-0000-0000-0000-000000000001", 97887)
 world.add_gpu("GPU-bbbbbbbb-0000-0000-0000-000000000002", 97887)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import transactions
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.model import (
     LABEL_MANAGED,
     LABEL_RECIPE_DIGEST,
@@ -18,7 +18,8 @@ from anvil_ctl.core.model import (
 )
 from anvil_ctl.engine.plans.args import Candidate
 from anvil_ctl.persistence.migrate import upgrade
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 HOST_TOML = """
 host = "testhost"

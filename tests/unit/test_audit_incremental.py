@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,13 +25,12 @@ from anvil_ctl.persistence import rechecks
 from anvil_ctl.persistence.chainwalk import Refs
 from anvil_ctl.persistence.models import HISTORY_TABLES
 from tests.unit.fakehost import FakeHost
-from tests.unit.rawjournal import JournalRow
 
 
 @contextmanager
 def sql(host: FakeHost) -> Iterator[sqlite3.Connection]:
     con = sqlite3.connect(host.settings.state_dir / "anvil.db")
-    con.row_factory = JournalRow
+    con.row_factory = sqlite3.Row
     try:
         yield con
         con.commit()
@@ -88,8 +88,9 @@ class TestCheckpoints:
     def test_a_failed_run_records_no_checkpoint(self, checked: FakeHost) -> None:
         with sql(checked) as con:
             con.execute(
-                "INSERT INTO rechecks (slot, passed, failed_json, assertions_json, snapshot_sha256, at) "
-                "VALUES ('primary', 1, '[]', '[]', '', 'forged')"
+                "INSERT INTO rechecks (slot, passed, failed_json, assertions_json, snapshot_sha256, at, "
+                "host_id) VALUES ('primary', 1, '[]', ?, '', 'forged', 1)",
+                (zlib.compress(b"[]"),),
             )
             checkpoints = con.execute("SELECT count(*) FROM audit_checkpoints").fetchone()[0]
         assert not verify(checked)["ok"]
@@ -113,8 +114,9 @@ class TestWhenTheCheckpointCannotBeTrusted:
     ) -> None:
         with sql(checked) as con:  # INSERT passes the triggers; the journal does not cover it
             con.execute(
-                "INSERT INTO rechecks (slot, passed, failed_json, assertions_json, snapshot_sha256, at) "
-                "VALUES ('primary', 1, '[]', '[]', '', 'forged')"
+                "INSERT INTO rechecks (slot, passed, failed_json, assertions_json, snapshot_sha256, at, "
+                "host_id) VALUES ('primary', 1, '[]', ?, '', 'forged', 1)",
+                (zlib.compress(b"[]"),),
             )
         report = verify(checked)
         assert not report["ok"]
@@ -179,7 +181,7 @@ class TestWhenTheCheckpointCannotBeTrusted:
             counts["audit_checkpoints"] += 1
             con.execute(
                 "INSERT INTO audit_checkpoints (seq, hash, schema_version, counts_json, mode, "
-                "entries_checked, rows_checked, at) VALUES (?, ?, ?, ?, 'full', 0, 0, 'forged')",
+                "entries_checked, rows_checked, at, host_id) VALUES (?, ?, ?, ?, 'full', 0, 0, 'forged', 1)",
                 (seq, digest, version, json.dumps(counts)),
             )
         report = verify(checked)
@@ -216,7 +218,7 @@ class TestCost:
 class TestTheRefIndex:
     """What a full walk holds per covered row: dense integer keys in arrays, the rest in a dict."""
 
-    D1, D2 = bytes(range(32)), bytes(range(1, 33))
+    D1, D2 = bytes(range(16)), bytes(range(1, 17))
 
     def test_keys_come_back_with_their_digest_and_entry_once(self) -> None:
         refs = Refs()

@@ -20,7 +20,7 @@ import pytest
 
 from anvil_ctl import cli, log
 from anvil_ctl.adapters.credentials import resolve_credentials
-from anvil_ctl.config import RouterConfig
+from anvil_ctl.config.host import RouterConfig
 from anvil_ctl.core.errors import CredentialError
 from anvil_ctl.core.states import ExitCode
 from tests.unit.badinput_cases import CASES, CREDENTIALS, SECRET, Case, CredentialCase

@@ -8,8 +8,8 @@ import pytest
 from anvil_ctl.cli import app
 from anvil_ctl.cli.app import root
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, TxState
+from anvil_ctl.core.waiver import POLICIES
 from anvil_ctl.engine.plans import KINDS
-from anvil_ctl.gpu.waiver_policy import POLICIES
 from tests.unit.clidocs import check_line
 
 GLOBAL_OPTIONS = {"--config", "--state-db", "--state-dir", "--json", "--debug"}

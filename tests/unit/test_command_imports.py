@@ -21,7 +21,7 @@ NEVER = ("openai", "alembic", "mako", "anvil_ctl.qualify", "anvil_ctl.acceptance
 
 # What a read-only command has no use for: the plans, their runner and the host lock (recheck
 # imports reconcile only when --repair router runs it), and the PostgreSQL dialect (its drivers'
-# modules, ~45 ms) on a SQLite state database (`persistence.base.partial_index`).
+# modules, ~45 ms) on a SQLite state database (`persistence.models.partial_index`).
 READ_ONLY_NEVER = (
     "anvil_ctl.engine.plans",
     "anvil_ctl.engine.runner",
@@ -97,7 +97,7 @@ WARM = """
 import json, sys
 from pathlib import Path
 from anvil_ctl.bootstrap import App
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 state_dir, config, backend = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 settings = Settings(state_dir=state_dir, config=config, backend=backend, _env_file=None)
 app = App(settings=settings, env={})

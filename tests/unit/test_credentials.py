@@ -14,8 +14,10 @@ from anvil_ctl.adapters.credentials import (
     resolve_credentials,
     resolve_token,
 )
-from anvil_ctl.config import RouterConfig
-from anvil_ctl.core.errors import CredentialError
+from anvil_ctl.bootstrap import UnresolvedCredentialsRouter
+from anvil_ctl.config.host import RouterConfig
+from anvil_ctl.core.errors import AuthRejected, CredentialError
+from anvil_ctl.core.ports import Router
 
 ADMIN = "adm-4f1c2e-secret"
 CLIENT = "cli-9b7a55-secret"
@@ -125,3 +127,43 @@ class TestResolveCredentials:
         monkeypatch.setenv("ANVIL_ROUTER_CLIENT_TOKEN", "process-env-token")
         with pytest.raises(CredentialError):
             resolve_credentials(RouterConfig(), {}, need_admin=False)
+
+
+class TestUnresolvedCredentialsRouter:
+    """What the real world routes through when the router's tokens cannot be resolved."""
+
+    def _router(self) -> UnresolvedCredentialsRouter:
+        return UnresolvedCredentialsRouter(
+            CredentialError("no router admin token was resolved", kind="admin")
+        )
+
+    @pytest.mark.parametrize(
+        ("call", "args"),
+        [
+            ("probe_credentials", ()),
+            ("backends", ("primary-local",)),
+            ("register", ("primary-local", "http://127.0.0.1:8001", ("llm.primary",))),
+            ("deregister", ("primary-local", "http://127.0.0.1:8001")),
+            ("drain", ("primary-local",)),
+            ("readmit", ("primary-local", "http://127.0.0.1:8001", ("llm.primary",), "m", 1.0)),
+            ("routed_chat", ("llm.primary",)),
+            ("check_route", ("primary-local", "http://127.0.0.1:8001", "m")),
+            ("ready", ()),
+        ],
+    )
+    def test_every_call_of_the_port_refuses_naming_the_credential_problem(
+        self, call: str, args: tuple
+    ) -> None:
+        with pytest.raises(
+            AuthRejected, match="router credentials unavailable: no router admin token"
+        ) as info:
+            getattr(self._router(), call)(*args)
+        assert info.value.data == {"kind": "admin"}
+
+    def test_it_is_a_router_whose_view_names_the_problem_and_that_has_nothing_to_close(self) -> None:
+        router = self._router()
+        assert isinstance(router, Router)
+        assert router.view("primary-local") == {"tier": "primary-local", "error": "credentials unavailable"}
+        assert getattr(router, "close", None) is None
+        with pytest.raises(AttributeError):
+            router.anything_else  # noqa: B018

@@ -17,14 +17,15 @@ import pytest
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import gpus_and_waivers as gpu_cmd
 from anvil_ctl.commands import lifecycle, recheck, transactions
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, ContainerSpec
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.plans.args import Candidate
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.migrate import upgrade
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 HOST_TOML = """
 host = "llama-host"

@@ -39,7 +39,14 @@ LLAMA_PERF = "\n".join(
 
 class TestTheRegistry:
     def test_every_profile_is_registered_under_its_own_name(self):
-        assert set(ENGINE_PROFILES) == {"openai-compatible", "stub", "sglang", "vllm", "llama-cpp-python"}
+        assert set(ENGINE_PROFILES) == {
+            "openai-compatible",
+            "stub",
+            "sglang",
+            "vllm",
+            "llama-cpp-python",
+            "llama-cpp-python-cuda",
+        }
         assert all(name == p.name for name, p in ENGINE_PROFILES.items())
 
     def test_the_command_lines_engine_choices_are_the_registered_profiles(self):
@@ -93,9 +100,8 @@ class TestLogTriage:
         assert lines[-1].startswith("ValueError: Failed to load model from file:")
         assert not any(line.startswith("llama_model_loader: loaded meta data") for line in lines)
 
-    def test_timing_lines_are_neither_fatal_nor_notices(self):
+    def test_timing_lines_are_not_fatal(self):
         assert LLAMA_CPP_PYTHON.fatal_lines(LLAMA_PERF) == []
-        assert LLAMA_CPP_PYTHON.notice_lines(LLAMA_PERF) == []
 
     def test_a_profile_reads_the_limit_from_a_context_refusal(self):
         message = (

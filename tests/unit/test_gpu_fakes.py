@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
-from anvil_ctl.config import GpuRole
+from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import AdapterError
 from anvil_ctl.core.model import ContainerInfo, GpuProcess
 from anvil_ctl.core.ports import Clock, GpuProbe

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -9,8 +10,11 @@ import pytest
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.model import VramNeed
+from anvil_ctl.core.ports import Clock, GpuProbe
 from anvil_ctl.core.states import TxState
-from anvil_ctl.gpu.release import vram_release_step, wait_for_vram_release
+from anvil_ctl.gpu.release import wait_for_vram_release
 from anvil_ctl.testing.fake_gpus import FakeGpuProbe, ManualClock, reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -88,6 +92,43 @@ class TestWaitForVramRelease:
                 probe, ManualClock(), {"compute-c": gone}, need_mib=1, reserve_mib=0, deadline_s=60
             )
         assert info.value.data["after"] == {gone: None}
+
+
+def vram_release_step(
+    probe: GpuProbe,
+    clock: Clock,
+    uuids: Mapping[str, str],
+    *,
+    reserve_mib: Mapping[str, int],
+    deadline_s: float,
+    poll_s: float = 1.0,
+    default_need_mib: int = 0,
+) -> Callable[[VramNeed], JSONObject]:
+    """A VRAM-release gate with fixed reserves (no waivers), as a world's `vram_release`.
+
+    `uuids` and `reserve_mib` cover every host role (role -> UUID, role -> the
+    reserve in force); the need's roles select the cards, and its `need_mib` (per
+    card; `default_need_mib` where it is 0) is the need.
+    """
+
+    def gate(need: VramNeed) -> JSONObject:
+        roles = need.roles
+        if not roles:
+            return {"skipped": "the candidate uses no GPU role"}
+        unknown = sorted(set(roles) - set(uuids))
+        if unknown:
+            raise StepFailed(f"VRAM release: roles not in the host config: {unknown}")
+        return wait_for_vram_release(
+            probe,
+            clock,
+            {r: uuids[r] for r in roles},
+            need_mib=need.need_mib or default_need_mib,
+            reserve_mib={r: reserve_mib[r] for r in roles},
+            deadline_s=deadline_s,
+            poll_s=poll_s,
+        )
+
+    return gate
 
 
 class TestVramReleaseInLoad:

@@ -6,7 +6,7 @@ import pytest
 
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.model import GpuReading
-from anvil_ctl.gpu.reserve import ReserveResult, VramReserveGate
+from anvil_ctl.gpu.reserve import VramReserveGate
 from anvil_ctl.testing.fake_gpus import reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -72,7 +72,6 @@ class TestVramReserveGate:
             "margin_mib": -971,
             "passed": False,
         }
-        assert ReserveResult.from_evidence(evidence) == result
 
     def test_a_reserve_for_a_role_without_uuid_is_a_config_error(self) -> None:
         with pytest.raises(ConfigError, match="no GPU UUID"):

@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from anvil_ctl.config import HostConfig
+from anvil_ctl.config.host import HostConfig
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.gpu.naming import assign_role_names, role_name
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml

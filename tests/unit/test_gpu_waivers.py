@@ -7,17 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.model import canonical_json
+from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.gpu.reserve import ReserveResult, VramReserveGate
-from anvil_ctl.gpu.waiver_policy import (
-    Decision,
-    Waiver,
-    effective_reserve,
-    outcome_of,
-    parse_scope,
-    reclassify,
-)
+from anvil_ctl.gpu.waiver_policy import Decision, effective_reserve, outcome_of, parse_scope, reclassify
 from anvil_ctl.testing.fake_gpus import reading
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)

@@ -17,7 +17,7 @@ from anvil_ctl.adapters.procfs import proc_cgroup_container
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.commands import gpus_and_waivers as gpu_cmds
-from anvil_ctl.config import GpuRole
+from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.model import LABEL_SLOT, GpuProcess
 from anvil_ctl.core.states import TxState
 from anvil_ctl.core.steps import StepContext

@@ -4,9 +4,8 @@ At 100k transactions `audit history --slot primary --limit 20` took 5.4 s (every
 read through one IN list of every transaction ID, then all but 20 dropped) and `rollback --to
 CONTAINER` 9.8 s before its first guard (the same whole history to match REF as a transaction
 prefix, then every identity of the slot read and sorted to find the newest naming the
-container). After that, counting the slot's revisions (their numbers) was still 0.6 s of SQL at
-100k: from migration 0021 on the projection keeps each revision's number. The numbers and
-serves they answer are those of the whole history.
+container). The projection keeps each revision's number, so nothing counts them. The numbers
+and serves they answer are those of the whole history.
 """
 
 from __future__ import annotations
@@ -16,13 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
 
 from anvil_ctl.commands import audit, lifecycle
 from anvil_ctl.engine.plans.rollback import resolve_target
 from anvil_ctl.persistence import queries
-from anvil_ctl.persistence.db import make_engine
-from anvil_ctl.persistence.migrate import alembic_config
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.forge import db_file
 from tests.unit.test_projection import SLOT, _statements, _story, total_steps, vm_steps
@@ -147,11 +143,10 @@ _COUNTED = """
     AND EXISTS (SELECT 1 FROM transaction_states r WHERE r.tx_id = t.tx_id AND r.state = 'running')
     ORDER BY (SELECT MIN(s.id) FROM transaction_states s WHERE s.tx_id = t.tx_id)
 """
-"""How anvilctl before migration 0021 numbered a slot's revisions: it counted them, in the
-order of each one's first state row."""
+"""A slot's revisions counted from history: in the order of each one's first state row."""
 
 
-def test_the_numbers_kept_are_those_counted_before_and_0021_gives_them_to_an_old_history(
+def test_the_numbers_kept_are_those_history_counts_and_a_rebuild_gives(
     tmp_path: Path,
 ) -> None:
     host = _story(make_fake_host(tmp_path), cycles=2)
@@ -162,18 +157,6 @@ def test_the_numbers_kept_are_those_counted_before_and_0021_gives_them_to_an_old
     assert len(counted) >= 8 and [r["tx_id"] for r in every] == counted
     assert [r["revision"] for r in every] == list(range(1, len(counted) + 1))
 
-    engine = make_engine(f"sqlite:///{db_file(host)}")
-    try:
-        command.downgrade(alembic_config(engine), "0020")  # a history recorded before 0021
-        with sqlite3.connect(db_file(host)) as con:
-            columns = {r[1] for r in con.execute("PRAGMA table_info(tx_current)")}
-            indexes = {r[1] for r in con.execute("PRAGMA index_list(decisions)")}
-        assert "revision" not in columns and "ix_decisions_at" not in indexes
-        command.upgrade(alembic_config(engine), "head")
-    finally:
-        engine.dispose()
-    app = host.app()
-    assert audit.history(app, slot=SLOT, limit=10_000) == every
     assert audit.verify(app, full=True)["ok"]  # the projection equals a rebuild from history
     # and the next revision continues from the numbers it was given
     lifecycle.rollback(app, slot=SLOT)

@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from anvil_ctl.adapters.credentials import Secret, read_credential_file, resolve_token
-from anvil_ctl.config import HostConfig, load_host_config
+from anvil_ctl.config.host import HostConfig, load_host_config
 from anvil_ctl.core.errors import BadInput, ConfigError, CredentialError, RecipeError
 from anvil_ctl.evidence.bundle import read_manifest, verify_bundle
-from anvil_ctl.recipes import Recipe, load_recipe
+from anvil_ctl.recipes.model import Recipe, load_recipe
 from tests.unit.badinput_cases import BASE_RECIPE, HOST
 
 EXAMPLES = int(os.environ.get("ANVIL_PROPERTY_EXAMPLES", "200"))

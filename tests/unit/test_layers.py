@@ -6,7 +6,8 @@ adapter; nobody but the composition root (`anvil_ctl.bootstrap`) reaches the
 shipped fakes in `anvil_ctl.testing`. The table below is the whole rule set:
 `LAYERS` says which modules make up each layer, `MAY_IMPORT` which other
 layers each one may import, `ONLY_IN` where each restricted library (or
-persistence-private module) may be imported.
+persistence-private module) may be imported. No module imports itself back through
+others: the tree's import graph has no cycle (no strongly connected set of modules).
 
 The scan is static: every module of `anvil_ctl/` and `migrations/` is parsed
 with `ast`, and every `import` / `from` statement counts wherever it stands
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -111,8 +112,8 @@ ONLY_IN: dict[str, frozenset[str]] = {
     # ORM rows, DDL and the audit chain's session-level code never leave persistence.
     "anvil_ctl.persistence.models": frozenset({"persistence", "migrations"}),
     "anvil_ctl.persistence.ddl": frozenset({"persistence", "migrations"}),
-    # ... but the migration that brings rows written before it under the chain appends with it.
-    "anvil_ctl.persistence.audit": frozenset({"persistence", "migrations"}),
+    "anvil_ctl.persistence.current_models": frozenset({"persistence", "migrations"}),
+    "anvil_ctl.persistence.audit": frozenset({"persistence"}),
     # Foreign SDKs stay behind their adapter.
     "docker": frozenset({"adapters"}),
     "pynvml": frozenset({"anvil_ctl.adapters.nvml"}),
@@ -250,6 +251,42 @@ def tree_violations() -> tuple[Violation, ...]:
     return tuple(v for module, names in sorted(_scan().items()) for v in check(module, names))
 
 
+def import_cycles(graph: Mapping[str, Collection[str]]) -> list[tuple[str, ...]]:
+    """Every import cycle of `graph` (module -> what it imports): each strongly connected set
+    of two or more modules, or a module importing itself, sorted (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[tuple[str, ...]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(t for t in graph.get(module, ()) if t in graph):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            members = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(members) > 1 or module in graph[module]:
+                cycles.append(tuple(sorted(members)))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
+def cycles_with(module: str, source: str) -> list[tuple[str, ...]]:
+    """The tree's import cycles if `module` (of the tree or new) had `source` as its text."""
+    graph = dict(_scan())
+    graph[module] = frozenset(imported_names(source, module, is_package=False, known={*graph, module}))
+    return import_cycles(graph)
+
+
 def _known(v: Violation) -> bool:
     return any(v.module == module and _within(v.imported, prefix) for module, prefix in KNOWN_VIOLATIONS)
 
@@ -281,6 +318,10 @@ class TestTheTree:
             if not any(v.module == entry[0] and _within(v.imported, entry[1]) for v in found)
         ]
         assert stale == [], f"{stale} no longer occur: delete them from KNOWN_VIOLATIONS"
+
+    def test_no_module_imports_itself_back_through_others(self) -> None:
+        cycles = import_cycles(_scan())
+        assert cycles == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
     def test_every_module_belongs_to_a_layer(self) -> None:
         assert [m for m in _scan() if layer_of(m) is None] == []
@@ -358,3 +399,21 @@ class TestTheChecker:
         monkeypatch.setitem(globals(), "KNOWN_VIOLATIONS", frozenset({(module, prefix)}))
         planted = check_source(module, f"import {prefix}\nimport anvil_ctl.cli\n")
         assert [v.imported for v in planted if not _known(v)] == ["anvil_ctl.cli"]
+
+
+class TestTheCycleFinder:
+    def test_it_finds_each_strongly_connected_set_once(self) -> None:
+        graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
+        assert import_cycles(graph) == [("a", "b", "c"), ("d", "e")]
+
+    def test_a_module_importing_itself_is_a_cycle_and_a_chain_is_not(self) -> None:
+        assert import_cycles({"a": {"a"}, "b": {"c"}, "c": set()}) == [("a",)]
+
+    def test_it_finds_a_cycle_planted_in_the_tree_through_an_import_inside_a_function(self) -> None:
+        # cli.app reaches places (the default paths); places importing cli.app back closes a circle
+        planted = cycles_with("anvil_ctl.places", "def later():\n    from anvil_ctl.cli import app\n")
+        assert [c for c in planted if "anvil_ctl.places" in c]
+        assert "anvil_ctl.cli.app" in next(c for c in planted if "anvil_ctl.places" in c)
+
+    def test_an_import_only_one_way_closes_no_cycle(self) -> None:
+        assert cycles_with("anvil_ctl.cli.extra", "from anvil_ctl.cli import app\n") == import_cycles(_scan())

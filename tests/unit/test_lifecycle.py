@@ -91,7 +91,7 @@ class TestPromote:
     def test_a_reclassification_counts_only_while_its_waiver_is_active(self, fake_host: FakeHost) -> None:
         from datetime import UTC, datetime
 
-        from anvil_ctl.gpu.waiver_policy import Waiver
+        from anvil_ctl.core.waiver import Waiver
 
         _load(fake_host)
         _decide(fake_host, "policy-infeasible")
@@ -191,7 +191,7 @@ class TestVramAfterAcceptance:
     def test_an_active_reserve_waiver_applies_as_for_qualification(self, fake_host: FakeHost) -> None:
         from datetime import UTC, datetime
 
-        from anvil_ctl.gpu.waiver_policy import Waiver
+        from anvil_ctl.core.waiver import Waiver
 
         _load(fake_host, vram_mib=95786)
         _decide(fake_host, "verified")

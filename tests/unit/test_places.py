@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl import places
-from anvil_ctl.config import Settings, setting_origins
+from anvil_ctl.config.settings import Settings, setting_origins
 from anvil_ctl.places import DefaultPaths, default_paths
 
 

@@ -110,7 +110,7 @@ class TestRegistry:
 CHILD = """
 import sys
 from anvil_ctl.bootstrap import App
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.engine.recover import recover_unfinished
 from anvil_ctl.log import configure
 

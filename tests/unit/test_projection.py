@@ -1,13 +1,10 @@
-"""The current-state projection agrees with history, its reads are indexed, and records are lean.
+"""The current-state projection agrees with history, and its reads are indexed.
 
 - After a random sequence of load, promote and rollback on the shipped fakes (clean,
   compensated, refused, killed at a random journal boundary and recovered), the
   projection the writers kept equals a rebuild from history, table by table.
-- An existing database upgraded to 0007 gets the projection history implies.
 - `EXPLAIN QUERY PLAN` of each README query, and of every query the guards, `status`,
   `recover`, `lock status` and `audit transactions/show` run, scans no history table.
-- A load, promote and rollback cost a measured number of bytes (printed; held under a
-  ceiling so a regression shows).
 """
 
 from __future__ import annotations
@@ -24,16 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
 from sqlalchemy import event
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import admin, audit, fleet, lifecycle, transactions
 from anvil_ctl.commands.recheck import recheck
 from anvil_ctl.persistence import projection, qualification
-from anvil_ctl.persistence.db import make_engine
-from anvil_ctl.persistence.migrate import alembic_config
-from anvil_ctl.persistence.models import HISTORY_TABLES, PROJECTION_TABLES
+from anvil_ctl.persistence.current_models import PROJECTION_TABLES
+from anvil_ctl.persistence.models import HISTORY_TABLES
 from tests.pgserver import execute_as_attacker
 from tests.unit.fakehost import FakeHost, make_fake_host
 
@@ -184,34 +179,8 @@ class TestTheProjectionIsNotHistory:
         con = sqlite3.connect(host.settings.state_dir / "anvil.db")
         snaps = con.execute("SELECT count(*), count(DISTINCT sha256) FROM snapshots").fetchone()
         blobs = con.execute("SELECT count(*) FROM snapshot_blobs").fetchone()[0]
-        empty = con.execute("SELECT count(*) FROM snapshots WHERE body_json <> ''").fetchone()[0]
         con.close()
-        assert blobs == snaps[1] < snaps[0] and empty == 0
-        assert audit.verify(host.app(), full=True)["ok"]
-
-
-class TestUpgradeOfAPopulatedDatabase:
-    def test_0007_builds_the_projection_history_implies(self, tmp_path: Path) -> None:
-        host = make_fake_host(tmp_path)
-        app = host.app()
-        transactions.load(app, slot=SLOT, candidate=host.candidate())
-        _verified(host, 1)
-        lifecycle.promote(host.app(), slot=SLOT, approved_by="operator")
-        transactions.load(host.app(), slot=SLOT, candidate=host.candidate(name="bad", fail_health=True))
-        lifecycle.rollback(host.app(), slot=SLOT)
-        kept = _maintained(host)
-        assert kept["serving_intervals"] and kept["gpu_owner_current"] and kept["tx_current"]
-        db = host.settings.state_dir / "anvil.db"
-        engine = make_engine(f"sqlite:///{db}")
-        command.downgrade(alembic_config(engine), "0005")
-        con = sqlite3.connect(db)
-        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        con.close()
-        assert not set(PROJECTION_TABLES) & names
-        command.upgrade(alembic_config(engine), "head")
-        engine.dispose()
-        assert _maintained(host) == kept
-        assert _compare(host) == []
+        assert blobs == snaps[1] < snaps[0]
         assert audit.verify(host.app(), full=True)["ok"]
 
 
@@ -446,68 +415,3 @@ class TestQueryPlans:
         finally:
             src.close()
             con.close()
-
-
-# -- bytes per transaction ---------------------------------------------------------------------
-
-CEILING_BYTES_PER_TX = 6_900
-"""Pages the database grows by per transaction (tables and indexes): measured 6.5 KB here (19
-pages over 12 transactions: whole pages, so a change moves it by 341 B; the ceiling leaves
-one page for a page split landing inside the measured stretch) with migration 0018's compact
-IDs (link tags 4 bytes, boot IDs 16, snapshot references 32); 7.2 KB (21 pages) before it,
-with migration 0017's compact identities (their digest, container and image IDs as 32 bytes
-each: identities 0.65 -> 0.44 KB of payload); 7.5 KB (22 pages) before it, with migration
-0016's step rows naming their transaction by an integer (`tx_ref`: step rows 1.57 -> 1.13 KB
-of payload, and their index of small ascending integers fills its pages); 8.5 KB (25 pages)
-before it, with migration 0015's dictionary packing (step details 1.97 -> 1.57 KB, arguments
-0.80 -> 0.56 KB of payload); 9.6-9.9 KB (28-29 pages) before it, 9.8 KB over 36
-transactions; 9.6 KB with 0014's GPU ownership events, 0.4 -> 0.26 KB, not a page here) with
-migration 0013's compact history times (8 bytes for 27 of text in the `at` of ~25 rows per
-transaction); 11.6 KB (10.2 KB over 36) before it, with migration 0012's packed step details
-(1.74 -> 0.98 KB of details); 12.3 KB before that, 15.0 KB before migration 0011's lean
-records: 16-byte row digests in the journal (3.1 -> 1.8 KB of journal with the next two),
-time and transaction ID stored compactly in the journal, `batch` entries that leave out the
-events their rows name, new snapshot bodies stored as deltas against the transaction's
-earlier one (1.1 -> 0.55 KB), a before/after diff derived from its two stored snapshots (0.9
--> 0.3 KB), the promotion record naming its VRAM reading instead of copying it, and
-ix_snapshots_sha256 dropped. 22.2-22.9 KB before migration 0010's lean journal, 29.0 KB
-before packing, 40.6 KB before lean records (main at 0005). The target is 8 KB: not met.
-What remains per transaction (payload bytes, over 36 transactions): 13 step rows (~3.0 KB
-plus 0.57 KB of the (tx_id, id) index the README's step query needs: a 36-character tx_id
-and a 27-character time in each, and the step details, the largest the VRAM release's
-readings), 12.7 journal entries (~1.8 KB), the arguments (~0.8 KB: the identities they name,
-in full), two identity rows (~0.65 KB), a snapshot delta (~0.55 KB), GPU ownership events
-(~0.45 KB), snapshot rows, states, the lock. The ceiling holds what was gained."""
-
-
-def _db_bytes(db: Path) -> int:
-    con = sqlite3.connect(db)
-    try:
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return int(con.execute("SELECT sum(pgsize) FROM dbstat").fetchone()[0])
-    finally:
-        con.close()
-
-
-class TestBytesPerTransaction:
-    def test_a_load_promote_rollback_cycle_costs_bytes_under_the_ceiling(
-        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        host = make_fake_host(tmp_path)
-        db = host.settings.state_dir / "anvil.db"
-
-        def cycle(n: int) -> None:
-            transactions.load(host.app(), slot=SLOT, candidate=host.candidate(name=f"c{n}"))
-            _verified(host, n)
-            assert lifecycle.promote(host.app(), slot=SLOT, approved_by="op").state.value == "committed"
-            assert lifecycle.rollback(host.app(), slot=SLOT).state.value == "committed"
-
-        cycle(0)  # warm: the host has served, been promoted and rolled back
-        before = _db_bytes(db)
-        cycles = 4
-        for n in range(1, cycles + 1):
-            cycle(n)
-        per_tx = (_db_bytes(db) - before) / (3 * cycles)
-        with capsys.disabled():
-            print(f"\nbytes per load/promote/rollback transaction, audit rows included: {per_tx:,.0f}")
-        assert per_tx <= CEILING_BYTES_PER_TX

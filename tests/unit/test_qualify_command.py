@@ -12,8 +12,8 @@ from anvil_ctl.commands import evidence as evidence_cmd
 from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.states import TxState
+from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.evidence.bundle import EvidenceWriter, verify_bundle
-from anvil_ctl.gpu.waiver_policy import Waiver
 from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.qualify.profiles import PROFILES_DIR
 from tests.unit.fakehost import FakeHost

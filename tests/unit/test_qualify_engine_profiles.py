@@ -18,11 +18,12 @@ import httpx
 from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON, OPENAI_COMPATIBLE
 from anvil_ctl.evidence.bundle import verify_bundle
 from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.engine_gates import ENGINE_GATE
-from anvil_ctl.qualify.gates import Capacity, GateContext, Smoke
+from anvil_ctl.qualify.gates.base import GateContext
+from anvil_ctl.qualify.gates.capacity import Capacity
+from anvil_ctl.qualify.gates.functional import Smoke
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.results import GateResult
-from anvil_ctl.qualify.runner import run_qualification
+from anvil_ctl.qualify.runner import ENGINE_GATE, run_qualification
 
 MODEL = "smollm2-135m-q4_1-8k"
 TEMPLATE_TOKENS = 30  # what the chat template adds (the default system prompt and role markers)

@@ -17,26 +17,20 @@ import httpx
 import pytest
 
 from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.gates import (
-    Capacity,
-    CodingAgent,
-    Endurance,
-    Gate,
-    GateContext,
+from anvil_ctl.qualify.gates.base import FIXTURES_DIR, Gate, GateContext
+from anvil_ctl.qualify.gates.capacity import Capacity, Endurance
+from anvil_ctl.qualify.gates.coding import CodingAgent
+from anvil_ctl.qualify.gates.functional import (
     Image,
     JsonOutput,
-    LongContextTool,
     Needle,
     Ocr,
     ResponsesApi,
     Smoke,
-    StreamingTool,
     ThinkingControl,
-    ToolResultContinuation,
-    Tools,
-    VramReserve,
 )
-from anvil_ctl.qualify.gates.base import FIXTURES_DIR
+from anvil_ctl.qualify.gates.host import VramReserve
+from anvil_ctl.qualify.gates.tools import LongContextTool, StreamingTool, ToolResultContinuation, Tools
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.results import GateResult
 from anvil_ctl.qualify.runner import run_qualification

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.qualify.gates import Capacity, LogAudit, Tools
+from anvil_ctl.qualify.gates.capacity import Capacity
+from anvil_ctl.qualify.gates.host import LogAudit
+from anvil_ctl.qualify.gates.tools import Tools
 from anvil_ctl.qualify.profiles import available_profiles, load_profile, resolve_profile
 
 

@@ -8,17 +8,11 @@ from typing import Any
 
 import pytest
 
-from anvil_ctl.config import HostConfig, Slot
+from anvil_ctl.config.host import HostConfig, Slot
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import RecipeError
-from anvil_ctl.core.model import sha256_hex
-from anvil_ctl.recipes import (
-    Recipe,
-    check_fits_slot,
-    check_runnable,
-    container_spec,
-    load_recipe,
-    recipe_digest,
-)
+from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
+from anvil_ctl.recipes.spec import check_fits_slot, check_runnable, container_spec
 
 IMAGE_ID = "sha256:" + "a" * 64
 DIGEST_REF = "ghcr.io/org/engine@sha256:" + "b" * 64
@@ -118,7 +112,7 @@ class TestRecipeModel:
 
     def test_parses_a_pinned_model_identity(self) -> None:
         recipe = Recipe.model_validate(fields(engine="sglang", model=f"org/name@{REVISION}"))
-        assert (recipe.model_repo, recipe.model_revision) == ("org/name", REVISION)
+        assert (recipe.model_repo, recipe.model) == ("org/name", f"org/name@{REVISION}")
 
     @pytest.mark.parametrize("model", ["org/name", "org/name@main", f"name@{REVISION}"])
     def test_refuses_a_model_without_a_40_hex_revision(self, model: str) -> None:

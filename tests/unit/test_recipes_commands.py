@@ -13,10 +13,11 @@ from anvil_ctl.commands.recipes import (
     show_recipe,
     validate_recipe,
 )
-from anvil_ctl.config import HostConfig
+from anvil_ctl.config.host import HostConfig
 from anvil_ctl.core.errors import ConfigError, RecipeError
 from anvil_ctl.core.model import config_fingerprint
-from anvil_ctl.recipes import container_spec, load_recipe, recipe_digest
+from anvil_ctl.recipes.model import load_recipe, recipe_digest
+from anvil_ctl.recipes.spec import container_spec
 
 IMAGE_ID = "sha256:" + "a" * 64
 UUID_A = "GPU-00000000-0000-4000-8000-00000000000a"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.commands.recipes import list_recipes, plan_recipe
-from anvil_ctl.config import HostConfig
-from anvil_ctl.recipes import Recipe, load_recipe
+from anvil_ctl.config.host import HostConfig
+from anvil_ctl.recipes.model import Recipe, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"

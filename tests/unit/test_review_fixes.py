@@ -155,7 +155,7 @@ class TestBindingHeldByAStranger:
 class TestAdoptRecordsWhatServes:
     def test_a_context_the_engine_does_not_report_is_refused_naming_both(self, fake_host: FakeHost) -> None:
         from anvil_ctl.core.model import ContainerSpec
-        from anvil_ctl.testing.fakes import FakeRuntime
+        from anvil_ctl.testing.runtime import FakeRuntime
 
         rt = FakeRuntime(fake_host.world)
         other = rt.create(

@@ -24,10 +24,12 @@ from anvil_ctl.adapters.shm import (
     managed_containers,
     remove_residue,
 )
-from anvil_ctl.config import ENGINE_SEGMENTS, HostConfig
+from anvil_ctl.config.host import ENGINE_SEGMENTS, HostConfig
 from anvil_ctl.core.model import LABEL_MANAGED, ContainerSpec, ShmMark
 from anvil_ctl.core.ports import SharedMemory, ShmLedger
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld, MemoryShmLedger
+from anvil_ctl.testing.host import MemoryShmLedger
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 ENGINE = "e" * 64  # a managed container
 OTHER = "0" * 64  # a container anvilctl does not manage
@@ -547,7 +549,7 @@ class TestResidueConfig:
             HostConfig.model_validate({"residue": {"excludes": ["x"]}})
 
     def test_every_field_has_a_description(self) -> None:
-        from anvil_ctl.config import ResidueConfig
+        from anvil_ctl.config.host import ResidueConfig
 
         assert all(f.description for f in ResidueConfig.model_fields.values())
 

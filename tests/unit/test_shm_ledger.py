@@ -11,16 +11,17 @@ from sqlalchemy import text
 
 from anvil_ctl.adapters.shm import ShmScanner
 from anvil_ctl.bootstrap import App, _shm
-from anvil_ctl.config import Settings
+from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.ports import ShmLedger
-from anvil_ctl.persistence import shm_ledger
+from anvil_ctl.persistence import hosts, shm_ledger
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.shm_ledger import StoreShmLedger
 from anvil_ctl.persistence.store import Store
 from anvil_ctl.persistence.verify import verify
-from anvil_ctl.testing.fakes import FakeRuntime, FakeWorld
+from anvil_ctl.testing.runtime import FakeRuntime
+from anvil_ctl.testing.world import FakeWorld
 
 ENGINE = "e" * 64
 
@@ -34,7 +35,9 @@ def db(tmp_path: Path) -> Path:
 def store(db: Path) -> Store:
     engine = make_engine(f"sqlite:///{db}", create=True)
     upgrade(engine)
-    return Store(engine)
+    store = Store(engine)
+    hosts.attach(store, "host-a", machine_id="a" * 32, boot_id="b1")
+    return store
 
 
 def mark(path: str = "/dev/shm/kv-1", ino: int = 11, boot: str = "b1", cid: str = ENGINE) -> ShmMark:
@@ -74,7 +77,7 @@ class TestShmLedgerOnTheStore:
         shm_ledger.record_marks(store, [mark()])  # known: nothing written
         with store.read() as s:
             events = s.execute(text("select event from audit_journal")).scalars().all()
-        assert events == ["shm.marked"]
+        assert events == ["host.registered", "shm.marked"]
         assert verify(store, full=True).ok
 
     def test_a_file_left_by_a_stopped_container_stays_ours_for_the_next_command(

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
-from anvil_ctl.adapters.smg import NIL_WORKER_ID, TIER_LABEL, SmgRouter
+from anvil_ctl.adapters.smg import SmgRouter
+from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, TIER_LABEL
 from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
 from anvil_ctl.core.ports import Router
 

@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 
-from anvil_ctl.core.errors import IllegalTransition
-from anvil_ctl.core.states import ALLOWED_TRANSITIONS, TxState, check_transition
+from anvil_ctl.core.states import ALLOWED_TRANSITIONS, IllegalTransition, TxState, check_transition
 
 S = TxState
 ALLOWED = sorted(ALLOWED_TRANSITIONS)

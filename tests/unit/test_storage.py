@@ -14,8 +14,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.persistence.audit import GENESIS, entry_hash
+from anvil_ctl.persistence.current_models import Base
 from anvil_ctl.persistence.db import make_engine
+from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.migrate import (
     SCHEMA_REVISION,
     alembic_config,
@@ -23,7 +24,7 @@ from anvil_ctl.persistence.migrate import (
     head_revision,
     upgrade,
 )
-from anvil_ctl.persistence.models import Base
+from anvil_ctl.persistence.models import APPEND_ONLY_TABLES
 from tests.pgserver import execute_as_attacker
 from tests.unit.fakehost import FakeHost
 
@@ -183,122 +184,59 @@ class TestAuditChain:
         assert any(p["row_id"] == 2 and "link broken" in p["problem"] for p in result["problems"])
 
 
-class TestUpgradeTo0005:
-    """A database written before the chain covered rows is brought under it by the upgrade."""
+class TestBaseline:
+    """One revision makes the whole schema; databases of development versions before it are refused."""
 
-    def _old_database(self, db: Path) -> None:
-        engine = make_engine(f"sqlite:///{db}", create=True)
-        command.upgrade(alembic_config(engine), "0003")
+    def _schema(self, db: Path) -> list[tuple[str, str, str]]:
         con = sqlite3.connect(db)
-        con.execute(
-            "INSERT INTO transactions VALUES ('tx-old', 'qualify', 'primary', '{}', 1, 'h', 'b', 't0')"
+        rows = con.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE tbl_name <> 'alembic_version' ORDER BY name"
         )
-        con.execute("INSERT INTO transaction_states VALUES (1, 'tx-old', 'committed', '', '{}', 't1')")
-        con.execute(
-            "INSERT INTO decisions VALUES ('dec-old', 'tx-old', 'primary', ?, ?, 'failed', 'smoke', ?, "
-            "NULL, '[]', '[]', '{}', 't2')",
-            ("i" * 64, "c" * 64, "m" * 64),
-        )
-        # A waiver as 0003 wrote it (no gates column: it comes with 0008).
-        con.execute(
-            "INSERT INTO waivers VALUES ('wvr-old', 'vram-reserve', '[\"compute-a\"]', NULL, 0, 'alice', "
-            "'model-only pair', 't3', NULL)"
-        )
-        # The journal as 0003 wrote it: entries without rows.
-        prev = GENESIS
-        for n, event in enumerate(("tx.planned", "tx.committed", "decision"), start=1):
-            digest = entry_hash(prev, n, at=f"t{n}", tx_id="tx-old", event=event, payload="{}")
-            con.execute(
-                "INSERT INTO audit_journal VALUES (?, ?, 'tx-old', ?, '{}', ?, ?)",
-                (n, f"t{n}", event, prev, digest),
-            )
-            prev = digest
-        con.commit()
+        schema = [(t, n, s or "") for t, n, s in rows]
         con.close()
+        return schema
 
-    def test_old_rows_are_covered_and_their_manifests_recorded(self, tmp_path: Path) -> None:
-        self._old_database(tmp_path / "anvil.db")
-        r = subprocess.run(
-            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "db", "upgrade", "--json"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-        )
-        assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["to"] == SCHEMA_REVISION and (tmp_path / "anvil.db.head").is_file()
-        con = sqlite3.connect(tmp_path / "anvil.db")
-        covers = con.execute("SELECT payload_json FROM audit_journal WHERE event = 'audit.cover'").fetchall()
-        manifests = con.execute("SELECT tx_id, kind, sha256 FROM evidence_manifests").fetchall()
-        con.close()
-        assert {json.loads(c[0])["table"] for c in covers} == {
-            "transactions",
-            "transaction_states",
-            "decisions",
-            "waivers",
-            "evidence_manifests",
-        }
-        assert manifests == [("tx-old", "qualify", "m" * 64)]
-        verified = subprocess.run(
-            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "audit", "verify", "--json"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-        )
-        # The waiver was covered by 0005 before 0008 added `gates_json`: NULL there, so its
-        # digest is the one its cover entry recorded. The sixth row: this first use registered
-        # its host (migration 0009's `hosts`).
-        assert verified.returncode == 0, verified.stdout
-        assert json.loads(verified.stdout)["rows_checked"] == 6
+    def test_every_history_table_and_the_journal_refuse_update_delete_and_replace(
+        self, tmp_path: Path
+    ) -> None:
+        db = tmp_path / "anvil.db"
+        upgrade(make_engine(f"sqlite:///{db}", create=True))
+        triggers = {n for t, n, _ in self._schema(db) if t == "trigger"}
+        assert triggers == set(expected_triggers("sqlite", APPEND_ONLY_TABLES))
 
-    def test_an_old_row_edited_after_the_upgrade_is_named(self, tmp_path: Path) -> None:
-        self._old_database(tmp_path / "anvil.db")
-        upgrade(make_engine(f"sqlite:///{tmp_path / 'anvil.db'}"))
-        con = sqlite3.connect(tmp_path / "anvil.db")
-        con.execute("DROP TRIGGER decisions_no_update")
-        con.execute("UPDATE decisions SET outcome = 'verified'")
-        con.commit()
-        con.close()
-        r = subprocess.run(
-            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "audit", "verify", "--json"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-        )
-        assert r.returncode == 6
-        problems = json.loads(r.stdout)["problems"]
-        assert any(p.get("table") == "decisions" and p.get("key") == "dec-old" for p in problems)
-
-
-class TestGateWaiverMigration:
-    """0008 adds `waivers.gates_json`: NULL where a waiver names no gates, triggers kept."""
-
-    def _triggers(self, db: Path) -> set[str]:
-        con = sqlite3.connect(db)
-        rows = con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'waivers'")
-        names = {r[0] for r in rows}
-        con.close()
-        return names
-
-    def test_down_to_0007_and_up_again_keeps_the_waivers_append_only(self, tmp_path: Path) -> None:
+    def test_down_and_up_again_makes_the_same_schema(self, tmp_path: Path) -> None:
         db = tmp_path / "anvil.db"
         engine = make_engine(f"sqlite:///{db}", create=True)
         upgrade(engine)
-        triggers = self._triggers(db)
-        assert {"waivers_no_update", "waivers_no_delete", "waivers_no_replace"} <= triggers
-        command.downgrade(alembic_config(engine), "0007")
-        con = sqlite3.connect(db)
-        columns = {r[1] for r in con.execute("PRAGMA table_info(waivers)")}
-        view = {r[1] for r in con.execute("PRAGMA table_info(v_waivers)")}
-        con.close()
-        assert "gates_json" not in columns and "gates_json" not in view
-        assert self._triggers(db) == triggers
+        schema = self._schema(db)
+        command.downgrade(alembic_config(engine), "base")
+        assert self._schema(db) == []
         command.upgrade(alembic_config(engine), "head")
+        assert self._schema(db) == schema
+
+    @pytest.mark.parametrize("revision", ["0001", "0021"])
+    def test_a_database_of_a_revision_before_the_baseline_is_refused_by_name(
+        self, tmp_path: Path, revision: str
+    ) -> None:
+        db = tmp_path / "anvil.db"
+        engine = make_engine(f"sqlite:///{db}", create=True)
+        upgrade(engine)
         con = sqlite3.connect(db)
-        nullable = {r[1]: not r[3] for r in con.execute("PRAGMA table_info(waivers)")}
-        view = {r[1] for r in con.execute("PRAGMA table_info(v_waivers)")}
+        con.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+        con.commit()
         con.close()
-        assert nullable["gates_json"] and "gates_json" in view
-        assert self._triggers(db) == triggers
+        for attempt in (check_revision, upgrade):
+            with pytest.raises(
+                StateStoreError, match=f"revision {revision}, written by a development version"
+            ):
+                attempt(engine)
+        r = subprocess.run(
+            [sys.executable, "-m", "anvil_ctl", "--state-dir", str(tmp_path), "audit", "transactions"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert r.returncode == 2 and "anvilctl init" in r.stderr, (r.returncode, r.stderr)
 
 
 class TestInit:

@@ -17,6 +17,7 @@ import json
 import logging
 import shutil
 import sqlite3
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,17 +34,16 @@ from anvil_ctl import cli, log
 from anvil_ctl.commands import audit as audit_cmd
 from anvil_ctl.commands import recheck as recheck_cmd
 from anvil_ctl.commands import transactions
-from anvil_ctl.core.model import ShmMark, canonical_json
+from anvil_ctl.core.digest import canonical_json
+from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, shm_ledger, waiver_rows
-from anvil_ctl.persistence.audit import GENESIS, entry_hash
-from anvil_ctl.persistence.coltypes import unpack
+from anvil_ctl.persistence.audit import GENESIS, LINK_TAG, compact_digest, entry_hash
 from anvil_ctl.persistence.coverage import COVERED, UncoveredRows, row_digest
 from anvil_ctl.persistence.models import HISTORY_TABLES, RecheckRow
 from anvil_ctl.persistence.store import Store
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
-from tests.unit.rawjournal import JournalRow
 
 T0 = datetime(2026, 9, 2, 12, 0, tzinfo=UTC)
 
@@ -57,7 +57,7 @@ EDIT_COLUMN = {
     "gpu_ownership_events": "container_id",
     "evidence_manifests": "sha256",
     "audit_checkpoints": "mode",
-    "snapshot_blobs": "at",  # its one other column, the body, is packed; `at` compact (0013)
+    "snapshot_blobs": "at",  # its one other column, the body, is compressed
 }
 
 
@@ -160,7 +160,8 @@ def verify(host: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     def run(*args: str) -> tuple[int, dict[str, Any]]:
         capsys.readouterr()
         code = cli.main(["audit", "verify", "--json", *args])
-        out = capsys.readouterr().out
+        out, err = capsys.readouterr()
+        assert out.strip(), f"audit verify exited {code} without a report; stderr: {err[-2000:]}"
         return code, json.loads(out)
 
     return run
@@ -186,7 +187,7 @@ class Attacker:
     @contextmanager
     def sql(self) -> Iterator[sqlite3.Connection]:
         con = sqlite3.connect(self.db)
-        con.row_factory = JournalRow  # the attacker knows the journal's storage format
+        con.row_factory = sqlite3.Row
         try:
             yield con
             con.commit()
@@ -257,11 +258,11 @@ class Attacker:
 
     def _set_digest(self, con: sqlite3.Connection, table: str, key: Any) -> int:
         raw = con.execute(f"SELECT * FROM {table} WHERE {self.pk(table)} = ?", (key,)).fetchone()
-        # The attacker knows the storage format: a packed JSON body digests as its text.
-        row = {k: unpack(v) if isinstance(v, bytes) else v for k, v in dict(raw).items()}
+        # The attacker knows the storage format: a compressed JSON body digests as its text.
+        row = {k: zlib.decompress(v).decode() if isinstance(v, bytes) else v for k, v in dict(raw).items()}
         entry = self.entry_covering(con, table, key)
         refs = [
-            [t, k, row_digest(COVERED[t], row) if (t, k) == (table, key) else d]
+            [t, k, compact_digest(row_digest(COVERED[t], row)) if (t, k) == (table, key) else d]
             for t, k, d in json.loads(entry["rows_json"])
         ]
         con.execute(
@@ -282,9 +283,11 @@ class Attacker:
                 event=e["event"],
                 payload=e["payload_json"],
                 rows=e["rows_json"],
+                host=e["host_id"],
             )
             con.execute(
-                "UPDATE audit_journal SET prev_hash = ?, hash = ? WHERE id = ?", (prev, digest, e["id"])
+                "UPDATE audit_journal SET prev_hash = ?, hash = ? WHERE id = ?",
+                (prev[:LINK_TAG], digest, e["id"]),
             )
             prev = digest
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.model import Identity
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.observe import observe, serving

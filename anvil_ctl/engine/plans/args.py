@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from pydantic import TypeAdapter
 
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.model import ContainerSpec, Identity, ModelFile
+from anvil_ctl.core.model import ContainerSpec, ModelFile
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.runner import Progress
@@ -96,6 +97,9 @@ class RollbackArgs:
     recorded_sha256: str | None = None
     """The SHA-256 of the newest recorded snapshot in which the target served: what the
     restored placement must equal (its body is in the record once, not in these arguments)."""
+    decided_by: Mapping[str, object] | None = None
+    """A rollback no person asked for: the policy that decided it (`recheck --slo
+    --rollback-on-breach`), who enabled it and until when, and the breaching samples."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,8 @@ class RollbackRequest:
     stopped incumbent after a load, the rollback identity after a promote."""
     restore_group: str | None = None
     restore_group_members: tuple[str, ...] | None = None
+    decided_by: Mapping[str, object] | None = None
+    """The policy that asked for it, when no person did (`RollbackArgs.decided_by`)."""
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, Identity, VramNeed
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, VramNeed
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.guards import (
@@ -40,7 +41,7 @@ from anvil_ctl.engine.serving import (
     wait_serving,
 )
 from anvil_ctl.engine.world import World
-from anvil_ctl.recipes import short_tx
+from anvil_ctl.recipes.spec import short_tx
 
 
 @dataclass

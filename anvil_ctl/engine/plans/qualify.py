@@ -28,17 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import AdapterError, AnvilError, BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import (
-    LABEL_MANAGED,
-    LABEL_RECIPE,
-    LABEL_SLOT,
-    ContainerLog,
-    Identity,
-    sha256_hex,
-)
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_RECIPE, LABEL_SLOT, ContainerLog
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest
@@ -47,7 +42,7 @@ from anvil_ctl.engine.serving import identity_drift, inspect_or_none, profile_of
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import GateEvidence
-from anvil_ctl.recipes import Recipe, load_recipe, recipe_digest
+from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.gates.base import ReserveReading
@@ -99,7 +94,7 @@ def serving_problems(world: World, ident: Identity) -> list[str]:
 
 
 def _engine_died(result: QualificationResult) -> bool:
-    from anvil_ctl.qualify.engine_gates import ENGINE_GATE
+    from anvil_ctl.qualify.runner import ENGINE_GATE
 
     return any(g.name == ENGINE_GATE and not g.passed for g in result.gates)
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from anvil_ctl.core.errors import AdapterError, BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_SLOT, Identity
+from anvil_ctl.core.model import LABEL_SLOT
 from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterCredentialsAccepted

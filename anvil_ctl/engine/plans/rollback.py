@@ -26,8 +26,9 @@ from collections.abc import Mapping
 
 from anvil_ctl.core.errors import BadInput, NeedsOperator
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import Identity, VramNeed
+from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
 from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
@@ -169,6 +170,7 @@ def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
         restore_group=req.restore_group,
         restore_group_members=req.restore_group_members,
         recorded_sha256=served[0] if served else None,
+        decided_by=req.decided_by,
     )
 
 

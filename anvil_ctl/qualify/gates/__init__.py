@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from anvil_ctl.qualify.gates.base import Gate, GateContext, ReserveProbe, ReserveReading
+from anvil_ctl.qualify.gates.base import Gate
 from anvil_ctl.qualify.gates.capacity import Capacity, Endurance
 from anvil_ctl.qualify.gates.coding import CodingAgent
-from anvil_ctl.qualify.gates.functional import JsonOutput, Needle, ResponsesApi, Smoke
-from anvil_ctl.qualify.gates.log_audit import LogAudit
-from anvil_ctl.qualify.gates.media import Image, Ocr
-from anvil_ctl.qualify.gates.reserve import VramReserve
-from anvil_ctl.qualify.gates.thinking import ThinkingControl
+from anvil_ctl.qualify.gates.functional import (
+    Image,
+    JsonOutput,
+    Needle,
+    Ocr,
+    ResponsesApi,
+    Smoke,
+    ThinkingControl,
+)
+from anvil_ctl.qualify.gates.host import LogAudit, VramReserve
 from anvil_ctl.qualify.gates.tools import LongContextTool, StreamingTool, ToolResultContinuation, Tools
 
 GATE_TYPES: dict[str, type[Gate]] = {
@@ -33,27 +38,3 @@ GATE_TYPES: dict[str, type[Gate]] = {
         LogAudit,
     )
 }
-
-__all__ = [
-    "GATE_TYPES",
-    "Capacity",
-    "CodingAgent",
-    "Endurance",
-    "Gate",
-    "GateContext",
-    "Image",
-    "JsonOutput",
-    "LogAudit",
-    "LongContextTool",
-    "Needle",
-    "Ocr",
-    "ReserveProbe",
-    "ReserveReading",
-    "ResponsesApi",
-    "Smoke",
-    "StreamingTool",
-    "ThinkingControl",
-    "ToolResultContinuation",
-    "Tools",
-    "VramReserve",
-]

@@ -1,4 +1,5 @@
-"""What every gate shares: the context it runs in, its base class, request helpers.
+"""What every gate shares: the context it runs in, its base class, and the requests and
+checks of chat gates.
 
 A gate is a small callable object (STYLE habit 14): `__init__` takes thresholds,
 `await gate(gate_ctx)` returns a `GateResult` with evidence. Gates never raise for a
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +24,7 @@ from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import ContainerLog
-from anvil_ctl.qualify.client import EngineClient
+from anvil_ctl.qualify.client import EngineClient, Message, tool_arguments
 from anvil_ctl.qualify.results import ChatResult, GateKind, GateResult
 from anvil_ctl.qualify.tokens import complete_usage
 
@@ -107,18 +110,22 @@ def _json(value: object) -> JSONValue:
     return str(value)
 
 
+@dataclass(kw_only=True, eq=False)
 class Gate:
-    """Base of all gates. Subclasses set `gate_type`, `kind` and implement `run`."""
+    """Base of all gates: a dataclass whose fields are the profile's parameters (thresholds).
+    Subclasses set `gate_type`, `kind`, their fields, and implement `run`."""
 
     gate_type: ClassVar[str] = "gate"
     kind: ClassVar[GateKind] = "functional"
+    name: str = ""
+    """Unique in its profile; the gate type when not given."""
 
-    def __init__(self, *, name: str | None = None) -> None:
-        self.name = name or self.gate_type
+    def __post_init__(self) -> None:
+        self.name = self.name or self.gate_type
 
     def thresholds(self) -> JSONObject:
-        """The gate's configuration as recorded in its evidence: its public attributes, which
-        `__init__` sets from profile parameters (JSON values; anything else as its str())."""
+        """The gate's configuration as recorded in its evidence: its public attributes, the
+        profile's parameters (JSON values; anything else as its str())."""
         return {k: _json(v) for k, v in vars(self).items() if not k.startswith("_") and k != "name"}
 
     async def __call__(self, gate_ctx: GateContext) -> GateResult:
@@ -191,3 +198,197 @@ def stream_problem(result: ChatResult) -> str | None:
     if result.errors:
         return "stream_error"
     return None
+
+
+# -- comparing answers -------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
+_EDGE = "`'\" \t\r\n."
+
+
+def normalize(text: str) -> str:
+    """Whitespace collapsed, surrounding quotes/backticks/periods removed."""
+    return " ".join(text.split()).strip(_EDGE)
+
+
+def same_text(observed: str, expected: str, *, case: bool = True) -> bool:
+    a, b = normalize(observed), normalize(expected)
+    return a == b if case else a.casefold() == b.casefold()
+
+
+def strip_fence(text: str) -> str:
+    text = text.strip()
+    match = _FENCE.match(text)
+    return match.group(1).strip() if match else text
+
+
+def parse_json(text: str) -> tuple[bool, JSONValue]:
+    """(True, value) when `text` (maybe in a code fence) is JSON, else (False, error)."""
+    try:
+        value: JSONValue = json.loads(strip_fence(text))
+        return True, value
+    except json.JSONDecodeError as exc:
+        return False, str(exc)
+
+
+def has_think_markup(text: str) -> bool:
+    lowered = text.lower()
+    return "<think>" in lowered or "</think>" in lowered
+
+
+@dataclass
+class Checks:
+    """An ordered list of named checks; the first failed one classifies the gate."""
+
+    items: list[JSONObject] = field(default_factory=list)
+
+    def add(self, check: str, ok: bool, classification: str, **observed: JSONValue) -> bool:
+        self.items.append({"check": check, "ok": ok, "classification": classification, **observed})
+        return ok
+
+    @property
+    def passed(self) -> bool:
+        return all(item["ok"] for item in self.items)
+
+    @property
+    def classification(self) -> str:
+        for item in self.items:
+            if not item["ok"]:
+                return str(item["classification"])
+        return "pass"
+
+    @property
+    def failed(self) -> list[str]:
+        return [str(item["check"]) for item in self.items if not item["ok"]]
+
+
+# -- chat requests and the checks every reply or tool call must pass ----------------------------
+
+
+def user(text: str) -> Message:
+    """A user message of plain text."""
+    return {"role": "user", "content": text}
+
+
+def answered(checks: Checks, label: str, attempt: Attempt) -> ChatResult | None:
+    """The attempt's result if it answered and, when streamed, its stream completed.
+
+    Records the `answered` and `stream complete` checks; None when either failed.
+    """
+    result = attempt.result
+    if not checks.add(f"{label}: answered", result is not None, "error", error=attempt.error):
+        return None
+    assert result is not None
+    if result.streamed:
+        problem = stream_problem(result)
+        if not checks.add(
+            f"{label}: stream complete", problem is None, problem or "", errors=list(result.errors)
+        ):
+            return None
+    return result
+
+
+def check_visible_answer(
+    checks: Checks,
+    label: str,
+    content: str,
+    expected: str,
+    *,
+    check: str = "content",
+    observed_chars: int = 500,
+    **extra: JSONValue,
+) -> None:
+    """Visible content is `expected` and carries no think markup."""
+    checks.add(
+        f"{label}: no think markup",
+        not has_think_markup(content),
+        "reasoning_leak",
+        observed=content[:300],
+    )
+    checks.add(
+        f"{label}: {check}",
+        same_text(content, expected),
+        "wrong_answer",
+        expected=expected,
+        observed=content[:observed_chars],
+        **extra,
+    )
+
+
+def check_reply(checks: Checks, label: str, attempt: Attempt, expected: str) -> None:
+    """The common checks of a request that must answer `expected` in visible content."""
+    result = answered(checks, label, attempt)
+    if result is None:
+        return
+    check_visible_answer(checks, label, result.content, expected)
+    checks.add(
+        f"{label}: usage",
+        result.usage is not None and result.usage.completion_tokens > 0,
+        "no_usage",
+        usage=None if result.usage is None else result.usage.prompt_tokens,
+    )
+
+
+def check_tool_call(checks: Checks, label: str, attempt: Attempt, name: str, arguments: JSONObject) -> None:
+    """Exactly one call of `name` whose arguments equal `arguments` as JSON values."""
+    result = answered(checks, label, attempt)
+    if result is None:
+        return
+    calls = result.tool_calls
+    if not checks.add(
+        f"{label}: one tool call",
+        len(calls) == 1,
+        "no_tool_call",
+        observed=[c.name for c in calls],
+        content=result.content[:300],
+    ):
+        return
+    observed = tool_arguments(calls[0])
+    checks.add(
+        f"{label}: exact call",
+        calls[0].name == name and observed == arguments,
+        "bad_tool_args",
+        expected={"name": name, "arguments": arguments},
+        observed={"name": calls[0].name, "arguments": calls[0].arguments},
+    )
+    checks.add(
+        f"{label}: finish_reason",
+        result.finish_reason == "tool_calls",
+        "bad_finish_reason",
+        observed=result.finish_reason,
+    )
+
+
+def effective_context(gate_ctx: GateContext, requested: int) -> int:
+    """The requested nominal context, clamped to the engine's max_model_len when known."""
+    if gate_ctx.max_model_len and requested > gate_ctx.max_model_len:
+        return gate_ctx.max_model_len
+    return requested
+
+
+def body(
+    gate_ctx: GateContext,
+    messages: Sequence[Message],
+    max_tokens: int,
+    *,
+    tools: Sequence[JSONObject] | None = None,
+    response_format: JSONObject | None = None,
+    stream: bool = False,
+) -> JSONObject:
+    """A chat request of the served model, with the run's thinking setting."""
+    return EngineClient.chat_body(
+        gate_ctx.served_model,
+        messages,
+        max_tokens=max_tokens,
+        enable_thinking=gate_ctx.thinking,
+        tools=tools,
+        response_format=response_format,
+        stream=stream,
+    )
+
+
+def finish(gate: Gate, checks: Checks, attempts: list[Attempt], **extra: JSONValue) -> GateResult:
+    """The gate's result: its checks, every request, and `extra` evidence."""
+    evidence: JSONObject = {"checks": [*checks.items], "requests": [a.as_dict() for a in attempts], **extra}
+    summary = "all checks pass" if checks.passed else "failed: " + ", ".join(checks.failed[:5])
+    return gate.result(checks.passed, checks.classification, evidence, summary)

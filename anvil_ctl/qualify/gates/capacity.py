@@ -10,7 +10,7 @@ Classifications: `pass`, `incomplete` (a request failed), `below_threshold`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, get_array, get_float, get_int
@@ -119,37 +119,27 @@ class _Workload(Gate):
         return row
 
 
+@dataclass(kw_only=True, eq=False)
 class Capacity(_Workload):
     """Requests at each nominal context and concurrency; all complete, thresholds met."""
 
     gate_type = "capacity"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        contexts: list[int] | None = None,
-        concurrency: list[int] | None = None,
-        repetitions: int = 3,
-        output_tokens: int = 256,
-        thinking: bool | None = None,
-        ignore_eos: bool = False,
-        skip_above_max_model_len: bool = True,
-        min_decode_tps: float | None = None,
-        min_prefill_tps: float | None = None,
-        max_ttft_s: float | None = None,
-    ) -> None:
-        super().__init__(name=name)
-        self.contexts = contexts or [4096]
-        self.concurrency = concurrency or [1]
-        self.repetitions = repetitions
-        self.output_tokens = output_tokens
-        self.thinking = thinking
-        self.ignore_eos = ignore_eos
-        self.skip_above_max_model_len = skip_above_max_model_len
-        self.min_decode_tps = min_decode_tps
-        self.min_prefill_tps = min_prefill_tps
-        self.max_ttft_s = max_ttft_s
+    contexts: list[int] = field(default_factory=lambda: [4096])
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    repetitions: int = 3
+    output_tokens: int = 256
+    thinking: bool | None = None
+    ignore_eos: bool = False
+    skip_above_max_model_len: bool = True
+    min_decode_tps: float | None = None
+    min_prefill_tps: float | None = None
+    max_ttft_s: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.contexts = self.contexts or [4096]
+        self.concurrency = self.concurrency or [1]
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         cells: list[JSONObject] = []
@@ -248,31 +238,19 @@ class Capacity(_Workload):
         return found
 
 
+@dataclass(kw_only=True, eq=False)
 class Endurance(_Workload):
     """`requests` requests at `concurrency`; at most `max_failures` fail, every failure kept."""
 
     gate_type = "endurance"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        requests: int = 60,
-        concurrency: int = 1,
-        context_tokens: int = 4096,
-        output_tokens: int = 128,
-        thinking: bool | None = None,
-        ignore_eos: bool = False,
-        max_failures: int = 0,
-    ) -> None:
-        super().__init__(name=name)
-        self.requests = requests
-        self.concurrency = concurrency
-        self.context_tokens = context_tokens
-        self.output_tokens = output_tokens
-        self.thinking = thinking
-        self.ignore_eos = ignore_eos
-        self.max_failures = max_failures
+    requests: int = 60
+    concurrency: int = 1
+    context_tokens: int = 4096
+    output_tokens: int = 128
+    thinking: bool | None = None
+    ignore_eos: bool = False
+    max_failures: int = 0
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         jobs = []

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited
-from anvil_ctl.qualify.gates.checks import has_think_markup
+from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, has_think_markup
 from anvil_ctl.qualify.results import GateResult
 
 _BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
@@ -164,11 +163,6 @@ TASKS: tuple[CodingTask, ...] = (
 )
 
 
-def answer_book() -> list[dict[str, str]]:
-    """The stub's `--answer-book` entries: each task's marker -> its reference answer."""
-    return [{"match": task.marker, "answer": task.reference} for task in TASKS]
-
-
 def classify(task: CodingTask, content: str, finish_reason: str | None) -> tuple[str, list[str]]:
     """(classification, problems) of one answer."""
     if has_think_markup(content):
@@ -180,27 +174,17 @@ def classify(task: CodingTask, content: str, finish_reason: str | None) -> tuple
     return ("wrong_answer" if problems else "pass"), problems
 
 
+@dataclass(kw_only=True, eq=False)
 class CodingAgent(Gate):
     """`tasks` x `repetitions` deterministic coding tasks, each answer validated."""
 
     gate_type = "coding"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        repetitions: int = 3,
-        visible_tokens: int = 2048,
-        reasoning_allowance: int = 0,
-        tasks: list[str] | None = None,
-        concurrency: int = 1,
-    ) -> None:
-        super().__init__(name=name)
-        self.repetitions = repetitions
-        self.visible_tokens = visible_tokens
-        self.reasoning_allowance = reasoning_allowance
-        self.tasks = tasks
-        self.concurrency = concurrency
+    repetitions: int = 3
+    visible_tokens: int = 2048
+    reasoning_allowance: int = 0
+    tasks: list[str] | None = None
+    concurrency: int = 1
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         tasks = [t for t in TASKS if not self.tasks or t.id in self.tasks]

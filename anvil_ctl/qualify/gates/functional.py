@@ -1,58 +1,51 @@
-"""Functional gates: smoke, JSON output, Responses API and needle.
-
-Tool-calling gates live in `tools.py`, image and OCR gates in `media.py`; the request
-and reply checks they share in `chat.py` (re-exported here, where they used to live).
+"""Functional gates of chat: smoke, JSON output, Responses API, needle, thinking control
+both ways, an image input, and OCR of fixture images with known text.
 
 Classifications: `pass`, `wrong_answer`, `bad_json`, `reasoning_leak`, `no_usage`,
-`truncated_stream`, `stream_error`, `wrong_model`, `incomplete`, `error`.
+`no_reasoning_channel`, `truncated_stream`, `stream_error`, `wrong_model`, `incomplete`,
+`error`.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypedDict
+
 from anvil_ctl.core.errors import AnvilError
-from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.qualify import prompts
-from anvil_ctl.qualify.gates.base import Gate, GateContext, prompt_digest
-from anvil_ctl.qualify.gates.chat import (
+from anvil_ctl.qualify.client import EngineClient, Message, image_part, text_part
+from anvil_ctl.qualify.gates.base import (
+    Attempt,
+    Checks,
+    Gate,
+    GateContext,
+    answered,
     body,
     check_reply,
-    check_tool_call,
+    check_visible_answer,
     effective_context,
     finish,
+    gather_limited,
+    parse_json,
+    prompt_digest,
+    same_text,
     user,
 )
-from anvil_ctl.qualify.gates.checks import Checks, parse_json, same_text
-from anvil_ctl.qualify.gates.tools import LongContextTool, StreamingTool, ToolResultContinuation, Tools
 from anvil_ctl.qualify.results import ChatResult, GateResult
 
-__all__ = [
-    "JsonOutput",
-    "LongContextTool",
-    "Needle",
-    "ResponsesApi",
-    "Smoke",
-    "StreamingTool",
-    "ToolResultContinuation",
-    "Tools",
-    "body",
-    "check_reply",
-    "check_tool_call",
-    "effective_context",
-    "finish",
-]
 
-
+@dataclass(kw_only=True, eq=False)
 class Smoke(Gate):
     """A plain and a streamed request each answer the marker, with usage, from the served model."""
 
     gate_type = "smoke"
 
-    def __init__(
-        self, *, name: str | None = None, marker: str = "ANVIL-SMOKE-OK", max_tokens: int = 256
-    ) -> None:
-        super().__init__(name=name)
-        self.marker = marker
-        self.max_tokens = max_tokens
+    marker: str = "ANVIL-SMOKE-OK"
+    max_tokens: int = 256
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         checks = Checks()
@@ -73,14 +66,13 @@ class Smoke(Gate):
         return finish(self, checks, attempts)
 
 
+@dataclass(kw_only=True, eq=False)
 class JsonOutput(Gate):
     """`response_format` json_object: the content parses and equals the requested JSON."""
 
     gate_type = "json"
 
-    def __init__(self, *, name: str | None = None, max_tokens: int = 256) -> None:
-        super().__init__(name=name)
-        self.max_tokens = max_tokens
+    max_tokens: int = 256
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         expected: JSONObject = {"status": "ok", "service": "anvil", "items": [3, 1, 2], "ready": True}
@@ -105,21 +97,14 @@ class JsonOutput(Gate):
         return finish(self, checks, [attempt])
 
 
+@dataclass(kw_only=True, eq=False)
 class ResponsesApi(Gate):
     """POST /v1/responses answers the marker as output text."""
 
     gate_type = "responses"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        marker: str = "ANVIL-RESPONSES-OK",
-        max_output_tokens: int = 256,
-    ) -> None:
-        super().__init__(name=name)
-        self.marker = marker
-        self.max_output_tokens = max_output_tokens
+    marker: str = "ANVIL-RESPONSES-OK"
+    max_output_tokens: int = 256
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         checks = Checks()
@@ -154,25 +139,16 @@ class ResponsesApi(Gate):
         )
 
 
+@dataclass(kw_only=True, eq=False)
 class Needle(Gate):
     """A needle sentence at `depth` of a `context_tokens` prompt is found and returned."""
 
     gate_type = "needle"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        context_tokens: int = 8192,
-        depth: float = 0.5,
-        needle: str = "MAGENTA-7741",
-        max_tokens: int = 128,
-    ) -> None:
-        super().__init__(name=name)
-        self.context_tokens = context_tokens
-        self.depth = depth
-        self.needle = needle
-        self.max_tokens = max_tokens
+    context_tokens: int = 8192
+    depth: float = 0.5
+    needle: str = "MAGENTA-7741"
+    max_tokens: int = 128
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         nominal = effective_context(gate_ctx, self.context_tokens)
@@ -205,4 +181,164 @@ class Needle(Gate):
             requested_tokens=self.context_tokens,
             measured_prompt_tokens=measured,
             prompt=prompt_digest(text),
+        )
+
+
+@dataclass(kw_only=True, eq=False)
+class ThinkingControl(Gate):
+    """Reasoning appears only when enabled; disabled output is clean."""
+
+    gate_type = "thinking"
+
+    enabled_max_tokens: int = 2048
+    disabled_max_tokens: int = 256
+    directions: list[str] = field(default_factory=lambda: ["enabled", "disabled"])
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.directions = self.directions or ["enabled", "disabled"]
+
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        checks = Checks()
+        record: dict[str, JSONObject] = {}
+        for direction in self.directions:
+            enabled = direction == "enabled"
+            marker = "THINKING-ON-OK" if enabled else "THINKING-OFF-OK"
+            messages: list[Message] = [{"role": "user", "content": prompts.reply_exactly(marker)}]
+            attempts = []
+            for stream in (False, True):
+                request = EngineClient.chat_body(
+                    gate_ctx.served_model,
+                    messages,
+                    max_tokens=self.enabled_max_tokens if enabled else self.disabled_max_tokens,
+                    enable_thinking=enabled,
+                    stream=stream,
+                )
+                label = f"{direction}-{'stream' if stream else 'plain'}"
+                attempt = await self.attempt(gate_ctx, label, request)
+                attempts.append(attempt)
+                self._check(checks, attempt, enabled, marker)
+            record[direction] = {
+                "enable_thinking": enabled,
+                "requests": [a.as_dict() for a in attempts],
+                "passed": all(c["ok"] for c in checks.items if str(c["check"]).startswith(direction)),
+            }
+        summary = " ".join(f"{d}={'ok' if record[d]['passed'] else 'FAIL'}" for d in self.directions)
+        return self.result(
+            checks.passed, checks.classification, {"checks": [*checks.items], **record}, summary
+        )
+
+    @staticmethod
+    def _check(checks: Checks, attempt: Attempt, enabled: bool, marker: str) -> None:
+        label = attempt.label
+        result = answered(checks, label, attempt)
+        if result is None:
+            return
+        if enabled:
+            checks.add(
+                f"{label}: reasoning channel",
+                bool(result.reasoning.strip()),
+                "no_reasoning_channel",
+                reasoning_chars=len(result.reasoning),
+            )
+        else:
+            checks.add(
+                f"{label}: zero reasoning",
+                result.reasoning == "",
+                "reasoning_leak",
+                reasoning_chars=len(result.reasoning),
+            )
+        check_visible_answer(
+            checks,
+            label,
+            result.content,
+            marker,
+            check="visible answer",
+            observed_chars=300,
+            finish_reason=result.finish_reason,
+        )
+
+
+OCR_QUESTION = (
+    "What text is in the image? Answer with the text only, in capital letters. "
+    "When there are several images, give the text of each in order, separated by a single space."
+)
+
+
+class OcrCase(TypedDict):
+    """One OCR case of `ocr_cases.json`: the fixture images, in order, and the text they show."""
+
+    id: str
+    images: list[str]
+    expected: str
+
+
+@dataclass(kw_only=True, eq=False)
+class Image(Gate):
+    """A request carrying a PNG (data URL) is accepted and answered as instructed."""
+
+    gate_type = "image"
+
+    image: str = "ocr-anvil-42.png"
+    marker: str = "ANVIL-IMAGE-OK"
+    max_tokens: int = 256
+
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        png = (gate_ctx.fixtures_dir / self.image).read_bytes()
+        content: JSONArray = [image_part(png), text_part(prompts.reply_exactly(self.marker))]
+        attempt = await self.attempt(
+            gate_ctx, "image", body(gate_ctx, [{"role": "user", "content": content}], self.max_tokens)
+        )
+        checks = Checks()
+        check_reply(checks, "image", attempt, self.marker)
+        return finish(self, checks, [attempt])
+
+
+@dataclass(kw_only=True, eq=False)
+class Ocr(Gate):
+    """Every fixture case x `repetitions` reads back its known text (case-insensitive)."""
+
+    gate_type = "ocr"
+
+    repetitions: int = 2
+    cases: list[str] | None = None
+    concurrency: int = 1
+    max_tokens: int = 256
+
+    async def run(self, gate_ctx: GateContext) -> GateResult:
+        every: list[OcrCase] = json.loads((gate_ctx.fixtures_dir / "ocr_cases.json").read_text())
+        cases = [c for c in every if not self.cases or c["id"] in self.cases]
+        jobs: list[Callable[[], Awaitable[Attempt]]] = []
+        plan: list[dict[str, str]] = []
+        for rep in range(self.repetitions):
+            for case in cases:
+                parts = [image_part((gate_ctx.fixtures_dir / img).read_bytes()) for img in case["images"]]
+                content: JSONArray = [*parts, text_part(OCR_QUESTION)]
+                request = body(gate_ctx, [{"role": "user", "content": content}], self.max_tokens)
+                label = f"{case['id']}#{rep + 1}"
+                plan.append({"label": label, "expected": case["expected"]})
+                jobs.append(functools.partial(self.attempt, gate_ctx, label, request))
+        attempts = await gather_limited(self.concurrency, jobs)
+        checks = Checks()
+        correct = 0
+        for item, attempt in zip(plan, attempts, strict=True):
+            result = attempt.result
+            ok = result is not None and same_text(result.content, item["expected"], case=False)
+            checks.add(
+                item["label"],
+                ok,
+                "error" if result is None else "wrong_answer",
+                expected=item["expected"],
+                observed=None if result is None else result.content[:300],
+                error=attempt.error,
+            )
+            correct += ok
+            gate_ctx.on_request(self.name, ok, item["label"])
+        total = len(plan)
+        outcome = finish(self, checks, attempts, correct=correct, total=total)
+        return self.result(
+            outcome.passed and total > 0,
+            outcome.classification,
+            outcome.evidence,
+            f"{correct}/{total}",
         )

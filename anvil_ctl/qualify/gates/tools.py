@@ -9,35 +9,37 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import Message
-from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, prompt_digest
-from anvil_ctl.qualify.gates.chat import body, check_tool_call, effective_context, finish, user
-from anvil_ctl.qualify.gates.checks import Checks
+from anvil_ctl.qualify.gates.base import (
+    Attempt,
+    Checks,
+    Gate,
+    GateContext,
+    body,
+    check_tool_call,
+    effective_context,
+    finish,
+    gather_limited,
+    prompt_digest,
+    user,
+)
 from anvil_ctl.qualify.results import GateResult
 
 
+@dataclass(kw_only=True, eq=False)
 class Tools(Gate):
     """A shared-prefix batch of `count` tool calls; every one must be exact."""
 
     gate_type = "tools"
 
-    def __init__(
-        self,
-        *,
-        name: str | None = None,
-        count: int = 20,
-        concurrency: int = 4,
-        prefix_tokens: int = 1024,
-        max_tokens: int = 256,
-    ) -> None:
-        super().__init__(name=name)
-        self.count = count
-        self.concurrency = concurrency
-        self.prefix_tokens = prefix_tokens
-        self.max_tokens = max_tokens
+    count: int = 20
+    concurrency: int = 4
+    prefix_tokens: int = 1024
+    max_tokens: int = 256
 
     @staticmethod
     def expected(i: int) -> JSONObject:
@@ -78,15 +80,14 @@ class Tools(Gate):
         )
 
 
+@dataclass(kw_only=True, eq=False)
 class LongContextTool(Gate):
     """A tool call asked for at the end of a prompt of `context_tokens` nominal tokens."""
 
     gate_type = "long_context_tool"
 
-    def __init__(self, *, name: str | None = None, context_tokens: int = 8192, max_tokens: int = 256) -> None:
-        super().__init__(name=name)
-        self.context_tokens = context_tokens
-        self.max_tokens = max_tokens
+    context_tokens: int = 8192
+    max_tokens: int = 256
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"order_id": "LC-90210", "include_items": True}
@@ -115,14 +116,13 @@ class LongContextTool(Gate):
         )
 
 
+@dataclass(kw_only=True, eq=False)
 class StreamingTool(Gate):
     """A streamed tool call, assembled from deltas by index, complete and exact."""
 
     gate_type = "streaming_tool"
 
-    def __init__(self, *, name: str | None = None, max_tokens: int = 256) -> None:
-        super().__init__(name=name)
-        self.max_tokens = max_tokens
+    max_tokens: int = 256
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"ledger": "STREAM-7", "index": 7, "amount": 19.5, "tags": ["stream", "delta"]}
@@ -140,14 +140,13 @@ class StreamingTool(Gate):
         return finish(self, checks, [attempt])
 
 
+@dataclass(kw_only=True, eq=False)
 class ToolResultContinuation(Gate):
     """After a tool result, the model answers in text, carrying the tool's content."""
 
     gate_type = "tool_result"
 
-    def __init__(self, *, name: str | None = None, max_tokens: int = 256) -> None:
-        super().__init__(name=name)
-        self.max_tokens = max_tokens
+    max_tokens: int = 256
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         args: JSONObject = {"order_id": "A-1042", "include_items": False}

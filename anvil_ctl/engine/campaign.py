@@ -1,0 +1,115 @@
+"""Which phase a slot's campaign is in, and the assertions that judge the state it should have.
+
+A slot is `serving` when its newest committed revision put an incumbent on the route (adopt,
+promote, rollback). It is `qualifying` between a committed `load` and the promote or rollback
+that ends it: by design the incumbent is stopped and retained, the router tier drained, and
+the candidate reached directly. Judging that state by the serving phase's assertions would
+report eight failures every cron run for the hours a qualification takes; judging it by its
+own says whether the campaign is intact: the candidate serves on the slot's binding with its
+recorded identity, the incumbent is retained exactly as recorded (stopped, same container,
+image and config), the tier is as the load left it, and nothing runs or lingers beyond the
+candidate. Read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.identity import Identity
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
+from anvil_ctl.engine.assertions import Assertion, Observation, _check, slot_assertions
+from anvil_ctl.engine.serving import identity_drift, inspect_or_none
+from anvil_ctl.engine.world import World
+
+SERVING = "serving"
+QUALIFYING = "qualifying"
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """A committed load not yet ended by a promote or rollback."""
+
+    load_tx: str
+    candidate: Identity
+    incumbent: Identity | None
+    """The retained incumbent the promote or rollback will decide about (None: the slot had none)."""
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "phase": QUALIFYING,
+            "load_tx": self.load_tx,
+            "candidate": self.candidate.container_id,
+            "candidate_model": self.candidate.served_model,
+            "incumbent": self.incumbent.container_id if self.incumbent else None,
+        }
+
+
+def campaign_of(world: World, slot: str) -> Campaign | None:
+    """The slot's campaign in progress, None when the slot is in its serving phase."""
+    newest = world.store.newest_committed_revision(slot)
+    if newest is None or newest[1] != "load":
+        return None
+    candidate = world.store.identity_of(newest[0], "candidate")
+    if candidate is None:  # a load commits only after recording its candidate
+        return None
+    return Campaign(newest[0], candidate, world.store.current_identity(slot, "incumbent"))
+
+
+def campaign_assertions(world: World, campaign: Campaign) -> list[Assertion]:
+    """The state a qualifying slot should have: the candidate's assertions (not routed), the
+    incumbent retained intact, the tier as the load left it."""
+    out = [Assertion("campaign", True, campaign.as_dict())]
+    out += slot_assertions(world, campaign.candidate, routed=False, role="candidate")
+    incumbent = campaign.incumbent
+    if incumbent is not None:
+        _check(out, "incumbent_retained", lambda: _retained(world, incumbent))
+    if world.router is not None:
+        _check(out, "tier_as_loaded", lambda: _tier(world, campaign))
+    return out
+
+
+def _retained(world: World, ident: Identity) -> Observation:
+    """Stopped (never removed), the same image ID and config fingerprint, the image present."""
+    info = inspect_or_none(world, ident.container_id)
+    drift: JSONObject = {
+        d.field: {"recorded": d.recorded, "observed": d.observed} for d in identity_drift(world, ident)
+    }
+    status = info.status if info else "absent"
+    try:
+        world.runtime.image(ident.image_id)
+        image_present = True
+    except NotFound:
+        image_present = False
+    ok = not drift and info is not None and not info.running and image_present
+    return ok, {
+        "container_id": ident.container_id,
+        "status": status,
+        "drift": drift,
+        "image_present": image_present,
+    }
+
+
+def _backends(view: JSONObject) -> list[JSONValue]:
+    return [[b.get("url"), b.get("state")] for b in get_objects(view, "backends")]
+
+
+def _tier(world: World, campaign: Campaign) -> Observation:
+    """The tier's backends (URL, state) are what the load's after-snapshot recorded: drained
+    (smg: none; HAProxy: the incumbent's server in `drain`), not routed to anything new."""
+    assert world.router is not None
+    cfg = world.config.slot(campaign.candidate.slot)
+    now = _backends(world.router.view(cfg.router_tier))
+    after = world.store.snapshots(campaign.load_tx).get("after")
+    recorded: JSONValue = None
+    if after is not None:
+        try:
+            slot_view = get_object(get_object(after.body, "slots"), campaign.candidate.slot)
+            recorded = _backends(get_object(slot_view, "router"))
+        except ValueError:  # a body of another shape: judged as if none was recorded
+            recorded = None
+    if recorded is None:  # no after-snapshot (a load finished by `recover`): nothing may admit
+        ok = all(b[1] in ("drain", "maint") for b in now if isinstance(b, list))
+    else:
+        ok = now == recorded
+    return ok, {"tier": cfg.router_tier, "backends": now, "recorded": recorded}

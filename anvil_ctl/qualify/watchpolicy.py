@@ -1,0 +1,237 @@
+"""The `[watch]` table of a qualification profile: how a serve on the route is sampled, and the
+thresholds it is held to after its qualification (by `recheck --slo`, and by a watched promote).
+
+    [watch]
+    duration = "30m"          # how long a watched promote watches (0: a cutover, no watch)
+    interval_s = 30.0         # between two samples
+    requests = 3              # chat requests per sample, through the route, the official client
+    max_tokens = 32           # per request
+    consecutive = 3           # a threshold failed by this many samples in a row is a breach
+
+    [[watch.thresholds]]
+    metric = "ttft_p95_s"     # one of METRICS
+    max_ratio = 1.25          # relative: at most 1.25 x the serve's qualified value
+    [[watch.thresholds]]
+    metric = "error_rate"
+    max = 0.01                # absolute
+
+A relative threshold (`max_ratio`, `min_ratio`) is resolved against the serve's own
+qualification evidence (`QUALIFIED`: its capacity gate's smallest cell at concurrency 1, the
+cell nearest a short routed sample) into an absolute limit before the first sample, and the
+limit is what is recorded and judged: nothing is chosen after the fact. A profile without a
+`[watch]` table gets `DEFAULT`. Errors name the file and the field (`watch.thresholds[1].max`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.validate import parse_duration
+
+METRICS = {
+    "ttft_p50_s": "seconds to the first token, median of a sample",
+    "ttft_p95_s": "seconds to the first token, 95th percentile of a sample",
+    "decode_tps_p50": "decode tokens per second after the first, median of a sample",
+    "error_rate": "share of a sample's requests that failed (an HTTP error, a broken stream)",
+    "finish_reason_missing": "share of a sample's answers that ended without a finish_reason",
+}
+LOWER_IS_WORSE = frozenset({"decode_tps_p50"})
+QUALIFIED = {"ttft_p50_s": "ttft_s_p50", "ttft_p95_s": "ttft_s_p95", "decode_tps_p50": "decode_tps_p50"}
+"""Metric -> the key of the capacity cell its relative thresholds are resolved against."""
+
+BOUNDS = ("max", "min", "max_ratio", "min_ratio")
+_WATCH_KEYS = {"duration", "interval_s", "requests", "max_tokens", "consecutive", "thresholds"}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    metric: str
+    bound: str
+    """One of BOUNDS: `max`/`min` absolute, `max_ratio`/`min_ratio` times the qualified value."""
+    value: float
+
+    @property
+    def relative(self) -> bool:
+        return self.bound.endswith("_ratio")
+
+    def resolve(self, qualified: Mapping[str, float]) -> Limit:
+        """The absolute limit this threshold means for a serve with these qualified values."""
+        op = "max" if self.bound.startswith("max") else "min"
+        if not self.relative:
+            return Limit(self.metric, op, self.value, f"{self.bound} {self.value:g}")
+        base = qualified.get(self.metric)
+        if base is None:
+            return Limit(self.metric, op, None, f"{self.bound} {self.value:g}: no qualified {self.metric}")
+        return Limit(self.metric, op, base * self.value, f"{self.value:g} x qualified {base:.4g}")
+
+    def as_dict(self) -> JSONObject:
+        return {"metric": self.metric, self.bound: self.value}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A threshold made absolute for one serve: `limit` None when its baseline is unknown (then
+    it is reported, never judged)."""
+
+    metric: str
+    op: str
+    limit: float | None
+    source: str
+
+    def holds(self, observed: float | None) -> bool | None:
+        """Whether `observed` is within the limit; None when it cannot be judged."""
+        if self.limit is None or observed is None:
+            return None
+        return observed <= self.limit if self.op == "max" else observed >= self.limit
+
+    def as_dict(self) -> JSONObject:
+        return {"metric": self.metric, "op": self.op, "limit": self.limit, "source": self.source}
+
+
+@dataclass(frozen=True)
+class WatchPolicy:
+    duration_s: float = 1800.0
+    interval_s: float = 30.0
+    requests: int = 3
+    max_tokens: int = 32
+    consecutive: int = 3
+    thresholds: tuple[Threshold, ...] = field(
+        default_factory=lambda: (
+            Threshold("ttft_p95_s", "max_ratio", 1.25),
+            Threshold("decode_tps_p50", "min_ratio", 0.8),
+            Threshold("error_rate", "max", 0.01),
+            Threshold("finish_reason_missing", "max", 0.0),
+        )
+    )
+    source: str = "default"
+
+    def limits(self, qualified: Mapping[str, float]) -> list[Limit]:
+        return [t.resolve(qualified) for t in self.thresholds]
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "duration_s": self.duration_s,
+            "interval_s": self.interval_s,
+            "requests": self.requests,
+            "max_tokens": self.max_tokens,
+            "consecutive": self.consecutive,
+            "thresholds": [t.as_dict() for t in self.thresholds],
+            "source": self.source,
+        }
+
+
+DEFAULT = WatchPolicy()
+
+
+def _number(raw: Mapping[str, object], key: str, where: str, source: str, *, positive: bool = True) -> float:
+    value = raw[key]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        sign = "a positive number" if positive else "a number >= 0"
+        raise BadInput(
+            f"{source}: {where}.{key}: {value!r}; expected {sign}", file=source, field=f"{where}.{key}"
+        )
+    return float(value)
+
+
+def _whole(raw: Mapping[str, object], key: str, source: str, top: int) -> int:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        raise BadInput(
+            f"{source}: watch.{key}: {value!r}; expected a whole number from 1 to {top}",
+            file=source,
+            field=f"watch.{key}",
+        )
+    return value
+
+
+def _threshold(raw: object, index: int, source: str) -> Threshold:
+    where = f"watch.thresholds[{index}]"
+    if not isinstance(raw, dict):
+        raise BadInput(f"{source}: {where}: expected a table", file=source, field=where)
+    metric = raw.get("metric")
+    if metric not in METRICS:
+        raise BadInput(
+            f"{source}: {where}.metric: {metric!r}; expected one of {sorted(METRICS)}",
+            file=source,
+            field=f"{where}.metric",
+        )
+    unknown = sorted(set(raw) - {"metric", *BOUNDS})
+    bounds = [b for b in BOUNDS if b in raw]
+    if unknown or len(bounds) != 1:
+        raise BadInput(
+            f"{source}: {where}: expected `metric` and exactly one of {list(BOUNDS)}"
+            + (f"; unknown {unknown}" if unknown else f"; found {bounds}"),
+            file=source,
+            field=where,
+        )
+    bound = bounds[0]
+    if bound.endswith("_ratio") and metric not in QUALIFIED:
+        raise BadInput(
+            f"{source}: {where}.{bound}: {metric} has no qualified value to be relative to; "
+            f"use max or min (relative metrics: {sorted(QUALIFIED)})",
+            file=source,
+            field=f"{where}.{bound}",
+        )
+    value = _number(raw, bound, where, source, positive=bound.endswith("_ratio"))
+    return Threshold(str(metric), bound, value)
+
+
+def parse_watch(raw: object, source: str) -> WatchPolicy:
+    """The `[watch]` table of profile `source` (None: the default policy)."""
+    if raw is None:
+        return DEFAULT
+    if not isinstance(raw, dict):
+        raise BadInput(f"{source}: watch: expected a table", file=source, field="watch")
+    unknown = sorted(set(raw) - _WATCH_KEYS)
+    if unknown:
+        raise BadInput(
+            f"{source}: watch.{unknown[0]}: unknown key; expected {sorted(_WATCH_KEYS)}",
+            file=source,
+            field=f"watch.{unknown[0]}",
+        )
+    policy = DEFAULT
+    values: dict[str, object] = {"source": source}
+    if "duration" in raw:
+        text = str(raw["duration"]).strip()
+        try:
+            values["duration_s"] = 0.0 if text in ("0", "0s") else parse_duration(text)
+        except ValueError as exc:
+            raise BadInput(f"{source}: watch.duration: {exc}", file=source, field="watch.duration") from None
+    if "interval_s" in raw:
+        values["interval_s"] = _number(raw, "interval_s", "watch", source)
+    for key, top in (("requests", 64), ("max_tokens", 4096), ("consecutive", 100)):
+        if key in raw:
+            values[key] = _whole(raw, key, source, top)
+    if "thresholds" in raw:
+        items = raw["thresholds"]
+        if not isinstance(items, list) or not items:
+            raise BadInput(
+                f"{source}: watch.thresholds: expected at least one [[watch.thresholds]] table",
+                file=source,
+                field="watch.thresholds",
+            )
+        values["thresholds"] = tuple(_threshold(t, i, source) for i, t in enumerate(items))
+    return WatchPolicy(**{**policy.__dict__, **values})
+
+
+def qualified_values(cells: Sequence[Mapping[str, object]]) -> dict[str, float]:
+    """The qualified values relative thresholds resolve against: the capacity gate's measured
+    cell of the smallest context at concurrency 1 (the nearest to a short routed sample)."""
+    measured = [c for c in cells if not c.get("skipped") and c.get("concurrency") == 1]
+    if not measured:
+        return {}
+    cell = min(measured, key=lambda c: c.get("nominal_tokens") or 0)  # type: ignore[arg-type,return-value]
+    out: dict[str, float] = {}
+    for metric, key in QUALIFIED.items():
+        value = cell.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[metric] = float(value)
+    return out

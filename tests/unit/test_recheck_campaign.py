@@ -1,0 +1,171 @@
+"""recheck knows the campaign: between a committed load and its promote or rollback it judges
+the state the campaign should have (phase `qualifying`), and real drift there still exits 6."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anvil_ctl.commands import lifecycle, recheck, serves, transactions
+from anvil_ctl.core.states import TxState
+from anvil_ctl.persistence import qualification, rechecks
+from tests.unit.clirun import Run, in_process
+from tests.unit.fakehost import FakeHost
+
+QUALIFYING_NAMES = {
+    "campaign",
+    "candidate_container_running",
+    "image_id",
+    "config_fingerprint",
+    "served_model",
+    "context_tokens",
+    "loopback_binding",
+    "health",
+    "gpu_owner",
+    "expected_gpus_found",
+    "no_candidate_running",
+    "shm_residue_zero",
+    "incumbent_retained",
+    "tier_as_loaded",
+}
+
+
+def _load(host: FakeHost, name: str = "cand-393k") -> str:
+    out = transactions.load(host.app(), slot="primary", candidate=host.candidate(name))
+    assert out.state == TxState.COMMITTED, out.reason
+    return str(out.results["start-candidate"]["container_id"])
+
+
+def _verified(host: FakeHost) -> None:
+    cand = host.app().store.current_identity("primary", "candidate")
+    assert cand is not None
+    qualification.record_decision(
+        host.app().store,
+        decision_id="d-1",
+        tx_id=None,
+        slot="primary",
+        identity_digest=cand.qualification_digest,
+        container_id=cand.container_id,
+        outcome="verified",
+    )
+
+
+def _failed(host: FakeHost) -> list[str]:
+    r = recheck.recheck(host.app(), "primary")
+    assert r.phase == "qualifying"
+    assert r.exit_code == (0 if r.passed else 6)
+    return r.failed
+
+
+@pytest.fixture
+def qualifying(fake_host: FakeHost) -> FakeHost:
+    _load(fake_host)
+    return fake_host
+
+
+class TestQualifyingPhase:
+    def test_a_committed_load_is_judged_as_the_campaign_and_passes(self, qualifying: FakeHost) -> None:
+        result = recheck.recheck(qualifying.app(), "primary")
+        assert (result.phase, result.exit_code, result.failed) == ("qualifying", 0, [])
+        assert {a["name"] for a in result.assertions} == QUALIFYING_NAMES
+        campaign = next(a["observed"] for a in result.assertions if a["name"] == "campaign")
+        assert campaign["incumbent"] == qualifying.incumbent_id
+        assert campaign["candidate"] != qualifying.incumbent_id
+        row = rechecks.rechecks(qualifying.app().store)[0]
+        assert row["passed"] is True
+
+    def test_its_json_and_textfile_name_the_phase(
+        self,
+        qualifying: FakeHost,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        tmp_path: Path,
+    ) -> None:
+        run: Run = in_process(qualifying, monkeypatch, capsys)
+        prom = tmp_path / "anvil.prom"
+        ran = run("--json", "recheck", "--slot", "primary", "--textfile", str(prom))
+        assert ran.code == 0, ran.out + ran.err
+        assert ran.json()["phase"] == "qualifying" and ran.json()["passed"] is True
+        text = prom.read_text()
+        assert 'anvil_recheck_phase{phase="qualifying",slot="primary"} 1.0' in text
+        assert 'anvil_recheck_phase{phase="serving",slot="primary"} 0.0' in text
+        assert 'anvil_recheck_passed{slot="primary"} 1.0' in text
+
+    def test_a_stopped_candidate_is_drift(self, qualifying: FakeHost) -> None:
+        cand = qualifying.app().store.current_identity("primary", "candidate")
+        assert cand is not None
+        with qualifying.world.edit() as w:
+            w["containers"][cand.container_id]["status"] = "exited"
+        assert "candidate_container_running" in _failed(qualifying)
+
+    def test_a_started_incumbent_is_no_longer_retained(self, qualifying: FakeHost) -> None:
+        with qualifying.world.edit() as w:
+            w["containers"][qualifying.incumbent_id]["status"] = "running"
+        assert "incumbent_retained" in _failed(qualifying)
+
+    def test_a_removed_incumbent_is_drift(self, qualifying: FakeHost) -> None:
+        with qualifying.world.edit() as w:
+            del w["containers"][qualifying.incumbent_id]
+        failed = _failed(qualifying)
+        assert "incumbent_retained" in failed
+        observed = next(
+            a["observed"]
+            for a in recheck.recheck(qualifying.app(), "primary").assertions
+            if a["name"] == "incumbent_retained"
+        )
+        assert observed["status"] == "absent"
+
+    def test_a_tier_readmitted_during_qualification_is_drift(self, qualifying: FakeHost) -> None:
+        with qualifying.world.edit() as w:
+            w["router"]["tiers"]["primary-local"]["state"] = "ready"
+        assert _failed(qualifying) == ["tier_as_loaded"]
+
+    def test_a_stray_candidate_beside_the_campaigns_is_drift(self, qualifying: FakeHost) -> None:
+        rt = qualifying.app().world().runtime
+        spec = qualifying.candidate("stray").spec
+        cid = rt.create(type(spec)(**{**spec.__dict__, "env": (("FAKE_BINDING", "127.0.0.1:9002"),)}))
+        rt.start(cid)
+        assert _failed(qualifying) == ["no_candidate_running"]
+
+    def test_repair_router_changes_nothing_while_qualifying(self, qualifying: FakeHost) -> None:
+        with qualifying.world.edit() as w:
+            w["router"]["tiers"]["primary-local"]["state"] = "ready"
+        before = qualifying.world.read()
+        r = recheck.recheck(qualifying.app(), "primary", repair=("router",))
+        assert r.repair is None and r.failed == ["tier_as_loaded"]
+        assert qualifying.world.read() == before
+
+
+class TestThePhaseEnds:
+    def test_a_promote_ends_the_campaign(self, qualifying: FakeHost) -> None:
+        _verified(qualifying)
+        out = lifecycle.promote(qualifying.app(), slot="primary", approved_by="operator")
+        assert out.state == TxState.COMMITTED, out.reason
+        result = recheck.recheck(qualifying.app(), "primary")
+        assert (result.phase, result.failed) == ("serving", [])
+
+    def test_a_rollback_ends_the_campaign(self, qualifying: FakeHost) -> None:
+        out = lifecycle.rollback(qualifying.app(), slot="primary")
+        assert out.state == TxState.COMMITTED, out.reason
+        result = recheck.recheck(qualifying.app(), "primary")
+        assert (result.phase, result.failed) == ("serving", [])
+
+    def test_a_compensated_promote_leaves_the_campaign_in_progress(self, qualifying: FakeHost) -> None:
+        _verified(qualifying)
+        qualifying.world.set_fail("readmit", "HTTP 401 from the router")
+        out: Any = lifecycle.promote(qualifying.app(), slot="primary", approved_by="operator")
+        assert out.state == TxState.COMPENSATED, out.reason
+        qualifying.world.set_fail("readmit", None)
+        result = recheck.recheck(qualifying.app(), "primary")
+        assert (result.phase, result.failed) == ("qualifying", [])
+
+    def test_a_second_load_in_the_campaign_is_judged_by_its_candidate(self, qualifying: FakeHost) -> None:
+        first = qualifying.app().store.current_identity("primary", "candidate")
+        serves.unload(qualifying.app(), first.container_id, yes=True)  # type: ignore[union-attr]
+        second = _load(qualifying, "cand-second")
+        result = recheck.recheck(qualifying.app(), "primary")
+        assert (result.phase, result.failed) == ("qualifying", [])
+        campaign = next(a["observed"] for a in result.assertions if a["name"] == "campaign")
+        assert campaign["candidate"] == second
