@@ -9,6 +9,7 @@ from anvil_ctl.commands.transactions import limit_waits, mutating, run_plan
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.model import DrainPolicy, OnDrainTimeout
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import Outcome
@@ -180,8 +181,12 @@ def rollback(
     dry_run: bool = False,
     timeout_s: float | None = None,
     decided_by: JSONObject | None = None,
+    drain_timeout_s: float | None = None,
+    on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome:
-    """Bring back a recorded serve; `decided_by` names the policy when no person asked."""
+    """Bring back a recorded serve; `decided_by` names the policy when no person asked. What
+    serves now is drained first; at the drain's deadline (`drain_timeout_s`) the rollback goes
+    on and counts the answers it cut (`on_drain_timeout` abort: it gives up instead)."""
     app.config.slot(slot)
     if to:
         _check_to(to)
@@ -207,6 +212,7 @@ def rollback(
             decided_by=decided_by,
             tx_id=tx_id,
             lock=lock,
+            drain=DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="cut"),
         )
 
 
@@ -221,6 +227,7 @@ def _rollback_locked(
     tx_id: str,
     lock: HostLock | None,
     decided_by: JSONObject | None = None,
+    drain: DrainPolicy,
 ) -> Outcome:
     world = app.world()
     target: Identity | None
@@ -243,6 +250,7 @@ def _rollback_locked(
         restore_group_members=members,
         recorded_sha256=recorded_snapshot(app, target) if target else None,
         decided_by=decided_by,
+        drain=drain,
     )
     return run_plan(app, "rollback", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 

@@ -11,7 +11,7 @@ from anvil_ctl.commands import recipes as recipe_cmds
 from anvil_ctl.commands.transactions import limit_waits, run_plan
 from anvil_ctl.commands.transactions import load as load_tx
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, DrainPolicy, OnDrainTimeout
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadArgs
 from anvil_ctl.engine.plans.unload import removal_problem
@@ -45,6 +45,7 @@ def candidate_from_recipe(app: App, ref: str, slot: str, tx_id: str) -> Candidat
         vram_need_mib=recipe.vram_need_mib,
         engine_profile=recipe.profile_of_engine.name,
         model_files=tuple(f.pin() for f in recipe.model_files),
+        drain_timeout_s=recipe.drain_timeout_s,
     )
 
 
@@ -56,12 +57,18 @@ def load(
     dry_run: bool = False,
     accept_drift: DriftAcceptance | None = None,
     timeout_s: float | None = None,
+    drain_timeout_s: float | None = None,
+    on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome:
-    """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline)."""
+    """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline).
+    The incumbent's drain waits `drain_timeout_s` (default: the recipe's), then refuses."""
     limit_waits(app, timeout_s)
     tx_id = str(uuid.uuid4())
     cand = candidate_from_recipe(app, ref, slot, tx_id)
-    return load_tx(app, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift)
+    drain = DrainPolicy.of(drain_timeout_s or cand.drain_timeout_s, on_drain_timeout, default="abort")
+    return load_tx(
+        app, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift, drain=drain
+    )
 
 
 class WouldRemove(TypedDict):
@@ -79,7 +86,13 @@ class ManagedContainer(TypedDict):
 
 
 def unload(
-    app: App, container_id: str, *, yes: bool = False, remove_residue: bool = False
+    app: App,
+    container_id: str,
+    *,
+    yes: bool = False,
+    remove_residue: bool = False,
+    drain_timeout_s: float | None = None,
+    on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome | WouldRemove:
     """Remove a candidate container this controller created (the `unload` plan).
 
@@ -97,7 +110,10 @@ def unload(
             raise Refused(problem, container_id=info.id)
         return {"container_id": info.id, "would_remove": True, "hint": "pass --yes to remove"}
     args = UnloadArgs(
-        container_id=info.id, slot=info.labels.get(LABEL_SLOT, ""), remove_residue=remove_residue
+        container_id=info.id,
+        slot=info.labels.get(LABEL_SLOT, ""),
+        remove_residue=remove_residue,
+        drain=DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="abort"),
     )
     return run_plan(app, "unload", args, dry_run=False)
 

@@ -161,7 +161,13 @@ def _roll_back(
         return {"ran": False, "why": f"--rollback-on-breach expired at {utc_stamp(enabled.until)}"}
     from anvil_ctl.commands.lifecycle import rollback
 
-    decided: JSONObject = {**enabled.as_dict(), "breaches": [*found], "serve": ident.container_id}
+    newest = app.store.newest_committed_revision(ident.slot)  # what put the serve on the route
+    decided: JSONObject = {
+        **enabled.as_dict(),
+        "breaches": [*found],
+        "serve": ident.container_id,
+        "undoes": {"tx_id": newest[0], "kind": newest[1]} if newest else None,
+    }
     try:
         out = rollback(app, slot=ident.slot, decided_by=decided)
     except AnvilError as exc:  # refused before it began (the host lock held, say): nothing ran

@@ -15,6 +15,7 @@ from anvil_ctl.bootstrap import App
 from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.errors import BadInput, NotFound
 from anvil_ctl.core.identity import Identity
+from anvil_ctl.core.model import REFUSE_TO_CUT, DrainPolicy
 from anvil_ctl.core.states import WAITING_STATES, TxState
 from anvil_ctl.core.validate import (
     MAX_CONTEXT_TOKENS,
@@ -165,6 +166,7 @@ def load(
     dry_run: bool = False,
     tx_id: str | None = None,
     accept_drift: DriftAcceptance | None = None,
+    drain: DrainPolicy | None = None,
 ) -> Outcome:
     world = app.world()
     app.config.slot(slot)
@@ -177,6 +179,7 @@ def load(
             incumbent=incumbent,
             incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
             accept_drift=accept_drift,
+            drain=drain or REFUSE_TO_CUT,
         )
         return run_plan(app, "load", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
 

@@ -276,6 +276,9 @@ class _OneProbe(_Once):
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
         return self.server.probe_prompt(base_url, model, words)
 
+    def running(self, base_url: str, metric: str) -> int | None:
+        return self.server.running(base_url, metric)  # a count changes while a drain polls it
+
 
 class _OneRoute(_Once):
     """A Router whose reads (backends, view, readiness, a routed chat by alias, a route check)
@@ -325,6 +328,9 @@ class _OneRoute(_Once):
     def drain(self, tier: str) -> None:
         self.forget()
         self.router.drain(tier)
+
+    def in_flight(self, tier: str, url: str) -> int | None:
+        return self.router.in_flight(tier, url)  # a count changes while a drain polls it
 
     def readmit(
         self,

@@ -62,6 +62,12 @@ class FakeRouter:
         with self.world.edit() as w:
             self._tier(w, tier)["state"] = "drain"
 
+    def in_flight(self, tier: str, url: str) -> int | None:
+        """The serving container's `in_flight`, as a router counts what it passes on."""
+        t = self._tier_now(tier)
+        c = self.server.serving_container(url) if t["url"] == url else None
+        return None if c is None else self.server.look_in_flight(c)
+
     def readmit(
         self,
         tier: str,

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.model import ContainerSpec, ModelFile
+from anvil_ctl.core.model import CUT_AT_DEADLINE, REFUSE_TO_CUT, ContainerSpec, DrainPolicy, ModelFile
 
 T = TypeVar("T")
 
@@ -41,6 +41,8 @@ class Candidate:
     engine_profile: str = ""
     model_files: tuple[ModelFile, ...] = ()
     """Files of the model pinned by size and SHA-256, verified before anything stops."""
+    drain_timeout_s: float | None = None
+    """The recipe's `drain_timeout_s`: how long load waits for the incumbent's answers."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class LoadArgs:
     incumbent_running: bool
     """Observed before any mutation: compensation restores this, not more."""
     accept_drift: DriftAcceptance | None = None
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,10 @@ class RollbackArgs:
     that `recover` rebuilds them); new rollbacks leave it None and name `recorded_sha256`."""
     decided_by: Mapping[str, object] | None = None
     """A rollback no person asked for: the policy that decided it (`recheck --slo
-    --rollback-on-breach`), who enabled it and until when, and the breaching samples."""
+    --rollback-on-breach`), who enabled it and until when, the breaching samples and the
+    transaction it undoes (`undoes`: the promote that put the serve on the route)."""
+    drain: DrainPolicy = CUT_AT_DEADLINE
+    """Rollback is the emergency tool: at its drain's deadline it goes on, counting the cut."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,7 @@ class UnloadArgs:
     container_id: str
     slot: str
     remove_residue: bool = False
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, VramNeed
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
+from anvil_ctl.engine.drain import stop_retain_step
 from anvil_ctl.engine.guards import (
     BaseVerified,
     NoUnresolvedTransaction,
@@ -36,7 +37,6 @@ from anvil_ctl.engine.plans.args import Candidate, LoadArgs
 from anvil_ctl.engine.serving import (
     drain_step,
     release_vram_step,
-    stop_retain_step,
     wait_serving,
 )
 from anvil_ctl.engine.world import World

@@ -32,6 +32,7 @@ from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
 from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
+from anvil_ctl.engine.drain import stop_retain_step
 from anvil_ctl.engine.guards import (
     NoUnresolvedTransaction,
     RollbackIdentityRestorable,
@@ -48,7 +49,6 @@ from anvil_ctl.engine.serving import (
     route_slot_to,
     route_step,
     smoke_step,
-    stop_retain_step,
     stop_verified,
 )
 from anvil_ctl.engine.world import World
