@@ -6,6 +6,7 @@ from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.model import DrainPolicy, OnDrainTimeout
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import DriftAcceptance, PromoteRequest, RollbackRequest
@@ -43,8 +44,12 @@ def rollback(
     dry_run: bool = False,
     timeout_s: float | None = None,
     decided_by: JSONObject | None = None,
+    drain_timeout_s: float | None = None,
+    on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome:
-    """Bring back a recorded serve; `decided_by` names the policy when no person asked."""
+    """Bring back a recorded serve; `decided_by` names the policy when no person asked. What
+    serves now is drained first; at the drain's deadline (`drain_timeout_s`) the rollback goes
+    on and counts the answers it cut (`on_drain_timeout` abort: it gives up instead)."""
     app.config.slot(slot)
     limit_waits(app, timeout_s)
     members: tuple[str, ...] | None = None
@@ -57,6 +62,11 @@ def rollback(
             )
         members = tuple(app.config.restore_groups[restore_group])
     request = RollbackRequest(
-        slot=slot, to=to, restore_group=restore_group, restore_group_members=members, decided_by=decided_by
+        slot=slot,
+        to=to,
+        restore_group=restore_group,
+        restore_group_members=members,
+        decided_by=decided_by,
+        drain=DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="cut"),
     )
     return enter(app, request, dry_run=dry_run)

@@ -10,6 +10,7 @@ from anvil_ctl.commands import recipes as recipe_cmds
 from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.commands.transactions import load as load_tx
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
+from anvil_ctl.core.model import DrainPolicy, OnDrainTimeout
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadRequest
 from anvil_ctl.engine.plans.unload import removal_problem
@@ -41,6 +42,7 @@ def candidate_from_recipe(app: App, ref: str, slot: str) -> Candidate:
         vram_need_mib=recipe.vram_need_mib,
         engine_profile=recipe.profile_of_engine.name,
         model_files=tuple(f.pin() for f in recipe.model_files),
+        drain_timeout_s=recipe.drain_timeout_s,
     )
 
 
@@ -52,11 +54,15 @@ def load(
     dry_run: bool = False,
     accept_drift: DriftAcceptance | None = None,
     timeout_s: float | None = None,
+    drain_timeout_s: float | None = None,
+    on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome:
-    """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline)."""
+    """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline).
+    The incumbent's drain waits `drain_timeout_s` (default: the recipe's), then refuses."""
     limit_waits(app, timeout_s)
     cand = candidate_from_recipe(app, ref, slot)
-    return load_tx(app, slot=slot, candidate=cand, dry_run=dry_run, accept_drift=accept_drift)
+    drain = DrainPolicy.of(drain_timeout_s or cand.drain_timeout_s, on_drain_timeout, default="abort")
+    return load_tx(app, slot=slot, candidate=cand, dry_run=dry_run, accept_drift=accept_drift, drain=drain)
 
 
 class WouldRemove(TypedDict):
@@ -68,7 +74,13 @@ class WouldRemove(TypedDict):
 
 
 def unload(
-    app: App, container_id: str, *, yes: bool = False, remove_residue: bool = False
+    app: App,
+    container_id: str,
+    *,
+    yes: bool = False,
+    remove_residue: bool = False,
+    drain_timeout_s: float | None = None,
+    on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome | WouldRemove:
     """Remove a candidate container this controller created (the `unload` plan).
 
@@ -76,7 +88,10 @@ def unload(
     checks the plan's guard makes.
     """
     if yes:
-        return enter(app, UnloadRequest(container_id=container_id, remove_residue=remove_residue))
+        drain = DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="abort")
+        return enter(
+            app, UnloadRequest(container_id=container_id, remove_residue=remove_residue, drain=drain)
+        )
     world = app.world()
     try:
         info = world.runtime.inspect(container_id)

@@ -11,6 +11,7 @@ from typing import TypedDict
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.model import REFUSE_TO_CUT, DrainPolicy
 from anvil_ctl.core.states import WAITING_STATES, TxState
 from anvil_ctl.core.validate import (
     MAX_CONTEXT_TOKENS,
@@ -77,8 +78,12 @@ def load(
     candidate: Candidate,
     dry_run: bool = False,
     accept_drift: DriftAcceptance | None = None,
+    drain: DrainPolicy | None = None,
 ) -> Outcome:
-    return enter(app, LoadRequest(slot=slot, candidate=candidate, accept_drift=accept_drift), dry_run=dry_run)
+    request = LoadRequest(
+        slot=slot, candidate=candidate, accept_drift=accept_drift, drain=drain or REFUSE_TO_CUT
+    )
+    return enter(app, request, dry_run=dry_run)
 
 
 def recover_all(app: App) -> RecoverReport:

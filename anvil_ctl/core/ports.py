@@ -75,7 +75,12 @@ class Router(Protocol):
     def deregister(self, tier: str, url: str) -> None: ...
 
     def drain(self, tier: str) -> None:
-        """Stop admitting new requests to the tier's backends (quiesce)."""
+        """Stop admitting new requests to the tier's backends (quiesce); requests in flight go
+        on. New requests to the tier's aliases are answered a retryable 503 until `readmit`."""
+
+    def in_flight(self, tier: str, url: str) -> int | None:
+        """The router's own count of requests it is passing to `url` now (None: it has no
+        count for that backend any more)."""
 
     def readmit(
         self,
@@ -137,6 +142,10 @@ class ServerProbe(Protocol):
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
         """One chat of `words` one-token words (max_tokens 1): how the engine answers a
         prompt of at least that many tokens (the context-refusal probe)."""
+
+    def running(self, base_url: str, metric: str) -> int | None:
+        """The engine's own count of requests being answered (the Prometheus gauge `metric`
+        on GET /metrics, summed over its labels); None when it publishes no such figure."""
 
 
 @runtime_checkable

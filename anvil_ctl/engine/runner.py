@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from anvil_ctl.core.errors import AnvilError, NeedsOperator, Refused
+from anvil_ctl.core.errors import AnvilError, DrainRefused, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.ports import Journal, Owner, Progress, SilentProgress
@@ -226,6 +226,7 @@ class TransactionEngine:
                 return self._needs_operator(outcome, plan, ctx, exc)
             except Exception as exc:
                 bound.error("step failed", step=step.name, error=str(exc))
+                outcome.drain_refused = isinstance(exc, DrainRefused)
                 return self._compensate_after(outcome, plan, ctx, failed=seq, reason=f"{step.name}: {exc}")
 
         goal = self._goal_problems(plan, ctx)

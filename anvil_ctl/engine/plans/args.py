@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.model import ContainerSpec, ModelFile
+from anvil_ctl.core.model import CUT_AT_DEADLINE, REFUSE_TO_CUT, ContainerSpec, DrainPolicy, ModelFile
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.runner import Progress
@@ -46,6 +46,8 @@ class Candidate:
     engine_profile: str = ""
     model_files: tuple[ModelFile, ...] = ()
     """Files of the model pinned by size and SHA-256, verified before anything stops."""
+    drain_timeout_s: float | None = None
+    """The recipe's `drain_timeout_s`: how long load waits for the incumbent's answers."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class LoadArgs:
     incumbent_running: bool
     """Observed before any mutation: compensation restores this, not more."""
     accept_drift: DriftAcceptance | None = None
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,10 @@ class RollbackArgs:
     restored placement must equal (its body is in the record once, not in these arguments)."""
     decided_by: Mapping[str, object] | None = None
     """A rollback no person asked for: the policy that decided it (`recheck --slo
-    --rollback-on-breach`), who enabled it and until when, and the breaching samples."""
+    --rollback-on-breach`), who enabled it and until when, the breaching samples and the
+    transaction it undoes (`undoes`: the promote that put the serve on the route)."""
+    drain: DrainPolicy = CUT_AT_DEADLINE
+    """Rollback is the emergency tool: at its drain's deadline it goes on, counting the cut."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,7 @@ class UnloadArgs:
     container_id: str
     slot: str
     remove_residue: bool = False
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,7 @@ class LoadRequest:
     slot: str
     candidate: Candidate
     accept_drift: DriftAcceptance | None = None
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,7 @@ class RollbackRequest:
     restore_group_members: tuple[str, ...] | None = None
     decided_by: Mapping[str, object] | None = None
     """The policy that asked for it, when no person did (`RollbackArgs.decided_by`)."""
+    drain: DrainPolicy = CUT_AT_DEADLINE
 
 
 @dataclass(frozen=True)
@@ -227,6 +236,7 @@ class UnloadRequest:
     kind: ClassVar[str] = "unload"
     container_id: str
     remove_residue: bool = False
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, VramNeed
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
+from anvil_ctl.engine.drain import stop_retain_step
 from anvil_ctl.engine.guards import (
     BaseVerified,
     NoUnresolvedTransaction,
@@ -37,7 +38,6 @@ from anvil_ctl.engine.serving import (
     drain_step,
     is_running,
     release_vram_step,
-    stop_retain_step,
     wait_serving,
 )
 from anvil_ctl.engine.world import World
@@ -262,6 +262,7 @@ def prepare(world: World, req: LoadRequest) -> LoadArgs:
         incumbent=incumbent,
         incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
         accept_drift=req.accept_drift,
+        drain=req.drain,
     )
 
 

@@ -32,6 +32,7 @@ from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
 from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
+from anvil_ctl.engine.drain import stop_retain_step
 from anvil_ctl.engine.guards import (
     NoUnresolvedTransaction,
     RollbackIdentityRestorable,
@@ -49,7 +50,6 @@ from anvil_ctl.engine.serving import (
     route_slot_to,
     route_step,
     smoke_step,
-    stop_retain_step,
     stop_verified,
 )
 from anvil_ctl.engine.world import World
@@ -171,6 +171,7 @@ def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
         restore_group_members=req.restore_group_members,
         recorded_sha256=served[0] if served else None,
         decided_by=req.decided_by,
+        drain=req.drain,
     )
 
 
