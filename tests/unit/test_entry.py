@@ -80,12 +80,14 @@ def _os_lock_free(host: FakeHost) -> bool:
 
 class TestOneMintPlace:
     def test_the_package_makes_transaction_ids_only_in_the_entry(self) -> None:
-        """uuid4 is called in three places: the entry (transaction IDs), the host lock (its
-        row's ID) and the waive command (a waiver's ID); the store has no default ID to make."""
+        """Besides the entry (transaction IDs), uuid4 makes only other things' IDs: the host
+        lock's row, a waiver, and the path of a worker smg parks a drained alias on. The store
+        has no default ID to make."""
         assert _calls("uuid4") == {
             ("anvil_ctl.engine.entry", "run"),
             ("anvil_ctl.engine.lock", "claim"),
             ("anvil_ctl.commands.gpus_and_waivers", "waive"),
+            ("anvil_ctl.adapters.smg", "_park"),
         }
 
     def test_only_the_entry_and_recover_run_the_transaction_engine(self) -> None:
