@@ -78,6 +78,7 @@ bench: setup debs
 	scripts/testenv run -- $(PY) benchmarks/paired.py --reps $(BENCH_REPS) --markdown-out benchmarks/out/paired.md
 	$(PY) benchmarks/scale.py --sizes $(SCALE_SIZES) --cache $(BENCH_CACHE) --markdown-out benchmarks/out/scale.md
 	-$(PY) benchmarks/capacity_accuracy.py --markdown-out benchmarks/out/capacity.md
+	scripts/testenv run -- $(PY) benchmarks/window.py --markdown-out benchmarks/out/window.md
 	$(PY) benchmarks/results.py benchmarks/out > benchmarks/RESULTS.md
 	@cat benchmarks/RESULTS.md
 

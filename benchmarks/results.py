@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/results.py benchmarks/out > benchmarks/RESULTS.md
 
 Sections (each optional, in this order): paired.md (benchmarks/paired.py), scale.md
-(benchmarks/scale.py), capacity.md (benchmarks/capacity_accuracy.py).
+(benchmarks/scale.py), capacity.md (benchmarks/capacity_accuracy.py), window.md
+(benchmarks/window.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ SECTIONS = (
         "Capacity fidelity",
         "`.venv/bin/python benchmarks/capacity_accuracy.py`: the capacity gate against what the stub "
         "really emitted (its measured ground truth), so the error holds on a loaded machine.",
+    ),
+    (
+        "window.md",
+        "What a client sees while the serve changes",
+        "`scripts/testenv run -- .venv/bin/python benchmarks/window.py`: real dockerd, stub engines in "
+        "containers, real smg, the official `openai` client through the router; the window's floor "
+        "(old stop + new start + readiness) read from the same transaction's journal.",
     ),
 )
 

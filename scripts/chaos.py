@@ -112,7 +112,14 @@ class ChaosHost:
         assert r.returncode == 0, r.stderr
         start_incumbent_by_hand(self.camp)
         r = self.camp.anvilctl(
-            "adopt", self.camp.incumbent_id, "--slot", "primary", "--context-tokens", "524288"
+            "adopt",
+            self.camp.incumbent_id,
+            "--slot",
+            "primary",
+            "--context-tokens",
+            "524288",
+            "--engine",
+            "stub",
         )
         assert r.returncode == 0, r.stderr
         # The campaign's waiver (shared/seeds: "standing reserve 3,072 MiB/card, waived to 0 for

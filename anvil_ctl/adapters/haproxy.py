@@ -55,6 +55,8 @@ class ServerSlot:
     addr: str
     port: int
     status: str  # HAProxy's `show stat` status: UP, DOWN, MAINT, DRAIN, "UP 1/2", ...
+    sessions: int = 0
+    """`scur` + `qcur`: requests the server is answering and requests queued for it."""
 
     @property
     def url(self) -> str:
@@ -156,6 +158,7 @@ class HaproxyRouter(RouterHttp):
                     addr=addr,
                     port=int(port) if port.isdigit() else 0,
                     status=rec.get("status", ""),
+                    sessions=sum(int(rec.get(k) or 0) for k in ("scur", "qcur")),
                 )
             )
         if not out:
@@ -231,6 +234,11 @@ class HaproxyRouter(RouterHttp):
         for slot in self.slots(tier):
             if slot.state == "ready":
                 self._set(f"set server {backend_name(tier)}/{slot.name} state drain")
+
+    def in_flight(self, tier: str, url: str) -> int | None:
+        """The server's `scur` + `qcur` (HAProxy keeps them for a draining server too)."""
+        slot = self._slot_for(tier, url)
+        return None if slot is None else slot.sessions
 
     def readmit(
         self,

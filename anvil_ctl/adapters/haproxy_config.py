@@ -4,7 +4,8 @@
 of server slots that start in maintenance; the frontend refuses requests whose
 `Authorization` header is not the client token (401), routes by the JSON body's
 `"model"` to the tier that lists the alias, and answers 404 for an alias no tier
-lists. The client token enters only this file, written 0600 from its first byte.
+lists; a tier with no server up answers 503 with `Retry-After: 1`. The client token
+enters only this file, written 0600 from its first byte.
 The Runtime API socket is the admin credential: `check_socket` refuses one that
 others could use.
 """
@@ -84,6 +85,11 @@ def render_config(
         "    timeout client 600s",
         "    timeout server 600s",
         "    timeout http-request 30s",
+        # A tier with no server up (drained, the next serve not yet routed) answers a
+        # retryable 503 that says when to retry, as smg's parked alias does.
+        "    http-error status 503 content-type application/json string "
+        '\'{"error":{"message":"no serve is routed for this model right now; retry shortly",'
+        '"type":"server_error","code":"service_unavailable"}}\' hdr Retry-After 1',
         "",
         "frontend anvil",
         f"    bind {bind}",

@@ -45,11 +45,21 @@ if it lands meanwhile. A removal may be pending, and readmission holds, only whe
   readmission began.
 A live transaction's own drain waited until its removal landed, so its readmission
 ends at the first verified routed chat.
+
+Workers this adapter registers carry `health.drain_settle_secs = 0`: smg removes them at
+once when DELETEd (requests in flight go on over their connections), so a drain waits for
+no fixed delay and no removal of theirs is ever left pending. Before a drain removes a
+tier's worker, it parks the tier's alias on a worker at the parking responder
+(`anvil_ctl.adapters.smg_parking`), so that clients get a retryable 503 with Retry-After,
+never a 404, until readmission removes the parked worker (two DELETEs: draining, then gone
+at once). A process that ends with a tier parked DELETEs its parked worker once: smg then
+keeps it draining, answering 503 itself, for `PARK_SETTLE_S`.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 
 import httpx
@@ -63,8 +73,16 @@ from anvil_ctl.adapters.router_http import (
     readmit_loop,
     routed_chat,
 )
+from anvil_ctl.adapters.smg_parking import ParkingResponder
 from anvil_ctl.adapters.smg_removals import PendingRemovals
-from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, TIER_LABEL, SmgWorker, SmgWorkers, norm
+from anvil_ctl.adapters.smg_workers import (
+    NIL_WORKER_ID,
+    PARKED_LABEL,
+    TIER_LABEL,
+    SmgWorker,
+    SmgWorkers,
+    norm,
+)
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONObject
@@ -76,6 +94,12 @@ log = get_logger()
 POLL_FIRST_S = 0.02
 """Polls start this short and double up to `poll_s`: most waits end within a few polls, and
 what a wait overshoots the removal it waits for by is lost (half a poll on average)."""
+
+
+PARK_SETTLE_S = 3600
+"""A parked worker's drain time: how long smg answers 503 for a tier left parked by a process
+that has ended (a committed load waiting for its promote), before it removes the worker and
+answers 404 again."""
 
 
 class SmgRouter(RouterHttp):
@@ -113,6 +137,22 @@ class SmgRouter(RouterHttp):
         self._sleep = sleep
         self._clock = clock
         self._removals = PendingRemovals(removal_hold_s, clock)
+        self._parking: ParkingResponder | None = None
+        self._parked: dict[str, str] = {}
+        """tier -> the parked worker this process registered for it and has not removed."""
+
+    def close(self) -> None:
+        """A tier still parked stays parked by smg itself (its worker draining, see above)."""
+        for tier, worker_id in list(self._parked.items()):
+            try:
+                self._workers.call("DELETE", f"/workers/{worker_id}")
+                log.info("router.smg.left_parked", tier=tier, seconds=PARK_SETTLE_S)
+            except AdapterError as exc:
+                log.warning("router.smg.left_parked_failed", tier=tier, error=str(exc))
+        self._parked.clear()
+        super().close()
+        if self._parking is not None:
+            self._parking.close()
 
     def __repr__(self) -> str:
         return f"SmgRouter(url={self.url!r}, admin_url={self.admin_url!r})"
@@ -150,7 +190,7 @@ class SmgRouter(RouterHttp):
             log.info("router.smg.remove", url=url, worker_id=worker_id)
         self._wait(lambda: self._workers.at(url) is None, self._removal_timeout_s, f"{url} removed")
         if sent is not None:
-            self._removals.gone(url, sent)
+            self._removals.gone(url, sent, worker.settle_s)
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
         end = self._clock() + timeout_s
@@ -166,6 +206,7 @@ class SmgRouter(RouterHttp):
             "url": norm(url),
             "models": [{"id": alias} for alias in aliases],
             "labels": {TIER_LABEL: tier},
+            "health": {"drain_settle_secs": 0},
         }
         response = self._workers.call("POST", "/workers", json=body)
         if response.status_code == 409:
@@ -229,10 +270,65 @@ class SmgRouter(RouterHttp):
         self._remove(existing)
 
     def drain(self, tier: str) -> None:
-        """Quiesce: smg's removal stops new admissions at once (`draining`) and lets in-flight
-        requests finish; wait until every backend of the tier is gone."""
-        for worker in self._workers.of_tier(tier):
+        """Quiesce: park the tier's alias (503 from now on), then remove every backend of the
+        tier and wait until it is gone; requests in flight go on over their connections."""
+        workers = self._workers.of_tier(tier)
+        aliases = next((w.aliases for w in workers if w.aliases), ())
+        if aliases:
+            self._park(tier, aliases[0])
+        for worker in workers:
             self._remove(worker)
+
+    def in_flight(self, tier: str, url: str) -> int | None:
+        """smg's `load` of the worker at `url` (None once it is removed, which is at once for
+        the workers this adapter registers: the drain counts with the engine's own figure)."""
+        worker = self._workers.at(url)
+        return None if worker is None else worker.load
+
+    def _park(self, tier: str, alias: str) -> None:
+        """Register `alias` on a worker at the parking responder (best effort: without it the
+        window answers 404, as smg does for an alias nobody serves)."""
+        if self._parking is None:
+            self._parking = ParkingResponder()
+        url = f"{self._parking.url}/parked/{uuid.uuid4().hex}"
+        body: JSONObject = {
+            "url": url,
+            "models": [{"id": alias}],
+            "labels": {PARKED_LABEL: tier},
+            "health": {"drain_settle_secs": PARK_SETTLE_S},
+        }
+        response = self._workers.call("POST", "/workers", json=body)
+        if response.status_code not in (200, 201, 202):
+            log.warning("router.smg.park_refused", tier=tier, status=response.status_code)
+            return
+        try:
+            self._wait(lambda: self._workers.at(url) is not None, self._appear_timeout_s, f"{url} listed")
+        except TransientError as exc:
+            log.warning("router.smg.park_not_listed", tier=tier, error=str(exc))
+            return
+        parked = self._workers.at(url)
+        if parked is not None:
+            self._parked[tier] = parked.id
+        log.info("router.smg.parked", tier=tier, alias=alias, url=url)
+
+    def _unpark(self, tier: str) -> None:
+        """Remove the tier's parked workers: a DELETE drains one, a second removes it at once."""
+        parked = [w for w in self._workers.listed() if w.parked == tier]
+        for worker in parked:
+            for _ in range(1 if worker.draining else 2):
+                self._workers.call("DELETE", f"/workers/{worker.id}")
+            log.info("router.smg.unparked", tier=tier, url=worker.url)
+        self._parked.pop(tier, None)
+        if parked:
+            gone = {w.url for w in parked}
+            try:
+                self._wait(
+                    lambda: not any(w.url in gone for w in self._workers.listed()),
+                    self._appear_timeout_s,
+                    f"tier {tier}'s parked worker removed",
+                )
+            except TransientError as exc:
+                log.warning("router.smg.unpark_slow", tier=tier, error=str(exc))
 
     def readmit(
         self,
@@ -268,6 +364,7 @@ class SmgRouter(RouterHttp):
                 existing = self._workers.at(url)
             if existing is None or not existing.healthy:
                 raise NotYetRouted(f"smg worker {url} not healthy yet")
+            self._unpark(tier)  # the serve's worker is healthy: the alias goes to it alone
             answer = routed_chat(self._http, self.url, alias, self._client)
             # Healthy worker, chat failing with a 5xx: smg's circuit breaker is open.
             # A fresh registration starts with a closed breaker.

@@ -45,9 +45,10 @@ class PendingRemovals:
         sent = self._unlanded[url] = self._clock()
         return sent
 
-    def gone(self, url: str, sent: float) -> None:
-        """The URL went after our DELETE sent at `sent`: it landed, if a full drain had passed."""
-        if self._clock() - sent >= OWN_REMOVAL_MIN_S:
+    def gone(self, url: str, sent: float, settle_s: float = OWN_REMOVAL_MIN_S) -> None:
+        """The URL went after our DELETE sent at `sent`: it landed, if the worker's full drain
+        (`settle_s`, smg's 5 s unless it was registered with its own) had passed."""
+        if self._clock() - sent >= min(settle_s, OWN_REMOVAL_MIN_S):
             if self._unlanded.get(url) == sent:
                 del self._unlanded[url]
         else:

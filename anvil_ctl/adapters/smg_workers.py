@@ -20,6 +20,10 @@ from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 
 TIER_LABEL = "anvil.tier"
+PARKED_LABEL = "anvil.parked"
+"""On the worker that answers a drained tier's aliases with 503 (`anvil_ctl.adapters.smg_parking`)."""
+DEFAULT_SETTLE_S = 5.0
+"""smg's drain before it removes a DELETEd worker, unless the worker was registered with its own."""
 NIL_WORKER_ID = "00000000-0000-0000-0000-000000000000"
 PENDING_JOB = ("pending", "processing")
 
@@ -47,6 +51,12 @@ class SmgWorker:
     """The ids of `models`, else `model_id`."""
     observed_model: JSONValue
     """The `served_model_name` label, as smg gave it."""
+    load: int = 0
+    """smg's count of requests it is passing to the worker now."""
+    parked: str | None = None
+    """The tier whose aliases this worker answers with 503 (`PARKED_LABEL`), if it is one."""
+    settle_s: float = DEFAULT_SETTLE_S
+    """How long smg drains the worker after a DELETE before it removes it (`health.drain_settle_secs`)."""
 
     @property
     def draining(self) -> bool:
@@ -62,6 +72,9 @@ class SmgWorker:
             (str(raw["model_id"]),) if raw.get("model_id") else ()
         )
         observed: JSONValue = labels.get("served_model_name") if isinstance(labels, dict) else None
+        parked = labels.get(PARKED_LABEL) if isinstance(labels, dict) else None
+        health = raw.get("health")
+        settle = health.get("drain_settle_secs") if isinstance(health, dict) else None
         return cls(
             id=str(raw.get("id")),
             backend_id=str(raw.get("id")) if raw.get("id") else None,
@@ -71,6 +84,9 @@ class SmgWorker:
             tier=tier if isinstance(tier, str) else None,
             aliases=aliases,
             observed_model=observed,
+            load=load if isinstance(load := raw.get("load"), int) else 0,
+            parked=parked if isinstance(parked, str) else None,
+            settle_s=float(settle) if isinstance(settle, int | float) else DEFAULT_SETTLE_S,
         )
 
 

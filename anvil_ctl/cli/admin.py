@@ -53,20 +53,18 @@ def init(
     ~/.local/share/anvil and ~/.config/anvil/anvil.toml otherwise). With --print-grants
     it only prints SQL (docs/POSTGRES.md).
     """
-    from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import InitView, Text
 
     if print_grants:
         from anvil_ctl.commands import admin
 
         return Reply(Text(admin.print_grants(database=database, owner=owner_role, app=app_role)))
-    app = session.app()
-    with working(app.progress, "init: creating or upgrading the state database"):
+    with session.working("init: creating or upgrading the state database") as app:
         from anvil_ctl.commands import admin
 
         result = admin.init(app)
     if detect_gpus:
-        with working(app.progress, "init: probing the GPUs"):
+        with session.working("init: probing the GPUs"):
             from anvil_ctl.commands import gpus_and_waivers
 
             result["gpu_roles"] = gpus_and_waivers.detect(
@@ -79,11 +77,9 @@ def init(
 @pass_session
 def db_upgrade(session: Session) -> Reply:
     """Run the state database's migrations up to the current schema."""
-    from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import InitView
 
-    app = session.app()
-    with working(app.progress, "db upgrade: running the state database's migrations"):
+    with session.working("db upgrade: running the state database's migrations") as app:
         from anvil_ctl.commands import admin
 
         return Reply(InitView(admin.db_upgrade(app)))
@@ -107,11 +103,9 @@ def db_copy(session: Session, to: str) -> Reply:
     target in full and prints the rows copied per table. Refuses (exit 9, nothing
     written) a target that already holds this host.
     """
-    from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import Record
 
-    app = session.app()
-    with working(app.progress, "db copy: verifying, copying and verifying the copy"):
+    with session.working("db copy: verifying, copying and verifying the copy") as app:
         from anvil_ctl.commands import dbcopy
 
         return Reply(Record(dbcopy.db_copy(app, to=to)))
@@ -157,10 +151,7 @@ def status(session: Session, watch: bool, interval: float, count: int | None) ->
     if count is not None and not watch:
         raise click.UsageError("--count goes with --watch")
     if not watch:
-        from anvil_ctl.cli.progress import working
-
-        app = session.app()
-        with working(app.progress, "status: observing the containers, the engines and the router"):
+        with session.working("status: observing the containers, the engines and the router") as app:
             from anvil_ctl.commands import admin
 
             return Reply(StatusView(admin.status(app)))
@@ -178,10 +169,7 @@ def recover(session: Session) -> Reply:
     Backwards before a plan's pivot step, forwards after it. Exit 5 when a
     transaction still needs an operator afterwards.
     """
-    from anvil_ctl.cli.progress import working
-
-    app = session.app()
-    with working(app.progress, "recover: looking for transactions whose owner died"):
+    with session.working("recover: looking for transactions whose owner died") as app:
         from anvil_ctl.commands import transactions
 
         report = transactions.recover_all(app)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import click
 
@@ -12,9 +11,6 @@ from anvil_ctl.cli.options import host_options, host_scope, limit_option, slot_o
 from anvil_ctl.cli.params import REF, SINCE
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
-
-if TYPE_CHECKING:
-    pass
 
 only_slot = slot_option("Only this slot.")
 
@@ -134,12 +130,10 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     A fleet's hosts share one chain: every run verifies all of it; --host and
     --all-hosts choose whose entries the report counts.
     """
-    from anvil_ctl.cli.progress import working
     from anvil_ctl.cli.views import ChainCheck
 
-    app = session.app()
     walk = "the whole journal" if full else "the journal from the last checkpoint"
-    with working(app.progress, f"audit verify: walking {walk} and re-digesting the rows it covers"):
+    with session.working(f"audit verify: walking {walk} and re-digesting the rows it covers") as app:
         from anvil_ctl.commands import audit
 
         check = ChainCheck(
@@ -231,9 +225,9 @@ def decisions(session: Session, slot: str | None, limit: int) -> Reply:
     Oldest first; --limit keeps the newest. --json prints every field.
     """
     from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import qualify
+    from anvil_ctl.commands import evidence as evidence_cmd
 
-    decided = qualify.audit_decisions(session.app(), slot=slot, limit=limit)
+    decided = evidence_cmd.audit_decisions(session.app(), slot=slot, limit=limit)
     return Reply(Table(decided, cells=_decision_cells))
 
 
@@ -269,9 +263,9 @@ def evidence(session: Session, tx: str) -> Reply:
     checked against its manifest.
     """
     from anvil_ctl.cli.views import EvidenceAudit
-    from anvil_ctl.commands import qualify
+    from anvil_ctl.commands import evidence as evidence_cmd
 
-    found = EvidenceAudit(qualify.audit_evidence(session.app(), tx))
+    found = EvidenceAudit(evidence_cmd.audit_evidence(session.app(), tx))
     return Reply(found, ExitCode.OK if found.ok else ExitCode.DRIFT)
 
 

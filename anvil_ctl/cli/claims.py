@@ -35,13 +35,10 @@ def check(session: Session, ledger: Path, evidence: Path) -> Reply:
     artifact at its JSON path, rounded as declared and compared with the number as
     published. External-prior claims are listed, never recounted.
     """
-    from anvil_ctl.cli.progress import working
+    with session.working(f"claims check: recounting {ledger.name} from the verified bundle"):
+        from anvil_ctl.evidence.claims import check_ledger, load_ledger
 
-    app = session.app()  # settings and logging, as for every command; the check needs nothing else
-    with working(app.progress, f"claims check: recounting {ledger.name} from the verified bundle"):
-        from anvil_ctl.commands import claims
-
-        result = claims.check_claims(ledger, evidence)
+        result = check_ledger(load_ledger(ledger), evidence)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
@@ -51,10 +48,10 @@ def check(session: Session, ledger: Path, evidence: Path) -> Reply:
 def render(session: Session, ledger: Path) -> Reply:
     """Print the claim ledger as the seeds' table: public claim, conditions, evidence."""
     from anvil_ctl.cli.views import Text
-    from anvil_ctl.commands import claims
+    from anvil_ctl.evidence.claims import load_ledger, render_ledger
 
     session.app()
-    return Reply(Text(claims.render_claims(ledger)))
+    return Reply(Text(render_ledger(load_ledger(ledger))))
 
 
 claims = click.Group(

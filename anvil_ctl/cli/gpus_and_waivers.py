@@ -6,17 +6,12 @@ which imports only the core (checked by `test_cli_help_imports.py`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import click
 
 from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, text
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays fast
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.command("detect", epilog=example("anvilctl gpus detect --override GPU-0123abcd=big --write"))

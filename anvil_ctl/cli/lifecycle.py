@@ -11,6 +11,7 @@ from anvil_ctl.cli.complete import complete_containers, complete_targets
 from anvil_ctl.cli.options import (
     WAIT_TIMEOUT_HELP,
     accept_drift_options,
+    drain_options,
     drift_acceptance,
     dry_run_option,
     slot_option,
@@ -18,6 +19,7 @@ from anvil_ctl.cli.options import (
 )
 from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, check_new_file
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
 
@@ -83,6 +85,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     )
     @dry_run_option()
     @timeout_option(WAIT_TIMEOUT_HELP)
+    @drain_options("cut")
     @pass_session
     def command(
         session: Session,
@@ -92,6 +95,8 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         restore_group: str | None,
         dry_run: bool,
         timeout_s: float | None,
+        drain_timeout_s: float | None,
+        on_drain_timeout: OnDrainTimeout | None,
     ) -> Reply:
         from anvil_ctl.commands import lifecycle
 
@@ -102,11 +107,15 @@ def _rollback_command(name: str, summary: str) -> click.Command:
             restore_group=restore_group,
             dry_run=dry_run,
             timeout_s=timeout_s,
+            drain_timeout_s=drain_timeout_s,
+            on_drain_timeout=on_drain_timeout,
         )
         return Reply(out, ExitCode(out.exit_code))
 
     command.help = (
-        f"{summary}\n\nStop (and keep) what serves now, start the same container ID of the target, "
+        f"{summary}\n\nDrain what serves now (no new requests; the answers in flight finish, "
+        "at most --drain-timeout: at it a rollback goes on and counts the answers it cut), stop "
+        "(and keep) it, start the same container ID of the target, "
         "check health and identity, route back; commit only if the identity-critical fields "
         "equal the recorded ones. `rollback` and `restore` are the same command."
     )
@@ -182,8 +191,6 @@ def recheck(
     textfile then says anvil_recheck_up 0. Between a committed load and its promote or
     rollback the slot is judged as the campaign should be (phase qualifying).
     """
-    from anvil_ctl.cli.progress import working
-
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded
     if (profile or rollback_on_breach) and not slo:
@@ -194,8 +201,7 @@ def recheck(
         raise click.UsageError(
             "--rollback-on-breach needs --by NAME, --until TIME and --reason TEXT (and they need it)"
         )
-    app = session.app()
-    with working(app.progress, f"recheck: observing slot {slot} and checking its goals"):
+    with session.working(f"recheck: observing slot {slot} and checking its goals") as app:
         from anvil_ctl.commands import recheck as recheck_cmd
 
         request = None

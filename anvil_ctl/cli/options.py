@@ -1,5 +1,6 @@
 """The options several commands share, each written once: `--slot`, `--dry-run`, `--timeout`,
-`--accept-drift`, `--host`/`--all-hosts`, `--limit` and `--override`.
+`--drain-timeout`/`--on-drain-timeout`, `--accept-drift`, `--host`/`--all-hosts`, `--limit` and
+`--override`.
 
 Light, as every module `--help` imports: click, the parameter types and the completers.
 """
@@ -52,6 +53,29 @@ def dry_run_option(help: str = "Run every guard and print the plan; change nothi
 def timeout_option(what: str) -> OptionDecorator:
     """`--timeout DURATION` of load, promote, rollback and qualify (kubectl and helm spelling)."""
     return click.option("--timeout", "timeout_s", type=TIMEOUT, metavar="DURATION", help=what)
+
+
+def drain_options(default: str) -> Callable[[F], F]:
+    """`--drain-timeout DURATION --on-drain-timeout abort|cut`: how a serve taken out of traffic
+    waits for its answers in flight, and what happens at the deadline (`default` says which)."""
+
+    def add(fn: F) -> F:
+        fn = click.option(
+            "--on-drain-timeout",
+            type=click.Choice(["abort", "cut"]),
+            help="At the drain's deadline: abort (compensate; the serve stays routed; exit 3) or "
+            f"cut (stop it anyway; the cut answers are counted in the record). Default: {default}.",
+        )(fn)
+        return click.option(
+            "--drain-timeout",
+            "drain_timeout_s",
+            type=TIMEOUT,
+            metavar="DURATION",
+            help="Longest wait for the answers in flight on the serve taken out of traffic "
+            "(e.g. 5m); default: the recipe's drain_timeout_s, else 300s.",
+        )(fn)
+
+    return add
 
 
 WAIT_TIMEOUT_HELP = (

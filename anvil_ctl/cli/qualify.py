@@ -102,13 +102,10 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     TX is a transaction ID or a unique prefix, DIR a new or empty directory. GPU UUIDs, host paths and router
     tokens are redacted; the copy gets its own manifest.
     """
-    from anvil_ctl.cli.progress import working
+    with session.working(f"evidence export: copying and redacting the evidence of {tx}") as app:
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-    app = session.app()
-    with working(app.progress, f"evidence export: copying and redacting the evidence of {tx}"):
-        from anvil_ctl.commands import qualify as qualify_cmd
-
-        return Reply(qualify_cmd.export_evidence(app, tx, directory))
+        return Reply(evidence_cmd.export_evidence(app, tx, directory))
 
 
 @click.command(
@@ -130,15 +127,12 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     --expect-manifest (when given); the output says which it used. A manifest neither
     knows is reported unbound (exit 6): a consistently edited bundle looks intact.
     """
-    from anvil_ctl.cli.progress import working
-
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
-    app = session.app()
-    with working(app.progress, f"evidence verify: hashing every artifact of {directory}"):
-        from anvil_ctl.commands import qualify as qualify_cmd
+    with session.working(f"evidence verify: hashing every artifact of {directory}") as app:
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-        result = qualify_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
+        result = evidence_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
@@ -162,10 +156,7 @@ def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     and the A/B control when one compared this candidate. Figures come only from
     verified evidence bundles. Needs the optional extra `report` (matplotlib).
     """
-    from anvil_ctl.cli.progress import working
-
-    app = session.app()
-    with working(app.progress, f"evidence report: verifying the bundles of {tx} and drawing the page"):
+    with session.working(f"evidence report: verifying the bundles of {tx} and drawing the page") as app:
         from anvil_ctl.commands import report
 
         return Reply(report.evidence_report(app, tx, output))

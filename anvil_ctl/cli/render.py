@@ -79,10 +79,6 @@ def _record_of(result: object, out: Out) -> None:
         out.line(s(data) if not isinstance(data, list) else ", ".join(s(v) for v in data))
 
 
-def _record(view: views.Record, out: Out) -> None:
-    _record_of(view, out)
-
-
 def _table(t: views.Table, out: Out) -> None:
     rows = t.human_rows()
     if not rows:
@@ -174,7 +170,7 @@ def _init(view: views.InitView, out: Out) -> None:
 
 RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.cli.views.Table": _table,
-    "anvil_ctl.cli.views.Record": _record,
+    "anvil_ctl.cli.views.Record": _record_of,
     "anvil_ctl.cli.views.Text": _text,
     "anvil_ctl.cli.views.StatusView": _status,
     "anvil_ctl.cli.views.InitView": _init,

@@ -10,6 +10,7 @@ from anvil_ctl.cli.complete import complete_containers, complete_recipes
 from anvil_ctl.cli.options import (
     WAIT_TIMEOUT_HELP,
     accept_drift_options,
+    drain_options,
     drift_acceptance,
     dry_run_option,
     slot_option,
@@ -17,6 +18,7 @@ from anvil_ctl.cli.options import (
 )
 from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
 ENGINE_NAMES = ("llama-cpp-python", "llama-cpp-python-cuda", "openai-compatible", "sglang", "stub", "vllm")
@@ -100,6 +102,7 @@ recipes = click.Group(
 @slot_option("The slot to load into.", required=True)
 @dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
+@drain_options("abort")
 @accept_drift_options
 @pass_session
 def load(
@@ -109,21 +112,38 @@ def load(
     slot: str,
     dry_run: bool,
     timeout_s: float | None,
+    drain_timeout_s: float | None,
+    on_drain_timeout: OnDrainTimeout | None,
     accept_drift: bool,
     drift_by: str | None,
     drift_reason: str | None,
 ) -> Reply:
     """Load a candidate from a recipe; the incumbent is kept.
 
-    Drains the slot's router tier, stops (never removes) the incumbent, waits until
-    its VRAM is free, starts the candidate from RECIPE and waits for its health and
-    served identity. A failed step compensates back to the before state (exit 4).
+    Drains the incumbent: the router stops admitting new requests to it (clients get
+    a retryable 503 until a serve is routed again) and the load waits until it
+    answers nothing, read from the engine's own running-requests figure or the
+    router's count. The wait has a deadline (--drain-timeout, else the recipe's
+    drain_timeout_s, else 300 s); at it the load gives up without cutting an answer:
+    the incumbent is routed again and keeps serving, and the load exits 3 saying
+    how many answers were still in flight (--on-drain-timeout cut stops it anyway
+    and records the answers cut). Then it stops (never removes) the incumbent
+    gracefully, waits until its VRAM is free, starts the candidate from RECIPE and
+    waits for its health and served identity. A failed step compensates back to
+    the before state (exit 4).
     """
     from anvil_ctl.commands import serves
 
     accepted = drift_acceptance(accept_drift, drift_by, drift_reason)
     out = serves.load(
-        session.app(), recipe, slot=slot, dry_run=dry_run, accept_drift=accepted, timeout_s=timeout_s
+        session.app(),
+        recipe,
+        slot=slot,
+        dry_run=dry_run,
+        accept_drift=accepted,
+        timeout_s=timeout_s,
+        drain_timeout_s=drain_timeout_s,
+        on_drain_timeout=on_drain_timeout,
     )
     return Reply(out, ExitCode(out.exit_code))
 
@@ -136,17 +156,35 @@ def load(
     is_flag=True,
     help="Also delete /dev/shm residue: only what two observations agree no process holds.",
 )
+@drain_options("abort")
 @pass_session
-def unload(session: Session, container_id: str, yes: bool, remove_residue: bool) -> Reply:
+def unload(
+    session: Session,
+    *,
+    container_id: str,
+    yes: bool,
+    remove_residue: bool,
+    drain_timeout_s: float | None,
+    on_drain_timeout: OnDrainTimeout | None,
+) -> Reply:
     """Remove a candidate container that anvilctl created.
 
     CONTAINER_ID must carry anvilctl's candidate labels and be no slot's incumbent
-    or rollback identity; without --yes nothing is removed.
+    or rollback identity; without --yes nothing is removed. A running candidate is
+    drained first: the answers it gives to clients reaching it directly finish
+    (at the deadline: exit 3 and nothing removed, or --on-drain-timeout cut).
     """
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import serves
 
-    out = serves.unload(session.app(), container_id, yes=yes, remove_residue=remove_residue)
+    out = serves.unload(
+        session.app(),
+        container_id,
+        yes=yes,
+        remove_residue=remove_residue,
+        drain_timeout_s=drain_timeout_s,
+        on_drain_timeout=on_drain_timeout,
+    )
     if isinstance(out, dict):  # without --yes: what would be removed
         return Reply(Record(out))
     return Reply(out, ExitCode(out.exit_code))

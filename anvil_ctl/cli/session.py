@@ -8,10 +8,11 @@ so this module, like the command modules at import time, loads only click and th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -71,6 +72,15 @@ class Session:
         if self._app is None:
             self._app = self._opener(self.options)
         return self._app
+
+    @contextlib.contextmanager
+    def working(self, what: str) -> Iterator[App]:
+        """The App, with `what` on a terminal's live line while the command does it."""
+        from anvil_ctl.cli.progress import working
+
+        app = self.app()
+        with working(app.progress, what):
+            yield app
 
     def close(self) -> None:
         """Close the App's adapters; safe to call twice or when none was opened."""

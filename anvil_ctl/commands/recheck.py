@@ -31,6 +31,7 @@ verify --expect-head` can check later.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +165,7 @@ def router_repairable(result: RecheckResult) -> bool:
 def wait_router(app: App, timeout_s: float) -> float:
     """Wait until the router answers our admin credentials; the seconds it took. A router's unit
     or container is reported started before it listens, and the route repair its start hook
-    runs must not judge a router that is still coming up. Unavailable (exit 7) at the deadline."""
+    runs must not judge a router that is still coming up. Unavailable at the deadline."""
     world = app.world()
     if world.router is None:
         return 0.0
@@ -200,7 +201,14 @@ def recheck(
         raise BadInput(f"--repair {', '.join(unknown)}: expected one of {list(REPAIRS)}", field="repair")
     app.config.slot(slot)
     if wait_router_s is not None:
-        waited = wait_router(app, wait_router_s)
+        try:
+            waited = wait_router(app, wait_router_s)
+        except Unavailable as exc:  # not drift, not a pass: recorded and exit 7, as any unobservable host
+            out = RecheckResult(slot=slot, unavailable=str(exc))
+            out.assertions = [{"name": "observed", "passed": False, "observed": str(exc)}]
+            with contextlib.suppress(Unavailable):  # the database too: the textfile still says so
+                _record(app, out)
+            return out
         log.info("recheck.router_answered", waited_s=round(waited, 3))
     if slo is not None and slo.profile is not None:
         from anvil_ctl.qualify.profiles import load_profile

@@ -33,7 +33,7 @@ from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
 from anvil_ctl.persistence import qualification
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.slosample import Sample, open_client, sample
-from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, WatchPolicy, qualified_values
+from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, breaches, qualified_values
 
 POLICY = "rollback-on-breach"
 
@@ -98,24 +98,6 @@ def _qualified(app: App, ident: Identity) -> tuple[dict[str, float], JSONObject]
     return {}, {"evidence": None, "tx_id": tx_id, "why": "the qualification measured no capacity cell"}
 
 
-def breaches(limits: list[Limit], samples: list[Sample], consecutive: int) -> list[JSONObject]:
-    """The limits failed by `consecutive` samples in a row (a sample that cannot judge one
-    breaks the run), each with the breaching samples' values."""
-    found: list[JSONObject] = []
-    for i, limit in enumerate(limits):
-        run: list[float | None] = []
-        for s in samples:
-            observed = s.metrics().get(limit.metric)
-            if limit.holds(observed) is False:
-                run.append(observed)
-                if len(run) >= consecutive:
-                    found.append({"threshold": i, **limit.as_dict(), "observed": list(run[-consecutive:])})
-                    break
-            else:
-                run = []
-    return found
-
-
 def slo_check(
     app: App,
     ident: Identity,
@@ -160,7 +142,7 @@ def slo_check(
             )
     finally:
         client.close()
-    found = breaches(limits, samples, policy.consecutive)
+    found = breaches(limits, [s.metrics() for s in samples], policy.consecutive)
     observed: JSONObject = {
         **declared,
         "samples": [s.as_dict() for s in samples],
@@ -179,7 +161,13 @@ def _roll_back(
         return {"ran": False, "why": f"--rollback-on-breach expired at {utc_stamp(enabled.until)}"}
     from anvil_ctl.commands.lifecycle import rollback
 
-    decided: JSONObject = {**enabled.as_dict(), "breaches": [*found], "serve": ident.container_id}
+    newest = app.store.newest_committed_revision(ident.slot)  # what put the serve on the route
+    decided: JSONObject = {
+        **enabled.as_dict(),
+        "breaches": [*found],
+        "serve": ident.container_id,
+        "undoes": {"tx_id": newest[0], "kind": newest[1]} if newest else None,
+    }
     try:
         out = rollback(app, slot=ident.slot, decided_by=decided)
     except AnvilError as exc:  # refused before it began (the host lock held, say): nothing ran

@@ -125,6 +125,12 @@ class EngineProfile:
     router_check_path: str | None = None
     """What a router's health checks should GET, where that differs from the health route:
     a path that answers while a completion runs (None: the health route, else /v1/models)."""
+    running_metric: str | None = None
+    """The Prometheus gauge of requests being answered now on GET /metrics, the drain's first
+    source of what is in flight (None: the engine publishes none; the router's count is used)."""
+    stop_timeout_s: float = 30.0
+    """Grace between the engine's graceful signal (SIGTERM, Docker's default, which each
+    profiled engine handles by finishing its work and releasing its memory) and a kill."""
     sources: tuple[str, ...] = field(default=())
     """Where the facts above were observed or read."""
 
@@ -218,6 +224,8 @@ STUB = EngineProfile(
         PYTHON_DEPRECATION,
     ),
     start_banner=r"anvil-stub: serving ",
+    running_metric="stub:num_requests_running",
+    stop_timeout_s=10.0,
     sources=("anvil_ctl/stub (docs/CONTRACTS.md)",),
 )
 
@@ -246,9 +254,13 @@ SGLANG = EngineProfile(
     ),
     start_banner=r"The server is fired up and ready to roll!",
     stop_exit_codes=(0, 143, 137),
+    # Published with --enable-metrics (a recipe without it: the router's count is read).
+    running_metric="sglang:num_running_reqs",
+    stop_timeout_s=60.0,
     sources=(
         "sgl-project/sglang python/sglang/srt/entrypoints/openai/serving_tokenize.py (/v1/tokenize: "
-        "prompt -> count, max_model_len), serving_chat.py (response model is the request's); "
+        "prompt -> count, max_model_len), serving_chat.py (response model is the request's), "
+        "srt/metrics/collector.py (the sglang:num_running_reqs gauge); "
         "not run here (no GPU): recipes/glm53-flash-ormandj-sglang-*.toml",
     ),
 )
@@ -332,8 +344,9 @@ LLAMA_CPP_CUDA = replace(
         processes="one: the server's Python process (a child of docker-init, not the "
         "container's init PID) opens one CUDA context on each granted GPU",
         holds="the offloaded weights, the KV cache for n_ctx and the CUDA compute buffers, "
-        "all allocated while the model loads, before the server listens; constant while it "
-        "serves (no allocation per request)",
+        "allocated while the model loads, before the server listens; it grows once more with "
+        "the first long prompts (cuBLAS workspace and larger batches: +218 MiB on an H200 at "
+        "8k), so a VRAM need is measured after a long prompt, not at load",
         release="at the process's exit, when the driver destroys its context: SIGTERM through "
         "docker-init ends it; there is no sleep or unload API",
     ),
@@ -355,9 +368,12 @@ VLLM = EngineProfile(
     notice_log_patterns=(NCCL_PLUGIN, PYTHON_DEPRECATION),
     start_banner=r"Starting vLLM API server",
     stop_exit_codes=(0, 143, 137),
+    running_metric="vllm:num_requests_running",
+    stop_timeout_s=60.0,
     sources=(
         "vllm-project/vllm vllm/v1/engine/core.py and vllm/entrypoints/openai/api_server.py "
-        "(log lines); not run here (no GPU)",
+        "(log lines), vllm/v1/metrics/loggers.py (the vllm:num_requests_running gauge); "
+        "not run here (no GPU)",
     ),
 )
 

@@ -15,6 +15,8 @@ AnvilError
 │   ├── NotFound                 the object named by an exact ID does not exist
 │   └── CredentialError          a token could not be resolved or its file is unsafe
 ├── StepFailed                   raised by a step's do/undo to fail with a reason
+│   └── DrainRefused             exit 3: answers still in flight at a drain's deadline; the
+│                                transaction gave up (compensated), the serve stays routed
 ├── StateStoreError              the state database is missing, foreign or too new
 ├── EvidenceMismatch             exit 6: an evidence bundle differs from its manifest
 ├── RecordDiffers                exit 6: a record to be used (copied) does not verify
@@ -111,6 +113,12 @@ class CredentialError(AdapterError):
 
 class StepFailed(AnvilError):
     """A step's do or undo could not reach its goal."""
+
+
+class DrainRefused(StepFailed):
+    """A drain's deadline passed with answers in flight and the policy refuses to cut them."""
+
+    exit_code = ExitCode.REFUSED
 
 
 class StateStoreError(AnvilError):

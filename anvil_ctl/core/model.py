@@ -326,3 +326,34 @@ class ResidueRemoval:
 
     removed: tuple[str, ...] = ()
     kept: tuple[tuple[str, str], ...] = ()
+
+
+DEFAULT_DRAIN_TIMEOUT_S = 300.0
+"""How long a drain waits for the answers in flight when neither the recipe (`drain_timeout_s`)
+nor the command (`--drain-timeout`) says: a long-context answer at the seeds' speeds, a
+100K-token prompt's prefill (~65 s) and a long answer at a few tens of tokens a second."""
+
+OnDrainTimeout = Literal["abort", "cut"]
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    """How a step that takes a serve out of traffic waits for the answers in flight."""
+
+    deadline_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    on_timeout: OnDrainTimeout = "abort"
+    """At the deadline: `abort` gives up (the transaction compensates, the serve stays
+    routed); `cut` stops the serve anyway and records how many answers it cut."""
+
+    @classmethod
+    def of(
+        cls, deadline_s: float | None, on_timeout: OnDrainTimeout | None, *, default: OnDrainTimeout
+    ) -> DrainPolicy:
+        """The command's choices (None: not given) over the defaults."""
+        return cls(deadline_s or DEFAULT_DRAIN_TIMEOUT_S, on_timeout or default)
+
+
+REFUSE_TO_CUT = DrainPolicy()
+"""Planned changes (load, unload): at the deadline, give up and leave the serve routed."""
+CUT_AT_DEADLINE = DrainPolicy(on_timeout="cut")
+"""The emergency tool (rollback): at the deadline, go on and count the answers cut."""

@@ -39,32 +39,26 @@ class ContainerRuntime(Protocol):
 
     def inspect(self, container_id: str) -> ContainerInfo:
         """Observe one container; raise NotFound if it does not exist."""
-        ...
 
     def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         """All containers (running or not), optionally filtered by labels."""
-        ...
 
     def image(self, ref: str) -> ImageInfo:
         """Observe an image by ID, digest reference or tag; raise NotFound if absent."""
-        ...
 
     def create(self, spec: ContainerSpec) -> str:
         """Create (do not start) a container; return its ID."""
-        ...
 
     def start(self, container_id: str) -> None: ...
 
     def stop(self, container_id: str, timeout_s: float) -> None:
         """Stop and wait until the runtime reports it exited (bounded by timeout_s plus a kill)."""
-        ...
 
     def remove(self, container_id: str) -> None: ...
 
     def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
         """The newest `max_lines` lines (at most `max_bytes`) of the container's stdout and
         stderr since it was created, with its restart count and OOM flag; NotFound if absent."""
-        ...
 
 
 @runtime_checkable
@@ -73,7 +67,6 @@ class Router(Protocol):
 
     def probe_credentials(self) -> None:
         """A harmless authenticated admin and client call; raise AuthRejected on 401/403."""
-        ...
 
     def backends(self, tier: str) -> list[Backend]: ...
 
@@ -82,8 +75,12 @@ class Router(Protocol):
     def deregister(self, tier: str, url: str) -> None: ...
 
     def drain(self, tier: str) -> None:
-        """Stop admitting new requests to the tier's backends (quiesce)."""
-        ...
+        """Stop admitting new requests to the tier's backends (quiesce); requests in flight go
+        on. New requests to the tier's aliases are answered a retryable 503 until `readmit`."""
+
+    def in_flight(self, tier: str, url: str) -> int | None:
+        """The router's own count of requests it is passing to `url` now (None: it has no
+        count for that backend any more)."""
 
     def readmit(
         self,
@@ -104,11 +101,9 @@ class Router(Protocol):
         process that died, or whatever broke the route being repaired), so the
         registration is held as if one were pending since readmission began. Without
         it, a router with late removals holds only for removals it sent or observed."""
-        ...
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         """One authenticated routed chat completion to an alias."""
-        ...
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
         """Whether `tier` routes to `url` now: its registration present, the tier's only
@@ -116,14 +111,12 @@ class Router(Protocol):
         alias answering 200 from expected_model. Read-only and cheap (a listing and one
         chat); a missing or unreachable route is a RouteCheck that does not hold, only a
         401/403 raises (AuthRejected)."""
-        ...
 
     def ready(self) -> bool: ...
 
     def view(self, tier: str) -> JSONObject:
         """The router's view of a tier for snapshots (JSON-able, no secrets): `router`, `tier`,
         `ready`, and `backends` as url, aliases, observed_model, healthy, state."""
-        ...
 
 
 @runtime_checkable
@@ -145,12 +138,14 @@ class ServerProbe(Protocol):
 
     def listening(self, base_url: str) -> bool:
         """Whether anything accepts connections at the URL's host and port (any server)."""
-        ...
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
         """One chat of `words` one-token words (max_tokens 1): how the engine answers a
         prompt of at least that many tokens (the context-refusal probe)."""
-        ...
+
+    def running(self, base_url: str, metric: str) -> int | None:
+        """The engine's own count of requests being answered (the Prometheus gauge `metric`
+        on GET /metrics, summed over its labels); None when it publishes no such figure."""
 
 
 @runtime_checkable
@@ -159,11 +154,9 @@ class SharedMemory(Protocol):
 
     def residue(self) -> list[ResidueFile]:
         """Files of ours that no process holds any more."""
-        ...
 
     def remove_unheld(self) -> ResidueRemoval:
         """Delete residue only when two observations agree that no process holds it."""
-        ...
 
 
 @runtime_checkable
@@ -172,11 +165,9 @@ class ShmLedger(Protocol):
 
     def marks(self, boot_id: str) -> list[ShmMark]:
         """Every mark recorded during the boot `boot_id`."""
-        ...
 
     def remember(self, marks: list[ShmMark]) -> None:
         """Record marks not recorded yet (a mark already known is not written again)."""
-        ...
 
 
 class CacheVerdict(Protocol):
@@ -196,11 +187,9 @@ class ModelCache(Protocol):
 
     def verify_identity(self, identity: str) -> CacheVerdict:
         """Check `repo@revision`: snapshot present, no incomplete blobs, no broken links."""
-        ...
 
     def verify_files(self, identity: str, files: Sequence[ModelFile]) -> CacheVerdict:
         """`verify_identity`, and each pinned file's size and SHA-256 (and GGUF header)."""
-        ...
 
 
 @runtime_checkable
@@ -250,16 +239,15 @@ class Journal(Protocol):
         slot: str | None,
         args: JSONObject,
         owner: Owner,
-        tx_id: str | None = None,
+        tx_id: str,
     ) -> str:
-        """Write a new transaction in state `planned`; return its ID."""
-        ...
+        """Write a new transaction `tx_id` (made by `anvil_ctl.engine.entry`) in state `planned`;
+        return its ID."""
 
     def transition(
         self, tx_id: str, target: TxState, reason: str = "", data: Mapping[str, object] | None = None
     ) -> None:
         """Append a state row after checking the move against the transition table."""
-        ...
 
     def record(self, tx_id: str) -> TxRecord: ...
 
@@ -278,7 +266,6 @@ class Journal(Protocol):
 
     def together(self) -> AbstractContextManager[None]:
         """The writes inside commit as one (one database transaction, one audit entry)."""
-        ...
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int: ...
 
@@ -288,7 +275,6 @@ class Journal(Protocol):
 
     def unfinished(self) -> list[TxRecord]:
         """Transactions whose latest state is planned, running, compensating or interrupted."""
-        ...
 
 
 class Progress(Protocol):
@@ -301,34 +287,27 @@ class Progress(Protocol):
 
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
         """A transaction of `steps` steps began running (its guards passed)."""
-        ...
 
     def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
         """A step began: phase `do`, `undo` (compensation) or `check` (the guards, seq -1)."""
-        ...
 
     def step_finished(
         self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
     ) -> None:
         """The step that began last ended, after `elapsed_s`; `error` says why when not `ok`."""
-        ...
 
     def waiting(self, what: str, deadline_s: float) -> None:
         """The running step waits for `what` (health, drain, readmission, VRAM) at most
         `deadline_s` seconds."""
-        ...
 
     def activity(self, text: str) -> None:
         """What the running step does now, in a few words (replaced by the next one)."""
-        ...
 
     def note(self, text: str) -> None:
         """A line worth keeping (a gate's verdict, a route re-applied)."""
-        ...
 
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
         """The transaction reached its end state."""
-        ...
 
 
 class SilentProgress:

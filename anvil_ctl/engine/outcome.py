@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from anvil_ctl.core.guards import Refusal
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.snapshot import Change, Snapshot
-from anvil_ctl.core.states import STATE_EXIT_CODES, TxState
+from anvil_ctl.core.states import STATE_EXIT_CODES, ExitCode, TxState
 
 
 @dataclass
@@ -28,9 +28,17 @@ class Outcome:
     after: Snapshot | None = None
     changes: list[Change] = field(default_factory=list)
     results: dict[str, JSONObject] = field(default_factory=dict)
+    memo: object = None
+    """The plan's memo after the run: what a step measured that is not journaled (qualify's
+    result); not rendered."""
+    drain_refused: bool = False
+    """A drain met its deadline with answers in flight and refused to cut them: the
+    transaction compensated, and exits 3 (refused) rather than 4."""
 
     @property
     def exit_code(self) -> int:
+        if self.drain_refused and self.state is TxState.COMPENSATED:
+            return int(ExitCode.REFUSED)
         return int(STATE_EXIT_CODES[self.state])
 
     def as_dict(self) -> dict[str, object]:

@@ -4,7 +4,7 @@
   out is not contradicted;
 - `refusal`: the engine reports no length, but refuses a prompt of at least that many
   tokens with a 400 naming it (llama.cpp: "maximum context length is 2048 tokens",
-  after tokenizing only, ~0.1 s for 2k tokens). The probe sends a prompt of the
+  after tokenizing only, which is quick). The probe sends a prompt of the
   recorded length: a refusal names the real length; an answer means the engine took
   a prompt longer than the recorded context, which is drift too;
 - `none`: unobservable; recorded as such.

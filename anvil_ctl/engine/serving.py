@@ -120,9 +120,10 @@ def is_running(world: World, container_id: str) -> bool:
 # -- acting on serves -------------------------------------------------------------------------
 
 
-def stop_verified(world: World, container_id: str) -> JSONObject:
-    """Stop a container and prove it exited; absent counts as a failure (nothing to retain)."""
-    grace = world.config.policy.stop_timeout_s
+def stop_verified(world: World, container_id: str, grace: float | None = None) -> JSONObject:
+    """Stop a container and prove it exited; absent counts as a failure (nothing to retain).
+    `grace`: seconds between the graceful signal and a kill (default: the policy's)."""
+    grace = world.config.policy.stop_timeout_s if grace is None else grace
     world.progress.waiting(f"container {container_id[:12]} to stop (SIGKILL at the deadline)", grace)
     world.runtime.stop(container_id, grace)
     info = world.runtime.inspect(container_id)
@@ -133,9 +134,8 @@ def stop_verified(world: World, container_id: str) -> JSONObject:
 
 POLL_FIRST_S = 0.02
 """The first pause of a poll: most waits (a stub's start, a released card) end within a few.
-Short, because the pause after the wait is over is time lost (a stub serves 0.1-0.2 s after
-its start: polls at 0.02 s growing by a quarter see it 0.04 s late at most, from 0.05 s up to
-0.07 s); a poll is two local HTTP requests."""
+Short, because the pause after the wait is over is time lost; a poll is two local HTTP
+requests."""
 POLL_GROWTH = 1.25
 """Each pause a quarter longer than the last: what is ready is seen within a quarter of the
 time already waited, and a long wait (a real engine loading weights) polls ever less."""
@@ -335,20 +335,6 @@ def drain_step(readmit: Which[C], description: str = "quiesce the slot's router 
         return route_slot_to(ctx.world, serve) if serve is not None else {"readmitted": None}
 
     return Step("drain-tier", do, undo, description)
-
-
-def stop_retain_step(name: str, which: Which[C], description: str) -> Step[C]:
-    """Stop (never remove) `which(ctx)`; the undo starts the same container ID again."""
-
-    def do(ctx: C) -> StepResult:
-        serve = which(ctx)
-        return stop_verified(ctx.world, serve.container_id) if serve else {"stopped": None}
-
-    def undo(ctx: C, _result: StepResult) -> StepResult:
-        serve = which(ctx)
-        return restart_retained(ctx.world, serve) if serve else {"restarted": None}
-
-    return Step(name, do, undo, description)
 
 
 def release_vram_step(need: Callable[[C], VramNeed]) -> Step[C]:

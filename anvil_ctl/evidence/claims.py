@@ -36,7 +36,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Literal
@@ -277,13 +277,7 @@ class ClaimResult:
     recounted: list[JSONObject] = field(default_factory=list)
 
     def as_dict(self) -> JSONObject:
-        return {
-            "claim": self.claim,
-            "origin": self.origin,
-            "status": self.status,
-            "problems": list(self.problems),
-            "recounted": list(self.recounted),
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
@@ -38,7 +37,6 @@ from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import GateContext
 from anvil_ctl.qualify.gates.capacity import Capacity, Repetition
 
-Metric = Literal["decode_p50", "prefill_p50", "ttft_p50"]
 METRICS: dict[str, tuple[str, bool]] = {
     "decode_p50": ("decode_tps_p50", True),
     "prefill_p50": ("prefill_tps_p50", True),
@@ -98,41 +96,29 @@ def parse_boundaries(raw: object, source: str) -> tuple[Boundary, ...]:
         )
     out = []
     for i, item in enumerate(raw):
-        where = f"{source}: boundaries[{i}]"
+
+        def bad(key: str, problem: str, i: int = i) -> BadInput:
+            where = f"boundaries[{i}]" + (f".{key}" if key else "")
+            return BadInput(f"{source}: {where}: {problem}", file=source, field=where)
+
         if not isinstance(item, dict):
-            raise BadInput(f"{where}: expected a table", file=source, field=f"boundaries[{i}]")
+            raise bad("", "expected a table")
         unknown = sorted(set(item) - _BOUNDARY_KEYS)
         if unknown:
-            raise BadInput(
-                f"{where}.{unknown[0]}: unknown key; expected some of {sorted(_BOUNDARY_KEYS)}",
-                file=source,
-                field=f"boundaries[{i}].{unknown[0]}",
-            )
+            raise bad(unknown[0], f"unknown key; expected some of {sorted(_BOUNDARY_KEYS)}")
         metric = item.get("metric")
         if metric not in METRICS:
-            raise BadInput(
-                f"{where}.metric: {metric!r}; expected one of {sorted(METRICS)}",
-                file=source,
-                field=f"boundaries[{i}].metric",
-            )
+            raise bad("metric", f"{metric!r}; expected one of {sorted(METRICS)}")
         for key in ("min_delta_pct", "max_delta_pct"):
             value = item.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise BadInput(
-                    f"{where}.{key}: expected a number of %", file=source, field=f"boundaries[{i}].{key}"
-                )
+                raise bad(key, "expected a number of %")
         if item.get("min_delta_pct") is None and item.get("max_delta_pct") is None:
-            raise BadInput(
-                f"{where}: expected min_delta_pct or max_delta_pct", file=source, field=f"boundaries[{i}]"
-            )
+            raise bad("", "expected min_delta_pct or max_delta_pct")
         for key in ("min_context", "max_context"):
             value = item.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise BadInput(
-                    f"{where}.{key}: expected a number of tokens >= 0",
-                    file=source,
-                    field=f"boundaries[{i}].{key}",
-                )
+                raise bad(key, "expected a number of tokens >= 0")
         out.append(
             Boundary(
                 metric=str(metric),

@@ -1,18 +1,12 @@
-"""What an engine's log says: the log audit's view of the engine profiles' patterns, and the classifier.
+"""What an engine's log says: the log audit's view of the engine profiles' patterns
+(`anvil_ctl.core.engine_profile`, the one source), and the classifier.
 
-The patterns are the engine profiles' (`anvil_ctl.core.engine_profile`, the one
-source): fatal patterns by class (traceback, CUDA error, OOM, NCCL error, crash,
-engine error, restart) and notice patterns, each with the reason the line is known
-to be non-fatal. Every engine gets the common fatal set; an engine without a profile
-of its own (or a profile that knows nothing of its log) gets only that, and the
-evidence says so. The lines come from what the engines really print: SGLang's
-scheduler and launcher, vLLM's engine core and API server, NCCL's plugin probe, and
-the llama.cpp / llama-cpp-python lines recorded in docs/ENGINES.md.
-
-A line that matches a fatal pattern is fatal even when a notice pattern matches it
-too: a notice may never hide a failure. An engine's start banner seen more than once
-in one container's log is a restart of the engine inside the container (the runtime's
-restart count catches a restart of the container itself).
+Every engine gets the common fatal set; an engine without a profile of its own (or a
+profile that knows nothing of its log) gets only that, and the evidence says so. A line
+that matches a fatal pattern is fatal even when a notice pattern matches it too: a notice
+may never hide a failure. An engine's start banner seen more than once in one container's
+log is a restart of the engine inside the container (the runtime's restart count catches
+a restart of the container itself).
 
 Warning: matched lines are kept as evidence, so they are redacted first: explicit
 secrets, and anything shaped like a credential (`api_key=...`, `Bearer ...`,

@@ -1,22 +1,15 @@
 """Run a qualification profile against one engine endpoint, write evidence, decide.
 
-Order: the candidate's recorded identity (`identity.json`, when given), the served
-identity (`GET /v1/models` must list the served model; its `max_model_len`, or the
-context the caller observed where the engine reports none, bounds long-context gates;
-an engine with a tokenize endpoint calibrates how many characters make a token, so
-prompts are sized in its own tokens), a VRAM reading before the workload
-(`vram-before.json`, when a reserve probe is given), then each gate of the
-profile, each written as `NN-<gate>.json` as soon as it finishes, then
-`summary.json`, `provenance.json` (which figures are local measurements, which
-are external-prior claims of the recipe's source), `decision.json` and
-`manifest.json`. Nothing here touches the host: qualify mutates nothing, and a
-failed gate is evidence, not an exception.
-
-The engine profile says how the engine counts tokens and which of its log lines are
-fatal or notices (the log audit reads them there). A `liveness` probe, when given, is
-asked after every gate whether the engine is still running; an engine that died ends
-the run with a failed `engine-alive` gate naming the cause, and the evidence written
-so far is kept and decided on.
+Order: the candidate's recorded identity (`identity.json`, when given); the served
+identity (`GET /v1/models` lists the served model; an engine with a tokenize endpoint
+calibrates how many characters make a token, so prompts are sized in its own tokens); a
+VRAM reading before the workload (`vram-before.json`, with a reserve probe); each gate of
+the profile, written as `NN-<gate>.json` as soon as it finishes; then `summary.json`,
+`provenance.json` (which figures are local measurements, which the recipe source's
+external-prior claims), `decision.json` and `manifest.json`. Qualify mutates nothing, and
+a failed gate is evidence, not an exception. A `liveness` probe, when given, is asked after
+every gate whether the engine still runs; an engine that died ends the run with a failed
+`engine-alive` gate, and the evidence written so far is kept and decided on.
 """
 
 from __future__ import annotations

@@ -235,3 +235,24 @@ def qualified_values(cells: Sequence[Mapping[str, object]]) -> dict[str, float]:
         if isinstance(value, int | float) and not isinstance(value, bool):
             out[metric] = float(value)
     return out
+
+
+def breaches(
+    limits: Sequence[Limit], samples: Sequence[Mapping[str, float | None]], consecutive: int
+) -> list[JSONObject]:
+    """The limits failed by `consecutive` samples in a row (each sample: metric -> value; one
+    that cannot judge a limit breaks its run), each with the breaching samples' values. What
+    `recheck --slo` judges a standing serve by, and a watched promote its candidate."""
+    found: list[JSONObject] = []
+    for i, limit in enumerate(limits):
+        run: list[float | None] = []
+        for metrics in samples:
+            observed = metrics.get(limit.metric)
+            if limit.holds(observed) is False:
+                run.append(observed)
+                if len(run) >= consecutive:
+                    found.append({"threshold": i, **limit.as_dict(), "observed": list(run[-consecutive:])})
+                    break
+            else:
+                run = []
+    return found

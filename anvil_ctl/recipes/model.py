@@ -24,7 +24,7 @@ from anvil_ctl.config.inputs import format_validation_error, load_toml
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.engine_profile import ENGINE_PROFILES, EngineProfile, engine_profile
 from anvil_ctl.core.errors import RecipeError
-from anvil_ctl.core.model import ModelFile
+from anvil_ctl.core.model import DEFAULT_DRAIN_TIMEOUT_S, ModelFile
 from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT, check_text
 
 MODEL_IDENTITY_RE = re.compile(
@@ -170,6 +170,12 @@ class Recipe(Strict):
         Annotated[Line, valid_if(lambda v: v.startswith("/"), "expected a path starting with '/'")] | None
     ) = Field(None, description="Path answering 200 when healthy; default the engine profile's")
     startup_timeout_s: Duration = Field(600.0, description="Deadline for health and identity")
+    drain_timeout_s: Duration = Field(
+        DEFAULT_DRAIN_TIMEOUT_S,
+        description="How long `load` waits for the incumbent's answers in flight before it gives up "
+        "(the incumbent stays routed; `--on-drain-timeout cut` goes on instead); default 300 s, a "
+        "long-context answer at the seeds' speeds",
+    )
     profile: Line = Field(min_length=1, description="Qualification profile name")
     entrypoint: tuple[Arg, ...] | None = Field(None, max_length=256, description="Container entrypoint")
     args: tuple[Arg, ...] = Field(

@@ -57,6 +57,8 @@ class StubOptions:
     log_after: int = 0
     restart_after: int | None = None
     late_faults: tuple[LateFault, ...] = ()
+    stop_timeout: float = 600.0
+    """On SIGTERM, how long completions in flight may still run before the stub exits."""
 
     @property
     def reported_name(self) -> str:

@@ -7,7 +7,11 @@ overshoot do not accumulate and measured rates stay within 1% of the configured
 ones. A rate of 0 means "instant".
 
 The server runs in a background thread; the main thread waits for SIGTERM/SIGINT
-(or --exit-after) and shuts it down, so a container stops at once.
+(or --exit-after) and then stops the way vLLM and SGLang do on SIGTERM: it admits no
+new completion (503) and lets those in flight finish, at most `--stop-timeout`
+seconds, before it exits. `GET /metrics` publishes the completions in flight as a
+Prometheus gauge (`stub:num_requests_running`), as vLLM publishes
+`vllm:num_requests_running`: the controller's drain reads it.
 
 Log knobs for the log audit: `--log-line` lines are printed to stderr once
 `--log-after` completions have finished (0: at start); `--restart-after N` makes the
@@ -41,6 +45,8 @@ from anvil_ctl.stub.rules import (
 )
 from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
 from anvil_ctl.stub.state import RESTARTED_ENV, Pacer, StubState, log_line
+
+RUNNING_METRIC = "stub:num_requests_running"
 
 if TYPE_CHECKING:  # types only: the container holds the stub package alone
     from anvil_ctl.core.jsontypes import JSONArray, JSONObject
@@ -119,6 +125,17 @@ class Handler(BaseHTTPRequestHandler):
                 "max_model_len": st.options.max_model_len,
             }
             self._send_json(200, {"object": "list", "data": [card]})
+        elif path == "/metrics":
+            data = (
+                f"# HELP {RUNNING_METRIC} Completions being answered now.\n"
+                f"# TYPE {RUNNING_METRIC} gauge\n"
+                f'{RUNNING_METRIC}{{model_name="{st.options.served_model}"}} {st.running}\n'
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif path == "/anvil/sim/vram":
             self._send_json(200, {"gpus": st.vram()})
         elif path == "/anvil/sim/timings":
@@ -151,7 +168,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         before = st.admit()
         if before is None:
-            self._error(503, "shutting down (exit-after)")
+            self._error(503, "shutting down")
             return
         late = st.late_effects(before)
         try:
@@ -376,6 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         state.print_log_lines()
     while not state.stop.wait(0.1 if options.late_faults else 0.5):
         state.tick()
+    # Graceful: no new completion is admitted (state.admit), those in flight finish.
+    end = time.monotonic() + options.stop_timeout
+    while state.running and time.monotonic() < end:
+        time.sleep(0.05)
     server.shutdown()
     server.server_close()
     for fh in held:

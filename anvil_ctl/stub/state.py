@@ -75,6 +75,12 @@ class StubState:
                 self.exit_code = EXIT_AFTER_CODE
                 self.stop.set()
 
+    @property
+    def running(self) -> int:
+        """Completions admitted and not finished: the gauge an engine publishes on /metrics."""
+        with self.lock:
+            return self.completions_started - self.completions_done
+
     def warming(self) -> bool:
         return time.monotonic() - self.started < self.options.slow_start
 

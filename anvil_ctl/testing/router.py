@@ -27,6 +27,7 @@ class FakeRouter:
         self.server = FakeServerProbe(world)
 
     def probe_credentials(self) -> None:
+        maybe_hang_or_fail(self.world, "probe_credentials")  # a router not answering yet
         if not self.world.read()["router"]["admin_token_ok"]:
             raise AuthRejected("router answered 401 to the admin token from the fake credential source")
 
@@ -60,6 +61,12 @@ class FakeRouter:
     def drain(self, tier: str) -> None:
         with self.world.edit() as w:
             self._tier(w, tier)["state"] = "drain"
+
+    def in_flight(self, tier: str, url: str) -> int | None:
+        """The serving container's `in_flight`, as a router counts what it passes on."""
+        t = self._tier_now(tier)
+        c = self.server.serving_container(url) if t["url"] == url else None
+        return None if c is None else self.server.look_in_flight(c)
 
     def readmit(
         self,

@@ -156,6 +156,19 @@ class FakeServerProbe:
             return []
         return [ModelCard(c["served_model"], c["max_model_len"] or None)]
 
+    def running(self, base_url: str, metric: str) -> int | None:
+        c = self._serving(base_url)
+        return None if c is None or c.get("no_metrics") else self.look_in_flight(c)
+
+    def look_in_flight(self, c: ContainerDoc) -> int:
+        """The container's requests in flight (see `ContainerDoc.in_flight`)."""
+        with self.world.edit() as w:
+            doc = w["containers"][c["id"]]
+            count = doc.get("in_flight", 0)
+            if count and not doc.get("in_flight_stuck"):
+                doc["in_flight"] = count - 1
+        return count
+
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
         """Refuses a prompt at or above the container's max_model_len the way llama.cpp does."""
         c = self._serving(base_url)

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from anvil_ctl.adapters import nvidia_devices
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.core.errors import AdapterError, BadInput, NotFound
 from anvil_ctl.core.model import ContainerSpec, config_fingerprint
@@ -122,6 +123,45 @@ class TestCreateAndInspect:
         assert not any(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in attrs["Config"]["Env"])
         assert nvidia.inspect(container_id).fingerprint == config_fingerprint(spec.fingerprint_fields())
         nvidia.close()
+
+    def test_auto_finds_no_nvidia_runtime_here_and_takes_the_device_path(self) -> None:
+        auto = DockerRuntime(base_url=os.environ["DOCKER_HOST"], gpu_mode="auto")
+        assert auto.resolved_gpu_mode() == "devices"
+        auto.close()
+
+    def test_devices_mode_round_trips_through_docker(
+        self,
+        stub_spec: SpecFactory,
+        created: Any,
+        docker_client: Any,
+        monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Any,
+    ) -> None:
+        """What Docker keeps of a "devices" container (no GPU here: /dev/null stands in for
+        /dev/nvidia0, a file for the driver's library): inspect names the GPU by UUID, and the
+        library mount the adapter added stays out of the fingerprint."""
+        library = tmp_path / "libcuda.so.1"
+        library.write_bytes(b"not a library")
+        monkeypatch.setattr(
+            nvidia_devices, "device_nodes", lambda uuids, nodes: ["/dev/null:/dev/nvidia0:rwm"]
+        )
+        monkeypatch.setattr(nvidia_devices, "gpu_nodes", dict)
+        monkeypatch.setattr(
+            nvidia_devices,
+            "read_ldconfig_cache",
+            lambda: f"\tlibcuda.so.1 (libc6,x86-64) => {library}\n",
+        )
+        devices = DockerRuntime(base_url=os.environ["DOCKER_HOST"], gpu_mode="devices")
+        spec = stub_spec(gpu_uuids=[GPU_A])
+        container_id = created(spec, devices)
+        host_config = docker_client.api.inspect_container(container_id)["HostConfig"]
+        assert [d["PathInContainer"] for d in host_config["Devices"]] == ["/dev/nvidia0"]
+        assert not host_config.get("DeviceRequests")
+        assert str(library) in [m["Target"] for m in host_config["Mounts"]]
+        info = devices.inspect(container_id)
+        assert info.gpu_uuids == (GPU_A,)
+        assert info.fingerprint == config_fingerprint(spec.fingerprint_fields())
+        devices.close()
 
     def test_simulated_mode_refuses_a_spec_that_sets_nvidia_visible_devices(
         self, runtime: DockerRuntime, stub_spec: SpecFactory

@@ -65,6 +65,15 @@ def backend(stub_container: Any) -> Any:
     return stub_container(served_model=MODEL)
 
 
+def _eventually(check: Callable[[], bool], within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def post_chat(url: str, model: str, key: str = CLIENT, **extra: Any) -> httpx.Response:
     return httpx.post(
         f"{url}/v1/chat/completions",
@@ -117,6 +126,26 @@ class TestHaproxyRouting:
 
 
 class TestHaproxyQuiesceAndReadmit:
+    def test_a_drained_server_counts_what_it_still_answers_and_new_requests_get_503_retry_after(
+        self, router, haproxy, stub_container
+    ):
+        slow = stub_container(served_model=MODEL, extra_args=["--decode-tps", "10", "--verbose-default"])
+        url = stub_url(slow)
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        done: list[int] = []
+        worker = threading.Thread(
+            target=lambda: done.append(post_chat(haproxy.url, ALIAS, max_tokens=30).status_code)
+        )
+        worker.start()
+        assert _eventually(lambda: router.in_flight(TIER, url) == 1), router.in_flight(TIER, url)
+        router.drain(TIER)
+        refused = post_chat(haproxy.url, ALIAS)
+        assert (refused.status_code, refused.headers.get("retry-after")) == (503, "1")
+        assert router.in_flight(TIER, url) == 1  # still answering, counted while it drains
+        worker.join(30)
+        assert done == [200]
+        assert _eventually(lambda: router.in_flight(TIER, url) == 0)
+
     def test_drain_lets_in_flight_finish_refuses_new_and_readmit_restores(
         self, router, haproxy, stub_container
     ):

@@ -130,11 +130,6 @@ ONLY_IN: dict[str, frozenset[str]] = {
 KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 
-# Import cycles allowed for now, each a strongly connected set of modules, with its reason.
-# Empty: `current_models` imports `models`, never the reverse.
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
-
-
 # -- the checker -------------------------------------------------------------------------------
 
 
@@ -325,12 +320,8 @@ class TestTheTree:
         assert stale == [], f"{stale} no longer occur: delete them from KNOWN_VIOLATIONS"
 
     def test_no_module_imports_itself_back_through_others(self) -> None:
-        cycles = [c for c in import_cycles(_scan()) if frozenset(c) not in KNOWN_CYCLES]
+        cycles = import_cycles(_scan())
         assert cycles == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
-
-    def test_every_known_cycle_still_occurs(self) -> None:
-        stale = KNOWN_CYCLES - {frozenset(c) for c in import_cycles(_scan())}
-        assert stale == set(), f"{sorted(map(sorted, stale))} no longer occur: delete them from KNOWN_CYCLES"
 
     def test_every_module_belongs_to_a_layer(self) -> None:
         assert [m for m in _scan() if layer_of(m) is None] == []

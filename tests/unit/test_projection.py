@@ -251,7 +251,8 @@ def longer(tmp_path_factory: pytest.TempPathFactory) -> FakeHost:
 
 def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
     """The SELECTs the guards (dry runs), status, fleet status, audit (with shell completion of a
-    transaction prefix), lock status and recover run on `host`."""
+    transaction prefix), lock status, recover and recheck (the story ends in a qualification:
+    the campaign's reads) run on `host`."""
     app = host.app()
     tx_id = audit.transactions(app, limit=1)[0]["tx_id"]
     with _statements(app) as seen:
@@ -266,6 +267,7 @@ def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
         audit.completion_ids(app, "transaction", tx_id[:3])  # shell completion of a prefix
         transactions.lock_status(app)
         transactions.recover_all(app)
+        recheck(app, SLOT)
     return seen
 
 

@@ -169,3 +169,34 @@ class TestThePhaseEnds:
         assert (result.phase, result.failed) == ("qualifying", [])
         campaign = next(a["observed"] for a in result.assertions if a["name"] == "campaign")
         assert campaign["candidate"] == second
+
+
+class TestWaitRouter:
+    """`--wait-router`: a router's start hook waits for the router to answer before judging."""
+
+    def test_a_router_that_answers_after_a_while_is_waited_for(self, fake_host: FakeHost) -> None:
+        fake_host.world.set_fail("probe_credentials", "connection refused", times=3)
+        result = recheck.recheck(fake_host.app(), "primary", repair=("router",), wait_router_s=30)
+        assert result.passed and result.repair is None
+        assert "probe_credentials" not in fake_host.world.read()["fail"]  # every refusal was met
+
+    def test_a_router_that_never_answers_is_exit_7_recorded_as_unobserved(
+        self, fake_host: FakeHost, tmp_path: Path
+    ) -> None:
+        fake_host.world.set_fail("probe_credentials", "connection refused")
+        result = recheck.recheck(fake_host.app(), "primary", repair=("router",), wait_router_s=0.3)
+        assert (result.exit_code, result.up, result.repair) == (7, False, None)
+        assert "did not answer within 0.3 s" in str(result.unavailable)
+        (row,) = rechecks.rechecks(fake_host.app().store)
+        assert (row["passed"], row["failed"]) == (False, ["observed"])
+        prom = tmp_path / "anvil.prom"
+        recheck.write_textfile(prom, result, now=1.0)
+        assert 'anvil_recheck_up{slot="primary"} 0.0' in prom.read_text()
+
+    def test_rejected_credentials_are_not_waited_out(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.core.errors import AuthRejected
+
+        with fake_host.world.edit() as w:
+            w["router"]["admin_token_ok"] = False
+        with pytest.raises(AuthRejected):  # at once: waited out, it would be Unavailable
+            recheck.recheck(fake_host.app(), "primary", wait_router_s=60)

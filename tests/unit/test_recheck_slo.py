@@ -11,13 +11,15 @@ from typing import ClassVar
 import pytest
 
 from anvil_ctl.commands import audit, lifecycle, transactions
-from anvil_ctl.commands.slo import Enablement, _roll_back, breaches
+from anvil_ctl.commands.slo import Enablement, _qualified, _roll_back, _standing_policy
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.states import TxState
+from anvil_ctl.evidence.bundle import EvidenceWriter
+from anvil_ctl.persistence import qualification
 from anvil_ctl.qualify.profiles import load_profile, parse_profile
 from anvil_ctl.qualify.slosample import RequestResult, Sample, open_client, sample
-from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, Threshold, qualified_values
+from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, Threshold, breaches, qualified_values
 from scripts.campaign import verified_decision
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
@@ -107,9 +109,8 @@ class TestTheWatchTable:
             assert load_profile(name).watch.consecutive >= 1
 
 
-def _sample(**per_request: float | None) -> Sample:
-    ttft = per_request.get("ttft_s", 0.1)
-    return Sample(0.0, (RequestResult(True, ttft, 50.0, "stop", "m"),))
+def _sample(ttft_s: float) -> dict[str, float | None]:
+    return Sample(0.0, (RequestResult(True, ttft_s, 50.0, "stop", "m"),)).metrics()
 
 
 class TestBreaches:
@@ -227,7 +228,8 @@ class TestRollbackOnBreach:
             == TxState.COMMITTED
         )
         verified_decision(app.store, "primary", "d-{digest}")
-        assert lifecycle.promote(app, slot="primary", approved_by="operator").state == TxState.COMMITTED
+        promote = lifecycle.promote(app, slot="primary", approved_by="operator")
+        assert promote.state == TxState.COMMITTED
         promoted = app.store.current_identity("primary", "incumbent")
         assert promoted is not None and promoted.container_id != fake_host.incumbent_id
         enabled = Enablement("alice", datetime(2099, 1, 1, tzinfo=UTC), "bake")
@@ -236,6 +238,7 @@ class TestRollbackOnBreach:
         decided = audit.show(app, str(out["tx_id"]))["args"]["decided_by"]
         assert decided["enabled_by"] == "alice" and decided["policy"] == "rollback-on-breach"
         assert decided["breaches"] == self.BREACH and decided["serve"] == promoted.container_id
+        assert decided["undoes"] == {"tx_id": promote.tx_id, "kind": "promote"}  # the link to the promote
         back = app.store.current_identity("primary", "incumbent")
         assert back is not None and back.container_id == fake_host.incumbent_id
 
@@ -246,3 +249,73 @@ class TestRollbackOnBreach:
             Enablement("", datetime(2099, 1, 1, tzinfo=UTC), "bake")
         with pytest.raises(BadInput, match="--reason"):
             Enablement("alice", datetime(2099, 1, 1, tzinfo=UTC), "")
+
+
+def _qualified_incumbent(host: FakeHost, profile: str, cells: list[JSONObject]) -> Path:
+    """The incumbent's qualification as `qualify` leaves it: a transaction, its capacity
+    artifact and evidence row, and a verified decision naming `profile`; the artifact's path."""
+    app = host.app()
+    ident = app.store.current_identity("primary", "incumbent")
+    assert ident is not None
+    tx = "tx-qualified"
+    app.store.begin(kind="qualify", slot="primary", args={}, owner=app.owner, tx_id=tx)
+    writer = EvidenceWriter(app.settings.evidence_dir, tx)
+    art = writer.write_json(
+        "03-capacity.json", {"name": "capacity", "passed": True, "evidence": {"cells": cells}}
+    )
+    writer.write_manifest()
+    gate = {"name": "capacity", "kind": "functional", "passed": True, "classification": "pass"}
+    path = writer.tx_dir / art.path
+    qualification.record_evidence(
+        app.store, tx, [{**gate, "artifact": str(path), "sha256": art.sha256, "size": art.size}]
+    )
+    qualification.record_decision(
+        app.store,
+        decision_id="dec-q",
+        tx_id=tx,
+        slot="primary",
+        identity_digest=ident.qualification_digest,
+        container_id=ident.container_id,
+        outcome="verified",
+        profile=profile,
+    )
+    return path
+
+
+class TestThresholdsOfTheStandingServe:
+    CELLS: ClassVar[list[JSONObject]] = [
+        {"nominal_tokens": 4096, "concurrency": 1, "ttft_s_p95": 0.4, "decode_tps_p50": 60.0},
+        {"nominal_tokens": 4096, "concurrency": 2, "ttft_s_p95": 0.9, "decode_tps_p50": 40.0},
+    ]
+
+    def test_the_profile_that_qualified_it_and_its_capacity_evidence_set_the_limits(
+        self, fake_host: FakeHost, tmp_path: Path
+    ) -> None:
+        profile = tmp_path / "bake.toml"
+        profile.write_text(
+            '[[gates]]\ntype = "smoke"\n[watch]\n'
+            '[[watch.thresholds]]\nmetric = "ttft_p95_s"\nmax_ratio = 1.5\n'
+            '[[watch.thresholds]]\nmetric = "decode_tps_p50"\nmin_ratio = 0.5\n'
+        )
+        _qualified_incumbent(fake_host, str(profile), self.CELLS)
+        app = fake_host.app()
+        ident = app.store.current_identity("primary", "incumbent")
+        assert ident is not None
+        policy, origin = _standing_policy(app, ident, None)
+        values, baseline = _qualified(app, ident)
+        assert origin == {"decision": "dec-q", "profile": str(profile)}
+        assert values == {"ttft_p95_s": 0.4, "decode_tps_p50": 60.0} and baseline["gate"] == "capacity"
+        limits = [(lim.metric, lim.op, lim.limit) for lim in policy.limits(values)]
+        assert limits == [("ttft_p95_s", "max", pytest.approx(0.6)), ("decode_tps_p50", "min", 30.0)]
+
+    def test_an_edited_artifact_gives_no_baseline(self, fake_host: FakeHost) -> None:
+        path = _qualified_incumbent(fake_host, "smoke", self.CELLS)
+        path.chmod(0o644)
+        path.write_text(path.read_text().replace("60.0", "6000.0"))
+        app = fake_host.app()
+        ident = app.store.current_identity("primary", "incumbent")
+        assert ident is not None
+        values, baseline = _qualified(app, ident)
+        assert values == {} and "differs from its recorded SHA-256" in str(baseline["why"])
+        (ttft, *_rest) = DEFAULT.limits(values)
+        assert ttft.limit is None  # reported, never judged against an unverified number

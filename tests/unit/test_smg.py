@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
-from anvil_ctl.adapters.smg import SmgRouter
-from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, TIER_LABEL
+from anvil_ctl.adapters.smg import PARK_SETTLE_S, SmgRouter
+from anvil_ctl.adapters.smg_parking import ParkingResponder
+from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, PARKED_LABEL, TIER_LABEL
 from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
 from anvil_ctl.core.ports import Router
 
@@ -36,6 +37,8 @@ class FakeWorker:
     breaker_open: bool = False
     draining: bool = False
     served: str = MODEL
+    drain_s: float | None = None
+    """The worker's own `health.drain_settle_secs` (None: smg's `FakeSmg.drain_s`)."""
 
 
 @dataclass
@@ -82,11 +85,12 @@ class FakeSmg:
 
     def delete(self, worker: FakeWorker) -> None:
         """smg's DELETE: start a drain, or remove at once a worker that already drains."""
-        if worker.draining:
-            self._drop(worker.url)  # the pending removal stays queued, now invisible
+        if worker.draining or worker.drain_s == 0:
+            self._drop(worker.url)  # a pending removal stays queued, now invisible
             return
         worker.draining = True
-        self.removals.append((self.now + self.drain_s, worker.url))
+        drain_s = self.drain_s if worker.drain_s is None else worker.drain_s
+        self.removals.append((self.now + drain_s, worker.url))
         self.jobs[worker.url] = {"job_type": "RemoveWorker", "status": "processing"}
 
     def at_url(self, url: str = BACKEND) -> FakeWorker | None:
@@ -152,7 +156,11 @@ class FakeSmg:
             if self.at_url(body["url"]) is not None:
                 return httpx.Response(409, json={"code": "WORKER_ALREADY_EXISTS"})
             worker = FakeWorker(
-                self._id(), body["url"], [m["id"] for m in body["models"]], body.get("labels", {})
+                self._id(),
+                body["url"],
+                [m["id"] for m in body["models"]],
+                body.get("labels", {}),
+                drain_s=body.get("health", {}).get("drain_settle_secs"),
             )
             self.workers.append(worker)
             self.jobs.pop(worker.url, None)  # the AddWorker job overwrites the URL's status, then ends
@@ -265,7 +273,32 @@ class TestSmgRouterRegistration:
         smg.add()
         other = smg.add(url="http://127.0.0.1:8002", tier="secondary")
         make_router(smg).drain("primary-local")
-        assert smg.workers == [other]
+        assert serving(smg) == [other]
+
+    def test_drain_parks_the_alias_first_so_that_clients_get_503_not_404(self, smg):
+        smg.add()
+        seen: list[list[str]] = []
+        smg.at(0.01, lambda: seen.append([w.url for w in smg.workers]))
+        make_router(smg).drain("primary-local")
+        (parked,) = [w for w in smg.workers if w.labels.get(PARKED_LABEL) == "primary-local"]
+        assert parked.models == [ALIAS] and parked.drain_s == PARK_SETTLE_S
+        assert seen == [[BACKEND, parked.url]]  # parked before the tier's worker went
+
+    def test_readmission_removes_the_parked_worker(self, smg):
+        smg.add()
+        router = make_router(smg)
+        router.drain("primary-local")
+        readmit(router)
+        assert [w.url for w in smg.workers] == [BACKEND]
+
+    def test_a_process_ending_with_the_tier_parked_leaves_smg_answering_503_itself(self, smg):
+        smg.add()
+        router = make_router(smg)
+        router.drain("primary-local")
+        router.close()
+        (parked,) = smg.workers
+        assert parked.draining and PARKED_LABEL in parked.labels  # unavailable: smg answers 503
+        assert router_calls(smg, "DELETE", "/workers/") == 2  # the serve's worker, then the parked one
 
     def test_a_removal_that_never_finishes_is_transient(self, smg):
         smg.add()
@@ -330,6 +363,11 @@ def router_calls(smg: FakeSmg, method: str, prefix: str) -> int:
     return sum(1 for m, p in smg.calls if m == method and p.startswith(prefix))
 
 
+def serving(smg: FakeSmg) -> list[FakeWorker]:
+    """The workers that are not parked aliases."""
+    return [w for w in smg.workers if PARKED_LABEL not in w.labels]
+
+
 def stays_routed(smg: FakeSmg, router: SmgRouter, seconds: float) -> bool:
     """Advance the fake clock past any removal still queued; the route must hold throughout."""
     end = smg.now + seconds
@@ -382,7 +420,9 @@ class TestSmgRouterRemovalHold:
         readmit(router, hold=True)
         assert router_calls(smg, "POST", "/workers") == 2
         assert router_calls(smg, "DELETE", "/workers/") == 0
-        assert smg.now >= 2.0 + 6.0  # held past the sighting of that removal
+        # Registered with no drain of its own, it went at once: nothing is left to wait out,
+        # and the readmission still holds for the window it was asked to.
+        assert smg.now >= 6.0
         assert stays_routed(smg, router, 10)
 
     def test_a_hold_that_cannot_finish_before_the_deadline_fails_the_readmission(self, smg):
@@ -404,8 +444,9 @@ class TestSmgRouterRemovalHold:
         router.drain(TIER)
         assert worker not in smg.workers and smg.removals  # gone at once; a removal still queued
         readmit(router)  # nobody asked: the early landing of our own DELETE is the reason
-        assert smg.removals == []
-        assert router_calls(smg, "POST", "/workers") == 2  # the hidden removal took the first one
+        assert [r for r in smg.removals if r[1] == BACKEND] == []  # the parked URL's is its own
+        # The parked alias, then the hidden removal took the first registration.
+        assert router_calls(smg, "POST", "/workers") == 3
         assert stays_routed(smg, router, 10)
 
     def test_an_own_delete_whose_removal_was_never_seen_landing_holds(self, smg):
@@ -414,10 +455,11 @@ class TestSmgRouterRemovalHold:
         with pytest.raises(TransientError, match="removed"):
             router.drain(TIER)
         smg.delete(worker)  # someone's second DELETE: gone at once, our removal still queued
-        assert smg.workers == [] and smg.jobs == {} and smg.removals
+        assert serving(smg) == [] and smg.jobs == {} and smg.removals
         readmit(router)  # nothing visible is pending: our own unlanded DELETE is the reason
-        assert smg.removals == []
-        assert router_calls(smg, "POST", "/workers") == 2  # our late removal took the first one
+        assert [r for r in smg.removals if r[1] == BACKEND] == []  # the parked URL's is its own
+        # The parked alias, then our late removal took the first registration.
+        assert router_calls(smg, "POST", "/workers") == 3
         assert stays_routed(smg, router, 10)
 
 
@@ -434,7 +476,7 @@ class TestSmgRouterNoHold:
         smg.add()
         router = make_router(smg, removal_hold_s=6.0)
         router.drain(TIER)
-        assert smg.workers == [] and smg.removals == []
+        assert serving(smg) == [] and smg.removals == []
         drained = smg.now
         assert 5.0 <= drained < 5.5  # the removal landed after smg's drain
         readmit(router)
@@ -531,3 +573,16 @@ class TestSmgRouterView:
         text = json.dumps(view)
         assert ADMIN not in text
         assert CLIENT not in text
+
+
+class TestParkingResponder:
+    def test_passes_health_checks_and_answers_every_request_503_with_retry_after(self):
+        responder = ParkingResponder()
+        try:
+            assert httpx.get(responder.url + "/health", timeout=5).status_code == 200
+            assert httpx.get(responder.url + "/v1/models", timeout=5).status_code == 200
+            answer = httpx.post(responder.url + "/v1/chat/completions", json={"model": ALIAS}, timeout=5)
+            assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
+            assert answer.json()["error"]["type"] == "server_error"
+        finally:
+            responder.close()

@@ -310,11 +310,58 @@ class TestLifecycle:
         assert s.proc.wait(timeout=5) == 0
         assert time.monotonic() - t0 < 1.0
 
+    def test_sigterm_finishes_the_streams_in_flight_and_admits_no_new_one(self, stub: StubFactory) -> None:
+        s = stub("--decode-tps", "100", "--verbose-default")
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 150, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")  # in flight
+            s.proc.send_signal(signal.SIGTERM)
+            refused = _poll(
+                lambda: s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "y"}]})
+            )
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert refused.status_code == 503
+        assert rest[-1] == "data: [DONE]" and '"finish_reason": "length"' in rest[-2]
+        assert s.proc.wait(timeout=10) == 0
+
     def test_exit_after_n_completions_the_process_exits_with_1(self, stub: StubFactory) -> None:
         s = stub("--exit-after", "2")
         s.chat("one")
         s.chat("two")
         assert s.proc.wait(timeout=5) == 1
+
+
+def _poll(call: Callable[[], httpx.Response], *, until: int = 503, within_s: float = 5.0) -> httpx.Response:
+    """`call()` again until it answers `until` (the stub notices SIGTERM within 0.5 s)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        answer = call()
+        if answer.status_code == until or time.monotonic() >= deadline:
+            return answer
+        time.sleep(0.05)
+
+
+class TestMetrics:
+    def test_the_running_requests_gauge_counts_the_completions_in_flight(self, stub: StubFactory) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        def running() -> float:
+            families = text_string_to_metric_families(s.get("/metrics").text)
+            return sum(x.value for f in families for x in f.samples if x.name == "stub:num_requests_running")
+
+        s = stub("--decode-tps", "100", "--verbose-default")
+        assert running() == 0
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert running() == 1
+            assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
+        deadline = time.monotonic() + 5
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running() == 0
 
 
 class TestShmFileKnob:

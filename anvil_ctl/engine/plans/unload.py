@@ -2,7 +2,8 @@
 
 Refused unless the container carries our labels as a candidate and is neither the
 slot's incumbent nor its rollback identity; the labels are checked again by the
-step, just before it acts. Steps: stop the candidate (undo: start it again if it
+step, just before it acts. Steps: drain and stop the candidate, waiting for the
+answers it gives to clients that reach it directly (undo: start it again if it
 was running); remove it (no undo: removal is the point of no return, the pivot);
 release the GPU roles it owned; record the shared-memory residue left behind,
 and with `--remove-residue` delete what two observations agree nobody holds.
@@ -10,14 +11,16 @@ and with `--remove-residue` delete what two observations agree nobody holds.
 
 from __future__ import annotations
 
-from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.engine_profile import engine_profile
+from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONArray
 from anvil_ctl.core.model import LABEL_ROLE, LABEL_SLOT, ContainerInfo
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.drain import wait_idle
 from anvil_ctl.engine.guards import NoUnresolvedTransaction
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import UnloadArgs
+from anvil_ctl.engine.plans.args import UnloadArgs, UnloadRequest
 from anvil_ctl.engine.serving import inspect_or_none
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import gpu_ledger
@@ -66,10 +69,15 @@ def _checked(ctx: Ctx) -> ContainerInfo:
 
 
 def stop_candidate(ctx: Ctx) -> StepResult:
+    """Drain the candidate first: a client may be reaching it directly (qualify, a trial)."""
     info = _checked(ctx)
-    if info.running:
-        ctx.world.runtime.stop(info.id, ctx.world.config.policy.stop_timeout_s)
-    return {"container_id": info.id, "was_running": info.running}
+    if not info.running:
+        return {"container_id": info.id, "was_running": False}
+    ident = ctx.world.store.current_identity(ctx.args.slot, "candidate")
+    profile = ident.engine_profile if ident and ident.container_id == info.id else ""
+    drained = wait_idle(ctx.world, ctx.args.slot, profile, f"{info.id[:12]} ({info.name})", ctx.args.drain)
+    ctx.world.runtime.stop(info.id, engine_profile(profile).stop_timeout_s)
+    return {"container_id": info.id, "was_running": True, "drain": drained}
 
 
 def restart_candidate(ctx: Ctx, result: StepResult) -> StepResult:
@@ -109,7 +117,22 @@ def remove_residue(ctx: Ctx) -> StepResult:
     return {"removed": list(report.removed), "kept": [{"path": p, "why": w} for p, w in report.kept]}
 
 
-def build(args: UnloadArgs, world: World) -> Plan[UnloadArgs, World, NoMemo]:
+def prepare(world: World, req: UnloadRequest) -> UnloadArgs:
+    """The container by its full ID, and the slot its labels name."""
+    info = inspect_or_none(world, req.container_id)
+    if info is None:
+        raise BadInput(f"container {req.container_id}: not found", field="container_id")
+    return UnloadArgs(
+        container_id=info.id,
+        slot=info.labels.get(LABEL_SLOT, ""),
+        remove_residue=req.remove_residue,
+        drain=req.drain,
+    )
+
+
+def build(
+    args: UnloadArgs, world: World, _req: UnloadRequest | None = None
+) -> Plan[UnloadArgs, World, NoMemo]:
     steps: list[Step[Ctx]] = [
         Step("stop-candidate", stop_candidate, restart_candidate, "stop the candidate (labels re-checked)"),
         Step("remove-candidate", remove_candidate, None, "remove the container (no way back)"),

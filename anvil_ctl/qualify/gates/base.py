@@ -98,18 +98,6 @@ def prompt_digest(text: str) -> JSONObject:
     }
 
 
-def _json(value: object) -> JSONValue:
-    """`value` as the JSON the evidence encoder writes for it: tuples as arrays, mappings
-    with their keys as strings, anything that is not JSON as its str()."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, list | tuple):
-        return [_json(item) for item in value]
-    if isinstance(value, dict):
-        return {str(k): _json(v) for k, v in value.items()}
-    return str(value)
-
-
 @dataclass(kw_only=True, eq=False)
 class Gate:
     """Base of all gates: a dataclass whose fields are the profile's parameters (thresholds).
@@ -125,8 +113,10 @@ class Gate:
 
     def thresholds(self) -> JSONObject:
         """The gate's configuration as recorded in its evidence: its public attributes, the
-        profile's parameters (JSON values; anything else as its str())."""
-        return {k: _json(v) for k, v in vars(self).items() if not k.startswith("_") and k != "name"}
+        profile's parameters, as the evidence encoder writes them (anything not JSON as its str())."""
+        public = {k: v for k, v in vars(self).items() if not k.startswith("_") and k != "name"}
+        encoded: JSONObject = json.loads(json.dumps(public, default=str))
+        return encoded
 
     async def __call__(self, gate_ctx: GateContext) -> GateResult:
         started = time.perf_counter()

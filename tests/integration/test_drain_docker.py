@@ -1,0 +1,224 @@
+"""Never cut an answer, on real Docker and a real smg, with the official `openai` client.
+
+Streams longer than smg's removal delay (5 s) are in flight through the router when `load`,
+`rollback` and `unload` take their serve out of traffic: each ends with a `finish_reason`,
+and the transaction's record says how many answers its drain waited for. A drain past its
+deadline refuses (load: exit 3, the incumbent routed and serving) or cuts and counts the
+cut (rollback).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import pytest
+
+from scripts.chaos import ALIAS, BINDING, ChaosHost, recent_transactions
+
+pytestmark = pytest.mark.integration
+
+TOKENS_PER_S = 1000  # the stub recipes' decode rate
+
+
+@dataclass
+class Stream:
+    """One streamed chat by the official client, read to its end in a thread."""
+
+    chunks: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    started: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def join(self) -> Stream:
+        assert self.thread is not None
+        self.thread.join(timeout=120)
+        return self
+
+
+def stream(base_url: str, token: str, model: str, tokens: int) -> Stream:
+    s = Stream()
+
+    def read() -> None:
+        client = openai.OpenAI(base_url=base_url + "/v1", api_key=token, max_retries=0, timeout=120)
+        try:
+            for chunk in client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "write at length"}],
+                max_tokens=tokens,
+                stream=True,
+            ):
+                s.chunks += 1
+                s.started.set()
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    s.finish_reason = chunk.choices[0].finish_reason
+        except openai.APIError as exc:
+            s.error = repr(exc)
+        finally:
+            s.started.set()
+
+    s.thread = threading.Thread(target=read, daemon=True)
+    s.thread.start()
+    assert s.started.wait(30), "the stream never started"
+    return s
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosHost]:
+    h = ChaosHost(tmp_path_factory.mktemp("drain"))
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
+def routed(h: ChaosHost, seconds: float) -> list[Stream]:
+    """Two streams through the router, each `seconds` long."""
+    return [stream(h.camp.smg.url, h.camp.client_token, ALIAS, int(seconds * TOKENS_PER_S)) for _ in range(2)]
+
+
+def drain_of(out: dict[str, Any], step: str) -> dict[str, Any]:
+    result = out["results"][step]
+    assert "drain" in result, result
+    return dict(result["drain"])
+
+
+class TestStreamsInFlightFinish:
+    def test_load_waits_for_the_incumbents_streams(self, host: ChaosHost) -> None:
+        assert host.prepare("load") == "A"
+        streams = routed(host, 40)
+        out = host.run(*host.argv("load"))
+        assert out["state"] == "committed", out.get("reason")
+        ends = [s.join() for s in streams]
+        assert [(s.finish_reason, s.error) for s in ends] == [("length", None)] * 2, ends
+        drain = drain_of(out, "stop-incumbent")
+        assert (drain["cut"], drain["source"]) == (0, "engine stub:num_requests_running"), drain
+        assert drain["in_flight"] == 2, drain  # both were still running when it looked
+
+    def test_rollback_waits_for_the_candidates_streams(self, host: ChaosHost) -> None:
+        phase = host.prepare("rollback")
+        streams = routed(host, 40)
+        out = host.run(*host.argv("rollback", phase))
+        assert out["state"] == "committed", out.get("reason")
+        ends = [s.join() for s in streams]
+        assert [(s.finish_reason, s.error) for s in ends] == [("length", None)] * 2, ends
+        assert drain_of(out, "stop-current")["cut"] == 0
+
+    def test_unload_waits_for_a_stream_to_the_candidate_directly(self, host: ChaosHost) -> None:
+        assert host.prepare("promote") == "B"  # a loaded candidate, reached at its binding
+        cand = host.candidate
+        assert cand is not None
+        direct = stream(BINDING, "unused", "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp", 40000)
+        out = host.run("unload", cand, "--yes")
+        assert out["state"] == "committed", out.get("reason")
+        assert (direct.join().finish_reason, direct.error) == ("length", None)
+        assert drain_of(out, "stop-candidate")["in_flight"] == 1
+        host.run("rollback", "--slot", "primary")  # the incumbent serves again for what follows
+
+
+class TestTheWindow:
+    def test_requests_while_no_serve_is_routed_get_503_with_retry_after_never_404(
+        self, host: ChaosHost
+    ) -> None:
+        assert host.prepare("load") == "A"
+        client = openai.OpenAI(
+            base_url=host.camp.smg.url + "/v1", api_key=host.camp.client_token, max_retries=0
+        )
+        seen: list[tuple[int, str | None]] = []
+        odd: list[str] = []
+        done = threading.Event()
+
+        def ask() -> None:
+            while not done.is_set():
+                try:
+                    client.chat.completions.create(
+                        model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                    )
+                    seen.append((200, None))
+                except openai.APIStatusError as exc:
+                    seen.append((exc.status_code, exc.response.headers.get("retry-after")))
+                    if exc.status_code not in (200, 503):
+                        odd.append(f"{time.monotonic():.2f} {exc.status_code} {exc.response.text[:300]}")
+                time.sleep(0.05)
+
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        out = host.run(*host.argv("load"))
+        time.sleep(1)  # a committed load leaves the tier drained: the window goes on
+        done.set()
+        asker.join(30)
+        assert out["state"] == "committed", out.get("reason")
+        statuses = {status for status, _ in seen}
+        assert 404 not in statuses and statuses <= {200, 503}, odd
+        assert {retry for status, retry in seen if status == 503} == {"1"}, seen
+        assert seen[0][0] == 200 and seen[-1][0] == 503  # served before, retryable after
+
+
+class TestDeadline:
+    def test_load_refuses_to_cut_and_the_incumbent_stays_routed(self, host: ChaosHost) -> None:
+        assert host.prepare("load") == "A"
+        (long,) = [stream(host.camp.smg.url, host.camp.client_token, ALIAS, 20 * TOKENS_PER_S)]
+        started = time.monotonic()
+        out = host.run(*host.argv("load"), "--drain-timeout", "1s")
+        assert out["_exit"] == 3, out
+        assert out["state"] == "compensated" and "still in flight" in out["reason"], out
+        assert (long.join().finish_reason, long.error) == ("length", None)
+        assert time.monotonic() - started >= 5  # it waited, and never cut
+        assert host.phase_of(host.observe()) == "A"  # routed and serving as before
+
+    def test_rollback_cuts_at_its_deadline_and_the_record_counts_the_cut(self, host: ChaosHost) -> None:
+        phase = host.prepare("rollback")
+        long = stream(host.camp.smg.url, host.camp.client_token, ALIAS, 30 * TOKENS_PER_S)
+        out = host.run(*host.argv("rollback", phase), "--drain-timeout", "1s")
+        assert out["state"] == "committed", out.get("reason")
+        drain = drain_of(out, "stop-current")
+        assert (drain["cut"], drain["source"]) == (1, "engine stub:num_requests_running"), drain
+        assert long.join().finish_reason is None  # the one answer cut, and counted
+        shown = host.run("audit", "show", out["tx_id"])
+        assert '"cut": 1' in str(shown).replace("'", '"'), shown
+
+
+def _draining(host: ChaosHost) -> bool:
+    """The newest load journaled its stop-incumbent intent and no result: its drain waits."""
+    ctx = host.app()
+    loads = [t for t in recent_transactions(ctx) if t["kind"] == "load"]
+    if not loads:
+        return False
+    events = [(e.step, e.event) for e in ctx.store.step_events(loads[0]["tx_id"])]
+    return ("stop-incumbent", "intent") in events and ("stop-incumbent", "result") not in events
+
+
+class TestKilledDuringTheDrain:
+    def test_recover_converges_with_the_incumbent_routed_and_its_answer_finished(
+        self, host: ChaosHost
+    ) -> None:
+        assert host.prepare("load") == "A"
+        known = {t["tx_id"] for t in recent_transactions(host.app())}
+        long = stream(host.camp.smg.url, host.camp.client_token, ALIAS, 40 * TOKENS_PER_S)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "anvil_ctl", "--json", *host.argv("load")],
+            env=host.camp.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not _draining(host) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _draining(host), "the load never reached its drain"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert recent_transactions(host.app())[0]["tx_id"] not in known
+        recovered = host.run("recover")
+        assert recovered["_exit"] == 0, recovered
+        assert host.phase_of(host.observe()) == "A"  # the incumbent routed and serving again
+        assert (long.join().finish_reason, long.error) == ("length", None)
