@@ -15,8 +15,12 @@ at the start. After the last step the plan's goal is checked (and re-applied
 once); a critical difference found by `verify_after` while the slot serves ends
 `needs_operator` with the slot left serving, never stopped for a snapshot.
 
-Every journal row is a boundary where `anvil_ctl.engine.faults` may crash or
-pause the process (tests and `make chaos` only).
+An intent, an error and a state change commit before the runner goes on; a record of
+what was observed (a step's result, a snapshot, a diff) is held and commits together with
+the next of those, in one database transaction and one audit entry. Nothing acts between
+a record and that next write, so a death in between looks like a death just before the
+record, which recovery already handles. Every committed write is a boundary where
+`anvil_ctl.engine.faults` may crash or pause the process (tests and `make chaos` only).
 
 The transaction is begun by `anvil_ctl.engine.entry`, the one way in. Its end state is
 held, not committed: the entry commits it together with the host lock's release (`commit`).
@@ -37,7 +41,6 @@ from anvil_ctl.core.states import UNFINISHED_STATES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
-from anvil_ctl.engine.journaling import JournalWriter
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
@@ -75,19 +78,31 @@ class TransactionEngine:
         self.journal = journal
         self.owner = owner
         self.faults = faults
-        self._writer = JournalWriter(journal, faults)
+        self._held: list[tuple[Callable[[], object], str]] = []
 
-    # -- journal, with the fault-injection boundary (`journaling.JournalWriter`) -----------------
+    # -- journal: held records, committed with the next write; fault boundaries after -------------
 
     def _hold(self, write: Callable[[], object], boundary: str = "") -> None:
-        self._writer.hold(write, boundary)
+        """Keep `write` (a record) until the next commit."""
+        self._held.append((write, boundary))
 
     def _commit(self, write: Callable[[], object] | None = None, boundary: str | None = None) -> None:
-        self._writer.commit(write, boundary)
+        """Write what is held and then `write`, as one; then pass their boundaries."""
+        held, self._held = self._held, []
+        todo = [*held, *([(write, boundary or "")] if write is not None else [])]
+        if len(todo) == 1:
+            todo[0][0]()
+        elif todo:
+            with self.journal.together():
+                for w, _b in todo:
+                    w()
+        for _w, b in todo:
+            if b:
+                self.faults.at(b)
 
     def commit(self, write: Callable[[], object] | None = None) -> None:
         """Commit what is held (the end state) and `write` with it, in one database transaction."""
-        self._writer.commit(write)
+        self._commit(write)
 
     def _event(
         self,

@@ -268,7 +268,7 @@ def record_promotion(ctx: Ctx) -> StepResult:
         "approved_by": args.approved_by,
         "decision_id": args.decision_id,
         # The reading itself is the vram-after-acceptance step's result, in this transaction's
-        # journal; the promotion record names it (a copy here cost ~0.7 KB per promotion).
+        # journal, once; the promotion record names it.
         "vram_after_acceptance": _reading_ref(ctx.results.get("vram-after-acceptance")),
     }
 
