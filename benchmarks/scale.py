@@ -72,6 +72,7 @@ from anvil_ctl.commands.evidence import audit_decisions
 from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.guards import Refusal
 from anvil_ctl.engine.plans.promote import waived_checks
+from anvil_ctl.engine.plans.rollback import resolve_target
 from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import projection, qualification
@@ -477,7 +478,7 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
             "audit decisions --limit 20": median_s(lambda: audit_decisions(app, limit=20), repeat),
             "audit incumbents --limit 20": median_s(lambda: audit.identities(app, limit=20), repeat),
             "rollback --to 3: finding revision 3": median_s(
-                lambda: lifecycle.resolve_to(app, SLOT, "3"), repeat
+                lambda: resolve_target(app.store, SLOT, "3"), repeat
             ),
             "promote: the waivers its decision relied on": median_s(
                 lambda: waived_checks(app.world(), newest_decision), repeat

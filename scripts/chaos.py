@@ -9,7 +9,7 @@ routed) -rollback-> A. Each case runs one command and disturbs it:
 - `random`: SIGKILL after a random delay within the command's clean duration, then `recover`;
 - `router`: pause at a boundary (ANVIL_PAUSE_AT), kill and restart smg, let it go on;
 - `router-after-commit`: the same just after the transaction committed (its last step's
-  result commits with the end state: engine/journaling.py), which no transaction can
+  result commits with the end state: engine/runner.py), which no transaction can
   undo; the operator's cron `recheck --repair router` is what must bring the route back.
 
 A rollback from C goes back to the incumbent (A); from A it rolls back to the
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
 def during_transaction(boundaries: list[str]) -> list[str]:
     """The step boundaries a router restart can strike while the transaction is still open.
 
-    A step's result is held and commits with the next journal write (engine/journaling.py),
+    A step's result is held and commits with the next journal write (engine/runner.py),
     so the last step's result commits with the end state: a pause there is after the commit,
     the `router-after-commit` case.
     """

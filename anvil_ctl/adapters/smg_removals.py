@@ -47,7 +47,7 @@ class PendingRemovals:
 
     def gone(self, url: str, sent: float, settle_s: float = OWN_REMOVAL_MIN_S) -> None:
         """The URL went after our DELETE sent at `sent`: it landed, if the worker's full drain
-        (`settle_s`, smg's 5 s unless it was registered with its own) had passed."""
+        (`settle_s`, smg's default unless it was registered with its own) had passed."""
         if self._clock() - sent >= min(settle_s, OWN_REMOVAL_MIN_S):
             if self._unlanded.get(url) == sent:
                 del self._unlanded[url]

@@ -225,9 +225,9 @@ def decisions(session: Session, slot: str | None, limit: int) -> Reply:
     Oldest first; --limit keeps the newest. --json prints every field.
     """
     from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import qualify
+    from anvil_ctl.commands import evidence as evidence_cmd
 
-    decided = qualify.audit_decisions(session.app(), slot=slot, limit=limit)
+    decided = evidence_cmd.audit_decisions(session.app(), slot=slot, limit=limit)
     return Reply(Table(decided, cells=_decision_cells))
 
 
@@ -263,9 +263,9 @@ def evidence(session: Session, tx: str) -> Reply:
     checked against its manifest.
     """
     from anvil_ctl.cli.views import EvidenceAudit
-    from anvil_ctl.commands import qualify
+    from anvil_ctl.commands import evidence as evidence_cmd
 
-    found = EvidenceAudit(qualify.audit_evidence(session.app(), tx))
+    found = EvidenceAudit(evidence_cmd.audit_evidence(session.app(), tx))
     return Reply(found, ExitCode.OK if found.ok else ExitCode.DRIFT)
 
 

@@ -36,9 +36,9 @@ def check(session: Session, ledger: Path, evidence: Path) -> Reply:
     published. External-prior claims are listed, never recounted.
     """
     with session.working(f"claims check: recounting {ledger.name} from the verified bundle"):
-        from anvil_ctl.commands import claims
+        from anvil_ctl.evidence.claims import check_ledger, load_ledger
 
-        result = claims.check_claims(ledger, evidence)
+        result = check_ledger(load_ledger(ledger), evidence)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
@@ -48,10 +48,10 @@ def check(session: Session, ledger: Path, evidence: Path) -> Reply:
 def render(session: Session, ledger: Path) -> Reply:
     """Print the claim ledger as the seeds' table: public claim, conditions, evidence."""
     from anvil_ctl.cli.views import Text
-    from anvil_ctl.commands import claims
+    from anvil_ctl.evidence.claims import load_ledger, render_ledger
 
     session.app()
-    return Reply(Text(claims.render_claims(ledger)))
+    return Reply(Text(render_ledger(load_ledger(ledger))))
 
 
 claims = click.Group(

@@ -103,9 +103,9 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     tokens are redacted; the copy gets its own manifest.
     """
     with session.working(f"evidence export: copying and redacting the evidence of {tx}") as app:
-        from anvil_ctl.commands import qualify as qualify_cmd
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-        return Reply(qualify_cmd.export_evidence(app, tx, directory))
+        return Reply(evidence_cmd.export_evidence(app, tx, directory))
 
 
 @click.command(
@@ -130,9 +130,9 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
     with session.working(f"evidence verify: hashing every artifact of {directory}") as app:
-        from anvil_ctl.commands import qualify as qualify_cmd
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-        result = qualify_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
+        result = evidence_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 

@@ -61,14 +61,10 @@ def _id_floor(values: Sequence[str], header: str, *, tail: bool, bare: bool = Fa
     return max([len(header), *need])
 
 
-def _is_id_column(values: Sequence[str]) -> bool:
+def _all_match(values: Sequence[str], pattern: re.Pattern[str]) -> bool:
+    """A column of IDs (or times): every value present matches, and one is."""
     present = [v for v in values if v]
-    return bool(present) and all(ID_RE.match(v) for v in present)
-
-
-def _is_time_column(values: Sequence[str]) -> bool:
-    present = [v for v in values if v]
-    return bool(present) and all(TIME_RE.match(v) for v in present)
+    return bool(present) and all(pattern.match(v) for v in present)
 
 
 def layout(
@@ -102,8 +98,8 @@ def _total(widths: Sequence[int]) -> int:
 def _fit(columns: Sequence[str], table: list[list[str]], widths: list[int], width: int) -> list[int]:
     """Column widths that fit `width` where they can; ID cells of `table` are elided in place."""
     values = [[r[i] for r in table] for i in range(len(columns))]
-    ids = [i for i in range(len(columns)) if _is_id_column(values[i])]
-    texts = [i for i in range(len(columns)) if i not in ids and not _is_time_column(values[i])]
+    ids = [i for i in range(len(columns)) if _all_match(values[i], ID_RE)]
+    texts = [i for i in range(len(columns)) if i not in ids and not _all_match(values[i], TIME_RE)]
 
     def shrink_ids(tail: bool, bare: bool = False) -> None:
         for i in sorted(ids, key=lambda i: -widths[i]):

@@ -11,7 +11,7 @@ from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.engine.observe import router_view, serving
 from anvil_ctl.persistence import hosts
 from anvil_ctl.persistence.head import head_path_for, set_aside
-from anvil_ctl.persistence.migrate import current_revision, upgrade
+from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.store import utcnow
 
 if TYPE_CHECKING:
@@ -140,14 +140,6 @@ def print_grants(*, database: str, owner: str, app: str) -> str:
 
 def db_upgrade(app: App) -> InitResult:
     return init(app)
-
-
-class DbRevision(TypedDict):
-    revision: str | None
-
-
-def db_revision(app: App) -> DbRevision:
-    return {"revision": current_revision(app.database)}
 
 
 def status(app: App) -> Status:

@@ -5,13 +5,12 @@ against a slot's current candidate (the latest `candidate` identity, which must
 be what the slot serves right now) and returns the decisions it recorded.
 `reclassify_decisions` re-judges stored raw decisions under the waivers in force
 (`anvil_ctl.engine.reclassify`); the `waive` command calls it. Evidence export,
-verify and the audit reads live in `commands.evidence` (re-exported here).
+verify and the audit reads live in `commands.evidence`.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,34 +18,20 @@ from pathlib import Path
 from typing import NotRequired, TypedDict
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.commands.evidence import (  # re-exported: the CLI and tests find them here
-    EvidenceAudit,
-    audit_decisions,
-    audit_evidence,
-    evidence_tx_dir,
-    export_evidence,
-    router_secrets,
-    verify_evidence,
-)
-from anvil_ctl.commands.recipes import recipe_search, resolve_recipe_path
-from anvil_ctl.core.errors import AnvilError, BadInput
-from anvil_ctl.core.identity import Identity
+from anvil_ctl.commands.evidence import router_secrets
+from anvil_ctl.commands.recipes import recipe_search
+from anvil_ctl.commands.transactions import enter
+from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_RECIPE
 from anvil_ctl.core.validate import check_duration, require
 from anvil_ctl.engine import reclassify
 from anvil_ctl.engine.outcome import Outcome
-from anvil_ctl.engine.plans import ab as ab_plan
-from anvil_ctl.engine.plans import qualify as qualify_plan
-from anvil_ctl.engine.plans.args import AbArgs, AbArm, QualifyArgs
+from anvil_ctl.engine.plans.args import AbRequest, QualifyRequest
+from anvil_ctl.engine.plans.qualify import QualifyMemo
 from anvil_ctl.engine.reclassify import ReclassifyReport
-from anvil_ctl.engine.runner import TransactionEngine
-from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.qualification import DecisionRecord
-from anvil_ctl.qualify.profiles import resolve_profile
 from anvil_ctl.qualify.runner import Progress, QualificationResult
-from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
 
 # -- the command ------------------------------------------------------------------------------
 
@@ -83,18 +68,6 @@ class QualifyOutcome:
         }
 
 
-def candidate_recipe(app: App, world: World, ident: Identity) -> Recipe | None:
-    """The candidate's recipe, if the recipe file still is the one that was loaded."""
-    try:
-        name = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE)
-        if not name:
-            return None
-        recipe = load_recipe(resolve_recipe_path(name, recipe_search(app)))
-    except AnvilError:
-        return None
-    return recipe if recipe_digest(recipe) == ident.recipe_digest else None
-
-
 def qualify_slot(
     app: App,
     *,
@@ -111,38 +84,22 @@ def qualify_slot(
     """
     if timeout_s is not None:
         timeout_s = require("--timeout", check_duration, timeout_s)
-    world = app.world()
-    app.config.slot(slot)
-    ident = app.store.current_identity(slot, "candidate")
-    recipe = candidate_recipe(app, world, ident) if ident else None
-    chosen = profile or (recipe.profile if recipe else None)
-    if ident is not None and chosen is None:
-        raise BadInput(
-            "the candidate's recipe (or its profile) cannot be read; pass --profile",
-            field="profile",
-        )
-    resolved = resolve_profile(None, profile=chosen or "smoke", gates=list(gates) or None)
-    args = QualifyArgs(
+    request = QualifyRequest(
         slot=slot,
-        candidate=ident,
-        profile=resolved.source or resolved.name,
+        profile=profile,
         gates=tuple(gates),
-        recipe=recipe.name if recipe else "",
-        engine=recipe.engine if recipe else "",
-        source=recipe.source.model_dump(mode="json") if recipe and recipe.source else None,
         timeout_s=timeout_s,
+        recipe_dirs=tuple(d.path for d in recipe_search(app)),
+        progress=progress,
+        now=now,
+        secrets=router_secrets(app),
     )
-    plan = qualify_plan.build(args, world)
-    plan.memo.progress, plan.memo.now = progress, now
-    plan.memo.secrets = router_secrets(app)
-    # Non-mutating: no host lock, but journaled like every transaction.
-    engine = TransactionEngine(app.store, app.owner, faults=app.faults)
-    outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
+    outcome = enter(app, request)
     step = outcome.results.get("record-decision") or {}
     decision_id, reclassified_id = step.get("decision_id"), step.get("reclassified_id")
     return QualifyOutcome(
         outcome=outcome,
-        result=plan.memo.result,
+        result=outcome.memo.result if isinstance(outcome.memo, QualifyMemo) else None,
         decision=_decision_of(app, decision_id, slot),
         reclassified=_decision_of(app, reclassified_id, slot),
     )
@@ -222,47 +179,11 @@ class AbOutcome:
         }
 
 
-def resolve_arm(app: App, world: World, ref: str) -> AbArm:
-    """The loaded candidate (of any slot) that `ref` names: recipe name, served model or
-    container ID prefix (12+ characters); BadInput naming the arm when none or several match."""
-    found: list[Identity] = []
-    for slot in sorted(app.config.slots):
-        ident = app.store.current_identity(slot, "candidate")
-        if ident is None:
-            continue
-        try:
-            recipe = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE, "")
-        except AnvilError:
-            recipe = ""
-        by_id = len(ref) >= 12 and ident.container_id.startswith(ref)
-        if ref in (recipe, ident.served_model) or by_id:
-            found.append(ident)
-    if len(found) != 1:
-        problem = "no loaded candidate matches it" if not found else "several loaded candidates match it"
-        raise BadInput(
-            f"--ab {ref}: {problem}; expected a recipe name, served model or container ID of one "
-            "slot's loaded candidate (`anvilctl load RECIPE --slot S` first)",
-            field="ab",
-        )
-    return AbArm(name=ref, identity=found[0])
-
-
 def qualify_ab(app: App, *, slot: str, arms: Sequence[str], profile: str | None = None) -> AbOutcome:
     """Run the matched A/B control of two loaded candidates (see `anvil_ctl.engine.plans.ab`)."""
-    if len(arms) != 2 or arms[0] == arms[1]:
+    if len(arms) != 2:
         raise BadInput(f"--ab: expected two different arms, got {list(arms)}", field="ab")
-    world = app.world()
-    app.config.slot(slot)
-    chosen = profile or "ab-control"
-    loaded, _ = ab_plan.load_ab_profile(chosen)
-    args = AbArgs(
-        slot=slot,
-        arms=(resolve_arm(app, world, arms[0]), resolve_arm(app, world, arms[1])),
-        profile=loaded.source or loaded.name,
-    )
-    plan = ab_plan.build(args, world)
-    engine = TransactionEngine(app.store, app.owner, faults=app.faults)
-    outcome = engine.run(plan, world, tx_id=str(uuid.uuid4()))
+    outcome = enter(app, AbRequest(slot=slot, arms=(arms[0], arms[1]), profile=profile or "ab-control"))
     compared = outcome.results.get("compare")
     comparison = None
     if compared:
@@ -278,22 +199,3 @@ def reclassify_decisions(
 ) -> ReclassifyReport:
     """Re-judge every stored raw decision (of `slot`) under the waivers active `now`."""
     return reclassify.reclassify_decisions(app.world(), slot=slot, now=now)
-
-
-__all__ = [
-    "AbOutcome",
-    "Comparison",
-    "EvidenceAudit",
-    "QualifyOutcome",
-    "audit_decisions",
-    "audit_evidence",
-    "candidate_recipe",
-    "evidence_tx_dir",
-    "export_evidence",
-    "qualify_ab",
-    "qualify_slot",
-    "reclassify_decisions",
-    "resolve_arm",
-    "router_secrets",
-    "verify_evidence",
-]

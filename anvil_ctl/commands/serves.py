@@ -2,31 +2,28 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import replace
 from typing import TypedDict
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recipes as recipe_cmds
-from anvil_ctl.commands.transactions import limit_waits, run_plan
+from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.commands.transactions import load as load_tx
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, DrainPolicy, OnDrainTimeout
+from anvil_ctl.core.model import DrainPolicy, OnDrainTimeout
 from anvil_ctl.engine.outcome import Outcome
-from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadArgs
+from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, UnloadRequest
 from anvil_ctl.engine.plans.unload import removal_problem
 from anvil_ctl.recipes.model import load_recipe, recipe_digest
 from anvil_ctl.recipes.spec import check_runnable, container_spec
 
 
-def candidate_from_recipe(app: App, ref: str, slot: str, tx_id: str) -> Candidate:
+def candidate_from_recipe(app: App, ref: str, slot: str) -> Candidate:
     path = recipe_cmds.resolve_recipe_path(ref, recipe_cmds.recipe_search(app))
     recipe = load_recipe(path)
     check_runnable(recipe)
     slot_cfg = app.config.slot(slot)
-    spec = container_spec(
-        recipe, slot_name=slot, slot=slot_cfg, host_config=app.config, recipe_path=path, tx_id=tx_id
-    )
+    spec = container_spec(recipe, slot_name=slot, slot=slot_cfg, host_config=app.config, recipe_path=path)
     # The simulated GPU probe and operators find a serve's endpoint by this label.
     spec = replace(spec, labels=(*spec.labels, ("io.anvil.binding", slot_cfg.binding)))
     if recipe.served_model is None:
@@ -63,12 +60,9 @@ def load(
     """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline).
     The incumbent's drain waits `drain_timeout_s` (default: the recipe's), then refuses."""
     limit_waits(app, timeout_s)
-    tx_id = str(uuid.uuid4())
-    cand = candidate_from_recipe(app, ref, slot, tx_id)
+    cand = candidate_from_recipe(app, ref, slot)
     drain = DrainPolicy.of(drain_timeout_s or cand.drain_timeout_s, on_drain_timeout, default="abort")
-    return load_tx(
-        app, slot=slot, candidate=cand, dry_run=dry_run, tx_id=tx_id, accept_drift=accept_drift, drain=drain
-    )
+    return load_tx(app, slot=slot, candidate=cand, dry_run=dry_run, accept_drift=accept_drift, drain=drain)
 
 
 class WouldRemove(TypedDict):
@@ -77,12 +71,6 @@ class WouldRemove(TypedDict):
     container_id: str
     would_remove: bool
     hint: str
-
-
-class ManagedContainer(TypedDict):
-    container_id: str
-    name: str
-    status: str
 
 
 def unload(
@@ -99,28 +87,17 @@ def unload(
     Without `yes` nothing runs: the answer says what would be removed, after the same
     checks the plan's guard makes.
     """
+    if yes:
+        drain = DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="abort")
+        return enter(
+            app, UnloadRequest(container_id=container_id, remove_residue=remove_residue, drain=drain)
+        )
     world = app.world()
     try:
         info = world.runtime.inspect(container_id)
     except NotFound:
         raise BadInput(f"container {container_id}: not found", field="container_id") from None
-    if not yes:
-        problem = removal_problem(world, info)
-        if problem:
-            raise Refused(problem, container_id=info.id)
-        return {"container_id": info.id, "would_remove": True, "hint": "pass --yes to remove"}
-    args = UnloadArgs(
-        container_id=info.id,
-        slot=info.labels.get(LABEL_SLOT, ""),
-        remove_residue=remove_residue,
-        drain=DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="abort"),
-    )
-    return run_plan(app, "unload", args, dry_run=False)
-
-
-def managed_candidates(app: App) -> list[ManagedContainer]:
-    world = app.world()
-    return [
-        {"container_id": c.id, "name": c.name, "status": c.status}
-        for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_ROLE: "candidate"})
-    ]
+    problem = removal_problem(world, info)
+    if problem:
+        raise Refused(problem, container_id=info.id)
+    return {"container_id": info.id, "would_remove": True, "hint": "pass --yes to remove"}

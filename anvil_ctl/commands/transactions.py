@@ -1,20 +1,16 @@
-"""Commands that run transactions: adopt, load, recover; and the lock commands.
+"""Commands that run transactions (adopt, load, recover) and the lock commands.
 
-Each takes the command App, holds the host lock for its whole life, and
-returns an Outcome (or a report) for the CLI to render.
+Each translates its parsed arguments into a request for the engine's one entry
+(`anvil_ctl.engine.entry`) and returns an Outcome (or a report) for the CLI to render.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import TypedDict
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
-from anvil_ctl.core.errors import BadInput, NotFound
-from anvil_ctl.core.identity import Identity
+from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import REFUSE_TO_CUT, DrainPolicy
 from anvil_ctl.core.states import WAITING_STATES, TxState
 from anvil_ctl.core.validate import (
@@ -25,43 +21,17 @@ from anvil_ctl.core.validate import (
     check_text,
     require,
 )
-from anvil_ctl.engine.lock import HostLock, held_locks
-from anvil_ctl.engine.observe import serving
+from anvil_ctl.engine import entry
+from anvil_ctl.engine.lock import held_locks
 from anvil_ctl.engine.outcome import Outcome
-from anvil_ctl.engine.plans import KINDS
-from anvil_ctl.engine.plans.args import AdoptArgs, Candidate, DriftAcceptance, LoadArgs, PlanArgs
-from anvil_ctl.engine.recover import RecoverReport, recover
-from anvil_ctl.engine.runner import TransactionEngine
-from anvil_ctl.engine.served_context import observe_context
-from anvil_ctl.engine.serving import is_running
+from anvil_ctl.engine.plans.args import AdoptRequest, Candidate, DriftAcceptance, LoadRequest, Request
+from anvil_ctl.engine.recover import RecoverReport
 from anvil_ctl.persistence.locks import release_row
 
 
-def run_plan(
-    app: App,
-    kind: str,
-    args: PlanArgs,
-    *,
-    dry_run: bool,
-    tx_id: str | None = None,
-    lock: HostLock | None = None,
-) -> Outcome:
-    """Run a transaction; `lock` when the caller already holds the host lock (see `mutating`),
-    whose row is claimed here, once the plan is built from arguments that passed every check."""
-    world = app.world()
-    plan = KINDS[kind].build(args, world)
-    engine = TransactionEngine(app.store, app.owner, faults=app.faults)
-    if dry_run:
-        return engine.run(plan, world, dry_run=True)
-    tx_id = tx_id or str(uuid.uuid4())
-    if lock is not None:
-        # The row is claimed with the transaction's first row and released with its end state
-        # (`TransactionEngine.run`); an error before an end state leaves it for `recover`.
-        return engine.run(plan, world, tx_id=tx_id, opening=lock.claim, closing=lock.release_row)
-    if not plan.mutates:
-        return engine.run(plan, world, tx_id=tx_id)
-    with HostLock(app.store, app.settings.lock_path, app.owner, kind, tx_id):
-        return engine.run(plan, world, tx_id=tx_id)
+def enter(app: App, request: Request, *, dry_run: bool = False) -> Outcome:
+    """Run `request` through the engine's one entry with this command's world and owner."""
+    return entry.run(app.world(), app.owner, request, dry_run=dry_run, faults=app.faults)
 
 
 def limit_waits(app: App, timeout_s: float | None) -> None:
@@ -70,25 +40,6 @@ def limit_waits(app: App, timeout_s: float | None) -> None:
     if timeout_s is None:
         return
     app.world().wait_limit_s = require("--timeout", check_duration, timeout_s)
-
-
-@contextmanager
-def mutating(app: App, kind: str, tx_id: str, *, dry_run: bool) -> Iterator[HostLock | None]:
-    """Hold the host's OS lock while a command reads the state its arguments are built from:
-    identities read before the lock could be stale by the time the transaction runs. The
-    lock row is claimed by `run_plan`, so bad input found here (exit 2) writes nothing.
-    A dry run changes nothing and takes no lock (None)."""
-    if dry_run:
-        yield None
-        return
-    lock = HostLock(app.store, app.settings.lock_path, app.owner, kind, tx_id)
-    lock.acquire(claim=False)
-    try:
-        yield lock
-    except BaseException as exc:
-        lock.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    lock.release()
 
 
 def adopt(
@@ -103,59 +54,21 @@ def adopt(
     gpu_roles: tuple[str, ...] = (),
     engine: str = "",
 ) -> Outcome:
-    """Record a serving container (started by hand or another tool) as the slot's incumbent.
-
-    `engine` names its engine profile (how it is probed from now on: health route, where
-    its context shows); empty: the OpenAI-compatible assumptions.
-    """
+    """Record a serving container (started by hand or another tool) as the slot's incumbent;
+    `engine` names its engine profile (empty: the OpenAI-compatible assumptions)."""
     context_tokens = require(
         "--context-tokens", lambda n: check_int(n, lo=1, hi=MAX_CONTEXT_TOKENS), context_tokens
     )
-    if engine and engine not in ENGINE_PROFILES:
-        raise BadInput(f"--engine {engine!r}: expected one of {sorted(ENGINE_PROFILES)}", field="engine")
-    profile = engine_profile(engine)
-    world = app.world()
-    slot_cfg = app.config.slot(slot)
-    try:
-        info = world.runtime.inspect(container_id)
-    except NotFound:
-        raise BadInput(f"container {container_id}: not found", field="container_id") from None
-    observed = serving(world, slot_cfg.base_url, profile.health_path)
-    models = [m for m, _ in observed["models"]]
-    if not info.running or len(models) != 1 or not observed["healthy"]:
-        raise BadInput(
-            f"container {container_id[:12]} must be running and {slot_cfg.binding} must serve one model "
-            f"healthy (observed status {info.status}, models {models}, healthy {observed['healthy']}; "
-            f"engine profile {profile.name})",
-            field="container_id",
-        )
-    seen = observe_context(world, profile, slot_cfg.base_url, models[0], context_tokens)
-    if not seen.matches(context_tokens):
-        # Recording a context the engine does not serve would make every recheck report drift.
-        raise BadInput(
-            f"--context-tokens {context_tokens}: {slot_cfg.binding} {seen.describe()} "
-            f"(engine profile {profile.name})",
-            field="context_tokens",
-        )
-    image = world.runtime.image(info.image_id)
-    ident = Identity(
+    request = AdoptRequest(
         slot=slot,
-        container_id=info.id,
-        image_id=info.image_id,
-        config_fingerprint=info.fingerprint,
-        served_model=models[0],
+        container_id=container_id,
         context_tokens=context_tokens,
-        binding=slot_cfg.binding,
-        router_tier=slot_cfg.router_tier,
         recipe_digest=recipe_digest,
         model_identity=model_identity,
-        repo_digests=image.repo_digests,
-        gpu_roles=gpu_roles or slot_cfg.gpu_roles,
-        aliases=slot_cfg.aliases,
-        container_name=info.name,
-        engine_profile=engine,
+        gpu_roles=gpu_roles,
+        engine=engine,
     )
-    return run_plan(app, "adopt", AdoptArgs(slot=slot, identity=ident), dry_run=dry_run)
+    return enter(app, request, dry_run=dry_run)
 
 
 def load(
@@ -164,44 +77,17 @@ def load(
     slot: str,
     candidate: Candidate,
     dry_run: bool = False,
-    tx_id: str | None = None,
     accept_drift: DriftAcceptance | None = None,
     drain: DrainPolicy | None = None,
 ) -> Outcome:
-    world = app.world()
-    app.config.slot(slot)
-    tx_id = tx_id or str(uuid.uuid4())
-    with mutating(app, "load", tx_id, dry_run=dry_run) as lock:
-        incumbent = app.store.current_identity(slot, "incumbent")
-        args = LoadArgs(
-            slot=slot,
-            candidate=candidate,
-            incumbent=incumbent,
-            incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
-            accept_drift=accept_drift,
-            drain=drain or REFUSE_TO_CUT,
-        )
-        return run_plan(app, "load", args, dry_run=dry_run, tx_id=tx_id, lock=lock)
+    request = LoadRequest(
+        slot=slot, candidate=candidate, accept_drift=accept_drift, drain=drain or REFUSE_TO_CUT
+    )
+    return enter(app, request, dry_run=dry_run)
 
 
 def recover_all(app: App) -> RecoverReport:
-    world = app.world()
-    lock = HostLock(app.store, app.settings.lock_path, app.owner, "recover")
-    stale = lock.acquire(take_over_dead=True)
-    try:
-        report = recover(app.store, app.owner, world, faults=app.faults)
-        # A dead owner's lock row goes only once nothing it left is unresolved: not after this
-        # run's failures, and not while an earlier run's transaction still waits for a person.
-        left = {(r.owner.pid, r.owner.hostname, r.owner.boot_id) for r in app.store.unresolved()}
-        for dead in stale:
-            if (dead.pid, dead.host, dead.boot_id) in left:
-                report.skipped.append({"lock_id": dead.id, "why": "its owner left unresolved transactions"})
-                continue
-            release_row(app.store, dead.id, how="recovered", by=f"recover pid {app.owner.pid}")
-            report.released_locks.append(dead.as_dict())
-    finally:
-        lock.release()
-    return report
+    return entry.recover(app.world(), app.owner, faults=app.faults)
 
 
 def lock_status(app: App) -> list[Mapping[str, object]]:

@@ -331,7 +331,7 @@ class ResidueRemoval:
 DEFAULT_DRAIN_TIMEOUT_S = 300.0
 """How long a drain waits for the answers in flight when neither the recipe (`drain_timeout_s`)
 nor the command (`--drain-timeout`) says: a long-context answer at the seeds' speeds, a
-100K-token prompt's prefill (~65 s) and a long answer at a few tens of tokens a second."""
+100K-token prompt's prefill and a long answer at a few tens of tokens a second."""
 
 OnDrainTimeout = Literal["abort", "cut"]
 

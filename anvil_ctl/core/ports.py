@@ -239,9 +239,10 @@ class Journal(Protocol):
         slot: str | None,
         args: JSONObject,
         owner: Owner,
-        tx_id: str | None = None,
+        tx_id: str,
     ) -> str:
-        """Write a new transaction in state `planned`; return its ID."""
+        """Write a new transaction `tx_id` (made by `anvil_ctl.engine.entry`) in state `planned`;
+        return its ID."""
 
     def transition(
         self, tx_id: str, target: TxState, reason: str = "", data: Mapping[str, object] | None = None

@@ -100,7 +100,6 @@ class Plan(Generic[A_co, W_co, M_co]):
     verify_after: (
         Callable[[StepContext[A_co, W_co, M_co], Snapshot | None, Snapshot, Hold], list[str]] | None
     ) = None
-    mutates: bool = True
     pivot: str | None = None
     """Name of the step after which recovery goes forward (None: always backwards)."""
     keeps_serving: bool = True

@@ -13,10 +13,9 @@ refused until `anvilctl recover` (which compensates the owner's transaction and
 records the release) or `anvilctl lock break ID` (journaled) resolves it.
 The rows are written and read by `anvil_ctl.persistence.locks`.
 
-A command that must read the record before it knows its arguments (promote,
-rollback, load) takes the OS lock first and claims the row only when its
-transaction is about to begin (`acquire(claim=False)`, then `claim()`): bad
-input found in between exits 2 having written nothing, not even a lock row.
+The entry (`anvil_ctl.engine.entry`) takes the OS lock before a kind prepares its arguments
+from the record and claims the row with the transaction's first row (`acquire(claim=False)`,
+then `claim()`): bad input found in between exits 2 having written nothing, not even a row.
 """
 
 from __future__ import annotations
@@ -199,8 +198,12 @@ class HostLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None or isinstance(exc, BadInput | Refused):
+    def __exit__(self, exc_type: object, exc: BaseException | None, _tb: object) -> None:
+        self.release_after(exc)
+
+    def release_after(self, exc: BaseException | None) -> None:
+        """Release once the holder's work ended, with `exc` if it failed."""
+        if exc is None or isinstance(exc, BadInput | Refused):
             self.release()  # nothing was mutated: bad input and refusals come before any step
         else:
             # The command died mid-transaction (Ctrl-C, a failed journal write): keep the row so

@@ -28,6 +28,9 @@ class Outcome:
     after: Snapshot | None = None
     changes: list[Change] = field(default_factory=list)
     results: dict[str, JSONObject] = field(default_factory=dict)
+    memo: object = None
+    """The plan's memo after the run: what a step measured that is not journaled (qualify's
+    result); not rendered."""
     drain_refused: bool = False
     """A drain met its deadline with answers in flight and refused to cut them: the
     transaction compensated, and exits 3 (refused) rather than 4."""

@@ -91,7 +91,7 @@ def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, Any
     return todo
 
 
-def recover(
+def recover_unfinished(
     journal: Journal,
     me: Owner,
     world: World,

@@ -15,13 +15,15 @@ at the start. After the last step the plan's goal is checked (and re-applied
 once); a critical difference found by `verify_after` while the slot serves ends
 `needs_operator` with the slot left serving, never stopped for a snapshot.
 
-Every journal row is a boundary where `anvil_ctl.engine.faults` may crash or
-pause the process (tests and `make chaos` only).
+An intent, an error and a state change commit before the runner goes on; a record of
+what was observed (a step's result, a snapshot, a diff) is held and commits together with
+the next of those, in one database transaction and one audit entry. Nothing acts between
+a record and that next write, so a death in between looks like a death just before the
+record, which recovery already handles. Every committed write is a boundary where
+`anvil_ctl.engine.faults` may crash or pause the process (tests and `make chaos` only).
 
-The host lock's row (`anvil_ctl.engine.lock`) is claimed in the database transaction that
-writes the transaction's first row (`opening`), and released in the one that writes its
-end state (`closing`): two commits fewer per command, and no moment in which a finished
-transaction still names a live lock row (or a lock row names no transaction yet).
+The transaction is begun by `anvil_ctl.engine.entry`, the one way in. Its end state is
+held, not committed: the entry commits it together with the host lock's release (`commit`).
 """
 
 from __future__ import annotations
@@ -39,9 +41,7 @@ from anvil_ctl.core.states import UNFINISHED_STATES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
-from anvil_ctl.engine.journaling import JournalWriter
 from anvil_ctl.engine.outcome import Outcome
-from anvil_ctl.engine.plans.args import to_json
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
 
@@ -78,16 +78,31 @@ class TransactionEngine:
         self.journal = journal
         self.owner = owner
         self.faults = faults
-        self._writer = JournalWriter(journal, faults)
-        self._closing: Callable[[], object] | None = None
+        self._held: list[tuple[Callable[[], object], str]] = []
 
-    # -- journal, with the fault-injection boundary (`journaling.JournalWriter`) -----------------
+    # -- journal: held records, committed with the next write; fault boundaries after -------------
 
-    def _hold(self, write: Callable[[], object], boundary: str) -> None:
-        self._writer.hold(write, boundary)
+    def _hold(self, write: Callable[[], object], boundary: str = "") -> None:
+        """Keep `write` (a record) until the next commit."""
+        self._held.append((write, boundary))
 
     def _commit(self, write: Callable[[], object] | None = None, boundary: str | None = None) -> None:
-        self._writer.commit(write, boundary)
+        """Write what is held and then `write`, as one; then pass their boundaries."""
+        held, self._held = self._held, []
+        todo = [*held, *([(write, boundary or "")] if write is not None else [])]
+        if len(todo) == 1:
+            todo[0][0]()
+        elif todo:
+            with self.journal.together():
+                for w, _b in todo:
+                    w()
+        for _w, b in todo:
+            if b:
+                self.faults.at(b)
+
+    def commit(self, write: Callable[[], object] | None = None) -> None:
+        """Commit what is held (the end state) and `write` with it, in one database transaction."""
+        self._commit(write)
 
     def _event(
         self,
@@ -119,76 +134,40 @@ class TransactionEngine:
         hold: bool = False,
     ) -> None:
         def write() -> None:
-            closing = self._closing if target not in UNFINISHED_STATES else None
-            if closing is None:
-                self.journal.transition(ctx.tx_id, target, reason, data)
-                return
-            self._closing = None
-            with self.journal.together():  # the end state and the lock's release: one commit
-                self.journal.transition(ctx.tx_id, target, reason, data)
-                closing()
+            self.journal.transition(ctx.tx_id, target, reason, data)
 
         boundary = ":".join((ctx.kind, "state", target.value))
-        if hold:
+        if hold or target not in UNFINISHED_STATES:  # an end state waits for `commit`
             self._hold(write, boundary)
         else:
             self._commit(write, boundary)
 
     # -- running a plan ------------------------------------------------------------------------
 
-    def run(
-        self,
-        plan: Plan[A, W, M],
-        world: W,
-        *,
-        dry_run: bool = False,
-        tx_id: str | None = None,
-        opening: Callable[[], object] | None = None,
-        closing: Callable[[], object] | None = None,
-    ) -> Outcome:
-        """Run `plan` as a transaction. `opening` writes with the transaction's first row (the
-        host lock's claim), `closing` with its end state (the lock's release), each in the same
-        database transaction; an error that escapes before an end state skips `closing`."""
-        self._closing = closing
-        try:
-            return self._begin(plan, world, dry_run=dry_run, tx_id=tx_id, opening=opening)
-        finally:
-            self._closing = None
-            self._commit()  # nothing held outlives the run (an unexpected error included)
+    def dry_run(self, plan: Plan[A, W, M], world: W) -> Outcome:
+        """Every guard runs and the starting snapshot is observed; nothing is written."""
+        outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, dry_run=True, plan=plan.describe())
+        ctx = StepContext(tx_id="dry-run", kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
+        with one_reading(world):
+            outcome.refusal = self._check_guards(plan, ctx)
+            if outcome.refusal:
+                outcome.state, outcome.reason = TxState.REFUSED, outcome.refusal.reason
+            outcome.before = plan.snapshot() if plan.snapshot else None
+        return outcome
 
-    def _begin(
-        self,
-        plan: Plan[A, W, M],
-        world: W,
-        *,
-        dry_run: bool = False,
-        tx_id: str | None = None,
-        opening: Callable[[], object] | None = None,
-    ) -> Outcome:
-        outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, dry_run=dry_run, plan=plan.describe())
-        if dry_run:
-            ctx = StepContext(tx_id="dry-run", kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
-            # Every guard runs and the starting snapshot is observed; nothing is written.
-            with one_reading(world):
-                outcome.refusal = self._check_guards(plan, ctx)
-                if outcome.refusal:
-                    outcome.state, outcome.reason = TxState.REFUSED, outcome.refusal.reason
-                outcome.before = plan.snapshot() if plan.snapshot else None
-            return outcome
-
-        with self.journal.together():  # the lock's row and the transaction's first: one commit
-            if opening is not None:
-                opening()
-            tx_id = self.journal.begin(
-                kind=plan.kind, slot=plan.slot, args=to_json(plan.args), owner=self.owner, tx_id=tx_id
-            )
-        outcome.tx_id = tx_id
+    def run(self, plan: Plan[A, W, M], world: W, tx_id: str) -> Outcome:
+        """Run the begun transaction `tx_id` as `plan`. Its end state is held for `commit`; an
+        error that escapes commits what is held and leaves the transaction unfinished."""
+        outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, plan=plan.describe(), tx_id=tx_id)
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
         self.faults.at(":".join((plan.kind, "state", "planned")))
         started = time.monotonic()
         _progress(world).transaction(tx_id, plan.kind, plan.slot, len(plan.steps))
         try:
             return self._run(outcome, plan, ctx)
+        except BaseException:
+            self._commit()
+            raise
         finally:
             # Also when an error escapes: a live display must end either way.
             _progress(world).finished(outcome.state.value, outcome.reason, time.monotonic() - started)
@@ -221,7 +200,7 @@ class TransactionEngine:
                 seconds = round(time.perf_counter() - started, 3)
                 bound.debug("snapshot observed", label="before", seconds=seconds)
                 before = outcome.before
-                self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before), "")
+                self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before))
             # Held: the before snapshot, `running` and the availability check only observe, so
             # they commit with the first intent (one database transaction, one audit entry),
             # before the first side effect. The availability check is part of the same reading:
@@ -237,7 +216,7 @@ class TransactionEngine:
             return
         state = observe_slot(ctx.world, plan.slot)
         # Held, as the availability event below: both commit with the first intent.
-        harbour = record_harbour(ctx.world, ctx.tx_id, state, lambda record: self._hold(record, ""))
+        harbour = record_harbour(ctx.world, ctx.tx_id, state, self._hold)
         detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
         self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail, hold=True)
 
@@ -273,7 +252,7 @@ class TransactionEngine:
             )
         self._observe_after(plan, ctx, outcome, "after")
         problems = (
-            plan.verify_after(ctx, outcome.before, outcome.after, lambda record: self._hold(record, ""))
+            plan.verify_after(ctx, outcome.before, outcome.after, self._hold)
             if (plan.verify_after and outcome.after)
             else []
         )
@@ -382,20 +361,16 @@ class TransactionEngine:
             t0 = time.monotonic()
             try:
                 undone = step.undo(ctx, result) or {}
-            except NeedsOperator as exc:
-                progress.step_finished(
-                    seq, step.name, "undo", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
-                )
-                self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
-                # Keep the cause: the operator needs both what failed and what was left.
-                cause = NeedsOperator(f"{exc} (cause: {reason})", **exc.data)
-                return self._needs_operator(outcome, plan, ctx, cause)
             except Exception as exc:
                 progress.step_finished(
                     seq, step.name, "undo", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
                 )
-                slog.error("undo failed", error=str(exc))
                 self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
+                if isinstance(exc, NeedsOperator):
+                    # Keep the cause: the operator needs both what failed and what was left.
+                    cause = NeedsOperator(f"{exc} (cause: {reason})", **exc.data)
+                    return self._needs_operator(outcome, plan, ctx, cause)
+                slog.error("undo failed", error=str(exc))
                 why = f"undo of {step.name} failed: {exc} (after: {reason})"
                 why += self._keep_serving(plan, ctx)
                 self._transition(ctx, TxState.COMPENSATION_FAILED, why)
@@ -442,13 +417,11 @@ class TransactionEngine:
         _progress(ctx.world).activity(f"observing the host: the {label} snapshot")
         with one_reading(ctx.world):  # it only observes: each container is inspected once
             after = outcome.after = plan.snapshot()
-        self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after), "")
+        self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after))
         before = outcome.before
         if before is not None:
             changes = outcome.changes = diff(before, after)
-            self._hold(
-                lambda: self.journal.record_diff(ctx.tx_id, f"before-{label}", before, after, changes), ""
-            )
+            self._hold(lambda: self.journal.record_diff(ctx.tx_id, f"before-{label}", before, after, changes))
 
     def _needs_operator(
         self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], exc: NeedsOperator

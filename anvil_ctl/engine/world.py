@@ -11,25 +11,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from anvil_ctl.config.host import HostConfig
 from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
     LABEL_MANAGED,
-    Backend,
     ContainerInfo,
     ContainerLog,
     ContainerSpec,
-    GpuReading,
     ImageInfo,
-    ModelCard,
-    PromptAnswer,
-    ResidueFile,
-    ResidueRemoval,
-    RouteCheck,
-    RoutedAnswer,
     VramNeed,
 )
 from anvil_ctl.core.ports import (
@@ -159,241 +151,117 @@ class WorldRuntime:
         self.world.runtime.remove(container_id)
 
 
-class _OneScan:
-    """A SharedMemory whose residue is scanned once (see `one_reading`)."""
+class _Stretch:
+    """What the ports were asked in one stretch (see `one_reading`), forgotten on any change."""
 
-    def __init__(self, shm: SharedMemory) -> None:
-        self.shm = shm
-        self._residue: list[ResidueFile] | None = None
-
-    def residue(self) -> list[ResidueFile]:
-        if self._residue is None:
-            self._residue = self.shm.residue()
-        return list(self._residue)
-
-    def remove_unheld(self) -> ResidueRemoval:
-        self._residue = None  # a removal changes what is there: the next reading scans again
-        return self.shm.remove_unheld()
+    def __init__(self) -> None:
+        self.seen: dict[str, object] = {}
 
 
-class _Once:
-    """One kind of reading in a stretch (see `one_reading`): each question is answered once,
-    until a change through any reading of the stretch forgets them all; an error (NotFound,
-    an unreachable endpoint) is raised each time, never kept."""
+class _Reading:
+    """A port inside a stretch: each of its `reads` is asked once per arguments, each of its
+    `changes` forgets what the whole stretch saw; anything else (the credential probe, logs,
+    the context-refusal probe) is asked every time. An error is raised each time, never kept."""
 
-    def __init__(self, stretch: list[_Once]) -> None:
-        self._seen: dict[tuple[object, ...], object] = {}
-        self._stretch = stretch
-        stretch.append(self)
+    def __init__(
+        self, port: object, stretch: _Stretch, reads: frozenset[str], changes: frozenset[str]
+    ) -> None:
+        self.port, self.stretch, self.reads, self.changes = port, stretch, reads, changes
 
-    def _once(self, key: tuple[object, ...], look: Callable[[], object]) -> object:
-        if key not in self._seen:
-            self._seen[key] = look()
-        return self._seen[key]
+    def ask(self, name: str, *args: object, **kw: object) -> object:
+        key = repr((id(self), name, args, sorted(kw.items())))
+        if key not in self.stretch.seen:
+            self.stretch.seen[key] = getattr(self.port, name)(*args, **kw)
+        got = self.stretch.seen[key]
+        # Callers own what they are given (a snapshot keeps the router's view, a list is extended).
+        return copy.deepcopy(got) if isinstance(got, dict) else list(got) if isinstance(got, list) else got
 
-    def forget(self) -> None:
-        """Something changed: a started container serves (and holds GPU memory), a route moved."""
-        for reading in self._stretch:
-            reading._seen.clear()
+    def __getattr__(self, name: str) -> object:
+        found = getattr(self.port, name)
+        if name in self.reads:
+            return lambda *args, **kw: self.ask(name, *args, **kw)
+        if name in self.changes:
+
+            def change(*args: object, **kw: object) -> object:
+                self.stretch.seen.clear()  # a started container serves (and holds VRAM), a route moved
+                return found(*args, **kw)
+
+            return change
+        return found
 
 
-class _OneLook(_Once):
-    """A ContainerRuntime that inspects each container, image and label query once (see
-    `one_reading`); any change made through it forgets what the stretch saw."""
-
-    def __init__(self, runtime: ContainerRuntime, stretch: list[_Once]) -> None:
-        super().__init__(stretch)
-        self.runtime = runtime
-
-    def inspect(self, container_id: str) -> ContainerInfo:
-        got = self._once(("inspect", container_id), lambda: self.runtime.inspect(container_id))
-        assert isinstance(got, ContainerInfo)
-        return got
+class _Runtime(_Reading):
+    """The container runtime in a stretch: one listing of the managed containers answers every
+    narrower query of them (the runtime's label filter is this exact match), and a listed
+    container was inspected to be listed: that is its inspect."""
 
     def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         wanted = dict(labels or {})
         if wanted.get(LABEL_MANAGED) == "true" and len(wanted) > 1:
-            # One listing of the managed containers answers every narrower query of them (the
-            # slot's, the candidates'): the runtime's label filter is this exact match.
-            return [
-                c
-                for c in self.list(labels={LABEL_MANAGED: "true"})
-                if all(c.labels.get(k) == v for k, v in wanted.items())
-            ]
-        key = ("list", repr(sorted(wanted.items())))
-        fresh = key not in self._seen
-        got = self._once(key, lambda: self.runtime.list(labels=labels))
+            managed = self.list(labels={LABEL_MANAGED: "true"})
+            return [c for c in managed if all(c.labels.get(k) == v for k, v in wanted.items())]
+        fresh = repr((id(self), "list", (), sorted({"labels": labels}.items()))) not in self.stretch.seen
+        got = self.ask("list", labels=labels)
         assert isinstance(got, list)
-        if fresh:  # a listed container was inspected to be listed: that is its inspect
+        if fresh:
             for info in got:
-                self._seen.setdefault(("inspect", info.id), info)
-        return list(got)
-
-    def image(self, ref: str) -> ImageInfo:
-        got = self._once(("image", ref), lambda: self.runtime.image(ref))
-        assert isinstance(got, ImageInfo)
+                self.stretch.seen.setdefault(repr((id(self), "inspect", (info.id,), [])), info)
         return got
 
-    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
-        return self.runtime.logs(container_id, max_lines=max_lines, max_bytes=max_bytes)
 
-    def create(self, spec: ContainerSpec) -> str:
-        self.forget()
-        return self.runtime.create(spec)
-
-    def start(self, container_id: str) -> None:
-        self.forget()
-        self.runtime.start(container_id)
-
-    def stop(self, container_id: str, timeout_s: float) -> None:
-        self.forget()
-        self.runtime.stop(container_id, timeout_s)
-
-    def remove(self, container_id: str) -> None:
-        self.forget()
-        self.runtime.remove(container_id)
+def _one_scan(shm: SharedMemory) -> SharedMemory:
+    """The shared-memory residue, scanned once; a removal scans again (a stretch of its own)."""
+    return cast(SharedMemory, _Reading(shm, _Stretch(), frozenset({"residue"}), frozenset({"remove_unheld"})))
 
 
-class _OneProbe(_Once):
-    """A ServerProbe that asks each binding for its health, model list and listening once
-    (see `one_reading`); the context-refusal probe is asked every time."""
-
-    def __init__(self, server: ServerProbe, stretch: list[_Once]) -> None:
-        super().__init__(stretch)
-        self.server = server
-
-    def health(self, base_url: str, path: str) -> bool:
-        return bool(self._once(("health", base_url, path), lambda: self.server.health(base_url, path)))
-
-    def models(self, base_url: str) -> list[ModelCard]:
-        got = self._once(("models", base_url), lambda: self.server.models(base_url))
-        assert isinstance(got, list)
-        return list(got)
-
-    def listening(self, base_url: str) -> bool:
-        return bool(self._once(("listening", base_url), lambda: self.server.listening(base_url)))
-
-    def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
-        return self.server.probe_prompt(base_url, model, words)
-
-    def running(self, base_url: str, metric: str) -> int | None:
-        return self.server.running(base_url, metric)  # a count changes while a drain polls it
+def _one_look(runtime: ContainerRuntime, stretch: _Stretch) -> ContainerRuntime:
+    reads = frozenset({"inspect", "list", "image"})
+    return cast(
+        ContainerRuntime, _Runtime(runtime, stretch, reads, frozenset({"create", "start", "stop", "remove"}))
+    )
 
 
-class _OneRoute(_Once):
-    """A Router whose reads (backends, view, readiness, a routed chat by alias, a route check)
-    are asked once (see `one_reading`); a change through it (register, deregister, drain,
-    readmit) forgets what it saw. The credential probe is asked every time."""
-
-    def __init__(self, router: Router, stretch: list[_Once]) -> None:
-        super().__init__(stretch)
-        self.router = router
-
-    def probe_credentials(self) -> None:
-        self.router.probe_credentials()
-
-    def backends(self, tier: str) -> list[Backend]:
-        got = self._once(("backends", tier), lambda: self.router.backends(tier))
-        assert isinstance(got, list)
-        return list(got)
-
-    def view(self, tier: str) -> JSONObject:
-        got = self._once(("view", tier), lambda: self.router.view(tier))
-        assert isinstance(got, dict)
-        return copy.deepcopy(got)  # it goes into snapshots, which own what they hold
-
-    def ready(self) -> bool:
-        return bool(self._once(("ready",), self.router.ready))
-
-    def routed_chat(self, alias: str) -> RoutedAnswer:
-        got = self._once(("chat", alias), lambda: self.router.routed_chat(alias))
-        assert isinstance(got, RoutedAnswer)
-        return got
-
-    def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
-        got = self._once(
-            ("route", tier, url, expected_model), lambda: self.router.check_route(tier, url, expected_model)
-        )
-        assert isinstance(got, RouteCheck)
-        return got
-
-    def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
-        self.forget()
-        self.router.register(tier, url, aliases)
-
-    def deregister(self, tier: str, url: str) -> None:
-        self.forget()
-        self.router.deregister(tier, url)
-
-    def drain(self, tier: str) -> None:
-        self.forget()
-        self.router.drain(tier)
-
-    def in_flight(self, tier: str, url: str) -> int | None:
-        return self.router.in_flight(tier, url)  # a count changes while a drain polls it
-
-    def readmit(
-        self,
-        tier: str,
-        url: str,
-        aliases: tuple[str, ...],
-        expected_model: str,
-        deadline_s: float,
-        *,
-        hold: bool = False,
-    ) -> None:
-        self.forget()
-        self.router.readmit(tier, url, aliases, expected_model, deadline_s, hold=hold)
+def _one_probe(server: ServerProbe, stretch: _Stretch) -> ServerProbe:
+    return cast(
+        ServerProbe, _Reading(server, stretch, frozenset({"health", "models", "listening"}), frozenset())
+    )
 
 
-class _OneGpuReading(_Once):
-    """A GpuProbe read once (see `one_reading`): the simulated probe lists the managed
-    containers and asks each stub engine, NVML asks the driver."""
+def _one_route(router: Router, stretch: _Stretch) -> Router:
+    reads = frozenset({"backends", "view", "ready", "routed_chat", "check_route"})
+    changes = frozenset({"register", "deregister", "drain", "readmit"})
+    return cast(Router, _Reading(router, stretch, reads, changes))
 
-    def __init__(self, gpus: GpuProbe, stretch: list[_Once]) -> None:
-        super().__init__(stretch)
-        self.gpus_probe = gpus
 
-    def gpus(self) -> list[GpuReading]:
-        got = self._once(("gpus",), self.gpus_probe.gpus)
-        assert isinstance(got, list)
-        return list(got)
-
-    def driver_version(self) -> str:
-        return self.gpus_probe.driver_version()
+def _one_gpu_reading(gpus: GpuProbe, stretch: _Stretch) -> GpuProbe:
+    return cast(GpuProbe, _Reading(gpus, stretch, frozenset({"gpus"}), frozenset()))
 
 
 @contextmanager
 def one_reading(world: object) -> Iterator[None]:
     """A stretch in which the host is only observed: /dev/shm's residue is scanned once, and
-    each container, image and container query, each binding's health and model list, each
-    router reading (backends, view, readiness, a routed chat by alias, a route check) and the
-    GPU readings are asked once.
+    each container, image and container query, each binding's health, model list and
+    listening, each router reading (backends, view, readiness, a routed chat by alias, a route
+    check) and the GPU readings are asked once.
 
     For the checks before a transaction's first mutation, its before snapshot and its
-    availability check, for the goal check and after snapshot, and for recheck's assertions
-    and snapshot: each asked for the residue, and each scan walks every process's maps and
-    descriptors (tens of ms on a busy host), with nothing of ours changing it in between. The
-    guards and the snapshot also asked Docker about the same few containers again and again
-    (40-54 requests before a load's first step), the binding for its models five times, smg
-    for its workers and readiness four, and made the same routed chat twice (BaseVerified's
-    smoke, then the availability check); they now see one reading of each, as the residue.
-    A change made through the stretch (a container started, a route re-applied) forgets every
-    reading; nothing may wait for a change inside one (a poll would see its first answer
-    forever). A stretch inside a stretch is the outer one. Any other world (a plan under
-    test) is left as it is.
+    availability check, for the goal check and after snapshot, and for recheck's assertions and
+    snapshot, which ask the same few questions again and again with nothing of ours changing
+    the answers in between. A change made through the stretch (a container started, a route
+    re-applied) forgets every reading; nothing may wait for a change inside one (a poll would
+    see its first answer forever). A stretch inside a stretch is the outer one. Any other world
+    (a plan under test) is left as it is.
     """
-    if not isinstance(world, World) or isinstance(world.runtime, _Once):
+    if not isinstance(world, World) or isinstance(world.runtime, _Reading):
         yield  # not a World, or already inside a stretch: its one reading goes on
         return
     shm, runtime, server, router, gpus = world.shm, world.runtime, world.server, world.router, world.gpus
-    stretch: list[_Once] = []
-    if shm is not None:
-        world.shm = _OneScan(shm)
-    world.runtime = _OneLook(runtime, stretch)
-    world.server = _OneProbe(server, stretch)
-    world.router = _OneRoute(router, stretch) if router is not None else None
-    world.gpus = _OneGpuReading(gpus, stretch) if gpus is not None else None
+    stretch = _Stretch()
+    world.shm = _one_scan(shm) if shm is not None else None
+    world.runtime = _one_look(runtime, stretch)
+    world.server = _one_probe(server, stretch)
+    world.router = _one_route(router, stretch) if router is not None else None
+    world.gpus = _one_gpu_reading(gpus, stretch) if gpus is not None else None
     try:
         yield
     finally:

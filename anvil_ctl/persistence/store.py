@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -214,9 +213,8 @@ class Store:
         slot: str | None,
         args: JSONObject,
         owner: Owner,
-        tx_id: str | None = None,
+        tx_id: str,
     ) -> str:
-        tx_id = tx_id or str(uuid.uuid4())
         now = utcnow()
         with self.write() as s:
             s.add(

@@ -98,25 +98,29 @@ def container_spec(
     slot: Slot,
     host_config: HostConfig,
     recipe_path: Path,
-    tx_id: str,
+    tx_id: str | None = None,
 ) -> ContainerSpec:
-    """Exactly the container `load` creates for this recipe in this slot; touches nothing."""
+    """Exactly the container `load` creates for this recipe in this slot; touches nothing.
+
+    Without `tx_id` the spec names no transaction yet: `load` labels it and appends the
+    transaction's short ID to its name when it creates the container."""
     check_fits_slot(recipe, slot)
     labels = {
         LABEL_MANAGED: "true",
         LABEL_SLOT: slot_name,
         LABEL_RECIPE: recipe.name,
         LABEL_RECIPE_DIGEST: recipe_digest(recipe),
-        LABEL_TX: tx_id,
         LABEL_ROLE: "candidate",
     }
+    if tx_id is not None:
+        labels[LABEL_TX] = tx_id
     if recipe.served_model is not None:
         labels[LABEL_SERVED_MODEL] = recipe.served_model
     mounts = [Mount(_mount_source(m.source, recipe_path), m.target, m.read_only) for m in recipe.mounts]
     if recipe.model_mount is not None:
         mounts.append(model_cache_mount(recipe, host_config))
     return ContainerSpec(
-        name=container_name(recipe, slot_name, tx_id),
+        name=container_name(recipe, slot_name, tx_id) if tx_id else f"anvil-{slot_name}-{recipe.name}",
         image=recipe.image,
         command=recipe.args,
         entrypoint=recipe.entrypoint,

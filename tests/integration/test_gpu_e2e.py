@@ -10,7 +10,6 @@ load by its PID and name.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -60,12 +59,11 @@ def copy_recipe(recipes: Path, name: str = "stub-393k-c1", **changes: str) -> No
 def load(app: App, recipe: str, slot: str) -> Outcome:
     """`anvilctl load` as serves.load does it, with the recipe's vram_need_mib on the candidate
     even where commands/serves.py does not pass it yet."""
-    tx_id = str(uuid.uuid4())
-    cand = serves.candidate_from_recipe(app, recipe, slot, tx_id)
+    cand = serves.candidate_from_recipe(app, recipe, slot)
     if not cand.vram_need_mib:
         need = load_recipe(app.settings.recipes_dir / f"{recipe}.toml").vram_need_mib
         cand = replace(cand, vram_need_mib=need)
-    return transactions.load(app, slot=slot, candidate=cand, tx_id=tx_id)
+    return transactions.load(app, slot=slot, candidate=cand)
 
 
 def container_states(runtime: Any) -> dict[str, str]:

@@ -82,7 +82,7 @@ class TestRouterRestarted:
     def test_a_router_restarted_just_after_the_commit_is_routed_again_by_the_cron_recheck(
         self, host: ChaosHost, command: str
     ) -> None:
-        # The last step's result commits with the end state (engine/journaling.py): a restart
+        # The last step's result commits with the end state (engine/runner.py): a restart
         # there is after the commit, past any goal check; `recheck --repair router` closes it.
         verdict = host.case(Case(command, "router-after-commit", f"{command}:state:committed"))
         _all_ok([verdict])

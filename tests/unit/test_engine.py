@@ -111,7 +111,10 @@ class TestCompensation:
             ],
         )
         app = fake_host.app()
-        out = TransactionEngine(app.store, current_owner()).run(plan, None, tx_id=None)
+        app.store.begin(kind="test", slot=None, args={}, owner=current_owner(), tx_id="tx-test")
+        engine = TransactionEngine(app.store, current_owner())
+        out = engine.run(plan, None, "tx-test")
+        engine.commit()
         assert out.state == TxState.COMPENSATION_FAILED
         assert out.exit_code == 5
         assert calls == ["do a", "do b"]  # undo of a never ran after b's undo failed

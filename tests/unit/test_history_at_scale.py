@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from anvil_ctl.commands import audit, lifecycle
+from anvil_ctl.engine.plans.rollback import resolve_target
 from anvil_ctl.persistence import queries
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.forge import db_file
@@ -61,22 +62,22 @@ def test_rollback_to_a_revision_brings_back_the_serve_it_left(populated: FakeHos
     for rev in audit.history(app, slot=SLOT, limit=10_000):
         if rev["serve"] is None:
             continue
-        found = lifecycle.resolve_to(app, SLOT, str(rev["revision"]))
+        found = resolve_target(app.store, SLOT, str(rev["revision"]))
         assert (found.digest, found.container_id) == (
             rev["serve"]["identity_digest"],
             rev["serve"]["container_id"],
         )
-        assert lifecycle.resolve_to(app, SLOT, rev["tx_id"][:12]) == found
+        assert resolve_target(app.store, SLOT, rev["tx_id"][:12]) == found
 
 
 def test_rollback_to_a_container_finds_its_newest_identity(populated: FakeHost) -> None:
     app = populated.app()
     incumbent = app.store.current_identity(SLOT, "incumbent")
     assert incumbent is not None
-    found = lifecycle.resolve_to(app, SLOT, incumbent.container_id[:12])
+    found = resolve_target(app.store, SLOT, incumbent.container_id[:12])
     assert found.digest == incumbent.digest
     with pytest.raises(Exception, match="no revision, transaction or recorded identity"):
-        lifecycle.resolve_to(app, SLOT, "f" * 12)
+        resolve_target(app.store, SLOT, "f" * 12)
 
 
 def _reads(host: FakeHost) -> list[tuple[str, Any]]:
@@ -87,9 +88,9 @@ def _reads(host: FakeHost) -> list[tuple[str, Any]]:
     assert incumbent is not None
     with _statements(app) as seen:
         audit.history(app, slot=SLOT, limit=2)
-        lifecycle.resolve_to(app, SLOT, incumbent.container_id[:12])
+        resolve_target(app.store, SLOT, incumbent.container_id[:12])
         # the serve revision 2 left (the first candidate promoted): recorded early, never again
-        assert lifecycle.resolve_to(app, SLOT, "2").container_id != incumbent.container_id
+        assert resolve_target(app.store, SLOT, "2").container_id != incumbent.container_id
     return seen
 
 

@@ -9,7 +9,8 @@ import pytest
 from anvil_ctl.commands import audit, lifecycle, recheck, transactions
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
-from anvil_ctl.engine.plans.args import PromoteArgs
+from anvil_ctl.engine import entry
+from anvil_ctl.engine.plans.args import PromoteRequest
 from anvil_ctl.persistence import qualification, rechecks, waiver_rows
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
@@ -120,19 +121,11 @@ class TestPromote:
         assert audit.transactions(fake_host.app(), limit=1000) == before
 
     def test_the_plan_itself_refuses_an_empty_approver(self, fake_host: FakeHost) -> None:
-        """The ApproverNamed guard still holds for a caller that builds the arguments itself."""
+        """The ApproverNamed guard still holds for a caller that builds the request itself."""
         _load(fake_host)
         _decide(fake_host, "verified")
         app = fake_host.app()
-        cand = app.store.current_identity("primary", "candidate")
-        args = PromoteArgs(
-            slot="primary",
-            candidate=cand,
-            incumbent=app.store.current_identity("primary", "incumbent"),
-            decision_id="d-1",
-            approved_by=" ",
-        )
-        out = transactions.run_plan(app, "promote", args, dry_run=False)
+        out = entry.run(app.world(), app.owner, PromoteRequest(slot="primary", approved_by=" "))
         assert out.state == TxState.REFUSED and out.refusal.guard == "ApproverNamed"  # type: ignore[union-attr]
 
     def test_a_failed_acceptance_compensates_to_the_before_state(self, fake_host: FakeHost) -> None:
@@ -180,9 +173,9 @@ class TestVramAfterAcceptance:
         bundle = fake_host.settings.evidence_dir / (out.tx_id or "")
         assert verify_bundle(bundle).ok and (bundle / reading["artifact"]).is_file()
         # Bound to the database (`evidence verify` and the report accept only bound bundles).
-        from anvil_ctl.commands import qualify as qualify_cmd
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-        assert qualify_cmd.verify_evidence(fake_host.app(), bundle).ok
+        assert evidence_cmd.verify_evidence(fake_host.app(), bundle).ok
 
     def test_a_card_below_the_reserve_undoes_the_promotion_naming_it(self, fake_host: FakeHost) -> None:
         _load(fake_host, vram_mib=95786)

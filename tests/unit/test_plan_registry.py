@@ -51,7 +51,7 @@ def _samples(host: FakeHost) -> dict[str, object]:
             current_routed=False,
             restore_group="g",
             restore_group_members=("abc",),
-            recorded_snapshot={"slots": {}},
+            recorded_sha256="0" * 64,
         ),
         "qualify": QualifyArgs(
             slot="primary",
@@ -111,14 +111,14 @@ CHILD = """
 import sys
 from anvil_ctl.bootstrap import App
 from anvil_ctl.config.settings import Settings
-from anvil_ctl.engine.recover import recover
+from anvil_ctl.engine.recover import recover_unfinished
 from anvil_ctl.log import configure
 
 configure("json", "warning")
 root = sys.argv[1]
 settings = Settings(state_dir=root + "/state", config=root + "/anvil.toml", backend="fake", _env_file=None)
 app = App(settings=settings, env={})
-report = recover(app.store, app.owner, app.world())
+report = recover_unfinished(app.store, app.owner, app.world())
 loaded = sorted(m for m in sys.modules if m.startswith("anvil_ctl.commands") or m == "anvil_ctl.qualify")
 print(report.recovered[0]["state"], loaded)
 """
@@ -135,7 +135,9 @@ class TestRecoverRebuildsQualify:
         me = current_owner()
         owner = Owner(pid=int(dead.stdout), hostname=me.hostname, boot_id=me.boot_id)
         args = QualifyArgs(slot="primary", candidate=inc, profile="smoke")
-        tx = app.store.begin(kind="qualify", slot="primary", args=to_json(args), owner=owner)
+        tx = app.store.begin(
+            kind="qualify", slot="primary", args=to_json(args), owner=owner, tx_id="tx-qualify"
+        )
         app.store.transition(tx, TxState.RUNNING)
         app.store.step_event(tx, seq=0, step="run-gates", phase="do", event="intent")
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from anvil_ctl.commands import evidence as evidence_cmd
 from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.errors import BadInput
@@ -331,7 +332,7 @@ class TestTheAbTransaction:
         assert verify_bundle(bundle).ok
         # Bound to the record: the database holds the manifest's hash (not only the files).
         assert [m["kind"] for m in qualification.manifests(app.store, tx)] == ["ab"]
-        bound = qualify_cmd.verify_evidence(app, bundle)
+        bound = evidence_cmd.verify_evidence(app, bundle)
         assert bound.ok and [b.matched for b in bound.bindings or ()] == [True], bound.as_dict()
         assert {p.name for p in bundle.iterdir()} >= {
             "00-declaration.json",

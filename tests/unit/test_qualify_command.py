@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from anvil_ctl.bootstrap import App
+from anvil_ctl.commands import evidence as evidence_cmd
 from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.states import TxState
@@ -199,7 +200,7 @@ class TestExportEvidence:
         )
         # What the qualify plan records beside the manifest it wrote: export binds to it.
         qualification.record_manifest(app.store, "tx-export", writer.write_manifest().sha256, kind="qualify")
-        out = qualify_cmd.export_evidence(app, "tx-exp", tmp_path / "bundle")
+        out = evidence_cmd.export_evidence(app, "tx-exp", tmp_path / "bundle")
         text = (tmp_path / "bundle" / "00-smoke.json").read_text()
         checkout = str(PROFILES_DIR.parent.parent)  # a decision names its profile's file
         for secret in ("cli-s3cret-2", "adm-s3cret-1", GPU_A, "/home/operator", str(writer.tx_dir), checkout):

@@ -144,7 +144,7 @@ class TestReconcileRefuses:
 
     def test_an_unresolved_transaction_is_refused(self, fake_host: FakeHost) -> None:
         app = fake_host.app()
-        tx = app.store.begin(kind="load", slot="primary", args={}, owner=app.owner)
+        tx = app.store.begin(kind="load", slot="primary", args={}, owner=app.owner, tx_id="tx-open")
         app.store.transition(tx, TxState.RUNNING)
         out = reconcile(fake_host.app(), "primary")
         assert out.state == TxState.REFUSED and out.refusal.guard == "NoUnresolvedTransaction"  # type: ignore[union-attr]
@@ -214,7 +214,8 @@ class TestRecheckRepairsTheRoute:
         router_restarted(fake_host)
         app = fake_host.app()
         app.store.transition(
-            app.store.begin(kind="load", slot="primary", args={}, owner=app.owner), TxState.RUNNING
+            app.store.begin(kind="load", slot="primary", args={}, owner=app.owner, tx_id="tx-open"),
+            TxState.RUNNING,
         )
         result = recheck.recheck(app, "primary", repair=("router",))
         assert not result.passed and "router_repair" in result.failed

@@ -20,7 +20,7 @@ def _needs_operator(host: FakeHost) -> str:
     """A loaded candidate, then a transaction that a step ended in needs_operator."""
     transactions.load(host.app(), slot="primary", candidate=host.candidate())
     store = host.app().store
-    tx = store.begin(kind="rollback", slot="primary", args={}, owner=current_owner())
+    tx = store.begin(kind="rollback", slot="primary", args={}, owner=current_owner(), tx_id="tx-rollback")
     store.transition(tx, TxState.RUNNING)
     store.transition(tx, TxState.NEEDS_OPERATOR, "a step found the host must not be touched")
     return tx

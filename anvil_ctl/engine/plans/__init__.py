@@ -1,8 +1,9 @@
-"""Every transaction kind, in one explicit registry: its argument class and plan builder.
+"""Every transaction kind, in one explicit registry: its request, arguments and plan.
 
-`recover` rebuilds an interrupted transaction from its journaled arguments through
-this table, so any process that imports the engine can recover every kind;
-nothing registers itself by being imported.
+A kind's `prepare` reads the record and observes what its arguments need, once, for
+`anvil_ctl.engine.entry`; `build` makes the plan from those arguments. `recover` rebuilds
+an interrupted transaction from its journaled arguments through this table, so any process
+that imports the engine can recover every kind; nothing registers itself by being imported.
 """
 
 from __future__ import annotations
@@ -16,57 +17,93 @@ from anvil_ctl.core.steps import Plan
 from anvil_ctl.engine.plans import ab, adopt, load, promote, qualify, reconcile, rollback, unload
 from anvil_ctl.engine.plans.args import (
     AbArgs,
+    AbRequest,
     AdoptArgs,
+    AdoptRequest,
     LoadArgs,
+    LoadRequest,
     PromoteArgs,
+    PromoteRequest,
     QualifyArgs,
+    QualifyRequest,
     ReconcileArgs,
+    ReconcileRequest,
     RollbackArgs,
+    RollbackRequest,
     UnloadArgs,
+    UnloadRequest,
     from_json,
 )
 from anvil_ctl.engine.world import World
 
+R = TypeVar("R")
+"""A kind's request."""
 A = TypeVar("A")
 """A kind's frozen argument dataclass."""
 
+AnyPlan = Plan[object, World, object]
+
 
 class TxKind(Protocol):
-    """What the registry offers of every kind, whatever its argument class."""
+    """What the registry offers of every kind, whatever its request and argument classes."""
 
     @property
     def args(self) -> type[object]: ...
 
-    def build(self, args: object, world: World) -> Plan[object, World, object]: ...
+    @property
+    def mutates(self) -> bool: ...
 
-    def rebuild(self, journaled: JSONMapping, world: World) -> Plan[object, World, object]: ...
+    def prepare(self, world: World, request: object) -> object: ...
+
+    def build(self, args: object, world: World, request: object = None) -> AnyPlan: ...
+
+    def rebuild(self, journaled: JSONMapping, world: World) -> AnyPlan: ...
 
 
 @dataclass(frozen=True)
-class Kind(Generic[A]):
-    """A transaction kind: the class its arguments are journaled as, and its plan builder."""
+class Kind(Generic[R, A]):
+    """A transaction kind: how its request becomes arguments, how they are journaled, its plan.
 
+    `mutates`: it changes the host, so it runs under the host lock. `builder` receives the
+    request too where the plan keeps something of it that is never journaled (progress,
+    secrets); `recover` rebuilds without one.
+    """
+
+    request: type[R]
     args: type[A]
-    builder: Callable[[A, World], Plan[A, World, object]]
+    preparer: Callable[[World, R], A]
+    builder: Callable[[A, World, R | None], Plan[A, World, object]]
+    mutates: bool = True
 
-    def build(self, args: object, world: World) -> Plan[A, World, object]:
+    def prepare(self, world: World, request: object) -> A:
+        if not isinstance(request, self.request):
+            raise TypeError(f"expected a {self.request.__name__}, got {type(request).__name__}")
+        return self.preparer(world, request)
+
+    def build(self, args: object, world: World, request: object = None) -> Plan[A, World, object]:
         """The plan for `args`, which must be this kind's argument class (else a TypeError)."""
         if not isinstance(args, self.args):
             raise TypeError(f"expected {self.args.__name__} arguments, got {type(args).__name__}")
-        return self.builder(args, world)
+        return self.builder(args, world, request if isinstance(request, self.request) else None)
 
     def rebuild(self, journaled: JSONMapping, world: World) -> Plan[A, World, object]:
         """The plan of a transaction from its journaled arguments."""
-        return self.builder(from_json(self.args, journaled), world)
+        return self.builder(from_json(self.args, journaled), world, None)
 
 
 KINDS: dict[str, TxKind] = {
-    "adopt": Kind[AdoptArgs](AdoptArgs, adopt.build),
-    "load": Kind[LoadArgs](LoadArgs, load.build),
-    "promote": Kind[PromoteArgs](PromoteArgs, promote.build),
-    "rollback": Kind[RollbackArgs](RollbackArgs, rollback.build),
-    "qualify": Kind[QualifyArgs](QualifyArgs, qualify.build),
-    "ab": Kind[AbArgs](AbArgs, ab.build),
-    "unload": Kind[UnloadArgs](UnloadArgs, unload.build),
-    "reconcile": Kind[ReconcileArgs](ReconcileArgs, reconcile.build),
+    "adopt": Kind[AdoptRequest, AdoptArgs](AdoptRequest, AdoptArgs, adopt.prepare, adopt.build),
+    "load": Kind[LoadRequest, LoadArgs](LoadRequest, LoadArgs, load.prepare, load.build),
+    "promote": Kind[PromoteRequest, PromoteArgs](PromoteRequest, PromoteArgs, promote.prepare, promote.build),
+    "rollback": Kind[RollbackRequest, RollbackArgs](
+        RollbackRequest, RollbackArgs, rollback.prepare, rollback.build
+    ),
+    "qualify": Kind[QualifyRequest, QualifyArgs](
+        QualifyRequest, QualifyArgs, qualify.prepare, qualify.build, mutates=False
+    ),
+    "ab": Kind[AbRequest, AbArgs](AbRequest, AbArgs, ab.prepare, ab.build, mutates=False),
+    "unload": Kind[UnloadRequest, UnloadArgs](UnloadRequest, UnloadArgs, unload.prepare, unload.build),
+    "reconcile": Kind[ReconcileRequest, ReconcileArgs](
+        ReconcileRequest, ReconcileArgs, reconcile.prepare, reconcile.build
+    ),
 }

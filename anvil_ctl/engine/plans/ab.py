@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anvil_ctl.core.errors import BadInput, StepFailed
+from anvil_ctl.core.errors import AnvilError, BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, get_int, get_object, get_objects
+from anvil_ctl.core.model import LABEL_RECIPE
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import AbArgs, AbArm
+from anvil_ctl.engine.plans.args import AbArgs, AbArm, AbRequest
 from anvil_ctl.engine.plans.qualify import serving_problems
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
@@ -207,7 +209,45 @@ def compare(ctx: Ctx) -> StepResult:
     }
 
 
-def build(args: AbArgs, world: World) -> Plan[AbArgs, World, AbMemo]:
+def resolve_arm(world: World, ref: str) -> AbArm:
+    """The loaded candidate (of any slot) that `ref` names: recipe name, served model or
+    container ID prefix (12+ characters); BadInput naming the arm when none or several match."""
+    found: list[Identity] = []
+    for slot in sorted(world.config.slots):
+        ident = world.store.current_identity(slot, "candidate")
+        if ident is None:
+            continue
+        try:
+            recipe = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE, "")
+        except AnvilError:
+            recipe = ""
+        by_id = len(ref) >= 12 and ident.container_id.startswith(ref)
+        if ref in (recipe, ident.served_model) or by_id:
+            found.append(ident)
+    if len(found) != 1:
+        problem = "no loaded candidate matches it" if not found else "several loaded candidates match it"
+        raise BadInput(
+            f"--ab {ref}: {problem}; expected a recipe name, served model or container ID of one "
+            "slot's loaded candidate (`anvilctl load RECIPE --slot S` first)",
+            field="ab",
+        )
+    return AbArm(name=ref, identity=found[0])
+
+
+def prepare(world: World, req: AbRequest) -> AbArgs:
+    """Both arms, each the loaded candidate its reference names, and the profile."""
+    if len(req.arms) != 2 or req.arms[0] == req.arms[1]:
+        raise BadInput(f"--ab: expected two different arms, got {list(req.arms)}", field="ab")
+    world.config.slot(req.slot)
+    profile, _ = load_ab_profile(req.profile)
+    return AbArgs(
+        slot=req.slot,
+        arms=(resolve_arm(world, req.arms[0]), resolve_arm(world, req.arms[1])),
+        profile=profile.source or profile.name,
+    )
+
+
+def build(args: AbArgs, world: World, _req: AbRequest | None = None) -> Plan[AbArgs, World, AbMemo]:
     slots = sorted({args.slot, *(a.identity.slot for a in args.arms)})
     return Plan(
         kind="ab",
@@ -221,6 +261,5 @@ def build(args: AbArgs, world: World) -> Plan[AbArgs, World, AbMemo]:
         guards=GUARDS,
         slot=args.slot,
         snapshot=lambda: observe(world, slots),
-        mutates=False,
         keeps_serving=False,  # nothing on the host changes
     )

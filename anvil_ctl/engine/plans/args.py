@@ -11,13 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from pydantic import TypeAdapter
 
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.model import CUT_AT_DEADLINE, REFUSE_TO_CUT, ContainerSpec, DrainPolicy, ModelFile
+
+if TYPE_CHECKING:
+    from anvil_ctl.qualify.runner import Progress
 
 T = TypeVar("T")
 
@@ -78,6 +83,8 @@ class PromoteArgs:
     decision_id: str | None
     approved_by: str
     accept_drift: DriftAcceptance | None = None
+    decision_outcome: str | None = None
+    """The standing decision's outcome, read with its ID when the promotion was prepared."""
 
 
 @dataclass(frozen=True)
@@ -93,9 +100,6 @@ class RollbackArgs:
     recorded_sha256: str | None = None
     """The SHA-256 of the newest recorded snapshot in which the target served: what the
     restored placement must equal (its body is in the record once, not in these arguments)."""
-    recorded_snapshot: Mapping[str, object] | None = None
-    """That snapshot's body, as rollbacks journaled before migration 0008 carried it (so
-    that `recover` rebuilds them); new rollbacks leave it None and name `recorded_sha256`."""
     decided_by: Mapping[str, object] | None = None
     """A rollback no person asked for: the policy that decided it (`recheck --slo
     --rollback-on-breach`), who enabled it and until when, the breaching samples and the
@@ -152,8 +156,104 @@ class ReconcileArgs:
     """The serve the slot's record publishes (its incumbent): what the tier must route to."""
 
 
-PlanArgs = (
-    AdoptArgs | LoadArgs | PromoteArgs | RollbackArgs | QualifyArgs | AbArgs | UnloadArgs | ReconcileArgs
+# -- requests: what a command asks for, before the record is read ---------------------------------
+# A kind's `prepare` turns its request into its arguments (`anvil_ctl.engine.entry`); requests
+# are never journaled.
+
+
+@dataclass(frozen=True)
+class AdoptRequest:
+    kind: ClassVar[str] = "adopt"
+    slot: str
+    container_id: str
+    context_tokens: int
+    recipe_digest: str = ""
+    model_identity: str = ""
+    gpu_roles: tuple[str, ...] = ()
+    engine: str = ""
+    """The serve's engine profile (how it is probed from now on); empty: OpenAI-compatible."""
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    kind: ClassVar[str] = "load"
+    slot: str
+    candidate: Candidate
+    accept_drift: DriftAcceptance | None = None
+    drain: DrainPolicy = REFUSE_TO_CUT
+
+
+@dataclass(frozen=True)
+class PromoteRequest:
+    kind: ClassVar[str] = "promote"
+    slot: str
+    approved_by: str
+    candidate: str | None = None
+    """Names the slot's loaded candidate (container ID or digest prefix, served model), or None."""
+    accept_drift: DriftAcceptance | None = None
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    kind: ClassVar[str] = "rollback"
+    slot: str
+    to: str | None = None
+    """`--to`: a revision number, a transaction, container or identity reference; None: the
+    stopped incumbent after a load, the rollback identity after a promote."""
+    restore_group: str | None = None
+    restore_group_members: tuple[str, ...] | None = None
+    decided_by: Mapping[str, object] | None = None
+    """The policy that asked for it, when no person did (`RollbackArgs.decided_by`)."""
+    drain: DrainPolicy = CUT_AT_DEADLINE
+
+
+@dataclass(frozen=True)
+class QualifyRequest:
+    kind: ClassVar[str] = "qualify"
+    slot: str
+    profile: str | None = None
+    gates: tuple[str, ...] = ()
+    timeout_s: float | None = None
+    recipe_dirs: tuple[Path, ...] = ()
+    """Where the candidate's recipe is looked up by name, in order."""
+    progress: Progress | None = None
+    now: datetime | None = None
+    secrets: tuple[str, ...] = ()
+    """Router tokens the log audit redacts."""
+
+
+@dataclass(frozen=True)
+class AbRequest:
+    kind: ClassVar[str] = "ab"
+    slot: str
+    arms: tuple[str, str]
+    """Each arm's reference: a recipe name, served model or container ID prefix (12+)."""
+    profile: str = "ab-control"
+
+
+@dataclass(frozen=True)
+class UnloadRequest:
+    kind: ClassVar[str] = "unload"
+    container_id: str
+    remove_residue: bool = False
+    drain: DrainPolicy = REFUSE_TO_CUT
+
+
+@dataclass(frozen=True)
+class ReconcileRequest:
+    kind: ClassVar[str] = "reconcile"
+    slot: str
+
+
+Request = (
+    AdoptRequest
+    | LoadRequest
+    | PromoteRequest
+    | RollbackRequest
+    | QualifyRequest
+    | AbRequest
+    | UnloadRequest
+    | ReconcileRequest
 )
 
 

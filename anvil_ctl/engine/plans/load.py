@@ -33,13 +33,15 @@ from anvil_ctl.engine.guards import (
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import Candidate, LoadArgs
+from anvil_ctl.engine.plans.args import Candidate, LoadArgs, LoadRequest
 from anvil_ctl.engine.serving import (
     drain_step,
+    is_running,
     release_vram_step,
     wait_serving,
 )
 from anvil_ctl.engine.world import World
+from anvil_ctl.recipes.spec import short_tx
 
 
 @dataclass
@@ -155,17 +157,20 @@ GUARDS: list[Guard[Ctx]] = [
 
 
 def stamped_spec(spec: ContainerSpec, tx_id: str) -> ContainerSpec:
-    """The spec labelled with the transaction that creates it, so recover can find it by label."""
-    labels = {k: v for k, v in spec.labels if k != LABEL_TX}
+    """The spec labelled with the transaction that creates it, so recover can find it by label;
+    a spec made for no transaction yet (`container_spec` without one) is also named for it."""
+    labels = dict(spec.labels)
+    name = spec.name if LABEL_TX in labels else f"{spec.name}-{short_tx(tx_id)}"
     labels[LABEL_TX] = tx_id
-    return replace(spec, labels=tuple(sorted(labels.items())))
+    return replace(spec, name=name, labels=tuple(sorted(labels.items())))
 
 
 def start_candidate(ctx: Ctx) -> StepResult:
     world, cand = ctx.world, ctx.args.candidate
-    container_id = world.runtime.create(stamped_spec(cand.spec, ctx.tx_id))
+    spec = stamped_spec(cand.spec, ctx.tx_id)
+    container_id = world.runtime.create(spec)
     world.runtime.start(container_id)
-    return {"container_id": container_id, "name": cand.spec.name}
+    return {"container_id": container_id, "name": spec.name}
 
 
 def remember_candidate(ctx: Ctx, result: JSONObject) -> None:
@@ -247,7 +252,21 @@ def _vram_need(ctx: Ctx) -> VramNeed:
     return VramNeed(cand.gpu_roles, cand.vram_need_mib, cand.recipe_digest)
 
 
-def build(args: LoadArgs, world: World) -> Plan[LoadArgs, World, LoadMemo]:
+def prepare(world: World, req: LoadRequest) -> LoadArgs:
+    """The slot's incumbent, and whether it runs: what compensation restores, not more."""
+    world.config.slot(req.slot)
+    incumbent = world.store.current_identity(req.slot, "incumbent")
+    return LoadArgs(
+        slot=req.slot,
+        candidate=req.candidate,
+        incumbent=incumbent,
+        incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
+        accept_drift=req.accept_drift,
+        drain=req.drain,
+    )
+
+
+def build(args: LoadArgs, world: World, _req: LoadRequest | None = None) -> Plan[LoadArgs, World, LoadMemo]:
     # An incumbent already stopped (a campaign of several loads) is neither drained, stopped
     # nor, on compensation, started again: the undo restores the before state, not more.
     has_incumbent = args.incumbent is not None and args.incumbent_running

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
@@ -36,7 +36,7 @@ from anvil_ctl.engine.guards import (
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import PromoteArgs
+from anvil_ctl.engine.plans.args import PromoteArgs, PromoteRequest
 from anvil_ctl.engine.serving import (
     drain_slot,
     identity_drift,
@@ -75,6 +75,35 @@ def standing_decision(store: Store, identity_digest: str) -> DecisionRecord | No
         page *= 4
 
 
+def prepare(world: World, req: PromoteRequest) -> PromoteArgs:
+    """The slot's loaded candidate (the one `req.candidate` names, if given), its incumbent
+    and the candidate's standing decision, each read once."""
+    store = world.store
+    world.config.slot(req.slot)
+    cand = store.current_identity(req.slot, "candidate")
+    if cand is None:
+        raise BadInput(f"slot {req.slot}: no candidate has been loaded", field="candidate")
+    ref = req.candidate
+    if ref and not (
+        cand.container_id.startswith(ref) or cand.served_model == ref or cand.digest.startswith(ref)
+    ):
+        raise BadInput(
+            f"candidate {ref!r} is not the slot's loaded candidate "
+            f"({cand.container_id[:12]}, {cand.served_model})",
+            field="candidate",
+        )
+    decision = standing_decision(store, cand.qualification_digest)
+    return PromoteArgs(
+        slot=req.slot,
+        candidate=cand,
+        incumbent=store.current_identity(req.slot, "incumbent"),
+        decision_id=str(decision["id"]) if decision else None,
+        approved_by=req.approved_by,
+        accept_drift=req.accept_drift,
+        decision_outcome=str(decision["outcome"]) if decision else None,
+    )
+
+
 class RouterConfigured(Guard[Ctx]):
     """Promotion means routing: a host without a router has nothing to promote to."""
 
@@ -94,21 +123,21 @@ class ApproverNamed(Guard[Ctx]):
 
 
 class CandidateVerified(Guard[Ctx]):
-    """The candidate's exact identity (its qualification digest) has a standing `verified` decision."""
+    """The candidate's exact identity (its qualification digest) has a standing `verified`
+    decision: the one `prepare` read."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
-        cand = ctx.args.candidate
-        decision = standing_decision(ctx.world.store, cand.qualification_digest)
-        if decision is None:
+        cand, decision_id = ctx.args.candidate, ctx.args.decision_id
+        if decision_id is None:
             return self.refuse(
                 f"no decision recorded for candidate identity {cand.qualification_digest[:12]} "
                 f"({cand.served_model}); run `anvilctl qualify --slot {cand.slot}` first"
             )
-        if decision["outcome"] != "verified":
+        if ctx.args.decision_outcome != "verified":
             return self.refuse(
-                f"candidate {cand.served_model} decision is {decision['outcome']} "
-                f"(decision {str(decision['id'])[:12]}); only a verified decision can be promoted",
-                decision=decision["id"],
+                f"candidate {cand.served_model} decision is {ctx.args.decision_outcome} "
+                f"(decision {decision_id[:12]}); only a verified decision can be promoted",
+                decision=decision_id,
             )
         return None
 
@@ -239,7 +268,7 @@ def record_promotion(ctx: Ctx) -> StepResult:
         "approved_by": args.approved_by,
         "decision_id": args.decision_id,
         # The reading itself is the vram-after-acceptance step's result, in this transaction's
-        # journal; the promotion record names it (a copy here cost ~0.7 KB per promotion).
+        # journal, once; the promotion record names it.
         "vram_after_acceptance": _reading_ref(ctx.results.get("vram-after-acceptance")),
     }
 
@@ -272,7 +301,9 @@ def _candidate(ctx: Ctx) -> Identity:
     return ctx.args.candidate
 
 
-def build(args: PromoteArgs, world: World) -> Plan[PromoteArgs, World, NoMemo]:
+def build(
+    args: PromoteArgs, world: World, _req: PromoteRequest | None = None
+) -> Plan[PromoteArgs, World, NoMemo]:
     return Plan(
         kind="promote",
         args=args,

@@ -29,19 +29,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.digest import sha256_hex
-from anvil_ctl.core.errors import AdapterError, StepFailed
+from anvil_ctl.core.errors import AdapterError, AnvilError, BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerLog
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_RECIPE, LABEL_SLOT, ContainerLog
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import QualifyArgs
+from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest
 from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import identity_drift, inspect_or_none, profile_of, served_models
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import GateEvidence
+from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
 
 if TYPE_CHECKING:
     from anvil_ctl.qualify.gates.base import ReserveReading
@@ -293,7 +294,49 @@ def record_decision(ctx: Ctx) -> StepResult:
     }
 
 
-def build(args: QualifyArgs, world: World) -> Plan[QualifyArgs, World, QualifyMemo]:
+def _loaded_recipe(world: World, ident: Identity, dirs: Sequence[Path]) -> Recipe | None:
+    """The candidate's recipe, if the file its label names is still the one that was loaded."""
+    try:
+        name = world.runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE)
+        path = next((d / f"{name}.toml" for d in dirs if (d / f"{name}.toml").exists()), None)
+        recipe = load_recipe(path) if name and path else None
+    except AnvilError:
+        return None
+    return recipe if recipe is not None and recipe_digest(recipe) == ident.recipe_digest else None
+
+
+def prepare(world: World, req: QualifyRequest) -> QualifyArgs:
+    """The slot's loaded candidate, its recipe (when still the loaded one) and the profile:
+    `req.profile`, else the recipe's."""
+    from anvil_ctl.qualify.profiles import resolve_profile
+
+    world.config.slot(req.slot)
+    ident = world.store.current_identity(req.slot, "candidate")
+    recipe = _loaded_recipe(world, ident, req.recipe_dirs) if ident else None
+    chosen = req.profile or (recipe.profile if recipe else None)
+    if ident is not None and chosen is None:
+        raise BadInput(
+            "the candidate's recipe (or its profile) cannot be read; pass --profile", field="profile"
+        )
+    resolved = resolve_profile(None, profile=chosen or "smoke", gates=list(req.gates) or None)
+    return QualifyArgs(
+        slot=req.slot,
+        candidate=ident,
+        profile=resolved.source or resolved.name,
+        gates=req.gates,
+        recipe=recipe.name if recipe else "",
+        engine=recipe.engine if recipe else "",
+        source=recipe.source.model_dump(mode="json") if recipe and recipe.source else None,
+        timeout_s=req.timeout_s,
+    )
+
+
+def build(
+    args: QualifyArgs, world: World, req: QualifyRequest | None = None
+) -> Plan[QualifyArgs, World, QualifyMemo]:
+    memo = QualifyMemo()
+    if req is not None:  # what the live run shows and redacts; never journaled
+        memo.progress, memo.now, memo.secrets = req.progress, req.now, req.secrets
     return Plan(
         kind="qualify",
         args=args,
@@ -306,10 +349,9 @@ def build(args: QualifyArgs, world: World) -> Plan[QualifyArgs, World, QualifyMe
                 "re-check the candidate; record gate rows and the decision",
             ),
         ],
-        memo=QualifyMemo(),
+        memo=memo,
         guards=GUARDS,
         slot=args.slot,
         snapshot=lambda: observe(world, [args.slot]),
-        mutates=False,
         keeps_serving=False,  # nothing on the host changes
     )

@@ -20,7 +20,7 @@ rolls an interrupted reconcile forward once the route is applied.
 
 from __future__ import annotations
 
-from anvil_ctl.core.errors import AdapterError, StepFailed
+from anvil_ctl.core.errors import AdapterError, BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
@@ -29,7 +29,7 @@ from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterCredentialsAccepted
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import ReconcileArgs
+from anvil_ctl.engine.plans.args import ReconcileArgs, ReconcileRequest
 from anvil_ctl.engine.serving import (
     identity_drift,
     is_running,
@@ -156,7 +156,22 @@ def route_slot(ctx: Ctx) -> StepResult:
     return {**result, **routed, "already_routed": False, "changed": True, "was": before.reason}
 
 
-def build(args: ReconcileArgs, world: World) -> Plan[ReconcileArgs, World, NoMemo]:
+def prepare(world: World, req: ReconcileRequest) -> ReconcileArgs:
+    """The serve the slot's record publishes: its incumbent (BadInput where none is recorded)."""
+    world.config.slot(req.slot)
+    serve = world.store.current_identity(req.slot, "incumbent")
+    if serve is None:
+        raise BadInput(
+            f"slot {req.slot}: no incumbent is recorded, so no route to re-apply; "
+            "adopt the serving container first (`anvilctl adopt`)",
+            field="slot",
+        )
+    return ReconcileArgs(slot=req.slot, serve=serve)
+
+
+def build(
+    args: ReconcileArgs, world: World, _req: ReconcileRequest | None = None
+) -> Plan[ReconcileArgs, World, NoMemo]:
     return Plan(
         kind="reconcile",
         args=args,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
-from anvil_ctl.core.errors import NeedsOperator
+from anvil_ctl.core.errors import BadInput, NeedsOperator
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
@@ -39,10 +39,11 @@ from anvil_ctl.engine.guards import (
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import RollbackArgs
+from anvil_ctl.engine.plans.args import RollbackArgs, RollbackRequest
 from anvil_ctl.engine.serving import (
     container_absent_or_stopped,
     drain_step,
+    is_running,
     release_vram_step,
     restart_retained,
     route_problems,
@@ -52,8 +53,129 @@ from anvil_ctl.engine.serving import (
     stop_verified,
 )
 from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import queries
+from anvil_ctl.persistence.queries import Revision
+from anvil_ctl.persistence.store import Store
 
 Ctx = StepContext[RollbackArgs, World, NoMemo]
+
+
+# -- preparing: which serve comes back, and what serves now ------------------------------------
+
+
+def is_revision(ref: str) -> bool:
+    """A revision number of `audit history` (`3`); IDs are given with 8 characters or more."""
+    return ref.isdigit() and len(ref) < 8
+
+
+def check_to(ref: str) -> str:
+    """`--to REF` is a revision number or a reference long enough to name one serve."""
+    if not is_revision(ref) and len(ref) < 8 and not any(c in ref for c in "-._"):
+        raise BadInput(
+            f"--to {ref!r}: expected a revision number (audit history), or at least 8 characters "
+            "of a transaction ID, container ID or identity digest, or a served model",
+            field="to",
+        )
+    return ref
+
+
+def resolve_target(store: Store, slot: str, ref: str) -> Identity:
+    """What `rollback --to REF` brings back: the serve a revision left (`audit history --slot`),
+    the serve a transaction left (ID or prefix), or a recorded identity by container ID,
+    identity digest or served model. A prefix naming two different serves is refused."""
+    if is_revision(ref):
+        count, revisions = queries.slot_revisions(store, slot, store.host, number=int(ref))
+        if not revisions:
+            raise BadInput(f"--to {ref}: slot {slot} has revisions 1..{count}", field="to")
+        (rev,) = revisions
+        if rev["serve"] is None:
+            raise BadInput(
+                f"--to {ref}: revision {ref} ({rev['kind']}, {rev['state']}) left no serve to bring "
+                "back; expected a committed adopt, load, promote or rollback",
+                field="to",
+            )
+        return _left_by(store, rev, f"revision {ref}")
+    by_tx = queries.slot_revisions_of(store, slot, store.host, ref)
+    by_ref = store.identity_by_ref(slot, ref)
+    if len(by_tx) > 1:
+        raise BadInput(f"--to {ref!r}: names transactions {[r['tx_id'] for r in by_tx]}", field="to")
+    if by_tx:
+        rev = by_tx[0]
+        if rev["serve"] is None:
+            raise BadInput(
+                f"--to {ref!r}: transaction {rev['tx_id']} ({rev['kind']}, {rev['state']}) left no "
+                "serve to bring back",
+                field="to",
+            )
+        found = _left_by(store, rev, f"transaction {rev['tx_id']}")
+        if by_ref is not None and by_ref.digest != found.digest:
+            raise BadInput(
+                f"--to {ref!r}: names transaction {rev['tx_id']} and container "
+                f"{by_ref.container_id[:12]}; give more characters",
+                field="to",
+            )
+        return found
+    if by_ref is None:
+        raise BadInput(
+            f"--to {ref!r}: no revision, transaction or recorded identity of slot {slot} matches", field="to"
+        )
+    return by_ref
+
+
+def _left_by(store: Store, rev: Revision, what: str) -> Identity:
+    """The serve revision `rev` left, read through its transaction's identity rows."""
+    serve = rev["serve"]
+    found = store.identity_of(rev["tx_id"], serve["role"]) if serve is not None else None
+    if found is None:  # the identity row came from the same history: only a cut record gets here
+        raise BadInput(f"--to: the identity {what} recorded is not in the record", field="to")
+    return found
+
+
+def _serving_now(world: World, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
+    """What serves the slot now (to be stopped and retained), and its recorded role."""
+    for role in ("incumbent", "candidate"):
+        ident = world.store.current_identity(slot, role)
+        if (
+            ident
+            and (target is None or ident.container_id != target.container_id)
+            and is_running(world, ident.container_id)
+        ):
+            return ident, role
+    return None, ""
+
+
+def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
+    """The target, what serves now, and the recorded snapshot the restore must equal."""
+    store = world.store
+    world.config.slot(req.slot)
+    target: Identity | None
+    if req.to:
+        target = resolve_target(store, req.slot, check_to(req.to))
+    else:
+        # After a load the incumbent is stopped: restore it. After a promote the incumbent
+        # serves: go back to the recorded rollback identity.
+        incumbent = store.current_identity(req.slot, "incumbent")
+        serving = incumbent is not None and is_running(world, incumbent.container_id)
+        target = store.current_identity(req.slot, "rollback") if serving else incumbent
+    current, role = _serving_now(world, req.slot, target)
+    # The newest snapshot in which the target served the slot as its incumbent (running, its
+    # binding answering with its model): not one taken while it was stopped.
+    served = store.served_snapshot(target) if target else None
+    return RollbackArgs(
+        slot=req.slot,
+        target=target,
+        current=current,
+        current_role=role,
+        current_routed=role == "incumbent",
+        restore_group=req.restore_group,
+        restore_group_members=req.restore_group_members,
+        recorded_sha256=served[0] if served else None,
+        decided_by=req.decided_by,
+        drain=req.drain,
+    )
+
+
+# -- steps ------------------------------------------------------------------------------------
 
 
 def _target(ctx: Ctx) -> Identity:
@@ -119,7 +241,7 @@ class TargetIdentityComplete(Guard[Ctx]):
         missing = target.missing()
         if missing:
             return self.refuse(f"rollback identity incomplete: missing {', '.join(missing)}")
-        if not (ctx.args.recorded_sha256 or ctx.args.recorded_snapshot):
+        if not ctx.args.recorded_sha256:
             return self.refuse(
                 "no recorded snapshot of the target serving: nothing to prove equality against"
             )
@@ -222,10 +344,8 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 def _recorded_body(ctx: Ctx) -> Mapping[str, object]:
-    """The recorded snapshot the restore must equal: named by its SHA-256 (or, journaled
-    before migration 0008, carried in the arguments); {} if the record lost it."""
-    if ctx.args.recorded_snapshot is not None:
-        return ctx.args.recorded_snapshot
+    """The recorded snapshot the restore must equal, named by its SHA-256; {} if the record
+    lost it."""
     sha = ctx.args.recorded_sha256
     return (ctx.world.store.snapshot_body(sha) if sha else None) or {}
 
@@ -247,7 +367,9 @@ def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot, hold: 
     ]
 
 
-def build(args: RollbackArgs, world: World) -> Plan[RollbackArgs, World, NoMemo]:
+def build(
+    args: RollbackArgs, world: World, _req: RollbackRequest | None = None
+) -> Plan[RollbackArgs, World, NoMemo]:
     steps: list[Step[Ctx]] = []
     if world.router is not None:
         steps.append(drain_step(_routed_current))

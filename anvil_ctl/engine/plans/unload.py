@@ -12,7 +12,7 @@ and with `--remove-residue` delete what two observations agree nobody holds.
 from __future__ import annotations
 
 from anvil_ctl.core.engine_profile import engine_profile
-from anvil_ctl.core.errors import StepFailed
+from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONArray
 from anvil_ctl.core.model import LABEL_ROLE, LABEL_SLOT, ContainerInfo
@@ -20,7 +20,7 @@ from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.drain import wait_idle
 from anvil_ctl.engine.guards import NoUnresolvedTransaction
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import UnloadArgs
+from anvil_ctl.engine.plans.args import UnloadArgs, UnloadRequest
 from anvil_ctl.engine.serving import inspect_or_none
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import gpu_ledger
@@ -117,7 +117,22 @@ def remove_residue(ctx: Ctx) -> StepResult:
     return {"removed": list(report.removed), "kept": [{"path": p, "why": w} for p, w in report.kept]}
 
 
-def build(args: UnloadArgs, world: World) -> Plan[UnloadArgs, World, NoMemo]:
+def prepare(world: World, req: UnloadRequest) -> UnloadArgs:
+    """The container by its full ID, and the slot its labels name."""
+    info = inspect_or_none(world, req.container_id)
+    if info is None:
+        raise BadInput(f"container {req.container_id}: not found", field="container_id")
+    return UnloadArgs(
+        container_id=info.id,
+        slot=info.labels.get(LABEL_SLOT, ""),
+        remove_residue=req.remove_residue,
+        drain=req.drain,
+    )
+
+
+def build(
+    args: UnloadArgs, world: World, _req: UnloadRequest | None = None
+) -> Plan[UnloadArgs, World, NoMemo]:
     steps: list[Step[Ctx]] = [
         Step("stop-candidate", stop_candidate, restart_candidate, "stop the candidate (labels re-checked)"),
         Step("remove-candidate", remove_candidate, None, "remove the container (no way back)"),
