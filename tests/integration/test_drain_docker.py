@@ -63,6 +63,7 @@ def stream(base_url: str, token: str, model: str, tokens: int) -> Stream:
         except openai.APIError as exc:
             s.error = repr(exc)
         finally:
+            client.close()  # its pooled socket, not left to the garbage collector (ResourceWarning)
             s.started.set()
 
     s.thread = threading.Thread(target=read, daemon=True)
@@ -155,6 +156,7 @@ class TestTheWindow:
         time.sleep(1)  # a committed load leaves the tier drained: the window goes on
         done.set()
         asker.join(30)
+        client.close()
         assert out["state"] == "committed", out.get("reason")
         statuses = {status for status, _ in seen}
         assert 404 not in statuses and statuses <= {200, 503}, odd
