@@ -17,6 +17,7 @@ from anvil_ctl.core.model import (
     ContainerSpec,
 )
 from anvil_ctl.engine.plans.args import Candidate
+from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.testing.runtime import FakeRuntime
 from anvil_ctl.testing.world import FakeWorld
@@ -73,6 +74,31 @@ class FakeHost:
         if self.settings.machine_id_file != Path("/etc/machine-id"):
             env["ANVIL_MACHINE_ID_FILE"] = str(self.settings.machine_id_file)
         return env
+
+    def decide(
+        self,
+        outcome: str = "verified",
+        *,
+        slot: str = "primary",
+        decision_id: str = "d-1",
+        waiver_ids: tuple[str, ...] = (),
+        reclassifies: str | None = None,
+    ) -> None:
+        """Record a qualification decision for the slot's candidate, as `qualify` would."""
+        app = self.app()
+        cand = app.store.current_identity(slot, "candidate")
+        assert cand is not None, f"no candidate on slot {slot}"
+        qualification.record_decision(
+            app.store,
+            decision_id=decision_id,
+            tx_id=None,
+            slot=slot,
+            identity_digest=cand.qualification_digest,
+            container_id=cand.container_id,
+            outcome=outcome,
+            waiver_ids=waiver_ids,
+            reclassifies=reclassifies,
+        )
 
     @property
     def backend(self) -> str:

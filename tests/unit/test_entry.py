@@ -22,7 +22,6 @@ from anvil_ctl.core.states import TxState
 from anvil_ctl.engine import entry
 from anvil_ctl.engine.lock import HostLock, held_locks
 from anvil_ctl.engine.plans import KINDS, promote
-from anvil_ctl.persistence import qualification
 from tests.unit.fakehost import FakeHost
 
 PACKAGE = Path(anvil_ctl.__file__).parent
@@ -52,18 +51,7 @@ def _calls(callee: str) -> set[tuple[str, str]]:
 def _loaded_and_verified(host: FakeHost) -> None:
     out = transactions.load(host.app(), slot="primary", candidate=host.candidate())
     assert out.state == TxState.COMMITTED, out.reason
-    app = host.app()
-    cand = app.store.current_identity("primary", "candidate")
-    assert cand is not None
-    qualification.record_decision(
-        app.store,
-        decision_id="d-1",
-        tx_id=None,
-        slot="primary",
-        identity_digest=cand.qualification_digest,
-        container_id=cand.container_id,
-        outcome="verified",
-    )
+    host.decide()
 
 
 def _os_lock_free(host: FakeHost) -> bool:

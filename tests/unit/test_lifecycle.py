@@ -11,7 +11,7 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine import entry
 from anvil_ctl.engine.plans.args import PromoteRequest
-from anvil_ctl.persistence import qualification, rechecks, waiver_rows
+from anvil_ctl.persistence import rechecks, waiver_rows
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 
@@ -19,31 +19,6 @@ def _load(host: FakeHost, served: str = "cand-393k", **kw: Any) -> str:
     out = transactions.load(host.app(), slot="primary", candidate=host.candidate(served, **kw))
     assert out.state == TxState.COMMITTED, out.reason
     return str(out.results["start-candidate"]["container_id"])
-
-
-def _decide(
-    host: FakeHost,
-    outcome: str,
-    *,
-    waiver_ids: tuple[str, ...] = (),
-    ident: Any = None,
-    decision_id: str = "d-1",
-    reclassifies: str | None = None,
-) -> None:
-    app = host.app()
-    cand = ident or app.store.current_identity("primary", "candidate")
-    assert cand is not None
-    qualification.record_decision(
-        app.store,
-        decision_id=decision_id,
-        tx_id=None,
-        slot="primary",
-        identity_digest=cand.qualification_digest,
-        container_id=cand.container_id,
-        outcome=outcome,
-        waiver_ids=waiver_ids,
-        reclassifies=reclassifies,
-    )
 
 
 def _promote(host: FakeHost, **kw: Any) -> Any:
@@ -62,7 +37,7 @@ class TestPromote:
         self, fake_host: FakeHost
     ) -> None:
         cand_id = _load(fake_host)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         out = _promote(fake_host)
         assert out.state == TxState.COMMITTED, out.reason
         app = fake_host.app()
@@ -81,7 +56,7 @@ class TestPromote:
     ) -> None:
         _load(fake_host)
         if outcome:
-            _decide(fake_host, outcome)
+            fake_host.decide(outcome)
         before = fake_host.world.read()
         out = _promote(fake_host)
         assert out.state == TxState.REFUSED and out.exit_code == 3
@@ -94,7 +69,7 @@ class TestPromote:
         from anvil_ctl.core.waiver import Waiver
 
         _load(fake_host)
-        _decide(fake_host, "policy-infeasible")
+        fake_host.decide("policy-infeasible")
         app = fake_host.app()
         w = Waiver(
             id="w-1",
@@ -106,7 +81,7 @@ class TestPromote:
             roles=frozenset({"compute-a", "compute-b"}),
         )
         waiver_rows.add_waiver(app.store, w)
-        _decide(fake_host, "verified", waiver_ids=("w-1",), decision_id="d-2", reclassifies="d-1")
+        fake_host.decide("verified", waiver_ids=("w-1",), decision_id="d-2", reclassifies="d-1")
         waiver_rows.revoke_waiver(app.store, "w-1", by="op", reason="changed mind")
         out = _promote(fake_host)
         assert out.state == TxState.REFUSED
@@ -114,7 +89,7 @@ class TestPromote:
 
     def test_an_empty_approver_is_bad_input_and_writes_nothing(self, fake_host: FakeHost) -> None:
         _load(fake_host)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         before = audit.transactions(fake_host.app(), limit=1000)
         with pytest.raises(BadInput, match="--approved-by: expected a non-empty value"):
             _promote(fake_host, approved_by=" ")
@@ -123,14 +98,14 @@ class TestPromote:
     def test_the_plan_itself_refuses_an_empty_approver(self, fake_host: FakeHost) -> None:
         """The ApproverNamed guard still holds for a caller that builds the request itself."""
         _load(fake_host)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         app = fake_host.app()
         out = entry.run(app.world(), app.owner, PromoteRequest(slot="primary", approved_by=" "))
         assert out.state == TxState.REFUSED and out.refusal.guard == "ApproverNamed"  # type: ignore[union-attr]
 
     def test_a_failed_acceptance_compensates_to_the_before_state(self, fake_host: FakeHost) -> None:
         _load(fake_host)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         app = fake_host.app()
         incumbent_before = app.store.current_identity("primary", "incumbent")
         fake_host.world.set_fail("readmit", "backend answered 503")
@@ -150,7 +125,7 @@ class TestVramAfterAcceptance:
         from anvil_ctl.evidence.bundle import verify_bundle
 
         _load(fake_host)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         out = _promote(fake_host)
         assert out.state == TxState.COMMITTED, out.reason
         reading = out.results["vram-after-acceptance"]
@@ -179,7 +154,7 @@ class TestVramAfterAcceptance:
 
     def test_a_card_below_the_reserve_undoes_the_promotion_naming_it(self, fake_host: FakeHost) -> None:
         _load(fake_host, vram_mib=95786)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         app = fake_host.app()
         incumbent_before = app.store.current_identity("primary", "incumbent")
         out = _promote(fake_host)
@@ -194,7 +169,7 @@ class TestVramAfterAcceptance:
         from anvil_ctl.core.waiver import Waiver
 
         _load(fake_host, vram_mib=95786)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         waiver = Waiver(
             id="w-pair",
             policy="vram-reserve",
@@ -230,7 +205,7 @@ class TestRollback:
 
     def test_rollback_after_a_promotion_returns_to_the_exact_old_incumbent(self, fake_host: FakeHost) -> None:
         cand_id = _load(fake_host)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         assert _promote(fake_host).state == TxState.COMMITTED
         out = lifecycle.rollback(fake_host.app(), slot="primary")
         assert out.state == TxState.COMMITTED, out.reason
@@ -373,7 +348,7 @@ class TestRouterRestartedMidCommand:
 
     def test_promote_puts_the_route_back_and_commits(self, fake_host: FakeHost, monkeypatch: Any) -> None:
         _load(fake_host)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         app = fake_host.app()
         lost = self._restart_router_at_first_routed_chat(fake_host, app, monkeypatch)
         out = lifecycle.promote(app, slot="primary", approved_by="operator")
@@ -384,7 +359,7 @@ class TestRouterRestartedMidCommand:
 
     def test_rollback_puts_the_route_back_and_commits(self, fake_host: FakeHost, monkeypatch: Any) -> None:
         _load(fake_host)
-        _decide(fake_host, "verified")
+        fake_host.decide("verified")
         assert _promote(fake_host).state == TxState.COMMITTED
         app = fake_host.app()
         lost = self._restart_router_at_first_routed_chat(fake_host, app, monkeypatch)

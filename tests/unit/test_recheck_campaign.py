@@ -10,7 +10,7 @@ import pytest
 
 from anvil_ctl.commands import lifecycle, recheck, serves, transactions
 from anvil_ctl.core.states import TxState
-from anvil_ctl.persistence import qualification, rechecks
+from anvil_ctl.persistence import rechecks
 from tests.unit.clirun import Run, in_process
 from tests.unit.fakehost import FakeHost
 
@@ -36,20 +36,6 @@ def _load(host: FakeHost, name: str = "cand-393k") -> str:
     out = transactions.load(host.app(), slot="primary", candidate=host.candidate(name))
     assert out.state == TxState.COMMITTED, out.reason
     return str(out.results["start-candidate"]["container_id"])
-
-
-def _verified(host: FakeHost) -> None:
-    cand = host.app().store.current_identity("primary", "candidate")
-    assert cand is not None
-    qualification.record_decision(
-        host.app().store,
-        decision_id="d-1",
-        tx_id=None,
-        slot="primary",
-        identity_digest=cand.qualification_digest,
-        container_id=cand.container_id,
-        outcome="verified",
-    )
 
 
 def _failed(host: FakeHost) -> list[str]:
@@ -140,7 +126,7 @@ class TestQualifyingPhase:
 
 class TestThePhaseEnds:
     def test_a_promote_ends_the_campaign(self, qualifying: FakeHost) -> None:
-        _verified(qualifying)
+        qualifying.decide()
         out = lifecycle.promote(qualifying.app(), slot="primary", approved_by="operator")
         assert out.state == TxState.COMMITTED, out.reason
         result = recheck.recheck(qualifying.app(), "primary")
@@ -153,7 +139,7 @@ class TestThePhaseEnds:
         assert (result.phase, result.failed) == ("serving", [])
 
     def test_a_compensated_promote_leaves_the_campaign_in_progress(self, qualifying: FakeHost) -> None:
-        _verified(qualifying)
+        qualifying.decide()
         qualifying.world.set_fail("readmit", "HTTP 401 from the router")
         out: Any = lifecycle.promote(qualifying.app(), slot="primary", approved_by="operator")
         assert out.state == TxState.COMPENSATED, out.reason
