@@ -316,8 +316,11 @@ class DockerRuntime:
             time.sleep(self._poll_s)
 
     @_retry
-    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
-        """The newest lines of the container's output since it was created (all its runs), bounded.
+    def logs(
+        self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
+    ) -> ContainerLog:
+        """The newest lines of the container's output since it was created (all its runs), or
+        since the Unix time `since`, bounded.
 
         Docker is asked for one line more than `max_lines` so that a longer log shows as
         truncated; the stream is read with a moving window, so memory stays near `max_bytes`
@@ -329,7 +332,13 @@ class DockerRuntime:
         cut = False
         with translated(f"logs of container {container_id}"):
             stream = self._client.api.logs(
-                container_id, stdout=True, stderr=True, stream=True, follow=False, tail=max_lines + 1
+                container_id,
+                stdout=True,
+                stderr=True,
+                stream=True,
+                follow=False,
+                tail=max_lines + 1,
+                **({"since": since} if since is not None else {}),
             )
             try:
                 for chunk in stream:

@@ -56,9 +56,12 @@ class ContainerRuntime(Protocol):
 
     def remove(self, container_id: str) -> None: ...
 
-    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
+    def logs(
+        self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
+    ) -> ContainerLog:
         """The newest `max_lines` lines (at most `max_bytes`) of the container's stdout and
-        stderr since it was created, with its restart count and OOM flag; NotFound if absent."""
+        stderr since it was created (or since the Unix time `since`), with its restart count
+        and OOM flag; NotFound if absent."""
 
 
 @runtime_checkable

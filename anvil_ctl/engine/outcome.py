@@ -13,6 +13,14 @@ from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import STATE_EXIT_CODES, ExitCode, TxState
 
 
+@dataclass(frozen=True)
+class FollowUp:
+    """A transaction that follows this one under the same host lock (a watch's rollback)."""
+
+    request: object
+    tx_id: str
+
+
 @dataclass
 class Outcome:
     """What a transaction did; `exit_code` is what the CLI returns for it."""
@@ -34,11 +42,18 @@ class Outcome:
     drain_refused: bool = False
     """A drain met its deadline with answers in flight and refused to cut them: the
     transaction compensated, and exits 3 (refused) rather than 4."""
+    then: FollowUp | None = None
+    """What the end state asks to run next (a watch's rollback), run by the entry."""
+    followed_by: Outcome | None = None
+    """What that follow-up did."""
 
     @property
     def exit_code(self) -> int:
         if self.drain_refused and self.state is TxState.COMPENSATED:
             return int(ExitCode.REFUSED)
+        after = self.followed_by
+        if after is not None and after.state is not TxState.COMMITTED:
+            return after.exit_code  # the rollback did not bring the incumbent back: its code
         return int(STATE_EXIT_CODES[self.state])
 
     def as_dict(self) -> dict[str, object]:
@@ -54,4 +69,5 @@ class Outcome:
             "after_sha256": self.after.sha256 if self.after else None,
             "changes": [c.as_dict() for c in self.changes],
             "results": self.results,
+            "followed_by": self.followed_by.as_dict() if self.followed_by else None,
         }
