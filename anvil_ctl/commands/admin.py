@@ -96,38 +96,26 @@ def where(app: App) -> Where:
 
 
 def init(app: App) -> InitResult:
-    """Create or upgrade the state database (and the default state directory), and bring the
-    audit head file in line with it.
-
-    A new database starts a new chain: a head file left by an earlier database at the
-    same place is set aside (renamed, never deleted), since it pins a chain that is gone.
-    """
+    """Create or upgrade the state database and bring the audit head file in line with it; a new
+    database sets aside (renames) the head file of an earlier one, whose chain is gone."""
     engine = app.create_database()
     before, after = upgrade(engine)
-    db = engine.url.render_as_string(hide_password=True)
     path = head_path_for(app.settings.db_url, app.settings.state_dir)
     stale = set_aside(path, utcnow().replace(":", "")) if before is None else None
     hosts.register(app.store)  # this host, with its machine id (or checked against it)
     audit_head = str(app.store.sync_head_file())
     here = where(app)
-    if stale is None:
-        return {
-            "db": db,
-            "from": before,
-            "to": after,
-            "audit_head": audit_head,
-            "state": here["state"],
-            "config": here["config"],
-        }
-    return {
-        "db": db,
+    result: InitResult = {
+        "db": engine.url.render_as_string(hide_password=True),
         "from": before,
         "to": after,
-        "stale_head_file": str(stale),
         "audit_head": audit_head,
         "state": here["state"],
         "config": here["config"],
     }
+    if stale is not None:
+        result["stale_head_file"] = str(stale)
+    return result
 
 
 def print_grants(*, database: str, owner: str, app: str) -> str:
@@ -147,17 +135,16 @@ def status(app: App) -> Status:
     slots: dict[str, SlotStatus] = {}
     for name, slot in sorted(app.config.slots.items()):
         incumbent = app.store.current_identity(name, "incumbent")
-        entries: list[ContainerEntry] = []
-        for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name}):
-            entries.append(
-                {
-                    "container_id": c.id,
-                    "name": c.name,
-                    "status": c.status,
-                    "role": c.labels.get("io.anvil.role"),
-                    "image_id": c.image_id,
-                }
-            )
+        entries: list[ContainerEntry] = [
+            {
+                "container_id": c.id,
+                "name": c.name,
+                "status": c.status,
+                "role": c.labels.get("io.anvil.role"),
+                "image_id": c.image_id,
+            }
+            for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name})
+        ]
         inc: dict[str, object] | None = None
         if incumbent:
             st: str
@@ -180,12 +167,11 @@ def status(app: App) -> Status:
             "serving": serving(world, slot.base_url),
             "router": router,
         }
-    observed_at = utcnow()
     here = where(app)
     return {
         "host": app.config.host,
         "slots": slots,
-        "observed_at": observed_at,
+        "observed_at": utcnow(),
         "state": here["state"],
         "config": here["config"],
     }

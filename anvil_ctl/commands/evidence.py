@@ -1,10 +1,7 @@
 """Evidence commands: export a shareable bundle, verify a directory, and the audit reads.
 
-`export_evidence` redacts host paths, GPU UUIDs and router tokens (`_redaction`; the
-qualify plan keeps the same tokens out of what it writes, `router_secrets`)
-and records the export's manifest; `verify_evidence` checks a directory against
-its manifest and the manifest against what the state database recorded;
-`audit_decisions` and `audit_evidence` read the records back.
+Exports redact host paths, GPU UUIDs and router tokens and record the export's manifest;
+verifying holds a directory against its manifest and the manifest against the database.
 """
 
 from __future__ import annotations
@@ -78,11 +75,8 @@ def _recipe_dirs(app: App) -> list[Path]:
 
 
 def export_evidence(app: App, tx: str, out_dir: Path) -> ExportResult:
-    """A shareable bundle of `tx`'s evidence: GPU UUIDs, host paths and router tokens redacted.
-
-    The source must be the evidence the database recorded for `tx`; the export's own
-    manifest SHA-256 is recorded too, so that `evidence verify` can bind the bundle.
-    """
+    """A shareable bundle of `tx`'s evidence, redacted; the source must be what the database
+    recorded for `tx`, and the export's manifest SHA-256 is recorded too."""
     tx_dir = evidence_tx_dir(app, tx)
     references = (_database_reference(app, tx_dir.name),)
     result = export_bundle(tx_dir, out_dir, redact=_redaction(app), references=references)
@@ -100,10 +94,8 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _database_reference(app: App, tx_id: str) -> ManifestReference:
-    """What the state database recorded for `tx_id`'s manifests; a note if it cannot say.
-
-    A missing SQLite file is not created: then there is no database to ask.
-    """
+    """What the state database recorded for `tx_id`'s manifests, or a note why it cannot say
+    (a missing SQLite file is not created)."""
     db_file = database_file(app.settings.db_url)
     if db_file is not None and not db_file.is_file():
         return ManifestReference("database", (), f"no state database at {db_file}")

@@ -1,10 +1,8 @@
 """`evidence report`: the one-page HTML report of a qualification (or an A/B control).
 
-Finds what belongs on the page: the transaction's verified evidence bundle; from the
-state database the decisions recorded for it (the raw one and any reclassification),
-the waivers they cite or that are active now, the promotions that relied on one of
-those decisions and the A/B controls that compared its candidate, each of those read
-from its own verified bundle. The page is written atomically; nothing else changes.
+The page draws on the transaction's verified bundle and, from the database, its decisions, the
+waivers they cite or active now, and the promotions and A/B controls bound to its candidate,
+each from its own verified bundle. The page is written atomically; nothing else changes.
 """
 
 from __future__ import annotations

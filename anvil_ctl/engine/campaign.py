@@ -1,14 +1,8 @@
 """Which phase a slot's campaign is in, and the assertions that judge the state it should have.
 
-A slot is `serving` when its newest committed revision put an incumbent on the route (adopt,
-promote, rollback). It is `qualifying` between a committed `load` and the promote or rollback
-that ends it: by design the incumbent is stopped and retained, the router tier drained, and
-the candidate reached directly. Judging that state by the serving phase's assertions would
-report eight failures every cron run for the hours a qualification takes; judging it by its
-own says whether the campaign is intact: the candidate serves on the slot's binding with its
-recorded identity, the incumbent is retained exactly as recorded (stopped, same container,
-image and config), the tier is as the load left it, and nothing runs or lingers beyond the
-candidate. Read-only.
+Between a committed `load` and the promote or rollback that ends it a slot is `qualifying`: the
+incumbent is stopped and retained and the tier drained by design, so it is judged by whether
+the campaign is intact, not by the serving assertions. Read-only.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Guards that several transaction kinds share; each plan lists its own in order.
-
-Each refuses before the first mutation; none changes anything. A plan's list
-puts cheap local checks first and the router credential probe last among them,
-because it is the only one that talks to another process. Guards that read a
-serve take an accessor (`which`) that picks it from the kind's typed arguments.
-"""
+"""Guards that several transaction kinds share; each refuses before the first mutation and changes
+nothing. Guards that read a serve take an accessor (`which`) into the kind's arguments."""
 
 from __future__ import annotations
 
