@@ -10,7 +10,7 @@ from anvil_ctl.core.validate import check_text, parse_rfc3339, require, require_
 from anvil_ctl.persistence import fleet, hosts, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 from anvil_ctl.persistence import verify as chain
-from anvil_ctl.persistence.fleet import Served
+from anvil_ctl.persistence.fleet import HostStatus, Served
 from anvil_ctl.persistence.head import parse_head
 from anvil_ctl.persistence.queries import (
     DiffRecord,
@@ -123,6 +123,12 @@ def served(app: App, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> lis
     slot = require("--slot", check_name, slot)
     when = utc_stamp(require("--at", parse_rfc3339, at))
     return fleet.served_at(app.store, slot=slot, at=when, host=host_id(app, scope))
+
+
+def fleet_status(app: App) -> list[HostStatus]:
+    """Every host registered in the state database: its incumbents, last recheck, unresolved
+    transactions and held locks (`anvilctl fleet status`)."""
+    return fleet.status(app.store)
 
 
 def rechecks(app: App, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:

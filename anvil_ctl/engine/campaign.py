@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
 from anvil_ctl.engine.assertions import Assertion, Observation, _check, slot_assertions
-from anvil_ctl.engine.serving import identity_drift, inspect_or_none
+from anvil_ctl.engine.serving import identity_drift, image_present, inspect_or_none
 from anvil_ctl.engine.world import World
 
 SERVING = "serving"
@@ -69,18 +68,13 @@ def _retained(world: World, ident: Identity) -> Observation:
     drift: JSONObject = {
         d.field: {"recorded": d.recorded, "observed": d.observed} for d in identity_drift(world, ident)
     }
-    status = info.status if info else "absent"
-    try:
-        world.runtime.image(ident.image_id)
-        image_present = True
-    except NotFound:
-        image_present = False
-    ok = not drift and info is not None and not info.running and image_present
+    present = image_present(world, ident.image_id)
+    ok = not drift and info is not None and not info.running and present
     return ok, {
         "container_id": ident.container_id,
-        "status": status,
+        "status": info.status if info else "absent",
         "drift": drift,
-        "image_present": image_present,
+        "image_present": present,
     }
 
 

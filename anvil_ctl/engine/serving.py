@@ -97,6 +97,14 @@ def served_models(world: World, slot: str) -> list[str]:
     return sorted(m.id for m in world.server.models(world.config.slot(slot).base_url))
 
 
+def image_present(world: World, image_id: str) -> bool:
+    try:
+        world.runtime.image(image_id)
+    except NotFound:
+        return False
+    return True
+
+
 def container_absent_or_stopped(world: World, container_id: str) -> bool:
     info = inspect_or_none(world, container_id)
     return info is None or not info.running

@@ -149,31 +149,22 @@ def classify(
     notices = [(n, re.compile(n.regex)) for n in patterns.notices]
     start = re.compile(patterns.start) if patterns.start else None
     out = LogClassification(lines=len(lines))
+
+    def fatal_line(number: int, kind: str, pattern: str | None, line: str) -> None:
+        count = out.fatal_counts.get(kind, 0)
+        out.fatal_counts[kind] = count + 1
+        if count < keep:
+            out.fatal.append({"line": number, "kind": kind, "pattern": pattern, "text": _keep(line, secrets)})
+
     for number, line in enumerate(lines, start=1):
         hit = next(((kind, regex) for kind, regex, rx in fatal if rx.search(line)), None)
         if hit is not None:
-            kind, regex = hit
-            count = out.fatal_counts.get(kind, 0)
-            out.fatal_counts[kind] = count + 1
-            if count < keep:
-                out.fatal.append(
-                    {"line": number, "kind": kind, "pattern": regex, "text": _keep(line, secrets)}
-                )
+            fatal_line(number, *hit, line)
             continue
         if start is not None and start.search(line):
             out.starts.append({"line": number, "text": _keep(line, secrets)})
             if len(out.starts) > 1:
-                count = out.fatal_counts.get("restart", 0)
-                out.fatal_counts["restart"] = count + 1
-                if count < keep:
-                    out.fatal.append(
-                        {
-                            "line": number,
-                            "kind": "restart",
-                            "pattern": patterns.start,
-                            "text": _keep(line, secrets),
-                        }
-                    )
+                fatal_line(number, "restart", patterns.start, line)
             continue
         notice = next((n for n, rx in notices if rx.search(line)), None)
         if notice is not None:
