@@ -78,6 +78,22 @@ class Round:
         }
 
 
+def summary(rounds: Sequence[Round]) -> str:
+    """One line for `audit show`: each serve's worst TTFT p95 and error rate over the rounds."""
+
+    def worst(arm: str, metric: str) -> float | None:
+        values = [getattr(r, arm).metrics()[metric] for r in rounds]
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    def arm(name: str) -> str:
+        ttft, errors = worst(name, "ttft_p95_s"), worst(name, "error_rate")
+        shown = "-" if ttft is None else f"{ttft:.3f} s"
+        return f"{name} ttft_p95 <= {shown}, error_rate <= {errors or 0:.0%}"
+
+    return f"{len(rounds)} round(s): {arm('candidate')}; {arm('incumbent')}"
+
+
 def judge(policy: WatchPolicy, rounds: Sequence[Round]) -> list[JSONObject]:
     """The thresholds the candidate failed in `policy.consecutive` rounds in a row, each with
     the failing rounds' candidate values, limits and incumbent values."""

@@ -202,7 +202,7 @@ def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
 
 def share_step(share: int) -> Step[Ctx]:
     def do(ctx: Ctx) -> StepResult:
-        from anvil_ctl.qualify.canary import policy_from_json, watch_step
+        from anvil_ctl.qualify.canary import policy_from_json, summary, watch_step
         from anvil_ctl.qualify.slosample import open_client, sample
 
         world, args = ctx.world, ctx.args
@@ -239,10 +239,11 @@ def share_step(share: int) -> Step[Ctx]:
             raise StepFailed(
                 f"canary breach at {share} %: {named}; every request goes back to the incumbent",
                 share=share,
+                samples=summary(rounds),
                 breaches=list(found),
                 rounds=observed,
             )
-        return {**set_to, "verdict": "healthy", "rounds": observed}
+        return {**set_to, "verdict": "healthy", "samples": summary(rounds), "rounds": observed}
 
     return Step(f"share-{share}", do, None, f"the candidate takes {share} % of new requests; watched")
 
