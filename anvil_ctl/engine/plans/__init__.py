@@ -9,12 +9,14 @@ from typing import Generic, Protocol, TypeVar
 
 from anvil_ctl.core.jsontypes import JSONMapping
 from anvil_ctl.core.steps import Plan
-from anvil_ctl.engine.plans import ab, adopt, load, promote, qualify, reconcile, rollback, unload
+from anvil_ctl.engine.plans import ab, adopt, canary, load, promote, qualify, reconcile, rollback, unload
 from anvil_ctl.engine.plans.args import (
     AbArgs,
     AbRequest,
     AdoptArgs,
     AdoptRequest,
+    CanaryArgs,
+    CanaryRequest,
     LoadArgs,
     LoadRequest,
     PromoteArgs,
@@ -86,6 +88,7 @@ KINDS: dict[str, TxKind] = {
     "adopt": Kind[AdoptRequest, AdoptArgs](AdoptRequest, AdoptArgs, adopt.prepare, adopt.build),
     "load": Kind[LoadRequest, LoadArgs](LoadRequest, LoadArgs, load.prepare, load.build),
     "promote": Kind[PromoteRequest, PromoteArgs](PromoteRequest, PromoteArgs, promote.prepare, promote.build),
+    "canary": Kind[CanaryRequest, CanaryArgs](CanaryRequest, CanaryArgs, canary.prepare, canary.build),
     "rollback": Kind[RollbackRequest, RollbackArgs](
         RollbackRequest, RollbackArgs, rollback.prepare, rollback.build
     ),

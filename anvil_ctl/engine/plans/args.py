@@ -83,6 +83,28 @@ class PromoteArgs:
 
 
 @dataclass(frozen=True)
+class CanaryArgs:
+    """`promote --canary`: the slot's loaded candidate beside the incumbent its router tier
+    serves now (another slot of the same tier), the shares and the watch declared up front."""
+
+    slot: str
+    candidate: Identity
+    incumbent: Identity
+    decision_id: str | None
+    decision_outcome: str | None
+    approved_by: str
+    shares: tuple[int, ...]
+    step_watch_s: float
+    watch: JSONMapping
+    """The `[watch]` policy held at every step (`qualify.canary.policy_to_json`), chosen
+    before the first sample; the engine journals it without importing the qualify library."""
+    profile: str | None
+    vram_need_mib: tuple[int | None, int | None] = (None, None)
+    """(incumbent, candidate) VRAM need per card from their recipes; None: unknown."""
+    drain: DrainPolicy = REFUSE_TO_CUT
+
+
+@dataclass(frozen=True)
 class RollbackArgs:
     slot: str
     target: Identity | None
@@ -189,6 +211,18 @@ class PromoteRequest:
 
 
 @dataclass(frozen=True)
+class CanaryRequest:
+    kind: ClassVar[str] = "canary"
+    slot: str
+    approved_by: str
+    shares: tuple[int, ...]
+    step_watch_s: float
+    profile: str | None = None
+    """The profile whose `[watch]` table judges the steps; None: the candidate's decision's."""
+    vram_need_mib: tuple[int | None, int | None] = (None, None)
+
+
+@dataclass(frozen=True)
 class RollbackRequest:
     kind: ClassVar[str] = "rollback"
     slot: str
@@ -244,6 +278,7 @@ Request = (
     AdoptRequest
     | LoadRequest
     | PromoteRequest
+    | CanaryRequest
     | RollbackRequest
     | QualifyRequest
     | AbRequest
