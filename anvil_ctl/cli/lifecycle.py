@@ -43,6 +43,27 @@ from anvil_ctl.core.states import ExitCode
     help="Stop the watch of the slot's promote running in another shell: it rolls back, "
     "recorded as your decision (--by NAME --reason TEXT, as with --accept-drift).",
 )
+@click.option(
+    "--canary",
+    "shares",
+    metavar="SHARES",
+    default=None,
+    help="Step the candidate's share of the tier's requests, e.g. 10,50,100, beside the incumbent "
+    "another slot of the tier serves; each step watched side by side; a breach returns every "
+    "request to the incumbent. Needs a router that weighs (HAProxy).",
+)
+@click.option(
+    "--step-watch",
+    "step_watch_s",
+    type=TIMEOUT,
+    default=None,
+    help="How long each canary step is watched (e.g. 5m).",
+)
+@click.option(
+    "--profile",
+    default=None,
+    help="The profile whose [watch] thresholds judge the canary (default: the candidate's decision's).",
+)
 @dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
@@ -55,6 +76,9 @@ def promote(
     approved_by: str | None,
     watch_s: float | None,
     abort: bool,
+    shares: str | None,
+    step_watch_s: float | None,
+    profile: str | None,
     dry_run: bool,
     timeout_s: float | None,
     accept_drift: bool,
@@ -85,6 +109,26 @@ def promote(
         return Reply(views.Record(stopped))
     if approved_by is None:
         raise click.UsageError("Missing option '--approved-by'.")
+    if shares is not None or step_watch_s is not None:
+        if shares is None or step_watch_s is None:
+            raise click.UsageError("--canary and --step-watch go together")
+        if candidate is not None or accept_drift or watch_s is not None:
+            raise click.UsageError(
+                "--canary promotes the slot's loaded candidate: no CANDIDATE, --accept-drift or --watch"
+            )
+        out = lifecycle.canary(
+            session.app(),
+            slot=slot,
+            approved_by=approved_by,
+            shares=shares,
+            step_watch_s=step_watch_s,
+            profile=profile,
+            dry_run=dry_run,
+            timeout_s=timeout_s,
+        )
+        return Reply(out, ExitCode(out.exit_code))
+    if profile is not None:
+        raise click.UsageError("--profile goes with --canary")
     out = lifecycle.promote(
         session.app(),
         slot=slot,

@@ -135,6 +135,7 @@ TX_KINDS: tuple[str, ...] = (
     "qualify",
     "ab",
     "promote",
+    "canary",
     "rollback",
     "unload",
     "reconcile",
