@@ -61,6 +61,19 @@ class TestKilledAtEveryBoundary:
         _all_ok([host.case(Case(command, "crash", b)) for b in sample])
 
 
+class TestKilledWhileWatching:
+    def test_a_watched_promote_killed_in_its_watching_phase_converges(self, host: ChaosHost) -> None:
+        # From `watching` on, a kill leaves the promote to `recover`, which watches again for
+        # what is left (engine/recover.py): the host ends promoted, serving and routed.
+        boundaries = [b for b in host.boundaries("promote-watched") if "watch" in b]
+        assert {"promote:state:watching", "promote:watch:watch:begin", "promote:watch:watch:sample"} <= set(
+            boundaries
+        ), boundaries
+        verdicts = [host.case(Case("promote-watched", "crash", b)) for b in boundaries]
+        _all_ok(verdicts)
+        assert {v.converged for v in verdicts} == {"after"}, verdicts
+
+
 class TestRouterRestarted:
     @pytest.mark.parametrize(
         ("command", "boundary"),

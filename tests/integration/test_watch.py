@@ -69,8 +69,9 @@ max = 0
 
 ONSET = 6
 """Completions the candidate answers before the watch's first sample (load, smoke, acceptance):
-a fault from completion ONSET + 1 on meets the first sample. `exit` ends the engine after its
-Nth completion, so it takes ONSET + 1: it exits during the first sample."""
+a fault from completion ONSET + 1 on meets the first sample. `exit` and `fatal-log` act once
+the Nth completion is done, so they take ONSET + 1: they strike during the first sample."""
+LATER = ("exit", "fatal-log")
 
 FAULTS = {
     "slow-first-token:2.5": "ttft_p95_s",
@@ -155,7 +156,7 @@ class TestAWatchedPromote:
     def test_a_late_fault_rolls_back_by_itself_with_the_breach_in_the_record(
         self, watched: Callable[..., dict[str, Any]], fault: str
     ) -> None:
-        host = watched("--late-fault", f"{fault}@{ONSET + (fault == 'exit')}")
+        host = watched("--late-fault", f"{fault}@{ONSET + (fault in LATER)}")
         out = lifecycle.promote(host["app"], slot="primary", approved_by="watch-test")
         assert out.state == TxState.ROLLED_BACK and out.exit_code == ExitCode.ROLLED_BACK, out.reason
         back = out.followed_by

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.commands import audit, lifecycle, transactions
+from anvil_ctl.commands import admin, audit, lifecycle, transactions
 from anvil_ctl.core.errors import Refused
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.core.states import ExitCode, TxState
@@ -279,6 +279,8 @@ class TestRecoverDuringAWatch:
             app.store.step_event(tx, seq=seq, step=step, phase="do", event="intent")
             app.store.step_event(tx, seq=seq, step=step, phase="do", event="result", detail={})
         app.store.transition(tx, TxState.WATCHING)
+        open_now = admin.status(app)["slots"]["primary"]["open"]
+        assert open_now == [{"tx_id": tx, "kind": "promote", "state": "watching"}]  # status shows it
         report = transactions.recover_all(host.app())
         (done,) = report.recovered
         assert (done["state"], done["direction"]) == ("committed", "forward"), done
