@@ -68,9 +68,12 @@ demo: setup debs
 
 # Benchmarks, never timed tests: anvilctl against the bare sequence of the same parts (real
 # dockerd + smg, in the hermetic environment), state databases of 1k/10k/100k real
-# transactions (built once into BENCH_CACHE), and the capacity gate's fidelity; the tables go
-# to benchmarks/RESULTS.md. The 100k database takes ~7 minutes to build and 0.8 GB of disk.
+# transactions (built once into BENCH_CACHE), the capacity gate's fidelity, and the watched
+# promote (each late fault's detection and recovery, then a healthy watch of WATCH_MINUTES that
+# must roll nothing back); the tables go to benchmarks/RESULTS.md. The 100k database takes ~7
+# minutes to build and 0.8 GB of disk; the watch ~25 minutes plus WATCH_MINUTES.
 BENCH_REPS ?= 3
+WATCH_MINUTES ?= 30
 SCALE_SIZES ?= 1000 10000 100000
 BENCH_CACHE ?= $(HOME)/.cache/anvil/bench
 bench: setup debs
@@ -79,6 +82,8 @@ bench: setup debs
 	$(PY) benchmarks/scale.py --sizes $(SCALE_SIZES) --cache $(BENCH_CACHE) --markdown-out benchmarks/out/scale.md
 	-$(PY) benchmarks/capacity_accuracy.py --markdown-out benchmarks/out/capacity.md
 	scripts/testenv run -- $(PY) benchmarks/window.py --markdown-out benchmarks/out/window.md
+	scripts/testenv run -- $(PY) benchmarks/watch.py --reps $(BENCH_REPS) --healthy-minutes $(WATCH_MINUTES) \
+	  --markdown-out benchmarks/out/watch.md
 	$(PY) benchmarks/results.py benchmarks/out > benchmarks/RESULTS.md
 	@cat benchmarks/RESULTS.md
 

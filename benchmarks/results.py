@@ -1,14 +1,19 @@
 """Assemble benchmarks/RESULTS.md from the sections `make bench` wrote into a directory.
 
     .venv/bin/python benchmarks/results.py benchmarks/out > benchmarks/RESULTS.md
+    .venv/bin/python benchmarks/results.py benchmarks/out --keep benchmarks/RESULTS.md > new.md
+
+With `--keep FILE`, a section whose file was not written this time keeps its text from FILE
+(results assembled earlier), so one benchmark can be re-run alone without losing the others.
 
 Sections (each optional, in this order): paired.md (benchmarks/paired.py), scale.md
 (benchmarks/scale.py), capacity.md (benchmarks/capacity_accuracy.py), window.md
-(benchmarks/window.py).
+(benchmarks/window.py), watch.md (benchmarks/watch.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import subprocess
@@ -45,6 +50,14 @@ SECTIONS = (
         "containers, real smg, the official `openai` client through the router; the window's floor "
         "(old stop + new start + readiness) read from the same transaction's journal.",
     ),
+    (
+        "watch.md",
+        "A watched promote: a fault's detection and recovery, and false rollbacks",
+        "`scripts/testenv run -- .venv/bin/python benchmarks/watch.py`: real dockerd, stub engines in "
+        "containers with a late fault, real smg, `anvilctl promote --watch`, the official `openai` "
+        "client polling the route; onsets from the stub's own log lines (Docker's timestamps), the "
+        "verdict from the promote's journal; then one long healthy watch on the same loaded machine.",
+    ),
 )
 
 
@@ -53,19 +66,46 @@ def commit() -> str:
     return r.stdout.strip() or "unknown"
 
 
+def kept_sections(path: Path) -> dict[str, str]:
+    """Each `## title` of an earlier RESULTS.md -> its body, the `how` paragraph removed; its
+    opening lines (when and where it ran) under the key ""."""
+    hows = {title: how for _, title, how in SECTIONS}
+    parts = path.read_text().split("\n## ")
+    kept = {"": parts[0].removeprefix("# Benchmark results").strip()}
+    for part in parts[1:]:
+        title, _, body = part.partition("\n")
+        body = body.strip()
+        how = hows.get(title)
+        if how is not None and body.startswith(how):
+            body = body[len(how) :].strip()
+        kept[title] = body
+    return kept
+
+
 def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "benchmarks" / "out")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, nargs="?", default=REPO / "benchmarks" / "out")
+    parser.add_argument("--keep", type=Path, help="an earlier RESULTS.md: its text of sections not run")
+    args = parser.parse_args()
+    kept = kept_sections(args.keep) if args.keep and args.keep.exists() else {}
     load = os.getloadavg()
-    print("# Benchmark results\n")
-    print(
-        f"`make bench` at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {commit()}, "
-        f"{os.cpu_count()} CPUs ({platform.machine()}), load average {load[0]:.1f} / {load[1]:.1f} / "
-        f"{load[2]:.1f} when written.\n"
+    ran = [title for name, title, _ in SECTIONS if (args.out / name).exists()]
+    now = (
+        f"at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {commit()}, {os.cpu_count()} CPUs "
+        f"({platform.machine()}), load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} when written"
     )
+    print("# Benchmark results\n")
+    if kept:
+        print(f"{kept['']}\n\nRe-run alone {now}: {', '.join(ran) or 'nothing'}.\n")
+    else:
+        print(f"`make bench` {now}.\n")
     for name, title, how in SECTIONS:
-        path = out / name
+        path = args.out / name
         print(f"## {title}\n\n{how}\n")
-        print(path.read_text().rstrip() if path.exists() else f"(not run: no {path})")
+        if path.exists():
+            print(path.read_text().rstrip())
+        else:
+            print(kept.get(title) or f"(not run: no {path})")
         print()
     return 0
 
