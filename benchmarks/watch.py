@@ -157,6 +157,7 @@ class Bench:
         self.recipes.mkdir(parents=True, exist_ok=True)
         self.env = {**self.host.camp.env, "ANVIL_RECIPES_DIR": str(self.recipes)}
         self.docker = docker.from_env()
+        self.decisions = itertools.count(1)
 
     def anvilctl(self, *args: str, timeout_s: float = 600) -> dict[str, Any]:
         r = subprocess.run(
@@ -181,7 +182,9 @@ class Bench:
         assert out.get("state") == "committed", out
         profile = self.work / f"watch-{interval_s:g}s.toml"
         profile.write_text(profile_text(interval_s))
-        verified_decision(self.host.app().store, "primary", "bench-{digest}", profile=str(profile))
+        # A decision of its own each time: the newest names the profile, hence the interval.
+        decision = f"bench-{next(self.decisions)}-{{digest}}"
+        verified_decision(self.host.app().store, "primary", decision, profile=str(profile))
         cand = self.host.candidate
         assert cand is not None
         return cand
@@ -318,6 +321,10 @@ def _span(values: list[float], fmt: str = "{:.2f}") -> str:
 
 def markdown(rows: dict[str, Any]) -> str:
     out: list[str] = []
+    for r in rows.get("faults", []):
+        spacing = r.get("spacing_s")
+        if r.get("valid") and spacing is not None and not 0.5 <= spacing / r["interval_s"] <= 1.5:
+            r["valid"], r["why"] = False, f"it sampled every {spacing:.1f} s, not every {r['interval_s']:g} s"
     faults = [r for r in rows.get("faults", []) if r.get("valid")]
     dropped = [r for r in rows.get("faults", []) if not r.get("valid")]
     hand = [r["serving_s"] for r in rows.get("hand", []) if r.get("serving_s") is not None]
@@ -396,8 +403,9 @@ def main() -> int:
     args = parser.parse_args()
     rows: dict[str, Any] = {}
     if args.merge:
-        for path in args.merge:
-            rows.update(json.loads(path.read_text()))
+        for path in args.merge:  # the lists of several runs add up
+            for key, value in json.loads(path.read_text()).items():
+                rows[key] = rows.get(key, []) + value if isinstance(value, list) else value
     else:
         bench = Bench(args.work)
         kinds = [k for k in args.kinds.split(",") if k]

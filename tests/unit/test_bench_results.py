@@ -76,6 +76,7 @@ class TestWatchTable:
         assert cells[1:6] == ["5", "2", "8.75 / 10.00", "1.75 / 2.00", "11.75 / 12.00"]
         assert cells[7] == "0.38 / 0.50"  # 3 s median recovery / 8 s, 4 s worst / 8 s
         assert "Not counted: exit at 5 s (the fault began before the watch)." in text
+        assert "Not counted: http-500 at 5 s (it sampled every 1.0 s, not every 5 s)." in text
 
     def test_a_healthy_watch_that_rolled_back_is_not_met(self) -> None:
         worst = {"ttft_p95_s": 0.2, "decode_tps_p50": 150.0}
