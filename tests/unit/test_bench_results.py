@@ -68,6 +68,7 @@ class TestWatchTable:
                     "valid": False,
                     "why": "the fault began before the watch",
                 },
+                {**_fault(1.0, 1.0), "spacing_s": 1.0},
             ],
         }
         text = markdown(rows)
