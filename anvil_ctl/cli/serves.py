@@ -16,12 +16,20 @@ from anvil_ctl.cli.options import (
     slot_option,
     timeout_option,
 )
-from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
+from anvil_ctl.cli.params import CONTEXT_TOKENS, PERSON, RECIPE, REF
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
-ENGINE_NAMES = ("llama-cpp-python", "llama-cpp-python-cuda", "openai-compatible", "sglang", "stub", "vllm")
+ENGINE_NAMES = (
+    "llama-cpp-python",
+    "llama-cpp-python-cuda",
+    "llama-server",
+    "openai-compatible",
+    "sglang",
+    "stub",
+    "vllm",
+)
 """The engine profiles' names, for `--engine`'s choices: `core.engine_profile` builds its profiles
 (and their log patterns) at import, which `--help` need not pay; a test holds the two equal."""
 
@@ -103,6 +111,15 @@ recipes = click.Group(
 @dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @drain_options("abort")
+@click.option(
+    "--promote",
+    "promote_approved_by",
+    type=PERSON,
+    metavar="APPROVER",
+    help="Once loaded, promote the candidate in the same run (every check of `promote`; its "
+    "identity needs a standing verified decision), approved by APPROVER: clients wait for "
+    "no second command.",
+)
 @accept_drift_options
 @pass_session
 def load(
@@ -114,6 +131,7 @@ def load(
     timeout_s: float | None,
     drain_timeout_s: float | None,
     on_drain_timeout: OnDrainTimeout | None,
+    promote_approved_by: str | None,
     accept_drift: bool,
     drift_by: str | None,
     drift_reason: str | None,
@@ -130,7 +148,10 @@ def load(
     and records the answers cut). Then it stops (never removes) the incumbent
     gracefully, waits until its VRAM is free, starts the candidate from RECIPE and
     waits for its health and served identity. A failed step compensates back to
-    the before state (exit 4).
+    the before state (exit 4). A committed load leaves the tier drained until a
+    promotion routes the candidate; --promote APPROVER runs that promotion at once,
+    for a candidate whose identity was qualified before (its exit code is the
+    command's; refused, the candidate stays loaded and the tier drained).
     """
     from anvil_ctl.commands import serves
 
@@ -144,6 +165,7 @@ def load(
         timeout_s=timeout_s,
         drain_timeout_s=drain_timeout_s,
         on_drain_timeout=on_drain_timeout,
+        promote_approved_by=promote_approved_by,
     )
     return Reply(out, ExitCode(out.exit_code))
 
