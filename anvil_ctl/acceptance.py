@@ -1,9 +1,7 @@
 """Real-client acceptance: the official `openai` client through the router with the client key.
 
-Three checks, each bound to the expected served model: a plain chat, a
-streamed chat, and a tool call. The result records per-check pass/fail and
-evidence (status, model, what was seen), never the token. A 401/403 is not a
-failed check but `AuthRejected`: a credential problem, not a model one.
+A plain chat, a streamed chat and a tool call, each bound to the expected served model;
+evidence never holds the token. A 401/403 raises `AuthRejected`: credentials, not the model.
 """
 
 from __future__ import annotations

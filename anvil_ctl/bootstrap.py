@@ -1,14 +1,8 @@
-"""The composition root: build what one command needs from Settings.
+"""The composition root: the only module that chooses implementations, built lazily from Settings.
 
-This is the only module that chooses implementations: real adapters (Docker,
-the configured router, NVML) or the fakes of `anvil_ctl.testing` when
-`ANVIL_BACKEND=fake`, and NVML or the simulated GPUs when `ANVIL_GPU=simulated`.
-Everything is built lazily, on first use, so a command that needs no database
-or Docker imports neither.
-
-A router whose credentials cannot be resolved is still wired, as a router that
-refuses every call naming the credential sources it tried: the credential guard
-then records a refusal before any mutation instead of the command failing blind.
+Real adapters, or the fakes of `anvil_ctl.testing` (`ANVIL_BACKEND=fake`, `ANVIL_GPU=simulated`).
+A router whose credentials cannot be resolved is wired as one that refuses every call, so the
+credential guard records a refusal before any mutation.
 """
 
 from __future__ import annotations
@@ -51,9 +45,9 @@ class App:
     progress: Progress = field(default_factory=SilentProgress)
     """Where transactions report their steps and waits: the CLI's renderer, or nothing."""
     keep_connection: bool = False
-    """Keep one SQLite connection for the App's life (`persistence.db`), closed by `close`:
-    for a caller that closes its App (the CLI); others connect once per database
-    transaction and leave nothing open."""
+    """Keep one SQLite connection for the App's life, closed by `close` (the CLI); others connect
+    once per database transaction.
+    """
 
     @cached_property
     def database(self) -> Engine:
@@ -179,12 +173,9 @@ class App:
         return NvmlProbe()
 
     def warm_acceptance(self) -> None:
-        """Fork the real client's worker now (`RealAcceptance.warm`), for a command that runs
-        real-client acceptance later (promote): `openai`, slow to import, imports in the
-        child, on another core, while this process builds its world, checks, observes and
-        readmits. Call it first, before `world()` and the host lock: the child then holds
-        neither, nor the world's Docker, router and database connections, and its import
-        starts earlier by the world's construction."""
+        """Fork the real client's worker now, so `openai` imports on another core while this process
+        works. Call it before `world()` and the host lock, so the child holds neither.
+        """
         from anvil_ctl.acceptance_worker import RealAcceptance
 
         if self.settings.backend == "fake":
@@ -194,9 +185,9 @@ class App:
             acceptance.warm()
 
     def real_acceptance(self) -> Acceptance | None:
-        """The real-client acceptance through the configured router with its client token
-        (the real world's `acceptance`), built once; None without a router or where the
-        router's credentials cannot be resolved (its credential guard then refuses)."""
+        """The real-client acceptance through the configured router, built once; None without a router
+        or resolvable credentials (its credential guard then refuses).
+        """
         if "_acceptance" not in self.__dict__:
             self.__dict__["_acceptance"] = _real_acceptance(self)
         found: Acceptance | None = self.__dict__["_acceptance"]

@@ -14,12 +14,8 @@ from anvil_ctl.core.model import ModelCard, PromptAnswer
 
 
 class HttpServerProbe:
-    """One client for the probe's life, opened on first use and closed by `close`.
-
-    Building an httpx client is costly (the CA bundle), so it is built once, not per
-    probe, and without trust roots: an engine's binding is plain HTTP on loopback (see
-    `anvil_ctl.adapters.tls`). No connection is kept alive between probes: an engine that
-    restarts leaves no stale pooled socket behind, and nothing stays open.
+    """One client for the probe's life, without trust roots (plain HTTP on loopback, `adapters.tls`)
+    and without keep-alive, so a restarted engine leaves no stale socket.
     """
 
     def __init__(self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
@@ -92,12 +88,8 @@ class HttpServerProbe:
         return round(sum(samples)) if samples else None
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
-        """A chat of `words` one-token words ("a a a ..."; a BPE tokenizer splits at spaces,
-        so the prompt is at least that many tokens) with max_tokens 1.
-
-        An engine that checks the prompt against its context refuses it after tokenizing
-        (quickly); one that accepts it evaluates the whole prompt,
-        which is why the timeout is long.
+        """A chat of `words` one-token words with max_tokens 1; the timeout is long because an engine
+        that accepts it evaluates the whole prompt.
         """
         body = {
             "model": model,

@@ -1,8 +1,4 @@
-"""Administration: init, db upgrade, status, recover, resolve, lock status|break.
-
-Each callback imports its command implementation when it runs, never at import
-time, so `--help` loads no database or adapter code.
-"""
+"""Administration: init, db upgrade, status, recover, resolve, lock status|break."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""`anvilctl claims check|render`: the claim ledger of published numbers.
-
-`check` exits 6 when a published number differs from what the verified bundle says, its
-artifact or path is missing, or the bundle does not match its manifest; 2 on a malformed
-claims file.
-"""
+"""`anvilctl claims check|render`: the claim ledger of published numbers."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Shell completion: `anvilctl completion bash|zsh|fish`, and completers for slots, recipes,
 transaction IDs and container IDs.
 
-Completers run on every <TAB> and answer nothing rather than fail. Slots and recipes are
-read with tomllib and a glob only (no pydantic, no Settings), from the host config and the
-recipe search the command would use; IDs come read-only from its state database, newest
-first, each with what it is.
+Completers run on every <TAB> and answer nothing rather than fail; they read with tomllib,
+a glob and the state database (read-only), never pydantic or Settings.
 """
 
 from __future__ import annotations

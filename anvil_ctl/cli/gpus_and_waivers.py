@@ -1,8 +1,4 @@
-"""GPUs and waivers: gpus, gpus detect, waive, waivers list|revoke.
-
-The waiver policies offered by `waive --policy` come from `anvil_ctl.gpu.waiver_policy`,
-which imports only the core (checked by `test_cli_help_imports.py`).
-"""
+"""GPUs and waivers: gpus, gpus detect, waive, waivers list|revoke."""
 
 from __future__ import annotations
 

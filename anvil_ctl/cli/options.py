@@ -1,9 +1,4 @@
-"""The options several commands share, each written once: `--slot`, `--dry-run`, `--timeout`,
-`--drain-timeout`/`--on-drain-timeout`, `--accept-drift`, `--host`/`--all-hosts`, `--limit` and
-`--override`.
-
-Light, as every module `--help` imports: click, the parameter types and the completers.
-"""
+"""The options several commands share, each written once. Light: every `--help` imports it."""
 
 from __future__ import annotations
 

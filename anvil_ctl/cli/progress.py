@@ -1,13 +1,7 @@
 """What a person sees while a transaction runs: the engine's `Progress` port, rendered on stderr.
 
-On a terminal (`LiveProgress`): finished steps as lines, and a live line with the running
-step, what it waits for and until which deadline. On a pipe (`PlainProgress`): one
-timestamped line per event, and a "still ..." line when a step has been quiet for
-`heartbeat_s`, so a log never goes silent. With `--json`: nothing. `GateProgress` feeds the
-qualification runner's gate events into the same display.
-
-Warning: step errors and notes can carry values from a person or a file; every text is
-passed through `escape_text`, and rich prints it as text, never as markup.
+A live display on a terminal, timestamped lines (with a heartbeat) on a pipe, nothing with
+`--json`. Warning: every text goes through `escape_text`; rich prints it as text, never markup.
 """
 
 from __future__ import annotations
@@ -302,11 +296,9 @@ class LiveProgress:
 
 @contextmanager
 def working(progress: Progress, what: str) -> Iterator[None]:
-    """What a command that is not a transaction (init, recheck, audit verify, evidence,
-    claims, recover) is doing, while it does it, on a terminal: a transient live line with
-    a spinner and the elapsed time, gone when the command ends, so a refusal or an error is
-    still the one line it prints. On a pipe and with --json nothing is added: a log gets the
-    command's result and, inside a transaction it runs, the transaction's own lines."""
+    """What a command that is not a transaction is doing, on a terminal only: a transient live line,
+    gone when the command ends so an error is still its one line.
+    """
     if isinstance(progress, LiveProgress):
         progress.begin(what)
         try:

@@ -1,13 +1,8 @@
 """Tables as kubectl prints them: plain aligned columns that fit the terminal.
 
-On a terminal a table that would be wider than the screen is narrowed, in this
-order: IDs and digests are elided in the middle (`8259c0de…4e1f`: the prefix that
-`anvilctl` resolves IDs by is kept whole, and the end too), then the widest text
-column is wrapped onto more lines, then IDs keep their prefix alone (`8259c0de…`,
-a digest without its `sha256:`), then text wraps narrower still. Times are never
-broken, and nothing is ever cut off: what still does not fit, the terminal wraps.
-On a pipe, or with `-o wide`, every value is printed in full and the columns are as
-wide as their widest value. Times are shown to the second, always RFC 3339 UTC with `Z`.
+Too wide for a terminal, a table narrows: IDs elided in the middle (the resolvable prefix
+kept), then text wrapped, then IDs to their prefix, then text narrower; times never break
+and nothing is cut. On a pipe or with `-o wide` everything is in full.
 """
 
 from __future__ import annotations
@@ -38,9 +33,9 @@ def show_time(value: str) -> str:
 
 
 def elide_middle(value: str, width: int) -> str:
-    """`value` in `width` characters: its head and tail kept, the middle replaced by `…`; at
-    least its first ID_HEAD characters after any `sha256:` (the prefix IDs resolve by) and `…`,
-    the `sha256:` itself dropped last."""
+    """`value` in `width` characters with the middle as `…`, keeping at least the first ID_HEAD
+    characters after any `sha256:` (dropped last).
+    """
     if len(value) <= width:
         return value
     prefix = "sha256:" if value.startswith("sha256:") else ""

@@ -1,8 +1,5 @@
-"""Typed views the CLI wraps plain command results in, so that the renderer is chosen by type.
-
-A view says what the data is (a table, a status, a diff); its `payload()` is exactly what
-`--json` prints. Views import nothing heavy; renderers read nested values out of them
-with `record`, `items` and `records`.
+"""Typed views the CLI wraps command results in, so that the renderer is chosen by type;
+`payload()` is exactly what `--json` prints.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Engine profiles: how the controller probes one kind of engine, as data.
 
-Engines differ exactly where the controller depends on them (the health route, the
-reported context, the `model` a response carries, streamed usage, token counts, fatal
-and timing log lines); each difference is one field of `EngineProfile`, which the engine,
-the gates and the log audit read: never an `if engine == ...`. Log patterns live here
-only, and every profile is judged by `COMMON_FATAL` too.
-
-`ENGINE_PROFILES` is the one registry, keyed by a recipe's `engine`; `ENGINE_ALIASES`
-maps other spellings to it; an engine without a profile is probed as `OPENAI_COMPATIBLE`.
-Each fact names where it was observed (`sources`; docs/ENGINES.md has the detail).
+Each way engines differ where the controller depends on them is one field of
+`EngineProfile`, never an `if engine == ...`. `ENGINE_PROFILES` is the one registry;
+an engine without a profile is probed as `OPENAI_COMPATIBLE`.
 """
 
 from __future__ import annotations
@@ -28,20 +22,15 @@ from anvil_ctl.core.log_patterns import (
 )
 
 ContextSource = Literal["models", "refusal", "none"]
-"""Where the serving context length shows: `max_model_len` in /v1/models; the 400 the
-engine answers a prompt of at least that many tokens (`context_refusal` names it); or
-nowhere."""
+"""Where the serving context length shows: /v1/models, the 400 to an over-long prompt, or nowhere."""
 
 ResponseModel = Literal["served", "request"]
-"""What a chat response's `model` carries: the served name, or whatever the request
-named (then a routed answer by alias shows the alias, and the routed identity is the
-chain tier -> binding (router view) -> served name (/v1/models))."""
+"""What a chat response's `model` carries: the served name, or whatever the request named."""
 
 PromptTokens = Literal["stream-usage", "plain-usage", "tokenize"]
-"""How a streamed request's prompt tokens are counted: the stream's final usage chunk;
-the `usage` of the same request sent again unstreamed with max_tokens 1 (after the timed
-one, so the timing is clean; the engine's prefix cache makes it cheap); or the
-tokenizer endpoint over the raw message text (no chat template: an undercount)."""
+"""How a streamed request's prompt tokens are counted: the final usage chunk; the usage of
+the same request re-sent unstreamed with max_tokens 1; or the tokenizer endpoint (an undercount).
+"""
 
 CompletionTokens = Literal["stream-usage", "stream-chunks"]
 """How a streamed request's completion tokens are counted: the final usage chunk, or
@@ -61,12 +50,7 @@ class Tokenizer:
 
 @dataclass(frozen=True)
 class TimingLines:
-    """The engine's own per-completion timing lines in its log, one block per completion.
-
-    Each regex has the named groups `ms` and `tokens`; `prompt_eval` counts the prompt
-    tokens the engine evaluated (a prefix-cache hit is not evaluated again), `eval` the
-    decode steps after the first token, `total` the whole completion.
-    """
+    """The engine's own per-completion timing log lines; each regex has the groups `ms` and `tokens`."""
 
     prompt_eval: str
     eval: str

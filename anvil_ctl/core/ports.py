@@ -1,8 +1,6 @@
-"""Ports: what the core needs from the world, as Protocols.
+"""Ports: what the core needs from the world, as Protocols (adapters implement, testing fakes them).
 
-Real implementations live in `anvil_ctl.adapters`, fakes in `anvil_ctl.testing`.
-Every implementation translates its library's exceptions into
-`anvil_ctl.core.errors` at its edge; nothing foreign crosses a port.
+Every implementation translates its library's exceptions into `anvil_ctl.core.errors`.
 """
 
 from __future__ import annotations
@@ -92,25 +90,19 @@ class Router(Protocol):
         *,
         hold: bool = False,
     ) -> None:
-        """(Re-)register the backend and return only once a routed authenticated request
-        answers 200 from expected_model and the registration holds: a removal the router
-        still had pending for the same backend cannot undo it afterwards (re-registering
-        if one lands meanwhile). Raise StepFailed at the deadline.
+        """(Re-)register the backend; return once a routed request answers 200 from expected_model
+        and the registration holds against a removal still pending. StepFailed at the deadline.
 
-        `hold`: the caller cannot rule out a removal this adapter never saw (sent by a
-        process that died, or whatever broke the route being repaired), so the
-        registration is held as if one were pending since readmission began. Without
-        it, a router with late removals holds only for removals it sent or observed."""
+        `hold`: hold as if a removal were pending, for removals this adapter never saw.
+        """
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         """One authenticated routed chat completion to an alias."""
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
-        """Whether `tier` routes to `url` now: its registration present, the tier's only
-        admitted one, not draining and no removal pending, and a routed chat by the tier's
-        alias answering 200 from expected_model. Read-only and cheap (a listing and one
-        chat); a missing or unreachable route is a RouteCheck that does not hold, only a
-        401/403 raises (AuthRejected)."""
+        """Whether `tier` routes to `url` now: sole admitted registration, not draining, no removal
+        pending, and a routed chat answering from expected_model. Only 401/403 raises.
+        """
 
     def ready(self) -> bool: ...
 
@@ -278,12 +270,7 @@ class Journal(Protocol):
 
 
 class Progress(Protocol):
-    """What a person watching a transaction is told: its steps and its waits, as they happen.
-
-    The engine reports here and never prints; the CLI passes in its renderer (a live
-    display on a terminal, timestamped lines on a pipe, nothing with --json). Every
-    method returns at once: a renderer must not block the transaction it reports on.
-    """
+    """What a person watching a transaction is told; every method returns at once (never blocks)."""
 
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
         """A transaction of `steps` steps began running (its guards passed)."""

@@ -1,10 +1,4 @@
-"""The waiver value type: an attributed, scoped, expiring exception to one policy value.
-
-It lives in the core because three layers exchange it: `anvil_ctl.gpu.waiver_policy`
-judges with it, `anvil_ctl.persistence.waiver_rows` stores it, and commands create
-it. What a waiver reclassifies, and which value is in force, is
-`anvil_ctl.gpu.waiver_policy`'s business.
-"""
+"""The waiver value type: an attributed, scoped, expiring exception to one policy value."""
 
 from __future__ import annotations
 

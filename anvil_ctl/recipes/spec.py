@@ -1,8 +1,4 @@
-"""The container spec `load` creates for a recipe in a slot, and the checks before it.
-
-Pure: nothing here touches the host. Relative mount sources resolve against the
-recipe's directory (`anvil_ctl.places.recipe_base`) only here, when a spec is made.
-"""
+"""The container spec `load` creates for a recipe in a slot, and the checks before it. Pure."""
 
 from __future__ import annotations
 
@@ -100,10 +96,9 @@ def container_spec(
     recipe_path: Path,
     tx_id: str | None = None,
 ) -> ContainerSpec:
-    """Exactly the container `load` creates for this recipe in this slot; touches nothing.
-
-    Without `tx_id` the spec names no transaction yet: `load` labels it and appends the
-    transaction's short ID to its name when it creates the container."""
+    """Exactly the container `load` creates for this recipe in this slot; without `tx_id` the spec
+    names no transaction yet (`load` labels it and suffixes its name when creating it).
+    """
     check_fits_slot(recipe, slot)
     labels = {
         LABEL_MANAGED: "true",
