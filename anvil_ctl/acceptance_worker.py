@@ -54,8 +54,7 @@ def _child(requests: int, answers: int, router_url: str, token: Secret) -> None:
 
 @dataclass(frozen=True)
 class Answered:
-    """The child's `AcceptanceResult`, as its `as_dict()` (an `AcceptanceReport`); this process
-    never imports `anvil_ctl.acceptance` (and so `openai`) to hold it."""
+    """The child's `AcceptanceResult` as a dict, so this process never imports `openai` to hold it."""
 
     result: JSONObject
 
@@ -104,8 +103,7 @@ class AcceptanceWorker:
         return Answered(get_object(answer, "result"))
 
     def close(self) -> None:
-        """End the worker and reap it. A child not asked (a refused promote) has only been
-        importing: it is killed rather than waited for; an asked one has answered already."""
+        """End the worker and reap it; a child never asked (a refused promote) is killed."""
         pid, self._pid = self._pid, None
         if not pid:
             return

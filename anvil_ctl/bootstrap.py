@@ -45,9 +45,7 @@ class App:
     progress: Progress = field(default_factory=SilentProgress)
     """Where transactions report their steps and waits: the CLI's renderer, or nothing."""
     keep_connection: bool = False
-    """Keep one SQLite connection for the App's life, closed by `close` (the CLI); others connect
-    once per database transaction.
-    """
+    """Keep one SQLite connection for the App's life, closed by `close` (the CLI)."""
 
     @cached_property
     def database(self) -> Engine:
@@ -57,8 +55,7 @@ class App:
         return make_engine(self.settings.db_url, keep_connection=self.keep_connection)
 
     def create_database(self) -> Engine:
-        """The state database for `init`: the default state directory and the SQLite file are
-        created when missing (a directory named by an explicit --state-db URL must exist)."""
+        """The state database for `init`, created when missing (with the default state directory)."""
         from anvil_ctl.persistence.db import make_engine
 
         if self.settings.state_db is None:
@@ -75,8 +72,7 @@ class App:
 
     @cached_property
     def store(self) -> Store:
-        """The state database's Store, attached to this host (registered on first use, and
-        refused when another machine holds the name: `persistence.hosts`)."""
+        """The state database's Store, attached to this host (refused when another machine holds the name)."""
         from anvil_ctl.persistence.head import head_path_for
         from anvil_ctl.persistence.hosts import attach
         from anvil_ctl.persistence.migrate import check_revision
@@ -89,8 +85,7 @@ class App:
 
     @cached_property
     def host_name(self) -> str:
-        """This host's name: the host config's, else the machine's hostname. A command that
-        needs no host config (audit, db) runs without one; a config that exists must be valid."""
+        """The host config's host name, else the machine's; a host config is needed only if it exists."""
         import socket
 
         from anvil_ctl.config.host import machine_host_name
@@ -130,8 +125,7 @@ class App:
         return load_host_config(path)
 
     def optional_config(self) -> HostConfig | None:
-        """The host config, or None where none was named and the default file does not exist
-        (`recipes list` works without one); a named or existing file that is wrong still errs."""
+        """The host config, or None where none was named and the default file does not exist."""
         if self.origins.get("config", "").startswith("default") and not self.settings.config.exists():
             return None
         return self.config
@@ -174,8 +168,7 @@ class App:
 
     def warm_acceptance(self) -> None:
         """Fork the real client's worker now, so `openai` imports on another core while this process
-        works. Call it before `world()` and the host lock, so the child holds neither.
-        """
+        works. Call it before `world()` and the host lock, so the child holds neither."""
         from anvil_ctl.acceptance_worker import RealAcceptance
 
         if self.settings.backend == "fake":
@@ -186,8 +179,7 @@ class App:
 
     def real_acceptance(self) -> Acceptance | None:
         """The real-client acceptance through the configured router, built once; None without a router
-        or resolvable credentials (its credential guard then refuses).
-        """
+        or resolvable credentials (its credential guard then refuses)."""
         if "_acceptance" not in self.__dict__:
             self.__dict__["_acceptance"] = _real_acceptance(self)
         found: Acceptance | None = self.__dict__["_acceptance"]
@@ -228,8 +220,7 @@ def _finish(app: App, world: World) -> World:
 
 
 def _vram_release(app: App, world: World) -> VramRelease:
-    """The VRAM-release gate, built on its first use: most commands (status, recheck, audit)
-    never wait for VRAM, and the gate's modules (GPU policy, waivers, the ledger) stay unread."""
+    """The VRAM-release gate, built on first use: most commands never wait for VRAM."""
     policy = app.config.policy
     built: list[VramRelease] = []
 
@@ -370,8 +361,7 @@ def _real_acceptance(app: App) -> Acceptance | None:
 
 
 class UnresolvedCredentialsRouter:
-    """Stands in for the router when its tokens could not be resolved: every call of the
-    `Router` port refuses, naming the credential sources tried; `view` says so instead."""
+    """Stands in for a router whose tokens could not be resolved: every port call refuses, naming why."""
 
     def __init__(self, error: CredentialError) -> None:
         self.error = error

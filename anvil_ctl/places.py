@@ -16,8 +16,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def shipped_dir(name: str) -> Path:
-    """The shipped folder `name` (`migrations` or `recipes`): the wheel's copy, else the
-    repository's."""
+    """The shipped folder `name` (`migrations` or `recipes`): the wheel's copy, else the repository's."""
     inside = PACKAGE_DIR / "_shipped" / name
     return inside if inside.is_dir() else PACKAGE_DIR.parent / name
 
@@ -28,8 +27,7 @@ RECIPES_DIR = shipped_dir("recipes")
 
 def recipe_base(recipe_dir: Path) -> Path:
     """The directory a recipe's relative mount sources resolve against: its own, except for the
-    wheel's copy of the shipped recipes, which stands where the repository keeps them.
-    """
+    wheel's copy of the shipped recipes, which stands where the repository keeps them."""
     inside = PACKAGE_DIR / "_shipped" / "recipes"
     if inside.is_dir() and recipe_dir.resolve() == inside.resolve():
         return PACKAGE_DIR.parent / "recipes"
@@ -54,8 +52,7 @@ class DefaultPaths:
 
 def default_paths(env: Mapping[str, str], euid: int) -> DefaultPaths:
     """Fixed places, so every invocation finds one database and one lock: /var/lib/anvil and
-    /etc/anvil/anvil.toml as root, else the XDG data and config homes (relative values ignored).
-    """
+    /etc/anvil/anvil.toml as root, else the XDG data and config homes (relative values ignored)."""
     if euid == 0:
         return DefaultPaths(ROOT_STATE_DIR, ROOT_CONFIG, "root")
     home = Path(env.get("HOME") or Path.home())

@@ -95,8 +95,7 @@ class DockerRuntime:
         host: str | None = None,
     ) -> None:
         """Use `client`, else connect to base_url (None: DOCKER_HOST). `host`: the fleet host whose label
-        (`io.anvil.host`) created containers carry; containers labelled for another host are not listed.
-        """
+        (`io.anvil.host`) created containers carry; containers labelled for another host are not listed."""
         if gpu_mode not in ("nvidia", "devices", "simulated", "auto"):
             raise BadInput(f"gpu_mode must be 'nvidia', 'devices', 'simulated' or 'auto', not {gpu_mode!r}")
         self.gpu_mode: GpuMode = gpu_mode
@@ -190,8 +189,7 @@ class DockerRuntime:
         return fields
 
     def resolved_gpu_mode(self) -> GpuMode:
-        """The GPU mode in force: "auto" resolved once, by whether the engine has an NVIDIA
-        runtime (the toolkit registers one as `nvidia`)."""
+        """The GPU mode in force: "auto" resolved once, by whether the engine has an `nvidia` runtime."""
         if self.gpu_mode == "auto":
             with translated("docker info"):
                 runtimes = obj(self._client.info().get("Runtimes"))
@@ -304,9 +302,7 @@ class DockerRuntime:
 
     @_retry
     def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
-        """The newest lines of the container's output since it was created, bounded; read through a moving
-        window, one line more than `max_lines` asked so a longer log shows as truncated.
-        """
+        """The newest lines of the container's output since creation, bounded (read through a window)."""
         attrs = self._exact(container_id)
         state = obj(attrs.get("State"))
         window = bytearray()

@@ -14,9 +14,7 @@ from anvil_ctl.core.model import ModelCard, PromptAnswer
 
 
 class HttpServerProbe:
-    """One client for the probe's life, without trust roots (plain HTTP on loopback, `adapters.tls`)
-    and without keep-alive, so a restarted engine leaves no stale socket.
-    """
+    """One client for the probe's life: no trust roots (plain HTTP on loopback), no keep-alive."""
 
     def __init__(self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
         self._timeout_s = timeout_s
@@ -68,8 +66,7 @@ class HttpServerProbe:
             raise AdapterError(f"{base_url}/v1/models: not an OpenAI model list") from exc
 
     def running(self, base_url: str, metric: str) -> int | None:
-        """The gauge `metric` on the engine's /metrics, summed over its labels (vLLM and SGLang
-        label it by model and rank); None without an answer or without the gauge."""
+        """The gauge `metric` on /metrics summed over its labels; None without an answer or the gauge."""
         try:
             r = self._get(base_url.rstrip("/") + "/metrics")
         except httpx.HTTPError:
@@ -88,9 +85,7 @@ class HttpServerProbe:
         return round(sum(samples)) if samples else None
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
-        """A chat of `words` one-token words with max_tokens 1; the timeout is long because an engine
-        that accepts it evaluates the whole prompt.
-        """
+        """A chat of `words` one-token words, max_tokens 1 (a long timeout: the prompt may be evaluated)."""
         body = {
             "model": model,
             "messages": [{"role": "user", "content": "a " * words}],

@@ -63,8 +63,7 @@ def device_nodes(
     exists: Iterable[str] | None = None,
 ) -> list[str]:
     """Docker `devices` entries (`host:container:rwm`) for the GPUs `uuids` and the control nodes;
-    a UUID the driver does not list is an error naming it.
-    """
+    a UUID the driver does not list is an error naming it."""
     missing = [u for u in uuids if u.lower() not in nodes]
     if missing:
         raise AdapterError(

@@ -100,9 +100,7 @@ def _text(value: str | bytes) -> str:
 
 
 class NvmlProbe:
-    """NVML readings of every GPU, by UUID; each call inits and shuts NVML down, so no handle is held
-    between calls. `nvml`: the pynvml module, or a test's fake.
-    """
+    """NVML readings of every GPU by UUID, init and shutdown per call (no handle held)."""
 
     def __init__(self, nvml: Nvml | None = None) -> None:
         self._nvml = nvml

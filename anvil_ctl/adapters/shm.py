@@ -51,9 +51,7 @@ def managed_containers(runtime: ContainerRuntime) -> ManagedContainers:
 
 
 class ShmScanner:
-    """Our residue in a shared-memory directory and its holders; `managed` lists the managed
-    containers, `ledger` remembers what they held (None: nothing).
-    """
+    """Our residue in a shared-memory directory and its holders, with what the ledger remembers."""
 
     def __init__(
         self,

@@ -1,6 +1,4 @@
-"""Simulated GPUs driven by stub engines (`ANVIL_GPU=simulated`): the host config's roles, each
-card's use the sum the stubs report (docs/CONTRACTS.md "Simulated GPUs").
-"""
+"""Simulated GPUs (`ANVIL_GPU=simulated`): the host config's roles, used memory as stubs report it."""
 
 from __future__ import annotations
 
@@ -25,9 +23,7 @@ SIM_VRAM_PATH = "/anvil/sim/vram"
 
 
 class _HttpGet:
-    """GET a JSON body with one client for the probe's life, no keep-alive (a restarted stub leaves
-    no stale connection).
-    """
+    """GET a JSON body with one client for the probe's life, no keep-alive."""
 
     def __init__(self) -> None:
         self._client: httpx.Client | None = None

@@ -1,6 +1,4 @@
-"""The `anvilctl` command line, on click; command implementations are imported inside the callbacks,
-so `--help` loads click and the light core only.
-"""
+"""The `anvilctl` command line, on click; `--help` loads click and the light core only."""
 
 from anvil_ctl.cli.app import console, main
 

@@ -98,9 +98,7 @@ root = click.Group(
 
 
 def attach_global_options(command: click.Command) -> None:
-    """Give `command` and every command below it the global options; a command's own option of
-    the same name (`evidence report -o FILE.html`) keeps its place.
-    """
+    """Give `command` and every command below it the global options, except where one has its own."""
     taken = {opt for p in command.params for opt in getattr(p, "opts", ())}
     command.params.extend(o for o in global_options() if not taken & set(getattr(o, "opts", ())))
     if isinstance(command, click.Group):
@@ -115,8 +113,7 @@ attach_global_options(root)
 
 
 def _error(message: str) -> None:
-    """One line on stderr; what came from a person or a file cannot start another or steer the
-    terminal: control and bidi characters and newlines are shown as escapes."""
+    """One line on stderr, with control and bidi characters and newlines shown as escapes."""
     print(f"{PROG}: error: {escape_text(message)}", file=sys.stderr)
 
 
@@ -191,9 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console() -> NoReturn:
-    """`anvilctl` and `python -m anvil_ctl`: run `main`, flush, and `os._exit` without the
-    interpreter's slow teardown (the App is closed by then); library callers keep a normal exit.
-    """
+    """`anvilctl`: run `main`, flush, and `os._exit` without the interpreter's slow teardown."""
     _collector_off_while_starting()
     _without_httpx_cli()
     code = main()
@@ -206,8 +201,7 @@ def console() -> NoReturn:
 
 def _without_httpx_cli() -> None:
     """Keep `import httpx` from importing its own CLI client (rich, pygments, click) that anvilctl
-    never runs: a `None` in `sys.modules` makes that one import fail (encode/httpx#3547).
-    """
+    never runs: a `None` in `sys.modules` makes that one import fail (encode/httpx#3547)."""
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 
@@ -216,9 +210,7 @@ STARTING_S = 2.0
 
 
 def _collector_off_while_starting() -> None:
-    """No cyclic garbage collection for the first `STARTING_S` seconds, while the command imports
-    long-lived objects with almost no cycles; then on again with those frozen out (`gc.freeze`).
-    """
+    """No cyclic GC for the first `STARTING_S` seconds of imports; then on, with those frozen out."""
     gc.disable()
     timer = threading.Timer(STARTING_S, _collector_on)
     timer.daemon = True

@@ -48,9 +48,7 @@ def text(max_len: int = MAX_TEXT, *, multiline: bool = False) -> Checked[str]:
 
 
 def check_new_file(path: Path, flag: str) -> Path:
-    """`path` may be (re)written: not a directory or special file, in an existing writable
-    directory (nothing is created); click.BadParameter naming `flag` otherwise.
-    """
+    """`path` may be (re)written in an existing writable directory, else BadParameter naming `flag`."""
 
     def fail(message: str) -> click.BadParameter:
         return click.BadParameter(message, param_hint=f"'{flag}'")

@@ -296,9 +296,7 @@ class LiveProgress:
 
 @contextmanager
 def working(progress: Progress, what: str) -> Iterator[None]:
-    """What a command that is not a transaction is doing, on a terminal only: a transient live line,
-    gone when the command ends so an error is still its one line.
-    """
+    """On a terminal only, a transient live line of what a non-transaction command is doing."""
     if isinstance(progress, LiveProgress):
         progress.begin(what)
         try:
@@ -310,8 +308,7 @@ def working(progress: Progress, what: str) -> Iterator[None]:
 
 
 class GateProgress:
-    """The qualification runner's progress (`anvil_ctl.qualify.runner.Progress`), told to the
-    transaction's progress: gate verdicts as notes, request counts as the step's activity."""
+    """The qualification runner's progress as notes and activity of the transaction's."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress

@@ -215,9 +215,7 @@ def _setting_name(loc: tuple[int | str, ...], flags: Mapping[str, object]) -> st
 
 
 def open_app(options: GlobalOptions) -> App:
-    """The one place the App is built. On a terminal the progress display stands in for info logs
-    (level `warning` unless ANVIL_LOG_LEVEL or --debug says otherwise).
-    """
+    """The one place the App is built; on a terminal the log level is `warning` unless told otherwise."""
     from anvil_ctl import log
     from anvil_ctl.bootstrap import App
     from anvil_ctl.cli.progress import for_stream

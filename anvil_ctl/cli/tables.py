@@ -26,16 +26,14 @@ GAP = "  "
 
 
 def show_time(value: str) -> str:
-    """An RFC 3339 UTC time as people read it in a table: to the second, with `Z`
-    (`2026-09-02T12:00:00.123456Z` and `2026-09-02T12:00:00+00:00` -> `2026-09-02T12:00:00Z`)."""
+    """An RFC 3339 UTC time to the second, with `Z`."""
     m = TIME_RE.match(value)
     return f"{m.group(1)}Z" if m else value
 
 
 def elide_middle(value: str, width: int) -> str:
     """`value` in `width` characters with the middle as `…`, keeping at least the first ID_HEAD
-    characters after any `sha256:` (dropped last).
-    """
+    characters after any `sha256:` (dropped last)."""
     if len(value) <= width:
         return value
     prefix = "sha256:" if value.startswith("sha256:") else ""
@@ -49,8 +47,7 @@ def elide_middle(value: str, width: int) -> str:
 
 
 def _id_floor(values: Sequence[str], header: str, *, tail: bool, bare: bool = False) -> int:
-    """The narrowest an ID column gets: its values' prefix, with or without their tail, with
-    or without `sha256:` (bare)."""
+    """The narrowest an ID column gets: its prefix, with or without tail and `sha256:`."""
     keep = ID_HEAD + 1 + (ID_TAIL if tail else 0)
     need = [min(len(v), (0 if bare or not v.startswith("sha256:") else 7) + keep) for v in values]
     return max([len(header), *need])
@@ -65,8 +62,7 @@ def _all_match(values: Sequence[str], pattern: re.Pattern[str]) -> bool:
 def layout(
     columns: Sequence[str], rows: Sequence[Sequence[str]], *, width: int | None, wide: bool = False
 ) -> list[str]:
-    """The table's lines: a header and one or more lines per row, fitted to `width` (None:
-    no limit). Cells are text already made safe for a terminal."""
+    """The table's lines, fitted to `width` (None: no limit); cells are already safe text."""
     table = [[show_time(c) for c in row] for row in rows]
     natural = [max([len(h), *(len(r[i]) for r in table)]) for i, h in enumerate(columns)]
     widths = list(natural)

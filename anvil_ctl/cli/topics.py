@@ -1,6 +1,4 @@
-"""`anvilctl help [TOPIC | COMMAND...]`: the manual, rendered from the tables and models it
-describes, so it cannot drift from them.
-"""
+"""`anvilctl help [TOPIC | COMMAND...]`: the manual, rendered from what it describes."""
 
 from __future__ import annotations
 

@@ -258,8 +258,7 @@ class HostConfig(Strict):
 
 
 def machine_host_name(hostname: str) -> str:
-    """The host name a config without one gets: the machine's hostname's first label,
-    lowercased; ConfigError when even that is not a valid name."""
+    """The machine's hostname's first label, lowercased, for a config without `host`; else ConfigError."""
     name = hostname.split(".", 1)[0].lower()
     if not NAME_RE.match(name):
         raise ConfigError(

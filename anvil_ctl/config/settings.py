@@ -133,8 +133,7 @@ def setting_origins(
     flags: Mapping[str, object], env: Mapping[str, str], defaults: DefaultPaths
 ) -> dict[str, str]:
     """Where each path setting came from (`--state-dir`, `ANVIL_STATE_DIR`, `default (root)`,
-    `default (XDG)`), as `status` and `init` print it.
-    """
+    `default (XDG)`), as `status` and `init` print it."""
     upper = {k.upper() for k, v in env.items() if v}
     out: dict[str, str] = {}
     for name, variable in SETTING_VARIABLES.items():

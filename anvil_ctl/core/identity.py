@@ -28,8 +28,7 @@ class Identity:
     aliases: tuple[str, ...] = ()
     container_name: str = ""
     engine_profile: str = ""
-    """How to probe the serve (`anvil_ctl.core.engine_profile`); empty: the OpenAI-compatible
-    assumptions (identities recorded before profiles existed)."""
+    """How to probe the serve (`core.engine_profile`); empty: the OpenAI-compatible assumptions."""
 
     REQUIRED = (
         "slot",

@@ -63,8 +63,7 @@ def get_float(doc: Mapping[str, object], key: str, default: float | None = None)
 
 
 def get_objects(doc: Mapping[str, object], key: str) -> list[JSONObject]:
-    """`doc[key]` as an array of objects ([] when absent); a ValueError naming the key when
-    it is another type or holds anything but objects."""
+    """`doc[key]` as an array of objects ([] when absent), else a ValueError naming the key."""
     out: list[JSONObject] = []
     for item in get_array(doc, key):
         if not isinstance(item, dict):

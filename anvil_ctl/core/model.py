@@ -280,9 +280,7 @@ class ResidueFile:
 
 @dataclass(frozen=True)
 class ShmMark:
-    """A shared-memory file seen held by a managed container, by path and inode within one boot
-    (/dev/shm is a tmpfs a reboot empties).
-    """
+    """A shared-memory file seen held by a managed container, by path and inode within one boot."""
 
     path: str
     dev: int
@@ -322,8 +320,7 @@ class DrainPolicy:
 
     deadline_s: float = DEFAULT_DRAIN_TIMEOUT_S
     on_timeout: OnDrainTimeout = "abort"
-    """At the deadline: `abort` gives up (the transaction compensates, the serve stays
-    routed); `cut` stops the serve anyway and records how many answers it cut."""
+    """At the deadline: `abort` compensates (the serve stays routed); `cut` stops it, counting cut answers."""
 
     @classmethod
     def of(

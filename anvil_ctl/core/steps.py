@@ -100,8 +100,7 @@ class Plan(Generic[A_co, W_co, M_co]):
     pivot: str | None = None
     """Name of the step after which recovery goes forward (None: always backwards)."""
     keeps_serving: bool = True
-    """The engine guarantees a slot serving at the start still serves at the end (never dark);
-    False only where a person asked for the slot to change (unload) or nothing is touched."""
+    """Never dark: a slot serving at the start serves at the end; False only for unload or no-ops."""
     goal: Callable[[StepContext[A_co, W_co, M_co]], list[str]] | None = None
     """Problems that keep the goal from holding after the last step (e.g. the route is gone)."""
     repair: Callable[[StepContext[A_co, W_co, M_co]], None] | None = None

@@ -85,8 +85,7 @@ _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def escape_text(value: str, *, keep_newlines: bool = False) -> str:
-    """`value` safe for a terminal: each unsafe character (see `unsafe_char`, and newline and tab
-    unless `keep_newlines`) shown as an escape (`\\x1b`, `\\u202e`, `\\n`), the rest as is."""
+    """`value` with each unsafe character (and newline and tab unless `keep_newlines`) as an escape."""
     if value.isascii() and value.isprintable():
         return value  # the common case, fast
     out = []

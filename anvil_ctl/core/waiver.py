@@ -14,9 +14,8 @@ VRAM_RESERVE = "vram-reserve"
 """The VRAM reserve policy: MiB each card keeps free after the workload."""
 
 GATE = "gate"
-"""The functional-gate policy: each gate of a profile is required (1). A waiver sets it to 0
-(not required) for the named gates of one recipe: their failure no longer fails the
-decision, and is still recorded and shown."""
+"""The functional-gate policy: a gate is required (1); a waiver sets 0 for named gates of one
+recipe, whose failure is still recorded but no longer fails the decision."""
 
 POLICIES = (VRAM_RESERVE, GATE)
 

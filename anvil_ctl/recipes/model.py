@@ -256,8 +256,7 @@ class Recipe(Strict):
 
     @property
     def profile_of_engine(self) -> EngineProfile:
-        """The engine profile: `engine_profile`, else the one named like `engine`, else the
-        OpenAI-compatible assumptions."""
+        """`engine_profile`, else the profile named like `engine`, else the OpenAI-compatible one."""
         if self.engine_profile:
             return ENGINE_PROFILES[self.engine_profile]
         return engine_profile(self.engine)

@@ -97,8 +97,7 @@ def container_spec(
     tx_id: str | None = None,
 ) -> ContainerSpec:
     """Exactly the container `load` creates for this recipe in this slot; without `tx_id` the spec
-    names no transaction yet (`load` labels it and suffixes its name when creating it).
-    """
+    names no transaction yet (`load` labels it and suffixes its name when creating it)."""
     check_fits_slot(recipe, slot)
     labels = {
         LABEL_MANAGED: "true",
@@ -132,8 +131,7 @@ def container_spec(
 
 
 def model_cache_mount(recipe: Recipe, host_config: HostConfig) -> Mount:
-    """The model's repository folder in the host's model cache, read-only at `model_mount`:
-    the directory `load` verifies is the directory the engine reads."""
+    """The model's repository folder in the host's cache, read-only at `model_mount`."""
     if recipe.model_mount is None or recipe.model_repo is None:
         raise RecipeError(f"recipe {recipe.name}: model_mount: needs a model", field="model_mount")
     if host_config.model_cache_dir is None:

@@ -1,6 +1,4 @@
-"""What the stub answers and what it costs: the answer rules of docs/CONTRACTS.md and token
-accounting, as pure functions.
-"""
+"""What the stub answers and what it costs (docs/CONTRACTS.md), as pure functions."""
 
 from __future__ import annotations
 

@@ -345,9 +345,7 @@ def make_server(
 
 
 def hold_shm_files(options: StubOptions) -> list[IO[bytes]]:
-    """Create each --shm-file in --shm-dir (4 KiB) and keep it open; never unlinked, as by an engine
-    killed before its cleanup, so the controller finds it as residue.
-    """
+    """Create each --shm-file (4 KiB) in --shm-dir and keep it open, never unlinked: residue to be found."""
     held: list[IO[bytes]] = []
     for name in options.shm_files:
         fh = open(os.path.join(options.shm_dir, name), "w+b")  # noqa: SIM115 - held until exit

@@ -125,9 +125,7 @@ class StubState:
 
 
 class Pacer:
-    """Sleeps until each token's absolute due time and notes when the first and last went out: what a
-    client can measure on a loaded host (`GET /anvil/sim/timings`).
-    """
+    """Sleeps until each token's absolute due time, noting when the first and last really went out."""
 
     def __init__(
         self, options: StubOptions, prompt_tokens: int, t0: float, late: Effects | None = None

@@ -1,6 +1,4 @@
-"""GPU fakes for unit tests: an in-memory probe whose readings change after polls, and a clock
-whose sleep advances time instead of waiting.
-"""
+"""GPU fakes for unit tests: a probe whose readings change after polls, and a clock that never waits."""
 
 from __future__ import annotations
 

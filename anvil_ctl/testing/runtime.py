@@ -1,6 +1,4 @@
-"""Fake container runtime and engine probe over the fake world; a running fake container serves
-its recipe's served model (or FAKE_SERVED_MODEL) at its binding.
-"""
+"""Fake container runtime and engine probe over the fake world."""
 
 from __future__ import annotations
 
