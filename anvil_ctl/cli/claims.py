@@ -26,10 +26,8 @@ ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_o
 def check(session: Session, ledger: Path, evidence: Path) -> Reply:
     """Recount every published claim from the verified evidence bundle (exit 6 on any difference).
 
-    Each local claim's number (and each number of its conditions) is read from its
-    artifact at its JSON path, rounded as declared and compared with the number as
-    published. External-prior claims are listed, never recounted.
-    """
+    Each local claim's numbers are read from its artifact's JSON path, rounded as declared and
+    compared; external-prior claims are listed, never recounted."""
     with session.working(f"claims check: recounting {ledger.name} from the verified bundle"):
         from anvil_ctl.evidence.claims import check_ledger, load_ledger
 

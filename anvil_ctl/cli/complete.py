@@ -124,12 +124,7 @@ def completion_script(root: click.Command, shell: str) -> str:
 @click.argument("shell", type=click.Choice(SHELLS))
 @click.pass_context
 def completion(click_ctx: click.Context, shell: str) -> Reply:
-    """Print the shell completion script for SHELL (bash, zsh or fish).
-
-    Load it for this shell with `source <(anvilctl completion bash)`. It completes
-    commands, options, slots, recipes, and the transaction and container IDs of the
-    state database.
-    """
+    """Print the shell completion script for SHELL: `source <(anvilctl completion bash)`."""
     from anvil_ctl.cli.views import Text
 
     return Reply(Text(completion_script(click_ctx.find_root().command, shell)))
