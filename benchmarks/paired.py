@@ -148,7 +148,7 @@ class Bare:
     def __init__(self, camp: Campaign) -> None:
         self.admin = {"Authorization": f"Bearer {camp.admin_token}"}
         self.client = {"Authorization": f"Bearer {camp.client_token}"}
-        self.smg = camp.smg.url
+        self.smg = camp.router.url
         self.http = httpx.Client(timeout=30)
         self.docker = docker.from_env()
         host = load_host_config(camp.work / "anvil.toml")

@@ -64,7 +64,7 @@ class Client:
 
     def run(self) -> None:
         client = openai.OpenAI(
-            base_url=self.host.camp.smg.url + "/v1",
+            base_url=self.host.camp.router.url + "/v1",
             api_key=self.host.camp.client_token,
             max_retries=0,
             timeout=30,
@@ -175,7 +175,7 @@ def streams(host: ChaosHost, name: str) -> dict[str, Any]:
 
     def one() -> None:
         client = openai.OpenAI(
-            base_url=host.camp.smg.url + "/v1", api_key=host.camp.client_token, max_retries=0, timeout=120
+            base_url=host.camp.router.url + "/v1", api_key=host.camp.client_token, max_retries=0, timeout=120
         )
         finish: str | None = None
         try:

@@ -1,7 +1,8 @@
-"""The seed campaign's host, shared by `make demo` and the end-to-end test.
+"""The seed campaign's host, shared by `make demo`, the end-to-end tests and the benchmarks.
 
-Sets up, inside the hermetic test environment: a real smg router on 127.0.0.1
-with keys in a 0600 credential file, a host config with simulated GPUs (two
+Sets up, inside the hermetic test environment: a real router on 127.0.0.1 (smg with admin
+and client keys, or HAProxy with its client key and a 0600 Runtime API socket) with its
+keys in a 0600 credential file, a host config with simulated GPUs (two
 97,887 MiB cards, as in the seeds), a stub EXL3-like incumbent started by hand
 from `recipes/stub-incumbent-524k.toml`, routed as `llm.primary`, and adopted; two more
 slots for the arms of the matched A/B control.
@@ -29,13 +30,14 @@ if str(REPO) not in sys.path:
 
 from anvil_ctl.adapters.credentials import resolve_credentials
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
+from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.adapters.smg import SmgRouter
 from anvil_ctl.config.host import load_host_config
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.store import Store
 from anvil_ctl.recipes.model import load_recipe
 from anvil_ctl.recipes.spec import container_spec
-from scripts.routers import Proc, start_smg
+from scripts.routers import Proc, start_haproxy, start_smg
 
 INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
 
@@ -69,9 +71,9 @@ router_tier = "ab-mtp-local"
 aliases = ["llm.ab-mtp"]
 
 [router]
-kind = "smg"
+kind = "{router_kind}"
 url = "{router_url}"
-{cred_line}
+{router_lines}
 readmit_deadline_s = 120
 
 [policy]
@@ -85,12 +87,17 @@ split-compute-a = ["0000000000000000"]
 """
 
 
+ROUTER_KINDS = ("smg", "haproxy")
+
+
 @dataclass
 class Campaign:
     work: Path
-    smg: Proc
+    router: Proc
+    """The router process: smg, or HAProxy (its Runtime API socket in `router.extra`)."""
     admin_token: str
     client_token: str
+    router_kind: str = "smg"
     incumbent_id: str = ""
     env: dict[str, str] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
@@ -100,8 +107,13 @@ class Campaign:
         return self.work / "router-credentials.toml"
 
     def write_config(self, path: Path, *, with_credentials: bool = True) -> Path:
-        cred_line = f'credential_file = "{self.cred}"' if with_credentials else ""
-        path.write_text(HOST_TOML.format(router_url=self.smg.url, cred_line=cred_line))
+        lines = [f'credential_file = "{self.cred}"'] if with_credentials else []
+        if self.router_kind == "haproxy":
+            lines.append(f'runtime_socket = "{self.router.extra["socket"]}"')
+        text = HOST_TOML.format(
+            router_kind=self.router_kind, router_url=self.router.url, router_lines="\n".join(lines)
+        )
+        path.write_text(text)
         return path
 
     def anvilctl(
@@ -158,23 +170,60 @@ class Campaign:
         return subprocess.CompletedProcess(cmd, code, out, "".join(err))
 
     def stop(self) -> None:
-        self.smg.stop()
+        self.router.stop()
+
+    def restart_router(self) -> None:
+        """The router SIGKILLed and started again on its port: every registration lost."""
+        port = int(self.router.url.rsplit(":", 1)[1])
+        self.router.kill()
+        self.router = start_router(self.router_kind, self.work, self.admin_token, self.client_token, port)
+
+    def router_client(self) -> HaproxyRouter | SmgRouter:
+        """The router adapter for the campaign's host config (close it when done)."""
+        host = load_host_config(self.work / "anvil.toml")
+        if self.router_kind == "haproxy":
+            creds = resolve_credentials(host.router, {}, need_admin=False)
+            return HaproxyRouter(self.router.url, Path(self.router.extra["socket"]), creds, TIERS)
+        return SmgRouter(self.router.url, resolve_credentials(host.router, {}))
 
 
-def start_campaign(work: Path) -> Campaign:
+# The host config's tiers and their aliases (HAProxy's config is rendered from them).
+TIERS = {
+    "primary-local": ("llm.primary",),
+    "ab-nospec-local": ("llm.ab-nospec",),
+    "ab-mtp-local": ("llm.ab-mtp",),
+}
+
+
+def start_router(kind: str, work: Path, admin_token: str, client_token: str, port: int | None = None) -> Proc:
+    """A fresh router process of `kind` (no registration) on `port` or a free one."""
+    workdir = work / "routers"
+    if kind == "haproxy":
+        return start_haproxy(workdir=workdir, tiers=TIERS, client_token=client_token, port=port)
+    return start_smg(workdir=workdir, admin_token=admin_token, client_token=client_token, port=port)
+
+
+def start_campaign(work: Path, router: str = "smg") -> Campaign:
+    """The campaign host on a fresh router of kind `router` (smg or haproxy)."""
+    if router not in ROUTER_KINDS:
+        raise ValueError(f"router {router!r}: expected one of {ROUTER_KINDS}")
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    admin, client = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    admin = secrets.token_urlsafe(24) if router == "smg" else ""
+    client = secrets.token_urlsafe(24)
     camp = Campaign(
         work=work,
-        smg=start_smg(workdir=work / "routers", admin_token=admin, client_token=client),
+        router=start_router(router, work, admin, client),
         admin_token=admin,
         client_token=client,
+        router_kind=router,
     )
     fd = os.open(camp.cred, os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(f'admin_token = "{admin}"\nclient_token = "{client}"\n')
+        if admin:
+            fh.write(f'admin_token = "{admin}"\n')
+        fh.write(f'client_token = "{client}"\n')
     camp.write_config(work / "anvil.toml")
     camp.env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_ROUTER_")} | {
         "ANVIL_CONFIG": str(work / "anvil.toml"),
@@ -274,8 +323,8 @@ def start_incumbent_by_hand(camp: Campaign) -> str:
     cid = runtime.create(spec)
     runtime.start(cid)
     with (
-        SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router,
-        ticking("by hand: waiting for smg to readmit the incumbent (deadline 120 s)"),
+        camp.router_client() as router,
+        ticking(f"by hand: waiting for {camp.router_kind} to readmit the incumbent (deadline 120 s)"),
     ):
         router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
     runtime.close()

@@ -1,6 +1,6 @@
-"""Never dark, on real Docker and a real smg router: kill, restart and recover, then judge.
+"""Never dark, on real Docker and a real router: kill, restart and recover, then judge.
 
-One campaign host (scripts/campaign.py: smg with keys, simulated GPUs, the stub
+One campaign host (scripts/campaign.py: smg with keys or HAProxy, simulated GPUs, the stub
 incumbent adopted) is driven around the lifecycle: A (incumbent serving, routed)
 -load-> B (candidate serving directly, tier drained) -promote-> C (candidate
 routed) -rollback-> A. Each case runs one command and disturbs it:
@@ -54,7 +54,7 @@ from scripts.campaign import (
     start_incumbent_by_hand,
     verified_decision,
 )
-from scripts.routers import exit_on_sigterm, start_smg
+from scripts.routers import exit_on_sigterm
 
 ALIAS = "llm.primary"
 BINDING = "http://127.0.0.1:8001"
@@ -98,8 +98,12 @@ class Observed:
 class ChaosHost:
     """The campaign host and the lifecycle phase it is in."""
 
-    def __init__(self, work: Path) -> None:
-        self.camp: Campaign = start_campaign(work)
+    def __init__(self, work: Path, router: str = "smg", *, incumbent_engine: str = "stub") -> None:
+        """`incumbent_engine`: the engine profile the incumbent is adopted with; one without a
+        running-requests gauge (`openai-compatible`) makes the router's count what a drain of
+        the incumbent reads."""
+        self.camp: Campaign = start_campaign(work, router)
+        self.incumbent_engine = incumbent_engine
         try:
             self._start()
         except BaseException:
@@ -119,7 +123,7 @@ class ChaosHost:
             "--context-tokens",
             "524288",
             "--engine",
-            "stub",
+            self.incumbent_engine,
         )
         assert r.returncode == 0, r.stderr
         # The campaign's waiver (shared/seeds: "standing reserve 3,072 MiB/card, waived to 0 for
@@ -171,7 +175,7 @@ class ChaosHost:
             binding = None
         try:
             answer = httpx.post(
-                f"{self.camp.smg.url}/v1/chat/completions",
+                f"{self.camp.router.url}/v1/chat/completions",
                 headers={"Authorization": f"Bearer {self.camp.client_token}"},
                 json={"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
                 timeout=30,
@@ -306,15 +310,9 @@ class ChaosHost:
         return self.judge(case, out, recovered, before, after, known)
 
     def restart_router(self) -> None:
-        """smg killed (SIGKILL) and started again with the same arguments: every registration lost."""
-        port = int(self.camp.smg.url.rsplit(":", 1)[1])
-        self.camp.smg.kill()
-        self.camp.smg = start_smg(
-            workdir=self.camp.work / "routers",
-            admin_token=self.camp.admin_token,
-            client_token=self.camp.client_token,
-            port=port,
-        )
+        """The router killed (SIGKILL) and started again with the same arguments: every
+        registration lost."""
+        self.camp.restart_router()
 
     def judge(
         self,

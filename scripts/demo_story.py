@@ -85,7 +85,7 @@ def main() -> int:
     work = REPO / "state" / "demo"
     banner("a real smg router on 127.0.0.1; router keys in a 0600 credential file")
     c = start_campaign(work)
-    print(f"smg pid {c.smg.pid} at {c.smg.url}; state in {work}")
+    print(f"smg pid {c.router.pid} at {c.router.url}; state in {work}")
     try:
         run(c, "init")
         banner("the incumbent: a stub EXL3 K3 + DFlash2 K5 524K serve, started by hand and routed")

@@ -12,9 +12,9 @@ from anvil_ctl.cli.session import Reply, Session, example, pass_session
 def fleet_status(session: Session) -> Reply:
     """Every host sharing the state database: slots, incumbents, last recheck, open transactions."""
     from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import fleet
+    from anvil_ctl.commands import audit
 
-    return Reply(Record({"hosts": fleet.status(session.app())}))
+    return Reply(Record({"hosts": audit.fleet_status(session.app())}))
 
 
 fleet = click.Group(

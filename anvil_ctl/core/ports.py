@@ -104,6 +104,18 @@ class Router(Protocol):
 
 
 @runtime_checkable
+class WeightedRouter(Protocol):
+    """A router that can split one tier's new requests between backends by weight (HAProxy's
+    server weights). smg 1.13 cannot: its selection policies (random, round_robin,
+    power_of_two, cache_aware, least_load, manual, consistent_hashing, prefix_hash) choose
+    among healthy workers without a per-worker weight, so a canary there is refused."""
+
+    def set_weights(self, tier: str, weights: Mapping[str, int]) -> None:
+        """Backend URL -> weight 0-100 for new requests of `tier`; each URL must already be
+        registered in the tier. Requests in flight are not moved."""
+
+
+@runtime_checkable
 class GpuProbe(Protocol):
     """NVML readings by GPU UUID."""
 

@@ -116,6 +116,7 @@ TX_KINDS: tuple[str, ...] = (
     "qualify",
     "ab",
     "promote",
+    "canary",
     "rollback",
     "unload",
     "reconcile",

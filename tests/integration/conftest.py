@@ -10,7 +10,9 @@ skipping. Run them with
 Fixtures: `docker_client`, `runtime` (DockerRuntime, simulated GPUs),
 `stub_image_id`, `free_port` (a callable), and the factory `stub_container`,
 which creates and starts a stub container, waits for /health 200 and removes
-what it created at teardown.
+what it created at teardown. Whole `anvilctl` transactions run on a campaign
+host (scripts/chaos.py `ChaosHost`): `campaign_host(work, router)` starts one on
+a real smg or HAProxy, and `haproxy_host` is one on HAProxy for a test module.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import httpx
@@ -32,6 +34,9 @@ from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import ContainerInfo, ContainerSpec
 from tests.integration.hosts import stub_container_spec
+
+if TYPE_CHECKING:
+    from scripts.chaos import ChaosHost
 
 REQUIRED_ENV = ("ANVIL_TESTENV", "DOCKER_HOST", "ANVIL_STUB_IMAGE_ID")
 
@@ -209,3 +214,39 @@ def stub_container(runtime: Any, stub_spec: Callable[..., ContainerSpec]) -> Ite
     for container_id in reversed(created):
         with contextlib.suppress(NotFound):  # the test removed it itself
             runtime.remove(container_id, force=True)
+
+
+@contextlib.contextmanager
+def campaign_host(work: Path, router: str, **kw: Any) -> Iterator[ChaosHost]:
+    """A campaign host (scripts/chaos.py) on a fresh real `router` (smg or haproxy): the stub
+    incumbent started by hand on 127.0.0.1:8001, routed as llm.primary and adopted, the seeds'
+    reserve waiver recorded; `kw` goes to ChaosHost (`incumbent_engine`). At the end its
+    router stops and every container made meanwhile is removed, by ID: the next campaign
+    host binds the same port."""
+    from scripts.chaos import ChaosHost
+
+    client = docker.DockerClient(base_url=os.environ["DOCKER_HOST"])
+    before = {c.id for c in client.containers.list(all=True)}
+    try:
+        host = ChaosHost(work, router, **kw)
+        try:
+            yield host
+        finally:
+            host.stop()
+    finally:
+        for c in client.containers.list(all=True):
+            if c.id not in before:
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    c.remove(force=True)
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def haproxy_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosHost]:
+    """A campaign host on a real HAProxy (`campaign_host`), for one test module. The incumbent
+    is adopted as `openai-compatible`, an engine without a running-requests gauge, so a drain
+    of it is counted by HAProxy's own `scur` + `qcur`; the candidates' recipes are the stub's."""
+    with campaign_host(
+        tmp_path_factory.mktemp("haproxy-host"), "haproxy", incumbent_engine="openai-compatible"
+    ) as host:
+        yield host

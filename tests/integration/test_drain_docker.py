@@ -1,10 +1,11 @@
-"""Never cut an answer, on real Docker and a real smg, with the official `openai` client.
+"""Never cut an answer, on real Docker with each router (smg, HAProxy) and the official `openai` client.
 
-Streams longer than smg's removal delay (5 s) are in flight through the router when `load`,
-`rollback` and `unload` take their serve out of traffic: each ends with a `finish_reason`,
-and the transaction's record says how many answers its drain waited for. A drain past its
-deadline refuses (load: exit 3, the incumbent routed and serving) or cuts and counts the
-cut (rollback).
+Streams longer than smg's old removal delay (5 s) are in flight through the router when
+`load`, `rollback` and `unload` take their serve out of traffic: each ends with a
+`finish_reason`, and the transaction's record says how many answers its drain waited for
+and who counted them (the stub's gauge; on HAProxy the incumbent, adopted without one, is
+counted by HAProxy's `scur`). A drain past its deadline refuses (load: exit 3, the
+incumbent routed and serving) or cuts and counts the cut (rollback).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import openai
 import pytest
 
 from scripts.chaos import ALIAS, BINDING, ChaosHost, recent_transactions
+from tests.integration.conftest import campaign_host
 
 pytestmark = pytest.mark.integration
 
@@ -72,18 +74,23 @@ def stream(base_url: str, token: str, model: str, tokens: int) -> Stream:
     return s
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosHost]:
-    h = ChaosHost(tmp_path_factory.mktemp("drain"))
-    try:
+# What counts the incumbent's answers in flight, by router: the stub's gauge behind smg (smg
+# forgets a parked worker's load); HAProxy's `scur` for an incumbent adopted without a gauge.
+INCUMBENT = {"smg": ("stub", "engine stub:num_requests_running"), "haproxy": ("openai-compatible", "router")}
+
+
+@pytest.fixture(scope="module", params=sorted(INCUMBENT))
+def host(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosHost]:
+    engine = INCUMBENT[request.param][0]
+    with campaign_host(tmp_path_factory.mktemp("drain"), request.param, incumbent_engine=engine) as h:
         yield h
-    finally:
-        h.stop()
 
 
 def routed(h: ChaosHost, seconds: float) -> list[Stream]:
     """Two streams through the router, each `seconds` long."""
-    return [stream(h.camp.smg.url, h.camp.client_token, ALIAS, int(seconds * TOKENS_PER_S)) for _ in range(2)]
+    return [
+        stream(h.camp.router.url, h.camp.client_token, ALIAS, int(seconds * TOKENS_PER_S)) for _ in range(2)
+    ]
 
 
 def drain_of(out: dict[str, Any], step: str) -> dict[str, Any]:
@@ -101,7 +108,7 @@ class TestStreamsInFlightFinish:
         ends = [s.join() for s in streams]
         assert [(s.finish_reason, s.error) for s in ends] == [("length", None)] * 2, ends
         drain = drain_of(out, "stop-incumbent")
-        assert (drain["cut"], drain["source"]) == (0, "engine stub:num_requests_running"), drain
+        assert (drain["cut"], drain["source"]) == (0, INCUMBENT[host.camp.router_kind][1]), drain
         assert drain["in_flight"] == 2, drain  # both were still running when it looked
 
     def test_rollback_waits_for_the_candidates_streams(self, host: ChaosHost) -> None:
@@ -131,7 +138,7 @@ class TestTheWindow:
     ) -> None:
         assert host.prepare("load") == "A"
         client = openai.OpenAI(
-            base_url=host.camp.smg.url + "/v1", api_key=host.camp.client_token, max_retries=0
+            base_url=host.camp.router.url + "/v1", api_key=host.camp.client_token, max_retries=0
         )
         seen: list[tuple[int, str | None]] = []
         odd: list[str] = []
@@ -167,7 +174,7 @@ class TestTheWindow:
 class TestDeadline:
     def test_load_refuses_to_cut_and_the_incumbent_stays_routed(self, host: ChaosHost) -> None:
         assert host.prepare("load") == "A"
-        (long,) = [stream(host.camp.smg.url, host.camp.client_token, ALIAS, 20 * TOKENS_PER_S)]
+        (long,) = [stream(host.camp.router.url, host.camp.client_token, ALIAS, 20 * TOKENS_PER_S)]
         started = time.monotonic()
         out = host.run(*host.argv("load"), "--drain-timeout", "1s")
         assert out["_exit"] == 3, out
@@ -178,11 +185,15 @@ class TestDeadline:
 
     def test_rollback_cuts_at_its_deadline_and_the_record_counts_the_cut(self, host: ChaosHost) -> None:
         phase = host.prepare("rollback")
-        long = stream(host.camp.smg.url, host.camp.client_token, ALIAS, 30 * TOKENS_PER_S)
+        # Longer than the drained engine's stop grace (the stub's 10 s, openai-compatible's 30 s):
+        # the stub finishes streams on SIGTERM within it, and this one must still be cut.
+        long = stream(host.camp.router.url, host.camp.client_token, ALIAS, 50 * TOKENS_PER_S)
         out = host.run(*host.argv("rollback", phase), "--drain-timeout", "1s")
         assert out["state"] == "committed", out.get("reason")
         drain = drain_of(out, "stop-current")
-        assert (drain["cut"], drain["source"]) == (1, "engine stub:num_requests_running"), drain
+        # From A the incumbent is drained, from C the stub candidate, with its gauge.
+        source = INCUMBENT[host.camp.router_kind][1] if phase == "A" else "engine stub:num_requests_running"
+        assert (drain["cut"], drain["source"]) == (1, source), drain
         assert long.join().finish_reason is None  # the one answer cut, and counted
         shown = host.run("audit", "show", out["tx_id"])
         assert '"cut": 1' in str(shown).replace("'", '"'), shown
@@ -204,7 +215,7 @@ class TestKilledDuringTheDrain:
     ) -> None:
         assert host.prepare("load") == "A"
         known = {t["tx_id"] for t in recent_transactions(host.app())}
-        long = stream(host.camp.smg.url, host.camp.client_token, ALIAS, 40 * TOKENS_PER_S)
+        long = stream(host.camp.router.url, host.camp.client_token, ALIAS, 40 * TOKENS_PER_S)
         proc = subprocess.Popen(
             [sys.executable, "-m", "anvil_ctl", "--json", *host.argv("load")],
             env=host.camp.env,

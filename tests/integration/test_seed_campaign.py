@@ -320,7 +320,7 @@ class TestSeedCampaign:
         assert "incumbent_container_running" in failed()
         rt.start(camp.incumbent_id)
         host = load_host_config(Path(camp.env["ANVIL_CONFIG"]))
-        with SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router:
+        with SmgRouter(camp.router.url, resolve_credentials(host.router, {})) as router:
             router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
         assert failed() == []
         # 2. a candidate left running
@@ -339,7 +339,7 @@ class TestSeedCampaign:
         finally:
             rt.remove(stray_id, force=True)
         # 3. the route changed under us
-        with SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router:
+        with SmgRouter(camp.router.url, resolve_credentials(host.router, {})) as router:
             router.deregister("primary-local", "http://127.0.0.1:8001")
             assert "router_readiness" in failed()
             router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
@@ -365,7 +365,7 @@ class TestSeedCampaign:
         finally:
             rt.remove(wrong_id, force=True)
             rt.start(camp.incumbent_id)
-            with SmgRouter(camp.smg.url, resolve_credentials(host.router, {})) as router:
+            with SmgRouter(camp.router.url, resolve_credentials(host.router, {})) as router:
                 router.readmit(
                     "primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120
                 )

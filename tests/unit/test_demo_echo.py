@@ -34,7 +34,7 @@ def test_progress_is_echoed_while_the_command_runs_and_the_result_after(
     fake_host: FakeHost, tmp_path: Path
 ) -> None:
     env = fake_host.env() | {"ANVIL_RECIPES_DIR": str(fake_recipe(fake_host)), "ANVIL_PAUSE_AT": PAUSE_AT}
-    camp = Campaign(work=tmp_path, smg=None, admin_token="", client_token="", env=env)  # type: ignore[arg-type]
+    camp = Campaign(work=tmp_path, router=None, admin_token="", client_token="", env=env)  # type: ignore[arg-type]
     out = LockedBuffer()
     done: list[int] = []
 
