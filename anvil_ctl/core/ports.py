@@ -69,6 +69,8 @@ class Router(Protocol):
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None: ...
 
+    def deregister(self, tier: str, url: str) -> None: ...
+
     def drain(self, tier: str) -> None:
         """Quiesce the tier: no new admissions (a retryable 503 until `readmit`); requests in flight go on."""
 

@@ -52,6 +52,12 @@ class FakeRouter:
             t = self._tier(w, tier)
             t.update({"url": url, "aliases": list(aliases), "state": "ready"})
 
+    def deregister(self, tier: str, url: str) -> None:
+        with self.world.edit() as w:
+            t = self._tier(w, tier)
+            if t["url"] == url:
+                t.update({"url": None, "state": "maint"})
+
     def drain(self, tier: str) -> None:
         with self.world.edit() as w:
             self._tier(w, tier)["state"] = "drain"
