@@ -220,8 +220,27 @@ class HaproxyRouter(RouterHttp):
             raise AdapterError(f"tier {tier!r} has no free server slot for {url}")
         slot = free[0]
         self._set(f"set server {backend}/{slot.name} addr {host} port {port}")
+        # A slot a canary weighed keeps that weight through maintenance: start from the config's.
+        self._set(f"set server {backend}/{slot.name} weight 100%")
         self._set(f"set server {backend}/{slot.name} state ready")
         log.info("router.haproxy.register", tier=tier, url=url, slot=slot.name)
+
+    def set_weights(self, tier: str, weights: Mapping[str, int]) -> None:
+        """Server weights of the tier's backends (`WeightedRouter`): HAProxy's round robin
+        sends each server new requests in proportion to its weight; 0 sends it none."""
+        self._known(tier)
+        backend = backend_name(tier)
+        names = {}
+        for url, weight in weights.items():  # all checked before any is set
+            if not 0 <= weight <= 256:
+                raise AdapterError(f"haproxy weight {weight} for {url}: expected 0-256")
+            slot = self._slot_for(tier, url)
+            if slot is None:
+                raise AdapterError(f"tier {tier!r} has no server for {url} to weigh; register it first")
+            names[slot.name] = weight
+        for name, weight in names.items():
+            self._set(f"set server {backend}/{name} weight {weight}")
+        log.info("router.haproxy.weights", tier=tier, weights=dict(weights))
 
     def deregister(self, tier: str, url: str) -> None:
         """Put the slot serving `url` into maintenance; absent is fine."""

@@ -27,6 +27,27 @@ from anvil_ctl.core.states import ExitCode
 @click.argument("candidate", type=REF, required=False, shell_complete=complete_containers)
 @slot_option("The slot to promote in.", default="primary")
 @click.option("--approved-by", type=PERSON, required=True, help="The person approving this promotion.")
+@click.option(
+    "--canary",
+    "shares",
+    metavar="SHARES",
+    default=None,
+    help="Step the candidate's share of the tier's requests, e.g. 10,50,100, beside the incumbent "
+    "another slot of the tier serves; each step watched side by side; a breach returns every "
+    "request to the incumbent. Needs a router that weighs (HAProxy).",
+)
+@click.option(
+    "--step-watch",
+    "step_watch_s",
+    type=TIMEOUT,
+    default=None,
+    help="How long each canary step is watched (e.g. 5m).",
+)
+@click.option(
+    "--profile",
+    default=None,
+    help="The profile whose [watch] thresholds judge the canary (default: the candidate's decision's).",
+)
 @dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
@@ -37,6 +58,9 @@ def promote(
     candidate: str | None,
     slot: str,
     approved_by: str,
+    shares: str | None,
+    step_watch_s: float | None,
+    profile: str | None,
     dry_run: bool,
     timeout_s: float | None,
     accept_drift: bool,
@@ -51,6 +75,26 @@ def promote(
     """
     from anvil_ctl.commands import lifecycle
 
+    if shares is not None or step_watch_s is not None:
+        if shares is None or step_watch_s is None:
+            raise click.UsageError("--canary and --step-watch go together")
+        if candidate is not None or accept_drift:
+            raise click.UsageError(
+                "--canary promotes the slot's loaded candidate: no CANDIDATE, no --accept-drift"
+            )
+        out = lifecycle.canary(
+            session.app(),
+            slot=slot,
+            approved_by=approved_by,
+            shares=shares,
+            step_watch_s=step_watch_s,
+            profile=profile,
+            dry_run=dry_run,
+            timeout_s=timeout_s,
+        )
+        return Reply(out, ExitCode(out.exit_code))
+    if profile is not None:
+        raise click.UsageError("--profile goes with --canary")
     out = lifecycle.promote(
         session.app(),
         slot=slot,

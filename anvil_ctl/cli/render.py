@@ -1,10 +1,7 @@
 """Human and JSON rendering of command results, chosen by the result's type.
 
-`RENDERERS` maps a result type's qualified name (not the class: rendering a `status` must
-not import the qualify package) to its human renderer, looked up along the type's MRO; a
-type without one prints as `key: value` lines. `--json` prints `payload(result)` as one
-JSON document. The renderers live beside this module by subject (`render_tx`,
-`render_qualify`); `output` holds what they share, including the escaping (see its warning).
+`RENDERERS` is keyed by qualified name (rendering `status` must not import qualify), looked up
+along the MRO; anything else prints as `key: value` lines. `--json` prints `payload(result)`.
 """
 
 from __future__ import annotations
@@ -191,7 +188,7 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.commands.recipes.Plan": rq.recipe_plan,
     "anvil_ctl.evidence.export.ExportResult": rq.export,
     "anvil_ctl.evidence.claims.ClaimsCheck": rq.claims,
-    "anvil_ctl.commands.report.ReportResult": rq.report,
+    "anvil_ctl.commands.evidence.ReportResult": rq.report,
     "anvil_ctl.evidence.bundle.VerifyResult": rq.verify,
 }
 """Human renderer by result type (fully qualified name); anything else prints as `key: value` lines."""

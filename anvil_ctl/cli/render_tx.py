@@ -1,5 +1,4 @@
-"""Human renderings of transactions and their records: outcomes, diffs, timelines, history,
-recover, recheck and the audit chain (see `render`)."""
+"""Human renderings of transactions and their records (see `render`)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import enter, limit_waits
-from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.errors import AnvilError, BadInput
+from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import DrainPolicy, OnDrainTimeout
-from anvil_ctl.core.validate import check_person, require
+from anvil_ctl.core.model import LABEL_RECIPE, DrainPolicy, OnDrainTimeout
+from anvil_ctl.core.validate import check_duration, check_person, require
 from anvil_ctl.engine.outcome import Outcome
-from anvil_ctl.engine.plans.args import DriftAcceptance, PromoteRequest, RollbackRequest
+from anvil_ctl.engine.plans.args import CanaryRequest, DriftAcceptance, PromoteRequest, RollbackRequest
 
 
 def promote(
@@ -33,6 +34,57 @@ def promote(
         slot=slot, approved_by=approved_by, candidate=candidate, accept_drift=accept_drift
     )
     return enter(app, request, dry_run=dry_run)
+
+
+def canary(
+    app: App,
+    *,
+    slot: str,
+    approved_by: str,
+    shares: str,
+    step_watch_s: float,
+    profile: str | None = None,
+    dry_run: bool = False,
+    timeout_s: float | None = None,
+) -> Outcome:
+    """`promote --canary`: the slot's candidate beside the incumbent its tier serves, its share
+    stepped up, each step watched for `step_watch_s` (`anvil_ctl.engine.plans.canary`)."""
+    from anvil_ctl.engine.plans.canary import tier_incumbent
+    from anvil_ctl.qualify.canary import parse_shares
+
+    app.config.slot(slot)
+    approved_by = require("--approved-by", check_person, approved_by)
+    steps = parse_shares(shares)
+    step_watch_s = require("--step-watch", check_duration, step_watch_s)
+    limit_waits(app, timeout_s)
+    world = app.world()
+    cand = world.store.current_identity(slot, "candidate")
+    inc = tier_incumbent(world, slot)
+    request = CanaryRequest(
+        slot=slot,
+        approved_by=approved_by,
+        shares=steps,
+        step_watch_s=step_watch_s,
+        profile=profile,
+        vram_need_mib=(_vram_need(app, inc), _vram_need(app, cand)),
+    )
+    return enter(app, request, dry_run=dry_run)
+
+
+def _vram_need(app: App, ident: Identity | None) -> int | None:
+    """The VRAM need per card of the recipe a serve was loaded from (its container's label);
+    None when that recipe is not found (an adopted serve has none)."""
+    from anvil_ctl.commands import recipes
+    from anvil_ctl.recipes.model import load_recipe
+
+    if ident is None or not ident.gpu_roles:
+        return 0 if ident is not None else None
+    try:
+        name = app.world().runtime.inspect(ident.container_id).labels.get(LABEL_RECIPE, "")
+        recipe = load_recipe(recipes.resolve_recipe_path(name, recipes.recipe_search(app))) if name else None
+    except AnvilError:
+        return None
+    return recipe.vram_need_mib if recipe is not None else None
 
 
 def rollback(

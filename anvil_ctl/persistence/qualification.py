@@ -1,19 +1,15 @@
 """What qualify transactions found and decided: gate evidence, manifests and decisions.
 
-Evidence rows hold each gate's result and its artifact's SHA-256; a manifest row
-the SHA-256 of an evidence manifest as written (a qualify run's, an export's),
-which binds a directory on disk to the database (`evidence verify`); a decision is
-bound to one candidate identity digest and is content-addressed (its ID is a
-digest of what it says), so recording it twice records it once. A
-reclassification under waivers is a new decision pointing at the one it
-re-judges; nothing here rewrites a row. Every write is audited.
+A manifest row binds an evidence directory on disk to the database (`evidence verify`). A
+decision is bound to one candidate identity digest and content-addressed (recording it twice
+records it once); a reclassification is a new decision pointing at the one it re-judges.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Sequence
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 from sqlalchemy import select
 
@@ -75,23 +71,13 @@ def record_evidence(store: Store, tx_id: str, gates: Iterable[GateEvidence]) -> 
 
 def evidence(store: Store, tx_id: str) -> list[EvidenceRecord]:
     """The gates one qualify transaction recorded, in order."""
+    e = EvidenceRow
+    q = select(
+        e.gate, e.kind, e.passed, e.classification, e.artifact_path.label("artifact"), e.sha256, e.size, e.at
+    )
     with store.read() as s:
-        rows = s.execute(
-            select(EvidenceRow).where(EvidenceRow.tx_id == tx_id).order_by(EvidenceRow.id)
-        ).scalars()
-        return [
-            {
-                "gate": r.gate,
-                "kind": r.kind,
-                "passed": bool(r.passed),
-                "classification": r.classification,
-                "artifact": r.artifact_path,
-                "sha256": r.sha256,
-                "size": r.size,
-                "at": r.at,
-            }
-            for r in rows
-        ]
+        rows = s.execute(q.where(e.tx_id == tx_id).order_by(e.id)).mappings()
+        return [cast(EvidenceRecord, {**r, "passed": bool(r["passed"])}) for r in rows]
 
 
 # -- manifests ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.adapters.haproxy_config import check_socket, render_config, write_config
 from anvil_ctl.core.errors import AdapterError, AuthRejected, CredentialError, StepFailed
-from anvil_ctl.core.ports import Router
+from anvil_ctl.core.ports import Router, WeightedRouter
 
 CLIENT = "client-token-xyz-123"
 TIERS = {"primary-local": ("llm.primary", "llm.main"), "secondary": ("llm.second",)}
@@ -75,6 +75,9 @@ class FakeHaproxy:
             if words[3] == "addr":
                 server["addr"], server["port"] = words[4], int(words[6])
                 return "IP changed from '127.0.0.1' to ...\n"
+            if words[3] == "weight":
+                server["weight"] = words[4]
+                return "\n"
             if words[3] == "state":
                 server["status"] = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}[words[4]]
                 return "\n"
@@ -219,12 +222,35 @@ class TestHaproxyRouter:
     def test_register_sets_addr_then_ready_on_a_free_slot(self, fake):
         router = make_router(fake)
         router.register("primary-local", BACKEND, ("llm.primary",))
-        assert fake.commands[-2:] == [
+        assert fake.commands[-3:] == [
             "set server tier_primary-local/s1 addr 127.0.0.1 port 8001",
+            "set server tier_primary-local/s1 weight 100%",  # whatever a canary left in the slot
             "set server tier_primary-local/s1 state ready",
         ]
         (backend,) = router.backends("primary-local")
         assert (backend.url, backend.state, backend.healthy) == (BACKEND, "ready", True)
+
+    def test_weights_go_to_the_servers_of_the_registered_urls(self, fake):
+        router = make_router(fake)
+        other = "http://127.0.0.1:8002"
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        router.register("primary-local", other, ("llm.primary",))
+        router.set_weights("primary-local", {BACKEND: 90, other: 10})
+        assert fake.commands[-2:] == [
+            "set server tier_primary-local/s1 weight 90",
+            "set server tier_primary-local/s2 weight 10",
+        ]
+        assert isinstance(router, WeightedRouter)
+
+    def test_weighing_an_unregistered_url_or_out_of_range_changes_nothing(self, fake):
+        router = make_router(fake)
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        sent = len(fake.commands)
+        with pytest.raises(AdapterError, match=r"no server for http://127\.0\.0\.1:8002 to weigh"):
+            router.set_weights("primary-local", {"http://127.0.0.1:8002": 10})
+        with pytest.raises(AdapterError, match="expected 0-256"):
+            router.set_weights("primary-local", {BACKEND: 300})
+        assert not [c for c in fake.commands[sent:] if c.startswith("set ")]
 
     def test_register_twice_uses_one_slot(self, fake):
         router = make_router(fake)

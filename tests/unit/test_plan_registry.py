@@ -18,6 +18,7 @@ from anvil_ctl.engine.plans.args import (
     AbArgs,
     AbArm,
     AdoptArgs,
+    CanaryArgs,
     LoadArgs,
     PromoteArgs,
     QualifyArgs,
@@ -27,6 +28,8 @@ from anvil_ctl.engine.plans.args import (
     from_json,
     to_json,
 )
+from anvil_ctl.qualify.canary import policy_to_json
+from anvil_ctl.qualify.watchpolicy import DEFAULT
 from tests.unit.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,6 +45,19 @@ def _samples(host: FakeHost) -> dict[str, object]:
         "load": LoadArgs(slot="primary", candidate=cand, incumbent=inc, incumbent_running=True),
         "promote": PromoteArgs(
             slot="primary", candidate=inc, incumbent=inc, decision_id="dec-1", approved_by="ops"
+        ),
+        "canary": CanaryArgs(
+            slot="primary",
+            candidate=inc,
+            incumbent=inc,
+            decision_id="dec-1",
+            decision_outcome="verified",
+            approved_by="ops",
+            shares=(10, 50, 100),
+            step_watch_s=2.0,
+            watch=policy_to_json(DEFAULT),
+            profile="smoke",
+            vram_need_mib=(None, 4096),
         ),
         "rollback": RollbackArgs(
             slot="primary",
@@ -74,6 +90,7 @@ class TestRegistry:
             "adopt": "AdoptArgs",
             "load": "LoadArgs",
             "promote": "PromoteArgs",
+            "canary": "CanaryArgs",
             "rollback": "RollbackArgs",
             "qualify": "QualifyArgs",
             "ab": "AbArgs",

@@ -1,11 +1,6 @@
-"""The typed arguments of every transaction kind, and their journal form.
-
-Each kind takes one frozen dataclass. It is journaled as JSON when the
-transaction begins (`to_json`) and rebuilt from that JSON by `recover`
-(`from_json`), so a plan rebuilt after a crash sees exactly the arguments the
-dead process saw. Pydantic converts in both directions and rejects a journal row
-that does not fit the class.
-"""
+"""The typed arguments of every transaction kind, and their journal form: journaled as JSON when
+the transaction begins and rebuilt by `recover` through pydantic, which rejects a row that
+does not fit."""
 
 from __future__ import annotations
 
@@ -85,6 +80,28 @@ class PromoteArgs:
     accept_drift: DriftAcceptance | None = None
     decision_outcome: str | None = None
     """The standing decision's outcome, read with its ID when the promotion was prepared."""
+
+
+@dataclass(frozen=True)
+class CanaryArgs:
+    """`promote --canary`: the slot's loaded candidate beside the incumbent its router tier
+    serves now (another slot of the same tier), the shares and the watch declared up front."""
+
+    slot: str
+    candidate: Identity
+    incumbent: Identity
+    decision_id: str | None
+    decision_outcome: str | None
+    approved_by: str
+    shares: tuple[int, ...]
+    step_watch_s: float
+    watch: JSONMapping
+    """The `[watch]` policy held at every step (`qualify.canary.policy_to_json`), chosen
+    before the first sample; the engine journals it without importing the qualify library."""
+    profile: str | None
+    vram_need_mib: tuple[int | None, int | None] = (None, None)
+    """(incumbent, candidate) VRAM need per card from their recipes; None: unknown."""
+    drain: DrainPolicy = REFUSE_TO_CUT
 
 
 @dataclass(frozen=True)
@@ -194,6 +211,18 @@ class PromoteRequest:
 
 
 @dataclass(frozen=True)
+class CanaryRequest:
+    kind: ClassVar[str] = "canary"
+    slot: str
+    approved_by: str
+    shares: tuple[int, ...]
+    step_watch_s: float
+    profile: str | None = None
+    """The profile whose `[watch]` table judges the steps; None: the candidate's decision's."""
+    vram_need_mib: tuple[int | None, int | None] = (None, None)
+
+
+@dataclass(frozen=True)
 class RollbackRequest:
     kind: ClassVar[str] = "rollback"
     slot: str
@@ -249,6 +278,7 @@ Request = (
     AdoptRequest
     | LoadRequest
     | PromoteRequest
+    | CanaryRequest
     | RollbackRequest
     | QualifyRequest
     | AbRequest

@@ -21,6 +21,7 @@ that reading (undo: record the old incumbent back).
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Protocol
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
@@ -53,6 +54,24 @@ from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.store import Store
 
 Ctx = StepContext[PromoteArgs, World, NoMemo]
+
+
+class Promotion(Protocol):
+    """What the promotion guards read; a plain and a canary promotion both carry it."""
+
+    @property
+    def slot(self) -> str: ...
+    @property
+    def candidate(self) -> Identity: ...
+    @property
+    def decision_id(self) -> str | None: ...
+    @property
+    def decision_outcome(self) -> str | None: ...
+    @property
+    def approved_by(self) -> str: ...
+
+
+PCtx = StepContext[Promotion, World, object]
 
 
 def standing_decision(store: Store, identity_digest: str) -> DecisionRecord | None:
@@ -104,29 +123,29 @@ def prepare(world: World, req: PromoteRequest) -> PromoteArgs:
     )
 
 
-class RouterConfigured(Guard[Ctx]):
+class RouterConfigured(Guard[PCtx]):
     """Promotion means routing: a host without a router has nothing to promote to."""
 
-    def check(self, ctx: Ctx) -> Refusal | None:
+    def check(self, ctx: PCtx) -> Refusal | None:
         if ctx.world.router is None:
             return self.refuse("promote needs a router: the host config's router.kind is 'none'")
         return None
 
 
-class ApproverNamed(Guard[Ctx]):
+class ApproverNamed(Guard[PCtx]):
     """A promotion names the person who approved it."""
 
-    def check(self, ctx: Ctx) -> Refusal | None:
+    def check(self, ctx: PCtx) -> Refusal | None:
         if not ctx.args.approved_by.strip():
             return self.refuse("--approved-by NAME is required for a promotion")
         return None
 
 
-class CandidateVerified(Guard[Ctx]):
+class CandidateVerified(Guard[PCtx]):
     """The candidate's exact identity (its qualification digest) has a standing `verified`
     decision: the one `prepare` read."""
 
-    def check(self, ctx: Ctx) -> Refusal | None:
+    def check(self, ctx: PCtx) -> Refusal | None:
         cand, decision_id = ctx.args.candidate, ctx.args.decision_id
         if decision_id is None:
             return self.refuse(
@@ -142,10 +161,10 @@ class CandidateVerified(Guard[Ctx]):
         return None
 
 
-class CandidateIsServing(Guard[Ctx]):
+class CandidateIsServing(Guard[PCtx]):
     """The candidate container runs with its recorded image and fingerprint and serves the slot."""
 
-    def check(self, ctx: Ctx) -> Refusal | None:
+    def check(self, ctx: PCtx) -> Refusal | None:
         cand = ctx.args.candidate
         drift = identity_drift(ctx.world, cand, running=True)
         short = cand.container_id[:12]

@@ -1,0 +1,388 @@
+"""`promote --canary`: the candidate takes a growing share of its router tier beside the
+incumbent, judged side by side at each step, and becomes the incumbent at 100 %.
+
+A candidate and an incumbent can serve at once only at two bindings: the candidate is the
+loaded candidate of `--slot`, the incumbent the serve another slot of the same router tier
+publishes (two slots of one tier, each its own binding: a blue/green pair). The router
+splits the tier's new requests by weight (`WeightedRouter`: HAProxy; smg cannot, and is
+refused before anything changes), and the two serves must fit the host together: no GPU role
+in common (split roles, CPU engines), or, on a shared card, both recipes' VRAM need plus the
+reserve within its capacity.
+
+Steps: `declare` journals the shares, the step watch and the thresholds (the profile's
+`[watch]`, `qualify.canary`) before the first sample; `admit-candidate` registers the
+candidate in the tier at weight 0 (undo: every new request back to the incumbent, the
+candidate drained, stopped and retained); one `share-N` step per share sets the weights and
+samples both serves on the same prompts for `--step-watch`, failing on a breach, which
+compensates back to the incumbent; `route-to-candidate` (the pivot) waits until the incumbent,
+at weight 0 since the last step, answers nothing and leaves the candidate alone in the tier;
+the incumbent is stopped and retained; a routed smoke; and the record a promote writes: the
+candidate is the incumbent, the old incumbent the rollback identity, the approval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from anvil_ctl.core.errors import BadInput, StepFailed
+from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.identity import Identity
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
+from anvil_ctl.core.ports import WeightedRouter
+from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.drain import stop_drained, stop_retain_step, wait_idle
+from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterCredentialsAccepted
+from anvil_ctl.engine.observe import observe
+from anvil_ctl.engine.plans.args import CanaryArgs, CanaryRequest
+from anvil_ctl.engine.plans.promote import (
+    ApproverNamed,
+    CandidateIsServing,
+    CandidateVerified,
+    RouterConfigured,
+    standing_decision,
+)
+from anvil_ctl.engine.serving import (
+    identity_drift,
+    is_running,
+    route_problems,
+    route_slot_to,
+    smoke_step,
+)
+from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import approvals
+
+Ctx = StepContext[CanaryArgs, World, NoMemo]
+
+
+def _url(world: World, ident: Identity) -> str:
+    return world.config.slot(ident.slot).base_url
+
+
+def _tier(world: World, ident: Identity) -> str:
+    return world.config.slot(ident.slot).router_tier
+
+
+def _weighted(world: World) -> WeightedRouter:
+    router = world.router
+    if not isinstance(router, WeightedRouter):
+        raise StepFailed("the router cannot weigh traffic between two serves")
+    return router
+
+
+def _set_share(world: World, args: CanaryArgs, share: int) -> JSONObject:
+    inc, cand = _url(world, args.incumbent), _url(world, args.candidate)
+    weights = {inc: 100 - share, cand: share}
+    _weighted(world).set_weights(_tier(world, args.incumbent), weights)
+    return {"share": share, "weights": {**weights}}
+
+
+# -- guards -----------------------------------------------------------------------------------
+
+
+class RouterWeighs(Guard[Ctx]):
+    """The router splits one tier's requests between two backends by weight; a router that
+    cannot (smg 1.13: no per-worker weight in any selection policy) gets no canary."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        if not isinstance(ctx.world.router, WeightedRouter):
+            kind = ctx.world.config.router.kind
+            return self.refuse(
+                f"router {kind} cannot split a tier's traffic by weight, so --canary cannot "
+                "run on it (smg 1.13's policies pick among healthy workers without a weight); "
+                "use HAProxy (router.kind = 'haproxy') or promote without --canary",
+                router=kind,
+            )
+        return None
+
+
+class IncumbentServesTheTier(Guard[Ctx]):
+    """The incumbent runs unchanged and is what the shared tier routes to now."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        inc = ctx.args.incumbent
+        drift = identity_drift(ctx.world, inc, running=True, serving=True)
+        if drift:
+            return self.refuse(
+                "the incumbent is not serving as recorded: "
+                + "; ".join(d.describe(inc.container_id) for d in drift)
+            )
+        problems = route_problems(ctx.world, inc)
+        if problems:
+            return self.refuse("the tier does not route to the incumbent alone: " + "; ".join(problems))
+        return None
+
+
+class ServesFitTogether(Guard[Ctx]):
+    """Both serves run at once, so together they fit the host's GPUs: no GPU role in common
+    (CPU engines hold none), or on each shared card both VRAM needs plus its reserve within
+    its capacity."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        inc, cand = ctx.args.incumbent, ctx.args.candidate
+        shared = sorted(set(inc.gpu_roles) & set(cand.gpu_roles))
+        if not shared:
+            return None
+        need_inc, need_cand = ctx.args.vram_need_mib
+        config = ctx.world.config
+        for role in shared:
+            gpu = config.gpu_roles[role]
+            reserve = config.reserve_for(role)
+            if need_inc is None or need_cand is None:
+                return self.refuse(
+                    f"the two serves do not fit together: both use GPU role {role} and the VRAM need "
+                    "of " + ("the incumbent" if need_inc is None else "the candidate") + " is not "
+                    "known from its recipe (vram_need_mib)",
+                    role=role,
+                )
+            total = need_inc + need_cand + reserve
+            if total > gpu.capacity_mib:
+                return self.refuse(
+                    f"the two serves do not fit together on GPU role {role}: {need_inc} + {need_cand} "
+                    f"MiB + reserve {reserve} MiB = {total} MiB > capacity {gpu.capacity_mib} MiB",
+                    role=role,
+                    need_mib=total,
+                    capacity_mib=gpu.capacity_mib,
+                )
+        return None
+
+
+GUARDS: list[Guard[Ctx]] = [
+    RouterConfigured(),
+    RouterWeighs(),
+    ApproverNamed(),
+    CandidateVerified(),
+    CandidateIsServing(),
+    ServesFitTogether(),
+    NoUnresolvedTransaction(),
+    IncumbentServesTheTier(),
+    RouterCredentialsAccepted(),
+]
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+def declare(ctx: Ctx) -> StepResult:
+    from anvil_ctl.qualify.canary import policy_from_json, policy_to_json
+
+    args, world = ctx.args, ctx.world
+    return {
+        "shares": list(args.shares),
+        "step_watch_s": args.step_watch_s,
+        "profile": args.profile,
+        "watch": policy_to_json(policy_from_json(args.watch)),
+        "incumbent": {"container_id": args.incumbent.container_id, "url": _url(world, args.incumbent)},
+        "candidate": {"container_id": args.candidate.container_id, "url": _url(world, args.candidate)},
+        "tier": _tier(world, args.incumbent),
+    }
+
+
+def admit_candidate(ctx: Ctx) -> StepResult:
+    world, cand = ctx.world, ctx.args.candidate
+    router = world.router
+    assert router is not None, "RouterConfigured refused a host without one"
+    tier = _tier(world, ctx.args.incumbent)
+    _weighted(world).set_weights(tier, {_url(world, ctx.args.incumbent): 100})
+    router.register(tier, _url(world, cand), world.config.slot(cand.slot).aliases)
+    return _set_share(world, ctx.args, 0)
+
+
+def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
+    """Every new request to the incumbent; the candidate drained, stopped and retained."""
+    world, args = ctx.world, ctx.args
+    weights = _set_share(world, args, 0)
+    stopped: JSONObject | None = None
+    if is_running(world, args.candidate.container_id):
+        stopped = stop_drained(world, args.candidate, args.drain)
+    router = world.router
+    if router is not None:
+        router.deregister(_tier(world, args.incumbent), _url(world, args.candidate))
+    return {**weights, "candidate_stopped": stopped}
+
+
+def share_step(share: int) -> Step[Ctx]:
+    def do(ctx: Ctx) -> StepResult:
+        from anvil_ctl.qualify.canary import policy_from_json, summary, watch_step
+        from anvil_ctl.qualify.slosample import open_client, sample
+
+        world, args = ctx.world, ctx.args
+        set_to = _set_share(world, args, share)
+        arms = {"incumbent": args.incumbent, "candidate": args.candidate}
+        clients = {arm: open_client(_url(world, ident), "anvil-canary") for arm, ident in arms.items()}
+        policy = policy_from_json(args.watch)
+        world.progress.waiting(
+            f"the canary at {share} % (both serves sampled side by side)", args.step_watch_s
+        )
+        try:
+            rounds, found = watch_step(
+                policy,
+                args.step_watch_s,
+                lambda arm, clock: sample(
+                    clients[arm],
+                    arms[arm].served_model,
+                    requests=policy.requests,
+                    max_tokens=policy.max_tokens,
+                    clock=clock,
+                ),
+                now=world.clock.now,
+                sleep=world.clock.sleep,
+            )
+        finally:
+            for client in clients.values():
+                client.close()
+        observed: JSONArray = [r.as_dict() for r in rounds]
+        if found:
+            named = "; ".join(
+                f"{b['metric']} ({b['source']}) failed in {len(b['rounds'])} rounds in a row"  # type: ignore[arg-type]
+                for b in found
+            )
+            raise StepFailed(
+                f"canary breach at {share} %: {named}; every request goes back to the incumbent",
+                share=share,
+                samples=summary(rounds),
+                breaches=list(found),
+                rounds=observed,
+            )
+        return {**set_to, "verdict": "healthy", "samples": summary(rounds), "rounds": observed}
+
+    return Step(f"share-{share}", do, None, f"the candidate takes {share} % of new requests; watched")
+
+
+def record_promotion(ctx: Ctx) -> StepResult:
+    world, args = ctx.world, ctx.args
+    with world.store.together():  # records only: one database transaction, one audit entry
+        world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
+        world.store.record_identity(ctx.tx_id, "rollback", args.incumbent)
+        approvals.record_approval(
+            world.store, tx_id=ctx.tx_id, decision_id=args.decision_id or "", approved_by=args.approved_by
+        )
+    return {
+        "incumbent": args.candidate.container_id,
+        "rollback": args.incumbent.container_id,
+        "approved_by": args.approved_by,
+        "decision_id": args.decision_id,
+    }
+
+
+def unrecord_promotion(ctx: Ctx, _r: StepResult) -> StepResult:
+    ctx.world.store.record_identity(ctx.tx_id, "incumbent", ctx.args.incumbent)
+    return {"incumbent": ctx.args.incumbent.container_id}
+
+
+def _candidate(ctx: Ctx) -> Identity:
+    return ctx.args.candidate
+
+
+def _incumbent(ctx: Ctx) -> Identity:
+    return ctx.args.incumbent
+
+
+def cutover(ctx: Ctx) -> StepResult:
+    """Wait until the incumbent (at weight 0 since the last step) answers nothing, then leave
+    the candidate alone in the tier."""
+    world, inc = ctx.world, ctx.args.incumbent
+    short = f"{inc.container_id[:12]} ({inc.served_model})"
+    drained = wait_idle(world, inc.slot, inc.engine_profile, short, ctx.args.drain)
+    return {**route_slot_to(world, ctx.args.candidate), "incumbent_drain": drained}
+
+
+def _reroute(ctx: Ctx) -> None:
+    """The goal's repair: the route broke after the cutover (a router restarted)."""
+    route_slot_to(ctx.world, ctx.args.candidate, hold=True)
+
+
+def _route_back(ctx: Ctx, _r: StepResult) -> StepResult:
+    return route_slot_to(ctx.world, ctx.args.incumbent)
+
+
+# -- prepare and build ------------------------------------------------------------------------
+
+
+def tier_incumbent(world: World, slot: str) -> Identity | None:
+    """The running incumbent of another slot of `slot`'s router tier: what the tier serves."""
+    tier = world.config.slot(slot).router_tier
+    for name, other in sorted(world.config.slots.items()):
+        if name == slot or other.router_tier != tier:
+            continue
+        ident = world.store.current_identity(name, "incumbent")
+        if ident is not None and is_running(world, ident.container_id):
+            return ident
+    return None
+
+
+def prepare(world: World, req: CanaryRequest) -> CanaryArgs:
+    """The slot's loaded candidate, the incumbent serving its tier, the decision, the watch."""
+    from anvil_ctl.qualify.canary import policy_to_json
+    from anvil_ctl.qualify.profiles import load_profile
+    from anvil_ctl.qualify.watchpolicy import DEFAULT
+
+    store = world.store
+    slot = world.config.slot(req.slot)
+    cand = store.current_identity(req.slot, "candidate")
+    if cand is None:
+        raise BadInput(f"slot {req.slot}: no candidate has been loaded", field="candidate")
+    inc = tier_incumbent(world, req.slot)
+    if inc is None:
+        raise BadInput(
+            f"--canary: no other slot of router tier {slot.router_tier} has a running incumbent; a "
+            "canary runs the candidate beside the incumbent, so the candidate is loaded in a second "
+            "slot of the incumbent's tier (its own binding)",
+            field="canary",
+        )
+    decision = standing_decision(store, cand.qualification_digest)
+    profile = req.profile or (decision["profile"] if decision else None)
+    return CanaryArgs(
+        slot=req.slot,
+        candidate=cand,
+        incumbent=inc,
+        decision_id=str(decision["id"]) if decision else None,
+        decision_outcome=str(decision["outcome"]) if decision else None,
+        approved_by=req.approved_by,
+        shares=req.shares,
+        step_watch_s=req.step_watch_s,
+        watch=policy_to_json(load_profile(profile).watch if profile else DEFAULT),
+        profile=profile,
+        vram_need_mib=req.vram_need_mib,
+    )
+
+
+def build(
+    args: CanaryArgs, world: World, _req: CanaryRequest | None = None
+) -> Plan[CanaryArgs, World, NoMemo]:
+    steps: list[Step[Ctx]] = [
+        Step("declare", declare, None, "journal the shares, the step watch and the thresholds"),
+        Step(
+            "admit-candidate",
+            admit_candidate,
+            all_to_incumbent,
+            "register the candidate in the tier at weight 0 beside the incumbent",
+        ),
+        *(share_step(share) for share in args.shares),
+        Step(
+            "route-to-candidate",
+            cutover,
+            _route_back,
+            "the incumbent drained; the candidate alone in the tier",
+        ),
+        stop_retain_step("stop-incumbent", _incumbent, "stop (never remove) the incumbent"),
+        smoke_step(_candidate),
+        Step(
+            "record-promotion",
+            record_promotion,
+            unrecord_promotion,
+            "candidate becomes incumbent; old incumbent the rollback identity; approval",
+        ),
+    ]
+    slots: Mapping[str, None] = dict.fromkeys(sorted({args.incumbent.slot, args.candidate.slot}))
+    return Plan(
+        kind="canary",
+        args=args,
+        steps=steps,
+        memo=NoMemo(),
+        guards=GUARDS,
+        slot=args.slot,
+        snapshot=lambda: observe(world, list(slots)),
+        pivot="route-to-candidate",
+        goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
+        repair=_reroute,
+    )
