@@ -143,15 +143,24 @@ def _fit_ctx(
     inc_roles: tuple[str, ...], cand_roles: tuple[str, ...], needs: tuple[int | None, int | None]
 ) -> Any:
     gpu = SimpleNamespace(capacity_mib=97887)
-    config = SimpleNamespace(gpu_roles={"compute-a": gpu, "compute-b": gpu}, reserve_for=lambda _r: 3072)
+    config = SimpleNamespace(gpu_roles={"compute-a": gpu, "compute-b": gpu})
     args = SimpleNamespace(
         incumbent=SimpleNamespace(gpu_roles=inc_roles),
-        candidate=SimpleNamespace(gpu_roles=cand_roles),
+        candidate=SimpleNamespace(gpu_roles=cand_roles, recipe_digest="d" * 64),
         vram_need_mib=needs,
     )
     return SimpleNamespace(args=args, world=SimpleNamespace(config=config))
 
 
+@pytest.fixture(autouse=False)
+def standing_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reserve in force: 3,072 MiB on every role, no waiver."""
+    monkeypatch.setattr(
+        "anvil_ctl.engine.plans.canary.reserve_in_force", lambda _w, roles, _d: ({r: 3072 for r in roles}, [])
+    )
+
+
+@pytest.mark.usefixtures("standing_reserve")
 class TestTwoServesFit:
     @pytest.mark.parametrize(
         ("inc", "cand", "needs"),

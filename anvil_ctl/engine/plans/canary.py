@@ -31,6 +31,7 @@ from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.ports import WeightedRouter
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.drain import stop_drained, stop_retain_step, wait_idle
+from anvil_ctl.engine.gpu_ownership import reserve_in_force
 from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterCredentialsAccepted
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import CanaryArgs, CanaryRequest
@@ -114,8 +115,8 @@ class IncumbentServesTheTier(Guard[Ctx]):
 
 class ServesFitTogether(Guard[Ctx]):
     """Both serves run at once, so together they fit the host's GPUs: no GPU role in common
-    (CPU engines hold none), or on each shared card both VRAM needs plus its reserve within
-    its capacity."""
+    (CPU engines hold none), or on each shared card both VRAM needs plus the reserve in force
+    (waivers applied, as promote reads it) within its capacity."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         inc, cand = ctx.args.incumbent, ctx.args.candidate
@@ -124,9 +125,10 @@ class ServesFitTogether(Guard[Ctx]):
             return None
         need_inc, need_cand = ctx.args.vram_need_mib
         config = ctx.world.config
+        reserves, waivers = reserve_in_force(ctx.world, shared, cand.recipe_digest)
         for role in shared:
             gpu = config.gpu_roles[role]
-            reserve = config.reserve_for(role)
+            reserve = reserves[role]
             if need_inc is None or need_cand is None:
                 return self.refuse(
                     f"the two serves do not fit together: both use GPU role {role} and the VRAM need "
@@ -142,6 +144,7 @@ class ServesFitTogether(Guard[Ctx]):
                     role=role,
                     need_mib=total,
                     capacity_mib=gpu.capacity_mib,
+                    waivers=waivers,
                 )
         return None
 
