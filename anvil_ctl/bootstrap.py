@@ -282,7 +282,7 @@ def _fake_world(app: App) -> World:
 def _real_world(app: App) -> World:
     from anvil_ctl.adapters.docker_runtime import DockerRuntime
     from anvil_ctl.adapters.engine_http import HttpServerProbe
-    from anvil_ctl.engine.world import World, WorldRuntime
+    from anvil_ctl.engine.world import World, current_runtime
 
     simulated = app.settings.gpu == "simulated"
     runtime = DockerRuntime(
@@ -300,7 +300,7 @@ def _real_world(app: App) -> World:
     )
     # The scanner and the simulated GPUs list the managed containers through the world's
     # runtime as it is when they ask: inside `one_reading`, the stretch's one look.
-    current = WorldRuntime(world)
+    current = current_runtime(world)
     if simulated:
         from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
 

@@ -42,7 +42,6 @@ import datetime
 import hashlib
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -70,41 +69,17 @@ from scripts import engine_timing
 from scripts.llama_host import (
     ALIAS,
     BINDING,
-    TIER,
     LlamaHost,
     container_logs,
+    open_llama_host,
     routed_curl,
+    start_by_hand,
     wait_listed,
 )
-from scripts.routers import start_haproxy
 
 INCUMBENT, CANDIDATE = "llama-smollm2-cuda-2k", "llama-smollm2-cuda-8k"
 TOLERANCE_MIB = 1
 ROLE = "compute-a"
-
-HOST_TOML = """\
-host = "anvil-gpu"
-model_cache_dir = "{cache}"
-
-{roles}
-[slots.primary]
-binding = "{binding}"
-router_tier = "{tier}"
-aliases = ["{alias}"]
-gpu_roles = ["{role}"]
-
-[router]
-kind = "haproxy"
-url = "{router_url}"
-runtime_socket = "{socket}"
-credential_file = "{cred}"
-readmit_deadline_s = 120
-
-[policy]
-stop_timeout_s = 10
-health_poll_s = 0.2
-vram_release_deadline_s = 60
-"""
 
 
 def redact(uuid: str) -> str:
@@ -512,27 +487,14 @@ def main() -> int:
 
 
 def tell(story: Story, args: argparse.Namespace, work: Path, runtime: DockerRuntime) -> LlamaHost:
-    client_token = os.urandom(18).hex()
     with story.step("HAProxy and GPU roles from NVML") as row:
-        haproxy = start_haproxy(
-            workdir=work / "routers",
-            tiers={TIER: (ALIAS,)},
-            client_token=client_token,
+        host = open_llama_host(
+            work,
+            args.model_cache,
             health_path=LLAMA_CPP_CUDA.check_path,
+            recipes_dir=work / "recipes",
+            gpu="nvml",
         )
-        host = LlamaHost(work=work, haproxy=haproxy, client_token=client_token, model_cache=args.model_cache)
-        fd = os.open(host.cred, os.O_WRONLY | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f'client_token = "{client_token}"\n')
-        host.env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_ROUTER_")} | {
-            "ANVIL_CONFIG": str(host.config),
-            "ANVIL_STATE_DIR": str(work / "state"),
-            "ANVIL_RECIPES_DIR": str(work / "recipes"),
-            "ANVIL_GPU": "nvml",
-            "ANVIL_LOG_FORMAT": "json",
-            "ANVIL_LOG_LEVEL": "info",
-            "HOME": str(work / "home"),
-        }
         detected, _, _ = run_json(host, "gpus", "detect")
         role = detected["roles"][ROLE]
         story.uuid = role["uuid"]
@@ -557,18 +519,12 @@ def tell(story: Story, args: argparse.Namespace, work: Path, runtime: DockerRunt
                 roles = roles.replace(
                     f'uuid = "{role["uuid"]}"', f'uuid = "{role["uuid"]}"\nreserve_mib = {reserve}'
                 )
-            host.config.write_text(
-                HOST_TOML.format(
-                    cache=args.model_cache,
-                    roles=roles,
-                    binding=BINDING,
-                    tier=TIER,
-                    alias=ALIAS,
-                    role=ROLE,
-                    router_url=haproxy.url,
-                    socket=haproxy.extra["socket"],
-                    cred=host.cred,
-                )
+            host.write_config(
+                host.config,
+                host="anvil-gpu",
+                roles=roles + "\n",
+                slot_extra=f'gpu_roles = ["{ROLE}"]\n',
+                policy_extra="vram_release_deadline_s = 60\n",
             )
 
         write_config(None)
@@ -717,7 +673,9 @@ def tell(story: Story, args: argparse.Namespace, work: Path, runtime: DockerRunt
         )
         import openai
 
-        client = openai.OpenAI(base_url=haproxy.url + "/v1", api_key=client_token, max_retries=0, timeout=120)
+        client = openai.OpenAI(
+            base_url=host.haproxy.url + "/v1", api_key=host.client_token, max_retries=0, timeout=120
+        )
         try:
             reply = client.chat.completions.create(
                 model=ALIAS, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16
@@ -765,31 +723,9 @@ def tell(story: Story, args: argparse.Namespace, work: Path, runtime: DockerRunt
 
 def start_incumbent(host: LlamaHost, runtime: DockerRuntime) -> str:
     """The 2,048-token CUDA serve started by hand, routed as llm.primary (what an operator had)."""
-    from anvil_ctl.adapters.credentials import resolve_credentials
-    from anvil_ctl.adapters.haproxy import HaproxyRouter
-
-    config = load_host_config(host.config)
-    recipe_path = host.work / "recipes" / f"{INCUMBENT}.toml"
-    spec = container_spec(
-        load_recipe(recipe_path),
-        slot_name="primary",
-        slot=config.slots["primary"],
-        host_config=config,
-        recipe_path=recipe_path,
-        tx_id="by-hand",
-    )
-    labels = dict(spec.labels) | {"io.anvil.role": "incumbent", "io.anvil.binding": BINDING}
-    spec = replace(spec, name="llama-cuda-2k-by-hand", labels=tuple(sorted(labels.items())))
-    cid = runtime.create(spec)
-    runtime.start(cid)
-    wait_listed(f"http://{BINDING}", spec_model(recipe_path), timeout_s=180)
-    creds = resolve_credentials(config.router, {}, need_admin=False)
-    with HaproxyRouter(
-        host.haproxy.url, Path(host.haproxy.extra["socket"]), creds, {TIER: (ALIAS,)}
-    ) as router:
-        router.readmit(TIER, f"http://{BINDING}", (ALIAS,), ALIAS, 120)
-    host.incumbent_id = cid
-    return cid
+    recipe = host.work / "recipes" / f"{INCUMBENT}.toml"
+    name, served = "llama-cuda-2k-by-hand", spec_model(recipe)
+    return start_by_hand(host, recipe, name=name, served_model=served, runtime=runtime, timeout_s=180)
 
 
 def cross_check(story: Story, tx_dir: Path, candidate: str) -> None:

@@ -41,14 +41,14 @@ INCUMBENT_MODEL, CANDIDATE_MODEL = "smollm2-135m-q4_1", "smollm2-135m-q4_1-8k"
 BINDING = "127.0.0.1:8001"
 
 HOST_TOML = """\
-host = "anvil-llama"
+host = "{host}"
 model_cache_dir = "{cache}"
 
-[slots.primary]
+{roles}[slots.primary]
 binding = "{binding}"
 router_tier = "{tier}"
 aliases = ["{alias}"]
-
+{slot_extra}
 [router]
 kind = "haproxy"
 url = "{router_url}"
@@ -59,7 +59,8 @@ readmit_deadline_s = 120
 [policy]
 stop_timeout_s = 10
 health_poll_s = 0.2
-"""
+{policy_extra}"""
+"""The host config of a llama.cpp host behind HAProxy (`scripts/gpu_story.py` adds GPU roles)."""
 
 
 @dataclass
@@ -80,9 +81,22 @@ class LlamaHost:
     def config(self) -> Path:
         return self.work / "anvil.toml"
 
-    def write_config(self, path: Path, *, cache: Path | None = None) -> Path:
+    def write_config(
+        self,
+        path: Path,
+        *,
+        cache: Path | None = None,
+        host: str = "anvil-llama",
+        roles: str = "",
+        slot_extra: str = "",
+        policy_extra: str = "",
+    ) -> Path:
         path.write_text(
             HOST_TOML.format(
+                host=host,
+                roles=roles,
+                slot_extra=slot_extra,
+                policy_extra=policy_extra,
                 cache=cache or self.model_cache,
                 binding=BINDING,
                 tier=TIER,
@@ -117,33 +131,41 @@ class LlamaHost:
         self.haproxy.stop()
 
 
-def start_llama_host(work: Path, model_cache: Path) -> LlamaHost:
-    """HAProxy (checks on /v1/models), its client key in a 0600 file, the host config."""
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+def open_llama_host(
+    work: Path, model_cache: Path, *, health_path: str, recipes_dir: Path, gpu: str
+) -> LlamaHost:
+    """HAProxy whose checks GET `health_path`, its client key in a 0600 file, the commands' env."""
     client = secrets.token_urlsafe(24)
     haproxy = start_haproxy(
-        workdir=work / "routers",
-        tiers={TIER: (ALIAS,)},
-        client_token=client,
-        # llama.cpp has no /health, and its /v1/models waits behind a running completion.
-        health_path=LLAMA_CPP_PYTHON.check_path,
+        workdir=work / "routers", tiers={TIER: (ALIAS,)}, client_token=client, health_path=health_path
     )
     host = LlamaHost(work=work, haproxy=haproxy, client_token=client, model_cache=model_cache)
     fd = os.open(host.cred, os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(f'client_token = "{client}"\n')
-    host.write_config(host.config)
     host.env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_ROUTER_")} | {
         "ANVIL_CONFIG": str(host.config),
         "ANVIL_STATE_DIR": str(work / "state"),
-        "ANVIL_RECIPES_DIR": str(REPO / "recipes"),
-        "ANVIL_GPU": "simulated",
+        "ANVIL_RECIPES_DIR": str(recipes_dir),
+        "ANVIL_GPU": gpu,
         "ANVIL_LOG_FORMAT": "json",
         "ANVIL_LOG_LEVEL": "info",
         "HOME": str(work / "home"),
     }
+    return host
+
+
+def start_llama_host(work: Path, model_cache: Path) -> LlamaHost:
+    """A fresh `work`: HAProxy, its client key and the host config, for the CPU llama.cpp engine."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    # llama.cpp has no /health, and its /v1/models waits behind a running completion.
+    check = LLAMA_CPP_PYTHON.check_path
+    host = open_llama_host(
+        work, model_cache, health_path=check, recipes_dir=REPO / "recipes", gpu="simulated"
+    )
+    host.write_config(host.config)
     return host
 
 
@@ -163,10 +185,17 @@ def wait_listed(url: str, served: str, timeout_s: float = 120) -> float:
     raise RuntimeError(f"{url} did not list {served!r} within {timeout_s}s")
 
 
-def start_incumbent_by_hand(host: LlamaHost) -> str:
-    """The 2,048-token llama.cpp serve started by hand and routed as llm.primary."""
+def start_by_hand(
+    host: LlamaHost,
+    recipe_path: Path,
+    *,
+    name: str,
+    served_model: str,
+    runtime: DockerRuntime,
+    timeout_s: float,
+) -> str:
+    """A serve of `recipe_path` started by hand and routed as llm.primary (what an operator had)."""
     config = load_host_config(host.config)
-    recipe_path = REPO / "recipes" / f"{INCUMBENT_RECIPE}.toml"
     spec = container_spec(
         load_recipe(recipe_path),
         slot_name="primary",
@@ -176,22 +205,31 @@ def start_incumbent_by_hand(host: LlamaHost) -> str:
         tx_id="by-hand",
     )
     labels = dict(spec.labels) | {"io.anvil.role": "incumbent", "io.anvil.binding": BINDING}
-    spec = replace(spec, name="llama-smollm2-2k-by-hand", labels=tuple(sorted(labels.items())))
-    runtime = DockerRuntime(gpu_mode="simulated")
-    try:
-        cid = runtime.create(spec)
-        runtime.start(cid)
-    finally:
-        runtime.close()
-    wait_listed(f"http://{BINDING}", INCUMBENT_MODEL)
+    spec = replace(spec, name=name, labels=tuple(sorted(labels.items())))
+    cid = runtime.create(spec)
+    runtime.start(cid)
+    wait_listed(f"http://{BINDING}", served_model, timeout_s)
     creds = resolve_credentials(config.router, {}, need_admin=False)
     with HaproxyRouter(
         host.haproxy.url, Path(host.haproxy.extra["socket"]), creds, {TIER: (ALIAS,)}
     ) as router:
-        # llama-cpp-python answers with the request's model: a routed answer by alias says the alias.
+        # llama.cpp answers with the request's model: a routed answer by alias says the alias.
         router.readmit(TIER, f"http://{BINDING}", (ALIAS,), ALIAS, 120)
     host.incumbent_id = cid
     return cid
+
+
+def start_incumbent_by_hand(host: LlamaHost) -> str:
+    """The 2,048-token llama.cpp serve started by hand and routed as llm.primary."""
+    runtime = DockerRuntime(gpu_mode="simulated")
+    try:
+        recipe = REPO / "recipes" / f"{INCUMBENT_RECIPE}.toml"
+        name = "llama-smollm2-2k-by-hand"
+        return start_by_hand(
+            host, recipe, name=name, served_model=INCUMBENT_MODEL, runtime=runtime, timeout_s=120
+        )
+    finally:
+        runtime.close()
 
 
 def container_logs(container_id: str, *, timestamps: bool = False) -> str:

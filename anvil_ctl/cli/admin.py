@@ -106,9 +106,9 @@ def db_copy(session: Session, to: str) -> Reply:
     from anvil_ctl.cli.views import Record
 
     with session.working("db copy: verifying, copying and verifying the copy") as app:
-        from anvil_ctl.commands import dbcopy
+        from anvil_ctl.commands import admin
 
-        return Reply(Record(dbcopy.db_copy(app, to=to)))
+        return Reply(Record(admin.db_copy(app, to=to)))
 
 
 db = click.Group(

@@ -16,9 +16,9 @@ def fleet_status(session: Session) -> Reply:
     command); `this_host` marks the one this command runs as.
     """
     from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import fleet
+    from anvil_ctl.commands import audit
 
-    return Reply(Record({"hosts": fleet.status(session.app())}))
+    return Reply(Record({"hosts": audit.fleet_status(session.app())}))
 
 
 fleet = click.Group(

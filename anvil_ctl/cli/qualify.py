@@ -157,9 +157,9 @@ def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     verified evidence bundles. Needs the optional extra `report` (matplotlib).
     """
     with session.working(f"evidence report: verifying the bundles of {tx} and drawing the page") as app:
-        from anvil_ctl.commands import report
+        from anvil_ctl.commands import evidence as evidence_cmd
 
-        return Reply(report.evidence_report(app, tx, output))
+        return Reply(evidence_cmd.evidence_report(app, tx, output))
 
 
 evidence = click.Group(

@@ -191,7 +191,7 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.commands.recipes.Plan": rq.recipe_plan,
     "anvil_ctl.evidence.export.ExportResult": rq.export,
     "anvil_ctl.evidence.claims.ClaimsCheck": rq.claims,
-    "anvil_ctl.commands.report.ReportResult": rq.report,
+    "anvil_ctl.commands.evidence.ReportResult": rq.report,
     "anvil_ctl.evidence.bundle.VerifyResult": rq.verify,
 }
 """Human renderer by result type (fully qualified name); anything else prints as `key: value` lines."""

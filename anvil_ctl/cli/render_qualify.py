@@ -11,9 +11,9 @@ from anvil_ctl.cli.views import items, record, records
 from anvil_ctl.core.validate import escape_text
 
 if TYPE_CHECKING:
+    from anvil_ctl.commands.evidence import ReportResult
     from anvil_ctl.commands.qualify import AbOutcome, QualifyOutcome
     from anvil_ctl.commands.recipes import Plan, RecipeView, ValidationReport
-    from anvil_ctl.commands.report import ReportResult
     from anvil_ctl.evidence.bundle import VerifyResult
     from anvil_ctl.evidence.claims import ClaimsCheck
     from anvil_ctl.evidence.export import ExportResult

@@ -1,4 +1,4 @@
-"""init, db upgrade and status."""
+"""init, db upgrade, db copy and status."""
 
 from __future__ import annotations
 
@@ -6,13 +6,20 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.core.errors import AdapterError, NotFound
+from anvil_ctl.config.fields import STATE_DB_RE
+from anvil_ctl.core.errors import AdapterError, BadInput, NotFound, RecordDiffers
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
+from anvil_ctl.core.validate import unsafe_char
 from anvil_ctl.engine.observe import router_view, serving
 from anvil_ctl.persistence import hosts
+from anvil_ctl.persistence import verify as chain
+from anvil_ctl.persistence.copy import copy_host
+from anvil_ctl.persistence.db import make_engine
+from anvil_ctl.persistence.db import where as db_where
 from anvil_ctl.persistence.head import head_path_for, set_aside
 from anvil_ctl.persistence.migrate import upgrade
-from anvil_ctl.persistence.store import utcnow
+from anvil_ctl.persistence.store import Store, utcnow
 
 if TYPE_CHECKING:
     from anvil_ctl.commands.gpus_and_waivers import Detected
@@ -96,38 +103,26 @@ def where(app: App) -> Where:
 
 
 def init(app: App) -> InitResult:
-    """Create or upgrade the state database (and the default state directory), and bring the
-    audit head file in line with it.
-
-    A new database starts a new chain: a head file left by an earlier database at the
-    same place is set aside (renamed, never deleted), since it pins a chain that is gone.
-    """
+    """Create or upgrade the state database and bring the audit head file in line with it; a new
+    database sets aside (renames) the head file of an earlier one, whose chain is gone."""
     engine = app.create_database()
     before, after = upgrade(engine)
-    db = engine.url.render_as_string(hide_password=True)
     path = head_path_for(app.settings.db_url, app.settings.state_dir)
     stale = set_aside(path, utcnow().replace(":", "")) if before is None else None
     hosts.register(app.store)  # this host, with its machine id (or checked against it)
     audit_head = str(app.store.sync_head_file())
     here = where(app)
-    if stale is None:
-        return {
-            "db": db,
-            "from": before,
-            "to": after,
-            "audit_head": audit_head,
-            "state": here["state"],
-            "config": here["config"],
-        }
-    return {
-        "db": db,
+    result: InitResult = {
+        "db": engine.url.render_as_string(hide_password=True),
         "from": before,
         "to": after,
-        "stale_head_file": str(stale),
         "audit_head": audit_head,
         "state": here["state"],
         "config": here["config"],
     }
+    if stale is not None:
+        result["stale_head_file"] = str(stale)
+    return result
 
 
 def print_grants(*, database: str, owner: str, app: str) -> str:
@@ -147,17 +142,16 @@ def status(app: App) -> Status:
     slots: dict[str, SlotStatus] = {}
     for name, slot in sorted(app.config.slots.items()):
         incumbent = app.store.current_identity(name, "incumbent")
-        entries: list[ContainerEntry] = []
-        for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name}):
-            entries.append(
-                {
-                    "container_id": c.id,
-                    "name": c.name,
-                    "status": c.status,
-                    "role": c.labels.get("io.anvil.role"),
-                    "image_id": c.image_id,
-                }
-            )
+        entries: list[ContainerEntry] = [
+            {
+                "container_id": c.id,
+                "name": c.name,
+                "status": c.status,
+                "role": c.labels.get("io.anvil.role"),
+                "image_id": c.image_id,
+            }
+            for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: name})
+        ]
         inc: dict[str, object] | None = None
         if incumbent:
             st: str
@@ -180,12 +174,66 @@ def status(app: App) -> Status:
             "serving": serving(world, slot.base_url),
             "router": router,
         }
-    observed_at = utcnow()
     here = where(app)
     return {
         "host": app.config.host,
         "slots": slots,
-        "observed_at": observed_at,
+        "observed_at": utcnow(),
         "state": here["state"],
         "config": here["config"],
     }
+
+
+def db_copy(app: App, *, to: str) -> JSONObject:
+    """Verify this host's record (in full), copy it into `to` (migrated to the head first),
+    verify the target (in full); rows copied per table, both heads. The password of either
+    URL is never printed."""
+    if unsafe_char(to) is not None or not STATE_DB_RE.match(to):
+        raise BadInput(
+            "--to: expected a database URL: sqlite:///PATH or postgresql://USER@HOST/DB", field="--to"
+        )
+    source = app.store
+    if source.unregistered:
+        raise BadInput(
+            f"host {source.host_name!r} has no history in {db_where(source.engine)}: nothing to copy",
+            field="host",
+        )
+    target = make_engine(to, create=True)
+    try:
+        if db_where(target) == db_where(source.engine):
+            raise BadInput(f"--to {db_where(target)}: that is this host's own state database", field="--to")
+        found = chain.verify(source, full=True)
+        if not found.ok:
+            raise RecordDiffers(
+                f"this host's record in {db_where(source.engine)} does not verify ({len(found.problems)} "
+                "problems; run `anvilctl audit verify --full`): nothing was copied",
+                problems=[p.as_dict() for p in found.problems[:20]],
+            )
+        before, after = upgrade(target)
+        result = copy_host(source, target)
+        # the head file this host will keep for the target (beside an SQLite file, else in
+        # the state directory), so that its next `audit verify` there has a witness
+        copied = Store(target, head_path=head_path_for(to, app.settings.state_dir))
+        registered = hosts.by_name(copied, result.host)
+        copied.host_id = registered.id if registered is not None else None
+        copied.sync_head_file()
+        check = chain.verify(copied, full=True)
+        copied.sync_head_file()
+        out = result.as_dict()
+        out["migrated"] = {"from": before, "to": after}
+        out["target_head"] = str(check.head)
+        out["target_verified"] = {
+            "ok": check.ok,
+            "entries_checked": check.entries_checked,
+            "rows_checked": check.rows_checked,
+        }
+        if not check.ok:
+            raise RecordDiffers(
+                f"the copy in {db_where(target)} does not verify ({len(check.problems)} problems): run "
+                "`anvilctl audit verify --full` against it",
+                result=out,
+                problems=[p.as_dict() for p in check.problems[:20]],
+            )
+        return out
+    finally:
+        target.dispose()

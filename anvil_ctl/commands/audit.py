@@ -10,7 +10,7 @@ from anvil_ctl.core.validate import check_text, parse_rfc3339, require, require_
 from anvil_ctl.persistence import fleet, hosts, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 from anvil_ctl.persistence import verify as chain
-from anvil_ctl.persistence.fleet import Served
+from anvil_ctl.persistence.fleet import HostStatus, Served
 from anvil_ctl.persistence.head import parse_head
 from anvil_ctl.persistence.queries import (
     DiffRecord,
@@ -29,8 +29,7 @@ def check_name(value: str) -> str:
 
 @dataclass(frozen=True)
 class HostScope:
-    """Which hosts an audit query answers for: `--host NAME` (default: this host) or
-    `--all-hosts`."""
+    """Which hosts an audit query answers for: `--host NAME` (default: this host) or `--all-hosts`."""
 
     host: str | None = None
     all_hosts: bool = False
@@ -95,13 +94,9 @@ def diff(app: App, tx: str, scope: HostScope = THIS_HOST) -> list[DiffRecord]:
 def verify(
     app: App, *, full: bool = False, expect_head: str | None = None, scope: HostScope = THIS_HOST
 ) -> ReportRecord:
-    """Verify the chain, every row it covers and its head (`persistence.verify`).
-
-    Incremental from the last checkpoint unless `full`; `expect_head` (`SEQ:HASH`) is a
-    head recorded elsewhere that the journal must still hold. The fleet's hosts share one
-    chain, so every run verifies all of it (every host's entries and rows); `scope` picks
-    the hosts whose entries and rows the report counts (`hosts`).
-    """
+    """Verify the chain, every row it covers and its head (`persistence.verify`): incremental from
+    the last checkpoint unless `full`; `expect_head` (`SEQ:HASH`) must still be held. The chain is
+    the fleet's; `scope` picks the hosts whose entries the report counts."""
     expected = parse_head(expect_head) if expect_head is not None else None
     host = host_id(app, scope)
     report = chain.verify(app.store, full=full, expect_head=expected).as_dict()
@@ -128,6 +123,12 @@ def served(app: App, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> lis
     slot = require("--slot", check_name, slot)
     when = utc_stamp(require("--at", parse_rfc3339, at))
     return fleet.served_at(app.store, slot=slot, at=when, host=host_id(app, scope))
+
+
+def fleet_status(app: App) -> list[HostStatus]:
+    """Every host registered in the state database: its incumbents, last recheck, unresolved
+    transactions and held locks (`anvilctl fleet status`)."""
+    return fleet.status(app.store)
 
 
 def rechecks(app: App, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:

@@ -1,28 +1,38 @@
-"""Evidence commands: export a shareable bundle, verify a directory, and the audit reads.
+"""Evidence commands: export a shareable bundle, verify a directory, the one-page report, and
+the audit reads.
 
-`export_evidence` redacts host paths, GPU UUIDs and router tokens (`_redaction`; the
-qualify plan keeps the same tokens out of what it writes, `router_secrets`)
-and records the export's manifest; `verify_evidence` checks a directory against
-its manifest and the manifest against what the state database recorded;
-`audit_decisions` and `audit_evidence` read the records back.
+Exports redact host paths, GPU UUIDs and router tokens and record the export's manifest;
+verifying holds a directory against its manifest and the manifest against the database.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypedDict
 
 from anvil_ctl.adapters.credentials import TokenKind, resolve_token
+from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.recipes import recipe_search
 from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
 from anvil_ctl.core.validate import require_limit
-from anvil_ctl.evidence.bundle import ManifestReference, VerifyResult, read_manifest, verify_bundle
+from anvil_ctl.evidence.bundle import (
+    Bundle,
+    ManifestReference,
+    ReportInputs,
+    VerifyResult,
+    read_manifest,
+    verify_bundle,
+)
 from anvil_ctl.evidence.export import ExportResult, Redaction, export_bundle
-from anvil_ctl.persistence import qualification
+from anvil_ctl.evidence.plots import require_matplotlib
+from anvil_ctl.evidence.report import render_page
+from anvil_ctl.persistence import approvals, qualification, queries, waiver_rows
 from anvil_ctl.persistence.head import database_file
 from anvil_ctl.persistence.qualification import DecisionRecord, EvidenceRecord
 from anvil_ctl.qualify.profiles import PROFILES_DIR
@@ -78,11 +88,8 @@ def _recipe_dirs(app: App) -> list[Path]:
 
 
 def export_evidence(app: App, tx: str, out_dir: Path) -> ExportResult:
-    """A shareable bundle of `tx`'s evidence: GPU UUIDs, host paths and router tokens redacted.
-
-    The source must be the evidence the database recorded for `tx`; the export's own
-    manifest SHA-256 is recorded too, so that `evidence verify` can bind the bundle.
-    """
+    """A shareable bundle of `tx`'s evidence, redacted; the source must be what the database
+    recorded for `tx`, and the export's manifest SHA-256 is recorded too."""
     tx_dir = evidence_tx_dir(app, tx)
     references = (_database_reference(app, tx_dir.name),)
     result = export_bundle(tx_dir, out_dir, redact=_redaction(app), references=references)
@@ -100,10 +107,8 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _database_reference(app: App, tx_id: str) -> ManifestReference:
-    """What the state database recorded for `tx_id`'s manifests; a note if it cannot say.
-
-    A missing SQLite file is not created: then there is no database to ask.
-    """
+    """What the state database recorded for `tx_id`'s manifests, or a note why it cannot say
+    (a missing SQLite file is not created)."""
     db_file = database_file(app.settings.db_url)
     if db_file is not None and not db_file.is_file():
         return ManifestReference("database", (), f"no state database at {db_file}")
@@ -160,3 +165,75 @@ def audit_evidence(app: App, tx: str) -> EvidenceAudit:
         "gates": qualification.evidence(app.store, tx_dir.name),
         "verify": verify_bundle(tx_dir, (_database_reference(app, tx_dir.name),)).as_dict(),
     }
+
+
+class BundleRef(TypedDict):
+    """An evidence bundle the page was drawn from, bound by its manifest's SHA-256."""
+
+    tx_id: str
+    manifest_sha256: str
+
+
+class ReportRecord(TypedDict):
+    path: str
+    tx_id: str
+    bundles: list[BundleRef]
+    size: int
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    path: str
+    tx_id: str
+    bundles: tuple[BundleRef, ...]
+    size: int
+
+    def as_dict(self) -> ReportRecord:
+        return {"path": self.path, "tx_id": self.tx_id, "bundles": list(self.bundles), "size": self.size}
+
+
+def evidence_report(app: App, tx: str, out: Path | None = None) -> ReportResult:
+    """Write the one-page report of transaction `tx` (ID, prefix or evidence directory)."""
+    require_matplotlib()
+    given = Path(tx)
+    tx_dir = given if given.is_dir() else evidence_tx_dir(app, tx)
+    main = Bundle.load(tx_dir)
+    inputs = ReportInputs(main)
+    if "ab-comparison.json" in main.files:
+        inputs.ab.append(main)
+    if not given.is_dir():  # a transaction of this database: its records belong on the page
+        _records(app, inputs)
+    page = render_page(inputs)
+    path = out or app.settings.state_dir / "reports" / f"{main.tx_id}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, page)
+    bundles = tuple(
+        BundleRef(tx_id=b.tx_id, manifest_sha256=b.manifest_sha256)
+        for b in (main, *inputs.promotions, *[a for a in inputs.ab if a is not main])
+    )
+    return ReportResult(str(path), main.tx_id, bundles, len(page.encode()))
+
+
+def _records(app: App, inputs: ReportInputs) -> None:
+    store, root = app.store, app.settings.evidence_dir
+    tx_id = inputs.qualification.tx_id
+    raw = qualification.decisions_of_tx(store, tx_id)
+    decisions = raw + qualification.reclassifications(store, {d["id"] for d in raw})
+    inputs.decisions = list(decisions)
+    ids = {d["id"] for d in decisions}
+    cited = {w for d in decisions for w in d["waiver_ids"]}
+    now = datetime.now(UTC)
+    inputs.waivers = [w.as_dict() for w in waiver_rows.waivers(store) if w.id in cited or w.active(now)]
+    for approval in approvals.approvals(store):
+        if approval["decision_id"] in ids and (root / approval["tx_id"]).is_dir():
+            inputs.promotions.append(Bundle.load(root / approval["tx_id"], approval["tx_id"]))
+    digests = {d["identity_digest"] for d in raw}
+    for t in queries.transactions(store, kind="ab", limit=10_000, host=store.host):
+        declared = root / t["tx_id"] / "00-declaration.json"
+        if t["tx_id"] == tx_id or not declared.is_file():
+            continue
+        # Which arms it compared decides only whether it belongs here; its figures are read
+        # from the bundle once verified (a tampered one stops the report).
+        arms = json.loads(declared.read_text()).get("arms", [])
+        if any(a.get("identity", {}).get("qualification_digest") in digests for a in arms):
+            inputs.ab.append(Bundle.load(declared.parent, t["tx_id"]))

@@ -1,12 +1,8 @@
 """GPU commands: probe readings, role detection into the host config, and waivers.
 
-`readings` and `detect` read the GPUs through the probe the settings choose
-(NVML, simulated or the fake backend's); `detect(write=True)` rewrites only the
-`[gpu_roles.*]` tables of the host config file, keeping every other line, and
-refuses (nothing written) when the result would not be a valid host config,
-e.g. a slot naming a role that detection no longer produces. `waive`, `revoke`
-and `list_waivers` record and read the attributed policy exceptions; a change
-of waivers re-judges stored decisions (`commands.qualify.reclassify_decisions`).
+`detect(write=True)` rewrites only the `[gpu_roles.*]` tables of the host config and writes
+nothing when the result would not be a valid host config; a change of waivers re-judges stored
+decisions (`engine.reclassify`).
 """
 
 from __future__ import annotations
@@ -14,8 +10,9 @@ from __future__ import annotations
 import tomllib
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from pydantic import ValidationError
 
@@ -89,15 +86,7 @@ def _optional_config(app: App) -> HostConfig | None:
 
 def _optional_owners(app: App) -> dict[str, OwnerView]:
     try:
-        return {
-            role: {
-                "container_id": o.container_id,
-                "slot": o.slot,
-                "mode": o.mode,
-                "transaction_id": o.transaction_id,
-            }
-            for role, o in ledger(app.store).items()
-        }
+        return {role: cast(OwnerView, asdict(o)) for role, o in ledger(app.store).items()}
     except StateStoreError:
         return {}  # no state database yet: nothing owns anything
 
@@ -146,12 +135,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, str]:
 
 
 def replace_gpu_roles(text: str, roles: Mapping[str, GpuRole]) -> str:
-    """`text` (a host config) with its GPU roles replaced by `roles`, written with tomlkit.
-
-    Every other key, comment and blank line stays as it was. A role that exists in
-    both is updated in place (its own comments kept); a role no longer detected is
-    removed with its table; a new role is added after the others.
-    """
+    """`text` (a host config) with its GPU roles replaced by `roles`, written with tomlkit: every
+    other key, comment and blank line stays; a kept role is updated in place."""
     import tomlkit
     from tomlkit.exceptions import TOMLKitError
 
@@ -216,13 +201,9 @@ def detect(
     write: bool = False,
     gpus: Sequence[GpuReading] | None = None,
 ) -> Detected:
-    """Name the host's GPUs (largest first, equal cards by UUID; overrides by UUID).
-
-    With `write`, the host config file gets exactly these `[gpu_roles.*]` tables
-    (created with only them if it does not exist); a reserve set per card is
-    kept for the same UUID. The new file is validated as a host config before
-    it replaces the old one atomically; nothing is written on any error.
-    """
+    """Name the host's GPUs (largest first, equal cards by UUID; overrides by UUID). With
+    `write`, the host config gets exactly these `[gpu_roles.*]` tables, a per-card reserve kept
+    for its UUID, validated before it atomically replaces the old file."""
     found = list(gpus) if gpus is not None else app.gpu_probe().gpus()
     roles = detect_roles(found, overrides)
     path = app.settings.config
@@ -252,12 +233,7 @@ def detect(
         "written": write and changed,
         "changed": changed,
         "roles": {
-            name: {
-                "uuid": r.uuid,
-                "capacity_mib": r.capacity_mib,
-                "name": r.name,
-                "reserve_mib": r.reserve_mib,
-            }
+            name: cast(RoleView, r.model_dump(include=set(RoleView.__annotations__)))
             for name, r in roles.items()
         },
         "toml": roles_toml,
@@ -285,9 +261,8 @@ def _state(w: Waiver, now: datetime) -> str:
 
 
 def _reclassify(app: App, now: datetime | None = None) -> Mapping[str, object]:
-    """Re-judge stored decisions under the waivers in force at `now` (the command's own
-    instant: a waiver recorded at `now` is judged at that same instant, never at a later
-    clock reading that its expiry may already have passed)."""
+    """Re-judge stored decisions under the waivers in force at `now`, the command's own instant
+    (never a later clock reading that a waiver's expiry may already have passed)."""
     from anvil_ctl.engine.reclassify import reclassify_decisions
 
     try:
@@ -325,16 +300,9 @@ def waive(
     now: datetime | None = None,
     gates: tuple[str, ...] = (),
 ) -> Waived:
-    """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest).
-
-    Everything is checked before the write: the policy is known, the scope names
-    roles of the host config (or is a recipe digest), the value is >= 0, the
-    approver and reason are given, and exactly one of `expires` (which must lie
-    ahead) and `no_expiry` says when it ends: a waiver that never expires is a
-    person's explicit choice, recorded as such. A `gate` waiver names the gates whose
-    failure it waives, for one recipe digest (its value is 0: not required). Then
-    stored decisions are re-judged under the waivers in force.
-    """
+    """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest), all of
+    it checked first; exactly one of `expires` and `no_expiry` (a person's explicit choice) says
+    when it ends. A `gate` waiver names the gates it waives. Then decisions are re-judged."""
     now = now or datetime.now(UTC)
     if (expires is None) == (not no_expiry):
         raise BadInput(

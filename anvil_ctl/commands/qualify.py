@@ -1,12 +1,5 @@
-"""The qualify command, the matched A/B control and waiver reclassification.
-
-`qualify_slot` runs the `qualify` plan (`anvil_ctl.engine.plans.qualify`)
-against a slot's current candidate (the latest `candidate` identity, which must
-be what the slot serves right now) and returns the decisions it recorded.
-`reclassify_decisions` re-judges stored raw decisions under the waivers in force
-(`anvil_ctl.engine.reclassify`); the `waive` command calls it. Evidence export,
-verify and the audit reads live in `commands.evidence`.
-"""
+"""The qualify command and the matched A/B control: each runs its plan through the engine's entry
+and returns the decisions (or the comparison) it recorded."""
 
 from __future__ import annotations
 
@@ -24,11 +17,9 @@ from anvil_ctl.commands.transactions import enter
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import check_duration, require
-from anvil_ctl.engine import reclassify
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import AbRequest, QualifyRequest
 from anvil_ctl.engine.plans.qualify import QualifyMemo
-from anvil_ctl.engine.reclassify import ReclassifyReport
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.qualify.runner import Progress, QualificationResult
@@ -78,10 +69,8 @@ def qualify_slot(
     now: datetime | None = None,
     timeout_s: float | None = None,
 ) -> QualifyOutcome:
-    """Qualify `slot`'s current candidate; record evidence and a decision (see module doc).
-
-    `timeout_s` bounds the run: gates not started by then are recorded as failed (timeout).
-    """
+    """Qualify `slot`'s current candidate, recording evidence and a decision; gates not started
+    within `timeout_s` are recorded as failed (timeout)."""
     if timeout_s is not None:
         timeout_s = require("--timeout", check_duration, timeout_s)
     request = QualifyRequest(
@@ -189,13 +178,3 @@ def qualify_ab(app: App, *, slot: str, arms: Sequence[str], profile: str | None 
     if compared:
         comparison = json.loads((Path(str(compared["tx_dir"])) / str(compared["artifact"])).read_text())
     return AbOutcome(outcome, comparison, str(compared["tx_dir"]) if compared else None)
-
-
-# -- reclassification under waivers -----------------------------------------------------------
-
-
-def reclassify_decisions(
-    app: App, *, slot: str | None = None, now: datetime | None = None
-) -> ReclassifyReport:
-    """Re-judge every stored raw decision (of `slot`) under the waivers active `now`."""
-    return reclassify.reclassify_decisions(app.world(), slot=slot, now=now)

@@ -1,8 +1,5 @@
-"""`anvilctl recipes list|show|validate|plan`: library functions that return values, never print.
-
-`plan` builds the exact container spec `load` would create and touches nothing:
-no Docker, no GPU, no database.
-"""
+"""`anvilctl recipes list|show|validate|plan`: library functions that return values, never print;
+`plan` builds the container spec `load` would create and touches nothing."""
 
 from __future__ import annotations
 

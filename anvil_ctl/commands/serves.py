@@ -82,11 +82,8 @@ def unload(
     drain_timeout_s: float | None = None,
     on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome | WouldRemove:
-    """Remove a candidate container this controller created (the `unload` plan).
-
-    Without `yes` nothing runs: the answer says what would be removed, after the same
-    checks the plan's guard makes.
-    """
+    """Remove a candidate container this controller created (the `unload` plan); without `yes`
+    nothing runs and the answer says what would be removed, after the plan guard's checks."""
     if yes:
         drain = DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="abort")
         return enter(

@@ -1,10 +1,7 @@
 """The goal-closure assertions of a slot: is the recorded serve what runs, serves and is routed?
 
-One list, used by `anvilctl recheck` (cron) and by the `BaseVerified` guard that
-keeps load and promote from building on a drifted host. Each assertion is a
-name, a pass flag and what was observed; an assertion that cannot observe fails
-with the reason. Read-only. How the serve is probed (health route, where the context
-length shows, what a routed answer's `model` carries) is its engine profile's.
+One list for `recheck` and the `BaseVerified` guard; an assertion that cannot observe fails with
+the reason. Read-only.
 """
 
 from __future__ import annotations

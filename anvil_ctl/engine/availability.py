@@ -1,21 +1,9 @@
 """Never dark: what serves a slot, the safe harbour, and bringing it back.
 
-A slot is *serving* when its binding answers `/v1/models` with exactly one model
-and, where a router is configured, an authenticated routed chat to the slot's
-first alias answers 200 from that same model. The engine observes this before
-a mutating transaction's first step; if the slot was serving, the serve doing it
-is recorded as the slot's *safe harbour* (an identity with role `harbour`).
-
-Before the engine writes any end state other than `committed` (compensated,
-compensation failed, needs operator, or after `recover`), it checks the slot
-again. If it served at the start and does not now, `ensure_serving` first
-re-routes a recorded serve that is running and answering at the binding (a
-router hiccup), and otherwise brings the harbour back: every other container of
-the slot is stopped and retained, the harbour's GPUs are released, the same
-container ID is started, routed and smoke-tested. What it did is journaled. It
-never stops a serve that is healthy and routed. Its readmissions hold
-(`Router.readmit(hold=True)`): whatever broke the route may have left a removal
-pending that this process never saw.
+A slot serves when its binding lists exactly one model and (with a router) a routed chat to its
+first alias answers from it. If it served when a mutating transaction began, that serve is the
+harbour; before any end state but `committed`, `ensure_serving` re-routes a recorded running
+serve or brings the harbour back. It never stops a healthy, routed serve.
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """Which phase a slot's campaign is in, and the assertions that judge the state it should have.
 
-A slot is `serving` when its newest committed revision put an incumbent on the route (adopt,
-promote, rollback). It is `qualifying` between a committed `load` and the promote or rollback
-that ends it: by design the incumbent is stopped and retained, the router tier drained, and
-the candidate reached directly. Judging that state by the serving phase's assertions would
-report eight failures every cron run for the hours a qualification takes; judging it by its
-own says whether the campaign is intact: the candidate serves on the slot's binding with its
-recorded identity, the incumbent is retained exactly as recorded (stopped, same container,
-image and config), the tier is as the load left it, and nothing runs or lingers beyond the
-candidate. Read-only.
+Between a committed `load` and the promote or rollback that ends it a slot is `qualifying`: the
+incumbent is stopped and retained and the tier drained by design, so it is judged by whether
+the campaign is intact, not by the serving assertions. Read-only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
 from anvil_ctl.engine.assertions import Assertion, Observation, _check, slot_assertions
-from anvil_ctl.engine.serving import identity_drift, inspect_or_none
+from anvil_ctl.engine.serving import identity_drift, image_present, inspect_or_none
 from anvil_ctl.engine.world import World
 
 SERVING = "serving"
@@ -75,18 +68,13 @@ def _retained(world: World, ident: Identity) -> Observation:
     drift: JSONObject = {
         d.field: {"recorded": d.recorded, "observed": d.observed} for d in identity_drift(world, ident)
     }
-    status = info.status if info else "absent"
-    try:
-        world.runtime.image(ident.image_id)
-        image_present = True
-    except NotFound:
-        image_present = False
-    ok = not drift and info is not None and not info.running and image_present
+    present = image_present(world, ident.image_id)
+    ok = not drift and info is not None and not info.running and present
     return ok, {
         "container_id": ident.container_id,
-        "status": status,
+        "status": info.status if info else "absent",
         "drift": drift,
-        "image_present": image_present,
+        "image_present": present,
     }
 
 

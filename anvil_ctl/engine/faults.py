@@ -1,12 +1,8 @@
 """Fault injection at journal boundaries, for the fault-injection tests and `make chaos` only.
 
-A boundary is named `KIND:STEP:PHASE:EVENT` (a step event) or `KIND:state:STATE` (a
-state row), e.g. `rollback:start-target:do:result`; patterns may use `*`. Right
-after the journal row of a matching boundary commits, `crash_at` makes the process
-SIGKILL itself (nothing runs after it: no undo, no lock release), and `pause_at`
-makes it write the boundary into `pause_file` and wait until that file is removed,
-so a harness can restart a router or the Docker daemon at an exact point. Both
-are off unless the settings name them (`ANVIL_CRASH_AT`, `ANVIL_PAUSE_AT`).
+A boundary is `KIND:STEP:PHASE:EVENT` or `KIND:state:STATE` (patterns may use `*`). After its
+journal row commits, `crash_at` SIGKILLs the process and `pause_at` waits while `pause_file`
+exists. Both are off unless the settings name them.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate.
 
-`GpuRolesFree` refuses a GPU start that would compete with an owner in the
-ledger or with a process no known serve accounts for. `record_ownership` /
-`release_ownership` are the `load` plan's ledger step and its undo,
-`move_ownership` rollback's; `vram_release_gate` builds the world's release gate,
-with the reserve in force after waivers. The ledger is the append-only
-`gpu_ownership_events` table through `anvil_ctl.persistence.gpu_ledger`; the judging is
-`anvil_ctl.gpu.ownership`'s.
-
-Mode: a serve on several roles (a TP=2 serve) owns them `exclusive`ly, so no
-other GPU start is allowed while it holds them; a serve on one role owns it
-`split`.
-
-Undo and re-run safety: `release_ownership` works from the ledger events that
-its own transaction wrote, so it can run after a crash between a claim and the
-step's result, and running it twice changes nothing the second time.
+`GpuRolesFree` refuses a start that would compete with a ledger owner or an unaccounted process.
+A serve on several roles owns them `exclusive`ly, on one role `split`. `release_ownership` works
+from its own transaction's ledger events, so it is safe after a crash and when run twice.
 """
 
 from __future__ import annotations
@@ -314,11 +302,8 @@ def reserve_in_force(
 
 
 def reserve_reading(world: World, ident: Identity, *, when: str) -> JSONObject:
-    """Free MiB per card of `ident`'s roles now, against the reserve in force (waivers applied).
-
-    `passed` is False when a card keeps less than its reserve or was not reported;
-    `skipped` says why nothing was read (no GPU role, no probe).
-    """
+    """Free MiB per card of `ident`'s roles now, against the reserve in force (waivers applied);
+    `passed` is False when a card keeps less than its reserve or was not reported."""
     roles = tuple(ident.gpu_roles or world.config.slot(ident.slot).gpu_roles)
     if not roles:
         return {"when": when, "skipped": "the serve uses no GPU role", "passed": True}

@@ -1,23 +1,18 @@
-"""Guards that several transaction kinds share; each plan lists its own in order.
-
-Each refuses before the first mutation; none changes anything. A plan's list
-puts cheap local checks first and the router credential probe last among them,
-because it is the only one that talks to another process. Guards that read a
-serve take an accessor (`which`) that picks it from the kind's typed arguments.
-"""
+"""Guards that several transaction kinds share; each refuses before the first mutation and changes
+nothing. Guards that read a serve take an accessor (`which`) into the kind's arguments."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Never, Protocol, TypeVar
 
-from anvil_ctl.core.errors import AuthRejected, NotFound
+from anvil_ctl.core.errors import AuthRejected
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.states import UNFINISHED_STATES
 from anvil_ctl.core.steps import StepContext
 from anvil_ctl.engine.assertions import slot_assertions
-from anvil_ctl.engine.serving import identity_drift
+from anvil_ctl.engine.serving import identity_drift, image_present
 from anvil_ctl.engine.world import World
 
 AnyCtx = StepContext[object, World, object]
@@ -97,7 +92,7 @@ class RollbackIdentityRestorable(Guard[C]):
             return self.refuse(
                 f"retained container {short} image changed: recorded {d.recorded}, observed {d.observed}"
             )
-        if not _image_present(world, ident.image_id):
+        if not image_present(world, ident.image_id):
             return self.refuse(f"incumbent image {ident.image_id} is gone from the host")
         if "config_fingerprint" in drift:
             d = drift["config_fingerprint"]
@@ -107,14 +102,6 @@ class RollbackIdentityRestorable(Guard[C]):
                 observed=d.observed,
             )
         return None
-
-
-def _image_present(world: World, image_id: str) -> bool:
-    try:
-        world.runtime.image(image_id)
-    except NotFound:
-        return False
-    return True
 
 
 class BaseVerified(Guard[C]):

@@ -1,21 +1,9 @@
 """One mutator per host: an OS file lock held for the life of the process, plus a lock row.
 
-On PostgreSQL (a fleet's shared database) a session advisory lock keyed by the host's
-name is taken too, right after the file lock (`persistence.locks.AdvisoryLock`): mutators
-of different hosts take different keys and proceed in parallel; two of one host exclude
-each other even through two state directories. The server drops it when the process dies.
-
-The flock is what excludes; the row says who holds it (pid, host, boot id,
-command, transaction, since) so that a refused process can name the owner, and
-so that a holder that died is *detected*: its row stays unreleased while the OS
-lock is free. Such a stale row is never silently taken over: mutators are
-refused until `anvilctl recover` (which compensates the owner's transaction and
-records the release) or `anvilctl lock break ID` (journaled) resolves it.
-The rows are written and read by `anvil_ctl.persistence.locks`.
-
-The entry (`anvil_ctl.engine.entry`) takes the OS lock before a kind prepares its arguments
-from the record and claims the row with the transaction's first row (`acquire(claim=False)`,
-then `claim()`): bad input found in between exits 2 having written nothing, not even a row.
+The flock excludes (on PostgreSQL with a session advisory lock keyed by the host's name); the
+row says who holds it, so a refused process can name the owner and a holder that died is
+detected: its stale row refuses mutators until `recover` or `lock break ID` resolves it. The
+entry takes the OS lock before `prepare` and claims the row with the transaction's first row.
 """
 
 from __future__ import annotations
@@ -66,19 +54,7 @@ def held_locks(store: Store, me: Owner | None = None, *, all_hosts: bool = False
     """Lock rows without a release, newest first: of the Store's host (or of every host);
     `me` (this process, named by its host name) judges which owners still live."""
     rows = locks.unreleased(store, all_hosts=all_hosts)
-    return [
-        LockInfo(
-            r.id,
-            r.host,
-            r.pid,
-            r.boot_id,
-            r.command,
-            r.tx_id,
-            r.since,
-            owner_alive(Owner(r.pid, r.host, r.boot_id), me),
-        )
-        for r in rows
-    ]
+    return [LockInfo(**asdict(r), alive=owner_alive(Owner(r.pid, r.host, r.boot_id), me)) for r in rows]
 
 
 class HostLock:
@@ -97,12 +73,9 @@ class HostLock:
         self._advisory = locks.AdvisoryLock(store, owner.hostname)
 
     def acquire(self, *, take_over_dead: bool = False, claim: bool = True) -> list[LockInfo]:
-        """Take the host lock or raise LockHeld naming the owner.
-
-        With take_over_dead (only `recover` passes it) stale rows of dead owners are
-        returned to the caller, which must resolve them; otherwise they refuse. Without
-        `claim` only the OS lock is taken: `claim()` writes the row later.
-        """
+        """Take the host lock or raise LockHeld naming the owner. `take_over_dead` (`recover`):
+        stale rows are returned for the caller to resolve instead of refusing. Without `claim`
+        only the OS lock is taken; `claim()` writes the row later."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:

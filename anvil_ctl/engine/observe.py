@@ -1,15 +1,7 @@
 """Observe the live placement into a canonical Snapshot (read-only).
 
-What enters: per slot, the recorded incumbent and its observed container,
-every managed container of the slot, what the binding serves, the router's
-view of the tier; per host, GPU owners and shared-memory residue. Readings that
-fluctuate (free MiB, latencies) stay out; they belong to step results.
-
-`shm_residue` names only our residue: files managed engines left that no process
-holds (see `anvil_ctl.adapters.shm`). Another program's files in /dev/shm, and
-the files a running engine works with, never enter a snapshot, so they never make
-two placements differ. Observing also records in the shm ledger which files
-managed containers hold, so a snapshot taken before a stop remembers them.
+Per slot: the incumbent, the slot's managed containers, what the binding serves, the router's
+view; per host: GPU owners and our /dev/shm residue. Fluctuating readings stay out.
 """
 
 from __future__ import annotations

@@ -38,11 +38,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def owner_alive(owner: Owner, me: Owner | None = None) -> bool | None:
-    """True/False when it can be known from this host; None for another host's owner.
-
-    `me` names this host by its fleet name (anvil.toml); an owner recorded under this
-    machine's hostname (rows written before host names, or by a library caller) is local too.
-    """
+    """True/False when it can be known from this host; None for another host's owner. `me` names
+    this host by its fleet name; an owner under this machine's hostname is local too."""
     me = me or current_owner()
     if owner.hostname not in (me.hostname, socket.gethostname()):
         return None

@@ -1,11 +1,5 @@
-"""Decisions re-judged under waivers: a new record that points at the raw one, never a rewrite.
-
-`reclassify_one` records a decision over a raw (standing-policy) decision when the
-waivers in force change the outcome last recorded for it; `reclassify_decisions`
-does it for every stored raw decision (the `waive` and `revoke` commands call
-it). Both read the reserve gate's stored artifact (hash-checked against its
-evidence row), never re-measure.
-"""
+"""Decisions re-judged under waivers: a new record that points at the raw one, never a rewrite;
+the reserve gate's stored artifact is read (hash-checked), never re-measured."""
 
 from __future__ import annotations
 
@@ -212,11 +206,8 @@ class ReclassifyReport:
 def reclassify_decisions(
     world: World, *, slot: str | None = None, now: datetime | None = None
 ) -> ReclassifyReport:
-    """Re-judge every stored raw decision (of `slot`) under the waivers active `now`.
-
-    Records a new decision pointing at each raw one whose last recorded outcome the
-    waivers change (a waiver added, expired or revoked); raw evidence is only read.
-    """
+    """Re-judge every stored raw decision (of `slot`) under the waivers active `now`, recording a
+    new decision for each whose last recorded outcome they change."""
     now = now or datetime.now(UTC)
     active = waiver_rows.waivers(world.store)
     report = ReclassifyReport()

@@ -1,18 +1,8 @@
 """Recover transactions whose owner is gone: mark them interrupted, then finish them.
 
-The direction comes from the plan's pivot (see `anvil_ctl.core.steps`). Before
-the pivot's result is journaled, recovery compensates backwards: a step whose
-`do` intent is journaled may or may not have acted; its undo runs with the
-recorded result, or None when none was recorded, and must observe the world
-first. Once the pivot's result is journaled (and compensation had not begun),
-recovery rolls forward: the remaining steps run again from the first one without
-a journaled result, each observing before it acts, then the goal, verification
-and commit, exactly as a live run; a failure there compensates backwards.
-
-Undos already journaled as done are not run again, so recover is idempotent: a
-second run finds nothing to do. Every readmission recovery makes holds past any
-removal the dead owner may have left pending in the router. Either way the engine's availability rule holds:
-a slot that served when the transaction began serves when recover ends it.
+Before the pivot's result is journaled, recovery compensates backwards (each undo observes
+first); after it, recovery rolls forward from the first step without a journaled result. Undos
+journaled as done are not run again, so a second run finds nothing to do; readmissions hold.
 """
 
 from __future__ import annotations
@@ -60,12 +50,8 @@ class RecoverReport:
 
 
 def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, AnyStep, JSONObject | None]]:
-    """Steps whose do was started and whose undo has not completed, with recorded results.
-
-    Journal events are matched to the rebuilt plan by step name and position together: a
-    plan rebuilt under a changed config (a router added or removed) must not pair a
-    journaled step with a different undo. A mismatch goes to a person.
-    """
+    """Steps whose do was started and whose undo has not completed, with recorded results; journal
+    events match the rebuilt plan by step name and position, and a mismatch goes to a person."""
     started: dict[int, JSONObject | None] = {}
     names: dict[int, str] = {}
     undone: set[int] = set()

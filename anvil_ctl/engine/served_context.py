@@ -1,17 +1,6 @@
-"""Observe a serve's context length the way its engine profile says it shows.
-
-- `models`: `max_model_len` in /v1/models (the stub, SGLang); an engine that leaves it
-  out is not contradicted;
-- `refusal`: the engine reports no length, but refuses a prompt of at least that many
-  tokens with a 400 naming it (llama.cpp: "maximum context length is 2048 tokens",
-  after tokenizing only, which is quick). The probe sends a prompt of the
-  recorded length: a refusal names the real length; an answer means the engine took
-  a prompt longer than the recorded context, which is drift too;
-- `none`: unobservable; recorded as such.
-
-Read-only: a refused probe changes nothing on the engine, and an accepted one only
-generates one token.
-"""
+"""Observe a serve's context length the way its engine profile says it shows: `models`
+(`max_model_len` in /v1/models), `refusal` (a prompt of the recorded length is refused with
+a 400 naming the real length, or accepted, which is drift too) or `none` (unobservable)."""
 
 from __future__ import annotations
 

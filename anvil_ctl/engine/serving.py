@@ -1,15 +1,8 @@
 """Operations on serves that several transaction kinds share, each verifying the world.
 
-Stopping returns only when the runtime reports the container exited; starting a
-retained serve checks its identity first and returns only when the binding
-answers healthy with the exact served model. `identity_drift` is the one
-comparison of a recorded identity with the live container (promote, the guards,
-restarts, recheck and qualify all use it). The step builders at the end are the
-swap-serve steps that load, promote and rollback assemble their plans from.
-
-How a serve is probed (health route, what a routed answer's `model` says, where its
-context shows) is its engine profile's (`anvil_ctl.core.engine_profile`), found by
-`profile_of`; nothing here branches on an engine's name.
+Stopping returns once the container exited; starting a retained serve checks its identity and
+returns once its binding serves the exact model. `identity_drift` is the one comparison of a
+recorded identity with the live container. How a serve is probed is its engine profile's.
 """
 
 from __future__ import annotations
@@ -81,12 +74,8 @@ def inspect_or_none(world: World, container_id: str) -> ContainerInfo | None:
 def identity_drift(
     world: World, ident: Identity, *, running: bool = False, serving: bool = False
 ) -> list[FieldDrift]:
-    """Where the live container differs from `ident` in what decides equality.
-
-    Always: the container exists (by exact ID; its name is incidental), its image ID
-    and config fingerprint. With `running`: it runs. With `serving`: the slot's
-    binding serves exactly `ident.served_model`.
-    """
+    """Where the live container differs from `ident`: it exists (exact ID), same image ID and config
+    fingerprint; with `running`, it runs; with `serving`, its binding serves `ident.served_model`."""
     info = inspect_or_none(world, ident.container_id)
     if info is None:
         return [FieldDrift("container", ident.container_id, None)]
@@ -106,6 +95,14 @@ def identity_drift(
 
 def served_models(world: World, slot: str) -> list[str]:
     return sorted(m.id for m in world.server.models(world.config.slot(slot).base_url))
+
+
+def image_present(world: World, image_id: str) -> bool:
+    try:
+        world.runtime.image(image_id)
+    except NotFound:
+        return False
+    return True
 
 
 def container_absent_or_stopped(world: World, container_id: str) -> bool:
@@ -166,10 +163,8 @@ def wait_serving(
     served_model: str,
     timeout_s: float,
 ) -> JSONObject:
-    """Wait until the health route (if the engine has one) is 200 and /v1/models names exactly
-    served_model (at most `timeout_s`, or `--timeout` where that is shorter and the engine is
-    not compensating); the result says how many polls it took and what the first one saw (an
-    engine that loads before it listens refuses connections at first)."""
+    """Wait until the health route (if any) is 200 and /v1/models names exactly `served_model`,
+    within `world.deadline(timeout_s)`; the result says how many polls it took and the first seen."""
     timeout_s = world.wait(f"{base_url} to serve {served_model}", timeout_s)
     deadline = world.clock.now() + timeout_s
     started = world.clock.now()
@@ -245,12 +240,8 @@ def routed_chain_problems(world: World, ident: Identity) -> list[str]:
 
 
 def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> JSONObject:
-    """Readmit the slot's router tier to the serve `ident` describes (verified by routed chat).
-
-    `hold` (or `world.hold_readmissions`): a removal this process did not send may be
-    pending, so the router holds the registration past it (see `Router.readmit`). A live
-    transaction's readmission after its own drain does not need it.
-    """
+    """Readmit the slot's router tier to the serve `ident` describes (verified by routed chat);
+    `hold` (or `world.hold_readmissions`): hold past a removal this process did not send."""
     router = _router(world)
     slot = world.config.slot(ident.slot)
     _alias, expected = routed_expectation(world, ident)

@@ -19,9 +19,6 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
     LABEL_MANAGED,
     ContainerInfo,
-    ContainerLog,
-    ContainerSpec,
-    ImageInfo,
     VramNeed,
 )
 from anvil_ctl.core.ports import (
@@ -118,37 +115,19 @@ class World:
                 close()
 
 
-class WorldRuntime:
-    """The world's container runtime as it is at each call: inside `one_reading` the stretch's
-    one look. For the adapters built beside the world that list its managed containers (the
-    /dev/shm scanner, the simulated GPUs): in a stretch their listing is the stretch's."""
-
+class _CurrentRuntime:
     def __init__(self, world: World) -> None:
         self.world = world
 
-    def inspect(self, container_id: str) -> ContainerInfo:
-        return self.world.runtime.inspect(container_id)
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.world.runtime, name)
 
-    def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
-        return self.world.runtime.list(labels=labels)
 
-    def image(self, ref: str) -> ImageInfo:
-        return self.world.runtime.image(ref)
-
-    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
-        return self.world.runtime.logs(container_id, max_lines=max_lines, max_bytes=max_bytes)
-
-    def create(self, spec: ContainerSpec) -> str:
-        return self.world.runtime.create(spec)
-
-    def start(self, container_id: str) -> None:
-        self.world.runtime.start(container_id)
-
-    def stop(self, container_id: str, timeout_s: float) -> None:
-        self.world.runtime.stop(container_id, timeout_s)
-
-    def remove(self, container_id: str) -> None:
-        self.world.runtime.remove(container_id)
+def current_runtime(world: World) -> ContainerRuntime:
+    """The world's container runtime as it is at each call: inside `one_reading` the stretch's
+    one look. For the adapters built beside the world that list its managed containers (the
+    /dev/shm scanner, the simulated GPUs): in a stretch their listing is the stretch's."""
+    return cast(ContainerRuntime, _CurrentRuntime(world))
 
 
 class _Stretch:
@@ -239,19 +218,10 @@ def _one_gpu_reading(gpus: GpuProbe, stretch: _Stretch) -> GpuProbe:
 
 @contextmanager
 def one_reading(world: object) -> Iterator[None]:
-    """A stretch in which the host is only observed: /dev/shm's residue is scanned once, and
-    each container, image and container query, each binding's health, model list and
-    listening, each router reading (backends, view, readiness, a routed chat by alias, a route
-    check) and the GPU readings are asked once.
-
-    For the checks before a transaction's first mutation, its before snapshot and its
-    availability check, for the goal check and after snapshot, and for recheck's assertions and
-    snapshot, which ask the same few questions again and again with nothing of ours changing
-    the answers in between. A change made through the stretch (a container started, a route
-    re-applied) forgets every reading; nothing may wait for a change inside one (a poll would
-    see its first answer forever). A stretch inside a stretch is the outer one. Any other world
-    (a plan under test) is left as it is.
-    """
+    """A stretch in which the host is only observed: each question to the runtime, the server
+    probe, the router, the GPUs and /dev/shm is asked once (checks and snapshots ask the same
+    few again and again). A change made through the stretch forgets every reading; nothing may
+    poll inside one. A stretch inside a stretch is the outer one; a non-World is left alone."""
     if not isinstance(world, World) or isinstance(world.runtime, _Reading):
         yield  # not a World, or already inside a stretch: its one reading goes on
         return

@@ -1,14 +1,8 @@
-"""Evidence on disk: a transaction's JSON artifacts, each written once, and the manifest
-that lists them; verifying a directory against its manifest; a verified bundle as read.
+"""Evidence on disk: a transaction's JSON artifacts, each written once, and the manifest listing
+them; verifying a directory against its manifest; a verified bundle as read.
 
-Layout: `<evidence_dir>/<tx_id>/<artifact>.json` plus `manifest.json` listing every
-artifact with its SHA-256 and size. Evidence is immutable: a second write of a name is
-refused. A manifest only vouches for the files it lists (whoever edits an artifact can
-update its `sha256` and `size` too): what binds a directory to what was recorded is the
-manifest's own SHA-256, recorded in the state database for every manifest written.
-`verify_bundle` holds it against the references its caller passes (the database,
-`--expect-manifest`); with references asked for but none knowing this manifest, the
-bundle is reported unbound, never "ok".
+A manifest only vouches for the files it lists; what binds a directory to the record is the
+manifest's own SHA-256, recorded in the state database (`verify_bundle`'s `references`).
 """
 
 from __future__ import annotations
@@ -53,15 +47,14 @@ class Artifact:
         return cls(path, hashlib.sha256(data).hexdigest(), len(data))
 
     def as_dict(self) -> JSONObject:
-        return {"path": self.path, "sha256": self.sha256, "size": self.size}
+        return asdict(self)
 
 
 class EvidenceWriter:
     """Writes a transaction's artifacts once each, then its manifest."""
 
     def __init__(self, evidence_dir: Path, tx_id: str, *, resume: bool = False) -> None:
-        """`resume`: a step re-run after a crash; the files already written stay, are listed
-        again in the next manifest, and are never overwritten."""
+        """`resume`: a step re-run after a crash keeps and re-lists the files already written."""
         if not SAFE_NAME.match(tx_id):
             raise BadInput(f"transaction id {tx_id!r}: expected letters, digits, '.', '_' or '-'")
         self.tx_dir = evidence_dir / tx_id
@@ -187,9 +180,6 @@ class Binding:
     note: str = ""
 
 
-_ARTIFACT_PROBLEMS = frozenset({"missing", "sha256", "size", "unlisted", "unsafe_path", "manifest"})
-
-
 @dataclass(frozen=True)
 class VerifyResult:
     directory: str
@@ -197,11 +187,6 @@ class VerifyResult:
     mismatches: tuple[Mismatch, ...]
     manifest_sha256: str | None = None
     bindings: tuple[Binding, ...] | None = None  # None: no binding was asked for
-
-    @property
-    def artifacts_ok(self) -> bool:
-        """Every listed file is there with the listed hash and size, and nothing else is."""
-        return not any(m.problem in _ARTIFACT_PROBLEMS for m in self.mismatches)
 
     @property
     def bound(self) -> bool | None:
@@ -242,11 +227,8 @@ def _bind(sha: str, references: Sequence[ManifestReference]) -> tuple[tuple[Bind
 
 
 def verify_bundle(directory: Path, references: Sequence[ManifestReference] | None = None) -> VerifyResult:
-    """Re-hash every artifact named by the manifest; list missing, changed and unlisted files.
-
-    With `references`, also hold the manifest's own SHA-256 against each: a manifest none
-    of them recorded is `unbound`, one that differs `manifest_sha256`.
-    """
+    """Re-hash every artifact the manifest names; list missing, changed and unlisted files. With
+    `references`, a manifest none of them recorded is `unbound`, one that differs `manifest_sha256`."""
     try:
         manifest = read_manifest(directory)
     except BadInput as exc:

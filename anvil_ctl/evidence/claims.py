@@ -1,33 +1,11 @@
 """The claim ledger: every published number bound to its conditions and to the evidence it
 comes from, recounted from a verified bundle before it is posted.
 
-A claims file (TOML):
-
-    title = "GLM-5.3-Flash SGLang 393K promotion"
-    finding = "promotion finding"           # names the evidence column's document
-
-    [[claims]]
-    claim = "112.07 decode tok/s"           # the public text
-    published = "112.07"                    # the number as published
-    decimals = 2                            # rounding as declared (default: as published)
-    conditions = "2,969 prompt tokens; C1; p50 of three"
-    artifact = "13-capacity.json"           # a file of the evidence bundle
-    path = "evidence.cells[nominal_tokens=4096,concurrency=1].decode_tps_p50"
-
-      [[claims.condition]]                  # a number of the conditions, recounted too
-      published = "2,969"
-      path = "evidence.cells[nominal_tokens=4096,concurrency=1].prompt_tokens_p50"
-
-    [[claims]]
-    claim = "roughly 8,100 tok/s prefill"
-    origin = "external-prior"               # published by the source, not measured here
-    source = "upstream stable release report"
-
-Paths: keys joined by `.`; `[3]` indexes a list (negative from its end), `[key=value,...]`
-picks the one element whose fields equal those values (numbers compared as numbers). A
-local claim must come from an artifact the bundle's `provenance.json` lists as a local
-measurement, never from its external-prior section; external-prior claims are listed as
-such and never recounted.
+A claims file is TOML: `title`, `finding`, and `[[claims]]` tables (`claim`, `published`,
+`decimals`, `conditions`, `artifact`, `path`, `[[claims.condition]]` numbers recounted too; or
+`origin = "external-prior"` with its `source`, never recounted). Paths: keys joined by `.`,
+`[3]` indexes a list, `[key=value,...]` picks the one element with those fields. A local claim
+must come from an artifact the bundle's `provenance.json` lists as a local measurement.
 """
 
 from __future__ import annotations

@@ -99,11 +99,8 @@ def export_bundle(
     extra_paths: Sequence[str] = (),
     references: Sequence[ManifestReference] | None = None,
 ) -> ExportResult:
-    """Copy a verified transaction's artifacts to `out_dir`, redacted, with a new manifest.
-
-    The source must verify, against `references` when given. The resolved evidence and
-    state directories are always redacted as host paths.
-    """
+    """Copy a verified transaction's artifacts to `out_dir`, redacted, with a new manifest; the
+    source must verify (against `references` when given). Evidence and state paths are redacted."""
     source = verify_bundle(tx_dir, references)
     if not source.ok:
         raise BadInput(

@@ -1,10 +1,5 @@
-"""The report's plots, drawn by matplotlib as inline SVG (the optional extra `report`).
-
-Each function takes plain data read from a verified evidence bundle and returns one
-SVG document as text, with no external reference (no fonts, images or scripts
-fetched): text stays text (`svg.fonttype = none`) in the page's own font stack.
-matplotlib is imported only here and only when a report is made.
-"""
+"""The report's plots, drawn by matplotlib (the optional extra `report`) as inline SVG with
+text kept as text and nothing fetched; matplotlib is imported only when a report is made."""
 
 from __future__ import annotations
 
@@ -84,9 +79,8 @@ CAPACITY_METRICS = (
 
 
 def capacity_svg(series: Sequence[Series]) -> str:
-    """TTFT, prefill and decode against measured prompt tokens: p50 lines per concurrency over
-    every completed request as a faint point. Axes start at 0; a request far above every p50
-    (a stream that arrived in one burst) is left above the axis and counted in the title."""
+    """TTFT, prefill and decode against measured prompt tokens: p50 lines per concurrency over every
+    completed request as a faint point; a request far above every p50 is counted in the title."""
     with _figure(10.5, 3.4) as fig:
         axes = fig.subplots(1, 3)
         for ax, (key, ylabel, title) in zip(axes, CAPACITY_METRICS, strict=True):

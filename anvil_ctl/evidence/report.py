@@ -1,14 +1,8 @@
 """The one-page report a person reads before promoting: one self-contained HTML file.
 
-Everything on the page that is a figure comes from verified evidence bundles: the
-qualification's own, and the bundles of the promotions and A/B controls that name
-its candidate. Records that are not figures (a later reclassification, the waivers)
-come from the state database and are shown as records. External-prior figures (the
-recipe source's published claims) get a box of their own and never enter a table or
-plot of local results.
-
-No network: inline CSS, inline SVG plots (`anvil_ctl.evidence.plots`), no script,
-no link, no font or image fetched. Every value is escaped.
+Every figure comes from verified evidence bundles (the qualification's, and the promotions' and
+A/B controls' that name its candidate); records from the database are shown as records, and
+external-prior figures get a box of their own. No network: inline CSS and SVG, no script.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The seeds' summary table of a qualification: per capacity cell and endurance run, the
-nominal context, measured prompt, TTFT, prefill, decode and completed requests.
-
-Written to `summary.json` by the runner and printed by `qualify` (plain text or rich).
-"""
+nominal context, measured prompt, TTFT, prefill, decode and completed requests."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Approvals: who approved promoting a candidate, on which decision, in which transaction.
-
-Append-only and audited (`approval`); the promote plan writes one when the
-candidate becomes the incumbent.
-"""
+"""Approvals: who approved promoting a candidate, on which decision, in which transaction."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """The hash-chained audit journal: appending entries, and the chain's head.
 
-Each entry's hash is SHA-256 over the previous entry's whole hash and the entry's
-canonical content: id, time, transaction, event, payload, host and the history rows
-written with it (`rows_json`: `[[table, key, digest], ...]`, see `coverage`; each digest
-the first `ROW_DIGEST_BYTES` bytes of the row's SHA-256 in unpadded base64url). `prev_hash`
-keeps the first `LINK_TAG` hex digits of the previous hash, enough to tell a broken link
-from an edited entry. Editing an entry breaks its own hash; deleting or reordering entries
-breaks the links; editing a covered row breaks its digest; deleting entries at the end is
-caught against the head recorded outside the database (`head`). `verify` walks all of it.
-
-The head, `(seq, hash)` of the last entry, is what a witness outside the database
-records: the head file beside the database, the recheck textfile, the logs, an
-operator's `--expect-head`.
+Each entry hashes the previous entry's hash and its own canonical content, including the
+digests of the history rows written with it (`coverage`). The head, `(seq, hash)` of the last
+entry, is what witnesses outside the database record (the head file, `--expect-head`).
 """
 
 from __future__ import annotations
@@ -112,12 +103,8 @@ def append(
     rows: Sequence[RowRef] = (),
 ) -> Head:
     """Append one entry covering the history rows flushed in `session` since the last one
-    (plus `rows`); the caller's write transaction serializes appenders.
-
-    SQLite writers are serialized by BEGIN IMMEDIATE; on PostgreSQL a transaction-scoped
-    advisory lock does it, so two hosts sharing one database never fork the chain: one
-    chain for the whole fleet (docs/POSTGRES.md says why).
-    """
+    (plus `rows`). On PostgreSQL a transaction-scoped advisory lock serializes appenders, so
+    hosts sharing one database never fork the chain."""
     covered = [*take_pending(session), *rows]
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": AUDIT_LOCK_KEY})
@@ -157,14 +144,8 @@ history rows were pending in the session after it (its own rows are the differen
 
 
 def batch_entry(held: Sequence[Held]) -> tuple[str, str | None, Mapping[str, object]]:
-    """The one entry (event, transaction, payload) for the events of a `together()`.
-
-    One event is its own entry. Several make a `batch`: each event with its payload (and
-    its transaction, where the entry does not name one for all) when it has one; by name
-    when it covers no row of its own; an event with neither is left out, since its rows,
-    which the entry lists in order, name it (a step row its step, phase and event; an
-    identity row its role; ...).
-    """
+    """The one entry (event, transaction, payload) for the events of a `together()`: a single
+    event as itself; several as a `batch`, leaving out the events whose own rows name them."""
     if len(held) == 1:
         event, tx_id, payload, _rows = held[0]
         return event, tx_id, payload

@@ -1,9 +1,4 @@
-"""Walking the audit chain: each entry's id, link and hash, and the history rows it covers.
-
-`walk(session, start, ...)` reads the entries after `start` in id order (as Core
-rows, in batches), names what is wrong with each, and collects the row refs they
-carry into a `Refs` index per table, for `verify` to hold against the tables.
-"""
+"""Walking the audit chain: each entry's id, link and hash, and the refs of the rows it covers."""
 
 from __future__ import annotations
 
@@ -56,10 +51,7 @@ class Problem:
 class Refs:
     """The digests the chain recorded for one table's rows, by key, with the entry of each.
 
-    A full walk holds one per covered row, millions of them in a large record: integer keys
-    (dense, from 1, as autoincrement makes them) live in flat arrays, 16 bytes of digest and
-    8 of entry each; any other key (text, or an integer far beyond the refs there are, as an
-    incremental walk sees them) in a dict.
+    Dense integer keys live in flat arrays (a full walk holds millions); others in a dict.
     """
 
     def __init__(self) -> None:

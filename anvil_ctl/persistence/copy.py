@@ -1,31 +1,15 @@
 """`anvilctl db copy --to URL`: one host's whole history into another state database.
 
-The use: a host that kept its record in SQLite joins a fleet's PostgreSQL database. What
-is copied is every history row of this host (each table the chain covers, `hosts` row
-included, and the snapshot and identity bodies its rows name), in one database transaction on
-the target, which is migrated to the head first.
-
-Integer row keys collide with the rows other hosts already wrote there, so rows get new keys
-on the target (string keys, transaction IDs among them, are kept), and every row names the
-host's new id there. The chain's entries list `[table, key, digest]`, so the source's entries
-cannot be carried over as they are: the copy re-chains, honestly. The source's chain is
-verified first (in full: nothing is copied from a record that does not verify), and then
-each of the host's source entries becomes one target entry with the same time, transaction,
-event and payload, plus `copied: {seq, hash}` naming the source entry it stands for,
-covering the same rows under their target keys and digests. A last entry, `db.copied`,
-names the source database (password masked), its verified head and the rows copied per
-table. The target's chain is then verified in full.
-
-Not copied: `audit_checkpoints` (they pin positions of the source's chain, which the
-target's does not have; the count is reported) and the projection, which is rebuilt on
-the target for this host from the copied history. A target that already knows this
-host's name is refused (`TargetHoldsHost`, exit 9) before anything is written.
+For a host that kept its record in SQLite joining a fleet's PostgreSQL database. The source's
+chain must verify; its rows get new integer keys on the target (text keys kept) and each source
+entry is re-chained as one target entry naming it (`copied: {seq, hash}`), then `db.copied`.
+Checkpoints are not copied and the projection is rebuilt; a target that knows the host is refused.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import Engine, Table, func, insert, select, text
 from sqlalchemy.orm import Session
@@ -39,14 +23,14 @@ from anvil_ctl.persistence.models import FIRST_HOST_ID, HISTORY_TABLES, AuditEnt
 from anvil_ctl.persistence.store import Store, utcnow
 
 NOT_COPIED = ("audit_checkpoints",)
-"""History that names positions of the source's own chain (see the module doc)."""
+"""History that names positions of the source's own chain."""
 
 ORDER = tuple(t for t in HISTORY_TABLES if t not in ("hosts", *NOT_COPIED))
 """Parents before the rows that refer to them (`hosts` goes first, on its own)."""
 
 SHARED = {"snapshot_blobs": ("snapshots", "sha256"), "identity_bodies": ("identities", "digest")}
-"""Tables stored once per content, whichever host wrote them, keyed by their SHA-256: the
-host's rows are those its own rows of (table, column) name; one already in the target stays."""
+"""Tables stored once per content, keyed by SHA-256: the host's are those its rows of (table,
+column) name; one already in the target stays."""
 
 _TIME = {"transactions": "created_at", "decisions": "at", "waivers": "created_at", "locks": "since"}
 """Tables keyed by text: copied in time order (a reclassification after the decision it names)."""
@@ -64,16 +48,7 @@ class CopyResult:
     not_copied: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> JSONObject:
-        return {
-            "host": self.host,
-            "source": self.source,
-            "target": self.target,
-            "source_head": self.source_head,
-            "target_head": self.target_head,
-            "rows": dict(self.rows),
-            "entries": self.entries,
-            "not_copied": dict(self.not_copied),
-        }
+        return asdict(self)
 
 
 def _table(name: str) -> Table:
@@ -93,15 +68,14 @@ def _source_rows(s: Session, name: str, host: int) -> list[dict[str, object]]:
             chunk = named[start : start + 500]
             rows += [dict(r) for r in s.execute(select(t).where(key.in_(chunk)).order_by(key)).mappings()]
         return sorted(rows, key=lambda r: str(r[key.name]))
-    else:
-        (pk,) = t.primary_key.columns
-        q = select(t).where(t.c.host_id == host).order_by(t.c[_TIME.get(name, pk.name)], pk)
+    (pk,) = t.primary_key.columns
+    q = select(t).where(t.c.host_id == host).order_by(t.c[_TIME.get(name, pk.name)], pk)
     return [dict(r) for r in s.execute(q).mappings()]
 
 
 def copy_host(source: Store, target_engine: Engine) -> CopyResult:
-    """Copy `source`'s host (its `host_id`/`host_name`) into `target_engine`, migrated to head
-    (see the module doc). The source's chain must verify in full (checked by the caller)."""
+    """Copy `source`'s host into `target_engine`, migrated to head, in one transaction (see the
+    module doc). The source's chain must verify in full (checked by the caller)."""
     host_name = source.host_name or ""
     result = CopyResult(
         host=host_name,
@@ -183,8 +157,8 @@ def _insert_rows(
     new_host: int,
     moved: dict[tuple[str, RowKey], tuple[RowKey, str]],
 ) -> dict[str, int]:
-    """Insert the source's rows under the new host; `moved`: (table, source key) -> (target
-    key, target digest). Returns rows inserted per table."""
+    """Insert the source's rows under the new host, recording in `moved` (table, source key) ->
+    (target key, target digest); returns the rows inserted per table."""
     counts: dict[str, int] = {}
     for name in ORDER:
         t = _table(name)

@@ -1,19 +1,8 @@
 """Which rows the audit chain covers, and the canonical digest of each.
 
-Every row of a history table (`models.HISTORY_TABLES`) is covered: the journal
-entry written in the same database transaction lists it as `[table, key,
-digest]`, and `audit verify` recomputes the digest from the table. The digest is
-SHA-256 over the canonical JSON of `{"table": name, "row": {column: value}}`
-with every column of the row that holds a value, so a value moved to another
-table or column does not verify either. NULL columns are left out: a migration
-that adds a nullable column leaves every older row's digest as it was.
-
-`track(sessionmaker)` makes this hold for every write without each writer
-remembering it: after each flush the inserted history rows wait in the
-session's `info`, `audit.append` takes them into its entry, and a commit that
-would leave one uncovered is refused (a bug: every history write appends an
-audit entry). A later table (a content-addressed snapshot store, a projection)
-is covered by adding its name to `HISTORY_TABLES`.
+Every row of a history table is listed by the entry written in its database transaction as
+`[table, key, digest]`; the digest is SHA-256 of `{"table", "row"}` without NULL columns.
+`track` collects inserted rows after each flush and refuses a commit that leaves one uncovered.
 """
 
 from __future__ import annotations

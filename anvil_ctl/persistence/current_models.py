@@ -1,12 +1,7 @@
-"""ORM models of the current-state projection.
+"""ORM models of the current-state projection: derived, mutable, not covered by the chain.
 
-Not history: derived, mutable, and left out of the chain on purpose (`PROJECTION_TABLES`).
-Each row is written in the same database transaction as the history row it summarizes,
-so it cannot disagree with it; `projection.rebuild` derives the same rows from history
-alone, and `audit verify --full` compares the two. The keys of "the latest per (slot,
-role)" and "the owner of a GPU role" begin with the host: two hosts of a fleet have slots
-and roles of the same names. Reads that ask "what is current" (guards, `recover`,
-`status`, the views) use these rows and their indexes instead of scanning history.
+Each row is written in the same database transaction as the history row it summarizes;
+`projection.rebuild` derives the same rows from history alone. Keys begin with the host.
 """
 
 from __future__ import annotations

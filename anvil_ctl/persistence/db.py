@@ -1,31 +1,8 @@
 """Database engines: SQLite with WAL, foreign keys, synchronous=FULL and a busy timeout.
 
-SQLite write transactions begin with BEGIN IMMEDIATE so that two writers never
-both read the audit chain's tail and append after it. Read transactions (the
-engine `reader(engine)` returns, which `Store.read` uses) begin DEFERRED: in WAL
-mode a reader never waits for a writer, so `status` and `audit` answer while
-another process holds the write lock, and a reader waits at most
-`READ_BUSY_MS` for the rare lock that does block it (a checkpoint, a process in
-exclusive locking mode).
-
-`translated(engine)` is the one edge where database errors become ours: a lock
-held past the busy timeout, a read-only, full or failing disk, or an unreachable
-server raise `Unavailable` naming the database (exit 7; nothing was written, the
-transaction rolled back); a file that is not an SQLite database, or a damaged
-one, raises `StateStoreError` (exit 2). Anything else (a constraint, an
-append-only trigger) is a bug and passes through.
-
-`make_engine(keep_connection=True)` (a command of the CLI) keeps one SQLite connection for
-the command's life instead of one per database transaction: its PRAGMAs run once, and no
-write pays for closing the database's last connection, which in WAL mode checkpoints the
-log into the database file (two more fsyncs) and removes it.
-Durability does not depend on it: with synchronous=FULL a commit is on disk in the log when
-it returns. The owner closes it with `dispose()`; without the flag nothing stays open
-between transactions (library callers and tests that never close an engine).
-
-`make_engine` never creates a database unless asked (`create=True`, `anvilctl
-init` only): a read-only command pointed at a missing file says so and leaves
-no empty database behind.
+Writes begin IMMEDIATE so two writers never both append after the chain's tail; reads
+(`reader`) begin DEFERRED and never wait for a writer. `translated` is the one edge where
+database errors become ours: `Unavailable` (exit 7) or `StateStoreError` (exit 2).
 """
 
 from __future__ import annotations
@@ -62,8 +39,8 @@ WRITE_BUSY_MS = 3_000
 
 def make_engine(url: str, *, create: bool = False, keep_connection: bool = False) -> Engine:
     """An engine for `url`; ConfigError for a URL that is none, StateStoreError for a missing or
-    irregular SQLite file (unless `create`, which makes the file in an existing directory).
-    `keep_connection`: SQLite keeps its connection until `dispose()` (see the module doc)."""
+    irregular SQLite file (unless `create`, which makes it). `keep_connection`: a command's one
+    SQLite connection lives until `dispose()`, so no write pays for closing (checkpointing) it."""
     try:
         parsed = make_url(url)
     except ArgumentError:

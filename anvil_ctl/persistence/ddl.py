@@ -1,18 +1,8 @@
 """DDL the ORM cannot express: the append-only triggers that migrations make.
 
-What "append-only" refuses, per dialect:
-
-- SQLite: UPDATE and DELETE (`<table>_no_update`, `<table>_no_delete`), and REPLACE
-  (`<table>_no_replace`). `INSERT OR REPLACE`
-  resolves a key conflict by deleting the old row, and that delete fires no DELETE
-  trigger unless the connection turned `recursive_triggers` on; so a BEFORE INSERT
-  trigger refuses any insert whose primary or unique key already exists. It needs
-  no pragma, and a plain insert pays one index lookup per key.
-- PostgreSQL: UPDATE and DELETE (`<table>_append_only`, row level) and TRUNCATE
-  (`<table>_no_truncate`, statement level: TRUNCATE fires no row trigger). An
-  upsert (`ON CONFLICT DO UPDATE`) is an UPDATE and is refused by the first.
-
-`expected_triggers` names them all, so `audit verify` can say which one is gone.
+SQLite: `<t>_no_update`, `<t>_no_delete`, and `<t>_no_replace`, a BEFORE INSERT trigger on an
+existing key (`INSERT OR REPLACE` deletes without firing DELETE triggers). PostgreSQL:
+`<t>_append_only` (UPDATE, DELETE, upserts) and `<t>_no_truncate` (statement level).
 """
 
 from __future__ import annotations
@@ -32,8 +22,7 @@ class _Op(Protocol):
 
 
 def _op() -> _Op:
-    # alembic's proxy exists only while a migration runs; imported late so that `audit
-    # verify` (which asks `expected_triggers`) does not load alembic.
+    # imported late: `audit verify` (`expected_triggers`) need not load alembic
     from alembic import op
 
     return op

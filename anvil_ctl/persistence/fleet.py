@@ -1,13 +1,9 @@
-"""What every host of a fleet sharing one state database is doing: `anvilctl fleet status`,
-and the serving history across hosts ("which container served SLOT on host B at time T").
-
-Reads only: the projection (each host's incumbents, unresolved transactions and held
-locks, keyed by host) and, for the last recheck, the newest `rechecks` row of the host.
-"""
+"""What every host of a fleet sharing one state database is doing (`anvilctl fleet status`),
+and the serving history across hosts; reads only."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from sqlalchemy import select, text
 
@@ -58,9 +54,9 @@ def status(store: Store) -> list[HostStatus]:
             slots = s.execute(
                 select(
                     IdentityCurrent.slot,
-                    IdentityCurrent.container_id,
+                    IdentityCurrent.container_id.label("incumbent"),
                     IdentityRow.served_model,
-                    IdentityCurrent.at,
+                    IdentityCurrent.at.label("since"),
                 )
                 .join(IdentityRow, IdentityRow.id == IdentityCurrent.identity_id)
                 .where(IdentityCurrent.host_id == h.id, IdentityCurrent.role == "incumbent")
@@ -72,8 +68,7 @@ def status(store: Store) -> list[HostStatus]:
                 .order_by(RecheckRow.id.desc())
                 .limit(1)
             ).first()
-            # the projection's own read of unresolved transactions (its partial index): a
-            # bound `unresolved = ?` cannot use it, and walked every transaction of the host
+            # through the projection's partial index (a bound `unresolved = ?` cannot use it)
             open_txs = projection.tx_rows_in(s, frozenset(projection.UNRESOLVED), host=h.id)
             locks = s.execute(select(LockHeld.lock_id).where(LockHeld.host_id == h.id)).all()
             out.append(
@@ -83,15 +78,7 @@ def status(store: Store) -> list[HostStatus]:
                     "machine_id": h.machine_id,
                     "registered_at": h.registered_at,
                     "this_host": h.id == store.host,
-                    "slots": [
-                        {
-                            "slot": r.slot,
-                            "incumbent": r.container_id,
-                            "served_model": r.served_model,
-                            "since": r.at,
-                        }
-                        for r in slots
-                    ],
+                    "slots": [cast(SlotStatus, dict(r._mapping)) for r in slots],
                     "last_recheck": (
                         {"slot": recheck.slot, "passed": bool(recheck.passed), "at": recheck.at}
                         if recheck is not None
@@ -139,15 +126,4 @@ def served_at(store: Store, *, slot: str, at: str, host: int | None) -> list[Ser
         params["host"] = host
     sql += " ORDER BY host_id, served_from"
     with store.read() as s:
-        return [
-            {
-                "host": r.host,
-                "slot": r.slot,
-                "container_id": r.container_id,
-                "served_model": r.served_model,
-                "served_from": r.served_from,
-                "served_until": r.served_until,
-                "tx_id": r.tx_id,
-            }
-            for r in s.execute(text(sql), params)
-        ]
+        return [cast(Served, dict(r._mapping)) for r in s.execute(text(sql), params)]

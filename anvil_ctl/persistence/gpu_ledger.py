@@ -1,9 +1,7 @@
 """The GPU ownership ledger: append-only claim and release events per GPU role.
 
-Who owns a role now is the latest event per role, when it is a claim; the
-projection's `gpu_owner_current` keeps that row per role, written with the event.
-Every write is audited (`gpu.claim`, `gpu.release`). Judging whether a start may go
-ahead is `anvil_ctl.gpu.ownership`'s business; this module only records and reads.
+A role's owner is its latest event when that is a claim (`gpu_owner_current` in the projection).
+Judging whether a start may go ahead is `anvil_ctl.gpu.ownership`'s business.
 """
 
 from __future__ import annotations
@@ -43,20 +41,15 @@ class OwnerRecord(TypedDict):
     since: str
 
 
-def claim_roles(
-    store: Store,
-    roles: Sequence[str],
-    *,
-    container_id: str,
-    tx_id: str | None,
-    mode: GpuMode,
-    slot: str,
+def _append(
+    store: Store, event: str, owned: Sequence[tuple[str, GpuMode, str]], container_id: str, tx_id: str | None
 ) -> None:
+    """One event row per (role, mode, slot) of `owned`, under one audit entry."""
     with store.write() as s:
-        for role in roles:
+        for role, mode, slot in owned:
             row = GpuOwnershipEvent(
                 role=role,
-                event="claim",
+                event=event,
                 container_id=container_id,
                 tx_id=tx_id,
                 mode=mode,
@@ -66,30 +59,25 @@ def claim_roles(
             s.add(row)
             s.flush()
             projection.on_gpu_event(s, row)
-        store.audit(s, "gpu.claim", tx_id, {})  # the covered event rows hold it all
+        store.audit(s, f"gpu.{event}", tx_id, {})  # the covered event rows hold it all
+
+
+def claim_roles(
+    store: Store, roles: Sequence[str], *, container_id: str, tx_id: str | None, mode: GpuMode, slot: str
+) -> None:
+    _append(store, "claim", [(role, mode, slot) for role in roles], container_id, tx_id)
 
 
 def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_id: str | None) -> None:
     """Release the roles `container_id` owns (roles owned by another container are left alone)."""
     owners = gpu_owners(store)
-    mine = [r for r in roles if r in owners and owners[r]["container_id"] == container_id]
-    if not mine:
-        return
-    with store.write() as s:
-        for role in mine:
-            row = GpuOwnershipEvent(
-                role=role,
-                event="release",
-                container_id=container_id,
-                tx_id=tx_id,
-                mode=owners[role]["mode"],
-                slot=owners[role]["slot"],
-                at=utcnow(),
-            )
-            s.add(row)
-            s.flush()
-            projection.on_gpu_event(s, row)
-        store.audit(s, "gpu.release", tx_id, {})  # the covered event rows hold it all
+    mine = [
+        (r, owners[r]["mode"], owners[r]["slot"])
+        for r in roles
+        if r in owners and owners[r]["container_id"] == container_id
+    ]
+    if mine:
+        _append(store, "release", mine, container_id, tx_id)
 
 
 def gpu_owners(store: Store) -> dict[str, OwnerRecord]:

@@ -1,18 +1,8 @@
 """The two PostgreSQL roles of a state database, as SQL for a person to run (`init --print-grants`).
 
-- The migration role owns the database and its schema: `anvilctl init` and `anvilctl
-  db upgrade` run as it (they create tables, triggers and views).
-- The application role is what every other command connects as. On history (every
-  append-only table and the audit journal) it may SELECT and INSERT, nothing else:
-  it holds no UPDATE, DELETE or TRUNCATE privilege there, so those fail with
-  "permission denied" before the append-only triggers (which refuse them for the
-  owner too) are reached, and it cannot drop or disable a trigger, since only an
-  owner may. The current-state projection is not history (derived, rebuilt at will,
-  compared with a rebuild by `audit verify --full`), so there it may also UPDATE and
-  DELETE; `alembic_version` it may only read.
-
-What the owner can still do (drop a trigger, `session_replication_role`) is what
-`audit verify` is for.
+The owner runs `init` and `db upgrade`. The application role may SELECT and INSERT history
+(no UPDATE, DELETE, TRUNCATE, nor dropping a trigger) and also UPDATE and DELETE the derived
+projection; what the owner can still do is what `audit verify` is for.
 """
 
 # ruff: noqa: S608 -- this module writes SQL text for a person to run (names checked by ROLE_RE)
@@ -26,10 +16,6 @@ from anvil_ctl.persistence.models import APPEND_ONLY_TABLES
 
 ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """A PostgreSQL name that needs no quoting: what these statements may name."""
-
-OWNER_ROLE = "anvil_owner"
-APP_ROLE = "anvil_app"
-DATABASE = "anvil"
 
 
 def history_tables() -> tuple[str, ...]:
@@ -48,8 +34,8 @@ def _ident(value: str, what: str) -> str:
 
 
 def app_grants(*, owner: str, app: str) -> list[str]:
-    """The statements that give the application role its privileges, run as the owner in the
-    state database after `anvilctl init` (and after each `db upgrade` that adds a table)."""
+    """The statements that give the application role its privileges, run as the owner after
+    `anvilctl init` (and after each `db upgrade` that adds a table)."""
     owner = _ident(owner, "--owner-role")
     app = _ident(app, "--app-role")
     history = ", ".join(history_tables())
@@ -67,7 +53,7 @@ def app_grants(*, owner: str, app: str) -> list[str]:
 
 def grants_sql(*, database: str, owner: str, app: str) -> str:
     """The SQL that creates both roles and the database and grants the application role its
-    privileges (see the module doc); passwords are left for `\\password`, never printed."""
+    privileges; passwords are left for `\\password`, never printed."""
     database = _ident(database, "database")
     owner = _ident(owner, "--owner-role")
     app = _ident(app, "--app-role")

@@ -1,18 +1,7 @@
 """The head file: the audit chain's last position, kept outside the database.
 
-A database can be cut short without leaving a trace inside it (delete the last
-entries and the rows they cover); a copy of the head outside it shows the cut.
-After each write transaction that appended entries commits, the Store advances
-the head file beside the database (`anvil.db.head`; for a database given by URL,
-`<state_dir>/audit-head.json`) to the new head. `audit verify` then requires the
-entry the file names to exist with the hash the file records.
-
-The file only advances, and only from a position the database still holds: if
-the entry the file names is gone or differs (the journal was cut or rewritten),
-the file is left alone so that `audit verify` can name it, and the writer logs
-why. A file behind the database is normal after a crash between a commit and the
-file's update (or a race between two writers), and harmless: it still pins every
-entry up to its own.
+A cut tail leaves no trace inside the database; the head file beside it shows the cut. It only
+advances, and only from a position the database still holds; behind after a crash is harmless.
 """
 
 from __future__ import annotations

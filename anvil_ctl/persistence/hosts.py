@@ -1,10 +1,7 @@
 """The fleet's hosts: each host name registered once, bound to the machine that claimed it.
 
-A host is named in `anvil.toml` (`[host] name`) and identified by its machine id
-(`/etc/machine-id`). The first command that opens a database for a host name registers
-it (`hosts` row + audit entry `host.registered`); every later one checks that the machine
-is the one recorded, so two machines cannot silently write as one host (`HostClaimed`,
-exit 8, naming both). The first host registered in a database gets `FIRST_HOST_ID`.
+The first write for a host name registers it; every later command checks the machine is the
+one recorded (`HostClaimed`, exit 8), so two machines cannot silently write as one host.
 """
 
 from __future__ import annotations
@@ -60,9 +57,8 @@ def _refuse(name: str, recorded: HostRecord, machine_id: str) -> HostClaimed:
 
 
 def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> HostRecord | None:
-    """This process's host, checked against the machine recorded for its name (`HostClaimed`
-    when another machine holds it). A name the database does not know yet is registered by
-    this host's first write (`register` now, for `init`): a read-only command writes nothing.
+    """This process's host, checked against the machine recorded for its name (`HostClaimed`).
+    An unknown name is registered by this host's first write (a read-only command writes nothing).
     Sets `store.host_id` and `store.host_name`; returns the record, None while unregistered."""
     found = by_name(store, name)
     store.host_name = name

@@ -1,11 +1,7 @@
-"""Serve identities as recorded (`identities`, history) and as current (`identity_current`),
-for one host of the fleet; each body stored once per distinct content.
+"""Serve identities as recorded (`identities`) and as current (`identity_current`), per host.
 
-A serve's identity is recorded often (the candidate a load starts, the same serve as
-incumbent when promoted, as rollback identity, as harbour) and its body rarely changes:
-the body is stored once in `identity_bodies`, keyed by the identity's digest (the SHA-256
-of the body), and each `identities` row names it by that digest. These functions work
-inside the caller's session; the Store appends the covering audit entry.
+A body is stored once per content in `identity_bodies`, keyed by the identity's digest. These
+functions work inside the caller's session; the Store appends the covering audit entry.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The lock table: one row per host-lock acquisition, and a release row when it ends.
 
-The OS lock (`anvil_ctl.engine.lock.HostLock`) is what excludes; a row says who
-holds it (pid, host, boot id, command, transaction, since). A row without a
-release row is held, or was held by an owner that died; rows are never
-updated. The projection's `lock_held` lists those rows, written with them. Both
-writes are audited (`lock.acquired`, `lock.<how>`).
+The OS lock (`engine.lock.HostLock`) is what excludes; a row says who holds it. A row without
+a release was held by an owner that may have died; the projection's `lock_held` lists them.
 """
 
 from __future__ import annotations
@@ -65,9 +62,7 @@ def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = 
         s.add(LockRelease(lock_id=lock_id, how=how, by=by, reason=reason, at=utcnow()))
         s.flush()
         projection.on_lock_release(s, lock_id)
-        # Under the lock's transaction, as its acquisition is: the release commits with that
-        # transaction's end state, and a batch of one transaction names it once instead of
-        # naming it in every event beside a release of no transaction.
+        # under the lock's transaction: the release commits with that transaction's end state
         store.audit(s, f"lock.{how}", row.tx_id, {})  # the covered release row holds it all
 
 
@@ -91,11 +86,9 @@ def host_lock_key(host: str) -> int:
 
 
 class AdvisoryLock:
-    """On PostgreSQL, a session advisory lock keyed by the host's name, held on a connection of
-    its own for as long as the host lock: the one lock that excludes a second mutator of the
-    same host wherever it runs (two state directories, two machines), while mutators of other
-    hosts take other keys and run in parallel. On SQLite there is nothing to take: the
-    database is one machine's, and the OS lock beside it excludes."""
+    """On PostgreSQL, a session advisory lock keyed by the host's name, held on its own connection
+    for as long as the host lock: it excludes a second mutator of the same host wherever it runs.
+    On SQLite there is nothing to take: the OS lock beside the database excludes."""
 
     def __init__(self, store: Store, host: str) -> None:
         self.engine = store.engine

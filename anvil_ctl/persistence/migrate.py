@@ -1,10 +1,7 @@
 """The schema is owned by alembic: upgrade, and refuse databases at unknown or newer revisions.
 
-Every command checks the revision before it touches the database. A database at
-`SCHEMA_REVISION` (the head this code writes; a test holds it equal to alembic's
-head) passes with one query and without loading alembic, which costs a third of
-a second of a command's start; anything else goes through alembic for the exact
-message.
+A database at `SCHEMA_REVISION` passes with one query, without loading alembic (slow to
+import); anything else goes through alembic for the exact message.
 """
 
 from __future__ import annotations

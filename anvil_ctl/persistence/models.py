@@ -1,12 +1,8 @@
 """ORM models of the state database's history (the projection's are in `current_models`).
 
-Every table that records history is append-only (triggers refuse UPDATE, DELETE, REPLACE
-and TRUNCATE on them: `ddl`), and every row of it is covered by the hash-chained audit
-journal: such a model derives from `History`, which is how `HISTORY_TABLES` lists them.
-"Current" facts are derived as the latest row, never updated in place. Timestamps are
-ISO-8601 UTC text (`2026-09-02T12:15:45.123456Z`), which sorts and reads the same in
-sqlite3 and PostgreSQL. JSON is canonical text so that its hashes are stable; the large
-bodies (`Compressed`) are stored deflated, and every reader sees the text.
+History tables derive from `History`: append-only (triggers in `ddl`) and covered row by row by
+the audit chain. Timestamps are ISO-8601 UTC text; JSON is canonical text so its hashes are
+stable, and large bodies (`Compressed`) are stored deflated.
 """
 
 from __future__ import annotations
@@ -49,9 +45,8 @@ class HostHistory(History):
 
 
 class Compressed(TypeDecorator[str]):
-    """Canonical JSON text stored deflated (zlib). Callers, row digests and `audit verify`
-    see the text; in `sqlite3` the value is a BLOB (`audit show TX` prints it). A stored value
-    that is not a zlib stream of text reads as `UNREADABLE`, which no digest covers."""
+    """Canonical JSON text stored deflated (zlib); readers and digests see the text. A value that
+    is not a zlib stream of text reads as `UNREADABLE`, which no digest covers."""
 
     impl = LargeBinary
     cache_ok = True
@@ -77,10 +72,8 @@ _POSTGRESQL_WHERE = "anvil_postgresql_where"
 def partial_index(name: str, *columns: str, where: str) -> Index:
     """An index over the rows for which `where` holds, on SQLite and on PostgreSQL.
 
-    PostgreSQL's `postgresql_where` is kept in the index's `info` and set by
-    `add_postgresql_options` when a PostgreSQL engine is made: naming a dialect's option at
-    construction loads that dialect (all its drivers' modules), which every command on
-    SQLite would otherwise pay for.
+    The PostgreSQL `WHERE` waits in `info` for `add_postgresql_options`: naming that dialect's
+    option here would load it for every command on SQLite.
     """
     return Index(name, *columns, sqlite_where=text(where), info={_POSTGRESQL_WHERE: where})
 
@@ -244,10 +237,8 @@ class LockRelease(HostHistory, Base):
 
 
 class AuditEntry(Base):
-    """Hash-chained journal entry (see `audit`): append-only, and the chain itself rather
-    than a row it covers. `rows_json` lists the history rows the entry covers, each as
-    [table, key, digest]; `prev_hash` holds the first `audit.LINK_TAG` hex digits of the
-    previous entry's hash. No index but the id's: verify walks by id."""
+    """Hash-chained journal entry (see `audit`): append-only, the chain itself rather than a row
+    it covers. `rows_json` lists the covered rows as [table, key, digest]."""
 
     __tablename__ = "audit_journal"
 
@@ -391,12 +382,8 @@ class EvidenceManifestRow(HostHistory, Base):
 
 
 class AuditCheckpoint(HostHistory, Base):
-    """A chain position `audit verify` found intact, and what the covered tables held then.
-
-    Incremental verification starts from the latest one: entry `seq` must still have
-    `hash`, and each covered table must hold its `counts_json` count plus what the
-    entries after `seq` cover.
-    """
+    """A chain position `audit verify` found intact, and each covered table's row count then;
+    incremental verification starts from the latest one."""
 
     __tablename__ = "audit_checkpoints"
 
@@ -412,9 +399,8 @@ class AuditCheckpoint(HostHistory, Base):
 
 
 class ShmMarkRow(HostHistory, Base):
-    """A shared-memory file a process of a managed container was seen holding (the shm
-    ledger), written once per (boot, path, inode) so that a file left after its container
-    stopped is still known as ours (`shm_ledger`)."""
+    """A shared-memory file a managed container's process was seen holding, once per (boot, path,
+    inode), so a file left after its container stopped is still known as ours."""
 
     __tablename__ = "shm_marks"
     __table_args__ = (Index("ix_shm_marks_boot_id_path", "boot_id", "path"),)

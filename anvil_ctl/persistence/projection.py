@@ -1,18 +1,7 @@
 """The current-state projection: what is current, kept beside the history it summarizes.
 
-Five derived tables (`models.PROJECTION_TABLES`): each transaction's latest state
-(`tx_current`), each (slot, role)'s latest identity (`identity_current`), who served
-each slot when (`serving_intervals`, one row per incumbent of a committed
-transaction), each claimed GPU role's owner (`gpu_owner_current`) and each lock row
-not released (`lock_held`). The Store's
-writers call the `on_*` functions inside the write transaction that appends the
-history row, so a commit carries both or neither.
-
-History stays the truth. `rebuild` derives the same rows from history alone (what
-`compare` holds the maintained rows against, and what a copied host's projection is
-made from); the projection is not covered by the audit chain since it
-is mutable by design and anyone can rebuild it. Nothing here is exported: only the
-modules of `anvil_ctl.persistence` call it.
+The Store's writers call the `on_*` functions inside the write transaction of the history row,
+so a commit carries both or neither. History stays the truth: `rebuild` derives the same rows.
 """
 
 from __future__ import annotations
@@ -226,18 +215,12 @@ def tx_state(s: Session, tx_id: str) -> str | None:
 
 
 def tx_rows_in(s: Session, states: frozenset[str], host: int | None = None) -> list[TxCurrent]:
-    """Transactions whose current state is one of `states` (unresolved ones), oldest first,
-    from the partial index of unresolved transactions: a handful of rows at any size; only
-    host `host`'s where given."""
+    """Transactions whose current state is one of `states` (unresolved ones), oldest first, of
+    host `host` where given: from the partial index, a handful of rows at any size."""
     if not states <= set(UNRESOLVED):
         raise ValueError(f"not unresolved states: {sorted(states - set(UNRESOLVED))}")
-    # Written so that no plan can walk the whole history whatever statistics the planner has:
-    # `unresolved = 1` as a literal (the partial index's own condition, which a bound
-    # parameter would not prove), no ORDER BY (the few rows are sorted here: ordered by
-    # created_at, SQLite preferred walking ix_tx_current_created_at or, with the fleet's host
-    # condition, ix_tx_current_host_created_at: every transaction), and the host compared as
-    # `host_id + 0`, which no host index can serve. What is left for the planner is the
-    # partial index or the state index, both of which hold only these rows.
+    # No plan may walk the whole history: `unresolved = 1` as a literal (the partial index's own
+    # condition), no ORDER BY (sorted here), and `host_id + 0`, which no host index can serve.
     q = select(TxCurrent).where(
         TxCurrent.unresolved == literal_column("1"), TxCurrent.state.in_(sorted(states))
     )

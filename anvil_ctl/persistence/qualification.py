@@ -1,12 +1,8 @@
 """What qualify transactions found and decided: gate evidence, manifests and decisions.
 
-Evidence rows hold each gate's result and its artifact's SHA-256; a manifest row
-the SHA-256 of an evidence manifest as written (a qualify run's, an export's),
-which binds a directory on disk to the database (`evidence verify`); a decision is
-bound to one candidate identity digest and is content-addressed (its ID is a
-digest of what it says), so recording it twice records it once. A
-reclassification under waivers is a new decision pointing at the one it
-re-judges; nothing here rewrites a row. Every write is audited.
+A manifest row binds an evidence directory on disk to the database (`evidence verify`). A
+decision is bound to one candidate identity digest and content-addressed (recording it twice
+records it once); a reclassification is a new decision pointing at the one it re-judges.
 """
 
 from __future__ import annotations

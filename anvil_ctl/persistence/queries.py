@@ -1,16 +1,14 @@
-"""Read-only audit queries over the history: transactions, their journal, diffs, identities.
+"""Read-only audit queries for `anvilctl audit`: transactions, their journal, diffs, identities.
 
-These serve `anvilctl audit`; each returns plain JSON-able dicts (their shapes are
-the TypedDicts below), and none writes. The listings go through the stable operator views (`v_transactions`,
-`v_identities`), so they answer what an operator's own
-`sqlite3` query would.
+Each returns JSON-able dicts (the TypedDicts below); the listings go through the operator views
+(`v_transactions`, `v_identities`), so they answer what an operator's own `sqlite3` query would.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -156,19 +154,6 @@ class Revision(TypedDict):
 # -- queries -----------------------------------------------------------------------------------
 
 
-def _summary(m: RowMapping) -> TransactionSummary:
-    return TransactionSummary(
-        tx_id=m["tx_id"],
-        host=m["host"],
-        kind=m["kind"],
-        slot=m["slot"],
-        state=m["state"],
-        reason=m["reason"],
-        created_at=m["created_at"],
-        updated_at=m["updated_at"],
-    )
-
-
 def transactions(
     store: Store,
     *,
@@ -198,7 +183,7 @@ def transactions(
         params["since"] = since
     sql += " ORDER BY created_at DESC LIMIT :limit"
     with store.read() as s:
-        return [_summary(m) for m in s.execute(text(sql), params).mappings()]
+        return [cast(TransactionSummary, dict(m)) for m in s.execute(text(sql), params).mappings()]
 
 
 def _id_starts_with(s: Session, prefix: str) -> ColumnElement[bool]:
@@ -330,42 +315,21 @@ def identities(
         rows = list(s.execute(text(sql), params))
         if limit is not None:
             rows.reverse()
-        return [
-            IdentityRecord(
-                host=r.host,
-                recorded_at=r.recorded_at,
-                slot=r.slot,
-                role=r.role,
-                container_id=r.container_id,
-                image_id=r.image_id,
-                served_model=r.served_model,
-                digest=r.digest,
-                tx_id=r.tx_id,
-            )
-            for r in rows
-        ]
+        return [cast(IdentityRecord, dict(r._mapping)) for r in rows]
 
 
 _REVISIONS = "FROM tx_current t WHERE t.host_id = :host AND t.slot = :slot AND t.revision IS NOT NULL"
-"""A slot's revisions: its adopts, loads, promotes and rollbacks that ran (refusals never did),
-each numbered in `tx_current.revision` (`projection.REVISION_KINDS`). Through
-`ix_tx_current_revision`: its condition, `revision IS NOT NULL`, is written out so that
-SQLite may use the partial index."""
+"""A slot's revisions (`projection.REVISION_KINDS` that ran); `revision IS NOT NULL` is written
+out so that SQLite may use the partial index `ix_tx_current_revision`."""
 _REVISION_COLUMNS = "t.tx_id, t.kind, t.state, t.reason, t.created_at, t.updated_at, t.revision"
 
 
 def slot_revisions(
     store: Store, slot: str, host: int, *, newest: int | None = None, number: int | None = None
 ) -> tuple[int, list[Revision]]:
-    """How many revisions the slot has, and those asked for, oldest first (helm history).
-
-    A revision is an adopt, load, promote or rollback of the slot that ran (refusals never
-    did), numbered from 1 in the order they began; the projection keeps each one's number
-    (`tx_current.revision`, given when it runs), so none of this reads the slot's history. A
-    committed revision names the serve it left: the incumbent it recorded, else the candidate
-    it loaded. History is append-only, so a revision's number never changes.
-
-    Asked for: every revision, or only the newest `newest`, or only revision `number`."""
+    """How many revisions the slot has, and those asked for (all, the newest `newest`, or
+    revision `number`), oldest first. Numbers come from the projection (`tx_current.revision`);
+    a committed revision names the serve it left: its incumbent, else the candidate it loaded."""
     with store.read() as s:
         params: dict[str, object] = {"slot": slot, "host": host}
         total = newest_revision(s, host, slot)

@@ -1,7 +1,4 @@
-"""Recheck results: the read-only goal-closure assertions cron runs, one row per run.
-
-Append-only and audited (`recheck`); read newest first for `anvilctl audit rechecks`.
-"""
+"""Recheck results: the read-only goal-closure assertions cron runs, one row per run."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The shm ledger: which shared-memory files processes of managed containers were seen holding.
-
-Implements `anvil_ctl.core.ports.ShmLedger` on the state database (table
-`shm_marks`, append-only, view `v_shm_marks`). A mark is written once per
-(boot, path, device, inode); every write is audited. The scanner reads the
-marks of the current boot so that a file a managed engine left after its
-container stopped is still known as ours.
-"""
+"""The shm ledger (`core.ports.ShmLedger`): shared-memory files managed containers were seen
+holding, once per (boot, path, device, inode), so a file left behind is still known as ours."""
 
 from __future__ import annotations
 

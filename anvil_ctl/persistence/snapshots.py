@@ -1,18 +1,16 @@
 """Snapshots in the state database: bodies stored once per content, diffs, and reads.
 
-A snapshot's body is stored once per distinct content (`snapshot_blobs`, keyed by its
-SHA-256); each `snapshots` row names its blob. A diff is stored as a JSON Patch (RFC 6902)
-with a `test` of every value it takes away. These functions work inside the caller's
-session: the Store opens the write transaction and appends the audit entry that covers
-the rows added here.
+Each `snapshots` row names its blob (`snapshot_blobs`, keyed by SHA-256); a diff is a JSON Patch
+with a `test` of every value it takes away. These work inside the Store's write transaction.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVarTuple
 
-from sqlalchemy import Select, select
+from sqlalchemy import Row, Select, select
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.digest import canonical_json
@@ -21,7 +19,25 @@ from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
-from anvil_ctl.persistence.pages import newest_first
+
+Ts = TypeVarTuple("Ts")
+
+FIRST_BOUND = 2**31 - 1
+"""Above every key: the largest INTEGER (the keys' type). PostgreSQL refuses a larger
+parameter for an INTEGER comparison ("integer out of range"); SQLite took 2**62."""
+
+
+def newest_first(s: Session, page: Callable[[int, int], Select[int, *Ts]]) -> Iterator[Row[int, *Ts]]:
+    """The rows of `page(below, size)`, page after page: the caller's query of rows whose key (its
+    first column) is below `below`, newest first, `LIMIT size`. Pages grow from 8 to 256."""
+    size, below = 8, FIRST_BOUND
+    while True:
+        rows = s.execute(page(below, size)).all()
+        yield from rows
+        if len(rows) < size:
+            return
+        below = rows[-1][0]
+        size = min(size * 2, 256)
 
 
 def record(s: Session, tx_id: str | None, label: str, snapshot: Snapshot, now: str) -> int:
@@ -59,20 +75,11 @@ def stored_changes(row: SnapshotDiff) -> list[JSONObject]:
 
 
 def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONObject] | None:
-    """The SHA-256 and body of the newest recorded snapshot in which `target` served its slot
-    as incumbent.
+    """The SHA-256 and body of the newest recorded snapshot in which `target` served its slot:
+    recorded as its incumbent, its container running and the binding serving its model."""
 
-    Serving means: recorded as the slot's incumbent, its container running, and the
-    binding answering with its served model. Snapshots taken while it was stopped
-    (a campaign of several loads) do not count.
-    """
-
-    # Newest first by key (`pages.newest_first`): a range of the primary key that stops at
-    # the first snapshot that qualifies, however long the history is. The slot is compared
-    # as `slot || ''`, which no index serves, so that no index on the slot can draw the
-    # planner (no statistics: we never ANALYZE) into reading every snapshot of the slot and
-    # sorting them. The walk costs the snapshots newer than the one found, of any slot; a
-    # slot's own snapshots are the newest ones when it is rolled back.
+    # Newest first by key, stopping at the first that qualifies. The slot is compared as
+    # `slot || ''` so that no index on the slot draws the planner into reading all its snapshots.
     def page(below: int, size: int) -> Select[int, str]:
         return (
             select(SnapshotRow.id, SnapshotRow.sha256)

@@ -1,25 +1,8 @@
 """The Store: the Journal port on SQLAlchemy, plus the identity records every command shares.
 
-The Store owns the database sessions. `write()` and `read()` hand them only to
-the modules of `anvil_ctl.persistence`, which keep one concept each (the GPU
-ledger, qualification, waivers, approvals, rechecks, locks, audit queries);
-nothing outside the package sees a session or an ORM row.
-
-Every write happens in its own short database transaction and commits before
-the method returns: "journal, then act, then record" needs the intent durable
-before the side effect begins. Every write also appends to the hash-chained
-audit journal in the same database transaction, and that entry covers the
-history rows the write inserted (`coverage`: a commit that would leave one
-uncovered is refused). After the commit the head file is advanced (`head`).
-
-What is current (a transaction's state, a slot's incumbent, the unresolved
-transactions) is read from the projection (`projection`), which the same write
-transaction keeps up to date; history is never scanned for its latest row.
-
-A transaction's arguments, a state's data and a step's detail live in their own
-(covered) rows only, not again in the audit entry's payload; a snapshot's body is stored
-once per distinct content (`snapshot_blobs`, keyed by its SHA-256) and each `snapshots`
-row refers to it; an identity's body likewise (`identity_bodies`).
+Each write is its own short database transaction, committed before the method returns (journal,
+then act, then record), and appends the audit entry covering the history rows it inserted; the
+head file advances after the commit. What is current is read from the projection.
 """
 
 from __future__ import annotations
@@ -63,10 +46,8 @@ def utcnow() -> str:
 class Store:
     """Journal implementation; one instance per process, safe to share across threads.
 
-    `host_id` is this host's row in `hosts` (`persistence.hosts.attach` sets it): every
-    history row written through the Store carries it, and the reads that ask what is current
-    answer for this host. None (a library caller that registered no host) reads as the
-    first host and cannot write history.
+    `host_id`: this host's row in `hosts`; every history row written carries it. None (no host
+    registered) reads as the first host and cannot write history.
     """
 
     def __init__(self, engine: Engine, *, head_path: Path | None = None, host_id: int | None = None) -> None:
@@ -105,9 +86,8 @@ class Store:
 
     @contextmanager
     def write(self, *, busy_ms: int | None = None) -> Iterator[Session]:
-        """A write transaction (BEGIN IMMEDIATE on SQLite), committed on leaving; then the head
-        file beside the database moves to the chain's new head. `busy_ms`: wait at most this
-        long for another writer (a best-effort write), instead of the default."""
+        """A write transaction (BEGIN IMMEDIATE on SQLite), committed on leaving; then the head file
+        advances. `busy_ms`: wait at most this long for another writer instead of the default."""
         shared: Session | None = getattr(self._batch, "session", None)
         if shared is not None:  # inside `together()`: its transaction, committed at its end
             yield shared
@@ -135,10 +115,7 @@ class Store:
     def together(self) -> Iterator[None]:
         """The writes inside share one database transaction and one audit entry.
 
-        For records that may commit together (a step's result with the next step's intent,
-        the after snapshot with the final state): fewer entries and fsyncs, and never a
-        state between them. Nothing inside may need to commit on its own, so no side
-        effect may happen inside; a failure rolls all of it back.
+        Nothing inside may need to commit on its own (no side effect); a failure rolls all of it back.
         """
         if getattr(self._batch, "session", None) is not None:
             yield
@@ -173,9 +150,8 @@ class Store:
             yield session
 
     def audit(self, session: Session, event: str, tx_id: str | None, payload: Mapping[str, object]) -> None:
-        """Append an audit entry inside the caller's write transaction; it covers the history
-        rows the caller added to `session` before it. Inside `together()` the entry waits and
-        joins the one entry written at its end."""
+        """Append an audit entry covering the history rows added to `session` before it; inside
+        `together()` it joins the one entry written at its end."""
         held: list[Held] | None = session.info.get(BATCHED)
         if held is not None:
             session.flush()  # the rows written for this event wait in the session's info

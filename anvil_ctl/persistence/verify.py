@@ -1,43 +1,19 @@
 """`audit verify`: walk the chain, re-digest the rows it covers, compare the head.
 
-What is checked, and what each check catches:
-
-- the chain: ids without gaps, each entry linked to the one before and hashing to
-  its own hash (an entry edited, deleted, inserted or reordered);
-- every covered row (`coverage`): its digest recomputed from its table equals the
-  digest its entry recorded (a row edited, or replaced), every covered row is
-  still there (deleted), and every row of a history table is covered (inserted
-  outside anvilctl);
-- the head: the entry the head file names (and `--expect-head`, when given) is
-  there with the recorded hash (the tail cut off, the journal rewritten and
-  rehashed);
-- the append-only triggers are all in place and enabled;
-- (full walks only) the current-state projection (`projection`) against a rebuild
-  from history: it is derived and not covered by the chain, so a table that differs
-  is named in `projection_differs` (a write outside anvilctl, or history rewritten
-  under it) without being a problem of the record itself, which the checks above judge.
-
-A full walk reads everything. An incremental one starts at the latest checkpoint
-(a position a clean verify recorded, with each covered table's row count then):
-entry `seq` must still have its hash, the entries after it are walked and the
-rows they cover re-digested, and each table must hold its checkpointed count
-plus what those entries cover. On SQLite a schema change since the checkpoint
-(a trigger dropped, even if put back) makes it walk everything, since rows
-covered before the checkpoint could then have been rewritten; any problem found
-does too, so that the report names each row. What an incremental run cannot
-see is an old row rewritten without a trace in the schema (a hand-edited file,
-PostgreSQL's `session_replication_role`): `--full` does, and is cheap enough for
-a daily timer. A clean run records its checkpoint (a covered row, so that a
-checkpoint cannot be slipped in: the one a run starts from must be covered by
-an entry after its position).
+It checks the chain's links and hashes, every covered row's digest, presence and coverage,
+the head file and `--expect-head`, the append-only triggers and (full walks) the projection
+against a rebuild. Incremental runs start at the latest checkpoint and escalate to a full walk
+on a schema change or any problem; a clean run records a (covered) checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 from sqlalchemy import Table, func, select, text
 from sqlalchemy.exc import OperationalError
@@ -48,88 +24,151 @@ from anvil_ctl.core.errors import Unavailable
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import audit, chainwalk, projection
 from anvil_ctl.persistence.audit import Head
-from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
-from anvil_ctl.persistence.coverage import COVERED, RowKey, RowValues, key_of, row_digest
+from anvil_ctl.persistence.chainwalk import BATCH, Problem, ProblemRecord, Refs, Walk
+from anvil_ctl.persistence.coverage import COVERED, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.head import HeadFileError, read_head
 from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
 from anvil_ctl.persistence.store import Store, utcnow
-from anvil_ctl.persistence.verify_report import (  # re-exported: the report is verify's answer
-    CheckpointRecord,
-    HeadFileCheck,
-    HostEntries,
-    Report,
-    ReportRecord,
-)
-
-__all__ = ["CheckpointRecord", "HeadFileCheck", "Report", "ReportRecord", "verify"]
 
 log = get_logger(__name__)
 
 AUDIT_TABLE = AuditEntry.__tablename__
 
 
+class CheckpointRecord(TypedDict):
+    """A checkpoint as a report names it: the one a run started from, or the one it recorded."""
+
+    id: int
+    head: str  # SEQ:HASH
+    mode: str
+    at: str
+
+
+class HeadFileCheck(TypedDict, total=False):
+    """The head file beside the database: where it is, the head it records, how far behind."""
+
+    path: str | None
+    head: str
+    behind: int
+
+
+class ReportRecord(TypedDict):
+    """A `Report` as `audit verify --json` prints it."""
+
+    ok: bool
+    mode: str
+    escalated: str | None
+    rows: int  # = entries_checked, the name earlier versions printed
+    entries_checked: int
+    rows_checked: int
+    entries: int
+    head: str
+    head_file: HeadFileCheck
+    expect_head: str | None
+    started_from: CheckpointRecord | None
+    checkpoint: CheckpointRecord | None
+    checkpoint_error: str | None
+    problems: list[ProblemRecord]
+    projection_differs: list[str]
+    hosts: NotRequired[list[HostEntries]]  # `audit verify` adds the hosts it was asked about
+
+
+class HostEntries(TypedDict):
+    host: str
+    host_id: int
+    entries: int
+
+
+@dataclass
+class Report:
+    """What one `audit verify` checked and found."""
+
+    mode: str  # full | incremental
+    head: Head = audit.EMPTY
+    entries_checked: int = 0
+    rows_checked: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    schema_version: int | None = None
+    started_from: CheckpointRecord | None = None  # the checkpoint an incremental run began at
+    escalated: str | None = None  # why an incremental run walked everything
+    head_file: HeadFileCheck = field(default_factory=HeadFileCheck)
+    expect_head: Head | None = None
+    checkpoint: CheckpointRecord | None = None  # the checkpoint this run recorded
+    checkpoint_error: str | None = None  # why it could not record one (a read-only database)
+    problems: list[Problem] = field(default_factory=list)
+    projection_differs: list[str] = field(default_factory=list)  # full walks: derived tables off
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> ReportRecord:
+        return {
+            "ok": self.ok,
+            "mode": self.mode,
+            "escalated": self.escalated,
+            "rows": self.entries_checked,
+            "entries_checked": self.entries_checked,
+            "rows_checked": self.rows_checked,
+            "entries": self.head.seq,
+            "head": str(self.head),
+            "head_file": self.head_file,
+            "expect_head": str(self.expect_head) if self.expect_head else None,
+            "started_from": self.started_from,
+            "checkpoint": self.checkpoint,
+            "checkpoint_error": self.checkpoint_error,
+            "problems": [p.as_dict() for p in self.problems],
+            "projection_differs": self.projection_differs,
+        }
+
+
 # -- the rows ----------------------------------------------------------------------------------
 
 
-def _edited(recorded: bytes, table: Table, values: RowValues) -> bool:
-    """Whether the row's SHA-256 does not start with the digest its entry recorded."""
-    return not bytes.fromhex(row_digest(table, values)).startswith(recorded)
+def _hold(report: Report, table: Table, refs: Refs, rows: Iterable[RowValues], *, every_row: bool) -> int:
+    """Hold `rows` against the digests the chain recorded for them; `every_row`: the rows are the
+    whole table, so one without a ref was inserted outside anvilctl. Returns the rows checked."""
+    name, checked = table.name, 0
+    for values in rows:
+        key = key_of(table, values)
+        ref = refs.pop(key)
+        if ref is None and every_row:
+            report.problems.append(
+                Problem("row not covered by the journal (inserted outside anvilctl)", None, name, key)
+            )
+        elif ref is not None and not bytes.fromhex(row_digest(table, values)).startswith(ref[0]):
+            report.problems.append(
+                Problem("content edited: row digest differs from its journal entry", ref[1], name, key)
+            )
+        checked += ref is not None or every_row
+    for key, entry in refs.items():
+        report.problems.append(
+            Problem("row deleted: covered by the journal, gone from its table", entry, name, key)
+        )
+    return checked
 
 
 def _check_all_rows(s: Session, walk: Walk, report: Report) -> None:
     """Every row of every covered table against the refs of the whole chain."""
     for name, table in COVERED.items():
-        refs = walk.refs.pop(name, None) or Refs()
-        count = 0
-        for values in s.execute(select(table).execution_options(yield_per=BATCH)).mappings():
-            count += 1
-            key = key_of(table, values)
-            ref = refs.pop(key)
-            if ref is None:
-                report.problems.append(
-                    Problem("row not covered by the journal (inserted outside anvilctl)", None, name, key)
-                )
-            elif _edited(ref[0], table, values):
-                report.problems.append(
-                    Problem("content edited: row digest differs from its journal entry", ref[1], name, key)
-                )
-        for key, entry in refs.items():
-            report.problems.append(
-                Problem("row deleted: covered by the journal, gone from its table", entry, name, key)
-            )
-        report.counts[name] = count
-        report.rows_checked += count
-
-
-def _chunks(keys: list[RowKey]) -> Iterator[list[RowKey]]:
-    for i in range(0, len(keys), 500):
-        yield keys[i : i + 500]
+        rows = s.execute(select(table).execution_options(yield_per=BATCH)).mappings()
+        report.counts[name] = _hold(report, table, walk.refs.pop(name, Refs()), rows, every_row=True)
+        report.rows_checked += report.counts[name]
 
 
 def _check_new_rows(s: Session, walk: Walk, report: Report) -> None:
-    """The rows the walked entries cover, looked up by key."""
+    """The rows the walked entries cover, looked up by key (500 at a time)."""
     for name, refs in walk.refs.items():
         table = COVERED[name]
         (pk,) = table.primary_key.columns
-        wanted = [key for key, _entry in refs.items()]
-        for chunk in _chunks(wanted):
-            for values in s.execute(select(table).where(pk.in_(chunk))).mappings():
-                key = key_of(table, values)
-                ref = refs.pop(key)
-                if ref is None:
-                    continue
-                report.rows_checked += 1
-                if _edited(ref[0], table, values):
-                    report.problems.append(
-                        Problem(
-                            "content edited: row digest differs from its journal entry", ref[1], name, key
-                        )
-                    )
-        for key, entry in refs.items():
-            report.problems.append(
-                Problem("row deleted: covered by the journal, gone from its table", entry, name, key)
-            )
+        keys = [key for key, _entry in refs.items()]
+        rows = (
+            v
+            for i in range(0, len(keys), 500)
+            for v in s.execute(select(table).where(pk.in_(keys[i : i + 500]))).mappings()
+        )
+        report.rows_checked += _hold(report, table, refs, rows, every_row=False)
 
 
 def _table_counts(s: Session) -> dict[str, int]:

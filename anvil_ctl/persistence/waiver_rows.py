@@ -1,9 +1,4 @@
-"""Stored waivers: the waiver rows and their revocations.
-
-A waiver row is never changed: revoking one appends a revocation row, and
-reading applies it (`Waiver.revoked_at`). Both writes are audited. Which value
-a waiver puts in force is `anvil_ctl.gpu.waiver_policy`'s business.
-"""
+"""Stored waivers: the waiver rows and the revocation rows that reading applies to them."""
 
 from __future__ import annotations
 

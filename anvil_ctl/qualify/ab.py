@@ -1,25 +1,10 @@
 """The matched A/B control: two arms of one checkpoint, the same capacity cells, a verdict by
 boundaries declared before the run.
 
-The arms run one after the other, never at once, and the order alternates per
-repetition (A B, then B A, ...) so that drift of the host (heat, other load) hits
-both arms equally. Per cell each arm's p50 decode, prefill and TTFT are compared;
-`delta_pct` is always B relative to A. The faster arm by the profile's `select`
-metric (mean of its per-cell deltas) is selected only if it stays inside every
-protected boundary relative to the other arm; otherwise the verdict names each
-violated boundary and selects nothing. A boundary that covers no measured cell is
-violated too: an unmeasured protection protects nothing.
-
-Profiles declare the boundaries (`anvil_ctl.qualify.profiles`):
-
-    select = "decode_p50"
-    [[boundaries]]
-    metric = "prefill_p50"     # decode_p50 | prefill_p50 | ttft_p50
-    min_delta_pct = -3.0       # the selected arm may be at most 3 % slower ...
-    min_context = 122880       # ... at nominal contexts >= 120K
-    reason = "long agent sessions wait on long-context prefill"
-
-`declaration()` is written to the evidence, with its digest, before the first request.
+Arms alternate per repetition (A B, then B A) so host drift hits both; `delta_pct` is B against
+A. The faster arm by the profile's `select` metric is selected only inside every protected
+boundary (a boundary covering no measured cell is violated). `declaration()` is written to the
+evidence, with its digest, before the first request.
 """
 
 from __future__ import annotations

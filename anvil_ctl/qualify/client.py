@@ -1,9 +1,7 @@
 """Async engine client for the OpenAI-compatible API, with timing taken from the stream.
 
-The only module of `anvil_ctl.qualify` that talks HTTP. httpx errors are translated
-here: connection failures and 5xx become `TransientError`, other non-2xx answers
-`AdapterError` (with `status` and a body excerpt in `.data`). A stream that breaks
-mid-way is not an exception: its partial result comes back marked `truncated`.
+The only HTTP of `anvil_ctl.qualify`: connection failures and 5xx become `TransientError`,
+other non-2xx `AdapterError`; a stream broken mid-way comes back marked `truncated`.
 """
 
 from __future__ import annotations
@@ -85,12 +83,17 @@ class EngineClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def models(self) -> list[ModelCard]:
+    async def _call(self, method: str, path: str, body: JSONObject | None = None) -> httpx.Response:
+        """One request; a transport failure is transient, a non-2xx answer `_raise_for`'s."""
         try:
-            response = await self._http.get("/v1/models")
+            response = await self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:
-            raise TransientError(f"GET /v1/models: {exc!r}") from exc
-        _raise_for(response.status_code, response.text, "GET /v1/models")
+            raise TransientError(f"{method} {path}: {exc!r}") from exc
+        _raise_for(response.status_code, response.text, f"{method} {path}")
+        return response
+
+    async def models(self) -> list[ModelCard]:
+        response = await self._call("GET", "/v1/models")
         try:
             data = response.json().get("data") or []
         except (ValueError, AttributeError) as exc:
@@ -107,11 +110,7 @@ class EngineClient:
         body: JSONObject = {tokenizer.input_field: text}
         if tokenizer.model_field:
             body[tokenizer.model_field] = model
-        try:
-            response = await self._http.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise TransientError(f"POST {path}: {exc!r}") from exc
-        _raise_for(response.status_code, response.text, f"POST {path}")
+        response = await self._call("POST", path, body)
         try:
             count = response.json()[count_field]
         except (ValueError, KeyError, TypeError) as exc:
@@ -157,12 +156,8 @@ class EngineClient:
         if body.get("stream"):
             return await self._chat_stream(body)
         t0 = self._clock()
-        try:
-            response = await self._http.post("/v1/chat/completions", json=body)
-        except httpx.HTTPError as exc:
-            raise TransientError(f"POST /v1/chat/completions: {exc!r}") from exc
+        response = await self._call("POST", "/v1/chat/completions", body)
         end = self._clock()
-        _raise_for(response.status_code, response.text, "POST /v1/chat/completions")
         try:
             data = response.json()
             choice = (data.get("choices") or [{}])[0]
@@ -234,12 +229,8 @@ class EngineClient:
         if enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
         t0 = self._clock()
-        try:
-            response = await self._http.post("/v1/responses", json=body)
-        except httpx.HTTPError as exc:
-            raise TransientError(f"POST /v1/responses: {exc!r}") from exc
+        response = await self._call("POST", "/v1/responses", body)
         end = self._clock()
-        _raise_for(response.status_code, response.text, "POST /v1/responses")
         try:
             data = response.json()
         except ValueError as exc:

@@ -1,10 +1,5 @@
-"""The qualification decision: a pure function of gate results, bound to one candidate.
-
-- `verified`: every gate passed;
-- `policy-infeasible`: every functional gate passed, a policy gate (the VRAM
-  reserve) failed; a waiver may later reclassify it, as a new record;
-- `failed`: any functional gate failed, or nothing was qualified at all.
-"""
+"""The qualification decision, a pure function of gate results: `verified` (every gate passed),
+`policy-infeasible` (only a policy gate failed; a waiver may reclassify it) or `failed`."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""What an engine's log says: the log audit's view of the engine profiles' patterns
-(`anvil_ctl.core.engine_profile`, the one source), and the classifier.
+"""What an engine's log says: the log audit's view of the engine profiles' patterns, and the
+classifier.
 
-Every engine gets the common fatal set; an engine without a profile of its own (or a
-profile that knows nothing of its log) gets only that, and the evidence says so. A line
-that matches a fatal pattern is fatal even when a notice pattern matches it too: a notice
-may never hide a failure. An engine's start banner seen more than once in one container's
-log is a restart of the engine inside the container (the runtime's restart count catches
-a restart of the container itself).
-
-Warning: matched lines are kept as evidence, so they are redacted first: explicit
-secrets, and anything shaped like a credential (`api_key=...`, `Bearer ...`,
-`--api-key X`, `hf_...`, `sk-...`). Engines do print their arguments at start.
+A fatal pattern wins over a notice pattern on the same line; a start banner seen twice is an
+engine restart. Matched lines are kept as evidence, so they are redacted first (explicit secrets
+and anything shaped like a credential): engines print their arguments at start.
 """
 
 from __future__ import annotations
@@ -150,40 +143,28 @@ def _keep(line: str, secrets: Sequence[str]) -> str:
 def classify(
     lines: Sequence[str], patterns: LogPatterns, *, secrets: Sequence[str] = (), keep: int = 20
 ) -> LogClassification:
-    """Classify each line: fatal (first matching class), notice, start banner or other.
-
-    Counts are complete; at most `keep` lines are kept per fatal class and per notice,
-    redacted and cut to KEEP_CHARS.
-    """
+    """Classify each line: fatal (first matching class), notice, start banner or other. Counts are
+    complete; at most `keep` lines are kept per class, redacted and cut to KEEP_CHARS."""
     fatal = [(p.kind, p.regex, re.compile(p.regex)) for p in patterns.fatal]
     notices = [(n, re.compile(n.regex)) for n in patterns.notices]
     start = re.compile(patterns.start) if patterns.start else None
     out = LogClassification(lines=len(lines))
+
+    def fatal_line(number: int, kind: str, pattern: str | None, line: str) -> None:
+        count = out.fatal_counts.get(kind, 0)
+        out.fatal_counts[kind] = count + 1
+        if count < keep:
+            out.fatal.append({"line": number, "kind": kind, "pattern": pattern, "text": _keep(line, secrets)})
+
     for number, line in enumerate(lines, start=1):
         hit = next(((kind, regex) for kind, regex, rx in fatal if rx.search(line)), None)
         if hit is not None:
-            kind, regex = hit
-            count = out.fatal_counts.get(kind, 0)
-            out.fatal_counts[kind] = count + 1
-            if count < keep:
-                out.fatal.append(
-                    {"line": number, "kind": kind, "pattern": regex, "text": _keep(line, secrets)}
-                )
+            fatal_line(number, *hit, line)
             continue
         if start is not None and start.search(line):
             out.starts.append({"line": number, "text": _keep(line, secrets)})
             if len(out.starts) > 1:
-                count = out.fatal_counts.get("restart", 0)
-                out.fatal_counts["restart"] = count + 1
-                if count < keep:
-                    out.fatal.append(
-                        {
-                            "line": number,
-                            "kind": "restart",
-                            "pattern": patterns.start,
-                            "text": _keep(line, secrets),
-                        }
-                    )
+                fatal_line(number, "restart", patterns.start, line)
             continue
         notice = next((n for n, rx in notices if rx.search(line)), None)
         if notice is not None:

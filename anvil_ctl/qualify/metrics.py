@@ -1,12 +1,5 @@
-"""Pure capacity arithmetic: per-request rates from stream timing, and percentiles.
-
-Definitions (the seeds'):
-- TTFT: seconds to the first visible content;
-- time to first output (TTFO): seconds to the first content or reasoning;
-- effective prefill tok/s = prompt_tokens / TTFO;
-- decode tok/s = (completion_tokens - 1) / (end-to-end - TTFO): the first token is
-  charged to prefill, the rest to decode.
-"""
+"""Pure capacity arithmetic: per-request rates from stream timing, and percentiles. Prefill
+tok/s = prompt_tokens / TTFO; decode tok/s = (completion_tokens - 1) / (e2e - TTFO)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
 """Qualification profiles: TOML files naming an ordered list of gates with thresholds.
 
-    name = "smoke"
-    description = "..."
-    thinking = false          # default enable_thinking of functional requests
-
-    [[gates]]
-    type = "tools"            # a key of GATE_TYPES
-    name = "tools-20"         # optional, unique; default the type
-    count = 20                # any keyword of the gate's __init__
-
-    [watch]                   # the thresholds held on the route after qualification
-                              # (`recheck --slo`, a watched promote): see watchpolicy
-    select = "decode_p50"     # A/B only (`qualify --ab`): the metric that picks the faster arm
-    [[boundaries]]            # A/B only: protected boundaries, see anvil_ctl.qualify.ab
-    metric = "prefill_p50"
-    min_delta_pct = -3.0
-    min_context = 122880
-
-Named profiles ship in `anvil_ctl/profiles/`; a path works too. Errors name the
-file and the field (`gates[2].count`) and say what was expected.
+`[[gates]]` tables name a `type` (a key of GATE_TYPES), an optional unique `name` and the gate's
+keywords; `[watch]` (see watchpolicy), `select` and `[[boundaries]]` (A/B, see qualify.ab) are
+optional. Named profiles ship in `anvil_ctl/profiles/`; errors name the file and the field.
 """
 
 from __future__ import annotations

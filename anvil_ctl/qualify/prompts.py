@@ -1,13 +1,7 @@
 """Deterministic prompt material: context filler to a nominal token target, needles, tools.
 
-Prompts follow the answer rules in docs/CONTRACTS.md (`Reply with exactly: X`,
-``call `NAME` with arguments JSON {...}``, `Return exactly this JSON: {...}`,
-`What is the needle?`, `What text is in the image?`), phrased as instructions a
-real model follows to give the same answer as the stub engine.
-
-Nominal targets assume `chars_per_token` characters per token (4 by default, the
-stub's rule); real tokenizers differ, which is why gates report the measured
-prompt tokens from usage beside the nominal target.
+Prompts follow the answer rules of docs/CONTRACTS.md, phrased so a real model answers as the
+stub does. Targets assume `chars_per_token` characters per token; gates report measured usage.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Value types of qualification: what one request observed and what one gate concluded.
-
-All are frozen dataclasses with `as_dict()` so that evidence is plain JSON.
-"""
+"""Value types of qualification: what one request observed and what one gate concluded."""
 
 from __future__ import annotations
 
@@ -43,12 +40,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ChatResult:
-    """One chat completion as observed: content, reasoning, tool calls, usage and timing.
-
-    Times are seconds from the moment the request was sent. `ttft_s` is the first
-    visible content, `ttfo_s` the first output of any kind (content, reasoning or a
-    tool call); both are None for a non-streamed request, whose only time is e2e.
-    """
+    """One chat completion as observed. Times are seconds from sending: `ttft_s` the first visible
+    content, `ttfo_s` the first output of any kind; both None for a non-streamed request."""
 
     status: int
     content: str
@@ -96,12 +89,8 @@ class ResponsesResult:
 
 @dataclass(frozen=True)
 class GateResult:
-    """What one gate concluded, with the evidence an outsider needs to check it.
-
-    `classification` is a short machine word: `pass`, `wrong_answer`,
-    `visible_answer_budget_exhausted`, `truncated_stream`, `reasoning_leak`,
-    `error`, `below_reserve`, ... (the gate's docstring lists its own).
-    """
+    """What one gate concluded, with the evidence an outsider needs to check it; `classification`
+    is a short machine word (`pass`, `wrong_answer`, ...; each gate's docstring lists its own)."""
 
     name: str
     passed: bool

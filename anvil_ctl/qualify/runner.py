@@ -1,15 +1,9 @@
 """Run a qualification profile against one engine endpoint, write evidence, decide.
 
-Order: the candidate's recorded identity (`identity.json`, when given); the served
-identity (`GET /v1/models` lists the served model; an engine with a tokenize endpoint
-calibrates how many characters make a token, so prompts are sized in its own tokens); a
-VRAM reading before the workload (`vram-before.json`, with a reserve probe); each gate of
-the profile, written as `NN-<gate>.json` as soon as it finishes; then `summary.json`,
-`provenance.json` (which figures are local measurements, which the recipe source's
-external-prior claims), `decision.json` and `manifest.json`. Qualify mutates nothing, and
-a failed gate is evidence, not an exception. A `liveness` probe, when given, is asked after
-every gate whether the engine still runs; an engine that died ends the run with a failed
-`engine-alive` gate, and the evidence written so far is kept and decided on.
+Evidence in order: `identity.json`, the served identity (calibrating characters per token),
+`vram-before.json`, `NN-<gate>.json` as each gate finishes, then `summary.json`,
+`provenance.json`, `decision.json` and `manifest.json`. A failed gate is evidence, not an
+exception; an engine that dies mid-run ends it with a failed `engine-alive` gate.
 """
 
 from __future__ import annotations
@@ -163,12 +157,8 @@ async def qualify(
     context: JSONObject | None = None,
     liveness: Liveness | None = None,
 ) -> QualificationResult:
-    """The async body of `run_qualification`.
-
-    `timeout_s` (`qualify --timeout`) bounds the run: no request waits longer, and a gate
-    that would start after it is recorded as failed, not started (classification
-    `timeout`), so the decision says the qualification is incomplete, never that it passed.
-    """
+    """The async body of `run_qualification`; a gate that would start after `timeout_s` is recorded
+    as failed (`timeout`), so the decision can never say an incomplete run passed."""
     end = None if timeout_s is None else time.monotonic() + timeout_s
     if timeout_s is not None:
         request_timeout_s = min(request_timeout_s, timeout_s)
@@ -372,12 +362,8 @@ async def _vram_reading(probe: ReserveProbe) -> JSONObject:
 def provenance_record(
     provenance: Mapping[str, object] | None, artifacts: Sequence[Artifact]
 ) -> dict[str, object]:
-    """Which figures of this bundle are local measurements, and which are external-prior.
-
-    Every artifact written so far was measured here against the candidate. The recipe's
-    `source` and its `external_prior` figures are copied as they were published, under
-    their own key, so a report or a claim can never take one for a local result.
-    """
+    """Which figures of this bundle are local measurements, and which the recipe's published
+    `external_prior` ones, kept under their own key so none is taken for a local result."""
     given = dict(provenance or {})
     source = given.get("source") or None
     external = items(fields(source or {}).get("external_prior"))

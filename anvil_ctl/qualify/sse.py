@@ -1,9 +1,5 @@
-"""Server-sent events of an OpenAI-compatible chat stream, decoded without I/O.
-
-`SSEDecoder` turns lines into events; `StreamAssembler` folds chat chunks into one
-`ChatResult`, timing each delta by the moment its line arrived. A stream that ends
-without `data: [DONE]` is reported as truncated, never silently accepted.
-"""
+"""Server-sent events of an OpenAI-compatible chat stream, decoded without I/O; a stream that ends
+without `data: [DONE]` is reported as truncated, never silently accepted."""
 
 from __future__ import annotations
 
@@ -54,12 +50,8 @@ class _ToolCallParts:
 
 @dataclass
 class StreamAssembler:
-    """Folds `chat.completion.chunk` events into a `ChatResult`, with timing from the stream.
-
-    `t0` is the moment the request was sent; every `feed` carries the arrival time
-    of its event. TTFT is the first visible content; time to first output is the
-    first content or reasoning, whichever came first.
-    """
+    """Folds `chat.completion.chunk` events into a `ChatResult`; `t0` is when the request was sent
+    and every `feed` carries its event's arrival time."""
 
     t0: float
     content: list[str] = field(default_factory=list)

@@ -1,18 +1,8 @@
 """Token counts from the engine itself where its stream carries none, as its profile says.
 
-Some engines end a stream without a usage chunk even when asked for one (llama-cpp-python).
-A gate then still needs the prompt and completion tokens of what it measured, counted by
-the engine, never by a rule of ours:
-
-- prompt tokens `plain-usage`: the same request again, unstreamed, with max_tokens 1,
-  sent after the timed stream finished (so the timing is untouched); its `usage` is the
-  engine's count over the rendered chat template, and the engine's prefix cache makes
-  it cheap. `tokenize`: the engine's tokenize endpoint over the raw message text (no
-  template: an undercount, recorded as such);
-- completion tokens `stream-chunks`: one per chunk that carried output (an engine that
-  streams one token per chunk).
-
-The result carries the counts as its `usage`; the attempt records how they were counted.
+Prompt tokens: `plain-usage` (the same request unstreamed with max_tokens 1, after the timed
+stream) or `tokenize` (the raw text, an undercount recorded as such); completion tokens:
+`stream-chunks` (one per chunk with output). The attempt records how they were counted.
 """
 
 from __future__ import annotations
@@ -71,11 +61,8 @@ async def prompt_tokens(
 async def complete_usage(
     client: EngineClient, engine: EngineProfile, body: JSONObject, result: ChatResult
 ) -> tuple[ChatResult, JSONObject | None]:
-    """`result` with the engine's own token counts as usage when its stream had none.
-
-    Returns the result unchanged (and None) when it has usage, was not streamed, or the
-    engine streams usage (then a missing usage chunk is the engine's failure to report).
-    """
+    """`result` with the engine's own token counts as usage when its stream had none (unchanged, and
+    None, when it has usage, was not streamed, or the engine should have streamed usage)."""
     if result.usage is not None or not result.streamed or engine.streamed_usage:
         return result, None
     prompt, how = await prompt_tokens(client, engine, body)

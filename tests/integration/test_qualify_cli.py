@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.waiver import Waiver
+from anvil_ctl.engine.reclassify import reclassify_decisions
 from anvil_ctl.persistence import waiver_rows
 from tests.integration.hosts import sim_host_toml
 
@@ -215,11 +215,11 @@ class TestQualifyCli:
             expires_at=now + timedelta(days=1),
         )
         waiver_rows.add_waiver(app.store, waiver)
-        report = qualify_cmd.reclassify_decisions(app, slot="primary")
+        report = reclassify_decisions(app.world(), slot="primary")
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("verified", raw["id"], ["w-model-pair"])
         ]
-        assert qualify_cmd.reclassify_decisions(app).recorded == []  # nothing new to say
+        assert reclassify_decisions(app.world()).recorded == []  # nothing new to say
         again = next(d for d in host.json("audit", "decisions") if d["id"] == raw["id"])
         assert again == raw  # the original decision is never rewritten
         manifest = host.state / "evidence" / tx / "manifest.json"

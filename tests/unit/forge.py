@@ -10,7 +10,7 @@ from pathlib import Path
 
 from anvil_ctl.commands import audit
 from anvil_ctl.persistence.coverage import RowKey
-from anvil_ctl.persistence.verify_report import ReportRecord
+from anvil_ctl.persistence.verify import ReportRecord
 from tests.unit.fakehost import FakeHost
 
 EDITED = "content edited: row digest differs from its journal entry"

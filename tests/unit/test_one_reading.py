@@ -269,12 +269,12 @@ class TestOneListingOfTheManagedContainers:
         """What the real world gives the /dev/shm scanner and the simulated GPUs."""
         from anvil_ctl.adapters.shm import managed_containers
         from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
-        from anvil_ctl.engine.world import WorldRuntime
+        from anvil_ctl.engine.world import current_runtime
 
         out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
         candidate = str(out.results["start-candidate"]["container_id"])
         world: World = fake_host.app().world()
-        managed = managed_containers(WorldRuntime(world))
+        managed = managed_containers(current_runtime(world))
         looks.clear()
         with one_reading(world):
             held = managed()

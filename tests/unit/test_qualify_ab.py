@@ -341,7 +341,7 @@ class TestTheAbTransaction:
             "03-order.json",
             "ab-comparison.json",
         }
-        from anvil_ctl.commands import report
+        from anvil_ctl.commands import evidence as report
 
         page = Path(report.evidence_report(app, tx, tmp_path / "ab.html").path).read_text()
         assert "A/B control: nospec vs adaptive" in page and "SELECTED" in page

@@ -13,6 +13,7 @@ from anvil_ctl.commands import qualify as qualify_cmd
 from anvil_ctl.commands import transactions
 from anvil_ctl.core.states import TxState
 from anvil_ctl.core.waiver import Waiver
+from anvil_ctl.engine.reclassify import reclassify_decisions
 from anvil_ctl.evidence.bundle import EvidenceWriter, verify_bundle
 from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.qualify.profiles import PROFILES_DIR
@@ -127,7 +128,7 @@ class TestReclassifyDecisions:
         app = fake_host.app()
         raw = raw_decision(fake_host)
         waiver_rows.add_waiver(app.store, waiver())
-        report = qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1))
+        report = reclassify_decisions(app.world(), now=T0 + timedelta(hours=1))
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("verified", "dec-raw", ["w-1"])
         ]
@@ -137,18 +138,18 @@ class TestReclassifyDecisions:
         app = fake_host.app()
         raw_decision(fake_host)
         waiver_rows.add_waiver(app.store, waiver())
-        qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1))
+        reclassify_decisions(app.world(), now=T0 + timedelta(hours=1))
         before = outcomes(app)
-        assert qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=2)).recorded == []
+        assert reclassify_decisions(app.world(), now=T0 + timedelta(hours=2)).recorded == []
         assert outcomes(app) == before
 
     def test_a_revoked_waiver_records_the_standing_outcome_again(self, fake_host: FakeHost) -> None:
         app = fake_host.app()
         raw_decision(fake_host)
         waiver_rows.add_waiver(app.store, waiver())
-        qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1))
+        reclassify_decisions(app.world(), now=T0 + timedelta(hours=1))
         waiver_rows.revoke_waiver(app.store, "w-1", by="operator", reason="pair reused")
-        report = qualify_cmd.reclassify_decisions(app)
+        report = reclassify_decisions(app.world())
         assert [(d["outcome"], d["reclassifies"], d["waiver_ids"]) for d in report.recorded] == [
             ("policy-infeasible", "dec-raw", [])
         ]
@@ -162,7 +163,7 @@ class TestReclassifyDecisions:
         app = fake_host.app()
         raw_decision(fake_host)
         waiver_rows.add_waiver(app.store, waiver(value=2500))  # 2101 free is still short
-        assert qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1)).recorded == []
+        assert reclassify_decisions(app.world(), now=T0 + timedelta(hours=1)).recorded == []
         assert [o[0] for o in outcomes(app)] == ["dec-raw"]
 
     def test_a_tampered_reserve_artifact_is_skipped_not_trusted(self, fake_host: FakeHost) -> None:
@@ -171,7 +172,7 @@ class TestReclassifyDecisions:
         path = app.settings.evidence_dir / "tx-raw" / "01-vram_reserve.json"
         path.write_text(path.read_text().replace("2101", "9101"))
         waiver_rows.add_waiver(app.store, waiver())
-        report = qualify_cmd.reclassify_decisions(app, now=T0 + timedelta(hours=1))
+        report = reclassify_decisions(app.world(), now=T0 + timedelta(hours=1))
         assert report.recorded == []
         assert report.skipped[0]["decision_id"] == "dec-raw"
         assert "SHA-256" in report.skipped[0]["reason"]

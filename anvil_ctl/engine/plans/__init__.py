@@ -1,10 +1,5 @@
-"""Every transaction kind, in one explicit registry: its request, arguments and plan.
-
-A kind's `prepare` reads the record and observes what its arguments need, once, for
-`anvil_ctl.engine.entry`; `build` makes the plan from those arguments. `recover` rebuilds
-an interrupted transaction from its journaled arguments through this table, so any process
-that imports the engine can recover every kind; nothing registers itself by being imported.
-"""
+"""Every transaction kind, in one explicit registry: its request, arguments and plan. `prepare`
+reads what its arguments need once; `recover` rebuilds any kind from its journaled arguments."""
 
 from __future__ import annotations
 
@@ -64,12 +59,8 @@ class TxKind(Protocol):
 
 @dataclass(frozen=True)
 class Kind(Generic[R, A]):
-    """A transaction kind: how its request becomes arguments, how they are journaled, its plan.
-
-    `mutates`: it changes the host, so it runs under the host lock. `builder` receives the
-    request too where the plan keeps something of it that is never journaled (progress,
-    secrets); `recover` rebuilds without one.
-    """
+    """A transaction kind: its request, arguments and plan; `mutates` kinds run under the host lock.
+    `builder` gets the request too where the plan keeps what is never journaled (progress)."""
 
     request: type[R]
     args: type[A]

@@ -1,18 +1,8 @@
 """`ab`: the matched A/B control of two loaded candidates of the same model.
 
-A non-mutating transaction of three steps. `declare` writes the profile's
-protected boundaries, the selection metric, the capacity cells and both arms'
-identities to `<state>/evidence/<tx>/00-declaration.json` and journals its digest
-before any request is sent; `measure` runs both arms' cells one after the other,
-alternating arms per repetition (`anvil_ctl.qualify.ab`), and writes each arm's raw
-cells; `compare` re-checks that both arms still are what they were, compares them
-per cell and writes the verdict (the selected arm, or every violated boundary),
-the manifest and the evidence rows.
-
-Both arms must be serving at once, each at its own slot's binding (two slots, or
-two CPU/stub serves): an A/B that swaps arms on one binding per repetition is not
-built. Like `qualify`, a crash loses the measurement (the memo is not journaled);
-`recover` marks it and nothing on the host needs undoing.
+A non-mutating transaction: `declare` writes and journals the protected boundaries and both
+arms before any request; `measure` alternates arms per repetition; `compare` re-checks both
+arms and writes the verdict. Both arms serve at once on their own bindings.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""`adopt`: record a serving container (started by hand or another tool) as the slot's incumbent.
-
-One step, which changes only the record: the identity, and the GPU roles it owns.
-Nothing on the host is touched, so there is nothing to undo and no guard beyond
-`prepare`'s observation that the container runs, its binding serves one model healthy,
-and the engine shows the context the operator gave.
-"""
+"""`adopt`: record a serving container (started by hand or another tool) as the slot's incumbent;
+one step that changes only the record, after `prepare` observed it serving."""
 
 from __future__ import annotations
 

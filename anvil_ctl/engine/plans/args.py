@@ -1,11 +1,6 @@
-"""The typed arguments of every transaction kind, and their journal form.
-
-Each kind takes one frozen dataclass. It is journaled as JSON when the
-transaction begins (`to_json`) and rebuilt from that JSON by `recover`
-(`from_json`), so a plan rebuilt after a crash sees exactly the arguments the
-dead process saw. Pydantic converts in both directions and rejects a journal row
-that does not fit the class.
-"""
+"""The typed arguments of every transaction kind, and their journal form: journaled as JSON when
+the transaction begins and rebuilt by `recover` through pydantic, which rejects a row that
+does not fit."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
 """`qualify`: run a profile's gates against the slot's candidate and record a decision.
 
-A non-mutating transaction `planned -> running -> committed` of two steps:
-`run-gates` writes the evidence (`<state>/evidence/<tx>/`), `record-decision`
-re-checks the candidate and records every gate row and the decision, bound to
-the candidate Identity's `qualification_digest` (what `promote` compares). It is
-computed under the standing policy (no waivers): that raw decision is never
-rewritten; when active waivers change its outcome, a second decision that
-`reclassifies` it is recorded from the same evidence (`engine.reclassify`).
-
-The gates probe the candidate the way its engine profile says (token counting,
-where its context shows). The run asks after every gate whether the candidate's
-container still runs: an engine that dies mid-run ends it with a failed
-`engine-alive` gate naming the exit, and `record-decision` records that `failed`
-decision (same container, same image and fingerprint, only no longer running)
-instead of refusing to decide.
-
-The qualification library (`anvil_ctl.qualify`: HTTP client, gates, evidence) is
-imported inside the steps, so rebuilding this plan in `recover` imports nothing
-heavy.
+A non-mutating transaction: `run-gates` writes the evidence, `record-decision` re-checks the
+candidate and records the gate rows and the raw decision (standing policy) bound to its
+`qualification_digest`, plus a reclassification when waivers change it. An engine that dies
+mid-run yields a failed `engine-alive` gate and a `failed` decision.
 """
 
 from __future__ import annotations

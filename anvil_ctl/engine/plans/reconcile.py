@@ -1,21 +1,8 @@
 """`reconcile`: re-apply a slot's recorded route after a router restart or a late removal.
 
-The route a slot should have is what its record says: the slot's tier routed to its
-binding, answering from the serve the record publishes there, the slot's incumbent.
-Refused before anything changes unless that serve runs as its recorded container (same
-image and config fingerprint) and its binding answers healthy with its served model, no
-transaction is unresolved and the router accepts our credentials. A slot a `load`
-switched to a candidate that was never promoted is refused, naming the candidate: its
-tier stays unrouted by design until `promote` publishes it (with a decision and an
-approver) or `rollback` restores the incumbent; reconcile never publishes what promote
-has not approved.
-
-Steps: `route-slot` observes first (a route that already holds is recorded and left
-alone), else routes the tier to the serve and readmits it (readmission holds past any
-removal the router still had pending); then the authenticated routed smoke. Nothing is
-undone: the route before was the fault being repaired, and routing a healthy recorded
-serve takes nothing out of service. Both steps observe before they act, so `recover`
-rolls an interrupted reconcile forward once the route is applied.
+Refused unless the incumbent runs as recorded and serves healthy, nothing is unresolved and the
+router accepts our credentials; a candidate `load` left unpromoted is never published. Steps:
+`route-slot` (an intact route is left alone) and the routed smoke; nothing to undo.
 """
 
 from __future__ import annotations

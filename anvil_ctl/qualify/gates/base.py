@@ -1,12 +1,5 @@
-"""What every gate shares: the context it runs in, its base class, and the requests and
-checks of chat gates.
-
-A gate is a small callable object (STYLE habit 14): `__init__` takes thresholds,
-`await gate(gate_ctx)` returns a `GateResult` with evidence. Gates never raise for a
-model's failure; an engine error on one request is recorded and fails the gate.
-Where the engine's stream carries no usage, `attempt` completes it with the engine's
-own counts the way its profile says (`anvil_ctl.qualify.tokens`).
-"""
+"""What every gate shares: its context, its base class, and the requests and checks of chat
+gates. A gate never raises for a model's failure: an engine error fails the gate."""
 
 from __future__ import annotations
 
@@ -261,10 +254,8 @@ def user(text: str) -> Message:
 
 
 def answered(checks: Checks, label: str, attempt: Attempt) -> ChatResult | None:
-    """The attempt's result if it answered and, when streamed, its stream completed.
-
-    Records the `answered` and `stream complete` checks; None when either failed.
-    """
+    """The attempt's result if it answered and, when streamed, its stream completed (recording both
+    checks); None when either failed."""
     result = attempt.result
     if not checks.add(f"{label}: answered", result is not None, "error", error=attempt.error):
         return None

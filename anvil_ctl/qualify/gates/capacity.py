@@ -1,11 +1,6 @@
-"""Workload gates: capacity at nominal contexts and concurrencies, and endurance.
-
-Every request is streamed with usage so that its timing comes from the stream and
-its prompt size from the engine (measured, reported beside the nominal target); an
-engine whose stream carries no usage is counted the way its profile says, after the
-timed request (`anvil_ctl.qualify.tokens`), and each row records how.
-Classifications: `pass`, `incomplete` (a request failed), `below_threshold`.
-"""
+"""Workload gates: capacity at nominal contexts and concurrencies, and endurance. Requests are
+streamed with usage (timing from the stream, prompt size from the engine). Classifications:
+`pass`, `incomplete`, `below_threshold`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Coding-agent checks: deterministic tasks x repetitions under a visible-answer budget.
-
-Answers are validated statically (parsed, never executed). A response that ends
-with `finish_reason: length` and shows nothing wrong is classified
-`visible_answer_budget_exhausted`, not a wrong answer: the budget, not the model,
-stopped it (the seeds' 768-token move-plan case). Classifications: `pass`,
-`wrong_answer`, `reasoning_leak`, `visible_answer_budget_exhausted`, `error`.
-"""
+"""Coding-agent checks: deterministic tasks x repetitions under a visible-answer budget, validated
+statically. Classifications: `pass`, `wrong_answer`, `reasoning_leak`,
+`visible_answer_budget_exhausted` (a `length` finish that shows nothing wrong), `error`."""
 
 from __future__ import annotations
 

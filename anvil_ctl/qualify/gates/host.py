@@ -1,17 +1,8 @@
-"""Gates that read the host rather than the engine's answers: the VRAM reserve after the
-workload (a policy gate) and the bounded final log audit.
+"""Gates that read the host: the VRAM reserve after the workload (a policy gate) and the bounded
+final log audit (fatal lines, engine or container restarts, OOM, a stopped container).
 
-The reserve probe (`ReserveProbe`) returns `(GPU UUID, free MiB, reserve MiB)` per card;
-the GPU side (NVML or simulated) lives in `anvil_ctl.gpu`. The log audit reads the newest
-`max_lines` lines (at most `max_bytes`) of the candidate container's output since it was
-created, plus the runtime's restart count and OOM flag, and classifies the lines with the
-patterns of the engine's profile (`anvil_ctl.qualify.logs`). It fails on any fatal line,
-on an engine restart (its start banner seen twice) or a container restart, on an OOM kill,
-and on a container that no longer runs. The caps, the window actually read and every count
-go into the evidence, with the matched lines redacted.
-
-Classifications: `pass`, `below_reserve`, `not_measured`, `oom`, `restart`,
-`fatal_log_line`, `not_running`.
+Classifications: `pass`, `below_reserve`, `not_measured`, `oom`, `restart`, `fatal_log_line`,
+`not_running`.
 """
 
 from __future__ import annotations
