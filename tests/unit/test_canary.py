@@ -19,7 +19,7 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, ContainerSpec
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine import entry
-from anvil_ctl.engine.plans.args import CanaryRequest, Candidate
+from anvil_ctl.engine.plans.args import CanaryRequest, Candidate, RollbackRequest
 from anvil_ctl.engine.plans.canary import ServesFitTogether
 from anvil_ctl.qualify import slosample
 from anvil_ctl.qualify.canary import Round, judge, parse_shares, watch_step
@@ -365,3 +365,18 @@ class TestTheCanaryOnAWeighingRouter:
         assert rollback is not None and rollback.container_id == host.incumbent_id
         assert not world.runtime.inspect(host.incumbent_id).running  # stopped, retained
         assert out.results["share-100"]["verdict"] == "healthy"
+
+    def test_after_it_a_rollback_of_the_old_incumbents_slot_brings_it_back_and_stops_the_candidate(
+        self, weighing: tuple[FakeHost, Any, WeighingRouter], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        host, world, router = weighing
+        _arms(monkeypatch, None, router)
+        assert self._run(host, world).state == TxState.COMMITTED
+        cand = host.app().store.current_identity("primary-b", "incumbent")
+        assert cand is not None
+        back = entry.run(world, host.app().owner, RollbackRequest(slot="primary"))
+        assert back.state == TxState.COMMITTED, back.reason
+        assert back.results["stop-current"]["container_id"] == cand.container_id
+        assert _tiers(host)["primary-local"]["url"] == "http://127.0.0.1:8001"
+        assert world.runtime.inspect(host.incumbent_id).running
+        assert not world.runtime.inspect(cand.container_id).running  # stopped, retained

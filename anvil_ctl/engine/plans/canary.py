@@ -45,6 +45,7 @@ from anvil_ctl.engine.plans.promote import (
 from anvil_ctl.engine.serving import (
     identity_drift,
     is_running,
+    pauses,
     route_problems,
     route_slot_to,
     smoke_step,
@@ -190,12 +191,27 @@ def admit_candidate(ctx: Ctx) -> StepResult:
     return _set_share(world, ctx.args, 0)
 
 
+def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
+    """Seconds until the router counts nothing in flight to `url` (at most `deadline_s`): a
+    request it picked the candidate for just before its weight went to 0 may not have reached
+    the engine's own gauge yet, and stopping the engine then would cut it."""
+    router, started = world.router, world.clock.now()
+    pause = pauses(world.config.policy.health_poll_s)
+    while router is not None and (router.in_flight(tier, url) or 0) > 0:
+        if world.clock.now() - started >= deadline_s:
+            break
+        world.clock.sleep(next(pause))
+    return round(world.clock.now() - started, 3)
+
+
 def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
     """Every new request to the incumbent; the candidate drained, stopped and retained."""
     world, args = ctx.world, ctx.args
     weights = _set_share(world, args, 0)
     stopped: JSONObject | None = None
     if is_running(world, args.candidate.container_id):
+        tier, url = _tier(world, args.incumbent), _url(world, args.candidate)
+        weights["router_idle_s"] = _router_idle(world, tier, url, args.drain.deadline_s)
         stopped = stop_drained(world, args.candidate, args.drain)
     router = world.router
     if router is not None:
