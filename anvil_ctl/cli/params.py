@@ -1,9 +1,7 @@
-"""Parameter types of the command line: every argument checked before a command runs.
+"""Parameter types of the command line: `anvil_ctl.core.validate`'s checks in click's shape.
 
-A value that fails its type is a usage error (exit 2, one line naming the flag)
-raised while click parses, so it is refused before any database is opened, any
-lock taken or any row written. The checks are `anvil_ctl.core.validate`'s; this
-module only gives them click's shape. Light on purpose: `--help` imports it.
+A bad value is a usage error (exit 2, naming the flag) before any database, lock or row.
+Light on purpose: `--help` imports it.
 """
 
 from __future__ import annotations
@@ -50,9 +48,7 @@ def text(max_len: int = MAX_TEXT, *, multiline: bool = False) -> Checked[str]:
 
 
 def check_new_file(path: Path, flag: str) -> Path:
-    """`path` may be (re)written: not a directory or a special file, in an existing, writable
-    directory. Nothing is created to make it fit: a missing directory is a typo.
-    click.BadParameter (exit 2) names `flag` otherwise."""
+    """`path` may be (re)written in an existing writable directory, else BadParameter naming `flag`."""
 
     def fail(message: str) -> click.BadParameter:
         return click.BadParameter(message, param_hint=f"'{flag}'")

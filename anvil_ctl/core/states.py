@@ -124,5 +124,4 @@ TX_KINDS: tuple[str, ...] = (
 """Every kind of transaction a plan is built for (`audit transactions --kind` offers these)."""
 
 IDENTITY_ROLES: tuple[str, ...] = ("incumbent", "candidate", "rollback")
-"""The roles an identity is recorded under for its slot; the latest row per (slot, role) is current.
-Defined here, with the other names the CLI offers as choices, so that `--help` loads no value objects."""
+"""The roles an identity is recorded under for its slot (here so `--help` loads no value objects)."""

@@ -50,9 +50,8 @@ class NoMemo:
 class StepContext(Generic[A_co, W_co, M_co]):
     """What a step sees: the transaction, its typed arguments, the world and the memo.
 
-    `results` holds each completed do's journaled result by step name: the record
-    of what happened, which `recover` reloads. Steps read what an earlier step
-    left them from `memo`, never from `results`.
+    `results` is the journaled record `recover` reloads; steps read what an earlier step left
+    them from `memo`, never from `results`.
     """
 
     tx_id: str
@@ -84,10 +83,8 @@ class Step(Generic[C]):
 class Plan(Generic[A_co, W_co, M_co]):
     """A transaction kind's ordered guards and steps, built from journaled arguments.
 
-    `snapshot` observes the live placement (read-only); `verify_after` may compare
-    the before and after snapshots and return problems that fail the commit; a record it
-    makes of what it compared goes to its `hold` argument, which commits it with the
-    transaction's end state (nothing acts in between).
+    `verify_after` compares the before and after snapshots and returns problems that fail
+    the commit; what it records goes to `hold`, committed with the end state.
     """
 
     kind: str
@@ -103,8 +100,7 @@ class Plan(Generic[A_co, W_co, M_co]):
     pivot: str | None = None
     """Name of the step after which recovery goes forward (None: always backwards)."""
     keeps_serving: bool = True
-    """The engine guarantees a slot serving at the start still serves at the end (never dark);
-    False only where a person asked for the slot to change (unload) or nothing is touched."""
+    """Never dark: a slot serving at the start serves at the end; False only for unload or no-ops."""
     goal: Callable[[StepContext[A_co, W_co, M_co]], list[str]] | None = None
     """Problems that keep the goal from holding after the last step (e.g. the route is gone)."""
     repair: Callable[[StepContext[A_co, W_co, M_co]], None] | None = None
