@@ -54,6 +54,8 @@ def outcome(o: Outcome, out: Out) -> None:
             out.line(f"    {change_line(c.as_dict())}")
         if len(o.changes) > MAX_CHANGES:
             out.line(f"    ... {len(o.changes) - MAX_CHANGES} more: anvilctl audit diff {o.tx_id}")
+    if o.then is not None:
+        outcome(o.then, out)
 
 
 def diffs(view: views.DiffView, out: Out) -> None:

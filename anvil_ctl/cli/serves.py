@@ -16,12 +16,20 @@ from anvil_ctl.cli.options import (
     slot_option,
     timeout_option,
 )
-from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
+from anvil_ctl.cli.params import CONTEXT_TOKENS, PERSON, RECIPE, REF
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
-ENGINE_NAMES = ("llama-cpp-python", "llama-cpp-python-cuda", "openai-compatible", "sglang", "stub", "vllm")
+ENGINE_NAMES = (
+    "llama-cpp-python",
+    "llama-cpp-python-cuda",
+    "llama-server",
+    "openai-compatible",
+    "sglang",
+    "stub",
+    "vllm",
+)
 """The engine profiles' names, for `--engine`'s choices: `core.engine_profile` builds its profiles
 (and their log patterns) at import, which `--help` need not pay; a test holds the two equal."""
 
@@ -95,6 +103,15 @@ recipes = click.Group(
 @dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @drain_options("abort")
+@click.option(
+    "--promote",
+    "promote_approved_by",
+    type=PERSON,
+    metavar="APPROVER",
+    help="Once loaded, promote the candidate in the same run (every check of `promote`; its "
+    "identity needs a standing verified decision), approved by APPROVER: clients wait for "
+    "no second command.",
+)
 @accept_drift_options
 @pass_session
 def load(
@@ -106,6 +123,7 @@ def load(
     timeout_s: float | None,
     drain_timeout_s: float | None,
     on_drain_timeout: OnDrainTimeout | None,
+    promote_approved_by: str | None,
     accept_drift: bool,
     drift_by: str | None,
     drift_reason: str | None,
@@ -117,7 +135,9 @@ def load(
     At the deadline the load gives up, leaving the incumbent routed (exit 3), unless
     --on-drain-timeout cut. Then it stops (never removes) the incumbent, waits for its VRAM,
     starts RECIPE's candidate and waits for its health and served identity. A failed step
-    compensates back to the before state (exit 4)."""
+    compensates back to the before state (exit 4). The tier stays drained until a promotion
+    routes the candidate: --promote APPROVER runs it at once for a candidate qualified before
+    (its exit code is the command's; refused, the candidate stays loaded)."""
     from anvil_ctl.commands import serves
 
     accepted = drift_acceptance(accept_drift, drift_by, drift_reason)
@@ -130,6 +150,7 @@ def load(
         timeout_s=timeout_s,
         drain_timeout_s=drain_timeout_s,
         on_drain_timeout=on_drain_timeout,
+        promote_approved_by=promote_approved_by,
     )
     return Reply(out, ExitCode(out.exit_code))
 

@@ -350,8 +350,24 @@ VLLM = EngineProfile(
     ),
 )
 
+LLAMA_SERVER = EngineProfile(
+    name="llama-server",
+    description="llama.cpp's own C++ server (llama-server): the drain reads its running-requests "
+    "gauge, published only when the server is started with --metrics; the other fields are the "
+    "OpenAI-compatible assumptions, not observed here",
+    # Without --metrics, GET /metrics answers 501 and the router's count is read instead.
+    running_metric="llamacpp:requests_processing",
+    sources=(
+        "ggml-org/llama.cpp tools/server/server.cpp, the /metrics handler: 501 'Start it with "
+        "`--metrics`' without the flag; the gauge llamacpp:requests_processing is the number of "
+        "slots processing a request (n_processing_slots), llamacpp:requests_deferred the requests "
+        "waiting for a slot, which take one as soon as it frees; not run here (the test "
+        "environment's llama.cpp image is llama-cpp-python's server, which publishes neither)",
+    ),
+)
+
 ENGINE_PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON, LLAMA_CPP_CUDA)
+    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON, LLAMA_CPP_CUDA, LLAMA_SERVER)
 }
 """Every engine profile by name: the one registry."""
 
@@ -361,6 +377,8 @@ ENGINE_ALIASES: dict[str, str] = {
     "llamacpp": "llama-cpp-python",
     "llama_cpp": "llama-cpp-python",
     "llama.cpp-cuda": "llama-cpp-python-cuda",
+    "llama.cpp-server": "llama-server",
+    "llama-cpp-server": "llama-server",
     "sglang-sm120": "sglang",
 }
 """Other spellings of an engine's name (a recipe's `engine`) -> its profile's name."""

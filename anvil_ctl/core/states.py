@@ -1,18 +1,10 @@
 """Transaction states and the one table of allowed transitions.
 
-Theory of operation: a transaction is `planned` when its row is written. Guards
-run; any refusal moves it to `refused` and nothing on the host was touched.
-Otherwise it becomes `running` and its steps execute in order. If every step
-succeeds it is `committed`. If a step fails it becomes `compensating` and the
-undos of the completed steps run in reverse; if all succeed it is
-`compensated`, otherwise `compensation_failed`, which only a person resolves.
-A transaction whose owner process died while `running` or `compensating` is
-found by `recover`, marked `interrupted`, and from there compensated, or, when
-the plan had passed its pivot step, run forward again to `committed`.
-
-The table below is the only place that says which moves are legal; the engine
-calls `check_transition` before it writes any state row.
-"""
+Theory of operation: `planned` when written; a guard's refusal ends it `refused` with nothing
+touched; else `running`, then `committed`. A failed step makes it `compensating` (the undos of
+completed steps in reverse) and then `compensated`, or `compensation_failed` for a person.
+An owner that died leaves it for `recover`: `interrupted`, then compensated, or run forward
+past the plan's pivot. The engine calls `check_transition` before writing any state row."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 """Steps and plans: every forward step declares its compensation beside it.
 
-A `Step` is `(name, do, undo)`. `do(ctx)` returns a JSON-able result (recorded
-in the journal right after the side effect); `undo(ctx, result)` receives that
-recorded result, or None when the process died between the step's intent and its
-result. Undos therefore observe the world before acting and must be idempotent:
-`recover` may run them after a crash, and may run them twice.
-
-A step hands what a later step needs through the plan's *memo*, a small typed
-object of named fields, never through the result dict: `remember(memo, result)`
-copies a journaled result into it. The engine calls it right after `do`, and
-`recover` calls it again for every result found in the journal, so a rebuilt
-plan sees the same memo as the process that died.
-
-Each plan names its *pivot*: the step after which the transaction's goal is
-closer forward than back. A failure or crash before the pivot compensates
-backwards; once the pivot's result is journaled, `recover` rolls forward by
-re-running the remaining steps, each of which observes before it acts.
-"""
+`do(ctx)` returns a JSON-able result, journaled right after the side effect; `undo(ctx, result)`
+gets it, or None when the process died in between, so undos observe before acting and are
+idempotent (`recover` may run them twice). A step hands what a later one needs through the
+plan's typed *memo* (`remember`, replayed by `recover` from the journal). Before the plan's
+*pivot* a failure compensates backwards; after it `recover` re-runs the remaining steps."""
 
 from __future__ import annotations
 

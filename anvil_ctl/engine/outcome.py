@@ -34,9 +34,14 @@ class Outcome:
     drain_refused: bool = False
     """A drain met its deadline with answers in flight and refused to cut them: the
     transaction compensated, and exits 3 (refused) rather than 4."""
+    then: Outcome | None = None
+    """The transaction the same command ran right after this one committed (`load
+    --promote`: the promotion); its exit code is the command's."""
 
     @property
     def exit_code(self) -> int:
+        if self.then is not None:
+            return self.then.exit_code
         if self.drain_refused and self.state is TxState.COMPENSATED:
             return int(ExitCode.REFUSED)
         return int(STATE_EXIT_CODES[self.state])
@@ -54,4 +59,5 @@ class Outcome:
             "after_sha256": self.after.sha256 if self.after else None,
             "changes": [c.as_dict() for c in self.changes],
             "results": self.results,
+            **({"then": self.then.as_dict()} if self.then is not None else {}),
         }
