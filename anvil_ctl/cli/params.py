@@ -22,6 +22,7 @@ from anvil_ctl.core.validate import (
     check_person,
     check_text,
     parse_duration,
+    parse_int,
     parse_rfc3339,
     utc_stamp,
 )
@@ -84,8 +85,10 @@ SINCE = Checked("time", lambda v: utc_stamp(parse_rfc3339(v)))
 TEXTFILE = Checked("file", lambda v: Path(check_text(v, max_len=4096, empty=False)))
 """A file we will (re)write; `check_new_file` checks it on disk when the command runs (not
 while parsing, so that documented examples parse on any machine)."""
-CONTEXT_TOKENS = click.IntRange(1, MAX_CONTEXT_TOKENS)
-MIB = click.IntRange(0, MAX_MIB)
-LIMIT = click.IntRange(1, MAX_COUNT)
+CONTEXT_TOKENS = Checked("integer", lambda v: parse_int(v, lo=1, hi=MAX_CONTEXT_TOKENS))
+MIB = Checked("integer", lambda v: parse_int(v, lo=0, hi=MAX_MIB))
+LIMIT = Checked("integer", lambda v: parse_int(v, lo=1, hi=MAX_COUNT))
 TIMEOUT = Checked("duration", parse_duration)
 """A duration (`90s`, `5m`, `1h30m`, or seconds), as kubectl and helm take `--timeout`."""
+WATCH = Checked("duration", lambda v: 0.0 if v.strip() in ("0", "0s") else parse_duration(v))
+"""`promote --watch`: a duration, or 0 for none."""

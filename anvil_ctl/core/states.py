@@ -1,18 +1,12 @@
 """Transaction states and the one table of allowed transitions.
 
-Theory of operation: a transaction is `planned` when its row is written. Guards
-run; any refusal moves it to `refused` and nothing on the host was touched.
-Otherwise it becomes `running` and its steps execute in order. If every step
-succeeds it is `committed`. If a step fails it becomes `compensating` and the
-undos of the completed steps run in reverse; if all succeed it is
-`compensated`, otherwise `compensation_failed`, which only a person resolves.
-A transaction whose owner process died while `running` or `compensating` is
-found by `recover`, marked `interrupted`, and from there compensated, or, when
-the plan had passed its pivot step, run forward again to `committed`.
-
-The table below is the only place that says which moves are legal; the engine
-calls `check_transition` before it writes any state row.
-"""
+Theory of operation: `planned` when written; a guard's refusal ends it `refused` with nothing
+touched; else `running`, then `committed`. A failed step makes it `compensating` (the undos of
+completed steps in reverse) and then `compensated`, or `compensation_failed` for a person.
+An owner that died leaves it for `recover`: `interrupted`, then compensated, or run forward
+past the plan's pivot. A watched promote is `watching` after its last step: healthy, it is
+`committed`; a breach or a person's abort ends it `rolled_back`, and a rollback of its own
+follows. The engine calls `check_transition` before writing any state row."""
 
 from __future__ import annotations
 
@@ -29,6 +23,8 @@ class TxState(StrEnum):
     REFUSED = "refused"
     INTERRUPTED = "interrupted"
     NEEDS_OPERATOR = "needs_operator"
+    WATCHING = "watching"
+    ROLLED_BACK = "rolled_back"
 
 
 S = TxState
@@ -43,6 +39,14 @@ ALLOWED_TRANSITIONS: frozenset[tuple[TxState, TxState]] = frozenset(
         # A step may decide the host must not be touched further (e.g. a retained
         # incumbent that could not be proven stopped): only a person goes on from here.
         (S.RUNNING, S.NEEDS_OPERATOR),
+        # A watched promote: past its last step it samples its serve before it commits.
+        (S.RUNNING, S.WATCHING),
+        (S.WATCHING, S.COMMITTED),
+        # A breach or a person ended the watch; a rollback transaction of its own follows.
+        (S.WATCHING, S.ROLLED_BACK),
+        (S.WATCHING, S.INTERRUPTED),
+        # The watch could not judge (the router refused our client key): the serve stays.
+        (S.WATCHING, S.NEEDS_OPERATOR),
         (S.COMPENSATING, S.COMPENSATED),
         (S.COMPENSATING, S.COMPENSATION_FAILED),
         (S.COMPENSATING, S.INTERRUPTED),
@@ -56,7 +60,7 @@ ALLOWED_TRANSITIONS: frozenset[tuple[TxState, TxState]] = frozenset(
     }
 )
 
-UNFINISHED_STATES = frozenset({S.PLANNED, S.RUNNING, S.COMPENSATING, S.INTERRUPTED})
+UNFINISHED_STATES = frozenset({S.PLANNED, S.RUNNING, S.COMPENSATING, S.INTERRUPTED, S.WATCHING})
 """States `recover` resolves: the transaction did not reach an end (or its owner died)."""
 
 WAITING_STATES = frozenset({S.COMPENSATION_FAILED, S.NEEDS_OPERATOR})
@@ -79,6 +83,7 @@ class ExitCode(IntEnum):
     UNAVAILABLE = 7  # a dependency (database, Docker, NVML, router) is busy, locked, full or unreachable
     HOST_CLAIMED = 8  # another machine holds this host name in the state database; nothing changed
     TARGET_HOLDS_HOST = 9  # `db copy`: the target already holds this host's history; nothing written
+    ROLLED_BACK = 10  # a watched promote was rolled back (a breach, or a person); the incumbent serves
 
 
 STATE_EXIT_CODES: dict[TxState, ExitCode] = {
@@ -91,6 +96,8 @@ STATE_EXIT_CODES: dict[TxState, ExitCode] = {
     S.COMPENSATION_FAILED: ExitCode.NEEDS_OPERATOR,
     S.INTERRUPTED: ExitCode.NEEDS_OPERATOR,
     S.NEEDS_OPERATOR: ExitCode.NEEDS_OPERATOR,
+    S.WATCHING: ExitCode.NEEDS_OPERATOR,
+    S.ROLLED_BACK: ExitCode.ROLLED_BACK,
 }
 """The exit code of a command whose transaction ended in a state (every state is listed)."""
 

@@ -1,22 +1,10 @@
 """Steps and plans: every forward step declares its compensation beside it.
 
-A `Step` is `(name, do, undo)`. `do(ctx)` returns a JSON-able result (recorded
-in the journal right after the side effect); `undo(ctx, result)` receives that
-recorded result, or None when the process died between the step's intent and its
-result. Undos therefore observe the world before acting and must be idempotent:
-`recover` may run them after a crash, and may run them twice.
-
-A step hands what a later step needs through the plan's *memo*, a small typed
-object of named fields, never through the result dict: `remember(memo, result)`
-copies a journaled result into it. The engine calls it right after `do`, and
-`recover` calls it again for every result found in the journal, so a rebuilt
-plan sees the same memo as the process that died.
-
-Each plan names its *pivot*: the step after which the transaction's goal is
-closer forward than back. A failure or crash before the pivot compensates
-backwards; once the pivot's result is journaled, `recover` rolls forward by
-re-running the remaining steps, each of which observes before it acts.
-"""
+`do(ctx)` returns a JSON-able result, journaled right after the side effect; `undo(ctx, result)`
+gets it, or None when the process died in between, so undos observe before acting and are
+idempotent (`recover` may run them twice). A step hands what a later one needs through the
+plan's typed *memo* (`remember`, replayed by `recover` from the journal). Before the plan's
+*pivot* a failure compensates backwards; after it `recover` re-runs the remaining steps."""
 
 from __future__ import annotations
 
@@ -79,6 +67,23 @@ class Step(Generic[C]):
     """Copy this step's journaled result into the context's memo (live and in `recover`)."""
 
 
+Record = Callable[[str, JSONObject], None]
+"""Journal one event of a plan's watch now: (event name, detail)."""
+
+
+@dataclass(frozen=True)
+class WatchEnd:
+    """How a plan's watch ended. Healthy: the transaction commits with `data` as evidence.
+    Otherwise it ends `rolled_back` with `reason` and `data`, and `then` (a request of another
+    kind) runs as a transaction of its own under the same host lock; the end state names it
+    (`followed_by`: its kind and transaction ID)."""
+
+    healthy: bool
+    reason: str
+    data: JSONObject
+    then: object | None = None
+
+
 @dataclass(frozen=True)
 class Plan(Generic[A_co, W_co, M_co]):
     """A transaction kind's ordered guards and steps, built from journaled arguments.
@@ -105,6 +110,9 @@ class Plan(Generic[A_co, W_co, M_co]):
     """Problems that keep the goal from holding after the last step (e.g. the route is gone)."""
     repair: Callable[[StepContext[A_co, W_co, M_co]], None] | None = None
     """Re-applies the goal once when `goal` reports problems (e.g. route again), before failing."""
+    watch: Callable[[StepContext[A_co, W_co, M_co], Record], WatchEnd] | None = None
+    """Past the goal and verification, the transaction is `watching` until this returns (a
+    watched promote); None: it commits at once."""
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.steps]

@@ -143,6 +143,13 @@ def check_int(value: int, *, lo: int, hi: int) -> int:
     return value
 
 
+def parse_int(value: str, *, lo: int, hi: int) -> int:
+    """A whole number in ASCII digits alone (no sign, space or other script's digit) within [lo, hi]."""
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(f"{value[:40]!r}: expected a whole number in the digits 0-9")
+    return check_int(int(value) if len(value) <= 30 else 10**30, lo=lo, hi=hi)
+
+
 def check_duration(value: float, *, hi: float = MAX_DURATION_S) -> float:
     """A finite duration in seconds, > 0 and at most `hi`."""
     if not math.isfinite(value) or not 0 < value <= hi:
