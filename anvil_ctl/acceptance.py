@@ -1,9 +1,7 @@
 """Real-client acceptance: the official `openai` client through the router with the client key.
 
-Three checks, each bound to the expected served model: a plain chat, a
-streamed chat, and a tool call. The result records per-check pass/fail and
-evidence (status, model, what was seen), never the token. A 401/403 is not a
-failed check but `AuthRejected`: a credential problem, not a model one.
+A plain chat, a streamed chat and a tool call, each bound to the expected served model;
+evidence never holds the token. A 401/403 raises `AuthRejected`: credentials, not the model.
 """
 
 from __future__ import annotations
@@ -161,8 +159,7 @@ CHECKS: tuple[Callable[[openai.OpenAI, str, str], AcceptanceCheck], ...] = (_pla
 
 
 def open_client(router_url: str, client_token: Secret, *, timeout_s: float = 60.0) -> openai.OpenAI:
-    """The official client for the router, its chat resource loaded; it sends nothing yet (the
-    acceptance worker builds it while it waits to be asked)."""
+    """The official client for the router, its chat resource loaded; it sends nothing yet."""
     client = openai.OpenAI(
         base_url=router_url.rstrip("/") + "/v1",
         api_key=client_token.reveal(),
@@ -182,8 +179,7 @@ def run_acceptance(
     timeout_s: float = 60.0,
     client: openai.OpenAI | None = None,
 ) -> AcceptanceResult:
-    """Run the three real-client checks through the router; raise AuthRejected on 401/403.
-    `client`: one `open_client` built for this router and token (closed here either way)."""
+    """Run the three real-client checks through `client` (closed here); AuthRejected on 401/403."""
     client = client or open_client(router_url, client_token, timeout_s=timeout_s)
     results: list[AcceptanceCheck] = []
     try:

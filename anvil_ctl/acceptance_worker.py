@@ -1,17 +1,8 @@
 """Real-client acceptance in a forked worker, so that `openai` imports on another core meanwhile.
 
-Importing the official client is seconds of CPU (hundreds of generated type modules),
-which in a thread of the command would compete with the guards, snapshots and readmission
-for the interpreter lock. A child forked when promote starts imports it and builds its
-client, then waits for the one request (alias, expected model), runs
-`anvil_ctl.acceptance.run_acceptance` and answers the result as one JSON line; the parent
-rebuilds the same `AcceptanceResult` (or raises the same `AuthRejected`).
-
-Warning: the child is a copy of the command. It touches nothing it inherited (the
-database, the Docker and router clients, the host lock is not taken yet when it forks):
-it reads its pipe, makes the three requests, writes its answer and leaves with
-`os._exit`. An unasked child is killed when the worker closes (it has only been importing); it also
-leaves when its request pipe closes (the parent died).
+Warning: the child is a copy of the command and touches nothing it inherited (database,
+Docker and router clients); it reads its pipe, runs `run_acceptance`, answers one JSON line
+and leaves with `os._exit`. It also leaves when its request pipe closes (the parent died).
 """
 
 from __future__ import annotations
@@ -63,8 +54,7 @@ def _child(requests: int, answers: int, router_url: str, token: Secret) -> None:
 
 @dataclass(frozen=True)
 class Answered:
-    """The child's `AcceptanceResult`, as its `as_dict()` (an `AcceptanceReport`); this process
-    never imports `anvil_ctl.acceptance` (and so `openai`) to hold it."""
+    """The child's `AcceptanceResult` as a dict, so this process never imports `openai` to hold it."""
 
     result: JSONObject
 
@@ -113,8 +103,7 @@ class AcceptanceWorker:
         return Answered(get_object(answer, "result"))
 
     def close(self) -> None:
-        """End the worker and reap it. A child not asked (a refused promote) has only been
-        importing: it is killed rather than waited for; an asked one has answered already."""
+        """End the worker and reap it; a child never asked (a refused promote) is killed."""
         pid, self._pid = self._pid, None
         if not pid:
             return
@@ -127,10 +116,8 @@ class AcceptanceWorker:
 
 
 class RealAcceptance:
-    """Real-client acceptance with the router's client token (`anvil_ctl.acceptance`, openai).
-
-    `warm()` forks its worker ahead of use (`anvil_ctl.acceptance_worker`): the client
-    imports on another core while the command goes on. Unwarmed, it runs in this process.
+    """Real-client acceptance with the router's client token; `warm()` forks its worker ahead of
+    use, unwarmed it runs in this process.
     """
 
     def __init__(self, router_url: str, token: Secret) -> None:

@@ -1,9 +1,7 @@
 """`atomic_write`: replace a file so that a reader sees the old or the new content, never a mix.
 
-The content goes to a temporary file in the same directory (created with the final
-mode from its first byte, so a secret is never readable by others even briefly),
-is fsynced, renamed over the target, and the directory is fsynced so the rename
-survives a power loss.
+A temporary file created with the final mode (a secret is never readable by others), fsynced,
+renamed over the target, and the directory fsynced so the rename survives a power loss.
 """
 
 from __future__ import annotations

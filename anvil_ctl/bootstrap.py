@@ -1,14 +1,8 @@
-"""The composition root: build what one command needs from Settings.
+"""The composition root: the only module that chooses implementations, built lazily from Settings.
 
-This is the only module that chooses implementations: real adapters (Docker,
-the configured router, NVML) or the fakes of `anvil_ctl.testing` when
-`ANVIL_BACKEND=fake`, and NVML or the simulated GPUs when `ANVIL_GPU=simulated`.
-Everything is built lazily, on first use, so a command that needs no database
-or Docker imports neither.
-
-A router whose credentials cannot be resolved is still wired, as a router that
-refuses every call naming the credential sources it tried: the credential guard
-then records a refusal before any mutation instead of the command failing blind.
+Real adapters, or the fakes of `anvil_ctl.testing` (`ANVIL_BACKEND=fake`, `ANVIL_GPU=simulated`).
+A router whose credentials cannot be resolved is wired as one that refuses every call, so the
+credential guard records a refusal before any mutation.
 """
 
 from __future__ import annotations
@@ -53,9 +47,7 @@ class App:
     progress: Progress = field(default_factory=SilentProgress)
     """Where transactions report their steps and waits: the CLI's renderer, or nothing."""
     keep_connection: bool = False
-    """Keep one SQLite connection for the App's life (`persistence.db`), closed by `close`:
-    for a caller that closes its App (the CLI); others connect once per database
-    transaction and leave nothing open."""
+    """Keep one SQLite connection for the App's life, closed by `close` (the CLI)."""
 
     @cached_property
     def database(self) -> Engine:
@@ -65,8 +57,7 @@ class App:
         return make_engine(self.settings.db_url, keep_connection=self.keep_connection)
 
     def create_database(self) -> Engine:
-        """The state database for `init`: the default state directory and the SQLite file are
-        created when missing (a directory named by an explicit --state-db URL must exist)."""
+        """The state database for `init`, created when missing (with the default state directory)."""
         from anvil_ctl.persistence.db import make_engine
 
         if self.settings.state_db is None:
@@ -83,8 +74,7 @@ class App:
 
     @cached_property
     def store(self) -> Store:
-        """The state database's Store, attached to this host (registered on first use, and
-        refused when another machine holds the name: `persistence.hosts`)."""
+        """The state database's Store, attached to this host (refused when another machine holds the name)."""
         from anvil_ctl.persistence.head import head_path_for
         from anvil_ctl.persistence.hosts import attach
         from anvil_ctl.persistence.migrate import check_revision
@@ -97,8 +87,7 @@ class App:
 
     @cached_property
     def host_name(self) -> str:
-        """This host's name: the host config's, else the machine's hostname. A command that
-        needs no host config (audit, db) runs without one; a config that exists must be valid."""
+        """The host config's host name, else the machine's; a host config is needed only if it exists."""
         import socket
 
         from anvil_ctl.config.host import machine_host_name
@@ -138,8 +127,7 @@ class App:
         return load_host_config(path)
 
     def optional_config(self) -> HostConfig | None:
-        """The host config, or None where none was named and the default file does not exist
-        (`recipes list` works without one); a named or existing file that is wrong still errs."""
+        """The host config, or None where none was named and the default file does not exist."""
         if self.origins.get("config", "").startswith("default") and not self.settings.config.exists():
             return None
         return self.config
@@ -181,12 +169,8 @@ class App:
         return NvmlProbe()
 
     def warm_acceptance(self) -> None:
-        """Fork the real client's worker now (`RealAcceptance.warm`), for a command that runs
-        real-client acceptance later (promote): `openai`, slow to import, imports in the
-        child, on another core, while this process builds its world, checks, observes and
-        readmits. Call it first, before `world()` and the host lock: the child then holds
-        neither, nor the world's Docker, router and database connections, and its import
-        starts earlier by the world's construction."""
+        """Fork the real client's worker now, so `openai` imports on another core while this process
+        works. Call it before `world()` and the host lock, so the child holds neither."""
         from anvil_ctl.acceptance_worker import RealAcceptance
 
         if self.settings.backend == "fake":
@@ -196,9 +180,8 @@ class App:
             acceptance.warm()
 
     def real_acceptance(self) -> Acceptance | None:
-        """The real-client acceptance through the configured router with its client token
-        (the real world's `acceptance`), built once; None without a router or where the
-        router's credentials cannot be resolved (its credential guard then refuses)."""
+        """The real-client acceptance through the configured router, built once; None without a router
+        or resolvable credentials (its credential guard then refuses)."""
         if "_acceptance" not in self.__dict__:
             self.__dict__["_acceptance"] = _real_acceptance(self)
         found: Acceptance | None = self.__dict__["_acceptance"]
@@ -239,8 +222,7 @@ def _finish(app: App, world: World) -> World:
 
 
 def _vram_release(app: App, world: World) -> VramRelease:
-    """The VRAM-release gate, built on its first use: most commands (status, recheck, audit)
-    never wait for VRAM, and the gate's modules (GPU policy, waivers, the ledger) stay unread."""
+    """The VRAM-release gate, built on first use: most commands never wait for VRAM."""
     policy = app.config.policy
     built: list[VramRelease] = []
 
@@ -408,8 +390,7 @@ def _route_sample(app: App) -> RouteSample | None:
 
 
 class UnresolvedCredentialsRouter:
-    """Stands in for the router when its tokens could not be resolved: every call of the
-    `Router` port refuses, naming the credential sources tried; `view` says so instead."""
+    """Stands in for a router whose tokens could not be resolved: every port call refuses, naming why."""
 
     def __init__(self, error: CredentialError) -> None:
         self.error = error

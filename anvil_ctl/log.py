@@ -1,17 +1,7 @@
 """structlog setup: JSON lines when not on a TTY, a readable console on a TTY.
 
-Lines inside a transaction carry `tx_id` and `step` because the engine binds them.
-
-Modules take their logger from `get_logger()` here, not from structlog: importing structlog
-loads asyncio, rich and pygments with it (structlog.dev), a large part of a short command's
-start-up, so it is imported at the first line that passes the configured level. A command
-that logs nothing at its level (`status` on a healthy host, `--help`, a parse error) never
-loads it. Once it is loaded every call goes to structlog as it is configured then (a test's
-`structlog.testing.capture_logs` included), and structlog does the filtering.
-
-Where the lines are JSON (a pipe, a cron job, `--log-format json`) structlog is loaded without
-rich: `structlog.dev` imports rich (and pygments through it) whenever it is installed, only for
-the console renderer's exception display, which JSON lines never use (`_import_structlog`).
+structlog (which loads asyncio, rich and pygments) is imported only at the first line that
+passes the configured level, so a quiet command never loads it; take loggers from `get_logger()`.
 """
 
 from __future__ import annotations
@@ -51,12 +41,8 @@ def _uses_console(fmt: str) -> bool:
 def _import_structlog(fmt: str) -> None:
     """Import structlog for lines in `fmt`; for JSON lines off a terminal, without rich.
 
-    `structlog.dev` runs `import rich` at its import, for the console renderer's exception
-    display alone; JSON lines never use it, and rich with pygments weighs on a command's
-    start-up. A `None` in `sys.modules` makes that one import fail (structlog then keeps
-    its plain traceback formatter), and is taken out again at once, so rich itself still
-    imports for whoever needs it later. On a terminal (where the progress display may be
-    importing rich from another thread) nothing is hidden.
+    `structlog.dev` imports rich only for the console renderer; a `None` in `sys.modules` makes
+    that one import fail, and is taken out again at once.
     """
     if "structlog" in sys.modules:
         return

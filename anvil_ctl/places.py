@@ -1,15 +1,8 @@
-"""Where anvilctl's files are: the ones it ships (migrations, recipes) and the state directory
-and host config it uses when nobody names them.
+"""Where anvilctl's files are: the shipped migrations and recipes, and the default state
+directory and host config (never relative to the current directory).
 
-Shipped: the repository keeps them at its top level (`migrations/`, `recipes/`): their
-documented places and the source of truth. A wheel carries copies inside the
-package, under `anvil_ctl/_shipped/` (setup.py's build step puts them there), so
-an installed `anvilctl` works from any directory. The wheel's copy wins where it
-exists; a source checkout or an editable install reads the repository's folders.
-Profiles and fixtures are ordinary package data (`anvil_ctl/profiles/`, `fixtures/`).
-
-Defaults: never relative to the current directory (`default_paths`). Light on purpose:
-shell completion imports it on every <TAB>.
+A wheel carries copies of the shipped folders under `anvil_ctl/_shipped/`, which win where
+they exist. Light on purpose: shell completion imports it on every <TAB>.
 """
 
 from __future__ import annotations
@@ -23,8 +16,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def shipped_dir(name: str) -> Path:
-    """The shipped folder `name` (`migrations` or `recipes`): the wheel's copy, else the
-    repository's."""
+    """The shipped folder `name` (`migrations` or `recipes`): the wheel's copy, else the repository's."""
     inside = PACKAGE_DIR / "_shipped" / name
     return inside if inside.is_dir() else PACKAGE_DIR.parent / name
 
@@ -34,9 +26,8 @@ RECIPES_DIR = shipped_dir("recipes")
 
 
 def recipe_base(recipe_dir: Path) -> Path:
-    """The directory a recipe's relative mount sources resolve against: its own, except for
-    the wheel's copy of the shipped recipes, which stands where the repository keeps them,
-    beside the package (so the stub recipes' `../anvil_ctl/stub` names the installed package)."""
+    """The directory a recipe's relative mount sources resolve against: its own, except for the
+    wheel's copy of the shipped recipes, which stands where the repository keeps them."""
     inside = PACKAGE_DIR / "_shipped" / "recipes"
     if inside.is_dir() and recipe_dir.resolve() == inside.resolve():
         return PACKAGE_DIR.parent / "recipes"
@@ -60,10 +51,8 @@ class DefaultPaths:
 
 
 def default_paths(env: Mapping[str, str], euid: int) -> DefaultPaths:
-    """Fixed places, never relative to the current directory, so that every invocation on a
-    host finds one database and one lock: /var/lib/anvil and /etc/anvil/anvil.toml as root;
-    otherwise $XDG_DATA_HOME/anvil and $XDG_CONFIG_HOME/anvil/anvil.toml (~/.local/share
-    and ~/.config when unset; a relative XDG value is ignored, as the XDG spec says)."""
+    """Fixed places, so every invocation finds one database and one lock: /var/lib/anvil and
+    /etc/anvil/anvil.toml as root, else the XDG data and config homes (relative values ignored)."""
     if euid == 0:
         return DefaultPaths(ROOT_STATE_DIR, ROOT_CONFIG, "root")
     home = Path(env.get("HOME") or Path.home())

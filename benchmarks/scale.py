@@ -67,7 +67,7 @@ from sqlalchemy import MetaData, Table, column, create_engine, event, insert, se
 from sqlalchemy.orm import Session
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.commands import admin, audit, fleet, lifecycle, transactions
+from anvil_ctl.commands import admin, audit, lifecycle, transactions
 from anvil_ctl.commands.evidence import audit_decisions
 from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.guards import Refusal
@@ -473,7 +473,7 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
             "status": median_s(lambda: admin.status(app), repeat),
             "audit transactions --limit 20": median_s(lambda: audit.transactions(app, limit=20), repeat),
             f"audit show {prefix}": median_s(lambda: audit.show(app, prefix), repeat),
-            "fleet status": median_s(lambda: fleet.status(app), repeat),
+            "fleet status": median_s(lambda: audit.fleet_status(app), repeat),
             "audit history --limit 20": median_s(lambda: audit.history(app, slot=SLOT, limit=20), repeat),
             "audit decisions --limit 20": median_s(lambda: audit_decisions(app, limit=20), repeat),
             "audit incumbents --limit 20": median_s(lambda: audit.identities(app, limit=20), repeat),

@@ -1,28 +1,33 @@
 """The client's view of a transaction: what a client of the router sees while the slot's serve changes.
 
-Run inside the hermetic environment (real dockerd, real smg, stub engines in containers):
+Run inside the hermetic environment (real dockerd, real routers, stub engines in containers):
 
-    scripts/testenv run -- .venv/bin/python benchmarks/window.py [--reps 2] [--markdown-out F]
+    scripts/testenv run -- .venv/bin/python benchmarks/window.py [--reps 3] [--routers smg,haproxy]
+        [--markdown-out F]
 
-One campaign host (scripts/chaos.py: smg, simulated GPUs, the stub incumbent routed and
-adopted). Two transactions change what the router serves: the swap `load` + `promote`
-(incumbent -> candidate; a committed load leaves the tier drained until promote routes
-the candidate) and `rollback` (candidate -> incumbent). Each runs twice per repetition,
-under two client loads, through the router with the official `openai` client (no retries):
+Per router, one campaign host (scripts/chaos.py: simulated GPUs, the stub incumbent routed
+and adopted; on HAProxy adopted without a gauge, so its drain is counted by HAProxy's
+`scur`). Transactions that change what the router serves, through the router with the
+official `openai` client (no retries):
 
+- `load --promote`: incumbent -> a candidate whose identity was qualified before, promoted
+  in the load's own process; `load, promote`: the same as two commands (the promotion's
+  process start-up falls inside the window); `rollback`: candidate -> incumbent.
 - steady: short requests one after another. Counted: answers cut (a request that broke
   off), failed requests by status, and the window: the longest time between two successful
   answers. Its floor is what no controller can avoid on one GPU: the old serve's stop
   plus the next serve's start and readiness, read from the same transaction's journal
-  (stop step minus its drain wait, start, health).
-- streams: two streams that outlast the router's removal started before the transaction.
-  Counted: answers cut (no finish_reason), and how long the drain waited against the
-  longest stream's remaining time when the drain began (by the stub's schedule).
+  (stop step minus its drain wait, start, health). The steps inside the window are kept
+  as a timeline (seconds from the last success before it).
+- streams: two streams in flight when the transaction starts (through the router; for
+  `unload`, to the loaded candidate directly). Counted: answers cut (no finish_reason), and
+  how long the drain waited against the longest stream's remaining time when it began.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -37,19 +42,21 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import itertools
-
 import openai
 
-from scripts.chaos import ALIAS, ChaosHost
+from scripts.chaos import ALIAS, BINDING, ChaosHost
 
 TOKENS_PER_S = 1000  # the stub recipes' decode rate
-STREAM_S = 20.0
+STREAM_S = 30.0
+CANDIDATE_MODEL = "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp"
+STEADY = ("load --promote", "load, promote", "rollback")
+STREAMS = ("load --promote", "rollback", "unload")
+INCUMBENT_ENGINE = {"smg": "stub", "haproxy": "openai-compatible"}
 
 
 @dataclass
 class Ask:
-    started: float
+    started: float  # wall clock (time.time), to set against the journal's timestamps
     ended: float
     status: int | str  # HTTP status, or "cut" (the connection broke off)
 
@@ -69,30 +76,32 @@ class Client:
             max_retries=0,
             timeout=30,
         )
-        while not self.stop.is_set():
-            t0 = time.monotonic()
-            status: int | str
-            try:
-                client.chat.completions.create(
-                    model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=2
-                )
-                status = 200
-            except openai.APIStatusError as exc:
-                status = exc.status_code
-            except openai.APIConnectionError:
-                status = "cut"
-            self.asks.append(Ask(t0, time.monotonic(), status))
-            if status != 200:
-                time.sleep(0.05)
+        try:
+            while not self.stop.is_set():
+                t0 = time.time()
+                status: int | str
+                try:
+                    client.chat.completions.create(
+                        model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                    )
+                    status = 200
+                except openai.APIStatusError as exc:
+                    status = exc.status_code
+                except openai.APIConnectionError:
+                    status = "cut"
+                self.asks.append(Ask(t0, time.time(), status))
+                if status != 200:
+                    time.sleep(0.05)
+        finally:
+            client.close()
 
 
 def _at(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def floor_s(host: ChaosHost, tx_id: str) -> float:
+def floor_s(shown: dict[str, Any]) -> float:
     """The old serve's stop (without its drain wait), the next one's start and readiness."""
-    shown = host.run("audit", "show", tx_id)
     span: dict[str, float] = {}
     drained = 0.0
     for step in shown["steps"]:
@@ -109,78 +118,128 @@ def floor_s(host: ChaosHost, tx_id: str) -> float:
     return sum(span.get(p, 0.0) for p in parts) - drained
 
 
-def swap(host: ChaosHost, name: str) -> list[dict[str, Any]]:
-    """Run the transaction(s) of `name` from the phase it starts in; their JSON outcomes."""
-    if name == "load+promote":
-        host.prepare("load")
-        host.unload_stopped_candidates()
-        first = host.run(*host.argv("load"))
-        host.verify_candidate()
-        return [first, host.run(*host.argv("promote"))]
-    return [host.run(*host.argv("rollback", to_promoted(host)))]
+def ensure_qualified(host: ChaosHost) -> None:
+    """The candidate recipe's identity has a standing verified decision (what `load --promote`
+    needs): loaded once and verified, as a `qualify` that passed would record."""
+    host.prepare("promote")  # a loaded candidate, verified by prepare
 
 
 def to_promoted(host: ChaosHost) -> str:
     """Bring the host to the promoted candidate (C), where a rollback brings back the incumbent."""
     phase = host.prepare("rollback")
     if phase == "A":
-        swap(host, "load+promote")
+        swap(host, "load --promote")
         phase = host.prepare("rollback")
     assert phase == "C", f"rollback is measured from the promoted candidate, not {phase}"
     return phase
 
 
-def steady(host: ChaosHost, name: str) -> dict[str, Any]:
-    client = Client(host)
-    asker = threading.Thread(target=client.run, daemon=True)
+def before(host: ChaosHost, name: str) -> None:
     if name == "rollback":
         to_promoted(host)
     else:
         host.prepare("load")
         host.unload_stopped_candidates()
+
+
+def swap(host: ChaosHost, name: str) -> list[tuple[dict[str, Any], float, float]]:
+    """Run the command(s) of `name` from the phase it starts in: each one's JSON outcome and
+    its process's start and end (wall clock)."""
+    runs = []
+
+    def run(*argv: str) -> None:
+        t0 = time.time()
+        out = host.run(*argv)
+        runs.append((out, t0, time.time()))
+
+    if name == "load --promote":
+        run(*host.argv("load"), "--promote", "bench")
+    elif name == "load, promote":
+        run(*host.argv("load"))  # its identity's decision stands (`ensure_qualified`)
+        run(*host.argv("promote"))
+    else:
+        run(*host.argv("rollback", to_promoted(host)))
+    return runs
+
+
+def transactions(runs: list[tuple[dict[str, Any], float, float]]) -> list[dict[str, Any]]:
+    """Each transaction the runs made, chained ones (`then`) included."""
+    found = []
+    for out, _, _ in runs:
+        tx = out
+        while tx:
+            found.append(tx)
+            tx = tx.get("then") or {}
+    return found
+
+
+def timeline(
+    host: ChaosHost, runs: list[tuple[dict[str, Any], float, float]], start: float, end: float
+) -> list[tuple[float, str]]:
+    """(seconds from `start`, what) for each process start and end and each journaled state
+    and step of the runs' transactions between `start` - 0.5 s and `end` + 0.5 s."""
+    marks = [(start, "last success before the window"), (end, "next success")]
+    for out, t0, t1 in runs:
+        kind = out.get("kind", "?")
+        marks += [(t0, f"{kind}: process started"), (t1, f"{kind}: process ended")]
+    for tx in transactions(runs):
+        shown = host.run("audit", "show", tx["tx_id"])
+        for s in shown["states"]:
+            marks.append((_at(s["at"]), f"{tx['kind']}: state {s['state']}"))
+        for s in shown["steps"]:
+            if s["phase"] == "do":
+                marks.append((_at(s["at"]), f"{tx['kind']}: {s['step']} {s['event']}"))
+    return sorted((t - start, what) for t, what in marks if start - 0.5 <= t <= end + 0.5)
+
+
+def steady(host: ChaosHost, name: str) -> dict[str, Any]:
+    client = Client(host)
+    asker = threading.Thread(target=client.run, daemon=True)
+    before(host, name)
     asker.start()
     time.sleep(1.0)
-    outs = swap(host, name)
-    end = time.monotonic() + 10
-    while time.monotonic() < end and not (client.asks and client.asks[-1].status == 200):
+    runs = swap(host, name)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (client.asks and client.asks[-1].status == 200):
         time.sleep(0.05)
     time.sleep(0.5)
     client.stop.set()
     asker.join(60)
-    assert all(o.get("state") == "committed" for o in outs), [o.get("reason") for o in outs]
+    txs = transactions(runs)
+    assert all(t.get("state") == "committed" for t in txs), [(t.get("kind"), t.get("reason")) for t in txs]
     ok = [a.ended for a in client.asks if a.status == 200]
-    window = max((b - a for a, b in itertools.pairwise(ok)), default=float("nan"))
+    start, end = max(itertools.pairwise(ok), key=lambda p: p[1] - p[0])
     failed: dict[str, int] = {}
     for a in client.asks:
         if a.status not in (200, "cut"):
             failed[str(a.status)] = failed.get(str(a.status), 0) + 1
-    floor = floor_s(host, str(outs[0]["tx_id"]))
+    floor = floor_s(host.run("audit", "show", str(txs[0]["tx_id"])))
     return {
         "requests": len(client.asks),
         "cut": sum(1 for a in client.asks if a.status == "cut"),
         "failed": failed,
-        "window_s": window,
+        "window_s": end - start,
         "floor_s": floor,
+        "timeline": timeline(host, runs, start, end),
     }
 
 
 def streams(host: ChaosHost, name: str) -> dict[str, Any]:
-    if name == "rollback":
-        to_promoted(host)
+    if name == "unload":
+        host.prepare("promote")  # a loaded candidate, reached at its binding
+        url, token, model = BINDING, "unused", CANDIDATE_MODEL
     else:
-        host.prepare("load")
-        host.unload_stopped_candidates()
-    ends: list[tuple[str | None, float]] = []
+        before(host, name)
+        url, token, model = host.camp.router.url, host.camp.client_token, ALIAS
+    ends: list[str | None] = []
     started = threading.Barrier(3)
 
     def one() -> None:
-        client = openai.OpenAI(
-            base_url=host.camp.router.url + "/v1", api_key=host.camp.client_token, max_retries=0, timeout=120
-        )
+        client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0, timeout=120)
         finish: str | None = None
         try:
             chunks = client.chat.completions.create(
-                model=ALIAS,
+                model=model,
                 messages=[{"role": "user", "content": "write at length"}],
                 max_tokens=int(STREAM_S * TOKENS_PER_S),
                 stream=True,
@@ -194,17 +253,26 @@ def streams(host: ChaosHost, name: str) -> dict[str, Any]:
                     finish = chunk.choices[0].finish_reason
         except openai.APIError:
             pass
-        ends.append((finish, time.time()))
+        finally:
+            client.close()
+        ends.append(finish)
 
     threads = [threading.Thread(target=one, daemon=True) for _ in range(2)]
     for t in threads:
         t.start()
     started.wait(30)
     first_chunk = time.time()
-    outs = swap(host, name)
+    if name == "unload":
+        cand = host.candidate
+        assert cand is not None
+        runs = [(host.run("unload", cand, "--yes"), 0.0, 0.0)]
+    else:
+        runs = swap(host, name)
     for t in threads:
         t.join(180)
-    first = outs[0]
+    if name == "unload":
+        host.run("rollback", "--slot", "primary")  # the incumbent serves again for what follows
+    first = transactions(runs)[0]
     shown = host.run("audit", "show", first["tx_id"])
     drains = [
         (s["at"], s["detail"]["drain"])
@@ -217,7 +285,7 @@ def streams(host: ChaosHost, name: str) -> dict[str, Any]:
     # it was sent later than they were sent on a loaded machine.
     remaining = first_chunk + STREAM_S - began
     return {
-        "cut": sum(1 for f, _ in ends if f is None),
+        "cut": sum(1 for f in ends if f is None),
         "drain_waited_s": float(drain["waited_s"]),
         "remaining_s": remaining,
         "in_flight": drain["in_flight"],
@@ -225,71 +293,111 @@ def streams(host: ChaosHost, name: str) -> dict[str, Any]:
     }
 
 
-def markdown(rows: dict[str, list[dict[str, Any]]], reps: int) -> str:
+def _mw(values: list[float], fmt: str = "{:.2f}") -> str:
+    """median / worst (the largest)."""
+    return " / ".join(fmt.format(v) for v in (statistics.median(values), max(values)))
+
+
+def markdown(rows: dict[tuple[str, str, str], list[dict[str, Any]]], reps: int, routers: list[str]) -> str:
     out = [
-        f"{reps} repetition(s) per transaction, real smg, the official `openai` client without "
-        "retries; min / median / max where repeated.\n",
-        "| transaction (smg) | requests | answers cut | failed by status | window s | floor s | "
-        "window / floor | target |",
-        "|---|---|---|---|---|---|---|---|",
+        f"{reps} repetition(s) per transaction and router, the official `openai` client without "
+        "retries; median / worst of the repetitions.\n",
+        "| router | transaction | requests | answers cut | failed by status | window s | floor s | "
+        "window / floor | target (0 cut, 0 404, <= 1.5) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-
-    def span(values: list[float], fmt: str = "{:.2f}") -> str:
-        return " / ".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
-
-    for name in ("load+promote", "rollback"):
-        runs = rows[f"steady {name}"]
+    for router, name in itertools.product(routers, STEADY):
+        runs = rows[(router, "steady", name)]
         failed: dict[str, int] = {}
         for r in runs:
             for k, v in r["failed"].items():
                 failed[k] = failed.get(k, 0) + v
         ratios = [r["window_s"] / r["floor_s"] for r in runs]
         cut = sum(r["cut"] for r in runs)
-        has_404 = "404" in failed
-        verdict = "ok" if cut == 0 and not has_404 and max(ratios) <= 1.5 else "**not met**"
+        verdict = "ok" if cut == 0 and "404" not in failed and max(ratios) <= 1.5 else "**not met**"
         out.append(
-            f"| {name} | {sum(r['requests'] for r in runs)} | {cut} | "
+            f"| {router} | {name} | {sum(r['requests'] for r in runs)} | {cut} | "
             f"{', '.join(f'{k}: {v}' for k, v in sorted(failed.items())) or 'none'} | "
-            f"{span([r['window_s'] for r in runs])} | {span([r['floor_s'] for r in runs])} | "
-            f"{span(ratios)} | 0 cut, 0 404, <= 1.5: {verdict} |"
+            f"{_mw([r['window_s'] for r in runs])} | {_mw([r['floor_s'] for r in runs])} | "
+            f"{_mw(ratios)} | {verdict} |"
         )
     out += [
         "",
-        "| transaction (smg), two 20 s streams in flight | answers cut | drain waited s | "
+        f"| router | transaction, two {STREAM_S:g} s streams in flight | answers cut | drain waited s | "
         "longest stream's remaining time at the drain's start s | counted by |",
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
-    for name in ("load+promote", "rollback"):
-        runs = rows[f"streams {name}"]
+    for router, name in itertools.product(routers, STREAMS):
+        runs = rows[(router, "streams", name)]
+        waited = _mw([r["drain_waited_s"] for r in runs])
         out.append(
-            f"| {name} | {sum(r['cut'] for r in runs)} | {span([r['drain_waited_s'] for r in runs])} | "
-            f"{span([r['remaining_s'] for r in runs])} | {runs[0]['source']} |"
+            f"| {router} | {name} | {sum(r['cut'] for r in runs)} | {waited} | "
+            f"{_mw([r['remaining_s'] for r in runs])} | {', '.join(sorted({r['source'] for r in runs}))} |"
         )
+    for router, name in itertools.product(routers, ("load --promote", "load, promote")):
+        runs = sorted(rows[(router, "steady", name)], key=lambda r: r["window_s"])
+        median = runs[len(runs) // 2]
+        out += [
+            "",
+            f"Timeline of the median `{name}` window on {router} ({median['window_s']:.2f} s; seconds "
+            "from the last success before it):",
+            "",
+            "| s | event |",
+            "|---|---|",
+            *(f"| {t:+.3f} | {what} |" for t, what in median["timeline"]),
+        ]
     return "\n".join(out) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--routers", default="smg,haproxy", help="comma-separated: smg, haproxy")
     parser.add_argument("--markdown-out", type=Path)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "anvil-bench-window")
     args = parser.parse_args()
-    host = ChaosHost(args.work)
-    rows: dict[str, list[dict[str, Any]]] = {}
-    try:
-        for _ in range(args.reps):
-            for name in ("load+promote", "rollback"):
-                rows.setdefault(f"steady {name}", []).append(steady(host, name))
-                rows.setdefault(f"streams {name}", []).append(streams(host, name))
-                print(name, rows[f"steady {name}"][-1], rows[f"streams {name}"][-1], flush=True)
-    finally:
-        host.stop()
-    text = markdown(rows, args.reps)
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    rows: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for router in routers:
+        host = ChaosHost(args.work / router, router, incumbent_engine=INCUMBENT_ENGINE[router])
+        try:
+            ensure_qualified(host)
+            for rep in range(args.reps):
+                for name in STEADY:
+                    rows.setdefault((router, "steady", name), []).append(steady(host, name))
+                    r = rows[(router, "steady", name)][-1]
+                    print(
+                        f"{router} rep {rep} steady {name}: window {r['window_s']:.2f} floor "
+                        f"{r['floor_s']:.2f} failed {r['failed']} cut {r['cut']}",
+                        flush=True,
+                    )
+                for name in STREAMS:
+                    rows.setdefault((router, "streams", name), []).append(streams(host, name))
+                    print(
+                        f"{router} rep {rep} streams {name}: {rows[(router, 'streams', name)][-1]}",
+                        flush=True,
+                    )
+        finally:
+            host.stop()
+            _remove_containers()
+    text = markdown(rows, args.reps, routers)
     print(text)
     if args.markdown_out:
         args.markdown_out.parent.mkdir(parents=True, exist_ok=True)
         args.markdown_out.write_text(text)
     return 0
+
+
+def _remove_containers() -> None:
+    """Every container of the host just measured, by ID: the next router's host binds the same port."""
+    from scripts.campaign import runtime
+
+    rt = runtime()
+    try:
+        for c in rt.list(labels={"io.anvil.slot": "primary"}):
+            rt.remove(c.id, force=True)
+    finally:
+        rt.close()
 
 
 if __name__ == "__main__":

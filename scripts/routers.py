@@ -167,24 +167,20 @@ def _raise_exit(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def start_smg(
+def smg_argv(
     *,
-    workdir: Path,
+    port: int,
+    metrics_port: int,
     admin_token: str,
     client_token: str,
     user_token: str | None = None,
-    port: int | None = None,
     health_interval_s: int = 1,
     health_failure_threshold: int = 1,
     health_success_threshold: int = 1,
     cb_failure_threshold: int | None = None,
     cb_timeout_s: int | None = None,
-    extra_args: Sequence[str] = (),
-    netns: str | None = None,
-) -> Proc:
-    """smg bound to 127.0.0.1 (router and metrics), keys via a private argv file, no tokenizer."""
-    port = port or free_port()
-    metrics_port = free_port()
+) -> list[str]:
+    """smg's `launch` arguments: bound to 127.0.0.1 (router and metrics), no tokenizer, our keys."""
     keys = [f"anvil-admin:anvil admin:admin:{admin_token}"]
     if user_token:
         keys.append(f"anvil-user:anvil read-only:user:{user_token}")
@@ -220,6 +216,39 @@ def start_smg(
         argv += ["--cb-failure-threshold", str(cb_failure_threshold)]
     if cb_timeout_s is not None:
         argv += ["--cb-timeout-duration-secs", str(cb_timeout_s)]
+    return argv
+
+
+def start_smg(
+    *,
+    workdir: Path,
+    admin_token: str,
+    client_token: str,
+    user_token: str | None = None,
+    port: int | None = None,
+    health_interval_s: int = 1,
+    health_failure_threshold: int = 1,
+    health_success_threshold: int = 1,
+    cb_failure_threshold: int | None = None,
+    cb_timeout_s: int | None = None,
+    extra_args: Sequence[str] = (),
+    netns: str | None = None,
+) -> Proc:
+    """smg (`smg_argv`) with its keys in a private argv file."""
+    port = port or free_port()
+    metrics_port = free_port()
+    argv = smg_argv(
+        port=port,
+        metrics_port=metrics_port,
+        admin_token=admin_token,
+        client_token=client_token,
+        user_token=user_token,
+        health_interval_s=health_interval_s,
+        health_failure_threshold=health_failure_threshold,
+        health_success_threshold=health_success_threshold,
+        cb_failure_threshold=cb_failure_threshold,
+        cb_timeout_s=cb_timeout_s,
+    )
     argv += list(extra_args)
     workdir.mkdir(parents=True, exist_ok=True)
     argv_file = workdir / f".smg-argv-{port}.json"

@@ -1,15 +1,8 @@
 """Router credentials: one resolution chain for the admin and client tokens.
 
-For each token: the environment variable named in the host config
-(`RouterConfig.admin_token_env` / `client_token_env`), then the credential TOML
-file (`admin_token`, `client_token`). The file must belong to the current user
-and grant nothing to group or others (0600 or stricter); anything looser is
-refused before it is read.
-
-Warning: a token is a secret. `Secret` keeps its value out of `repr`, `str`,
-equality and hashing; only `reveal()` hands it out, and only adapters that put
-it on the wire should call it. Error messages name the *source* of a token
-("env ANVIL_ROUTER_ADMIN_TOKEN", "file /path (admin_token)"), never its value.
+Each token: the environment variable the host config names, then the credential TOML file,
+which must be the user's own and 0600 or stricter. Warning: `Secret` keeps a token out of
+`repr`, `str`, equality and hashing; errors name a token's source, never its value.
 """
 
 from __future__ import annotations
@@ -101,11 +94,7 @@ def check_private_file(path: Path) -> os.stat_result:
 
 
 def read_credential_file(path: Path) -> dict[str, str]:
-    """The token entries of a checked credential file (only string values of known keys).
-
-    Every problem is a CredentialError naming the file and the key, never a value: a
-    decoder message, a byte or a token must not reach a log or a terminal.
-    """
+    """The token entries of a checked credential file; every problem names the file and key, never a value."""
     check_private_file(path)
     text = read_input_file(path, "credential file", max_bytes=MAX_CREDENTIAL_BYTES, error=CredentialError)
     try:

@@ -1,14 +1,8 @@
 """Config fingerprint of a container from its Docker inspect data (pure, no I/O).
 
-The fingerprint must equal `ContainerSpec.fingerprint_fields()` of the spec the
-container was created from, yet Docker's inspect data differs from the request in
-known ways: the image's Env/Cmd/Entrypoint are merged in, ShmSize is in bytes,
-IpcMode and ShmSize get daemon defaults, and simulated GPUs travel as env. The
-adapter records what the spec left to defaults in labels (`spec_labels`) at
-create time; here each such field is accepted as "default" only when the
-observed value is still what Docker would have given by default, so a changed
-container still changes the fingerprint. Inspect data is Docker's JSON as the SDK
-hands it back; `obj`, `arr`, `text` and `integer` narrow its values where they are read.
+It must equal the creating spec's `fingerprint_fields()`, although Docker merges the image's
+Env/Cmd/Entrypoint and fills defaults: a field the spec left to defaults (recorded in labels
+at create) counts as "default" only while its observed value is still Docker's default.
 """
 
 from __future__ import annotations

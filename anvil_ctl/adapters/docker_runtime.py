@@ -1,20 +1,10 @@
-"""ContainerRuntime on the Docker Engine through the `docker` SDK.
+"""ContainerRuntime on the Docker Engine through the `docker` SDK; containers by exact ID.
 
-Containers are addressed by exact ID. `docker.errors.*` and connection errors are
-translated here and never leave this module: NotFound -> NotFound, 5xx and
-connection failures -> TransientError (an `Unavailable`: exit 7 naming Docker when it
-reaches the command line), everything else -> AdapterError. Only
-idempotent calls (inspect, list, image, start, stop) are retried, and only on
-TransientError; create and remove are not, because a lost answer to a
-successful create or remove must not be repeated blindly.
-
-GPU modes: "nvidia" passes GPUs as a DeviceRequest (device_ids = UUIDs,
-capabilities [["gpu"]]), which needs the NVIDIA Container Toolkit in the engine;
-"devices" gives the container the GPUs' device nodes and the driver's libraries itself
-(`nvidia_devices`: a host with the driver and Docker but no toolkit); "simulated" passes
-them as env NVIDIA_VISIBLE_DEVICES (no GPU at all). "auto" picks "nvidia" when the
-engine lists an `nvidia` runtime, else "devices", at the first create. All set the label
-io.anvil.gpus, which is how inspect reads a "devices" container's GPUs back.
+Docker's errors are translated here: NotFound, TransientError (5xx, connection), else
+AdapterError. Only idempotent calls are retried; a lost answer to a create or remove must not
+be repeated blindly. GPU modes: "nvidia" (a DeviceRequest, needs the NVIDIA Container Toolkit),
+"devices" (device nodes and driver libraries, `nvidia_devices`), "simulated" (env only);
+"auto" picks nvidia or devices at the first create. All set the label io.anvil.gpus.
 """
 
 from __future__ import annotations
@@ -104,12 +94,8 @@ class DockerRuntime:
         poll_s: float = 0.1,
         host: str | None = None,
     ) -> None:
-        """Use `client` if given, else connect to base_url (None: the SDK default, DOCKER_HOST).
-
-        `host`: the fleet host this runtime acts for. Containers it creates are labelled
-        `io.anvil.host=<host>`, and it does not list containers labelled for another host:
-        where two hosts of a fleet share one Docker Engine, each sees its own
-        containers and the ones no host labelled (started by hand)."""
+        """Use `client`, else connect to base_url (None: DOCKER_HOST). `host`: the fleet host whose label
+        (`io.anvil.host`) created containers carry; containers labelled for another host are not listed."""
         if gpu_mode not in ("nvidia", "devices", "simulated", "auto"):
             raise BadInput(f"gpu_mode must be 'nvidia', 'devices', 'simulated' or 'auto', not {gpu_mode!r}")
         self.gpu_mode: GpuMode = gpu_mode
@@ -203,8 +189,7 @@ class DockerRuntime:
         return fields
 
     def resolved_gpu_mode(self) -> GpuMode:
-        """The GPU mode in force: "auto" resolved once, by whether the engine has an NVIDIA
-        runtime (the toolkit registers one as `nvidia`)."""
+        """The GPU mode in force: "auto" resolved once, by whether the engine has an `nvidia` runtime."""
         if self.gpu_mode == "auto":
             with translated("docker info"):
                 runtimes = obj(self._client.info().get("Runtimes"))
@@ -319,13 +304,8 @@ class DockerRuntime:
     def logs(
         self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
     ) -> ContainerLog:
-        """The newest lines of the container's output since it was created (all its runs), or
-        since the Unix time `since`, bounded.
-
-        Docker is asked for one line more than `max_lines` so that a longer log shows as
-        truncated; the stream is read with a moving window, so memory stays near `max_bytes`
-        whatever the engine printed.
-        """
+        """The newest lines of the container's output since creation (or since the Unix time
+        `since`), bounded (read through a window)."""
         attrs = self._exact(container_id)
         state = obj(attrs.get("State"))
         window = bytearray()
@@ -372,11 +352,7 @@ class DockerRuntime:
 
 
 def _connect(base_url: str | None, timeout_s: float) -> docker.DockerClient:
-    """A DockerClient at the server's own API version.
-
-    The SDK's version="auto" connects inside the constructor and leaks its socket
-    when that fails; asking /version with a probe we close ourselves does not.
-    """
+    """A DockerClient at the server's own API version (`version="auto"` leaks its socket on failure)."""
     kwargs: dict[str, object] = (
         {"base_url": base_url} if base_url is not None else docker.utils.kwargs_from_env()
     )

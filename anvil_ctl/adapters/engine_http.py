@@ -14,13 +14,7 @@ from anvil_ctl.core.model import ModelCard, PromptAnswer
 
 
 class HttpServerProbe:
-    """One client for the probe's life, opened on first use and closed by `close`.
-
-    Building an httpx client is costly (the CA bundle), so it is built once, not per
-    probe, and without trust roots: an engine's binding is plain HTTP on loopback (see
-    `anvil_ctl.adapters.tls`). No connection is kept alive between probes: an engine that
-    restarts leaves no stale pooled socket behind, and nothing stays open.
-    """
+    """One client for the probe's life: no trust roots (plain HTTP on loopback), no keep-alive."""
 
     def __init__(self, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
         self._timeout_s = timeout_s
@@ -72,8 +66,7 @@ class HttpServerProbe:
             raise AdapterError(f"{base_url}/v1/models: not an OpenAI model list") from exc
 
     def running(self, base_url: str, metric: str) -> int | None:
-        """The gauge `metric` on the engine's /metrics, summed over its labels (vLLM and SGLang
-        label it by model and rank); None without an answer or without the gauge."""
+        """The gauge `metric` on /metrics summed over its labels; None without an answer or the gauge."""
         try:
             r = self._get(base_url.rstrip("/") + "/metrics")
         except httpx.HTTPError:
@@ -92,13 +85,7 @@ class HttpServerProbe:
         return round(sum(samples)) if samples else None
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
-        """A chat of `words` one-token words ("a a a ..."; a BPE tokenizer splits at spaces,
-        so the prompt is at least that many tokens) with max_tokens 1.
-
-        An engine that checks the prompt against its context refuses it after tokenizing
-        (quickly); one that accepts it evaluates the whole prompt,
-        which is why the timeout is long.
-        """
+        """A chat of `words` one-token words, max_tokens 1 (a long timeout: the prompt may be evaluated)."""
         body = {
             "model": model,
             "messages": [{"role": "user", "content": "a " * words}],

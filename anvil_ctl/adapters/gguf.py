@@ -1,15 +1,8 @@
 """Read a GGUF file's header and metadata, read-only, without any llama.cpp code.
 
-A GGUF file starts with the magic `GGUF`, a version (uint32), the tensor count and the
-metadata key/value count (uint64 each), then the key/value pairs (little-endian
-throughout). `read_header` walks every pair, keeping scalars and strings and skipping
-arrays (the tokenizer's vocabulary is an array of ~50k strings), so it proves the
-metadata is intact and tells the architecture and the trained context length. It
-does not read tensor data: the file's size and SHA-256 (checked by the model cache)
-cover those bytes.
-
-A file that is not GGUF, or is cut inside its metadata, raises `GgufError` naming the
-offset; nothing here raises anything else for bad bytes.
+Walks every key/value pair (arrays skipped) to prove the metadata intact and read the
+architecture and trained context; tensor data is covered by the file's SHA-256. Bad bytes
+raise `GgufError` naming the offset, nothing else.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""Verify a pinned model in a Hugging Face hub cache, read-only.
+"""Verify a pinned model in a Hugging Face hub cache, read-only; problems are reported, never raised.
 
-Layout checked (`<cache>` is the hub directory, e.g. ~/.cache/huggingface/hub):
-
-    <cache>/models--<org>--<name>/snapshots/<revision>/...   files or links into ../../blobs
-    <cache>/models--<org>--<name>/blobs/<hash>[.incomplete]
-    <cache>/models--<org>--<name>/refs/<ref>                  optional: a commit hash
-
-Complete means: the snapshot directory exists and holds at least one file, no
-`*.incomplete` blob remains (a download was cut), and every snapshot entry
-resolves to a regular file. `verify_files` checks more for the files a recipe pins
-(`model_files`): each exists in the snapshot with exactly the pinned size and SHA-256,
-and a `.gguf` file's header and metadata read back (`anvil_ctl.adapters.gguf`). Problems
-are reported, never raised: the caller (the load transaction's refusal check) decides.
-Nothing is downloaded or written.
-
-Warning: hashing reads every byte of every pinned file; pin only the files an engine
-loads.
+Complete: `snapshots/<revision>` holds files, no `*.incomplete` blob, every entry resolves to a
+regular file; pinned files also match size, SHA-256 and (`.gguf`) header. Warning: hashing
+reads every byte of every pinned file.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""What a GPU engine's container needs where Docker has no NVIDIA runtime: device nodes and
-the driver's libraries, read from the host (/proc/driver/nvidia and the loader's cache).
+"""What a GPU engine's container needs where Docker has no NVIDIA runtime: device nodes and the
+driver's libraries, read from the host (/proc/driver/nvidia and the loader's cache).
 
-Docker's GPU request (`--gpus`, a DeviceRequest) works only where the NVIDIA Container
-Toolkit is installed: the toolkit's hook adds the device nodes, mounts the driver's
-libraries and runs ldconfig in the container. Without it (a host with the driver and
-Docker from the distribution's packages), the adapter does the first two itself:
-
-* device nodes: `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` (those that
-  exist) and `/dev/nvidiaN` for each granted GPU, N being the minor number the kernel
-  driver lists for that GPU's UUID in `/proc/driver/nvidia/gpus/*/information`;
-* driver libraries (`DRIVER_LIBRARIES`, user-space halves of the kernel driver, whose
-  version must match it, so they never come from an image): each is mounted read-only at
-  the path where the host's loader finds it, unless a mount of the container already
-  shows that path (an engine image that bind-mounts the host's /usr sees them as they are).
-
-The container's loader must search that directory: the toolkit runs ldconfig in the
-container, this adapter does not (docs/ENGINES.md, "GPU engines in Docker").
+Without the NVIDIA Container Toolkit the adapter adds the control nodes and `/dev/nvidiaN`
+per granted GPU, and mounts the driver's user-space libraries read-only where the host's
+loader finds them (unless a mount already shows that path). It does not run ldconfig.
 """
 
 from __future__ import annotations
@@ -74,11 +62,8 @@ def device_nodes(
     *,
     exists: Iterable[str] | None = None,
 ) -> list[str]:
-    """Docker `devices` entries (`host:container:rwm`) for the GPUs `uuids` and the control nodes.
-
-    A UUID the driver does not list is an error naming it: starting the engine without its
-    GPU would only fail later, inside the container. `exists` (tests) lists the nodes
-    present; by default the file system is asked."""
+    """Docker `devices` entries (`host:container:rwm`) for the GPUs `uuids` and the control nodes;
+    a UUID the driver does not list is an error naming it."""
     missing = [u for u in uuids if u.lower() not in nodes]
     if missing:
         raise AdapterError(

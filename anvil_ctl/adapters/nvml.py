@@ -1,15 +1,8 @@
-"""GPU readings through NVML (`pynvml`, from the PyPI package `nvidia-ml-py`).
+"""GPU readings through NVML (`pynvml`); every `NVMLError` is translated here.
 
-`NvmlProbe` implements `anvil_ctl.core.ports.GpuProbe`. Every `pynvml.NVMLError`
-is translated here: a host without the NVIDIA driver, its NVML library or any
-GPU raises `NvmlUnavailable` with a message that says so; a timeout or a GPU not
-yet ready raises `TransientError`; anything else `AdapterError`.
-
-Rounding: NVML reports bytes; we report MiB as `bytes // 2**20` (floor), so a figure may
-be 1 MiB under `nvidia-smi`'s (which rounds), and never overstates the free memory a
-reserve gate relies on. Memory is read with `nvmlDeviceGetMemoryInfo_v2` where the driver
-has it: since R510 `used` excludes the driver's reserved memory, which the v1 call counts
-as used. So `total` may exceed `used + free` by the reserved memory plus up to 2 MiB.
+MiB are floored (`bytes // 2**20`), never overstating free memory; memory is read with
+`nvmlDeviceGetMemoryInfo_v2` where present, so `total` may exceed `used + free` by the
+driver's reserved memory.
 """
 
 from __future__ import annotations
@@ -107,13 +100,7 @@ def _text(value: str | bytes) -> str:
 
 
 class NvmlProbe:
-    """NVML readings of every GPU, by UUID.
-
-    `nvml` is the `pynvml` module (imported on first use when not given); tests
-    pass a fake module with the same names. Each call initialises NVML and shuts
-    it down again (NVML counts nested inits), so a probe holds no handle between
-    calls and survives a driver reload.
-    """
+    """NVML readings of every GPU by UUID, init and shutdown per call (no handle held)."""
 
     def __init__(self, nvml: Nvml | None = None) -> None:
         self._nvml = nvml

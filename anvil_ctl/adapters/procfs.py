@@ -9,11 +9,7 @@ _CONTAINER_ID = re.compile(r"(?:docker[-/]|/)([0-9a-f]{64})(?:\.scope)?\b")
 
 
 def proc_cgroup_container(pid: int, proc: Path = Path("/proc")) -> str | None:
-    """The Docker container ID a host PID runs in, read from /proc/PID/cgroup (None if none).
-
-    NVML reports the PIDs of an engine's worker processes, which are children of
-    the container's init, so matching the init PID alone would call them strangers.
-    """
+    """The Docker container ID a host PID runs in, from /proc/PID/cgroup (None if none)."""
     try:
         text = (proc / str(pid) / "cgroup").read_text()
     except OSError:

@@ -1,35 +1,16 @@
 """Shared-memory residue: files our engines left in /dev/shm, and removal only when verified twice.
 
-Implements `anvil_ctl.core.ports.SharedMemory`. Residue means *ours*: the host's
-/dev/shm is shared with every other program (a PostgreSQL server's
-`PostgreSQL.<n>` segments, a desktop's, a training job's), and none of theirs is
-ever residue. For each regular file under the directory (recursively, links not
-followed):
+/dev/shm is shared with every other program; none of theirs is ever residue:
 
-    ours = not excluded                                  ([residue] exclude wins over all)
+    ours = not excluded
            and held by no process outside managed containers, right now
            and ( held now by a process of a managed container      -> marked in the ledger
                  or marked in the ledger earlier (same path, device and inode, this boot)
-                 or its name matches an include glob (the engines' known segment names) )
+                 or its name matches an include glob )
     residue = ours and held by no process at all
 
-A managed container carries the label io.anvil.managed=true. A holder PID is in
-one when its /proc/<pid>/cgroup names the container's ID, or, where the cgroup
-path names no container, when the container's init PID (from the runtime) is
-among its ancestors. The ledger (`anvil_ctl.core.ports.ShmLedger`, in the state
-database) remembers what managed containers were seen holding while they ran,
-so a file they leave after they stop is still known as ours. Every observation
-feeds it; snapshots are taken before every stop, so an engine's files are seen
-while it runs. A file a managed engine created and closed between observations
-is only known by its name: that is what the include globs are for.
-
-Holders come from /proc/<pid>/maps (mapped) and /proc/<pid>/fd (open), matched by
-device and inode, not by path: a container with a private /dev/shm reports
-/dev/shm/x for a file that is not the host's /dev/shm/x. Processes come and go
-during a scan: a vanished process is skipped; a process whose maps or fds we may
-not read (not root) is counted in `unreadable_pids`, and deletion refuses to act
-while any is unreadable, since nobody could prove the file unused (nor that it is
-not another program's).
+Holders come from /proc/<pid>/maps and fd, matched by device and inode, and belong to a
+managed container by cgroup or by ancestry. An unreadable process makes deletion refuse.
 """
 
 from __future__ import annotations
@@ -70,11 +51,7 @@ def managed_containers(runtime: ContainerRuntime) -> ManagedContainers:
 
 
 class ShmScanner:
-    """Our residue in a shared-memory directory and its holders (a SharedMemory port).
-
-    `managed` lists the managed containers (None: there are none, e.g. no runtime);
-    `ledger` remembers what they held (None: nothing is remembered between scans).
-    """
+    """Our residue in a shared-memory directory and its holders, with what the ledger remembers."""
 
     def __init__(
         self,
@@ -288,11 +265,7 @@ class ShmScanner:
 
 
 def _lines_mapping(inodes: Iterable[int]) -> re.Pattern[bytes]:
-    """The /proc/<pid>/maps lines whose inode (the fifth field) is one of `inodes`.
-
-    Only such a line can map a candidate: `_mapped` matches by (device, inode), or by path
-    with the same inode, so every other line is skipped unparsed.
-    """
+    """The /proc/<pid>/maps lines whose inode (the fifth field) is one of `inodes`."""
     alternatives = b"|".join(str(i).encode() for i in sorted(set(inodes)))
     return re.compile(
         rb"^[^ \n]+ [^ \n]+ [^ \n]+ [^ \n]+ (?:" + alternatives + rb")(?=[ \n]|\Z)[^\n]*\n?", re.M

@@ -1,9 +1,4 @@
-"""Removing shared-memory residue: two observations must agree a file is ours and unheld.
-
-The observation records (`SeenFile`, `Observation`) are what `ShmScanner.observe`
-returns; `remove_residue` compares two of them taken `interval_s` apart and
-unlinks a file only when it did not change in between, nor before the unlink.
-"""
+"""Removing shared-memory residue: two observations must agree a file is ours and unheld."""
 
 from __future__ import annotations
 
@@ -62,11 +57,8 @@ def remove_residue(
 ) -> RemovalReport:
     """Delete our residue only when two observations `interval_s` apart agree nobody holds it.
 
-    Agree means: the same inode, size and mtime both times, ours both times, and no
-    process mapped or held it open either time. Files that are not ours never enter
-    either observation and are never touched. Any unreadable process makes the scan
-    unproven, and then nothing is removed, unless the caller passes `allow_unreadable`
-    (some sandboxes deny even root the maps of PID 1; the report still names them).
+    Same inode, size and mtime, ours and unheld both times. Any unreadable process removes
+    nothing, unless `allow_unreadable` (some sandboxes deny even root PID 1's maps).
     """
     first = scanner.observe()
     sleep(interval_s)

@@ -1,10 +1,4 @@
-"""Simulated GPUs driven by stub engines: what `ANVIL_GPU=simulated` uses without NVIDIA GPUs.
-
-The inventory is the host config's roles, and each card's used memory is the sum
-of what the stub engines in running managed containers say they hold
-(`GET /anvil/sim/vram`, see docs/CONTRACTS.md "Simulated GPUs"). The demo and
-the integration tests run on it; it implements the GpuProbe port like NVML.
-"""
+"""Simulated GPUs (`ANVIL_GPU=simulated`): the host config's roles, used memory as stubs report it."""
 
 from __future__ import annotations
 
@@ -29,9 +23,7 @@ SIM_VRAM_PATH = "/anvil/sim/vram"
 
 
 class _HttpGet:
-    """GET a JSON body with one client for the probe's life (building a client is costly;
-    NVML, which this stands in for, is not). No connection is kept alive: a stub restarted
-    between readings leaves none stale."""
+    """GET a JSON body with one client for the probe's life, no keep-alive."""
 
     def __init__(self) -> None:
         self._client: httpx.Client | None = None
@@ -84,15 +76,9 @@ def _mib(value: JSONValue) -> int:
 class SimulatedGpuProbe:
     """GpuProbe over the host config's roles, with used memory reported by stub engines.
 
-    Each running container labelled `io.anvil.managed=true` is asked at
-    `http://<io.anvil.binding>` (or `http://127.0.0.1:<io.anvil.port>`) for
-    `/anvil/sim/vram` -> `{"gpus": {uuid: used_mib}}`; a card's used memory is
-    the sum over containers, capped at its capacity, and each contributing
-    container appears as a process with its init PID. A container that is not
-    answering yet (connection refused or reset) holds nothing, like an engine
-    that has not allocated; one that answers something else is an AdapterError.
-    A managed container with GPUs but no port label is an AdapterError too,
-    because its memory would silently go uncounted.
+    Each running managed container is asked `/anvil/sim/vram`; a card's use is the sum, capped at
+    capacity, each container a process with its init PID. Not answering yet holds nothing; any
+    other answer, or GPUs without a port label, is an AdapterError.
     """
 
     def __init__(

@@ -1,12 +1,7 @@
 """TLS for the adapters' httpx clients: trust roots are loaded only where a URL is https.
 
-Building an httpx client builds an SSL context, and loading the CA bundle into it
-is costly, for every client of every command, although the
-engines, the stub's GPU endpoint and usually the router speak plain HTTP on
-127.0.0.1. A client whose URLs are all `http://` gets a context without trust
-roots: it never needs one, and if it were ever sent to an https URL it could not
-complete a handshake (it fails closed, it never skips verification). A client with
-an `https://` URL gets the default verifying context, built once per process.
+Loading the CA bundle is costly; an all-`http://` client gets a context without roots, which
+fails closed if ever sent to https. An `https://` client gets the default verifying context.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Administration: init, db upgrade, status, recover, resolve, lock status|break.
-
-Each callback imports its command implementation when it runs, never at import
-time, so `--help` loads no database or adapter code.
-"""
+"""Administration: init, db upgrade, status, recover, resolve, lock status|break."""
 
 from __future__ import annotations
 
@@ -48,11 +44,8 @@ def init(
 ) -> Reply:
     """Create the state database, or upgrade it to the current schema.
 
-    Prints which state database and host config it used and where each came from: a
-    flag, ANVIL_*, or the default (/var/lib/anvil and /etc/anvil/anvil.toml as root,
-    ~/.local/share/anvil and ~/.config/anvil/anvil.toml otherwise). With --print-grants
-    it only prints SQL (docs/POSTGRES.md).
-    """
+    Prints which state database and host config it used and where each came from (flag,
+    ANVIL_*, or default). With --print-grants it only prints SQL (docs/POSTGRES.md)."""
     from anvil_ctl.cli.views import InitView, Text
 
     if print_grants:
@@ -97,12 +90,9 @@ def db_upgrade(session: Session) -> Reply:
 def db_copy(session: Session, to: str) -> Reply:
     """Copy this host's whole history into another state database (a fleet's PostgreSQL).
 
-    Verifies this host's record in full, copies every history row of this host in one
-    transaction, re-chaining its audit entries on the target (each names the source entry
-    it stands for; a last `db.copied` entry names the source head), then verifies the
-    target in full and prints the rows copied per table. Refuses (exit 9, nothing
-    written) a target that already holds this host.
-    """
+    Verifies the source in full, copies in one transaction re-chaining its audit entries on the
+    target, verifies the target and prints the rows per table. A target that already holds this
+    host is refused (exit 9, nothing written)."""
     from anvil_ctl.cli.views import Record
 
     with session.working("db copy: verifying, copying and verifying the copy") as app:
@@ -141,11 +131,8 @@ db = click.Group(
 def status(session: Session, watch: bool, interval: float, count: int | None) -> Reply:
     """Slots, incumbents, candidates, health and the router's view.
 
-    Ends with the state database and host config it read, and where each came from.
-    With --watch it observes again every --interval: on a terminal the screen is
-    redrawn, on a pipe each observation follows the last, with --json one JSON document
-    per line. A dependency that is unavailable meanwhile is reported and watched again.
-    """
+    Ends with the state database and host config it read. --watch observes again every
+    --interval (a terminal redrawn, a pipe appended, --json one document per line)."""
     from anvil_ctl.cli.views import StatusView
 
     if count is not None and not watch:
@@ -164,11 +151,9 @@ def status(session: Session, watch: bool, interval: float, count: int | None) ->
 @click.command("recover", epilog=example("anvilctl recover"))
 @pass_session
 def recover(session: Session) -> Reply:
-    """Compensate transactions whose owner died.
+    """Compensate transactions whose owner died: backwards before the pivot, forwards after it.
 
-    Backwards before a plan's pivot step, forwards after it. Exit 5 when a
-    transaction still needs an operator afterwards.
-    """
+    Exit 5 when a transaction still needs an operator afterwards."""
     with session.working("recover: looking for transactions whose owner died") as app:
         from anvil_ctl.commands import transactions
 
@@ -185,10 +170,7 @@ def recover(session: Session) -> Reply:
 @click.option("--note", required=True, type=NOTE, help="What they did.")
 @pass_session
 def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
-    """Record that a person resolved a waiting transaction.
-
-    TX (an ID or unique prefix) must be compensation_failed or needs_operator.
-    """
+    """Record that a person resolved a compensation_failed or needs_operator transaction TX."""
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import transactions
 
@@ -214,10 +196,7 @@ def lock_status(session: Session) -> Reply:
 @click.option("--reason", required=True, type=REASON, help="Why the owner is known to be dead.")
 @pass_session
 def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
-    """Release a dead owner's lock row (journaled).
-
-    LOCK_ID as `anvilctl lock status` shows it; a live owner is refused.
-    """
+    """Release a dead owner's lock row LOCK_ID (journaled); a live owner is refused."""
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import transactions
 

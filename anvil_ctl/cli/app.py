@@ -1,11 +1,7 @@
 """The `anvilctl` root: the one command table, global options, and the one exit-code mapping.
 
-`main(argv)` parses with click, runs the command callback (which imports its command
-implementation only then), closes the App, renders the result by its
-type and returns an `ExitCode`. Every error becomes one line on stderr here and
-nowhere else: a usage error exits 2, an `AnvilError` its own `exit_code` (2 bad input,
-3 refused, 7 a dependency unavailable ...), anything else 1: a bug (rerun with `--debug`
-for the traceback); Ctrl-C exits 130.
+Every error becomes one line on stderr here and nowhere else: usage 2, an `AnvilError` its
+own `exit_code`, anything else 1 (a bug; `--debug` for the traceback), Ctrl-C 130.
 """
 
 from __future__ import annotations
@@ -102,11 +98,7 @@ root = click.Group(
 
 
 def attach_global_options(command: click.Command) -> None:
-    """Give `command` and every command below it the global options (see session.global_options).
-
-    A command with an option of its own under a global option's name keeps its own there
-    (`evidence report -o FILE.html`); the global one still works before the command name.
-    """
+    """Give `command` and every command below it the global options, except where one has its own."""
     taken = {opt for p in command.params for opt in getattr(p, "opts", ())}
     command.params.extend(o for o in global_options() if not taken & set(getattr(o, "opts", ())))
     if isinstance(command, click.Group):
@@ -121,8 +113,7 @@ attach_global_options(root)
 
 
 def _error(message: str) -> None:
-    """One line on stderr; what came from a person or a file cannot start another or steer the
-    terminal: control and bidi characters and newlines are shown as escapes."""
+    """One line on stderr, with control and bidi characters and newlines shown as escapes."""
     print(f"{PROG}: error: {escape_text(message)}", file=sys.stderr)
 
 
@@ -197,13 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console() -> NoReturn:
-    """`anvilctl` and `python -m anvil_ctl`: run `main`, flush, and leave without a teardown.
-
-    By the time `main` returns, the App is closed (database connections and adapters, in
-    `Session.close`) and the output is written; what is left is the interpreter's own slow
-    teardown of hundreds of modules. Only this entry point skips it, with `os._exit` after
-    flushing; library callers and tests call `main` and keep a normal exit.
-    """
+    """`anvilctl`: run `main`, flush, and `os._exit` without the interpreter's slow teardown."""
     _collector_off_while_starting()
     _without_httpx_cli()
     code = main()
@@ -215,12 +200,8 @@ def console() -> NoReturn:
 
 
 def _without_httpx_cli() -> None:
-    """`import httpx` also imports httpx's own command line client (`httpx._main`: rich,
-    pygments and click) whenever those are installed, as they are here: a cost to every
-    command that talks HTTP, for a client anvilctl never runs (encode/httpx#3547 moves
-    it out of `__init__`). A `None` in `sys.modules` makes that one import fail, and httpx
-    then defines a stub `httpx.main`. Only the console entry point does this: it owns its
-    process; a library caller's httpx stays whole."""
+    """Keep `import httpx` from importing its own CLI client (rich, pygments, click) that anvilctl
+    never runs: a `None` in `sys.modules` makes that one import fail (encode/httpx#3547)."""
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 
@@ -229,16 +210,7 @@ STARTING_S = 2.0
 
 
 def _collector_off_while_starting() -> None:
-    """Turn the cyclic garbage collector off for the first `STARTING_S` seconds of the process.
-
-    Starting a command imports its modules: hundreds of thousands of objects (classes,
-    functions, ORM mappings, pydantic schemas) that live as long as the process, and almost
-    no garbage cycles; at CPython's default threshold the collector still runs over them
-    again and again, which every command would pay. After the start the collector is on
-    again, with what the start built frozen out of its scans (`gc.freeze`): a command that
-    runs for minutes (qualify, `status --watch`) collects its cycles as usual. Only the
-    console entry point does this; library callers and tests that call `main` keep theirs.
-    """
+    """No cyclic GC for the first `STARTING_S` seconds of imports; then on, with those frozen out."""
     gc.disable()
     timer = threading.Timer(STARTING_S, _collector_on)
     timer.daemon = True

@@ -65,10 +65,9 @@ def transactions(
 @host_options
 @pass_session
 def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
-    """One transaction as a timeline: states, steps with outcomes and durations.
+    """One transaction (ID or unique prefix) as a timeline of states and steps with durations.
 
-    TX is a transaction ID or unique prefix. --json prints every journal row with its detail.
-    """
+    --json prints every journal row with its detail."""
     from anvil_ctl.cli.views import TransactionView
     from anvil_ctl.commands import audit
 
@@ -80,10 +79,7 @@ def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
 @host_options
 @pass_session
 def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
-    """A transaction's recorded snapshot diffs.
-
-    TX is a transaction ID or unique prefix.
-    """
+    """A transaction's recorded snapshot diffs; TX is an ID or unique prefix."""
     from anvil_ctl.cli.views import DiffView
     from anvil_ctl.commands import audit
 
@@ -97,10 +93,8 @@ def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
 def history(session: Session, slot: str, limit: int) -> Reply:
     """A slot's revisions, numbered as `rollback --to REVISION` takes them (helm history).
 
-    Every adopt, load, promote and rollback of the slot that ran is a revision, numbered
-    from 1 in the order they began; refusals are not. A committed revision names the serve
-    it left (container and served model). Oldest first; --limit keeps the newest.
-    """
+    Every adopt, load, promote and rollback that ran is a revision (refusals are not); a
+    committed one names the serve it left. Oldest first; --limit keeps the newest."""
     from anvil_ctl.cli.views import HistoryView
     from anvil_ctl.commands import audit
 
@@ -123,13 +117,10 @@ def history(session: Session, slot: str, limit: int) -> Reply:
 def verify(session: Session, full: bool, expect_head: str | None, host: str | None, all_hosts: bool) -> Reply:
     """Verify the audit journal and every row it covers (exit 6 on a break).
 
-    Walks the hash chain, recomputes the digest of every history row it covers, and
-    compares the head with the head file beside the database: names any edited,
-    deleted, inserted or reordered entry or row, and a cut tail. Incremental from the
-    last clean run's checkpoint unless --full; a clean run records a new checkpoint.
-    A fleet's hosts share one chain: every run verifies all of it; --host and
-    --all-hosts choose whose entries the report counts.
-    """
+    Walks the hash chain, re-digests every covered row and compares the head with the head
+    file: names any edited, deleted, inserted or reordered entry or row and a cut tail.
+    Incremental from the last clean checkpoint unless --full. A fleet shares one chain;
+    --host and --all-hosts choose whose entries the report counts."""
     from anvil_ctl.cli.views import ChainCheck
 
     walk = "the whole journal" if full else "the journal from the last checkpoint"
@@ -157,11 +148,7 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
 def incumbents(
     session: Session, *, slot: str | None, role: str, limit: int, host: str | None, all_hosts: bool
 ) -> Reply:
-    """Which container was each slot's incumbent, and when.
-
-    Oldest first; --limit keeps the newest; --role lists candidates or rollback identities
-    instead.
-    """
+    """Which container was each slot's incumbent, and when (oldest first; --role for others)."""
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
@@ -190,9 +177,7 @@ def incumbents(
 def served(session: Session, slot: str, at: str, host: str | None, all_hosts: bool) -> Reply:
     """Which container served SLOT at TIME: this host's, --host NAME's, or every host's.
 
-    From the serving history (v_serving_history): the incumbent a committed transaction
-    left, from its record until the next one's. None where nothing served then.
-    """
+    The incumbent a committed transaction left, until the next one's (v_serving_history)."""
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import audit
 
@@ -220,10 +205,7 @@ def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
 @limit_option("decisions")
 @pass_session
 def decisions(session: Session, slot: str | None, limit: int) -> Reply:
-    """Qualification decisions, reclassifications included.
-
-    Oldest first; --limit keeps the newest. --json prints every field.
-    """
+    """Qualification decisions, reclassifications included (oldest first; --json: every field)."""
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import evidence as evidence_cmd
 
@@ -257,11 +239,7 @@ def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @pass_session
 def evidence(session: Session, tx: str) -> Reply:
-    """A transaction's gate rows and manifest check (exit 6).
-
-    TX (ID or unique prefix) names the transaction whose evidence directory is
-    checked against its manifest.
-    """
+    """A transaction's gate rows, and its evidence directory checked against its manifest (exit 6)."""
     from anvil_ctl.cli.views import EvidenceAudit
     from anvil_ctl.commands import evidence as evidence_cmd
 

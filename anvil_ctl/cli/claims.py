@@ -1,9 +1,4 @@
-"""`anvilctl claims check|render`: the claim ledger of published numbers.
-
-`check` exits 6 when a published number differs from what the verified bundle says, its
-artifact or path is missing, or the bundle does not match its manifest; 2 on a malformed
-claims file.
-"""
+"""`anvilctl claims check|render`: the claim ledger of published numbers."""
 
 from __future__ import annotations
 
@@ -31,10 +26,8 @@ ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_o
 def check(session: Session, ledger: Path, evidence: Path) -> Reply:
     """Recount every published claim from the verified evidence bundle (exit 6 on any difference).
 
-    Each local claim's number (and each number of its conditions) is read from its
-    artifact at its JSON path, rounded as declared and compared with the number as
-    published. External-prior claims are listed, never recounted.
-    """
+    Each local claim's numbers are read from its artifact's JSON path, rounded as declared and
+    compared; external-prior claims are listed, never recounted."""
     with session.working(f"claims check: recounting {ledger.name} from the verified bundle"):
         from anvil_ctl.evidence.claims import check_ledger, load_ledger
 

@@ -1,10 +1,8 @@
 """Shell completion: `anvilctl completion bash|zsh|fish`, and completers for slots, recipes,
 transaction IDs and container IDs.
 
-Completers run on every <TAB> and answer nothing rather than fail. Slots and recipes are
-read with tomllib and a glob only (no pydantic, no Settings), from the host config and the
-recipe search the command would use; IDs come read-only from its state database, newest
-first, each with what it is.
+Completers run on every <TAB> and answer nothing rather than fail; they read with tomllib,
+a glob and the state database (read-only), never pydantic or Settings.
 """
 
 from __future__ import annotations
@@ -126,12 +124,7 @@ def completion_script(root: click.Command, shell: str) -> str:
 @click.argument("shell", type=click.Choice(SHELLS))
 @click.pass_context
 def completion(click_ctx: click.Context, shell: str) -> Reply:
-    """Print the shell completion script for SHELL (bash, zsh or fish).
-
-    Load it for this shell with `source <(anvilctl completion bash)`. It completes
-    commands, options, slots, recipes, and the transaction and container IDs of the
-    state database.
-    """
+    """Print the shell completion script for SHELL: `source <(anvilctl completion bash)`."""
     from anvil_ctl.cli.views import Text
 
     return Reply(Text(completion_script(click_ctx.find_root().command, shell)))

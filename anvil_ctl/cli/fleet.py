@@ -10,11 +10,7 @@ from anvil_ctl.cli.session import Reply, Session, example, pass_session
 @click.command("status", epilog=example("anvilctl fleet status --json"))
 @pass_session
 def fleet_status(session: Session) -> Reply:
-    """Every host of the fleet: its slots and incumbents, last recheck, open transactions.
-
-    Read from the state database the hosts share (registered by each host's first
-    command); `this_host` marks the one this command runs as.
-    """
+    """Every host sharing the state database: slots, incumbents, last recheck, open transactions."""
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import audit
 

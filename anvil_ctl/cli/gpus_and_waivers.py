@@ -1,8 +1,4 @@
-"""GPUs and waivers: gpus, gpus detect, waive, waivers list|revoke.
-
-The waiver policies offered by `waive --policy` come from `anvil_ctl.gpu.waiver_policy`,
-which imports only the core (checked by `test_cli_help_imports.py`).
-"""
+"""GPUs and waivers: gpus, gpus detect, waive, waivers list|revoke."""
 
 from __future__ import annotations
 
@@ -23,10 +19,7 @@ from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays f
 )
 @pass_session
 def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Reply:
-    """Name the GPUs as host-config roles, largest first.
-
-    Prints the [gpu_roles.*] tables as TOML; --write puts them into the host config.
-    """
+    """Name the GPUs as host-config roles, largest first: [gpu_roles.*] TOML (--write: into the config)."""
     from anvil_ctl.cli.views import DetectedRoles
     from anvil_ctl.commands import gpus_and_waivers
 
@@ -112,13 +105,9 @@ def waive(
 ) -> Reply:
     """Record an attributed, scoped policy waiver that expires (or, said so, never does).
 
-    vram-reserve sets the reserve (MiB) for GPU roles or a recipe digest; gate waives
-    the failure of named functional gates (--gates) for one recipe digest.
-
-    One of --expires WHEN and --no-expiry is required. Stored decisions are re-judged
-    under the waivers in force: a reclassification is a new decision pointing at the
-    old one; evidence is never rewritten.
-    """
+    vram-reserve sets the reserve (MiB) for GPU roles or a recipe digest; gate waives named
+    functional gates (--gates) for one recipe digest. One of --expires and --no-expiry is
+    required. Stored decisions are re-judged as new decisions; evidence is never rewritten."""
     from anvil_ctl.cli.views import Record
 
     if (expires is None) == (not no_expiry):
@@ -142,10 +131,7 @@ def waive(
 @click.command("list", epilog=example("anvilctl waivers list"))
 @pass_session
 def waivers_list(session: Session) -> Reply:
-    """Every waiver with its state now.
-
-    A state is active, expired, revoked or pending.
-    """
+    """Every waiver with its state now: active, expired, revoked or pending."""
     from anvil_ctl.cli.views import waiver_table
     from anvil_ctl.commands import gpus_and_waivers
 
@@ -160,10 +146,7 @@ def waivers_list(session: Session) -> Reply:
 @click.option("--reason", type=REASON, required=True, help="Why the waiver is revoked.")
 @pass_session
 def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Reply:
-    """Revoke a waiver (a new record; the waiver stays).
-
-    Stored decisions are re-judged without WAIVER_ID.
-    """
+    """Revoke a waiver (a new record; the waiver stays); stored decisions are re-judged without it."""
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import gpus_and_waivers
 

@@ -1,9 +1,4 @@
-"""The options several commands share, each written once: `--slot`, `--dry-run`, `--timeout`,
-`--drain-timeout`/`--on-drain-timeout`, `--accept-drift`, `--host`/`--all-hosts`, `--limit` and
-`--override`.
-
-Light, as every module `--help` imports: click, the parameter types and the completers.
-"""
+"""The options several commands share, each written once. Light: every `--help` imports it."""
 
 from __future__ import annotations
 
@@ -56,8 +51,7 @@ def timeout_option(what: str) -> OptionDecorator:
 
 
 def drain_options(default: str) -> Callable[[F], F]:
-    """`--drain-timeout DURATION --on-drain-timeout abort|cut`: how a serve taken out of traffic
-    waits for its answers in flight, and what happens at the deadline (`default` says which)."""
+    """`--drain-timeout DURATION --on-drain-timeout abort|cut` (`default`: the policy at the deadline)."""
 
     def add(fn: F) -> F:
         fn = click.option(
@@ -129,8 +123,7 @@ def drift_acceptance(accept: bool, by: str | None, reason: str | None) -> DriftA
 
 
 def host_options(fn: F) -> F:
-    """`--host NAME` (default: this host) and `--all-hosts`: which hosts of a fleet sharing
-    the state database a listing answers for."""
+    """`--host NAME` and `--all-hosts`: which hosts of the fleet a listing answers for."""
     fn = click.option(
         "--all-hosts", is_flag=True, help="Every host of the fleet sharing this state database."
     )(fn)

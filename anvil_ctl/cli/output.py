@@ -1,12 +1,8 @@
-"""Where human output goes, and the helpers every renderer shares.
+"""Where human output goes (`Out`), and the helpers every renderer shares.
 
-`Out` is one command's stdout (its width on a terminal, None on a pipe; `-o wide`); `s`
-makes any value one safe line, `lines_of` a nested record indented `key: value` lines,
-`table` prints rows as `tables.layout` fits them.
-
-Warning: every value shown may have come from a person or a file (an approver, a reason, a
-container name). Every renderer passes each one through `s` (control, bidi and invisible
-characters and newlines shown as escapes), so no record can steer the terminal.
+Warning: every value shown may have come from a person or a file; every renderer passes each
+one through `s` (escapes for control, bidi and invisible characters), so no record can steer
+the terminal.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Parameter types of the command line: every argument checked before a command runs.
+"""Parameter types of the command line: `anvil_ctl.core.validate`'s checks in click's shape.
 
-A value that fails its type is a usage error (exit 2, one line naming the flag)
-raised while click parses, so it is refused before any database is opened, any
-lock taken or any row written. The checks are `anvil_ctl.core.validate`'s; this
-module only gives them click's shape. Light on purpose: `--help` imports it.
+A bad value is a usage error (exit 2, naming the flag) before any database, lock or row.
+Light on purpose: `--help` imports it.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from anvil_ctl.core.validate import (
     check_person,
     check_text,
     parse_duration,
+    parse_int,
     parse_rfc3339,
     utc_stamp,
 )
@@ -50,9 +49,7 @@ def text(max_len: int = MAX_TEXT, *, multiline: bool = False) -> Checked[str]:
 
 
 def check_new_file(path: Path, flag: str) -> Path:
-    """`path` may be (re)written: not a directory or a special file, in an existing, writable
-    directory. Nothing is created to make it fit: a missing directory is a typo.
-    click.BadParameter (exit 2) names `flag` otherwise."""
+    """`path` may be (re)written in an existing writable directory, else BadParameter naming `flag`."""
 
     def fail(message: str) -> click.BadParameter:
         return click.BadParameter(message, param_hint=f"'{flag}'")
@@ -88,9 +85,9 @@ SINCE = Checked("time", lambda v: utc_stamp(parse_rfc3339(v)))
 TEXTFILE = Checked("file", lambda v: Path(check_text(v, max_len=4096, empty=False)))
 """A file we will (re)write; `check_new_file` checks it on disk when the command runs (not
 while parsing, so that documented examples parse on any machine)."""
-CONTEXT_TOKENS = click.IntRange(1, MAX_CONTEXT_TOKENS)
-MIB = click.IntRange(0, MAX_MIB)
-LIMIT = click.IntRange(1, MAX_COUNT)
+CONTEXT_TOKENS = Checked("integer", lambda v: parse_int(v, lo=1, hi=MAX_CONTEXT_TOKENS))
+MIB = Checked("integer", lambda v: parse_int(v, lo=0, hi=MAX_MIB))
+LIMIT = Checked("integer", lambda v: parse_int(v, lo=1, hi=MAX_COUNT))
 TIMEOUT = Checked("duration", parse_duration)
 """A duration (`90s`, `5m`, `1h30m`, or seconds), as kubectl and helm take `--timeout`."""
 WATCH = Checked("duration", lambda v: 0.0 if v.strip() in ("0", "0s") else parse_duration(v))

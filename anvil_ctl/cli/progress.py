@@ -1,13 +1,7 @@
 """What a person sees while a transaction runs: the engine's `Progress` port, rendered on stderr.
 
-On a terminal (`LiveProgress`): finished steps as lines, and a live line with the running
-step, what it waits for and until which deadline. On a pipe (`PlainProgress`): one
-timestamped line per event, and a "still ..." line when a step has been quiet for
-`heartbeat_s`, so a log never goes silent. With `--json`: nothing. `GateProgress` feeds the
-qualification runner's gate events into the same display.
-
-Warning: step errors and notes can carry values from a person or a file; every text is
-passed through `escape_text`, and rich prints it as text, never as markup.
+A live display on a terminal, timestamped lines (with a heartbeat) on a pipe, nothing with
+`--json`. Warning: every text goes through `escape_text`; rich prints it as text, never markup.
 """
 
 from __future__ import annotations
@@ -73,8 +67,8 @@ class _Running:
     activity: str = ""
 
 
-class _State:
-    """What both renderers track: the transaction, the running step, its wait."""
+class _Display:
+    """What both renderers track: the transaction, the running step and its wait."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -82,9 +76,28 @@ class _State:
         self.steps = 0
         self.running: _Running | None = None
 
-    def start_step(self, seq: int, name: str, phase: str) -> _Running:
-        self.running = _Running(_step_label(seq, name, phase, self.steps), self.clock())
-        return self.running
+    def _label(self, seq: int, name: str, phase: str) -> str:
+        return _step_label(seq, name, phase, self.steps)
+
+    def _begin(self, kind: str, steps: int) -> None:
+        self.kind, self.steps = kind, steps
+
+    def _ended(self, state: str, reason: str, elapsed_s: float) -> str:
+        self.running = None
+        because = f": {reason}" if reason and state != "committed" else ""
+        return f"{self.kind} {state} after {seconds(elapsed_s)}{because}"
+
+    def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
+        self.running = _Running(self._label(seq, name, phase), self.clock())
+
+    def waiting(self, what: str, deadline_s: float) -> None:
+        r = self.running
+        if r is not None:
+            r.waiting, r.wait_started, r.deadline_s = what, self.clock(), deadline_s
+
+    def activity(self, text: str) -> None:
+        if self.running is not None:
+            self.running.activity = text
 
     def wait_text(self) -> str:
         r = self.running
@@ -94,7 +107,7 @@ class _State:
         return f"waiting for {r.waiting}: {seconds(waited)} of {r.deadline_s:g} s"
 
 
-class PlainProgress:
+class PlainProgress(_Display):
     """Timestamped lines (RFC 3339 UTC) for a pipe or a log file: no terminal control."""
 
     def __init__(
@@ -105,10 +118,10 @@ class PlainProgress:
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        super().__init__(clock)
         self.stream = stream
         self.heartbeat_s = heartbeat_s
         self._now = now
-        self._state = _State(clock)
         self._lock = threading.Lock()
         self._last = clock()
         self._stop = threading.Event()
@@ -119,11 +132,10 @@ class PlainProgress:
         with self._lock:
             self.stream.write(f"{stamp} {escape_text(text)}\n")
             self.stream.flush()
-            self._last = self._state.clock()
-
-    # -- the heartbeat: a quiet step still says it is alive --------------------------------------
+            self._last = self.clock()
 
     def _start_heartbeat(self) -> None:
+        """A quiet step still says it is alive, every `heartbeat_s`."""
         if self.heartbeat_s <= 0 or self._beat is not None:
             return
         self._stop.clear()
@@ -139,53 +151,43 @@ class PlainProgress:
     def _heartbeat(self) -> None:
         tick = min(0.25, self.heartbeat_s / 4)
         while not self._stop.wait(tick):
-            running = self._state.running
-            if running is None or self._state.clock() - self._last < self.heartbeat_s:
+            running = self.running
+            if running is None or self.clock() - self._last < self.heartbeat_s:
                 continue
-            busy = seconds(self._state.clock() - running.started)
-            detail = self._state.wait_text() or running.activity or "working"
+            busy = seconds(self.clock() - running.started)
+            detail = self.wait_text() or running.activity or "working"
             self._line(f"    ... {running.label}: {busy}, {detail}")
 
-    # -- the port ---------------------------------------------------------------------------------
-
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
-        self._state.kind, self._state.steps = kind, steps
+        self._begin(kind, steps)
         where = f" on slot {slot}" if slot else ""
         self._line(f"{kind} {tx_id}: {steps} steps{where}")
         self._start_heartbeat()
 
     def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
-        running = self._state.start_step(seq, name, phase)
-        self._line(f"  {running.label}: {description}")
+        super().step_started(seq, name, phase, description)
+        self._line(f"  {self._label(seq, name, phase)}: {description}")
 
     def step_finished(
         self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
     ) -> None:
-        label = _step_label(seq, name, phase, self._state.steps)
-        self._state.running = None
+        self.running = None
+        label = self._label(seq, name, phase)
         if ok:
             self._line(f"  {label}: done in {seconds(elapsed_s)}")
         else:
             self._line(f"  {label}: FAILED after {seconds(elapsed_s)}: {error}")
 
     def waiting(self, what: str, deadline_s: float) -> None:
-        running = self._state.running
-        if running is not None:
-            running.waiting, running.wait_started, running.deadline_s = what, self._state.clock(), deadline_s
+        super().waiting(what, deadline_s)
         self._line(f"    waiting for {what} (deadline {deadline_s:g} s)")
-
-    def activity(self, text: str) -> None:
-        if self._state.running is not None:
-            self._state.running.activity = text
 
     def note(self, text: str) -> None:
         self._line(f"    {text}")
 
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
         self._stop_heartbeat()
-        self._state.running = None
-        because = f": {reason}" if reason and state != "committed" else ""
-        self._line(f"{self._state.kind} {state} after {seconds(elapsed_s)}{because}")
+        self._line(self._ended(state, reason, elapsed_s))
 
 
 class _LiveLine:
@@ -193,21 +195,21 @@ class _LiveLine:
 
     FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
-    def __init__(self, state: _State) -> None:
-        self.state = state
+    def __init__(self, display: _Display) -> None:
+        self.display = display
 
     def __rich__(self) -> RenderableType:
         from rich.console import Group
         from rich.text import Text
 
-        r = self.state.running
+        r = self.display.running
         if r is None:
             return Text("")
-        busy = seconds(self.state.clock() - r.started)
+        busy = seconds(self.display.clock() - r.started)
         frame = self.FRAMES[int(time.monotonic() * 10) % len(self.FRAMES)]
         head = Text.assemble((frame, "cyan"), " ", escape_text(r.label), "  ", busy)
         lines: list[RenderableType] = [head]
-        wait = self.state.wait_text()
+        wait = self.display.wait_text()
         if wait:
             lines.append(Text("    " + escape_text(wait), style="dim"))
         if r.activity:
@@ -215,12 +217,12 @@ class _LiveLine:
         return Group(*lines)
 
 
-class LiveProgress:
+class LiveProgress(_Display):
     """On a terminal: a line per finished step, a live line for the running one (rich)."""
 
     def __init__(self, console: Console, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(clock)
         self.console = console
-        self._state = _State(clock)
         self._live: Live | None = None
 
     def _print(self, text: str, style: str = "") -> None:
@@ -234,7 +236,7 @@ class LiveProgress:
 
         self._stop_live()
         self._live = Live(
-            _LiveLine(self._state),
+            _LiveLine(self),
             console=self.console,
             refresh_per_second=8,
             transient=True,
@@ -251,62 +253,43 @@ class LiveProgress:
     def begin(self, what: str) -> None:
         """A command that is not a transaction starts `what` (see `working`): a live line."""
         self._stop_live()
-        self._state.running = _Running(what, self._state.clock())
+        self.running = _Running(what, self.clock())
         self._start_live()
 
     def end(self) -> None:
         self._stop_live()
-        self._state.running = None
+        self.running = None
 
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
         # A transaction inside a command's own work (recheck --repair, recover) takes the
         # terminal over: rich allows one live display at a time.
         self._stop_live()
-        self._state.kind, self._state.steps = kind, steps
+        self._begin(kind, steps)
         where = f" on slot {slot}" if slot else ""
         self._print(f"{kind} {tx_id}{where}: {steps} steps", "bold")
         self._start_live()
 
-    def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
-        self._state.start_step(seq, name, phase)
-
     def step_finished(
         self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
     ) -> None:
-        label = _step_label(seq, name, phase, self._state.steps)
-        self._state.running = None
+        self.running = None
+        label = self._label(seq, name, phase)
         if ok:
             self._print(f"  ✓ {label}  {seconds(elapsed_s)}", "green" if phase != "undo" else "yellow")
         else:
             self._print(f"  ✗ {label}  {seconds(elapsed_s)}: {error}", "red")
-
-    def waiting(self, what: str, deadline_s: float) -> None:
-        running = self._state.running
-        if running is not None:
-            running.waiting, running.wait_started, running.deadline_s = what, self._state.clock(), deadline_s
-
-    def activity(self, text: str) -> None:
-        if self._state.running is not None:
-            self._state.running.activity = text
 
     def note(self, text: str) -> None:
         self._print(f"    {text}")
 
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
         self._stop_live()
-        self._state.running = None
-        style = "green" if state == "committed" else "red"
-        because = f": {reason}" if reason and state != "committed" else ""
-        self._print(f"{self._state.kind} {state} after {seconds(elapsed_s)}{because}", style)
+        self._print(self._ended(state, reason, elapsed_s), "green" if state == "committed" else "red")
 
 
 @contextmanager
 def working(progress: Progress, what: str) -> Iterator[None]:
-    """What a command that is not a transaction (init, recheck, audit verify, evidence,
-    claims, recover) is doing, while it does it, on a terminal: a transient live line with
-    a spinner and the elapsed time, gone when the command ends, so a refusal or an error is
-    still the one line it prints. On a pipe and with --json nothing is added: a log gets the
-    command's result and, inside a transaction it runs, the transaction's own lines."""
+    """On a terminal only, a transient live line of what a non-transaction command is doing."""
     if isinstance(progress, LiveProgress):
         progress.begin(what)
         try:
@@ -318,8 +301,7 @@ def working(progress: Progress, what: str) -> Iterator[None]:
 
 
 class GateProgress:
-    """The qualification runner's progress (`anvil_ctl.qualify.runner.Progress`), told to the
-    transaction's progress: gate verdicts as notes, request counts as the step's activity."""
+    """The qualification runner's progress as notes and activity of the transaction's."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress

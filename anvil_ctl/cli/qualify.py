@@ -99,9 +99,8 @@ def qualify(
 def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     """Write a redacted, shareable copy of a transaction's evidence.
 
-    TX is a transaction ID or a unique prefix, DIR a new or empty directory. GPU UUIDs, host paths and router
-    tokens are redacted; the copy gets its own manifest.
-    """
+    TX is an ID or unique prefix, DIR new or empty. GPU UUIDs, host paths and router tokens
+    are redacted; the copy gets its own manifest."""
     with session.working(f"evidence export: copying and redacting the evidence of {tx}") as app:
         from anvil_ctl.commands import evidence as evidence_cmd
 
@@ -121,12 +120,9 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
 def evidence_verify(session: Session, directory: Path, expect_manifest: str | None) -> Reply:
     """Check an evidence bundle against its manifest, and the manifest against the record (exit 6).
 
-    DIR is a bundle written by `evidence export` or a transaction's evidence directory.
-    Every artifact must match the manifest, and the manifest's own SHA-256 must be one
-    recorded for its transaction in the state database (when there is one) and equal
-    --expect-manifest (when given); the output says which it used. A manifest neither
-    knows is reported unbound (exit 6): a consistently edited bundle looks intact.
-    """
+    Every artifact must match the manifest, whose SHA-256 must be recorded for its transaction
+    (when there is a database) and equal --expect-manifest (when given). A manifest neither
+    knows is unbound (exit 6): a consistently edited bundle looks intact."""
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
     with session.working(f"evidence verify: hashing every artifact of {directory}") as app:
@@ -149,13 +145,8 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
 def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     """Write the one-page HTML report of a qualification (exit 6 if its evidence was altered).
 
-    TX is a transaction ID, a unique prefix or an evidence directory. The page is one
-    self-contained file (inline CSS and SVG, nothing fetched): identity, decision and
-    reasons, waivers, the gate table, TTFT / prefill / decode against measured prompt
-    tokens, VRAM before and after the workload and after acceptance against the reserve,
-    and the A/B control when one compared this candidate. Figures come only from
-    verified evidence bundles. Needs the optional extra `report` (matplotlib).
-    """
+    TX is an ID, a unique prefix or an evidence directory. One self-contained file, its figures
+    only from verified evidence bundles. Needs the optional extra `report` (matplotlib)."""
     with session.working(f"evidence report: verifying the bundles of {tx} and drawing the page") as app:
         from anvil_ctl.commands import evidence as evidence_cmd
 

@@ -1,10 +1,7 @@
 """Human and JSON rendering of command results, chosen by the result's type.
 
-`RENDERERS` maps a result type's qualified name (not the class: rendering a `status` must
-not import the qualify package) to its human renderer, looked up along the type's MRO; a
-type without one prints as `key: value` lines. `--json` prints `payload(result)` as one
-JSON document. The renderers live beside this module by subject (`render_tx`,
-`render_qualify`); `output` holds what they share, including the escaping (see its warning).
+`RENDERERS` is keyed by qualified name (rendering `status` must not import qualify), looked up
+along the MRO; anything else prints as `key: value` lines. `--json` prints `payload(result)`.
 """
 
 from __future__ import annotations

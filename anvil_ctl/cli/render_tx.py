@@ -1,5 +1,4 @@
-"""Human renderings of transactions and their records: outcomes, diffs, timelines, history,
-recover, recheck and the audit chain (see `render`)."""
+"""Human renderings of transactions and their records (see `render`)."""
 
 from __future__ import annotations
 
@@ -60,6 +59,8 @@ def outcome(o: Outcome, out: Out) -> None:
             out.line(f"    {change_line(c.as_dict())}")
         if len(o.changes) > MAX_CHANGES:
             out.line(f"    ... {len(o.changes) - MAX_CHANGES} more: anvilctl audit diff {o.tx_id}")
+    if o.then is not None:
+        outcome(o.then, out)
 
 
 def diffs(view: views.DiffView, out: Out) -> None:

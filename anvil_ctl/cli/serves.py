@@ -16,12 +16,20 @@ from anvil_ctl.cli.options import (
     slot_option,
     timeout_option,
 )
-from anvil_ctl.cli.params import CONTEXT_TOKENS, RECIPE, REF
+from anvil_ctl.cli.params import CONTEXT_TOKENS, PERSON, RECIPE, REF
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
-ENGINE_NAMES = ("llama-cpp-python", "llama-cpp-python-cuda", "openai-compatible", "sglang", "stub", "vllm")
+ENGINE_NAMES = (
+    "llama-cpp-python",
+    "llama-cpp-python-cuda",
+    "llama-server",
+    "openai-compatible",
+    "sglang",
+    "stub",
+    "vllm",
+)
 """The engine profiles' names, for `--engine`'s choices: `core.engine_profile` builds its profiles
 (and their log patterns) at import, which `--help` need not pay; a test holds the two equal."""
 
@@ -33,10 +41,8 @@ RECIPE_LIST_COLUMNS = ("name", "source", "valid", "runnable", "served_model", "c
 def recipes_list(session: Session) -> Reply:
     """List every recipe and where it came from; an invalid file is listed with its error.
 
-    Recipes are searched in --recipes-dir (or ANVIL_RECIPES_DIR), then the host config's
-    recipes_dir, then the recipes shipped with anvilctl; the first file of a name wins
-    (--json names the files it shadows).
-    """
+    Searched in --recipes-dir, the host config's recipes_dir, then the shipped recipes; the
+    first file of a name wins (--json names the files it shadows)."""
     from anvil_ctl.cli.views import Table
     from anvil_ctl.commands import recipes
 
@@ -48,10 +54,7 @@ def recipes_list(session: Session) -> Reply:
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @pass_session
 def recipes_show(session: Session, recipe: str) -> Reply:
-    """One recipe as data, with its digest.
-
-    RECIPE is a name in the recipes directory, or a path.
-    """
+    """One recipe as data, with its digest; RECIPE is a name or a path."""
     from anvil_ctl.commands import recipes
 
     app = session.app()
@@ -77,10 +80,7 @@ def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
 @slot_option("The slot to plan the serve for.", required=True)
 @pass_session
 def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
-    """The exact container spec `load` would create.
-
-    Touches nothing: no Docker, no GPU, no database.
-    """
+    """The exact container spec `load` would create; touches nothing."""
     from anvil_ctl.commands import recipes
 
     app = session.app()
@@ -103,6 +103,15 @@ recipes = click.Group(
 @dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @drain_options("abort")
+@click.option(
+    "--promote",
+    "promote_approved_by",
+    type=PERSON,
+    metavar="APPROVER",
+    help="Once loaded, promote the candidate in the same run (every check of `promote`; its "
+    "identity needs a standing verified decision), approved by APPROVER: clients wait for "
+    "no second command.",
+)
 @accept_drift_options
 @pass_session
 def load(
@@ -114,24 +123,21 @@ def load(
     timeout_s: float | None,
     drain_timeout_s: float | None,
     on_drain_timeout: OnDrainTimeout | None,
+    promote_approved_by: str | None,
     accept_drift: bool,
     drift_by: str | None,
     drift_reason: str | None,
 ) -> Reply:
     """Load a candidate from a recipe; the incumbent is kept.
 
-    Drains the incumbent: the router stops admitting new requests to it (clients get
-    a retryable 503 until a serve is routed again) and the load waits until it
-    answers nothing, read from the engine's own running-requests figure or the
-    router's count. The wait has a deadline (--drain-timeout, else the recipe's
-    drain_timeout_s, else 300 s); at it the load gives up without cutting an answer:
-    the incumbent is routed again and keeps serving, and the load exits 3 saying
-    how many answers were still in flight (--on-drain-timeout cut stops it anyway
-    and records the answers cut). Then it stops (never removes) the incumbent
-    gracefully, waits until its VRAM is free, starts the candidate from RECIPE and
-    waits for its health and served identity. A failed step compensates back to
-    the before state (exit 4).
-    """
+    Drains the incumbent (new requests get a retryable 503; the load waits until its answers
+    in flight finish, at most --drain-timeout, else the recipe's drain_timeout_s, else 300 s).
+    At the deadline the load gives up, leaving the incumbent routed (exit 3), unless
+    --on-drain-timeout cut. Then it stops (never removes) the incumbent, waits for its VRAM,
+    starts RECIPE's candidate and waits for its health and served identity. A failed step
+    compensates back to the before state (exit 4). The tier stays drained until a promotion
+    routes the candidate: --promote APPROVER runs it at once for a candidate qualified before
+    (its exit code is the command's; refused, the candidate stays loaded)."""
     from anvil_ctl.commands import serves
 
     accepted = drift_acceptance(accept_drift, drift_by, drift_reason)
@@ -144,6 +150,7 @@ def load(
         timeout_s=timeout_s,
         drain_timeout_s=drain_timeout_s,
         on_drain_timeout=on_drain_timeout,
+        promote_approved_by=promote_approved_by,
     )
     return Reply(out, ExitCode(out.exit_code))
 
@@ -169,11 +176,8 @@ def unload(
 ) -> Reply:
     """Remove a candidate container that anvilctl created.
 
-    CONTAINER_ID must carry anvilctl's candidate labels and be no slot's incumbent
-    or rollback identity; without --yes nothing is removed. A running candidate is
-    drained first: the answers it gives to clients reaching it directly finish
-    (at the deadline: exit 3 and nothing removed, or --on-drain-timeout cut).
-    """
+    CONTAINER_ID must carry anvilctl's candidate labels and be no slot's incumbent or rollback
+    identity; without --yes nothing is removed. A running candidate is drained first."""
     from anvil_ctl.cli.views import Record
     from anvil_ctl.commands import serves
 
@@ -212,10 +216,8 @@ def adopt(
 ) -> Reply:
     """Record the container serving a slot as its incumbent.
 
-    CONTAINER_ID must be running, and the slot's binding must serve one model. The
-    engine profile says how it is probed from now on (health route, where its context
-    length shows); the context length is checked that way before anything is recorded.
-    """
+    CONTAINER_ID must be running and the slot's binding serve one model; its context length is
+    checked the way the engine profile says before anything is recorded."""
     from anvil_ctl.commands import transactions
 
     out = transactions.adopt(

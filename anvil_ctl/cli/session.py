@@ -1,9 +1,6 @@
-"""One invocation of `anvilctl`: its global options, its App, and what it answers.
+"""One invocation of `anvilctl`: its global options, its App, and what it answers (a `Reply`).
 
-Every command callback takes the `Session` (`@pass_session`), asks it for the `App`
-(`anvil_ctl.bootstrap`) when it needs one, and returns a `Reply`: a typed result for the
-renderers and the exit code. Nothing here imports a command implementation: `--help` must stay fast,
-so this module, like the command modules at import time, loads only click and the core.
+Loads only click and the core: `--help` must stay fast.
 """
 
 from __future__ import annotations
@@ -122,16 +119,9 @@ _FORMAT = click.Choice(OUTPUT_FORMATS)
 
 @functools.cache
 def global_options() -> tuple[click.Parameter, ...]:
-    """The global options: one set, built once and shared by every command and group.
-
-    A click parameter holds no per-command state (parsing keeps its values in the
-    `click.Context`), so the same seven objects serve every command and group (a copy for
-    each would slow `--help`). They are attached to every level of
-    the command tree (see `app.attach_global_options`), so `anvilctl --json audit
-    transactions` and `anvilctl audit transactions --json` mean the same. Click matches
-    long options exactly, never by prefix: `--state` is never taken for `--state-db` or
-    `--state-dir`. The environment (`ANVIL_*`, read by Settings) applies where a flag is
-    not given.
+    """The global options: one set of click parameters, built once and attached to every level of
+    the command tree, so `anvilctl --json audit transactions` and `... transactions --json` mean
+    the same. The environment (`ANVIL_*`) applies where a flag is not given.
     """
     common: _Common = {"expose_value": False, "callback": _remember}
     config_help = "Host config file (env ANVIL_CONFIG; default /etc/anvil/anvil.toml as root, else "
@@ -225,11 +215,7 @@ def _setting_name(loc: tuple[int | str, ...], flags: Mapping[str, object]) -> st
 
 
 def open_app(options: GlobalOptions) -> App:
-    """The one place the App is built: settings, logging, progress, the App.
-
-    On a terminal the progress display stands in for info logs: the level is `warning` there
-    unless ANVIL_LOG_LEVEL or --debug says otherwise (a pipe keeps its JSON log lines).
-    """
+    """The one place the App is built; on a terminal the log level is `warning` unless told otherwise."""
     from anvil_ctl import log
     from anvil_ctl.bootstrap import App
     from anvil_ctl.cli.progress import for_stream

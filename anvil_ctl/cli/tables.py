@@ -1,13 +1,8 @@
 """Tables as kubectl prints them: plain aligned columns that fit the terminal.
 
-On a terminal a table that would be wider than the screen is narrowed, in this
-order: IDs and digests are elided in the middle (`8259c0de…4e1f`: the prefix that
-`anvilctl` resolves IDs by is kept whole, and the end too), then the widest text
-column is wrapped onto more lines, then IDs keep their prefix alone (`8259c0de…`,
-a digest without its `sha256:`), then text wraps narrower still. Times are never
-broken, and nothing is ever cut off: what still does not fit, the terminal wraps.
-On a pipe, or with `-o wide`, every value is printed in full and the columns are as
-wide as their widest value. Times are shown to the second, always RFC 3339 UTC with `Z`.
+Too wide for a terminal, a table narrows: IDs elided in the middle (the resolvable prefix
+kept), then text wrapped, then IDs to their prefix, then text narrower; times never break
+and nothing is cut. On a pipe or with `-o wide` everything is in full.
 """
 
 from __future__ import annotations
@@ -31,16 +26,14 @@ GAP = "  "
 
 
 def show_time(value: str) -> str:
-    """An RFC 3339 UTC time as people read it in a table: to the second, with `Z`
-    (`2026-09-02T12:00:00.123456Z` and `2026-09-02T12:00:00+00:00` -> `2026-09-02T12:00:00Z`)."""
+    """An RFC 3339 UTC time to the second, with `Z`."""
     m = TIME_RE.match(value)
     return f"{m.group(1)}Z" if m else value
 
 
 def elide_middle(value: str, width: int) -> str:
-    """`value` in `width` characters: its head and tail kept, the middle replaced by `…`; at
-    least its first ID_HEAD characters after any `sha256:` (the prefix IDs resolve by) and `…`,
-    the `sha256:` itself dropped last."""
+    """`value` in `width` characters with the middle as `…`, keeping at least the first ID_HEAD
+    characters after any `sha256:` (dropped last)."""
     if len(value) <= width:
         return value
     prefix = "sha256:" if value.startswith("sha256:") else ""
@@ -54,8 +47,7 @@ def elide_middle(value: str, width: int) -> str:
 
 
 def _id_floor(values: Sequence[str], header: str, *, tail: bool, bare: bool = False) -> int:
-    """The narrowest an ID column gets: its values' prefix, with or without their tail, with
-    or without `sha256:` (bare)."""
+    """The narrowest an ID column gets: its prefix, with or without tail and `sha256:`."""
     keep = ID_HEAD + 1 + (ID_TAIL if tail else 0)
     need = [min(len(v), (0 if bare or not v.startswith("sha256:") else 7) + keep) for v in values]
     return max([len(header), *need])
@@ -70,8 +62,7 @@ def _all_match(values: Sequence[str], pattern: re.Pattern[str]) -> bool:
 def layout(
     columns: Sequence[str], rows: Sequence[Sequence[str]], *, width: int | None, wide: bool = False
 ) -> list[str]:
-    """The table's lines: a header and one or more lines per row, fitted to `width` (None:
-    no limit). Cells are text already made safe for a terminal."""
+    """The table's lines, fitted to `width` (None: no limit); cells are already safe text."""
     table = [[show_time(c) for c in row] for row in rows]
     natural = [max([len(h), *(len(r[i]) for r in table)]) for i, h in enumerate(columns)]
     widths = list(natural)

@@ -1,11 +1,4 @@
-"""`anvilctl help [TOPIC | COMMAND...]`: the manual, from the code that it describes.
-
-A topic is rendered from the table or model it documents, so it cannot drift from
-them: `exit-codes` from `ExitCode`, `states` from the transition table, `environment`
-from the Settings fields, `host-config` and `recipe` from the pydantic models' field
-descriptions, `files` from `anvil_ctl.places`. `anvilctl help COMMAND` is that
-command's `--help`. The models are imported only when their topic is asked for.
-"""
+"""`anvilctl help [TOPIC | COMMAND...]`: the manual, rendered from what it describes."""
 
 from __future__ import annotations
 

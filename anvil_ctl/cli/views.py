@@ -1,9 +1,4 @@
-"""Typed views the CLI wraps plain command results in, so that the renderer is chosen by type.
-
-A view says what the data is (a table, a status, a diff); its `payload()` is exactly what
-`--json` prints. Views import nothing heavy; renderers read nested values out of them
-with `record`, `items` and `records`.
-"""
+"""Typed views the CLI wraps results in, choosing the renderer; `payload()` is what `--json` prints."""
 
 from __future__ import annotations
 
@@ -64,8 +59,7 @@ class _Rows(View):
 
 @dataclass(frozen=True)
 class Table(_Rows):
-    """Rows of records. Human: a table of `columns` (all keys of the first row if None),
-    each row passed through `cells` first when given (trimming IDs, joining lists)."""
+    """Rows of records; human: a table of `columns` (default the first row's keys), via `cells` if given."""
 
     columns: Sequence[str] | None = None
     cells: Callable[[Row], Row] | None = None
@@ -78,8 +72,7 @@ class Table(_Rows):
 
 
 class Record(_Data):
-    """One record without a better shape (resolve, waive, lock break ...). Human: indented
-    `key: value` lines."""
+    """One record without a better shape; human: indented `key: value` lines."""
 
 
 class StatusView(_Data):
@@ -125,8 +118,7 @@ class Text(View):
 
 
 class TransactionView(_Data):
-    """`audit show`: one transaction's states, step events, snapshots and identities. Human:
-    a timeline of steps with their outcomes and durations."""
+    """`audit show`: one transaction's states, step events, snapshots and identities, as a timeline."""
 
 
 class HistoryView(_Rows):

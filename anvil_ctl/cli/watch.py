@@ -1,9 +1,4 @@
-"""`status --watch`: observe again until Ctrl-C (or --count), as `kubectl get -w` does.
-
-A terminal is redrawn; a pipe gets each observation after a timestamped line; --json one
-JSON document per line. A dependency that becomes unavailable meanwhile is one line, and
-watched again: a watch is for seeing it come back.
-"""
+"""`status --watch`: observe again until Ctrl-C (or --count), as `kubectl get -w` does."""
 
 from __future__ import annotations
 

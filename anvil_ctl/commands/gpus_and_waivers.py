@@ -170,11 +170,12 @@ def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, object]) -> dict[s
     for data in old.values():
         if isinstance(data, dict) and data.get("uuid") and data.get("reserve_mib") is not None:
             reserves[str(data["uuid"]).lower()] = int(data["reserve_mib"])
-    return {name: replace_role(role, reserves.get(role.uuid.lower())) for name, role in new.items()}
-
-
-def replace_role(role: GpuRole, reserve_mib: int | None) -> GpuRole:
-    return role if reserve_mib is None else role.model_copy(update={"reserve_mib": reserve_mib})
+    return {
+        name: role
+        if (mib := reserves.get(role.uuid.lower())) is None
+        else role.model_copy(update={"reserve_mib": mib})
+        for name, role in new.items()
+    }
 
 
 class RoleView(TypedDict):

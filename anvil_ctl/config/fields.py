@@ -1,8 +1,4 @@
-"""Field types of the settings and the host config, each bounded and checked.
-
-Text is free of control and bidi characters (`anvil_ctl.core.validate`), paths
-name a file we could mean, durations are finite, URLs of a known scheme.
-"""
+"""Field types of the settings and the host config, each bounded and checked."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The host config file (anvil.toml): GPU roles, slots, router, policy and residue globs.
-
-`load_host_config` reads it with `read_input_file` and validates every value;
-errors name the file, the key and what was expected.
-"""
+"""The host config file (anvil.toml): GPU roles, slots, router, policy and residue globs."""
 
 from __future__ import annotations
 
@@ -158,10 +154,8 @@ ENGINE_SEGMENTS: tuple[str, ...] = (
 class ResidueConfig(Strict):
     """[residue]: which files in the shared-memory directory are residue of managed engines.
 
-    Ours: a file a process of a managed container (label io.anvil.managed=true) was
-    seen holding, or a file whose name matches `include`; never a file matching
-    `exclude`, and never one held right now by a process outside managed containers.
-    Residue: a file of ours that no process holds any more.
+    Ours: a file a managed container's process was seen holding, or one matching `include`;
+    never one matching `exclude` or held now by another process. Residue: ours and unheld.
     """
 
     directory: Path = Field(
@@ -264,8 +258,7 @@ class HostConfig(Strict):
 
 
 def machine_host_name(hostname: str) -> str:
-    """The host name a config without one gets: the machine's hostname's first label,
-    lowercased; ConfigError when even that is not a valid name."""
+    """The machine's hostname's first label, lowercased, for a config without `host`; else ConfigError."""
     name = hostname.split(".", 1)[0].lower()
     if not NAME_RE.match(name):
         raise ConfigError(

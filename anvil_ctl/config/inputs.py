@@ -1,10 +1,4 @@
-"""Reading the files a person gives us: host config, recipes, profiles, credential files.
-
-`read_input_file` returns a regular file's bytes decoded as UTF-8, refused by name
-when it is a directory, a FIFO, a symlink loop, too large or not UTF-8;
-`parse_toml` refuses arrays and tables nested too deeply; `format_validation_error`
-turns pydantic's errors into one line per problem (file, dotted key, expectation).
-"""
+"""Reading the files a person gives us, refused by name when unsafe or malformed."""
 
 from __future__ import annotations
 
@@ -32,11 +26,9 @@ def read_input_file(
     max_bytes: int = MAX_INPUT_BYTES,
     error: Callable[..., AnvilError] = ConfigError,
 ) -> str:
-    """The text of a regular file, decoded as UTF-8; `error` names the file and the problem.
+    """The text of a regular UTF-8 file of at most `max_bytes`; anything else is refused by `error`.
 
-    A directory, FIFO, socket or device, a symlink loop, a file over `max_bytes` or one
-    that is not UTF-8 is refused before (or instead of) being parsed. Reading opens
-    with O_NONBLOCK so that a FIFO swapped in after the check cannot hang us.
+    Opened with O_NONBLOCK so that a FIFO swapped in after the check cannot hang us.
     """
     noun = what if what.endswith("file") else f"{what} file"
     try:

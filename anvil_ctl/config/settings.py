@@ -1,8 +1,4 @@
-"""Process settings: the environment (prefix ANVIL_) or CLI flags, and where each path came from.
-
-Built once at the edge (the CLI) and passed in; no library module reads the
-environment itself.
-"""
+"""Process settings: the environment (prefix ANVIL_) or CLI flags, and where each path came from."""
 
 from __future__ import annotations
 
@@ -136,9 +132,8 @@ SETTING_VARIABLES = {
 def setting_origins(
     flags: Mapping[str, object], env: Mapping[str, str], defaults: DefaultPaths
 ) -> dict[str, str]:
-    """Where each path setting came from: its flag (`--state-dir`), its variable
-    (`ANVIL_STATE_DIR`), or the default (`default (root)`, `default (XDG)`); `status` and
-    `init` print it beside the path."""
+    """Where each path setting came from (`--state-dir`, `ANVIL_STATE_DIR`, `default (root)`,
+    `default (XDG)`), as `status` and `init` print it."""
     upper = {k.upper() for k, v in env.items() if v}
     out: dict[str, str] = {}
     for name, variable in SETTING_VARIABLES.items():

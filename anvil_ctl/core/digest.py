@@ -1,9 +1,4 @@
-"""Canonical JSON and SHA-256: the one form every digest in anvil_ctl is taken of.
-
-Identities, config fingerprints, snapshots, decisions and evidence are compared
-by the SHA-256 of their canonical JSON (sorted keys, no insignificant
-whitespace), so two equal values always have one digest.
-"""
+"""Canonical JSON (sorted keys, compact) and its SHA-256: the one form every digest is taken of."""
 
 from __future__ import annotations
 

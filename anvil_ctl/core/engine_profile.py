@@ -1,14 +1,8 @@
 """Engine profiles: how the controller probes one kind of engine, as data.
 
-Engines differ exactly where the controller depends on them (the health route, the
-reported context, the `model` a response carries, streamed usage, token counts, fatal
-and timing log lines); each difference is one field of `EngineProfile`, which the engine,
-the gates and the log audit read: never an `if engine == ...`. Log patterns live here
-only, and every profile is judged by `COMMON_FATAL` too.
-
-`ENGINE_PROFILES` is the one registry, keyed by a recipe's `engine`; `ENGINE_ALIASES`
-maps other spellings to it; an engine without a profile is probed as `OPENAI_COMPATIBLE`.
-Each fact names where it was observed (`sources`; docs/ENGINES.md has the detail).
+Each way engines differ where the controller depends on them is one field of
+`EngineProfile`, never an `if engine == ...`. `ENGINE_PROFILES` is the one registry;
+an engine without a profile is probed as `OPENAI_COMPATIBLE`.
 """
 
 from __future__ import annotations
@@ -28,24 +22,17 @@ from anvil_ctl.core.log_patterns import (
 )
 
 ContextSource = Literal["models", "refusal", "none"]
-"""Where the serving context length shows: `max_model_len` in /v1/models; the 400 the
-engine answers a prompt of at least that many tokens (`context_refusal` names it); or
-nowhere."""
+"""Where the serving context length shows: /v1/models, the 400 to an over-long prompt, or nowhere."""
 
 ResponseModel = Literal["served", "request"]
-"""What a chat response's `model` carries: the served name, or whatever the request
-named (then a routed answer by alias shows the alias, and the routed identity is the
-chain tier -> binding (router view) -> served name (/v1/models))."""
+"""What a chat response's `model` carries: the served name, or whatever the request named."""
 
 PromptTokens = Literal["stream-usage", "plain-usage", "tokenize"]
-"""How a streamed request's prompt tokens are counted: the stream's final usage chunk;
-the `usage` of the same request sent again unstreamed with max_tokens 1 (after the timed
-one, so the timing is clean; the engine's prefix cache makes it cheap); or the
-tokenizer endpoint over the raw message text (no chat template: an undercount)."""
+"""How a streamed request's prompt tokens are counted: the final usage chunk; the usage of
+the same request re-sent unstreamed with max_tokens 1; or the tokenizer endpoint (an undercount)."""
 
 CompletionTokens = Literal["stream-usage", "stream-chunks"]
-"""How a streamed request's completion tokens are counted: the final usage chunk, or
-one per output delta chunk (engines that stream one token per chunk)."""
+"""How a streamed request's completion tokens are counted: the final usage chunk, or one per chunk."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +48,7 @@ class Tokenizer:
 
 @dataclass(frozen=True)
 class TimingLines:
-    """The engine's own per-completion timing lines in its log, one block per completion.
-
-    Each regex has the named groups `ms` and `tokens`; `prompt_eval` counts the prompt
-    tokens the engine evaluated (a prefix-cache hit is not evaluated again), `eval` the
-    decode steps after the first token, `total` the whole completion.
-    """
+    """The engine's own per-completion timing log lines; each regex has the groups `ms` and `tokens`."""
 
     prompt_eval: str
     eval: str
@@ -75,8 +57,7 @@ class TimingLines:
 
 @dataclass(frozen=True)
 class GpuUse:
-    """How an engine's processes hold the GPUs they are given: what the ownership record and
-    the VRAM-release gate rely on, stated per engine."""
+    """How an engine's processes hold their GPUs: what ownership and the VRAM-release gate rely on."""
 
     processes: str
     """Which processes NVML lists on a granted GPU (their PIDs map to the container by cgroup)."""
@@ -94,8 +75,7 @@ class EngineProfile:
     description: str
     # The defaults are the OpenAI-compatible assumptions (`OPENAI_COMPATIBLE`).
     health_path: str | None = "/health"
-    """A route answering 200 when healthy; None: the engine has none, readiness is
-    /v1/models listing the served name."""
+    """A route answering 200 when healthy; None: readiness is /v1/models listing the served name."""
     context_source: ContextSource = "models"
     response_model: ResponseModel = "served"
     streamed_usage: bool = True
@@ -103,8 +83,7 @@ class EngineProfile:
     prompt_tokens: PromptTokens = "stream-usage"
     completion_tokens: CompletionTokens = "stream-usage"
     context_refusal: str | None = None
-    """With context_source `refusal`: a regex whose group `limit` is the context length,
-    searched in the 400 answer to an over-long prompt."""
+    """With context_source `refusal`: a regex whose group `limit` is the context in the 400 answer."""
     tokenizer: Tokenizer | None = None
     max_concurrency: int | None = None
     """Requests the engine runs at once whatever it is told (None: as configured)."""
@@ -115,36 +94,30 @@ class EngineProfile:
     notice_log_patterns: tuple[NoticePattern, ...] = ()
     """Worth reporting, not fatal: degraded settings, warnings an operator should read."""
     start_banner: str | None = None
-    """The line the engine prints once per start; seen twice in one container's log, the
-    engine restarted inside the container."""
+    """The line the engine prints once per start; twice in one log means it restarted inside."""
     timing: TimingLines | None = None
     stop_exit_codes: tuple[int, ...] = (0, 143)
     """Exit codes of a clean stop (SIGTERM through docker-init)."""
     gpu: GpuUse | None = None
     """How its processes use the GPU; None: it runs on CPU, or nobody has watched it on one."""
     router_check_path: str | None = None
-    """What a router's health checks should GET, where that differs from the health route:
-    a path that answers while a completion runs (None: the health route, else /v1/models)."""
+    """What a router's health checks GET, if not the health route: a path that answers mid-completion."""
     running_metric: str | None = None
-    """The Prometheus gauge of requests being answered now on GET /metrics, the drain's first
-    source of what is in flight (None: the engine publishes none; the router's count is used)."""
+    """The Prometheus gauge of requests in flight (None: the drain reads the router's count)."""
     stop_timeout_s: float = 30.0
-    """Grace between the engine's graceful signal (SIGTERM, Docker's default, which each
-    profiled engine handles by finishing its work and releasing its memory) and a kill."""
+    """Grace between SIGTERM (each profiled engine finishes and frees its memory) and a kill."""
     sources: tuple[str, ...] = field(default=())
     """Where the facts above were observed or read."""
 
     def ready(self, health_ok: bool | None, models: Iterable[str], served_model: str) -> bool:
-        """Serving `served_model` and ready: the health route (if any) answered 200 and
-        /v1/models lists exactly the served name."""
+        """Ready: the health route (if any) answered 200 and /v1/models lists exactly `served_model`."""
         if self.health_path is not None and not health_ok:
             return False
         return list(models) == [served_model]
 
     @property
     def fatal_patterns(self) -> tuple[FatalPattern, ...]:
-        """Every fatal pattern this engine's log is judged by: the common set, then its own
-        (the first class that matches names a line)."""
+        """The common fatal patterns, then the engine's own (the first match names a line)."""
         return (*COMMON_FATAL, *self.fatal_log_patterns)
 
     @property
@@ -377,8 +350,24 @@ VLLM = EngineProfile(
     ),
 )
 
+LLAMA_SERVER = EngineProfile(
+    name="llama-server",
+    description="llama.cpp's own C++ server (llama-server): the drain reads its running-requests "
+    "gauge, published only when the server is started with --metrics; the other fields are the "
+    "OpenAI-compatible assumptions, not observed here",
+    # Without --metrics, GET /metrics answers 501 and the router's count is read instead.
+    running_metric="llamacpp:requests_processing",
+    sources=(
+        "ggml-org/llama.cpp tools/server/server.cpp, the /metrics handler: 501 'Start it with "
+        "`--metrics`' without the flag; the gauge llamacpp:requests_processing is the number of "
+        "slots processing a request (n_processing_slots), llamacpp:requests_deferred the requests "
+        "waiting for a slot, which take one as soon as it frees; not run here (the test "
+        "environment's llama.cpp image is llama-cpp-python's server, which publishes neither)",
+    ),
+)
+
 ENGINE_PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON, LLAMA_CPP_CUDA)
+    p.name: p for p in (OPENAI_COMPATIBLE, STUB, SGLANG, VLLM, LLAMA_CPP_PYTHON, LLAMA_CPP_CUDA, LLAMA_SERVER)
 }
 """Every engine profile by name: the one registry."""
 
@@ -388,6 +377,8 @@ ENGINE_ALIASES: dict[str, str] = {
     "llamacpp": "llama-cpp-python",
     "llama_cpp": "llama-cpp-python",
     "llama.cpp-cuda": "llama-cpp-python-cuda",
+    "llama.cpp-server": "llama-server",
+    "llama-cpp-server": "llama-server",
     "sglang-sm120": "sglang",
 }
 """Other spellings of an engine's name (a recipe's `engine`) -> its profile's name."""
@@ -400,6 +391,5 @@ def find_engine_profile(name: str | None) -> EngineProfile | None:
 
 
 def engine_profile(name: str | None) -> EngineProfile:
-    """The profile named `name`; the OpenAI-compatible assumptions for an empty or unknown
-    name (an engine without a profile of its own, an identity recorded before profiles)."""
+    """The profile `name` names; the OpenAI-compatible assumptions for an empty or unknown name."""
     return find_engine_profile(name) or OPENAI_COMPATIBLE

@@ -85,10 +85,7 @@ class AdapterError(AnvilError):
 
 
 class Unavailable(AdapterError):
-    """A dependency is busy, locked, read-only, full or unreachable; `dependency` names it.
-
-    Not a bug and not bad input: the same command may work once the dependency is back.
-    """
+    """A dependency is busy, locked, read-only, full or unreachable (`dependency`); retry may work."""
 
     exit_code = ExitCode.UNAVAILABLE
 

@@ -1,10 +1,7 @@
 """Guards: small named checks that refuse a transaction before its first mutation.
 
-Each guard's docstring states the invariant it protects. A guard reads the world
-through ports and returns None, or a `Refusal` naming what is wrong; it never
-changes anything. Each plan lists its guards in one ordered list, cheap local
-checks first; the engine runs them in that order and stops at the first refusal.
-"""
+Each docstring states the invariant; a guard reads through ports, returns None or a `Refusal`,
+and changes nothing. A plan lists its guards cheap first; the first refusal stops the run."""
 
 from __future__ import annotations
 

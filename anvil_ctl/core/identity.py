@@ -1,10 +1,4 @@
-"""A serve's rollback identity: everything needed to bring it back exactly, and its digests.
-
-`Identity` is captured before any mutation and recorded in the state database
-(`as_dict`, read back with `from_dict`). Its `digest` names the container
-instance; its `qualification_digest` names the serve as configured, which is
-what a qualification decision is bound to.
-"""
+"""A serve's rollback identity: everything needed to bring it back exactly, and its digests."""
 
 from __future__ import annotations
 
@@ -17,11 +11,7 @@ from anvil_ctl.core.jsontypes import JSONObject
 
 @dataclass(frozen=True)
 class Identity:
-    """A serve's rollback identity: everything needed to bring it back exactly.
-
-    Captured before any mutation. `missing()` names the fields that are empty;
-    a mutation whose rollback identity has any is refused.
-    """
+    """A serve's rollback identity, captured before any mutation; `missing()` names its empty fields."""
 
     slot: str
     container_id: str
@@ -38,8 +28,7 @@ class Identity:
     aliases: tuple[str, ...] = ()
     container_name: str = ""
     engine_profile: str = ""
-    """How to probe the serve (`anvil_ctl.core.engine_profile`); empty: the OpenAI-compatible
-    assumptions (identities recorded before profiles existed)."""
+    """How to probe the serve (`core.engine_profile`); empty: the OpenAI-compatible assumptions."""
 
     REQUIRED = (
         "slot",
@@ -73,10 +62,8 @@ class Identity:
     def qualification_digest(self) -> str:
         """What a decision is bound to: the serve as configured, not the container instance.
 
-        Recipe digest, image ID, model identity, config fingerprint, served model and
-        context: loading the same recipe again gives a new container ID but the same
-        qualification digest, so an earlier decision still applies to it; any change of
-        image, flags, env or mounts gives a new digest and needs a new qualification.
+        Loading the same recipe again keeps this digest (a decision still applies); any change of
+        image, flags, env or mounts changes it.
         """
         return sha256_hex(
             {
@@ -91,11 +78,7 @@ class Identity:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Identity:
-        """An identity as `as_dict` wrote it (keys it does not know are passed over).
-
-        A required field that is absent is a TypeError, as for the constructor; a field of
-        another JSON type than `as_dict` writes is a ValueError naming it.
-        """
+        """An identity as `as_dict` wrote it; unknown keys are passed over, a wrong type is a ValueError."""
         absent = [name for name in cls.REQUIRED if name not in data]
         if absent:
             raise TypeError(f"Identity is missing required fields: {', '.join(absent)}")

@@ -1,12 +1,6 @@
-"""JSON as it crosses the wire, the disk and the database, typed.
+"""JSON as it crosses the wire, the disk and the database, typed for `mypy --strict`.
 
-`JSONValue` is what `json.loads` can return and `json.dumps` can write; a
-`JSONObject` is one JSON object. Code that reads a field narrows it where it
-reads it (`isinstance`, or the helpers below, which raise a `ValueError` naming
-the key), so that `mypy --strict` checks what is done with every value instead
-of trusting it unchecked. Data with a known shape is a dataclass or a `TypedDict`;
-these aliases are for documents whose shape is open (snapshots, evidence, step
-results as stored).
+For documents of open shape; the helpers narrow a field or raise a `ValueError` naming the key.
 """
 
 from __future__ import annotations
@@ -69,8 +63,7 @@ def get_float(doc: Mapping[str, object], key: str, default: float | None = None)
 
 
 def get_objects(doc: Mapping[str, object], key: str) -> list[JSONObject]:
-    """`doc[key]` as an array of objects ([] when absent); a ValueError naming the key when
-    it is another type or holds anything but objects."""
+    """`doc[key]` as an array of objects ([] when absent), else a ValueError naming the key."""
     out: list[JSONObject] = []
     for item in get_array(doc, key):
         if not isinstance(item, dict):

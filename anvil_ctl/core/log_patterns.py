@@ -1,10 +1,4 @@
-"""Log patterns as data: the classes of fatal lines, the common fatal set, shared notices.
-
-Every engine profile (`anvil_ctl.core.engine_profile`) is judged by `COMMON_FATAL`
-(Python tracebacks, CUDA and NCCL failures, OOM, crashes) and its own patterns; the
-notices here are ones several engines print. Patterns are Python regular expressions
-searched line by line.
-"""
+"""Log patterns as data: the classes of fatal lines, the common fatal set, shared notices."""
 
 from __future__ import annotations
 

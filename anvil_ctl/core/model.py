@@ -1,9 +1,4 @@
-"""Value objects the core and its ports exchange: containers, images, GPUs, routers, residue.
-
-All are frozen dataclasses so they can be compared, hashed and put into snapshots
-without copying. None carries a secret. A serve's `Identity` (`anvil_ctl.core.identity`)
-and the digest functions (`anvil_ctl.core.digest`) have modules of their own.
-"""
+"""Value objects the core and its ports exchange: frozen, comparable, hashable, never a secret."""
 
 from __future__ import annotations
 
@@ -145,12 +140,7 @@ class ContainerInfo:
 
 @dataclass(frozen=True)
 class ContainerLog:
-    """A container's log, bounded, and what the runtime says of its restarts and memory.
-
-    `lines` are the newest lines of stdout and stderr since the container was created,
-    at most `max_lines` of them and `max_bytes` in all; `truncated` says older lines
-    were left out to stay within those caps.
-    """
+    """A container's newest log lines (bounded by `max_lines`/`max_bytes`), restarts and OOM flag."""
 
     lines: tuple[str, ...]
     bytes_read: int
@@ -179,9 +169,8 @@ class ContainerLog:
     ) -> ContainerLog:
         """The log from the raw `tail` of a container's output, cut to the caps.
 
-        `tail` may hold one line more than `max_lines` (how an adapter learns there were
-        older lines); `cut`: the adapter already dropped bytes from its front. The runtime's
-        state (restarts, OOM, status, start, exit code) is passed on as it was observed.
+        `tail` may hold one line more than `max_lines` (how an adapter learns there were older
+        lines); `cut`: the adapter already dropped bytes from its front.
         """
         data = tail
         if len(data) > max_bytes:
@@ -264,12 +253,7 @@ class RoutedAnswer:
 
 @dataclass(frozen=True)
 class RouteCheck:
-    """Whether a router tier routes to one backend now and, when it does not, why.
-
-    It holds when the backend's registration is the tier's only admitted one, is not
-    draining and has no removal pending, and an authenticated routed chat answers 200
-    from the expected served model. True in a boolean context exactly when it holds.
-    """
+    """Whether a router tier routes to one backend now (see `Router.check_route`) and, if not, why."""
 
     tier: str
     url: str
@@ -296,11 +280,7 @@ class ResidueFile:
 
 @dataclass(frozen=True)
 class ShmMark:
-    """A shared-memory file seen held by a process of a managed container (the ledger's row).
-
-    The file is known by path and inode within one boot: /dev/shm is a tmpfs that a
-    reboot empties, so a mark of another boot never names a file present now.
-    """
+    """A shared-memory file seen held by a managed container, by path and inode within one boot."""
 
     path: str
     dev: int
@@ -329,9 +309,7 @@ class ResidueRemoval:
 
 
 DEFAULT_DRAIN_TIMEOUT_S = 300.0
-"""How long a drain waits for the answers in flight when neither the recipe (`drain_timeout_s`)
-nor the command (`--drain-timeout`) says: a long-context answer at the seeds' speeds, a
-100K-token prompt's prefill and a long answer at a few tens of tokens a second."""
+"""A drain's deadline when neither recipe nor command sets one: a 100K-token prefill and a long answer."""
 
 OnDrainTimeout = Literal["abort", "cut"]
 
@@ -342,8 +320,7 @@ class DrainPolicy:
 
     deadline_s: float = DEFAULT_DRAIN_TIMEOUT_S
     on_timeout: OnDrainTimeout = "abort"
-    """At the deadline: `abort` gives up (the transaction compensates, the serve stays
-    routed); `cut` stops the serve anyway and records how many answers it cut."""
+    """At the deadline: `abort` compensates (the serve stays routed); `cut` stops it, counting cut answers."""
 
     @classmethod
     def of(

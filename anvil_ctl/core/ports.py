@@ -1,8 +1,6 @@
-"""Ports: what the core needs from the world, as Protocols.
+"""Ports: what the core needs from the world, as Protocols (adapters implement, testing fakes them).
 
-Real implementations live in `anvil_ctl.adapters`, fakes in `anvil_ctl.testing`.
-Every implementation translates its library's exceptions into
-`anvil_ctl.core.errors` at its edge; nothing foreign crosses a port.
+Every implementation translates its library's exceptions into `anvil_ctl.core.errors`.
 """
 
 from __future__ import annotations
@@ -59,9 +57,8 @@ class ContainerRuntime(Protocol):
     def logs(
         self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
     ) -> ContainerLog:
-        """The newest `max_lines` lines (at most `max_bytes`) of the container's stdout and
-        stderr since it was created (or since the Unix time `since`), with its restart count
-        and OOM flag; NotFound if absent."""
+        """The newest lines (bounded) of stdout and stderr since creation (or since the Unix
+        time `since`), restarts, OOM; or NotFound."""
 
 
 @runtime_checkable
@@ -78,12 +75,10 @@ class Router(Protocol):
     def deregister(self, tier: str, url: str) -> None: ...
 
     def drain(self, tier: str) -> None:
-        """Stop admitting new requests to the tier's backends (quiesce); requests in flight go
-        on. New requests to the tier's aliases are answered a retryable 503 until `readmit`."""
+        """Quiesce the tier: no new admissions (a retryable 503 until `readmit`); requests in flight go on."""
 
     def in_flight(self, tier: str, url: str) -> int | None:
-        """The router's own count of requests it is passing to `url` now (None: it has no
-        count for that backend any more)."""
+        """The router's own count of requests in flight to `url` (None: it has no count for it)."""
 
     def readmit(
         self,
@@ -95,31 +90,22 @@ class Router(Protocol):
         *,
         hold: bool = False,
     ) -> None:
-        """(Re-)register the backend and return only once a routed authenticated request
-        answers 200 from expected_model and the registration holds: a removal the router
-        still had pending for the same backend cannot undo it afterwards (re-registering
-        if one lands meanwhile). Raise StepFailed at the deadline.
+        """(Re-)register the backend; return once a routed request answers 200 from expected_model
+        and the registration holds against a removal still pending. StepFailed at the deadline.
 
-        `hold`: the caller cannot rule out a removal this adapter never saw (sent by a
-        process that died, or whatever broke the route being repaired), so the
-        registration is held as if one were pending since readmission began. Without
-        it, a router with late removals holds only for removals it sent or observed."""
+        `hold`: hold as if a removal were pending, for removals this adapter never saw."""
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         """One authenticated routed chat completion to an alias."""
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
-        """Whether `tier` routes to `url` now: its registration present, the tier's only
-        admitted one, not draining and no removal pending, and a routed chat by the tier's
-        alias answering 200 from expected_model. Read-only and cheap (a listing and one
-        chat); a missing or unreachable route is a RouteCheck that does not hold, only a
-        401/403 raises (AuthRejected)."""
+        """Whether `tier` routes to `url` now: sole admitted registration, not draining, no removal
+        pending, and a routed chat answering from expected_model. Only 401/403 raises."""
 
     def ready(self) -> bool: ...
 
     def view(self, tier: str) -> JSONObject:
-        """The router's view of a tier for snapshots (JSON-able, no secrets): `router`, `tier`,
-        `ready`, and `backends` as url, aliases, observed_model, healthy, state."""
+        """The tier for snapshots (no secrets): `router`, `tier`, `ready`, and its `backends`."""
 
 
 @runtime_checkable
@@ -155,12 +141,10 @@ class ServerProbe(Protocol):
         """Whether anything accepts connections at the URL's host and port (any server)."""
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
-        """One chat of `words` one-token words (max_tokens 1): how the engine answers a
-        prompt of at least that many tokens (the context-refusal probe)."""
+        """One chat of `words` one-token words, max_tokens 1: the context-refusal probe."""
 
     def running(self, base_url: str, metric: str) -> int | None:
-        """The engine's own count of requests being answered (the Prometheus gauge `metric`
-        on GET /metrics, summed over its labels); None when it publishes no such figure."""
+        """The engine's Prometheus gauge `metric` summed over labels; None when it publishes none."""
 
 
 @runtime_checkable
@@ -256,8 +240,7 @@ class Journal(Protocol):
         owner: Owner,
         tx_id: str,
     ) -> str:
-        """Write a new transaction `tx_id` (made by `anvil_ctl.engine.entry`) in state `planned`;
-        return its ID."""
+        """Write a new transaction `tx_id` in state `planned`; return its ID."""
 
     def transition(
         self, tx_id: str, target: TxState, reason: str = "", data: Mapping[str, object] | None = None
@@ -293,12 +276,7 @@ class Journal(Protocol):
 
 
 class Progress(Protocol):
-    """What a person watching a transaction is told: its steps and its waits, as they happen.
-
-    The engine reports here and never prints; the CLI passes in its renderer (a live
-    display on a terminal, timestamped lines on a pipe, nothing with --json). Every
-    method returns at once: a renderer must not block the transaction it reports on.
-    """
+    """What a person watching a transaction is told; every method returns at once (never blocks)."""
 
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
         """A transaction of `steps` steps began running (its guards passed)."""
@@ -312,8 +290,7 @@ class Progress(Protocol):
         """The step that began last ended, after `elapsed_s`; `error` says why when not `ok`."""
 
     def waiting(self, what: str, deadline_s: float) -> None:
-        """The running step waits for `what` (health, drain, readmission, VRAM) at most
-        `deadline_s` seconds."""
+        """The running step waits for `what` at most `deadline_s` seconds."""
 
     def activity(self, text: str) -> None:
         """What the running step does now, in a few words (replaced by the next one)."""

@@ -1,16 +1,8 @@
 """Snapshots: one canonical record of the live placement, its SHA-256, and a structural diff.
 
-The same schema serves a transaction's before and after and a recheck. Only
-placement facts enter (container IDs and states, image IDs, served identities,
-GPU owners, router tiers, residue); fluctuating readings such as free MiB go to
-the transaction's step results instead, so that "the after-snapshot equals the
-recorded one" is a meaningful statement. Secrets never enter a snapshot.
-
-A diff says what happened: a subtree added (`+ path: value`), removed (`- path:
-value`) or a value replaced (`~ path: before -> after`); absence is an operation,
-never a value. It is stored as a JSON Patch (RFC 6902) with a `test` of every value
-it takes away, so that the stored patch, applied to the before-snapshot's body,
-yields the after-snapshot's body and keeps what was there.
+Only placement facts enter (fluctuating readings go to step results), so equality of
+snapshots is meaningful; no secrets. A diff is stored as a JSON Patch with a `test` of
+every value it takes away.
 """
 
 from __future__ import annotations
@@ -27,11 +19,7 @@ SCHEMA_VERSION = 1
 
 
 def normalize(value: object) -> object:
-    """Canonical form: dict keys as str, tuples as lists, sets sorted, floats rounded.
-
-    A set is sorted before its items are normalized (the same order for the scalars,
-    strings and numbers, that a set holds).
-    """
+    """Canonical form: dict keys as str, tuples as lists, sets sorted (before normalizing), floats rounded."""
     if isinstance(value, dict):
         return {str(k): normalize(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -87,11 +75,7 @@ def dotted(parts: tuple[str | int, ...]) -> str:
 
 @dataclass(frozen=True)
 class Change:
-    """One difference: `add` (only after), `remove` (only before) or `replace` (both).
-
-    Absence is the op, never a value: a value that is JSON null is None in `before`/`after`
-    of a `replace`; `before` of an `add` and `after` of a `remove` are not values at all.
-    """
+    """One difference: `add` (only after), `remove` (only before) or `replace` (both); absence is the op."""
 
     op: Literal["add", "remove", "replace"]
     parts: tuple[str | int, ...]
@@ -156,11 +140,7 @@ def _walk(a: JSONValue, b: JSONValue, parts: tuple[str | int, ...], out: list[Ch
 
 
 def diff(before: Snapshot, after: Snapshot) -> list[Change]:
-    """What changed from `before` to `after`: whole subtrees added or removed, leaves replaced.
-
-    Empty when the snapshots are equal. A key or list item present on one side only is
-    one `add` or `remove` of its whole value, never a leaf-by-leaf comparison with nothing.
-    """
+    """What changed: whole subtrees added or removed, leaves replaced; empty when equal."""
     out: list[Change] = []
     _walk(before.body, after.body, (), out)
     return out
@@ -170,12 +150,7 @@ def diff(before: Snapshot, after: Snapshot) -> list[Change]:
 
 
 def to_patch(changes: list[Change]) -> list[JSONObject]:
-    """The changes as a JSON Patch that turns the before-snapshot's body into the after's.
-
-    Every `remove` and `replace` is preceded by a `test` of the value it takes away, so the
-    stored patch keeps what was there (for `- path: value` and `~ path: before -> after`)
-    and refuses to apply to any other document.
-    """
+    """The changes as a JSON Patch, each `remove`/`replace` preceded by a `test` of what it takes away."""
     ops: list[JSONObject] = []
     for c in changes:
         if c.op != "add":

@@ -1,22 +1,10 @@
 """Steps and plans: every forward step declares its compensation beside it.
 
-A `Step` is `(name, do, undo)`. `do(ctx)` returns a JSON-able result (recorded
-in the journal right after the side effect); `undo(ctx, result)` receives that
-recorded result, or None when the process died between the step's intent and its
-result. Undos therefore observe the world before acting and must be idempotent:
-`recover` may run them after a crash, and may run them twice.
-
-A step hands what a later step needs through the plan's *memo*, a small typed
-object of named fields, never through the result dict: `remember(memo, result)`
-copies a journaled result into it. The engine calls it right after `do`, and
-`recover` calls it again for every result found in the journal, so a rebuilt
-plan sees the same memo as the process that died.
-
-Each plan names its *pivot*: the step after which the transaction's goal is
-closer forward than back. A failure or crash before the pivot compensates
-backwards; once the pivot's result is journaled, `recover` rolls forward by
-re-running the remaining steps, each of which observes before it acts.
-"""
+`do(ctx)` returns a JSON-able result, journaled right after the side effect; `undo(ctx, result)`
+gets it, or None when the process died in between, so undos observe before acting and are
+idempotent (`recover` may run them twice). A step hands what a later one needs through the
+plan's typed *memo* (`remember`, replayed by `recover` from the journal). Before the plan's
+*pivot* a failure compensates backwards; after it `recover` re-runs the remaining steps."""
 
 from __future__ import annotations
 
@@ -50,9 +38,8 @@ class NoMemo:
 class StepContext(Generic[A_co, W_co, M_co]):
     """What a step sees: the transaction, its typed arguments, the world and the memo.
 
-    `results` holds each completed do's journaled result by step name: the record
-    of what happened, which `recover` reloads. Steps read what an earlier step
-    left them from `memo`, never from `results`.
+    `results` is the journaled record `recover` reloads; steps read what an earlier step left
+    them from `memo`, never from `results`.
     """
 
     tx_id: str
@@ -101,10 +88,8 @@ class WatchEnd:
 class Plan(Generic[A_co, W_co, M_co]):
     """A transaction kind's ordered guards and steps, built from journaled arguments.
 
-    `snapshot` observes the live placement (read-only); `verify_after` may compare
-    the before and after snapshots and return problems that fail the commit; a record it
-    makes of what it compared goes to its `hold` argument, which commits it with the
-    transaction's end state (nothing acts in between).
+    `verify_after` compares the before and after snapshots and returns problems that fail
+    the commit; what it records goes to `hold`, committed with the end state.
     """
 
     kind: str
@@ -120,8 +105,7 @@ class Plan(Generic[A_co, W_co, M_co]):
     pivot: str | None = None
     """Name of the step after which recovery goes forward (None: always backwards)."""
     keeps_serving: bool = True
-    """The engine guarantees a slot serving at the start still serves at the end (never dark);
-    False only where a person asked for the slot to change (unload) or nothing is touched."""
+    """Never dark: a slot serving at the start serves at the end; False only for unload or no-ops."""
     goal: Callable[[StepContext[A_co, W_co, M_co]], list[str]] | None = None
     """Problems that keep the goal from holding after the last step (e.g. the route is gone)."""
     repair: Callable[[StepContext[A_co, W_co, M_co]], None] | None = None

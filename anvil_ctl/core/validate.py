@@ -1,14 +1,7 @@
-"""Checks of values that come from a person, a file or the environment, in one place.
+"""Checks of values that come from a person, a file or the environment, in one place. Pure.
 
-Every check returns the value (normalised where that is safe) or raises
-`ValueError` saying what was expected, phrased to follow a name: the caller (a
-pydantic validator of the host config or a recipe, a click parameter type, the
-credential reader) knows which field, flag or file the value came from and puts
-that name in front. Pure: no I/O.
-
-The bounds are generous on purpose: they exist so that a typo or a hostile value
-(`--context-tokens 10**26`, a 100,000-character approver) is refused at the edge
-with one line instead of overflowing a database integer or a terminal later.
+Each returns the value or raises `ValueError` phrased to follow the caller's field name.
+The bounds are generous: they refuse typos and hostile values at the edge in one line.
 """
 
 from __future__ import annotations
@@ -59,11 +52,8 @@ _RFC3339_TIME = re.compile(
 
 
 def unsafe_char(value: str, *, multiline: bool = False) -> str | None:
-    """The first character of `value` that must not reach a record or a terminal, or None.
-
-    Control characters (C0, DEL, C1), line and paragraph separators, bidi controls
-    and other invisible format characters (zero-width joiners, BOM) are unsafe;
-    `multiline` allows newline and tab.
+    """The first character unsafe for a record or a terminal (controls, separators, bidi, invisible
+    format characters), or None; `multiline` allows newline and tab.
     """
     for ch in value:
         if multiline and ch in "\n\t":
@@ -95,8 +85,7 @@ _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def escape_text(value: str, *, keep_newlines: bool = False) -> str:
-    """`value` safe for a terminal: each unsafe character (see `unsafe_char`, and newline and tab
-    unless `keep_newlines`) shown as an escape (`\\x1b`, `\\u202e`, `\\n`), the rest as is."""
+    """`value` with each unsafe character (and newline and tab unless `keep_newlines`) as an escape."""
     if value.isascii() and value.isprintable():
         return value  # the common case, fast
     out = []
@@ -133,11 +122,7 @@ def check_person(value: str) -> str:
 
 
 def check_token(value: str) -> str:
-    """A bearer token: 1..MAX_TOKEN printable ASCII characters, no whitespace.
-
-    Anything else could not be sent in an HTTP header as it is, and would fail
-    only when first sent (a token with a space or a newline is a paste error).
-    """
+    """A bearer token: 1..MAX_TOKEN printable ASCII characters, no whitespace (sendable in a header)."""
     if not value:
         raise ValueError("expected a non-empty token")
     if len(value) > MAX_TOKEN:
@@ -156,6 +141,13 @@ def check_int(value: int, *, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise ValueError(f"{value if abs(value) < 10**30 else 'a huge number'}: expected {lo}..{hi}")
     return value
+
+
+def parse_int(value: str, *, lo: int, hi: int) -> int:
+    """A whole number in ASCII digits alone (no sign, space or other script's digit) within [lo, hi]."""
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(f"{value[:40]!r}: expected a whole number in the digits 0-9")
+    return check_int(int(value) if len(value) <= 30 else 10**30, lo=lo, hi=hi)
 
 
 def check_duration(value: float, *, hi: float = MAX_DURATION_S) -> float:

@@ -1,10 +1,4 @@
-"""The waiver value type: an attributed, scoped, expiring exception to one policy value.
-
-It lives in the core because three layers exchange it: `anvil_ctl.gpu.waiver_policy`
-judges with it, `anvil_ctl.persistence.waiver_rows` stores it, and commands create
-it. What a waiver reclassifies, and which value is in force, is
-`anvil_ctl.gpu.waiver_policy`'s business.
-"""
+"""The waiver value type: an attributed, scoped, expiring exception to one policy value."""
 
 from __future__ import annotations
 
@@ -20,9 +14,8 @@ VRAM_RESERVE = "vram-reserve"
 """The VRAM reserve policy: MiB each card keeps free after the workload."""
 
 GATE = "gate"
-"""The functional-gate policy: each gate of a profile is required (1). A waiver sets it to 0
-(not required) for the named gates of one recipe: their failure no longer fails the
-decision, and is still recorded and shown."""
+"""The functional-gate policy: a gate is required (1); a waiver sets 0 for named gates of one
+recipe, whose failure is still recorded but no longer fails the decision."""
 
 POLICIES = (VRAM_RESERVE, GATE)
 

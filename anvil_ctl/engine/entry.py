@@ -10,7 +10,7 @@ plan runs, and its end state commits together with the row's release. The OS loc
 released on every way out; the row is kept only when the process failed mid-transaction,
 so that the next mutator is refused until `recover` has finished what was left.
 
-A transaction whose end asks for another (a watched promote's rollback, `Outcome.then`)
+A transaction whose end asks for another (a watched promote's rollback, `Outcome.follow_up`)
 is followed by it here, through this same door, without letting go of the OS lock: no
 other mutator runs between the two. The follow-up's ID is minted here too, before the end
 state that names it is written, so each record points at the other.
@@ -77,8 +77,8 @@ def run(
         engine = TransactionEngine(world.store, owner, faults=faults, mint=_mint)
         outcome = engine.run(plan, world, tx_id)
         engine.commit(lock.release_row if lock is not None else None)  # with the end state
-        if outcome.then is not None:
-            outcome.followed_by = _follow(world, owner, outcome.then, faults, lock)
+        if outcome.follow_up is not None:
+            outcome.followed_by = _follow(world, owner, outcome.follow_up, faults, lock)
     except BaseException as exc:
         if lock is not None and held is None:  # a held lock is its holder's to release
             lock.release_after(exc)
@@ -110,7 +110,7 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
                 continue
             release_row(world.store, dead.id, how="recovered", by=f"recover pid {owner.pid}")
             report.released_locks.append(dead.as_dict())
-        for then in report.then:
+        for then in report.follow_ups:
             lock.release_row()  # the OS lock stays held: the follow-up claims a row of its own
             after = _follow(world, owner, then, faults, lock)
             report.recovered.append(

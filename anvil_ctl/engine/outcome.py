@@ -42,13 +42,18 @@ class Outcome:
     drain_refused: bool = False
     """A drain met its deadline with answers in flight and refused to cut them: the
     transaction compensated, and exits 3 (refused) rather than 4."""
-    then: FollowUp | None = None
-    """What the end state asks to run next (a watch's rollback), run by the entry."""
+    then: Outcome | None = None
+    """The transaction the same command ran right after this one committed (`load
+    --promote`: the promotion); its exit code is the command's."""
+    follow_up: FollowUp | None = None
+    """What the end state asks the entry to run next under the same lock (a watch's rollback)."""
     followed_by: Outcome | None = None
     """What that follow-up did."""
 
     @property
     def exit_code(self) -> int:
+        if self.then is not None:
+            return self.then.exit_code
         if self.drain_refused and self.state is TxState.COMPENSATED:
             return int(ExitCode.REFUSED)
         after = self.followed_by
@@ -70,4 +75,5 @@ class Outcome:
             "changes": [c.as_dict() for c in self.changes],
             "results": self.results,
             "followed_by": self.followed_by.as_dict() if self.followed_by else None,
+            **({"then": self.then.as_dict()} if self.then is not None else {}),
         }

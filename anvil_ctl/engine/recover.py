@@ -7,7 +7,7 @@ journaled as done are not run again, so a second run finds nothing to do; readmi
 A watched promote whose owner died while `watching` is past its pivot: recovery runs it
 forward, so the watch goes on for what is left of its declared duration (at least one
 sample) against the limits journaled with it, and ends as a live watch does (`committed`, or
-`rolled_back` with its rollback in `RecoverReport.then`, which the entry runs). It resumes
+`rolled_back` with its rollback in `RecoverReport.follow_ups`, which the entry runs). It resumes
 rather than rolls back because the controller's death says nothing about the serve: the
 serve's own samples decide, and the retained incumbent waits either way.
 """
@@ -42,7 +42,7 @@ class RecoverReport:
     recovered: list[JSONObject] = field(default_factory=list)
     skipped: list[JSONObject] = field(default_factory=list)
     released_locks: list[JSONObject] = field(default_factory=list)
-    then: list[FollowUp] = field(default_factory=list)
+    follow_ups: list[FollowUp] = field(default_factory=list)
     """What recovered transactions asked to run next (a resumed watch's rollback), for the entry."""
 
     @property
@@ -115,7 +115,7 @@ def recover_unfinished(
             found, then = _recover_one(journal, engine, rec, kinds, world)
             report.recovered.append(found)
             if then is not None:
-                report.then.append(then)
+                report.follow_ups.append(then)
         except Exception as exc:
             log.error("recover failed", tx_id=rec.id, error=str(exc))
             why = f"recover could not finish it: {type(exc).__name__}: {exc}"
@@ -192,4 +192,4 @@ def _recover_one(
         "undone": list(_undone(journal.step_events(rec.id))[undone_before:]),
         "reason": outcome.reason,
     }
-    return found, outcome.then
+    return found, outcome.follow_up

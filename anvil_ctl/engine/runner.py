@@ -307,9 +307,9 @@ class TransactionEngine:
         reason, data = end.reason, end.data
         kind = getattr(end.then, "kind", None)
         if end.then is not None and self.mint is not None and isinstance(kind, str):
-            outcome.then = FollowUp(end.then, self.mint())
-            reason += f" (then {kind} {outcome.then.tx_id})"
-            data = {**data, "followed_by": {"kind": kind, "tx_id": outcome.then.tx_id}}
+            outcome.follow_up = FollowUp(end.then, self.mint())
+            reason += f" (then {kind} {outcome.follow_up.tx_id})"
+            data = {**data, "followed_by": {"kind": kind, "tx_id": outcome.follow_up.tx_id}}
         self._transition(ctx, TxState.ROLLED_BACK, reason, data)
         log.warning("watch ended the transaction", tx_id=ctx.tx_id, reason=reason)
         outcome.state, outcome.reason = TxState.ROLLED_BACK, reason

@@ -1,10 +1,7 @@
-"""Role names for GPUs, pinned to UUIDs, never to runtime indexes (no pydantic needed here).
+"""Role names for GPUs, pinned to UUIDs, never to runtime indexes.
 
-Order: largest card first; cards of equal capacity by canonical (lower-case)
-UUID, so that a change of CUDA/NVML enumeration order can never swap two roles.
-Names are `compute-a`, `compute-b`, ... in that order; an override maps a UUID
-to a name of the operator's choosing and takes that card out of the sequence.
-`anvil_ctl.gpu.roles` turns the result into host-config roles.
+Largest card first, equal ones by lower-case UUID, so a change of enumeration order can never
+swap two roles; an override names a UUID and takes it out of the `compute-a`, ... sequence.
 """
 
 from __future__ import annotations
@@ -35,10 +32,8 @@ def role_order(readings: Sequence[GpuReading]) -> list[GpuReading]:
 def assign_role_names(
     readings: Sequence[GpuReading], overrides: Mapping[str, str] | None = None
 ) -> dict[str, GpuReading]:
-    """Role name -> reading, in role order; `overrides` maps a GPU UUID (any case) to a name.
-
-    Raises ConfigError for two readings of one UUID, an override naming a GPU
-    that is not present, or two GPUs given one name.
+    """Role name -> reading, in role order; ConfigError for a repeated UUID, an override of an absent
+    GPU, or two GPUs given one name.
     """
     by_uuid = {r.uuid.lower(): r for r in readings}
     if len(by_uuid) != len(readings):

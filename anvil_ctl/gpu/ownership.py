@@ -1,15 +1,7 @@
-"""GPU ownership rules: may a start take these roles, given who owns what now?
+"""GPU ownership rules: may a start take these roles, given who owns what now? Pure.
 
-Two modes. `exclusive`: one serve (a TP=2 serve over both cards, say) owns its
-roles and the host's GPUs with them; while it owns them every other GPU start
-is refused, and it can itself start only when no other serve owns any role.
-`split`: one serve per role; a start is refused when any role it asks for has
-an owner. A process on a requested card that belongs to no known owner (found
-by NVML) refuses the start too, because its memory is not ours to count on.
-
-The serve being replaced (the incumbent `load` stops first) does not compete:
-pass its container ID in `replacing`. Pure: the ledger itself lives in the state
-database; this module only judges.
+`exclusive`: one serve owns the host's GPUs; `split`: one serve per role. An unknown process on
+a requested card refuses the start too. The serve being replaced (`replacing`) does not compete.
 """
 
 from __future__ import annotations
@@ -80,11 +72,7 @@ def unknown_processes(
     role_uuids: Mapping[str, str],
     known_pids: Collection[int],
 ) -> dict[str, tuple[GpuProcess, ...]]:
-    """Role -> compute processes on its card whose PID belongs to no known owner.
-
-    `known_pids` are the host PIDs of the owners' containers (and of whatever
-    the caller tolerates); roles without such processes are left out.
-    """
+    """Role -> compute processes on its card whose PID is not in `known_pids` (roles without any omitted)."""
     by_uuid = {r.uuid.lower(): r for r in readings}
     found: dict[str, tuple[GpuProcess, ...]] = {}
     for role, uuid in sorted(role_uuids.items()):
@@ -104,12 +92,7 @@ def check_start(
     unknown: Mapping[str, Sequence[GpuProcess]] | None = None,
     replacing: Collection[str] = (),
 ) -> OwnershipRefusal | None:
-    """None when a start of `roles` in `mode` may proceed, else the refusal naming the owner.
-
-    `owners`: the ledger (role -> owner); `unknown`: role -> processes found by
-    NVML that belong to no known owner; `replacing`: container IDs that this
-    transaction stops before it starts, whose ownership therefore does not count.
-    """
+    """None when a start of `roles` in `mode` may proceed, else the refusal naming the owner."""
     if mode not in MODES:
         raise BadInput(f"ownership mode {mode!r}: expected one of {MODES}", field="mode")
     current = {role: o for role, o in owners.items() if o.container_id not in replacing}

@@ -1,10 +1,7 @@
 """The VRAM-release gate: after stopping a serve, wait until NVML shows its memory freed.
 
-A stopped container's memory is not free when `docker stop` returns: the driver
-releases it when the last process of the CUDA context exits, and an engine's
-workers can linger. Starting the next serve before that is how two serves end
-up fighting for one card, so `load` and `rollback` wait here, with a deadline,
-until every card of the next serve shows `free >= need + reserve`.
+The driver frees a context's memory only when its last process exits, after `docker stop`
+returns; starting the next serve before that makes two serves fight for one card.
 """
 
 from __future__ import annotations
@@ -48,18 +45,10 @@ def wait_for_vram_release(
     poll_s: float = 1.0,
     first_poll_s: float | None = None,
 ) -> JSONObject:
-    """Poll until every role's card has `free >= need + reserve`; return the readings.
+    """Poll until every role's card has `free >= need + reserve`; return the readings as a step record.
 
-    Polls are `poll_s` apart, or start `first_poll_s` apart and grow by a quarter each
-    up to `poll_s`.
-
-    `uuids`: role -> GPU UUID of the cards the next serve will use; `need_mib`
-    and `reserve_mib`: per card, one figure for all roles or role -> MiB. The
-    result (a JSON-able dict for the transaction's step record) holds `before`
-    and `after` readings per UUID, `required_free_mib` per UUID, `waited_s`
-    and `polls`. At the deadline, or at once if a card is missing or its
-    capacity can never meet the requirement, raises StepFailed carrying the
-    same dict in its data.
+    Polls start `first_poll_s` apart and grow by a quarter up to `poll_s`. At the deadline, or at
+    once when a card is missing or too small, raise StepFailed carrying the same record.
     """
 
     def per_role(value: int | Mapping[str, int], role: str) -> int:

@@ -1,9 +1,7 @@
-"""The VRAM reserve policy gate: free MiB per card after a workload vs the reserve in force.
+"""The VRAM reserve policy gate: after the workload each card must keep the reserve free.
 
-The seeds' rule: after the complete workload each card of the serve must keep
-at least the reserve free (3,072 MiB by default). The boundary passes: a card
-with exactly the reserve free meets it. A card the probe did not report fails,
-with the reading left empty, because an unobserved reserve is not a kept one.
+Exactly the reserve free passes; a card the probe did not report fails (an unobserved reserve
+is not a kept one).
 """
 
 from __future__ import annotations
@@ -109,10 +107,7 @@ class ReserveResult:
 
 
 class VramReserveGate:
-    """Passes when every card of the serve keeps at least its reserve free (free >= reserve).
-
-    `reserve_mib`: role -> reserve in force (after waivers); `uuids`: role -> GPU UUID.
-    """
+    """Passes when every card keeps at least its reserve (role -> MiB, after waivers) free."""
 
     name = POLICY
 

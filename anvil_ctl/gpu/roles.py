@@ -1,8 +1,4 @@
-"""GPU roles for the host config: detected from NVML readings, rendered as `[gpu_roles.*]`.
-
-Naming and order are `anvil_ctl.gpu.naming`'s (largest first, then canonical
-UUID); this module turns them into `anvil_ctl.config.host.GpuRole` values and TOML.
-"""
+"""GPU roles for the host config, named by `anvil_ctl.gpu.naming`, rendered as `[gpu_roles.*]`."""
 
 from __future__ import annotations
 
@@ -23,11 +19,8 @@ _BARE_KEY = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 def detect_roles(
     readings: Sequence[GpuReading], overrides: Mapping[str, str] | None = None
 ) -> dict[str, GpuRole]:
-    """Name every GPU; `overrides` maps a GPU UUID (any case) to a role name.
-
-    Raises ConfigError for an override naming a GPU that is not present, two
-    cards given one name, a name that is not a valid role name, or a UUID that
-    is not a whole-GPU UUID (a MIG instance cannot be a role).
+    """Name every GPU (`overrides`: UUID -> role name); ConfigError for an absent or MIG UUID, or a
+    repeated or invalid name.
     """
     for name in (overrides or {}).values():
         if not NAME_RE.match(name):

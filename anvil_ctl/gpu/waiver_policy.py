@@ -1,17 +1,8 @@
-"""Waivers: attributed, scoped, expiring exceptions to one policy value, and what they reclassify.
+"""Waiver policy: which waiver is in force, and the decisions it reclassifies.
 
-A waiver changes one policy value for a scope: `vram-reserve` (MiB per card) for a
-set of GPU roles or one recipe digest; `gate` (a functional gate is required: 1, or
-not: 0) for named gates of one recipe digest. It is active from `created_at`
-until `expires_at` (exclusive) or `revoked_at`, whichever comes first, so the
-question "was it in force at time T" has one answer forever. When several
-active waivers apply, the most recently created wins: a later operator
-decision supersedes an earlier one.
-
-A decision computed under a waiver is a new record pointing at the decision it
-reclassifies and at the same evidence; the original is never changed.
-
-The `Waiver` value type itself is `anvil_ctl.core.waiver`'s (the store keeps it too).
+A waiver is active from `created_at` until `expires_at` (exclusive) or `revoked_at`; among
+active ones the newest wins. A reclassification is a new decision pointing at the old one and
+its evidence; nothing is rewritten.
 """
 
 from __future__ import annotations
@@ -171,12 +162,8 @@ def reclassify(
 ) -> Decision:
     """A NEW decision re-judging the same evidence under the waivers active at `now`.
 
-    Reserve results are re-judged with each card's threshold replaced by the
-    value in force (their recorded threshold is the policy default); a failed gate
-    that an active gate waiver of this recipe names is judged waived; other gate
-    results stand as recorded. The new decision points at `decision` and at its
-    evidence; `decision` and `results` are not changed. Its ID is a digest of
-    what it says, so reclassifying twice under the same waivers gives one ID.
+    Reserve results are judged against the reserve in force, failed gates a gate waiver names are
+    waived, the rest stand; its ID is a digest of what it says (idempotent).
     """
     waivers = list(waivers)
     used: set[str] = set()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from sqlalchemy import select
 
@@ -82,21 +82,11 @@ def release_roles(store: Store, roles: Sequence[str], *, container_id: str, tx_i
 
 def gpu_owners(store: Store) -> dict[str, OwnerRecord]:
     """role -> {container_id, tx_id, mode, slot, since} for roles whose latest event is a claim."""
-    out: dict[str, OwnerRecord] = {}
+    c = GpuOwnerCurrent
+    q = select(c.role, c.container_id, c.tx_id, c.mode, c.slot, c.since).where(c.host_id == store.host)
     with store.read() as s:
-        for r in s.execute(
-            select(GpuOwnerCurrent)
-            .where(GpuOwnerCurrent.host_id == store.host)
-            .order_by(GpuOwnerCurrent.role)
-        ).scalars():
-            out[r.role] = {
-                "container_id": r.container_id,
-                "tx_id": r.tx_id,
-                "mode": r.mode,
-                "slot": r.slot,
-                "since": r.since,
-            }
-    return out
+        rows = s.execute(q.order_by(c.role)).mappings()
+        return {r["role"]: cast(OwnerRecord, {k: v for k, v in r.items() if k != "role"}) for r in rows}
 
 
 def transaction_events(store: Store, tx_id: str) -> list[OwnershipEvent]:

@@ -104,22 +104,17 @@ def newest_committed(s: Session, host: int, slot: str) -> tuple[str, str] | None
 def on_identity(s: Session, row: IdentityRow) -> None:
     """An identity was recorded: the latest of its (slot, role); an incumbent recorded for a
     committed transaction moves that transaction's serving interval to it."""
-    host = row.host_id
-    cur = s.get(IdentityCurrent, (host, row.slot, row.role))
-    if cur is None:
-        s.add(
-            IdentityCurrent(
-                host_id=host,
-                slot=row.slot,
-                role=row.role,
-                identity_id=row.id,
-                container_id=row.container_id,
-                digest=row.digest,
-                at=row.at,
-            )
+    s.merge(  # by its key: the row of (host, slot, role) is added or updated
+        IdentityCurrent(
+            host_id=row.host_id,
+            slot=row.slot,
+            role=row.role,
+            identity_id=row.id,
+            container_id=row.container_id,
+            digest=row.digest,
+            at=row.at,
         )
-    else:
-        cur.identity_id, cur.container_id, cur.digest, cur.at = row.id, row.container_id, row.digest, row.at
+    )
     if row.role == INCUMBENT and row.tx_id is not None:
         tx = s.get(TxCurrent, row.tx_id)
         if tx is not None and tx.state == COMMITTED:
@@ -128,28 +123,23 @@ def on_identity(s: Session, row: IdentityRow) -> None:
 
 def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
     """A claim makes its container the role's owner; a release leaves the role unowned."""
-    host = row.host_id
-    cur = s.get(GpuOwnerCurrent, (host, row.role))
     if row.event != "claim":
+        cur = s.get(GpuOwnerCurrent, (row.host_id, row.role))
         if cur is not None:
             s.delete(cur)
         return
-    if cur is None:
-        s.add(
-            GpuOwnerCurrent(
-                host_id=host,
-                role=row.role,
-                event_id=row.id,
-                container_id=row.container_id,
-                tx_id=row.tx_id,
-                mode=row.mode,
-                slot=row.slot,
-                since=row.at,
-            )
+    s.merge(
+        GpuOwnerCurrent(
+            host_id=row.host_id,
+            role=row.role,
+            event_id=row.id,
+            container_id=row.container_id,
+            tx_id=row.tx_id,
+            mode=row.mode,
+            slot=row.slot,
+            since=row.at,
         )
-    else:
-        cur.event_id, cur.container_id, cur.tx_id = row.id, row.container_id, row.tx_id
-        cur.mode, cur.slot, cur.since = row.mode, row.slot, row.at
+    )
 
 
 def on_lock(s: Session, row: LockRow) -> None:

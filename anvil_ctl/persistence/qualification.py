@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Sequence
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 from sqlalchemy import select
 
@@ -71,23 +71,13 @@ def record_evidence(store: Store, tx_id: str, gates: Iterable[GateEvidence]) -> 
 
 def evidence(store: Store, tx_id: str) -> list[EvidenceRecord]:
     """The gates one qualify transaction recorded, in order."""
+    e = EvidenceRow
+    q = select(
+        e.gate, e.kind, e.passed, e.classification, e.artifact_path.label("artifact"), e.sha256, e.size, e.at
+    )
     with store.read() as s:
-        rows = s.execute(
-            select(EvidenceRow).where(EvidenceRow.tx_id == tx_id).order_by(EvidenceRow.id)
-        ).scalars()
-        return [
-            {
-                "gate": r.gate,
-                "kind": r.kind,
-                "passed": bool(r.passed),
-                "classification": r.classification,
-                "artifact": r.artifact_path,
-                "sha256": r.sha256,
-                "size": r.size,
-                "at": r.at,
-            }
-            for r in rows
-        ]
+        rows = s.execute(q.where(e.tx_id == tx_id).order_by(e.id)).mappings()
+        return [cast(EvidenceRecord, {**r, "passed": bool(r["passed"])}) for r in rows]
 
 
 # -- manifests ---------------------------------------------------------------------------------

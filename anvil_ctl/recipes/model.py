@@ -1,8 +1,7 @@
 """The recipe model: one pinned, validated serve, read from its TOML file, and its digest.
 
-A recipe pins the model (`repo@<40-hex revision>`) and the image (repo digest or
-local image ID; a tag is refused). Values its sources do not give stay absent and
-are listed in `unknown`; a recipe with any `unknown` entry is not runnable.
+Values its sources do not give are never invented: they stay absent and are listed in
+`unknown`, which makes the recipe not runnable. The digest covers content, not location.
 """
 
 from __future__ import annotations
@@ -257,8 +256,7 @@ class Recipe(Strict):
 
     @property
     def profile_of_engine(self) -> EngineProfile:
-        """The engine profile: `engine_profile`, else the one named like `engine`, else the
-        OpenAI-compatible assumptions."""
+        """`engine_profile`, else the profile named like `engine`, else the OpenAI-compatible one."""
         if self.engine_profile:
             return ENGINE_PROFILES[self.engine_profile]
         return engine_profile(self.engine)
@@ -307,10 +305,8 @@ def load_recipe(path: Path) -> Recipe:
 def recipe_digest(recipe: Recipe) -> str:
     """SHA-256 of the recipe's canonical JSON; what `io.anvil.recipe-digest` carries.
 
-    Fields added later (`vram_need_mib`, `source`, the engine profile's fields) enter only
-    when set, so that recipes written before them keep the digest their decisions and
-    waivers were bound to. `health_path` defaulted to "/health" before engine profiles and
-    always entered: a recipe whose path is "/health" through its profile enters it still.
+    Optional fields enter only when set, so that a recipe without them keeps the digest its
+    decisions and waivers are bound to (`health_path` "/health" always enters).
     """
     data = recipe.model_dump(mode="json")
     if data.get("health_path") is None and recipe.effective_health_path == "/health":

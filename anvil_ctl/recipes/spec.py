@@ -1,8 +1,4 @@
-"""The container spec `load` creates for a recipe in a slot, and the checks before it.
-
-Pure: nothing here touches the host. Relative mount sources resolve against the
-recipe's directory (`anvil_ctl.places.recipe_base`) only here, when a spec is made.
-"""
+"""The container spec `load` creates for a recipe in a slot, and the checks before it. Pure."""
 
 from __future__ import annotations
 
@@ -100,10 +96,8 @@ def container_spec(
     recipe_path: Path,
     tx_id: str | None = None,
 ) -> ContainerSpec:
-    """Exactly the container `load` creates for this recipe in this slot; touches nothing.
-
-    Without `tx_id` the spec names no transaction yet: `load` labels it and appends the
-    transaction's short ID to its name when it creates the container."""
+    """Exactly the container `load` creates for this recipe in this slot; without `tx_id` the spec
+    names no transaction yet (`load` labels it and suffixes its name when creating it)."""
     check_fits_slot(recipe, slot)
     labels = {
         LABEL_MANAGED: "true",
@@ -137,8 +131,7 @@ def container_spec(
 
 
 def model_cache_mount(recipe: Recipe, host_config: HostConfig) -> Mount:
-    """The model's repository folder in the host's model cache, read-only at `model_mount`:
-    the directory `load` verifies is the directory the engine reads."""
+    """The model's repository folder in the host's cache, read-only at `model_mount`."""
     if recipe.model_mount is None or recipe.model_repo is None:
         raise RecipeError(f"recipe {recipe.name}: model_mount: needs a model", field="model_mount")
     if host_config.model_cache_dir is None:

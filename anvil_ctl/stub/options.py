@@ -1,11 +1,7 @@
 """The stub engine's options: command-line flags, each with an `ANVIL_STUB_<OPTION>` env twin.
 
-Every field of `StubOptions` is the flag of its name (`served_model`: `--served-model`)
-except the repeatable ones (`REPEATED`) and the GPUs, which come from
-`NVIDIA_VISIBLE_DEVICES` as a real engine's do. Flags win over env. Booleans in env
-accept 1/true/yes/on; a repeatable flag's env twin is a comma-separated list, except
-`ANVIL_STUB_LOG_LINE`'s, one line per item (a log line may hold commas). `--late-fault`
-schedules a fault from its onset on (`anvil_ctl.stub.schedule`).
+Flags win over env; a repeatable flag's env twin is comma-separated (`ANVIL_STUB_LOG_LINE`'s one
+line per item); the GPUs come from `NVIDIA_VISIBLE_DEVICES` as a real engine's do.
 """
 
 from __future__ import annotations

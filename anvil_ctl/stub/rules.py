@@ -1,10 +1,4 @@
-"""What the stub answers and what it costs: prompt parsing, answer rules, token accounting.
-
-Pure functions, no I/O. The rules are those of docs/CONTRACTS.md ("Stub answer
-rules"), applied to the last message, first match wins. Tokens are 4 characters of
-output text; prompt tokens are one per 4 bytes of the concatenated message text
-(rounded up) plus 8 per message and 256 per image.
-"""
+"""What the stub answers and what it costs (docs/CONTRACTS.md), as pure functions."""
 
 from __future__ import annotations
 

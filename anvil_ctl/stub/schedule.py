@@ -1,8 +1,5 @@
-"""Faults that start late: after N completions or T seconds, for tests of a watched serve.
-
-A serve that degrades after its promotion is what a watch must catch, so each fault here
-is healthy until its onset. Spelled `KIND[:VALUE]@ONSET`, where ONSET is `N` (the fault
-applies from the (N+1)th completion on) or `Ts` (T seconds after the stub started):
+"""Faults that start late (`KIND[:VALUE]@ONSET`, ONSET `N` completions or `Ts` seconds): a serve
+that degrades after its promotion is what a watch must catch. Standard library only.
 
 | kind | VALUE | from its onset |
 |---|---|---|
@@ -12,8 +9,6 @@ applies from the (N+1)th completion on) or `Ts` (T seconds after the stub starte
 | `truncate-stream` | - | streamed completions stop halfway: no finish_reason, no `[DONE]` |
 | `fatal-log` | - | one fatal line on stderr (`anvil-stub: fatal: ...`, the log audit's pattern) |
 | `exit` | - | the engine exits with status 1, as a crash (after its Nth completion, or at T) |
-
-Standard library only: the stub runs in containers that hold the stub package alone.
 """
 
 from __future__ import annotations

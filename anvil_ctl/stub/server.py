@@ -1,24 +1,9 @@
 """The stub engine's HTTP server: endpoints, SSE streaming, simulated timing, faults, VRAM.
 
-Timing gives measurements a ground truth: token i (0-based) of a completion is
-emitted at t0 + prompt_tokens/prefill_tps + i/decode_tps, where t0 is when the
-request body was read. The schedule is absolute (time.monotonic), so sleeps that
-overshoot do not accumulate and measured rates stay within 1% of the configured
-ones. A rate of 0 means "instant".
-
-The server runs in a background thread; the main thread waits for SIGTERM/SIGINT
-(or --exit-after) and then stops the way vLLM and SGLang do on SIGTERM: it admits no
-new completion (503) and lets those in flight finish, at most `--stop-timeout`
-seconds, before it exits. `GET /metrics` publishes the completions in flight as a
-Prometheus gauge (`stub:num_requests_running`), as vLLM publishes
-`vllm:num_requests_running`: the controller's drain reads it.
-
-Log knobs for the log audit: `--log-line` lines are printed to stderr once
-`--log-after` completions have finished (0: at start); `--restart-after N` makes the
-engine restart inside its container after N completions, once, the way a supervised
-engine does: it prints that it restarts, re-executes itself and prints its start
-banner again. `--late-fault` schedules faults that begin after N completions or T
-seconds (`anvil_ctl.stub.schedule`).
+Token i of a completion is due at t0 + prompt_tokens/prefill_tps + i/decode_tps on an
+absolute schedule, so measurements have a ground truth. On SIGTERM it stops as vLLM and
+SGLang do: no new completion (503), those in flight finish within `--stop-timeout`.
+`GET /metrics` publishes the completions in flight (`stub:num_requests_running`) for drains.
 """
 
 from __future__ import annotations
@@ -360,11 +345,7 @@ def make_server(
 
 
 def hold_shm_files(options: StubOptions) -> list[IO[bytes]]:
-    """Create each --shm-file in --shm-dir (4 KiB) and keep it open while the stub runs.
-
-    The stub never unlinks them: it behaves like an engine killed before its cleanup,
-    which leaves its segments in /dev/shm for the controller to find as residue.
-    """
+    """Create each --shm-file (4 KiB) in --shm-dir and keep it open, never unlinked: residue to be found."""
     held: list[IO[bytes]] = []
     for name in options.shm_files:
         fh = open(os.path.join(options.shm_dir, name), "w+b")  # noqa: SIM115 - held until exit

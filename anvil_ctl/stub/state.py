@@ -1,10 +1,4 @@
-"""The stub's shared state (counters, knobs, measured timings) and the pacing of its tokens.
-
-`StubState` holds one stub process's counters behind a lock and decides when
---exit-after, --restart-after and a late `exit` fault end it (and when a late `fatal-log`
-prints); `Pacer` sleeps until each token's absolute
-due time and notes what the completion really took.
-"""
+"""The stub's shared state (counters, knobs, measured timings) and the pacing of its tokens."""
 
 from __future__ import annotations
 
@@ -131,11 +125,7 @@ class StubState:
 
 
 class Pacer:
-    """Sleeps until each token's absolute due time, and notes when the first and last went out.
-
-    The notes are the measured ground truth (`GET /anvil/sim/timings`): on a loaded host
-    sleeps overshoot, and what the stub really emitted is what a client can measure.
-    """
+    """Sleeps until each token's absolute due time, noting when the first and last really went out."""
 
     def __init__(
         self, options: StubOptions, prompt_tokens: int, t0: float, late: Effects | None = None

@@ -1,26 +1,11 @@
-"""GPU fakes for unit tests: an in-memory probe and a clock that does not wait.
-
-`FakeGpuProbe` holds readings you set; it can change them after a number of
-polls, which is how a test makes VRAM "get released" while a gate waits.
-`ManualClock` is a Clock whose sleep advances time instead of waiting. (The
-simulated GPUs of `ANVIL_GPU=simulated` are an adapter:
-`anvil_ctl.adapters.simulated_gpu`.)
-"""
+"""GPU fakes for unit tests: a probe whose readings change after polls, and a clock that never waits."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from anvil_ctl.core.model import LABEL_PREFIX, GpuProcess, GpuReading
-from anvil_ctl.log import get_logger
-
-log = get_logger()
-
-LABEL_PORT = LABEL_PREFIX + "port"
-LABEL_BINDING = LABEL_PREFIX + "binding"
-LABEL_GPUS = LABEL_PREFIX + "gpus"
-SIM_VRAM_PATH = "/anvil/sim/vram"
+from anvil_ctl.core.model import GpuProcess, GpuReading
 
 
 class ManualClock:

@@ -36,9 +36,8 @@ class FakeGpus:
 class FakeSharedMemory:
     """SharedMemory over the fake world's `residue` list, with the real adapter's rule.
 
-    An entry is `{"path", "size"}` plus, optionally, `"pids"` (processes of managed
-    containers holding it: ours, in use, not residue yet) and `"ours": false` (another
-    program's file, e.g. a database's segment: never reported, never removed).
+    An entry is `{"path", "size"}`, optionally `"pids"` (held: not residue yet) and `"ours": false`
+    (another program's file: never reported, never removed).
     """
 
     def __init__(self, world: FakeWorld) -> None:

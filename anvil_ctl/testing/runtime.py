@@ -1,9 +1,4 @@
-"""Fake container runtime and engine probe over the fake world.
-
-A fake container serves its `served_model` while running (FAKE_SERVED_MODEL of its
-env, else the served model its recipe labels it with, at the binding label: so a
-real recipe loads on the fake backend).
-"""
+"""Fake container runtime and engine probe over the fake world."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The fake host's world: one JSON file guarded by an flock, and its failure knobs.
+"""The fake host's world: one JSON file (`WorldDoc`) guarded by an flock, shared by processes.
 
-Several processes (a transaction SIGKILLed mid-step and the `recover` that follows
-it) see the same host. `hang` makes one operation block after its side effect
-until the knob is cleared; `fail` makes one raise StepFailed (a number of times).
-The file's shape is `WorldDoc`; only these fakes (and tests, through `edit`) write it.
+Failure knobs: `hang` blocks one operation after its side effect until cleared; `fail` makes
+one raise StepFailed (a number of times).
 """
 
 from __future__ import annotations

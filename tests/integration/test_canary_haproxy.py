@@ -4,10 +4,13 @@ The campaign host's incumbent serves `llm.primary` from slot `primary` (127.0.0.
 second slot of the same tier, `primary-b` (127.0.0.1:8002), holds the loaded, verified
 candidate: a CPU stub, so the two fit together. While the canary runs, a client of the router
 sends a chat every 0.3 s. A healthy canary steps 10, 50, 100 % and commits as a promote
-does; a candidate whose stub answers 500 from its fourth completion on breaches at 50 %
-(one round per step, a breach is one failing round), and every request returns to the
-incumbent: the only failed answers the client saw are the candidate's injected faults. On
-smg, which cannot weigh, the canary is refused before anything changes.
+does, and a rollback of the old incumbent's slot brings it back. A candidate whose stub
+answers 500 from its fourth completion on breaches at 50 % (one round per step, a breach is
+one failing round), and every request returns to the incumbent: the only failed answers the
+client saw are the candidate's injected faults. A process killed in the middle of a step
+leaves the weights as they were; `recover` compensates: every request to the incumbent, the
+candidate stopped. On smg, which cannot weigh, and for two serves that do not fit the cards
+together, the canary is refused before anything changes.
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ max = 0
 metric = "ttft_p95_s"
 max_ratio = 20
 """
+
+
+def gpu_candidate_recipe(recipes: Path) -> None:
+    """stub-393k-c1 (94,536 MiB per card on compute-a and compute-b) at slot primary-b's binding."""
+    src = (REPO / "recipes" / "stub-393k-c1.toml").read_text()
+    src = src.replace('name = "stub-393k-c1"', 'name = "canary-gpu"')
+    src = src.replace("port = 8001", "port = 8002").replace('"--port", "8001"', '"--port", "8002"')
+    src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    (recipes / "canary-gpu.toml").write_text(src)
 
 
 def candidate_recipe(recipes: Path, extra_args: tuple[str, ...]) -> None:
@@ -203,6 +215,13 @@ def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair)
     assert rollback is not None and rollback.container_id == incumbent.container_id
     assert not running(incumbent.container_id) and running(candidate.container_id)
 
+    # The way back: a rollback of the old incumbent's slot drains and stops the candidate.
+    back = pair.run("rollback", "--slot", "primary")
+    assert (back["_exit"], back["state"]) == (0, "committed"), back
+    assert back["results"]["stop-current"]["container_id"] == candidate.container_id
+    assert weights(pair) == {INCUMBENT_URL: ("UP", 1)}
+    assert running(incumbent.container_id) and not running(candidate.container_id)
+
 
 @pytest.mark.parametrize("pair", [("haproxy", ("--late-fault", "http-500@3"))], indirect=True)
 def test_a_fault_at_the_second_step_returns_every_request_to_the_incumbent(pair: Pair) -> None:
@@ -226,8 +245,8 @@ def test_a_fault_at_the_second_step_returns_every_request_to_the_incumbent(pair:
     assert not running(candidate.container_id) and running(incumbent.container_id)
     assert pair.host.app().store.current_identity("primary", "incumbent") == incumbent
     # The client saw no failure but the candidate's injected faults; then the incumbent alone.
-    failed = [a[2] for a in answers if a[2]]
-    assert all("injected fault (http-500)" in (e or "") for e in failed), failed
+    failed = [(round(a[0] - after, 2), a[2]) for a in answers if a[2]]  # when, before the end
+    assert all("injected fault (http-500)" in e for _, e in failed), (failed, out["results"])
     assert {a[1] for a in answers if a[0] > after} == {incumbent.served_model}
     # The breach is in the record: the step, the threshold, the failing round's values.
     shown = pair.run("audit", "show", out["tx_id"])
@@ -266,3 +285,67 @@ def test_on_smg_the_canary_is_refused_before_anything_changes(pair: Pair) -> Non
     )
     assert routed.json()["model"] == again.json()["model"] != CANDIDATE
     assert pair.host.app().store.current_identity("primary-b", "incumbent") is None
+
+
+@pytest.mark.parametrize("pair", [("haproxy", ())], indirect=True)
+def test_a_crash_during_a_step_is_compensated_by_recover(pair: Pair) -> None:
+    app = pair.host.app()
+    candidate = app.store.current_identity("primary-b", "candidate")
+    assert candidate is not None
+    crashed = pair.host.run(
+        "promote",
+        "--slot",
+        "primary-b",
+        "--canary",
+        "10,50,100",
+        "--step-watch",
+        "10ms",
+        "--profile",
+        str(pair.profile),
+        "--approved-by",
+        "ops",
+        env={**pair.env, "ANVIL_CRASH_AT": "canary:share-50:do:intent"},
+    )
+    assert crashed["_exit"] == -9, crashed
+    assert weights(pair) == {INCUMBENT_URL: ("UP", 90), CANDIDATE_URL: ("UP", 10)}  # as it died
+    recovered = pair.run("recover")
+    assert recovered["_exit"] == 0, recovered
+    [tx] = [t for t in recovered["recovered"] if t["kind"] == "canary"]
+    assert tx["state"] == "compensated", tx
+    assert weights(pair) == {INCUMBENT_URL: ("UP", 100)}
+    assert not running(candidate.container_id)
+
+
+def test_two_serves_that_do_not_fit_the_cards_together_are_refused(tmp_path: Path) -> None:
+    """A candidate on the incumbent's GPU roles, loaded while the incumbent was stopped (its
+    claim then holds no memory) and the incumbent started again: both need most of each card."""
+    with campaign_host(tmp_path / "host", "haproxy") as host:
+        config = Path(host.camp.env["ANVIL_CONFIG"])
+        config.write_text(config.read_text() + SECOND_SLOT)
+        recipes = tmp_path / "recipes"
+        recipes.mkdir()
+        gpu_candidate_recipe(recipes)
+        (tmp_path / "watch.toml").write_text(WATCH)
+        p = Pair(host, {**host.camp.env, "ANVIL_RECIPES_DIR": str(recipes)}, tmp_path / "watch.toml")
+        rt = DockerRuntime(gpu_mode="simulated")
+        try:
+            rt.stop(host.camp.incumbent_id, 10)
+            out = p.run("load", "canary-gpu", "--slot", "primary-b")
+            assert out["_exit"] == 0, out
+            rt.start(host.camp.incumbent_id)
+        finally:
+            rt.close()
+        verified_decision(host.app().store, "primary-b", "canary-{digest}")
+        before = {url: w for url, (_status, w) in weights(p).items()}  # its check may be catching up
+        out = p.canary("1s")
+        assert (out["_exit"], out["state"]) == (3, "refused"), out
+        assert out["refusal"]["guard"] == "ServesFitTogether"
+        # The reserve in force: the campaign's waiver sets it to 0 for the pair.
+        assert (
+            "do not fit together on GPU role compute-a: 92000 + 94536 MiB + reserve 0 MiB = "
+            "186536 MiB > capacity 97887 MiB"
+        ) in out["reason"]
+        assert out["refusal"]["data"]["waivers"]
+        assert {url: w for url, (_status, w) in weights(p).items()} == before == {INCUMBENT_URL: 1}
+        candidate = host.app().store.current_identity("primary-b", "candidate")
+        assert candidate is not None and running(candidate.container_id)

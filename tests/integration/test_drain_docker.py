@@ -22,6 +22,7 @@ from typing import Any
 import openai
 import pytest
 
+from scripts.campaign import INCUMBENT_MODEL
 from scripts.chaos import ALIAS, BINDING, ChaosHost, recent_transactions
 from tests.integration.conftest import campaign_host
 
@@ -132,43 +133,84 @@ class TestStreamsInFlightFinish:
         host.run("rollback", "--slot", "primary")  # the incumbent serves again for what follows
 
 
+@dataclass
+class Asker:
+    """Short chats through the router one after another, in a thread, until stopped: each
+    answer's status, its Retry-After, and the model a 200 came from."""
+
+    host: ChaosHost
+    seen: list[tuple[int, str | None]] = field(default_factory=list)
+    odd: list[str] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def __enter__(self) -> Asker:
+        self.thread = threading.Thread(target=self._ask, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.done.set()
+        assert self.thread is not None
+        self.thread.join(30)
+
+    def _ask(self) -> None:
+        client = openai.OpenAI(
+            base_url=self.host.camp.router.url + "/v1", api_key=self.host.camp.client_token, max_retries=0
+        )
+        try:
+            while not self.done.is_set():
+                try:
+                    answer = client.chat.completions.create(
+                        model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                    )
+                    self.seen.append((200, answer.model))
+                except openai.APIStatusError as exc:
+                    self.seen.append((exc.status_code, exc.response.headers.get("retry-after")))
+                    if exc.status_code not in (200, 503):
+                        self.odd.append(f"{time.monotonic():.2f} {exc.status_code} {exc.response.text[:300]}")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def statuses(self) -> set[int]:
+        return {status for status, _ in self.seen}
+
+    def retry_afters(self) -> set[str | None]:
+        return {extra for status, extra in self.seen if status == 503}
+
+
 class TestTheWindow:
     def test_requests_while_no_serve_is_routed_get_503_with_retry_after_never_404(
         self, host: ChaosHost
     ) -> None:
         assert host.prepare("load") == "A"
-        client = openai.OpenAI(
-            base_url=host.camp.router.url + "/v1", api_key=host.camp.client_token, max_retries=0
-        )
-        seen: list[tuple[int, str | None]] = []
-        odd: list[str] = []
-        done = threading.Event()
-
-        def ask() -> None:
-            while not done.is_set():
-                try:
-                    client.chat.completions.create(
-                        model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=2
-                    )
-                    seen.append((200, None))
-                except openai.APIStatusError as exc:
-                    seen.append((exc.status_code, exc.response.headers.get("retry-after")))
-                    if exc.status_code not in (200, 503):
-                        odd.append(f"{time.monotonic():.2f} {exc.status_code} {exc.response.text[:300]}")
-                time.sleep(0.05)
-
-        asker = threading.Thread(target=ask, daemon=True)
-        asker.start()
-        out = host.run(*host.argv("load"))
-        time.sleep(1)  # a committed load leaves the tier drained: the window goes on
-        done.set()
-        asker.join(30)
-        client.close()
+        with Asker(host) as asker:
+            out = host.run(*host.argv("load"))
+            time.sleep(1)  # a committed load leaves the tier drained: the window goes on
         assert out["state"] == "committed", out.get("reason")
-        statuses = {status for status, _ in seen}
-        assert 404 not in statuses and statuses <= {200, 503}, odd
-        assert {retry for status, retry in seen if status == 503} == {"1"}, seen
-        assert seen[0][0] == 200 and seen[-1][0] == 503  # served before, retryable after
+        assert 404 not in asker.statuses() and asker.statuses() <= {200, 503}, asker.odd
+        assert asker.retry_afters() == {"1"}, asker.seen
+        assert asker.seen[0][0] == 200 and asker.seen[-1][0] == 503  # served before, retryable after
+
+    def test_load_promote_routes_a_candidate_qualified_before_in_the_same_run(self, host: ChaosHost) -> None:
+        host.prepare("promote")  # loaded once and verified: the decision binds its identity
+        assert host.prepare("load") == "A"
+        host.unload_stopped_candidates()
+        known = {t["tx_id"] for t in recent_transactions(host.app())}
+        with Asker(host) as asker:
+            out = host.run(*host.argv("load"), "--promote", "tester")
+            deadline = time.monotonic() + 30
+            while asker.seen[-1][0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert (out["_exit"], out["state"], out["then"]["state"]) == (0, "committed", "committed"), out
+        assert {out["tx_id"], out["then"]["tx_id"]}.isdisjoint(known)
+        assert 404 not in asker.statuses() and asker.statuses() <= {200, 503}, asker.odd
+        assert asker.retry_afters() == {"1"}, asker.seen
+        served = [extra for status, extra in asker.seen if status == 200]
+        candidate_model = "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp"
+        assert (served[0], served[-1]) == (INCUMBENT_MODEL, candidate_model), served
+        assert host.phase_of(host.observe()) == "C"  # the candidate routed, the incumbent retained
 
 
 class TestDeadline:

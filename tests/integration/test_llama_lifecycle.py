@@ -321,6 +321,9 @@ class TestTheLifecycleOnLlamaCpp:
         ok(host.anvilctl("rollback", "--slot", "primary"))
         assert container_status(host.incumbent_id)[0] == "running"
         assert container_status(STORY["candidate_id"])[0] == "exited"
+        # llama-cpp-python publishes no running-requests gauge: HAProxy's scur counted the drain.
+        drain = step_result(host, last_tx(host, "rollback")["tx_id"], "stop-current")["drain"]
+        assert (drain["source"], drain["cut"]) == ("router", 0), drain
         ident = host.anvilctl_json("audit", "incumbents", "--slot", "primary")[-1]
         assert ident["container_id"] == host.incumbent_id and ident["served_model"] == INCUMBENT_MODEL
         before = requests_served(host.incumbent_id)

@@ -30,7 +30,7 @@ import pytest
 from anvil_ctl.commands import audit, lifecycle
 from anvil_ctl.core.states import TxState
 from scripts.campaign import verified_decision
-from scripts.routers import Proc, free_port, start_smg
+from scripts.routers import Proc, free_port, smg_argv, start_smg
 from tests.integration.test_recheck_campaign import CANDIDATE, close_host, loaded_host
 from tests.integration.test_router_smg import Keys
 
@@ -147,25 +147,7 @@ def smg_container(tmp_path: Path, docker_client: Any, stub_image_id: str) -> Ite
     """smg 1.13 in a container of the stub image (the host's /usr and this venv mounted read-only,
     host networking inside the test namespace), its keys in a 0600 argv file mounted read-only."""
     port, metrics = free_port(), free_port()
-    argv = [
-        "launch",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(metrics),
-        "--disable-tokenizer-autoload",
-        "--health-check-interval-secs",
-        "1",
-        "--worker-startup-check-interval",
-        "1",
-        f"--api-key={Keys.client}",
-        "--control-plane-api-keys",
-        f"anvil-admin:anvil admin:admin:{Keys.admin}",
-    ]
+    argv = smg_argv(port=port, metrics_port=metrics, admin_token=Keys.admin, client_token=Keys.client)
     conf = tmp_path / "smg-conf"
     conf.mkdir()
     argv_file = conf / "smg-argv.json"

@@ -29,6 +29,7 @@ from anvil_ctl.commands import audit, lifecycle
 from anvil_ctl.core.states import ExitCode, TxState
 from scripts.campaign import verified_decision
 from scripts.routers import Proc, start_smg
+from tests.integration.test_load_docker import variant
 from tests.integration.test_recheck_campaign import CANDIDATE, anvilctl, close_host, loaded_host
 from tests.integration.test_router_smg import Keys
 
@@ -118,9 +119,22 @@ def _samples(shown: dict[str, Any]) -> list[dict[str, Any]]:
     return [e["detail"] for e in shown["steps"] if e["step"] == "watch" and e["event"] == "sample"]
 
 
-def _promote_child(host: dict[str, Any]) -> subprocess.Popen[str]:
+def _promote_child(host: dict[str, Any], watch: str) -> subprocess.Popen[str]:
+    """`anvilctl promote --watch WATCH` in a child process, as an operator's shell runs it."""
     return subprocess.Popen(
-        [sys.executable, "-m", "anvil_ctl", "--json", "promote", "--slot", "primary", "--approved-by", "w"],
+        [
+            sys.executable,
+            "-m",
+            "anvil_ctl",
+            "--json",
+            "promote",
+            "--slot",
+            "primary",
+            "--approved-by",
+            "w",
+            "--watch",
+            watch,
+        ],
         env=host["env"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -128,12 +142,21 @@ def _promote_child(host: dict[str, Any]) -> subprocess.Popen[str]:
     )
 
 
+def _reap(child: subprocess.Popen[str]) -> None:
+    """The child gone and its pipes closed, whatever the test did."""
+    if child.poll() is None:
+        child.kill()
+    child.communicate(timeout=60)
+
+
 def _until_watching(host: dict[str, Any], child: subprocess.Popen[str]) -> str:
     """The promote's transaction ID once its watch took a sample (the child still running)."""
+    store = host["app"].store
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None:
-        for rec in host["app"].store.unfinished():
-            if rec.kind == "promote" and rec.state == TxState.WATCHING and _samples(_show(host, rec.id)):
+        for rec in store.unfinished():
+            events = store.step_events(rec.id) if rec.kind == "promote" else []
+            if any(e.step == "watch" and e.event == "sample" for e in events):
                 return rec.id
         time.sleep(0.2)
     raise AssertionError(f"the promote never watched: exit {child.poll()}, {child.stderr}")
@@ -177,7 +200,7 @@ class TestAWatchedPromote:
         self, watched: Callable[..., dict[str, Any]]
     ) -> None:
         host = watched()
-        child = _promote_child(host)
+        child = _promote_child(host, "5m")  # ends by the abort, long before
         try:
             tx = _until_watching(host, child)
             stop = ("--by", "bob", "--reason", "clients report truncated tool calls")
@@ -186,7 +209,7 @@ class TestAWatchedPromote:
             assert json.loads(aborted.stdout)["promote"] == tx
             _out, err = child.communicate(timeout=120)
         finally:
-            child.kill()
+            _reap(child)
         assert child.returncode == ExitCode.ROLLED_BACK, err
         follow = _show(host, tx)["states"][-1]["data"]["followed_by"]
         decided = _show(host, follow["tx_id"])["args"]["decided_by"]
@@ -197,13 +220,13 @@ class TestAWatchedPromote:
         self, watched: Callable[..., dict[str, Any]]
     ) -> None:
         host = watched()
-        child = _promote_child(host)
+        child = _promote_child(host, "5m")  # ends by the signal, long before
         try:
             tx = _until_watching(host, child)
             child.send_signal(signal.SIGINT)
             _out, err = child.communicate(timeout=120)
         finally:
-            child.kill()
+            _reap(child)
         assert child.returncode == ExitCode.ROLLED_BACK, err
         follow = _show(host, tx)["states"][-1]["data"]["followed_by"]
         decided = _show(host, follow["tx_id"])["args"]["decided_by"]
@@ -214,13 +237,12 @@ class TestAWatchedPromote:
         self, watched: Callable[..., dict[str, Any]]
     ) -> None:
         host = watched()
-        child = _promote_child(host)
+        child = _promote_child(host, "30s")  # recover watches what is left of it
         try:
             tx = _until_watching(host, child)
             child.send_signal(signal.SIGKILL)
-            child.wait(timeout=30)
         finally:
-            child.kill()
+            _reap(child)
         assert host["app"].store.state(tx) == TxState.WATCHING  # the dead owner's last word
         assert _serving(host) == CANDIDATE  # never dark: the candidate serves meanwhile
         recovered = anvilctl(host["env"], "--json", "recover")
@@ -232,3 +254,23 @@ class TestAWatchedPromote:
         assert _serving(host) == CANDIDATE
         rechecked = anvilctl(host["env"], "--json", "recheck", "--slot", "primary")
         assert rechecked.returncode == 0, rechecked.stdout
+
+
+class TestOnHaproxy:
+    def test_a_breach_rolls_back_by_itself_through_haproxy(self, tmp_path: Path) -> None:
+        """The same watch through HAProxy: the candidate answers 500 from the watch's first
+        sample; the promote ends rolled_back, the rollback commits, the incumbent is routed."""
+        from tests.integration.conftest import campaign_host
+
+        with campaign_host(tmp_path / "host", "haproxy") as host:
+            variant(tmp_path, "late-500", ["--late-fault", f"http-500@{ONSET}"])
+            loaded = host.run("load", str(tmp_path / "late-500.toml"), "--slot", "primary")
+            assert loaded["state"] == "committed", loaded.get("reason")
+            profile = tmp_path / "watch.toml"
+            profile.write_text(WATCH)
+            verified_decision(host.app().store, "primary", "watch-{digest}", profile=str(profile))
+            out = host.run("promote", "--slot", "primary", "--approved-by", "watch-test")
+            assert (out["_exit"], out["state"]) == (ExitCode.ROLLED_BACK, "rolled_back"), out.get("reason")
+            assert out["followed_by"]["state"] == "committed", out["followed_by"]
+            assert "error_rate" in out["reason"]
+            assert host.phase_of(host.observe()) == "A"  # the incumbent serves and is routed

@@ -19,7 +19,7 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, ContainerSpec
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine import entry
-from anvil_ctl.engine.plans.args import CanaryRequest, Candidate
+from anvil_ctl.engine.plans.args import CanaryRequest, Candidate, RollbackRequest
 from anvil_ctl.engine.plans.canary import ServesFitTogether
 from anvil_ctl.qualify import slosample
 from anvil_ctl.qualify.canary import Round, judge, parse_shares, watch_step
@@ -143,15 +143,24 @@ def _fit_ctx(
     inc_roles: tuple[str, ...], cand_roles: tuple[str, ...], needs: tuple[int | None, int | None]
 ) -> Any:
     gpu = SimpleNamespace(capacity_mib=97887)
-    config = SimpleNamespace(gpu_roles={"compute-a": gpu, "compute-b": gpu}, reserve_for=lambda _r: 3072)
+    config = SimpleNamespace(gpu_roles={"compute-a": gpu, "compute-b": gpu})
     args = SimpleNamespace(
         incumbent=SimpleNamespace(gpu_roles=inc_roles),
-        candidate=SimpleNamespace(gpu_roles=cand_roles),
+        candidate=SimpleNamespace(gpu_roles=cand_roles, recipe_digest="d" * 64),
         vram_need_mib=needs,
     )
     return SimpleNamespace(args=args, world=SimpleNamespace(config=config))
 
 
+@pytest.fixture(autouse=False)
+def standing_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reserve in force: 3,072 MiB on every role, no waiver."""
+    monkeypatch.setattr(
+        "anvil_ctl.engine.plans.canary.reserve_in_force", lambda _w, roles, _d: ({r: 3072 for r in roles}, [])
+    )
+
+
+@pytest.mark.usefixtures("standing_reserve")
 class TestTwoServesFit:
     @pytest.mark.parametrize(
         ("inc", "cand", "needs"),
@@ -356,3 +365,18 @@ class TestTheCanaryOnAWeighingRouter:
         assert rollback is not None and rollback.container_id == host.incumbent_id
         assert not world.runtime.inspect(host.incumbent_id).running  # stopped, retained
         assert out.results["share-100"]["verdict"] == "healthy"
+
+    def test_after_it_a_rollback_of_the_old_incumbents_slot_brings_it_back_and_stops_the_candidate(
+        self, weighing: tuple[FakeHost, Any, WeighingRouter], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        host, world, router = weighing
+        _arms(monkeypatch, None, router)
+        assert self._run(host, world).state == TxState.COMMITTED
+        cand = host.app().store.current_identity("primary-b", "incumbent")
+        assert cand is not None
+        back = entry.run(world, host.app().owner, RollbackRequest(slot="primary"))
+        assert back.state == TxState.COMMITTED, back.reason
+        assert back.results["stop-current"]["container_id"] == cand.container_id
+        assert _tiers(host)["primary-local"]["url"] == "http://127.0.0.1:8001"
+        assert world.runtime.inspect(host.incumbent_id).running
+        assert not world.runtime.inspect(cand.container_id).running  # stopped, retained

@@ -45,6 +45,17 @@ class TestBadInput:
         assert r.returncode == 2 and "slot 'nope'" in r.stderr
         assert fake_host.world.read() == before
 
+    def test_an_integer_is_ascii_digits_alone(self, fake_host: FakeHost) -> None:
+        before = fake_host.world.read()
+        for value in (" 5", "5 ", "\u0665", "+5", "-5", "5.0", "0"):
+            args = ("adopt", fake_host.incumbent_id, "--slot", "primary", "--context-tokens", value)
+            r = anvilctl(*args, cwd=REPO, env=fake_host.env())
+            assert r.returncode == 2, (value, r.stderr)
+            assert "--context-tokens" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert fake_host.world.read() == before
+        r = anvilctl("audit", "transactions", "--limit", "\u0665", cwd=REPO, env=fake_host.env())
+        assert r.returncode == 2 and "digits 0-9" in r.stderr, r.stderr
+
     def test_every_seed_recipe_plans_through_the_cli(self, fake_host: FakeHost) -> None:
         for name in (
             "glm53-flash-ormandj-sglang-sm120-tp2-240k-c1-adaptive-mtp",

@@ -46,6 +46,7 @@ class TestTheRegistry:
             "vllm",
             "llama-cpp-python",
             "llama-cpp-python-cuda",
+            "llama-server",
         }
         assert all(name == p.name for name, p in ENGINE_PROFILES.items())
 

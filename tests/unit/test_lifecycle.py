@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from anvil_ctl.commands import audit, lifecycle, recheck, transactions
+from anvil_ctl.commands import audit, lifecycle, recheck, serves, transactions
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine import entry
 from anvil_ctl.engine.plans.args import PromoteRequest
 from anvil_ctl.persistence import rechecks, waiver_rows
+from anvil_ctl.recipes.model import load_recipe
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 
@@ -367,3 +369,47 @@ class TestRouterRestartedMidCommand:
         assert lost and out.state == TxState.COMMITTED, out.reason
         routed = app.world().router.routed_chat("llm.primary")
         assert routed.status == 200 and routed.model != "cand-393k"
+
+
+class TestLoadThenPromote:
+    """`load --promote`: the promotion runs in the load's process, as its own transaction."""
+
+    @pytest.fixture(autouse=True)
+    def _stub_image(self, fake_host: FakeHost) -> None:
+        """The image the shipped stub recipe pins, present on the fake host."""
+        image = load_recipe(Path(__file__).parents[2] / "recipes" / "stub-245k-c1.toml").image
+        with fake_host.world.edit() as w:
+            w["images"][image] = {"id": image, "tags": [], "repo_digests": []}
+
+    def test_a_candidate_qualified_before_is_promoted_by_the_load_that_starts_it(
+        self, fake_host: FakeHost
+    ) -> None:
+        assert serves.load(fake_host.app(), "stub-245k-c1", slot="primary").state == TxState.COMMITTED
+        fake_host.decide("verified")  # its qualification digest outlives the container
+        assert lifecycle.rollback(fake_host.app(), slot="primary").state == TxState.COMMITTED
+        out = serves.load(fake_host.app(), "stub-245k-c1", slot="primary", promote_approved_by="alice")
+        assert (out.state, out.then and out.then.state) == (TxState.COMMITTED, TxState.COMMITTED)
+        assert out.exit_code == 0 and out.as_dict()["then"]["kind"] == "promote"  # type: ignore[index]
+        started = out.results["start-candidate"]["container_id"]
+        incumbent = fake_host.app().store.current_identity("primary", "incumbent")
+        assert incumbent is not None and incumbent.container_id == started
+        assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "ready"
+
+    def test_an_unqualified_candidate_stays_loaded_and_the_command_exits_refused(
+        self, fake_host: FakeHost
+    ) -> None:
+        out = serves.load(fake_host.app(), "stub-245k-c1", slot="primary", promote_approved_by="alice")
+        assert out.state == TxState.COMMITTED and out.then is not None
+        assert out.then.state == TxState.REFUSED and "no decision recorded" in out.then.reason
+        assert out.exit_code == 3
+        candidate = fake_host.app().store.current_identity("primary", "candidate")
+        assert (
+            candidate is not None and candidate.container_id == out.results["start-candidate"]["container_id"]
+        )
+        assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "drain"
+
+    def test_an_empty_approver_is_bad_input_and_nothing_runs(self, fake_host: FakeHost) -> None:
+        before = fake_host.world.read()
+        with pytest.raises(BadInput, match="--approved-by"):
+            serves.load(fake_host.app(), "stub-245k-c1", slot="primary", promote_approved_by=" ")
+        assert fake_host.world.read() == before

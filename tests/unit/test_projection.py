@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import event
 
 from anvil_ctl.bootstrap import App
-from anvil_ctl.commands import admin, audit, fleet, lifecycle, transactions
+from anvil_ctl.commands import admin, audit, lifecycle, transactions
 from anvil_ctl.commands.recheck import recheck
 from anvil_ctl.persistence import projection, qualification
 from anvil_ctl.persistence.current_models import PROJECTION_TABLES
@@ -260,7 +260,7 @@ def _every_read(host: FakeHost) -> list[tuple[str, Any]]:
         lifecycle.promote(app, slot=SLOT, approved_by="operator", dry_run=True)
         transactions.load(app, slot=SLOT, candidate=host.candidate(name="x"), dry_run=True)
         admin.status(app)
-        fleet.status(app)
+        audit.fleet_status(app)
         audit.transactions(app, limit=20)
         audit.rechecks(app, slot=SLOT, limit=20)
         audit.show(app, tx_id[:8])
@@ -405,7 +405,7 @@ class TestQueryPlans:
                 if reader == "guards":
                     app.store.unresolved()
                 else:
-                    fleet.status(app)
+                    audit.fleet_status(app)
             (sql, params) = next((q, p) for q, p in seen if "FROM tx_current" in q)
             assert "host_id" in sql
             plan = [str(r[3]) for r in con.execute(f"EXPLAIN QUERY PLAN {sql}", params)]

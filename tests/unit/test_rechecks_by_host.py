@@ -10,7 +10,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from anvil_ctl.commands import audit, fleet
+from anvil_ctl.commands import audit
 from anvil_ctl.commands.recheck import recheck
 from tests.unit.fakehost import FakeHost
 from tests.unit.test_fleet import SLOT, _fleet
@@ -41,7 +41,7 @@ def _reads(host: FakeHost, other: FakeHost) -> dict[str, tuple[str, Any]]:
     for name, asker, call in (
         ("audit rechecks", app, lambda: audit.rechecks(app, limit=20)),
         ("audit rechecks --slot", app, lambda: audit.rechecks(app, slot=SLOT, limit=20)),
-        ("fleet status", other_app, lambda: fleet.status(other_app)),
+        ("fleet status", other_app, lambda: audit.fleet_status(other_app)),
     ):
         with _statements(asker) as seen:
             call()
@@ -69,7 +69,7 @@ def test_a_hosts_newest_runs_cost_the_same_whatever_another_host_recorded_since(
     # what each host reads is its own: b its one run, a every other run
     assert [r["id"] for r in audit.rechecks(b.app(), limit=5000)] == [1]
     assert len(audit.rechecks(a.app(), limit=5000)) == 1 + 20 + 3000
-    got = {h["host"]: h["last_recheck"] for h in fleet.status(a.app())}
+    got = {h["host"]: h["last_recheck"] for h in audit.fleet_status(a.app())}
     assert got["gpu-b"] is not None and got["gpu-a"] is not None
     for sql, params in _reads(b, a).values():
         with sqlite3.connect(db) as con:

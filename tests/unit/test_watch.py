@@ -24,6 +24,7 @@ from anvil_ctl.engine.plans.args import PromoteRequest
 from anvil_ctl.engine.plans.promote import prepare
 from anvil_ctl.engine.watch import Sample, watch
 from anvil_ctl.qualify.watchpolicy import Limit
+from tests.unit.clirun import in_process
 from tests.unit.fakehost import FakeHost
 
 PROFILE = """
@@ -286,3 +287,44 @@ class TestRecoverDuringAWatch:
         assert (done["state"], done["direction"]) == ("committed", "forward"), done
         assert len(_events(host, tx, "sample")) >= 1
         assert os.getpid() != owner.pid
+
+
+class TestWhatTheOperatorSees:
+    def test_the_breach_its_rollback_and_their_links_on_the_terminal(
+        self,
+        watched: Callable[..., FakeHost],
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        host = watched("30s")
+        with host.world.edit() as w:
+            w["route_sample_ttft_s"] = 2.5
+        run = in_process(host, monkeypatch, capsys)
+        promoted = run("promote", "--slot", "primary", "--approved-by", "alice", "--watch", "20s")
+        assert promoted.code == 10, promoted.err
+        assert "promote: rolled_back" in promoted.out and "then rollback: committed" in promoted.out
+        assert "ttft_p95_s [2.5, 2.5] vs max 1.0" in promoted.out
+        rollback_tx = promoted.out.split("then rollback: committed  (transaction ")[1].split(")")[0]
+        shown = run("audit", "show", rollback_tx)
+        assert "decided by: watch (" in shown.out, shown.out
+        assert "breach: ttft_p95_s [2.5, 2.5] against max 1.0 (max 1)" in shown.out
+        assert "undoes: promote " in shown.out
+        promote_tx = shown.out.split("undoes: promote ")[1].split()[0]
+        forward = run("audit", "show", promote_tx)
+        assert f"followed by: rollback {rollback_tx}" in forward.out
+        assert forward.out.count("watch: sample") == 2 and "state watching" in forward.out
+
+    def test_watch_0_is_a_cutover_and_a_bad_duration_exits_2(
+        self,
+        watched: Callable[..., FakeHost],
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        host = watched("30s")
+        run = in_process(host, monkeypatch, capsys)
+        bad = run("promote", "--slot", "primary", "--approved-by", "alice", "--watch", "soon")
+        assert bad.code == 2 and "--watch" in bad.err
+        cut = run("--json", "promote", "--slot", "primary", "--approved-by", "alice", "--watch", "0")
+        assert cut.code == 0, cut.err
+        assert "watch" not in cut.json()["results"]
+        assert not _events(host, cut.json()["tx_id"], "begin")

@@ -31,6 +31,7 @@ from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.ports import WeightedRouter
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.drain import stop_drained, stop_retain_step, wait_idle
+from anvil_ctl.engine.gpu_ownership import reserve_in_force
 from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterCredentialsAccepted
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import CanaryArgs, CanaryRequest
@@ -44,6 +45,7 @@ from anvil_ctl.engine.plans.promote import (
 from anvil_ctl.engine.serving import (
     identity_drift,
     is_running,
+    pauses,
     route_problems,
     route_slot_to,
     smoke_step,
@@ -114,8 +116,8 @@ class IncumbentServesTheTier(Guard[Ctx]):
 
 class ServesFitTogether(Guard[Ctx]):
     """Both serves run at once, so together they fit the host's GPUs: no GPU role in common
-    (CPU engines hold none), or on each shared card both VRAM needs plus its reserve within
-    its capacity."""
+    (CPU engines hold none), or on each shared card both VRAM needs plus the reserve in force
+    (waivers applied, as promote reads it) within its capacity."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         inc, cand = ctx.args.incumbent, ctx.args.candidate
@@ -124,9 +126,10 @@ class ServesFitTogether(Guard[Ctx]):
             return None
         need_inc, need_cand = ctx.args.vram_need_mib
         config = ctx.world.config
+        reserves, waivers = reserve_in_force(ctx.world, shared, cand.recipe_digest)
         for role in shared:
             gpu = config.gpu_roles[role]
-            reserve = config.reserve_for(role)
+            reserve = reserves[role]
             if need_inc is None or need_cand is None:
                 return self.refuse(
                     f"the two serves do not fit together: both use GPU role {role} and the VRAM need "
@@ -142,6 +145,7 @@ class ServesFitTogether(Guard[Ctx]):
                     role=role,
                     need_mib=total,
                     capacity_mib=gpu.capacity_mib,
+                    waivers=waivers,
                 )
         return None
 
@@ -187,12 +191,27 @@ def admit_candidate(ctx: Ctx) -> StepResult:
     return _set_share(world, ctx.args, 0)
 
 
+def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
+    """Seconds until the router counts nothing in flight to `url` (at most `deadline_s`): a
+    request it picked the candidate for just before its weight went to 0 may not have reached
+    the engine's own gauge yet, and stopping the engine then would cut it."""
+    router, started = world.router, world.clock.now()
+    pause = pauses(world.config.policy.health_poll_s)
+    while router is not None and (router.in_flight(tier, url) or 0) > 0:
+        if world.clock.now() - started >= deadline_s:
+            break
+        world.clock.sleep(next(pause))
+    return round(world.clock.now() - started, 3)
+
+
 def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
     """Every new request to the incumbent; the candidate drained, stopped and retained."""
     world, args = ctx.world, ctx.args
     weights = _set_share(world, args, 0)
     stopped: JSONObject | None = None
     if is_running(world, args.candidate.container_id):
+        tier, url = _tier(world, args.incumbent), _url(world, args.candidate)
+        weights["router_idle_s"] = _router_idle(world, tier, url, args.drain.deadline_s)
         stopped = stop_drained(world, args.candidate, args.drain)
     router = world.router
     if router is not None:

@@ -372,6 +372,7 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
     again: it goes on from the journaled start, for what is left of the duration."""
     from anvil_ctl.engine.watch import Interrupts, RouteSampler, restart_count, stopper, watch
+    from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
     from anvil_ctl.qualify.watchpolicy import Limit
 
     world, cand, decl = ctx.world, ctx.args.candidate, ctx.args.watch

@@ -132,9 +132,13 @@ def _left_by(store: Store, rev: Revision, what: str) -> Identity:
 
 
 def _serving_now(world: World, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
-    """What serves the slot now (to be stopped and retained), and its recorded role."""
-    for role in ("incumbent", "candidate"):
-        ident = world.store.current_identity(slot, role)
+    """What serves the slot now (to be stopped and retained), and its recorded role. Where
+    two slots share a router tier (a canary's pair), the other slot's running incumbent serves
+    this slot's clients too: after a canary committed there, it is what a rollback replaces."""
+    tier = world.config.slot(slot).router_tier
+    siblings = [n for n, s in sorted(world.config.slots.items()) if n != slot and s.router_tier == tier]
+    for name, role in [(slot, "incumbent"), (slot, "candidate"), *((n, "incumbent") for n in siblings)]:
+        ident = world.store.current_identity(name, role)
         if (
             ident
             and (target is None or ident.container_id != target.container_id)
