@@ -7,6 +7,7 @@ credential guard records a refusal before any mutation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -29,9 +30,10 @@ from anvil_ctl.core.ports import (
 
 if TYPE_CHECKING:
     from anvil_ctl.engine.faults import Faults
-    from anvil_ctl.engine.world import Acceptance, VramRelease, World
+    from anvil_ctl.engine.world import Acceptance, RouteSample, VramRelease, World
     from anvil_ctl.persistence.db import Engine
     from anvil_ctl.persistence.store import Store
+    from anvil_ctl.qualify.slosample import Sample
 
 
 @dataclass
@@ -241,7 +243,7 @@ def _vram_release(app: App, world: World) -> VramRelease:
 def _fake_world(app: App) -> World:
     from anvil_ctl.engine.world import World
     from anvil_ctl.testing.host import FakeGpus, FakeSharedMemory
-    from anvil_ctl.testing.router import FakeRouter, fake_acceptance
+    from anvil_ctl.testing.router import FakeRouter, fake_acceptance, fake_route_sample
     from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
     from anvil_ctl.testing.world import FakeWorld
 
@@ -257,6 +259,7 @@ def _fake_world(app: App) -> World:
         gpus=FakeGpus(fw),
         shm=FakeSharedMemory(fw),
         acceptance=fake_acceptance(router) if router is not None else None,
+        route_sample=fake_route_sample(router) if router is not None else None,
     )
     return _finish(app, world)
 
@@ -279,6 +282,7 @@ def _real_world(app: App) -> World:
         server=HttpServerProbe(),
         router=router,
         acceptance=acceptance,
+        route_sample=_route_sample(app),
     )
     # The scanner and the simulated GPUs list the managed containers through the world's
     # runtime as it is when they ask: inside `one_reading`, the stretch's one look.
@@ -358,6 +362,31 @@ def _real_acceptance(app: App) -> Acceptance | None:
     from anvil_ctl.acceptance_worker import RealAcceptance
 
     return RealAcceptance(rc.url, creds.client)
+
+
+def _route_sample(app: App) -> RouteSample | None:
+    """A watch's active sample: streamed chats through the router with its client key, a
+    client of its own for each sample (None without a router or its credentials)."""
+    from anvil_ctl.adapters.credentials import resolve_credentials
+
+    rc = app.config.router
+    if rc.kind == "none":
+        return None
+    try:
+        creds = resolve_credentials(rc, app.env, need_admin=False)
+    except CredentialError:
+        return None
+
+    def take(alias: str, requests: int, max_tokens: int) -> Sample:
+        from anvil_ctl.qualify.slosample import open_client, sample
+
+        client = open_client(rc.url, creds.client.reveal())
+        try:
+            return sample(client, alias, requests=requests, max_tokens=max_tokens, clock=time.time())
+        finally:
+            client.close()
+
+    return take
 
 
 class UnresolvedCredentialsRouter:

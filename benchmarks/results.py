@@ -42,8 +42,8 @@ SECTIONS = (
         "window.md",
         "What a client sees while the serve changes",
         "`scripts/testenv run -- .venv/bin/python benchmarks/window.py`: real dockerd, stub engines in "
-        "containers, real smg, the official `openai` client through the router; the window's floor "
-        "(old stop + new start + readiness) read from the same transaction's journal.",
+        "containers, real smg and real HAProxy, the official `openai` client through the router; the "
+        "window's floor (old stop + new start + readiness) read from the same transaction's journal.",
     ),
 )
 

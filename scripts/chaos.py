@@ -58,8 +58,11 @@ from scripts.routers import exit_on_sigterm
 
 ALIAS = "llm.primary"
 BINDING = "http://127.0.0.1:8001"
-COMMANDS = ("load", "promote", "rollback")
-BEFORE = {"load": ("A",), "promote": ("B",), "rollback": ("A", "C")}
+COMMANDS = ("load", "promote", "promote-watched", "rollback")
+BEFORE = {"load": ("A",), "promote": ("B",), "promote-watched": ("B",), "rollback": ("A", "C")}
+WATCH = "4s"
+"""`promote-watched` watches this long (the default [watch] thresholds): its kills strike the
+watching phase too, which `recover` resumes."""
 AFTER = {"A": "C", "C": "A"}  # a rollback's after phase, by its before phase
 
 
@@ -219,6 +222,8 @@ class ChaosHost:
             return ["load", "stub-393k-c1", "--slot", "primary"]
         if command == "promote":
             return ["promote", "--slot", "primary", "--approved-by", "chaos"]
+        if command == "promote-watched":
+            return ["promote", "--slot", "primary", "--approved-by", "chaos", "--watch", WATCH]
         if phase == "A" and self.candidate:  # back to the retained, once-promoted candidate
             return ["rollback", "--slot", "primary", "--to", self.candidate]
         return ["rollback", "--slot", "primary"]
@@ -228,7 +233,7 @@ class ChaosHost:
         for attempt in range(8):
             phase = self.phase_of(self.observe())
             if phase in BEFORE[command] and (command != "rollback" or self.promoted):
-                if command == "promote":
+                if command.startswith("promote"):
                     self.verify_candidate()
                 return phase
             if attempt % 2:  # a clean command did not get there: a route an earlier case lost?
@@ -265,7 +270,7 @@ class ChaosHost:
         # Transactions that exist already: a kill before the command journals anything (during
         # start-up) leaves no transaction of its own, and an earlier one must not be judged.
         known = {t["tx_id"] for t in recent_transactions(self.app())}
-        after = AFTER[before] if case.command == "rollback" else {"load": "B", "promote": "C"}[case.command]
+        after = AFTER[before] if case.command == "rollback" else {"load": "B"}.get(case.command, "C")
         argv = self.argv(case.command, before)
         env = dict(self.camp.env)
         state_dir = Path(env["ANVIL_STATE_DIR"])
@@ -324,7 +329,8 @@ class ChaosHost:
         known: set[str],
     ) -> Verdict:
         app = self.app()
-        txs = [t for t in recent_transactions(app) if t["kind"] == case.command and t["tx_id"] not in known]
+        kind = case.command.split("-")[0]  # promote-watched is a promote
+        txs = [t for t in recent_transactions(app) if t["kind"] == kind and t["tx_id"] not in known]
         tx_state = txs[0]["state"] if txs else "none"  # none: killed before it journaled anything
         problems = []
         if recovered[-1].get("recovered"):
@@ -363,8 +369,9 @@ class ChaosHost:
         out = self.run(*self.argv(command, phase))
         self.durations[command] = time.monotonic() - start
         shown = self.run("audit", "show", out["tx_id"])
-        rows = [f"{command}:state:{s['state']}" for s in shown["states"]]
-        rows += [f"{command}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
+        kind = shown["kind"]  # a boundary is named by the transaction's kind
+        rows = [f"{kind}:state:{s['state']}" for s in shown["states"]]
+        rows += [f"{kind}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
         return list(dict.fromkeys(rows))
 
     def stop(self) -> None:

@@ -301,15 +301,24 @@ class DockerRuntime:
             time.sleep(self._poll_s)
 
     @_retry
-    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
-        """The newest lines of the container's output since creation, bounded (read through a window)."""
+    def logs(
+        self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
+    ) -> ContainerLog:
+        """The newest lines of the container's output since creation (or since the Unix time
+        `since`), bounded (read through a window)."""
         attrs = self._exact(container_id)
         state = obj(attrs.get("State"))
         window = bytearray()
         cut = False
         with translated(f"logs of container {container_id}"):
             stream = self._client.api.logs(
-                container_id, stdout=True, stderr=True, stream=True, follow=False, tail=max_lines + 1
+                container_id,
+                stdout=True,
+                stderr=True,
+                stream=True,
+                follow=False,
+                tail=max_lines + 1,
+                **({"since": since} if since is not None else {}),
             )
             try:
                 for chunk in stream:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from anvil_ctl.cli import views
 from anvil_ctl.cli.complete import complete_containers, complete_targets
 from anvil_ctl.cli.options import (
     WAIT_TIMEOUT_HELP,
@@ -17,7 +18,7 @@ from anvil_ctl.cli.options import (
     slot_option,
     timeout_option,
 )
-from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, check_new_file
+from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, WATCH, check_new_file
 from anvil_ctl.cli.session import Reply, Session, example, pass_session
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
@@ -26,7 +27,22 @@ from anvil_ctl.core.states import ExitCode
 @click.command("promote", epilog=example("anvilctl promote --slot primary --approved-by alice --dry-run"))
 @click.argument("candidate", type=REF, required=False, shell_complete=complete_containers)
 @slot_option("The slot to promote in.", default="primary")
-@click.option("--approved-by", type=PERSON, required=True, help="The person approving this promotion.")
+@click.option("--approved-by", type=PERSON, help="The person approving this promotion (required).")
+@click.option(
+    "--watch",
+    "watch_s",
+    type=WATCH,
+    metavar="DURATION",
+    help="After the switch, watch the serve this long through the route against the [watch] "
+    "thresholds of the profile that qualified it; a breach rolls back by itself (exit 10). "
+    "0: a cutover. Default: that profile's watch.duration (none declared: a cutover).",
+)
+@click.option(
+    "--abort",
+    is_flag=True,
+    help="Stop the watch of the slot's promote running in another shell: it rolls back, "
+    "recorded as your decision (--by NAME --reason TEXT, as with --accept-drift).",
+)
 @click.option(
     "--canary",
     "shares",
@@ -57,7 +73,9 @@ def promote(
     *,
     candidate: str | None,
     slot: str,
-    approved_by: str,
+    approved_by: str | None,
+    watch_s: float | None,
+    abort: bool,
     shares: str | None,
     step_watch_s: float | None,
     profile: str | None,
@@ -72,15 +90,31 @@ def promote(
     The candidate becomes the incumbent; the old incumbent stays stopped and
     becomes the rollback identity. CANDIDATE (optional) names the loaded candidate
     to expect: a container ID prefix, its served model or its identity digest.
+
+    With --watch the promote stays open (state `watching`) and samples the new
+    incumbent through the route at the profile's interval: streamed chats with the
+    official client (time to first token, decode rate, errors, finish_reason) and
+    its container (restarts, OOM, running, fatal log lines since the switch). The
+    limits are resolved and journaled before the first sample. A healthy watch
+    commits (exit 0). A breach, `promote --abort` from another shell, or Ctrl-C
+    ends it `rolled_back` and a rollback of its own brings the old incumbent back
+    (exit 10; the rollback's own code if it did not commit).
     """
     from anvil_ctl.commands import lifecycle
 
+    if abort:
+        if drift_by is None or drift_reason is None:
+            raise click.UsageError("--abort needs --by NAME and --reason TEXT")
+        stopped = lifecycle.abort_watch(session.app(), slot=slot, by=drift_by, reason=drift_reason)
+        return Reply(views.Record(stopped))
+    if approved_by is None:
+        raise click.UsageError("Missing option '--approved-by'.")
     if shares is not None or step_watch_s is not None:
         if shares is None or step_watch_s is None:
             raise click.UsageError("--canary and --step-watch go together")
-        if candidate is not None or accept_drift:
+        if candidate is not None or accept_drift or watch_s is not None:
             raise click.UsageError(
-                "--canary promotes the slot's loaded candidate: no CANDIDATE, no --accept-drift"
+                "--canary promotes the slot's loaded candidate: no CANDIDATE, --accept-drift or --watch"
             )
         out = lifecycle.canary(
             session.app(),
@@ -103,6 +137,7 @@ def promote(
         dry_run=dry_run,
         accept_drift=drift_acceptance(accept_drift, drift_by, drift_reason),
         timeout_s=timeout_s,
+        watch_s=watch_s,
     )
     return Reply(out, ExitCode(out.exit_code))
 

@@ -93,14 +93,14 @@ def accept_drift_options(fn: F) -> F:
         "drift_reason",
         type=REASON,
         metavar="TEXT",
-        help="With --accept-drift: why it is safe to go on.",
+        help="With --accept-drift: why it is safe to go on (promote --abort: why to stop).",
     )(fn)
     fn = click.option(
         "--by",
         "drift_by",
         type=PERSON,
         metavar="NAME",
-        help="With --accept-drift: the person accepting the drift.",
+        help="With --accept-drift: the person accepting the drift (promote --abort: stopping).",
     )(fn)
     return click.option(
         "--accept-drift",

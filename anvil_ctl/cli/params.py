@@ -90,3 +90,5 @@ MIB = Checked("integer", lambda v: parse_int(v, lo=0, hi=MAX_MIB))
 LIMIT = Checked("integer", lambda v: parse_int(v, lo=1, hi=MAX_COUNT))
 TIMEOUT = Checked("duration", parse_duration)
 """A duration (`90s`, `5m`, `1h30m`, or seconds), as kubectl and helm take `--timeout`."""
+WATCH = Checked("duration", lambda v: 0.0 if v.strip() in ("0", "0s") else parse_duration(v))
+"""`promote --watch`: a duration, or 0 for none."""

@@ -136,6 +136,8 @@ def _status(view: views.StatusView, out: Out) -> None:
             out.line(f"  router: {routed}")
         elif router.get("error"):
             out.line(f"  router: UNAVAILABLE: {s(router['error'])}")
+        for tx in records(slot.get("open")):
+            out.line(f"  open: {s(tx['kind'])} {s(tx['tx_id'])} [{s(tx['state'])}]")
     if view.data.get("observed_at"):
         out.line(f"observed at     {s(view.data['observed_at'])}")
     _where(view.data, out)

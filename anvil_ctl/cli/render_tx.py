@@ -42,6 +42,11 @@ def outcome(o: Outcome, out: Out) -> None:
     out.line(head)
     if o.reason and not o.dry_run:
         out.line(f"  reason: {s(o.reason)}")
+    after = o.followed_by
+    if after is not None:
+        out.line(f"  then {after.kind}: {after.state.value}  (transaction {after.tx_id})")
+        if after.reason:
+            out.line(f"    reason: {s(after.reason)}")
     if o.dry_run:
         out.line("  plan:")
         for step in o.plan:
@@ -125,6 +130,8 @@ def _timeline(detail: Mapping[str, object]) -> list[tuple[str, str]]:
             text = f"{label}: done{took}"
         else:
             text = f"{label}: {s(ev['event'])}"
+        if ev["step"] == "watch" and ev["event"] == "sample":
+            info = record(info.get("metrics"))  # a watch sample: what it measured
         more = _summary(info) if ev["event"] != "error" else ""
         events.append((since or at, text + (f"  ({more})" if more else "")))
     for key, since in opened.items():  # an intent without a result: the process died there
@@ -159,6 +166,26 @@ def transaction(view: views.TransactionView, out: Out) -> None:
         )
     if snapshots:
         out.line(f"  what changed: anvilctl audit diff {s(str(d['tx_id'])[:8])}")
+    _links(d, states, out)
+
+
+def _links(d: Mapping[str, object], states: list[Mapping[str, object]], out: Out) -> None:
+    """Who decided a rollback no person asked for, and the transactions it is linked to."""
+    decided = record(record(d.get("args")).get("decided_by"))
+    if decided:
+        who = decided.get("enabled_by") or decided.get("by") or decided.get("profile")
+        out.line(f"  decided by: {s(decided.get('policy'))} ({s(who)})")
+        for b in records(decided.get("breaches")):
+            out.line(
+                f"    breach: {s(b.get('metric'))} {s(b.get('observed'))} against {s(b.get('op'))} "
+                f"{s(b.get('limit'))} ({s(b.get('source'))})"
+            )
+        undoes = record(decided.get("undoes"))
+        if undoes:
+            out.line(f"  undoes: {s(undoes.get('kind'))} {s(undoes.get('tx_id'))}")
+    follow = record(record(states[-1].get("data")).get("followed_by")) if states else {}
+    if follow:
+        out.line(f"  followed by: {s(follow.get('kind'))} {s(follow.get('tx_id'))}")
 
 
 def history(view: views.HistoryView, out: Out) -> None:

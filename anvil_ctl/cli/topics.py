@@ -31,6 +31,8 @@ EXIT_MEANINGS = {
     "name in the state database; nothing changed",
     ExitCode.TARGET_HOLDS_HOST: "db copy refused: the target database already holds this host's "
     "history; nothing written",
+    ExitCode.ROLLED_BACK: "a watched promote was rolled back (its watch found a breach, or a person "
+    "aborted it); the rollback committed and the old incumbent serves",
 }
 
 

@@ -76,6 +76,7 @@ class SlotStatus(TypedDict):
     containers: list[ContainerEntry]
     serving: Mapping[str, object]  # `engine.observe.serving`
     router: Mapping[str, object]  # `engine.observe.router_view`, or {"error": why not}
+    open: list[dict[str, str]]  # the slot's unfinished transactions (a promote `watching`): id, kind, state
 
 
 class Status(TypedDict):
@@ -140,6 +141,7 @@ def db_upgrade(app: App) -> InitResult:
 def status(app: App) -> Status:
     world = app.world()
     slots: dict[str, SlotStatus] = {}
+    unfinished = app.store.unfinished()
     for name, slot in sorted(app.config.slots.items()):
         incumbent = app.store.current_identity(name, "incumbent")
         entries: list[ContainerEntry] = [
@@ -173,6 +175,9 @@ def status(app: App) -> Status:
             "containers": entries,
             "serving": serving(world, slot.base_url),
             "router": router,
+            "open": [
+                {"tx_id": r.id, "kind": r.kind, "state": r.state.value} for r in unfinished if r.slot == name
+            ],
         }
     here = where(app)
     return {

@@ -1,16 +1,22 @@
-"""promote and rollback/restore: the parsed command as a request for the engine's entry."""
+"""promote (and the abort of a watched one) and rollback/restore: the parsed command as a
+request for the engine's entry."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.transactions import enter, limit_waits
-from anvil_ctl.core.errors import AnvilError, BadInput
+from anvil_ctl.core.errors import AnvilError, BadInput, Refused
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_RECIPE, DrainPolicy, OnDrainTimeout
-from anvil_ctl.core.validate import check_duration, check_person, require
+from anvil_ctl.core.states import TxState
+from anvil_ctl.core.validate import check_duration, check_person, check_text, require
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import CanaryRequest, DriftAcceptance, PromoteRequest, RollbackRequest
+from anvil_ctl.engine.watch import ABORT
 
 
 def promote(
@@ -22,7 +28,10 @@ def promote(
     dry_run: bool = False,
     accept_drift: DriftAcceptance | None = None,
     timeout_s: float | None = None,
+    watch_s: float | None = None,
 ) -> Outcome:
+    """Route the slot to its candidate; `watch_s` watches it that long after the switch
+    (0: a cutover; None: the `[watch]` duration of the profile that qualified it)."""
     app.config.slot(slot)
     approved_by = require("--approved-by", check_person, approved_by)
     limit_waits(app, timeout_s)
@@ -31,9 +40,61 @@ def promote(
         # snapshot and readmission run; the child holds none of the world's connections.
         app.warm_acceptance()
     request = PromoteRequest(
-        slot=slot, approved_by=approved_by, candidate=candidate, accept_drift=accept_drift
+        slot=slot, approved_by=approved_by, candidate=candidate, accept_drift=accept_drift, watch_s=watch_s
     )
     return enter(app, request, dry_run=dry_run)
+
+
+def abort_watch(app: App, *, slot: str, by: str, reason: str, wait_s: float = 120.0) -> JSONObject:
+    """A person stops the watch of the slot's promote (run from another shell): the abort is
+    journaled in the watched transaction, whose owner rolls back at its next check. Waits up
+    to `wait_s` for the promote to end and names its rollback; Refused when nothing watches."""
+    app.config.slot(slot)
+    by = require("--by", check_person, by)
+    reason = require("--reason", lambda r: check_text(r, empty=False), reason)
+    found = [r for r in app.store.unfinished() if r.kind == "promote" and r.slot == slot]
+    begun = [
+        (r, e.seq)
+        for r in found
+        for e in app.store.step_events(r.id)
+        if e.step == "watch" and e.event == "begin"
+    ]
+    if not begun:
+        what = f"promote {found[0].id} is {found[0].state.value}, not watching" if found else "no promote"
+        raise Refused(f"slot {slot}: {what}; nothing to abort", slot=slot)
+    rec, seq = begun[0]
+    at = datetime.now(UTC).isoformat()
+    app.store.step_event(
+        rec.id,
+        seq=seq,
+        step="watch",
+        phase="watch",
+        event=ABORT,
+        detail={"by": by, "reason": reason, "at": at},
+    )
+    deadline = time.monotonic() + wait_s
+    state = app.store.state(rec.id)
+    while state in (TxState.WATCHING, TxState.RUNNING) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = app.store.state(rec.id)
+    detail = app.store.record(rec.id)
+    out: JSONObject = {"promote": rec.id, "state": state.value, "aborted_by": by}
+    if state is TxState.ROLLED_BACK:
+        out["rollback"] = _followed_by(app, rec.id)
+    elif state in (TxState.WATCHING, TxState.INTERRUPTED):
+        out["note"] = (
+            f"the promote (pid {detail.owner.pid}) has not ended yet; `anvilctl recover` resumes a "
+            "watch whose owner is gone, and rolls back at once for this abort"
+        )
+    return out
+
+
+def _followed_by(app: App, tx_id: str) -> str | None:
+    from anvil_ctl.persistence import queries
+
+    states = queries.transaction_detail(app.store, tx_id)["states"]
+    follow = states[-1]["data"].get("followed_by") if states else None
+    return str(follow.get("tx_id")) if isinstance(follow, dict) else None
 
 
 def canary(

@@ -28,17 +28,32 @@ from anvil_ctl.qualify.runner import Progress, QualificationResult
 
 
 @dataclass
-class QualifyOutcome:
-    """A qualify transaction's outcome, its result and the decisions it recorded."""
+class _Ran:
+    """A transaction's outcome, which the command's answer extends."""
 
     outcome: Outcome
-    result: QualificationResult | None = None
-    decision: DecisionRecord | None = None
-    reclassified: DecisionRecord | None = None
 
     @property
     def exit_code(self) -> int:
         return self.outcome.exit_code
+
+    def _outcome_dict(self) -> dict[str, object]:
+        o = self.outcome
+        return {
+            "tx_id": o.tx_id,
+            "state": o.state.value,
+            "reason": o.reason,
+            "refusal": o.refusal.as_dict() if o.refusal else None,
+        }
+
+
+@dataclass
+class QualifyOutcome(_Ran):
+    """A qualify transaction's outcome, its result and the decisions it recorded."""
+
+    result: QualificationResult | None = None
+    decision: DecisionRecord | None = None
+    reclassified: DecisionRecord | None = None
 
     @property
     def effective_outcome(self) -> str | None:
@@ -49,10 +64,7 @@ class QualifyOutcome:
         base = self.result.as_dict() if self.result else {}
         return {
             **base,
-            "tx_id": self.outcome.tx_id,
-            "state": self.outcome.state.value,
-            "reason": self.outcome.reason,
-            "refusal": self.outcome.refusal.as_dict() if self.outcome.refusal else None,
+            **self._outcome_dict(),
             "decision": self.decision,
             "reclassified": self.reclassified,
             "effective_outcome": self.effective_outcome,
@@ -145,23 +157,15 @@ class Comparison(TypedDict):
 
 
 @dataclass
-class AbOutcome:
+class AbOutcome(_Ran):
     """An A/B transaction's outcome and, when it ran, its comparison."""
 
-    outcome: Outcome
     comparison: Comparison | None = None
     tx_dir: str | None = None
 
-    @property
-    def exit_code(self) -> int:
-        return self.outcome.exit_code
-
     def as_dict(self) -> dict[str, object]:
         return {
-            "tx_id": self.outcome.tx_id,
-            "state": self.outcome.state.value,
-            "reason": self.outcome.reason,
-            "refusal": self.outcome.refusal.as_dict() if self.outcome.refusal else None,
+            **self._outcome_dict(),
             "results": self.outcome.results,
             "comparison": self.comparison,
             "tx_dir": self.tx_dir,

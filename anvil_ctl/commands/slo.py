@@ -17,23 +17,19 @@ nothing is rolled back and the run says so.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import AnvilError, BadInput
 from anvil_ctl.core.identity import Identity
-from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
-from anvil_ctl.persistence import qualification
-from anvil_ctl.qualify.profiles import load_profile
+from anvil_ctl.engine.watch import qualified, standing_policy
 from anvil_ctl.qualify.slosample import Sample, open_client, sample
-from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, breaches, qualified_values
+from anvil_ctl.qualify.watchpolicy import breaches
 
 POLICY = "rollback-on-breach"
 
@@ -64,40 +60,6 @@ class Enablement:
         }
 
 
-def _standing_policy(app: App, ident: Identity, profile: str | None) -> tuple[WatchPolicy, JSONObject]:
-    """The serve's watch policy and where its qualified values come from."""
-    decision = qualification.latest_decision(app.store, ident.qualification_digest)
-    chosen = profile or (decision["profile"] if decision else None)
-    policy = load_profile(chosen).watch if chosen else DEFAULT
-    origin: JSONObject = {"decision": decision["id"] if decision else None, "profile": chosen}
-    return policy, origin
-
-
-def _qualified(app: App, ident: Identity) -> tuple[dict[str, float], JSONObject]:
-    """The qualified values of the serve's newest qualification, from its verified artifact."""
-    decision = qualification.latest_decision(app.store, ident.qualification_digest)
-    tx_id = decision["tx_id"] if decision else None
-    if not tx_id:
-        return {}, {"evidence": None, "why": "no qualification recorded for this serve"}
-    for gate in qualification.evidence(app.store, tx_id):
-        path = Path(gate["artifact"])
-        if not path.is_absolute():
-            path = app.settings.evidence_dir / tx_id / path
-        try:
-            raw = path.read_bytes()
-        except OSError:
-            continue
-        if gate["sha256"] and hashlib.sha256(raw).hexdigest() != gate["sha256"]:
-            return {}, {"evidence": str(path), "why": "artifact differs from its recorded SHA-256"}
-        try:
-            cells = get_objects(get_object(json.loads(raw), "evidence"), "cells")
-        except ValueError:
-            continue
-        if cells and all("concurrency" in c for c in cells):
-            return qualified_values(cells), {"evidence": str(path), "gate": gate["gate"], "tx_id": tx_id}
-    return {}, {"evidence": None, "tx_id": tx_id, "why": "the qualification measured no capacity cell"}
-
-
 def slo_check(
     app: App,
     ident: Identity,
@@ -113,8 +75,8 @@ def slo_check(
     rc = app.config.router
     if rc.kind == "none":
         return False, {"error": "recheck --slo samples through the router; router.kind is 'none'"}
-    policy, origin = _standing_policy(app, ident, profile)
-    values, baseline = _qualified(app, ident)
+    policy, origin = standing_policy(app.store, ident, profile)
+    values, baseline = qualified(app.store, app.settings.evidence_dir, ident)
     limits = policy.limits(values)
     alias = app.config.slot(ident.slot).aliases[0]
     declared: JSONObject = {

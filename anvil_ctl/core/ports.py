@@ -54,8 +54,11 @@ class ContainerRuntime(Protocol):
 
     def remove(self, container_id: str) -> None: ...
 
-    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
-        """The newest lines (bounded) of stdout and stderr since creation, restarts, OOM; or NotFound."""
+    def logs(
+        self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
+    ) -> ContainerLog:
+        """The newest lines (bounded) of stdout and stderr since creation (or since the Unix
+        time `since`), restarts, OOM; or NotFound."""
 
 
 @runtime_checkable

@@ -4,7 +4,9 @@ Theory of operation: `planned` when written; a guard's refusal ends it `refused`
 touched; else `running`, then `committed`. A failed step makes it `compensating` (the undos of
 completed steps in reverse) and then `compensated`, or `compensation_failed` for a person.
 An owner that died leaves it for `recover`: `interrupted`, then compensated, or run forward
-past the plan's pivot. The engine calls `check_transition` before writing any state row."""
+past the plan's pivot. A watched promote is `watching` after its last step: healthy, it is
+`committed`; a breach or a person's abort ends it `rolled_back`, and a rollback of its own
+follows. The engine calls `check_transition` before writing any state row."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ class TxState(StrEnum):
     REFUSED = "refused"
     INTERRUPTED = "interrupted"
     NEEDS_OPERATOR = "needs_operator"
+    WATCHING = "watching"
+    ROLLED_BACK = "rolled_back"
 
 
 S = TxState
@@ -35,6 +39,14 @@ ALLOWED_TRANSITIONS: frozenset[tuple[TxState, TxState]] = frozenset(
         # A step may decide the host must not be touched further (e.g. a retained
         # incumbent that could not be proven stopped): only a person goes on from here.
         (S.RUNNING, S.NEEDS_OPERATOR),
+        # A watched promote: past its last step it samples its serve before it commits.
+        (S.RUNNING, S.WATCHING),
+        (S.WATCHING, S.COMMITTED),
+        # A breach or a person ended the watch; a rollback transaction of its own follows.
+        (S.WATCHING, S.ROLLED_BACK),
+        (S.WATCHING, S.INTERRUPTED),
+        # The watch could not judge (the router refused our client key): the serve stays.
+        (S.WATCHING, S.NEEDS_OPERATOR),
         (S.COMPENSATING, S.COMPENSATED),
         (S.COMPENSATING, S.COMPENSATION_FAILED),
         (S.COMPENSATING, S.INTERRUPTED),
@@ -48,7 +60,7 @@ ALLOWED_TRANSITIONS: frozenset[tuple[TxState, TxState]] = frozenset(
     }
 )
 
-UNFINISHED_STATES = frozenset({S.PLANNED, S.RUNNING, S.COMPENSATING, S.INTERRUPTED})
+UNFINISHED_STATES = frozenset({S.PLANNED, S.RUNNING, S.COMPENSATING, S.INTERRUPTED, S.WATCHING})
 """States `recover` resolves: the transaction did not reach an end (or its owner died)."""
 
 WAITING_STATES = frozenset({S.COMPENSATION_FAILED, S.NEEDS_OPERATOR})
@@ -71,6 +83,7 @@ class ExitCode(IntEnum):
     UNAVAILABLE = 7  # a dependency (database, Docker, NVML, router) is busy, locked, full or unreachable
     HOST_CLAIMED = 8  # another machine holds this host name in the state database; nothing changed
     TARGET_HOLDS_HOST = 9  # `db copy`: the target already holds this host's history; nothing written
+    ROLLED_BACK = 10  # a watched promote was rolled back (a breach, or a person); the incumbent serves
 
 
 STATE_EXIT_CODES: dict[TxState, ExitCode] = {
@@ -83,6 +96,8 @@ STATE_EXIT_CODES: dict[TxState, ExitCode] = {
     S.COMPENSATION_FAILED: ExitCode.NEEDS_OPERATOR,
     S.INTERRUPTED: ExitCode.NEEDS_OPERATOR,
     S.NEEDS_OPERATOR: ExitCode.NEEDS_OPERATOR,
+    S.WATCHING: ExitCode.NEEDS_OPERATOR,
+    S.ROLLED_BACK: ExitCode.ROLLED_BACK,
 }
 """The exit code of a command whose transaction ended in a state (every state is listed)."""
 

@@ -67,6 +67,23 @@ class Step(Generic[C]):
     """Copy this step's journaled result into the context's memo (live and in `recover`)."""
 
 
+Record = Callable[[str, JSONObject], None]
+"""Journal one event of a plan's watch now: (event name, detail)."""
+
+
+@dataclass(frozen=True)
+class WatchEnd:
+    """How a plan's watch ended. Healthy: the transaction commits with `data` as evidence.
+    Otherwise it ends `rolled_back` with `reason` and `data`, and `then` (a request of another
+    kind) runs as a transaction of its own under the same host lock; the end state names it
+    (`followed_by`: its kind and transaction ID)."""
+
+    healthy: bool
+    reason: str
+    data: JSONObject
+    then: object | None = None
+
+
 @dataclass(frozen=True)
 class Plan(Generic[A_co, W_co, M_co]):
     """A transaction kind's ordered guards and steps, built from journaled arguments.
@@ -93,6 +110,9 @@ class Plan(Generic[A_co, W_co, M_co]):
     """Problems that keep the goal from holding after the last step (e.g. the route is gone)."""
     repair: Callable[[StepContext[A_co, W_co, M_co]], None] | None = None
     """Re-applies the goal once when `goal` reports problems (e.g. route again), before failing."""
+    watch: Callable[[StepContext[A_co, W_co, M_co], Record], WatchEnd] | None = None
+    """Past the goal and verification, the transaction is `watching` until this returns (a
+    watched promote); None: it commits at once."""
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.steps]

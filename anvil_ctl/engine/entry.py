@@ -1,6 +1,6 @@
 """The one way into every transaction: a typed request in, an `Outcome` out.
 
-`run` is the only place a transaction ID is made. For a kind that changes the host it
+This module is the only place a transaction ID is made (`_mint`). For a kind that changes the host it
 takes the host's OS lock before anything is read from the record, so that the arguments
 prepared from it cannot go stale before the plan runs. Then the kind's `prepare` turns the
 request into typed arguments (every read of the record and the host they need, once);
@@ -10,9 +10,14 @@ plan runs, and its end state commits together with the row's release. The OS loc
 released on every way out; the row is kept only when the process failed mid-transaction,
 so that the next mutator is refused until `recover` has finished what was left.
 
+A transaction whose end asks for another (a watched promote's rollback, `Outcome.follow_up`)
+is followed by it here, through this same door, without letting go of the OS lock: no
+other mutator runs between the two. The follow-up's ID is minted here too, before the end
+state that names it is written, so each record points at the other.
+
 `recover` enters through the same door: it takes the lock, accepting a dead owner's stale
-rows, finishes every transaction whose owner is gone, and releases the stale rows that
-nothing unresolved still needs.
+rows, finishes every transaction whose owner is gone (and runs what they ask next), and
+releases the stale rows that nothing unresolved still needs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import uuid
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.lock import HostLock
-from anvil_ctl.engine.outcome import Outcome
+from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.plans import KINDS
 from anvil_ctl.engine.plans.args import Request, to_json
 from anvil_ctl.engine.recover import RecoverReport, recover_unfinished
@@ -31,22 +36,36 @@ from anvil_ctl.engine.world import World
 from anvil_ctl.persistence.locks import release_row
 
 
+def _mint() -> str:
+    """A new transaction ID: the only place one is made."""
+    return str(uuid.uuid4())
+
+
 def run(
-    world: World, owner: Owner, request: Request, *, dry_run: bool = False, faults: Faults = NO_FAULTS
+    world: World,
+    owner: Owner,
+    request: Request,
+    *,
+    dry_run: bool = False,
+    faults: Faults = NO_FAULTS,
+    tx_id: str | None = None,
+    held: HostLock | None = None,
 ) -> Outcome:
     """Prepare, journal and run the transaction `request` asks for (see the module doc).
 
-    A dry run prepares and checks every guard, takes no lock and writes nothing.
+    A dry run prepares and checks every guard, takes no lock and writes nothing. `tx_id`
+    and `held` (the OS lock, its row released) are a follow-up's, given by this module.
     """
     kind = KINDS[request.kind]
     if dry_run:
         plan = kind.build(kind.prepare(world, request), world, request)
         return TransactionEngine(world.store, owner, faults=faults).dry_run(plan, world)
-    tx_id = str(uuid.uuid4())
-    lock = (
-        HostLock(world.store, world.settings.lock_path, owner, request.kind, tx_id) if kind.mutates else None
-    )
+    tx_id = tx_id or _mint()
+    lock = held
     if lock is not None:
+        lock.command, lock.tx_id = request.kind, tx_id
+    elif kind.mutates:
+        lock = HostLock(world.store, world.settings.lock_path, owner, request.kind, tx_id)
         lock.acquire(claim=False)
     try:
         args = kind.prepare(world, request)
@@ -55,17 +74,25 @@ def run(
             if lock is not None:
                 lock.claim()
             world.store.begin(kind=plan.kind, slot=plan.slot, args=to_json(args), owner=owner, tx_id=tx_id)
-        engine = TransactionEngine(world.store, owner, faults=faults)
+        engine = TransactionEngine(world.store, owner, faults=faults, mint=_mint)
         outcome = engine.run(plan, world, tx_id)
         engine.commit(lock.release_row if lock is not None else None)  # with the end state
+        if outcome.follow_up is not None:
+            outcome.followed_by = _follow(world, owner, outcome.follow_up, faults, lock)
     except BaseException as exc:
-        if lock is not None:
+        if lock is not None and held is None:  # a held lock is its holder's to release
             lock.release_after(exc)
         raise
-    if lock is not None:
+    if lock is not None and held is None:
         lock.release()
     outcome.memo = plan.memo
     return outcome
+
+
+def _follow(world: World, owner: Owner, then: FollowUp, faults: Faults, lock: HostLock | None) -> Outcome:
+    if not isinstance(then.request, Request):
+        raise TypeError(f"a follow-up is a request, got {type(then.request).__name__}")
+    return run(world, owner, then.request, faults=faults, tx_id=then.tx_id, held=lock)
 
 
 def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> RecoverReport:
@@ -73,7 +100,7 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
     lock = HostLock(world.store, world.settings.lock_path, owner, "recover")
     stale = lock.acquire(take_over_dead=True)
     try:
-        report = recover_unfinished(world.store, owner, world, faults=faults)
+        report = recover_unfinished(world.store, owner, world, faults=faults, mint=_mint)
         # A dead owner's lock row goes only once nothing it left is unresolved: not after this
         # run's failures, and not while an earlier run's transaction still waits for a person.
         left = {(r.owner.pid, r.owner.hostname, r.owner.boot_id) for r in world.store.unresolved()}
@@ -83,6 +110,12 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
                 continue
             release_row(world.store, dead.id, how="recovered", by=f"recover pid {owner.pid}")
             report.released_locks.append(dead.as_dict())
+        for then in report.follow_ups:
+            lock.release_row()  # the OS lock stays held: the follow-up claims a row of its own
+            after = _follow(world, owner, then, faults, lock)
+            report.recovered.append(
+                {"tx_id": after.tx_id, "kind": after.kind, "state": after.state.value, "reason": after.reason}
+            )
     finally:
         lock.release()
     return report

@@ -28,14 +28,9 @@ STAMP_WAIT_S = 0.5
 
 
 @dataclass(frozen=True)
-class LockInfo:
-    id: str
-    host: str
-    pid: int
-    boot_id: str
-    command: str
-    tx_id: str | None
-    since: str
+class LockInfo(locks.LockRecord):
+    """A lock row and whether its owner still lives (None: an owner on another host)."""
+
     alive: bool | None
 
     def describe(self) -> str:

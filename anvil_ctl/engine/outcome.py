@@ -13,6 +13,14 @@ from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import STATE_EXIT_CODES, ExitCode, TxState
 
 
+@dataclass(frozen=True)
+class FollowUp:
+    """A transaction that follows this one under the same host lock (a watch's rollback)."""
+
+    request: object
+    tx_id: str
+
+
 @dataclass
 class Outcome:
     """What a transaction did; `exit_code` is what the CLI returns for it."""
@@ -37,6 +45,10 @@ class Outcome:
     then: Outcome | None = None
     """The transaction the same command ran right after this one committed (`load
     --promote`: the promotion); its exit code is the command's."""
+    follow_up: FollowUp | None = None
+    """What the end state asks the entry to run next under the same lock (a watch's rollback)."""
+    followed_by: Outcome | None = None
+    """What that follow-up did."""
 
     @property
     def exit_code(self) -> int:
@@ -44,6 +56,9 @@ class Outcome:
             return self.then.exit_code
         if self.drain_refused and self.state is TxState.COMPENSATED:
             return int(ExitCode.REFUSED)
+        after = self.followed_by
+        if after is not None and after.state is not TxState.COMMITTED:
+            return after.exit_code  # the rollback did not bring the incumbent back: its code
         return int(STATE_EXIT_CODES[self.state])
 
     def as_dict(self) -> dict[str, object]:
@@ -59,5 +74,6 @@ class Outcome:
             "after_sha256": self.after.sha256 if self.after else None,
             "changes": [c.as_dict() for c in self.changes],
             "results": self.results,
+            "followed_by": self.followed_by.as_dict() if self.followed_by else None,
             **({"then": self.then.as_dict()} if self.then is not None else {}),
         }

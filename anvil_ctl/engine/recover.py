@@ -3,11 +3,18 @@
 Before the pivot's result is journaled, recovery compensates backwards (each undo observes
 first); after it, recovery rolls forward from the first step without a journaled result. Undos
 journaled as done are not run again, so a second run finds nothing to do; readmissions hold.
+
+A watched promote whose owner died while `watching` is past its pivot: recovery runs it
+forward, so the watch goes on for what is left of its declared duration (at least one
+sample) against the limits journaled with it, and ends as a live watch does (`committed`, or
+`rolled_back` with its rollback in `RecoverReport.follow_ups`, which the entry runs). It resumes
+rather than rolls back because the controller's death says nothing about the serve: the
+serve's own samples decide, and the retained incumbent waits either way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from anvil_ctl.core.errors import NeedsOperator
@@ -16,7 +23,7 @@ from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
-from anvil_ctl.engine.outcome import Outcome
+from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.engine.plans import KINDS, TxKind
 from anvil_ctl.engine.runner import TransactionEngine
@@ -35,10 +42,17 @@ class RecoverReport:
     recovered: list[JSONObject] = field(default_factory=list)
     skipped: list[JSONObject] = field(default_factory=list)
     released_locks: list[JSONObject] = field(default_factory=list)
+    follow_ups: list[FollowUp] = field(default_factory=list)
+    """What recovered transactions asked to run next (a resumed watch's rollback), for the entry."""
 
     @property
     def exit_code(self) -> int:
-        done = {TxState.COMPENSATED.value, TxState.REFUSED.value, TxState.COMMITTED.value}
+        done = {
+            TxState.COMPENSATED.value,
+            TxState.REFUSED.value,
+            TxState.COMMITTED.value,
+            TxState.ROLLED_BACK.value,
+        }
         return int(ExitCode.NEEDS_OPERATOR if any(r["state"] not in done for r in self.recovered) else 0)
 
     def as_dict(self) -> JSONObject:
@@ -84,9 +98,10 @@ def recover_unfinished(
     kinds: Mapping[str, TxKind] = KINDS,
     *,
     faults: Faults = NO_FAULTS,
+    mint: Callable[[], str] | None = None,
 ) -> RecoverReport:
     report = RecoverReport()
-    engine = TransactionEngine(journal, me, faults=faults)
+    engine = TransactionEngine(journal, me, faults=faults, mint=mint)
     # The dead owner may have sent removals to the router that no adapter here saw: every
     # readmission of this recovery holds past them (`Router.readmit(hold=True)`).
     world = replace(world, hold_readmissions=True)
@@ -97,12 +112,15 @@ def recover_unfinished(
             report.skipped.append({"tx_id": rec.id, "kind": rec.kind, "why": why})
             continue
         try:
-            report.recovered.append(_recover_one(journal, engine, rec, kinds, world))
+            found, then = _recover_one(journal, engine, rec, kinds, world)
+            report.recovered.append(found)
+            if then is not None:
+                report.follow_ups.append(then)
         except Exception as exc:
             log.error("recover failed", tx_id=rec.id, error=str(exc))
             why = f"recover could not finish it: {type(exc).__name__}: {exc}"
             state = journal.record(rec.id).state
-            if state in (TxState.RUNNING, TxState.COMPENSATING):
+            if state in (TxState.RUNNING, TxState.COMPENSATING, TxState.WATCHING):
                 target = TxState.NEEDS_OPERATOR if state == TxState.COMPENSATING else TxState.INTERRUPTED
                 journal.transition(rec.id, target, why)
             report.recovered.append(
@@ -128,12 +146,12 @@ def _recover_one(
     rec: TxRecord,
     kinds: Mapping[str, TxKind],
     world: World,
-) -> JSONObject:
+) -> tuple[JSONObject, FollowUp | None]:
     bound = log.bind(tx_id=rec.id, kind=rec.kind)
     if rec.state == TxState.PLANNED:
         # The owner died while guards ran: nothing was mutated.
         journal.transition(rec.id, TxState.REFUSED, "owner died before the first mutation")
-        return {"tx_id": rec.id, "kind": rec.kind, "state": TxState.REFUSED.value, "undone": []}
+        return {"tx_id": rec.id, "kind": rec.kind, "state": TxState.REFUSED.value, "undone": []}, None
     plan = kinds[rec.kind].rebuild(rec.args, world)
     ctx = StepContext(tx_id=rec.id, kind=rec.kind, args=plan.args, world=world, memo=plan.memo)
     events = journal.step_events(rec.id)
@@ -144,7 +162,7 @@ def _recover_one(
             step = steps.get(ev.step)
             if step is not None and step.remember is not None:
                 step.remember(ctx, ev.detail)
-    if rec.state in (TxState.RUNNING, TxState.COMPENSATING):
+    if rec.state in (TxState.RUNNING, TxState.COMPENSATING, TxState.WATCHING):
         journal.transition(rec.id, TxState.INTERRUPTED, f"owner pid {rec.owner.pid} is gone")
     outcome = Outcome(kind=rec.kind, state=TxState.INTERRUPTED, tx_id=rec.id)
     snaps = getattr(journal, "snapshots", None)
@@ -165,7 +183,7 @@ def _recover_one(
         bound.info("recovering backwards", undos=[s.name for _, s, _ in todo])
         outcome = engine.compensate(outcome, plan, ctx, todo, "recovered after owner died")
         direction = "backward"
-    return {
+    found: JSONObject = {
         "tx_id": rec.id,
         "kind": rec.kind,
         "state": outcome.state.value,
@@ -174,3 +192,4 @@ def _recover_one(
         "undone": list(_undone(journal.step_events(rec.id))[undone_before:]),
         "reason": outcome.reason,
     }
+    return found, outcome.follow_up

@@ -41,7 +41,7 @@ from anvil_ctl.core.states import UNFINISHED_STATES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
 from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
-from anvil_ctl.engine.outcome import Outcome
+from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
 
@@ -74,10 +74,19 @@ def _error_detail(exc: BaseException) -> dict[str, object]:
 
 
 class TransactionEngine:
-    def __init__(self, journal: Journal, owner: Owner, *, faults: Faults = NO_FAULTS) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        owner: Owner,
+        *,
+        faults: Faults = NO_FAULTS,
+        mint: Callable[[], str] | None = None,
+    ) -> None:
         self.journal = journal
         self.owner = owner
         self.faults = faults
+        self.mint = mint
+        """Makes the transaction ID of a follow-up (the entry's, the one place IDs are made)."""
         self._held: list[tuple[Callable[[], object], str]] = []
 
     # -- journal: held records, committed with the next write; fault boundaries after -------------
@@ -263,9 +272,47 @@ class TransactionEngine:
                 # Availability outranks symmetry: the slot serves; a person decides about the rest.
                 return self._needs_operator(outcome, plan, ctx, NeedsOperator(reason + " (the slot serves)"))
             return self._compensate_after(outcome, plan, ctx, failed=None, reason=reason)
+        if plan.watch is not None:
+            return self._watch(outcome, plan, ctx)
         self._transition(ctx, TxState.COMMITTED)
         bound.info("committed")
         outcome.state, outcome.results = TxState.COMMITTED, dict(ctx.results)
+        return outcome
+
+    def _watch(self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Outcome:
+        """`watching` until the plan's watch ends: committed when healthy, else `rolled_back`
+        with the follow-up (the rollback) for the entry to run. Each event of the watch (its
+        declaration, every sample, an abort) commits as it happens."""
+        assert plan.watch is not None
+        seq = len(plan.steps)
+        self._transition(ctx, TxState.WATCHING, "watching the serve on the route")
+        _progress(ctx.world).activity(f"watching slot {plan.slot} through the route")
+
+        def record(event: str, detail: JSONObject) -> None:
+            self._event(ctx, seq, "watch", "watch", event, detail=detail)
+
+        try:
+            end = plan.watch(ctx, record)
+        except AnvilError as exc:
+            # The watch could not judge (the router refused our client key, say): an auth
+            # failure is not a model failure, so the serve stays routed and a person decides.
+            self._event(ctx, seq, "watch", "watch", "error", detail=_error_detail(exc))
+            why = NeedsOperator(f"the watch could not judge the serve: {type(exc).__name__}: {exc}")
+            return self._needs_operator(outcome, plan, ctx, why)
+        outcome.results = {**ctx.results, "watch": end.data}
+        if end.healthy:
+            self._transition(ctx, TxState.COMMITTED, end.reason, end.data)
+            outcome.state = TxState.COMMITTED
+            return outcome
+        reason, data = end.reason, end.data
+        kind = getattr(end.then, "kind", None)
+        if end.then is not None and self.mint is not None and isinstance(kind, str):
+            outcome.follow_up = FollowUp(end.then, self.mint())
+            reason += f" (then {kind} {outcome.follow_up.tx_id})"
+            data = {**data, "followed_by": {"kind": kind, "tx_id": outcome.follow_up.tx_id}}
+        self._transition(ctx, TxState.ROLLED_BACK, reason, data)
+        log.warning("watch ended the transaction", tx_id=ctx.tx_id, reason=reason)
+        outcome.state, outcome.reason = TxState.ROLLED_BACK, reason
         return outcome
 
     def _goal_problems(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> list[str]:

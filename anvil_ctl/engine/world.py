@@ -35,6 +35,7 @@ from anvil_ctl.core.ports import (
 
 if TYPE_CHECKING:
     from anvil_ctl.persistence.store import Store
+    from anvil_ctl.qualify.slosample import Sample
 
 
 class SystemClock:
@@ -60,6 +61,10 @@ Acceptance = Callable[[str, str], AcceptanceReport]
 VramRelease = Callable[[VramNeed], JSONObject]
 """The VRAM-release gate: wait until the need is free, return both readings (StepFailed at the deadline)."""
 
+RouteSample = Callable[[str, int, int], "Sample"]
+"""Streamed chats through the router with the client key: (alias, requests, max_tokens) ->
+one sample (`qualify.slosample`), what a watched promote judges."""
+
 ContainerOfPid = Callable[[int], str | None]
 """Which container a host PID runs in (NVML reports engine worker PIDs), None if none."""
 
@@ -78,6 +83,8 @@ class World:
     clock: Clock = field(default_factory=SystemClock)
     acceptance: Acceptance | None = None
     """None where no real client can reach the router (the step then fails, never skips)."""
+    route_sample: RouteSample | None = None
+    """None where no client can reach the router: a watched promote is then refused."""
     vram_release: VramRelease | None = None
     """None where no GPU probe or no GPU role is configured."""
     container_of_pid: ContainerOfPid | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from sqlalchemy import select
 
@@ -52,23 +52,17 @@ def record_recheck(
 
 def rechecks(store: Store, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:
     """The newest `limit` runs, newest first, optionally of one slot."""
+    r = RecheckRow
     q = (
-        select(RecheckRow)
-        .where(RecheckRow.host_id == store.host)  # ix_rechecks_host_id_id
-        .order_by(RecheckRow.id.desc())
+        select(r.id, r.slot, r.passed, r.failed_json.label("failed"), r.snapshot_sha256, r.at)
+        .where(r.host_id == store.host)  # ix_rechecks_host_id_id
+        .order_by(r.id.desc())
         .limit(limit)
     )
     if slot:
-        q = q.where(RecheckRow.slot == slot)
+        q = q.where(r.slot == slot)
     with store.read() as s:
         return [
-            {
-                "id": r.id,
-                "slot": r.slot,
-                "passed": bool(r.passed),
-                "failed": json.loads(r.failed_json),
-                "snapshot_sha256": r.snapshot_sha256,
-                "at": r.at,
-            }
-            for r in s.execute(q).scalars()
+            cast(RecheckRecord, {**m, "passed": bool(m["passed"]), "failed": json.loads(m["failed"])})
+            for m in s.execute(q).mappings()
         ]

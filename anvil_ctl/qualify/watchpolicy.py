@@ -2,7 +2,7 @@
 thresholds it is held to after its qualification (by `recheck --slo`, and by a watched promote).
 
     [watch]
-    duration = "30m"          # how long a watched promote watches (0: a cutover, no watch)
+    duration = "30m"          # how long a promote watches by default (absent or 0: a cutover)
     interval_s = 30.0         # between two samples
     requests = 3              # chat requests per sample, through the route, the official client
     max_tokens = 32           # per request
@@ -37,6 +37,9 @@ METRICS = {
     "decode_tps_p50": "decode tokens per second after the first, median of a sample",
     "error_rate": "share of a sample's requests that failed (an HTTP error, a broken stream)",
     "finish_reason_missing": "share of a sample's answers that ended without a finish_reason",
+    "restarts": "container restarts and OOM kills since the watch began (passive, docker inspect)",
+    "container_down": "1 when the serve's container is not running, else 0 (passive)",
+    "fatal_log_lines": "the engine's fatal log lines since the watch began (the log audit's patterns)",
 }
 LOWER_IS_WORSE = frozenset({"decode_tps_p50"})
 QUALIFIED = {"ttft_p50_s": "ttft_s_p50", "ttft_p95_s": "ttft_s_p95", "decode_tps_p50": "decode_tps_p50"}
@@ -90,10 +93,22 @@ class Limit:
     def as_dict(self) -> JSONObject:
         return {"metric": self.metric, "op": self.op, "limit": self.limit, "source": self.source}
 
+    @classmethod
+    def of(cls, data: Mapping[str, object]) -> Limit:
+        """The limit `as_dict` wrote (a journaled watch declaration's)."""
+        limit = data.get("limit")
+        return cls(
+            str(data["metric"]),
+            str(data["op"]),
+            float(limit) if isinstance(limit, int | float) else None,
+            str(data.get("source", "")),
+        )
+
 
 @dataclass(frozen=True)
 class WatchPolicy:
-    duration_s: float = 1800.0
+    duration_s: float = 0.0
+    """How long `promote` watches when `--watch` is not given: 0, a cutover, unless declared."""
     interval_s: float = 30.0
     requests: int = 3
     max_tokens: int = 32
@@ -104,6 +119,9 @@ class WatchPolicy:
             Threshold("decode_tps_p50", "min_ratio", 0.8),
             Threshold("error_rate", "max", 0.01),
             Threshold("finish_reason_missing", "max", 0.0),
+            Threshold("restarts", "max", 0.0),
+            Threshold("container_down", "max", 0.0),
+            Threshold("fatal_log_lines", "max", 0.0),
         )
     )
     source: str = "default"

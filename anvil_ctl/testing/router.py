@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AuthRejected, StepFailed
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
@@ -13,6 +15,9 @@ from anvil_ctl.core.model import (
 )
 from anvil_ctl.testing.runtime import FakeServerProbe
 from anvil_ctl.testing.world import FakeWorld, TierDoc, WorldDoc, maybe_hang_or_fail
+
+if TYPE_CHECKING:
+    from anvil_ctl.qualify.slosample import Sample
 
 
 def _unknown_tier() -> TierDoc:
@@ -174,3 +179,26 @@ def fake_acceptance(router: FakeRouter) -> Callable[[str, str], FakeAcceptanceRe
         return FakeAcceptanceResult({"plain_chat": ok, "streaming_chat": ok, "tool_call": ok}, answer.model)
 
     return run
+
+
+def fake_route_sample(router: FakeRouter) -> Callable[[str, int, int], Sample]:
+    """A watch's active sample stand-in: each request is the fake router's routed answer (an
+    error unless it is a 200); the fake world's `route_sample_ttft_s` slows the first token."""
+
+    def take(alias: str, requests: int, _max_tokens: int) -> Sample:
+        from anvil_ctl.qualify.slosample import RequestResult, Sample
+
+        maybe_hang_or_fail(router.world, "route_sample")
+        ttft = float(router.world.read().get("route_sample_ttft_s", 0.01))
+        results = []
+        for _ in range(requests):
+            answer = router.routed_chat(alias)
+            ok = answer.status == 200
+            results.append(
+                RequestResult(True, ttft, 100.0, "stop", answer.model)
+                if ok
+                else RequestResult(False, error=f"HTTP {answer.status}")
+            )
+        return Sample(time.time(), tuple(results))
+
+    return take

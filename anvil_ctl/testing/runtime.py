@@ -104,12 +104,20 @@ class FakeRuntime:
             if w["containers"].pop(container_id, None) is None:
                 raise NotFound(f"container {container_id} not found", container_id=container_id)
 
-    def logs(self, container_id: str, *, max_lines: int, max_bytes: int) -> ContainerLog:
-        """The container's `log` lines (see `FakeWorld.append_log`), restart count and OOM flag."""
+    def logs(
+        self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
+    ) -> ContainerLog:
+        """The container's `log` lines (see `FakeWorld.append_log`), restart count and OOM flag;
+        with `since`, the lines appended at that Unix time or later."""
         c = self.world.read()["containers"].get(container_id)
         if c is None:
             raise NotFound(f"container {container_id} not found", container_id=container_id)
-        lines = c.get("log", [])[-(max_lines + 1) :]
+        times = c.get("log_at", [])
+        lines = [
+            line
+            for i, line in enumerate(c.get("log", []))
+            if since is None or (i < len(times) and times[i] >= since)
+        ][-(max_lines + 1) :]
         tail = "".join(line + "\n" for line in lines).encode()
         return ContainerLog.bounded(
             tail,

@@ -40,6 +40,8 @@ class ContainerDoc(TypedDict):
     echo_model: NotRequired[bool]
     """llama.cpp's way: a routed answer carries the request's model (the alias)."""
     log: NotRequired[list[str]]
+    log_at: NotRequired[list[float]]
+    """The Unix time each `log` line was appended (`ContainerRuntime.logs(since=...)`)."""
     in_flight: NotRequired[int]
     """Requests the engine is answering; each look at the count sees one fewer (they end
     while a drain waits) unless `in_flight_stuck`."""
@@ -106,6 +108,8 @@ class WorldDoc(TypedDict):
     fail: dict[str, str]
     fail_times: dict[str, int]
     counter: int
+    route_sample_ttft_s: NotRequired[float]
+    """The first-token time the fake route sample reports (a slow serve under watch)."""
 
 
 EMPTY: WorldDoc = {
@@ -163,6 +167,7 @@ class FakeWorld:
         with self.edit() as w:
             c = w["containers"][container_id]
             c.setdefault("log", []).extend(lines)
+            c.setdefault("log_at", []).extend([time.time()] * len(lines))
             c["restart_count"] = c.get("restart_count", 0) + restarts
             c["oom_killed"] = c.get("oom_killed", False) or oom_killed
 

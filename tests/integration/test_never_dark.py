@@ -61,6 +61,19 @@ class TestKilledAtEveryBoundary:
         _all_ok([host.case(Case(command, "crash", b)) for b in sample])
 
 
+class TestKilledWhileWatching:
+    def test_a_watched_promote_killed_in_its_watching_phase_converges(self, host: ChaosHost) -> None:
+        # From `watching` on, a kill leaves the promote to `recover`, which watches again for
+        # what is left (engine/recover.py): the host ends promoted, serving and routed. Two of
+        # the phase's boundaries here (entering it, after a sample); `make chaos` kills at all.
+        boundaries = host.boundaries("promote-watched")
+        chosen = ["promote:state:watching", "promote:watch:watch:sample"]
+        assert set(chosen) <= set(boundaries), boundaries
+        verdicts = [host.case(Case("promote-watched", "crash", b)) for b in chosen]
+        _all_ok(verdicts)
+        assert {v.converged for v in verdicts} == {"after"}, verdicts
+
+
 class TestRouterRestarted:
     @pytest.mark.parametrize(
         ("command", "boundary"),

@@ -83,8 +83,10 @@ class FakeHost:
         decision_id: str = "d-1",
         waiver_ids: tuple[str, ...] = (),
         reclassifies: str | None = None,
+        profile: str = "",
     ) -> None:
-        """Record a qualification decision for the slot's candidate, as `qualify` would."""
+        """Record a qualification decision for the slot's candidate, as `qualify` would (by
+        the profile `profile`, a name or a file)."""
         app = self.app()
         cand = app.store.current_identity(slot, "candidate")
         assert cand is not None, f"no candidate on slot {slot}"
@@ -98,6 +100,7 @@ class FakeHost:
             outcome=outcome,
             waiver_ids=waiver_ids,
             reclassifies=reclassifies,
+            profile=profile,
         )
 
     @property

@@ -72,7 +72,7 @@ class TestOneMintPlace:
         lock's row, a waiver, and the path of a worker smg parks a drained alias on. The store
         has no default ID to make."""
         assert _calls("uuid4") == {
-            ("anvil_ctl.engine.entry", "run"),
+            ("anvil_ctl.engine.entry", "_mint"),
             ("anvil_ctl.engine.lock", "claim"),
             ("anvil_ctl.commands.gpus_and_waivers", "waive"),
             ("anvil_ctl.adapters.smg", "_park"),

@@ -11,10 +11,11 @@ from typing import ClassVar
 import pytest
 
 from anvil_ctl.commands import audit, lifecycle, transactions
-from anvil_ctl.commands.slo import Enablement, _qualified, _roll_back, _standing_policy
+from anvil_ctl.commands.slo import Enablement, _roll_back
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.states import TxState
+from anvil_ctl.engine.watch import qualified, standing_policy
 from anvil_ctl.evidence.bundle import EvidenceWriter
 from anvil_ctl.persistence import qualification
 from anvil_ctl.qualify.profiles import load_profile, parse_profile
@@ -88,6 +89,9 @@ class TestTheWatchTable:
             ("decode_tps_p50", "min", pytest.approx(40.0)),
             ("error_rate", "max", 0.01),
             ("finish_reason_missing", "max", 0.0),
+            ("restarts", "max", 0.0),
+            ("container_down", "max", 0.0),
+            ("fatal_log_lines", "max", 0.0),
         ]
 
     def test_without_a_qualified_value_a_relative_threshold_is_reported_never_judged(self) -> None:
@@ -301,8 +305,8 @@ class TestThresholdsOfTheStandingServe:
         app = fake_host.app()
         ident = app.store.current_identity("primary", "incumbent")
         assert ident is not None
-        policy, origin = _standing_policy(app, ident, None)
-        values, baseline = _qualified(app, ident)
+        policy, origin = standing_policy(app.store, ident, None)
+        values, baseline = qualified(app.store, app.settings.evidence_dir, ident)
         assert origin == {"decision": "dec-q", "profile": str(profile)}
         assert values == {"ttft_p95_s": 0.4, "decode_tps_p50": 60.0} and baseline["gate"] == "capacity"
         limits = [(lim.metric, lim.op, lim.limit) for lim in policy.limits(values)]
@@ -315,7 +319,7 @@ class TestThresholdsOfTheStandingServe:
         app = fake_host.app()
         ident = app.store.current_identity("primary", "incumbent")
         assert ident is not None
-        values, baseline = _qualified(app, ident)
+        values, baseline = qualified(app.store, app.settings.evidence_dir, ident)
         assert values == {} and "differs from its recorded SHA-256" in str(baseline["why"])
         (ttft, *_rest) = DEFAULT.limits(values)
         assert ttft.limit is None  # reported, never judged against an unverified number

@@ -30,6 +30,11 @@ class TestTransitionTable:
             (S.INTERRUPTED, S.RUNNING),
             (S.COMPENSATION_FAILED, S.COMPENSATED),
             (S.NEEDS_OPERATOR, S.COMPENSATED),
+            (S.RUNNING, S.WATCHING),
+            (S.WATCHING, S.COMMITTED),
+            (S.WATCHING, S.ROLLED_BACK),
+            (S.WATCHING, S.INTERRUPTED),
+            (S.WATCHING, S.NEEDS_OPERATOR),
         } == ALLOWED_TRANSITIONS
 
     def test_allowed_and_banned_cover_the_full_product(self) -> None:
@@ -45,6 +50,6 @@ class TestTransitionTable:
             check_transition(source, target)
         assert (info.value.source, info.value.target) == (source.value, target.value)
 
-    @pytest.mark.parametrize("terminal", [S.COMMITTED, S.COMPENSATED, S.REFUSED])
+    @pytest.mark.parametrize("terminal", [S.COMMITTED, S.COMPENSATED, S.REFUSED, S.ROLLED_BACK])
     def test_terminal_states_have_no_way_out(self, terminal: TxState) -> None:
         assert not [t for (f, t) in ALLOWED_TRANSITIONS if f == terminal]

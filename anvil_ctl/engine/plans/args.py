@@ -71,6 +71,23 @@ class LoadArgs:
 
 
 @dataclass(frozen=True)
+class WatchDeclaration:
+    """A promote's watch, resolved before the first sample and journaled with its arguments:
+    how long and how often, and the absolute limits it judges by (`watchpolicy.Limit.as_dict`)."""
+
+    duration_s: float
+    interval_s: float
+    requests: int
+    max_tokens: int
+    consecutive: int
+    limits: tuple[Mapping[str, object], ...]
+    policy: Mapping[str, object]
+    """The `[watch]` table it came from (`WatchPolicy.as_dict()`, its profile as `source`)."""
+    origin: Mapping[str, object]
+    """The decision and profile, and the qualified values relative limits were resolved from."""
+
+
+@dataclass(frozen=True)
 class PromoteArgs:
     slot: str
     candidate: Identity
@@ -80,6 +97,8 @@ class PromoteArgs:
     accept_drift: DriftAcceptance | None = None
     decision_outcome: str | None = None
     """The standing decision's outcome, read with its ID when the promotion was prepared."""
+    watch: WatchDeclaration | None = None
+    """None: a cutover, committed after the last step."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +227,8 @@ class PromoteRequest:
     candidate: str | None = None
     """Names the slot's loaded candidate (container ID or digest prefix, served model), or None."""
     accept_drift: DriftAcceptance | None = None
+    watch_s: float | None = None
+    """`--watch`: seconds to watch after the switch (0: a cutover); None: the profile's default."""
 
 
 @dataclass(frozen=True)

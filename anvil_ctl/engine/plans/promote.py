@@ -16,18 +16,29 @@ apply as for qualification; below it, the promotion is undone like a failed
 acceptance), written to the promotion's own evidence bundle; record the candidate
 as incumbent and the old incumbent as the rollback identity with the approval and
 that reading (undo: record the old incumbent back).
+
+Watched (`--watch DURATION`, or the `[watch]` duration of the profile that qualified the
+candidate): past the last step the transaction stays `watching` while `engine.watch`
+samples the new incumbent through the route against limits resolved here, in `prepare`,
+and journaled with the arguments before the first sample; each sample is journaled as it
+is taken. A healthy watch commits with its samples as evidence. A breach, `promote
+--abort` from another shell, or SIGINT/SIGTERM to this process ends it `rolled_back`, and
+a `rollback` of its own follows (`engine.entry`), to the old incumbent by container ID,
+its `decided_by` naming the policy and the breaching samples (or the person) and the
+promote it undoes; this promote's end state names that rollback.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
-from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import NoMemo, Plan, Record, Step, StepContext, StepResult, WatchEnd
 from anvil_ctl.engine.gpu_ownership import reserve_reading
 from anvil_ctl.engine.guards import (
     BaseVerified,
@@ -37,7 +48,7 @@ from anvil_ctl.engine.guards import (
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import PromoteArgs, PromoteRequest
+from anvil_ctl.engine.plans.args import PromoteArgs, PromoteRequest, RollbackRequest, WatchDeclaration
 from anvil_ctl.engine.serving import (
     drain_slot,
     identity_drift,
@@ -49,6 +60,9 @@ from anvil_ctl.engine.serving import (
     through_the_route,
 )
 from anvil_ctl.engine.world import World
+
+if TYPE_CHECKING:
+    from anvil_ctl.engine.watch import Verdict
 from anvil_ctl.persistence import approvals, qualification, waiver_rows
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.store import Store
@@ -112,6 +126,8 @@ def prepare(world: World, req: PromoteRequest) -> PromoteArgs:
             field="candidate",
         )
     decision = standing_decision(store, cand.qualification_digest)
+    if req.watch_s is not None and req.watch_s < 0:
+        raise BadInput(f"--watch {req.watch_s:g}: expected a duration >= 0", field="watch")
     return PromoteArgs(
         slot=req.slot,
         candidate=cand,
@@ -120,6 +136,28 @@ def prepare(world: World, req: PromoteRequest) -> PromoteArgs:
         approved_by=req.approved_by,
         accept_drift=req.accept_drift,
         decision_outcome=str(decision["outcome"]) if decision else None,
+        watch=declare_watch(world, cand, req.watch_s),
+    )
+
+
+def declare_watch(world: World, cand: Identity, duration_s: float | None) -> WatchDeclaration | None:
+    """The watch of this promote, every limit made absolute now (None: a cutover)."""
+    from anvil_ctl.engine.watch import qualified, standing_policy
+
+    policy, origin = standing_policy(world.store, cand, None)
+    duration = policy.duration_s if duration_s is None else duration_s
+    if duration <= 0:
+        return None
+    values, baseline = qualified(world.store, world.settings.evidence_dir, cand)
+    return WatchDeclaration(
+        duration_s=duration,
+        interval_s=policy.interval_s,
+        requests=policy.requests,
+        max_tokens=policy.max_tokens,
+        consecutive=policy.consecutive,
+        limits=tuple(lim.as_dict() for lim in policy.limits(values)),
+        policy=policy.as_dict(),
+        origin={**origin, "qualified": {**values}, "baseline": baseline},
     )
 
 
@@ -181,8 +219,18 @@ class CandidateIsServing(Guard[PCtx]):
         return None
 
 
+class WatchCanSample(Guard[Ctx]):
+    """A watched promote samples through the router with its client key: it must have one."""
+
+    def check(self, ctx: Ctx) -> Refusal | None:
+        if ctx.args.watch is not None and ctx.world.route_sample is None:
+            return self.refuse("--watch samples through the router with its client key: none is available")
+        return None
+
+
 GUARDS: list[Guard[Ctx]] = [
     RouterConfigured(),
+    WatchCanSample(),
     ApproverNamed(),
     CandidateVerified(),
     CandidateIsServing(),
@@ -320,6 +368,76 @@ def _candidate(ctx: Ctx) -> Identity:
     return ctx.args.candidate
 
 
+def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
+    """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
+    again: it goes on from the journaled start, for what is left of the duration."""
+    from anvil_ctl.engine.watch import Interrupts, RouteSampler, restart_count, stopper, watch
+    from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
+    from anvil_ctl.qualify.watchpolicy import Limit
+
+    world, cand, decl = ctx.world, ctx.args.candidate, ctx.args.watch
+    assert decl is not None
+    began = next(
+        (e.detail for e in world.store.step_events(ctx.tx_id) if e.step == "watch" and e.event == "begin"),
+        None,
+    )
+    if began is None:
+        began = {"since": time.time(), "restarts_before": restart_count(world, cand)}
+        record("begin", {**began, "serve": cand.container_id, "duration_s": decl.duration_s})
+    since = float(str(began["since"]))
+    left = max(0.0, decl.duration_s - (time.time() - since))
+    if left < decl.duration_s - 1:
+        record("resume", {"since": since, "left_s": round(left, 3)})
+    sampler = RouteSampler(
+        world,
+        cand,
+        requests=decl.requests,
+        max_tokens=decl.max_tokens,
+        since=since,
+        restarts_before=int(str(began["restarts_before"])),
+    )
+    with Interrupts().installed() as interrupts:
+        verdict = watch(
+            duration_s=left,
+            interval_s=decl.interval_s,
+            limits=[Limit.of(lim) for lim in decl.limits],
+            consecutive=decl.consecutive,
+            take=sampler,
+            record=lambda sample: record("sample", dict(sample)),
+            stop=stopper(world.store, ctx.tx_id, interrupts),
+        )
+    if verdict.healthy:
+        return WatchEnd(True, f"watch healthy: {verdict.samples} samples", {"watch": verdict.as_dict()})
+    return _roll_back(ctx, verdict)
+
+
+def _roll_back(ctx: Ctx, verdict: Verdict) -> WatchEnd:
+    """End the watch `rolled_back`; its rollback, to the old incumbent, follows."""
+    old, decl = ctx.args.incumbent, ctx.args.watch
+    assert old is not None and decl is not None  # RollbackIdentityComplete; a watched plan
+    undoes: JSONObject = {"tx_id": ctx.tx_id, "kind": "promote"}
+    decided: JSONObject
+    if verdict.stopped_by is not None:
+        who = verdict.stopped_by
+        decided = {"policy": "person", **who, "undoes": undoes}
+        reason = f"watch stopped by {who.get('by')} ({who.get('via')}): rolling back"
+    else:
+        decided = {
+            "policy": "watch",
+            "profile": str(decl.policy.get("source")),
+            "consecutive": decl.consecutive,
+            "breaches": [*verdict.breaches],
+            "breaching_samples": [dict(s) for s in verdict.breaching],
+            "undoes": undoes,
+        }
+        named = ", ".join(
+            f"{b['metric']} {b['observed']} vs {b['op']} {b['limit']}" for b in verdict.breaches
+        )
+        reason = f"watch breach after {verdict.samples} samples: {named}; rolling back"
+    request = RollbackRequest(slot=ctx.args.slot, to=old.container_id, decided_by=decided)
+    return WatchEnd(False, reason, {"watch": verdict.as_dict(), "decided_by": decided}, request)
+
+
 def build(
     args: PromoteArgs, world: World, _req: PromoteRequest | None = None
 ) -> Plan[PromoteArgs, World, NoMemo]:
@@ -350,4 +468,5 @@ def build(
         pivot="route-to-candidate",
         goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
         repair=reroute,
+        watch=watch_serve if args.watch is not None else None,
     )

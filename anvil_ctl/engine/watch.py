@@ -1,0 +1,291 @@
+"""The watch: samples taken at an interval against limits declared before the first one; a
+verdict out.
+
+`watch` is the loop and knows nothing of what a sample is: every `interval_s` for
+`duration_s` (at least once) it takes a sample, hands it to `record` as it is taken (the
+caller journals it), and judges the newest samples with `watchpolicy.breaches`. It ends at
+the first breach (a limit failed by `consecutive` samples in a row), when `stop` names who
+stopped it (a person's abort, a signal), or healthy at the end. A watched promote samples
+its serve (`RouteSampler`); a canary samples its two serves and judges their comparison
+with the same loop.
+
+`RouteSampler` is the promote's sample of one serve: a few streamed chats through the route
+with the official client (`World.route_sample`), and passive signals of its container since
+the watch began: restarts and OOM kills (docker inspect), whether it runs, and the engine's
+fatal log lines (the log audit's patterns, `qualify.logs`).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.identity import Identity
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
+from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import qualification
+from anvil_ctl.persistence.store import Store
+from anvil_ctl.qualify.logs import classify, patterns_for
+from anvil_ctl.qualify.profiles import load_profile
+from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, WatchPolicy, breaches, qualified_values
+
+Sample = Mapping[str, JSONValue]
+"""One sample as journaled: its `metrics` (metric -> value or None) and what it observed."""
+
+Stop = Callable[[], JSONObject | None]
+"""Who stopped the watch (a person's abort, a signal), or None to go on."""
+
+LOG_LINES = 2000
+LOG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a watch ended: `healthy`, `breach` (with the breaches and the samples that made
+    them) or `stopped` (with who stopped it)."""
+
+    ended: str
+    samples: int
+    breaches: tuple[JSONObject, ...] = ()
+    breaching: tuple[Sample, ...] = ()
+    stopped_by: JSONObject | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.ended == "healthy"
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "ended": self.ended,
+            "samples": self.samples,
+            "breaches": [*self.breaches],
+            "breaching_samples": [dict(s) for s in self.breaching],
+            "stopped_by": self.stopped_by,
+        }
+
+
+def metrics_of(sample: Sample) -> dict[str, float | None]:
+    found = sample.get("metrics")
+    if not isinstance(found, dict):
+        return {}
+    return {k: float(v) if isinstance(v, int | float) else None for k, v in found.items()}
+
+
+def watch(
+    *,
+    duration_s: float,
+    interval_s: float,
+    limits: Sequence[Limit],
+    consecutive: int,
+    take: Callable[[int], Sample],
+    record: Callable[[Sample], None],
+    stop: Stop,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = 0.2,
+) -> Verdict:
+    """Sample until a breach, a stop, or `duration_s` has passed (see the module doc)."""
+    end = clock() + duration_s
+    kept: list[Sample] = []  # the newest `consecutive`: a breach is a run ending at the newest
+    n = 0
+    while True:
+        who = stop()
+        if who is not None:
+            return Verdict("stopped", n, stopped_by=who)
+        started = clock()
+        sample = take(n)
+        record(sample)
+        n += 1
+        kept = [*kept, sample][-consecutive:]
+        found = breaches(limits, [metrics_of(s) for s in kept], consecutive)
+        if found:
+            return Verdict("breach", n, tuple(found), tuple(kept))
+        next_at = min(started + interval_s, end)
+        while clock() < next_at:
+            who = stop()
+            if who is not None:
+                return Verdict("stopped", n, stopped_by=who)
+            sleep(max(0.0, min(poll_s, next_at - clock())))
+        if clock() >= end:
+            return Verdict("healthy", n)
+
+
+class RouteSampler:
+    """One sample of a serve: active chats through the route, passive signals of its container
+    since `since` (a Unix time) against the restart count it had then."""
+
+    def __init__(
+        self,
+        world: World,
+        serve: Identity,
+        *,
+        requests: int,
+        max_tokens: int,
+        since: float,
+        restarts_before: int,
+    ) -> None:
+        if world.route_sample is None:
+            raise RuntimeError("a watch samples through the router: the world has no route_sample")
+        self.world = world
+        self.serve = serve
+        self.alias = world.config.slot(serve.slot).aliases[0]
+        self.requests = requests
+        self.max_tokens = max_tokens
+        self.since = since
+        self.restarts_before = restarts_before
+        self.patterns = patterns_for(serve.engine_profile or None)
+
+    def __call__(self, n: int) -> Sample:
+        assert self.world.route_sample is not None
+        active = self.world.route_sample(self.alias, self.requests, self.max_tokens)
+        passive = self.passive()
+        metrics: JSONObject = {
+            **{k: None if v is None else round(v, 4) for k, v in active.metrics().items()},
+            **{k: passive[k] for k in ("restarts", "container_down", "fatal_log_lines")},
+        }
+        return {
+            "n": n,
+            "at": round(time.time(), 3),
+            "metrics": metrics,  # the active sample's and the passive signals'
+            "requests": active.as_dict()["requests"],
+            "passive": passive,
+        }
+
+    def passive(self) -> JSONObject:
+        """What the runtime says of the serve's container since the watch began."""
+        try:
+            log = self.world.runtime.logs(
+                self.serve.container_id, max_lines=LOG_LINES, max_bytes=LOG_BYTES, since=self.since
+            )
+        except NotFound:
+            return {"restarts": None, "container_down": 1, "fatal_log_lines": None, "status": "absent"}
+        found = classify(log.lines, self.patterns)
+        return {
+            "restarts": max(0, log.restart_count - self.restarts_before) + int(log.oom_killed),
+            "container_down": int(log.status != "running"),
+            "fatal_log_lines": sum(found.fatal_counts.values()),
+            "status": log.status,
+            "oom_killed": log.oom_killed,
+            "exit_code": log.exit_code,
+            "fatal": [*found.fatal[:3]],
+        }
+
+
+def restart_count(world: World, serve: Identity) -> int:
+    """The serve's container restart count now (0 when it cannot be read): a watch's baseline."""
+    try:
+        return world.runtime.logs(serve.container_id, max_lines=1, max_bytes=1024).restart_count
+    except NotFound:
+        return 0
+
+
+# -- the policy a serve is held to ---------------------------------------------------------------
+
+
+def standing_policy(store: Store, serve: Identity, profile: str | None) -> tuple[WatchPolicy, JSONObject]:
+    """The `[watch]` table of the profile that qualified the serve (its newest decision names
+    it; `profile` chooses another), and where it came from."""
+    decision = qualification.latest_decision(store, serve.qualification_digest)
+    chosen = profile or (decision["profile"] if decision else None)
+    policy = load_profile(chosen).watch if chosen else DEFAULT
+    origin: JSONObject = {"decision": decision["id"] if decision else None, "profile": chosen}
+    return policy, origin
+
+
+def qualified(store: Store, evidence_dir: Path, serve: Identity) -> tuple[dict[str, float], JSONObject]:
+    """The qualified values of the serve's newest qualification (relative limits resolve
+    against them), read from its capacity artifact only when the artifact's SHA-256 matches
+    the record; and which evidence they came from."""
+    decision = qualification.latest_decision(store, serve.qualification_digest)
+    tx_id = decision["tx_id"] if decision else None
+    if not tx_id:
+        return {}, {"evidence": None, "why": "no qualification recorded for this serve"}
+    for gate in qualification.evidence(store, tx_id):
+        path = Path(gate["artifact"])
+        if not path.is_absolute():
+            path = evidence_dir / tx_id / path
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            continue
+        if gate["sha256"] and hashlib.sha256(raw).hexdigest() != gate["sha256"]:
+            return {}, {"evidence": str(path), "why": "artifact differs from its recorded SHA-256"}
+        try:
+            cells = get_objects(get_object(json.loads(raw), "evidence"), "cells")
+        except ValueError:
+            continue
+        if cells and all("concurrency" in c for c in cells):
+            return qualified_values(cells), {"evidence": str(path), "gate": gate["gate"], "tx_id": tx_id}
+    return {}, {"evidence": None, "tx_id": tx_id, "why": "the qualification measured no capacity cell"}
+
+
+# -- who stops a watch -----------------------------------------------------------------------------
+
+ABORT = "abort"
+"""The watch event `promote --abort` journals in the watched transaction: a person's stop."""
+
+
+class Interrupts:
+    """SIGINT and SIGTERM, while a watch runs, become a person's stop instead of killing the
+    process mid-sample: the watch ends at its next check and rolls back (main thread only;
+    elsewhere signals keep their handlers)."""
+
+    def __init__(self) -> None:
+        self.caught: JSONObject | None = None
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.caught is None:
+            self.caught = {
+                "by": _user(),
+                "via": signal.Signals(signum).name,
+                "reason": f"{signal.Signals(signum).name} to pid {os.getpid()} during the watch",
+            }
+
+    @contextmanager
+    def installed(self) -> Iterator[Interrupts]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def stopper(store: Store, tx_id: str, interrupts: Interrupts, *, every_s: float = 1.0) -> Stop:
+    """Who stopped the watch of `tx_id`: a signal (at once), or an abort journaled in it by
+    another process (looked for at most every `every_s`)."""
+    looked = [float("-inf")]
+
+    def stop() -> JSONObject | None:
+        if interrupts.caught is not None:
+            return interrupts.caught
+        if time.monotonic() - looked[0] < every_s:
+            return None
+        looked[0] = time.monotonic()
+        for ev in store.step_events(tx_id):
+            if ev.step == "watch" and ev.event == ABORT:
+                return {**ev.detail, "via": "promote --abort"}
+        return None
+
+    return stop
