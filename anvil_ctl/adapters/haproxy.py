@@ -1,18 +1,10 @@
 """Router adapter for HAProxy (Debian 2.6) through its Runtime API on a Unix socket.
 
-The configuration it runs with is `haproxy_config.render_config`: one backend
-per tier with server slots that start in maintenance. Registering a backend sets a free
-slot's address and makes it ready; draining sets `drain`; deregistering sets
-`maint`.
-
-Admin access is the Runtime API socket itself: its file permissions are the
-credential, so the socket is checked (a socket, owned by us or root, not
-world-writable) before every use. The client token enters only the generated
-config file, which is written 0600; nothing here logs it.
-
-Warning: routing reads the buffered request body (`tune.bufsize` 1 MiB); a
-request whose `"model"` key lies beyond that is answered 404.
-"""
+It runs `haproxy_config.render_config`: one backend per tier, server slots starting in
+maintenance; register readies a free slot, drain sets `drain`, deregister `maint`. The socket's
+permissions are the admin credential (checked before every use); the client token enters only
+the 0600 config. Warning: routing reads the buffered body (`tune.bufsize` 1 MiB); a `"model"`
+key beyond it is answered 404."""
 
 from __future__ import annotations
 

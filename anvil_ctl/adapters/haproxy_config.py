@@ -1,14 +1,9 @@
 """The HAProxy configuration anvil_ctl runs with, and the Runtime API socket check.
 
-`render_config` writes one backend per tier (`tier_<name>`) with a fixed number
-of server slots that start in maintenance; the frontend refuses requests whose
-`Authorization` header is not the client token (401), routes by the JSON body's
-`"model"` to the tier that lists the alias, and answers 404 for an alias no tier
-lists; a tier with no server up answers 503 with `Retry-After: 1`. The client token
-enters only this file, written 0600 from its first byte.
-The Runtime API socket is the admin credential: `check_socket` refuses one that
-others could use.
-"""
+One backend per tier (`tier_<name>`) with server slots starting in maintenance; the frontend
+answers 401 without the client token, routes by the body's `"model"` alias (404 for an unknown
+one, 503 with `Retry-After: 1` for a tier with no server up). The token enters only this file,
+written 0600. `check_socket` refuses a Runtime API socket others could use."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """What both router adapters share: error translation, the routed chat, the readmission loop,
-and `RouterHttp`, the data-plane half of the `Router` port (routed chat, readiness, a route's check).
+and `RouterHttp`, the data-plane half of the `Router` port.
 
-httpx exceptions end here (`TransientError`); a 401/403 becomes `AuthRejected`
-naming the credential's source, never its value. The readmission loop retries
-only our own retryable errors (`TransientError`, `NotYetRouted`) with tenacity
-until its deadline and turns the last reason into `StepFailed`.
-"""
+httpx exceptions end here; a 401/403 becomes `AuthRejected` naming the credential's source,
+never its value. Readmission retries only our own retryable errors until its deadline."""
 
 from __future__ import annotations
 
@@ -107,11 +104,8 @@ def routed_chat(
 
 
 def probe_client_token(client: httpx.Client, base_url: str, secret: Secret) -> int:
-    """A harmless authenticated data-plane call: a chat to an alias no tier serves.
-
-    Any answer but 401/403 (typically 404) proves the token was accepted; no
-    backend sees the request.
-    """
+    """A harmless authenticated data-plane call: a chat to an alias no tier serves (any answer but
+    401/403 proves the token; no backend sees it)."""
     with translated(f"client credential probe via {base_url}"):
         response = client.post(
             f"{base_url}/v1/chat/completions",
@@ -147,12 +141,8 @@ def readmit_loop(
     clock: Callable[[], float] = time.monotonic,
     max_wait_s: float = 2.0,
 ) -> RoutedAnswer:
-    """Call `attempt` until it returns (a verified answer), retrying only TransientError.
-
-    AuthRejected and every other error pass through at once: a credential
-    problem is final. At the deadline (on `clock`, the adapter's own) the last
-    reason becomes StepFailed.
-    """
+    """Call `attempt` until it returns, retrying only TransientError (AuthRejected and the rest pass
+    at once); at the deadline the last reason becomes StepFailed."""
     started = clock()
 
     def _past_deadline(_state: RetryCallState) -> bool:

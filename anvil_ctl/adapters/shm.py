@@ -183,8 +183,8 @@ class ShmScanner:
         names: set[str],
         unreadable: set[int],
         *,
-        lines: re.Pattern[bytes] | None = None,
-        tokens: tuple[bytes, ...] = (),
+        lines: re.Pattern[bytes],
+        tokens: tuple[bytes, ...],
     ) -> set[str]:
         found: set[str] = set()
         # Plain string paths and bytes: this runs for every process on the host, three times
@@ -194,12 +194,9 @@ class ShmScanner:
         try:
             with open(f"{base}/maps", "rb") as fh:
                 raw = fh.read()
-            if lines is None:
-                candidates: Iterable[bytes] = raw.splitlines(keepends=True)
-            elif any(token in raw for token in tokens):  # most processes map none: memmem only
+            candidates: Iterable[bytes] = ()
+            if any(token in raw for token in tokens):  # most processes map none: memmem only
                 candidates = (m[0] for m in lines.finditer(raw))
-            else:
-                candidates = ()
             for line in candidates:
                 hit = _mapped(line.decode("utf-8", errors="surrogateescape"), by_inode, by_path)
                 if hit is not None:

@@ -1,60 +1,29 @@
 """Router adapter for the SGLang/Shepherd Model Gateway (`smg`, pinned 1.13.0) `/workers` API.
 
-Admin calls (`/workers`) carry the control-plane key (admin role); routed
-calls carry the data-plane key. A tier is the label `anvil.tier` on smg's
-workers; a tier has one backend, registered with its first alias as model id
-(smg 1.13 keeps only the first entry of `models`; extra aliases need
-`--model-alias` when smg starts).
+Admin calls carry the control-plane key, routed calls the data-plane key. A tier is the worker
+label `anvil.tier`, one backend registered with its first alias as model id (smg 1.13 keeps
+only the first entry of `models`).
 
-Observed behaviour this adapter is written around (smg 1.13.0, against the real
-binary in the test environment):
-- `POST /workers` answers 202 and registers in the background (a job); the
-  worker appears in `GET /workers` shortly after.
-- `DELETE /workers/{id}` answers 202 and queues a removal job keyed by the
-  worker's URL: the worker reads `draining` (unhealthy, routed chat 503) at once,
-  `GET /workers/{id}` shows `job_status` {job_type RemoveWorker, status
-  processing}, and after a fixed drain (`OWN_REMOVAL_MIN_S`) the job removes
-  *whatever worker is registered at that URL by then*. Nothing
-  cancels it: a POST of the URL meanwhile answers 409, a PUT answers 202 and reads
-  the worker `ready` again, yet the removal still lands. A second DELETE of a
-  draining worker removes it at once and clears the URL's job status while the
-  first removal is still pending, invisible, and takes the next registration of
-  that URL with it. So: a worker whose removal is pending is never DELETEd again
-  (the adapter waits until it is gone), and readmission holds (below).
-- After a backend restart `/readiness` answers 200 and the worker reads
-  healthy while routed chat can answer 503 for up to a minute (an open
-  circuit breaker). Readiness proves nothing: readmission ends only with an
-  authenticated routed chat answering 200 from the expected served model, and
-  re-registers the worker (a fresh worker has a closed breaker) when a healthy
-  worker's chat fails.
-- Registrations live in memory: a restarted smg has none, so readmission
-  re-registers whatever is missing.
+Observed of smg 1.13.0 (the real binary in the test environment):
+- `POST /workers` answers 202 and registers in the background.
+- `DELETE /workers/{id}` answers 202 and queues a removal keyed by URL: the worker drains at
+  once and, after a fixed drain (`OWN_REMOVAL_MIN_S`), the job removes whatever is registered
+  at that URL by then. Nothing cancels it; a second DELETE removes the worker at once while the
+  first removal stays pending, invisible. So a worker whose removal is pending is never
+  DELETEd again, and readmission holds.
+- After a backend restart, readiness and health can say yes while routed chat answers 503 (an
+  open circuit breaker): readmission ends only with an authenticated routed chat answering 200
+  from the expected model, re-registering a worker whose chat fails.
+- Registrations live in memory: readmission re-registers what a restarted smg lost.
 
-The hold: a registration made while a removal of its URL may still be pending is
-kept under observation until that removal has surely landed, and registered again
-if it lands meanwhile. A removal may be pending, and readmission holds, only when
-- this adapter sent a DELETE for the URL whose removal it has not seen land after a
-  full drain (`OWN_REMOVAL_MIN_S`): a removal seen sooner was a second DELETE's,
-  and the first one's may still be queued, invisible;
-- a removal was seen pending for the URL (a draining worker, a queued RemoveWorker
-  job), at readmission start or during it (someone else's DELETE): held until
-  `removal_hold_s` after its sighting;
-- the caller asks (`hold=True`): it cannot know what a process that died before it
-  sent (`recover`), or it repairs a route something broke (`reconcile`, the
-  availability restore, a goal's repair): held until `removal_hold_s` after the
-  readmission began.
-A live transaction's own drain waited until its removal landed, so its readmission
-ends at the first verified routed chat.
+The hold: a registration made while a removal of its URL may be pending is watched, and made
+again if it lands, until the removal surely has: our own DELETE not yet seen to land after a
+full drain; a removal seen pending (held `removal_hold_s` past its sighting); or `hold=True`
+from a caller that cannot know what a dead process sent (`recover`, repairs).
 
-Workers this adapter registers carry `health.drain_settle_secs = 0`: smg removes them at
-once when DELETEd (requests in flight go on over their connections), so a drain waits for
-no fixed delay and no removal of theirs is ever left pending. Before a drain removes a
-tier's worker, it parks the tier's alias on a worker at the parking responder
-(`anvil_ctl.adapters.smg_parking`), so that clients get a retryable 503 with Retry-After,
-never a 404, until readmission removes the parked worker (two DELETEs: draining, then gone
-at once). A process that ends with a tier parked DELETEs its parked worker once: smg then
-keeps it draining, answering 503 itself, for `PARK_SETTLE_S`.
-"""
+Our workers carry `health.drain_settle_secs = 0`, so smg removes them at once when DELETEd and
+none of their removals is left pending. A drain first parks the tier's alias at the parking
+responder (`smg_parking`): clients get a retryable 503, never a 404, until readmission."""
 
 from __future__ import annotations
 
@@ -97,9 +66,7 @@ what a wait overshoots the removal it waits for by is lost (half a poll on avera
 
 
 PARK_SETTLE_S = 3600
-"""A parked worker's drain time: how long smg answers 503 for a tier left parked by a process
-that has ended (a committed load waiting for its promote), before it removes the worker and
-answers 404 again."""
+"""A parked worker's drain: how long smg answers 503 for a tier left parked by an ended process."""
 
 
 class SmgRouter(RouterHttp):
@@ -160,23 +127,16 @@ class SmgRouter(RouterHttp):
     # -- control plane ------------------------------------------------------
 
     def _removal_pending(self, worker: SmgWorker) -> bool:
-        """smg will remove this worker's URL: it drains, or a RemoveWorker job is queued for it.
-
-        Seen pending, it is remembered (`PendingRemovals`): readmission holds past it.
-        """
+        """smg will remove this worker's URL (it drains, or a RemoveWorker job is queued); remembered,
+        so readmission holds past it."""
         pending = worker.draining or self._workers.removal_queued(worker)
         if pending:
             self._removals.saw_pending(worker.url, worker.id)
         return pending
 
     def _remove(self, worker: SmgWorker) -> None:
-        """Remove a worker and wait until its URL is gone (see the removal notes above).
-
-        A worker whose removal is already pending is not DELETEd again: that would
-        remove it at once and hide the pending removal, which then takes the next
-        registration of the URL. Our own DELETE counts as landed only when the URL went
-        after a full drain (`OWN_REMOVAL_MIN_S`); until then readmission holds.
-        """
+        """Remove a worker and wait until its URL is gone; a worker whose removal is pending is not
+        DELETEd again (that would hide the pending removal, which then takes the next registration)."""
         worker_id, url = worker.id, worker.url
         sent: float | None = None
         if not self._removal_pending(worker):
@@ -227,11 +187,8 @@ class SmgRouter(RouterHttp):
     # -- Router port ----------------------------------------------------------
 
     def probe_credentials(self) -> None:
-        """Admin: DELETE of the nil worker id (404 proves the admin role; nothing exists to delete).
-
-        Client: a chat to an alias no tier serves (404 proves the key). A
-        user-role admin key answers 403, a wrong one 401: both AuthRejected.
-        """
+        """Admin: DELETE of the nil worker id (404 proves the admin role); client: a chat to an alias no
+        tier serves (404 proves the key). 401/403 raise AuthRejected."""
         response = self._workers.call("DELETE", f"/workers/{NIL_WORKER_ID}")
         if response.status_code not in (404, 200, 202):
             raise AdapterError(f"smg admin probe answered {response.status_code}")
@@ -410,13 +367,9 @@ class SmgRouter(RouterHttp):
     ) -> RoutedAnswer | None:
         """Keep observing the registration until no removal can still land on it.
 
-        A removal sent before `since` lands within smg's drain of it, one seen
-        pending within the drain of its sighting, our own DELETE within the drain of its
-        sending; past `removal_hold_s` after each, nothing queued can remove the URL.
-        Gone or pending removal meanwhile: NotYetRouted, and the next attempt registers
-        again. The routed chat is repeated at the end (None when there was nothing to
-        wait for).
-        """
+        Past `removal_hold_s` after each possible removal nothing queued can remove the URL; gone or
+        pending meanwhile: NotYetRouted (the next attempt registers again). The routed chat is
+        repeated at the end (None when there was nothing to wait for)."""
         if self._removals.held(url, since):
             return None
         until = self._removals.hold_until(url, since) or self._clock()

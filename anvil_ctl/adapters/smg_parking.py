@@ -1,16 +1,9 @@
-"""The parking responder: what smg routes a drained tier's aliases to until a serve is routed again.
+"""The parking responder: where smg routes a drained tier's aliases until a serve is routed again.
 
-smg answers `404 model_not_found` (which the official clients do not retry) once no worker
-serves an alias, and `503 no_available_workers` with `Retry-After: 1` while some registered
-worker serves it but none is available. So when a tier drains, its alias is registered on a
-worker of its own (label `anvil.parked`) at this responder, a loopback HTTP server in the
-controller's process, under a path of its own (`/parked/<id>`: no two parked workers share a
-URL, so no removal smg still has pending for one can take another). smg's health checks pass,
-and every request it is sent is answered `503` with `Retry-After: 1`. The smg adapter
-removes the parked worker at readmission; a controller that exits with the tier still
-drained (a committed `load`: the candidate is reached directly until `promote`) DELETEs it
-first, and smg keeps it draining, answering 503 itself, for the worker's drain time.
-"""
+smg answers a non-retryable `404 model_not_found` once no worker serves an alias, but `503` with
+`Retry-After: 1` while one is registered and unavailable. So a drained tier's alias is registered
+on a worker (label `anvil.parked`) at this loopback responder, under its own path
+(`/parked/<id>`), which answers every request 503 with `Retry-After: 1`; readmission removes it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Which removals smg may still land on a URL: the bookkeeping behind readmission's hold.
-
-smg removes a DELETEd worker after a fixed drain, by URL, whatever is registered
-there by then (see `anvil_ctl.adapters.smg`). `PendingRemovals` remembers, per URL,
-the newest removal seen pending and this adapter's own DELETE until it is seen to
-land after a full drain, and says until when a registration there must be held.
-"""
+"""Which removals smg may still land on a URL: the bookkeeping behind readmission's hold."""
 
 from __future__ import annotations
 
@@ -15,10 +9,8 @@ from anvil_ctl.log import get_logger
 log = get_logger()
 
 OWN_REMOVAL_MIN_S = 5.0
-"""smg 1.13's fixed drain before it removes a DELETEd worker: a removal this adapter sees
-land sooner than this after its DELETE was not (only) its own. (A foreign second DELETE
-landing just before ours cannot be told apart; the engine's goal check after readmission
-finds the route gone and repairs it, holding.)"""
+"""smg 1.13's fixed drain before it removes a DELETEd worker: a removal seen sooner after our
+DELETE was not (only) ours."""
 
 
 class PendingRemovals:
@@ -55,10 +47,8 @@ class PendingRemovals:
             log.warning("router.smg.early_removal", url=url, seconds=round(self._clock() - sent, 3))
 
     def hold_until(self, url: str, since: float | None) -> float | None:
-        """When every removal that may still be pending for `url` has surely landed (None: none may).
-
-        `since`: the caller's own reason to hold (the readmission's start), else None.
-        """
+        """When every removal that may still be pending for `url` has surely landed (None: none may);
+        `since`: the caller's own reason to hold, else None."""
         seen = self._seen.get(url)
         sent = self._unlanded.get(url)
         reasons = [t for t in (since, seen[1] if seen else None, sent) if t is not None]

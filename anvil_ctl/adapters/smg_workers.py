@@ -1,11 +1,5 @@
-"""smg's control plane (`/workers`), typed: the calls and the workers they list.
-
-`SmgWorkers` makes the admin calls (list, job status, register, remove) with the
-control-plane key and translates transport failures and 5xx into TransientError;
-`SmgWorker` is one listed worker narrowed, at this edge, to the fields the router
-adapter (`anvil_ctl.adapters.smg`) reads. Waiting, removal bookkeeping and the
-hold live there.
-"""
+"""smg's control plane (`/workers`), typed: the admin calls, and each listed worker narrowed to
+the fields the router adapter reads."""
 
 from __future__ import annotations
 
