@@ -293,10 +293,12 @@ class Bench:
             if t["kind"] == "rollback" and _at(t["created_at"]) >= t0
         ]
         worst: dict[str, float | None] = {}
-        for metric, (op, _limit) in LIMITS.items():
+        outside: dict[str, int] = {}  # samples past a limit alone, not `consecutive` in a row
+        for metric, (op, limit) in LIMITS.items():
             values = [s["metrics"].get(metric) for s in samples]
             known = [float(v) for v in values if isinstance(v, int | float)]
             worst[metric] = (max(known) if op == "max" else min(known)) if known else None
+            outside[metric] = sum(1 for v in known if (v > limit if op == "max" else v < limit))
         return {
             "minutes": minutes,
             "interval_s": interval_s,
@@ -306,6 +308,7 @@ class Bench:
             "breaches": len(shown["states"][-1]["data"].get("watch", {}).get("breaches", [])),
             "rollbacks": len(rollbacks) + (out.get("state") == "rolled_back" and not rollbacks),
             "worst": worst,
+            "outside": {m: n for m, n in outside.items() if n},
         }
 
     def close(self) -> None:
@@ -380,7 +383,9 @@ def markdown(rows: dict[str, Any]) -> str:
             f"| {h['minutes']:g} min | {h['interval_s']:g} | {h['samples']} | {h['breaches']} | "
             f"{h['rollbacks']} | {h['state']} | 0 rollbacks: {verdict} |",
             "",
-            f"Worst sample of the healthy watch against its limits: {seen}. "
+            f"Worst sample of the healthy watch against its limits: {seen}. Samples past a limit "
+            f"alone (never {CONSECUTIVE} in a row): "
+            f"{', '.join(f'{m} {n}' for m, n in h.get('outside', {}).items()) or 'none'}. "
             f"Load average at its end {h.get('load', '-')}.",
             "",
         ]
