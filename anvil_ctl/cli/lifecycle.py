@@ -268,7 +268,8 @@ def recheck(
     names a repair: then the route alone is re-applied when it is what drifted. Exit 7
     when the host cannot be observed (Docker or the state database unavailable): the
     textfile then says anvil_recheck_up 0. Between a committed load and its promote or
-    rollback the slot is judged as the campaign should be (phase qualifying).
+    rollback the slot is judged as the campaign should be (phase qualifying); while a
+    promote watches, as the watch should hold (phase watching; exit 5 if its owner is gone).
     """
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded

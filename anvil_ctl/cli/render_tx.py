@@ -230,6 +230,8 @@ def recheck(r: RecheckResult, out: Out) -> None:
     )
     if not r.up:
         verdict = f"UNAVAILABLE, could not observe: {s(r.unavailable)}"
+    elif r.needs_recover:
+        verdict = "NEEDS RECOVER: the watched promote's owner is gone; `anvilctl recover` resumes it"
     elif r.passed:
         verdict = "all assertions hold"
     else:

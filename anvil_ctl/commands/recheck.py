@@ -21,7 +21,10 @@ transaction. Nothing else is ever repaired.
 A slot in the middle of a campaign (a committed `load` not yet promoted or rolled back) is
 judged by the state the campaign should have (`engine.campaign`): the candidate serving with
 its identity, the incumbent retained intact, the tier as the load left it. Its result, record
-and metrics say `phase: qualifying`; a slot outside a campaign is `serving`.
+and metrics say `phase: qualifying`; a slot outside a campaign is `serving`. A slot whose
+promote is open in `watching` is `phase: watching`, judged by what the watch should hold (the
+candidate routed and serving, the old incumbent retained); a watch whose owner is gone exits 5
+(`recover` resumes it), and no repair runs while a watch owns the slot.
 
 Each run also witnesses the audit chain's head after its own record (`SEQ:HASH`):
 in its result, an `audit.head` log line and the textfile's `anvil_audit_head`
@@ -45,7 +48,16 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.engine.assertions import slot_assertions
-from anvil_ctl.engine.campaign import QUALIFYING, SERVING, campaign_assertions, campaign_of
+from anvil_ctl.engine.campaign import (
+    PHASES,
+    QUALIFYING,
+    SERVING,
+    WATCHING,
+    campaign_assertions,
+    campaign_of,
+    watch_assertions,
+    watch_of,
+)
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.serving import pauses
 from anvil_ctl.engine.world import World, one_reading
@@ -94,7 +106,8 @@ class RecheckResult:
     repair: JSONObject | None = None
     """The router repair this recheck followed (its transaction and the recheck before it)."""
     phase: str = SERVING
-    """`serving`, or `qualifying` between a committed load and its promote or rollback."""
+    """`serving`, `qualifying` between a committed load and its promote or rollback, or
+    `watching` while a promote is open in its watch."""
 
     @property
     def up(self) -> bool:
@@ -112,9 +125,16 @@ class RecheckResult:
         return not self.failed
 
     @property
+    def needs_recover(self) -> bool:
+        """A watched promote whose owner is gone: `recover` resumes it."""
+        return self.phase == WATCHING and "watch" in self.failed
+
+    @property
     def exit_code(self) -> int:
         if not self.up:
             return ExitCode.UNAVAILABLE
+        if self.needs_recover:
+            return ExitCode.NEEDS_OPERATOR
         return ExitCode.OK if self.passed else ExitCode.DRIFT
 
     def as_dict(self) -> RecheckRecord:
@@ -252,9 +272,13 @@ def _recheck(
         # Engine is "could not observe", never drift.
         world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: slot})
         ident = app.store.current_identity(slot, "incumbent")
-        campaign = campaign_of(world, slot)
+        watched = watch_of(world, slot, app.owner)
+        campaign = campaign_of(world, slot) if watched is None else None
         with one_reading(world):  # assertions and snapshot only observe: /dev/shm scanned once
-            if campaign is not None:
+            if watched is not None:
+                out.phase = WATCHING
+                out.assertions.extend(a.as_dict() for a in watch_assertions(world, watched))
+            elif campaign is not None:
                 out.phase = QUALIFYING
                 out.assertions.extend(a.as_dict() for a in campaign_assertions(world, campaign))
             elif ident is None:
@@ -280,7 +304,10 @@ def _slo(app: App, out: RecheckResult, ident: Identity | None, slo: SloRequest) 
     """The `slo` assertion: sampled only where the route should serve the recorded incumbent
     and every other assertion holds (a route known broken needs no sample to say so)."""
     if out.phase != SERVING or ident is None:
-        why = "a campaign is in progress: the route serves nothing until promote" if ident else "no incumbent"
+        why = {
+            QUALIFYING: "a campaign is in progress: the route serves nothing until promote",
+            WATCHING: "a watch samples the route against its own limits",
+        }.get(out.phase, "no incumbent")
         return {"name": "slo", "passed": out.phase != SERVING, "observed": {"skipped": why}}
     if out.failed:
         return {"name": "slo", "passed": False, "observed": {"skipped": f"failed first: {out.failed}"}}
@@ -342,11 +369,11 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
     )
     phase = Gauge(
         "anvil_recheck_phase",
-        "1 for the campaign phase the last recheck judged the slot in (serving or qualifying).",
+        "1 for the campaign phase the last recheck judged the slot in (serving, qualifying or watching).",
         ["slot", "phase"],
         registry=registry,
     )
-    for name in (SERVING, QUALIFYING):
+    for name in PHASES:
         phase.labels(slot=result.slot, phase=name).set(int(result.up and result.phase == name))
     up.labels(slot=result.slot).set(int(result.up))
     passed.labels(slot=result.slot).set(int(result.up and result.passed))

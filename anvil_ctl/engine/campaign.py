@@ -2,7 +2,10 @@
 
 Between a committed `load` and the promote or rollback that ends it a slot is `qualifying`: the
 incumbent is stopped and retained and the tier drained by design, so it is judged by whether
-the campaign is intact, not by the serving assertions. Read-only.
+the campaign is intact, not by the serving assertions. While a promote is open in `watching`
+(the watch owns the slot: the candidate routed and serving, the old incumbent stopped and
+retained) the slot is `watching`, judged by that state and by whether the watch's owner is
+alive (a dead one leaves a watch that `recover` must resume). Read-only.
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ from dataclasses import dataclass
 
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
+from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.assertions import Assertion, Observation, _check, slot_assertions
+from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.engine.serving import identity_drift, image_present, inspect_or_none
 from anvil_ctl.engine.world import World
 
 SERVING = "serving"
 QUALIFYING = "qualifying"
+WATCHING = "watching"
+PHASES = (SERVING, QUALIFYING, WATCHING)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,55 @@ def campaign_of(world: World, slot: str) -> Campaign | None:
     if candidate is None:  # a load commits only after recording its candidate
         return None
     return Campaign(newest[0], candidate, world.store.current_identity(slot, "incumbent"))
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A promote open in `watching`: its candidate routed, the old incumbent retained."""
+
+    promote_tx: str
+    candidate: Identity
+    incumbent: Identity | None
+    owner_pid: int
+    owner_alive: bool | None
+    """False: the owning process is gone and `recover` must resume the watch (None: another host's)."""
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "phase": WATCHING,
+            "promote_tx": self.promote_tx,
+            "candidate": self.candidate.container_id,
+            "candidate_model": self.candidate.served_model,
+            "incumbent": self.incumbent.container_id if self.incumbent else None,
+            "owner_pid": self.owner_pid,
+            "owner_alive": self.owner_alive,
+            "needs": "recover" if self.owner_alive is False else None,
+        }
+
+
+def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
+    """The slot's open watched promote, None when no promote is `watching`; `me` names this
+    host as its transactions do. The promote's own records name its serves: it records the
+    candidate as incumbent and the old incumbent as the rollback identity before it watches."""
+    rec = world.store.watching(slot)
+    if rec is None:
+        return None
+    candidate = world.store.identity_of(rec.id, "incumbent")
+    if candidate is None:  # a promote watches only after recording its candidate
+        return None
+    incumbent = world.store.identity_of(rec.id, "rollback")
+    return Watch(rec.id, candidate, incumbent, rec.owner.pid, owner_alive(rec.owner, me))
+
+
+def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
+    """The state a watched slot should have: its owner alive, the candidate serving with its
+    identity and routed for the slot, the old incumbent retained intact, no residue."""
+    out = [Assertion("watch", watched.owner_alive is not False, watched.as_dict())]
+    out += slot_assertions(world, watched.candidate, routed=True, role="candidate")
+    incumbent = watched.incumbent
+    if incumbent is not None:
+        _check(out, "incumbent_retained", lambda: _retained(world, incumbent))
+    return out
 
 
 def campaign_assertions(world: World, campaign: Campaign) -> list[Assertion]:

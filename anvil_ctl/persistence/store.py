@@ -329,6 +329,11 @@ class Store:
     def unfinished(self) -> list[TxRecord]:
         return self._in_states(UNFINISHED_STATES)
 
+    def watching(self, slot: str) -> TxRecord | None:
+        """The slot's promote open in `watching` (a watch owns the slot), None when none is."""
+        found = [r for r in self._in_states(frozenset({TxState.WATCHING})) if r.slot == slot]
+        return found[-1] if found else None
+
     # -- identities -----------------------------------------------------------------------------
 
     def record_identity(self, tx_id: str | None, role: str, identity: Identity) -> int:
