@@ -331,7 +331,11 @@ class Store:
 
     def watching(self, slot: str) -> TxRecord | None:
         """The slot's promote open in `watching` (a watch owns the slot), None when none is."""
-        found = [r for r in self._in_states(frozenset({TxState.WATCHING})) if r.slot == slot]
+        found = [
+            r
+            for r in self._in_states(frozenset({TxState.WATCHING}))
+            if r.slot == slot and r.kind == "promote"
+        ]
         return found[-1] if found else None
 
     # -- identities -----------------------------------------------------------------------------
