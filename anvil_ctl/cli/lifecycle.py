@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from anvil_ctl.cli import views
 from anvil_ctl.cli.complete import complete_containers, complete_targets
 from anvil_ctl.cli.options import (
     WAIT_TIMEOUT_HELP,
@@ -105,8 +104,10 @@ def promote(
     if abort:
         if drift_by is None or drift_reason is None:
             raise click.UsageError("--abort needs --by NAME and --reason TEXT")
+        from anvil_ctl.cli.views import Record
+
         stopped = lifecycle.abort_watch(session.app(), slot=slot, by=drift_by, reason=drift_reason)
-        return Reply(views.Record(stopped))
+        return Reply(Record(stopped))
     if approved_by is None:
         raise click.UsageError("Missing option '--approved-by'.")
     if shares is not None or step_watch_s is not None:
