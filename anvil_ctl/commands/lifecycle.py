@@ -16,7 +16,6 @@ from anvil_ctl.core.states import TxState
 from anvil_ctl.core.validate import check_duration, check_person, check_text, require
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import CanaryRequest, DriftAcceptance, PromoteRequest, RollbackRequest
-from anvil_ctl.engine.watch import ABORT
 
 
 def promote(
@@ -62,6 +61,8 @@ def abort_watch(app: App, *, slot: str, by: str, reason: str, wait_s: float = 12
     if not begun:
         what = f"promote {found[0].id} is {found[0].state.value}, not watching" if found else "no promote"
         raise Refused(f"slot {slot}: {what}; nothing to abort", slot=slot)
+    from anvil_ctl.engine.watch import ABORT  # the watch loads the qualify library: only here
+
     rec, seq = begun[0]
     at = datetime.now(UTC).isoformat()
     app.store.step_event(
