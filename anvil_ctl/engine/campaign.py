@@ -5,7 +5,9 @@ incumbent is stopped and retained and the tier drained by design, so it is judge
 the campaign is intact, not by the serving assertions. While a promote is open in `watching`
 (the watch owns the slot: the candidate routed and serving, the old incumbent stopped and
 retained) the slot is `watching`, judged by that state and by whether the watch's owner is
-alive (a dead one leaves a watch that `recover` must resume). Read-only.
+alive (a dead one leaves a watch that `recover` must resume). Of two slots of one router tier
+(a canary's pair) the one whose incumbent is stopped while the other's serves is `standby`:
+judged by its incumbent retained intact and the tier served by the other. Read-only.
 """
 
 from __future__ import annotations
@@ -17,13 +19,21 @@ from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_obje
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.assertions import Assertion, Observation, _check, slot_assertions
 from anvil_ctl.engine.owner import owner_alive
-from anvil_ctl.engine.serving import identity_drift, image_present, inspect_or_none
+from anvil_ctl.engine.serving import (
+    identity_drift,
+    image_present,
+    inspect_or_none,
+    is_running,
+    route_problems,
+    tier_incumbent,
+)
 from anvil_ctl.engine.world import World
 
 SERVING = "serving"
 QUALIFYING = "qualifying"
 WATCHING = "watching"
-PHASES = (SERVING, QUALIFYING, WATCHING)
+STANDBY = "standby"
+PHASES = (SERVING, QUALIFYING, WATCHING, STANDBY)
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,46 @@ def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
         return None
     incumbent = world.store.identity_of(rec.id, "rollback")
     return Watch(rec.id, candidate, incumbent, rec.owner.pid, owner_alive(rec.owner, me))
+
+
+@dataclass(frozen=True)
+class Standby:
+    """A slot whose router tier another slot serves (after a canary, or the rollback of one)."""
+
+    incumbent: Identity
+    serving: Identity
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "phase": STANDBY,
+            "incumbent": self.incumbent.container_id,
+            "served_by": self.serving.slot,
+            "serving": self.serving.container_id,
+            "serving_model": self.serving.served_model,
+        }
+
+
+def standby_of(world: World, slot: str) -> Standby | None:
+    """The slot's standby, None when its recorded incumbent runs or no other slot serves its tier."""
+    incumbent = world.store.current_identity(slot, "incumbent")
+    if incumbent is None or is_running(world, incumbent.container_id):
+        return None
+    serving = tier_incumbent(world, slot)
+    return None if serving is None else Standby(incumbent, serving)
+
+
+def standby_assertions(world: World, standby: Standby) -> list[Assertion]:
+    """The slot's incumbent stopped and retained intact; the tier routed to the other slot's."""
+    out = [Assertion("standby", True, standby.as_dict())]
+    _check(out, "incumbent_retained", lambda: _retained(world, standby.incumbent))
+    if world.router is not None:
+        _check(out, "tier_served", lambda: _served(world, standby.serving))
+    return out
+
+
+def _served(world: World, serving: Identity) -> Observation:
+    problems = route_problems(world, serving)
+    return not problems, {"slot": serving.slot, "problems": list(problems)}
 
 
 def watch_assertions(world: World, watched: Watch) -> list[Assertion]:

@@ -3,8 +3,10 @@
 The campaign host's incumbent serves `llm.primary` from slot `primary` (127.0.0.1:8001); a
 second slot of the same tier, `primary-b` (127.0.0.1:8002), holds the loaded, verified
 candidate: a CPU stub, so the two fit together. While the canary runs, a client of the router
-sends a chat every 0.3 s. A healthy canary steps 10, 50, 100 % and commits as a promote
-does, and a rollback of the old incumbent's slot brings it back. A candidate whose stub
+sends a chat every 0.3 s. A healthy canary steps 10, 50, 100 % and ends as a promote does
+(real-client acceptance, VRAM after it, the record); then `recheck` of the serving slot says
+`serving` and of the other `standby`, both exit 0, and a rollback by either slot's name
+brings the old incumbent back. A candidate whose stub
 answers 500 from its fourth completion on breaches at 50 % (one round per step, a breach is
 one failing round), and every request returns to the incumbent: the only failed answers the
 client saw are the candidate's injected faults. A process killed in the middle of a step
@@ -185,8 +187,20 @@ def weights(p: Pair) -> dict[str, tuple[str, int]]:
     return out
 
 
+def phases(p: Pair) -> dict[str, tuple[str, int, list[str]]]:
+    """slot -> (phase, exit code, failed assertions) of `recheck --slot` for both slots."""
+    out = {}
+    for slot in ("primary", "primary-b"):
+        r = p.run("recheck", "--slot", slot)
+        out[slot] = (r["phase"], r["_exit"], r["failed"])
+    return out
+
+
 @pytest.mark.parametrize("pair", [("haproxy", ())], indirect=True)
-def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair) -> None:
+@pytest.mark.parametrize("back_by", ["primary", "primary-b"])
+def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair, back_by: str) -> None:
+    """...then each slot rechecks clean (the serving one `serving`, the other `standby`), and a
+    rollback by either slot's name brings the old incumbent back."""
     app = pair.host.app()
     incumbent = app.store.current_identity("primary", "incumbent")
     candidate = app.store.current_identity("primary-b", "candidate")
@@ -203,6 +217,11 @@ def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair)
     assert all(s["verdict"] == "healthy" and s["rounds"] for s in shares)
     first = shares[0]["rounds"][0]
     assert first["incumbent"]["requests"] and first["candidate"]["requests"]  # side by side
+    # A promote's own last steps: the official client through the route, VRAM after it.
+    accepted = out["results"]["acceptance"]
+    assert accepted["passed"] is True, accepted
+    assert out["results"]["vram-after-acceptance"]["passed"] is True
+    assert out["results"]["record-promotion"]["vram_after_acceptance"]["passed"] is True
     assert [a for a in answers if a[2]] == []  # no failed answer
     assert {a[1] for a in answers} >= {CANDIDATE}
     assert answers[-1][1] == CANDIDATE
@@ -214,13 +233,15 @@ def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair)
     assert now is not None and now.container_id == candidate.container_id
     assert rollback is not None and rollback.container_id == incumbent.container_id
     assert not running(incumbent.container_id) and running(candidate.container_id)
+    assert phases(pair) == {"primary-b": ("serving", 0, []), "primary": ("standby", 0, [])}
 
-    # The way back: a rollback of the old incumbent's slot drains and stops the candidate.
-    back = pair.run("rollback", "--slot", "primary")
+    # The way back, by either name: the candidate drained, stopped and retained.
+    back = pair.run("rollback", "--slot", back_by)
     assert (back["_exit"], back["state"]) == (0, "committed"), back
     assert back["results"]["stop-current"]["container_id"] == candidate.container_id
     assert weights(pair) == {INCUMBENT_URL: ("UP", 1)}
     assert running(incumbent.container_id) and not running(candidate.container_id)
+    assert phases(pair) == {"primary": ("serving", 0, []), "primary-b": ("standby", 0, [])}
 
 
 @pytest.mark.parametrize("pair", [("haproxy", ("--late-fault", "http-500@3"))], indirect=True)

@@ -16,8 +16,9 @@ candidate drained, stopped and retained); one `share-N` step per share sets the 
 samples both serves on the same prompts for `--step-watch`, failing on a breach, which
 compensates back to the incumbent; `route-to-candidate` (the pivot) waits until the incumbent,
 at weight 0 since the last step, answers nothing and leaves the candidate alone in the tier;
-the incumbent is stopped and retained; a routed smoke; and the record a promote writes: the
-candidate is the incumbent, the old incumbent the rollback identity, the approval.
+the incumbent is stopped and retained; then a promote's own last steps: a routed smoke, the
+real-client acceptance, free VRAM after it against the reserve, and the record (the candidate
+the incumbent, the old incumbent the rollback identity, the approval, the VRAM reading).
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ from anvil_ctl.engine.plans.promote import (
     CandidateIsServing,
     CandidateVerified,
     RouterConfigured,
+    acceptance,
+    record_promotion,
     standing_decision,
+    unrecord_promotion,
+    vram_after_acceptance,
 )
 from anvil_ctl.engine.serving import (
     identity_drift,
@@ -49,9 +54,9 @@ from anvil_ctl.engine.serving import (
     route_problems,
     route_slot_to,
     smoke_step,
+    tier_incumbent,
 )
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import approvals
 
 Ctx = StepContext[CanaryArgs, World, NoMemo]
 
@@ -277,27 +282,6 @@ def share_step(share: int) -> Step[Ctx]:
     return Step(f"share-{share}", do, None, f"the candidate takes {share} % of new requests; watched")
 
 
-def record_promotion(ctx: Ctx) -> StepResult:
-    world, args = ctx.world, ctx.args
-    with world.store.together():  # records only: one database transaction, one audit entry
-        world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
-        world.store.record_identity(ctx.tx_id, "rollback", args.incumbent)
-        approvals.record_approval(
-            world.store, tx_id=ctx.tx_id, decision_id=args.decision_id or "", approved_by=args.approved_by
-        )
-    return {
-        "incumbent": args.candidate.container_id,
-        "rollback": args.incumbent.container_id,
-        "approved_by": args.approved_by,
-        "decision_id": args.decision_id,
-    }
-
-
-def unrecord_promotion(ctx: Ctx, _r: StepResult) -> StepResult:
-    ctx.world.store.record_identity(ctx.tx_id, "incumbent", ctx.args.incumbent)
-    return {"incumbent": ctx.args.incumbent.container_id}
-
-
 def _candidate(ctx: Ctx) -> Identity:
     return ctx.args.candidate
 
@@ -325,18 +309,6 @@ def _route_back(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 # -- prepare and build ------------------------------------------------------------------------
-
-
-def tier_incumbent(world: World, slot: str) -> Identity | None:
-    """The running incumbent of another slot of `slot`'s router tier: what the tier serves."""
-    tier = world.config.slot(slot).router_tier
-    for name, other in sorted(world.config.slots.items()):
-        if name == slot or other.router_tier != tier:
-            continue
-        ident = world.store.current_identity(name, "incumbent")
-        if ident is not None and is_running(world, ident.container_id):
-            return ident
-    return None
 
 
 def prepare(world: World, req: CanaryRequest) -> CanaryArgs:
@@ -395,6 +367,13 @@ def build(
         ),
         stop_retain_step("stop-incumbent", _incumbent, "stop (never remove) the incumbent"),
         smoke_step(_candidate),
+        Step("acceptance", acceptance, None, "real-client acceptance (openai: chat, stream, tool)"),
+        Step(
+            "vram-after-acceptance",
+            vram_after_acceptance,
+            None,
+            "free VRAM per card after acceptance against the reserve in force",
+        ),
         Step(
             "record-promotion",
             record_promotion,
