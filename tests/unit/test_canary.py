@@ -373,6 +373,10 @@ class TestTheCanaryOnAWeighingRouter:
         inc = host.app().store.current_identity("primary", "incumbent")
         assert inc is not None and inc.container_id == host.incumbent_id
         assert world.runtime.inspect(host.incumbent_id).running
+        # The candidate stopped by the undo: its slot stands by, the incumbent's serves.
+        for slot, phase in (("primary", "serving"), ("primary-b", "standby")):
+            r = recheck.recheck(host.app(), slot)
+            assert (r.phase, r.exit_code, r.failed) == (phase, 0, []), r.assertions
 
     def test_a_healthy_canary_ends_as_a_promote_does(
         self, weighing: tuple[FakeHost, Any, WeighingRouter], monkeypatch: pytest.MonkeyPatch
@@ -430,7 +434,7 @@ class TestTheCanaryOnAWeighingRouter:
 
         assert phases() == {"primary-b": ("serving", 0, []), "primary": ("standby", 0, [])}
         standby = recheck.recheck(host.app(), "primary").assertions[0]["observed"]
-        assert (standby["served_by"], standby["incumbent"]) == ("primary-b", host.incumbent_id)
+        assert (standby["served_by"], standby["retained"]) == ("primary-b", host.incumbent_id)
 
         back = entry.run(world, host.app().owner, RollbackRequest(slot="primary-b"))
         assert back.state == TxState.COMMITTED, back.reason

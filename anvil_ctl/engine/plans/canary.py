@@ -257,24 +257,19 @@ def share_step(share: int) -> Step[Ctx]:
             for client in clients.values():
                 client.close()
         observed: JSONArray = [*rounds]
-        if verdict.stopped_by is not None:
-            raise StepFailed(
-                f"canary stopped at {share} % by {verdict.stopped_by.get('via')}; every request goes "
-                "back to the incumbent",
-                share=share,
-                stopped_by=verdict.stopped_by,
-                rounds=observed,
-            )
         if not verdict.healthy:
             named = "; ".join(
                 f"{b['metric']} ({b['source']}) failed in {len(b['rounds'])} rounds in a row"  # type: ignore[arg-type]
                 for b in verdict.breaches
             )
+            who = verdict.stopped_by
+            what = f"stopped at {share} % by {who.get('via')}" if who else f"breach at {share} %: {named}"
             raise StepFailed(
-                f"canary breach at {share} %: {named}; every request goes back to the incumbent",
+                f"canary {what}; every request goes back to the incumbent",
                 share=share,
                 samples=summary(rounds),
                 breaches=[*verdict.breaches],
+                stopped_by=who,
                 rounds=observed,
             )
         return {**set_to, "verdict": "healthy", "samples": summary(rounds), "rounds": observed}
