@@ -48,20 +48,6 @@ Liveness = Callable[[], JSONObject | None]
 class Progress(Protocol):
     """What the runner reports while it works (the CLI's `GateProgress` shows it)."""
 
-    def run_started(self, profile: str, gates: Sequence[str]) -> None: ...
-
-    def gate_started(self, name: str, index: int, total: int) -> None: ...
-
-    def request_done(self, gate: str, ok: bool, detail: str) -> None: ...
-
-    def gate_finished(self, result: GateResult) -> None: ...
-
-    def run_finished(self, outcome: str) -> None: ...
-
-
-class NullProgress:
-    """Reports nothing (library callers, --json)."""
-
     def run_started(self, profile: str, gates: Sequence[str]) -> None:
         return None
 
@@ -76,6 +62,10 @@ class NullProgress:
 
     def run_finished(self, outcome: str) -> None:
         return None
+
+
+class NullProgress(Progress):
+    """Reports nothing (library callers, --json)."""
 
 
 @dataclass(frozen=True)
