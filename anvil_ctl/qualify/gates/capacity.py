@@ -141,24 +141,11 @@ class Capacity(_Workload):
         labels: list[str] = []
         for nominal in self.contexts:
             for conc in self.concurrency:
-                where = f"{context_label(nominal)}/C{conc} "
-                if (
-                    self.skip_above_max_model_len
-                    and gate_ctx.max_model_len
-                    and nominal > gate_ctx.max_model_len
-                ):
-                    cells.append(
-                        {
-                            "nominal_tokens": nominal,
-                            "concurrency": conc,
-                            "skipped": "above max_model_len",
-                        }
-                    )
-                    labels.append(where + "skipped")
-                    continue
-                cell = await self._cell(gate_ctx, nominal, conc)
+                cell = self.skipped(nominal, conc, gate_ctx.max_model_len)
+                cell = cell or await self._cell(gate_ctx, nominal, conc)
                 cells.append(cell)
-                labels.append(where + f"{cell['completed']}/{cell['requests']}")
+                done = "skipped" if cell.get("skipped") else f"{cell['completed']}/{cell['requests']}"
+                labels.append(f"{context_label(nominal)}/C{conc} {done}")
         problems = [p for cell in cells for p in get_array(cell, "problems")]
         incomplete = any(cell.get("failed") for cell in cells)
         measured = [c for c in cells if not c.get("skipped")]
@@ -169,6 +156,12 @@ class Capacity(_Workload):
         summary = "; ".join(labels)
         evidence: JSONObject = {"cells": [*cells], "problems": problems}
         return self.result(passed, classification, evidence, summary)
+
+    def skipped(self, nominal: int, conc: int, *limits: int | None) -> JSONObject | None:
+        """The cell recorded instead of a measurement when `nominal` is above a known max_model_len."""
+        if self.skip_above_max_model_len and any(lim and nominal > lim for lim in limits):
+            return {"nominal_tokens": nominal, "concurrency": conc, "skipped": "above max_model_len"}
+        return None
 
     async def _cell(self, gate_ctx: GateContext, nominal: int, conc: int) -> JSONObject:
         chars_per_token = await self._fit(gate_ctx, nominal)
