@@ -453,3 +453,10 @@ class TestTheCanaryOnAWeighingRouter:
             "slot primary-b: no rollback identity is recorded; its tier is served by slot primary: "
             "rollback --slot primary"
         ) in (refused.reason or "")
+
+
+def test_while_a_candidate_qualifies_beside_the_incumbent_both_slots_recheck_clean(pair: FakeHost) -> None:
+    """The other slot's recorded candidate is its own campaign, not a stray on the host."""
+    for slot, phase in (("primary", "serving"), ("primary-b", "qualifying")):
+        r = recheck.recheck(pair.app(), slot)
+        assert (r.phase, r.exit_code, r.failed) == (phase, 0, []), r.assertions
