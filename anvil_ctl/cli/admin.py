@@ -75,7 +75,7 @@ def db_upgrade(session: Session) -> Reply:
     with session.working("db upgrade: running the state database's migrations") as app:
         from anvil_ctl.commands import admin
 
-        return Reply(InitView(admin.db_upgrade(app)))
+        return Reply(InitView(admin.init(app)))
 
 
 @click.command("copy", epilog=example("anvilctl db copy --to 'postgresql+psycopg://anvil_owner@db/anvil'"))
