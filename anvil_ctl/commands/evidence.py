@@ -117,7 +117,7 @@ def _database_reference(app: App, tx_id: str) -> ManifestReference:
         return ManifestReference("database", (), f"state database unusable: {exc}")
     if not found:
         return ManifestReference("database", (), f"no manifest recorded for transaction {tx_id}")
-    return ManifestReference("database", tuple(m["sha256"] for m in found))
+    return ManifestReference("database", tuple(m.sha256 for m in found))
 
 
 def verify_evidence(app: App, directory: Path, *, expect_manifest: str | None = None) -> VerifyResult:
@@ -210,8 +210,8 @@ def _records(app: App, inputs: ReportInputs) -> None:
     now = datetime.now(UTC)
     inputs.waivers = [w.as_dict() for w in waiver_rows.waivers(store) if w.id in cited or w.active(now)]
     for approval in approvals.approvals(store):
-        if approval["decision_id"] in ids and (root / approval["tx_id"]).is_dir():
-            inputs.promotions.append(Bundle.load(root / approval["tx_id"], approval["tx_id"]))
+        if approval.decision_id in ids and (root / approval.tx_id).is_dir():
+            inputs.promotions.append(Bundle.load(root / approval.tx_id, approval.tx_id))
     digests = {d["identity_digest"] for d in raw}
     for t in queries.transactions(store, kind="ab", limit=10_000, host=store.host):
         declared = root / t["tx_id"] / "00-declaration.json"
