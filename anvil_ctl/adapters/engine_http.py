@@ -6,7 +6,6 @@ import socket
 import time
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
@@ -66,7 +65,12 @@ class HttpServerProbe:
             raise AdapterError(f"{base_url}/v1/models: not an OpenAI model list") from exc
 
     def running(self, base_url: str, metric: str) -> int | None:
-        """The gauge `metric` on /metrics summed over its labels; None without an answer or the gauge."""
+        """The gauge `metric` on /metrics summed over its labels; None without an answer or the gauge.
+
+        The parser is imported here: only drains read a gauge, and the package's import (its
+        metrics, registry and exposition modules) would otherwise load in every command."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         try:
             r = self._get(base_url.rstrip("/") + "/metrics")
         except httpx.HTTPError:
