@@ -9,6 +9,7 @@ import httpx
 
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
+from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import ModelCard, PromptAnswer
 
 
@@ -29,6 +30,12 @@ class HttpServerProbe:
                 verify=context_for(),  # engines answer plain HTTP at their loopback binding
             )
         return self._client.get(url)
+
+    def get_json(self, url: str) -> JSONValue:
+        """The JSON body of a GET that answered 2xx (httpx's errors otherwise)."""
+        response = self._get(url).raise_for_status()
+        body: JSONValue = response.json()
+        return body
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -65,11 +72,8 @@ class HttpServerProbe:
             raise AdapterError(f"{base_url}/v1/models: not an OpenAI model list") from exc
 
     def running(self, base_url: str, metric: str) -> int | None:
-        """The gauge `metric` on /metrics summed over its labels; None without an answer or the gauge.
-
-        The parser is imported here: only drains read a gauge, and the package's import (its
-        metrics, registry and exposition modules) would otherwise load in every command."""
-        from prometheus_client.parser import text_string_to_metric_families
+        """The gauge `metric` on /metrics summed over its labels; None without an answer or the gauge."""
+        from prometheus_client.parser import text_string_to_metric_families  # only where a gauge is read
 
         try:
             r = self._get(base_url.rstrip("/") + "/metrics")
