@@ -70,6 +70,9 @@ def load(
         promote_approved_by = require("--approved-by", check_person, promote_approved_by)
         if not dry_run:
             app.warm_acceptance()  # first, as promote does: the child holds none of the world's connections
+            # What the promotion's `prepare` loads to resolve its watch (the qualify library),
+            # loaded now: between the load's commit and the route, clients wait for it.
+            import anvil_ctl.engine.watch  # noqa: F401
     limit_waits(app, timeout_s)
     cand = candidate_from_recipe(app, ref, slot)
     drain = DrainPolicy.of(drain_timeout_s or cand.drain_timeout_s, on_drain_timeout, default="abort")
