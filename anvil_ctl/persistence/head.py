@@ -79,7 +79,7 @@ def set_aside(path: Path, stamp: str) -> Path | None:
 
 
 def write_head(path: Path, head: Head) -> None:
-    atomic_write(path, json.dumps(head.as_dict(), sort_keys=True) + "\n")
+    atomic_write(path, json.dumps({"hash": head.hash, "seq": head.seq}) + "\n")
 
 
 def may_advance(path: Path, new: Head, hash_at: Callable[[int], str | None]) -> bool:

@@ -83,15 +83,6 @@ def evidence(store: Store, tx_id: str) -> list[EvidenceRecord]:
 # -- manifests ---------------------------------------------------------------------------------
 
 
-class ManifestRecord(TypedDict):
-    """One recorded manifest SHA-256 (`source_sha256`: the manifest an export was made from)."""
-
-    kind: str
-    sha256: str
-    source_sha256: str | None
-    at: str
-
-
 def record_manifest(
     store: Store, tx_id: str, sha256: str, *, kind: str, source_sha256: str | None = None
 ) -> None:
@@ -106,17 +97,12 @@ def record_manifest(
         store.audit(s, f"evidence.manifest.{kind}", tx_id, {})  # the covered row holds it all
 
 
-def manifests(store: Store, tx_id: str) -> list[ManifestRecord]:
-    """The manifests recorded for `tx_id`, oldest first."""
+def manifests(store: Store, tx_id: str) -> list[EvidenceManifestRow]:
+    """The manifests recorded for `tx_id`, oldest first (`source_sha256`: the manifest an
+    export was made from)."""
+    q = select(EvidenceManifestRow).where(EvidenceManifestRow.tx_id == tx_id).order_by(EvidenceManifestRow.id)
     with store.read() as s:
-        rows = s.execute(
-            select(EvidenceManifestRow)
-            .where(EvidenceManifestRow.tx_id == tx_id)
-            .order_by(EvidenceManifestRow.id)
-        ).scalars()
-        return [
-            {"kind": r.kind, "sha256": r.sha256, "source_sha256": r.source_sha256, "at": r.at} for r in rows
-        ]
+        return list(s.execute(q).scalars())
 
 
 # -- decisions ---------------------------------------------------------------------------------

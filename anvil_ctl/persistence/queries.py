@@ -22,7 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.snapshot import from_patch
 from anvil_ctl.persistence import snapshots
 from anvil_ctl.persistence.models import (
@@ -53,40 +53,6 @@ class TransactionSummary(TypedDict):
     updated_at: str
 
 
-class OwnerRef(TypedDict):
-    pid: int
-    host: str  # the owner's host name as the transaction recorded it
-
-
-class StateRecord(TypedDict):
-    state: str
-    reason: str
-    at: str
-    data: JSONObject
-
-
-class StepRecord(TypedDict):
-    seq: int
-    step: str
-    phase: str
-    event: str
-    at: str
-    detail: JSONObject
-
-
-class SnapshotRef(TypedDict):
-    label: str
-    sha256: str
-    at: str
-
-
-class IdentityRef(TypedDict):
-    role: str
-    container_id: str
-    served_model: str
-    digest: str
-
-
 class TransactionDetail(TypedDict):
     """One transaction with its journal, in order (`audit show`)."""
 
@@ -95,38 +61,12 @@ class TransactionDetail(TypedDict):
     slot: str | None
     created_at: str
     host: str | None  # the fleet host that ran it (None: no host registered yet)
-    owner: OwnerRef
+    owner: JSONObject  # pid, host (the owner's host name as the transaction recorded it)
     args: JSONObject
-    states: list[StateRecord]
-    steps: list[StepRecord]
-    snapshots: list[SnapshotRef]
-    identities: list[IdentityRef]
-
-
-class DiffRecord(TypedDict):
-    """One recorded before/after comparison (`format`: json-patch)."""
-
-    label: str
-    equal: bool
-    before_sha256: str
-    after_sha256: str
-    format: str
-    changes: list[JSONObject]
-    patch: JSONArray | None  # the stored JSON Patch, when it is one
-
-
-class IdentityRecord(TypedDict):
-    """A row of `v_identities`."""
-
-    host: str | None
-    recorded_at: str
-    slot: str
-    role: str
-    container_id: str
-    image_id: str
-    served_model: str
-    digest: str
-    tx_id: str | None
+    states: list[JSONObject]  # state, reason, at, data
+    steps: list[JSONObject]  # seq, step, phase, event, at, detail
+    snapshots: list[JSONObject]  # label, sha256, at
+    identities: list[JSONObject]  # role, container_id, served_model, digest
 
 
 class ServeRef(TypedDict):
@@ -260,13 +200,14 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
         }
 
 
-def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
-    """The before/after snapshot comparisons one transaction recorded, in order."""
+def snapshot_diffs(store: Store, tx_id: str) -> list[JSONObject]:
+    """The before/after snapshot comparisons one transaction recorded, in order: label, equal,
+    both hashes, `format` (json-patch), the changes and the stored JSON Patch."""
     with store.read() as s:
         rows = s.execute(
             select(SnapshotDiff).where(SnapshotDiff.tx_id == tx_id).order_by(SnapshotDiff.id)
         ).scalars()
-        out: list[DiffRecord] = []
+        out: list[JSONObject] = []
         for r in rows:
             stored = snapshots.stored_changes(r)
             changes = from_patch(stored)
@@ -291,10 +232,10 @@ def identities(
     role: str = "incumbent",
     host: int | None = None,
     limit: int | None = None,
-) -> list[IdentityRecord]:
-    """Which container served (or was recorded for) each slot in `role`, and from when (on
-    host `host`, or on every host when None), oldest first: every one, or the newest `limit`
-    (a walk newest first by key, through `ix_identities_slot_role_id` for one slot)."""
+) -> list[JSONObject]:
+    """Rows of `v_identities`: which container served (or was recorded for) each slot in
+    `role`, and from when (on host `host`, or on every host when None), oldest first: every
+    one, or the newest `limit` (newest first by key, through `ix_identities_slot_role_id`)."""
     sql = (
         "SELECT host, recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "
         "FROM v_identities WHERE role = :role"
@@ -315,7 +256,7 @@ def identities(
         rows = list(s.execute(text(sql), params))
         if limit is not None:
             rows.reverse()
-        return [cast(IdentityRecord, dict(r._mapping)) for r in rows]
+        return [dict(r._mapping) for r in rows]
 
 
 _REVISIONS = "FROM tx_current t WHERE t.host_id = :host AND t.slot = :slot AND t.revision IS NOT NULL"
