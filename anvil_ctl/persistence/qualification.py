@@ -166,21 +166,10 @@ def record_decision(
 
 
 def _decision_dict(r: DecisionRow) -> DecisionRecord:
-    return {
-        "id": r.id,
-        "tx_id": r.tx_id,
-        "slot": r.slot,
-        "identity_digest": r.identity_digest,
-        "container_id": r.container_id,
-        "outcome": r.outcome,
-        "profile": r.profile,
-        "manifest_sha256": r.manifest_sha256,
-        "reclassifies": r.reclassifies,
-        "waiver_ids": json.loads(r.waiver_ids_json),
-        "reasons": json.loads(r.reasons_json),
-        "body": json.loads(r.body_json),
-        "at": r.at,
-    }
+    """The row's columns but its host, each `*_json` one parsed and named without the suffix."""
+    values = {c.name: getattr(r, c.key) for c in DecisionRow.__table__.columns if c.name != "host_id"}
+    parsed = {k.removesuffix("_json"): json.loads(v) if k.endswith("_json") else v for k, v in values.items()}
+    return cast(DecisionRecord, parsed)
 
 
 def decisions(

@@ -26,6 +26,7 @@ from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.snapshot import from_patch
 from anvil_ctl.persistence import snapshots
 from anvil_ctl.persistence.models import (
+    Base,
     Host,
     IdentityRow,
     SnapshotDiff,
@@ -151,18 +152,17 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
         t = s.get(Transaction, tx_id)
         if t is None:
             raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
-        states = s.execute(
-            select(TransactionState).where(TransactionState.tx_id == t.id).order_by(TransactionState.id)
-        ).scalars()
-        steps = s.execute(
-            select(StepEventRow).where(StepEventRow.tx_id == t.id).order_by(StepEventRow.id)
-        ).scalars()
-        snaps = s.execute(
-            select(SnapshotRow).where(SnapshotRow.tx_id == t.id).order_by(SnapshotRow.id)
-        ).scalars()
-        idents = s.execute(
-            select(IdentityRow).where(IdentityRow.tx_id == t.id).order_by(IdentityRow.id)
-        ).scalars()
+
+        def rows(model: type[Base], *names: str) -> list[JSONObject]:
+            """The transaction's rows of `model` in order, as `names`' columns (a `*_json` one
+            parsed and named without its suffix)."""
+            c = model.__table__.c
+            q = select(*(c[n] for n in names)).where(c.tx_id == t.id).order_by(c.id)
+            return [
+                {n.removesuffix("_json"): json.loads(v) if n.endswith("_json") else v for n, v in r.items()}
+                for r in s.execute(q).mappings()
+            ]
+
         host = s.get(Host, t.host_id)
         return {
             "tx_id": t.id,
@@ -172,31 +172,10 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
             "host": host.name if host is not None else None,
             "owner": {"pid": t.owner_pid, "host": t.owner_host},
             "args": json.loads(t.args_json),
-            "states": [
-                {"state": r.state, "reason": r.reason, "at": r.at, "data": json.loads(r.data_json)}
-                for r in states
-            ],
-            "steps": [
-                {
-                    "seq": r.seq,
-                    "step": r.step,
-                    "phase": r.phase,
-                    "event": r.event,
-                    "at": r.at,
-                    "detail": json.loads(r.detail_json),
-                }
-                for r in steps
-            ],
-            "snapshots": [{"label": r.label, "sha256": r.sha256, "at": r.at} for r in snaps],
-            "identities": [
-                {
-                    "role": r.role,
-                    "container_id": r.container_id,
-                    "served_model": r.served_model,
-                    "digest": r.digest,
-                }
-                for r in idents
-            ],
+            "states": rows(TransactionState, "state", "reason", "at", "data_json"),
+            "steps": rows(StepEventRow, "seq", "step", "phase", "event", "at", "detail_json"),
+            "snapshots": rows(SnapshotRow, "label", "sha256", "at"),
+            "identities": rows(IdentityRow, "role", "container_id", "served_model", "digest"),
         }
 
 

@@ -9,8 +9,7 @@ on a schema change or any problem; a clean run records a (covered) checkpoint.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,10 +214,6 @@ def _check_head_file(s: Session, path: Path | None, report: Report) -> None:
 # -- verify ------------------------------------------------------------------------------------
 
 
-def _latest_checkpoint(s: Session) -> AuditCheckpoint | None:
-    return s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalar()
-
-
 def _checkpoint_dict(cp: AuditCheckpoint) -> JSONObject:
     return {"id": cp.id, "head": f"{cp.seq}:{cp.hash}", "mode": cp.mode, "at": cp.at}
 
@@ -262,24 +257,17 @@ def _incremental(s: Session, cp: AuditCheckpoint, report: Report) -> str | None:
     return None
 
 
-@contextmanager
-def _snapshot(store: Store) -> Iterator[Session]:
-    """One read transaction for the whole walk: counts and chain describe the same moment."""
-    with store.read() as s:
-        if s.get_bind().dialect.name == "postgresql":
-            s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        yield s
-
-
 def verify(store: Store, *, full: bool = False, expect_head: Head | None = None) -> Report:
     """Verify the record (see the module doc); a clean run records a checkpoint."""
     report = Report(mode="full" if full else "incremental", expect_head=expect_head)
-    with _snapshot(store) as s:
+    with store.read() as s:  # one read transaction: counts and chain describe the same moment
+        if s.get_bind().dialect.name == "postgresql":
+            s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         report.schema_version = _schema_version(s)
         trigger_problems: list[Problem] = []
         triggers_ok = _check_triggers(s, trigger_problems)
         if not full:
-            cp = _latest_checkpoint(s)
+            cp = s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalar()
             if cp is None:
                 report.escalated = "no checkpoint yet"
             elif not triggers_ok:
