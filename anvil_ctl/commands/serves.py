@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TypedDict
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recipes as recipe_cmds
@@ -88,14 +87,6 @@ def load(
     return loaded
 
 
-class WouldRemove(TypedDict):
-    """`unload` without --yes: what would be removed (nothing ran)."""
-
-    container_id: str
-    would_remove: bool
-    hint: str
-
-
 def unload(
     app: App,
     container_id: str,
@@ -104,9 +95,10 @@ def unload(
     remove_residue: bool = False,
     drain_timeout_s: float | None = None,
     on_drain_timeout: OnDrainTimeout | None = None,
-) -> Outcome | WouldRemove:
+) -> Outcome | dict[str, object]:
     """Remove a candidate container this controller created (the `unload` plan); without `yes`
-    nothing runs and the answer says what would be removed, after the plan guard's checks."""
+    nothing runs and the answer says what would be removed (`would_remove`), after the plan
+    guard's checks."""
     if yes:
         drain = DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="abort")
         return enter(
