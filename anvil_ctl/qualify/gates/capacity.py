@@ -214,15 +214,14 @@ class Capacity(_Workload):
 
     def _threshold_problems(self, cell: JSONObject, where: str) -> list[str]:
         found = []
-        decode = get_float(cell, "decode_tps_p50")
-        prefill = get_float(cell, "prefill_tps_p50")
-        ttft = get_float(cell, "ttft_s_p50")
-        if self.min_decode_tps is not None and (decode is None or decode < self.min_decode_tps):
-            found.append(f"{where}: decode p50 {decode} < {self.min_decode_tps}")
-        if self.min_prefill_tps is not None and (prefill is None or prefill < self.min_prefill_tps):
-            found.append(f"{where}: prefill p50 {prefill} < {self.min_prefill_tps}")
-        if self.max_ttft_s is not None and (ttft is None or ttft > self.max_ttft_s):
-            found.append(f"{where}: TTFT p50 {ttft} > {self.max_ttft_s}")
+        for what, key, op, limit in (
+            ("decode", "decode_tps_p50", "<", self.min_decode_tps),
+            ("prefill", "prefill_tps_p50", "<", self.min_prefill_tps),
+            ("TTFT", "ttft_s_p50", ">", self.max_ttft_s),
+        ):
+            value = get_float(cell, key)
+            if limit is not None and (value is None or (value < limit if op == "<" else value > limit)):
+                found.append(f"{where}: {what} p50 {value} {op} {limit}")
         return found
 
 
