@@ -271,6 +271,9 @@ class HaproxyRouter(RouterHttp):
             mine = self._slot_for(tier, url)
             if mine is None or not mine.healthy:
                 raise NotYetRouted(f"haproxy slot for {url} not up yet")
+            # The one backend carries everything: a weight a canary left (0 once the candidate
+            # took every share) would route nothing.
+            self._set(f"set server {backend_name(tier)}/{mine.name} weight 100%")
             answer = routed_chat(self._http, self.url, alias, self._client)
             check_answer(answer, alias, expected_model)
             # Runtime API changes apply synchronously and nothing is queued to undo them

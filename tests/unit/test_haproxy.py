@@ -287,6 +287,13 @@ class TestHaproxyRouter:
         router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
         assert [b.url for b in router.backends("primary-local")] == [BACKEND]
 
+    def test_readmit_gives_the_one_backend_full_weight_whatever_a_canary_left(self, fake):
+        router = make_router(fake)
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        router.set_weights("primary-local", {BACKEND: 0})
+        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        assert fake.servers[("tier_primary-local", "s1")]["weight"] == "100%"
+
     def test_readmit_after_an_haproxy_restart_registers_again(self, fake):
         router = make_router(fake)
         router.register("primary-local", BACKEND, ("llm.primary",))
