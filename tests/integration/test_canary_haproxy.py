@@ -183,7 +183,7 @@ def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair,
     assert {a[1] for a in answers} >= {CANDIDATE}
     assert answers[-1][1] == CANDIDATE
 
-    assert weights(pair) == {CANDIDATE_URL: ("UP", 100)}
+    assert weights(pair) == {CANDIDATE_URL: ("UP", 1)}  # readmitted alone: the config's weight
     store = pair.host.app().store
     now = store.current_identity("primary-b", "incumbent")
     rollback = store.current_identity("primary", "rollback")
@@ -310,7 +310,7 @@ def test_a_crash_past_the_pivot_is_finished_forward_by_recover(pair: Pair) -> No
         env={**pair.env, "ANVIL_CRASH_AT": "canary:acceptance:do:intent"},
     )
     assert crashed["_exit"] == -9, crashed
-    assert weights(pair) == {CANDIDATE_URL: ("UP", 100)}  # as it died: past the pivot
+    assert weights(pair) == {CANDIDATE_URL: ("UP", 1)}  # as it died: past the pivot, readmitted alone
     recovered = pair.run("recover")
     assert recovered["_exit"] == 0, recovered
     [tx] = [t for t in recovered["recovered"] if t["kind"] == "canary"]
