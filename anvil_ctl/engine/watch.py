@@ -7,7 +7,8 @@ caller journals it), and judges the newest samples with `watchpolicy.breaches`. 
 the first breach (a limit failed by `consecutive` samples in a row), when `stop` names who
 stopped it (a person's abort, a signal), or healthy at the end. A watched promote samples
 its serve (`RouteSampler`); a canary samples its two serves and judges their comparison
-with the same loop.
+with the same loop; `recheck --slo` samples a standing serve as a promote does, `consecutive`
+samples at most.
 
 `RouteSampler` is the promote's sample of one serve: a few streamed chats through the route
 with the official client (`World.route_sample`), and passive signals of its container since
@@ -94,8 +95,10 @@ def watch(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = 0.2,
+    most: int | None = None,
 ) -> Verdict:
-    """Sample until a breach, a stop, or `duration_s` has passed (see the module doc)."""
+    """Sample until a breach, a stop, or `duration_s` has passed (see the module doc), or
+    `most` samples were taken."""
     end = clock() + duration_s
     kept: list[Sample] = []  # the newest `consecutive`: a breach is a run ending at the newest
     n = 0
@@ -111,6 +114,8 @@ def watch(
         found = breaches(limits, [metrics_of(s) for s in kept], consecutive)
         if found:
             return Verdict("breach", n, tuple(found), tuple(kept))
+        if most is not None and n >= most:
+            return Verdict("healthy", n)
         next_at = min(started + interval_s, end)
         while clock() < next_at:
             who = stop()
