@@ -125,7 +125,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(200, {"gpus": st.vram()})
         elif path == "/anvil/sim/timings":
             with st.lock:
-                self._send_json(200, {"timings": list(st.timings)})
+                onsets = {"started_at": round(st.started_at, 3), "onsets": st.onsets()}
+                self._send_json(200, {"timings": list(st.timings), **onsets})
         else:
             self._error(404, f"no route {path}")
 
