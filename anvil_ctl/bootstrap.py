@@ -377,12 +377,19 @@ def _route_sample(app: App) -> RouteSample | None:
     except CredentialError:
         return None
 
-    def take(alias: str, requests: int, max_tokens: int) -> Sample:
+    def take(alias: str, requests: int, max_tokens: int, functional: int | None) -> Sample:
         from anvil_ctl.qualify.slosample import open_client, sample
 
         client = open_client(rc.url, creds.client.reveal())
         try:
-            return sample(client, alias, requests=requests, max_tokens=max_tokens, clock=time.time())
+            return sample(
+                client,
+                alias,
+                requests=requests,
+                max_tokens=max_tokens,
+                clock=time.time(),
+                functional=functional,
+            )
         finally:
             client.close()
 

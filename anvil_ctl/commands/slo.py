@@ -18,6 +18,7 @@ nothing is rolled back and the run says so.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
 from anvil_ctl.engine.watch import RouteSampler, Sample, qualified, restart_count, standing_policy, watch
+from anvil_ctl.qualify.watchpolicy import FUNCTIONAL_METRIC
 
 POLICY = "rollback-on-breach"
 
@@ -98,10 +100,11 @@ def slo_check(
         max_tokens=policy.max_tokens,
         since=time.time(),
         restarts_before=restart_count(world, ident),
+        functional=any(lim.metric == FUNCTIONAL_METRIC for lim in limits),
     )
     samples: list[Sample] = []
     verdict = watch(
-        duration_s=policy.interval_s * policy.consecutive,
+        duration_s=math.inf,  # `most` ends it: a slow sample must not cut the count short
         interval_s=policy.interval_s,
         limits=limits,
         consecutive=policy.consecutive,

@@ -11,7 +11,8 @@ with the same loop; `recheck --slo` samples a standing serve as a promote does, 
 samples at most.
 
 `RouteSampler` is the promote's sample of one serve: a few streamed chats through the route
-with the official client (`World.route_sample`), and passive signals of its container since
+with the official client (`World.route_sample`), the functional gate's checks (the tool
+fixture rotating) when a limit names `functional_failed`, and passive signals of its container since
 the watch began: restarts and OOM kills (docker inspect), whether it runs, and the engine's
 fatal log lines (the log audit's patterns, `qualify.logs`).
 """
@@ -139,6 +140,7 @@ class RouteSampler:
         max_tokens: int,
         since: float,
         restarts_before: int,
+        functional: bool = False,
     ) -> None:
         if world.route_sample is None:
             raise RuntimeError("a watch samples through the router: the world has no route_sample")
@@ -149,11 +151,15 @@ class RouteSampler:
         self.max_tokens = max_tokens
         self.since = since
         self.restarts_before = restarts_before
+        self.functional = functional
+        """Whether each sample takes one of the functional checks too (a limit names them)."""
         self.patterns = patterns_for(serve.engine_profile or None)
 
     def __call__(self, n: int) -> Sample:
         assert self.world.route_sample is not None
-        active = self.world.route_sample(self.alias, self.requests, self.max_tokens)
+        active = self.world.route_sample(
+            self.alias, self.requests, self.max_tokens, n if self.functional else None
+        )
         passive = self.passive()
         metrics: JSONObject = {
             **{k: None if v is None else round(v, 4) for k, v in active.metrics().items()},
@@ -164,6 +170,7 @@ class RouteSampler:
             "at": round(time.time(), 3),
             "metrics": metrics,  # the active sample's and the passive signals'
             "requests": active.as_dict()["requests"],
+            "functional": [*active.functional],
             "passive": passive,
         }
 

@@ -61,9 +61,9 @@ Acceptance = Callable[[str, str], AcceptanceReport]
 VramRelease = Callable[[VramNeed], JSONObject]
 """The VRAM-release gate: wait until the need is free, return both readings (StepFailed at the deadline)."""
 
-RouteSample = Callable[[str, int, int], "Sample"]
-"""Streamed chats through the router with the client key: (alias, requests, max_tokens) ->
-one sample (`qualify.slosample`), what a watched promote judges."""
+RouteSample = Callable[[str, int, int, int | None], "Sample"]
+"""Streamed chats through the router with the client key: (alias, requests, max_tokens, the
+functional check to take or None) -> one sample (`qualify.slosample`), what a watch judges."""
 
 ContainerOfPid = Callable[[int], str | None]
 """Which container a host PID runs in (NVML reports engine worker PIDs), None if none."""

@@ -159,6 +159,20 @@ class TestAWatchedPromote:
         assert begin["serve"] == shown["args"]["candidate"]["container_id"]
         assert shown["states"][-1]["data"]["watch"]["ended"] == "healthy"
 
+    def test_a_limit_on_functional_failed_makes_every_sample_take_the_functional_checks(
+        self, watched: Callable[..., FakeHost], tmp_path: Path
+    ) -> None:
+        host = watched("1s")
+        profile = tmp_path / "watch-unit.toml"
+        profile.write_text(
+            profile.read_text() + '[[watch.thresholds]]\nmetric = "functional_failed"\nmax = 0\n'
+        )
+        out = lifecycle.promote(host.app(), slot="primary", approved_by="alice")
+        assert out.state == TxState.COMMITTED and out.tx_id is not None, out.reason
+        samples = _events(host, out.tx_id, "sample")
+        assert samples and all(s["metrics"]["functional_failed"] == 0 for s in samples)  # type: ignore[index]
+        assert [c["check"] for c in samples[0]["functional"]] == ["tool_call", "json"]  # type: ignore[union-attr]
+
     def test_a_breach_rolls_back_as_a_transaction_of_its_own_linked_both_ways(
         self, watched: Callable[..., FakeHost]
     ) -> None:

@@ -373,7 +373,7 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     again: it goes on from the journaled start, for what is left of the duration."""
     from anvil_ctl.engine.watch import Interrupts, RouteSampler, restart_count, stopper, watch
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
-    from anvil_ctl.qualify.watchpolicy import Limit
+    from anvil_ctl.qualify.watchpolicy import FUNCTIONAL_METRIC, Limit
 
     world, cand, decl = ctx.world, ctx.args.candidate, ctx.args.watch
     assert decl is not None
@@ -395,6 +395,7 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
         max_tokens=decl.max_tokens,
         since=since,
         restarts_before=int(str(began["restarts_before"])),
+        functional=any(lim.get("metric") == FUNCTIONAL_METRIC for lim in decl.limits),
     )
     with Interrupts().installed() as interrupts:
         verdict = watch(
