@@ -18,7 +18,6 @@ nothing is rolled back and the run says so.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,15 @@ from anvil_ctl.core.errors import AnvilError, BadInput
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
-from anvil_ctl.engine.watch import RouteSampler, Sample, qualified, restart_count, standing_policy, watch
+from anvil_ctl.engine.watch import (
+    RouteSampler,
+    Sample,
+    qualified,
+    restart_count,
+    standing_policy,
+    watch,
+    within,
+)
 from anvil_ctl.qualify.watchpolicy import FUNCTIONAL_METRIC
 
 POLICY = "rollback-on-breach"
@@ -104,14 +111,14 @@ def slo_check(
     )
     samples: list[Sample] = []
     verdict = watch(
-        duration_s=math.inf,  # `most` ends it: a slow sample must not cut the count short
+        duration_s=0.0,  # `at_least` samples, then the verdict
         interval_s=policy.interval_s,
-        limits=limits,
         consecutive=policy.consecutive,
+        judge=within(limits, policy.consecutive),
         take=take,
         record=samples.append,
         stop=lambda: None,
-        most=policy.consecutive,
+        at_least=policy.consecutive,
     )
     found = [*verdict.breaches]
     observed: JSONObject = {
