@@ -8,6 +8,7 @@ SGLang do: no new completion (503), those in flight finish within `--stop-timeou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -57,6 +58,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         return  # quiet: request logs would drown test output
+
+    def handle(self) -> None:
+        # A client that went away (HAProxy resets its health checks) is dropped quietly, as
+        # engines do: a traceback here would be a fatal line to a watch.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
 
     # ------------------------------------------------------------ plumbing
 
