@@ -325,6 +325,11 @@ def _span(values: list[float], fmt: str = "{:.2f}") -> str:
 def markdown(rows: dict[str, Any]) -> str:
     out: list[str] = []
     for r in rows.get("faults", []):
+        if r.get("valid") and r["detection_s"] < 0:  # the verdict came before the fault began
+            r["valid"] = False
+            r["why"] = (
+                f"a false rollback {-r['detection_s']:.1f} s before the onset (breached {r['breached']})"
+            )
         spacing = r.get("spacing_s")
         if r.get("valid") and spacing is not None and not 0.5 <= spacing / r["interval_s"] <= 1.5:
             r["valid"], r["why"] = False, f"it sampled every {spacing:.1f} s, not every {r['interval_s']:g} s"
