@@ -33,6 +33,7 @@ from anvil_ctl.engine.watch import (
     Sample,
     qualified,
     restart_count,
+    router_errors,
     standing_policy,
     watch,
     within,
@@ -107,6 +108,7 @@ def slo_check(
         max_tokens=policy.max_tokens,
         since=time.time(),
         restarts_before=restart_count(world, ident),
+        errors_before=router_errors(world, ident),
         functional=any(lim.metric == FUNCTIONAL_METRIC for lim in limits),
     )
     samples: list[Sample] = []

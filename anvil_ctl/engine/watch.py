@@ -14,7 +14,9 @@ serve as a promote does, `consecutive` samples (`at_least`) and no more.
 with the official client (`World.route_sample`), the functional gate's checks (the tool
 fixture rotating) when a limit names `functional_failed`, and passive signals of its container since
 the watch began: restarts and OOM kills (docker inspect), whether it runs, and the engine's
-fatal log lines (the log audit's patterns, `qualify.logs`).
+fatal log lines (the log audit's patterns, `qualify.logs`); and the router's own count of the
+serve's failed answers (`Router.errors`: HAProxy's per-server 5xx, aborted responses and failed
+connections; smg keeps none we read).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.errors import AnvilError, NotFound
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
 from anvil_ctl.engine.world import World
@@ -145,6 +147,7 @@ class RouteSampler:
         max_tokens: int,
         since: float,
         restarts_before: int,
+        errors_before: int | None = None,
         functional: bool = False,
     ) -> None:
         if world.route_sample is None:
@@ -156,6 +159,7 @@ class RouteSampler:
         self.max_tokens = max_tokens
         self.since = since
         self.restarts_before = restarts_before
+        self.errors_before = errors_before
         self.functional = functional
         """Whether each sample takes one of the functional checks too (a limit names them)."""
         self.patterns = patterns_for(serve.engine_profile or None)
@@ -168,7 +172,7 @@ class RouteSampler:
         passive = self.passive()
         metrics: JSONObject = {
             **{k: None if v is None else round(v, 4) for k, v in active.metrics().items()},
-            **{k: passive[k] for k in ("restarts", "container_down", "fatal_log_lines")},
+            **{k: passive[k] for k in ("restarts", "container_down", "fatal_log_lines", "router_errors")},
         }
         return {
             "n": n,
@@ -180,15 +184,26 @@ class RouteSampler:
         }
 
     def passive(self) -> JSONObject:
-        """What the runtime says of the serve's container since the watch began."""
+        """What the runtime says of the serve's container since the watch began, and the
+        router's own count of the serve's failed answers since then."""
+        now = router_errors(self.world, self.serve)
+        before = self.errors_before
+        errors = None if now is None or before is None else max(0, now - before)
         try:
             log = self.world.runtime.logs(
                 self.serve.container_id, max_lines=LOG_LINES, max_bytes=LOG_BYTES, since=self.since
             )
         except NotFound:
-            return {"restarts": None, "container_down": 1, "fatal_log_lines": None, "status": "absent"}
+            return {
+                "restarts": None,
+                "container_down": 1,
+                "fatal_log_lines": None,
+                "router_errors": errors,
+                "status": "absent",
+            }
         found = classify(log.lines, self.patterns)
         return {
+            "router_errors": errors,
             "restarts": max(0, log.restart_count - self.restarts_before) + int(log.oom_killed),
             "container_down": int(log.status != "running"),
             "fatal_log_lines": sum(found.fatal_counts.values()),
@@ -197,6 +212,18 @@ class RouteSampler:
             "exit_code": log.exit_code,
             "fatal": [*found.fatal[:3]],
         }
+
+
+def router_errors(world: World, serve: Identity) -> int | None:
+    """The router's count of failed answers from the serve's binding (None: no router, one
+    that keeps no count we read, or one not answering now)."""
+    if world.router is None:
+        return None
+    slot = world.config.slot(serve.slot)
+    try:
+        return world.router.errors(slot.router_tier, slot.base_url)
+    except AnvilError:
+        return None
 
 
 def restart_count(world: World, serve: Identity) -> int:

@@ -73,6 +73,11 @@ class FakeRouter:
         c = self.server.serving_container(url) if t["url"] == url else None
         return None if c is None else self.server.look_in_flight(c)
 
+    def errors(self, tier: str, url: str) -> int | None:
+        """The fake world's `router_errors` for `url` (None: not set, as smg keeps none)."""
+        found = self.world.read().get("router_errors", {})
+        return int(found[url]) if isinstance(found, dict) and url in found else None
+
     def readmit(
         self,
         tier: str,

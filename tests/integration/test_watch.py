@@ -276,3 +276,6 @@ class TestOnHaproxy:
             assert out["followed_by"]["state"] == "committed", out["followed_by"]
             assert FAULTS[fault] in out["reason"], out["reason"]
             assert host.phase_of(host.observe()) == "A"  # the incumbent serves and is routed
+            if fault == "http-500":  # HAProxy's own count of the server's 5xx, read passively
+                samples = _samples(_show({"app": host.app()}, out["tx_id"]))
+                assert max(s["metrics"]["router_errors"] for s in samples) > 0, samples

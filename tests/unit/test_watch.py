@@ -342,3 +342,28 @@ class TestWhatTheOperatorSees:
         assert cut.code == 0, cut.err
         assert "watch" not in cut.json()["results"]
         assert not _events(host, cut.json()["tx_id"], "begin")
+
+
+class TestTheRoutersOwnErrorCount:
+    """The router's count of the serve's failed answers, read passively with every sample as
+    the growth since the watch began (None where the router keeps no count we read)."""
+
+    def test_the_growth_since_the_watch_began_is_the_metric(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.engine.watch import RouteSampler, router_errors
+
+        world = fake_host.app().world()
+        serve = fake_host.app().store.current_identity("primary", "incumbent")
+        assert serve is not None
+        url = world.config.slot("primary").base_url
+        assert router_errors(world, serve) is None  # a router that keeps none: not judged
+        with fake_host.world.edit() as w:
+            w["router_errors"] = {url: 2}
+        before = router_errors(world, serve)
+        take = RouteSampler(
+            world, serve, requests=1, max_tokens=4, since=time.time(), restarts_before=0, errors_before=before
+        )
+        assert take(0)["metrics"]["router_errors"] == 0  # type: ignore[index]
+        with fake_host.world.edit() as w:
+            w["router_errors"] = {url: 5}
+        sample = take(1)
+        assert sample["metrics"]["router_errors"] == 3 and sample["passive"]["router_errors"] == 3  # type: ignore[index]

@@ -371,7 +371,15 @@ def _candidate(ctx: Ctx) -> Identity:
 def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
     again: it goes on from the journaled start, for what is left of the duration."""
-    from anvil_ctl.engine.watch import Interrupts, RouteSampler, restart_count, stopper, watch, within
+    from anvil_ctl.engine.watch import (
+        Interrupts,
+        RouteSampler,
+        restart_count,
+        router_errors,
+        stopper,
+        watch,
+        within,
+    )
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
     from anvil_ctl.qualify.watchpolicy import FUNCTIONAL_METRIC, Limit
 
@@ -382,7 +390,11 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
         None,
     )
     if began is None:
-        began = {"since": time.time(), "restarts_before": restart_count(world, cand)}
+        began = {
+            "since": time.time(),
+            "restarts_before": restart_count(world, cand),
+            "router_errors_before": router_errors(world, cand),
+        }
         record("begin", {**began, "serve": cand.container_id, "duration_s": decl.duration_s})
     since = float(str(began["since"]))
     left = max(0.0, decl.duration_s - (time.time() - since))
@@ -395,6 +407,7 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
         max_tokens=decl.max_tokens,
         since=since,
         restarts_before=int(str(began["restarts_before"])),
+        errors_before=_int_or_none(began.get("router_errors_before")),
         functional=any(lim.get("metric") == FUNCTIONAL_METRIC for lim in decl.limits),
     )
     with Interrupts().installed() as interrupts:
@@ -410,6 +423,10 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     if verdict.healthy:
         return WatchEnd(True, f"watch healthy: {verdict.samples} samples", {"watch": verdict.as_dict()})
     return _roll_back(ctx, verdict)
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _roll_back(ctx: Ctx, verdict: Verdict) -> WatchEnd:
