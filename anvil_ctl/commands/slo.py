@@ -18,7 +18,6 @@ nothing is rolled back and the run says so.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,17 +27,7 @@ from anvil_ctl.core.errors import AnvilError, BadInput
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
-from anvil_ctl.engine.watch import (
-    RouteSampler,
-    Sample,
-    qualified,
-    restart_count,
-    router_errors,
-    standing_policy,
-    watch,
-    within,
-)
-from anvil_ctl.qualify.watchpolicy import FUNCTIONAL_METRIC
+from anvil_ctl.engine.watch import RouteSampler, Sample, qualified, standing_policy, watch, within
 
 POLICY = "rollback-on-breach"
 
@@ -101,15 +90,9 @@ def slo_check(
         "rollback_on_breach": rollback_on_breach.as_dict() if rollback_on_breach else None,
     }
     app.store.append_audit("slo.declared", None, declared)  # before the first request
+    baseline = RouteSampler.baseline(world, ident)
     take = RouteSampler(
-        world,
-        ident,
-        requests=policy.requests,
-        max_tokens=policy.max_tokens,
-        since=time.time(),
-        restarts_before=restart_count(world, ident),
-        errors_before=router_errors(world, ident),
-        functional=any(lim.metric == FUNCTIONAL_METRIC for lim in limits),
+        world, ident, requests=policy.requests, max_tokens=policy.max_tokens, limits=limits, baseline=baseline
     )
     samples: list[Sample] = []
     verdict = watch(

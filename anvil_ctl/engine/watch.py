@@ -44,6 +44,7 @@ from anvil_ctl.qualify.logs import classify, patterns_for
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.watchpolicy import (
     DEFAULT,
+    FUNCTIONAL_METRIC,
     Limit,
     WatchPolicy,
     breaches,
@@ -135,8 +136,9 @@ def watch(
 
 
 class RouteSampler:
-    """One sample of a serve: active chats through the route, passive signals of its container
-    since `since` (a Unix time) against the restart count it had then."""
+    """One sample of a serve: active chats through the route (and the functional checks when
+    a limit names `functional_failed`), passive signals of its container and the router's
+    error count against the `baseline` taken when the watch began."""
 
     def __init__(
         self,
@@ -145,10 +147,8 @@ class RouteSampler:
         *,
         requests: int,
         max_tokens: int,
-        since: float,
-        restarts_before: int,
-        errors_before: int | None = None,
-        functional: bool = False,
+        limits: Sequence[Limit],
+        baseline: Mapping[str, JSONValue],
     ) -> None:
         if world.route_sample is None:
             raise RuntimeError("a watch samples through the router: the world has no route_sample")
@@ -157,12 +157,26 @@ class RouteSampler:
         self.alias = world.config.slot(serve.slot).aliases[0]
         self.requests = requests
         self.max_tokens = max_tokens
-        self.since = since
-        self.restarts_before = restarts_before
-        self.errors_before = errors_before
-        self.functional = functional
-        """Whether each sample takes one of the functional checks too (a limit names them)."""
+        self.functional = any(lim.metric == FUNCTIONAL_METRIC for lim in limits)
+        self.since = float(str(baseline["since"]))
+        self.restarts_before = int(str(baseline["restarts_before"]))
+        errors = baseline.get("router_errors_before")
+        self.errors_before = errors if isinstance(errors, int) else None
         self.patterns = patterns_for(serve.engine_profile or None)
+
+    @staticmethod
+    def baseline(world: World, serve: Identity) -> JSONObject:
+        """What a watch of `serve` starting now counts from: the time, the container's restart
+        count (0 when it cannot be read), the router's error count (None: it keeps none)."""
+        try:
+            restarts = world.runtime.logs(serve.container_id, max_lines=1, max_bytes=1024).restart_count
+        except NotFound:
+            restarts = 0
+        return {
+            "since": time.time(),
+            "restarts_before": restarts,
+            "router_errors_before": router_errors(world, serve),
+        }
 
     def __call__(self, n: int) -> Sample:
         assert self.world.route_sample is not None
@@ -224,14 +238,6 @@ def router_errors(world: World, serve: Identity) -> int | None:
         return world.router.errors(slot.router_tier, slot.base_url)
     except AnvilError:
         return None
-
-
-def restart_count(world: World, serve: Identity) -> int:
-    """The serve's container restart count now (0 when it cannot be read): a watch's baseline."""
-    try:
-        return world.runtime.logs(serve.container_id, max_lines=1, max_bytes=1024).restart_count
-    except NotFound:
-        return 0
 
 
 # -- the policy a serve is held to ---------------------------------------------------------------

@@ -350,6 +350,7 @@ class TestTheRoutersOwnErrorCount:
 
     def test_the_growth_since_the_watch_began_is_the_metric(self, fake_host: FakeHost) -> None:
         from anvil_ctl.engine.watch import RouteSampler, router_errors
+        from anvil_ctl.qualify.watchpolicy import DEFAULT
 
         world = fake_host.app().world()
         serve = fake_host.app().store.current_identity("primary", "incumbent")
@@ -358,10 +359,9 @@ class TestTheRoutersOwnErrorCount:
         assert router_errors(world, serve) is None  # a router that keeps none: not judged
         with fake_host.world.edit() as w:
             w["router_errors"] = {url: 2}
-        before = router_errors(world, serve)
-        take = RouteSampler(
-            world, serve, requests=1, max_tokens=4, since=time.time(), restarts_before=0, errors_before=before
-        )
+        began = RouteSampler.baseline(world, serve)
+        assert began["router_errors_before"] == 2
+        take = RouteSampler(world, serve, requests=1, max_tokens=4, limits=DEFAULT.limits({}), baseline=began)
         assert take(0)["metrics"]["router_errors"] == 0  # type: ignore[index]
         with fake_host.world.edit() as w:
             w["router_errors"] = {url: 5}

@@ -371,17 +371,9 @@ def _candidate(ctx: Ctx) -> Identity:
 def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
     again: it goes on from the journaled start, for what is left of the duration."""
-    from anvil_ctl.engine.watch import (
-        Interrupts,
-        RouteSampler,
-        restart_count,
-        router_errors,
-        stopper,
-        watch,
-        within,
-    )
+    from anvil_ctl.engine.watch import Interrupts, RouteSampler, stopper, watch, within
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
-    from anvil_ctl.qualify.watchpolicy import FUNCTIONAL_METRIC, Limit
+    from anvil_ctl.qualify.watchpolicy import Limit
 
     world, cand, decl = ctx.world, ctx.args.candidate, ctx.args.watch
     assert decl is not None
@@ -390,32 +382,22 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
         None,
     )
     if began is None:
-        began = {
-            "since": time.time(),
-            "restarts_before": restart_count(world, cand),
-            "router_errors_before": router_errors(world, cand),
-        }
+        began = RouteSampler.baseline(world, cand)
         record("begin", {**began, "serve": cand.container_id, "duration_s": decl.duration_s})
     since = float(str(began["since"]))
     left = max(0.0, decl.duration_s - (time.time() - since))
     if left < decl.duration_s - 1:
         record("resume", {"since": since, "left_s": round(left, 3)})
+    limits = [Limit.of(lim) for lim in decl.limits]
     sampler = RouteSampler(
-        world,
-        cand,
-        requests=decl.requests,
-        max_tokens=decl.max_tokens,
-        since=since,
-        restarts_before=int(str(began["restarts_before"])),
-        errors_before=_int_or_none(began.get("router_errors_before")),
-        functional=any(lim.get("metric") == FUNCTIONAL_METRIC for lim in decl.limits),
+        world, cand, requests=decl.requests, max_tokens=decl.max_tokens, limits=limits, baseline=began
     )
     with Interrupts().installed() as interrupts:
         verdict = watch(
             duration_s=left,
             interval_s=decl.interval_s,
             consecutive=decl.consecutive,
-            judge=within([Limit.of(lim) for lim in decl.limits], decl.consecutive),
+            judge=within(limits, decl.consecutive),
             take=sampler,
             record=lambda sample: record("sample", dict(sample)),
             stop=stopper(world.store, ctx.tx_id, interrupts),
@@ -423,10 +405,6 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     if verdict.healthy:
         return WatchEnd(True, f"watch healthy: {verdict.samples} samples", {"watch": verdict.as_dict()})
     return _roll_back(ctx, verdict)
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _roll_back(ctx: Ctx, verdict: Verdict) -> WatchEnd:
