@@ -223,7 +223,11 @@ class Bench:
         tx = str(out.get("tx_id"))
         shown = self.anvilctl("audit", "show", tx)
         events = [e for e in shown["steps"] if e["step"] == "watch"]
-        began = float(next(e["detail"]["since"] for e in events if e["event"] == "begin"))
+        begin = next((e["detail"] for e in events if e["event"] == "begin"), None)
+        if begin is None:  # the fault came before the watch: the promote itself refused or failed
+            why = f"promote ended {shown['states'][-1]['state']} before its watch: {out.get('reason')}"
+            return {"kind": kind, "interval_s": interval_s, "valid": False, "why": why}
+        began = float(begin["since"])
         samples = [e["detail"] for e in events if e["event"] == "sample"]
         onset, onset_from = self.onset(poller.onsets, kind)
         row: dict[str, Any] = {
