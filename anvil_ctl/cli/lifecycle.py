@@ -309,7 +309,7 @@ def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     the recorded incumbent is the container running and serving at the binding
     (a loaded, unpromoted candidate is never routed: that is promote's job).
     """
-    from anvil_ctl.commands import reconcile as reconcile_cmd
+    from anvil_ctl.commands import transactions
 
-    out = reconcile_cmd.reconcile(session.app(), slot, dry_run=dry_run)
+    out = transactions.reconcile(session.app(), slot, dry_run=dry_run)
     return Reply(out, ExitCode(out.exit_code))

@@ -94,7 +94,8 @@ def _followed_by(app: App, tx_id: str) -> str | None:
     from anvil_ctl.persistence import queries
 
     states = queries.transaction_detail(app.store, tx_id)["states"]
-    follow = states[-1]["data"].get("followed_by") if states else None
+    data = states[-1]["data"] if states else None
+    follow = data.get("followed_by") if isinstance(data, dict) else None
     return str(follow.get("tx_id")) if isinstance(follow, dict) else None
 
 

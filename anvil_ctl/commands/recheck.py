@@ -239,7 +239,7 @@ def recheck(
         return result
     # Imported here: the transaction machinery (plans, runner, lock) is what a plain recheck,
     # run from cron every few minutes, has no use for.
-    from anvil_ctl.commands.reconcile import reconcile
+    from anvil_ctl.commands.transactions import reconcile
 
     try:
         outcome = reconcile(app, slot)

@@ -81,14 +81,7 @@ class ExportResult:
     recorded: bool = False  # the export's manifest SHA-256 is in the state database
 
     def as_dict(self) -> JSONObject:
-        return {
-            "out_dir": self.out_dir,
-            "manifest": self.manifest.as_dict(),
-            "source_manifest_sha256": self.source_manifest_sha256,
-            "recorded": self.recorded,
-            "artifacts": [a.as_dict() for a in self.artifacts],
-            "redactions": dict(self.redactions),
-        }
+        return {**asdict(self), "artifacts": [a.as_dict() for a in self.artifacts]}
 
 
 def export_bundle(
@@ -96,7 +89,6 @@ def export_bundle(
     out_dir: Path,
     *,
     redact: Redaction | None = None,
-    extra_paths: Sequence[str] = (),
     references: Sequence[ManifestReference] | None = None,
 ) -> ExportResult:
     """Copy a verified transaction's artifacts to `out_dir`, redacted, with a new manifest; the
@@ -115,7 +107,7 @@ def export_bundle(
     redactor = _Redactor(
         Redaction(
             secrets=redaction.secrets,
-            paths=(*redaction.paths, *extra_paths, *auto),
+            paths=(*redaction.paths, *auto),
             gpu_uuids=redaction.gpu_uuids,
         )
     )
