@@ -173,8 +173,35 @@ class ShmScanner:
             entries = os.listdir(self.proc_root)
         except OSError:
             return []
-        pids = (int(e) for e in entries if e.isdigit())
-        return [pid for pid in pids if self._container_of(pid, containers, inits) is not None]
+        below: dict[int, str | None] = {}  # each process's stat is read once for the whole table
+        managed = []
+        for pid in (int(e) for e in entries if e.isdigit()):
+            cid = proc_cgroup_container(pid, self.proc_root)
+            if cid in containers if cid is not None else self._init_above(pid, inits, below):
+                managed.append(pid)
+        return managed
+
+    def _init_above(self, pid: int, inits: dict[int, str], below: dict[int, str | None]) -> str | None:
+        """The managed container whose init `pid` descends from (`_container_of`'s ancestry),
+        remembered in `below` for every process on the way up."""
+        chain: list[int] = []
+        found: str | None = None
+        for _ in range(MAX_ANCESTRY):
+            if pid in below:
+                found = below[pid]
+                break
+            chain.append(pid)
+            if pid in inits:
+                found = inits[pid]
+                break
+            parent = _parent(self.proc_root, pid)
+            if parent is None or parent <= 1 or parent == pid:
+                break
+            pid = parent
+        else:
+            return None  # too deep to tell: not remembered
+        below.update(dict.fromkeys(chain, found))
+        return found
 
     def _holders(
         self, found: dict[str, os.stat_result], *, pids: Iterable[int] | None = None

@@ -270,7 +270,8 @@ def recheck(
     when the host cannot be observed (Docker or the state database unavailable): the
     textfile then says anvil_recheck_up 0. Between a committed load and its promote or
     rollback the slot is judged as the campaign should be (phase qualifying); while a
-    promote watches, as the watch should hold (phase watching; exit 5 if its owner is gone).
+    promote watches, as the watch should hold (phase watching; exit 5 if its owner is gone);
+    the slot of a canary's pair that does not serve the tier, as standing by (phase standby).
     """
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded
