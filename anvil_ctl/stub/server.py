@@ -161,7 +161,7 @@ class Handler(BaseHTTPRequestHandler):
         if before is None:
             self._error(503, "shutting down")
             return
-        late = st.late_effects(before)
+        late = st.late_effects(before)  # the late faults due for it (their onsets noted)
         try:
             if late.http_500:
                 self._error(500, "injected fault (http-500)")
