@@ -129,6 +129,15 @@ class BaseVerified(Guard[C]):
         )
 
 
+class RouterConfigured(Guard[AnyCtx]):
+    """The transaction routes: a host without a router has nothing to route to."""
+
+    def check(self, ctx: AnyCtx) -> Refusal | None:
+        if ctx.world.router is None:
+            return self.refuse(f"{ctx.kind} needs a router: the host config's router.kind is 'none'")
+        return None
+
+
 class RouterCredentialsAccepted(Guard[AnyCtx]):
     """The router accepts our admin and client credentials (a 401/403 is config, not a model failure)."""
 

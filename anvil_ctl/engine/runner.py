@@ -113,6 +113,12 @@ class TransactionEngine:
         """Commit what is held (the end state) and `write` with it, in one database transaction."""
         self._commit(write)
 
+    def _write(self, write: Callable[[], object], boundary: str, hold: bool) -> None:
+        if hold:
+            self._hold(write, boundary)
+        else:
+            self._commit(write, boundary)
+
     def _event(
         self,
         ctx: StepContext[A, W, M],
@@ -127,11 +133,7 @@ class TransactionEngine:
         def write() -> None:
             self.journal.step_event(ctx.tx_id, seq=seq, step=step, phase=phase, event=event, detail=detail)
 
-        boundary = ":".join((ctx.kind, step, phase, event))
-        if hold:
-            self._hold(write, boundary)
-        else:
-            self._commit(write, boundary)
+        self._write(write, ":".join((ctx.kind, step, phase, event)), hold)
 
     def _transition(
         self,
@@ -146,10 +148,7 @@ class TransactionEngine:
             self.journal.transition(ctx.tx_id, target, reason, data)
 
         boundary = ":".join((ctx.kind, "state", target.value))
-        if hold or target not in UNFINISHED_STATES:  # an end state waits for `commit`
-            self._hold(write, boundary)
-        else:
-            self._commit(write, boundary)
+        self._write(write, boundary, hold or target not in UNFINISHED_STATES)  # an end state waits
 
     # -- running a plan ------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -308,14 +309,9 @@ Request = (
 )
 
 
-_ADAPTERS: dict[type[object], TypeAdapter[object]] = {}
-
-
+@cache
 def _adapter(cls: type[object]) -> TypeAdapter[object]:
-    adapter = _ADAPTERS.get(cls)
-    if adapter is None:
-        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
-    return adapter
+    return TypeAdapter(cls)
 
 
 def to_json(args: object) -> JSONObject:

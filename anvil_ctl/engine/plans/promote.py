@@ -45,6 +45,7 @@ from anvil_ctl.engine.guards import (
     NoUnresolvedTransaction,
     RollbackIdentityComplete,
     RollbackIdentityRestorable,
+    RouterConfigured,
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
@@ -159,15 +160,6 @@ def declare_watch(world: World, cand: Identity, duration_s: float | None) -> Wat
         policy=policy.as_dict(),
         origin={**origin, "qualified": {**values}, "baseline": baseline},
     )
-
-
-class RouterConfigured(Guard[PCtx]):
-    """Promotion means routing: a host without a router has nothing to promote to."""
-
-    def check(self, ctx: PCtx) -> Refusal | None:
-        if ctx.world.router is None:
-            return self.refuse("promote needs a router: the host config's router.kind is 'none'")
-        return None
 
 
 class ApproverNamed(Guard[PCtx]):
