@@ -250,13 +250,8 @@ def waived_checks(world: World, decision_id: str | None) -> dict[str, str]:
     decision = qualification.decision(world.store, decision_id)
     if decision is None:
         return {}
-    relied = {w.id: w for w in waiver_rows.waivers(world.store) if w.id in decision["waiver_ids"]}
-    out = {}
-    for check, gate in ACCEPTANCE_GATES.items():
-        for w in relied.values():
-            if gate in w.gates:
-                out[check] = w.id
-    return out
+    relied = [w for w in waiver_rows.waivers(world.store) if w.id in decision["waiver_ids"]]
+    return {check: w.id for check, gate in ACCEPTANCE_GATES.items() for w in relied if gate in w.gates}
 
 
 def acceptance(ctx: Ctx) -> StepResult:
