@@ -94,25 +94,27 @@ def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
     return Watch(rec.id, candidate, incumbent, rec.owner.pid, owner_alive(rec.owner, me))
 
 
-def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
-    """The state a watched slot should have: its owner alive, the candidate serving with its
-    identity and routed for the slot, the old incumbent retained intact, no residue."""
-    out = [Assertion("watch", watched.owner_alive is not False, watched.as_dict())]
-    out += slot_assertions(world, watched.candidate, routed=True, role="candidate")
-    incumbent = watched.incumbent
+def _candidate_and_retained(
+    world: World, head: Assertion, candidate: Identity, incumbent: Identity | None, *, routed: bool
+) -> list[Assertion]:
+    out = [head, *slot_assertions(world, candidate, routed=routed, role="candidate")]
     if incumbent is not None:
         _check(out, "incumbent_retained", lambda: _retained(world, incumbent))
     return out
 
 
+def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
+    """The state a watched slot should have: its owner alive, the candidate serving with its
+    identity and routed for the slot, the old incumbent retained intact, no residue."""
+    head = Assertion("watch", watched.owner_alive is not False, watched.as_dict())
+    return _candidate_and_retained(world, head, watched.candidate, watched.incumbent, routed=True)
+
+
 def campaign_assertions(world: World, campaign: Campaign) -> list[Assertion]:
     """The state a qualifying slot should have: the candidate's assertions (not routed), the
     incumbent retained intact, the tier as the load left it."""
-    out = [Assertion("campaign", True, campaign.as_dict())]
-    out += slot_assertions(world, campaign.candidate, routed=False, role="candidate")
-    incumbent = campaign.incumbent
-    if incumbent is not None:
-        _check(out, "incumbent_retained", lambda: _retained(world, incumbent))
+    head = Assertion("campaign", True, campaign.as_dict())
+    out = _candidate_and_retained(world, head, campaign.candidate, campaign.incumbent, routed=False)
     if world.router is not None:
         _check(out, "tier_as_loaded", lambda: _tier(world, campaign))
     return out

@@ -3,8 +3,8 @@ nothing. Guards that read a serve take an accessor (`which`) into the kind's arg
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Never, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from anvil_ctl.core.errors import AuthRejected
 from anvil_ctl.core.guards import Guard, Refusal
@@ -150,7 +150,3 @@ class RouterCredentialsAccepted(Guard[AnyCtx]):
         except AuthRejected as exc:
             return self.refuse(str(exc), **exc.data)
         return None
-
-
-def describe(guards: Sequence[Guard[Never]]) -> list[dict[str, str]]:
-    return [{"guard": g.name, "invariant": g.invariant} for g in guards]

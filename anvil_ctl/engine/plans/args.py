@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -309,9 +308,14 @@ Request = (
 )
 
 
-@cache
+_ADAPTERS: dict[type[object], TypeAdapter[object]] = {}
+
+
 def _adapter(cls: type[object]) -> TypeAdapter[object]:
-    return TypeAdapter(cls)
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
 
 
 def to_json(args: object) -> JSONObject:
