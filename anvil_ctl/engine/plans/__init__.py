@@ -85,13 +85,19 @@ class Kind(Generic[R, A]):
 
 
 KINDS: dict[str, TxKind] = {
-    "adopt": Kind(AdoptRequest, AdoptArgs, adopt.prepare, adopt.build),
-    "load": Kind(LoadRequest, LoadArgs, load.prepare, load.build),
-    "promote": Kind(PromoteRequest, PromoteArgs, promote.prepare, promote.build),
-    "canary": Kind(CanaryRequest, CanaryArgs, canary.prepare, canary.build),
-    "rollback": Kind(RollbackRequest, RollbackArgs, rollback.prepare, rollback.build),
-    "qualify": Kind(QualifyRequest, QualifyArgs, qualify.prepare, qualify.build, mutates=False),
-    "ab": Kind(AbRequest, AbArgs, ab.prepare, ab.build, mutates=False),
-    "unload": Kind(UnloadRequest, UnloadArgs, unload.prepare, unload.build),
-    "reconcile": Kind(ReconcileRequest, ReconcileArgs, reconcile.prepare, reconcile.build),
+    "adopt": Kind[AdoptRequest, AdoptArgs](AdoptRequest, AdoptArgs, adopt.prepare, adopt.build),
+    "load": Kind[LoadRequest, LoadArgs](LoadRequest, LoadArgs, load.prepare, load.build),
+    "promote": Kind[PromoteRequest, PromoteArgs](PromoteRequest, PromoteArgs, promote.prepare, promote.build),
+    "canary": Kind[CanaryRequest, CanaryArgs](CanaryRequest, CanaryArgs, canary.prepare, canary.build),
+    "rollback": Kind[RollbackRequest, RollbackArgs](
+        RollbackRequest, RollbackArgs, rollback.prepare, rollback.build
+    ),
+    "qualify": Kind[QualifyRequest, QualifyArgs](
+        QualifyRequest, QualifyArgs, qualify.prepare, qualify.build, mutates=False
+    ),
+    "ab": Kind[AbRequest, AbArgs](AbRequest, AbArgs, ab.prepare, ab.build, mutates=False),
+    "unload": Kind[UnloadRequest, UnloadArgs](UnloadRequest, UnloadArgs, unload.prepare, unload.build),
+    "reconcile": Kind[ReconcileRequest, ReconcileArgs](
+        ReconcileRequest, ReconcileArgs, reconcile.prepare, reconcile.build
+    ),
 }
