@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import stat
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar, get_args
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from anvil_ctl.core.errors import AnvilError, ConfigError
+from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError
+
+T = TypeVar("T")
 
 MAX_INPUT_BYTES = 1 << 20
 """Host configs, recipes and profiles are a few KiB; a larger file is a mistake."""
@@ -106,6 +109,49 @@ def format_validation_error(path: Path, exc: ValidationError) -> str:
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         lines.append(f"{path}: {key}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(lines)
+
+
+def validated(
+    shape: type[T], data: object, source: str, prefix: str = "", error: Callable[..., AnvilError] = BadInput
+) -> T:
+    """`data` as `shape` (pydantic models or dataclasses, in lists); `error` names the file, the
+    first problem's field as `prefix[1].key` and what was expected."""
+    try:
+        return TypeAdapter(shape).validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = first["loc"]
+        where = field_path(prefix, loc)
+        problem = first["msg"].removeprefix("Value error, ").replace("Input should be", "expected", 1)
+        if first["type"] == "missing":
+            problem = "expected a value; the key is missing"
+        elif first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            problem = f"unknown key; expected some of {_keys(shape, loc[:-1])}"
+        raise error(f"{source}: {where}: {problem}", file=source, field=where) from None
+
+
+def field_path(prefix: str, loc: Sequence[int | str]) -> str:
+    """A pydantic error's location as our files name it: `gates[1].name`."""
+    where = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+    return where.removeprefix(".") or "(top level)"
+
+
+def _tables(shape: object) -> Iterator[dict[str, object]]:
+    """The pydantic field maps of the models and dataclasses inside `shape` (lists, unions)."""
+    found = getattr(shape, "__pydantic_fields__", None)
+    if isinstance(found, dict):
+        yield {name: f.annotation for name, f in found.items()}
+    else:
+        for arg in get_args(shape):
+            yield from _tables(arg)
+
+
+def _keys(shape: object, loc: Sequence[int | str]) -> list[str]:
+    """The keys the table at `loc` of `shape` accepts."""
+    for part in loc:
+        if isinstance(part, str):
+            shape = next(t[part] for t in _tables(shape) if part in t)
+    return sorted(k for t in _tables(shape) for k in t)
 
 
 def load_toml(path: Path, what: str, error: Callable[..., AnvilError] = ConfigError) -> dict[str, object]:

@@ -2,12 +2,12 @@
 verdict out.
 
 `watch` is the loop and knows nothing of what a sample is: every `interval_s` for
-`duration_s` (at least once) it takes a sample, hands it to `record` as it is taken (the
-caller journals it), and judges the newest samples with `watchpolicy.breaches`. It ends at
-the first breach (a limit failed by `consecutive` samples in a row), when `stop` names who
-stopped it (a person's abort, a signal), or healthy at the end. A watched promote samples
-its serve (`RouteSampler`); a canary samples its two serves and judges their comparison
-with the same loop.
+`duration_s` (at least `at_least` samples) it takes a sample, hands it to `record` as it is
+taken (the caller journals it), and has `judge` judge the newest `consecutive` samples. It
+ends at the first breach, when `stop` names who stopped it (a person's abort, a signal), or
+healthy at the end. A watched promote samples its serve (`RouteSampler`) against absolute
+limits (`within`); a canary samples its two serves side by side and judges the candidate
+against the incumbent of the same round (`qualify.canary`).
 
 `RouteSampler` is the promote's sample of one serve: a few streamed chats through the route
 with the official client (`World.route_sample`), and passive signals of its container since
@@ -38,13 +38,23 @@ from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.store import Store
 from anvil_ctl.qualify.logs import classify, patterns_for
 from anvil_ctl.qualify.profiles import load_profile
-from anvil_ctl.qualify.watchpolicy import DEFAULT, Limit, WatchPolicy, breaches, qualified_values
+from anvil_ctl.qualify.watchpolicy import (
+    DEFAULT,
+    Limit,
+    WatchPolicy,
+    breaches,
+    metrics_of,
+    qualified_values,
+)
 
 Sample = Mapping[str, JSONValue]
 """One sample as journaled: its `metrics` (metric -> value or None) and what it observed."""
 
 Stop = Callable[[], JSONObject | None]
 """Who stopped the watch (a person's abort, a signal), or None to go on."""
+
+Judge = Callable[[Sequence[Sample]], list[JSONObject]]
+"""The breaches the newest samples show (none: go on)."""
 
 LOG_LINES = 2000
 LOG_BYTES = 1 << 20
@@ -75,22 +85,21 @@ class Verdict:
         }
 
 
-def metrics_of(sample: Sample) -> dict[str, float | None]:
-    found = sample.get("metrics")
-    if not isinstance(found, dict):
-        return {}
-    return {k: float(v) if isinstance(v, int | float) else None for k, v in found.items()}
+def within(limits: Sequence[Limit], consecutive: int) -> Judge:
+    """A serve held to absolute limits, each failed by `consecutive` samples in a row."""
+    return lambda kept: breaches(limits, [metrics_of(s) for s in kept], consecutive)
 
 
 def watch(
     *,
     duration_s: float,
     interval_s: float,
-    limits: Sequence[Limit],
     consecutive: int,
+    judge: Judge,
     take: Callable[[int], Sample],
     record: Callable[[Sample], None],
     stop: Stop,
+    at_least: int = 1,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = 0.2,
@@ -108,16 +117,16 @@ def watch(
         record(sample)
         n += 1
         kept = [*kept, sample][-consecutive:]
-        found = breaches(limits, [metrics_of(s) for s in kept], consecutive)
+        found = judge(kept)
         if found:
             return Verdict("breach", n, tuple(found), tuple(kept))
-        next_at = min(started + interval_s, end)
+        next_at = started + interval_s if n < at_least else min(started + interval_s, end)
         while clock() < next_at:
             who = stop()
             if who is not None:
                 return Verdict("stopped", n, stopped_by=who)
             sleep(max(0.0, min(poll_s, next_at - clock())))
-        if clock() >= end:
+        if clock() >= end and n >= at_least:
             return Verdict("healthy", n)
 
 

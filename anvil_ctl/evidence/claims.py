@@ -13,31 +13,20 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from anvil_ctl.config.inputs import validated
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.evidence.bundle import VerifyResult, verify_bundle
 
 Origin = Literal["local", "external-prior"]
 _NUMBER = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$")
-_CLAIM_KEYS = {
-    "claim",
-    "published",
-    "decimals",
-    "conditions",
-    "artifact",
-    "path",
-    "origin",
-    "source",
-    "condition",
-}
-_CONDITION_KEYS = {"published", "decimals", "path", "artifact"}
-_TOP_KEYS = {"title", "finding", "claims"}
 
 
 class PathError(Exception):
@@ -119,13 +108,40 @@ class Number:
     decimals: int
 
     @classmethod
-    def parse(cls, raw: object, where: str, file: str) -> Number:
+    def parse(cls, raw: object) -> Number:
+        if isinstance(raw, Number):
+            return raw
         text = str(raw).strip() if isinstance(raw, int | float | str) and not isinstance(raw, bool) else ""
         if not _NUMBER.match(text):
-            raise _bad(file, where, f"{raw!r} is not a number as published (e.g. 112.07 or 2,969)")
+            raise ValueError(f"{raw!r} is not a number as published (e.g. 112.07 or 2,969)")
         plain = text.replace(",", "")
         decimals = len(plain.split(".", 1)[1]) if "." in plain else 0
         return cls(text, Decimal(plain), decimals)
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("expected text")
+    return value
+
+
+Published = Annotated[Number, BeforeValidator(Number.parse)]
+Text = Annotated[str, AfterValidator(_text)]
+Decimals = Annotated[int, Field(strict=True, ge=0, le=12)]
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+class _Condition(_Table):
+    """A `[[claims.condition]]` table (`artifact` None: the claim's; `decimals` None: as many as
+    the number shows)."""
+
+    published: Published
+    artifact: Text | None = None
+    path: Text
+    decimals: Decimals | None = None
 
 
 @dataclass(frozen=True)
@@ -138,18 +154,40 @@ class Recount:
     decimals: int
 
 
-@dataclass(frozen=True)
-class Claim:
-    claim: str
-    origin: Origin
+class Claim(_Table):
+    """A `[[claims]]` table: a local claim is recounted (`published` at `path` of `artifact`, and
+    its `condition` numbers); an external-prior one names its `source` and is never recounted."""
+
+    claim: Text
+    origin: Origin = "local"
     conditions: str = ""
     source: str = ""
-    number: Recount | None = None
-    condition_numbers: tuple[Recount, ...] = ()
+    published: Published | None = None
+    artifact: Text | None = None
+    path: Text | None = None
+    decimals: Decimals | None = None
+    condition: list[_Condition] = []
+
+    @property
+    def recounts(self) -> list[Recount]:
+        """The claim's own number, then its conditions' (none for an external-prior claim)."""
+        own = (self.published, self.artifact, self.path or "", self.decimals)
+        rows = [own, *((c.published, c.artifact, c.path, c.decimals) for c in self.condition)]
+        return [
+            Recount(n, a or self.artifact or "", p, n.decimals if d is None else d)
+            for n, a, p, d in rows
+            if n is not None
+        ]
 
     @property
     def artifacts(self) -> list[str]:
-        return sorted({r.artifact for r in (self.number, *self.condition_numbers) if r is not None})
+        return sorted({r.artifact for r in self.recounts})
+
+
+class _LedgerFile(_Table):
+    title: str = ""
+    finding: str = ""
+    claims: list[Claim] = Field(min_length=1)
 
 
 @dataclass(frozen=True)
@@ -164,54 +202,24 @@ def _bad(file: str, where: str, problem: str) -> BadInput:
     return BadInput(f"{file}: {where}: {problem}", file=file, field=where)
 
 
-def _recount(raw: Mapping[str, object], where: str, file: str, default_artifact: str | None) -> Recount:
-    published = Number.parse(raw.get("published"), f"{where}.published", file)
-    artifact = raw.get("artifact", default_artifact)
-    path = raw.get("path")
-    for key, value in (("artifact", artifact), ("path", path)):
-        if not isinstance(value, str) or not value.strip():
-            raise _bad(file, f"{where}.{key}", f"expected the evidence {key}")
-    decimals = raw.get("decimals", published.decimals)
-    if isinstance(decimals, bool) or not isinstance(decimals, int) or not 0 <= decimals <= 12:
-        raise _bad(file, f"{where}.decimals", "expected 0..12")
-    return Recount(published, str(artifact), str(path), decimals)
-
-
-def _claim(raw: object, where: str, file: str) -> Claim:
-    if not isinstance(raw, dict):
-        raise _bad(file, where, "expected a table")
-    extra = sorted(set(raw) - _CLAIM_KEYS)
-    if extra:
-        raise _bad(file, f"{where}.{extra[0]}", f"unknown key; expected some of {sorted(_CLAIM_KEYS)}")
-    text = raw.get("claim")
-    if not isinstance(text, str) or not text.strip():
-        raise _bad(file, f"{where}.claim", "expected the public text")
-    origin = raw.get("origin", "local")
-    if origin not in ("local", "external-prior"):
-        raise _bad(file, f"{where}.origin", f"{origin!r}; expected local or external-prior")
-    conditions = str(raw.get("conditions", ""))
-    if origin == "external-prior":
-        if not str(raw.get("source", "")).strip():
+def _check(claim: Claim, where: str, file: str) -> None:
+    """What one table cannot say: a local claim without its evidence, an external one with some."""
+    if claim.origin == "external-prior":
+        if not claim.source.strip():
             raise _bad(file, f"{where}.source", "an external-prior claim names where it was published")
-        if "artifact" in raw or "path" in raw or "condition" in raw:
+        if claim.model_fields_set & {"artifact", "path", "condition"}:
             raise _bad(
                 file,
                 where,
                 "an external-prior claim is not recounted from local evidence; "
                 "expected no artifact, path or condition",
             )
-        return Claim(text, "external-prior", conditions, str(raw["source"]))
-    number = _recount(raw, where, file, None)
-    conditions_raw = raw.get("condition", [])
-    if not isinstance(conditions_raw, list):
-        raise BadInput(f"{file}: {where}.condition: expected [[claims.condition]] tables", file=file)
-    checks = []
-    for j, cond in enumerate(conditions_raw):
-        cwhere = f"{where}.condition[{j}]"
-        if not isinstance(cond, dict) or set(cond) - _CONDITION_KEYS:
-            raise _bad(file, cwhere, f"expected a table of {sorted(_CONDITION_KEYS)}")
-        checks.append(_recount(cond, cwhere, file, number.artifact))
-    return Claim(text, "local", conditions, "", number, tuple(checks))
+        return
+    if claim.published is None:
+        raise _bad(file, f"{where}.published", "expected the number as published")
+    for key in ("artifact", "path"):
+        if getattr(claim, key) is None:
+            raise _bad(file, f"{where}.{key}", f"expected the evidence {key}")
 
 
 def load_ledger(path: Path) -> Ledger:
@@ -223,14 +231,10 @@ def load_ledger(path: Path) -> Ledger:
         raise BadInput(f"{file}: claims file not found", file=file) from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BadInput(f"{file}: not a readable TOML file: {exc}", file=file) from None
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise BadInput(f"{file}: {unknown[0]}: unknown key; expected {sorted(_TOP_KEYS)}", file=file)
-    raw_claims = data.get("claims")
-    if not isinstance(raw_claims, list) or not raw_claims:
-        raise _bad(file, "claims", "expected at least one [[claims]] table")
-    claims = tuple(_claim(raw, f"claims[{i}]", file) for i, raw in enumerate(raw_claims))
-    return Ledger(file, str(data.get("title", "")), str(data.get("finding", "")), claims)
+    ledger = validated(_LedgerFile, data, file)
+    for i, claim in enumerate(ledger.claims):
+        _check(claim, f"claims[{i}]", file)
+    return Ledger(file, ledger.title, ledger.finding, tuple(ledger.claims))
 
 
 # -- the check ---------------------------------------------------------------------------------
@@ -305,8 +309,7 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
             results.append(ClaimResult(claim.claim, claim.origin, "external-prior"))
             continue
         result = ClaimResult(claim.claim, claim.origin, "ok")
-        for recount in (claim.number, *claim.condition_numbers):
-            assert recount is not None
+        for recount in claim.recounts:
             problem = _problem_with(recount, directory, broken, local, cache)
             if problem is not None:
                 if problem not in result.problems:  # a claim and its conditions share an artifact

@@ -13,10 +13,14 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject, real, whole
+from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject, whole
 from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import GateContext
@@ -28,19 +32,27 @@ METRICS: dict[str, tuple[str, bool]] = {
     "ttft_p50": ("ttft_s_p50", False),
 }
 """metric -> (the capacity cell's key, whether higher is better)."""
-_BOUNDARY_KEYS = {"metric", "min_delta_pct", "max_delta_pct", "min_context", "max_context", "reason"}
+Metric = Literal["decode_p50", "prefill_p50", "ttft_p50"]
+Percent = Annotated[float, Field(strict=True)]
+Tokens = Annotated[int, Field(strict=True, ge=0)]
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class Boundary:
     """A protected boundary: the selected arm's delta on `metric` vs the other arm, per cell."""
 
-    metric: str
-    min_delta_pct: float | None = None
-    max_delta_pct: float | None = None
-    min_context: int = 0
-    max_context: int | None = None
+    metric: Metric
+    min_delta_pct: Percent | None = None
+    max_delta_pct: Percent | None = None
+    min_context: Tokens = 0
+    max_context: Tokens | None = None
     reason: str = ""
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Boundary:
+        if self.min_delta_pct is None and self.max_delta_pct is None:
+            raise ValueError("expected min_delta_pct or max_delta_pct")
+        return self
 
     def applies(self, nominal: int) -> bool:
         return nominal >= self.min_context and (self.max_context is None or nominal <= self.max_context)
@@ -69,56 +81,6 @@ class Boundary:
 
     def as_dict(self) -> JSONObject:
         return {**asdict(self), "text": self.describe()}
-
-
-def parse_boundaries(raw: object, source: str) -> tuple[Boundary, ...]:
-    """`[[boundaries]]` of a profile; errors name the file and `boundaries[i].field`."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise BadInput(
-            f"{source}: boundaries: expected [[boundaries]] tables", file=source, field="boundaries"
-        )
-    out = []
-    for i, item in enumerate(raw):
-
-        def bad(key: str, problem: str, i: int = i) -> BadInput:
-            where = f"boundaries[{i}]" + (f".{key}" if key else "")
-            return BadInput(f"{source}: {where}: {problem}", file=source, field=where)
-
-        if not isinstance(item, dict):
-            raise bad("", "expected a table")
-        unknown = sorted(set(item) - _BOUNDARY_KEYS)
-        if unknown:
-            raise bad(unknown[0], f"unknown key; expected some of {sorted(_BOUNDARY_KEYS)}")
-        metric = item.get("metric")
-        if metric not in METRICS:
-            raise bad("metric", f"{metric!r}; expected one of {sorted(METRICS)}")
-        for key in ("min_delta_pct", "max_delta_pct"):
-            value = item.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise bad(key, "expected a number of %")
-        if item.get("min_delta_pct") is None and item.get("max_delta_pct") is None:
-            raise bad("", "expected min_delta_pct or max_delta_pct")
-        for key in ("min_context", "max_context"):
-            value = item.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise bad(key, "expected a number of tokens >= 0")
-        out.append(
-            Boundary(
-                metric=str(metric),
-                min_delta_pct=_float(item.get("min_delta_pct")),
-                max_delta_pct=_float(item.get("max_delta_pct")),
-                min_context=int(item.get("min_context") or 0),
-                max_context=item.get("max_context"),
-                reason=str(item.get("reason", "")),
-            )
-        )
-    return tuple(out)
-
-
-def _float(value: object) -> float | None:
-    return None if value is None else real(value)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""A canary's arithmetic and its verdict: the traffic shares it steps through, and the side-by-side
-judgement of the candidate against the incumbent on the same samples.
+"""A canary's arithmetic, its sample and its verdict: the traffic shares it steps through, the
+side-by-side round (`SideBySide`, the sample `engine.watch.watch` takes at each step) and the
+judgement of the candidate against the incumbent on the same prompts (`judge`).
 
 At each step both serves get the same few streamed chats (`slosample`), each at its own
 binding, the order alternating per round as in the A/B control (`qualify.ab`), so that load
@@ -14,15 +15,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
+import openai
 from pydantic import TypeAdapter
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.qualify.slosample import Sample
-from anvil_ctl.qualify.watchpolicy import WatchPolicy
+from anvil_ctl.qualify.slosample import sample
+from anvil_ctl.qualify.watchpolicy import WatchPolicy, metrics_of
 
 MAX_STEPS = 20
 
@@ -62,28 +63,44 @@ def policy_from_json(data: JSONMapping) -> WatchPolicy:
     return _POLICY.validate_python(data)
 
 
-@dataclass(frozen=True)
-class Round:
-    """One side-by-side round: both serves' samples of the same prompts, and who went first."""
+ARMS = ("incumbent", "candidate")
 
-    incumbent: Sample
-    candidate: Sample
-    first: str
 
-    def as_dict(self) -> JSONObject:
-        return {
-            "first": self.first,
-            "incumbent": self.incumbent.as_dict(),
-            "candidate": self.candidate.as_dict(),
+class SideBySide:
+    """One round of a canary's step: both serves sampled on the same prompts, each at its own
+    binding, the incumbent first in even rounds and the candidate first in odd ones. The
+    round is the sample `engine.watch.watch` takes; `judge` judges it."""
+
+    def __init__(
+        self, clients: Mapping[str, openai.OpenAI], models: Mapping[str, str], policy: WatchPolicy
+    ) -> None:
+        self.clients, self.models, self.policy = clients, models, policy
+
+    def __call__(self, n: int) -> JSONObject:
+        order = ARMS if n % 2 == 0 else ARMS[::-1]
+        taken = {
+            arm: sample(
+                self.clients[arm],
+                self.models[arm],
+                requests=self.policy.requests,
+                max_tokens=self.policy.max_tokens,
+                clock=time.time(),
+            ).as_dict()
+            for arm in order
         }
+        return {"first": order[0], **taken}
 
 
-def summary(rounds: Sequence[Round]) -> str:
+def _arm(round_: Mapping[str, object], arm: str) -> dict[str, float | None]:
+    found = round_.get(arm)
+    return metrics_of(found) if isinstance(found, dict) else {}
+
+
+def summary(rounds: Sequence[Mapping[str, object]]) -> str:
     """One line for `audit show`: each serve's worst TTFT p95 and error rate over the rounds."""
 
     def worst(arm: str, metric: str) -> float | None:
-        values = [getattr(r, arm).metrics()[metric] for r in rounds]
-        known = [v for v in values if v is not None]
+        known = [v for r in rounds if (v := _arm(r, arm).get(metric)) is not None]
         return max(known) if known else None
 
     def arm(name: str) -> str:
@@ -94,23 +111,25 @@ def summary(rounds: Sequence[Round]) -> str:
     return f"{len(rounds)} round(s): {arm('candidate')}; {arm('incumbent')}"
 
 
-def judge(policy: WatchPolicy, rounds: Sequence[Round]) -> list[JSONObject]:
+def judge(policy: WatchPolicy, rounds: Sequence[Mapping[str, object]]) -> list[JSONObject]:
     """The thresholds the candidate failed in `policy.consecutive` rounds in a row, each with
     the failing rounds' candidate values, limits and incumbent values."""
     found: list[JSONObject] = []
     for i, threshold in enumerate(policy.thresholds):
         run: list[JSONObject] = []
         for r in rounds:
-            inc = {k: v for k, v in r.incumbent.metrics().items() if v is not None}
+            inc = {k: v for k, v in _arm(r, "incumbent").items() if v is not None}
             limit = threshold.resolve(inc)
-            observed = r.candidate.metrics().get(threshold.metric)
+            observed = _arm(r, "candidate").get(threshold.metric)
             if limit.holds(observed) is False:
+                cand = r.get("candidate")
+                at = cand.get("at") if isinstance(cand, dict) else None
                 run.append(
                     {
                         "candidate": observed,
                         "limit": limit.limit,
                         "incumbent": inc.get(threshold.metric),
-                        "at": round(r.candidate.at, 3),
+                        "at": at if isinstance(at, int | float) else None,
                     }
                 )
                 if len(run) >= policy.consecutive:
@@ -133,29 +152,3 @@ def _source(bound: str, value: float) -> str:
     if bound.endswith("_ratio"):
         return f"{value:g} x the incumbent's, same round"
     return f"{bound} {value:g}"
-
-
-def watch_step(
-    policy: WatchPolicy,
-    duration_s: float,
-    sample_arm: Callable[[str, float], Sample],
-    *,
-    now: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> tuple[list[Round], list[JSONObject]]:
-    """Rounds `policy.interval_s` apart for `duration_s` (at least `policy.consecutive` of
-    them, so a breach can show in every step); stops at the first breach. `sample_arm(arm,
-    clock)` samples "incumbent" or "candidate". Returns the rounds and the breaches."""
-    rounds: list[Round] = []
-    started = now()
-    while True:
-        order = ("incumbent", "candidate") if len(rounds) % 2 == 0 else ("candidate", "incumbent")
-        taken = {arm: sample_arm(arm, time.time()) for arm in order}
-        rounds.append(Round(taken["incumbent"], taken["candidate"], order[0]))
-        found = judge(policy, rounds)
-        if found:
-            return rounds, found
-        elapsed = now() - started
-        if elapsed >= duration_s and len(rounds) >= policy.consecutive:
-            return rounds, []
-        sleep(policy.interval_s)

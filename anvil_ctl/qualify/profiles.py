@@ -7,23 +7,22 @@ optional. Named profiles ship in `anvil_ctl/profiles/`; errors name the file and
 
 from __future__ import annotations
 
-import inspect
-import typing
-from collections.abc import Mapping, Sequence
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, validate_call
 
-from anvil_ctl.config.inputs import load_toml
+from anvil_ctl.config.inputs import field_path, load_toml, validated
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.qualify.ab import METRICS, Boundary, parse_boundaries
+from anvil_ctl.qualify.ab import Boundary, Metric
 from anvil_ctl.qualify.gates import GATE_TYPES
 from anvil_ctl.qualify.gates.base import Gate
 from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, parse_watch
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
-_TOP_KEYS = {"name", "description", "thinking", "gates", "select", "boundaries", "watch"}
 
 
 @dataclass(frozen=True)
@@ -82,68 +81,57 @@ def available_profiles(search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> list[st
     return sorted({p.stem for d in search_dirs if d.is_dir() for p in d.glob("*.toml")})
 
 
-def _conforms(value: object, hint: type[object]) -> bool:
-    """`value` is a `hint` as it stands, without conversion (an int is a float, a bool is no int)."""
-    try:
-        TypeAdapter(hint).validate_python(value, strict=True)
-    except ValidationError:
-        return False
-    return True
+class _ProfileFile(BaseModel):
+    """A profile file's tables as TOML gives them; each gate is checked against its own class."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = ""
+    description: str = ""
+    thinking: StrictBool | None = False
+    gates: list[dict[str, object]] = Field(min_length=1)
+    select: Metric = "decode_p50"
+    boundaries: list[Boundary] = []
+    watch: object = None
 
 
-def _describe(hint: object) -> str:
-    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+@functools.cache
+def _arguments(gate_type: str) -> Callable[..., None]:
+    """The gate's `__init__`, checking its arguments strictly against its fields' types (a "3"
+    is no int, a 1 no bool)."""
+    return validate_call(config=ConfigDict(strict=True))(GATE_TYPES[gate_type].__init__)
 
 
-def _gate_spec(source: str, index: int, raw: object) -> GateSpec:
-    where = f"{source}: gates[{index}]"
-    if not isinstance(raw, dict):
-        raise BadInput(f"{where}: expected a table", file=source, field=f"gates[{index}]")
+def _gate_spec(source: str, index: int, raw: dict[str, object]) -> GateSpec:
+    where = f"gates[{index}]"
     gate_type = raw.get("type")
     if gate_type not in GATE_TYPES:
         raise BadInput(
-            f"{where}.type: {gate_type!r} is not a gate; expected one of {sorted(GATE_TYPES)}",
+            f"{source}: {where}.type: {gate_type!r} is not a gate; expected one of {sorted(GATE_TYPES)}",
             file=source,
-            field=f"gates[{index}].type",
+            field=f"{where}.type",
         )
     cls = GATE_TYPES[gate_type]
-    hints = typing.get_type_hints(cls.__init__)
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "name")]
-    params = {k: v for k, v in raw.items() if k not in ("type", "name")}
-    for key, value in params.items():
-        if key not in accepted:
-            raise BadInput(
-                f"{where}.{key}: not a parameter of gate {gate_type!r}; expected one of {accepted}",
-                file=source,
-                field=f"gates[{index}].{key}",
-            )
-        if key in hints and not _conforms(value, hints[key]):
-            raise BadInput(
-                f"{where}.{key}: {value!r} is not {_describe(hints[key])}",
-                file=source,
-                field=f"gates[{index}].{key}",
-            )
     name = raw.get("name", gate_type)
     if not isinstance(name, str) or not name:
-        raise BadInput(f"{where}.name: expected a non-empty string", file=source)
+        raise BadInput(f"{source}: {where}.name: expected a non-empty string", file=source)
+    params = {k: v for k, v in raw.items() if k not in ("type", "name")}
+    try:
+        _arguments(gate_type)(object.__new__(cls), name=name, **params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = field_path(where, first["loc"])
+        problem = first["msg"].replace("Input should be", "expected", 1)
+        if first["type"] == "unexpected_keyword_argument":
+            accepted = [f.name for f in dataclasses.fields(cls) if f.name != "name"]
+            problem = f"not a parameter of gate {gate_type!r}; expected one of {accepted}"
+        raise BadInput(f"{source}: {key}: {problem}", file=source, field=key) from None
     return GateSpec(type=gate_type, name=name, params=params)
 
 
 def parse_profile(data: Mapping[str, object], source: str) -> Profile:
     """A profile from parsed TOML; `source` names the file in errors."""
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise BadInput(
-            f"{source}: {', '.join(unknown)}: unknown key; expected {sorted(_TOP_KEYS)}",
-            file=source,
-        )
-    gates_raw = data.get("gates")
-    if not isinstance(gates_raw, list) or not gates_raw:
-        raise BadInput(f"{source}: gates: expected at least one [[gates]] table", file=source, field="gates")
-    thinking = data.get("thinking", False)
-    if thinking is not None and not isinstance(thinking, bool):
-        raise BadInput(f"{source}: thinking: expected true or false", file=source, field="thinking")
-    specs = tuple(_gate_spec(source, i, raw) for i, raw in enumerate(gates_raw))
+    top = validated(_ProfileFile, data, source)
+    specs = tuple(_gate_spec(source, i, raw) for i, raw in enumerate(top.gates))
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if spec.name in seen:
@@ -153,21 +141,15 @@ def parse_profile(data: Mapping[str, object], source: str) -> Profile:
                 field=f"gates[{i}].name",
             )
         seen.add(spec.name)
-    select = data.get("select", "decode_p50")
-    if select not in METRICS:
-        raise BadInput(
-            f"{source}: select: {select!r}; expected one of {sorted(METRICS)}", file=source, field="select"
-        )
-    name = data.get("name") or Path(source).stem
     return Profile(
-        name=str(name),
-        description=str(data.get("description", "")),
-        thinking=thinking,
+        name=top.name or Path(source).stem,
+        description=top.description,
+        thinking=top.thinking,
         gates=specs,
         source=source,
-        ab_metric=str(select),
-        boundaries=parse_boundaries(data.get("boundaries"), source),
-        watch=parse_watch(data.get("watch"), source),
+        ab_metric=top.select,
+        boundaries=tuple(top.boundaries),
+        watch=parse_watch(top.watch, source),
     )
 
 

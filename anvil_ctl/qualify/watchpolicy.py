@@ -255,6 +255,14 @@ def qualified_values(cells: Sequence[Mapping[str, object]]) -> dict[str, float]:
     return out
 
 
+def metrics_of(sample: Mapping[str, object]) -> dict[str, float | None]:
+    """A journaled sample's `metrics` (metric -> value, None where it measured none)."""
+    found = sample.get("metrics")
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): float(v) if isinstance(v, int | float) else None for k, v in found.items()}
+
+
 def breaches(
     limits: Sequence[Limit], samples: Sequence[Mapping[str, float | None]], consecutive: int
 ) -> list[JSONObject]:

@@ -21,8 +21,9 @@ from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine import entry
 from anvil_ctl.engine.plans.args import CanaryRequest, Candidate, RollbackRequest
 from anvil_ctl.engine.plans.canary import ServesFitTogether
-from anvil_ctl.qualify import slosample
-from anvil_ctl.qualify.canary import Round, judge, parse_shares, watch_step
+from anvil_ctl.engine.watch import watch
+from anvil_ctl.qualify import canary
+from anvil_ctl.qualify.canary import SideBySide, judge, parse_shares
 from anvil_ctl.qualify.slosample import RequestResult, Sample
 from anvil_ctl.qualify.watchpolicy import Threshold, WatchPolicy
 from anvil_ctl.testing.router import FakeRouter
@@ -62,6 +63,11 @@ class TestShares:
         with pytest.raises(BadInput, match=problem) as err:
             parse_shares(text)
         assert err.value.data["field"] == "canary"
+
+
+def Round(incumbent: Sample, candidate: Sample, first: str) -> dict[str, Any]:
+    """A side-by-side round as `SideBySide` takes it and the step journals it."""
+    return {"first": first, "incumbent": incumbent.as_dict(), "candidate": candidate.as_dict()}
 
 
 class TestSideBySideVerdict:
@@ -110,33 +116,52 @@ class Clock:
 
 
 class TestWatchingAStep:
-    def test_a_healthy_step_samples_both_in_alternating_order_for_its_duration(self) -> None:
-        clock, calls = Clock(), []
+    """A step is `engine.watch.watch` over side-by-side rounds, judged by `judge`."""
 
-        def arm(name: str, _at: float) -> Sample:
-            calls.append(name)
-            return sample(1.0)
+    def _step(
+        self, monkeypatch: pytest.MonkeyPatch, duration_s: float, bad: bool = False
+    ) -> tuple[Any, list[Any], list[str]]:
+        clock, calls, rounds = Clock(), [], []
 
-        rounds, found = watch_step(POLICY, 3.0, arm, now=clock.now, sleep=clock.sleep)
-        assert found == [] and len(rounds) == 4 and clock.t == 3.0
-        assert calls[:4] == ["incumbent", "candidate", "candidate", "incumbent"]
-        assert [r.first for r in rounds] == ["incumbent", "candidate", "incumbent", "candidate"]
+        def fake_sample(_c: Any, model: str, *, requests: int, max_tokens: int, clock: float) -> Sample:
+            calls.append(model)
+            return sample(1.0, failed=2 if bad and model == "cand" else 0, at=clock)
 
-    def test_a_short_step_still_takes_enough_rounds_to_see_a_breach(self) -> None:
-        clock = Clock()
-        rounds, _ = watch_step(POLICY, 0.1, lambda _a, _t: sample(1.0), now=clock.now, sleep=clock.sleep)
-        assert len(rounds) == POLICY.consecutive
-
-    def test_the_first_breach_ends_the_step(self) -> None:
-        clock = Clock()
-        rounds, found = watch_step(
-            POLICY,
-            60.0,
-            lambda a, _t: sample(1.0, failed=2 if a == "candidate" else 0),
-            now=clock.now,
+        monkeypatch.setattr(canary, "sample", fake_sample)
+        verdict = watch(
+            duration_s=duration_s,
+            interval_s=POLICY.interval_s,
+            consecutive=POLICY.consecutive,
+            judge=lambda kept: judge(POLICY, kept),
+            take=SideBySide(
+                {"incumbent": None, "candidate": None}, {"incumbent": "inc", "candidate": "cand"}, POLICY
+            ),  # type: ignore[dict-item]
+            record=rounds.append,
+            stop=lambda: None,
+            at_least=POLICY.consecutive,
+            clock=clock.now,
             sleep=clock.sleep,
         )
-        assert len(rounds) == 2 and [b["metric"] for b in found] == ["error_rate"]
+        return verdict, rounds, calls
+
+    def test_a_healthy_step_samples_both_in_alternating_order_for_its_duration(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        verdict, rounds, calls = self._step(monkeypatch, 3.0)
+        assert verdict.healthy and len(rounds) == 3
+        assert calls[:4] == ["inc", "cand", "cand", "inc"]
+        assert [r["first"] for r in rounds] == ["incumbent", "candidate", "incumbent"]
+
+    def test_a_short_step_still_takes_enough_rounds_to_see_a_breach(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        verdict, rounds, _ = self._step(monkeypatch, 0.1)
+        assert verdict.healthy and len(rounds) == POLICY.consecutive
+
+    def test_the_first_breach_ends_the_step(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        verdict, rounds, _ = self._step(monkeypatch, 60.0, bad=True)
+        assert len(rounds) == 2 and [b["metric"] for b in verdict.breaches] == ["error_rate"]
+        assert verdict.breaches[0]["rounds"][0]["incumbent"] == 0.0
 
 
 def _fit_ctx(
@@ -308,7 +333,7 @@ def _arms(monkeypatch: pytest.MonkeyPatch, bad_from_share: int | None, router: W
         bad = model == "cand-b" and bad_from_share is not None and share >= bad_from_share
         return sample(1.0, failed=2 if bad else 0, at=clock)
 
-    monkeypatch.setattr(slosample, "sample", fake_sample)
+    monkeypatch.setattr(canary, "sample", fake_sample)
 
 
 PROFILE = """

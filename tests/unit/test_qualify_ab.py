@@ -24,9 +24,9 @@ from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.plans.args import Candidate
 from anvil_ctl.evidence.bundle import verify_bundle
 from anvil_ctl.persistence import qualification
-from anvil_ctl.qualify.ab import Arm, Boundary, compare, declaration, parse_boundaries, run_measure
+from anvil_ctl.qualify.ab import Arm, Boundary, compare, declaration, run_measure
 from anvil_ctl.qualify.gates.capacity import Capacity
-from anvil_ctl.qualify.profiles import load_profile
+from anvil_ctl.qualify.profiles import load_profile, parse_profile
 from tests.unit.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ class TestBoundaries:
     )
     def test_a_malformed_boundary_names_the_file_and_field(self, raw: Any, field: str) -> None:
         with pytest.raises(BadInput) as err:
-            parse_boundaries(raw, "p.toml")
+            parse_profile({"gates": [{"type": "smoke"}], "boundaries": raw}, "p.toml")
         assert err.value.data["field"] == field and "p.toml" in str(err.value)
 
     def test_the_declaration_digest_covers_the_boundaries(self) -> None:

@@ -22,7 +22,7 @@ from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine.owner import current_owner
 from anvil_ctl.engine.plans.args import PromoteRequest
 from anvil_ctl.engine.plans.promote import prepare
-from anvil_ctl.engine.watch import Sample, watch
+from anvil_ctl.engine.watch import Sample, watch, within
 from anvil_ctl.qualify.watchpolicy import Limit
 from tests.unit.clirun import in_process
 from tests.unit.fakehost import FakeHost
@@ -73,8 +73,8 @@ def _loop(
     verdict = watch(
         duration_s=duration_s,
         interval_s=1.0,
-        limits=[TTFT],
         consecutive=2,
+        judge=within([TTFT], 2),
         take=take,
         record=taken.append,
         stop=lambda: {"by": "alice"} if stop_at is not None and len(taken) >= stop_at else None,

@@ -220,8 +220,9 @@ def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
 
 def share_step(share: int) -> Step[Ctx]:
     def do(ctx: Ctx) -> StepResult:
-        from anvil_ctl.qualify.canary import policy_from_json, summary, watch_step
-        from anvil_ctl.qualify.slosample import open_client, sample
+        from anvil_ctl.engine.watch import Interrupts, watch
+        from anvil_ctl.qualify.canary import SideBySide, judge, policy_from_json, summary
+        from anvil_ctl.qualify.slosample import open_client
 
         world, args = ctx.world, ctx.args
         set_to = _set_share(world, args, share)
@@ -231,34 +232,43 @@ def share_step(share: int) -> Step[Ctx]:
         world.progress.waiting(
             f"the canary at {share} % (both serves sampled side by side)", args.step_watch_s
         )
+        rounds: list[JSONObject] = []
         try:
-            rounds, found = watch_step(
-                policy,
-                args.step_watch_s,
-                lambda arm, clock: sample(
-                    clients[arm],
-                    arms[arm].served_model,
-                    requests=policy.requests,
-                    max_tokens=policy.max_tokens,
-                    clock=clock,
-                ),
-                now=world.clock.now,
-                sleep=world.clock.sleep,
-            )
+            with Interrupts().installed() as interrupts:
+                verdict = watch(
+                    duration_s=args.step_watch_s,
+                    interval_s=policy.interval_s,
+                    consecutive=policy.consecutive,
+                    judge=lambda kept: judge(policy, kept),
+                    take=SideBySide(clients, {a: i.served_model for a, i in arms.items()}, policy),
+                    record=lambda r: rounds.append(dict(r)),
+                    stop=lambda: interrupts.caught,
+                    at_least=policy.consecutive,  # so a breach can show in every step
+                    clock=world.clock.now,
+                    sleep=world.clock.sleep,
+                )
         finally:
             for client in clients.values():
                 client.close()
-        observed: JSONArray = [r.as_dict() for r in rounds]
-        if found:
+        observed: JSONArray = [*rounds]
+        if verdict.stopped_by is not None:
+            raise StepFailed(
+                f"canary stopped at {share} % by {verdict.stopped_by.get('via')}; every request goes "
+                "back to the incumbent",
+                share=share,
+                stopped_by=verdict.stopped_by,
+                rounds=observed,
+            )
+        if not verdict.healthy:
             named = "; ".join(
                 f"{b['metric']} ({b['source']}) failed in {len(b['rounds'])} rounds in a row"  # type: ignore[arg-type]
-                for b in found
+                for b in verdict.breaches
             )
             raise StepFailed(
                 f"canary breach at {share} %: {named}; every request goes back to the incumbent",
                 share=share,
                 samples=summary(rounds),
-                breaches=list(found),
+                breaches=[*verdict.breaches],
                 rounds=observed,
             )
         return {**set_to, "verdict": "healthy", "samples": summary(rounds), "rounds": observed}

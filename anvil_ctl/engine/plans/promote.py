@@ -358,7 +358,7 @@ def _candidate(ctx: Ctx) -> Identity:
 def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
     again: it goes on from the journaled start, for what is left of the duration."""
-    from anvil_ctl.engine.watch import Interrupts, RouteSampler, restart_count, stopper, watch
+    from anvil_ctl.engine.watch import Interrupts, RouteSampler, restart_count, stopper, watch, within
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
     from anvil_ctl.qualify.watchpolicy import Limit
 
@@ -387,8 +387,8 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
         verdict = watch(
             duration_s=left,
             interval_s=decl.interval_s,
-            limits=[Limit.of(lim) for lim in decl.limits],
             consecutive=decl.consecutive,
+            judge=within([Limit.of(lim) for lim in decl.limits], decl.consecutive),
             take=sampler,
             record=lambda sample: record("sample", dict(sample)),
             stop=stopper(world.store, ctx.tx_id, interrupts),
