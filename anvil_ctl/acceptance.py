@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionToolParam
@@ -65,14 +65,7 @@ class AcceptanceResult:
         return [c.name for c in self.checks if not c.passed]
 
     def as_dict(self) -> JSONObject:
-        return {
-            "router_url": self.router_url,
-            "alias": self.alias,
-            "expected_model": self.expected_model,
-            "credential_source": self.credential_source,
-            "passed": self.passed,
-            "checks": [{"name": c.name, "passed": c.passed, "evidence": c.evidence} for c in self.checks],
-        }
+        return {**asdict(self), "passed": self.passed, "checks": [asdict(c) for c in self.checks]}
 
 
 def _plain(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:

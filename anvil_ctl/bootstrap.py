@@ -29,6 +29,7 @@ from anvil_ctl.core.ports import (
 )
 
 if TYPE_CHECKING:
+    from anvil_ctl.adapters.credentials import RouterCredentials
     from anvil_ctl.engine.faults import Faults
     from anvil_ctl.engine.world import Acceptance, RouteSample, VramRelease, World
     from anvil_ctl.persistence.db import Engine
@@ -319,16 +320,12 @@ def _shm(app: App, runtime: ContainerRuntime) -> SharedMemory:
 
 def _router(app: App) -> tuple[Router | None, Acceptance | None]:
     """The configured router and the real-client acceptance that uses its client token."""
-    from anvil_ctl.adapters.credentials import resolve_credentials
-
     rc = app.config.router
-    if rc.kind == "none":
+    creds = _credentials(app, need_admin=rc.kind == "smg")
+    if creds is None:
         return None, None
-    try:
-        creds = resolve_credentials(rc, app.env, need_admin=rc.kind == "smg")
-    except CredentialError as exc:
-        return UnresolvedCredentialsRouter(exc), None
-
+    if isinstance(creds, CredentialError):
+        return UnresolvedCredentialsRouter(creds), None
     acceptance = app.real_acceptance()
     if rc.kind == "smg":
         from anvil_ctl.adapters.smg import SmgRouter
@@ -349,38 +346,39 @@ def _router(app: App) -> tuple[Router | None, Acceptance | None]:
     return HaproxyRouter(rc.url, rc.runtime_socket, creds, tiers), acceptance
 
 
-def _real_acceptance(app: App) -> Acceptance | None:
+def _credentials(app: App, *, need_admin: bool) -> RouterCredentials | CredentialError | None:
+    """The router's tokens through the credential chain, the reason they cannot be resolved,
+    or None without a router."""
     from anvil_ctl.adapters.credentials import resolve_credentials
 
-    rc = app.config.router
-    if rc.kind == "none":
+    if app.config.router.kind == "none":
         return None
     try:
-        creds = resolve_credentials(rc, app.env, need_admin=rc.kind == "smg")
-    except CredentialError:
+        return resolve_credentials(app.config.router, app.env, need_admin=need_admin)
+    except CredentialError as exc:
+        return exc
+
+
+def _real_acceptance(app: App) -> Acceptance | None:
+    creds = _credentials(app, need_admin=app.config.router.kind == "smg")
+    if creds is None or isinstance(creds, CredentialError):
         return None  # the router refuses every call (`UnresolvedCredentialsRouter`)
     from anvil_ctl.acceptance_worker import RealAcceptance
 
-    return RealAcceptance(rc.url, creds.client)
+    return RealAcceptance(app.config.router.url, creds.client)
 
 
 def _route_sample(app: App) -> RouteSample | None:
     """A watch's active sample: streamed chats through the router with its client key, a
     client of its own for each sample (None without a router or its credentials)."""
-    from anvil_ctl.adapters.credentials import resolve_credentials
-
-    rc = app.config.router
-    if rc.kind == "none":
-        return None
-    try:
-        creds = resolve_credentials(rc, app.env, need_admin=False)
-    except CredentialError:
+    url, creds = app.config.router.url, _credentials(app, need_admin=False)
+    if creds is None or isinstance(creds, CredentialError):
         return None
 
     def take(alias: str, requests: int, max_tokens: int) -> Sample:
         from anvil_ctl.qualify.slosample import open_client, sample
 
-        client = open_client(rc.url, creds.client.reveal())
+        client = open_client(url, creds.client.reveal())
         try:
             return sample(client, alias, requests=requests, max_tokens=max_tokens, clock=time.time())
         finally:

@@ -6,10 +6,10 @@ import socket
 import time
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
+from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import ModelCard, PromptAnswer
 
 
@@ -30,6 +30,12 @@ class HttpServerProbe:
                 verify=context_for(),  # engines answer plain HTTP at their loopback binding
             )
         return self._client.get(url)
+
+    def get_json(self, url: str) -> JSONValue:
+        """The JSON body of a GET that answered 2xx (httpx's errors otherwise)."""
+        response = self._get(url).raise_for_status()
+        body: JSONValue = response.json()
+        return body
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -67,6 +73,8 @@ class HttpServerProbe:
 
     def running(self, base_url: str, metric: str) -> int | None:
         """The gauge `metric` on /metrics summed over its labels; None without an answer or the gauge."""
+        from prometheus_client.parser import text_string_to_metric_families  # only where a gauge is read
+
         try:
             r = self._get(base_url.rstrip("/") + "/metrics")
         except httpx.HTTPError:

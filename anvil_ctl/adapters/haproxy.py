@@ -33,7 +33,7 @@ from anvil_ctl.adapters.router_http import (
 )
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
-from anvil_ctl.core.jsontypes import JSONArray, JSONObject
+from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
 
@@ -178,15 +178,10 @@ class HaproxyRouter(RouterHttp):
             raise AdapterError("haproxy `show info`: unexpected answer")
         probe_client_token(self._http, self.url, self._client)
 
-    def backends(self, tier: str) -> list[Backend]:
+    def _listed(self, tier: str) -> list[tuple[Backend, JSONValue]]:
+        """HAProxy does not know what a backend serves: no observed model."""
         return [
-            Backend(
-                url=s.url,
-                healthy=s.healthy,
-                models=self.tiers[tier],
-                state=s.state,
-                backend_id=f"{backend_name(tier)}/{s.name}",
-            )
+            (Backend(s.url, s.healthy, self.tiers[tier], s.state, f"{backend_name(tier)}/{s.name}"), None)
             for s in self.slots(tier)
             if s.state != "maint"
         ]
@@ -307,20 +302,3 @@ class HaproxyRouter(RouterHttp):
         if not mine[0].healthy:
             return f"haproxy reads {url} {mine[0].status}", alias
         return "", alias
-
-    def view(self, tier: str) -> JSONObject:
-        """The router's view of a tier for snapshots. No secrets."""
-        backends: JSONArray = []
-        for slot in sorted(self.slots(tier), key=lambda s: s.name):
-            if slot.state == "maint":
-                continue
-            backends.append(
-                {
-                    "url": slot.url,
-                    "aliases": [*self.tiers[tier]],
-                    "observed_model": None,  # HAProxy does not know what a backend serves
-                    "healthy": slot.healthy,
-                    "state": slot.state,
-                }
-            )
-        return {"router": "haproxy", "tier": tier, "ready": self.ready(), "backends": backends}

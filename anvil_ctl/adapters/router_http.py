@@ -21,8 +21,8 @@ from tenacity import (
 
 from anvil_ctl.adapters.credentials import Secret
 from anvil_ctl.core.errors import AdapterError, AuthRejected, CredentialError, StepFailed, TransientError
-from anvil_ctl.core.jsontypes import JSONValue
-from anvil_ctl.core.model import RouteCheck, RoutedAnswer
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
+from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
 
 log = get_logger()
@@ -195,6 +195,27 @@ class RouterHttp:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _listed(self, tier: str) -> list[tuple[Backend, JSONValue]]:
+        """The tier's backends, each with the model the router says it serves (None: unknown)."""
+        raise NotImplementedError
+
+    def backends(self, tier: str) -> list[Backend]:
+        return [backend for backend, _ in self._listed(tier)]
+
+    def view(self, tier: str) -> JSONObject:
+        """The router's view of a tier for snapshots (no secrets): backends by URL, readiness."""
+        backends: list[JSONValue] = [
+            {
+                "url": b.url,
+                "aliases": [*b.models],
+                "observed_model": observed,
+                "healthy": b.healthy,
+                "state": b.state,
+            }
+            for b, observed in sorted(self._listed(tier), key=lambda listed: listed[0].url)
+        ]
+        return {"router": self.NAME, "tier": tier, "ready": self.ready(), "backends": backends}
 
     def _route_problem(self, tier: str, url: str) -> tuple[str, str]:
         """(what stands in the way of routing `tier` to `url`, "" if nothing; the alias to chat to)."""

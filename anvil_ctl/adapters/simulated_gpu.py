@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Callable, Mapping
 
 import httpx
 
+from anvil_ctl.adapters.engine_http import HttpServerProbe
 from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import AdapterError
 from anvil_ctl.core.jsontypes import JSONValue
@@ -20,32 +20,6 @@ LABEL_PORT = LABEL_PREFIX + "port"
 LABEL_BINDING = LABEL_PREFIX + "binding"
 LABEL_GPUS = LABEL_PREFIX + "gpus"
 SIM_VRAM_PATH = "/anvil/sim/vram"
-
-
-class _HttpGet:
-    """GET a JSON body with one client for the probe's life, no keep-alive."""
-
-    def __init__(self) -> None:
-        self._client: httpx.Client | None = None
-
-    def __call__(self, url: str) -> JSONValue:
-        if self._client is None:
-            self._client = httpx.Client(
-                timeout=2.0,
-                limits=httpx.Limits(max_keepalive_connections=0),
-                # The stub answers plain HTTP on loopback: no CA bundle to load;
-                # a context that trusts nothing could never complete a TLS handshake.
-                verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
-            )
-        response = self._client.get(url)
-        response.raise_for_status()
-        body: JSONValue = response.json()
-        return body
-
-    def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
 
 
 def _endpoint(labels: Mapping[str, str]) -> str | None:
@@ -89,12 +63,11 @@ class SimulatedGpuProbe:
     ) -> None:
         self.roles = dict(roles)
         self.runtime = runtime
-        self.http_get: Callable[[str], JSONValue] = http_get or _HttpGet()
+        self._http = HttpServerProbe(timeout_s=2.0)
+        self.http_get: Callable[[str], JSONValue] = http_get or self._http.get_json
 
     def close(self) -> None:
-        close = getattr(self.http_get, "close", None)
-        if callable(close):
-            close()
+        self._http.close()
 
     def driver_version(self) -> str:
         return "simulated"

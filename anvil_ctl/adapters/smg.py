@@ -7,7 +7,7 @@ only the first entry of `models`).
 Observed of smg 1.13.0 (the real binary in the test environment):
 - `POST /workers` answers 202 and registers in the background.
 - `DELETE /workers/{id}` answers 202 and queues a removal keyed by URL: the worker drains at
-  once and, after a fixed drain (`OWN_REMOVAL_MIN_S`), the job removes whatever is registered
+  once and, after a fixed drain (`DEFAULT_SETTLE_S`), the job removes whatever is registered
   at that URL by then. Nothing cancels it; a second DELETE removes the worker at once while the
   first removal stays pending, invisible. So a worker whose removal is pending is never
   DELETEd again, and readmission holds.
@@ -43,8 +43,8 @@ from anvil_ctl.adapters.router_http import (
     routed_chat,
 )
 from anvil_ctl.adapters.smg_parking import ParkingResponder
-from anvil_ctl.adapters.smg_removals import PendingRemovals
 from anvil_ctl.adapters.smg_workers import (
+    DEFAULT_SETTLE_S,
     NIL_WORKER_ID,
     PARKED_LABEL,
     TIER_LABEL,
@@ -54,7 +54,7 @@ from anvil_ctl.adapters.smg_workers import (
 )
 from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
-from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
 
@@ -103,7 +103,9 @@ class SmgRouter(RouterHttp):
         self._hold_s = removal_hold_s
         self._sleep = sleep
         self._clock = clock
-        self._removals = PendingRemovals(removal_hold_s, clock)
+        self._pending: dict[str, float] = {}
+        """URL -> since when a removal may be pending there (seen draining or queued, or our own
+        DELETE not seen to land after a full drain): readmission holds `removal_hold_s` past it."""
         self._parking: ParkingResponder | None = None
         self._parked: dict[str, str] = {}
         """tier -> the parked worker this process registered for it and has not removed."""
@@ -131,16 +133,33 @@ class SmgRouter(RouterHttp):
         so readmission holds past it."""
         pending = worker.draining or self._workers.removal_queued(worker)
         if pending:
-            self._removals.saw_pending(worker.url, worker.id)
+            self._may_remove(worker.url, self._clock())
         return pending
+
+    def _may_remove(self, url: str, since: float) -> None:
+        """Note a removal of `url` that may be pending since `since` (logged once per hold)."""
+        noted = self._pending.get(url)
+        if noted is None or since >= noted + self._hold_s:
+            log.info("router.smg.removal_pending", url=url)
+        self._pending[url] = since if noted is None else max(noted, since)
+
+    def _hold_until(self, url: str, since: float | None) -> float | None:
+        """When every removal that may be pending for `url` has surely landed (None: none may);
+        `since`: the caller's own reason to hold, else None."""
+        reasons = [t for t in (since, self._pending.get(url)) if t is not None]
+        return max(reasons) + self._hold_s if reasons else None
+
+    def _held(self, url: str, since: float | None) -> bool:
+        until = self._hold_until(url, since)
+        return until is None or self._clock() >= until
 
     def _remove(self, worker: SmgWorker) -> None:
         """Remove a worker and wait until its URL is gone; a worker whose removal is pending is not
         DELETEd again (that would hide the pending removal, which then takes the next registration)."""
         worker_id, url = worker.id, worker.url
-        sent: float | None = None
-        if not self._removal_pending(worker):
-            sent = self._removals.sent_delete(url)
+        landed = self._removal_pending(worker)  # a pending removal is noted where it is seen
+        sent = self._clock()
+        if not landed:
             response = self._workers.call("DELETE", f"/workers/{worker_id}")
             if response.status_code not in (200, 202, 204, 404):
                 raise AdapterError(
@@ -148,9 +167,15 @@ class SmgRouter(RouterHttp):
                     status=response.status_code,
                 )
             log.info("router.smg.remove", url=url, worker_id=worker_id)
-        self._wait(lambda: self._workers.at(url) is None, self._removal_timeout_s, f"{url} removed")
-        if sent is not None:
-            self._removals.gone(url, sent, worker.settle_s)
+        try:
+            self._wait(lambda: self._workers.at(url) is None, self._removal_timeout_s, f"{url} removed")
+            # Gone sooner than its drain: someone else's DELETE removed it, ours is still queued.
+            landed = landed or self._clock() - sent >= min(worker.settle_s, DEFAULT_SETTLE_S)
+            if not landed:
+                log.warning("router.smg.early_removal", url=url, seconds=round(self._clock() - sent, 3))
+        finally:
+            if not landed:
+                self._may_remove(url, sent)
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
         end = self._clock() + timeout_s
@@ -194,15 +219,9 @@ class SmgRouter(RouterHttp):
             raise AdapterError(f"smg admin probe answered {response.status_code}")
         probe_client_token(self._http, self.url, self._client)
 
-    def backends(self, tier: str) -> list[Backend]:
+    def _listed(self, tier: str) -> list[tuple[Backend, JSONValue]]:
         return [
-            Backend(
-                url=w.url,
-                healthy=w.healthy,
-                models=w.aliases,
-                state=w.status,
-                backend_id=w.backend_id,
-            )
+            (Backend(w.url, w.healthy, w.aliases, w.status, w.backend_id), w.observed_model)
             for w in self._workers.of_tier(tier)
         ]
 
@@ -370,11 +389,11 @@ class SmgRouter(RouterHttp):
         Past `removal_hold_s` after each possible removal nothing queued can remove the URL; gone or
         pending meanwhile: NotYetRouted (the next attempt registers again). The routed chat is
         repeated at the end (None when there was nothing to wait for)."""
-        if self._removals.held(url, since):
+        if self._held(url, since):
             return None
-        until = self._removals.hold_until(url, since) or self._clock()
+        until = self._hold_until(url, since) or self._clock()
         log.info("router.smg.hold", tier=tier, url=url, seconds=round(until - self._clock(), 3))
-        while not self._removals.held(url, since):
+        while not self._held(url, since):
             if self._clock() >= end:
                 raise NotYetRouted(f"smg worker {url} not yet held for {self._hold_s:.1f} s")
             self._sleep(self._poll_s)
@@ -404,22 +423,3 @@ class SmgRouter(RouterHttp):
         if not mine[0].healthy:
             return f"smg reads {url} unhealthy", ""
         return "", mine[0].aliases[0] if mine[0].aliases else ""
-
-    def view(self, tier: str) -> JSONObject:
-        """The router's view of a tier for snapshots: backends, observed model, readiness."""
-        workers = self._workers.of_tier(tier)
-        return {
-            "router": "smg",
-            "tier": tier,
-            "ready": self.ready(),
-            "backends": [
-                {
-                    "url": w.url,
-                    "aliases": list(w.aliases),
-                    "observed_model": w.observed_model,
-                    "healthy": w.healthy,
-                    "state": w.status,
-                }
-                for w in sorted(workers, key=lambda w: w.url)
-            ],
-        }

@@ -7,7 +7,7 @@ import click
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
 from anvil_ctl.core.states import ExitCode
 
 GRANTS_HELP = "With --print-grants: a name the SQL uses."
@@ -101,12 +101,7 @@ def db_copy(session: Session, to: str) -> Reply:
         return Reply(Record(admin.db_copy(app, to=to)))
 
 
-db = click.Group(
-    "db",
-    commands=[db_upgrade, db_copy],
-    help="State database maintenance.",
-    epilog=example("anvilctl db upgrade"),
-)
+db = group("db", "State database maintenance.", "anvilctl db upgrade", db_upgrade, db_copy)
 
 
 @click.command("status", epilog=example("anvilctl status --watch --interval 5s"))
@@ -203,9 +198,4 @@ def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
     return Reply(Record(transactions.lock_break(session.app(), lock_id, by=by, reason=reason)))
 
 
-lock = click.Group(
-    "lock",
-    commands=[lock_status, lock_break],
-    help="The host mutator lock.",
-    epilog=example("anvilctl lock status"),
-)
+lock = group("lock", "The host mutator lock.", "anvilctl lock status", lock_status, lock_break)

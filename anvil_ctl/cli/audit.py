@@ -9,7 +9,7 @@ import click
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import host_options, host_scope, limit_option, slot_option
 from anvil_ctl.cli.params import REF, SINCE
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
 
 only_slot = slot_option("Only this slot.")
@@ -247,21 +247,19 @@ def evidence(session: Session, tx: str) -> Reply:
     return Reply(found, ExitCode.OK if found.ok else ExitCode.DRIFT)
 
 
-audit = click.Group(
+audit = group(
     "audit",
-    commands=[
-        transactions,
-        history,
-        show,
-        diff,
-        verify,
-        incumbents,
-        served,
-        decisions,
-        waivers,
-        rechecks,
-        evidence,
-    ],
-    help="Read the state database: journal, hash chain, records.",
-    epilog=example("anvilctl audit transactions --json"),
+    "Read the state database: journal, hash chain, records.",
+    "anvilctl audit transactions --json",
+    transactions,
+    history,
+    show,
+    diff,
+    verify,
+    incumbents,
+    served,
+    decisions,
+    waivers,
+    rechecks,
+    evidence,
 )

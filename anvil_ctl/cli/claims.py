@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
 from anvil_ctl.core.states import ExitCode
 
 ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
@@ -47,9 +47,10 @@ def render(session: Session, ledger: Path) -> Reply:
     return Reply(Text(render_ledger(load_ledger(ledger))))
 
 
-claims = click.Group(
+claims = group(
     "claims",
-    commands=[check, render],
-    help="The claim ledger: every published number bound to its conditions and its evidence.",
-    epilog=example("anvilctl claims check claims.toml --evidence ./bundle-8259"),
+    "The claim ledger: every published number bound to its conditions and its evidence.",
+    "anvilctl claims check claims.toml --evidence ./bundle-8259",
+    check,
+    render,
 )

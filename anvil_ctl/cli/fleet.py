@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
 
 
 @click.command("status", epilog=example("anvilctl fleet status --json"))
@@ -17,9 +17,4 @@ def fleet_status(session: Session) -> Reply:
     return Reply(Record({"hosts": audit.fleet_status(session.app())}))
 
 
-fleet = click.Group(
-    "fleet",
-    commands=[fleet_status],
-    help="The hosts that share this state database.",
-    epilog=example("anvilctl fleet status"),
-)
+fleet = group("fleet", "The hosts that share this state database.", "anvilctl fleet status", fleet_status)

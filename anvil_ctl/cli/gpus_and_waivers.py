@@ -6,7 +6,7 @@ import click
 
 from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, text
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
 from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays fast
 
 
@@ -153,9 +153,6 @@ def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Re
     return Reply(Record(gpus_and_waivers.revoke(session.app(), waiver_id, by=by, reason=reason)))
 
 
-waivers = click.Group(
-    "waivers",
-    commands=[waivers_list, waivers_revoke],
-    help="List or revoke policy waivers.",
-    epilog=example("anvilctl waivers list"),
+waivers = group(
+    "waivers", "List or revoke policy waivers.", "anvilctl waivers list", waivers_list, waivers_revoke
 )

@@ -26,19 +26,8 @@ class OptionDecorator(Protocol):
 def slot_option(help: str, *, default: str | None = None, required: bool = False) -> OptionDecorator:
     """`--slot SLOT`: a slot of the host config, completed from it."""
     # default=None is a value to click (a required option would take it): only a real one is given
-    if default is not None:
-        return click.option(
-            "--slot",
-            type=REF,
-            default=default,
-            show_default=True,
-            shell_complete=complete_slots,
-            metavar="SLOT",
-            help=help,
-        )
-    return click.option(
-        "--slot", type=REF, required=required, shell_complete=complete_slots, metavar="SLOT", help=help
-    )
+    given = {"default": default, "show_default": True} if default is not None else {"required": required}
+    return click.option("--slot", type=REF, shell_complete=complete_slots, metavar="SLOT", help=help, **given)
 
 
 def dry_run_option(help: str = "Run every guard and print the plan; change nothing.") -> OptionDecorator:

@@ -68,7 +68,15 @@ class _Running:
 
 
 class _Display:
-    """What both renderers track: the transaction, the running step and its wait."""
+    """What both renderers track (the transaction, the running step and its wait) and say.
+
+    A renderer says a line with `_say`, starts and stops its own machinery (the heartbeat,
+    the live area) with `_start` and `_stop`, and words a step's end with DONE and FAILED.
+    """
+
+    HEAD = "{kind} {tx_id}{where}: {steps} steps"
+    DONE = ""
+    FAILED = ""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -79,16 +87,36 @@ class _Display:
     def _label(self, seq: int, name: str, phase: str) -> str:
         return _step_label(seq, name, phase, self.steps)
 
-    def _begin(self, kind: str, steps: int) -> None:
-        self.kind, self.steps = kind, steps
+    def _say(self, text: str, style: str = "") -> None:
+        raise NotImplementedError
 
-    def _ended(self, state: str, reason: str, elapsed_s: float) -> str:
-        self.running = None
-        because = f": {reason}" if reason and state != "committed" else ""
-        return f"{self.kind} {state} after {seconds(elapsed_s)}{because}"
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        raise NotImplementedError
+
+    def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
+        # A transaction inside a command's own work (recheck --repair, recover) takes the
+        # terminal over: rich allows one live display at a time.
+        self._stop()
+        self.kind, self.steps = kind, steps
+        where = f" on slot {slot}" if slot else ""
+        self._say(self.HEAD.format(kind=kind, tx_id=tx_id, where=where, steps=steps), "bold")
+        self._start()
 
     def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
         self.running = _Running(self._label(seq, name, phase), self.clock())
+
+    def step_finished(
+        self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
+    ) -> None:
+        self.running = None
+        label, took = self._label(seq, name, phase), seconds(elapsed_s)
+        if ok:
+            self._say(self.DONE.format(label=label, took=took), "green" if phase != "undo" else "yellow")
+        else:
+            self._say(self.FAILED.format(label=label, took=took, error=error), "red")
 
     def waiting(self, what: str, deadline_s: float) -> None:
         r = self.running
@@ -98,6 +126,16 @@ class _Display:
     def activity(self, text: str) -> None:
         if self.running is not None:
             self.running.activity = text
+
+    def note(self, text: str) -> None:
+        self._say(f"    {text}")
+
+    def finished(self, state: str, reason: str, elapsed_s: float) -> None:
+        self._stop()
+        self.running = None
+        because = f": {reason}" if reason and state != "committed" else ""
+        line = f"{self.kind} {state} after {seconds(elapsed_s)}{because}"
+        self._say(line, "green" if state == "committed" else "red")
 
     def wait_text(self) -> str:
         r = self.running
@@ -109,6 +147,10 @@ class _Display:
 
 class PlainProgress(_Display):
     """Timestamped lines (RFC 3339 UTC) for a pipe or a log file: no terminal control."""
+
+    HEAD = "{kind} {tx_id}: {steps} steps{where}"
+    DONE = "  {label}: done in {took}"
+    FAILED = "  {label}: FAILED after {took}: {error}"
 
     def __init__(
         self,
@@ -124,70 +166,47 @@ class PlainProgress(_Display):
         self._now = now
         self._lock = threading.Lock()
         self._last = clock()
-        self._stop = threading.Event()
+        self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
 
-    def _line(self, text: str) -> None:
+    def _say(self, text: str, style: str = "") -> None:
         stamp = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
         with self._lock:
             self.stream.write(f"{stamp} {escape_text(text)}\n")
             self.stream.flush()
             self._last = self.clock()
 
-    def _start_heartbeat(self) -> None:
+    def _start(self) -> None:
         """A quiet step still says it is alive, every `heartbeat_s`."""
         if self.heartbeat_s <= 0 or self._beat is not None:
             return
-        self._stop.clear()
+        self._beat_stop.clear()
         self._beat = threading.Thread(target=self._heartbeat, name="anvil-progress", daemon=True)
         self._beat.start()
 
-    def _stop_heartbeat(self) -> None:
-        self._stop.set()
+    def _stop(self) -> None:
+        self._beat_stop.set()
         if self._beat is not None:
             self._beat.join(timeout=1.0)
         self._beat = None
 
     def _heartbeat(self) -> None:
         tick = min(0.25, self.heartbeat_s / 4)
-        while not self._stop.wait(tick):
+        while not self._beat_stop.wait(tick):
             running = self.running
             if running is None or self.clock() - self._last < self.heartbeat_s:
                 continue
             busy = seconds(self.clock() - running.started)
             detail = self.wait_text() or running.activity or "working"
-            self._line(f"    ... {running.label}: {busy}, {detail}")
-
-    def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
-        self._begin(kind, steps)
-        where = f" on slot {slot}" if slot else ""
-        self._line(f"{kind} {tx_id}: {steps} steps{where}")
-        self._start_heartbeat()
+            self._say(f"    ... {running.label}: {busy}, {detail}")
 
     def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
         super().step_started(seq, name, phase, description)
-        self._line(f"  {self._label(seq, name, phase)}: {description}")
-
-    def step_finished(
-        self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
-    ) -> None:
-        self.running = None
-        label = self._label(seq, name, phase)
-        if ok:
-            self._line(f"  {label}: done in {seconds(elapsed_s)}")
-        else:
-            self._line(f"  {label}: FAILED after {seconds(elapsed_s)}: {error}")
+        self._say(f"  {self._label(seq, name, phase)}: {description}")
 
     def waiting(self, what: str, deadline_s: float) -> None:
         super().waiting(what, deadline_s)
-        self._line(f"    waiting for {what} (deadline {deadline_s:g} s)")
-
-    def note(self, text: str) -> None:
-        self._line(f"    {text}")
-
-    def finished(self, state: str, reason: str, elapsed_s: float) -> None:
-        self._stop_heartbeat()
-        self._line(self._ended(state, reason, elapsed_s))
+        self._say(f"    waiting for {what} (deadline {deadline_s:g} s)")
 
 
 class _LiveLine:
@@ -220,21 +239,24 @@ class _LiveLine:
 class LiveProgress(_Display):
     """On a terminal: a line per finished step, a live line for the running one (rich)."""
 
+    DONE = "  ✓ {label}  {took}"
+    FAILED = "  ✗ {label}  {took}: {error}"
+
     def __init__(self, console: Console, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(clock)
         self.console = console
         self._live: Live | None = None
 
-    def _print(self, text: str, style: str = "") -> None:
+    def _say(self, text: str, style: str = "") -> None:
         from rich.text import Text
 
         self.console.print(Text(escape_text(text), style=style))
 
-    def _start_live(self) -> None:
+    def _start(self) -> None:
         """The transient live area under the printed lines (one at a time: rich's rule)."""
         from rich.live import Live
 
-        self._stop_live()
+        self._stop()
         self._live = Live(
             _LiveLine(self),
             console=self.console,
@@ -245,46 +267,20 @@ class LiveProgress(_Display):
         )
         self._live.start()
 
-    def _stop_live(self) -> None:
+    def _stop(self) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
 
     def begin(self, what: str) -> None:
         """A command that is not a transaction starts `what` (see `working`): a live line."""
-        self._stop_live()
+        self._stop()
         self.running = _Running(what, self.clock())
-        self._start_live()
+        self._start()
 
     def end(self) -> None:
-        self._stop_live()
+        self._stop()
         self.running = None
-
-    def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
-        # A transaction inside a command's own work (recheck --repair, recover) takes the
-        # terminal over: rich allows one live display at a time.
-        self._stop_live()
-        self._begin(kind, steps)
-        where = f" on slot {slot}" if slot else ""
-        self._print(f"{kind} {tx_id}{where}: {steps} steps", "bold")
-        self._start_live()
-
-    def step_finished(
-        self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
-    ) -> None:
-        self.running = None
-        label = self._label(seq, name, phase)
-        if ok:
-            self._print(f"  ✓ {label}  {seconds(elapsed_s)}", "green" if phase != "undo" else "yellow")
-        else:
-            self._print(f"  ✗ {label}  {seconds(elapsed_s)}: {error}", "red")
-
-    def note(self, text: str) -> None:
-        self._print(f"    {text}")
-
-    def finished(self, state: str, reason: str, elapsed_s: float) -> None:
-        self._stop_live()
-        self._print(self._ended(state, reason, elapsed_s), "green" if state == "committed" else "red")
 
 
 @contextmanager

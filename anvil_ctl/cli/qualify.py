@@ -9,7 +9,7 @@ import click
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import slot_option, timeout_option
 from anvil_ctl.cli.params import RECIPE, REF, text
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
 from anvil_ctl.core.states import ExitCode
 
 QUALIFY_HELP = """\
@@ -153,9 +153,11 @@ def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
         return Reply(evidence_cmd.evidence_report(app, tx, output))
 
 
-evidence = click.Group(
+evidence = group(
     "evidence",
-    commands=[evidence_export, evidence_verify, evidence_report],
-    help="Evidence bundles: export a redacted copy, verify one, report one on a page.",
-    epilog=example("anvilctl evidence verify ./bundle-8259"),
+    "Evidence bundles: export a redacted copy, verify one, report one on a page.",
+    "anvilctl evidence verify ./bundle-8259",
+    evidence_export,
+    evidence_verify,
+    evidence_report,
 )

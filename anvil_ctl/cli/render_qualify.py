@@ -98,17 +98,8 @@ def ab(a: AbOutcome, out: Out) -> None:
     out.line(f"A/B control (transaction {a.outcome.tx_id}): A = {names['A']}, B = {names['B']}")
     out.line(f"  declared before the first request: digest {c.get('declaration_digest')}")
     out.line()
-    rows = [
-        (
-            "Nominal context",
-            "A decode p50",
-            "B decode p50",
-            "Delta",
-            "A prefill p50",
-            "B prefill p50",
-            "Delta",
-        )
-    ]
+    columns = ["Nominal context", "A decode p50", "B decode p50", "Delta", "A prefill p50", "B prefill p50"]
+    rows: list[tuple[str, ...]] = []
 
     def num(value: float | None, digits: int, unit: str) -> str:
         return "-" if value is None else f"{value:,.{digits}f}{unit}"
@@ -131,9 +122,7 @@ def ab(a: AbOutcome, out: Out) -> None:
                 delta(cell["delta_pct"]["prefill_p50"]),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.line("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip())
+    out.table([*columns, "Delta"], rows)
     out.line()
     verdict = c["verdict"]
     out.line(f"VERDICT: {verdict['outcome'].upper()}: {verdict['summary']}")
@@ -164,9 +153,8 @@ def verify(r: VerifyResult, out: Out) -> None:
     if r.manifest_sha256:
         out.line(f"  manifest sha256 {s(r.manifest_sha256)}")
     for b in r.bindings or ():
-        verdict = {True: "matches", False: "DIFFERS from", None: "not checked against"}[b.matched]
         note = f" ({s(b.note)})" if b.note else ""
-        out.line(f"  manifest {verdict} {s(b.against)}{note}")
+        out.line(f"  manifest {_BINDING_VERDICTS[b.matched]} {s(b.against)}{note}")
 
 
 def report(r: ReportResult, out: Out) -> None:

@@ -17,7 +17,7 @@ from anvil_ctl.cli.options import (
     timeout_option,
 )
 from anvil_ctl.cli.params import CONTEXT_TOKENS, PERSON, RECIPE, REF
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
@@ -89,11 +89,14 @@ def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
     )
 
 
-recipes = click.Group(
+recipes = group(
     "recipes",
-    commands=[recipes_list, recipes_show, recipes_validate, recipes_plan],
-    help="Pinned serve recipes (the TOML files of the recipes directory).",
-    epilog=example("anvilctl recipes list"),
+    "Pinned serve recipes (the TOML files of the recipes directory).",
+    "anvilctl recipes list",
+    recipes_list,
+    recipes_show,
+    recipes_validate,
+    recipes_plan,
 )
 
 

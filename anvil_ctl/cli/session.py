@@ -96,6 +96,11 @@ def example(line: str) -> str:
     return f"\b\nExample:\n  {line}"
 
 
+def group(name: str, help: str, example_line: str, *commands: click.Command) -> click.Group:
+    """A command group with its help and its one example line."""
+    return click.Group(name, commands=list(commands), help=help, epilog=example(example_line))
+
+
 def _remember(click_ctx: click.Context, param: click.Parameter, value: object) -> object:
     """Store a global option given at any level of the command line into the session."""
     session = click_ctx.find_object(Session)

@@ -50,18 +50,15 @@ def url_field(*schemes: str) -> AfterValidator:
     return AfterValidator(lambda v: check_url(v, schemes=schemes))
 
 
-def env_name(value: str) -> str:
-    if not ENV_NAME_RE.match(value):
-        raise ValueError("expected an environment variable name (letters, digits, '_')")
-    return value
-
-
 Label = Annotated[str, text_field(253)]
 """A one-line name or label from a file: host name, product name, alias, tier."""
 FilePath = Annotated[Path, BeforeValidator(path_text)]
 Duration = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
 MiB = Annotated[int, Field(ge=0, le=MAX_MIB)]
 HttpUrl = Annotated[str, url_field("http", "https")]
+EnvName = Annotated[
+    str, valid_if(ENV_NAME_RE.match, "expected an environment variable name (letters, digits, '_')")
+]
 
 
 class Strict(BaseModel):

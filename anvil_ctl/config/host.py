@@ -5,18 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from anvil_ctl.config.fields import (
     GPU_UUID_RE,
     NAME_RE,
     Duration,
+    EnvName,
     FilePath,
     HttpUrl,
     Label,
     MiB,
     Strict,
-    env_name,
     text_field,
     valid_if,
 )
@@ -85,12 +85,8 @@ class RouterConfig(Strict):
     kind: Literal["smg", "haproxy", "none"] = Field("smg", description="Router implementation")
     url: HttpUrl = Field("http://127.0.0.1:30000", description="Router data-plane URL (clients)")
     admin_url: HttpUrl | None = Field(None, description="Control-plane URL; default url")
-    admin_token_env: Annotated[str, AfterValidator(env_name)] = Field(
-        "ANVIL_ROUTER_ADMIN_TOKEN", description="Env var of the admin token"
-    )
-    client_token_env: Annotated[str, AfterValidator(env_name)] = Field(
-        "ANVIL_ROUTER_CLIENT_TOKEN", description="Env var of the client token"
-    )
+    admin_token_env: EnvName = Field("ANVIL_ROUTER_ADMIN_TOKEN", description="Env var of the admin token")
+    client_token_env: EnvName = Field("ANVIL_ROUTER_CLIENT_TOKEN", description="Env var of the client token")
     credential_file: FilePath | None = Field(
         None, description="TOML file with admin_token/client_token; owner-only (0600)"
     )

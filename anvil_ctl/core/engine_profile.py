@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from anvil_ctl.core.jsontypes import JSONObject, JSONValue
+from anvil_ctl.core.jsontypes import JSONObject, plain
 from anvil_ctl.core.log_patterns import (
     COMMON_FATAL,
     NCCL_PLUGIN,
@@ -146,18 +146,7 @@ class EngineProfile:
         return served_model if self.response_model == "served" else alias
 
     def as_dict(self) -> JSONObject:
-        return {str(k): _json(v) for k, v in asdict(self).items()}
-
-
-def _json(value: object) -> JSONValue:
-    """A profile's field as JSON (tuples as lists; a profile holds text, numbers and flags)."""
-    if isinstance(value, dict):
-        return {str(k): _json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
+        return {str(k): plain(v) for k, v in asdict(self).items()}
 
 
 def _matching(text: str, patterns: tuple[str, ...]) -> list[str]:

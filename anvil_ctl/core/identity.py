@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 
 @dataclass(frozen=True)
@@ -77,46 +81,14 @@ class Identity:
         )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> Identity:
-        """An identity as `as_dict` wrote it; unknown keys are passed over, a wrong type is a ValueError."""
-        absent = [name for name in cls.REQUIRED if name not in data]
-        if absent:
-            raise TypeError(f"Identity is missing required fields: {', '.join(absent)}")
-        return cls(
-            slot=_text(data, "slot"),
-            container_id=_text(data, "container_id"),
-            image_id=_text(data, "image_id"),
-            config_fingerprint=_text(data, "config_fingerprint"),
-            served_model=_text(data, "served_model"),
-            context_tokens=_count(data, "context_tokens"),
-            binding=_text(data, "binding"),
-            router_tier=_text(data, "router_tier"),
-            recipe_digest=_text(data, "recipe_digest"),
-            model_identity=_text(data, "model_identity"),
-            repo_digests=_texts(data, "repo_digests"),
-            gpu_roles=_texts(data, "gpu_roles"),
-            aliases=_texts(data, "aliases"),
-            container_name=_text(data, "container_name"),
-            engine_profile=_text(data, "engine_profile"),
-        )
+    def from_json(cls, text: str | bytes) -> Identity:
+        """An identity as `as_dict` wrote it, as JSON; unknown keys are passed over, a missing field
+        or a value of another JSON type is a ValueError (pydantic's, naming the field)."""
+        return _adapter().validate_json(text, strict=True)
 
 
-def _text(data: Mapping[str, object], key: str) -> str:
-    value = data.get(key, "")
-    if not isinstance(value, str):
-        raise ValueError(f"identity {key}: expected a string, got {type(value).__name__}")
-    return value
+@functools.cache
+def _adapter() -> TypeAdapter[Identity]:
+    from pydantic import TypeAdapter
 
-
-def _count(data: Mapping[str, object], key: str) -> int:
-    value = data.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"identity {key}: expected an integer, got {type(value).__name__}")
-    return value
-
-
-def _texts(data: Mapping[str, object], key: str) -> tuple[str, ...]:
-    value = data.get(key, ())
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"identity {key}: expected a list of strings")
-    return tuple(str(v) for v in value)
+    return TypeAdapter(Identity)

@@ -16,6 +16,17 @@ JSONArray: TypeAlias = list[JSONValue]
 JSONMapping: TypeAlias = Mapping[str, object]
 
 
+def plain(value: object) -> JSONValue:
+    """A value of text, numbers and flags as JSON: tuples as lists, keys as text, anything else as str."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
 def get_object(doc: Mapping[str, object], key: str) -> JSONObject:
     """`doc[key]` as an object ({} when absent); a ValueError when it is another type."""
     value = doc.get(key, {})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -114,58 +113,3 @@ class Waiver:
             "expires_at": iso(self.expires_at),
             "revoked_at": iso(self.revoked_at),
         }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> Waiver:
-        """A waiver as `as_dict` wrote it; a field of another type is BadInput naming it."""
-
-        def wrong(key: str, expected: str) -> BadInput:
-            got = type(data[key]).__name__
-            return BadInput(f"waiver {data.get('id')}: {key}: expected {expected}, got {got}", field=key)
-
-        def text(key: str) -> str:
-            value = data[key]
-            if not isinstance(value, str):
-                raise wrong(key, "a string")
-            return value
-
-        def when(key: str) -> datetime | None:
-            value = data.get(key)
-            if value is None:
-                return None
-            if not isinstance(value, str):
-                raise wrong(key, "an ISO 8601 time")
-            return datetime.fromisoformat(value)
-
-        created = when("created_at")
-        if created is None:
-            raise BadInput(f"waiver {data.get('id')}: created_at missing", field="created_at")
-        value = data["value"]
-        if not isinstance(value, int | float | str):
-            raise wrong("value", "MiB")
-        roles = data.get("roles") or ()
-        if not isinstance(roles, list | tuple | set | frozenset):
-            raise wrong("roles", "a list of GPU roles")
-        if not all(isinstance(r, str) for r in roles):
-            raise wrong("roles", "a list of GPU roles")
-        gates = data.get("gates") or ()
-        if not isinstance(gates, list | tuple | set | frozenset) or not all(
-            isinstance(g, str) for g in gates
-        ):
-            raise wrong("gates", "a list of gate names")
-        digest = data.get("recipe_digest")
-        if digest is not None and not isinstance(digest, str):
-            raise wrong("recipe_digest", "a string")
-        return cls(
-            id=text("id"),
-            policy=text("policy"),
-            value=int(value),
-            roles=frozenset(str(r) for r in roles),
-            gates=frozenset(str(g) for g in gates),
-            recipe_digest=digest,
-            approved_by=text("approved_by"),
-            reason=text("reason"),
-            created_at=created,
-            expires_at=when("expires_at"),
-            revoked_at=when("revoked_at"),
-        )

@@ -14,7 +14,7 @@ from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, get_int, get_object, get_objects
-from anvil_ctl.core.waiver import Waiver
+from anvil_ctl.core.waiver import VRAM_RESERVE, Waiver
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waiver_policy
 from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
@@ -55,7 +55,14 @@ def raw_decision_body(
         "reserve_roles": {world.config.gpu_roles[r].uuid.lower(): r for r in roles},
         "reserve_standing_mib": dict(standing),
         "reserve_in_force_mib": {
-            r: waiver_policy.effective_reserve(v, r, ident.recipe_digest or None, active, now)
+            r: waiver_policy.resolve(
+                VRAM_RESERVE,
+                policy_default=v,
+                role=r,
+                recipe_digest=ident.recipe_digest or None,
+                waivers=active,
+                now=now,
+            ).value
             for r, v in standing.items()
         },
         "evidence_dir": str(result.tx_dir),

@@ -33,37 +33,28 @@ class PathError(Exception):
     """A path that does not lead to a value (internal: becomes a claim's problem)."""
 
 
-def _path_parts(path: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for ch in path:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "." and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    parts.append(current)
-    return parts
+_STEP = re.compile(r"(\.*)(?:([^.\[\]]+)|\[([^\[\]]*)\])?")
+"""One step of a path: dots, then a key or a [selector]."""
 
 
 def resolve(data: JSONValue, path: str) -> JSONValue:
     """The value at `path` in `data` (see the module docstring); PathError says where it stops."""
     node = data
     walked = ""
-    for part in _path_parts(path):
-        match = re.fullmatch(r"([^\[\]]*)((?:\[[^\[\]]*\])*)", part)
-        if match is None:
-            raise PathError(f"{part!r} is not a key with optional [selectors]")
-        name, selectors = match.groups()
-        if name:
+    at = 0
+    while at < len(path):
+        step = _STEP.match(path, at)
+        assert step is not None  # every part of the pattern is optional
+        dots, name, selector = step.groups()
+        if step.end() == at or (name is not None and at and not dots):
+            raise PathError(f"{path[at:]!r} is not a key with optional [selectors]")
+        at = step.end()
+        if name is not None:
             if not isinstance(node, dict) or name not in node:
                 raise PathError(f"no key {name!r} at {walked or 'the top'}")
             node = node[name]
             walked = f"{walked}.{name}" if walked else name
-        for selector in re.findall(r"\[([^\[\]]*)\]", selectors):
+        elif selector is not None:
             if not isinstance(node, list):
                 raise PathError(f"{walked} is not a list")
             if re.fullmatch(r"-?\d+", selector):

@@ -96,7 +96,6 @@ def export_bundle(
     out_dir: Path,
     *,
     redact: Redaction | None = None,
-    extra_paths: Sequence[str] = (),
     references: Sequence[ManifestReference] | None = None,
 ) -> ExportResult:
     """Copy a verified transaction's artifacts to `out_dir`, redacted, with a new manifest; the
@@ -115,7 +114,7 @@ def export_bundle(
     redactor = _Redactor(
         Redaction(
             secrets=redaction.secrets,
-            paths=(*redaction.paths, *extra_paths, *auto),
+            paths=(*redaction.paths, *auto),
             gpu_uuids=redaction.gpu_uuids,
         )
     )

@@ -264,16 +264,15 @@ def _vram(inputs: ReportInputs) -> str:
     in_force: int | None = None
     ident = fields(q.files.get("identity.json") or {})
     names = {str(u).lower(): role for role, u in fields(ident.get("gpu_role_uuids") or {}).items()}
-    before = fields(q.files.get("vram-before.json") or {})
-    if before.get("cards"):
-        cards = [fields(c) for c in items(before["cards"])]
-        bars.append(plots.VramBar("before the workload", _free(cards)))
-        standing = _mib(cards[0].get("reserve_mib"))
     reserve = q.gate("vram_reserve")
-    if reserve and fields(reserve["evidence"]).get("cards"):
-        cards = [fields(c) for c in items(fields(reserve["evidence"])["cards"])]
-        bars.append(plots.VramBar("after the workload", _free(cards)))
-        standing = _mib(cards[0].get("reserve_mib", standing))
+    for when, reading in (
+        ("before the workload", fields(q.files.get("vram-before.json") or {})),
+        ("after the workload", fields(reserve["evidence"]) if reserve else {}),
+    ):
+        if reading.get("cards"):
+            cards = [fields(c) for c in items(reading["cards"])]
+            bars.append(plots.VramBar(when, _free(cards)))
+            standing = _mib(cards[0].get("reserve_mib", standing))
     rows: list[tuple[object, ...]] = []
     for p in inputs.promotions:
         for name, value in sorted(p.files.items()):

@@ -59,14 +59,6 @@ class OwnershipRefusal:
         }
 
 
-def claims(
-    container_id: str, transaction_id: str, roles: Sequence[str], mode: Mode, slot: str = ""
-) -> dict[str, GpuOwner]:
-    """The ledger entries a successful start writes: role -> owner."""
-    owner = GpuOwner(container_id=container_id, transaction_id=transaction_id, mode=mode, slot=slot)
-    return dict.fromkeys(sorted(roles), owner)
-
-
 def unknown_processes(
     readings: Sequence[GpuReading],
     role_uuids: Mapping[str, str],

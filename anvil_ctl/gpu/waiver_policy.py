@@ -66,24 +66,6 @@ def resolve(
     return Effective(newest.value, newest.id)
 
 
-def effective_reserve(
-    policy_default: int,
-    role: str,
-    recipe_digest: str | None,
-    waivers: Iterable[Waiver],
-    now: datetime,
-) -> int:
-    """The VRAM reserve in MiB in force for `role` (and the serve's recipe digest) at `now`."""
-    return resolve(
-        VRAM_RESERVE,
-        policy_default=policy_default,
-        role=role,
-        recipe_digest=recipe_digest,
-        waivers=waivers,
-        now=now,
-    ).value
-
-
 class GateVerdict(Protocol):
     """What reclassification needs of any gate result."""
 

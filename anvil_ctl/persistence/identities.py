@@ -6,8 +6,6 @@ functions work inside the caller's session; the Store appends the covering audit
 
 from __future__ import annotations
 
-import json
-
 from sqlalchemy import ColumnElement, Select, func, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
@@ -49,7 +47,7 @@ def _first(s: Session, q: Select[str]) -> Identity | None:
     body = s.get(IdentityBody, digest)
     if body is None:
         raise StateStoreError(f"identity body {digest} is missing from identity_bodies")
-    return Identity.from_dict(json.loads(body.body_json))
+    return Identity.from_json(body.body_json)
 
 
 def current(s: Session, host: int, slot: str, role: str) -> Identity | None:

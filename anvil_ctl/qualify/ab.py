@@ -20,7 +20,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject, whole
+from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject, get_float, get_int, whole
 from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import GateContext
@@ -136,12 +136,10 @@ async def measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s:
         order: JSONArray = []
         for nominal in capacity.contexts:
             for conc in capacity.concurrency:
-                too_long = [lim for lim in limits if lim and nominal > lim]
-                if too_long and capacity.skip_above_max_model_len:
-                    for arm in ("A", "B"):
-                        cells[arm].append(
-                            {"nominal_tokens": nominal, "concurrency": conc, "skipped": "above max_model_len"}
-                        )
+                skipped = capacity.skipped(nominal, conc, *limits)
+                if skipped is not None:
+                    cells["A"].append(skipped)
+                    cells["B"].append({**skipped})
                     continue
                 reps: dict[str, list[Repetition]] = {"A": [], "B": []}
                 for rep in range(capacity.repetitions):
@@ -189,10 +187,10 @@ class _ArmCell:
     @classmethod
     def of(cls, cell: JSONMapping) -> _ArmCell:
         return cls(
-            {m: _number(cell.get(key)) for m, (key, _) in METRICS.items()},
-            _number(cell.get("prompt_tokens_p50")),
-            _count(cell.get("completed")),
-            _count(cell.get("requests")),
+            {m: get_float(cell, key) for m, (key, _) in METRICS.items()},
+            get_float(cell, "prompt_tokens_p50"),
+            get_int(cell, "completed"),
+            get_int(cell, "requests"),
         )
 
     def as_dict(self) -> JSONObject:
@@ -212,19 +210,6 @@ class _Row:
     nominal_tokens: int
     arms: dict[str, _ArmCell]
     delta_pct: dict[str, float | None]
-
-
-def _number(value: object) -> float | None:
-    """A p50 as the cell holds it; a non-number fails here, as the arithmetic on it did."""
-    if value is None or isinstance(value, int | float):
-        return value
-    raise TypeError(f"expected a number, got {type(value).__name__}")
-
-
-def _count(value: object) -> int | None:
-    if value is None or isinstance(value, int):
-        return value
-    raise TypeError(f"expected a count, got {type(value).__name__}")
 
 
 def compare(
@@ -292,7 +277,7 @@ def _verdict(
     names: dict[str, str], measured: list[_Row], boundaries: Sequence[Boundary], select: str
 ) -> JSONObject:
     failed = [
-        f"{names[arm]} {r.label}: {_difference(r.arms[arm])} failed"
+        f"{names[arm]} {r.label}: {(r.arms[arm].requests or 0) - (r.arms[arm].completed or 0)} failed"
         for r in measured
         for arm in ("A", "B")
         if r.arms[arm].completed != r.arms[arm].requests
@@ -343,10 +328,3 @@ def _verdict(
         "boundaries": [c.as_dict() for c in checks],
         "summary": f"{names[winner]} selected: {lead}; every declared boundary holds: {held}",
     }
-
-
-def _difference(arm: _ArmCell) -> int:
-    """How many of an arm's requests in a cell failed (requests - completed)."""
-    if arm.requests is None or arm.completed is None:
-        raise TypeError("unsupported operand type(s) for -: a missing request count")
-    return arm.requests - arm.completed

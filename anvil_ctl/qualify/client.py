@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 
 import httpx
@@ -25,9 +25,9 @@ Message = JSONObject
 """One chat message: role, content (text, parts or null) and any tool calls."""
 
 
-def image_part(png: bytes, mime: str = "image/png") -> JSONObject:
-    """A chat content part carrying an image as a data URL."""
-    url = f"data:{mime};base64,{base64.b64encode(png).decode()}"
+def image_part(png: bytes) -> JSONObject:
+    """A chat content part carrying a PNG image as a data URL."""
+    url = f"data:image/png;base64,{base64.b64encode(png).decode()}"
     return {"type": "image_url", "image_url": {"url": url}}
 
 
@@ -56,7 +56,6 @@ class EngineClient:
         api_key: str | None = None,
         timeout_s: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
@@ -66,7 +65,7 @@ class EngineClient:
             transport=transport,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
-        self._clock = clock
+        self._clock = time.perf_counter
         self.base_url = base_url.rstrip("/")
 
     async def __aenter__(self) -> EngineClient:
@@ -129,15 +128,12 @@ class EngineClient:
         response_format: JSONObject | None = None,
         enable_thinking: bool | None = None,
         stream: bool = False,
-        temperature: float | None = 0.0,
         extra: JSONObject | None = None,
     ) -> JSONObject:
         """The request body; `enable_thinking` travels as `chat_template_kwargs`."""
-        body: JSONObject = {"model": model, "messages": list(messages)}
+        body: JSONObject = {"model": model, "messages": list(messages), "temperature": 0.0}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
-        if temperature is not None:
-            body["temperature"] = temperature
         if tools:
             body["tools"] = list(tools)
         if response_format is not None:

@@ -71,7 +71,6 @@ def make_decision(
     *,
     profile: str = "",
     artifact_sha256: dict[str, str] | None = None,
-    decided_at: str | None = None,
 ) -> Decision:
     """`decide` plus what binds it: the identity, each gate's verdict and artifact hash."""
     if not identity_digest:
@@ -99,5 +98,5 @@ def make_decision(
         gates=gates,
         reasons=reasons,
         evidence_sha256=sha256_hex(list(gates)),
-        decided_at=decided_at or utc_stamp(datetime.now(UTC)),
+        decided_at=utc_stamp(datetime.now(UTC)),
     )

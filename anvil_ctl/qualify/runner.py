@@ -28,7 +28,7 @@ from anvil_ctl.evidence.summary import SummaryRow, summary_rows
 from anvil_ctl.log import get_logger
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.decision import Decision, make_decision
-from anvil_ctl.qualify.gates.base import FIXTURES_DIR, Gate, GateContext, LogReader, ReserveProbe
+from anvil_ctl.qualify.gates.base import Gate, GateContext, LogReader, ReserveProbe
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.results import GateResult
 from anvil_ctl.qualify.tokens import calibrate, token_counter
@@ -48,20 +48,6 @@ Liveness = Callable[[], JSONObject | None]
 class Progress(Protocol):
     """What the runner reports while it works (the CLI's `GateProgress` shows it)."""
 
-    def run_started(self, profile: str, gates: Sequence[str]) -> None: ...
-
-    def gate_started(self, name: str, index: int, total: int) -> None: ...
-
-    def request_done(self, gate: str, ok: bool, detail: str) -> None: ...
-
-    def gate_finished(self, result: GateResult) -> None: ...
-
-    def run_finished(self, outcome: str) -> None: ...
-
-
-class NullProgress:
-    """Reports nothing (library callers, --json)."""
-
     def run_started(self, profile: str, gates: Sequence[str]) -> None:
         return None
 
@@ -76,6 +62,10 @@ class NullProgress:
 
     def run_finished(self, outcome: str) -> None:
         return None
+
+
+class NullProgress(Progress):
+    """Reports nothing (library callers, --json)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +135,6 @@ async def qualify(
     progress: Progress | None = None,
     api_key: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
-    fixtures_dir: Path = FIXTURES_DIR,
     chars_per_token: float = 4.0,
     request_timeout_s: float = 600.0,
     container_log: LogReader | None = None,
@@ -216,7 +205,6 @@ async def qualify(
                 thinking=profile.thinking,
                 max_model_len=max_model_len,
                 chars_per_token=chars_per_token,
-                fixtures_dir=fixtures_dir,
                 reserve_probe=reserve_probe,
                 on_request=progress.request_done,
                 container_log=container_log,

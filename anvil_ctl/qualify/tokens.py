@@ -7,6 +7,7 @@ stream) or `tokenize` (the raw text, an undercount recorded as such); completion
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -104,11 +105,6 @@ def token_counter(
     client: EngineClient, engine: EngineProfile, served_model: str
 ) -> Callable[[str], Awaitable[int]] | None:
     """The engine's own token count of raw text (its tokenize endpoint), if it has one."""
-    tok = engine.tokenizer
-    if tok is None:
+    if engine.tokenizer is None:
         return None
-
-    async def count(text: str) -> int:
-        return await client.tokenize_count(tok, text, served_model)
-
-    return count
+    return functools.partial(client.tokenize_count, engine.tokenizer, model=served_model)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from anvil_ctl.config.host import HostConfig, Slot
 from anvil_ctl.core.errors import RecipeError
-from anvil_ctl.core.jsontypes import JSONObject, JSONValue
+from anvil_ctl.core.jsontypes import JSONObject, plain
 from anvil_ctl.core.model import (
     LABEL_MANAGED,
     LABEL_RECIPE,
@@ -149,14 +149,4 @@ def spec_as_dict(spec: ContainerSpec) -> JSONObject:
     data = asdict(spec)
     data["env"] = dict(spec.env)
     data["labels"] = dict(spec.labels)
-    return {str(k): _lists(v) for k, v in data.items()}
-
-
-def _lists(value: object) -> JSONValue:
-    if isinstance(value, dict):
-        return {str(k): _lists(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_lists(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)  # not reached: a ContainerSpec holds text, numbers and flags only
+    return {str(k): plain(v) for k, v in data.items()}

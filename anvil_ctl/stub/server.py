@@ -60,13 +60,15 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ plumbing
 
-    def _send_json(self, status: int, payload: object) -> None:
-        data = json.dumps(payload).encode()
+    def _send(self, status: int, data: bytes, content_type: str = "application/json") -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_json(self, status: int, payload: object) -> None:
+        self._send(status, json.dumps(payload).encode())
 
     def _error(self, status: int, message: str) -> None:
         kind = "invalid_request_error" if status < 500 else "server_error"
@@ -115,12 +117,8 @@ class Handler(BaseHTTPRequestHandler):
                 f"# HELP {RUNNING_METRIC} Completions being answered now.\n"
                 f"# TYPE {RUNNING_METRIC} gauge\n"
                 f'{RUNNING_METRIC}{{model_name="{st.options.served_model}"}} {st.running}\n'
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            )
+            self._send(200, data.encode(), "text/plain; version=0.0.4")
         elif path == "/anvil/sim/vram":
             self._send_json(200, {"gpus": st.vram()})
         elif path == "/anvil/sim/timings":

@@ -150,7 +150,8 @@ class TestHaproxyQuiesceAndReadmit:
         self, router, haproxy, stub_container
     ):
         slow = stub_container(served_model=MODEL, extra_args=["--decode-tps", "10"])
-        router.readmit(TIER, stub_url(slow), (ALIAS,), MODEL, 30)
+        url = stub_url(slow)
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
         done: list[int] = []
 
         def long_request() -> None:
@@ -158,13 +159,13 @@ class TestHaproxyQuiesceAndReadmit:
 
         worker = threading.Thread(target=long_request)
         worker.start()
-        time.sleep(0.3)
+        assert _eventually(lambda: router.in_flight(TIER, url) == 1), router.in_flight(TIER, url)
         router.drain(TIER)
         assert [b.state for b in router.backends(TIER)] == ["drain"]
         assert post_chat(haproxy.url, ALIAS).status_code == 503
         worker.join(30)
         assert done == [200]
-        router.readmit(TIER, stub_url(slow), (ALIAS,), MODEL, 30)
+        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
         assert router.routed_chat(ALIAS).status == 200
 
     def test_backend_restarted_then_readmitted(self, router, backend, runtime):

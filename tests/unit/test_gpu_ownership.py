@@ -6,7 +6,7 @@ import pytest
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import GpuProcess
-from anvil_ctl.gpu.ownership import GpuOwner, check_start, claims, unknown_processes
+from anvil_ctl.gpu.ownership import GpuOwner, check_start, unknown_processes
 from anvil_ctl.testing.fake_gpus import reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -15,14 +15,8 @@ TP2 = GpuOwner("c0ffee" * 10 + "abcd", "tx-incumbent", "exclusive", slot="primar
 LEFT = GpuOwner("aaaa" * 16, "tx-left", "split", slot="left")
 
 
-class TestClaims:
-    def test_an_exclusive_start_claims_every_role_it_names(self) -> None:
-        ledger = claims(TP2.container_id, "tx-incumbent", ["compute-b", "compute-a"], "exclusive", "primary")
-        assert ledger == {"compute-a": TP2, "compute-b": TP2}
-
-
 class TestCheckStartExclusive:
-    owners = claims(TP2.container_id, "tx-incumbent", ["compute-a", "compute-b"], "exclusive", "primary")
+    owners = {"compute-a": TP2, "compute-b": TP2}
 
     def test_any_other_gpu_start_is_refused_naming_the_owner(self) -> None:
         refusal = check_start(self.owners, ["compute-a"], "split")
@@ -33,7 +27,7 @@ class TestCheckStartExclusive:
         assert "exclusively" in str(refusal)
 
     def test_a_start_on_a_role_the_exclusive_owner_did_not_name_is_refused_too(self) -> None:
-        owners = claims(TP2.container_id, "tx-incumbent", ["compute-a"], "exclusive")
+        owners = {"compute-a": GpuOwner(TP2.container_id, "tx-incumbent", "exclusive")}
         refusal = check_start(owners, ["compute-b"], "split")
         assert refusal is not None
         assert refusal.role == "compute-a"

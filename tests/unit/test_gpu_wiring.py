@@ -21,11 +21,12 @@ from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.model import LABEL_SLOT, GpuProcess
 from anvil_ctl.core.states import TxState
 from anvil_ctl.core.steps import StepContext
+from anvil_ctl.core.waiver import VRAM_RESERVE
 from anvil_ctl.engine.gpu_ownership import ownership_mode, record_ownership, release_ownership
 from anvil_ctl.engine.plans.args import Candidate, LoadArgs
 from anvil_ctl.engine.plans.load import GUARDS as LOAD_GUARDS
 from anvil_ctl.engine.plans.load import LoadMemo, candidate_identity
-from anvil_ctl.gpu.waiver_policy import effective_reserve
+from anvil_ctl.gpu.waiver_policy import resolve
 from anvil_ctl.persistence import gpu_ledger, waiver_rows
 from anvil_ctl.testing.fake_gpus import FakeGpuProbe, ManualClock, reading
 from tests.unit.fakehost import FakeHost
@@ -348,8 +349,8 @@ class TestWaiverCli:
         assert code == 0 and out["waiver"]["recipe_digest"] == "d" * 64
         ws = waiver_rows.waivers(fake_host.app().store)
         now = datetime.now(UTC)
-        assert effective_reserve(3072, "compute-a", "d" * 64, ws, now) == 0
-        assert effective_reserve(3072, "compute-a", "e" * 64, ws, now) == 3072
+        assert reserve_in_force(ws, "d" * 64, now) == 0
+        assert reserve_in_force(ws, "e" * 64, now) == 3072
 
     @pytest.mark.parametrize(
         ("args", "message"),
@@ -392,8 +393,8 @@ class TestWaiverCli:
         assert code == 0
         ws = waiver_rows.waivers(fake_host.app().store)
         later = datetime.now(UTC) + timedelta(days=3)
-        assert effective_reserve(3072, "compute-a", None, ws, datetime.now(UTC)) == 0
-        assert effective_reserve(3072, "compute-a", None, ws, later) == 3072
+        assert reserve_in_force(ws, None, datetime.now(UTC)) == 0
+        assert reserve_in_force(ws, None, later) == 3072
         listed = gpu_cmds.list_waivers(fake_host.app(), now=later)
         assert [r["state"] for r in listed] == ["expired"]
 
@@ -403,7 +404,7 @@ class TestWaiverCli:
         code, revoked = anvilctl("waivers", "revoke", wid, "--by", "lead", "--reason", "done")
         assert code == 0 and revoked["revoked"] == wid
         ws = waiver_rows.waivers(fake_host.app().store)
-        assert effective_reserve(3072, "compute-a", None, ws, datetime.now(UTC)) == 3072
+        assert reserve_in_force(ws, None, datetime.now(UTC)) == 3072
         _, listed = anvilctl("waivers", "list")
         assert [(r["id"], r["state"], r["reason"]) for r in listed] == [(wid, "revoked", "r")]
         before = waiver_row_counts(fake_host)
@@ -501,3 +502,16 @@ class TestReplaceGpuRoles:
     def test_adds_the_roles_when_there_were_none(self) -> None:
         data = tomllib.loads(gpu_cmds.replace_gpu_roles('host = "h"', self.roles()))
         assert data["host"] == "h" and set(data["gpu_roles"]) == {"compute-a", "compute-b"}
+
+
+def reserve_in_force(waivers: Any, recipe_digest: str | None, now: datetime) -> int:
+    """The VRAM reserve in force for compute-a against a 3072 MiB default."""
+    policy = resolve(
+        VRAM_RESERVE,
+        policy_default=3072,
+        role="compute-a",
+        recipe_digest=recipe_digest,
+        waivers=waivers,
+        now=now,
+    )
+    return policy.value

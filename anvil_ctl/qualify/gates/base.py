@@ -9,7 +9,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -82,12 +82,19 @@ class Attempt:
         return data
 
 
-def prompt_digest(text: str) -> JSONObject:
-    """A long prompt as evidence: its size, SHA-256 and tail, never the whole text."""
+def long_prompt(nominal: int, requested: int, text: str, attempt: Attempt) -> JSONObject:
+    """A long-context request as evidence: the nominal and requested sizes, the engine's count,
+    and the prompt's size, SHA-256 and tail (never the whole text)."""
+    usage = attempt.result.usage if attempt.result else None
     return {
-        "chars": len(text),
-        "sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "tail": text[-300:],
+        "nominal_tokens": nominal,
+        "requested_tokens": requested,
+        "measured_prompt_tokens": usage.prompt_tokens if usage else None,
+        "prompt": {
+            "chars": len(text),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "tail": text[-300:],
+        },
     }
 
 
@@ -126,15 +133,7 @@ class Gate:
             "thresholds": self.thresholds(),
             **result.evidence,
         }
-        return GateResult(
-            name=result.name,
-            passed=result.passed,
-            kind=result.kind,
-            classification=result.classification,
-            evidence=evidence,
-            summary=result.summary,
-            duration_s=round(time.perf_counter() - started, 6),
-        )
+        return replace(result, evidence=evidence, duration_s=round(time.perf_counter() - started, 6))
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         raise NotImplementedError

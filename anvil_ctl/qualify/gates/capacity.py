@@ -141,24 +141,11 @@ class Capacity(_Workload):
         labels: list[str] = []
         for nominal in self.contexts:
             for conc in self.concurrency:
-                where = f"{context_label(nominal)}/C{conc} "
-                if (
-                    self.skip_above_max_model_len
-                    and gate_ctx.max_model_len
-                    and nominal > gate_ctx.max_model_len
-                ):
-                    cells.append(
-                        {
-                            "nominal_tokens": nominal,
-                            "concurrency": conc,
-                            "skipped": "above max_model_len",
-                        }
-                    )
-                    labels.append(where + "skipped")
-                    continue
-                cell = await self._cell(gate_ctx, nominal, conc)
+                cell = self.skipped(nominal, conc, gate_ctx.max_model_len)
+                cell = cell or await self._cell(gate_ctx, nominal, conc)
                 cells.append(cell)
-                labels.append(where + f"{cell['completed']}/{cell['requests']}")
+                done = "skipped" if cell.get("skipped") else f"{cell['completed']}/{cell['requests']}"
+                labels.append(f"{context_label(nominal)}/C{conc} {done}")
         problems = [p for cell in cells for p in get_array(cell, "problems")]
         incomplete = any(cell.get("failed") for cell in cells)
         measured = [c for c in cells if not c.get("skipped")]
@@ -169,6 +156,12 @@ class Capacity(_Workload):
         summary = "; ".join(labels)
         evidence: JSONObject = {"cells": [*cells], "problems": problems}
         return self.result(passed, classification, evidence, summary)
+
+    def skipped(self, nominal: int, conc: int, *limits: int | None) -> JSONObject | None:
+        """The cell recorded instead of a measurement when `nominal` is above a known max_model_len."""
+        if self.skip_above_max_model_len and any(lim and nominal > lim for lim in limits):
+            return {"nominal_tokens": nominal, "concurrency": conc, "skipped": "above max_model_len"}
+        return None
 
     async def _cell(self, gate_ctx: GateContext, nominal: int, conc: int) -> JSONObject:
         chars_per_token = await self._fit(gate_ctx, nominal)
@@ -221,15 +214,14 @@ class Capacity(_Workload):
 
     def _threshold_problems(self, cell: JSONObject, where: str) -> list[str]:
         found = []
-        decode = get_float(cell, "decode_tps_p50")
-        prefill = get_float(cell, "prefill_tps_p50")
-        ttft = get_float(cell, "ttft_s_p50")
-        if self.min_decode_tps is not None and (decode is None or decode < self.min_decode_tps):
-            found.append(f"{where}: decode p50 {decode} < {self.min_decode_tps}")
-        if self.min_prefill_tps is not None and (prefill is None or prefill < self.min_prefill_tps):
-            found.append(f"{where}: prefill p50 {prefill} < {self.min_prefill_tps}")
-        if self.max_ttft_s is not None and (ttft is None or ttft > self.max_ttft_s):
-            found.append(f"{where}: TTFT p50 {ttft} > {self.max_ttft_s}")
+        for what, key, op, limit in (
+            ("decode", "decode_tps_p50", "<", self.min_decode_tps),
+            ("prefill", "prefill_tps_p50", "<", self.min_prefill_tps),
+            ("TTFT", "ttft_s_p50", ">", self.max_ttft_s),
+        ):
+            value = get_float(cell, key)
+            if limit is not None and (value is None or (value < limit if op == "<" else value > limit)):
+                found.append(f"{where}: {what} p50 {value} {op} {limit}")
         return found
 
 

@@ -30,8 +30,8 @@ from anvil_ctl.qualify.gates.base import (
     effective_context,
     finish,
     gather_limited,
+    long_prompt,
     parse_json,
-    prompt_digest,
     same_text,
     user,
 )
@@ -172,16 +172,7 @@ class Needle(Gate):
                 expected=self.needle,
                 observed=result.content[:300],
             )
-        measured = result.usage.prompt_tokens if result and result.usage else None
-        return finish(
-            self,
-            checks,
-            [attempt],
-            nominal_tokens=nominal,
-            requested_tokens=self.context_tokens,
-            measured_prompt_tokens=measured,
-            prompt=prompt_digest(text),
-        )
+        return finish(self, checks, [attempt], **long_prompt(nominal, self.context_tokens, text, attempt))
 
 
 @dataclass(kw_only=True, eq=False)

@@ -24,7 +24,7 @@ from anvil_ctl.qualify.gates.base import (
     effective_context,
     finish,
     gather_limited,
-    prompt_digest,
+    long_prompt,
     user,
 )
 from anvil_ctl.qualify.results import GateResult
@@ -104,16 +104,7 @@ class LongContextTool(Gate):
         )
         checks = Checks()
         check_tool_call(checks, "long-tool", attempt, "lookup_order", args)
-        measured = attempt.result.usage.prompt_tokens if attempt.result and attempt.result.usage else None
-        return finish(
-            self,
-            checks,
-            [attempt],
-            nominal_tokens=nominal,
-            requested_tokens=self.context_tokens,
-            measured_prompt_tokens=measured,
-            prompt=prompt_digest(text),
-        )
+        return finish(self, checks, [attempt], **long_prompt(nominal, self.context_tokens, text, attempt))
 
 
 @dataclass(kw_only=True, eq=False)
