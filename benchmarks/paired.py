@@ -9,13 +9,21 @@ stub incumbent started by hand, routed and adopted). Each repetition runs the an
 cycle and the bare cycle back to back, alternating which goes first, each from the same
 state (the incumbent serving and routed) back to it:
 
-- load: `anvilctl load stub-393k-c1` | drain the tier (DELETE its worker, wait until gone),
-  stop the incumbent, create and start the candidate, poll /health and /v1/models;
+- load: `anvilctl load stub-393k-c1` | drain the tier, stop the incumbent gracefully, create
+  and start the candidate, poll /health and /v1/models;
 - promote, gates excluded (a verified decision is recorded directly, untimed):
   `anvilctl promote` | register the worker, wait until listed and healthy, routed smoke,
   and the three acceptance requests (plain, streamed, tool call);
-- rollback: `anvilctl rollback` | drain the tier, stop the candidate, start the incumbent's
-  same container ID, poll /health and /v1/models, register, routed smoke.
+- rollback: `anvilctl rollback` | drain the tier, stop the candidate gracefully, start the
+  incumbent's same container ID, poll /health and /v1/models, register, routed smoke.
+
+Both sides do the drain the product does: workers registered with
+`health.drain_settle_secs = 0` (smg removes a DELETEd one at once, no fixed removal wait),
+DELETE and wait until unlisted, then wait until the engine's running-requests gauge
+(`stub:num_requests_running`, the stub profile's drain source) reads zero; the stop is
+`docker stop` with the profile's stop timeout. anvilctl also parks the alias at its parking
+responder for the window (clients get 503, not 404): that, its records and its checks are
+what the ratios price.
 
 The bare sequence is written plainly: the Docker SDK and one httpx client, in this
 process (no interpreter start, no imports, no records), polling every 50 ms. Its chats send
@@ -73,6 +81,7 @@ from anvil_ctl.adapters.router_http import READMIT_PROMPT
 from anvil_ctl.bootstrap import App
 from anvil_ctl.config.host import load_host_config
 from anvil_ctl.config.settings import Settings
+from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.recipes.model import load_recipe
 from anvil_ctl.recipes.spec import container_spec
 from scripts.campaign import (
@@ -89,6 +98,8 @@ RECIPE = "stub-393k-c1"
 CANDIDATE_MODEL = "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp"
 INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
 POLL_S = 0.05
+RUNNING_METRIC = engine_profile("stub").running_metric
+STOP_TIMEOUT_S = engine_profile("stub").stop_timeout_s
 ANVILCTL = str(Path(sys.executable).with_name("anvilctl"))
 
 OWN_TARGET_S = 0.5  # status and recheck, beyond their Docker and HTTP calls
@@ -174,13 +185,36 @@ class Bare:
         return [w for w in body["workers"] if (w.get("labels") or {}).get("anvil.tier") == TIER]
 
     def drain(self) -> None:
+        """Out of traffic, then idle: DELETE the tier's workers (registered with no settle
+        time, smg removes them at once), wait until unlisted, then until the engine's own
+        gauge reads zero requests in flight."""
         for w in self.workers():
             self.http.delete(f"{self.smg}/workers/{w['id']}", headers=self.admin)
         while self.workers():
             time.sleep(POLL_S)
+        while self.running() != 0:
+            time.sleep(POLL_S)
+
+    def running(self) -> int | None:
+        """The stub's running-requests gauge (the drain's source for this engine profile)."""
+        try:
+            text = self.http.get(f"{URL}/metrics").text
+        except httpx.TransportError:
+            return None
+        values = [line.split()[-1] for line in text.splitlines() if line.startswith(RUNNING_METRIC)]
+        return round(sum(float(v) for v in values)) if values else None
+
+    def stop(self, container: str) -> None:
+        """The graceful stop: the engine's stop signal, the profile's stop timeout."""
+        self.docker.api.stop(container, timeout=int(STOP_TIMEOUT_S))
 
     def register(self, model: str) -> None:
-        body = {"url": URL, "models": [{"id": ALIAS}], "labels": {"anvil.tier": TIER}}
+        body = {
+            "url": URL,
+            "models": [{"id": ALIAS}],
+            "labels": {"anvil.tier": TIER},
+            "health": {"drain_settle_secs": 0},
+        }
         self.http.post(f"{self.smg}/workers", headers=self.admin, json=body)
         while not any(w.get("is_healthy") for w in self.workers()):
             time.sleep(POLL_S)
@@ -233,7 +267,7 @@ class Bare:
         spec = self.make_spec(f"bare-{uuid.uuid4().hex[:8]}")
         started = time.perf_counter()
         self.drain()
-        self.docker.api.stop(incumbent, timeout=10)
+        self.stop(incumbent)
         candidate = self.runtime.create(spec)
         self.docker.api.start(candidate)
         self.serving(CANDIDATE_MODEL)
@@ -248,7 +282,7 @@ class Bare:
     def rollback(self, candidate: str, incumbent: str) -> float:
         started = time.perf_counter()
         self.drain()
-        self.docker.api.stop(candidate, timeout=10)
+        self.stop(candidate)
         self.docker.api.start(incumbent)
         self.serving(INCUMBENT_MODEL)
         self.register(INCUMBENT_MODEL)
@@ -404,7 +438,9 @@ def run(reps: int, work: Path, *, own_only: bool = False) -> dict[str, Any]:
             )
         floor = Series(PROMOTE_FLOOR)
         for rep in range(max(reps, 5)):
+            cpu = children_cpu_s()
             floor.anvil.append(wall([sys.executable, "-c", "import openai"], camp.env))
+            floor.anvil_cpu.append(children_cpu_s() - cpu)
             floor.bare.append(series["promote (gates excluded)"].bare[rep % reps])
         helps = Series("`--help` / `python -c pass`")
         for _ in range(max(reps, 5)):
@@ -455,7 +491,11 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "| measure | anvilctl CPU s, user + system (min / med / max) |",
             "|---|---|",
-            *(f"| {s['name']} | {spread(s['anvil_cpu_s'])} |" for s in cpu),
+            *(
+                f"| {'`python -c import openai` (the floor)' if s['name'] == PROMOTE_FLOOR else s['name']} "
+                f"| {spread(s['anvil_cpu_s'])} |"
+                for s in cpu
+            ),
         ]
     lines += [
         "",

@@ -27,6 +27,7 @@ official `openai` client (no retries):
 from __future__ import annotations
 
 import argparse
+import compileall
 import itertools
 import statistics
 import sys
@@ -357,6 +358,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "anvil-bench-window")
     args = parser.parse_args()
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    # What an installed package has (pip compiles at install); see benchmarks/paired.py.
+    compileall.compile_dir(REPO / "anvil_ctl", quiet=1)
     rows: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for router in routers:
         host = ChaosHost(args.work / router, router, incumbent_engine=INCUMBENT_ENGINE[router])

@@ -258,11 +258,14 @@ def ticking(what: str, every_s: float = 2.0) -> Iterator[None]:
         ticker.join()
 
 
-def verified_decision(store: Store, slot: str, decision_id: str, *, profile: str = "") -> None:
+def verified_decision(
+    store: Store, slot: str, decision_id: str, *, profile: str = "", waiver_ids: tuple[str, ...] = ()
+) -> None:
     """Record a verified decision for `slot`'s loaded candidate, what a passing `qualify`
     records: for the tests and harnesses about promote, which qualify is not. `decision_id`
     may hold `{digest}`, the first 12 characters of the candidate's qualification digest;
-    `profile` names the profile it was qualified by (its `[watch]` table is the promote's)."""
+    `profile` names the profile it was qualified by (its `[watch]` table is the promote's);
+    `waiver_ids` the gate waivers it relied on."""
     cand = store.current_identity(slot, "candidate")
     assert cand is not None, f"slot {slot} has no candidate"
     qualification.record_decision(
@@ -274,6 +277,7 @@ def verified_decision(store: Store, slot: str, decision_id: str, *, profile: str
         container_id=cand.container_id,
         outcome="verified",
         profile=profile,
+        waiver_ids=waiver_ids,
     )
 
 

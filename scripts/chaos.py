@@ -15,6 +15,12 @@ routed) -rollback-> A. Each case runs one command and disturbs it:
 A rollback from C goes back to the incumbent (A); from A it rolls back to the
 retained candidate (`rollback --to`, C again), so rollback cases need no new load.
 
+`promote-canary` (HAProxy, `CanaryHost`) runs `promote --canary` from a second slot of the
+incumbent's tier (`primary-b`, a CPU stub candidate loaded there): A is the incumbent alone
+serving the tier, C the canary's candidate alone serving it; a case starting from C goes back
+by `rollback --slot primary-b` and loads a fresh candidate. Both slots must recheck clean in
+A and C (one `serving`, the other `standby`).
+
 Then the host is judged against the command's before and after states: `before`
 or `after` when every container, the binding's model and the routed model are
 exactly one of them; `dark` when the binding answers nothing, or a state that
@@ -42,6 +48,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import contextlib
+
 from anvil_ctl.bootstrap import App
 from anvil_ctl.config.settings import Settings
 from anvil_ctl.persistence.queries import TransactionSummary
@@ -59,7 +67,14 @@ from scripts.routers import exit_on_sigterm
 ALIAS = "llm.primary"
 BINDING = "http://127.0.0.1:8001"
 COMMANDS = ("load", "promote", "promote-watched", "rollback")
-BEFORE = {"load": ("A",), "promote": ("B",), "promote-watched": ("B",), "rollback": ("A", "C")}
+CANARY = "promote-canary"
+BEFORE = {
+    "load": ("A",),
+    "promote": ("B",),
+    "promote-watched": ("B",),
+    "rollback": ("A", "C"),
+    CANARY: ("A",),
+}
 WATCH = "4s"
 """`promote-watched` watches this long (the default [watch] thresholds): its kills strike the
 watching phase too, which `recover` resumes."""
@@ -329,7 +344,7 @@ class ChaosHost:
         known: set[str],
     ) -> Verdict:
         app = self.app()
-        kind = case.command.split("-")[0]  # promote-watched is a promote
+        kind = "canary" if case.command == CANARY else case.command.split("-")[0]  # a watched promote
         txs = [t for t in recent_transactions(app) if t["kind"] == kind and t["tx_id"] not in known]
         tx_state = txs[0]["state"] if txs else "none"  # none: killed before it journaled anything
         problems = []
@@ -351,9 +366,10 @@ class ChaosHost:
         if want and tx_state not in want:
             problems.append(f"host is {converged} but the transaction is {tx_state}")
         if phase in ("A", "C"):
-            check = self.run("recheck", "--slot", "primary")
-            if check["_exit"] != 0:
-                problems.append(f"recheck failed: {check.get('failed')}")
+            for slot in self.slots:
+                check = self.run("recheck", "--slot", slot)
+                if check["_exit"] != 0:
+                    problems.append(f"recheck --slot {slot} failed: {check.get('failed')}")
         verify = self.run("audit", "verify")
         if verify["_exit"] != 0:
             problems.append(f"audit verify: {verify}")
@@ -374,8 +390,141 @@ class ChaosHost:
         rows += [f"{kind}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
         return list(dict.fromkeys(rows))
 
+    slots = ("primary",)
+
     def stop(self) -> None:
         self.camp.stop()
+
+
+SECOND_SLOT = """
+[slots.primary-b]
+binding = "127.0.0.1:8002"
+router_tier = "primary-local"
+aliases = ["llm.primary"]
+"""
+CANARY_MODEL = "stub-canary"
+CANARY_PROFILE = """
+name = "canary-watch"
+[[gates]]
+type = "smoke"
+[watch]
+interval_s = 0.2
+requests = 2
+max_tokens = 8
+consecutive = 1
+[[watch.thresholds]]
+metric = "error_rate"
+max = 0
+[[watch.thresholds]]
+metric = "finish_reason_missing"
+max = 0
+[[watch.thresholds]]
+metric = "ttft_p95_s"
+max_ratio = 20
+"""
+"""The canary's step watch: one round per step, any failed answer a breach."""
+
+
+def canary_recipe(recipes: Path, extra_args: tuple[str, ...] = ()) -> None:
+    """`canary-b`: the A/B arm's CPU stub serving `stub-canary` at slot primary-b's binding."""
+    src = (REPO / "recipes" / "stub-131k-mtp.toml").read_text()
+    src = src.replace('name = "stub-131k-mtp"', 'name = "canary-b"')
+    src = src.replace("glm53-flash-ormandj-sglang-sm120-tp2-131k-c1-adaptive-mtp", CANARY_MODEL)
+    src = src.replace("port = 8012", "port = 8002").replace('"--port", "8012"', '"--port", "8002"')
+    src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    quoted = "".join(f' "{a}",' for a in extra_args)
+    src = src.replace('  "--verbose-default",\n]', f'  "--verbose-default",{quoted}\n]')
+    (recipes / "canary-b.toml").write_text(src)
+
+
+def canary_pair(camp: Campaign, work: Path, extra_args: tuple[str, ...] = ()) -> tuple[dict[str, str], Path]:
+    """Slot primary-b beside primary in its tier, the `canary-b` recipe and the step-watch
+    profile: the environment that loads it and the profile's path."""
+    config = Path(camp.env["ANVIL_CONFIG"])
+    config.write_text(config.read_text() + SECOND_SLOT)
+    recipes = work / "canary-recipes"
+    recipes.mkdir(parents=True, exist_ok=True)
+    canary_recipe(recipes, extra_args)
+    profile = work / "canary-watch.toml"
+    profile.write_text(CANARY_PROFILE)
+    return {**camp.env, "ANVIL_RECIPES_DIR": str(recipes)}, profile
+
+
+class CanaryHost(ChaosHost):
+    """The campaign host on HAProxy with slot primary-b beside primary, for `promote --canary`:
+    A is the incumbent alone answering the tier, C the canary's candidate alone."""
+
+    slots = ("primary", "primary-b")
+
+    def __init__(self, work: Path) -> None:
+        super().__init__(work, "haproxy")
+        self.camp.env, self.profile = canary_pair(self.camp, work)
+
+    @property
+    def candidate(self) -> str | None:
+        ident = self.app().store.current_identity("primary-b", "candidate")
+        return ident.container_id if ident else None
+
+    def observe(self) -> Observed:
+        """Running: the pair's containers; binding: the model the first answering slot binding
+        serves (None: neither answers); routed: every model four routed chats answered, sorted
+        (None when one of them failed)."""
+        import httpx
+
+        rt = runtime()
+        try:
+            running = frozenset(
+                c.id for slot in self.slots for c in rt.list(labels={"io.anvil.slot": slot}) if c.running
+            )
+        finally:
+            rt.close()
+        binding = None
+        for url in (BINDING, "http://127.0.0.1:8002"):
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
+                binding = binding or httpx.get(f"{url}/v1/models", timeout=5).json()["data"][0]["id"]
+        routed: set[str | None] = set()
+        for _ in range(4):
+            try:
+                answer = httpx.post(
+                    f"{self.camp.router.url}/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {self.camp.client_token}"},
+                    json={"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                    timeout=30,
+                )
+                routed.add(answer.json().get("model") if answer.status_code == 200 else None)
+            except (httpx.HTTPError, ValueError):
+                routed.add(None)
+        shown = None if None in routed else ",".join(sorted(m for m in routed if m))
+        return Observed(running, binding, shown)
+
+    def phase_of(self, seen: Observed) -> str | None:
+        inc = self.camp.incumbent_id
+        if inc in seen.running and seen.routed_model == INCUMBENT_MODEL:
+            return "A"  # the candidate running or stopped: a compensated canary stops it
+        cand = self.candidate
+        if cand in seen.running and inc not in seen.running and seen.routed_model == CANARY_MODEL:
+            return "C"
+        return None
+
+    def argv(self, command: str, phase: str | None = None) -> list[str]:
+        shares = ["--canary", "10,50,100", "--step-watch", "10ms", "--profile", str(self.profile)]
+        return ["promote", "--slot", "primary-b", *shares, "--approved-by", "chaos"]
+
+    def prepare(self, command: str) -> str:
+        """Phase A with a fresh, verified candidate running in primary-b."""
+        for _ in range(8):
+            phase = self.phase_of(self.observe())
+            cand = self.candidate
+            if phase == "A" and cand is not None and cand in self.observe().running:
+                verified_decision(self.app().store, "primary-b", "chaos-canary-{digest}")
+                return phase
+            if phase == "C":
+                self.run("rollback", "--slot", "primary-b")  # the canary's way back, by its slot
+            elif phase == "A":
+                self.run("load", "canary-b", "--slot", "primary-b")
+            else:
+                self.run("recover")
+        raise RuntimeError(f"cannot reach phase A with a candidate for {command}: {self.observe()}")
 
 
 def recent_transactions(app: App) -> list[TransactionSummary]:
@@ -411,11 +560,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--random", type=int, default=30, help="random-time kills per command")
     parser.add_argument("--work", type=Path, default=Path("/tmp/anvil-chaos"))
-    parser.add_argument("--commands", default=",".join(COMMANDS))
+    parser.add_argument("--commands", default=",".join(COMMANDS), help=f"also: {CANARY} (alone)")
+    parser.add_argument("--router", choices=("smg", "haproxy"), default="smg")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     exit_on_sigterm()
-    host = ChaosHost(args.work)
+    if args.commands == CANARY:
+        host: ChaosHost = CanaryHost(args.work)
+    else:
+        host = ChaosHost(args.work, args.router)
     verdicts: list[Verdict] = []
     try:
         commands = args.commands.split(",")

@@ -79,12 +79,26 @@ class ShmScanner:
         return [ResidueFile(p, s.size) for p, s in sorted(obs.files.items()) if not s.pids]
 
     def observe(self) -> Observation:
-        """Our files now; marks in the ledger what managed containers hold."""
+        """Our files now; marks in the ledger what managed containers hold.
+
+        Every process's maps and descriptors are read only for the files that may be ours by
+        name or mark. A file with neither is ours only if a managed container's process holds
+        it, so for those only the managed containers' processes are read first (their cgroup
+        or ancestry is a small read; a process's maps is the costly one, on a host of
+        hundreds of processes); the ones such a process holds join the whole-table read."""
         found = self._files()
-        holders, unreadable = self._holders(found)
-        owner = self._owners(holders)
         boot_id = self._boot_id()
         known = self._known(boot_id) if found else set()
+        maybe = {p: st for p, st in found.items() if (p, st.st_dev, st.st_ino) in known or self._named(p)}
+        others = {p: st for p, st in found.items() if p not in maybe}
+        first: tuple[int, ...] = ()
+        if others and self.managed is not None:
+            held, first = self._holders(others, pids=self._managed_pids())
+            maybe |= {p: others[p] for p in held}
+        holders, unreadable = self._holders(maybe)
+        unreadable = tuple(sorted({*first, *unreadable}))
+        owner = self._owners(holders)
+        found = maybe
         files: dict[str, SeenFile] = {}
         marks: list[ShmMark] = []
         for path, st in found.items():
@@ -148,10 +162,52 @@ class ShmScanner:
 
     # -- who holds them ------------------------------------------------------------------
 
+    def _managed_pids(self) -> list[int]:
+        """The processes that run in a managed container now (`_container_of`)."""
+        assert self.managed is not None
+        containers = dict(self.managed())
+        if not containers:
+            return []
+        inits = {pid: cid for cid, pid in containers.items() if pid}
+        try:
+            entries = os.listdir(self.proc_root)
+        except OSError:
+            return []
+        below: dict[int, str | None] = {}  # each process's stat is read once for the whole table
+        managed = []
+        for pid in (int(e) for e in entries if e.isdigit()):
+            cid = proc_cgroup_container(pid, self.proc_root)
+            if cid in containers if cid is not None else self._init_above(pid, inits, below):
+                managed.append(pid)
+        return managed
+
+    def _init_above(self, pid: int, inits: dict[int, str], below: dict[int, str | None]) -> str | None:
+        """The managed container whose init `pid` descends from (`_container_of`'s ancestry),
+        remembered in `below` for every process on the way up."""
+        chain: list[int] = []
+        found: str | None = None
+        for _ in range(MAX_ANCESTRY):
+            if pid in below:
+                found = below[pid]
+                break
+            chain.append(pid)
+            if pid in inits:
+                found = inits[pid]
+                break
+            parent = _parent(self.proc_root, pid)
+            if parent is None or parent <= 1 or parent == pid:
+                break
+            pid = parent
+        else:
+            return None  # too deep to tell: not remembered
+        below.update(dict.fromkeys(chain, found))
+        return found
+
     def _holders(
-        self, found: dict[str, os.stat_result]
+        self, found: dict[str, os.stat_result], *, pids: Iterable[int] | None = None
     ) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
-        """path -> pids mapping or holding it open; and pids that could not be read."""
+        """path -> pids mapping or holding it open (of `pids`, else of every process); and
+        pids that could not be read."""
         if not found:
             return {}, ()
         by_inode = {(st.st_dev, st.st_ino): path for path, st in found.items()}
@@ -163,14 +219,12 @@ class ShmScanner:
         tokens = tuple(t for i in inodes for t in (f" {i} ".encode(), f" {i}\n".encode()))
         holders: dict[str, set[int]] = {}
         unreadable: set[int] = set()
-        try:
-            entries = os.listdir(self.proc_root)
-        except OSError:
-            return {}, ()
-        for entry in entries:
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
+        if pids is None:
+            try:
+                pids = [int(e) for e in os.listdir(self.proc_root) if e.isdigit()]
+            except OSError:
+                return {}, ()
+        for pid in pids:
             for path in self._held_by(pid, by_inode, by_path, names, unreadable, lines=lines, tokens=tokens):
                 holders.setdefault(path, set()).add(pid)
         return {p: tuple(sorted(s)) for p, s in holders.items()}, tuple(sorted(unreadable))

@@ -6,7 +6,7 @@ import click
 
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import override_option
-from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT
+from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT, text
 from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
 from anvil_ctl.core.states import ExitCode
 
@@ -75,7 +75,7 @@ def db_upgrade(session: Session) -> Reply:
     with session.working("db upgrade: running the state database's migrations") as app:
         from anvil_ctl.commands import admin
 
-        return Reply(InitView(admin.db_upgrade(app)))
+        return Reply(InitView(admin.init(app)))
 
 
 @click.command("copy", epilog=example("anvilctl db copy --to 'postgresql+psycopg://anvil_owner@db/anvil'"))
@@ -83,6 +83,7 @@ def db_upgrade(session: Session) -> Reply:
     "--to",
     "to",
     required=True,
+    type=text(4096),
     metavar="URL",
     help="The target state database (migrated to the current schema first); its password is never printed.",
 )

@@ -270,7 +270,8 @@ def recheck(
     when the host cannot be observed (Docker or the state database unavailable): the
     textfile then says anvil_recheck_up 0. Between a committed load and its promote or
     rollback the slot is judged as the campaign should be (phase qualifying); while a
-    promote watches, as the watch should hold (phase watching; exit 5 if its owner is gone).
+    promote watches, as the watch should hold (phase watching; exit 5 if its owner is gone);
+    the slot of a canary's pair that does not serve the tier, as standing by (phase standby).
     """
     if textfile is not None:
         check_new_file(textfile, "--textfile")  # before anything is observed or recorded
@@ -309,7 +310,7 @@ def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     the recorded incumbent is the container running and serving at the binding
     (a loaded, unpromoted candidate is never routed: that is promote's job).
     """
-    from anvil_ctl.commands import reconcile as reconcile_cmd
+    from anvil_ctl.commands import transactions
 
-    out = reconcile_cmd.reconcile(session.app(), slot, dry_run=dry_run)
+    out = transactions.reconcile(session.app(), slot, dry_run=dry_run)
     return Reply(out, ExitCode(out.exit_code))

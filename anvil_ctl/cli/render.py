@@ -78,10 +78,7 @@ def _record_of(result: object, out: Out) -> None:
 
 def _table(t: views.Table, out: Out) -> None:
     rows = t.human_rows()
-    if not rows:
-        out.line("(none)")
-        return
-    cols = list(t.columns or rows[0].keys())
+    cols = list(t.columns or (rows[0] if rows else ()))
     out.table(cols, [[row.get(c) for c in cols] for row in rows])
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.config.fields import STATE_DB_RE
@@ -21,75 +20,10 @@ from anvil_ctl.persistence.head import head_path_for, set_aside
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.store import Store, utcnow
 
-if TYPE_CHECKING:
-    from anvil_ctl.commands.gpus_and_waivers import Detected
 
-
-class StateWhere(TypedDict):
-    db: str
-    dir: str
-    origin: str  # a flag, ANVIL_*, or the default
-
-
-class ConfigWhere(TypedDict):
-    path: str
-    origin: str
-    exists: bool
-
-
-class Where(TypedDict):
-    """Which state database and host config a command uses, and where each came from."""
-
-    state: StateWhere
-    config: ConfigWhere
-
-
-# `init` and `db upgrade`: the database, the migration it ran (from, to), the audit head, where.
-InitResult = TypedDict(
-    "InitResult",
-    {
-        "db": str,
-        "from": str | None,
-        "to": str,
-        "stale_head_file": NotRequired[str],  # a head file of an earlier database, set aside
-        "audit_head": str,
-        "state": StateWhere,
-        "config": ConfigWhere,
-        "gpu_roles": NotRequired["Detected"],  # `init --detect-gpus` adds the roles it wrote
-    },
-)
-
-
-class ContainerEntry(TypedDict):
-    container_id: str
-    name: str
-    status: str
-    role: str | None
-    image_id: str
-
-
-class SlotStatus(TypedDict):
-    binding: str
-    router_tier: str
-    aliases: list[str]
-    incumbent: dict[str, object] | None  # its recorded identity, its status now and digest
-    containers: list[ContainerEntry]
-    serving: Mapping[str, object]  # `engine.observe.serving`
-    router: Mapping[str, object]  # `engine.observe.router_view`, or {"error": why not}
-    open: list[dict[str, str]]  # the slot's unfinished transactions (a promote `watching`): id, kind, state
-
-
-class Status(TypedDict):
-    host: str
-    slots: dict[str, SlotStatus]
-    observed_at: str
-    state: StateWhere
-    config: ConfigWhere
-
-
-def where(app: App) -> Where:
-    """Which state database and host config this command uses, and where each came from
-    (a flag, ANVIL_*, or the default): `init` and `status` say it."""
+def where(app: App) -> JSONObject:
+    """Which state database (db, dir) and host config (path, exists) this command uses, and
+    where each came from (`origin`: a flag, ANVIL_*, or the default): `init` and `status` say it."""
     st = app.settings
     origin = app.origins.get("state_db" if st.state_db is not None else "state_dir", "given")
     db = app.database.url.render_as_string(hide_password=True)
@@ -103,23 +37,23 @@ def where(app: App) -> Where:
     }
 
 
-def init(app: App) -> InitResult:
+def init(app: App) -> JSONObject:
     """Create or upgrade the state database and bring the audit head file in line with it; a new
-    database sets aside (renames) the head file of an earlier one, whose chain is gone."""
+    database sets aside (renames) the head file of an earlier one, whose chain is gone. Says the
+    database, the migration it ran (from, to), the audit head and `where`; `stale_head_file`:
+    where a set-aside head file went."""
     engine = app.create_database()
     before, after = upgrade(engine)
     path = head_path_for(app.settings.db_url, app.settings.state_dir)
     stale = set_aside(path, utcnow().replace(":", "")) if before is None else None
     hosts.register(app.store)  # this host, with its machine id (or checked against it)
     audit_head = str(app.store.sync_head_file())
-    here = where(app)
-    result: InitResult = {
+    result: JSONObject = {
         "db": engine.url.render_as_string(hide_password=True),
         "from": before,
         "to": after,
         "audit_head": audit_head,
-        "state": here["state"],
-        "config": here["config"],
+        **where(app),
     }
     if stale is not None:
         result["stale_head_file"] = str(stale)
@@ -134,17 +68,16 @@ def print_grants(*, database: str, owner: str, app: str) -> str:
     return grants_sql(database=database, owner=owner, app=app)
 
 
-def db_upgrade(app: App) -> InitResult:
-    return init(app)
-
-
-def status(app: App) -> Status:
+def status(app: App) -> dict[str, object]:
+    """Per slot: its binding, tier and aliases, its recorded incumbent (and that container's
+    status now), its managed containers, what its binding serves, the router's view and its
+    unfinished transactions (a promote `watching`); and `where`."""
     world = app.world()
-    slots: dict[str, SlotStatus] = {}
+    slots: dict[str, object] = {}
     unfinished = app.store.unfinished()
     for name, slot in sorted(app.config.slots.items()):
         incumbent = app.store.current_identity(name, "incumbent")
-        entries: list[ContainerEntry] = [
+        entries = [
             {
                 "container_id": c.id,
                 "name": c.name,
@@ -179,14 +112,7 @@ def status(app: App) -> Status:
                 {"tx_id": r.id, "kind": r.kind, "state": r.state.value} for r in unfinished if r.slot == name
             ],
         }
-    here = where(app)
-    return {
-        "host": app.config.host,
-        "slots": slots,
-        "observed_at": utcnow(),
-        "state": here["state"],
-        "config": here["config"],
-    }
+    return {"host": app.config.host, "slots": slots, "observed_at": utcnow(), **where(app)}
 
 
 def db_copy(app: App, *, to: str) -> JSONObject:

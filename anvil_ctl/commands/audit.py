@@ -6,21 +6,14 @@ from dataclasses import dataclass
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.validate import check_text, parse_rfc3339, require, require_limit, utc_stamp
 from anvil_ctl.persistence import fleet, hosts, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 from anvil_ctl.persistence import verify as chain
-from anvil_ctl.persistence.fleet import HostStatus, Served
 from anvil_ctl.persistence.head import parse_head
-from anvil_ctl.persistence.queries import (
-    DiffRecord,
-    IdentityRecord,
-    Revision,
-    TransactionDetail,
-    TransactionSummary,
-)
+from anvil_ctl.persistence.queries import Revision, TransactionDetail, TransactionSummary
 from anvil_ctl.persistence.rechecks import RecheckRecord
-from anvil_ctl.persistence.verify import ReportRecord
 
 
 def check_name(value: str) -> str:
@@ -87,20 +80,20 @@ def show(app: App, tx: str, scope: HostScope = THIS_HOST) -> TransactionDetail:
     return queries.transaction_detail(app.store, _resolve(app, tx, scope))
 
 
-def diff(app: App, tx: str, scope: HostScope = THIS_HOST) -> list[DiffRecord]:
+def diff(app: App, tx: str, scope: HostScope = THIS_HOST) -> list[JSONObject]:
     return queries.snapshot_diffs(app.store, _resolve(app, tx, scope))
 
 
 def verify(
     app: App, *, full: bool = False, expect_head: str | None = None, scope: HostScope = THIS_HOST
-) -> ReportRecord:
+) -> JSONObject:
     """Verify the chain, every row it covers and its head (`persistence.verify`): incremental from
     the last checkpoint unless `full`; `expect_head` (`SEQ:HASH`) must still be held. The chain is
     the fleet's; `scope` picks the hosts whose entries the report counts."""
     expected = parse_head(expect_head) if expect_head is not None else None
     host = host_id(app, scope)
     report = chain.verify(app.store, full=full, expect_head=expected).as_dict()
-    report["hosts"] = chain.host_counts(app.store, host)
+    report["hosts"] = list[JSONValue](chain.host_counts(app.store, host))
     return report
 
 
@@ -111,21 +104,21 @@ def identities(
     role: str = "incumbent",
     scope: HostScope = THIS_HOST,
     limit: int = 50,
-) -> list[IdentityRecord]:
+) -> list[JSONObject]:
     """Which container served (or was recorded for) each slot, and from when: the newest
     `limit` recorded, oldest first."""
     limit = require_limit(limit)
     return queries.identities(app.store, slot=slot, role=role, host=host_id(app, scope), limit=limit)
 
 
-def served(app: App, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> list[Served]:
+def served(app: App, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> list[JSONObject]:
     """Which container served `slot` at time `at` (RFC 3339), on one host or on every host."""
     slot = require("--slot", check_name, slot)
     when = utc_stamp(require("--at", parse_rfc3339, at))
     return fleet.served_at(app.store, slot=slot, at=when, host=host_id(app, scope))
 
 
-def fleet_status(app: App) -> list[HostStatus]:
+def fleet_status(app: App) -> list[JSONObject]:
     """Every host registered in the state database: its incumbents, last recheck, unresolved
     transactions and held locks (`anvilctl fleet status`)."""
     return fleet.status(app.store)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypedDict
@@ -34,7 +33,7 @@ from anvil_ctl.evidence.plots import require_matplotlib
 from anvil_ctl.evidence.report import render_page
 from anvil_ctl.persistence import approvals, qualification, queries, waiver_rows
 from anvil_ctl.persistence.head import database_file
-from anvil_ctl.persistence.qualification import DecisionRecord, EvidenceRecord
+from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.qualify.profiles import PROFILES_DIR
 
 
@@ -118,7 +117,7 @@ def _database_reference(app: App, tx_id: str) -> ManifestReference:
         return ManifestReference("database", (), f"state database unusable: {exc}")
     if not found:
         return ManifestReference("database", (), f"no manifest recorded for transaction {tx_id}")
-    return ManifestReference("database", tuple(m["sha256"] for m in found))
+    return ManifestReference("database", tuple(m.sha256 for m in found))
 
 
 def verify_evidence(app: App, directory: Path, *, expect_manifest: str | None = None) -> VerifyResult:
@@ -149,16 +148,9 @@ def audit_decisions(app: App, *, slot: str | None = None, limit: int = 50) -> li
     return newest[::-1]
 
 
-class EvidenceAudit(TypedDict):
-    """`audit evidence`: a transaction's recorded gates and its directory's manifest check."""
-
-    tx_id: str
-    gates: list[EvidenceRecord]
-    verify: Mapping[str, object]  # `VerifyResult.as_dict()`
-
-
-def audit_evidence(app: App, tx: str) -> EvidenceAudit:
-    """`tx`'s gate rows from the database and its directory checked against the manifest."""
+def audit_evidence(app: App, tx: str) -> dict[str, object]:
+    """`audit evidence`: `tx`'s gate rows from the database (`gates`) and its directory checked
+    against the manifest (`verify`)."""
     tx_dir = evidence_tx_dir(app, tx)
     return {
         "tx_id": tx_dir.name,
@@ -174,13 +166,6 @@ class BundleRef(TypedDict):
     manifest_sha256: str
 
 
-class ReportRecord(TypedDict):
-    path: str
-    tx_id: str
-    bundles: list[BundleRef]
-    size: int
-
-
 @dataclass(frozen=True)
 class ReportResult:
     path: str
@@ -188,8 +173,8 @@ class ReportResult:
     bundles: tuple[BundleRef, ...]
     size: int
 
-    def as_dict(self) -> ReportRecord:
-        return {"path": self.path, "tx_id": self.tx_id, "bundles": list(self.bundles), "size": self.size}
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
 
 
 def evidence_report(app: App, tx: str, out: Path | None = None) -> ReportResult:
@@ -225,8 +210,8 @@ def _records(app: App, inputs: ReportInputs) -> None:
     now = datetime.now(UTC)
     inputs.waivers = [w.as_dict() for w in waiver_rows.waivers(store) if w.id in cited or w.active(now)]
     for approval in approvals.approvals(store):
-        if approval["decision_id"] in ids and (root / approval["tx_id"]).is_dir():
-            inputs.promotions.append(Bundle.load(root / approval["tx_id"], approval["tx_id"]))
+        if approval.decision_id in ids and (root / approval.tx_id).is_dir():
+            inputs.promotions.append(Bundle.load(root / approval.tx_id, approval.tx_id))
     digests = {d["identity_digest"] for d in raw}
     for t in queries.transactions(store, kind="ab", limit=10_000, host=store.host):
         declared = root / t["tx_id"] / "00-declaration.json"

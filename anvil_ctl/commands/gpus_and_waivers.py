@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import TypedDict, cast
 
 from pydantic import ValidationError
 
@@ -21,6 +20,7 @@ from anvil_ctl.bootstrap import App
 from anvil_ctl.config.host import GpuRole, HostConfig
 from anvil_ctl.config.inputs import format_validation_error
 from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.model import GpuReading
 from anvil_ctl.core.validate import (
     MAX_MIB,
@@ -33,7 +33,6 @@ from anvil_ctl.core.validate import (
 )
 from anvil_ctl.core.waiver import GATE, POLICIES, Waiver
 from anvil_ctl.engine.gpu_ownership import ledger
-from anvil_ctl.gpu.ownership import Mode
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
 from anvil_ctl.gpu.waiver_policy import check_gate_waiver, parse_scope
 from anvil_ctl.log import get_logger
@@ -45,61 +44,29 @@ log = get_logger()
 # -- probe ------------------------------------------------------------------------------------
 
 
-class OwnerView(TypedDict):
-    """Who owns a GPU role, from the ledger."""
-
-    container_id: str
-    slot: str
-    mode: Mode
-    transaction_id: str
-
-
-class ProcessView(TypedDict):
-    pid: int
-    used_mib: int
-
-
-class GpuView(TypedDict):
-    """One GPU as `gpu readings` shows it: the probe's reading, its role and its owner."""
-
-    index: int
-    uuid: str
-    name: str
-    role: str
-    total_mib: int
-    used_mib: int
-    free_mib: int
-    processes: list[ProcessView]
-    owner: OwnerView | None
-
-
-class Readings(TypedDict):
-    driver: str
-    gpus: list[GpuView]
-
-
 def _optional_config(app: App) -> HostConfig | None:
     if not app.settings.config.exists():
         return None
     return app.config
 
 
-def _optional_owners(app: App) -> dict[str, OwnerView]:
+def _optional_owners(app: App) -> dict[str, JSONObject]:
+    """Who owns each GPU role (container_id, slot, mode, transaction_id), from the ledger."""
     try:
-        return {role: cast(OwnerView, asdict(o)) for role, o in ledger(app.store).items()}
+        return {role: asdict(o) for role, o in ledger(app.store).items()}
     except StateStoreError:
         return {}  # no state database yet: nothing owns anything
 
 
-def readings(app: App) -> Readings:
-    """Every GPU the probe sees, with its role (host config) and owner (ledger), by NVML index."""
+def readings(app: App) -> JSONObject:
+    """Every GPU the probe sees, by NVML index: the probe's reading, its role (host config) and
+    its owner (ledger); and the driver's version."""
     probe = app.gpu_probe()
-    gpus = probe.gpus()
     config = _optional_config(app)
     role_of = {r.uuid.lower(): name for name, r in (config.gpu_roles if config else {}).items()}
     owners = _optional_owners(app)
-    rows: list[GpuView] = []
-    for g in gpus:
+    rows: JSONArray = []
+    for g in probe.gpus():
         role = role_of.get(g.uuid.lower(), "")
         rows.append(
             {
@@ -178,33 +145,17 @@ def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, object]) -> dict[s
     }
 
 
-class RoleView(TypedDict):
-    uuid: str
-    capacity_mib: int
-    name: str
-    reserve_mib: int | None
-
-
-class Detected(TypedDict):
-    """`gpu detect`: the roles found, the `[gpu_roles.*]` TOML, and whether the file changed."""
-
-    config: str
-    written: bool
-    changed: bool
-    roles: dict[str, RoleView]
-    toml: str
-
-
 def detect(
     app: App,
     *,
     overrides: Mapping[str, str] | None = None,
     write: bool = False,
     gpus: Sequence[GpuReading] | None = None,
-) -> Detected:
+) -> JSONObject:
     """Name the host's GPUs (largest first, equal cards by UUID; overrides by UUID). With
     `write`, the host config gets exactly these `[gpu_roles.*]` tables, a per-card reserve kept
-    for its UUID, validated before it atomically replaces the old file."""
+    for its UUID, validated before it atomically replaces the old file. Returns the roles found,
+    their `[gpu_roles.*]` TOML, and whether the file changed (and was written)."""
     found = list(gpus) if gpus is not None else app.gpu_probe().gpus()
     roles = detect_roles(found, overrides)
     path = app.settings.config
@@ -234,7 +185,7 @@ def detect(
         "written": write and changed,
         "changed": changed,
         "roles": {
-            name: cast(RoleView, r.model_dump(include=set(RoleView.__annotations__)))
+            name: r.model_dump(include={"uuid", "capacity_mib", "name", "reserve_mib"})
             for name, r in roles.items()
         },
         "toml": roles_toml,
@@ -274,20 +225,6 @@ def _reclassify(app: App, now: datetime | None = None) -> Mapping[str, object]:
         return {"error": str(exc)}
 
 
-class Waived(TypedDict):
-    """`waive`: the waiver recorded, when it ends, and the decisions re-judged under it."""
-
-    waiver: Mapping[str, object]  # `Waiver.as_dict()`
-    expiry: str
-    reclassified: Mapping[str, object]  # `ReclassifyReport.as_dict()`, or {"error": why not}
-
-
-class Revoked(TypedDict):
-    revoked: str
-    by: str
-    reclassified: Mapping[str, object]
-
-
 def waive(
     app: App,
     *,
@@ -300,10 +237,11 @@ def waive(
     no_expiry: bool = False,
     now: datetime | None = None,
     gates: tuple[str, ...] = (),
-) -> Waived:
+) -> dict[str, object]:
     """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest), all of
     it checked first; exactly one of `expires` and `no_expiry` (a person's explicit choice) says
-    when it ends. A `gate` waiver names the gates it waives. Then decisions are re-judged."""
+    when it ends. A `gate` waiver names the gates it waives. Then decisions are re-judged: the
+    answer is the waiver, when it ends and the decisions re-judged (or {"error": why not})."""
     now = now or datetime.now(UTC)
     if (expires is None) == (not no_expiry):
         raise BadInput(
@@ -349,7 +287,7 @@ def waive(
     return {"waiver": waiver.as_dict(), "expiry": expiry, "reclassified": _reclassify(app, now)}
 
 
-def revoke(app: App, waiver_id: str, *, by: str, reason: str) -> Revoked:
+def revoke(app: App, waiver_id: str, *, by: str, reason: str) -> dict[str, object]:
     """Revoke a waiver (a new revocation row; the waiver row stays) and re-judge decisions."""
     by = require("--by", check_person, by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)

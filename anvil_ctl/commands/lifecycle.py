@@ -94,7 +94,8 @@ def _followed_by(app: App, tx_id: str) -> str | None:
     from anvil_ctl.persistence import queries
 
     states = queries.transaction_detail(app.store, tx_id)["states"]
-    follow = states[-1]["data"].get("followed_by") if states else None
+    data = states[-1]["data"] if states else None
+    follow = data.get("followed_by") if isinstance(data, dict) else None
     return str(follow.get("tx_id")) if isinstance(follow, dict) else None
 
 
@@ -111,7 +112,7 @@ def canary(
 ) -> Outcome:
     """`promote --canary`: the slot's candidate beside the incumbent its tier serves, its share
     stepped up, each step watched for `step_watch_s` (`anvil_ctl.engine.plans.canary`)."""
-    from anvil_ctl.engine.plans.canary import tier_incumbent
+    from anvil_ctl.engine.serving import tier_incumbent
     from anvil_ctl.qualify.canary import parse_shares
 
     app.config.slot(slot)
@@ -119,6 +120,8 @@ def canary(
     steps = parse_shares(shares)
     step_watch_s = require("--step-watch", check_duration, step_watch_s)
     limit_waits(app, timeout_s)
+    if not dry_run:
+        app.warm_acceptance()  # as promote does: before the world, so the child holds none of it
     world = app.world()
     cand = world.store.current_identity(slot, "candidate")
     inc = tier_incumbent(world, slot)

@@ -24,7 +24,9 @@ its identity, the incumbent retained intact, the tier as the load left it. Its r
 and metrics say `phase: qualifying`; a slot outside a campaign is `serving`. A slot whose
 promote is open in `watching` is `phase: watching`, judged by what the watch should hold (the
 candidate routed and serving, the old incumbent retained); a watch whose owner is gone exits 5
-(`recover` resumes it), and no repair runs while a watch owns the slot.
+(`recover` resumes it), and no repair runs while a watch owns the slot. Of two slots of one
+router tier (a canary's pair), the one that does not serve the tier is `phase: standby`: its
+incumbent retained intact and the tier routed to the other slot's serve.
 
 Each run also witnesses the audit chain's head after its own record (`SEQ:HASH`):
 in its result, an `audit.head` log line and the textfile's `anvil_audit_head`
@@ -52,9 +54,12 @@ from anvil_ctl.engine.campaign import (
     PHASES,
     QUALIFYING,
     SERVING,
+    STANDBY,
     WATCHING,
     campaign_assertions,
     campaign_of,
+    standby_assertions,
+    standby_of,
     watch_assertions,
     watch_of,
 )
@@ -239,7 +244,7 @@ def recheck(
         return result
     # Imported here: the transaction machinery (plans, runner, lock) is what a plain recheck,
     # run from cron every few minutes, has no use for.
-    from anvil_ctl.commands.reconcile import reconcile
+    from anvil_ctl.commands.transactions import reconcile
 
     try:
         outcome = reconcile(app, slot)
@@ -274,6 +279,7 @@ def _recheck(
         ident = app.store.current_identity(slot, "incumbent")
         watched = watch_of(world, slot, app.owner)
         campaign = campaign_of(world, slot) if watched is None else None
+        standby = standby_of(world, slot) if watched is None and campaign is None else None
         with one_reading(world):  # assertions and snapshot only observe: /dev/shm scanned once
             if watched is not None:
                 out.phase = WATCHING
@@ -281,6 +287,9 @@ def _recheck(
             elif campaign is not None:
                 out.phase = QUALIFYING
                 out.assertions.extend(a.as_dict() for a in campaign_assertions(world, campaign))
+            elif standby is not None:
+                out.phase = STANDBY
+                out.assertions.extend(a.as_dict() for a in standby_assertions(world, standby))
             elif ident is None:
                 out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
             else:
@@ -307,6 +316,7 @@ def _slo(app: App, out: RecheckResult, ident: Identity | None, slo: SloRequest) 
         why = {
             QUALIFYING: "a campaign is in progress: the route serves nothing until promote",
             WATCHING: "a watch samples the route against its own limits",
+            STANDBY: "another slot of the tier serves it",
         }.get(out.phase, "no incumbent")
         return {"name": "slo", "passed": out.phase != SERVING, "observed": {"skipped": why}}
     if out.failed:
@@ -369,7 +379,7 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
     )
     phase = Gauge(
         "anvil_recheck_phase",
-        "1 for the campaign phase the last recheck judged the slot in (serving, qualifying or watching).",
+        "1 for the phase the last recheck judged the slot in (serving, qualifying, watching, standby).",
         ["slot", "phase"],
         registry=registry,
     )

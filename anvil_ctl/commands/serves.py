@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TypedDict
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recipes as recipe_cmds
@@ -71,6 +70,9 @@ def load(
         promote_approved_by = require("--approved-by", check_person, promote_approved_by)
         if not dry_run:
             app.warm_acceptance()  # first, as promote does: the child holds none of the world's connections
+            # What the promotion's `prepare` loads to resolve its watch (the qualify library),
+            # loaded now: between the load's commit and the route, clients wait for it.
+            import anvil_ctl.engine.watch  # noqa: F401
     limit_waits(app, timeout_s)
     cand = candidate_from_recipe(app, ref, slot)
     drain = DrainPolicy.of(drain_timeout_s or cand.drain_timeout_s, on_drain_timeout, default="abort")
@@ -85,14 +87,6 @@ def load(
     return loaded
 
 
-class WouldRemove(TypedDict):
-    """`unload` without --yes: what would be removed (nothing ran)."""
-
-    container_id: str
-    would_remove: bool
-    hint: str
-
-
 def unload(
     app: App,
     container_id: str,
@@ -101,9 +95,10 @@ def unload(
     remove_residue: bool = False,
     drain_timeout_s: float | None = None,
     on_drain_timeout: OnDrainTimeout | None = None,
-) -> Outcome | WouldRemove:
+) -> Outcome | dict[str, object]:
     """Remove a candidate container this controller created (the `unload` plan); without `yes`
-    nothing runs and the answer says what would be removed, after the plan guard's checks."""
+    nothing runs and the answer says what would be removed (`would_remove`), after the plan
+    guard's checks."""
     if yes:
         drain = DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="abort")
         return enter(

@@ -1,4 +1,4 @@
-"""Commands that run transactions (adopt, load, recover) and the lock commands.
+"""Commands that run transactions (adopt, load, reconcile, recover) and the lock commands.
 
 Each translates its parsed arguments into a request for the engine's one entry
 (`anvil_ctl.engine.entry`) and returns an Outcome (or a report) for the CLI to render.
@@ -24,7 +24,14 @@ from anvil_ctl.core.validate import (
 from anvil_ctl.engine import entry
 from anvil_ctl.engine.lock import held_locks
 from anvil_ctl.engine.outcome import Outcome
-from anvil_ctl.engine.plans.args import AdoptRequest, Candidate, DriftAcceptance, LoadRequest, Request
+from anvil_ctl.engine.plans.args import (
+    AdoptRequest,
+    Candidate,
+    DriftAcceptance,
+    LoadRequest,
+    ReconcileRequest,
+    Request,
+)
 from anvil_ctl.engine.recover import RecoverReport
 from anvil_ctl.persistence.locks import release_row
 
@@ -86,6 +93,12 @@ def load(
     return enter(app, request, dry_run=dry_run)
 
 
+def reconcile(app: App, slot: str, *, dry_run: bool = False) -> Outcome:
+    """Route the slot's tier to the serve its record publishes (its incumbent), if it does not
+    already (after a router restart or a late removal)."""
+    return enter(app, ReconcileRequest(slot=slot), dry_run=dry_run)
+
+
 def recover_all(app: App) -> RecoverReport:
     return entry.recover(app.world(), app.owner, faults=app.faults)
 
@@ -95,14 +108,9 @@ def lock_status(app: App) -> list[Mapping[str, object]]:
     return [h.as_dict() for h in held_locks(app.store, app.owner)]
 
 
-class LockBroken(TypedDict):
-    lock_id: str
-    broken: bool
-    was: Mapping[str, object]  # the lock row as `lock status` showed it
-
-
-def lock_break(app: App, lock_id: str, *, by: str, reason: str) -> LockBroken:
-    """Release a lock row by its exact ID (journaled); refuses a live local owner."""
+def lock_break(app: App, lock_id: str, *, by: str, reason: str) -> dict[str, object]:
+    """Release a lock row by its exact ID (journaled); refuses a live local owner. Says the
+    lock row as `lock status` showed it (`was`)."""
     by = require("--by", check_person, by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
     for h in held_locks(app.store, app.owner):

@@ -178,10 +178,15 @@ def _router_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion
 def _host_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
     def no_candidate() -> Observation:
         # A promoted candidate keeps its creation label; as the incumbent it is no candidate.
+        # Another slot's recorded candidate (a canary's pair qualifying beside this slot) is
+        # that slot's campaign, judged by its own recheck.
         labels = {LABEL_MANAGED: "true", LABEL_ROLE: "candidate"}
-        running = [
-            c.id[:12] for c in world.runtime.list(labels=labels) if c.running and c.id != ident.container_id
-        ]
+        theirs = {ident.container_id} | {
+            c.container_id
+            for name in world.config.slots
+            if name != ident.slot and (c := world.store.current_identity(name, "candidate")) is not None
+        }
+        running = [c.id[:12] for c in world.runtime.list(labels=labels) if c.running and c.id not in theirs]
         return not running, list(running)
 
     def residue() -> Observation:

@@ -5,7 +5,9 @@ incumbent is stopped and retained and the tier drained by design, so it is judge
 the campaign is intact, not by the serving assertions. While a promote is open in `watching`
 (the watch owns the slot: the candidate routed and serving, the old incumbent stopped and
 retained) the slot is `watching`, judged by that state and by whether the watch's owner is
-alive (a dead one leaves a watch that `recover` must resume). Read-only.
+alive (a dead one leaves a watch that `recover` must resume). Of two slots of one router tier
+(a canary's pair) the one whose serve is stopped while the other's serves the tier is
+`standby`: judged by its serve retained intact and the tier served by the other. Read-only.
 """
 
 from __future__ import annotations
@@ -17,13 +19,22 @@ from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_obje
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.assertions import Assertion, Observation, _check, slot_assertions
 from anvil_ctl.engine.owner import owner_alive
-from anvil_ctl.engine.serving import identity_drift, image_present, inspect_or_none
+from anvil_ctl.engine.serving import (
+    identity_drift,
+    image_present,
+    inspect_or_none,
+    is_running,
+    route_problems,
+    tier_incumbent,
+)
 from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import queries
 
 SERVING = "serving"
 QUALIFYING = "qualifying"
 WATCHING = "watching"
-PHASES = (SERVING, QUALIFYING, WATCHING)
+STANDBY = "standby"
+PHASES = (SERVING, QUALIFYING, WATCHING, STANDBY)
 
 
 @dataclass(frozen=True)
@@ -46,12 +57,19 @@ class Campaign:
 
 
 def campaign_of(world: World, slot: str) -> Campaign | None:
-    """The slot's campaign in progress, None when the slot is in its serving phase."""
-    newest = world.store.newest_committed_revision(slot)
+    """The slot's campaign in progress, None when the slot is in its serving phase, or when a
+    canary from it was undone and stopped its candidate (the slot stands by)."""
+    store = world.store
+    newest = store.newest_committed_revision(slot)
     if newest is None or newest[1] != "load":
         return None
-    candidate = world.store.identity_of(newest[0], "candidate")
+    candidate = store.identity_of(newest[0], "candidate")
     if candidate is None:  # a load commits only after recording its candidate
+        return None
+    _, [last] = queries.slot_revisions(store, slot, store.host, newest=1)
+    if (last["kind"], last["state"]) == ("canary", "compensated") and not is_running(
+        world, candidate.container_id
+    ):
         return None
     return Campaign(newest[0], candidate, world.store.current_identity(slot, "incumbent"))
 
@@ -94,27 +112,69 @@ def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
     return Watch(rec.id, candidate, incumbent, rec.owner.pid, owner_alive(rec.owner, me))
 
 
-def _candidate_and_retained(
-    world: World, head: Assertion, candidate: Identity, incumbent: Identity | None, *, routed: bool
-) -> list[Assertion]:
-    out = [head, *slot_assertions(world, candidate, routed=routed, role="candidate")]
-    if incumbent is not None:
-        _check(out, "incumbent_retained", lambda: _retained(world, incumbent))
+@dataclass(frozen=True)
+class Standby:
+    """A slot whose router tier another slot serves: after a canary from it or back to the
+    other, or a canary that was undone (its candidate stopped)."""
+
+    retained: Identity
+    """The slot's incumbent, else its loaded candidate: stopped and retained."""
+    serving: Identity
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "phase": STANDBY,
+            "retained": self.retained.container_id,
+            "served_by": self.serving.slot,
+            "serving": self.serving.container_id,
+            "serving_model": self.serving.served_model,
+        }
+
+
+def standby_of(world: World, slot: str) -> Standby | None:
+    """The slot's standby, None when its serve runs (or it has none) or no other slot serves
+    its tier."""
+    store = world.store
+    retained = store.current_identity(slot, "incumbent") or store.current_identity(slot, "candidate")
+    if retained is None or is_running(world, retained.container_id):
+        return None
+    serving = tier_incumbent(world, slot)
+    return None if serving is None else Standby(retained, serving)
+
+
+def standby_assertions(world: World, standby: Standby) -> list[Assertion]:
+    """The slot's serve stopped and retained intact; the tier routed to the other slot's."""
+    out = [Assertion("standby", True, standby.as_dict())]
+    _check(out, "serve_retained", lambda: _retained(world, standby.retained))
+    if world.router is not None:
+        _check(out, "tier_served", lambda: _served(world, standby.serving))
     return out
+
+
+def _served(world: World, serving: Identity) -> Observation:
+    problems = route_problems(world, serving)
+    return not problems, {"slot": serving.slot, "problems": list(problems)}
 
 
 def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
     """The state a watched slot should have: its owner alive, the candidate serving with its
     identity and routed for the slot, the old incumbent retained intact, no residue."""
-    head = Assertion("watch", watched.owner_alive is not False, watched.as_dict())
-    return _candidate_and_retained(world, head, watched.candidate, watched.incumbent, routed=True)
+    out = [Assertion("watch", watched.owner_alive is not False, watched.as_dict())]
+    out += slot_assertions(world, watched.candidate, routed=True, role="candidate")
+    incumbent = watched.incumbent
+    if incumbent is not None:
+        _check(out, "incumbent_retained", lambda: _retained(world, incumbent))
+    return out
 
 
 def campaign_assertions(world: World, campaign: Campaign) -> list[Assertion]:
     """The state a qualifying slot should have: the candidate's assertions (not routed), the
     incumbent retained intact, the tier as the load left it."""
-    head = Assertion("campaign", True, campaign.as_dict())
-    out = _candidate_and_retained(world, head, campaign.candidate, campaign.incumbent, routed=False)
+    out = [Assertion("campaign", True, campaign.as_dict())]
+    out += slot_assertions(world, campaign.candidate, routed=False, role="candidate")
+    incumbent = campaign.incumbent
+    if incumbent is not None:
+        _check(out, "incumbent_retained", lambda: _retained(world, incumbent))
     if world.router is not None:
         _check(out, "tier_as_loaded", lambda: _tier(world, campaign))
     return out

@@ -117,6 +117,19 @@ def is_running(world: World, container_id: str) -> bool:
 # -- acting on serves -------------------------------------------------------------------------
 
 
+def tier_incumbent(world: World, slot: str) -> Identity | None:
+    """The running incumbent of another slot of `slot`'s router tier (a blue/green pair: a
+    canary's two slots): what the tier serves when `slot` does not."""
+    tier = world.config.slot(slot).router_tier
+    for name, other in sorted(world.config.slots.items()):
+        if name == slot or other.router_tier != tier:
+            continue
+        ident = world.store.current_identity(name, "incumbent")
+        if ident is not None and is_running(world, ident.container_id):
+            return ident
+    return None
+
+
 def stop_verified(world: World, container_id: str, grace: float | None = None) -> JSONObject:
     """Stop a container and prove it exited; absent counts as a failure (nothing to retain).
     `grace`: seconds between the graceful signal and a kill (default: the policy's)."""

@@ -81,14 +81,7 @@ class ExportResult:
     recorded: bool = False  # the export's manifest SHA-256 is in the state database
 
     def as_dict(self) -> JSONObject:
-        return {
-            "out_dir": self.out_dir,
-            "manifest": self.manifest.as_dict(),
-            "source_manifest_sha256": self.source_manifest_sha256,
-            "recorded": self.recorded,
-            "artifacts": [a.as_dict() for a in self.artifacts],
-            "redactions": dict(self.redactions),
-        }
+        return {**asdict(self), "artifacts": [a.as_dict() for a in self.artifacts]}
 
 
 def export_bundle(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
 
 from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
@@ -30,13 +29,6 @@ HEAD = "anvil.audit_head"  # session.info key: the head this session's entries m
 HOST = "anvil.host_id"  # session.info key: the host this session writes for (Store.write sets it)
 
 
-class HeadRecord(TypedDict):
-    """A `Head` as JSON (the head file's content)."""
-
-    seq: int
-    hash: str
-
-
 @dataclass(frozen=True, order=True)
 class Head:
     """A chain position: entry `seq` and its hash (`SEQ:HASH` on the command line)."""
@@ -46,9 +38,6 @@ class Head:
 
     def __str__(self) -> str:
         return f"{self.seq}:{self.hash}"
-
-    def as_dict(self) -> HeadRecord:
-        return {"seq": self.seq, "hash": self.hash}
 
 
 EMPTY = Head(0, GENESIS)

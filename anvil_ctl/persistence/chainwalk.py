@@ -7,11 +7,11 @@ from array import array
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NotRequired, TypedDict
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.persistence import audit
 from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.coverage import COVERED, RowKey
@@ -19,15 +19,6 @@ from anvil_ctl.persistence.models import AuditEntry
 
 BATCH = 5000
 _SIZE = audit.ROW_DIGEST_BYTES
-
-
-class ProblemRecord(TypedDict):
-    """A `Problem` as `audit verify --json` prints it (`row_id`: the entry)."""
-
-    row_id: int | None
-    problem: str
-    table: NotRequired[str]
-    key: NotRequired[RowKey]
 
 
 @dataclass(frozen=True)
@@ -39,8 +30,9 @@ class Problem:
     table: str | None = None
     key: RowKey | None = None
 
-    def as_dict(self) -> ProblemRecord:
-        out: ProblemRecord = {"row_id": self.entry, "problem": self.problem}
+    def as_dict(self) -> JSONObject:
+        """As `audit verify --json` prints it (`row_id`: the entry)."""
+        out: JSONObject = {"row_id": self.entry, "problem": self.problem}
         if self.table is not None:
             out["table"] = self.table
         if self.key is not None:

@@ -3,52 +3,19 @@ and the serving history across hosts; reads only."""
 
 from __future__ import annotations
 
-from typing import TypedDict, cast
-
 from sqlalchemy import select, text
 
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.persistence import projection
 from anvil_ctl.persistence.current_models import IdentityCurrent, LockHeld
 from anvil_ctl.persistence.models import Host, IdentityRow, RecheckRow
 from anvil_ctl.persistence.store import Store
 
 
-class SlotStatus(TypedDict):
-    slot: str
-    incumbent: str
-    served_model: str
-    since: str
-
-
-class RecheckStatus(TypedDict):
-    slot: str
-    passed: bool
-    at: str
-
-
-class OpenTransaction(TypedDict):
-    tx_id: str
-    kind: str
-    slot: str | None
-    state: str
-    created_at: str
-
-
-class HostStatus(TypedDict):
-    host: str
-    host_id: int
-    machine_id: str
-    registered_at: str
-    this_host: bool
-    slots: list[SlotStatus]
-    last_recheck: RecheckStatus | None
-    open_transactions: list[OpenTransaction]
-    locks_held: int
-
-
-def status(store: Store) -> list[HostStatus]:
-    """Every registered host, in registration order (see the module doc)."""
-    out: list[HostStatus] = []
+def status(store: Store) -> list[JSONObject]:
+    """Every registered host, in registration order: its name, machine, incumbents (slot,
+    incumbent, served_model, since), last recheck, unresolved transactions and held locks."""
+    out: list[JSONObject] = []
     with store.read() as s:
         for h in s.execute(select(Host).order_by(Host.id)).scalars():
             slots = s.execute(
@@ -78,20 +45,14 @@ def status(store: Store) -> list[HostStatus]:
                     "machine_id": h.machine_id,
                     "registered_at": h.registered_at,
                     "this_host": h.id == store.host,
-                    "slots": [cast(SlotStatus, dict(r._mapping)) for r in slots],
+                    "slots": [dict(r._mapping) for r in slots],
                     "last_recheck": (
                         {"slot": recheck.slot, "passed": bool(recheck.passed), "at": recheck.at}
                         if recheck is not None
                         else None
                     ),
                     "open_transactions": [
-                        {
-                            "tx_id": t.tx_id,
-                            "kind": t.kind,
-                            "slot": t.slot,
-                            "state": t.state,
-                            "created_at": t.created_at,
-                        }
+                        {k: getattr(t, k) for k in ("tx_id", "kind", "slot", "state", "created_at")}
                         for t in open_txs
                     ],
                     "locks_held": len(locks),
@@ -100,21 +61,10 @@ def status(store: Store) -> list[HostStatus]:
     return out
 
 
-class Served(TypedDict):
-    """A row of `v_serving_history`: who served a slot on a host, from when until when."""
-
-    host: str
-    slot: str
-    container_id: str
-    served_model: str
-    served_from: str
-    served_until: str | None
-    tx_id: str
-
-
-def served_at(store: Store, *, slot: str, at: str, host: int | None) -> list[Served]:
+def served_at(store: Store, *, slot: str, at: str, host: int | None) -> list[JSONObject]:
     """Which container served `slot` at time `at` (one per host; of host `host`, or of every
-    host when None), from the serving history (`v_serving_history`, the projection's)."""
+    host when None), from the serving history (`v_serving_history`, the projection's): host,
+    slot, container_id, served_model, served_from, served_until, tx_id."""
     sql = (
         "SELECT host, slot, container_id, served_model, served_from, served_until, tx_id "
         "FROM v_serving_history WHERE slot = :slot AND served_from <= :at "
@@ -126,4 +76,4 @@ def served_at(store: Store, *, slot: str, at: str, host: int | None) -> list[Ser
         params["host"] = host
     sql += " ORDER BY host_id, served_from"
     with store.read() as s:
-        return [cast(Served, dict(r._mapping)) for r in s.execute(text(sql), params)]
+        return [dict(r._mapping) for r in s.execute(text(sql), params)]

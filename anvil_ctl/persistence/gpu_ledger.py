@@ -7,7 +7,6 @@ Judging whether a start may go ahead is `anvil_ctl.gpu.ownership`'s business.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TypedDict, cast
 
 from sqlalchemy import select
@@ -16,19 +15,6 @@ from anvil_ctl.persistence import projection
 from anvil_ctl.persistence.current_models import GpuOwnerCurrent
 from anvil_ctl.persistence.models import GpuMode, GpuOwnershipEvent
 from anvil_ctl.persistence.store import Store, utcnow
-
-
-@dataclass(frozen=True)
-class OwnershipEvent:
-    """One ledger row: `event` is "claim" or "release" of `role` by `container_id`."""
-
-    role: str
-    event: str
-    container_id: str
-    tx_id: str | None
-    mode: GpuMode
-    slot: str
-    at: str
 
 
 class OwnerRecord(TypedDict):
@@ -89,10 +75,9 @@ def gpu_owners(store: Store) -> dict[str, OwnerRecord]:
         return {r["role"]: cast(OwnerRecord, {k: v for k, v in r.items() if k != "role"}) for r in rows}
 
 
-def transaction_events(store: Store, tx_id: str) -> list[OwnershipEvent]:
-    """The ledger events one transaction wrote, in order (what its undo works from)."""
+def transaction_events(store: Store, tx_id: str) -> list[GpuOwnershipEvent]:
+    """The ledger events one transaction wrote, in order (what its undo works from): each a
+    "claim" or "release" of `role` by `container_id`."""
+    q = select(GpuOwnershipEvent).where(GpuOwnershipEvent.tx_id == tx_id).order_by(GpuOwnershipEvent.id)
     with store.read() as s:
-        rows = s.execute(
-            select(GpuOwnershipEvent).where(GpuOwnershipEvent.tx_id == tx_id).order_by(GpuOwnershipEvent.id)
-        ).scalars()
-        return [OwnershipEvent(r.role, r.event, r.container_id, r.tx_id, r.mode, r.slot, r.at) for r in rows]
+        return list(s.execute(q).scalars())

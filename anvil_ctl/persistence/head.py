@@ -78,10 +78,6 @@ def set_aside(path: Path, stamp: str) -> Path | None:
     return target
 
 
-def write_head(path: Path, head: Head) -> None:
-    atomic_write(path, json.dumps(head.as_dict(), sort_keys=True) + "\n")
-
-
 def may_advance(path: Path, new: Head, hash_at: Callable[[int], str | None]) -> bool:
     """Whether the head file may move to `new`: it is behind, and the database still holds
     the entry it names. `hash_at(seq)` reads an entry's hash inside the writer's transaction."""
@@ -114,7 +110,7 @@ def advance(path: Path, new: Head) -> None:
         old = read_head(path)
         if old is not None and old.seq >= new.seq:
             return
-        write_head(path, new)
+        atomic_write(path, json.dumps({"hash": new.hash, "seq": new.seq}) + "\n")
     except (OSError, HeadFileError) as exc:
         log.warning("audit.head_unwritten", path=str(path), head=str(new), error=str(exc))
         return

@@ -6,46 +6,26 @@ one recorded (`HostClaimed`, exit 8), so two machines cannot silently write as o
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 from sqlalchemy import func, select, text
 
 from anvil_ctl.core.errors import HostClaimed
-from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.persistence import audit
 from anvil_ctl.persistence.models import FIRST_HOST_ID, Host
 from anvil_ctl.persistence.store import Store, utcnow
 
 
-@dataclass(frozen=True)
-class HostRecord:
-    id: int
-    name: str
-    machine_id: str
-    boot_id: str
-    registered_at: str
-
-    def as_dict(self) -> JSONObject:
-        return dict(asdict(self))
-
-
-def _record(row: Host) -> HostRecord:
-    return HostRecord(row.id, row.name, row.machine_id, row.boot_id, row.registered_at)
-
-
-def all_hosts(store: Store) -> list[HostRecord]:
+def all_hosts(store: Store) -> list[Host]:
     """Every registered host, in registration order."""
     with store.read() as s:
-        return [_record(r) for r in s.execute(select(Host).order_by(Host.id)).scalars()]
+        return list(s.execute(select(Host).order_by(Host.id)).scalars())
 
 
-def by_name(store: Store, name: str) -> HostRecord | None:
+def by_name(store: Store, name: str) -> Host | None:
     with store.read() as s:
-        row = s.execute(select(Host).where(Host.name == name)).scalar()
-        return _record(row) if row is not None else None
+        return s.execute(select(Host).where(Host.name == name)).scalar()
 
 
-def _refuse(name: str, recorded: HostRecord, machine_id: str) -> HostClaimed:
+def _refuse(name: str, recorded: Host, machine_id: str) -> HostClaimed:
     return HostClaimed(
         f"host {name!r} is recorded for machine {recorded.machine_id} (registered "
         f"{recorded.registered_at}), but this machine is {machine_id}: two machines cannot be one "
@@ -56,7 +36,7 @@ def _refuse(name: str, recorded: HostRecord, machine_id: str) -> HostClaimed:
     )
 
 
-def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> HostRecord | None:
+def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> Host | None:
     """This process's host, checked against the machine recorded for its name (`HostClaimed`).
     An unknown name is registered by this host's first write (a read-only command writes nothing).
     Sets `store.host_id` and `store.host_name`; returns the record, None while unregistered."""
@@ -81,13 +61,13 @@ def _settle(store: Store, name: str, *, machine_id: str, boot_id: str) -> None:
     _settle_found(store, _register(store, name, machine_id=machine_id, boot_id=boot_id), machine_id)
 
 
-def _settle_found(store: Store, found: HostRecord, machine_id: str) -> None:
+def _settle_found(store: Store, found: Host, machine_id: str) -> None:
     if found.machine_id != machine_id:
         raise _refuse(found.name, found, machine_id)
     store.host_id, store.host_name, store.unregistered = found.id, found.name, False
 
 
-def _register(store: Store, name: str, *, machine_id: str, boot_id: str) -> HostRecord:
+def _register(store: Store, name: str, *, machine_id: str, boot_id: str) -> Host:
     with store.write() as s:
         if s.get_bind().dialect.name == "postgresql":
             # the chain's lock: registrations (and every append) one at a time, so two new
@@ -95,7 +75,7 @@ def _register(store: Store, name: str, *, machine_id: str, boot_id: str) -> Host
             s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": audit.AUDIT_LOCK_KEY})
         row = s.execute(select(Host).where(Host.name == name)).scalar()
         if row is not None:  # registered since we looked
-            return _record(row)
+            return row
         last = s.execute(select(func.max(Host.id))).scalar()
         row = Host(
             id=FIRST_HOST_ID if last is None else last + 1,
@@ -108,4 +88,4 @@ def _register(store: Store, name: str, *, machine_id: str, boot_id: str) -> Host
         s.flush()
         s.info[audit.HOST] = row.id
         store.audit(s, "host.registered", None, {"host": name, "machine_id": machine_id})
-        return _record(row)
+        return row

@@ -53,27 +53,18 @@ def head_revision(engine: Engine) -> str:
     return head
 
 
-def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
-    with translated(engine), reader(engine).connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
-
-
-def _table_names(engine: Engine) -> list[str]:
-    with translated(engine), reader(engine).connect() as conn:
-        return inspect(conn).get_table_names()
-
-
 def check_revision(engine: Engine, *, allow_empty: bool = False) -> str | None:
     """Refuse a database this program does not know: foreign, unknown revision, newer, or older."""
     if _stamped(engine) == SCHEMA_REVISION:
         return SCHEMA_REVISION
+    from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(alembic_config(engine))
     known = {rev.revision for rev in script.walk_revisions()}
-    current = current_revision(engine)
+    with translated(engine), reader(engine).connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+        has_tables = bool(inspect(conn).get_table_names())
     url = engine.url.render_as_string(hide_password=True)
     if current in RETIRED:
         raise StateStoreError(
@@ -82,7 +73,6 @@ def check_revision(engine: Engine, *, allow_empty: bool = False) -> str | None:
             "evidence and create a new state database with `anvilctl init`"
         )
     if current is None:
-        has_tables = bool(_table_names(engine))
         if has_tables:
             raise StateStoreError(f"{url}: has tables but no alembic revision; not an anvil state db")
         if allow_empty:

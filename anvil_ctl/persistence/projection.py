@@ -30,7 +30,7 @@ RUNNING = "running"
 UNRESOLVED = sorted(s.value for s in UNRESOLVED_STATES)
 INCUMBENT = "incumbent"
 
-REVISION_KINDS = ("adopt", "load", "promote", "rollback")
+REVISION_KINDS = ("adopt", "load", "promote", "canary", "rollback")
 """The transaction kinds that change what a slot serves: each one that ran is a revision of
 its slot (`tx_current.revision`; refusals never ran)."""
 

@@ -83,15 +83,6 @@ def evidence(store: Store, tx_id: str) -> list[EvidenceRecord]:
 # -- manifests ---------------------------------------------------------------------------------
 
 
-class ManifestRecord(TypedDict):
-    """One recorded manifest SHA-256 (`source_sha256`: the manifest an export was made from)."""
-
-    kind: str
-    sha256: str
-    source_sha256: str | None
-    at: str
-
-
 def record_manifest(
     store: Store, tx_id: str, sha256: str, *, kind: str, source_sha256: str | None = None
 ) -> None:
@@ -106,17 +97,12 @@ def record_manifest(
         store.audit(s, f"evidence.manifest.{kind}", tx_id, {})  # the covered row holds it all
 
 
-def manifests(store: Store, tx_id: str) -> list[ManifestRecord]:
-    """The manifests recorded for `tx_id`, oldest first."""
+def manifests(store: Store, tx_id: str) -> list[EvidenceManifestRow]:
+    """The manifests recorded for `tx_id`, oldest first (`source_sha256`: the manifest an
+    export was made from)."""
+    q = select(EvidenceManifestRow).where(EvidenceManifestRow.tx_id == tx_id).order_by(EvidenceManifestRow.id)
     with store.read() as s:
-        rows = s.execute(
-            select(EvidenceManifestRow)
-            .where(EvidenceManifestRow.tx_id == tx_id)
-            .order_by(EvidenceManifestRow.id)
-        ).scalars()
-        return [
-            {"kind": r.kind, "sha256": r.sha256, "source_sha256": r.source_sha256, "at": r.at} for r in rows
-        ]
+        return list(s.execute(q).scalars())
 
 
 # -- decisions ---------------------------------------------------------------------------------
@@ -180,21 +166,10 @@ def record_decision(
 
 
 def _decision_dict(r: DecisionRow) -> DecisionRecord:
-    return {
-        "id": r.id,
-        "tx_id": r.tx_id,
-        "slot": r.slot,
-        "identity_digest": r.identity_digest,
-        "container_id": r.container_id,
-        "outcome": r.outcome,
-        "profile": r.profile,
-        "manifest_sha256": r.manifest_sha256,
-        "reclassifies": r.reclassifies,
-        "waiver_ids": json.loads(r.waiver_ids_json),
-        "reasons": json.loads(r.reasons_json),
-        "body": json.loads(r.body_json),
-        "at": r.at,
-    }
+    """The row's columns but its host, each `*_json` one parsed and named without the suffix."""
+    values = {c.name: getattr(r, c.key) for c in DecisionRow.__table__.columns if c.name != "host_id"}
+    parsed = {k.removesuffix("_json"): json.loads(v) if k.endswith("_json") else v for k, v in values.items()}
+    return cast(DecisionRecord, parsed)
 
 
 def decisions(

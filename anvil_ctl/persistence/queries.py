@@ -22,10 +22,11 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.snapshot import from_patch
 from anvil_ctl.persistence import snapshots
 from anvil_ctl.persistence.models import (
+    Base,
     Host,
     IdentityRow,
     SnapshotDiff,
@@ -53,40 +54,6 @@ class TransactionSummary(TypedDict):
     updated_at: str
 
 
-class OwnerRef(TypedDict):
-    pid: int
-    host: str  # the owner's host name as the transaction recorded it
-
-
-class StateRecord(TypedDict):
-    state: str
-    reason: str
-    at: str
-    data: JSONObject
-
-
-class StepRecord(TypedDict):
-    seq: int
-    step: str
-    phase: str
-    event: str
-    at: str
-    detail: JSONObject
-
-
-class SnapshotRef(TypedDict):
-    label: str
-    sha256: str
-    at: str
-
-
-class IdentityRef(TypedDict):
-    role: str
-    container_id: str
-    served_model: str
-    digest: str
-
-
 class TransactionDetail(TypedDict):
     """One transaction with its journal, in order (`audit show`)."""
 
@@ -95,38 +62,12 @@ class TransactionDetail(TypedDict):
     slot: str | None
     created_at: str
     host: str | None  # the fleet host that ran it (None: no host registered yet)
-    owner: OwnerRef
+    owner: JSONObject  # pid, host (the owner's host name as the transaction recorded it)
     args: JSONObject
-    states: list[StateRecord]
-    steps: list[StepRecord]
-    snapshots: list[SnapshotRef]
-    identities: list[IdentityRef]
-
-
-class DiffRecord(TypedDict):
-    """One recorded before/after comparison (`format`: json-patch)."""
-
-    label: str
-    equal: bool
-    before_sha256: str
-    after_sha256: str
-    format: str
-    changes: list[JSONObject]
-    patch: JSONArray | None  # the stored JSON Patch, when it is one
-
-
-class IdentityRecord(TypedDict):
-    """A row of `v_identities`."""
-
-    host: str | None
-    recorded_at: str
-    slot: str
-    role: str
-    container_id: str
-    image_id: str
-    served_model: str
-    digest: str
-    tx_id: str | None
+    states: list[JSONObject]  # state, reason, at, data
+    steps: list[JSONObject]  # seq, step, phase, event, at, detail
+    snapshots: list[JSONObject]  # label, sha256, at
+    identities: list[JSONObject]  # role, container_id, served_model, digest
 
 
 class ServeRef(TypedDict):
@@ -211,18 +152,17 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
         t = s.get(Transaction, tx_id)
         if t is None:
             raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
-        states = s.execute(
-            select(TransactionState).where(TransactionState.tx_id == t.id).order_by(TransactionState.id)
-        ).scalars()
-        steps = s.execute(
-            select(StepEventRow).where(StepEventRow.tx_id == t.id).order_by(StepEventRow.id)
-        ).scalars()
-        snaps = s.execute(
-            select(SnapshotRow).where(SnapshotRow.tx_id == t.id).order_by(SnapshotRow.id)
-        ).scalars()
-        idents = s.execute(
-            select(IdentityRow).where(IdentityRow.tx_id == t.id).order_by(IdentityRow.id)
-        ).scalars()
+
+        def rows(model: type[Base], *names: str) -> list[JSONObject]:
+            """The transaction's rows of `model` in order, as `names`' columns (a `*_json` one
+            parsed and named without its suffix)."""
+            c = model.__table__.c
+            q = select(*(c[n] for n in names)).where(c.tx_id == t.id).order_by(c.id)
+            return [
+                {n.removesuffix("_json"): json.loads(v) if n.endswith("_json") else v for n, v in r.items()}
+                for r in s.execute(q).mappings()
+            ]
+
         host = s.get(Host, t.host_id)
         return {
             "tx_id": t.id,
@@ -232,41 +172,21 @@ def transaction_detail(store: Store, tx_id: str) -> TransactionDetail:
             "host": host.name if host is not None else None,
             "owner": {"pid": t.owner_pid, "host": t.owner_host},
             "args": json.loads(t.args_json),
-            "states": [
-                {"state": r.state, "reason": r.reason, "at": r.at, "data": json.loads(r.data_json)}
-                for r in states
-            ],
-            "steps": [
-                {
-                    "seq": r.seq,
-                    "step": r.step,
-                    "phase": r.phase,
-                    "event": r.event,
-                    "at": r.at,
-                    "detail": json.loads(r.detail_json),
-                }
-                for r in steps
-            ],
-            "snapshots": [{"label": r.label, "sha256": r.sha256, "at": r.at} for r in snaps],
-            "identities": [
-                {
-                    "role": r.role,
-                    "container_id": r.container_id,
-                    "served_model": r.served_model,
-                    "digest": r.digest,
-                }
-                for r in idents
-            ],
+            "states": rows(TransactionState, "state", "reason", "at", "data_json"),
+            "steps": rows(StepEventRow, "seq", "step", "phase", "event", "at", "detail_json"),
+            "snapshots": rows(SnapshotRow, "label", "sha256", "at"),
+            "identities": rows(IdentityRow, "role", "container_id", "served_model", "digest"),
         }
 
 
-def snapshot_diffs(store: Store, tx_id: str) -> list[DiffRecord]:
-    """The before/after snapshot comparisons one transaction recorded, in order."""
+def snapshot_diffs(store: Store, tx_id: str) -> list[JSONObject]:
+    """The before/after snapshot comparisons one transaction recorded, in order: label, equal,
+    both hashes, `format` (json-patch), the changes and the stored JSON Patch."""
     with store.read() as s:
         rows = s.execute(
             select(SnapshotDiff).where(SnapshotDiff.tx_id == tx_id).order_by(SnapshotDiff.id)
         ).scalars()
-        out: list[DiffRecord] = []
+        out: list[JSONObject] = []
         for r in rows:
             stored = snapshots.stored_changes(r)
             changes = from_patch(stored)
@@ -291,10 +211,10 @@ def identities(
     role: str = "incumbent",
     host: int | None = None,
     limit: int | None = None,
-) -> list[IdentityRecord]:
-    """Which container served (or was recorded for) each slot in `role`, and from when (on
-    host `host`, or on every host when None), oldest first: every one, or the newest `limit`
-    (a walk newest first by key, through `ix_identities_slot_role_id` for one slot)."""
+) -> list[JSONObject]:
+    """Rows of `v_identities`: which container served (or was recorded for) each slot in
+    `role`, and from when (on host `host`, or on every host when None), oldest first: every
+    one, or the newest `limit` (newest first by key, through `ix_identities_slot_role_id`)."""
     sql = (
         "SELECT host, recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "
         "FROM v_identities WHERE role = :role"
@@ -315,7 +235,7 @@ def identities(
         rows = list(s.execute(text(sql), params))
         if limit is not None:
             rows.reverse()
-        return [cast(IdentityRecord, dict(r._mapping)) for r in rows]
+        return [dict(r._mapping) for r in rows]
 
 
 _REVISIONS = "FROM tx_current t WHERE t.host_id = :host AND t.slot = :slot AND t.revision IS NOT NULL"

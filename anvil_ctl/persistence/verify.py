@@ -9,11 +9,9 @@ on a schema change or any problem; a clean run records a (covered) checkpoint.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NotRequired, TypedDict
 
 from sqlalchemy import Table, func, select, text
 from sqlalchemy.exc import OperationalError
@@ -21,10 +19,11 @@ from sqlalchemy.orm import Session
 
 from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import Unavailable
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import audit, chainwalk, projection
 from anvil_ctl.persistence.audit import Head
-from anvil_ctl.persistence.chainwalk import BATCH, Problem, ProblemRecord, Refs, Walk
+from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
 from anvil_ctl.persistence.coverage import COVERED, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.head import HeadFileError, read_head
@@ -34,50 +33,6 @@ from anvil_ctl.persistence.store import Store, utcnow
 log = get_logger(__name__)
 
 AUDIT_TABLE = AuditEntry.__tablename__
-
-
-class CheckpointRecord(TypedDict):
-    """A checkpoint as a report names it: the one a run started from, or the one it recorded."""
-
-    id: int
-    head: str  # SEQ:HASH
-    mode: str
-    at: str
-
-
-class HeadFileCheck(TypedDict, total=False):
-    """The head file beside the database: where it is, the head it records, how far behind."""
-
-    path: str | None
-    head: str
-    behind: int
-
-
-class ReportRecord(TypedDict):
-    """A `Report` as `audit verify --json` prints it."""
-
-    ok: bool
-    mode: str
-    escalated: str | None
-    rows: int  # = entries_checked, the name earlier versions printed
-    entries_checked: int
-    rows_checked: int
-    entries: int
-    head: str
-    head_file: HeadFileCheck
-    expect_head: str | None
-    started_from: CheckpointRecord | None
-    checkpoint: CheckpointRecord | None
-    checkpoint_error: str | None
-    problems: list[ProblemRecord]
-    projection_differs: list[str]
-    hosts: NotRequired[list[HostEntries]]  # `audit verify` adds the hosts it was asked about
-
-
-class HostEntries(TypedDict):
-    host: str
-    host_id: int
-    entries: int
 
 
 @dataclass
@@ -90,11 +45,11 @@ class Report:
     rows_checked: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     schema_version: int | None = None
-    started_from: CheckpointRecord | None = None  # the checkpoint an incremental run began at
+    started_from: JSONObject | None = None  # the checkpoint an incremental run began at
     escalated: str | None = None  # why an incremental run walked everything
-    head_file: HeadFileCheck = field(default_factory=HeadFileCheck)
+    head_file: JSONObject = field(default_factory=dict)  # path, the head it records, how far behind
     expect_head: Head | None = None
-    checkpoint: CheckpointRecord | None = None  # the checkpoint this run recorded
+    checkpoint: JSONObject | None = None  # the checkpoint this run recorded (id, head, mode, at)
     checkpoint_error: str | None = None  # why it could not record one (a read-only database)
     problems: list[Problem] = field(default_factory=list)
     projection_differs: list[str] = field(default_factory=list)  # full walks: derived tables off
@@ -103,7 +58,9 @@ class Report:
     def ok(self) -> bool:
         return not self.problems
 
-    def as_dict(self) -> ReportRecord:
+    def as_dict(self) -> JSONObject:
+        """As `audit verify --json` prints it (`rows`: `entries_checked`, the name earlier
+        versions printed; `entries`: the chain's length)."""
         return {
             "ok": self.ok,
             "mode": self.mode,
@@ -119,7 +76,7 @@ class Report:
             "checkpoint": self.checkpoint,
             "checkpoint_error": self.checkpoint_error,
             "problems": [p.as_dict() for p in self.problems],
-            "projection_differs": self.projection_differs,
+            "projection_differs": list[JSONValue](self.projection_differs),
         }
 
 
@@ -257,11 +214,7 @@ def _check_head_file(s: Session, path: Path | None, report: Report) -> None:
 # -- verify ------------------------------------------------------------------------------------
 
 
-def _latest_checkpoint(s: Session) -> AuditCheckpoint | None:
-    return s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalar()
-
-
-def _checkpoint_dict(cp: AuditCheckpoint) -> CheckpointRecord:
+def _checkpoint_dict(cp: AuditCheckpoint) -> JSONObject:
     return {"id": cp.id, "head": f"{cp.seq}:{cp.hash}", "mode": cp.mode, "at": cp.at}
 
 
@@ -304,24 +257,17 @@ def _incremental(s: Session, cp: AuditCheckpoint, report: Report) -> str | None:
     return None
 
 
-@contextmanager
-def _snapshot(store: Store) -> Iterator[Session]:
-    """One read transaction for the whole walk: counts and chain describe the same moment."""
-    with store.read() as s:
-        if s.get_bind().dialect.name == "postgresql":
-            s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        yield s
-
-
 def verify(store: Store, *, full: bool = False, expect_head: Head | None = None) -> Report:
     """Verify the record (see the module doc); a clean run records a checkpoint."""
     report = Report(mode="full" if full else "incremental", expect_head=expect_head)
-    with _snapshot(store) as s:
+    with store.read() as s:  # one read transaction: counts and chain describe the same moment
+        if s.get_bind().dialect.name == "postgresql":
+            s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
         report.schema_version = _schema_version(s)
         trigger_problems: list[Problem] = []
         triggers_ok = _check_triggers(s, trigger_problems)
         if not full:
-            cp = _latest_checkpoint(s)
+            cp = s.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.id.desc()).limit(1)).scalar()
             if cp is None:
                 report.escalated = "no checkpoint yet"
             elif not triggers_ok:
@@ -352,7 +298,7 @@ CHECKPOINT_BUSY_MS = 200
 """A checkpoint only saves later work: when another writer holds the database, skip it."""
 
 
-def _record_checkpoint(store: Store, report: Report) -> CheckpointRecord:
+def _record_checkpoint(store: Store, report: Report) -> JSONObject:
     with store.write(busy_ms=CHECKPOINT_BUSY_MS) as s:
         row = AuditCheckpoint(
             seq=report.head.seq,
@@ -375,7 +321,7 @@ def _record_checkpoint(store: Store, report: Report) -> CheckpointRecord:
         return _checkpoint_dict(row)
 
 
-def host_counts(store: Store, host: int | None) -> list[HostEntries]:
+def host_counts(store: Store, host: int | None) -> list[JSONObject]:
     """Per host (`host`, or every registered host when None): its name and how many journal
     entries it wrote; the report's `hosts`. The chain itself is one for the whole fleet."""
     sql = (

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.qualify.slosample import sample
-from anvil_ctl.qualify.watchpolicy import WatchPolicy, metrics_of
+from anvil_ctl.qualify.watchpolicy import Threshold, WatchPolicy, metrics_of
 
 MAX_STEPS = 20
 
@@ -91,12 +91,12 @@ class SideBySide:
         return {"first": order[0], **taken}
 
 
-def _arm(round_: Mapping[str, object], arm: str) -> dict[str, float | None]:
+def _arm(round_: JSONMapping, arm: str) -> dict[str, float | None]:
     found = round_.get(arm)
     return metrics_of(found) if isinstance(found, dict) else {}
 
 
-def summary(rounds: Sequence[Mapping[str, object]]) -> str:
+def summary(rounds: Sequence[JSONMapping]) -> str:
     """One line for `audit show`: each serve's worst TTFT p95 and error rate over the rounds."""
 
     def worst(arm: str, metric: str) -> float | None:
@@ -111,44 +111,36 @@ def summary(rounds: Sequence[Mapping[str, object]]) -> str:
     return f"{len(rounds)} round(s): {arm('candidate')}; {arm('incumbent')}"
 
 
-def judge(policy: WatchPolicy, rounds: Sequence[Mapping[str, object]]) -> list[JSONObject]:
-    """The thresholds the candidate failed in `policy.consecutive` rounds in a row, each with
-    the failing rounds' candidate values, limits and incumbent values."""
+def judge(policy: WatchPolicy, rounds: Sequence[JSONMapping]) -> list[JSONObject]:
+    """The thresholds the candidate failed in each of the newest `policy.consecutive` rounds,
+    each with those rounds' candidate values, limits and incumbent values."""
+    newest = rounds[-policy.consecutive :]
     found: list[JSONObject] = []
     for i, threshold in enumerate(policy.thresholds):
-        run: list[JSONObject] = []
-        for r in rounds:
-            inc = {k: v for k, v in _arm(r, "incumbent").items() if v is not None}
-            limit = threshold.resolve(inc)
-            observed = _arm(r, "candidate").get(threshold.metric)
-            if limit.holds(observed) is False:
-                cand = r.get("candidate")
-                at = cand.get("at") if isinstance(cand, dict) else None
-                run.append(
-                    {
-                        "candidate": observed,
-                        "limit": limit.limit,
-                        "incumbent": inc.get(threshold.metric),
-                        "at": at if isinstance(at, int | float) else None,
-                    }
-                )
-                if len(run) >= policy.consecutive:
-                    found.append(
-                        {
-                            "threshold": i,
-                            "metric": threshold.metric,
-                            "op": limit.op,
-                            "source": _source(threshold.bound, threshold.value),
-                            "rounds": list(run[-policy.consecutive :]),
-                        }
-                    )
-                    break
-            else:
-                run = []
+        failed = [f for r in newest if (f := _failed(threshold, r)) is not None]
+        if len(failed) == policy.consecutive:
+            source = f"{threshold.value:g} x the incumbent's, same round" if threshold.relative else ""
+            found.append(
+                {
+                    "threshold": i,
+                    "metric": threshold.metric,
+                    "op": "max" if threshold.bound.startswith("max") else "min",
+                    "source": source or f"{threshold.bound} {threshold.value:g}",
+                    "rounds": [*failed],
+                }
+            )
     return found
 
 
-def _source(bound: str, value: float) -> str:
-    if bound.endswith("_ratio"):
-        return f"{value:g} x the incumbent's, same round"
-    return f"{bound} {value:g}"
+def _failed(threshold: Threshold, round_: JSONMapping) -> JSONObject | None:
+    """The candidate's value, its limit (resolved against the incumbent's value in the same
+    round) and the incumbent's, when the candidate failed it; None when it held or the round
+    cannot judge it (the incumbent measured nothing to be relative to)."""
+    inc = {k: v for k, v in _arm(round_, "incumbent").items() if v is not None}
+    limit = threshold.resolve(inc)
+    observed = _arm(round_, "candidate").get(threshold.metric)
+    if limit.holds(observed) is not False:
+        return None
+    cand = round_.get("candidate")
+    at = cand.get("at") if isinstance(cand, dict) else None
+    return {"candidate": observed, "limit": limit.limit, "incumbent": inc.get(threshold.metric), "at": at}

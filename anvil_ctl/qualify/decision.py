@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -54,15 +54,7 @@ class Decision:
     decided_at: str
 
     def as_dict(self) -> JSONObject:
-        return {
-            "outcome": self.outcome,
-            "identity_digest": self.identity_digest,
-            "profile": self.profile,
-            "gates": [*self.gates],
-            "reasons": list(self.reasons),
-            "evidence_sha256": self.evidence_sha256,
-            "decided_at": self.decided_at,
-        }
+        return {**asdict(self), "gates": [*self.gates], "reasons": [*self.reasons]}
 
 
 def make_decision(

@@ -325,13 +325,12 @@ def engine_exited(during: str, observed: JSONObject, not_run: list[str]) -> Gate
 
 
 def _timed_out(gate: Gate, timeout_s: float) -> GateResult:
-    return GateResult(
-        name=gate.name,
-        passed=False,
-        kind=gate.kind,
-        classification="timeout",
-        evidence={"not_started": True, "timeout_s": timeout_s},
-        summary=f"not started: the qualification's --timeout of {timeout_s:g} s was reached",
+    evidence: JSONObject = {"not_started": True, "timeout_s": timeout_s}
+    return gate.result(
+        False,
+        "timeout",
+        evidence,
+        f"not started: the qualification's --timeout of {timeout_s:g} s was reached",
     )
 
 

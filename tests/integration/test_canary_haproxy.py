@@ -3,8 +3,10 @@
 The campaign host's incumbent serves `llm.primary` from slot `primary` (127.0.0.1:8001); a
 second slot of the same tier, `primary-b` (127.0.0.1:8002), holds the loaded, verified
 candidate: a CPU stub, so the two fit together. While the canary runs, a client of the router
-sends a chat every 0.3 s. A healthy canary steps 10, 50, 100 % and commits as a promote
-does, and a rollback of the old incumbent's slot brings it back. A candidate whose stub
+sends a chat every 0.3 s. A healthy canary steps 10, 50, 100 % and ends as a promote does
+(real-client acceptance, VRAM after it, the record); then `recheck` of the serving slot says
+`serving` and of the other `standby`, both exit 0, and a rollback by either slot's name
+brings the old incumbent back. A candidate whose stub
 answers 500 from its fourth completion on breaches at 50 % (one round per step, a breach is
 one failing round), and every request returns to the incumbent: the only failed answers the
 client saw are the candidate's injected faults. A process killed in the middle of a step
@@ -28,39 +30,14 @@ import pytest
 
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from scripts.campaign import REPO, verified_decision
-from scripts.chaos import ALIAS, ChaosHost
+from scripts.chaos import ALIAS, CANARY_MODEL, ChaosHost, canary_pair
 from tests.integration.conftest import campaign_host
 
 pytestmark = pytest.mark.integration
 
-CANDIDATE = "stub-canary"
+CANDIDATE = CANARY_MODEL
 CANDIDATE_URL = "http://127.0.0.1:8002"
 INCUMBENT_URL = "http://127.0.0.1:8001"
-SECOND_SLOT = """
-[slots.primary-b]
-binding = "127.0.0.1:8002"
-router_tier = "primary-local"
-aliases = ["llm.primary"]
-"""
-WATCH = """
-name = "canary-watch"
-[[gates]]
-type = "smoke"
-[watch]
-interval_s = 0.2
-requests = 2
-max_tokens = 8
-consecutive = 1
-[[watch.thresholds]]
-metric = "error_rate"
-max = 0
-[[watch.thresholds]]
-metric = "finish_reason_missing"
-max = 0
-[[watch.thresholds]]
-metric = "ttft_p95_s"
-max_ratio = 20
-"""
 
 
 def gpu_candidate_recipe(recipes: Path) -> None:
@@ -70,18 +47,6 @@ def gpu_candidate_recipe(recipes: Path) -> None:
     src = src.replace("port = 8001", "port = 8002").replace('"--port", "8001"', '"--port", "8002"')
     src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
     (recipes / "canary-gpu.toml").write_text(src)
-
-
-def candidate_recipe(recipes: Path, extra_args: tuple[str, ...]) -> None:
-    """The A/B arm's CPU stub recipe, serving `stub-canary` at slot primary-b's binding."""
-    src = (REPO / "recipes" / "stub-131k-mtp.toml").read_text()
-    src = src.replace('name = "stub-131k-mtp"', 'name = "canary-b"')
-    src = src.replace("glm53-flash-ormandj-sglang-sm120-tp2-131k-c1-adaptive-mtp", CANDIDATE)
-    src = src.replace("port = 8012", "port = 8002").replace('"--port", "8012"', '"--port", "8002"')
-    src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
-    quoted = "".join(f' "{a}",' for a in extra_args)
-    src = src.replace('  "--verbose-default",\n]', f'  "--verbose-default",{quoted}\n]')
-    (recipes / "canary-b.toml").write_text(src)
 
 
 @dataclass
@@ -114,13 +79,7 @@ def pair(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pair]:
     """`request.param`: (router kind, the candidate stub's extra arguments)."""
     router, extra = request.param
     with campaign_host(tmp_path / "host", router) as host:
-        config = Path(host.camp.env["ANVIL_CONFIG"])
-        config.write_text(config.read_text() + SECOND_SLOT)
-        recipes = tmp_path / "recipes"
-        recipes.mkdir()
-        candidate_recipe(recipes, extra)
-        (tmp_path / "watch.toml").write_text(WATCH)
-        p = Pair(host, {**host.camp.env, "ANVIL_RECIPES_DIR": str(recipes)}, tmp_path / "watch.toml")
+        p = Pair(host, *canary_pair(host.camp, tmp_path, extra))
         out = p.run("load", "canary-b", "--slot", "primary-b")
         assert out["_exit"] == 0, out
         verified_decision(host.app().store, "primary-b", "canary-{digest}")
@@ -185,8 +144,20 @@ def weights(p: Pair) -> dict[str, tuple[str, int]]:
     return out
 
 
+def phases(p: Pair) -> dict[str, tuple[str, int, list[str]]]:
+    """slot -> (phase, exit code, failed assertions) of `recheck --slot` for both slots."""
+    out = {}
+    for slot in ("primary", "primary-b"):
+        r = p.run("recheck", "--slot", slot)
+        out[slot] = (r["phase"], r["_exit"], r["failed"])
+    return out
+
+
 @pytest.mark.parametrize("pair", [("haproxy", ())], indirect=True)
-def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair) -> None:
+@pytest.mark.parametrize("back_by", ["primary", "primary-b"])
+def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair, back_by: str) -> None:
+    """...then each slot rechecks clean (the serving one `serving`, the other `standby`), and a
+    rollback by either slot's name brings the old incumbent back."""
     app = pair.host.app()
     incumbent = app.store.current_identity("primary", "incumbent")
     candidate = app.store.current_identity("primary-b", "candidate")
@@ -203,6 +174,11 @@ def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair)
     assert all(s["verdict"] == "healthy" and s["rounds"] for s in shares)
     first = shares[0]["rounds"][0]
     assert first["incumbent"]["requests"] and first["candidate"]["requests"]  # side by side
+    # A promote's own last steps: the official client through the route, VRAM after it.
+    accepted = out["results"]["acceptance"]
+    assert accepted["passed"] is True, accepted
+    assert out["results"]["vram-after-acceptance"]["passed"] is True
+    assert out["results"]["record-promotion"]["vram_after_acceptance"]["passed"] is True
     assert [a for a in answers if a[2]] == []  # no failed answer
     assert {a[1] for a in answers} >= {CANDIDATE}
     assert answers[-1][1] == CANDIDATE
@@ -214,13 +190,15 @@ def test_a_healthy_canary_steps_to_100_and_commits_as_a_promote_does(pair: Pair)
     assert now is not None and now.container_id == candidate.container_id
     assert rollback is not None and rollback.container_id == incumbent.container_id
     assert not running(incumbent.container_id) and running(candidate.container_id)
+    assert phases(pair) == {"primary-b": ("serving", 0, []), "primary": ("standby", 0, [])}
 
-    # The way back: a rollback of the old incumbent's slot drains and stops the candidate.
-    back = pair.run("rollback", "--slot", "primary")
+    # The way back, by either name: the candidate drained, stopped and retained.
+    back = pair.run("rollback", "--slot", back_by)
     assert (back["_exit"], back["state"]) == (0, "committed"), back
     assert back["results"]["stop-current"]["container_id"] == candidate.container_id
     assert weights(pair) == {INCUMBENT_URL: ("UP", 1)}
     assert running(incumbent.container_id) and not running(candidate.container_id)
+    assert phases(pair) == {"primary": ("serving", 0, []), "primary-b": ("standby", 0, [])}
 
 
 @pytest.mark.parametrize("pair", [("haproxy", ("--late-fault", "http-500@3"))], indirect=True)
@@ -314,19 +292,42 @@ def test_a_crash_during_a_step_is_compensated_by_recover(pair: Pair) -> None:
     assert tx["state"] == "compensated", tx
     assert weights(pair) == {INCUMBENT_URL: ("UP", 100)}
     assert not running(candidate.container_id)
+    # The candidate stopped by the undo: its slot stands by, the incumbent's serves.
+    assert phases(pair) == {"primary": ("serving", 0, []), "primary-b": ("standby", 0, [])}
+
+
+@pytest.mark.parametrize("pair", [("haproxy", ())], indirect=True)
+def test_a_crash_past_the_pivot_is_finished_forward_by_recover(pair: Pair) -> None:
+    """Killed as the real-client acceptance begins (the candidate alone in the tier, the
+    incumbent stopped): `recover` runs the acceptance, the VRAM reading and the record."""
+    app = pair.host.app()
+    candidate = app.store.current_identity("primary-b", "candidate")
+    incumbent = app.store.current_identity("primary", "incumbent")
+    assert candidate is not None and incumbent is not None
+    crashed = pair.host.run(
+        *["promote", "--slot", "primary-b", "--canary", "10,50,100", "--step-watch", "10ms"],
+        *["--profile", str(pair.profile), "--approved-by", "ops"],
+        env={**pair.env, "ANVIL_CRASH_AT": "canary:acceptance:do:intent"},
+    )
+    assert crashed["_exit"] == -9, crashed
+    assert weights(pair) == {CANDIDATE_URL: ("UP", 100)}  # as it died: past the pivot
+    recovered = pair.run("recover")
+    assert recovered["_exit"] == 0, recovered
+    [tx] = [t for t in recovered["recovered"] if t["kind"] == "canary"]
+    assert tx["state"] == "committed", tx
+    shown = pair.run("audit", "show", tx["tx_id"])
+    done = {e["step"] for e in shown["steps"] if e["event"] == "result"}
+    assert {"acceptance", "vram-after-acceptance", "record-promotion"} <= done, done
+    assert running(candidate.container_id) and not running(incumbent.container_id)
+    assert phases(pair) == {"primary-b": ("serving", 0, []), "primary": ("standby", 0, [])}
 
 
 def test_two_serves_that_do_not_fit_the_cards_together_are_refused(tmp_path: Path) -> None:
     """A candidate on the incumbent's GPU roles, loaded while the incumbent was stopped (its
     claim then holds no memory) and the incumbent started again: both need most of each card."""
     with campaign_host(tmp_path / "host", "haproxy") as host:
-        config = Path(host.camp.env["ANVIL_CONFIG"])
-        config.write_text(config.read_text() + SECOND_SLOT)
-        recipes = tmp_path / "recipes"
-        recipes.mkdir()
-        gpu_candidate_recipe(recipes)
-        (tmp_path / "watch.toml").write_text(WATCH)
-        p = Pair(host, {**host.camp.env, "ANVIL_RECIPES_DIR": str(recipes)}, tmp_path / "watch.toml")
+        p = Pair(host, *canary_pair(host.camp, tmp_path))
+        gpu_candidate_recipe(Path(p.env["ANVIL_RECIPES_DIR"]))
         rt = DockerRuntime(gpu_mode="simulated")
         try:
             rt.stop(host.camp.incumbent_id, 10)

@@ -5,13 +5,15 @@ A real HAProxy routes `llm.primary` to the 2,048-token serve started by hand and
 slot `primary`; the 8,192-token candidate is loaded in slot `primary-b` of the same tier (its
 own binding, 127.0.0.1:8002) and recorded verified. The canary steps 50, 100 % with both
 serves answering the same prompts each round, judged by absolute limits and a generous
-TTFT ratio (two engines share two busy cores), and commits: the official client then gets
+TTFT ratio (two engines share two busy cores), runs a promote's real-client acceptance (the
+tools gate waived: a 135M model calls no tools) and commits: the official client then gets
 its answers from the candidate alone, the old incumbent is stopped and retained.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,9 +120,31 @@ def test_a_canary_of_two_cpu_serves_commits_on_real_tokens(
         _env_file=None,
     )
     app = App(settings=settings, env=env)
-    verified_decision(app.store, "primary-b", "llama-canary-{digest}")
     candidate = app.store.current_identity("primary-b", "candidate")
     assert candidate is not None
+    # A 135M model calls no tools: its operator waives the tools gate, as in the lifecycle
+    # story, and the canary's real-client acceptance then does not require the tool call.
+    expires = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)).date().isoformat()
+    waived = h.anvilctl(
+        "--json",
+        "waive",
+        "--policy",
+        "gate",
+        "--scope",
+        candidate.recipe_digest,
+        "--gates",
+        "tools",
+        "--approved-by",
+        "ops",
+        "--reason",
+        "135M model: no tool calls",
+        "--expires",
+        expires,
+        env=env,
+    )
+    assert waived.returncode == 0, waived.stderr[-2000:]
+    waiver_id = json.loads(waived.stdout)["waiver"]["id"]
+    verified_decision(app.store, "primary-b", "llama-canary-{digest}", waiver_ids=(waiver_id,))
 
     r = h.anvilctl(
         "--json",
@@ -148,6 +172,10 @@ def test_a_canary_of_two_cpu_serves_commits_on_real_tokens(
                 assert [a["ok"] for a in answers] == [True, True], answers
                 assert all(a["finish_reason"] and a["ttft_s"] for a in answers), answers
                 assert {a["model"] for a in answers} == {model}
+    # A promote's own last steps, on the candidate alone in the tier.
+    accepted = out["results"]["acceptance"]
+    assert accepted["passed"] or set(accepted.get("waived", {})) == {"tool_call"}, accepted
+    assert out["results"]["vram-after-acceptance"]["passed"] is True
 
     with openai.OpenAI(
         base_url=h.haproxy.url + "/v1", api_key=h.client_token, max_retries=0, timeout=120

@@ -21,7 +21,7 @@ import pytest
 from anvil_ctl.adapters.smg import SmgRouter
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import lifecycle, serves, transactions
-from anvil_ctl.commands.reconcile import reconcile
+from anvil_ctl.commands.transactions import reconcile
 from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.states import TxState
 from anvil_ctl.persistence.migrate import upgrade

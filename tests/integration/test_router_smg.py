@@ -28,7 +28,7 @@ from anvil_ctl.adapters.smg import SmgRouter
 from anvil_ctl.adapters.smg_workers import TIER_LABEL
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import recheck, transactions
-from anvil_ctl.commands.reconcile import reconcile
+from anvil_ctl.commands.transactions import reconcile
 from anvil_ctl.config.host import RouterConfig
 from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.errors import AuthRejected, CredentialError

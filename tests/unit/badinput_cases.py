@@ -338,6 +338,8 @@ DATABASES: list[Case] = [
     Case("database:not-a-url", ("--state-db", "not a url", "status"), 2, "--state-db"),
     Case("database:mysql", ("--state-db", "mysql://u@h/db", "status"), 2, "--state-db"),
     Case("database:url-esc", ("--state-db", "sqlite:///a\x1b[2J", "status"), 2, "--state-db"),
+    Case("database:copy-to-esc", ("db", "copy", "--to", "sqlite:///a\x1b[2J"), 2, "--to"),
+    Case("database:copy-to-mysql", ("db", "copy", "--to", "mysql://u@h/db"), 2, "--to"),
 ]
 
 

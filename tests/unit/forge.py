@@ -9,8 +9,8 @@ import sqlite3
 from pathlib import Path
 
 from anvil_ctl.commands import audit
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.persistence.coverage import RowKey
-from anvil_ctl.persistence.verify import ReportRecord
 from tests.unit.fakehost import FakeHost
 
 EDITED = "content edited: row digest differs from its journal entry"
@@ -45,7 +45,7 @@ def edit_past_trigger(db: Path, trigger: str, sql: str, params: tuple[object, ..
 
 def verify_after_edit(
     host: FakeHost, trigger: str, sql: str, params: tuple[object, ...] = (), *, full: bool = True
-) -> ReportRecord:
+) -> JSONObject:
     """Edit the fake host's database past `trigger`, then `audit verify` it: the report, not ok."""
     edit_past_trigger(db_file(host), trigger, sql, params)
     report = audit.verify(host.app(), full=full)
@@ -53,6 +53,6 @@ def verify_after_edit(
     return report
 
 
-def named(report: ReportRecord) -> list[tuple[str | None, RowKey | None, str]]:
+def named(report: JSONObject) -> list[tuple[str | None, RowKey | None, str]]:
     """Each problem in `report` as (table, key, problem)."""
     return [(p.get("table"), p.get("key"), p["problem"]) for p in report["problems"]]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from anvil_ctl.commands import lifecycle, transactions
+from anvil_ctl.commands import lifecycle, recheck, transactions
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, ContainerSpec
 from anvil_ctl.core.states import ExitCode, TxState
@@ -373,6 +373,10 @@ class TestTheCanaryOnAWeighingRouter:
         inc = host.app().store.current_identity("primary", "incumbent")
         assert inc is not None and inc.container_id == host.incumbent_id
         assert world.runtime.inspect(host.incumbent_id).running
+        # The candidate stopped by the undo: its slot stands by, the incumbent's serves.
+        for slot, phase in (("primary", "serving"), ("primary-b", "standby")):
+            r = recheck.recheck(host.app(), slot)
+            assert (r.phase, r.exit_code, r.failed) == (phase, 0, []), r.assertions
 
     def test_a_healthy_canary_ends_as_a_promote_does(
         self, weighing: tuple[FakeHost, Any, WeighingRouter], monkeypatch: pytest.MonkeyPatch
@@ -405,3 +409,54 @@ class TestTheCanaryOnAWeighingRouter:
         assert _tiers(host)["primary-local"]["url"] == "http://127.0.0.1:8001"
         assert world.runtime.inspect(host.incumbent_id).running
         assert not world.runtime.inspect(cand.container_id).running  # stopped, retained
+
+    def test_after_it_the_record_reads_as_one_serve_of_the_tier(
+        self, weighing: tuple[FakeHost, Any, WeighingRouter], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The serving slot rechecks `serving`, the old incumbent's `standby`, both exit 0; a
+        rollback by the serving slot's name goes back to the incumbent the canary replaced, and
+        then the two slots swap phases."""
+        host, world, router = weighing
+        _arms(monkeypatch, None, router)
+        out = self._run(host, world)
+        assert out.state == TxState.COMMITTED, out.reason
+        assert out.results["acceptance"] and out.results["vram-after-acceptance"]["passed"]
+        assert out.results["record-promotion"]["vram_after_acceptance"]["passed"]
+        cand = host.app().store.current_identity("primary-b", "incumbent")
+        assert cand is not None
+
+        def phases() -> dict[str, tuple[str, int, list[str]]]:
+            return {
+                slot: (r.phase, r.exit_code, r.failed)
+                for slot in ("primary", "primary-b")
+                for r in [recheck.recheck(host.app(), slot)]
+            }
+
+        assert phases() == {"primary-b": ("serving", 0, []), "primary": ("standby", 0, [])}
+        standby = recheck.recheck(host.app(), "primary").assertions[0]["observed"]
+        assert (standby["served_by"], standby["retained"]) == ("primary-b", host.incumbent_id)
+
+        back = entry.run(world, host.app().owner, RollbackRequest(slot="primary-b"))
+        assert back.state == TxState.COMMITTED, back.reason
+        assert back.results["stop-current"]["container_id"] == cand.container_id
+        assert _tiers(host)["primary-local"]["url"] == "http://127.0.0.1:8001"
+        assert world.runtime.inspect(host.incumbent_id).running
+        assert phases() == {"primary": ("serving", 0, []), "primary-b": ("standby", 0, [])}
+
+    def test_a_slot_with_no_way_back_names_the_slot_that_serves_its_tier(
+        self, weighing: tuple[FakeHost, Any, WeighingRouter], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        host, world, _router = weighing
+        refused = entry.run(world, host.app().owner, RollbackRequest(slot="primary-b"))
+        assert refused.state == TxState.REFUSED, refused.reason
+        assert (
+            "slot primary-b: no rollback identity is recorded; its tier is served by slot primary: "
+            "rollback --slot primary"
+        ) in (refused.reason or "")
+
+
+def test_while_a_candidate_qualifies_beside_the_incumbent_both_slots_recheck_clean(pair: FakeHost) -> None:
+    """The other slot's recorded candidate is its own campaign, not a stray on the host."""
+    for slot, phase in (("primary", "serving"), ("primary-b", "qualifying")):
+        r = recheck.recheck(pair.app(), slot)
+        assert (r.phase, r.exit_code, r.failed) == (phase, 0, []), r.assertions

@@ -92,6 +92,20 @@ class TestReadOnlyImports:
         assert code in (0, 3), code
         assert {"anvil_ctl.engine.plans", "anvil_ctl.engine.lock"} <= set(heavy(modules, READ_ONLY_NEVER))
 
+    def test_the_real_server_probe_loads_the_metrics_parser_only_when_a_gauge_is_read(self) -> None:
+        # `status` and every command build the real probe; only a drain reads a gauge.
+        probe = (
+            "import sys, httpx\n"
+            "from anvil_ctl.adapters.engine_http import HttpServerProbe\n"
+            "before = 'prometheus_client' in sys.modules\n"
+            "ok = httpx.MockTransport(lambda r: httpx.Response(200, text='stub:num_requests_running 2\\n'))\n"
+            "n = HttpServerProbe(transport=ok).running('http://127.0.0.1:9', 'stub:num_requests_running')\n"
+            "print(before, n, 'prometheus_client' in sys.modules)\n"
+        )
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["False", "2", "True"]
+
 
 WARM = """
 import json, sys

@@ -111,7 +111,7 @@ class TestExport:
         exported = out.json()
         assert exported["recorded"] is True
         assert exported["manifest"]["sha256"] == sha(tmp_path / "bundle" / "manifest.json")
-        kinds = [m["kind"] for m in qualification.manifests(fake_host.app().store, TX)]
+        kinds = [m.kind for m in qualification.manifests(fake_host.app().store, TX)]
         assert kinds == ["qualify", "export"]
         r = anvilctl("evidence", "verify", str(tmp_path / "bundle"), "--json")
         assert r.code == ExitCode.OK and r.json()["bindings"][0]["against"] == "database"

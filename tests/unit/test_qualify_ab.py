@@ -331,7 +331,7 @@ class TestTheAbTransaction:
         bundle = Path(out.tx_dir or "")
         assert verify_bundle(bundle).ok
         # Bound to the record: the database holds the manifest's hash (not only the files).
-        assert [m["kind"] for m in qualification.manifests(app.store, tx)] == ["ab"]
+        assert [m.kind for m in qualification.manifests(app.store, tx)] == ["ab"]
         bound = evidence_cmd.verify_evidence(app, bundle)
         assert bound.ok and [b.matched for b in bound.bindings or ()] == [True], bound.as_dict()
         assert {p.name for p in bundle.iterdir()} >= {

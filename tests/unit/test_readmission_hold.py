@@ -15,7 +15,7 @@ from typing import Any
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import lifecycle, transactions
-from anvil_ctl.commands.reconcile import reconcile
+from anvil_ctl.commands.transactions import reconcile
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.availability import ensure_serving
 from scripts.campaign import verified_decision

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from anvil_ctl.commands import audit, recheck, transactions
-from anvil_ctl.commands.reconcile import reconcile
+from anvil_ctl.commands.transactions import reconcile
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
 from anvil_ctl.persistence import rechecks

@@ -352,6 +352,22 @@ class TestResidueIsOurs:
         scanner(managed=counted).residue()
         assert calls == [1]
 
+    def test_a_file_no_name_or_mark_makes_ours_is_looked_up_only_in_managed_containers(
+        self, shm: Path, proc: FakeProc, scanner: Callable[..., ShmScanner], ledger: MemoryShmLedger
+    ) -> None:
+        seg = file(shm / "PostgreSQL.1234", 1 << 20)
+        proc.process(4321, maps=(seg,))  # the database server, outside containers
+        (proc.root / "4400" / "maps").mkdir(parents=True)  # any other process: never read
+        (proc.root / "4400" / "cgroup").write_text("0::/system.slice/app.service\n")
+        obs = scanner().observe()
+        assert (obs.files, obs.unreadable_pids) == ({}, ())
+        # Held by a managed container's process, the same file is read everywhere: the
+        # outsider's hold makes it not ours, and the process that cannot be read is named.
+        proc.process(700, container=ENGINE, maps=(seg,))
+        obs = scanner().observe()
+        assert (obs.files, obs.unreadable_pids) == ({}, (4400,))
+        assert ledger.recorded == []
+
     def test_symlinks_are_not_residue_and_not_followed(
         self, shm: Path, tmp_path: Path, scanner: Callable[..., ShmScanner]
     ) -> None:

@@ -14,7 +14,7 @@ from anvil_ctl.bootstrap import App, _shm
 from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.ports import ShmLedger
-from anvil_ctl.persistence import hosts, shm_ledger
+from anvil_ctl.persistence import hosts
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.shm_ledger import StoreShmLedger
@@ -49,9 +49,10 @@ class TestShmLedgerOnTheStore:
         assert isinstance(StoreShmLedger(store), ShmLedger)
 
     def test_a_mark_is_recorded_once_per_boot_path_and_inode(self, store: Store) -> None:
-        assert shm_ledger.record_marks(store, [mark(), mark(cid="f" * 64)]) == 1
-        assert shm_ledger.record_marks(store, [mark(), mark(ino=12)]) == 1
-        assert shm_ledger.marks(store, "b1") == [mark(), mark(ino=12)]
+        StoreShmLedger(store).remember([mark(), mark(cid="f" * 64)])
+        assert StoreShmLedger(store).marks("b1") == [mark()]
+        StoreShmLedger(store).remember([mark(), mark(ino=12)])
+        assert StoreShmLedger(store).marks("b1") == [mark(), mark(ino=12)]
 
     def test_marks_are_read_per_boot(self, store: Store) -> None:
         StoreShmLedger(store).remember([mark(boot="b1"), mark(boot="b2", ino=99)])
@@ -59,7 +60,7 @@ class TestShmLedgerOnTheStore:
         assert StoreShmLedger(store).marks("b3") == []
 
     def test_the_table_is_append_only_and_the_operator_view_reads_it(self, store: Store, db: Path) -> None:
-        shm_ledger.record_marks(store, [mark()])
+        StoreShmLedger(store).remember([mark()])
         con = sqlite3.connect(db)
         try:
             assert con.execute("select path, container_id from v_shm_marks").fetchall() == [
@@ -73,8 +74,8 @@ class TestShmLedgerOnTheStore:
             con.close()
 
     def test_every_new_mark_is_audited(self, store: Store) -> None:
-        shm_ledger.record_marks(store, [mark()])
-        shm_ledger.record_marks(store, [mark()])  # known: nothing written
+        StoreShmLedger(store).remember([mark()])
+        StoreShmLedger(store).remember([mark()])  # known: nothing written
         with store.read() as s:
             events = s.execute(text("select event from audit_journal")).scalars().all()
         assert events == ["host.registered", "shm.marked"]

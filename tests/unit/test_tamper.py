@@ -38,10 +38,11 @@ from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.waiver import Waiver
-from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, shm_ledger, waiver_rows
+from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, waiver_rows
 from anvil_ctl.persistence.audit import GENESIS, LINK_TAG, compact_digest, entry_hash
 from anvil_ctl.persistence.coverage import COVERED, UncoveredRows, row_digest
 from anvil_ctl.persistence.models import HISTORY_TABLES, RecheckRow
+from anvil_ctl.persistence.shm_ledger import StoreShmLedger
 from anvil_ctl.persistence.store import Store
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
 
@@ -82,8 +83,7 @@ def populate(host: FakeHost) -> None:
     out = transactions.load(app, slot="primary", candidate=host.candidate())
     assert out.tx_id is not None
     tx = out.tx_id
-    shm_ledger.record_marks(
-        store,
+    StoreShmLedger(store).remember(
         [
             ShmMark(path=f"/dev/shm/nccl-{n}", dev=1, ino=n, container_id="c" * 64, boot_id="b")
             for n in (1, 2)

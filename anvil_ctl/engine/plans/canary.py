@@ -16,8 +16,9 @@ candidate drained, stopped and retained); one `share-N` step per share sets the 
 samples both serves on the same prompts for `--step-watch`, failing on a breach, which
 compensates back to the incumbent; `route-to-candidate` (the pivot) waits until the incumbent,
 at weight 0 since the last step, answers nothing and leaves the candidate alone in the tier;
-the incumbent is stopped and retained; a routed smoke; and the record a promote writes: the
-candidate is the incumbent, the old incumbent the rollback identity, the approval.
+the incumbent is stopped and retained; then a promote's own last steps: a routed smoke, the
+real-client acceptance, free VRAM after it against the reserve, and the record (the candidate
+the incumbent, the old incumbent the rollback identity, the approval, the VRAM reading).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ from anvil_ctl.engine.plans.promote import (
     ApproverNamed,
     CandidateIsServing,
     CandidateVerified,
+    acceptance,
+    record_promotion,
     standing_decision,
+    unrecord_promotion,
+    vram_after_acceptance,
 )
 from anvil_ctl.engine.serving import (
     identity_drift,
@@ -48,9 +53,9 @@ from anvil_ctl.engine.serving import (
     route_problems,
     route_slot_to,
     smoke_step,
+    tier_incumbent,
 )
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import approvals
 
 Ctx = StepContext[CanaryArgs, World, NoMemo]
 
@@ -251,50 +256,24 @@ def share_step(share: int) -> Step[Ctx]:
             for client in clients.values():
                 client.close()
         observed: JSONArray = [*rounds]
-        if verdict.stopped_by is not None:
-            raise StepFailed(
-                f"canary stopped at {share} % by {verdict.stopped_by.get('via')}; every request goes "
-                "back to the incumbent",
-                share=share,
-                stopped_by=verdict.stopped_by,
-                rounds=observed,
-            )
         if not verdict.healthy:
             named = "; ".join(
                 f"{b['metric']} ({b['source']}) failed in {len(b['rounds'])} rounds in a row"  # type: ignore[arg-type]
                 for b in verdict.breaches
             )
+            who = verdict.stopped_by
+            what = f"stopped at {share} % by {who.get('via')}" if who else f"breach at {share} %: {named}"
             raise StepFailed(
-                f"canary breach at {share} %: {named}; every request goes back to the incumbent",
+                f"canary {what}; every request goes back to the incumbent",
                 share=share,
                 samples=summary(rounds),
                 breaches=[*verdict.breaches],
+                stopped_by=who,
                 rounds=observed,
             )
         return {**set_to, "verdict": "healthy", "samples": summary(rounds), "rounds": observed}
 
     return Step(f"share-{share}", do, None, f"the candidate takes {share} % of new requests; watched")
-
-
-def record_promotion(ctx: Ctx) -> StepResult:
-    world, args = ctx.world, ctx.args
-    with world.store.together():  # records only: one database transaction, one audit entry
-        world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
-        world.store.record_identity(ctx.tx_id, "rollback", args.incumbent)
-        approvals.record_approval(
-            world.store, tx_id=ctx.tx_id, decision_id=args.decision_id or "", approved_by=args.approved_by
-        )
-    return {
-        "incumbent": args.candidate.container_id,
-        "rollback": args.incumbent.container_id,
-        "approved_by": args.approved_by,
-        "decision_id": args.decision_id,
-    }
-
-
-def unrecord_promotion(ctx: Ctx, _r: StepResult) -> StepResult:
-    ctx.world.store.record_identity(ctx.tx_id, "incumbent", ctx.args.incumbent)
-    return {"incumbent": ctx.args.incumbent.container_id}
 
 
 def _candidate(ctx: Ctx) -> Identity:
@@ -324,18 +303,6 @@ def _route_back(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 # -- prepare and build ------------------------------------------------------------------------
-
-
-def tier_incumbent(world: World, slot: str) -> Identity | None:
-    """The running incumbent of another slot of `slot`'s router tier: what the tier serves."""
-    tier = world.config.slot(slot).router_tier
-    for name, other in sorted(world.config.slots.items()):
-        if name == slot or other.router_tier != tier:
-            continue
-        ident = world.store.current_identity(name, "incumbent")
-        if ident is not None and is_running(world, ident.container_id):
-            return ident
-    return None
 
 
 def prepare(world: World, req: CanaryRequest) -> CanaryArgs:
@@ -394,6 +361,13 @@ def build(
         ),
         stop_retain_step("stop-incumbent", _incumbent, "stop (never remove) the incumbent"),
         smoke_step(_candidate),
+        Step("acceptance", acceptance, None, "real-client acceptance (openai: chat, stream, tool)"),
+        Step(
+            "vram-after-acceptance",
+            vram_after_acceptance,
+            None,
+            "free VRAM per card after acceptance against the reserve in force",
+        ),
         Step(
             "record-promotion",
             record_promotion,

@@ -84,6 +84,8 @@ class Promotion(Protocol):
     def decision_outcome(self) -> str | None: ...
     @property
     def approved_by(self) -> str: ...
+    @property
+    def incumbent(self) -> Identity | None: ...
 
 
 PCtx = StepContext[Promotion, World, object]
@@ -254,7 +256,7 @@ def waived_checks(world: World, decision_id: str | None) -> dict[str, str]:
     return {check: w.id for check, gate in ACCEPTANCE_GATES.items() for w in relied if gate in w.gates}
 
 
-def acceptance(ctx: Ctx) -> StepResult:
+def acceptance(ctx: PCtx) -> StepResult:
     world, cand = ctx.world, ctx.args.candidate
     accept = world.acceptance
     if accept is None:
@@ -276,7 +278,7 @@ def acceptance(ctx: Ctx) -> StepResult:
     return through_the_route(world, cand, run)
 
 
-def vram_after_acceptance(ctx: Ctx) -> StepResult:
+def vram_after_acceptance(ctx: PCtx) -> StepResult:
     """Free VRAM per card after real clients ran, against the reserve in force; evidence on disk."""
     from anvil_ctl.evidence.bundle import EvidenceWriter
 
@@ -302,7 +304,7 @@ def vram_after_acceptance(ctx: Ctx) -> StepResult:
     return data
 
 
-def record_promotion(ctx: Ctx) -> StepResult:
+def record_promotion(ctx: PCtx) -> StepResult:
     world, args = ctx.world, ctx.args
     old = args.incumbent
     if old is None:
@@ -338,7 +340,7 @@ def _reading_ref(reading: JSONValue) -> JSONObject | None:
     }
 
 
-def unrecord_promotion(ctx: Ctx, _r: StepResult) -> StepResult:
+def unrecord_promotion(ctx: PCtx, _r: StepResult) -> StepResult:
     old = ctx.args.incumbent
     if old is None:
         return {"incumbent": None}

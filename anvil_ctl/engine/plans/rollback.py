@@ -51,6 +51,7 @@ from anvil_ctl.engine.serving import (
     route_step,
     smoke_step,
     stop_verified,
+    tier_incumbent,
 )
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import queries
@@ -124,6 +125,13 @@ def _left_by(store: Store, rev: Revision, ref: str, what: str) -> Identity:
     return found
 
 
+def _replaced(store: Store, slot: str) -> Identity | None:
+    """The incumbent a canary committed in `slot` replaced, when that canary is the slot's newest
+    committed revision (a promote records it as the slot's own rollback identity instead)."""
+    newest = store.newest_committed_revision(slot)
+    return store.identity_of(newest[0], "rollback") if newest and newest[1] == "canary" else None
+
+
 def _serving_now(world: World, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
     """What serves the slot now (to be stopped and retained), and its recorded role. Where
     two slots share a router tier (a canary's pair), the other slot's running incumbent serves
@@ -150,16 +158,23 @@ def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
         target = resolve_target(store, req.slot, check_to(req.to))
     else:
         # After a load the incumbent is stopped: restore it. After a promote the incumbent
-        # serves: go back to the recorded rollback identity.
+        # serves: go back to the recorded rollback identity; after a canary, the incumbent it
+        # replaced (recorded in that incumbent's own slot of the tier).
         incumbent = store.current_identity(req.slot, "incumbent")
         serving = incumbent is not None and is_running(world, incumbent.container_id)
-        target = store.current_identity(req.slot, "rollback") if serving else incumbent
-    current, role = _serving_now(world, req.slot, target)
+        target = (
+            (_replaced(store, req.slot) or store.current_identity(req.slot, "rollback"))
+            if serving
+            else incumbent
+        )
+    # A canary's way back is a rollback of the replaced incumbent's own slot, by either name.
+    slot = target.slot if target is not None else req.slot
+    current, role = _serving_now(world, slot, target)
     # The newest snapshot in which the target served the slot as its incumbent (running, its
     # binding answering with its model): not one taken while it was stopped.
     served = store.served_snapshot(target) if target else None
     return RollbackArgs(
-        slot=req.slot,
+        slot=slot,
         target=target,
         current=current,
         current_role=role,
@@ -234,7 +249,13 @@ class TargetIdentityComplete(Guard[Ctx]):
     def check(self, ctx: Ctx) -> Refusal | None:
         target = ctx.args.target
         if target is None:
-            return self.refuse(f"slot {ctx.args.slot}: no rollback identity is recorded")
+            serving = tier_incumbent(ctx.world, ctx.args.slot)
+            other = (
+                f"; its tier is served by slot {serving.slot}: rollback --slot {serving.slot}"
+                if serving
+                else ""
+            )
+            return self.refuse(f"slot {ctx.args.slot}: no rollback identity is recorded{other}")
         missing = target.missing()
         if missing:
             return self.refuse(f"rollback identity incomplete: missing {', '.join(missing)}")
