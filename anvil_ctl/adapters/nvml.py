@@ -84,12 +84,6 @@ class NvmlUnavailable(Unavailable):
         super().__init__(message, dependency="nvml", **data)
 
 
-def _import_pynvml() -> Nvml:
-    """The `pynvml` module (untyped: it is this adapter's edge)."""
-    module: Nvml = importlib.import_module("pynvml")
-    return module
-
-
 def mib(value_bytes: int) -> int:
     """Bytes to MiB, floored (nvidia-smi may print 1 MiB more; see the module docstring)."""
     return int(value_bytes) // MIB
@@ -108,7 +102,8 @@ class NvmlProbe:
     def _module(self) -> Nvml:
         if self._nvml is None:
             try:
-                self._nvml = _import_pynvml()
+                module: Nvml = importlib.import_module("pynvml")  # untyped: this adapter's edge
+                self._nvml = module
             except ImportError as exc:
                 raise NvmlUnavailable(
                     f"the pynvml module (PyPI nvidia-ml-py) is not installed; {_HINT}"

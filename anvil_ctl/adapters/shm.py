@@ -19,11 +19,12 @@ import fnmatch
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from anvil_ctl.adapters.procfs import proc_cgroup_container
-from anvil_ctl.adapters.shm_removal import Observation, SeenFile, remove_residue
 from anvil_ctl.config.host import ENGINE_SEGMENTS
 from anvil_ctl.core.model import LABEL_MANAGED, ResidueFile, ResidueRemoval, ShmMark
 from anvil_ctl.core.ports import ContainerRuntime, ShmLedger
@@ -39,6 +40,26 @@ ManagedContainers = Callable[[], Mapping[str, int | None]]
 """Managed containers now: container ID -> init PID (None when it runs no process)."""
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class SeenFile:
+    """One file of ours as observed: its inode identity and content stamp, and who holds it."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    pids: tuple[int, ...]
+    """Processes of managed containers holding it (others make a file not ours)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One scan: our files by path (held or not) and how many processes could not be inspected."""
+
+    files: dict[str, SeenFile] = field(default_factory=dict)
+    unreadable_pids: tuple[int, ...] = ()
 
 
 def managed_containers(runtime: ContainerRuntime) -> ManagedContainers:
@@ -71,8 +92,7 @@ class ShmScanner:
         self.ledger = ledger
 
     def remove_unheld(self) -> ResidueRemoval:
-        report = remove_residue(self)
-        return ResidueRemoval(removed=report.removed, kept=report.kept)
+        return remove_residue(self)
 
     def residue(self) -> list[ResidueFile]:
         obs = self.observe()
@@ -355,3 +375,69 @@ def _parent(proc_root: Path, pid: int) -> int | None:
         return int(fields[1])
     except (IndexError, ValueError):
         return None
+
+
+def remove_residue(
+    scanner: ShmScanner,
+    *,
+    interval_s: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+    allow_unreadable: bool = False,
+) -> ResidueRemoval:
+    """Delete our residue only when two observations `interval_s` apart agree nobody holds it.
+
+    Same inode, size and mtime, ours and unheld both times. Any unreadable process removes
+    nothing, unless `allow_unreadable` (some sandboxes deny even root PID 1's maps).
+    """
+    first = scanner.observe()
+    sleep(interval_s)
+    second = scanner.observe()
+    unreadable = tuple(sorted(set(first.unreadable_pids) | set(second.unreadable_pids)))
+    removed: list[str] = []
+    kept: list[tuple[str, str]] = []
+    for path in sorted(set(first.files) | set(second.files)):
+        reason = _keep_reason(path, first, second, () if allow_unreadable else unreadable)
+        if reason is None:
+            reason = _unlink_if_unchanged(path, second.files[path])
+        if reason is None:
+            removed.append(path)
+            log.info("shm.residue_removed", path=path, size=second.files[path].size)
+        else:
+            kept.append((path, reason))
+    return ResidueRemoval(removed=tuple(removed), kept=tuple(kept))
+
+
+def _keep_reason(
+    path: str, first: Observation, second: Observation, unreadable: tuple[int, ...]
+) -> str | None:
+    a, b = first.files.get(path), second.files.get(path)
+    if a is None:
+        return "appeared between observations"
+    if b is None:
+        return "vanished between observations"
+    pids = sorted(set(a.pids) | set(b.pids))
+    if pids:
+        return f"mapped or open by pids {pids}"
+    if (a.dev, a.ino, a.size, a.mtime_ns) != (b.dev, b.ino, b.size, b.mtime_ns):
+        return "changed between observations"
+    if unreadable:
+        return f"holders unknown: {len(unreadable)} processes could not be inspected"
+    return None
+
+
+def _unlink_if_unchanged(path: str, seen: SeenFile) -> str | None:
+    try:
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (
+            seen.dev,
+            seen.ino,
+            seen.size,
+            seen.mtime_ns,
+        ):
+            return "changed before removal"
+        os.unlink(path)
+    except FileNotFoundError:
+        return "vanished before removal"
+    except OSError as exc:
+        return f"cannot remove: {exc.strerror}"
+    return None

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
+from anvil_ctl.adapters.docker_fingerprint import LABEL_GPUS
 from anvil_ctl.adapters.engine_http import HttpServerProbe
 from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import AdapterError
@@ -18,7 +19,6 @@ log = get_logger()
 
 LABEL_PORT = LABEL_PREFIX + "port"
 LABEL_BINDING = LABEL_PREFIX + "binding"
-LABEL_GPUS = LABEL_PREFIX + "gpus"
 SIM_VRAM_PATH = "/anvil/sim/vram"
 
 

@@ -186,12 +186,13 @@ class SmgRouter(RouterHttp):
             self._sleep(pause)
             pause = min(pause * 2, self._poll_s)
 
-    def _post(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
+    def _post(self, url: str, aliases: tuple[str, ...], label: str, tier: str, settle_s: int = 0) -> None:
+        """Register a worker labelled `label`=`tier` and wait until smg lists it."""
         body: JSONObject = {
             "url": norm(url),
             "models": [{"id": alias} for alias in aliases],
-            "labels": {TIER_LABEL: tier},
-            "health": {"drain_settle_secs": 0},
+            "labels": {label: tier},
+            "health": {"drain_settle_secs": settle_s},
         }
         response = self._workers.call("POST", "/workers", json=body)
         if response.status_code == 409:
@@ -202,7 +203,7 @@ class SmgRouter(RouterHttp):
                 f"smg POST /workers {url} answered {response.status_code}: {response.text[:200]}",
                 status=response.status_code,
             )
-        log.info("router.smg.register", tier=tier, url=norm(url), aliases=list(aliases))
+        log.info("router.smg.register", tier=tier, url=norm(url), aliases=list(aliases), label=label)
         self._wait(lambda: self._workers.at(url) is not None, self._appear_timeout_s, f"{url} listed")
 
     @staticmethod
@@ -234,7 +235,7 @@ class SmgRouter(RouterHttp):
             if self._matches(existing, tier, aliases) and not self._removal_pending(existing):
                 return
             self._remove(existing)
-        self._post(tier, url, aliases)
+        self._post(url, aliases, TIER_LABEL, tier)
 
     def deregister(self, tier: str, url: str) -> None:
         """Remove `url` from the router and wait until it is gone; absent is fine."""
@@ -267,20 +268,10 @@ class SmgRouter(RouterHttp):
         if self._parking is None:
             self._parking = ParkingResponder()
         url = f"{self._parking.url}/parked/{uuid.uuid4().hex}"
-        body: JSONObject = {
-            "url": url,
-            "models": [{"id": alias}],
-            "labels": {PARKED_LABEL: tier},
-            "health": {"drain_settle_secs": PARK_SETTLE_S},
-        }
-        response = self._workers.call("POST", "/workers", json=body)
-        if response.status_code not in (200, 201, 202):
-            log.warning("router.smg.park_refused", tier=tier, status=response.status_code)
-            return
         try:
-            self._wait(lambda: self._workers.at(url) is not None, self._appear_timeout_s, f"{url} listed")
-        except TransientError as exc:
-            log.warning("router.smg.park_not_listed", tier=tier, error=str(exc))
+            self._post(url, (alias,), PARKED_LABEL, tier, PARK_SETTLE_S)
+        except AdapterError as exc:  # refused, or not listed in time
+            log.warning("router.smg.park_failed", tier=tier, error=str(exc))
             return
         parked = self._workers.at(url)
         if parked is not None:
@@ -336,7 +327,7 @@ class SmgRouter(RouterHttp):
                 existing = None
             stale["flag"] = False
             if existing is None:
-                self._post(tier, url, aliases)  # registrations are lost when smg restarts
+                self._post(url, aliases, TIER_LABEL, tier)  # registrations are lost when smg restarts
                 existing = self._workers.at(url)
             if existing is None or not existing.healthy:
                 raise NotYetRouted(f"smg worker {url} not healthy yet")

@@ -24,11 +24,6 @@ def role_name(position: int) -> str:
     return ROLE_PREFIX + letters
 
 
-def role_order(readings: Sequence[GpuReading]) -> list[GpuReading]:
-    """Largest total memory first, then canonical UUID; the NVML index plays no part."""
-    return sorted(readings, key=lambda r: (-r.total_mib, r.uuid.lower()))
-
-
 def assign_role_names(
     readings: Sequence[GpuReading], overrides: Mapping[str, str] | None = None
 ) -> dict[str, GpuReading]:
@@ -51,7 +46,7 @@ def assign_role_names(
     names: dict[str, GpuReading] = {}
     taken = set(wanted.values())
     position = 0
-    for reading in role_order(readings):
+    for reading in sorted(readings, key=lambda r: (-r.total_mib, r.uuid.lower())):  # not by NVML index
         chosen = wanted.get(reading.uuid.lower())
         if chosen is None:
             while role_name(position) in taken:

@@ -7,7 +7,7 @@ a requested card refuses the start too. The serve being replaced (`replacing`) d
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from anvil_ctl.core.errors import BadInput
@@ -44,19 +44,7 @@ class OwnershipRefusal:
         return self.reason
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "reason": self.reason,
-            "role": self.role,
-            "owner": None
-            if self.owner is None
-            else {
-                "container_id": self.owner.container_id,
-                "transaction_id": self.owner.transaction_id,
-                "mode": self.owner.mode,
-                "slot": self.owner.slot,
-            },
-            "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in self.processes],
-        }
+        return {**asdict(self), "processes": [asdict(p) for p in self.processes]}
 
 
 def unknown_processes(

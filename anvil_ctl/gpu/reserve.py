@@ -7,7 +7,7 @@ is not a kept one).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.jsontypes import JSONObject
@@ -41,16 +41,7 @@ class CardCheck:
         return self.free_mib is not None and self.free_mib >= self.threshold_mib
 
     def as_dict(self) -> JSONObject:
-        return {
-            "role": self.role,
-            "uuid": self.uuid,
-            "threshold_mib": self.threshold_mib,
-            "free_mib": self.free_mib,
-            "used_mib": self.used_mib,
-            "total_mib": self.total_mib,
-            "margin_mib": self.margin_mib,
-            "passed": self.passed,
-        }
+        return {**asdict(self), "margin_mib": self.margin_mib, "passed": self.passed}
 
 
 @dataclass(frozen=True)
@@ -89,21 +80,8 @@ class ReserveResult:
 
     def rejudged(self, thresholds: Mapping[str, int]) -> ReserveResult:
         """The same readings against other thresholds (roles not named keep theirs)."""
-        return ReserveResult(
-            cards=tuple(
-                CardCheck(
-                    role=c.role,
-                    uuid=c.uuid,
-                    threshold_mib=thresholds.get(c.role, c.threshold_mib),
-                    free_mib=c.free_mib,
-                    used_mib=c.used_mib,
-                    total_mib=c.total_mib,
-                )
-                for c in self.cards
-            ),
-            name=self.name,
-            policy=self.policy,
-        )
+        cards = tuple(replace(c, threshold_mib=thresholds.get(c.role, c.threshold_mib)) for c in self.cards)
+        return replace(self, cards=cards)
 
 
 class VramReserveGate:

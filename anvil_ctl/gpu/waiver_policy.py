@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -92,12 +92,7 @@ class Decision:
 
     def as_dict(self) -> JSONObject:
         return {
-            "id": self.id,
-            "outcome": self.outcome,
-            "identity_digest": self.identity_digest,
-            "evidence_id": self.evidence_id,
-            "recipe_digest": self.recipe_digest,
-            "reclassifies": self.reclassifies,
+            **asdict(self),
             "waiver_ids": [*self.waiver_ids],
             "reasons": [*self.reasons],
             "decided_at": None if self.decided_at is None else utc_stamp(self.decided_at),

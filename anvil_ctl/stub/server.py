@@ -29,6 +29,7 @@ from anvil_ctl.stub.rules import (
     load_answer_book,
 )
 from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
+from anvil_ctl.stub.schedule import effects
 from anvil_ctl.stub.state import RESTARTED_ENV, Pacer, StubState, log_line
 
 RUNNING_METRIC = "stub:num_requests_running"
@@ -153,7 +154,7 @@ class Handler(BaseHTTPRequestHandler):
         if before is None:
             self._error(503, "shutting down")
             return
-        late = st.late_effects(before)
+        late = effects(st.options.late_faults, before, st.elapsed())  # the late faults due for it
         try:
             if late.http_500:
                 self._error(500, "injected fault (http-500)")

@@ -10,7 +10,7 @@ import time
 from collections import deque
 
 from anvil_ctl.stub.options import StubOptions
-from anvil_ctl.stub.schedule import FATAL_LINE, Effects, effects
+from anvil_ctl.stub.schedule import FATAL_LINE, Effects
 
 EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
 RESTARTED_ENV = "ANVIL_STUB_RESTARTED"  # set across the re-exec: --restart-after restarts once
@@ -45,10 +45,6 @@ class StubState:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
-
-    def late_effects(self, completions: int) -> Effects:
-        """What the late faults do to a completion that `completions` others preceded."""
-        return effects(self.options.late_faults, completions, self.elapsed())
 
     def tick(self) -> None:
         """The late faults whose onset is a time: the fatal line, the exit."""

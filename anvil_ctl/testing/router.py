@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AuthRejected, StepFailed
@@ -152,10 +153,10 @@ class FakeRouter:
         return {"router": "fake", "tier": tier, "ready": self.ready(), "backends": backends}
 
 
+@dataclass(frozen=True)
 class FakeAcceptanceResult:
-    def __init__(self, checks: dict[str, bool], model: str | None) -> None:
-        self.checks = checks
-        self.model = model
+    checks: dict[str, bool]
+    model: str | None
 
     @property
     def passed(self) -> bool:

@@ -137,9 +137,6 @@ class FakeServerProbe:
 
     def serving_container(self, base_url: str) -> ContainerDoc | None:
         """The running fake container bound at `base_url`, if any."""
-        return self._serving(base_url)
-
-    def _serving(self, base_url: str) -> ContainerDoc | None:
         binding = base_url.removeprefix("http://").rstrip("/")
         for c in self.world.read()["containers"].values():
             if c["status"] == "running" and c["binding"] == binding:
@@ -147,20 +144,20 @@ class FakeServerProbe:
         return None
 
     def listening(self, base_url: str) -> bool:
-        return self._serving(base_url) is not None
+        return self.serving_container(base_url) is not None
 
     def health(self, base_url: str, path: str) -> bool:
-        c = self._serving(base_url)
+        c = self.serving_container(base_url)
         return bool(c and c["healthy"] and not c.get("no_health_route"))
 
     def models(self, base_url: str) -> list[ModelCard]:
-        c = self._serving(base_url)
+        c = self.serving_container(base_url)
         if c is None:
             return []
         return [ModelCard(c["served_model"], c["max_model_len"] or None)]
 
     def running(self, base_url: str, metric: str) -> int | None:
-        c = self._serving(base_url)
+        c = self.serving_container(base_url)
         return None if c is None or c.get("no_metrics") else self.look_in_flight(c)
 
     def look_in_flight(self, c: ContainerDoc) -> int:
@@ -174,7 +171,7 @@ class FakeServerProbe:
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
         """Refuses a prompt at or above the container's max_model_len the way llama.cpp does."""
-        c = self._serving(base_url)
+        c = self.serving_container(base_url)
         if c is None:
             raise TransientError(f"{base_url}: connection refused")
         limit = c["max_model_len"]

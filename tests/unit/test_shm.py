@@ -541,7 +541,6 @@ class TestRemoveResidue:
         (proc_root / "77" / "maps").mkdir(parents=True)
         report = remove_residue(ShmScanner(shm, proc_root=proc_root), interval_s=0, sleep=lambda _: None)
         assert report.removed == ()
-        assert report.unreadable_pids == (77,)
         assert report.kept == ((str(shm / "nccl-1"), "holders unknown: 1 processes could not be inspected"),)
         assert (shm / "nccl-1").exists()
 
