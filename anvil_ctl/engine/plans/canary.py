@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from anvil_ctl.core.errors import BadInput, StepFailed
+from anvil_ctl.core.errors import AdapterError, BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
@@ -209,9 +209,16 @@ def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
 
 
 def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
-    """Every new request to the incumbent; the candidate drained, stopped and retained."""
+    """Every new request to the incumbent; the candidate drained, stopped and retained. A
+    crash before `admit-candidate` registered the candidate leaves it no server in the tier:
+    then the incumbent's weight alone is set."""
     world, args = ctx.world, ctx.args
-    weights = _set_share(world, args, 0)
+    try:
+        weights = _set_share(world, args, 0)
+    except AdapterError:
+        inc = _url(world, args.incumbent)
+        _weighted(world).set_weights(_tier(world, args.incumbent), {inc: 100})
+        weights = {"share": 0, "weights": {inc: 100}}
     stopped: JSONObject | None = None
     if is_running(world, args.candidate.container_id):
         tier, url = _tier(world, args.incumbent), _url(world, args.candidate)
