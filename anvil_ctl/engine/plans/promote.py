@@ -45,6 +45,7 @@ from anvil_ctl.engine.guards import (
     NoUnresolvedTransaction,
     RollbackIdentityComplete,
     RollbackIdentityRestorable,
+    RouterConfigured,
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
@@ -163,15 +164,6 @@ def declare_watch(world: World, cand: Identity, duration_s: float | None) -> Wat
     )
 
 
-class RouterConfigured(Guard[PCtx]):
-    """Promotion means routing: a host without a router has nothing to promote to."""
-
-    def check(self, ctx: PCtx) -> Refusal | None:
-        if ctx.world.router is None:
-            return self.refuse("promote needs a router: the host config's router.kind is 'none'")
-        return None
-
-
 class ApproverNamed(Guard[PCtx]):
     """A promotion names the person who approved it."""
 
@@ -260,13 +252,8 @@ def waived_checks(world: World, decision_id: str | None) -> dict[str, str]:
     decision = qualification.decision(world.store, decision_id)
     if decision is None:
         return {}
-    relied = {w.id: w for w in waiver_rows.waivers(world.store) if w.id in decision["waiver_ids"]}
-    out = {}
-    for check, gate in ACCEPTANCE_GATES.items():
-        for w in relied.values():
-            if gate in w.gates:
-                out[check] = w.id
-    return out
+    relied = [w for w in waiver_rows.waivers(world.store) if w.id in decision["waiver_ids"]]
+    return {check: w.id for check, gate in ACCEPTANCE_GATES.items() for w in relied if gate in w.gates}
 
 
 def acceptance(ctx: PCtx) -> StepResult:
