@@ -375,12 +375,19 @@ def _route_sample(app: App) -> RouteSample | None:
     if creds is None or isinstance(creds, CredentialError):
         return None
 
-    def take(alias: str, requests: int, max_tokens: int) -> Sample:
+    def take(alias: str, requests: int, max_tokens: int, functional: int | None) -> Sample:
         from anvil_ctl.qualify.slosample import open_client, sample
 
         client = open_client(url, creds.client.reveal())
         try:
-            return sample(client, alias, requests=requests, max_tokens=max_tokens, clock=time.time())
+            return sample(
+                client,
+                alias,
+                requests=requests,
+                max_tokens=max_tokens,
+                clock=time.time(),
+                functional=functional,
+            )
         finally:
             client.close()
 

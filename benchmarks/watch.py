@@ -3,18 +3,21 @@ is ever rolled back.
 
 Run inside the hermetic environment (real dockerd, real smg, stub engines in containers):
 
-    scripts/testenv run -- .venv/bin/python benchmarks/watch.py [--intervals 1,5] [--reps 3]
+    scripts/testenv run -- .venv/bin/python benchmarks/watch.py [--router smg|haproxy]
+        [--intervals 1,5] [--reps 3]
         [--kinds http-500,...] [--healthy-minutes 30] [--markdown-out F]
 
-One campaign host (scripts/chaos.py: smg, simulated GPUs, the stub incumbent routed and
-adopted). Each repetition loads a candidate whose stub carries `--late-fault KIND@Ts`, records
-a verified decision under a profile whose `[watch]` samples every INTERVAL seconds (2 short
-streamed chats; a breach is 2 failing samples in a row) and runs `anvilctl promote --watch`
-while a client polls the route with the official `openai` client (no retries). Measured:
+One campaign host (scripts/chaos.py: smg or HAProxy by `--router`, simulated GPUs, the stub
+incumbent routed and adopted). Each repetition loads a candidate whose stub carries
+`--late-fault KIND@Ts`, records a verified decision under a profile whose `[watch]` samples
+every INTERVAL seconds (2 short streamed chats; a breach is 2 failing samples in a row) and
+runs `anvilctl promote --watch` while a client polls the route with the official `openai`
+client (no retries). Measured:
 
-- onset: the stub's start (its `serving` log line, by Docker's timestamp) plus T; for
-  `fatal-log` and `exit` the stub's own line when it fired. A repetition whose onset came
-  before the watch began is reported, not counted.
+- onset: the stub's own wall-clock report (`GET /anvil/sim/timings` on the slot's binding,
+  polled beside the route): when the fault first acted (the first completion it changed, the
+  fatal line, the exit), else when it was due (its start plus T). A repetition whose onset
+  came before the watch began is reported, not counted.
 - detection: onset -> the promote's `rolled_back` state journaled (the breach verdict);
   against the interval, whose floor is one sample after the onset plus `consecutive - 1`
   intervals.
@@ -49,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import docker
+import httpx
 import openai
 
 from scripts.campaign import INCUMBENT_MODEL, verified_decision
@@ -77,8 +80,8 @@ LIMITS = {
 }
 CONSECUTIVE = 2
 RECIPE = "watch-bench"
-SERVING_LINE = "anvil-stub: serving"
-FIRED = {"fatal-log": "anvil-stub: fatal:", "exit": "anvil-stub: exiting: injected fault"}
+BINDING = "http://127.0.0.1:8001"
+"""The slot's binding: the candidate's stub while it serves, its timings and onsets."""
 
 
 def profile_text(interval_s: float) -> str:
@@ -102,18 +105,14 @@ def _at(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def _docker_at(stamp: str) -> float:
-    """Docker's log timestamp (RFC 3339, nanoseconds) as a Unix time."""
-    head, _, frac = stamp.rstrip("Z").partition(".")
-    return _at(head + "+00:00") + float(f"0.{frac or '0'}")
-
-
 @dataclass
 class Poller:
     """Short chats through the route, one after another, noting who answered and when."""
 
     host: ChaosHost
     seen: list[tuple[float, str]] = field(default_factory=list)
+    onsets: list[dict[str, Any]] = field(default_factory=list)
+    """The newest late-fault onsets the stub on the binding reported (its faults, if any)."""
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -134,6 +133,7 @@ class Poller:
             except openai.APIConnectionError:
                 who = "cut"
             self.seen.append((time.time(), who))
+            self.onsets = stub_onsets() or self.onsets
             self.stop.wait(0.1)
 
     def incumbent_after(self, t: float) -> float | None:
@@ -149,14 +149,23 @@ class Poller:
         self.thread.join(30)
 
 
+def stub_onsets() -> list[dict[str, Any]]:
+    """The late-fault onsets of the stub on the binding ([] when none answers)."""
+    try:
+        found: list[dict[str, Any]] = httpx.get(f"{BINDING}/anvil/sim/timings", timeout=1).json()["onsets"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return []
+    return found
+
+
 class Bench:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, router: str) -> None:
         self.work = work
-        self.host = ChaosHost(work / "host")
+        self.router = router
+        self.host = ChaosHost(work / "host", router)
         self.recipes = work / "recipes"
         self.recipes.mkdir(parents=True, exist_ok=True)
         self.env = {**self.host.camp.env, "ANVIL_RECIPES_DIR": str(self.recipes)}
-        self.docker = docker.from_env()
         self.decisions = itertools.count(1)
 
     def anvilctl(self, *args: str, timeout_s: float = 600) -> dict[str, Any]:
@@ -189,31 +198,23 @@ class Bench:
         assert cand is not None
         return cand
 
-    def stub_lines(self, container_id: str) -> list[tuple[float, str]]:
-        raw = self.docker.containers.get(container_id).logs(timestamps=True).decode(errors="replace")
-        out = []
-        for line in raw.splitlines():
-            stamp, _, text = line.partition(" ")
-            out.append((_docker_at(stamp), text))
-        return out
-
     def took(self, tx_id: str) -> float:
         """A transaction's journaled length: its first state to its last."""
         states = self.anvilctl("audit", "show", tx_id)["states"]
         return _at(states[-1]["at"]) - _at(states[0]["at"])
 
-    def onset(self, container_id: str, kind: str, after_s: float) -> tuple[float, str]:
-        lines = self.stub_lines(container_id)
-        started = next(at for at, text in lines if text.startswith(SERVING_LINE))
-        fired = FIRED.get(kind.split(":", maxsplit=1)[0])
-        seen = next((at for at, text in lines if fired and text.startswith(fired)), None)
-        if seen is not None:
-            return seen, "the stub's own line"
-        return started + after_s, "stub start + T"
+    @staticmethod
+    def onset(onsets: list[dict[str, Any]], kind: str) -> tuple[float, str]:
+        """The fault's onset by the stub's own clock: when it first acted, else when it was due."""
+        name = kind.split(":", maxsplit=1)[0]
+        found = next(o for o in onsets if o["kind"] == name)
+        if found.get("began_at") is not None:
+            return float(found["began_at"]), "the stub: first acted"
+        return float(found["due_at"]), "the stub: due (start + T)"
 
     def fault(self, kind: str, interval_s: float, after_s: float) -> dict[str, Any]:
-        cand = self.load(["--late-fault", f"{kind}@{after_s:g}s"], interval_s)
-        with Poller(self.host) as poller:
+        self.load(["--late-fault", f"{kind}@{after_s:g}s"], interval_s)
+        with Poller(self.host, onsets=stub_onsets()) as poller:
             out = self.anvilctl("promote", "--slot", "primary", "--approved-by", "bench", "--watch", "90s")
             end = time.monotonic() + 60
             while time.monotonic() < end and poller.incumbent_after(0) is None:
@@ -222,9 +223,13 @@ class Bench:
         tx = str(out.get("tx_id"))
         shown = self.anvilctl("audit", "show", tx)
         events = [e for e in shown["steps"] if e["step"] == "watch"]
-        began = float(next(e["detail"]["since"] for e in events if e["event"] == "begin"))
+        begin = next((e["detail"] for e in events if e["event"] == "begin"), None)
+        if begin is None:  # the fault came before the watch: the promote itself refused or failed
+            why = f"promote ended {shown['states'][-1]['state']} before its watch: {out.get('reason')}"
+            return {"kind": kind, "interval_s": interval_s, "valid": False, "why": why}
+        began = float(begin["since"])
         samples = [e["detail"] for e in events if e["event"] == "sample"]
-        onset, onset_from = self.onset(cand, kind, after_s)
+        onset, onset_from = self.onset(poller.onsets, kind)
         row: dict[str, Any] = {
             "kind": kind,
             "interval_s": interval_s,
@@ -312,7 +317,6 @@ class Bench:
         }
 
     def close(self) -> None:
-        self.docker.close()
         self.host.stop()
 
 
@@ -325,6 +329,11 @@ def _span(values: list[float], fmt: str = "{:.2f}") -> str:
 def markdown(rows: dict[str, Any]) -> str:
     out: list[str] = []
     for r in rows.get("faults", []):
+        if r.get("valid") and r["detection_s"] < 0:  # the verdict came before the fault began
+            r["valid"] = False
+            r["why"] = (
+                f"a false rollback {-r['detection_s']:.1f} s before the onset (breached {r['breached']})"
+            )
         spacing = r.get("spacing_s")
         if r.get("valid") and spacing is not None and not 0.5 <= spacing / r["interval_s"] <= 1.5:
             r["valid"], r["why"] = False, f"it sampled every {spacing:.1f} s, not every {r['interval_s']:g} s"
@@ -334,9 +343,10 @@ def markdown(rows: dict[str, Any]) -> str:
     hand_tx = [r["rollback_tx_s"] for r in rows.get("hand", []) if r.get("rollback_tx_s") is not None]
     if rows.get("faults"):
         out += [
-            "Real smg, the stub's late faults starting by time, the official `openai` client polling "
-            f"the route every 0.1 s; a sample is 2 streamed chats, a breach {CONSECUTIVE} failing "
-            "samples in a row. Median / worst. Detection: the onset -> the breach verdict journaled "
+            f"Real {rows.get('router', 'smg')}, the stub's late faults starting by time, the official "
+            f"`openai` client polling the route every 0.1 s; a sample is 2 streamed chats, a breach "
+            f"{CONSECUTIVE} failing samples in a row. Median / worst. Detection: the onset -> the "
+            "breach verdict journaled "
             f"(floor: the rest of the sample under way, one more sample, {CONSECUTIVE - 1} "
             "interval(s)). Recovery: the verdict -> the incumbent answering through the route. "
             "Baseline, in the same run: a person's `anvilctl rollback` from the promoted candidate, "
@@ -394,6 +404,7 @@ def markdown(rows: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--router", choices=("smg", "haproxy"), default="smg")
     parser.add_argument("--intervals", default="1,5", help="sample intervals, seconds")
     parser.add_argument("--kinds", default=",".join(FAULTS), help="late faults (empty: none)")
     parser.add_argument("--reps", type=int, default=3)
@@ -412,7 +423,8 @@ def main() -> int:
             for key, value in json.loads(path.read_text()).items():
                 rows[key] = rows.get(key, []) + value if isinstance(value, list) else value
     else:
-        bench = Bench(args.work)
+        bench = Bench(args.work, args.router)
+        rows["router"] = args.router
         kinds = [k for k in args.kinds.split(",") if k]
         try:
             if kinds and args.reps:

@@ -49,6 +49,8 @@ class ServerSlot:
     status: str  # HAProxy's `show stat` status: UP, DOWN, MAINT, DRAIN, "UP 1/2", ...
     sessions: int = 0
     """`scur` + `qcur`: requests the server is answering and requests queued for it."""
+    errors: int = 0
+    """`hrsp_5xx` + `eresp` + `econ`: 5xx answers, aborted responses, failed connections."""
 
     @property
     def url(self) -> str:
@@ -151,6 +153,7 @@ class HaproxyRouter(RouterHttp):
                     port=int(port) if port.isdigit() else 0,
                     status=rec.get("status", ""),
                     sessions=sum(int(rec.get(k) or 0) for k in ("scur", "qcur")),
+                    errors=sum(int(rec.get(k) or 0) for k in ("hrsp_5xx", "eresp", "econ")),
                 )
             )
         if not out:
@@ -245,6 +248,11 @@ class HaproxyRouter(RouterHttp):
         """The server's `scur` + `qcur` (HAProxy keeps them for a draining server too)."""
         slot = self._slot_for(tier, url)
         return None if slot is None else slot.sessions
+
+    def errors(self, tier: str, url: str) -> int | None:
+        """The server's `hrsp_5xx` + `eresp` + `econ` (`show stat`), since HAProxy started."""
+        slot = self._slot_for(tier, url)
+        return None if slot is None else slot.errors
 
     def readmit(
         self,

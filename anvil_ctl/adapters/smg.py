@@ -262,6 +262,12 @@ class SmgRouter(RouterHttp):
         worker = self._workers.at(url)
         return None if worker is None else worker.load
 
+    def errors(self, tier: str, url: str) -> None:
+        """None: smg 1.13 counts a worker's failures (`smg_worker_cb_outcomes_total{outcome=
+        "failure"}`, `smg_worker_errors_total`) only on its Prometheus port, which the host
+        config does not name; the watch's active samples see its errors."""
+        return None
+
     def _park(self, tier: str, alias: str) -> None:
         """Register `alias` on a worker at the parking responder (best effort: without it the
         window answers 404, as smg does for an alias nobody serves)."""

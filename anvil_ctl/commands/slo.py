@@ -3,9 +3,10 @@
 The thresholds are the `[watch]` table of the profile that qualified the serve (its newest
 decision names it; `--profile` chooses another), made absolute against that qualification's
 own capacity evidence (`watchpolicy.qualified_values`, read from the artifact only when its
-SHA-256 matches the record) and journaled (`slo.declared`) before the first request. Then
-`consecutive` samples are taken `interval_s` apart; a limit failed by every one of them is a
-breach, which fails the recheck's `slo` assertion (exit 6).
+SHA-256 matches the record) and journaled (`slo.declared`) before the first request. Then the
+watch's own sampler and verdict (`engine.watch`) take `consecutive` samples `interval_s` apart;
+a limit failed by every one of them is a breach, which fails the recheck's `slo` assertion
+(exit 6).
 
 `--rollback-on-breach` is opt-in and attributed, like a waiver: who enabled it and until when
 are given with it (`Enablement`), recorded in the run, and checked when it runs. On a breach
@@ -17,7 +18,6 @@ nothing is rolled back and the run says so.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,9 +27,7 @@ from anvil_ctl.core.errors import AnvilError, BadInput
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
-from anvil_ctl.engine.watch import qualified, standing_policy
-from anvil_ctl.qualify.slosample import Sample, open_client, sample
-from anvil_ctl.qualify.watchpolicy import breaches
+from anvil_ctl.engine.watch import RouteSampler, Sample, qualified, standing_policy, watch, within
 
 POLICY = "rollback-on-breach"
 
@@ -66,19 +64,21 @@ def slo_check(
     *,
     profile: str | None = None,
     rollback_on_breach: Enablement | None = None,
-    sleep: Callable[[float], None] = time.sleep,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> tuple[bool, JSONObject]:
-    """Sample the slot's route; (held, what was observed) for the recheck's `slo` assertion."""
-    from anvil_ctl.adapters.credentials import resolve_credentials
-
+    """Sample the slot's route as a watch does; (held, what was observed) for the recheck's
+    `slo` assertion."""
     rc = app.config.router
     if rc.kind == "none":
         return False, {"error": "recheck --slo samples through the router; router.kind is 'none'"}
+    world = app.world()
+    if world.route_sample is None:  # the client key cannot be resolved: the error says why
+        from anvil_ctl.adapters.credentials import resolve_credentials
+
+        resolve_credentials(rc, app.env, need_admin=False)
     policy, origin = standing_policy(app.store, ident, profile)
     values, baseline = qualified(app.store, app.settings.evidence_dir, ident)
     limits = policy.limits(values)
-    alias = app.config.slot(ident.slot).aliases[0]
     declared: JSONObject = {
         "slot": ident.slot,
         "serve": ident.container_id,
@@ -90,24 +90,25 @@ def slo_check(
         "rollback_on_breach": rollback_on_breach.as_dict() if rollback_on_breach else None,
     }
     app.store.append_audit("slo.declared", None, declared)  # before the first request
-    creds = resolve_credentials(rc, app.env, need_admin=False)
-    client = open_client(rc.url, creds.client.reveal())
+    baseline = RouteSampler.baseline(world, ident)
+    take = RouteSampler(
+        world, ident, requests=policy.requests, max_tokens=policy.max_tokens, limits=limits, baseline=baseline
+    )
     samples: list[Sample] = []
-    try:
-        for n in range(policy.consecutive):
-            if n:
-                sleep(policy.interval_s)
-            samples.append(
-                sample(
-                    client, alias, requests=policy.requests, max_tokens=policy.max_tokens, clock=time.time()
-                )
-            )
-    finally:
-        client.close()
-    found = breaches(limits, [s.metrics() for s in samples], policy.consecutive)
+    verdict = watch(
+        duration_s=0.0,  # `at_least` samples, then the verdict
+        interval_s=policy.interval_s,
+        consecutive=policy.consecutive,
+        judge=within(limits, policy.consecutive),
+        take=take,
+        record=samples.append,
+        stop=lambda: None,
+        at_least=policy.consecutive,
+    )
+    found = [*verdict.breaches]
     observed: JSONObject = {
         **declared,
-        "samples": [s.as_dict() for s in samples],
+        "samples": [dict(s) for s in samples],
         "breaches": [*found],
         "rollback": None,
     }

@@ -80,6 +80,10 @@ class Router(Protocol):
     def in_flight(self, tier: str, url: str) -> int | None:
         """The router's own count of requests in flight to `url` (None: it has no count for it)."""
 
+    def errors(self, tier: str, url: str) -> int | None:
+        """The router's own count of failed answers from `url` since it started (5xx, failed
+        connections, aborted responses), read passively; None where it keeps none we can read."""
+
     def readmit(
         self,
         tier: str,

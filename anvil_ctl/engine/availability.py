@@ -8,13 +8,13 @@ serve or brings the harbour back. It never stops a healthy, routed serve.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from anvil_ctl.core.errors import AdapterError, AnvilError
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, VramNeed
+from anvil_ctl.core.steps import Hold
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.serving import (
     inspect_or_none,
@@ -89,12 +89,9 @@ def serving_identity(world: World, state: SlotState) -> Identity | None:
     return None
 
 
-def record_harbour(
-    world: World, tx_id: str, state: SlotState, write: Callable[[Callable[[], object]], None] | None = None
-) -> Identity | None:
-    """Record the serving identity as the slot's safe harbour (when it is a new one).
-    `write`: how to commit the record (the engine holds it for its first intent's commit);
-    by default it commits at once."""
+def record_harbour(world: World, tx_id: str, state: SlotState, hold: Hold) -> Identity | None:
+    """Record the serving identity as the slot's safe harbour (when it is a new one), through
+    `hold`: the engine commits it with its first intent."""
     if not state.serving:
         return None
     ident = serving_identity(world, state)
@@ -102,14 +99,7 @@ def record_harbour(
         return None
     current = world.store.current_identity(state.slot, "harbour")
     if current is None or current.digest != ident.digest:
-
-        def record() -> None:
-            world.store.record_identity(tx_id, "harbour", ident)
-
-        if write is None:
-            record()
-        else:
-            write(record)
+        hold(lambda: world.store.record_identity(tx_id, "harbour", ident))
     return ident
 
 

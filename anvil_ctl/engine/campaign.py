@@ -5,9 +5,10 @@ incumbent is stopped and retained and the tier drained by design, so it is judge
 the campaign is intact, not by the serving assertions. While a promote is open in `watching`
 (the watch owns the slot: the candidate routed and serving, the old incumbent stopped and
 retained) the slot is `watching`, judged by that state and by whether the watch's owner is
-alive (a dead one leaves a watch that `recover` must resume). Of two slots of one router tier
-(a canary's pair) the one whose serve is stopped while the other's serves the tier is
-`standby`: judged by its serve retained intact and the tier served by the other. Read-only.
+alive: a dead one, or a recover of the watch that failed and left the promote `interrupted`,
+leaves a watch that `recover` must resume. Of two slots of one router tier (a canary's pair)
+the one whose serve is stopped while the other's serves the tier is `standby`: judged by its
+serve retained intact and the tier served by the other. Read-only.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def campaign_of(world: World, slot: str) -> Campaign | None:
 
 @dataclass(frozen=True)
 class Watch:
-    """A promote open in `watching`: its candidate routed, the old incumbent retained."""
+    """A promote open in `watching` (or left `interrupted` by a recover that failed): its
+    candidate routed, the old incumbent retained."""
 
     promote_tx: str
     candidate: Identity
@@ -84,17 +86,23 @@ class Watch:
     owner_pid: int
     owner_alive: bool | None
     """False: the owning process is gone and `recover` must resume the watch (None: another host's)."""
+    state: str = WATCHING
+
+    @property
+    def needs_recover(self) -> bool:
+        return self.owner_alive is False or self.state != WATCHING
 
     def as_dict(self) -> JSONObject:
         return {
             "phase": WATCHING,
             "promote_tx": self.promote_tx,
+            "state": self.state,
             "candidate": self.candidate.container_id,
             "candidate_model": self.candidate.served_model,
             "incumbent": self.incumbent.container_id if self.incumbent else None,
             "owner_pid": self.owner_pid,
             "owner_alive": self.owner_alive,
-            "needs": "recover" if self.owner_alive is False else None,
+            "needs": "recover" if self.needs_recover else None,
         }
 
 
@@ -109,7 +117,7 @@ def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
     if candidate is None:  # a promote watches only after recording its candidate
         return None
     incumbent = world.store.identity_of(rec.id, "rollback")
-    return Watch(rec.id, candidate, incumbent, rec.owner.pid, owner_alive(rec.owner, me))
+    return Watch(rec.id, candidate, incumbent, rec.owner.pid, owner_alive(rec.owner, me), rec.state.value)
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,7 @@ def _served(world: World, serving: Identity) -> Observation:
 def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
     """The state a watched slot should have: its owner alive, the candidate serving with its
     identity and routed for the slot, the old incumbent retained intact, no residue."""
-    out = [Assertion("watch", watched.owner_alive is not False, watched.as_dict())]
+    out = [Assertion("watch", not watched.needs_recover, watched.as_dict())]
     out += slot_assertions(world, watched.candidate, routed=True, role="candidate")
     incumbent = watched.incumbent
     if incumbent is not None:

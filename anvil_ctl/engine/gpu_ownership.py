@@ -185,7 +185,8 @@ def _claim(world: World, ident: Identity, tx_id: str) -> list[str]:
     return todo
 
 
-def _release_all(world: World, container_id: str, tx_id: str) -> list[str]:
+def release_all(world: World, container_id: str, tx_id: str) -> list[str]:
+    """Release every role `container_id` owns; the roles released."""
     owned = sorted(r for r, o in ledger(world.store).items() if o.container_id == container_id)
     if owned:
         gpu_ledger.release_roles(world.store, owned, container_id=container_id, tx_id=tx_id)
@@ -196,7 +197,7 @@ def record_ownership(world: World, tx_id: str, identity: Identity, replaced: Ide
     """The serve `identity` owns its roles; the serve it replaced (stopped) no longer does."""
     released = []
     if replaced is not None and replaced.container_id != identity.container_id:
-        released = _release_all(world, replaced.container_id, tx_id)
+        released = release_all(world, replaced.container_id, tx_id)
     claimed = _claim(world, identity, tx_id)
     log.info("gpu.ownership_recorded", claimed=claimed, released=released)
     return {"claimed": list(claimed), "released": list(released)}
@@ -232,7 +233,7 @@ def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> J
 def move_ownership(world: World, tx_id: str, source: Identity | None, target: Identity) -> JSONObject:
     """Rollback's step: `source`'s roles are released and `target` claims its own."""
     released = (
-        _release_all(world, source.container_id, tx_id)
+        release_all(world, source.container_id, tx_id)
         if source is not None and source.container_id != target.container_id
         else []
     )

@@ -3,8 +3,8 @@ nothing. Guards that read a serve take an accessor (`which`) into the kind's arg
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Never, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from anvil_ctl.core.errors import AuthRejected
 from anvil_ctl.core.guards import Guard, Refusal
@@ -129,6 +129,15 @@ class BaseVerified(Guard[C]):
         )
 
 
+class RouterConfigured(Guard[AnyCtx]):
+    """The transaction routes: a host without a router has nothing to route to."""
+
+    def check(self, ctx: AnyCtx) -> Refusal | None:
+        if ctx.world.router is None:
+            return self.refuse(f"{ctx.kind} needs a router: the host config's router.kind is 'none'")
+        return None
+
+
 class RouterCredentialsAccepted(Guard[AnyCtx]):
     """The router accepts our admin and client credentials (a 401/403 is config, not a model failure)."""
 
@@ -141,7 +150,3 @@ class RouterCredentialsAccepted(Guard[AnyCtx]):
         except AuthRejected as exc:
             return self.refuse(str(exc), **exc.data)
         return None
-
-
-def describe(guards: Sequence[Guard[Never]]) -> list[dict[str, str]]:
-    return [{"guard": g.name, "invariant": g.invariant} for g in guards]

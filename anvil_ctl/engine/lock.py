@@ -78,16 +78,15 @@ class HostLock:
         except BlockingIOError:
             os.close(fd)
             holders = [h for h in held_locks(self.store, self.owner) if h.alive]
-            detail = holders[0].describe() if holders else _file_owner(self.path)
-            raise LockHeld(
-                f"another mutator holds this host: {detail}",
-                owner=holders[0].as_dict() if holders else None,
-            ) from None
+            raise _held(holders, _file_owner(self.path)) from None
         self._fd = fd
         self._stamp(None)  # first: a process refused from now on can name our pid
         try:
             if not self._advisory.try_acquire():
-                raise self._held_elsewhere()
+                # A mutator of this host that took its lock through another lock file.
+                holders = [h for h in held_locks(self.store, self.owner) if h.alive is not False]
+                elsewhere = f"a mutator of host {self.owner.hostname} holds its lock in the state database"
+                raise _held(holders, elsewhere + " (checking its arguments)")
             stale = self._check_rows(take_over_dead)
             if claim:
                 self.claim()
@@ -96,27 +95,13 @@ class HostLock:
             raise
         return stale
 
-    def _held_elsewhere(self) -> LockHeld:
-        """Another session holds this host's advisory lock: a mutator of this host that took
-        it through another lock file (another state directory)."""
-        holders = [h for h in held_locks(self.store, self.owner) if h.alive is not False]
-        detail = (
-            holders[0].describe()
-            if holders
-            else f"a mutator of host {self.owner.hostname} holds its lock in the state database "
-            "(checking its arguments)"
-        )
-        return LockHeld(
-            f"another mutator holds this host: {detail}", owner=holders[0].as_dict() if holders else None
-        )
-
     def _check_rows(self, take_over_dead: bool) -> list[LockInfo]:
         rows = held_locks(self.store, self.owner)
         # We hold the flock, yet a row claims a live owner: the lock file was replaced or a
         # PID was reused. Never run beside a possible mutator.
         live = [h for h in rows if h.alive]
         if live:
-            raise LockHeld(f"another mutator holds this host: {live[0].describe()}", owner=live[0].as_dict())
+            raise _held(live, "")
         stale = [h for h in rows if h.alive is not True]
         if stale and not take_over_dead:
             raise LockHeld(
@@ -162,13 +147,6 @@ class HostLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> HostLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, _tb: object) -> None:
-        self.release_after(exc)
-
     def release_after(self, exc: BaseException | None) -> None:
         """Release once the holder's work ended, with `exc` if it failed."""
         if exc is None or isinstance(exc, BadInput | Refused):
@@ -177,6 +155,14 @@ class HostLock:
             # The command died mid-transaction (Ctrl-C, a failed journal write): keep the row so
             # the next mutator is refused until `recover` has compensated what was left.
             self._unlock_fd()
+
+
+def _held(holders: list[LockInfo], otherwise: str) -> LockHeld:
+    """The refusal naming the first live holder, else what `otherwise` says."""
+    detail = holders[0].describe() if holders else otherwise
+    return LockHeld(
+        f"another mutator holds this host: {detail}", owner=holders[0].as_dict() if holders else None
+    )
 
 
 def _file_owner(path: Path) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.identity import Identity
-from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, get_int, get_object, get_objects
+from anvil_ctl.core.jsontypes import JSONObject, get_int, get_object, get_objects
 from anvil_ctl.core.waiver import VRAM_RESERVE, Waiver
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waiver_policy
@@ -80,34 +80,14 @@ def _artifact_path(world: World, path: str) -> Path:
     return p if p.is_absolute() else world.settings.evidence_dir / p
 
 
-def _text(raw: JSONMapping, key: str) -> str:
-    """A decision row's string field (a KeyError when it has none, as for any row)."""
-    value = raw[key]
-    if not isinstance(value, str):
-        raise ValueError(f"decision {raw.get('id')}: {key}: expected a string, got {type(value).__name__}")
-    return value
+_OUTCOMES: tuple[waiver_policy.Outcome, ...] = ("verified", "policy-infeasible", "failed")
 
 
-def _body(raw: JSONMapping) -> JSONObject:
-    """A decision row's body: what it was judged on."""
-    body = raw["body"]
-    if not isinstance(body, dict):
-        raise ValueError(f"decision {raw.get('id')}: body: expected a JSON object, got {type(body).__name__}")
-    return body
-
-
-_OUTCOMES: dict[str, waiver_policy.Outcome] = {
-    "verified": "verified",
-    "policy-infeasible": "policy-infeasible",
-    "failed": "failed",
-}
-
-
-def _outcome(raw: JSONMapping) -> waiver_policy.Outcome:
-    outcome = _text(raw, "outcome")
-    if outcome not in _OUTCOMES:
-        raise ValueError(f"decision {raw.get('id')}: outcome {outcome!r} is not one a decision records")
-    return _OUTCOMES[outcome]
+def _outcome(raw: DecisionRecord) -> waiver_policy.Outcome:
+    found = next((o for o in _OUTCOMES if o == raw["outcome"]), None)
+    if found is None:
+        raise ValueError(f"decision {raw['id']}: outcome {raw['outcome']!r} is not one a decision records")
+    return found
 
 
 def _card(c: JSONObject, roles: Mapping[str, str]) -> CardCheck:
@@ -123,13 +103,12 @@ def _card(c: JSONObject, roles: Mapping[str, str]) -> CardCheck:
     )
 
 
-def stored_verdicts(world: World, raw: JSONMapping) -> list[_Verdict | ReserveResult]:
+def stored_verdicts(world: World, raw: DecisionRecord) -> list[_Verdict | ReserveResult]:
     """The raw decision's gate verdicts from its evidence rows; reserve gates as ReserveResult
     rebuilt from their artifacts, whose SHA-256 must still match the recorded one."""
-    roles = {uuid: str(role) for uuid, role in get_object(_body(raw), "reserve_roles").items()}
+    roles = {uuid: str(role) for uuid, role in get_object(raw["body"], "reserve_roles").items()}
     out: list[_Verdict | ReserveResult] = []
-    tx_id = raw["tx_id"]
-    rows = qualification.evidence(world.store, tx_id) if isinstance(tx_id, str) else []
+    rows = qualification.evidence(world.store, raw["tx_id"]) if raw["tx_id"] else []
     for row in rows:
         if row["kind"] != "policy":
             out.append(_Verdict(row["gate"], row["passed"]))
@@ -149,7 +128,7 @@ def stored_verdicts(world: World, raw: JSONMapping) -> list[_Verdict | ReserveRe
 
 def reclassify_one(
     world: World,
-    raw: JSONMapping,
+    raw: DecisionRecord,
     active: Sequence[Waiver],
     now: datetime,
     *,
@@ -158,16 +137,16 @@ def reclassify_one(
     """Record a decision over `raw` when the waivers in force at `now` change the outcome
     last recorded for it; returns the new decision row, or None."""
     store = world.store
-    raw_id = _text(raw, "id")
+    raw_id = raw["id"]
     chain = [raw, *qualification.reclassifications(store, [raw_id])]
     latest = chain[-1]
-    digest = _body(raw).get("recipe_digest")
+    digest = raw["body"].get("recipe_digest")
     new = waiver_policy.reclassify(
         waiver_policy.Decision(
             id=raw_id,
             outcome=_outcome(raw),
-            identity_digest=_text(raw, "identity_digest"),
-            evidence_id=_text(raw, "tx_id") if raw["tx_id"] else raw_id,
+            identity_digest=raw["identity_digest"],
+            evidence_id=raw["tx_id"] or raw_id,
             recipe_digest=str(digest) if digest else None,
         ),
         stored_verdicts(world, raw),
@@ -184,16 +163,16 @@ def reclassify_one(
         store,
         decision_id=new_id,
         tx_id=tx_id,
-        slot=_text(raw, "slot"),
-        identity_digest=_text(raw, "identity_digest"),
-        container_id=_text(raw, "container_id"),
+        slot=raw["slot"],
+        identity_digest=raw["identity_digest"],
+        container_id=raw["container_id"],
         outcome=new.outcome,
-        profile=_text(raw, "profile"),
-        manifest_sha256=_text(raw, "manifest_sha256"),
+        profile=raw["profile"],
+        manifest_sha256=raw["manifest_sha256"],
         reclassifies=raw_id,
         waiver_ids=new.waiver_ids,
         reasons=new.reasons,
-        body={**new.as_dict(), "id": new_id, "supersedes": str(latest["id"])},
+        body={**new.as_dict(), "id": new_id, "supersedes": latest["id"]},
     )
     log.info("decision reclassified", raw=raw_id, new=new_id, outcome=new.outcome)
     recorded = qualification.decision(store, new_id)

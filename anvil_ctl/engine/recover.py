@@ -169,25 +169,29 @@ def _recover_one(
     if callable(snaps):
         outcome.before = snaps(rec.id).get("before")
     undone_before = len(_undone(events))
-    if _pivot_reached(plan, events):
-        names = [s.name for s in plan.steps]
-        done = {ev.step for ev in events if ev.phase == "do" and ev.event == "result"}
-        start = next((i for i, n in enumerate(names) if n not in done), len(names))
-        bound.info("recovering forward", from_step=names[start] if start < len(names) else "commit")
-        journal.transition(rec.id, TxState.RUNNING, f"recover: past the pivot {plan.pivot}, rolling forward")
-        outcome = engine.forward(outcome, plan, ctx, start=start)
-        direction = "forward"
-    else:
-        journal.transition(rec.id, TxState.COMPENSATING, "recover")
-        todo = pending_undos(plan, events)
-        bound.info("recovering backwards", undos=[s.name for _, s, _ in todo])
-        outcome = engine.compensate(outcome, plan, ctx, todo, "recovered after owner died")
-        direction = "backward"
+    forward = _pivot_reached(plan, events)
+    try:
+        if forward:
+            names = [s.name for s in plan.steps]
+            done = {ev.step for ev in events if ev.phase == "do" and ev.event == "result"}
+            start = next((i for i, n in enumerate(names) if n not in done), len(names))
+            bound.info("recovering forward", from_step=names[start] if start < len(names) else "commit")
+            journal.transition(
+                rec.id, TxState.RUNNING, f"recover: past the pivot {plan.pivot}, rolling forward"
+            )
+            outcome = engine.forward(outcome, plan, ctx, start=start)
+        else:
+            journal.transition(rec.id, TxState.COMPENSATING, "recover")
+            todo = pending_undos(plan, events)
+            bound.info("recovering backwards", undos=[s.name for _, s, _ in todo])
+            outcome = engine.compensate(outcome, plan, ctx, todo, "recovered after owner died")
+    finally:
+        engine.commit()  # what the run held: its records and end state
     found: JSONObject = {
         "tx_id": rec.id,
         "kind": rec.kind,
         "state": outcome.state.value,
-        "direction": direction,
+        "direction": "forward" if forward else "backward",
         # Only undos whose result this recovery journaled.
         "undone": list(_undone(journal.step_events(rec.id))[undone_before:]),
         "reason": outcome.reason,

@@ -35,7 +35,7 @@ from typing import TypeVar
 from anvil_ctl.core.errors import AnvilError, DrainRefused, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.ports import Journal, Owner, Progress, SilentProgress
+from anvil_ctl.core.ports import Journal, Owner
 from anvil_ctl.core.snapshot import diff
 from anvil_ctl.core.states import UNFINISHED_STATES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
@@ -51,19 +51,6 @@ W = World
 AVAILABILITY = "availability"
 
 log = get_logger("anvil.engine")
-
-
-_SILENT = SilentProgress()
-
-
-def _progress(world: object) -> Progress:
-    """The world's progress (a plan under test may run without a world: then nobody is told)."""
-    return world.progress if isinstance(world, World) else _SILENT
-
-
-def _undoing(world: object) -> None:
-    if isinstance(world, World):
-        world.undoing = True
 
 
 def _error_detail(exc: BaseException) -> dict[str, object]:
@@ -113,6 +100,12 @@ class TransactionEngine:
         """Commit what is held (the end state) and `write` with it, in one database transaction."""
         self._commit(write)
 
+    def _write(self, write: Callable[[], object], boundary: str, hold: bool) -> None:
+        if hold:
+            self._hold(write, boundary)
+        else:
+            self._commit(write, boundary)
+
     def _event(
         self,
         ctx: StepContext[A, W, M],
@@ -127,11 +120,7 @@ class TransactionEngine:
         def write() -> None:
             self.journal.step_event(ctx.tx_id, seq=seq, step=step, phase=phase, event=event, detail=detail)
 
-        boundary = ":".join((ctx.kind, step, phase, event))
-        if hold:
-            self._hold(write, boundary)
-        else:
-            self._commit(write, boundary)
+        self._write(write, ":".join((ctx.kind, step, phase, event)), hold)
 
     def _transition(
         self,
@@ -146,10 +135,7 @@ class TransactionEngine:
             self.journal.transition(ctx.tx_id, target, reason, data)
 
         boundary = ":".join((ctx.kind, "state", target.value))
-        if hold or target not in UNFINISHED_STATES:  # an end state waits for `commit`
-            self._hold(write, boundary)
-        else:
-            self._commit(write, boundary)
+        self._write(write, boundary, hold or target not in UNFINISHED_STATES)  # an end state waits
 
     # -- running a plan ------------------------------------------------------------------------
 
@@ -171,7 +157,7 @@ class TransactionEngine:
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
         self.faults.at(":".join((plan.kind, "state", "planned")))
         started = time.monotonic()
-        _progress(world).transaction(tx_id, plan.kind, plan.slot, len(plan.steps))
+        world.progress.transaction(tx_id, plan.kind, plan.slot, len(plan.steps))
         try:
             return self._run(outcome, plan, ctx)
         except BaseException:
@@ -179,10 +165,10 @@ class TransactionEngine:
             raise
         finally:
             # Also when an error escapes: a live display must end either way.
-            _progress(world).finished(outcome.state.value, outcome.reason, time.monotonic() - started)
+            world.progress.finished(outcome.state.value, outcome.reason, time.monotonic() - started)
 
     def _run(self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Outcome:
-        tx_id, progress = ctx.tx_id, _progress(ctx.world)
+        tx_id, progress = ctx.tx_id, ctx.world.progress
         bound = log.bind(tx_id=tx_id, kind=plan.kind)
         t0 = time.monotonic()
         progress.step_started(-1, "guards", "check", f"{len(plan.guards)} checks before any change")
@@ -217,7 +203,7 @@ class TransactionEngine:
             self._transition(ctx, TxState.RUNNING, hold=True)
             self._observe_start(plan, ctx)
         bound.info("running", steps=len(plan.steps))
-        return self._forward(outcome, plan, ctx, start=0)
+        return self.forward(outcome, plan, ctx, start=0)
 
     def _observe_start(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> None:
         """Whether the slot serves now and, if so, which serve is its safe harbour (journaled)."""
@@ -232,15 +218,7 @@ class TransactionEngine:
     def forward(
         self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], *, start: int
     ) -> Outcome:
-        """Run the steps from `start`, then the goal and verification, then commit."""
-        try:
-            return self._forward(outcome, plan, ctx, start=start)
-        finally:
-            self._commit()
-
-    def _forward(
-        self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], *, start: int
-    ) -> Outcome:
+        """Run the steps from `start`, then the goal and verification; the end state is held."""
         bound = log.bind(tx_id=ctx.tx_id, kind=plan.kind)
         for seq in range(start, len(plan.steps)):
             step = plan.steps[seq]
@@ -286,7 +264,7 @@ class TransactionEngine:
         assert plan.watch is not None
         seq = len(plan.steps)
         self._transition(ctx, TxState.WATCHING, "watching the serve on the route")
-        _progress(ctx.world).activity(f"watching slot {plan.slot} through the route")
+        ctx.world.progress.activity(f"watching slot {plan.slot} through the route")
 
         def record(event: str, detail: JSONObject) -> None:
             self._event(ctx, seq, "watch", "watch", event, detail=detail)
@@ -341,7 +319,7 @@ class TransactionEngine:
 
     def _do(self, ctx: StepContext[A, W, M], seq: int, step: Step[StepContext[A, W, M]]) -> None:
         slog = log.bind(tx_id=ctx.tx_id, step=step.name)
-        progress, t0 = _progress(ctx.world), time.monotonic()
+        progress, t0 = ctx.world.progress, time.monotonic()
         self._event(ctx, seq, step.name, "do", "intent")
         slog.info("step intent")
         progress.step_started(seq, step.name, "do", step.description)
@@ -372,7 +350,7 @@ class TransactionEngine:
         self._transition(ctx, TxState.COMPENSATING, reason)
         last = failed if failed is not None else len(plan.steps) - 1
         todo = [(seq, plan.steps[seq], ctx.results.get(plan.steps[seq].name)) for seq in range(last + 1)]
-        return self._compensate(outcome, plan, ctx, todo, reason)
+        return self.compensate(outcome, plan, ctx, todo, reason)
 
     def compensate(
         self,
@@ -382,23 +360,11 @@ class TransactionEngine:
         todo: list[tuple[int, Step[StepContext[A, W, M]], JSONObject | None]],
         reason: str,
     ) -> Outcome:
-        """Run the undos of `todo` in reverse; the transaction is already `compensating`."""
-        try:
-            return self._compensate(outcome, plan, ctx, todo, reason)
-        finally:
-            self._commit()
-
-    def _compensate(
-        self,
-        outcome: Outcome,
-        plan: Plan[A, W, M],
-        ctx: StepContext[A, W, M],
-        todo: list[tuple[int, Step[StepContext[A, W, M]], JSONObject | None]],
-        reason: str,
-    ) -> Outcome:
+        """Run the undos of `todo` in reverse (the transaction is `compensating`); the end
+        state is held."""
         outcome.reason = reason
-        _undoing(ctx.world)  # undos wait as long as configured, whatever --timeout said
-        progress = _progress(ctx.world)
+        ctx.world.undoing = True  # undos wait as long as configured, whatever --timeout said
+        progress = ctx.world.progress
         for seq, step, result in reversed(todo):
             if step.undo is None:
                 continue
@@ -439,8 +405,8 @@ class TransactionEngine:
         """
         if not (plan.keeps_serving and plan.slot) or not self.served_at_start(ctx.tx_id):
             return ""
-        _undoing(ctx.world)
-        _progress(ctx.world).activity(f"making sure slot {plan.slot} serves (it did at the start)")
+        ctx.world.undoing = True
+        ctx.world.progress.activity(f"making sure slot {plan.slot} serves (it did at the start)")
         result = ensure_serving(ctx.world, ctx.tx_id, plan.slot)
         if result["action"] == "none" and "problem" not in result:
             return ""
@@ -461,7 +427,7 @@ class TransactionEngine:
         """Snapshot the world as it is now and record its diff against the before snapshot."""
         if not plan.snapshot:
             return
-        _progress(ctx.world).activity(f"observing the host: the {label} snapshot")
+        ctx.world.progress.activity(f"observing the host: the {label} snapshot")
         with one_reading(ctx.world):  # it only observes: each container is inspected once
             after = outcome.after = plan.snapshot()
         self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after))

@@ -255,7 +255,7 @@ def routed_chain_problems(world: World, ident: Identity) -> list[str]:
 def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> JSONObject:
     """Readmit the slot's router tier to the serve `ident` describes (verified by routed chat);
     `hold` (or `world.hold_readmissions`): hold past a removal this process did not send."""
-    router = _router(world)
+    router = router_of(world)
     slot = world.config.slot(ident.slot)
     _alias, expected = routed_expectation(world, ident)
     deadline_s = world.wait(
@@ -278,7 +278,7 @@ def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> JSONO
 
 def routed_smoke(world: World, ident: Identity) -> JSONObject:
     """One authenticated routed chat by the slot's first alias must answer 200 from `ident`."""
-    router = _router(world)
+    router = router_of(world)
     alias, expected = routed_expectation(world, ident)
     answer = router.routed_chat(alias)
     if answer.status != 200 or answer.model != expected:
@@ -312,14 +312,15 @@ def route_problems(world: World, ident: Identity) -> list[str]:
 
 def drain_slot(world: World, slot: str) -> JSONObject:
     tier = world.config.slot(slot).router_tier
-    router = _router(world)
+    router = router_of(world)
     # The router adapter enforces this deadline itself (smg's removal wait); --timeout does not cut it.
     world.progress.waiting(f"router tier {tier} to drain", world.config.router.drain_deadline_s)
     router.drain(tier)
     return {"tier": tier}
 
 
-def _router(world: World) -> Router:
+def router_of(world: World) -> Router:
+    """The world's router (StepFailed where none is configured: guards refuse that first)."""
     if world.router is None:
         raise StepFailed("this step needs a router: the host config's router.kind is 'none'")
     return world.router

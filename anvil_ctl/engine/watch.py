@@ -7,12 +7,16 @@ taken (the caller journals it), and has `judge` judge the newest `consecutive` s
 ends at the first breach, when `stop` names who stopped it (a person's abort, a signal), or
 healthy at the end. A watched promote samples its serve (`RouteSampler`) against absolute
 limits (`within`); a canary samples its two serves side by side and judges the candidate
-against the incumbent of the same round (`qualify.canary`).
+against the incumbent of the same round (`qualify.canary`); `recheck --slo` samples a standing
+serve as a promote does, `consecutive` samples (`at_least`) and no more.
 
 `RouteSampler` is the promote's sample of one serve: a few streamed chats through the route
-with the official client (`World.route_sample`), and passive signals of its container since
+with the official client (`World.route_sample`), the functional gate's checks (the tool
+fixture rotating) when a limit names `functional_failed`, and passive signals of its container since
 the watch began: restarts and OOM kills (docker inspect), whether it runs, and the engine's
-fatal log lines (the log audit's patterns, `qualify.logs`).
+fatal log lines (the log audit's patterns, `qualify.logs`); and the router's own count of the
+serve's failed answers (`Router.errors`: HAProxy's per-server 5xx, aborted responses and failed
+connections; smg keeps none we read).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.errors import AnvilError, NotFound
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
 from anvil_ctl.engine.world import World
@@ -40,6 +44,7 @@ from anvil_ctl.qualify.logs import classify, patterns_for
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.watchpolicy import (
     DEFAULT,
+    FUNCTIONAL_METRIC,
     Limit,
     WatchPolicy,
     breaches,
@@ -131,8 +136,9 @@ def watch(
 
 
 class RouteSampler:
-    """One sample of a serve: active chats through the route, passive signals of its container
-    since `since` (a Unix time) against the restart count it had then."""
+    """One sample of a serve: active chats through the route (and the functional checks when
+    a limit names `functional_failed`), passive signals of its container and the router's
+    error count against the `baseline` taken when the watch began."""
 
     def __init__(
         self,
@@ -141,8 +147,8 @@ class RouteSampler:
         *,
         requests: int,
         max_tokens: int,
-        since: float,
-        restarts_before: int,
+        limits: Sequence[Limit],
+        baseline: Mapping[str, JSONValue],
     ) -> None:
         if world.route_sample is None:
             raise RuntimeError("a watch samples through the router: the world has no route_sample")
@@ -151,36 +157,67 @@ class RouteSampler:
         self.alias = world.config.slot(serve.slot).aliases[0]
         self.requests = requests
         self.max_tokens = max_tokens
-        self.since = since
-        self.restarts_before = restarts_before
+        self.functional = any(lim.metric == FUNCTIONAL_METRIC for lim in limits)
+        self.since = float(str(baseline["since"]))
+        self.restarts_before = int(str(baseline["restarts_before"]))
+        errors = baseline.get("router_errors_before")
+        self.errors_before = errors if isinstance(errors, int) else None
         self.patterns = patterns_for(serve.engine_profile or None)
+
+    @staticmethod
+    def baseline(world: World, serve: Identity) -> JSONObject:
+        """What a watch of `serve` starting now counts from: the time, the container's restart
+        count (0 when it cannot be read), the router's error count (None: it keeps none)."""
+        try:
+            restarts = world.runtime.logs(serve.container_id, max_lines=1, max_bytes=1024).restart_count
+        except NotFound:
+            restarts = 0
+        return {
+            "since": time.time(),
+            "restarts_before": restarts,
+            "router_errors_before": router_errors(world, serve),
+        }
 
     def __call__(self, n: int) -> Sample:
         assert self.world.route_sample is not None
-        active = self.world.route_sample(self.alias, self.requests, self.max_tokens)
+        active = self.world.route_sample(
+            self.alias, self.requests, self.max_tokens, n if self.functional else None
+        )
         passive = self.passive()
         metrics: JSONObject = {
             **{k: None if v is None else round(v, 4) for k, v in active.metrics().items()},
-            **{k: passive[k] for k in ("restarts", "container_down", "fatal_log_lines")},
+            **{k: passive[k] for k in ("restarts", "container_down", "fatal_log_lines", "router_errors")},
         }
         return {
             "n": n,
             "at": round(time.time(), 3),
             "metrics": metrics,  # the active sample's and the passive signals'
             "requests": active.as_dict()["requests"],
+            "functional": [*active.functional],
             "passive": passive,
         }
 
     def passive(self) -> JSONObject:
-        """What the runtime says of the serve's container since the watch began."""
+        """What the runtime says of the serve's container since the watch began, and the
+        router's own count of the serve's failed answers since then."""
+        now = router_errors(self.world, self.serve)
+        before = self.errors_before
+        errors = None if now is None or before is None else max(0, now - before)
         try:
             log = self.world.runtime.logs(
                 self.serve.container_id, max_lines=LOG_LINES, max_bytes=LOG_BYTES, since=self.since
             )
         except NotFound:
-            return {"restarts": None, "container_down": 1, "fatal_log_lines": None, "status": "absent"}
+            return {
+                "restarts": None,
+                "container_down": 1,
+                "fatal_log_lines": None,
+                "router_errors": errors,
+                "status": "absent",
+            }
         found = classify(log.lines, self.patterns)
         return {
+            "router_errors": errors,
             "restarts": max(0, log.restart_count - self.restarts_before) + int(log.oom_killed),
             "container_down": int(log.status != "running"),
             "fatal_log_lines": sum(found.fatal_counts.values()),
@@ -191,12 +228,16 @@ class RouteSampler:
         }
 
 
-def restart_count(world: World, serve: Identity) -> int:
-    """The serve's container restart count now (0 when it cannot be read): a watch's baseline."""
+def router_errors(world: World, serve: Identity) -> int | None:
+    """The router's count of failed answers from the serve's binding (None: no router, one
+    that keeps no count we read, or one not answering now)."""
+    if world.router is None:
+        return None
+    slot = world.config.slot(serve.slot)
     try:
-        return world.runtime.logs(serve.container_id, max_lines=1, max_bytes=1024).restart_count
-    except NotFound:
-        return 0
+        return world.router.errors(slot.router_tier, slot.base_url)
+    except AnvilError:
+        return None
 
 
 # -- the policy a serve is held to ---------------------------------------------------------------

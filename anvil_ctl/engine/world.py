@@ -61,9 +61,9 @@ Acceptance = Callable[[str, str], AcceptanceReport]
 VramRelease = Callable[[VramNeed], JSONObject]
 """The VRAM-release gate: wait until the need is free, return both readings (StepFailed at the deadline)."""
 
-RouteSample = Callable[[str, int, int], "Sample"]
-"""Streamed chats through the router with the client key: (alias, requests, max_tokens) ->
-one sample (`qualify.slosample`), what a watched promote judges."""
+RouteSample = Callable[[str, int, int, int | None], "Sample"]
+"""Streamed chats through the router with the client key: (alias, requests, max_tokens, the
+functional check to take or None) -> one sample (`qualify.slosample`), what a watch judges."""
 
 ContainerOfPid = Callable[[int], str | None]
 """Which container a host PID runs in (NVML reports engine worker PIDs), None if none."""
@@ -137,28 +137,22 @@ def current_runtime(world: World) -> ContainerRuntime:
     return cast(ContainerRuntime, _CurrentRuntime(world))
 
 
-class _Stretch:
-    """What the ports were asked in one stretch (see `one_reading`), forgotten on any change."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, object] = {}
-
-
 class _Reading:
-    """A port inside a stretch: each of its `reads` is asked once per arguments, each of its
-    `changes` forgets what the whole stretch saw; anything else (the credential probe, logs,
-    the context-refusal probe) is asked every time. An error is raised each time, never kept."""
+    """A port inside a stretch (see `one_reading`): each of its `reads` is asked once per
+    arguments, each of its `changes` forgets what the whole stretch saw (`seen`); anything
+    else (the credential probe, logs, the context-refusal probe) is asked every time. An error
+    is raised each time, never kept."""
 
     def __init__(
-        self, port: object, stretch: _Stretch, reads: frozenset[str], changes: frozenset[str]
+        self, port: object, seen: dict[str, object], reads: frozenset[str], changes: frozenset[str]
     ) -> None:
-        self.port, self.stretch, self.reads, self.changes = port, stretch, reads, changes
+        self.port, self.seen, self.reads, self.changes = port, seen, reads, changes
 
     def ask(self, name: str, *args: object, **kw: object) -> object:
         key = repr((id(self), name, args, sorted(kw.items())))
-        if key not in self.stretch.seen:
-            self.stretch.seen[key] = getattr(self.port, name)(*args, **kw)
-        got = self.stretch.seen[key]
+        if key not in self.seen:
+            self.seen[key] = getattr(self.port, name)(*args, **kw)
+        got = self.seen[key]
         # Callers own what they are given (a snapshot keeps the router's view, a list is extended).
         return copy.deepcopy(got) if isinstance(got, dict) else list(got) if isinstance(got, list) else got
 
@@ -169,7 +163,7 @@ class _Reading:
         if name in self.changes:
 
             def change(*args: object, **kw: object) -> object:
-                self.stretch.seen.clear()  # a started container serves (and holds VRAM), a route moved
+                self.seen.clear()  # a started container serves (and holds VRAM), a route moved
                 return found(*args, **kw)
 
             return change
@@ -186,41 +180,30 @@ class _Runtime(_Reading):
         if wanted.get(LABEL_MANAGED) == "true" and len(wanted) > 1:
             managed = self.list(labels={LABEL_MANAGED: "true"})
             return [c for c in managed if all(c.labels.get(k) == v for k, v in wanted.items())]
-        fresh = repr((id(self), "list", (), sorted({"labels": labels}.items()))) not in self.stretch.seen
+        fresh = repr((id(self), "list", (), sorted({"labels": labels}.items()))) not in self.seen
         got = self.ask("list", labels=labels)
         assert isinstance(got, list)
         if fresh:
             for info in got:
-                self.stretch.seen.setdefault(repr((id(self), "inspect", (info.id,), [])), info)
+                self.seen.setdefault(repr((id(self), "inspect", (info.id,), [])), info)
         return got
 
 
-def _one_scan(shm: SharedMemory) -> SharedMemory:
-    """The shared-memory residue, scanned once; a removal scans again (a stretch of its own)."""
-    return cast(SharedMemory, _Reading(shm, _Stretch(), frozenset({"residue"}), frozenset({"remove_unheld"})))
-
-
-def _one_look(runtime: ContainerRuntime, stretch: _Stretch) -> ContainerRuntime:
-    reads = frozenset({"inspect", "list", "image"})
-    return cast(
-        ContainerRuntime, _Runtime(runtime, stretch, reads, frozenset({"create", "start", "stop", "remove"}))
-    )
-
-
-def _one_probe(server: ServerProbe, stretch: _Stretch) -> ServerProbe:
-    return cast(
-        ServerProbe, _Reading(server, stretch, frozenset({"health", "models", "listening"}), frozenset())
-    )
-
-
-def _one_route(router: Router, stretch: _Stretch) -> Router:
-    reads = frozenset({"backends", "view", "ready", "routed_chat", "check_route"})
-    changes = frozenset({"register", "deregister", "drain", "readmit"})
-    return cast(Router, _Reading(router, stretch, reads, changes))
-
-
-def _one_gpu_reading(gpus: GpuProbe, stretch: _Stretch) -> GpuProbe:
-    return cast(GpuProbe, _Reading(gpus, stretch, frozenset({"gpus"}), frozenset()))
+_STRETCH: dict[str, tuple[type[_Reading], frozenset[str], frozenset[str]]] = {
+    "runtime": (
+        _Runtime,
+        frozenset({"inspect", "list", "image"}),
+        frozenset({"create", "start", "stop", "remove"}),
+    ),
+    "server": (_Reading, frozenset({"health", "models", "listening"}), frozenset()),
+    "router": (
+        _Reading,
+        frozenset({"backends", "view", "ready", "routed_chat", "check_route"}),
+        frozenset({"register", "deregister", "drain", "readmit"}),
+    ),
+    "gpus": (_Reading, frozenset({"gpus"}), frozenset()),
+}
+"""Per port of the world read once in a stretch: how it is read, what it reads, what changes."""
 
 
 @contextmanager
@@ -232,14 +215,17 @@ def one_reading(world: object) -> Iterator[None]:
     if not isinstance(world, World) or isinstance(world.runtime, _Reading):
         yield  # not a World, or already inside a stretch: its one reading goes on
         return
-    shm, runtime, server, router, gpus = world.shm, world.runtime, world.server, world.router, world.gpus
-    stretch = _Stretch()
-    world.shm = _one_scan(shm) if shm is not None else None
-    world.runtime = _one_look(runtime, stretch)
-    world.server = _one_probe(server, stretch)
-    world.router = _one_route(router, stretch) if router is not None else None
-    world.gpus = _one_gpu_reading(gpus, stretch) if gpus is not None else None
+    ports = {name: getattr(world, name) for name in ("shm", *_STRETCH)}
+    seen: dict[str, object] = {}
+    for name, (reading, reads, changes) in _STRETCH.items():
+        if ports[name] is not None:
+            setattr(world, name, reading(ports[name], seen, reads, changes))
+    if world.shm is not None:  # scanned once; a removal scans again (a stretch of its own)
+        world.shm = cast(
+            SharedMemory, _Reading(world.shm, {}, frozenset({"residue"}), frozenset({"remove_unheld"}))
+        )
     try:
         yield
     finally:
-        world.shm, world.runtime, world.server, world.router, world.gpus = shm, runtime, server, router, gpus
+        for name, port in ports.items():
+            setattr(world, name, port)

@@ -330,10 +330,11 @@ class Store:
         return self._in_states(UNFINISHED_STATES)
 
     def watching(self, slot: str) -> TxRecord | None:
-        """The slot's promote open in `watching` (a watch owns the slot), None when none is."""
+        """The slot's promote open in `watching` (a watch owns the slot) or left `interrupted`
+        (a recover that failed: the candidate still routed), None when none is."""
         found = [
             r
-            for r in self._in_states(frozenset({TxState.WATCHING}))
+            for r in self._in_states(frozenset({TxState.WATCHING, TxState.INTERRUPTED}))
             if r.slot == slot and r.kind == "promote"
         ]
         return found[-1] if found else None

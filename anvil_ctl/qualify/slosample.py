@@ -4,8 +4,11 @@ A sample is a few short streamed chats to the slot's alias with the client key: 
 of the router meets. Per request: the time to the first token (content or reasoning), the
 decode rate after it ((tokens - 1) / (end - first token)), whether it failed (an HTTP error or
 a broken connection) and whether its answer ended with a `finish_reason` (a stream that stops
-without one was cut). The sample's metrics are those `watchpolicy.METRICS` names. A 401/403
-raises `AuthRejected`: a credential problem, never a reason to call the serve unhealthy.
+without one was cut). The sample's metrics are those `watchpolicy.METRICS` names. Asked for
+them, a sample also takes the functional gate's checks (`FUNCTIONAL`: an exact tool call, its
+fixture rotating with the sample's number; exact JSON), with the gate's own fixtures and
+checkers. A
+401/403 raises `AuthRejected`: a credential problem, never a reason to call the serve unhealthy.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import time
 from dataclasses import dataclass
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from anvil_ctl.core.errors import AuthRejected
-from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.qualify.metrics import percentile
 
 PROMPT = "Reply with one short sentence about anvils. (anvil slo sample {n})"
+FUNCTIONAL = ("tool_call", "json")
+"""The functional gate's checks a sample takes when asked (`sample(functional=n)`)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ def _round(v: float | None) -> float | None:
 class Sample:
     at: float
     requests: tuple[RequestResult, ...]
+    functional: tuple[JSONObject, ...] = ()
+    """The functional checks taken with the sample (none unless asked for)."""
 
     def metrics(self) -> dict[str, float | None]:
         done = [r for r in self.requests if r.ok]
@@ -62,17 +70,30 @@ class Sample:
             "decode_tps_p50": percentile(decode, 50),
             "error_rate": sum(not r.ok for r in self.requests) / n,
             "finish_reason_missing": sum(r.ok and not r.finish_reason for r in self.requests) / n,
+            "functional_failed": float(sum(not c["ok"] for c in self.functional))
+            if self.functional
+            else None,
         }
 
     def as_dict(self) -> JSONObject:
         metrics: JSONObject = {k: _round(v) for k, v in self.metrics().items()}
-        return {"at": round(self.at, 3), "metrics": metrics, "requests": [r.as_dict() for r in self.requests]}
+        requests: JSONArray = [r.as_dict() for r in self.requests]
+        functional: JSONArray = [*self.functional]
+        return {"at": round(self.at, 3), "metrics": metrics, "requests": requests, "functional": functional}
 
 
 def open_client(router_url: str, client_token: str, *, timeout_s: float = 60.0) -> openai.OpenAI:
     """The official client for the router with the client key; no retries (a retry hides a 500)."""
     return openai.OpenAI(
         base_url=router_url.rstrip("/") + "/v1", api_key=client_token, timeout=timeout_s, max_retries=0
+    )
+
+
+def _refused(exc: openai.AuthenticationError | openai.PermissionDeniedError) -> AuthRejected:
+    return AuthRejected(
+        f"router answered {exc.status_code} to the SLO sample: the client token was refused "
+        "(not a model failure)",
+        status=exc.status_code,
     )
 
 
@@ -100,11 +121,7 @@ def _one(client: openai.OpenAI, alias: str, n: int, max_tokens: int) -> RequestR
                     last, tokens = now, tokens + 1
                 finish = choice.finish_reason or finish
     except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-        raise AuthRejected(
-            f"router answered {exc.status_code} to the SLO sample: the client token was refused "
-            "(not a model failure)",
-            status=exc.status_code,
-        ) from exc
+        raise _refused(exc) from exc
     except openai.APIStatusError as exc:
         return RequestResult(False, error=f"HTTP {exc.status_code}: {str(exc.message)[:200]}")
     except openai.APIError as exc:
@@ -116,6 +133,66 @@ def _one(client: openai.OpenAI, alias: str, n: int, max_tokens: int) -> RequestR
     return RequestResult(True, ttft, decode, finish, model)
 
 
-def sample(client: openai.OpenAI, alias: str, *, requests: int, max_tokens: int, clock: float) -> Sample:
-    """`requests` streamed chats to `alias`, one after the other."""
-    return Sample(clock, tuple(_one(client, alias, n, max_tokens) for n in range(requests)))
+def check(client: openai.OpenAI, alias: str, kind: str, n: int) -> JSONObject:
+    """Functional check `kind` through the route: the tool-call gate's exact call of fixture
+    `n`, or the JSON gate's exact object; judged by the gates' own checkers."""
+    from anvil_ctl.qualify import prompts
+    from anvil_ctl.qualify.gates.base import Attempt, Checks, check_tool_call
+    from anvil_ctl.qualify.gates.functional import JSON_EXPECTED, check_json
+    from anvil_ctl.qualify.gates.tools import Tools
+    from anvil_ctl.qualify.results import ChatResult, ToolCall
+
+    messages: list[ChatCompletionMessageParam] = []
+    extra: JSONObject
+    if kind == "tool_call":
+        messages.append({"role": "system", "content": prompts.SYSTEM_TOOLS})
+        text, extra = prompts.tool_instruction("record_value", Tools.expected(n)), {"tools": [*prompts.TOOLS]}
+    else:
+        text, extra = prompts.json_instruction(JSON_EXPECTED), {"response_format": {"type": "json_object"}}
+    messages.append({"role": "user", "content": text})
+    started = time.monotonic()
+    try:
+        answer = client.chat.completions.create(
+            model=alias, messages=messages, max_tokens=256, extra_body=extra
+        )
+        message, finish = answer.choices[0].message, answer.choices[0].finish_reason
+        calls = tuple(
+            ToolCall(c.id, c.function.name, c.function.arguments)
+            for c in message.tool_calls or ()
+            if c.type == "function"
+        )
+        took = time.monotonic() - started
+        result = ChatResult(200, message.content or "", "", calls, finish, None, answer.model, False, took)
+        attempt = Attempt(kind, result)
+    except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+        raise _refused(exc) from exc
+    except openai.APIError as exc:
+        attempt = Attempt(kind, None, error=f"{type(exc).__name__}: {exc.message[:200]}")
+    checks = Checks()
+    if kind == "tool_call":
+        check_tool_call(checks, kind, attempt, "record_value", Tools.expected(n))
+    else:
+        check_json(checks, attempt, JSON_EXPECTED)
+    return {
+        "check": kind,
+        "ok": checks.passed,
+        "classification": checks.classification,
+        "failed": ", ".join(checks.failed),
+    }
+
+
+def sample(
+    client: openai.OpenAI,
+    alias: str,
+    *,
+    requests: int,
+    max_tokens: int,
+    clock: float,
+    functional: int | None = None,
+) -> Sample:
+    """`requests` streamed chats to `alias`, one after the other; then, with `functional` (the
+    sample's number), each functional check."""
+    chats = tuple(_one(client, alias, n, max_tokens) for n in range(requests))
+    if functional is None:
+        return Sample(clock, chats)
+    return Sample(clock, chats, tuple(check(client, alias, kind, functional) for kind in FUNCTIONAL))

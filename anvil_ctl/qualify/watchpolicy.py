@@ -31,6 +31,7 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import parse_duration
 
+FUNCTIONAL_METRIC = "functional_failed"
 METRICS = {
     "ttft_p50_s": "seconds to the first token, median of a sample",
     "ttft_p95_s": "seconds to the first token, 95th percentile of a sample",
@@ -40,6 +41,11 @@ METRICS = {
     "restarts": "container restarts and OOM kills since the watch began (passive, docker inspect)",
     "container_down": "1 when the serve's container is not running, else 0 (passive)",
     "fatal_log_lines": "the engine's fatal log lines since the watch began (the log audit's patterns)",
+    "router_errors": "the router's own count of the serve's failed answers since the watch began "
+    "(passive: HAProxy's hrsp_5xx + eresp + econ of its server; not judged where the router keeps "
+    "none we read, as smg)",
+    FUNCTIONAL_METRIC: "the functional gate's checks failed in a sample: an exact tool call (its "
+    "fixture rotating) and exact JSON (taken only when a threshold names this metric)",
 }
 LOWER_IS_WORSE = frozenset({"decode_tps_p50"})
 QUALIFIED = {"ttft_p50_s": "ttft_s_p50", "ttft_p95_s": "ttft_s_p95", "decode_tps_p50": "decode_tps_p50"}

@@ -8,6 +8,7 @@ SGLang do: no new completion (503), those in flight finish within `--stop-timeou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,7 +30,6 @@ from anvil_ctl.stub.rules import (
     load_answer_book,
 )
 from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
-from anvil_ctl.stub.schedule import effects
 from anvil_ctl.stub.state import RESTARTED_ENV, Pacer, StubState, log_line
 
 RUNNING_METRIC = "stub:num_requests_running"
@@ -58,6 +58,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         return  # quiet: request logs would drown test output
+
+    def handle(self) -> None:
+        # A client that went away (HAProxy resets its health checks) is dropped quietly, as
+        # engines do: a traceback here would be a fatal line to a watch.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
 
     # ------------------------------------------------------------ plumbing
 
@@ -124,7 +130,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(200, {"gpus": st.vram()})
         elif path == "/anvil/sim/timings":
             with st.lock:
-                self._send_json(200, {"timings": list(st.timings)})
+                onsets = {"started_at": round(st.started_at, 3), "onsets": st.onsets()}
+                self._send_json(200, {"timings": list(st.timings), **onsets})
         else:
             self._error(404, f"no route {path}")
 
@@ -154,7 +161,7 @@ class Handler(BaseHTTPRequestHandler):
         if before is None:
             self._error(503, "shutting down")
             return
-        late = effects(st.options.late_faults, before, st.elapsed())  # the late faults due for it
+        late = st.late_effects(before)  # the late faults due for it (their onsets noted)
         try:
             if late.http_500:
                 self._error(500, "injected fault (http-500)")

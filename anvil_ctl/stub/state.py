@@ -10,7 +10,7 @@ import time
 from collections import deque
 
 from anvil_ctl.stub.options import StubOptions
-from anvil_ctl.stub.schedule import FATAL_LINE, Effects
+from anvil_ctl.stub.schedule import FATAL_LINE, Effects, effects
 
 EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
 RESTARTED_ENV = "ANVIL_STUB_RESTARTED"  # set across the re-exec: --restart-after restarts once
@@ -29,6 +29,10 @@ class StubState:
         self.options = options
         self.answer_book = answer_book
         self.started = time.monotonic()
+        self.started_at = time.time()
+        self.began_at: dict[str, float] = {}
+        """Late fault kind -> the wall-clock time it first acted (a completion it changed, the
+        fatal line printed, the exit begun): the onsets `GET /anvil/sim/timings` reports."""
         self.lock = threading.Lock()
         self.completions_started = 0
         self.completions_done = 0
@@ -46,6 +50,29 @@ class StubState:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def late_effects(self, completions: int) -> Effects:
+        """What the late faults do to a completion that `completions` others preceded (the
+        first completion each one changes is its onset)."""
+        found = effects(self.options.late_faults, completions, self.elapsed())
+        with self.lock:
+            for kind in found.kinds:
+                if kind not in ("fatal-log", "exit"):  # those act when they fire (`_late`)
+                    self.began_at.setdefault(kind, time.time())
+        return found
+
+    def onsets(self) -> list[dict[str, object]]:
+        """Each late fault's wall-clock onset: `due_at` (a time onset, known from the start)
+        and `began_at` (when it first acted; None before). Caller holds the lock."""
+        return [
+            {
+                "kind": f.kind,
+                "due_at": None if f.after_s is None else round(self.started_at + f.after_s, 3),
+                "after_completions": f.after_completions,
+                "began_at": self.began_at.get(f.kind),
+            }
+            for f in self.options.late_faults
+        ]
+
     def tick(self) -> None:
         """The late faults whose onset is a time: the fatal line, the exit."""
         with self.lock:
@@ -59,8 +86,10 @@ class StubState:
                 continue
             if fault.kind == "fatal-log" and not self.fatal_logged:
                 self.fatal_logged = True
+                self.began_at.setdefault(fault.kind, time.time())
                 log_line(FATAL_LINE)
             elif fault.kind == "exit" and not self.stop.is_set():
+                self.began_at.setdefault(fault.kind, time.time())
                 log_line("anvil-stub: exiting: injected fault (exit)")
                 self.exit_code = EXIT_AFTER_CODE
                 self.stop.set()

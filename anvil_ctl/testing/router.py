@@ -74,6 +74,11 @@ class FakeRouter:
         c = self.server.serving_container(url) if t["url"] == url else None
         return None if c is None else self.server.look_in_flight(c)
 
+    def errors(self, tier: str, url: str) -> int | None:
+        """The fake world's `router_errors` for `url` (None: not set, as smg keeps none)."""
+        found = self.world.read().get("router_errors", {})
+        return int(found[url]) if isinstance(found, dict) and url in found else None
+
     def readmit(
         self,
         tier: str,
@@ -182,11 +187,12 @@ def fake_acceptance(router: FakeRouter) -> Callable[[str, str], FakeAcceptanceRe
     return run
 
 
-def fake_route_sample(router: FakeRouter) -> Callable[[str, int, int], Sample]:
+def fake_route_sample(router: FakeRouter) -> Callable[[str, int, int, int | None], Sample]:
     """A watch's active sample stand-in: each request is the fake router's routed answer (an
-    error unless it is a 200); the fake world's `route_sample_ttft_s` slows the first token."""
+    error unless it is a 200); the fake world's `route_sample_ttft_s` slows the first token; a
+    functional check asked for passes with a 200 answer."""
 
-    def take(alias: str, requests: int, _max_tokens: int) -> Sample:
+    def take(alias: str, requests: int, _max_tokens: int, functional: int | None) -> Sample:
         from anvil_ctl.qualify.slosample import RequestResult, Sample
 
         maybe_hang_or_fail(router.world, "route_sample")
@@ -200,6 +206,11 @@ def fake_route_sample(router: FakeRouter) -> Callable[[str, int, int], Sample]:
                 if ok
                 else RequestResult(False, error=f"HTTP {answer.status}")
             )
-        return Sample(time.time(), tuple(results))
+        checks: tuple[JSONObject, ...] = ()
+        if functional is not None:
+            from anvil_ctl.qualify.slosample import FUNCTIONAL
+
+            checks = tuple({"check": k, "ok": router.routed_chat(alias).status == 200} for k in FUNCTIONAL)
+        return Sample(time.time(), tuple(results), checks)
 
     return take

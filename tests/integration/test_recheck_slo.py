@@ -1,7 +1,8 @@
 """`recheck --slo` on real Docker with a real smg and the official client: a healthy stub holds
 its thresholds (exit 0), a stub whose streams are cut from the start breaches them (exit 6,
 the breach named), and a promoted serve that turns slow is rolled back by
-`--rollback-on-breach`, the rollback attributed to the policy and its enabler.
+`--rollback-on-breach`, the rollback attributed to the policy and its enabler; the last on
+HAProxy too.
 
 The thresholds come from a profile file with a `[watch]` table of absolute limits, sampled
 twice 0.2 s apart (a breach: both samples fail one limit)."""
@@ -135,3 +136,35 @@ class TestRecheckSlo:
         code, after = slo(host)
         assert (code, after["passed"]) == (0, True), after  # the incumbent answers well again
         assert incumbent.served_model != CANDIDATE
+
+
+class TestOnHaproxy:
+    def test_a_slow_promoted_serve_breaches_and_is_rolled_back_through_haproxy(self, tmp_path: Path) -> None:
+        """The same `recheck --slo` through HAProxy: a promoted candidate slow from its first
+        token breaches ttft_p95_s (exit 6), `--rollback-on-breach` brings the recorded
+        incumbent back, attributed to the policy, and the slot holds its thresholds again."""
+        from tests.integration.conftest import campaign_host
+        from tests.integration.test_load_docker import variant
+
+        with campaign_host(tmp_path / "host", "haproxy") as host:
+            variant(tmp_path, "slow", ["--late-fault", "slow-first-token:2.5@0"])
+            loaded = host.run("load", str(tmp_path / "slow.toml"), "--slot", "primary")
+            assert loaded["state"] == "committed", loaded.get("reason")
+            verified_decision(host.app().store, "primary", "slo-{digest}")
+            promoted = host.run("promote", "--slot", "primary", "--approved-by", "slo-test")
+            assert promoted["state"] == "committed", promoted.get("reason")
+            (tmp_path / "watch.toml").write_text(WATCH)
+            slo = ("recheck", "--slot", "primary", "--slo", "--profile", str(tmp_path / "watch.toml"))
+            enable = ("--rollback-on-breach", "--by", "alice", "--until", "2099-01-01", "--reason", "bake")
+            out = host.run(*slo, *enable)
+            assert (out["_exit"], out["failed"]) == (6, ["slo"]), out
+            found = next(a["observed"] for a in out["assertions"] if a["name"] == "slo")
+            (breach,) = found["breaches"]
+            assert breach["metric"] == "ttft_p95_s" and min(breach["observed"]) >= 2.5
+            rolled = found["rollback"]
+            assert rolled["ran"] is True and rolled["state"] == "committed", rolled
+            decided = audit.show(host.app(), rolled["tx_id"])["args"]["decided_by"]
+            assert (decided["policy"], decided["enabled_by"]) == ("rollback-on-breach", "alice")
+            assert host.phase_of(host.observe()) == "A"  # the incumbent serves and is routed
+            again = host.run(*slo)
+            assert (again["_exit"], again["failed"]) == (0, []), again

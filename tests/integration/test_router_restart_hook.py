@@ -8,7 +8,8 @@ systemd runs it, started with the router and before it listens) and the watcher 
 container-run router (`contrib/anvil-router-watch`, following Docker's events while smg runs
 in a container and `docker restart` restarts it). Each test promotes, restarts the router
 and polls the route through the router with the client key until it answers with the
-promoted model, within a deadline; the seconds it took are printed (`-s`).
+promoted model, within a deadline; the seconds it took are printed (`-s`). HAProxy run in a
+container (its Runtime API changes forgotten at a restart) is healed by the same watcher.
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ HEAL_DEADLINE_S = 60.0
 VENV = Path(sys.executable).parent.parent
 
 
-def routed(router_url: str) -> tuple[int, str | None]:
+def routed(router_url: str, client_token: str = Keys.client) -> tuple[int, str | None]:
     try:
         r = httpx.post(
             f"{router_url}/v1/chat/completions",
-            headers={"Authorization": f"Bearer {Keys.client}"},
+            headers={"Authorization": f"Bearer {client_token}"},
             json={"model": "llm.primary", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
             timeout=5,
         )
@@ -230,3 +231,73 @@ class TestContainerRouterWatcher:
                 watcher.terminate()
                 watcher.wait(timeout=10)
             close_host(host, runtime)
+
+
+class TestContainerHaproxyWatcher:
+    def test_a_docker_restart_of_haproxy_is_healed_by_the_watcher(
+        self, tmp_path: Path, docker_client: Any, stub_image_id: str
+    ) -> None:
+        """HAProxy keeps its servers' addresses and states from the Runtime API in memory: a
+        `docker restart` brings it back with every server in maintenance (503 for the alias).
+        The watcher's repair puts the promoted candidate back on the route."""
+        from tests.integration.conftest import campaign_host
+        from tests.integration.test_load_docker import variant
+
+        with campaign_host(tmp_path / "host", "haproxy") as host:
+            camp = host.camp
+            config, socket_path = camp.router.extra["config"], Path(camp.router.extra["socket"])
+            camp.router.stop()  # the same HAProxy, its config and socket, now run in a container
+            socket_path.unlink(missing_ok=True)
+            ro = {"bind": "", "mode": "ro"}
+            volumes = {p: {**ro, "bind": p} for p in ("/usr", "/lib", "/lib64") if Path(p).exists()}
+            volumes[str(Path(config).parent)] = {"bind": str(Path(config).parent), "mode": "rw"}
+            name = f"anvil-test-haproxy-{uuid.uuid4().hex[:8]}"
+            container = docker_client.containers.run(
+                stub_image_id,
+                ["/usr/sbin/haproxy", "-db", "-f", config],
+                name=name,
+                detach=True,
+                network_mode="host",
+                init=True,
+                volumes=volumes,
+                labels={"io.anvil.role": "test"},
+            )
+            log = tmp_path / "watch.log"
+            argv = [sys.executable, str(WATCHER), "--container", name, "--slot", "primary"]
+            with log.open("wb") as out:
+                watcher = subprocess.Popen(
+                    [*argv, "--anvilctl", str(VENV / "bin" / "anvilctl")],
+                    env=camp.env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                wait_line(log, "following starts", watcher)
+                wait_line(log, "exit 0", watcher)  # its first pass routed the incumbent again
+                variant(tmp_path, "cand", [])
+                loaded = host.run("load", str(tmp_path / "cand.toml"), "--slot", "primary")
+                assert loaded["state"] == "committed", loaded.get("reason")
+                verified_decision(host.app().store, "primary", "hook-{digest}")
+                promoted = host.run("promote", "--slot", "primary", "--approved-by", "hook-test")
+                assert promoted["state"] == "committed", promoted.get("reason")
+                repairs = len(audit.transactions(host.app(), kind="reconcile", state="committed", limit=100))
+                restarted = time.monotonic()
+                container.restart(timeout=5)
+                seen: list[Any] = []
+                deadline = time.monotonic() + HEAL_DEADLINE_S
+                while True:
+                    status, model = routed(camp.router.url, camp.client_token)
+                    seen.append((status, model))
+                    if status == 200 and model == CANDIDATE:
+                        break
+                    assert time.monotonic() < deadline, f"not healed in {HEAL_DEADLINE_S} s: {seen[-3:]}"
+                    time.sleep(0.2)
+                healed = time.monotonic() - restarted
+                print(f"\nhaproxy container watcher: route healed {healed:.2f} s after docker restart")
+                wait_line(log, "exit 0", watcher, count=2)
+                after = audit.transactions(host.app(), kind="reconcile", state="committed", limit=100)
+                assert len(after) == repairs + 1, log.read_text()
+            finally:
+                if watcher.poll() is None:
+                    watcher.terminate()
+                    watcher.wait(timeout=10)

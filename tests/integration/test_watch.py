@@ -2,7 +2,7 @@
 late faults, starting once the watch samples, rolls the promote back by itself (the breach
 in the record, the incumbent serving again); a healthy watch commits; `promote --abort` from
 another shell and SIGINT roll back as a person's decision; a promote killed (SIGKILL) while
-watching is resumed by `recover` and converges.
+watching is resumed by `recover` and converges. Every late fault rolls back on HAProxy too.
 
 The host: an incumbent stub adopted and routed, a candidate loaded from a copy of
 stub-393k-c1 with a `--late-fault` whose onset is a count of completions: the load and the
@@ -257,14 +257,16 @@ class TestAWatchedPromote:
 
 
 class TestOnHaproxy:
-    def test_a_breach_rolls_back_by_itself_through_haproxy(self, tmp_path: Path) -> None:
-        """The same watch through HAProxy: the candidate answers 500 from the watch's first
-        sample; the promote ends rolled_back, the rollback commits, the incumbent is routed."""
+    @pytest.mark.parametrize("fault", sorted(FAULTS))
+    def test_a_late_fault_rolls_back_by_itself_through_haproxy(self, tmp_path: Path, fault: str) -> None:
+        """The same watch through HAProxy: the candidate turns faulty from the watch's first
+        sample; the promote ends rolled_back naming the metric, the rollback commits, the
+        incumbent is routed."""
         from tests.integration.conftest import campaign_host
 
         with campaign_host(tmp_path / "host", "haproxy") as host:
-            variant(tmp_path, "late-500", ["--late-fault", f"http-500@{ONSET}"])
-            loaded = host.run("load", str(tmp_path / "late-500.toml"), "--slot", "primary")
+            variant(tmp_path, "late", ["--late-fault", f"{fault}@{ONSET + (fault in LATER)}"])
+            loaded = host.run("load", str(tmp_path / "late.toml"), "--slot", "primary")
             assert loaded["state"] == "committed", loaded.get("reason")
             profile = tmp_path / "watch.toml"
             profile.write_text(WATCH)
@@ -272,5 +274,8 @@ class TestOnHaproxy:
             out = host.run("promote", "--slot", "primary", "--approved-by", "watch-test")
             assert (out["_exit"], out["state"]) == (ExitCode.ROLLED_BACK, "rolled_back"), out.get("reason")
             assert out["followed_by"]["state"] == "committed", out["followed_by"]
-            assert "error_rate" in out["reason"]
+            assert FAULTS[fault] in out["reason"], out["reason"]
             assert host.phase_of(host.observe()) == "A"  # the incumbent serves and is routed
+            if fault == "http-500":  # HAProxy's own count of the server's 5xx, read passively
+                samples = _samples(_show({"app": host.app()}, out["tx_id"]))
+                assert max(s["metrics"]["router_errors"] for s in samples) > 0, samples

@@ -23,7 +23,7 @@ CLIENT = "client-token-xyz-123"
 TIERS = {"primary-local": ("llm.primary", "llm.main"), "secondary": ("llm.second",)}
 BACKEND = "http://127.0.0.1:8001"
 
-HEADER = "# pxname,svname,qcur,status,addr,"
+HEADER = "# pxname,svname,qcur,status,addr,hrsp_5xx,eresp,econ,"
 
 
 class FakeHaproxy:
@@ -64,7 +64,8 @@ class FakeHaproxy:
         if line == "show stat":
             rows = [HEADER]
             for (be, sv), s in self.servers.items():
-                rows.append(f"{be},{sv},0,{s['status']},{s['addr']}:{s['port']},")
+                errors = ",".join(str(s.get(k, 0)) for k in ("hrsp_5xx", "eresp", "econ"))
+                rows.append(f"{be},{sv},0,{s['status']},{s['addr']}:{s['port']},{errors},")
             return "\n".join(rows) + "\n\n"
         words = line.split()
         if words[:2] == ["set", "server"]:
@@ -251,6 +252,14 @@ class TestHaproxyRouter:
         with pytest.raises(AdapterError, match="expected 0-256"):
             router.set_weights("primary-local", {BACKEND: 300})
         assert not [c for c in fake.commands[sent:] if c.startswith("set ")]
+
+    def test_a_servers_errors_are_its_5xx_aborted_responses_and_failed_connections(self, fake):
+        router = make_router(fake)
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        assert router.errors("primary-local", BACKEND) == 0
+        fake.servers[("tier_primary-local", "s1")].update(hrsp_5xx=3, eresp=1, econ=2)
+        assert router.errors("primary-local", BACKEND) == 6
+        assert router.errors("primary-local", "http://127.0.0.1:8999") is None  # not registered
 
     def test_register_twice_uses_one_slot(self, fake):
         router = make_router(fake)

@@ -168,7 +168,7 @@ class TestOneLook:
         looks.clear()
         out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
         with_look = len(looks)
-        monkeypatch.setattr(world_module, "_one_look", lambda runtime, _stretch: runtime)
+        monkeypatch.delitem(world_module._STRETCH, "runtime")
         looks.clear()
         plain = transactions.load(other.app(), slot="primary", candidate=other.candidate("cand-393k"))
         assert out.state == plain.state == TxState.COMMITTED, (out.reason, plain.reason)
@@ -221,8 +221,8 @@ class TestOneReadingOfTheBindingAndTheRouter:
         asked.clear()  # the other host's adoption asked too
         out = transactions.load(fake_host.app(), slot="primary", candidate=fake_host.candidate("cand-393k"))
         with_reading = list(asked)
-        for name in ("_one_probe", "_one_route", "_one_gpu_reading"):
-            monkeypatch.setattr(world_module, name, lambda port, _stretch: port)
+        for name in ("server", "router", "gpus"):
+            monkeypatch.delitem(world_module._STRETCH, name)
         asked.clear()
         plain = transactions.load(other.app(), slot="primary", candidate=other.candidate("cand-393k"))
         assert out.state == plain.state == TxState.COMMITTED, (out.reason, plain.reason)

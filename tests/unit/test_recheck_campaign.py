@@ -343,3 +343,33 @@ class TestWatchingPhase:
         assert (watch["owner_alive"], watch["needs"]) == (False, "recover")
         shown = in_process(watching, monkeypatch, capsys)("recheck", "--slot", "primary")
         assert shown.code == 5 and "NEEDS RECOVER" in shown.out, shown.out
+
+    def test_a_promote_left_interrupted_by_a_failed_recover_needs_recover_exit_5(
+        self,
+        watching: FakeHost,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        # What `recover` leaves when it cannot finish the watch of a dead owner: the promote
+        # `interrupted`, its candidate still routed. It is no campaign still qualifying.
+        from anvil_ctl.engine import owner
+
+        store = watching.app().store
+        promote = store.watching("primary")
+        assert promote is not None
+        monkeypatch.setattr(owner, "pid_alive", lambda pid: pid != promote.owner.pid)
+        store.transition(promote.id, TxState.INTERRUPTED, "recover could not finish it: a test's failure")
+        try:
+            ran = in_process(watching, monkeypatch, capsys)("--json", "recheck", "--slot", "primary")
+            assert ran.code == ExitCode.NEEDS_OPERATOR == 5, ran.out + ran.err
+            found = ran.json()
+            assert (found["phase"], found["failed"]) == ("watching", ["watch"])
+            watch = next(a["observed"] for a in found["assertions"] if a["name"] == "watch")
+            assert (watch["promote_tx"], watch["state"], watch["needs"]) == (
+                promote.id,
+                "interrupted",
+                "recover",
+            )
+        finally:  # the watch's owner (this process's thread) goes on to its abort at the end
+            store.transition(promote.id, TxState.RUNNING, "test over")
+            store.transition(promote.id, TxState.WATCHING, "test over")

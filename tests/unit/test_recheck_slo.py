@@ -163,6 +163,49 @@ class TestOfficialClientSamples:
         assert m["ttft_p50_s"] is not None and m["ttft_p50_s"] >= 0.3  # sleeps only overshoot
 
 
+class TestFunctionalChecks:
+    """A sample asked for them takes the functional gate's checks through the route with the
+    gate's fixtures and checkers: counted as `functional_failed`."""
+
+    def _sample(self, stub: StubFactory, *args: str, n: int = 0) -> Sample:
+        s = stub(*args)
+        client = open_client(s.url, "sk-not-checked")
+        try:
+            return sample(client, "stub", requests=1, max_tokens=8, clock=0.0, functional=n)
+        finally:
+            client.close()
+
+    def test_a_healthy_serve_passes_both(self, stub: StubFactory) -> None:
+        taken = self._sample(stub, n=3)
+        assert [(c["check"], c["ok"]) for c in taken.functional] == [("tool_call", True), ("json", True)]
+        assert taken.metrics()["functional_failed"] == 0
+
+    @pytest.mark.parametrize(
+        ("fault", "check", "classification"),
+        [("bad-tool-args", "tool_call", "bad_tool_args"), ("bad-json", "json", "bad_json")],
+    )
+    def test_a_broken_answer_is_counted_as_the_gate_classifies_it(
+        self, stub: StubFactory, fault: str, check: str, classification: str
+    ) -> None:
+        taken = self._sample(stub, "--fault", fault)
+        (failed,) = [c for c in taken.functional if not c["ok"]]
+        assert (failed["check"], failed["classification"]) == (check, classification)
+        assert taken.metrics()["functional_failed"] == 1
+
+    def test_not_asked_for_none_is_taken_and_the_metric_cannot_judge(self, stub: StubFactory) -> None:
+        s = stub()
+        client = open_client(s.url, "sk-not-checked")
+        try:
+            taken = sample(client, "stub", requests=1, max_tokens=8, clock=0.0)
+        finally:
+            client.close()
+        assert taken.functional == () and taken.metrics()["functional_failed"] is None
+
+    def test_a_threshold_may_name_it(self) -> None:
+        policy = _watch({"thresholds": [{"metric": "functional_failed", "max": 0}]})
+        assert policy.thresholds == (Threshold("functional_failed", "max", 0.0),)  # type: ignore[attr-defined]
+
+
 class TestTheCommandLine:
     @pytest.fixture
     def run(

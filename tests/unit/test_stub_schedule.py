@@ -145,3 +145,41 @@ class TestOnsetByTime:
         assert _wait_exit(s) == 1
         with pytest.raises(httpx.TransportError):
             s.get("/health")
+
+
+def _onsets(s: Stub) -> dict[str, dict[str, object]]:
+    return {o["kind"]: o for o in s.get("/anvil/sim/timings").json()["onsets"]}
+
+
+class TestOnsetsReported:
+    """`GET /anvil/sim/timings` names each late fault's wall-clock onset: when it is due (a time
+    onset, known from the start) and when it first acted, the faults without a timing included."""
+
+    def test_a_count_onset_is_reported_when_the_first_changed_completion_began(
+        self, stub: StubFactory
+    ) -> None:
+        s = stub("--late-fault", "http-500@1", "--late-fault", "truncate-stream@5")
+        s.chat("one")
+        assert _onsets(s)["http-500"]["began_at"] is None
+        before = time.time()
+        assert s.post("/v1/chat/completions", CHAT).status_code == 500
+        onsets = _onsets(s)
+        began = onsets["http-500"]["began_at"]
+        assert isinstance(began, float) and before <= began <= time.time()
+        assert (onsets["http-500"]["due_at"], onsets["http-500"]["after_completions"]) == (None, 1)
+        assert onsets["truncate-stream"]["began_at"] is None  # not reached yet
+
+    def test_a_time_onset_is_known_before_it_acts_and_fatal_log_when_it_fired(
+        self, stub: StubFactory
+    ) -> None:
+        s = stub("--late-fault", "fatal-log@1s", "--late-fault", "exit@600s")
+        found = s.get("/anvil/sim/timings").json()
+        onsets = {o["kind"]: o for o in found["onsets"]}
+        assert onsets["exit"]["due_at"] == pytest.approx(found["started_at"] + 600, abs=0.01)
+        assert onsets["exit"]["began_at"] is None
+        deadline = time.monotonic() + 10
+        while _onsets(s)["fatal-log"]["began_at"] is None:
+            assert time.monotonic() < deadline, _onsets(s)
+            time.sleep(0.1)
+        fatal = _onsets(s)["fatal-log"]
+        assert float(fatal["began_at"]) >= float(fatal["due_at"])  # type: ignore[arg-type]

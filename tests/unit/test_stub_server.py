@@ -387,3 +387,24 @@ class TestShmFileKnob:
         assert (o.shm_files, o.shm_dir) == (("a", "b"), str(tmp_path))
         with pytest.raises(SystemExit):
             parse_options(["--shm-file", "../escape"], {})
+
+
+class TestAClientThatGoesAway:
+    def test_a_reset_connection_is_no_traceback_on_stderr(self, stub: StubFactory) -> None:
+        """HAProxy closes its health checks with a TCP reset: a real engine's server drops the
+        connection quietly, and a watch counts every traceback on stderr as a fatal line."""
+        import socket
+        import struct
+
+        s = stub()
+        port = int(s.url.rsplit(":", 1)[1])
+        for _ in range(20):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: stub\r\n\r\n")
+            conn.close()  # SO_LINGER 0: a reset, before the answer is read
+        assert s.get("/health").status_code == 200
+        s.proc.terminate()
+        s.proc.wait(timeout=10)
+        err = s.proc.stderr.read().decode() if s.proc.stderr else ""
+        assert "Traceback" not in err, err[-2000:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from tests.unit.test_stub_server import Stub, StubFactory, stub
 
 __all__ = ["stub"]  # the fixture, shared with the stub's process tests
@@ -20,7 +22,9 @@ def stream(s: Stub, text: str, max_tokens: int) -> list[str]:
 
 class TestMeasuredTimings:
     def test_a_fresh_stub_has_measured_nothing(self, stub: StubFactory) -> None:
-        assert stub().get("/anvil/sim/timings").json() == {"timings": []}
+        found = stub().get("/anvil/sim/timings").json()
+        assert (found["timings"], found["onsets"]) == ([], [])
+        assert abs(found["started_at"] - time.time()) < 60
 
     def test_each_streamed_completion_reports_what_it_really_took(self, stub: StubFactory) -> None:
         s = stub("--prefill-tps", "400", "--decode-tps", "50", "--verbose-default")

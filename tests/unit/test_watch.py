@@ -159,6 +159,20 @@ class TestAWatchedPromote:
         assert begin["serve"] == shown["args"]["candidate"]["container_id"]
         assert shown["states"][-1]["data"]["watch"]["ended"] == "healthy"
 
+    def test_a_limit_on_functional_failed_makes_every_sample_take_the_functional_checks(
+        self, watched: Callable[..., FakeHost], tmp_path: Path
+    ) -> None:
+        host = watched("1s")
+        profile = tmp_path / "watch-unit.toml"
+        profile.write_text(
+            profile.read_text() + '[[watch.thresholds]]\nmetric = "functional_failed"\nmax = 0\n'
+        )
+        out = lifecycle.promote(host.app(), slot="primary", approved_by="alice")
+        assert out.state == TxState.COMMITTED and out.tx_id is not None, out.reason
+        samples = _events(host, out.tx_id, "sample")
+        assert samples and all(s["metrics"]["functional_failed"] == 0 for s in samples)  # type: ignore[index]
+        assert [c["check"] for c in samples[0]["functional"]] == ["tool_call", "json"]  # type: ignore[union-attr]
+
     def test_a_breach_rolls_back_as_a_transaction_of_its_own_linked_both_ways(
         self, watched: Callable[..., FakeHost]
     ) -> None:
@@ -328,3 +342,28 @@ class TestWhatTheOperatorSees:
         assert cut.code == 0, cut.err
         assert "watch" not in cut.json()["results"]
         assert not _events(host, cut.json()["tx_id"], "begin")
+
+
+class TestTheRoutersOwnErrorCount:
+    """The router's count of the serve's failed answers, read passively with every sample as
+    the growth since the watch began (None where the router keeps no count we read)."""
+
+    def test_the_growth_since_the_watch_began_is_the_metric(self, fake_host: FakeHost) -> None:
+        from anvil_ctl.engine.watch import RouteSampler, router_errors
+        from anvil_ctl.qualify.watchpolicy import DEFAULT
+
+        world = fake_host.app().world()
+        serve = fake_host.app().store.current_identity("primary", "incumbent")
+        assert serve is not None
+        url = world.config.slot("primary").base_url
+        assert router_errors(world, serve) is None  # a router that keeps none: not judged
+        with fake_host.world.edit() as w:
+            w["router_errors"] = {url: 2}
+        began = RouteSampler.baseline(world, serve)
+        assert began["router_errors_before"] == 2
+        take = RouteSampler(world, serve, requests=1, max_tokens=4, limits=DEFAULT.limits({}), baseline=began)
+        assert take(0)["metrics"]["router_errors"] == 0  # type: ignore[index]
+        with fake_host.world.edit() as w:
+            w["router_errors"] = {url: 5}
+        sample = take(1)
+        assert sample["metrics"]["router_errors"] == 3 and sample["passive"]["router_errors"] == 3  # type: ignore[index]

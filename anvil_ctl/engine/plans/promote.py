@@ -45,6 +45,7 @@ from anvil_ctl.engine.guards import (
     NoUnresolvedTransaction,
     RollbackIdentityComplete,
     RollbackIdentityRestorable,
+    RouterConfigured,
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
@@ -163,15 +164,6 @@ def declare_watch(world: World, cand: Identity, duration_s: float | None) -> Wat
     )
 
 
-class RouterConfigured(Guard[PCtx]):
-    """Promotion means routing: a host without a router has nothing to promote to."""
-
-    def check(self, ctx: PCtx) -> Refusal | None:
-        if ctx.world.router is None:
-            return self.refuse("promote needs a router: the host config's router.kind is 'none'")
-        return None
-
-
 class ApproverNamed(Guard[PCtx]):
     """A promotion names the person who approved it."""
 
@@ -260,13 +252,8 @@ def waived_checks(world: World, decision_id: str | None) -> dict[str, str]:
     decision = qualification.decision(world.store, decision_id)
     if decision is None:
         return {}
-    relied = {w.id: w for w in waiver_rows.waivers(world.store) if w.id in decision["waiver_ids"]}
-    out = {}
-    for check, gate in ACCEPTANCE_GATES.items():
-        for w in relied.values():
-            if gate in w.gates:
-                out[check] = w.id
-    return out
+    relied = [w for w in waiver_rows.waivers(world.store) if w.id in decision["waiver_ids"]]
+    return {check: w.id for check, gate in ACCEPTANCE_GATES.items() for w in relied if gate in w.gates}
 
 
 def acceptance(ctx: PCtx) -> StepResult:
@@ -373,7 +360,7 @@ def _candidate(ctx: Ctx) -> Identity:
 def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
     again: it goes on from the journaled start, for what is left of the duration."""
-    from anvil_ctl.engine.watch import Interrupts, RouteSampler, restart_count, stopper, watch, within
+    from anvil_ctl.engine.watch import Interrupts, RouteSampler, stopper, watch, within
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
     from anvil_ctl.qualify.watchpolicy import Limit
 
@@ -384,26 +371,22 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
         None,
     )
     if began is None:
-        began = {"since": time.time(), "restarts_before": restart_count(world, cand)}
+        began = RouteSampler.baseline(world, cand)
         record("begin", {**began, "serve": cand.container_id, "duration_s": decl.duration_s})
     since = float(str(began["since"]))
     left = max(0.0, decl.duration_s - (time.time() - since))
     if left < decl.duration_s - 1:
         record("resume", {"since": since, "left_s": round(left, 3)})
+    limits = [Limit.of(lim) for lim in decl.limits]
     sampler = RouteSampler(
-        world,
-        cand,
-        requests=decl.requests,
-        max_tokens=decl.max_tokens,
-        since=since,
-        restarts_before=int(str(began["restarts_before"])),
+        world, cand, requests=decl.requests, max_tokens=decl.max_tokens, limits=limits, baseline=began
     )
     with Interrupts().installed() as interrupts:
         verdict = watch(
             duration_s=left,
             interval_s=decl.interval_s,
             consecutive=decl.consecutive,
-            judge=within([Limit.of(lim) for lim in decl.limits], decl.consecutive),
+            judge=within(limits, decl.consecutive),
             take=sampler,
             record=lambda sample: record("sample", dict(sample)),
             stop=stopper(world.store, ctx.tx_id, interrupts),

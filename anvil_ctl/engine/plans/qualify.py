@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from anvil_ctl.core.errors import AdapterError, AnvilError, BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_RECIPE, LABEL_SLOT, ContainerLog
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_RECIPE, LABEL_SLOT
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest
@@ -146,27 +147,14 @@ def _reserve_probe(world: World, roles: Sequence[str]) -> Callable[[], list[Rese
     return probe
 
 
-def _log_reader(world: World, ident: Identity) -> Callable[[int, int], ContainerLog]:
-    """The candidate container's bounded log, read when the log audit runs (after the workload)."""
-
-    def read(max_lines: int, max_bytes: int) -> ContainerLog:
-        return world.runtime.logs(ident.container_id, max_lines=max_lines, max_bytes=max_bytes)
-
-    return read
-
-
-def liveness(world: World, ident: Identity) -> Callable[[], JSONObject | None]:
+def died(world: World, ident: Identity) -> JSONObject | None:
     """None while the candidate's container runs; else what the runtime says of it."""
-
-    def probe() -> JSONObject | None:
-        info = inspect_or_none(world, ident.container_id)
-        if info is None:
-            return {"container_id": ident.container_id, "status": "absent", "exit_code": None}
-        if info.running:
-            return None
-        return {"container_id": info.id, "status": info.status, "exit_code": info.exit_code}
-
-    return probe
+    info = inspect_or_none(world, ident.container_id)
+    if info is None:
+        return {"container_id": ident.container_id, "status": "absent", "exit_code": None}
+    if info.running:
+        return None
+    return {"container_id": info.id, "status": info.status, "exit_code": info.exit_code}
 
 
 def run_gates(ctx: Ctx) -> StepResult:
@@ -188,7 +176,10 @@ def run_gates(ctx: Ctx) -> StepResult:
         identity_digest=ident.qualification_digest,
         reserve_probe=_reserve_probe(world, roles_of(world, ident)),
         progress=ctx.memo.progress,
-        container_log=_log_reader(world, ident),
+        # The candidate's bounded log, read when the log audit runs (after the workload).
+        container_log=lambda lines, size: world.runtime.logs(
+            ident.container_id, max_lines=lines, max_bytes=size
+        ),
         engine=engine,
         secrets=ctx.memo.secrets,
         provenance={"recipe": ctx.args.recipe, "engine": ctx.args.engine, "source": ctx.args.source},
@@ -199,7 +190,7 @@ def run_gates(ctx: Ctx) -> StepResult:
             "gpu_role_uuids": {r: world.config.gpu_roles[r].uuid for r in roles_of(world, ident)},
         },
         context=context,
-        liveness=liveness(world, ident),
+        liveness=partial(died, world, ident),
     )
     ctx.memo.result = result
     # The manifest's own hash binds the directory to this record (`evidence verify`).

@@ -7,14 +7,13 @@ router accepts our credentials; a candidate `load` left unpromoted is never publ
 
 from __future__ import annotations
 
-from anvil_ctl.core.errors import AdapterError, BadInput, StepFailed
+from anvil_ctl.core.errors import AdapterError, BadInput
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_SLOT
-from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
-from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterCredentialsAccepted
+from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterConfigured, RouterCredentialsAccepted
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import ReconcileArgs, ReconcileRequest
 from anvil_ctl.engine.serving import (
@@ -22,6 +21,7 @@ from anvil_ctl.engine.serving import (
     is_running,
     route_slot_to,
     routed_expectation,
+    router_of,
     smoke_step,
 )
 from anvil_ctl.engine.world import World
@@ -34,12 +34,6 @@ HEALTH_PATH = "/health"
 
 def _serve(ctx: Ctx) -> Identity:
     return ctx.args.serve
-
-
-def _router(world: World) -> Router:
-    if world.router is None:  # RouterConfigured refuses this before any step
-        raise StepFailed("reconcile needs a router: the host config's router.kind is 'none'")
-    return world.router
 
 
 def what_runs(world: World, slot_name: str, serve: Identity) -> str:
@@ -65,15 +59,6 @@ def what_runs(world: World, slot_name: str, serve: Identity) -> str:
 
 
 # -- guards -----------------------------------------------------------------------------------
-
-
-class RouterConfigured(Guard[Ctx]):
-    """Reconciling a route needs a router: a host without one has no route to re-apply."""
-
-    def check(self, ctx: Ctx) -> Refusal | None:
-        if ctx.world.router is None:
-            return self.refuse("reconcile needs a router: the host config's router.kind is 'none'")
-        return None
 
 
 class RecordedServeRunning(Guard[Ctx]):
@@ -134,7 +119,7 @@ def route_slot(ctx: Ctx) -> StepResult:
     world, serve = ctx.world, ctx.args.serve
     slot = world.config.slot(serve.slot)
     _alias, expected = routed_expectation(world, serve)
-    before = _router(world).check_route(slot.router_tier, slot.base_url, expected)
+    before = router_of(world).check_route(slot.router_tier, slot.base_url, expected)
     result: JSONObject = {"tier": slot.router_tier, "url": slot.base_url, "model": serve.served_model}
     if before.holds:
         return {**result, "already_routed": True, "changed": False}

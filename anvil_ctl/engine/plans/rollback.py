@@ -88,27 +88,14 @@ def resolve_target(store: Store, slot: str, ref: str) -> Identity:
         count, revisions = queries.slot_revisions(store, slot, store.host, number=int(ref))
         if not revisions:
             raise BadInput(f"--to {ref}: slot {slot} has revisions 1..{count}", field="to")
-        (rev,) = revisions
-        if rev["serve"] is None:
-            raise BadInput(
-                f"--to {ref}: revision {ref} ({rev['kind']}, {rev['state']}) left no serve to bring "
-                "back; expected a committed adopt, load, promote or rollback",
-                field="to",
-            )
-        return _left_by(store, rev, f"revision {ref}")
+        return _left_by(store, revisions[0], ref, f"revision {ref}")
     by_tx = queries.slot_revisions_of(store, slot, store.host, ref)
     by_ref = store.identity_by_ref(slot, ref)
     if len(by_tx) > 1:
         raise BadInput(f"--to {ref!r}: names transactions {[r['tx_id'] for r in by_tx]}", field="to")
     if by_tx:
         rev = by_tx[0]
-        if rev["serve"] is None:
-            raise BadInput(
-                f"--to {ref!r}: transaction {rev['tx_id']} ({rev['kind']}, {rev['state']}) left no "
-                "serve to bring back",
-                field="to",
-            )
-        found = _left_by(store, rev, f"transaction {rev['tx_id']}")
+        found = _left_by(store, rev, ref, f"transaction {rev['tx_id']}")
         if by_ref is not None and by_ref.digest != found.digest:
             raise BadInput(
                 f"--to {ref!r}: names transaction {rev['tx_id']} and container "
@@ -123,10 +110,16 @@ def resolve_target(store: Store, slot: str, ref: str) -> Identity:
     return by_ref
 
 
-def _left_by(store: Store, rev: Revision, what: str) -> Identity:
+def _left_by(store: Store, rev: Revision, ref: str, what: str) -> Identity:
     """The serve revision `rev` left, read through its transaction's identity rows."""
     serve = rev["serve"]
-    found = store.identity_of(rev["tx_id"], serve["role"]) if serve is not None else None
+    if serve is None:
+        raise BadInput(
+            f"--to {ref!r}: {what} ({rev['kind']}, {rev['state']}) left no serve to bring back; "
+            "expected a committed adopt, load, promote or rollback",
+            field="to",
+        )
+    found = store.identity_of(rev["tx_id"], serve["role"])
     if found is None:  # the identity row came from the same history: only a cut record gets here
         raise BadInput(f"--to: the identity {what} recorded is not in the record", field="to")
     return found

@@ -17,13 +17,13 @@ from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONArray
 from anvil_ctl.core.model import LABEL_ROLE, LABEL_SLOT, ContainerInfo
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.drain import wait_idle
 from anvil_ctl.engine.guards import NoUnresolvedTransaction
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import UnloadArgs, UnloadRequest
 from anvil_ctl.engine.serving import inspect_or_none
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import gpu_ledger
 
 Ctx = StepContext[UnloadArgs, World, NoMemo]
 
@@ -95,10 +95,7 @@ def remove_candidate(ctx: Ctx) -> StepResult:
 
 
 def release_roles(ctx: Ctx) -> StepResult:
-    cid = ctx.args.container_id
-    roles = sorted(r for r, o in gpu_ledger.gpu_owners(ctx.world.store).items() if o["container_id"] == cid)
-    gpu_ledger.release_roles(ctx.world.store, roles, container_id=cid, tx_id=ctx.tx_id)
-    return {"released": list(roles)}
+    return {"released": list(gpu_ownership.release_all(ctx.world, ctx.args.container_id, ctx.tx_id))}
 
 
 def record_residue(ctx: Ctx) -> StepResult:

@@ -66,6 +66,21 @@ class Smoke(Gate):
         return finish(self, checks, attempts)
 
 
+JSON_EXPECTED: JSONObject = {"status": "ok", "service": "anvil", "items": [3, 1, 2], "ready": True}
+"""What the JSON fixture asks for, exactly (the gate's and a watch's JSON check)."""
+
+
+def check_json(checks: Checks, attempt: Attempt, expected: JSONObject) -> None:
+    """The attempt answered, its content parses as JSON and equals `expected`."""
+    if checks.add("answered", attempt.result is not None, "error", error=attempt.error):
+        assert attempt.result is not None
+        ok, value = parse_json(attempt.result.content)
+        if checks.add(
+            "parses", ok, "bad_json", observed=attempt.result.content[:500], error=None if ok else value
+        ):
+            checks.add("equals", value == expected, "wrong_answer", expected=expected, observed=value)
+
+
 @dataclass(kw_only=True, eq=False)
 class JsonOutput(Gate):
     """`response_format` json_object: the content parses and equals the requested JSON."""
@@ -75,25 +90,14 @@ class JsonOutput(Gate):
     max_tokens: int = 256
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
-        expected: JSONObject = {"status": "ok", "service": "anvil", "items": [3, 1, 2], "ready": True}
-        messages = [user(prompts.json_instruction(expected))]
+        messages = [user(prompts.json_instruction(JSON_EXPECTED))]
         attempt = await self.attempt(
             gate_ctx,
             "json",
             body(gate_ctx, messages, self.max_tokens, response_format={"type": "json_object"}),
         )
         checks = Checks()
-        if checks.add("answered", attempt.result is not None, "error", error=attempt.error):
-            assert attempt.result is not None
-            ok, value = parse_json(attempt.result.content)
-            if checks.add(
-                "parses",
-                ok,
-                "bad_json",
-                observed=attempt.result.content[:500],
-                error=None if ok else value,
-            ):
-                checks.add("equals", value == expected, "wrong_answer", expected=expected, observed=value)
+        check_json(checks, attempt, JSON_EXPECTED)
         return finish(self, checks, [attempt])
 
 
