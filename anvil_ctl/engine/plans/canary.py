@@ -40,11 +40,8 @@ from anvil_ctl.engine.plans.promote import (
     ApproverNamed,
     CandidateIsServing,
     CandidateVerified,
-    acceptance,
-    record_promotion,
+    closing_steps,
     standing_decision,
-    unrecord_promotion,
-    vram_after_acceptance,
 )
 from anvil_ctl.engine.serving import (
     identity_drift,
@@ -368,19 +365,7 @@ def build(
         ),
         stop_retain_step("stop-incumbent", _incumbent, "stop (never remove) the incumbent"),
         smoke_step(_candidate),
-        Step("acceptance", acceptance, None, "real-client acceptance (openai: chat, stream, tool)"),
-        Step(
-            "vram-after-acceptance",
-            vram_after_acceptance,
-            None,
-            "free VRAM per card after acceptance against the reserve in force",
-        ),
-        Step(
-            "record-promotion",
-            record_promotion,
-            unrecord_promotion,
-            "candidate becomes incumbent; old incumbent the rollback identity; approval",
-        ),
+        *closing_steps(),
     ]
     slots: Mapping[str, None] = dict.fromkeys(sorted({args.incumbent.slot, args.candidate.slot}))
     return Plan(

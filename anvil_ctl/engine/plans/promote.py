@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
@@ -89,6 +89,7 @@ class Promotion(Protocol):
 
 
 PCtx = StepContext[Promotion, World, object]
+_C = TypeVar("_C", bound=PCtx)
 
 
 def standing_decision(store: Store, identity_digest: str) -> DecisionRecord | None:
@@ -423,6 +424,25 @@ def _roll_back(ctx: Ctx, verdict: Verdict) -> WatchEnd:
     return WatchEnd(False, reason, {"watch": verdict.as_dict(), "decided_by": decided}, request)
 
 
+def closing_steps() -> list[Step[_C]]:
+    """What ends every promotion, cutover or canary: acceptance, VRAM after it, the record."""
+    return [
+        Step("acceptance", acceptance, None, "real-client acceptance (openai: chat, stream, tool)"),
+        Step(
+            "vram-after-acceptance",
+            vram_after_acceptance,
+            None,
+            "free VRAM per card after acceptance against the reserve in force",
+        ),
+        Step(
+            "record-promotion",
+            record_promotion,
+            unrecord_promotion,
+            "candidate becomes incumbent; old incumbent the rollback identity; approval",
+        ),
+    ]
+
+
 def build(
     args: PromoteArgs, world: World, _req: PromoteRequest | None = None
 ) -> Plan[PromoteArgs, World, NoMemo]:
@@ -432,19 +452,7 @@ def build(
         steps=[
             route_step("route-to-candidate", _candidate, "route the tier to the candidate", drain_again),
             smoke_step(_candidate),
-            Step("acceptance", acceptance, None, "real-client acceptance (openai: chat, stream, tool)"),
-            Step(
-                "vram-after-acceptance",
-                vram_after_acceptance,
-                None,
-                "free VRAM per card after acceptance against the reserve in force",
-            ),
-            Step(
-                "record-promotion",
-                record_promotion,
-                unrecord_promotion,
-                "candidate becomes incumbent; old incumbent the rollback identity; approval",
-            ),
+            *closing_steps(),
         ],
         memo=NoMemo(),
         guards=GUARDS,
