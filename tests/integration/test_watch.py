@@ -275,6 +275,43 @@ class TestAWatchedPromote:
         rechecked = anvilctl(host["env"], "--json", "recheck", "--slot", "primary")
         assert rechecked.returncode == 0, rechecked.stdout
 
+    def test_recover_without_the_client_key_changes_nothing_and_converges_with_it(
+        self, watched: Callable[..., dict[str, Any]]
+    ) -> None:
+        """An authentication failure is no verdict on the serve: `recover` without the router's
+        client key refuses (exit 3) naming the missing variable before it writes anything;
+        the promote still needs recover, the candidate still serves and is routed; the next
+        `recover`, with the key, resumes the watch and commits."""
+        host = watched()
+        child = _promote_child(host, "30s")
+        try:
+            tx = _until_watching(host, child)
+            child.send_signal(signal.SIGKILL)
+        finally:
+            _reap(child)
+        store = host["app"].store
+
+        def seen() -> tuple[Any, ...]:
+            running = sorted(c.id for c in host["app"].world().runtime.list() if c.running)
+            routed = host["app"].world().router.routed_chat("llm.primary")
+            return store.state(tx), len(store.step_events(tx)), running, (routed.status, routed.model)
+
+        before = seen()
+        assert before[0] == TxState.WATCHING and before[3] == (200, CANDIDATE), before
+        keyless = {k: v for k, v in host["env"].items() if k != "ANVIL_ROUTER_CLIENT_TOKEN"}
+        refused = anvilctl(keyless, "--json", "recover")
+        assert refused.returncode == ExitCode.REFUSED, refused.stdout + refused.stderr
+        assert "ANVIL_ROUTER_CLIENT_TOKEN" in refused.stdout + refused.stderr
+        assert "recover changed nothing" in refused.stdout + refused.stderr
+        assert seen() == before  # the record and the host as the dead owner left them
+        still = anvilctl(host["env"], "--json", "recheck", "--slot", "primary")  # still needs recover
+        assert (still.returncode, json.loads(still.stdout)["phase"]) == (ExitCode.NEEDS_OPERATOR, "watching")
+        recovered = anvilctl(host["env"], "--json", "recover")
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        (done,) = json.loads(recovered.stdout)["recovered"]
+        assert (done["tx_id"], done["state"], done["direction"]) == (tx, "committed", "forward"), done
+        assert _serving(host) == CANDIDATE
+
 
 class TestOnHaproxy:
     @pytest.mark.parametrize("fault", sorted(FAULTS))
