@@ -58,3 +58,13 @@ class TestHostConfig:
         p = self._write(tmp_path, 'hots = "typo"\n')
         with pytest.raises(ConfigError, match="hots"):
             load_host_config(p)
+
+    def test_the_routers_metrics_url_is_smgs_and_unset_by_default(self, tmp_path: Path) -> None:
+        assert load_host_config(self._write(tmp_path, "")).router.metrics_url is None
+        url = "http://127.0.0.1:29000/metrics"
+        smg = self._write(tmp_path, f'[router]\nkind = "smg"\nmetrics_url = "{url}"\n')
+        assert load_host_config(smg).router.metrics_url == url
+        haproxy = self._write(tmp_path, f'[router]\nkind = "haproxy"\nmetrics_url = "{url}"\n')
+        with pytest.raises(ConfigError, match="metrics_url") as info:
+            load_host_config(haproxy)
+        assert info.value.exit_code == 2
