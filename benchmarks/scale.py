@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sqlalchemy import MetaData, Table, column, create_engine, event, insert, select
+from sqlalchemy import MetaData, Table, column, create_engine, delete, event, insert, select
 from sqlalchemy.orm import Session
 
 from anvil_ctl.bootstrap import App
@@ -345,6 +345,8 @@ def build(template: Template, size: int, cache: Path) -> Path:
     copier = Copier(template, work)
     copier.copies(copies, progress)
     with Session(copier.engine) as session, session.begin():
+        for model in projection.MODELS.values():
+            session.execute(delete(model))
         projection.write_rebuilt(session)
     copier.engine.dispose()
     con = sqlite3.connect(work)
@@ -441,9 +443,19 @@ def query_plan(con: sqlite3.Connection, sql: str) -> list[str]:
     return [str(r[3]) for r in con.execute(f"EXPLAIN QUERY PLAN {sql}")]
 
 
+CLI_TIMEOUT_S = 900
+
+
 def cli_s(host: FakeHost, *args: str) -> float:
+    """Seconds of one `anvilctl` process; a run past CLI_TIMEOUT_S is killed and reads as
+    infinite (the table says so) rather than losing every measure taken before it."""
     started = time.perf_counter()
-    subprocess.run([ANVILCTL, *args], env=host.env(), capture_output=True, timeout=900, check=False)
+    try:
+        subprocess.run(
+            [ANVILCTL, *args], env=host.env(), capture_output=True, timeout=CLI_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return float("inf")
     return time.perf_counter() - started
 
 
@@ -545,6 +557,8 @@ def verify_times(app: App, host: FakeHost) -> dict[str, Any]:
 
 
 def ms(seconds: float) -> str:
+    if seconds == float("inf"):
+        return f"over {CLI_TIMEOUT_S} s (killed)"
     return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
 
@@ -703,6 +717,8 @@ def main() -> int:
                 flush=True,
             )
             results.append(measure_apart(template, db, size, args.repeat))
+            if args.json:  # each size as it is measured: a later failure keeps it
+                args.json.write_text(json.dumps(results, indent=2))
     if args.build_only:
         return 0
     if args.json:
