@@ -334,6 +334,7 @@ def _router(app: App) -> tuple[Router | None, Acceptance | None]:
             rc.url,
             creds,
             admin_url=rc.admin_url,
+            metrics_url=rc.metrics_url,
             removal_hold_s=rc.removal_hold_s,
             removal_timeout_s=rc.drain_deadline_s,
         )

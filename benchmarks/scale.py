@@ -19,8 +19,8 @@ the schema and the template, and reused.
 Timed on each, median of --repeat runs, in a process of its own per size (the command's
 library function, what the CLI calls after it started; a process that built and measured
 the smaller sizes first slows the later ones), and as `anvilctl` processes where marked:
-- every guard of load, promote and rollback (the world is the fake host's, at the
-  template's end: the candidate loaded, the incumbent stopped);
+- every guard of load, promote and rollback, the median of at least five dry runs (the world
+  is the fake host's, at the template's end: the candidate loaded, the incumbent stopped);
 - `rollback --dry-run` (its guards and its starting snapshot): the fastest and the median
   of at least five runs, and the time spent in SQLite beside them (`dbtime`), also as a
   process;
@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sqlalchemy import MetaData, Table, column, create_engine, event, insert, select
+from sqlalchemy import MetaData, Table, column, create_engine, delete, event, insert, select
 from sqlalchemy.orm import Session
 
 from anvil_ctl.bootstrap import App
@@ -345,6 +345,8 @@ def build(template: Template, size: int, cache: Path) -> Path:
     copier = Copier(template, work)
     copier.copies(copies, progress)
     with Session(copier.engine) as session, session.begin():
+        for model in projection.MODELS.values():
+            session.execute(delete(model))
         projection.write_rebuilt(session)
     copier.engine.dispose()
     con = sqlite3.connect(work)
@@ -387,11 +389,13 @@ def median_s(fn: Callable[[], Any], repeat: int, budget_s: float = 20.0) -> floa
     return statistics.median(times)
 
 
-def guard_times(app: App, host: FakeHost) -> dict[str, float]:
-    """Seconds of every guard of load, promote and rollback, each run whatever the others say."""
+def guard_times(app: App, host: FakeHost, repeat: int) -> dict[str, float]:
+    """Median seconds of every guard of load, promote and rollback over `repeat` dry runs of
+    each, every guard run whatever the others say (a single run times the moment's scheduling
+    and disk as much as the guard)."""
     from anvil_ctl.engine import runner
 
-    seen: dict[str, float] = {}
+    seen: dict[str, list[float]] = {}
     real = runner.first_refusal
 
     def every(guards: Any, gctx: Any) -> Refusal | None:
@@ -403,18 +407,19 @@ def guard_times(app: App, host: FakeHost) -> dict[str, float]:
             except Exception as exc:  # a guard that cannot check refuses; the time still counts
                 refusal = Refusal(type(exc).__name__, str(exc), {})
             name = f"{gctx.kind}: {guard.name}"
-            seen[name] = max(seen.get(name, 0.0), time.perf_counter() - started)
+            seen.setdefault(name, []).append(time.perf_counter() - started)
             first = first or refusal
         return first
 
     runner.first_refusal = every  # type: ignore[assignment]
     try:
-        lifecycle.rollback(app, slot=SLOT, dry_run=True)
-        lifecycle.promote(app, slot=SLOT, approved_by="bench", dry_run=True)
-        transactions.load(app, slot=SLOT, candidate=host.candidate(name="cand-3"), dry_run=True)
+        for _ in range(repeat):
+            lifecycle.rollback(app, slot=SLOT, dry_run=True)
+            lifecycle.promote(app, slot=SLOT, approved_by="bench", dry_run=True)
+            transactions.load(app, slot=SLOT, candidate=host.candidate(name="cand-3"), dry_run=True)
     finally:
         runner.first_refusal = real  # type: ignore[assignment]
-    return seen
+    return {name: statistics.median(times) for name, times in seen.items()}
 
 
 def readme_queries() -> list[tuple[str, str]]:
@@ -438,9 +443,19 @@ def query_plan(con: sqlite3.Connection, sql: str) -> list[str]:
     return [str(r[3]) for r in con.execute(f"EXPLAIN QUERY PLAN {sql}")]
 
 
+CLI_TIMEOUT_S = 900
+
+
 def cli_s(host: FakeHost, *args: str) -> float:
+    """Seconds of one `anvilctl` process; a run past CLI_TIMEOUT_S is killed and reads as
+    infinite (the table says so) rather than losing every measure taken before it."""
     started = time.perf_counter()
-    subprocess.run([ANVILCTL, *args], env=host.env(), capture_output=True, timeout=900, check=False)
+    try:
+        subprocess.run(
+            [ANVILCTL, *args], env=host.env(), capture_output=True, timeout=CLI_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return float("inf")
     return time.perf_counter() - started
 
 
@@ -459,7 +474,7 @@ def measure(template: Template, db: Path, size: int, repeat: int) -> dict[str, A
     out: dict[str, Any] = {"size": size, "bytes": db.stat().st_size}
     with host_on(template, db) as host:
         app = host.app()
-        out["guards"] = guard_times(app, host)
+        out["guards"] = guard_times(app, host, max(5, repeat))
         con = sqlite3.connect(f"file:{host.settings.state_dir / 'anvil.db'}?mode=ro", uri=True)
         out["transactions"] = con.execute("select count(*) from transactions").fetchone()[0]
         middle_id, middle_at = con.execute(
@@ -542,6 +557,8 @@ def verify_times(app: App, host: FakeHost) -> dict[str, Any]:
 
 
 def ms(seconds: float) -> str:
+    if seconds == float("inf"):
+        return f"over {CLI_TIMEOUT_S} s (killed)"
     return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
 
@@ -636,7 +653,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines.append(f"-- {q['query']}")
         lines += [f"   {step}" for step in q["plan"]]
     lines.append("```")
-    lines += ["", "Every guard of load, promote and rollback, each run whatever the others said:", ""]
+    lines += ["", "Every guard of load, promote and rollback (median), run whatever the others said:", ""]
     lines += ["| guard | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
     for name in guard_names:
         lines.append(f"| {name} | " + " | ".join(ms(r["guards"].get(name, 0)) for r in results) + " |")
@@ -700,6 +717,8 @@ def main() -> int:
                 flush=True,
             )
             results.append(measure_apart(template, db, size, args.repeat))
+            if args.json:  # each size as it is measured: a later failure keeps it
+                args.json.write_text(json.dumps(results, indent=2))
     if args.build_only:
         return 0
     if args.json:

@@ -110,6 +110,8 @@ class Campaign:
         lines = [f'credential_file = "{self.cred}"'] if with_credentials else []
         if self.router_kind == "haproxy":
             lines.append(f'runtime_socket = "{self.router.extra["socket"]}"')
+        if "metrics_url" in self.router.extra:  # smg's Prometheus page: its per-worker failures
+            lines.append(f'metrics_url = "{self.router.extra["metrics_url"]}"')
         text = HOST_TOML.format(
             router_kind=self.router_kind, router_url=self.router.url, router_lines="\n".join(lines)
         )

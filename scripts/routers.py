@@ -261,7 +261,7 @@ def start_smg(
         cmd,
         workdir / f"smg-{port}.log",
         f"http://127.0.0.1:{port}",
-        metrics_port=str(metrics_port),
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
     )
     wait_http(proc, "/liveness")
     return proc

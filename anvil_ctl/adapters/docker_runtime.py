@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal, cast
+from typing import Literal, cast, get_args
 
 import docker
 import docker.errors
@@ -96,8 +96,8 @@ class DockerRuntime:
     ) -> None:
         """Use `client`, else connect to base_url (None: DOCKER_HOST). `host`: the fleet host whose label
         (`io.anvil.host`) created containers carry; containers labelled for another host are not listed."""
-        if gpu_mode not in ("nvidia", "devices", "simulated", "auto"):
-            raise BadInput(f"gpu_mode must be 'nvidia', 'devices', 'simulated' or 'auto', not {gpu_mode!r}")
+        if gpu_mode not in get_args(GpuMode):
+            raise BadInput(f"gpu_mode must be one of {', '.join(get_args(GpuMode))}, not {gpu_mode!r}")
         self.gpu_mode: GpuMode = gpu_mode
         self.host = host
         self._poll_s = poll_s
@@ -223,16 +223,14 @@ class DockerRuntime:
             "init": spec.init,
             "detach": True,
         }
-        if spec.ports:
-            kwargs["ports"] = {f"{port}/tcp": _host_binding(host) for port, host in spec.ports}
-        if spec.shm_size is not None:
-            kwargs["shm_size"] = spec.shm_size
-        if spec.ipc_mode is not None:
-            kwargs["ipc_mode"] = spec.ipc_mode
-        if spec.ulimits:
-            kwargs["ulimits"] = [Ulimit(name=n, soft=s, hard=h) for n, s, h in spec.ulimits]
-        if spec.working_dir is not None:
-            kwargs["working_dir"] = spec.working_dir
+        optional = {
+            "ports": {f"{port}/tcp": _host_binding(host) for port, host in spec.ports} or None,
+            "ulimits": [Ulimit(name=n, soft=s, hard=h) for n, s, h in spec.ulimits] or None,
+            "shm_size": spec.shm_size,
+            "ipc_mode": spec.ipc_mode,
+            "working_dir": spec.working_dir,
+        }
+        kwargs |= {k: v for k, v in optional.items() if v is not None}
         mode = self.resolved_gpu_mode() if spec.gpu_uuids else self.gpu_mode
         if mode == "nvidia" and spec.gpu_uuids:
             kwargs["device_requests"] = [

@@ -16,6 +16,7 @@ managed container by cgroup or by ancestry. An unreadable process makes deletion
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 import stat
@@ -139,17 +140,11 @@ class ShmScanner:
 
     # -- which files ---------------------------------------------------------------------
 
-    def _rel(self, path: str) -> tuple[str, str]:
+    def _named(self, path: str, globs: tuple[str, ...] | None = None) -> bool:
+        """Whether a glob of `globs` (the include globs unless given) names the file."""
         rel = os.path.relpath(path, self.directory)
-        return rel, rel.rsplit("/", 1)[-1]
-
-    def _excluded(self, path: str) -> bool:
-        rel, name = self._rel(path)
-        return any(fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(name, g) for g in self.exclude)
-
-    def _named(self, path: str) -> bool:
-        rel, name = self._rel(path)
-        return any(fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(name, g) for g in self.include)
+        name = rel.rsplit("/", 1)[-1]
+        return any(fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(name, g) for g in globs or self.include)
 
     def _files(self) -> dict[str, os.stat_result]:
         """Every regular file under the directory that no exclude glob names."""
@@ -159,7 +154,7 @@ class ShmScanner:
             dirs.sort()
             for name in names:
                 path = os.path.join(root, name)
-                if self._excluded(path):
+                if self.exclude and self._named(path, self.exclude):
                     continue
                 try:
                     st = os.lstat(path)
@@ -183,27 +178,34 @@ class ShmScanner:
     # -- who holds them ------------------------------------------------------------------
 
     def _managed_pids(self) -> list[int]:
-        """The processes that run in a managed container now (`_container_of`)."""
+        """The processes that run in a managed container now."""
         assert self.managed is not None
         containers = dict(self.managed())
-        if not containers:
-            return []
-        inits = {pid: cid for cid, pid in containers.items() if pid}
         try:
-            entries = os.listdir(self.proc_root)
+            entries = os.listdir(self.proc_root) if containers else []
         except OSError:
             return []
+        owner = self._owner_in(containers)
+        return [pid for pid in (int(e) for e in entries if e.isdigit()) if owner(pid)]
+
+    def _owner_in(self, containers: Mapping[str, int | None]) -> Callable[[int], str | None]:
+        """pid -> the one of `containers` it runs in, or None: by its cgroup, else (a cgroup
+        namespace, an unusual driver) by descent from a container's init; answers remembered."""
+        inits = {pid: cid for cid, pid in containers.items() if pid}
         below: dict[int, str | None] = {}  # each process's stat is read once for the whole table
-        managed = []
-        for pid in (int(e) for e in entries if e.isdigit()):
+
+        @functools.cache
+        def owner(pid: int) -> str | None:
             cid = proc_cgroup_container(pid, self.proc_root)
-            if cid in containers if cid is not None else self._init_above(pid, inits, below):
-                managed.append(pid)
-        return managed
+            if cid is not None:
+                return cid if cid in containers else None  # another container is another program
+            return self._init_above(pid, inits, below)
+
+        return owner
 
     def _init_above(self, pid: int, inits: dict[int, str], below: dict[int, str | None]) -> str | None:
-        """The managed container whose init `pid` descends from (`_container_of`'s ancestry),
-        remembered in `below` for every process on the way up."""
+        """The managed container whose init `pid` descends from, remembered in `below` for every
+        process on the way up."""
         chain: list[int] = []
         found: str | None = None
         for _ in range(MAX_ANCESTRY):
@@ -306,33 +308,7 @@ class ShmScanner:
         """pid -> the managed container it runs in, or None (asks the runtime only if needed)."""
         if not holders or self.managed is None:
             return lambda pid: None
-        containers = dict(self.managed())
-        inits = {pid: cid for cid, pid in containers.items() if pid}
-        cache: dict[int, str | None] = {}
-
-        def owner(pid: int) -> str | None:
-            if pid not in cache:
-                cache[pid] = self._container_of(pid, containers, inits)
-            return cache[pid]
-
-        return owner
-
-    def _container_of(
-        self, pid: int, containers: Mapping[str, int | None], inits: dict[int, str]
-    ) -> str | None:
-        cid = proc_cgroup_container(pid, self.proc_root)
-        if cid is not None:
-            return cid if cid in containers else None  # another container is another program
-        # No container in the cgroup path (a cgroup namespace, an unusual driver):
-        # a descendant of a managed container's init is in that container.
-        for _ in range(MAX_ANCESTRY):
-            if pid in inits:
-                return inits[pid]
-            parent = _parent(self.proc_root, pid)
-            if parent is None or parent <= 1 or parent == pid:
-                return None
-            pid = parent
-        return None
+        return self._owner_in(dict(self.managed()))
 
 
 def _lines_mapping(inodes: Iterable[int]) -> re.Pattern[bytes]:

@@ -81,6 +81,7 @@ class SmgRouter(RouterHttp):
         credentials: RouterCredentials,
         *,
         admin_url: str | None = None,
+        metrics_url: str | None = None,
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = 10.0,
         poll_s: float = 0.05,
@@ -92,6 +93,7 @@ class SmgRouter(RouterHttp):
     ) -> None:
         self.url = norm(url)
         self.admin_url = norm(admin_url or url)
+        self.metrics_url = metrics_url
         self._client: Secret = credentials.client
         self._http = httpx.Client(
             transport=transport, timeout=timeout_s, verify=context_for(self.url, self.admin_url)
@@ -262,11 +264,35 @@ class SmgRouter(RouterHttp):
         worker = self._workers.at(url)
         return None if worker is None else worker.load
 
-    def errors(self, tier: str, url: str) -> None:
-        """None: smg 1.13 counts a worker's failures (`smg_worker_cb_outcomes_total{outcome=
-        "failure"}`, `smg_worker_errors_total`) only on its Prometheus port, which the host
-        config does not name; the watch's active samples see its errors."""
-        return None
+    def errors(self, tier: str, url: str) -> int | None:
+        """The failures smg's circuit breaker counted for the worker at `url`
+        (`smg_worker_cb_outcomes_total{worker=URL,outcome="failure"}`: answers with a retryable
+        status, 5xx among them, and failed connections) on its Prometheus page; None without
+        `metrics_url`. `smg_worker_errors_total` is not read: it carries no worker label."""
+        if self.metrics_url is None:
+            return None
+        from prometheus_client.parser import text_string_to_metric_families  # only where counts are read
+
+        try:
+            r = self._http.get(self.metrics_url)
+        except httpx.HTTPError as exc:
+            raise TransientError(f"smg metrics {self.metrics_url}: {exc}") from exc
+        if r.status_code != 200:
+            raise TransientError(f"smg metrics {self.metrics_url}: HTTP {r.status_code}")
+        want = norm(url)
+        try:
+            return round(
+                sum(
+                    s.value
+                    for family in text_string_to_metric_families(r.text)
+                    for s in family.samples
+                    if s.name == "smg_worker_cb_outcomes_total"
+                    and s.labels.get("outcome") == "failure"
+                    and norm(s.labels.get("worker", "")) == want
+                )
+            )
+        except ValueError as exc:
+            raise AdapterError(f"smg metrics {self.metrics_url}: not Prometheus text ({exc})") from exc
 
     def _park(self, tier: str, alias: str) -> None:
         """Register `alias` on a worker at the parking responder (best effort: without it the

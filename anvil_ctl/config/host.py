@@ -90,6 +90,14 @@ class RouterConfig(Strict):
     credential_file: FilePath | None = Field(
         None, description="TOML file with admin_token/client_token; owner-only (0600)"
     )
+    metrics_url: HttpUrl | None = Field(
+        None,
+        description=(
+            "smg: its Prometheus page (`smg --prometheus-host 127.0.0.1 --prometheus-port 29000`: "
+            "http://127.0.0.1:29000/metrics), where each worker's failed answers are counted "
+            "(`router_errors` in a watch). Unset: that count is recorded absent and never judged"
+        ),
+    )
     runtime_socket: FilePath | None = Field(None, description="HAProxy Runtime API socket")
     backend: Label | None = Field(None, description="HAProxy backend name for the tiers")
     readmit_deadline_s: Duration = Field(90.0, description="How long readmission may take")
@@ -109,6 +117,12 @@ class RouterConfig(Strict):
             "drain. 0 turns the hold off"
         ),
     )
+
+    @model_validator(mode="after")
+    def _metrics_for_smg(self) -> RouterConfig:
+        if self.metrics_url is not None and self.kind != "smg":
+            raise ValueError(f"metrics_url: smg's alone; kind {self.kind!r} keeps its own counts")
+        return self
 
 
 class Policy(Strict):

@@ -3,14 +3,16 @@
 A slot serves when its binding lists exactly one model and (with a router) a routed chat to its
 first alias answers from it. If it served when a mutating transaction began, that serve is the
 harbour; before any end state but `committed`, `ensure_serving` re-routes a recorded running
-serve or brings the harbour back. It never stops a healthy, routed serve.
+serve or brings the harbour back. It never stops a healthy, routed serve, and a route it could
+not observe because the router refused our credentials (`SlotState.refused`) is no reason to
+act: it says nothing about the serve.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from anvil_ctl.core.errors import AdapterError, AnvilError
+from anvil_ctl.core.errors import AdapterError, AnvilError, AuthRejected
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, VramNeed
@@ -42,6 +44,8 @@ class SlotState:
     routed_model: str | None
     """The model a routed chat answered 200 from; None if it did not (or no router)."""
     router: bool
+    refused: str | None = None
+    """Why the routed chat could not be sent: the router refused our credentials."""
 
     @property
     def answering(self) -> bool:
@@ -60,6 +64,7 @@ class SlotState:
             "routed_model": self.routed_model,
             "router": self.router,
             "serving": self.serving,
+            **({"refused": self.refused} if self.refused else {}),
         }
 
 
@@ -69,13 +74,16 @@ def observe_slot(world: World, slot: str) -> SlotState:
     except AdapterError:
         models = ()
     routed: str | None = None
+    refused: str | None = None
     if world.router is not None and models:
         try:
             answer = world.router.routed_chat(world.config.slot(slot).aliases[0])
             routed = answer.model if answer.status == 200 else None
+        except AuthRejected as exc:
+            refused = str(exc)
         except AnvilError:
             routed = None
-    return SlotState(slot=slot, models=models, routed_model=routed, router=world.router is not None)
+    return SlotState(slot, models, routed, world.router is not None, refused)
 
 
 def serving_identity(world: World, state: SlotState) -> Identity | None:
@@ -108,6 +116,10 @@ def ensure_serving(world: World, tx_id: str, slot: str) -> JSONObject:
     state = observe_slot(world, slot)
     if state.serving:
         return {"action": "none", "state": state.as_dict()}
+    if state.refused:
+        # Every re-route would be refused too, and bringing the harbour back would stop a
+        # serve that may well be healthy and routed: nothing is touched.
+        return {"action": "none", "unobserved": state.refused, "state": state.as_dict()}
     answering = serving_identity(world, state)
     if answering is not None and world.router is not None:
         try:

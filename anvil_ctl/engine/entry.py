@@ -21,8 +21,9 @@ load's after-snapshot reading of the host (`one_reading`): nothing acts between 
 the slot's clients, with no serve routed, would wait out every look taken again.
 
 `recover` enters through the same door: it takes the lock, accepting a dead owner's stale
-rows, finishes every transaction whose owner is gone (and runs what they ask next), and
-releases the stale rows that nothing unresolved still needs.
+rows, refuses with nothing written when the router refuses our credentials, finishes every
+transaction whose owner is gone (and runs what they ask next), and releases the stale rows
+that nothing unresolved still needs.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.plans import KINDS
 from anvil_ctl.engine.plans.args import LoadRequest, Request, to_json
-from anvil_ctl.engine.recover import RecoverReport, recover_unfinished
+from anvil_ctl.engine.recover import RecoverReport, recover_unfinished, refuse_without_credentials
 from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence.locks import release_row
@@ -112,8 +113,10 @@ def _follow(world: World, owner: Owner, then: FollowUp, faults: Faults, lock: Ho
 def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> RecoverReport:
     """Finish every transaction whose owner is gone (`anvil_ctl.engine.recover`), under the lock."""
     lock = HostLock(world.store, world.settings.lock_path, owner, "recover")
-    stale = lock.acquire(take_over_dead=True)
+    stale = lock.acquire(take_over_dead=True, claim=False)
     try:
+        refuse_without_credentials(world.store, owner, world)  # before the lock's row
+        lock.claim()
         report = recover_unfinished(world.store, owner, world, faults=faults, mint=_mint)
         # A dead owner's lock row goes only once nothing it left is unresolved: not after this
         # run's failures, and not while an earlier run's transaction still waits for a person.

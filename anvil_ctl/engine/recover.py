@@ -10,6 +10,10 @@ sample) against the limits journaled with it, and ends as a live watch does (`co
 `rolled_back` with its rollback in `RecoverReport.follow_ups`, which the entry runs). It resumes
 rather than rolls back because the controller's death says nothing about the serve: the
 serve's own samples decide, and the retained incumbent waits either way.
+
+Nor does an authentication failure: `refuse_without_credentials` probes the router before
+recovery touches any transaction, and a refused or unresolvable credential stops it there,
+every transaction left as it was for a run with the key.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from anvil_ctl.core.errors import NeedsOperator
+from anvil_ctl.core.errors import AnvilError, AuthRejected, NeedsOperator
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
@@ -89,6 +93,34 @@ def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, Any
             )
         todo.append((seq, plan.steps[seq], result))
     return todo
+
+
+def _to_recover(journal: Journal, me: Owner) -> list[TxRecord]:
+    """Unfinished transactions whose owner is gone (or is this process)."""
+    return [rec for rec in journal.unfinished() if rec.owner == me or owner_alive(rec.owner, me) is False]
+
+
+def refuse_without_credentials(journal: Journal, me: Owner, world: World) -> None:
+    """Raise AuthRejected, before anything is written, when there is something to recover and
+    the router refuses our credentials (or they cannot be resolved): every undo and every
+    goal check would be refused too, and an auth failure is no verdict on the serve."""
+    if world.router is None:
+        return
+    waiting = [rec for rec in _to_recover(journal, me) if rec.state != TxState.PLANNED]
+    if not waiting:
+        return
+    try:
+        world.router.probe_credentials()
+    except AuthRejected as exc:
+        named = ", ".join(f"{rec.kind} {rec.id[:8]} ({rec.state.value})" for rec in waiting)
+        raise AuthRejected(
+            f"recover changed nothing: {exc}; still to recover: {named}; give the router's "
+            "credentials and run `anvilctl recover` again",
+            **exc.data,
+            waiting=[rec.id for rec in waiting],
+        ) from None
+    except AnvilError as exc:  # a router down is no credential problem: recovery goes on as before
+        log.warning("recover: the router did not answer the credential probe", error=str(exc))
 
 
 def recover_unfinished(

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from anvil_ctl.core.errors import AnvilError, DrainRefused, NeedsOperator, Refused
+from anvil_ctl.core.errors import AnvilError, AuthRejected, DrainRefused, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.ports import Journal, Owner
@@ -232,12 +232,18 @@ class TransactionEngine:
                 self._do(ctx, seq, step)
             except NeedsOperator as exc:
                 return self._needs_operator(outcome, plan, ctx, exc)
+            except AuthRejected as exc:
+                return self._not_judged(outcome, plan, ctx, step.name, exc)
             except Exception as exc:
                 bound.error("step failed", step=step.name, error=str(exc))
                 outcome.drain_refused = isinstance(exc, DrainRefused)
                 return self._compensate_after(outcome, plan, ctx, failed=seq, reason=f"{step.name}: {exc}")
 
-        goal = self._goal_problems(plan, ctx)
+        try:
+            goal = self._goal_problems(plan, ctx)
+        except AuthRejected as exc:
+            self._event(ctx, len(plan.steps), "goal", "do", "error", detail=_error_detail(exc))
+            return self._not_judged(outcome, plan, ctx, "the goal check", exc)
         if goal:
             self._event(ctx, len(plan.steps), "goal", "do", "error", detail={"problems": goal})
             return self._compensate_after(
@@ -252,8 +258,10 @@ class TransactionEngine:
         if problems:
             self._event(ctx, len(plan.steps), "verify", "do", "error", detail={"problems": problems})
             reason = "verification failed: " + "; ".join(problems)
-            if plan.slot and observe_slot(ctx.world, plan.slot).serving:
-                # Availability outranks symmetry: the slot serves; a person decides about the rest.
+            state = observe_slot(ctx.world, plan.slot) if plan.slot else None
+            if state is not None and (state.serving or state.refused):
+                # Availability outranks symmetry: the slot serves (or its route could not be
+                # observed, which says nothing about the serve); a person decides about the rest.
                 return self._needs_operator(outcome, plan, ctx, NeedsOperator(reason + " (the slot serves)"))
             return self._compensate_after(outcome, plan, ctx, failed=None, reason=reason)
         if plan.watch is not None:
@@ -308,9 +316,25 @@ class TransactionEngine:
                 log.warning("goal does not hold; re-applying once", tx_id=ctx.tx_id, problems=problems)
                 plan.repair(ctx)
                 problems = plan.goal(ctx)
+        except AuthRejected:
+            raise  # our credentials, not the goal: `forward` ends it without an undo
         except AnvilError as exc:
             problems = [f"{type(exc).__name__}: {exc}"]
         return problems
+
+    def _not_judged(
+        self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], where: str, exc: AuthRejected
+    ) -> Outcome:
+        """The router refused our credentials: a configuration error that says nothing about the
+        serve, so nothing is undone (the undos would be refused too, after stopping what they
+        can reach without the router). The transaction waits for a person, the host as it is."""
+        log.error("router refused our credentials", tx_id=ctx.tx_id, at=where, error=str(exc))
+        why = NeedsOperator(
+            f"{where}: the router refused our credentials ({exc}); nothing was undone: fix the "
+            "credential, check the slot (`anvilctl recheck`), then `anvilctl resolve`",
+            **exc.data,
+        )
+        return self._needs_operator(outcome, plan, ctx, why)
 
     def _check_guards(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Refusal | None:
         try:
@@ -414,6 +438,8 @@ class TransactionEngine:
         ctx.world.undoing = True
         ctx.world.progress.activity(f"making sure slot {plan.slot} serves (it did at the start)")
         result = ensure_serving(ctx.world, ctx.tx_id, plan.slot)
+        if result.get("unobserved"):
+            return f"; the route could not be observed, so nothing was touched: {result['unobserved']}"
         if result["action"] == "none" and "problem" not in result:
             return ""
         self._event(ctx, len(plan.steps), AVAILABILITY, "check", "restored", detail=result)

@@ -143,11 +143,7 @@ def copy_host(source: Store, target_engine: Engine) -> CopyResult:
                 "not_copied": dict(result.not_copied),
             },
         )
-        built = projection.rebuild(s)
-        for name, model in projection.MODELS.items():
-            mine = [r for r in built[name] if r.get("host_id") == new_host]
-            if mine:
-                s.execute(insert(model), mine)
+        projection.write_rebuilt(s, new_host)
     return result
 
 

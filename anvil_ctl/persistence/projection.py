@@ -6,7 +6,7 @@ so a commit carries both or neither. History stays the truth: `rebuild` derives 
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, delete, func, insert, literal_column, select, text
+from sqlalchemy import bindparam, func, insert, literal_column, select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
@@ -318,11 +318,10 @@ def compare(s: Session) -> list[str]:
     return [name for name in _REBUILD if want[name] != have[name]]
 
 
-def write_rebuilt(s: Session) -> dict[str, int]:
-    """Replace the projection by a rebuild from history (a repair; a database built in bulk)."""
-    rows = rebuild(s)
-    for name, model in MODELS.items():
-        s.execute(delete(model))
-        if rows[name]:
-            s.execute(insert(model), rows[name])
-    return {name: len(r) for name, r in rows.items()}
+def write_rebuilt(s: Session, host: int | None = None) -> None:
+    """Insert the projection's rows as history says they are, of `host` only where given (the
+    host `db copy` brought in; a database built in bulk, its projection emptied first)."""
+    for name, rows in rebuild(s).items():
+        mine = [r for r in rows if host is None or r["host_id"] == host]
+        if mine:
+            s.execute(insert(MODELS[name]), mine)

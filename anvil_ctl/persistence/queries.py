@@ -291,27 +291,21 @@ def _revisions(s: Session, slot: str, numbered: Sequence[RowMapping]) -> list[Re
             .order_by(IdentityRow.id)
         ).scalars()
         for r in rows:
-            serves.setdefault(str(r.tx_id), {})[r.role] = {
-                "container_id": r.container_id,
-                "served_model": r.served_model,
-                "identity_digest": r.digest,
-                "role": r.role,
-            }
+            serves.setdefault(str(r.tx_id), {})[r.role] = ServeRef(
+                container_id=r.container_id,
+                served_model=r.served_model,
+                identity_digest=r.digest,
+                role=r.role,
+            )
     out: list[Revision] = []
     for t in numbered:
         recorded = serves.get(t["tx_id"], {})
         serve = recorded.get("incumbent") or recorded.get("candidate")
         out.append(
-            {
-                "revision": int(t["revision"]),
-                "tx_id": t["tx_id"],
-                "kind": t["kind"],
-                "state": t["state"],
-                "reason": t["reason"],
-                "created_at": t["created_at"],
-                "updated_at": t["updated_at"],
-                "serve": serve if t["state"] == "committed" else None,
-            }
+            cast(
+                Revision,
+                {**t, "revision": int(t["revision"]), "serve": serve if t["state"] == "committed" else None},
+            )
         )
     return out
 

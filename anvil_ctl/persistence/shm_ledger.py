@@ -4,6 +4,7 @@ holding, once per (boot, path, device, inode), so a file left behind is still kn
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from sqlalchemy import select
 
@@ -25,31 +26,16 @@ class StoreShmLedger:
         with self.store.write() as s:
             boots = sorted({m.boot_id for m in marks})
             rows = s.execute(select(ShmMarkRow).where(ShmMarkRow.boot_id.in_(boots))).scalars()
-            known = {(r.boot_id, r.path, r.dev, r.ino) for r in rows}
-            new: list[ShmMark] = []
+            seen = {(r.boot_id, r.path, r.dev, r.ino) for r in rows}
+            fresh: list[ShmMark] = []
             for m in marks:
-                key = (m.boot_id, m.path, m.dev, m.ino)
-                if key not in known:
-                    known.add(key)
-                    new.append(m)
-            for m in new:
-                s.add(
-                    ShmMarkRow(
-                        boot_id=m.boot_id,
-                        path=m.path,
-                        dev=m.dev,
-                        ino=m.ino,
-                        container_id=m.container_id,
-                        at=utcnow(),
-                    )
-                )
-            if new:
-                self.store.audit(
-                    s,
-                    "shm.marked",
-                    None,
-                    {"files": [{"path": m.path, "container_id": m.container_id} for m in new]},
-                )
+                if (key := (m.boot_id, m.path, m.dev, m.ino)) not in seen:
+                    seen.add(key)
+                    fresh.append(m)
+            if fresh:
+                s.add_all(ShmMarkRow(**asdict(m), at=utcnow()) for m in fresh)
+                files = [{"path": m.path, "container_id": m.container_id} for m in fresh]
+                self.store.audit(s, "shm.marked", None, {"files": files})
 
     def marks(self, boot_id: str) -> list[ShmMark]:
         """Every mark recorded during the boot `boot_id`, oldest first."""

@@ -193,26 +193,23 @@ class Store:
     ) -> str:
         now = utcnow()
         with self.write() as s:
-            s.add(
-                Transaction(
-                    id=tx_id,
-                    kind=kind,
-                    slot=slot,
-                    args_json=canonical_json(args),
-                    owner_pid=owner.pid,
-                    owner_host=owner.hostname,
-                    owner_boot_id=owner.boot_id,
-                    created_at=now,
-                )
+            tx = Transaction(
+                id=tx_id,
+                kind=kind,
+                slot=slot,
+                args_json=canonical_json(args),
+                owner_pid=owner.pid,
+                owner_host=owner.hostname,
+                owner_boot_id=owner.boot_id,
+                created_at=now,
             )
+            s.add(tx)
             s.flush()
             first = TransactionState(
                 tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now
             )
             s.add(first)
             s.flush()
-            tx = s.get(Transaction, tx_id)
-            assert tx is not None
             projection.on_begin(s, tx, first)
             # Kind, slot and arguments are in the transaction's row, which this entry covers.
             self.audit(s, "tx.planned", tx_id, {})

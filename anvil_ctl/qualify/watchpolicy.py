@@ -42,8 +42,8 @@ METRICS = {
     "container_down": "1 when the serve's container is not running, else 0 (passive)",
     "fatal_log_lines": "the engine's fatal log lines since the watch began (the log audit's patterns)",
     "router_errors": "the router's own count of the serve's failed answers since the watch began "
-    "(passive: HAProxy's hrsp_5xx + eresp + econ of its server; not judged where the router keeps "
-    "none we read, as smg)",
+    "(passive: HAProxy's hrsp_5xx + eresp + econ of its server, smg's failed circuit-breaker "
+    "outcomes of its worker from `router.metrics_url`; not judged where none is read)",
     FUNCTIONAL_METRIC: "the functional gate's checks failed in a sample: an exact tool call (its "
     "fixture rotating) and exact JSON (taken only when a threshold names this metric)",
 }

@@ -75,7 +75,7 @@ class FakeRouter:
         return None if c is None else self.server.look_in_flight(c)
 
     def errors(self, tier: str, url: str) -> int | None:
-        """The fake world's `router_errors` for `url` (None: not set, as smg keeps none)."""
+        """The fake world's `router_errors` for `url` (None: not set, as for an smg without `metrics_url`)."""
         found = self.world.read().get("router_errors", {})
         return int(found[url]) if isinstance(found, dict) and url in found else None
 

@@ -130,10 +130,15 @@ class FakeWorld:
         self.path = path
 
     @contextmanager
-    def edit(self) -> Iterator[WorldDoc]:
+    def _locked(self, how: int) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "a+") as lk:
-            fcntl.flock(lk, fcntl.LOCK_EX)
+            fcntl.flock(lk, how)
+            yield
+
+    @contextmanager
+    def edit(self) -> Iterator[WorldDoc]:
+        with self._locked(fcntl.LOCK_EX):
             data = self._load()
             yield data
             tmp = self.path.with_suffix(".tmp")
@@ -141,16 +146,13 @@ class FakeWorld:
             tmp.replace(self.path)
 
     def _load(self) -> WorldDoc:
-        if self.path.exists():
-            loaded: WorldDoc = json.loads(self.path.read_text())
-            return loaded
-        fresh: WorldDoc = json.loads(json.dumps(EMPTY))
-        return fresh
+        loaded: WorldDoc = json.loads(self.path.read_text() if self.path.exists() else json.dumps(EMPTY))
+        return loaded
 
     def read(self) -> WorldDoc:
-        with self.edit() as data:
-            copy: WorldDoc = json.loads(json.dumps(data))
-            return copy
+        """A copy of the world, read under a shared lock (a read rewrites nothing)."""
+        with self._locked(fcntl.LOCK_SH):
+            return self._load()
 
     def add_image(self, ref: str) -> str:
         image_id = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()

@@ -65,17 +65,20 @@ def loaded_host(
     load: bool = True,
     incumbent_args: tuple[str, ...] = (),
     candidate_args: tuple[str, ...] = (),
+    metrics_url: str | None = None,
 ) -> dict[str, Any]:
     """A committed load behind the smg at `router_url`: the incumbent (adopted, routed) stopped
     and retained, the tier drained, the candidate serving on 127.0.0.1:8001 (`load=False`: the
     incumbent serving, routed). `*_args`: more stub arguments of each. No VRAM reserve: the
-    stub recipe's workload leaves 2,101 MiB per card, which promote's reserve would refuse."""
+    stub recipe's workload leaves 2,101 MiB per card, which promote's reserve would refuse.
+    `metrics_url`: smg's Prometheus page, for its per-worker failure counts."""
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     variant(recipes, "good-393k", list(candidate_args))
-    toml = sim_host_toml().replace(
-        'kind = "none"', f'kind = "smg"\nurl = "{router_url}"\nreadmit_deadline_s = 60'
-    )
+    router = f'kind = "smg"\nurl = "{router_url}"\nreadmit_deadline_s = 60'
+    if metrics_url:
+        router += f'\nmetrics_url = "{metrics_url}"'
+    toml = sim_host_toml().replace('kind = "none"', router)
     toml = toml.replace("[policy]\n", "[policy]\nvram_reserve_mib = 0\n")
     (tmp_path / "anvil.toml").write_text(toml)
     settings = Settings(  # type: ignore[call-arg]

@@ -7,8 +7,9 @@ watching is resumed by `recover` and converges. Every late fault rolls back on H
 The host: an incumbent stub adopted and routed, a candidate loaded from a copy of
 stub-393k-c1 with a `--late-fault` whose onset is a count of completions: the load and the
 promote's smoke and acceptance make `ONSET` of them, so the fault meets the watch's first
-samples. The profile's `[watch]`: 8 s, a sample a second of 2 short streamed chats, a breach
-is 2 failing samples in a row.
+samples. smg's Prometheus page is in the host config, so the router's own count of the
+serve's failures (`router_errors`) is read as on HAProxy. The profile's `[watch]`: 8 s, a
+sample a second of 2 short streamed chats, a breach is 2 failing samples in a row.
 """
 
 from __future__ import annotations
@@ -101,7 +102,13 @@ def watched(tmp_path: Path, stub_container: Any, runtime: Any) -> Iterator[Calla
 
     def make(*candidate_args: str) -> dict[str, Any]:
         smg = start_smg(workdir=tmp_path / "smg", admin_token=Keys.admin, client_token=Keys.client)
-        host = loaded_host(tmp_path, stub_container, smg.url, candidate_args=candidate_args)
+        host = loaded_host(
+            tmp_path,
+            stub_container,
+            smg.url,
+            candidate_args=candidate_args,
+            metrics_url=smg.extra["metrics_url"],
+        )
         made.append((host, smg))
         profile = tmp_path / "watch.toml"
         profile.write_text(WATCH)
@@ -203,6 +210,9 @@ class TestAWatchedPromote:
         incumbent = host["app"].store.current_identity("primary", "incumbent")
         assert incumbent is not None and incumbent.container_id == host["incumbent"].id
         assert _serving(host) != CANDIDATE  # the old incumbent answers on the binding again
+        if fault == "http-500":  # smg's own count of the worker's failures, read passively
+            samples = _samples(promote)
+            assert max(s["metrics"]["router_errors"] for s in samples) > 0, samples
         routed = anvilctl(host["env"], "--json", "recheck", "--slot", "primary")
         assert routed.returncode == 0, routed.stdout
 
@@ -264,6 +274,43 @@ class TestAWatchedPromote:
         assert _serving(host) == CANDIDATE
         rechecked = anvilctl(host["env"], "--json", "recheck", "--slot", "primary")
         assert rechecked.returncode == 0, rechecked.stdout
+
+    def test_recover_without_the_client_key_changes_nothing_and_converges_with_it(
+        self, watched: Callable[..., dict[str, Any]]
+    ) -> None:
+        """An authentication failure is no verdict on the serve: `recover` without the router's
+        client key refuses (exit 3) naming the missing variable before it writes anything;
+        the promote still needs recover, the candidate still serves and is routed; the next
+        `recover`, with the key, resumes the watch and commits."""
+        host = watched()
+        child = _promote_child(host, "30s")
+        try:
+            tx = _until_watching(host, child)
+            child.send_signal(signal.SIGKILL)
+        finally:
+            _reap(child)
+        store = host["app"].store
+
+        def seen() -> tuple[Any, ...]:
+            running = sorted(c.id for c in host["app"].world().runtime.list() if c.running)
+            routed = host["app"].world().router.routed_chat("llm.primary")
+            return store.state(tx), len(store.step_events(tx)), running, (routed.status, routed.model)
+
+        before = seen()
+        assert before[0] == TxState.WATCHING and before[3] == (200, CANDIDATE), before
+        keyless = {k: v for k, v in host["env"].items() if k != "ANVIL_ROUTER_CLIENT_TOKEN"}
+        refused = anvilctl(keyless, "--json", "recover")
+        assert refused.returncode == ExitCode.REFUSED, refused.stdout + refused.stderr
+        assert "ANVIL_ROUTER_CLIENT_TOKEN" in refused.stdout + refused.stderr
+        assert "recover changed nothing" in refused.stdout + refused.stderr
+        assert seen() == before  # the record and the host as the dead owner left them
+        still = anvilctl(host["env"], "--json", "recheck", "--slot", "primary")  # still needs recover
+        assert (still.returncode, json.loads(still.stdout)["phase"]) == (ExitCode.NEEDS_OPERATOR, "watching")
+        recovered = anvilctl(host["env"], "--json", "recover")
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        (done,) = json.loads(recovered.stdout)["recovered"]
+        assert (done["tx_id"], done["state"], done["direction"]) == (tx, "committed", "forward"), done
+        assert _serving(host) == CANDIDATE
 
 
 class TestOnHaproxy:

@@ -594,3 +594,56 @@ class TestParkingResponder:
             assert answer.json()["error"]["type"] == "server_error"
         finally:
             responder.close()
+
+
+SMG_METRICS = """\
+# HELP smg_worker_errors_total Worker-level errors by worker_type, connection_mode, error_type
+# TYPE smg_worker_errors_total counter
+smg_worker_errors_total{worker_type="regular",connection_mode="http",error_type="backend_error"} 4
+# HELP smg_worker_cb_outcomes_total Circuit breaker outcomes by worker and outcome (success/failure)
+# TYPE smg_worker_cb_outcomes_total counter
+smg_worker_cb_outcomes_total{worker="http://127.0.0.1:41353",outcome="failure"} 4
+smg_worker_cb_outcomes_total{worker="http://127.0.0.1:41353",outcome="success"} 2
+# TYPE smg_worker_requests_total counter
+smg_worker_requests_total{worker="http://127.0.0.1:41353",model="llm.primary"} 6
+"""
+"""An excerpt of smg 1.13's Prometheus page after 2 good and 4 HTTP 500 answers of one worker."""
+METRICS_URL = "http://127.0.0.1:29000/metrics"
+
+
+def metrics_router(
+    answer: Callable[[], httpx.Response] | None, metrics_url: str | None = METRICS_URL
+) -> SmgRouter:
+    """A router whose `metrics_url` answers `answer()` (the control plane is never asked)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert str(request.url) == METRICS_URL and answer is not None, request.url
+        return answer()
+
+    creds = RouterCredentials(client=Secret(CLIENT, "env C"), admin=Secret(ADMIN, "env A"))
+    return SmgRouter(
+        "http://127.0.0.1:30000", creds, metrics_url=metrics_url, transport=httpx.MockTransport(handler)
+    )
+
+
+class TestSmgRouterErrors:
+    def test_the_workers_failed_outcomes_are_its_errors(self):
+        router = metrics_router(lambda: httpx.Response(200, text=SMG_METRICS))
+        assert router.errors(TIER, "http://127.0.0.1:41353") == 4
+        assert router.errors(TIER, "http://127.0.0.1:41353/") == 4
+
+    def test_a_worker_without_a_failure_counted_has_none(self):
+        router = metrics_router(lambda: httpx.Response(200, text=SMG_METRICS))
+        assert router.errors(TIER, BACKEND) == 0  # smg_worker_errors_total has no worker label
+
+    def test_without_a_metrics_url_the_count_is_absent_and_nothing_is_asked(self):
+        assert metrics_router(None, metrics_url=None).errors(TIER, BACKEND) is None
+
+    def test_an_unreachable_or_failing_page_is_transient(self):
+        def refused() -> httpx.Response:
+            raise httpx.ConnectError("connection refused")
+
+        with pytest.raises(TransientError, match="29000"):
+            metrics_router(refused).errors(TIER, BACKEND)
+        with pytest.raises(TransientError, match="HTTP 503"):
+            metrics_router(lambda: httpx.Response(503)).errors(TIER, BACKEND)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from anvil_ctl.cli.render_tx import change_line
 from anvil_ctl.config.host import load_host_config
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.snapshot import Snapshot, diff
@@ -22,7 +23,7 @@ class TestSnapshot:
         b = Snapshot.of(
             {"slots": {"primary": {"containers": {"c1": {"status": "exited"}, "c2": {"status": "running"}}}}}
         )
-        assert [c.describe() for c in diff(a, b)] == [
+        assert [change_line(c.as_dict()) for c in diff(a, b)] == [
             '~ slots.primary.containers.c1.status: "running" -> "exited"',
             '+ slots.primary.containers.c2: {"status": "running"}',
         ]
@@ -58,3 +59,13 @@ class TestHostConfig:
         p = self._write(tmp_path, 'hots = "typo"\n')
         with pytest.raises(ConfigError, match="hots"):
             load_host_config(p)
+
+    def test_the_routers_metrics_url_is_smgs_and_unset_by_default(self, tmp_path: Path) -> None:
+        assert load_host_config(self._write(tmp_path, "")).router.metrics_url is None
+        url = "http://127.0.0.1:29000/metrics"
+        smg = self._write(tmp_path, f'[router]\nkind = "smg"\nmetrics_url = "{url}"\n')
+        assert load_host_config(smg).router.metrics_url == url
+        haproxy = self._write(tmp_path, f'[router]\nkind = "haproxy"\nmetrics_url = "{url}"\n')
+        with pytest.raises(ConfigError, match="metrics_url") as info:
+            load_host_config(haproxy)
+        assert info.value.exit_code == 2
