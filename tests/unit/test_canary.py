@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from anvil_ctl.commands import lifecycle, recheck, transactions
-from anvil_ctl.core.errors import BadInput
+from anvil_ctl.core.errors import AdapterError, BadInput
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, ContainerSpec
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine import entry
+from anvil_ctl.engine.faults import Faults
 from anvil_ctl.engine.plans.args import CanaryRequest, Candidate, RollbackRequest
 from anvil_ctl.engine.plans.canary import ServesFitTogether
+from anvil_ctl.engine.recover import recover_unfinished
 from anvil_ctl.engine.watch import watch
 from anvil_ctl.qualify import canary
 from anvil_ctl.qualify.canary import SideBySide, judge, parse_shares
@@ -453,6 +455,56 @@ class TestTheCanaryOnAWeighingRouter:
             "slot primary-b: no rollback identity is recorded; its tier is served by slot primary: "
             "rollback --slot primary"
         ) in (refused.reason or "")
+
+
+class StrictWeighingRouter(WeighingRouter):
+    """As HAProxy's `set server B/S weight`: a server that is not in the tier is refused."""
+
+    def set_weights(self, tier: str, weights: dict[str, int]) -> None:
+        known = {self._tier_now(tier)["url"], self.beside.get(tier)}
+        unknown = sorted(set(weights) - known)
+        if unknown:
+            raise AdapterError(f"haproxy: no server for {unknown} in tier {tier}")
+        super().set_weights(tier, weights)
+
+
+class Killed(BaseException):
+    """The process dying at a journal boundary, in-process (a real kill would end the test)."""
+
+
+@dataclass(frozen=True)
+class KilledAt(Faults):
+    def at(self, boundary: str) -> None:
+        if boundary == self.crash_at:
+            raise Killed(boundary)
+
+
+class TestRecoveredAfterAKill:
+    def test_killed_before_the_candidate_was_admitted_the_undo_weighs_the_incumbent_alone(
+        self, pair: FakeHost, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Killed as `declare`'s result and `admit-candidate`'s intent commit: the candidate has
+        no server in the tier yet, so the undo cannot weigh it; it sets the incumbent's weight
+        alone, stops and retains the candidate, and the transaction ends compensated."""
+        world = pair.app().world()
+        router = world.router = StrictWeighingRouter(pair.world)
+        _arms(monkeypatch, None, router)
+        profile = pair.root / "canary-watch.toml"
+        profile.write_text(PROFILE)
+        request = dataclasses.replace(_request(), profile=str(profile), vram_need_mib=(0, 0))
+        with pytest.raises(Killed):
+            entry.run(world, pair.app().owner, request, faults=KilledAt(crash_at="canary:declare:do:result"))
+        (rec,) = pair.app().store.unfinished()
+        steps = [(e.step, e.event) for e in pair.app().store.step_events(rec.id) if e.phase == "do"]
+        assert steps[-1] == ("admit-candidate", "intent"), steps  # its do never ran
+        report = recover_unfinished(world.store, pair.app().owner, world)
+        (done,) = report.recovered
+        assert (done["state"], done["undone"]) == ("compensated", ["admit-candidate"]), done
+        assert router.history == [{"http://127.0.0.1:8001": 100}]
+        assert _tiers(pair)["primary-local"]["url"] == "http://127.0.0.1:8001"
+        cand = pair.app().store.current_identity("primary-b", "candidate")
+        assert cand is not None and not world.runtime.inspect(cand.container_id).running  # retained
+        assert world.runtime.inspect(pair.incumbent_id).running
 
 
 def test_while_a_candidate_qualifies_beside_the_incumbent_both_slots_recheck_clean(pair: FakeHost) -> None:
