@@ -8,6 +8,7 @@ from anvil_ctl.cli import views
 from anvil_ctl.cli.output import Out, lines_of, s
 from anvil_ctl.cli.render_tx import outcome
 from anvil_ctl.cli.views import items, record, records
+from anvil_ctl.core.jsontypes import number
 from anvil_ctl.core.validate import escape_text
 
 if TYPE_CHECKING:
@@ -94,39 +95,40 @@ def ab(a: AbOutcome, out: Out) -> None:
         outcome(a.outcome, out)
         return
     c = a.comparison
-    names = c["arms"]
-    out.line(f"A/B control (transaction {a.outcome.tx_id}): A = {names['A']}, B = {names['B']}")
-    out.line(f"  declared before the first request: digest {c.get('declaration_digest')}")
+    names = record(c["arms"])
+    out.line(f"A/B control (transaction {a.outcome.tx_id}): A = {s(names['A'])}, B = {s(names['B'])}")
+    out.line(f"  declared before the first request: digest {s(c.get('declaration_digest'))}")
     out.line()
     columns = ["Nominal context", "A decode p50", "B decode p50", "Delta", "A prefill p50", "B prefill p50"]
     rows: list[tuple[str, ...]] = []
 
-    def num(value: float | None, digits: int, unit: str) -> str:
-        return "-" if value is None else f"{value:,.{digits}f}{unit}"
+    def num(value: object, digits: int, unit: str) -> str:
+        return "-" if (n := number(value)) is None else f"{n:,.{digits}f}{unit}"
 
-    def delta(value: float | None) -> str:
-        return "-" if value is None else f"{value:+.1f}%"
+    def delta(value: object) -> str:
+        return "-" if (n := number(value)) is None else f"{n:+.1f}%"
 
-    for cell in c["cells"]:
+    for cell in records(c["cells"]):
         if cell.get("skipped"):
-            rows.append((cell["label"], "skipped", "", "", "", "", ""))
+            rows.append((s(cell["label"]), "skipped", "", "", "", "", ""))
             continue
+        arm_a, arm_b, diff = record(cell["A"]), record(cell["B"]), record(cell["delta_pct"])
         rows.append(
             (
-                cell["label"],
-                num(cell["A"]["decode_p50"], 2, " tok/s"),
-                num(cell["B"]["decode_p50"], 2, " tok/s"),
-                delta(cell["delta_pct"]["decode_p50"]),
-                num(cell["A"]["prefill_p50"], 0, " tok/s"),
-                num(cell["B"]["prefill_p50"], 0, " tok/s"),
-                delta(cell["delta_pct"]["prefill_p50"]),
+                s(cell["label"]),
+                num(arm_a["decode_p50"], 2, " tok/s"),
+                num(arm_b["decode_p50"], 2, " tok/s"),
+                delta(diff["decode_p50"]),
+                num(arm_a["prefill_p50"], 0, " tok/s"),
+                num(arm_b["prefill_p50"], 0, " tok/s"),
+                delta(diff["prefill_p50"]),
             )
         )
     out.table([*columns, "Delta"], rows)
     out.line()
-    verdict = c["verdict"]
-    out.line(f"VERDICT: {verdict['outcome'].upper()}: {verdict['summary']}")
-    out.line(f"  evidence     {a.tx_dir}")
+    verdict = record(c["verdict"])
+    out.line(f"VERDICT: {s(verdict['outcome']).upper()}: {s(verdict['summary'])}")
+    out.line(f"  evidence     {s(a.tx_dir)}")
 
 
 def export(r: ExportResult, out: Out) -> None:

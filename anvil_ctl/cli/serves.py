@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import click
 
 from anvil_ctl.cli.complete import complete_containers, complete_recipes
@@ -47,7 +45,7 @@ def recipes_list(session: Session) -> Reply:
     from anvil_ctl.commands import recipes
 
     found = recipes.list_recipes(recipes.recipe_search(session.app()))
-    return Reply(Table([asdict(r) for r in found], columns=RECIPE_LIST_COLUMNS))
+    return Reply(Table(found, columns=RECIPE_LIST_COLUMNS))
 
 
 @click.command("show", epilog=example("anvilctl recipes show stub-393k-c1"))

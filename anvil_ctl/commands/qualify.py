@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import NotRequired, TypedDict
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands.evidence import router_secrets
@@ -115,52 +114,12 @@ def _decision_of(app: App, decision_id: object, slot: str) -> DecisionRecord | N
 # -- the matched A/B control --------------------------------------------------------------------
 
 
-class ArmFigures(TypedDict):
-    """One arm's p50s in one cell (`qualify.ab.METRICS`), and how many requests completed."""
-
-    decode_p50: float | None
-    prefill_p50: float | None
-    ttft_p50: float | None
-    prompt_tokens_p50: float | None
-    completed: int | None
-    requests: int | None
-
-
-class ComparedCell(TypedDict):
-    """One (context, concurrency) cell of the comparison; a skipped cell has no figures."""
-
-    nominal_tokens: int
-    concurrency: int
-    label: str
-    skipped: NotRequired[str]
-    A: NotRequired[ArmFigures]
-    B: NotRequired[ArmFigures]
-    delta_pct: NotRequired[dict[str, float | None]]  # metric -> B vs A, in %
-
-
-class Verdict(TypedDict):
-    outcome: str  # selected | boundary-violated | no-difference | incomplete
-    selected: str | None
-    faster: NotRequired[str]
-    boundaries: list[JSONObject]
-    summary: str
-
-
-class Comparison(TypedDict):
-    """The comparison artifact an A/B transaction wrote (`qualify.ab.compare`), as read back."""
-
-    arms: dict[str, str]  # A | B -> the arm's name
-    select: str
-    cells: list[ComparedCell]
-    verdict: Verdict
-    declaration_digest: NotRequired[str | None]
-
-
 @dataclass
 class AbOutcome(_Ran):
     """An A/B transaction's outcome and, when it ran, its comparison."""
 
-    comparison: Comparison | None = None
+    comparison: JSONObject | None = None
+    """The comparison artifact the transaction wrote (`qualify.ab.compare`), as read back."""
     tx_dir: str | None = None
 
     def as_dict(self) -> dict[str, object]:

@@ -1,37 +1,17 @@
 """`recheck`: read-only goal-closure assertions on a slot, for cron.
 
-Each assertion is a name, a pass flag and what was observed. Every run is
-recorded (rechecks table) with its snapshot's SHA-256; `--textfile` writes
-Prometheus node_exporter textfile metrics (rendered by `prometheus_client`,
-replaced atomically).
+Every run is recorded with its snapshot's SHA-256 and witnesses the audit chain's head after
+its record (`SEQ:HASH`: result, `audit.head` log line, `anvil_audit_head` gauge), for `audit
+verify --expect-head`. `--textfile` writes node_exporter metrics, replaced atomically. A
+recheck that cannot observe is neither drift nor a pass: recorded when the database can take
+it, `anvil_recheck_up 0`, exit 7 naming the dependency.
 
-A recheck that cannot observe (Docker or the state database unavailable) is
-not drift and not a pass: it is recorded when the database can take it (one
-failed assertion, `observed`, saying what was unreachable), its textfile says
-`anvil_recheck_up 0` and `anvil_recheck_passed 0` instead of leaving the last
-pass in place, and the command exits 7 naming the dependency.
-
-One repair exists, and runs only when asked (`repair=("router",)`): when the
-only serve-independent failures are the router's (the route is missing or
-stale) while every assertion about the recorded serve itself passes, the
-`reconcile` transaction re-applies the route, then the slot is rechecked. Both
-rechecks are recorded; the second carries a `router_repair` entry naming the
-transaction. Nothing else is ever repaired.
-
-A slot in the middle of a campaign (a committed `load` not yet promoted or rolled back) is
-judged by the state the campaign should have (`engine.campaign`): the candidate serving with
-its identity, the incumbent retained intact, the tier as the load left it. Its result, record
-and metrics say `phase: qualifying`; a slot outside a campaign is `serving`. A slot whose
-promote is open in `watching` is `phase: watching`, judged by what the watch should hold (the
-candidate routed and serving, the old incumbent retained); a watch whose owner is gone exits 5
-(`recover` resumes it), and no repair runs while a watch owns the slot. Of two slots of one
-router tier (a canary's pair), the one that does not serve the tier is `phase: standby`: its
-incumbent retained intact and the tier routed to the other slot's serve.
-
-Each run also witnesses the audit chain's head after its own record (`SEQ:HASH`):
-in its result, an `audit.head` log line and the textfile's `anvil_audit_head`
-gauge, so a collector outside the database keeps heads that `anvilctl audit
-verify --expect-head` can check later.
+The slot is judged by its phase (`engine.campaign`): `serving`; `qualifying` between a
+committed load and its promote or rollback; `watching` while a promote watches (an ownerless
+watch exits 5: `recover` resumes it); `standby` for the slot of a router tier that does not
+serve it. The one repair, only when asked (`repair=("router",)`) and never during a watch:
+when the router's assertions alone fail, `reconcile` re-applies the route and the slot is
+rechecked; the second record names the transaction (`router_repair`).
 """
 
 from __future__ import annotations
@@ -40,7 +20,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.bootstrap import App
@@ -81,22 +61,6 @@ class SloRequest:
 
     profile: str | None = None
     rollback_on_breach: Enablement | None = None
-
-
-class RecheckRecord(TypedDict):
-    """A `RecheckResult` as `recheck --json` prints it."""
-
-    slot: str
-    phase: str
-    passed: bool
-    failed: list[str]
-    assertions: list[JSONObject]
-    snapshot_sha256: str
-    recheck_id: int | None
-    up: bool
-    unavailable: str | None
-    repair: JSONObject | None
-    audit_head: str
 
 
 @dataclass
@@ -142,7 +106,8 @@ class RecheckResult:
             return ExitCode.NEEDS_OPERATOR
         return ExitCode.OK if self.passed else ExitCode.DRIFT
 
-    def as_dict(self) -> RecheckRecord:
+    def as_dict(self) -> dict[str, object]:
+        """What `recheck --json` prints."""
         return {
             "slot": self.slot,
             "phase": self.phase,

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.config.host import HostConfig
 from anvil_ctl.core.errors import RecipeError
-from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.jsontypes import JSONObject, get_array
 from anvil_ctl.core.model import config_fingerprint
 from anvil_ctl.core.validate import check_text
 from anvil_ctl.places import RECIPES_DIR
@@ -18,29 +18,6 @@ from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
 from anvil_ctl.recipes.spec import check_fits_slot, container_spec, resolve_gpu_uuids, spec_as_dict
 
 PLAN_TX_ID = "planned"
-
-
-@dataclass(frozen=True)
-class RecipeSummary:
-    """One line of `recipes list`: a valid recipe's headline, or why the file is invalid."""
-
-    name: str
-    path: str
-    valid: bool
-    source: str = "given"
-    """Where it was found: `--recipes-dir`, `ANVIL_RECIPES_DIR`, `host config` or `shipped`."""
-    shadows: tuple[str, ...] = ()
-    """Files of the same name further down the search, which this one hides."""
-    error: str | None = None
-    engine: str | None = None
-    served_model: str | None = None
-    context_tokens: int | None = None
-    max_concurrency: int | None = None
-    tp_size: int | None = None
-    image: str | None = None
-    digest: str | None = None
-    runnable: bool = False
-    unknown: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,46 +127,43 @@ def resolve_recipe_path(ref: str | Path, recipes: RecipeDirs) -> Path:
     )
 
 
-def list_recipes(recipes: RecipeDirs) -> list[RecipeSummary]:
+def list_recipes(recipes: RecipeDirs) -> list[JSONObject]:
     """Every `*.toml` of the search by name, with the directory it came from (`source`); a name
-    found again further down the search is hidden by the first (`shadows` names the file it
-    hides). Invalid files are listed with their error."""
+    found again further down the search is hidden by the first (`shadows` names the files it
+    hides). An invalid file is listed with its `error`."""
     dirs = _dirs(recipes)
     if not any(d.path.is_dir() for d in dirs):
         raise RecipeError(f"{dirs[0].path}: recipes directory not found", file=str(dirs[0].path))
-    seen: dict[str, int] = {}
-    out: list[RecipeSummary] = []
+    out: dict[str, JSONObject] = {}
     for d in dirs:
         for path in sorted(d.path.glob("*.toml")) if d.path.is_dir() else []:
-            if path.stem in seen:
-                first = out[seen[path.stem]]
-                out[seen[path.stem]] = replace(first, shadows=(*first.shadows, str(path)))
-                continue
-            seen[path.stem] = len(out)
-            out.append(_summary(path, d.source))
-    return out
+            if path.stem in out:
+                out[path.stem]["shadows"] = [*get_array(out[path.stem], "shadows"), str(path)]
+            else:
+                out[path.stem] = {"name": path.stem, "path": str(path), "source": d.source, "shadows": []}
+                out[path.stem].update(_summary(path))
+    return list(out.values())
 
 
-def _summary(path: Path, source: str) -> RecipeSummary:
+def _summary(path: Path) -> JSONObject:
+    """A valid recipe's headline, or why the file is invalid."""
     try:
         recipe = load_recipe(path)
     except RecipeError as exc:
-        return RecipeSummary(name=path.stem, path=str(path), source=source, valid=False, error=str(exc))
-    return RecipeSummary(
-        name=recipe.name,
-        path=str(path),
-        source=source,
-        valid=True,
-        engine=recipe.engine,
-        served_model=recipe.served_model,
-        context_tokens=recipe.context_tokens,
-        max_concurrency=recipe.max_concurrency,
-        tp_size=recipe.tp_size,
-        image=recipe.image,
-        digest=recipe_digest(recipe),
-        runnable=recipe.runnable,
-        unknown=recipe.unknown,
-    )
+        return {"valid": False, "error": str(exc), "runnable": False}
+    return {
+        "valid": True,
+        "error": None,
+        "engine": recipe.engine,
+        "served_model": recipe.served_model,
+        "context_tokens": recipe.context_tokens,
+        "max_concurrency": recipe.max_concurrency,
+        "tp_size": recipe.tp_size,
+        "image": recipe.image,
+        "digest": recipe_digest(recipe),
+        "runnable": recipe.runnable,
+        "unknown": list(recipe.unknown),
+    }
 
 
 def show_recipe(ref: str | Path, recipes: RecipeDirs) -> RecipeView:

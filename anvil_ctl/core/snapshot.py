@@ -98,14 +98,6 @@ class Change:
             out["after"] = self.after
         return out
 
-    def describe(self) -> str:
-        """`+ path: value`, `- path: value` or `~ path: before -> after` (values as JSON)."""
-        if self.op == "add":
-            return f"+ {self.path}: {show_value(self.after)}"
-        if self.op == "remove":
-            return f"- {self.path}: {show_value(self.before)}"
-        return f"~ {self.path}: {show_value(self.before)} -> {show_value(self.after)}"
-
 
 def show_value(value: object) -> str:
     """A value as compact JSON: `null`, `[]`, `"text"` (absence is never a value)."""

@@ -12,7 +12,7 @@ from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.states import UNFINISHED_STATES
 from anvil_ctl.core.steps import StepContext
 from anvil_ctl.engine.assertions import slot_assertions
-from anvil_ctl.engine.serving import identity_drift, image_present
+from anvil_ctl.engine.serving import identity_drift, image_present, serving_problems
 from anvil_ctl.engine.world import World
 
 AnyCtx = StepContext[object, World, object]
@@ -27,6 +27,29 @@ class IncumbentArgs(Protocol):
 
     @property
     def incumbent(self) -> Identity | None: ...
+
+
+class CandidateArgs(Protocol):
+    @property
+    def slot(self) -> str: ...
+
+    @property
+    def candidate(self) -> Identity | None: ...
+
+
+class CandidateIsServing(Guard[StepContext[CandidateArgs, World, object]]):
+    """The slot's loaded candidate, that exact container (image, config fingerprint), runs
+    alone on its slot and its binding serves exactly its model: only that is qualified or
+    promoted."""
+
+    def check(self, ctx: StepContext[CandidateArgs, World, object]) -> Refusal | None:
+        cand = ctx.args.candidate
+        if cand is None:
+            return self.refuse(f"slot {ctx.args.slot} has no loaded candidate; run `anvilctl load` first")
+        problems = serving_problems(ctx.world, cand)
+        if problems:
+            return self.refuse("candidate is not what the slot serves: " + "; ".join(problems))
+        return None
 
 
 class NoUnresolvedTransaction(Guard[AnyCtx]):

@@ -15,7 +15,7 @@ from anvil_ctl.core.engine_profile import EngineProfile, engine_profile
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import ContainerInfo, VramNeed
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerInfo, VramNeed
 from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.world import World
@@ -95,6 +95,28 @@ def identity_drift(
 
 def served_models(world: World, slot: str) -> list[str]:
     return sorted(m.id for m in world.server.models(world.config.slot(slot).base_url))
+
+
+def serving_problems(world: World, ident: Identity) -> list[str]:
+    """Why `ident` is not what its slot runs, alone, and serves right now (empty: it is)."""
+    drift = identity_drift(world, ident, running=True)
+    problems = [d.describe(ident.container_id) for d in drift]
+    if any(d.field == "container" for d in drift):
+        return problems
+    labels = {LABEL_MANAGED: "true", LABEL_SLOT: ident.slot}
+    others = [
+        c.id[:12] for c in world.runtime.list(labels=labels) if c.running and c.id != ident.container_id
+    ]
+    if others:
+        problems.append(f"other containers run for slot {ident.slot}: {', '.join(others)}")
+    base_url = world.config.slot(ident.slot).base_url
+    try:
+        served = served_models(world, ident.slot)
+    except AdapterError as exc:
+        return [*problems, f"{base_url}/v1/models did not answer: {exc}"]
+    if served != [ident.served_model]:
+        problems.append(f"{base_url} serves {served}, expected [{ident.served_model!r}]")
+    return problems
 
 
 def image_present(world: World, image_id: str) -> bool:

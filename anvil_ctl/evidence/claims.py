@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from dataclasses import asdict, dataclass, field
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from anvil_ctl.config.inputs import validated
+from anvil_ctl.config.inputs import load_toml, validated
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.evidence.bundle import VerifyResult, verify_bundle
@@ -216,12 +215,7 @@ def _check(claim: Claim, where: str, file: str) -> None:
 def load_ledger(path: Path) -> Ledger:
     """Read and check a claims file; BadInput names the file and `claims[i].field`."""
     file = str(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{file}: claims file not found", file=file) from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise BadInput(f"{file}: not a readable TOML file: {exc}", file=file) from None
+    data = load_toml(path, "claims file", BadInput)
     ledger = validated(_LedgerFile, data, file)
     for i, claim in enumerate(ledger.claims):
         _check(claim, f"claims[{i}]", file)

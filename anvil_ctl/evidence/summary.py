@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, fields, get_float, items, whole
+
+if TYPE_CHECKING:  # the CLI draws the table; a promote that labels cells skips rich
+    from rich.table import Table
 
 
 def context_label(tokens: int) -> str:
@@ -102,6 +104,8 @@ def render_summary(rows: Sequence[SummaryRow]) -> str:
 
 def summary_table(rows: Sequence[SummaryRow], title: str = "Capacity") -> Table:
     """The summary as a rich Table."""
+    from rich.table import Table
+
     table = Table(title=title)
     for i, header in enumerate(HEADERS):
         table.add_column(header, justify="left" if i == 0 else "right")

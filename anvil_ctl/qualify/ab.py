@@ -13,10 +13,6 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Literal
-
-from pydantic import ConfigDict, Field, model_validator
-from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
@@ -25,62 +21,7 @@ from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import GateContext
 from anvil_ctl.qualify.gates.capacity import Capacity, Repetition
-
-METRICS: dict[str, tuple[str, bool]] = {
-    "decode_p50": ("decode_tps_p50", True),
-    "prefill_p50": ("prefill_tps_p50", True),
-    "ttft_p50": ("ttft_s_p50", False),
-}
-"""metric -> (the capacity cell's key, whether higher is better)."""
-Metric = Literal["decode_p50", "prefill_p50", "ttft_p50"]
-Percent = Annotated[float, Field(strict=True)]
-Tokens = Annotated[int, Field(strict=True, ge=0)]
-
-
-@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
-class Boundary:
-    """A protected boundary: the selected arm's delta on `metric` vs the other arm, per cell."""
-
-    metric: Metric
-    min_delta_pct: Percent | None = None
-    max_delta_pct: Percent | None = None
-    min_context: Tokens = 0
-    max_context: Tokens | None = None
-    reason: str = ""
-
-    @model_validator(mode="after")
-    def _bounded(self) -> Boundary:
-        if self.min_delta_pct is None and self.max_delta_pct is None:
-            raise ValueError("expected min_delta_pct or max_delta_pct")
-        return self
-
-    def applies(self, nominal: int) -> bool:
-        return nominal >= self.min_context and (self.max_context is None or nominal <= self.max_context)
-
-    def holds(self, delta: float | None) -> bool:
-        if delta is None:
-            return False
-        if self.min_delta_pct is not None and delta < self.min_delta_pct:
-            return False
-        return self.max_delta_pct is None or delta <= self.max_delta_pct
-
-    def describe(self) -> str:
-        """As the issue writes it: `prefill_p50 >= -3 % at contexts >= 120K`."""
-        parts = []
-        if self.min_delta_pct is not None:
-            parts.append(f"{self.metric} >= {self.min_delta_pct:g} %")
-        if self.max_delta_pct is not None:
-            parts.append(f"{self.metric} <= {self.max_delta_pct:+g} %")
-        scope = []
-        if self.min_context:
-            scope.append(f">= {context_label(self.min_context)}")
-        if self.max_context is not None:
-            scope.append(f"<= {context_label(self.max_context)}")
-        where = f" at contexts {' and '.join(scope)}" if scope else " at every context"
-        return " and ".join(parts) + where
-
-    def as_dict(self) -> JSONObject:
-        return {**asdict(self), "text": self.describe()}
+from anvil_ctl.qualify.profiles import METRICS, Boundary
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Qualification profiles: TOML files naming an ordered list of gates with thresholds.
 
 `[[gates]]` tables name a `type` (a key of GATE_TYPES), an optional unique `name` and the gate's
-keywords; `[watch]` (see watchpolicy), `select` and `[[boundaries]]` (A/B, see qualify.ab) are
+keywords; `[watch]` (see watchpolicy), `select` and `[[boundaries]]` (the A/B's, `Boundary`) are
 optional. Named profiles ship in `anvil_ctl/profiles/`; errors name the file and the field.
 """
 
@@ -10,19 +10,81 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, validate_call
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator, validate_call
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from anvil_ctl.config.inputs import field_path, load_toml, validated
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.qualify.ab import Boundary, Metric
-from anvil_ctl.qualify.gates import GATE_TYPES
-from anvil_ctl.qualify.gates.base import Gate
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, parse_watch
 
+# The gates (and their client) import where a profile's gates are checked or built, not here:
+# a promote reads only `[watch]`.
+if TYPE_CHECKING:
+    from anvil_ctl.qualify.gates.base import Gate
+
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+METRICS: dict[str, tuple[str, bool]] = {
+    "decode_p50": ("decode_tps_p50", True),
+    "prefill_p50": ("prefill_tps_p50", True),
+    "ttft_p50": ("ttft_s_p50", False),
+}
+"""metric -> (the capacity cell's key, whether higher is better)."""
+Metric = Literal["decode_p50", "prefill_p50", "ttft_p50"]
+Percent = Annotated[float, Field(strict=True)]
+Tokens = Annotated[int, Field(strict=True, ge=0)]
+
+
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class Boundary:
+    """A protected boundary: the selected arm's delta on `metric` vs the other arm, per cell."""
+
+    metric: Metric
+    min_delta_pct: Percent | None = None
+    max_delta_pct: Percent | None = None
+    min_context: Tokens = 0
+    max_context: Tokens | None = None
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Boundary:
+        if self.min_delta_pct is None and self.max_delta_pct is None:
+            raise ValueError("expected min_delta_pct or max_delta_pct")
+        return self
+
+    def applies(self, nominal: int) -> bool:
+        return nominal >= self.min_context and (self.max_context is None or nominal <= self.max_context)
+
+    def holds(self, delta: float | None) -> bool:
+        if delta is None:
+            return False
+        if self.min_delta_pct is not None and delta < self.min_delta_pct:
+            return False
+        return self.max_delta_pct is None or delta <= self.max_delta_pct
+
+    def describe(self) -> str:
+        """As the issue writes it: `prefill_p50 >= -3 % at contexts >= 120K`."""
+        parts = []
+        if self.min_delta_pct is not None:
+            parts.append(f"{self.metric} >= {self.min_delta_pct:g} %")
+        if self.max_delta_pct is not None:
+            parts.append(f"{self.metric} <= {self.max_delta_pct:+g} %")
+        scope = []
+        if self.min_context:
+            scope.append(f">= {context_label(self.min_context)}")
+        if self.max_context is not None:
+            scope.append(f"<= {context_label(self.max_context)}")
+        where = f" at contexts {' and '.join(scope)}" if scope else " at every context"
+        return " and ".join(parts) + where
+
+    def as_dict(self) -> JSONObject:
+        return {**asdict(self), "text": self.describe()}
 
 
 @dataclass(frozen=True)
@@ -32,6 +94,8 @@ class GateSpec:
     params: dict[str, object] = field(default_factory=dict)
 
     def build(self) -> Gate:
+        from anvil_ctl.qualify.gates import GATE_TYPES
+
         return GATE_TYPES[self.type](name=self.name, **self.params)
 
 
@@ -98,10 +162,14 @@ class _ProfileFile(BaseModel):
 def _arguments(gate_type: str) -> Callable[..., None]:
     """The gate's `__init__`, checking its arguments strictly against its fields' types (a "3"
     is no int, a 1 no bool)."""
+    from anvil_ctl.qualify.gates import GATE_TYPES
+
     return validate_call(config=ConfigDict(strict=True))(GATE_TYPES[gate_type].__init__)
 
 
 def _gate_spec(source: str, index: int, raw: dict[str, object]) -> GateSpec:
+    from anvil_ctl.qualify.gates import GATE_TYPES
+
     where = f"gates[{index}]"
     gate_type = raw.get("type")
     if gate_type not in GATE_TYPES:

@@ -106,6 +106,14 @@ class TestReadOnlyImports:
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == ["False", "2", "True"]
 
+    def test_a_promotes_watch_reads_its_profile_without_the_gates_the_ab_or_rich(self) -> None:
+        # Every promote's `prepare` imports the watch, which reads the profile's `[watch]`.
+        code = "import sys, anvil_ctl.engine.watch; print(sorted(sys.modules))"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        never = ("anvil_ctl.qualify.gates", "anvil_ctl.qualify.ab", "anvil_ctl.qualify.client", "rich")
+        assert heavy(set(json.loads(r.stdout.replace("'", '"'))), never) == []
+
 
 WARM = """
 import json, sys

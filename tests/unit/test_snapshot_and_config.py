@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from anvil_ctl.cli.render_tx import change_line
 from anvil_ctl.config.host import load_host_config
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.snapshot import Snapshot, diff
@@ -22,7 +23,7 @@ class TestSnapshot:
         b = Snapshot.of(
             {"slots": {"primary": {"containers": {"c1": {"status": "exited"}, "c2": {"status": "running"}}}}}
         )
-        assert [c.describe() for c in diff(a, b)] == [
+        assert [change_line(c.as_dict()) for c in diff(a, b)] == [
             '~ slots.primary.containers.c1.status: "running" -> "exited"',
             '+ slots.primary.containers.c2: {"status": "running"}',
         ]

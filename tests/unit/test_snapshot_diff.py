@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from anvil_ctl.cli.render_tx import change_line
 from anvil_ctl.core.snapshot import (
     Snapshot,
     diff,
@@ -23,7 +24,7 @@ BACKEND = {"url": "http://127.0.0.1:8001", "observed_model": "m", "healthy": Tru
 
 
 def lines(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    return [c.describe() for c in diff(Snapshot.of(before), Snapshot.of(after))]
+    return [change_line(c.as_dict()) for c in diff(Snapshot.of(before), Snapshot.of(after))]
 
 
 class TestDiff:
@@ -98,7 +99,9 @@ class TestJsonPatch:
         changes = diff(a, b)
         patch = to_patch(changes)
         assert jsonpatch.apply_patch(a.body, patch) == b.body
-        assert [c.describe() for c in from_patch(patch)] == [c.describe() for c in changes]
+        assert [change_line(c.as_dict()) for c in from_patch(patch)] == [
+            change_line(c.as_dict()) for c in changes
+        ]
 
     def test_the_patch_refuses_a_document_it_was_not_made_from(self) -> None:
         patch = to_patch(diff(Snapshot.of({"a": 1}), Snapshot.of({"a": 2})))

@@ -19,7 +19,7 @@ from anvil_ctl.core.model import LABEL_RECIPE
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import AbArgs, AbArm, AbRequest
-from anvil_ctl.engine.plans.qualify import serving_problems
+from anvil_ctl.engine.serving import serving_problems
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification
 

@@ -33,12 +33,16 @@ from anvil_ctl.core.ports import WeightedRouter
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.drain import stop_drained, stop_retain_step, wait_idle
 from anvil_ctl.engine.gpu_ownership import reserve_in_force
-from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterConfigured, RouterCredentialsAccepted
+from anvil_ctl.engine.guards import (
+    CandidateIsServing,
+    NoUnresolvedTransaction,
+    RouterConfigured,
+    RouterCredentialsAccepted,
+)
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import CanaryArgs, CanaryRequest
 from anvil_ctl.engine.plans.promote import (
     ApproverNamed,
-    CandidateIsServing,
     CandidateVerified,
     closing_steps,
     standing_decision,

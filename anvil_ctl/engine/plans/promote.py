@@ -42,6 +42,7 @@ from anvil_ctl.core.steps import NoMemo, Plan, Record, Step, StepContext, StepRe
 from anvil_ctl.engine.gpu_ownership import reserve_reading
 from anvil_ctl.engine.guards import (
     BaseVerified,
+    CandidateIsServing,
     NoUnresolvedTransaction,
     RollbackIdentityComplete,
     RollbackIdentityRestorable,
@@ -52,7 +53,6 @@ from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import PromoteArgs, PromoteRequest, RollbackRequest, WatchDeclaration
 from anvil_ctl.engine.serving import (
     drain_slot,
-    identity_drift,
     route_problems,
     route_slot_to,
     route_step,
@@ -191,26 +191,6 @@ class CandidateVerified(Guard[PCtx]):
                 f"(decision {decision_id[:12]}); only a verified decision can be promoted",
                 decision=decision_id,
             )
-        return None
-
-
-class CandidateIsServing(Guard[PCtx]):
-    """The candidate container runs with its recorded image and fingerprint and serves the slot."""
-
-    def check(self, ctx: PCtx) -> Refusal | None:
-        cand = ctx.args.candidate
-        drift = identity_drift(ctx.world, cand, running=True)
-        short = cand.container_id[:12]
-        for d in drift:
-            if d.field == "container":
-                return self.refuse(f"candidate container {short} is gone")
-            if d.field == "status":
-                return self.refuse(f"candidate container {short} is {d.observed}")
-        if drift:
-            return self.refuse(f"candidate container {short} drifted from its identity")
-        served = [m.id for m in ctx.world.server.models(ctx.world.config.slot(cand.slot).base_url)]
-        if served != [cand.served_model]:
-            return self.refuse(f"slot serves {served}, not the candidate {cand.served_model!r}")
         return None
 
 

@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING
 
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import AdapterError, AnvilError, BadInput, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
+from anvil_ctl.core.guards import Guard
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_RECIPE, LABEL_SLOT
+from anvil_ctl.core.model import LABEL_RECIPE
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.guards import CandidateIsServing
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest
 from anvil_ctl.engine.served_context import observed_context
-from anvil_ctl.engine.serving import identity_drift, inspect_or_none, profile_of, served_models
+from anvil_ctl.engine.serving import identity_drift, inspect_or_none, profile_of, serving_problems
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import GateEvidence
@@ -50,36 +51,6 @@ class QualifyMemo:
 Ctx = StepContext[QualifyArgs, World, QualifyMemo]
 
 
-def serving_problems(world: World, ident: Identity) -> list[str]:
-    """Why `ident` is not what its slot runs and serves right now (empty: it is)."""
-    drift = identity_drift(world, ident, running=True)
-    if any(d.field == "container" for d in drift):
-        return [f"candidate container {ident.container_id[:12]} no longer exists"]
-    problems = []
-    for d in drift:
-        if d.field == "status":
-            problems.append(f"candidate container {ident.container_id[:12]} is {d.observed}, not running")
-        elif d.field == "image_id":
-            problems.append(f"container image {d.observed} differs from recorded {d.recorded}")
-        elif d.field == "config_fingerprint":
-            problems.append("container config fingerprint differs from the recorded identity")
-    others = [
-        c.id[:12]
-        for c in world.runtime.list(labels={LABEL_MANAGED: "true", LABEL_SLOT: ident.slot})
-        if c.running and c.id != ident.container_id
-    ]
-    if others:
-        problems.append(f"other containers run for slot {ident.slot}: {', '.join(others)}")
-    base_url = world.config.slot(ident.slot).base_url
-    try:
-        served = served_models(world, ident.slot)
-    except AdapterError as exc:
-        return [*problems, f"{base_url}/v1/models did not answer: {exc}"]
-    if served != [ident.served_model]:
-        problems.append(f"{base_url} serves {served}, expected [{ident.served_model!r}]")
-    return problems
-
-
 def _engine_died(result: QualificationResult) -> bool:
     from anvil_ctl.qualify.runner import ENGINE_GATE
 
@@ -94,23 +65,6 @@ def died_problems(world: World, ident: Identity) -> list[str]:
         for d in identity_drift(world, ident)
         if d.field != "status"
     ]
-
-
-class CandidateIsServing(Guard[Ctx]):
-    """A slot is qualified only against its latest loaded candidate, while that exact
-    container (image, config fingerprint) runs and its binding serves exactly its model."""
-
-    def check(self, ctx: Ctx) -> Refusal | None:
-        cand = ctx.args.candidate
-        if cand is None:
-            return self.refuse(
-                f"slot {ctx.args.slot} has no loaded candidate; run `anvilctl load` first",
-                slot=ctx.args.slot,
-            )
-        problems = serving_problems(ctx.world, cand)
-        if problems:
-            return self.refuse("candidate is not what the slot serves: " + "; ".join(problems))
-        return None
 
 
 GUARDS: list[Guard[Ctx]] = [CandidateIsServing()]
