@@ -202,7 +202,9 @@ class HaproxyRouter(RouterHttp):
         current = self._slot_for(tier, url)
         backend = backend_name(tier)
         if current is not None:
-            if current.state != "ready":
+            # `show stat` says DOWN, not DRAIN, for a drained server whose checks fail (its
+            # serve was stopped): only a healthy one is surely in the ready state already.
+            if current.state != "ready" or not current.healthy:
                 self._set(f"set server {backend}/{current.name} state ready")
             return
         free = [s for s in self.slots(tier) if s.state == "maint"]
@@ -277,6 +279,11 @@ class HaproxyRouter(RouterHttp):
                     self._set(f"set server {backend_name(tier)}/{slot.name} state maint")
             self.register(tier, url, aliases)
             mine = self._slot_for(tier, url)
+            if mine is not None and mine.state == "ready" and not mine.healthy:
+                # Its checks (every `inter`) have not yet seen the serve the caller saw answer;
+                # the routed chat below proves it does, and the checks go on judging it.
+                self._set(f"set server {backend_name(tier)}/{mine.name} health up")
+                mine = self._slot_for(tier, url)
             if mine is None or not mine.healthy:
                 raise NotYetRouted(f"haproxy slot for {url} not up yet")
             # The one backend carries everything: a weight a canary left (0 once the candidate

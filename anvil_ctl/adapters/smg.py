@@ -433,6 +433,15 @@ class SmgRouter(RouterHttp):
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
         return super().check_route(tier, norm(url), expected_model)
 
+    def routed_chat(self, alias: str) -> RoutedAnswer:
+        """A chat to an alias that smg lists only on parked workers answers 503, as the parking
+        responder does, without being sent: smg retries a worker's 503 with backoff (about half
+        a second) before it answers, and the slot is not serving meanwhile."""
+        listing = [w for w in self._workers.listed() if w.aliases[:1] == (alias,)]
+        if listing and all(w.parked for w in listing):
+            return RoutedAnswer(status=503, model=None)
+        return super().routed_chat(alias)
+
     def _route_problem(self, tier: str, url: str) -> tuple[str, str]:
         workers = self._workers.of_tier(tier)
         mine = [w for w in workers if w.url == url]

@@ -10,7 +10,6 @@ from anvil_ctl.commands.transactions import enter, limit_waits
 from anvil_ctl.commands.transactions import load as load_tx
 from anvil_ctl.core.errors import BadInput, NotFound, Refused
 from anvil_ctl.core.model import DrainPolicy, OnDrainTimeout
-from anvil_ctl.core.states import TxState
 from anvil_ctl.core.validate import check_person, require
 from anvil_ctl.engine.outcome import Outcome
 from anvil_ctl.engine.plans.args import Candidate, DriftAcceptance, PromoteRequest, UnloadRequest
@@ -63,9 +62,10 @@ def load(
     The incumbent's drain waits `drain_timeout_s` (default: the recipe's), then refuses.
 
     `promote_approved_by` (--promote): once the load commits, promote the candidate it
-    started in the same process, as its own transaction with every check of `promote`:
-    the slot's clients wait for a second command's start-up no longer (a candidate whose
-    identity has no standing verified decision is refused there, and stays loaded)."""
+    started in the same process and under the same lock, as its own transaction with every
+    check of `promote` (`engine.entry`): the slot's clients wait for a second command's
+    start-up no longer (a candidate whose identity has no standing verified decision is
+    refused there, and stays loaded)."""
     if promote_approved_by is not None:
         promote_approved_by = require("--approved-by", check_person, promote_approved_by)
         if not dry_run:
@@ -76,15 +76,11 @@ def load(
     limit_waits(app, timeout_s)
     cand = candidate_from_recipe(app, ref, slot)
     drain = DrainPolicy.of(drain_timeout_s or cand.drain_timeout_s, on_drain_timeout, default="abort")
-    loaded = load_tx(app, slot=slot, candidate=cand, dry_run=dry_run, accept_drift=accept_drift, drain=drain)
-    if promote_approved_by is None or dry_run or loaded.state is not TxState.COMMITTED:
-        return loaded
-    started = loaded.results.get("start-candidate") or {}
-    request = PromoteRequest(
-        slot=slot, approved_by=promote_approved_by, candidate=str(started.get("container_id") or "") or None
+    # Under the load's lock the slot's loaded candidate is the one this load started.
+    then = None if promote_approved_by is None else PromoteRequest(slot=slot, approved_by=promote_approved_by)
+    return load_tx(
+        app, slot=slot, candidate=cand, dry_run=dry_run, accept_drift=accept_drift, drain=drain, then=then
     )
-    loaded.then = enter(app, request)
-    return loaded
 
 
 def unload(

@@ -29,6 +29,7 @@ from anvil_ctl.engine.plans.args import (
     Candidate,
     DriftAcceptance,
     LoadRequest,
+    PromoteRequest,
     ReconcileRequest,
     Request,
 )
@@ -86,9 +87,10 @@ def load(
     dry_run: bool = False,
     accept_drift: DriftAcceptance | None = None,
     drain: DrainPolicy | None = None,
+    then: PromoteRequest | None = None,
 ) -> Outcome:
     request = LoadRequest(
-        slot=slot, candidate=candidate, accept_drift=accept_drift, drain=drain or REFUSE_TO_CUT
+        slot=slot, candidate=candidate, accept_drift=accept_drift, drain=drain or REFUSE_TO_CUT, then=then
     )
     return enter(app, request, dry_run=dry_run)
 

@@ -15,6 +15,11 @@ is followed by it here, through this same door, without letting go of the OS loc
 other mutator runs between the two. The follow-up's ID is minted here too, before the end
 state that names it is written, so each record points at the other.
 
+A committed load whose request names a promotion (`load --promote`, `Outcome.then`) is
+followed by it the same way. The promotion's guards and before snapshot start from the
+load's after-snapshot reading of the host (`one_reading`): nothing acts between the two, and
+the slot's clients, with no serve routed, would wait out every look taken again.
+
 `recover` enters through the same door: it takes the lock, accepting a dead owner's stale
 rows, refuses with nothing written when the router refuses our credentials, finishes every
 transaction whose owner is gone (and runs what they ask next), and releases the stale rows
@@ -26,11 +31,12 @@ from __future__ import annotations
 import uuid
 
 from anvil_ctl.core.ports import Owner
+from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.plans import KINDS
-from anvil_ctl.engine.plans.args import Request, to_json
+from anvil_ctl.engine.plans.args import LoadRequest, Request, to_json
 from anvil_ctl.engine.recover import RecoverReport, recover_unfinished, refuse_without_credentials
 from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
@@ -58,6 +64,8 @@ def run(
     and `held` (the OS lock, its row released) are a follow-up's, given by this module.
     """
     kind = KINDS[request.kind]
+    if held is None:
+        world.kept_reading = None  # a reading is kept only for a transaction that follows at once
     if dry_run:
         plan = kind.build(kind.prepare(world, request), world, request)
         return TransactionEngine(world.store, owner, faults=faults).dry_run(plan, world)
@@ -75,11 +83,17 @@ def run(
             if lock is not None:
                 lock.claim()
             world.store.begin(kind=plan.kind, slot=plan.slot, args=to_json(args), owner=owner, tx_id=tx_id)
-        engine = TransactionEngine(world.store, owner, faults=faults, mint=_mint)
+        then = request.then if isinstance(request, LoadRequest) else None
+        engine = TransactionEngine(
+            world.store, owner, faults=faults, mint=_mint, keep_reading=then is not None
+        )
         outcome = engine.run(plan, world, tx_id)
         engine.commit(lock.release_row if lock is not None else None)  # with the end state
         if outcome.follow_up is not None:
             outcome.followed_by = _follow(world, owner, outcome.follow_up, faults, lock)
+        elif then is not None and outcome.state is TxState.COMMITTED:
+            outcome.then = run(world, owner, then, faults=faults, held=lock)
+        world.kept_reading = None
     except BaseException as exc:
         if lock is not None and held is None:  # a held lock is its holder's to release
             lock.release_after(exc)

@@ -68,12 +68,16 @@ class TransactionEngine:
         *,
         faults: Faults = NO_FAULTS,
         mint: Callable[[], str] | None = None,
+        keep_reading: bool = False,
     ) -> None:
         self.journal = journal
         self.owner = owner
         self.faults = faults
         self.mint = mint
         """Makes the transaction ID of a follow-up (the entry's, the one place IDs are made)."""
+        self.keep_reading = keep_reading
+        """The after snapshot's reading is kept for the transaction the entry runs next under
+        the same lock (`one_reading`): its guards and before snapshot start from it."""
         self._held: list[tuple[Callable[[], object], str]] = []
 
     # -- journal: held records, committed with the next write; fault boundaries after -------------
@@ -172,7 +176,9 @@ class TransactionEngine:
         bound = log.bind(tx_id=tx_id, kind=plan.kind)
         t0 = time.monotonic()
         progress.step_started(-1, "guards", "check", f"{len(plan.guards)} checks before any change")
-        with one_reading(ctx.world):  # the guards and the before snapshot only observe
+        # The guards and the before snapshot only observe; a transaction following another
+        # at once starts from that one's closing reading, if it kept one.
+        with one_reading(ctx.world, resume=True):
             refusal = self._check_guards(plan, ctx)
             progress.step_finished(
                 -1,
@@ -454,7 +460,8 @@ class TransactionEngine:
         if not plan.snapshot:
             return
         ctx.world.progress.activity(f"observing the host: the {label} snapshot")
-        with one_reading(ctx.world):  # it only observes: each container is inspected once
+        # It only observes: each container is inspected once.
+        with one_reading(ctx.world, keep=self.keep_reading and label == "after"):
             after = outcome.after = plan.snapshot()
         self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after))
         before = outcome.before

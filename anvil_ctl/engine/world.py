@@ -97,6 +97,9 @@ class World:
     """Where steps report their waits (the CLI's renderer; silent by default)."""
     wait_limit_s: float | None = None
     """`--timeout`: no forward wait (health, VRAM release, drain, readmission) lasts longer."""
+    kept_reading: tuple[dict[str, object], dict[str, object]] | None = None
+    """What a stretch opened with `keep` saw, for the next stretch opened with `resume`
+    (`one_reading`); the entry drops it wherever no such stretch follows at once."""
     undoing: bool = False
     """Set by the engine while it compensates: undos keep the configured deadlines, since
     giving up early on bringing a serve back would leave the slot dark."""
@@ -149,7 +152,7 @@ class _Reading:
         self.port, self.seen, self.reads, self.changes = port, seen, reads, changes
 
     def ask(self, name: str, *args: object, **kw: object) -> object:
-        key = repr((id(self), name, args, sorted(kw.items())))
+        key = repr((id(self.port), name, args, sorted(kw.items())))
         if key not in self.seen:
             self.seen[key] = getattr(self.port, name)(*args, **kw)
         got = self.seen[key]
@@ -180,12 +183,12 @@ class _Runtime(_Reading):
         if wanted.get(LABEL_MANAGED) == "true" and len(wanted) > 1:
             managed = self.list(labels={LABEL_MANAGED: "true"})
             return [c for c in managed if all(c.labels.get(k) == v for k, v in wanted.items())]
-        fresh = repr((id(self), "list", (), sorted({"labels": labels}.items()))) not in self.seen
+        fresh = repr((id(self.port), "list", (), sorted({"labels": labels}.items()))) not in self.seen
         got = self.ask("list", labels=labels)
         assert isinstance(got, list)
         if fresh:
             for info in got:
-                self.seen.setdefault(repr((id(self), "inspect", (info.id,), [])), info)
+                self.seen.setdefault(repr((id(self.port), "inspect", (info.id,), [])), info)
         return got
 
 
@@ -207,25 +210,32 @@ _STRETCH: dict[str, tuple[type[_Reading], frozenset[str], frozenset[str]]] = {
 
 
 @contextmanager
-def one_reading(world: object) -> Iterator[None]:
+def one_reading(world: object, *, keep: bool = False, resume: bool = False) -> Iterator[None]:
     """A stretch in which the host is only observed: each question to the runtime, the server
     probe, the router, the GPUs and /dev/shm is asked once (checks and snapshots ask the same
     few again and again). A change made through the stretch forgets every reading; nothing may
-    poll inside one. A stretch inside a stretch is the outer one; a non-World is left alone."""
+    poll inside one. A stretch inside a stretch is the outer one; a non-World is left alone.
+
+    `keep`: what the stretch saw stays on the world (`kept_reading`); `resume`: the stretch
+    starts from what was kept, which only a stretch that follows with nothing acted between
+    may do (a promotion following its load under the same lock). Any stretch takes it away."""
     if not isinstance(world, World) or isinstance(world.runtime, _Reading):
         yield  # not a World, or already inside a stretch: its one reading goes on
         return
+    kept, world.kept_reading = world.kept_reading, None
+    seen, shm_seen = kept if (resume and kept) else ({}, {})
     ports = {name: getattr(world, name) for name in ("shm", *_STRETCH)}
-    seen: dict[str, object] = {}
     for name, (reading, reads, changes) in _STRETCH.items():
         if ports[name] is not None:
             setattr(world, name, reading(ports[name], seen, reads, changes))
     if world.shm is not None:  # scanned once; a removal scans again (a stretch of its own)
         world.shm = cast(
-            SharedMemory, _Reading(world.shm, {}, frozenset({"residue"}), frozenset({"remove_unheld"}))
+            SharedMemory, _Reading(world.shm, shm_seen, frozenset({"residue"}), frozenset({"remove_unheld"}))
         )
     try:
         yield
+        if keep:
+            world.kept_reading = (seen, shm_seen)
     finally:
         for name, port in ports.items():
             setattr(world, name, port)

@@ -40,6 +40,8 @@ class FakeHaproxy:
                     "status": "MAINT",
                 }
         self.commands: list[str] = []
+        self.checked_up = True
+        """Whether a server made ready passes its health check at once (else DOWN until one runs)."""
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(path))
         os.chmod(path, 0o600)
@@ -80,7 +82,11 @@ class FakeHaproxy:
                 server["weight"] = words[4]
                 return "\n"
             if words[3] == "state":
-                server["status"] = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}[words[4]]
+                ready = "UP" if self.checked_up else "DOWN"
+                server["status"] = {"ready": ready, "drain": "DRAIN", "maint": "MAINT"}[words[4]]
+                return "\n"
+            if words[3] == "health":
+                server["status"] = {"up": "UP", "down": "DOWN", "stopping": "NOLB"}[words[4]]
                 return "\n"
         return "Unknown command.\n"
 
@@ -302,6 +308,25 @@ class TestHaproxyRouter:
         router.set_weights("primary-local", {BACKEND: 0})
         router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
         assert fake.servers[("tier_primary-local", "s1")]["weight"] == "100%"
+
+    def test_readmit_does_not_wait_for_the_next_health_check_of_a_serve_that_answers(self, fake):
+        waits: list[float] = []
+        router = make_router(fake)
+        router._sleep = waits.append
+        router.register("primary-local", BACKEND, ("llm.primary",))
+        router.drain("primary-local")
+        # Its serve stopped and started again: HAProxy shows a drained server whose checks
+        # failed as DOWN (not DRAIN), and a server made ready is DOWN until its next check.
+        fake.servers[("tier_primary-local", "s1")]["status"] = "DOWN"
+        fake.checked_up = False
+        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        drained = fake.commands.index("set server tier_primary-local/s1 state drain")
+        assert [c for c in fake.commands[drained + 1 :] if c.startswith("set ")][:2] == [
+            "set server tier_primary-local/s1 state ready",
+            "set server tier_primary-local/s1 health up",
+        ]
+        assert waits == []  # ended by the routed chat's answer, not by a retry
+        assert fake.servers[("tier_primary-local", "s1")]["status"] == "UP"
 
     def test_readmit_after_an_haproxy_restart_registers_again(self, fake):
         router = make_router(fake)

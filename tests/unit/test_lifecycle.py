@@ -14,6 +14,7 @@ from anvil_ctl.engine import entry
 from anvil_ctl.engine.plans.args import PromoteRequest
 from anvil_ctl.persistence import rechecks, waiver_rows
 from anvil_ctl.recipes.model import load_recipe
+from anvil_ctl.testing.host import FakeSharedMemory
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 
@@ -394,6 +395,23 @@ class TestLoadThenPromote:
         incumbent = fake_host.app().store.current_identity("primary", "incumbent")
         assert incumbent is not None and incumbent.container_id == started
         assert fake_host.world.read()["router"]["tiers"]["primary-local"]["state"] == "ready"
+
+    def test_the_promotion_starts_from_the_load_s_closing_reading_of_the_host(
+        self, fake_host: FakeHost, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        assert serves.load(fake_host.app(), "stub-245k-c1", slot="primary").state == TxState.COMMITTED
+        fake_host.decide("verified")
+        assert lifecycle.rollback(fake_host.app(), slot="primary").state == TxState.COMMITTED
+        scans: list[int] = []
+        real = FakeSharedMemory.residue
+        monkeypatch.setattr(FakeSharedMemory, "residue", lambda shm: scans.append(1) or real(shm))
+        out = serves.load(fake_host.app(), "stub-245k-c1", slot="primary", promote_approved_by="alice")
+        assert out.then is not None and out.then.state == TxState.COMMITTED, out.then and out.then.reason
+        # The load's first reading and its after snapshot's; the promotion's after snapshot's.
+        # Its guards and before snapshot asked nothing again: it starts from what the load saw.
+        assert len(scans) == 3
+        assert out.after is not None and out.then.before is not None
+        assert out.then.before.sha256 == out.after.sha256
 
     def test_an_unqualified_candidate_stays_loaded_and_the_command_exits_refused(
         self, fake_host: FakeHost

@@ -98,6 +98,24 @@ class TestOneReading:
         assert [r.path for r in world.shm.residue()] == [LEFT["path"]]
         assert len(scans) == 2
 
+    def test_a_kept_reading_answers_only_the_next_stretch_and_only_if_it_resumes_it(
+        self, fake_host: FakeHost, scans: list[int]
+    ) -> None:
+        world: World = fake_host.app().world()
+        with one_reading(world, keep=True):
+            assert world.shm is not None and world.shm.residue() == []
+        put(fake_host, LEFT)  # appears meanwhile: the stretch that resumes sees what was kept
+        with one_reading(world, resume=True):
+            assert world.shm.residue() == []
+        assert len(scans) == 1
+        with one_reading(world, keep=True):
+            assert len(world.shm.residue()) == 1
+        with one_reading(world):  # takes the kept reading away unused
+            assert len(world.shm.residue()) == 1
+        with one_reading(world, resume=True):  # nothing kept: it reads for itself
+            assert len(world.shm.residue()) == 1
+        assert len(scans) == 4
+
     def test_a_removal_inside_the_stretch_makes_the_next_reading_scan(
         self, fake_host: FakeHost, scans: list[int]
     ) -> None:

@@ -20,6 +20,7 @@ from anvil_ctl.adapters.smg import PARK_SETTLE_S, SmgRouter
 from anvil_ctl.adapters.smg_parking import ParkingResponder
 from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, PARKED_LABEL, TIER_LABEL
 from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
+from anvil_ctl.core.model import RoutedAnswer
 from anvil_ctl.core.ports import Router
 
 ADMIN, USER, CLIENT = "admin-key-123", "user-key-123", "client-key-123"
@@ -283,6 +284,13 @@ class TestSmgRouterRegistration:
         (parked,) = [w for w in smg.workers if w.labels.get(PARKED_LABEL) == "primary-local"]
         assert parked.models == [ALIAS] and parked.drain_s == PARK_SETTLE_S
         assert seen == [[BACKEND, parked.url]]  # parked before the tier's worker went
+
+    def test_a_routed_chat_to_a_parked_alias_is_503_without_being_sent(self, smg):
+        smg.add()
+        router = make_router(smg)
+        router.drain("primary-local")
+        assert router.routed_chat(ALIAS) == RoutedAnswer(status=503, model=None)
+        assert ("POST", "/v1/chat/completions") not in smg.calls  # smg would retry it, then say 503
 
     def test_readmission_removes_the_parked_worker(self, smg):
         smg.add()

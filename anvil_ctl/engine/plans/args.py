@@ -217,6 +217,8 @@ class LoadRequest:
     candidate: Candidate
     accept_drift: DriftAcceptance | None = None
     drain: DrainPolicy = REFUSE_TO_CUT
+    then: PromoteRequest | None = None
+    """`load --promote`: the promotion the entry runs once the load commits, under its lock."""
 
 
 @dataclass(frozen=True)
