@@ -43,9 +43,6 @@ class CacheReport:
         return f"{self.repo_id}@{self.revision}"
 
 
-repo_folder = hub_repo_folder
-
-
 def parse_identity(identity: str) -> tuple[str, str]:
     """`org/name@<40 hex>` -> (repo_id, revision); BadInput otherwise."""
     repo_id, sep, revision = identity.partition("@")
@@ -64,8 +61,7 @@ class HfCache:
         self.cache_dir = cache_dir
 
     def verify_identity(self, identity: str) -> CacheReport:
-        repo_id, revision = parse_identity(identity)
-        return self.verify(repo_id, revision)
+        return self.verify(*parse_identity(identity))
 
     def verify_files(self, identity: str, files: Sequence[ModelFile]) -> CacheReport:
         """`verify_identity` plus every pinned file's size, SHA-256 and (GGUF) header."""
@@ -81,12 +77,8 @@ class HfCache:
         return replace(report, complete=not problems, problems=tuple(problems), files=tuple(observed))
 
     def verify(self, repo_id: str, revision: str) -> CacheReport:
-        if not REPO_ID_RE.match(repo_id) or not REVISION_RE.match(revision):
-            raise BadInput(
-                f"model {repo_id}@{revision}: expected ORG/NAME and a 40-hex revision",
-                field="model",
-            )
-        repo_dir = self.cache_dir / repo_folder(repo_id)
+        parse_identity(f"{repo_id}@{revision}")  # refuses a malformed one
+        repo_dir = self.cache_dir / hub_repo_folder(repo_id)
         snapshot = repo_dir / "snapshots" / revision
         problems: list[str] = []
         total = 0
@@ -113,14 +105,6 @@ class HfCache:
         )
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _check_file(snapshot: Path, pin: ModelFile) -> tuple[dict[str, Any], list[str]]:
     """(what was observed, problems) of one pinned file of a snapshot."""
     path = snapshot / pin.path
@@ -137,7 +121,8 @@ def _check_file(snapshot: Path, pin: ModelFile) -> tuple[dict[str, Any], list[st
     if size != pin.size:
         return seen, [f"{pin.path}: {size} bytes, expected the pinned {pin.size}"]
     try:
-        sha = _sha256(path)
+        with path.open("rb") as fh:
+            sha = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as exc:
         return seen, [f"{pin.path}: cannot read: {exc.strerror}"]
     seen["sha256"] = sha

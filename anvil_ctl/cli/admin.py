@@ -1,4 +1,5 @@
-"""Administration: init, db upgrade, status, recover, resolve, lock status|break."""
+"""Administration: init, db upgrade, status (and --watch), fleet status, recover, resolve, lock
+status|break."""
 
 from __future__ import annotations
 
@@ -138,9 +139,7 @@ def status(session: Session, watch: bool, interval: float, count: int | None) ->
             from anvil_ctl.commands import admin
 
             return Reply(StatusView(admin.status(app)))
-    from anvil_ctl.cli.watch import watch_status
-
-    watch_status(session, interval_s=interval, count=count)
+    _watch_status(session, interval_s=interval, count=count)
     return Reply(None)
 
 
@@ -200,3 +199,65 @@ def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
 
 
 lock = group("lock", "The host mutator lock.", "anvilctl lock status", lock_status, lock_break)
+
+
+def _watch_status(session: Session, *, interval_s: float, count: int | None) -> None:
+    """`status --watch`: observe again until Ctrl-C (or --count), as `kubectl get -w` does."""
+    import json
+    import sys
+    import time
+    from datetime import UTC, datetime
+
+    from anvil_ctl.cli import render
+    from anvil_ctl.cli.output import Out, s
+    from anvil_ctl.cli.views import StatusView
+    from anvil_ctl.commands import admin
+    from anvil_ctl.core.errors import Unavailable
+
+    app = session.app()
+    as_json = session.options.as_json
+    terminal = sys.stdout.isatty() and not as_json
+    seen = 0
+    try:
+        while count is None or seen < count:
+            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            try:
+                view: StatusView | None = StatusView(admin.status(app))
+                problem = ""
+            except Unavailable as exc:
+                view, problem = None, str(exc)
+            if as_json:
+                data = view.payload() if view else {"observed_at": stamp, "unavailable": problem}
+                print(json.dumps(data, sort_keys=True, default=str), flush=True)
+            else:
+                if terminal:
+                    print("\x1b[H\x1b[2J", end="")  # home, clear: the terminal redrawn
+                    print(f"every {interval_s:g} s, Ctrl-C to stop; {stamp}\n")
+                else:
+                    print(f"--- {stamp}")
+                if view is not None:
+                    render.show(
+                        view, False, wide=session.options.wide, out=Out.stdout(wide=session.options.wide)
+                    )
+                else:
+                    print(f"UNAVAILABLE: {s(problem)}")
+                sys.stdout.flush()
+            seen += 1
+            if count is None or seen < count:
+                time.sleep(interval_s)
+    except KeyboardInterrupt:
+        if not as_json:
+            print()
+
+
+@click.command("status", epilog=example("anvilctl fleet status --json"))
+@pass_session
+def fleet_status(session: Session) -> Reply:
+    """Every host sharing the state database: slots, incumbents, last recheck, open transactions."""
+    from anvil_ctl.cli.views import Record
+    from anvil_ctl.commands import audit
+
+    return Reply(Record({"hosts": audit.fleet_status(session.app())}))
+
+
+fleet = group("fleet", "The hosts that share this state database.", "anvilctl fleet status", fleet_status)

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import click
 
-from anvil_ctl.cli import admin, audit, claims, fleet, gpus_and_waivers, lifecycle, qualify, serves
+from anvil_ctl.cli import admin, audit, gpus_and_waivers, lifecycle, qualify, serves
 from anvil_ctl.cli.complete import PROG, completion
 from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options, open_app
 from anvil_ctl.cli.topics import help_command
@@ -55,8 +55,8 @@ COMMANDS: list[click.Command] = [
     gpus_and_waivers.waivers,
     # records
     audit.audit,
-    fleet.fleet,
-    claims.claims,
+    admin.fleet,
+    qualify.claims,
     completion,
     help_command,
 ]

@@ -146,10 +146,17 @@ any of them failing means re-routing is not the fix, so no repair runs."""
 
 
 def router_repairable(result: RecheckResult) -> bool:
-    """The route is missing or stale while the recorded serve runs healthy."""
+    """The route is missing or stale while the recorded serve runs healthy. A router assertion
+    that failed because the router refused our credentials (`engine.assertions` names the
+    error first) says nothing about the route: the repair would be refused the same way."""
     failed = set(result.failed)
     serving = result.up and result.phase == SERVING
-    return serving and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS
+    refused = any(
+        str(a["observed"]).startswith(f"{AuthRejected.__name__}:")
+        for a in result.assertions
+        if a["name"] in ROUTER_ASSERTIONS and not a["passed"]
+    )
+    return serving and bool(failed & ROUTER_ASSERTIONS) and not failed & SERVE_ASSERTIONS and not refused
 
 
 def wait_router(app: App, timeout_s: float) -> float:

@@ -17,7 +17,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from anvil_ctl.config.inputs import load_toml, validated
 from anvil_ctl.core.errors import BadInput
@@ -174,18 +174,14 @@ class Claim(_Table):
         return sorted({r.artifact for r in self.recounts})
 
 
-class _LedgerFile(_Table):
+class Ledger(_Table):
+    """A claims file: its claims, and the title and finding its table is printed under."""
+
     title: str = ""
     finding: str = ""
     claims: list[Claim] = Field(min_length=1)
-
-
-@dataclass(frozen=True)
-class Ledger:
-    path: str
-    title: str
-    finding: str
-    claims: tuple[Claim, ...]
+    _path: str = PrivateAttr("")
+    """The file it was read from (never a key of the file)."""
 
 
 def _bad(file: str, where: str, problem: str) -> BadInput:
@@ -216,10 +212,11 @@ def load_ledger(path: Path) -> Ledger:
     """Read and check a claims file; BadInput names the file and `claims[i].field`."""
     file = str(path)
     data = load_toml(path, "claims file", BadInput)
-    ledger = validated(_LedgerFile, data, file)
+    ledger = validated(Ledger, data, file)
     for i, claim in enumerate(ledger.claims):
         _check(claim, f"claims[{i}]", file)
-    return Ledger(file, ledger.title, ledger.finding, tuple(ledger.claims))
+    ledger._path = file
+    return ledger
 
 
 # -- the check ---------------------------------------------------------------------------------
@@ -328,7 +325,7 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
                 if result.status == "ok":
                     result.status = "differs"
         results.append(result)
-    return ClaimsCheck(ledger.path, str(directory), bundle, tuple(results))
+    return ClaimsCheck(ledger._path, str(directory), bundle, tuple(results))
 
 
 def _problem_with(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
@@ -12,8 +11,6 @@ from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.model import GpuReading
 from anvil_ctl.gpu.naming import assign_role_names
-
-_BARE_KEY = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 
 
 def detect_roles(
@@ -41,24 +38,16 @@ def detect_roles(
     return roles
 
 
-def _key(name: str) -> str:
-    return name if name and all(c in _BARE_KEY for c in name) else json.dumps(name)
-
-
-def _string(value: str) -> str:
-    # JSON string escapes are a subset of TOML basic-string escapes.
-    return json.dumps(value, ensure_ascii=False)
-
-
 def render_gpu_roles_toml(roles: Mapping[str, GpuRole]) -> str:
     """The `[gpu_roles.*]` tables of anvil.toml for these roles, in the order given."""
-    blocks = []
+    import tomlkit
+
+    table = tomlkit.table(is_super_table=True)
     for name, role in roles.items():
-        lines = [f"[gpu_roles.{_key(name)}]", f"uuid = {_string(role.uuid)}"]
-        lines.append(f"capacity_mib = {role.capacity_mib}")
-        if role.reserve_mib is not None:
-            lines.append(f"reserve_mib = {role.reserve_mib}")
-        if role.name:
-            lines.append(f"name = {_string(role.name)}")
-        blocks.append("\n".join(lines) + "\n")
-    return "\n".join(blocks)
+        fields = role.model_dump()
+        table[name] = {
+            k: fields[k]
+            for k in ("uuid", "capacity_mib", "reserve_mib", "name")
+            if fields.get(k) not in (None, "")
+        }
+    return tomlkit.dumps({"gpu_roles": table})

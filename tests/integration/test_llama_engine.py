@@ -33,10 +33,11 @@ import httpx
 import openai
 import pytest
 
-from anvil_ctl.adapters.hfcache import HfCache, repo_folder
+from anvil_ctl.adapters.hfcache import HfCache
 from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import ContainerSpec, Mount
+from anvil_ctl.core.model import hub_repo_folder as repo_folder
 from anvil_ctl.recipes.model import Recipe, load_recipe
 from tests.integration.conftest import find_free_port
 

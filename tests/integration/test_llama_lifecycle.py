@@ -38,9 +38,10 @@ import openai
 import pytest
 
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
-from anvil_ctl.adapters.hfcache import HfCache, repo_folder
+from anvil_ctl.adapters.hfcache import HfCache
 from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
 from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.model import hub_repo_folder as repo_folder
 from anvil_ctl.recipes.model import load_recipe, recipe_digest
 from scripts import engine_timing
 from scripts.llama_host import (

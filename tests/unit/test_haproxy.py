@@ -157,6 +157,12 @@ class TestRenderConfig:
         assert "option http-no-delay" in text
         assert "stats socket /run/anvil/admin.sock mode 600 level admin" in text
 
+    def test_a_slow_health_answer_is_given_seconds_not_the_check_interval(self):
+        """Without `timeout check` a check must end within `inter` (300 ms in the tests)."""
+        text = self.render(check_inter_ms=300)
+        assert "default-server inter 300 " in text
+        assert text.count("timeout check 2000ms") == len(TIERS)
+
     def test_the_client_token_appears_once_in_the_auth_acl(self):
         lines = [ln for ln in self.render().splitlines() if CLIENT in ln]
         assert len(lines) == 1

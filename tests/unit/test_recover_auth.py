@@ -3,7 +3,8 @@
 `recover` refuses before it writes anything when the router refuses our credentials or they
 cannot be resolved (exit 3, the transaction left for a run with the key); a step or a goal
 check the router refuses ends `needs_operator` without an undo; and never-dark's
-`ensure_serving` does not bring a harbour back over a route it could not observe.
+`ensure_serving` does not bring a harbour back over a route it could not observe, nor does
+`recheck --repair router` reconcile one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from anvil_ctl.bootstrap import App, UnresolvedCredentialsRouter
-from anvil_ctl.commands import lifecycle, transactions
+from anvil_ctl.commands import audit, lifecycle, recheck, transactions
 from anvil_ctl.core.errors import AuthRejected, CredentialError
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
@@ -175,3 +176,14 @@ class TestNeverDarkDoesNotActBlind:
         assert result["action"] == "none" and "ANVIL_ROUTER_CLIENT_TOKEN" in str(result["unobserved"])
         after = fake_host.world.read()
         assert (after["containers"], after["router"]) == (before["containers"], before["router"])
+
+
+class TestRecheckRepairsNoRouteItCouldNotObserve:
+    def test_a_route_checked_without_the_key_fails_and_runs_no_reconcile(self, fake_host: FakeHost) -> None:
+        app = fake_host.app()
+        app.world().router = UnresolvedCredentialsRouter(MISSING)
+        result = recheck.recheck(app, "primary", repair=("router",))
+        assert {"router_readiness", "route_holds", "routed_smoke"} <= set(result.failed), result.assertions
+        assert result.repair is None
+        kinds = [t["kind"] for t in audit.transactions(fake_host.app())]
+        assert "reconcile" not in kinds, kinds
