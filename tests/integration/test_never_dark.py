@@ -4,8 +4,8 @@ and the host is at its exact before or after state, serving and routed where it 
 
 The harness is `scripts/chaos.py` (also `make chaos`, which runs every boundary of every
 command and random-time kills); here: a seeded half of rollback's boundaries, a seeded
-sample of load and promote boundaries, a canary on HAProxy killed at four of its boundaries,
-and the named faults of issue 11.
+sample of load and promote boundaries, and the named faults of issue 11. A canary killed at
+its boundaries: test_never_dark_canary.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.commands import audit
 from scripts.campaign import runtime
-from scripts.chaos import CANARY, CanaryHost, Case, ChaosHost, Verdict, recent_transactions, table
+from scripts.chaos import Case, ChaosHost, Verdict, recent_transactions, table
 
 pytestmark = pytest.mark.integration
 
@@ -43,49 +42,6 @@ def _all_ok(verdicts: list[Verdict]) -> None:
     bad = [f"{v.case.label}: {v.tx_state} -> {v.converged} {v.problems}" for v in verdicts if not v.ok]
     print("\n" + table(verdicts))
     assert bad == [], "\n".join(bad)
-
-
-@pytest.fixture(scope="class")
-def canary_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CanaryHost]:
-    """HAProxy, the incumbent stub in slot primary and a candidate stub in primary-b of the same
-    tier: torn down after its class, before the smg host of the rest of the module starts."""
-    h = CanaryHost(tmp_path_factory.mktemp("never-dark-canary"))
-    try:
-        yield h
-    finally:
-        h.stop()
-
-
-class TestACanaryKilledAtItsBoundaries:
-    """`promote --canary 10,50,100` killed at four of its 26 boundaries (`make chaos` with
-    `--commands promote-canary` kills at all): as it begins, as a share step's watch ends, as
-    the last share ends with the incumbent at weight 0, and in its closing steps. Before the
-    pivot `recover` goes back to the incumbent alone in the tier; after it, forward."""
-
-    @pytest.mark.parametrize(
-        ("boundary", "converged"),
-        [
-            # The candidate not yet a server of the tier: the undo weighs the incumbent alone.
-            ("canary:declare:do:result", "before"),
-            ("canary:share-10:do:result", "before"),
-            # The incumbent at weight 0: the readmission gives it its full weight back.
-            ("canary:share-100:do:result", "before"),
-            ("canary:record-promotion:do:intent", "after"),
-        ],
-    )
-    def test_recover_brings_it_to_the_incumbent_or_the_candidate_serving_alone(
-        self, canary_host: CanaryHost, boundary: str, converged: str
-    ) -> None:
-        known = {t["tx_id"] for t in recent_transactions(canary_host.app())}
-        verdict = canary_host.case(Case(CANARY, "crash", boundary))
-        _all_ok([verdict])
-        assert verdict.converged == converged, verdict
-        # This case's canary was killed there and `recover` finished it (not a canary that
-        # never met the boundary, nor one refused before it began).
-        app = canary_host.app()
-        [tx] = [t for t in recent_transactions(app) if t["kind"] == "canary" and t["tx_id"] not in known]
-        states = [s["state"] for s in audit.show(app, tx["tx_id"])["states"]]
-        assert "interrupted" in states, states
 
 
 class TestKilledAtEveryBoundary:
