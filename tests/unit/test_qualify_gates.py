@@ -85,9 +85,14 @@ def stub() -> Iterator[StubFactory]:
         raise AssertionError("stub did not become healthy")
 
     yield start
-    for proc in procs:
+    for proc in procs:  # the stub finishes its answers in flight on SIGTERM, as an engine does
         proc.terminate()
-        proc.wait(timeout=10)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a loaded machine: the test is over, do not fail it here
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def run_gate(url: str, gate: Gate, **ctx_kw: Any) -> GateResult:
