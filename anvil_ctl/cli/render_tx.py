@@ -180,6 +180,12 @@ def _links(d: Mapping[str, object], states: list[Mapping[str, object]], out: Out
                 f"    breach: {s(b.get('metric'))} {s(b.get('observed'))} against {s(b.get('op'))} "
                 f"{s(b.get('limit'))} ({s(b.get('source'))})"
             )
+        for sample in records(decided.get("breaching_samples")):
+            asked = records(sample.get("requests"))
+            failed = sum(1 for r in asked if not r.get("ok"))
+            measured = record(sample.get("metrics"))
+            values = " ".join(f"{k}={s(v)}" for k, v in sorted(measured.items()) if v is not None)
+            out.line(f"    sample {s(sample.get('n'))}: {failed} of {len(asked)} requests failed; {values}")
         undoes = record(decided.get("undoes"))
         if undoes:
             out.line(f"  undoes: {s(undoes.get('kind'))} {s(undoes.get('tx_id'))}")

@@ -82,17 +82,20 @@ class EngineClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, method: str, path: str, body: JSONObject | None = None) -> httpx.Response:
+    async def _call(
+        self, method: str, path: str, body: JSONObject | None = None, timeout_s: float | None = None
+    ) -> httpx.Response:
         """One request; a transport failure is transient, a non-2xx answer `_raise_for`'s."""
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
         try:
-            response = await self._http.request(method, path, json=body)
+            response = await self._http.request(method, path, json=body, timeout=timeout)
         except httpx.HTTPError as exc:
             raise TransientError(f"{method} {path}: {exc!r}") from exc
         _raise_for(response.status_code, response.text, f"{method} {path}")
         return response
 
-    async def models(self) -> list[ModelCard]:
-        response = await self._call("GET", "/v1/models")
+    async def models(self, timeout_s: float | None = None) -> list[ModelCard]:
+        response = await self._call("GET", "/v1/models", timeout_s=timeout_s)
         try:
             data = response.json().get("data") or []
         except (ValueError, AttributeError) as exc:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import ParamSpec, Protocol
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_fixed
 
 from anvil_ctl.core.engine_profile import OPENAI_COMPATIBLE, EngineProfile
 from anvil_ctl.core.errors import AnvilError
@@ -217,8 +218,9 @@ async def qualify(
                 if end is not None and time.monotonic() >= end:
                     record(index, _timed_out(gate, timeout_s or 0.0))
                     continue
-                record(index, await gate(gate_ctx))
-                died = liveness() if liveness is not None else None
+                result = await gate(gate_ctx)
+                record(index, result)
+                died = None if liveness is None else await _died(liveness, client, result.passed)
                 if died is not None:
                     record(index + 1, engine_exited(gate.name, died, [g.name for g in gates[index:]]))
                     break
@@ -312,6 +314,31 @@ async def served_identity(
     return GateResult(
         IDENTITY_GATE, passed, "functional", classification, evidence, summary, elapsed
     ), max_len
+
+
+DEATH_GRACE_S = 5.0
+"""How long the runtime is asked again about an engine that failed a gate and no longer answers:
+its requests fail the moment it is killed, the runtime reports its container exited a moment later."""
+
+
+async def _died(liveness: Liveness, client: EngineClient, passed: bool) -> JSONObject | None:
+    """What the runtime says of an engine that died during the gate just run (None: it lives)."""
+    died = liveness()
+    if died is not None or passed:
+        return died
+    try:
+        await client.models(timeout_s=DEATH_GRACE_S)
+        return None  # it answers: the gate failed on its own
+    except AnvilError:
+        pass
+    retrying = AsyncRetrying(
+        stop=stop_after_delay(DEATH_GRACE_S),
+        wait=wait_fixed(0.1),
+        retry=retry_if_result(lambda found: found is None),
+        retry_error_callback=lambda state: None,
+    )
+    found: JSONObject | None = await retrying(asyncio.to_thread, liveness)
+    return found
 
 
 def engine_exited(during: str, observed: JSONObject, not_run: list[str]) -> GateResult:

@@ -23,7 +23,7 @@ from anvil_ctl.qualify.gates.capacity import Capacity
 from anvil_ctl.qualify.gates.functional import Smoke
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.results import GateResult
-from anvil_ctl.qualify.runner import ENGINE_GATE, run_qualification
+from anvil_ctl.qualify.runner import ENGINE_GATE, NullProgress, run_qualification
 
 MODEL = "smollm2-135m-q4_1-8k"
 TEMPLATE_TOKENS = 30  # what the chat template adds (the default system prompt and role markers)
@@ -147,6 +147,69 @@ class TestTheRunner:
         for cell in cells:
             nominal = cell["nominal_tokens"]
             assert 0.75 * nominal <= cell["prompt_tokens_p50"] <= nominal, cell["prompt_tokens_p50"]
+
+    def test_an_engine_killed_in_a_gate_is_named_though_the_runtime_reports_it_a_moment_late(
+        self, tmp_path: Path
+    ) -> None:
+        """Its requests fail at once, the runtime says `running` twice more: the run asks the
+        runtime again until it reports the exit, and ends with the engine named, not the gate."""
+        engine = LlamaLike()
+        dead = []
+        asked = []
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            if dead:
+                raise httpx.ConnectError("connection refused", request=request)
+            return engine.handle(request)
+
+        class KillAtJson(NullProgress):
+            def gate_started(self, name: str, index: int, total: int) -> None:
+                if name == "json":
+                    dead.append(1)
+
+        def liveness() -> dict[str, Any] | None:
+            asked.append(1)
+            late = dead and len(asked) >= 4  # after smoke, after json, then once more: running
+            return {"container_id": "c" * 64, "status": "exited", "exit_code": 137} if late else None
+
+        result = run_qualification(
+            "http://llama.test",
+            MODEL,
+            load_profile("real-small").select(["smoke", "json", "capacity"]),
+            evidence_dir=tmp_path,
+            tx_id="tx-late",
+            identity_digest="d" * 64,
+            transport=httpx.MockTransport(handle),
+            engine=LLAMA_CPP_PYTHON,
+            liveness=liveness,
+            progress=KillAtJson(),
+        )
+        assert [g.name for g in result.gates] == ["served-identity", "smoke", "json", ENGINE_GATE]
+        assert not result.gates[2].passed  # the json gate met a dead engine
+        died = result.gates[-1]
+        assert died.evidence["during_gate"] == "json" and "exit code 137" in died.summary
+        assert len(asked) == 4 and result.outcome == "failed"
+
+    def test_a_gate_failed_by_a_live_engine_does_not_wait_on_the_runtime(self, tmp_path: Path) -> None:
+        asked = []
+
+        def liveness() -> dict[str, Any] | None:
+            asked.append(1)
+            return None
+
+        result = run_qualification(
+            "http://llama.test",
+            MODEL,
+            load_profile("real-small").select(["smoke"]),
+            evidence_dir=tmp_path,
+            tx_id="tx-wrong",
+            identity_digest="d" * 64,
+            transport=httpx.MockTransport(LlamaLike(answer="no").handle),  # type: ignore[arg-type]
+            engine=LLAMA_CPP_PYTHON,
+            liveness=liveness,
+        )
+        assert [(g.name, g.passed) for g in result.gates] == [("served-identity", True), ("smoke", False)]
+        assert asked == [1]  # asked once: the engine answered /v1/models, so the gate failed on its own
 
     def test_an_engine_that_dies_ends_the_run_with_a_named_failure_and_kept_evidence(
         self, tmp_path: Path

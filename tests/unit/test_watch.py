@@ -322,6 +322,8 @@ class TestWhatTheOperatorSees:
         shown = run("audit", "show", rollback_tx)
         assert "decided by: watch (" in shown.out, shown.out
         assert "breach: ttft_p95_s [2.5, 2.5] against max 1.0 (max 1)" in shown.out
+        breaching = [ln for ln in shown.out.splitlines() if ln.startswith("    sample ")]
+        assert len(breaching) == 2 and all("ttft_p95_s=2.5" in ln for ln in breaching), shown.out
         assert "undoes: promote " in shown.out
         promote_tx = shown.out.split("undoes: promote ")[1].split()[0]
         forward = run("audit", "show", promote_tx)
