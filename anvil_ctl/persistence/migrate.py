@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import DBAPIError
 
-from anvil_ctl.core.errors import StateStoreError
-from anvil_ctl.persistence.db import reader, translated
+from anvil_ctl.core.errors import StateStoreError, Unavailable
+from anvil_ctl.persistence.db import database_error, reader, translated
 from anvil_ctl.places import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
@@ -25,12 +25,15 @@ RETIRED = frozenset(f"{n:04d}" for n in range(1, 22))
 
 
 def _stamped(engine: Engine) -> str | None:
-    """The revision alembic stamped into the database, without alembic; None if none."""
+    """The revision alembic stamped into the database, without alembic; None if none. A read:
+    it never waits for another process's write lock."""
     try:
-        with engine.connect() as conn:
+        with reader(engine).connect() as conn:
             value = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except DBAPIError:  # no alembic_version table (yet): let alembic say what this is
-        return None
+    except DBAPIError as exc:
+        if isinstance(ours := database_error(engine, exc), Unavailable):
+            raise ours from exc  # locked, unreadable: asking alembic would only wait again
+        return None  # no alembic_version table (yet): let alembic say what this is
     return str(value) if value is not None else None
 
 
