@@ -175,6 +175,8 @@ def _links(d: Mapping[str, object], states: list[Mapping[str, object]], out: Out
     if decided:
         who = decided.get("enabled_by") or decided.get("by") or decided.get("profile")
         out.line(f"  decided by: {s(decided.get('policy'))} ({s(who)})")
+        if decided.get("why"):
+            out.line(f"    {s(decided.get('why'))}")
         for b in records(decided.get("breaches")):
             out.line(
                 f"    breach: {s(b.get('metric'))} {s(b.get('observed'))} against {s(b.get('op'))} "
@@ -236,6 +238,11 @@ def recheck(r: RecheckResult, out: Out) -> None:
     )
     if not r.up:
         verdict = f"UNAVAILABLE, could not observe: {s(r.unavailable)}"
+    elif r.needs_recover and r.phase == "qualifying":
+        verdict = (
+            "NEEDS RECOVER: a `load --promote` was interrupted before its promotion and the slot is "
+            "dark for its clients; `anvilctl recover` finishes it"
+        )
     elif r.needs_recover:
         verdict = "NEEDS RECOVER: the watched promote's owner is gone; `anvilctl recover` resumes it"
     elif r.passed:

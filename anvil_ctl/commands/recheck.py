@@ -7,7 +7,8 @@ recheck that cannot observe is neither drift nor a pass: recorded when the datab
 it, `anvil_recheck_up 0`, exit 7 naming the dependency.
 
 The slot is judged by its phase (`engine.campaign`): `serving`; `qualifying` between a
-committed load and its promote or rollback; `watching` while a promote watches (an ownerless
+committed load and its promote or rollback (after a `load --promote` whose process died before
+its promotion, exit 5: `recover` finishes it); `watching` while a promote watches (an ownerless
 watch exits 5: `recover` resumes it); `standby` for the slot of a router tier that does not
 serve it. The one repair, only when asked (`repair=("router",)`) and never during a watch:
 when the router's assertions alone fail, `reconcile` re-applies the route and the slot is
@@ -43,6 +44,7 @@ from anvil_ctl.engine.campaign import (
     watch_assertions,
     watch_of,
 )
+from anvil_ctl.engine.chain import chain_of
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.serving import pauses
 from anvil_ctl.engine.world import World, one_reading
@@ -95,8 +97,12 @@ class RecheckResult:
 
     @property
     def needs_recover(self) -> bool:
-        """A watched promote whose owner is gone: `recover` resumes it."""
-        return self.phase == WATCHING and "watch" in self.failed
+        """A watched promote whose owner is gone (`recover` resumes it), or a `load --promote`
+        whose process died before its promotion (`recover` finishes it)."""
+        failed = self.failed
+        return (self.phase == WATCHING and "watch" in failed) or (
+            self.phase == QUALIFYING and "chain" in failed
+        )
 
     @property
     def exit_code(self) -> int:
@@ -258,7 +264,8 @@ def _recheck(
                 out.assertions.extend(a.as_dict() for a in watch_assertions(world, watched))
             elif campaign is not None:
                 out.phase = QUALIFYING
-                out.assertions.extend(a.as_dict() for a in campaign_assertions(world, campaign))
+                chain = chain_of(world, slot, app.owner)
+                out.assertions.extend(a.as_dict() for a in campaign_assertions(world, campaign, chain))
             elif standby is not None:
                 out.phase = STANDBY
                 out.assertions.extend(a.as_dict() for a in standby_assertions(world, standby))

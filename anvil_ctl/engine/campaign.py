@@ -8,7 +8,10 @@ retained) the slot is `watching`, judged by that state and by whether the watch'
 alive: a dead one, or a recover of the watch that failed and left the promote `interrupted`,
 leaves a watch that `recover` must resume. Of two slots of one router tier (a canary's pair)
 the one whose serve is stopped while the other's serves the tier is `standby`: judged by its
-serve retained intact and the tier served by the other. Read-only.
+serve retained intact and the tier served by the other. A qualifying slot whose load was a
+`load --promote` that died before its promotion (`engine.chain`) is dark for its clients
+though a promotion was asked for: its `chain` assertion fails until `recover` finishes it.
+Read-only.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_object, get_objects
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.engine.assertions import Assertion, Observation, _check, slot_assertions
+from anvil_ctl.engine.chain import Chain
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.engine.serving import (
     identity_drift,
@@ -175,10 +179,13 @@ def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
     return out
 
 
-def campaign_assertions(world: World, campaign: Campaign) -> list[Assertion]:
+def campaign_assertions(world: World, campaign: Campaign, chain: Chain | None = None) -> list[Assertion]:
     """The state a qualifying slot should have: the candidate's assertions (not routed), the
-    incumbent retained intact, the tier as the load left it."""
+    incumbent retained intact, the tier as the load left it; and when the load was a `load
+    --promote` whose promotion has not happened (`chain`), its owner still running it."""
     out = [Assertion("campaign", True, campaign.as_dict())]
+    if chain is not None:
+        out.append(Assertion("chain", not chain.interrupted, chain.as_dict()))
     out += slot_assertions(world, campaign.candidate, routed=False, role="candidate")
     incumbent = campaign.incumbent
     if incumbent is not None:

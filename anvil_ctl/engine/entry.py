@@ -23,15 +23,21 @@ the slot's clients, with no serve routed, would wait out every look taken again.
 `recover` enters through the same door: it takes the lock, accepting a dead owner's stale
 rows, refuses with nothing written when the router refuses our credentials, finishes every
 transaction whose owner is gone (and runs what they ask next), and releases the stale rows
-that nothing unresolved still needs.
+that nothing unresolved still needs. Then it finishes every `load --promote` whose process
+died before its promotion happened (`engine.chain`): it runs the journaled promotion, guards
+and all, and when that does not commit it brings the load's incumbent back, so that the slot
+is never left dark.
 """
 
 from __future__ import annotations
 
 import uuid
 
+from anvil_ctl.core.errors import AnvilError
+from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.core.states import TxState
+from anvil_ctl.engine.chain import Chain, bring_back, finished, open_chains
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import FollowUp, Outcome
@@ -115,7 +121,8 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
     lock = HostLock(world.store, world.settings.lock_path, owner, "recover")
     stale = lock.acquire(take_over_dead=True, claim=False)
     try:
-        refuse_without_credentials(world.store, owner, world)  # before the lock's row
+        chains = [f"load --promote {c.load_tx[:8]}" for c in open_chains(world, owner)]
+        refuse_without_credentials(world.store, owner, world, also=chains)  # before the lock's row
         lock.claim()
         report = recover_unfinished(world.store, owner, world, faults=faults, mint=_mint)
         # A dead owner's lock row goes only once nothing it left is unresolved: not after this
@@ -133,6 +140,31 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
             report.recovered.append(
                 {"tx_id": after.tx_id, "kind": after.kind, "state": after.state.value, "reason": after.reason}
             )
+        for chain in open_chains(world, owner):  # after the loads this run rolled forward
+            report.recovered += _finish_chain(world, owner, chain, faults, lock)
     finally:
         lock.release()
     return report
+
+
+def _finish_chain(
+    world: World, owner: Owner, chain: Chain, faults: Faults, lock: HostLock
+) -> list[JSONObject]:
+    """Run an interrupted chain's promotion; when it does not commit, bring the load's
+    incumbent back. What each did, for recover's report."""
+    lock.release_row()  # the OS lock stays held: each follow-up claims a row of its own
+    world.kept_reading = None  # nothing kept from this run: the promotion looks afresh
+    promoted, why = None, ""
+    try:
+        promoted = _follow(world, owner, FollowUp(chain.promote, _mint()), faults, lock)
+    except AnvilError as exc:  # found wrong by its prepare: nothing journaled
+        why = f"{type(exc).__name__}: {exc}"
+    found = [finished(chain, promoted, why)]
+    back = bring_back(chain, promoted, why, by=f"recover pid {owner.pid}")
+    if back is not None:
+        lock.release_row()
+        after = _follow(world, owner, FollowUp(back, _mint()), faults, lock)
+        found.append(
+            {"tx_id": after.tx_id, "kind": after.kind, "state": after.state.value, "reason": after.reason}
+        )
+    return found

@@ -18,7 +18,7 @@ every transaction left as it was for a run with the key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from anvil_ctl.core.errors import AnvilError, AuthRejected, NeedsOperator
@@ -26,6 +26,7 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
+from anvil_ctl.engine.chain import DIED_BEFORE_MUTATION
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.owner import owner_alive
@@ -100,19 +101,22 @@ def _to_recover(journal: Journal, me: Owner) -> list[TxRecord]:
     return [rec for rec in journal.unfinished() if rec.owner == me or owner_alive(rec.owner, me) is False]
 
 
-def refuse_without_credentials(journal: Journal, me: Owner, world: World) -> None:
+def refuse_without_credentials(
+    journal: Journal, me: Owner, world: World, *, also: Sequence[str] = ()
+) -> None:
     """Raise AuthRejected, before anything is written, when there is something to recover and
     the router refuses our credentials (or they cannot be resolved): every undo and every
-    goal check would be refused too, and an auth failure is no verdict on the serve."""
+    goal check would be refused too, and an auth failure is no verdict on the serve. `also`
+    names other work waiting for recover (an interrupted `load --promote`)."""
     if world.router is None:
         return
     waiting = [rec for rec in _to_recover(journal, me) if rec.state != TxState.PLANNED]
-    if not waiting:
+    if not waiting and not also:
         return
     try:
         world.router.probe_credentials()
     except AuthRejected as exc:
-        named = ", ".join(f"{rec.kind} {rec.id[:8]} ({rec.state.value})" for rec in waiting)
+        named = ", ".join([*(f"{rec.kind} {rec.id[:8]} ({rec.state.value})" for rec in waiting), *also])
         raise AuthRejected(
             f"recover changed nothing: {exc}; still to recover: {named}; give the router's "
             "credentials and run `anvilctl recover` again",
@@ -182,7 +186,7 @@ def _recover_one(
     bound = log.bind(tx_id=rec.id, kind=rec.kind)
     if rec.state == TxState.PLANNED:
         # The owner died while guards ran: nothing was mutated.
-        journal.transition(rec.id, TxState.REFUSED, "owner died before the first mutation")
+        journal.transition(rec.id, TxState.REFUSED, DIED_BEFORE_MUTATION)
         return {"tx_id": rec.id, "kind": rec.kind, "state": TxState.REFUSED.value, "undone": []}, None
     plan = kinds[rec.kind].rebuild(rec.args, world)
     ctx = StepContext(tx_id=rec.id, kind=rec.kind, args=plan.args, world=world, memo=plan.memo)

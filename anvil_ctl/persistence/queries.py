@@ -127,6 +127,29 @@ def transactions(
         return [cast(TransactionSummary, dict(m)) for m in s.execute(text(sql), params).mappings()]
 
 
+def later_on_slot(store: Store, tx_id: str) -> list[TransactionSummary]:
+    """The transactions of `tx_id`'s host and slot that began after it did, oldest first."""
+    sql = (
+        "SELECT v.tx_id, v.host, v.kind, v.slot, v.state, v.reason, v.created_at, v.updated_at "
+        "FROM v_transactions v JOIN transactions t ON t.id = :tx "
+        "WHERE v.host_id = t.host_id AND v.slot = t.slot AND v.created_at > t.created_at "
+        "ORDER BY v.created_at"
+    )
+    with store.read() as s:
+        return [cast(TransactionSummary, dict(m)) for m in s.execute(text(sql), {"tx": tx_id}).mappings()]
+
+
+def state_history(store: Store, tx_id: str) -> list[tuple[str, str]]:
+    """(state, reason) of every state `tx_id` has been in, in order."""
+    with store.read() as s:
+        q = (
+            select(TransactionState.state, TransactionState.reason)
+            .where(TransactionState.tx_id == tx_id)
+            .order_by(TransactionState.id)
+        )
+        return [(str(st), str(why)) for st, why in s.execute(q)]
+
+
 def _id_starts_with(s: Session, prefix: str) -> ColumnElement[bool]:
     """A transaction's ID starts with `prefix`, as a condition an index can serve: on SQLite a
     key range, not LIKE (which cannot use the BINARY primary-key index): U+FFFF sorts after

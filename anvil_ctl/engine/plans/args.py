@@ -68,6 +68,10 @@ class LoadArgs:
     """Observed before any mutation: compensation restores this, not more."""
     accept_drift: DriftAcceptance | None = None
     drain: DrainPolicy = REFUSE_TO_CUT
+    then: PromoteRequest | None = None
+    """`load --promote`: the promotion that follows the load's commit, journaled with the load
+    (no secret in it: a slot, an approver, a candidate reference, a watch) so that `recover`
+    can finish a chain whose process died (`engine.chain`)."""
 
 
 @dataclass(frozen=True)

@@ -263,6 +263,7 @@ def prepare(world: World, req: LoadRequest) -> LoadArgs:
         incumbent_running=incumbent is not None and is_running(world, incumbent.container_id),
         accept_drift=req.accept_drift,
         drain=req.drain,
+        then=req.then,
     )
 
 

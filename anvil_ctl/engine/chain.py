@@ -1,0 +1,167 @@
+"""A `load --promote` whose process died before its promotion happened: an interrupted chain.
+
+The load journals the promotion that follows it (`LoadArgs.then`). Its chain is open while the
+slot's newest committed revision is that load and nothing after it settled the slot: every
+transaction of the slot that began after it (an adopt, load, promote, canary, rollback or
+unload) is a promotion of the same owner that the owner's death ended (refused before its
+first mutation, or finished by `recover`). It is interrupted once that owner is gone: the slot
+sits with the candidate serving unrouted and the incumbent stopped, dark for its clients, though
+the operator asked for a promotion. `recover` finishes it (`entry.recover`: the promotion, and
+when that does not commit, the load's incumbent brought back); `recheck` pages for it. A
+promotion a person ran, or one the owner's own run refused or failed, settled the chain: it
+is never run again. Read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from anvil_ctl.core.jsontypes import JSONObject, get_object
+from anvil_ctl.core.ports import Owner, TxRecord
+from anvil_ctl.core.states import TxState
+from anvil_ctl.engine.outcome import Outcome
+from anvil_ctl.engine.owner import owner_alive
+from anvil_ctl.engine.world import World
+from anvil_ctl.persistence import queries
+from anvil_ctl.persistence.store import Store
+
+if TYPE_CHECKING:  # `recheck` reads chains: the plans (and their arguments) stay unimported there
+    from anvil_ctl.engine.plans.args import PromoteRequest, RollbackRequest
+
+DIED_BEFORE_MUTATION = "owner died before the first mutation"
+"""The reason `recover` gives a transaction whose owner died while its guards ran."""
+
+SETTLING = frozenset({"adopt", "load", "promote", "canary", "rollback", "unload"})
+"""The kinds that change what a slot serves: one begun after the load settles its chain."""
+
+_CUT = frozenset({TxState.PLANNED, TxState.RUNNING, TxState.COMPENSATING, TxState.INTERRUPTED})
+"""A promotion left in one of these by a dead owner is `recover`'s to end before the chain."""
+
+NEEDS = "a `load --promote` was interrupted before its promotion; `anvilctl recover` finishes it"
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A committed load whose journaled promotion has not happened."""
+
+    load_tx: str
+    slot: str
+    then: JSONObject
+    """The promotion as the load journaled it (`PromoteRequest`'s journal form)."""
+    incumbent: str | None
+    """The container of the load's incumbent when it ran before the load: what a promotion that
+    does not commit brings back (None: the slot served nothing before, nothing to bring back)."""
+    owner: Owner
+    owner_alive: bool | None
+    """False: the process that ran the chain is gone (None: another host's)."""
+    cut: tuple[str, ...] = ()
+    """The chain's own promotions that the owner's death ended."""
+
+    @property
+    def promote(self) -> PromoteRequest:
+        from anvil_ctl.engine.plans.args import PromoteRequest, from_json
+
+        return from_json(PromoteRequest, self.then)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.owner_alive is False
+
+    def as_dict(self) -> JSONObject:
+        return {
+            "load_tx": self.load_tx,
+            "approved_by": self.then.get("approved_by"),
+            "incumbent": self.incumbent,
+            "owner_pid": self.owner.pid,
+            "owner_alive": self.owner_alive,
+            "cut_promotions": list(self.cut),
+            "needs": NEEDS if self.interrupted else None,
+        }
+
+
+def chain_of(world: World, slot: str, me: Owner) -> Chain | None:
+    """The slot's open chain (see the module doc), None when the slot has none; `me` names this
+    host as its transactions do."""
+    store = world.store
+    newest = store.newest_committed_revision(slot)
+    if newest is None or newest[1] != "load":
+        return None
+    load = store.record(newest[0])
+    then = load.args.get("then")
+    if not isinstance(then, dict):
+        return None  # a plain load (or one journaled before chains were)
+    cut = []
+    for later in queries.later_on_slot(store, load.id):
+        if later["kind"] not in SETTLING:
+            continue
+        if later["kind"] != "promote" or not _cut_by_death(store.record(later["tx_id"]), load.owner, store):
+            return None  # a person, or the chain's own run, settled it
+        cut.append(later["tx_id"])
+    incumbent = None
+    if load.args.get("incumbent") and load.args.get("incumbent_running"):
+        incumbent = str(get_object(load.args, "incumbent")["container_id"])
+    alive = owner_alive(load.owner, me)
+    return Chain(load.id, slot, then, incumbent, load.owner, alive, tuple(cut))
+
+
+def _cut_by_death(rec: TxRecord, owner: Owner, store: Store) -> bool:
+    """A promotion of the chain's owner that its death ended, or left for `recover` to end."""
+    if rec.owner != owner:
+        return False
+    if rec.state in _CUT:
+        return True
+    if rec.state not in (TxState.REFUSED, TxState.COMPENSATED):
+        return False
+    history = queries.state_history(store, rec.id)
+    return any(state == TxState.INTERRUPTED.value for state, _ in history) or (
+        rec.state is TxState.REFUSED and history[-1][1] == DIED_BEFORE_MUTATION
+    )
+
+
+def open_chains(world: World, me: Owner) -> list[Chain]:
+    """Every slot's interrupted chain, in the host config's slot order."""
+    found = (chain_of(world, slot, me) for slot in world.config.slots)
+    return [c for c in found if c is not None and c.interrupted]
+
+
+# -- what `recover` does with one (`entry.recover` runs the transactions) -----------------------
+
+
+def finished(chain: Chain, promoted: Outcome | None, why: str = "") -> JSONObject:
+    """Recover's report of the chain's promotion (`promoted` None: refused before it was
+    journaled, `why` says by what)."""
+    state = promoted.state.value if promoted is not None else TxState.REFUSED.value
+    reason = promoted.reason if promoted is not None else why
+    return {
+        "tx_id": promoted.tx_id if promoted is not None and promoted.tx_id else "",
+        "kind": "promote",
+        "state": state,
+        "reason": f"finishes the interrupted `load --promote` of load {chain.load_tx}"
+        + (f": {reason}" if reason else ""),
+        "chain": chain.as_dict(),
+    }
+
+
+def bring_back(chain: Chain, promoted: Outcome | None, why: str, by: str) -> RollbackRequest | None:
+    """The rollback that brings the load's incumbent back when the chain's promotion did not
+    put the candidate on the route (never dark), None when it did or the slot had none."""
+    from anvil_ctl.engine.plans.args import RollbackRequest
+
+    if chain.incumbent is None:
+        return None
+    if promoted is not None and promoted.state in (TxState.COMMITTED, TxState.ROLLED_BACK):
+        return None  # promoted, or its watch rolled back to the incumbent by itself
+    state = promoted.state.value if promoted is not None else TxState.REFUSED.value
+    reason = promoted.reason if promoted is not None else why
+    tx = promoted.tx_id if promoted is not None and promoted.tx_id else None
+    decided: JSONObject = {
+        "policy": "recover",
+        "by": by,
+        "why": f"the interrupted `load --promote` of load {chain.load_tx}: its promotion "
+        f"{tx or '(not journaled)'} ended {state} ({reason}); the load's incumbent is brought back "
+        "so that the slot is not dark",
+        "promotion": {"tx_id": tx, "state": state, "reason": reason},
+        "undoes": {"kind": "load", "tx_id": chain.load_tx},
+    }
+    return RollbackRequest(slot=chain.slot, to=chain.incumbent, decided_by=decided)
