@@ -15,6 +15,12 @@ routed) -rollback-> A. Each case runs one command and disturbs it:
 A rollback from C goes back to the incumbent (A); from A it rolls back to the
 retained candidate (`rollback --to`, C again), so rollback cases need no new load.
 
+`load-promote` runs `load --promote` from A with a candidate whose identity was verified
+before: two transactions in one process, killed at the boundaries of both. It ends in C, or
+in A when it compensated whole or `recover` could not promote and brought the incumbent back;
+B after `recover` (the candidate unrouted, the incumbent stopped) is dark for clients and
+judged inconsistent.
+
 `promote-canary` (HAProxy, `CanaryHost`) runs `promote --canary` from a second slot of the
 incumbent's tier (`primary-b`, a CPU stub candidate loaded there): A is the incumbent alone
 serving the tier, C the canary's candidate alone serving it; a case starting from C goes back
@@ -66,10 +72,12 @@ from scripts.routers import exit_on_sigterm
 
 ALIAS = "llm.primary"
 BINDING = "http://127.0.0.1:8001"
-COMMANDS = ("load", "promote", "promote-watched", "rollback")
+LOAD_PROMOTE = "load-promote"
+COMMANDS = ("load", "promote", "promote-watched", "rollback", LOAD_PROMOTE)
 CANARY = "promote-canary"
 BEFORE = {
     "load": ("A",),
+    LOAD_PROMOTE: ("A",),
     "promote": ("B",),
     "promote-watched": ("B",),
     "rollback": ("A", "C"),
@@ -235,6 +243,8 @@ class ChaosHost:
     def argv(self, command: str, phase: str | None = None) -> list[str]:
         if command == "load":
             return ["load", "stub-393k-c1", "--slot", "primary"]
+        if command == LOAD_PROMOTE:
+            return [*self.argv("load"), "--promote", "chaos"]
         if command == "promote":
             return ["promote", "--slot", "primary", "--approved-by", "chaos"]
         if command == "promote-watched":
@@ -245,11 +255,15 @@ class ChaosHost:
 
     def prepare(self, command: str) -> str:
         """Bring the host to a before phase of the command (clean commands, no faults)."""
+        if command == LOAD_PROMOTE and self.candidate is None:
+            self.prepare("promote")  # loaded once and verified: the decision binds its identity
         for attempt in range(8):
             phase = self.phase_of(self.observe())
             if phase in BEFORE[command] and (command != "rollback" or self.promoted):
-                if command.startswith("promote"):
+                if command.startswith("promote") or command == LOAD_PROMOTE:
                     self.verify_candidate()
+                if command == LOAD_PROMOTE:
+                    self.unload_stopped_candidates()
                 return phase
             if attempt % 2:  # a clean command did not get there: a route an earlier case lost?
                 self.run("recheck", "--slot", "primary", "--repair", "router")
@@ -285,7 +299,9 @@ class ChaosHost:
         # Transactions that exist already: a kill before the command journals anything (during
         # start-up) leaves no transaction of its own, and an earlier one must not be judged.
         known = {t["tx_id"] for t in recent_transactions(self.app())}
-        after = AFTER[before] if case.command == "rollback" else {"load": "B"}.get(case.command, "C")
+        after = (
+            AFTER[before] if case.command == "rollback" else {"load": "B"}.get(case.command, "C")
+        )  # load-promote: C
         argv = self.argv(case.command, before)
         env = dict(self.camp.env)
         state_dir = Path(env["ANVIL_STATE_DIR"])
@@ -347,6 +363,20 @@ class ChaosHost:
         kind = "canary" if case.command == CANARY else case.command.split("-")[0]  # a watched promote
         txs = [t for t in recent_transactions(app) if t["kind"] == kind and t["tx_id"] not in known]
         tx_state = txs[0]["state"] if txs else "none"  # none: killed before it journaled anything
+        want = {"before": ("compensated", "refused", "none"), "after": ("committed",)}
+        if case.command == LOAD_PROMOTE:
+            # The newest of the chain's transactions (load, its promotions, recover's rollback)
+            # names how it ended: A by the load undone or by the incumbent brought back.
+            chain = [
+                t
+                for t in recent_transactions(app, limit=10)
+                if t["kind"] in ("load", "promote", "rollback") and t["tx_id"] not in known
+            ]
+            tx_state = f"{chain[0]['kind']}:{chain[0]['state']}" if chain else "none"
+            want = {
+                "before": ("load:compensated", "load:refused", "rollback:committed", "none"),
+                "after": ("promote:committed",),
+            }
         problems = []
         if recovered[-1].get("recovered"):
             problems.append(f"second recover still found work: {recovered[-1]['recovered']}")
@@ -362,8 +392,8 @@ class ChaosHost:
             converged = "dark"
         else:
             converged = "inconsistent"
-        want = {"before": ("compensated", "refused", "none"), "after": ("committed",)}.get(converged, ())
-        if want and tx_state not in want:
+        wanted = want.get(converged, ())
+        if wanted and tx_state not in wanted:
             problems.append(f"host is {converged} but the transaction is {tx_state}")
         if phase in ("A", "C"):
             for slot in self.slots:
@@ -384,10 +414,15 @@ class ChaosHost:
         start = time.monotonic()
         out = self.run(*self.argv(command, phase))
         self.durations[command] = time.monotonic() - start
-        shown = self.run("audit", "show", out["tx_id"])
-        kind = shown["kind"]  # a boundary is named by the transaction's kind
-        rows = [f"{kind}:state:{s['state']}" for s in shown["states"]]
-        rows += [f"{kind}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
+        rows = []
+        # `load --promote`: the load's boundaries, then its promotion's (`then`)
+        for tx in (out, out.get("then") or {}):
+            if not tx.get("tx_id"):
+                continue
+            shown = self.run("audit", "show", tx["tx_id"])
+            kind = shown["kind"]  # a boundary is named by the transaction's kind
+            rows += [f"{kind}:state:{s['state']}" for s in shown["states"]]
+            rows += [f"{kind}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
         return list(dict.fromkeys(rows))
 
     slots = ("primary",)
@@ -527,10 +562,10 @@ class CanaryHost(ChaosHost):
         raise RuntimeError(f"cannot reach phase A with a candidate for {command}: {self.observe()}")
 
 
-def recent_transactions(app: App) -> list[TransactionSummary]:
+def recent_transactions(app: App, limit: int = 5) -> list[TransactionSummary]:
     from anvil_ctl.commands import audit
 
-    return audit.transactions(app, limit=5)
+    return audit.transactions(app, limit=limit)
 
 
 def table(verdicts: list[Verdict]) -> str:

@@ -148,6 +148,8 @@ def status(session: Session, watch: bool, interval: float, count: int | None) ->
 def recover(session: Session) -> Reply:
     """Compensate transactions whose owner died: backwards before the pivot, forwards after it.
 
+    A `load --promote` killed before its promotion committed is finished: the promotion runs
+    (every check of `promote`); refused or failed, the load's incumbent is brought back.
     Exit 5 when a transaction still needs an operator afterwards."""
     with session.working("recover: looking for transactions whose owner died") as app:
         from anvil_ctl.commands import transactions

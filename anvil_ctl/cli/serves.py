@@ -138,7 +138,9 @@ def load(
     starts RECIPE's candidate and waits for its health and served identity. A failed step
     compensates back to the before state (exit 4). The tier stays drained until a promotion
     routes the candidate: --promote APPROVER runs it at once for a candidate qualified before
-    (its exit code is the command's; refused, the candidate stays loaded)."""
+    (its exit code is the command's; refused, the candidate stays loaded). Killed before
+    that promotion commits, `anvilctl recover` runs it, or brings the incumbent back when it is
+    refused or fails; `recheck` exits 5 until then."""
     from anvil_ctl.commands import serves
 
     accepted = drift_acceptance(accept_drift, drift_by, drift_reason)

@@ -4,8 +4,9 @@ and the host is at its exact before or after state, serving and routed where it 
 
 The harness is `scripts/chaos.py` (also `make chaos`, which runs every boundary of every
 command and random-time kills); here: a seeded half of rollback's boundaries, a seeded
-sample of load and promote boundaries, and the named faults of issue 11. A canary killed at
-its boundaries: test_never_dark_canary.py.
+sample of load and promote boundaries, a `load --promote` killed between its two
+transactions, and the named faults of issue 11. A canary killed at its boundaries:
+test_never_dark_canary.py.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 
 from scripts.campaign import runtime
-from scripts.chaos import Case, ChaosHost, Verdict, recent_transactions, table
+from scripts.chaos import ALIAS, LOAD_PROMOTE, Case, ChaosHost, Verdict, recent_transactions, table
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +75,45 @@ class TestKilledWhileWatching:
         verdicts = [host.case(Case("promote-watched", "crash", b)) for b in chosen]
         _all_ok(verdicts)
         assert {v.converged for v in verdicts} == {"after"}, verdicts
+
+
+class TestLoadPromoteKilledBetweenItsTransactions:
+    def test_recover_runs_the_promotion_and_the_alias_answers_again_through_the_router(
+        self, host: ChaosHost
+    ) -> None:
+        # Killed right after the load's commit: the promotion never began, no lock row is left.
+        assert host.prepare(LOAD_PROMOTE) == "A"
+        known = {t["tx_id"] for t in recent_transactions(host.app())}
+        crash = host.camp.env | {"ANVIL_CRASH_AT": "load:state:committed"}
+        out = host.run(*host.argv(LOAD_PROMOTE), env=crash)
+        assert out["_exit"] == -signal.SIGKILL, out
+        assert host.phase_of(host.observe()) == "B"  # the candidate unrouted, the incumbent stopped
+        client = openai.OpenAI(
+            base_url=host.camp.router.url + "/v1", api_key=host.camp.client_token, max_retries=0
+        )
+        try:
+            with pytest.raises(openai.APIStatusError) as dark:
+                client.chat.completions.create(
+                    model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+            assert dark.value.status_code == 503  # dark for clients
+            paged = host.run("recheck", "--slot", "primary")
+            assert (paged["_exit"], paged["phase"], paged["failed"]) == (5, "qualifying", ["chain"]), paged
+
+            recovered = host.run("recover")
+            assert recovered["_exit"] == 0, recovered
+            answer = client.chat.completions.create(
+                model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        finally:
+            client.close()
+        assert answer.model == host.expected("C").routed_model
+        assert answer.choices[0].finish_reason is not None
+        chain = [t for t in recent_transactions(host.app()) if t["tx_id"] not in known]
+        assert [(t["kind"], t["state"]) for t in chain] == [("promote", "committed"), ("load", "committed")]
+        assert host.phase_of(host.observe()) == "C"
+        assert host.run("recheck", "--slot", "primary")["_exit"] == 0
+        assert host.run("recover")["recovered"] == []  # finished once
 
 
 class TestRouterRestarted:
