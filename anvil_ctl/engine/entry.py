@@ -165,6 +165,12 @@ def _finish_chain(
         lock.release_row()
         after = _follow(world, owner, FollowUp(back, _mint()), faults, lock)
         found.append(
-            {"tx_id": after.tx_id, "kind": after.kind, "state": after.state.value, "reason": after.reason}
+            {
+                "tx_id": after.tx_id,
+                "kind": after.kind,
+                "state": after.state.value,
+                "reason": after.reason,
+                "dark": after.state is not TxState.COMMITTED,  # neither serve routed: a person's
+            }
         )
     return found

@@ -58,7 +58,9 @@ class RecoverReport:
             TxState.COMMITTED.value,
             TxState.ROLLED_BACK.value,
         }
-        return int(ExitCode.NEEDS_OPERATOR if any(r["state"] not in done for r in self.recovered) else 0)
+        # `dark`: an interrupted `load --promote` whose incumbent could not be brought back
+        unresolved = any(r["state"] not in done or r.get("dark") for r in self.recovered)
+        return int(ExitCode.NEEDS_OPERATOR if unresolved else 0)
 
     def as_dict(self) -> JSONObject:
         return {

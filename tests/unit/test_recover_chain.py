@@ -159,6 +159,21 @@ class TestRecoverFinishesTheChain:
         assert recheck.recheck(fake_host.app(), "primary").exit_code == 0
         assert entry.recover(fake_host.app().world(), fake_host.app().owner).recovered == []
 
+    def test_an_incumbent_that_cannot_come_back_either_ends_recover_with_exit_5(
+        self, fake_host: FakeHost
+    ) -> None:
+        incumbent = _qualified_and_back(fake_host)
+        _killed_at(fake_host, "load:state:committed")
+        fake_host.decide("failed", decision_id="d-2")
+        with fake_host.world.edit() as w:
+            del w["containers"][incumbent]  # the retained incumbent removed behind our back
+
+        report = entry.recover(fake_host.app().world(), fake_host.app().owner)
+
+        promoted, back = report.recovered
+        assert (promoted["state"], back["kind"], back["dark"]) == ("refused", "rollback", True), back
+        assert back["state"] != "committed" and report.exit_code == ExitCode.NEEDS_OPERATOR
+
 
 class TestWhatIsNotRecoversBusiness:
     def test_a_chain_a_person_rolled_back_is_never_touched(self, fake_host: FakeHost) -> None:
