@@ -298,7 +298,7 @@ class ChaosHost:
         before = self.prepare(case.command)
         # Transactions that exist already: a kill before the command journals anything (during
         # start-up) leaves no transaction of its own, and an earlier one must not be judged.
-        known = {t["tx_id"] for t in recent_transactions(self.app())}
+        known = {t["tx_id"] for t in recent_transactions(self.app(), limit=10)}  # as many as judged
         after = (
             AFTER[before] if case.command == "rollback" else {"load": "B"}.get(case.command, "C")
         )  # load-promote: C
