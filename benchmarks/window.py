@@ -356,7 +356,12 @@ def main() -> int:
     parser.add_argument("--routers", default="smg,haproxy", help="comma-separated: smg, haproxy")
     parser.add_argument("--markdown-out", type=Path)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "anvil-bench-window")
+    parser.add_argument(
+        "--only", help="comma-separated steady transactions to run (no streams): a quick trace"
+    )
     args = parser.parse_args()
+    steady_names = [n.strip() for n in args.only.split(",")] if args.only else list(STEADY)
+    stream_names = [] if args.only else list(STREAMS)
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     # What an installed package has (pip compiles at install); see benchmarks/paired.py.
     compileall.compile_dir(REPO / "anvil_ctl", quiet=1)
@@ -366,7 +371,7 @@ def main() -> int:
         try:
             ensure_qualified(host)
             for rep in range(args.reps):
-                for name in STEADY:
+                for name in steady_names:
                     rows.setdefault((router, "steady", name), []).append(steady(host, name))
                     r = rows[(router, "steady", name)][-1]
                     print(
@@ -374,7 +379,9 @@ def main() -> int:
                         f"{r['floor_s']:.2f} failed {r['failed']} cut {r['cut']}",
                         flush=True,
                     )
-                for name in STREAMS:
+                    if args.only:
+                        print("\n".join(f"  {t:+.3f} {what}" for t, what in r["timeline"]), flush=True)
+                for name in stream_names:
                     rows.setdefault((router, "streams", name), []).append(streams(host, name))
                     print(
                         f"{router} rep {rep} streams {name}: {rows[(router, 'streams', name)][-1]}",
@@ -383,6 +390,8 @@ def main() -> int:
         finally:
             host.stop()
             _remove_containers()
+    if args.only:
+        return 0
     text = markdown(rows, args.reps, routers)
     print(text)
     if args.markdown_out:

@@ -60,7 +60,7 @@ from anvil_ctl.log import get_logger
 
 log = get_logger()
 
-POLL_FIRST_S = 0.02
+POLL_FIRST_S = 0.005
 """Polls start this short and double up to `poll_s`: most waits end within a few polls, and
 what a wait overshoots the removal it waits for by is lost (half a poll on average)."""
 

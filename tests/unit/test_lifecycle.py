@@ -11,6 +11,7 @@ from anvil_ctl.commands import audit, lifecycle, recheck, serves, transactions
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine import entry
+from anvil_ctl.engine.plans import load as load_plan
 from anvil_ctl.engine.plans.args import PromoteRequest
 from anvil_ctl.persistence import rechecks, waiver_rows
 from anvil_ctl.recipes.model import load_recipe
@@ -412,6 +413,22 @@ class TestLoadThenPromote:
         assert len(scans) == 3
         assert out.after is not None and out.then.before is not None
         assert out.then.before.sha256 == out.after.sha256
+
+    def test_the_candidate_s_identity_is_read_while_it_gets_ready_not_after(
+        self, fake_host: FakeHost, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Read while the engine starts: `record-candidate`, with no serve routed, only writes."""
+        calls: list[str] = []
+        read, wait = load_plan.candidate_identity, load_plan.wait_serving
+        monkeypatch.setattr(load_plan, "candidate_identity", lambda *a: calls.append("identity") or read(*a))
+        monkeypatch.setattr(load_plan, "wait_serving", lambda *a: calls.append("ready") or wait(*a))
+        out = serves.load(fake_host.app(), "stub-245k-c1", slot="primary")
+        assert out.state == TxState.COMMITTED, out.reason
+        assert calls == ["identity", "ready"]
+        recorded = fake_host.app().store.current_identity("primary", "candidate")
+        started = out.results["start-candidate"]["container_id"]
+        assert recorded is not None and recorded.container_id == started
+        assert recorded.image_id == fake_host.app().world().runtime.inspect(started).image_id
 
     def test_an_unqualified_candidate_stays_loaded_and_the_command_exits_refused(
         self, fake_host: FakeHost

@@ -15,9 +15,10 @@ the candidate is reached directly until `promote` routes it.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 
-from anvil_ctl.core.errors import NotFound
+from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
@@ -48,6 +49,9 @@ from anvil_ctl.recipes.spec import short_tx
 class LoadMemo:
     candidate_id: str | None = None
     """The container `start-candidate` created."""
+    candidate: Identity | None = None
+    """Its identity, read while it was getting ready (the container and image are fixed at
+    create): `record-candidate` then only writes, with no serve routed."""
 
 
 Ctx = StepContext[LoadArgs, World, LoadMemo]
@@ -206,6 +210,9 @@ def stop_candidate(ctx: Ctx, _result: StepResult) -> StepResult:
 def await_candidate(ctx: Ctx) -> StepResult:
     world, cand = ctx.world, ctx.args.candidate
     slot = world.config.slot(ctx.args.slot)
+    if ctx.memo.candidate_id is not None:
+        with contextlib.suppress(AdapterError):  # gone already: the wait below says how
+            ctx.memo.candidate = candidate_identity(world, ctx.args.slot, cand, ctx.memo.candidate_id)
     return wait_serving(world, slot.base_url, cand.health_path, cand.served_model, cand.startup_timeout_s)
 
 
@@ -235,7 +242,9 @@ def candidate_identity(world: World, slot_name: str, cand: Candidate, container_
 def record_candidate(ctx: Ctx) -> StepResult:
     world = ctx.world
     assert ctx.memo.candidate_id is not None, "start-candidate runs first"
-    ident = candidate_identity(world, ctx.args.slot, ctx.args.candidate, ctx.memo.candidate_id)
+    ident = ctx.memo.candidate
+    if ident is None or ident.container_id != ctx.memo.candidate_id:  # resumed by recover
+        ident = candidate_identity(world, ctx.args.slot, ctx.args.candidate, ctx.memo.candidate_id)
     with world.store.together():  # records only: one database transaction, one audit entry
         world.store.record_identity(ctx.tx_id, "candidate", ident)
         gpu_ownership.record_ownership(world, ctx.tx_id, ident, ctx.args.incumbent)
