@@ -224,6 +224,8 @@ def recover(r: RecoverReport, out: Out) -> None:
     for rec in r.recovered:
         reason = f": {s(rec['reason'])}" if rec.get("reason") else ""
         out.line(f"recovered {s(rec['tx_id'])} ({s(rec.get('kind', '?'))}) -> {s(rec['state'])}{reason}")
+        if rec.get("dark"):
+            out.line("  the slot serves nothing: bring a serve back by hand (`anvilctl rollback --to`)")
     for skip in r.skipped:
         what = skip.get("tx_id") or f"lock {skip.get('lock_id', '?')}"
         out.line(f"skipped {s(what)} ({s(skip.get('kind', '?'))}): {s(skip.get('why', ''))}")

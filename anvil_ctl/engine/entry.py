@@ -170,7 +170,7 @@ def _finish_chain(
                 "kind": after.kind,
                 "state": after.state.value,
                 "reason": after.reason,
-                "dark": after.state is not TxState.COMMITTED,  # neither serve routed: a person's
+                "dark": after.state is not TxState.COMMITTED,  # no serve came back: a person's now
             }
         )
     return found
