@@ -3,18 +3,23 @@
 The load journals the promotion that follows it (`LoadArgs.then`). Its chain is open while the
 slot's newest committed revision is that load and nothing after it settled the slot: every
 transaction of the slot that began after it (an adopt, load, promote, canary, rollback or
-unload) is a promotion of the same owner that the owner's death ended (refused before its
-first mutation, or finished by `recover`). It is interrupted once that owner is gone: the slot
-sits with the candidate serving unrouted and the incumbent stopped, dark for its clients, though
-the operator asked for a promotion. `recover` finishes it (`entry.recover`: the promotion, and
-when that does not commit, the load's incumbent brought back); `recheck` pages for it. A
-promotion a person ran, or one the owner's own run refused or failed, settled the chain: it
-is never run again. Read-only.
+unload) is the chain's own and either ended by its owner's death (refused before its first
+mutation, or finished by `recover`) or is a promotion `recover` ran that did not route the
+candidate, whose bring-back is still owed. The chain's own transactions name the load in their
+journaled arguments (`PromoteArgs.chain`, the bring-back's `decided_by.undoes`), whoever ran
+them: the load's process, or a `recover` killed while it finished the chain (a record naming no
+load is the chain's when its owner is the load's). It is interrupted once the process running
+it is gone: the slot sits with the candidate serving unrouted and the incumbent stopped, dark
+for its clients, though the operator asked for a promotion. `recover` finishes it
+(`entry.recover`: the promotion, and when that does not commit, the load's incumbent brought
+back); `recheck` pages for it. A promotion a person ran, one the owner's own run refused or
+failed, or a bring-back that ended by itself settled the chain: it is never run again.
+Read-only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.jsontypes import JSONObject, get_object
@@ -56,13 +61,17 @@ class Chain:
     owner_alive: bool | None
     """False: the process that ran the chain is gone (None: another host's)."""
     cut: tuple[str, ...] = ()
-    """The chain's own promotions that the owner's death ended."""
+    """The chain's own transactions that their owner's death ended (the load's process, or a
+    `recover` killed while it ran the chain's promotion or bring-back)."""
+    promoted: Outcome | None = None
+    """The chain's promotion that a `recover` ran and that did not put the candidate on the
+    route, when that recover died before the incumbent came back: what is left is the bring-back."""
 
     @property
     def promote(self) -> PromoteRequest:
         from anvil_ctl.engine.plans.args import PromoteRequest, from_json
 
-        return from_json(PromoteRequest, self.then)
+        return replace(from_json(PromoteRequest, self.then), chain=self.load_tx)
 
     @property
     def interrupted(self) -> bool:
@@ -76,6 +85,7 @@ class Chain:
             "owner_pid": self.owner.pid,
             "owner_alive": self.owner_alive,
             "cut_promotions": list(self.cut),
+            "promoted": self.promoted.tx_id if self.promoted is not None else None,
             "needs": NEEDS if self.interrupted else None,
         }
 
@@ -91,24 +101,65 @@ def chain_of(world: World, slot: str, me: Owner) -> Chain | None:
     then = load.args.get("then")
     if not isinstance(then, dict):
         return None  # a plain load (or one journaled before chains were)
-    cut = []
-    for later in queries.later_on_slot(store, load.id):
-        if later["kind"] not in SETTLING:
-            continue
-        if later["kind"] != "promote" or not _cut_by_death(store.record(later["tx_id"]), load.owner, store):
-            return None  # a person, or the chain's own run, settled it
-        cut.append(later["tx_id"])
     incumbent = None
     if load.args.get("incumbent") and load.args.get("incumbent_running"):
         incumbent = str(get_object(load.args, "incumbent")["container_id"])
+    cut: list[str] = []
+    promoted: Outcome | None = None
+    runners: list[Owner] = []  # another process's chain transactions, maybe still under way
+    for later in queries.later_on_slot(store, load.id):
+        if later["kind"] not in SETTLING:
+            continue
+        rec = store.record(later["tx_id"])
+        named = named_load(rec)
+        if named is None and later["kind"] == "promote" and _cut_by_death(rec, load.owner, store):
+            cut.append(rec.id)  # names no load: the owner tells (records from before they did)
+            continue
+        if named != load.id:
+            return None  # a person, or another chain, settled it
+        if _ended_by_death(rec, store):
+            cut.append(rec.id)
+            if rec.owner != load.owner and rec.state in _CUT:
+                runners.append(rec.owner)
+            continue
+        if rec.kind == "promote" and rec.owner != load.owner and incumbent is not None:
+            if rec.state in (TxState.COMMITTED, TxState.ROLLED_BACK):
+                return None  # routed, or its watch rolled back by itself: settled
+            history = queries.state_history(store, rec.id)
+            reason = history[-1][1] if history else ""
+            promoted = Outcome(kind="promote", state=rec.state, tx_id=rec.id, reason=reason)
+            runners.append(rec.owner)  # recover ran it: its bring-back is owed
+            continue
+        return None  # the chain's own run, or a bring-back that ended by itself, settled it
     alive = owner_alive(load.owner, me)
-    return Chain(load.id, slot, then, incumbent, load.owner, alive, tuple(cut))
+    for runner in runners:
+        if alive is False:
+            alive = owner_alive(runner, me)  # a `recover` still finishing the chain runs it now
+    return Chain(load.id, slot, then, incumbent, load.owner, alive, tuple(cut), promoted)
+
+
+def named_load(rec: TxRecord) -> str | None:
+    """The load whose chain `rec` belongs to, as its journaled arguments name it: a chain's
+    promotion (`PromoteArgs.chain`) or its bring-back (`decided_by.undoes`); None: no load."""
+    named: object = None
+    if rec.kind == "promote":
+        named = rec.args.get("chain")
+    elif rec.kind == "rollback":
+        decided = rec.args.get("decided_by")
+        undoes = decided.get("undoes") if isinstance(decided, dict) else None
+        if isinstance(undoes, dict) and undoes.get("kind") == "load":
+            named = undoes.get("tx_id")
+    return named if isinstance(named, str) else None
 
 
 def _cut_by_death(rec: TxRecord, owner: Owner, store: Store) -> bool:
     """A promotion of the chain's owner that its death ended, or left for `recover` to end."""
-    if rec.owner != owner:
-        return False
+    return rec.owner == owner and _ended_by_death(rec, store)
+
+
+def _ended_by_death(rec: TxRecord, store: Store) -> bool:
+    """A transaction its owner's death ended (refused before its first mutation, or finished by
+    `recover`), or left for `recover` to end."""
     if rec.state in _CUT:
         return True
     if rec.state not in (TxState.REFUSED, TxState.COMPENSATED):

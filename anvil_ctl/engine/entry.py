@@ -32,6 +32,7 @@ is never left dark.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONObject
@@ -98,7 +99,7 @@ def run(
         if outcome.follow_up is not None:
             outcome.followed_by = _follow(world, owner, outcome.follow_up, faults, lock)
         elif then is not None and outcome.state is TxState.COMMITTED:
-            outcome.then = run(world, owner, then, faults=faults, held=lock)
+            outcome.then = run(world, owner, replace(then, chain=tx_id), faults=faults, held=lock)
         world.kept_reading = None
     except BaseException as exc:
         if lock is not None and held is None:  # a held lock is its holder's to release
@@ -154,11 +155,12 @@ def _finish_chain(
     incumbent back. What each did, for recover's report."""
     lock.release_row()  # the OS lock stays held: each follow-up claims a row of its own
     world.kept_reading = None  # nothing kept from this run: the promotion looks afresh
-    promoted, why = None, ""
-    try:
-        promoted = _follow(world, owner, FollowUp(chain.promote, _mint()), faults, lock)
-    except AnvilError as exc:  # found wrong by its prepare: nothing journaled
-        why = f"{type(exc).__name__}: {exc}"
+    promoted, why = chain.promoted, ""
+    if promoted is None:  # else an earlier recover ran it, and died bringing the incumbent back
+        try:
+            promoted = _follow(world, owner, FollowUp(chain.promote, _mint()), faults, lock)
+        except AnvilError as exc:  # found wrong by its prepare: nothing journaled
+            why = f"{type(exc).__name__}: {exc}"
     found = [finished(chain, promoted, why)]
     back = bring_back(chain, promoted, why, by=f"recover pid {owner.pid}")
     if back is not None:

@@ -22,6 +22,7 @@ from anvil_ctl.commands import audit, lifecycle, recheck, serves
 from anvil_ctl.core.errors import AuthRejected, CredentialError, LockHeld
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine import entry
+from anvil_ctl.engine.faults import Faults
 from anvil_ctl.recipes.model import load_recipe
 from tests.unit.fakehost import FakeHost
 
@@ -62,6 +63,21 @@ def _killed_at(host: FakeHost, boundary: str) -> None:
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
 
 
+def _recover_killed_at(host: FakeHost, boundary: str) -> None:
+    """`recover` in a forked child that SIGKILLs itself right after `boundary` commits."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            app = App(settings=host.settings, env={})
+            entry.recover(app.world(), app.owner, faults=Faults(crash_at=boundary))
+            code = 4  # the boundary was never reached
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+
+
 def _tier(host: FakeHost) -> Any:
     return host.world.read()["router"]["tiers"]["primary-local"]
 
@@ -84,6 +100,7 @@ def _chained(host: FakeHost) -> dict[str, Any]:
         "candidate": None,
         "accept_drift": None,
         "watch_s": None,
+        "chain": None,
     }
     return load
 
@@ -173,6 +190,94 @@ class TestRecoverFinishesTheChain:
         promoted, back = report.recovered
         assert (promoted["state"], back["kind"], back["dark"]) == ("refused", "rollback", True), back
         assert back["state"] != "committed" and report.exit_code == ExitCode.NEEDS_OPERATOR
+
+
+class TestARecoverKilledWhileItFinishesTheChain:
+    """The first `recover` is killed running the chain's promotion or its bring-back: its
+    transactions name the load (not its owner), so the next `recover` still finishes the chain."""
+
+    @pytest.mark.parametrize(
+        "boundary",
+        [
+            "promote:state:planned",  # while the promotion's guards ran
+            "promote:route-to-candidate:do:intent",  # mid-promotion, before its pivot's result
+        ],
+    )
+    def test_killed_in_the_promotion_before_its_pivot_the_next_recover_promotes_and_routes(
+        self, fake_host: FakeHost, boundary: str
+    ) -> None:
+        _qualified_and_back(fake_host)
+        _killed_at(fake_host, "load:state:committed")
+        load = _chained(fake_host)
+        _recover_killed_at(fake_host, boundary)
+        cut = _newest(fake_host, "promote")
+        assert audit.show(fake_host.app(), cut["tx_id"])["args"]["chain"] == load["tx_id"]
+        checked = recheck.recheck(fake_host.app(), "primary")  # still paged: nothing finished it
+        assert checked.failed == ["chain"] and checked.exit_code == ExitCode.NEEDS_OPERATOR
+
+        report = entry.recover(fake_host.app().world(), fake_host.app().owner)
+
+        assert report.exit_code == 0, report.recovered
+        (chained,) = [r for r in report.recovered if "chain" in r]
+        assert chained["state"] == "committed" and chained["tx_id"] != cut["tx_id"], report.recovered
+        assert chained["chain"]["cut_promotions"] == [cut["tx_id"]]  # type: ignore[index]
+        assert audit.show(fake_host.app(), str(chained["tx_id"]))["args"]["chain"] == load["tx_id"]
+        cand = fake_host.app().store.current_identity("primary", "candidate")
+        incumbent = fake_host.app().store.current_identity("primary", "incumbent")
+        assert cand is not None and incumbent is not None and incumbent.container_id == cand.container_id
+        assert _tier(fake_host)["state"] == "ready" and _running(fake_host) == {cand.container_id}
+        assert recheck.recheck(fake_host.app(), "primary").exit_code == 0
+
+    @pytest.mark.parametrize(
+        "boundary",
+        [
+            "rollback:state:planned",  # while the bring-back's guards ran
+            "rollback:release-vram:do:intent",  # the candidate stopped, the incumbent not yet back
+        ],
+    )
+    def test_killed_in_the_bring_back_the_next_recover_ends_with_the_incumbent_serving(
+        self, fake_host: FakeHost, boundary: str
+    ) -> None:
+        incumbent = _qualified_and_back(fake_host)
+        _killed_at(fake_host, "load:state:committed")
+        load = _chained(fake_host)
+        fake_host.decide("failed", decision_id="d-2")  # recover's promotion is refused
+        _recover_killed_at(fake_host, boundary)
+        refused, cut = _newest(fake_host, "promote"), _newest(fake_host, "rollback")
+        assert refused["state"] == "refused" and cut["state"] != "committed", cut
+        assert _tier(fake_host)["state"] != "ready" or _running(fake_host) != {incumbent}
+
+        report = entry.recover(fake_host.app().world(), fake_host.app().owner)
+
+        assert report.exit_code == 0, report.recovered
+        promoted, back = [r for r in report.recovered if "chain" in r or r.get("dark") is not None]
+        assert (promoted["tx_id"], promoted["state"]) == (refused["tx_id"], "refused"), promoted
+        assert promoted["chain"]["promoted"] == refused["tx_id"]  # type: ignore[index]
+        assert (back["kind"], back["state"], back["dark"]) == ("rollback", "committed", False), back
+        kinds = [t["kind"] for t in audit.transactions(fake_host.app(), limit=20)]
+        assert kinds.count("promote") == 1  # the refused promotion is not run again
+        decided = audit.show(fake_host.app(), str(back["tx_id"]))["args"]["decided_by"]
+        assert decided["undoes"] == {"kind": "load", "tx_id": load["tx_id"]}
+        assert decided["promotion"]["tx_id"] == refused["tx_id"]
+        now = fake_host.app().store.current_identity("primary", "incumbent")
+        assert now is not None and now.container_id == incumbent
+        assert _running(fake_host) == {incumbent} and _tier(fake_host)["state"] == "ready"
+        assert recheck.recheck(fake_host.app(), "primary").exit_code == 0
+
+    def test_a_recover_after_the_one_that_finished_the_chain_finds_nothing(self, fake_host: FakeHost) -> None:
+        _qualified_and_back(fake_host)
+        _killed_at(fake_host, "load:state:committed")
+        _recover_killed_at(fake_host, "promote:route-to-candidate:do:intent")
+        finished = entry.recover(fake_host.app().world(), fake_host.app().owner)
+        assert [r["state"] for r in finished.recovered if "chain" in r] == ["committed"], finished.recovered
+        before = audit.transactions(fake_host.app(), limit=20)
+        serving = (_running(fake_host), _tier(fake_host)["state"])
+
+        again = entry.recover(fake_host.app().world(), fake_host.app().owner)
+
+        assert again.recovered == [] and again.exit_code == 0, again.recovered
+        assert audit.transactions(fake_host.app(), limit=20) == before
+        assert (_running(fake_host), _tier(fake_host)["state"]) == serving and serving[1] == "ready"
 
 
 class TestWhatIsNotRecoversBusiness:

@@ -103,6 +103,9 @@ class PromoteArgs:
     """The standing decision's outcome, read with its ID when the promotion was prepared."""
     watch: WatchDeclaration | None = None
     """None: a cutover, committed after the last step."""
+    chain: str | None = None
+    """The `load --promote` whose promotion this is (the load's transaction ID), journaled so that
+    the chain knows its own promotions whoever ran them (`engine.chain`); None: a person's."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,9 @@ class PromoteRequest:
     accept_drift: DriftAcceptance | None = None
     watch_s: float | None = None
     """`--watch`: seconds to watch after the switch (0: a cutover); None: the profile's default."""
+    chain: str | None = None
+    """The load this promotion finishes (`load --promote`, or `recover` finishing one); set by
+    the entry, never by a person (`PromoteArgs.chain`)."""
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,7 @@ def prepare(world: World, req: PromoteRequest) -> PromoteArgs:
         accept_drift=req.accept_drift,
         decision_outcome=str(decision["outcome"]) if decision else None,
         watch=declare_watch(world, cand, req.watch_s),
+        chain=req.chain,
     )
 
 
