@@ -279,6 +279,34 @@ class TestARecoverKilledWhileItFinishesTheChain:
         assert audit.transactions(fake_host.app(), limit=20) == before
         assert (_running(fake_host), _tier(fake_host)["state"]) == serving and serving[1] == "ready"
 
+    def test_a_recover_still_running_the_chain_s_promotion_is_not_paged(self, fake_host: FakeHost) -> None:
+        _qualified_and_back(fake_host)
+        _killed_at(fake_host, "load:state:committed")
+        pause = fake_host.settings.pause_file
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                app = App(settings=fake_host.settings, env={})
+                faults = Faults(pause_at="promote:state:planned", pause_file=pause)
+                code = entry.recover(app.world(), app.owner, faults=faults).exit_code
+            finally:
+                os._exit(code)
+        try:
+            deadline = time.monotonic() + 30
+            while not pause.exists():
+                assert time.monotonic() < deadline, "recover never began the chain's promotion"
+                time.sleep(0.02)
+            checked = recheck.recheck(fake_host.app(), "primary")
+            assert (checked.phase, checked.exit_code) == ("qualifying", 0), checked.failed
+            chain = next(a for a in checked.assertions if a["name"] == "chain")
+            assert chain["passed"] and chain["observed"]["owner_alive"] is True, chain
+        finally:
+            pause.unlink(missing_ok=True)
+            _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert _newest(fake_host, "promote")["state"] == "committed"
+
 
 class TestWhatIsNotRecoversBusiness:
     def test_a_chain_a_person_rolled_back_is_never_touched(self, fake_host: FakeHost) -> None:
