@@ -19,7 +19,11 @@ retained candidate (`rollback --to`, C again), so rollback cases need no new loa
 before: two transactions in one process, killed at the boundaries of both. It ends in C, or
 in A when it compensated whole or `recover` could not promote and brought the incumbent back;
 B after `recover` (the candidate unrouted, the incumbent stopped) is dark for clients and
-judged inconsistent.
+judged inconsistent. Two more faults strike the `recover` that finishes an interrupted chain
+(`load --promote` killed at `load:state:committed`): `recover-crash`, the first `recover`
+killed at each boundary of the promotion it runs, and `recover-crash-back`, with the
+candidate's decision failed so that the promotion is refused, killed at each boundary of the
+rollback that brings the incumbent back; the second and third `recover` are judged.
 
 `promote-canary` (HAProxy, `CanaryHost`) runs `promote --canary` from a second slot of the
 incumbent's tier (`primary-b`, a CPU stub candidate loaded there): A is the incumbent alone
@@ -58,6 +62,7 @@ import contextlib
 
 from anvil_ctl.bootstrap import App
 from anvil_ctl.config.settings import Settings
+from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.queries import TransactionSummary
 from scripts.campaign import (
     INCUMBENT_MODEL,
@@ -75,6 +80,12 @@ BINDING = "http://127.0.0.1:8001"
 LOAD_PROMOTE = "load-promote"
 COMMANDS = ("load", "promote", "promote-watched", "rollback", LOAD_PROMOTE)
 CANARY = "promote-canary"
+CHAIN_CUT = "load:state:committed"
+"""Where a `recover-crash` case kills `load --promote`: its chain interrupted, left to recover."""
+RECOVER_KILLS = {"recover-crash": "promote", "recover-crash-back": "rollback"}
+"""The faults that kill the first `recover` of an interrupted chain, and the kind of the
+transaction of the chain's whose boundaries they strike."""
+MODES = ("crash", "router", "random", *RECOVER_KILLS)
 BEFORE = {
     "load": ("A",),
     LOAD_PROMOTE: ("A",),
@@ -276,11 +287,12 @@ class ChaosHost:
             self.run(*self.argv(step, phase)) if step != "recover" else self.run("recover")
         raise RuntimeError(f"cannot reach phase {BEFORE[command]} for {command}: {self.observe()}")
 
-    def verify_candidate(self) -> None:
+    def verify_candidate(self, *, again: bool = False) -> None:
         """A verified decision for the loaded candidate (promote's precondition; qualify is not
-        what this harness tests)."""
+        what this harness tests); `again`: a new one, newer than a failed one a case recorded."""
         app = self.app()
-        verified_decision(app.store, "primary", "chaos-{digest}")
+        suffix = f"-{time.monotonic_ns()}" if again else ""
+        verified_decision(app.store, "primary", "chaos-{digest}" + suffix)
 
     def unload_stopped_candidates(self) -> None:
         rt = runtime()
@@ -322,6 +334,9 @@ class ChaosHost:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
             out = {}
+        elif case.mode in RECOVER_KILLS:
+            out = self.interrupt_chain(case.mode)
+            self.run("recover", env=env | {"ANVIL_CRASH_AT": case.boundary})  # killed there
         elif case.mode in ("router", "router-after-commit"):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "anvil_ctl", "--json", *argv],
@@ -343,7 +358,49 @@ class ChaosHost:
         recovered = [self.run("recover"), self.run("recover")]
         if case.mode == "router-after-commit":
             self.run("recheck", "--slot", "primary", "--repair", "router")  # the operator's cron
-        return self.judge(case, out, recovered, before, after, known)
+        verdict = self.judge(case, out, recovered, before, after, known)
+        if case.mode == "recover-crash-back":
+            self.verify_candidate(again=True)  # the failed decision stands no longer
+        return verdict
+
+    def interrupt_chain(self, mode: str) -> dict[str, Any]:
+        """`load --promote` killed between its load's commit and its promotion (phase B, dark
+        until `recover` finishes the chain); for `recover-crash-back` the candidate's decision
+        is then failed, so that recover's promotion is refused and the incumbent brought back."""
+        out = self.run(*self.argv(LOAD_PROMOTE), env=self.camp.env | {"ANVIL_CRASH_AT": CHAIN_CUT})
+        if mode == "recover-crash-back":
+            app = self.app()
+            cand = app.store.current_identity("primary", "candidate")
+            assert cand is not None, "the interrupted load recorded no candidate"
+            qualification.record_decision(
+                app.store,
+                decision_id=f"chaos-failed-{time.monotonic_ns()}",
+                tx_id=None,
+                slot="primary",
+                identity_digest=cand.qualification_digest,
+                container_id=cand.container_id,
+                outcome="failed",
+                profile="",
+                waiver_ids=(),
+            )
+        return out
+
+    def recover_boundaries(self, mode: str) -> list[str]:
+        """Every boundary of the transaction a `recover` runs for an interrupted chain in
+        `mode` (its promotion, or its bring-back): finishes one chain cleanly to list them."""
+        self.prepare(LOAD_PROMOTE)
+        self.interrupt_chain(mode)
+        kind = RECOVER_KILLS[mode]
+        out = self.run("recover")
+        if mode == "recover-crash-back":
+            self.verify_candidate(again=True)
+        txs = [str(r["tx_id"]) for r in out.get("recovered", []) if r.get("kind") == kind and r.get("tx_id")]
+        rows = []
+        for tx in txs[-1:]:
+            shown = self.run("audit", "show", tx)
+            rows += [f"{kind}:state:{s['state']}" for s in shown["states"]]
+            rows += [f"{kind}:{e['step']}:{e['phase']}:{e['event']}" for e in shown["steps"]]
+        return list(dict.fromkeys(rows))
 
     def restart_router(self) -> None:
         """The router killed (SIGKILL) and started again with the same arguments: every
@@ -597,7 +654,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/anvil-chaos"))
     parser.add_argument("--commands", default=",".join(COMMANDS), help=f"also: {CANARY} (alone)")
     parser.add_argument("--router", choices=("smg", "haproxy"), default="smg")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"the faults to run, of {','.join(MODES)} (the recover kills: {LOAD_PROMOTE} only)",
+    )
     args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes: unknown {','.join(unknown)}; expected some of {','.join(MODES)}")
     rng = random.Random(args.seed)
     exit_on_sigterm()
     if args.commands == CANARY:
@@ -607,18 +673,22 @@ def main(argv: list[str] | None = None) -> int:
     verdicts: list[Verdict] = []
     try:
         commands = args.commands.split(",")
-        for command in commands:
+        for command in commands if "crash" in modes else ():
             for boundary in host.boundaries(command):
                 verdicts.append(host.case(Case(command, "crash", boundary)))
                 print(_line(verdicts[-1]), flush=True)
-        for command in ("promote", "rollback"):
+        for mode in RECOVER_KILLS if LOAD_PROMOTE in commands else ():
+            for boundary in host.recover_boundaries(mode) if mode in modes else ():
+                verdicts.append(host.case(Case(LOAD_PROMOTE, mode, boundary)))
+                print(_line(verdicts[-1]), flush=True)
+        for command in ("promote", "rollback") if "router" in modes else ():
             if command in commands:
                 cases = [Case(command, "router", b) for b in during_transaction(host.boundaries(command))]
                 cases.append(Case(command, "router-after-commit", f"{command}:state:committed"))
                 for case in cases:
                     verdicts.append(host.case(case))
                     print(_line(verdicts[-1]), flush=True)
-        for command in commands:
+        for command in commands if "random" in modes else ():
             span = host.durations.get(command, 10.0)
             for _ in range(args.random):
                 verdicts.append(host.case(Case(command, "random", delay_s=rng.uniform(0, span))))

@@ -84,7 +84,7 @@ class Chain:
             "incumbent": self.incumbent,
             "owner_pid": self.owner.pid,
             "owner_alive": self.owner_alive,
-            "cut_promotions": list(self.cut),
+            "cut": list(self.cut),
             "promoted": self.promoted.tx_id if self.promoted is not None else None,
             "needs": NEEDS if self.interrupted else None,
         }

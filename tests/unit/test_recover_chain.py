@@ -220,7 +220,7 @@ class TestARecoverKilledWhileItFinishesTheChain:
         assert report.exit_code == 0, report.recovered
         (chained,) = [r for r in report.recovered if "chain" in r]
         assert chained["state"] == "committed" and chained["tx_id"] != cut["tx_id"], report.recovered
-        assert chained["chain"]["cut_promotions"] == [cut["tx_id"]]  # type: ignore[index]
+        assert chained["chain"]["cut"] == [cut["tx_id"]]  # type: ignore[index]
         assert audit.show(fake_host.app(), str(chained["tx_id"]))["args"]["chain"] == load["tx_id"]
         cand = fake_host.app().store.current_identity("primary", "candidate")
         incumbent = fake_host.app().store.current_identity("primary", "incumbent")
