@@ -115,6 +115,24 @@ class TestLoadPromoteKilledBetweenItsTransactions:
         assert host.run("recheck", "--slot", "primary")["_exit"] == 0
         assert host.run("recover")["recovered"] == []  # finished once
 
+    @pytest.mark.parametrize(
+        ("mode", "boundary", "ends"),
+        [
+            ("recover-crash", "promote:route-to-candidate:do:intent", "after"),
+            ("recover-crash-back", "rollback:release-vram:do:intent", "before"),
+        ],
+    )
+    def test_a_recover_killed_finishing_the_chain_leaves_it_to_the_next(
+        self, host: ChaosHost, mode: str, boundary: str, ends: str
+    ) -> None:
+        # The first recover is SIGKILLed in the chain's promotion before its pivot, or in the
+        # bring-back (its promotion refused) with the candidate stopped and the incumbent not
+        # yet started: its transactions name the load, so the second recover still finishes
+        # the chain (promoted: C; brought back: A) and the third finds nothing.
+        verdict = host.case(Case(LOAD_PROMOTE, mode, boundary))
+        _all_ok([verdict])
+        assert verdict.converged == ends, verdict
+
 
 class TestRouterRestarted:
     @pytest.mark.parametrize(
