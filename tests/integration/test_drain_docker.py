@@ -206,7 +206,10 @@ class TestTheWindow:
         assert (out["_exit"], out["state"], out["then"]["state"]) == (0, "committed", "committed"), out
         assert {out["tx_id"], out["then"]["tx_id"]}.isdisjoint(known)
         assert 404 not in asker.statuses() and asker.statuses() <= {200, 503}, asker.odd
-        assert asker.retry_afters() == {"1"}, asker.seen
+        # Every 503 says when to come back. There may be none: smg retries the parking
+        # responder's 503 with its own backoff, and a window this short can end before the
+        # request's retries run out, so the request is answered by the candidate instead.
+        assert asker.retry_afters() <= {"1"}, asker.seen
         served = [extra for status, extra in asker.seen if status == 200]
         candidate_model = "glm53-flash-ormandj-sglang-sm120-tp2-393k-c1-adaptive-mtp"
         assert (served[0], served[-1]) == (INCUMBENT_MODEL, candidate_model), served
