@@ -302,6 +302,37 @@ class TestRecoverDuringAWatch:
         assert len(_events(host, tx, "sample")) >= 1
         assert os.getpid() != owner.pid
 
+    def test_a_watch_resumed_within_a_second_of_its_begin_says_it_resumed(
+        self, watched: Callable[..., FakeHost]
+    ) -> None:
+        """A resume is told by the journaled begin, not by the time since it (the fresh-clone
+        suite resumed one in under a second on a quiet machine, and no `resume` was recorded)."""
+        host = watched("0.5s")
+        app = host.app()
+        out = lifecycle.promote(app, slot="primary", approved_by="alice", watch_s=5)
+        assert out.state == TxState.COMMITTED and out.tx_id
+        (began,) = _events(host, out.tx_id, "begin")
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+        me = current_owner()
+        owner = Owner(pid=int(dead.stdout), hostname=me.hostname, boot_id=me.boot_id)
+        shown = audit.show(app, out.tx_id)
+        tx = app.store.begin(kind="promote", slot="primary", args=shown["args"], owner=owner, tx_id="tx-r")
+        app.store.transition(tx, TxState.RUNNING)
+        for seq, step in enumerate(
+            ["route-to-candidate", "smoke", "acceptance", "vram-after-acceptance", "record-promotion"]
+        ):
+            app.store.step_event(tx, seq=seq, step=step, phase="do", event="intent")
+            app.store.step_event(tx, seq=seq, step=step, phase="do", event="result", detail={})
+        app.store.transition(tx, TxState.WATCHING)
+        app.store.step_event(
+            tx, seq=5, step="watch", phase="watch", event="begin", detail={**began, "since": time.time()}
+        )
+        (done,) = transactions.recover_all(host.app()).recovered
+        assert (done["state"], done["direction"]) == ("committed", "forward"), done
+        (resumed,) = _events(host, tx, "resume")
+        assert 4.0 < float(str(resumed["left_s"])) <= 5.0, resumed
+        assert len(_events(host, tx, "begin")) == 1  # the dead run's, not a second one
+
 
 class TestWhatTheOperatorSees:
     def test_the_breach_its_rollback_and_their_links_on_the_terminal(

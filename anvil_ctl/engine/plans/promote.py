@@ -352,12 +352,13 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
         (e.detail for e in world.store.step_events(ctx.tx_id) if e.step == "watch" and e.event == "begin"),
         None,
     )
+    resumed = began is not None  # journaled by the run that died: `recover` goes on with it
     if began is None:
         began = RouteSampler.baseline(world, cand)
         record("begin", {**began, "serve": cand.container_id, "duration_s": decl.duration_s})
     since = float(str(began["since"]))
     left = max(0.0, decl.duration_s - (time.time() - since))
-    if left < decl.duration_s - 1:
+    if resumed:
         record("resume", {"since": since, "left_s": round(left, 3)})
     limits = [Limit.of(lim) for lim in decl.limits]
     sampler = RouteSampler(
