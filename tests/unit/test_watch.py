@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import admin, audit, lifecycle, transactions
 from anvil_ctl.core.errors import Refused
 from anvil_ctl.core.ports import Owner
@@ -275,25 +276,31 @@ def _abort_when_watching(host: FakeHost) -> dict[str, object]:
     raise AssertionError("the promote never began watching")
 
 
+def _died_watching(app: App, promoted: str, tx_id: str) -> tuple[Owner, str]:
+    """The promote `promoted` again, as a process that died mid-watch left it (its owner dead,
+    every step done, `watching`): what `recover` finds."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    me = current_owner()
+    owner = Owner(pid=int(dead.stdout), hostname=me.hostname, boot_id=me.boot_id)
+    shown = audit.show(app, promoted)
+    tx = app.store.begin(kind="promote", slot="primary", args=shown["args"], owner=owner, tx_id=tx_id)
+    app.store.transition(tx, TxState.RUNNING)
+    for seq, step in enumerate(
+        ["route-to-candidate", "smoke", "acceptance", "vram-after-acceptance", "record-promotion"]
+    ):
+        app.store.step_event(tx, seq=seq, step=step, phase="do", event="intent")
+        app.store.step_event(tx, seq=seq, step=step, phase="do", event="result", detail={})
+    app.store.transition(tx, TxState.WATCHING)
+    return owner, tx
+
+
 class TestRecoverDuringAWatch:
     def test_a_watch_whose_owner_died_is_resumed_and_commits(self, watched: Callable[..., FakeHost]) -> None:
         host = watched("0.5s")
         app = host.app()
         out = lifecycle.promote(app, slot="primary", approved_by="alice", watch_s=0.5)
         assert out.state == TxState.COMMITTED and out.tx_id
-        # The same promote, as a process that died mid-watch left it: rebuilt on a fresh one.
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
-        me = current_owner()
-        owner = Owner(pid=int(dead.stdout), hostname=me.hostname, boot_id=me.boot_id)
-        shown = audit.show(app, out.tx_id)
-        tx = app.store.begin(kind="promote", slot="primary", args=shown["args"], owner=owner, tx_id="tx-w")
-        app.store.transition(tx, TxState.RUNNING)
-        for seq, step in enumerate(
-            ["route-to-candidate", "smoke", "acceptance", "vram-after-acceptance", "record-promotion"]
-        ):
-            app.store.step_event(tx, seq=seq, step=step, phase="do", event="intent")
-            app.store.step_event(tx, seq=seq, step=step, phase="do", event="result", detail={})
-        app.store.transition(tx, TxState.WATCHING)
+        owner, tx = _died_watching(app, out.tx_id, "tx-w")
         open_now = admin.status(app)["slots"]["primary"]["open"]
         assert open_now == [{"tx_id": tx, "kind": "promote", "state": "watching"}]  # status shows it
         report = transactions.recover_all(host.app())
@@ -312,18 +319,7 @@ class TestRecoverDuringAWatch:
         out = lifecycle.promote(app, slot="primary", approved_by="alice", watch_s=5)
         assert out.state == TxState.COMMITTED and out.tx_id
         (began,) = _events(host, out.tx_id, "begin")
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
-        me = current_owner()
-        owner = Owner(pid=int(dead.stdout), hostname=me.hostname, boot_id=me.boot_id)
-        shown = audit.show(app, out.tx_id)
-        tx = app.store.begin(kind="promote", slot="primary", args=shown["args"], owner=owner, tx_id="tx-r")
-        app.store.transition(tx, TxState.RUNNING)
-        for seq, step in enumerate(
-            ["route-to-candidate", "smoke", "acceptance", "vram-after-acceptance", "record-promotion"]
-        ):
-            app.store.step_event(tx, seq=seq, step=step, phase="do", event="intent")
-            app.store.step_event(tx, seq=seq, step=step, phase="do", event="result", detail={})
-        app.store.transition(tx, TxState.WATCHING)
+        _owner, tx = _died_watching(app, out.tx_id, "tx-r")
         app.store.step_event(
             tx, seq=5, step="watch", phase="watch", event="begin", detail={**began, "since": time.time()}
         )
