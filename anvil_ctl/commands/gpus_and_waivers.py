@@ -1,9 +1,5 @@
-"""GPU commands: probe readings, role detection into the host config, and waivers.
-
-`detect(write=True)` rewrites only the `[gpu_roles.*]` tables of the host config and writes
-nothing when the result would not be a valid host config; a change of waivers re-judges stored
-decisions (`engine.reclassify`).
-"""
+"""GPU commands: probe readings, role detection into the host config, and waivers (a change of
+waivers re-judges stored decisions)."""
 
 from __future__ import annotations
 
@@ -152,10 +148,8 @@ def detect(
     write: bool = False,
     gpus: Sequence[GpuReading] | None = None,
 ) -> JSONObject:
-    """Name the host's GPUs (largest first, equal cards by UUID; overrides by UUID). With
-    `write`, the host config gets exactly these `[gpu_roles.*]` tables, a per-card reserve kept
-    for its UUID, validated before it atomically replaces the old file. Returns the roles found,
-    their `[gpu_roles.*]` TOML, and whether the file changed (and was written)."""
+    """Name the host's GPUs (`gpu.roles.detect_roles`). With `write`, the host config gets exactly
+    these `[gpu_roles.*]` tables, a per-card reserve kept, validated before it replaces the file."""
     found = list(gpus) if gpus is not None else app.gpu_probe().gpus()
     roles = detect_roles(found, overrides)
     path = app.settings.config
@@ -239,9 +233,8 @@ def waive(
     gates: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest), all of
-    it checked first; exactly one of `expires` and `no_expiry` (a person's explicit choice) says
-    when it ends. A `gate` waiver names the gates it waives. Then decisions are re-judged: the
-    answer is the waiver, when it ends and the decisions re-judged (or {"error": why not})."""
+    it checked first; exactly one of `expires` and `no_expiry` says when it ends. Then decisions
+    are re-judged (or {"error": why not})."""
     now = now or datetime.now(UTC)
     if (expires is None) == (not no_expiry):
         raise BadInput(
