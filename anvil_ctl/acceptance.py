@@ -188,7 +188,9 @@ def run_acceptance(
                     credential_source=client_token.source,
                 ) from exc
             except openai.APIStatusError as exc:
-                results.append(AcceptanceCheck(name, False, {"status": exc.status_code, "error": _err(exc)}))
+                # The body is the router's or engine's error text; it never holds our token.
+                error = str(exc.message)[:300]
+                results.append(AcceptanceCheck(name, False, {"status": exc.status_code, "error": error}))
             except openai.APIError as exc:
                 results.append(
                     AcceptanceCheck(name, False, {"error": f"{type(exc).__name__}: {exc.message}"})
@@ -209,8 +211,3 @@ def run_acceptance(
         checks={c.name: c.passed for c in result.checks},
     )
     return result
-
-
-def _err(exc: openai.APIStatusError) -> str:
-    # The body is the router's or engine's error text; it never holds our token.
-    return str(exc.message)[:300]

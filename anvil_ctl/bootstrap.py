@@ -170,8 +170,8 @@ class App:
         return NvmlProbe()
 
     def warm_acceptance(self) -> None:
-        """Fork the real client's worker now, so `openai` imports on another core while this process
-        works. Call it before `world()` and the host lock, so the child holds neither."""
+        """Fork the real client's worker now (before `world()` and the host lock, so the child
+        holds neither), so `openai` imports on another core meanwhile."""
         from anvil_ctl.acceptance_worker import RealAcceptance
 
         if self.settings.backend == "fake":
@@ -181,8 +181,7 @@ class App:
             acceptance.warm()
 
     def real_acceptance(self) -> Acceptance | None:
-        """The real-client acceptance through the configured router, built once; None without a router
-        or resolvable credentials (its credential guard then refuses)."""
+        """The real-client acceptance through the router, built once; None without its credentials."""
         if "_acceptance" not in self.__dict__:
             self.__dict__["_acceptance"] = _real_acceptance(self)
         found: Acceptance | None = self.__dict__["_acceptance"]
@@ -285,8 +284,7 @@ def _real_world(app: App) -> World:
         acceptance=acceptance,
         route_sample=_route_sample(app),
     )
-    # The scanner and the simulated GPUs list the managed containers through the world's
-    # runtime as it is when they ask: inside `one_reading`, the stretch's one look.
+    # The scanner and the simulated GPUs list containers through the world's runtime of the moment.
     current = current_runtime(world)
     if simulated:
         from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
@@ -370,8 +368,7 @@ def _real_acceptance(app: App) -> Acceptance | None:
 
 
 def _route_sample(app: App) -> RouteSample | None:
-    """A watch's active sample: streamed chats through the router with its client key, a
-    client of its own for each sample (None without a router or its credentials)."""
+    """A watch's active sample through the router with its client key (None without one)."""
     url, creds = app.config.router.url, _credentials(app, need_admin=False)
     if creds is None or isinstance(creds, CredentialError):
         return None

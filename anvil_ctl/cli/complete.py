@@ -109,14 +109,6 @@ def complete_targets(
     return _recorded(click_ctx, "container", incomplete) + _recorded(click_ctx, "transaction", incomplete)
 
 
-def completion_script(root: click.Command, shell: str) -> str:
-    """Click's completion script for `shell`, bound to the `anvilctl` program."""
-    cls = get_completion_class(shell)
-    if cls is None:  # click.Choice already refused it; kept for callers other than the CLI
-        raise click.BadParameter(f"no completion for shell {shell!r}", param_hint="SHELL")
-    return cls(root, {}, PROG, COMPLETE_VAR).source()
-
-
 @click.command(
     "completion",
     epilog=example("anvilctl completion bash > ~/.local/share/bash-completion/completions/anvilctl"),
@@ -127,4 +119,7 @@ def completion(click_ctx: click.Context, shell: str) -> Reply:
     """Print the shell completion script for SHELL: `source <(anvilctl completion bash)`."""
     from anvil_ctl.cli.views import Text
 
-    return Reply(Text(completion_script(click_ctx.find_root().command, shell)))
+    cls = get_completion_class(shell)
+    if cls is None:  # click.Choice already refused it
+        raise click.BadParameter(f"no completion for shell {shell!r}", param_hint="SHELL")
+    return Reply(Text(cls(click_ctx.find_root().command, {}, PROG, COMPLETE_VAR).source()))

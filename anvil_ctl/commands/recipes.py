@@ -14,7 +14,7 @@ from anvil_ctl.core.jsontypes import JSONObject, get_array
 from anvil_ctl.core.model import config_fingerprint
 from anvil_ctl.core.validate import check_text
 from anvil_ctl.places import RECIPES_DIR
-from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
+from anvil_ctl.recipes.model import load_recipe, recipe_digest
 from anvil_ctl.recipes.spec import check_fits_slot, container_spec, resolve_gpu_uuids, spec_as_dict
 
 PLAN_TX_ID = "planned"
@@ -189,7 +189,8 @@ def validate_recipe(
     path = resolve_recipe_path(ref, recipes)
     recipe = load_recipe(path)
     if host_config is not None and slot_name is not None:
-        _check_host(recipe, host_config, slot_name)
+        check_fits_slot(recipe, host_config.slot(slot_name))
+        resolve_gpu_uuids(recipe, host_config)
     return ValidationReport(
         name=recipe.name,
         path=str(path),
@@ -231,9 +232,3 @@ def plan_recipe(
         config_fingerprint=config_fingerprint(spec.fingerprint_fields()),
         spec=spec_as_dict(spec),
     )
-
-
-def _check_host(recipe: Recipe, host_config: HostConfig, slot_name: str) -> None:
-    slot = host_config.slot(slot_name)
-    check_fits_slot(recipe, slot)
-    resolve_gpu_uuids(recipe, host_config)
