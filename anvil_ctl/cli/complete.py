@@ -49,7 +49,7 @@ def complete_slots(click_ctx: click.Context, param: click.Parameter, incomplete:
 
 
 def recipe_dirs(click_ctx: click.Context) -> list[Path]:
-    """The recipe search, as `commands.recipes.search_dirs` orders it."""
+    """The recipe search, as `commands.recipes.recipe_search` orders it."""
     given = _options(click_ctx).recipes_dir or os.environ.get("ANVIL_RECIPES_DIR")
     dirs = [Path(given)] if given else []
     host = _host_config(click_ctx).get("recipes_dir")
