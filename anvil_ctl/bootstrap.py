@@ -183,7 +183,13 @@ class App:
     def real_acceptance(self) -> Acceptance | None:
         """The real-client acceptance through the router, built once; None without its credentials."""
         if "_acceptance" not in self.__dict__:
-            self.__dict__["_acceptance"] = _real_acceptance(self)
+            creds = _credentials(self, need_admin=self.config.router.kind == "smg")
+            built: Acceptance | None = None  # unresolved: the router refuses every call
+            if creds is not None and not isinstance(creds, CredentialError):
+                from anvil_ctl.acceptance_worker import RealAcceptance
+
+                built = RealAcceptance(self.config.router.url, creds.client)
+            self.__dict__["_acceptance"] = built
         found: Acceptance | None = self.__dict__["_acceptance"]
         return found
 
@@ -356,15 +362,6 @@ def _credentials(app: App, *, need_admin: bool) -> RouterCredentials | Credentia
         return resolve_credentials(app.config.router, app.env, need_admin=need_admin)
     except CredentialError as exc:
         return exc
-
-
-def _real_acceptance(app: App) -> Acceptance | None:
-    creds = _credentials(app, need_admin=app.config.router.kind == "smg")
-    if creds is None or isinstance(creds, CredentialError):
-        return None  # the router refuses every call (`UnresolvedCredentialsRouter`)
-    from anvil_ctl.acceptance_worker import RealAcceptance
-
-    return RealAcceptance(app.config.router.url, creds.client)
 
 
 def _route_sample(app: App) -> RouteSample | None:
