@@ -249,12 +249,8 @@ def _capacity(q: Bundle) -> str:
 
 def _points(rows: Sequence[JSONMapping], key: str) -> list[tuple[float, float]]:
     """(measured prompt tokens, `key`) of every completed request that has both."""
-    points = []
-    for r in rows:
-        x, y = number(r.get("prompt_tokens")), number(r.get(key))
-        if r.get("completed") and x and y is not None:
-            points.append((x, y))
-    return points
+    pairs = [(r, number(r.get("prompt_tokens")), number(r.get(key))) for r in rows]
+    return [(x, y) for r, x, y in pairs if r.get("completed") and x and y is not None]
 
 
 def _vram(inputs: ReportInputs) -> str:

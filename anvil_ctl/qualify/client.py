@@ -10,7 +10,6 @@ import base64
 import json
 import time
 from collections.abc import Sequence
-from types import TracebackType
 
 import httpx
 
@@ -39,11 +38,8 @@ def _raise_for(response_status: int, body: str, what: str) -> None:
     if response_status < 400:
         return
     excerpt = body[:500]
-    if response_status >= 500:
-        raise TransientError(
-            f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt
-        )
-    raise AdapterError(f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt)
+    error = TransientError if response_status >= 500 else AdapterError
+    raise error(f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt)
 
 
 class EngineClient:
@@ -71,12 +67,7 @@ class EngineClient:
     async def __aenter__(self) -> EngineClient:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:

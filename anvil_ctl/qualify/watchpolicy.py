@@ -25,7 +25,7 @@ limit is what is recorded and judged: nothing is chosen after the fact. A profil
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
@@ -47,7 +47,6 @@ METRICS = {
     FUNCTIONAL_METRIC: "the functional gate's checks failed in a sample: an exact tool call (its "
     "fixture rotating) and exact JSON (taken only when a threshold names this metric)",
 }
-LOWER_IS_WORSE = frozenset({"decode_tps_p50"})
 QUALIFIED = {"ttft_p50_s": "ttft_s_p50", "ttft_p95_s": "ttft_s_p95", "decode_tps_p50": "decode_tps_p50"}
 """Metric -> the key of the capacity cell its relative thresholds are resolved against."""
 
@@ -97,7 +96,7 @@ class Limit:
         return observed <= self.limit if self.op == "max" else observed >= self.limit
 
     def as_dict(self) -> JSONObject:
-        return {"metric": self.metric, "op": self.op, "limit": self.limit, "source": self.source}
+        return asdict(self)
 
     @classmethod
     def of(cls, data: Mapping[str, object]) -> Limit:
@@ -136,15 +135,7 @@ class WatchPolicy:
         return [t.resolve(qualified) for t in self.thresholds]
 
     def as_dict(self) -> JSONObject:
-        return {
-            "duration_s": self.duration_s,
-            "interval_s": self.interval_s,
-            "requests": self.requests,
-            "max_tokens": self.max_tokens,
-            "consecutive": self.consecutive,
-            "thresholds": [t.as_dict() for t in self.thresholds],
-            "source": self.source,
-        }
+        return {**asdict(self), "thresholds": [t.as_dict() for t in self.thresholds]}
 
 
 DEFAULT = WatchPolicy()
@@ -221,7 +212,6 @@ def parse_watch(raw: object, source: str) -> WatchPolicy:
             file=source,
             field=f"watch.{unknown[0]}",
         )
-    policy = DEFAULT
     values: dict[str, object] = {"source": source}
     if "duration" in raw:
         text = str(raw["duration"]).strip()
@@ -243,7 +233,7 @@ def parse_watch(raw: object, source: str) -> WatchPolicy:
                 field="watch.thresholds",
             )
         values["thresholds"] = tuple(_threshold(t, i, source) for i, t in enumerate(items))
-    return WatchPolicy(**{**policy.__dict__, **values})
+    return WatchPolicy(**{**DEFAULT.__dict__, **values})
 
 
 def qualified_values(cells: Sequence[Mapping[str, object]]) -> dict[str, float]:
@@ -253,12 +243,11 @@ def qualified_values(cells: Sequence[Mapping[str, object]]) -> dict[str, float]:
     if not measured:
         return {}
     cell = min(measured, key=lambda c: c.get("nominal_tokens") or 0)  # type: ignore[arg-type,return-value]
-    out: dict[str, float] = {}
-    for metric, key in QUALIFIED.items():
-        value = cell.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[metric] = float(value)
-    return out
+    return {
+        metric: float(value)
+        for metric, key in QUALIFIED.items()
+        if isinstance(value := cell.get(key), int | float) and not isinstance(value, bool)
+    }
 
 
 def metrics_of(sample: Mapping[str, object]) -> dict[str, float | None]:

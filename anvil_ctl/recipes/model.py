@@ -276,13 +276,10 @@ class Recipe(Strict):
         return not self.unknown
 
     def ulimit_tuples(self) -> tuple[tuple[str, int, int], ...]:
-        out = []
-        for name, limit in sorted(self.ulimits.items()):
-            if isinstance(limit, Ulimit):
-                out.append((name, limit.soft, limit.hard))
-            else:
-                out.append((name, limit, limit))
-        return tuple(out)
+        return tuple(
+            (name, limit.soft, limit.hard) if isinstance(limit, Ulimit) else (name, limit, limit)
+            for name, limit in sorted(self.ulimits.items())
+        )
 
 
 def load_recipe(path: Path) -> Recipe:
