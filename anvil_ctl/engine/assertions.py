@@ -1,7 +1,5 @@
-"""The goal-closure assertions of a slot: is the recorded serve what runs, serves and is routed?
-
-One list for `recheck` and the `BaseVerified` guard; an assertion that cannot observe fails with
-the reason. Read-only.
+"""The goal-closure assertions of a slot, one list for `recheck` and the `BaseVerified` guard;
+an assertion that cannot observe fails with the reason. Read-only.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Which phase a slot's campaign is in, and the assertions that judge the state it should have.
 
-Between a committed `load` and the promote or rollback that ends it a slot is `qualifying`: the
-incumbent is stopped and retained and the tier drained by design, so it is judged by whether
-the campaign is intact, not by the serving assertions. While a promote is open in `watching`
-(the watch owns the slot: the candidate routed and serving, the old incumbent stopped and
-retained) the slot is `watching`, judged by that state and by whether the watch's owner is
-alive: a dead one, or a recover of the watch that failed and left the promote `interrupted`,
-leaves a watch that `recover` must resume. Of two slots of one router tier (a canary's pair)
-the one whose serve is stopped while the other's serves the tier is `standby`: judged by its
-serve retained intact and the tier served by the other. A qualifying slot whose load was a
-`load --promote` that died before its promotion (`engine.chain`) is dark for its clients
-though a promotion was asked for: its `chain` assertion fails until `recover` finishes it.
-Read-only.
+Between a committed `load` and the promote or rollback that ends it a slot is `qualifying`
+(incumbent stopped and retained, tier drained by design); with a promote open in `watching` it
+is `watching`; of a canary's two slots the stopped one is `standby`. Each phase is judged by
+its own assertions rather than the serving ones. Read-only.
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """The one way into every transaction: a typed request in, an `Outcome` out.
 
-This module is the only place a transaction ID is made (`_mint`). For a kind that changes the host it
-takes the host's OS lock before anything is read from the record, so that the arguments
-prepared from it cannot go stale before the plan runs. Then the kind's `prepare` turns the
-request into typed arguments (every read of the record and the host they need, once);
-bad input found there exits having written nothing. The lock's row is claimed in the
-database transaction that journals those arguments with the transaction's first row, the
-plan runs, and its end state commits together with the row's release. The OS lock is
-released on every way out; the row is kept only when the process failed mid-transaction,
-so that the next mutator is refused until `recover` has finished what was left.
+The only place a transaction ID is made (`_mint`). A kind that changes the host takes the OS
+lock before anything is read from the record, so the arguments `prepare` reads cannot go stale;
+bad input found there exits having written nothing. The lock's row is claimed in the database
+transaction that journals the arguments, and released with the end state; the OS lock is
+released on every way out. A follow-up (a watched promote's rollback, `load --promote`'s
+promotion) runs through this same door without letting go of the OS lock.
 
-A transaction whose end asks for another (a watched promote's rollback, `Outcome.follow_up`)
-is followed by it here, through this same door, without letting go of the OS lock: no
-other mutator runs between the two. The follow-up's ID is minted here too, before the end
-state that names it is written, so each record points at the other.
-
-A committed load whose request names a promotion (`load --promote`, `Outcome.then`) is
-followed by it the same way. The promotion's guards and before snapshot start from the
-load's after-snapshot reading of the host (`one_reading`): nothing acts between the two, and
-the slot's clients, with no serve routed, would wait out every look taken again.
-
-`recover` enters through the same door: it takes the lock, accepting a dead owner's stale
-rows, refuses with nothing written when the router refuses our credentials, finishes every
-transaction whose owner is gone (and runs what they ask next), and releases the stale rows
-that nothing unresolved still needs. Then it finishes every `load --promote` whose process
-died before its promotion happened (`engine.chain`): it runs the journaled promotion, guards
-and all, and when that does not commit it brings the load's incumbent back, so that the slot
-is never left dark.
+`recover` enters here too: it finishes every transaction whose owner is gone, releases the
+stale lock rows nothing unresolved still needs, and finishes every `load --promote` whose
+promotion never happened, bringing the load's incumbent back when it does not commit.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate.
 
-`GpuRolesFree` refuses a start that would compete with a ledger owner or an unaccounted process.
-A serve on several roles owns them `exclusive`ly, on one role `split`. `release_ownership` works
-from its own transaction's ledger events, so it is safe after a crash and when run twice.
+`release_ownership` works from its own transaction's ledger events, so it is safe after a
+crash and when run twice.
 """
 
 from __future__ import annotations

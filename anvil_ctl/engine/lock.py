@@ -1,9 +1,7 @@
 """One mutator per host: an OS file lock held for the life of the process, plus a lock row.
 
-The flock excludes (on PostgreSQL with a session advisory lock keyed by the host's name); the
-row says who holds it, so a refused process can name the owner and a holder that died is
-detected: its stale row refuses mutators until `recover` or `lock break ID` resolves it. The
-entry takes the OS lock before `prepare` and claims the row with the transaction's first row.
+The flock (on PostgreSQL a session advisory lock) excludes; the row says who holds it, so a
+holder that died is detected: its stale row refuses mutators until `recover` or `lock break`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """Runs a Plan as a transaction: guards, then journaled steps, then compensation on failure.
 
-Journal, then act, then record: each step's intent row commits before its `do`
-runs and its result row commits right after, so a crash between the two leaves
-an intent without a result, which `recover` finds. On a failed step the undos of
-the completed steps run in reverse, the failed step's own undo first (a step can
-fail after part of its side effect; undos observe before acting), each journaled
-the same way. The first undo that fails stops compensation: continuing could
-start a serve on GPUs that a failed undo left occupied.
-
-Never dark (`anvil_ctl.engine.availability`): before the first step the engine
-records whether the slot serves and which serve is its safe harbour; before it
-writes any end state but `committed` it makes the slot serve again if it served
-at the start. After the last step the plan's goal is checked (and re-applied
-once); a critical difference found by `verify_after` while the slot serves ends
-`needs_operator` with the slot left serving, never stopped for a snapshot.
-
-An intent, an error and a state change commit before the runner goes on; a record of
-what was observed (a step's result, a snapshot, a diff) is held and commits together with
-the next of those, in one database transaction and one audit entry. Nothing acts between
-a record and that next write, so a death in between looks like a death just before the
-record, which recovery already handles. Every committed write is a boundary where
-`anvil_ctl.engine.faults` may crash or pause the process (tests and `make chaos` only).
-
-The transaction is begun by `anvil_ctl.engine.entry`, the one way in. Its end state is
-held, not committed: the entry commits it together with the host lock's release (`commit`).
+Journal, then act, then record: each step's intent commits before its `do` runs; its result
+is held and commits with the next write, so a crash between the two leaves an intent without
+a result, which `recover` finds. On a failure the undos run in reverse, the failed step's own
+first; the first undo that fails stops compensation (going on could start a serve on GPUs a
+failed undo left occupied). Never dark (`engine.availability`): a slot that served at the
+start serves again before any end state but `committed`. The end state is held for the
+entry (`anvil_ctl.engine.entry`), which commits it with the host lock's release.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """Operations on serves that several transaction kinds share, each verifying the world.
-
-Stopping returns once the container exited; starting a retained serve checks its identity and
-returns once its binding serves the exact model. `identity_drift` is the one comparison of a
-recorded identity with the live container. How a serve is probed is its engine profile's.
+`identity_drift` is the one comparison of a recorded identity with the live container.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The watch: samples taken at an interval against limits declared before the first one; a
 verdict out.
 
-`watch` is the loop and knows nothing of what a sample is: every `interval_s` for
-`duration_s` (at least `at_least` samples) it takes a sample, hands it to `record` as it is
-taken (the caller journals it), and has `judge` judge the newest `consecutive` samples. It
-ends at the first breach, when `stop` names who stopped it (a person's abort, a signal), or
-healthy at the end. A watched promote samples its serve (`RouteSampler`) against absolute
-limits (`within`); a canary samples its two serves side by side and judges the candidate
-against the incumbent of the same round (`qualify.canary`); `recheck --slo` samples a standing
-serve as a promote does, `consecutive` samples (`at_least`) and no more.
-
-`RouteSampler` is the promote's sample of one serve: a few streamed chats through the route
-with the official client (`World.route_sample`), the functional gate's checks (the tool
-fixture rotating) when a limit names `functional_failed`, and passive signals of its container since
-the watch began: restarts and OOM kills (docker inspect), whether it runs, and the engine's
-fatal log lines (the log audit's patterns, `qualify.logs`); and the router's own count of the
-serve's failed answers (`Router.errors`: HAProxy's per-server 5xx, aborted responses and failed
-connections; smg keeps none we read).
+`watch` is the loop and knows nothing of what a sample is: it hands each sample to `record`
+as it is taken and has `judge` judge the newest `consecutive`; it ends at the first breach,
+when `stop` names who stopped it, or healthy at the end. `RouteSampler` is a watched promote's
+sample of one serve: streamed chats through the route with the official client, plus passive
+signals of its container (restarts, OOM kills, fatal log lines) and the router's failed answers.
 """
 
 from __future__ import annotations

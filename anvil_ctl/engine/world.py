@@ -1,7 +1,5 @@
 """The World: the ports, config and store one command works with, built by `anvil_ctl.bootstrap`.
-
-Every field is a typed port or value; optional capabilities are optional fields
-(a host without a router has `router=None`), never a string-keyed bag.
+Optional capabilities are optional fields (no router: `router=None`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """`rollback` / `restore`: bring a recorded identity back exactly, as the same container ID.
 
-Refused before mutation when the target identity is incomplete, its container
-was removed, its image or config fingerprint changed, the restore group does not
-contain it, or the router refuses our credentials. Steps: drain the tier (undo:
-readmit what served); stop and retain what serves now (undo: start it again);
-wait for VRAM release; start the target's same container ID and verify health
-and identity (undo: stop it again, retained); route the tier back and readmit;
-routed smoke; record it as the incumbent and move GPU ownership.
-
-Pivot: `start-target`. Once the target runs healthy with its exact identity, the
-way out of a crash is forward (route, smoke, record). The goal, checked after the
-last step and re-applied once, is that the tier routes to the target. Then the
-placement is compared with the one recorded when the target last served, on the
-identity-critical fields only (`critical_placement`): the incumbent, each running
-container's image ID and config fingerprint, the served model and context, the
-binding and the GPU owners. Names, router labels and other incidental fields are
-recorded in the stored diff, never acted on; a critical difference while the
-slot serves ends `needs_operator` with the slot left serving.
+Pivot: `start-target`; once the target runs healthy with its exact identity, a crash is
+finished forward. The goal is that the tier routes to the target. Then the placement is
+compared with the one recorded when the target last served, on identity-critical fields only
+(`critical_placement`); a critical difference while the slot serves ends `needs_operator`
+with the slot left serving.
 """
 
 from __future__ import annotations
