@@ -130,8 +130,7 @@ class TransactionEngine:
         return outcome
 
     def run(self, plan: Plan[A, W, M], world: W, tx_id: str) -> Outcome:
-        """Run the begun transaction `tx_id` as `plan`. Its end state is held for `commit`; an
-        error that escapes commits what is held and leaves the transaction unfinished."""
+        """Run the begun transaction `tx_id` as `plan`; its end state is held for `commit`."""
         outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, plan=plan.describe(), tx_id=tx_id)
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
         self.faults.at(":".join((plan.kind, "state", "planned")))
