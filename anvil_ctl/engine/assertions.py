@@ -50,9 +50,8 @@ def _check(out: list[Assertion], name: str, fn: Callable[[], Observation]) -> No
 def slot_assertions(
     world: World, ident: Identity, *, routed: bool = True, role: str = "incumbent"
 ) -> list[Assertion]:
-    """Every assertion about `ident` serving its slot; `routed=False` leaves the router out
-    (a loaded candidate is reached directly until promote routes it). `role` names the serve
-    in the container assertion (`incumbent_container_running`, `candidate_container_running`)."""
+    """Every assertion about `ident` serving its slot; `routed=False` leaves the router out (a
+    loaded candidate is reached directly). `role` names the serve in the container assertion."""
     cfg = world.config.slot(ident.slot)
     out: list[Assertion] = []
     _container_checks(world, ident, out, role)

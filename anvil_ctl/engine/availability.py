@@ -96,8 +96,7 @@ def serving_identity(world: World, state: SlotState) -> Identity | None:
 
 
 def record_harbour(world: World, tx_id: str, state: SlotState, hold: Hold) -> Identity | None:
-    """Record the serving identity as the slot's safe harbour (when it is a new one), through
-    `hold`: the engine commits it with its first intent."""
+    """Record the serving identity as the slot's safe harbour (when new), through `hold`."""
     if not state.serving:
         return None
     ident = serving_identity(world, state)

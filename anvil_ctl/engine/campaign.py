@@ -104,8 +104,7 @@ class Watch:
 
 def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
     """The slot's open watched promote, None when no promote is `watching`; `me` names this
-    host as its transactions do. The promote's own records name its serves: it records the
-    candidate as incumbent and the old incumbent as the rollback identity before it watches."""
+    host as its transactions do."""
     rec = world.store.watching(slot)
     if rec is None:
         return None
@@ -136,8 +135,7 @@ class Standby:
 
 
 def standby_of(world: World, slot: str) -> Standby | None:
-    """The slot's standby, None when its serve runs (or it has none) or no other slot serves
-    its tier."""
+    """The slot's standby, None when its serve runs (or it has none) or no other slot serves it."""
     store = world.store
     retained = store.current_identity(slot, "incumbent") or store.current_identity(slot, "candidate")
     if retained is None or is_running(world, retained.container_id):
@@ -161,8 +159,7 @@ def _served(world: World, serving: Identity) -> Observation:
 
 
 def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
-    """The state a watched slot should have: its owner alive, the candidate serving with its
-    identity and routed for the slot, the old incumbent retained intact, no residue."""
+    """Its owner alive, the candidate serving and routed, the old incumbent retained intact."""
     out = [Assertion("watch", not watched.needs_recover, watched.as_dict())]
     out += slot_assertions(world, watched.candidate, routed=True, role="candidate")
     incumbent = watched.incumbent
@@ -172,9 +169,8 @@ def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
 
 
 def campaign_assertions(world: World, campaign: Campaign, chain: Chain | None = None) -> list[Assertion]:
-    """The state a qualifying slot should have: the candidate's assertions (not routed), the
-    incumbent retained intact, the tier as the load left it; and when the load was a `load
-    --promote` whose promotion has not happened (`chain`), its owner still running it."""
+    """The candidate's assertions (not routed), the incumbent retained intact, the tier as the
+    load left it; for an unfinished `load --promote` (`chain`), its owner still running it."""
     out = [Assertion("campaign", True, campaign.as_dict())]
     if chain is not None:
         out.append(Assertion("chain", not chain.interrupted, chain.as_dict()))

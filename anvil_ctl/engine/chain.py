@@ -170,8 +170,7 @@ def open_chains(world: World, me: Owner) -> list[Chain]:
 
 
 def finished(chain: Chain, promoted: Outcome | None, why: str = "") -> JSONObject:
-    """Recover's report of the chain's promotion (`promoted` None: refused before it was
-    journaled, `why` says by what)."""
+    """Recover's report of the chain's promotion (None: refused before it was journaled, `why`)."""
     state = promoted.state.value if promoted is not None else TxState.REFUSED.value
     reason = promoted.reason if promoted is not None else why
     return {

@@ -60,11 +60,7 @@ def in_flight(world: World, slot_name: str, profile: str) -> InFlight:
 
 def wait_idle(world: World, slot: str, profile: str, short: str, policy: DrainPolicy) -> JSONObject:
     """Wait until the serve at `slot`'s binding (`short` names it) answers nothing, at most
-    `policy.deadline_s`.
-
-    Returns what the drain saw (`in_flight` at its start, `source`, `waited_s`, and `cut`:
-    the answers still in flight when `cut` went on at the deadline); raises DrainRefused
-    at the deadline under `abort`."""
+    `policy.deadline_s`; what the drain saw, with the answers `cut` at the deadline."""
     world.progress.waiting(f"the answers in flight on {short} to finish", policy.deadline_s)
     started = world.clock.now()
     pause = pauses(world.config.policy.health_poll_s)

@@ -48,11 +48,8 @@ def run(
     tx_id: str | None = None,
     held: HostLock | None = None,
 ) -> Outcome:
-    """Prepare, journal and run the transaction `request` asks for (see the module doc).
-
-    A dry run prepares and checks every guard, takes no lock and writes nothing. `tx_id`
-    and `held` (the OS lock, its row released) are a follow-up's, given by this module.
-    """
+    """Prepare, journal and run the transaction `request` asks for. A dry run checks every guard
+    and writes nothing; `tx_id` and `held` (the OS lock) are a follow-up's, given by this module."""
     kind = KINDS[request.kind]
     if held is None:
         world.kept_reading = None  # a reading is kept only for a transaction that follows at once
@@ -120,10 +117,7 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
             report.released_locks.append(dead.as_dict())
         for then in report.follow_ups:
             lock.release_row()  # the OS lock stays held: the follow-up claims a row of its own
-            after = _follow(world, owner, then, faults, lock)
-            report.recovered.append(
-                {"tx_id": after.tx_id, "kind": after.kind, "state": after.state.value, "reason": after.reason}
-            )
+            report.recovered.append(_reported(_follow(world, owner, then, faults, lock)))
         for chain in open_chains(world, owner):  # after the loads this run rolled forward
             report.recovered += _finish_chain(world, owner, chain, faults, lock)
     finally:
@@ -134,8 +128,7 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
 def _finish_chain(
     world: World, owner: Owner, chain: Chain, faults: Faults, lock: HostLock
 ) -> list[JSONObject]:
-    """Run an interrupted chain's promotion; when it does not commit, bring the load's
-    incumbent back. What each did, for recover's report."""
+    """Run an interrupted chain's promotion; when it does not commit, bring the load's incumbent back."""
     lock.release_row()  # the OS lock stays held: each follow-up claims a row of its own
     world.kept_reading = None  # nothing kept from this run: the promotion looks afresh
     promoted, why = chain.promoted, ""
@@ -149,13 +142,10 @@ def _finish_chain(
     if back is not None:
         lock.release_row()
         after = _follow(world, owner, FollowUp(back, _mint()), faults, lock)
-        found.append(
-            {
-                "tx_id": after.tx_id,
-                "kind": after.kind,
-                "state": after.state.value,
-                "reason": after.reason,
-                "dark": after.state is not TxState.COMMITTED,  # no serve came back: a person's now
-            }
-        )
+        # `dark`: no serve came back, a person's now
+        found.append({**_reported(after), "dark": after.state is not TxState.COMMITTED})
     return found
+
+
+def _reported(after: Outcome) -> JSONObject:
+    return {"tx_id": after.tx_id, "kind": after.kind, "state": after.state.value, "reason": after.reason}

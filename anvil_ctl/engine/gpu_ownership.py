@@ -243,9 +243,7 @@ def move_ownership(world: World, tx_id: str, source: Identity | None, target: Id
 
 
 def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> VramRelease:
-    """The world's VRAM-release gate. Need per card: the serve's `need_mib` (0 if it has
-    none); reserve per card: the policy value in force now, waivers applied. The probe and
-    clock are read from the world when the gate runs."""
+    """The world's VRAM-release gate: per card the serve's need plus the reserve in force."""
 
     def gate(need: VramNeed) -> JSONObject:
         roles = need.roles
@@ -280,8 +278,7 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
 def reserve_in_force(
     world: World, roles: Sequence[str], recipe_digest: str, now: datetime | None = None
 ) -> tuple[dict[str, int], list[str]]:
-    """The VRAM reserve per role in force `now` (the policy value, waivers applied) and the
-    IDs of the waivers that set it."""
+    """The VRAM reserve per role in force `now` (waivers applied) and the waivers that set it."""
     waivers = stored_waivers.waivers(world.store)
     when = now or datetime.now(UTC)
     reserve: dict[str, int] = {}

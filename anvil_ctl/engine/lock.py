@@ -67,8 +67,7 @@ class HostLock:
 
     def acquire(self, *, take_over_dead: bool = False, claim: bool = True) -> list[LockInfo]:
         """Take the host lock or raise LockHeld naming the owner. `take_over_dead` (`recover`):
-        stale rows are returned for the caller to resolve instead of refusing. Without `claim`
-        only the OS lock is taken; `claim()` writes the row later."""
+        stale rows are returned instead of refusing. Without `claim` the row is written later."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -127,9 +126,7 @@ class HostLock:
         os.pwrite(self._fd, json.dumps({"lock_id": lock_id, "pid": self.owner.pid}).encode(), 0)
 
     def release_row(self) -> None:
-        """Record the row's release now (inside the caller's `Store.together()` when it writes
-        with a transaction's end state); the OS lock stays held until `release()`, which
-        excludes meanwhile."""
+        """Record the row's release now; the OS lock stays held until `release()`."""
         if self.lock_id is not None:
             locks.release_row(self.store, self.lock_id, how="released", by=f"pid {self.owner.pid}")
             self.lock_id = None

@@ -97,10 +97,8 @@ def _to_recover(journal: Journal, me: Owner) -> list[TxRecord]:
 def refuse_without_credentials(
     journal: Journal, me: Owner, world: World, *, also: Sequence[str] = ()
 ) -> None:
-    """Raise AuthRejected, before anything is written, when there is something to recover and
-    the router refuses our credentials (or they cannot be resolved): every undo and every
-    goal check would be refused too, and an auth failure is no verdict on the serve. `also`
-    names other work waiting for recover (an interrupted `load --promote`)."""
+    """Raise AuthRejected, before anything is written, when there is something to recover (`also`:
+    other work waiting) and the router refuses our credentials: every undo would be refused too."""
     if world.router is None:
         return
     waiting = [rec for rec in _to_recover(journal, me) if rec.state != TxState.PLANNED]

@@ -184,8 +184,7 @@ def admit_candidate(ctx: Ctx) -> StepResult:
 
 def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
     """Seconds until the router counts nothing in flight to `url` (at most `deadline_s`): a
-    request it picked the candidate for just before its weight went to 0 may not have reached
-    the engine's own gauge yet, and stopping the engine then would cut it."""
+    request routed just before the weight went to 0 may not show in the engine's gauge yet."""
     router, started = world.router, world.clock.now()
     pause = pauses(world.config.policy.health_poll_s)
     while router is not None and (router.in_flight(tier, url) or 0) > 0:
@@ -196,9 +195,8 @@ def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
 
 
 def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
-    """Every new request to the incumbent; the candidate drained, stopped and retained. A
-    crash before `admit-candidate` registered the candidate leaves it no server in the tier:
-    then the incumbent's weight alone is set."""
+    """Every new request to the incumbent; the candidate drained, stopped and retained (a
+    candidate never registered has no weight to set)."""
     world, args = ctx.world, ctx.args
     try:
         weights = _set_share(world, args, 0)

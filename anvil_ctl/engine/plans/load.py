@@ -154,8 +154,8 @@ GUARDS: list[Guard[Ctx]] = [
 
 
 def stamped_spec(spec: ContainerSpec, tx_id: str) -> ContainerSpec:
-    """The spec labelled with the transaction that creates it, so recover can find it by label;
-    a spec made for no transaction yet (`container_spec` without one) is also named for it."""
+    """The spec labelled (and, if made for no transaction yet, named) with the transaction that
+    creates it, so recover can find it by label."""
     labels = dict(spec.labels)
     name = spec.name if LABEL_TX in labels else f"{spec.name}-{short_tx(tx_id)}"
     labels[LABEL_TX] = tx_id

@@ -319,8 +319,7 @@ def _candidate(ctx: Ctx) -> Identity:
 
 
 def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
-    """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
-    again: it goes on from the journaled start, for what is left of the duration."""
+    """Watch the new incumbent; run again by `recover`, it goes on from the journaled start."""
     from anvil_ctl.engine.watch import Interrupts, RouteSampler, stopper, watch, within
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
     from anvil_ctl.qualify.watchpolicy import Limit

@@ -121,9 +121,8 @@ def _replaced(store: Store, slot: str) -> Identity | None:
 
 
 def _serving_now(world: World, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
-    """What serves the slot now (to be stopped and retained), and its recorded role. Where
-    two slots share a router tier (a canary's pair), the other slot's running incumbent serves
-    this slot's clients too: after a canary committed there, it is what a rollback replaces."""
+    """What serves the slot now (to be stopped and retained), and its recorded role; of a
+    canary's pair, the other slot's running incumbent serves this slot's clients too."""
     tier = world.config.slot(slot).router_tier
     siblings = [n for n, s in sorted(world.config.slots.items()) if n != slot and s.router_tier == tier]
     for name, role in [(slot, "incumbent"), (slot, "candidate"), *((n, "incumbent") for n in siblings)]:
@@ -350,15 +349,13 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 def _recorded_body(ctx: Ctx) -> Mapping[str, object]:
-    """The recorded snapshot the restore must equal, named by its SHA-256; {} if the record
-    lost it."""
+    """The recorded snapshot the restore must equal; {} if the record lost it."""
     sha = ctx.args.recorded_sha256
     return (ctx.world.store.snapshot_body(sha) if sha else None) or {}
 
 
 def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot, hold: Hold) -> list[str]:
-    """Problems in the identity-critical fields; every difference is stored as a diff (held:
-    it commits with the end state, as the after snapshot and its diff do)."""
+    """Problems in the identity-critical fields; every difference is stored as a held diff."""
     # Normalizing changes nothing a placement reads: the recorded body is a stored snapshot's.
     recorded = Snapshot.of(_recorded_body(ctx))
     slot = ctx.args.slot
