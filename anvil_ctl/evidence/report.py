@@ -309,7 +309,6 @@ def _vram(inputs: ReportInputs) -> str:
 
 
 def _free(cards: Sequence[JSONMapping]) -> dict[str, int | None]:
-    """Free MiB by card UUID (lower case) of one reading's cards."""
     return {str(c["uuid"]).lower(): _mib(c["free_mib"]) for c in cards}
 
 

@@ -117,7 +117,6 @@ class LogClassification:
 
     @property
     def restarts(self) -> int:
-        """Engine restarts inside the container: start banners after the first."""
         return max(0, len(self.starts) - 1)
 
     def as_dict(self) -> JSONObject:

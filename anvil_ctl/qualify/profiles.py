@@ -141,8 +141,8 @@ class Profile:
         }
 
 
-def available_profiles(search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> list[str]:
-    return sorted({p.stem for d in search_dirs if d.is_dir() for p in d.glob("*.toml")})
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
 
 
 class _ProfileFile(BaseModel):
@@ -221,19 +221,16 @@ def parse_profile(data: Mapping[str, object], source: str) -> Profile:
     )
 
 
-def load_profile(name_or_path: str | Path, *, search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> Profile:
-    """A named profile from `search_dirs`, or a TOML file by path."""
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or candidate.is_file():
-        path = candidate
-    else:
-        found = [d / f"{name_or_path}.toml" for d in search_dirs if (d / f"{name_or_path}.toml").is_file()]
-        if not found:
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A shipped profile by name, or a TOML file by path."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml" and not path.is_file():
+        path = PROFILES_DIR / f"{name_or_path}.toml"
+        if not path.is_file():
             raise BadInput(
-                f"profile {str(name_or_path)!r} not found; expected one of {available_profiles(search_dirs)}",
+                f"profile {str(name_or_path)!r} not found; expected one of {available_profiles()}",
                 field="profile",
             )
-        path = found[0]
     data = load_toml(path, "profile file", BadInput)
     return parse_profile(data, str(path))
 
@@ -243,9 +240,8 @@ def resolve_profile(
     *,
     profile: str | Path | None = None,
     gates: Sequence[str] | None = None,
-    search_dirs: Sequence[Path] = (PROFILES_DIR,),
 ) -> Profile:
     """The profile a qualification runs: `--profile` over the recipe's, then `--gates`."""
     chosen = profile or recipe_profile or "smoke"
-    loaded = load_profile(chosen, search_dirs=search_dirs)
+    loaded = load_profile(chosen)
     return loaded.select(gates) if gates else loaded

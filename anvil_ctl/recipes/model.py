@@ -263,7 +263,6 @@ class Recipe(Strict):
 
     @property
     def effective_health_path(self) -> str | None:
-        """The recipe's health path, else the engine profile's (None: no health route)."""
         return self.health_path if self.health_path is not None else self.profile_of_engine.health_path
 
     @property

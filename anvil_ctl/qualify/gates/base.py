@@ -245,7 +245,6 @@ class Checks:
 
 
 def user(text: str) -> Message:
-    """A user message of plain text."""
     return {"role": "user", "content": text}
 
 
@@ -337,7 +336,6 @@ def check_tool_call(checks: Checks, label: str, attempt: Attempt, name: str, arg
 
 
 def effective_context(gate_ctx: GateContext, requested: int) -> int:
-    """The requested nominal context, clamped to the engine's max_model_len when known."""
     return min(requested, gate_ctx.max_model_len) if gate_ctx.max_model_len else requested
 
 
