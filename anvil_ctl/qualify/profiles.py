@@ -21,7 +21,7 @@ from anvil_ctl.config.inputs import field_path, load_toml, validated
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.evidence.summary import context_label
-from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, parse_watch
+from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, field_error, parse_watch
 
 # The gates (and their client) import where a profile's gates are checked or built, not here:
 # a promote reads only `[watch]`.
@@ -173,10 +173,8 @@ def _gate_spec(source: str, index: int, raw: dict[str, object]) -> GateSpec:
     where = f"gates[{index}]"
     gate_type = raw.get("type")
     if gate_type not in GATE_TYPES:
-        raise BadInput(
-            f"{source}: {where}.type: {gate_type!r} is not a gate; expected one of {sorted(GATE_TYPES)}",
-            file=source,
-            field=f"{where}.type",
+        raise field_error(
+            source, f"{where}.type", f"{gate_type!r} is not a gate; expected one of {sorted(GATE_TYPES)}"
         )
     cls = GATE_TYPES[gate_type]
     name = raw.get("name", gate_type)
@@ -192,7 +190,7 @@ def _gate_spec(source: str, index: int, raw: dict[str, object]) -> GateSpec:
         if first["type"] == "unexpected_keyword_argument":
             accepted = [f.name for f in dataclasses.fields(cls) if f.name != "name"]
             problem = f"not a parameter of gate {gate_type!r}; expected one of {accepted}"
-        raise BadInput(f"{source}: {key}: {problem}", file=source, field=key) from None
+        raise field_error(source, key, problem) from None
     return GateSpec(type=gate_type, name=name, params=params)
 
 
@@ -203,11 +201,7 @@ def parse_profile(data: Mapping[str, object], source: str) -> Profile:
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if spec.name in seen:
-            raise BadInput(
-                f"{source}: gates[{i}].name: {spec.name!r} repeats; gate names must be unique",
-                file=source,
-                field=f"gates[{i}].name",
-            )
+            raise field_error(source, f"gates[{i}].name", f"{spec.name!r} repeats; gate names must be unique")
         seen.add(spec.name)
     return Profile(
         name=top.name or Path(source).stem,

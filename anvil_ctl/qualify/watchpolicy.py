@@ -141,6 +141,11 @@ class WatchPolicy:
 DEFAULT = WatchPolicy()
 
 
+def field_error(source: str, where: str, problem: str) -> BadInput:
+    """A wrong value of profile `source`, named by its field (`watch.thresholds[1].max`)."""
+    return BadInput(f"{source}: {where}: {problem}", file=source, field=where)
+
+
 def _number(raw: Mapping[str, object], key: str, where: str, source: str, *, positive: bool = True) -> float:
     value = raw[key]
     if (
@@ -150,50 +155,36 @@ def _number(raw: Mapping[str, object], key: str, where: str, source: str, *, pos
         or (positive and value == 0)
     ):
         sign = "a positive number" if positive else "a number >= 0"
-        raise BadInput(
-            f"{source}: {where}.{key}: {value!r}; expected {sign}", file=source, field=f"{where}.{key}"
-        )
+        raise field_error(source, f"{where}.{key}", f"{value!r}; expected {sign}")
     return float(value)
 
 
 def _whole(raw: Mapping[str, object], key: str, source: str, top: int) -> int:
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-        raise BadInput(
-            f"{source}: watch.{key}: {value!r}; expected a whole number from 1 to {top}",
-            file=source,
-            field=f"watch.{key}",
-        )
+        raise field_error(source, f"watch.{key}", f"{value!r}; expected a whole number from 1 to {top}")
     return value
 
 
 def _threshold(raw: object, index: int, source: str) -> Threshold:
     where = f"watch.thresholds[{index}]"
     if not isinstance(raw, dict):
-        raise BadInput(f"{source}: {where}: expected a table", file=source, field=where)
+        raise field_error(source, where, "expected a table")
     metric = raw.get("metric")
     if metric not in METRICS:
-        raise BadInput(
-            f"{source}: {where}.metric: {metric!r}; expected one of {sorted(METRICS)}",
-            file=source,
-            field=f"{where}.metric",
-        )
+        raise field_error(source, f"{where}.metric", f"{metric!r}; expected one of {sorted(METRICS)}")
     unknown = sorted(set(raw) - {"metric", *BOUNDS})
     bounds = [b for b in BOUNDS if b in raw]
     if unknown or len(bounds) != 1:
-        raise BadInput(
-            f"{source}: {where}: expected `metric` and exactly one of {list(BOUNDS)}"
-            + (f"; unknown {unknown}" if unknown else f"; found {bounds}"),
-            file=source,
-            field=where,
-        )
+        found = f"; unknown {unknown}" if unknown else f"; found {bounds}"
+        raise field_error(source, where, f"expected `metric` and exactly one of {list(BOUNDS)}{found}")
     bound = bounds[0]
     if bound.endswith("_ratio") and metric not in QUALIFIED:
-        raise BadInput(
-            f"{source}: {where}.{bound}: {metric} has no qualified value to be relative to; "
+        raise field_error(
+            source,
+            f"{where}.{bound}",
+            f"{metric} has no qualified value to be relative to; "
             f"use max or min (relative metrics: {sorted(QUALIFIED)})",
-            file=source,
-            field=f"{where}.{bound}",
         )
     value = _number(raw, bound, where, source, positive=bound.endswith("_ratio"))
     return Threshold(str(metric), bound, value)
@@ -204,21 +195,17 @@ def parse_watch(raw: object, source: str) -> WatchPolicy:
     if raw is None:
         return DEFAULT
     if not isinstance(raw, dict):
-        raise BadInput(f"{source}: watch: expected a table", file=source, field="watch")
+        raise field_error(source, "watch", "expected a table")
     unknown = sorted(set(raw) - _WATCH_KEYS)
     if unknown:
-        raise BadInput(
-            f"{source}: watch.{unknown[0]}: unknown key; expected {sorted(_WATCH_KEYS)}",
-            file=source,
-            field=f"watch.{unknown[0]}",
-        )
+        raise field_error(source, f"watch.{unknown[0]}", f"unknown key; expected {sorted(_WATCH_KEYS)}")
     values: dict[str, object] = {"source": source}
     if "duration" in raw:
         text = str(raw["duration"]).strip()
         try:
             values["duration_s"] = 0.0 if text in ("0", "0s") else parse_duration(text)
         except ValueError as exc:
-            raise BadInput(f"{source}: watch.duration: {exc}", file=source, field="watch.duration") from None
+            raise field_error(source, "watch.duration", str(exc)) from None
     if "interval_s" in raw:
         values["interval_s"] = _number(raw, "interval_s", "watch", source)
     for key, top in (("requests", 64), ("max_tokens", 4096), ("consecutive", 100)):
@@ -227,11 +214,7 @@ def parse_watch(raw: object, source: str) -> WatchPolicy:
     if "thresholds" in raw:
         items = raw["thresholds"]
         if not isinstance(items, list) or not items:
-            raise BadInput(
-                f"{source}: watch.thresholds: expected at least one [[watch.thresholds]] table",
-                file=source,
-                field="watch.thresholds",
-            )
+            raise field_error(source, "watch.thresholds", "expected at least one [[watch.thresholds]] table")
         values["thresholds"] = tuple(_threshold(t, i, source) for i, t in enumerate(items))
     return WatchPolicy(**{**DEFAULT.__dict__, **values})
 
