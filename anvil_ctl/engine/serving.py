@@ -124,13 +124,9 @@ def image_present(world: World, image_id: str) -> bool:
     return True
 
 
-def container_absent_or_stopped(world: World, container_id: str) -> bool:
-    info = inspect_or_none(world, container_id)
-    return info is None or not info.running
-
-
 def is_running(world: World, container_id: str) -> bool:
-    return not container_absent_or_stopped(world, container_id)
+    info = inspect_or_none(world, container_id)
+    return info is not None and info.running
 
 
 # -- acting on serves -------------------------------------------------------------------------
@@ -367,6 +363,15 @@ def release_vram_step(need: Callable[[C], VramNeed]) -> Step[C]:
         return gate(need(ctx))
 
     return Step("release-vram", do, None, "wait until the GPUs' memory is observed free")
+
+
+def reroute(which: Callable[[C], Identity]) -> Callable[[C], None]:
+    """A goal's repair: route the tier to `which(ctx)` again, holding past a pending removal."""
+
+    def repair(ctx: C) -> None:
+        route_slot_to(ctx.world, which(ctx), hold=True)
+
+    return repair
 
 
 def route_step(

@@ -37,6 +37,7 @@ from anvil_ctl.engine.serving import (
     identity_drift,
     is_running,
     pauses,
+    reroute,
     route_problems,
     route_slot_to,
     smoke_step,
@@ -285,11 +286,6 @@ def cutover(ctx: Ctx) -> StepResult:
     return {**route_slot_to(world, ctx.args.candidate), "incumbent_drain": drained}
 
 
-def _reroute(ctx: Ctx) -> None:
-    """The goal's repair: the route broke after the cutover (a router restarted)."""
-    route_slot_to(ctx.world, ctx.args.candidate, hold=True)
-
-
 def _route_back(ctx: Ctx, _r: StepResult) -> StepResult:
     return route_slot_to(ctx.world, ctx.args.incumbent)
 
@@ -366,5 +362,5 @@ def build(
         snapshot=lambda: observe(world, list(slots)),
         pivot="route-to-candidate",
         goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
-        repair=_reroute,
+        repair=reroute(_candidate),
     )

@@ -32,8 +32,8 @@ from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import PromoteArgs, PromoteRequest, RollbackRequest, WatchDeclaration
 from anvil_ctl.engine.serving import (
     drain_slot,
+    reroute,
     route_problems,
-    route_slot_to,
     route_step,
     routed_expectation,
     smoke_step,
@@ -309,11 +309,6 @@ def unrecord_promotion(ctx: PCtx, _r: StepResult) -> StepResult:
     return {"incumbent": old.container_id}
 
 
-def reroute(ctx: Ctx) -> None:
-    """The goal's repair: the route broke after readmission, so a removal may be pending."""
-    route_slot_to(ctx.world, ctx.args.candidate, hold=True)
-
-
 def _candidate(ctx: Ctx) -> Identity:
     return ctx.args.candidate
 
@@ -420,6 +415,6 @@ def build(
         snapshot=lambda: observe(world, [args.slot]),
         pivot="route-to-candidate",
         goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
-        repair=reroute,
+        repair=reroute(_candidate),
         watch=watch_serve if args.watch is not None else None,
     )
