@@ -70,9 +70,6 @@ def _set_share(world: World, args: CanaryArgs, share: int) -> JSONObject:
     return {"share": share, "weights": {**weights}}
 
 
-# -- guards -----------------------------------------------------------------------------------
-
-
 class RouterWeighs(Guard[Ctx]):
     """The router splits one tier's requests between two backends by weight; a router that
     cannot (smg 1.13: no per-worker weight in any selection policy) gets no canary."""
@@ -153,9 +150,6 @@ GUARDS: list[Guard[Ctx]] = [
     IncumbentServesTheTier(),
     RouterCredentialsAccepted(),
 ]
-
-
-# -- steps ------------------------------------------------------------------------------------
 
 
 def declare(ctx: Ctx) -> StepResult:
@@ -288,9 +282,6 @@ def cutover(ctx: Ctx) -> StepResult:
 
 def _route_back(ctx: Ctx, _r: StepResult) -> StepResult:
     return route_slot_to(ctx.world, ctx.args.incumbent)
-
-
-# -- prepare and build ------------------------------------------------------------------------
 
 
 def prepare(world: World, req: CanaryRequest) -> CanaryArgs:

@@ -54,9 +54,6 @@ def _running_incumbent(ctx: Ctx) -> Identity | None:
     return ctx.args.incumbent if ctx.args.incumbent_running else None
 
 
-# -- guards -----------------------------------------------------------------------------------
-
-
 class CandidateImagePinned(Guard[Ctx]):
     """The candidate's image is present on the host with exactly the pinned ID or digest."""
 
@@ -148,9 +145,6 @@ GUARDS: list[Guard[Ctx]] = [
     gpu_ownership.GpuRolesFree(_gpu_request),
     RouterCredentialsAccepted(),
 ]
-
-
-# -- steps ------------------------------------------------------------------------------------
 
 
 def stamped_spec(spec: ContainerSpec, tx_id: str) -> ContainerSpec:

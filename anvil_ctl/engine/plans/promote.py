@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
@@ -29,7 +29,13 @@ from anvil_ctl.engine.guards import (
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import PromoteArgs, PromoteRequest, RollbackRequest, WatchDeclaration
+from anvil_ctl.engine.plans.args import (
+    CanaryArgs,
+    PromoteArgs,
+    PromoteRequest,
+    RollbackRequest,
+    WatchDeclaration,
+)
 from anvil_ctl.engine.serving import (
     drain_slot,
     reroute,
@@ -50,24 +56,8 @@ from anvil_ctl.persistence.store import Store
 Ctx = StepContext[PromoteArgs, World, NoMemo]
 
 
-class Promotion(Protocol):
-    """What the promotion guards read; a plain and a canary promotion both carry it."""
-
-    @property
-    def slot(self) -> str: ...
-    @property
-    def candidate(self) -> Identity: ...
-    @property
-    def decision_id(self) -> str | None: ...
-    @property
-    def decision_outcome(self) -> str | None: ...
-    @property
-    def approved_by(self) -> str: ...
-    @property
-    def incumbent(self) -> Identity | None: ...
-
-
-PCtx = StepContext[Promotion, World, object]
+PCtx = StepContext[PromoteArgs | CanaryArgs, World, object]
+"""A plain or a canary promotion: what the promotion guards and closing steps read."""
 _C = TypeVar("_C", bound=PCtx)
 
 

@@ -173,9 +173,6 @@ def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
     )
 
 
-# -- steps ------------------------------------------------------------------------------------
-
-
 def _target(ctx: Ctx) -> Identity:
     target = ctx.args.target
     if target is None:  # TargetIdentityComplete refuses this before any step
