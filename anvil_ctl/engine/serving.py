@@ -157,12 +157,9 @@ def stop_verified(world: World, container_id: str, grace: float | None = None) -
 
 
 POLL_FIRST_S = 0.02
-"""The first pause of a poll: most waits (a stub's start, a released card) end within a few.
-Short, because the pause after the wait is over is time lost; a poll is two local HTTP
-requests."""
+"""The first pause of a poll: short, since most waits end within a few and a poll is cheap."""
 POLL_GROWTH = 1.25
-"""Each pause a quarter longer than the last: what is ready is seen within a quarter of the
-time already waited, and a long wait (a real engine loading weights) polls ever less."""
+"""Each pause a quarter longer than the last: a long wait polls ever less."""
 
 
 def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:

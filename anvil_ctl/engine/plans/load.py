@@ -43,8 +43,7 @@ class LoadMemo:
     candidate_id: str | None = None
     """The container `start-candidate` created."""
     candidate: Identity | None = None
-    """Its identity, read while it was getting ready (the container and image are fixed at
-    create): `record-candidate` then only writes, with no serve routed."""
+    """Its identity, read while it got ready: `record-candidate` then only writes."""
 
 
 Ctx = StepContext[LoadArgs, World, LoadMemo]
