@@ -180,9 +180,6 @@ class CacheVerdict(Protocol):
     @property
     def problems(self) -> tuple[str, ...]: ...
 
-    @property
-    def total_bytes(self) -> int: ...
-
 
 @runtime_checkable
 class ModelCache(Protocol):
