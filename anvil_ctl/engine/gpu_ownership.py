@@ -1,8 +1,7 @@
 """GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate.
 
-`GpuRolesFree` refuses a start that would compete with a ledger owner or an unaccounted process.
-A serve on several roles owns them `exclusive`ly, on one role `split`. `release_ownership` works
-from its own transaction's ledger events, so it is safe after a crash and when run twice.
+`release_ownership` works from its own transaction's ledger events, so it is safe after a
+crash and when run twice.
 """
 
 from __future__ import annotations
@@ -244,9 +243,7 @@ def move_ownership(world: World, tx_id: str, source: Identity | None, target: Id
 
 
 def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> VramRelease:
-    """The world's VRAM-release gate. Need per card: the serve's `need_mib` (0 if it has
-    none); reserve per card: the policy value in force now, waivers applied. The probe and
-    clock are read from the world when the gate runs."""
+    """The world's VRAM-release gate: per card the serve's need plus the reserve in force."""
 
     def gate(need: VramNeed) -> JSONObject:
         roles = need.roles
@@ -281,8 +278,7 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
 def reserve_in_force(
     world: World, roles: Sequence[str], recipe_digest: str, now: datetime | None = None
 ) -> tuple[dict[str, int], list[str]]:
-    """The VRAM reserve per role in force `now` (the policy value, waivers applied) and the
-    IDs of the waivers that set it."""
+    """The VRAM reserve per role in force `now` (waivers applied) and the waivers that set it."""
     waivers = stored_waivers.waivers(world.store)
     when = now or datetime.now(UTC)
     reserve: dict[str, int] = {}

@@ -1,8 +1,5 @@
 """Operations on serves that several transaction kinds share, each verifying the world.
-
-Stopping returns once the container exited; starting a retained serve checks its identity and
-returns once its binding serves the exact model. `identity_drift` is the one comparison of a
-recorded identity with the live container. How a serve is probed is its engine profile's.
+`identity_drift` is the one comparison of a recorded identity with the live container.
 """
 
 from __future__ import annotations
@@ -140,8 +137,7 @@ def is_running(world: World, container_id: str) -> bool:
 
 
 def tier_incumbent(world: World, slot: str) -> Identity | None:
-    """The running incumbent of another slot of `slot`'s router tier (a blue/green pair: a
-    canary's two slots): what the tier serves when `slot` does not."""
+    """The running incumbent of another slot of `slot`'s router tier (a canary's pair)."""
     tier = world.config.slot(slot).router_tier
     for name, other in sorted(world.config.slots.items()):
         if name == slot or other.router_tier != tier:
@@ -182,8 +178,7 @@ def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
 
 
 def _observe_readiness(world: World, base_url: str, health_path: str | None) -> JSONObject:
-    """One readiness poll: the health route (if the engine has one), the model list, and
-    whether anything listens at all (an engine still loading may refuse connections)."""
+    """One readiness poll: the health route (if any), the model list, whether anything listens."""
     if health_path is not None and not world.server.health(base_url, health_path):
         return {"healthy": False, "models": [], "listening": world.server.listening(base_url)}
     models: list[str] = [m.id for m in world.server.models(base_url)]
@@ -198,8 +193,7 @@ def wait_serving(
     served_model: str,
     timeout_s: float,
 ) -> JSONObject:
-    """Wait until the health route (if any) is 200 and /v1/models names exactly `served_model`,
-    within `world.deadline(timeout_s)`; the result says how many polls it took and the first seen."""
+    """Wait until the health route (if any) is 200 and /v1/models names exactly `served_model`."""
     timeout_s = world.wait(f"{base_url} to serve {served_model}", timeout_s)
     deadline = world.clock.now() + timeout_s
     started = world.clock.now()
@@ -258,8 +252,7 @@ def routed_expectation(world: World, ident: Identity) -> tuple[str, str]:
 
 def routed_chain_problems(world: World, ident: Identity) -> list[str]:
     """For an engine whose answers echo the request's model, the routed identity is a chain:
-    the tier routes to the slot's binding (the router's view) and the binding serves
-    `ident.served_model` (/v1/models). Empty when it holds, or the engine names itself."""
+    the tier routes to the slot's binding and the binding serves `ident.served_model`."""
     if profile_of(ident).response_model == "served" or world.router is None:
         return []
     slot = world.config.slot(ident.slot)
@@ -391,9 +384,8 @@ def route_step(
 
 
 def through_the_route(world: World, ident: Identity, call: Callable[[], StepResult]) -> StepResult:
-    """Run a check that goes through the router; when it fails because the route itself is
-    gone (a router restarted since the route step lost every registration), put the route
-    back once and run the check again. Every other failure stands."""
+    """Run a check through the router; when it fails because the route itself is gone (a router
+    restarted), put the route back once and run it again."""
     try:
         return call()
     except StepFailed as first:

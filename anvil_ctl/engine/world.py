@@ -1,7 +1,5 @@
 """The World: the ports, config and store one command works with, built by `anvil_ctl.bootstrap`.
-
-Every field is a typed port or value; optional capabilities are optional fields
-(a host without a router has `router=None`), never a string-keyed bag.
+Optional capabilities are optional fields (no router: `router=None`).
 """
 
 from __future__ import annotations
@@ -105,8 +103,7 @@ class World:
     giving up early on bringing a serve back would leave the slot dark."""
 
     def deadline(self, configured_s: float) -> float:
-        """How long a wait may last: the configured deadline, capped by `--timeout` on the
-        forward path."""
+        """The configured deadline, capped by `--timeout` on the forward path."""
         if self.wait_limit_s is None or self.undoing:
             return configured_s
         return min(configured_s, self.wait_limit_s)
@@ -134,17 +131,14 @@ class _CurrentRuntime:
 
 
 def current_runtime(world: World) -> ContainerRuntime:
-    """The world's container runtime as it is at each call: inside `one_reading` the stretch's
-    one look. For the adapters built beside the world that list its managed containers (the
-    /dev/shm scanner, the simulated GPUs): in a stretch their listing is the stretch's."""
+    """The world's container runtime as it is at each call (inside `one_reading`, the stretch's),
+    for the adapters built beside the world that list its managed containers."""
     return cast(ContainerRuntime, _CurrentRuntime(world))
 
 
 class _Reading:
-    """A port inside a stretch (see `one_reading`): each of its `reads` is asked once per
-    arguments, each of its `changes` forgets what the whole stretch saw (`seen`); anything
-    else (the credential probe, logs, the context-refusal probe) is asked every time. An error
-    is raised each time, never kept."""
+    """A port inside a stretch (`one_reading`): each of its `reads` is asked once per arguments,
+    each of its `changes` forgets what the stretch saw; anything else is asked every time."""
 
     def __init__(
         self, port: object, seen: dict[str, object], reads: frozenset[str], changes: frozenset[str]
@@ -175,8 +169,7 @@ class _Reading:
 
 class _Runtime(_Reading):
     """The container runtime in a stretch: one listing of the managed containers answers every
-    narrower query of them (the runtime's label filter is this exact match), and a listed
-    container was inspected to be listed: that is its inspect."""
+    narrower query of them, and serves as each listed container's inspect."""
 
     def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         wanted = dict(labels or {})
@@ -211,14 +204,10 @@ _STRETCH: dict[str, tuple[type[_Reading], frozenset[str], frozenset[str]]] = {
 
 @contextmanager
 def one_reading(world: object, *, keep: bool = False, resume: bool = False) -> Iterator[None]:
-    """A stretch in which the host is only observed: each question to the runtime, the server
-    probe, the router, the GPUs and /dev/shm is asked once (checks and snapshots ask the same
-    few again and again). A change made through the stretch forgets every reading; nothing may
-    poll inside one. A stretch inside a stretch is the outer one; a non-World is left alone.
-
-    `keep`: what the stretch saw stays on the world (`kept_reading`); `resume`: the stretch
-    starts from what was kept, which only a stretch that follows with nothing acted between
-    may do (a promotion following its load under the same lock). Any stretch takes it away."""
+    """A stretch in which the host is only observed: each question to a port is asked once; a
+    change made through it forgets every reading, and nothing may poll inside one. A stretch
+    inside a stretch is the outer one. `keep`: what it saw stays on the world; `resume`: it
+    starts from that, which only a stretch following with nothing acted between may do."""
     if not isinstance(world, World) or isinstance(world.runtime, _Reading):
         yield  # not a World, or already inside a stretch: its one reading goes on
         return

@@ -9,11 +9,7 @@ from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AuthRejected, StepFailed
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
-from anvil_ctl.core.model import (
-    Backend,
-    RouteCheck,
-    RoutedAnswer,
-)
+from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
 from anvil_ctl.testing.runtime import FakeServerProbe
 from anvil_ctl.testing.world import FakeWorld, TierDoc, WorldDoc, maybe_hang_or_fail
 
@@ -89,15 +85,13 @@ class FakeRouter:
         *,
         hold: bool = False,
     ) -> None:
-        """Registers at once; every readmission is logged in the world (`router.readmits`:
-        tier, url and whether the caller asked to `hold`), so tests can see who asked."""
+        """Registers at once; every readmission is logged in the world's `router.readmits`."""
         self.probe_credentials()
         maybe_hang_or_fail(self.world, "readmit")
         with self.world.edit() as w:
             w["router"].setdefault("readmits", []).append({"tier": tier, "url": url, "hold": hold})
         self.register(tier, url, aliases)
-        # The readmission's own check (part of readmitting, as smg's and HAProxy's are): a
-        # test that replaces `routed_chat` to restart the router sees only later chats.
+        # The readmission's own check, apart from `routed_chat`, which tests replace.
         answer = self._answer(aliases[0])
         if answer.model != expected_model:
             raise StepFailed(
@@ -201,11 +195,8 @@ def fake_route_sample(router: FakeRouter) -> Callable[[str, int, int, int | None
         for _ in range(requests):
             answer = router.routed_chat(alias)
             ok = answer.status == 200
-            results.append(
-                RequestResult(True, ttft, 100.0, "stop", answer.model)
-                if ok
-                else RequestResult(False, error=f"HTTP {answer.status}")
-            )
+            failed = RequestResult(False, error=f"HTTP {answer.status}")
+            results.append(RequestResult(True, ttft, 100.0, "stop", answer.model) if ok else failed)
         checks: tuple[JSONObject, ...] = ()
         if functional is not None:
             from anvil_ctl.qualify.slosample import FUNCTIONAL

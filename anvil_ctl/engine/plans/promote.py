@@ -1,31 +1,10 @@
 """`promote`: route the slot's tier to a qualified candidate; it becomes the incumbent.
 
-Pivot: `route-to-candidate`. Once the tier routes to the candidate, clients
-reach it: a crash after that is finished forward (smoke, acceptance, records),
-not undone. The goal, checked after the last step and re-applied once, is that
-the tier still routes to the candidate (a router restarted mid-promote loses it).
-
-Refused before mutation unless the candidate has a `verified` decision for its
-exact identity (or one reclassified under waivers that are all still active), the
-candidate is the container serving the slot, the incumbent's rollback identity is
-complete and restorable, the router accepts our credentials and an approver is
-named. Steps: readmit the tier to the candidate (undo: drain it again); an
-authenticated routed smoke; real-client acceptance with the `openai` client;
-free VRAM per card after that acceptance against the reserve in force (waivers
-apply as for qualification; below it, the promotion is undone like a failed
-acceptance), written to the promotion's own evidence bundle; record the candidate
-as incumbent and the old incumbent as the rollback identity with the approval and
-that reading (undo: record the old incumbent back).
-
-Watched (`--watch DURATION`, or the `[watch]` duration of the profile that qualified the
-candidate): past the last step the transaction stays `watching` while `engine.watch`
-samples the new incumbent through the route against limits resolved here, in `prepare`,
-and journaled with the arguments before the first sample; each sample is journaled as it
-is taken. A healthy watch commits with its samples as evidence. A breach, `promote
---abort` from another shell, or SIGINT/SIGTERM to this process ends it `rolled_back`, and
-a `rollback` of its own follows (`engine.entry`), to the old incumbent by container ID,
-its `decided_by` naming the policy and the breaching samples (or the person) and the
-promote it undoes; this promote's end state names that rollback.
+Pivot: `route-to-candidate`; past it a crash is finished forward, not undone. The goal is that
+the tier still routes to the candidate (a router restarted mid-promote loses it). Watched
+(`--watch`, or the qualifying profile's `[watch]`): the transaction stays `watching` while
+`engine.watch` samples through the route against limits resolved in `prepare`; a breach, `promote
+--abort` or SIGINT/SIGTERM ends it `rolled_back`, followed by a rollback to the old incumbent.
 """
 
 from __future__ import annotations
@@ -340,8 +319,7 @@ def _candidate(ctx: Ctx) -> Identity:
 
 
 def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
-    """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
-    again: it goes on from the journaled start, for what is left of the duration."""
+    """Watch the new incumbent; run again by `recover`, it goes on from the journaled start."""
     from anvil_ctl.engine.watch import Interrupts, RouteSampler, stopper, watch, within
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
     from anvil_ctl.qualify.watchpolicy import Limit

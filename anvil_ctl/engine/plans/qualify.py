@@ -1,9 +1,7 @@
 """`qualify`: run a profile's gates against the slot's candidate and record a decision.
 
 A non-mutating transaction: `run-gates` writes the evidence, `record-decision` re-checks the
-candidate and records the gate rows and the raw decision (standing policy) bound to its
-`qualification_digest`, plus a reclassification when waivers change it. An engine that dies
-mid-run yields a failed `engine-alive` gate and a `failed` decision.
+candidate and records the decision bound to its `qualification_digest`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""`reconcile`: re-apply a slot's recorded route after a router restart or a late removal.
-
-Refused unless the incumbent runs as recorded and serves healthy, nothing is unresolved and the
-router accepts our credentials; a candidate `load` left unpromoted is never published. Steps:
-`route-slot` (an intact route is left alone) and the routed smoke; nothing to undo.
+"""`reconcile`: re-apply a slot's recorded route after a router restart or a late removal; a
+candidate `load` left unpromoted is never published. Nothing to undo.
 """
 
 from __future__ import annotations

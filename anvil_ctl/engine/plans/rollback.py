@@ -1,22 +1,10 @@
 """`rollback` / `restore`: bring a recorded identity back exactly, as the same container ID.
 
-Refused before mutation when the target identity is incomplete, its container
-was removed, its image or config fingerprint changed, the restore group does not
-contain it, or the router refuses our credentials. Steps: drain the tier (undo:
-readmit what served); stop and retain what serves now (undo: start it again);
-wait for VRAM release; start the target's same container ID and verify health
-and identity (undo: stop it again, retained); route the tier back and readmit;
-routed smoke; record it as the incumbent and move GPU ownership.
-
-Pivot: `start-target`. Once the target runs healthy with its exact identity, the
-way out of a crash is forward (route, smoke, record). The goal, checked after the
-last step and re-applied once, is that the tier routes to the target. Then the
-placement is compared with the one recorded when the target last served, on the
-identity-critical fields only (`critical_placement`): the incumbent, each running
-container's image ID and config fingerprint, the served model and context, the
-binding and the GPU owners. Names, router labels and other incidental fields are
-recorded in the stored diff, never acted on; a critical difference while the
-slot serves ends `needs_operator` with the slot left serving.
+Pivot: `start-target`; once the target runs healthy with its exact identity, a crash is
+finished forward. The goal is that the tier routes to the target. Then the placement is
+compared with the one recorded when the target last served, on identity-critical fields only
+(`critical_placement`); a critical difference while the slot serves ends `needs_operator`
+with the slot left serving.
 """
 
 from __future__ import annotations
@@ -133,9 +121,8 @@ def _replaced(store: Store, slot: str) -> Identity | None:
 
 
 def _serving_now(world: World, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
-    """What serves the slot now (to be stopped and retained), and its recorded role. Where
-    two slots share a router tier (a canary's pair), the other slot's running incumbent serves
-    this slot's clients too: after a canary committed there, it is what a rollback replaces."""
+    """What serves the slot now (to be stopped and retained), and its recorded role; of a
+    canary's pair, the other slot's running incumbent serves this slot's clients too."""
     tier = world.config.slot(slot).router_tier
     siblings = [n for n, s in sorted(world.config.slots.items()) if n != slot and s.router_tier == tier]
     for name, role in [(slot, "incumbent"), (slot, "candidate"), *((n, "incumbent") for n in siblings)]:
@@ -362,15 +349,13 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 def _recorded_body(ctx: Ctx) -> Mapping[str, object]:
-    """The recorded snapshot the restore must equal, named by its SHA-256; {} if the record
-    lost it."""
+    """The recorded snapshot the restore must equal; {} if the record lost it."""
     sha = ctx.args.recorded_sha256
     return (ctx.world.store.snapshot_body(sha) if sha else None) or {}
 
 
 def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot, hold: Hold) -> list[str]:
-    """Problems in the identity-critical fields; every difference is stored as a diff (held:
-    it commits with the end state, as the after snapshot and its diff do)."""
+    """Problems in the identity-critical fields; every difference is stored as a held diff."""
     # Normalizing changes nothing a placement reads: the recorded body is a stored snapshot's.
     recorded = Snapshot.of(_recorded_body(ctx))
     slot = ctx.args.slot
