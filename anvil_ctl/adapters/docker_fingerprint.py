@@ -80,11 +80,7 @@ def spec_labels(spec: ContainerSpec) -> dict[str, str]:
 
 
 def _env(items: JSONValue) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in arr(items):
-        key, _, value = str(item).partition("=")
-        env[key] = value
-    return env
+    return dict(str(item).partition("=")[::2] for item in arr(items))
 
 
 def _scalar(value: JSONValue) -> str | int:

@@ -1,10 +1,9 @@
 """ContainerRuntime on the Docker Engine through the `docker` SDK; containers by exact ID.
 
-Docker's errors are translated here: NotFound, TransientError (5xx, connection), else
-AdapterError. Only idempotent calls are retried; a lost answer to a create or remove must not
-be repeated blindly. GPU modes: "nvidia" (a DeviceRequest, needs the NVIDIA Container Toolkit),
-"devices" (device nodes and driver libraries, `nvidia_devices`), "simulated" (env only);
-"auto" picks nvidia or devices at the first create. All set the label io.anvil.gpus.
+Only idempotent calls are retried: a lost answer to a create or remove must not be repeated
+blindly. GPU modes: "nvidia" (a DeviceRequest, needs the NVIDIA Container Toolkit), "devices"
+(device nodes and driver libraries, `nvidia_devices`), "simulated" (env only); "auto" picks
+nvidia or devices at the first create.
 """
 
 from __future__ import annotations
@@ -77,8 +76,7 @@ def translated(what: str) -> Iterator[None]:
         raise TransientError(f"{what}: cannot reach the Docker Engine: {exc}", dependency="docker") from exc
 
 
-LABEL_HOST = LABEL_PREFIX + "host"
-"""The fleet host that created a container (`DockerRuntime(host=...)`)."""
+LABEL_HOST = LABEL_PREFIX + "host"  # the fleet host that created a container
 
 
 class DockerRuntime:
@@ -90,20 +88,17 @@ class DockerRuntime:
         *,
         base_url: str | None = None,
         gpu_mode: GpuMode = "nvidia",
-        api_timeout_s: float = 60.0,
         poll_s: float = 0.1,
         host: str | None = None,
     ) -> None:
-        """Use `client`, else connect to base_url (None: DOCKER_HOST). `host`: the fleet host whose label
-        (`io.anvil.host`) created containers carry; containers labelled for another host are not listed."""
+        """Use `client`, else connect to base_url (None: DOCKER_HOST). Containers labelled for another
+        fleet `host` are not listed."""
         if gpu_mode not in get_args(GpuMode):
             raise BadInput(f"gpu_mode must be one of {', '.join(get_args(GpuMode))}, not {gpu_mode!r}")
         self.gpu_mode: GpuMode = gpu_mode
         self.host = host
         self._poll_s = poll_s
-        if client is None:
-            client = _connect(base_url, api_timeout_s)
-        self._client = client
+        self._client = client if client is not None else _connect(base_url, 60.0)
 
     def close(self) -> None:
         self._client.close()
@@ -302,8 +297,7 @@ class DockerRuntime:
     def logs(
         self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
     ) -> ContainerLog:
-        """The newest lines of the container's output since creation (or since the Unix time
-        `since`), bounded (read through a window)."""
+        """The newest lines of the container's output since creation (or the Unix time `since`), bounded."""
         attrs = self._exact(container_id)
         state = obj(attrs.get("State"))
         window = bytearray()
@@ -357,7 +351,6 @@ def _connect(base_url: str | None, timeout_s: float) -> docker.DockerClient:
     kwargs["timeout"] = int(timeout_s)
     url = str(kwargs.get("base_url") or "")
     if url.startswith(("unix://", "http+unix://")) and not os.path.exists(url.split("://", 1)[1]):
-        # checked here because the SDK leaks its socket when connect() to a missing path fails
         raise TransientError(f"connect to the Docker Engine: no socket at {url}", dependency="docker")
     with translated("connect to the Docker Engine"):
         probe = docker.APIClient(version="1.24", **kwargs)

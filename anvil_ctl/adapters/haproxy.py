@@ -18,11 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
-from anvil_ctl.adapters.haproxy_config import (
-    READY_URI,
-    backend_name,
-    check_socket,
-)
+from anvil_ctl.adapters.haproxy_config import READY_URI, backend_name, check_socket
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
     RouterHttp,
@@ -93,7 +89,6 @@ class HaproxyRouter(RouterHttp):
         *,
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = 10.0,
-        socket_timeout_s: float = 5.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url.rstrip("/")
@@ -101,11 +96,7 @@ class HaproxyRouter(RouterHttp):
         self.tiers = dict(tiers)
         self._client: Secret = credentials.client
         self._http = httpx.Client(transport=transport, timeout=timeout_s, verify=context_for(self.url))
-        self._socket_timeout_s = socket_timeout_s
         self._sleep = sleep
-
-    def __repr__(self) -> str:
-        return f"HaproxyRouter(url={self.url!r}, socket={str(self.socket_path)!r})"
 
     # -- Runtime API ----------------------------------------------------------
 
@@ -114,7 +105,7 @@ class HaproxyRouter(RouterHttp):
         check_socket(self.socket_path)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(self._socket_timeout_s)
+                sock.settimeout(5.0)
                 sock.connect(str(self.socket_path))
                 sock.sendall(line.encode() + b"\n")
                 chunks = []
@@ -280,20 +271,17 @@ class HaproxyRouter(RouterHttp):
             self.register(tier, url, aliases)
             mine = self._slot_for(tier, url)
             if mine is not None and mine.state == "ready" and not mine.healthy:
-                # Its checks (every `inter`) have not yet seen the serve the caller saw answer;
-                # the routed chat below proves it does, and the checks go on judging it.
+                # Its checks have not yet seen the serve answer; the routed chat below proves it does.
                 self._set(f"set server {backend_name(tier)}/{mine.name} health up")
                 mine = self._slot_for(tier, url)
             if mine is None or not mine.healthy:
                 raise NotYetRouted(f"haproxy slot for {url} not up yet")
-            # The one backend carries everything: a weight a canary left (0 once the candidate
-            # took every share) would route nothing.
+            # The one backend carries everything: a weight a canary left could route nothing.
             self._set(f"set server {backend_name(tier)}/{mine.name} weight 100%")
             answer = routed_chat(self._http, self.url, alias, self._client)
             check_answer(answer, alias, expected_model)
-            # Runtime API changes apply synchronously and nothing is queued to undo them
-            # later (unlike smg's removals), so the hold is one look: still ready after the
-            # chat (an haproxy restarted meanwhile has every slot in maintenance again).
+            # Nothing is queued to undo a Runtime API change (unlike smg's removals), so the hold
+            # is one look: still ready after the chat (a restarted haproxy has every slot in maint).
             if (held := self._slot_for(tier, url)) is None or held.state != "ready":
                 raise NotYetRouted(f"haproxy slot for {url} left the ready state during readmission")
             return answer

@@ -34,8 +34,7 @@ def _alias_regex(alias: str) -> str:
     return '"model"[[:space:]]*:[[:space:]]*"' + alias.replace(".", "\\.") + '"'
 
 
-CHECK_TIMEOUT_MS = 2000
-"""How long a health check may wait for the engine's answer once connected."""
+CHECK_TIMEOUT_MS = 2000  # how long a connected health check may wait for the engine's answer
 
 
 def render_config(
@@ -128,11 +127,8 @@ def render_config(
             "    option http-no-delay",
             f"    option httpchk GET {health_path}",
             "    http-check expect status 200",
-            # Once connected, a check may take this long: without it the whole check must end
-            # within `inter`, and one slow answer of a busy engine takes it out of the tier. A
-            # canary's last share leaves the incumbent at weight 0, outside the balancing, so
-            # then the tier would answer 503 until the next check passed. A stopped engine
-            # still refuses the connection at once.
+            # Without it the whole check must end within `inter`: one slow answer of a busy
+            # engine would take it out of the tier.
             f"    timeout check {CHECK_TIMEOUT_MS}ms",
             f"    default-server inter {check_inter_ms} fall {fall} rise {rise}",
         ]

@@ -1,10 +1,6 @@
-"""What a GPU engine's container needs where Docker has no NVIDIA runtime: device nodes and the
-driver's libraries, read from the host (/proc/driver/nvidia and the loader's cache).
-
-Without the NVIDIA Container Toolkit the adapter adds the control nodes and `/dev/nvidiaN`
-per granted GPU, and mounts the driver's user-space libraries read-only where the host's
-loader finds them (unless a mount already shows that path). It does not run ldconfig.
-"""
+"""What a GPU engine's container needs where Docker has no NVIDIA runtime: the control nodes and
+`/dev/nvidiaN` per granted GPU, and the driver's libraries mounted read-only where the host's
+loader finds them (read from /proc/driver/nvidia and `ldconfig -p`)."""
 
 from __future__ import annotations
 

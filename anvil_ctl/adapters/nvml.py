@@ -102,8 +102,7 @@ class NvmlProbe:
     def _module(self) -> Nvml:
         if self._nvml is None:
             try:
-                module: Nvml = importlib.import_module("pynvml")  # untyped: this adapter's edge
-                self._nvml = module
+                self._nvml = importlib.import_module("pynvml")  # untyped: this adapter's edge
             except ImportError as exc:
                 raise NvmlUnavailable(
                     f"the pynvml module (PyPI nvidia-ml-py) is not installed; {_HINT}"
@@ -192,9 +191,6 @@ class NvmlProbe:
                 raise self._translate(f"processes of {uuid}", exc) from exc
             log.warning("nvml.processes_unsupported", gpu=uuid, error=str(exc))
             return ()
-        out = []
-        for proc in procs:
-            used = getattr(proc, "usedGpuMemory", None)
-            # None: the driver does not account per process (WDDM); 0 MiB keeps the PID visible.
-            out.append(GpuProcess(pid=int(proc.pid), used_mib=mib(used) if used is not None else 0))
+        # usedGpuMemory None: the driver does not account per process; 0 MiB keeps the PID visible.
+        out = [GpuProcess(int(p.pid), mib(getattr(p, "usedGpuMemory", None) or 0)) for p in procs]
         return tuple(sorted(out, key=lambda p: p.pid))

@@ -1,8 +1,6 @@
 """What both router adapters share: error translation, the routed chat, the readmission loop,
-and `RouterHttp`, the data-plane half of the `Router` port.
-
-httpx exceptions end here; a 401/403 becomes `AuthRejected` naming the credential's source,
-never its value. Readmission retries only our own retryable errors until its deadline."""
+and `RouterHttp`, the data-plane half of the `Router` port. A 401/403 becomes `AuthRejected`
+naming the credential's source, never its value."""
 
 from __future__ import annotations
 
@@ -12,12 +10,7 @@ from contextlib import contextmanager
 from typing import Self
 
 import httpx
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception_type,
-    wait_exponential,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
 from anvil_ctl.adapters.credentials import Secret
 from anvil_ctl.core.errors import AdapterError, AuthRejected, CredentialError, StepFailed, TransientError
@@ -70,16 +63,11 @@ def response_model(response: httpx.Response) -> tuple[str | None, str | None]:
         return None, None
     if not isinstance(body, dict):
         return None, None
-    model_given = body.get("model")
-    model = model_given if isinstance(model_given, str) else None
-    content: str | None = None
-    choices = body.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        message = choices[0].get("message")
-        text = message.get("content") if isinstance(message, dict) else None
-        if isinstance(text, str):
-            content = text
-    return model, content
+    model, choices = body.get("model"), body.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    text = message.get("content") if isinstance(message, dict) else None
+    return (model if isinstance(model, str) else None), (text if isinstance(text, str) else None)
 
 
 def routed_chat(
@@ -139,7 +127,6 @@ def readmit_loop(
     deadline_s: float,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-    max_wait_s: float = 2.0,
 ) -> RoutedAnswer:
     """Call `attempt` until it returns, retrying only TransientError (AuthRejected and the rest pass
     at once); at the deadline the last reason becomes StepFailed."""
@@ -154,7 +141,7 @@ def readmit_loop(
 
     retrying = Retrying(
         stop=_past_deadline,
-        wait=wait_exponential(multiplier=0.25, max=max_wait_s),
+        wait=wait_exponential(multiplier=0.25, max=2.0),
         retry=retry_if_exception_type(TransientError),
         before_sleep=_log_retry,
         sleep=sleep,
@@ -168,12 +155,7 @@ def readmit_loop(
             last_reason=str(exc),
             deadline_s=deadline_s,
         ) from exc
-    log.info(
-        "router.readmit.done",
-        target=what,
-        model=answer.model,
-        seconds=round(clock() - started, 3),
-    )
+    log.info("router.readmit.done", target=what, model=answer.model, seconds=round(clock() - started, 3))
     return answer
 
 

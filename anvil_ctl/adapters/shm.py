@@ -102,11 +102,8 @@ class ShmScanner:
     def observe(self) -> Observation:
         """Our files now; marks in the ledger what managed containers hold.
 
-        Every process's maps and descriptors are read only for the files that may be ours by
-        name or mark. A file with neither is ours only if a managed container's process holds
-        it, so for those only the managed containers' processes are read first (their cgroup
-        or ancestry is a small read; a process's maps is the costly one, on a host of
-        hundreds of processes); the ones such a process holds join the whole-table read."""
+        A file neither named nor marked is ours only if a managed container's process holds it,
+        so for those only the managed containers' processes are read before the whole table."""
         found = self._files()
         boot_id = self._boot_id()
         known = self._known(boot_id) if found else set()
@@ -119,10 +116,9 @@ class ShmScanner:
         holders, unreadable = self._holders(maybe)
         unreadable = tuple(sorted({*first, *unreadable}))
         owner = self._owners(holders)
-        found = maybe
         files: dict[str, SeenFile] = {}
         marks: list[ShmMark] = []
-        for path, st in found.items():
+        for path, st in maybe.items():
             pids = holders.get(path, ())
             owners = {pid: owner(pid) for pid in pids}
             if any(cid is None for cid in owners.values()):
@@ -149,7 +145,6 @@ class ShmScanner:
     def _files(self) -> dict[str, os.stat_result]:
         """Every regular file under the directory that no exclude glob names."""
         out: dict[str, os.stat_result] = {}
-        # A file may vanish between listing and lstat: that is an engine cleaning up.
         for root, dirs, names in os.walk(self.directory):
             dirs.sort()
             for name in names:
@@ -159,7 +154,7 @@ class ShmScanner:
                 try:
                     st = os.lstat(path)
                 except OSError:
-                    continue
+                    continue  # vanished since the listing: an engine cleaning up
                 if stat.S_ISREG(st.st_mode):
                     out[path] = st
         return out
@@ -263,9 +258,8 @@ class ShmScanner:
         tokens: tuple[bytes, ...],
     ) -> set[str]:
         found: set[str] = set()
-        # Plain string paths and bytes: this runs for every process on the host, three times
-        # per transaction (the base check and both snapshots). Only the maps lines whose inode
-        # field is a candidate's (`lines`, one pass in C) are decoded and parsed.
+        # This runs for every process on the host: only the maps lines whose inode field is a
+        # candidate's (`lines`, one pass in C) are decoded and parsed.
         base = f"{self.proc_root}/{pid}"
         try:
             with open(f"{base}/maps", "rb") as fh:
@@ -404,12 +398,7 @@ def _keep_reason(
 def _unlink_if_unchanged(path: str, seen: SeenFile) -> str | None:
     try:
         st = os.lstat(path)
-        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (
-            seen.dev,
-            seen.ino,
-            seen.size,
-            seen.mtime_ns,
-        ):
+        if SeenFile(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, seen.pids) != seen:
             return "changed before removal"
         os.unlink(path)
     except FileNotFoundError:

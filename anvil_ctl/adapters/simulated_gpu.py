@@ -48,12 +48,8 @@ def _mib(value: JSONValue) -> int:
 
 
 class SimulatedGpuProbe:
-    """GpuProbe over the host config's roles, with used memory reported by stub engines.
-
-    Each running managed container is asked `/anvil/sim/vram`; a card's use is the sum, capped at
-    capacity, each container a process with its init PID. Not answering yet holds nothing; any
-    other answer, or GPUs without a port label, is an AdapterError.
-    """
+    """GpuProbe over the host config's roles: each running managed container is asked
+    `/anvil/sim/vram`, a card's use is the sum (capped at capacity); not answering yet holds nothing."""
 
     def __init__(
         self,

@@ -1,29 +1,13 @@
-"""Router adapter for the SGLang/Shepherd Model Gateway (`smg`, pinned 1.13.0) `/workers` API.
+"""Router adapter for the SGLang/Shepherd Model Gateway (`smg` 1.13) `/workers` API.
 
-Admin calls carry the control-plane key, routed calls the data-plane key. A tier is the worker
-label `anvil.tier`, one backend registered with its first alias as model id (smg 1.13 keeps
-only the first entry of `models`).
-
-Observed of smg 1.13.0 (the real binary in the test environment):
-- `POST /workers` answers 202 and registers in the background.
-- `DELETE /workers/{id}` answers 202 and queues a removal keyed by URL: the worker drains at
-  once and, after a fixed drain (`DEFAULT_SETTLE_S`), the job removes whatever is registered
-  at that URL by then. Nothing cancels it; a second DELETE removes the worker at once while the
-  first removal stays pending, invisible. So a worker whose removal is pending is never
-  DELETEd again, and readmission holds.
-- After a backend restart, readiness and health can say yes while routed chat answers 503 (an
-  open circuit breaker): readmission ends only with an authenticated routed chat answering 200
-  from the expected model, re-registering a worker whose chat fails.
-- Registrations live in memory: readmission re-registers what a restarted smg lost.
-
-The hold: a registration made while a removal of its URL may be pending is watched, and made
-again if it lands, until the removal surely has: our own DELETE not yet seen to land after a
-full drain; a removal seen pending (held `removal_hold_s` past its sighting); or `hold=True`
-from a caller that cannot know what a dead process sent (`recover`, repairs).
-
-Our workers carry `health.drain_settle_secs = 0`, so smg removes them at once when DELETEd and
-none of their removals is left pending. A drain first parks the tier's alias at the parking
-responder (`smg_parking`): clients get a retryable 503, never a 404, until readmission."""
+A tier is the worker label `anvil.tier`: one backend, registered with its first alias as model
+id. Warnings: a DELETE queues a removal keyed by URL that nothing cancels and that removes
+whatever is registered there when it lands, so a worker whose removal is pending is never
+DELETEd again and readmission holds (`removal_hold_s`, or `hold=True` from a caller that cannot
+know what a dead process sent). Health can say yes while routed chat answers 503 (an open
+circuit breaker), and registrations live in memory: readmission ends only with a routed 200
+from the expected model, registering again as needed. A drain parks the tier's alias at the
+parking responder (`smg_parking`): clients get a retryable 503, never a 404."""
 
 from __future__ import annotations
 
@@ -61,10 +45,8 @@ from anvil_ctl.log import get_logger
 log = get_logger()
 
 POLL_FIRST_S = 0.005
-"""Polls start this short and double up to `poll_s`: most waits end within a few polls, and
-what a wait overshoots the removal it waits for by is lost (half a poll on average)."""
-
-
+"""Polls start this short and double up to `poll_s`: most waits end within a few polls."""
+APPEAR_TIMEOUT_S = 10.0
 PARK_SETTLE_S = 3600
 """A parked worker's drain: how long smg answers 503 for a tier left parked by an ended process."""
 
@@ -86,7 +68,6 @@ class SmgRouter(RouterHttp):
         timeout_s: float = 10.0,
         poll_s: float = 0.05,
         removal_timeout_s: float = 30.0,
-        appear_timeout_s: float = 10.0,
         removal_hold_s: float = 6.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -101,13 +82,11 @@ class SmgRouter(RouterHttp):
         self._workers = SmgWorkers(self._http, self.admin_url, credentials.require_admin())
         self._poll_s = poll_s
         self._removal_timeout_s = removal_timeout_s
-        self._appear_timeout_s = appear_timeout_s
         self._hold_s = removal_hold_s
         self._sleep = sleep
         self._clock = clock
         self._pending: dict[str, float] = {}
-        """URL -> since when a removal may be pending there (seen draining or queued, or our own
-        DELETE not seen to land after a full drain): readmission holds `removal_hold_s` past it."""
+        """URL -> since when a removal may be pending there: readmission holds `removal_hold_s` past it."""
         self._parking: ParkingResponder | None = None
         self._parked: dict[str, str] = {}
         """tier -> the parked worker this process registered for it and has not removed."""
@@ -125,14 +104,10 @@ class SmgRouter(RouterHttp):
         if self._parking is not None:
             self._parking.close()
 
-    def __repr__(self) -> str:
-        return f"SmgRouter(url={self.url!r}, admin_url={self.admin_url!r})"
-
     # -- control plane ------------------------------------------------------
 
     def _removal_pending(self, worker: SmgWorker) -> bool:
-        """smg will remove this worker's URL (it drains, or a RemoveWorker job is queued); remembered,
-        so readmission holds past it."""
+        """smg will remove this worker's URL (it drains, or a RemoveWorker job is queued); remembered."""
         pending = worker.draining or self._workers.removal_queued(worker)
         if pending:
             self._may_remove(worker.url, self._clock())
@@ -146,8 +121,7 @@ class SmgRouter(RouterHttp):
         self._pending[url] = since if noted is None else max(noted, since)
 
     def _hold_until(self, url: str, since: float | None) -> float | None:
-        """When every removal that may be pending for `url` has surely landed (None: none may);
-        `since`: the caller's own reason to hold, else None."""
+        """When every removal that may be pending for `url` (or since `since`) has surely landed."""
         reasons = [t for t in (since, self._pending.get(url)) if t is not None]
         return max(reasons) + self._hold_s if reasons else None
 
@@ -156,8 +130,7 @@ class SmgRouter(RouterHttp):
         return until is None or self._clock() >= until
 
     def _remove(self, worker: SmgWorker) -> None:
-        """Remove a worker and wait until its URL is gone; a worker whose removal is pending is not
-        DELETEd again (that would hide the pending removal, which then takes the next registration)."""
+        """Remove a worker and wait until its URL is gone; one whose removal is pending is not DELETEd."""
         worker_id, url = worker.id, worker.url
         landed = self._removal_pending(worker)  # a pending removal is noted where it is seen
         sent = self._clock()
@@ -206,7 +179,7 @@ class SmgRouter(RouterHttp):
                 status=response.status_code,
             )
         log.info("router.smg.register", tier=tier, url=norm(url), aliases=list(aliases), label=label)
-        self._wait(lambda: self._workers.at(url) is not None, self._appear_timeout_s, f"{url} listed")
+        self._wait(lambda: self._workers.at(url) is not None, APPEAR_TIMEOUT_S, f"{url} listed")
 
     @staticmethod
     def _matches(worker: SmgWorker, tier: str, aliases: tuple[str, ...]) -> bool:
@@ -259,16 +232,13 @@ class SmgRouter(RouterHttp):
             self._remove(worker)
 
     def in_flight(self, tier: str, url: str) -> int | None:
-        """smg's `load` of the worker at `url` (None once it is removed, which is at once for
-        the workers this adapter registers: the drain counts with the engine's own figure)."""
+        """smg's `load` of the worker at `url` (None once it is removed)."""
         worker = self._workers.at(url)
         return None if worker is None else worker.load
 
     def errors(self, tier: str, url: str) -> int | None:
         """The failures smg's circuit breaker counted for the worker at `url`
-        (`smg_worker_cb_outcomes_total{worker=URL,outcome="failure"}`: answers with a retryable
-        status, 5xx among them, and failed connections) on its Prometheus page; None without
-        `metrics_url`. `smg_worker_errors_total` is not read: it carries no worker label."""
+        (`smg_worker_cb_outcomes_total{outcome="failure"}`); None without `metrics_url`."""
         if self.metrics_url is None:
             return None
         from prometheus_client.parser import text_string_to_metric_families  # only where counts are read
@@ -295,8 +265,7 @@ class SmgRouter(RouterHttp):
             raise AdapterError(f"smg metrics {self.metrics_url}: not Prometheus text ({exc})") from exc
 
     def _park(self, tier: str, alias: str) -> None:
-        """Register `alias` on a worker at the parking responder (best effort: without it the
-        window answers 404, as smg does for an alias nobody serves)."""
+        """Register `alias` on a worker at the parking responder (best effort)."""
         if self._parking is None:
             self._parking = ParkingResponder()
         url = f"{self._parking.url}/parked/{uuid.uuid4().hex}"
@@ -323,7 +292,7 @@ class SmgRouter(RouterHttp):
             try:
                 self._wait(
                     lambda: not any(w.url in gone for w in self._workers.listed()),
-                    self._appear_timeout_s,
+                    APPEAR_TIMEOUT_S,
                     f"tier {tier}'s parked worker removed",
                 )
             except TransientError as exc:
@@ -344,6 +313,7 @@ class SmgRouter(RouterHttp):
         alias, target = aliases[0], norm(url)
         started = self._clock()
         end = started + deadline_s
+        since = started if hold else None
         stale = {"flag": False}
 
         def attempt() -> RoutedAnswer:
@@ -365,53 +335,29 @@ class SmgRouter(RouterHttp):
                 raise NotYetRouted(f"smg worker {url} not healthy yet")
             self._unpark(tier)  # the serve's worker is healthy: the alias goes to it alone
             answer = routed_chat(self._http, self.url, alias, self._client)
-            # Healthy worker, chat failing with a 5xx: smg's circuit breaker is open.
-            # A fresh registration starts with a closed breaker.
+            # A 5xx from a healthy worker: smg's circuit breaker is open; a fresh registration
+            # starts with a closed one.
             stale["flag"] = answer.status >= 500
             check_answer(answer, alias, expected_model)
-            return (
-                self._hold(
-                    tier,
-                    target,
-                    alias=alias,
-                    expected_model=expected_model,
-                    since=started if hold else None,
-                    end=end,
-                )
-                or answer
-            )
+            return self._hold(tier, target, alias, expected_model, since=since, end=end) or answer
 
-        readmit_loop(
-            attempt,
-            what=f"smg tier {tier} -> {url}",
-            deadline_s=deadline_s,
-            sleep=self._sleep,
-            clock=self._clock,
-        )
+        what = f"smg tier {tier} -> {url}"
+        readmit_loop(attempt, what=what, deadline_s=deadline_s, sleep=self._sleep, clock=self._clock)
+        seconds = round(self._clock() - started, 3)
         log.info(
             "router.smg.readmitted",
             tier=tier,
             url=target,
             model=expected_model,
             asked_to_hold=hold,
-            seconds=round(self._clock() - started, 3),
+            seconds=seconds,
         )
 
     def _hold(
-        self,
-        tier: str,
-        url: str,
-        *,
-        alias: str,
-        expected_model: str,
-        since: float | None,
-        end: float,
+        self, tier: str, url: str, alias: str, expected_model: str, *, since: float | None, end: float
     ) -> RoutedAnswer | None:
-        """Keep observing the registration until no removal can still land on it.
-
-        Past `removal_hold_s` after each possible removal nothing queued can remove the URL; gone or
-        pending meanwhile: NotYetRouted (the next attempt registers again). The routed chat is
-        repeated at the end (None when there was nothing to wait for)."""
+        """Keep observing the registration until no removal can still land on it; gone or pending
+        meanwhile: NotYetRouted. The routed chat is repeated at the end (None: nothing to wait for)."""
         if self._held(url, since):
             return None
         until = self._hold_until(url, since) or self._clock()
@@ -434,9 +380,8 @@ class SmgRouter(RouterHttp):
         return super().check_route(tier, norm(url), expected_model)
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
-        """A chat to an alias that smg lists only on parked workers answers 503, as the parking
-        responder does, without being sent: smg retries a worker's 503 with backoff (about half
-        a second) before it answers, and the slot is not serving meanwhile."""
+        """A chat to an alias that smg lists only on parked workers answers 503 without being sent:
+        smg would retry the parking responder's 503 with backoff before it answered."""
         listing = [w for w in self._workers.listed() if w.aliases[:1] == (alias,)]
         if listing and all(w.parked for w in listing):
             return RoutedAnswer(status=503, model=None)

@@ -33,14 +33,11 @@ class SmgWorker:
     id: str
     """The worker id as text ("None" when smg gave none), for `/workers/{id}`."""
     backend_id: str | None
-    """The worker id when smg gave a non-empty one."""
     url: str
-    """Normalised (no trailing '/')."""
     status: str
     """smg's status ("draining" while a removal drains it); "unknown" when absent."""
     healthy: bool
     tier: str | None
-    """The `anvil.tier` label, when it is text."""
     aliases: tuple[str, ...]
     """The ids of `models`, else `model_id`."""
     observed_model: JSONValue
@@ -50,7 +47,7 @@ class SmgWorker:
     parked: str | None = None
     """The tier whose aliases this worker answers with 503 (`PARKED_LABEL`), if it is one."""
     settle_s: float = DEFAULT_SETTLE_S
-    """How long smg drains the worker after a DELETE before it removes it (`health.drain_settle_secs`)."""
+    """How long smg drains the worker after a DELETE before it removes it."""
 
     @property
     def draining(self) -> bool:
@@ -117,11 +114,7 @@ class SmgWorkers:
         return [SmgWorker.from_json(w) for w in workers if isinstance(w, dict)]
 
     def at(self, url: str) -> SmgWorker | None:
-        target = norm(url)
-        for worker in self.listed():
-            if worker.url == target:
-                return worker
-        return None
+        return next((w for w in self.listed() if w.url == norm(url)), None)
 
     def of_tier(self, tier: str) -> list[SmgWorker]:
         return [w for w in self.listed() if w.tier == tier]
@@ -136,6 +129,8 @@ class SmgWorkers:
         except ValueError:
             return False
         job = body.get("job_status") if isinstance(body, dict) else None
-        if not isinstance(job, dict):
-            return False
-        return job.get("job_type") == "RemoveWorker" and job.get("status") in PENDING_JOB
+        return (
+            isinstance(job, dict)
+            and job.get("job_type") == "RemoveWorker"
+            and job.get("status") in PENDING_JOB
+        )

@@ -1,8 +1,5 @@
-"""TLS for the adapters' httpx clients: trust roots are loaded only where a URL is https.
-
-Loading the CA bundle is costly; an all-`http://` client gets a context without roots, which
-fails closed if ever sent to https. An `https://` client gets the default verifying context.
-"""
+"""TLS for the adapters' httpx clients: the costly trust roots are loaded only where a URL is
+https; an all-`http://` client gets a context without roots, which fails closed."""
 
 from __future__ import annotations
 

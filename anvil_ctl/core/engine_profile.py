@@ -127,7 +127,8 @@ class EngineProfile:
 
     def fatal_lines(self, log_text: str) -> list[str]:
         """The lines of `log_text` that match a fatal pattern, in order."""
-        return _matching(log_text, tuple(p.regex for p in self.fatal_patterns))
+        compiled = [re.compile(p.regex) for p in self.fatal_patterns]
+        return [line for line in log_text.splitlines() if any(c.search(line) for c in compiled)]
 
     def refused_context(self, message: str) -> int | None:
         """The context length a context-refusal answer names, or None."""
@@ -147,13 +148,6 @@ class EngineProfile:
 
     def as_dict(self) -> JSONObject:
         return {str(k): plain(v) for k, v in asdict(self).items()}
-
-
-def _matching(text: str, patterns: tuple[str, ...]) -> list[str]:
-    if not patterns:
-        return []
-    compiled = [re.compile(p) for p in patterns]
-    return [line for line in text.splitlines() if any(c.search(line) for c in compiled)]
 
 
 OPENAI_COMPATIBLE = EngineProfile(

@@ -30,10 +30,6 @@ class Guard(Generic[C_contra]):
     def name(self) -> str:
         return type(self).__name__
 
-    @property
-    def invariant(self) -> str:
-        return " ".join((type(self).__doc__ or "").split())
-
     def check(self, ctx: C_contra) -> Refusal | None:
         raise NotImplementedError
 

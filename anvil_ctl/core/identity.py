@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.digest import sha256_hex
@@ -34,19 +34,9 @@ class Identity:
     engine_profile: str = ""
     """How to probe the serve (`core.engine_profile`); empty: the OpenAI-compatible assumptions."""
 
-    REQUIRED = (
-        "slot",
-        "container_id",
-        "image_id",
-        "config_fingerprint",
-        "served_model",
-        "context_tokens",
-        "binding",
-        "router_tier",
-    )
-
     def missing(self) -> list[str]:
-        return [name for name in self.REQUIRED if not getattr(self, name)]
+        """The required fields (those without a default) that are empty."""
+        return [f.name for f in fields(self) if f.default is MISSING and not getattr(self, f.name)]
 
     def as_dict(self) -> JSONObject:
         data: JSONObject = asdict(self)

@@ -12,7 +12,6 @@ from typing import Protocol, runtime_checkable
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
-    Backend,
     ContainerInfo,
     ContainerLog,
     ContainerSpec,
@@ -67,8 +66,6 @@ class Router(Protocol):
 
     def probe_credentials(self) -> None:
         """A harmless authenticated admin and client call; raise AuthRejected on 401/403."""
-
-    def backends(self, tier: str) -> list[Backend]: ...
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None: ...
 
@@ -180,9 +177,6 @@ class CacheVerdict(Protocol):
     @property
     def problems(self) -> tuple[str, ...]: ...
 
-    @property
-    def total_bytes(self) -> int: ...
-
 
 @runtime_checkable
 class ModelCache(Protocol):
@@ -284,50 +278,34 @@ class Progress(Protocol):
 
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
         """A transaction of `steps` steps began running (its guards passed)."""
+        return None
 
     def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
         """A step began: phase `do`, `undo` (compensation) or `check` (the guards, seq -1)."""
+        return None
 
     def step_finished(
         self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
     ) -> None:
         """The step that began last ended, after `elapsed_s`; `error` says why when not `ok`."""
+        return None
 
     def waiting(self, what: str, deadline_s: float) -> None:
         """The running step waits for `what` at most `deadline_s` seconds."""
+        return None
 
     def activity(self, text: str) -> None:
         """What the running step does now, in a few words (replaced by the next one)."""
+        return None
 
     def note(self, text: str) -> None:
         """A line worth keeping (a gate's verdict, a route re-applied)."""
+        return None
 
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
         """The transaction reached its end state."""
+        return None
 
 
-class SilentProgress:
+class SilentProgress(Progress):
     """Progress that tells nobody: library callers, tests, `--json`."""
-
-    def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
-        return None
-
-    def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
-        return None
-
-    def step_finished(
-        self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
-    ) -> None:
-        return None
-
-    def waiting(self, what: str, deadline_s: float) -> None:
-        return None
-
-    def activity(self, text: str) -> None:
-        return None
-
-    def note(self, text: str) -> None:
-        return None
-
-    def finished(self, state: str, reason: str, elapsed_s: float) -> None:
-        return None

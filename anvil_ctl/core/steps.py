@@ -131,6 +131,3 @@ class Plan(Generic[A_co, W_co, M_co]):
             }
             for s in self.steps
         ]
-
-    def index(self, name: str) -> int:
-        return [s.name for s in self.steps].index(name)

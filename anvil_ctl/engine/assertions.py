@@ -1,7 +1,5 @@
-"""The goal-closure assertions of a slot: is the recorded serve what runs, serves and is routed?
-
-One list for `recheck` and the `BaseVerified` guard; an assertion that cannot observe fails with
-the reason. Read-only.
+"""The goal-closure assertions of a slot, one list for `recheck` and the `BaseVerified` guard;
+an assertion that cannot observe fails with the reason. Read-only.
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ def _check(out: list[Assertion], name: str, fn: Callable[[], Observation]) -> No
 def slot_assertions(
     world: World, ident: Identity, *, routed: bool = True, role: str = "incumbent"
 ) -> list[Assertion]:
-    """Every assertion about `ident` serving its slot; `routed=False` leaves the router out
-    (a loaded candidate is reached directly until promote routes it). `role` names the serve
-    in the container assertion (`incumbent_container_running`, `candidate_container_running`)."""
+    """Every assertion about `ident` serving its slot; `routed=False` leaves the router out (a
+    loaded candidate is reached directly). `role` names the serve in the container assertion."""
     cfg = world.config.slot(ident.slot)
     out: list[Assertion] = []
     _container_checks(world, ident, out, role)

@@ -1,11 +1,9 @@
 """Never dark: what serves a slot, the safe harbour, and bringing it back.
 
-A slot serves when its binding lists exactly one model and (with a router) a routed chat to its
-first alias answers from it. If it served when a mutating transaction began, that serve is the
-harbour; before any end state but `committed`, `ensure_serving` re-routes a recorded running
-serve or brings the harbour back. It never stops a healthy, routed serve, and a route it could
-not observe because the router refused our credentials (`SlotState.refused`) is no reason to
-act: it says nothing about the serve.
+If a slot served when a mutating transaction began, that serve is the harbour; before any end
+state but `committed`, `ensure_serving` re-routes a recorded running serve or brings the
+harbour back. It never stops a healthy, routed serve, and a route it could not observe because
+the router refused our credentials is no reason to act.
 """
 
 from __future__ import annotations
@@ -98,8 +96,7 @@ def serving_identity(world: World, state: SlotState) -> Identity | None:
 
 
 def record_harbour(world: World, tx_id: str, state: SlotState, hold: Hold) -> Identity | None:
-    """Record the serving identity as the slot's safe harbour (when it is a new one), through
-    `hold`: the engine commits it with its first intent."""
+    """Record the serving identity as the slot's safe harbour (when new), through `hold`."""
     if not state.serving:
         return None
     ident = serving_identity(world, state)

@@ -1,17 +1,9 @@
 """Which phase a slot's campaign is in, and the assertions that judge the state it should have.
 
-Between a committed `load` and the promote or rollback that ends it a slot is `qualifying`: the
-incumbent is stopped and retained and the tier drained by design, so it is judged by whether
-the campaign is intact, not by the serving assertions. While a promote is open in `watching`
-(the watch owns the slot: the candidate routed and serving, the old incumbent stopped and
-retained) the slot is `watching`, judged by that state and by whether the watch's owner is
-alive: a dead one, or a recover of the watch that failed and left the promote `interrupted`,
-leaves a watch that `recover` must resume. Of two slots of one router tier (a canary's pair)
-the one whose serve is stopped while the other's serves the tier is `standby`: judged by its
-serve retained intact and the tier served by the other. A qualifying slot whose load was a
-`load --promote` that died before its promotion (`engine.chain`) is dark for its clients
-though a promotion was asked for: its `chain` assertion fails until `recover` finishes it.
-Read-only.
+Between a committed `load` and the promote or rollback that ends it a slot is `qualifying`
+(incumbent stopped and retained, tier drained by design); with a promote open in `watching` it
+is `watching`; of a canary's two slots the stopped one is `standby`. Each phase is judged by
+its own assertions rather than the serving ones. Read-only.
 """
 
 from __future__ import annotations
@@ -112,8 +104,7 @@ class Watch:
 
 def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
     """The slot's open watched promote, None when no promote is `watching`; `me` names this
-    host as its transactions do. The promote's own records name its serves: it records the
-    candidate as incumbent and the old incumbent as the rollback identity before it watches."""
+    host as its transactions do."""
     rec = world.store.watching(slot)
     if rec is None:
         return None
@@ -144,8 +135,7 @@ class Standby:
 
 
 def standby_of(world: World, slot: str) -> Standby | None:
-    """The slot's standby, None when its serve runs (or it has none) or no other slot serves
-    its tier."""
+    """The slot's standby, None when its serve runs (or it has none) or no other slot serves it."""
     store = world.store
     retained = store.current_identity(slot, "incumbent") or store.current_identity(slot, "candidate")
     if retained is None or is_running(world, retained.container_id):
@@ -169,8 +159,7 @@ def _served(world: World, serving: Identity) -> Observation:
 
 
 def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
-    """The state a watched slot should have: its owner alive, the candidate serving with its
-    identity and routed for the slot, the old incumbent retained intact, no residue."""
+    """Its owner alive, the candidate serving and routed, the old incumbent retained intact."""
     out = [Assertion("watch", not watched.needs_recover, watched.as_dict())]
     out += slot_assertions(world, watched.candidate, routed=True, role="candidate")
     incumbent = watched.incumbent
@@ -180,9 +169,8 @@ def watch_assertions(world: World, watched: Watch) -> list[Assertion]:
 
 
 def campaign_assertions(world: World, campaign: Campaign, chain: Chain | None = None) -> list[Assertion]:
-    """The state a qualifying slot should have: the candidate's assertions (not routed), the
-    incumbent retained intact, the tier as the load left it; and when the load was a `load
-    --promote` whose promotion has not happened (`chain`), its owner still running it."""
+    """The candidate's assertions (not routed), the incumbent retained intact, the tier as the
+    load left it; for an unfinished `load --promote` (`chain`), its owner still running it."""
     out = [Assertion("campaign", True, campaign.as_dict())]
     if chain is not None:
         out.append(Assertion("chain", not chain.interrupted, chain.as_dict()))

@@ -1,20 +1,10 @@
 """A `load --promote` whose process died before its promotion happened: an interrupted chain.
 
 The load journals the promotion that follows it (`LoadArgs.then`). Its chain is open while the
-slot's newest committed revision is that load and nothing after it settled the slot: every
-transaction of the slot that began after it (an adopt, load, promote, canary, rollback or
-unload) is the chain's own and either ended by its owner's death (refused before its first
-mutation, or finished by `recover`) or is a promotion `recover` ran that did not route the
-candidate, whose bring-back is still owed. The chain's own transactions name the load in their
-journaled arguments (`PromoteArgs.chain`, the bring-back's `decided_by.undoes`), whoever ran
-them: the load's process, or a `recover` killed while it finished the chain (a record naming no
-load is the chain's when its owner is the load's). It is interrupted once the process running
-it is gone: the slot sits with the candidate serving unrouted and the incumbent stopped, dark
-for its clients, though the operator asked for a promotion. `recover` finishes it
-(`entry.recover`: the promotion, and when that does not commit, the load's incumbent brought
-back); `recheck` pages for it. A promotion a person ran, one the owner's own run refused or
-failed, or a bring-back that ended by itself settled the chain: it is never run again.
-Read-only.
+slot's newest committed revision is that load and every later transaction of the slot is the
+chain's own (its journaled arguments name the load) and either ended by its owner's death or
+is a promotion `recover` ran that did not route the candidate, whose bring-back is still owed.
+Until `recover` finishes it, the slot is dark for its clients. Read-only.
 """
 
 from __future__ import annotations
@@ -55,17 +45,14 @@ class Chain:
     then: JSONObject
     """The promotion as the load journaled it (`PromoteRequest`'s journal form)."""
     incumbent: str | None
-    """The container of the load's incumbent when it ran before the load: what a promotion that
-    does not commit brings back (None: the slot served nothing before, nothing to bring back)."""
+    """The load's running incumbent: what a promotion that does not commit brings back (None: none)."""
     owner: Owner
     owner_alive: bool | None
     """False: the process that ran the chain is gone (None: another host's)."""
     cut: tuple[str, ...] = ()
-    """The chain's own transactions that their owner's death ended (the load's process, or a
-    `recover` killed while it ran the chain's promotion or bring-back)."""
+    """The chain's own transactions that their owner's death ended."""
     promoted: Outcome | None = None
-    """The chain's promotion that a `recover` ran and that did not put the candidate on the
-    route, when that recover died before the incumbent came back: what is left is the bring-back."""
+    """A promotion a dead `recover` ran that did not route the candidate: the bring-back is left."""
 
     @property
     def promote(self) -> PromoteRequest:
@@ -180,8 +167,7 @@ def open_chains(world: World, me: Owner) -> list[Chain]:
 
 
 def finished(chain: Chain, promoted: Outcome | None, why: str = "") -> JSONObject:
-    """Recover's report of the chain's promotion (`promoted` None: refused before it was
-    journaled, `why` says by what)."""
+    """Recover's report of the chain's promotion (None: refused before it was journaled, `why`)."""
     state = promoted.state.value if promoted is not None else TxState.REFUSED.value
     reason = promoted.reason if promoted is not None else why
     return {

@@ -1,17 +1,9 @@
 """Taking a serve out of traffic without cutting an answer: wait until nothing is in flight, then stop.
 
-By the time `stop_drained` runs, the router admits no new request to the serve (the plan's
-drain step) or the serve was never routed (a candidate reached directly). What it is still
-answering is read from the most exact source at hand, and the source is recorded: the
-engine's own running-requests gauge (its profile's `running_metric`), else the router's
-count for the backend (HAProxy's `scur` + `qcur`, smg's `load` while the worker is listed).
-With neither (an engine without metrics whose worker smg already removed) there is nothing
-to wait on, and the result says so.
-
-The wait has a deadline (`DrainPolicy`). At it, `abort` raises `DrainRefused` and the plan
-compensates, so the serve is routed again and goes on answering; `cut` stops the serve anyway
-and the result counts the answers cut. The stop is the engine's graceful one (SIGTERM)
-with its profile's stop timeout.
+What a serve still answers is read from the most exact source at hand (the engine's
+running-requests gauge, else the router's count), and the source is recorded. At the
+`DrainPolicy` deadline, `abort` raises `DrainRefused` (the plan compensates and the serve is
+routed again); `cut` stops anyway and counts the answers cut.
 """
 
 from __future__ import annotations
@@ -68,11 +60,7 @@ def in_flight(world: World, slot_name: str, profile: str) -> InFlight:
 
 def wait_idle(world: World, slot: str, profile: str, short: str, policy: DrainPolicy) -> JSONObject:
     """Wait until the serve at `slot`'s binding (`short` names it) answers nothing, at most
-    `policy.deadline_s`.
-
-    Returns what the drain saw (`in_flight` at its start, `source`, `waited_s`, and `cut`:
-    the answers still in flight when `cut` went on at the deadline); raises DrainRefused
-    at the deadline under `abort`."""
+    `policy.deadline_s`; what the drain saw, with the answers `cut` at the deadline."""
     world.progress.waiting(f"the answers in flight on {short} to finish", policy.deadline_s)
     started = world.clock.now()
     pause = pauses(world.config.policy.health_poll_s)

@@ -1,32 +1,15 @@
 """The one way into every transaction: a typed request in, an `Outcome` out.
 
-This module is the only place a transaction ID is made (`_mint`). For a kind that changes the host it
-takes the host's OS lock before anything is read from the record, so that the arguments
-prepared from it cannot go stale before the plan runs. Then the kind's `prepare` turns the
-request into typed arguments (every read of the record and the host they need, once);
-bad input found there exits having written nothing. The lock's row is claimed in the
-database transaction that journals those arguments with the transaction's first row, the
-plan runs, and its end state commits together with the row's release. The OS lock is
-released on every way out; the row is kept only when the process failed mid-transaction,
-so that the next mutator is refused until `recover` has finished what was left.
+The only place a transaction ID is made (`_mint`). A kind that changes the host takes the OS
+lock before anything is read from the record, so the arguments `prepare` reads cannot go stale;
+bad input found there exits having written nothing. The lock's row is claimed in the database
+transaction that journals the arguments, and released with the end state; the OS lock is
+released on every way out. A follow-up (a watched promote's rollback, `load --promote`'s
+promotion) runs through this same door without letting go of the OS lock.
 
-A transaction whose end asks for another (a watched promote's rollback, `Outcome.follow_up`)
-is followed by it here, through this same door, without letting go of the OS lock: no
-other mutator runs between the two. The follow-up's ID is minted here too, before the end
-state that names it is written, so each record points at the other.
-
-A committed load whose request names a promotion (`load --promote`, `Outcome.then`) is
-followed by it the same way. The promotion's guards and before snapshot start from the
-load's after-snapshot reading of the host (`one_reading`): nothing acts between the two, and
-the slot's clients, with no serve routed, would wait out every look taken again.
-
-`recover` enters through the same door: it takes the lock, accepting a dead owner's stale
-rows, refuses with nothing written when the router refuses our credentials, finishes every
-transaction whose owner is gone (and runs what they ask next), and releases the stale rows
-that nothing unresolved still needs. Then it finishes every `load --promote` whose process
-died before its promotion happened (`engine.chain`): it runs the journaled promotion, guards
-and all, and when that does not commit it brings the load's incumbent back, so that the slot
-is never left dark.
+`recover` enters here too: it finishes every transaction whose owner is gone, releases the
+stale lock rows nothing unresolved still needs, and finishes every `load --promote` whose
+promotion never happened, bringing the load's incumbent back when it does not commit.
 """
 
 from __future__ import annotations
@@ -65,11 +48,8 @@ def run(
     tx_id: str | None = None,
     held: HostLock | None = None,
 ) -> Outcome:
-    """Prepare, journal and run the transaction `request` asks for (see the module doc).
-
-    A dry run prepares and checks every guard, takes no lock and writes nothing. `tx_id`
-    and `held` (the OS lock, its row released) are a follow-up's, given by this module.
-    """
+    """Prepare, journal and run the transaction `request` asks for. A dry run checks every guard
+    and writes nothing; `tx_id` and `held` (the OS lock) are a follow-up's, given by this module."""
     kind = KINDS[request.kind]
     if held is None:
         world.kept_reading = None  # a reading is kept only for a transaction that follows at once
@@ -137,10 +117,7 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
             report.released_locks.append(dead.as_dict())
         for then in report.follow_ups:
             lock.release_row()  # the OS lock stays held: the follow-up claims a row of its own
-            after = _follow(world, owner, then, faults, lock)
-            report.recovered.append(
-                {"tx_id": after.tx_id, "kind": after.kind, "state": after.state.value, "reason": after.reason}
-            )
+            report.recovered.append(_reported(_follow(world, owner, then, faults, lock)))
         for chain in open_chains(world, owner):  # after the loads this run rolled forward
             report.recovered += _finish_chain(world, owner, chain, faults, lock)
     finally:
@@ -151,8 +128,7 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
 def _finish_chain(
     world: World, owner: Owner, chain: Chain, faults: Faults, lock: HostLock
 ) -> list[JSONObject]:
-    """Run an interrupted chain's promotion; when it does not commit, bring the load's
-    incumbent back. What each did, for recover's report."""
+    """Run an interrupted chain's promotion; when it does not commit, bring the load's incumbent back."""
     lock.release_row()  # the OS lock stays held: each follow-up claims a row of its own
     world.kept_reading = None  # nothing kept from this run: the promotion looks afresh
     promoted, why = chain.promoted, ""
@@ -166,13 +142,10 @@ def _finish_chain(
     if back is not None:
         lock.release_row()
         after = _follow(world, owner, FollowUp(back, _mint()), faults, lock)
-        found.append(
-            {
-                "tx_id": after.tx_id,
-                "kind": after.kind,
-                "state": after.state.value,
-                "reason": after.reason,
-                "dark": after.state is not TxState.COMMITTED,  # no serve came back: a person's now
-            }
-        )
+        # `dark`: no serve came back, a person's now
+        found.append({**_reported(after), "dark": after.state is not TxState.COMMITTED})
     return found
+
+
+def _reported(after: Outcome) -> JSONObject:
+    return {"tx_id": after.tx_id, "kind": after.kind, "state": after.state.value, "reason": after.reason}

@@ -1,8 +1,5 @@
-"""Fault injection at journal boundaries, for the fault-injection tests and `make chaos` only.
-
-A boundary is `KIND:STEP:PHASE:EVENT` or `KIND:state:STATE` (patterns may use `*`). After its
-journal row commits, `crash_at` SIGKILLs the process and `pause_at` waits while `pause_file`
-exists. Both are off unless the settings name them.
+"""Fault injection at journal boundaries (`KIND:STEP:PHASE:EVENT`, `KIND:state:STATE`, `*`
+allowed), for the fault-injection tests and `make chaos` only; off unless settings name them.
 """
 
 from __future__ import annotations

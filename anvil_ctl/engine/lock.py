@@ -1,9 +1,7 @@
 """One mutator per host: an OS file lock held for the life of the process, plus a lock row.
 
-The flock excludes (on PostgreSQL with a session advisory lock keyed by the host's name); the
-row says who holds it, so a refused process can name the owner and a holder that died is
-detected: its stale row refuses mutators until `recover` or `lock break ID` resolves it. The
-entry takes the OS lock before `prepare` and claims the row with the transaction's first row.
+The flock (on PostgreSQL a session advisory lock) excludes; the row says who holds it, so a
+holder that died is detected: its stale row refuses mutators until `recover` or `lock break`.
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ class HostLock:
 
     def acquire(self, *, take_over_dead: bool = False, claim: bool = True) -> list[LockInfo]:
         """Take the host lock or raise LockHeld naming the owner. `take_over_dead` (`recover`):
-        stale rows are returned for the caller to resolve instead of refusing. Without `claim`
-        only the OS lock is taken; `claim()` writes the row later."""
+        stale rows are returned instead of refusing. Without `claim` the row is written later."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -129,9 +126,7 @@ class HostLock:
         os.pwrite(self._fd, json.dumps({"lock_id": lock_id, "pid": self.owner.pid}).encode(), 0)
 
     def release_row(self) -> None:
-        """Record the row's release now (inside the caller's `Store.together()` when it writes
-        with a transaction's end state); the OS lock stays held until `release()`, which
-        excludes meanwhile."""
+        """Record the row's release now; the OS lock stays held until `release()`."""
         if self.lock_id is not None:
             locks.release_row(self.store, self.lock_id, how="released", by=f"pid {self.owner.pid}")
             self.lock_id = None

@@ -1,7 +1,5 @@
-"""Observe the live placement into a canonical Snapshot (read-only).
-
-Per slot: the incumbent, the slot's managed containers, what the binding serves, the router's
-view; per host: GPU owners and our /dev/shm residue. Fluctuating readings stay out.
+"""Observe the live placement into a canonical Snapshot (read-only); fluctuating readings stay
+out.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Recover transactions whose owner is gone: mark them interrupted, then finish them.
 
-Before the pivot's result is journaled, recovery compensates backwards (each undo observes
-first); after it, recovery rolls forward from the first step without a journaled result. Undos
-journaled as done are not run again, so a second run finds nothing to do; readmissions hold.
-
-A watched promote whose owner died while `watching` is past its pivot: recovery runs it
-forward, so the watch goes on for what is left of its declared duration (at least one
-sample) against the limits journaled with it, and ends as a live watch does (`committed`, or
-`rolled_back` with its rollback in `RecoverReport.follow_ups`, which the entry runs). It resumes
-rather than rolls back because the controller's death says nothing about the serve: the
-serve's own samples decide, and the retained incumbent waits either way.
-
-Nor does an authentication failure: `refuse_without_credentials` probes the router before
-recovery touches any transaction, and a refused or unresolvable credential stops it there,
-every transaction left as it was for a run with the key.
+Before the pivot's result is journaled, recovery compensates backwards; after it, recovery
+rolls forward from the first step without a journaled result. Undos journaled as done are not
+run again, so a second run finds nothing to do. A watched promote past its pivot resumes its
+watch for what is left: the controller's death says nothing about the serve. A router that
+refuses our credentials stops recovery before it touches any transaction.
 """
 
 from __future__ import annotations
@@ -53,10 +44,7 @@ class RecoverReport:
     @property
     def exit_code(self) -> int:
         done = {
-            TxState.COMPENSATED.value,
-            TxState.REFUSED.value,
-            TxState.COMMITTED.value,
-            TxState.ROLLED_BACK.value,
+            s.value for s in (TxState.COMPENSATED, TxState.REFUSED, TxState.COMMITTED, TxState.ROLLED_BACK)
         }
         # `dark`: an interrupted `load --promote` whose incumbent could not be brought back
         unresolved = any(r["state"] not in done or r.get("dark") for r in self.recovered)
@@ -106,10 +94,8 @@ def _to_recover(journal: Journal, me: Owner) -> list[TxRecord]:
 def refuse_without_credentials(
     journal: Journal, me: Owner, world: World, *, also: Sequence[str] = ()
 ) -> None:
-    """Raise AuthRejected, before anything is written, when there is something to recover and
-    the router refuses our credentials (or they cannot be resolved): every undo and every
-    goal check would be refused too, and an auth failure is no verdict on the serve. `also`
-    names other work waiting for recover (an interrupted `load --promote`)."""
+    """Raise AuthRejected, before anything is written, when there is something to recover (`also`:
+    other work waiting) and the router refuses our credentials: every undo would be refused too."""
     if world.router is None:
         return
     waiting = [rec for rec in _to_recover(journal, me) if rec.state != TxState.PLANNED]

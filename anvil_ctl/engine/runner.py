@@ -1,35 +1,19 @@
 """Runs a Plan as a transaction: guards, then journaled steps, then compensation on failure.
 
-Journal, then act, then record: each step's intent row commits before its `do`
-runs and its result row commits right after, so a crash between the two leaves
-an intent without a result, which `recover` finds. On a failed step the undos of
-the completed steps run in reverse, the failed step's own undo first (a step can
-fail after part of its side effect; undos observe before acting), each journaled
-the same way. The first undo that fails stops compensation: continuing could
-start a serve on GPUs that a failed undo left occupied.
-
-Never dark (`anvil_ctl.engine.availability`): before the first step the engine
-records whether the slot serves and which serve is its safe harbour; before it
-writes any end state but `committed` it makes the slot serve again if it served
-at the start. After the last step the plan's goal is checked (and re-applied
-once); a critical difference found by `verify_after` while the slot serves ends
-`needs_operator` with the slot left serving, never stopped for a snapshot.
-
-An intent, an error and a state change commit before the runner goes on; a record of
-what was observed (a step's result, a snapshot, a diff) is held and commits together with
-the next of those, in one database transaction and one audit entry. Nothing acts between
-a record and that next write, so a death in between looks like a death just before the
-record, which recovery already handles. Every committed write is a boundary where
-`anvil_ctl.engine.faults` may crash or pause the process (tests and `make chaos` only).
-
-The transaction is begun by `anvil_ctl.engine.entry`, the one way in. Its end state is
-held, not committed: the entry commits it together with the host lock's release (`commit`).
+Journal, then act, then record: each step's intent commits before its `do` runs; its result
+is held and commits with the next write, so a crash between the two leaves an intent without
+a result, which `recover` finds. On a failure the undos run in reverse, the failed step's own
+first; the first undo that fails stops compensation (going on could start a serve on GPUs a
+failed undo left occupied). Never dark (`engine.availability`): a slot that served at the
+start serves again before any end state but `committed`. The end state is held for the
+entry (`anvil_ctl.engine.entry`), which commits it with the host lock's release.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from anvil_ctl.core.errors import AnvilError, AuthRejected, DrainRefused, NeedsOperator, Refused
@@ -73,21 +57,17 @@ class TransactionEngine:
         self.journal = journal
         self.owner = owner
         self.faults = faults
-        self.mint = mint
-        """Makes the transaction ID of a follow-up (the entry's, the one place IDs are made)."""
-        self.keep_reading = keep_reading
-        """The after snapshot's reading is kept for the transaction the entry runs next under
-        the same lock (`one_reading`): its guards and before snapshot start from it."""
+        self.mint = mint  # the entry's: makes a follow-up's transaction ID
+        self.keep_reading = keep_reading  # the after reading, for the transaction run next (`one_reading`)
         self._held: list[tuple[Callable[[], object], str]] = []
 
     # -- journal: held records, committed with the next write; fault boundaries after -------------
 
     def _hold(self, write: Callable[[], object], boundary: str = "") -> None:
-        """Keep `write` (a record) until the next commit."""
         self._held.append((write, boundary))
 
-    def _commit(self, write: Callable[[], object] | None = None, boundary: str | None = None) -> None:
-        """Write what is held and then `write`, as one; then pass their boundaries."""
+    def commit(self, write: Callable[[], object] | None = None, boundary: str | None = None) -> None:
+        """Write what is held (the end state) and then `write`, as one; then pass their boundaries."""
         held, self._held = self._held, []
         todo = [*held, *([(write, boundary or "")] if write is not None else [])]
         if len(todo) == 1:
@@ -100,15 +80,11 @@ class TransactionEngine:
             if b:
                 self.faults.at(b)
 
-    def commit(self, write: Callable[[], object] | None = None) -> None:
-        """Commit what is held (the end state) and `write` with it, in one database transaction."""
-        self._commit(write)
-
     def _write(self, write: Callable[[], object], boundary: str, hold: bool) -> None:
         if hold:
             self._hold(write, boundary)
         else:
-            self._commit(write, boundary)
+            self.commit(write, boundary)
 
     def _event(
         self,
@@ -135,9 +111,7 @@ class TransactionEngine:
         *,
         hold: bool = False,
     ) -> None:
-        def write() -> None:
-            self.journal.transition(ctx.tx_id, target, reason, data)
-
+        write = partial(self.journal.transition, ctx.tx_id, target, reason, data)
         boundary = ":".join((ctx.kind, "state", target.value))
         self._write(write, boundary, hold or target not in UNFINISHED_STATES)  # an end state waits
 
@@ -155,8 +129,7 @@ class TransactionEngine:
         return outcome
 
     def run(self, plan: Plan[A, W, M], world: W, tx_id: str) -> Outcome:
-        """Run the begun transaction `tx_id` as `plan`. Its end state is held for `commit`; an
-        error that escapes commits what is held and leaves the transaction unfinished."""
+        """Run the begun transaction `tx_id` as `plan`; its end state is held for `commit`."""
         outcome = Outcome(kind=plan.kind, state=TxState.PLANNED, plan=plan.describe(), tx_id=tx_id)
         ctx = StepContext(tx_id=tx_id, kind=plan.kind, args=plan.args, world=world, memo=plan.memo)
         self.faults.at(":".join((plan.kind, "state", "planned")))
@@ -165,10 +138,9 @@ class TransactionEngine:
         try:
             return self._run(outcome, plan, ctx)
         except BaseException:
-            self._commit()
+            self.commit()
             raise
         finally:
-            # Also when an error escapes: a live display must end either way.
             world.progress.finished(outcome.state.value, outcome.reason, time.monotonic() - started)
 
     def _run(self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Outcome:
@@ -176,8 +148,7 @@ class TransactionEngine:
         bound = log.bind(tx_id=tx_id, kind=plan.kind)
         t0 = time.monotonic()
         progress.step_started(-1, "guards", "check", f"{len(plan.guards)} checks before any change")
-        # The guards and the before snapshot only observe; a transaction following another
-        # at once starts from that one's closing reading, if it kept one.
+        # A transaction following another at once starts from that one's closing reading.
         with one_reading(ctx.world, resume=True):
             refusal = self._check_guards(plan, ctx)
             progress.step_finished(
@@ -197,15 +168,12 @@ class TransactionEngine:
             if plan.snapshot:
                 started = time.perf_counter()
                 progress.activity("observing the host: the before snapshot")
-                outcome.before = plan.snapshot()
+                before = outcome.before = plan.snapshot()
                 seconds = round(time.perf_counter() - started, 3)
                 bound.debug("snapshot observed", label="before", seconds=seconds)
-                before = outcome.before
                 self._hold(lambda: self.journal.record_snapshot(tx_id, "before", before))
             # Held: the before snapshot, `running` and the availability check only observe, so
-            # they commit with the first intent (one database transaction, one audit entry),
-            # before the first side effect. The availability check is part of the same reading:
-            # its model list and routed chat are the ones the guards and the snapshot saw.
+            # they commit with the first intent, before the first side effect.
             self._transition(ctx, TxState.RUNNING, hold=True)
             self._observe_start(plan, ctx)
         bound.info("running", steps=len(plan.steps))
@@ -216,7 +184,6 @@ class TransactionEngine:
         if not (plan.keeps_serving and plan.slot):
             return
         state = observe_slot(ctx.world, plan.slot)
-        # Held, as the availability event below: both commit with the first intent.
         harbour = record_harbour(ctx.world, ctx.tx_id, state, self._hold)
         detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
         self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail, hold=True)
@@ -273,8 +240,7 @@ class TransactionEngine:
 
     def _watch(self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Outcome:
         """`watching` until the plan's watch ends: committed when healthy, else `rolled_back`
-        with the follow-up (the rollback) for the entry to run. Each event of the watch (its
-        declaration, every sample, an abort) commits as it happens."""
+        with the follow-up (the rollback) for the entry to run. Each watch event commits at once."""
         assert plan.watch is not None
         seq = len(plan.steps)
         self._transition(ctx, TxState.WATCHING, "watching the serve on the route")
@@ -317,7 +283,7 @@ class TransactionEngine:
                 plan.repair(ctx)
                 problems = plan.goal(ctx)
         except AuthRejected:
-            raise  # our credentials, not the goal: `forward` ends it without an undo
+            raise  # our credentials, not the goal
         except AnvilError as exc:
             problems = [f"{type(exc).__name__}: {exc}"]
         return problems
@@ -325,9 +291,8 @@ class TransactionEngine:
     def _not_judged(
         self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], where: str, exc: AuthRejected
     ) -> Outcome:
-        """The router refused our credentials: a configuration error that says nothing about the
-        serve, so nothing is undone (the undos would be refused too, after stopping what they
-        can reach without the router). The transaction waits for a person, the host as it is."""
+        """The router refused our credentials, which says nothing about the serve: nothing is
+        undone (the undos would be refused too) and the transaction waits for a person."""
         log.error("router refused our credentials", tx_id=ctx.tx_id, at=where, error=str(exc))
         why = NeedsOperator(
             f"{where}: the router refused our credentials ({exc}); nothing was undone: fix the "
@@ -390,8 +355,7 @@ class TransactionEngine:
         todo: list[tuple[int, Step[StepContext[A, W, M]], JSONObject | None]],
         reason: str,
     ) -> Outcome:
-        """Run the undos of `todo` in reverse (the transaction is `compensating`); the end
-        state is held."""
+        """Run the undos of `todo` in reverse (the transaction is `compensating`)."""
         outcome.reason = reason
         ctx.world.undoing = True  # undos wait as long as configured, whatever --timeout said
         progress = ctx.world.progress
@@ -429,10 +393,7 @@ class TransactionEngine:
         return outcome
 
     def _keep_serving(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> str:
-        """Before an end state other than committed: serve again if the slot served at the start.
-
-        Returns a note for the reason when something had to be done (empty otherwise).
-        """
+        """Serve again if the slot served at the start; a note for the reason (empty: nothing done)."""
         if not (plan.keeps_serving and plan.slot) or not self.served_at_start(ctx.tx_id):
             return ""
         ctx.world.undoing = True
@@ -448,10 +409,9 @@ class TransactionEngine:
         return f"; the slot serves again ({result['action']}: {str(result.get('container_id', ''))[:12]})"
 
     def served_at_start(self, tx_id: str) -> bool:
-        for ev in self.journal.step_events(tx_id):
-            if ev.step == AVAILABILITY and ev.event == "before":
-                return bool(ev.detail.get("serving"))
-        return False
+        events = self.journal.step_events(tx_id)
+        before = (ev.detail for ev in events if ev.step == AVAILABILITY and ev.event == "before")
+        return bool(next(before, {}).get("serving"))
 
     def _observe_after(
         self, plan: Plan[A, W, M], ctx: StepContext[A, W, M], outcome: Outcome, label: str
@@ -460,7 +420,6 @@ class TransactionEngine:
         if not plan.snapshot:
             return
         ctx.world.progress.activity(f"observing the host: the {label} snapshot")
-        # It only observes: each container is inspected once.
         with one_reading(ctx.world, keep=self.keep_reading and label == "after"):
             after = outcome.after = plan.snapshot()
         self._hold(lambda: self.journal.record_snapshot(ctx.tx_id, label, after))
@@ -474,6 +433,5 @@ class TransactionEngine:
     ) -> Outcome:
         reason = str(exc) + self._keep_serving(plan, ctx)
         self._transition(ctx, TxState.NEEDS_OPERATOR, reason, exc.data)
-        outcome.state, outcome.reason = TxState.NEEDS_OPERATOR, reason
-        outcome.results = dict(ctx.results)
+        outcome.state, outcome.reason, outcome.results = TxState.NEEDS_OPERATOR, reason, dict(ctx.results)
         return outcome

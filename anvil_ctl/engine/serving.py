@@ -1,8 +1,5 @@
 """Operations on serves that several transaction kinds share, each verifying the world.
-
-Stopping returns once the container exited; starting a retained serve checks its identity and
-returns once its binding serves the exact model. `identity_drift` is the one comparison of a
-recorded identity with the live container. How a serve is probed is its engine profile's.
+`identity_drift` is the one comparison of a recorded identity with the live container.
 """
 
 from __future__ import annotations
@@ -127,21 +124,16 @@ def image_present(world: World, image_id: str) -> bool:
     return True
 
 
-def container_absent_or_stopped(world: World, container_id: str) -> bool:
-    info = inspect_or_none(world, container_id)
-    return info is None or not info.running
-
-
 def is_running(world: World, container_id: str) -> bool:
-    return not container_absent_or_stopped(world, container_id)
+    info = inspect_or_none(world, container_id)
+    return info is not None and info.running
 
 
 # -- acting on serves -------------------------------------------------------------------------
 
 
 def tier_incumbent(world: World, slot: str) -> Identity | None:
-    """The running incumbent of another slot of `slot`'s router tier (a blue/green pair: a
-    canary's two slots): what the tier serves when `slot` does not."""
+    """The running incumbent of another slot of `slot`'s router tier (a canary's pair)."""
     tier = world.config.slot(slot).router_tier
     for name, other in sorted(world.config.slots.items()):
         if name == slot or other.router_tier != tier:
@@ -165,12 +157,9 @@ def stop_verified(world: World, container_id: str, grace: float | None = None) -
 
 
 POLL_FIRST_S = 0.02
-"""The first pause of a poll: most waits (a stub's start, a released card) end within a few.
-Short, because the pause after the wait is over is time lost; a poll is two local HTTP
-requests."""
+"""The first pause of a poll: short, since most waits end within a few and a poll is cheap."""
 POLL_GROWTH = 1.25
-"""Each pause a quarter longer than the last: what is ready is seen within a quarter of the
-time already waited, and a long wait (a real engine loading weights) polls ever less."""
+"""Each pause a quarter longer than the last: a long wait polls ever less."""
 
 
 def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
@@ -182,8 +171,7 @@ def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
 
 
 def _observe_readiness(world: World, base_url: str, health_path: str | None) -> JSONObject:
-    """One readiness poll: the health route (if the engine has one), the model list, and
-    whether anything listens at all (an engine still loading may refuse connections)."""
+    """One readiness poll: the health route (if any), the model list, whether anything listens."""
     if health_path is not None and not world.server.health(base_url, health_path):
         return {"healthy": False, "models": [], "listening": world.server.listening(base_url)}
     models: list[str] = [m.id for m in world.server.models(base_url)]
@@ -198,8 +186,7 @@ def wait_serving(
     served_model: str,
     timeout_s: float,
 ) -> JSONObject:
-    """Wait until the health route (if any) is 200 and /v1/models names exactly `served_model`,
-    within `world.deadline(timeout_s)`; the result says how many polls it took and the first seen."""
+    """Wait until the health route (if any) is 200 and /v1/models names exactly `served_model`."""
     timeout_s = world.wait(f"{base_url} to serve {served_model}", timeout_s)
     deadline = world.clock.now() + timeout_s
     started = world.clock.now()
@@ -258,8 +245,7 @@ def routed_expectation(world: World, ident: Identity) -> tuple[str, str]:
 
 def routed_chain_problems(world: World, ident: Identity) -> list[str]:
     """For an engine whose answers echo the request's model, the routed identity is a chain:
-    the tier routes to the slot's binding (the router's view) and the binding serves
-    `ident.served_model` (/v1/models). Empty when it holds, or the engine names itself."""
+    the tier routes to the slot's binding and the binding serves `ident.served_model`."""
     if profile_of(ident).response_model == "served" or world.router is None:
         return []
     slot = world.config.slot(ident.slot)
@@ -376,6 +362,15 @@ def release_vram_step(need: Callable[[C], VramNeed]) -> Step[C]:
     return Step("release-vram", do, None, "wait until the GPUs' memory is observed free")
 
 
+def reroute(which: Callable[[C], Identity]) -> Callable[[C], None]:
+    """A goal's repair: route the tier to `which(ctx)` again, holding past a pending removal."""
+
+    def repair(ctx: C) -> None:
+        route_slot_to(ctx.world, which(ctx), hold=True)
+
+    return repair
+
+
 def route_step(
     name: str,
     which: Callable[[C], Identity],
@@ -391,9 +386,8 @@ def route_step(
 
 
 def through_the_route(world: World, ident: Identity, call: Callable[[], StepResult]) -> StepResult:
-    """Run a check that goes through the router; when it fails because the route itself is
-    gone (a router restarted since the route step lost every registration), put the route
-    back once and run the check again. Every other failure stands."""
+    """Run a check through the router; when it fails because the route itself is gone (a router
+    restarted), put the route back once and run it again."""
     try:
         return call()
     except StepFailed as first:

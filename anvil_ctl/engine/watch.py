@@ -1,22 +1,11 @@
 """The watch: samples taken at an interval against limits declared before the first one; a
 verdict out.
 
-`watch` is the loop and knows nothing of what a sample is: every `interval_s` for
-`duration_s` (at least `at_least` samples) it takes a sample, hands it to `record` as it is
-taken (the caller journals it), and has `judge` judge the newest `consecutive` samples. It
-ends at the first breach, when `stop` names who stopped it (a person's abort, a signal), or
-healthy at the end. A watched promote samples its serve (`RouteSampler`) against absolute
-limits (`within`); a canary samples its two serves side by side and judges the candidate
-against the incumbent of the same round (`qualify.canary`); `recheck --slo` samples a standing
-serve as a promote does, `consecutive` samples (`at_least`) and no more.
-
-`RouteSampler` is the promote's sample of one serve: a few streamed chats through the route
-with the official client (`World.route_sample`), the functional gate's checks (the tool
-fixture rotating) when a limit names `functional_failed`, and passive signals of its container since
-the watch began: restarts and OOM kills (docker inspect), whether it runs, and the engine's
-fatal log lines (the log audit's patterns, `qualify.logs`); and the router's own count of the
-serve's failed answers (`Router.errors`: HAProxy's per-server 5xx, aborted responses and failed
-connections; smg keeps none we read).
+`watch` is the loop and knows nothing of what a sample is: it hands each sample to `record`
+as it is taken and has `judge` judge the newest `consecutive`; it ends at the first breach,
+when `stop` names who stopped it, or healthy at the end. `RouteSampler` is a watched promote's
+sample of one serve: streamed chats through the route with the official client, plus passive
+signals of its container (restarts, OOM kills, fatal log lines) and the router's failed answers.
 """
 
 from __future__ import annotations
@@ -67,8 +56,7 @@ LOG_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class Verdict:
-    """How a watch ended: `healthy`, `breach` (with the breaches and the samples that made
-    them) or `stopped` (with who stopped it)."""
+    """How a watch ended: `healthy`, `breach` or `stopped`."""
 
     ended: str
     samples: int
@@ -136,9 +124,8 @@ def watch(
 
 
 class RouteSampler:
-    """One sample of a serve: active chats through the route (and the functional checks when
-    a limit names `functional_failed`), passive signals of its container and the router's
-    error count against the `baseline` taken when the watch began."""
+    """One sample of a serve: active chats through the route, passive signals of its container
+    and the router's error count, against the `baseline` taken when the watch began."""
 
     def __init__(
         self,
@@ -166,8 +153,7 @@ class RouteSampler:
 
     @staticmethod
     def baseline(world: World, serve: Identity) -> JSONObject:
-        """What a watch of `serve` starting now counts from: the time, the container's restart
-        count (0 when it cannot be read), the router's error count (None: it keeps none)."""
+        """What a watch of `serve` starting now counts from: time, restarts, router errors."""
         try:
             restarts = world.runtime.logs(serve.container_id, max_lines=1, max_bytes=1024).restart_count
         except NotFound:
@@ -198,8 +184,7 @@ class RouteSampler:
         }
 
     def passive(self) -> JSONObject:
-        """What the runtime says of the serve's container since the watch began, and the
-        router's own count of the serve's failed answers since then."""
+        """The serve's container and the router's failed answers since the watch began."""
         now = router_errors(self.world, self.serve)
         before = self.errors_before
         errors = None if now is None or before is None else max(0, now - before)
@@ -254,9 +239,8 @@ def standing_policy(store: Store, serve: Identity, profile: str | None) -> tuple
 
 
 def qualified(store: Store, evidence_dir: Path, serve: Identity) -> tuple[dict[str, float], JSONObject]:
-    """The qualified values of the serve's newest qualification (relative limits resolve
-    against them), read from its capacity artifact only when the artifact's SHA-256 matches
-    the record; and which evidence they came from."""
+    """The qualified values relative limits resolve against, from the newest qualification's
+    capacity artifact (when its SHA-256 matches the record), and which evidence they came from."""
     decision = qualification.latest_decision(store, serve.qualification_digest)
     tx_id = decision["tx_id"] if decision else None
     if not tx_id:
@@ -288,8 +272,7 @@ ABORT = "abort"
 
 class Interrupts:
     """SIGINT and SIGTERM, while a watch runs, become a person's stop instead of killing the
-    process mid-sample: the watch ends at its next check and rolls back (main thread only;
-    elsewhere signals keep their handlers)."""
+    process mid-sample (main thread only)."""
 
     def __init__(self) -> None:
         self.caught: JSONObject | None = None

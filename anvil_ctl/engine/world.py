@@ -1,7 +1,5 @@
 """The World: the ports, config and store one command works with, built by `anvil_ctl.bootstrap`.
-
-Every field is a typed port or value; optional capabilities are optional fields
-(a host without a router has `router=None`), never a string-keyed bag.
+Optional capabilities are optional fields (no router: `router=None`).
 """
 
 from __future__ import annotations
@@ -62,8 +60,8 @@ VramRelease = Callable[[VramNeed], JSONObject]
 """The VRAM-release gate: wait until the need is free, return both readings (StepFailed at the deadline)."""
 
 RouteSample = Callable[[str, int, int, int | None], "Sample"]
-"""Streamed chats through the router with the client key: (alias, requests, max_tokens, the
-functional check to take or None) -> one sample (`qualify.slosample`), what a watch judges."""
+"""Streamed chats through the router: (alias, requests, max_tokens, functional check or None)
+-> one sample (`qualify.slosample`)."""
 
 ContainerOfPid = Callable[[int], str | None]
 """Which container a host PID runs in (NVML reports engine worker PIDs), None if none."""
@@ -90,23 +88,19 @@ class World:
     container_of_pid: ContainerOfPid | None = None
     """Real GPUs only: NVML's PIDs are engine workers, children of the container's init."""
     hold_readmissions: bool = False
-    """Every readmission holds as if a removal were pending (`Router.readmit(hold=True)`):
-    `recover` sets it, because a process that died mid-drain may have sent removals that
-    no adapter of this process saw."""
+    """Every readmission holds as if a removal were pending: set by `recover`, since a dead
+    process may have sent removals no adapter of this one saw."""
     progress: Progress = field(default_factory=SilentProgress)
     """Where steps report their waits (the CLI's renderer; silent by default)."""
     wait_limit_s: float | None = None
     """`--timeout`: no forward wait (health, VRAM release, drain, readmission) lasts longer."""
     kept_reading: tuple[dict[str, object], dict[str, object]] | None = None
-    """What a stretch opened with `keep` saw, for the next stretch opened with `resume`
-    (`one_reading`); the entry drops it wherever no such stretch follows at once."""
+    """What a stretch opened with `keep` saw, for the next one opened with `resume` (`one_reading`)."""
     undoing: bool = False
-    """Set by the engine while it compensates: undos keep the configured deadlines, since
-    giving up early on bringing a serve back would leave the slot dark."""
+    """Set while compensating: undos keep the configured deadlines rather than leave a slot dark."""
 
     def deadline(self, configured_s: float) -> float:
-        """How long a wait may last: the configured deadline, capped by `--timeout` on the
-        forward path."""
+        """The configured deadline, capped by `--timeout` on the forward path."""
         if self.wait_limit_s is None or self.undoing:
             return configured_s
         return min(configured_s, self.wait_limit_s)
@@ -134,17 +128,14 @@ class _CurrentRuntime:
 
 
 def current_runtime(world: World) -> ContainerRuntime:
-    """The world's container runtime as it is at each call: inside `one_reading` the stretch's
-    one look. For the adapters built beside the world that list its managed containers (the
-    /dev/shm scanner, the simulated GPUs): in a stretch their listing is the stretch's."""
+    """The world's container runtime as it is at each call (inside `one_reading`, the stretch's),
+    for the adapters built beside the world that list its managed containers."""
     return cast(ContainerRuntime, _CurrentRuntime(world))
 
 
 class _Reading:
-    """A port inside a stretch (see `one_reading`): each of its `reads` is asked once per
-    arguments, each of its `changes` forgets what the whole stretch saw (`seen`); anything
-    else (the credential probe, logs, the context-refusal probe) is asked every time. An error
-    is raised each time, never kept."""
+    """A port inside a stretch (`one_reading`): each of its `reads` is asked once per arguments,
+    each of its `changes` forgets what the stretch saw; anything else is asked every time."""
 
     def __init__(
         self, port: object, seen: dict[str, object], reads: frozenset[str], changes: frozenset[str]
@@ -175,8 +166,7 @@ class _Reading:
 
 class _Runtime(_Reading):
     """The container runtime in a stretch: one listing of the managed containers answers every
-    narrower query of them (the runtime's label filter is this exact match), and a listed
-    container was inspected to be listed: that is its inspect."""
+    narrower query of them, and serves as each listed container's inspect."""
 
     def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
         wanted = dict(labels or {})
@@ -211,14 +201,10 @@ _STRETCH: dict[str, tuple[type[_Reading], frozenset[str], frozenset[str]]] = {
 
 @contextmanager
 def one_reading(world: object, *, keep: bool = False, resume: bool = False) -> Iterator[None]:
-    """A stretch in which the host is only observed: each question to the runtime, the server
-    probe, the router, the GPUs and /dev/shm is asked once (checks and snapshots ask the same
-    few again and again). A change made through the stretch forgets every reading; nothing may
-    poll inside one. A stretch inside a stretch is the outer one; a non-World is left alone.
-
-    `keep`: what the stretch saw stays on the world (`kept_reading`); `resume`: the stretch
-    starts from what was kept, which only a stretch that follows with nothing acted between
-    may do (a promotion following its load under the same lock). Any stretch takes it away."""
+    """A stretch in which the host is only observed: each question to a port is asked once; a
+    change made through it forgets every reading, and nothing may poll inside one. A stretch
+    inside a stretch is the outer one. `keep`: what it saw stays on the world; `resume`: it
+    starts from that, which only a stretch following with nothing acted between may do."""
     if not isinstance(world, World) or isinstance(world.runtime, _Reading):
         yield  # not a World, or already inside a stretch: its one reading goes on
         return

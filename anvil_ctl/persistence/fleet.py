@@ -9,6 +9,7 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.persistence import projection
 from anvil_ctl.persistence.current_models import IdentityCurrent, LockHeld
 from anvil_ctl.persistence.models import Host, IdentityRow, RecheckRow
+from anvil_ctl.persistence.queries import equal_to
 from anvil_ctl.persistence.store import Store
 
 
@@ -63,17 +64,13 @@ def status(store: Store) -> list[JSONObject]:
 
 def served_at(store: Store, *, slot: str, at: str, host: int | None) -> list[JSONObject]:
     """Which container served `slot` at time `at` (one per host; of host `host`, or of every
-    host when None), from the serving history (`v_serving_history`, the projection's): host,
-    slot, container_id, served_model, served_from, served_until, tx_id."""
+    host when None), from the serving history (`v_serving_history`, the projection's)."""
     sql = (
         "SELECT host, slot, container_id, served_model, served_from, served_until, tx_id "
-        "FROM v_serving_history WHERE slot = :slot AND served_from <= :at "
-        "AND (served_until IS NULL OR served_until > :at)"
+        "FROM v_serving_history WHERE served_from <= :at AND (served_until IS NULL OR served_until > :at)"
     )
-    params: dict[str, str | int] = {"slot": slot, "at": at}
-    if host is not None:
-        sql += " AND host_id = :host"
-        params["host"] = host
-    sql += " ORDER BY host_id, served_from"
+    where, params = equal_to(slot=slot, host_id=host)
+    sql += where + " ORDER BY host_id, served_from"
+    params["at"] = at
     with store.read() as s:
         return [dict(r._mapping) for r in s.execute(text(sql), params)]

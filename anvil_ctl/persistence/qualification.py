@@ -11,7 +11,7 @@ import json
 from collections.abc import Collection, Iterable, Sequence
 from typing import NotRequired, TypedDict, cast
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 
 from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.jsontypes import JSONObject
@@ -172,6 +172,12 @@ def _decision_dict(r: DecisionRow) -> DecisionRecord:
     return cast(DecisionRecord, parsed)
 
 
+def _of_host(store: Store, q: Select[DecisionRow]) -> list[DecisionRecord]:
+    """The decisions of this host that `q` selects."""
+    with store.read() as s:
+        return [_decision_dict(r) for r in s.execute(q.where(DecisionRow.host_id == store.host)).scalars()]
+
+
 def decisions(
     store: Store,
     *,
@@ -193,9 +199,7 @@ def decisions(
         q = q.where(DecisionRow.identity_digest == identity_digest)
     if slot:
         q = q.where(DecisionRow.slot == slot)
-    q = q.where(DecisionRow.host_id == store.host)
-    with store.read() as s:
-        return [_decision_dict(r) for r in s.execute(q).scalars()]
+    return _of_host(store, q)
 
 
 def latest_decision(store: Store, identity_digest: str) -> DecisionRecord | None:
@@ -205,10 +209,8 @@ def latest_decision(store: Store, identity_digest: str) -> DecisionRecord | None
 
 def decision(store: Store, decision_id: str) -> DecisionRecord | None:
     """One decision of this host by its ID (its key), or None."""
-    q = select(DecisionRow).where(DecisionRow.id == decision_id, DecisionRow.host_id == store.host)
-    with store.read() as s:
-        row = s.execute(q).scalar()
-        return _decision_dict(row) if row is not None else None
+    found = _of_host(store, select(DecisionRow).where(DecisionRow.id == decision_id))
+    return found[0] if found else None
 
 
 def reclassifications(store: Store, raw_ids: Collection[str]) -> list[DecisionRecord]:
@@ -216,25 +218,14 @@ def reclassifications(store: Store, raw_ids: Collection[str]) -> list[DecisionRe
     `ix_decisions_reclassifies`, which holds reclassifications only."""
     if not raw_ids:
         return []
-    q = (
-        select(DecisionRow)
-        .where(
-            DecisionRow.reclassifies.is_not(None),  # the partial index's condition, written out
-            DecisionRow.reclassifies.in_(sorted(raw_ids)),
-            DecisionRow.host_id == store.host,
-        )
-        .order_by(DecisionRow.at, DecisionRow.id)
+    q = select(DecisionRow).where(
+        DecisionRow.reclassifies.is_not(None),  # the partial index's condition, written out
+        DecisionRow.reclassifies.in_(sorted(raw_ids)),
     )
-    with store.read() as s:
-        return [_decision_dict(r) for r in s.execute(q).scalars()]
+    return _of_host(store, q.order_by(DecisionRow.at, DecisionRow.id))
 
 
 def decisions_of_tx(store: Store, tx_id: str) -> list[DecisionRecord]:
     """This host's decisions recorded by transaction `tx_id` (its qualify), oldest first."""
-    q = (
-        select(DecisionRow)
-        .where(DecisionRow.tx_id == tx_id, DecisionRow.host_id == store.host)
-        .order_by(DecisionRow.at, DecisionRow.id)
-    )
-    with store.read() as s:
-        return [_decision_dict(r) for r in s.execute(q).scalars()]
+    q = select(DecisionRow).where(DecisionRow.tx_id == tx_id).order_by(DecisionRow.at, DecisionRow.id)
+    return _of_host(store, q)

@@ -95,6 +95,12 @@ class Revision(TypedDict):
 # -- queries -----------------------------------------------------------------------------------
 
 
+def equal_to(**filters: str | int | None) -> tuple[str, dict[str, str | int]]:
+    """` AND column = :column` for each filter given (not None), and their parameters."""
+    given = {column: value for column, value in filters.items() if value is not None}
+    return "".join(f" AND {column} = :{column}" for column in given), given
+
+
 def transactions(
     store: Store,
     *,
@@ -109,16 +115,9 @@ def transactions(
     sql = (
         "SELECT tx_id, host, kind, slot, state, reason, created_at, updated_at FROM v_transactions WHERE 1=1"
     )
-    params: dict[str, str | int] = {"limit": limit}
-    if host is not None:
-        sql += " AND host_id = :host"
-        params["host"] = host
-    if kind:
-        sql += " AND kind = :kind"
-        params["kind"] = kind
-    if state:
-        sql += " AND state = :state"
-        params["state"] = state
+    where, params = equal_to(host_id=host, kind=kind or None, state=state or None)
+    sql += where
+    params["limit"] = limit
     if since:
         sql += " AND created_at >= :since"
         params["since"] = since
@@ -240,15 +239,10 @@ def identities(
     one, or the newest `limit` (newest first by key, through `ix_identities_slot_role_id`)."""
     sql = (
         "SELECT host, recorded_at, slot, role, container_id, image_id, served_model, digest, tx_id "
-        "FROM v_identities WHERE role = :role"
+        "FROM v_identities WHERE 1=1"
     )
-    params: dict[str, str | int] = {"role": role}
-    if host is not None:
-        sql += " AND host_id = :host"
-        params["host"] = host
-    if slot:
-        sql += " AND slot = :slot"
-        params["slot"] = slot
+    where, params = equal_to(role=role, host_id=host, slot=slot or None)
+    sql += where
     if limit is not None:
         sql += " ORDER BY id DESC LIMIT :limit"
         params["limit"] = limit

@@ -7,10 +7,9 @@ with a `test` of every value it takes away. These work inside the Store's write 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
-from typing import TypeVarTuple
+from collections.abc import Iterator, Mapping
 
-from sqlalchemy import Row, Select, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.digest import canonical_json
@@ -20,19 +19,24 @@ from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
 
-Ts = TypeVarTuple("Ts")
-
 FIRST_BOUND = 2**31 - 1
-"""Above every key: the largest INTEGER (the keys' type). PostgreSQL refuses a larger
-parameter for an INTEGER comparison ("integer out of range"); SQLite took 2**62."""
+"""Above every key: the largest INTEGER, the keys' type (PostgreSQL refuses a larger parameter)."""
 
 
-def newest_first(s: Session, page: Callable[[int, int], Select[int, *Ts]]) -> Iterator[Row[int, *Ts]]:
-    """The rows of `page(below, size)`, page after page: the caller's query of rows whose key (its
-    first column) is below `below`, newest first, `LIMIT size`. Pages grow from 8 to 256."""
+def _newest_first(s: Session, slot: str, host: int) -> Iterator[tuple[int, str]]:
+    """(id, sha256) of the slot's snapshots, newest first by key, in pages growing from 8 to 256.
+
+    The slot is compared as `slot || ''` so that no index on the slot draws the planner into
+    reading all its snapshots before the first page."""
     size, below = 8, FIRST_BOUND
     while True:
-        rows = s.execute(page(below, size)).all()
+        rows = s.execute(
+            select(SnapshotRow.id, SnapshotRow.sha256)
+            .join(Transaction, Transaction.id == SnapshotRow.tx_id)
+            .where(Transaction.slot.concat("") == slot, Transaction.host_id == host, SnapshotRow.id < below)
+            .order_by(SnapshotRow.id.desc())
+            .limit(size)
+        ).all()
         yield from rows
         if len(rows) < size:
             return
@@ -77,21 +81,8 @@ def stored_changes(row: SnapshotDiff) -> list[JSONObject]:
 def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONObject] | None:
     """The SHA-256 and body of the newest recorded snapshot in which `target` served its slot:
     recorded as its incumbent, its container running and the binding serving its model."""
-
-    # Newest first by key, stopping at the first that qualifies. The slot is compared as
-    # `slot || ''` so that no index on the slot draws the planner into reading all its snapshots.
-    def page(below: int, size: int) -> Select[int, str]:
-        return (
-            select(SnapshotRow.id, SnapshotRow.sha256)
-            .join(Transaction, Transaction.id == SnapshotRow.tx_id)
-            .where(Transaction.slot.concat("") == target.slot, Transaction.host_id == host)
-            .order_by(SnapshotRow.id.desc())
-            .where(SnapshotRow.id < below)
-            .limit(size)
-        )
-
     seen: set[str] = set()
-    for _, sha in newest_first(s, page):
+    for _, sha in _newest_first(s, target.slot, host):  # stops at the first that qualifies
         if sha in seen:  # the same content again: it did not qualify the first time
             continue
         seen.add(sha)

@@ -95,7 +95,6 @@ class Store:
         register, self.on_first_write = self.on_first_write, None
         if register is not None:  # this host's first write: its registration commits first
             register()
-        advance_to: Head | None = None
         sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
         with translated(self.engine), sessions.begin() as session:
             session.info[audit.HOST] = self.host_id
@@ -103,13 +102,18 @@ class Store:
             held: list[Held] | None = session.info.pop(BATCHED, None)
             if held:
                 self._append_batch(session, held)
-            new: Head | None = session.info.get(audit.HEAD)
-            if new is not None and self.head_path is not None:
-                hash_at = lambda seq: audit.hash_at(session, seq)  # noqa: E731
-                if head_file.may_advance(self.head_path, new, hash_at):
-                    advance_to = new
-        if advance_to is not None and self.head_path is not None:
-            head_file.advance(self.head_path, advance_to)
+            advance_to = self._may_advance(session, session.info.get(audit.HEAD))
+        self._advance(advance_to)
+
+    def _may_advance(self, s: Session, new: Head | None) -> Head | None:
+        """`new`, if the head file may move to it (`head_file.may_advance`, read in `s`)."""
+        if new is None or self.head_path is None:
+            return None
+        return new if head_file.may_advance(self.head_path, new, lambda seq: audit.hash_at(s, seq)) else None
+
+    def _advance(self, to: Head | None) -> None:
+        if to is not None and self.head_path is not None:
+            head_file.advance(self.head_path, to)
 
     @contextmanager
     def together(self) -> Iterator[None]:
@@ -168,11 +172,8 @@ class Store:
         """Bring the head file up to the chain's head (after a migration appended entries)."""
         with self.read() as s:
             now = audit.head(s)
-            ok = self.head_path is not None and head_file.may_advance(
-                self.head_path, now, lambda seq: audit.hash_at(s, seq)
-            )
-        if ok and self.head_path is not None and now.seq:
-            head_file.advance(self.head_path, now)
+            advance_to = self._may_advance(s, now)
+        self._advance(advance_to if now.seq else None)
         return now
 
     def append_audit(self, event: str, tx_id: str | None, payload: Mapping[str, object]) -> None:
@@ -246,12 +247,12 @@ class Store:
 
     def record(self, tx_id: str) -> TxRecord:
         with self.read() as s:
-            tx = s.get(Transaction, tx_id)
-            if tx is None:
-                raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
-            return self._to_record(s, tx)
+            return self._record(s, tx_id)
 
-    def _to_record(self, s: Session, tx: Transaction) -> TxRecord:
+    def _record(self, s: Session, tx_id: str) -> TxRecord:
+        tx = s.get(Transaction, tx_id)
+        if tx is None:
+            raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
         return TxRecord(
             id=tx.id,
             kind=tx.kind,
@@ -311,13 +312,8 @@ class Store:
         """Transactions whose current state is one of `states`, oldest first: one indexed
         query on the projection, then each one's own row (there are few)."""
         with self.read() as s:
-            out = []
-            for cur in projection.tx_rows_in(s, frozenset(st.value for st in states), self.host):
-                tx = s.get(Transaction, cur.tx_id)
-                if tx is None:
-                    raise StateStoreError(f"transaction {cur.tx_id} not found", tx_id=cur.tx_id)
-                out.append(self._to_record(s, tx))
-            return out
+            rows = projection.tx_rows_in(s, frozenset(st.value for st in states), self.host)
+            return [self._record(s, cur.tx_id) for cur in rows]
 
     def unresolved(self) -> list[TxRecord]:
         """Unfinished transactions plus those that wait for a person."""

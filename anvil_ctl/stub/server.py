@@ -21,14 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from anvil_ctl.stub.options import StubOptions, parse_options
-from anvil_ctl.stub.rules import (
-    BadRequest,
-    Completion,
-    Prompt,
-    chat_prompt,
-    complete,
-    load_answer_book,
-)
+from anvil_ctl.stub.rules import BadRequest, Completion, Prompt, chat_prompt, complete, load_answer_book
 from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
 from anvil_ctl.stub.state import RESTARTED_ENV, Pacer, StubState, log_line
 
@@ -50,9 +43,7 @@ def _usage(prompt: Prompt, c: Completion) -> JSONObject:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "anvil-stub/1"
-    # TCP_NODELAY, as the engines we stand in for have it (uvicorn sets it on every transport):
-    # without it a response's body waits for the ACK of its headers, which a keep-alive peer
-    # that delays its ACKs (smg) sends late.
+    # TCP_NODELAY, as uvicorn sets it: without it a body waits for the ACK of its headers.
     disable_nagle_algorithm = True
     state: StubState  # set on the subclass made by make_server
 
@@ -60,8 +51,7 @@ class Handler(BaseHTTPRequestHandler):
         return  # quiet: request logs would drown test output
 
     def handle(self) -> None:
-        # A client that went away (HAProxy resets its health checks) is dropped quietly, as
-        # engines do: a traceback here would be a fatal line to a watch.
+        # A client that went away is dropped quietly: a traceback would be a fatal line to a watch.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             super().handle()
 
@@ -151,11 +141,8 @@ class Handler(BaseHTTPRequestHandler):
         if st.warming():
             self._error(503, "starting")
             return
-        if prompt.tokens > st.options.max_model_len:
-            self._error(
-                400,
-                f"prompt has {prompt.tokens} tokens, more than max_model_len {st.options.max_model_len}",
-            )
+        if prompt.tokens > (limit := st.options.max_model_len):
+            self._error(400, f"prompt has {prompt.tokens} tokens, more than max_model_len {limit}")
             return
         before = st.admit()
         if before is None:
@@ -220,13 +207,7 @@ class Handler(BaseHTTPRequestHandler):
         }
 
     def _stream_chat(
-        self,
-        prompt: Prompt,
-        c: Completion,
-        pacer: Pacer,
-        body: Mapping[str, object],
-        *,
-        truncate: bool = False,
+        self, prompt: Prompt, c: Completion, pacer: Pacer, body: Mapping[str, object], *, truncate: bool
     ) -> None:
         st = self.state
         self.send_response(200)

@@ -31,8 +31,7 @@ class StubState:
         self.started = time.monotonic()
         self.started_at = time.time()
         self.began_at: dict[str, float] = {}
-        """Late fault kind -> the wall-clock time it first acted (a completion it changed, the
-        fatal line printed, the exit begun): the onsets `GET /anvil/sim/timings` reports."""
+        """Late fault kind -> the wall-clock time it first acted (`GET /anvil/sim/timings`)."""
         self.lock = threading.Lock()
         self.completions_started = 0
         self.completions_done = 0
@@ -42,8 +41,7 @@ class StubState:
         self.restart = False
         self.logged = bool(os.environ.get(RESTARTED_ENV))  # printed before the restart already
         self.timings: deque[dict[str, object]] = deque(maxlen=TIMINGS_KEPT)
-        """What the newest completions really took (Pacer.timing), numbered by `seq`, with the
-        late faults due for each (`late_faults`)."""
+        """What the newest completions really took (Pacer.timing), with the late faults due for each."""
         self.timing_seq = itertools.count(1)
         self.fatal_logged = False
 
@@ -51,8 +49,7 @@ class StubState:
         return time.monotonic() - self.started
 
     def late_effects(self, completions: int) -> Effects:
-        """What the late faults do to a completion that `completions` others preceded (the
-        first completion each one changes is its onset)."""
+        """What the late faults do to a completion that `completions` others preceded."""
         found = effects(self.options.late_faults, completions, self.elapsed())
         with self.lock:
             for kind in found.kinds:
@@ -61,8 +58,7 @@ class StubState:
         return found
 
     def onsets(self) -> list[dict[str, object]]:
-        """Each late fault's wall-clock onset: `due_at` (a time onset, known from the start)
-        and `began_at` (when it first acted; None before). Caller holds the lock."""
+        """Each late fault's wall-clock onsets, due and begun (caller holds the lock)."""
         return [
             {
                 "kind": f.kind,
@@ -107,8 +103,7 @@ class StubState:
         return not self.options.fail_health and not self.warming()
 
     def admit(self) -> int | None:
-        """Count a completion in and return how many others began before it; None once
-        --exit-after's budget is used up or a late `exit` stopped the engine."""
+        """Count a completion in and return how many others began before it; None once stopped."""
         with self.lock:
             limit = self.options.exit_after
             if (limit is not None and self.completions_started >= limit) or self.stop.is_set():
@@ -131,8 +126,7 @@ class StubState:
                 self.stop.set()
 
     def print_log_lines(self) -> None:
-        """Print the --log-line lines once --log-after completions are done (caller holds the lock
-        or runs before the server starts)."""
+        """Print the --log-line lines once --log-after completions are done (under the lock)."""
         if not self.logged and self.completions_done >= self.options.log_after:
             self.logged = True
             for line in self.options.log_lines:
@@ -169,12 +163,8 @@ class Pacer:
 
     def wait_for(self, index: int) -> None:
         due = self.t0 + self.prefill_s + index * self.step_s
-        while True:
-            now = time.monotonic()
-            left = due - now
-            if left <= 0:
-                break
-            time.sleep(left)
+        while (now := time.monotonic()) < due:
+            time.sleep(due - now)
         self.first = now if self.first is None else self.first
         self.last, self.emitted = now, max(self.emitted, index + 1)
 

@@ -36,15 +36,7 @@ def reading(
     processes: Iterable[GpuProcess] = (),
 ) -> GpuReading:
     """A consistent reading (free = total - used) for tests."""
-    return GpuReading(
-        uuid=uuid,
-        name=name,
-        index=index,
-        total_mib=total_mib,
-        used_mib=used_mib,
-        free_mib=total_mib - used_mib,
-        processes=tuple(processes),
-    )
+    return GpuReading(uuid, name, index, total_mib, used_mib, total_mib - used_mib, tuple(processes))
 
 
 class FakeGpuProbe:
@@ -59,12 +51,8 @@ class FakeGpuProbe:
 
     def set_used(self, uuid: str, used_mib: int, processes: Iterable[GpuProcess] = ()) -> None:
         old = self._readings[uuid]
-        self._readings[uuid] = replace(
-            old,
-            used_mib=used_mib,
-            free_mib=old.total_mib - used_mib,
-            processes=tuple(processes),
-        )
+        free_mib = old.total_mib - used_mib
+        self._readings[uuid] = replace(old, used_mib=used_mib, free_mib=free_mib, processes=tuple(processes))
 
     def after_polls(self, polls: int, uuid: str, used_mib: int, processes: Iterable[GpuProcess] = ()) -> None:
         """From the `polls`-th call of `gpus()` on (1-based), the card holds `used_mib`."""

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from anvil_ctl.core.model import (
-    GpuReading,
-    ResidueFile,
-    ResidueRemoval,
-    ShmMark,
-)
+from anvil_ctl.core.model import GpuReading, ResidueFile, ResidueRemoval, ShmMark
 from anvil_ctl.testing.world import FakeWorld
 
 

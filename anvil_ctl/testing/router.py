@@ -9,11 +9,7 @@ from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AuthRejected, StepFailed
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
-from anvil_ctl.core.model import (
-    Backend,
-    RouteCheck,
-    RoutedAnswer,
-)
+from anvil_ctl.core.model import RouteCheck, RoutedAnswer
 from anvil_ctl.testing.runtime import FakeServerProbe
 from anvil_ctl.testing.world import FakeWorld, TierDoc, WorldDoc, maybe_hang_or_fail
 
@@ -43,15 +39,6 @@ class FakeRouter:
     def _tier_now(self, tier: str) -> TierDoc:
         """The tier as the world holds it now (an unknown tier: no URL, in maintenance)."""
         return self.world.read()["router"]["tiers"].get(tier) or _unknown_tier()
-
-    def backends(self, tier: str) -> list[Backend]:
-        t = self.world.read()["router"]["tiers"].get(tier)
-        url = t["url"] if t else None
-        if not t or not url:
-            return []
-        models = tuple(m.id for m in self.server.models(url))
-        healthy = self.server.health(url, "/health")
-        return [Backend(url, healthy, models, t["state"])]
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
         with self.world.edit() as w:
@@ -89,15 +76,13 @@ class FakeRouter:
         *,
         hold: bool = False,
     ) -> None:
-        """Registers at once; every readmission is logged in the world (`router.readmits`:
-        tier, url and whether the caller asked to `hold`), so tests can see who asked."""
+        """Registers at once; every readmission is logged in the world's `router.readmits`."""
         self.probe_credentials()
         maybe_hang_or_fail(self.world, "readmit")
         with self.world.edit() as w:
             w["router"].setdefault("readmits", []).append({"tier": tier, "url": url, "hold": hold})
         self.register(tier, url, aliases)
-        # The readmission's own check (part of readmitting, as smg's and HAProxy's are): a
-        # test that replaces `routed_chat` to restart the router sees only later chats.
+        # The readmission's own check, apart from `routed_chat`, which tests replace.
         answer = self._answer(aliases[0])
         if answer.model != expected_model:
             raise StepFailed(
@@ -201,11 +186,8 @@ def fake_route_sample(router: FakeRouter) -> Callable[[str, int, int, int | None
         for _ in range(requests):
             answer = router.routed_chat(alias)
             ok = answer.status == 200
-            results.append(
-                RequestResult(True, ttft, 100.0, "stop", answer.model)
-                if ok
-                else RequestResult(False, error=f"HTTP {answer.status}")
-            )
+            failed = RequestResult(False, error=f"HTTP {answer.status}")
+            results.append(RequestResult(True, ttft, 100.0, "stop", answer.model) if ok else failed)
         checks: tuple[JSONObject, ...] = ()
         if functional is not None:
             from anvil_ctl.qualify.slosample import FUNCTIONAL

@@ -1,15 +1,20 @@
 """The paired benchmark's bare sequence asks the engine for what anvilctl asks for.
 
 The stub decodes what it is asked (recipes run it with `--verbose-default`), so a bare chat
-with another prompt or token budget times the stub, not the sequence: the bare smoke "smoke"
-once cost 0.27 s to anvilctl's 0.02 s and made promote look 4x cheaper next to it.
+with another prompt or token budget times the stub, not the sequence. The bare acceptance is
+the official client in an interpreter of its own, as the product's is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import threading
+from collections.abc import Iterator
 
 import httpx
+import pytest
 
 from anvil_ctl import acceptance
 from anvil_ctl.adapters.credentials import Secret
@@ -53,7 +58,10 @@ class TestBareRequests:
 
     def test_the_bare_acceptance_sends_the_acceptance_prompts_budgets_and_tool(self) -> None:
         bodies: list[dict[str, object]] = []
-        _bare(bodies).acceptance(MODEL)
+        with _engine(bodies) as url:
+            bare = _bare([])
+            bare.smg, bare.client_token = url, "client-key"
+            bare.acceptance(MODEL)
         plain, stream, tool = bodies
         assert plain["messages"] == [{"role": "user", "content": acceptance.PLAIN_PROMPT}]
         assert stream["messages"] == [{"role": "user", "content": acceptance.STREAM_PROMPT}]
@@ -62,3 +70,55 @@ class TestBareRequests:
         assert tool["tools"] == acceptance.TOOLS
         # the acceptance module's own token budgets (64, 64, 256): the stub decodes up to them
         assert [plain["max_tokens"], stream["max_tokens"], tool["max_tokens"]] == [64, 64, 256]
+        assert {b["model"] for b in bodies} == {ALIAS}
+
+    def test_the_bare_acceptance_fails_on_another_model(self) -> None:
+        bodies: list[dict[str, object]] = []
+        with _engine(bodies) as url:
+            bare = _bare([])
+            bare.smg, bare.client_token = url, "client-key"
+            with pytest.raises(SystemExit, match="bare acceptance failed"):
+                bare.acceptance("another-model")
+        assert len(bodies) == 1  # it stopped at the plain chat's answer
+
+
+@contextlib.contextmanager
+def _engine(bodies: list[dict[str, object]]) -> Iterator[str]:
+    """An OpenAI-compatible answerer on loopback for the official client in the child."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert self.headers["Authorization"] == "Bearer client-key"
+            bodies.append(body)
+            base = {"id": "c", "created": 0, "model": MODEL}
+            if body.get("stream"):
+                delta = {"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}
+                chunk = {**base, "object": "chat.completion.chunk", "choices": [delta]}
+                raw = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+                kind = "text/event-stream"
+            else:
+                call = {"id": "t", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                message = {"role": "assistant", "content": "ok"}
+                if body.get("tools"):
+                    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+                choice = {"index": 0, "message": message, "finish_reason": "stop"}
+                raw = json.dumps({**base, "object": "chat.completion", "choices": [choice]}).encode()
+                kind = "application/json"
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,8 +1,5 @@
-"""`ab`: the matched A/B control of two loaded candidates of the same model.
-
-A non-mutating transaction: `declare` writes and journals the protected boundaries and both
-arms before any request; `measure` alternates arms per repetition; `compare` re-checks both
-arms and writes the verdict. Both arms serve at once on their own bindings.
+"""`ab`: the matched A/B control of two loaded candidates of the same model, both serving at
+once on their own bindings. A non-mutating transaction.
 """
 
 from __future__ import annotations

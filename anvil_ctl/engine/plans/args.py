@@ -69,15 +69,12 @@ class LoadArgs:
     accept_drift: DriftAcceptance | None = None
     drain: DrainPolicy = REFUSE_TO_CUT
     then: PromoteRequest | None = None
-    """`load --promote`: the promotion that follows the load's commit, journaled with the load
-    (no secret in it: a slot, an approver, a candidate reference, a watch) so that `recover`
-    can finish a chain whose process died (`engine.chain`)."""
+    """`load --promote`: the promotion that follows, journaled so `recover` can finish it (`engine.chain`)."""
 
 
 @dataclass(frozen=True)
 class WatchDeclaration:
-    """A promote's watch, resolved before the first sample and journaled with its arguments:
-    how long and how often, and the absolute limits it judges by (`watchpolicy.Limit.as_dict`)."""
+    """A promote's watch, resolved before the first sample: how long, how often, its absolute limits."""
 
     duration_s: float
     interval_s: float
@@ -104,14 +101,12 @@ class PromoteArgs:
     watch: WatchDeclaration | None = None
     """None: a cutover, committed after the last step."""
     chain: str | None = None
-    """The `load --promote` whose promotion this is (the load's transaction ID), journaled so that
-    the chain knows its own promotions whoever ran them (`engine.chain`); None: a person's."""
+    """The transaction ID of the `load --promote` whose promotion this is (None: a person's)."""
 
 
 @dataclass(frozen=True)
 class CanaryArgs:
-    """`promote --canary`: the slot's loaded candidate beside the incumbent its router tier
-    serves now (another slot of the same tier), the shares and the watch declared up front."""
+    """`promote --canary`: the loaded candidate beside the tier's incumbent, shares and watch up front."""
 
     slot: str
     candidate: Identity
@@ -122,8 +117,7 @@ class CanaryArgs:
     shares: tuple[int, ...]
     step_watch_s: float
     watch: JSONMapping
-    """The `[watch]` policy held at every step (`qualify.canary.policy_to_json`), chosen
-    before the first sample; the engine journals it without importing the qualify library."""
+    """The `[watch]` policy held at every step (`qualify.canary.policy_to_json`)."""
     profile: str | None
     vram_need_mib: tuple[int | None, int | None] = (None, None)
     """(incumbent, candidate) VRAM need per card from their recipes; None: unknown."""
@@ -141,12 +135,9 @@ class RollbackArgs:
     restore_group: str | None = None
     restore_group_members: tuple[str, ...] | None = None
     recorded_sha256: str | None = None
-    """The SHA-256 of the newest recorded snapshot in which the target served: what the
-    restored placement must equal (its body is in the record once, not in these arguments)."""
+    """The newest recorded snapshot in which the target served: what the restore must equal."""
     decided_by: Mapping[str, object] | None = None
-    """A rollback no person asked for: the policy that decided it (`recheck --slo
-    --rollback-on-breach`), who enabled it and until when, the breaching samples and the
-    transaction it undoes (`undoes`: the promote that put the serve on the route)."""
+    """A rollback no person asked for: the policy that decided it, its evidence, and `undoes`."""
     drain: DrainPolicy = CUT_AT_DEADLINE
     """Rollback is the emergency tool: at its drain's deadline it goes on, counting the cut."""
 
@@ -160,8 +151,7 @@ class QualifyArgs:
     recipe: str = ""
     """The candidate's recipe, when it is still the loaded one."""
     engine: str = ""
-    """Its recipe's engine kind, recorded in provenance. How the engine is probed and which
-    log lines the log audit counts fatal are the candidate identity's engine profile's."""
+    """Its recipe's engine kind, recorded in provenance."""
     source: Mapping[str, object] | None = None
     """Its upstream source as published (provenance; external-prior figures)."""
     timeout_s: float | None = None
@@ -199,9 +189,7 @@ class ReconcileArgs:
     """The serve the slot's record publishes (its incumbent): what the tier must route to."""
 
 
-# -- requests: what a command asks for, before the record is read ---------------------------------
-# A kind's `prepare` turns its request into its arguments (`anvil_ctl.engine.entry`); requests
-# are never journaled.
+# -- requests: what a command asks for; a kind's `prepare` turns it into its arguments ----------
 
 
 @dataclass(frozen=True)
@@ -239,8 +227,7 @@ class PromoteRequest:
     watch_s: float | None = None
     """`--watch`: seconds to watch after the switch (0: a cutover); None: the profile's default."""
     chain: str | None = None
-    """The load this promotion finishes (`load --promote`, or `recover` finishing one); set by
-    the entry, never by a person (`PromoteArgs.chain`)."""
+    """The load this promotion finishes; set by the entry, never by a person."""
 
 
 @dataclass(frozen=True)
@@ -260,8 +247,7 @@ class RollbackRequest:
     kind: ClassVar[str] = "rollback"
     slot: str
     to: str | None = None
-    """`--to`: a revision number, a transaction, container or identity reference; None: the
-    stopped incumbent after a load, the rollback identity after a promote."""
+    """`--to`: a revision number, a transaction, container or identity reference; None: the default."""
     restore_group: str | None = None
     restore_group_members: tuple[str, ...] | None = None
     decided_by: Mapping[str, object] | None = None
@@ -324,10 +310,9 @@ _ADAPTERS: dict[type[object], TypeAdapter[object]] = {}
 
 
 def _adapter(cls: type[object]) -> TypeAdapter[object]:
-    adapter = _ADAPTERS.get(cls)
-    if adapter is None:
-        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
-    return adapter
+    if cls not in _ADAPTERS:
+        _ADAPTERS[cls] = TypeAdapter(cls)
+    return _ADAPTERS[cls]
 
 
 def to_json(args: object) -> JSONObject:

@@ -1,24 +1,10 @@
 """`promote --canary`: the candidate takes a growing share of its router tier beside the
 incumbent, judged side by side at each step, and becomes the incumbent at 100 %.
 
-A candidate and an incumbent can serve at once only at two bindings: the candidate is the
-loaded candidate of `--slot`, the incumbent the serve another slot of the same router tier
-publishes (two slots of one tier, each its own binding: a blue/green pair). The router
-splits the tier's new requests by weight (`WeightedRouter`: HAProxy; smg cannot, and is
-refused before anything changes), and the two serves must fit the host together: no GPU role
-in common (split roles, CPU engines), or, on a shared card, both recipes' VRAM need plus the
-reserve within its capacity.
-
-Steps: `declare` journals the shares, the step watch and the thresholds (the profile's
-`[watch]`, `qualify.canary`) before the first sample; `admit-candidate` registers the
-candidate in the tier at weight 0 (undo: every new request back to the incumbent, the
-candidate drained, stopped and retained); one `share-N` step per share sets the weights and
-samples both serves on the same prompts for `--step-watch`, failing on a breach, which
-compensates back to the incumbent; `route-to-candidate` (the pivot) waits until the incumbent,
-at weight 0 since the last step, answers nothing and leaves the candidate alone in the tier;
-the incumbent is stopped and retained; then a promote's own last steps: a routed smoke, the
-real-client acceptance, free VRAM after it against the reserve, and the record (the candidate
-the incumbent, the old incumbent the rollback identity, the approval, the VRAM reading).
+The candidate is the loaded candidate of `--slot`, the incumbent the serve another slot of the
+same tier publishes (a blue/green pair); the router must weigh traffic (`WeightedRouter`), and
+the two serves must fit the host's GPUs together. A breach at any share compensates back to
+the incumbent; the pivot is `route-to-candidate`.
 """
 
 from __future__ import annotations
@@ -51,6 +37,7 @@ from anvil_ctl.engine.serving import (
     identity_drift,
     is_running,
     pauses,
+    reroute,
     route_problems,
     route_slot_to,
     smoke_step,
@@ -81,9 +68,6 @@ def _set_share(world: World, args: CanaryArgs, share: int) -> JSONObject:
     weights = {inc: 100 - share, cand: share}
     _weighted(world).set_weights(_tier(world, args.incumbent), weights)
     return {"share": share, "weights": {**weights}}
-
-
-# -- guards -----------------------------------------------------------------------------------
 
 
 class RouterWeighs(Guard[Ctx]):
@@ -168,9 +152,6 @@ GUARDS: list[Guard[Ctx]] = [
 ]
 
 
-# -- steps ------------------------------------------------------------------------------------
-
-
 def declare(ctx: Ctx) -> StepResult:
     from anvil_ctl.qualify.canary import policy_from_json, policy_to_json
 
@@ -198,8 +179,7 @@ def admit_candidate(ctx: Ctx) -> StepResult:
 
 def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
     """Seconds until the router counts nothing in flight to `url` (at most `deadline_s`): a
-    request it picked the candidate for just before its weight went to 0 may not have reached
-    the engine's own gauge yet, and stopping the engine then would cut it."""
+    request routed just before the weight went to 0 may not show in the engine's gauge yet."""
     router, started = world.router, world.clock.now()
     pause = pauses(world.config.policy.health_poll_s)
     while router is not None and (router.in_flight(tier, url) or 0) > 0:
@@ -210,9 +190,8 @@ def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
 
 
 def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
-    """Every new request to the incumbent; the candidate drained, stopped and retained. A
-    crash before `admit-candidate` registered the candidate leaves it no server in the tier:
-    then the incumbent's weight alone is set."""
+    """Every new request to the incumbent; the candidate drained, stopped and retained (a
+    candidate never registered has no weight to set)."""
     world, args = ctx.world, ctx.args
     try:
         weights = _set_share(world, args, 0)
@@ -301,16 +280,8 @@ def cutover(ctx: Ctx) -> StepResult:
     return {**route_slot_to(world, ctx.args.candidate), "incumbent_drain": drained}
 
 
-def _reroute(ctx: Ctx) -> None:
-    """The goal's repair: the route broke after the cutover (a router restarted)."""
-    route_slot_to(ctx.world, ctx.args.candidate, hold=True)
-
-
 def _route_back(ctx: Ctx, _r: StepResult) -> StepResult:
     return route_slot_to(ctx.world, ctx.args.incumbent)
-
-
-# -- prepare and build ------------------------------------------------------------------------
 
 
 def prepare(world: World, req: CanaryRequest) -> CanaryArgs:
@@ -382,5 +353,5 @@ def build(
         snapshot=lambda: observe(world, list(slots)),
         pivot="route-to-candidate",
         goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
-        repair=_reroute,
+        repair=reroute(_candidate),
     )

@@ -1,16 +1,9 @@
 """`load`: put a candidate on a slot, the incumbent stopped and retained.
 
-Steps (each with its undo): drain the slot's router tier (readmit the incumbent);
-stop the incumbent, never remove it (start the same container ID again); wait for
-its VRAM to be observed free; create and start the candidate (stop it, keep it
-for diagnosis only when proven stopped, else remove it); wait for health and the
-exact served identity; record the candidate's identity and GPU ownership.
-
-Pivot: `start-candidate`. Once the candidate container exists and was started,
-a crash is finished forward (wait for its health, record it); a candidate that
-never becomes healthy fails the step and everything is undone, the incumbent
-started and routed again. By design a committed load leaves the tier drained:
-the candidate is reached directly until `promote` routes it.
+Pivot: `start-candidate`; once the candidate was started, a crash is finished forward. A
+candidate that never becomes healthy fails its step and everything is undone, the incumbent
+started and routed again. A committed load leaves the tier drained by design: the candidate
+is reached directly until `promote` routes it.
 """
 
 from __future__ import annotations
@@ -50,8 +43,7 @@ class LoadMemo:
     candidate_id: str | None = None
     """The container `start-candidate` created."""
     candidate: Identity | None = None
-    """Its identity, read while it was getting ready (the container and image are fixed at
-    create): `record-candidate` then only writes, with no serve routed."""
+    """Its identity, read while it got ready: `record-candidate` then only writes."""
 
 
 Ctx = StepContext[LoadArgs, World, LoadMemo]
@@ -59,9 +51,6 @@ Ctx = StepContext[LoadArgs, World, LoadMemo]
 
 def _running_incumbent(ctx: Ctx) -> Identity | None:
     return ctx.args.incumbent if ctx.args.incumbent_running else None
-
-
-# -- guards -----------------------------------------------------------------------------------
 
 
 class CandidateImagePinned(Guard[Ctx]):
@@ -157,12 +146,9 @@ GUARDS: list[Guard[Ctx]] = [
 ]
 
 
-# -- steps ------------------------------------------------------------------------------------
-
-
 def stamped_spec(spec: ContainerSpec, tx_id: str) -> ContainerSpec:
-    """The spec labelled with the transaction that creates it, so recover can find it by label;
-    a spec made for no transaction yet (`container_spec` without one) is also named for it."""
+    """The spec labelled (and, if made for no transaction yet, named) with the transaction that
+    creates it, so recover can find it by label."""
     labels = dict(spec.labels)
     name = spec.name if LABEL_TX in labels else f"{spec.name}-{short_tx(tx_id)}"
     labels[LABEL_TX] = tx_id

@@ -1,38 +1,17 @@
 """`promote`: route the slot's tier to a qualified candidate; it becomes the incumbent.
 
-Pivot: `route-to-candidate`. Once the tier routes to the candidate, clients
-reach it: a crash after that is finished forward (smoke, acceptance, records),
-not undone. The goal, checked after the last step and re-applied once, is that
-the tier still routes to the candidate (a router restarted mid-promote loses it).
-
-Refused before mutation unless the candidate has a `verified` decision for its
-exact identity (or one reclassified under waivers that are all still active), the
-candidate is the container serving the slot, the incumbent's rollback identity is
-complete and restorable, the router accepts our credentials and an approver is
-named. Steps: readmit the tier to the candidate (undo: drain it again); an
-authenticated routed smoke; real-client acceptance with the `openai` client;
-free VRAM per card after that acceptance against the reserve in force (waivers
-apply as for qualification; below it, the promotion is undone like a failed
-acceptance), written to the promotion's own evidence bundle; record the candidate
-as incumbent and the old incumbent as the rollback identity with the approval and
-that reading (undo: record the old incumbent back).
-
-Watched (`--watch DURATION`, or the `[watch]` duration of the profile that qualified the
-candidate): past the last step the transaction stays `watching` while `engine.watch`
-samples the new incumbent through the route against limits resolved here, in `prepare`,
-and journaled with the arguments before the first sample; each sample is journaled as it
-is taken. A healthy watch commits with its samples as evidence. A breach, `promote
---abort` from another shell, or SIGINT/SIGTERM to this process ends it `rolled_back`, and
-a `rollback` of its own follows (`engine.entry`), to the old incumbent by container ID,
-its `decided_by` naming the policy and the breaching samples (or the person) and the
-promote it undoes; this promote's end state names that rollback.
+Pivot: `route-to-candidate`; past it a crash is finished forward, not undone. The goal is that
+the tier still routes to the candidate (a router restarted mid-promote loses it). Watched
+(`--watch`, or the qualifying profile's `[watch]`): the transaction stays `watching` while
+`engine.watch` samples through the route against limits resolved in `prepare`; a breach, `promote
+--abort` or SIGINT/SIGTERM ends it `rolled_back`, followed by a rollback to the old incumbent.
 """
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
@@ -50,11 +29,17 @@ from anvil_ctl.engine.guards import (
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import PromoteArgs, PromoteRequest, RollbackRequest, WatchDeclaration
+from anvil_ctl.engine.plans.args import (
+    CanaryArgs,
+    PromoteArgs,
+    PromoteRequest,
+    RollbackRequest,
+    WatchDeclaration,
+)
 from anvil_ctl.engine.serving import (
     drain_slot,
+    reroute,
     route_problems,
-    route_slot_to,
     route_step,
     routed_expectation,
     smoke_step,
@@ -71,24 +56,8 @@ from anvil_ctl.persistence.store import Store
 Ctx = StepContext[PromoteArgs, World, NoMemo]
 
 
-class Promotion(Protocol):
-    """What the promotion guards read; a plain and a canary promotion both carry it."""
-
-    @property
-    def slot(self) -> str: ...
-    @property
-    def candidate(self) -> Identity: ...
-    @property
-    def decision_id(self) -> str | None: ...
-    @property
-    def decision_outcome(self) -> str | None: ...
-    @property
-    def approved_by(self) -> str: ...
-    @property
-    def incumbent(self) -> Identity | None: ...
-
-
-PCtx = StepContext[Promotion, World, object]
+PCtx = StepContext[PromoteArgs | CanaryArgs, World, object]
+"""A plain or a canary promotion: what the promotion guards and closing steps read."""
 _C = TypeVar("_C", bound=PCtx)
 
 
@@ -330,18 +299,12 @@ def unrecord_promotion(ctx: PCtx, _r: StepResult) -> StepResult:
     return {"incumbent": old.container_id}
 
 
-def reroute(ctx: Ctx) -> None:
-    """The goal's repair: the route broke after readmission, so a removal may be pending."""
-    route_slot_to(ctx.world, ctx.args.candidate, hold=True)
-
-
 def _candidate(ctx: Ctx) -> Identity:
     return ctx.args.candidate
 
 
 def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
-    """Watch the new incumbent (see the module doc). After a crash, `recover` calls this
-    again: it goes on from the journaled start, for what is left of the duration."""
+    """Watch the new incumbent; run again by `recover`, it goes on from the journaled start."""
     from anvil_ctl.engine.watch import Interrupts, RouteSampler, stopper, watch, within
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
     from anvil_ctl.qualify.watchpolicy import Limit
@@ -442,6 +405,6 @@ def build(
         snapshot=lambda: observe(world, [args.slot]),
         pivot="route-to-candidate",
         goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
-        repair=reroute,
+        repair=reroute(_candidate),
         watch=watch_serve if args.watch is not None else None,
     )

@@ -1,9 +1,7 @@
 """`qualify`: run a profile's gates against the slot's candidate and record a decision.
 
 A non-mutating transaction: `run-gates` writes the evidence, `record-decision` re-checks the
-candidate and records the gate rows and the raw decision (standing policy) bound to its
-`qualification_digest`, plus a reclassification when waivers change it. An engine that dies
-mid-run yields a failed `engine-alive` gate and a `failed` decision.
+candidate and records the decision bound to its `qualification_digest`.
 """
 
 from __future__ import annotations
@@ -169,20 +167,19 @@ def record_decision(ctx: Ctx) -> StepResult:
     if problems:
         raise StepFailed("candidate changed during qualification: " + "; ".join(problems))
     tx_dir = Path(result.tx_dir)
-    rows: list[GateEvidence] = []
-    for gate in result.gates:
-        art = result.artifact_for(gate.name)
-        rows.append(
-            {
-                "name": gate.name,
-                "kind": gate.kind,
-                "passed": gate.passed,
-                "classification": gate.classification,
-                "artifact": str(tx_dir / art.path) if art else "",
-                "sha256": art.sha256 if art else "",
-                "size": art.size if art else 0,
-            }
-        )
+    rows: list[GateEvidence] = [
+        {
+            "name": gate.name,
+            "kind": gate.kind,
+            "passed": gate.passed,
+            "classification": gate.classification,
+            "artifact": str(tx_dir / art.path) if art else "",
+            "sha256": art.sha256 if art else "",
+            "size": art.size if art else 0,
+        }
+        for gate in result.gates
+        for art in [result.artifact_for(gate.name)]
+    ]
     qualification.record_evidence(world.store, ctx.tx_id, rows)
     now = ctx.memo.now or datetime.now(UTC)
     active = waiver_rows.waivers(world.store)

@@ -1,8 +1,5 @@
-"""`reconcile`: re-apply a slot's recorded route after a router restart or a late removal.
-
-Refused unless the incumbent runs as recorded and serves healthy, nothing is unresolved and the
-router accepts our credentials; a candidate `load` left unpromoted is never published. Steps:
-`route-slot` (an intact route is left alone) and the routed smoke; nothing to undo.
+"""`reconcile`: re-apply a slot's recorded route after a router restart or a late removal; a
+candidate `load` left unpromoted is never published. Nothing to undo.
 """
 
 from __future__ import annotations
@@ -58,9 +55,6 @@ def what_runs(world: World, slot_name: str, serve: Identity) -> str:
     return f"nothing we recorded runs for the slot and {slot.binding} serves nothing"
 
 
-# -- guards -----------------------------------------------------------------------------------
-
-
 class RecordedServeRunning(Guard[Ctx]):
     """The serve the slot's record publishes runs as its recorded container (same image and
     config fingerprint) and its binding answers healthy with exactly its served model: only
@@ -109,9 +103,6 @@ GUARDS: list[Guard[Ctx]] = [
     NoUnresolvedTransaction(),
     RouterCredentialsAccepted(),
 ]
-
-
-# -- steps ------------------------------------------------------------------------------------
 
 
 def route_slot(ctx: Ctx) -> StepResult:

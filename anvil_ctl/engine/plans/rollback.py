@@ -1,22 +1,10 @@
 """`rollback` / `restore`: bring a recorded identity back exactly, as the same container ID.
 
-Refused before mutation when the target identity is incomplete, its container
-was removed, its image or config fingerprint changed, the restore group does not
-contain it, or the router refuses our credentials. Steps: drain the tier (undo:
-readmit what served); stop and retain what serves now (undo: start it again);
-wait for VRAM release; start the target's same container ID and verify health
-and identity (undo: stop it again, retained); route the tier back and readmit;
-routed smoke; record it as the incumbent and move GPU ownership.
-
-Pivot: `start-target`. Once the target runs healthy with its exact identity, the
-way out of a crash is forward (route, smoke, record). The goal, checked after the
-last step and re-applied once, is that the tier routes to the target. Then the
-placement is compared with the one recorded when the target last served, on the
-identity-critical fields only (`critical_placement`): the incumbent, each running
-container's image ID and config fingerprint, the served model and context, the
-binding and the GPU owners. Names, router labels and other incidental fields are
-recorded in the stored diff, never acted on; a critical difference while the
-slot serves ends `needs_operator` with the slot left serving.
+Pivot: `start-target`; once the target runs healthy with its exact identity, a crash is
+finished forward. The goal is that the tier routes to the target. Then the placement is
+compared with the one recorded when the target last served, on identity-critical fields only
+(`critical_placement`); a critical difference while the slot serves ends `needs_operator`
+with the slot left serving.
 """
 
 from __future__ import annotations
@@ -41,13 +29,12 @@ from anvil_ctl.engine.guards import (
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import RollbackArgs, RollbackRequest
 from anvil_ctl.engine.serving import (
-    container_absent_or_stopped,
     drain_step,
     is_running,
     release_vram_step,
+    reroute,
     restart_retained,
     route_problems,
-    route_slot_to,
     route_step,
     smoke_step,
     stop_verified,
@@ -133,9 +120,8 @@ def _replaced(store: Store, slot: str) -> Identity | None:
 
 
 def _serving_now(world: World, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
-    """What serves the slot now (to be stopped and retained), and its recorded role. Where
-    two slots share a router tier (a canary's pair), the other slot's running incumbent serves
-    this slot's clients too: after a canary committed there, it is what a rollback replaces."""
+    """What serves the slot now (to be stopped and retained), and its recorded role; of a
+    canary's pair, the other slot's running incumbent serves this slot's clients too."""
     tier = world.config.slot(slot).router_tier
     siblings = [n for n, s in sorted(world.config.slots.items()) if n != slot and s.router_tier == tier]
     for name, role in [(slot, "incumbent"), (slot, "candidate"), *((n, "incumbent") for n in siblings)]:
@@ -185,9 +171,6 @@ def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
         decided_by=req.decided_by,
         drain=req.drain,
     )
-
-
-# -- steps ------------------------------------------------------------------------------------
 
 
 def _target(ctx: Ctx) -> Identity:
@@ -274,7 +257,7 @@ class TargetNotAlreadyServing(Guard[Ctx]):
         if target is None:
             return None
         world = ctx.world
-        if container_absent_or_stopped(world, target.container_id):
+        if not is_running(world, target.container_id):
             return None
         served = [m.id for m in world.server.models(world.config.slot(target.slot).base_url)]
         if served == [target.served_model]:
@@ -334,14 +317,9 @@ def start_target(ctx: Ctx) -> StepResult:
 def stop_target(ctx: Ctx, _r: StepResult) -> StepResult:
     """Stop the target again, retained; the earlier undos bring back what served before."""
     target = _target(ctx)
-    if container_absent_or_stopped(ctx.world, target.container_id):
+    if not is_running(ctx.world, target.container_id):
         return {"stopped": None}
     return stop_verified(ctx.world, target.container_id)
-
-
-def reroute(ctx: Ctx) -> None:
-    """The goal's repair: the route broke after readmission, so a removal may be pending."""
-    route_slot_to(ctx.world, _target(ctx), hold=True)
 
 
 def record_restore(ctx: Ctx) -> StepResult:
@@ -362,15 +340,13 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
 
 
 def _recorded_body(ctx: Ctx) -> Mapping[str, object]:
-    """The recorded snapshot the restore must equal, named by its SHA-256; {} if the record
-    lost it."""
+    """The recorded snapshot the restore must equal; {} if the record lost it."""
     sha = ctx.args.recorded_sha256
     return (ctx.world.store.snapshot_body(sha) if sha else None) or {}
 
 
 def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot, hold: Hold) -> list[str]:
-    """Problems in the identity-critical fields; every difference is stored as a diff (held:
-    it commits with the end state, as the after snapshot and its diff do)."""
+    """Problems in the identity-critical fields; every difference is stored as a held diff."""
     # Normalizing changes nothing a placement reads: the recorded body is a stored snapshot's.
     recorded = Snapshot.of(_recorded_body(ctx))
     slot = ctx.args.slot
@@ -418,5 +394,5 @@ def build(
         verify_after=verify_placement,
         pivot="start-target",
         goal=lambda ctx: route_problems(ctx.world, _target(ctx)),
-        repair=reroute if world.router is not None else None,
+        repair=reroute(_target) if world.router is not None else None,
     )

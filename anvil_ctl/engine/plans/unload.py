@@ -1,12 +1,8 @@
 """`unload`: remove a candidate container that this controller created.
 
-Refused unless the container carries our labels as a candidate and is neither the
-slot's incumbent nor its rollback identity; the labels are checked again by the
-step, just before it acts. Steps: drain and stop the candidate, waiting for the
-answers it gives to clients that reach it directly (undo: start it again if it
-was running); remove it (no undo: removal is the point of no return, the pivot);
-release the GPU roles it owned; record the shared-memory residue left behind,
-and with `--remove-residue` delete what two observations agree nobody holds.
+Refused unless the container carries our labels as a candidate and is neither the slot's
+incumbent nor its rollback identity; the step checks the labels again just before it acts.
+The pivot is the removal.
 """
 
 from __future__ import annotations
