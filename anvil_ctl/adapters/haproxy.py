@@ -101,7 +101,6 @@ class HaproxyRouter(RouterHttp):
     # -- Runtime API ----------------------------------------------------------
 
     def command(self, line: str) -> str:
-        """One Runtime API command; its textual answer."""
         check_socket(self.socket_path)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -122,7 +121,6 @@ class HaproxyRouter(RouterHttp):
         log.info("router.haproxy.set", command=line)
 
     def slots(self, tier: str) -> list[ServerSlot]:
-        """The tier's server slots as `show stat` reports them."""
         self._known(tier)
         backend = backend_name(tier)
         text = self.command("show stat")

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import httpx
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
+from anvil_ctl.adapters.engine_http import metric_samples
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
     RouterHttp,
@@ -241,28 +242,18 @@ class SmgRouter(RouterHttp):
         (`smg_worker_cb_outcomes_total{outcome="failure"}`); None without `metrics_url`."""
         if self.metrics_url is None:
             return None
-        from prometheus_client.parser import text_string_to_metric_families  # only where counts are read
-
         try:
             r = self._http.get(self.metrics_url)
         except httpx.HTTPError as exc:
             raise TransientError(f"smg metrics {self.metrics_url}: {exc}") from exc
         if r.status_code != 200:
             raise TransientError(f"smg metrics {self.metrics_url}: HTTP {r.status_code}")
-        want = norm(url)
-        try:
-            return round(
-                sum(
-                    s.value
-                    for family in text_string_to_metric_families(r.text)
-                    for s in family.samples
-                    if s.name == "smg_worker_cb_outcomes_total"
-                    and s.labels.get("outcome") == "failure"
-                    and norm(s.labels.get("worker", "")) == want
-                )
-            )
-        except ValueError as exc:
-            raise AdapterError(f"smg metrics {self.metrics_url}: not Prometheus text ({exc})") from exc
+        samples = metric_samples(r.text, "smg_worker_cb_outcomes_total", f"smg metrics {self.metrics_url}")
+
+        def failed(labels: dict[str, str]) -> bool:
+            return labels.get("outcome") == "failure" and norm(labels.get("worker", "")) == norm(url)
+
+        return round(sum(v for labels, v in samples if failed(labels)))
 
     def _park(self, tier: str, alias: str) -> None:
         """Register `alias` on a worker at the parking responder (best effort)."""

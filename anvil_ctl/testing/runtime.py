@@ -21,8 +21,6 @@ from anvil_ctl.testing.world import ContainerDoc, FakeWorld, maybe_hang_or_fail
 
 
 class FakeRuntime:
-    """ContainerRuntime over the fake world."""
-
     def __init__(self, world: FakeWorld) -> None:
         self.world = world
 
@@ -136,7 +134,6 @@ class FakeServerProbe:
         self.world = world
 
     def serving_container(self, base_url: str) -> ContainerDoc | None:
-        """The running fake container bound at `base_url`, if any."""
         binding = base_url.removeprefix("http://").rstrip("/")
         for c in self.world.read()["containers"].values():
             if c["status"] == "running" and c["binding"] == binding:

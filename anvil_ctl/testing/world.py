@@ -65,8 +65,6 @@ class TierDoc(TypedDict):
 
 
 class ReadmitDoc(TypedDict):
-    """One readmission the fake router was asked for."""
-
     tier: str
     url: str
     hold: bool
@@ -95,8 +93,6 @@ class ResidueDoc(TypedDict):
 
 
 class WorldDoc(TypedDict):
-    """The fake world file."""
-
     containers: dict[str, ContainerDoc]
     images: dict[str, ImageDoc]
     router: RouterDoc
