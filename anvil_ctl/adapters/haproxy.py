@@ -88,14 +88,13 @@ class HaproxyRouter(RouterHttp):
         tiers: Mapping[str, tuple[str, ...]],
         *,
         transport: httpx.BaseTransport | None = None,
-        timeout_s: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url.rstrip("/")
         self.socket_path = Path(socket_path)
         self.tiers = dict(tiers)
         self._client: Secret = credentials.client
-        self._http = httpx.Client(transport=transport, timeout=timeout_s, verify=context_for(self.url))
+        self._http = httpx.Client(transport=transport, timeout=10.0, verify=context_for(self.url))
         self._sleep = sleep
 
     # -- Runtime API ----------------------------------------------------------

@@ -45,8 +45,9 @@ from anvil_ctl.log import get_logger
 
 log = get_logger()
 
+POLL_S = 0.05
 POLL_FIRST_S = 0.005
-"""Polls start this short and double up to `poll_s`: most waits end within a few polls."""
+"""Polls start this short and double up to `POLL_S`: most waits end within a few polls."""
 APPEAR_TIMEOUT_S = 10.0
 PARK_SETTLE_S = 3600
 """A parked worker's drain: how long smg answers 503 for a tier left parked by an ended process."""
@@ -66,8 +67,6 @@ class SmgRouter(RouterHttp):
         admin_url: str | None = None,
         metrics_url: str | None = None,
         transport: httpx.BaseTransport | None = None,
-        timeout_s: float = 10.0,
-        poll_s: float = 0.05,
         removal_timeout_s: float = 30.0,
         removal_hold_s: float = 6.0,
         sleep: Callable[[float], None] = time.sleep,
@@ -78,10 +77,9 @@ class SmgRouter(RouterHttp):
         self.metrics_url = metrics_url
         self._client: Secret = credentials.client
         self._http = httpx.Client(
-            transport=transport, timeout=timeout_s, verify=context_for(self.url, self.admin_url)
+            transport=transport, timeout=10.0, verify=context_for(self.url, self.admin_url)
         )
         self._workers = SmgWorkers(self._http, self.admin_url, credentials.require_admin())
-        self._poll_s = poll_s
         self._removal_timeout_s = removal_timeout_s
         self._hold_s = removal_hold_s
         self._sleep = sleep
@@ -155,12 +153,12 @@ class SmgRouter(RouterHttp):
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
         end = self._clock() + timeout_s
-        pause = min(POLL_FIRST_S, self._poll_s)
+        pause = POLL_FIRST_S
         while not done():
             if self._clock() >= end:
                 raise TransientError(f"smg: timed out after {timeout_s:.0f} s waiting for {what}")
             self._sleep(pause)
-            pause = min(pause * 2, self._poll_s)
+            pause = min(pause * 2, POLL_S)
 
     def _post(self, url: str, aliases: tuple[str, ...], label: str, tier: str, settle_s: int = 0) -> None:
         """Register a worker labelled `label`=`tier` and wait until smg lists it."""
@@ -356,7 +354,7 @@ class SmgRouter(RouterHttp):
         while not self._held(url, since):
             if self._clock() >= end:
                 raise NotYetRouted(f"smg worker {url} not yet held for {self._hold_s:.1f} s")
-            self._sleep(self._poll_s)
+            self._sleep(POLL_S)
             worker = self._workers.at(url)
             if worker is None:
                 log.warning("router.smg.late_removal", tier=tier, url=url)
