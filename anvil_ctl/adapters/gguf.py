@@ -1,7 +1,7 @@
 """Read a GGUF file's header and metadata, read-only, without any llama.cpp code.
 
-Walks every key/value pair (arrays skipped) to prove the metadata intact and read the
-architecture and trained context; tensor data is covered by the file's SHA-256. Bad bytes
+Walks every key/value pair (arrays skipped) to prove the metadata intact; tensor data is
+covered by the file's SHA-256. Bad bytes
 raise `GgufError` naming the offset, nothing else.
 """
 
@@ -43,27 +43,6 @@ class GgufHeader:
     tensor_count: int
     metadata: dict[str, Any] = field(default_factory=dict)
     """Scalar and string values by key; arrays appear as `array[<count>]`."""
-
-    @property
-    def architecture(self) -> str | None:
-        value = self.metadata.get("general.architecture")
-        return value if isinstance(value, str) else None
-
-    @property
-    def context_length(self) -> int | None:
-        """`<architecture>.context_length`: the context the model was trained for."""
-        value = self.metadata.get(f"{self.architecture}.context_length")
-        return value if isinstance(value, int) else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "tensor_count": self.tensor_count,
-            "metadata_keys": len(self.metadata),
-            "architecture": self.architecture,
-            "context_length": self.context_length,
-            "name": self.metadata.get("general.name"),
-        }
 
 
 class _Reader:

@@ -98,9 +98,6 @@ class HaproxyRouter(RouterHttp):
         self._http = httpx.Client(transport=transport, timeout=timeout_s, verify=context_for(self.url))
         self._sleep = sleep
 
-    def __repr__(self) -> str:
-        return f"HaproxyRouter(url={self.url!r}, socket={str(self.socket_path)!r})"
-
     # -- Runtime API ----------------------------------------------------------
 
     def command(self, line: str) -> str:

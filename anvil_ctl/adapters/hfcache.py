@@ -11,9 +11,8 @@ import hashlib
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from anvil_ctl.adapters.gguf import GgufError, read_header
 from anvil_ctl.core.errors import BadInput
@@ -32,15 +31,6 @@ class CacheReport:
     snapshot_path: str
     complete: bool
     problems: tuple[str, ...] = ()
-    total_bytes: int = 0
-    file_count: int = 0
-    refs: dict[str, str] = field(default_factory=dict)
-    files: tuple[dict[str, Any], ...] = ()
-    """What `verify_files` observed of each pinned file (size, SHA-256, GGUF header)."""
-
-    @property
-    def identity(self) -> str:
-        return f"{self.repo_id}@{self.revision}"
 
 
 def parse_identity(identity: str) -> tuple[str, str]:
@@ -68,72 +58,56 @@ class HfCache:
         report = self.verify_identity(identity)
         if not files or not Path(report.snapshot_path).is_dir():
             return report
-        problems = list(report.problems)
-        observed = []
-        for pin in files:
-            seen, found = _check_file(Path(report.snapshot_path), pin)
-            observed.append(seen)
-            problems.extend(found)
-        return replace(report, complete=not problems, problems=tuple(problems), files=tuple(observed))
+        problems = [
+            *report.problems,
+            *(p for pin in files for p in _check_file(Path(report.snapshot_path), pin)),
+        ]
+        return replace(report, complete=not problems, problems=tuple(problems))
 
     def verify(self, repo_id: str, revision: str) -> CacheReport:
         parse_identity(f"{repo_id}@{revision}")  # refuses a malformed one
         repo_dir = self.cache_dir / hub_repo_folder(repo_id)
         snapshot = repo_dir / "snapshots" / revision
         problems: list[str] = []
-        total = 0
-        count = 0
         if not repo_dir.is_dir():
             problems.append(f"{repo_dir}: repository not in the cache")
         elif not snapshot.is_dir():
             problems.append(f"{snapshot}: revision {revision} not in the cache")
         else:
             problems.extend(_incomplete_blobs(repo_dir / "blobs"))
-            total, count, entry_problems = _walk_snapshot(snapshot)
+            count, entry_problems = _walk_snapshot(snapshot)
             problems.extend(entry_problems)
             if count == 0 and not entry_problems:
                 problems.append(f"{snapshot}: snapshot holds no files")
-        return CacheReport(
-            repo_id=repo_id,
-            revision=revision,
-            snapshot_path=str(snapshot),
-            complete=not problems,
-            problems=tuple(problems),
-            total_bytes=total,
-            file_count=count,
-            refs=_refs(repo_dir / "refs"),
-        )
+        return CacheReport(repo_id, revision, str(snapshot), complete=not problems, problems=tuple(problems))
 
 
-def _check_file(snapshot: Path, pin: ModelFile) -> tuple[dict[str, Any], list[str]]:
-    """(what was observed, problems) of one pinned file of a snapshot."""
+def _check_file(snapshot: Path, pin: ModelFile) -> list[str]:
+    """The problems of one pinned file of a snapshot."""
     path = snapshot / pin.path
-    seen: dict[str, Any] = {"path": pin.path, "pinned_sha256": pin.sha256, "pinned_size": pin.size}
     if ".." in Path(pin.path).parts or Path(pin.path).is_absolute():
-        return seen, [f"{pin.path}: expected a path inside the snapshot"]
+        return [f"{pin.path}: expected a path inside the snapshot"]
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        return seen, [f"{pin.path}: pinned file not in the snapshot {snapshot}"]
+        return [f"{pin.path}: pinned file not in the snapshot {snapshot}"]
     except OSError as exc:
-        return seen, [f"{pin.path}: cannot stat: {exc.strerror}"]
-    seen["size"] = size
+        return [f"{pin.path}: cannot stat: {exc.strerror}"]
     if size != pin.size:
-        return seen, [f"{pin.path}: {size} bytes, expected the pinned {pin.size}"]
+        return [f"{pin.path}: {size} bytes, expected the pinned {pin.size}"]
     try:
         with path.open("rb") as fh:
             sha = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as exc:
-        return seen, [f"{pin.path}: cannot read: {exc.strerror}"]
-    seen["sha256"] = sha
+        return [f"{pin.path}: cannot read: {exc.strerror}"]
     if sha != pin.sha256:
-        return seen, [f"{pin.path}: SHA-256 {sha[:16]}… differs from the pinned {pin.sha256[:16]}…"]
+        return [f"{pin.path}: SHA-256 {sha[:16]}… differs from the pinned {pin.sha256[:16]}…"]
     if pin.path.endswith(".gguf"):
         try:
-            seen["gguf"] = read_header(path).as_dict()
+            read_header(path)
         except (GgufError, OSError) as exc:
-            return seen, [f"{pin.path}: not a readable GGUF file: {exc}"]
-    return seen, []
+            return [f"{pin.path}: not a readable GGUF file: {exc}"]
+    return []
 
 
 def _incomplete_blobs(blobs: Path) -> list[str]:
@@ -146,9 +120,8 @@ def _incomplete_blobs(blobs: Path) -> list[str]:
     return [f"{blobs / n}: incomplete download" for n in names if n.endswith(".incomplete")]
 
 
-def _walk_snapshot(snapshot: Path) -> tuple[int, int, list[str]]:
-    """(total bytes of resolved files, file count, problems) of a snapshot directory."""
-    total = 0
+def _walk_snapshot(snapshot: Path) -> tuple[int, list[str]]:
+    """(count of resolved files, problems) of a snapshot directory."""
     count = 0
     problems: list[str] = []
 
@@ -162,7 +135,7 @@ def _walk_snapshot(snapshot: Path) -> tuple[int, int, list[str]]:
             path = Path(root, name)
             rel = path.relative_to(snapshot)
             try:
-                st = path.stat()  # follows the link into blobs
+                path.stat()  # follows the link into blobs
             except FileNotFoundError:
                 target = os.readlink(path) if path.is_symlink() else "?"
                 problems.append(f"{rel}: broken link -> {target}")
@@ -173,19 +146,5 @@ def _walk_snapshot(snapshot: Path) -> tuple[int, int, list[str]]:
             if path.is_dir():
                 problems.append(f"{rel}: link to a directory, expected a file")
                 continue
-            total += st.st_size
             count += 1
-    return total, count, problems
-
-
-def _refs(refs_dir: Path) -> dict[str, str]:
-    """Optional refs (branch or tag -> commit); unreadable ones are skipped."""
-    out: dict[str, str] = {}
-    if not refs_dir.is_dir():
-        return out
-    for path in sorted(p for p in refs_dir.rglob("*") if p.is_file()):
-        try:
-            out[path.relative_to(refs_dir).as_posix()] = path.read_text().strip()
-        except OSError:
-            continue
-    return out
+    return count, problems

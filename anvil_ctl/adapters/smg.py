@@ -104,9 +104,6 @@ class SmgRouter(RouterHttp):
         if self._parking is not None:
             self._parking.close()
 
-    def __repr__(self) -> str:
-        return f"SmgRouter(url={self.url!r}, admin_url={self.admin_url!r})"
-
     # -- control plane ------------------------------------------------------
 
     def _removal_pending(self, worker: SmgWorker) -> bool:

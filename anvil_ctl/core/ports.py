@@ -12,7 +12,6 @@ from typing import Protocol, runtime_checkable
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
-    Backend,
     ContainerInfo,
     ContainerLog,
     ContainerSpec,
@@ -67,8 +66,6 @@ class Router(Protocol):
 
     def probe_credentials(self) -> None:
         """A harmless authenticated admin and client call; raise AuthRejected on 401/403."""
-
-    def backends(self, tier: str) -> list[Backend]: ...
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None: ...
 
@@ -179,9 +176,6 @@ class CacheVerdict(Protocol):
 
     @property
     def problems(self) -> tuple[str, ...]: ...
-
-    @property
-    def total_bytes(self) -> int: ...
 
 
 @runtime_checkable

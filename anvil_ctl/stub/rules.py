@@ -8,7 +8,6 @@ import json
 import math
 import re
 import struct
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -96,7 +95,7 @@ def split_tokens(text: str) -> tuple[str, ...]:
 
 
 def png_text(data: bytes, key: bytes = IMAGE_TEXT_KEY) -> str | None:
-    """The text of the first tEXt (or zTXt) chunk with this keyword, or None."""
+    """The text of the first tEXt chunk with this keyword, or None."""
     if not data.startswith(PNG_SIGNATURE):
         raise BadRequest("image is not a PNG")
     pos = len(PNG_SIGNATURE)
@@ -109,10 +108,6 @@ def png_text(data: bytes, key: bytes = IMAGE_TEXT_KEY) -> str | None:
             keyword, _, text = body.partition(b"\0")
             if keyword == key:
                 return text.decode("latin-1")
-        elif ctype == b"zTXt":
-            keyword, _, rest = body.partition(b"\0")
-            if keyword == key and rest:
-                return zlib.decompress(rest[1:]).decode("latin-1")
         elif ctype == b"IEND":
             break
     return None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AuthRejected, StepFailed
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
-from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
+from anvil_ctl.core.model import RouteCheck, RoutedAnswer
 from anvil_ctl.testing.runtime import FakeServerProbe
 from anvil_ctl.testing.world import FakeWorld, TierDoc, WorldDoc, maybe_hang_or_fail
 
@@ -39,15 +39,6 @@ class FakeRouter:
     def _tier_now(self, tier: str) -> TierDoc:
         """The tier as the world holds it now (an unknown tier: no URL, in maintenance)."""
         return self.world.read()["router"]["tiers"].get(tier) or _unknown_tier()
-
-    def backends(self, tier: str) -> list[Backend]:
-        t = self.world.read()["router"]["tiers"].get(tier)
-        url = t["url"] if t else None
-        if not t or not url:
-            return []
-        models = tuple(m.id for m in self.server.models(url))
-        healthy = self.server.health(url, "/health")
-        return [Backend(url, healthy, models, t["state"])]
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
         with self.world.edit() as w:

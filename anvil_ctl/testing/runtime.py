@@ -158,7 +158,7 @@ class FakeServerProbe:
 
     def running(self, base_url: str, metric: str) -> int | None:
         c = self.serving_container(base_url)
-        return None if c is None or c.get("no_metrics") else self.look_in_flight(c)
+        return None if c is None else self.look_in_flight(c)
 
     def look_in_flight(self, c: ContainerDoc) -> int:
         """The container's requests in flight (see `ContainerDoc.in_flight`)."""

@@ -46,8 +46,6 @@ class ContainerDoc(TypedDict):
     """Requests the engine is answering; each look at the count sees one fewer (they end
     while a drain waits) unless `in_flight_stuck`."""
     in_flight_stuck: NotRequired[bool]
-    no_metrics: NotRequired[bool]
-    """llama-cpp-python's way: no running-requests figure on /metrics."""
     restart_count: NotRequired[int]
     oom_killed: NotRequired[bool]
 

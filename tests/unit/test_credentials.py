@@ -141,7 +141,6 @@ class TestUnresolvedCredentialsRouter:
         ("call", "args"),
         [
             ("probe_credentials", ()),
-            ("backends", ("primary-local",)),
             ("register", ("primary-local", "http://127.0.0.1:8001", ("llm.primary",))),
             ("deregister", ("primary-local", "http://127.0.0.1:8001")),
             ("drain", ("primary-local",)),

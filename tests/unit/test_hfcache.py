@@ -52,17 +52,11 @@ def cache(tmp_path: Path) -> Callable[[], tuple[Path, Path]]:
 
 
 class TestHfCacheVerify:
-    def test_a_complete_snapshot_reports_bytes_and_files(
-        self, cache: Callable[[], tuple[Path, Path]]
-    ) -> None:
+    def test_a_complete_snapshot_is_complete(self, cache: Callable[[], tuple[Path, Path]]) -> None:
         root, _ = cache()
         report = HfCache(root).verify(REPO, REV)
         assert report.complete
         assert report.problems == ()
-        assert report.file_count == 4
-        assert report.total_bytes == sum(len(d) for d in FILES.values())
-        assert report.refs == {"main": REV}
-        assert report.identity == f"{REPO}@{REV}"
 
     def test_verifies_a_pinned_identity_string(self, cache: Callable[[], tuple[Path, Path]]) -> None:
         root, _ = cache()
@@ -77,7 +71,6 @@ class TestHfCacheVerify:
         assert report.problems == (
             f"{root / repo_folder(REPO) / 'snapshots' / OTHER_REV}: revision {OTHER_REV} not in the cache",
         )
-        assert (report.total_bytes, report.file_count) == (0, 0)
 
     def test_a_missing_repository_is_incomplete(self, tmp_path: Path) -> None:
         report = HfCache(tmp_path).verify(REPO, REV)
@@ -103,8 +96,6 @@ class TestHfCacheVerify:
         report = HfCache(root).verify(REPO, REV)
         assert not report.complete
         assert report.problems == (f"model-00002-of-00002.safetensors: broken link -> {target}",)
-        assert report.file_count == 3
-        assert report.total_bytes == sum(len(d) for d in FILES.values()) - 500
 
     def test_an_empty_snapshot_is_incomplete(self, tmp_path: Path) -> None:
         (tmp_path / repo_folder(REPO) / "snapshots" / REV).mkdir(parents=True)
@@ -117,12 +108,7 @@ class TestHfCacheVerify:
         snapshot.mkdir(parents=True)
         (snapshot / "config.json").write_bytes(b"12345")
         report = HfCache(tmp_path).verify(REPO, REV)
-        assert (report.complete, report.total_bytes, report.file_count, report.refs) == (
-            True,
-            5,
-            1,
-            {},
-        )
+        assert (report.complete, report.problems) == (True, ())
 
     def test_the_report_is_frozen(self, tmp_path: Path) -> None:
         report = HfCache(tmp_path).verify(REPO, REV)
@@ -151,11 +137,10 @@ class TestPinnedFiles:
         pin |= {"size": len(data)} | overrides
         return [ModelFile(**pin)]  # type: ignore[arg-type]
 
-    def test_files_with_the_pinned_size_and_hash_pass_and_are_reported(self, tmp_path: Path) -> None:
+    def test_files_with_the_pinned_size_and_hash_pass(self, tmp_path: Path) -> None:
         make_cache(tmp_path)
         report = HfCache(tmp_path).verify_files(f"{REPO}@{REV}", self.pins())
         assert report.complete, report.problems
-        assert report.files[0]["sha256"] == report.files[0]["pinned_sha256"]
 
     def test_a_file_whose_bytes_differ_is_named_with_both_hashes(self, tmp_path: Path) -> None:
         files = dict(FILES) | {"model-00001-of-00002.safetensors": b"A" + b"a" * 999}  # same size
@@ -170,7 +155,6 @@ class TestPinnedFiles:
         make_cache(tmp_path)
         report = HfCache(tmp_path).verify_files(f"{REPO}@{REV}", self.pins(size=999))
         assert report.problems == ("model-00001-of-00002.safetensors: 1000 bytes, expected the pinned 999",)
-        assert "sha256" not in report.files[0]
 
     def test_a_pinned_file_missing_from_the_snapshot_is_named(self, tmp_path: Path) -> None:
         make_cache(tmp_path)
