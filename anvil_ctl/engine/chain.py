@@ -45,17 +45,14 @@ class Chain:
     then: JSONObject
     """The promotion as the load journaled it (`PromoteRequest`'s journal form)."""
     incumbent: str | None
-    """The container of the load's incumbent when it ran before the load: what a promotion that
-    does not commit brings back (None: the slot served nothing before, nothing to bring back)."""
+    """The load's running incumbent: what a promotion that does not commit brings back (None: none)."""
     owner: Owner
     owner_alive: bool | None
     """False: the process that ran the chain is gone (None: another host's)."""
     cut: tuple[str, ...] = ()
-    """The chain's own transactions that their owner's death ended (the load's process, or a
-    `recover` killed while it ran the chain's promotion or bring-back)."""
+    """The chain's own transactions that their owner's death ended."""
     promoted: Outcome | None = None
-    """The chain's promotion that a `recover` ran and that did not put the candidate on the
-    route, when that recover died before the incumbent came back: what is left is the bring-back."""
+    """A promotion a dead `recover` ran that did not route the candidate: the bring-back is left."""
 
     @property
     def promote(self) -> PromoteRequest:

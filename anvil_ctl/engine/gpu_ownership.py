@@ -10,13 +10,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
+from anvil_ctl.core.errors import AdapterError, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import GpuProcess, GpuReading, VramNeed
 from anvil_ctl.core.steps import StepContext
-from anvil_ctl.engine.serving import POLL_FIRST_S, container_absent_or_stopped
+from anvil_ctl.engine.serving import POLL_FIRST_S, inspect_or_none, is_running
 from anvil_ctl.engine.world import VramRelease, World
 from anvil_ctl.gpu.ownership import (
     GpuOwner,
@@ -63,15 +63,8 @@ StartRequest = tuple[tuple[str, ...], set[str]]
 
 
 def _pids_of(world: World, container_ids: Iterable[str]) -> set[int]:
-    pids = set()
-    for cid in container_ids:
-        try:
-            info = world.runtime.inspect(cid)
-        except NotFound:
-            continue
-        if info.running and info.pid:
-            pids.add(info.pid)
-    return pids
+    infos = (inspect_or_none(world, cid) for cid in container_ids)
+    return {info.pid for info in infos if info is not None and info.running and info.pid}
 
 
 def _data(refusal: OwnershipRefusal) -> dict[str, object]:
@@ -100,7 +93,7 @@ class GpuRolesFree(Guard[C]):
         # A claim whose container is stopped (or gone) holds no GPU memory: the start takes it
         # over, and the transaction's ownership step records the new owner.
         replacing = replacing | {
-            o.container_id for o in owners.values() if container_absent_or_stopped(world, o.container_id)
+            o.container_id for o in owners.values() if not is_running(world, o.container_id)
         }
         mode = ownership_mode(roles)
         refusal = check_start(owners, roles, mode, replacing=replacing)
@@ -276,11 +269,11 @@ def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> Vram
 
 
 def reserve_in_force(
-    world: World, roles: Sequence[str], recipe_digest: str, now: datetime | None = None
+    world: World, roles: Sequence[str], recipe_digest: str
 ) -> tuple[dict[str, int], list[str]]:
-    """The VRAM reserve per role in force `now` (waivers applied) and the waivers that set it."""
+    """The VRAM reserve per role in force now (waivers applied) and the waivers that set it."""
     waivers = stored_waivers.waivers(world.store)
-    when = now or datetime.now(UTC)
+    when = datetime.now(UTC)
     reserve: dict[str, int] = {}
     waiver_ids: set[str] = set()
     for role in roles:

@@ -37,14 +37,11 @@ class Outcome:
     changes: list[Change] = field(default_factory=list)
     results: dict[str, JSONObject] = field(default_factory=dict)
     memo: object = None
-    """The plan's memo after the run: what a step measured that is not journaled (qualify's
-    result); not rendered."""
+    """The plan's memo after the run: what a step measured that is not journaled."""
     drain_refused: bool = False
-    """A drain met its deadline with answers in flight and refused to cut them: the
-    transaction compensated, and exits 3 (refused) rather than 4."""
+    """A drain refused to cut answers at its deadline: compensated, it exits as refused."""
     then: Outcome | None = None
-    """The transaction the same command ran right after this one committed (`load
-    --promote`: the promotion); its exit code is the command's."""
+    """What the same command ran right after this one committed (`load --promote`); its exit code."""
     follow_up: FollowUp | None = None
     """What the end state asks the entry to run next under the same lock (a watch's rollback)."""
     followed_by: Outcome | None = None

@@ -7,7 +7,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.digest import sha256_hex
@@ -75,11 +74,6 @@ class _Verdict:
     passed: bool
 
 
-def _artifact_path(world: World, path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else world.settings.evidence_dir / p
-
-
 _OUTCOMES: tuple[waiver_policy.Outcome, ...] = ("verified", "policy-infeasible", "failed")
 
 
@@ -113,7 +107,7 @@ def stored_verdicts(world: World, raw: DecisionRecord) -> list[_Verdict | Reserv
         if row["kind"] != "policy":
             out.append(_Verdict(row["gate"], row["passed"]))
             continue
-        path = _artifact_path(world, row["artifact"])
+        path = world.settings.evidence_dir / row["artifact"]  # an absolute artifact path stays itself
         try:
             data = path.read_bytes()
         except OSError as exc:

@@ -44,10 +44,7 @@ class RecoverReport:
     @property
     def exit_code(self) -> int:
         done = {
-            TxState.COMPENSATED.value,
-            TxState.REFUSED.value,
-            TxState.COMMITTED.value,
-            TxState.ROLLED_BACK.value,
+            s.value for s in (TxState.COMPENSATED, TxState.REFUSED, TxState.COMMITTED, TxState.ROLLED_BACK)
         }
         # `dark`: an interrupted `load --promote` whose incumbent could not be brought back
         unresolved = any(r["state"] not in done or r.get("dark") for r in self.recovered)

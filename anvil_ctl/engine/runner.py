@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from anvil_ctl.core.errors import AnvilError, AuthRejected, DrainRefused, NeedsOperator, Refused
@@ -110,9 +111,7 @@ class TransactionEngine:
         *,
         hold: bool = False,
     ) -> None:
-        def write() -> None:
-            self.journal.transition(ctx.tx_id, target, reason, data)
-
+        write = partial(self.journal.transition, ctx.tx_id, target, reason, data)
         boundary = ":".join((ctx.kind, "state", target.value))
         self._write(write, boundary, hold or target not in UNFINISHED_STATES)  # an end state waits
 

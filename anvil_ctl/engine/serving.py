@@ -124,13 +124,9 @@ def image_present(world: World, image_id: str) -> bool:
     return True
 
 
-def container_absent_or_stopped(world: World, container_id: str) -> bool:
-    info = inspect_or_none(world, container_id)
-    return info is None or not info.running
-
-
 def is_running(world: World, container_id: str) -> bool:
-    return not container_absent_or_stopped(world, container_id)
+    info = inspect_or_none(world, container_id)
+    return info is not None and info.running
 
 
 # -- acting on serves -------------------------------------------------------------------------
@@ -161,12 +157,9 @@ def stop_verified(world: World, container_id: str, grace: float | None = None) -
 
 
 POLL_FIRST_S = 0.02
-"""The first pause of a poll: most waits (a stub's start, a released card) end within a few.
-Short, because the pause after the wait is over is time lost; a poll is two local HTTP
-requests."""
+"""The first pause of a poll: short, since most waits end within a few and a poll is cheap."""
 POLL_GROWTH = 1.25
-"""Each pause a quarter longer than the last: what is ready is seen within a quarter of the
-time already waited, and a long wait (a real engine loading weights) polls ever less."""
+"""Each pause a quarter longer than the last: a long wait polls ever less."""
 
 
 def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
@@ -367,6 +360,15 @@ def release_vram_step(need: Callable[[C], VramNeed]) -> Step[C]:
         return gate(need(ctx))
 
     return Step("release-vram", do, None, "wait until the GPUs' memory is observed free")
+
+
+def reroute(which: Callable[[C], Identity]) -> Callable[[C], None]:
+    """A goal's repair: route the tier to `which(ctx)` again, holding past a pending removal."""
+
+    def repair(ctx: C) -> None:
+        route_slot_to(ctx.world, which(ctx), hold=True)
+
+    return repair
 
 
 def route_step(

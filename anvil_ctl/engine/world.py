@@ -60,8 +60,8 @@ VramRelease = Callable[[VramNeed], JSONObject]
 """The VRAM-release gate: wait until the need is free, return both readings (StepFailed at the deadline)."""
 
 RouteSample = Callable[[str, int, int, int | None], "Sample"]
-"""Streamed chats through the router with the client key: (alias, requests, max_tokens, the
-functional check to take or None) -> one sample (`qualify.slosample`), what a watch judges."""
+"""Streamed chats through the router: (alias, requests, max_tokens, functional check or None)
+-> one sample (`qualify.slosample`)."""
 
 ContainerOfPid = Callable[[int], str | None]
 """Which container a host PID runs in (NVML reports engine worker PIDs), None if none."""
@@ -88,19 +88,16 @@ class World:
     container_of_pid: ContainerOfPid | None = None
     """Real GPUs only: NVML's PIDs are engine workers, children of the container's init."""
     hold_readmissions: bool = False
-    """Every readmission holds as if a removal were pending (`Router.readmit(hold=True)`):
-    `recover` sets it, because a process that died mid-drain may have sent removals that
-    no adapter of this process saw."""
+    """Every readmission holds as if a removal were pending: set by `recover`, since a dead
+    process may have sent removals no adapter of this one saw."""
     progress: Progress = field(default_factory=SilentProgress)
     """Where steps report their waits (the CLI's renderer; silent by default)."""
     wait_limit_s: float | None = None
     """`--timeout`: no forward wait (health, VRAM release, drain, readmission) lasts longer."""
     kept_reading: tuple[dict[str, object], dict[str, object]] | None = None
-    """What a stretch opened with `keep` saw, for the next stretch opened with `resume`
-    (`one_reading`); the entry drops it wherever no such stretch follows at once."""
+    """What a stretch opened with `keep` saw, for the next one opened with `resume` (`one_reading`)."""
     undoing: bool = False
-    """Set by the engine while it compensates: undos keep the configured deadlines, since
-    giving up early on bringing a serve back would leave the slot dark."""
+    """Set while compensating: undos keep the configured deadlines rather than leave a slot dark."""
 
     def deadline(self, configured_s: float) -> float:
         """The configured deadline, capped by `--timeout` on the forward path."""

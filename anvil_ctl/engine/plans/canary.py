@@ -37,6 +37,7 @@ from anvil_ctl.engine.serving import (
     identity_drift,
     is_running,
     pauses,
+    reroute,
     route_problems,
     route_slot_to,
     smoke_step,
@@ -67,9 +68,6 @@ def _set_share(world: World, args: CanaryArgs, share: int) -> JSONObject:
     weights = {inc: 100 - share, cand: share}
     _weighted(world).set_weights(_tier(world, args.incumbent), weights)
     return {"share": share, "weights": {**weights}}
-
-
-# -- guards -----------------------------------------------------------------------------------
 
 
 class RouterWeighs(Guard[Ctx]):
@@ -152,9 +150,6 @@ GUARDS: list[Guard[Ctx]] = [
     IncumbentServesTheTier(),
     RouterCredentialsAccepted(),
 ]
-
-
-# -- steps ------------------------------------------------------------------------------------
 
 
 def declare(ctx: Ctx) -> StepResult:
@@ -285,16 +280,8 @@ def cutover(ctx: Ctx) -> StepResult:
     return {**route_slot_to(world, ctx.args.candidate), "incumbent_drain": drained}
 
 
-def _reroute(ctx: Ctx) -> None:
-    """The goal's repair: the route broke after the cutover (a router restarted)."""
-    route_slot_to(ctx.world, ctx.args.candidate, hold=True)
-
-
 def _route_back(ctx: Ctx, _r: StepResult) -> StepResult:
     return route_slot_to(ctx.world, ctx.args.incumbent)
-
-
-# -- prepare and build ------------------------------------------------------------------------
 
 
 def prepare(world: World, req: CanaryRequest) -> CanaryArgs:
@@ -366,5 +353,5 @@ def build(
         snapshot=lambda: observe(world, list(slots)),
         pivot="route-to-candidate",
         goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
-        repair=_reroute,
+        repair=reroute(_candidate),
     )

@@ -43,8 +43,7 @@ class LoadMemo:
     candidate_id: str | None = None
     """The container `start-candidate` created."""
     candidate: Identity | None = None
-    """Its identity, read while it was getting ready (the container and image are fixed at
-    create): `record-candidate` then only writes, with no serve routed."""
+    """Its identity, read while it got ready: `record-candidate` then only writes."""
 
 
 Ctx = StepContext[LoadArgs, World, LoadMemo]
@@ -52,9 +51,6 @@ Ctx = StepContext[LoadArgs, World, LoadMemo]
 
 def _running_incumbent(ctx: Ctx) -> Identity | None:
     return ctx.args.incumbent if ctx.args.incumbent_running else None
-
-
-# -- guards -----------------------------------------------------------------------------------
 
 
 class CandidateImagePinned(Guard[Ctx]):
@@ -148,9 +144,6 @@ GUARDS: list[Guard[Ctx]] = [
     gpu_ownership.GpuRolesFree(_gpu_request),
     RouterCredentialsAccepted(),
 ]
-
-
-# -- steps ------------------------------------------------------------------------------------
 
 
 def stamped_spec(spec: ContainerSpec, tx_id: str) -> ContainerSpec:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.guards import Guard, Refusal
@@ -29,11 +29,17 @@ from anvil_ctl.engine.guards import (
     RouterCredentialsAccepted,
 )
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.engine.plans.args import PromoteArgs, PromoteRequest, RollbackRequest, WatchDeclaration
+from anvil_ctl.engine.plans.args import (
+    CanaryArgs,
+    PromoteArgs,
+    PromoteRequest,
+    RollbackRequest,
+    WatchDeclaration,
+)
 from anvil_ctl.engine.serving import (
     drain_slot,
+    reroute,
     route_problems,
-    route_slot_to,
     route_step,
     routed_expectation,
     smoke_step,
@@ -50,24 +56,8 @@ from anvil_ctl.persistence.store import Store
 Ctx = StepContext[PromoteArgs, World, NoMemo]
 
 
-class Promotion(Protocol):
-    """What the promotion guards read; a plain and a canary promotion both carry it."""
-
-    @property
-    def slot(self) -> str: ...
-    @property
-    def candidate(self) -> Identity: ...
-    @property
-    def decision_id(self) -> str | None: ...
-    @property
-    def decision_outcome(self) -> str | None: ...
-    @property
-    def approved_by(self) -> str: ...
-    @property
-    def incumbent(self) -> Identity | None: ...
-
-
-PCtx = StepContext[Promotion, World, object]
+PCtx = StepContext[PromoteArgs | CanaryArgs, World, object]
+"""A plain or a canary promotion: what the promotion guards and closing steps read."""
 _C = TypeVar("_C", bound=PCtx)
 
 
@@ -309,11 +299,6 @@ def unrecord_promotion(ctx: PCtx, _r: StepResult) -> StepResult:
     return {"incumbent": old.container_id}
 
 
-def reroute(ctx: Ctx) -> None:
-    """The goal's repair: the route broke after readmission, so a removal may be pending."""
-    route_slot_to(ctx.world, ctx.args.candidate, hold=True)
-
-
 def _candidate(ctx: Ctx) -> Identity:
     return ctx.args.candidate
 
@@ -420,6 +405,6 @@ def build(
         snapshot=lambda: observe(world, [args.slot]),
         pivot="route-to-candidate",
         goal=lambda ctx: route_problems(ctx.world, ctx.args.candidate),
-        repair=reroute,
+        repair=reroute(_candidate),
         watch=watch_serve if args.watch is not None else None,
     )

@@ -167,20 +167,19 @@ def record_decision(ctx: Ctx) -> StepResult:
     if problems:
         raise StepFailed("candidate changed during qualification: " + "; ".join(problems))
     tx_dir = Path(result.tx_dir)
-    rows: list[GateEvidence] = []
-    for gate in result.gates:
-        art = result.artifact_for(gate.name)
-        rows.append(
-            {
-                "name": gate.name,
-                "kind": gate.kind,
-                "passed": gate.passed,
-                "classification": gate.classification,
-                "artifact": str(tx_dir / art.path) if art else "",
-                "sha256": art.sha256 if art else "",
-                "size": art.size if art else 0,
-            }
-        )
+    rows: list[GateEvidence] = [
+        {
+            "name": gate.name,
+            "kind": gate.kind,
+            "passed": gate.passed,
+            "classification": gate.classification,
+            "artifact": str(tx_dir / art.path) if art else "",
+            "sha256": art.sha256 if art else "",
+            "size": art.size if art else 0,
+        }
+        for gate in result.gates
+        for art in [result.artifact_for(gate.name)]
+    ]
     qualification.record_evidence(world.store, ctx.tx_id, rows)
     now = ctx.memo.now or datetime.now(UTC)
     active = waiver_rows.waivers(world.store)

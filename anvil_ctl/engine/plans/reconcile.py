@@ -55,9 +55,6 @@ def what_runs(world: World, slot_name: str, serve: Identity) -> str:
     return f"nothing we recorded runs for the slot and {slot.binding} serves nothing"
 
 
-# -- guards -----------------------------------------------------------------------------------
-
-
 class RecordedServeRunning(Guard[Ctx]):
     """The serve the slot's record publishes runs as its recorded container (same image and
     config fingerprint) and its binding answers healthy with exactly its served model: only
@@ -106,9 +103,6 @@ GUARDS: list[Guard[Ctx]] = [
     NoUnresolvedTransaction(),
     RouterCredentialsAccepted(),
 ]
-
-
-# -- steps ------------------------------------------------------------------------------------
 
 
 def route_slot(ctx: Ctx) -> StepResult:

@@ -29,13 +29,12 @@ from anvil_ctl.engine.guards import (
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import RollbackArgs, RollbackRequest
 from anvil_ctl.engine.serving import (
-    container_absent_or_stopped,
     drain_step,
     is_running,
     release_vram_step,
+    reroute,
     restart_retained,
     route_problems,
-    route_slot_to,
     route_step,
     smoke_step,
     stop_verified,
@@ -174,9 +173,6 @@ def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
     )
 
 
-# -- steps ------------------------------------------------------------------------------------
-
-
 def _target(ctx: Ctx) -> Identity:
     target = ctx.args.target
     if target is None:  # TargetIdentityComplete refuses this before any step
@@ -261,7 +257,7 @@ class TargetNotAlreadyServing(Guard[Ctx]):
         if target is None:
             return None
         world = ctx.world
-        if container_absent_or_stopped(world, target.container_id):
+        if not is_running(world, target.container_id):
             return None
         served = [m.id for m in world.server.models(world.config.slot(target.slot).base_url)]
         if served == [target.served_model]:
@@ -321,14 +317,9 @@ def start_target(ctx: Ctx) -> StepResult:
 def stop_target(ctx: Ctx, _r: StepResult) -> StepResult:
     """Stop the target again, retained; the earlier undos bring back what served before."""
     target = _target(ctx)
-    if container_absent_or_stopped(ctx.world, target.container_id):
+    if not is_running(ctx.world, target.container_id):
         return {"stopped": None}
     return stop_verified(ctx.world, target.container_id)
-
-
-def reroute(ctx: Ctx) -> None:
-    """The goal's repair: the route broke after readmission, so a removal may be pending."""
-    route_slot_to(ctx.world, _target(ctx), hold=True)
 
 
 def record_restore(ctx: Ctx) -> StepResult:
@@ -403,5 +394,5 @@ def build(
         verify_after=verify_placement,
         pivot="start-target",
         goal=lambda ctx: route_problems(ctx.world, _target(ctx)),
-        repair=reroute if world.router is not None else None,
+        repair=reroute(_target) if world.router is not None else None,
     )
