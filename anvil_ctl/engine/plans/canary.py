@@ -190,8 +190,7 @@ def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
 
 
 def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
-    """Every new request to the incumbent; the candidate drained, stopped and retained (a
-    candidate never registered has no weight to set)."""
+    """Every new request to the incumbent; the candidate drained, stopped and retained."""
     world, args = ctx.world, ctx.args
     try:
         weights = _set_share(world, args, 0)
@@ -272,8 +271,7 @@ def _incumbent(ctx: Ctx) -> Identity:
 
 
 def cutover(ctx: Ctx) -> StepResult:
-    """Wait until the incumbent (at weight 0 since the last step) answers nothing, then leave
-    the candidate alone in the tier."""
+    """Wait until the incumbent answers nothing, then leave the candidate alone in the tier."""
     world, inc = ctx.world, ctx.args.incumbent
     short = f"{inc.container_id[:12]} ({inc.served_model})"
     drained = wait_idle(world, inc.slot, inc.engine_profile, short, ctx.args.drain)
