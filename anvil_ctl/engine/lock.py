@@ -43,9 +43,9 @@ class LockInfo(locks.LockRecord):
         return asdict(self)
 
 
-def held_locks(store: Store, me: Owner | None = None, *, all_hosts: bool = False) -> list[LockInfo]:
-    """Lock rows without a release, newest first; `me` judges which owners still live."""
-    rows = locks.unreleased(store, all_hosts=all_hosts)
+def held_locks(store: Store, me: Owner | None = None) -> list[LockInfo]:
+    """The host's lock rows without a release, newest first; `me` judges which owners still live."""
+    rows = locks.unreleased(store)
     return [LockInfo(**asdict(r), alive=owner_alive(Owner(r.pid, r.host, r.boot_id), me)) for r in rows]
 
 
@@ -141,9 +141,9 @@ class HostLock:
             os.close(self._fd)
             self._fd = None
 
-    def release_after(self, exc: BaseException | None) -> None:
-        """Release once the holder's work ended, with `exc` if it failed."""
-        if exc is None or isinstance(exc, BadInput | Refused):
+    def release_after(self, exc: BaseException) -> None:
+        """Release once the holder's work failed with `exc`."""
+        if isinstance(exc, BadInput | Refused):
             self.release()  # nothing was mutated: bad input and refusals come before any step
         else:
             # The command died mid-transaction (Ctrl-C, a failed journal write): keep the row so
