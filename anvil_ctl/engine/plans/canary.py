@@ -71,8 +71,7 @@ def _set_share(world: World, args: CanaryArgs, share: int) -> JSONObject:
 
 
 class RouterWeighs(Guard[Ctx]):
-    """The router splits one tier's requests between two backends by weight; a router that
-    cannot (smg 1.13: no per-worker weight in any selection policy) gets no canary."""
+    """The router splits one tier's requests between two backends by weight (smg cannot)."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         if not isinstance(ctx.world.router, WeightedRouter):
@@ -104,9 +103,8 @@ class IncumbentServesTheTier(Guard[Ctx]):
 
 
 class ServesFitTogether(Guard[Ctx]):
-    """Both serves run at once, so together they fit the host's GPUs: no GPU role in common
-    (CPU engines hold none), or on each shared card both VRAM needs plus the reserve in force
-    (waivers applied, as promote reads it) within its capacity."""
+    """Both serves run at once, so together they fit the host's GPUs: no GPU role in common, or
+    on each shared card both VRAM needs plus the reserve in force within its capacity."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         inc, cand = ctx.args.incumbent, ctx.args.candidate
