@@ -224,7 +224,7 @@ def load_ledger(path: Path) -> Ledger:
 
 def rounded(value: object, decimals: int) -> Decimal:
     """`value` rounded half-up to `decimals`, as a publisher rounds."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
         raise PathError(f"the value is {type(value).__name__}, not a number")
     try:
         return Decimal(str(value)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
@@ -305,9 +305,7 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
                 result.problems.append(f"{recount.artifact}: {recount.path}: {exc}")
                 result.status = "missing"
                 continue
-            want = recount.published.value.quantize(
-                Decimal(1).scaleb(-recount.decimals), rounding=ROUND_HALF_UP
-            )
+            want = rounded(recount.published.value, recount.decimals)
             entry: JSONObject = {
                 "published": recount.published.text,
                 "recounted": f"{got:,.{recount.decimals}f}",

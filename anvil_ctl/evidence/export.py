@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -104,13 +104,7 @@ def export_bundle(
     redaction = redact or Redaction()
     resolved = tx_dir.resolve()
     auto = [str(p) for p in (resolved, resolved.parent, resolved.parent.parent) if str(p) != "/"]
-    redactor = _Redactor(
-        Redaction(
-            secrets=redaction.secrets,
-            paths=(*redaction.paths, *auto),
-            gpu_uuids=redaction.gpu_uuids,
-        )
-    )
+    redactor = _Redactor(replace(redaction, paths=(*redaction.paths, *auto)))
     manifest = read_manifest(tx_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     artifacts = []

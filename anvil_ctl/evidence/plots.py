@@ -196,5 +196,4 @@ def ab_svg(comparison: JSONMapping) -> str:
 
 
 def _p50(cell: JSONMapping, arm: str, metric: str) -> float | None:
-    """One arm's p50 of `metric` in a compared cell."""
     return number(fields(cell[arm])[metric])

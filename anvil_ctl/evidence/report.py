@@ -249,12 +249,8 @@ def _capacity(q: Bundle) -> str:
 
 def _points(rows: Sequence[JSONMapping], key: str) -> list[tuple[float, float]]:
     """(measured prompt tokens, `key`) of every completed request that has both."""
-    points = []
-    for r in rows:
-        x, y = number(r.get("prompt_tokens")), number(r.get(key))
-        if r.get("completed") and x and y is not None:
-            points.append((x, y))
-    return points
+    pairs = [(r, number(r.get("prompt_tokens")), number(r.get(key))) for r in rows]
+    return [(x, y) for r, x, y in pairs if r.get("completed") and x and y is not None]
 
 
 def _vram(inputs: ReportInputs) -> str:
@@ -313,7 +309,6 @@ def _vram(inputs: ReportInputs) -> str:
 
 
 def _free(cards: Sequence[JSONMapping]) -> dict[str, int | None]:
-    """Free MiB by card UUID (lower case) of one reading's cards."""
     return {str(c["uuid"]).lower(): _mib(c["free_mib"]) for c in cards}
 
 

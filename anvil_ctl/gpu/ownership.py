@@ -7,7 +7,7 @@ a requested card refuses the start too. The serve being replaced (`replacing`) d
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 from anvil_ctl.core.errors import BadInput
@@ -38,7 +38,7 @@ class OwnershipRefusal:
     reason: str
     role: str
     owner: GpuOwner | None = None
-    processes: tuple[GpuProcess, ...] = field(default=())
+    processes: tuple[GpuProcess, ...] = ()
 
     def __str__(self) -> str:
         return self.reason

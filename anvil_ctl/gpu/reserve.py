@@ -29,10 +29,6 @@ class CardCheck:
     total_mib: int | None = None
 
     @property
-    def observed(self) -> bool:
-        return self.free_mib is not None
-
-    @property
     def margin_mib(self) -> int | None:
         return None if self.free_mib is None else self.free_mib - self.threshold_mib
 
@@ -103,15 +99,7 @@ class VramReserveGate:
         cards = []
         for role in sorted(self.reserve_mib):
             uuid = self.uuids[role]
-            reading = by_uuid.get(uuid.lower())
-            cards.append(
-                CardCheck(
-                    role=role,
-                    uuid=uuid,
-                    threshold_mib=self.reserve_mib[role],
-                    free_mib=reading.free_mib if reading else None,
-                    used_mib=reading.used_mib if reading else None,
-                    total_mib=reading.total_mib if reading else None,
-                )
-            )
+            r = by_uuid.get(uuid.lower())
+            free, used, total = (r.free_mib, r.used_mib, r.total_mib) if r else (None, None, None)
+            cards.append(CardCheck(role, uuid, self.reserve_mib[role], free, used, total))
         return ReserveResult(cards=tuple(cards))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -59,11 +59,12 @@ def resolve(
     now: datetime,
 ) -> Effective:
     """The value in force for one role now: the newest active applicable waiver or the default."""
-    applicable = [w for w in waivers if w.active(now) and w.applies(policy, role, recipe_digest)]
-    if not applicable:
-        return Effective(policy_default)
-    newest = max(applicable, key=lambda w: (w.created_at, w.id))
-    return Effective(newest.value, newest.id)
+    newest = _newest(w for w in waivers if w.active(now) and w.applies(policy, role, recipe_digest))
+    return Effective(policy_default) if newest is None else Effective(newest.value, newest.id)
+
+
+def _newest(waivers: Iterable[Waiver]) -> Waiver | None:
+    return max(waivers, key=lambda w: (w.created_at, w.id), default=None)
 
 
 class GateVerdict(Protocol):
@@ -87,7 +88,7 @@ class Decision:
     recipe_digest: str | None = None
     reclassifies: str | None = None
     waiver_ids: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = field(default=())
+    reasons: tuple[str, ...] = ()
     decided_at: datetime | None = None
 
     def as_dict(self) -> JSONObject:
@@ -112,8 +113,7 @@ def waived_gate(
     name: str, recipe_digest: str | None, waivers: Iterable[Waiver], now: datetime
 ) -> Waiver | None:
     """The newest active gate waiver of this recipe that names gate `name`, if any."""
-    applicable = [w for w in waivers if w.active(now) and w.waives_gate(name, recipe_digest)]
-    return max(applicable, key=lambda w: (w.created_at, w.id)) if applicable else None
+    return _newest(w for w in waivers if w.active(now) and w.waives_gate(name, recipe_digest))
 
 
 def outcome_of(results: Sequence[GateVerdict]) -> tuple[Outcome, tuple[str, ...]]:

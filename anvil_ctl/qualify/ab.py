@@ -83,18 +83,12 @@ async def measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s:
                     cells["B"].append({**skipped})
                     continue
                 reps: dict[str, list[Repetition]] = {"A": [], "B": []}
+                cell = f"{context_label(nominal)}/C{conc}"
                 for rep in range(capacity.repetitions):
                     for arm in ("A", "B") if rep % 2 == 0 else ("B", "A"):
                         started = time.time()
                         reps[arm].append(await capacity.repetition(ctxs[arm], nominal, conc, rep))
-                        order.append(
-                            {
-                                "cell": f"{context_label(nominal)}/C{conc}",
-                                "rep": rep + 1,
-                                "arm": arm,
-                                "at": started,
-                            }
-                        )
+                        order.append({"cell": cell, "rep": rep + 1, "arm": arm, "at": started})
                 for arm in ("A", "B"):
                     cells[arm].append(capacity.cell(nominal, conc, reps[arm]))
     return {"cells": {**cells}, "order": order}
@@ -214,6 +208,10 @@ class _Check:
         return ", ".join(f"{c} " + ("unmeasured" if d is None else f"{d:+.1f} %") for c, d, _ in self.cells)
 
 
+def _unselected(outcome: str, summary: str) -> JSONObject:
+    return {"outcome": outcome, "selected": None, "boundaries": [], "summary": summary}
+
+
 def _verdict(
     names: dict[str, str], measured: list[_Row], boundaries: Sequence[Boundary], select: str
 ) -> JSONObject:
@@ -226,20 +224,10 @@ def _verdict(
     deltas = [r.delta_pct[select] for r in measured]
     if not measured or failed or any(d is None for d in deltas):
         why = "; ".join(failed) or ("no cell was measured" if not measured else f"{select} not measured")
-        return {
-            "outcome": "incomplete",
-            "selected": None,
-            "boundaries": [],
-            "summary": f"no arm selected: {why}",
-        }
+        return _unselected("incomplete", f"no arm selected: {why}")
     score = sum(d for d in deltas if d is not None) / len(deltas)
     if score == 0:
-        return {
-            "outcome": "no-difference",
-            "selected": None,
-            "boundaries": [],
-            "summary": f"{select}: no difference",
-        }
+        return _unselected("no-difference", f"{select}: no difference")
     b_better = score > 0 if METRICS[select][1] else score < 0
     winner, other = ("B", "A") if b_better else ("A", "B")
     checks = []

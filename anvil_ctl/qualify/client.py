@@ -10,7 +10,6 @@ import base64
 import json
 import time
 from collections.abc import Sequence
-from types import TracebackType
 
 import httpx
 
@@ -39,11 +38,8 @@ def _raise_for(response_status: int, body: str, what: str) -> None:
     if response_status < 400:
         return
     excerpt = body[:500]
-    if response_status >= 500:
-        raise TransientError(
-            f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt
-        )
-    raise AdapterError(f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt)
+    error = TransientError if response_status >= 500 else AdapterError
+    raise error(f"{what}: HTTP {response_status}: {excerpt}", status=response_status, body=excerpt)
 
 
 class EngineClient:
@@ -71,12 +67,7 @@ class EngineClient:
     async def __aenter__(self) -> EngineClient:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -211,20 +202,10 @@ class EngineClient:
         return assembler.finish(self._clock(), status=status, transport_error=broken)
 
     async def responses(
-        self,
-        model: str,
-        input_: str | Sequence[Message],
-        *,
-        max_output_tokens: int | None = None,
-        enable_thinking: bool | None = None,
+        self, model: str, input_: str, *, max_output_tokens: int, enable_thinking: bool | None
     ) -> ResponsesResult:
         """POST /v1/responses (non-streaming subset)."""
-        body: JSONObject = {
-            "model": model,
-            "input": input_ if isinstance(input_, str) else list(input_),
-        }
-        if max_output_tokens is not None:
-            body["max_output_tokens"] = max_output_tokens
+        body: JSONObject = {"model": model, "input": input_, "max_output_tokens": max_output_tokens}
         if enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
         t0 = self._clock()
@@ -263,7 +244,6 @@ def parse_responses(data: JSONMapping, *, status: int, e2e_s: float) -> Response
 
 
 def _text_or_none(value: object) -> str | None:
-    """A string field as text; a non-string value as its str(), null as None."""
     return None if value is None else value if isinstance(value, str) else str(value)
 
 

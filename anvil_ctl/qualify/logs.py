@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from anvil_ctl.core.engine_profile import EngineProfile, find_engine_profile
 from anvil_ctl.core.jsontypes import JSONObject
@@ -117,7 +117,6 @@ class LogClassification:
 
     @property
     def restarts(self) -> int:
-        """Engine restarts inside the container: start banners after the first."""
         return max(0, len(self.starts) - 1)
 
     def as_dict(self) -> JSONObject:
@@ -125,10 +124,7 @@ class LogClassification:
             "lines": self.lines,
             "fatal_counts": dict(self.fatal_counts),
             "fatal_lines": list(self.fatal),
-            "notices": {
-                name: {"reason": n.reason, "count": n.count, "examples": list(n.examples)}
-                for name, n in self.notices.items()
-            },
+            "notices": {name: asdict(n) for name, n in self.notices.items()},
             "start_banners": list(self.starts),
             "engine_restarts": self.restarts,
             "other_lines": self.other,

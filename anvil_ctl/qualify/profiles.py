@@ -21,7 +21,7 @@ from anvil_ctl.config.inputs import field_path, load_toml, validated
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.evidence.summary import context_label
-from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, parse_watch
+from anvil_ctl.qualify.watchpolicy import DEFAULT, WatchPolicy, field_error, parse_watch
 
 # The gates (and their client) import where a profile's gates are checked or built, not here:
 # a promote reads only `[watch]`.
@@ -141,8 +141,8 @@ class Profile:
         }
 
 
-def available_profiles(search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> list[str]:
-    return sorted({p.stem for d in search_dirs if d.is_dir() for p in d.glob("*.toml")})
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
 
 
 class _ProfileFile(BaseModel):
@@ -173,10 +173,8 @@ def _gate_spec(source: str, index: int, raw: dict[str, object]) -> GateSpec:
     where = f"gates[{index}]"
     gate_type = raw.get("type")
     if gate_type not in GATE_TYPES:
-        raise BadInput(
-            f"{source}: {where}.type: {gate_type!r} is not a gate; expected one of {sorted(GATE_TYPES)}",
-            file=source,
-            field=f"{where}.type",
+        raise field_error(
+            source, f"{where}.type", f"{gate_type!r} is not a gate; expected one of {sorted(GATE_TYPES)}"
         )
     cls = GATE_TYPES[gate_type]
     name = raw.get("name", gate_type)
@@ -192,7 +190,7 @@ def _gate_spec(source: str, index: int, raw: dict[str, object]) -> GateSpec:
         if first["type"] == "unexpected_keyword_argument":
             accepted = [f.name for f in dataclasses.fields(cls) if f.name != "name"]
             problem = f"not a parameter of gate {gate_type!r}; expected one of {accepted}"
-        raise BadInput(f"{source}: {key}: {problem}", file=source, field=key) from None
+        raise field_error(source, key, problem) from None
     return GateSpec(type=gate_type, name=name, params=params)
 
 
@@ -203,11 +201,7 @@ def parse_profile(data: Mapping[str, object], source: str) -> Profile:
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if spec.name in seen:
-            raise BadInput(
-                f"{source}: gates[{i}].name: {spec.name!r} repeats; gate names must be unique",
-                file=source,
-                field=f"gates[{i}].name",
-            )
+            raise field_error(source, f"gates[{i}].name", f"{spec.name!r} repeats; gate names must be unique")
         seen.add(spec.name)
     return Profile(
         name=top.name or Path(source).stem,
@@ -221,19 +215,16 @@ def parse_profile(data: Mapping[str, object], source: str) -> Profile:
     )
 
 
-def load_profile(name_or_path: str | Path, *, search_dirs: Sequence[Path] = (PROFILES_DIR,)) -> Profile:
-    """A named profile from `search_dirs`, or a TOML file by path."""
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or candidate.is_file():
-        path = candidate
-    else:
-        found = [d / f"{name_or_path}.toml" for d in search_dirs if (d / f"{name_or_path}.toml").is_file()]
-        if not found:
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A shipped profile by name, or a TOML file by path."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml" and not path.is_file():
+        path = PROFILES_DIR / f"{name_or_path}.toml"
+        if not path.is_file():
             raise BadInput(
-                f"profile {str(name_or_path)!r} not found; expected one of {available_profiles(search_dirs)}",
+                f"profile {str(name_or_path)!r} not found; expected one of {available_profiles()}",
                 field="profile",
             )
-        path = found[0]
     data = load_toml(path, "profile file", BadInput)
     return parse_profile(data, str(path))
 
@@ -243,9 +234,8 @@ def resolve_profile(
     *,
     profile: str | Path | None = None,
     gates: Sequence[str] | None = None,
-    search_dirs: Sequence[Path] = (PROFILES_DIR,),
 ) -> Profile:
     """The profile a qualification runs: `--profile` over the recipe's, then `--gates`."""
     chosen = profile or recipe_profile or "smoke"
-    loaded = load_profile(chosen, search_dirs=search_dirs)
+    loaded = load_profile(chosen)
     return loaded.select(gates) if gates else loaded

@@ -53,7 +53,6 @@ def context_prompt(
     *,
     reserve_tokens: int,
     chars_per_token: float = 4.0,
-    salt: str = "",
     needle: str | None = None,
     needle_depth: float = 0.5,
 ) -> str:
@@ -61,7 +60,7 @@ def context_prompt(
     then the question on its own line; a needle sentence is placed at `needle_depth`."""
     question_tokens = int(len(question) / chars_per_token) + 1
     body_tokens = max(16, nominal_tokens - reserve_tokens - question_tokens - message_overhead_tokens(1))
-    text = filler(body_tokens, chars_per_token=chars_per_token, salt=salt)
+    text = filler(body_tokens, chars_per_token=chars_per_token)
     if needle is not None:
         sentence = f" The needle is {needle}. "
         cut = int(len(text) * needle_depth)

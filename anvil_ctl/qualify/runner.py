@@ -39,9 +39,6 @@ log = get_logger()
 P = ParamSpec("P")
 IDENTITY_GATE = "served-identity"
 ENGINE_GATE = "engine-alive"
-VRAM_BEFORE = "vram-before.json"
-IDENTITY = "identity.json"
-PROVENANCE = "provenance.json"
 Liveness = Callable[[], JSONObject | None]
 """None while the engine runs; otherwise what was observed of it (status, exit code)."""
 
@@ -161,7 +158,7 @@ async def qualify(
     results: list[GateResult] = []
     hashes: dict[str, str] = {}
     if recorded_identity is not None:
-        writer.write_json(IDENTITY, recorded_identity)
+        writer.write_json("identity.json", recorded_identity)
 
     def record(index: int, result: GateResult) -> None:
         artifact = writer.write_json(f"{index:02d}-{result.name}.json", result.as_dict())
@@ -197,9 +194,9 @@ async def qualify(
                 },
             )
         record(0, identity)
-        if identity.passed and reserve_probe is not None:
-            writer.write_json(VRAM_BEFORE, await _vram_reading(reserve_probe))
         if identity.passed:
+            if reserve_probe is not None:
+                writer.write_json("vram-before.json", await _vram_reading(reserve_probe))
             gate_ctx = GateContext(
                 client=client,
                 served_model=served_model,
@@ -227,7 +224,7 @@ async def qualify(
 
     rows = summary_rows(r.evidence for r in results)
     writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows], "origin": "local"})
-    writer.write_json(PROVENANCE, provenance_record(provenance, writer.artifacts))
+    writer.write_json("provenance.json", provenance_record(provenance, writer.artifacts))
     decision = make_decision(results, identity_digest, profile=profile.name, artifact_sha256=hashes)
     writer.write_json(
         "decision.json",

@@ -1,20 +1,16 @@
 """One active sample of a serve through the real route, with the official `openai` client.
 
 A sample is a few short streamed chats to the slot's alias with the client key: what a client
-of the router meets. Per request: the time to the first token (content or reasoning), the
-decode rate after it ((tokens - 1) / (end - first token)), whether it failed (an HTTP error or
-a broken connection) and whether its answer ended with a `finish_reason` (a stream that stops
-without one was cut). The sample's metrics are those `watchpolicy.METRICS` names. Asked for
-them, a sample also takes the functional gate's checks (`FUNCTIONAL`: an exact tool call, its
-fixture rotating with the sample's number; exact JSON), with the gate's own fixtures and
-checkers. A
-401/403 raises `AuthRejected`: a credential problem, never a reason to call the serve unhealthy.
+of the router meets, measured as `watchpolicy.METRICS` names (a stream that stops without a
+`finish_reason` was cut). Asked for them, it also takes the functional gate's checks
+(`FUNCTIONAL`) with the gate's own fixtures and checkers. A 401/403 raises `AuthRejected`: a
+credential problem, never a reason to call the serve unhealthy.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import openai
 from openai.types.chat import ChatCompletionMessageParam
@@ -38,14 +34,7 @@ class RequestResult:
     error: str | None = None
 
     def as_dict(self) -> JSONObject:
-        return {
-            "ok": self.ok,
-            "ttft_s": _round(self.ttft_s),
-            "decode_tps": _round(self.decode_tps),
-            "finish_reason": self.finish_reason,
-            "model": self.model,
-            "error": self.error,
-        }
+        return {**asdict(self), "ttft_s": _round(self.ttft_s), "decode_tps": _round(self.decode_tps)}
 
 
 def _round(v: float | None) -> float | None:

@@ -25,7 +25,7 @@ limit is what is recorded and judged: nothing is chosen after the fact. A profil
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
@@ -47,7 +47,6 @@ METRICS = {
     FUNCTIONAL_METRIC: "the functional gate's checks failed in a sample: an exact tool call (its "
     "fixture rotating) and exact JSON (taken only when a threshold names this metric)",
 }
-LOWER_IS_WORSE = frozenset({"decode_tps_p50"})
 QUALIFIED = {"ttft_p50_s": "ttft_s_p50", "ttft_p95_s": "ttft_s_p95", "decode_tps_p50": "decode_tps_p50"}
 """Metric -> the key of the capacity cell its relative thresholds are resolved against."""
 
@@ -97,7 +96,7 @@ class Limit:
         return observed <= self.limit if self.op == "max" else observed >= self.limit
 
     def as_dict(self) -> JSONObject:
-        return {"metric": self.metric, "op": self.op, "limit": self.limit, "source": self.source}
+        return asdict(self)
 
     @classmethod
     def of(cls, data: Mapping[str, object]) -> Limit:
@@ -136,18 +135,15 @@ class WatchPolicy:
         return [t.resolve(qualified) for t in self.thresholds]
 
     def as_dict(self) -> JSONObject:
-        return {
-            "duration_s": self.duration_s,
-            "interval_s": self.interval_s,
-            "requests": self.requests,
-            "max_tokens": self.max_tokens,
-            "consecutive": self.consecutive,
-            "thresholds": [t.as_dict() for t in self.thresholds],
-            "source": self.source,
-        }
+        return {**asdict(self), "thresholds": [t.as_dict() for t in self.thresholds]}
 
 
 DEFAULT = WatchPolicy()
+
+
+def field_error(source: str, where: str, problem: str) -> BadInput:
+    """A wrong value of profile `source`, named by its field (`watch.thresholds[1].max`)."""
+    return BadInput(f"{source}: {where}: {problem}", file=source, field=where)
 
 
 def _number(raw: Mapping[str, object], key: str, where: str, source: str, *, positive: bool = True) -> float:
@@ -159,50 +155,36 @@ def _number(raw: Mapping[str, object], key: str, where: str, source: str, *, pos
         or (positive and value == 0)
     ):
         sign = "a positive number" if positive else "a number >= 0"
-        raise BadInput(
-            f"{source}: {where}.{key}: {value!r}; expected {sign}", file=source, field=f"{where}.{key}"
-        )
+        raise field_error(source, f"{where}.{key}", f"{value!r}; expected {sign}")
     return float(value)
 
 
 def _whole(raw: Mapping[str, object], key: str, source: str, top: int) -> int:
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-        raise BadInput(
-            f"{source}: watch.{key}: {value!r}; expected a whole number from 1 to {top}",
-            file=source,
-            field=f"watch.{key}",
-        )
+        raise field_error(source, f"watch.{key}", f"{value!r}; expected a whole number from 1 to {top}")
     return value
 
 
 def _threshold(raw: object, index: int, source: str) -> Threshold:
     where = f"watch.thresholds[{index}]"
     if not isinstance(raw, dict):
-        raise BadInput(f"{source}: {where}: expected a table", file=source, field=where)
+        raise field_error(source, where, "expected a table")
     metric = raw.get("metric")
     if metric not in METRICS:
-        raise BadInput(
-            f"{source}: {where}.metric: {metric!r}; expected one of {sorted(METRICS)}",
-            file=source,
-            field=f"{where}.metric",
-        )
+        raise field_error(source, f"{where}.metric", f"{metric!r}; expected one of {sorted(METRICS)}")
     unknown = sorted(set(raw) - {"metric", *BOUNDS})
     bounds = [b for b in BOUNDS if b in raw]
     if unknown or len(bounds) != 1:
-        raise BadInput(
-            f"{source}: {where}: expected `metric` and exactly one of {list(BOUNDS)}"
-            + (f"; unknown {unknown}" if unknown else f"; found {bounds}"),
-            file=source,
-            field=where,
-        )
+        found = f"; unknown {unknown}" if unknown else f"; found {bounds}"
+        raise field_error(source, where, f"expected `metric` and exactly one of {list(BOUNDS)}{found}")
     bound = bounds[0]
     if bound.endswith("_ratio") and metric not in QUALIFIED:
-        raise BadInput(
-            f"{source}: {where}.{bound}: {metric} has no qualified value to be relative to; "
+        raise field_error(
+            source,
+            f"{where}.{bound}",
+            f"{metric} has no qualified value to be relative to; "
             f"use max or min (relative metrics: {sorted(QUALIFIED)})",
-            file=source,
-            field=f"{where}.{bound}",
         )
     value = _number(raw, bound, where, source, positive=bound.endswith("_ratio"))
     return Threshold(str(metric), bound, value)
@@ -213,22 +195,17 @@ def parse_watch(raw: object, source: str) -> WatchPolicy:
     if raw is None:
         return DEFAULT
     if not isinstance(raw, dict):
-        raise BadInput(f"{source}: watch: expected a table", file=source, field="watch")
+        raise field_error(source, "watch", "expected a table")
     unknown = sorted(set(raw) - _WATCH_KEYS)
     if unknown:
-        raise BadInput(
-            f"{source}: watch.{unknown[0]}: unknown key; expected {sorted(_WATCH_KEYS)}",
-            file=source,
-            field=f"watch.{unknown[0]}",
-        )
-    policy = DEFAULT
+        raise field_error(source, f"watch.{unknown[0]}", f"unknown key; expected {sorted(_WATCH_KEYS)}")
     values: dict[str, object] = {"source": source}
     if "duration" in raw:
         text = str(raw["duration"]).strip()
         try:
             values["duration_s"] = 0.0 if text in ("0", "0s") else parse_duration(text)
         except ValueError as exc:
-            raise BadInput(f"{source}: watch.duration: {exc}", file=source, field="watch.duration") from None
+            raise field_error(source, "watch.duration", str(exc)) from None
     if "interval_s" in raw:
         values["interval_s"] = _number(raw, "interval_s", "watch", source)
     for key, top in (("requests", 64), ("max_tokens", 4096), ("consecutive", 100)):
@@ -237,13 +214,9 @@ def parse_watch(raw: object, source: str) -> WatchPolicy:
     if "thresholds" in raw:
         items = raw["thresholds"]
         if not isinstance(items, list) or not items:
-            raise BadInput(
-                f"{source}: watch.thresholds: expected at least one [[watch.thresholds]] table",
-                file=source,
-                field="watch.thresholds",
-            )
+            raise field_error(source, "watch.thresholds", "expected at least one [[watch.thresholds]] table")
         values["thresholds"] = tuple(_threshold(t, i, source) for i, t in enumerate(items))
-    return WatchPolicy(**{**policy.__dict__, **values})
+    return WatchPolicy(**{**DEFAULT.__dict__, **values})
 
 
 def qualified_values(cells: Sequence[Mapping[str, object]]) -> dict[str, float]:
@@ -253,12 +226,11 @@ def qualified_values(cells: Sequence[Mapping[str, object]]) -> dict[str, float]:
     if not measured:
         return {}
     cell = min(measured, key=lambda c: c.get("nominal_tokens") or 0)  # type: ignore[arg-type,return-value]
-    out: dict[str, float] = {}
-    for metric, key in QUALIFIED.items():
-        value = cell.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[metric] = float(value)
-    return out
+    return {
+        metric: float(value)
+        for metric, key in QUALIFIED.items()
+        if isinstance(value := cell.get(key), int | float) and not isinstance(value, bool)
+    }
 
 
 def metrics_of(sample: Mapping[str, object]) -> dict[str, float | None]:

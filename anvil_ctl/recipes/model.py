@@ -263,7 +263,6 @@ class Recipe(Strict):
 
     @property
     def effective_health_path(self) -> str | None:
-        """The recipe's health path, else the engine profile's (None: no health route)."""
         return self.health_path if self.health_path is not None else self.profile_of_engine.health_path
 
     @property
@@ -276,13 +275,10 @@ class Recipe(Strict):
         return not self.unknown
 
     def ulimit_tuples(self) -> tuple[tuple[str, int, int], ...]:
-        out = []
-        for name, limit in sorted(self.ulimits.items()):
-            if isinstance(limit, Ulimit):
-                out.append((name, limit.soft, limit.hard))
-            else:
-                out.append((name, limit, limit))
-        return tuple(out)
+        return tuple(
+            (name, limit.soft, limit.hard) if isinstance(limit, Ulimit) else (name, limit, limit)
+            for name, limit in sorted(self.ulimits.items())
+        )
 
 
 def load_recipe(path: Path) -> Recipe:

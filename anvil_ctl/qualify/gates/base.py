@@ -234,10 +234,7 @@ class Checks:
 
     @property
     def classification(self) -> str:
-        for item in self.items:
-            if not item["ok"]:
-                return str(item["classification"])
-        return "pass"
+        return next((str(item["classification"]) for item in self.items if not item["ok"]), "pass")
 
     @property
     def failed(self) -> list[str]:
@@ -248,7 +245,6 @@ class Checks:
 
 
 def user(text: str) -> Message:
-    """A user message of plain text."""
     return {"role": "user", "content": text}
 
 
@@ -340,10 +336,7 @@ def check_tool_call(checks: Checks, label: str, attempt: Attempt, name: str, arg
 
 
 def effective_context(gate_ctx: GateContext, requested: int) -> int:
-    """The requested nominal context, clamped to the engine's max_model_len when known."""
-    if gate_ctx.max_model_len and requested > gate_ctx.max_model_len:
-        return gate_ctx.max_model_len
-    return requested
+    return min(requested, gate_ctx.max_model_len) if gate_ctx.max_model_len else requested
 
 
 def body(

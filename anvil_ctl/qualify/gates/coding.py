@@ -9,7 +9,7 @@ import functools
 import json
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
 from anvil_ctl.qualify.client import EngineClient
@@ -31,7 +31,6 @@ class CodingTask:
     """One deterministic task: its prompt, how to validate, and a reference answer."""
 
     id: str
-    marker: str
     prompt: str
     reference: str
     must_contain: tuple[str, ...] = ()
@@ -40,7 +39,6 @@ class CodingTask:
     json_equals: JSONValue = None
     regex_matches: tuple[str, ...] = ()
     regex_rejects: tuple[str, ...] = ()
-    notes: JSONObject = field(default_factory=dict)
 
     def contradictions(self, text: str) -> list[str]:
         """What in `text` (even partial) is already wrong."""
@@ -90,7 +88,6 @@ class CodingTask:
 TASKS: tuple[CodingTask, ...] = (
     CodingTask(
         id="reverse-words",
-        marker="[CODING-1]",
         prompt=(
             "[CODING-1] Write a Python function reverse_words(s: str) -> str that returns the "
             "words of s in reverse order, joined by single spaces. Answer with one Python code "
@@ -106,7 +103,6 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="json-config",
-        marker="[CODING-2]",
         prompt=(
             "[CODING-2] Write the JSON configuration object of a service named anvil that "
             "listens on port 8001 with debug disabled, with exactly the keys name, port and "
@@ -117,7 +113,6 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="move-plan",
-        marker="[CODING-3]",
         prompt=(
             "[CODING-3] Give one POSIX shell command that moves every file ending in .log from "
             "/srv/in to /srv/archive without overwriting files that already exist there and "
@@ -129,7 +124,6 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="iso-date-regex",
-        marker="[CODING-4]",
         prompt=(
             "[CODING-4] Write a Python regular expression that fully matches an ISO date "
             "YYYY-MM-DD with month 01-12 and day 01-31. Answer with the bare pattern only, in one "
@@ -141,7 +135,6 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="fix-mean",
-        marker="[CODING-5]",
         prompt=(
             "[CODING-5] This Python function is wrong: def mean(xs): return sum(xs) / len(xs) - 1 "
             "Give the corrected function mean(xs) in one Python code block only."

@@ -229,20 +229,12 @@ class ThinkingControl(Gate):
         result = answered(checks, label, attempt)
         if result is None:
             return
-        if enabled:
-            checks.add(
-                f"{label}: reasoning channel",
-                bool(result.reasoning.strip()),
-                "no_reasoning_channel",
-                reasoning_chars=len(result.reasoning),
-            )
-        else:
-            checks.add(
-                f"{label}: zero reasoning",
-                result.reasoning == "",
-                "reasoning_leak",
-                reasoning_chars=len(result.reasoning),
-            )
+        check, ok, why = (
+            ("reasoning channel", bool(result.reasoning.strip()), "no_reasoning_channel")
+            if enabled
+            else ("zero reasoning", result.reasoning == "", "reasoning_leak")
+        )
+        checks.add(f"{label}: {check}", ok, why, reasoning_chars=len(result.reasoning))
         check_visible_answer(
             checks,
             label,
