@@ -80,8 +80,6 @@ LABEL_HOST = LABEL_PREFIX + "host"  # the fleet host that created a container
 
 
 class DockerRuntime:
-    """The ContainerRuntime port on a Docker Engine."""
-
     def __init__(
         self,
         client: docker.DockerClient | None = None,

@@ -13,6 +13,17 @@ from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import ModelCard, PromptAnswer
 
 
+def metric_samples(text: str, name: str, where: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each sample of `name` in Prometheus text; AdapterError naming `where` else."""
+    from prometheus_client.parser import text_string_to_metric_families  # only where a metric is read
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise AdapterError(f"{where}: not Prometheus text ({exc})") from exc
+    return [(s.labels, s.value) for family in families for s in family.samples if s.name == name]
+
+
 class HttpServerProbe:
     """One client for the probe's life: no trust roots (plain HTTP on loopback), no keep-alive."""
 
@@ -73,24 +84,14 @@ class HttpServerProbe:
 
     def running(self, base_url: str, metric: str) -> int | None:
         """The gauge `metric` on /metrics summed over its labels; None without an answer or the gauge."""
-        from prometheus_client.parser import text_string_to_metric_families  # only where a gauge is read
-
         try:
             r = self._get(base_url.rstrip("/") + "/metrics")
         except httpx.HTTPError:
             return None
         if r.status_code != 200:
             return None
-        try:
-            samples = [
-                s.value
-                for family in text_string_to_metric_families(r.text)
-                for s in family.samples
-                if s.name == metric
-            ]
-        except ValueError as exc:
-            raise AdapterError(f"{base_url}/metrics: not Prometheus text ({exc})") from exc
-        return round(sum(samples)) if samples else None
+        samples = metric_samples(r.text, metric, f"{base_url}/metrics")
+        return round(sum(value for _, value in samples)) if samples else None
 
     def probe_prompt(self, base_url: str, model: str, words: int) -> PromptAnswer:
         """A chat of `words` one-token words, max_tokens 1 (a long timeout: the prompt may be evaluated)."""

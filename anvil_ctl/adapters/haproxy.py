@@ -88,20 +88,18 @@ class HaproxyRouter(RouterHttp):
         tiers: Mapping[str, tuple[str, ...]],
         *,
         transport: httpx.BaseTransport | None = None,
-        timeout_s: float = 10.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url.rstrip("/")
         self.socket_path = Path(socket_path)
         self.tiers = dict(tiers)
         self._client: Secret = credentials.client
-        self._http = httpx.Client(transport=transport, timeout=timeout_s, verify=context_for(self.url))
+        self._http = httpx.Client(transport=transport, timeout=10.0, verify=context_for(self.url))
         self._sleep = sleep
 
     # -- Runtime API ----------------------------------------------------------
 
     def command(self, line: str) -> str:
-        """One Runtime API command; its textual answer."""
         check_socket(self.socket_path)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -122,7 +120,6 @@ class HaproxyRouter(RouterHttp):
         log.info("router.haproxy.set", command=line)
 
     def slots(self, tier: str) -> list[ServerSlot]:
-        """The tier's server slots as `show stat` reports them."""
         self._known(tier)
         backend = backend_name(tier)
         text = self.command("show stat")

@@ -45,8 +45,6 @@ def parse_identity(identity: str) -> tuple[str, str]:
 
 
 class HfCache:
-    """A Hugging Face hub cache directory, verified read-only."""
-
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = cache_dir
 
@@ -83,7 +81,6 @@ class HfCache:
 
 
 def _check_file(snapshot: Path, pin: ModelFile) -> list[str]:
-    """The problems of one pinned file of a snapshot."""
     path = snapshot / pin.path
     if ".." in Path(pin.path).parts or Path(pin.path).is_absolute():
         return [f"{pin.path}: expected a path inside the snapshot"]

@@ -27,8 +27,6 @@ _LDCONFIG_LINE = re.compile(r"^\s*(?P<name>\S+) \((?P<flags>[^)]*)\) => (?P<path
 
 @dataclass(frozen=True)
 class GpuNode:
-    """One GPU as the kernel driver lists it."""
-
     uuid: str
     minor: int
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import httpx
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
+from anvil_ctl.adapters.engine_http import metric_samples
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
     RouterHttp,
@@ -44,8 +45,9 @@ from anvil_ctl.log import get_logger
 
 log = get_logger()
 
+POLL_S = 0.05
 POLL_FIRST_S = 0.005
-"""Polls start this short and double up to `poll_s`: most waits end within a few polls."""
+"""Polls start this short and double up to `POLL_S`: most waits end within a few polls."""
 APPEAR_TIMEOUT_S = 10.0
 PARK_SETTLE_S = 3600
 """A parked worker's drain: how long smg answers 503 for a tier left parked by an ended process."""
@@ -65,8 +67,6 @@ class SmgRouter(RouterHttp):
         admin_url: str | None = None,
         metrics_url: str | None = None,
         transport: httpx.BaseTransport | None = None,
-        timeout_s: float = 10.0,
-        poll_s: float = 0.05,
         removal_timeout_s: float = 30.0,
         removal_hold_s: float = 6.0,
         sleep: Callable[[float], None] = time.sleep,
@@ -77,10 +77,9 @@ class SmgRouter(RouterHttp):
         self.metrics_url = metrics_url
         self._client: Secret = credentials.client
         self._http = httpx.Client(
-            transport=transport, timeout=timeout_s, verify=context_for(self.url, self.admin_url)
+            transport=transport, timeout=10.0, verify=context_for(self.url, self.admin_url)
         )
         self._workers = SmgWorkers(self._http, self.admin_url, credentials.require_admin())
-        self._poll_s = poll_s
         self._removal_timeout_s = removal_timeout_s
         self._hold_s = removal_hold_s
         self._sleep = sleep
@@ -154,12 +153,12 @@ class SmgRouter(RouterHttp):
 
     def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
         end = self._clock() + timeout_s
-        pause = min(POLL_FIRST_S, self._poll_s)
+        pause = POLL_FIRST_S
         while not done():
             if self._clock() >= end:
                 raise TransientError(f"smg: timed out after {timeout_s:.0f} s waiting for {what}")
             self._sleep(pause)
-            pause = min(pause * 2, self._poll_s)
+            pause = min(pause * 2, POLL_S)
 
     def _post(self, url: str, aliases: tuple[str, ...], label: str, tier: str, settle_s: int = 0) -> None:
         """Register a worker labelled `label`=`tier` and wait until smg lists it."""
@@ -241,28 +240,18 @@ class SmgRouter(RouterHttp):
         (`smg_worker_cb_outcomes_total{outcome="failure"}`); None without `metrics_url`."""
         if self.metrics_url is None:
             return None
-        from prometheus_client.parser import text_string_to_metric_families  # only where counts are read
-
         try:
             r = self._http.get(self.metrics_url)
         except httpx.HTTPError as exc:
             raise TransientError(f"smg metrics {self.metrics_url}: {exc}") from exc
         if r.status_code != 200:
             raise TransientError(f"smg metrics {self.metrics_url}: HTTP {r.status_code}")
-        want = norm(url)
-        try:
-            return round(
-                sum(
-                    s.value
-                    for family in text_string_to_metric_families(r.text)
-                    for s in family.samples
-                    if s.name == "smg_worker_cb_outcomes_total"
-                    and s.labels.get("outcome") == "failure"
-                    and norm(s.labels.get("worker", "")) == want
-                )
-            )
-        except ValueError as exc:
-            raise AdapterError(f"smg metrics {self.metrics_url}: not Prometheus text ({exc})") from exc
+        samples = metric_samples(r.text, "smg_worker_cb_outcomes_total", f"smg metrics {self.metrics_url}")
+
+        def failed(labels: dict[str, str]) -> bool:
+            return labels.get("outcome") == "failure" and norm(labels.get("worker", "")) == norm(url)
+
+        return round(sum(v for labels, v in samples if failed(labels)))
 
     def _park(self, tier: str, alias: str) -> None:
         """Register `alias` on a worker at the parking responder (best effort)."""
@@ -365,7 +354,7 @@ class SmgRouter(RouterHttp):
         while not self._held(url, since):
             if self._clock() >= end:
                 raise NotYetRouted(f"smg worker {url} not yet held for {self._hold_s:.1f} s")
-            self._sleep(self._poll_s)
+            self._sleep(POLL_S)
             worker = self._workers.at(url)
             if worker is None:
                 log.warning("router.smg.late_removal", tier=tier, url=url)

@@ -82,8 +82,6 @@ class SmgWorker:
 
 
 class SmgWorkers:
-    """The admin calls on smg's `/workers`, with the control-plane key."""
-
     def __init__(self, http: httpx.Client, admin_url: str, admin: Secret) -> None:
         self._http = http
         self._admin_url = admin_url

@@ -15,7 +15,6 @@ def _verifying() -> ssl.SSLContext:
 
 
 def context_for(*urls: str | None) -> ssl.SSLContext:
-    """The SSL context for a client that talks to `urls`."""
     if any(u is not None and u.lower().startswith("https:") for u in urls):
         return _verifying()
     return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, and trusts nothing: fails closed

@@ -192,7 +192,6 @@ def _max_tokens(body: Mapping[str, object], *keys: str) -> int | None:
 
 
 def chat_prompt(body: Mapping[str, object]) -> Prompt:
-    """A /v1/chat/completions request body as a Prompt."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")

@@ -23,8 +23,6 @@ def log_line(line: str) -> None:
 
 
 class StubState:
-    """Shared mutable state of one stub process (counters behind a lock)."""
-
     def __init__(self, options: StubOptions, answer_book: list[tuple[str, str]]) -> None:
         self.options = options
         self.answer_book = answer_book

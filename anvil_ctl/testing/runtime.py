@@ -21,8 +21,6 @@ from anvil_ctl.testing.world import ContainerDoc, FakeWorld, maybe_hang_or_fail
 
 
 class FakeRuntime:
-    """ContainerRuntime over the fake world."""
-
     def __init__(self, world: FakeWorld) -> None:
         self.world = world
 
@@ -107,8 +105,8 @@ class FakeRuntime:
     def logs(
         self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
     ) -> ContainerLog:
-        """The container's `log` lines (see `FakeWorld.append_log`), restart count and OOM flag;
-        with `since`, the lines appended at that Unix time or later."""
+        """The container's `log` lines (see `FakeWorld.append_log`); with `since`, the lines
+        appended at that Unix time or later."""
         c = self.world.read()["containers"].get(container_id)
         if c is None:
             raise NotFound(f"container {container_id} not found", container_id=container_id)
@@ -119,14 +117,7 @@ class FakeRuntime:
             if since is None or (i < len(times) and times[i] >= since)
         ][-(max_lines + 1) :]
         tail = "".join(line + "\n" for line in lines).encode()
-        return ContainerLog.bounded(
-            tail,
-            max_lines=max_lines,
-            max_bytes=max_bytes,
-            restart_count=int(c.get("restart_count", 0)),
-            oom_killed=bool(c.get("oom_killed", False)),
-            status=c["status"],
-        )
+        return ContainerLog.bounded(tail, max_lines=max_lines, max_bytes=max_bytes, status=c["status"])
 
 
 class FakeServerProbe:
@@ -136,7 +127,6 @@ class FakeServerProbe:
         self.world = world
 
     def serving_container(self, base_url: str) -> ContainerDoc | None:
-        """The running fake container bound at `base_url`, if any."""
         binding = base_url.removeprefix("http://").rstrip("/")
         for c in self.world.read()["containers"].values():
             if c["status"] == "running" and c["binding"] == binding:

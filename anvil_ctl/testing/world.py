@@ -46,8 +46,6 @@ class ContainerDoc(TypedDict):
     """Requests the engine is answering; each look at the count sees one fewer (they end
     while a drain waits) unless `in_flight_stuck`."""
     in_flight_stuck: NotRequired[bool]
-    restart_count: NotRequired[int]
-    oom_killed: NotRequired[bool]
 
 
 class ImageDoc(TypedDict):
@@ -65,8 +63,6 @@ class TierDoc(TypedDict):
 
 
 class ReadmitDoc(TypedDict):
-    """One readmission the fake router was asked for."""
-
     tier: str
     url: str
     hold: bool
@@ -95,8 +91,6 @@ class ResidueDoc(TypedDict):
 
 
 class WorldDoc(TypedDict):
-    """The fake world file."""
-
     containers: dict[str, ContainerDoc]
     images: dict[str, ImageDoc]
     router: RouterDoc
@@ -162,14 +156,12 @@ class FakeWorld:
         with self.edit() as w:
             w["gpus"].append({"uuid": uuid, "name": name, "total_mib": total_mib})
 
-    def append_log(self, container_id: str, *lines: str, restarts: int = 0, oom_killed: bool = False) -> None:
-        """What a fake container printed, and what its runtime reports of restarts and OOM."""
+    def append_log(self, container_id: str, *lines: str) -> None:
+        """What a fake container printed."""
         with self.edit() as w:
             c = w["containers"][container_id]
             c.setdefault("log", []).extend(lines)
             c.setdefault("log_at", []).extend([time.time()] * len(lines))
-            c["restart_count"] = c.get("restart_count", 0) + restarts
-            c["oom_killed"] = c.get("oom_killed", False) or oom_killed
 
     def set_hang(self, op: str | None) -> None:
         with self.edit() as w:
