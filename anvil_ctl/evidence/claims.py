@@ -332,10 +332,8 @@ def _problem_with(
     name = recount.artifact
     if Path(name).is_absolute() or ".." in Path(name).parts:
         return f"{name}: expected a file name inside the bundle"
-    if name == "provenance.json" and recount.path.split(".", 1)[0].split("[", 1)[0] in (
-        "external_prior",
-        "source",
-    ):
+    top = re.split(r"[.\[]", recount.path, maxsplit=1)[0]
+    if name == "provenance.json" and top in ("external_prior", "source"):
         return f"{name}: {recount.path} is external-prior, not a local measurement; mark the claim origin"
     if local is not None and name not in local and name != "provenance.json":
         return f"{name}: not a local measurement of this bundle (provenance.json does not list it)"

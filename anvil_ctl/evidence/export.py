@@ -7,7 +7,6 @@ own that names the source manifest's SHA-256.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -121,7 +120,7 @@ def export_bundle(
         "kind": "export",
         "tx_id": redactor.apply(str(manifest.get("tx_id", ""))),
         "created_at": utc_stamp(datetime.now(UTC)),
-        "source_manifest_sha256": hashlib.sha256((tx_dir / MANIFEST).read_bytes()).hexdigest(),
+        "source_manifest_sha256": source.manifest_sha256,
         "redactions": dict(redactor.counts),
         "artifacts": [a.as_dict() for a in artifacts],
     }

@@ -15,8 +15,6 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     data = sorted(values)
     if not data:
         return None
-    if len(data) == 1:
-        return data[0]
     rank = (len(data) - 1) * q / 100.0
     low = math.floor(rank)
     high = math.ceil(rank)

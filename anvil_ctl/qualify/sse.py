@@ -22,17 +22,11 @@ class SSEDecoder:
         """Feed one line (without its newline); return an event's data when one completes."""
         line = line.rstrip("\r\n")
         if not line:
-            if not self._data:
-                return None
-            data = "\n".join(self._data)
-            self._data = []
-            return data
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
+            data, self._data = self._data, []
+            return "\n".join(data) if data else None
+        name, _, value = line.partition(":")  # a comment line (":...") has no name
         if name == "data":
-            self._data.append(value)
+            self._data.append(value.removeprefix(" "))
         return None
 
     @property
