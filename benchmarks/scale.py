@@ -77,7 +77,7 @@ from anvil_ctl.log import configure
 from anvil_ctl.persistence import audit as audit_chain
 from anvil_ctl.persistence import projection, qualification
 from anvil_ctl.persistence.coverage import COVERED, ref_of
-from anvil_ctl.persistence.current_models import PROJECTION_TABLES
+from anvil_ctl.persistence.current_models import PROJECTION_MODELS, PROJECTION_TABLES
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION
 from benchmarks.dbtime import timed_runs
 from tests.unit.fakehost import FakeHost, make_fake_host, reopen
@@ -345,7 +345,7 @@ def build(template: Template, size: int, cache: Path) -> Path:
     copier = Copier(template, work)
     copier.copies(copies, progress)
     with Session(copier.engine) as session, session.begin():
-        for model in projection.MODELS.values():
+        for model in PROJECTION_MODELS.values():
             session.execute(delete(model))
         projection.write_rebuilt(session)
     copier.engine.dispose()

@@ -76,9 +76,8 @@ C = TypeVar("C", bound=StepContext[object, World, object])
 
 
 class GpuRolesFree(Guard[C]):
-    """The roles a serve starts on are free: no owner in the ledger besides the serve it
-    replaces, no exclusive owner anywhere, and no process on the cards that no known owner
-    accounts for. The refusal names the owner (container, slot, transaction) or the PIDs."""
+    """The roles a serve starts on are free: no owner in the ledger besides the serve it replaces,
+    no exclusive owner anywhere, and no process on the cards that no known owner accounts for."""
 
     def __init__(self, request: Callable[[C], StartRequest | None]) -> None:
         self.request = request

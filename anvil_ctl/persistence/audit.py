@@ -97,11 +97,8 @@ def append(
     covered = [*take_pending(session), *rows]
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": AUDIT_LOCK_KEY})
-    last = session.execute(
-        select(AuditEntry.id, AuditEntry.hash).order_by(AuditEntry.id.desc()).limit(1)
-    ).first()
-    prev_hash = last.hash if last else GENESIS
-    row_id = (last.id + 1) if last else 1
+    last = head(session)
+    prev_hash, row_id = last.hash, last.seq + 1
     body = canonical_json(payload)
     rows_json = canonical_json([[t, k, compact_digest(d)] for t, k, d in covered])
     host = session.info.get(HOST)
@@ -122,9 +119,9 @@ def append(
         "rows_json": rows_json,
     }
     session.execute(insert(AuditEntry).values(values))
-    head = Head(row_id, digest)
-    session.info[HEAD] = head
-    return head
+    new = Head(row_id, digest)
+    session.info[HEAD] = new
+    return new
 
 
 Held = tuple[str, str | None, Mapping[str, object], int]

@@ -85,7 +85,7 @@ def copy_host(source: Store, target_engine: Engine) -> CopyResult:
     )
     with source.read() as src:
         host_row = src.execute(select(Host).where(Host.id == source.host)).scalar_one()
-        machine_id, boot_id, registered_at = host_row.machine_id, host_row.boot_id, host_row.registered_at
+        host_values: dict[str, object] = {c.name: getattr(host_row, c.key) for c in Host.__table__.columns}
         rows = {name: _source_rows(src, name, source.host) for name in ORDER}
         entries = list(
             src.execute(
@@ -113,13 +113,7 @@ def copy_host(source: Store, target_engine: Engine) -> CopyResult:
         new_host = FIRST_HOST_ID if last is None else last + 1
         moved: dict[tuple[str, RowKey], tuple[RowKey, str]] = {}
         hosts = _table("hosts")
-        host_values: dict[str, object] = {
-            "id": new_host,
-            "name": host_name,
-            "machine_id": machine_id,
-            "boot_id": boot_id,
-            "registered_at": registered_at,
-        }
+        host_values.update(id=new_host, name=host_name)
         s.execute(insert(hosts).values(host_values))
         moved[("hosts", source.host)] = (new_host, row_digest(hosts, host_values))
         result.rows["hosts"] = 1

@@ -112,11 +112,8 @@ class LockHeld(Base):
     since: Mapped[str] = mapped_column(String(32))
 
 
-PROJECTION_TABLES: tuple[str, ...] = (
-    TxCurrent.__tablename__,
-    LockHeld.__tablename__,
-    IdentityCurrent.__tablename__,
-    ServingInterval.__tablename__,
-    GpuOwnerCurrent.__tablename__,
-)
+PROJECTION_MODELS: dict[str, type[Base]] = {
+    m.__tablename__: m for m in (TxCurrent, IdentityCurrent, ServingInterval, GpuOwnerCurrent, LockHeld)
+}
 """Derived from history, rebuilt from it, mutable: deliberately not covered by the chain."""
+PROJECTION_TABLES = tuple(PROJECTION_MODELS)

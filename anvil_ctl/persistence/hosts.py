@@ -25,17 +25,6 @@ def by_name(store: Store, name: str) -> Host | None:
         return s.execute(select(Host).where(Host.name == name)).scalar()
 
 
-def _refuse(name: str, recorded: Host, machine_id: str) -> HostClaimed:
-    return HostClaimed(
-        f"host {name!r} is recorded for machine {recorded.machine_id} (registered "
-        f"{recorded.registered_at}), but this machine is {machine_id}: two machines cannot be one "
-        "host; give this one its own name in anvil.toml ([host] name)",
-        host=name,
-        recorded_machine_id=recorded.machine_id,
-        machine_id=machine_id,
-    )
-
-
 def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> Host | None:
     """This process's host, checked against the machine recorded for its name (`HostClaimed`).
     An unknown name is registered by this host's first write (a read-only command writes nothing).
@@ -44,9 +33,11 @@ def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> Host | 
     store.host_name = name
     if found is None:
         store.unregistered = True
-        store.on_first_write = lambda: _settle(store, name, machine_id=machine_id, boot_id=boot_id)
+        store.on_first_write = lambda: _settle(
+            store, _register(store, name, machine_id=machine_id, boot_id=boot_id), machine_id
+        )
         return None
-    _settle_found(store, found, machine_id)
+    _settle(store, found, machine_id)
     return found
 
 
@@ -57,13 +48,17 @@ def register(store: Store) -> None:
         pending()
 
 
-def _settle(store: Store, name: str, *, machine_id: str, boot_id: str) -> None:
-    _settle_found(store, _register(store, name, machine_id=machine_id, boot_id=boot_id), machine_id)
-
-
-def _settle_found(store: Store, found: Host, machine_id: str) -> None:
+def _settle(store: Store, found: Host, machine_id: str) -> None:
+    """Attach `store` to host `found`, refused when it is recorded for another machine."""
     if found.machine_id != machine_id:
-        raise _refuse(found.name, found, machine_id)
+        raise HostClaimed(
+            f"host {found.name!r} is recorded for machine {found.machine_id} (registered "
+            f"{found.registered_at}), but this machine is {machine_id}: two machines cannot be one "
+            "host; give this one its own name in anvil.toml ([host] name)",
+            host=found.name,
+            recorded_machine_id=found.machine_id,
+            machine_id=machine_id,
+        )
     store.host_id, store.host_name, store.unregistered = found.id, found.name, False
 
 

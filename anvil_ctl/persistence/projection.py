@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from anvil_ctl.core.states import UNRESOLVED_STATES
 from anvil_ctl.persistence.current_models import (
+    PROJECTION_MODELS,
     GpuOwnerCurrent,
     IdentityCurrent,
     LockHeld,
@@ -281,14 +282,6 @@ _REBUILD: dict[str, str] = {
     """,
 }
 
-MODELS = {
-    "tx_current": TxCurrent,
-    "identity_current": IdentityCurrent,
-    "serving_intervals": ServingInterval,
-    "gpu_owner_current": GpuOwnerCurrent,
-    "lock_held": LockHeld,
-}
-
 
 def rebuild(s: Session) -> dict[str, list[dict[str, object]]]:
     """Every projection table's rows as history says they are (full scans: not for commands)."""
@@ -308,7 +301,7 @@ def maintained(s: Session) -> dict[str, list[dict[str, object]]]:
     """Every projection table's rows as they are stored, in `rebuild`'s order (the key's)."""
     return {
         name: [dict(r) for r in s.execute(select(m.__table__).order_by(*m.__table__.primary_key)).mappings()]
-        for name, m in MODELS.items()
+        for name, m in PROJECTION_MODELS.items()
     }
 
 
@@ -324,4 +317,4 @@ def write_rebuilt(s: Session, host: int | None = None) -> None:
     for name, rows in rebuild(s).items():
         mine = [r for r in rows if host is None or r["host_id"] == host]
         if mine:
-            s.execute(insert(MODELS[name]), mine)
+            s.execute(insert(PROJECTION_MODELS[name]), mine)

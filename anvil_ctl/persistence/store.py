@@ -355,14 +355,12 @@ class Store:
             return identities.of_transaction(s, tx_id, role)
 
     def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
-        """The newest identity recorded for `slot` (in any role) whose container ID or digest
-        starts with `ref`, or whose served model is `ref`."""
+        """See `identities.by_ref`."""
         with self.read() as s:
             return identities.by_ref(s, self.host, slot, ref)
 
     def served_snapshot(self, target: Identity) -> tuple[str, JSONObject] | None:
-        """SHA-256 and body of the newest recorded snapshot in which `target` served its slot as
-        incumbent (`snapshots.served_snapshot` says what serving means)."""
+        """See `snapshots.served_snapshot`."""
         with self.read() as s:
             return snapshots.served_snapshot(s, target, self.host)
 

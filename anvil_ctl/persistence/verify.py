@@ -59,8 +59,7 @@ class Report:
         return not self.problems
 
     def as_dict(self) -> JSONObject:
-        """As `audit verify --json` prints it (`rows`: `entries_checked`, the name earlier
-        versions printed; `entries`: the chain's length)."""
+        """As `audit verify --json` prints it (`rows` repeats `entries_checked`)."""
         return {
             "ok": self.ok,
             "mode": self.mode,
