@@ -174,13 +174,6 @@ class DockerRuntime:
             pid=integer(state.get("Pid")) or None,
         )
 
-    def fingerprint_fields(self, container_id: str) -> dict[str, object]:
-        """The normalized fields behind inspect(container_id).fingerprint (for diffs in reports)."""
-        attrs = self._exact(container_id)
-        image = self._image_attrs(str(attrs["Image"]), {})
-        fields, _ = inspect_fingerprint_fields(attrs, _image_config(image))
-        return fields
-
     def resolved_gpu_mode(self) -> GpuMode:
         """The GPU mode in force: "auto" resolved once, by whether the engine has an `nvidia` runtime."""
         if self.gpu_mode == "auto":

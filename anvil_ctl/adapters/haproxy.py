@@ -106,9 +106,7 @@ class HaproxyRouter(RouterHttp):
                 sock.settimeout(5.0)
                 sock.connect(str(self.socket_path))
                 sock.sendall(line.encode() + b"\n")
-                chunks = []
-                while chunk := sock.recv(65536):
-                    chunks.append(chunk)
+                chunks = list(iter(lambda: sock.recv(65536), b""))
         except OSError as exc:
             raise TransientError(f"haproxy runtime API {self.socket_path}: {exc.strerror or exc}") from exc
         return b"".join(chunks).decode(errors="replace")
