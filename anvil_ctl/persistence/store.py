@@ -92,9 +92,7 @@ class Store:
         if shared is not None:  # inside `together()`: its transaction, committed at its end
             yield shared
             return
-        register, self.on_first_write = self.on_first_write, None
-        if register is not None:  # this host's first write: its registration commits first
-            register()
+        self.register()  # this host's first write: its registration commits first
         sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
         with translated(self.engine), sessions.begin() as session:
             session.info[audit.HOST] = self.host_id
@@ -114,6 +112,12 @@ class Store:
     def _advance(self, to: Head | None) -> None:
         if to is not None and self.head_path is not None:
             head_file.advance(self.head_path, to)
+
+    def register(self) -> None:
+        """Register the attached host now if it is not yet (`hosts.attach`; `init`)."""
+        register, self.on_first_write = self.on_first_write, None
+        if register is not None:
+            register()
 
     @contextmanager
     def together(self) -> Iterator[None]:
