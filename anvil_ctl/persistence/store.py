@@ -98,8 +98,9 @@ class Store:
             session.info[audit.HOST] = self.host_id
             yield session
             held: list[Held] | None = session.info.pop(BATCHED, None)
-            if held:
-                self._append_batch(session, held)
+            if held:  # one entry for the writes of a `together()`: their events in order, the rows of all
+                event, tx_id, payload = audit.batch_entry(held)
+                audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
             advance_to = self._may_advance(session, session.info.get(audit.HEAD))
         self._advance(advance_to)
 
@@ -135,11 +136,6 @@ class Store:
                 yield
             finally:
                 self._batch.session = None
-
-    def _append_batch(self, session: Session, held: list[Held]) -> None:
-        """One entry for the writes of a `together()`: their events in order, the rows of all."""
-        event, tx_id, payload = audit.batch_entry(held)
-        audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
     def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
         sessions = sessionmaker(self.engine.execution_options(**{BUSY_MS: busy_ms}), expire_on_commit=False)
