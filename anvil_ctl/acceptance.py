@@ -151,12 +151,12 @@ def _tool(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
 CHECKS: tuple[Callable[[openai.OpenAI, str, str], AcceptanceCheck], ...] = (_plain, _stream, _tool)
 
 
-def open_client(router_url: str, client_token: Secret, *, timeout_s: float = 60.0) -> openai.OpenAI:
+def open_client(router_url: str, client_token: Secret) -> openai.OpenAI:
     """The official client for the router, its chat resource loaded; it sends nothing yet."""
     client = openai.OpenAI(
         base_url=router_url.rstrip("/") + "/v1",
         api_key=client_token.reveal(),
-        timeout=timeout_s,
+        timeout=60.0,
         max_retries=0,
     )
     _ = client.chat.completions  # imported on first use otherwise
@@ -169,11 +169,10 @@ def run_acceptance(
     expected_model: str,
     client_token: Secret,
     *,
-    timeout_s: float = 60.0,
     client: openai.OpenAI | None = None,
 ) -> AcceptanceResult:
     """Run the three real-client checks through `client` (closed here); AuthRejected on 401/403."""
-    client = client or open_client(router_url, client_token, timeout_s=timeout_s)
+    client = client or open_client(router_url, client_token)
     results: list[AcceptanceCheck] = []
     try:
         for check in CHECKS:
@@ -188,7 +187,9 @@ def run_acceptance(
                     credential_source=client_token.source,
                 ) from exc
             except openai.APIStatusError as exc:
-                results.append(AcceptanceCheck(name, False, {"status": exc.status_code, "error": _err(exc)}))
+                # The body is the router's or engine's error text; it never holds our token.
+                error = str(exc.message)[:300]
+                results.append(AcceptanceCheck(name, False, {"status": exc.status_code, "error": error}))
             except openai.APIError as exc:
                 results.append(
                     AcceptanceCheck(name, False, {"error": f"{type(exc).__name__}: {exc.message}"})
@@ -209,8 +210,3 @@ def run_acceptance(
         checks={c.name: c.passed for c in result.checks},
     )
     return result
-
-
-def _err(exc: openai.APIStatusError) -> str:
-    # The body is the router's or engine's error text; it never holds our token.
-    return str(exc.message)[:300]

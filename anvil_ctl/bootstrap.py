@@ -170,8 +170,8 @@ class App:
         return NvmlProbe()
 
     def warm_acceptance(self) -> None:
-        """Fork the real client's worker now, so `openai` imports on another core while this process
-        works. Call it before `world()` and the host lock, so the child holds neither."""
+        """Fork the real client's worker now (before `world()` and the host lock, so the child
+        holds neither), so `openai` imports on another core meanwhile."""
         from anvil_ctl.acceptance_worker import RealAcceptance
 
         if self.settings.backend == "fake":
@@ -181,10 +181,15 @@ class App:
             acceptance.warm()
 
     def real_acceptance(self) -> Acceptance | None:
-        """The real-client acceptance through the configured router, built once; None without a router
-        or resolvable credentials (its credential guard then refuses)."""
+        """The real-client acceptance through the router, built once; None without its credentials."""
         if "_acceptance" not in self.__dict__:
-            self.__dict__["_acceptance"] = _real_acceptance(self)
+            creds = _credentials(self, need_admin=self.config.router.kind == "smg")
+            built: Acceptance | None = None  # unresolved: the router refuses every call
+            if creds is not None and not isinstance(creds, CredentialError):
+                from anvil_ctl.acceptance_worker import RealAcceptance
+
+                built = RealAcceptance(self.config.router.url, creds.client)
+            self.__dict__["_acceptance"] = built
         found: Acceptance | None = self.__dict__["_acceptance"]
         return found
 
@@ -285,8 +290,7 @@ def _real_world(app: App) -> World:
         acceptance=acceptance,
         route_sample=_route_sample(app),
     )
-    # The scanner and the simulated GPUs list the managed containers through the world's
-    # runtime as it is when they ask: inside `one_reading`, the stretch's one look.
+    # The scanner and the simulated GPUs list containers through the world's runtime of the moment.
     current = current_runtime(world)
     if simulated:
         from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
@@ -360,18 +364,8 @@ def _credentials(app: App, *, need_admin: bool) -> RouterCredentials | Credentia
         return exc
 
 
-def _real_acceptance(app: App) -> Acceptance | None:
-    creds = _credentials(app, need_admin=app.config.router.kind == "smg")
-    if creds is None or isinstance(creds, CredentialError):
-        return None  # the router refuses every call (`UnresolvedCredentialsRouter`)
-    from anvil_ctl.acceptance_worker import RealAcceptance
-
-    return RealAcceptance(app.config.router.url, creds.client)
-
-
 def _route_sample(app: App) -> RouteSample | None:
-    """A watch's active sample: streamed chats through the router with its client key, a
-    client of its own for each sample (None without a router or its credentials)."""
+    """A watch's active sample through the router with its client key (None without one)."""
     url, creds = app.config.router.url, _credentials(app, need_admin=False)
     if creds is None or isinstance(creds, CredentialError):
         return None

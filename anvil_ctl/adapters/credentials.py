@@ -136,14 +136,13 @@ def resolve_token(
     value = env.get(env_name, "").strip()
     if value:
         return Secret(checked_token(value, f"env {env_name}"), f"env {env_name}")
-    key = _FILE_KEYS[kind]
+    key, tried = _FILE_KEYS[kind], f"env {env_name}"
     if credential_file is not None:
+        source = f"file {credential_file} ({key})"
         entries = read_credential_file(credential_file)
         if key in entries:
-            return Secret(entries[key], f"file {credential_file} ({key})")
-    tried = f"env {env_name}"
-    if credential_file is not None:
-        tried += f", file {credential_file} ({key})"
+            return Secret(entries[key], source)
+        tried += f", {source}"
     raise CredentialError(f"router {kind} token not found; tried {tried}", kind=kind, tried=tried)
 
 

@@ -86,7 +86,6 @@ class DockerRuntime:
         *,
         base_url: str | None = None,
         gpu_mode: GpuMode = "nvidia",
-        poll_s: float = 0.1,
         host: str | None = None,
     ) -> None:
         """Use `client`, else connect to base_url (None: DOCKER_HOST). Containers labelled for another
@@ -95,7 +94,6 @@ class DockerRuntime:
             raise BadInput(f"gpu_mode must be one of {', '.join(get_args(GpuMode))}, not {gpu_mode!r}")
         self.gpu_mode: GpuMode = gpu_mode
         self.host = host
-        self._poll_s = poll_s
         self._client = client if client is not None else _connect(base_url, 60.0)
 
     def close(self) -> None:
@@ -173,13 +171,6 @@ class DockerRuntime:
             exit_code=integer(state.get("ExitCode")) if status in STOPPED else None,
             pid=integer(state.get("Pid")) or None,
         )
-
-    def fingerprint_fields(self, container_id: str) -> dict[str, object]:
-        """The normalized fields behind inspect(container_id).fingerprint (for diffs in reports)."""
-        attrs = self._exact(container_id)
-        image = self._image_attrs(str(attrs["Image"]), {})
-        fields, _ = inspect_fingerprint_fields(attrs, _image_config(image))
-        return fields
 
     def resolved_gpu_mode(self) -> GpuMode:
         """The GPU mode in force: "auto" resolved once, by whether the engine has an `nvidia` runtime."""
@@ -289,7 +280,7 @@ class DockerRuntime:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(self._poll_s)
+            time.sleep(0.1)
 
     @_retry
     def logs(

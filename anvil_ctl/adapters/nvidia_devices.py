@@ -39,11 +39,8 @@ def gpu_nodes(proc_driver: Path = Path("/proc/driver/nvidia/gpus")) -> dict[str,
     """Every GPU the kernel driver lists, by lower-case UUID."""
     nodes: dict[str, GpuNode] = {}
     for info in sorted(proc_driver.glob("*/information")):
-        fields = {}
-        for line in info.read_text().splitlines():
-            key, sep, value = line.partition(":")
-            if sep:
-                fields[key.strip()] = value.strip()
+        pairs = (line.partition(":") for line in info.read_text().splitlines())
+        fields = {key.strip(): value.strip() for key, sep, value in pairs if sep}
         uuid, minor = fields.get("GPU UUID"), fields.get("Device Minor")
         if uuid and minor and minor.isdigit():
             nodes[uuid.lower()] = GpuNode(uuid=uuid, minor=int(minor))

@@ -49,7 +49,7 @@ def complete_slots(click_ctx: click.Context, param: click.Parameter, incomplete:
 
 
 def recipe_dirs(click_ctx: click.Context) -> list[Path]:
-    """The recipe search, as `commands.recipes.search_dirs` orders it."""
+    """The recipe search, as `commands.recipes.recipe_search` orders it."""
     given = _options(click_ctx).recipes_dir or os.environ.get("ANVIL_RECIPES_DIR")
     dirs = [Path(given)] if given else []
     host = _host_config(click_ctx).get("recipes_dir")
@@ -109,14 +109,6 @@ def complete_targets(
     return _recorded(click_ctx, "container", incomplete) + _recorded(click_ctx, "transaction", incomplete)
 
 
-def completion_script(root: click.Command, shell: str) -> str:
-    """Click's completion script for `shell`, bound to the `anvilctl` program."""
-    cls = get_completion_class(shell)
-    if cls is None:  # click.Choice already refused it; kept for callers other than the CLI
-        raise click.BadParameter(f"no completion for shell {shell!r}", param_hint="SHELL")
-    return cls(root, {}, PROG, COMPLETE_VAR).source()
-
-
 @click.command(
     "completion",
     epilog=example("anvilctl completion bash > ~/.local/share/bash-completion/completions/anvilctl"),
@@ -127,4 +119,7 @@ def completion(click_ctx: click.Context, shell: str) -> Reply:
     """Print the shell completion script for SHELL: `source <(anvilctl completion bash)`."""
     from anvil_ctl.cli.views import Text
 
-    return Reply(Text(completion_script(click_ctx.find_root().command, shell)))
+    cls = get_completion_class(shell)
+    if cls is None:  # click.Choice already refused it
+        raise click.BadParameter(f"no completion for shell {shell!r}", param_hint="SHELL")
+    return Reply(Text(cls(click_ctx.find_root().command, {}, PROG, COMPLETE_VAR).source()))

@@ -48,13 +48,6 @@ def seconds(value: float) -> str:
     return f"{minutes} min {rest:02d} s"
 
 
-def _step_label(seq: int, name: str, phase: str, steps: int) -> str:
-    if phase == "check":
-        return "checks"
-    where = f"[{seq + 1}/{steps}]" if steps else f"[{seq + 1}]"
-    return f"undo {where} {name}" if phase == "undo" else f"{where} {name}"
-
-
 @dataclass
 class _Running:
     """The step now running, and what it waits for."""
@@ -85,7 +78,10 @@ class _Display:
         self.running: _Running | None = None
 
     def _label(self, seq: int, name: str, phase: str) -> str:
-        return _step_label(seq, name, phase, self.steps)
+        if phase == "check":
+            return "checks"
+        where = f"[{seq + 1}/{self.steps}]" if self.steps else f"[{seq + 1}]"
+        return f"undo {where} {name}" if phase == "undo" else f"{where} {name}"
 
     def _say(self, text: str, style: str = "") -> None:
         raise NotImplementedError
@@ -209,38 +205,31 @@ class PlainProgress(_Display):
         self._say(f"    waiting for {what} (deadline {deadline_s:g} s)")
 
 
-class _LiveLine:
-    """The live area under the finished steps: spinner, running step, elapsed, wait."""
-
-    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
-
-    def __init__(self, display: _Display) -> None:
-        self.display = display
-
-    def __rich__(self) -> RenderableType:
-        from rich.console import Group
-        from rich.text import Text
-
-        r = self.display.running
-        if r is None:
-            return Text("")
-        busy = seconds(self.display.clock() - r.started)
-        frame = self.FRAMES[int(time.monotonic() * 10) % len(self.FRAMES)]
-        head = Text.assemble((frame, "cyan"), " ", escape_text(r.label), "  ", busy)
-        lines: list[RenderableType] = [head]
-        wait = self.display.wait_text()
-        if wait:
-            lines.append(Text("    " + escape_text(wait), style="dim"))
-        if r.activity:
-            lines.append(Text("    " + escape_text(r.activity), style="dim"))
-        return Group(*lines)
-
-
 class LiveProgress(_Display):
     """On a terminal: a line per finished step, a live line for the running one (rich)."""
 
     DONE = "  ✓ {label}  {took}"
     FAILED = "  ✗ {label}  {took}: {error}"
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __rich__(self) -> RenderableType:
+        """The live area under the finished steps: spinner, running step, elapsed, wait."""
+        from rich.console import Group
+        from rich.text import Text
+
+        r = self.running
+        if r is None:
+            return Text("")
+        busy = seconds(self.clock() - r.started)
+        frame = self.FRAMES[int(time.monotonic() * 10) % len(self.FRAMES)]
+        head = Text.assemble((frame, "cyan"), " ", escape_text(r.label), "  ", busy)
+        lines: list[RenderableType] = [head]
+        wait = self.wait_text()
+        if wait:
+            lines.append(Text("    " + escape_text(wait), style="dim"))
+        if r.activity:
+            lines.append(Text("    " + escape_text(r.activity), style="dim"))
+        return Group(*lines)
 
     def __init__(self, console: Console, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(clock)
@@ -258,7 +247,7 @@ class LiveProgress(_Display):
 
         self._stop()
         self._live = Live(
-            _LiveLine(self),
+            self,
             console=self.console,
             refresh_per_second=8,
             transient=True,

@@ -68,7 +68,10 @@ def _redaction(app: App) -> Redaction:
             except (CredentialError, BadInput):
                 continue  # not resolvable here: then nothing of it can be redacted either
             secrets.append(token.reveal())
-    recipe_dirs = _recipe_dirs(app)
+    try:  # the recipe search's directories, as far as they can be read
+        recipe_dirs = [d.path for d in recipe_search(app)]
+    except AnvilError:
+        recipe_dirs = [p for p in (app.settings.recipes_dir,) if p is not None]
     paths = [str(p.resolve()) for p in (app.settings.state_dir, app.settings.evidence_dir, *recipe_dirs)]
     # Where the package's profiles live (a decision names its profile's file) is a host path too.
     paths.append(str(PROFILES_DIR.parent.parent))
@@ -76,14 +79,6 @@ def _redaction(app: App) -> Redaction:
     if home.strip("/"):
         paths.append(home)
     return Redaction(secrets=tuple(secrets), paths=tuple(paths))
-
-
-def _recipe_dirs(app: App) -> list[Path]:
-    """The recipe search's directories (host paths to redact), as far as they can be read."""
-    try:
-        return [d.path for d in recipe_search(app)]
-    except AnvilError:
-        return [p for p in (app.settings.recipes_dir,) if p is not None]
 
 
 def export_evidence(app: App, tx: str, out_dir: Path) -> ExportResult:

@@ -1,9 +1,5 @@
-"""GPU commands: probe readings, role detection into the host config, and waivers.
-
-`detect(write=True)` rewrites only the `[gpu_roles.*]` tables of the host config and writes
-nothing when the result would not be a valid host config; a change of waivers re-judges stored
-decisions (`engine.reclassify`).
-"""
+"""GPU commands: probe readings, role detection into the host config, and waivers (a change of
+waivers re-judges stored decisions)."""
 
 from __future__ import annotations
 
@@ -44,12 +40,6 @@ log = get_logger()
 # -- probe ------------------------------------------------------------------------------------
 
 
-def _optional_config(app: App) -> HostConfig | None:
-    if not app.settings.config.exists():
-        return None
-    return app.config
-
-
 def _optional_owners(app: App) -> dict[str, JSONObject]:
     """Who owns each GPU role (container_id, slot, mode, transaction_id), from the ledger."""
     try:
@@ -62,25 +52,24 @@ def readings(app: App) -> JSONObject:
     """Every GPU the probe sees, by NVML index: the probe's reading, its role (host config) and
     its owner (ledger); and the driver's version."""
     probe = app.gpu_probe()
-    config = _optional_config(app)
+    config = app.config if app.settings.config.exists() else None
     role_of = {r.uuid.lower(): name for name, r in (config.gpu_roles if config else {}).items()}
     owners = _optional_owners(app)
-    rows: JSONArray = []
-    for g in probe.gpus():
-        role = role_of.get(g.uuid.lower(), "")
-        rows.append(
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "role": role,
-                "total_mib": g.total_mib,
-                "used_mib": g.used_mib,
-                "free_mib": g.free_mib,
-                "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in g.processes],
-                "owner": owners.get(role) if role else None,
-            }
-        )
+    rows: JSONArray = [
+        {
+            "index": g.index,
+            "uuid": g.uuid,
+            "name": g.name,
+            "role": role,
+            "total_mib": g.total_mib,
+            "used_mib": g.used_mib,
+            "free_mib": g.free_mib,
+            "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in g.processes],
+            "owner": owners.get(role) if role else None,
+        }
+        for g in probe.gpus()
+        for role in [role_of.get(g.uuid.lower(), "")]
+    ]
     return {"driver": probe.driver_version(), "gpus": rows}
 
 
@@ -133,10 +122,11 @@ def replace_gpu_roles(text: str, roles: Mapping[str, GpuRole]) -> str:
 
 def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, object]) -> dict[str, GpuRole]:
     """An operator's per-card reserve follows its card (by UUID) into the new roles."""
-    reserves = {}
-    for data in old.values():
-        if isinstance(data, dict) and data.get("uuid") and data.get("reserve_mib") is not None:
-            reserves[str(data["uuid"]).lower()] = int(data["reserve_mib"])
+    reserves = {
+        str(d["uuid"]).lower(): int(d["reserve_mib"])
+        for d in old.values()
+        if isinstance(d, dict) and d.get("uuid") and d.get("reserve_mib") is not None
+    }
     return {
         name: role
         if (mib := reserves.get(role.uuid.lower())) is None
@@ -152,10 +142,8 @@ def detect(
     write: bool = False,
     gpus: Sequence[GpuReading] | None = None,
 ) -> JSONObject:
-    """Name the host's GPUs (largest first, equal cards by UUID; overrides by UUID). With
-    `write`, the host config gets exactly these `[gpu_roles.*]` tables, a per-card reserve kept
-    for its UUID, validated before it atomically replaces the old file. Returns the roles found,
-    their `[gpu_roles.*]` TOML, and whether the file changed (and was written)."""
+    """Name the host's GPUs (`gpu.roles.detect_roles`). With `write`, the host config gets exactly
+    these `[gpu_roles.*]` tables, a per-card reserve kept, validated before it replaces the file."""
     found = list(gpus) if gpus is not None else app.gpu_probe().gpus()
     roles = detect_roles(found, overrides)
     path = app.settings.config
@@ -195,15 +183,6 @@ def detect(
 # -- waivers ----------------------------------------------------------------------------------
 
 
-def parse_expiry(text: str, now: datetime) -> datetime:
-    """`--expires`: an RFC 3339 date (the waiver ends at 00:00 UTC that day) or date-time
-    (UTC when it names no offset). BadInput unless it lies after `now`."""
-    when = require("--expires", parse_rfc3339, text)
-    if when <= now:
-        raise BadInput(f"--expires {text!r}: {utc_stamp(when)} is not in the future", field="expires")
-    return when
-
-
 def _state(w: Waiver, now: datetime) -> str:
     if w.revoked_at is not None and now >= w.revoked_at:
         return "revoked"
@@ -239,9 +218,8 @@ def waive(
     gates: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """Record a waiver of `policy` to `value` for `scope` (GPU roles or a recipe digest), all of
-    it checked first; exactly one of `expires` and `no_expiry` (a person's explicit choice) says
-    when it ends. A `gate` waiver names the gates it waives. Then decisions are re-judged: the
-    answer is the waiver, when it ends and the decisions re-judged (or {"error": why not})."""
+    it checked first; exactly one of `expires` and `no_expiry` says when it ends. Then decisions
+    are re-judged (or {"error": why not})."""
     now = now or datetime.now(UTC)
     if (expires is None) == (not no_expiry):
         raise BadInput(
@@ -270,6 +248,12 @@ def waive(
                 f"--scope: GPU roles {unknown} are not in the host config; expected among {sorted(known)}",
                 field="scope",
             )
+    # --expires: an RFC 3339 date (00:00 UTC that day) or date-time (UTC without an offset)
+    expires_at = require("--expires", parse_rfc3339, expires) if expires else None
+    if expires_at is not None and expires_at <= now:
+        raise BadInput(
+            f"--expires {expires!r}: {utc_stamp(expires_at)} is not in the future", field="expires"
+        )
     waiver = Waiver(
         id="wvr-" + uuid.uuid4().hex[:12],
         policy=policy,
@@ -279,7 +263,7 @@ def waive(
         created_at=now,
         roles=roles,
         recipe_digest=digest,
-        expires_at=parse_expiry(expires, now) if expires else None,
+        expires_at=expires_at,
         gates=frozenset(gates),
     )
     waiver_rows.add_waiver(app.store, waiver)

@@ -81,22 +81,18 @@ def abort_watch(app: App, *, slot: str, by: str, reason: str, wait_s: float = 12
     detail = app.store.record(rec.id)
     out: JSONObject = {"promote": rec.id, "state": state.value, "aborted_by": by}
     if state is TxState.ROLLED_BACK:
-        out["rollback"] = _followed_by(app, rec.id)
+        from anvil_ctl.persistence import queries
+
+        states = queries.transaction_detail(app.store, rec.id)["states"]
+        data = states[-1]["data"] if states else None
+        follow = data.get("followed_by") if isinstance(data, dict) else None
+        out["rollback"] = str(follow.get("tx_id")) if isinstance(follow, dict) else None
     elif state in (TxState.WATCHING, TxState.INTERRUPTED):
         out["note"] = (
             f"the promote (pid {detail.owner.pid}) has not ended yet; `anvilctl recover` resumes a "
             "watch whose owner is gone, and rolls back at once for this abort"
         )
     return out
-
-
-def _followed_by(app: App, tx_id: str) -> str | None:
-    from anvil_ctl.persistence import queries
-
-    states = queries.transaction_detail(app.store, tx_id)["states"]
-    data = states[-1]["data"] if states else None
-    follow = data.get("followed_by") if isinstance(data, dict) else None
-    return str(follow.get("tx_id")) if isinstance(follow, dict) else None
 
 
 def canary(

@@ -1,25 +1,15 @@
-"""`recheck`: read-only goal-closure assertions on a slot, for cron.
+"""`recheck`: read-only goal-closure assertions on a slot, for cron, each run recorded.
 
-Every run is recorded with its snapshot's SHA-256 and witnesses the audit chain's head after
-its record (`SEQ:HASH`: result, `audit.head` log line, `anvil_audit_head` gauge), for `audit
-verify --expect-head`. `--textfile` writes node_exporter metrics, replaced atomically. A
-recheck that cannot observe is neither drift nor a pass: recorded when the database can take
-it, `anvil_recheck_up 0`, exit 7 naming the dependency.
-
-The slot is judged by its phase (`engine.campaign`): `serving`; `qualifying` between a
-committed load and its promote or rollback (after a `load --promote` whose process died before
-its promotion, exit 5: `recover` finishes it); `watching` while a promote watches (an ownerless
-watch exits 5: `recover` resumes it); `standby` for the slot of a router tier that does not
-serve it. The one repair, only when asked (`repair=("router",)`) and never during a watch:
-when the router's assertions alone fail, `reconcile` re-applies the route and the slot is
-rechecked; the second record names the transaction (`router_repair`).
+The slot is judged by its phase (`engine.campaign`). A recheck that cannot observe is neither
+drift nor a pass: `anvil_recheck_up 0`, exit 7. The one repair (`router`, only when asked and
+never during a watch) reconciles a failing route and rechecks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,8 +67,6 @@ class RecheckResult:
     repair: JSONObject | None = None
     """The router repair this recheck followed (its transaction and the recheck before it)."""
     phase: str = SERVING
-    """`serving`, `qualifying` between a committed load and its promote or rollback, or
-    `watching` while a promote is open in its watch."""
 
     @property
     def up(self) -> bool:
@@ -114,23 +102,10 @@ class RecheckResult:
 
     def as_dict(self) -> dict[str, object]:
         """What `recheck --json` prints."""
-        return {
-            "slot": self.slot,
-            "phase": self.phase,
-            "passed": self.passed,
-            "failed": self.failed,
-            "assertions": self.assertions,
-            "snapshot_sha256": self.snapshot_sha256,
-            "recheck_id": self.recheck_id,
-            "up": self.up,
-            "unavailable": self.unavailable,
-            "repair": self.repair,
-            "audit_head": self.audit_head,
-        }
+        return {**asdict(self), "passed": self.passed, "failed": self.failed, "up": self.up}
 
 
 REPAIRS = ("router",)
-"""The repairs `recheck` may run when asked; each is a transaction kind of its own."""
 
 ROUTER_ASSERTIONS = frozenset({"router_readiness", "route_holds", "routed_smoke"})
 SERVE_ASSERTIONS = frozenset(
@@ -152,9 +127,8 @@ any of them failing means re-routing is not the fix, so no repair runs."""
 
 
 def router_repairable(result: RecheckResult) -> bool:
-    """The route is missing or stale while the recorded serve runs healthy. A router assertion
-    that failed because the router refused our credentials (`engine.assertions` names the
-    error first) says nothing about the route: the repair would be refused the same way."""
+    """The route is missing or stale while the recorded serve runs healthy; a refusal of our
+    credentials says nothing about the route (the repair would be refused the same way)."""
     failed = set(result.failed)
     serving = result.up and result.phase == SERVING
     refused = any(
@@ -166,9 +140,8 @@ def router_repairable(result: RecheckResult) -> bool:
 
 
 def wait_router(app: App, timeout_s: float) -> float:
-    """Wait until the router answers our admin credentials; the seconds it took. A router's unit
-    or container is reported started before it listens, and the route repair its start hook
-    runs must not judge a router that is still coming up. Unavailable at the deadline."""
+    """Wait until the router answers our admin credentials (a router is reported started before
+    it listens); the seconds it took, Unavailable at the deadline."""
     world = app.world()
     if world.router is None:
         return 0.0
@@ -196,9 +169,8 @@ def recheck(
     slo: SloRequest | None = None,
     wait_router_s: float | None = None,
 ) -> RecheckResult:
-    """Recheck the slot; with `repair=("router",)`, reconcile a failing route and recheck again;
-    with `slo`, sample the route against the serve's thresholds too (when the rest holds);
-    with `wait_router_s`, first wait that long at most for the router to answer."""
+    """Recheck the slot; `repair=("router",)` reconciles a failing route and rechecks, `slo`
+    samples the route too, `wait_router_s` first waits for the router to answer."""
     unknown = sorted(set(repair) - set(REPAIRS))
     if unknown:
         raise BadInput(f"--repair {', '.join(unknown)}: expected one of {list(REPAIRS)}", field="repair")
@@ -220,8 +192,7 @@ def recheck(
     result = _recheck(app, slot, slo=slo)
     if "router" not in repair or not router_repairable(result):
         return result
-    # Imported here: the transaction machinery (plans, runner, lock) is what a plain recheck,
-    # run from cron every few minutes, has no use for.
+    # Imported here: a plain recheck from cron has no use for the transaction machinery.
     from anvil_ctl.commands.transactions import reconcile
 
     try:
@@ -330,37 +301,30 @@ def _record(app: App, out: RecheckResult) -> None:
 
 
 def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
-    """node_exporter textfile metrics of one recheck, replaced atomically.
-
-    The directory must exist (it is never created: a typo must not grow a tree). A
-    failed write leaves the previous file, and no temporary file, behind.
-    """
+    """node_exporter textfile metrics of one recheck, replaced atomically; the directory is
+    never created (a typo must not grow a tree)."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry()
-    up = Gauge(
+
+    def gauge(name: str, doc: str, *labels: str) -> Gauge:
+        return Gauge(name, doc, labels, registry=registry)
+
+    up = gauge(
         "anvil_recheck_up",
         "1 if the last recheck could observe the host; 0 if a dependency was unavailable.",
-        ["slot"],
-        registry=registry,
+        "slot",
     )
-    passed = Gauge(
-        "anvil_recheck_passed",
-        "1 if every goal-closure assertion held on the last recheck.",
-        ["slot"],
-        registry=registry,
+    passed = gauge(
+        "anvil_recheck_passed", "1 if every goal-closure assertion held on the last recheck.", "slot"
     )
-    assertion = Gauge(
-        "anvil_recheck_assertion", "1 if the named assertion held.", ["slot", "assertion"], registry=registry
-    )
-    stamp = Gauge(
-        "anvil_recheck_timestamp_seconds", "When the last recheck ran.", ["slot"], registry=registry
-    )
-    phase = Gauge(
+    assertion = gauge("anvil_recheck_assertion", "1 if the named assertion held.", "slot", "assertion")
+    stamp = gauge("anvil_recheck_timestamp_seconds", "When the last recheck ran.", "slot")
+    phase = gauge(
         "anvil_recheck_phase",
         "1 for the phase the last recheck judged the slot in (serving, qualifying, watching, standby).",
-        ["slot", "phase"],
-        registry=registry,
+        "slot",
+        "phase",
     )
     for name in PHASES:
         phase.labels(slot=result.slot, phase=name).set(int(result.up and result.phase == name))
@@ -372,11 +336,10 @@ def write_textfile(path: Path, result: RecheckResult, *, now: float) -> None:
     stamp.labels(slot=result.slot).set(now)
     if result.audit_head:
         seq, _, digest = result.audit_head.partition(":")
-        head = Gauge(
+        head = gauge(
             "anvil_audit_head",
             "The audit chain's last entry after the last recheck (value: its number; label: its hash).",
-            ["hash"],
-            registry=registry,
+            "hash",
         )
         head.labels(hash=digest).set(int(seq))
     try:

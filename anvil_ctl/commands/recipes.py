@@ -14,10 +14,8 @@ from anvil_ctl.core.jsontypes import JSONObject, get_array
 from anvil_ctl.core.model import config_fingerprint
 from anvil_ctl.core.validate import check_text
 from anvil_ctl.places import RECIPES_DIR
-from anvil_ctl.recipes.model import Recipe, load_recipe, recipe_digest
+from anvil_ctl.recipes.model import load_recipe, recipe_digest
 from anvil_ctl.recipes.spec import check_fits_slot, container_spec, resolve_gpu_uuids, spec_as_dict
-
-PLAN_TX_ID = "planned"
 
 
 @dataclass(frozen=True)
@@ -68,33 +66,25 @@ class RecipeDir:
 
 
 RecipeDirs = Path | Sequence[RecipeDir]
-"""Where recipes are looked up: the search (`search_dirs`), or one directory."""
+"""Where recipes are looked up: the search (`recipe_search`), or one directory."""
 
 
-def search_dirs(
-    given: Path | None, given_by: str, host_config: HostConfig | None, shipped: Path = RECIPES_DIR
-) -> list[RecipeDir]:
-    """The recipe search, first match wins: `--recipes-dir` or ANVIL_RECIPES_DIR (`given`,
-    named by `given_by`), the host config's `recipes_dir`, then the recipes shipped with
-    anvilctl. A directory someone named must exist; a name found in two is taken from the first."""
+def recipe_search(app: App) -> list[RecipeDir]:
+    """This command's recipe search, first match wins: `--recipes-dir` or ANVIL_RECIPES_DIR, the
+    host config's `recipes_dir`, then the recipes shipped with anvilctl. A directory someone
+    named must exist."""
     dirs = []
-    if given is not None:
-        dirs.append(RecipeDir(given, given_by))
+    if app.settings.recipes_dir is not None:
+        dirs.append(RecipeDir(app.settings.recipes_dir, app.origins.get("recipes_dir", "ANVIL_RECIPES_DIR")))
+    host_config = app.optional_config()
     if host_config is not None and host_config.recipes_dir is not None:
         dirs.append(RecipeDir(host_config.recipes_dir, "host config"))
-    dirs.append(RecipeDir(shipped, "shipped"))
-    for d in dirs[:-1]:
+    for d in dirs:
         if not d.path.is_dir():
             raise RecipeError(
                 f"{d.path}: recipes directory not found (named by {d.source})", file=str(d.path)
             )
-    return dirs
-
-
-def recipe_search(app: App) -> list[RecipeDir]:
-    """This command's recipe search (`search_dirs`) from its settings and host config."""
-    given_by = app.origins.get("recipes_dir", "ANVIL_RECIPES_DIR")
-    return search_dirs(app.settings.recipes_dir, given_by, app.optional_config())
+    return [*dirs, RecipeDir(RECIPES_DIR, "shipped")]
 
 
 def _dirs(recipes: RecipeDirs) -> list[RecipeDir]:
@@ -189,7 +179,8 @@ def validate_recipe(
     path = resolve_recipe_path(ref, recipes)
     recipe = load_recipe(path)
     if host_config is not None and slot_name is not None:
-        _check_host(recipe, host_config, slot_name)
+        check_fits_slot(recipe, host_config.slot(slot_name))
+        resolve_gpu_uuids(recipe, host_config)
     return ValidationReport(
         name=recipe.name,
         path=str(path),
@@ -207,7 +198,6 @@ def plan_recipe(
     *,
     host_config: HostConfig,
     slot_name: str,
-    tx_id: str = PLAN_TX_ID,
 ) -> Plan:
     """The exact ContainerSpec `load` would create (as a dict); nothing is touched."""
     path = resolve_recipe_path(ref, recipes)
@@ -219,7 +209,7 @@ def plan_recipe(
         slot=slot,
         host_config=host_config,
         recipe_path=path,
-        tx_id=tx_id,
+        tx_id="planned",
     )
     return Plan(
         recipe=recipe.name,
@@ -231,9 +221,3 @@ def plan_recipe(
         config_fingerprint=config_fingerprint(spec.fingerprint_fields()),
         spec=spec_as_dict(spec),
     )
-
-
-def _check_host(recipe: Recipe, host_config: HostConfig, slot_name: str) -> None:
-    slot = host_config.slot(slot_name)
-    check_fits_slot(recipe, slot)
-    resolve_gpu_uuids(recipe, host_config)

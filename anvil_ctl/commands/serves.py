@@ -58,14 +58,9 @@ def load(
     on_drain_timeout: OnDrainTimeout | None = None,
     promote_approved_by: str | None = None,
 ) -> Outcome:
-    """Load `ref` into `slot`; `timeout_s` (--timeout) caps each forward wait (see World.deadline).
-    The incumbent's drain waits `drain_timeout_s` (default: the recipe's), then refuses.
-
-    `promote_approved_by` (--promote): once the load commits, promote the candidate it
-    started in the same process and under the same lock, as its own transaction with every
-    check of `promote` (`engine.entry`): the slot's clients wait for a second command's
-    start-up no longer (a candidate whose identity has no standing verified decision is
-    refused there, and stays loaded)."""
+    """Load `ref` into `slot`; `timeout_s` caps each forward wait, the incumbent's drain waits
+    `drain_timeout_s` (default: the recipe's). `promote_approved_by`: once the load commits,
+    promote its candidate under the same lock as its own transaction (`engine.entry`)."""
     if promote_approved_by is not None:
         promote_approved_by = require("--approved-by", check_person, promote_approved_by)
         if not dry_run:
@@ -92,9 +87,8 @@ def unload(
     drain_timeout_s: float | None = None,
     on_drain_timeout: OnDrainTimeout | None = None,
 ) -> Outcome | dict[str, object]:
-    """Remove a candidate container this controller created (the `unload` plan); without `yes`
-    nothing runs and the answer says what would be removed (`would_remove`), after the plan
-    guard's checks."""
+    """Remove a candidate container this controller created; without `yes` only say what would
+    be removed, after the plan guard's checks."""
     if yes:
         drain = DrainPolicy.of(drain_timeout_s, on_drain_timeout, default="abort")
         return enter(

@@ -1,19 +1,9 @@
 """`recheck --slo`: the standing serve sampled through the real route against its thresholds.
 
-The thresholds are the `[watch]` table of the profile that qualified the serve (its newest
-decision names it; `--profile` chooses another), made absolute against that qualification's
-own capacity evidence (`watchpolicy.qualified_values`, read from the artifact only when its
-SHA-256 matches the record) and journaled (`slo.declared`) before the first request. Then the
-watch's own sampler and verdict (`engine.watch`) take `consecutive` samples `interval_s` apart;
-a limit failed by every one of them is a breach, which fails the recheck's `slo` assertion
-(exit 6).
-
-`--rollback-on-breach` is opt-in and attributed, like a waiver: who enabled it and until when
-are given with it (`Enablement`), recorded in the run, and checked when it runs. On a breach
-while it is in force, a `rollback` transaction brings back the slot's recorded rollback
-identity, following every rule a person's rollback follows; its arguments name the policy,
-the enablement and the breaching samples, and the recheck names the transaction. Past `until`
-nothing is rolled back and the run says so.
+The thresholds are the `[watch]` table of the profile that qualified the serve, made absolute
+against its qualification's evidence and journaled before the first request; a limit failed by
+every sample is a breach. `--rollback-on-breach` is opt-in and attributed like a waiver; on a
+breach while in force it runs a `rollback` transaction under every rule a person's follows.
 """
 
 from __future__ import annotations

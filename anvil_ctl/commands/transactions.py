@@ -57,9 +57,6 @@ def adopt(
     container_id: str,
     context_tokens: int,
     dry_run: bool = False,
-    recipe_digest: str = "",
-    model_identity: str = "",
-    gpu_roles: tuple[str, ...] = (),
     engine: str = "",
 ) -> Outcome:
     """Record a serving container (started by hand or another tool) as the slot's incumbent;
@@ -71,9 +68,6 @@ def adopt(
         slot=slot,
         container_id=container_id,
         context_tokens=context_tokens,
-        recipe_digest=recipe_digest,
-        model_identity=model_identity,
-        gpu_roles=gpu_roles,
         engine=engine,
     )
     return enter(app, request, dry_run=dry_run)

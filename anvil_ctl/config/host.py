@@ -141,23 +141,10 @@ class Policy(Strict):
 # The names the engines we serve give their files in /dev/shm. A file matching one is
 # ours once no process holds it, even if anvilctl never saw a managed container hold it.
 ENGINE_SEGMENTS: tuple[str, ...] = (
-    # NCCL: ncclShmOpen (src/misc/shmutils.cc) creates "/dev/shm/nccl-XXXXXX" with
-    # mkstemp for the SHM transport, proxy op pools and NVLS buffers.
-    "nccl-*",
-    # PyTorch: at::NewProcessWideShmHandle (aten/src/ATen/MapAllocator.cpp) names
-    # shm_open segments "/torch_<pid>_<random>_<n>": the file_system sharing strategy
-    # of torch.multiprocessing and the CUDA IPC ref-counter files.
-    "torch_*",
-    # Python multiprocessing.shared_memory: _SHM_NAME_PREFIX "/psm_" (CPython
-    # Lib/multiprocessing/shared_memory.py). vLLM's ShmRingBuffer/MessageQueue
-    # (vllm/distributed/device_communicators/shm_broadcast.py), its shm object
-    # storage and tensor arena, and SGLang's copy of shm_broadcast all create these.
-    "psm_*",
-    # SGLang names its own /dev/shm files "sglang_*": the HiCache host memory pool's
-    # `alloc_shm` falls back to "/dev/shm/sglang_host_pool_<hex>.mmap" where
-    # memfd_create is unavailable (unlinked right after creation, so only a kill in
-    # between leaves one). SGLang's other segments are psm_*, nccl-* and torch_*.
-    "sglang_*",
+    "nccl-*",  # NCCL's ncclShmOpen: SHM transport, proxy op pools, NVLS buffers
+    "torch_*",  # PyTorch's shm_open segments (torch.multiprocessing, CUDA IPC ref-counters)
+    "psm_*",  # multiprocessing.shared_memory: vLLM's and SGLang's shm_broadcast and arenas
+    "sglang_*",  # SGLang's HiCache host pool where memfd_create is unavailable
 )
 
 

@@ -54,8 +54,7 @@ class Campaign:
 
 
 def campaign_of(world: World, slot: str) -> Campaign | None:
-    """The slot's campaign in progress, None when the slot is in its serving phase, or when a
-    canary from it was undone and stopped its candidate (the slot stands by)."""
+    """The slot's campaign in progress; None when it serves, or stands by after an undone canary."""
     store = world.store
     newest = store.newest_committed_revision(slot)
     if newest is None or newest[1] != "load":
@@ -73,8 +72,7 @@ def campaign_of(world: World, slot: str) -> Campaign | None:
 
 @dataclass(frozen=True)
 class Watch:
-    """A promote open in `watching` (or left `interrupted` by a recover that failed): its
-    candidate routed, the old incumbent retained."""
+    """A promote open in `watching` (or left `interrupted` by a recover that failed)."""
 
     promote_tx: str
     candidate: Identity
@@ -103,8 +101,7 @@ class Watch:
 
 
 def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
-    """The slot's open watched promote, None when no promote is `watching`; `me` names this
-    host as its transactions do."""
+    """The slot's open watched promote, None when none; `me` names this host."""
     rec = world.store.watching(slot)
     if rec is None:
         return None
@@ -117,8 +114,7 @@ def watch_of(world: World, slot: str, me: Owner) -> Watch | None:
 
 @dataclass(frozen=True)
 class Standby:
-    """A slot whose router tier another slot serves: after a canary from it or back to the
-    other, or a canary that was undone (its candidate stopped)."""
+    """A slot whose router tier another slot serves (a canary's pair)."""
 
     retained: Identity
     """The slot's incumbent, else its loaded candidate: stopped and retained."""
@@ -204,8 +200,7 @@ def _backends(view: JSONObject) -> list[JSONValue]:
 
 
 def _tier(world: World, campaign: Campaign) -> Observation:
-    """The tier's backends (URL, state) are what the load's after-snapshot recorded: drained
-    (smg: none; HAProxy: the incumbent's server in `drain`), not routed to anything new."""
+    """The tier's backends (URL, state) are what the load's after-snapshot recorded: drained."""
     assert world.router is not None
     cfg = world.config.slot(campaign.candidate.slot)
     now = _backends(world.router.view(cfg.router_tier))

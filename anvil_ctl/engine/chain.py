@@ -78,8 +78,7 @@ class Chain:
 
 
 def chain_of(world: World, slot: str, me: Owner) -> Chain | None:
-    """The slot's open chain (see the module doc), None when the slot has none; `me` names this
-    host as its transactions do."""
+    """The slot's open chain, None when it has none; `me` names this host."""
     store = world.store
     newest = store.newest_committed_revision(slot)
     if newest is None or newest[1] != "load":
@@ -145,8 +144,7 @@ def _cut_by_death(rec: TxRecord, owner: Owner, store: Store) -> bool:
 
 
 def _ended_by_death(rec: TxRecord, store: Store) -> bool:
-    """A transaction its owner's death ended (refused before its first mutation, or finished by
-    `recover`), or left for `recover` to end."""
+    """A transaction its owner's death ended, or left for `recover` to end."""
     if rec.state in _CUT:
         return True
     if rec.state not in (TxState.REFUSED, TxState.COMPENSATED):
@@ -181,8 +179,7 @@ def finished(chain: Chain, promoted: Outcome | None, why: str = "") -> JSONObjec
 
 
 def bring_back(chain: Chain, promoted: Outcome | None, why: str, by: str) -> RollbackRequest | None:
-    """The rollback that brings the load's incumbent back when the chain's promotion did not
-    put the candidate on the route (never dark), None when it did or the slot had none."""
+    """The rollback that brings the load's incumbent back when the promotion did not route."""
     from anvil_ctl.engine.plans.args import RollbackRequest
 
     if chain.incumbent is None:

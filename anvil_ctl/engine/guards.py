@@ -38,9 +38,8 @@ class CandidateArgs(Protocol):
 
 
 class CandidateIsServing(Guard[StepContext[CandidateArgs, World, object]]):
-    """The slot's loaded candidate, that exact container (image, config fingerprint), runs
-    alone on its slot and its binding serves exactly its model: only that is qualified or
-    promoted."""
+    """The slot's loaded candidate, that exact container, runs alone on its slot and its binding
+    serves exactly its model: only that is qualified or promoted."""
 
     def check(self, ctx: StepContext[CandidateArgs, World, object]) -> Refusal | None:
         cand = ctx.args.candidate
@@ -128,9 +127,8 @@ class RollbackIdentityRestorable(Guard[C]):
 
 
 class BaseVerified(Guard[C]):
-    """A mutation starts from a verified base: the serve the record says is on the slot passes
-    every goal-closure assertion (`anvilctl recheck`), unless a person accepted the drift by
-    name and reason (`--accept-drift --by --reason`, journaled with the arguments)."""
+    """A mutation starts from a verified base: the recorded serve passes every goal-closure
+    assertion (`anvilctl recheck`), unless a person accepted the drift by name and reason."""
 
     def __init__(self, which: Callable[[C], Identity | None], *, routed: bool) -> None:
         self.which = which

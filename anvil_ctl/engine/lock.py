@@ -43,10 +43,9 @@ class LockInfo(locks.LockRecord):
         return asdict(self)
 
 
-def held_locks(store: Store, me: Owner | None = None, *, all_hosts: bool = False) -> list[LockInfo]:
-    """Lock rows without a release, newest first: of the Store's host (or of every host);
-    `me` (this process, named by its host name) judges which owners still live."""
-    rows = locks.unreleased(store, all_hosts=all_hosts)
+def held_locks(store: Store, me: Owner | None = None) -> list[LockInfo]:
+    """The host's lock rows without a release, newest first; `me` judges which owners still live."""
+    rows = locks.unreleased(store)
     return [LockInfo(**asdict(r), alive=owner_alive(Owner(r.pid, r.host, r.boot_id), me)) for r in rows]
 
 
@@ -142,9 +141,9 @@ class HostLock:
             os.close(self._fd)
             self._fd = None
 
-    def release_after(self, exc: BaseException | None) -> None:
-        """Release once the holder's work ended, with `exc` if it failed."""
-        if exc is None or isinstance(exc, BadInput | Refused):
+    def release_after(self, exc: BaseException) -> None:
+        """Release once the holder's work failed with `exc`."""
+        if isinstance(exc, BadInput | Refused):
             self.release()  # nothing was mutated: bad input and refusals come before any step
         else:
             # The command died mid-transaction (Ctrl-C, a failed journal write): keep the row so
@@ -161,8 +160,7 @@ def _held(holders: list[LockInfo], otherwise: str) -> LockHeld:
 
 
 def _file_owner(path: Path) -> str:
-    """Who holds the lock file, as it says; the holder writes its pid right after taking the
-    lock, so an empty file is read again for a moment before it is reported as it is."""
+    """Who holds the lock file, as it says (an empty one is read again for a moment)."""
     deadline = time.monotonic() + STAMP_WAIT_S
     try:
         text = path.read_text()

@@ -42,8 +42,7 @@ class Serving(TypedDict):
 
 
 def serving(world: World, base_url: str, health_path: str | None = "/health") -> Serving:
-    """What the binding serves; `health_path` None: the engine has no health route, and
-    answering with a model list is its health (an engine that loads before it listens)."""
+    """What the binding serves; without a health route, answering with a model list is healthy."""
     try:
         models = world.server.models(base_url)
         healthy = world.server.health(base_url, health_path) if health_path else bool(models)

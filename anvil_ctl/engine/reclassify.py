@@ -128,8 +128,7 @@ def reclassify_one(
     *,
     tx_id: str | None,
 ) -> DecisionRecord | None:
-    """Record a decision over `raw` when the waivers in force at `now` change the outcome
-    last recorded for it; returns the new decision row, or None."""
+    """Record (and return) a decision over `raw` when the waivers in force change its outcome."""
     store = world.store
     raw_id = raw["id"]
     chain = [raw, *qualification.reclassifications(store, [raw_id])]
@@ -186,8 +185,7 @@ class ReclassifyReport:
 def reclassify_decisions(
     world: World, *, slot: str | None = None, now: datetime | None = None
 ) -> ReclassifyReport:
-    """Re-judge every stored raw decision (of `slot`) under the waivers active `now`, recording a
-    new decision for each whose last recorded outcome they change."""
+    """`reclassify_one` for every stored raw decision (of `slot`)."""
     now = now or datetime.now(UTC)
     active = waiver_rows.waivers(world.store)
     report = ReclassifyReport()

@@ -239,8 +239,7 @@ class TransactionEngine:
         return outcome
 
     def _watch(self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> Outcome:
-        """`watching` until the plan's watch ends: committed when healthy, else `rolled_back`
-        with the follow-up (the rollback) for the entry to run. Each watch event commits at once."""
+        """`watching` until the watch ends: committed when healthy, else `rolled_back` with a follow-up."""
         assert plan.watch is not None
         seq = len(plan.steps)
         self._transition(ctx, TxState.WATCHING, "watching the serve on the route")

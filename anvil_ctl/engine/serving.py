@@ -145,8 +145,7 @@ def tier_incumbent(world: World, slot: str) -> Identity | None:
 
 
 def stop_verified(world: World, container_id: str, grace: float | None = None) -> JSONObject:
-    """Stop a container and prove it exited; absent counts as a failure (nothing to retain).
-    `grace`: seconds between the graceful signal and a kill (default: the policy's)."""
+    """Stop a container and prove it exited; absent counts as a failure (nothing to retain)."""
     grace = world.config.policy.stop_timeout_s if grace is None else grace
     world.progress.waiting(f"container {container_id[:12]} to stop (SIGKILL at the deadline)", grace)
     world.runtime.stop(container_id, grace)
@@ -386,8 +385,7 @@ def route_step(
 
 
 def through_the_route(world: World, ident: Identity, call: Callable[[], StepResult]) -> StepResult:
-    """Run a check through the router; when it fails because the route itself is gone (a router
-    restarted), put the route back once and run it again."""
+    """Run a check through the router; when the route itself is gone, put it back once and retry."""
     try:
         return call()
     except StepFailed as first:

@@ -124,8 +124,7 @@ def watch(
 
 
 class RouteSampler:
-    """One sample of a serve: active chats through the route, passive signals of its container
-    and the router's error count, against the `baseline` taken when the watch began."""
+    """One sample of a serve, against the `baseline` taken when the watch began."""
 
     def __init__(
         self,
@@ -214,8 +213,7 @@ class RouteSampler:
 
 
 def router_errors(world: World, serve: Identity) -> int | None:
-    """The router's count of failed answers from the serve's binding (None: no router, one
-    that keeps no count we read, or one not answering now)."""
+    """The router's count of failed answers from the serve's binding (None: none to read)."""
     if world.router is None:
         return None
     slot = world.config.slot(serve.slot)
@@ -229,8 +227,7 @@ def router_errors(world: World, serve: Identity) -> int | None:
 
 
 def standing_policy(store: Store, serve: Identity, profile: str | None) -> tuple[WatchPolicy, JSONObject]:
-    """The `[watch]` table of the profile that qualified the serve (its newest decision names
-    it; `profile` chooses another), and where it came from."""
+    """The `[watch]` table of the profile that qualified the serve (or `profile`'s), and its origin."""
     decision = qualification.latest_decision(store, serve.qualification_digest)
     chosen = profile or (decision["profile"] if decision else None)
     policy = load_profile(chosen).watch if chosen else DEFAULT
@@ -271,8 +268,7 @@ ABORT = "abort"
 
 
 class Interrupts:
-    """SIGINT and SIGTERM, while a watch runs, become a person's stop instead of killing the
-    process mid-sample (main thread only)."""
+    """SIGINT and SIGTERM, during a watch, become a person's stop (main thread only)."""
 
     def __init__(self) -> None:
         self.caught: JSONObject | None = None
@@ -306,8 +302,7 @@ def _user() -> str:
 
 
 def stopper(store: Store, tx_id: str, interrupts: Interrupts, *, every_s: float = 1.0) -> Stop:
-    """Who stopped the watch of `tx_id`: a signal (at once), or an abort journaled in it by
-    another process (looked for at most every `every_s`)."""
+    """Who stopped the watch of `tx_id`: a signal, or an abort another process journaled in it."""
     looked = [float("-inf")]
 
     def stop() -> JSONObject | None:

@@ -3,7 +3,6 @@
 Token i of a completion is due at t0 + prompt_tokens/prefill_tps + i/decode_tps on an
 absolute schedule, so measurements have a ground truth. On SIGTERM it stops as vLLM and
 SGLang do: no new completion (503), those in flight finish within `--stop-timeout`.
-`GET /metrics` publishes the completions in flight (`stub:num_requests_running`) for drains.
 """
 
 from __future__ import annotations
@@ -230,12 +229,10 @@ class Handler(BaseHTTPRequestHandler):
 
         deltas: list[JSONObject] = [{"reasoning_content": t} for t in c.reasoning_tokens]
         if c.tool_call is not None:
-            call_id = f"call_{next(st.ids)}"
-            head: JSONObject = {"index": 0, "id": call_id, "type": "function"}
+            head: JSONObject = {"index": 0, "id": f"call_{next(st.ids)}", "type": "function"}
             first_args = c.tool_tokens[0] if c.tool_tokens else ""
-            deltas.append(
-                {"tool_calls": [{**head, "function": {"name": c.tool_call.name, "arguments": first_args}}]}
-            )
+            function: JSONObject = {"name": c.tool_call.name, "arguments": first_args}
+            deltas.append({"tool_calls": [{**head, "function": function}]})
             deltas.extend(
                 {"tool_calls": [{"index": 0, "function": {"arguments": t}}]} for t in c.tool_tokens[1:]
             )
@@ -256,10 +253,7 @@ class Handler(BaseHTTPRequestHandler):
         self._sse(chunk({}, c.finish_reason))
         options = body.get("stream_options") or {}
         if isinstance(options, dict) and options.get("include_usage"):
-            usage_chunk = chunk({})
-            usage_chunk["choices"] = []
-            usage_chunk["usage"] = _usage(prompt, c)
-            self._sse(usage_chunk)
+            self._sse({**chunk({}), "choices": [], "usage": _usage(prompt, c)})
         self._sse("[DONE]")
 
     # ------------------------------------------------------------ responses

@@ -47,20 +47,14 @@ class FakeSharedMemory:
 
     def remove_unheld(self) -> ResidueRemoval:
         """Our unheld files go; held ones stay with the reason; other programs' are untouched."""
-        removed: list[str] = []
-        kept: list[tuple[str, str]] = []
         with self.world.edit() as w:
-            left = []
-            for r in w["residue"]:
-                if not r.get("ours", True):
-                    left.append(r)
-                elif r.get("pids"):
-                    left.append(r)
-                    kept.append((r["path"], f"mapped or open by pids {sorted(r['pids'])}"))
-                else:
-                    removed.append(r["path"])
-            w["residue"] = left
-        return ResidueRemoval(removed=tuple(removed), kept=tuple(kept))
+            ours = [r for r in w["residue"] if r.get("ours", True)]
+            removed = tuple(r["path"] for r in ours if not r.get("pids"))
+            kept = tuple(
+                (r["path"], f"mapped or open by pids {sorted(r['pids'])}") for r in ours if r.get("pids")
+            )
+            w["residue"] = [r for r in w["residue"] if not r.get("ours", True) or r.get("pids")]
+        return ResidueRemoval(removed=removed, kept=kept)
 
 
 class MemoryShmLedger:

@@ -43,11 +43,9 @@ class FakeRuntime:
         return self._info(c)
 
     def list(self, *, labels: dict[str, str] | None = None) -> list[ContainerInfo]:
-        out = []
-        for c in self.world.read()["containers"].values():
-            if all(c["labels"].get(k) == v for k, v in (labels or {}).items()):
-                out.append(self._info(c))
-        return out
+        wanted = (labels or {}).items()
+        containers = self.world.read()["containers"].values()
+        return [self._info(c) for c in containers if all(c["labels"].get(k) == v for k, v in wanted)]
 
     def image(self, ref: str) -> ImageInfo:
         for img in self.world.read()["images"].values():
@@ -128,10 +126,8 @@ class FakeServerProbe:
 
     def serving_container(self, base_url: str) -> ContainerDoc | None:
         binding = base_url.removeprefix("http://").rstrip("/")
-        for c in self.world.read()["containers"].values():
-            if c["status"] == "running" and c["binding"] == binding:
-                return c
-        return None
+        containers = self.world.read()["containers"].values()
+        return next((c for c in containers if c["status"] == "running" and c["binding"] == binding), None)
 
     def listening(self, base_url: str) -> bool:
         return self.serving_container(base_url) is not None

@@ -18,8 +18,7 @@ Ctx = StepContext[AdoptArgs, World, NoMemo]
 
 
 def prepare(world: World, req: AdoptRequest) -> AdoptArgs:
-    """The container's identity as observed now; BadInput unless it runs, its binding serves
-    one model healthy and the engine shows the context `req` gives."""
+    """The container's identity as observed now; BadInput unless it serves as `req` says."""
     if req.engine and req.engine not in ENGINE_PROFILES:
         raise BadInput(f"--engine {req.engine!r}: expected one of {sorted(ENGINE_PROFILES)}", field="engine")
     profile = engine_profile(req.engine)

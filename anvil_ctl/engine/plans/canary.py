@@ -40,6 +40,7 @@ from anvil_ctl.engine.serving import (
     reroute,
     route_problems,
     route_slot_to,
+    router_of,
     smoke_step,
     tier_incumbent,
 )
@@ -71,8 +72,7 @@ def _set_share(world: World, args: CanaryArgs, share: int) -> JSONObject:
 
 
 class RouterWeighs(Guard[Ctx]):
-    """The router splits one tier's requests between two backends by weight; a router that
-    cannot (smg 1.13: no per-worker weight in any selection policy) gets no canary."""
+    """The router splits one tier's requests between two backends by weight (smg cannot)."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         if not isinstance(ctx.world.router, WeightedRouter):
@@ -104,9 +104,8 @@ class IncumbentServesTheTier(Guard[Ctx]):
 
 
 class ServesFitTogether(Guard[Ctx]):
-    """Both serves run at once, so together they fit the host's GPUs: no GPU role in common
-    (CPU engines hold none), or on each shared card both VRAM needs plus the reserve in force
-    (waivers applied, as promote reads it) within its capacity."""
+    """Both serves run at once, so together they fit the host's GPUs: no GPU role in common, or
+    on each shared card both VRAM needs plus the reserve in force within its capacity."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         inc, cand = ctx.args.incumbent, ctx.args.candidate
@@ -169,8 +168,7 @@ def declare(ctx: Ctx) -> StepResult:
 
 def admit_candidate(ctx: Ctx) -> StepResult:
     world, cand = ctx.world, ctx.args.candidate
-    router = world.router
-    assert router is not None, "RouterConfigured refused a host without one"
+    router = router_of(world)  # RouterConfigured refused a host without one
     tier = _tier(world, ctx.args.incumbent)
     _weighted(world).set_weights(tier, {_url(world, ctx.args.incumbent): 100})
     router.register(tier, _url(world, cand), world.config.slot(cand.slot).aliases)
@@ -190,8 +188,7 @@ def _router_idle(world: World, tier: str, url: str, deadline_s: float) -> float:
 
 
 def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
-    """Every new request to the incumbent; the candidate drained, stopped and retained (a
-    candidate never registered has no weight to set)."""
+    """Every new request to the incumbent; the candidate drained, stopped and retained."""
     world, args = ctx.world, ctx.args
     try:
         weights = _set_share(world, args, 0)
@@ -204,9 +201,8 @@ def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
         tier, url = _tier(world, args.incumbent), _url(world, args.candidate)
         weights["router_idle_s"] = _router_idle(world, tier, url, args.drain.deadline_s)
         stopped = stop_drained(world, args.candidate, args.drain)
-    router = world.router
-    if router is not None:
-        router.deregister(_tier(world, args.incumbent), _url(world, args.candidate))
+    if world.router is not None:
+        world.router.deregister(_tier(world, args.incumbent), _url(world, args.candidate))
     return {**weights, "candidate_stopped": stopped}
 
 
@@ -272,8 +268,7 @@ def _incumbent(ctx: Ctx) -> Identity:
 
 
 def cutover(ctx: Ctx) -> StepResult:
-    """Wait until the incumbent (at weight 0 since the last step) answers nothing, then leave
-    the candidate alone in the tier."""
+    """Wait until the incumbent answers nothing, then leave the candidate alone in the tier."""
     world, inc = ctx.world, ctx.args.incumbent
     short = f"{inc.container_id[:12]} ({inc.served_model})"
     drained = wait_idle(world, inc.slot, inc.engine_profile, short, ctx.args.drain)

@@ -71,8 +71,7 @@ class CandidateImagePinned(Guard[Ctx]):
 
 class ModelCacheComplete(Guard[Ctx]):
     """A candidate that pins a model finds it complete in the model cache before anything stops,
-    and every model file it pins there has exactly the pinned size and SHA-256 (and a GGUF
-    file's header reads back): a corrupt or substituted file is refused, never loaded."""
+    every pinned file with exactly its size and SHA-256: a corrupt file is never loaded."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         cand = ctx.args.candidate

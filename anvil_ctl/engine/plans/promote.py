@@ -82,8 +82,7 @@ def standing_decision(store: Store, identity_digest: str) -> DecisionRecord | No
 
 
 def prepare(world: World, req: PromoteRequest) -> PromoteArgs:
-    """The slot's loaded candidate (the one `req.candidate` names, if given), its incumbent
-    and the candidate's standing decision, each read once."""
+    """The slot's loaded candidate, its incumbent and its standing decision, each read once."""
     store = world.store
     world.config.slot(req.slot)
     cand = store.current_identity(req.slot, "candidate")

@@ -234,8 +234,7 @@ def _loaded_recipe(world: World, ident: Identity, dirs: Sequence[Path]) -> Recip
 
 
 def prepare(world: World, req: QualifyRequest) -> QualifyArgs:
-    """The slot's loaded candidate, its recipe (when still the loaded one) and the profile:
-    `req.profile`, else the recipe's."""
+    """The slot's loaded candidate, its recipe (when still the loaded one) and the profile."""
     from anvil_ctl.qualify.profiles import resolve_profile
 
     world.config.slot(req.slot)

@@ -56,9 +56,8 @@ def what_runs(world: World, slot_name: str, serve: Identity) -> str:
 
 
 class RecordedServeRunning(Guard[Ctx]):
-    """The serve the slot's record publishes runs as its recorded container (same image and
-    config fingerprint) and its binding answers healthy with exactly its served model: only
-    then is routing the tier to the binding routing it to that serve."""
+    """The serve the slot's record publishes runs as recorded and its binding answers healthy
+    with exactly its served model: only then does routing the binding route that serve."""
 
     def check(self, ctx: Ctx) -> Refusal | None:
         world, serve = ctx.world, ctx.args.serve
