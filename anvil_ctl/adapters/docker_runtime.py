@@ -86,7 +86,6 @@ class DockerRuntime:
         *,
         base_url: str | None = None,
         gpu_mode: GpuMode = "nvidia",
-        poll_s: float = 0.1,
         host: str | None = None,
     ) -> None:
         """Use `client`, else connect to base_url (None: DOCKER_HOST). Containers labelled for another
@@ -95,7 +94,6 @@ class DockerRuntime:
             raise BadInput(f"gpu_mode must be one of {', '.join(get_args(GpuMode))}, not {gpu_mode!r}")
         self.gpu_mode: GpuMode = gpu_mode
         self.host = host
-        self._poll_s = poll_s
         self._client = client if client is not None else _connect(base_url, 60.0)
 
     def close(self) -> None:
@@ -282,7 +280,7 @@ class DockerRuntime:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(self._poll_s)
+            time.sleep(0.1)
 
     @_retry
     def logs(

@@ -1,9 +1,7 @@
 """Router adapter for HAProxy (Debian 2.6) through its Runtime API on a Unix socket.
 
-It runs `haproxy_config.render_config`: one backend per tier, server slots starting in
-maintenance; register readies a free slot, drain sets `drain`, deregister `maint`. The socket's
-permissions are the admin credential (checked before every use); the client token enters only
-the 0600 config. Warning: routing reads the buffered body (`tune.bufsize` 1 MiB); a `"model"`
+Register readies a free slot of the tier's backend (`haproxy_config`), drain sets `drain`,
+deregister `maint`. Warning: routing reads the buffered body (`tune.bufsize` 1 MiB); a `"model"`
 key beyond it is answered 404."""
 
 from __future__ import annotations

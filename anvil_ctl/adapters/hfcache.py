@@ -1,9 +1,8 @@
 """Verify a pinned model in a Hugging Face hub cache, read-only; problems are reported, never raised.
 
 Complete: `snapshots/<revision>` holds files, no `*.incomplete` blob, every entry resolves to a
-regular file; pinned files also match size, SHA-256 and (`.gguf`) header. Warning: hashing
-reads every byte of every pinned file.
-"""
+regular file; pinned files match size, SHA-256 and (`.gguf`) header. Warning: hashing reads
+every byte of every pinned file."""
 
 from __future__ import annotations
 

@@ -125,23 +125,19 @@ class GpuRolesFree(Guard[C]):
             return self.refuse(f"cannot tell whether the GPU roles are free: {exc}")
         known = {o.container_id for o in owners.values()} | set(replacing)
         known_pids = _pids_of(world, known)
-        if world.container_of_pid is not None:
-            for r in readings:
-                for p in r.processes:
-                    if world.container_of_pid(p.pid) in known:
-                        known_pids.add(p.pid)
+        of_pid = world.container_of_pid
+        if of_pid is not None:
+            known_pids |= {p.pid for r in readings for p in r.processes if of_pid(p.pid) in known}
         uuids = {role: world.config.gpu_roles[role].uuid for role in roles if role in world.config.gpu_roles}
         return unknown_processes(readings, uuids, known_pids)
 
     def _describe_strangers(self, world: World, role: str, processes: Sequence[GpuProcess]) -> str:
         """Name the container behind each PID where the runtime or /proc can tell."""
-        by_pid: dict[int, str] = {}
         try:
-            for c in world.runtime.list():
-                if c.running and c.pid:
-                    by_pid[c.pid] = f"container {c.id[:12]} ({c.name})"
+            running = [c for c in world.runtime.list() if c.running and c.pid]
         except AdapterError:
-            pass
+            running = []
+        by_pid = {c.pid: f"container {c.id[:12]} ({c.name})" for c in running}
         parts = []
         for p in processes:
             who = by_pid.get(p.pid)

@@ -16,20 +16,18 @@ from anvil_ctl.core.errors import AnvilError, AuthRejected, NeedsOperator
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
-from anvil_ctl.core.steps import Plan, Step, StepContext
+from anvil_ctl.core.steps import Step, StepContext
 from anvil_ctl.engine.chain import DIED_BEFORE_MUTATION
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.owner import owner_alive
-from anvil_ctl.engine.plans import KINDS, TxKind
+from anvil_ctl.engine.plans import KINDS, AnyPlan, TxKind
 from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.log import get_logger
 
 log = get_logger("anvil.recover")
 
-AnyPlan = Plan[object, World, object]
-"""The plan of any kind, as `recover` rebuilds it from the journal."""
 AnyStep = Step[StepContext[object, World, object]]
 
 

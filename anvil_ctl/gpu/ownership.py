@@ -54,15 +54,12 @@ def unknown_processes(
 ) -> dict[str, tuple[GpuProcess, ...]]:
     """Role -> compute processes on its card whose PID is not in `known_pids` (roles without any omitted)."""
     by_uuid = {r.uuid.lower(): r for r in readings}
-    found: dict[str, tuple[GpuProcess, ...]] = {}
-    for role, uuid in sorted(role_uuids.items()):
-        reading = by_uuid.get(uuid.lower())
-        if reading is None:
-            continue
-        strangers = tuple(p for p in reading.processes if p.pid not in known_pids)
-        if strangers:
-            found[role] = strangers
-    return found
+    strangers = {
+        role: tuple(p for p in by_uuid[uuid.lower()].processes if p.pid not in known_pids)
+        for role, uuid in sorted(role_uuids.items())
+        if uuid.lower() in by_uuid
+    }
+    return {role: procs for role, procs in strangers.items() if procs}
 
 
 def check_start(

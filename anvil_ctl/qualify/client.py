@@ -220,22 +220,20 @@ class EngineClient:
 
 def parse_responses(data: JSONMapping, *, status: int, e2e_s: float) -> ResponsesResult:
     """Output text of a Responses API object: `output_text`, else the message parts."""
-    types: list[str] = []
-    texts: list[str] = []
-    for item in items(data.get("output")):
-        if not isinstance(item, dict):
-            continue
-        types.append(str(item.get("type")))
-        if item.get("type") == "message":
-            for part in items(item.get("content")):
-                if isinstance(part, dict) and part.get("type") == "output_text":
-                    texts.append(str(part.get("text") or ""))
+    output = [item for item in items(data.get("output")) if isinstance(item, dict)]
+    texts = [
+        str(part.get("text") or "")
+        for item in output
+        if item.get("type") == "message"
+        for part in items(item.get("content"))
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    ]
     text = data.get("output_text")
     usage = data.get("usage")
     return ResponsesResult(
         status=status,
         text=text if isinstance(text, str) else "".join(texts),
-        output_types=tuple(types),
+        output_types=tuple(str(item.get("type")) for item in output),
         response_status=_text_or_none(data.get("status")),
         usage=Usage.from_dict(usage) if isinstance(usage, dict) else None,
         model=_text_or_none(data.get("model")),

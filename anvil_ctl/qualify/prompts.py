@@ -27,24 +27,16 @@ _SENTENCES = (
 def filler(target_tokens: int, *, chars_per_token: float = 4.0, salt: str = "") -> str:
     """Neutral numbered text of about `target_tokens` tokens (at `chars_per_token`)."""
     target_chars = max(0, int(target_tokens * chars_per_token))
-    parts: list[str] = []
-    size = 0
+    text = f"[{salt}] " if salt else ""
     i = 0
-    if salt:
-        head = f"[{salt}] "
-        parts.append(head)
-        size += len(head)
-    while size < target_chars:
-        sentence = f"{i}. {_SENTENCES[i % len(_SENTENCES)]} "
-        parts.append(sentence)
-        size += len(sentence)
+    while len(text) < target_chars:
+        text += f"{i}. {_SENTENCES[i % len(_SENTENCES)]} "
         i += 1
-    return "".join(parts)[:target_chars]
+    return text[:target_chars]
 
 
-def message_overhead_tokens(messages: int) -> int:
-    """Tokens the stub charges per message (8); a budget for real templates too."""
-    return 8 * messages
+MESSAGE_OVERHEAD_TOKENS = 8
+"""Tokens the stub charges per message; a budget for real templates too."""
 
 
 def context_prompt(
@@ -59,7 +51,7 @@ def context_prompt(
     """Filler sized so that prompt + `reserve_tokens` of output fits `nominal_tokens`,
     then the question on its own line; a needle sentence is placed at `needle_depth`."""
     question_tokens = int(len(question) / chars_per_token) + 1
-    body_tokens = max(16, nominal_tokens - reserve_tokens - question_tokens - message_overhead_tokens(1))
+    body_tokens = max(16, nominal_tokens - reserve_tokens - question_tokens - MESSAGE_OVERHEAD_TOKENS)
     text = filler(body_tokens, chars_per_token=chars_per_token)
     if needle is not None:
         sentence = f" The needle is {needle}. "

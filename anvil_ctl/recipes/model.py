@@ -10,21 +10,15 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import (
-    AfterValidator,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from anvil_ctl.config.fields import NAME_RE, Duration, MiB, Strict, valid_if
+from anvil_ctl.config.fields import NAME_RE, Duration, MiB, Strict, text_field, valid_if
 from anvil_ctl.config.inputs import format_validation_error, load_toml
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.engine_profile import ENGINE_PROFILES, EngineProfile, engine_profile
 from anvil_ctl.core.errors import RecipeError
 from anvil_ctl.core.model import DEFAULT_DRAIN_TIMEOUT_S, ModelFile
-from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT, check_text
+from anvil_ctl.core.validate import MAX_CONTEXT_TOKENS, MAX_COUNT
 
 MODEL_IDENTITY_RE = re.compile(
     r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)@(?P<rev>[0-9a-f]{40})\Z", re.ASCII
@@ -43,12 +37,9 @@ _ABSENT_IF_UNKNOWN = ("model", "served_model", "max_concurrency")
 
 
 # Recipe values end up in container specs, records and terminals: bounded, no control characters.
-_LINE = AfterValidator(lambda v: check_text(v, max_len=1000))
-_NOTES = AfterValidator(lambda v: check_text(v, max_len=20000, multiline=True))
-_ARG = AfterValidator(lambda v: check_text(v, max_len=8192, multiline=True))
-Line = Annotated[str, _LINE]
+Line = Annotated[str, text_field(1000)]
+Arg = Annotated[str, text_field(8192, multiline=True)]
 _ABSOLUTE = valid_if(lambda v: v.startswith("/"), "expected an absolute path inside the container")
-Arg = Annotated[str, _ARG]
 LIMIT = 2**62  # ulimits are 64-bit in the kernel; -1 means unlimited
 
 
@@ -192,7 +183,7 @@ class Recipe(Strict):
     )
     unknown: tuple[Line, ...] = Field((), description="Fields (dotted) the sources do not give")
     assumed: tuple[Line, ...] = Field((), description="Fields (dotted) we chose, not from sources")
-    notes: Annotated[str, _NOTES] = Field("", description="Free-form notes")
+    notes: Annotated[str, text_field(20000, multiline=True)] = Field("", description="Free-form notes")
     provenance: dict[str, object] = Field(default_factory=dict, description="Where values came from")
     source: RecipeSource | None = Field(
         None, description="Upstream release, commit, image tag and digest as published, external figures"

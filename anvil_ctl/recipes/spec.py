@@ -77,10 +77,6 @@ def short_tx(tx_id: str) -> str:
     return short
 
 
-def container_name(recipe: Recipe, slot_name: str, tx_id: str) -> str:
-    return f"anvil-{slot_name}-{recipe.name}-{short_tx(tx_id)}"
-
-
 def _mount_source(source: str, recipe_path: Path) -> str:
     if os.path.isabs(source):
         return os.path.normpath(source)
@@ -113,8 +109,9 @@ def container_spec(
     mounts = [Mount(_mount_source(m.source, recipe_path), m.target, m.read_only) for m in recipe.mounts]
     if recipe.model_mount is not None:
         mounts.append(model_cache_mount(recipe, host_config))
+    name = f"anvil-{slot_name}-{recipe.name}"
     return ContainerSpec(
-        name=container_name(recipe, slot_name, tx_id) if tx_id else f"anvil-{slot_name}-{recipe.name}",
+        name=f"{name}-{short_tx(tx_id)}" if tx_id else name,
         image=recipe.image,
         command=recipe.args,
         entrypoint=recipe.entrypoint,

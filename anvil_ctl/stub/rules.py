@@ -330,13 +330,8 @@ def complete(
         b_tokens = b_tokens[: cap - len(r_tokens)]
         finish = "length"
     if isinstance(visible, ToolCall):
-        return Completion(
-            reasoning_tokens=r_tokens,
-            tool_call=visible,
-            tool_tokens=b_tokens,
-            finish_reason=finish,
-        )
-    return Completion(reasoning_tokens=r_tokens, content_tokens=b_tokens, finish_reason=finish)
+        return Completion(r_tokens, tool_call=visible, tool_tokens=b_tokens, finish_reason=finish)
+    return Completion(r_tokens, content_tokens=b_tokens, finish_reason=finish)
 
 
 def load_answer_book(text: str) -> list[tuple[str, str]]:

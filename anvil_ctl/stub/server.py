@@ -3,7 +3,6 @@
 Token i of a completion is due at t0 + prompt_tokens/prefill_tps + i/decode_tps on an
 absolute schedule, so measurements have a ground truth. On SIGTERM it stops as vLLM and
 SGLang do: no new completion (503), those in flight finish within `--stop-timeout`.
-`GET /metrics` publishes the completions in flight (`stub:num_requests_running`) for drains.
 """
 
 from __future__ import annotations

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 
 from anvil_ctl.core.model import GpuProcess, GpuReading
 
 
 class ManualClock:
-    """A Clock for tests: `sleep` advances `now` at once and is recorded; `on_sleep` may act."""
+    """A Clock for tests: `sleep` advances `now` at once and is recorded."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.t = start
         self.sleeps: list[float] = []
-        self.on_sleep: Callable[[float], None] | None = None
 
     def now(self) -> float:
         return self.t
@@ -22,8 +21,6 @@ class ManualClock:
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         self.t += seconds
-        if self.on_sleep is not None:
-            self.on_sleep(self.t)
 
 
 def reading(

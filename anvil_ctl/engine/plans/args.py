@@ -250,8 +250,7 @@ class RollbackRequest:
     """`--to`: a revision number, a transaction, container or identity reference; None: the default."""
     restore_group: str | None = None
     restore_group_members: tuple[str, ...] | None = None
-    decided_by: Mapping[str, object] | None = None
-    """The policy that asked for it, when no person did (`RollbackArgs.decided_by`)."""
+    decided_by: Mapping[str, object] | None = None  # as `RollbackArgs.decided_by`
     drain: DrainPolicy = CUT_AT_DEADLINE
 
 

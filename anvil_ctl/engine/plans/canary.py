@@ -40,6 +40,7 @@ from anvil_ctl.engine.serving import (
     reroute,
     route_problems,
     route_slot_to,
+    router_of,
     smoke_step,
     tier_incumbent,
 )
@@ -167,8 +168,7 @@ def declare(ctx: Ctx) -> StepResult:
 
 def admit_candidate(ctx: Ctx) -> StepResult:
     world, cand = ctx.world, ctx.args.candidate
-    router = world.router
-    assert router is not None, "RouterConfigured refused a host without one"
+    router = router_of(world)  # RouterConfigured refused a host without one
     tier = _tier(world, ctx.args.incumbent)
     _weighted(world).set_weights(tier, {_url(world, ctx.args.incumbent): 100})
     router.register(tier, _url(world, cand), world.config.slot(cand.slot).aliases)
@@ -201,9 +201,8 @@ def all_to_incumbent(ctx: Ctx, _r: StepResult) -> StepResult:
         tier, url = _tier(world, args.incumbent), _url(world, args.candidate)
         weights["router_idle_s"] = _router_idle(world, tier, url, args.drain.deadline_s)
         stopped = stop_drained(world, args.candidate, args.drain)
-    router = world.router
-    if router is not None:
-        router.deregister(_tier(world, args.incumbent), _url(world, args.candidate))
+    if world.router is not None:
+        world.router.deregister(_tier(world, args.incumbent), _url(world, args.candidate))
     return {**weights, "candidate_stopped": stopped}
 
 
