@@ -190,4 +190,3 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.commands.evidence.ReportResult": rq.report,
     "anvil_ctl.evidence.bundle.VerifyResult": rq.verify,
 }
-"""Human renderer by result type (fully qualified name); anything else prints as `key: value` lines."""

@@ -1,5 +1,2 @@
-"""Settings (environment, prefix ANVIL_) and the host config file (anvil.toml).
-
-Both are built once at the edge and passed in; no library module reads the environment.
-Errors name the file, the key and what was expected.
-"""
+"""Settings (environment, prefix ANVIL_) and the host config file (anvil.toml): both built once
+at the edge and passed in; errors name the file, the key and what was expected."""
