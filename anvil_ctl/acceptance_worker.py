@@ -73,7 +73,6 @@ class AcceptanceWorker:
     """The `Acceptance` of a real router, run by a forked child (see the module docstring)."""
 
     def __init__(self, router_url: str, token: Secret) -> None:
-        self.router_url, self.token = router_url, token
         req_r, self._requests = os.pipe()
         self._answers, ans_w = os.pipe()
         self._pid: int | None = os.fork()

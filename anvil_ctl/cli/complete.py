@@ -7,6 +7,7 @@ a glob and the state database (read-only), never pydantic or Settings.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -71,7 +72,10 @@ def complete_recipes(
     return [CompletionItem(name) for name in sorted(names) if name.startswith(incomplete)]
 
 
-def _recorded(click_ctx: click.Context, what: str, incomplete: str) -> list[CompletionItem]:
+def _recorded(
+    what: str, click_ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """Recorded transaction IDs, or container IDs (12 characters), newest first."""
     try:
         from anvil_ctl.bootstrap import App
         from anvil_ctl.commands.audit import completion_ids
@@ -88,25 +92,17 @@ def _recorded(click_ctx: click.Context, what: str, incomplete: str) -> list[Comp
     return [CompletionItem(tx, help=about) for tx, about in found]
 
 
-def complete_transactions(
-    click_ctx: click.Context, param: click.Parameter, incomplete: str
-) -> list[CompletionItem]:
-    """Recorded transaction IDs, newest first."""
-    return _recorded(click_ctx, "transaction", incomplete)
-
-
-def complete_containers(
-    click_ctx: click.Context, param: click.Parameter, incomplete: str
-) -> list[CompletionItem]:
-    """Recorded container IDs (12 characters), newest first."""
-    return _recorded(click_ctx, "container", incomplete)
+complete_transactions = functools.partial(_recorded, "transaction")
+complete_containers = functools.partial(_recorded, "container")
 
 
 def complete_targets(
     click_ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[CompletionItem]:
     """`rollback --to`: recorded containers, then transactions."""
-    return _recorded(click_ctx, "container", incomplete) + _recorded(click_ctx, "transaction", incomplete)
+    return complete_containers(click_ctx, param, incomplete) + complete_transactions(
+        click_ctx, param, incomplete
+    )
 
 
 @click.command(

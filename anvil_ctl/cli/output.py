@@ -50,11 +50,8 @@ class Out:
         print(text, flush=False)
 
     def print(self, renderable: object) -> None:
-        """A rich renderable (a summary table), or text."""
-        if isinstance(renderable, str):
-            self.line(renderable)
-        else:
-            self.console.print(renderable)
+        """A rich renderable (a summary table)."""
+        self.console.print(renderable)
 
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> None:
         """Rows under a header of `columns`, fitted to the terminal (see `tables`)."""

@@ -24,31 +24,31 @@ if TYPE_CHECKING:
 
 
 def recipe_view(r: RecipeView, out: Out) -> None:
-    out.print(f"recipe {s(r.name)} ({s(r.path)})")
-    out.print(f"  digest    {s(r.digest)}")
-    out.print(f"  runnable  {'yes' if r.runnable else 'no'}")
+    out.line(f"recipe {s(r.name)} ({s(r.path)})")
+    out.line(f"  digest    {s(r.digest)}")
+    out.line(f"  runnable  {'yes' if r.runnable else 'no'}")
     for text in lines_of(r.recipe, "  "):
         out.line(text)
 
 
 def validation(r: ValidationReport, out: Out) -> None:
-    out.print(f"ok: recipe {s(r.name)} ({s(r.path)}) is valid; digest {s(r.digest)}")
-    out.print(f"  runnable  {'yes' if r.runnable else 'no'}")
+    out.line(f"ok: recipe {s(r.name)} ({s(r.path)}) is valid; digest {s(r.digest)}")
+    out.line(f"  runnable  {'yes' if r.runnable else 'no'}")
     if r.checked_slot:
-        out.print(f"  fits slot {s(r.checked_slot)}")
+        out.line(f"  fits slot {s(r.checked_slot)}")
     if r.unknown:
-        out.print(f"  unknown   {', '.join(s(u) for u in r.unknown)}")
+        out.line(f"  unknown   {', '.join(s(u) for u in r.unknown)}")
     if r.assumed:
-        out.print(f"  assumed   {', '.join(s(a) for a in r.assumed)}")
+        out.line(f"  assumed   {', '.join(s(a) for a in r.assumed)}")
 
 
 def recipe_plan(p: Plan, out: Out) -> None:
-    out.print(f"plan of recipe {s(p.recipe)} for slot {s(p.slot)} ({s(p.path)}); nothing was touched")
-    out.print(f"  digest              {s(p.digest)}")
-    out.print(f"  config fingerprint  {s(p.config_fingerprint)}")
-    out.print(f"  runnable            {'yes' if p.runnable else 'no'}")
+    out.line(f"plan of recipe {s(p.recipe)} for slot {s(p.slot)} ({s(p.path)}); nothing was touched")
+    out.line(f"  digest              {s(p.digest)}")
+    out.line(f"  config fingerprint  {s(p.config_fingerprint)}")
+    out.line(f"  runnable            {'yes' if p.runnable else 'no'}")
     if p.unknown:
-        out.print(f"  unknown             {', '.join(s(u) for u in p.unknown)}")
+        out.line(f"  unknown             {', '.join(s(u) for u in p.unknown)}")
     out.line("  container spec:")
     for text in lines_of(p.spec, "    "):
         out.line(text)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from anvil_ctl.cli import views
 from anvil_ctl.cli.output import Out, cell, s
 from anvil_ctl.cli.tables import show_time
-from anvil_ctl.cli.views import number, record, records
+from anvil_ctl.cli.views import record, records
+from anvil_ctl.core.jsontypes import whole
 from anvil_ctl.core.snapshot import show_value
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def _timeline(detail: Mapping[str, object]) -> list[tuple[str, str]]:
         events.append((str(st["at"]), f"state {s(st['state'])}{reason}"))
     opened: dict[tuple[int, object, object], str] = {}
     for ev in records(detail["steps"]):
-        seq, at = number(ev["seq"]), str(ev["at"])
+        seq, at = whole(ev["seq"]), str(ev["at"])
         key = (seq, ev["step"], ev["phase"])
         label = f"[{seq + 1}] {s(ev['step'])}" if seq >= 0 else s(ev["step"])
         if ev["phase"] == "undo":

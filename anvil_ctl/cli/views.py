@@ -23,13 +23,6 @@ def records(value: object) -> list[Mapping[str, object]]:
     return [v for v in items(value) if isinstance(v, Mapping)]
 
 
-def number(value: object) -> int:
-    """`value` as an integer; a TypeError, as arithmetic on it would raise, when it is another type."""
-    if not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {type(value).__name__}")
-    return value
-
-
 class View:
     """Base of the CLI's views: `payload()` is the JSON document."""
 

@@ -46,7 +46,7 @@ def init(app: App) -> JSONObject:
     before, after = upgrade(engine)
     path = head_path_for(app.settings.db_url, app.settings.state_dir)
     stale = set_aside(path, utcnow().replace(":", "")) if before is None else None
-    hosts.register(app.store)  # this host, with its machine id (or checked against it)
+    app.store.register()  # this host, with its machine id (or checked against it)
     audit_head = str(app.store.sync_head_file())
     result: JSONObject = {
         "db": engine.url.render_as_string(hide_password=True),

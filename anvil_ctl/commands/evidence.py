@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypedDict
@@ -167,9 +167,6 @@ class ReportResult:
     tx_id: str
     bundles: tuple[BundleRef, ...]
     size: int
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def evidence_report(app: App, tx: str, out: Path | None = None) -> ReportResult:

@@ -57,27 +57,22 @@ def read_input_file(
         raise error(f"{path}: {what} cannot be read: {exc.strerror or exc}", file=str(path)) from None
     if len(data) > max_bytes:
         raise error(f"{path}: more than {max_bytes} bytes; expected a {noun}", file=str(path))
-    return decode_utf8(data, path, noun, error)
-
-
-def decode_utf8(data: bytes, path: Path, what: str, error: Callable[..., AnvilError] = ConfigError) -> str:
-    """`data` as UTF-8 text (a leading BOM dropped); `error` names the first bad byte."""
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise error(f"{path}: is UTF-16; expected a UTF-8 {what}", file=str(path))
+        raise error(f"{path}: is UTF-16; expected a UTF-8 {noun}", file=str(path))
     try:
-        return data.decode("utf-8").removeprefix("\ufeff")
+        return data.decode("utf-8").removeprefix("\ufeff")  # a leading BOM dropped
     except UnicodeDecodeError as exc:
         raise error(
             f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-            f"expected a UTF-8 {what}",
+            f"expected a UTF-8 {noun}",
             file=str(path),
         ) from None
 
 
-def parse_toml(
-    text: str, path: Path, what: str, error: Callable[..., AnvilError] = ConfigError
-) -> dict[str, object]:
-    """TOML text as a dict; `error` for a syntax error or arrays/tables nested too deeply."""
+def load_toml(path: Path, what: str, error: Callable[..., AnvilError] = ConfigError) -> dict[str, object]:
+    """A TOML file a person gave us, read by `read_input_file`; `error` names every problem (a
+    syntax error, arrays or tables nested too deeply)."""
+    text = read_input_file(path, what, error=error)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -111,23 +106,21 @@ def format_validation_error(path: Path, exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def validated(
-    shape: type[T], data: object, source: str, prefix: str = "", error: Callable[..., AnvilError] = BadInput
-) -> T:
-    """`data` as `shape` (pydantic models or dataclasses, in lists); `error` names the file, the
-    first problem's field as `prefix[1].key` and what was expected."""
+def validated(shape: type[T], data: object, source: str) -> T:
+    """`data` as `shape` (pydantic models or dataclasses, in lists); BadInput names the file, the
+    first problem's field as `gates[1].key` and what was expected."""
     try:
         return TypeAdapter(shape).validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = first["loc"]
-        where = field_path(prefix, loc)
+        where = field_path("", loc)
         problem = first["msg"].removeprefix("Value error, ").replace("Input should be", "expected", 1)
         if first["type"] == "missing":
             problem = "expected a value; the key is missing"
         elif first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             problem = f"unknown key; expected some of {_keys(shape, loc[:-1])}"
-        raise error(f"{source}: {where}: {problem}", file=source, field=where) from None
+        raise BadInput(f"{source}: {where}: {problem}", file=source, field=where) from None
 
 
 def field_path(prefix: str, loc: Sequence[int | str]) -> str:
@@ -152,8 +145,3 @@ def _keys(shape: object, loc: Sequence[int | str]) -> list[str]:
         if isinstance(part, str):
             shape = next(t[part] for t in _tables(shape) if part in t)
     return sorted(k for t in _tables(shape) for k in t)
-
-
-def load_toml(path: Path, what: str, error: Callable[..., AnvilError] = ConfigError) -> dict[str, object]:
-    """A TOML file a person gave us, read by `read_input_file`; `error` names every problem."""
-    return parse_toml(read_input_file(path, what, error=error), path, what, error)

@@ -51,26 +51,9 @@ class Snapshot:
         return sha256_hex(self.canonical)
 
 
-def _token(key: str) -> str:
-    """One JSON Pointer reference token (RFC 6901): '~' and '/' escaped."""
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _untoken(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
 def pointer(parts: tuple[str | int, ...]) -> str:
-    """The JSON Pointer of a path: `("router", "backends", 0)` -> `/router/backends/0`."""
-    return "".join(f"/{_token(str(p))}" for p in parts)
-
-
-def dotted(parts: tuple[str | int, ...]) -> str:
-    """The path as people read it: `router.backends[0]`, `gpu_owners.compute-a.container_id`."""
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
-    return out
+    """The JSON Pointer (RFC 6901, '~' and '/' escaped) of a path: `("router", 0)` -> `/router/0`."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
 @dataclass(frozen=True)
@@ -84,7 +67,11 @@ class Change:
 
     @property
     def path(self) -> str:
-        return dotted(self.parts)
+        """As people read it: `router.backends[0]`, `gpu_owners.compute-a.container_id`."""
+        out = ""
+        for p in self.parts:
+            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+        return out
 
     @property
     def pointer(self) -> str:
@@ -160,7 +147,9 @@ def _parts(ptr: JSONValue) -> tuple[str | int, ...]:
     if not isinstance(ptr, str) or not ptr.startswith("/"):
         raise ValueError(f"not a JSON pointer: {ptr!r}")
     # An all-digit token is shown as a list index; snapshot keys (names, hex IDs) are not numbers.
-    return tuple(int(t) if t.isdigit() else _untoken(t) for t in ptr[1:].split("/"))
+    return tuple(
+        int(t) if t.isdigit() else t.replace("~1", "/").replace("~0", "~") for t in ptr[1:].split("/")
+    )
 
 
 PatchOps = Sequence[Mapping[str, JSONValue]]

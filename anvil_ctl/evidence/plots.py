@@ -90,13 +90,11 @@ def capacity_svg(series: Sequence[Series]) -> str:
                 color = PALETTE[i % len(PALETTE)]
                 pts = s.points.get(key, [])
                 if pts:
-                    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, alpha=0.35, color=color)
+                    ax.scatter(*zip(*pts, strict=True), s=10, alpha=0.35, color=color)
                     ys.extend(p[1] for p in pts)
                 line = [(x, y) for x, y in zip(s.p50_x, s.p50.get(key, []), strict=True) if y is not None]
                 if line:
-                    ax.plot(
-                        [p[0] for p in line], [p[1] for p in line], marker="o", color=color, label=s.label
-                    )
+                    ax.plot(*zip(*line, strict=True), marker="o", color=color, label=s.label)
                     p50s.extend(p[1] for p in line)
             top = 1.5 * max(p50s) if p50s else None
             hidden = sum(1 for y in ys if top is not None and y > top)

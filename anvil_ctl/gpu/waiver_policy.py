@@ -119,14 +119,13 @@ def waived_gate(
 def outcome_of(results: Sequence[GateVerdict]) -> tuple[Outcome, tuple[str, ...]]:
     """verified: all pass; policy-infeasible: only policy gates fail; else failed."""
     failed = [r for r in results if not r.passed]
-    policy_failed = [r for r in failed if isinstance(r, ReserveResult)]
     waived = tuple(
         f"{r.name} failed, waived by {r.waiver_id}" for r in results if isinstance(r, WaivedVerdict)
     )
     reasons = tuple(f"{r.name} failed" for r in failed) + waived
     if not failed:
         return "verified", waived
-    if len(policy_failed) == len(failed):
+    if all(isinstance(r, ReserveResult) for r in failed):
         return "policy-infeasible", reasons
     return "failed", reasons
 

@@ -8,29 +8,14 @@ existing key (`INSERT OR REPLACE` deletes without firing DELETE triggers). Postg
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
-from sqlalchemy import Connection, Table, UniqueConstraint
-
-
-class _Op(Protocol):
-    """What these functions use of alembic's `op` (the module satisfies it)."""
-
-    def get_bind(self) -> Connection: ...
-
-    def execute(self, sqltext: str) -> None: ...
-
-
-def _op() -> _Op:
-    # imported late: `audit verify` (`expected_triggers`) need not load alembic
-    from alembic import op
-
-    return op
+from sqlalchemy import Table, UniqueConstraint
 
 
 def make_append_only(table: Table) -> None:
     """Refuse every rewrite of a history table at the database (see the module doc)."""
-    op = _op()
+    from alembic import op  # imported here: `audit verify` (`expected_triggers`) need not load alembic
+
     name = table.name
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":

@@ -41,13 +41,6 @@ def attach(store: Store, name: str, *, machine_id: str, boot_id: str) -> Host | 
     return found
 
 
-def register(store: Store) -> None:
-    """Register the attached host now if it is not yet (`init`)."""
-    pending, store.on_first_write = store.on_first_write, None
-    if pending is not None:
-        pending()
-
-
 def _settle(store: Store, found: Host, machine_id: str) -> None:
     """Attach `store` to host `found`, refused when it is recorded for another machine."""
     if found.machine_id != machine_id:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.identity import Identity
-from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
 
@@ -93,8 +93,9 @@ def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONO
         if _object(slot.get("incumbent")).get("container_id") != target.container_id:
             continue
         container = _object(_object(slot.get("containers")).get(target.container_id))
-        served = _array(_object(slot.get("serving")).get("models"))
-        models = [m[0] for m in served if isinstance(m, list) and m]  # [name, max_model_len]
+        served = _object(slot.get("serving")).get("models")
+        # each [name, max_model_len]
+        models = [m[0] for m in served if isinstance(m, list) and m] if isinstance(served, list) else []
         if container.get("status") == "running" and models == [target.served_model]:
             return sha, body
     return None
@@ -116,11 +117,6 @@ def of_transaction(s: Session, tx_id: str) -> dict[str, Snapshot]:
 def _object(value: object) -> Mapping[str, object]:
     """A snapshot member that should be an object; {} when it is absent, null or not one."""
     return value if isinstance(value, dict) else {}
-
-
-def _array(value: object) -> JSONArray:
-    """A snapshot member that should be an array; [] when it is absent, null or not one."""
-    return value if isinstance(value, list) else []
 
 
 def _blob(s: Session, sha256: str) -> str:

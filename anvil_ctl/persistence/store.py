@@ -92,16 +92,15 @@ class Store:
         if shared is not None:  # inside `together()`: its transaction, committed at its end
             yield shared
             return
-        register, self.on_first_write = self.on_first_write, None
-        if register is not None:  # this host's first write: its registration commits first
-            register()
+        self.register()  # this host's first write: its registration commits first
         sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
         with translated(self.engine), sessions.begin() as session:
             session.info[audit.HOST] = self.host_id
             yield session
             held: list[Held] | None = session.info.pop(BATCHED, None)
-            if held:
-                self._append_batch(session, held)
+            if held:  # one entry for the writes of a `together()`: their events in order, the rows of all
+                event, tx_id, payload = audit.batch_entry(held)
+                audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
             advance_to = self._may_advance(session, session.info.get(audit.HEAD))
         self._advance(advance_to)
 
@@ -114,6 +113,12 @@ class Store:
     def _advance(self, to: Head | None) -> None:
         if to is not None and self.head_path is not None:
             head_file.advance(self.head_path, to)
+
+    def register(self) -> None:
+        """Register the attached host now if it is not yet (`hosts.attach`; `init`)."""
+        register, self.on_first_write = self.on_first_write, None
+        if register is not None:
+            register()
 
     @contextmanager
     def together(self) -> Iterator[None]:
@@ -131,11 +136,6 @@ class Store:
                 yield
             finally:
                 self._batch.session = None
-
-    def _append_batch(self, session: Session, held: list[Held]) -> None:
-        """One entry for the writes of a `together()`: their events in order, the rows of all."""
-        event, tx_id, payload = audit.batch_entry(held)
-        audit.append(session, at=utcnow(), tx_id=tx_id, event=event, payload=payload)
 
     def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
         sessions = sessionmaker(self.engine.execution_options(**{BUSY_MS: busy_ms}), expire_on_commit=False)

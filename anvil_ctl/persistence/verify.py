@@ -105,14 +105,6 @@ def _hold(report: Report, table: Table, refs: Refs, rows: Iterable[RowValues], *
     return checked
 
 
-def _check_all_rows(s: Session, walk: Walk, report: Report) -> None:
-    """Every row of every covered table against the refs of the whole chain."""
-    for name, table in COVERED.items():
-        rows = s.execute(select(table).execution_options(yield_per=BATCH)).mappings()
-        report.counts[name] = _hold(report, table, walk.refs.pop(name, Refs()), rows, every_row=True)
-        report.rows_checked += report.counts[name]
-
-
 def _check_new_rows(s: Session, walk: Walk, report: Report) -> None:
     """The rows the walked entries cover, looked up by key (500 at a time)."""
     for name, refs in walk.refs.items():
@@ -127,19 +119,7 @@ def _check_new_rows(s: Session, walk: Walk, report: Report) -> None:
         report.rows_checked += _hold(report, table, refs, rows, every_row=False)
 
 
-def _table_counts(s: Session) -> dict[str, int]:
-    return {
-        name: int(s.execute(select(func.count()).select_from(t)).scalar_one()) for name, t in COVERED.items()
-    }
-
-
 # -- schema and head ---------------------------------------------------------------------------
-
-
-def _schema_version(s: Session) -> int | None:
-    if s.get_bind().dialect.name != "sqlite":
-        return None
-    return int(s.execute(text("PRAGMA schema_version")).scalar_one())
 
 
 def _check_triggers(s: Session, problems: list[Problem]) -> bool:
@@ -225,7 +205,10 @@ def _full(s: Session, report: Report) -> None:
     for seq, (cp_id, cp_hash) in sorted(pins.items()):
         if seq > walk.end.seq:
             _check_pinned(s, walk.end, Head(seq, cp_hash), f"checkpoint {cp_id}", report.problems)
-    _check_all_rows(s, walk, report)
+    for name, table in COVERED.items():  # every row, against the refs of the whole chain
+        rows = s.execute(select(table).execution_options(yield_per=BATCH)).mappings()
+        report.counts[name] = _hold(report, table, walk.refs.pop(name, Refs()), rows, every_row=True)
+        report.rows_checked += report.counts[name]
     report.projection_differs = projection.compare(s)
     if report.projection_differs:
         log.warning("audit.projection_differs", tables=report.projection_differs)
@@ -248,7 +231,9 @@ def _incremental(s: Session, cp: AuditCheckpoint, report: Report) -> str | None:
     if report.problems:
         return "the entries after the checkpoint have problems"
     before = json.loads(cp.counts_json)
-    counts = _table_counts(s)
+    counts = {
+        name: int(s.execute(select(func.count()).select_from(t)).scalar_one()) for name, t in COVERED.items()
+    }
     for name, count in counts.items():
         if count != before.get(name, 0) + added.get(name, 0):
             return f"{name} holds {count} rows, not what checkpoint {cp.id} and the entries after it cover"
@@ -260,9 +245,11 @@ def verify(store: Store, *, full: bool = False, expect_head: Head | None = None)
     """Verify the record (see the module doc); a clean run records a checkpoint."""
     report = Report(mode="full" if full else "incremental", expect_head=expect_head)
     with store.read() as s:  # one read transaction: counts and chain describe the same moment
-        if s.get_bind().dialect.name == "postgresql":
+        dialect = s.get_bind().dialect.name
+        if dialect == "postgresql":
             s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        report.schema_version = _schema_version(s)
+        elif dialect == "sqlite":
+            report.schema_version = int(s.execute(text("PRAGMA schema_version")).scalar_one())
         trigger_problems: list[Problem] = []
         triggers_ok = _check_triggers(s, trigger_problems)
         if not full:

@@ -18,13 +18,9 @@ Outcome = Literal["verified", "policy-infeasible", "failed"]
 
 
 def decide(results: Sequence[GateResult]) -> Outcome:
-    functional = [r for r in results if r.kind == "functional"]
-    policy = [r for r in results if r.kind == "policy"]
-    if not results or not all(r.passed for r in functional):
+    if not results or not all(r.passed for r in results if r.kind == "functional"):
         return "failed"
-    if all(r.passed for r in policy):
-        return "verified"
-    return "policy-infeasible"
+    return "verified" if all(r.passed for r in results) else "policy-infeasible"
 
 
 def candidate_identity_digest(

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.core.jsontypes import JSONObject, number
 from anvil_ctl.core.validate import parse_duration
 
 FUNCTIONAL_METRIC = "functional_failed"
@@ -226,11 +226,7 @@ def qualified_values(cells: Sequence[Mapping[str, object]]) -> dict[str, float]:
     if not measured:
         return {}
     cell = min(measured, key=lambda c: c.get("nominal_tokens") or 0)  # type: ignore[arg-type,return-value]
-    return {
-        metric: float(value)
-        for metric, key in QUALIFIED.items()
-        if isinstance(value := cell.get(key), int | float) and not isinstance(value, bool)
-    }
+    return {metric: float(v) for metric, key in QUALIFIED.items() if (v := number(cell.get(key))) is not None}
 
 
 def metrics_of(sample: Mapping[str, object]) -> dict[str, float | None]:

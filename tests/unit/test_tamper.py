@@ -127,7 +127,7 @@ def populate(host: FakeHost) -> None:
     # a second host of the fleet registered in the same database (the first is this one)
     second = Store(store.engine, head_path=store.head_path)
     hosts.attach(second, "second-host", machine_id="f" * 32, boot_id="b")
-    hosts.register(second)
+    second.register()
     recheck_cmd.recheck(app, "primary")  # an entry after the last checkpoint
 
 

@@ -142,12 +142,7 @@ class Gate:
         self, passed: bool, classification: str, evidence: JSONObject, summary: str = ""
     ) -> GateResult:
         return GateResult(
-            name=self.name,
-            passed=passed,
-            kind=self.kind,
-            classification="pass" if passed else classification,
-            evidence=evidence,
-            summary=summary,
+            self.name, passed, self.kind, "pass" if passed else classification, evidence, summary
         )
 
     async def attempt(self, gate_ctx: GateContext, label: str, body: JSONObject) -> Attempt:
