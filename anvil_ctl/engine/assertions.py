@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from anvil_ctl.config.host import Slot
+from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.core.errors import AnvilError, NotFound
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
@@ -17,7 +18,6 @@ from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import (
     FieldDrift,
     identity_drift,
-    profile_of,
     routed_chain_problems,
     routed_expectation,
 )
@@ -91,7 +91,7 @@ def _container_checks(world: World, ident: Identity, out: list[Assertion], role:
 
 
 def _serving_checks(world: World, cfg: Slot, ident: Identity, out: list[Assertion]) -> None:
-    profile = profile_of(ident)
+    profile = engine_profile(ident.engine_profile)
 
     def served() -> Observation:
         models = [m.id for m in world.server.models(cfg.base_url)]

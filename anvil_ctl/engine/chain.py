@@ -98,7 +98,8 @@ def chain_of(world: World, slot: str, me: Owner) -> Chain | None:
             continue
         rec = store.record(later["tx_id"])
         named = named_load(rec)
-        if named is None and later["kind"] == "promote" and _cut_by_death(rec, load.owner, store):
+        mine = named is None and later["kind"] == "promote" and rec.owner == load.owner
+        if mine and _ended_by_death(rec, store):
             cut.append(rec.id)  # names no load: the owner tells (records from before they did)
             continue
         if named != load.id:
@@ -136,11 +137,6 @@ def named_load(rec: TxRecord) -> str | None:
         if isinstance(undoes, dict) and undoes.get("kind") == "load":
             named = undoes.get("tx_id")
     return named if isinstance(named, str) else None
-
-
-def _cut_by_death(rec: TxRecord, owner: Owner, store: Store) -> bool:
-    """A promotion of the chain's owner that its death ended, or left for `recover` to end."""
-    return rec.owner == owner and _ended_by_death(rec, store)
 
 
 def _ended_by_death(rec: TxRecord, store: Store) -> bool:

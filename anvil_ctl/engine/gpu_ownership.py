@@ -173,7 +173,6 @@ def _claim(world: World, ident: Identity, tx_id: str) -> list[str]:
 
 
 def release_all(world: World, container_id: str, tx_id: str) -> list[str]:
-    """Release every role `container_id` owns; the roles released."""
     owned = sorted(r for r, o in ledger(world.store).items() if o.container_id == container_id)
     if owned:
         gpu_ledger.release_roles(world.store, owned, container_id=container_id, tx_id=tx_id)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.core.errors import AdapterError, NotFound
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SERVED_MODEL, LABEL_SLOT
 from anvil_ctl.core.snapshot import Snapshot
-from anvil_ctl.engine.serving import profile_of
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import gpu_ledger
 
@@ -80,7 +80,7 @@ def observe(world: World, slots: list[str] | None = None) -> Snapshot:
             ),
             incumbent,
         )
-        health_path = profile_of(serve).health_path if serve else "/health"
+        health_path = engine_profile(serve.engine_profile).health_path if serve else "/health"
         ids = {c.id for c in managed}
         if incumbent:
             ids.add(incumbent.container_id)

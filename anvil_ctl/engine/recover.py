@@ -84,11 +84,6 @@ def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, Any
     return todo
 
 
-def _to_recover(journal: Journal, me: Owner) -> list[TxRecord]:
-    """Unfinished transactions whose owner is gone (or is this process)."""
-    return [rec for rec in journal.unfinished() if rec.owner == me or owner_alive(rec.owner, me) is False]
-
-
 def refuse_without_credentials(
     journal: Journal, me: Owner, world: World, *, also: Sequence[str] = ()
 ) -> None:
@@ -96,7 +91,9 @@ def refuse_without_credentials(
     other work waiting) and the router refuses our credentials: every undo would be refused too."""
     if world.router is None:
         return
-    waiting = [rec for rec in _to_recover(journal, me) if rec.state != TxState.PLANNED]
+    # Unfinished transactions whose owner is gone (or is this process), past their guards.
+    gone = [rec for rec in journal.unfinished() if rec.owner == me or owner_alive(rec.owner, me) is False]
+    waiting = [rec for rec in gone if rec.state != TxState.PLANNED]
     if not waiting and not also:
         return
     try:

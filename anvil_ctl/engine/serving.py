@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from anvil_ctl.core.engine_profile import EngineProfile, engine_profile
+from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
@@ -32,11 +32,6 @@ Which = Callable[[C], Identity | None]
 
 
 # -- identity ---------------------------------------------------------------------------------
-
-
-def profile_of(ident: Identity) -> EngineProfile:
-    """The engine profile a recorded serve is probed with."""
-    return engine_profile(ident.engine_profile)
 
 
 @dataclass(frozen=True)
@@ -231,7 +226,7 @@ def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0)
     if not is_running(world, identity.container_id):
         world.runtime.start(identity.container_id)
     slot = world.config.slot(identity.slot)
-    health = profile_of(identity).health_path
+    health = engine_profile(identity.engine_profile).health_path
     served = wait_serving(world, slot.base_url, health, identity.served_model, timeout_s)
     return {"container_id": identity.container_id, **served}
 
@@ -239,13 +234,13 @@ def restart_retained(world: World, identity: Identity, timeout_s: float = 300.0)
 def routed_expectation(world: World, ident: Identity) -> tuple[str, str]:
     """(alias, the `model` a routed answer by it must carry) for `ident`'s slot."""
     alias = world.config.slot(ident.slot).aliases[0]
-    return alias, profile_of(ident).routed_model(ident.served_model, alias)
+    return alias, engine_profile(ident.engine_profile).routed_model(ident.served_model, alias)
 
 
 def routed_chain_problems(world: World, ident: Identity) -> list[str]:
     """For an engine whose answers echo the request's model, the routed identity is a chain:
     the tier routes to the slot's binding and the binding serves `ident.served_model`."""
-    if profile_of(ident).response_model == "served" or world.router is None:
+    if engine_profile(ident.engine_profile).response_model == "served" or world.router is None:
         return []
     slot = world.config.slot(ident.slot)
     problems = []

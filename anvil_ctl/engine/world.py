@@ -106,7 +106,6 @@ class World:
         return min(configured_s, self.wait_limit_s)
 
     def wait(self, what: str, configured_s: float) -> float:
-        """Report a wait for `what` and return its deadline (`deadline`)."""
         deadline_s = self.deadline(configured_s)
         self.progress.waiting(what, deadline_s)
         return deadline_s

@@ -80,7 +80,6 @@ class Kind(Generic[R, A]):
         return self.builder(args, world, request if isinstance(request, self.request) else None)
 
     def rebuild(self, journaled: JSONMapping, world: World) -> Plan[A, World, object]:
-        """The plan of a transaction from its journaled arguments."""
         return self.builder(from_json(self.args, journaled), world, None)
 
 

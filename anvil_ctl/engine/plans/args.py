@@ -321,7 +321,6 @@ def to_json(args: object) -> JSONObject:
 
 
 def from_json(cls: type[T], data: JSONMapping) -> T:
-    """Rebuild a kind's arguments from their journal form."""
     args = _adapter(cls).validate_python(data)
     if not isinstance(args, cls):  # pydantic builds the class it validates against
         raise TypeError(f"expected {cls.__name__}, got {type(args).__name__}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.digest import sha256_hex
+from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.core.errors import AdapterError, AnvilError, BadInput, StepFailed
 from anvil_ctl.core.guards import Guard
 from anvil_ctl.core.identity import Identity
@@ -24,7 +25,7 @@ from anvil_ctl.engine.guards import CandidateIsServing
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest
 from anvil_ctl.engine.served_context import observed_context
-from anvil_ctl.engine.serving import identity_drift, inspect_or_none, profile_of, serving_problems
+from anvil_ctl.engine.serving import identity_drift, inspect_or_none, serving_problems
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import GateEvidence
@@ -115,7 +116,7 @@ def run_gates(ctx: Ctx) -> StepResult:
 
     world, ident = ctx.world, _candidate(ctx)
     profile = resolve_profile(None, profile=ctx.args.profile, gates=list(ctx.args.gates) or None)
-    engine = profile_of(ident)
+    engine = engine_profile(ident.engine_profile)
     # Where /v1/models reports no context length, observe it the profile's way (llama.cpp's
     # refusal of an over-long prompt) so long-context gates are bounded by what is served.
     context = None if engine.context_source == "models" else observed_context(world, ident).as_dict()
