@@ -251,9 +251,20 @@ def tree_violations() -> tuple[Violation, ...]:
     return tuple(v for module, names in sorted(_scan().items()) for v in check(module, names))
 
 
+def _runs(module: str, imported: Collection[str]) -> set[str]:
+    """What importing `imported` from `module` executes: each name and every package above it
+    (`import a.b.c` runs `a/__init__` and `a/b/__init__` first), except the packages `module`
+    itself sits in, which are already running when it imports."""
+    own = {module.rsplit(".", n)[0] for n in range(module.count(".") + 1)}
+    parts = (name.split(".") for name in imported)
+    return {".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)} - (own - set(imported))
+
+
 def import_cycles(graph: Mapping[str, Collection[str]]) -> list[tuple[str, ...]]:
-    """Every import cycle of `graph` (module -> what it imports): each strongly connected set
-    of two or more modules, or a module importing itself, sorted (Tarjan's algorithm)."""
+    """Every import cycle of `graph` (module -> what it imports, parent packages included:
+    `_runs`): each strongly connected set of two or more modules, or a module importing itself,
+    sorted (Tarjan's algorithm)."""
+    graph = {module: _runs(module, imported) for module, imported in graph.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -414,6 +425,16 @@ class TestTheCycleFinder:
         planted = cycles_with("anvil_ctl.places", "def later():\n    from anvil_ctl.cli import app\n")
         assert [c for c in planted if "anvil_ctl.places" in c]
         assert "anvil_ctl.cli.app" in next(c for c in planted if "anvil_ctl.places" in c)
+
+    def test_it_finds_a_cycle_through_a_package_init_that_imports_its_modules(self) -> None:
+        # `engine.plans.args` is imported after `engine/plans/__init__`, which imports every plan,
+        # and the plans import `engine.guards`: guards importing args would fail at import time.
+        planted = cycles_with("anvil_ctl.engine.guards", "from anvil_ctl.engine.plans.args import LoadArgs\n")
+        assert any({"anvil_ctl.engine.guards", "anvil_ctl.engine.plans"} <= set(c) for c in planted), planted
+
+    def test_a_module_importing_a_sibling_does_not_cycle_through_its_own_package(self) -> None:
+        assert import_cycles({"p": {"p.a"}, "p.a": {"p.b"}, "p.b": set()}) == []
+        assert import_cycles({"p": {"p.a"}, "p.a": set(), "q": {"p.a"}}) == []
 
     def test_an_import_only_one_way_closes_no_cycle(self) -> None:
         assert cycles_with("anvil_ctl.cli.extra", "from anvil_ctl.cli import app\n") == import_cycles(_scan())
