@@ -47,7 +47,10 @@ log = get_logger()
 
 POLL_S = 0.05
 POLL_FIRST_S = 0.005
-"""Polls start this short and double up to `POLL_S`: most waits end within a few polls."""
+WAIT_POLL_MAX_S = 0.01
+"""A wait for smg to list or remove a worker polls from `POLL_FIRST_S`, doubling up to this: a
+removal in a drain starts the clients' window, which a longer pause would stretch by up to one
+pause (a `GET /workers` on loopback takes about a millisecond)."""
 APPEAR_TIMEOUT_S = 10.0
 PARK_SETTLE_S = 3600
 """A parked worker's drain: how long smg answers 503 for a tier left parked by an ended process."""
@@ -158,7 +161,7 @@ class SmgRouter(RouterHttp):
             if self._clock() >= end:
                 raise TransientError(f"smg: timed out after {timeout_s:.0f} s waiting for {what}")
             self._sleep(pause)
-            pause = min(pause * 2, POLL_S)
+            pause = min(pause * 2, WAIT_POLL_MAX_S)
 
     def _post(self, url: str, aliases: tuple[str, ...], label: str, tier: str, settle_s: int = 0) -> None:
         """Register a worker labelled `label`=`tier` and wait until smg lists it."""

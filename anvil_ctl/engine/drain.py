@@ -8,16 +8,17 @@ routed again); `cut` stops anyway and counts the answers cut.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from anvil_ctl.core.engine_profile import engine_profile
-from anvil_ctl.core.errors import DrainRefused
+from anvil_ctl.core.errors import AdapterError, DrainRefused
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import DrainPolicy
 from anvil_ctl.core.steps import Step, StepContext, StepResult
-from anvil_ctl.engine.serving import Which, pauses, restart_retained, stop_verified
+from anvil_ctl.engine.serving import Which, drain_slot, pauses, restart_retained, route_slot_to, stop_verified
 from anvil_ctl.engine.world import World
 from anvil_ctl.log import get_logger
 
@@ -93,6 +94,28 @@ def wait_idle(world: World, slot: str, profile: str, short: str, policy: DrainPo
             world.progress.note(f"drain deadline: {seen.count} answer(s) in flight on {short} cut")
             return {**result, "cut": seen.count}
         world.clock.sleep(min(next(pause), max(policy.deadline_s - waited, 0.0)))
+
+
+def drain_step(readmit: Which[D], description: str = "quiesce the slot's router tier") -> Step[D]:
+    """Drain the slot's tier; the undo routes it back to `readmit(ctx)` (if any)."""
+
+    def do(ctx: D) -> StepResult:
+        serve, before = readmit(ctx), None
+        if serve is not None:
+            # Read once while the serve is still routed: the first read of a source loads its
+            # parser, which would otherwise stall the stop's drain inside the clients' window.
+            with contextlib.suppress(AdapterError):  # the stop's drain reads it again, and says
+                before = in_flight(ctx.world, ctx.args.slot, serve.engine_profile)
+        drained = drain_slot(ctx.world, ctx.args.slot)
+        if before is None:
+            return drained
+        return {**drained, "in_flight_before": before.count, "source": before.source}
+
+    def undo(ctx: D, _result: StepResult) -> StepResult:
+        serve = readmit(ctx)
+        return route_slot_to(ctx.world, serve) if serve is not None else {"readmitted": None}
+
+    return Step("drain-tier", do, undo, description)
 
 
 def stop_drained(world: World, ident: Identity, policy: DrainPolicy) -> JSONObject:

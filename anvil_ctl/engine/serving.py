@@ -331,19 +331,6 @@ def router_of(world: World) -> Router:
 # -- the swap-serve steps ---------------------------------------------------------------------
 
 
-def drain_step(readmit: Which[C], description: str = "quiesce the slot's router tier") -> Step[C]:
-    """Drain the slot's tier; the undo routes it back to `readmit(ctx)` (if any)."""
-
-    def do(ctx: C) -> StepResult:
-        return drain_slot(ctx.world, ctx.args.slot)
-
-    def undo(ctx: C, _result: StepResult) -> StepResult:
-        serve = readmit(ctx)
-        return route_slot_to(ctx.world, serve) if serve is not None else {"readmitted": None}
-
-    return Step("drain-tier", do, undo, description)
-
-
 def release_vram_step(need: Callable[[C], VramNeed]) -> Step[C]:
     """Wait until the GPUs the next serve uses have its need plus the reserve free."""
 

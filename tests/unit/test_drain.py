@@ -38,8 +38,17 @@ class TestLoad:
         out = _load(fake_host)
         assert out.state == TxState.COMMITTED, out.reason
         drain = out.results["stop-incumbent"]["drain"]
-        assert drain == {**drain, "in_flight": 3, "cut": 0, "source": "router"}
+        # the fake finishes one answer per look: the drain-tier step's look saw 3, the stop's 2
+        assert drain == {**drain, "in_flight": 2, "cut": 0, "source": "router"}
         assert fake_host.world.read()["containers"][fake_host.incumbent_id]["in_flight"] == 0
+
+    def test_the_drain_reads_what_is_in_flight_while_the_incumbent_is_still_routed(
+        self, fake_host: FakeHost
+    ) -> None:
+        _in_flight(fake_host, fake_host.incumbent_id, 3)
+        out = _load(fake_host)
+        assert out.state == TxState.COMMITTED, out.reason
+        assert out.results["drain-tier"] == {"tier": "primary-local", "in_flight_before": 3, "source": "router"}
 
     def test_refuses_at_the_deadline_and_leaves_the_incumbent_routed_and_serving(
         self, fake_host: FakeHost

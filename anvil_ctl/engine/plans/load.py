@@ -18,7 +18,7 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, VramNeed
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
-from anvil_ctl.engine.drain import stop_retain_step
+from anvil_ctl.engine.drain import drain_step, stop_retain_step
 from anvil_ctl.engine.guards import (
     BaseVerified,
     NoUnresolvedTransaction,
@@ -29,7 +29,6 @@ from anvil_ctl.engine.guards import (
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import Candidate, LoadArgs, LoadRequest
 from anvil_ctl.engine.serving import (
-    drain_step,
     is_running,
     release_vram_step,
     wait_serving,

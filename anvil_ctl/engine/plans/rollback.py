@@ -20,7 +20,7 @@ from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
 from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
-from anvil_ctl.engine.drain import stop_retain_step
+from anvil_ctl.engine.drain import drain_step, stop_retain_step
 from anvil_ctl.engine.guards import (
     NoUnresolvedTransaction,
     RollbackIdentityRestorable,
@@ -29,7 +29,6 @@ from anvil_ctl.engine.guards import (
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import RollbackArgs, RollbackRequest
 from anvil_ctl.engine.serving import (
-    drain_step,
     is_running,
     release_vram_step,
     reroute,
