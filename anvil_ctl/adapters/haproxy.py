@@ -224,8 +224,9 @@ class HaproxyRouter(RouterHttp):
         if slot is not None:
             self._set(f"set server {backend_name(tier)}/{slot.name} state maint")
 
-    def drain(self, tier: str) -> None:
-        """No new requests to the tier's backends; in-flight ones finish."""
+    def drain(self, tier: str, *, hold_s: float = 0.0) -> None:
+        """No new requests to the tier's backends; in-flight ones finish (`hold_s`: HAProxy
+        answers the tier's new requests 503 itself, it holds none)."""
         for slot in self.slots(tier):
             if slot.state == "ready":
                 self._set(f"set server {backend_name(tier)}/{slot.name} state drain")

@@ -92,6 +92,8 @@ class SmgRouter(RouterHttp):
         self._parking: ParkingResponder | None = None
         self._parked: dict[str, str] = {}
         """tier -> the parked worker this process registered for it and has not removed."""
+        self._holding: dict[str, str] = {}
+        """tier -> the key of its park that holds requests for this process's next route."""
 
     def close(self) -> None:
         """A tier still parked stays parked by smg itself (its worker draining, see above)."""
@@ -223,13 +225,14 @@ class SmgRouter(RouterHttp):
             raise AdapterError(f"{url} is registered for tier {existing.tier!r}, not {tier!r}")
         self._remove(existing)
 
-    def drain(self, tier: str) -> None:
-        """Quiesce: park the tier's alias (503 from now on), then remove every backend of the
-        tier and wait until it is gone; requests in flight go on over their connections."""
+    def drain(self, tier: str, *, hold_s: float = 0.0) -> None:
+        """Quiesce: park the tier's alias (503 from now on, or held up to `hold_s` for the serve
+        this process routes next), then remove every backend of the tier and wait until it is
+        gone; requests in flight go on over their connections."""
         workers = self._workers.of_tier(tier)
         aliases = next((w.aliases for w in workers if w.aliases), ())
         if aliases:
-            self._park(tier, aliases[0])
+            self._park(tier, aliases[0], hold_s)
         for worker in workers:
             self._remove(worker)
 
@@ -256,11 +259,15 @@ class SmgRouter(RouterHttp):
 
         return round(sum(v for labels, v in samples if failed(labels)))
 
-    def _park(self, tier: str, alias: str) -> None:
+    def _park(self, tier: str, alias: str, hold_s: float) -> None:
         """Register `alias` on a worker at the parking responder (best effort)."""
         if self._parking is None:
             self._parking = ParkingResponder()
-        url = f"{self._parking.url}/parked/{uuid.uuid4().hex}"
+        key = uuid.uuid4().hex
+        if hold_s > 0:
+            self._parking.hold(key, hold_s)
+            self._holding[tier] = key
+        url = f"{self._parking.url}/parked/{key}"
         try:
             self._post(url, (alias,), PARKED_LABEL, tier, PARK_SETTLE_S)
         except AdapterError as exc:  # refused, or not listed in time
@@ -271,8 +278,12 @@ class SmgRouter(RouterHttp):
             self._parked[tier] = parked.id
         log.info("router.smg.parked", tier=tier, alias=alias, url=url)
 
-    def _unpark(self, tier: str) -> None:
-        """Remove the tier's parked workers: a DELETE drains one, a second removes it at once."""
+    def _unpark(self, tier: str, target: str) -> None:
+        """Hand what the park holds over to `target`, then remove the tier's parked workers: a
+        DELETE drains one, a second removes it at once."""
+        key = self._holding.pop(tier, None)
+        if key is not None and self._parking is not None:
+            self._parking.hand_over(key, target)
         parked = [w for w in self._workers.listed() if w.parked == tier]
         for worker in parked:
             for _ in range(1 if worker.draining else 2):
@@ -325,7 +336,7 @@ class SmgRouter(RouterHttp):
                 existing = self._workers.at(url)
             if existing is None or not existing.healthy:
                 raise NotYetRouted(f"smg worker {url} not healthy yet")
-            self._unpark(tier)  # the serve's worker is healthy: the alias goes to it alone
+            self._unpark(tier, target)  # the serve's worker is healthy: the alias goes to it alone
             answer = routed_chat(self._http, self.url, alias, self._client)
             # A 5xx from a healthy worker: smg's circuit breaker is open; a fresh registration
             # starts with a closed one.

@@ -131,7 +131,8 @@ def load(
 ) -> Reply:
     """Load a candidate from a recipe; the incumbent is kept.
 
-    Drains the incumbent (new requests get a retryable 503; the load waits until its answers
+    Drains the incumbent (new requests get a retryable 503, or on smg with --promote wait up
+    to 3 s for the candidate's route; the load waits until its answers
     in flight finish, at most --drain-timeout, else the recipe's drain_timeout_s, else 300 s).
     At the deadline the load gives up, leaving the incumbent routed (exit 3), unless
     --on-drain-timeout cut. Then it stops (never removes) the incumbent, waits for its VRAM,

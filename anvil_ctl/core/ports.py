@@ -71,8 +71,10 @@ class Router(Protocol):
 
     def deregister(self, tier: str, url: str) -> None: ...
 
-    def drain(self, tier: str) -> None:
-        """Quiesce the tier: no new admissions (a retryable 503 until `readmit`); requests in flight go on."""
+    def drain(self, tier: str, *, hold_s: float = 0.0) -> None:
+        """Quiesce the tier: no new admissions (a retryable 503 until `readmit`); requests in flight
+        go on. `hold_s`: a router that can hold a new request until this process's next `readmit`
+        of the tier (and send it there) holds it that long at most, else answers it 503."""
 
     def in_flight(self, tier: str, url: str) -> int | None:
         """The router's own count of requests in flight to `url` (None: it has no count for it)."""

@@ -9,6 +9,7 @@ routed again); `cut` stops anyway and counts the answers cut.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -96,8 +97,20 @@ def wait_idle(world: World, slot: str, profile: str, short: str, policy: DrainPo
         world.clock.sleep(min(next(pause), max(policy.deadline_s - waited, 0.0)))
 
 
-def drain_step(readmit: Which[D], description: str = "quiesce the slot's router tier") -> Step[D]:
-    """Drain the slot's tier; the undo routes it back to `readmit(ctx)` (if any)."""
+SWAP_HOLD_S = 3.0
+"""How long a router may hold a new request for the serve this run routes next (`Router.drain`):
+a swap of a quick engine ends within it and the request is answered by the new serve; a longer
+one answers it 503 at this deadline, and every later one at once."""
+
+
+def drain_step(
+    readmit: Which[D],
+    description: str = "quiesce the slot's router tier",
+    *,
+    routes_next: Callable[[D], bool] = lambda _ctx: False,
+) -> Step[D]:
+    """Drain the slot's tier; the undo routes it back to `readmit(ctx)` (if any). `routes_next`:
+    this run routes a serve of the slot itself next, so the router may hold new requests for it."""
 
     def do(ctx: D) -> StepResult:
         serve, before = readmit(ctx), None
@@ -106,7 +119,7 @@ def drain_step(readmit: Which[D], description: str = "quiesce the slot's router 
             # parser, which would otherwise stall the stop's drain inside the clients' window.
             with contextlib.suppress(AdapterError):  # the stop's drain reads it again, and says
                 before = in_flight(ctx.world, ctx.args.slot, serve.engine_profile)
-        drained = drain_slot(ctx.world, ctx.args.slot)
+        drained = drain_slot(ctx.world, ctx.args.slot, hold_s=SWAP_HOLD_S if routes_next(ctx) else 0.0)
         if before is None:
             return drained
         return {**drained, "in_flight_before": before.count, "source": before.source}

@@ -312,13 +312,13 @@ def route_problems(world: World, ident: Identity) -> list[str]:
     return problems + [p for p in routed_chain_problems(world, ident) if "routes to" not in p]
 
 
-def drain_slot(world: World, slot: str) -> JSONObject:
+def drain_slot(world: World, slot: str, *, hold_s: float = 0.0) -> JSONObject:
     tier = world.config.slot(slot).router_tier
     router = router_of(world)
     # The router adapter enforces this deadline itself (smg's removal wait); --timeout does not cut it.
     world.progress.waiting(f"router tier {tier} to drain", world.config.router.drain_deadline_s)
-    router.drain(tier)
-    return {"tier": tier}
+    router.drain(tier, hold_s=hold_s)
+    return {"tier": tier, "hold_s": hold_s} if hold_s else {"tier": tier}
 
 
 def router_of(world: World) -> Router:

@@ -51,7 +51,7 @@ class FakeRouter:
             if t["url"] == url:
                 t.update({"url": None, "state": "maint"})
 
-    def drain(self, tier: str) -> None:
+    def drain(self, tier: str, *, hold_s: float = 0.0) -> None:
         with self.world.edit() as w:
             self._tier(w, tier)["state"] = "drain"
 

@@ -48,7 +48,11 @@ class TestLoad:
         _in_flight(fake_host, fake_host.incumbent_id, 3)
         out = _load(fake_host)
         assert out.state == TxState.COMMITTED, out.reason
-        assert out.results["drain-tier"] == {"tier": "primary-local", "in_flight_before": 3, "source": "router"}
+        assert out.results["drain-tier"] == {
+            "tier": "primary-local",
+            "in_flight_before": 3,
+            "source": "router",
+        }
 
     def test_refuses_at_the_deadline_and_leaves_the_incumbent_routed_and_serving(
         self, fake_host: FakeHost

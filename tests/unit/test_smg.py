@@ -6,9 +6,13 @@ sleeps."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import itertools
 import json
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,6 +295,22 @@ class TestSmgRouterRegistration:
         router.drain("primary-local")
         assert router.routed_chat(ALIAS) == RoutedAnswer(status=503, model=None)
         assert ("POST", "/v1/chat/completions") not in smg.calls  # smg would retry it, then say 503
+
+    def test_a_park_for_this_process_s_next_route_is_handed_over_to_the_readmitted_serve(
+        self, smg, monkeypatch
+    ):
+        handed: list[tuple[str, str]] = []
+        monkeypatch.setattr(ParkingResponder, "hand_over", lambda _self, key, url: handed.append((key, url)))
+        smg.add()
+        router = make_router(smg)
+        router.drain("primary-local", hold_s=3.0)
+        (parked,) = [w for w in smg.workers if w.labels.get(PARKED_LABEL) == "primary-local"]
+        readmit(router)
+        assert handed == [(parked.url.rsplit("/", 1)[-1], BACKEND)]
+        router.drain("primary-local")  # no hold asked: nothing is handed over at the next route
+        readmit(router)
+        assert len(handed) == 1
+        router.close()
 
     def test_readmission_removes_the_parked_worker(self, smg):
         smg.add()
@@ -594,6 +614,89 @@ class TestParkingResponder:
             assert answer.json()["error"]["type"] == "server_error"
         finally:
             responder.close()
+
+    def test_a_held_request_goes_on_to_the_serve_it_is_handed_over_to_and_streams_back(self):
+        seen: list[tuple[str, dict[str, Any]]] = []
+        with _engine(seen) as engine:
+            responder = ParkingResponder()
+            holding = threading.Event()
+            wait = responder.wait_for_target
+            responder.wait_for_target = lambda key: (holding.set(), wait(key))[1]  # type: ignore[method-assign]
+            try:
+                responder.hold("k1", 30.0)
+                got: list[httpx.Response] = []
+                body = {"model": ALIAS, "stream": True}
+                url = f"{responder.url}/parked/k1/v1/chat/completions"
+                asker = threading.Thread(target=lambda: got.append(httpx.post(url, json=body, timeout=30)))
+                asker.start()
+                assert holding.wait(10)
+                assert seen == [] and not got  # held: not answered, not sent on yet
+                responder.hand_over("k1", engine)
+                asker.join(30)
+                (answer,) = got
+                assert answer.status_code == 200
+                assert answer.text == "data: one\n\ndata: two\n\ndata: [DONE]\n\n"
+                assert seen == [("/v1/chat/completions", body)]
+            finally:
+                responder.close()
+
+    def test_a_request_held_past_the_hold_gets_the_503(self):
+        responder = ParkingResponder()
+        try:
+            responder.hold("k2", 0.3)
+            started = time.monotonic()
+            answer = httpx.post(f"{responder.url}/parked/k2/v1/chat/completions", json={}, timeout=10)
+            assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
+            assert time.monotonic() - started >= 0.3
+        finally:
+            responder.close()
+
+    def test_closing_answers_what_it_holds_503(self):
+        responder = ParkingResponder()
+        holding = threading.Event()
+        wait = responder.wait_for_target
+        responder.wait_for_target = lambda key: (holding.set(), wait(key))[1]  # type: ignore[method-assign]
+        responder.hold("k3", 60.0)
+        got: list[httpx.Response] = []
+        url = f"{responder.url}/parked/k3/v1/chat/completions"
+        asker = threading.Thread(target=lambda: got.append(httpx.post(url, json={}, timeout=30)))
+        asker.start()
+        assert holding.wait(10)
+        responder.close()
+        asker.join(30)
+        assert [a.status_code for a in got] == [503]
+
+
+@contextlib.contextmanager
+def _engine(seen: list[tuple[str, dict[str, Any]]]) -> Iterator[str]:
+    """A serve on loopback that streams three SSE events (chunk by chunk) and records requests."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            seen.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in (b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 SMG_METRICS = """\

@@ -266,7 +266,7 @@ def build(args: LoadArgs, world: World, _req: LoadRequest | None = None) -> Plan
     has_incumbent = args.incumbent is not None and args.incumbent_running
     steps: list[Step[Ctx]] = []
     if has_incumbent and world.router is not None:
-        steps.append(drain_step(_running_incumbent))
+        steps.append(drain_step(_running_incumbent, routes_next=lambda ctx: ctx.args.then is not None))
     if has_incumbent:
         steps.append(
             stop_retain_step("stop-incumbent", _running_incumbent, "stop (never remove) the incumbent")

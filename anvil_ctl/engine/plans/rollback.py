@@ -365,7 +365,7 @@ def build(
 ) -> Plan[RollbackArgs, World, NoMemo]:
     steps: list[Step[Ctx]] = []
     if world.router is not None:
-        steps.append(drain_step(_routed_current))
+        steps.append(drain_step(_routed_current, routes_next=lambda _ctx: True))
     steps += [
         stop_retain_step("stop-current", _current, "stop (retain) what serves now"),
         release_vram_step(_vram_need),
