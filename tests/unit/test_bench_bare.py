@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 
 import httpx
@@ -20,6 +19,7 @@ from anvil_ctl import acceptance
 from anvil_ctl.adapters.credentials import Secret
 from anvil_ctl.adapters.router_http import routed_chat
 from benchmarks.paired import ALIAS, TIER, Bare
+from tests.unit.loopback import loopback_server
 
 MODEL = "served-model"
 
@@ -114,11 +114,5 @@ def _engine(bodies: list[dict[str, object]]) -> Iterator[str]:
             self.end_headers()
             self.wfile.write(raw)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(Handler) as url:
+        yield url

@@ -26,6 +26,7 @@ from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, PARKED_LABEL, TIER_LAB
 from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
 from anvil_ctl.core.model import RoutedAnswer
 from anvil_ctl.core.ports import Router
+from tests.unit.loopback import loopback_server
 
 ADMIN, USER, CLIENT = "admin-key-123", "user-key-123", "client-key-123"
 BACKEND = "http://127.0.0.1:8001"
@@ -688,15 +689,8 @@ def _engine(seen: list[tuple[str, dict[str, Any]]]) -> Iterator[str]:
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_server(Handler) as url:
+        yield url
 
 
 SMG_METRICS = """\
