@@ -31,6 +31,8 @@ class CodingTask:
     """One deterministic task: its prompt, how to validate, and a reference answer."""
 
     id: str
+    marker: str
+    """The tag its prompt opens with: the stub's answer book (scripts/fixtures.py) keys on it."""
     prompt: str
     reference: str
     must_contain: tuple[str, ...] = ()
@@ -88,6 +90,7 @@ class CodingTask:
 TASKS: tuple[CodingTask, ...] = (
     CodingTask(
         id="reverse-words",
+        marker="[CODING-1]",
         prompt=(
             "[CODING-1] Write a Python function reverse_words(s: str) -> str that returns the "
             "words of s in reverse order, joined by single spaces. Answer with one Python code "
@@ -103,6 +106,7 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="json-config",
+        marker="[CODING-2]",
         prompt=(
             "[CODING-2] Write the JSON configuration object of a service named anvil that "
             "listens on port 8001 with debug disabled, with exactly the keys name, port and "
@@ -113,6 +117,7 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="move-plan",
+        marker="[CODING-3]",
         prompt=(
             "[CODING-3] Give one POSIX shell command that moves every file ending in .log from "
             "/srv/in to /srv/archive without overwriting files that already exist there and "
@@ -124,6 +129,7 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="iso-date-regex",
+        marker="[CODING-4]",
         prompt=(
             "[CODING-4] Write a Python regular expression that fully matches an ISO date "
             "YYYY-MM-DD with month 01-12 and day 01-31. Answer with the bare pattern only, in one "
@@ -135,6 +141,7 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="fix-mean",
+        marker="[CODING-5]",
         prompt=(
             "[CODING-5] This Python function is wrong: def mean(xs): return sum(xs) / len(xs) - 1 "
             "Give the corrected function mean(xs) in one Python code block only."
