@@ -216,16 +216,6 @@ def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> J
     return {"released": list(released), "reclaimed_for_incumbent": list(reclaimed)}
 
 
-def move_ownership(world: World, tx_id: str, source: Identity | None, target: Identity) -> JSONObject:
-    """Rollback's step: `source`'s roles are released and `target` claims its own."""
-    released = (
-        release_all(world, source.container_id, tx_id)
-        if source is not None and source.container_id != target.container_id
-        else []
-    )
-    return {"released": list(released), "claimed": list(_claim(world, target, tx_id))}
-
-
 # -- the VRAM-release gate ---------------------------------------------------------------------
 
 

@@ -21,10 +21,10 @@ from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_RECIPE
 from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.assertions import observed_context
 from anvil_ctl.engine.guards import CandidateIsServing
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest
-from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import identity_drift, inspect_or_none, serving_problems
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification, waiver_rows

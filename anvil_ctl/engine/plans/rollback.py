@@ -325,7 +325,7 @@ def record_restore(ctx: Ctx) -> StepResult:
     world, target, cur = ctx.world, _target(ctx), _current(ctx)
     with world.store.together():  # records only: one database transaction, one audit entry
         world.store.record_identity(ctx.tx_id, "incumbent", target)
-        gpu_ownership.move_ownership(world, ctx.tx_id, cur, target)
+        gpu_ownership.record_ownership(world, ctx.tx_id, target, cur)
     return {"incumbent": target.container_id}
 
 
@@ -334,7 +334,7 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
     if cur is not None and ctx.args.current_role == "incumbent":
         world.store.record_identity(ctx.tx_id, "incumbent", cur)
     if cur is not None:
-        gpu_ownership.move_ownership(world, ctx.tx_id, target, cur)
+        gpu_ownership.record_ownership(world, ctx.tx_id, cur, target)
     return {"incumbent": cur.container_id if cur else None}
 
 
