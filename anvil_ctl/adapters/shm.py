@@ -115,12 +115,13 @@ class ShmScanner:
             maybe |= {p: others[p] for p in held}
         holders, unreadable = self._holders(maybe)
         unreadable = tuple(sorted({*first, *unreadable}))
-        owner = self._owners(holders)
+        # pid -> the managed container it runs in (the runtime is asked only if some file is held)
+        owner = self._owner_in(dict(self.managed())) if holders and self.managed is not None else None
         files: dict[str, SeenFile] = {}
         marks: list[ShmMark] = []
         for path, st in maybe.items():
             pids = holders.get(path, ())
-            owners = {pid: owner(pid) for pid in pids}
+            owners = {pid: owner(pid) if owner else None for pid in pids}
             if any(cid is None for cid in owners.values()):
                 continue  # another program holds it: never ours, whoever else does
             ident = (path, st.st_dev, st.st_ino)
@@ -236,73 +237,58 @@ class ShmScanner:
         tokens = tuple(t for i in inodes for t in (f" {i} ".encode(), f" {i}\n".encode()))
         holders: dict[str, set[int]] = {}
         unreadable: set[int] = set()
+
+        def held_by(pid: int) -> set[str]:
+            found: set[str] = set()
+            # This runs for every process on the host: only the maps lines whose inode field is a
+            # candidate's (`lines`, one pass in C) are decoded and parsed.
+            base = f"{self.proc_root}/{pid}"
+            try:
+                with open(f"{base}/maps", "rb") as fh:
+                    raw = fh.read()
+                candidates: Iterable[bytes] = ()
+                if any(token in raw for token in tokens):  # most processes map none: memmem only
+                    candidates = (m[0] for m in lines.finditer(raw))
+                for line in candidates:
+                    hit = _mapped(line.decode("utf-8", errors="surrogateescape"), by_inode, by_path)
+                    if hit is not None:
+                        found.add(hit)
+            except (FileNotFoundError, ProcessLookupError):
+                return found  # the process exited during the scan
+            except OSError:
+                unreadable.add(pid)  # permission denied (not root) or a kernel refusal
+            try:
+                fds = os.listdir(f"{base}/fd")
+            except (FileNotFoundError, ProcessLookupError):
+                return found
+            except OSError:
+                unreadable.add(pid)
+                return found
+            for fd in fds:
+                link = f"{base}/fd/{fd}"
+                try:
+                    target = os.readlink(link).removesuffix(DELETED_SUFFIX)
+                    # Only a candidate's name is worth a stat (which follows the link into
+                    # whatever file system the descriptor is on).
+                    if os.path.basename(target) not in names:
+                        continue
+                    st = os.stat(link)
+                except OSError:
+                    continue  # fd closed between listdir and readlink/stat
+                hit = by_inode.get((st.st_dev, st.st_ino))
+                if hit is not None:
+                    found.add(hit)
+            return found
+
         if pids is None:
             try:
                 pids = [int(e) for e in os.listdir(self.proc_root) if e.isdigit()]
             except OSError:
                 return {}, ()
         for pid in pids:
-            for path in self._held_by(pid, by_inode, by_path, names, unreadable, lines=lines, tokens=tokens):
+            for path in held_by(pid):
                 holders.setdefault(path, set()).add(pid)
         return {p: tuple(sorted(s)) for p, s in holders.items()}, tuple(sorted(unreadable))
-
-    def _held_by(
-        self,
-        pid: int,
-        by_inode: dict[tuple[int, int], str],
-        by_path: dict[str, int],
-        names: set[str],
-        unreadable: set[int],
-        *,
-        lines: re.Pattern[bytes],
-        tokens: tuple[bytes, ...],
-    ) -> set[str]:
-        found: set[str] = set()
-        # This runs for every process on the host: only the maps lines whose inode field is a
-        # candidate's (`lines`, one pass in C) are decoded and parsed.
-        base = f"{self.proc_root}/{pid}"
-        try:
-            with open(f"{base}/maps", "rb") as fh:
-                raw = fh.read()
-            candidates: Iterable[bytes] = ()
-            if any(token in raw for token in tokens):  # most processes map none: memmem only
-                candidates = (m[0] for m in lines.finditer(raw))
-            for line in candidates:
-                hit = _mapped(line.decode("utf-8", errors="surrogateescape"), by_inode, by_path)
-                if hit is not None:
-                    found.add(hit)
-        except (FileNotFoundError, ProcessLookupError):
-            return found  # the process exited during the scan
-        except OSError:
-            unreadable.add(pid)  # permission denied (not root) or a kernel refusal
-        try:
-            fds = os.listdir(f"{base}/fd")
-        except (FileNotFoundError, ProcessLookupError):
-            return found
-        except OSError:
-            unreadable.add(pid)
-            return found
-        for fd in fds:
-            link = f"{base}/fd/{fd}"
-            try:
-                target = os.readlink(link).removesuffix(DELETED_SUFFIX)
-                # Only a candidate's name is worth a stat (which follows the link into
-                # whatever file system the descriptor is on).
-                if os.path.basename(target) not in names:
-                    continue
-                st = os.stat(link)
-            except OSError:
-                continue  # fd closed between listdir and readlink/stat
-            hit = by_inode.get((st.st_dev, st.st_ino))
-            if hit is not None:
-                found.add(hit)
-        return found
-
-    def _owners(self, holders: dict[str, tuple[int, ...]]) -> Callable[[int], str | None]:
-        """pid -> the managed container it runs in, or None (asks the runtime only if needed)."""
-        if not holders or self.managed is None:
-            return lambda pid: None
-        return self._owner_in(dict(self.managed()))
 
 
 def _lines_mapping(inodes: Iterable[int]) -> re.Pattern[bytes]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import httpx
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
-from anvil_ctl.adapters.engine_http import metric_samples
+from anvil_ctl.adapters.engine_http import context_for, metric_samples
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
     RouterHttp,
@@ -37,7 +37,6 @@ from anvil_ctl.adapters.smg_workers import (
     SmgWorkers,
     norm,
 )
-from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
