@@ -10,7 +10,8 @@
     residue = ours and held by no process at all
 
 Holders come from /proc/<pid>/maps and fd, matched by device and inode, and belong to a
-managed container by cgroup or by ancestry. An unreadable process makes deletion refuse.
+managed container by cgroup (`proc_cgroup_container`, which also maps NVML's PIDs to containers
+on real GPUs) or by ancestry. An unreadable process makes deletion refuse.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from anvil_ctl.adapters.procfs import proc_cgroup_container
 from anvil_ctl.config.host import ENGINE_SEGMENTS
 from anvil_ctl.core.model import LABEL_MANAGED, ResidueFile, ResidueRemoval, ShmMark
 from anvil_ctl.core.ports import ContainerRuntime, ShmLedger
@@ -36,6 +36,8 @@ DEFAULT_DIRECTORY = Path("/dev/shm")  # noqa: S108
 DELETED_SUFFIX = " (deleted)"
 MAX_ANCESTRY = 64
 """How far up the parent chain a holder is followed to a managed container's init."""
+
+_CONTAINER_ID = re.compile(r"(?:docker[-/]|/)([0-9a-f]{64})(?:\.scope)?\b")
 
 ManagedContainers = Callable[[], Mapping[str, int | None]]
 """Managed containers now: container ID -> init PID (None when it runs no process)."""
@@ -61,6 +63,16 @@ class Observation:
 
     files: dict[str, SeenFile] = field(default_factory=dict)
     unreadable_pids: tuple[int, ...] = ()
+
+
+def proc_cgroup_container(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The Docker container ID a host PID runs in, from /proc/PID/cgroup (None if none)."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    found = _CONTAINER_ID.findall(text)
+    return found[-1] if found else None
 
 
 def managed_containers(runtime: ContainerRuntime) -> ManagedContainers:
