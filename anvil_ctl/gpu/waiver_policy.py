@@ -19,7 +19,7 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.core.waiver import VRAM_RESERVE, Waiver
-from anvil_ctl.gpu.reserve import ReserveResult
+from anvil_ctl.gpu.vram import ReserveResult
 
 Outcome = Literal["verified", "policy-infeasible", "failed"]
 
