@@ -27,7 +27,7 @@ def variant(recipes: Path, name: str, extra_args: list[str], timeout_s: float = 
     """A copy of stub-393k-c1 named `name` with extra stub arguments (mounts made absolute)."""
     src = (REPO / "recipes" / "stub-393k-c1.toml").read_text()
     src = src.replace('name = "stub-393k-c1"', f'name = "{name}"')
-    src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    src = src.replace('"../anvil_', f'"{REPO}/anvil_')
     src = src.replace("startup_timeout_s = 60.0", f"startup_timeout_s = {timeout_s}")
     quoted = "".join(f' "{a}",' for a in extra_args)
     src = src.replace('  "--vram-loaded-mib", "95786",\n]', f'  "--vram-loaded-mib", "95786",{quoted}\n]')
