@@ -129,8 +129,7 @@ if backend == "real":  # the real acceptance, warmed before (and without) any wo
     app.__dict__["_acceptance"] = RealAcceptance("http://127.0.0.1:9", Secret("c", "test"))
 app.warm_acceptance()
 acceptance = app.real_acceptance() if backend == "real" else app.world().acceptance
-worker = getattr(acceptance, "_worker", None)
-pid = worker._pid if worker is not None else None
+pid = getattr(acceptance, "_pid", None)
 app.close()
 import os
 try:
