@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from anvil_ctl.acceptance_worker import RealAcceptance
     from anvil_ctl.adapters.credentials import RouterCredentials
     from anvil_ctl.engine.faults import Faults
-    from anvil_ctl.engine.world import RouteSample, VramRelease, World
+    from anvil_ctl.engine.world import RouteSample, World
     from anvil_ctl.persistence.db import Engine
     from anvil_ctl.persistence.store import Store
     from anvil_ctl.qualify.slosample import Sample
@@ -205,28 +205,24 @@ class App:
 
 
 def _finish(app: App, world: World) -> World:
-    """What both backends share: progress, the model cache and the VRAM-release gate."""
+    """What both backends share: progress, the model cache and the VRAM-release gate (its
+    module loaded on first use: most commands never wait for VRAM)."""
     world.progress = app.progress
+    policy = app.config.policy
     if app.config.model_cache_dir is not None:
         from anvil_ctl.adapters.hfcache import HfCache
 
         world.model_cache = HfCache(app.config.model_cache_dir)
     if world.gpus is not None and app.config.gpu_roles:
-        world.vram_release = _vram_release(app, world)
+
+        def gate(need: VramNeed) -> JSONObject:
+            from anvil_ctl.engine.gpu_ownership import vram_release_gate
+
+            poll_s = min(1.0, policy.health_poll_s)
+            return vram_release_gate(world, deadline_s=policy.vram_release_deadline_s, poll_s=poll_s)(need)
+
+        world.vram_release = gate
     return world
-
-
-def _vram_release(app: App, world: World) -> VramRelease:
-    """The VRAM-release gate, its module loaded on first use: most commands never wait for VRAM."""
-    policy = app.config.policy
-
-    def gate(need: VramNeed) -> JSONObject:
-        from anvil_ctl.engine.gpu_ownership import vram_release_gate
-
-        poll_s = min(1.0, policy.health_poll_s)
-        return vram_release_gate(world, deadline_s=policy.vram_release_deadline_s, poll_s=poll_s)(need)
-
-    return gate
 
 
 def _fake_world(app: App) -> World:
