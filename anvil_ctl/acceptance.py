@@ -13,7 +13,6 @@ from collections.abc import Callable
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionToolParam
 
-from anvil_ctl.acceptance_worker import AcceptanceResult
 from anvil_ctl.adapters.credentials import Secret
 from anvil_ctl.core.errors import AuthRejected
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
@@ -148,8 +147,9 @@ def run_acceptance(
     client_token: Secret,
     *,
     client: openai.OpenAI | None = None,
-) -> AcceptanceResult:
-    """Run the three real-client checks through `client` (closed here); AuthRejected on 401/403."""
+) -> JSONObject:
+    """Run the three real-client checks through `client` (closed here): router_url, alias,
+    expected_model, credential_source, checks and whether all `passed`. AuthRejected on 401/403."""
     client = client or open_client(router_url, client_token)
     results: list[JSONObject] = []
     try:
@@ -172,18 +172,18 @@ def run_acceptance(
                 results.append(_check(name, False, {"error": f"{type(exc).__name__}: {exc.message}"}))
     finally:
         client.close()
-    passed = bool(results) and all(c["passed"] is True for c in results)
-    result = AcceptanceResult(
-        {
-            "router_url": router_url,
-            "alias": alias,
-            "expected_model": expected_model,
-            "credential_source": client_token.source,
-            "checks": [*results],
-            "passed": passed,
-        }
-    )
+    result: JSONObject = {
+        "router_url": router_url,
+        "alias": alias,
+        "expected_model": expected_model,
+        "credential_source": client_token.source,
+        "checks": [*results],
+        "passed": bool(results) and all(c["passed"] is True for c in results),
+    }
     log.info(
-        "acceptance.done", alias=alias, passed=passed, checks={str(c["name"]): c["passed"] for c in results}
+        "acceptance.done",
+        alias=alias,
+        passed=result["passed"],
+        checks={str(c["name"]): c["passed"] for c in results},
     )
     return result

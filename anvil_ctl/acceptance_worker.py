@@ -39,7 +39,7 @@ def _child(requests: int, answers: int, router_url: str, token: Secret) -> None:
                 result = run_acceptance(
                     router_url, str(ask["alias"]), str(ask["model"]), token, client=client
                 )
-                answer = {"result": result.as_dict()}
+                answer = {"result": result}
             except AuthRejected as exc:
                 answer = {"auth_rejected": str(exc), "data": json.loads(json.dumps(exc.data, default=str))}
             except Exception as exc:  # the parent raises it as the step's failure
@@ -53,9 +53,8 @@ def _child(requests: int, answers: int, router_url: str, token: Secret) -> None:
 
 @dataclass(frozen=True)
 class AcceptanceResult:
-    """What `run_acceptance` found as its dict (router_url, alias, expected_model,
-    credential_source, checks, passed): the worker answers the same dict, so this process never
-    imports `openai` to hold it."""
+    """What `run_acceptance` found, as the dict it returns (in this process or the worker's
+    answer), read here without importing `openai`."""
 
     result: JSONObject
 
@@ -96,7 +95,7 @@ class RealAcceptance:
         if self._pid is None:
             from anvil_ctl.acceptance import run_acceptance  # openai: only here
 
-            return run_acceptance(self.router_url, alias, model, self.token)
+            return AcceptanceResult(run_acceptance(self.router_url, alias, model, self.token))
         with contextlib.suppress(OSError):  # the child died: its answer is empty, reported below
             os.write(self._requests, json.dumps({"alias": alias, "model": model}).encode() + b"\n")
         with os.fdopen(self._answers, "rb", closefd=False) as ans:

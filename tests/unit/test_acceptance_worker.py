@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from anvil_ctl.acceptance import run_acceptance
-from anvil_ctl.acceptance_worker import RealAcceptance
+from anvil_ctl.acceptance_worker import AcceptanceResult, RealAcceptance
 from anvil_ctl.adapters.credentials import Secret
 from tests.unit import test_stub_server
 from tests.unit.test_stub_server import StubFactory, free_port
@@ -55,7 +55,7 @@ class TestAcceptanceWorker:
         pid = worker._pid
         assert pid
         forked = worker(MODEL, MODEL)
-        here = run_acceptance(s.url, MODEL, MODEL, TOKEN)
+        here = AcceptanceResult(run_acceptance(s.url, MODEL, MODEL, TOKEN))
         assert forked.passed and here.passed, forked.as_dict()
         assert forked.failed_checks() == here.failed_checks() == []
         assert _without_latency(forked.as_dict()) == _without_latency(here.as_dict())
@@ -65,14 +65,14 @@ class TestAcceptanceWorker:
     def test_a_wrong_model_fails_the_checks_in_the_worker_as_in_this_process(self, stub: StubFactory) -> None:
         s = stub("--served-model", MODEL)
         forked = _warmed(s.url)("stub-accept", "another-model")
-        here = run_acceptance(s.url, "stub-accept", "another-model", TOKEN)
+        here = AcceptanceResult(run_acceptance(s.url, "stub-accept", "another-model", TOKEN))
         assert not forked.passed and not here.passed
         assert forked.failed_checks() == here.failed_checks() != []
 
     def test_a_router_that_does_not_answer_fails_every_check(self) -> None:
         url = f"http://127.0.0.1:{free_port()}"
         forked = _warmed(url)(MODEL, MODEL)
-        here = run_acceptance(url, MODEL, MODEL, TOKEN)
+        here = AcceptanceResult(run_acceptance(url, MODEL, MODEL, TOKEN))
         assert not forked.passed
         assert forked.failed_checks() == here.failed_checks() == ["plain", "stream", "tool"]
         assert _without_latency(forked.as_dict()) == _without_latency(here.as_dict())
@@ -96,7 +96,7 @@ class TestAcceptanceWorker:
 
 PARENT = """
 import json, sys
-from anvil_ctl.acceptance_worker import RealAcceptance
+from anvil_ctl.acceptance_worker import AcceptanceResult, RealAcceptance
 from anvil_ctl.adapters.credentials import Secret
 w = RealAcceptance(sys.argv[1], Secret("k", "test"))
 w.warm()
