@@ -1,8 +1,4 @@
-"""GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate.
-
-`release_ownership` works from its own transaction's ledger events, so it is safe after a
-crash and when run twice.
-"""
+"""GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate."""
 
 from __future__ import annotations
 
@@ -189,8 +185,8 @@ def record_ownership(world: World, tx_id: str, identity: Identity, replaced: Ide
 
 
 def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> JSONObject:
-    """Undo `record_ownership`: release what this transaction claimed for others than the
-    incumbent, and re-claim for the incumbent the roles this transaction released of it."""
+    """Undo `record_ownership` from this transaction's ledger events (safe after a crash, and twice):
+    release what it claimed for others than the incumbent, re-claim what it released of it."""
     inc_id = incumbent.container_id if incumbent else None
     events = gpu_ledger.transaction_events(world.store, tx_id)
     released: list[str] = []

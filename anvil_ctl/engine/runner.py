@@ -1,12 +1,10 @@
 """Runs a Plan as a transaction: guards, then journaled steps, then compensation on failure.
 
-Journal, then act, then record: each step's intent commits before its `do` runs; its result
-is held and commits with the next write, so a crash between the two leaves an intent without
-a result, which `recover` finds. On a failure the undos run in reverse, the failed step's own
-first; the first undo that fails stops compensation (going on could start a serve on GPUs a
-failed undo left occupied). Never dark (`engine.availability`): a slot that served at the
-start serves again before any end state but `committed`. The end state is held for the
-entry (`anvil_ctl.engine.entry`), which commits it with the host lock's release.
+Each step's intent commits before its `do` runs; its result commits with the next write, so a
+crash between leaves an intent without a result for `recover`. The undos run in reverse, the
+failed step's own first; the first undo that fails stops compensation (going on could start a
+serve on GPUs it left occupied). A slot that served at the start serves again before any end
+state but `committed` (`engine.availability`). The end state is held for `engine.entry`.
 """
 
 from __future__ import annotations

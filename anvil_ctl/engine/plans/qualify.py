@@ -1,8 +1,5 @@
-"""`qualify`: run a profile's gates against the slot's candidate and record a decision.
-
-A non-mutating transaction: `run-gates` writes the evidence, `record-decision` re-checks the
-candidate and records the decision bound to its `qualification_digest`.
-"""
+"""`qualify`: run a profile's gates against the slot's candidate and record a decision bound to
+its `qualification_digest`. A non-mutating transaction."""
 
 from __future__ import annotations
 

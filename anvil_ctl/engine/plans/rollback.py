@@ -1,10 +1,8 @@
 """`rollback` / `restore`: bring a recorded identity back exactly, as the same container ID.
 
-Pivot: `start-target`; once the target runs healthy with its exact identity, a crash is
-finished forward. The goal is that the tier routes to the target. Then the placement is
-compared with the one recorded when the target last served, on identity-critical fields only
-(`critical_placement`); a critical difference while the slot serves ends `needs_operator`
-with the slot left serving.
+Pivot: `start-target`; the goal is that the tier routes to the target. The placement must then
+equal the one recorded when the target last served, on identity-critical fields only; a
+difference while the slot serves ends `needs_operator`, the slot left serving.
 """
 
 from __future__ import annotations
