@@ -153,7 +153,7 @@ class App:
     def gpu_probe(self) -> GpuProbe:
         """The GPU probe the settings choose, without a world: NVML needs no host config."""
         if self.settings.backend == "fake":
-            from anvil_ctl.testing.host import FakeGpus
+            from anvil_ctl.testing.runtime import FakeGpus
             from anvil_ctl.testing.world import FakeWorld
 
             return FakeGpus(FakeWorld(self.settings.fake_world_path))
@@ -248,9 +248,8 @@ def _vram_release(app: App, world: World) -> VramRelease:
 
 def _fake_world(app: App) -> World:
     from anvil_ctl.engine.world import World
-    from anvil_ctl.testing.host import FakeGpus, FakeSharedMemory
     from anvil_ctl.testing.router import FakeRouter, fake_acceptance, fake_route_sample
-    from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
+    from anvil_ctl.testing.runtime import FakeGpus, FakeRuntime, FakeServerProbe, FakeSharedMemory
     from anvil_ctl.testing.world import FakeWorld
 
     fw = FakeWorld(app.settings.fake_world_path)
