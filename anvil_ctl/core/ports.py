@@ -275,38 +275,31 @@ class Journal(Protocol):
         """Transactions whose latest state is planned, running, compensating or interrupted."""
 
 
-class Progress(Protocol):
+class Progress:
     """What a person watching a transaction is told; every method returns at once (never blocks)."""
 
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
         """A transaction of `steps` steps began running (its guards passed)."""
-        return None
 
     def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
         """A step began: phase `do`, `undo` (compensation) or `check` (the guards, seq -1)."""
-        return None
 
     def step_finished(
         self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
     ) -> None:
         """The step that began last ended, after `elapsed_s`; `error` says why when not `ok`."""
-        return None
 
     def waiting(self, what: str, deadline_s: float) -> None:
         """The running step waits for `what` at most `deadline_s` seconds."""
-        return None
 
     def activity(self, text: str) -> None:
         """What the running step does now, in a few words (replaced by the next one)."""
-        return None
 
     def note(self, text: str) -> None:
         """A line worth keeping (a gate's verdict, a route re-applied)."""
-        return None
 
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
         """The transaction reached its end state."""
-        return None
 
 
 class SilentProgress(Progress):

@@ -222,4 +222,3 @@ class FakeSharedMemory:
             )
             w["residue"] = [r for r in w["residue"] if not r.get("ours", True) or r.get("pids")]
         return ResidueRemoval(removed=removed, kept=kept)
-
