@@ -6,7 +6,6 @@ Every implementation translates its library's exceptions into `anvil_ctl.core.er
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -26,7 +25,6 @@ from anvil_ctl.core.model import (
     RoutedAnswer,
     ShmMark,
 )
-from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import TxState
 
 
@@ -226,53 +224,6 @@ class StepEvent:
     event: str
     detail: JSONObject
     at: str
-
-
-class Journal(Protocol):
-    """The append-only record of transactions (implemented by anvil_ctl.persistence)."""
-
-    def begin(
-        self,
-        *,
-        kind: str,
-        slot: str | None,
-        args: JSONObject,
-        owner: Owner,
-        tx_id: str,
-    ) -> str:
-        """Write a new transaction `tx_id` in state `planned`; return its ID."""
-
-    def transition(
-        self, tx_id: str, target: TxState, reason: str = "", data: Mapping[str, object] | None = None
-    ) -> None:
-        """Append a state row after checking the move against the transition table."""
-
-    def record(self, tx_id: str) -> TxRecord: ...
-
-    def step_event(
-        self,
-        tx_id: str,
-        *,
-        seq: int,
-        step: str,
-        phase: str,
-        event: str,
-        detail: Mapping[str, object] | None = None,
-    ) -> None: ...
-
-    def step_events(self, tx_id: str) -> list[StepEvent]: ...
-
-    def together(self) -> AbstractContextManager[None]:
-        """The writes inside commit as one (one database transaction, one audit entry)."""
-
-    def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int: ...
-
-    def record_diff(
-        self, tx_id: str, label: str, before: Snapshot, after: Snapshot, changes: list[Change]
-    ) -> None: ...
-
-    def unfinished(self) -> list[TxRecord]:
-        """Transactions whose latest state is planned, running, compensating or interrupted."""
 
 
 class Progress:
