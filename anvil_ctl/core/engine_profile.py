@@ -57,19 +57,6 @@ PYTHON_DEPRECATION = NoticePattern(
     "a Triton/Torch/library deprecation: it announces a future change and changes nothing now",
 )
 
-ContextSource = Literal["models", "refusal", "none"]
-"""Where the serving context length shows: /v1/models, the 400 to an over-long prompt, or nowhere."""
-
-ResponseModel = Literal["served", "request"]
-"""What a chat response's `model` carries: the served name, or whatever the request named."""
-
-PromptTokens = Literal["stream-usage", "plain-usage", "tokenize"]
-"""How a streamed request's prompt tokens are counted: the final usage chunk; the usage of
-the same request re-sent unstreamed with max_tokens 1; or the tokenizer endpoint (an undercount)."""
-
-CompletionTokens = Literal["stream-usage", "stream-chunks"]
-"""How a streamed request's completion tokens are counted: the final usage chunk, or one per chunk."""
-
 
 @dataclass(frozen=True)
 class Tokenizer:
@@ -112,12 +99,17 @@ class EngineProfile:
     # The defaults are the OpenAI-compatible assumptions (`OPENAI_COMPATIBLE`).
     health_path: str | None = "/health"
     """A route answering 200 when healthy; None: readiness is /v1/models listing the served name."""
-    context_source: ContextSource = "models"
-    response_model: ResponseModel = "served"
+    context_source: Literal["models", "refusal", "none"] = "models"
+    """Where the serving context length shows: /v1/models, the 400 to an over-long prompt, or nowhere."""
+    response_model: Literal["served", "request"] = "served"
+    """What a chat response's `model` carries: the served name, or whatever the request named."""
     streamed_usage: bool = True
     """True: `stream_options.include_usage` yields a final usage chunk."""
-    prompt_tokens: PromptTokens = "stream-usage"
-    completion_tokens: CompletionTokens = "stream-usage"
+    prompt_tokens: Literal["stream-usage", "plain-usage", "tokenize"] = "stream-usage"
+    """How a streamed request's prompt tokens are counted: the final usage chunk; the usage of
+    the same request re-sent unstreamed with max_tokens 1; or the tokenizer endpoint (an undercount)."""
+    completion_tokens: Literal["stream-usage", "stream-chunks"] = "stream-usage"
+    """How a streamed request's completion tokens are counted: the final usage chunk, or one per chunk."""
     context_refusal: str | None = None
     """With context_source `refusal`: a regex whose group `limit` is the context in the 400 answer."""
     tokenizer: Tokenizer | None = None

@@ -28,7 +28,6 @@ from anvil_ctl.core.model import (
 from anvil_ctl.core.states import TxState
 
 
-@runtime_checkable
 class ContainerRuntime(Protocol):
     """Create, start, stop, inspect and remove containers by exact ID."""
 
@@ -112,9 +111,7 @@ class Router(Protocol):
 @runtime_checkable
 class WeightedRouter(Protocol):
     """A router that can split one tier's new requests between backends by weight (HAProxy's
-    server weights). smg 1.13 cannot: its selection policies (random, round_robin,
-    power_of_two, cache_aware, least_load, manual, consistent_hashing, prefix_hash) choose
-    among healthy workers without a per-worker weight, so a canary there is refused."""
+    server weights); smg's selection policies have no per-worker weight: a canary there is refused."""
 
     def set_weights(self, tier: str, weights: Mapping[str, int]) -> None:
         """Backend URL -> weight 0-100 for new requests of `tier`; each URL must already be
@@ -130,7 +127,6 @@ class GpuProbe(Protocol):
     def driver_version(self) -> str: ...
 
 
-@runtime_checkable
 class ServerProbe(Protocol):
     """The engine's OpenAI-compatible endpoint, for health and served identity."""
 
@@ -178,7 +174,6 @@ class CacheVerdict(Protocol):
     def problems(self) -> tuple[str, ...]: ...
 
 
-@runtime_checkable
 class ModelCache(Protocol):
     """The on-disk model cache (Hugging Face layout) that engines load from."""
 
