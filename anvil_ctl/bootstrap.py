@@ -297,7 +297,7 @@ def _real_world(app: App) -> World:
         world.gpus = SimulatedGpuProbe(app.config.gpu_roles, current)
     else:
         from anvil_ctl.adapters.nvml import NvmlProbe
-        from anvil_ctl.adapters.procfs import proc_cgroup_container
+        from anvil_ctl.adapters.shm import proc_cgroup_container
 
         world.gpus = NvmlProbe()
         # NVML reports engine worker PIDs; /proc tells which container each runs in.
