@@ -127,7 +127,7 @@ def verify_evidence(app: App, directory: Path, *, expect_manifest: str | None = 
             )
         references.append(ManifestReference("--expect-manifest", (expect_manifest,)))
     try:
-        tx_id = str(read_manifest(directory).get("tx_id") or "")
+        tx_id = str(read_manifest(directory)[0].get("tx_id") or "")
     except BadInput:
         tx_id = ""  # verify_bundle names what is wrong with the manifest
     if tx_id:

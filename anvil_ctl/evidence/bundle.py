@@ -18,7 +18,7 @@ from pathlib import Path
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.config.inputs import read_input_file
 from anvil_ctl.core.errors import BadInput, EvidenceMismatch, StepFailed
-from anvil_ctl.core.jsontypes import JSONObject, JSONValue, fields, get_int, get_str
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue, fields
 from anvil_ctl.core.validate import unsafe_char, utc_stamp
 
 MANIFEST = "manifest.json"
@@ -88,20 +88,27 @@ class EvidenceWriter:
 
     def write_manifest(self, **extra: object) -> Artifact:
         """Write manifest.json over every artifact written; returns the manifest's own hash."""
-        manifest = {
-            "manifest_version": MANIFEST_VERSION,
-            "tx_id": self.tx_id,
-            "created_at": utc_stamp(datetime.now(UTC)),
-            "artifacts": [a.as_dict() for a in sorted(self.artifacts, key=lambda a: a.path)],
-            **extra,
-        }
-        payload = to_json(manifest)
-        atomic_write(self.tx_dir / MANIFEST, payload)
-        return Artifact.of(MANIFEST, payload)
+        return write_manifest(self.tx_dir, self.tx_id, self.artifacts, **extra)
 
 
-def read_manifest(directory: Path) -> JSONObject:
-    """The manifest of an evidence directory, checked entry by entry (see `check_manifest`)."""
+def write_manifest(directory: Path, tx_id: str, artifacts: Sequence[Artifact], **extra: object) -> Artifact:
+    """Write `directory`/manifest.json listing `artifacts` (by path); returns its own hash."""
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "tx_id": tx_id,
+        "created_at": utc_stamp(datetime.now(UTC)),
+        "artifacts": [asdict(a) for a in sorted(artifacts, key=lambda a: a.path)],
+        **extra,
+    }
+    payload = to_json(manifest)
+    atomic_write(directory / MANIFEST, payload)
+    return Artifact.of(MANIFEST, payload)
+
+
+def read_manifest(directory: Path) -> tuple[JSONObject, list[Artifact]]:
+    """The manifest of an evidence directory and its entries, each checked: an object whose
+    `artifacts` list holds one object per file, each a distinct relative `path`, a 64-hex `sha256`
+    and a `size` >= 0; BadInput otherwise."""
     if not directory.is_dir():
         raise BadInput(f"{directory}: not a directory; expected an evidence directory", path=str(directory))
     path = directory / MANIFEST
@@ -114,17 +121,11 @@ def read_manifest(directory: Path) -> JSONObject:
         raise BadInput(f"{path}: not JSON: {exc}", path=str(directory)) from None
     except RecursionError:
         raise BadInput(f"{path}: nested too deeply; expected a manifest", path=str(directory)) from None
-    return check_manifest(data, path)
-
-
-def check_manifest(data: object, path: Path) -> JSONObject:
-    """`data` if it is a manifest: an object whose `artifacts` list holds one object per file,
-    each a distinct relative `path`, a 64-hex `sha256` and a `size` >= 0; BadInput otherwise."""
     if not isinstance(data, dict) or not isinstance(data.get("artifacts"), list):
         raise BadInput(f"{path}: expected an object with an 'artifacts' list", path=str(path))
+    artifacts: list[Artifact] = []
     seen: set[str] = set()
-    artifacts: list[object] = data["artifacts"]
-    for i, entry in enumerate(artifacts):
+    for i, entry in enumerate(data["artifacts"]):
         where = f"{path}: artifacts[{i}]"
         if not isinstance(entry, dict):
             raise BadInput(f"{where}: expected an object with path, sha256 and size", path=str(path))
@@ -138,13 +139,8 @@ def check_manifest(data: object, path: Path) -> JSONObject:
             raise BadInput(f"{where}.sha256: expected 64 lowercase hex digits", path=str(path))
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_ARTIFACT_BYTES:
             raise BadInput(f"{where}.size: expected a number of bytes >= 0", path=str(path))
-    return data
-
-
-def listed_entries(manifest: JSONObject) -> list[JSONObject]:
-    """The `artifacts` entries of a manifest `check_manifest` accepted: one object each."""
-    entries = manifest["artifacts"]
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+        artifacts.append(Artifact(rel, digest, size))
+    return data, artifacts
 
 
 # -- verifying ---------------------------------------------------------------------------------
@@ -200,37 +196,14 @@ class VerifyResult:
         return not self.mismatches
 
     def as_dict(self) -> JSONObject:
-        return {
-            "directory": self.directory,
-            "ok": self.ok,
-            "checked": self.checked,
-            "manifest_sha256": self.manifest_sha256,
-            "bound": self.bound,
-            "bindings": [asdict(b) for b in self.bindings] if self.bindings is not None else None,
-            "mismatches": [asdict(m) for m in self.mismatches],
-        }
-
-
-def _bind(sha: str, references: Sequence[ManifestReference]) -> tuple[tuple[Binding, ...], list[Mismatch]]:
-    bindings = tuple(
-        Binding(r.source, r.sha256s, (sha in r.sha256s) if r.sha256s else None, r.note) for r in references
-    )
-    problems = [
-        Mismatch(MANIFEST, "manifest_sha256", f"{b.against}: {', '.join(b.expected)}", sha)
-        for b in bindings
-        if b.matched is False
-    ]
-    if not any(b.matched for b in bindings) and not problems:
-        tried = "; ".join(f"{b.against}: {b.note or 'no record'}" for b in bindings) or "no reference"
-        problems.append(Mismatch(MANIFEST, "unbound", f"a recorded manifest SHA-256 ({tried})", sha))
-    return bindings, problems
+        return {**asdict(self), "ok": self.ok, "bound": self.bound}
 
 
 def verify_bundle(directory: Path, references: Sequence[ManifestReference] | None = None) -> VerifyResult:
     """Re-hash every artifact the manifest names; list missing, changed and unlisted files. With
     `references`, a manifest none of them recorded is `unbound`, one that differs `manifest_sha256`."""
     try:
-        manifest = read_manifest(directory)
+        _, artifacts = read_manifest(directory)
     except BadInput as exc:
         return VerifyResult(
             str(directory),
@@ -241,9 +214,8 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
     root = directory.resolve()
     mismatches: list[Mismatch] = []
     listed: set[str] = set()
-    for entry in listed_entries(manifest):
-        rel = str(entry.get("path", ""))
-        sha256, size = get_str(entry, "sha256"), get_int(entry, "size")
+    for a in artifacts:
+        rel = a.path
         listed.add(rel)
         try:
             target = (root / rel).resolve()
@@ -254,18 +226,18 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
             mismatches.append(Mismatch(rel, "unsafe_path"))
             continue
         if not target.is_file():
-            mismatches.append(Mismatch(rel, "missing", sha256))
+            mismatches.append(Mismatch(rel, "missing", a.sha256))
             continue
         try:
             data = target.read_bytes()
         except OSError as exc:
             mismatches.append(Mismatch(rel, "unreadable", None, exc.strerror))
             continue
-        if len(data) != size:
-            mismatches.append(Mismatch(rel, "size", size, len(data)))
+        if len(data) != a.size:
+            mismatches.append(Mismatch(rel, "size", a.size, len(data)))
         digest = hashlib.sha256(data).hexdigest()
-        if digest != sha256:
-            mismatches.append(Mismatch(rel, "sha256", sha256, digest))
+        if digest != a.sha256:
+            mismatches.append(Mismatch(rel, "sha256", a.sha256, digest))
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
         if path.is_file() and rel != MANIFEST and rel not in listed:
@@ -273,8 +245,17 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
     sha = hashlib.sha256((directory / MANIFEST).read_bytes()).hexdigest()
     bindings = None
     if references is not None:
-        bindings, problems = _bind(sha, references)
-        mismatches.extend(problems)
+        bindings = tuple(
+            Binding(r.source, r.sha256s, sha in r.sha256s if r.sha256s else None, r.note) for r in references
+        )
+        mismatches.extend(
+            Mismatch(MANIFEST, "manifest_sha256", f"{b.against}: {', '.join(b.expected)}", sha)
+            for b in bindings
+            if b.matched is False
+        )
+        if all(b.matched is None for b in bindings):
+            tried = "; ".join(f"{b.against}: {b.note or 'no record'}" for b in bindings) or "no reference"
+            mismatches.append(Mismatch(MANIFEST, "unbound", f"a recorded manifest SHA-256 ({tried})", sha))
     return VerifyResult(str(directory), len(listed), tuple(mismatches), sha, bindings)
 
 
@@ -301,11 +282,11 @@ class Bundle:
                 "nothing is reported from it",
                 mismatches=[m.path for m in checked.mismatches],
             )
-        manifest = read_manifest(directory)
+        manifest, artifacts = read_manifest(directory)
         files: dict[str, JSONValue] = {
-            str(a["path"]): json.loads((directory / str(a["path"])).read_text())
-            for a in listed_entries(manifest)
-            if str(a["path"]).endswith(".json")
+            a.path: json.loads((directory / a.path).read_text())
+            for a in artifacts
+            if a.path.endswith(".json")
         }
         tx = tx_id or str(manifest.get("tx_id", directory.name))
         return cls(tx, directory, checked.manifest_sha256 or "", files)

@@ -11,22 +11,16 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.evidence.bundle import (
-    MANIFEST,
-    MANIFEST_VERSION,
     Artifact,
     ManifestReference,
-    listed_entries,
     read_manifest,
-    to_json,
     verify_bundle,
+    write_manifest,
 )
 
 GPU_UUID_RE = re.compile(r"\b(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
@@ -38,7 +32,6 @@ class Redaction:
 
     secrets: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()
-    gpu_uuids: bool = True
 
 
 @dataclass
@@ -58,9 +51,7 @@ class _Redactor:
         ):
             self.counts["paths"] += text.count(path)
             text = text.replace(path, "<host-path>")
-        if self.redaction.gpu_uuids:
-            text = GPU_UUID_RE.sub(self._gpu, text)
-        return text
+        return GPU_UUID_RE.sub(self._gpu, text)
 
     def _gpu(self, match: re.Match[str]) -> str:
         uuid = match.group(0).lower()
@@ -78,9 +69,6 @@ class ExportResult:
     redactions: dict[str, int]
     source_manifest_sha256: str = ""
     recorded: bool = False  # the export's manifest SHA-256 is in the state database
-
-    def as_dict(self) -> JSONObject:
-        return {**asdict(self), "artifacts": [a.as_dict() for a in self.artifacts]}
 
 
 def export_bundle(
@@ -104,31 +92,27 @@ def export_bundle(
     resolved = tx_dir.resolve()
     auto = [str(p) for p in (resolved, resolved.parent, resolved.parent.parent) if str(p) != "/"]
     redactor = _Redactor(replace(redaction, paths=(*redaction.paths, *auto)))
-    manifest = read_manifest(tx_dir)
+    manifest, listed = read_manifest(tx_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     artifacts = []
-    for entry in sorted(listed_entries(manifest), key=lambda e: str(e["path"])):
-        rel = str(entry["path"])
+    for rel in sorted(a.path for a in listed):
         text = (tx_dir / rel).read_bytes().decode("utf-8", errors="replace")
         payload = redactor.apply(text).encode()
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, payload)
         artifacts.append(Artifact.of(rel, payload))
-    bundle_manifest = {
-        "manifest_version": MANIFEST_VERSION,
-        "kind": "export",
-        "tx_id": redactor.apply(str(manifest.get("tx_id", ""))),
-        "created_at": utc_stamp(datetime.now(UTC)),
-        "source_manifest_sha256": source.manifest_sha256,
-        "redactions": dict(redactor.counts),
-        "artifacts": [a.as_dict() for a in artifacts],
-    }
-    payload = to_json(bundle_manifest)
-    atomic_write(out_dir / MANIFEST, payload)
+    manifest_artifact = write_manifest(
+        out_dir,
+        redactor.apply(str(manifest.get("tx_id", ""))),
+        artifacts,
+        kind="export",
+        source_manifest_sha256=source.manifest_sha256,
+        redactions=dict(redactor.counts),
+    )
     return ExportResult(
         out_dir=str(out_dir),
-        manifest=Artifact.of(MANIFEST, payload),
+        manifest=manifest_artifact,
         artifacts=tuple(artifacts),
         redactions=dict(redactor.counts),
         source_manifest_sha256=source.manifest_sha256 or "",
