@@ -240,9 +240,6 @@ class ClaimResult:
     problems: list[str] = field(default_factory=list)
     recounted: list[JSONObject] = field(default_factory=list)
 
-    def as_dict(self) -> JSONObject:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class ClaimsCheck:
@@ -263,7 +260,7 @@ class ClaimsCheck:
             "evidence": self.evidence,
             "ok": self.ok,
             "bundle": self.bundle.as_dict(),
-            "claims": [r.as_dict() for r in self.results],
+            "claims": [asdict(r) for r in self.results],
         }
 
 
