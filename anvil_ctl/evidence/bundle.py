@@ -1,5 +1,6 @@
 """Evidence on disk: a transaction's JSON artifacts, each written once, and the manifest listing
-them; verifying a directory against its manifest; a verified bundle as read.
+them; verifying a directory against its manifest; a redacted, shareable export of a verified
+directory; a verified bundle as read.
 
 A manifest only vouches for the files it lists; what binds a directory to the record is the
 manifest's own SHA-256, recorded in the state database (`verify_bundle`'s `references`).
@@ -11,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -259,6 +260,106 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
     return VerifyResult(str(directory), len(listed), tuple(mismatches), sha, bindings)
 
 
+# -- a redacted export ------------------------------------------------------------------------
+
+
+GPU_UUID_RE = re.compile(r"\b(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """What an export hides: GPU UUIDs (consistently renamed), host paths, secrets."""
+
+    secrets: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+
+@dataclass
+class _Redactor:
+    redaction: Redaction
+    gpu_names: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {"gpu_uuids": 0, "paths": 0, "secrets": 0})
+
+    def apply(self, text: str) -> str:
+        for secret in sorted({s for s in self.redaction.secrets if s}, key=len, reverse=True):
+            # Secrets may appear raw or JSON-escaped inside an artifact.
+            for form in {secret, json.dumps(secret)[1:-1]}:
+                self.counts["secrets"] += text.count(form)
+                text = text.replace(form, "<redacted-secret>")
+        for path in sorted(
+            {p.rstrip("/") for p in self.redaction.paths if p.strip("/")}, key=len, reverse=True
+        ):
+            self.counts["paths"] += text.count(path)
+            text = text.replace(path, "<host-path>")
+        return GPU_UUID_RE.sub(self._gpu, text)
+
+    def _gpu(self, match: re.Match[str]) -> str:
+        uuid = match.group(0).lower()
+        self.counts["gpu_uuids"] += 1
+        if uuid not in self.gpu_names:
+            self.gpu_names[uuid] = f"GPU-REDACTED-{len(self.gpu_names) + 1}"
+        return self.gpu_names[uuid]
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: str
+    manifest: Artifact
+    artifacts: tuple[Artifact, ...]
+    redactions: dict[str, int]
+    source_manifest_sha256: str = ""
+    recorded: bool = False  # the export's manifest SHA-256 is in the state database
+
+
+def export_bundle(
+    tx_dir: Path,
+    out_dir: Path,
+    *,
+    redact: Redaction | None = None,
+    references: Sequence[ManifestReference] | None = None,
+) -> ExportResult:
+    """Copy a verified transaction's artifacts to `out_dir`, redacted, with a manifest of its own
+    that names the source manifest's SHA-256. The source must verify (against `references` when
+    given): a tampered source is refused, not laundered. Evidence and state paths are redacted."""
+    source = verify_bundle(tx_dir, references)
+    if not source.ok:
+        raise BadInput(
+            f"{tx_dir}: evidence does not match its manifest; refusing to export",
+            mismatches=[asdict(m) for m in source.mismatches],
+        )
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise BadInput(f"{out_dir}: export directory exists and is not empty", path=str(out_dir))
+    redaction = redact or Redaction()
+    resolved = tx_dir.resolve()
+    auto = [str(p) for p in (resolved, resolved.parent, resolved.parent.parent) if str(p) != "/"]
+    redactor = _Redactor(replace(redaction, paths=(*redaction.paths, *auto)))
+    manifest, listed = read_manifest(tx_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    artifacts = []
+    for rel in sorted(a.path for a in listed):
+        text = (tx_dir / rel).read_bytes().decode("utf-8", errors="replace")
+        payload = redactor.apply(text).encode()
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, payload)
+        artifacts.append(Artifact.of(rel, payload))
+    manifest_artifact = write_manifest(
+        out_dir,
+        redactor.apply(str(manifest.get("tx_id", ""))),
+        artifacts,
+        kind="export",
+        source_manifest_sha256=source.manifest_sha256,
+        redactions=dict(redactor.counts),
+    )
+    return ExportResult(
+        out_dir=str(out_dir),
+        manifest=manifest_artifact,
+        artifacts=tuple(artifacts),
+        redactions=dict(redactor.counts),
+        source_manifest_sha256=source.manifest_sha256 or "",
+    )
+
+
 # -- reading a verified bundle -----------------------------------------------------------------
 
 
@@ -293,14 +394,10 @@ class Bundle:
 
     def gate(self, gate_type: str) -> JSONObject | None:
         """The first gate artifact (by name) whose evidence says it is of `gate_type`."""
-        return next(
-            (
-                v
-                for k, v in sorted(self.files.items())
-                if isinstance(v, dict) and fields(v.get("evidence", {})).get("gate_type") == gate_type
-            ),
-            None,
-        )
+        for _, v in sorted(self.files.items()):
+            if isinstance(v, dict) and fields(v.get("evidence", {})).get("gate_type") == gate_type:
+                return v
+        return None
 
 
 @dataclass

@@ -17,8 +17,9 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr
 
+from anvil_ctl.config.fields import Strict
 from anvil_ctl.config.inputs import load_toml, validated
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
@@ -120,11 +121,7 @@ Text = Annotated[str, AfterValidator(_text)]
 Decimals = Annotated[int, Field(strict=True, ge=0, le=12)]
 
 
-class _Table(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
-
-
-class _Condition(_Table):
+class _Condition(Strict):
     """A `[[claims.condition]]` table (`artifact` None: the claim's; `decimals` None: as many as
     the number shows)."""
 
@@ -134,7 +131,7 @@ class _Condition(_Table):
     decimals: Decimals | None = None
 
 
-class Claim(_Table):
+class Claim(Strict):
     """A `[[claims]]` table: a local claim is recounted (`published` at `path` of `artifact`, and
     its `condition` numbers); an external-prior one names its `source` and is never recounted."""
 
@@ -161,7 +158,7 @@ class Claim(_Table):
         ]
 
 
-class Ledger(_Table):
+class Ledger(Strict):
     """A claims file: its claims, and the title and finding its table is printed under."""
 
     title: str = ""
