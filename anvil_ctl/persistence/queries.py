@@ -1,4 +1,5 @@
-"""Read-only audit queries for `anvilctl audit`: transactions, their journal, diffs, identities.
+"""Read-only audit queries for `anvilctl audit`: transactions, their journal, diffs, identities,
+the serving history.
 
 Each returns JSON-able dicts (the TypedDicts below); the listings go through the operator views
 (`v_transactions`, `v_identities`), so they answer what an operator's own `sqlite3` query would.
@@ -349,3 +350,17 @@ def recent_ids(store: Store, what: str, prefix: str, limit: int = 100) -> list[t
             if len(found) >= limit:
                 break
         return list(found.items())
+
+
+def served_at(store: Store, *, slot: str, at: str, host: int | None) -> list[JSONObject]:
+    """Which container served `slot` at time `at` (one per host; of host `host`, or of every
+    host when None), from the serving history (`v_serving_history`, the projection's)."""
+    sql = (
+        "SELECT host, slot, container_id, served_model, served_from, served_until, tx_id "
+        "FROM v_serving_history WHERE served_from <= :at AND (served_until IS NULL OR served_until > :at)"
+    )
+    where, params = equal_to(slot=slot, host_id=host)
+    sql += where + " ORDER BY host_id, served_from"
+    params["at"] = at
+    with store.read() as s:
+        return [dict(r._mapping) for r in s.execute(text(sql), params)]
