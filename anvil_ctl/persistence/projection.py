@@ -181,10 +181,6 @@ def _place_interval(s: Session, tx_id: str) -> None:
 # -- reads -------------------------------------------------------------------------------------
 
 
-def tx_state(s: Session, tx_id: str) -> str | None:
-    return s.execute(select(TxCurrent.state).where(TxCurrent.tx_id == tx_id)).scalar()
-
-
 def tx_rows_in(s: Session, states: frozenset[str], host: int | None = None) -> list[TxCurrent]:
     """Transactions whose current state is one of `states` (unresolved ones), oldest first, of
     host `host` where given: from the partial index, a handful of rows at any size."""

@@ -27,7 +27,7 @@ from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState,
 from anvil_ctl.persistence import audit, coverage, projection, snapshots
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head, Held
-from anvil_ctl.persistence.current_models import IdentityCurrent
+from anvil_ctl.persistence.current_models import IdentityCurrent, TxCurrent
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
     FIRST_HOST_ID,
@@ -213,7 +213,7 @@ class Store:
         return tx_id
 
     def _state(self, s: Session, tx_id: str) -> TxState:
-        row = projection.tx_state(s, tx_id)
+        row = s.execute(select(TxCurrent.state).where(TxCurrent.tx_id == tx_id)).scalar()
         if row is None:
             raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
         return TxState(row)
