@@ -159,7 +159,7 @@ OPENAI_COMPATIBLE = EngineProfile(
 
 STUB = EngineProfile(
     name="stub",
-    description="anvil_ctl.stub, our own OpenAI-compatible engine (docs/CONTRACTS.md)",
+    description="anvil_stub, our own OpenAI-compatible engine (docs/CONTRACTS.md)",
     fatal_log_patterns=(
         FatalPattern("engine_error", r"anvil-stub: (?:fatal|error)\b"),
         FatalPattern("engine_error", r"OSError: \[Errno 98\] Address already in use"),
@@ -182,7 +182,7 @@ STUB = EngineProfile(
     start_banner=r"anvil-stub: serving ",
     running_metric="stub:num_requests_running",
     stop_timeout_s=10.0,
-    sources=("anvil_ctl/stub (docs/CONTRACTS.md)",),
+    sources=("anvil_stub (docs/CONTRACTS.md)",),
 )
 
 SGLANG = EngineProfile(

@@ -6,7 +6,7 @@ import pytest
 
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.model import GpuReading
-from anvil_ctl.gpu.reserve import VramReserveGate
+from anvil_ctl.gpu.vram import VramReserveGate
 from anvil_ctl.testing.fake_gpus import reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"

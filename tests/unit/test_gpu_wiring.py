@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from anvil_ctl import cli, log
-from anvil_ctl.adapters.procfs import proc_cgroup_container
+from anvil_ctl.adapters.shm import proc_cgroup_container
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.commands import gpus_and_waivers as gpu_cmds

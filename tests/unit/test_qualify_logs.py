@@ -317,7 +317,7 @@ class StubRun:
         self.log_path = tmp / f"stub-{self.port}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "anvil_ctl.stub", "--port", str(self.port), "--served-model", "m", *flags],
+            [sys.executable, "-m", "anvil_stub", "--port", str(self.port), "--served-model", "m", *flags],
             cwd=REPO,
             stdout=self._log,
             stderr=subprocess.STDOUT,

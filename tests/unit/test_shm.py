@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.adapters.procfs import proc_cgroup_container
 from anvil_ctl.adapters.shm import (
     ManagedContainers,
     ShmScanner,
     _lines_mapping,
     managed_containers,
+    proc_cgroup_container,
     remove_residue,
 )
 from anvil_ctl.config.host import ENGINE_SEGMENTS, HostConfig
