@@ -93,11 +93,6 @@ class GateSpec:
     name: str
     params: dict[str, object] = field(default_factory=dict)
 
-    def build(self) -> Gate:
-        from anvil_ctl.qualify.gates import GATE_TYPES
-
-        return GATE_TYPES[self.type](name=self.name, **self.params)
-
 
 @dataclass(frozen=True)
 class Profile:
@@ -113,7 +108,9 @@ class Profile:
     """TOML `[watch]`: the thresholds the serve is held to on the route (`watchpolicy`)."""
 
     def build(self) -> list[Gate]:
-        return [spec.build() for spec in self.gates]
+        from anvil_ctl.qualify.gates import GATE_TYPES
+
+        return [GATE_TYPES[g.type](name=g.name, **g.params) for g in self.gates]
 
     def select(self, names: Sequence[str]) -> Profile:
         """Only the named gates (by name or type), in profile order: the `--gates` override."""

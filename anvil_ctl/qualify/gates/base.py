@@ -231,16 +231,12 @@ def same_text(observed: str, expected: str, *, case: bool = True) -> bool:
     return a == b if case else a.casefold() == b.casefold()
 
 
-def strip_fence(text: str) -> str:
-    text = text.strip()
-    match = _FENCE.match(text)
-    return match.group(1).strip() if match else text
-
-
 def parse_json(text: str) -> tuple[bool, JSONValue]:
     """(True, value) when `text` (maybe in a code fence) is JSON, else (False, error)."""
+    text = text.strip()
+    fenced = _FENCE.match(text)
     try:
-        value: JSONValue = json.loads(strip_fence(text))
+        value: JSONValue = json.loads(fenced.group(1).strip() if fenced else text)
         return True, value
     except json.JSONDecodeError as exc:
         return False, str(exc)
