@@ -31,7 +31,7 @@ from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.gates.base import Gate, GateContext, LogReader, ReserveProbe
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.results import GateResult
-from anvil_ctl.qualify.tokens import calibrate, token_counter
+from anvil_ctl.qualify.tokens import calibrate
 
 log = get_logger()
 
@@ -194,7 +194,6 @@ def run_qualification(
                     on_request=progress.request_done,
                     container_log=container_log,
                     engine=engine,
-                    count_tokens=token_counter(client, engine, served_model),
                     secrets=tuple(secrets),
                 )
                 for index, gate in enumerate(gates, start=1):

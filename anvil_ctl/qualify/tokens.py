@@ -7,8 +7,6 @@ stream) or `tokenize` (the raw text, an undercount recorded as such); completion
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from anvil_ctl.core.engine_profile import EngineProfile
@@ -99,12 +97,3 @@ async def calibrate(
         "chars": len(sample),
         "tokens": count,
     }
-
-
-def token_counter(
-    client: EngineClient, engine: EngineProfile, served_model: str
-) -> Callable[[str], Awaitable[int]] | None:
-    """The engine's own token count of raw text (its tokenize endpoint), if it has one."""
-    if engine.tokenizer is None:
-        return None
-    return functools.partial(client.tokenize_count, engine.tokenizer, model=served_model)

@@ -50,8 +50,6 @@ class GateContext:
     engine: EngineProfile = OPENAI_COMPATIBLE
     """How the engine reports usage, counts tokens and logs (never which engine it is): the
     log audit reads its fatal, notice and start-banner patterns."""
-    count_tokens: Callable[[str], Awaitable[int]] | None = None
-    """The engine's own token count of raw text (its tokenize endpoint), if it has one."""
     secrets: tuple[str, ...] = ()
     """Values never to write into evidence (router tokens); the log audit redacts them."""
 
