@@ -1,8 +1,6 @@
-"""Qualification profiles: TOML files naming an ordered list of gates with thresholds.
-
-`[[gates]]` tables name a `type` (a key of GATE_TYPES), an optional unique `name` and the gate's
-keywords; `[watch]` (see watchpolicy), `select` and `[[boundaries]]` (the A/B's, `Boundary`) are
-optional. Named profiles ship in `anvil_ctl/profiles/`; errors name the file and the field.
+"""Qualification profiles: TOML files of `[[gates]]` (a `type` of GATE_TYPES, an optional unique
+`name`, the gate's keywords), with optional `[watch]` (watchpolicy), `select` and `[[boundaries]]`
+(the A/B's). Named profiles ship in `anvil_ctl/profiles/`; errors name the file and the field.
 """
 
 from __future__ import annotations

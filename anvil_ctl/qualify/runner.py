@@ -1,9 +1,7 @@
-"""Run a qualification profile against one engine endpoint, write evidence, decide.
-
-Evidence in order: `identity.json`, the served identity (calibrating characters per token),
-`vram-before.json`, `NN-<gate>.json` as each gate finishes, then `summary.json`,
-`provenance.json`, `decision.json` and `manifest.json`. A failed gate is evidence, not an
-exception; an engine that dies mid-run ends it with a failed `engine-alive` gate.
+"""Run a qualification profile against one engine endpoint, write evidence, decide: `identity.json`,
+`vram-before.json`, `NN-<gate>.json` as each gate finishes, then `summary.json`, `provenance.json`,
+`decision.json` and `manifest.json`. A failed gate is evidence, not an exception; an engine that
+dies mid-run ends it with a failed `engine-alive` gate.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Token counts from the engine itself where its stream carries none, as its profile says.
-
-Prompt tokens: `plain-usage` (the same request unstreamed with max_tokens 1, after the timed
-stream) or `tokenize` (the raw text, an undercount recorded as such); completion tokens:
-`stream-chunks` (one per chunk with output). The attempt records how they were counted.
+"""Token counts from the engine itself where its stream carries none, as its profile says: prompt
+tokens by `plain-usage` (the request unstreamed, max_tokens 1, after the timed stream) or `tokenize`
+(the raw text, an undercount), completion tokens by `stream-chunks`; the attempt records which.
 """
 
 from __future__ import annotations
