@@ -56,17 +56,7 @@ def readings(app: App) -> JSONObject:
     role_of = {r.uuid.lower(): name for name, r in (config.gpu_roles if config else {}).items()}
     owners = _optional_owners(app)
     rows: JSONArray = [
-        {
-            "index": g.index,
-            "uuid": g.uuid,
-            "name": g.name,
-            "role": role,
-            "total_mib": g.total_mib,
-            "used_mib": g.used_mib,
-            "free_mib": g.free_mib,
-            "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in g.processes],
-            "owner": owners.get(role) if role else None,
-        }
+        {**asdict(g), "role": role, "owner": owners.get(role) if role else None}
         for g in probe.gpus()
         for role in [role_of.get(g.uuid.lower(), "")]
     ]
