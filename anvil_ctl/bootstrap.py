@@ -154,7 +154,7 @@ class App:
     def gpu_probe(self) -> GpuProbe:
         """The GPU probe the settings choose, without a world: NVML needs no host config."""
         if self.settings.backend == "fake":
-            from anvil_ctl.testing.host import FakeGpus
+            from anvil_ctl.testing.runtime import FakeGpus
             from anvil_ctl.testing.world import FakeWorld
 
             return FakeGpus(FakeWorld(self.settings.fake_world_path))
@@ -227,9 +227,8 @@ def _finish(app: App, world: World) -> World:
 
 def _fake_world(app: App) -> World:
     from anvil_ctl.engine.world import World
-    from anvil_ctl.testing.host import FakeGpus, FakeSharedMemory
     from anvil_ctl.testing.router import FakeRouter, fake_acceptance, fake_route_sample
-    from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
+    from anvil_ctl.testing.runtime import FakeGpus, FakeRuntime, FakeServerProbe, FakeSharedMemory
     from anvil_ctl.testing.world import FakeWorld
 
     fw = FakeWorld(app.settings.fake_world_path)

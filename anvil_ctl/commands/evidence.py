@@ -22,13 +22,15 @@ from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
 from anvil_ctl.core.validate import require_limit
 from anvil_ctl.evidence.bundle import (
     Bundle,
+    ExportResult,
     ManifestReference,
+    Redaction,
     ReportInputs,
     VerifyResult,
+    export_bundle,
     read_manifest,
     verify_bundle,
 )
-from anvil_ctl.evidence.export import ExportResult, Redaction, export_bundle
 from anvil_ctl.evidence.plots import require_matplotlib
 from anvil_ctl.evidence.report import render_page
 from anvil_ctl.persistence import approvals, qualification, queries, waiver_rows
@@ -127,7 +129,7 @@ def verify_evidence(app: App, directory: Path, *, expect_manifest: str | None = 
             )
         references.append(ManifestReference("--expect-manifest", (expect_manifest,)))
     try:
-        tx_id = str(read_manifest(directory).get("tx_id") or "")
+        tx_id = str(read_manifest(directory)[0].get("tx_id") or "")
     except BadInput:
         tx_id = ""  # verify_bundle names what is wrong with the manifest
     if tx_id:

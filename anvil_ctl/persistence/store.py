@@ -1,4 +1,4 @@
-"""The Store: the Journal port on SQLAlchemy, plus the identity records every command shares.
+"""The Store: the transaction journal on SQLAlchemy, plus the identity records every command shares.
 
 Each write is its own short database transaction, committed before the method returns (journal,
 then act, then record), and appends the audit entry covering the history rows it inserted; the
@@ -44,7 +44,7 @@ def utcnow() -> str:
 
 
 class Store:
-    """Journal implementation; one instance per process, safe to share across threads.
+    """The transaction journal; one instance per process, safe to share across threads.
 
     `host_id`: this host's row in `hosts`; every history row written carries it. None (no host
     registered) reads as the first host and cannot write history.
@@ -181,7 +181,7 @@ class Store:
         with self.write() as s:
             self.audit(s, event, tx_id, payload)
 
-    # -- Journal port -------------------------------------------------------------------------
+    # -- The journal ---------------------------------------------------------------------------
 
     def begin(
         self,

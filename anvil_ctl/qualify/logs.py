@@ -12,9 +12,14 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from anvil_ctl.core.engine_profile import EngineProfile, find_engine_profile
+from anvil_ctl.core.engine_profile import (
+    COMMON_FATAL,
+    EngineProfile,
+    FatalPattern,
+    NoticePattern,
+    find_engine_profile,
+)
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.log_patterns import COMMON_FATAL, FatalPattern, NoticePattern
 
 KEEP_CHARS = 400
 """A kept line is cut to this many characters (a traceback line can be a megabyte of tensor)."""

@@ -1,19 +1,6 @@
 """The `[watch]` table of a qualification profile: how a serve on the route is sampled, and the
-thresholds it is held to after its qualification (by `recheck --slo`, and by a watched promote).
-
-    [watch]
-    duration = "30m"          # how long a promote watches by default (absent or 0: a cutover)
-    interval_s = 30.0         # between two samples
-    requests = 3              # chat requests per sample, through the route, the official client
-    max_tokens = 32           # per request
-    consecutive = 3           # a threshold failed by this many samples in a row is a breach
-
-    [[watch.thresholds]]
-    metric = "ttft_p95_s"     # one of METRICS
-    max_ratio = 1.25          # relative: at most 1.25 x the serve's qualified value
-    [[watch.thresholds]]
-    metric = "error_rate"
-    max = 0.01                # absolute
+thresholds it is held to after its qualification (by `recheck --slo`, and by a watched promote);
+the README's "[watch]" example shows every key.
 
 A relative threshold (`max_ratio`, `min_ratio`) is resolved against the serve's own
 qualification evidence (`QUALIFIED`: its capacity gate's smallest cell at concurrency 1, the

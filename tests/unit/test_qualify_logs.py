@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
-from anvil_ctl.core.log_patterns import COMMON_FATAL
+from anvil_ctl.core.engine_profile import COMMON_FATAL, ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates import GATE_TYPES
