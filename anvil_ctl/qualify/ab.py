@@ -1,10 +1,7 @@
-"""The matched A/B control: two arms of one checkpoint, the same capacity cells, a verdict by
-boundaries declared before the run.
-
-Arms alternate per repetition (A B, then B A) so host drift hits both; `delta_pct` is B against
-A. The faster arm by the profile's `select` metric is selected only inside every protected
-boundary (a boundary covering no measured cell is violated). `declaration()` is written to the
-evidence, with its digest, before the first request.
+"""The matched A/B control: two arms of one checkpoint, the same capacity cells alternating per
+repetition (A B, then B A) so host drift hits both; `delta_pct` is B against A. The faster arm by
+the profile's `select` metric is selected only inside every boundary declared before the run (one
+covering no measured cell is violated); `declaration()` goes to the evidence before any request.
 """
 
 from __future__ import annotations

@@ -56,11 +56,12 @@ class _Workload(Gate):
     async def _fit(self, gate_ctx: GateContext, nominal: int) -> float:
         """Characters per token for a prompt of this nominal size, by the engine's own count
         where it has a tokenize endpoint (long filler has longer numbers: the ratio drifts)."""
-        if gate_ctx.count_tokens is None:
+        tokenizer = gate_ctx.engine.tokenizer
+        if tokenizer is None:
             return gate_ctx.chars_per_token
         text = self._text(nominal, gate_ctx.chars_per_token)
         try:
-            counted = await gate_ctx.count_tokens(text)
+            counted = await gate_ctx.client.tokenize_count(tokenizer, text, gate_ctx.served_model)
         except AnvilError:
             return gate_ctx.chars_per_token
         return len(text) / counted if counted > 0 else gate_ctx.chars_per_token
