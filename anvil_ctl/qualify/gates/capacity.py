@@ -14,8 +14,7 @@ from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, stream_problem
-from anvil_ctl.qualify.metrics import METRIC_KEYS, request_metrics, summarize
-from anvil_ctl.qualify.results import GateResult
+from anvil_ctl.qualify.results import METRIC_KEYS, GateResult, request_metrics, summarize
 
 CONTINUE = "Continue the numbered notes above in the same style, one sentence per note."
 SALT_TOKENS = 24
