@@ -94,7 +94,6 @@ class StreamAssembler:
     errors: list[str] = field(default_factory=list)
     first_content_at: float | None = None
     first_output_at: float | None = None
-    first_tool_at: float | None = None
 
     def feed(self, data: str, at: float) -> None:
         if data.strip() == DONE:
@@ -138,8 +137,6 @@ class StreamAssembler:
             part = fields(delta_part)
             index = whole(part.get("index", 0))
             parts = self.tools.setdefault(index, _ToolCallParts())
-            if self.first_tool_at is None:
-                self.first_tool_at = at
             if self.first_output_at is None:
                 self.first_output_at = at
             parts.id = parts.id or as_text(part.get("id"))

@@ -1,9 +1,6 @@
-"""What an engine's log says: the log audit's view of the engine profiles' patterns, and the
-classifier.
-
-A fatal pattern wins over a notice pattern on the same line; a start banner seen twice is an
-engine restart. Matched lines are kept as evidence, so they are redacted first (explicit secrets
-and anything shaped like a credential): engines print their arguments at start.
+"""The log audit's view of an engine's log: its profile's patterns and the classifier. A fatal
+pattern wins over a notice on the same line; a start banner seen twice is a restart. Kept lines are
+redacted first (secrets, anything shaped like a credential): engines print their arguments at start.
 """
 
 from __future__ import annotations

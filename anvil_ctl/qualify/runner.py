@@ -1,9 +1,7 @@
-"""Run a qualification profile against one engine endpoint, write evidence, decide.
-
-Evidence in order: `identity.json`, the served identity (calibrating characters per token),
-`vram-before.json`, `NN-<gate>.json` as each gate finishes, then `summary.json`,
-`provenance.json`, `decision.json` and `manifest.json`. A failed gate is evidence, not an
-exception; an engine that dies mid-run ends it with a failed `engine-alive` gate.
+"""Run a qualification profile against one engine endpoint, write evidence, decide: `identity.json`,
+`vram-before.json`, `NN-<gate>.json` as each gate finishes, then `summary.json`, `provenance.json`,
+`decision.json` and `manifest.json`. A failed gate is evidence, not an exception; an engine that
+dies mid-run ends it with a failed `engine-alive` gate.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.gates.base import Gate, GateContext, LogReader, ReserveProbe
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.results import GateResult
-from anvil_ctl.qualify.tokens import calibrate, token_counter
+from anvil_ctl.qualify.tokens import calibrate
 
 log = get_logger()
 
@@ -194,7 +192,6 @@ def run_qualification(
                     on_request=progress.request_done,
                     container_log=container_log,
                     engine=engine,
-                    count_tokens=token_counter(client, engine, served_model),
                     secrets=tuple(secrets),
                 )
                 for index, gate in enumerate(gates, start=1):
@@ -332,13 +329,8 @@ def engine_exited(during: str, observed: JSONObject, not_run: list[str]) -> Gate
 
 
 def _timed_out(gate: Gate, timeout_s: float) -> GateResult:
-    evidence: JSONObject = {"not_started": True, "timeout_s": timeout_s}
-    return gate.result(
-        False,
-        "timeout",
-        evidence,
-        f"not started: the qualification's --timeout of {timeout_s:g} s was reached",
-    )
+    why = f"not started: the qualification's --timeout of {timeout_s:g} s was reached"
+    return gate.result(False, "timeout", {"not_started": True, "timeout_s": timeout_s}, why)
 
 
 async def _vram_reading(probe: ReserveProbe) -> JSONObject:

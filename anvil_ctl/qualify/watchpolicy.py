@@ -1,12 +1,8 @@
-"""The `[watch]` table of a qualification profile: how a serve on the route is sampled, and the
-thresholds it is held to after its qualification (by `recheck --slo`, and by a watched promote);
-the README's "[watch]" example shows every key.
-
-A relative threshold (`max_ratio`, `min_ratio`) is resolved against the serve's own
-qualification evidence (`QUALIFIED`: its capacity gate's smallest cell at concurrency 1, the
-cell nearest a short routed sample) into an absolute limit before the first sample, and the
-limit is what is recorded and judged: nothing is chosen after the fact. A profile without a
-`[watch]` table gets `DEFAULT`. Errors name the file and the field (`watch.thresholds[1].max`).
+"""The `[watch]` table of a qualification profile (the README's example shows every key): how a serve
+on the route is sampled, and the thresholds it is held to by `recheck --slo` and a watched promote.
+A relative threshold (`max_ratio`, `min_ratio`) is resolved against the serve's own qualification
+(`QUALIFIED`: its capacity gate's smallest cell at concurrency 1) into the absolute limit recorded
+and judged before the first sample: nothing is chosen after the fact.
 """
 
 from __future__ import annotations

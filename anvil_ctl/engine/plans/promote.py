@@ -12,10 +12,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from anvil_ctl.core.errors import BadInput, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, get_objects
-from anvil_ctl.core.steps import NoMemo, Plan, Record, Step, StepContext, StepResult, WatchEnd
+from anvil_ctl.core.steps import Guard, NoMemo, Plan, Record, Refusal, Step, StepContext, StepResult, WatchEnd
 from anvil_ctl.engine.gpu_ownership import reserve_reading
 from anvil_ctl.engine.guards import (
     BaseVerified,
@@ -47,7 +46,7 @@ from anvil_ctl.engine.world import World
 
 if TYPE_CHECKING:
     from anvil_ctl.engine.watch import Verdict
-from anvil_ctl.persistence import approvals, qualification, waiver_rows
+from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.store import Store
 
@@ -260,7 +259,7 @@ def record_promotion(ctx: PCtx) -> StepResult:
     with world.store.together():  # records only: one database transaction, one audit entry
         world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
         world.store.record_identity(ctx.tx_id, "rollback", old)
-        approvals.record_approval(
+        qualification.record_approval(
             world.store,
             tx_id=ctx.tx_id,
             decision_id=args.decision_id or "",

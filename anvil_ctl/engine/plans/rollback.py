@@ -11,12 +11,11 @@ import copy
 from collections.abc import Mapping
 
 from anvil_ctl.core.errors import BadInput, NeedsOperator
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
-from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, Hold, NoMemo, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.drain import drain_step, stop_retain_step
 from anvil_ctl.engine.guards import (
@@ -73,7 +72,7 @@ def resolve_target(store: Store, slot: str, ref: str) -> Identity:
         if not revisions:
             raise BadInput(f"--to {ref}: slot {slot} has revisions 1..{count}", field="to")
         return _left_by(store, revisions[0], ref, f"revision {ref}")
-    by_tx = queries.slot_revisions_of(store, slot, store.host, ref)
+    _, by_tx = queries.slot_revisions(store, slot, store.host, tx_prefix=ref)
     by_ref = store.identity_by_ref(slot, ref)
     if len(by_tx) > 1:
         raise BadInput(f"--to {ref!r}: names transactions {[r['tx_id'] for r in by_tx]}", field="to")

@@ -50,8 +50,6 @@ class GateContext:
     engine: EngineProfile = OPENAI_COMPATIBLE
     """How the engine reports usage, counts tokens and logs (never which engine it is): the
     log audit reads its fatal, notice and start-banner patterns."""
-    count_tokens: Callable[[str], Awaitable[int]] | None = None
-    """The engine's own token count of raw text (its tokenize endpoint), if it has one."""
     secrets: tuple[str, ...] = ()
     """Values never to write into evidence (router tokens); the log audit redacts them."""
 
@@ -231,16 +229,12 @@ def same_text(observed: str, expected: str, *, case: bool = True) -> bool:
     return a == b if case else a.casefold() == b.casefold()
 
 
-def strip_fence(text: str) -> str:
-    text = text.strip()
-    match = _FENCE.match(text)
-    return match.group(1).strip() if match else text
-
-
 def parse_json(text: str) -> tuple[bool, JSONValue]:
     """(True, value) when `text` (maybe in a code fence) is JSON, else (False, error)."""
+    text = text.strip()
+    fenced = _FENCE.match(text)
     try:
-        value: JSONValue = json.loads(strip_fence(text))
+        value: JSONValue = json.loads(fenced.group(1).strip() if fenced else text)
         return True, value
     except json.JSONDecodeError as exc:
         return False, str(exc)
