@@ -15,7 +15,7 @@ from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.core.states import TxState
-from anvil_ctl.engine.chain import Chain, bring_back, finished, open_chains
+from anvil_ctl.engine.campaign import Chain, bring_back, finished, open_chains
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import FollowUp, Outcome

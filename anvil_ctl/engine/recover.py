@@ -15,7 +15,7 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Step, StepContext
-from anvil_ctl.engine.chain import DIED_BEFORE_MUTATION
+from anvil_ctl.engine.campaign import DIED_BEFORE_MUTATION
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.owner import owner_alive
