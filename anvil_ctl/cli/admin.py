@@ -8,13 +8,13 @@ import click
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT, text
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Reply, Session, command, group
 from anvil_ctl.core.states import ExitCode
 
 GRANTS_HELP = "With --print-grants: a name the SQL uses."
 
 
-@click.command("init", epilog=example("anvilctl init --detect-gpus"))
+@command("init", "anvilctl init --detect-gpus")
 @click.option(
     "--detect-gpus", is_flag=True, help="Also probe the GPUs and write [gpu_roles.*] into the host config."
 )
@@ -32,7 +32,6 @@ GRANTS_HELP = "With --print-grants: a name the SQL uses."
 @click.option(
     "--app-role", default="anvil_app", show_default=True, type=REF, metavar="NAME", help=GRANTS_HELP
 )
-@pass_session
 def init(
     session: Session,
     *,
@@ -67,8 +66,7 @@ def init(
     return Reply(InitView(result))
 
 
-@click.command("upgrade", epilog=example("anvilctl db upgrade"))
-@pass_session
+@command("upgrade", "anvilctl db upgrade")
 def db_upgrade(session: Session) -> Reply:
     """Run the state database's migrations up to the current schema."""
     from anvil_ctl.cli.views import InitView
@@ -79,7 +77,7 @@ def db_upgrade(session: Session) -> Reply:
         return Reply(InitView(admin.init(app)))
 
 
-@click.command("copy", epilog=example("anvilctl db copy --to 'postgresql+psycopg://anvil_owner@db/anvil'"))
+@command("copy", "anvilctl db copy --to 'postgresql+psycopg://anvil_owner@db/anvil'")
 @click.option(
     "--to",
     "to",
@@ -88,7 +86,6 @@ def db_upgrade(session: Session) -> Reply:
     metavar="URL",
     help="The target state database (migrated to the current schema first); its password is never printed.",
 )
-@pass_session
 def db_copy(session: Session, to: str) -> Reply:
     """Copy this host's whole history into another state database (a fleet's PostgreSQL).
 
@@ -106,7 +103,7 @@ def db_copy(session: Session, to: str) -> Reply:
 db = group("db", "State database maintenance.", "anvilctl db upgrade", db_upgrade, db_copy)
 
 
-@click.command("status", epilog=example("anvilctl status --watch --interval 5s"))
+@command("status", "anvilctl status --watch --interval 5s")
 @click.option(
     "-w", "--watch", is_flag=True, help="Observe again every --interval until Ctrl-C (like kubectl -w)."
 )
@@ -124,7 +121,6 @@ db = group("db", "State database maintenance.", "anvilctl db upgrade", db_upgrad
     metavar="N",
     help="With --watch: stop after N observations (default: until Ctrl-C).",
 )
-@pass_session
 def status(session: Session, watch: bool, interval: float, count: int | None) -> Reply:
     """Slots, incumbents, candidates, health and the router's view.
 
@@ -143,8 +139,7 @@ def status(session: Session, watch: bool, interval: float, count: int | None) ->
     return Reply(None)
 
 
-@click.command("recover", epilog=example("anvilctl recover"))
-@pass_session
+@command("recover", "anvilctl recover")
 def recover(session: Session) -> Reply:
     """Compensate transactions whose owner died: backwards before the pivot, forwards after it.
 
@@ -158,14 +153,10 @@ def recover(session: Session) -> Reply:
     return Reply(report, ExitCode(report.exit_code))
 
 
-@click.command(
-    "resolve",
-    epilog=example('anvilctl resolve 8259c0de --by alice --note "restarted the incumbent by hand"'),
-)
+@command("resolve", 'anvilctl resolve 8259c0de --by alice --note "restarted the incumbent by hand"')
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @click.option("--by", required=True, type=PERSON, help="Who resolved it.")
 @click.option("--note", required=True, type=NOTE, help="What they did.")
-@pass_session
 def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
     """Record that a person resolved a compensation_failed or needs_operator transaction TX."""
     from anvil_ctl.cli.views import Record
@@ -174,8 +165,7 @@ def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
     return Reply(Record(transactions.resolve(session.app(), tx, by=by, note=note)))
 
 
-@click.command("status", epilog=example("anvilctl lock status"))
-@pass_session
+@command("status", "anvilctl lock status")
 def lock_status(session: Session) -> Reply:
     """Who holds the host mutator lock."""
     from anvil_ctl.cli.views import Table
@@ -184,14 +174,10 @@ def lock_status(session: Session) -> Reply:
     return Reply(Table(transactions.lock_status(session.app())))
 
 
-@click.command(
-    "break",
-    epilog=example('anvilctl lock break 3 --by alice --reason "owner pid 4711 is gone"'),
-)
+@command("break", 'anvilctl lock break 3 --by alice --reason "owner pid 4711 is gone"')
 @click.argument("lock_id", type=REF)
 @click.option("--by", required=True, type=PERSON, help="Who breaks the lock.")
 @click.option("--reason", required=True, type=REASON, help="Why the owner is known to be dead.")
-@pass_session
 def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
     """Release a dead owner's lock row LOCK_ID (journaled); a live owner is refused."""
     from anvil_ctl.cli.views import Record
@@ -252,8 +238,7 @@ def _watch_status(session: Session, *, interval_s: float, count: int | None) -> 
             print()
 
 
-@click.command("status", epilog=example("anvilctl fleet status --json"))
-@pass_session
+@command("status", "anvilctl fleet status --json")
 def fleet_status(session: Session) -> Reply:
     """Every host sharing the state database: slots, incumbents, last recheck, open transactions."""
     from anvil_ctl.cli.views import Record

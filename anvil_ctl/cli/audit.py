@@ -9,15 +9,13 @@ import click
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import host_options, host_scope, limit_option, slot_option
 from anvil_ctl.cli.params import REF, SINCE
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Reply, Session, command, group
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
 
 only_slot = slot_option("Only this slot.")
 
 
-@click.command(
-    "transactions", epilog=example("anvilctl audit transactions --state committed --kind load --limit 10")
-)
+@command("transactions", "anvilctl audit transactions --state committed --kind load --limit 10")
 @click.option(
     "--kind",
     type=click.Choice(TX_KINDS),
@@ -38,7 +36,6 @@ only_slot = slot_option("Only this slot.")
 )
 @limit_option("transactions")
 @host_options
-@pass_session
 def transactions(
     session: Session,
     *,
@@ -60,10 +57,9 @@ def transactions(
     return Reply(Table(rows))
 
 
-@click.command("show", epilog=example("anvilctl audit show 8259c0de"))
+@command("show", "anvilctl audit show 8259c0de")
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @host_options
-@pass_session
 def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     """One transaction (ID or unique prefix) as a timeline of states and steps with durations.
 
@@ -74,10 +70,9 @@ def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     return Reply(TransactionView(audit.show(session.app(), tx, host_scope(host, all_hosts))))
 
 
-@click.command("diff", epilog=example("anvilctl audit diff 8259c0de"))
+@command("diff", "anvilctl audit diff 8259c0de")
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @host_options
-@pass_session
 def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     """A transaction's recorded snapshot diffs; TX is an ID or unique prefix."""
     from anvil_ctl.cli.views import DiffView
@@ -86,10 +81,9 @@ def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     return Reply(DiffView(audit.diff(session.app(), tx, host_scope(host, all_hosts))))
 
 
-@click.command("history", epilog=example("anvilctl audit history --slot primary"))
+@command("history", "anvilctl audit history --slot primary")
 @slot_option("The slot whose revisions to list.", required=True)
 @limit_option("revisions")
-@pass_session
 def history(session: Session, slot: str, limit: int) -> Reply:
     """A slot's revisions, numbered as `rollback --to REVISION` takes them (helm history).
 
@@ -101,7 +95,7 @@ def history(session: Session, slot: str, limit: int) -> Reply:
     return Reply(HistoryView(audit.history(session.app(), slot=slot, limit=limit)))
 
 
-@click.command("verify", epilog=example("anvilctl audit verify --expect-head 1742:9f2c...e01a"))
+@command("verify", "anvilctl audit verify --expect-head 1742:9f2c...e01a")
 @click.option(
     "--full",
     is_flag=True,
@@ -113,7 +107,6 @@ def history(session: Session, slot: str, limit: int) -> Reply:
     help="A head recorded elsewhere (recheck textfile, logs, an earlier verify): the journal must hold it.",
 )
 @host_options
-@pass_session
 def verify(session: Session, full: bool, expect_head: str | None, host: str | None, all_hosts: bool) -> Reply:
     """Verify the audit journal and every row it covers (exit 6 on a break).
 
@@ -133,7 +126,7 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     return Reply(check, ExitCode.OK if check.ok else ExitCode.DRIFT)
 
 
-@click.command("incumbents", epilog=example("anvilctl audit incumbents --slot primary"))
+@command("incumbents", "anvilctl audit incumbents --slot primary")
 @only_slot
 @click.option(
     "--role",
@@ -144,7 +137,6 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
 )
 @limit_option("identities")
 @host_options
-@pass_session
 def incumbents(
     session: Session, *, slot: str | None, role: str, limit: int, host: str | None, all_hosts: bool
 ) -> Reply:
@@ -160,9 +152,7 @@ def incumbents(
     return Reply(Table(rows))
 
 
-@click.command(
-    "served", epilog=example("anvilctl audit served --slot primary --at 2026-09-02T12:00:00Z --all-hosts")
-)
+@command("served", "anvilctl audit served --slot primary --at 2026-09-02T12:00:00Z --all-hosts")
 @slot_option("The slot.", required=True)
 @click.option(
     "--at",
@@ -173,7 +163,6 @@ def incumbents(
     help="The moment: an RFC 3339 date or date-time (UTC without an offset).",
 )
 @host_options
-@pass_session
 def served(session: Session, slot: str, at: str, host: str | None, all_hosts: bool) -> Reply:
     """Which container served SLOT at TIME: this host's, --host NAME's, or every host's.
 
@@ -200,10 +189,9 @@ def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
     }
 
 
-@click.command("decisions", epilog=example("anvilctl audit decisions --slot primary --limit 10"))
+@command("decisions", "anvilctl audit decisions --slot primary --limit 10")
 @only_slot
 @limit_option("decisions")
-@pass_session
 def decisions(session: Session, slot: str | None, limit: int) -> Reply:
     """Qualification decisions, reclassifications included (oldest first; --json: every field)."""
     from anvil_ctl.cli.views import Table
@@ -213,8 +201,7 @@ def decisions(session: Session, slot: str | None, limit: int) -> Reply:
     return Reply(Table(decided, cells=_decision_cells))
 
 
-@click.command("waivers", epilog=example("anvilctl audit waivers --json"))
-@pass_session
+@command("waivers", "anvilctl audit waivers --json")
 def waivers(session: Session) -> Reply:
     """Every waiver with its state now (= waivers list)."""
     from anvil_ctl.cli.views import waiver_table
@@ -223,10 +210,9 @@ def waivers(session: Session) -> Reply:
     return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))
 
 
-@click.command("rechecks", epilog=example("anvilctl audit rechecks --slot primary --limit 5"))
+@command("rechecks", "anvilctl audit rechecks --slot primary --limit 5")
 @only_slot
 @limit_option("recheck runs")
-@pass_session
 def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
     """Recorded recheck runs: pass/fail and the failed assertions."""
     from anvil_ctl.cli.views import Table
@@ -235,9 +221,8 @@ def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
     return Reply(Table(audit.rechecks(session.app(), slot=slot, limit=limit)))
 
 
-@click.command("evidence", epilog=example("anvilctl audit evidence 8259c0de"))
+@command("evidence", "anvilctl audit evidence 8259c0de")
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
-@pass_session
 def evidence(session: Session, tx: str) -> Reply:
     """A transaction's gate rows, and its evidence directory checked against its manifest (exit 6)."""
     from anvil_ctl.cli.views import EvidenceAudit

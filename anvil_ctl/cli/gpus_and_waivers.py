@@ -6,18 +6,17 @@ import click
 
 from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, text
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Reply, Session, command, example, group, pass_session
 from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays fast
 
 
-@click.command("detect", epilog=example("anvilctl gpus detect --override GPU-0123abcd=big --write"))
+@command("detect", "anvilctl gpus detect --override GPU-0123abcd=big --write")
 @override_option
 @click.option(
     "--write",
     is_flag=True,
     help="Write the [gpu_roles.*] tables into the host config (the rest of the file is kept).",
 )
-@pass_session
 def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Reply:
     """Name the GPUs as host-config roles, largest first: [gpu_roles.*] TOML (--write: into the config)."""
     from anvil_ctl.cli.views import DetectedRoles
@@ -50,12 +49,10 @@ gpus = click.Group(
 )
 
 
-@click.command(
+@command(
     "waive",
-    epilog=example(
-        "anvilctl waive --policy vram-reserve --scope compute-a,compute-b --value 0 "
-        '--approved-by alice --reason "model-only GPU pair" --expires 2026-12-31'
-    ),
+    "anvilctl waive --policy vram-reserve --scope compute-a,compute-b --value 0 "
+    '--approved-by alice --reason "model-only GPU pair" --expires 2026-12-31',
 )
 @click.option("--policy", required=True, type=click.Choice(POLICIES), help="The policy to waive.")
 @click.option(
@@ -90,7 +87,6 @@ gpus = click.Group(
     is_flag=True,
     help="It never expires (until revoked): a choice the record names. This or --expires.",
 )
-@pass_session
 def waive(
     session: Session,
     *,
@@ -128,8 +124,7 @@ def waive(
     return Reply(Record(result))
 
 
-@click.command("list", epilog=example("anvilctl waivers list"))
-@pass_session
+@command("list", "anvilctl waivers list")
 def waivers_list(session: Session) -> Reply:
     """Every waiver with its state now: active, expired, revoked or pending."""
     from anvil_ctl.cli.views import waiver_table
@@ -138,13 +133,10 @@ def waivers_list(session: Session) -> Reply:
     return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))
 
 
-@click.command(
-    "revoke", epilog=example('anvilctl waivers revoke wvr-0123456789ab --by alice --reason "pair re-cabled"')
-)
+@command("revoke", 'anvilctl waivers revoke wvr-0123456789ab --by alice --reason "pair re-cabled"')
 @click.argument("waiver_id", type=REF)
 @click.option("--by", type=PERSON, required=True, help="Who revokes the waiver.")
 @click.option("--reason", type=REASON, required=True, help="Why the waiver is revoked.")
-@pass_session
 def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Reply:
     """Revoke a waiver (a new record; the waiver stays); stored decisions are re-judged without it."""
     from anvil_ctl.cli.views import Record

@@ -18,12 +18,12 @@ from anvil_ctl.cli.options import (
     timeout_option,
 )
 from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, WATCH, check_new_file
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Reply, Session, command
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
 
-@click.command("promote", epilog=example("anvilctl promote --slot primary --approved-by alice --dry-run"))
+@command("promote", "anvilctl promote --slot primary --approved-by alice --dry-run")
 @click.argument("candidate", type=REF, required=False, shell_complete=complete_containers)
 @slot_option("The slot to promote in.", default="primary")
 @click.option("--approved-by", type=PERSON, help="The person approving this promotion (required).")
@@ -66,7 +66,6 @@ from anvil_ctl.core.states import ExitCode
 @dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
-@pass_session
 def promote(
     session: Session,
     *,
@@ -145,8 +144,15 @@ def promote(
 
 def _rollback_command(name: str, summary: str) -> click.Command:
     """`rollback` and `restore`: one command under two names (the README uses both)."""
+    help_text = (
+        f"{summary}\n\nDrain what serves now (no new requests; the answers in flight finish, "
+        "at most --drain-timeout: at it a rollback goes on and counts the answers it cut), stop "
+        "(and keep) it, start the same container ID of the target, "
+        "check health and identity, route back; commit only if the identity-critical fields "
+        "equal the recorded ones. `rollback` and `restore` are the same command."
+    )
 
-    @click.command(name, epilog=example(f"anvilctl {name} --slot primary --to 3 --dry-run"))
+    @command(name, f"anvilctl {name} --slot primary --to 3 --dry-run", help=help_text)
     @slot_option("The slot to restore.", default="primary")
     @click.option(
         "--to",
@@ -166,8 +172,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     @dry_run_option()
     @timeout_option(WAIT_TIMEOUT_HELP)
     @drain_options("cut")
-    @pass_session
-    def command(
+    def run(
         session: Session,
         *,
         slot: str,
@@ -192,14 +197,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         )
         return Reply(out, ExitCode(out.exit_code))
 
-    command.help = (
-        f"{summary}\n\nDrain what serves now (no new requests; the answers in flight finish, "
-        "at most --drain-timeout: at it a rollback goes on and counts the answers it cut), stop "
-        "(and keep) it, start the same container ID of the target, "
-        "check health and identity, route back; commit only if the identity-critical fields "
-        "equal the recorded ones. `rollback` and `restore` are the same command."
-    )
-    return command
+    return run
 
 
 rollback = _rollback_command(
@@ -208,10 +206,7 @@ rollback = _rollback_command(
 restore = _rollback_command("restore", "Bring the recorded incumbent back exactly.\n\nrollback's other name.")
 
 
-@click.command(
-    "recheck",
-    epilog=example("anvilctl recheck --slot primary --textfile /var/lib/node_exporter/textfile/anvil.prom"),
-)
+@command("recheck", "anvilctl recheck --slot primary --textfile /var/lib/node_exporter/textfile/anvil.prom")
 @slot_option("The slot to recheck.", default="primary")
 @click.option(
     "--textfile",
@@ -248,7 +243,6 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
     help="First wait up to DURATION for the router to answer (a router's start hook: "
     "contrib/systemd, contrib/anvil-router-watch); exit 7 if it does not.",
 )
-@pass_session
 def recheck(
     session: Session,
     *,
@@ -299,10 +293,9 @@ def recheck(
     return Reply(result, ExitCode(result.exit_code))
 
 
-@click.command("reconcile", epilog=example("anvilctl reconcile --slot primary --dry-run"))
+@command("reconcile", "anvilctl reconcile --slot primary --dry-run")
 @slot_option("The slot whose recorded route to re-apply.", default="primary")
 @dry_run_option()
-@pass_session
 def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     """Re-apply the recorded route of the slot's running incumbent.
 

@@ -10,7 +10,7 @@ import click
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import slot_option, timeout_option
 from anvil_ctl.cli.params import RECIPE, REF, text
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Reply, Session, command, group
 from anvil_ctl.core.states import ExitCode
 
 QUALIFY_HELP = """\
@@ -39,11 +39,11 @@ Exit status:
 """
 
 
-@click.command(
+@command(
     "qualify",
+    "anvilctl qualify --slot primary --profile demo --gates vram_reserve",
     help=QUALIFY_HELP,
     short_help="Qualify the candidate; record evidence and a decision.",
-    epilog=example("anvilctl qualify --slot primary --profile demo --gates vram_reserve"),
 )
 @slot_option(
     "The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).", required=True
@@ -64,7 +64,6 @@ Exit status:
     "Longest the qualification may run, e.g. 30m: gates not started by then are recorded as "
     "failed (timeout), so the decision cannot pass. No request waits longer either."
 )
-@pass_session
 def qualify(
     session: Session,
     *,
@@ -93,10 +92,9 @@ def qualify(
     return Reply(out, ExitCode(out.exit_code))
 
 
-@click.command("export", epilog=example("anvilctl evidence export 8259c0de ./bundle-8259"))
+@command("export", "anvilctl evidence export 8259c0de ./bundle-8259")
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
-@pass_session
 def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     """Write a redacted, shareable copy of a transaction's evidence.
 
@@ -108,16 +106,13 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
         return Reply(evidence_cmd.export_evidence(app, tx, directory))
 
 
-@click.command(
-    "verify", epilog=example("anvilctl evidence verify ./bundle-8259 --expect-manifest 3f1c...9a0e")
-)
+@command("verify", "anvilctl evidence verify ./bundle-8259 --expect-manifest 3f1c...9a0e")
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--expect-manifest",
     metavar="SHA",
     help="The manifest's SHA-256 as printed at export, for a host without the state database.",
 )
-@pass_session
 def evidence_verify(session: Session, directory: Path, expect_manifest: str | None) -> Reply:
     """Check an evidence bundle against its manifest, and the manifest against the record (exit 6).
 
@@ -133,7 +128,7 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
-@click.command("report", epilog=example("anvilctl evidence report 8259c0de -o report-8259.html"))
+@command("report", "anvilctl evidence report 8259c0de -o report-8259.html")
 @click.argument("tx", shell_complete=complete_transactions)
 @click.option(
     "-o",
@@ -142,7 +137,6 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     type=click.Path(dir_okay=False, path_type=Path),
     help="Where to write the page (default <state>/reports/<transaction>.html).",
 )
-@pass_session
 def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     """Write the one-page HTML report of a qualification (exit 6 if its evidence was altered).
 
@@ -167,7 +161,7 @@ evidence = group(
 ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
 
 
-@click.command("check", epilog=example("anvilctl claims check claims.toml --evidence ./bundle-8259"))
+@command("check", "anvilctl claims check claims.toml --evidence ./bundle-8259")
 @ledger_argument
 @click.option(
     "--evidence",
@@ -177,7 +171,6 @@ ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_o
     type=click.Path(file_okay=False, path_type=Path),
     help="The evidence bundle the claims cite (an export or a transaction's evidence directory).",
 )
-@pass_session
 def claims_check(session: Session, ledger: Path, evidence: Path) -> Reply:
     """Recount every published claim from the verified evidence bundle (exit 6 on any difference).
 
@@ -190,9 +183,8 @@ def claims_check(session: Session, ledger: Path, evidence: Path) -> Reply:
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
-@click.command("render", epilog=example("anvilctl claims render claims.toml"))
+@command("render", "anvilctl claims render claims.toml")
 @ledger_argument
-@pass_session
 def claims_render(session: Session, ledger: Path) -> Reply:
     """Print the claim ledger as the seeds' table: public claim, conditions, evidence."""
     from anvil_ctl.cli.views import Text

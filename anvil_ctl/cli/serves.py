@@ -15,7 +15,7 @@ from anvil_ctl.cli.options import (
     timeout_option,
 )
 from anvil_ctl.cli.params import CONTEXT_TOKENS, PERSON, RECIPE, REF
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Reply, Session, command, group
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
@@ -34,8 +34,7 @@ ENGINE_NAMES = (
 RECIPE_LIST_COLUMNS = ("name", "source", "valid", "runnable", "served_model", "context_tokens", "error")
 
 
-@click.command("list", epilog=example("anvilctl recipes list"))
-@pass_session
+@command("list", "anvilctl recipes list")
 def recipes_list(session: Session) -> Reply:
     """List every recipe and where it came from; an invalid file is listed with its error.
 
@@ -48,9 +47,8 @@ def recipes_list(session: Session) -> Reply:
     return Reply(Table(found, columns=RECIPE_LIST_COLUMNS))
 
 
-@click.command("show", epilog=example("anvilctl recipes show stub-393k-c1"))
+@command("show", "anvilctl recipes show stub-393k-c1")
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
-@pass_session
 def recipes_show(session: Session, recipe: str) -> Reply:
     """One recipe as data, with its digest; RECIPE is a name or a path."""
     from anvil_ctl.commands import recipes
@@ -59,10 +57,9 @@ def recipes_show(session: Session, recipe: str) -> Reply:
     return Reply(recipes.show_recipe(recipe, recipes.recipe_search(app)))
 
 
-@click.command("validate", epilog=example("anvilctl recipes validate stub-393k-c1 --slot primary"))
+@command("validate", "anvilctl recipes validate stub-393k-c1 --slot primary")
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @slot_option("Also check that the recipe fits this slot of the host config (port, GPU roles).")
-@pass_session
 def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
     """Check RECIPE; a bad field exits 2 naming the file and the field."""
     from anvil_ctl.commands import recipes
@@ -73,10 +70,9 @@ def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
     return Reply(found)
 
 
-@click.command("plan", epilog=example("anvilctl recipes plan stub-393k-c1 --slot primary"))
+@command("plan", "anvilctl recipes plan stub-393k-c1 --slot primary")
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @slot_option("The slot to plan the serve for.", required=True)
-@pass_session
 def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
     """The exact container spec `load` would create; touches nothing."""
     from anvil_ctl.commands import recipes
@@ -98,7 +94,7 @@ recipes = group(
 )
 
 
-@click.command("load", epilog=example("anvilctl load stub-393k-c1 --slot primary --dry-run"))
+@command("load", "anvilctl load stub-393k-c1 --slot primary --dry-run")
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @slot_option("The slot to load into.", required=True)
 @dry_run_option()
@@ -114,7 +110,6 @@ recipes = group(
     "no second command.",
 )
 @accept_drift_options
-@pass_session
 def load(
     session: Session,
     *,
@@ -159,7 +154,7 @@ def load(
     return Reply(out, ExitCode(out.exit_code))
 
 
-@click.command("unload", epilog=example("anvilctl unload 3f2a9c1b7d4e --yes"))
+@command("unload", "anvilctl unload 3f2a9c1b7d4e --yes")
 @click.argument("container_id", type=REF, shell_complete=complete_containers)
 @click.option("--yes", is_flag=True, help="Really remove it (without: show what would be removed).")
 @click.option(
@@ -168,7 +163,6 @@ def load(
     help="Also delete /dev/shm residue: only what two observations agree no process holds.",
 )
 @drain_options("abort")
-@pass_session
 def unload(
     session: Session,
     *,
@@ -198,7 +192,7 @@ def unload(
     return Reply(out, ExitCode(out.exit_code))
 
 
-@click.command("adopt", epilog=example("anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288"))
+@command("adopt", "anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288")
 @click.argument("container_id", type=REF)
 @slot_option("The slot the container serves.", required=True)
 @click.option(
@@ -214,7 +208,6 @@ def unload(
     help="The engine profile to probe it with (default: openai-compatible).",
 )
 @dry_run_option("Inspect and print the plan; record nothing.")
-@pass_session
 def adopt(
     session: Session, container_id: str, *, slot: str, context_tokens: int, engine: str | None, dry_run: bool
 ) -> Reply:
