@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, text
-from anvil_ctl.cli.session import Reply, Session, command, example, group, pass_session
+from anvil_ctl.cli.session import Lazy, Reply, Session, command, example, group, pass_session
 from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays fast
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli import views
+    from anvil_ctl.commands import gpus_and_waivers
+else:
+    views = Lazy("anvil_ctl.cli.views")
+    gpus_and_waivers = Lazy("anvil_ctl.commands.gpus_and_waivers")
 
 
 @command("detect", "anvilctl gpus detect --override GPU-0123abcd=big --write")
@@ -19,13 +28,10 @@ from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays f
 )
 def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Reply:
     """Name the GPUs as host-config roles, largest first: [gpu_roles.*] TOML (--write: into the config)."""
-    from anvil_ctl.cli.views import DetectedRoles
-    from anvil_ctl.commands import gpus_and_waivers
-
     result = gpus_and_waivers.detect(
         session.app(), overrides=gpus_and_waivers.parse_overrides(override), write=write
     )
-    return Reply(DetectedRoles(result))
+    return Reply(views.DetectedRoles(result))
 
 
 @pass_session
@@ -33,10 +39,8 @@ def _gpus(session: Session) -> Reply | None:
     """GPU readings by UUID, with role and owner (--json: every field)."""
     if click.get_current_context().invoked_subcommand is not None:
         return None  # `gpus detect`: the subcommand answers
-    from anvil_ctl.cli.views import GpuReadings
-    from anvil_ctl.commands import gpus_and_waivers
 
-    return Reply(GpuReadings(gpus_and_waivers.readings(session.app())))
+    return Reply(views.GpuReadings(gpus_and_waivers.readings(session.app())))
 
 
 gpus = click.Group(
@@ -104,11 +108,8 @@ def waive(
     vram-reserve sets the reserve (MiB) for GPU roles or a recipe digest; gate waives named
     functional gates (--gates) for one recipe digest. One of --expires and --no-expiry is
     required. Stored decisions are re-judged as new decisions; evidence is never rewritten."""
-    from anvil_ctl.cli.views import Record
-
     if (expires is None) == (not no_expiry):
         raise click.UsageError("give --expires WHEN or --no-expiry (exactly one)")
-    from anvil_ctl.commands import gpus_and_waivers
 
     result = gpus_and_waivers.waive(
         session.app(),
@@ -121,16 +122,13 @@ def waive(
         no_expiry=no_expiry,
         gates=tuple(g.strip() for g in (gates or "").split(",") if g.strip()),
     )
-    return Reply(Record(result))
+    return Reply(views.Record(result))
 
 
 @command("list", "anvilctl waivers list")
 def waivers_list(session: Session) -> Reply:
     """Every waiver with its state now: active, expired, revoked or pending."""
-    from anvil_ctl.cli.views import waiver_table
-    from anvil_ctl.commands import gpus_and_waivers
-
-    return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))
+    return Reply(views.waiver_table(gpus_and_waivers.list_waivers(session.app())))
 
 
 @command("revoke", 'anvilctl waivers revoke wvr-0123456789ab --by alice --reason "pair re-cabled"')
@@ -139,10 +137,7 @@ def waivers_list(session: Session) -> Reply:
 @click.option("--reason", type=REASON, required=True, help="Why the waiver is revoked.")
 def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Reply:
     """Revoke a waiver (a new record; the waiver stays); stored decisions are re-judged without it."""
-    from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import gpus_and_waivers
-
-    return Reply(Record(gpus_and_waivers.revoke(session.app(), waiver_id, by=by, reason=reason)))
+    return Reply(views.Record(gpus_and_waivers.revoke(session.app(), waiver_id, by=by, reason=reason)))
 
 
 waivers = group(

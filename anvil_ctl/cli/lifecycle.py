@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,9 +19,19 @@ from anvil_ctl.cli.options import (
     timeout_option,
 )
 from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, WATCH, check_new_file
-from anvil_ctl.cli.session import Reply, Session, command
+from anvil_ctl.cli.session import Lazy, Reply, Session, command
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli import views
+    from anvil_ctl.commands import lifecycle, transactions
+    from anvil_ctl.commands import recheck as recheck_cmd
+else:
+    views = Lazy("anvil_ctl.cli.views")
+    lifecycle = Lazy("anvil_ctl.commands.lifecycle")
+    recheck_cmd = Lazy("anvil_ctl.commands.recheck")
+    transactions = Lazy("anvil_ctl.commands.transactions")
 
 
 @command("promote", "anvilctl promote --slot primary --approved-by alice --dry-run")
@@ -98,15 +109,12 @@ def promote(
     ends it `rolled_back` and a rollback of its own brings the old incumbent back
     (exit 10; the rollback's own code if it did not commit).
     """
-    from anvil_ctl.commands import lifecycle
-
     if abort:
         if drift_by is None or drift_reason is None:
             raise click.UsageError("--abort needs --by NAME and --reason TEXT")
-        from anvil_ctl.cli.views import Record
 
         stopped = lifecycle.abort_watch(session.app(), slot=slot, by=drift_by, reason=drift_reason)
-        return Reply(Record(stopped))
+        return Reply(views.Record(stopped))
     if approved_by is None:
         raise click.UsageError("Missing option '--approved-by'.")
     if shares is not None or step_watch_s is not None:
@@ -183,8 +191,6 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         drain_timeout_s: float | None,
         on_drain_timeout: OnDrainTimeout | None,
     ) -> Reply:
-        from anvil_ctl.commands import lifecycle
-
         out = lifecycle.rollback(
             session.app(),
             slot=slot,
@@ -278,8 +284,6 @@ def recheck(
             "--rollback-on-breach needs --by NAME, --until TIME and --reason TEXT (and they need it)"
         )
     with session.working(f"recheck: observing slot {slot} and checking its goals") as app:
-        from anvil_ctl.commands import recheck as recheck_cmd
-
         request = None
         if slo:
             from anvil_ctl.commands.slo import Enablement
@@ -303,7 +307,5 @@ def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     the recorded incumbent is the container running and serving at the binding
     (a loaded, unpromoted candidate is never routed: that is promote's job).
     """
-    from anvil_ctl.commands import transactions
-
     out = transactions.reconcile(session.app(), slot, dry_run=dry_run)
     return Reply(out, ExitCode(out.exit_code))

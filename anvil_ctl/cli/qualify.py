@@ -4,14 +4,25 @@ claims check|render (the claim ledger of published numbers)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import slot_option, timeout_option
 from anvil_ctl.cli.params import RECIPE, REF, text
-from anvil_ctl.cli.session import Reply, Session, command, group
+from anvil_ctl.cli.session import Lazy, Reply, Session, command, group
 from anvil_ctl.core.states import ExitCode
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli import views
+    from anvil_ctl.commands import evidence as evidence_cmd
+    from anvil_ctl.commands import qualify as qualify_cmd
+else:
+    views = Lazy("anvil_ctl.cli.views")
+    evidence_cmd = Lazy("anvil_ctl.commands.evidence")
+    qualify_cmd = Lazy("anvil_ctl.commands.qualify")
+
 
 QUALIFY_HELP = """\
 Qualify the slot's candidate: record evidence and a decision.
@@ -74,7 +85,6 @@ def qualify(
     timeout_s: float | None,
 ) -> Reply:
     from anvil_ctl.cli.progress import GateProgress
-    from anvil_ctl.commands import qualify as qualify_cmd
 
     if ab:
         if gates:
@@ -101,8 +111,6 @@ def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     TX is an ID or unique prefix, DIR new or empty. GPU UUIDs, host paths and router tokens
     are redacted; the copy gets its own manifest."""
     with session.working(f"evidence export: copying and redacting the evidence of {tx}") as app:
-        from anvil_ctl.commands import evidence as evidence_cmd
-
         return Reply(evidence_cmd.export_evidence(app, tx, directory))
 
 
@@ -122,8 +130,6 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
     with session.working(f"evidence verify: hashing every artifact of {directory}") as app:
-        from anvil_ctl.commands import evidence as evidence_cmd
-
         result = evidence_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
@@ -143,8 +149,6 @@ def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     TX is an ID, a unique prefix or an evidence directory. One self-contained file, its figures
     only from verified evidence bundles. Needs the optional extra `report` (matplotlib)."""
     with session.working(f"evidence report: verifying the bundles of {tx} and drawing the page") as app:
-        from anvil_ctl.commands import evidence as evidence_cmd
-
         return Reply(evidence_cmd.evidence_report(app, tx, output))
 
 
@@ -187,11 +191,10 @@ def claims_check(session: Session, ledger: Path, evidence: Path) -> Reply:
 @ledger_argument
 def claims_render(session: Session, ledger: Path) -> Reply:
     """Print the claim ledger as the seeds' table: public claim, conditions, evidence."""
-    from anvil_ctl.cli.views import Text
     from anvil_ctl.evidence.claims import load_ledger, render_ledger
 
     session.app()
-    return Reply(Text(render_ledger(load_ledger(ledger))))
+    return Reply(views.Text(render_ledger(load_ledger(ledger))))
 
 
 claims = group(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -89,6 +90,18 @@ class Session:
 
 
 pass_session = click.make_pass_decorator(Session)
+
+
+class Lazy:
+    """A module imported at the first use of one of its attributes: a command's library (heavy)
+    loads when the command runs, never for `--help`. Import it under TYPE_CHECKING too, for its types."""
+
+    def __init__(self, module: str) -> None:
+        self._lazy_module = module
+
+    def __getattr__(self, attr: str) -> object:
+        return getattr(importlib.import_module(self._lazy_module), attr)
+
 
 OUTPUT_FORMATS = ("table", "wide", "json")
 
