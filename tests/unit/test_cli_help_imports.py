@@ -2,8 +2,7 @@
 
 Each help runs in a fresh interpreter (`python -c`), which then reports `sys.modules`.
 Command implementations must be imported when the callback runs (inside it, or as a
-`cli.session.Lazy` module), and help
-text and choices must come from light modules.
+`cli.session.Lazy` module), and help text and choices must come from light modules.
 """
 
 from __future__ import annotations
