@@ -94,7 +94,7 @@ def db_copy(session: Session, to: str) -> Reply:
     target, verifies the target and prints the rows per table. A target that already holds this
     host is refused (exit 9, nothing written)."""
     with session.working("db copy: verifying, copying and verifying the copy") as app:
-        return Reply(views.Record(admin.db_copy(app, to=to)))
+        return Reply(admin.db_copy(app, to=to))
 
 
 db = group("db", "State database maintenance.", "anvilctl db upgrade", db_upgrade, db_copy)
@@ -150,7 +150,7 @@ def recover(session: Session) -> Reply:
 @click.option("--note", required=True, type=NOTE, help="What they did.")
 def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
     """Record that a person resolved a compensation_failed or needs_operator transaction TX."""
-    return Reply(views.Record(transactions.resolve(session.app(), tx, by=by, note=note)))
+    return Reply(transactions.resolve(session.app(), tx, by=by, note=note))
 
 
 @command("status", "anvilctl lock status")
@@ -165,7 +165,7 @@ def lock_status(session: Session) -> Reply:
 @click.option("--reason", required=True, type=REASON, help="Why the owner is known to be dead.")
 def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
     """Release a dead owner's lock row LOCK_ID (journaled); a live owner is refused."""
-    return Reply(views.Record(transactions.lock_break(session.app(), lock_id, by=by, reason=reason)))
+    return Reply(transactions.lock_break(session.app(), lock_id, by=by, reason=reason))
 
 
 lock = group("lock", "The host mutator lock.", "anvilctl lock status", lock_status, lock_break)
@@ -221,7 +221,7 @@ def _watch_status(session: Session, *, interval_s: float, count: int | None) -> 
 @command("status", "anvilctl fleet status --json")
 def fleet_status(session: Session) -> Reply:
     """Every host sharing the state database: slots, incumbents, last recheck, open transactions."""
-    return Reply(views.Record({"hosts": audit.fleet_status(session.app())}))
+    return Reply({"hosts": audit.fleet_status(session.app())})
 
 
 fleet = group("fleet", "The hosts that share this state database.", "anvilctl fleet status", fleet_status)

@@ -122,7 +122,7 @@ def waive(
         no_expiry=no_expiry,
         gates=tuple(g.strip() for g in (gates or "").split(",") if g.strip()),
     )
-    return Reply(views.Record(result))
+    return Reply(result)
 
 
 @command("list", "anvilctl waivers list")
@@ -137,7 +137,7 @@ def waivers_list(session: Session) -> Reply:
 @click.option("--reason", type=REASON, required=True, help="Why the waiver is revoked.")
 def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Reply:
     """Revoke a waiver (a new record; the waiver stays); stored decisions are re-judged without it."""
-    return Reply(views.Record(gpus_and_waivers.revoke(session.app(), waiver_id, by=by, reason=reason)))
+    return Reply(gpus_and_waivers.revoke(session.app(), waiver_id, by=by, reason=reason))
 
 
 waivers = group(

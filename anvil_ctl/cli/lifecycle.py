@@ -24,11 +24,9 @@ from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
 if TYPE_CHECKING:
-    from anvil_ctl.cli import views
     from anvil_ctl.commands import lifecycle, transactions
     from anvil_ctl.commands import recheck as recheck_cmd
 else:
-    views = Lazy("anvil_ctl.cli.views")
     lifecycle = Lazy("anvil_ctl.commands.lifecycle")
     recheck_cmd = Lazy("anvil_ctl.commands.recheck")
     transactions = Lazy("anvil_ctl.commands.transactions")
@@ -112,9 +110,7 @@ def promote(
     if abort:
         if drift_by is None or drift_reason is None:
             raise click.UsageError("--abort needs --by NAME and --reason TEXT")
-
-        stopped = lifecycle.abort_watch(session.app(), slot=slot, by=drift_by, reason=drift_reason)
-        return Reply(views.Record(stopped))
+        return Reply(lifecycle.abort_watch(session.app(), slot=slot, by=drift_by, reason=drift_reason))
     if approved_by is None:
         raise click.UsageError("Missing option '--approved-by'.")
     if shares is not None or step_watch_s is not None:

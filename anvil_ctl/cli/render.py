@@ -166,7 +166,6 @@ def _init(view: views.InitView, out: Out) -> None:
 
 RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.cli.views.Table": _table,
-    "anvil_ctl.cli.views.Record": _record_of,
     "anvil_ctl.cli.views.Text": _text,
     "anvil_ctl.cli.views.StatusView": _status,
     "anvil_ctl.cli.views.InitView": _init,

@@ -191,7 +191,7 @@ def unload(
         on_drain_timeout=on_drain_timeout,
     )
     if isinstance(out, dict):  # without --yes: what would be removed
-        return Reply(views.Record(out))
+        return Reply(out)
     return Reply(out, ExitCode(out.exit_code))
 
 
