@@ -179,7 +179,7 @@ def _watch_status(session: Session, *, interval_s: float, count: int | None) -> 
     from datetime import UTC, datetime
 
     from anvil_ctl.cli import render
-    from anvil_ctl.cli.output import Out, s
+    from anvil_ctl.cli.output import s
     from anvil_ctl.core.errors import Unavailable
 
     app = session.app()
@@ -204,9 +204,7 @@ def _watch_status(session: Session, *, interval_s: float, count: int | None) -> 
                 else:
                     print(f"--- {stamp}")
                 if view is not None:
-                    render.show(
-                        view, False, wide=session.options.wide, out=Out.stdout(wide=session.options.wide)
-                    )
+                    render.show(view, False, wide=session.options.wide)
                 else:
                     print(f"UNAVAILABLE: {s(problem)}")
                 sys.stdout.flush()
