@@ -31,7 +31,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,postgres,report]'
 	@# bytecode compiled once, as a wheel install does: where PYTHONDONTWRITEBYTECODE is set
 	@# (as on our machines), an editable install would otherwise compile ~90 modules per command
-	$(PY) -m compileall -q anvil_ctl scripts >/dev/null
+	$(PY) -m compileall -q anvil_ctl anvil_stub scripts >/dev/null
 	@touch $@
 
 # The whole suite, unit and integration, inside hermetic environments (each its own dockerd,
@@ -52,9 +52,9 @@ wheel-test: setup
 	$(PY) -m pytest -p no:cacheprovider tests/packaging $(PYTEST_ARGS)
 
 check: setup
-	$(VENV)/bin/ruff format --check anvil_ctl tests scripts benchmarks migrations contrib/anvil-router-watch
-	$(VENV)/bin/ruff check anvil_ctl tests scripts benchmarks migrations contrib/anvil-router-watch
-	$(VENV)/bin/mypy --strict anvil_ctl
+	$(VENV)/bin/ruff format --check anvil_ctl anvil_stub tests scripts benchmarks migrations contrib/anvil-router-watch
+	$(VENV)/bin/ruff check anvil_ctl anvil_stub tests scripts benchmarks migrations contrib/anvil-router-watch
+	$(VENV)/bin/mypy --strict anvil_ctl anvil_stub
 
 # Never dark, the long way: every journal boundary of load, promote and rollback killed, smg
 # restarted at every boundary of promote and rollback, and 30 random-time kills per command,

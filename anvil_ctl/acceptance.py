@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionToolParam
@@ -42,39 +41,17 @@ TOOLS: list[ChatCompletionToolParam] = [
 ]
 
 
-@dataclass(frozen=True)
-class AcceptanceCheck:
-    name: str
-    passed: bool
-    evidence: JSONObject = field(default_factory=dict)
+def _check(name: str, passed: bool, evidence: JSONObject) -> JSONObject:
+    return {"name": name, "passed": passed, "evidence": evidence}
 
 
-@dataclass(frozen=True)
-class AcceptanceResult:
-    router_url: str
-    alias: str
-    expected_model: str
-    credential_source: str
-    checks: tuple[AcceptanceCheck, ...]
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
-
-    def failed_checks(self) -> list[str]:
-        return [c.name for c in self.checks if not c.passed]
-
-    def as_dict(self) -> JSONObject:
-        return {**asdict(self), "passed": self.passed, "checks": [asdict(c) for c in self.checks]}
-
-
-def _plain(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
+def _plain(client: openai.OpenAI, alias: str, expected: str) -> JSONObject:
     reply = client.chat.completions.create(
         model=alias, messages=[{"role": "user", "content": PLAIN_PROMPT}], max_tokens=64
     )
     content = reply.choices[0].message.content if reply.choices else None
     ok = reply.model == expected and bool(content)
-    return AcceptanceCheck(
+    return _check(
         "plain_chat",
         ok,
         {"model": reply.model, "content": (content or "")[:200], "finish": _finish(reply)},
@@ -85,7 +62,7 @@ def _finish(reply: ChatCompletion) -> str | None:
     return reply.choices[0].finish_reason if reply.choices else None
 
 
-def _stream(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
+def _stream(client: openai.OpenAI, alias: str, expected: str) -> JSONObject:
     started = time.monotonic()
     models: set[str] = set()
     chunks, text, done = 0, [], False
@@ -108,7 +85,7 @@ def _stream(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck
             if choice.finish_reason:
                 done = True
     ok = models == {expected} and chunks > 1 and bool(text) and done
-    return AcceptanceCheck(
+    return _check(
         "streaming_chat",
         ok,
         {
@@ -121,7 +98,7 @@ def _stream(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck
     )
 
 
-def _tool(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
+def _tool(client: openai.OpenAI, alias: str, expected: str) -> JSONObject:
     reply = client.chat.completions.create(
         model=alias,
         messages=[{"role": "user", "content": TOOL_PROMPT}],
@@ -141,14 +118,14 @@ def _tool(client: openai.OpenAI, alias: str, expected: str) -> AcceptanceCheck:
             args = None
         seen.append({"name": fn.name, "arguments": args})
         ok_call = ok_call or (fn.name == TOOL_NAME and args == TOOL_ARGS)
-    return AcceptanceCheck(
+    return _check(
         "tool_call",
         reply.model == expected and ok_call,
         {"model": reply.model, "tool_calls": seen, "finish": _finish(reply)},
     )
 
 
-CHECKS: tuple[Callable[[openai.OpenAI, str, str], AcceptanceCheck], ...] = (_plain, _stream, _tool)
+CHECKS: tuple[Callable[[openai.OpenAI, str, str], JSONObject], ...] = (_plain, _stream, _tool)
 
 
 def open_client(router_url: str, client_token: Secret) -> openai.OpenAI:
@@ -170,10 +147,11 @@ def run_acceptance(
     client_token: Secret,
     *,
     client: openai.OpenAI | None = None,
-) -> AcceptanceResult:
-    """Run the three real-client checks through `client` (closed here); AuthRejected on 401/403."""
+) -> JSONObject:
+    """Run the three real-client checks through `client` (closed here): router_url, alias,
+    expected_model, credential_source, checks and whether all `passed`. AuthRejected on 401/403."""
     client = client or open_client(router_url, client_token)
-    results: list[AcceptanceCheck] = []
+    results: list[JSONObject] = []
     try:
         for check in CHECKS:
             name = check.__name__.lstrip("_")
@@ -189,24 +167,23 @@ def run_acceptance(
             except openai.APIStatusError as exc:
                 # The body is the router's or engine's error text; it never holds our token.
                 error = str(exc.message)[:300]
-                results.append(AcceptanceCheck(name, False, {"status": exc.status_code, "error": error}))
+                results.append(_check(name, False, {"status": exc.status_code, "error": error}))
             except openai.APIError as exc:
-                results.append(
-                    AcceptanceCheck(name, False, {"error": f"{type(exc).__name__}: {exc.message}"})
-                )
+                results.append(_check(name, False, {"error": f"{type(exc).__name__}: {exc.message}"}))
     finally:
         client.close()
-    result = AcceptanceResult(
-        router_url=router_url,
-        alias=alias,
-        expected_model=expected_model,
-        credential_source=client_token.source,
-        checks=tuple(results),
-    )
+    result: JSONObject = {
+        "router_url": router_url,
+        "alias": alias,
+        "expected_model": expected_model,
+        "credential_source": client_token.source,
+        "checks": [*results],
+        "passed": bool(results) and all(c["passed"] is True for c in results),
+    }
     log.info(
         "acceptance.done",
         alias=alias,
-        passed=result.passed,
-        checks={c.name: c.passed for c in result.checks},
+        passed=result["passed"],
+        checks={str(c["name"]): c["passed"] for c in results},
     )
     return result

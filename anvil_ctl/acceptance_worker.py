@@ -18,7 +18,6 @@ from anvil_ctl.core.errors import AdapterError, AuthRejected
 from anvil_ctl.core.jsontypes import JSONObject, get_object, get_objects
 
 if TYPE_CHECKING:
-    from anvil_ctl.acceptance import AcceptanceResult
     from anvil_ctl.adapters.credentials import Secret
 
 
@@ -40,7 +39,7 @@ def _child(requests: int, answers: int, router_url: str, token: Secret) -> None:
                 result = run_acceptance(
                     router_url, str(ask["alias"]), str(ask["model"]), token, client=client
                 )
-                answer = {"result": result.as_dict()}
+                answer = {"result": result}
             except AuthRejected as exc:
                 answer = {"auth_rejected": str(exc), "data": json.loads(json.dumps(exc.data, default=str))}
             except Exception as exc:  # the parent raises it as the step's failure
@@ -53,8 +52,9 @@ def _child(requests: int, answers: int, router_url: str, token: Secret) -> None:
 
 
 @dataclass(frozen=True)
-class Answered:
-    """The child's `AcceptanceResult` as a dict, so this process never imports `openai` to hold it."""
+class AcceptanceResult:
+    """What `run_acceptance` found, as the dict it returns (in this process or the worker's
+    answer), read here without importing `openai`."""
 
     result: JSONObject
 
@@ -69,23 +69,33 @@ class Answered:
         return dict(self.result)
 
 
-class AcceptanceWorker:
-    """The `Acceptance` of a real router, run by a forked child (see the module docstring)."""
+class RealAcceptance:
+    """Real-client acceptance with the router's client token; `warm()` forks its worker ahead of
+    use (see the module docstring), unwarmed it runs in this process."""
 
     def __init__(self, router_url: str, token: Secret) -> None:
+        self.router_url, self.token = router_url, token
+        self._pid: int | None = None
+        self._requests = self._answers = -1
+
+    def warm(self) -> None:
+        if self._pid is not None:
+            return
         req_r, self._requests = os.pipe()
         self._answers, ans_w = os.pipe()
-        self._pid: int | None = os.fork()
+        self._pid = os.fork()
         if self._pid == 0:
             os.close(self._requests)
             os.close(self._answers)
-            _child(req_r, ans_w, router_url, token)
+            _child(req_r, ans_w, self.router_url, self.token)
         os.close(req_r)
         os.close(ans_w)
 
-    def __call__(self, alias: str, model: str) -> Answered:
+    def __call__(self, alias: str, model: str) -> AcceptanceResult:
         if self._pid is None:
-            raise AdapterError("the acceptance worker was closed or has answered already")
+            from anvil_ctl.acceptance import run_acceptance  # openai: only here
+
+            return AcceptanceResult(run_acceptance(self.router_url, alias, model, self.token))
         with contextlib.suppress(OSError):  # the child died: its answer is empty, reported below
             os.write(self._requests, json.dumps({"alias": alias, "model": model}).encode() + b"\n")
         with os.fdopen(self._answers, "rb", closefd=False) as ans:
@@ -99,7 +109,7 @@ class AcceptanceWorker:
             raise AuthRejected(str(answer["auth_rejected"]), **data)
         if "error" in answer:
             raise AdapterError(f"real-client acceptance: {answer['error']}")
-        return Answered(get_object(answer, "result"))
+        return AcceptanceResult(get_object(answer, "result"))
 
     def close(self) -> None:
         """End the worker and reap it; a child never asked (a refused promote) is killed."""
@@ -112,30 +122,3 @@ class AcceptanceWorker:
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-
-
-class RealAcceptance:
-    """Real-client acceptance with the router's client token; `warm()` forks its worker ahead of
-    use, unwarmed it runs in this process.
-    """
-
-    def __init__(self, router_url: str, token: Secret) -> None:
-        self.router_url, self.token = router_url, token
-        self._worker: AcceptanceWorker | None = None
-
-    def warm(self) -> None:
-        if self._worker is None:
-            self._worker = AcceptanceWorker(self.router_url, self.token)
-
-    def __call__(self, alias: str, model: str) -> AcceptanceResult | Answered:
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            return worker(alias, model)
-        from anvil_ctl.acceptance import run_acceptance  # openai: only here
-
-        return run_acceptance(self.router_url, alias, model, self.token)
-
-    def close(self) -> None:
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.close()

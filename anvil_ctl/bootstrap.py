@@ -29,9 +29,10 @@ from anvil_ctl.core.ports import (
 )
 
 if TYPE_CHECKING:
+    from anvil_ctl.acceptance_worker import RealAcceptance
     from anvil_ctl.adapters.credentials import RouterCredentials
     from anvil_ctl.engine.faults import Faults
-    from anvil_ctl.engine.world import Acceptance, RouteSample, VramRelease, World
+    from anvil_ctl.engine.world import RouteSample, World
     from anvil_ctl.persistence.db import Engine
     from anvil_ctl.persistence.store import Store
     from anvil_ctl.qualify.slosample import Sample
@@ -153,18 +154,14 @@ class App:
     def gpu_probe(self) -> GpuProbe:
         """The GPU probe the settings choose, without a world: NVML needs no host config."""
         if self.settings.backend == "fake":
-            from anvil_ctl.testing.host import FakeGpus
+            from anvil_ctl.testing.runtime import FakeGpus
             from anvil_ctl.testing.world import FakeWorld
 
             return FakeGpus(FakeWorld(self.settings.fake_world_path))
         if self.settings.gpu == "simulated":
-            from anvil_ctl.adapters.docker_runtime import DockerRuntime
             from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
 
-            runtime = DockerRuntime(
-                base_url=self.settings.docker_host, gpu_mode="simulated", host=self.host_name
-            )
-            return SimulatedGpuProbe(self.config.gpu_roles, runtime)
+            return SimulatedGpuProbe(self.config.gpu_roles, _docker(self))
         from anvil_ctl.adapters.nvml import NvmlProbe
 
         return NvmlProbe()
@@ -172,26 +169,19 @@ class App:
     def warm_acceptance(self) -> None:
         """Fork the real client's worker now (before `world()` and the host lock, so the child
         holds neither), so `openai` imports on another core meanwhile."""
+        if self.settings.backend != "fake" and self.real_acceptance is not None:
+            self.real_acceptance.warm()
+
+    @cached_property
+    def real_acceptance(self) -> RealAcceptance | None:
+        """The real-client acceptance through the router; None without its credentials (then
+        the router refuses every call)."""
+        creds = _credentials(self, need_admin=self.config.router.kind == "smg")
+        if creds is None or isinstance(creds, CredentialError):
+            return None
         from anvil_ctl.acceptance_worker import RealAcceptance
 
-        if self.settings.backend == "fake":
-            return
-        acceptance = self.real_acceptance()
-        if isinstance(acceptance, RealAcceptance):
-            acceptance.warm()
-
-    def real_acceptance(self) -> Acceptance | None:
-        """The real-client acceptance through the router, built once; None without its credentials."""
-        if "_acceptance" not in self.__dict__:
-            creds = _credentials(self, need_admin=self.config.router.kind == "smg")
-            built: Acceptance | None = None  # unresolved: the router refuses every call
-            if creds is not None and not isinstance(creds, CredentialError):
-                from anvil_ctl.acceptance_worker import RealAcceptance
-
-                built = RealAcceptance(self.config.router.url, creds.client)
-            self.__dict__["_acceptance"] = built
-        found: Acceptance | None = self.__dict__["_acceptance"]
-        return found
+        return RealAcceptance(self.config.router.url, creds.client)
 
     @cached_property
     def faults(self) -> Faults:
@@ -206,51 +196,39 @@ class App:
         world: World | None = self.__dict__.pop("_world", None)
         if world is not None:
             world.close()
-        acceptance = self.__dict__.pop("_acceptance", None)
-        close = getattr(acceptance, "close", None)
-        if callable(close):  # warmed, and no world was built to close it (a refusal, bad input)
-            close()
+        acceptance: RealAcceptance | None = self.__dict__.pop("real_acceptance", None)
+        if acceptance is not None:  # warmed, and no world was built to close it (a refusal, bad input)
+            acceptance.close()
         database: Engine | None = self.__dict__.get("database")
         if database is not None:
             database.dispose()
 
 
 def _finish(app: App, world: World) -> World:
-    """What both backends share: progress, the model cache and the VRAM-release gate."""
+    """What both backends share: progress, the model cache and the VRAM-release gate (its
+    module loaded on first use: most commands never wait for VRAM)."""
     world.progress = app.progress
+    policy = app.config.policy
     if app.config.model_cache_dir is not None:
         from anvil_ctl.adapters.hfcache import HfCache
 
         world.model_cache = HfCache(app.config.model_cache_dir)
     if world.gpus is not None and app.config.gpu_roles:
-        world.vram_release = _vram_release(app, world)
-    return world
 
-
-def _vram_release(app: App, world: World) -> VramRelease:
-    """The VRAM-release gate, built on first use: most commands never wait for VRAM."""
-    policy = app.config.policy
-    built: list[VramRelease] = []
-
-    def gate(need: VramNeed) -> JSONObject:
-        if not built:
+        def gate(need: VramNeed) -> JSONObject:
             from anvil_ctl.engine.gpu_ownership import vram_release_gate
 
-            built.append(
-                vram_release_gate(
-                    world, deadline_s=policy.vram_release_deadline_s, poll_s=min(1.0, policy.health_poll_s)
-                )
-            )
-        return built[0](need)
+            poll_s = min(1.0, policy.health_poll_s)
+            return vram_release_gate(world, deadline_s=policy.vram_release_deadline_s, poll_s=poll_s)(need)
 
-    return gate
+        world.vram_release = gate
+    return world
 
 
 def _fake_world(app: App) -> World:
     from anvil_ctl.engine.world import World
-    from anvil_ctl.testing.host import FakeGpus, FakeSharedMemory
     from anvil_ctl.testing.router import FakeRouter, fake_acceptance, fake_route_sample
-    from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
+    from anvil_ctl.testing.runtime import FakeGpus, FakeRuntime, FakeServerProbe, FakeSharedMemory
     from anvil_ctl.testing.world import FakeWorld
 
     fw = FakeWorld(app.settings.fake_world_path)
@@ -270,35 +248,38 @@ def _fake_world(app: App) -> World:
     return _finish(app, world)
 
 
-def _real_world(app: App) -> World:
+def _docker(app: App) -> ContainerRuntime:
     from anvil_ctl.adapters.docker_runtime import DockerRuntime
+
+    simulated = app.settings.gpu == "simulated"
+    return DockerRuntime(
+        base_url=app.settings.docker_host, gpu_mode="simulated" if simulated else "auto", host=app.host_name
+    )
+
+
+def _real_world(app: App) -> World:
     from anvil_ctl.adapters.engine_http import HttpServerProbe
     from anvil_ctl.engine.world import World, current_runtime
 
-    simulated = app.settings.gpu == "simulated"
-    runtime = DockerRuntime(
-        base_url=app.settings.docker_host, gpu_mode="simulated" if simulated else "auto", host=app.host_name
-    )
-    router, acceptance = _router(app)
     world = World(
         settings=app.settings,
         config=app.config,
         store=app.store,
-        runtime=runtime,
+        runtime=_docker(app),
         server=HttpServerProbe(),
-        router=router,
-        acceptance=acceptance,
+        router=_router(app),
+        acceptance=app.real_acceptance,  # None exactly where the router's credentials are
         route_sample=_route_sample(app),
     )
     # The scanner and the simulated GPUs list containers through the world's runtime of the moment.
     current = current_runtime(world)
-    if simulated:
+    if app.settings.gpu == "simulated":
         from anvil_ctl.adapters.simulated_gpu import SimulatedGpuProbe
 
         world.gpus = SimulatedGpuProbe(app.config.gpu_roles, current)
     else:
         from anvil_ctl.adapters.nvml import NvmlProbe
-        from anvil_ctl.adapters.procfs import proc_cgroup_container
+        from anvil_ctl.adapters.shm import proc_cgroup_container
 
         world.gpus = NvmlProbe()
         # NVML reports engine worker PIDs; /proc tells which container each runs in.
@@ -322,19 +303,18 @@ def _shm(app: App, runtime: ContainerRuntime) -> SharedMemory:
     )
 
 
-def _router(app: App) -> tuple[Router | None, Acceptance | None]:
-    """The configured router and the real-client acceptance that uses its client token."""
+def _router(app: App) -> Router | None:
+    """The configured router, or one that refuses every call where its tokens cannot be resolved."""
     rc = app.config.router
     creds = _credentials(app, need_admin=rc.kind == "smg")
     if creds is None:
-        return None, None
+        return None
     if isinstance(creds, CredentialError):
-        return UnresolvedCredentialsRouter(creds), None
-    acceptance = app.real_acceptance()
+        return UnresolvedCredentialsRouter(creds)
     if rc.kind == "smg":
         from anvil_ctl.adapters.smg import SmgRouter
 
-        smg = SmgRouter(
+        return SmgRouter(
             rc.url,
             creds,
             admin_url=rc.admin_url,
@@ -342,13 +322,12 @@ def _router(app: App) -> tuple[Router | None, Acceptance | None]:
             removal_hold_s=rc.removal_hold_s,
             removal_timeout_s=rc.drain_deadline_s,
         )
-        return smg, acceptance
     from anvil_ctl.adapters.haproxy import HaproxyRouter
 
     if rc.runtime_socket is None:
         raise ConfigError(f"{app.settings.config}: router.runtime_socket: required for haproxy")
     tiers = {s.router_tier: s.aliases for s in app.config.slots.values()}
-    return HaproxyRouter(rc.url, rc.runtime_socket, creds, tiers), acceptance
+    return HaproxyRouter(rc.url, rc.runtime_socket, creds, tiers)
 
 
 def _credentials(app: App, *, need_admin: bool) -> RouterCredentials | CredentialError | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from functools import partialmethod
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -117,8 +118,8 @@ class Logger:
     def bind(self, **values: object) -> Logger:
         return Logger(self._args, {**self._context, **values})
 
-    def _emit(self, level: int, method: str, event: str, values: dict[str, object]) -> None:
-        if _setup.pending is not None and level < _setup.min_level:
+    def _emit(self, method: str, event: str, **values: object) -> None:
+        if _setup.pending is not None and getattr(logging, method.upper()) < _setup.min_level:
             return
         if not self._context:  # structlog's lazy proxy: the configuration at each call
             logger = _structlog_logger(self._args)
@@ -128,17 +129,10 @@ class Logger:
             logger = self._bound
         getattr(logger, method)(event, **values)
 
-    def debug(self, event: str, **values: object) -> None:
-        self._emit(logging.DEBUG, "debug", event, values)
-
-    def info(self, event: str, **values: object) -> None:
-        self._emit(logging.INFO, "info", event, values)
-
-    def warning(self, event: str, **values: object) -> None:
-        self._emit(logging.WARNING, "warning", event, values)
-
-    def error(self, event: str, **values: object) -> None:
-        self._emit(logging.ERROR, "error", event, values)
+    debug = partialmethod(_emit, "debug")
+    info = partialmethod(_emit, "info")
+    warning = partialmethod(_emit, "warning")
+    error = partialmethod(_emit, "error")
 
 
 def get_logger(*args: str) -> Logger:

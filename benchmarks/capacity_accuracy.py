@@ -47,7 +47,7 @@ def start_stub(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable,
         "-m",
-        "anvil_ctl.stub",
+        "anvil_stub",
         "--host",
         "127.0.0.1",
         "--port",

@@ -2,7 +2,7 @@
 """Build the stub engine's image deterministically, in `docker save` format.
 
 The image holds one minimal layer: the mount-point directories the stub
-containers need (`/usr`, `/lib`, `/lib64` and `/opt/anvil/anvil_ctl/stub` are
+containers need (`/usr`, `/lib`, `/lib64` and `/opt/anvil/anvil_stub` are
 bind-mounted from the host at run time) and nothing else. Every byte is fixed
 (timestamps, owners, modes, member order, JSON layout), so the image ID — the
 SHA-256 of the config JSON — is the same on every machine and recipes can pin it.
@@ -49,7 +49,7 @@ _ROOTFS: tuple[tuple[str, str, int, str], ...] = (
     ("opt", "dir", 0o755, ""),
     ("opt/anvil", "dir", 0o755, ""),
     ("opt/anvil/anvil_ctl", "dir", 0o755, ""),
-    ("opt/anvil/anvil_ctl/stub", "dir", 0o755, ""),
+    ("opt/anvil/anvil_stub", "dir", 0o755, ""),
     ("proc", "dir", 0o755, ""),
     ("root", "dir", 0o700, ""),
     # a real directory (not a link into the read-only /usr) so that Docker can

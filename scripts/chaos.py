@@ -523,7 +523,7 @@ def canary_recipe(recipes: Path, extra_args: tuple[str, ...] = ()) -> None:
     src = src.replace('name = "stub-131k-mtp"', 'name = "canary-b"')
     src = src.replace("glm53-flash-ormandj-sglang-sm120-tp2-131k-c1-adaptive-mtp", CANARY_MODEL)
     src = src.replace("port = 8012", "port = 8002").replace('"--port", "8012"', '"--port", "8002"')
-    src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    src = src.replace('"../anvil_', f'"{REPO}/anvil_')
     quoted = "".join(f' "{a}",' for a in extra_args)
     src = src.replace('  "--verbose-default",\n]', f'  "--verbose-default",{quoted}\n]')
     (recipes / "canary-b.toml").write_text(src)

@@ -56,7 +56,7 @@ SHIMMED = _shim_structlog()
 from anvil_ctl.adapters.nvml import NvmlProbe
 from anvil_ctl.core.model import GpuReading
 from anvil_ctl.gpu.naming import assign_role_names
-from anvil_ctl.gpu.reserve import VramReserveGate
+from anvil_ctl.gpu.vram import VramReserveGate
 
 TOLERANCE_MIB = 1
 failures: list[str] = []

@@ -60,7 +60,7 @@ if str(REPO) not in sys.path:
 
 from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.nvml import NvmlProbe
-from anvil_ctl.adapters.procfs import proc_cgroup_container
+from anvil_ctl.adapters.shm import proc_cgroup_container
 from anvil_ctl.config.host import load_host_config
 from anvil_ctl.core.engine_profile import LLAMA_CPP_CUDA
 from anvil_ctl.recipes.model import load_recipe, recipe_digest

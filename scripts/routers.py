@@ -140,7 +140,7 @@ def start_stub(
         *_netns_prefix(netns),
         PYTHON,
         "-m",
-        "anvil_ctl.stub",
+        "anvil_stub",
         "--host",
         "127.0.0.1",
         "--port",

@@ -155,7 +155,7 @@ class DockerRuntime:
 
     def _info(self, attrs: JSONObject, cache: dict[str, JSONObject | None]) -> ContainerInfo:
         image = self._image_attrs(str(attrs["Image"]), cache)
-        fields, gpus = inspect_fingerprint_fields(attrs, _image_config(image))
+        fields, gpus = inspect_fingerprint_fields(attrs, obj(image.get("Config")) if image else None)
         state, config = obj(attrs.get("State")), obj(attrs.get("Config"))
         status = cast(ContainerStatus, state.get("Status", "dead"))
         return ContainerInfo(
@@ -353,12 +353,6 @@ def _connect(base_url: str | None, timeout_s: float) -> docker.DockerClient:
 def _texts(value: JSONValue) -> tuple[str, ...]:
     """A list of text (repo digests, tags) from inspect data, sorted."""
     return tuple(sorted(str(v) for v in arr(value)))
-
-
-def _image_config(image: JSONObject | None) -> JSONObject | None:
-    """The image's Config from its inspect data (None: no image, or no Config)."""
-    config = image.get("Config") if image else None
-    return config if isinstance(config, dict) else None
 
 
 def _host_binding(host: str) -> tuple[str, int] | int:

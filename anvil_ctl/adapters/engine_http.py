@@ -1,16 +1,31 @@
-"""The ServerProbe port over httpx: /health, /v1/models, /metrics and the context probe of an engine."""
+"""The ServerProbe port over httpx: /health, /v1/models, /metrics and the context probe of an engine.
+
+TLS for the adapters' httpx clients (`context_for`): the costly trust roots are loaded only where
+a URL is https; an all-`http://` client gets a context without roots, which fails closed."""
 
 from __future__ import annotations
 
 import socket
+import ssl
 import time
+from functools import cache
 
 import httpx
 
-from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import ModelCard, PromptAnswer
+
+
+@cache
+def _verifying() -> ssl.SSLContext:
+    return httpx.create_ssl_context()
+
+
+def context_for(*urls: str | None) -> ssl.SSLContext:
+    if any(u is not None and u.lower().startswith("https:") for u in urls):
+        return _verifying()
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, and trusts nothing: fails closed
 
 
 def metric_samples(text: str, name: str, where: str) -> list[tuple[dict[str, str], float]]:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
+from anvil_ctl.adapters.engine_http import context_for
 from anvil_ctl.adapters.haproxy_config import READY_URI, backend_name, check_socket
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
@@ -25,7 +26,6 @@ from anvil_ctl.adapters.router_http import (
     readmit_loop,
     routed_chat,
 )
-from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONValue
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer

@@ -10,7 +10,8 @@
     residue = ours and held by no process at all
 
 Holders come from /proc/<pid>/maps and fd, matched by device and inode, and belong to a
-managed container by cgroup or by ancestry. An unreadable process makes deletion refuse.
+managed container by cgroup (`proc_cgroup_container`, which also maps NVML's PIDs to containers
+on real GPUs) or by ancestry. An unreadable process makes deletion refuse.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from anvil_ctl.adapters.procfs import proc_cgroup_container
 from anvil_ctl.config.host import ENGINE_SEGMENTS
 from anvil_ctl.core.model import LABEL_MANAGED, ResidueFile, ResidueRemoval, ShmMark
 from anvil_ctl.core.ports import ContainerRuntime, ShmLedger
@@ -36,6 +36,8 @@ DEFAULT_DIRECTORY = Path("/dev/shm")  # noqa: S108
 DELETED_SUFFIX = " (deleted)"
 MAX_ANCESTRY = 64
 """How far up the parent chain a holder is followed to a managed container's init."""
+
+_CONTAINER_ID = re.compile(r"(?:docker[-/]|/)([0-9a-f]{64})(?:\.scope)?\b")
 
 ManagedContainers = Callable[[], Mapping[str, int | None]]
 """Managed containers now: container ID -> init PID (None when it runs no process)."""
@@ -61,6 +63,16 @@ class Observation:
 
     files: dict[str, SeenFile] = field(default_factory=dict)
     unreadable_pids: tuple[int, ...] = ()
+
+
+def proc_cgroup_container(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The Docker container ID a host PID runs in, from /proc/PID/cgroup (None if none)."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    found = _CONTAINER_ID.findall(text)
+    return found[-1] if found else None
 
 
 def managed_containers(runtime: ContainerRuntime) -> ManagedContainers:
@@ -115,12 +127,13 @@ class ShmScanner:
             maybe |= {p: others[p] for p in held}
         holders, unreadable = self._holders(maybe)
         unreadable = tuple(sorted({*first, *unreadable}))
-        owner = self._owners(holders)
+        # pid -> the managed container it runs in (the runtime is asked only if some file is held)
+        owner = self._owner_in(dict(self.managed())) if holders and self.managed is not None else None
         files: dict[str, SeenFile] = {}
         marks: list[ShmMark] = []
         for path, st in maybe.items():
             pids = holders.get(path, ())
-            owners = {pid: owner(pid) for pid in pids}
+            owners = {pid: owner(pid) if owner else None for pid in pids}
             if any(cid is None for cid in owners.values()):
                 continue  # another program holds it: never ours, whoever else does
             ident = (path, st.st_dev, st.st_ino)
@@ -236,73 +249,58 @@ class ShmScanner:
         tokens = tuple(t for i in inodes for t in (f" {i} ".encode(), f" {i}\n".encode()))
         holders: dict[str, set[int]] = {}
         unreadable: set[int] = set()
+
+        def held_by(pid: int) -> set[str]:
+            found: set[str] = set()
+            # This runs for every process on the host: only the maps lines whose inode field is a
+            # candidate's (`lines`, one pass in C) are decoded and parsed.
+            base = f"{self.proc_root}/{pid}"
+            try:
+                with open(f"{base}/maps", "rb") as fh:
+                    raw = fh.read()
+                candidates: Iterable[bytes] = ()
+                if any(token in raw for token in tokens):  # most processes map none: memmem only
+                    candidates = (m[0] for m in lines.finditer(raw))
+                for line in candidates:
+                    hit = _mapped(line.decode("utf-8", errors="surrogateescape"), by_inode, by_path)
+                    if hit is not None:
+                        found.add(hit)
+            except (FileNotFoundError, ProcessLookupError):
+                return found  # the process exited during the scan
+            except OSError:
+                unreadable.add(pid)  # permission denied (not root) or a kernel refusal
+            try:
+                fds = os.listdir(f"{base}/fd")
+            except (FileNotFoundError, ProcessLookupError):
+                return found
+            except OSError:
+                unreadable.add(pid)
+                return found
+            for fd in fds:
+                link = f"{base}/fd/{fd}"
+                try:
+                    target = os.readlink(link).removesuffix(DELETED_SUFFIX)
+                    # Only a candidate's name is worth a stat (which follows the link into
+                    # whatever file system the descriptor is on).
+                    if os.path.basename(target) not in names:
+                        continue
+                    st = os.stat(link)
+                except OSError:
+                    continue  # fd closed between listdir and readlink/stat
+                hit = by_inode.get((st.st_dev, st.st_ino))
+                if hit is not None:
+                    found.add(hit)
+            return found
+
         if pids is None:
             try:
                 pids = [int(e) for e in os.listdir(self.proc_root) if e.isdigit()]
             except OSError:
                 return {}, ()
         for pid in pids:
-            for path in self._held_by(pid, by_inode, by_path, names, unreadable, lines=lines, tokens=tokens):
+            for path in held_by(pid):
                 holders.setdefault(path, set()).add(pid)
         return {p: tuple(sorted(s)) for p, s in holders.items()}, tuple(sorted(unreadable))
-
-    def _held_by(
-        self,
-        pid: int,
-        by_inode: dict[tuple[int, int], str],
-        by_path: dict[str, int],
-        names: set[str],
-        unreadable: set[int],
-        *,
-        lines: re.Pattern[bytes],
-        tokens: tuple[bytes, ...],
-    ) -> set[str]:
-        found: set[str] = set()
-        # This runs for every process on the host: only the maps lines whose inode field is a
-        # candidate's (`lines`, one pass in C) are decoded and parsed.
-        base = f"{self.proc_root}/{pid}"
-        try:
-            with open(f"{base}/maps", "rb") as fh:
-                raw = fh.read()
-            candidates: Iterable[bytes] = ()
-            if any(token in raw for token in tokens):  # most processes map none: memmem only
-                candidates = (m[0] for m in lines.finditer(raw))
-            for line in candidates:
-                hit = _mapped(line.decode("utf-8", errors="surrogateescape"), by_inode, by_path)
-                if hit is not None:
-                    found.add(hit)
-        except (FileNotFoundError, ProcessLookupError):
-            return found  # the process exited during the scan
-        except OSError:
-            unreadable.add(pid)  # permission denied (not root) or a kernel refusal
-        try:
-            fds = os.listdir(f"{base}/fd")
-        except (FileNotFoundError, ProcessLookupError):
-            return found
-        except OSError:
-            unreadable.add(pid)
-            return found
-        for fd in fds:
-            link = f"{base}/fd/{fd}"
-            try:
-                target = os.readlink(link).removesuffix(DELETED_SUFFIX)
-                # Only a candidate's name is worth a stat (which follows the link into
-                # whatever file system the descriptor is on).
-                if os.path.basename(target) not in names:
-                    continue
-                st = os.stat(link)
-            except OSError:
-                continue  # fd closed between listdir and readlink/stat
-            hit = by_inode.get((st.st_dev, st.st_ino))
-            if hit is not None:
-                found.add(hit)
-        return found
-
-    def _owners(self, holders: dict[str, tuple[int, ...]]) -> Callable[[int], str | None]:
-        """pid -> the managed container it runs in, or None (asks the runtime only if needed)."""
-        if not holders or self.managed is None:
-            return lambda pid: None
-        return self._owner_in(dict(self.managed()))
 
 
 def _lines_mapping(inodes: Iterable[int]) -> re.Pattern[bytes]:

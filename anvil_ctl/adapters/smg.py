@@ -18,7 +18,7 @@ from collections.abc import Callable
 import httpx
 
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
-from anvil_ctl.adapters.engine_http import metric_samples
+from anvil_ctl.adapters.engine_http import context_for, metric_samples
 from anvil_ctl.adapters.router_http import (
     NotYetRouted,
     RouterHttp,
@@ -37,7 +37,6 @@ from anvil_ctl.adapters.smg_workers import (
     SmgWorkers,
     norm,
 )
-from anvil_ctl.adapters.tls import context_for
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
@@ -128,10 +127,6 @@ class SmgRouter(RouterHttp):
         """When every removal that may be pending for `url` (or since `since`) has surely landed."""
         reasons = [t for t in (since, self._pending.get(url)) if t is not None]
         return max(reasons) + self._hold_s if reasons else None
-
-    def _held(self, url: str, since: float | None) -> bool:
-        until = self._hold_until(url, since)
-        return until is None or self._clock() >= until
 
     def _remove(self, worker: SmgWorker) -> None:
         """Remove a worker and wait until its URL is gone; one whose removal is pending is not DELETEd."""
@@ -361,11 +356,11 @@ class SmgRouter(RouterHttp):
     ) -> RoutedAnswer | None:
         """Keep observing the registration until no removal can still land on it; gone or pending
         meanwhile: NotYetRouted. The routed chat is repeated at the end (None: nothing to wait for)."""
-        if self._held(url, since):
+        until = self._hold_until(url, since)  # fixed: a removal noted meanwhile ends the hold below
+        if until is None or self._clock() >= until:
             return None
-        until = self._hold_until(url, since) or self._clock()
         log.info("router.smg.hold", tier=tier, url=url, seconds=round(until - self._clock(), 3))
-        while not self._held(url, since):
+        while self._clock() < until:
             if self._clock() >= end:
                 raise NotYetRouted(f"smg worker {url} not yet held for {self._hold_s:.1f} s")
             self._sleep(POLL_S)

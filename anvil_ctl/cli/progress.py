@@ -60,7 +60,7 @@ class _Running:
     activity: str = ""
 
 
-class _Display:
+class _Display(Progress):
     """What both renderers track (the transaction, the running step and its wait) and say.
 
     A renderer says a line with `_say`, starts and stops its own machinery (the heartbeat,

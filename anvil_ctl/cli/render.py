@@ -184,7 +184,7 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.commands.recipes.RecipeView": rq.recipe_view,
     "anvil_ctl.commands.recipes.ValidationReport": rq.validation,
     "anvil_ctl.commands.recipes.Plan": rq.recipe_plan,
-    "anvil_ctl.evidence.export.ExportResult": rq.export,
+    "anvil_ctl.evidence.bundle.ExportResult": rq.export,
     "anvil_ctl.evidence.claims.ClaimsCheck": rq.claims,
     "anvil_ctl.commands.evidence.ReportResult": rq.report,
     "anvil_ctl.evidence.bundle.VerifyResult": rq.verify,

@@ -15,9 +15,8 @@ if TYPE_CHECKING:
     from anvil_ctl.commands.evidence import ReportResult
     from anvil_ctl.commands.qualify import AbOutcome, QualifyOutcome
     from anvil_ctl.commands.recipes import Plan, RecipeView, ValidationReport
-    from anvil_ctl.evidence.bundle import VerifyResult
+    from anvil_ctl.evidence.bundle import ExportResult, VerifyResult
     from anvil_ctl.evidence.claims import ClaimsCheck
-    from anvil_ctl.evidence.export import ExportResult
 
 
 # -- recipes -----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from anvil_ctl.bootstrap import App
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.validate import check_text, parse_rfc3339, require, require_limit, utc_stamp
-from anvil_ctl.persistence import fleet, hosts, queries
+from anvil_ctl.persistence import hosts, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 from anvil_ctl.persistence import verify as chain
 from anvil_ctl.persistence.head import parse_head
@@ -115,13 +115,13 @@ def served(app: App, *, slot: str, at: str, scope: HostScope = THIS_HOST) -> lis
     """Which container served `slot` at time `at` (RFC 3339), on one host or on every host."""
     slot = require("--slot", check_name, slot)
     when = utc_stamp(require("--at", parse_rfc3339, at))
-    return fleet.served_at(app.store, slot=slot, at=when, host=host_id(app, scope))
+    return queries.served_at(app.store, slot=slot, at=when, host=host_id(app, scope))
 
 
 def fleet_status(app: App) -> list[JSONObject]:
     """Every host registered in the state database: its incumbents, last recheck, unresolved
     transactions and held locks (`anvilctl fleet status`)."""
-    return fleet.status(app.store)
+    return hosts.status(app.store)
 
 
 def rechecks(app: App, *, slot: str | None = None, limit: int = 50) -> list[RecheckRecord]:

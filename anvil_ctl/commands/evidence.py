@@ -22,16 +22,18 @@ from anvil_ctl.core.errors import AnvilError, BadInput, CredentialError
 from anvil_ctl.core.validate import require_limit
 from anvil_ctl.evidence.bundle import (
     Bundle,
+    ExportResult,
     ManifestReference,
+    Redaction,
     ReportInputs,
     VerifyResult,
+    export_bundle,
     read_manifest,
     verify_bundle,
 )
-from anvil_ctl.evidence.export import ExportResult, Redaction, export_bundle
 from anvil_ctl.evidence.plots import require_matplotlib
 from anvil_ctl.evidence.report import render_page
-from anvil_ctl.persistence import approvals, qualification, queries, waiver_rows
+from anvil_ctl.persistence import qualification, queries, waiver_rows
 from anvil_ctl.persistence.head import database_file
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.qualify.profiles import PROFILES_DIR
@@ -127,7 +129,7 @@ def verify_evidence(app: App, directory: Path, *, expect_manifest: str | None = 
             )
         references.append(ManifestReference("--expect-manifest", (expect_manifest,)))
     try:
-        tx_id = str(read_manifest(directory).get("tx_id") or "")
+        tx_id = str(read_manifest(directory)[0].get("tx_id") or "")
     except BadInput:
         tx_id = ""  # verify_bundle names what is wrong with the manifest
     if tx_id:
@@ -201,7 +203,7 @@ def _records(app: App, inputs: ReportInputs) -> None:
     cited = {w for d in decisions for w in d["waiver_ids"]}
     now = datetime.now(UTC)
     inputs.waivers = [w.as_dict() for w in waiver_rows.waivers(store) if w.id in cited or w.active(now)]
-    for approval in approvals.approvals(store):
+    for approval in qualification.approvals(store):
         if approval.decision_id in ids and (root / approval.tx_id).is_dir():
             inputs.promotions.append(Bundle.load(root / approval.tx_id, approval.tx_id))
     digests = {d["identity_digest"] for d in raw}

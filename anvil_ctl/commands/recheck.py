@@ -7,7 +7,6 @@ never during a watch) reconciles a failing route and rechecks.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -175,21 +174,11 @@ def recheck(
     if unknown:
         raise BadInput(f"--repair {', '.join(unknown)}: expected one of {list(REPAIRS)}", field="repair")
     app.config.slot(slot)
-    if wait_router_s is not None:
-        try:
-            waited = wait_router(app, wait_router_s)
-        except Unavailable as exc:  # not drift, not a pass: recorded and exit 7, as any unobservable host
-            out = RecheckResult(slot=slot, unavailable=str(exc))
-            out.assertions = [{"name": "observed", "passed": False, "observed": str(exc)}]
-            with contextlib.suppress(Unavailable):  # the database too: the textfile still says so
-                _record(app, out)
-            return out
-        log.info("recheck.router_answered", waited_s=round(waited, 3))
     if slo is not None and slo.profile is not None:
         from anvil_ctl.qualify.profiles import load_profile
 
         load_profile(slo.profile)  # a wrong --profile is bad input before anything is observed
-    result = _recheck(app, slot, slo=slo)
+    result = _recheck(app, slot, slo=slo, wait_router_s=wait_router_s)
     if "router" not in repair or not router_repairable(result):
         return result
     # Imported here: a plain recheck from cron has no use for the transaction machinery.
@@ -214,13 +203,20 @@ def recheck(
 
 
 def _recheck(
-    app: App, slot: str, *, repair: JSONObject | None = None, slo: SloRequest | None = None
+    app: App,
+    slot: str,
+    *,
+    repair: JSONObject | None = None,
+    slo: SloRequest | None = None,
+    wait_router_s: float | None = None,
 ) -> RecheckResult:
     app.config.slot(slot)  # an unknown slot is bad input: nothing observed, nothing recorded
     out = RecheckResult(slot=slot, repair=repair)
     if repair is not None:
         out.assertions.append({"name": "router_repair", "passed": repair["committed"], "observed": repair})
     try:
+        if wait_router_s is not None:  # a router that does not answer: not observable, as below
+            log.info("recheck.router_answered", waited_s=round(wait_router(app, wait_router_s), 3))
         world: World = app.world()
         # The runtime must answer before anything it says is judged: an unreachable Docker
         # Engine is "could not observe", never drift.
@@ -244,7 +240,12 @@ def _recheck(
                 out.assertions.append({"name": "incumbent_recorded", "passed": False, "observed": None})
             else:
                 out.assertions.extend(a.as_dict() for a in slot_assertions(world, ident))
-            _observe(world, out)
+            try:
+                out.snapshot_sha256 = observe(world, [out.slot]).sha256
+            except Unavailable:
+                raise
+            except AnvilError as exc:  # observed, but something in it is broken: drift, recorded
+                out.assertions.append({"name": "snapshot", "passed": False, "observed": str(exc)})
         if slo is not None:
             out.assertions.append(_slo(app, out, ident, slo))
     except Unavailable as exc:
@@ -275,15 +276,6 @@ def _slo(app: App, out: RecheckResult, ident: Identity | None, slo: SloRequest) 
 
     held, observed = slo_check(app, ident, profile=slo.profile, rollback_on_breach=slo.rollback_on_breach)
     return {"name": "slo", "passed": held, "observed": observed}
-
-
-def _observe(world: World, out: RecheckResult) -> None:
-    try:
-        out.snapshot_sha256 = observe(world, [out.slot]).sha256
-    except Unavailable:
-        raise
-    except AnvilError as exc:  # observed, but something in it is broken: drift, recorded
-        out.assertions.append({"name": "snapshot", "passed": False, "observed": str(exc)})
 
 
 def _record(app: App, out: RecheckResult) -> None:

@@ -75,13 +75,12 @@ def load_toml(path: Path, what: str, error: Callable[..., AnvilError] = ConfigEr
     text = read_input_file(path, what, error=error)
     try:
         data = tomllib.loads(text)
+        too_deep = _depth(data) > MAX_NESTING
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{path}: not valid TOML: {exc}", file=str(path)) from None
     except RecursionError:
-        raise error(
-            f"{path}: nested more than {MAX_NESTING} levels deep; expected a {what}", file=str(path)
-        ) from None
-    if _depth(data) > MAX_NESTING:
+        too_deep = True
+    if too_deep:
         raise error(f"{path}: nested more than {MAX_NESTING} levels deep; expected a {what}", file=str(path))
     return data
 

@@ -121,14 +121,6 @@ class Settings(BaseSettings):
         return self.fake_world or self.state_dir / "fake-world.json"
 
 
-SETTING_VARIABLES = {
-    "state_dir": "ANVIL_STATE_DIR",
-    "state_db": "ANVIL_STATE_DB",
-    "config": "ANVIL_CONFIG",
-    "recipes_dir": "ANVIL_RECIPES_DIR",
-}
-
-
 def setting_origins(
     flags: Mapping[str, object], env: Mapping[str, str], defaults: DefaultPaths
 ) -> dict[str, str]:
@@ -136,7 +128,8 @@ def setting_origins(
     `default (XDG)`), as `status` and `init` print it."""
     upper = {k.upper() for k, v in env.items() if v}
     out: dict[str, str] = {}
-    for name, variable in SETTING_VARIABLES.items():
+    for name in ("state_dir", "state_db", "config", "recipes_dir"):
+        variable = "ANVIL_" + name.upper()
         if flags.get(name) is not None:
             out[name] = "--" + name.replace("_", "-")
         elif variable in upper:

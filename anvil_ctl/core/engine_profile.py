@@ -9,30 +9,53 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from anvil_ctl.core.jsontypes import JSONObject, plain
-from anvil_ctl.core.log_patterns import (
-    COMMON_FATAL,
-    NCCL_PLUGIN,
-    PYTHON_DEPRECATION,
-    FatalPattern,
-    NoticePattern,
+FatalKind = Literal["traceback", "cuda_error", "oom", "nccl_error", "crash", "engine_error", "restart"]
+
+
+@dataclass(frozen=True)
+class FatalPattern:
+    """A log line that means the serve failed, of one class."""
+
+    kind: FatalKind
+    regex: str
+
+
+@dataclass(frozen=True)
+class NoticePattern:
+    """A log line known to be harmless, and why."""
+
+    name: str
+    regex: str
+    reason: str
+
+
+COMMON_FATAL: tuple[FatalPattern, ...] = (
+    FatalPattern("traceback", r"Traceback \(most recent call last\)"),
+    # OOM before CUDA error: "CUDA error: out of memory" is an OOM first.
+    FatalPattern("oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
+    FatalPattern("oom", r"cudaMalloc failed: out of memory|\bOOM[- ]kill|Out of memory: Killed process"),
+    FatalPattern("cuda_error", r"CUDA error\b|cudaError[A-Z]\w*|CUDA_ERROR_\w+|CUBLAS_STATUS_(?!SUCCESS)\w+"),
+    FatalPattern("cuda_error", r"an illegal memory access was encountered|device-side assert triggered"),
+    FatalPattern("nccl_error", r"NCCL error|nccl\w*Error\b|NCCL WARN .*(?:[Ff]ail|[Ee]rror|[Tt]imeout)"),
+    FatalPattern("nccl_error", r"Watchdog caught collective operation timeout"),
+    FatalPattern("crash", r"Segmentation fault|Fatal Python error|core dumped|\bSIGSEGV\b|\bSIGABRT\b"),
 )
+"""Every engine's fatal lines: Python tracebacks, CUDA and NCCL failures, OOM, crashes."""
 
-ContextSource = Literal["models", "refusal", "none"]
-"""Where the serving context length shows: /v1/models, the 400 to an over-long prompt, or nowhere."""
-
-ResponseModel = Literal["served", "request"]
-"""What a chat response's `model` carries: the served name, or whatever the request named."""
-
-PromptTokens = Literal["stream-usage", "plain-usage", "tokenize"]
-"""How a streamed request's prompt tokens are counted: the final usage chunk; the usage of
-the same request re-sent unstreamed with max_tokens 1; or the tokenizer endpoint (an undercount)."""
-
-CompletionTokens = Literal["stream-usage", "stream-chunks"]
-"""How a streamed request's completion tokens are counted: the final usage chunk, or one per chunk."""
+NCCL_PLUGIN = NoticePattern(
+    "nccl-plugin-absent",
+    r"NCCL INFO (?:NET|PROFILER|TUNER)/Plugin: (?:Could not find|Plugin load returned|"
+    r"Failed to find|No plugin found)",
+    "optional NCCL plugin not installed; NCCL says it uses its internal network plugin instead",
+)
+PYTHON_DEPRECATION = NoticePattern(
+    "python-deprecation",
+    r"\b(?:FutureWarning|DeprecationWarning|PendingDeprecationWarning)\b|\bis deprecated\b",
+    "a Triton/Torch/library deprecation: it announces a future change and changes nothing now",
+)
 
 
 @dataclass(frozen=True)
@@ -76,12 +99,17 @@ class EngineProfile:
     # The defaults are the OpenAI-compatible assumptions (`OPENAI_COMPATIBLE`).
     health_path: str | None = "/health"
     """A route answering 200 when healthy; None: readiness is /v1/models listing the served name."""
-    context_source: ContextSource = "models"
-    response_model: ResponseModel = "served"
+    context_source: Literal["models", "refusal", "none"] = "models"
+    """Where the serving context length shows: /v1/models, the 400 to an over-long prompt, or nowhere."""
+    response_model: Literal["served", "request"] = "served"
+    """What a chat response's `model` carries: the served name, or whatever the request named."""
     streamed_usage: bool = True
     """True: `stream_options.include_usage` yields a final usage chunk."""
-    prompt_tokens: PromptTokens = "stream-usage"
-    completion_tokens: CompletionTokens = "stream-usage"
+    prompt_tokens: Literal["stream-usage", "plain-usage", "tokenize"] = "stream-usage"
+    """How a streamed request's prompt tokens are counted: the final usage chunk; the usage of
+    the same request re-sent unstreamed with max_tokens 1; or the tokenizer endpoint (an undercount)."""
+    completion_tokens: Literal["stream-usage", "stream-chunks"] = "stream-usage"
+    """How a streamed request's completion tokens are counted: the final usage chunk, or one per chunk."""
     context_refusal: str | None = None
     """With context_source `refusal`: a regex whose group `limit` is the context in the 400 answer."""
     tokenizer: Tokenizer | None = None
@@ -146,9 +174,6 @@ class EngineProfile:
         """The `model` a routed answer by `alias` carries from a serve of `served_model`."""
         return served_model if self.response_model == "served" else alias
 
-    def as_dict(self) -> JSONObject:
-        return {str(k): plain(v) for k, v in asdict(self).items()}
-
 
 OPENAI_COMPATIBLE = EngineProfile(
     name="openai-compatible",
@@ -159,7 +184,7 @@ OPENAI_COMPATIBLE = EngineProfile(
 
 STUB = EngineProfile(
     name="stub",
-    description="anvil_ctl.stub, our own OpenAI-compatible engine (docs/CONTRACTS.md)",
+    description="anvil_stub, our own OpenAI-compatible engine (docs/CONTRACTS.md)",
     fatal_log_patterns=(
         FatalPattern("engine_error", r"anvil-stub: (?:fatal|error)\b"),
         FatalPattern("engine_error", r"OSError: \[Errno 98\] Address already in use"),
@@ -182,7 +207,7 @@ STUB = EngineProfile(
     start_banner=r"anvil-stub: serving ",
     running_metric="stub:num_requests_running",
     stop_timeout_s=10.0,
-    sources=("anvil_ctl/stub (docs/CONTRACTS.md)",),
+    sources=("anvil_stub (docs/CONTRACTS.md)",),
 )
 
 SGLANG = EngineProfile(

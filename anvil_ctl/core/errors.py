@@ -9,22 +9,19 @@ AnvilError
 │   └── AuthRejected             the router refused our credentials (401/403)
 ├── NeedsOperator                exit 5: a step found the host must not be touched further
 ├── AdapterError                 a port's implementation failed (translated at the edge)
-│   ├── Unavailable              exit 7: a dependency (the state database, Docker, NVML, the
-│   │   │                        router) is busy, locked, read-only, full or unreachable
+│   ├── Unavailable              exit 7: a dependency is busy, locked, read-only, full or unreachable
 │   │   └── TransientError       worth retrying (connection reset, 5xx, API busy)
 │   ├── NotFound                 the object named by an exact ID does not exist
 │   └── CredentialError          a token could not be resolved or its file is unsafe
 ├── StepFailed                   raised by a step's do/undo to fail with a reason
-│   └── DrainRefused             exit 3: answers still in flight at a drain's deadline; the
-│                                transaction gave up (compensated), the serve stays routed
+│   └── DrainRefused             exit 3: answers in flight at its deadline; compensated, still routed
 ├── StateStoreError              the state database is missing, foreign or too new
 ├── EvidenceMismatch             exit 6: an evidence bundle differs from its manifest
 ├── RecordDiffers                exit 6: a record to be used (copied) does not verify
 ├── HostClaimed                  exit 8: another machine is recorded under this host's name
 └── TargetHoldsHost              exit 9: `db copy` found this host's rows in the target
 IllegalTransition (RuntimeError) misuse: a transition the table does not allow (core.states)
-UncoveredRows (RuntimeError)     misuse: history rows committed without their audit entry
-                                 (anvil_ctl.persistence.coverage)
+UncoveredRows (RuntimeError)     misuse: history rows committed without their audit entry (persistence)
 """
 
 from __future__ import annotations

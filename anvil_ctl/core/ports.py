@@ -6,7 +6,6 @@ Every implementation translates its library's exceptions into `anvil_ctl.core.er
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -26,11 +25,9 @@ from anvil_ctl.core.model import (
     RoutedAnswer,
     ShmMark,
 )
-from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import TxState
 
 
-@runtime_checkable
 class ContainerRuntime(Protocol):
     """Create, start, stop, inspect and remove containers by exact ID."""
 
@@ -114,9 +111,7 @@ class Router(Protocol):
 @runtime_checkable
 class WeightedRouter(Protocol):
     """A router that can split one tier's new requests between backends by weight (HAProxy's
-    server weights). smg 1.13 cannot: its selection policies (random, round_robin,
-    power_of_two, cache_aware, least_load, manual, consistent_hashing, prefix_hash) choose
-    among healthy workers without a per-worker weight, so a canary there is refused."""
+    server weights); smg's selection policies have no per-worker weight: a canary there is refused."""
 
     def set_weights(self, tier: str, weights: Mapping[str, int]) -> None:
         """Backend URL -> weight 0-100 for new requests of `tier`; each URL must already be
@@ -132,7 +127,6 @@ class GpuProbe(Protocol):
     def driver_version(self) -> str: ...
 
 
-@runtime_checkable
 class ServerProbe(Protocol):
     """The engine's OpenAI-compatible endpoint, for health and served identity."""
 
@@ -180,7 +174,6 @@ class CacheVerdict(Protocol):
     def problems(self) -> tuple[str, ...]: ...
 
 
-@runtime_checkable
 class ModelCache(Protocol):
     """The on-disk model cache (Hugging Face layout) that engines load from."""
 
@@ -228,85 +221,31 @@ class StepEvent:
     at: str
 
 
-class Journal(Protocol):
-    """The append-only record of transactions (implemented by anvil_ctl.persistence)."""
-
-    def begin(
-        self,
-        *,
-        kind: str,
-        slot: str | None,
-        args: JSONObject,
-        owner: Owner,
-        tx_id: str,
-    ) -> str:
-        """Write a new transaction `tx_id` in state `planned`; return its ID."""
-
-    def transition(
-        self, tx_id: str, target: TxState, reason: str = "", data: Mapping[str, object] | None = None
-    ) -> None:
-        """Append a state row after checking the move against the transition table."""
-
-    def record(self, tx_id: str) -> TxRecord: ...
-
-    def step_event(
-        self,
-        tx_id: str,
-        *,
-        seq: int,
-        step: str,
-        phase: str,
-        event: str,
-        detail: Mapping[str, object] | None = None,
-    ) -> None: ...
-
-    def step_events(self, tx_id: str) -> list[StepEvent]: ...
-
-    def together(self) -> AbstractContextManager[None]:
-        """The writes inside commit as one (one database transaction, one audit entry)."""
-
-    def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int: ...
-
-    def record_diff(
-        self, tx_id: str, label: str, before: Snapshot, after: Snapshot, changes: list[Change]
-    ) -> None: ...
-
-    def unfinished(self) -> list[TxRecord]:
-        """Transactions whose latest state is planned, running, compensating or interrupted."""
-
-
-class Progress(Protocol):
+class Progress:
     """What a person watching a transaction is told; every method returns at once (never blocks)."""
 
     def transaction(self, tx_id: str, kind: str, slot: str | None, steps: int) -> None:
         """A transaction of `steps` steps began running (its guards passed)."""
-        return None
 
     def step_started(self, seq: int, name: str, phase: str, description: str) -> None:
         """A step began: phase `do`, `undo` (compensation) or `check` (the guards, seq -1)."""
-        return None
 
     def step_finished(
         self, seq: int, name: str, phase: str, *, ok: bool, elapsed_s: float, error: str
     ) -> None:
         """The step that began last ended, after `elapsed_s`; `error` says why when not `ok`."""
-        return None
 
     def waiting(self, what: str, deadline_s: float) -> None:
         """The running step waits for `what` at most `deadline_s` seconds."""
-        return None
 
     def activity(self, text: str) -> None:
         """What the running step does now, in a few words (replaced by the next one)."""
-        return None
 
     def note(self, text: str) -> None:
         """A line worth keeping (a gate's verdict, a route re-applied)."""
-        return None
 
     def finished(self, state: str, reason: str, elapsed_s: float) -> None:
         """The transaction reached its end state."""
-        return None
 
 
 class SilentProgress(Progress):

@@ -51,11 +51,6 @@ class Snapshot:
         return sha256_hex(self.canonical)
 
 
-def pointer(parts: tuple[str | int, ...]) -> str:
-    """The JSON Pointer (RFC 6901, '~' and '/' escaped) of a path: `("router", 0)` -> `/router/0`."""
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
-
-
 @dataclass(frozen=True)
 class Change:
     """One difference: `add` (only after), `remove` (only before) or `replace` (both); absence is the op."""
@@ -75,7 +70,8 @@ class Change:
 
     @property
     def pointer(self) -> str:
-        return pointer(self.parts)
+        """The JSON Pointer (RFC 6901, '~' and '/' escaped): `("router", 0)` -> `/router/0`."""
+        return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in self.parts)
 
     def as_dict(self) -> JSONObject:
         out: JSONObject = {"op": self.op, "path": self.path, "pointer": self.pointer}

@@ -25,9 +25,8 @@ from anvil_ctl.gpu.ownership import (
     check_start,
     unknown_processes,
 )
-from anvil_ctl.gpu.release import wait_for_vram_release
-from anvil_ctl.gpu.reserve import POLICY as VRAM_RESERVE
-from anvil_ctl.gpu.reserve import VramReserveGate
+from anvil_ctl.gpu.vram import POLICY as VRAM_RESERVE
+from anvil_ctl.gpu.vram import VramReserveGate, wait_for_vram_release
 from anvil_ctl.gpu.waiver_policy import resolve
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import gpu_ledger

@@ -16,7 +16,7 @@ from anvil_ctl.core.jsontypes import JSONObject, get_int, get_object, get_object
 from anvil_ctl.core.waiver import VRAM_RESERVE, Waiver
 from anvil_ctl.engine.world import World
 from anvil_ctl.gpu import waiver_policy
-from anvil_ctl.gpu.reserve import CardCheck, ReserveResult
+from anvil_ctl.gpu.vram import CardCheck, ReserveResult
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import DecisionRecord

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from anvil_ctl.core.errors import AnvilError, AuthRejected, NeedsOperator
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.ports import Journal, Owner, StepEvent, TxRecord
+from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Step, StepContext
 from anvil_ctl.engine.chain import DIED_BEFORE_MUTATION
@@ -25,6 +25,7 @@ from anvil_ctl.engine.plans import KINDS, AnyPlan, TxKind
 from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.log import get_logger
+from anvil_ctl.persistence.store import Store
 
 log = get_logger("anvil.recover")
 
@@ -84,9 +85,7 @@ def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, Any
     return todo
 
 
-def refuse_without_credentials(
-    journal: Journal, me: Owner, world: World, *, also: Sequence[str] = ()
-) -> None:
+def refuse_without_credentials(journal: Store, me: Owner, world: World, *, also: Sequence[str] = ()) -> None:
     """Raise AuthRejected, before anything is written, when there is something to recover (`also`:
     other work waiting) and the router refuses our credentials: every undo would be refused too."""
     if world.router is None:
@@ -111,7 +110,7 @@ def refuse_without_credentials(
 
 
 def recover_unfinished(
-    journal: Journal,
+    journal: Store,
     me: Owner,
     world: World,
     kinds: Mapping[str, TxKind] = KINDS,
@@ -160,7 +159,7 @@ def _undone(events: list[StepEvent]) -> list[str]:
 
 
 def _recover_one(
-    journal: Journal,
+    journal: Store,
     engine: TransactionEngine,
     rec: TxRecord,
     kinds: Mapping[str, TxKind],

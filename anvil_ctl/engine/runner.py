@@ -19,7 +19,7 @@ from typing import TypeVar
 from anvil_ctl.core.errors import AnvilError, AuthRejected, DrainRefused, NeedsOperator, Refused
 from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.ports import Journal, Owner
+from anvil_ctl.core.ports import Owner
 from anvil_ctl.core.snapshot import diff
 from anvil_ctl.core.states import UNFINISHED_STATES, TxState
 from anvil_ctl.core.steps import Plan, Step, StepContext
@@ -28,6 +28,7 @@ from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
+from anvil_ctl.persistence.store import Store
 
 A = TypeVar("A")
 M = TypeVar("M")
@@ -47,7 +48,7 @@ def _error_detail(exc: BaseException) -> dict[str, object]:
 class TransactionEngine:
     def __init__(
         self,
-        journal: Journal,
+        journal: Store,
         owner: Owner,
         *,
         faults: Faults = NO_FAULTS,

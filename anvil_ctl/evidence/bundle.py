@@ -1,5 +1,6 @@
 """Evidence on disk: a transaction's JSON artifacts, each written once, and the manifest listing
-them; verifying a directory against its manifest; a verified bundle as read.
+them; verifying a directory against its manifest; a redacted, shareable export of a verified
+directory; a verified bundle as read.
 
 A manifest only vouches for the files it lists; what binds a directory to the record is the
 manifest's own SHA-256, recorded in the state database (`verify_bundle`'s `references`).
@@ -11,14 +12,14 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from anvil_ctl.atomic import atomic_write
 from anvil_ctl.config.inputs import read_input_file
 from anvil_ctl.core.errors import BadInput, EvidenceMismatch, StepFailed
-from anvil_ctl.core.jsontypes import JSONObject, JSONValue, fields, get_int, get_str
+from anvil_ctl.core.jsontypes import JSONObject, JSONValue, fields
 from anvil_ctl.core.validate import unsafe_char, utc_stamp
 
 MANIFEST = "manifest.json"
@@ -88,20 +89,27 @@ class EvidenceWriter:
 
     def write_manifest(self, **extra: object) -> Artifact:
         """Write manifest.json over every artifact written; returns the manifest's own hash."""
-        manifest = {
-            "manifest_version": MANIFEST_VERSION,
-            "tx_id": self.tx_id,
-            "created_at": utc_stamp(datetime.now(UTC)),
-            "artifacts": [a.as_dict() for a in sorted(self.artifacts, key=lambda a: a.path)],
-            **extra,
-        }
-        payload = to_json(manifest)
-        atomic_write(self.tx_dir / MANIFEST, payload)
-        return Artifact.of(MANIFEST, payload)
+        return write_manifest(self.tx_dir, self.tx_id, self.artifacts, **extra)
 
 
-def read_manifest(directory: Path) -> JSONObject:
-    """The manifest of an evidence directory, checked entry by entry (see `check_manifest`)."""
+def write_manifest(directory: Path, tx_id: str, artifacts: Sequence[Artifact], **extra: object) -> Artifact:
+    """Write `directory`/manifest.json listing `artifacts` (by path); returns its own hash."""
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "tx_id": tx_id,
+        "created_at": utc_stamp(datetime.now(UTC)),
+        "artifacts": [asdict(a) for a in sorted(artifacts, key=lambda a: a.path)],
+        **extra,
+    }
+    payload = to_json(manifest)
+    atomic_write(directory / MANIFEST, payload)
+    return Artifact.of(MANIFEST, payload)
+
+
+def read_manifest(directory: Path) -> tuple[JSONObject, list[Artifact]]:
+    """The manifest of an evidence directory and its entries, each checked: an object whose
+    `artifacts` list holds one object per file, each a distinct relative `path`, a 64-hex `sha256`
+    and a `size` >= 0; BadInput otherwise."""
     if not directory.is_dir():
         raise BadInput(f"{directory}: not a directory; expected an evidence directory", path=str(directory))
     path = directory / MANIFEST
@@ -114,17 +122,11 @@ def read_manifest(directory: Path) -> JSONObject:
         raise BadInput(f"{path}: not JSON: {exc}", path=str(directory)) from None
     except RecursionError:
         raise BadInput(f"{path}: nested too deeply; expected a manifest", path=str(directory)) from None
-    return check_manifest(data, path)
-
-
-def check_manifest(data: object, path: Path) -> JSONObject:
-    """`data` if it is a manifest: an object whose `artifacts` list holds one object per file,
-    each a distinct relative `path`, a 64-hex `sha256` and a `size` >= 0; BadInput otherwise."""
     if not isinstance(data, dict) or not isinstance(data.get("artifacts"), list):
         raise BadInput(f"{path}: expected an object with an 'artifacts' list", path=str(path))
+    artifacts: list[Artifact] = []
     seen: set[str] = set()
-    artifacts: list[object] = data["artifacts"]
-    for i, entry in enumerate(artifacts):
+    for i, entry in enumerate(data["artifacts"]):
         where = f"{path}: artifacts[{i}]"
         if not isinstance(entry, dict):
             raise BadInput(f"{where}: expected an object with path, sha256 and size", path=str(path))
@@ -138,13 +140,8 @@ def check_manifest(data: object, path: Path) -> JSONObject:
             raise BadInput(f"{where}.sha256: expected 64 lowercase hex digits", path=str(path))
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_ARTIFACT_BYTES:
             raise BadInput(f"{where}.size: expected a number of bytes >= 0", path=str(path))
-    return data
-
-
-def listed_entries(manifest: JSONObject) -> list[JSONObject]:
-    """The `artifacts` entries of a manifest `check_manifest` accepted: one object each."""
-    entries = manifest["artifacts"]
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+        artifacts.append(Artifact(rel, digest, size))
+    return data, artifacts
 
 
 # -- verifying ---------------------------------------------------------------------------------
@@ -200,37 +197,14 @@ class VerifyResult:
         return not self.mismatches
 
     def as_dict(self) -> JSONObject:
-        return {
-            "directory": self.directory,
-            "ok": self.ok,
-            "checked": self.checked,
-            "manifest_sha256": self.manifest_sha256,
-            "bound": self.bound,
-            "bindings": [asdict(b) for b in self.bindings] if self.bindings is not None else None,
-            "mismatches": [asdict(m) for m in self.mismatches],
-        }
-
-
-def _bind(sha: str, references: Sequence[ManifestReference]) -> tuple[tuple[Binding, ...], list[Mismatch]]:
-    bindings = tuple(
-        Binding(r.source, r.sha256s, (sha in r.sha256s) if r.sha256s else None, r.note) for r in references
-    )
-    problems = [
-        Mismatch(MANIFEST, "manifest_sha256", f"{b.against}: {', '.join(b.expected)}", sha)
-        for b in bindings
-        if b.matched is False
-    ]
-    if not any(b.matched for b in bindings) and not problems:
-        tried = "; ".join(f"{b.against}: {b.note or 'no record'}" for b in bindings) or "no reference"
-        problems.append(Mismatch(MANIFEST, "unbound", f"a recorded manifest SHA-256 ({tried})", sha))
-    return bindings, problems
+        return {**asdict(self), "ok": self.ok, "bound": self.bound}
 
 
 def verify_bundle(directory: Path, references: Sequence[ManifestReference] | None = None) -> VerifyResult:
     """Re-hash every artifact the manifest names; list missing, changed and unlisted files. With
     `references`, a manifest none of them recorded is `unbound`, one that differs `manifest_sha256`."""
     try:
-        manifest = read_manifest(directory)
+        _, artifacts = read_manifest(directory)
     except BadInput as exc:
         return VerifyResult(
             str(directory),
@@ -241,9 +215,8 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
     root = directory.resolve()
     mismatches: list[Mismatch] = []
     listed: set[str] = set()
-    for entry in listed_entries(manifest):
-        rel = str(entry.get("path", ""))
-        sha256, size = get_str(entry, "sha256"), get_int(entry, "size")
+    for a in artifacts:
+        rel = a.path
         listed.add(rel)
         try:
             target = (root / rel).resolve()
@@ -254,18 +227,18 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
             mismatches.append(Mismatch(rel, "unsafe_path"))
             continue
         if not target.is_file():
-            mismatches.append(Mismatch(rel, "missing", sha256))
+            mismatches.append(Mismatch(rel, "missing", a.sha256))
             continue
         try:
             data = target.read_bytes()
         except OSError as exc:
             mismatches.append(Mismatch(rel, "unreadable", None, exc.strerror))
             continue
-        if len(data) != size:
-            mismatches.append(Mismatch(rel, "size", size, len(data)))
+        if len(data) != a.size:
+            mismatches.append(Mismatch(rel, "size", a.size, len(data)))
         digest = hashlib.sha256(data).hexdigest()
-        if digest != sha256:
-            mismatches.append(Mismatch(rel, "sha256", sha256, digest))
+        if digest != a.sha256:
+            mismatches.append(Mismatch(rel, "sha256", a.sha256, digest))
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
         if path.is_file() and rel != MANIFEST and rel not in listed:
@@ -273,9 +246,118 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
     sha = hashlib.sha256((directory / MANIFEST).read_bytes()).hexdigest()
     bindings = None
     if references is not None:
-        bindings, problems = _bind(sha, references)
-        mismatches.extend(problems)
+        bindings = tuple(
+            Binding(r.source, r.sha256s, sha in r.sha256s if r.sha256s else None, r.note) for r in references
+        )
+        mismatches.extend(
+            Mismatch(MANIFEST, "manifest_sha256", f"{b.against}: {', '.join(b.expected)}", sha)
+            for b in bindings
+            if b.matched is False
+        )
+        if all(b.matched is None for b in bindings):
+            tried = "; ".join(f"{b.against}: {b.note or 'no record'}" for b in bindings) or "no reference"
+            mismatches.append(Mismatch(MANIFEST, "unbound", f"a recorded manifest SHA-256 ({tried})", sha))
     return VerifyResult(str(directory), len(listed), tuple(mismatches), sha, bindings)
+
+
+# -- a redacted export ------------------------------------------------------------------------
+
+
+GPU_UUID_RE = re.compile(r"\b(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """What an export hides: GPU UUIDs (consistently renamed), host paths, secrets."""
+
+    secrets: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+
+@dataclass
+class _Redactor:
+    redaction: Redaction
+    gpu_names: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {"gpu_uuids": 0, "paths": 0, "secrets": 0})
+
+    def apply(self, text: str) -> str:
+        for secret in sorted({s for s in self.redaction.secrets if s}, key=len, reverse=True):
+            # Secrets may appear raw or JSON-escaped inside an artifact.
+            for form in {secret, json.dumps(secret)[1:-1]}:
+                self.counts["secrets"] += text.count(form)
+                text = text.replace(form, "<redacted-secret>")
+        for path in sorted(
+            {p.rstrip("/") for p in self.redaction.paths if p.strip("/")}, key=len, reverse=True
+        ):
+            self.counts["paths"] += text.count(path)
+            text = text.replace(path, "<host-path>")
+        return GPU_UUID_RE.sub(self._gpu, text)
+
+    def _gpu(self, match: re.Match[str]) -> str:
+        uuid = match.group(0).lower()
+        self.counts["gpu_uuids"] += 1
+        if uuid not in self.gpu_names:
+            self.gpu_names[uuid] = f"GPU-REDACTED-{len(self.gpu_names) + 1}"
+        return self.gpu_names[uuid]
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: str
+    manifest: Artifact
+    artifacts: tuple[Artifact, ...]
+    redactions: dict[str, int]
+    source_manifest_sha256: str = ""
+    recorded: bool = False  # the export's manifest SHA-256 is in the state database
+
+
+def export_bundle(
+    tx_dir: Path,
+    out_dir: Path,
+    *,
+    redact: Redaction | None = None,
+    references: Sequence[ManifestReference] | None = None,
+) -> ExportResult:
+    """Copy a verified transaction's artifacts to `out_dir`, redacted, with a manifest of its own
+    that names the source manifest's SHA-256. The source must verify (against `references` when
+    given): a tampered source is refused, not laundered. Evidence and state paths are redacted."""
+    source = verify_bundle(tx_dir, references)
+    if not source.ok:
+        raise BadInput(
+            f"{tx_dir}: evidence does not match its manifest; refusing to export",
+            mismatches=[asdict(m) for m in source.mismatches],
+        )
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise BadInput(f"{out_dir}: export directory exists and is not empty", path=str(out_dir))
+    redaction = redact or Redaction()
+    resolved = tx_dir.resolve()
+    auto = [str(p) for p in (resolved, resolved.parent, resolved.parent.parent) if str(p) != "/"]
+    redactor = _Redactor(replace(redaction, paths=(*redaction.paths, *auto)))
+    manifest, listed = read_manifest(tx_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    artifacts = []
+    for rel in sorted(a.path for a in listed):
+        text = (tx_dir / rel).read_bytes().decode("utf-8", errors="replace")
+        payload = redactor.apply(text).encode()
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, payload)
+        artifacts.append(Artifact.of(rel, payload))
+    manifest_artifact = write_manifest(
+        out_dir,
+        redactor.apply(str(manifest.get("tx_id", ""))),
+        artifacts,
+        kind="export",
+        source_manifest_sha256=source.manifest_sha256,
+        redactions=dict(redactor.counts),
+    )
+    return ExportResult(
+        out_dir=str(out_dir),
+        manifest=manifest_artifact,
+        artifacts=tuple(artifacts),
+        redactions=dict(redactor.counts),
+        source_manifest_sha256=source.manifest_sha256 or "",
+    )
 
 
 # -- reading a verified bundle -----------------------------------------------------------------
@@ -301,25 +383,21 @@ class Bundle:
                 "nothing is reported from it",
                 mismatches=[m.path for m in checked.mismatches],
             )
-        manifest = read_manifest(directory)
+        manifest, artifacts = read_manifest(directory)
         files: dict[str, JSONValue] = {
-            str(a["path"]): json.loads((directory / str(a["path"])).read_text())
-            for a in listed_entries(manifest)
-            if str(a["path"]).endswith(".json")
+            a.path: json.loads((directory / a.path).read_text())
+            for a in artifacts
+            if a.path.endswith(".json")
         }
         tx = tx_id or str(manifest.get("tx_id", directory.name))
         return cls(tx, directory, checked.manifest_sha256 or "", files)
 
     def gate(self, gate_type: str) -> JSONObject | None:
         """The first gate artifact (by name) whose evidence says it is of `gate_type`."""
-        return next(
-            (
-                v
-                for k, v in sorted(self.files.items())
-                if isinstance(v, dict) and fields(v.get("evidence", {})).get("gate_type") == gate_type
-            ),
-            None,
-        )
+        for _, v in sorted(self.files.items()):
+            if isinstance(v, dict) and fields(v.get("evidence", {})).get("gate_type") == gate_type:
+                return v
+        return None
 
 
 @dataclass

@@ -17,8 +17,9 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr
 
+from anvil_ctl.config.fields import Strict
 from anvil_ctl.config.inputs import load_toml, validated
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
@@ -120,11 +121,7 @@ Text = Annotated[str, AfterValidator(_text)]
 Decimals = Annotated[int, Field(strict=True, ge=0, le=12)]
 
 
-class _Table(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
-
-
-class _Condition(_Table):
+class _Condition(Strict):
     """A `[[claims.condition]]` table (`artifact` None: the claim's; `decimals` None: as many as
     the number shows)."""
 
@@ -134,17 +131,7 @@ class _Condition(_Table):
     decimals: Decimals | None = None
 
 
-@dataclass(frozen=True)
-class Recount:
-    """One number to recount: as published, where it comes from, and its rounding."""
-
-    published: Number
-    artifact: str
-    path: str
-    decimals: int
-
-
-class Claim(_Table):
+class Claim(Strict):
     """A `[[claims]]` table: a local claim is recounted (`published` at `path` of `artifact`, and
     its `condition` numbers); an external-prior one names its `source` and is never recounted."""
 
@@ -159,22 +146,19 @@ class Claim(_Table):
     condition: list[_Condition] = []
 
     @property
-    def recounts(self) -> list[Recount]:
-        """The claim's own number, then its conditions' (none for an external-prior claim)."""
+    def recounts(self) -> list[tuple[Number, str, str, int]]:
+        """Each number to recount (the claim's own, then its conditions'; none for an external-prior
+        claim): as published, the artifact and path it comes from, and its decimals."""
         own = (self.published, self.artifact, self.path or "", self.decimals)
         rows = [own, *((c.published, c.artifact, c.path, c.decimals) for c in self.condition)]
         return [
-            Recount(n, a or self.artifact or "", p, n.decimals if d is None else d)
+            (n, a or self.artifact or "", p, n.decimals if d is None else d)
             for n, a, p, d in rows
             if n is not None
         ]
 
-    @property
-    def artifacts(self) -> list[str]:
-        return sorted({r.artifact for r in self.recounts})
 
-
-class Ledger(_Table):
+class Ledger(Strict):
     """A claims file: its claims, and the title and finding its table is printed under."""
 
     title: str = ""
@@ -240,9 +224,6 @@ class ClaimResult:
     problems: list[str] = field(default_factory=list)
     recounted: list[JSONObject] = field(default_factory=list)
 
-    def as_dict(self) -> JSONObject:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class ClaimsCheck:
@@ -263,7 +244,7 @@ class ClaimsCheck:
             "evidence": self.evidence,
             "ok": self.ok,
             "bundle": self.bundle.as_dict(),
-            "claims": [r.as_dict() for r in self.results],
+            "claims": [asdict(r) for r in self.results],
         }
 
 
@@ -282,7 +263,6 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
     if not directory.is_dir():
         raise BadInput(f"--evidence {directory}: not a directory", field="evidence")
     bundle = verify_bundle(directory)
-    broken = {m.path for m in bundle.mismatches}
     local = _local_artifacts(directory)
     cache: dict[str, JSONValue] = {}
     results = []
@@ -291,34 +271,33 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
             results.append(ClaimResult(claim.claim, claim.origin, "external-prior"))
             continue
         result = ClaimResult(claim.claim, claim.origin, "ok")
-        for recount in claim.recounts:
-            problem = _problem_with(recount, directory, broken, local, cache)
+        for published, artifact, path, decimals in claim.recounts:
+            problem = _problem_with(artifact, path, bundle, local, cache)
             if problem is not None:
                 if problem not in result.problems:  # a claim and its conditions share an artifact
                     result.problems.append(problem)
                 result.status = "missing"
                 continue
             try:
-                value = resolve(cache[recount.artifact], recount.path)
-                got = rounded(value, recount.decimals)
+                value = resolve(cache[artifact], path)
+                got = rounded(value, decimals)
             except PathError as exc:
-                result.problems.append(f"{recount.artifact}: {recount.path}: {exc}")
+                result.problems.append(f"{artifact}: {path}: {exc}")
                 result.status = "missing"
                 continue
-            want = rounded(recount.published.value, recount.decimals)
             entry: JSONObject = {
-                "published": recount.published.text,
-                "recounted": f"{got:,.{recount.decimals}f}",
+                "published": published.text,
+                "recounted": f"{got:,.{decimals}f}",
                 "raw": value,
-                "artifact": recount.artifact,
-                "path": recount.path,
-                "decimals": recount.decimals,
+                "artifact": artifact,
+                "path": path,
+                "decimals": decimals,
             }
             result.recounted.append(entry)
-            if got != want:
+            if got != rounded(published.value, decimals):
                 result.problems.append(
-                    f"published {recount.published.text}, the evidence says {entry['recounted']} "
-                    f"({recount.artifact}: {recount.path} = {value})"
+                    f"published {published.text}, the evidence says {entry['recounted']} "
+                    f"({artifact}: {path} = {value})"
                 )
                 if result.status == "ok":
                     result.status = "differs"
@@ -327,21 +306,20 @@ def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
 
 
 def _problem_with(
-    recount: Recount, directory: Path, broken: set[str], local: set[str] | None, cache: dict[str, JSONValue]
+    name: str, path: str, bundle: VerifyResult, local: set[str] | None, cache: dict[str, JSONValue]
 ) -> str | None:
-    name = recount.artifact
     if Path(name).is_absolute() or ".." in Path(name).parts:
         return f"{name}: expected a file name inside the bundle"
-    top = re.split(r"[.\[]", recount.path, maxsplit=1)[0]
+    top = re.split(r"[.\[]", path, maxsplit=1)[0]
     if name == "provenance.json" and top in ("external_prior", "source"):
-        return f"{name}: {recount.path} is external-prior, not a local measurement; mark the claim origin"
+        return f"{name}: {path} is external-prior, not a local measurement; mark the claim origin"
     if local is not None and name not in local and name != "provenance.json":
         return f"{name}: not a local measurement of this bundle (provenance.json does not list it)"
-    if name in broken:
+    if any(m.path == name for m in bundle.mismatches):
         return f"{name}: does not match the bundle's manifest"
     if name not in cache:
         try:
-            cache[name] = json.loads((directory / name).read_text())
+            cache[name] = json.loads((Path(bundle.directory) / name).read_text())
         except FileNotFoundError:
             return f"{name}: artifact missing from the bundle"
         except (OSError, ValueError) as exc:
@@ -357,7 +335,7 @@ def render_ledger(ledger: Ledger) -> str:
         if claim.origin == "external-prior":
             evidence = f"external-prior, not measured here: {claim.source}"
         else:
-            evidence = f"{finding} · " + " · ".join(claim.artifacts)
+            evidence = f"{finding} · " + " · ".join(sorted({a for _, a, _, _ in claim.recounts}))
         cells = (claim.claim, claim.conditions or "-", evidence)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     head = f"Claim ledger: {ledger.title}\n\n" if ledger.title else ""

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import BadInput
@@ -61,16 +60,6 @@ def _svg(fig: Figure) -> str:
     return re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.S)
 
 
-@dataclass
-class Series:
-    """One concurrency (or the endurance run) of the capacity cells."""
-
-    label: str
-    p50_x: list[float] = field(default_factory=list)
-    p50: dict[str, list[float | None]] = field(default_factory=dict)
-    points: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-
-
 CAPACITY_METRICS = (
     ("ttft_s", "TTFT (s)", "Time to first token"),
     ("prefill_tps", "effective prefill (tok/s)", "Prefill"),
@@ -78,7 +67,7 @@ CAPACITY_METRICS = (
 )
 
 
-def capacity_svg(series: Sequence[Series]) -> str:
+def capacity_svg(series: Mapping[str, Sequence[JSONMapping]]) -> str:
     """TTFT, prefill and decode against measured prompt tokens: p50 lines per concurrency over every
     completed request as a faint point; a request far above every p50 is counted in the title."""
     with _figure(10.5, 3.4) as fig:
@@ -86,15 +75,16 @@ def capacity_svg(series: Sequence[Series]) -> str:
         for ax, (key, ylabel, title) in zip(axes, CAPACITY_METRICS, strict=True):
             p50s: list[float] = []
             ys: list[float] = []
-            for i, s in enumerate(series):
+            for i, (label, cells) in enumerate(series.items()):
                 color = PALETTE[i % len(PALETTE)]
-                pts = s.points.get(key, [])
+                pts = [p for cell in cells for p in _points(cell, key)]
                 if pts:
                     ax.scatter(*zip(*pts, strict=True), s=10, alpha=0.35, color=color)
                     ys.extend(p[1] for p in pts)
-                line = [(x, y) for x, y in zip(s.p50_x, s.p50.get(key, []), strict=True) if y is not None]
+                at = [(number(c.get("prompt_tokens_p50")) or 0, number(c.get(f"{key}_p50"))) for c in cells]
+                line = [(x, y) for x, y in at if y is not None]
                 if line:
-                    ax.plot(*zip(*line, strict=True), marker="o", color=color, label=s.label)
+                    ax.plot(*zip(*line, strict=True), marker="o", color=color, label=label)
                     p50s.extend(p[1] for p in line)
             top = 1.5 * max(p50s) if p50s else None
             hidden = sum(1 for y in ys if top is not None and y > top)
@@ -106,6 +96,13 @@ def capacity_svg(series: Sequence[Series]) -> str:
             _thousands(ax)
         axes[0].legend(loc="upper left", fontsize=8)
         return _svg(fig)
+
+
+def _points(cell: JSONMapping, key: str) -> list[tuple[float, float]]:
+    """(measured prompt tokens, `key`) of every completed request of `cell` that has both."""
+    rows = [fields(r) for r in items(cell.get("rows", []))]
+    pairs = [(r, number(r.get("prompt_tokens")), number(r.get(key))) for r in rows]
+    return [(x, y) for r, x, y in pairs if r.get("completed") and x and y is not None]
 
 
 def _thousands(ax: Axes, *, tokens_x: bool = True) -> None:
@@ -121,12 +118,8 @@ def _thousands(ax: Axes, *, tokens_x: bool = True) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:,.0f}" if abs(v) >= 100 else f"{v:g}"))
 
 
-@dataclass(frozen=True)
-class VramBar:
-    """Free MiB per card at one moment."""
-
-    label: str
-    free_mib: dict[str, int | None]
+VramBar = tuple[str, Mapping[str, int | None]]
+"""Free MiB per card at one moment, and its label."""
 
 
 def vram_svg(
@@ -136,12 +129,12 @@ def vram_svg(
     with _figure(8.5, 3.2) as fig:
         ax = fig.subplots()
         width = 0.8 / max(1, len(bars))
-        for i, bar in enumerate(bars):
+        for i, (label, free) in enumerate(bars):
             xs = [c + (i - (len(bars) - 1) / 2) * width for c in range(len(cards))]
-            values = [bar.free_mib.get(card) for card in cards]
+            values = [free.get(card) for card in cards]
             drawn = [(x, v) for x, v in zip(xs, values, strict=True) if v is not None]
             rects = ax.bar(
-                [d[0] for d in drawn], [d[1] for d in drawn], width * 0.92, label=bar.label, color=PALETTE[i]
+                [d[0] for d in drawn], [d[1] for d in drawn], width * 0.92, label=label, color=PALETTE[i]
             )
             ax.bar_label(rects, labels=[f"{d[1]:,}" for d in drawn], fontsize=7, padding=2)
         if standing is not None:

@@ -202,7 +202,7 @@ def _gates(q: Bundle) -> str:
 
 
 def _capacity(q: Bundle) -> str:
-    series: dict[str, plots.Series] = {}
+    series: dict[str, list[JSONMapping]] = {}
     cells_table = []
     for gate_type in ("capacity", "endurance"):
         art = q.gate(gate_type)
@@ -214,12 +214,7 @@ def _capacity(q: Bundle) -> str:
             if cell.get("skipped") or "concurrency" not in cell:
                 continue
             label = f"C{cell['concurrency']}" + (" endurance" if gate_type == "endurance" else "")
-            s = series.setdefault(label, plots.Series(label))
-            s.p50_x.append(number(cell.get("prompt_tokens_p50")) or 0)
-            rows = [fields(r) for r in items(cell.get("rows", []))]
-            for key, _, _ in plots.CAPACITY_METRICS:
-                s.p50.setdefault(key, []).append(number(cell.get(f"{key}_p50")))
-                s.points.setdefault(key, []).extend(_points(rows, key))
+            series.setdefault(label, []).append(cell)
             cells_table.append(
                 (
                     f"{context_label(whole(cell['nominal_tokens']))} {label}",
@@ -232,7 +227,7 @@ def _capacity(q: Bundle) -> str:
             )
     if not cells_table:
         return "<p>No capacity or endurance gate in this qualification.</p>"
-    plot = f'<div class="plot">{plots.capacity_svg(list(series.values()))}</div>'
+    plot = f'<div class="plot">{plots.capacity_svg(series)}</div>'
     return plot + table(
         (
             "nominal context",
@@ -245,12 +240,6 @@ def _capacity(q: Bundle) -> str:
         cells_table,
         numeric=(1, 2, 3, 4),
     )
-
-
-def _points(rows: Sequence[JSONMapping], key: str) -> list[tuple[float, float]]:
-    """(measured prompt tokens, `key`) of every completed request that has both."""
-    pairs = [(r, number(r.get("prompt_tokens")), number(r.get(key))) for r in rows]
-    return [(x, y) for r, x, y in pairs if r.get("completed") and x and y is not None]
 
 
 def _vram(inputs: ReportInputs) -> str:
@@ -267,7 +256,7 @@ def _vram(inputs: ReportInputs) -> str:
     ):
         if reading.get("cards"):
             cards = [fields(c) for c in items(reading["cards"])]
-            bars.append(plots.VramBar(when, _free(cards)))
+            bars.append((when, _free(cards)))
             standing = _mib(cards[0].get("reserve_mib", standing))
     rows: list[tuple[object, ...]] = []
     for p in inputs.promotions:
@@ -276,7 +265,7 @@ def _vram(inputs: ReportInputs) -> str:
                 continue
             reading = fields(value)
             cards = [fields(c) for c in items(reading["cards"])]
-            bars.append(plots.VramBar(f"after acceptance ({p.tx_id[:8]})", _free(cards)))
+            bars.append((f"after acceptance ({p.tx_id[:8]})", _free(cards)))
             names.update({str(c["uuid"]).lower(): str(c["role"]) for c in cards})
             in_force = _mib(cards[0]["threshold_mib"])
             standing = _mib(next(iter(fields(reading.get("standing_mib", {})).values()), standing))
@@ -293,12 +282,12 @@ def _vram(inputs: ReportInputs) -> str:
             )
     if not bars:
         return "<p>No VRAM reading in this evidence (no GPU roles or no probe).</p>"
-    uuids = sorted({u for b in bars for u in b.free_mib})
+    uuids = sorted({u for _, free in bars for u in free})
     label_of = {u: names.get(u) or (u if len(u) <= 16 else u[:13] + "...") for u in uuids}
     labels = [label_of[u] for u in uuids]
-    relabelled = [plots.VramBar(b.label, {label_of[u]: v for u, v in b.free_mib.items()}) for b in bars]
+    relabelled = [(when, {label_of[u]: v for u, v in free.items()}) for when, free in bars]
     html = f'<div class="plot narrow">{plots.vram_svg(labels, relabelled, standing, in_force)}</div>'
-    readings = [(b.label, lab, b.free_mib.get(u)) for b in bars for u, lab in zip(uuids, labels, strict=True)]
+    readings = [(when, lab, free.get(u)) for when, free in bars for u, lab in zip(uuids, labels, strict=True)]
     html += table(("when", "card", "free MiB"), readings, numeric=(2,))
     if rows:
         html += "<p>After real-client acceptance, against the reserve in force (waivers applied):</p>"

@@ -1,1 +1,1 @@
-"""GPU logic over NVML readings, pure except `release` (which polls through an injected `Clock`)."""
+"""GPU logic over NVML readings, pure except the VRAM-release gate (it polls through a `Clock`)."""

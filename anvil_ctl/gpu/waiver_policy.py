@@ -13,17 +13,17 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
+from anvil_ctl.config.fields import NAME_RE
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.validate import utc_stamp
 from anvil_ctl.core.waiver import VRAM_RESERVE, Waiver
-from anvil_ctl.gpu.reserve import ReserveResult
+from anvil_ctl.gpu.vram import ReserveResult
 
 Outcome = Literal["verified", "policy-infeasible", "failed"]
 
 _DIGEST_RE = re.compile(r"^(sha256:)?[0-9a-f]{64}\Z")
-_ROLE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}\Z")
 
 
 def parse_scope(text: str) -> tuple[frozenset[str], str | None]:
@@ -32,7 +32,7 @@ def parse_scope(text: str) -> tuple[frozenset[str], str | None]:
     if _DIGEST_RE.match(text):
         return frozenset(), text.removeprefix("sha256:")
     roles = frozenset(r.strip() for r in text.split(",") if r.strip())
-    bad = sorted(r for r in roles if not _ROLE_RE.match(r))
+    bad = sorted(r for r in roles if not NAME_RE.match(r))
     if not roles or bad:
         raise BadInput(
             f"waiver scope {text!r}: expected a recipe digest (64 hex) or GPU roles like compute-a,compute-b",
@@ -109,13 +109,6 @@ class WaivedVerdict:
     passed: bool = True
 
 
-def waived_gate(
-    name: str, recipe_digest: str | None, waivers: Iterable[Waiver], now: datetime
-) -> Waiver | None:
-    """The newest active gate waiver of this recipe that names gate `name`, if any."""
-    return _newest(w for w in waivers if w.active(now) and w.waives_gate(name, recipe_digest))
-
-
 def outcome_of(results: Sequence[GateVerdict]) -> tuple[Outcome, tuple[str, ...]]:
     """verified: all pass; policy-infeasible: only policy gates fail; else failed."""
     failed = [r for r in results if not r.passed]
@@ -141,12 +134,16 @@ def reclassify(
     Reserve results are judged against the reserve in force, failed gates a gate waiver names are
     waived, the rest stand; its ID is a digest of what it says (idempotent).
     """
-    waivers = list(waivers)
+    waivers, digest = list(waivers), decision.recipe_digest
     used: set[str] = set()
     rejudged: list[GateVerdict] = []
     for result in results:
         if not isinstance(result, ReserveResult):
-            waiver = None if result.passed else waived_gate(result.name, decision.recipe_digest, waivers, now)
+            # The newest active gate waiver of this recipe that names the failed gate, if any.
+            waiver = None
+            if not result.passed:
+                named = (w for w in waivers if w.active(now) and w.waives_gate(result.name, digest))
+                waiver = _newest(named)
             if waiver is not None:
                 used.add(waiver.id)
                 rejudged.append(WaivedVerdict(result.name, waiver.id))
@@ -159,7 +156,7 @@ def reclassify(
                 VRAM_RESERVE,
                 policy_default=card.threshold_mib,
                 role=card.role,
-                recipe_digest=decision.recipe_digest,
+                recipe_digest=digest,
                 waivers=waivers,
                 now=now,
             )

@@ -120,31 +120,20 @@ def _check_sqlite_file(database: str | None, *, create: bool) -> None:
         return
     path = Path(database)
     try:
-        st = path.stat()
+        mode = path.stat().st_mode
     except FileNotFoundError:
-        if not create:
-            raise StateStoreError(
-                f"state database {path} does not exist; run `anvilctl init` to create it", path=str(path)
-            ) from None
-        if not path.parent.is_dir():
-            raise StateStoreError(
-                f"state database {path}: directory {path.parent} does not exist", path=str(path)
-            ) from None
-        return
+        why = " does not exist; run `anvilctl init` to create it"
+        if create:
+            why = "" if path.parent.is_dir() else f": directory {path.parent} does not exist"
     except NotADirectoryError:
-        raise StateStoreError(
-            f"state database {path}: a parent of it is not a directory", path=str(path)
-        ) from None
+        why = ": a parent of it is not a directory"
     except OSError as exc:  # ELOOP, EACCES on a parent
-        raise StateStoreError(f"state database {path}: {exc.strerror}", path=str(path)) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise StateStoreError(
-            f"state database {path} is a directory; expected an SQLite database file", path=str(path)
-        )
-    if not stat.S_ISREG(st.st_mode):
-        raise StateStoreError(
-            f"state database {path} is not a regular file; expected an SQLite database file", path=str(path)
-        )
+        why = f": {exc.strerror}"
+    else:
+        kind = " is a directory" if stat.S_ISDIR(mode) else " is not a regular file"
+        why = "" if stat.S_ISREG(mode) else f"{kind}; expected an SQLite database file"
+    if why:
+        raise StateStoreError(f"state database {path}{why}", path=str(path))
 
 
 @contextmanager

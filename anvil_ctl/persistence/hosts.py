@@ -1,4 +1,5 @@
-"""The fleet's hosts: each host name registered once, bound to the machine that claimed it.
+"""The fleet's hosts: each host name registered once, bound to the machine that claimed it,
+and what each is doing (`anvilctl fleet status`).
 
 The first write for a host name registers it; every later command checks the machine is the
 one recorded (`HostClaimed`, exit 8), so two machines cannot silently write as one host.
@@ -9,8 +10,10 @@ from __future__ import annotations
 from sqlalchemy import func, select, text
 
 from anvil_ctl.core.errors import HostClaimed
-from anvil_ctl.persistence import audit
-from anvil_ctl.persistence.models import FIRST_HOST_ID, Host
+from anvil_ctl.core.jsontypes import JSONObject
+from anvil_ctl.persistence import audit, projection
+from anvil_ctl.persistence.current_models import IdentityCurrent, LockHeld
+from anvil_ctl.persistence.models import FIRST_HOST_ID, Host, IdentityRow, RecheckRow
 from anvil_ctl.persistence.store import Store, utcnow
 
 
@@ -77,3 +80,52 @@ def _register(store: Store, name: str, *, machine_id: str, boot_id: str) -> Host
         s.info[audit.HOST] = row.id
         store.audit(s, "host.registered", None, {"host": name, "machine_id": machine_id})
         return row
+
+
+def status(store: Store) -> list[JSONObject]:
+    """Every registered host, in registration order: its name, machine, incumbents (slot,
+    incumbent, served_model, since), last recheck, unresolved transactions and held locks."""
+    out: list[JSONObject] = []
+    with store.read() as s:
+        for h in s.execute(select(Host).order_by(Host.id)).scalars():
+            slots = s.execute(
+                select(
+                    IdentityCurrent.slot,
+                    IdentityCurrent.container_id.label("incumbent"),
+                    IdentityRow.served_model,
+                    IdentityCurrent.at.label("since"),
+                )
+                .join(IdentityRow, IdentityRow.id == IdentityCurrent.identity_id)
+                .where(IdentityCurrent.host_id == h.id, IdentityCurrent.role == "incumbent")
+                .order_by(IdentityCurrent.slot)
+            ).all()
+            recheck = s.execute(
+                select(RecheckRow.slot, RecheckRow.passed, RecheckRow.at)
+                .where(RecheckRow.host_id == h.id)  # ix_rechecks_host_id_id
+                .order_by(RecheckRow.id.desc())
+                .limit(1)
+            ).first()
+            # through the projection's partial index (a bound `unresolved = ?` cannot use it)
+            open_txs = projection.tx_rows_in(s, frozenset(projection.UNRESOLVED), host=h.id)
+            locks = s.execute(select(LockHeld.lock_id).where(LockHeld.host_id == h.id)).all()
+            out.append(
+                {
+                    "host": h.name,
+                    "host_id": h.id,
+                    "machine_id": h.machine_id,
+                    "registered_at": h.registered_at,
+                    "this_host": h.id == store.host,
+                    "slots": [dict(r._mapping) for r in slots],
+                    "last_recheck": (
+                        {"slot": recheck.slot, "passed": bool(recheck.passed), "at": recheck.at}
+                        if recheck is not None
+                        else None
+                    ),
+                    "open_transactions": [
+                        {k: getattr(t, k) for k in ("tx_id", "kind", "slot", "state", "created_at")}
+                        for t in open_txs
+                    ],
+                    "locks_held": len(locks),
+                }
+            )
+    return out

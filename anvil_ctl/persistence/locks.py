@@ -80,11 +80,6 @@ def unreleased(store: Store, *, all_hosts: bool = False) -> list[LockRecord]:
         ]
 
 
-def host_lock_key(host: str) -> int:
-    """A stable signed 64-bit key for host `host`'s advisory lock (PostgreSQL's bigint)."""
-    return int.from_bytes(sha256(b"anvil-host-lock:" + host.encode()).digest()[:8], "big", signed=True)
-
-
 class AdvisoryLock:
     """On PostgreSQL, a session advisory lock keyed by the host's name, held on its own connection
     for as long as the host lock: it excludes a second mutator of the same host wherever it runs.
@@ -92,7 +87,10 @@ class AdvisoryLock:
 
     def __init__(self, store: Store, host: str) -> None:
         self.engine = store.engine
-        self.host = host
+        # a stable signed 64-bit key (PostgreSQL's bigint) for the host's name
+        self.key = int.from_bytes(
+            sha256(b"anvil-host-lock:" + host.encode()).digest()[:8], "big", signed=True
+        )
         self._conn: Connection | None = None
 
     def try_acquire(self) -> bool:
@@ -103,9 +101,7 @@ class AdvisoryLock:
             conn = self.engine.connect()
             try:
                 got = bool(
-                    conn.execute(
-                        text("SELECT pg_try_advisory_lock(:key)"), {"key": host_lock_key(self.host)}
-                    ).scalar()
+                    conn.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": self.key}).scalar()
                 )
                 conn.commit()  # the lock is the session's, not the transaction's
             except BaseException:
@@ -124,7 +120,7 @@ class AdvisoryLock:
             return
         try:
             with translated(self.engine):
-                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": host_lock_key(self.host)})
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self.key})
                 conn.commit()
         finally:
             conn.close()

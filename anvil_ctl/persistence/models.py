@@ -44,6 +44,13 @@ class HostHistory(History):
     host_id: Mapped[int] = mapped_column(SmallInteger, ForeignKey("hosts.id"))
 
 
+class Appended:
+    """A row keyed by the order rows are appended in, stamped with the time it was."""
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True, sort_order=-1)
+    at: Mapped[str] = mapped_column(String(32))
+
+
 class Compressed(TypeDecorator[str]):
     """Canonical JSON text stored deflated (zlib); readers and digests see the text. A value that
     is not a zlib stream of text reads as `UNREADABLE`, which no digest covers."""
@@ -117,44 +124,38 @@ class Transaction(HostHistory, Base):
     created_at: Mapped[str] = mapped_column(String(32), index=True)
 
 
-class TransactionState(HostHistory, Base):
+class TransactionState(Appended, HostHistory, Base):
     __tablename__ = "transaction_states"
     __table_args__ = (Index("ix_transaction_states_tx_id_id", "tx_id", "id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"))
     state: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text, default="")
     data_json: Mapped[str] = mapped_column(Text, default="{}")
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class StepEventRow(HostHistory, Base):
+class StepEventRow(Appended, HostHistory, Base):
     """A step's intent or result."""
 
     __tablename__ = "step_events"
     __table_args__ = (Index("ix_step_events_tx_id_id", "tx_id", "id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"))
     seq: Mapped[int] = mapped_column(Integer)
     step: Mapped[str] = mapped_column(String(64))
     phase: Mapped[str] = mapped_column(String(8))
     event: Mapped[str] = mapped_column(String(16))
     detail_json: Mapped[str] = mapped_column(Compressed, default="{}")
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class SnapshotRow(HostHistory, Base):
+class SnapshotRow(Appended, HostHistory, Base):
     """A snapshot taken: its body is the `snapshot_blobs` row of its `sha256`."""
 
     __tablename__ = "snapshots"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
     sha256: Mapped[str] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(String(32))
 
 
 class SnapshotBlob(History, Base):
@@ -168,30 +169,27 @@ class SnapshotBlob(History, Base):
     at: Mapped[str] = mapped_column(String(32))
 
 
-class SnapshotDiff(HostHistory, Base):
+class SnapshotDiff(Appended, HostHistory, Base):
     """Two snapshots' difference as a JSON Patch (RFC 6902) with a `test` of every value it
     takes away."""
 
     __tablename__ = "snapshot_diffs"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     label: Mapped[str] = mapped_column(String(32))
     before_sha256: Mapped[str] = mapped_column(String(64))
     after_sha256: Mapped[str] = mapped_column(String(64))
     equal: Mapped[int] = mapped_column(Integer)
     changes_json: Mapped[str] = mapped_column(Compressed)
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class IdentityRow(HostHistory, Base):
+class IdentityRow(Appended, HostHistory, Base):
     """A serve's identity as observed at one moment; the latest row per (slot, role) is current.
     Its body is the `identity_bodies` row of its `digest` (the SHA-256 of the body)."""
 
     __tablename__ = "identities"
     __table_args__ = (Index("ix_identities_slot_role_id", "slot", "role", "id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str | None] = mapped_column(ForeignKey("transactions.id"), index=True)
     slot: Mapped[str] = mapped_column(String(64))
     role: Mapped[str] = mapped_column(String(16))
@@ -199,7 +197,6 @@ class IdentityRow(HostHistory, Base):
     container_id: Mapped[str] = mapped_column(String(64))
     image_id: Mapped[str] = mapped_column(String(80))
     served_model: Mapped[str] = mapped_column(String(255))
-    at: Mapped[str] = mapped_column(String(32))
 
 
 class IdentityBody(History, Base):
@@ -225,25 +222,21 @@ class LockRow(HostHistory, Base):
     since: Mapped[str] = mapped_column(String(32))
 
 
-class LockRelease(HostHistory, Base):
+class LockRelease(Appended, HostHistory, Base):
     __tablename__ = "lock_releases"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     lock_id: Mapped[str] = mapped_column(ForeignKey("locks.id"), unique=True)
     how: Mapped[str] = mapped_column(String(16))
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text, default="")
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class AuditEntry(Base):
+class AuditEntry(Appended, Base):
     """Hash-chained journal entry (see `audit`): append-only, the chain itself rather than a row
     it covers. `rows_json` lists the covered rows as [table, key, digest]."""
 
     __tablename__ = "audit_journal"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[str] = mapped_column(String(32))
     tx_id: Mapped[str | None] = mapped_column(String(36))
     event: Mapped[str] = mapped_column(String(64))
     payload_json: Mapped[str] = mapped_column(Text)
@@ -253,28 +246,25 @@ class AuditEntry(Base):
     host_id: Mapped[int] = mapped_column(SmallInteger, ForeignKey("hosts.id"))
 
 
-class GpuOwnershipEvent(HostHistory, Base):
+class GpuOwnershipEvent(Appended, HostHistory, Base):
     """A claim or release of a GPU role; the latest event per role says who owns it now."""
 
     __tablename__ = "gpu_ownership_events"
     __table_args__ = (Index("ix_gpu_ownership_role_id", "role", "id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     role: Mapped[str] = mapped_column(String(64))
     event: Mapped[str] = mapped_column(String(16))
     container_id: Mapped[str] = mapped_column(String(64))
     tx_id: Mapped[str | None] = mapped_column(String(36))
     mode: Mapped[GpuMode] = mapped_column(String(16))
     slot: Mapped[str] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class EvidenceRow(HostHistory, Base):
+class EvidenceRow(Appended, HostHistory, Base):
     """One gate's result and its artifact's hash; never rewritten."""
 
     __tablename__ = "evidence"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     gate: Mapped[str] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(16))
@@ -283,7 +273,6 @@ class EvidenceRow(HostHistory, Base):
     artifact_path: Mapped[str] = mapped_column(Text)
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int] = mapped_column(Integer)
-    at: Mapped[str] = mapped_column(String(32))
 
 
 class DecisionRow(HostHistory, Base):
@@ -331,35 +320,30 @@ class WaiverRow(HostHistory, Base):
     """A gate waiver's gates (JSON list); NULL when it names none."""
 
 
-class WaiverRevocation(HostHistory, Base):
+class WaiverRevocation(Appended, HostHistory, Base):
     __tablename__ = "waiver_revocations"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     waiver_id: Mapped[str] = mapped_column(ForeignKey("waivers.id"), unique=True)
     by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text)
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class ApprovalRow(HostHistory, Base):
+class ApprovalRow(Appended, HostHistory, Base):
     __tablename__ = "approvals"
     __table_args__ = (Index("ix_approvals_decision_id", "decision_id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(ForeignKey("transactions.id"), index=True)
     decision_id: Mapped[str] = mapped_column(ForeignKey("decisions.id"))
     approved_by: Mapped[str] = mapped_column(String(255))
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class RecheckRow(HostHistory, Base):
+class RecheckRow(Appended, HostHistory, Base):
     """One recheck run, read newest first per host (`audit rechecks`, `fleet status`) through
     `ix_rechecks_host_id_id`: a search, whatever other hosts ran since."""
 
     __tablename__ = "rechecks"
     __table_args__ = (Index("ix_rechecks_host_id_id", "host_id", "id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     slot: Mapped[str] = mapped_column(String(64), index=True)
     passed: Mapped[int] = mapped_column(Integer)
     failed_json: Mapped[str] = mapped_column(Text)
@@ -368,26 +352,23 @@ class RecheckRow(HostHistory, Base):
     at: Mapped[str] = mapped_column(String(32), index=True)
 
 
-class EvidenceManifestRow(HostHistory, Base):
+class EvidenceManifestRow(Appended, HostHistory, Base):
     """The SHA-256 of an evidence manifest as written: a qualify run's, or an export's."""
 
     __tablename__ = "evidence_manifests"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     tx_id: Mapped[str] = mapped_column(String(36), index=True)
     kind: Mapped[str] = mapped_column(String(16))
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     source_sha256: Mapped[str | None] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class AuditCheckpoint(HostHistory, Base):
+class AuditCheckpoint(Appended, HostHistory, Base):
     """A chain position `audit verify` found intact, and each covered table's row count then;
     incremental verification starts from the latest one."""
 
     __tablename__ = "audit_checkpoints"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     seq: Mapped[int] = mapped_column(Integer)
     hash: Mapped[str] = mapped_column(String(64))
     schema_version: Mapped[int | None] = mapped_column(Integer)
@@ -395,23 +376,20 @@ class AuditCheckpoint(HostHistory, Base):
     mode: Mapped[str] = mapped_column(String(16))
     entries_checked: Mapped[int] = mapped_column(Integer)
     rows_checked: Mapped[int] = mapped_column(Integer)
-    at: Mapped[str] = mapped_column(String(32))
 
 
-class ShmMarkRow(HostHistory, Base):
+class ShmMarkRow(Appended, HostHistory, Base):
     """A shared-memory file a managed container's process was seen holding, once per (boot, path,
     inode), so a file left after its container stopped is still known as ours."""
 
     __tablename__ = "shm_marks"
     __table_args__ = (Index("ix_shm_marks_boot_id_path", "boot_id", "path"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     boot_id: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(Text)
     dev: Mapped[int] = mapped_column(BigInteger)
     ino: Mapped[int] = mapped_column(BigInteger)
     container_id: Mapped[str] = mapped_column(String(64))
-    at: Mapped[str] = mapped_column(String(32))
 
 
 _MODELS = {m.class_.__tablename__: m.class_ for m in Base.registry.mappers}

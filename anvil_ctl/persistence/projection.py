@@ -6,6 +6,8 @@ so a commit carries both or neither. History stays the truth: `rebuild` derives 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from sqlalchemy import bindparam, func, insert, literal_column, select, text
 from sqlalchemy.orm import Session
 
@@ -19,6 +21,7 @@ from anvil_ctl.persistence.current_models import (
     TxCurrent,
 )
 from anvil_ctl.persistence.models import (
+    Base,
     GpuOwnershipEvent,
     IdentityRow,
     LockRow,
@@ -30,6 +33,7 @@ COMMITTED = "committed"
 RUNNING = "running"
 UNRESOLVED = sorted(s.value for s in UNRESOLVED_STATES)
 INCUMBENT = "incumbent"
+C = TypeVar("C", bound=Base)
 
 REVISION_KINDS = ("adopt", "load", "promote", "canary", "rollback")
 """The transaction kinds that change what a slot serves: each one that ran is a revision of
@@ -39,23 +43,20 @@ its slot (`tx_current.revision`; refusals never ran)."""
 # -- kept up to date by the writers ------------------------------------------------------------
 
 
+def _current(model: type[C], *rows: Base, **values: object) -> C:
+    """A projection row of `model`: the columns it shares by name with `rows` (the last row's
+    where several have one), then `values`."""
+    columns = model.__table__.columns.keys()
+    shared = {c.name: getattr(r, c.name) for r in rows for c in r.__table__.columns if c.name in columns}
+    return model(**(shared | values))
+
+
 def on_begin(s: Session, tx: Transaction, state: TransactionState) -> None:
     """A transaction was planned: its row, at its first state."""
+    unresolved = int(state.state in UNRESOLVED)
     s.add(
-        TxCurrent(
-            tx_id=tx.id,
-            host_id=tx.host_id,
-            kind=tx.kind,
-            slot=tx.slot,
-            state=state.state,
-            reason=state.reason,
-            state_id=state.id,
-            unresolved=int(state.state in UNRESOLVED),
-            owner_pid=tx.owner_pid,
-            owner_host=tx.owner_host,
-            owner_boot_id=tx.owner_boot_id,
-            created_at=tx.created_at,
-            updated_at=state.at,
+        _current(
+            TxCurrent, tx, state, tx_id=tx.id, state_id=state.id, unresolved=unresolved, updated_at=state.at
         )
     )
 
@@ -105,17 +106,7 @@ def newest_committed(s: Session, host: int, slot: str) -> tuple[str, str] | None
 def on_identity(s: Session, row: IdentityRow) -> None:
     """An identity was recorded: the latest of its (slot, role); an incumbent recorded for a
     committed transaction moves that transaction's serving interval to it."""
-    s.merge(  # by its key: the row of (host, slot, role) is added or updated
-        IdentityCurrent(
-            host_id=row.host_id,
-            slot=row.slot,
-            role=row.role,
-            identity_id=row.id,
-            container_id=row.container_id,
-            digest=row.digest,
-            at=row.at,
-        )
-    )
+    s.merge(_current(IdentityCurrent, row, identity_id=row.id))  # by its key: added or updated
     if row.role == INCUMBENT and row.tx_id is not None:
         tx = s.get(TxCurrent, row.tx_id)
         if tx is not None and tx.state == COMMITTED:
@@ -129,22 +120,11 @@ def on_gpu_event(s: Session, row: GpuOwnershipEvent) -> None:
         if cur is not None:
             s.delete(cur)
         return
-    s.merge(
-        GpuOwnerCurrent(
-            host_id=row.host_id,
-            role=row.role,
-            event_id=row.id,
-            container_id=row.container_id,
-            tx_id=row.tx_id,
-            mode=row.mode,
-            slot=row.slot,
-            since=row.at,
-        )
-    )
+    s.merge(_current(GpuOwnerCurrent, row, event_id=row.id, since=row.at))
 
 
 def on_lock(s: Session, row: LockRow) -> None:
-    s.add(LockHeld(lock_id=row.id, host_id=row.host_id, host=row.host, since=row.since))
+    s.add(_current(LockHeld, row, lock_id=row.id))
 
 
 def on_lock_release(s: Session, lock_id: str) -> None:
@@ -199,10 +179,6 @@ def _place_interval(s: Session, tx_id: str) -> None:
 
 
 # -- reads -------------------------------------------------------------------------------------
-
-
-def tx_state(s: Session, tx_id: str) -> str | None:
-    return s.execute(select(TxCurrent.state).where(TxCurrent.tx_id == tx_id)).scalar()
 
 
 def tx_rows_in(s: Session, states: frozenset[str], host: int | None = None) -> list[TxCurrent]:

@@ -1,8 +1,9 @@
-"""What qualify transactions found and decided: gate evidence, manifests and decisions.
+"""What qualify transactions found and decided: gate evidence, manifests, decisions, approvals.
 
 A manifest row binds an evidence directory on disk to the database (`evidence verify`). A
 decision is bound to one candidate identity digest and content-addressed (recording it twice
-records it once); a reclassification is a new decision pointing at the one it re-judges.
+records it once); a reclassification is a new decision pointing at the one it re-judges. An
+approval says who approved promoting a candidate, on which decision, in which transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sqlalchemy import Select, select
 
 from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.persistence.models import DecisionRow, EvidenceManifestRow, EvidenceRow
+from anvil_ctl.persistence.models import ApprovalRow, DecisionRow, EvidenceManifestRow, EvidenceRow
 from anvil_ctl.persistence.store import Store, utcnow
 
 # -- evidence ----------------------------------------------------------------------------------
@@ -229,3 +230,16 @@ def decisions_of_tx(store: Store, tx_id: str) -> list[DecisionRecord]:
     """This host's decisions recorded by transaction `tx_id` (its qualify), oldest first."""
     q = select(DecisionRow).where(DecisionRow.tx_id == tx_id).order_by(DecisionRow.at, DecisionRow.id)
     return _of_host(store, q)
+
+
+def record_approval(store: Store, *, tx_id: str, decision_id: str, approved_by: str) -> None:
+    with store.write() as s:
+        s.add(ApprovalRow(tx_id=tx_id, decision_id=decision_id, approved_by=approved_by, at=utcnow()))
+        store.audit(s, "approval", tx_id, {})  # the covered approval row holds it all
+
+
+def approvals(store: Store) -> list[ApprovalRow]:
+    """Every approval, oldest first: which promotion relied on which decision, approved by whom."""
+    q = select(ApprovalRow).where(ApprovalRow.host_id == store.host).order_by(ApprovalRow.id)
+    with store.read() as s:
+        return list(s.execute(q).scalars())

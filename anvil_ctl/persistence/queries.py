@@ -1,4 +1,5 @@
-"""Read-only audit queries for `anvilctl audit`: transactions, their journal, diffs, identities.
+"""Read-only audit queries for `anvilctl audit`: transactions, their journal, diffs, identities,
+the serving history.
 
 Each returns JSON-able dicts (the TypedDicts below); the listings go through the operator views
 (`v_transactions`, `v_identities`), so they answer what an operator's own `sqlite3` query would.
@@ -255,49 +256,44 @@ def identities(
         return [dict(r._mapping) for r in rows]
 
 
-_REVISIONS = "FROM tx_current t WHERE t.host_id = :host AND t.slot = :slot AND t.revision IS NOT NULL"
-"""A slot's revisions (`projection.REVISION_KINDS` that ran); `revision IS NOT NULL` is written
-out so that SQLite may use the partial index `ix_tx_current_revision`."""
-_REVISION_COLUMNS = "t.tx_id, t.kind, t.state, t.reason, t.created_at, t.updated_at, t.revision"
-
-
 def slot_revisions(
-    store: Store, slot: str, host: int, *, newest: int | None = None, number: int | None = None
+    store: Store,
+    slot: str,
+    host: int,
+    *,
+    newest: int | None = None,
+    number: int | None = None,
+    tx_prefix: str | None = None,
 ) -> tuple[int, list[Revision]]:
-    """How many revisions the slot has, and those asked for (all, the newest `newest`, or
-    revision `number`), oldest first. Numbers come from the projection (`tx_current.revision`);
-    a committed revision names the serve it left: its incumbent, else the candidate it loaded."""
+    """How many revisions the slot has (`projection.REVISION_KINDS` that ran), and those asked
+    for (all, the newest `newest`, revision `number`, or those whose transaction ID starts with
+    `tx_prefix`), oldest first. Numbers come from the projection (`tx_current.revision`); a
+    committed revision names the serve it left: its incumbent, else the candidate it loaded. A
+    prefix's transactions are found by their key (`transaction_ids`), so a prefix naming none
+    costs no walk of the slot's history."""
+    ids = None if tx_prefix is None else transaction_ids(store, tx_prefix, host)
+    # `revision IS NOT NULL` written out, so that SQLite may use the partial index
+    sql = (
+        "SELECT t.tx_id, t.kind, t.state, t.reason, t.created_at, t.updated_at, t.revision FROM tx_current t "
+        "WHERE t.host_id = :host AND t.slot = :slot AND t.revision IS NOT NULL"
+    )
+    params: dict[str, object] = {"slot": slot, "host": host, "number": number, "ids": ids}
     with store.read() as s:
-        params: dict[str, object] = {"slot": slot, "host": host}
         total = newest_revision(s, host, slot)
-        sql = f"SELECT {_REVISION_COLUMNS} {_REVISIONS}"
-        if number is not None:
-            sql += " AND t.revision = :number"
-            params["number"] = number
-        if newest is not None:
-            sql += " AND t.revision > :after"
-            params["after"] = total - max(newest, 0)
-        rows = s.execute(text(f"{sql} ORDER BY t.revision"), params).mappings().all()
-        return total, _revisions(s, slot, rows)
-
-
-def slot_revisions_of(store: Store, slot: str, host: int, tx_prefix: str) -> list[Revision]:
-    """The slot's revisions whose transaction ID starts with `tx_prefix`, numbered as
-    `slot_revisions` numbers them. The transactions are found by their key
-    (`transaction_ids`), so a prefix naming none costs no walk of the slot's history."""
-    ids = transaction_ids(store, tx_prefix, host)
-    if not ids:
-        return []
-    found = text(f"SELECT {_REVISION_COLUMNS} {_REVISIONS} AND t.tx_id IN :ids ORDER BY t.revision")
-    with store.read() as s:
-        rows = s.execute(
-            found.bindparams(bindparam("ids", expanding=True)), {"slot": slot, "host": host, "ids": ids}
-        ).mappings()
-        return _revisions(s, slot, list(rows))
+        if ids == []:
+            return total, []
+        sql += " AND t.revision = :number" if number is not None else ""
+        sql += " AND t.revision > :after" if newest is not None else ""
+        sql += " AND t.tx_id IN :ids" if ids is not None else ""
+        params["after"] = total - max(newest or 0, 0)
+        q = text(f"{sql} ORDER BY t.revision")
+        if ids is not None:
+            q = q.bindparams(bindparam("ids", expanding=True))
+        return total, _revisions(s, slot, s.execute(q, params).mappings().all())
 
 
 def _revisions(s: Session, slot: str, numbered: Sequence[RowMapping]) -> list[Revision]:
-    """Revision rows (`_REVISION_COLUMNS`) as `Revision`s, each with the serve it left."""
+    """Revision rows (`slot_revisions`'s columns) as `Revision`s, each with the serve it left."""
     serves: dict[str, dict[str, ServeRef]] = {}
     if numbered:
         rows = s.execute(
@@ -349,3 +345,17 @@ def recent_ids(store: Store, what: str, prefix: str, limit: int = 100) -> list[t
             if len(found) >= limit:
                 break
         return list(found.items())
+
+
+def served_at(store: Store, *, slot: str, at: str, host: int | None) -> list[JSONObject]:
+    """Which container served `slot` at time `at` (one per host; of host `host`, or of every
+    host when None), from the serving history (`v_serving_history`, the projection's)."""
+    sql = (
+        "SELECT host, slot, container_id, served_model, served_from, served_until, tx_id "
+        "FROM v_serving_history WHERE served_from <= :at AND (served_until IS NULL OR served_until > :at)"
+    )
+    where, params = equal_to(slot=slot, host_id=host)
+    sql += where + " ORDER BY host_id, served_from"
+    params["at"] = at
+    with store.read() as s:
+        return [dict(r._mapping) for r in s.execute(text(sql), params)]

@@ -1,4 +1,4 @@
-"""The Store: the Journal port on SQLAlchemy, plus the identity records every command shares.
+"""The Store: the transaction journal on SQLAlchemy, plus the identity records every command shares.
 
 Each write is its own short database transaction, committed before the method returns (journal,
 then act, then record), and appends the audit entry covering the history rows it inserted; the
@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Engine, event, select
-from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
+from sqlalchemy import ColumnElement, Engine, Select, event, func, or_, select
+from sqlalchemy.orm import InstrumentedAttribute, Session, UOWTransaction, sessionmaker
 
 from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
@@ -24,13 +24,16 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage, identities, projection, snapshots
+from anvil_ctl.persistence import audit, coverage, projection, snapshots
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head, Held
+from anvil_ctl.persistence.current_models import IdentityCurrent, TxCurrent
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
 from anvil_ctl.persistence.models import (
     FIRST_HOST_ID,
     HostHistory,
+    IdentityBody,
+    IdentityRow,
     StepEventRow,
     Transaction,
     TransactionState,
@@ -44,7 +47,7 @@ def utcnow() -> str:
 
 
 class Store:
-    """Journal implementation; one instance per process, safe to share across threads.
+    """The transaction journal; one instance per process, safe to share across threads.
 
     `host_id`: this host's row in `hosts`; every history row written carries it. None (no host
     registered) reads as the first host and cannot write history.
@@ -62,7 +65,8 @@ class Store:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(reader(engine), expire_on_commit=False)
         self._batch = threading.local()  # the session of this thread's `together()`, if any
-        self._track(self._sessions)
+        coverage.track(self._sessions)
+        event.listen(self._sessions, "before_flush", self._stamp_host)
 
     @property
     def host(self) -> int:
@@ -71,10 +75,6 @@ class Store:
         if self.unregistered:
             return 0
         return FIRST_HOST_ID if self.host_id is None else self.host_id
-
-    def _track(self, sessions: sessionmaker[Session]) -> None:
-        coverage.track(sessions)
-        event.listen(sessions, "before_flush", self._stamp_host)
 
     def _stamp_host(self, session: Session, _ctx: UOWTransaction, _instances: object) -> None:
         """Every new history row names this host (before coverage digests it, after the flush)."""
@@ -93,8 +93,9 @@ class Store:
             yield shared
             return
         self.register()  # this host's first write: its registration commits first
-        sessions = self._sessions if busy_ms is None else self._brief_sessions(busy_ms)
-        with translated(self.engine), sessions.begin() as session:
+        with translated(self.engine), self._sessions.begin() as session:
+            if busy_ms is not None:  # before BEGIN IMMEDIATE, which reads it (`db.BUSY_MS`)
+                session.connection(execution_options={BUSY_MS: busy_ms})
             session.info[audit.HOST] = self.host_id
             yield session
             held: list[Held] | None = session.info.pop(BATCHED, None)
@@ -137,11 +138,6 @@ class Store:
             finally:
                 self._batch.session = None
 
-    def _brief_sessions(self, busy_ms: int) -> sessionmaker[Session]:
-        sessions = sessionmaker(self.engine.execution_options(**{BUSY_MS: busy_ms}), expire_on_commit=False)
-        self._track(sessions)
-        return sessions
-
     @contextmanager
     def read(self) -> Iterator[Session]:
         """A read transaction: never takes the write lock, so writers elsewhere do not block it.
@@ -181,7 +177,7 @@ class Store:
         with self.write() as s:
             self.audit(s, event, tx_id, payload)
 
-    # -- Journal port -------------------------------------------------------------------------
+    # -- The journal ---------------------------------------------------------------------------
 
     def begin(
         self,
@@ -217,7 +213,7 @@ class Store:
         return tx_id
 
     def _state(self, s: Session, tx_id: str) -> TxState:
-        row = projection.tx_state(s, tx_id)
+        row = s.execute(select(TxCurrent.state).where(TxCurrent.tx_id == tx_id)).scalar()
         if row is None:
             raise StateStoreError(f"transaction {tx_id} not found", tx_id=tx_id)
         return TxState(row)
@@ -332,17 +328,45 @@ class Store:
         ]
         return found[-1] if found else None
 
-    # -- identities -----------------------------------------------------------------------------
+    # -- identities: a body is stored once per content in `identity_bodies`, keyed by its digest --
 
     def record_identity(self, tx_id: str | None, role: str, identity: Identity) -> int:
+        """Append the identity row (and its body when the content is new); its id."""
         with self.write() as s:
-            row = identities.record(s, tx_id, role, identity, utcnow())
+            digest, now = identity.digest, utcnow()
+            if s.get(IdentityBody, digest) is None:
+                s.add(IdentityBody(digest=digest, body_json=canonical_json(identity.as_dict()), at=now))
+            row = IdentityRow(
+                tx_id=tx_id,
+                slot=identity.slot,
+                role=role,
+                digest=digest,
+                container_id=identity.container_id,
+                image_id=identity.image_id,
+                served_model=identity.served_model,
+                at=now,
+            )
+            s.add(row)
+            s.flush()
+            projection.on_identity(s, row)
             self.audit(s, f"identity.{role}", tx_id, {})  # the covered identity row holds it all
-            return row
+            return row.id
+
+    def _identity(self, q: Select[str]) -> Identity | None:
+        """The identity whose digest `q` selects first, None if it selects none."""
+        with self.read() as s:
+            digest = s.execute(q.limit(1)).scalar()
+            if digest is None:
+                return None
+            body = s.get(IdentityBody, digest)
+        if body is None:
+            raise StateStoreError(f"identity body {digest} is missing from identity_bodies")
+        return Identity.from_json(body.body_json)
 
     def current_identity(self, slot: str, role: str) -> Identity | None:
-        with self.read() as s:
-            return identities.current(s, self.host, slot, role)
+        """This host's latest identity of (slot, role), from the projection."""
+        c = IdentityCurrent
+        return self._identity(select(c.digest).where(c.host_id == self.host, c.slot == slot, c.role == role))
 
     def newest_committed_revision(self, slot: str) -> tuple[str, str] | None:
         """(transaction ID, kind) of the slot's newest committed adopt, load, promote or rollback."""
@@ -350,14 +374,28 @@ class Store:
             return projection.newest_committed(s, self.host, slot)
 
     def identity_of(self, tx_id: str, role: str) -> Identity | None:
-        """The identity transaction `tx_id` recorded last in `role`."""
-        with self.read() as s:
-            return identities.of_transaction(s, tx_id, role)
+        """The identity transaction `tx_id` recorded last in `role` (through `ix_identities_tx_id`)."""
+        i = IdentityRow
+        return self._identity(select(i.digest).where(i.tx_id == tx_id, i.role == role).order_by(i.id.desc()))
 
     def identity_by_ref(self, slot: str, ref: str) -> Identity | None:
-        """See `identities.by_ref`."""
-        with self.read() as s:
-            return identities.by_ref(s, self.host, slot, ref)
+        """This host's newest identity of `slot` (any role) whose container ID or digest starts
+        with `ref`, or whose served model is `ref`."""
+
+        # Newest first by key, stopping at the first match, the match tested in SQL: the identities
+        # recorded since it, not all of them. The slot is compared as `slot || ''`, which no index
+        # serves: through ix_identities_slot_role_id SQLite would read every identity of the slot
+        # and sort them before the first row.
+        def starts(column: InstrumentedAttribute[str]) -> ColumnElement[bool]:
+            return func.substr(column, 1, len(ref)) == ref  # exactly, not as a LIKE pattern
+
+        i = IdentityRow
+        return self._identity(
+            select(i.digest)
+            .where(i.slot.concat("") == slot, i.host_id == self.host)
+            .where(or_(starts(i.container_id), starts(i.digest), i.served_model == ref))
+            .order_by(i.id.desc())
+        )
 
     def served_snapshot(self, target: Identity) -> tuple[str, JSONObject] | None:
         """See `snapshots.served_snapshot`."""

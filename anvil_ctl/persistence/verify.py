@@ -271,11 +271,10 @@ def verify(store: Store, *, full: bool = False, expect_head: Head | None = None)
     if report.ok:
         try:
             report.checkpoint = _record_checkpoint(store, report)
-        except OperationalError as exc:  # a read-only copy verifies all the same
-            report.checkpoint_error = str(exc.orig)
-            log.warning("audit.checkpoint_unrecorded", error=report.checkpoint_error)
-        except Unavailable as exc:  # the store's edge translated it: read-only, busy or full
-            report.checkpoint_error = str(getattr(exc.__cause__, "orig", None) or exc)
+        except (OperationalError, Unavailable) as exc:  # read-only, busy or full: verified all the same
+            # the database's own words, also where the store's edge translated them
+            orig = exc.orig if isinstance(exc, OperationalError) else getattr(exc.__cause__, "orig", None)
+            report.checkpoint_error = str(orig or exc)
             log.warning("audit.checkpoint_unrecorded", error=report.checkpoint_error)
     return report
 

@@ -1,10 +1,7 @@
-"""The matched A/B control: two arms of one checkpoint, the same capacity cells, a verdict by
-boundaries declared before the run.
-
-Arms alternate per repetition (A B, then B A) so host drift hits both; `delta_pct` is B against
-A. The faster arm by the profile's `select` metric is selected only inside every protected
-boundary (a boundary covering no measured cell is violated). `declaration()` is written to the
-evidence, with its digest, before the first request.
+"""The matched A/B control: two arms of one checkpoint, the same capacity cells alternating per
+repetition (A B, then B A) so host drift hits both; `delta_pct` is B against A. The faster arm by
+the profile's `select` metric is selected only inside every boundary declared before the run (one
+covering no measured cell is violated); `declaration()` goes to the evidence before any request.
 """
 
 from __future__ import annotations
@@ -102,39 +99,21 @@ def run_measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: f
 # -- the comparison and its verdict -------------------------------------------------------------
 
 
-def pct(new: float | None, base: float | None) -> float | None:
-    """How much `new` differs from `base`, in % of `base` (None when either is unknown)."""
-    if new is None or base is None or base == 0:
-        return None
-    return (new - base) / base * 100.0
+def _delta(arms: Mapping[str, JSONMapping], new: str, base: str, metric: str) -> float | None:
+    """How much arm `new` differs from arm `base` on `metric`, in % of `base`'s (None when either
+    is unknown)."""
+    b, n = get_float(arms[base], metric), get_float(arms[new], metric)
+    return None if n is None or b is None or b == 0 else (n - b) / b * 100.0
 
 
-@dataclass(frozen=True)
-class _ArmCell:
-    """One arm's figures in one measured cell, as the comparison reads them."""
-
-    p50: dict[str, float | None]
-    """By metric name (`METRICS`)."""
-    prompt_tokens_p50: float | None
-    completed: int | None
-    requests: int | None
-
-    @classmethod
-    def of(cls, cell: JSONMapping) -> _ArmCell:
-        return cls(
-            {m: get_float(cell, key) for m, (key, _) in METRICS.items()},
-            get_float(cell, "prompt_tokens_p50"),
-            get_int(cell, "completed"),
-            get_int(cell, "requests"),
-        )
-
-    def as_dict(self) -> JSONObject:
-        return {
-            **self.p50,
-            "prompt_tokens_p50": self.prompt_tokens_p50,
-            "completed": self.completed,
-            "requests": self.requests,
-        }
+def _figures(cell: JSONMapping) -> JSONObject:
+    """One arm's figures in one measured cell, as the comparison reads them: the p50 of each
+    metric (`METRICS`), the prompt size and how many requests completed."""
+    figures: JSONObject = {m: get_float(cell, key) for m, (key, _) in METRICS.items()}
+    figures["prompt_tokens_p50"] = get_float(cell, "prompt_tokens_p50")
+    figures["completed"] = get_int(cell, "completed")
+    figures["requests"] = get_int(cell, "requests")
+    return figures
 
 
 @dataclass(frozen=True)
@@ -143,7 +122,7 @@ class _Row:
 
     label: str
     nominal_tokens: int
-    arms: dict[str, _ArmCell]
+    arms: dict[str, JSONObject]
     delta_pct: dict[str, float | None]
 
 
@@ -168,10 +147,10 @@ def compare(
         if ca.get("skipped") or cb.get("skipped"):
             rows.append({**row, "skipped": ca.get("skipped") or cb.get("skipped")})
             continue
-        by_arm = {"A": _ArmCell.of(ca), "B": _ArmCell.of(cb)}
-        delta: dict[str, float | None] = {m: pct(by_arm["B"].p50[m], by_arm["A"].p50[m]) for m in METRICS}
+        by_arm = {"A": _figures(ca), "B": _figures(cb)}
+        delta: dict[str, float | None] = {m: _delta(by_arm, "B", "A", m) for m in METRICS}
         measured.append(_Row(label, nominal, by_arm, delta))
-        rows.append({**row, "A": by_arm["A"].as_dict(), "B": by_arm["B"].as_dict(), "delta_pct": {**delta}})
+        rows.append({**row, **by_arm, "delta_pct": {**delta}})
     return {
         "arms": {**names},
         "select": select,
@@ -216,10 +195,10 @@ def _verdict(
     names: dict[str, str], measured: list[_Row], boundaries: Sequence[Boundary], select: str
 ) -> JSONObject:
     failed = [
-        f"{names[arm]} {r.label}: {(r.arms[arm].requests or 0) - (r.arms[arm].completed or 0)} failed"
+        f"{names[arm]} {r.label}: {(get_int(f, 'requests') or 0) - (get_int(f, 'completed') or 0)} failed"
         for r in measured
-        for arm in ("A", "B")
-        if r.arms[arm].completed != r.arms[arm].requests
+        for arm, f in r.arms.items()
+        if f["completed"] != f["requests"]
     ]
     deltas = [r.delta_pct[select] for r in measured]
     if not measured or failed or any(d is None for d in deltas):
@@ -235,25 +214,18 @@ def _verdict(
         observed = []
         for r in measured:
             if boundary.applies(r.nominal_tokens):
-                delta = pct(r.arms[winner].p50[boundary.metric], r.arms[other].p50[boundary.metric])
+                delta = _delta(r.arms, winner, other, boundary.metric)
                 observed.append((r.label, delta, boundary.holds(delta)))
         checks.append(_Check(boundary.describe(), names[winner], observed))
     lead = f"{names[winner]} is faster by {select} (mean {abs(score):+.1f} % vs {names[other]})"
-    violated = [c for c in checks if not c.holds]
-    if violated:
-        named = "; ".join(f"{c.boundary} violated ({c.observed()})" for c in violated)
-        return {
-            "outcome": "boundary-violated",
-            "selected": None,
-            "faster": names[winner],
-            "boundaries": [c.as_dict() for c in checks],
-            "summary": f"{lead}, but {named}: no arm selected",
-        }
+    violated = "; ".join(f"{c.boundary} violated ({c.observed()})" for c in checks if not c.holds)
     held = "; ".join(f"{c.boundary} ({c.observed()})" for c in checks) or "no boundary declared"
     return {
-        "outcome": "selected",
-        "selected": names[winner],
+        "outcome": "boundary-violated" if violated else "selected",
+        "selected": None if violated else names[winner],
         "faster": names[winner],
         "boundaries": [c.as_dict() for c in checks],
-        "summary": f"{names[winner]} selected: {lead}; every declared boundary holds: {held}",
+        "summary": f"{lead}, but {violated}: no arm selected"
+        if violated
+        else f"{names[winner]} selected: {lead}; every declared boundary holds: {held}",
     }

@@ -1,14 +1,8 @@
 """A canary's arithmetic, its sample and its verdict: the traffic shares it steps through, the
-side-by-side round (`SideBySide`, the sample `engine.watch.watch` takes at each step) and the
-judgement of the candidate against the incumbent on the same prompts (`judge`).
-
-At each step both serves get the same few streamed chats (`slosample`), each at its own
-binding, the order alternating per round as in the A/B control (`qualify.ab`), so that load
-on the host falls on both alike. The profile's `[watch]` thresholds hold the candidate: an
-absolute limit as written, a relative one (`max_ratio`, `min_ratio`) against the incumbent's
-value in the same round, so "ttft_p95_s max_ratio 1.25" reads "at most 1.25 x the incumbent's,
-on the same prompts, at the same moment". A threshold failed in `consecutive` rounds in a row
-is a breach; a round that cannot judge a threshold (the incumbent failed too) breaks its run.
+side-by-side round (`SideBySide`, both serves on the same prompts, the order alternating per round
+so host load falls on both alike) and `judge`: the `[watch]` thresholds hold the candidate, a
+relative one against the incumbent's value in the same round ("at most 1.25 x the incumbent's, on
+the same prompts, at the same moment"); failed in `consecutive` rounds in a row, a breach.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What an engine's log says: the log audit's view of the engine profiles' patterns, and the
-classifier.
-
-A fatal pattern wins over a notice pattern on the same line; a start banner seen twice is an
-engine restart. Matched lines are kept as evidence, so they are redacted first (explicit secrets
-and anything shaped like a credential): engines print their arguments at start.
+"""The log audit's view of an engine's log: its profile's patterns and the classifier. A fatal
+pattern wins over a notice on the same line; a start banner seen twice is a restart. Kept lines are
+redacted first (secrets, anything shaped like a credential): engines print their arguments at start.
 """
 
 from __future__ import annotations
@@ -12,9 +9,14 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from anvil_ctl.core.engine_profile import EngineProfile, find_engine_profile
+from anvil_ctl.core.engine_profile import (
+    COMMON_FATAL,
+    EngineProfile,
+    FatalPattern,
+    NoticePattern,
+    find_engine_profile,
+)
 from anvil_ctl.core.jsontypes import JSONObject
-from anvil_ctl.core.log_patterns import COMMON_FATAL, FatalPattern, NoticePattern
 
 KEEP_CHARS = 400
 """A kept line is cut to this many characters (a traceback line can be a megabyte of tensor)."""

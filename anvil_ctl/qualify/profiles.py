@@ -1,8 +1,6 @@
-"""Qualification profiles: TOML files naming an ordered list of gates with thresholds.
-
-`[[gates]]` tables name a `type` (a key of GATE_TYPES), an optional unique `name` and the gate's
-keywords; `[watch]` (see watchpolicy), `select` and `[[boundaries]]` (the A/B's, `Boundary`) are
-optional. Named profiles ship in `anvil_ctl/profiles/`; errors name the file and the field.
+"""Qualification profiles: TOML files of `[[gates]]` (a `type` of GATE_TYPES, an optional unique
+`name`, the gate's keywords), with optional `[watch]` (watchpolicy), `select` and `[[boundaries]]`
+(the A/B's). Named profiles ship in `anvil_ctl/profiles/`; errors name the file and the field.
 """
 
 from __future__ import annotations
@@ -93,11 +91,6 @@ class GateSpec:
     name: str
     params: dict[str, object] = field(default_factory=dict)
 
-    def build(self) -> Gate:
-        from anvil_ctl.qualify.gates import GATE_TYPES
-
-        return GATE_TYPES[self.type](name=self.name, **self.params)
-
 
 @dataclass(frozen=True)
 class Profile:
@@ -113,7 +106,9 @@ class Profile:
     """TOML `[watch]`: the thresholds the serve is held to on the route (`watchpolicy`)."""
 
     def build(self) -> list[Gate]:
-        return [spec.build() for spec in self.gates]
+        from anvil_ctl.qualify.gates import GATE_TYPES
+
+        return [GATE_TYPES[g.type](name=g.name, **g.params) for g in self.gates]
 
     def select(self, names: Sequence[str]) -> Profile:
         """Only the named gates (by name or type), in profile order: the `--gates` override."""

@@ -1,21 +1,18 @@
-"""Run a qualification profile against one engine endpoint, write evidence, decide.
-
-Evidence in order: `identity.json`, the served identity (calibrating characters per token),
-`vram-before.json`, `NN-<gate>.json` as each gate finishes, then `summary.json`,
-`provenance.json`, `decision.json` and `manifest.json`. A failed gate is evidence, not an
-exception; an engine that dies mid-run ends it with a failed `engine-alive` gate.
+"""Run a qualification profile against one engine endpoint, write evidence, decide: `identity.json`,
+`vram-before.json`, `NN-<gate>.json` as each gate finishes, then `summary.json`, `provenance.json`,
+`decision.json` and `manifest.json`. A failed gate is evidence, not an exception; an engine that
+dies mid-run ends it with a failed `engine-alive` gate.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import ParamSpec, Protocol
+from typing import Protocol
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_fixed
@@ -32,11 +29,10 @@ from anvil_ctl.qualify.decision import Decision, make_decision
 from anvil_ctl.qualify.gates.base import Gate, GateContext, LogReader, ReserveProbe
 from anvil_ctl.qualify.profiles import Profile
 from anvil_ctl.qualify.results import GateResult
-from anvil_ctl.qualify.tokens import calibrate, token_counter
+from anvil_ctl.qualify.tokens import calibrate
 
 log = get_logger()
 
-P = ParamSpec("P")
 IDENTITY_GATE = "served-identity"
 ENGINE_GATE = "engine-alive"
 Liveness = Callable[[], JSONObject | None]
@@ -121,7 +117,7 @@ class QualificationResult:
         }
 
 
-async def qualify(
+def run_qualification(
     base_url: str,
     served_model: str,
     profile: Profile,
@@ -144,8 +140,9 @@ async def qualify(
     context: JSONObject | None = None,
     liveness: Liveness | None = None,
 ) -> QualificationResult:
-    """The async body of `run_qualification`; a gate that would start after `timeout_s` is recorded
-    as failed (`timeout`), so the decision can never say an incomplete run passed."""
+    """Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide. A
+    gate that would start after `timeout_s` is recorded as failed (`timeout`), so the decision can
+    never say an incomplete run passed."""
     end = None if timeout_s is None else time.monotonic() + timeout_s
     if timeout_s is not None:
         request_timeout_s = min(request_timeout_s, timeout_s)
@@ -173,55 +170,43 @@ async def qualify(
             classification=result.classification,
         )
 
-    async with EngineClient(
-        base_url, api_key=api_key, transport=transport, timeout_s=request_timeout_s
-    ) as client:
-        progress.gate_started(IDENTITY_GATE, 1, len(names))
-        identity, max_model_len = await served_identity(client, served_model, context)
-        if identity.passed:
-            chars_per_token, calibration = await calibrate(client, engine, served_model, chars_per_token)
-            identity = replace(
-                identity,
-                evidence={
-                    **identity.evidence,
-                    "engine_profile": engine.name,
-                    "token_counting": {
-                        "streamed_usage": engine.streamed_usage,
-                        "prompt_tokens": engine.prompt_tokens,
-                        "completion_tokens": engine.completion_tokens,
-                    },
-                    "prompt_sizing": calibration,
-                },
+    async def run_gates(chars_per_token: float) -> None:
+        async with EngineClient(
+            base_url, api_key=api_key, transport=transport, timeout_s=request_timeout_s
+        ) as client:
+            progress.gate_started(IDENTITY_GATE, 1, len(names))
+            identity, max_model_len, chars_per_token = await served_identity(
+                client, served_model, context, engine, chars_per_token
             )
-        record(0, identity)
-        if identity.passed:
-            if reserve_probe is not None:
-                writer.write_json("vram-before.json", await _vram_reading(reserve_probe))
-            gate_ctx = GateContext(
-                client=client,
-                served_model=served_model,
-                thinking=profile.thinking,
-                max_model_len=max_model_len,
-                chars_per_token=chars_per_token,
-                reserve_probe=reserve_probe,
-                on_request=progress.request_done,
-                container_log=container_log,
-                engine=engine,
-                count_tokens=token_counter(client, engine, served_model),
-                secrets=tuple(secrets),
-            )
-            for index, gate in enumerate(gates, start=1):
-                progress.gate_started(gate.name, index + 1, len(names))
-                if end is not None and time.monotonic() >= end:
-                    record(index, _timed_out(gate, timeout_s or 0.0))
-                    continue
-                result = await gate(gate_ctx)
-                record(index, result)
-                died = None if liveness is None else await _died(liveness, client, result.passed)
-                if died is not None:
-                    record(index + 1, engine_exited(gate.name, died, [g.name for g in gates[index:]]))
-                    break
+            record(0, identity)
+            if identity.passed:
+                if reserve_probe is not None:
+                    writer.write_json("vram-before.json", await _vram_reading(reserve_probe))
+                gate_ctx = GateContext(
+                    client=client,
+                    served_model=served_model,
+                    thinking=profile.thinking,
+                    max_model_len=max_model_len,
+                    chars_per_token=chars_per_token,
+                    reserve_probe=reserve_probe,
+                    on_request=progress.request_done,
+                    container_log=container_log,
+                    engine=engine,
+                    secrets=tuple(secrets),
+                )
+                for index, gate in enumerate(gates, start=1):
+                    progress.gate_started(gate.name, index + 1, len(names))
+                    if end is not None and time.monotonic() >= end:
+                        record(index, _timed_out(gate, timeout_s or 0.0))
+                        continue
+                    result = await gate(gate_ctx)
+                    record(index, result)
+                    died = None if liveness is None else await _died(liveness, client, result.passed)
+                    if died is not None:
+                        record(index + 1, engine_exited(gate.name, died, [g.name for g in gates[index:]]))
+                        break
 
+    asyncio.run(run_gates(chars_per_token))
     rows = summary_rows(r.evidence for r in results)
     writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows], "origin": "local"})
     writer.write_json("provenance.json", provenance_record(provenance, writer.artifacts))
@@ -263,38 +248,25 @@ async def qualify(
     )
 
 
-def _synchronous(
-    body: Callable[P, Coroutine[object, object, QualificationResult]],
-) -> Callable[P, QualificationResult]:
-    """`body` run to completion in a fresh event loop, with `body`'s own signature."""
-
-    @functools.wraps(body)
-    def run(*args: P.args, **kwargs: P.kwargs) -> QualificationResult:
-        return asyncio.run(body(*args, **kwargs))
-
-    return run
-
-
-run_qualification = _synchronous(qualify)
-"""Run `profile` against `base_url`; write evidence under `<evidence_dir>/<tx_id>/`; decide.
-
-Synchronous `qualify`, for code that runs no event loop; same arguments.
-"""
-
-
 async def served_identity(
-    client: EngineClient, served_model: str, context: JSONObject | None = None
-) -> tuple[GateResult, int | None]:
+    client: EngineClient,
+    served_model: str,
+    context: JSONObject | None,
+    engine: EngineProfile,
+    chars_per_token: float,
+) -> tuple[GateResult, int | None, float]:
     """The runner's first gate: `GET /v1/models` lists the served model. Its `max_model_len`,
     or the context the caller observed where the engine reports none, bounds long-context
-    gates (returned beside the result)."""
+    gates; once it passes, the engine's tokenizer calibrates the characters per token of prompts
+    (both returned beside the result)."""
     started = time.perf_counter()
     try:
         cards = await client.models()
     except AnvilError as exc:
         evidence: JSONObject = {"error": str(exc), "error_type": type(exc).__name__}
         elapsed = time.perf_counter() - started
-        return GateResult(IDENTITY_GATE, False, "functional", "error", evidence, str(exc), elapsed), None
+        failed = GateResult(IDENTITY_GATE, False, "functional", "error", evidence, str(exc), elapsed)
+        return failed, None, chars_per_token
     ids = [c.id for c in cards]
     card = next((c for c in cards if c.id == served_model), None)
     max_len = card.max_model_len if card else None
@@ -306,11 +278,19 @@ async def served_identity(
             max_len = seen
     passed = card is not None
     summary = f"serves {served_model}" if passed else f"expected {served_model}, engine lists {ids}"
-    classification = "pass" if passed else "wrong_model"
     elapsed = time.perf_counter() - started
-    return GateResult(
-        IDENTITY_GATE, passed, "functional", classification, evidence, summary, elapsed
-    ), max_len
+    if passed:
+        chars_per_token, calibration = await calibrate(client, engine, served_model, chars_per_token)
+        evidence["engine_profile"] = engine.name
+        evidence["token_counting"] = {
+            "streamed_usage": engine.streamed_usage,
+            "prompt_tokens": engine.prompt_tokens,
+            "completion_tokens": engine.completion_tokens,
+        }
+        evidence["prompt_sizing"] = calibration
+    classification = "pass" if passed else "wrong_model"
+    result = GateResult(IDENTITY_GATE, passed, "functional", classification, evidence, summary, elapsed)
+    return result, max_len, chars_per_token
 
 
 DEATH_GRACE_S = 5.0

@@ -1,10 +1,7 @@
-"""One active sample of a serve through the real route, with the official `openai` client.
-
-A sample is a few short streamed chats to the slot's alias with the client key: what a client
-of the router meets, measured as `watchpolicy.METRICS` names (a stream that stops without a
-`finish_reason` was cut). Asked for them, it also takes the functional gate's checks
-(`FUNCTIONAL`) with the gate's own fixtures and checkers. A 401/403 raises `AuthRejected`: a
-credential problem, never a reason to call the serve unhealthy.
+"""One active sample of a serve through the real route with the official `openai` client: a few
+short streamed chats to the slot's alias with the client key, measured as `watchpolicy.METRICS`
+names, and when asked the functional gate's own checks (`FUNCTIONAL`). A 401/403 raises
+`AuthRejected`: a credential problem, never a reason to call the serve unhealthy.
 """
 
 from __future__ import annotations

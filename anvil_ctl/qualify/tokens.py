@@ -1,14 +1,10 @@
-"""Token counts from the engine itself where its stream carries none, as its profile says.
-
-Prompt tokens: `plain-usage` (the same request unstreamed with max_tokens 1, after the timed
-stream) or `tokenize` (the raw text, an undercount recorded as such); completion tokens:
-`stream-chunks` (one per chunk with output). The attempt records how they were counted.
+"""Token counts from the engine itself where its stream carries none, as its profile says: prompt
+tokens by `plain-usage` (the request unstreamed, max_tokens 1, after the timed stream) or `tokenize`
+(the raw text, an undercount), completion tokens by `stream-chunks`; the attempt records which.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from anvil_ctl.core.engine_profile import EngineProfile
@@ -99,12 +95,3 @@ async def calibrate(
         "chars": len(sample),
         "tokens": count,
     }
-
-
-def token_counter(
-    client: EngineClient, engine: EngineProfile, served_model: str
-) -> Callable[[str], Awaitable[int]] | None:
-    """The engine's own token count of raw text (its tokenize endpoint), if it has one."""
-    if engine.tokenizer is None:
-        return None
-    return functools.partial(client.tokenize_count, engine.tokenizer, model=served_model)

@@ -1,25 +1,8 @@
-"""The `[watch]` table of a qualification profile: how a serve on the route is sampled, and the
-thresholds it is held to after its qualification (by `recheck --slo`, and by a watched promote).
-
-    [watch]
-    duration = "30m"          # how long a promote watches by default (absent or 0: a cutover)
-    interval_s = 30.0         # between two samples
-    requests = 3              # chat requests per sample, through the route, the official client
-    max_tokens = 32           # per request
-    consecutive = 3           # a threshold failed by this many samples in a row is a breach
-
-    [[watch.thresholds]]
-    metric = "ttft_p95_s"     # one of METRICS
-    max_ratio = 1.25          # relative: at most 1.25 x the serve's qualified value
-    [[watch.thresholds]]
-    metric = "error_rate"
-    max = 0.01                # absolute
-
-A relative threshold (`max_ratio`, `min_ratio`) is resolved against the serve's own
-qualification evidence (`QUALIFIED`: its capacity gate's smallest cell at concurrency 1, the
-cell nearest a short routed sample) into an absolute limit before the first sample, and the
-limit is what is recorded and judged: nothing is chosen after the fact. A profile without a
-`[watch]` table gets `DEFAULT`. Errors name the file and the field (`watch.thresholds[1].max`).
+"""The `[watch]` table of a qualification profile (the README's example shows every key): how a serve
+on the route is sampled, and the thresholds it is held to by `recheck --slo` and a watched promote.
+A relative threshold (`max_ratio`, `min_ratio`) is resolved against the serve's own qualification
+(`QUALIFIED`: its capacity gate's smallest cell at concurrency 1) into the absolute limit recorded
+and judged before the first sample: nothing is chosen after the fact.
 """
 
 from __future__ import annotations

@@ -107,8 +107,18 @@ def container_spec(
     if recipe.served_model is not None:
         labels[LABEL_SERVED_MODEL] = recipe.served_model
     mounts = [Mount(_mount_source(m.source, recipe_path), m.target, m.read_only) for m in recipe.mounts]
-    if recipe.model_mount is not None:
-        mounts.append(model_cache_mount(recipe, host_config))
+    if recipe.model_mount is not None and recipe.model_repo is not None:  # a recipe's check pairs them
+        # The model's repository folder in the host's cache, read-only at `model_mount`.
+        if host_config.model_cache_dir is None:
+            raise RecipeError(
+                f"recipe {recipe.name}: model_mount: the host config sets no model_cache_dir to mount "
+                "the model from; expected model_cache_dir in anvil.toml",
+                field="model_mount",
+            )
+        cache = host_config.model_cache_dir.absolute()
+        mounts.append(
+            Mount(os.path.normpath(cache / hub_repo_folder(recipe.model_repo)), recipe.model_mount, True)
+        )
     name = f"anvil-{slot_name}-{recipe.name}"
     return ContainerSpec(
         name=f"{name}-{short_tx(tx_id)}" if tx_id else name,
@@ -125,20 +135,6 @@ def container_spec(
         ulimits=recipe.ulimit_tuples(),
         init=True,
     )
-
-
-def model_cache_mount(recipe: Recipe, host_config: HostConfig) -> Mount:
-    """The model's repository folder in the host's cache, read-only at `model_mount`."""
-    if recipe.model_mount is None or recipe.model_repo is None:
-        raise RecipeError(f"recipe {recipe.name}: model_mount: needs a model", field="model_mount")
-    if host_config.model_cache_dir is None:
-        raise RecipeError(
-            f"recipe {recipe.name}: model_mount: the host config sets no model_cache_dir to mount "
-            "the model from; expected model_cache_dir in anvil.toml",
-            field="model_mount",
-        )
-    source = os.path.normpath(host_config.model_cache_dir.absolute() / hub_repo_folder(recipe.model_repo))
-    return Mount(source, recipe.model_mount, True)
 
 
 def spec_as_dict(spec: ContainerSpec) -> JSONObject:

@@ -17,10 +17,6 @@ if TYPE_CHECKING:
     from anvil_ctl.qualify.slosample import Sample
 
 
-def _unknown_tier() -> TierDoc:
-    return {"url": None, "aliases": [], "state": "maint"}
-
-
 class FakeRouter:
     """A router whose tiers map to one backend URL each; routed answers come from FakeServerProbe."""
 
@@ -34,11 +30,8 @@ class FakeRouter:
             raise AuthRejected("router answered 401 to the admin token from the fake credential source")
 
     def _tier(self, w: WorldDoc, tier: str) -> TierDoc:
-        return w["router"]["tiers"].setdefault(tier, _unknown_tier())
-
-    def _tier_now(self, tier: str) -> TierDoc:
-        """The tier as the world holds it now (an unknown tier: no URL, in maintenance)."""
-        return self.world.read()["router"]["tiers"].get(tier) or _unknown_tier()
+        """The tier in `w` (an unknown tier: no URL, in maintenance)."""
+        return w["router"]["tiers"].setdefault(tier, {"url": None, "aliases": [], "state": "maint"})
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
         with self.world.edit() as w:
@@ -57,7 +50,7 @@ class FakeRouter:
 
     def in_flight(self, tier: str, url: str) -> int | None:
         """The serving container's `in_flight`, as a router counts what it passes on."""
-        t = self._tier_now(tier)
+        t = self._tier(self.world.read(), tier)
         c = self.server.serving_container(url) if t["url"] == url else None
         return None if c is None else self.server.look_in_flight(c)
 
@@ -106,7 +99,7 @@ class FakeRouter:
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
         """Holds when the tier is ready at `url` and a routed chat answers from expected_model."""
-        t = self._tier_now(tier)
+        t = self._tier(self.world.read(), tier)
 
         def verdict(reason: str = "") -> RouteCheck:
             return RouteCheck(tier, url, expected_model, holds=not reason, reason=reason)
@@ -125,7 +118,7 @@ class FakeRouter:
 
     def view(self, tier: str) -> JSONObject:
         """The same shape as the smg adapter's view; only admitted (ready) backends are listed."""
-        t = self._tier_now(tier)
+        t = self._tier(self.world.read(), tier)
         backends: JSONArray = []
         url = t["url"]
         if url and t["state"] == "ready":

@@ -1,4 +1,4 @@
-"""Fake container runtime and engine probe over the fake world."""
+"""Fake container runtime, engine probe, GPUs and shared memory over the fake world."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from anvil_ctl.core.model import (
     ContainerLog,
     ContainerSpec,
     ContainerStatus,
+    GpuReading,
     ImageInfo,
     ModelCard,
     PromptAnswer,
+    ResidueFile,
+    ResidueRemoval,
     config_fingerprint,
 )
 from anvil_ctl.testing.world import ContainerDoc, FakeWorld, maybe_hang_or_fail
@@ -168,3 +171,54 @@ class FakeServerProbe:
             )
             return PromptAnswer(400, json.dumps({"error": {"message": message}}))
         return PromptAnswer(200, json.dumps({"model": model}))
+
+
+class FakeGpus:
+    """GPU readings: each running fake container holds its FAKE_VRAM_MIB on each of its GPUs."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def gpus(self) -> list[GpuReading]:
+        w = self.world.read()
+        readings = []
+        for i, g in enumerate(w["gpus"]):
+            used = sum(
+                c["vram_mib"]
+                for c in w["containers"].values()
+                if c["status"] == "running" and g["uuid"] in c["gpu_uuids"]
+            )
+            readings.append(GpuReading(g["uuid"], g["name"], i, g["total_mib"], used, g["total_mib"] - used))
+        return readings
+
+    def driver_version(self) -> str:
+        return "fake"
+
+
+class FakeSharedMemory:
+    """SharedMemory over the fake world's `residue` list, with the real adapter's rule.
+
+    An entry is `{"path", "size"}`, optionally `"pids"` (held: not residue yet) and `"ours": false`
+    (another program's file: never reported, never removed).
+    """
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def residue(self) -> list[ResidueFile]:
+        return [
+            ResidueFile(r["path"], r["size"])
+            for r in self.world.read()["residue"]
+            if r.get("ours", True) and not r.get("pids")
+        ]
+
+    def remove_unheld(self) -> ResidueRemoval:
+        """Our unheld files go; held ones stay with the reason; other programs' are untouched."""
+        with self.world.edit() as w:
+            ours = [r for r in w["residue"] if r.get("ours", True)]
+            removed = tuple(r["path"] for r in ours if not r.get("pids"))
+            kept = tuple(
+                (r["path"], f"mapped or open by pids {sorted(r['pids'])}") for r in ours if r.get("pids")
+            )
+            w["residue"] = [r for r in w["residue"] if not r.get("ours", True) or r.get("pids")]
+        return ResidueRemoval(removed=removed, kept=kept)

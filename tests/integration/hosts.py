@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import anvil_ctl.stub
+import anvil_stub
 from anvil_ctl.core.model import LABEL_MANAGED, ContainerSpec, Mount
 
 INCUMBENT = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
@@ -50,9 +50,9 @@ def stub_container_spec(
     gpu_uuids: Sequence[str] = (),
 ) -> ContainerSpec:
     """One stub engine container as docs/CONTRACTS.md specifies it: the host's `/usr`, `/lib`,
-    `/lib64` and the repo's `anvil_ctl/stub` bind-mounted read-only, `PYTHONPATH=/opt/anvil`,
+    `/lib64` and the repo's `anvil_stub` bind-mounted read-only, `PYTHONPATH=/opt/anvil`,
     host networking, `init=True`; labels default to io.anvil.managed=true."""
-    command = ("/usr/bin/python3", "-m", "anvil_ctl.stub", "--host", "127.0.0.1", "--port", str(port))
+    command = ("/usr/bin/python3", "-m", "anvil_stub", "--host", "127.0.0.1", "--port", str(port))
     return ContainerSpec(
         name=name,
         image=image,
@@ -63,7 +63,7 @@ def stub_container_spec(
             Mount("/usr", "/usr"),
             Mount("/lib", "/lib"),
             Mount("/lib64", "/lib64"),
-            Mount(str(Path(anvil_ctl.stub.__file__).parent), "/opt/anvil/anvil_ctl/stub"),
+            Mount(str(Path(anvil_stub.__file__).parent), "/opt/anvil/anvil_stub"),
         ),
         network_mode="host",
         gpu_uuids=tuple(gpu_uuids),

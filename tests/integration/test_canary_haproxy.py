@@ -45,7 +45,7 @@ def gpu_candidate_recipe(recipes: Path) -> None:
     src = (REPO / "recipes" / "stub-393k-c1.toml").read_text()
     src = src.replace('name = "stub-393k-c1"', 'name = "canary-gpu"')
     src = src.replace("port = 8001", "port = 8002").replace('"--port", "8001"', '"--port", "8002"')
-    src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    src = src.replace('"../anvil_', f'"{REPO}/anvil_')
     (recipes / "canary-gpu.toml").write_text(src)
 
 

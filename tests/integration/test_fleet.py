@@ -91,7 +91,7 @@ health_poll_s = 0.1
 def _recipe(src: str, dest: Path, name: str) -> None:
     text = (REPO / "recipes" / f"{src}.toml").read_text()
     text = text.replace(f'name = "{src}"', f'name = "{name}"')
-    text = text.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    text = text.replace('"../anvil_', f'"{REPO}/anvil_')
     (dest / f"{name}.toml").write_text(text)
 
 

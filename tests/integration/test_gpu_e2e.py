@@ -48,7 +48,7 @@ gpu_roles = ["compute-a", "compute-b"]""",
 def copy_recipe(recipes: Path, name: str = "stub-393k-c1", **changes: str) -> None:
     """The shipped recipe with mounts made absolute; `changes` replace whole lines (key = ...)."""
     src = (REPO / "recipes" / "stub-393k-c1.toml").read_text()
-    src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    src = src.replace('"../anvil_', f'"{REPO}/anvil_')
     src = src.replace('name = "stub-393k-c1"', f'name = "{name}"')
     for old, new in changes.items():
         assert old in src, old

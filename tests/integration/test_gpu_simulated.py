@@ -22,8 +22,7 @@ from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import StepFailed
 from anvil_ctl.core.waiver import Waiver
 from anvil_ctl.gpu.ownership import check_start, unknown_processes
-from anvil_ctl.gpu.release import wait_for_vram_release
-from anvil_ctl.gpu.reserve import VramReserveGate
+from anvil_ctl.gpu.vram import VramReserveGate, wait_for_vram_release
 from anvil_ctl.gpu.waiver_policy import Decision, outcome_of, reclassify
 
 UA = "GPU-5eed0000-0000-4000-8000-00000000000a"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ def variant(recipes: Path, name: str, extra_args: list[str], timeout_s: float = 
     """A copy of stub-393k-c1 named `name` with extra stub arguments (mounts made absolute)."""
     src = (REPO / "recipes" / "stub-393k-c1.toml").read_text()
     src = src.replace('name = "stub-393k-c1"', f'name = "{name}"')
-    src = src.replace('"../anvil_ctl/', f'"{REPO}/anvil_ctl/')
+    src = src.replace('"../anvil_', f'"{REPO}/anvil_')
     src = src.replace("startup_timeout_s = 60.0", f"startup_timeout_s = {timeout_s}")
     quoted = "".join(f' "{a}",' for a in extra_args)
     src = src.replace('  "--vram-loaded-mib", "95786",\n]', f'  "--vram-loaded-mib", "95786",{quoted}\n]')
@@ -113,7 +114,13 @@ class TestRefusalsOnDocker:
 
     def test_an_absent_pinned_image_is_refused(self, host: dict[str, Any], tmp_path: Path) -> None:
         recipes = host["app"].settings.recipes_dir
-        src = (recipes / "good-393k.toml").read_text().replace("468637ca", "00000000")
+        src, pinned = re.subn(
+            r'^image = "sha256:[0-9a-f]{64}"$',
+            f'image = "sha256:{"0" * 64}"',
+            (recipes / "good-393k.toml").read_text(),
+            flags=re.MULTILINE,
+        )
+        assert pinned == 1
         (recipes / "absent-image.toml").write_text(src.replace('name = "good-393k"', 'name = "absent-image"'))
         before_db, before_host = counts(host["app"]), containers(host["runtime"])
         out = serves.load(host["app"], "absent-image", slot="primary")

@@ -18,8 +18,7 @@ import pytest
 
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import ContainerSpec, Mount
-from anvil_ctl.evidence.bundle import verify_bundle
-from anvil_ctl.evidence.export import Redaction, export_bundle
+from anvil_ctl.evidence.bundle import Redaction, export_bundle, verify_bundle
 from anvil_ctl.qualify.gates.base import FIXTURES_DIR
 from anvil_ctl.qualify.profiles import load_profile
 from anvil_ctl.qualify.runner import QualificationResult, run_qualification

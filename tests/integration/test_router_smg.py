@@ -189,8 +189,8 @@ class TestSmgRouting:
     def test_the_official_openai_client_passes_acceptance(self, router, smg, backend):
         router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
         result = run_acceptance(smg.url, ALIAS, MODEL, Secret(Keys.client, "env C"))
-        assert result.passed, result.as_dict()
-        assert Keys.client not in str(result.as_dict())
+        assert result["passed"] is True, result
+        assert Keys.client not in str(result)
 
 
 class TestSmgQuiesceAndReadmit:

@@ -206,6 +206,23 @@ class TestTheInstalledWheel:
         plan = anvilctl(fresh_venv, empty_dir, env, "recipes", "show", "stub-393k-c1", "--json")
         assert plan.returncode == 0, plan.stderr
 
+        # The shipped stub recipes mount `../anvil_stub`, beside the installed package.
+        where = subprocess.run(
+            [
+                str(fresh_venv / "bin" / "python"),
+                "-c",
+                "import anvil_ctl, anvil_stub; print(anvil_ctl.__file__); print(anvil_stub.__file__)",
+            ],
+            cwd=empty_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert where.returncode == 0, where.stderr
+        ctl, stub = (Path(line).parent for line in where.stdout.split())
+        assert stub == ctl.parent / "anvil_stub" and (stub / "__main__.py").is_file()
+        assert REPO not in stub.parents
+
     def test_a_fake_backend_load_and_rollback_succeed(
         self, fresh_venv: Path, empty_dir: Path, tmp_path: Path
     ) -> None:

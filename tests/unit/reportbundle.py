@@ -49,7 +49,7 @@ def qualification_bundle(root: Path, tx_id: str = "tx-report") -> Path:
             [
                 sys.executable,
                 "-m",
-                "anvil_ctl.stub",
+                "anvil_stub",
                 "--port",
                 str(port),
                 "--served-model",

@@ -12,12 +12,9 @@ import subprocess
 import sys
 from typing import Any
 
-import pytest
-
 from anvil_ctl.acceptance import run_acceptance
-from anvil_ctl.acceptance_worker import AcceptanceWorker, RealAcceptance
+from anvil_ctl.acceptance_worker import AcceptanceResult, RealAcceptance
 from anvil_ctl.adapters.credentials import Secret
-from anvil_ctl.core.errors import AdapterError
 from tests.unit import test_stub_server
 from tests.unit.test_stub_server import StubFactory, free_port
 
@@ -35,6 +32,13 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _warmed(url: str) -> RealAcceptance:
+    """A real acceptance whose worker is forked (as promote forks it before its guards)."""
+    acceptance = RealAcceptance(url, TOKEN)
+    acceptance.warm()
+    return acceptance
+
+
 def _without_latency(doc: Any) -> Any:
     """The result with its measured times left out (they differ between any two runs)."""
     if isinstance(doc, dict):
@@ -47,35 +51,34 @@ def _without_latency(doc: Any) -> Any:
 class TestAcceptanceWorker:
     def test_the_worker_answers_what_the_client_in_this_process_answers(self, stub: StubFactory) -> None:
         s = stub("--served-model", MODEL)
-        worker = AcceptanceWorker(s.url, TOKEN)
+        worker = _warmed(s.url)
         pid = worker._pid
         assert pid
         forked = worker(MODEL, MODEL)
-        here = run_acceptance(s.url, MODEL, MODEL, TOKEN)
+        here = AcceptanceResult(run_acceptance(s.url, MODEL, MODEL, TOKEN))
         assert forked.passed and here.passed, forked.as_dict()
         assert forked.failed_checks() == here.failed_checks() == []
         assert _without_latency(forked.as_dict()) == _without_latency(here.as_dict())
         assert _gone(pid)  # answered and reaped
-        with pytest.raises(AdapterError, match="answered already"):
-            worker(MODEL, MODEL)
+        assert worker._pid is None  # a second call runs in this process
 
     def test_a_wrong_model_fails_the_checks_in_the_worker_as_in_this_process(self, stub: StubFactory) -> None:
         s = stub("--served-model", MODEL)
-        forked = AcceptanceWorker(s.url, TOKEN)("stub-accept", "another-model")
-        here = run_acceptance(s.url, "stub-accept", "another-model", TOKEN)
+        forked = _warmed(s.url)("stub-accept", "another-model")
+        here = AcceptanceResult(run_acceptance(s.url, "stub-accept", "another-model", TOKEN))
         assert not forked.passed and not here.passed
         assert forked.failed_checks() == here.failed_checks() != []
 
     def test_a_router_that_does_not_answer_fails_every_check(self) -> None:
         url = f"http://127.0.0.1:{free_port()}"
-        forked = AcceptanceWorker(url, TOKEN)(MODEL, MODEL)
-        here = run_acceptance(url, MODEL, MODEL, TOKEN)
+        forked = _warmed(url)(MODEL, MODEL)
+        here = AcceptanceResult(run_acceptance(url, MODEL, MODEL, TOKEN))
         assert not forked.passed
         assert forked.failed_checks() == here.failed_checks() == ["plain", "stream", "tool"]
         assert _without_latency(forked.as_dict()) == _without_latency(here.as_dict())
 
     def test_an_unused_worker_ends_when_closed(self) -> None:
-        worker = AcceptanceWorker("http://127.0.0.1:9", TOKEN)
+        worker = _warmed("http://127.0.0.1:9")
         pid = worker._pid
         assert pid and not _gone(pid)
         worker.close()
@@ -93,9 +96,10 @@ class TestAcceptanceWorker:
 
 PARENT = """
 import json, sys
-from anvil_ctl.acceptance_worker import AcceptanceWorker
+from anvil_ctl.acceptance_worker import AcceptanceResult, RealAcceptance
 from anvil_ctl.adapters.credentials import Secret
-w = AcceptanceWorker(sys.argv[1], Secret("k", "test"))
+w = RealAcceptance(sys.argv[1], Secret("k", "test"))
+w.warm()
 print(json.dumps({"openai_here": "openai" in sys.modules, "passed": w(sys.argv[2], sys.argv[2]).passed,
                   "openai_after": "openai" in sys.modules}))
 """

@@ -234,7 +234,7 @@ class WeighingRouter(FakeRouter):
         self.history: list[dict[str, int]] = []
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
-        current = self._tier_now(tier)
+        current = self._tier(self.world.read(), tier)
         if current["url"] not in (None, url) and current["state"] == "ready":
             self.beside[tier] = url
             return
@@ -461,7 +461,7 @@ class StrictWeighingRouter(WeighingRouter):
     """As HAProxy's `set server B/S weight`: a server that is not in the tier is refused."""
 
     def set_weights(self, tier: str, weights: dict[str, int]) -> None:
-        known = {self._tier_now(tier)["url"], self.beside.get(tier)}
+        known = {self._tier(self.world.read(), tier)["url"], self.beside.get(tier)}
         unknown = sorted(set(weights) - known)
         if unknown:
             raise AdapterError(f"haproxy: no server for {unknown} in tier {tier}")

@@ -126,11 +126,10 @@ app = App(settings=settings, env={})
 if backend == "real":  # the real acceptance, warmed before (and without) any world
     from anvil_ctl.acceptance_worker import RealAcceptance
     from anvil_ctl.adapters.credentials import Secret
-    app.__dict__["_acceptance"] = RealAcceptance("http://127.0.0.1:9", Secret("c", "test"))
+    app.__dict__["real_acceptance"] = RealAcceptance("http://127.0.0.1:9", Secret("c", "test"))
 app.warm_acceptance()
-acceptance = app.real_acceptance() if backend == "real" else app.world().acceptance
-worker = getattr(acceptance, "_worker", None)
-pid = worker._pid if worker is not None else None
+acceptance = app.real_acceptance if backend == "real" else app.world().acceptance
+pid = getattr(acceptance, "_pid", None)
 app.close()
 import os
 try:

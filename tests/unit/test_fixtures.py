@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from anvil_ctl.stub.rules import png_text
+from anvil_stub.rules import png_text
 from scripts.fixtures import FIXTURES_DIR, IMAGE_TEXTS, generated_files, render_png
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.adapters.gguf import GgufError, read_header
+from anvil_ctl.adapters.hfcache import GgufError, read_header
 
 
 def _string(text: str) -> bytes:

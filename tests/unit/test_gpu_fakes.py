@@ -12,7 +12,7 @@ from anvil_ctl.config.host import GpuRole
 from anvil_ctl.core.errors import AdapterError
 from anvil_ctl.core.model import ContainerInfo, GpuProcess
 from anvil_ctl.core.ports import Clock, GpuProbe
-from anvil_ctl.testing.fake_gpus import FakeGpuProbe, ManualClock, reading
+from tests.unit.fake_gpus import FakeGpuProbe, ManualClock, reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UB = "GPU-bbbbbbbb-0000-0000-0000-000000000002"

@@ -7,7 +7,7 @@ import pytest
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.model import GpuProcess
 from anvil_ctl.gpu.ownership import GpuOwner, check_start, unknown_processes
-from anvil_ctl.testing.fake_gpus import reading
+from tests.unit.fake_gpus import reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UB = "GPU-bbbbbbbb-0000-0000-0000-000000000002"

@@ -14,8 +14,8 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.ports import Clock, GpuProbe
 from anvil_ctl.core.states import TxState
-from anvil_ctl.gpu.release import wait_for_vram_release
-from anvil_ctl.testing.fake_gpus import FakeGpuProbe, ManualClock, reading
+from anvil_ctl.gpu.vram import wait_for_vram_release
+from tests.unit.fake_gpus import FakeGpuProbe, ManualClock, reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UB = "GPU-bbbbbbbb-0000-0000-0000-000000000002"

@@ -6,8 +6,8 @@ import pytest
 
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.core.model import GpuReading
-from anvil_ctl.gpu.reserve import VramReserveGate
-from anvil_ctl.testing.fake_gpus import reading
+from anvil_ctl.gpu.vram import VramReserveGate
+from tests.unit.fake_gpus import reading
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UB = "GPU-bbbbbbbb-0000-0000-0000-000000000002"

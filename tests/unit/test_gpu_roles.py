@@ -10,7 +10,7 @@ from anvil_ctl.config.host import HostConfig
 from anvil_ctl.core.errors import ConfigError
 from anvil_ctl.gpu.naming import assign_role_names, role_name
 from anvil_ctl.gpu.roles import detect_roles, render_gpu_roles_toml
-from anvil_ctl.testing.fake_gpus import reading
+from tests.unit.fake_gpus import reading
 
 U1 = "GPU-00000000-0000-0000-0000-00000000000a"
 U2 = "GPU-FFFFFFFF-0000-0000-0000-000000000001"  # upper case: sorts after U1 once lowered

@@ -10,9 +10,9 @@ import pytest
 from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.waiver import VRAM_RESERVE, Waiver
-from anvil_ctl.gpu.reserve import ReserveResult, VramReserveGate
+from anvil_ctl.gpu.vram import ReserveResult, VramReserveGate
 from anvil_ctl.gpu.waiver_policy import Decision, outcome_of, parse_scope, reclassify, resolve
-from anvil_ctl.testing.fake_gpus import reading
+from tests.unit.fake_gpus import reading
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 DIGEST = "ab" * 32

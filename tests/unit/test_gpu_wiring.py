@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from anvil_ctl import cli, log
-from anvil_ctl.adapters.procfs import proc_cgroup_container
+from anvil_ctl.adapters.shm import proc_cgroup_container
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, transactions
 from anvil_ctl.commands import gpus_and_waivers as gpu_cmds
@@ -28,7 +28,7 @@ from anvil_ctl.engine.plans.load import GUARDS as LOAD_GUARDS
 from anvil_ctl.engine.plans.load import LoadMemo, candidate_identity
 from anvil_ctl.gpu.waiver_policy import resolve
 from anvil_ctl.persistence import gpu_ledger, waiver_rows
-from anvil_ctl.testing.fake_gpus import FakeGpuProbe, ManualClock, reading
+from tests.unit.fake_gpus import FakeGpuProbe, ManualClock, reading
 from tests.unit.fakehost import FakeHost
 
 UA = "GPU-aaaaaaaa-0000-0000-0000-000000000001"

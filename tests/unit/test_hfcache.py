@@ -54,7 +54,7 @@ def cache(tmp_path: Path) -> Callable[[], tuple[Path, Path]]:
 class TestHfCacheVerify:
     def test_a_complete_snapshot_is_complete(self, cache: Callable[[], tuple[Path, Path]]) -> None:
         root, _ = cache()
-        report = HfCache(root).verify(REPO, REV)
+        report = HfCache(root).verify_identity(f"{REPO}@{REV}")
         assert report.complete
         assert report.problems == ()
 
@@ -66,14 +66,14 @@ class TestHfCacheVerify:
         self, cache: Callable[[], tuple[Path, Path]]
     ) -> None:
         root, _ = cache()
-        report = HfCache(root).verify(REPO, OTHER_REV)
+        report = HfCache(root).verify_identity(f"{REPO}@{OTHER_REV}")
         assert not report.complete
         assert report.problems == (
             f"{root / repo_folder(REPO) / 'snapshots' / OTHER_REV}: revision {OTHER_REV} not in the cache",
         )
 
     def test_a_missing_repository_is_incomplete(self, tmp_path: Path) -> None:
-        report = HfCache(tmp_path).verify(REPO, REV)
+        report = HfCache(tmp_path).verify_identity(f"{REPO}@{REV}")
         assert not report.complete
         assert "repository not in the cache" in report.problems[0]
 
@@ -83,7 +83,7 @@ class TestHfCacheVerify:
         root, repo = cache()
         partial = repo / "blobs" / ("f" * 64 + ".incomplete")
         partial.write_bytes(b"half")
-        report = HfCache(root).verify(REPO, REV)
+        report = HfCache(root).verify_identity(f"{REPO}@{REV}")
         assert not report.complete
         assert report.problems == (f"{partial}: incomplete download",)
         assert partial.exists(), "verification must not delete anything"
@@ -93,13 +93,13 @@ class TestHfCacheVerify:
         link = repo / "snapshots" / REV / "model-00002-of-00002.safetensors"
         target = os.readlink(link)
         (link.parent / target).unlink()
-        report = HfCache(root).verify(REPO, REV)
+        report = HfCache(root).verify_identity(f"{REPO}@{REV}")
         assert not report.complete
         assert report.problems == (f"model-00002-of-00002.safetensors: broken link -> {target}",)
 
     def test_an_empty_snapshot_is_incomplete(self, tmp_path: Path) -> None:
         (tmp_path / repo_folder(REPO) / "snapshots" / REV).mkdir(parents=True)
-        report = HfCache(tmp_path).verify(REPO, REV)
+        report = HfCache(tmp_path).verify_identity(f"{REPO}@{REV}")
         assert not report.complete
         assert "snapshot holds no files" in report.problems[0]
 
@@ -107,11 +107,11 @@ class TestHfCacheVerify:
         snapshot = tmp_path / repo_folder(REPO) / "snapshots" / REV
         snapshot.mkdir(parents=True)
         (snapshot / "config.json").write_bytes(b"12345")
-        report = HfCache(tmp_path).verify(REPO, REV)
+        report = HfCache(tmp_path).verify_identity(f"{REPO}@{REV}")
         assert (report.complete, report.problems) == (True, ())
 
     def test_the_report_is_frozen(self, tmp_path: Path) -> None:
-        report = HfCache(tmp_path).verify(REPO, REV)
+        report = HfCache(tmp_path).verify_identity(f"{REPO}@{REV}")
         assert isinstance(report, CacheReport)
         with pytest.raises(AttributeError):
             report.complete = True  # type: ignore[misc]

@@ -53,8 +53,8 @@ def test_a_transaction_prefix_finds_its_revision_numbered_as_in_the_whole_histor
 ) -> None:
     app = populated.app()
     for rev in audit.history(app, slot=SLOT, limit=10_000):
-        assert queries.slot_revisions_of(app.store, SLOT, app.store.host, rev["tx_id"][:8]) == [rev]
-    assert queries.slot_revisions_of(app.store, SLOT, app.store.host, "zzzzzzzz") == []
+        assert queries.slot_revisions(app.store, SLOT, app.store.host, tx_prefix=rev["tx_id"][:8])[1] == [rev]
+    assert queries.slot_revisions(app.store, SLOT, app.store.host, tx_prefix="zzzzzzzz")[1] == []
 
 
 def test_rollback_to_a_revision_brings_back_the_serve_it_left(populated: FakeHost) -> None:
@@ -125,7 +125,7 @@ def test_each_revision_read_searches_the_revision_index(populated: FakeHost) -> 
     with _statements(app) as seen:
         audit.history(app, slot=SLOT, limit=2)
         queries.slot_revisions(app.store, SLOT, app.store.host, number=3)
-        queries.slot_revisions_of(app.store, SLOT, app.store.host, every[-1]["tx_id"][:8])
+        queries.slot_revisions(app.store, SLOT, app.store.host, tx_prefix=every[-1]["tx_id"][:8])[1]
     reads = [(q, p) for q, p in seen if "FROM tx_current" in q]
     assert len(reads) >= 4, reads  # the count and the newest, the count and one, the prefix's
     with sqlite3.connect(Path(populated.settings.state_dir) / "anvil.db") as con:

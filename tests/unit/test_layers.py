@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import sys
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -54,7 +55,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "qualify": _package("qualify"),
     "evidence": _package("evidence"),
     "recipes": _package("recipes"),
-    "stub": _package("stub"),
     "acceptance": ("anvil_ctl.acceptance", "anvil_ctl.acceptance_worker"),
     "engine": _package("engine"),
     "commands": _package("commands"),
@@ -90,7 +90,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "evidence": frozenset({"core", "config", "atomic", "log"}),
     # recipes: the shipped recipes' relative mounts resolve beside the installed package
     "recipes": frozenset({"core", "config", "places"}),
-    "stub": frozenset({"core"}),
     "acceptance": frozenset({"core", "config", "adapters", "log"}),
     "engine": _BASE | {"persistence", "log"},
     "commands": _BASE
@@ -341,6 +340,20 @@ class TestTheTree:
         layers = {layer_of(m) for m in _scan()}
         assert len([m for m in _scan() if layer_of(m) == "core"]) >= 6
         assert layers >= set(LAYERS)
+
+    def test_the_stub_engine_imports_only_the_standard_library_and_itself(self) -> None:
+        # It runs in containers whose only Python is the host's, with `anvil_stub` alone mounted.
+        stub = REPO / "anvil_stub"
+        found = {
+            f"{path.name}: {name}"
+            for path in sorted(stub.rglob("*.py"))
+            for name in imported_names(
+                path.read_text(), f"anvil_stub.{path.stem}", is_package=path.stem == "__init__", known=()
+            )
+            if name.split(".")[0] not in (*sys.stdlib_module_names, "anvil_stub")
+        }
+        assert len(list(stub.rglob("*.py"))) >= 5
+        assert found == set()
 
     def test_the_table_names_only_layers_it_defines(self) -> None:
         assert set(MAY_IMPORT) == set(LAYERS)

@@ -15,7 +15,7 @@ from anvil_ctl.engine.plans import load as load_plan
 from anvil_ctl.engine.plans.args import PromoteRequest
 from anvil_ctl.persistence import rechecks, waiver_rows
 from anvil_ctl.recipes.model import load_recipe
-from anvil_ctl.testing.host import FakeSharedMemory
+from anvil_ctl.testing.runtime import FakeSharedMemory
 from tests.unit.fakehost import INCUMBENT_MODEL, FakeHost
 
 

@@ -19,9 +19,8 @@ from anvil_ctl.core.states import TxState
 from anvil_ctl.engine import world as world_module
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.world import World, one_reading
-from anvil_ctl.testing.host import FakeSharedMemory
 from anvil_ctl.testing.router import FakeRouter
-from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe
+from anvil_ctl.testing.runtime import FakeRuntime, FakeServerProbe, FakeSharedMemory
 from tests.unit.fakehost import FakeHost, make_fake_host
 
 LEFT = {"path": "/dev/shm/nccl-left01", "size": 4096}

@@ -77,5 +77,5 @@ class TestShippedFiles:
         monkeypatch.setattr(places, "PACKAGE_DIR", package)
         assert places.shipped_dir("recipes") == package / "_shipped" / "recipes"
         assert places.shipped_dir("migrations") == tmp_path / "site" / "migrations"
-        # The stub recipes' `../anvil_ctl/stub` mounts resolve beside the installed package.
+        # The stub recipes' `../anvil_stub` mounts resolve beside the installed package.
         assert places.recipe_base(package / "_shipped" / "recipes") == tmp_path / "site" / "recipes"

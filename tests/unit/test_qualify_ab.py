@@ -151,7 +151,7 @@ StubFactory = Callable[..., str]
 
 def start_stub(port: int, served: str, *flags: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "anvil_ctl.stub", "--port", str(port), "--served-model", served, *flags],
+        [sys.executable, "-m", "anvil_stub", "--port", str(port), "--served-model", served, *flags],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

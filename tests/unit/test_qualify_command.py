@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -207,5 +208,5 @@ class TestExportEvidence:
         for secret in ("cli-s3cret-2", "adm-s3cret-1", GPU_A, "/home/operator", str(writer.tx_dir), checkout):
             assert secret not in text
         assert json.loads(text)["gpu"] == "GPU-REDACTED-1"
-        assert out.redactions["secrets"] == 2 and "s3cret" not in json.dumps(out.as_dict())
+        assert out.redactions["secrets"] == 2 and "s3cret" not in json.dumps(asdict(out))
         assert verify_bundle(tmp_path / "bundle").ok

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.core.errors import BadInput, StepFailed
-from anvil_ctl.evidence.bundle import EvidenceWriter, verify_bundle
-from anvil_ctl.evidence.export import Redaction, export_bundle
+from anvil_ctl.evidence.bundle import EvidenceWriter, Redaction, export_bundle, verify_bundle
 
 UUID_A = "GPU-0123abcd-0123-4567-89ab-0123456789ab"
 UUID_B = "GPU-ffffffff-0000-1111-2222-333333333333"

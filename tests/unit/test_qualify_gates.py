@@ -60,7 +60,7 @@ def stub() -> Iterator[StubFactory]:
             [
                 sys.executable,
                 "-m",
-                "anvil_ctl.stub",
+                "anvil_stub",
                 "--port",
                 str(port),
                 "--served-model",

@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from anvil_ctl.core.engine_profile import ENGINE_PROFILES, engine_profile
-from anvil_ctl.core.log_patterns import COMMON_FATAL
+from anvil_ctl.core.engine_profile import COMMON_FATAL, ENGINE_PROFILES, engine_profile
 from anvil_ctl.core.model import ContainerLog
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates import GATE_TYPES
@@ -317,7 +316,7 @@ class StubRun:
         self.log_path = tmp / f"stub-{self.port}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "anvil_ctl.stub", "--port", str(self.port), "--served-model", "m", *flags],
+            [sys.executable, "-m", "anvil_stub", "--port", str(self.port), "--served-model", "m", *flags],
             cwd=REPO,
             stdout=self._log,
             stderr=subprocess.STDOUT,

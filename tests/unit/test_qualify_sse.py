@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from anvil_ctl.qualify.sse import SSEDecoder, StreamAssembler
+from anvil_ctl.qualify.client import SSEDecoder, StreamAssembler
 
 
 def chunk(**delta: Any) -> str:

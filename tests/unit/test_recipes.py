@@ -31,7 +31,7 @@ tp_size = 2
 gpu_roles = ["compute-a", "compute-b"]
 port = 8001
 profile = "smoke"
-entrypoint = ["/usr/bin/python3", "-m", "anvil_ctl.stub"]
+entrypoint = ["/usr/bin/python3", "-m", "anvil_stub"]
 args = ["--port", "8001"]
 {extra}
 [env]
@@ -39,7 +39,7 @@ PYTHONPATH = "/opt/anvil"
 
 [[mounts]]
 source = "../code/stub"
-target = "/opt/anvil/anvil_ctl/stub"
+target = "/opt/anvil/anvil_stub"
 
 [[mounts]]
 source = "/usr"
@@ -288,7 +288,7 @@ class TestContainerSpec:
     ) -> None:
         mounts = self.spec(write_recipe(), host_config).mounts
         assert mounts[0].source == str(tmp_path / "code" / "stub")
-        assert mounts[0].target == "/opt/anvil/anvil_ctl/stub"
+        assert mounts[0].target == "/opt/anvil/anvil_stub"
         assert mounts[1].source == "/usr"
 
     def test_carries_image_command_env_host_network_and_init(
@@ -296,7 +296,7 @@ class TestContainerSpec:
     ) -> None:
         spec = self.spec(write_recipe(image=DIGEST_REF), host_config)
         assert spec.image == DIGEST_REF
-        assert spec.entrypoint == ("/usr/bin/python3", "-m", "anvil_ctl.stub")
+        assert spec.entrypoint == ("/usr/bin/python3", "-m", "anvil_stub")
         assert spec.command == ("--port", "8001")
         assert dict(spec.env) == {"PYTHONPATH": "/opt/anvil"}
         assert spec.network_mode == "host"

@@ -78,7 +78,7 @@ class TestStubRecipes:
         r = recipe(name)
         assert r.runnable
         assert r.engine == "stub"
-        assert r.entrypoint == ("/usr/bin/python3", "-m", "anvil_ctl.stub")
+        assert r.entrypoint == ("/usr/bin/python3", "-m", "anvil_stub")
         assert arg(r, "--port") == "8001" == str(r.port)
         assert arg(r, "--served-model") == r.served_model
         assert int(arg(r, "--max-model-len")) == r.context_tokens
@@ -94,11 +94,11 @@ class TestStubRecipes:
             "/usr",
             "/lib",
             "/lib64",
-            "/opt/anvil/anvil_ctl/stub",
+            "/opt/anvil/anvil_stub",
             "/opt/anvil/anvil_ctl/fixtures",
         }
         assert all(m["read_only"] for m in mounts.values())
-        assert mounts["/opt/anvil/anvil_ctl/stub"]["source"] == str(ROOT / "anvil_ctl" / "stub")
+        assert mounts["/opt/anvil/anvil_stub"]["source"] == str(ROOT / "anvil_stub")
         # The answer book gives the coding-agent gates their ground truth.
         assert mounts["/opt/anvil/anvil_ctl/fixtures"]["source"] == str(ROOT / "anvil_ctl" / "fixtures")
 

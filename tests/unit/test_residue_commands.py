@@ -12,7 +12,7 @@ from typing import Any
 from anvil_ctl.commands import recheck, serves, transactions
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.observe import observe
-from anvil_ctl.testing.host import FakeSharedMemory
+from anvil_ctl.testing.runtime import FakeSharedMemory
 from tests.unit.fakehost import FakeHost
 
 PG = {"path": "/dev/shm/PostgreSQL.1234", "size": 1 << 20, "ours": False}

@@ -16,18 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.adapters.procfs import proc_cgroup_container
 from anvil_ctl.adapters.shm import (
     ManagedContainers,
     ShmScanner,
     _lines_mapping,
     managed_containers,
+    proc_cgroup_container,
     remove_residue,
 )
 from anvil_ctl.config.host import ENGINE_SEGMENTS, HostConfig
 from anvil_ctl.core.model import LABEL_MANAGED, ContainerSpec, ShmMark
 from anvil_ctl.core.ports import SharedMemory, ShmLedger
-from anvil_ctl.testing.host import MemoryShmLedger
 from anvil_ctl.testing.runtime import FakeRuntime
 from anvil_ctl.testing.world import FakeWorld
 
@@ -107,6 +106,24 @@ def shm(tmp_path: Path) -> Path:
     d = tmp_path / "shm"
     d.mkdir()
     return d.resolve()  # the scanner reports real paths, as /proc does
+
+
+class MemoryShmLedger:
+    """ShmLedger in memory: what a scanner marked, for tests of the residue rule."""
+
+    def __init__(self, marks: list[ShmMark] | None = None) -> None:
+        self.recorded: list[ShmMark] = list(marks or [])
+
+    def marks(self, boot_id: str) -> list[ShmMark]:
+        return [m for m in self.recorded if m.boot_id == boot_id]
+
+    def remember(self, marks: list[ShmMark]) -> None:
+        """Like the store: one mark per (boot, path, device, inode), the first holder's."""
+        known = {(m.boot_id, m.path, m.dev, m.ino) for m in self.recorded}
+        for m in marks:
+            if (m.boot_id, m.path, m.dev, m.ino) not in known:
+                known.add((m.boot_id, m.path, m.dev, m.ino))
+                self.recorded.append(m)
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import zlib
 
 import pytest
 
-from anvil_ctl.stub.options import parse_options
-from anvil_ctl.stub.rules import (
+from anvil_stub.options import parse_options
+from anvil_stub.rules import (
     BadRequest,
     ToolCall,
     chat_prompt,

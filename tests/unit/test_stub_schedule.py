@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from anvil_ctl.qualify.logs import classify, patterns_for
-from anvil_ctl.stub.options import parse_options
-from anvil_ctl.stub.schedule import FATAL_LINE, LateFault, ScheduleError, effects, parse_late_fault
+from anvil_stub.options import parse_options
+from anvil_stub.schedule import FATAL_LINE, LateFault, ScheduleError, effects, parse_late_fault
 from tests.unit.test_stub_server import Stub, StubFactory, stub
 
 __all__ = ["stub"]  # the fixture, shared with the stub's process tests

@@ -1,6 +1,6 @@
 """The stub engine as a process: endpoints, streaming, faults, timing, lifecycle.
 
-Each test starts `python3 -m anvil_ctl.stub` as a subprocess (the system Python,
+Each test starts `python3 -m anvil_stub` as a subprocess (the system Python,
 standard library only, as in the containers) on a free 127.0.0.1 port.
 """
 
@@ -65,7 +65,7 @@ def stub() -> Iterator[StubFactory]:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_STUB_")}
         clean.update({"PYTHONPATH": str(REPO), **(env or {})})
         proc = subprocess.Popen(
-            [PYTHON, "-m", "anvil_ctl.stub", "--port", str(port), *args],
+            [PYTHON, "-m", "anvil_stub", "--port", str(port), *args],
             env=clean,
             cwd="/",
             stdout=subprocess.DEVNULL,
@@ -380,7 +380,7 @@ class TestShmFileKnob:
         assert (tmp_path / "kv-left").stat().st_size == 4096
 
     def test_the_env_twin_names_the_files_and_a_path_is_refused(self, tmp_path: Path) -> None:
-        from anvil_ctl.stub.options import parse_options
+        from anvil_stub.options import parse_options
 
         env = {"ANVIL_STUB_SHM_FILE": "a, b", "ANVIL_STUB_SHM_DIR": str(tmp_path)}
         o = parse_options([], env)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from anvil_ctl.stub.options import parse_options
-from anvil_ctl.stub.server import Handler, make_server
+from anvil_stub.options import parse_options
+from anvil_stub.server import Handler, make_server
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.model import ShmMark
 from anvil_ctl.core.states import ExitCode
 from anvil_ctl.core.waiver import Waiver
-from anvil_ctl.persistence import approvals, hosts, qualification, rechecks, waiver_rows
+from anvil_ctl.persistence import hosts, qualification, rechecks, waiver_rows
 from anvil_ctl.persistence.audit import GENESIS, LINK_TAG, compact_digest, entry_hash
 from anvil_ctl.persistence.coverage import COVERED, UncoveredRows, row_digest
 from anvil_ctl.persistence.models import HISTORY_TABLES, RecheckRow
@@ -119,7 +119,7 @@ def populate(host: FakeHost) -> None:
             ),
         )
         waiver_rows.revoke_waiver(store, f"w-{n}", by="operator", reason="done")
-        approvals.record_approval(store, tx_id=tx, decision_id=f"dec-{n}", approved_by="operator")
+        qualification.record_approval(store, tx_id=tx, decision_id=f"dec-{n}", approved_by="operator")
         rechecks.record_recheck(
             store, slot="primary", passed=True, failed=[], assertions=[], snapshot_sha256="s" * 64
         )

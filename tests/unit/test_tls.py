@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ssl
 
-from anvil_ctl.adapters.tls import context_for
+from anvil_ctl.adapters.engine_http import context_for
 
 
 class TestContextFor:

@@ -49,7 +49,7 @@ from anvil_ctl.engine.world import World
 
 if TYPE_CHECKING:
     from anvil_ctl.engine.watch import Verdict
-from anvil_ctl.persistence import approvals, qualification, waiver_rows
+from anvil_ctl.persistence import qualification, waiver_rows
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.persistence.store import Store
 
@@ -262,7 +262,7 @@ def record_promotion(ctx: PCtx) -> StepResult:
     with world.store.together():  # records only: one database transaction, one audit entry
         world.store.record_identity(ctx.tx_id, "incumbent", args.candidate)
         world.store.record_identity(ctx.tx_id, "rollback", old)
-        approvals.record_approval(
+        qualification.record_approval(
             world.store,
             tx_id=ctx.tx_id,
             decision_id=args.decision_id or "",

@@ -75,7 +75,7 @@ def resolve_target(store: Store, slot: str, ref: str) -> Identity:
         if not revisions:
             raise BadInput(f"--to {ref}: slot {slot} has revisions 1..{count}", field="to")
         return _left_by(store, revisions[0], ref, f"revision {ref}")
-    by_tx = queries.slot_revisions_of(store, slot, store.host, ref)
+    _, by_tx = queries.slot_revisions(store, slot, store.host, tx_prefix=ref)
     by_ref = store.identity_by_ref(slot, ref)
     if len(by_tx) > 1:
         raise BadInput(f"--to {ref!r}: names transactions {[r['tx_id'] for r in by_tx]}", field="to")

@@ -4,6 +4,7 @@ gates. A gate never raises for a model's failure: an engine error fails the gate
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import re
@@ -33,10 +34,6 @@ FIXTURES_DIR = Path(__file__).resolve().parent.parent.parent / "fixtures"
 T = TypeVar("T")
 
 
-def _ignore(_gate: str, _ok: bool, _detail: str) -> None:
-    return None
-
-
 @dataclass
 class GateContext:
     """Everything a gate may use: the client, the served model and run-wide settings."""
@@ -48,13 +45,11 @@ class GateContext:
     chars_per_token: float = 4.0
     fixtures_dir: Path = FIXTURES_DIR
     reserve_probe: ReserveProbe | None = None
-    on_request: RequestListener = field(default=_ignore)
+    on_request: RequestListener = field(default=lambda _gate, _ok, _detail: None)
     container_log: LogReader | None = None
     engine: EngineProfile = OPENAI_COMPATIBLE
     """How the engine reports usage, counts tokens and logs (never which engine it is): the
     log audit reads its fatal, notice and start-banner patterns."""
-    count_tokens: Callable[[str], Awaitable[int]] | None = None
-    """The engine's own token count of raw text (its tokenize endpoint), if it has one."""
     secrets: tuple[str, ...] = ()
     """Values never to write into evidence (router tokens); the log audit redacts them."""
 
@@ -156,6 +151,47 @@ class Gate:
         result, counted = await complete_usage(gate_ctx.client, gate_ctx.engine, body, result)
         return Attempt(label, result, usage_counted=counted)
 
+    async def ask(
+        self,
+        gate_ctx: GateContext,
+        label: str,
+        messages: Sequence[Message],
+        max_tokens: int,
+        *,
+        tools: Sequence[JSONObject] | None = None,
+        response_format: JSONObject | None = None,
+        stream: bool = False,
+        thinking: bool | None = None,
+    ) -> Attempt:
+        """`attempt` of a chat request of the served model, with the run's thinking setting unless
+        `thinking` is given."""
+        request = EngineClient.chat_body(
+            gate_ctx.served_model,
+            messages,
+            max_tokens=max_tokens,
+            enable_thinking=gate_ctx.thinking if thinking is None else thinking,
+            tools=tools,
+            response_format=response_format,
+            stream=stream,
+        )
+        return await self.attempt(gate_ctx, label, request)
+
+    async def repeat(
+        self,
+        gate_ctx: GateContext,
+        cases: Sequence[tuple[str, Sequence[Message], int]],
+        repetitions: int,
+        concurrency: int,
+    ) -> list[Attempt]:
+        """Each case (id, messages, max_tokens) asked `repetitions` times as `id#n`, case by case
+        within a repetition, at most `concurrency` at once; attempts in that order."""
+        jobs = [
+            functools.partial(self.ask, gate_ctx, f"{case_id}#{rep + 1}", messages, max_tokens)
+            for rep in range(repetitions)
+            for case_id, messages, max_tokens in cases
+        ]
+        return await gather_limited(concurrency, jobs)
+
 
 async def gather_limited(concurrency: int, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
     """Run jobs with at most `concurrency` in flight; results in job order."""
@@ -193,16 +229,12 @@ def same_text(observed: str, expected: str, *, case: bool = True) -> bool:
     return a == b if case else a.casefold() == b.casefold()
 
 
-def strip_fence(text: str) -> str:
-    text = text.strip()
-    match = _FENCE.match(text)
-    return match.group(1).strip() if match else text
-
-
 def parse_json(text: str) -> tuple[bool, JSONValue]:
     """(True, value) when `text` (maybe in a code fence) is JSON, else (False, error)."""
+    text = text.strip()
+    fenced = _FENCE.match(text)
     try:
-        value: JSONValue = json.loads(strip_fence(text))
+        value: JSONValue = json.loads(fenced.group(1).strip() if fenced else text)
         return True, value
     except json.JSONDecodeError as exc:
         return False, str(exc)
@@ -243,11 +275,12 @@ def user(text: str) -> Message:
     return {"role": "user", "content": text}
 
 
-def answered(checks: Checks, label: str, attempt: Attempt) -> ChatResult | None:
+def answered(checks: Checks, label: str | None, attempt: Attempt) -> ChatResult | None:
     """The attempt's result if it answered and, when streamed, its stream completed (recording both
-    checks); None when either failed."""
+    checks, named after `label` when given); None when either failed."""
     result = attempt.result
-    if not checks.add(f"{label}: answered", result is not None, "error", error=attempt.error):
+    check = f"{label}: answered" if label else "answered"
+    if not checks.add(check, result is not None, "error", error=attempt.error):
         return None
     assert result is not None
     if result.streamed:
@@ -334,29 +367,22 @@ def effective_context(gate_ctx: GateContext, requested: int) -> int:
     return min(requested, gate_ctx.max_model_len) if gate_ctx.max_model_len else requested
 
 
-def body(
-    gate_ctx: GateContext,
-    messages: Sequence[Message],
-    max_tokens: int,
+def finish(
+    gate: Gate,
+    checks: Checks,
+    attempts: list[Attempt] | None,
+    summary: str = "",
+    extra: JSONObject | None = None,
     *,
-    tools: Sequence[JSONObject] | None = None,
-    response_format: JSONObject | None = None,
-    stream: bool = False,
-) -> JSONObject:
-    """A chat request of the served model, with the run's thinking setting."""
-    return EngineClient.chat_body(
-        gate_ctx.served_model,
-        messages,
-        max_tokens=max_tokens,
-        enable_thinking=gate_ctx.thinking,
-        tools=tools,
-        response_format=response_format,
-        stream=stream,
+    passed: bool = True,
+) -> GateResult:
+    """The gate's result: its checks, every request (if any is recorded), and `extra` evidence;
+    it passes when every check and `passed` do."""
+    evidence: JSONObject = {"checks": [*checks.items]}
+    if attempts is not None:
+        evidence["requests"] = [a.as_dict() for a in attempts]
+    if not summary:
+        summary = "all checks pass" if checks.passed else "failed: " + ", ".join(checks.failed[:5])
+    return gate.result(
+        checks.passed and passed, checks.classification, {**evidence, **(extra or {})}, summary
     )
-
-
-def finish(gate: Gate, checks: Checks, attempts: list[Attempt], **extra: JSONValue) -> GateResult:
-    """The gate's result: its checks, every request, and `extra` evidence."""
-    evidence: JSONObject = {"checks": [*checks.items], "requests": [a.as_dict() for a in attempts], **extra}
-    summary = "all checks pass" if checks.passed else "failed: " + ", ".join(checks.failed[:5])
-    return gate.result(checks.passed, checks.classification, evidence, summary)

@@ -4,6 +4,7 @@ streamed with usage (timing from the stream, prompt size from the engine). Class
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -55,11 +56,12 @@ class _Workload(Gate):
     async def _fit(self, gate_ctx: GateContext, nominal: int) -> float:
         """Characters per token for a prompt of this nominal size, by the engine's own count
         where it has a tokenize endpoint (long filler has longer numbers: the ratio drifts)."""
-        if gate_ctx.count_tokens is None:
+        tokenizer = gate_ctx.engine.tokenizer
+        if tokenizer is None:
             return gate_ctx.chars_per_token
         text = self._text(nominal, gate_ctx.chars_per_token)
         try:
-            counted = await gate_ctx.count_tokens(text)
+            counted = await gate_ctx.client.tokenize_count(tokenizer, text, gate_ctx.served_model)
         except AnvilError:
             return gate_ctx.chars_per_token
         return len(text) / counted if counted > 0 else gate_ctx.chars_per_token
@@ -90,6 +92,19 @@ class _Workload(Gate):
             extra=extra,
         )
         return request, text
+
+    async def _batch(
+        self, gate_ctx: GateContext, nominal: int, labels: list[str], concurrency: int, chars_per_token: float
+    ) -> tuple[list[JSONObject], float, str]:
+        """One request per label, at most `concurrency` at once: their rows, the wall time, the last
+        prompt."""
+        text, jobs = "", []
+        for label in labels:
+            request, text = self._request(gate_ctx, nominal, f"{self.name} {label}", chars_per_token)
+            jobs.append(functools.partial(self._measure, gate_ctx, label, request))
+        started = time.perf_counter()
+        rows = await gather_limited(concurrency, jobs)
+        return rows, time.perf_counter() - started, text
 
     async def _measure(self, gate_ctx: GateContext, label: str, request: JSONObject) -> JSONObject:
         # Wall-clock start: lets the engine's own log lines of this request be found by time.
@@ -179,16 +194,9 @@ class Capacity(_Workload):
         `chars_per_token`: the prompt sizing fitted for this nominal size (None: fit it now)."""
         if chars_per_token is None:
             chars_per_token = await self._fit(gate_ctx, nominal)
-        jobs = []
-        prompt_info: JSONObject = {}
-        for lane in range(conc):
-            label = f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}"
-            request, text = self._request(gate_ctx, nominal, f"{self.name} {label}", chars_per_token)
-            prompt_info = {"chars": len(text), "tail": text[-120:]}
-            jobs.append(lambda label=label, request=request: self._measure(gate_ctx, label, request))
-        started = time.perf_counter()
-        batch = await gather_limited(conc, jobs)
-        wall = time.perf_counter() - started
+        labels = [f"{context_label(nominal)}-C{conc}-r{rep + 1}-{lane + 1}" for lane in range(conc)]
+        batch, wall, text = await self._batch(gate_ctx, nominal, labels, conc, chars_per_token)
+        prompt_info: JSONObject = {"chars": len(text), "tail": text[-120:]} if labels else {}
         tokens = sum(get_int(r, "completion_tokens") or 0 for r in batch if r["completed"])
         return Repetition(batch, tokens / wall if wall > 0 else 0.0, prompt_info)
 
@@ -240,15 +248,11 @@ class Endurance(_Workload):
     max_failures: int = 0
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
-        jobs = []
         chars_per_token = await self._fit(gate_ctx, self.context_tokens)
-        for i in range(self.requests):
-            label = f"endurance-{i + 1}"
-            request, _ = self._request(gate_ctx, self.context_tokens, f"{self.name} {label}", chars_per_token)
-            jobs.append(lambda label=label, request=request: self._measure(gate_ctx, label, request))
-        started = time.perf_counter()
-        rows = await gather_limited(self.concurrency, jobs)
-        wall = time.perf_counter() - started
+        labels = [f"endurance-{i + 1}" for i in range(self.requests)]
+        rows, wall, _ = await self._batch(
+            gate_ctx, self.context_tokens, labels, self.concurrency, chars_per_token
+        )
         done = [r for r in rows if r["completed"]]
         failures: JSONArray = [r for r in rows if not r["completed"]]
         passed = len(failures) <= self.max_failures and bool(rows)

@@ -5,15 +5,12 @@ statically. Classifications: `pass`, `wrong_answer`, `reasoning_leak`,
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject, JSONValue
-from anvil_ctl.qualify.client import EngineClient
-from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, has_think_markup
+from anvil_ctl.qualify.gates.base import Gate, GateContext, has_think_markup, user
 from anvil_ctl.qualify.results import GateResult
 
 _BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
@@ -184,24 +181,12 @@ class CodingAgent(Gate):
     async def run(self, gate_ctx: GateContext) -> GateResult:
         tasks = [t for t in TASKS if not self.tasks or t.id in self.tasks]
         max_tokens = self.visible_tokens + (self.reasoning_allowance if gate_ctx.thinking else 0)
-        plan: list[tuple[CodingTask, str]] = []
-        jobs: list[Callable[[], Awaitable[Attempt]]] = []
-        for rep in range(self.repetitions):
-            for task in tasks:
-                label = f"{task.id}#{rep + 1}"
-                request = EngineClient.chat_body(
-                    gate_ctx.served_model,
-                    [{"role": "user", "content": task.prompt}],
-                    max_tokens=max_tokens,
-                    enable_thinking=gate_ctx.thinking,
-                )
-                plan.append((task, label))
-                jobs.append(functools.partial(self.attempt, gate_ctx, label, request))
-        attempts: list[Attempt] = await gather_limited(self.concurrency, jobs)
+        asked = [(t.id, [user(t.prompt)], max_tokens) for t in tasks]
+        attempts = await self.repeat(gate_ctx, asked, self.repetitions, self.concurrency)
         rows: JSONArray = []
         counts: dict[str, int] = {}
-        for (task, label), attempt in zip(plan, attempts, strict=True):
-            result = attempt.result
+        for task, attempt in zip(tasks * self.repetitions, attempts, strict=True):
+            label, result = attempt.label, attempt.result
             if result is None:
                 verdict, problems = "error", [attempt.error or "no result"]
             else:

@@ -8,34 +8,30 @@ Classifications: `pass`, `wrong_answer`, `bad_json`, `reasoning_leak`, `no_usage
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.qualify import prompts
-from anvil_ctl.qualify.client import EngineClient, Message, image_part, text_part
+from anvil_ctl.qualify.client import Message, image_part, text_part
 from anvil_ctl.qualify.gates.base import (
     Attempt,
     Checks,
     Gate,
     GateContext,
     answered,
-    body,
     check_reply,
     check_visible_answer,
     effective_context,
     finish,
-    gather_limited,
     long_prompt,
     parse_json,
     same_text,
     user,
 )
-from anvil_ctl.qualify.results import ChatResult, GateResult
+from anvil_ctl.qualify.results import GateResult
 
 
 @dataclass(kw_only=True, eq=False)
@@ -51,8 +47,8 @@ class Smoke(Gate):
         checks = Checks()
         messages = [user(prompts.reply_exactly(self.marker))]
         attempts = [
-            await self.attempt(gate_ctx, "plain", body(gate_ctx, messages, self.max_tokens)),
-            await self.attempt(gate_ctx, "stream", body(gate_ctx, messages, self.max_tokens, stream=True)),
+            await self.ask(gate_ctx, "plain", messages, self.max_tokens),
+            await self.ask(gate_ctx, "stream", messages, self.max_tokens, stream=True),
         ]
         for attempt in attempts:
             check_reply(checks, attempt.label, attempt, self.marker)
@@ -72,12 +68,9 @@ JSON_EXPECTED: JSONObject = {"status": "ok", "service": "anvil", "items": [3, 1,
 
 def check_json(checks: Checks, attempt: Attempt, expected: JSONObject) -> None:
     """The attempt answered, its content parses as JSON and equals `expected`."""
-    if checks.add("answered", attempt.result is not None, "error", error=attempt.error):
-        assert attempt.result is not None
-        ok, value = parse_json(attempt.result.content)
-        if checks.add(
-            "parses", ok, "bad_json", observed=attempt.result.content[:500], error=None if ok else value
-        ):
+    if result := answered(checks, None, attempt):
+        ok, value = parse_json(result.content)
+        if checks.add("parses", ok, "bad_json", observed=result.content[:500], error=None if ok else value):
             checks.add("equals", value == expected, "wrong_answer", expected=expected, observed=value)
 
 
@@ -91,11 +84,8 @@ class JsonOutput(Gate):
 
     async def run(self, gate_ctx: GateContext) -> GateResult:
         messages = [user(prompts.json_instruction(JSON_EXPECTED))]
-        attempt = await self.attempt(
-            gate_ctx,
-            "json",
-            body(gate_ctx, messages, self.max_tokens, response_format={"type": "json_object"}),
-        )
+        json_object: JSONObject = {"type": "json_object"}
+        attempt = await self.ask(gate_ctx, "json", messages, self.max_tokens, response_format=json_object)
         checks = Checks()
         check_json(checks, attempt, JSON_EXPECTED)
         return finish(self, checks, [attempt])
@@ -121,7 +111,7 @@ class ResponsesApi(Gate):
             )
         except AnvilError as exc:
             checks.add("answered", False, "error", error=str(exc))
-            return self.result(False, "error", {"checks": [*checks.items]}, str(exc))
+            return finish(self, checks, None, str(exc))
         checks.add(
             "output text",
             same_text(answer.text, self.marker),
@@ -135,12 +125,8 @@ class ResponsesApi(Gate):
             "incomplete",
             observed=answer.response_status,
         )
-        return self.result(
-            checks.passed,
-            checks.classification,
-            {"checks": [*checks.items], "response": answer.as_dict()},
-            "all checks pass" if checks.passed else ", ".join(checks.failed),
-        )
+        failed = "" if checks.passed else ", ".join(checks.failed)
+        return finish(self, checks, None, failed, {"response": answer.as_dict()})
 
 
 @dataclass(kw_only=True, eq=False)
@@ -164,11 +150,9 @@ class Needle(Gate):
             needle=self.needle,
             needle_depth=self.depth,
         )
-        attempt = await self.attempt(gate_ctx, "needle", body(gate_ctx, [user(text)], self.max_tokens))
+        attempt = await self.ask(gate_ctx, "needle", [user(text)], self.max_tokens)
         checks = Checks()
-        result: ChatResult | None = attempt.result
-        if checks.add("answered", result is not None, "error", error=attempt.error):
-            assert result is not None
+        if result := answered(checks, None, attempt):
             checks.add(
                 "needle found",
                 self.needle in result.content,
@@ -176,7 +160,7 @@ class Needle(Gate):
                 expected=self.needle,
                 observed=result.content[:300],
             )
-        return finish(self, checks, [attempt], **long_prompt(nominal, self.context_tokens, text, attempt))
+        return finish(self, checks, [attempt], extra=long_prompt(nominal, self.context_tokens, text, attempt))
 
 
 @dataclass(kw_only=True, eq=False)
@@ -199,18 +183,14 @@ class ThinkingControl(Gate):
         for direction in self.directions:
             enabled = direction == "enabled"
             marker = "THINKING-ON-OK" if enabled else "THINKING-OFF-OK"
-            messages: list[Message] = [{"role": "user", "content": prompts.reply_exactly(marker)}]
+            messages = [user(prompts.reply_exactly(marker))]
+            max_tokens = self.enabled_max_tokens if enabled else self.disabled_max_tokens
             attempts = []
             for stream in (False, True):
-                request = EngineClient.chat_body(
-                    gate_ctx.served_model,
-                    messages,
-                    max_tokens=self.enabled_max_tokens if enabled else self.disabled_max_tokens,
-                    enable_thinking=enabled,
-                    stream=stream,
-                )
                 label = f"{direction}-{'stream' if stream else 'plain'}"
-                attempt = await self.attempt(gate_ctx, label, request)
+                attempt = await self.ask(
+                    gate_ctx, label, messages, max_tokens, stream=stream, thinking=enabled
+                )
                 attempts.append(attempt)
                 self._check(checks, attempt, enabled, marker)
             record[direction] = {
@@ -273,9 +253,7 @@ class Image(Gate):
     async def run(self, gate_ctx: GateContext) -> GateResult:
         png = (gate_ctx.fixtures_dir / self.image).read_bytes()
         content: JSONArray = [image_part(png), text_part(prompts.reply_exactly(self.marker))]
-        attempt = await self.attempt(
-            gate_ctx, "image", body(gate_ctx, [{"role": "user", "content": content}], self.max_tokens)
-        )
+        attempt = await self.ask(gate_ctx, "image", [{"role": "user", "content": content}], self.max_tokens)
         checks = Checks()
         check_reply(checks, "image", attempt, self.marker)
         return finish(self, checks, [attempt])
@@ -295,37 +273,28 @@ class Ocr(Gate):
     async def run(self, gate_ctx: GateContext) -> GateResult:
         every: list[OcrCase] = json.loads((gate_ctx.fixtures_dir / "ocr_cases.json").read_text())
         cases = [c for c in every if not self.cases or c["id"] in self.cases]
-        jobs: list[Callable[[], Awaitable[Attempt]]] = []
-        plan: list[dict[str, str]] = []
-        for rep in range(self.repetitions):
-            for case in cases:
-                parts = [image_part((gate_ctx.fixtures_dir / img).read_bytes()) for img in case["images"]]
-                content: JSONArray = [*parts, text_part(OCR_QUESTION)]
-                request = body(gate_ctx, [{"role": "user", "content": content}], self.max_tokens)
-                label = f"{case['id']}#{rep + 1}"
-                plan.append({"label": label, "expected": case["expected"]})
-                jobs.append(functools.partial(self.attempt, gate_ctx, label, request))
-        attempts = await gather_limited(self.concurrency, jobs)
+
+        def messages(case: OcrCase) -> list[Message]:
+            parts = [image_part((gate_ctx.fixtures_dir / img).read_bytes()) for img in case["images"]]
+            return [{"role": "user", "content": [*parts, text_part(OCR_QUESTION)]}]
+
+        asked = [(c["id"], messages(c), self.max_tokens) for c in cases]
+        attempts = await self.repeat(gate_ctx, asked, self.repetitions, self.concurrency)
         checks = Checks()
         correct = 0
-        for item, attempt in zip(plan, attempts, strict=True):
+        for case, attempt in zip(cases * self.repetitions, attempts, strict=True):
             result = attempt.result
-            ok = result is not None and same_text(result.content, item["expected"], case=False)
+            ok = result is not None and same_text(result.content, case["expected"], case=False)
             checks.add(
-                item["label"],
+                attempt.label,
                 ok,
                 "error" if result is None else "wrong_answer",
-                expected=item["expected"],
+                expected=case["expected"],
                 observed=None if result is None else result.content[:300],
                 error=attempt.error,
             )
             correct += ok
-            gate_ctx.on_request(self.name, ok, item["label"])
-        total = len(plan)
-        outcome = finish(self, checks, attempts, correct=correct, total=total)
-        return self.result(
-            outcome.passed and total > 0,
-            outcome.classification,
-            outcome.evidence,
-            f"{correct}/{total}",
-        )
+            gate_ctx.on_request(self.name, ok, attempt.label)
+        total = len(attempts)
+        counted: JSONObject = {"correct": correct, "total": total}
+        return finish(self, checks, attempts, f"{correct}/{total}", counted, passed=total > 0)

@@ -7,19 +7,18 @@ Classifications: `pass`, `bad_tool_args`, `no_tool_call`, `bad_finish_reason`,
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import Message
 from anvil_ctl.qualify.gates.base import (
-    Attempt,
     Checks,
     Gate,
     GateContext,
-    body,
+    answered,
     check_tool_call,
     effective_context,
     finish,
@@ -57,16 +56,18 @@ class Tools(Gate):
             "content": prompts.SYSTEM_TOOLS + "\n\nReference notes:\n" + shared,
         }
 
-        def job(i: int) -> Callable[[], Awaitable[Attempt]]:
-            messages: list[Message] = [
-                system,
-                user(prompts.tool_instruction("record_value", self.expected(i))),
-            ]
-            return lambda: self.attempt(
-                gate_ctx, f"call-{i}", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
+        jobs = [
+            functools.partial(
+                self.ask,
+                gate_ctx,
+                f"call-{i}",
+                [system, user(prompts.tool_instruction("record_value", self.expected(i)))],
+                self.max_tokens,
+                tools=prompts.TOOLS,
             )
-
-        attempts = await gather_limited(self.concurrency, [job(i) for i in range(self.count)])
+            for i in range(self.count)
+        ]
+        attempts = await gather_limited(self.concurrency, jobs)
         checks = Checks()
         exact = 0
         for i, attempt in enumerate(attempts):
@@ -74,9 +75,8 @@ class Tools(Gate):
             check_tool_call(checks, attempt.label, attempt, "record_value", self.expected(i))
             exact += len(checks.failed) == before
             gate_ctx.on_request(self.name, len(checks.failed) == before, attempt.label)
-        result = finish(self, checks, attempts, exact=exact, total=self.count)
-        return self.result(
-            result.passed, result.classification, result.evidence, f"{exact}/{self.count} exact"
+        return finish(
+            self, checks, attempts, f"{exact}/{self.count} exact", {"exact": exact, "total": self.count}
         )
 
 
@@ -99,12 +99,10 @@ class LongContextTool(Gate):
             chars_per_token=gate_ctx.chars_per_token,
         )
         messages: list[Message] = [{"role": "system", "content": prompts.SYSTEM_TOOLS}, user(text)]
-        attempt = await self.attempt(
-            gate_ctx, "long-tool", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
-        )
+        attempt = await self.ask(gate_ctx, "long-tool", messages, self.max_tokens, tools=prompts.TOOLS)
         checks = Checks()
         check_tool_call(checks, "long-tool", attempt, "lookup_order", args)
-        return finish(self, checks, [attempt], **long_prompt(nominal, self.context_tokens, text, attempt))
+        return finish(self, checks, [attempt], extra=long_prompt(nominal, self.context_tokens, text, attempt))
 
 
 @dataclass(kw_only=True, eq=False)
@@ -121,10 +119,8 @@ class StreamingTool(Gate):
             {"role": "system", "content": prompts.SYSTEM_TOOLS},
             user(prompts.tool_instruction("record_value", args)),
         ]
-        attempt = await self.attempt(
-            gate_ctx,
-            "stream-tool",
-            body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS, stream=True),
+        attempt = await self.ask(
+            gate_ctx, "stream-tool", messages, self.max_tokens, tools=prompts.TOOLS, stream=True
         )
         checks = Checks()
         check_tool_call(checks, "stream-tool", attempt, "record_value", args)
@@ -158,13 +154,9 @@ class ToolResultContinuation(Gate):
             },
             {"role": "tool", "tool_call_id": "call_anvil_1", "content": tool_content},
         ]
-        attempt = await self.attempt(
-            gate_ctx, "continuation", body(gate_ctx, messages, self.max_tokens, tools=prompts.TOOLS)
-        )
+        attempt = await self.ask(gate_ctx, "continuation", messages, self.max_tokens, tools=prompts.TOOLS)
         checks = Checks()
-        result = attempt.result
-        if checks.add("answered", result is not None, "error", error=attempt.error):
-            assert result is not None
+        if result := answered(checks, None, attempt):
             checks.add(
                 "no further tool call",
                 not result.tool_calls,

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from anvil_ctl.stub.schedule import LateFault, ScheduleError, parse_late_fault
+from anvil_stub.schedule import LateFault, ScheduleError, parse_late_fault
 
 KNOWN_FAULTS = frozenset(
     {"bad-tool-args", "reasoning-leak", "truncate-stream", "bad-json", "no-reasoning", "ignore-max-tokens"}
@@ -64,7 +64,7 @@ class StubOptions:
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> StubOptions:
     """Build the options from argv and env (the caller passes os.environ at the edge)."""
-    parser = argparse.ArgumentParser(prog="python3 -m anvil_ctl.stub", description="anvil stub engine")
+    parser = argparse.ArgumentParser(prog="python3 -m anvil_stub", description="anvil stub engine")
     for f in dataclasses.fields(StubOptions):
         if f.name == "gpu_uuids":
             continue

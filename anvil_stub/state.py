@@ -9,8 +9,8 @@ import threading
 import time
 from collections import deque
 
-from anvil_ctl.stub.options import StubOptions
-from anvil_ctl.stub.schedule import FATAL_LINE, Effects, effects
+from anvil_stub.options import StubOptions
+from anvil_stub.schedule import FATAL_LINE, Effects, effects
 
 EXIT_AFTER_CODE = 1  # --exit-after looks like a crash to the runtime
 RESTARTED_ENV = "ANVIL_STUB_RESTARTED"  # set across the re-exec: --restart-after restarts once

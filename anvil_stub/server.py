@@ -17,17 +17,19 @@ import time
 from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TypeAlias
 
-from anvil_ctl.stub.options import StubOptions, parse_options
-from anvil_ctl.stub.rules import BadRequest, Completion, Prompt, chat_prompt, complete, load_answer_book
-from anvil_ctl.stub.rules import responses_prompt as responses_prompt_of
-from anvil_ctl.stub.state import RESTARTED_ENV, Pacer, StubState, log_line
+from anvil_stub.options import StubOptions, parse_options
+from anvil_stub.rules import BadRequest, Completion, Prompt, chat_prompt, complete, load_answer_book
+from anvil_stub.rules import responses_prompt as responses_prompt_of
+from anvil_stub.state import RESTARTED_ENV, Pacer, StubState, log_line
 
 RUNNING_METRIC = "stub:num_requests_running"
 
-if TYPE_CHECKING:  # types only: the container holds the stub package alone
-    from anvil_ctl.core.jsontypes import JSONArray, JSONObject
+# JSON as the stub writes it (the stub imports nothing of anvil_ctl: it runs alone in containers).
+JSONValue: TypeAlias = str | int | float | bool | list["JSONValue"] | dict[str, "JSONValue"] | None
+JSONObject: TypeAlias = dict[str, JSONValue]
+JSONArray: TypeAlias = list[JSONValue]
 
 
 def _usage(prompt: Prompt, c: Completion) -> JSONObject:
@@ -367,5 +369,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_line(f"anvil-stub: restarting after {state.completions_done} completions (--restart-after)")
         os.environ[RESTARTED_ENV] = "1"
         # The same interpreter and arguments: what a supervisor restarting the engine runs.
-        os.execv(sys.executable, [sys.executable, "-m", "anvil_ctl.stub", *sys.argv[1:]])  # noqa: S606
+        os.execv(sys.executable, [sys.executable, "-m", "anvil_stub", *sys.argv[1:]])  # noqa: S606
     return state.exit_code
