@@ -252,6 +252,20 @@ class RoutedAnswer:
 
 
 @dataclass(frozen=True)
+class Readmission:
+    """Route `tier` (back) to the backend at `url` for `aliases` (`Router.readmit`): done once a
+    routed chat answers 200 from `expected_model`, StepFailed past `deadline_s`. `hold`: hold as if
+    a removal were pending, for removals the router adapter never saw."""
+
+    tier: str
+    url: str
+    aliases: tuple[str, ...]
+    expected_model: str
+    deadline_s: float
+    hold: bool = False
+
+
+@dataclass(frozen=True)
 class RouteCheck:
     """Whether a router tier routes to one backend now (see `Router.check_route`) and, if not, why."""
 

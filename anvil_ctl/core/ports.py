@@ -19,6 +19,7 @@ from anvil_ctl.core.model import (
     ModelCard,
     ModelFile,
     PromptAnswer,
+    Readmission,
     ResidueFile,
     ResidueRemoval,
     RouteCheck,
@@ -80,20 +81,9 @@ class Router(Protocol):
         """The router's own count of failed answers from `url` since it started (5xx, failed
         connections, aborted responses), read passively; None where it keeps none we can read."""
 
-    def readmit(
-        self,
-        tier: str,
-        url: str,
-        aliases: tuple[str, ...],
-        expected_model: str,
-        deadline_s: float,
-        *,
-        hold: bool = False,
-    ) -> None:
-        """(Re-)register the backend; return once a routed request answers 200 from expected_model
-        and the registration holds against a removal still pending. StepFailed at the deadline.
-
-        `hold`: hold as if a removal were pending, for removals this adapter never saw."""
+    def readmit(self, r: Readmission) -> None:
+        """(Re-)register the backend; return once a routed request answers 200 from the expected
+        model and the registration holds against a removal still pending. StepFailed at the deadline."""
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         """One authenticated routed chat completion to an alias."""

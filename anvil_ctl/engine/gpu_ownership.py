@@ -11,11 +11,10 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from anvil_ctl.core.errors import AdapterError, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import GpuProcess, GpuReading, VramNeed
-from anvil_ctl.core.steps import StepContext
+from anvil_ctl.core.steps import Guard, Refusal, StepContext
 from anvil_ctl.engine.serving import POLL_FIRST_S, inspect_or_none, is_running
 from anvil_ctl.engine.world import VramRelease, World
 from anvil_ctl.gpu.ownership import (

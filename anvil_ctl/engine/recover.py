@@ -121,7 +121,7 @@ def recover_unfinished(
     report = RecoverReport()
     engine = TransactionEngine(journal, me, faults=faults, mint=mint)
     # The dead owner may have sent removals to the router that no adapter here saw: every
-    # readmission of this recovery holds past them (`Router.readmit(hold=True)`).
+    # readmission of this recovery holds past them (`Readmission.hold`).
     world = replace(world, hold_readmissions=True)
     for rec in journal.unfinished():
         alive = owner_alive(rec.owner, me)

@@ -17,12 +17,11 @@ from functools import partial
 from typing import TypeVar
 
 from anvil_ctl.core.errors import AnvilError, AuthRejected, DrainRefused, NeedsOperator, Refused
-from anvil_ctl.core.guards import Refusal, first_refusal
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.core.snapshot import diff
 from anvil_ctl.core.states import UNFINISHED_STATES, TxState
-from anvil_ctl.core.steps import Plan, Step, StepContext
+from anvil_ctl.core.steps import Plan, Refusal, Step, StepContext, first_refusal
 from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.outcome import FollowUp, Outcome

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AnvilError, BadInput, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, get_int, get_object, get_objects
 from anvil_ctl.core.model import LABEL_RECIPE
-from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import AbArgs, AbArm, AbRequest
 from anvil_ctl.engine.serving import serving_problems

@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from anvil_ctl.core.errors import AdapterError, BadInput, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.ports import WeightedRouter
-from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, NoMemo, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine.drain import stop_drained, stop_retain_step, wait_idle
 from anvil_ctl.engine.gpu_ownership import reserve_in_force
 from anvil_ctl.engine.guards import (

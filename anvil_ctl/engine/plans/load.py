@@ -12,11 +12,10 @@ import contextlib
 from dataclasses import dataclass, replace
 
 from anvil_ctl.core.errors import AdapterError, NotFound
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, VramNeed
-from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.drain import drain_step, stop_retain_step
 from anvil_ctl.engine.guards import (

@@ -14,10 +14,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from anvil_ctl.core.errors import BadInput, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
-from anvil_ctl.core.steps import NoMemo, Plan, Record, Step, StepContext, StepResult, WatchEnd
+from anvil_ctl.core.steps import Guard, NoMemo, Plan, Record, Refusal, Step, StepContext, StepResult, WatchEnd
 from anvil_ctl.engine.gpu_ownership import reserve_reading
 from anvil_ctl.engine.guards import (
     BaseVerified,

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 from anvil_ctl.core.digest import sha256_hex
 from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.core.errors import AdapterError, AnvilError, BadInput, StepFailed
-from anvil_ctl.core.guards import Guard
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_RECIPE
-from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import CandidateIsServing
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest

@@ -13,12 +13,11 @@ import copy
 from collections.abc import Mapping
 
 from anvil_ctl.core.errors import BadInput, NeedsOperator
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.model import VramNeed
 from anvil_ctl.core.snapshot import Snapshot, diff, show_value
-from anvil_ctl.core.steps import Hold, NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, Hold, NoMemo, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.drain import drain_step, stop_retain_step
 from anvil_ctl.engine.guards import (
