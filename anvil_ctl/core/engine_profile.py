@@ -8,7 +8,6 @@ an engine without a profile is probed as `OPENAI_COMPATIBLE`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -136,12 +135,6 @@ class EngineProfile:
     """Grace between SIGTERM (each profiled engine finishes and frees its memory) and a kill."""
     sources: tuple[str, ...] = field(default=())
     """Where the facts above were observed or read."""
-
-    def ready(self, health_ok: bool | None, models: Iterable[str], served_model: str) -> bool:
-        """Ready: the health route (if any) answered 200 and /v1/models lists exactly `served_model`."""
-        if self.health_path is not None and not health_ok:
-            return False
-        return list(models) == [served_model]
 
     @property
     def fatal_patterns(self) -> tuple[FatalPattern, ...]:

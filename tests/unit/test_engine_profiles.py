@@ -81,19 +81,6 @@ class TestTheRegistry:
         assert profile.sources, "every profile says where its facts come from"
 
 
-class TestReadiness:
-    def test_with_a_health_route_ready_needs_health_and_exactly_the_served_name(self):
-        assert STUB.ready(True, ["m"], "m")
-        assert not STUB.ready(False, ["m"], "m")
-        assert not STUB.ready(True, ["m", "other"], "m")
-
-    def test_without_a_health_route_the_model_list_alone_decides(self):
-        assert LLAMA_CPP_PYTHON.health_path is None
-        assert LLAMA_CPP_PYTHON.ready(None, ["smollm2"], "smollm2")
-        assert LLAMA_CPP_PYTHON.ready(False, ["smollm2"], "smollm2")
-        assert not LLAMA_CPP_PYTHON.ready(None, [], "smollm2")
-
-
 class TestLogTriage:
     def test_llama_cpps_own_fatal_lines_are_found_in_order(self):
         lines = LLAMA_CPP_PYTHON.fatal_lines(LLAMA_CORRUPT_LOG)
