@@ -146,11 +146,6 @@ class EngineProfile:
         """False: the profile knows nothing of its engine's log beyond the common set."""
         return bool(self.fatal_log_patterns or self.notice_log_patterns or self.start_banner)
 
-    def fatal_lines(self, log_text: str) -> list[str]:
-        """The lines of `log_text` that match a fatal pattern, in order."""
-        compiled = [re.compile(p.regex) for p in self.fatal_patterns]
-        return [line for line in log_text.splitlines() if any(c.search(line) for c in compiled)]
-
     def refused_context(self, message: str) -> int | None:
         """The context length a context-refusal answer names, or None."""
         if self.context_refusal is None:
