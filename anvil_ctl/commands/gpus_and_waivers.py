@@ -17,7 +17,6 @@ from anvil_ctl.config.host import GpuRole, HostConfig
 from anvil_ctl.config.inputs import format_validation_error
 from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
-from anvil_ctl.core.model import GpuReading
 from anvil_ctl.core.validate import (
     MAX_MIB,
     check_int,
@@ -110,12 +109,10 @@ def detect(
     *,
     overrides: Mapping[str, str] | None = None,
     write: bool = False,
-    gpus: Sequence[GpuReading] | None = None,
 ) -> JSONObject:
     """Name the host's GPUs (`gpu.roles.detect_roles`). With `write`, the host config gets exactly
     these `[gpu_roles.*]` tables, a per-card reserve kept, validated before it replaces the file."""
-    found = list(gpus) if gpus is not None else app.gpu_probe().gpus()
-    roles = detect_roles(found, overrides)
+    roles = detect_roles(app.gpu_probe().gpus(), overrides)
     path = app.settings.config
     old_text = path.read_text() if path.exists() else ""
     try:
