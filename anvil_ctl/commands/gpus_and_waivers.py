@@ -218,14 +218,12 @@ def waive(
     approved_by = require("--approved-by", check_person, approved_by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
     roles, digest = parse_scope(scope)
-    if roles:
-        known = set(app.config.gpu_roles)
-        unknown = sorted(roles - known)
-        if unknown:
-            raise BadInput(
-                f"--scope: GPU roles {unknown} are not in the host config; expected among {sorted(known)}",
-                field="scope",
-            )
+    known = set(app.config.gpu_roles) if roles else set()
+    if unknown := sorted(roles - known):
+        raise BadInput(
+            f"--scope: GPU roles {unknown} are not in the host config; expected among {sorted(known)}",
+            field="scope",
+        )
     # --expires: an RFC 3339 date (00:00 UTC that day) or date-time (UTC without an offset)
     expires_at = require("--expires", parse_rfc3339, expires) if expires else None
     if expires_at is not None and expires_at <= now:
