@@ -70,7 +70,7 @@ from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import admin, audit, lifecycle, transactions
 from anvil_ctl.commands.evidence import audit_decisions
 from anvil_ctl.core.digest import canonical_json
-from anvil_ctl.core.guards import Refusal
+from anvil_ctl.core.steps import Refusal
 from anvil_ctl.engine.plans.promote import waived_checks
 from anvil_ctl.engine.plans.rollback import resolve_target
 from anvil_ctl.log import configure

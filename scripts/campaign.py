@@ -33,6 +33,7 @@ from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.adapters.smg import SmgRouter
 from anvil_ctl.config.host import load_host_config
+from anvil_ctl.core.model import Readmission
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.store import Store
 from anvil_ctl.recipes.model import load_recipe
@@ -334,7 +335,9 @@ def start_incumbent_by_hand(camp: Campaign) -> str:
         camp.router_client() as router,
         ticking(f"by hand: waiting for {camp.router_kind} to readmit the incumbent (deadline 120 s)"),
     ):
-        router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+        router.readmit(
+            Readmission("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+        )
     runtime.close()
     camp.incumbent_id = cid
     return cid

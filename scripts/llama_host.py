@@ -31,6 +31,7 @@ from anvil_ctl.adapters.docker_runtime import DockerRuntime
 from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.config.host import load_host_config
 from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
+from anvil_ctl.core.model import Readmission
 from anvil_ctl.recipes.model import load_recipe
 from anvil_ctl.recipes.spec import container_spec
 from scripts.routers import Proc, start_haproxy
@@ -214,7 +215,7 @@ def start_by_hand(
         host.haproxy.url, Path(host.haproxy.extra["socket"]), creds, {TIER: (ALIAS,)}
     ) as router:
         # llama.cpp answers with the request's model: a routed answer by alias says the alias.
-        router.readmit(TIER, f"http://{BINDING}", (ALIAS,), ALIAS, 120)
+        router.readmit(Readmission(TIER, f"http://{BINDING}", (ALIAS,), ALIAS, 120))
     host.incumbent_id = cid
     return cid
 

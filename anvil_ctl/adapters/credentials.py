@@ -40,9 +40,6 @@ class Secret:
     def __str__(self) -> str:
         return f"<secret from {self.source}>"
 
-    def __repr__(self) -> str:
-        return f"Secret(source={self.source!r})"
-
 
 @dataclass(frozen=True)
 class RouterCredentials:

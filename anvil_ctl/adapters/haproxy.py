@@ -28,7 +28,7 @@ from anvil_ctl.adapters.router_http import (
 )
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONValue
-from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
+from anvil_ctl.core.model import Backend, Readmission, RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
 
 log = get_logger()
@@ -95,8 +95,6 @@ class HaproxyRouter(RouterHttp):
         self._http = httpx.Client(transport=transport, timeout=10.0, verify=context_for(self.url))
         self._sleep = sleep
 
-    # -- Runtime API ----------------------------------------------------------
-
     def command(self, line: str) -> str:
         check_socket(self.socket_path)
         try:
@@ -156,8 +154,6 @@ class HaproxyRouter(RouterHttp):
             if slot.addr == host and slot.port == port and slot.state != "maint":
                 return slot
         return None
-
-    # -- Router port ----------------------------------------------------------
 
     def probe_credentials(self) -> None:
         """Admin: the socket's permissions and `show info`; client: a chat to an unrouted alias."""
@@ -241,17 +237,9 @@ class HaproxyRouter(RouterHttp):
         slot = self._slot_for(tier, url)
         return None if slot is None else slot.errors
 
-    def readmit(
-        self,
-        tier: str,
-        url: str,
-        aliases: tuple[str, ...],
-        expected_model: str,
-        deadline_s: float,
-        *,
-        hold: bool = False,
-    ) -> None:
+    def readmit(self, r: Readmission) -> None:
         """`hold` changes nothing here: the Runtime API queues nothing that could land later."""
+        tier, url, aliases = r.tier, r.url, r.aliases
         self._known(tier)
         alias = (aliases or self.tiers[tier])[0]
         target = _split_url(url)
@@ -273,14 +261,16 @@ class HaproxyRouter(RouterHttp):
             # The one backend carries everything: a weight a canary left could route nothing.
             self._set(f"set server {backend_name(tier)}/{mine.name} weight 100%")
             answer = routed_chat(self._http, self.url, alias, self._client)
-            check_answer(answer, alias, expected_model)
+            check_answer(answer, alias, r.expected_model)
             # Nothing is queued to undo a Runtime API change (unlike smg's removals), so the hold
             # is one look: still ready after the chat (a restarted haproxy has every slot in maint).
             if (held := self._slot_for(tier, url)) is None or held.state != "ready":
                 raise NotYetRouted(f"haproxy slot for {url} left the ready state during readmission")
             return answer
 
-        readmit_loop(attempt, what=f"haproxy tier {tier} -> {url}", deadline_s=deadline_s, sleep=self._sleep)
+        readmit_loop(
+            attempt, what=f"haproxy tier {tier} -> {url}", deadline_s=r.deadline_s, sleep=self._sleep
+        )
 
     def check_route(self, tier: str, url: str, expected_model: str) -> RouteCheck:
         _split_url(url)  # a malformed URL is an error of the caller's, not a verdict

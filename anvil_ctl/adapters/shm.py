@@ -118,7 +118,8 @@ class ShmScanner:
         so for those only the managed containers' processes are read before the whole table."""
         found = self._files()
         boot_id = self._boot_id()
-        known = self._known(boot_id) if found else set()
+        remembered = self.ledger.marks(boot_id) if found and self.ledger is not None else []
+        known = {(m.path, m.dev, m.ino) for m in remembered}
         maybe = {p: st for p, st in found.items() if (p, st.st_dev, st.st_ino) in known or self._named(p)}
         others = {p: st for p, st in found.items() if p not in maybe}
         first: tuple[int, ...] = ()
@@ -147,8 +148,6 @@ class ShmScanner:
             self.ledger.remember(marks)
         return Observation(files=files, unreadable_pids=unreadable)
 
-    # -- which files ---------------------------------------------------------------------
-
     def _named(self, path: str, globs: tuple[str, ...] | None = None) -> bool:
         """Whether a glob of `globs` (the include globs unless given) names the file."""
         rel = os.path.relpath(path, self.directory)
@@ -172,29 +171,25 @@ class ShmScanner:
                     out[path] = st
         return out
 
-    def _known(self, boot_id: str) -> set[tuple[str, int, int]]:
-        if self.ledger is None:
-            return set()
-        return {(m.path, m.dev, m.ino) for m in self.ledger.marks(boot_id)}
-
     def _boot_id(self) -> str:
         try:
             return (self.proc_root / "sys/kernel/random/boot_id").read_text().strip()
         except OSError:
             return ""
 
-    # -- who holds them ------------------------------------------------------------------
-
     def _managed_pids(self) -> list[int]:
         """The processes that run in a managed container now."""
         assert self.managed is not None
         containers = dict(self.managed())
+        owner = self._owner_in(containers)
+        return [pid for pid in self._pids() if owner(pid)] if containers else []
+
+    def _pids(self) -> list[int]:
+        """Every process on the host now (none where /proc cannot be listed)."""
         try:
-            entries = os.listdir(self.proc_root) if containers else []
+            return [int(e) for e in os.listdir(self.proc_root) if e.isdigit()]
         except OSError:
             return []
-        owner = self._owner_in(containers)
-        return [pid for pid in (int(e) for e in entries if e.isdigit()) if owner(pid)]
 
     def _owner_in(self, containers: Mapping[str, int | None]) -> Callable[[int], str | None]:
         """pid -> the one of `containers` it runs in, or None: by its cgroup, else (a cgroup
@@ -292,12 +287,7 @@ class ShmScanner:
                     found.add(hit)
             return found
 
-        if pids is None:
-            try:
-                pids = [int(e) for e in os.listdir(self.proc_root) if e.isdigit()]
-            except OSError:
-                return {}, ()
-        for pid in pids:
+        for pid in self._pids() if pids is None else pids:
             for path in held_by(pid):
                 holders.setdefault(path, set()).add(pid)
         return {p: tuple(sorted(s)) for p, s in holders.items()}, tuple(sorted(unreadable))

@@ -39,7 +39,7 @@ from anvil_ctl.adapters.smg_workers import (
 )
 from anvil_ctl.core.errors import AdapterError, TransientError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import Backend, RouteCheck, RoutedAnswer
+from anvil_ctl.core.model import Backend, Readmission, RouteCheck, RoutedAnswer
 from anvil_ctl.log import get_logger
 
 log = get_logger()
@@ -106,8 +106,6 @@ class SmgRouter(RouterHttp):
         super().close()
         if self._parking is not None:
             self._parking.close()
-
-    # -- control plane ------------------------------------------------------
 
     def _removal_pending(self, worker: SmgWorker) -> bool:
         """smg will remove this worker's URL (it drains, or a RemoveWorker job is queued); remembered."""
@@ -183,8 +181,6 @@ class SmgRouter(RouterHttp):
     @staticmethod
     def _matches(worker: SmgWorker, tier: str, aliases: tuple[str, ...]) -> bool:
         return worker.tier == tier and worker.aliases[:1] == aliases[:1] and not worker.draining
-
-    # -- Router port ----------------------------------------------------------
 
     def probe_credentials(self) -> None:
         """Admin: DELETE of the nil worker id (404 proves the admin role); client: a chat to an alias no
@@ -296,22 +292,14 @@ class SmgRouter(RouterHttp):
             except TransientError as exc:
                 log.warning("router.smg.unpark_slow", tier=tier, error=str(exc))
 
-    def readmit(
-        self,
-        tier: str,
-        url: str,
-        aliases: tuple[str, ...],
-        expected_model: str,
-        deadline_s: float,
-        *,
-        hold: bool = False,
-    ) -> None:
+    def readmit(self, r: Readmission) -> None:
+        tier, url, aliases, expected_model = r.tier, r.url, r.aliases, r.expected_model
         if not aliases:
             raise AdapterError("readmit: at least one alias is required")
         alias, target = aliases[0], norm(url)
         started = self._clock()
-        end = started + deadline_s
-        since = started if hold else None
+        end = started + r.deadline_s
+        since = started if r.hold else None
         stale = {"flag": False}
 
         def attempt() -> RoutedAnswer:
@@ -340,14 +328,14 @@ class SmgRouter(RouterHttp):
             return self._hold(tier, target, alias, expected_model, since=since, end=end) or answer
 
         what = f"smg tier {tier} -> {url}"
-        readmit_loop(attempt, what=what, deadline_s=deadline_s, sleep=self._sleep, clock=self._clock)
+        readmit_loop(attempt, what=what, deadline_s=r.deadline_s, sleep=self._sleep, clock=self._clock)
         seconds = round(self._clock() - started, 3)
         log.info(
             "router.smg.readmitted",
             tier=tier,
             url=target,
             model=expected_model,
-            asked_to_hold=hold,
+            asked_to_hold=r.hold,
             seconds=seconds,
         )
 

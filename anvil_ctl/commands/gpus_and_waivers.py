@@ -40,33 +40,18 @@ log = get_logger()
 # -- probe ------------------------------------------------------------------------------------
 
 
-def _optional_owners(app: App) -> dict[str, JSONObject]:
-    """Who owns each GPU role (container_id, slot, mode, transaction_id), from the ledger."""
-    try:
-        return {role: asdict(o) for role, o in ledger(app.store).items()}
-    except StateStoreError:
-        return {}  # no state database yet: nothing owns anything
-
-
 def readings(app: App) -> JSONObject:
     """Every GPU the probe sees, by NVML index: the probe's reading, its role (host config) and
     its owner (ledger); and the driver's version."""
     probe = app.gpu_probe()
     config = app.config if app.settings.config.exists() else None
     role_of = {r.uuid.lower(): name for name, r in (config.gpu_roles if config else {}).items()}
-    owners = _optional_owners(app)
+    try:  # who owns each GPU role (container_id, slot, mode, transaction_id), from the ledger
+        owners = {role: asdict(o) for role, o in ledger(app.store).items()}
+    except StateStoreError:
+        owners = {}  # no state database yet: nothing owns anything
     rows: JSONArray = [
-        {
-            "index": g.index,
-            "uuid": g.uuid,
-            "name": g.name,
-            "role": role,
-            "total_mib": g.total_mib,
-            "used_mib": g.used_mib,
-            "free_mib": g.free_mib,
-            "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in g.processes],
-            "owner": owners.get(role) if role else None,
-        }
+        {**asdict(g), "role": role, "owner": owners.get(role) if role else None}
         for g in probe.gpus()
         for role in [role_of.get(g.uuid.lower(), "")]
     ]
@@ -120,21 +105,6 @@ def replace_gpu_roles(text: str, roles: Mapping[str, GpuRole]) -> str:
     return tomlkit.dumps(doc)
 
 
-def _keep_reserves(new: dict[str, GpuRole], old: Mapping[str, object]) -> dict[str, GpuRole]:
-    """An operator's per-card reserve follows its card (by UUID) into the new roles."""
-    reserves = {
-        str(d["uuid"]).lower(): int(d["reserve_mib"])
-        for d in old.values()
-        if isinstance(d, dict) and d.get("uuid") and d.get("reserve_mib") is not None
-    }
-    return {
-        name: role
-        if (mib := reserves.get(role.uuid.lower())) is None
-        else role.model_copy(update={"reserve_mib": mib})
-        for name, role in new.items()
-    }
-
-
 def detect(
     app: App,
     *,
@@ -152,7 +122,18 @@ def detect(
         old = tomllib.loads(old_text) if old_text else {}
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}", file=str(path)) from None
-    roles = _keep_reserves(roles, old.get("gpu_roles") or {})
+    # An operator's per-card reserve follows its card (by UUID) into the new roles.
+    reserves = {
+        str(d["uuid"]).lower(): int(d["reserve_mib"])
+        for d in (old.get("gpu_roles") or {}).values()
+        if isinstance(d, dict) and d.get("uuid") and d.get("reserve_mib") is not None
+    }
+    roles = {
+        name: role
+        if (mib := reserves.get(role.uuid.lower())) is None
+        else role.model_copy(update={"reserve_mib": mib})
+        for name, role in roles.items()
+    }
     roles_toml = render_gpu_roles_toml(roles)
     new_text = replace_gpu_roles(old_text, roles) if old_text else roles_toml
     try:

@@ -37,13 +37,8 @@ class _Ran:
         return self.outcome.exit_code
 
     def _outcome_dict(self) -> dict[str, object]:
-        o = self.outcome
-        return {
-            "tx_id": o.tx_id,
-            "state": o.state.value,
-            "reason": o.reason,
-            "refusal": o.refusal.as_dict() if o.refusal else None,
-        }
+        o = self.outcome.as_dict()
+        return {key: o[key] for key in ("tx_id", "state", "reason", "refusal")}
 
 
 @dataclass

@@ -65,10 +65,6 @@ class RecipeDir:
     """`--recipes-dir`, `ANVIL_RECIPES_DIR`, `host config` or `shipped`."""
 
 
-RecipeDirs = Path | Sequence[RecipeDir]
-"""Where recipes are looked up: the search (`recipe_search`), or one directory."""
-
-
 def recipe_search(app: App) -> list[RecipeDir]:
     """This command's recipe search, first match wins: `--recipes-dir` or ANVIL_RECIPES_DIR, the
     host config's `recipes_dir`, then the recipes shipped with anvilctl. A directory someone
@@ -87,11 +83,7 @@ def recipe_search(app: App) -> list[RecipeDir]:
     return [*dirs, RecipeDir(RECIPES_DIR, "shipped")]
 
 
-def _dirs(recipes: RecipeDirs) -> list[RecipeDir]:
-    return [RecipeDir(recipes, "given")] if isinstance(recipes, Path) else list(recipes)
-
-
-def resolve_recipe_path(ref: str | Path, recipes: RecipeDirs) -> Path:
+def resolve_recipe_path(ref: str | Path, recipes: Sequence[RecipeDir]) -> Path:
     """A recipe by name (`DIR/NAME.toml`, the first directory of the search that has it) or by
     path; RecipeError when neither exists."""
     try:
@@ -99,33 +91,31 @@ def resolve_recipe_path(ref: str | Path, recipes: RecipeDirs) -> Path:
     except ValueError as exc:
         raise RecipeError(f"recipe {str(ref)[:80]!r}: {exc}", recipe=str(ref)[:80]) from None
     candidate = Path(ref)
-    dirs = _dirs(recipes)
     try:
         if candidate.suffix == ".toml" or candidate.exists():
             return candidate  # load_recipe names what is wrong with it (missing, a directory ...)
-        for d in dirs:
+        for d in recipes:
             by_name = d.path / f"{ref}.toml"
             if by_name.exists() or by_name.is_symlink():  # a broken link or loop: load_recipe names it
                 return by_name
-        known = sorted({p.stem for d in dirs if d.path.is_dir() for p in d.path.glob("*.toml")})
+        known = sorted({p.stem for d in recipes if d.path.is_dir() for p in d.path.glob("*.toml")})
     except OSError as exc:  # a name too long for the file system, a loop in the path
         raise RecipeError(f"recipe {str(ref)[:80]!r}: {exc.strerror}", recipe=str(ref)[:80]) from None
-    where = ", ".join(f"{d.path} ({d.source})" for d in dirs)
+    where = ", ".join(f"{d.path} ({d.source})" for d in recipes)
     raise RecipeError(
         f"recipe {str(ref)!r} not found in {where}; expected one of {known}",
         recipe=str(ref),
     )
 
 
-def list_recipes(recipes: RecipeDirs) -> list[JSONObject]:
+def list_recipes(recipes: Sequence[RecipeDir]) -> list[JSONObject]:
     """Every `*.toml` of the search by name, with the directory it came from (`source`); a name
     found again further down the search is hidden by the first (`shadows` names the files it
     hides). An invalid file is listed with its `error`."""
-    dirs = _dirs(recipes)
-    if not any(d.path.is_dir() for d in dirs):
-        raise RecipeError(f"{dirs[0].path}: recipes directory not found", file=str(dirs[0].path))
+    if not any(d.path.is_dir() for d in recipes):
+        raise RecipeError(f"{recipes[0].path}: recipes directory not found", file=str(recipes[0].path))
     out: dict[str, JSONObject] = {}
-    for d in dirs:
+    for d in recipes:
         for path in sorted(d.path.glob("*.toml")) if d.path.is_dir() else []:
             if path.stem in out:
                 out[path.stem]["shadows"] = [*get_array(out[path.stem], "shadows"), str(path)]
@@ -156,7 +146,7 @@ def _summary(path: Path) -> JSONObject:
     }
 
 
-def show_recipe(ref: str | Path, recipes: RecipeDirs) -> RecipeView:
+def show_recipe(ref: str | Path, recipes: Sequence[RecipeDir]) -> RecipeView:
     path = resolve_recipe_path(ref, recipes)
     recipe = load_recipe(path)
     return RecipeView(
@@ -170,7 +160,7 @@ def show_recipe(ref: str | Path, recipes: RecipeDirs) -> RecipeView:
 
 def validate_recipe(
     ref: str | Path,
-    recipes: RecipeDirs,
+    recipes: Sequence[RecipeDir],
     *,
     host_config: HostConfig | None = None,
     slot_name: str | None = None,
@@ -194,7 +184,7 @@ def validate_recipe(
 
 def plan_recipe(
     ref: str | Path,
-    recipes: RecipeDirs,
+    recipes: Sequence[RecipeDir],
     *,
     host_config: HostConfig,
     slot_name: str,

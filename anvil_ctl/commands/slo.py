@@ -36,9 +36,6 @@ class Enablement:
         if self.until.utcoffset() is None:
             raise BadInput("--until: expected a time with a zone (RFC 3339)", field="until")
 
-    def in_force(self, now: datetime) -> bool:
-        return now < self.until
-
     def as_dict(self) -> JSONObject:
         return {
             "policy": POLICY,
@@ -110,7 +107,7 @@ def slo_check(
 def _roll_back(
     app: App, ident: Identity, enabled: Enablement, found: list[JSONObject], at: datetime
 ) -> JSONValue:
-    if not enabled.in_force(at):
+    if at >= enabled.until:
         return {"ran": False, "why": f"--rollback-on-breach expired at {utc_stamp(enabled.until)}"}
     from anvil_ctl.commands.lifecycle import rollback
 

@@ -36,6 +36,17 @@ class ModelFile:
 
 
 @dataclass(frozen=True)
+class CacheReport:
+    """What the model cache holds for one pinned model; `complete` only when `problems` is empty."""
+
+    repo_id: str
+    revision: str
+    snapshot_path: str
+    complete: bool
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Mount:
     source: str
     target: str
@@ -249,6 +260,20 @@ class RoutedAnswer:
     status: int
     model: str | None
     content: str | None = None
+
+
+@dataclass(frozen=True)
+class Readmission:
+    """Route `tier` (back) to the backend at `url` for `aliases` (`Router.readmit`): done once a
+    routed chat answers 200 from `expected_model`, StepFailed past `deadline_s`. `hold`: hold as if
+    a removal were pending, for removals the router adapter never saw."""
+
+    tier: str
+    url: str
+    aliases: tuple[str, ...]
+    expected_model: str
+    deadline_s: float
+    hold: bool = False
 
 
 @dataclass(frozen=True)

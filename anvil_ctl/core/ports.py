@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
+    CacheReport,
     ContainerInfo,
     ContainerLog,
     ContainerSpec,
@@ -19,6 +20,7 @@ from anvil_ctl.core.model import (
     ModelCard,
     ModelFile,
     PromptAnswer,
+    Readmission,
     ResidueFile,
     ResidueRemoval,
     RouteCheck,
@@ -80,20 +82,9 @@ class Router(Protocol):
         """The router's own count of failed answers from `url` since it started (5xx, failed
         connections, aborted responses), read passively; None where it keeps none we can read."""
 
-    def readmit(
-        self,
-        tier: str,
-        url: str,
-        aliases: tuple[str, ...],
-        expected_model: str,
-        deadline_s: float,
-        *,
-        hold: bool = False,
-    ) -> None:
-        """(Re-)register the backend; return once a routed request answers 200 from expected_model
-        and the registration holds against a removal still pending. StepFailed at the deadline.
-
-        `hold`: hold as if a removal were pending, for removals this adapter never saw."""
+    def readmit(self, r: Readmission) -> None:
+        """(Re-)register the backend; return once a routed request answers 200 from the expected
+        model and the registration holds against a removal still pending. StepFailed at the deadline."""
 
     def routed_chat(self, alias: str) -> RoutedAnswer:
         """One authenticated routed chat completion to an alias."""
@@ -166,21 +157,13 @@ class ShmLedger(Protocol):
         """Record marks not recorded yet (a mark already known is not written again)."""
 
 
-class CacheVerdict(Protocol):
-    @property
-    def complete(self) -> bool: ...
-
-    @property
-    def problems(self) -> tuple[str, ...]: ...
-
-
 class ModelCache(Protocol):
     """The on-disk model cache (Hugging Face layout) that engines load from."""
 
-    def verify_identity(self, identity: str) -> CacheVerdict:
+    def verify_identity(self, identity: str) -> CacheReport:
         """Check `repo@revision`: snapshot present, no incomplete blobs, no broken links."""
 
-    def verify_files(self, identity: str, files: Sequence[ModelFile]) -> CacheVerdict:
+    def verify_files(self, identity: str, files: Sequence[ModelFile]) -> CacheReport:
         """`verify_identity`, and each pinned file's size and SHA-256 (and GGUF header)."""
 
 

@@ -1,5 +1,7 @@
-"""Steps and plans: every forward step declares its compensation beside it.
+"""Guards, steps and plans: every forward step declares its compensation beside it.
 
+A guard (its docstring is its invariant) reads through ports and returns None or a `Refusal`;
+a plan lists its guards cheap first, and the first refusal stops it before any mutation.
 `do(ctx)` returns a JSON-able result, journaled right after the side effect; `undo(ctx, result)`
 gets it, or None when the process died in between, so undos observe before acting and are
 idempotent (`recover` may run them twice). A step hands what a later one needs through the
@@ -10,13 +12,46 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.snapshot import Snapshot
 
-if TYPE_CHECKING:
-    from anvil_ctl.core.guards import Guard
+C_contra = TypeVar("C_contra", contravariant=True)
+"""The step context the guard reads (a guard for every kind takes the widest one)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    guard: str
+    reason: str
+    data: dict[str, object]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"guard": self.guard, "reason": self.reason, "data": self.data}
+
+
+class Guard(Generic[C_contra]):
+    """Base class: override `check`."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def check(self, ctx: C_contra) -> Refusal | None:
+        raise NotImplementedError
+
+    def refuse(self, reason: str, /, **data: object) -> Refusal:
+        return Refusal(self.name, reason, data)
+
+
+def first_refusal(guards: Sequence[Guard[C_contra]], ctx: C_contra) -> Refusal | None:
+    for guard in guards:
+        refusal = guard.check(ctx)
+        if refusal is not None:
+            return refusal
+    return None
+
 
 StepResult = JSONObject | None
 """What a do or undo reports: JSON-able detail, journaled as the step's result."""

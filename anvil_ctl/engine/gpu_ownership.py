@@ -1,8 +1,4 @@
-"""GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate.
-
-`release_ownership` works from its own transaction's ledger events, so it is safe after a
-crash and when run twice.
-"""
+"""GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate."""
 
 from __future__ import annotations
 
@@ -11,11 +7,10 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from anvil_ctl.core.errors import AdapterError, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import GpuProcess, GpuReading, VramNeed
-from anvil_ctl.core.steps import StepContext
+from anvil_ctl.core.steps import Guard, Refusal, StepContext
 from anvil_ctl.engine.serving import POLL_FIRST_S, inspect_or_none, is_running
 from anvil_ctl.engine.world import VramRelease, World
 from anvil_ctl.gpu.ownership import (
@@ -189,8 +184,8 @@ def record_ownership(world: World, tx_id: str, identity: Identity, replaced: Ide
 
 
 def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> JSONObject:
-    """Undo `record_ownership`: release what this transaction claimed for others than the
-    incumbent, and re-claim for the incumbent the roles this transaction released of it."""
+    """Undo `record_ownership` from this transaction's ledger events (safe after a crash, and twice):
+    release what it claimed for others than the incumbent, re-claim what it released of it."""
     inc_id = incumbent.container_id if incumbent else None
     events = gpu_ledger.transaction_events(world.store, tx_id)
     released: list[str] = []
@@ -213,16 +208,6 @@ def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> J
             gpu_ledger.claim_roles(world.store, roles, container_id=inc_id, tx_id=tx_id, mode=mode, slot=slot)
             reclaimed += roles
     return {"released": list(released), "reclaimed_for_incumbent": list(reclaimed)}
-
-
-def move_ownership(world: World, tx_id: str, source: Identity | None, target: Identity) -> JSONObject:
-    """Rollback's step: `source`'s roles are released and `target` claims its own."""
-    released = (
-        release_all(world, source.container_id, tx_id)
-        if source is not None and source.container_id != target.container_id
-        else []
-    )
-    return {"released": list(released), "claimed": list(_claim(world, target, tx_id))}
 
 
 # -- the VRAM-release gate ---------------------------------------------------------------------

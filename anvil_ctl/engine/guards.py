@@ -7,10 +7,9 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from anvil_ctl.core.errors import AuthRejected
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.states import UNFINISHED_STATES
-from anvil_ctl.core.steps import StepContext
+from anvil_ctl.core.steps import Guard, Refusal, StepContext
 from anvil_ctl.engine.assertions import slot_assertions
 from anvil_ctl.engine.serving import identity_drift, image_present, serving_problems
 from anvil_ctl.engine.world import World

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from anvil_ctl.core.guards import Refusal
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.snapshot import Change, Snapshot
 from anvil_ctl.core.states import STATE_EXIT_CODES, ExitCode, TxState
+from anvil_ctl.core.steps import Refusal
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.core.errors import AdapterError, NotFound, StepFailed
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerInfo, VramNeed
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, ContainerInfo, Readmission, VramNeed
 from anvil_ctl.core.ports import Router
 from anvil_ctl.core.steps import Step, StepContext, StepResult
 from anvil_ctl.engine.world import World
@@ -264,13 +264,9 @@ def route_slot_to(world: World, ident: Identity, *, hold: bool = False) -> JSONO
         f"router tier {slot.router_tier} to readmit {slot.base_url} as {expected}",
         world.config.router.readmit_deadline_s,
     )
+    hold = hold or world.hold_readmissions
     router.readmit(
-        slot.router_tier,
-        slot.base_url,
-        slot.aliases,
-        expected,
-        deadline_s,
-        hold=hold or world.hold_readmissions,
+        Readmission(slot.router_tier, slot.base_url, slot.aliases, expected, deadline_s, hold=hold)
     )
     chain = routed_chain_problems(world, ident)
     if chain:

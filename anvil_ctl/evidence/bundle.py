@@ -159,22 +159,14 @@ class Mismatch:
 
 @dataclass(frozen=True)
 class ManifestReference:
-    """What one source ("database" or "--expect-manifest") says the manifest's SHA-256 must be;
-    no `sha256s`: the source knows nothing of this manifest, `note` says why."""
-
-    source: str
-    sha256s: tuple[str, ...]
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Binding:
-    """The manifest's SHA-256 held against one reference: matched True/False, None if unknown."""
+    """What one source ("database" or "--expect-manifest") says the manifest's SHA-256 must be (no
+    `expected`: the source knows nothing of this manifest, `note` says why); once the manifest is
+    held against it, `matched` True/False, None if unknown."""
 
     against: str
     expected: tuple[str, ...]
-    matched: bool | None
     note: str = ""
+    matched: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +175,7 @@ class VerifyResult:
     checked: int
     mismatches: tuple[Mismatch, ...]
     manifest_sha256: str | None = None
-    bindings: tuple[Binding, ...] | None = None  # None: no binding was asked for
+    bindings: tuple[ManifestReference, ...] | None = None  # None: no binding was asked for
 
     @property
     def bound(self) -> bool | None:
@@ -246,9 +238,7 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
     sha = hashlib.sha256((directory / MANIFEST).read_bytes()).hexdigest()
     bindings = None
     if references is not None:
-        bindings = tuple(
-            Binding(r.source, r.sha256s, sha in r.sha256s if r.sha256s else None, r.note) for r in references
-        )
+        bindings = tuple(replace(r, matched=sha in r.expected if r.expected else None) for r in references)
         mismatches.extend(
             Mismatch(MANIFEST, "manifest_sha256", f"{b.against}: {', '.join(b.expected)}", sha)
             for b in bindings

@@ -109,12 +109,11 @@ def _thousands(ax: Axes, *, tokens_x: bool = True) -> None:
     """Thousands separators on y; prompt tokens as 4K, 8K, ... on x (unless x has labels)."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    def tokens(v: float, _pos: int) -> str:
-        return f"{v / 1000:g}K" if abs(v) >= 1000 else f"{v:g}"
-
     if tokens_x:
         ax.xaxis.set_major_locator(MaxNLocator(5))
-        ax.xaxis.set_major_formatter(FuncFormatter(tokens))
+        ax.xaxis.set_major_formatter(
+            FuncFormatter(lambda v, _p: f"{v / 1000:g}K" if abs(v) >= 1000 else f"{v:g}")
+        )
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:,.0f}" if abs(v) >= 100 else f"{v:g}"))
 
 

@@ -236,11 +236,9 @@ class Recipe(Strict):
                     "expected the digest the source published"
                 )
         for name in _ABSENT_IF_UNKNOWN:
-            if getattr(self, name) is not None or name in self.unknown:
-                continue
-            if name == "model" and self.engine in ENGINES_WITHOUT_MODEL:
-                continue
-            raise ValueError(f"{name}: required; give it, or list it in unknown if no source does")
+            exempt = name == "model" and self.engine in ENGINES_WITHOUT_MODEL
+            if getattr(self, name) is None and name not in self.unknown and not exempt:
+                raise ValueError(f"{name}: required; give it, or list it in unknown if no source does")
         if (self.model_files or self.model_mount) and self.model is None:
             raise ValueError("model_files, model_mount: need a pinned model identity in `model`")
         return self
@@ -248,9 +246,7 @@ class Recipe(Strict):
     @property
     def profile_of_engine(self) -> EngineProfile:
         """`engine_profile`, else the profile named like `engine`, else the OpenAI-compatible one."""
-        if self.engine_profile:
-            return ENGINE_PROFILES[self.engine_profile]
-        return engine_profile(self.engine)
+        return engine_profile(self.engine_profile or self.engine)
 
     @property
     def effective_health_path(self) -> str | None:

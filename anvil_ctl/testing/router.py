@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from anvil_ctl.core.errors import AuthRejected, StepFailed
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
-from anvil_ctl.core.model import RouteCheck, RoutedAnswer
+from anvil_ctl.core.model import Readmission, RouteCheck, RoutedAnswer
 from anvil_ctl.testing.runtime import FakeServerProbe
 from anvil_ctl.testing.world import FakeWorld, TierDoc, WorldDoc, maybe_hang_or_fail
 
@@ -59,27 +59,18 @@ class FakeRouter:
         found = self.world.read().get("router_errors", {})
         return int(found[url]) if isinstance(found, dict) and url in found else None
 
-    def readmit(
-        self,
-        tier: str,
-        url: str,
-        aliases: tuple[str, ...],
-        expected_model: str,
-        deadline_s: float,
-        *,
-        hold: bool = False,
-    ) -> None:
+    def readmit(self, r: Readmission) -> None:
         """Registers at once; every readmission is logged in the world's `router.readmits`."""
         self.probe_credentials()
         maybe_hang_or_fail(self.world, "readmit")
         with self.world.edit() as w:
-            w["router"].setdefault("readmits", []).append({"tier": tier, "url": url, "hold": hold})
-        self.register(tier, url, aliases)
+            w["router"].setdefault("readmits", []).append({"tier": r.tier, "url": r.url, "hold": r.hold})
+        self.register(r.tier, r.url, r.aliases)
         # The readmission's own check, apart from `routed_chat`, which tests replace.
-        answer = self._answer(aliases[0])
-        if answer.model != expected_model:
+        answer = self._answer(r.aliases[0])
+        if answer.model != r.expected_model:
             raise StepFailed(
-                f"readmission of {tier}: routed answer from {answer.model!r}, expected {expected_model}"
+                f"readmission of {r.tier}: routed answer from {answer.model!r}, expected {r.expected_model}"
             )
 
     def routed_chat(self, alias: str) -> RoutedAnswer:

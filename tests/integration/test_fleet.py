@@ -39,6 +39,7 @@ from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.bootstrap import App
 from anvil_ctl.config.host import load_host_config
 from anvil_ctl.config.settings import Settings
+from anvil_ctl.core.model import Readmission
 from anvil_ctl.engine.lock import held_locks
 from anvil_ctl.recipes.model import load_recipe
 from anvil_ctl.recipes.spec import container_spec
@@ -224,7 +225,9 @@ def _start_host(
             {f"{SLOT}-local": (f"llm.{SLOT}",)},
         ) as router,
     ):
-        router.readmit(f"{SLOT}-local", f"http://127.0.0.1:{PORT}", (f"llm.{SLOT}",), INCUMBENT_MODEL, 120)
+        router.readmit(
+            Readmission(f"{SLOT}-local", f"http://127.0.0.1:{PORT}", (f"llm.{SLOT}",), INCUMBENT_MODEL, 120)
+        )
     r = host.anvilctl("adopt", host.incumbent_id, "--slot", SLOT, "--context-tokens", "524288")
     assert r.returncode == 0, host.log[-1]
     r = host.anvilctl(*reserve_waiver("fleet-test"))

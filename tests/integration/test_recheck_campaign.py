@@ -23,6 +23,7 @@ from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import lifecycle, serves, transactions
 from anvil_ctl.commands.transactions import reconcile
 from anvil_ctl.config.settings import Settings
+from anvil_ctl.core.model import Readmission
 from anvil_ctl.core.states import TxState
 from anvil_ctl.persistence.migrate import upgrade
 from scripts.routers import Proc, start_smg
@@ -159,7 +160,7 @@ class TestRecheckDuringQualification:
 
     def test_a_tier_routed_by_hand_during_qualification_exits_6(self, campaign: dict[str, Any]) -> None:
         router: SmgRouter = campaign["router"]
-        router.readmit(TIER, "http://127.0.0.1:8001", ("llm.primary",), CANDIDATE, 60)
+        router.readmit(Readmission(TIER, "http://127.0.0.1:8001", ("llm.primary",), CANDIDATE, 60))
         code, out = _recheck(campaign)
         assert (code, out["failed"]) == (6, ["tier_as_loaded"])
         tier = next(a for a in out["assertions"] if a["name"] == "tier_as_loaded")["observed"]

@@ -22,6 +22,7 @@ from anvil_ctl.acceptance import run_acceptance
 from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.core.errors import AuthRejected, CredentialError
+from anvil_ctl.core.model import Readmission
 from scripts.routers import Proc, start_haproxy
 from tests.integration.conftest import stub_url
 
@@ -86,7 +87,7 @@ def post_chat(url: str, model: str, key: str = CLIENT, **extra: Any) -> httpx.Re
 class TestHaproxyRouting:
     def test_readmit_routes_the_alias_to_the_served_model(self, router, backend):
         started = time.monotonic()
-        router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
         print(f"\nhaproxy readmit (fresh): {time.monotonic() - started:.2f} s")
         answer = router.routed_chat(ALIAS)
         assert (answer.status, answer.model) == (200, MODEL)
@@ -94,14 +95,14 @@ class TestHaproxyRouting:
         assert router.view(TIER)["backends"][0]["url"] == stub_url(backend)
 
     def test_an_unknown_alias_gets_404_and_a_wrong_key_401(self, router, haproxy, backend):
-        router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
         assert post_chat(haproxy.url, "llm.unknown").status_code == 404
         assert post_chat(haproxy.url, ALIAS, key="wrong-" + CLIENT).status_code == 401
         assert post_chat(haproxy.url, "llm.secondary").status_code == 503  # no backend yet
 
     def test_sse_passes_through_unbuffered(self, router, haproxy, stub_container):
         slow = stub_container(served_model=MODEL, extra_args=["--decode-tps", "20"])
-        router.readmit(TIER, stub_url(slow), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(slow), (ALIAS,), MODEL, 30))
         arrivals = []
         started = time.monotonic()
         with httpx.stream(
@@ -120,7 +121,7 @@ class TestHaproxyRouting:
         assert arrivals[-1][0] - arrivals[0][0] > 0.2
 
     def test_the_official_openai_client_passes_acceptance(self, router, haproxy, backend):
-        router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
         result = run_acceptance(haproxy.url, ALIAS, MODEL, Secret(CLIENT, "env C"))
         assert result["passed"] is True, result
 
@@ -131,7 +132,7 @@ class TestHaproxyQuiesceAndReadmit:
     ):
         slow = stub_container(served_model=MODEL, extra_args=["--decode-tps", "10", "--verbose-default"])
         url = stub_url(slow)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         done: list[int] = []
         worker = threading.Thread(
             target=lambda: done.append(post_chat(haproxy.url, ALIAS, max_tokens=30).status_code)
@@ -151,7 +152,7 @@ class TestHaproxyQuiesceAndReadmit:
     ):
         slow = stub_container(served_model=MODEL, extra_args=["--decode-tps", "10"])
         url = stub_url(slow)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         done: list[int] = []
 
         def long_request() -> None:
@@ -165,17 +166,17 @@ class TestHaproxyQuiesceAndReadmit:
         assert post_chat(haproxy.url, ALIAS).status_code == 503
         worker.join(30)
         assert done == [200]
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         assert router.routed_chat(ALIAS).status == 200
 
     def test_backend_restarted_then_readmitted(self, router, backend, runtime):
         url = stub_url(backend)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         runtime.stop(backend.id, 5)
         assert router.routed_chat(ALIAS).status >= 500
         runtime.start(backend.id)
         started = time.monotonic()
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         print(f"\nhaproxy readmit after backend restart: {time.monotonic() - started:.2f} s")
         assert router.routed_chat(ALIAS).model == MODEL
 
@@ -184,14 +185,14 @@ class TestHaproxyQuiesceAndReadmit:
         port = int(proc.url.rsplit(":", 1)[1])
         info = stub_container(served_model=MODEL)
         with make_router(proc) as router:
-            router.readmit(TIER, stub_url(info), (ALIAS,), MODEL, 30)
+            router.readmit(Readmission(TIER, stub_url(info), (ALIAS,), MODEL, 30))
             proc.kill()  # runtime state (addr, ready) is lost with the process
             errors: list[BaseException] = []
             started = time.monotonic()
 
             def readmit() -> None:
                 try:
-                    router.readmit(TIER, stub_url(info), (ALIAS,), MODEL, 60)
+                    router.readmit(Readmission(TIER, stub_url(info), (ALIAS,), MODEL, 60))
                 except BaseException as exc:
                     errors.append(exc)
 
@@ -219,12 +220,12 @@ def route_breaks(router: HaproxyRouter, url: str, seconds: float) -> list[str]:
 class TestHaproxyRuntimeApiIsSynchronous:
     def test_maint_and_ready_apply_at_once_and_nothing_lands_later(self, router, haproxy, backend):
         url = stub_url(backend)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         router.deregister(TIER, url)  # `set server ... state maint`
         assert router.backends(TIER) == []  # the very next `show stat` reads it
         assert post_chat(haproxy.url, ALIAS).status_code == 503  # and the very next request obeys
         started = time.monotonic()
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         print(f"\nhaproxy readmit right after maint (confirm included): {time.monotonic() - started:.2f} s")
         assert post_chat(haproxy.url, ALIAS).status_code == 200
         assert route_breaks(router, url, 6) == []  # nothing queued undoes it later (unlike smg)
@@ -232,7 +233,7 @@ class TestHaproxyRuntimeApiIsSynchronous:
     def test_route_check_follows_drain_and_maintenance(self, router, backend):
         url = stub_url(backend)
         assert "points at" in router.check_route(TIER, url, MODEL).reason
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         assert router.check_route(TIER, url, MODEL).holds
         assert "answered from" in router.check_route(TIER, url, "another-model").reason
         router.drain(TIER)

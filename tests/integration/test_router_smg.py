@@ -32,6 +32,7 @@ from anvil_ctl.commands.transactions import reconcile
 from anvil_ctl.config.host import RouterConfig
 from anvil_ctl.config.settings import Settings
 from anvil_ctl.core.errors import AuthRejected, CredentialError
+from anvil_ctl.core.model import Readmission
 from anvil_ctl.core.states import TxState
 from anvil_ctl.persistence.migrate import upgrade
 from scripts.routers import Proc, start_smg
@@ -155,7 +156,7 @@ def route_breaks(router: SmgRouter, url: str, seconds: float) -> list[str]:
 
 class TestSmgRouting:
     def test_readmit_registers_and_routes_the_alias_to_the_served_model(self, router, backend):
-        seconds = timed(lambda: router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
+        seconds = timed(lambda: router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30)))
         print(f"\nsmg readmit (fresh registration): {seconds} s")
         answer = router.routed_chat(ALIAS)
         assert (answer.status, answer.model) == (200, MODEL)
@@ -166,12 +167,12 @@ class TestSmgRouting:
         assert view["ready"] is True
 
     def test_an_unknown_alias_is_refused(self, router, smg, backend):
-        router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
         response = chat(smg.url, "llm.unknown")
         assert response.status_code == 404
 
     def test_sse_passes_through(self, router, smg, backend):
-        router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
         lines = []
         with httpx.stream(
             "POST",
@@ -187,7 +188,7 @@ class TestSmgRouting:
         assert f'"model": "{MODEL}"' in lines[0] or f'"model":"{MODEL}"' in lines[0]
 
     def test_the_official_openai_client_passes_acceptance(self, router, smg, backend):
-        router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
         result = run_acceptance(smg.url, ALIAS, MODEL, Secret(Keys.client, "env C"))
         assert result["passed"] is True, result
         assert Keys.client not in str(result)
@@ -195,12 +196,12 @@ class TestSmgRouting:
 
 class TestSmgQuiesceAndReadmit:
     def test_drain_stops_routing_and_readmit_restores_it(self, router, smg, backend):
-        router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
         seconds = timed(lambda: router.drain(TIER))
         print(f"\nsmg drain (delete + wait gone): {seconds} s")
         assert router.backends(TIER) == []
         assert chat(smg.url, ALIAS).status_code != 200
-        seconds = timed(lambda: router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
+        seconds = timed(lambda: router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30)))
         print(f"smg readmit after drain: {seconds} s")
         assert router.routed_chat(ALIAS).status == 200
 
@@ -216,7 +217,7 @@ class TestSmgQuiesceAndReadmit:
         router = closing(SmgRouter(smg.url, creds()))
         info = stub_container(served_model=MODEL)
         url = stub_url(info)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         runtime.stop(info.id, 5)  # the backend restarts: first it goes away ...
         failures = [router.routed_chat(ALIAS).status for _ in range(4)]
         assert all(status >= 500 for status in failures), failures
@@ -231,7 +232,7 @@ class TestSmgQuiesceAndReadmit:
         assert router.ready() is True
         assert [b.healthy for b in router.backends(TIER)] == [True]
         assert router.routed_chat(ALIAS).status == 503
-        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 60))
+        seconds = timed(lambda: router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 60)))
         print(f"\nsmg readmit with an open circuit breaker: {seconds} s")
         answer = router.routed_chat(ALIAS)
         assert (answer.status, answer.model) == (200, MODEL)
@@ -248,7 +249,7 @@ class TestSmgQuiesceAndReadmit:
 
         def readmit() -> None:
             try:
-                router.readmit(TIER, url, (ALIAS,), MODEL, 90)
+                router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 90))
             except BaseException as exc:
                 errors.append(exc)
 
@@ -266,7 +267,7 @@ class TestSmgQuiesceAndReadmit:
 
     def test_delete_post_race_is_absorbed(self, router, smg, backend):
         url = stub_url(backend)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         (old,) = router.backends(TIER)
         # A POST right after a DELETE of the same URL: the adapter registers its workers with
         # drain_settle_secs 0, so smg removes a DELETEd one at once and none is left pending.
@@ -286,17 +287,17 @@ class TestSmgQuiesceAndReadmit:
         print(f"smg register across a pending delete: {seconds} s")
         (new,) = router.backends(TIER)
         assert new.backend_id != old.backend_id
-        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 30))
+        seconds = timed(lambda: router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30)))
         assert router.routed_chat(ALIAS).status == 200
 
 
 class TestSmgLateRemoval:
     def test_a_delete_sent_just_before_readmission_cannot_undo_it(self, router, smg, backend):
         url = stub_url(backend)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         (old,) = router.backends(TIER)
         assert admin_delete(smg.url, old.backend_id).status_code == 202  # ... and the sender died
-        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 60))
+        seconds = timed(lambda: router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 60)))
         print(f"\nsmg readmit right after a DELETE of the same worker: {seconds} s")
         assert router.check_route(TIER, url, MODEL).holds
         assert route_breaks(router, url, REMOVAL_DELAY_S + 2) == []
@@ -308,14 +309,14 @@ class TestSmgLateRemoval:
         # readmission's) that removes the draining worker at once and clears its job status,
         # so the first removal is pending but invisible when readmission registers again.
         url = stub_url(backend)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         (old,) = router.backends(TIER)
         admin_delete(smg.url, old.backend_id)
         time.sleep(0.5)
         admin_delete(smg.url, old.backend_id)
         wait_until(lambda: router.backends(TIER) == [], "the second DELETE to remove the worker", 5)
         # Nothing shows the hidden removal: the caller (recover, after the crash) asks for the hold.
-        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 60, hold=True))
+        seconds = timed(lambda: router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 60, hold=True)))
         print(f"\nsmg readmit across a hidden pending removal: {seconds} s")
         assert route_breaks(router, url, REMOVAL_DELAY_S + 2) == []
 
@@ -323,9 +324,9 @@ class TestSmgLateRemoval:
         url = stub_url(backend)
         held = closing(SmgRouter(smg.url, creds()))
         unheld = closing(SmgRouter(smg.url, creds(), removal_hold_s=0))
-        without = timed(lambda: unheld.readmit(TIER, url, (ALIAS,), MODEL, 30))
+        without = timed(lambda: unheld.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30)))
         unheld.drain(TIER)
-        with_hold = timed(lambda: held.readmit(TIER, url, (ALIAS,), MODEL, 30, hold=True))
+        with_hold = timed(lambda: held.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30, hold=True)))
         print(f"\nsmg clean readmit: {without} s without the hold, {with_hold} s with a 6 s hold")
         assert with_hold >= 6.0 > without
         assert held.check_route(TIER, url, MODEL).holds
@@ -335,10 +336,10 @@ class TestSmgLateRemoval:
         # registered with drain_settle_secs 0: removed at once), then readmit. Nothing can be
         # pending: no hold, and no fixed wait in the drain either.
         url = stub_url(backend)
-        router.readmit(TIER, url, (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30))
         drained = timed(lambda: router.drain(TIER))
         assert drained < REMOVAL_DELAY_S - 2  # smg's fixed drain is not in it
-        seconds = timed(lambda: router.readmit(TIER, url, (ALIAS,), MODEL, 30))
+        seconds = timed(lambda: router.readmit(Readmission(TIER, url, (ALIAS,), MODEL, 30)))
         print(f"\nsmg drain {drained} s, then readmit {seconds} s (hold {router._hold_s} s not waited)")
         assert seconds < router._hold_s - 2
         assert route_breaks(router, url, REMOVAL_DELAY_S + 2) == []
@@ -487,7 +488,7 @@ class TestSmgCredentials:
             r.probe_credentials()
 
     def test_no_token_reaches_smg_command_line_or_log(self, smg, router, backend):
-        router.readmit(TIER, stub_url(backend), (ALIAS,), MODEL, 30)
+        router.readmit(Readmission(TIER, stub_url(backend), (ALIAS,), MODEL, 30))
         cmdline = Path(f"/proc/{smg.pid}/cmdline").read_bytes().decode(errors="replace")
         text = cmdline + smg.log_path.read_text(errors="replace")
         for token in (Keys.admin, Keys.client, Keys.user):

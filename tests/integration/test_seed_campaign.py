@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from anvil_ctl.core.model import Readmission
 from scripts.campaign import (
     INCUMBENT_MODEL,
     Campaign,
@@ -321,7 +322,9 @@ class TestSeedCampaign:
         rt.start(camp.incumbent_id)
         host = load_host_config(Path(camp.env["ANVIL_CONFIG"]))
         with SmgRouter(camp.router.url, resolve_credentials(host.router, {})) as router:
-            router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+            router.readmit(
+                Readmission("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+            )
         assert failed() == []
         # 2. a candidate left running
         image = rt.inspect(camp.incumbent_id).image_id
@@ -342,7 +345,9 @@ class TestSeedCampaign:
         with SmgRouter(camp.router.url, resolve_credentials(host.router, {})) as router:
             router.deregister("primary-local", "http://127.0.0.1:8001")
             assert "router_readiness" in failed()
-            router.readmit("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+            router.readmit(
+                Readmission("primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120)
+            )
         # 4. a shared-memory residue file named like an engine's (NCCL) segment; a foreign
         # file beside it is not ours and never counts
         residue = Path("/dev/shm/nccl-anvil-test-residue")
@@ -367,7 +372,9 @@ class TestSeedCampaign:
             rt.start(camp.incumbent_id)
             with SmgRouter(camp.router.url, resolve_credentials(host.router, {})) as router:
                 router.readmit(
-                    "primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120
+                    Readmission(
+                        "primary-local", "http://127.0.0.1:8001", ("llm.primary",), INCUMBENT_MODEL, 120
+                    )
                 )
         assert failed() == []
 

@@ -16,7 +16,7 @@ import pytest
 
 from anvil_ctl.commands import lifecycle, recheck, transactions
 from anvil_ctl.core.errors import AdapterError, BadInput
-from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, ContainerSpec
+from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, ContainerSpec, Readmission
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine import entry
 from anvil_ctl.engine.faults import Faults
@@ -246,11 +246,11 @@ class WeighingRouter(FakeRouter):
             return
         super().deregister(tier, url)
 
-    def readmit(self, tier: str, url: str, aliases: tuple[str, ...], *a: Any, **kw: Any) -> None:
+    def readmit(self, r: Readmission) -> None:
         """The tier's one backend from now on, as HAProxy's readmission leaves it."""
-        self.beside.pop(tier, None)
-        FakeRouter.register(self, tier, url, aliases)
-        super().readmit(tier, url, aliases, *a, **kw)
+        self.beside.pop(r.tier, None)
+        FakeRouter.register(self, r.tier, r.url, r.aliases)
+        super().readmit(r)
 
     def set_weights(self, tier: str, weights: dict[str, int]) -> None:
         self.weights.update(weights)

@@ -17,6 +17,7 @@ from anvil_ctl.adapters.credentials import RouterCredentials, Secret
 from anvil_ctl.adapters.haproxy import HaproxyRouter
 from anvil_ctl.adapters.haproxy_config import check_socket, render_config, write_config
 from anvil_ctl.core.errors import AdapterError, AuthRejected, CredentialError, StepFailed
+from anvil_ctl.core.model import Readmission
 from anvil_ctl.core.ports import Router, WeightedRouter
 
 CLIENT = "client-token-xyz-123"
@@ -305,14 +306,14 @@ class TestHaproxyRouter:
     def test_readmit_leaves_one_backend_and_verifies_the_model(self, fake):
         router = make_router(fake)
         router.register("primary-local", "http://127.0.0.1:8009", ("llm.primary",))
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5))
         assert [b.url for b in router.backends("primary-local")] == [BACKEND]
 
     def test_readmit_gives_the_one_backend_full_weight_whatever_a_canary_left(self, fake):
         router = make_router(fake)
         router.register("primary-local", BACKEND, ("llm.primary",))
         router.set_weights("primary-local", {BACKEND: 0})
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5))
         assert fake.servers[("tier_primary-local", "s1")]["weight"] == "100%"
 
     def test_readmit_does_not_wait_for_the_next_health_check_of_a_serve_that_answers(self, fake):
@@ -325,7 +326,7 @@ class TestHaproxyRouter:
         # failed as DOWN (not DRAIN), and a server made ready is DOWN until its next check.
         fake.servers[("tier_primary-local", "s1")]["status"] = "DOWN"
         fake.checked_up = False
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5))
         drained = fake.commands.index("set server tier_primary-local/s1 state drain")
         assert [c for c in fake.commands[drained + 1 :] if c.startswith("set ")][:2] == [
             "set server tier_primary-local/s1 state ready",
@@ -338,19 +339,19 @@ class TestHaproxyRouter:
         router = make_router(fake)
         router.register("primary-local", BACKEND, ("llm.primary",))
         restart(fake)
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5))
         assert [b.url for b in router.backends("primary-local")] == [BACKEND]
 
     def test_readmit_fails_at_the_deadline_when_another_model_answers(self, fake):
         router = make_router(fake, served="other-model")
         with pytest.raises(StepFailed, match="other-model"):
-            router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", 0.2)
+            router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", 0.2))
 
     def test_a_missing_socket_makes_readmission_retry_until_the_deadline(self, fake, tmp_path):
         router = make_router(fake)
         router.socket_path = tmp_path / "gone.sock"
         with pytest.raises(StepFailed, match="does not exist"):
-            router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", 0.2)
+            router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", 0.2))
 
     def test_view_lists_live_slots_without_secrets(self, fake):
         router = make_router(fake)
@@ -371,7 +372,7 @@ class TestHaproxyRouter:
     def test_readmit_confirms_the_slot_is_still_ready_after_the_chat(self, fake):
         restarts = iter([True])  # haproxy restarts once, right after serving the first chat
         router = make_router(fake, on_chat=lambda: next(restarts, False) and restart(fake))
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5)
+        router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=5))
         assert fake.commands.count("set server tier_primary-local/s1 state ready") == 2
         assert router.check_route("primary-local", BACKEND, "stub-model-a")
 

@@ -1,4 +1,4 @@
-"""Who asks a readmission to hold (`Router.readmit(hold=True)`), on the shipped fakes.
+"""Who asks a readmission to hold (`Readmission.hold`), on the shipped fakes.
 
 A live transaction's readmission follows its own drain, which waited until the
 removal landed: it does not ask, and ends at its first verified routed chat. Whoever

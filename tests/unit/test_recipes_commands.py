@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from anvil_ctl.commands.recipes import (
+    RecipeDir,
     list_recipes,
     plan_recipe,
     resolve_recipe_path,
@@ -35,6 +36,11 @@ port = 8001
 profile = "smoke"
 args = ["--port", "8001"]
 """
+
+
+def given(directory: Path) -> list[RecipeDir]:
+    """A recipe search of one directory."""
+    return [RecipeDir(directory, "given")]
 
 
 @pytest.fixture
@@ -71,20 +77,20 @@ def host_config() -> HostConfig:
 
 class TestResolveRecipePath:
     def test_finds_a_recipe_by_name_or_by_path(self, recipes_dir: Path) -> None:
-        assert resolve_recipe_path("good", recipes_dir) == recipes_dir / "good.toml"
+        assert resolve_recipe_path("good", given(recipes_dir)) == recipes_dir / "good.toml"
         path = recipes_dir / "good.toml"
-        assert resolve_recipe_path(str(path), recipes_dir) == path
+        assert resolve_recipe_path(str(path), given(recipes_dir)) == path
 
     def test_an_unknown_name_lists_the_known_ones(self, recipes_dir: Path) -> None:
         with pytest.raises(RecipeError, match=r"'absent' not found .*\['good', 'tagged'\]"):
-            resolve_recipe_path("absent", recipes_dir)
+            resolve_recipe_path("absent", given(recipes_dir))
 
 
 class TestListRecipes:
     def test_lists_every_toml_with_valid_ones_summarised_and_invalid_ones_explained(
         self, recipes_dir: Path
     ) -> None:
-        rows = list_recipes(recipes_dir)
+        rows = list_recipes(given(recipes_dir))
         assert [(r["name"], r["valid"]) for r in rows] == [("good", True), ("tagged", False)]
         good, tagged = rows
         assert good["served_model"] == "served-good"
@@ -94,24 +100,24 @@ class TestListRecipes:
 
     def test_a_missing_directory_is_a_recipe_error(self, tmp_path: Path) -> None:
         with pytest.raises(RecipeError, match="recipes directory not found"):
-            list_recipes(tmp_path / "nowhere")
+            list_recipes(given(tmp_path / "nowhere"))
 
 
 class TestShowRecipe:
     def test_returns_the_recipe_as_data_with_its_digest(self, recipes_dir: Path) -> None:
-        view = show_recipe("good", recipes_dir)
+        view = show_recipe("good", given(recipes_dir))
         assert view.recipe["served_model"] == "served-good"
         assert view.digest == recipe_digest(load_recipe(recipes_dir / "good.toml"))
 
 
 class TestValidateRecipe:
     def test_passes_a_valid_recipe(self, recipes_dir: Path) -> None:
-        report = validate_recipe("good", recipes_dir)
+        report = validate_recipe("good", given(recipes_dir))
         assert (report.name, report.runnable, report.checked_slot) == ("good", True, None)
 
     def test_an_unpinned_image_raises_with_exit_code_2_naming_the_field(self, recipes_dir: Path) -> None:
         with pytest.raises(RecipeError) as info:
-            validate_recipe("tagged", recipes_dir)
+            validate_recipe("tagged", given(recipes_dir))
         assert info.value.exit_code == 2
         assert "tagged.toml: image: " in str(info.value)
 
@@ -119,15 +125,17 @@ class TestValidateRecipe:
         self, recipes_dir: Path, host_config: HostConfig
     ) -> None:
         assert (
-            validate_recipe("good", recipes_dir, host_config=host_config, slot_name="primary").checked_slot
+            validate_recipe(
+                "good", given(recipes_dir), host_config=host_config, slot_name="primary"
+            ).checked_slot
             == "primary"
         )
         with pytest.raises(RecipeError, match="port: 8001 differs"):
-            validate_recipe("good", recipes_dir, host_config=host_config, slot_name="secondary")
+            validate_recipe("good", given(recipes_dir), host_config=host_config, slot_name="secondary")
 
     def test_an_unknown_slot_is_a_config_error(self, recipes_dir: Path, host_config: HostConfig) -> None:
         with pytest.raises(ConfigError, match="slot 'nope'"):
-            validate_recipe("good", recipes_dir, host_config=host_config, slot_name="nope")
+            validate_recipe("good", given(recipes_dir), host_config=host_config, slot_name="nope")
 
 
 class TestPlanRecipe:
@@ -135,7 +143,7 @@ class TestPlanRecipe:
         self, recipes_dir: Path, host_config: HostConfig
     ) -> None:
         path = recipes_dir / "good.toml"
-        plan = plan_recipe("good", recipes_dir, host_config=host_config, slot_name="primary")
+        plan = plan_recipe("good", given(recipes_dir), host_config=host_config, slot_name="primary")
         expected = container_spec(
             load_recipe(path),
             slot_name="primary",
@@ -154,5 +162,5 @@ class TestPlanRecipe:
         self, recipes_dir: Path, host_config: HostConfig, tmp_path: Path
     ) -> None:
         before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
-        plan_recipe("good", recipes_dir, host_config=host_config, slot_name="primary")
+        plan_recipe("good", given(recipes_dir), host_config=host_config, slot_name="primary")
         assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before

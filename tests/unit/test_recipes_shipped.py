@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.commands.recipes import list_recipes, plan_recipe
+from anvil_ctl.commands.recipes import RecipeDir, list_recipes, plan_recipe
 from anvil_ctl.config.host import HostConfig
 from anvil_ctl.recipes.model import Recipe, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
+SEARCH = [RecipeDir(RECIPES, "shipped")]
 CARD_MIB = 97887
 STUBS = ("stub-incumbent-524k", "stub-499k-c4", "stub-393k-c1", "stub-245k-c1")
 SEEDS = (
@@ -61,13 +62,13 @@ def arg(r: Recipe, flag: str) -> str:
 
 class TestShippedRecipes:
     def test_every_shipped_recipe_is_valid(self) -> None:
-        rows = list_recipes(RECIPES)
+        rows = list_recipes(SEARCH)
         assert {r["name"] for r in rows} >= {*STUBS, *SEEDS}
         assert [r["error"] for r in rows if not r["valid"]] == []
 
     @pytest.mark.parametrize("name", STUBS + SEEDS)
     def test_every_shipped_recipe_plans_in_the_primary_slot(self, name: str, host_config: HostConfig) -> None:
-        plan = plan_recipe(name, RECIPES, host_config=host_config, slot_name="primary")
+        plan = plan_recipe(name, SEARCH, host_config=host_config, slot_name="primary")
         assert plan.spec["network_mode"] == "host"
         assert len(plan.spec["gpu_uuids"]) == 2
 
@@ -88,7 +89,7 @@ class TestStubRecipes:
     def test_mount_the_hosts_python_the_stub_package_and_its_fixtures_read_only(
         self, name: str, host_config: HostConfig
     ) -> None:
-        plan = plan_recipe(name, RECIPES, host_config=host_config, slot_name="primary")
+        plan = plan_recipe(name, SEARCH, host_config=host_config, slot_name="primary")
         mounts = {m["target"]: m for m in plan.spec["mounts"]}
         assert set(mounts) == {
             "/usr",

@@ -24,7 +24,7 @@ from anvil_ctl.adapters.smg import PARK_SETTLE_S, SmgRouter
 from anvil_ctl.adapters.smg_parking import ParkingResponder
 from anvil_ctl.adapters.smg_workers import NIL_WORKER_ID, PARKED_LABEL, TIER_LABEL
 from anvil_ctl.core.errors import AuthRejected, StepFailed, TransientError
-from anvil_ctl.core.model import RoutedAnswer
+from anvil_ctl.core.model import Readmission, RoutedAnswer
 from anvil_ctl.core.ports import Router
 from tests.unit.loopback import loopback_server
 
@@ -239,7 +239,7 @@ class TestSmgRouterCredentials:
         smg.add()
         with pytest.raises(AuthRejected):
             make_router(smg, client="wrong-key-1").readmit(
-                "primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30
+                Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
             )
         assert smg.calls.count(("POST", "/v1/chat/completions")) == 1
 
@@ -341,7 +341,7 @@ class TestSmgRouterRegistration:
 class TestSmgRouterReadmit:
     def test_readmit_registers_and_ends_with_a_verified_routed_chat(self, smg):
         router = make_router(smg)
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
+        router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30))
         assert smg.calls[-1] == ("POST", "/v1/chat/completions")
         assert router.routed_chat("llm.primary").model == "stub-model-a"
 
@@ -350,26 +350,30 @@ class TestSmgRouterReadmit:
         router = make_router(smg)
         assert router.ready()
         assert router.routed_chat("llm.primary").status == 503
-        router.readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
+        router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30))
         assert stuck not in smg.workers
         assert router.routed_chat("llm.primary").status == 200
 
     def test_readmit_after_a_router_restart_registers_again(self, smg):
         smg.add()
         smg.workers.clear()  # a restarted smg remembers nothing
-        make_router(smg).readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
+        make_router(smg).readmit(
+            Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
+        )
         assert [w.url for w in smg.workers] == [BACKEND]
 
     def test_readmit_removes_another_backend_of_the_tier(self, smg):
         smg.add(url="http://127.0.0.1:8009", served="candidate")
-        make_router(smg).readmit("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
+        make_router(smg).readmit(
+            Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=30)
+        )
         assert [w.url for w in smg.workers] == [BACKEND]
 
     def test_readmit_fails_at_the_deadline_when_the_wrong_model_answers(self, smg):
         smg.add(served="some-other-model")
         with pytest.raises(StepFailed) as err:
             make_router(smg).readmit(
-                "primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=0.3
+                Readmission("primary-local", BACKEND, ("llm.primary",), "stub-model-a", deadline_s=0.3)
             )
         assert "some-other-model" in str(err.value)
 
@@ -377,7 +381,7 @@ class TestSmgRouterReadmit:
         router = make_router(smg)
         smg.down = True
         with pytest.raises(StepFailed, match="ConnectError"):
-            router.readmit("primary-local", BACKEND, ("llm.primary",), "m", deadline_s=0.3)
+            router.readmit(Readmission("primary-local", BACKEND, ("llm.primary",), "m", deadline_s=0.3))
 
     def test_ready_is_false_when_the_router_is_down(self, smg):
         smg.down = True
@@ -385,7 +389,7 @@ class TestSmgRouterReadmit:
 
 
 def readmit(router: SmgRouter, deadline_s: float = 60, *, hold: bool = False) -> None:
-    router.readmit(TIER, BACKEND, (ALIAS,), MODEL, deadline_s=deadline_s, hold=hold)
+    router.readmit(Readmission(TIER, BACKEND, (ALIAS,), MODEL, deadline_s=deadline_s, hold=hold))
 
 
 def router_calls(smg: FakeSmg, method: str, prefix: str) -> int:

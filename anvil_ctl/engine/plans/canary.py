@@ -1,10 +1,7 @@
-"""`promote --canary`: the candidate takes a growing share of its router tier beside the
-incumbent, judged side by side at each step, and becomes the incumbent at 100 %.
-
-The candidate is the loaded candidate of `--slot`, the incumbent the serve another slot of the
-same tier publishes (a blue/green pair); the router must weigh traffic (`WeightedRouter`), and
-the two serves must fit the host's GPUs together. A breach at any share compensates back to
-the incumbent; the pivot is `route-to-candidate`.
+"""`promote --canary`: the slot's loaded candidate takes a growing share of its router tier
+beside the incumbent another slot of the tier publishes, judged side by side at each step, and
+becomes the incumbent at 100 %. A breach at any share compensates back to the incumbent; the
+pivot is `route-to-candidate`.
 """
 
 from __future__ import annotations
@@ -12,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from anvil_ctl.core.errors import AdapterError, BadInput, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
 from anvil_ctl.core.ports import WeightedRouter
-from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, NoMemo, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine.drain import stop_drained, stop_retain_step, wait_idle
 from anvil_ctl.engine.gpu_ownership import reserve_in_force
 from anvil_ctl.engine.guards import (

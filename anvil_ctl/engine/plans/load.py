@@ -1,9 +1,6 @@
-"""`load`: put a candidate on a slot, the incumbent stopped and retained.
-
-Pivot: `start-candidate`; once the candidate was started, a crash is finished forward. A
-candidate that never becomes healthy fails its step and everything is undone, the incumbent
-started and routed again. A committed load leaves the tier drained by design: the candidate
-is reached directly until `promote` routes it.
+"""`load`: put a candidate on a slot, the incumbent stopped and retained. Pivot:
+`start-candidate`. A committed load leaves the tier drained by design: the candidate is reached
+directly until `promote` routes it.
 """
 
 from __future__ import annotations
@@ -12,11 +9,10 @@ import contextlib
 from dataclasses import dataclass, replace
 
 from anvil_ctl.core.errors import AdapterError, NotFound
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_SLOT, LABEL_TX, ContainerSpec, VramNeed
-from anvil_ctl.core.steps import Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.drain import drain_step, stop_retain_step
 from anvil_ctl.engine.guards import (

@@ -5,11 +5,10 @@ candidate `load` left unpromoted is never published. Nothing to undo.
 from __future__ import annotations
 
 from anvil_ctl.core.errors import AdapterError, BadInput
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_SLOT
-from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, NoMemo, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine.guards import NoUnresolvedTransaction, RouterConfigured, RouterCredentialsAccepted
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import ReconcileArgs, ReconcileRequest

@@ -1,18 +1,13 @@
-"""`unload`: remove a candidate container that this controller created.
-
-Refused unless the container carries our labels as a candidate and is neither the slot's
-incumbent nor its rollback identity; the step checks the labels again just before it acts.
-The pivot is the removal.
-"""
+"""`unload`: remove a candidate container that this controller created (`OurCandidateOnly`,
+checked again just before the removal, its pivot)."""
 
 from __future__ import annotations
 
 from anvil_ctl.core.engine_profile import engine_profile
 from anvil_ctl.core.errors import BadInput, StepFailed
-from anvil_ctl.core.guards import Guard, Refusal
 from anvil_ctl.core.jsontypes import JSONArray
 from anvil_ctl.core.model import LABEL_ROLE, LABEL_SLOT, ContainerInfo
-from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
+from anvil_ctl.core.steps import Guard, NoMemo, Plan, Refusal, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
 from anvil_ctl.engine.drain import wait_idle
 from anvil_ctl.engine.guards import NoUnresolvedTransaction
