@@ -23,6 +23,7 @@ from anvil_ctl.engine.plans import KINDS, AnyPlan
 from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.log import get_logger
+from anvil_ctl.persistence import snapshots
 
 log = get_logger("anvil.recover")
 
@@ -170,7 +171,7 @@ def _recover_one(
     if rec.state in (TxState.RUNNING, TxState.COMPENSATING, TxState.WATCHING):
         journal.transition(rec.id, TxState.INTERRUPTED, f"owner pid {rec.owner.pid} is gone")
     outcome = Outcome(kind=rec.kind, state=TxState.INTERRUPTED, tx_id=rec.id)
-    outcome.before = journal.snapshots(rec.id).get("before")
+    outcome.before = snapshots.of_transaction(journal, rec.id).get("before")
     undone_before = len(_undone(events))
     forward = _pivot_reached(plan, events)
     try:
