@@ -22,11 +22,10 @@ from anvil_ctl.core.errors import Unavailable
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import audit, chainwalk, projection
-from anvil_ctl.persistence.audit import Head
+from anvil_ctl.persistence.audit import Head, HeadFileError, read_head
 from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
 from anvil_ctl.persistence.coverage import COVERED, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
-from anvil_ctl.persistence.head import HeadFileError, read_head
 from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
 from anvil_ctl.persistence.store import Store, utcnow
 
