@@ -26,7 +26,7 @@ from anvil_ctl.persistence.audit import Head, HeadFileError, read_head
 from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs
 from anvil_ctl.persistence.coverage import COVERED, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
-from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
+from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry, Host
 from anvil_ctl.persistence.store import Store, utcnow
 
 log = get_logger(__name__)
@@ -303,17 +303,8 @@ def _record_checkpoint(store: Store, report: Report) -> JSONObject:
 def host_counts(store: Store, host: int | None) -> list[JSONObject]:
     """Per host (`host`, or every registered host when None): its name and how many journal
     entries it wrote; the report's `hosts`. The chain itself is one for the whole fleet."""
-    sql = (
-        "SELECT h.id, h.name, (SELECT count(*) FROM audit_journal a WHERE a.host_id = h.id) AS entries "
-        "FROM hosts h"
-    )
-    params: dict[str, int] = {}
-    if host is not None:
-        sql += " WHERE h.id = :host"
-        params["host"] = host
-    sql += " ORDER BY h.id"
+    entries = select(func.count()).where(AuditEntry.host_id == Host.id).scalar_subquery()
+    q = select(Host.id, Host.name, entries.label("entries")).order_by(Host.id)
     with store.read() as s:
-        return [
-            {"host": str(r.name), "host_id": int(r.id), "entries": int(r.entries)}
-            for r in s.execute(text(sql), params)
-        ]
+        rows = s.execute(q if host is None else q.where(Host.id == host))
+        return [{"host": str(r.name), "host_id": int(r.id), "entries": int(r.entries)} for r in rows]
