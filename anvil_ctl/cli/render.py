@@ -174,7 +174,6 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.cli.views.InitView": _init,
     "anvil_ctl.cli.views.DiffView": rt.diffs,
     "anvil_ctl.cli.views.TransactionView": rt.transaction,
-    "anvil_ctl.cli.views.HistoryView": rt.history,
     "anvil_ctl.cli.views.ChainCheck": rt.chain,
     "anvil_ctl.cli.views.GpuReadings": rq.gpu_readings,
     "anvil_ctl.cli.views.DetectedRoles": rq.detected_roles,
