@@ -206,16 +206,15 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
         )
     root = directory.resolve()
     mismatches: list[Mismatch] = []
-    listed: set[str] = set()
+    listed = {a.path for a in artifacts}  # read_manifest refuses a path listed twice
     for a in artifacts:
         rel = a.path
-        listed.add(rel)
         try:
             target = (root / rel).resolve()
         except (OSError, RuntimeError):  # a symlink loop
             mismatches.append(Mismatch(rel, "unreadable"))
             continue
-        if not rel or Path(rel).is_absolute() or root not in target.parents:
+        if Path(rel).is_absolute() or root not in target.parents:
             mismatches.append(Mismatch(rel, "unsafe_path"))
             continue
         if not target.is_file():
