@@ -354,7 +354,6 @@ class Bundle:
     that differs from its manifest (EvidenceMismatch, exit 6)."""
 
     tx_id: str
-    directory: Path
     manifest_sha256: str
     files: dict[str, JSONValue]
 
@@ -375,7 +374,7 @@ class Bundle:
             if a.path.endswith(".json")
         }
         tx = tx_id or str(manifest.get("tx_id", directory.name))
-        return cls(tx, directory, checked.manifest_sha256 or "", files)
+        return cls(tx, checked.manifest_sha256 or "", files)
 
     def gate(self, gate_type: str) -> JSONObject | None:
         """The first gate artifact (by name) whose evidence says it is of `gate_type`."""
