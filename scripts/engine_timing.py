@@ -39,7 +39,7 @@ from datetime import datetime
 
 from anvil_ctl.core.engine_profile import TimingLines
 from anvil_ctl.core.jsontypes import JSONArray, JSONMapping, JSONObject, JSONValue
-from anvil_ctl.qualify.metrics import percentile
+from anvil_ctl.qualify.results import percentile
 
 _TS = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?)\s(?P<line>.*)$")
 

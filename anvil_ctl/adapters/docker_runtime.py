@@ -99,8 +99,6 @@ class DockerRuntime:
     def close(self) -> None:
         self._client.close()
 
-    # ---------------------------------------------------------------- observe
-
     @_retry
     def inspect(self, container_id: str) -> ContainerInfo:
         return self._info(self._exact(container_id), {})
@@ -180,8 +178,6 @@ class DockerRuntime:
             self.gpu_mode = "nvidia" if "nvidia" in runtimes else "devices"
             log.info("docker.gpu_mode", gpu_mode=self.gpu_mode, runtimes=sorted(runtimes))
         return self.gpu_mode
-
-    # ---------------------------------------------------------------- mutate
 
     def create(self, spec: ContainerSpec) -> str:
         env = dict(spec.env)

@@ -95,8 +95,6 @@ class HaproxyRouter(RouterHttp):
         self._http = httpx.Client(transport=transport, timeout=10.0, verify=context_for(self.url))
         self._sleep = sleep
 
-    # -- Runtime API ----------------------------------------------------------
-
     def command(self, line: str) -> str:
         check_socket(self.socket_path)
         try:
@@ -156,8 +154,6 @@ class HaproxyRouter(RouterHttp):
             if slot.addr == host and slot.port == port and slot.state != "maint":
                 return slot
         return None
-
-    # -- Router port ----------------------------------------------------------
 
     def probe_credentials(self) -> None:
         """Admin: the socket's permissions and `show info`; client: a chat to an unrouted alias."""

@@ -17,21 +17,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.model import ModelFile, hub_repo_folder
+from anvil_ctl.core.model import CacheReport, ModelFile, hub_repo_folder
 
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
-
-
-@dataclass(frozen=True)
-class CacheReport:
-    """What the cache holds for one pinned model; `complete` only when `problems` is empty."""
-
-    repo_id: str
-    revision: str
-    snapshot_path: str
-    complete: bool
-    problems: tuple[str, ...] = ()
 
 
 def parse_identity(identity: str) -> tuple[str, str]:

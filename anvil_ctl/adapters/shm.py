@@ -148,8 +148,6 @@ class ShmScanner:
             self.ledger.remember(marks)
         return Observation(files=files, unreadable_pids=unreadable)
 
-    # -- which files ---------------------------------------------------------------------
-
     def _named(self, path: str, globs: tuple[str, ...] | None = None) -> bool:
         """Whether a glob of `globs` (the include globs unless given) names the file."""
         rel = os.path.relpath(path, self.directory)
@@ -178,8 +176,6 @@ class ShmScanner:
             return (self.proc_root / "sys/kernel/random/boot_id").read_text().strip()
         except OSError:
             return ""
-
-    # -- who holds them ------------------------------------------------------------------
 
     def _managed_pids(self) -> list[int]:
         """The processes that run in a managed container now."""

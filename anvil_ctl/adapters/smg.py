@@ -107,8 +107,6 @@ class SmgRouter(RouterHttp):
         if self._parking is not None:
             self._parking.close()
 
-    # -- control plane ------------------------------------------------------
-
     def _removal_pending(self, worker: SmgWorker) -> bool:
         """smg will remove this worker's URL (it drains, or a RemoveWorker job is queued); remembered."""
         pending = worker.draining or self._workers.removal_queued(worker)
@@ -183,8 +181,6 @@ class SmgRouter(RouterHttp):
     @staticmethod
     def _matches(worker: SmgWorker, tier: str, aliases: tuple[str, ...]) -> bool:
         return worker.tier == tier and worker.aliases[:1] == aliases[:1] and not worker.draining
-
-    # -- Router port ----------------------------------------------------------
 
     def probe_credentials(self) -> None:
         """Admin: DELETE of the nil worker id (404 proves the admin role); client: a chat to an alias no

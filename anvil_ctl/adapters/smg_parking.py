@@ -13,7 +13,6 @@ is back rather than at smg's next retry. A request still held at the deadline ge
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -21,15 +20,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-UNAVAILABLE = json.dumps(
-    {
-        "error": {
-            "message": "the serve behind this model is being replaced; retry shortly",
-            "type": "server_error",
-            "code": "service_unavailable",
-        }
-    }
-).encode()
+UNAVAILABLE = (
+    b'{"error": {"message": "the serve behind this model is being replaced; retry shortly", '
+    b'"type": "server_error", "code": "service_unavailable"}}'
+)
 
 
 @dataclass

@@ -3,18 +3,31 @@ status|break."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import NOTE, PERSON, REASON, REF, TIMEOUT, text
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Lazy, Reply, Session, command, group
 from anvil_ctl.core.states import ExitCode
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli import views
+    from anvil_ctl.commands import admin, audit, gpus_and_waivers, transactions
+else:
+    views = Lazy("anvil_ctl.cli.views")
+    admin = Lazy("anvil_ctl.commands.admin")
+    audit = Lazy("anvil_ctl.commands.audit")
+    gpus_and_waivers = Lazy("anvil_ctl.commands.gpus_and_waivers")
+    transactions = Lazy("anvil_ctl.commands.transactions")
+
 
 GRANTS_HELP = "With --print-grants: a name the SQL uses."
 
 
-@click.command("init", epilog=example("anvilctl init --detect-gpus"))
+@command("init", "anvilctl init --detect-gpus")
 @click.option(
     "--detect-gpus", is_flag=True, help="Also probe the GPUs and write [gpu_roles.*] into the host config."
 )
@@ -32,7 +45,6 @@ GRANTS_HELP = "With --print-grants: a name the SQL uses."
 @click.option(
     "--app-role", default="anvil_app", show_default=True, type=REF, metavar="NAME", help=GRANTS_HELP
 )
-@pass_session
 def init(
     session: Session,
     *,
@@ -47,39 +59,26 @@ def init(
 
     Prints which state database and host config it used and where each came from (flag,
     ANVIL_*, or default). With --print-grants it only prints SQL (docs/POSTGRES.md)."""
-    from anvil_ctl.cli.views import InitView, Text
-
     if print_grants:
-        from anvil_ctl.commands import admin
-
-        return Reply(Text(admin.print_grants(database=database, owner=owner_role, app=app_role)))
+        return Reply(views.Text(admin.print_grants(database=database, owner=owner_role, app=app_role)))
     with session.working("init: creating or upgrading the state database") as app:
-        from anvil_ctl.commands import admin
-
         result = admin.init(app)
     if detect_gpus:
         with session.working("init: probing the GPUs"):
-            from anvil_ctl.commands import gpus_and_waivers
-
             result["gpu_roles"] = gpus_and_waivers.detect(
                 app, overrides=gpus_and_waivers.parse_overrides(override), write=True
             )
-    return Reply(InitView(result))
+    return Reply(views.InitView(result))
 
 
-@click.command("upgrade", epilog=example("anvilctl db upgrade"))
-@pass_session
+@command("upgrade", "anvilctl db upgrade")
 def db_upgrade(session: Session) -> Reply:
     """Run the state database's migrations up to the current schema."""
-    from anvil_ctl.cli.views import InitView
-
     with session.working("db upgrade: running the state database's migrations") as app:
-        from anvil_ctl.commands import admin
-
-        return Reply(InitView(admin.init(app)))
+        return Reply(views.InitView(admin.init(app)))
 
 
-@click.command("copy", epilog=example("anvilctl db copy --to 'postgresql+psycopg://anvil_owner@db/anvil'"))
+@command("copy", "anvilctl db copy --to 'postgresql+psycopg://anvil_owner@db/anvil'")
 @click.option(
     "--to",
     "to",
@@ -88,25 +87,20 @@ def db_upgrade(session: Session) -> Reply:
     metavar="URL",
     help="The target state database (migrated to the current schema first); its password is never printed.",
 )
-@pass_session
 def db_copy(session: Session, to: str) -> Reply:
     """Copy this host's whole history into another state database (a fleet's PostgreSQL).
 
     Verifies the source in full, copies in one transaction re-chaining its audit entries on the
     target, verifies the target and prints the rows per table. A target that already holds this
     host is refused (exit 9, nothing written)."""
-    from anvil_ctl.cli.views import Record
-
     with session.working("db copy: verifying, copying and verifying the copy") as app:
-        from anvil_ctl.commands import admin
-
-        return Reply(Record(admin.db_copy(app, to=to)))
+        return Reply(admin.db_copy(app, to=to))
 
 
 db = group("db", "State database maintenance.", "anvilctl db upgrade", db_upgrade, db_copy)
 
 
-@click.command("status", epilog=example("anvilctl status --watch --interval 5s"))
+@command("status", "anvilctl status --watch --interval 5s")
 @click.option(
     "-w", "--watch", is_flag=True, help="Observe again every --interval until Ctrl-C (like kubectl -w)."
 )
@@ -124,27 +118,21 @@ db = group("db", "State database maintenance.", "anvilctl db upgrade", db_upgrad
     metavar="N",
     help="With --watch: stop after N observations (default: until Ctrl-C).",
 )
-@pass_session
 def status(session: Session, watch: bool, interval: float, count: int | None) -> Reply:
     """Slots, incumbents, candidates, health and the router's view.
 
     Ends with the state database and host config it read. --watch observes again every
     --interval (a terminal redrawn, a pipe appended, --json one document per line)."""
-    from anvil_ctl.cli.views import StatusView
-
     if count is not None and not watch:
         raise click.UsageError("--count goes with --watch")
     if not watch:
         with session.working("status: observing the containers, the engines and the router") as app:
-            from anvil_ctl.commands import admin
-
-            return Reply(StatusView(admin.status(app)))
+            return Reply(views.StatusView(admin.status(app)))
     _watch_status(session, interval_s=interval, count=count)
     return Reply(None)
 
 
-@click.command("recover", epilog=example("anvilctl recover"))
-@pass_session
+@command("recover", "anvilctl recover")
 def recover(session: Session) -> Reply:
     """Compensate transactions whose owner died: backwards before the pivot, forwards after it.
 
@@ -152,52 +140,32 @@ def recover(session: Session) -> Reply:
     (every check of `promote`); refused or failed, the load's incumbent is brought back.
     Exit 5 when a transaction still needs an operator afterwards."""
     with session.working("recover: looking for transactions whose owner died") as app:
-        from anvil_ctl.commands import transactions
-
         report = transactions.recover_all(app)
     return Reply(report, ExitCode(report.exit_code))
 
 
-@click.command(
-    "resolve",
-    epilog=example('anvilctl resolve 8259c0de --by alice --note "restarted the incumbent by hand"'),
-)
+@command("resolve", 'anvilctl resolve 8259c0de --by alice --note "restarted the incumbent by hand"')
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @click.option("--by", required=True, type=PERSON, help="Who resolved it.")
 @click.option("--note", required=True, type=NOTE, help="What they did.")
-@pass_session
 def resolve(session: Session, tx: str, by: str, note: str) -> Reply:
     """Record that a person resolved a compensation_failed or needs_operator transaction TX."""
-    from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import transactions
-
-    return Reply(Record(transactions.resolve(session.app(), tx, by=by, note=note)))
+    return Reply(transactions.resolve(session.app(), tx, by=by, note=note))
 
 
-@click.command("status", epilog=example("anvilctl lock status"))
-@pass_session
+@command("status", "anvilctl lock status")
 def lock_status(session: Session) -> Reply:
     """Who holds the host mutator lock."""
-    from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import transactions
-
-    return Reply(Table(transactions.lock_status(session.app())))
+    return Reply(views.Table(transactions.lock_status(session.app())))
 
 
-@click.command(
-    "break",
-    epilog=example('anvilctl lock break 3 --by alice --reason "owner pid 4711 is gone"'),
-)
+@command("break", 'anvilctl lock break 3 --by alice --reason "owner pid 4711 is gone"')
 @click.argument("lock_id", type=REF)
 @click.option("--by", required=True, type=PERSON, help="Who breaks the lock.")
 @click.option("--reason", required=True, type=REASON, help="Why the owner is known to be dead.")
-@pass_session
 def lock_break(session: Session, lock_id: str, by: str, reason: str) -> Reply:
     """Release a dead owner's lock row LOCK_ID (journaled); a live owner is refused."""
-    from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import transactions
-
-    return Reply(Record(transactions.lock_break(session.app(), lock_id, by=by, reason=reason)))
+    return Reply(transactions.lock_break(session.app(), lock_id, by=by, reason=reason))
 
 
 lock = group("lock", "The host mutator lock.", "anvilctl lock status", lock_status, lock_break)
@@ -211,9 +179,7 @@ def _watch_status(session: Session, *, interval_s: float, count: int | None) -> 
     from datetime import UTC, datetime
 
     from anvil_ctl.cli import render
-    from anvil_ctl.cli.output import Out, s
-    from anvil_ctl.cli.views import StatusView
-    from anvil_ctl.commands import admin
+    from anvil_ctl.cli.output import s
     from anvil_ctl.core.errors import Unavailable
 
     app = session.app()
@@ -224,7 +190,7 @@ def _watch_status(session: Session, *, interval_s: float, count: int | None) -> 
         while count is None or seen < count:
             stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             try:
-                view: StatusView | None = StatusView(admin.status(app))
+                view: views.StatusView | None = views.StatusView(admin.status(app))
                 problem = ""
             except Unavailable as exc:
                 view, problem = None, str(exc)
@@ -238,9 +204,7 @@ def _watch_status(session: Session, *, interval_s: float, count: int | None) -> 
                 else:
                     print(f"--- {stamp}")
                 if view is not None:
-                    render.show(
-                        view, False, wide=session.options.wide, out=Out.stdout(wide=session.options.wide)
-                    )
+                    render.show(view, False, wide=session.options.wide)
                 else:
                     print(f"UNAVAILABLE: {s(problem)}")
                 sys.stdout.flush()
@@ -252,14 +216,10 @@ def _watch_status(session: Session, *, interval_s: float, count: int | None) -> 
             print()
 
 
-@click.command("status", epilog=example("anvilctl fleet status --json"))
-@pass_session
+@command("status", "anvilctl fleet status --json")
 def fleet_status(session: Session) -> Reply:
     """Every host sharing the state database: slots, incumbents, last recheck, open transactions."""
-    from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import audit
-
-    return Reply(Record({"hosts": audit.fleet_status(session.app())}))
+    return Reply({"hosts": audit.fleet_status(session.app())})
 
 
 fleet = group("fleet", "The hosts that share this state database.", "anvilctl fleet status", fleet_status)

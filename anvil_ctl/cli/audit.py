@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import click
 
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import host_options, host_scope, limit_option, slot_option
 from anvil_ctl.cli.params import REF, SINCE
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Lazy, Reply, Session, command, group
 from anvil_ctl.core.states import IDENTITY_ROLES, TX_KINDS, ExitCode, TxState
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli import views
+    from anvil_ctl.commands import audit as audit_cmd
+    from anvil_ctl.commands import evidence as evidence_cmd
+    from anvil_ctl.commands import gpus_and_waivers
+else:
+    views = Lazy("anvil_ctl.cli.views")
+    audit_cmd = Lazy("anvil_ctl.commands.audit")
+    evidence_cmd = Lazy("anvil_ctl.commands.evidence")
+    gpus_and_waivers = Lazy("anvil_ctl.commands.gpus_and_waivers")
+
 
 only_slot = slot_option("Only this slot.")
 
 
-@click.command(
-    "transactions", epilog=example("anvilctl audit transactions --state committed --kind load --limit 10")
-)
+@command("transactions", "anvilctl audit transactions --state committed --kind load --limit 10")
 @click.option(
     "--kind",
     type=click.Choice(TX_KINDS),
@@ -38,7 +49,6 @@ only_slot = slot_option("Only this slot.")
 )
 @limit_option("transactions")
 @host_options
-@pass_session
 def transactions(
     session: Session,
     *,
@@ -51,57 +61,42 @@ def transactions(
 ) -> Reply:
     """List transactions with their current state and reason (this host's, unless --host or
     --all-hosts)."""
-    from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import audit
-
-    rows = audit.transactions(
+    rows = audit_cmd.transactions(
         session.app(), kind=kind, state=state, since=since, limit=limit, scope=host_scope(host, all_hosts)
     )
-    return Reply(Table(rows))
+    return Reply(views.Table(rows))
 
 
-@click.command("show", epilog=example("anvilctl audit show 8259c0de"))
+@command("show", "anvilctl audit show 8259c0de")
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @host_options
-@pass_session
 def show(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     """One transaction (ID or unique prefix) as a timeline of states and steps with durations.
 
     --json prints every journal row with its detail."""
-    from anvil_ctl.cli.views import TransactionView
-    from anvil_ctl.commands import audit
-
-    return Reply(TransactionView(audit.show(session.app(), tx, host_scope(host, all_hosts))))
+    return Reply(views.TransactionView(audit_cmd.show(session.app(), tx, host_scope(host, all_hosts))))
 
 
-@click.command("diff", epilog=example("anvilctl audit diff 8259c0de"))
+@command("diff", "anvilctl audit diff 8259c0de")
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @host_options
-@pass_session
 def diff(session: Session, tx: str, host: str | None, all_hosts: bool) -> Reply:
     """A transaction's recorded snapshot diffs; TX is an ID or unique prefix."""
-    from anvil_ctl.cli.views import DiffView
-    from anvil_ctl.commands import audit
-
-    return Reply(DiffView(audit.diff(session.app(), tx, host_scope(host, all_hosts))))
+    return Reply(views.DiffView(audit_cmd.diff(session.app(), tx, host_scope(host, all_hosts))))
 
 
-@click.command("history", epilog=example("anvilctl audit history --slot primary"))
+@command("history", "anvilctl audit history --slot primary")
 @slot_option("The slot whose revisions to list.", required=True)
 @limit_option("revisions")
-@pass_session
 def history(session: Session, slot: str, limit: int) -> Reply:
     """A slot's revisions, numbered as `rollback --to REVISION` takes them (helm history).
 
     Every adopt, load, promote and rollback that ran is a revision (refusals are not); a
     committed one names the serve it left. Oldest first; --limit keeps the newest."""
-    from anvil_ctl.cli.views import HistoryView
-    from anvil_ctl.commands import audit
-
-    return Reply(HistoryView(audit.history(session.app(), slot=slot, limit=limit)))
+    return Reply(views.HistoryView(audit_cmd.history(session.app(), slot=slot, limit=limit)))
 
 
-@click.command("verify", epilog=example("anvilctl audit verify --expect-head 1742:9f2c...e01a"))
+@command("verify", "anvilctl audit verify --expect-head 1742:9f2c...e01a")
 @click.option(
     "--full",
     is_flag=True,
@@ -113,7 +108,6 @@ def history(session: Session, slot: str, limit: int) -> Reply:
     help="A head recorded elsewhere (recheck textfile, logs, an earlier verify): the journal must hold it.",
 )
 @host_options
-@pass_session
 def verify(session: Session, full: bool, expect_head: str | None, host: str | None, all_hosts: bool) -> Reply:
     """Verify the audit journal and every row it covers (exit 6 on a break).
 
@@ -121,19 +115,15 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
     file: names any edited, deleted, inserted or reordered entry or row and a cut tail.
     Incremental from the last clean checkpoint unless --full. A fleet shares one chain;
     --host and --all-hosts choose whose entries the report counts."""
-    from anvil_ctl.cli.views import ChainCheck
-
     walk = "the whole journal" if full else "the journal from the last checkpoint"
     with session.working(f"audit verify: walking {walk} and re-digesting the rows it covers") as app:
-        from anvil_ctl.commands import audit
-
-        check = ChainCheck(
-            audit.verify(app, full=full, expect_head=expect_head, scope=host_scope(host, all_hosts))
+        check = views.ChainCheck(
+            audit_cmd.verify(app, full=full, expect_head=expect_head, scope=host_scope(host, all_hosts))
         )
     return Reply(check, ExitCode.OK if check.ok else ExitCode.DRIFT)
 
 
-@click.command("incumbents", epilog=example("anvilctl audit incumbents --slot primary"))
+@command("incumbents", "anvilctl audit incumbents --slot primary")
 @only_slot
 @click.option(
     "--role",
@@ -144,25 +134,19 @@ def verify(session: Session, full: bool, expect_head: str | None, host: str | No
 )
 @limit_option("identities")
 @host_options
-@pass_session
 def incumbents(
     session: Session, *, slot: str | None, role: str, limit: int, host: str | None, all_hosts: bool
 ) -> Reply:
     """Which container was each slot's incumbent, and when (oldest first; --role for others)."""
-    from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import audit
-
-    rows = audit.identities(
+    rows = audit_cmd.identities(
         session.app(), slot=slot, role=role, scope=host_scope(host, all_hosts), limit=limit
     )
     if host is None and not all_hosts and rows:  # one host's: its name in --json only
-        return Reply(Table(rows, columns=[c for c in rows[0] if c != "host"]))
-    return Reply(Table(rows))
+        return Reply(views.Table(rows, columns=[c for c in rows[0] if c != "host"]))
+    return Reply(views.Table(rows))
 
 
-@click.command(
-    "served", epilog=example("anvilctl audit served --slot primary --at 2026-09-02T12:00:00Z --all-hosts")
-)
+@command("served", "anvilctl audit served --slot primary --at 2026-09-02T12:00:00Z --all-hosts")
 @slot_option("The slot.", required=True)
 @click.option(
     "--at",
@@ -173,77 +157,57 @@ def incumbents(
     help="The moment: an RFC 3339 date or date-time (UTC without an offset).",
 )
 @host_options
-@pass_session
 def served(session: Session, slot: str, at: str, host: str | None, all_hosts: bool) -> Reply:
     """Which container served SLOT at TIME: this host's, --host NAME's, or every host's.
 
     The incumbent a committed transaction left, until the next one's (v_serving_history)."""
-    from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import audit
-
-    return Reply(Table(audit.served(session.app(), slot=slot, at=at, scope=host_scope(host, all_hosts))))
+    return Reply(
+        views.Table(audit_cmd.served(session.app(), slot=slot, at=at, scope=host_scope(host, all_hosts)))
+    )
 
 
 def _decision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
     """A decision as one readable line: IDs and digests shortened, waivers joined."""
-    from anvil_ctl.cli.views import items
-
     return {
         "decision": str(r["id"])[:16],
         "at": str(r["at"])[:19],
         "slot": r.get("slot"),
         "outcome": r["outcome"],
         "reclassifies": str(r["reclassifies"] or "")[:16],
-        "waivers": ",".join(str(w) for w in items(r["waiver_ids"])),
+        "waivers": ",".join(str(w) for w in views.items(r["waiver_ids"])),
         "profile": r["profile"],
         "identity": str(r["identity_digest"])[:12],
     }
 
 
-@click.command("decisions", epilog=example("anvilctl audit decisions --slot primary --limit 10"))
+@command("decisions", "anvilctl audit decisions --slot primary --limit 10")
 @only_slot
 @limit_option("decisions")
-@pass_session
 def decisions(session: Session, slot: str | None, limit: int) -> Reply:
     """Qualification decisions, reclassifications included (oldest first; --json: every field)."""
-    from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import evidence as evidence_cmd
-
     decided = evidence_cmd.audit_decisions(session.app(), slot=slot, limit=limit)
-    return Reply(Table(decided, cells=_decision_cells))
+    return Reply(views.Table(decided, cells=_decision_cells))
 
 
-@click.command("waivers", epilog=example("anvilctl audit waivers --json"))
-@pass_session
+@command("waivers", "anvilctl audit waivers --json")
 def waivers(session: Session) -> Reply:
     """Every waiver with its state now (= waivers list)."""
-    from anvil_ctl.cli.views import waiver_table
-    from anvil_ctl.commands import gpus_and_waivers
-
-    return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))
+    return Reply(views.waiver_table(gpus_and_waivers.list_waivers(session.app())))
 
 
-@click.command("rechecks", epilog=example("anvilctl audit rechecks --slot primary --limit 5"))
+@command("rechecks", "anvilctl audit rechecks --slot primary --limit 5")
 @only_slot
 @limit_option("recheck runs")
-@pass_session
 def rechecks(session: Session, slot: str | None, limit: int) -> Reply:
     """Recorded recheck runs: pass/fail and the failed assertions."""
-    from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import audit
-
-    return Reply(Table(audit.rechecks(session.app(), slot=slot, limit=limit)))
+    return Reply(views.Table(audit_cmd.rechecks(session.app(), slot=slot, limit=limit)))
 
 
-@click.command("evidence", epilog=example("anvilctl audit evidence 8259c0de"))
+@command("evidence", "anvilctl audit evidence 8259c0de")
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
-@pass_session
 def evidence(session: Session, tx: str) -> Reply:
     """A transaction's gate rows, and its evidence directory checked against its manifest (exit 6)."""
-    from anvil_ctl.cli.views import EvidenceAudit
-    from anvil_ctl.commands import evidence as evidence_cmd
-
-    found = EvidenceAudit(evidence_cmd.audit_evidence(session.app(), tx))
+    found = views.EvidenceAudit(evidence_cmd.audit_evidence(session.app(), tx))
     return Reply(found, ExitCode.OK if found.ok else ExitCode.DRIFT)
 
 

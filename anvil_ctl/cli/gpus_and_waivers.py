@@ -2,31 +2,36 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from anvil_ctl.cli.options import override_option
 from anvil_ctl.cli.params import MIB, PERSON, REASON, REF, text
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Lazy, Reply, Session, command, example, group, pass_session
 from anvil_ctl.core.waiver import POLICIES  # the light module: `--help` stays fast
 
+if TYPE_CHECKING:
+    from anvil_ctl.cli import views
+    from anvil_ctl.commands import gpus_and_waivers
+else:
+    views = Lazy("anvil_ctl.cli.views")
+    gpus_and_waivers = Lazy("anvil_ctl.commands.gpus_and_waivers")
 
-@click.command("detect", epilog=example("anvilctl gpus detect --override GPU-0123abcd=big --write"))
+
+@command("detect", "anvilctl gpus detect --override GPU-0123abcd=big --write")
 @override_option
 @click.option(
     "--write",
     is_flag=True,
     help="Write the [gpu_roles.*] tables into the host config (the rest of the file is kept).",
 )
-@pass_session
 def gpus_detect(session: Session, override: tuple[str, ...], write: bool) -> Reply:
     """Name the GPUs as host-config roles, largest first: [gpu_roles.*] TOML (--write: into the config)."""
-    from anvil_ctl.cli.views import DetectedRoles
-    from anvil_ctl.commands import gpus_and_waivers
-
     result = gpus_and_waivers.detect(
         session.app(), overrides=gpus_and_waivers.parse_overrides(override), write=write
     )
-    return Reply(DetectedRoles(result))
+    return Reply(views.DetectedRoles(result))
 
 
 @pass_session
@@ -34,10 +39,8 @@ def _gpus(session: Session) -> Reply | None:
     """GPU readings by UUID, with role and owner (--json: every field)."""
     if click.get_current_context().invoked_subcommand is not None:
         return None  # `gpus detect`: the subcommand answers
-    from anvil_ctl.cli.views import GpuReadings
-    from anvil_ctl.commands import gpus_and_waivers
 
-    return Reply(GpuReadings(gpus_and_waivers.readings(session.app())))
+    return Reply(views.GpuReadings(gpus_and_waivers.readings(session.app())))
 
 
 gpus = click.Group(
@@ -50,12 +53,10 @@ gpus = click.Group(
 )
 
 
-@click.command(
+@command(
     "waive",
-    epilog=example(
-        "anvilctl waive --policy vram-reserve --scope compute-a,compute-b --value 0 "
-        '--approved-by alice --reason "model-only GPU pair" --expires 2026-12-31'
-    ),
+    "anvilctl waive --policy vram-reserve --scope compute-a,compute-b --value 0 "
+    '--approved-by alice --reason "model-only GPU pair" --expires 2026-12-31',
 )
 @click.option("--policy", required=True, type=click.Choice(POLICIES), help="The policy to waive.")
 @click.option(
@@ -90,7 +91,6 @@ gpus = click.Group(
     is_flag=True,
     help="It never expires (until revoked): a choice the record names. This or --expires.",
 )
-@pass_session
 def waive(
     session: Session,
     *,
@@ -108,11 +108,8 @@ def waive(
     vram-reserve sets the reserve (MiB) for GPU roles or a recipe digest; gate waives named
     functional gates (--gates) for one recipe digest. One of --expires and --no-expiry is
     required. Stored decisions are re-judged as new decisions; evidence is never rewritten."""
-    from anvil_ctl.cli.views import Record
-
     if (expires is None) == (not no_expiry):
         raise click.UsageError("give --expires WHEN or --no-expiry (exactly one)")
-    from anvil_ctl.commands import gpus_and_waivers
 
     result = gpus_and_waivers.waive(
         session.app(),
@@ -125,32 +122,22 @@ def waive(
         no_expiry=no_expiry,
         gates=tuple(g.strip() for g in (gates or "").split(",") if g.strip()),
     )
-    return Reply(Record(result))
+    return Reply(result)
 
 
-@click.command("list", epilog=example("anvilctl waivers list"))
-@pass_session
+@command("list", "anvilctl waivers list")
 def waivers_list(session: Session) -> Reply:
     """Every waiver with its state now: active, expired, revoked or pending."""
-    from anvil_ctl.cli.views import waiver_table
-    from anvil_ctl.commands import gpus_and_waivers
-
-    return Reply(waiver_table(gpus_and_waivers.list_waivers(session.app())))
+    return Reply(views.waiver_table(gpus_and_waivers.list_waivers(session.app())))
 
 
-@click.command(
-    "revoke", epilog=example('anvilctl waivers revoke wvr-0123456789ab --by alice --reason "pair re-cabled"')
-)
+@command("revoke", 'anvilctl waivers revoke wvr-0123456789ab --by alice --reason "pair re-cabled"')
 @click.argument("waiver_id", type=REF)
 @click.option("--by", type=PERSON, required=True, help="Who revokes the waiver.")
 @click.option("--reason", type=REASON, required=True, help="Why the waiver is revoked.")
-@pass_session
 def waivers_revoke(session: Session, waiver_id: str, by: str, reason: str) -> Reply:
     """Revoke a waiver (a new record; the waiver stays); stored decisions are re-judged without it."""
-    from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import gpus_and_waivers
-
-    return Reply(Record(gpus_and_waivers.revoke(session.app(), waiver_id, by=by, reason=reason)))
+    return Reply(gpus_and_waivers.revoke(session.app(), waiver_id, by=by, reason=reason))
 
 
 waivers = group(

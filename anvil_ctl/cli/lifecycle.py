@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,12 +19,20 @@ from anvil_ctl.cli.options import (
     timeout_option,
 )
 from anvil_ctl.cli.params import PERSON, REASON, REF, SINCE, TEXTFILE, TIMEOUT, WATCH, check_new_file
-from anvil_ctl.cli.session import Reply, Session, example, pass_session
+from anvil_ctl.cli.session import Lazy, Reply, Session, command
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
 
+if TYPE_CHECKING:
+    from anvil_ctl.commands import lifecycle, transactions
+    from anvil_ctl.commands import recheck as recheck_cmd
+else:
+    lifecycle = Lazy("anvil_ctl.commands.lifecycle")
+    recheck_cmd = Lazy("anvil_ctl.commands.recheck")
+    transactions = Lazy("anvil_ctl.commands.transactions")
 
-@click.command("promote", epilog=example("anvilctl promote --slot primary --approved-by alice --dry-run"))
+
+@command("promote", "anvilctl promote --slot primary --approved-by alice --dry-run")
 @click.argument("candidate", type=REF, required=False, shell_complete=complete_containers)
 @slot_option("The slot to promote in.", default="primary")
 @click.option("--approved-by", type=PERSON, help="The person approving this promotion (required).")
@@ -66,7 +75,6 @@ from anvil_ctl.core.states import ExitCode
 @dry_run_option()
 @timeout_option(WAIT_TIMEOUT_HELP)
 @accept_drift_options
-@pass_session
 def promote(
     session: Session,
     *,
@@ -99,15 +107,10 @@ def promote(
     ends it `rolled_back` and a rollback of its own brings the old incumbent back
     (exit 10; the rollback's own code if it did not commit).
     """
-    from anvil_ctl.commands import lifecycle
-
     if abort:
         if drift_by is None or drift_reason is None:
             raise click.UsageError("--abort needs --by NAME and --reason TEXT")
-        from anvil_ctl.cli.views import Record
-
-        stopped = lifecycle.abort_watch(session.app(), slot=slot, by=drift_by, reason=drift_reason)
-        return Reply(Record(stopped))
+        return Reply(lifecycle.abort_watch(session.app(), slot=slot, by=drift_by, reason=drift_reason))
     if approved_by is None:
         raise click.UsageError("Missing option '--approved-by'.")
     if shares is not None or step_watch_s is not None:
@@ -145,8 +148,15 @@ def promote(
 
 def _rollback_command(name: str, summary: str) -> click.Command:
     """`rollback` and `restore`: one command under two names (the README uses both)."""
+    help_text = (
+        f"{summary}\n\nDrain what serves now (no new requests; the answers in flight finish, "
+        "at most --drain-timeout: at it a rollback goes on and counts the answers it cut), stop "
+        "(and keep) it, start the same container ID of the target, "
+        "check health and identity, route back; commit only if the identity-critical fields "
+        "equal the recorded ones. `rollback` and `restore` are the same command."
+    )
 
-    @click.command(name, epilog=example(f"anvilctl {name} --slot primary --to 3 --dry-run"))
+    @command(name, f"anvilctl {name} --slot primary --to 3 --dry-run", help=help_text)
     @slot_option("The slot to restore.", default="primary")
     @click.option(
         "--to",
@@ -166,8 +176,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
     @dry_run_option()
     @timeout_option(WAIT_TIMEOUT_HELP)
     @drain_options("cut")
-    @pass_session
-    def command(
+    def run(
         session: Session,
         *,
         slot: str,
@@ -178,8 +187,6 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         drain_timeout_s: float | None,
         on_drain_timeout: OnDrainTimeout | None,
     ) -> Reply:
-        from anvil_ctl.commands import lifecycle
-
         out = lifecycle.rollback(
             session.app(),
             slot=slot,
@@ -192,14 +199,7 @@ def _rollback_command(name: str, summary: str) -> click.Command:
         )
         return Reply(out, ExitCode(out.exit_code))
 
-    command.help = (
-        f"{summary}\n\nDrain what serves now (no new requests; the answers in flight finish, "
-        "at most --drain-timeout: at it a rollback goes on and counts the answers it cut), stop "
-        "(and keep) it, start the same container ID of the target, "
-        "check health and identity, route back; commit only if the identity-critical fields "
-        "equal the recorded ones. `rollback` and `restore` are the same command."
-    )
-    return command
+    return run
 
 
 rollback = _rollback_command(
@@ -208,10 +208,7 @@ rollback = _rollback_command(
 restore = _rollback_command("restore", "Bring the recorded incumbent back exactly.\n\nrollback's other name.")
 
 
-@click.command(
-    "recheck",
-    epilog=example("anvilctl recheck --slot primary --textfile /var/lib/node_exporter/textfile/anvil.prom"),
-)
+@command("recheck", "anvilctl recheck --slot primary --textfile /var/lib/node_exporter/textfile/anvil.prom")
 @slot_option("The slot to recheck.", default="primary")
 @click.option(
     "--textfile",
@@ -248,7 +245,6 @@ restore = _rollback_command("restore", "Bring the recorded incumbent back exactl
     help="First wait up to DURATION for the router to answer (a router's start hook: "
     "contrib/systemd, contrib/anvil-router-watch); exit 7 if it does not.",
 )
-@pass_session
 def recheck(
     session: Session,
     *,
@@ -284,8 +280,6 @@ def recheck(
             "--rollback-on-breach needs --by NAME, --until TIME and --reason TEXT (and they need it)"
         )
     with session.working(f"recheck: observing slot {slot} and checking its goals") as app:
-        from anvil_ctl.commands import recheck as recheck_cmd
-
         request = None
         if slo:
             from anvil_ctl.commands.slo import Enablement
@@ -299,10 +293,9 @@ def recheck(
     return Reply(result, ExitCode(result.exit_code))
 
 
-@click.command("reconcile", epilog=example("anvilctl reconcile --slot primary --dry-run"))
+@command("reconcile", "anvilctl reconcile --slot primary --dry-run")
 @slot_option("The slot whose recorded route to re-apply.", default="primary")
 @dry_run_option()
-@pass_session
 def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     """Re-apply the recorded route of the slot's running incumbent.
 
@@ -310,7 +303,5 @@ def reconcile(session: Session, slot: str, dry_run: bool) -> Reply:
     the recorded incumbent is the container running and serving at the binding
     (a loaded, unpromoted candidate is never routed: that is promote's job).
     """
-    from anvil_ctl.commands import transactions
-
     out = transactions.reconcile(session.app(), slot, dry_run=dry_run)
     return Reply(out, ExitCode(out.exit_code))

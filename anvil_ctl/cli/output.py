@@ -1,4 +1,9 @@
-"""Where human output goes (`Out`), and the helpers every renderer shares.
+"""Where human output goes (`Out`), the helpers every renderer shares, and tables as kubectl
+prints them: plain aligned columns that fit the terminal.
+
+Too wide for a terminal, a table narrows: IDs elided in the middle (the resolvable prefix
+kept), then text wrapped, then IDs to their prefix, then text narrower; times never break
+and nothing is cut. On a pipe or with `-o wide` everything is in full.
 
 Warning: every value shown may have come from a person or a file; every renderer passes each
 one through `s` (escapes for control, bidi and invisible characters), so no record can steer
@@ -8,14 +13,15 @@ the terminal.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from anvil_ctl.cli.tables import layout, show_time
 from anvil_ctl.core.validate import escape_text
 
 if TYPE_CHECKING:
@@ -118,3 +124,117 @@ def lines_of(data: Mapping[str, object], indent: str = "", skip: Sequence[str] =
         else:
             out.append(f"{indent}{(name + ':').ljust(pad + 1)} {scalar(value)}")
     return out
+
+
+ID_RE = re.compile(r"^(sha256:)?[0-9a-f][0-9a-f-]{15,}$|^[a-z]{2,5}-[0-9a-f]{12,}$")
+"""A transaction or container ID, a digest, a waiver ID (`wvr-0123456789ab`)."""
+TIME_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]00:00)$")
+
+ELLIPSIS = "…"
+ID_HEAD = 8
+"""Characters of an ID kept before the ellipsis: enough to resolve it as a prefix."""
+ID_TAIL = 4
+TEXT_MIN = 12
+TEXT_FLOOR = 6
+"""Text columns wrap to TEXT_MIN first; to TEXT_FLOOR only once IDs are down to their prefix."""
+GAP = "  "
+
+
+def show_time(value: str) -> str:
+    """An RFC 3339 UTC time to the second, with `Z`."""
+    m = TIME_RE.match(value)
+    return f"{m.group(1)}Z" if m else value
+
+
+def elide_middle(value: str, width: int) -> str:
+    """`value` in `width` characters with the middle as `…`, keeping at least the first ID_HEAD
+    characters after any `sha256:` (dropped last)."""
+    if len(value) <= width:
+        return value
+    prefix = "sha256:" if value.startswith("sha256:") else ""
+    body = value[len(prefix) :]
+    room = width - len(prefix)
+    if room >= ID_HEAD + 1 + ID_TAIL:
+        return prefix + body[: room - 1 - ID_TAIL] + ELLIPSIS + body[-ID_TAIL:]
+    if room >= ID_HEAD + 1:
+        return prefix + body[:ID_HEAD] + ELLIPSIS
+    return body[:ID_HEAD] + ELLIPSIS  # narrower still: the digest's own prefix, without `sha256:`
+
+
+def _id_floor(values: Sequence[str], header: str, *, tail: bool, bare: bool = False) -> int:
+    """The narrowest an ID column gets: its prefix, with or without tail and `sha256:`."""
+    keep = ID_HEAD + 1 + (ID_TAIL if tail else 0)
+    need = [min(len(v), (0 if bare or not v.startswith("sha256:") else 7) + keep) for v in values]
+    return max([len(header), *need])
+
+
+def _all_match(values: Sequence[str], pattern: re.Pattern[str]) -> bool:
+    """A column of IDs (or times): every value present matches, and one is."""
+    present = [v for v in values if v]
+    return bool(present) and all(pattern.match(v) for v in present)
+
+
+def layout(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], *, width: int | None, wide: bool = False
+) -> list[str]:
+    """The table's lines, fitted to `width` (None: no limit); cells are already safe text."""
+    table = [[show_time(c) for c in row] for row in rows]
+    natural = [max([len(h), *(len(r[i]) for r in table)]) for i, h in enumerate(columns)]
+    widths = list(natural)
+    if width is not None and not wide:
+        widths = _fit(columns, table, widths, width)
+    out = [_join([h.ljust(w) for h, w in zip(columns, widths, strict=True)])]
+    for row in table:
+        cells = [_cell_lines(value, w) for value, w in zip(row, widths, strict=True)]
+        for n in range(max(len(c) for c in cells)):
+            out.append(
+                _join([(c[n] if n < len(c) else "").ljust(w) for c, w in zip(cells, widths, strict=True)])
+            )
+    return out
+
+
+def _join(cells: list[str]) -> str:
+    return GAP.join(cells).rstrip()
+
+
+def _total(widths: Sequence[int]) -> int:
+    return sum(widths) + len(GAP) * (len(widths) - 1)
+
+
+def _fit(columns: Sequence[str], table: list[list[str]], widths: list[int], width: int) -> list[int]:
+    """Column widths that fit `width` where they can; ID cells of `table` are elided in place."""
+    values = [[r[i] for r in table] for i in range(len(columns))]
+    ids = [i for i in range(len(columns)) if _all_match(values[i], ID_RE)]
+    texts = [i for i in range(len(columns)) if i not in ids and not _all_match(values[i], TIME_RE)]
+
+    def shrink_ids(tail: bool, bare: bool = False) -> None:
+        for i in sorted(ids, key=lambda i: -widths[i]):
+            excess = _total(widths) - width
+            if excess <= 0:
+                return
+            widths[i] = max(_id_floor(values[i], columns[i], tail=tail, bare=bare), widths[i] - excess)
+
+    def wrap_texts(floor: int) -> None:
+        while _total(widths) > width:
+            candidates = [i for i in texts if widths[i] > max(floor, len(columns[i]))]
+            if not candidates:
+                return
+            i = max(candidates, key=lambda i: widths[i])
+            widths[i] = max(floor, len(columns[i]), widths[i] - (_total(widths) - width))
+
+    shrink_ids(tail=True)
+    wrap_texts(TEXT_MIN)
+    shrink_ids(tail=False)
+    shrink_ids(tail=False, bare=True)
+    wrap_texts(TEXT_FLOOR)
+    # Whatever is still too wide, the terminal wraps: nothing is cut.
+    for i in ids:
+        for row in table:
+            row[i] = elide_middle(row[i], widths[i])
+    return widths
+
+
+def _cell_lines(value: str, width: int) -> list[str]:
+    if len(value) <= width:
+        return [value]
+    return textwrap.wrap(value, width, break_long_words=True, break_on_hyphens=False) or [""]

@@ -4,14 +4,25 @@ claims check|render (the claim ledger of published numbers)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from anvil_ctl.cli.complete import complete_transactions
 from anvil_ctl.cli.options import slot_option, timeout_option
 from anvil_ctl.cli.params import RECIPE, REF, text
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Lazy, Reply, Session, command, group
 from anvil_ctl.core.states import ExitCode
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli import views
+    from anvil_ctl.commands import evidence as evidence_cmd
+    from anvil_ctl.commands import qualify as qualify_cmd
+else:
+    views = Lazy("anvil_ctl.cli.views")
+    evidence_cmd = Lazy("anvil_ctl.commands.evidence")
+    qualify_cmd = Lazy("anvil_ctl.commands.qualify")
+
 
 QUALIFY_HELP = """\
 Qualify the slot's candidate: record evidence and a decision.
@@ -39,11 +50,11 @@ Exit status:
 """
 
 
-@click.command(
+@command(
     "qualify",
+    "anvilctl qualify --slot primary --profile demo --gates vram_reserve",
     help=QUALIFY_HELP,
     short_help="Qualify the candidate; record evidence and a decision.",
-    epilog=example("anvilctl qualify --slot primary --profile demo --gates vram_reserve"),
 )
 @slot_option(
     "The slot whose candidate to qualify (with --ab: whose serving choice the A/B informs).", required=True
@@ -64,7 +75,6 @@ Exit status:
     "Longest the qualification may run, e.g. 30m: gates not started by then are recorded as "
     "failed (timeout), so the decision cannot pass. No request waits longer either."
 )
-@pass_session
 def qualify(
     session: Session,
     *,
@@ -75,7 +85,6 @@ def qualify(
     timeout_s: float | None,
 ) -> Reply:
     from anvil_ctl.cli.progress import GateProgress
-    from anvil_ctl.commands import qualify as qualify_cmd
 
     if ab:
         if gates:
@@ -93,31 +102,25 @@ def qualify(
     return Reply(out, ExitCode(out.exit_code))
 
 
-@click.command("export", epilog=example("anvilctl evidence export 8259c0de ./bundle-8259"))
+@command("export", "anvilctl evidence export 8259c0de ./bundle-8259")
 @click.argument("tx", type=REF, shell_complete=complete_transactions)
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
-@pass_session
 def evidence_export(session: Session, tx: str, directory: Path) -> Reply:
     """Write a redacted, shareable copy of a transaction's evidence.
 
     TX is an ID or unique prefix, DIR new or empty. GPU UUIDs, host paths and router tokens
     are redacted; the copy gets its own manifest."""
     with session.working(f"evidence export: copying and redacting the evidence of {tx}") as app:
-        from anvil_ctl.commands import evidence as evidence_cmd
-
         return Reply(evidence_cmd.export_evidence(app, tx, directory))
 
 
-@click.command(
-    "verify", epilog=example("anvilctl evidence verify ./bundle-8259 --expect-manifest 3f1c...9a0e")
-)
+@command("verify", "anvilctl evidence verify ./bundle-8259 --expect-manifest 3f1c...9a0e")
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--expect-manifest",
     metavar="SHA",
     help="The manifest's SHA-256 as printed at export, for a host without the state database.",
 )
-@pass_session
 def evidence_verify(session: Session, directory: Path, expect_manifest: str | None) -> Reply:
     """Check an evidence bundle against its manifest, and the manifest against the record (exit 6).
 
@@ -127,13 +130,11 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory", param_hint="'DIR'")
     with session.working(f"evidence verify: hashing every artifact of {directory}") as app:
-        from anvil_ctl.commands import evidence as evidence_cmd
-
         result = evidence_cmd.verify_evidence(app, directory, expect_manifest=expect_manifest)
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
-@click.command("report", epilog=example("anvilctl evidence report 8259c0de -o report-8259.html"))
+@command("report", "anvilctl evidence report 8259c0de -o report-8259.html")
 @click.argument("tx", shell_complete=complete_transactions)
 @click.option(
     "-o",
@@ -142,15 +143,12 @@ def evidence_verify(session: Session, directory: Path, expect_manifest: str | No
     type=click.Path(dir_okay=False, path_type=Path),
     help="Where to write the page (default <state>/reports/<transaction>.html).",
 )
-@pass_session
 def evidence_report(session: Session, tx: str, output: Path | None) -> Reply:
     """Write the one-page HTML report of a qualification (exit 6 if its evidence was altered).
 
     TX is an ID, a unique prefix or an evidence directory. One self-contained file, its figures
     only from verified evidence bundles. Needs the optional extra `report` (matplotlib)."""
     with session.working(f"evidence report: verifying the bundles of {tx} and drawing the page") as app:
-        from anvil_ctl.commands import evidence as evidence_cmd
-
         return Reply(evidence_cmd.evidence_report(app, tx, output))
 
 
@@ -167,7 +165,7 @@ evidence = group(
 ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
 
 
-@click.command("check", epilog=example("anvilctl claims check claims.toml --evidence ./bundle-8259"))
+@command("check", "anvilctl claims check claims.toml --evidence ./bundle-8259")
 @ledger_argument
 @click.option(
     "--evidence",
@@ -177,7 +175,6 @@ ledger_argument = click.argument("ledger", metavar="FILE", type=click.Path(dir_o
     type=click.Path(file_okay=False, path_type=Path),
     help="The evidence bundle the claims cite (an export or a transaction's evidence directory).",
 )
-@pass_session
 def claims_check(session: Session, ledger: Path, evidence: Path) -> Reply:
     """Recount every published claim from the verified evidence bundle (exit 6 on any difference).
 
@@ -190,16 +187,14 @@ def claims_check(session: Session, ledger: Path, evidence: Path) -> Reply:
     return Reply(result, ExitCode.OK if result.ok else ExitCode.DRIFT)
 
 
-@click.command("render", epilog=example("anvilctl claims render claims.toml"))
+@command("render", "anvilctl claims render claims.toml")
 @ledger_argument
-@pass_session
 def claims_render(session: Session, ledger: Path) -> Reply:
     """Print the claim ledger as the seeds' table: public claim, conditions, evidence."""
-    from anvil_ctl.cli.views import Text
     from anvil_ctl.evidence.claims import load_ledger, render_ledger
 
     session.app()
-    return Reply(Text(render_ledger(load_ledger(ledger))))
+    return Reply(views.Text(render_ledger(load_ledger(ledger))))
 
 
 claims = group(

@@ -43,14 +43,14 @@ def to_json(result: object) -> str:
     return json.dumps(payload(result), indent=2, sort_keys=True, default=_json_default)
 
 
-def show(result: object, as_json: bool, *, wide: bool = False, out: Out | None = None) -> None:
+def show(result: object, as_json: bool, *, wide: bool = False) -> None:
     """Print a command's result: JSON, or the human renderer of its type."""
     if result is None:
         return
     if as_json:
         print(to_json(result))
         return
-    renderer_for(type(result))(result, out or Out.stdout(wide=wide))
+    renderer_for(type(result))(result, Out.stdout(wide=wide))
 
 
 def renderer_for(kind: type) -> Renderer:
@@ -166,7 +166,6 @@ def _init(view: views.InitView, out: Out) -> None:
 
 RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.cli.views.Table": _table,
-    "anvil_ctl.cli.views.Record": _record_of,
     "anvil_ctl.cli.views.Text": _text,
     "anvil_ctl.cli.views.StatusView": _status,
     "anvil_ctl.cli.views.InitView": _init,

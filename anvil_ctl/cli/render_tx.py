@@ -7,8 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from anvil_ctl.cli import views
-from anvil_ctl.cli.output import Out, cell, s
-from anvil_ctl.cli.tables import show_time
+from anvil_ctl.cli.output import Out, cell, s, show_time
 from anvil_ctl.cli.views import record, records
 from anvil_ctl.core.jsontypes import whole
 from anvil_ctl.core.snapshot import show_value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from anvil_ctl.cli.complete import complete_containers, complete_recipes
@@ -15,9 +17,20 @@ from anvil_ctl.cli.options import (
     timeout_option,
 )
 from anvil_ctl.cli.params import CONTEXT_TOKENS, PERSON, RECIPE, REF
-from anvil_ctl.cli.session import Reply, Session, example, group, pass_session
+from anvil_ctl.cli.session import Lazy, Reply, Session, command, group
 from anvil_ctl.core.model import OnDrainTimeout
 from anvil_ctl.core.states import ExitCode
+
+if TYPE_CHECKING:
+    from anvil_ctl.cli import views
+    from anvil_ctl.commands import recipes as recipes_cmd
+    from anvil_ctl.commands import serves, transactions
+else:
+    views = Lazy("anvil_ctl.cli.views")
+    recipes_cmd = Lazy("anvil_ctl.commands.recipes")
+    serves = Lazy("anvil_ctl.commands.serves")
+    transactions = Lazy("anvil_ctl.commands.transactions")
+
 
 ENGINE_NAMES = (
     "llama-cpp-python",
@@ -34,56 +47,47 @@ ENGINE_NAMES = (
 RECIPE_LIST_COLUMNS = ("name", "source", "valid", "runnable", "served_model", "context_tokens", "error")
 
 
-@click.command("list", epilog=example("anvilctl recipes list"))
-@pass_session
+@command("list", "anvilctl recipes list")
 def recipes_list(session: Session) -> Reply:
     """List every recipe and where it came from; an invalid file is listed with its error.
 
     Searched in --recipes-dir, the host config's recipes_dir, then the shipped recipes; the
     first file of a name wins (--json names the files it shadows)."""
-    from anvil_ctl.cli.views import Table
-    from anvil_ctl.commands import recipes
-
-    found = recipes.list_recipes(recipes.recipe_search(session.app()))
-    return Reply(Table(found, columns=RECIPE_LIST_COLUMNS))
+    found = recipes_cmd.list_recipes(recipes_cmd.recipe_search(session.app()))
+    return Reply(views.Table(found, columns=RECIPE_LIST_COLUMNS))
 
 
-@click.command("show", epilog=example("anvilctl recipes show stub-393k-c1"))
+@command("show", "anvilctl recipes show stub-393k-c1")
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
-@pass_session
 def recipes_show(session: Session, recipe: str) -> Reply:
     """One recipe as data, with its digest; RECIPE is a name or a path."""
-    from anvil_ctl.commands import recipes
-
     app = session.app()
-    return Reply(recipes.show_recipe(recipe, recipes.recipe_search(app)))
+    return Reply(recipes_cmd.show_recipe(recipe, recipes_cmd.recipe_search(app)))
 
 
-@click.command("validate", epilog=example("anvilctl recipes validate stub-393k-c1 --slot primary"))
+@command("validate", "anvilctl recipes validate stub-393k-c1 --slot primary")
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @slot_option("Also check that the recipe fits this slot of the host config (port, GPU roles).")
-@pass_session
 def recipes_validate(session: Session, recipe: str, slot: str | None) -> Reply:
     """Check RECIPE; a bad field exits 2 naming the file and the field."""
-    from anvil_ctl.commands import recipes
-
     app = session.app()
     host = app.config if slot else None
-    found = recipes.validate_recipe(recipe, recipes.recipe_search(app), host_config=host, slot_name=slot)
+    found = recipes_cmd.validate_recipe(
+        recipe, recipes_cmd.recipe_search(app), host_config=host, slot_name=slot
+    )
     return Reply(found)
 
 
-@click.command("plan", epilog=example("anvilctl recipes plan stub-393k-c1 --slot primary"))
+@command("plan", "anvilctl recipes plan stub-393k-c1 --slot primary")
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @slot_option("The slot to plan the serve for.", required=True)
-@pass_session
 def recipes_plan(session: Session, recipe: str, slot: str) -> Reply:
     """The exact container spec `load` would create; touches nothing."""
-    from anvil_ctl.commands import recipes
-
     app = session.app()
     return Reply(
-        recipes.plan_recipe(recipe, recipes.recipe_search(app), host_config=app.config, slot_name=slot)
+        recipes_cmd.plan_recipe(
+            recipe, recipes_cmd.recipe_search(app), host_config=app.config, slot_name=slot
+        )
     )
 
 
@@ -98,7 +102,7 @@ recipes = group(
 )
 
 
-@click.command("load", epilog=example("anvilctl load stub-393k-c1 --slot primary --dry-run"))
+@command("load", "anvilctl load stub-393k-c1 --slot primary --dry-run")
 @click.argument("recipe", type=RECIPE, shell_complete=complete_recipes)
 @slot_option("The slot to load into.", required=True)
 @dry_run_option()
@@ -114,7 +118,6 @@ recipes = group(
     "no second command.",
 )
 @accept_drift_options
-@pass_session
 def load(
     session: Session,
     *,
@@ -142,8 +145,6 @@ def load(
     (its exit code is the command's; refused, the candidate stays loaded). Killed before
     that promotion commits, `anvilctl recover` runs it, or brings the incumbent back when it is
     refused or fails; `recheck` exits 5 until then."""
-    from anvil_ctl.commands import serves
-
     accepted = drift_acceptance(accept_drift, drift_by, drift_reason)
     out = serves.load(
         session.app(),
@@ -159,7 +160,7 @@ def load(
     return Reply(out, ExitCode(out.exit_code))
 
 
-@click.command("unload", epilog=example("anvilctl unload 3f2a9c1b7d4e --yes"))
+@command("unload", "anvilctl unload 3f2a9c1b7d4e --yes")
 @click.argument("container_id", type=REF, shell_complete=complete_containers)
 @click.option("--yes", is_flag=True, help="Really remove it (without: show what would be removed).")
 @click.option(
@@ -168,7 +169,6 @@ def load(
     help="Also delete /dev/shm residue: only what two observations agree no process holds.",
 )
 @drain_options("abort")
-@pass_session
 def unload(
     session: Session,
     *,
@@ -182,9 +182,6 @@ def unload(
 
     CONTAINER_ID must carry anvilctl's candidate labels and be no slot's incumbent or rollback
     identity; without --yes nothing is removed. A running candidate is drained first."""
-    from anvil_ctl.cli.views import Record
-    from anvil_ctl.commands import serves
-
     out = serves.unload(
         session.app(),
         container_id,
@@ -194,11 +191,11 @@ def unload(
         on_drain_timeout=on_drain_timeout,
     )
     if isinstance(out, dict):  # without --yes: what would be removed
-        return Reply(Record(out))
+        return Reply(out)
     return Reply(out, ExitCode(out.exit_code))
 
 
-@click.command("adopt", epilog=example("anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288"))
+@command("adopt", "anvilctl adopt 3f2a9c1b7d4e --slot primary --context-tokens 524288")
 @click.argument("container_id", type=REF)
 @slot_option("The slot the container serves.", required=True)
 @click.option(
@@ -214,7 +211,6 @@ def unload(
     help="The engine profile to probe it with (default: openai-compatible).",
 )
 @dry_run_option("Inspect and print the plan; record nothing.")
-@pass_session
 def adopt(
     session: Session, container_id: str, *, slot: str, context_tokens: int, engine: str | None, dry_run: bool
 ) -> Reply:
@@ -222,8 +218,6 @@ def adopt(
 
     CONTAINER_ID must be running and the slot's binding serve one model; its context length is
     checked the way the engine profile says before anything is recorded."""
-    from anvil_ctl.commands import transactions
-
     out = transactions.adopt(
         session.app(),
         slot=slot,

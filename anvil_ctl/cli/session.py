@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypedDict
 
 import click
 
@@ -23,6 +24,8 @@ from anvil_ctl.core.states import ExitCode
 if TYPE_CHECKING:
     from anvil_ctl.bootstrap import App
     from anvil_ctl.config.settings import Settings
+
+P = ParamSpec("P")
 
 
 @dataclass
@@ -88,12 +91,36 @@ class Session:
 
 pass_session = click.make_pass_decorator(Session)
 
+
+class Lazy:
+    """A module imported at the first use of one of its attributes: a command's library (heavy)
+    loads when the command runs, never for `--help`. Import it under TYPE_CHECKING too, for its types."""
+
+    def __init__(self, module: str) -> None:
+        self._lazy_module = module
+
+    def __getattr__(self, attr: str) -> object:
+        return getattr(importlib.import_module(self._lazy_module), attr)
+
+
 OUTPUT_FORMATS = ("table", "wide", "json")
 
 
 def example(line: str) -> str:
     """A command's help epilog: its one example line (click keeps `\\b` paragraphs unwrapped)."""
     return f"\b\nExample:\n  {line}"
+
+
+def command(
+    name: str, example_line: str, *, help: str | None = None, short_help: str | None = None
+) -> Callable[[Callable[Concatenate[Session, P], Reply | None]], click.Command]:
+    """A command that takes this invocation's Session, with its one example line."""
+
+    def make(fn: Callable[Concatenate[Session, P], Reply | None]) -> click.Command:
+        epilog = example(example_line)
+        return click.command(name, help=help, short_help=short_help, epilog=epilog)(pass_session(fn))
+
+    return make
 
 
 def group(name: str, help: str, example_line: str, *commands: click.Command) -> click.Group:

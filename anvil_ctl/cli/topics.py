@@ -125,51 +125,44 @@ def _files() -> str:
     from anvil_ctl.places import MIGRATIONS_DIR, RECIPES_DIR, ROOT_CONFIG, ROOT_STATE_DIR, process_defaults
 
     here = process_defaults()
-    return "\n".join(
-        [
-            "Where anvilctl keeps and finds its files. Never relative to the current directory:",
-            "",
-            "  state directory  --state-dir, else ANVIL_STATE_DIR, else",
-            f"                   {ROOT_STATE_DIR} as root,",
-            "                   $XDG_DATA_HOME/anvil (~/.local/share/anvil) otherwise",
-            f"                   here: {here.state_dir} ({here.why})",
-            "                   holds anvil.db (SQLite; or --state-db / ANVIL_STATE_DB, a URL),",
-            "                   anvil.lock (the host's one mutator lock), evidence/, anvil.db.head",
-            "  host config      --config, else ANVIL_CONFIG, else",
-            f"                   {ROOT_CONFIG} as root, $XDG_CONFIG_HOME/anvil/anvil.toml otherwise",
-            f"                   here: {here.config}",
-            "  recipes          searched in order, the first file of a name wins:",
-            "                   --recipes-dir or ANVIL_RECIPES_DIR; the host config's recipes_dir;",
-            f"                   the shipped recipes ({RECIPES_DIR})",
-            f"  migrations       {MIGRATIONS_DIR} (shipped; `anvilctl init` and `db upgrade` run them)",
-            "",
-            "`anvilctl init` and `anvilctl status` print the database and config they used and why.",
-        ]
-    )
+    return f"""\
+Where anvilctl keeps and finds its files. Never relative to the current directory:
+
+  state directory  --state-dir, else ANVIL_STATE_DIR, else
+                   {ROOT_STATE_DIR} as root,
+                   $XDG_DATA_HOME/anvil (~/.local/share/anvil) otherwise
+                   here: {here.state_dir} ({here.why})
+                   holds anvil.db (SQLite; or --state-db / ANVIL_STATE_DB, a URL),
+                   anvil.lock (the host's one mutator lock), evidence/, anvil.db.head
+  host config      --config, else ANVIL_CONFIG, else
+                   {ROOT_CONFIG} as root, $XDG_CONFIG_HOME/anvil/anvil.toml otherwise
+                   here: {here.config}
+  recipes          searched in order, the first file of a name wins:
+                   --recipes-dir or ANVIL_RECIPES_DIR; the host config's recipes_dir;
+                   the shipped recipes ({RECIPES_DIR})
+  migrations       {MIGRATIONS_DIR} (shipped; `anvilctl init` and `db upgrade` run them)
+
+`anvilctl init` and `anvilctl status` print the database and config they used and why."""
 
 
-def _output() -> str:
-    return "\n".join(
-        [
-            "Output:",
-            "",
-            "  -o table (default)  human output; on a terminal tables fit its width (IDs elided in",
-            "                      the middle, text wrapped, nothing cut); on a pipe every value in full",
-            "  -o wide             every column and every ID in full, whatever the width",
-            "  -o json, --json     exactly one JSON document on stdout (status --watch: one per line)",
-            "",
-            "Progress of a transaction goes to stderr: on a terminal its steps as they start and end",
-            "with elapsed time and the waits with their deadlines; on a pipe timestamped lines (and a",
-            "'still ...' line when a step is quiet for ANVIL_PROGRESS_HEARTBEAT_S); with --json nothing.",
-            "",
-            "Every timestamp is RFC 3339 in UTC with Z: 2026-09-02T12:00:00.123456Z in JSON and the",
-            "database, 2026-09-02T12:00:00Z in tables. Times you give (--since, --expires) may carry an",
-            "offset; without one they are UTC.",
-            "",
-            "Diffs: + path: value (added), - path: value (removed), ~ path: before -> after (changed);",
-            "stored as JSON Patch (RFC 6902) with a test of every value taken away.",
-        ]
-    )
+OUTPUT = """\
+Output:
+
+  -o table (default)  human output; on a terminal tables fit its width (IDs elided in
+                      the middle, text wrapped, nothing cut); on a pipe every value in full
+  -o wide             every column and every ID in full, whatever the width
+  -o json, --json     exactly one JSON document on stdout (status --watch: one per line)
+
+Progress of a transaction goes to stderr: on a terminal its steps as they start and end
+with elapsed time and the waits with their deadlines; on a pipe timestamped lines (and a
+'still ...' line when a step is quiet for ANVIL_PROGRESS_HEARTBEAT_S); with --json nothing.
+
+Every timestamp is RFC 3339 in UTC with Z: 2026-09-02T12:00:00.123456Z in JSON and the
+database, 2026-09-02T12:00:00Z in tables. Times you give (--since, --expires) may carry an
+offset; without one they are UTC.
+
+Diffs: + path: value (added), - path: value (removed), ~ path: before -> after (changed);
+stored as JSON Patch (RFC 6902) with a test of every value taken away."""
 
 
 TOPICS: dict[str, tuple[str, Callable[[], str]]] = {
@@ -179,7 +172,7 @@ TOPICS: dict[str, tuple[str, Callable[[], str]]] = {
     "environment": ("ANVIL_* settings", _environment),
     "host-config": ("anvil.toml, key by key", _host_config),
     "recipe": ("a recipe file, key by key", _recipe),
-    "output": ("-o formats, progress, timestamps, diffs", _output),
+    "output": ("-o formats, progress, timestamps, diffs", lambda: OUTPUT),
 }
 """Every topic of `anvilctl help`, in one place."""
 

@@ -64,10 +64,6 @@ class Table(_Rows):
         return [{c: r.get(c) for c in self.columns} for r in rows]
 
 
-class Record(_Data):
-    """One record without a better shape; human: indented `key: value` lines."""
-
-
 class StatusView(_Data):
     """`status`: slots with binding, served models, incumbent, candidates and router view."""
 

@@ -43,16 +43,6 @@ def get_array(doc: Mapping[str, object], key: str) -> JSONArray:
     return value
 
 
-def get_str(doc: Mapping[str, object], key: str, default: str | None = None) -> str | None:
-    """`doc[key]` as a string, `default` when absent or null; a ValueError for another type."""
-    value = doc.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise ValueError(f"{key}: expected a string, got {type(value).__name__}")
-    return value
-
-
 def get_int(doc: Mapping[str, object], key: str, default: int | None = None) -> int | None:
     """`doc[key]` as an int (bool refused), `default` when absent or null."""
     value = doc.get(key)

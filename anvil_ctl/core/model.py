@@ -36,6 +36,17 @@ class ModelFile:
 
 
 @dataclass(frozen=True)
+class CacheReport:
+    """What the model cache holds for one pinned model; `complete` only when `problems` is empty."""
+
+    repo_id: str
+    revision: str
+    snapshot_path: str
+    complete: bool
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Mount:
     source: str
     target: str

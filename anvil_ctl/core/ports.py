@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import (
+    CacheReport,
     ContainerInfo,
     ContainerLog,
     ContainerSpec,
@@ -156,21 +157,13 @@ class ShmLedger(Protocol):
         """Record marks not recorded yet (a mark already known is not written again)."""
 
 
-class CacheVerdict(Protocol):
-    @property
-    def complete(self) -> bool: ...
-
-    @property
-    def problems(self) -> tuple[str, ...]: ...
-
-
 class ModelCache(Protocol):
     """The on-disk model cache (Hugging Face layout) that engines load from."""
 
-    def verify_identity(self, identity: str) -> CacheVerdict:
+    def verify_identity(self, identity: str) -> CacheReport:
         """Check `repo@revision`: snapshot present, no incomplete blobs, no broken links."""
 
-    def verify_files(self, identity: str, files: Sequence[ModelFile]) -> CacheVerdict:
+    def verify_files(self, identity: str, files: Sequence[ModelFile]) -> CacheReport:
         """`verify_identity`, and each pinned file's size and SHA-256 (and GGUF header)."""
 
 

@@ -148,12 +148,8 @@ def _parts(ptr: JSONValue) -> tuple[str | int, ...]:
     )
 
 
-PatchOps = Sequence[Mapping[str, JSONValue]]
-"""A JSON Patch as read back (from `to_patch`, or `json.loads` of a stored one)."""
-
-
-def from_patch(ops: PatchOps) -> list[Change]:
-    """The changes a patch written by `to_patch` describes."""
+def from_patch(ops: Sequence[Mapping[str, JSONValue]]) -> list[Change]:
+    """The changes a patch written by `to_patch` describes (as read back: `json.loads` of a stored one)."""
     out: list[Change] = []
     tested: dict[str, JSONValue] = {}
     for op in ops:

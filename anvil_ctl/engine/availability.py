@@ -1,9 +1,6 @@
-"""Never dark: what serves a slot, the safe harbour, and bringing it back.
-
-If a slot served when a mutating transaction began, that serve is the harbour; before any end
-state but `committed`, `ensure_serving` re-routes a recorded running serve or brings the
-harbour back. It never stops a healthy, routed serve, and a route it could not observe because
-the router refused our credentials is no reason to act.
+"""Never dark: the serve a slot served with when a mutating transaction began is its safe
+harbour, which `ensure_serving` brings back before any end state but `committed`. It never stops
+a healthy, routed serve, and a route the router refused to show us is no reason to act.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Which phase a slot's campaign is in, and the assertions that judge the state it should have.
-
-Between a committed `load` and the promote or rollback that ends it a slot is `qualifying`
-(incumbent stopped and retained, tier drained by design); with a promote open in `watching` it
-is `watching`; of a canary's two slots the stopped one is `standby`. Each phase is judged by
-its own assertions rather than the serving ones. Read-only.
+"""Which phase a slot is in beside `serving` (`qualifying` after a committed load, `watching`,
+a canary's `standby`), each judged by its own assertions rather than the serving ones. Read-only.
 """
 
 from __future__ import annotations

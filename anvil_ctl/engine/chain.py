@@ -1,10 +1,6 @@
-"""A `load --promote` whose process died before its promotion happened: an interrupted chain.
-
-The load journals the promotion that follows it (`LoadArgs.then`). Its chain is open while the
-slot's newest committed revision is that load and every later transaction of the slot is the
-chain's own (its journaled arguments name the load) and either ended by its owner's death or
-is a promotion `recover` ran that did not route the candidate, whose bring-back is still owed.
-Until `recover` finishes it, the slot is dark for its clients. Read-only.
+"""A `load --promote` whose process died before its promotion happened: an interrupted chain,
+the slot dark for its clients until `recover` finishes it (`chain_of` says when one is open).
+Read-only.
 """
 
 from __future__ import annotations
@@ -78,7 +74,10 @@ class Chain:
 
 
 def chain_of(world: World, slot: str, me: Owner) -> Chain | None:
-    """The slot's open chain, None when it has none; `me` names this host."""
+    """The slot's open chain, None when it has none; `me` names this host. Open: the slot's newest
+    committed revision is a load that journaled its promotion (`LoadArgs.then`), and every later
+    transaction of the slot is the chain's own (its arguments name the load) and either ended by
+    its owner's death or is a promotion `recover` ran that did not route, its bring-back owed."""
     store = world.store
     newest = store.newest_committed_revision(slot)
     if newest is None or newest[1] != "load":
@@ -160,12 +159,18 @@ def open_chains(world: World, me: Owner) -> list[Chain]:
 # -- what `recover` does with one (`entry.recover` runs the transactions) -----------------------
 
 
+def _ended(promoted: Outcome | None, why: str) -> tuple[str | None, str, str]:
+    """(transaction, state, reason) of the promotion; None: refused before it was journaled, `why`."""
+    if promoted is None:
+        return None, TxState.REFUSED.value, why
+    return promoted.tx_id or None, promoted.state.value, promoted.reason
+
+
 def finished(chain: Chain, promoted: Outcome | None, why: str = "") -> JSONObject:
-    """Recover's report of the chain's promotion (None: refused before it was journaled, `why`)."""
-    state = promoted.state.value if promoted is not None else TxState.REFUSED.value
-    reason = promoted.reason if promoted is not None else why
+    """Recover's report of the chain's promotion."""
+    tx, state, reason = _ended(promoted, why)
     return {
-        "tx_id": promoted.tx_id if promoted is not None and promoted.tx_id else "",
+        "tx_id": tx or "",
         "kind": "promote",
         "state": state,
         "reason": f"finishes the interrupted `load --promote` of load {chain.load_tx}"
@@ -182,9 +187,7 @@ def bring_back(chain: Chain, promoted: Outcome | None, why: str, by: str) -> Rol
         return None
     if promoted is not None and promoted.state in (TxState.COMMITTED, TxState.ROLLED_BACK):
         return None  # promoted, or its watch rolled back to the incumbent by itself
-    state = promoted.state.value if promoted is not None else TxState.REFUSED.value
-    reason = promoted.reason if promoted is not None else why
-    tx = promoted.tx_id if promoted is not None and promoted.tx_id else None
+    tx, state, reason = _ended(promoted, why)
     decided: JSONObject = {
         "policy": "recover",
         "by": by,

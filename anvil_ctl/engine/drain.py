@@ -1,9 +1,6 @@
-"""Taking a serve out of traffic without cutting an answer: wait until nothing is in flight, then stop.
-
-What a serve still answers is read from the most exact source at hand (the engine's
-running-requests gauge, else the router's count), and the source is recorded. At the
-`DrainPolicy` deadline, `abort` raises `DrainRefused` (the plan compensates and the serve is
-routed again); `cut` stops anyway and counts the answers cut.
+"""Taking a serve out of traffic without cutting an answer: wait until nothing is in flight, then
+stop. At the `DrainPolicy` deadline, `abort` raises `DrainRefused` (the plan compensates);
+`cut` stops anyway and counts the answers cut.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The one way into every transaction: a typed request in, an `Outcome` out.
+"""The one way into every transaction, `recover` and follow-ups included: a typed request in,
+an `Outcome` out, and the only place a transaction ID is made (`_mint`).
 
-The only place a transaction ID is made (`_mint`). A kind that changes the host takes the OS
-lock before anything is read from the record, so the arguments `prepare` reads cannot go stale;
-bad input found there exits having written nothing. The lock's row is claimed in the database
-transaction that journals the arguments, and released with the end state; the OS lock is
-released on every way out. A follow-up (a watched promote's rollback, `load --promote`'s
-promotion) runs through this same door without letting go of the OS lock.
-
-`recover` enters here too: it finishes every transaction whose owner is gone, releases the
-stale lock rows nothing unresolved still needs, and finishes every `load --promote` whose
-promotion never happened, bringing the load's incumbent back when it does not commit.
+A kind that changes the host takes the OS lock before `prepare` reads the record, so its
+arguments cannot go stale; the lock's row commits with the journaled arguments and is released
+with the end state. A follow-up runs through this same door without letting go of the OS lock.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate.
-
-`release_ownership` works from its own transaction's ledger events, so it is safe after a
-crash and when run twice.
-"""
+"""GPU ownership, the guard that keeps GPU starts apart, and the VRAM-release gate."""
 
 from __future__ import annotations
 
@@ -188,8 +184,8 @@ def record_ownership(world: World, tx_id: str, identity: Identity, replaced: Ide
 
 
 def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> JSONObject:
-    """Undo `record_ownership`: release what this transaction claimed for others than the
-    incumbent, and re-claim for the incumbent the roles this transaction released of it."""
+    """Undo `record_ownership` from this transaction's ledger events (safe after a crash, and twice):
+    release what it claimed for others than the incumbent, re-claim what it released of it."""
     inc_id = incumbent.container_id if incumbent else None
     events = gpu_ledger.transaction_events(world.store, tx_id)
     released: list[str] = []
@@ -212,16 +208,6 @@ def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> J
             gpu_ledger.claim_roles(world.store, roles, container_id=inc_id, tx_id=tx_id, mode=mode, slot=slot)
             reclaimed += roles
     return {"released": list(released), "reclaimed_for_incumbent": list(reclaimed)}
-
-
-def move_ownership(world: World, tx_id: str, source: Identity | None, target: Identity) -> JSONObject:
-    """Rollback's step: `source`'s roles are released and `target` claims its own."""
-    released = (
-        release_all(world, source.container_id, tx_id)
-        if source is not None and source.container_id != target.container_id
-        else []
-    )
-    return {"released": list(released), "claimed": list(_claim(world, target, tx_id))}
 
 
 # -- the VRAM-release gate ---------------------------------------------------------------------

@@ -1,7 +1,5 @@
-"""One mutator per host: an OS file lock held for the life of the process, plus a lock row.
-
-The flock (on PostgreSQL a session advisory lock) excludes; the row says who holds it, so a
-holder that died is detected: its stale row refuses mutators until `recover` or `lock break`.
+"""One mutator per host: an OS file lock (on PostgreSQL also a session advisory lock) excludes; a
+lock row says who holds it: a dead holder's row refuses mutators until `recover` or `lock break`.
 """
 
 from __future__ import annotations

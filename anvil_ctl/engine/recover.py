@@ -1,10 +1,8 @@
 """Recover transactions whose owner is gone: mark them interrupted, then finish them.
 
-Before the pivot's result is journaled, recovery compensates backwards; after it, recovery
-rolls forward from the first step without a journaled result. Undos journaled as done are not
-run again, so a second run finds nothing to do. A watched promote past its pivot resumes its
-watch for what is left: the controller's death says nothing about the serve. A router that
-refuses our credentials stops recovery before it touches any transaction.
+Before the pivot's result is journaled, recovery compensates backwards (undos journaled as done
+are not run again); after it, it rolls forward from the first step without a result, a watched
+promote's watch included. A router that refuses our credentials stops it before it writes.
 """
 
 from __future__ import annotations

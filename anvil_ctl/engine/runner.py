@@ -1,12 +1,10 @@
 """Runs a Plan as a transaction: guards, then journaled steps, then compensation on failure.
 
-Journal, then act, then record: each step's intent commits before its `do` runs; its result
-is held and commits with the next write, so a crash between the two leaves an intent without
-a result, which `recover` finds. On a failure the undos run in reverse, the failed step's own
-first; the first undo that fails stops compensation (going on could start a serve on GPUs a
-failed undo left occupied). Never dark (`engine.availability`): a slot that served at the
-start serves again before any end state but `committed`. The end state is held for the
-entry (`anvil_ctl.engine.entry`), which commits it with the host lock's release.
+Each step's intent commits before its `do` runs; its result commits with the next write, so a
+crash between leaves an intent without a result for `recover`. The undos run in reverse, the
+failed step's own first; the first undo that fails stops compensation (going on could start a
+serve on GPUs it left occupied). A slot that served at the start serves again before any end
+state but `committed` (`engine.availability`). The end state is held for `engine.entry`.
 """
 
 from __future__ import annotations
@@ -312,25 +310,39 @@ class TransactionEngine:
             return Refusal(type(exc).__name__, f"guard failed: {type(exc).__name__}: {exc}", {})
 
     def _do(self, ctx: StepContext[A, W, M], seq: int, step: Step[StepContext[A, W, M]]) -> None:
-        slog = log.bind(tx_id=ctx.tx_id, step=step.name)
-        progress, t0 = ctx.world.progress, time.monotonic()
-        self._event(ctx, seq, step.name, "do", "intent")
-        slog.info("step intent")
-        progress.step_started(seq, step.name, "do", step.description)
-        try:
-            result = step.do(ctx) or {}
-        except Exception as exc:
-            progress.step_finished(
-                seq, step.name, "do", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
-            )
-            self._event(ctx, seq, step.name, "do", "error", detail=_error_detail(exc))
-            raise
+        result = self._step(ctx, seq, step, "do", lambda: step.do(ctx))
         ctx.results[step.name] = result
         if step.remember is not None:
             step.remember(ctx, result)
-        self._event(ctx, seq, step.name, "do", "result", detail=result, hold=True)
-        progress.step_finished(seq, step.name, "do", ok=True, elapsed_s=time.monotonic() - t0, error="")
-        slog.info("step done")
+
+    def _step(
+        self,
+        ctx: StepContext[A, W, M],
+        seq: int,
+        step: Step[StepContext[A, W, M]],
+        phase: str,
+        call: Callable[[], JSONObject | None],
+    ) -> JSONObject:
+        """Journal `phase`'s intent, run `call`, hold its result; an error is journaled and raised."""
+        slog = log.bind(tx_id=ctx.tx_id, step=step.name)
+        progress, t0 = ctx.world.progress, time.monotonic()
+        self._event(ctx, seq, step.name, phase, "intent")
+        if phase == "do":
+            slog.info("step intent")
+        about = step.description if phase == "do" else f"undo: {step.description}"
+        progress.step_started(seq, step.name, phase, about)
+        try:
+            result = call() or {}
+        except Exception as exc:
+            progress.step_finished(
+                seq, step.name, phase, ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
+            )
+            self._event(ctx, seq, step.name, phase, "error", detail=_error_detail(exc))
+            raise
+        self._event(ctx, seq, step.name, phase, "result", detail=result, hold=True)
+        progress.step_finished(seq, step.name, phase, ok=True, elapsed_s=time.monotonic() - t0, error="")
+        slog.info("step done" if phase == "do" else "undo done")
+        return result
 
     def _compensate_after(
         self,
@@ -357,34 +369,23 @@ class TransactionEngine:
         """Run the undos of `todo` in reverse (the transaction is `compensating`)."""
         outcome.reason = reason
         ctx.world.undoing = True  # undos wait as long as configured, whatever --timeout said
-        progress = ctx.world.progress
         for seq, step, result in reversed(todo):
-            if step.undo is None:
+            undo = step.undo
+            if undo is None:
                 continue
-            slog = log.bind(tx_id=ctx.tx_id, step=step.name)
-            self._event(ctx, seq, step.name, "undo", "intent")
-            progress.step_started(seq, step.name, "undo", f"undo: {step.description}")
-            t0 = time.monotonic()
             try:
-                undone = step.undo(ctx, result) or {}
+                self._step(ctx, seq, step, "undo", partial(undo, ctx, result))
             except Exception as exc:
-                progress.step_finished(
-                    seq, step.name, "undo", ok=False, elapsed_s=time.monotonic() - t0, error=str(exc)
-                )
-                self._event(ctx, seq, step.name, "undo", "error", detail=_error_detail(exc))
                 if isinstance(exc, NeedsOperator):
                     # Keep the cause: the operator needs both what failed and what was left.
                     cause = NeedsOperator(f"{exc} (cause: {reason})", **exc.data)
                     return self._needs_operator(outcome, plan, ctx, cause)
-                slog.error("undo failed", error=str(exc))
+                log.error("undo failed", tx_id=ctx.tx_id, step=step.name, error=str(exc))
                 why = f"undo of {step.name} failed: {exc} (after: {reason})"
                 why += self._keep_serving(plan, ctx)
                 self._transition(ctx, TxState.COMPENSATION_FAILED, why)
                 outcome.state, outcome.reason = TxState.COMPENSATION_FAILED, why
                 return outcome
-            self._event(ctx, seq, step.name, "undo", "result", detail=undone, hold=True)
-            progress.step_finished(seq, step.name, "undo", ok=True, elapsed_s=time.monotonic() - t0, error="")
-            slog.info("undo done")
         reason += self._keep_serving(plan, ctx)
         self._observe_after(plan, ctx, outcome, "compensated")
         self._transition(ctx, TxState.COMPENSATED, reason)

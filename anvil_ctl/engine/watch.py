@@ -1,11 +1,7 @@
-"""The watch: samples taken at an interval against limits declared before the first one; a
-verdict out.
-
-`watch` is the loop and knows nothing of what a sample is: it hands each sample to `record`
-as it is taken and has `judge` judge the newest `consecutive`; it ends at the first breach,
-when `stop` names who stopped it, or healthy at the end. `RouteSampler` is a watched promote's
-sample of one serve: streamed chats through the route with the official client, plus passive
-signals of its container (restarts, OOM kills, fatal log lines) and the router's failed answers.
+"""The watch: samples taken at an interval against limits declared before the first one, a
+verdict out. `watch` is the loop, blind to what a sample is; `RouteSampler` is a watched
+promote's sample: chats through the route, its container's restarts and fatal log lines, and
+the router's failed answers.
 """
 
 from __future__ import annotations

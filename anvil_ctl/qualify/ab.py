@@ -159,34 +159,6 @@ def compare(
     }
 
 
-@dataclass(frozen=True)
-class _Check:
-    """One declared boundary held against the cells it covers."""
-
-    boundary: str
-    arm: str
-    cells: list[tuple[str, float | None, bool]]
-    """(cell label, the winner's delta vs the other arm, whether the boundary holds there)."""
-
-    @property
-    def holds(self) -> bool:
-        # An unmeasured protection protects nothing.
-        return bool(self.cells) and all(ok for _, _, ok in self.cells)
-
-    def as_dict(self) -> JSONObject:
-        return {
-            "boundary": self.boundary,
-            "arm": self.arm,
-            "cells": [{"cell": c, "delta_pct": d, "holds": ok} for c, d, ok in self.cells],
-            "holds": self.holds,
-        }
-
-    def observed(self) -> str:
-        if not self.cells:
-            return "no measured cell is covered"
-        return ", ".join(f"{c} " + ("unmeasured" if d is None else f"{d:+.1f} %") for c, d, _ in self.cells)
-
-
 def _unselected(outcome: str, summary: str) -> JSONObject:
     return {"outcome": outcome, "selected": None, "boundaries": [], "summary": summary}
 
@@ -209,23 +181,33 @@ def _verdict(
         return _unselected("no-difference", f"{select}: no difference")
     b_better = score > 0 if METRICS[select][1] else score < 0
     winner, other = ("B", "A") if b_better else ("A", "B")
-    checks = []
+    checks: JSONArray = []
+    held: list[str] = []
+    violated: list[str] = []
     for boundary in boundaries:
-        observed = []
-        for r in measured:
-            if boundary.applies(r.nominal_tokens):
-                delta = _delta(r.arms, winner, other, boundary.metric)
-                observed.append((r.label, delta, boundary.holds(delta)))
-        checks.append(_Check(boundary.describe(), names[winner], observed))
+        # Each covered cell: its label and the winner's delta vs the other arm.
+        covered = [
+            (r.label, _delta(r.arms, winner, other, boundary.metric))
+            for r in measured
+            if boundary.applies(r.nominal_tokens)
+        ]
+        holds = bool(covered) and all(boundary.holds(d) for _, d in covered)  # unmeasured protects nothing
+        cells: JSONArray = [{"cell": c, "delta_pct": d, "holds": boundary.holds(d)} for c, d in covered]
+        text = boundary.describe()
+        checks.append({"boundary": text, "arm": names[winner], "cells": cells, "holds": holds})
+        seen = ", ".join(f"{c} " + ("unmeasured" if d is None else f"{d:+.1f} %") for c, d in covered)
+        seen = seen or "no measured cell is covered"
+        held.append(f"{text} ({seen})")
+        if not holds:
+            violated.append(f"{text} violated ({seen})")
     lead = f"{names[winner]} is faster by {select} (mean {abs(score):+.1f} % vs {names[other]})"
-    violated = "; ".join(f"{c.boundary} violated ({c.observed()})" for c in checks if not c.holds)
-    held = "; ".join(f"{c.boundary} ({c.observed()})" for c in checks) or "no boundary declared"
     return {
         "outcome": "boundary-violated" if violated else "selected",
         "selected": None if violated else names[winner],
         "faster": names[winner],
-        "boundaries": [c.as_dict() for c in checks],
-        "summary": f"{lead}, but {violated}: no arm selected"
+        "boundaries": checks,
+        "summary": f"{lead}, but {'; '.join(violated)}: no arm selected"
         if violated
-        else f"{names[winner]} selected: {lead}; every declared boundary holds: {held}",
+        else f"{names[winner]} selected: {lead}; every declared boundary holds: "
+        + ("; ".join(held) or "no boundary declared"),
     }

@@ -329,13 +329,8 @@ def engine_exited(during: str, observed: JSONObject, not_run: list[str]) -> Gate
 
 
 def _timed_out(gate: Gate, timeout_s: float) -> GateResult:
-    evidence: JSONObject = {"not_started": True, "timeout_s": timeout_s}
-    return gate.result(
-        False,
-        "timeout",
-        evidence,
-        f"not started: the qualification's --timeout of {timeout_s:g} s was reached",
-    )
+    why = f"not started: the qualification's --timeout of {timeout_s:g} s was reached"
+    return gate.result(False, "timeout", {"not_started": True, "timeout_s": timeout_s}, why)
 
 
 async def _vram_reading(probe: ReserveProbe) -> JSONObject:

@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from anvil_ctl.core.errors import AuthRejected
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
-from anvil_ctl.qualify.metrics import percentile
+from anvil_ctl.qualify.results import percentile
 
 PROMPT = "Reply with one short sentence about anvils. (anvil slo sample {n})"
 FUNCTIONAL = ("tool_call", "json")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from anvil_ctl.cli.tables import layout, show_time
+from anvil_ctl.cli.output import layout, show_time
 from anvil_ctl.core.states import ExitCode
 from tests.unit.clirun import REPO, Run, child, in_process
 from tests.unit.fakehost import FakeHost
@@ -230,7 +230,7 @@ class TestTables:
         assert "2026-11-30T16:44:08Z" in lines[1]  # times are never cut
 
     def test_a_digest_keeps_its_hex_prefix_and_drops_sha256_only_last(self) -> None:
-        from anvil_ctl.cli.tables import elide_middle
+        from anvil_ctl.cli.output import elide_middle
 
         digest = "sha256:0cceb25d172d3abcdea8bf43db0b0a7dd7479f02e544dbe429f2bdee3af3eb53"
         assert elide_middle(digest, 20) == "sha256:0cceb25d…eb53"

@@ -1,8 +1,8 @@
 """`anvilctl --help` and every `anvilctl CMD [SUB] --help` stay fast: no heavy module is imported.
 
 Each help runs in a fresh interpreter (`python -c`), which then reports `sys.modules`.
-Command implementations must be imported inside the click callbacks, and help
-text and choices must come from light modules.
+Command implementations must be imported when the callback runs (inside it, or as a
+`cli.session.Lazy` module), and help text and choices must come from light modules.
 """
 
 from __future__ import annotations

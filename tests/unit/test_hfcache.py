@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from anvil_ctl.adapters.hfcache import CacheReport, HfCache, parse_identity
+from anvil_ctl.adapters.hfcache import HfCache, parse_identity
 from anvil_ctl.core.errors import BadInput
-from anvil_ctl.core.model import ModelFile
+from anvil_ctl.core.model import CacheReport, ModelFile
 from anvil_ctl.core.model import hub_repo_folder as repo_folder
 
 REPO = "org/model-x"

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from anvil_ctl.qualify.gates.coding import TASKS, classify
-from anvil_ctl.qualify.metrics import percentile, request_metrics
-from anvil_ctl.qualify.results import ChatResult, Usage
+from anvil_ctl.qualify.results import ChatResult, Usage, percentile, request_metrics
 
 
 class TestPercentile:

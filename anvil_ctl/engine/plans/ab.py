@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 DECLARATION = "00-declaration.json"
 COMPARISON = "ab-comparison.json"
+ARM_IDENTITY = ("slot", "container_id", "qualification_digest", "recipe_digest", "model_identity", "image_id")
 
 
 @dataclass
@@ -93,14 +94,7 @@ def _arms(world: World, arms: tuple[AbArm, AbArm]) -> list[Arm]:
             name=arm.name,
             base_url=world.config.slot(arm.identity.slot).base_url,
             served_model=arm.identity.served_model,
-            identity={
-                "slot": arm.identity.slot,
-                "container_id": arm.identity.container_id,
-                "qualification_digest": arm.identity.qualification_digest,
-                "recipe_digest": arm.identity.recipe_digest,
-                "model_identity": arm.identity.model_identity,
-                "image_id": arm.identity.image_id,
-            },
+            identity={key: getattr(arm.identity, key) for key in ARM_IDENTITY},
         )
         for arm in arms
     ]

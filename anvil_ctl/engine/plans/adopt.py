@@ -8,9 +8,9 @@ from anvil_ctl.core.errors import BadInput
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.steps import NoMemo, Plan, Step, StepContext, StepResult
 from anvil_ctl.engine import gpu_ownership
+from anvil_ctl.engine.assertions import observe_context
 from anvil_ctl.engine.observe import observe, serving
 from anvil_ctl.engine.plans.args import AdoptArgs, AdoptRequest
-from anvil_ctl.engine.served_context import observe_context
 from anvil_ctl.engine.serving import inspect_or_none
 from anvil_ctl.engine.world import World
 

@@ -1,10 +1,7 @@
-"""`promote --canary`: the candidate takes a growing share of its router tier beside the
-incumbent, judged side by side at each step, and becomes the incumbent at 100 %.
-
-The candidate is the loaded candidate of `--slot`, the incumbent the serve another slot of the
-same tier publishes (a blue/green pair); the router must weigh traffic (`WeightedRouter`), and
-the two serves must fit the host's GPUs together. A breach at any share compensates back to
-the incumbent; the pivot is `route-to-candidate`.
+"""`promote --canary`: the slot's loaded candidate takes a growing share of its router tier
+beside the incumbent another slot of the tier publishes, judged side by side at each step, and
+becomes the incumbent at 100 %. A breach at any share compensates back to the incumbent; the
+pivot is `route-to-candidate`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""`load`: put a candidate on a slot, the incumbent stopped and retained.
-
-Pivot: `start-candidate`; once the candidate was started, a crash is finished forward. A
-candidate that never becomes healthy fails its step and everything is undone, the incumbent
-started and routed again. A committed load leaves the tier drained by design: the candidate
-is reached directly until `promote` routes it.
+"""`load`: put a candidate on a slot, the incumbent stopped and retained. Pivot:
+`start-candidate`. A committed load leaves the tier drained by design: the candidate is reached
+directly until `promote` routes it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """`promote`: route the slot's tier to a qualified candidate; it becomes the incumbent.
 
-Pivot: `route-to-candidate`; past it a crash is finished forward, not undone. The goal is that
-the tier still routes to the candidate (a router restarted mid-promote loses it). Watched
-(`--watch`, or the qualifying profile's `[watch]`): the transaction stays `watching` while
-`engine.watch` samples through the route against limits resolved in `prepare`; a breach, `promote
---abort` or SIGINT/SIGTERM ends it `rolled_back`, followed by a rollback to the old incumbent.
+Pivot: `route-to-candidate`; the goal is that the tier still routes to the candidate. Watched,
+it stays `watching` while `engine.watch` samples through the route; a breach, `promote --abort`
+or SIGINT/SIGTERM ends it `rolled_back`, followed by a rollback to the old incumbent.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from anvil_ctl.core.errors import BadInput, StepFailed
 from anvil_ctl.core.identity import Identity
-from anvil_ctl.core.jsontypes import JSONObject, JSONValue, get_objects
+from anvil_ctl.core.jsontypes import JSONObject, get_objects
 from anvil_ctl.core.steps import Guard, NoMemo, Plan, Record, Refusal, Step, StepContext, StepResult, WatchEnd
 from anvil_ctl.engine.gpu_ownership import reserve_reading
 from anvil_ctl.engine.guards import (
@@ -254,7 +252,7 @@ def vram_after_acceptance(ctx: PCtx) -> StepResult:
 
 
 def record_promotion(ctx: PCtx) -> StepResult:
-    world, args = ctx.world, ctx.args
+    world, args, reading = ctx.world, ctx.args, ctx.results.get("vram-after-acceptance")
     old = args.incumbent
     if old is None:
         raise StepFailed(f"slot {args.slot}: no incumbent to keep as the rollback identity")
@@ -273,19 +271,14 @@ def record_promotion(ctx: PCtx) -> StepResult:
         "approved_by": args.approved_by,
         "decision_id": args.decision_id,
         # The reading itself is the vram-after-acceptance step's result, in this transaction's
-        # journal, once; the promotion record names it.
-        "vram_after_acceptance": _reading_ref(ctx.results.get("vram-after-acceptance")),
-    }
-
-
-def _reading_ref(reading: JSONValue) -> JSONObject | None:
-    """Where the promotion's VRAM reading is: its step, whether it passed, its manifest."""
-    if not isinstance(reading, dict):
-        return None
-    return {
-        "step": "vram-after-acceptance",
-        "passed": reading.get("passed"),
-        "manifest_sha256": reading.get("manifest_sha256"),
+        # journal, once; the promotion record names it: its step, whether it passed, its manifest.
+        "vram_after_acceptance": {
+            "step": "vram-after-acceptance",
+            "passed": reading.get("passed"),
+            "manifest_sha256": reading.get("manifest_sha256"),
+        }
+        if isinstance(reading, dict)
+        else None,
     }
 
 

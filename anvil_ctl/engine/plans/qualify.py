@@ -1,8 +1,5 @@
-"""`qualify`: run a profile's gates against the slot's candidate and record a decision.
-
-A non-mutating transaction: `run-gates` writes the evidence, `record-decision` re-checks the
-candidate and records the decision bound to its `qualification_digest`.
-"""
+"""`qualify`: run a profile's gates against the slot's candidate and record a decision bound to
+its `qualification_digest`. A non-mutating transaction."""
 
 from __future__ import annotations
 
@@ -20,10 +17,10 @@ from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import LABEL_RECIPE
 from anvil_ctl.core.steps import Guard, Plan, Step, StepContext, StepResult
+from anvil_ctl.engine.assertions import observed_context
 from anvil_ctl.engine.guards import CandidateIsServing
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.plans.args import QualifyArgs, QualifyRequest
-from anvil_ctl.engine.served_context import observed_context
 from anvil_ctl.engine.serving import identity_drift, inspect_or_none, serving_problems
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence import qualification, waiver_rows

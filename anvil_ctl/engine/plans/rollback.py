@@ -1,10 +1,8 @@
 """`rollback` / `restore`: bring a recorded identity back exactly, as the same container ID.
 
-Pivot: `start-target`; once the target runs healthy with its exact identity, a crash is
-finished forward. The goal is that the tier routes to the target. Then the placement is
-compared with the one recorded when the target last served, on identity-critical fields only
-(`critical_placement`); a critical difference while the slot serves ends `needs_operator`
-with the slot left serving.
+Pivot: `start-target`; the goal is that the tier routes to the target. The placement must then
+equal the one recorded when the target last served, on identity-critical fields only; a
+difference while the slot serves ends `needs_operator`, the slot left serving.
 """
 
 from __future__ import annotations
@@ -324,7 +322,7 @@ def record_restore(ctx: Ctx) -> StepResult:
     world, target, cur = ctx.world, _target(ctx), _current(ctx)
     with world.store.together():  # records only: one database transaction, one audit entry
         world.store.record_identity(ctx.tx_id, "incumbent", target)
-        gpu_ownership.move_ownership(world, ctx.tx_id, cur, target)
+        gpu_ownership.record_ownership(world, ctx.tx_id, target, cur)
     return {"incumbent": target.container_id}
 
 
@@ -333,7 +331,7 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
     if cur is not None and ctx.args.current_role == "incumbent":
         world.store.record_identity(ctx.tx_id, "incumbent", cur)
     if cur is not None:
-        gpu_ownership.move_ownership(world, ctx.tx_id, target, cur)
+        gpu_ownership.record_ownership(world, ctx.tx_id, cur, target)
     return {"incumbent": cur.container_id if cur else None}
 
 

@@ -1,9 +1,5 @@
-"""`unload`: remove a candidate container that this controller created.
-
-Refused unless the container carries our labels as a candidate and is neither the slot's
-incumbent nor its rollback identity; the step checks the labels again just before it acts.
-The pivot is the removal.
-"""
+"""`unload`: remove a candidate container that this controller created (`OurCandidateOnly`,
+checked again just before the removal, its pivot)."""
 
 from __future__ import annotations
 

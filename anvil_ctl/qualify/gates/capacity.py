@@ -14,8 +14,7 @@ from anvil_ctl.evidence.summary import context_label
 from anvil_ctl.qualify import prompts
 from anvil_ctl.qualify.client import EngineClient
 from anvil_ctl.qualify.gates.base import Attempt, Gate, GateContext, gather_limited, stream_problem
-from anvil_ctl.qualify.metrics import METRIC_KEYS, request_metrics, summarize
-from anvil_ctl.qualify.results import GateResult
+from anvil_ctl.qualify.results import METRIC_KEYS, GateResult, request_metrics, summarize
 
 CONTINUE = "Continue the numbered notes above in the same style, one sentence per note."
 SALT_TOKENS = 24
@@ -157,7 +156,13 @@ class Capacity(_Workload):
         for nominal in self.contexts:
             for conc in self.concurrency:
                 cell = self.skipped(nominal, conc, gate_ctx.max_model_len)
-                cell = cell or await self._cell(gate_ctx, nominal, conc)
+                if cell is None:
+                    fit = await self._fit(gate_ctx, nominal)
+                    reps = [
+                        await self.repetition(gate_ctx, nominal, conc, r, fit)
+                        for r in range(self.repetitions)
+                    ]
+                    cell = self.cell(nominal, conc, reps)
                 cells.append(cell)
                 done = "skipped" if cell.get("skipped") else f"{cell['completed']}/{cell['requests']}"
                 labels.append(f"{context_label(nominal)}/C{conc} {done}")
@@ -177,14 +182,6 @@ class Capacity(_Workload):
         if self.skip_above_max_model_len and any(lim and nominal > lim for lim in limits):
             return {"nominal_tokens": nominal, "concurrency": conc, "skipped": "above max_model_len"}
         return None
-
-    async def _cell(self, gate_ctx: GateContext, nominal: int, conc: int) -> JSONObject:
-        chars_per_token = await self._fit(gate_ctx, nominal)
-        reps = [
-            await self.repetition(gate_ctx, nominal, conc, rep, chars_per_token)
-            for rep in range(self.repetitions)
-        ]
-        return self.cell(nominal, conc, reps)
 
     async def repetition(
         self, gate_ctx: GateContext, nominal: int, conc: int, rep: int, chars_per_token: float | None = None

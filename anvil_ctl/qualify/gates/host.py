@@ -72,16 +72,13 @@ class LogAudit(Gate):
         found = classify(log.lines, patterns, secrets=gate_ctx.secrets, keep=self.keep_lines)
         restarts = log.restart_count + found.restarts
         fatal_lines = sum(n for kind, n in found.fatal_counts.items() if kind != "restart")
-        if log.oom_killed or found.fatal_counts.get("oom"):
-            classification = "oom"
-        elif restarts:
-            classification = "restart"
-        elif fatal_lines:
-            classification = "fatal_log_line"
-        elif log.status and log.status != "running":
-            classification = "not_running"
-        else:
-            classification = "pass"
+        hits = {  # the first that holds classifies: an OOM outranks the restart it caused
+            "oom": log.oom_killed or "oom" in found.fatal_counts,
+            "restart": restarts > 0,
+            "fatal_log_line": fatal_lines > 0,
+            "not_running": bool(log.status) and log.status != "running",
+        }
+        classification = next((c for c, hit in hits.items() if hit), "pass")
         evidence: JSONObject = {
             "window": {
                 "since": "container creation (every run of the container)",
