@@ -94,9 +94,8 @@ class App:
 
         from anvil_ctl.config.host import machine_host_name
 
-        config = self.config if self.settings.config.exists() else None
-        if config is not None and config.host:
-            return config.host
+        if self.settings.config.exists() and self.config.host:
+            return self.config.host
         return machine_host_name(socket.gethostname())
 
     @cached_property

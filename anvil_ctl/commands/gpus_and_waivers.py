@@ -17,7 +17,6 @@ from anvil_ctl.config.host import GpuRole, HostConfig
 from anvil_ctl.config.inputs import format_validation_error
 from anvil_ctl.core.errors import AnvilError, BadInput, ConfigError, StateStoreError
 from anvil_ctl.core.jsontypes import JSONArray, JSONObject
-from anvil_ctl.core.model import GpuReading
 from anvil_ctl.core.validate import (
     MAX_MIB,
     check_int,
@@ -110,12 +109,10 @@ def detect(
     *,
     overrides: Mapping[str, str] | None = None,
     write: bool = False,
-    gpus: Sequence[GpuReading] | None = None,
 ) -> JSONObject:
     """Name the host's GPUs (`gpu.roles.detect_roles`). With `write`, the host config gets exactly
     these `[gpu_roles.*]` tables, a per-card reserve kept, validated before it replaces the file."""
-    found = list(gpus) if gpus is not None else app.gpu_probe().gpus()
-    roles = detect_roles(found, overrides)
+    roles = detect_roles(app.gpu_probe().gpus(), overrides)
     path = app.settings.config
     old_text = path.read_text() if path.exists() else ""
     try:
@@ -221,14 +218,12 @@ def waive(
     approved_by = require("--approved-by", check_person, approved_by)
     reason = require("--reason", lambda r: check_text(r, empty=False), reason)
     roles, digest = parse_scope(scope)
-    if roles:
-        known = set(app.config.gpu_roles)
-        unknown = sorted(roles - known)
-        if unknown:
-            raise BadInput(
-                f"--scope: GPU roles {unknown} are not in the host config; expected among {sorted(known)}",
-                field="scope",
-            )
+    known = set(app.config.gpu_roles) if roles else set()
+    if unknown := sorted(roles - known):
+        raise BadInput(
+            f"--scope: GPU roles {unknown} are not in the host config; expected among {sorted(known)}",
+            field="scope",
+        )
     # --expires: an RFC 3339 date (00:00 UTC that day) or date-time (UTC without an offset)
     expires_at = require("--expires", parse_rfc3339, expires) if expires else None
     if expires_at is not None and expires_at <= now:

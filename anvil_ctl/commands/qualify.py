@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from anvil_ctl.bootstrap import App
@@ -72,7 +71,6 @@ def qualify_slot(
     profile: str | None = None,
     gates: Sequence[str] = (),
     progress: Progress | None = None,
-    now: datetime | None = None,
     timeout_s: float | None = None,
 ) -> QualifyOutcome:
     """Qualify `slot`'s current candidate, recording evidence and a decision; gates not started
@@ -86,7 +84,6 @@ def qualify_slot(
         timeout_s=timeout_s,
         recipe_dirs=tuple(d.path for d in recipe_search(app)),
         progress=progress,
-        now=now,
         secrets=router_secrets(app),
     )
     outcome = enter(app, request)

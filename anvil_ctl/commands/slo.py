@@ -8,7 +8,6 @@ breach while in force it runs a `rollback` transaction under every rule a person
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -51,7 +50,6 @@ def slo_check(
     *,
     profile: str | None = None,
     rollback_on_breach: Enablement | None = None,
-    now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> tuple[bool, JSONObject]:
     """Sample the slot's route as a watch does; (held, what was observed) for the recheck's
     `slo` assertion."""
@@ -100,7 +98,7 @@ def slo_check(
         "rollback": None,
     }
     if found and rollback_on_breach is not None:
-        observed["rollback"] = _roll_back(app, ident, rollback_on_breach, found, now())
+        observed["rollback"] = _roll_back(app, ident, rollback_on_breach, found, datetime.now(UTC))
     return not found, observed
 
 
