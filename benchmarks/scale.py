@@ -287,19 +287,10 @@ class Copier:
                 ref_table, ref_key, hex_digest = ref_of(COVERED[table], as_read)
                 covered.append([ref_table, ref_key, audit_chain.compact_digest(hex_digest)])
         rows_json = canonical_json(covered)
-        digest = audit_chain.entry_hash(
-            self.prev_hash,
-            row["id"],
-            at=row["at"],
-            tx_id=row["tx_id"],
-            event=row["event"],
-            payload=row["payload_json"],
-            rows=rows_json,
-            host=row["host_id"],
-        )
+        row["rows_json"] = rows_json
+        digest = audit_chain.entry_hash(self.prev_hash, row)
         row["prev_hash"] = self.prev_hash[: audit_chain.LINK_TAG]
         row["hash"] = digest
-        row["rows_json"] = rows_json
         self.prev_hash = digest
         return row
 

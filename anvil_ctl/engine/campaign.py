@@ -21,7 +21,7 @@ from anvil_ctl.engine.serving import (
     tier_incumbent,
 )
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import queries
+from anvil_ctl.persistence import queries, snapshots
 
 SERVING = "serving"
 QUALIFYING = "qualifying"
@@ -200,7 +200,7 @@ def _tier(world: World, campaign: Campaign) -> Observation:
     assert world.router is not None
     cfg = world.config.slot(campaign.candidate.slot)
     now = _backends(world.router.view(cfg.router_tier))
-    after = world.store.snapshots(campaign.load_tx).get("after")
+    after = snapshots.of_transaction(world.store, campaign.load_tx).get("after")
     recorded: JSONValue = None
     if after is not None:
         try:

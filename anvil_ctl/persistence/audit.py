@@ -15,7 +15,7 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.digest import canonical_json, sha256_hex
-from anvil_ctl.persistence.coverage import RowRef, take_pending
+from anvil_ctl.persistence.coverage import RowRef, RowValues, take_pending
 from anvil_ctl.persistence.models import AuditEntry
 
 GENESIS = "0" * 64
@@ -43,26 +43,16 @@ class Head:
 EMPTY = Head(0, GENESIS)
 
 
-def entry_hash(
-    prev_hash: str,
-    row_id: int,
-    *,
-    at: str,
-    tx_id: str | None,
-    event: str,
-    payload: str,
-    rows: str,
-    host: int,
-) -> str:
-    """The entry's hash: the previous hash and the entry's canonical content."""
+def entry_hash(prev_hash: str, entry: RowValues) -> str:
+    """The hash of an entry (its `audit_journal` columns): the previous hash and its content."""
     body = {
-        "id": row_id,
-        "at": at,
-        "tx_id": tx_id,
-        "event": event,
-        "payload": payload,
-        "rows": rows,
-        "host": host,
+        "id": entry["id"],
+        "at": entry["at"],
+        "tx_id": entry["tx_id"],
+        "event": entry["event"],
+        "payload": entry["payload_json"],
+        "rows": entry["rows_json"],
+        "host": entry["host_id"],
     }
     return sha256_hex(prev_hash + "|" + canonical_json(body))
 
@@ -104,9 +94,6 @@ def append(
     host = session.info.get(HOST)
     if not isinstance(host, int):
         raise RuntimeError("an audit entry needs the host it is written for (Store.write sets it)")
-    digest = entry_hash(
-        prev_hash, row_id, at=at, tx_id=tx_id, event=event, payload=body, rows=rows_json, host=host
-    )
     values: dict[str, str | int | None] = {
         "host_id": host,
         "id": row_id,
@@ -115,9 +102,9 @@ def append(
         "event": event,
         "payload_json": body,
         "prev_hash": prev_hash[:LINK_TAG],
-        "hash": digest,
         "rows_json": rows_json,
     }
+    values["hash"] = digest = entry_hash(prev_hash, values)
     session.execute(insert(AuditEntry).values(values))
     new = Head(row_id, digest)
     session.info[HEAD] = new

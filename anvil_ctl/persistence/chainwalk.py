@@ -112,25 +112,12 @@ class Walk:
     refs: dict[str, Refs] = field(default_factory=lambda: defaultdict(Refs))
 
 
-_ENTRY_COLUMNS = (
-    AuditEntry.id,
-    AuditEntry.at,
-    AuditEntry.tx_id,
-    AuditEntry.event,
-    AuditEntry.payload_json,
-    AuditEntry.prev_hash,
-    AuditEntry.hash,
-    AuditEntry.rows_json,
-    AuditEntry.host_id,
-)
-
-
 def walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str]) -> Walk:
     """Walk the entries after `start` in id order; `pins`: seq -> hash some record expects."""
     walked = Walk(start, start)
     prev_hash, expected_id = start.hash, start.seq + 1
     q = (
-        select(*_ENTRY_COLUMNS)
+        select(AuditEntry.__table__)
         .where(AuditEntry.id > start.seq)
         .order_by(AuditEntry.id)
         .execution_options(yield_per=BATCH)
@@ -150,16 +137,7 @@ def walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str])
                     row.id,
                 )
             )
-        if linked and row.hash != audit.entry_hash(
-            prev_hash,
-            row.id,
-            at=row.at,
-            tx_id=row.tx_id,
-            event=row.event,
-            payload=row.payload_json,
-            rows=row.rows_json,
-            host=row.host_id,
-        ):
+        if linked and row.hash != audit.entry_hash(prev_hash, row._mapping):
             problems.append(Problem("content edited: hash does not match the entry", row.id))
         pinned = pins.get(row.id)
         if pinned is not None and pinned != row.hash:

@@ -1,7 +1,7 @@
-"""Snapshots in the state database: bodies stored once per content, diffs, and reads.
+"""Reading recorded snapshots (the Store records them): bodies, diffs, and what a serve served.
 
 Each `snapshots` row names its blob (`snapshot_blobs`, keyed by SHA-256); a diff is a JSON Patch
-with a `test` of every value it takes away. These work inside the Store's write transaction.
+with a `test` of every value it takes away.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from collections.abc import Iterator, Mapping
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from anvil_ctl.core.digest import canonical_json
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
-from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
+from anvil_ctl.core.snapshot import Snapshot
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
+from anvil_ctl.persistence.store import Store
 
 FIRST_BOUND = 2**31 - 1
 """Above every key: the largest INTEGER, the keys' type (PostgreSQL refuses a larger parameter)."""
@@ -44,32 +44,6 @@ def _newest_first(s: Session, slot: str, host: int) -> Iterator[tuple[int, str]]
         size = min(size * 2, 256)
 
 
-def record(s: Session, tx_id: str | None, label: str, snapshot: Snapshot, now: str) -> int:
-    """Add a `snapshots` row (and its blob when the content is new); returns the row's id."""
-    if s.get(SnapshotBlob, snapshot.sha256) is None:
-        s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=snapshot.canonical, at=now))
-    row = SnapshotRow(tx_id=tx_id, label=label, sha256=snapshot.sha256, at=now)
-    s.add(row)
-    s.flush()
-    return row.id
-
-
-def record_diff(
-    s: Session, tx_id: str, label: str, *, before: Snapshot, after: Snapshot, changes: list[Change], now: str
-) -> None:
-    s.add(
-        SnapshotDiff(
-            tx_id=tx_id,
-            label=label,
-            before_sha256=before.sha256,
-            after_sha256=after.sha256,
-            equal=int(not changes),
-            changes_json=canonical_json(to_patch(changes)),
-            at=now,
-        )
-    )
-
-
 def stored_changes(row: SnapshotDiff) -> list[JSONObject]:
     """A diff row's JSON Patch."""
     value: JSONValue = json.loads(row.changes_json)
@@ -78,40 +52,43 @@ def stored_changes(row: SnapshotDiff) -> list[JSONObject]:
     return [op for op in value if isinstance(op, dict)]
 
 
-def served_snapshot(s: Session, target: Identity, host: int) -> tuple[str, JSONObject] | None:
-    """The SHA-256 and body of the newest recorded snapshot in which `target` served its slot:
-    recorded as its incumbent, its container running and the binding serving its model."""
+def served_snapshot(store: Store, target: Identity) -> tuple[str, JSONObject] | None:
+    """The SHA-256 and body of this host's newest recorded snapshot in which `target` served its
+    slot: recorded as its incumbent, its container running and the binding serving its model."""
     seen: set[str] = set()
-    for _, sha in _newest_first(s, target.slot, host):  # stops at the first that qualifies
-        if sha in seen:  # the same content again: it did not qualify the first time
-            continue
-        seen.add(sha)
-        body: JSONValue = json.loads(_blob(s, sha))
-        if not isinstance(body, dict):
-            continue
-        slot = _object(_object(body.get("slots")).get(target.slot))
-        if _object(slot.get("incumbent")).get("container_id") != target.container_id:
-            continue
-        container = _object(_object(slot.get("containers")).get(target.container_id))
-        served = _object(slot.get("serving")).get("models")
-        # each [name, max_model_len]
-        models = [m[0] for m in served if isinstance(m, list) and m] if isinstance(served, list) else []
-        if container.get("status") == "running" and models == [target.served_model]:
-            return sha, body
+    with store.read() as s:
+        for _, sha in _newest_first(s, target.slot, store.host):  # stops at the first that qualifies
+            if sha in seen:  # the same content again: it did not qualify the first time
+                continue
+            seen.add(sha)
+            body: JSONValue = json.loads(_blob(s, sha))
+            if not isinstance(body, dict):
+                continue
+            slot = _object(_object(body.get("slots")).get(target.slot))
+            if _object(slot.get("incumbent")).get("container_id") != target.container_id:
+                continue
+            container = _object(_object(slot.get("containers")).get(target.container_id))
+            served = _object(slot.get("serving")).get("models")
+            # each [name, max_model_len]
+            models = [m[0] for m in served if isinstance(m, list) and m] if isinstance(served, list) else []
+            if container.get("status") == "running" and models == [target.served_model]:
+                return sha, body
     return None
 
 
-def body_by_sha256(s: Session, sha256: str) -> JSONObject | None:
-    """A recorded snapshot's body by its SHA-256, None if there is none."""
-    blob = s.get(SnapshotBlob, sha256)
+def body_by_sha256(store: Store, sha256: str) -> JSONObject | None:
+    """A recorded snapshot's body by its SHA-256, None if the record holds no such body."""
+    with store.read() as s:
+        blob = s.get(SnapshotBlob, sha256)
     value: JSONValue = json.loads(blob.body_json) if blob is not None else None
     return value if isinstance(value, dict) else None
 
 
-def of_transaction(s: Session, tx_id: str) -> dict[str, Snapshot]:
+def of_transaction(store: Store, tx_id: str) -> dict[str, Snapshot]:
     """A transaction's snapshots by label (before, after, ...)."""
-    rows = s.execute(select(SnapshotRow).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id)).scalars()
-    return {r.label: Snapshot(json.loads(_blob(s, r.sha256))) for r in rows}
+    q = select(SnapshotRow).where(SnapshotRow.tx_id == tx_id).order_by(SnapshotRow.id)
+    with store.read() as s:
+        return {r.label: Snapshot(json.loads(_blob(s, r.sha256))) for r in s.execute(q).scalars()}
 
 
 def _object(value: object) -> Mapping[str, object]:

@@ -22,9 +22,9 @@ from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
-from anvil_ctl.core.snapshot import Change, Snapshot
+from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
-from anvil_ctl.persistence import audit, coverage, projection, snapshots
+from anvil_ctl.persistence import audit, coverage, projection
 from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head, Held
 from anvil_ctl.persistence.current_models import IdentityCurrent, TxCurrent
@@ -34,6 +34,9 @@ from anvil_ctl.persistence.models import (
     HostHistory,
     IdentityBody,
     IdentityRow,
+    SnapshotBlob,
+    SnapshotDiff,
+    SnapshotRow,
     StepEventRow,
     Transaction,
     TransactionState,
@@ -292,16 +295,31 @@ class Store:
             return [StepEvent(r.seq, r.step, r.phase, r.event, json.loads(r.detail_json), r.at) for r in rows]
 
     def record_snapshot(self, tx_id: str | None, label: str, snapshot: Snapshot) -> int:
+        """Add a `snapshots` row (and its blob when the content is new); returns the row's id."""
         with self.write() as s:
-            row_id = snapshots.record(s, tx_id, label, snapshot, utcnow())
+            now = utcnow()
+            if s.get(SnapshotBlob, snapshot.sha256) is None:
+                s.add(SnapshotBlob(sha256=snapshot.sha256, body_json=snapshot.canonical, at=now))
+            row = SnapshotRow(tx_id=tx_id, label=label, sha256=snapshot.sha256, at=now)
+            s.add(row)
             self.audit(s, "snapshot", tx_id, {})  # the covered rows hold label, hash and body
-            return row_id
+            return row.id
 
     def record_diff(
         self, tx_id: str, label: str, before: Snapshot, after: Snapshot, changes: list[Change]
     ) -> None:
         with self.write() as s:
-            snapshots.record_diff(s, tx_id, label, before=before, after=after, changes=changes, now=utcnow())
+            s.add(
+                SnapshotDiff(
+                    tx_id=tx_id,
+                    label=label,
+                    before_sha256=before.sha256,
+                    after_sha256=after.sha256,
+                    equal=int(not changes),
+                    changes_json=canonical_json(to_patch(changes)),
+                    at=utcnow(),
+                )
+            )
             self.audit(s, "snapshot.diff", tx_id, {})  # the covered diff row holds it all
 
     def _in_states(self, states: frozenset[TxState]) -> list[TxRecord]:
@@ -396,17 +414,3 @@ class Store:
             .where(or_(starts(i.container_id), starts(i.digest), i.served_model == ref))
             .order_by(i.id.desc())
         )
-
-    def served_snapshot(self, target: Identity) -> tuple[str, JSONObject] | None:
-        """See `snapshots.served_snapshot`."""
-        with self.read() as s:
-            return snapshots.served_snapshot(s, target, self.host)
-
-    def snapshot_body(self, sha256: str) -> JSONObject | None:
-        """A recorded snapshot's body by its SHA-256, None if the record holds no such body."""
-        with self.read() as s:
-            return snapshots.body_by_sha256(s, sha256)
-
-    def snapshots(self, tx_id: str) -> dict[str, Snapshot]:
-        with self.read() as s:
-            return snapshots.of_transaction(s, tx_id)

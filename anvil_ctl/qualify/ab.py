@@ -58,12 +58,12 @@ async def _max_model_len(client: EngineClient, served_model: str) -> int | None:
     return card.max_model_len
 
 
-async def measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0) -> JSONObject:
+async def measure(arms: Sequence[Arm], capacity: Capacity) -> JSONObject:
     """Both arms' cells, alternating per repetition; returns each arm's raw cells and the order run."""
     a, b = arms
     async with (
-        EngineClient(a.base_url, timeout_s=request_timeout_s) as ca,
-        EngineClient(b.base_url, timeout_s=request_timeout_s) as cb,
+        EngineClient(a.base_url) as ca,
+        EngineClient(b.base_url) as cb,
     ):
         limits = [await _max_model_len(ca, a.served_model), await _max_model_len(cb, b.served_model)]
         ctxs = {
@@ -91,9 +91,9 @@ async def measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s:
     return {"cells": {**cells}, "order": order}
 
 
-def run_measure(arms: Sequence[Arm], capacity: Capacity, *, request_timeout_s: float = 600.0) -> JSONObject:
+def run_measure(arms: Sequence[Arm], capacity: Capacity) -> JSONObject:
     """Synchronous `measure`, for callers that run no event loop."""
-    return asyncio.run(measure(arms, capacity, request_timeout_s=request_timeout_s))
+    return asyncio.run(measure(arms, capacity))
 
 
 # -- the comparison and its verdict -------------------------------------------------------------

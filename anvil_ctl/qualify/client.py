@@ -189,14 +189,11 @@ class EngineClient:
         self,
         base_url: str,
         *,
-        api_key: str | None = None,
         timeout_s: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
-            headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             transport=transport,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),

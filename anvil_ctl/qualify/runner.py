@@ -127,10 +127,7 @@ def run_qualification(
     identity_digest: str,
     reserve_probe: ReserveProbe | None = None,
     progress: Progress | None = None,
-    api_key: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
-    chars_per_token: float = 4.0,
-    request_timeout_s: float = 600.0,
     container_log: LogReader | None = None,
     engine: EngineProfile = OPENAI_COMPATIBLE,
     secrets: Sequence[str] = (),
@@ -144,8 +141,7 @@ def run_qualification(
     gate that would start after `timeout_s` is recorded as failed (`timeout`), so the decision can
     never say an incomplete run passed."""
     end = None if timeout_s is None else time.monotonic() + timeout_s
-    if timeout_s is not None:
-        request_timeout_s = min(request_timeout_s, timeout_s)
+    request_timeout_s = 600.0 if timeout_s is None else min(600.0, timeout_s)
     progress = progress or NullProgress()
     started_at = utc_stamp(datetime.now(UTC))
     writer = EvidenceWriter(evidence_dir, tx_id)
@@ -170,13 +166,11 @@ def run_qualification(
             classification=result.classification,
         )
 
-    async def run_gates(chars_per_token: float) -> None:
-        async with EngineClient(
-            base_url, api_key=api_key, transport=transport, timeout_s=request_timeout_s
-        ) as client:
+    async def run_gates() -> None:
+        async with EngineClient(base_url, transport=transport, timeout_s=request_timeout_s) as client:
             progress.gate_started(IDENTITY_GATE, 1, len(names))
             identity, max_model_len, chars_per_token = await served_identity(
-                client, served_model, context, engine, chars_per_token
+                client, served_model, context, engine
             )
             record(0, identity)
             if identity.passed:
@@ -206,7 +200,7 @@ def run_qualification(
                         record(index + 1, engine_exited(gate.name, died, [g.name for g in gates[index:]]))
                         break
 
-    asyncio.run(run_gates(chars_per_token))
+    asyncio.run(run_gates())
     rows = summary_rows(r.evidence for r in results)
     writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows], "origin": "local"})
     writer.write_json("provenance.json", provenance_record(provenance, writer.artifacts))
@@ -253,7 +247,7 @@ async def served_identity(
     served_model: str,
     context: JSONObject | None,
     engine: EngineProfile,
-    chars_per_token: float,
+    chars_per_token: float = 4.0,
 ) -> tuple[GateResult, int | None, float]:
     """The runner's first gate: `GET /v1/models` lists the served model. Its `max_model_len`,
     or the context the caller observed where the engine reports none, bounds long-context

@@ -275,16 +275,7 @@ class Attacker:
         before = con.execute("SELECT hash FROM audit_journal WHERE id = ?", (first - 1,)).fetchone()
         prev = before[0] if before else GENESIS
         for e in con.execute("SELECT * FROM audit_journal WHERE id >= ? ORDER BY id", (first,)).fetchall():
-            digest = entry_hash(
-                prev,
-                e["id"],
-                at=e["at"],
-                tx_id=e["tx_id"],
-                event=e["event"],
-                payload=e["payload_json"],
-                rows=e["rows_json"],
-                host=e["host_id"],
-            )
+            digest = entry_hash(prev, e)
             con.execute(
                 "UPDATE audit_journal SET prev_hash = ?, hash = ? WHERE id = ?",
                 (prev[:LINK_TAG], digest, e["id"]),

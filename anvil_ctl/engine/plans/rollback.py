@@ -37,7 +37,7 @@ from anvil_ctl.engine.serving import (
     tier_incumbent,
 )
 from anvil_ctl.engine.world import World
-from anvil_ctl.persistence import queries
+from anvil_ctl.persistence import queries, snapshots
 from anvil_ctl.persistence.queries import Revision
 from anvil_ctl.persistence.store import Store
 
@@ -154,7 +154,7 @@ def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
     current, role = _serving_now(world, slot, target)
     # The newest snapshot in which the target served the slot as its incumbent (running, its
     # binding answering with its model): not one taken while it was stopped.
-    served = store.served_snapshot(target) if target else None
+    served = snapshots.served_snapshot(store, target) if target else None
     return RollbackArgs(
         slot=slot,
         target=target,
@@ -338,7 +338,7 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
 def _recorded_body(ctx: Ctx) -> Mapping[str, object]:
     """The recorded snapshot the restore must equal; {} if the record lost it."""
     sha = ctx.args.recorded_sha256
-    return (ctx.world.store.snapshot_body(sha) if sha else None) or {}
+    return (snapshots.body_by_sha256(ctx.world.store, sha) if sha else None) or {}
 
 
 def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot, hold: Hold) -> list[str]:
