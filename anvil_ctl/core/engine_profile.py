@@ -8,7 +8,6 @@ an engine without a profile is probed as `OPENAI_COMPATIBLE`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -137,12 +136,6 @@ class EngineProfile:
     sources: tuple[str, ...] = field(default=())
     """Where the facts above were observed or read."""
 
-    def ready(self, health_ok: bool | None, models: Iterable[str], served_model: str) -> bool:
-        """Ready: the health route (if any) answered 200 and /v1/models lists exactly `served_model`."""
-        if self.health_path is not None and not health_ok:
-            return False
-        return list(models) == [served_model]
-
     @property
     def fatal_patterns(self) -> tuple[FatalPattern, ...]:
         """The common fatal patterns, then the engine's own (the first match names a line)."""
@@ -152,11 +145,6 @@ class EngineProfile:
     def own_log_patterns(self) -> bool:
         """False: the profile knows nothing of its engine's log beyond the common set."""
         return bool(self.fatal_log_patterns or self.notice_log_patterns or self.start_banner)
-
-    def fatal_lines(self, log_text: str) -> list[str]:
-        """The lines of `log_text` that match a fatal pattern, in order."""
-        compiled = [re.compile(p.regex) for p in self.fatal_patterns]
-        return [line for line in log_text.splitlines() if any(c.search(line) for c in compiled)]
 
     def refused_context(self, message: str) -> int | None:
         """The context length a context-refusal answer names, or None."""

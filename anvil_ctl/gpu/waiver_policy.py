@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -173,12 +173,10 @@ def reclassify(
         "outcome": outcome,
         "waiver_ids": list(waiver_ids),
     }
-    return Decision(
+    return replace(
+        decision,  # the same candidate, evidence and recipe
         id="dec-" + sha256_hex(body)[:16],
         outcome=outcome,
-        identity_digest=decision.identity_digest,
-        evidence_id=decision.evidence_id,
-        recipe_digest=decision.recipe_digest,
         reclassifies=decision.id,
         waiver_ids=waiver_ids,
         reasons=reasons,

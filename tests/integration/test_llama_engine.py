@@ -38,6 +38,7 @@ from anvil_ctl.core.engine_profile import LLAMA_CPP_PYTHON
 from anvil_ctl.core.errors import NotFound
 from anvil_ctl.core.model import ContainerSpec, Mount
 from anvil_ctl.core.model import hub_repo_folder as repo_folder
+from anvil_ctl.qualify.logs import classify, patterns_of
 from anvil_ctl.recipes.model import Recipe, load_recipe
 from tests.integration.conftest import find_free_port
 
@@ -369,6 +370,8 @@ def test_a_corrupt_model_exits_1_with_llama_cpps_fatal_lines(
     assert any(line.startswith("llama_model_load: error loading model:") for line in fatal), logs[-2000:]
     assert "llama_model_load_from_file_impl: failed to load model" in fatal
     assert any(line.startswith("ValueError: Failed to load model from file:") for line in fatal)
-    # The engine profile's fatal patterns find llama.cpp's own lines (what log triage reads).
-    assert set(fatal) <= set(LLAMA_CPP_PYTHON.fatal_lines(logs))
+    # The log audit, with the engine profile's patterns, finds llama.cpp's own fatal lines.
+    lines = logs.splitlines()
+    found = classify(lines, patterns_of(LLAMA_CPP_PYTHON), keep=len(lines)).fatal
+    assert set(fatal) <= {str(f["text"]) for f in found}
     REPORT["corrupt_model_fatal_lines"] = fatal

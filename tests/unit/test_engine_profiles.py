@@ -1,4 +1,4 @@
-"""Engine profiles: the registry, readiness, log triage and the facts observed of llama.cpp."""
+"""Engine profiles: the registry, log triage and the facts observed of llama.cpp."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from anvil_ctl.core.engine_profile import (
     STUB,
     engine_profile,
 )
+from anvil_ctl.qualify.logs import classify, patterns_of
 
 # Lines captured from llama-cpp-python 0.3.36 containers (docs/ENGINES.md).
 LLAMA_CORRUPT_LOG = "\n".join(
@@ -81,28 +82,20 @@ class TestTheRegistry:
         assert profile.sources, "every profile says where its facts come from"
 
 
-class TestReadiness:
-    def test_with_a_health_route_ready_needs_health_and_exactly_the_served_name(self):
-        assert STUB.ready(True, ["m"], "m")
-        assert not STUB.ready(False, ["m"], "m")
-        assert not STUB.ready(True, ["m", "other"], "m")
-
-    def test_without_a_health_route_the_model_list_alone_decides(self):
-        assert LLAMA_CPP_PYTHON.health_path is None
-        assert LLAMA_CPP_PYTHON.ready(None, ["smollm2"], "smollm2")
-        assert LLAMA_CPP_PYTHON.ready(False, ["smollm2"], "smollm2")
-        assert not LLAMA_CPP_PYTHON.ready(None, [], "smollm2")
+def llama_fatal_lines(log: str) -> list[str]:
+    """The lines the log audit classifies fatal in a llama-cpp-python log, in order."""
+    return [str(f["text"]) for f in classify(log.splitlines(), patterns_of(LLAMA_CPP_PYTHON)).fatal]
 
 
 class TestLogTriage:
     def test_llama_cpps_own_fatal_lines_are_found_in_order(self):
-        lines = LLAMA_CPP_PYTHON.fatal_lines(LLAMA_CORRUPT_LOG)
+        lines = llama_fatal_lines(LLAMA_CORRUPT_LOG)
         assert lines[0].startswith("llama_model_load: error loading model: tensor 'token_embd.weight'")
         assert lines[-1].startswith("ValueError: Failed to load model from file:")
         assert not any(line.startswith("llama_model_loader: loaded meta data") for line in lines)
 
     def test_timing_lines_are_not_fatal(self):
-        assert LLAMA_CPP_PYTHON.fatal_lines(LLAMA_PERF) == []
+        assert llama_fatal_lines(LLAMA_PERF) == []
 
     def test_a_profile_reads_the_limit_from_a_context_refusal(self):
         message = (
