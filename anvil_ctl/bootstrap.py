@@ -77,7 +77,7 @@ class App:
     @cached_property
     def store(self) -> Store:
         """The state database's Store, attached to this host (refused when another machine holds the name)."""
-        from anvil_ctl.persistence.audit import head_path_for
+        from anvil_ctl.persistence.head import head_path_for
         from anvil_ctl.persistence.hosts import attach
         from anvil_ctl.persistence.migrate import check_revision
         from anvil_ctl.persistence.store import Store

@@ -11,10 +11,10 @@ from anvil_ctl.core.validate import unsafe_char
 from anvil_ctl.engine.observe import router_view, serving
 from anvil_ctl.persistence import hosts
 from anvil_ctl.persistence import verify as chain
-from anvil_ctl.persistence.audit import head_path_for, set_aside
 from anvil_ctl.persistence.copy import copy_host
 from anvil_ctl.persistence.db import make_engine
 from anvil_ctl.persistence.db import where as db_where
+from anvil_ctl.persistence.head import head_path_for, set_aside
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.persistence.store import Store, utcnow
 

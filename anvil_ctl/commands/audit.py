@@ -11,7 +11,7 @@ from anvil_ctl.core.validate import check_text, parse_rfc3339, require, require_
 from anvil_ctl.persistence import hosts, queries
 from anvil_ctl.persistence import rechecks as recheck_rows
 from anvil_ctl.persistence import verify as chain
-from anvil_ctl.persistence.audit import parse_head
+from anvil_ctl.persistence.head import parse_head
 from anvil_ctl.persistence.queries import Revision, TransactionDetail, TransactionSummary
 from anvil_ctl.persistence.rechecks import RecheckRecord
 

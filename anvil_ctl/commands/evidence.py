@@ -34,7 +34,7 @@ from anvil_ctl.evidence.bundle import (
 from anvil_ctl.evidence.plots import require_matplotlib
 from anvil_ctl.evidence.report import render_page
 from anvil_ctl.persistence import qualification, queries, waiver_rows
-from anvil_ctl.persistence.audit import database_file
+from anvil_ctl.persistence.head import database_file
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.qualify.profiles import PROFILES_DIR
 

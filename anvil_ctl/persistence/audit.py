@@ -1,33 +1,22 @@
-"""The hash-chained audit journal: appending entries, the chain's head, and the head file.
+"""The hash-chained audit journal: appending entries, and the chain's head.
 
 Each entry hashes the previous entry's hash and its own canonical content, including the
 digests of the history rows written with it (`coverage`). The head, `(seq, hash)` of the last
-entry, is what witnesses outside the database record (the head file, `--expect-head`). A cut
-tail leaves no trace inside the database; the head file beside it shows the cut. It only
-advances, and only from a position the database still holds; behind after a crash is harmless.
+entry, is what witnesses outside the database record (the head file, `--expect-head`).
 """
 
 from __future__ import annotations
 
 import base64
-import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from sqlalchemy import insert, select, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from anvil_ctl.atomic import atomic_write
 from anvil_ctl.core.digest import canonical_json, sha256_hex
-from anvil_ctl.core.errors import BadInput
-from anvil_ctl.log import get_logger
 from anvil_ctl.persistence.coverage import RowRef, RowValues, take_pending
 from anvil_ctl.persistence.models import AuditEntry
-
-log = get_logger(__name__)
 
 GENESIS = "0" * 64
 LINK_TAG = 8
@@ -157,102 +146,3 @@ def head(session: Session) -> Head:
 def hash_at(session: Session, seq: int) -> str | None:
     """The hash of entry `seq`, None if there is no such entry."""
     return session.execute(select(AuditEntry.hash).where(AuditEntry.id == seq)).scalar()
-
-
-# -- the head file ------------------------------------------------------------------------------
-
-HEAD_RE = re.compile(r"^(\d{1,18}):([0-9a-f]{64})$")
-
-
-def parse_head(text: str, *, what: str = "--expect-head") -> Head:
-    """`SEQ:HASH` (a positive entry number and 64 lowercase hex digits)."""
-    match = HEAD_RE.match(text.strip())
-    if match is None or int(match.group(1)) < 1:
-        raise BadInput(f"{what}: expected SEQ:HASH (entry number, 64 hex digits), got {text!r}", field=what)
-    return Head(int(match.group(1)), match.group(2))
-
-
-def database_file(db_url: str) -> Path | None:
-    """The file of an SQLite database URL; None for a server database (or in memory)."""
-    url = make_url(db_url)
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
-        return None
-    if url.database.startswith("file:"):  # an SQLite URI filename (`?uri=true`): its path part
-        return Path(url.database.removeprefix("file:").split("?", 1)[0])
-    return Path(url.database)
-
-
-def head_path_for(db_url: str, state_dir: Path) -> Path:
-    """Where the head file of the database at `db_url` lives (see the module doc)."""
-    db_file = database_file(db_url)
-    if db_file is not None:
-        return db_file.with_name(db_file.name + ".head")
-    return state_dir / "audit-head.json"
-
-
-class HeadFileError(ValueError):
-    """The head file exists but is not one (unreadable, not JSON, wrong fields)."""
-
-
-def read_head(path: Path) -> Head | None:
-    """The head the file records; None if there is no file."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise HeadFileError(f"{path}: cannot be read: {exc.strerror}") from None
-    try:
-        data = json.loads(raw)
-        return parse_head(f"{data['seq']}:{data['hash']}", what=str(path))
-    except (ValueError, KeyError, TypeError, BadInput):
-        raise HeadFileError(f"{path}: not a head file (expected JSON with seq and hash)") from None
-
-
-def set_aside(path: Path, stamp: str) -> Path | None:
-    """Move a head file that belongs to no database any more out of the way; where it went."""
-    if not path.exists():
-        return None
-    target = path.with_name(f"{path.name}.stale-{stamp}")
-    path.rename(target)
-    log.warning("audit.head_set_aside", path=str(path), moved_to=str(target))
-    return target
-
-
-def may_advance(path: Path, new: Head, session: Session) -> bool:
-    """Whether the head file may move to `new`: it is behind, and the database still holds
-    the entry it names (read in `session`, the writer's transaction)."""
-    try:
-        old = read_head(path)
-    except HeadFileError as exc:
-        log.error("audit.head_kept", path=str(path), error=str(exc))
-        return False
-    if old is None:
-        return True
-    if old.seq >= new.seq:
-        return False  # another writer got further first
-    held = hash_at(session, old.seq)
-    if held != old.hash:
-        log.error(
-            "audit.head_kept",
-            path=str(path),
-            head=str(old),
-            found=held,
-            why="the database no longer holds the head file's entry; run `anvilctl audit verify`",
-        )
-        return False
-    return True
-
-
-def advance(path: Path, new: Head) -> None:
-    """Write `new` unless the file got ahead meanwhile; a failure is logged, never raised:
-    the commit it follows stands."""
-    try:
-        old = read_head(path)
-        if old is not None and old.seq >= new.seq:
-            return
-        atomic_write(path, json.dumps({"hash": new.hash, "seq": new.seq}) + "\n")
-    except (OSError, HeadFileError) as exc:
-        log.warning("audit.head_unwritten", path=str(path), head=str(new), error=str(exc))
-        return
-    log.debug("audit.head", seq=new.seq, hash=new.hash)

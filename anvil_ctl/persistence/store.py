@@ -25,6 +25,7 @@ from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.snapshot import Change, Snapshot, to_patch
 from anvil_ctl.core.states import UNFINISHED_STATES, UNRESOLVED_STATES, TxState, check_transition
 from anvil_ctl.persistence import audit, coverage, projection
+from anvil_ctl.persistence import head as head_file
 from anvil_ctl.persistence.audit import Head, Held
 from anvil_ctl.persistence.current_models import IdentityCurrent, TxCurrent
 from anvil_ctl.persistence.db import BUSY_MS, reader, translated
@@ -108,14 +109,14 @@ class Store:
         self._advance(advance_to)
 
     def _may_advance(self, s: Session, new: Head | None) -> Head | None:
-        """`new`, if the head file may move to it (`audit.may_advance`, read in `s`)."""
+        """`new`, if the head file may move to it (`head_file.may_advance`, read in `s`)."""
         if new is None or self.head_path is None:
             return None
-        return new if audit.may_advance(self.head_path, new, s) else None
+        return new if head_file.may_advance(self.head_path, new, lambda seq: audit.hash_at(s, seq)) else None
 
     def _advance(self, to: Head | None) -> None:
         if to is not None and self.head_path is not None:
-            audit.advance(self.head_path, to)
+            head_file.advance(self.head_path, to)
 
     def register(self) -> None:
         """Register the attached host now if it is not yet (`hosts.attach`; `init`)."""

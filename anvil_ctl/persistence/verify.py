@@ -22,10 +22,11 @@ from anvil_ctl.core.errors import Unavailable
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import audit, chainwalk, projection
-from anvil_ctl.persistence.audit import Head, HeadFileError, read_head
+from anvil_ctl.persistence.audit import Head
 from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs
 from anvil_ctl.persistence.coverage import COVERED, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
+from anvil_ctl.persistence.head import HeadFileError, read_head
 from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry, Host
 from anvil_ctl.persistence.store import Store, utcnow
 
