@@ -39,8 +39,6 @@ from anvil_ctl.persistence.models import (
 from anvil_ctl.persistence.projection import newest_revision
 from anvil_ctl.persistence.store import Store
 
-# -- shapes ------------------------------------------------------------------------------------
-
 
 class TransactionSummary(TypedDict):
     """A row of `v_transactions`: a transaction with its current state, and its host."""
@@ -91,9 +89,6 @@ class Revision(TypedDict):
     created_at: str
     updated_at: str
     serve: ServeRef | None
-
-
-# -- queries -----------------------------------------------------------------------------------
 
 
 def equal_to(**filters: str | int | None) -> tuple[str, dict[str, str | int]]:
