@@ -62,15 +62,14 @@ class Reply:
 class Session:
     """The global options of this invocation and its App, opened on first use."""
 
-    def __init__(self, options: GlobalOptions, opener: Callable[[GlobalOptions], App]) -> None:
+    def __init__(self, options: GlobalOptions) -> None:
         self.options = options
-        self._opener = opener
         self._app: App | None = None
 
     def app(self) -> App:
         """The App (settings from flags + env, logging configured), built once."""
         if self._app is None:
-            self._app = self._opener(self.options)
+            self._app = open_app(self.options)
         return self._app
 
     @contextlib.contextmanager
