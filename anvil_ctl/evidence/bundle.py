@@ -300,7 +300,7 @@ def export_bundle(
     tx_dir: Path,
     out_dir: Path,
     *,
-    redact: Redaction | None = None,
+    redact: Redaction = Redaction(),
     references: Sequence[ManifestReference] | None = None,
 ) -> ExportResult:
     """Copy a verified transaction's artifacts to `out_dir`, redacted, with a manifest of its own
@@ -314,10 +314,9 @@ def export_bundle(
         )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise BadInput(f"{out_dir}: export directory exists and is not empty", path=str(out_dir))
-    redaction = redact or Redaction()
     resolved = tx_dir.resolve()
     auto = [str(p) for p in (resolved, resolved.parent, resolved.parent.parent) if str(p) != "/"]
-    redactor = _Redactor(redaction.secrets, (*redaction.paths, *auto))
+    redactor = _Redactor(redact.secrets, (*redact.paths, *auto))
     manifest, listed = read_manifest(tx_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     artifacts = []
