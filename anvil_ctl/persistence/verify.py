@@ -79,9 +79,6 @@ class Report:
         }
 
 
-# -- the rows ----------------------------------------------------------------------------------
-
-
 def _hold(report: Report, table: Table, refs: Refs, rows: Iterable[RowValues], *, every_row: bool) -> int:
     """Hold `rows` against the digests the chain recorded for them; `every_row`: the rows are the
     whole table, so one without a ref was inserted outside anvilctl. Returns the rows checked."""
@@ -103,9 +100,6 @@ def _hold(report: Report, table: Table, refs: Refs, rows: Iterable[RowValues], *
             Problem("row deleted: covered by the journal, gone from its table", entry, name, key)
         )
     return checked
-
-
-# -- schema and head ---------------------------------------------------------------------------
 
 
 def _check_triggers(s: Session, problems: list[Problem]) -> bool:
@@ -174,9 +168,6 @@ def _check_head_file(s: Session, path: Path | None, report: Report) -> None:
     report.head_file["head"] = str(recorded)
     report.head_file["behind"] = max(0, report.head.seq - recorded.seq)
     _check_pinned(s, report.head, recorded, f"the head file {path}", report.problems)
-
-
-# -- verify ------------------------------------------------------------------------------------
 
 
 def _checkpoint_dict(cp: AuditCheckpoint) -> JSONObject:
