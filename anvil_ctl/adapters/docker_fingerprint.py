@@ -60,18 +60,15 @@ def size_bytes(value: str | int) -> int:
 
 def spec_labels(spec: ContainerSpec) -> dict[str, str]:
     """The labels that let inspect data be mapped back to the spec's fingerprint fields."""
-    defaults = []
-    if not spec.command and spec.entrypoint is None:
-        defaults.append("command")  # Docker fills Cmd from the image only in this case
-    if spec.entrypoint is None:
-        defaults.append("entrypoint")
-    if spec.shm_size is None:
-        defaults.append("shm_size")
-    if spec.ipc_mode is None:
-        defaults.append("ipc_mode")
+    left_to_docker = {
+        "command": not spec.command and spec.entrypoint is None,  # only then is Cmd the image's
+        "entrypoint": spec.entrypoint is None,
+        "shm_size": spec.shm_size is None,
+        "ipc_mode": spec.ipc_mode is None,
+    }
     labels = {
         LABEL_ENV_KEYS: ",".join(sorted(k for k, _ in spec.env)),
-        LABEL_DEFAULTS: ",".join(defaults),
+        LABEL_DEFAULTS: ",".join(field for field, left in left_to_docker.items() if left),
         LABEL_GPUS: ",".join(spec.gpu_uuids),
     }
     if spec.shm_size is not None:

@@ -20,7 +20,7 @@ import click
 
 from anvil_ctl.cli import admin, audit, gpus_and_waivers, lifecycle, qualify, serves
 from anvil_ctl.cli.complete import PROG, completion
-from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options, open_app
+from anvil_ctl.cli.session import GlobalOptions, Reply, Session, example, global_options
 from anvil_ctl.cli.topics import help_command
 from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.states import ExitCode
@@ -63,19 +63,14 @@ COMMANDS: list[click.Command] = [
 """Every top-level command and group, in one place; nothing registers itself on import."""
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
-    try:
-        return package_version("anvil-ctl")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "unknown"
-
-
 def _print_version(click_ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value and not click_ctx.resilient_parsing:
-        click.echo(f"{PROG} {_version()}")
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            click.echo(f"{PROG} {version('anvil-ctl')}")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            click.echo(f"{PROG} unknown")
         click_ctx.exit(ExitCode.OK)
 
 
@@ -143,7 +138,7 @@ def _masked(text: str, options: GlobalOptions) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `anvilctl` with `argv` (default: sys.argv[1:]); return the exit code."""
     options = GlobalOptions()
-    session = Session(options, open_app)
+    session = Session(options)
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
@@ -189,7 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """`anvilctl`: run `main`, flush, and `os._exit` without the interpreter's slow teardown."""
-    _collector_off_while_starting()
+    # No cyclic GC for the first STARTING_S seconds of imports; then on, with those frozen out.
+    gc.disable()
+    timer = threading.Timer(STARTING_S, _collector_on)
+    timer.daemon = True
+    timer.start()
     _without_httpx_cli()
     code = main()
     for stream in (sys.stdout, sys.stderr):
@@ -206,15 +205,7 @@ def _without_httpx_cli() -> None:
 
 
 STARTING_S = 2.0
-"""How long a process of `anvilctl` runs without the cyclic garbage collector (see below)."""
-
-
-def _collector_off_while_starting() -> None:
-    """No cyclic GC for the first `STARTING_S` seconds of imports; then on, with those frozen out."""
-    gc.disable()
-    timer = threading.Timer(STARTING_S, _collector_on)
-    timer.daemon = True
-    timer.start()
+"""How long a process of `anvilctl` runs without the cyclic garbage collector (see `console`)."""
 
 
 def _collector_on() -> None:

@@ -93,7 +93,23 @@ def history(session: Session, slot: str, limit: int) -> Reply:
 
     Every adopt, load, promote and rollback that ran is a revision (refusals are not); a
     committed one names the serve it left. Oldest first; --limit keeps the newest."""
-    return Reply(views.HistoryView(audit_cmd.history(session.app(), slot=slot, limit=limit)))
+    revisions = audit_cmd.history(session.app(), slot=slot, limit=limit)
+    return Reply(views.Table(revisions, cells=_revision_cells))
+
+
+def _revision_cells(r: Mapping[str, object]) -> Mapping[str, object]:
+    """A revision as `helm history` shows it: the serve it left, its reason as its description."""
+    serve = views.record(r.get("serve"))
+    return {
+        "revision": r["revision"],
+        "updated": r["created_at"],
+        "kind": r["kind"],
+        "state": r["state"],
+        "container": serve.get("container_id") or "",
+        "served_model": serve.get("served_model") or "",
+        "tx_id": r["tx_id"],
+        "description": r.get("reason") or "",
+    }
 
 
 @command("verify", "anvilctl audit verify --expect-head 1742:9f2c...e01a")

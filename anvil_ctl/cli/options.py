@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -17,24 +17,18 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., object])
 
 
-class OptionDecorator(Protocol):
-    """What `click.option(...)` returns: it adds an option to a command callback."""
-
-    def __call__(self, fn: F, /) -> F: ...
-
-
-def slot_option(help: str, *, default: str | None = None, required: bool = False) -> OptionDecorator:
+def slot_option(help: str, *, default: str | None = None, required: bool = False) -> Callable[[F], F]:
     """`--slot SLOT`: a slot of the host config, completed from it."""
     # default=None is a value to click (a required option would take it): only a real one is given
     given = {"default": default, "show_default": True} if default is not None else {"required": required}
     return click.option("--slot", type=REF, shell_complete=complete_slots, metavar="SLOT", help=help, **given)
 
 
-def dry_run_option(help: str = "Run every guard and print the plan; change nothing.") -> OptionDecorator:
+def dry_run_option(help: str = "Run every guard and print the plan; change nothing.") -> Callable[[F], F]:
     return click.option("--dry-run", is_flag=True, help=help)
 
 
-def timeout_option(what: str) -> OptionDecorator:
+def timeout_option(what: str) -> Callable[[F], F]:
     """`--timeout DURATION` of load, promote, rollback and qualify (kubectl and helm spelling)."""
     return click.option("--timeout", "timeout_s", type=TIMEOUT, metavar="DURATION", help=what)
 
@@ -127,7 +121,7 @@ def host_scope(host: str | None, all_hosts: bool) -> HostScope:
     return HostScope(host=host, all_hosts=all_hosts)
 
 
-def limit_option(what: str) -> OptionDecorator:
+def limit_option(what: str) -> Callable[[F], F]:
     return click.option(
         "--limit", type=LIMIT, default=50, show_default=True, help=f"At most this many {what}: the newest."
     )

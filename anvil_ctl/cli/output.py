@@ -14,50 +14,24 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
-from typing import TYPE_CHECKING
 
 from anvil_ctl.core.validate import escape_text
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 
 @dataclass
 class Out:
-    """stdout for one result."""
+    """stdout for one result (see `render.show`)."""
 
     width: int | None = None
     """The terminal's width; None on a pipe (nothing is narrowed there)."""
     wide: bool = False
 
-    @cached_property
-    def console(self) -> Console:
-        from rich.console import Console
-
-        return Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
-
-    @classmethod
-    def stdout(cls, *, wide: bool = False) -> Out:
-        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-        return cls(width=width, wide=wide)
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.width is not None
-
     def line(self, text: str = "") -> None:
         """One line of text that is already safe (built from `s`)."""
         print(text, flush=False)
-
-    def print(self, renderable: object) -> None:
-        """A rich renderable (a summary table)."""
-        self.console.print(renderable)
 
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> None:
         """Rows under a header of `columns`, fitted to the terminal (see `tables`)."""

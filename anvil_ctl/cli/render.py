@@ -7,6 +7,8 @@ along the MRO; anything else prints as `key: value` lines. `--json` prints `payl
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
 
@@ -50,7 +52,8 @@ def show(result: object, as_json: bool, *, wide: bool = False) -> None:
     if as_json:
         print(to_json(result))
         return
-    renderer_for(type(result))(result, Out.stdout(wide=wide))
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    renderer_for(type(result))(result, Out(width, wide))
 
 
 def renderer_for(kind: type) -> Renderer:
@@ -171,7 +174,6 @@ RENDERERS: dict[str, Renderer] = {
     "anvil_ctl.cli.views.InitView": _init,
     "anvil_ctl.cli.views.DiffView": rt.diffs,
     "anvil_ctl.cli.views.TransactionView": rt.transaction,
-    "anvil_ctl.cli.views.HistoryView": rt.history,
     "anvil_ctl.cli.views.ChainCheck": rt.chain,
     "anvil_ctl.cli.views.GpuReadings": rq.gpu_readings,
     "anvil_ctl.cli.views.DetectedRoles": rq.detected_roles,

@@ -67,8 +67,11 @@ def qualify(q: QualifyOutcome, out: Out) -> None:
     out.line(f"qualify: profile {s(result.profile)}, {s(result.served_model)} at {s(result.base_url)}")
     out.line()
     if result.summary:
-        if out.is_terminal:
-            out.print(summary_table(result.summary, title="Capacity and endurance"))
+        if out.width is not None:  # a terminal: rich draws the table
+            from rich.console import Console
+
+            console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+            console.print(summary_table(result.summary, title="Capacity and endurance"))
         else:
             out.line(escape_text(render_summary(result.summary), keep_newlines=True))
         out.line()

@@ -78,16 +78,12 @@ def diffs(view: views.DiffView, out: Out) -> None:
 # -- audit show: the transaction as a timeline -------------------------------------------------
 
 
-def _at(value: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except (TypeError, ValueError):
-        return None
-
-
 def _took(start: str, end: str) -> str:
-    a, b = _at(start), _at(end)
-    return "" if a is None or b is None else f"{(b - a).total_seconds():.1f} s"
+    try:
+        took = datetime.fromisoformat(end) - datetime.fromisoformat(start)
+    except (TypeError, ValueError):
+        return ""
+    return f"{took.total_seconds():.1f} s"
 
 
 def _summary(detail: Mapping[str, object], limit: int = 100) -> str:
@@ -194,24 +190,6 @@ def _links(d: Mapping[str, object], states: list[Mapping[str, object]], out: Out
     follow = record(record(states[-1].get("data")).get("followed_by")) if states else {}
     if follow:
         out.line(f"  followed by: {s(follow.get('kind'))} {s(follow.get('tx_id'))}")
-
-
-def history(view: views.HistoryView, out: Out) -> None:
-    rows = [
-        [
-            r["revision"],
-            r["created_at"],
-            r["kind"],
-            r["state"],
-            record(r.get("serve")).get("container_id") or "",
-            record(r.get("serve")).get("served_model") or "",
-            r["tx_id"],
-            r.get("reason") or "",
-        ]
-        for r in view.rows
-    ]
-    columns = ["revision", "updated", "kind", "state", "container", "served_model", "tx_id", "description"]
-    out.table(columns, rows)
 
 
 # -- recover, recheck, the audit chain ---------------------------------------------------------

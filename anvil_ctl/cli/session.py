@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypedDict
+from typing import TYPE_CHECKING, Concatenate, Never, ParamSpec, TypedDict
 
 import click
 
@@ -62,15 +62,14 @@ class Reply:
 class Session:
     """The global options of this invocation and its App, opened on first use."""
 
-    def __init__(self, options: GlobalOptions, opener: Callable[[GlobalOptions], App]) -> None:
+    def __init__(self, options: GlobalOptions) -> None:
         self.options = options
-        self._opener = opener
         self._app: App | None = None
 
     def app(self) -> App:
         """The App (settings from flags + env, logging configured), built once."""
         if self._app is None:
-            self._app = self._opener(self.options)
+            self._app = open_app(self.options)
         return self._app
 
     @contextlib.contextmanager
@@ -136,11 +135,6 @@ def _remember(click_ctx: click.Context, param: click.Parameter, value: object) -
     return value
 
 
-class _Common(TypedDict):
-    expose_value: bool
-    callback: Callable[[click.Context, click.Parameter, object], object]
-
-
 # The global options' types (every click.Path looks its name up through gettext, a
 # file-system search, when it is built).
 _FILE = click.Path(dir_okay=False, path_type=Path)
@@ -149,55 +143,54 @@ _DB_URL = text(4096)
 _FORMAT = click.Choice(OUTPUT_FORMATS)
 
 
+def _global(
+    flags: list[str], help: str, kind: click.ParamType[object, Never] | None = None, metavar: str = ""
+) -> click.Option:
+    """A global option, stored into the session by `_remember`; without a `kind`, a flag."""
+    return click.Option(
+        flags,
+        type=kind,
+        metavar=metavar or None,
+        is_flag=kind is None,
+        help=help,
+        expose_value=False,
+        callback=_remember,
+    )
+
+
 @functools.cache
 def global_options() -> tuple[click.Parameter, ...]:
     """The global options: one set of click parameters, built once and attached to every level of
     the command tree, so `anvilctl --json audit transactions` and `... transactions --json` mean
     the same. The environment (`ANVIL_*`) applies where a flag is not given.
     """
-    common: _Common = {"expose_value": False, "callback": _remember}
     config_help = "Host config file (env ANVIL_CONFIG; default /etc/anvil/anvil.toml as root, else "
     config_help += "~/.config/anvil/anvil.toml)."
     return (
-        click.Option(
-            ["--config"],
-            type=_FILE,
-            metavar="FILE",
-            help=config_help,
-            **common,
-        ),
-        click.Option(
-            ["--state-db"],
-            type=_DB_URL,
-            metavar="URL",
-            help="SQLAlchemy URL of the state database (env ANVIL_STATE_DB).",
-            **common,
-        ),
-        click.Option(
+        _global(["--config"], config_help, _FILE, "FILE"),
+        _global(["--state-db"], "SQLAlchemy URL of the state database (env ANVIL_STATE_DB).", _DB_URL, "URL"),
+        _global(
             ["--state-dir"],
-            type=_DIR,
-            metavar="DIR",
-            help="State directory: database, lock, evidence (env ANVIL_STATE_DIR; default "
+            "State directory: database, lock, evidence (env ANVIL_STATE_DIR; default "
             "/var/lib/anvil as root, else ~/.local/share/anvil).",
-            **common,
+            _DIR,
+            "DIR",
         ),
-        click.Option(
+        _global(
             ["--recipes-dir"],
-            type=_DIR,
-            metavar="DIR",
-            help="Recipes searched first (env ANVIL_RECIPES_DIR); then the host config's "
+            "Recipes searched first (env ANVIL_RECIPES_DIR); then the host config's "
             "recipes_dir, then the shipped recipes.",
-            **common,
+            _DIR,
+            "DIR",
         ),
-        click.Option(["--json"], is_flag=True, help="Print the result as one JSON document.", **common),
-        click.Option(
+        _global(["--json"], "Print the result as one JSON document."),
+        _global(
             ["-o", "--output"],
-            type=_FORMAT,
-            metavar="FORMAT",
-            help="Output format: table (default), wide (every column and ID in full) or json (= --json).",
-            **common,
+            "Output format: table (default), wide (every column and ID in full) or json (= --json).",
+            _FORMAT,
+            "FORMAT",
         ),
-        click.Option(["--debug"], is_flag=True, help="Debug logging, and tracebacks on errors.", **common),
+        _global(["--debug"], "Debug logging, and tracebacks on errors."),
     )
 
 

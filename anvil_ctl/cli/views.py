@@ -110,10 +110,6 @@ class TransactionView(_Data):
     """`audit show`: one transaction's states, step events, snapshots and identities, as a timeline."""
 
 
-class HistoryView(_Rows):
-    """`audit history --slot S`: the slot's revisions (helm history), oldest first."""
-
-
 class InitView(_Data):
     """`init` and `db upgrade`: which database and config, the schema revision before and after."""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from anvil_ctl.bootstrap import App
 from anvil_ctl.config.fields import STATE_DB_RE
 from anvil_ctl.core.errors import AdapterError, BadInput, NotFound, RecordDiffers
@@ -95,7 +93,6 @@ def status(app: App) -> dict[str, object]:
             except NotFound:
                 st = "absent"
             inc = {**incumbent.as_dict(), "status": st, "identity_digest": incumbent.digest}
-        router: Mapping[str, object]
         try:
             router = router_view(world, slot.router_tier)
         except AdapterError as exc:

@@ -48,19 +48,15 @@ class QualifyOutcome(_Ran):
     decision: DecisionRecord | None = None
     reclassified: DecisionRecord | None = None
 
-    @property
-    def effective_outcome(self) -> str | None:
-        chosen = self.reclassified or self.decision
-        return str(chosen["outcome"]) if chosen else None
-
     def as_dict(self) -> dict[str, object]:
         base = self.result.as_dict() if self.result else {}
+        chosen = self.reclassified or self.decision
         return {
             **base,
             **self._outcome_dict(),
             "decision": self.decision,
             "reclassified": self.reclassified,
-            "effective_outcome": self.effective_outcome,
+            "effective_outcome": str(chosen["outcome"]) if chosen else None,
         }
 
 

@@ -28,12 +28,12 @@ from anvil_ctl.engine.campaign import (
     WATCHING,
     campaign_assertions,
     campaign_of,
+    chain_of,
     standby_assertions,
     standby_of,
     watch_assertions,
     watch_of,
 )
-from anvil_ctl.engine.chain import chain_of
 from anvil_ctl.engine.observe import observe
 from anvil_ctl.engine.serving import pauses
 from anvil_ctl.engine.world import World, one_reading

@@ -15,7 +15,7 @@ from anvil_ctl.core.errors import AnvilError
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.core.states import TxState
-from anvil_ctl.engine.chain import Chain, bring_back, finished, open_chains
+from anvil_ctl.engine.campaign import Chain, bring_back, finished, open_chains
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import FollowUp, Outcome
@@ -49,7 +49,7 @@ def run(
         world.kept_reading = None  # a reading is kept only for a transaction that follows at once
     if dry_run:
         plan = kind.build(kind.prepare(world, request), world, request)
-        return TransactionEngine(world.store, owner, faults=faults).dry_run(plan, world)
+        return TransactionEngine(world.store, faults=faults).dry_run(plan, world)
     tx_id = tx_id or _mint()
     lock = held
     if lock is not None:
@@ -65,9 +65,7 @@ def run(
                 lock.claim()
             world.store.begin(kind=plan.kind, slot=plan.slot, args=to_json(args), owner=owner, tx_id=tx_id)
         then = request.then if isinstance(request, LoadRequest) else None
-        engine = TransactionEngine(
-            world.store, owner, faults=faults, mint=_mint, keep_reading=then is not None
-        )
+        engine = TransactionEngine(world.store, faults=faults, mint=_mint, keep_reading=then is not None)
         outcome = engine.run(plan, world, tx_id)
         engine.commit(lock.release_row if lock is not None else None)  # with the end state
         if outcome.follow_up is not None:
@@ -97,9 +95,9 @@ def recover(world: World, owner: Owner, *, faults: Faults = NO_FAULTS) -> Recove
     stale = lock.acquire(take_over_dead=True, claim=False)
     try:
         chains = [f"load --promote {c.load_tx[:8]}" for c in open_chains(world, owner)]
-        refuse_without_credentials(world.store, owner, world, also=chains)  # before the lock's row
+        refuse_without_credentials(owner, world, also=chains)  # before the lock's row
         lock.claim()
-        report = recover_unfinished(world.store, owner, world, faults=faults, mint=_mint)
+        report = recover_unfinished(owner, world, faults=faults, mint=_mint)
         # A dead owner's lock row goes only once nothing it left is unresolved: not after this
         # run's failures, and not while an earlier run's transaction still waits for a person.
         left = {(r.owner.pid, r.owner.hostname, r.owner.boot_id) for r in world.store.unresolved()}

@@ -7,7 +7,7 @@ promote's watch included. A router that refuses our credentials stops it before 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from anvil_ctl.core.errors import AnvilError, AuthRejected, NeedsOperator
@@ -15,15 +15,15 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Step, StepContext
-from anvil_ctl.engine.chain import DIED_BEFORE_MUTATION
+from anvil_ctl.engine.campaign import DIED_BEFORE_MUTATION
 from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.owner import owner_alive
-from anvil_ctl.engine.plans import KINDS, AnyPlan, TxKind
+from anvil_ctl.engine.plans import KINDS, AnyPlan
 from anvil_ctl.engine.runner import TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.log import get_logger
-from anvil_ctl.persistence.store import Store
+from anvil_ctl.persistence import snapshots
 
 log = get_logger("anvil.recover")
 
@@ -83,13 +83,13 @@ def pending_undos(plan: AnyPlan, events: list[StepEvent]) -> list[tuple[int, Any
     return todo
 
 
-def refuse_without_credentials(journal: Store, me: Owner, world: World, *, also: Sequence[str] = ()) -> None:
+def refuse_without_credentials(me: Owner, world: World, *, also: Sequence[str] = ()) -> None:
     """Raise AuthRejected, before anything is written, when there is something to recover (`also`:
     other work waiting) and the router refuses our credentials: every undo would be refused too."""
     if world.router is None:
         return
     # Unfinished transactions whose owner is gone (or is this process), past their guards.
-    gone = [rec for rec in journal.unfinished() if rec.owner == me or owner_alive(rec.owner, me) is False]
+    gone = [rec for rec in world.store.unfinished() if rec.owner == me or owner_alive(rec.owner, me) is False]
     waiting = [rec for rec in gone if rec.state != TxState.PLANNED]
     if not waiting and not also:
         return
@@ -108,16 +108,10 @@ def refuse_without_credentials(journal: Store, me: Owner, world: World, *, also:
 
 
 def recover_unfinished(
-    journal: Store,
-    me: Owner,
-    world: World,
-    kinds: Mapping[str, TxKind] = KINDS,
-    *,
-    faults: Faults = NO_FAULTS,
-    mint: Callable[[], str] | None = None,
+    me: Owner, world: World, *, faults: Faults = NO_FAULTS, mint: Callable[[], str] | None = None
 ) -> RecoverReport:
-    report = RecoverReport()
-    engine = TransactionEngine(journal, me, faults=faults, mint=mint)
+    report, journal = RecoverReport(), world.store
+    engine = TransactionEngine(journal, faults=faults, mint=mint)
     # The dead owner may have sent removals to the router that no adapter here saw: every
     # readmission of this recovery holds past them (`Readmission.hold`).
     world = replace(world, hold_readmissions=True)
@@ -128,7 +122,7 @@ def recover_unfinished(
             report.skipped.append({"tx_id": rec.id, "kind": rec.kind, "why": why})
             continue
         try:
-            found, then = _recover_one(journal, engine, rec, kinds, world)
+            found, then = _recover_one(engine, rec, world)
             report.recovered.append(found)
             if then is not None:
                 report.follow_ups.append(then)
@@ -157,18 +151,14 @@ def _undone(events: list[StepEvent]) -> list[str]:
 
 
 def _recover_one(
-    journal: Store,
-    engine: TransactionEngine,
-    rec: TxRecord,
-    kinds: Mapping[str, TxKind],
-    world: World,
+    engine: TransactionEngine, rec: TxRecord, world: World
 ) -> tuple[JSONObject, FollowUp | None]:
-    bound = log.bind(tx_id=rec.id, kind=rec.kind)
+    journal, bound = world.store, log.bind(tx_id=rec.id, kind=rec.kind)
     if rec.state == TxState.PLANNED:
         # The owner died while guards ran: nothing was mutated.
         journal.transition(rec.id, TxState.REFUSED, DIED_BEFORE_MUTATION)
         return {"tx_id": rec.id, "kind": rec.kind, "state": TxState.REFUSED.value, "undone": []}, None
-    plan = kinds[rec.kind].rebuild(rec.args, world)
+    plan = KINDS[rec.kind].rebuild(rec.args, world)
     ctx = StepContext(tx_id=rec.id, kind=rec.kind, args=plan.args, world=world, memo=plan.memo)
     events = journal.step_events(rec.id)
     steps = {s.name: s for s in plan.steps}
@@ -181,9 +171,7 @@ def _recover_one(
     if rec.state in (TxState.RUNNING, TxState.COMPENSATING, TxState.WATCHING):
         journal.transition(rec.id, TxState.INTERRUPTED, f"owner pid {rec.owner.pid} is gone")
     outcome = Outcome(kind=rec.kind, state=TxState.INTERRUPTED, tx_id=rec.id)
-    snaps = getattr(journal, "snapshots", None)
-    if callable(snaps):
-        outcome.before = snaps(rec.id).get("before")
+    outcome.before = snapshots.of_transaction(journal, rec.id).get("before")
     undone_before = len(_undone(events))
     forward = _pivot_reached(plan, events)
     try:

@@ -16,7 +16,6 @@ from typing import TypeVar
 
 from anvil_ctl.core.errors import AnvilError, AuthRejected, DrainRefused, NeedsOperator, Refused
 from anvil_ctl.core.jsontypes import JSONMapping, JSONObject
-from anvil_ctl.core.ports import Owner
 from anvil_ctl.core.snapshot import diff
 from anvil_ctl.core.states import UNFINISHED_STATES, TxState
 from anvil_ctl.core.steps import Plan, Refusal, Step, StepContext, first_refusal
@@ -46,20 +45,16 @@ class TransactionEngine:
     def __init__(
         self,
         journal: Store,
-        owner: Owner,
         *,
         faults: Faults = NO_FAULTS,
         mint: Callable[[], str] | None = None,
         keep_reading: bool = False,
     ) -> None:
         self.journal = journal
-        self.owner = owner
         self.faults = faults
         self.mint = mint  # the entry's: makes a follow-up's transaction ID
         self.keep_reading = keep_reading  # the after reading, for the transaction run next (`one_reading`)
         self._held: list[tuple[Callable[[], object], str]] = []
-
-    # -- journal: held records, committed with the next write; fault boundaries after -------------
 
     def _hold(self, write: Callable[[], object], boundary: str = "") -> None:
         self._held.append((write, boundary))
@@ -95,10 +90,8 @@ class TransactionEngine:
         detail: JSONMapping | None = None,
         hold: bool = False,
     ) -> None:
-        def write() -> None:
-            self.journal.step_event(ctx.tx_id, seq=seq, step=step, phase=phase, event=event, detail=detail)
-
-        self._write(write, ":".join((ctx.kind, step, phase, event)), hold)
+        write = partial(self.journal.step_event, ctx.tx_id, seq=seq, step=step, phase=phase, event=event)
+        self._write(partial(write, detail=detail), ":".join((ctx.kind, step, phase, event)), hold)
 
     def _transition(
         self,
@@ -112,8 +105,6 @@ class TransactionEngine:
         write = partial(self.journal.transition, ctx.tx_id, target, reason, data)
         boundary = ":".join((ctx.kind, "state", target.value))
         self._write(write, boundary, hold or target not in UNFINISHED_STATES)  # an end state waits
-
-    # -- running a plan ------------------------------------------------------------------------
 
     def dry_run(self, plan: Plan[A, W, M], world: W) -> Outcome:
         """Every guard runs and the starting snapshot is observed; nothing is written."""

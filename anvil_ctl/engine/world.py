@@ -99,14 +99,10 @@ class World:
     undoing: bool = False
     """Set while compensating: undos keep the configured deadlines rather than leave a slot dark."""
 
-    def deadline(self, configured_s: float) -> float:
-        """The configured deadline, capped by `--timeout` on the forward path."""
-        if self.wait_limit_s is None or self.undoing:
-            return configured_s
-        return min(configured_s, self.wait_limit_s)
-
     def wait(self, what: str, configured_s: float) -> float:
-        deadline_s = self.deadline(configured_s)
+        """The configured deadline, capped by `--timeout` on the forward path; reported as a wait."""
+        limit = None if self.undoing else self.wait_limit_s
+        deadline_s = configured_s if limit is None else min(configured_s, limit)
         self.progress.waiting(what, deadline_s)
         return deadline_s
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,9 +46,6 @@ class Artifact:
     @classmethod
     def of(cls, path: str, data: bytes) -> Artifact:
         return cls(path, hashlib.sha256(data).hexdigest(), len(data))
-
-    def as_dict(self) -> JSONObject:
-        return asdict(self)
 
 
 class EvidenceWriter:
@@ -206,16 +203,15 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
         )
     root = directory.resolve()
     mismatches: list[Mismatch] = []
-    listed: set[str] = set()
+    listed = {a.path for a in artifacts}  # read_manifest refuses a path listed twice
     for a in artifacts:
         rel = a.path
-        listed.add(rel)
         try:
             target = (root / rel).resolve()
         except (OSError, RuntimeError):  # a symlink loop
             mismatches.append(Mismatch(rel, "unreadable"))
             continue
-        if not rel or Path(rel).is_absolute() or root not in target.parents:
+        if Path(rel).is_absolute() or root not in target.parents:
             mismatches.append(Mismatch(rel, "unsafe_path"))
             continue
         if not target.is_file():
@@ -264,31 +260,27 @@ class Redaction:
     paths: tuple[str, ...] = ()
 
 
-@dataclass
 class _Redactor:
-    redaction: Redaction
-    gpu_names: dict[str, str] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=lambda: {"gpu_uuids": 0, "paths": 0, "secrets": 0})
+    """Hides secrets (raw or JSON-escaped inside an artifact) and host paths, longest first, then
+    GPU UUIDs, each UUID by one name throughout the export; counts what it hid."""
+
+    def __init__(self, secrets: Iterable[str], paths: Iterable[str]) -> None:
+        longest = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self.masks = [(f, "<redacted-secret>", "secrets") for s in longest for f in {s, json.dumps(s)[1:-1]}]
+        folders = sorted({p.rstrip("/") for p in paths if p.strip("/")}, key=len, reverse=True)
+        self.masks += [(p, "<host-path>", "paths") for p in folders]
+        self.gpu_names: dict[str, str] = {}
+        self.counts = {"gpu_uuids": 0, "paths": 0, "secrets": 0}
 
     def apply(self, text: str) -> str:
-        for secret in sorted({s for s in self.redaction.secrets if s}, key=len, reverse=True):
-            # Secrets may appear raw or JSON-escaped inside an artifact.
-            for form in {secret, json.dumps(secret)[1:-1]}:
-                self.counts["secrets"] += text.count(form)
-                text = text.replace(form, "<redacted-secret>")
-        for path in sorted(
-            {p.rstrip("/") for p in self.redaction.paths if p.strip("/")}, key=len, reverse=True
-        ):
-            self.counts["paths"] += text.count(path)
-            text = text.replace(path, "<host-path>")
+        for needle, mask, kind in self.masks:
+            self.counts[kind] += text.count(needle)
+            text = text.replace(needle, mask)
         return GPU_UUID_RE.sub(self._gpu, text)
 
     def _gpu(self, match: re.Match[str]) -> str:
-        uuid = match.group(0).lower()
         self.counts["gpu_uuids"] += 1
-        if uuid not in self.gpu_names:
-            self.gpu_names[uuid] = f"GPU-REDACTED-{len(self.gpu_names) + 1}"
-        return self.gpu_names[uuid]
+        return self.gpu_names.setdefault(match.group(0).lower(), f"GPU-REDACTED-{len(self.gpu_names) + 1}")
 
 
 @dataclass(frozen=True)
@@ -305,7 +297,7 @@ def export_bundle(
     tx_dir: Path,
     out_dir: Path,
     *,
-    redact: Redaction | None = None,
+    redact: Redaction = Redaction(),
     references: Sequence[ManifestReference] | None = None,
 ) -> ExportResult:
     """Copy a verified transaction's artifacts to `out_dir`, redacted, with a manifest of its own
@@ -319,10 +311,9 @@ def export_bundle(
         )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise BadInput(f"{out_dir}: export directory exists and is not empty", path=str(out_dir))
-    redaction = redact or Redaction()
     resolved = tx_dir.resolve()
     auto = [str(p) for p in (resolved, resolved.parent, resolved.parent.parent) if str(p) != "/"]
-    redactor = _Redactor(replace(redaction, paths=(*redaction.paths, *auto)))
+    redactor = _Redactor(redact.secrets, (*redact.paths, *auto))
     manifest, listed = read_manifest(tx_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     artifacts = []
@@ -359,7 +350,6 @@ class Bundle:
     that differs from its manifest (EvidenceMismatch, exit 6)."""
 
     tx_id: str
-    directory: Path
     manifest_sha256: str
     files: dict[str, JSONValue]
 
@@ -380,7 +370,7 @@ class Bundle:
             if a.path.endswith(".json")
         }
         tx = tx_id or str(manifest.get("tx_id", directory.name))
-        return cls(tx, directory, checked.manifest_sha256 or "", files)
+        return cls(tx, checked.manifest_sha256 or "", files)
 
     def gate(self, gate_type: str) -> JSONObject | None:
         """The first gate artifact (by name) whose evidence says it is of `gate_type`."""

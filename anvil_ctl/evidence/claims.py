@@ -100,8 +100,6 @@ class Number:
 
     @classmethod
     def parse(cls, raw: object) -> Number:
-        if isinstance(raw, Number):
-            return raw
         text = str(raw).strip() if isinstance(raw, int | float | str) and not isinstance(raw, bool) else ""
         if not _NUMBER.match(text):
             raise ValueError(f"{raw!r} is not a number as published (e.g. 112.07 or 2,969)")

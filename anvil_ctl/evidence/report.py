@@ -337,15 +337,8 @@ def _ab(inputs: ReportInputs) -> str:
 def _ab_row(c: JSONMapping) -> tuple[object, ...]:
     """One measured cell of a comparison: each arm's decode and prefill p50 and the deltas."""
     a, b, delta = fields(c["A"]), fields(c["B"]), fields(c["delta_pct"])
-    return (
-        c["label"],
-        a["decode_p50"],
-        b["decode_p50"],
-        _pct(number(delta["decode_p50"])),
-        a["prefill_p50"],
-        b["prefill_p50"],
-        _pct(number(delta["prefill_p50"])),
-    )
+    decode, prefill = ((a[m], b[m], _pct(number(delta[m]))) for m in ("decode_p50", "prefill_p50"))
+    return (c["label"], *decode, *prefill)
 
 
 def _pct(value: float | None) -> str:

@@ -104,9 +104,8 @@ class Refs:
 
 @dataclass
 class Walk:
-    """Entries walked after `start`: where they ended, and the rows they cover."""
+    """Entries walked: where they ended, and the rows they cover."""
 
-    start: Head
     end: Head
     entries: int = 0
     refs: dict[str, Refs] = field(default_factory=lambda: defaultdict(Refs))
@@ -114,7 +113,7 @@ class Walk:
 
 def walk(s: Session, start: Head, problems: list[Problem], pins: dict[int, str]) -> Walk:
     """Walk the entries after `start` in id order; `pins`: seq -> hash some record expects."""
-    walked = Walk(start, start)
+    walked = Walk(start)
     prev_hash, expected_id = start.hash, start.seq + 1
     q = (
         select(AuditEntry.__table__)

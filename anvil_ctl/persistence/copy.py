@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from sqlalchemy import Engine, Table, func, insert, select, text
+from sqlalchemy import Engine, func, insert, select, text
 from sqlalchemy.orm import Session
 
 from anvil_ctl.core.errors import TargetHoldsHost
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.persistence import audit, projection
-from anvil_ctl.persistence.coverage import RowKey, key_of, row_digest
+from anvil_ctl.persistence.coverage import COVERED, RowKey, key_of, row_digest
 from anvil_ctl.persistence.db import translated, where
-from anvil_ctl.persistence.models import FIRST_HOST_ID, HISTORY_TABLES, AuditEntry, Base, Host
+from anvil_ctl.persistence.models import FIRST_HOST_ID, HISTORY_TABLES, AuditEntry, Host
 from anvil_ctl.persistence.store import Store, utcnow
 
 NOT_COPIED = ("audit_checkpoints",)
@@ -51,24 +51,19 @@ class CopyResult:
         return asdict(self)
 
 
-def _table(name: str) -> Table:
-    return Base.metadata.tables[name]
-
-
 def _source_rows(s: Session, name: str, host: int) -> list[dict[str, object]]:
-    t = _table(name)
+    t = COVERED[name]
+    (pk,) = t.primary_key.columns
     if name in SHARED:  # stored once per content: those this host's rows name
-        (key,) = t.primary_key.columns
-        naming, column = SHARED[name]
+        naming = COVERED[SHARED[name][0]]
         named = sorted(
-            set(s.execute(select(_table(naming).c[column]).where(_table(naming).c.host_id == host)).scalars())
+            set(s.execute(select(naming.c[SHARED[name][1]]).where(naming.c.host_id == host)).scalars())
         )
         rows: list[dict[str, object]] = []
         for start in range(0, len(named), 500):
             chunk = named[start : start + 500]
-            rows += [dict(r) for r in s.execute(select(t).where(key.in_(chunk)).order_by(key)).mappings()]
-        return sorted(rows, key=lambda r: str(r[key.name]))
-    (pk,) = t.primary_key.columns
+            rows += [dict(r) for r in s.execute(select(t).where(pk.in_(chunk)).order_by(pk)).mappings()]
+        return sorted(rows, key=lambda r: str(r[pk.name]))
     q = select(t).where(t.c.host_id == host).order_by(t.c[_TIME.get(name, pk.name)], pk)
     return [dict(r) for r in s.execute(q).mappings()]
 
@@ -93,7 +88,7 @@ def copy_host(source: Store, target_engine: Engine) -> CopyResult:
             ).scalars()
         )
         for name in NOT_COPIED:
-            t = _table(name)
+            t = COVERED[name]
             result.not_copied[name] = int(
                 src.execute(
                     select(func.count()).select_from(t).where(t.c.host_id == source.host)
@@ -112,7 +107,7 @@ def copy_host(source: Store, target_engine: Engine) -> CopyResult:
         last = s.execute(select(func.max(Host.id))).scalar()
         new_host = FIRST_HOST_ID if last is None else last + 1
         moved: dict[tuple[str, RowKey], tuple[RowKey, str]] = {}
-        hosts = _table("hosts")
+        hosts = COVERED["hosts"]
         host_values.update(id=new_host, name=host_name)
         s.execute(insert(hosts).values(host_values))
         moved[("hosts", source.host)] = (new_host, row_digest(hosts, host_values))
@@ -151,12 +146,12 @@ def _insert_rows(
     (target key, target digest); returns the rows inserted per table."""
     counts: dict[str, int] = {}
     for name in ORDER:
-        t = _table(name)
+        t = COVERED[name]
+        (pk,) = t.primary_key.columns
         copied = 0
         for values in rows[name]:
             key = key_of(t, values)
             if name in SHARED:
-                (pk,) = t.primary_key.columns
                 if s.execute(select(pk).where(pk == key)).scalar() is None:
                     s.execute(insert(t).values(values))
                     moved[(name, key)] = (key, row_digest(t, values))
@@ -166,7 +161,6 @@ def _insert_rows(
                 continue
             new = dict(values, host_id=new_host)
             if isinstance(key, int):
-                (pk,) = t.primary_key.columns
                 new.pop(pk.name)
                 new[pk.name] = s.execute(insert(t).values(new).returning(pk)).scalar_one()
             else:

@@ -89,20 +89,6 @@ def newest_revision(s: Session, host: int, slot: str) -> int:
     return newest or 0
 
 
-def newest_committed(s: Session, host: int, slot: str) -> tuple[str, str] | None:
-    """(transaction ID, kind) of the slot's newest committed revision, None if it has none: the
-    revisions walked newest first through `ix_tx_current_revision`, those that did not commit
-    (compensated, refused after they ran) passed over."""
-    row = s.execute(
-        select(TxCurrent.tx_id, TxCurrent.kind)
-        .where(TxCurrent.host_id == host, TxCurrent.slot == slot, TxCurrent.revision.is_not(None))
-        .where(TxCurrent.state == COMMITTED)
-        .order_by(TxCurrent.revision.desc())
-        .limit(1)
-    ).first()
-    return None if row is None else (row.tx_id, row.kind)
-
-
 def on_identity(s: Session, row: IdentityRow) -> None:
     """An identity was recorded: the latest of its (slot, role); an incumbent recorded for a
     committed transaction moves that transaction's serving interval to it."""

@@ -19,8 +19,6 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.persistence.models import ApprovalRow, DecisionRow, EvidenceManifestRow, EvidenceRow
 from anvil_ctl.persistence.store import Store, utcnow
 
-# -- evidence ----------------------------------------------------------------------------------
-
 
 class GateEvidence(TypedDict):
     """One gate's result as `record_evidence` takes it (absent fields take their defaults)."""
@@ -81,9 +79,6 @@ def evidence(store: Store, tx_id: str) -> list[EvidenceRecord]:
         return [cast(EvidenceRecord, {**r, "passed": bool(r["passed"])}) for r in rows]
 
 
-# -- manifests ---------------------------------------------------------------------------------
-
-
 def record_manifest(
     store: Store, tx_id: str, sha256: str, *, kind: str, source_sha256: str | None = None
 ) -> None:
@@ -104,9 +99,6 @@ def manifests(store: Store, tx_id: str) -> list[EvidenceManifestRow]:
     q = select(EvidenceManifestRow).where(EvidenceManifestRow.tx_id == tx_id).order_by(EvidenceManifestRow.id)
     with store.read() as s:
         return list(s.execute(q).scalars())
-
-
-# -- decisions ---------------------------------------------------------------------------------
 
 
 class DecisionRecord(TypedDict):

@@ -25,7 +25,6 @@ from sqlalchemy.orm import Session
 from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.snapshot import from_patch
-from anvil_ctl.persistence import snapshots
 from anvil_ctl.persistence.models import (
     Base,
     Host,
@@ -38,8 +37,6 @@ from anvil_ctl.persistence.models import (
 )
 from anvil_ctl.persistence.projection import newest_revision
 from anvil_ctl.persistence.store import Store
-
-# -- shapes ------------------------------------------------------------------------------------
 
 
 class TransactionSummary(TypedDict):
@@ -91,9 +88,6 @@ class Revision(TypedDict):
     created_at: str
     updated_at: str
     serve: ServeRef | None
-
-
-# -- queries -----------------------------------------------------------------------------------
 
 
 def equal_to(**filters: str | int | None) -> tuple[str, dict[str, str | int]]:
@@ -211,8 +205,10 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[JSONObject]:
         ).scalars()
         out: list[JSONObject] = []
         for r in rows:
-            stored = snapshots.stored_changes(r)
-            changes = from_patch(stored)
+            stored: JSONValue = json.loads(r.changes_json)
+            if not isinstance(stored, list) or not all(isinstance(op, dict) for op in stored):
+                raise StateStoreError(f"snapshot diff {r.id}: changes_json is not a list of objects")
+            changes = from_patch([op for op in stored if isinstance(op, dict)])
             out.append(
                 {
                     "label": r.label,
@@ -221,7 +217,7 @@ def snapshot_diffs(store: Store, tx_id: str) -> list[JSONObject]:
                     "after_sha256": r.after_sha256,
                     "format": "json-patch",
                     "changes": [c.as_dict() for c in changes],
-                    "patch": list[JSONValue](stored),
+                    "patch": stored,
                 }
             )
         return out

@@ -1,7 +1,6 @@
-"""Reading recorded snapshots (the Store records them): bodies, diffs, and what a serve served.
+"""Reading recorded snapshots (the Store records them): bodies, and what a serve served.
 
-Each `snapshots` row names its blob (`snapshot_blobs`, keyed by SHA-256); a diff is a JSON Patch
-with a `test` of every value it takes away.
+Each `snapshots` row names its blob (`snapshot_blobs`, keyed by SHA-256), stored once per content.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from anvil_ctl.core.errors import StateStoreError
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.snapshot import Snapshot
-from anvil_ctl.persistence.models import SnapshotBlob, SnapshotDiff, SnapshotRow, Transaction
+from anvil_ctl.persistence.models import SnapshotBlob, SnapshotRow, Transaction
 from anvil_ctl.persistence.store import Store
 
 FIRST_BOUND = 2**31 - 1
@@ -42,14 +41,6 @@ def _newest_first(s: Session, slot: str, host: int) -> Iterator[tuple[int, str]]
             return
         below = rows[-1][0]
         size = min(size * 2, 256)
-
-
-def stored_changes(row: SnapshotDiff) -> list[JSONObject]:
-    """A diff row's JSON Patch."""
-    value: JSONValue = json.loads(row.changes_json)
-    if not isinstance(value, list) or not all(isinstance(op, dict) for op in value):
-        raise StateStoreError(f"snapshot diff {row.id}: changes_json is not a list of objects")
-    return [op for op in value if isinstance(op, dict)]
 
 
 def served_snapshot(store: Store, target: Identity) -> tuple[str, JSONObject] | None:

@@ -387,9 +387,16 @@ class Store:
         return self._identity(select(c.digest).where(c.host_id == self.host, c.slot == slot, c.role == role))
 
     def newest_committed_revision(self, slot: str) -> tuple[str, str] | None:
-        """(transaction ID, kind) of the slot's newest committed adopt, load, promote or rollback."""
+        """(transaction ID, kind) of the slot's newest committed revision, None if it has none: the
+        revisions walked newest first through `ix_tx_current_revision`, those that did not commit
+        (compensated, refused after they ran) passed over."""
+        t = TxCurrent
+        q = select(t.tx_id, t.kind).where(t.host_id == self.host, t.slot == slot, t.revision.is_not(None))
         with self.read() as s:
-            return projection.newest_committed(s, self.host, slot)
+            row = s.execute(
+                q.where(t.state == TxState.COMMITTED.value).order_by(t.revision.desc()).limit(1)
+            ).first()
+        return None if row is None else (row.tx_id, row.kind)
 
     def identity_of(self, tx_id: str, role: str) -> Identity | None:
         """The identity transaction `tx_id` recorded last in `role` (through `ix_identities_tx_id`)."""

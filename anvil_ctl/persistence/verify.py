@@ -23,11 +23,11 @@ from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import audit, chainwalk, projection
 from anvil_ctl.persistence.audit import Head
-from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs, Walk
+from anvil_ctl.persistence.chainwalk import BATCH, Problem, Refs
 from anvil_ctl.persistence.coverage import COVERED, RowValues, key_of, row_digest
 from anvil_ctl.persistence.ddl import expected_triggers
 from anvil_ctl.persistence.head import HeadFileError, read_head
-from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry
+from anvil_ctl.persistence.models import AuditCheckpoint, AuditEntry, Host
 from anvil_ctl.persistence.store import Store, utcnow
 
 log = get_logger(__name__)
@@ -79,9 +79,6 @@ class Report:
         }
 
 
-# -- the rows ----------------------------------------------------------------------------------
-
-
 def _hold(report: Report, table: Table, refs: Refs, rows: Iterable[RowValues], *, every_row: bool) -> int:
     """Hold `rows` against the digests the chain recorded for them; `every_row`: the rows are the
     whole table, so one without a ref was inserted outside anvilctl. Returns the rows checked."""
@@ -103,23 +100,6 @@ def _hold(report: Report, table: Table, refs: Refs, rows: Iterable[RowValues], *
             Problem("row deleted: covered by the journal, gone from its table", entry, name, key)
         )
     return checked
-
-
-def _check_new_rows(s: Session, walk: Walk, report: Report) -> None:
-    """The rows the walked entries cover, looked up by key (500 at a time)."""
-    for name, refs in walk.refs.items():
-        table = COVERED[name]
-        (pk,) = table.primary_key.columns
-        keys = [key for key, _entry in refs.items()]
-        rows = (
-            v
-            for i in range(0, len(keys), 500)
-            for v in s.execute(select(table).where(pk.in_(keys[i : i + 500]))).mappings()
-        )
-        report.rows_checked += _hold(report, table, refs, rows, every_row=False)
-
-
-# -- schema and head ---------------------------------------------------------------------------
 
 
 def _check_triggers(s: Session, problems: list[Problem]) -> bool:
@@ -190,9 +170,6 @@ def _check_head_file(s: Session, path: Path | None, report: Report) -> None:
     _check_pinned(s, report.head, recorded, f"the head file {path}", report.problems)
 
 
-# -- verify ------------------------------------------------------------------------------------
-
-
 def _checkpoint_dict(cp: AuditCheckpoint) -> JSONObject:
     return {"id": cp.id, "head": f"{cp.seq}:{cp.hash}", "mode": cp.mode, "at": cp.at}
 
@@ -227,7 +204,16 @@ def _incremental(s: Session, cp: AuditCheckpoint, report: Report) -> str | None:
         return f"checkpoint {cp.id} is not covered by an entry after its position"
     report.entries_checked, report.head = walk.entries, walk.end
     added = {name: len(refs) for name, refs in walk.refs.items()}
-    _check_new_rows(s, walk, report)
+    for name, refs in walk.refs.items():  # the rows the walked entries cover, by key, 500 at a time
+        table = COVERED[name]
+        (pk,) = table.primary_key.columns
+        keys = [key for key, _entry in refs.items()]
+        rows = (
+            v
+            for i in range(0, len(keys), 500)
+            for v in s.execute(select(table).where(pk.in_(keys[i : i + 500]))).mappings()
+        )
+        report.rows_checked += _hold(report, table, refs, rows, every_row=False)
     if report.problems:
         return "the entries after the checkpoint have problems"
     before = json.loads(cp.counts_json)
@@ -309,17 +295,8 @@ def _record_checkpoint(store: Store, report: Report) -> JSONObject:
 def host_counts(store: Store, host: int | None) -> list[JSONObject]:
     """Per host (`host`, or every registered host when None): its name and how many journal
     entries it wrote; the report's `hosts`. The chain itself is one for the whole fleet."""
-    sql = (
-        "SELECT h.id, h.name, (SELECT count(*) FROM audit_journal a WHERE a.host_id = h.id) AS entries "
-        "FROM hosts h"
-    )
-    params: dict[str, int] = {}
-    if host is not None:
-        sql += " WHERE h.id = :host"
-        params["host"] = host
-    sql += " ORDER BY h.id"
+    entries = select(func.count()).where(AuditEntry.host_id == Host.id).scalar_subquery()
+    q = select(Host.id, Host.name, entries.label("entries")).order_by(Host.id)
     with store.read() as s:
-        return [
-            {"host": str(r.name), "host_id": int(r.id), "entries": int(r.entries)}
-            for r in s.execute(text(sql), params)
-        ]
+        rows = s.execute(q if host is None else q.where(Host.id == host))
+        return [{"host": str(r.name), "host_id": int(r.id), "entries": int(r.entries)} for r in rows]

@@ -77,12 +77,6 @@ def short_tx(tx_id: str) -> str:
     return short
 
 
-def _mount_source(source: str, recipe_path: Path) -> str:
-    if os.path.isabs(source):
-        return os.path.normpath(source)
-    return os.path.normpath(os.path.join(recipe_base(recipe_path.parent.absolute()), source))
-
-
 def container_spec(
     recipe: Recipe,
     *,
@@ -106,7 +100,10 @@ def container_spec(
         labels[LABEL_TX] = tx_id
     if recipe.served_model is not None:
         labels[LABEL_SERVED_MODEL] = recipe.served_model
-    mounts = [Mount(_mount_source(m.source, recipe_path), m.target, m.read_only) for m in recipe.mounts]
+    base = recipe_base(recipe_path.parent.absolute())  # an absolute source stands as given (os.path.join)
+    mounts = [
+        Mount(os.path.normpath(os.path.join(base, m.source)), m.target, m.read_only) for m in recipe.mounts
+    ]
     if recipe.model_mount is not None and recipe.model_repo is not None:  # a recipe's check pairs them
         # The model's repository folder in the host's cache, read-only at `model_mount`.
         if host_config.model_cache_dir is None:
@@ -139,7 +136,5 @@ def container_spec(
 
 def spec_as_dict(spec: ContainerSpec) -> JSONObject:
     """A ContainerSpec as plain JSON-able data (tuples as lists)."""
-    data = asdict(spec)
-    data["env"] = dict(spec.env)
-    data["labels"] = dict(spec.labels)
-    return {str(k): plain(v) for k, v in data.items()}
+    data = {**asdict(spec), "env": dict(spec.env), "labels": dict(spec.labels)}
+    return {k: plain(v) for k, v in data.items()}

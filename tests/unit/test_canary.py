@@ -497,7 +497,7 @@ class TestRecoveredAfterAKill:
         (rec,) = pair.app().store.unfinished()
         steps = [(e.step, e.event) for e in pair.app().store.step_events(rec.id) if e.phase == "do"]
         assert steps[-1] == ("admit-candidate", "intent"), steps  # its do never ran
-        report = recover_unfinished(world.store, pair.app().owner, world)
+        report = recover_unfinished(pair.app().owner, world)
         (done,) = report.recovered
         assert (done["state"], done["undone"]) == ("compensated", ["admit-candidate"]), done
         assert router.history == [{"http://127.0.0.1:8001": 100}]

@@ -112,7 +112,7 @@ class TestCompensation:
         )
         app = fake_host.app()
         app.store.begin(kind="test", slot=None, args={}, owner=current_owner(), tx_id="tx-test")
-        engine = TransactionEngine(app.store, current_owner())
+        engine = TransactionEngine(app.store)
         out = engine.run(plan, app.world(), "tx-test")
         engine.commit()
         assert out.state == TxState.COMPENSATION_FAILED

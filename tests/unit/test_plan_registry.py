@@ -135,7 +135,7 @@ configure("json", "warning")
 root = sys.argv[1]
 settings = Settings(state_dir=root + "/state", config=root + "/anvil.toml", backend="fake", _env_file=None)
 app = App(settings=settings, env={})
-report = recover_unfinished(app.store, app.owner, app.world())
+report = recover_unfinished(app.owner, app.world())
 loaded = sorted(m for m in sys.modules if m.startswith("anvil_ctl.commands") or m == "anvil_ctl.qualify")
 print(report.recovered[0]["state"], loaded)
 """

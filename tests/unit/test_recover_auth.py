@@ -117,7 +117,7 @@ class TestRecoverWithoutTheRoutersKey:
 def _engine_run(host: FakeHost, plan: Plan[Any, Any, Any]) -> Any:
     app = host.app()
     app.store.begin(kind="test", slot=None, args={}, owner=current_owner(), tx_id="tx-auth")
-    engine = TransactionEngine(app.store, current_owner())
+    engine = TransactionEngine(app.store)
     out = engine.run(plan, app.world(), "tx-auth")
     engine.commit()
     return out

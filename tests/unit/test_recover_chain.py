@@ -1,4 +1,4 @@
-"""An interrupted `load --promote` never leaves the slot dark (`anvil_ctl.engine.chain`).
+"""An interrupted `load --promote` never leaves the slot dark (`anvil_ctl.engine.campaign`).
 
 The load journals the promotion that follows it. A process killed between the load's commit
 and the promotion's begin, or mid-promotion before its pivot, leaves the candidate serving

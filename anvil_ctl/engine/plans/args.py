@@ -69,7 +69,7 @@ class LoadArgs:
     accept_drift: DriftAcceptance | None = None
     drain: DrainPolicy = REFUSE_TO_CUT
     then: PromoteRequest | None = None
-    """`load --promote`: the promotion that follows, journaled so `recover` can finish it (`engine.chain`)."""
+    """`load --promote`: the promotion that follows, journaled so `recover` can finish it (`Chain`)."""
 
 
 @dataclass(frozen=True)

@@ -181,17 +181,13 @@ def record_decision(ctx: Ctx) -> StepResult:
     now = ctx.memo.now or datetime.now(UTC)
     active = waiver_rows.waivers(world.store)
     decision = result.decision
-    raw_id = (
-        "dec-"
-        + sha256_hex(
-            {
-                "tx_id": ctx.tx_id,
-                "identity_digest": ident.qualification_digest,
-                "evidence_sha256": decision.evidence_sha256,
-                "outcome": decision.outcome,
-            }
-        )[:16]
-    )
+    bound = {
+        "tx_id": ctx.tx_id,
+        "identity_digest": ident.qualification_digest,
+        "evidence_sha256": decision.evidence_sha256,
+        "outcome": decision.outcome,
+    }
+    raw_id = "dec-" + sha256_hex(bound)[:16]
     qualification.record_decision(
         world.store,
         decision_id=raw_id,
