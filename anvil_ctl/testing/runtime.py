@@ -106,8 +106,8 @@ class FakeRuntime:
     def logs(
         self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
     ) -> ContainerLog:
-        """The container's `log` lines (see `FakeWorld.append_log`); with `since`, the lines
-        appended at that Unix time or later."""
+        """The container's `log` lines (`ContainerDoc.log`); with `since`, the lines appended at
+        that Unix time or later."""
         c = self.world.read()["containers"].get(container_id)
         if c is None:
             raise NotFound(f"container {container_id} not found", container_id=container_id)
