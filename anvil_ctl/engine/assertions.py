@@ -196,9 +196,6 @@ def _host_checks(world: World, ident: Identity, out: list[Assertion]) -> None:
     _check(out, "shm_residue_zero", residue)
 
 
-INCONCLUSIVE = frozenset({"probe-failed", "accepted"})
-
-
 @dataclass(frozen=True)
 class ContextObservation:
     """What the engine showed of its context length, and how it was seen."""
@@ -211,7 +208,7 @@ class ContextObservation:
     def matches(self, recorded: int) -> bool:
         """True when nothing observed contradicts `recorded` (an engine that reports no
         length and has no other way to show it does not contradict it)."""
-        if self.how in INCONCLUSIVE:
+        if self.how in ("probe-failed", "accepted"):  # inconclusive
             return False
         return self.value is None or self.value == recorded
 

@@ -385,7 +385,11 @@ class TransactionEngine:
 
     def _keep_serving(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> str:
         """Serve again if the slot served at the start; a note for the reason (empty: nothing done)."""
-        if not (plan.keeps_serving and plan.slot) or not self.served_at_start(ctx.tx_id):
+        if not (plan.keeps_serving and plan.slot):
+            return ""
+        events = self.journal.step_events(ctx.tx_id)
+        before = next((ev.detail for ev in events if ev.step == AVAILABILITY and ev.event == "before"), {})
+        if not before.get("serving"):
             return ""
         ctx.world.undoing = True
         ctx.world.progress.activity(f"making sure slot {plan.slot} serves (it did at the start)")
@@ -398,11 +402,6 @@ class TransactionEngine:
         if result.get("error") or result.get("problem"):
             return f"; the slot could NOT be made to serve again: {result.get('error') or result['problem']}"
         return f"; the slot serves again ({result['action']}: {str(result.get('container_id', ''))[:12]})"
-
-    def served_at_start(self, tx_id: str) -> bool:
-        events = self.journal.step_events(tx_id)
-        before = (ev.detail for ev in events if ev.step == AVAILABILITY and ev.event == "before")
-        return bool(next(before, {}).get("serving"))
 
     def _observe_after(
         self, plan: Plan[A, W, M], ctx: StepContext[A, W, M], outcome: Outcome, label: str

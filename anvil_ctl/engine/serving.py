@@ -146,16 +146,14 @@ def stop_verified(world: World, container_id: str, grace: float | None = None) -
 
 POLL_FIRST_S = 0.02
 """The first pause of a poll: short, since most waits end within a few and a poll is cheap."""
-POLL_GROWTH = 1.25
-"""Each pause a quarter longer than the last: a long wait polls ever less."""
 
 
 def pauses(longest: float, first: float = POLL_FIRST_S) -> Iterator[float]:
-    """Poll intervals: `first`, growing by `POLL_GROWTH` up to `longest` (`health_poll_s`)."""
+    """Poll intervals: `first`, each a quarter longer (a long wait polls ever less) up to `longest`."""
     pause = min(first, longest)
     while True:
         yield pause
-        pause = min(pause * POLL_GROWTH, longest)
+        pause = min(pause * 1.25, longest)
 
 
 def _observe_readiness(world: World, base_url: str, health_path: str | None) -> JSONObject:

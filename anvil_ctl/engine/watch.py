@@ -46,9 +46,6 @@ Stop = Callable[[], JSONObject | None]
 Judge = Callable[[Sequence[Sample]], list[JSONObject]]
 """The breaches the newest samples show (none: go on)."""
 
-LOG_LINES = 2000
-LOG_BYTES = 1 << 20
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -185,7 +182,7 @@ class RouteSampler:
         errors = None if now is None or before is None else max(0, now - before)
         try:
             log = self.world.runtime.logs(
-                self.serve.container_id, max_lines=LOG_LINES, max_bytes=LOG_BYTES, since=self.since
+                self.serve.container_id, max_lines=2000, max_bytes=1 << 20, since=self.since
             )
         except NotFound:
             return {
