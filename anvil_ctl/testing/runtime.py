@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 from anvil_ctl.core.errors import NotFound, TransientError
 from anvil_ctl.core.model import (
@@ -118,7 +119,9 @@ class FakeRuntime:
             if since is None or (i < len(times) and times[i] >= since)
         ][-(max_lines + 1) :]
         tail = "".join(line + "\n" for line in lines).encode()
-        return ContainerLog.bounded(tail, max_lines=max_lines, max_bytes=max_bytes, status=c["status"])
+        return replace(
+            ContainerLog.bounded(tail, max_lines=max_lines, max_bytes=max_bytes), status=c["status"]
+        )
 
 
 class FakeServerProbe:
