@@ -209,7 +209,6 @@ class DockerRuntime:
             "ulimits": [Ulimit(name=n, soft=s, hard=h) for n, s, h in spec.ulimits] or None,
             "shm_size": spec.shm_size,
             "ipc_mode": spec.ipc_mode,
-            "working_dir": spec.working_dir,
         }
         kwargs |= {k: v for k, v in optional.items() if v is not None}
         mode = self.resolved_gpu_mode() if spec.gpu_uuids else self.gpu_mode

@@ -71,7 +71,6 @@ class ContainerSpec:
     ipc_mode: str | None = None
     ulimits: tuple[tuple[str, int, int], ...] = ()
     init: bool = True
-    working_dir: str | None = None
 
     def fingerprint_fields(self) -> dict[str, object]:
         return fingerprint_fields(
