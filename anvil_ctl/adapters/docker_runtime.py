@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Literal, cast, get_args
 
 import docker
@@ -308,11 +309,8 @@ class DockerRuntime:
                 if callable(close):
                     close()
         status = str(state.get("Status", "dead"))
-        return ContainerLog.bounded(
-            bytes(window),
-            max_lines=max_lines,
-            max_bytes=max_bytes,
-            cut=cut,
+        return replace(
+            ContainerLog.bounded(bytes(window), max_lines=max_lines, max_bytes=max_bytes, cut=cut),
             restart_count=integer(attrs.get("RestartCount") or 0) or 0,
             oom_killed=bool(state.get("OOMKilled")),
             status=status,

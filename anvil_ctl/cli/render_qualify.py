@@ -170,7 +170,7 @@ def report(r: ReportResult, out: Out) -> None:
 def claims(c: ClaimsCheck, out: Out) -> None:
     for m in c.bundle.mismatches:
         out.line(f"BUNDLE MISMATCH  {m.path}: {m.problem}")
-    for r in c.results:
+    for r in c.claims:
         if r.status == "external-prior":
             out.line(
                 f"external-prior   {r.claim}  (published by its source; not measured here, not recounted)"
@@ -181,7 +181,7 @@ def claims(c: ClaimsCheck, out: Out) -> None:
         out.line(f"{label:<16} {r.claim}" + (f"  (= {shown})" if r.status == "ok" else ""))
         for problem in r.problems:
             out.line(f"                   {problem}")
-    bad = [r.claim for r in c.results if r.status in ("differs", "missing")]
+    bad = [r.claim for r in c.claims if r.status in ("differs", "missing")]
     if c.ok:
         out.line(f"ok: every local claim of {c.ledger} matches {c.evidence}")
     else:

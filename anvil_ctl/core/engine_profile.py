@@ -11,14 +11,12 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-FatalKind = Literal["traceback", "cuda_error", "oom", "nccl_error", "crash", "engine_error", "restart"]
-
 
 @dataclass(frozen=True)
 class FatalPattern:
     """A log line that means the serve failed, of one class."""
 
-    kind: FatalKind
+    kind: Literal["traceback", "cuda_error", "oom", "nccl_error", "crash", "engine_error", "restart"]
     regex: str
 
 

@@ -39,9 +39,6 @@ class AnvilError(Exception):
         self.message = message
         self.data = data
 
-    def __str__(self) -> str:
-        return self.message
-
 
 class BadInput(AnvilError):
     """Input (file, field, argument) is not what was expected; nothing was changed."""

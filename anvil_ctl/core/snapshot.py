@@ -87,11 +87,6 @@ def show_value(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(", ", ": "), ensure_ascii=False, default=str)
 
 
-def _same(a: object, b: object) -> bool:
-    # bool is an int in Python: True == 1, but not in JSON.
-    return type(a) is type(b) and a == b
-
-
 def _walk(a: JSONValue, b: JSONValue, parts: tuple[str | int, ...], out: list[Change]) -> None:
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
@@ -110,7 +105,7 @@ def _walk(a: JSONValue, b: JSONValue, parts: tuple[str | int, ...], out: list[Ch
         # Highest index first, so that the patch applies in order (RFC 6902 shifts indexes).
         for i in reversed(range(common, len(a))):
             out.append(Change("remove", (*parts, i), before=a[i]))
-    elif not _same(a, b):
+    elif type(a) is not type(b) or a != b:  # bool is an int in Python (True == 1), not in JSON
         out.append(Change("replace", parts, before=a, after=b))
 
 

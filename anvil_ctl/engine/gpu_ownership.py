@@ -49,9 +49,6 @@ def ledger(store: Store) -> dict[str, GpuOwner]:
     }
 
 
-# -- who may start -----------------------------------------------------------------------------
-
-
 StartRequest = tuple[tuple[str, ...], set[str]]
 """(roles a transaction starts a serve on, container IDs it stops or replaces first)."""
 
@@ -143,9 +140,6 @@ class GpuRolesFree(Guard[C]):
         return f"GPU role {role} has processes that no known serve owns: " + ", ".join(parts)
 
 
-# -- the ledger steps --------------------------------------------------------------------------
-
-
 def _claim(world: World, ident: Identity, tx_id: str) -> list[str]:
     owners = ledger(world.store)
     mode = ownership_mode(ident.gpu_roles)
@@ -208,9 +202,6 @@ def release_ownership(world: World, tx_id: str, incumbent: Identity | None) -> J
             gpu_ledger.claim_roles(world.store, roles, container_id=inc_id, tx_id=tx_id, mode=mode, slot=slot)
             reclaimed += roles
     return {"released": list(released), "reclaimed_for_incumbent": list(reclaimed)}
-
-
-# -- the VRAM-release gate ---------------------------------------------------------------------
 
 
 def vram_release_gate(world: World, *, deadline_s: float, poll_s: float) -> VramRelease:

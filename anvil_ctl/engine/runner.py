@@ -56,8 +56,6 @@ class TransactionEngine:
         self.keep_reading = keep_reading  # the after reading, for the transaction run next (`one_reading`)
         self._held: list[tuple[Callable[[], object], str]] = []
 
-    # -- journal: held records, committed with the next write; fault boundaries after -------------
-
     def _hold(self, write: Callable[[], object], boundary: str = "") -> None:
         self._held.append((write, boundary))
 
@@ -107,8 +105,6 @@ class TransactionEngine:
         write = partial(self.journal.transition, ctx.tx_id, target, reason, data)
         boundary = ":".join((ctx.kind, "state", target.value))
         self._write(write, boundary, hold or target not in UNFINISHED_STATES)  # an end state waits
-
-    # -- running a plan ------------------------------------------------------------------------
 
     def dry_run(self, plan: Plan[A, W, M], world: W) -> Outcome:
         """Every guard runs and the starting snapshot is observed; nothing is written."""

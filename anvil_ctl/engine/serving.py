@@ -31,9 +31,6 @@ Which = Callable[[C], Identity | None]
 """Picks, from a step's context, the serve a shared step acts on (None: nothing to do)."""
 
 
-# -- identity ---------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class FieldDrift:
     """One identity-critical field whose live value differs from the recorded one."""
@@ -122,9 +119,6 @@ def image_present(world: World, image_id: str) -> bool:
 def is_running(world: World, container_id: str) -> bool:
     info = inspect_or_none(world, container_id)
     return info is not None and info.running
-
-
-# -- acting on serves -------------------------------------------------------------------------
 
 
 def tier_incumbent(world: World, slot: str) -> Identity | None:
@@ -322,9 +316,6 @@ def router_of(world: World) -> Router:
     if world.router is None:
         raise StepFailed("this step needs a router: the host config's router.kind is 'none'")
     return world.router
-
-
-# -- the swap-serve steps ---------------------------------------------------------------------
 
 
 def release_vram_step(need: Callable[[C], VramNeed]) -> Step[C]:

@@ -219,9 +219,6 @@ def router_errors(world: World, serve: Identity) -> int | None:
         return None
 
 
-# -- the policy a serve is held to ---------------------------------------------------------------
-
-
 def standing_policy(store: Store, serve: Identity, profile: str | None) -> tuple[WatchPolicy, JSONObject]:
     """The `[watch]` table of the profile that qualified the serve (or `profile`'s), and its origin."""
     decision = qualification.latest_decision(store, serve.qualification_digest)
@@ -256,8 +253,6 @@ def qualified(store: Store, evidence_dir: Path, serve: Identity) -> tuple[dict[s
             return qualified_values(cells), {"evidence": str(path), "gate": gate["gate"], "tx_id": tx_id}
     return {}, {"evidence": None, "tx_id": tx_id, "why": "the qualification measured no capacity cell"}
 
-
-# -- who stops a watch -----------------------------------------------------------------------------
 
 ABORT = "abort"
 """The watch event `promote --abort` journals in the watched transaction: a person's stop."""

@@ -47,9 +47,6 @@ class Artifact:
     def of(cls, path: str, data: bytes) -> Artifact:
         return cls(path, hashlib.sha256(data).hexdigest(), len(data))
 
-    def as_dict(self) -> JSONObject:
-        return asdict(self)
-
 
 class EvidenceWriter:
     """Writes a transaction's artifacts once each, then its manifest."""

@@ -230,20 +230,14 @@ class ClaimsCheck:
     ledger: str
     evidence: str
     bundle: VerifyResult
-    results: tuple[ClaimResult, ...]
+    claims: tuple[ClaimResult, ...]
 
     @property
     def ok(self) -> bool:
-        return self.bundle.ok and all(r.status in ("ok", "external-prior") for r in self.results)
+        return self.bundle.ok and all(r.status in ("ok", "external-prior") for r in self.claims)
 
     def as_dict(self) -> JSONObject:
-        return {
-            "ledger": self.ledger,
-            "evidence": self.evidence,
-            "ok": self.ok,
-            "bundle": self.bundle.as_dict(),
-            "claims": [asdict(r) for r in self.results],
-        }
+        return {**asdict(self), "ok": self.ok, "bundle": self.bundle.as_dict()}
 
 
 def _local_artifacts(directory: Path) -> set[str] | None:

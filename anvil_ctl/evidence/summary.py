@@ -4,10 +4,10 @@ nominal context, measured prompt, TTFT, prefill, decode and completed requests."
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from anvil_ctl.core.jsontypes import JSONMapping, JSONObject, fields, get_float, items, whole
+from anvil_ctl.core.jsontypes import JSONMapping, fields, get_float, items, whole
 
 if TYPE_CHECKING:  # the CLI draws the table; a promote that labels cells skips rich
     from rich.table import Table
@@ -32,9 +32,6 @@ class SummaryRow:
     decode_p50_tps: float | None
     completed: int
     requests: int
-
-    def as_dict(self) -> JSONObject:
-        return asdict(self)
 
 
 def _row(label: str, cell: JSONMapping) -> SummaryRow:

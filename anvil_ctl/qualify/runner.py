@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -104,13 +104,13 @@ class QualificationResult:
                     "classification": g.classification,
                     "summary": g.summary,
                     "duration_s": g.duration_s,
-                    "artifact": (a.as_dict() if (a := self.artifact_for(g.name)) else None),
+                    "artifact": (asdict(a) if (a := self.artifact_for(g.name)) else None),
                 }
                 for g in self.gates
             ],
-            "summary": [r.as_dict() for r in self.summary],
-            "artifacts": [a.as_dict() for a in self.artifacts],
-            "manifest": self.manifest.as_dict(),
+            "summary": [asdict(r) for r in self.summary],
+            "artifacts": [asdict(a) for a in self.artifacts],
+            "manifest": asdict(self.manifest),
             "tx_dir": self.tx_dir,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
@@ -202,7 +202,7 @@ def run_qualification(
 
     asyncio.run(run_gates())
     rows = summary_rows(r.evidence for r in results)
-    writer.write_json("summary.json", {"rows": [r.as_dict() for r in rows], "origin": "local"})
+    writer.write_json("summary.json", {"rows": [asdict(r) for r in rows], "origin": "local"})
     writer.write_json("provenance.json", provenance_record(provenance, writer.artifacts))
     decision = make_decision(results, identity_digest, profile=profile.name, artifact_sha256=hashes)
     writer.write_json(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 from anvil_ctl.core.errors import NotFound, TransientError
 from anvil_ctl.core.model import (
@@ -106,8 +107,8 @@ class FakeRuntime:
     def logs(
         self, container_id: str, *, max_lines: int, max_bytes: int, since: float | None = None
     ) -> ContainerLog:
-        """The container's `log` lines (see `FakeWorld.append_log`); with `since`, the lines
-        appended at that Unix time or later."""
+        """The container's `log` lines (`ContainerDoc.log`); with `since`, the lines appended at
+        that Unix time or later."""
         c = self.world.read()["containers"].get(container_id)
         if c is None:
             raise NotFound(f"container {container_id} not found", container_id=container_id)
@@ -118,7 +119,9 @@ class FakeRuntime:
             if since is None or (i < len(times) and times[i] >= since)
         ][-(max_lines + 1) :]
         tail = "".join(line + "\n" for line in lines).encode()
-        return ContainerLog.bounded(tail, max_lines=max_lines, max_bytes=max_bytes, status=c["status"])
+        return replace(
+            ContainerLog.bounded(tail, max_lines=max_lines, max_bytes=max_bytes), status=c["status"]
+        )
 
 
 class FakeServerProbe:

@@ -1,13 +1,12 @@
 """The fake host's world: one JSON file (`WorldDoc`) guarded by an flock, shared by processes.
 
-Failure knobs: `hang` blocks one operation after its side effect until cleared; `fail` makes
-one raise StepFailed (a number of times).
+Failure knobs of the document: `hang` blocks one operation after its side effect until cleared;
+`fail` makes one raise StepFailed (`fail_times` times, else until cleared).
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -145,38 +144,6 @@ class FakeWorld:
         """A copy of the world, read under a shared lock (a read rewrites nothing)."""
         with self._locked(fcntl.LOCK_SH):
             return self._load()
-
-    def add_image(self, ref: str) -> str:
-        image_id = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
-        with self.edit() as w:
-            w["images"][image_id] = {"id": image_id, "tags": [ref], "repo_digests": []}
-        return image_id
-
-    def add_gpu(self, uuid: str, total_mib: int, name: str = "Fake GPU") -> None:
-        with self.edit() as w:
-            w["gpus"].append({"uuid": uuid, "name": name, "total_mib": total_mib})
-
-    def append_log(self, container_id: str, *lines: str) -> None:
-        """What a fake container printed."""
-        with self.edit() as w:
-            c = w["containers"][container_id]
-            c.setdefault("log", []).extend(lines)
-            c.setdefault("log_at", []).extend([time.time()] * len(lines))
-
-    def set_hang(self, op: str | None) -> None:
-        with self.edit() as w:
-            w["hang"] = op
-
-    def set_fail(self, op: str, message: str | None, *, times: int | None = None) -> None:
-        """Make `op` fail with `message` (None: stop failing); `times` limits how often."""
-        with self.edit() as w:
-            w.setdefault("fail_times", {}).pop(op, None)
-            if message is None:
-                w["fail"].pop(op, None)
-            else:
-                w["fail"][op] = message
-                if times is not None:
-                    w["fail_times"][op] = times
 
 
 def maybe_hang_or_fail(world: FakeWorld, op: str) -> None:

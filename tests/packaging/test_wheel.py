@@ -82,9 +82,9 @@ from anvil_ctl.testing.router import FakeRouter
 from anvil_ctl.testing.runtime import FakeRuntime
 from anvil_ctl.testing.world import FakeWorld
 world = FakeWorld(Path(sys.argv[1]))
-world.add_gpu("GPU-aaaaaaaa-0000-0000-0000-000000000001", 97887)
-world.add_gpu("GPU-bbbbbbbb-0000-0000-0000-000000000002", 97887)
 with world.edit() as w:
+    for uuid in ("GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002"):
+        w["gpus"].append({{"uuid": uuid, "name": "Fake GPU", "total_mib": 97887}})
     w["images"]["{IMAGE}"] = {{"id": "{IMAGE}", "tags": ["fake:1"], "repo_digests": []}}
 runtime = FakeRuntime(world)
 incumbent = runtime.create(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,43 @@ from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.testing.runtime import FakeRuntime
 from anvil_ctl.testing.world import FakeWorld
+
+
+class ScriptedWorld(FakeWorld):
+    """The fake world with the setters tests script it by: images, GPUs, log lines, failures."""
+
+    def add_image(self, ref: str) -> str:
+        image_id = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+        with self.edit() as w:
+            w["images"][image_id] = {"id": image_id, "tags": [ref], "repo_digests": []}
+        return image_id
+
+    def add_gpu(self, uuid: str, total_mib: int, name: str = "Fake GPU") -> None:
+        with self.edit() as w:
+            w["gpus"].append({"uuid": uuid, "name": name, "total_mib": total_mib})
+
+    def append_log(self, container_id: str, *lines: str) -> None:
+        """What a fake container printed."""
+        with self.edit() as w:
+            c = w["containers"][container_id]
+            c.setdefault("log", []).extend(lines)
+            c.setdefault("log_at", []).extend([time.time()] * len(lines))
+
+    def set_hang(self, op: str | None) -> None:
+        with self.edit() as w:
+            w["hang"] = op
+
+    def set_fail(self, op: str, message: str | None, *, times: int | None = None) -> None:
+        """Make `op` fail with `message` (None: stop failing); `times` limits how often."""
+        with self.edit() as w:
+            w.setdefault("fail_times", {}).pop(op, None)
+            if message is None:
+                w["fail"].pop(op, None)
+            else:
+                w["fail"][op] = message
+                if times is not None:
+                    w["fail_times"][op] = times
+
 
 HOST_TOML = """
 host = "testhost"
@@ -54,7 +93,7 @@ INCUMBENT_MODEL = "glm53-flash-exl3-k3-dflash2-k5-fp8-tp2-524k-vision-xgfix"
 class FakeHost:
     root: Path
     settings: Settings
-    world: FakeWorld
+    world: ScriptedWorld
     image_id: str
     incumbent_id: str
 
@@ -172,7 +211,7 @@ def make_fake_host(
     )
     app = App(settings=settings, env={})
     upgrade(app.create_database())
-    world = FakeWorld(settings.fake_world_path)
+    world = ScriptedWorld(settings.fake_world_path)
     image_id = world.add_image("anvil-stub@sha256:" + "1" * 64)
     world.add_gpu("GPU-aaaaaaaa-0000-0000-0000-000000000001", 97887)
     world.add_gpu("GPU-bbbbbbbb-0000-0000-0000-000000000002", 97887)
@@ -202,7 +241,7 @@ def reopen(root: Path, *, state_db: str | None = None) -> FakeHost:
         backend="fake",
         _env_file=None,
     )
-    world = FakeWorld(settings.fake_world_path)
+    world = ScriptedWorld(settings.fake_world_path)
     image_id = next(iter(world.read()["images"]))
     app = App(settings=settings, env={})
     inc = app.store.current_identity("primary", "incumbent")

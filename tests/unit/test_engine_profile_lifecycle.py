@@ -25,7 +25,7 @@ from anvil_ctl.engine.plans.args import Candidate
 from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.migrate import upgrade
 from anvil_ctl.testing.runtime import FakeRuntime
-from anvil_ctl.testing.world import FakeWorld
+from tests.unit.fakehost import ScriptedWorld
 
 HOST_TOML = """
 host = "llama-host"
@@ -50,7 +50,7 @@ RECIPE_DIGEST = "e" * 64
 @dataclasses.dataclass
 class LlamaHost:
     settings: Settings
-    world: FakeWorld
+    world: ScriptedWorld
     image_id: str
     incumbent_id: str
 
@@ -84,7 +84,7 @@ def host(tmp_path: Path) -> LlamaHost:
     settings = Settings(state_dir=tmp_path / "state", config=cfg, backend="fake", _env_file=None)  # type: ignore[call-arg]
     app = App(settings=settings, env={"ANVIL_ROUTER_CLIENT_TOKEN": "client-token-123"})
     upgrade(app.create_database())
-    world = FakeWorld(settings.fake_world_path)
+    world = ScriptedWorld(settings.fake_world_path)
     image_id = world.add_image("llama@sha256:" + "2" * 64)
     rt = FakeRuntime(world)
     inc = rt.create(

@@ -109,25 +109,25 @@ class TestCheck:
     def test_every_local_claim_matches_its_verified_bundle(self, tmp_path: Path) -> None:
         result = check_ledger(load_ledger(write(tmp_path)), bundle(tmp_path / "ev"))
         assert result.ok, result.as_dict()
-        assert [r.status for r in result.results] == ["ok", "ok", "ok", "external-prior"]
-        first = result.results[0].recounted
+        assert [r.status for r in result.claims] == ["ok", "ok", "ok", "external-prior"]
+        first = result.claims[0].recounted
         assert [(e["published"], e["recounted"]) for e in first] == [("112.07", "112.07"), ("2,969", "2,969")]
 
     def test_a_changed_published_number_differs_naming_both_numbers(self, tmp_path: Path) -> None:
         text = LEDGER.replace('published = "112.07"', 'published = "112.70"')
         result = check_ledger(load_ledger(write(tmp_path, text)), bundle(tmp_path / "ev"))
         assert not result.ok
-        differs = [(r.claim, r.status) for r in result.results if r.status != "ok"]
+        differs = [(r.claim, r.status) for r in result.claims if r.status != "ok"]
         assert differs == [
             ("112.07 decode tok/s", "differs"),
             ("roughly 8,100 tok/s prefill", "external-prior"),
         ]
-        assert "published 112.70, the evidence says 112.07" in result.results[0].problems[0]
+        assert "published 112.70, the evidence says 112.07" in result.claims[0].problems[0]
 
     def test_a_changed_condition_number_differs_too(self, tmp_path: Path) -> None:
         text = LEDGER.replace('published = "2,969"', 'published = "2,970"')
         result = check_ledger(load_ledger(write(tmp_path, text)), bundle(tmp_path / "ev"))
-        assert result.results[0].status == "differs"
+        assert result.claims[0].status == "differs"
 
     def test_rounding_is_half_up_to_the_declared_decimals(self, tmp_path: Path) -> None:
         ev = bundle(tmp_path / "ev")
@@ -147,7 +147,7 @@ class TestCheck:
         (ev / "15-vram_reserve.json").unlink()
         result = check_ledger(load_ledger(write(tmp_path)), ev)
         assert not result.ok and [m.problem for m in result.bundle.mismatches] == ["missing"]
-        reserve = result.results[2]
+        reserve = result.claims[2]
         assert reserve.status == "missing" and "15-vram_reserve.json" in reserve.problems[0]
 
     def test_an_edited_artifact_is_not_recounted(self, tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ class TestCheck:
         path.write_text(path.read_text().replace("112.0712", "132.0712"))
         result = check_ledger(load_ledger(write(tmp_path)), ev)
         assert not result.ok
-        assert result.results[0].problems == ["13-capacity.json: does not match the bundle's manifest"]
+        assert result.claims[0].problems == ["13-capacity.json: does not match the bundle's manifest"]
 
     def test_a_local_claim_may_not_cite_the_sources_external_figures(self, tmp_path: Path) -> None:
         text = LEDGER + (
@@ -164,8 +164,8 @@ class TestCheck:
             'artifact = "provenance.json"\npath = "external_prior[0].figure"\n'
         )
         result = check_ledger(load_ledger(write(tmp_path, text)), bundle(tmp_path / "ev"))
-        assert result.results[-1].status == "missing"
-        assert "external-prior, not a local measurement" in result.results[-1].problems[0]
+        assert result.claims[-1].status == "missing"
+        assert "external-prior, not a local measurement" in result.claims[-1].problems[0]
 
     def test_an_artifact_provenance_does_not_list_as_local_is_refused(self, tmp_path: Path) -> None:
         ev = bundle(tmp_path / "ev")
@@ -176,7 +176,7 @@ class TestCheck:
             LEDGER + '\n[[claims]]\nclaim = "one"\npublished = "1"\nartifact = "decision.json"\npath = "n"\n'
         )
         result = check_ledger(load_ledger(write(tmp_path, text)), ev)
-        assert "not a local measurement of this bundle" in result.results[-1].problems[0]
+        assert "not a local measurement of this bundle" in result.claims[-1].problems[0]
 
 
 class TestLedgerFile:

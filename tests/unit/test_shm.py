@@ -28,7 +28,7 @@ from anvil_ctl.config.host import ENGINE_SEGMENTS, HostConfig
 from anvil_ctl.core.model import LABEL_MANAGED, ContainerSpec, ShmMark
 from anvil_ctl.core.ports import SharedMemory, ShmLedger
 from anvil_ctl.testing.runtime import FakeRuntime
-from anvil_ctl.testing.world import FakeWorld
+from tests.unit.fakehost import ScriptedWorld
 
 ENGINE = "e" * 64  # a managed container
 OTHER = "0" * 64  # a container anvilctl does not manage
@@ -588,7 +588,7 @@ class TestResidueConfig:
 
 class TestManagedContainers:
     def test_lists_only_containers_labelled_managed_with_their_init_pids(self, tmp_path: Path) -> None:
-        world = FakeWorld(tmp_path / "world.json")
+        world = ScriptedWorld(tmp_path / "world.json")
         image = world.add_image("stub:1")
         rt = FakeRuntime(world)
         ours = rt.create(ContainerSpec(name="ours", image=image, labels=((LABEL_MANAGED, "true"),)))

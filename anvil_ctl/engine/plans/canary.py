@@ -6,6 +6,7 @@ pivot is `route-to-candidate`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 from anvil_ctl.core.errors import AdapterError, BadInput, StepFailed
@@ -211,29 +212,27 @@ def share_step(share: int) -> Step[Ctx]:
         world, args = ctx.world, ctx.args
         set_to = _set_share(world, args, share)
         arms = {"incumbent": args.incumbent, "candidate": args.candidate}
-        clients = {arm: open_client(_url(world, ident), "anvil-canary") for arm, ident in arms.items()}
         policy = policy_from_json(args.watch)
         world.progress.waiting(
             f"the canary at {share} % (both serves sampled side by side)", args.step_watch_s
         )
         rounds: list[JSONObject] = []
-        try:
-            with Interrupts().installed() as interrupts:
-                verdict = watch(
-                    duration_s=args.step_watch_s,
-                    interval_s=policy.interval_s,
-                    consecutive=policy.consecutive,
-                    judge=lambda kept: judge(policy, kept),
-                    take=SideBySide(clients, {a: i.served_model for a, i in arms.items()}, policy),
-                    record=lambda r: rounds.append(dict(r)),
-                    stop=lambda: interrupts.caught,
-                    at_least=policy.consecutive,  # so a breach can show in every step
-                    clock=world.clock.now,
-                    sleep=world.clock.sleep,
-                )
-        finally:
-            for client in clients.values():
-                client.close()
+        with contextlib.ExitStack() as opened, Interrupts().installed() as interrupts:
+            clients = {
+                a: opened.enter_context(open_client(_url(world, i), "anvil-canary")) for a, i in arms.items()
+            }
+            verdict = watch(
+                duration_s=args.step_watch_s,
+                interval_s=policy.interval_s,
+                consecutive=policy.consecutive,
+                judge=lambda kept: judge(policy, kept),
+                take=SideBySide(clients, {a: i.served_model for a, i in arms.items()}, policy),
+                record=lambda r: rounds.append(dict(r)),
+                stop=lambda: interrupts.caught,
+                at_least=policy.consecutive,  # so a breach can show in every step
+                clock=world.clock.now,
+                sleep=world.clock.sleep,
+            )
         observed: JSONArray = [*rounds]
         if not verdict.healthy:
             named = "; ".join(
