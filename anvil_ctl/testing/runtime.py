@@ -77,7 +77,6 @@ class FakeRuntime:
                 "healthy": env.get("FAKE_FAIL_HEALTH") != "1",
                 "vram_mib": int(env.get("FAKE_VRAM_MIB", "0") or 0),
                 "binding": env.get("FAKE_BINDING") or labels.get("io.anvil.binding", ""),
-                # llama.cpp's ways: no health route (404), answers echo the request's model
                 "no_health_route": env.get("FAKE_NO_HEALTH_ROUTE") == "1",
                 "echo_model": env.get("FAKE_ECHO_MODEL") == "1",
             }
