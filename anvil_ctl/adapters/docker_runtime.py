@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Literal, cast, get_args
 
 import docker
@@ -208,7 +209,6 @@ class DockerRuntime:
             "ulimits": [Ulimit(name=n, soft=s, hard=h) for n, s, h in spec.ulimits] or None,
             "shm_size": spec.shm_size,
             "ipc_mode": spec.ipc_mode,
-            "working_dir": spec.working_dir,
         }
         kwargs |= {k: v for k, v in optional.items() if v is not None}
         mode = self.resolved_gpu_mode() if spec.gpu_uuids else self.gpu_mode
@@ -308,11 +308,8 @@ class DockerRuntime:
                 if callable(close):
                     close()
         status = str(state.get("Status", "dead"))
-        return ContainerLog.bounded(
-            bytes(window),
-            max_lines=max_lines,
-            max_bytes=max_bytes,
-            cut=cut,
+        return replace(
+            ContainerLog.bounded(bytes(window), max_lines=max_lines, max_bytes=max_bytes, cut=cut),
             restart_count=integer(attrs.get("RestartCount") or 0) or 0,
             oom_killed=bool(state.get("OOMKilled")),
             status=status,

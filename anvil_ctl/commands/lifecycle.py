@@ -33,11 +33,11 @@ def promote(
     (0: a cutover; None: the `[watch]` duration of the profile that qualified it)."""
     app.config.slot(slot)
     approved_by = require("--approved-by", check_person, approved_by)
-    limit_waits(app, timeout_s)
     if not dry_run:
         # First: the real client imports while the world is built, and while guards,
         # snapshot and readmission run; the child holds none of the world's connections.
         app.warm_acceptance()
+    limit_waits(app, timeout_s)  # builds the world: after the fork
     request = PromoteRequest(
         slot=slot, approved_by=approved_by, candidate=candidate, accept_drift=accept_drift, watch_s=watch_s
     )
@@ -115,9 +115,9 @@ def canary(
     approved_by = require("--approved-by", check_person, approved_by)
     steps = parse_shares(shares)
     step_watch_s = require("--step-watch", check_duration, step_watch_s)
-    limit_waits(app, timeout_s)
     if not dry_run:
         app.warm_acceptance()  # as promote does: before the world, so the child holds none of it
+    limit_waits(app, timeout_s)
     world = app.world()
     cand = world.store.current_identity(slot, "candidate")
     inc = tier_incumbent(world, slot)

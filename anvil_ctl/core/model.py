@@ -71,7 +71,6 @@ class ContainerSpec:
     ipc_mode: str | None = None
     ulimits: tuple[tuple[str, int, int], ...] = ()
     init: bool = True
-    working_dir: str | None = None
 
     def fingerprint_fields(self) -> dict[str, object]:
         return fingerprint_fields(
@@ -165,20 +164,9 @@ class ContainerLog:
     exit_code: int | None = None
 
     @classmethod
-    def bounded(
-        cls,
-        tail: bytes,
-        *,
-        max_lines: int,
-        max_bytes: int,
-        cut: bool = False,
-        restart_count: int = 0,
-        oom_killed: bool = False,
-        status: str = "",
-        started_at: str = "",
-        exit_code: int | None = None,
-    ) -> ContainerLog:
-        """The log from the raw `tail` of a container's output, cut to the caps.
+    def bounded(cls, tail: bytes, *, max_lines: int, max_bytes: int, cut: bool = False) -> ContainerLog:
+        """The log from the raw `tail` of a container's output, cut to the caps (the runtime's
+        observations, such as restarts and status, are set by the caller with `replace`).
 
         `tail` may hold one line more than `max_lines` (how an adapter learns there were older
         lines); `cut`: the adapter already dropped bytes from its front.
@@ -191,18 +179,7 @@ class ContainerLog:
             lines = lines[1:]  # the first line was cut in the middle
         if len(lines) > max_lines:
             lines, cut = lines[len(lines) - max_lines :], True
-        return cls(
-            lines=tuple(lines),
-            bytes_read=len(data),
-            truncated=cut,
-            max_lines=max_lines,
-            max_bytes=max_bytes,
-            restart_count=restart_count,
-            oom_killed=oom_killed,
-            status=status,
-            started_at=started_at,
-            exit_code=exit_code,
-        )
+        return cls(tuple(lines), len(data), cut, max_lines, max_bytes)
 
 
 @dataclass(frozen=True)

@@ -167,8 +167,7 @@ def database_error(engine: Engine, exc: BaseException) -> AnvilError | None:
     """Our error for a database failure, or None when it is not the database's state (a bug)."""
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     name = str(getattr(orig, "sqlite_errorname", ""))
-    base = name.split("_", 2)
-    family = "_".join(base[:2]) if len(base) >= 2 else name
+    family = "_".join(name.split("_")[:2])  # SQLITE_BUSY of SQLITE_BUSY_SNAPSHOT
     db = where(engine)
     if family == "SQLITE_CANTOPEN" and not os.access(Path(db).parent, os.W_OK):
         family = "SQLITE_READONLY"  # a read-only directory: the -wal/-shm files cannot be made

@@ -49,17 +49,11 @@ def make_append_only(table: Table) -> None:
 
 
 def unique_keys(table: Table) -> list[tuple[str, ...]]:
-    """The column tuples a REPLACE could collide on: the primary key and every unique key."""
+    """The column tuples a REPLACE could collide on: the primary key and every unique key (a
+    column's `unique=True` is one of `table.constraints` too)."""
     keys = [tuple(c.name for c in table.primary_key.columns)]
-    for constraint in table.constraints:
-        if isinstance(constraint, UniqueConstraint):
-            cols = tuple(c.name for c in constraint.columns)
-            if cols not in keys:
-                keys.append(cols)
-    for column in table.columns:
-        if column.unique and (column.name,) not in keys:
-            keys.append((column.name,))
-    return keys
+    uniques = (tuple(c.name for c in u.columns) for u in table.constraints if isinstance(u, UniqueConstraint))
+    return keys + [u for u in uniques if u not in keys]
 
 
 def expected_triggers(dialect: str, tables: Sequence[str]) -> dict[str, str]:

@@ -116,11 +116,7 @@ def status(store: Store) -> list[JSONObject]:
                     "registered_at": h.registered_at,
                     "this_host": h.id == store.host,
                     "slots": [dict(r._mapping) for r in slots],
-                    "last_recheck": (
-                        {"slot": recheck.slot, "passed": bool(recheck.passed), "at": recheck.at}
-                        if recheck is not None
-                        else None
-                    ),
+                    "last_recheck": {**recheck._mapping, "passed": bool(recheck.passed)} if recheck else None,
                     "open_transactions": [
                         {k: getattr(t, k) for k in ("tx_id", "kind", "slot", "state", "created_at")}
                         for t in open_txs

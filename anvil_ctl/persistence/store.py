@@ -203,12 +203,8 @@ class Store:
                 owner_boot_id=owner.boot_id,
                 created_at=now,
             )
-            s.add(tx)
-            s.flush()
-            first = TransactionState(
-                tx_id=tx_id, state=TxState.PLANNED.value, reason="", data_json="{}", at=now
-            )
-            s.add(first)
+            first = TransactionState(tx_id=tx_id, state=TxState.PLANNED.value, at=now)
+            s.add_all([tx, first])  # inserted in the order of their foreign key
             s.flush()
             projection.on_begin(s, tx, first)
             # Kind, slot and arguments are in the transaction's row, which this entry covers.

@@ -147,10 +147,9 @@ def _check_pinned(s: Session, end: Head, pinned: Head, what: str, problems: list
 
 
 def _check_head_file(s: Session, path: Path | None, report: Report) -> None:
+    report.head_file = {"path": str(path) if path else None}
     if path is None:
-        report.head_file = {"path": None}
         return
-    report.head_file = {"path": str(path)}
     try:
         recorded = read_head(path)
     except HeadFileError as exc:

@@ -35,8 +35,7 @@ class FakeRouter:
 
     def register(self, tier: str, url: str, aliases: tuple[str, ...]) -> None:
         with self.world.edit() as w:
-            t = self._tier(w, tier)
-            t.update({"url": url, "aliases": list(aliases), "state": "ready"})
+            self._tier(w, tier).update({"url": url, "aliases": list(aliases), "state": "ready"})
 
     def deregister(self, tier: str, url: str) -> None:
         with self.world.edit() as w:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 from anvil_ctl.core.errors import NotFound, TransientError
 from anvil_ctl.core.model import (
@@ -76,7 +77,6 @@ class FakeRuntime:
                 "healthy": env.get("FAKE_FAIL_HEALTH") != "1",
                 "vram_mib": int(env.get("FAKE_VRAM_MIB", "0") or 0),
                 "binding": env.get("FAKE_BINDING") or labels.get("io.anvil.binding", ""),
-                # llama.cpp's ways: no health route (404), answers echo the request's model
                 "no_health_route": env.get("FAKE_NO_HEALTH_ROUTE") == "1",
                 "echo_model": env.get("FAKE_ECHO_MODEL") == "1",
             }
@@ -118,7 +118,9 @@ class FakeRuntime:
             if since is None or (i < len(times) and times[i] >= since)
         ][-(max_lines + 1) :]
         tail = "".join(line + "\n" for line in lines).encode()
-        return ContainerLog.bounded(tail, max_lines=max_lines, max_bytes=max_bytes, status=c["status"])
+        return replace(
+            ContainerLog.bounded(tail, max_lines=max_lines, max_bytes=max_bytes), status=c["status"]
+        )
 
 
 class FakeServerProbe:

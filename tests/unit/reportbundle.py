@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,8 @@ def qualification_bundle(root: Path, tx_id: str = "tx-report") -> Path:
             return [(GPU_A, free, 3072), (GPU_B, free, 3072)]
 
         def reader(max_lines: int, max_bytes: int) -> ContainerLog:
-            return ContainerLog.bounded(
-                log.read_bytes(), max_lines=max_lines, max_bytes=max_bytes, status="running"
-            )
+            bounded = ContainerLog.bounded(log.read_bytes(), max_lines=max_lines, max_bytes=max_bytes)
+            return replace(bounded, status="running")
 
         profile = load_profile("demo").select(GATES)
         result = run_qualification(

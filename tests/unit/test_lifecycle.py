@@ -448,3 +448,35 @@ class TestLoadThenPromote:
         with pytest.raises(BadInput, match="--approved-by"):
             serves.load(fake_host.app(), "stub-245k-c1", slot="primary", promote_approved_by=" ")
         assert fake_host.world.read() == before
+
+
+class TestAcceptanceWorkerForksBeforeTheWorld:
+    """The real client's worker is forked before the world is built, so the child holds none of
+    its connections: also with `--timeout`, whose limit is set on the world."""
+
+    @pytest.mark.parametrize("command", ["promote", "canary"])
+    @pytest.mark.parametrize("timeout_s", [None, 30.0])
+    def test_the_fork_comes_first(
+        self, fake_host: FakeHost, monkeypatch: pytest.MonkeyPatch, command: str, timeout_s: float | None
+    ) -> None:
+        from anvil_ctl.bootstrap import App
+
+        order: list[str] = []
+        world = App.world
+        monkeypatch.setattr(App, "warm_acceptance", lambda self: order.append("fork"))
+        monkeypatch.setattr(App, "world", lambda self: order.append("world") or world(self))
+        monkeypatch.setattr(lifecycle, "enter", lambda app, request, dry_run=False: order.append("enter"))
+        app = fake_host.app()
+        if command == "promote":
+            lifecycle.promote(app, slot="primary", approved_by="operator", timeout_s=timeout_s)
+        else:
+            lifecycle.canary(
+                app,
+                slot="primary",
+                approved_by="operator",
+                shares="10,100",
+                step_watch_s=1.0,
+                timeout_s=timeout_s,
+            )
+        assert order[0] == "fork" and order[-1] == "enter"
+        assert ("world" in order) == (timeout_s is not None or command == "canary")

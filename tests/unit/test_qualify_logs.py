@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -200,8 +201,8 @@ class TestContainerLog:
         assert log.lines == ("bbbb", "cccc") and log.truncated and log.bytes_read == 12
 
     def test_a_log_within_the_caps_is_whole(self) -> None:
-        log = ContainerLog.bounded(b"a\nb\n", max_lines=5, max_bytes=100, restart_count=2)
-        assert (log.lines, log.truncated, log.restart_count) == (("a", "b"), False, 2)
+        log = ContainerLog.bounded(b"a\nb\n", max_lines=5, max_bytes=100)
+        assert (log.lines, log.truncated) == (("a", "b"), False)
 
 
 def fake_reader(
@@ -209,10 +210,8 @@ def fake_reader(
 ) -> Callable[[int, int], ContainerLog]:
     def read(max_lines: int, max_bytes: int) -> ContainerLog:
         tail = "".join(line + "\n" for line in lines).encode()
-        return ContainerLog.bounded(
-            tail,
-            max_lines=max_lines,
-            max_bytes=max_bytes,
+        return replace(
+            ContainerLog.bounded(tail, max_lines=max_lines, max_bytes=max_bytes),
             restart_count=restarts,
             oom_killed=oom,
             status=status,
@@ -340,12 +339,8 @@ class StubRun:
     def reader(self) -> Callable[[int, int], ContainerLog]:
         def read(max_lines: int, max_bytes: int) -> ContainerLog:
             running = self.proc.poll() is None
-            return ContainerLog.bounded(
-                self.log_path.read_bytes(),
-                max_lines=max_lines,
-                max_bytes=max_bytes,
-                status="running" if running else "exited",
-            )
+            log = ContainerLog.bounded(self.log_path.read_bytes(), max_lines=max_lines, max_bytes=max_bytes)
+            return replace(log, status="running" if running else "exited")
 
         return read
 
