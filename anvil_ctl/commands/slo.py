@@ -16,7 +16,7 @@ from anvil_ctl.core.errors import AnvilError, BadInput
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject, JSONValue
 from anvil_ctl.core.validate import check_person, check_text, require, utc_stamp
-from anvil_ctl.engine.watch import RouteSampler, Sample, qualified, standing_policy, watch, within
+from anvil_ctl.engine.watch import Sample, qualified, route_sampler, standing_policy, watch, within
 
 POLICY = "rollback-on-breach"
 
@@ -75,10 +75,7 @@ def slo_check(
         "rollback_on_breach": rollback_on_breach.as_dict() if rollback_on_breach else None,
     }
     app.store.append_audit("slo.declared", None, declared)  # before the first request
-    baseline = RouteSampler.baseline(world, ident)
-    take = RouteSampler(
-        world, ident, requests=policy.requests, max_tokens=policy.max_tokens, limits=limits, baseline=baseline
-    )
+    take = route_sampler(world, ident, requests=policy.requests, max_tokens=policy.max_tokens, limits=limits)
     samples: list[Sample] = []
     verdict = watch(
         duration_s=0.0,  # `at_least` samples, then the verdict

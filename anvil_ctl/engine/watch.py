@@ -1,5 +1,5 @@
 """The watch: samples taken at an interval against limits declared before the first one, a
-verdict out. `watch` is the loop, blind to what a sample is; `RouteSampler` is a watched
+verdict out. `watch` is the loop, blind to what a sample is; `route_sampler` is a watched
 promote's sample: chats through the route, its container's restarts and fatal log lines, and
 the router's failed answers.
 """
@@ -116,74 +116,45 @@ def watch(
             return Verdict("healthy", n)
 
 
-class RouteSampler:
-    """One sample of a serve, against the `baseline` taken when the watch began."""
+def route_baseline(world: World, serve: Identity) -> JSONObject:
+    """What a watch of `serve` starting now counts from: time, restarts, router errors."""
+    try:
+        restarts = world.runtime.logs(serve.container_id, max_lines=1, max_bytes=1024).restart_count
+    except NotFound:
+        restarts = 0
+    return {
+        "since": time.time(),
+        "restarts_before": restarts,
+        "router_errors_before": router_errors(world, serve),
+    }
 
-    def __init__(
-        self,
-        world: World,
-        serve: Identity,
-        *,
-        requests: int,
-        max_tokens: int,
-        limits: Sequence[Limit],
-        baseline: Mapping[str, JSONValue],
-    ) -> None:
-        if world.route_sample is None:
-            raise RuntimeError("a watch samples through the router: the world has no route_sample")
-        self.world = world
-        self.serve = serve
-        self.alias = world.config.slot(serve.slot).aliases[0]
-        self.requests = requests
-        self.max_tokens = max_tokens
-        self.functional = any(lim.metric == FUNCTIONAL_METRIC for lim in limits)
-        self.since = float(str(baseline["since"]))
-        self.restarts_before = int(str(baseline["restarts_before"]))
-        errors = baseline.get("router_errors_before")
-        self.errors_before = errors if isinstance(errors, int) else None
-        self.patterns = patterns_for(serve.engine_profile or None)
 
-    @staticmethod
-    def baseline(world: World, serve: Identity) -> JSONObject:
-        """What a watch of `serve` starting now counts from: time, restarts, router errors."""
-        try:
-            restarts = world.runtime.logs(serve.container_id, max_lines=1, max_bytes=1024).restart_count
-        except NotFound:
-            restarts = 0
-        return {
-            "since": time.time(),
-            "restarts_before": restarts,
-            "router_errors_before": router_errors(world, serve),
-        }
+def route_sampler(
+    world: World,
+    serve: Identity,
+    *,
+    requests: int,
+    max_tokens: int,
+    limits: Sequence[Limit],
+    baseline: Mapping[str, JSONValue] | None = None,
+) -> Callable[[int], Sample]:
+    """Sample `n` of a serve, against the `baseline` taken when the watch began (None: now)."""
+    baseline = baseline or route_baseline(world, serve)
+    route_sample = world.route_sample
+    if route_sample is None:
+        raise RuntimeError("a watch samples through the router: the world has no route_sample")
+    alias = world.config.slot(serve.slot).aliases[0]
+    functional = any(lim.metric == FUNCTIONAL_METRIC for lim in limits)
+    since, restarts_before = float(str(baseline["since"])), int(str(baseline["restarts_before"]))
+    errors_before = baseline.get("router_errors_before")
+    patterns = patterns_for(serve.engine_profile or None)
 
-    def __call__(self, n: int) -> Sample:
-        assert self.world.route_sample is not None
-        active = self.world.route_sample(
-            self.alias, self.requests, self.max_tokens, n if self.functional else None
-        )
-        passive = self.passive()
-        metrics: JSONObject = {
-            **{k: None if v is None else round(v, 4) for k, v in active.metrics().items()},
-            **{k: passive[k] for k in ("restarts", "container_down", "fatal_log_lines", "router_errors")},
-        }
-        return {
-            "n": n,
-            "at": round(time.time(), 3),
-            "metrics": metrics,  # the active sample's and the passive signals'
-            "requests": active.as_dict()["requests"],
-            "functional": [*active.functional],
-            "passive": passive,
-        }
-
-    def passive(self) -> JSONObject:
+    def passive() -> JSONObject:
         """The serve's container and the router's failed answers since the watch began."""
-        now = router_errors(self.world, self.serve)
-        before = self.errors_before
-        errors = None if now is None or before is None else max(0, now - before)
+        now = router_errors(world, serve)
+        errors = max(0, now - errors_before) if now is not None and isinstance(errors_before, int) else None
         try:
-            log = self.world.runtime.logs(
-                self.serve.container_id, max_lines=2000, max_bytes=1 << 20, since=self.since
-            )
+            log = world.runtime.logs(serve.container_id, max_lines=2000, max_bytes=1 << 20, since=since)
         except NotFound:
             return {
                 "restarts": None,
@@ -192,10 +163,10 @@ class RouteSampler:
                 "router_errors": errors,
                 "status": "absent",
             }
-        found = classify(log.lines, self.patterns)
+        found = classify(log.lines, patterns)
         return {
             "router_errors": errors,
-            "restarts": max(0, log.restart_count - self.restarts_before) + int(log.oom_killed),
+            "restarts": max(0, log.restart_count - restarts_before) + int(log.oom_killed),
             "container_down": int(log.status != "running"),
             "fatal_log_lines": sum(found.fatal_counts.values()),
             "status": log.status,
@@ -203,6 +174,24 @@ class RouteSampler:
             "exit_code": log.exit_code,
             "fatal": [*found.fatal[:3]],
         }
+
+    def take(n: int) -> Sample:
+        active = route_sample(alias, requests, max_tokens, n if functional else None)
+        signals = passive()
+        metrics: JSONObject = {
+            **{k: None if v is None else round(v, 4) for k, v in active.metrics().items()},
+            **{k: signals[k] for k in ("restarts", "container_down", "fatal_log_lines", "router_errors")},
+        }
+        return {
+            "n": n,
+            "at": round(time.time(), 3),
+            "metrics": metrics,  # the active sample's and the passive signals'
+            "requests": active.as_dict()["requests"],
+            "functional": [*active.functional],
+            "passive": signals,
+        }
+
+    return take
 
 
 def router_errors(world: World, serve: Identity) -> int | None:

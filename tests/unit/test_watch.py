@@ -378,7 +378,7 @@ class TestTheRoutersOwnErrorCount:
     the growth since the watch began (None where the router keeps no count we read)."""
 
     def test_the_growth_since_the_watch_began_is_the_metric(self, fake_host: FakeHost) -> None:
-        from anvil_ctl.engine.watch import RouteSampler, router_errors
+        from anvil_ctl.engine.watch import route_baseline, route_sampler, router_errors
         from anvil_ctl.qualify.watchpolicy import DEFAULT
 
         world = fake_host.app().world()
@@ -388,9 +388,11 @@ class TestTheRoutersOwnErrorCount:
         assert router_errors(world, serve) is None  # a router that keeps none: not judged
         with fake_host.world.edit() as w:
             w["router_errors"] = {url: 2}
-        began = RouteSampler.baseline(world, serve)
+        began = route_baseline(world, serve)
         assert began["router_errors_before"] == 2
-        take = RouteSampler(world, serve, requests=1, max_tokens=4, limits=DEFAULT.limits({}), baseline=began)
+        take = route_sampler(
+            world, serve, requests=1, max_tokens=4, limits=DEFAULT.limits({}), baseline=began
+        )
         assert take(0)["metrics"]["router_errors"] == 0  # type: ignore[index]
         with fake_host.world.edit() as w:
             w["router_errors"] = {url: 5}

@@ -296,7 +296,7 @@ def _candidate(ctx: Ctx) -> Identity:
 
 def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     """Watch the new incumbent; run again by `recover`, it goes on from the journaled start."""
-    from anvil_ctl.engine.watch import Interrupts, RouteSampler, stopper, watch, within
+    from anvil_ctl.engine.watch import Interrupts, route_baseline, route_sampler, stopper, watch, within
     from anvil_ctl.qualify import slosample  # noqa: F401  # the first sample's client, loaded before the start
     from anvil_ctl.qualify.watchpolicy import Limit
 
@@ -308,14 +308,14 @@ def watch_serve(ctx: Ctx, record: Record) -> WatchEnd:
     )
     resumed = began is not None  # journaled by the run that died: `recover` goes on with it
     if began is None:
-        began = RouteSampler.baseline(world, cand)
+        began = route_baseline(world, cand)
         record("begin", {**began, "serve": cand.container_id, "duration_s": decl.duration_s})
     since = float(str(began["since"]))
     left = max(0.0, decl.duration_s - (time.time() - since))
     if resumed:
         record("resume", {"since": since, "left_s": round(left, 3)})
     limits = [Limit.of(lim) for lim in decl.limits]
-    sampler = RouteSampler(
+    sampler = route_sampler(
         world, cand, requests=decl.requests, max_tokens=decl.max_tokens, limits=limits, baseline=began
     )
     with Interrupts().installed() as interrupts:
