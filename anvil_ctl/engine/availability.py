@@ -5,7 +5,7 @@ a healthy, routed serve, and a route the router refused to show us is no reason 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from anvil_ctl.core.errors import AdapterError, AnvilError, AuthRejected
 from anvil_ctl.core.identity import Identity
@@ -53,14 +53,8 @@ class SlotState:
         return not self.router or self.routed_model == self.models[0]
 
     def as_dict(self) -> JSONObject:
-        return {
-            "slot": self.slot,
-            "models": list(self.models),
-            "routed_model": self.routed_model,
-            "router": self.router,
-            "serving": self.serving,
-            **({"refused": self.refused} if self.refused else {}),
-        }
+        data: JSONObject = {**asdict(self), "models": list(self.models), "serving": self.serving}
+        return data if self.refused else {k: v for k, v in data.items() if k != "refused"}
 
 
 def observe_slot(world: World, slot: str) -> SlotState:
