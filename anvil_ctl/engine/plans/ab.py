@@ -227,7 +227,7 @@ def prepare(world: World, req: AbRequest) -> AbArgs:
     )
 
 
-def build(args: AbArgs, world: World, _req: AbRequest | None = None) -> Plan[AbArgs, World, AbMemo]:
+def build(args: AbArgs, world: World, _req: object = None) -> Plan[AbArgs, World, AbMemo]:
     slots = sorted({args.slot, *(a.identity.slot for a in args.arms)})
     return Plan(
         kind="ab",

@@ -70,7 +70,7 @@ def record_incumbent(ctx: Ctx) -> StepResult:
     return {"identity_digest": ident.digest}
 
 
-def build(args: AdoptArgs, world: World, _req: AdoptRequest | None = None) -> Plan[AdoptArgs, World, NoMemo]:
+def build(args: AdoptArgs, world: World, _req: object = None) -> Plan[AdoptArgs, World, NoMemo]:
     return Plan(
         kind="adopt",
         args=args,

@@ -310,9 +310,7 @@ def prepare(world: World, req: CanaryRequest) -> CanaryArgs:
     )
 
 
-def build(
-    args: CanaryArgs, world: World, _req: CanaryRequest | None = None
-) -> Plan[CanaryArgs, World, NoMemo]:
+def build(args: CanaryArgs, world: World, _req: object = None) -> Plan[CanaryArgs, World, NoMemo]:
     steps: list[Step[Ctx]] = [
         Step("declare", declare, None, "journal the shares, the step watch and the thresholds"),
         Step(

@@ -256,7 +256,7 @@ def prepare(world: World, req: LoadRequest) -> LoadArgs:
     )
 
 
-def build(args: LoadArgs, world: World, _req: LoadRequest | None = None) -> Plan[LoadArgs, World, LoadMemo]:
+def build(args: LoadArgs, world: World, _req: object = None) -> Plan[LoadArgs, World, LoadMemo]:
     # An incumbent already stopped (a campaign of several loads) is neither drained, stopped
     # nor, on compensation, started again: the undo restores the before state, not more.
     has_incumbent = args.incumbent is not None and args.incumbent_running

@@ -379,9 +379,7 @@ def closing_steps() -> list[Step[_C]]:
     ]
 
 
-def build(
-    args: PromoteArgs, world: World, _req: PromoteRequest | None = None
-) -> Plan[PromoteArgs, World, NoMemo]:
+def build(args: PromoteArgs, world: World, _req: object = None) -> Plan[PromoteArgs, World, NoMemo]:
     return Plan(
         kind="promote",
         args=args,

@@ -130,9 +130,7 @@ def prepare(world: World, req: ReconcileRequest) -> ReconcileArgs:
     return ReconcileArgs(slot=req.slot, serve=serve)
 
 
-def build(
-    args: ReconcileArgs, world: World, _req: ReconcileRequest | None = None
-) -> Plan[ReconcileArgs, World, NoMemo]:
+def build(args: ReconcileArgs, world: World, _req: object = None) -> Plan[ReconcileArgs, World, NoMemo]:
     return Plan(
         kind="reconcile",
         args=args,

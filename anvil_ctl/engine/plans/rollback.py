@@ -357,9 +357,7 @@ def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot, hold: 
     ]
 
 
-def build(
-    args: RollbackArgs, world: World, _req: RollbackRequest | None = None
-) -> Plan[RollbackArgs, World, NoMemo]:
+def build(args: RollbackArgs, world: World, _req: object = None) -> Plan[RollbackArgs, World, NoMemo]:
     steps: list[Step[Ctx]] = []
     if world.router is not None:
         steps.append(drain_step(_routed_current, routes_next=lambda _ctx: True))

@@ -118,9 +118,7 @@ def prepare(world: World, req: UnloadRequest) -> UnloadArgs:
     )
 
 
-def build(
-    args: UnloadArgs, world: World, _req: UnloadRequest | None = None
-) -> Plan[UnloadArgs, World, NoMemo]:
+def build(args: UnloadArgs, world: World, _req: object = None) -> Plan[UnloadArgs, World, NoMemo]:
     steps: list[Step[Ctx]] = [
         Step("stop-candidate", stop_candidate, restart_candidate, "stop the candidate (labels re-checked)"),
         Step("remove-candidate", remove_candidate, None, "remove the container (no way back)"),
