@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TypeVar
 
 from anvil_ctl.core.errors import AdapterError, StepFailed
 from anvil_ctl.core.identity import Identity
 from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.model import GpuProcess, GpuReading, VramNeed
-from anvil_ctl.core.steps import Guard, Refusal, StepContext
+from anvil_ctl.core.steps import Guard, Refusal
+from anvil_ctl.engine.guards import C
 from anvil_ctl.engine.serving import POLL_FIRST_S, inspect_or_none, is_running
 from anvil_ctl.engine.world import VramRelease, World
 from anvil_ctl.gpu.ownership import (
@@ -60,10 +60,6 @@ def _pids_of(world: World, container_ids: Iterable[str]) -> set[int]:
 
 def _data(refusal: OwnershipRefusal) -> dict[str, object]:
     return {k: v for k, v in refusal.as_dict().items() if k != "reason"}
-
-
-C = TypeVar("C", bound=StepContext[object, World, object])
-"""The context of the plan a guard is listed in (its accessor reads that plan's arguments)."""
 
 
 class GpuRolesFree(Guard[C]):
