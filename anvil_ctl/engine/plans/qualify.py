@@ -251,11 +251,9 @@ def prepare(world: World, req: QualifyRequest) -> QualifyArgs:
     )
 
 
-def build(
-    args: QualifyArgs, world: World, req: QualifyRequest | None = None
-) -> Plan[QualifyArgs, World, QualifyMemo]:
+def build(args: QualifyArgs, world: World, req: object = None) -> Plan[QualifyArgs, World, QualifyMemo]:
     memo = QualifyMemo()
-    if req is not None:  # what the live run shows and redacts; never journaled
+    if isinstance(req, QualifyRequest):  # what the live run shows and redacts; never journaled
         memo.progress, memo.now, memo.secrets = req.progress, req.now, req.secrets
     return Plan(
         kind="qualify",
