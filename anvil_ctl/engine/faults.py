@@ -15,8 +15,6 @@ from anvil_ctl.log import get_logger
 
 log = get_logger("anvil.faults")
 
-PAUSE_LIMIT_S = 600.0
-
 
 @dataclass(frozen=True)
 class Faults:
@@ -32,7 +30,7 @@ class Faults:
         if self.pause_at and self.pause_file and fnmatch.fnmatchcase(boundary, self.pause_at):
             log.warning("pause_at boundary reached: waiting", boundary=boundary, file=str(self.pause_file))
             self.pause_file.write_text(boundary + "\n")
-            deadline = time.monotonic() + PAUSE_LIMIT_S
+            deadline = time.monotonic() + 600.0  # a forgotten pause file never hangs a run
             while self.pause_file.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
 

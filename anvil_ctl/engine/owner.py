@@ -8,12 +8,10 @@ from pathlib import Path
 
 from anvil_ctl.core.ports import Owner
 
-BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
-
 
 def boot_id() -> str:
     try:
-        return BOOT_ID_PATH.read_text().strip()
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return "unknown"
 
