@@ -19,9 +19,6 @@ from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.persistence import locks
 from anvil_ctl.persistence.store import Store
 
-STAMP_WAIT_S = 0.5
-"""How long a refused process waits for the holder's pid to appear in the lock file."""
-
 
 @dataclass(frozen=True)
 class LockInfo(locks.LockRecord):
@@ -159,7 +156,7 @@ def _held(holders: list[LockInfo], otherwise: str) -> LockHeld:
 
 def _file_owner(path: Path) -> str:
     """Who holds the lock file, as it says (an empty one is read again for a moment)."""
-    deadline = time.monotonic() + STAMP_WAIT_S
+    deadline = time.monotonic() + 0.5  # for the holder to write its pid
     try:
         text = path.read_text()
         while not text and time.monotonic() < deadline:

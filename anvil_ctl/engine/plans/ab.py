@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from anvil_ctl.qualify.gates.capacity import Capacity
     from anvil_ctl.qualify.profiles import Profile
 
-DECLARATION = "00-declaration.json"
 COMPARISON = "ab-comparison.json"
 ARM_IDENTITY = ("slot", "container_id", "qualification_digest", "recipe_digest", "model_identity", "image_id")
 
@@ -113,7 +112,7 @@ def declare(ctx: Ctx) -> StepResult:
     body = declaration(
         _arms(ctx.world, ctx.args.arms), capacity, profile.boundaries, profile.ab_metric, profile.name
     )
-    artifact = _writer(ctx).write_json(DECLARATION, body)
+    artifact = _writer(ctx).write_json("00-declaration.json", body)
     return {
         "digest": body["digest"],
         "artifact": artifact.path,
