@@ -31,7 +31,7 @@ from anvil_ctl.core.ports import (
 if TYPE_CHECKING:
     from anvil_ctl.acceptance_worker import RealAcceptance
     from anvil_ctl.adapters.credentials import RouterCredentials
-    from anvil_ctl.engine.faults import Faults
+    from anvil_ctl.engine.runner import Faults
     from anvil_ctl.engine.world import RouteSample, World
     from anvil_ctl.persistence.db import Engine
     from anvil_ctl.persistence.store import Store
@@ -185,7 +185,7 @@ class App:
     @cached_property
     def faults(self) -> Faults:
         """Fault injection, when the settings ask for it (tests and `make chaos` only)."""
-        from anvil_ctl.engine.faults import Faults
+        from anvil_ctl.engine.runner import Faults
 
         s = self.settings
         return Faults(crash_at=s.crash_at, pause_at=s.pause_at, pause_file=s.pause_file)

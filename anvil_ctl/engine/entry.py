@@ -16,13 +16,12 @@ from anvil_ctl.core.jsontypes import JSONObject
 from anvil_ctl.core.ports import Owner
 from anvil_ctl.core.states import TxState
 from anvil_ctl.engine.campaign import Chain, bring_back, finished, open_chains
-from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.lock import HostLock
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.plans import KINDS
 from anvil_ctl.engine.plans.args import LoadRequest, Request, to_json
 from anvil_ctl.engine.recover import RecoverReport, recover_unfinished, refuse_without_credentials
-from anvil_ctl.engine.runner import TransactionEngine
+from anvil_ctl.engine.runner import NO_FAULTS, Faults, TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.persistence.locks import release_row
 

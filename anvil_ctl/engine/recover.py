@@ -16,11 +16,10 @@ from anvil_ctl.core.ports import Owner, StepEvent, TxRecord
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.core.steps import Step, StepContext
 from anvil_ctl.engine.campaign import DIED_BEFORE_MUTATION
-from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.owner import owner_alive
 from anvil_ctl.engine.plans import KINDS, AnyPlan
-from anvil_ctl.engine.runner import TransactionEngine
+from anvil_ctl.engine.runner import NO_FAULTS, Faults, TransactionEngine
 from anvil_ctl.engine.world import World
 from anvil_ctl.log import get_logger
 from anvil_ctl.persistence import snapshots

@@ -9,9 +9,14 @@ state but `committed` (`engine.availability`). The end state is held for `engine
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 from anvil_ctl.core.errors import AnvilError, AuthRejected, DrainRefused, NeedsOperator, Refused
@@ -20,7 +25,6 @@ from anvil_ctl.core.snapshot import diff
 from anvil_ctl.core.states import UNFINISHED_STATES, TxState
 from anvil_ctl.core.steps import Plan, Refusal, Step, StepContext, first_refusal
 from anvil_ctl.engine.availability import ensure_serving, observe_slot, record_harbour
-from anvil_ctl.engine.faults import NO_FAULTS, Faults
 from anvil_ctl.engine.outcome import FollowUp, Outcome
 from anvil_ctl.engine.world import World, one_reading
 from anvil_ctl.log import get_logger
@@ -32,6 +36,31 @@ W = World
 AVAILABILITY = "availability"
 
 log = get_logger("anvil.engine")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Fault injection at journal boundaries (`KIND:STEP:PHASE:EVENT`, `KIND:state:STATE`, `*`
+    allowed), for the fault-injection tests and `make chaos` only; off unless settings name them."""
+
+    crash_at: str | None = None
+    pause_at: str | None = None
+    pause_file: Path | None = None
+
+    def at(self, boundary: str) -> None:
+        """Called by the engine right after the row of `boundary` commits."""
+        if self.crash_at and fnmatch.fnmatchcase(boundary, self.crash_at):
+            log.warning("crash_at boundary reached: SIGKILL", boundary=boundary)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.pause_at and self.pause_file and fnmatch.fnmatchcase(boundary, self.pause_at):
+            log.warning("pause_at boundary reached: waiting", boundary=boundary, file=str(self.pause_file))
+            self.pause_file.write_text(boundary + "\n")
+            deadline = time.monotonic() + 600.0  # a forgotten pause file never hangs a run
+            while self.pause_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+NO_FAULTS = Faults()
 
 
 def _error_detail(exc: BaseException) -> dict[str, object]:

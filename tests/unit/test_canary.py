@@ -19,10 +19,10 @@ from anvil_ctl.core.errors import AdapterError, BadInput
 from anvil_ctl.core.model import LABEL_MANAGED, LABEL_ROLE, LABEL_SLOT, ContainerSpec, Readmission
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine import entry
-from anvil_ctl.engine.faults import Faults
 from anvil_ctl.engine.plans.args import CanaryRequest, Candidate, RollbackRequest
 from anvil_ctl.engine.plans.canary import ServesFitTogether
 from anvil_ctl.engine.recover import recover_unfinished
+from anvil_ctl.engine.runner import Faults
 from anvil_ctl.engine.watch import watch
 from anvil_ctl.qualify import canary
 from anvil_ctl.qualify.canary import SideBySide, judge, parse_shares

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from anvil_ctl.engine.faults import Faults
+from anvil_ctl.engine.runner import Faults
 
 
 class TestCrashAt:

@@ -22,7 +22,7 @@ from anvil_ctl.commands import audit, lifecycle, recheck, serves
 from anvil_ctl.core.errors import AuthRejected, CredentialError, LockHeld
 from anvil_ctl.core.states import ExitCode, TxState
 from anvil_ctl.engine import entry
-from anvil_ctl.engine.faults import Faults
+from anvil_ctl.engine.runner import Faults
 from anvil_ctl.recipes.model import load_recipe
 from tests.unit.fakehost import FakeHost
 
