@@ -87,9 +87,6 @@ def _same(value: object, text: str) -> bool:
     return str(value) == text
 
 
-# -- the ledger --------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Number:
     """A number as published: its text, its value and how many decimals it shows."""
@@ -199,9 +196,6 @@ def load_ledger(path: Path) -> Ledger:
         _check(claim, f"claims[{i}]", file)
     ledger._path = file
     return ledger
-
-
-# -- the check ---------------------------------------------------------------------------------
 
 
 def rounded(value: object, decimals: int) -> Decimal:
