@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 
 from anvil_ctl.core.errors import AdapterError, StepFailed
@@ -51,11 +51,6 @@ def ledger(store: Store) -> dict[str, GpuOwner]:
 
 StartRequest = tuple[tuple[str, ...], set[str]]
 """(roles a transaction starts a serve on, container IDs it stops or replaces first)."""
-
-
-def _pids_of(world: World, container_ids: Iterable[str]) -> set[int]:
-    infos = (inspect_or_none(world, cid) for cid in container_ids)
-    return {info.pid for info in infos if info is not None and info.running and info.pid}
 
 
 def _data(refusal: OwnershipRefusal) -> dict[str, object]:
@@ -111,7 +106,8 @@ class GpuRolesFree(Guard[C]):
         except AdapterError as exc:
             return self.refuse(f"cannot tell whether the GPU roles are free: {exc}")
         known = {o.container_id for o in owners.values()} | set(replacing)
-        known_pids = _pids_of(world, known)
+        infos = (inspect_or_none(world, cid) for cid in known)
+        known_pids = {info.pid for info in infos if info is not None and info.running and info.pid}
         of_pid = world.container_of_pid
         if of_pid is not None:
             known_pids |= {p.pid for r in readings for p in r.processes if of_pid(p.pid) in known}

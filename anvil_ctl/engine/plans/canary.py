@@ -258,20 +258,12 @@ def _candidate(ctx: Ctx) -> Identity:
     return ctx.args.candidate
 
 
-def _incumbent(ctx: Ctx) -> Identity:
-    return ctx.args.incumbent
-
-
 def cutover(ctx: Ctx) -> StepResult:
     """Wait until the incumbent answers nothing, then leave the candidate alone in the tier."""
     world, inc = ctx.world, ctx.args.incumbent
     short = f"{inc.container_id[:12]} ({inc.served_model})"
     drained = wait_idle(world, inc.slot, inc.engine_profile, short, ctx.args.drain)
     return {**route_slot_to(world, ctx.args.candidate), "incumbent_drain": drained}
-
-
-def _route_back(ctx: Ctx, _r: StepResult) -> StepResult:
-    return route_slot_to(ctx.world, ctx.args.incumbent)
 
 
 def prepare(world: World, req: CanaryRequest) -> CanaryArgs:
@@ -323,10 +315,12 @@ def build(args: CanaryArgs, world: World, _req: object = None) -> Plan[CanaryArg
         Step(
             "route-to-candidate",
             cutover,
-            _route_back,
+            lambda ctx, _r: route_slot_to(ctx.world, ctx.args.incumbent),
             "the incumbent drained; the candidate alone in the tier",
         ),
-        stop_retain_step("stop-incumbent", _incumbent, "stop (never remove) the incumbent"),
+        stop_retain_step(
+            "stop-incumbent", lambda ctx: ctx.args.incumbent, "stop (never remove) the incumbent"
+        ),
         smoke_step(_candidate),
         *closing_steps(),
     ]

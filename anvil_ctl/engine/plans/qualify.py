@@ -46,12 +46,6 @@ class QualifyMemo:
 Ctx = StepContext[QualifyArgs, World, QualifyMemo]
 
 
-def _engine_died(result: QualificationResult) -> bool:
-    from anvil_ctl.qualify.runner import ENGINE_GATE
-
-    return any(g.name == ENGINE_GATE and not g.passed for g in result.gates)
-
-
 def died_problems(world: World, ident: Identity) -> list[str]:
     """Why a candidate that stopped during the run is not `ident` stopped (empty: it is):
     a removed container, or one with another image or config, is not the identity decided on."""
@@ -154,13 +148,15 @@ def run_gates(ctx: Ctx) -> StepResult:
 
 def record_decision(ctx: Ctx) -> StepResult:
     from anvil_ctl.engine.reclassify import raw_decision_body, reclassify_one
+    from anvil_ctl.qualify.runner import ENGINE_GATE
 
     world, ident, result = ctx.world, _candidate(ctx), ctx.memo.result
     if result is None:
         raise StepFailed("no qualification result in this process; rerun qualify")
     # The decision binds to the identity: it must still be what ran the whole workload. An
     # engine that died during the run is that identity, stopped: its failure is the decision.
-    problems = died_problems(world, ident) if _engine_died(result) else serving_problems(world, ident)
+    died = any(g.name == ENGINE_GATE and not g.passed for g in result.gates)
+    problems = died_problems(world, ident) if died else serving_problems(world, ident)
     if problems:
         raise StepFailed("candidate changed during qualification: " + "; ".join(problems))
     tx_dir = Path(result.tx_dir)

@@ -28,10 +28,6 @@ HEALTH_PATH = "/health"
 """Where the recorded serve's health is read (as `restart_retained` and `recheck` do)."""
 
 
-def _serve(ctx: Ctx) -> Identity:
-    return ctx.args.serve
-
-
 def what_runs(world: World, slot_name: str, serve: Identity) -> str:
     """What serves the slot instead of its recorded serve, for a refusal a person can act on."""
     slot = world.config.slot(slot_name)
@@ -141,7 +137,7 @@ def build(args: ReconcileArgs, world: World, _req: object = None) -> Plan[Reconc
                 None,
                 "observe the tier's route; re-apply it to the recorded serve unless it holds",
             ),
-            smoke_step(_serve),
+            smoke_step(lambda ctx: ctx.args.serve),
         ],
         memo=NoMemo(),
         guards=GUARDS,
