@@ -150,13 +150,12 @@ def run_acceptance(
 ) -> JSONObject:
     """Run the three real-client checks through `client` (closed here): router_url, alias,
     expected_model, credential_source, checks and whether all `passed`. AuthRejected on 401/403."""
-    client = client or open_client(router_url, client_token)
     results: list[JSONObject] = []
-    try:
+    with client or open_client(router_url, client_token) as opened:
         for check in CHECKS:
             name = check.__name__.lstrip("_")
             try:
-                results.append(check(client, alias, expected_model))
+                results.append(check(opened, alias, expected_model))
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise AuthRejected(
                     f"router answered {exc.status_code} to the real-client acceptance: the token "
@@ -170,8 +169,6 @@ def run_acceptance(
                 results.append(_check(name, False, {"status": exc.status_code, "error": error}))
             except openai.APIError as exc:
                 results.append(_check(name, False, {"error": f"{type(exc).__name__}: {exc.message}"}))
-    finally:
-        client.close()
     result: JSONObject = {
         "router_url": router_url,
         "alias": alias,

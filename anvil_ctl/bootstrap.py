@@ -351,8 +351,7 @@ def _route_sample(app: App) -> RouteSample | None:
     def take(alias: str, requests: int, max_tokens: int, functional: int | None) -> Sample:
         from anvil_ctl.qualify.slosample import open_client, sample
 
-        client = open_client(url, creds.client.reveal())
-        try:
+        with open_client(url, creds.client.reveal()) as client:
             return sample(
                 client,
                 alias,
@@ -361,8 +360,6 @@ def _route_sample(app: App) -> RouteSample | None:
                 clock=time.time(),
                 functional=functional,
             )
-        finally:
-            client.close()
 
     return take
 

@@ -335,11 +335,8 @@ def _connect(base_url: str | None, timeout_s: float) -> docker.DockerClient:
     if url.startswith(("unix://", "http+unix://")) and not os.path.exists(url.split("://", 1)[1]):
         raise TransientError(f"connect to the Docker Engine: no socket at {url}", dependency="docker")
     with translated("connect to the Docker Engine"):
-        probe = docker.APIClient(version="1.24", **kwargs)
-        try:
+        with docker.APIClient(version="1.24", **kwargs) as probe:
             version = str(probe.version(api_version=False)["ApiVersion"])
-        finally:
-            probe.close()
         return docker.DockerClient(version=version, **kwargs)
 
 

@@ -104,9 +104,6 @@ def attach_global_options(command: click.Command) -> None:
 attach_global_options(root)
 
 
-# -- main --------------------------------------------------------------------------------------
-
-
 def _error(message: str) -> None:
     """One line on stderr, with control and bidi characters and newlines shown as escapes."""
     print(f"{PROG}: error: {escape_text(message)}", file=sys.stderr)
@@ -177,9 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _error(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
         return int(ExitCode.INTERNAL)
-
-
-# -- the console entry point (exit path) -------------------------------------------------------
 
 
 def console() -> NoReturn:

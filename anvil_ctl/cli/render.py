@@ -64,9 +64,6 @@ def renderer_for(kind: type) -> Renderer:
     return _record_of
 
 
-# -- generic -----------------------------------------------------------------------------------
-
-
 def _record_of(result: object, out: Out) -> None:
     """Anything without a renderer of its own: its payload as `key: value` lines."""
     data: JSONValue = json.loads(json.dumps(payload(result), default=_json_default))
@@ -88,9 +85,6 @@ def _table(t: views.Table, out: Out) -> None:
 def _text(t: views.Text, out: Out) -> None:
     text = escape_text(t.text, keep_newlines=True)
     print(text, end="" if text.endswith("\n") else "\n")
-
-
-# -- status and init: which database and config ------------------------------------------------
 
 
 def _where(data: Mapping[str, object], out: Out) -> None:

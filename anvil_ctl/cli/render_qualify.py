@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     from anvil_ctl.evidence.claims import ClaimsCheck
 
 
-# -- recipes -----------------------------------------------------------------------------------
-
-
 def recipe_view(r: RecipeView, out: Out) -> None:
     out.line(f"recipe {s(r.name)} ({s(r.path)})")
     out.line(f"  digest    {s(r.digest)}")
@@ -51,9 +48,6 @@ def recipe_plan(p: Plan, out: Out) -> None:
     out.line("  container spec:")
     for text in lines_of(p.spec, "    "):
         out.line(text)
-
-
-# -- qualification and evidence ----------------------------------------------------------------
 
 
 def qualify(q: QualifyOutcome, out: Out) -> None:
@@ -210,9 +204,6 @@ def evidence_audit(view: views.EvidenceAudit, out: Out) -> None:
     for b in records(v.get("bindings")):
         verdict = _BINDING_VERDICTS[b["matched"]]
         out.line(f"  manifest {verdict} {b['against']}" + (f" ({b['note']})" if b["note"] else ""))
-
-
-# -- GPUs --------------------------------------------------------------------------------------
 
 
 def gpu_readings(view: views.GpuReadings, out: Out) -> None:

@@ -1,4 +1,5 @@
-"""Human renderings of transactions and their records (see `render`)."""
+"""Human renderings of transactions (audit show's timeline) and their records: recover, recheck,
+the audit chain (see `render`)."""
 
 from __future__ import annotations
 
@@ -73,9 +74,6 @@ def diffs(view: views.DiffView, out: Out) -> None:
         out.line(f"{s(d['label'])}: {verdict} ({s(before)} -> {s(after)})")
         for c in changes:
             out.line(f"  {change_line(c)}")
-
-
-# -- audit show: the transaction as a timeline -------------------------------------------------
 
 
 def _took(start: str, end: str) -> str:
@@ -190,9 +188,6 @@ def _links(d: Mapping[str, object], states: list[Mapping[str, object]], out: Out
     follow = record(record(states[-1].get("data")).get("followed_by")) if states else {}
     if follow:
         out.line(f"  followed by: {s(follow.get('kind'))} {s(follow.get('tx_id'))}")
-
-
-# -- recover, recheck, the audit chain ---------------------------------------------------------
 
 
 def recover(r: RecoverReport, out: Out) -> None:

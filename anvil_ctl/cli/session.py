@@ -194,9 +194,6 @@ def global_options() -> tuple[click.Parameter, ...]:
     )
 
 
-# -- opening the App ----------------------------------------------------------------------------------
-
-
 class _Overrides(TypedDict, total=False):
     """The path settings a flag gave (a flag not given leaves its setting to the environment)."""
 

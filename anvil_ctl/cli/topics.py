@@ -13,7 +13,6 @@ from anvil_ctl.core.states import ALLOWED_TRANSITIONS, UNFINISHED_STATES, WAITIN
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
-    from pydantic.fields import FieldInfo
 
 EXIT_MEANINGS = {
     ExitCode.OK: "ok",
@@ -60,17 +59,6 @@ def _states() -> str:
     return "\n".join(lines)
 
 
-def _field(key: str, info: FieldInfo) -> list[str]:
-    """One key: its name, its default where it is a plain value, its description."""
-    default = ""
-    if not info.is_required() and info.default_factory is None and info.default is not None:
-        default = f" (default {info.default!r})"
-    out = [f"  {key}{default}"]
-    if info.description:
-        out.append(_wrap(info.description, "      "))
-    return out
-
-
 def _model_fields(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...] = ()) -> list[str]:
     """Every field of a pydantic model, a nested model as a `[section]` of its own."""
     from pydantic import BaseModel
@@ -83,8 +71,13 @@ def _model_fields(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             lines.append(f"  [{prefix}{name}]")
             lines += _model_fields(annotation, f"{prefix}{name}.")
-        else:
-            lines += _field(f"{prefix}{name}", info)
+            continue
+        default = ""
+        if not info.is_required() and info.default_factory is None and info.default is not None:
+            default = f" (default {info.default!r})"
+        lines.append(f"  {prefix}{name}{default}")
+        if info.description:
+            lines.append(_wrap(info.description, "      "))
     return lines
 
 

@@ -36,9 +36,6 @@ from anvil_ctl.persistence import waiver_rows
 log = get_logger()
 
 
-# -- probe ------------------------------------------------------------------------------------
-
-
 def readings(app: App) -> JSONObject:
     """Every GPU the probe sees, by NVML index: the probe's reading, its role (host config) and
     its owner (ledger); and the driver's version."""
@@ -55,9 +52,6 @@ def readings(app: App) -> JSONObject:
         for role in [role_of.get(g.uuid.lower(), "")]
     ]
     return {"driver": probe.driver_version(), "gpus": rows}
-
-
-# -- role detection ---------------------------------------------------------------------------
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, str]:
@@ -156,9 +150,6 @@ def detect(
         },
         "toml": roles_toml,
     }
-
-
-# -- waivers ----------------------------------------------------------------------------------
 
 
 def _state(w: Waiver, now: datetime) -> str:

@@ -22,8 +22,6 @@ from anvil_ctl.persistence import qualification
 from anvil_ctl.persistence.qualification import DecisionRecord
 from anvil_ctl.qualify.runner import Progress, QualificationResult
 
-# -- the command ------------------------------------------------------------------------------
-
 
 @dataclass
 class _Ran:
@@ -97,9 +95,6 @@ def _decision_of(app: App, decision_id: object, slot: str) -> DecisionRecord | N
     """The decision `decision_id` names when it is one of `slot`'s, else None."""
     found = qualification.decision(app.store, decision_id) if isinstance(decision_id, str) else None
     return found if found is not None and found["slot"] == slot else None
-
-
-# -- the matched A/B control --------------------------------------------------------------------
 
 
 @dataclass

@@ -112,8 +112,6 @@ class EngineProfile:
     tokenizer: Tokenizer | None = None
     max_concurrency: int | None = None
     """Requests the engine runs at once whatever it is told (None: as configured)."""
-    loads_before_listening: bool = False
-    """True: connection refused until the model is loaded; any 200 means loaded."""
     fatal_log_patterns: tuple[FatalPattern, ...] = ()
     """The engine's own lines that mean it failed (load or serve), beyond `COMMON_FATAL`."""
     notice_log_patterns: tuple[NoticePattern, ...] = ()
@@ -121,8 +119,6 @@ class EngineProfile:
     start_banner: str | None = None
     """The line the engine prints once per start; twice in one log means it restarted inside."""
     timing: TimingLines | None = None
-    stop_exit_codes: tuple[int, ...] = (0, 143)
-    """Exit codes of a clean stop (SIGTERM through docker-init)."""
     gpu: GpuUse | None = None
     """How its processes use the GPU; None: it runs on CPU, or nobody has watched it on one."""
     router_check_path: str | None = None
@@ -220,7 +216,6 @@ SGLANG = EngineProfile(
         ),
     ),
     start_banner=r"The server is fired up and ready to roll!",
-    stop_exit_codes=(0, 143, 137),
     # Published with --enable-metrics (a recipe without it: the router's count is read).
     running_metric="sglang:num_running_reqs",
     stop_timeout_s=60.0,
@@ -244,7 +239,6 @@ LLAMA_CPP_PYTHON = EngineProfile(
     completion_tokens="stream-chunks",
     tokenizer=Tokenizer(path="/extras/tokenize/count", input_field="input", count_field="count"),
     max_concurrency=1,
-    loads_before_listening=True,
     fatal_log_patterns=(
         FatalPattern("engine_error", r"llama_model_load: error loading model"),
         FatalPattern("engine_error", r"failed to load model|Failed to load model from file"),
@@ -276,7 +270,6 @@ LLAMA_CPP_PYTHON = EngineProfile(
         eval=r"llama_perf_context_print:\s+eval time =\s*(?P<ms>[\d.]+) ms /\s*(?P<tokens>\d+) runs",
         total=r"llama_perf_context_print:\s+total time =\s*(?P<ms>[\d.]+) ms /\s*(?P<tokens>\d+) tokens",
     ),
-    stop_exit_codes=(0, 143),
     # /v1/models waits for the model's lock behind a running completion, long enough for a
     # router's check to time out and take a serving backend out. /docs answers at once, and
     # only once the model is loaded (the server loads it before it listens).
@@ -334,7 +327,6 @@ VLLM = EngineProfile(
     ),
     notice_log_patterns=(NCCL_PLUGIN, PYTHON_DEPRECATION),
     start_banner=r"Starting vLLM API server",
-    stop_exit_codes=(0, 143, 137),
     running_metric="vllm:num_requests_running",
     stop_timeout_s=60.0,
     sources=(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from anvil_ctl.core.errors import BadInput
@@ -66,12 +66,6 @@ class Waiver:
         if problems:
             raise BadInput(f"waiver {self.id}: " + "; ".join(problems), field="waiver")
 
-    @property
-    def scope(self) -> str:
-        if self.gates:
-            return f"recipe {self.recipe_digest} gates {','.join(sorted(self.gates))}"
-        return f"recipe {self.recipe_digest}" if self.recipe_digest else ",".join(sorted(self.roles))
-
     def active(self, now: datetime) -> bool:
         if now < self.created_at:
             return False
@@ -91,10 +85,6 @@ class Waiver:
                 self.recipe_digest.removeprefix("sha256:")
             )
         return role in self.roles
-
-    def revoked(self, at: datetime) -> Waiver:
-        """A copy revoked at `at` (the store appends it as a revocation row)."""
-        return replace(self, revoked_at=at)
 
     def as_dict(self) -> JSONObject:
         def iso(t: datetime | None) -> str | None:

@@ -141,9 +141,6 @@ def read_manifest(directory: Path) -> tuple[JSONObject, list[Artifact]]:
     return data, artifacts
 
 
-# -- verifying ---------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Mismatch:
     """One way a directory differs from its manifest."""
@@ -246,9 +243,6 @@ def verify_bundle(directory: Path, references: Sequence[ManifestReference] | Non
     return VerifyResult(str(directory), len(listed), tuple(mismatches), sha, bindings)
 
 
-# -- a redacted export ------------------------------------------------------------------------
-
-
 GPU_UUID_RE = re.compile(r"\b(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
 
 
@@ -339,9 +333,6 @@ def export_bundle(
         redactions=dict(redactor.counts),
         source_manifest_sha256=source.manifest_sha256 or "",
     )
-
-
-# -- reading a verified bundle -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)

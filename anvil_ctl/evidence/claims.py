@@ -87,9 +87,6 @@ def _same(value: object, text: str) -> bool:
     return str(value) == text
 
 
-# -- the ledger --------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Number:
     """A number as published: its text, its value and how many decimals it shows."""
@@ -201,9 +198,6 @@ def load_ledger(path: Path) -> Ledger:
     return ledger
 
 
-# -- the check ---------------------------------------------------------------------------------
-
-
 def rounded(value: object, decimals: int) -> Decimal:
     """`value` rounded half-up to `decimals`, as a publisher rounds."""
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
@@ -240,22 +234,16 @@ class ClaimsCheck:
         return {**asdict(self), "ok": self.ok, "bundle": self.bundle.as_dict()}
 
 
-def _local_artifacts(directory: Path) -> set[str] | None:
-    """What the bundle's provenance lists as local measurements (None: no provenance record)."""
-    try:
-        data = json.loads((directory / "provenance.json").read_text())
-    except (OSError, ValueError):
-        return None
-    listed = (data.get("local_measurements") or {}).get("artifacts")
-    return set(listed) if isinstance(listed, list) else None
-
-
 def check_ledger(ledger: Ledger, directory: Path) -> ClaimsCheck:
     """Recount every local claim from the verified bundle at `directory`."""
     if not directory.is_dir():
         raise BadInput(f"--evidence {directory}: not a directory", field="evidence")
     bundle = verify_bundle(directory)
-    local = _local_artifacts(directory)
+    try:  # what the bundle's provenance lists as local measurements (None: no provenance record)
+        listed = json.loads((directory / "provenance.json").read_text()).get("local_measurements") or {}
+    except (OSError, ValueError):
+        listed = {}
+    local = set(artifacts) if isinstance(artifacts := listed.get("artifacts"), list) else None
     cache: dict[str, JSONValue] = {}
     results = []
     for claim in ledger.claims:

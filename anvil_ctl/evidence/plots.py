@@ -77,7 +77,9 @@ def capacity_svg(series: Mapping[str, Sequence[JSONMapping]]) -> str:
             ys: list[float] = []
             for i, (label, cells) in enumerate(series.items()):
                 color = PALETTE[i % len(PALETTE)]
-                pts = [p for cell in cells for p in _points(cell, key)]
+                rows = [fields(r) for cell in cells for r in items(cell.get("rows", []))]
+                pairs = [(r, number(r.get("prompt_tokens")), number(r.get(key))) for r in rows]
+                pts = [(x, y) for r, x, y in pairs if r.get("completed") and x and y is not None]
                 if pts:
                     ax.scatter(*zip(*pts, strict=True), s=10, alpha=0.35, color=color)
                     ys.extend(p[1] for p in pts)
@@ -96,13 +98,6 @@ def capacity_svg(series: Mapping[str, Sequence[JSONMapping]]) -> str:
             _thousands(ax)
         axes[0].legend(loc="upper left", fontsize=8)
         return _svg(fig)
-
-
-def _points(cell: JSONMapping, key: str) -> list[tuple[float, float]]:
-    """(measured prompt tokens, `key`) of every completed request of `cell` that has both."""
-    rows = [fields(r) for r in items(cell.get("rows", []))]
-    pairs = [(r, number(r.get("prompt_tokens")), number(r.get(key))) for r in rows]
-    return [(x, y) for r, x, y in pairs if r.get("completed") and x and y is not None]
 
 
 def _thousands(ax: Axes, *, tokens_x: bool = True) -> None:

@@ -76,13 +76,10 @@ def make_engine(url: str, *, create: bool = False, keep_connection: bool = False
 
         @event.listens_for(engine, "begin")
         def _begin(conn: Connection) -> None:
-            if conn.get_execution_options().get(READ_ONLY):
-                conn.exec_driver_sql(f"PRAGMA busy_timeout={READ_BUSY_MS}")
-                conn.exec_driver_sql("BEGIN")
-            else:
-                busy = int(conn.get_execution_options().get(BUSY_MS, WRITE_BUSY_MS))
-                conn.exec_driver_sql(f"PRAGMA busy_timeout={busy}")
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            options = conn.get_execution_options()
+            busy = READ_BUSY_MS if options.get(READ_ONLY) else int(options.get(BUSY_MS, WRITE_BUSY_MS))
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={busy}")
+            conn.exec_driver_sql("BEGIN" if options.get(READ_ONLY) else "BEGIN IMMEDIATE")
 
         return engine
     try:

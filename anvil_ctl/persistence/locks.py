@@ -66,14 +66,11 @@ def release_row(store: Store, lock_id: str, *, how: str, by: str, reason: str = 
         store.audit(s, f"lock.{how}", row.tx_id, {})  # the covered release row holds it all
 
 
-def unreleased(store: Store, *, all_hosts: bool = False) -> list[LockRecord]:
-    """Lock rows without a release, newest first: of the Store's host, or of every host."""
+def unreleased(store: Store) -> list[LockRecord]:
+    """The Store's host's lock rows without a release, newest first."""
     with store.read() as s:
         q = select(LockRow).join(LockHeld, LockHeld.lock_id == LockRow.id)
-        if all_hosts:
-            q = q.order_by(LockHeld.since.desc())
-        else:
-            q = q.where(LockHeld.host_id == store.host).order_by(LockHeld.since.desc())
+        q = q.where(LockHeld.host_id == store.host).order_by(LockHeld.since.desc())
         return [
             LockRecord(r.id, r.host, r.pid, r.boot_id, r.command, r.tx_id, r.since)
             for r in s.execute(q).scalars()

@@ -18,16 +18,14 @@ from anvil_ctl.core.snapshot import Snapshot
 from anvil_ctl.persistence.models import SnapshotBlob, SnapshotRow, Transaction
 from anvil_ctl.persistence.store import Store
 
-FIRST_BOUND = 2**31 - 1
-"""Above every key: the largest INTEGER, the keys' type (PostgreSQL refuses a larger parameter)."""
-
 
 def _newest_first(s: Session, slot: str, host: int) -> Iterator[tuple[int, str]]:
     """(id, sha256) of the slot's snapshots, newest first by key, in pages growing from 8 to 256.
 
     The slot is compared as `slot || ''` so that no index on the slot draws the planner into
     reading all its snapshots before the first page."""
-    size, below = 8, FIRST_BOUND
+    # `below` starts above every key: the largest INTEGER (PostgreSQL refuses a larger parameter)
+    size, below = 8, 2**31 - 1
     while True:
         rows = s.execute(
             select(SnapshotRow.id, SnapshotRow.sha256)

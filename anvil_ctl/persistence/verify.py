@@ -32,8 +32,6 @@ from anvil_ctl.persistence.store import Store, utcnow
 
 log = get_logger(__name__)
 
-AUDIT_TABLE = AuditEntry.__tablename__
-
 
 @dataclass
 class Report:
@@ -105,7 +103,7 @@ def _hold(report: Report, table: Table, refs: Refs, rows: Iterable[RowValues], *
 def _check_triggers(s: Session, problems: list[Problem]) -> bool:
     """Name each append-only trigger that is missing or disabled; True if all are in place."""
     dialect = s.get_bind().dialect.name
-    expected = expected_triggers(dialect, (*COVERED, AUDIT_TABLE))
+    expected = expected_triggers(dialect, (*COVERED, AuditEntry.__tablename__))
     if dialect == "sqlite":
         rows = s.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'"))
         present = {r[0]: "O" for r in rows}
@@ -264,12 +262,9 @@ def verify(store: Store, *, full: bool = False, expect_head: Head | None = None)
     return report
 
 
-CHECKPOINT_BUSY_MS = 200
-"""A checkpoint only saves later work: when another writer holds the database, skip it."""
-
-
 def _record_checkpoint(store: Store, report: Report) -> JSONObject:
-    with store.write(busy_ms=CHECKPOINT_BUSY_MS) as s:
+    # A checkpoint only saves later work: when another writer holds the database, skip it.
+    with store.write(busy_ms=200) as s:
         row = AuditCheckpoint(
             seq=report.head.seq,
             hash=report.head.hash,

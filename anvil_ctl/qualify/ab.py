@@ -47,9 +47,6 @@ def declaration(
     return {**body, "digest": sha256_hex(body)}
 
 
-# -- measuring both arms -------------------------------------------------------------------------
-
-
 async def _max_model_len(client: EngineClient, served_model: str) -> int | None:
     cards = await client.models()
     card = next((c for c in cards if c.id == served_model), None)
@@ -94,9 +91,6 @@ async def measure(arms: Sequence[Arm], capacity: Capacity) -> JSONObject:
 def run_measure(arms: Sequence[Arm], capacity: Capacity) -> JSONObject:
     """Synchronous `measure`, for callers that run no event loop."""
     return asyncio.run(measure(arms, capacity))
-
-
-# -- the comparison and its verdict -------------------------------------------------------------
 
 
 def _delta(arms: Mapping[str, JSONMapping], new: str, base: str, metric: str) -> float | None:

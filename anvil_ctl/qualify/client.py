@@ -198,16 +198,12 @@ class EngineClient:
             transport=transport,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
-        self._clock = time.perf_counter
         self.base_url = base_url.rstrip("/")
 
     async def __aenter__(self) -> EngineClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
         await self._http.aclose()
 
     async def _call(
@@ -282,9 +278,9 @@ class EngineClient:
         """POST /v1/chat/completions; streams (and times the stream) when body says `stream`."""
         if body.get("stream"):
             return await self._chat_stream(body)
-        t0 = self._clock()
+        t0 = time.perf_counter()
         response = await self._call("POST", "/v1/chat/completions", body)
-        end = self._clock()
+        end = time.perf_counter()
         try:
             data = response.json()
             choice = (data.get("choices") or [{}])[0]
@@ -313,7 +309,7 @@ class EngineClient:
         )
 
     async def _chat_stream(self, body: JSONObject) -> ChatResult:
-        t0 = self._clock()
+        t0 = time.perf_counter()
         assembler = StreamAssembler(t0=t0)
         decoder = SSEDecoder()
         broken: str | None = None
@@ -328,7 +324,7 @@ class EngineClient:
                     async for line in response.aiter_lines():
                         data = decoder.feed(line)
                         if data is not None:
-                            assembler.feed(data, self._clock())
+                            assembler.feed(data, time.perf_counter())
                 except httpx.TransportError as exc:
                     # The connection broke mid-stream: keep what arrived as evidence.
                     broken = f"stream broken: {exc!r}"
@@ -336,7 +332,7 @@ class EngineClient:
             raise TransientError(f"POST /v1/chat/completions (stream): {exc!r}") from exc
         if decoder.pending:
             assembler.errors.append("stream ended inside an unterminated event")
-        return assembler.finish(self._clock(), status=status, transport_error=broken)
+        return assembler.finish(time.perf_counter(), status=status, transport_error=broken)
 
     async def responses(
         self, model: str, input_: str, *, max_output_tokens: int, enable_thinking: bool | None
@@ -345,9 +341,9 @@ class EngineClient:
         body: JSONObject = {"model": model, "input": input_, "max_output_tokens": max_output_tokens}
         if enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
-        t0 = self._clock()
+        t0 = time.perf_counter()
         response = await self._call("POST", "/v1/responses", body)
-        end = self._clock()
+        end = time.perf_counter()
         try:
             data = response.json()
         except ValueError as exc:

@@ -96,9 +96,6 @@ def redact(line: str, secrets: Iterable[str] = ()) -> str:
     return line
 
 
-# -- the classifier ----------------------------------------------------------------------------
-
-
 @dataclass
 class NoticeCount:
     reason: str

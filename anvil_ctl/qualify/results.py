@@ -104,9 +104,6 @@ class GateResult:
     summary: str = ""
     duration_s: float = 0.0
 
-    def as_dict(self) -> JSONObject:
-        return asdict(self)
-
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100) by linear interpolation between closest ranks; None if empty."""

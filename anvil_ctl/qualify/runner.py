@@ -154,7 +154,7 @@ def run_qualification(
         writer.write_json("identity.json", recorded_identity)
 
     def record(index: int, result: GateResult) -> None:
-        artifact = writer.write_json(f"{index:02d}-{result.name}.json", result.as_dict())
+        artifact = writer.write_json(f"{index:02d}-{result.name}.json", asdict(result))
         hashes[result.name] = artifact.sha256
         results.append(result)
         progress.gate_finished(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -92,7 +93,7 @@ class TestEffectiveReserve:
         assert effective_reserve(3072, "compute-a", None, [w], T0 + timedelta(days=1)) == 3072
 
     def test_a_revoked_waiver_stops_applying_but_still_answers_for_the_past(self) -> None:
-        w = waiver().revoked(T0 + timedelta(hours=1))
+        w = replace(waiver(), revoked_at=T0 + timedelta(hours=1))
         assert effective_reserve(3072, "compute-a", None, [w], T0 + timedelta(hours=2)) == 3072
         assert effective_reserve(3072, "compute-a", None, [w], T0 + timedelta(minutes=30)) == 0
 
@@ -101,7 +102,7 @@ class TestEffectiveReserve:
         new = waiver(id="w-new", value=1024, created_at=T0 + timedelta(days=1))
         later = T0 + timedelta(days=2)
         assert effective_reserve(3072, "compute-a", None, [new, old], later) == 1024
-        assert effective_reserve(3072, "compute-a", None, [new.revoked(later), old], later) == 0
+        assert effective_reserve(3072, "compute-a", None, [replace(new, revoked_at=later), old], later) == 0
 
 
 class _Functional:
@@ -169,7 +170,7 @@ class TestReclassify:
         later = T0 + timedelta(days=3)
         for w in (
             waiver(expires_at=T0 + timedelta(days=1)),
-            waiver().revoked(T0 + timedelta(days=1)),
+            replace(waiver(), revoked_at=T0 + timedelta(days=1)),
         ):
             new = reclassify(decision, results, [w], later)  # type: ignore[arg-type]
             assert new.outcome == "policy-infeasible"

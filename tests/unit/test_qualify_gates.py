@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,7 @@ class TestGatesOnAGoodStub:
     ) -> None:
         url = stub()
         result = run_gate(url, make())
-        assert result.passed, json.dumps(result.as_dict(), indent=1)[:3000]
+        assert result.passed, json.dumps(asdict(result), indent=1)[:3000]
         assert result.name == name
         assert result.classification == "pass"
         assert result.evidence["gate_type"] == name

@@ -213,8 +213,6 @@ def stream_problem(result: ChatResult) -> str | None:
     return None
 
 
-# -- comparing answers -------------------------------------------------------------------------
-
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _EDGE = "`'\" \t\r\n."
 
@@ -266,9 +264,6 @@ class Checks:
     @property
     def failed(self) -> list[str]:
         return [str(item["check"]) for item in self.items if not item["ok"]]
-
-
-# -- chat requests and the checks every reply or tool call must pass ----------------------------
 
 
 def user(text: str) -> Message:

@@ -81,14 +81,13 @@ class _Workload(Gate):
         # measured is the whole prompt's, whatever the chat template puts first.
         text = self._text(nominal, chars_per_token)
         thinking = gate_ctx.thinking if self.thinking is None else self.thinking
-        extra: JSONObject | None = {"ignore_eos": True} if self.ignore_eos else None
         request = EngineClient.chat_body(
             gate_ctx.served_model,
             [{"role": "system", "content": f"Request {salt}."}, {"role": "user", "content": text}],
             max_tokens=self.output_tokens,
             enable_thinking=thinking,
             stream=True,
-            extra=extra,
+            extra={"ignore_eos": True} if self.ignore_eos else None,
         )
         return request, text
 

@@ -17,12 +17,6 @@ _BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
 BUDGET = "visible_answer_budget_exhausted"
 
 
-def code_block(text: str) -> str:
-    """The first fenced block's body, or the whole text stripped."""
-    match = _BLOCK.search(text)
-    return (match.group(1) if match else text).strip()
-
-
 @dataclass(frozen=True)
 class CodingTask:
     """One deterministic task: its prompt, how to validate, and a reference answer."""
@@ -47,7 +41,8 @@ class CodingTask:
     def problems(self, text: str) -> list[str]:
         """Everything wrong with a complete answer; empty when it is correct."""
         found = self.contradictions(text)
-        body = code_block(text)
+        fenced = _BLOCK.search(text)  # the first fenced block's body, or the whole text
+        body = (fenced.group(1) if fenced else text).strip()
         squeezed = " ".join(body.split())
         found += [f"missing {need!r}" for need in self.must_contain if need not in squeezed]
         if self.defines is not None:
