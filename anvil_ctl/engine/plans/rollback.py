@@ -8,7 +8,6 @@ difference while the slot serves ends `needs_operator`, the slot left serving.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 
 from anvil_ctl.core.errors import BadInput, NeedsOperator
 from anvil_ctl.core.identity import Identity
@@ -326,16 +325,12 @@ def unrecord_restore(ctx: Ctx, _r: StepResult) -> StepResult:
     return {"incumbent": cur.container_id if cur else None}
 
 
-def _recorded_body(ctx: Ctx) -> Mapping[str, object]:
-    """The recorded snapshot the restore must equal; {} if the record lost it."""
-    sha = ctx.args.recorded_sha256
-    return (snapshots.body_by_sha256(ctx.world.store, sha) if sha else None) or {}
-
-
 def verify_placement(ctx: Ctx, _before: Snapshot | None, after: Snapshot, hold: Hold) -> list[str]:
     """Problems in the identity-critical fields; every difference is stored as a held diff."""
-    # Normalizing changes nothing a placement reads: the recorded body is a stored snapshot's.
-    recorded = Snapshot.of(_recorded_body(ctx))
+    # The recorded snapshot the restore must equal ({} if the record lost it). Normalizing
+    # changes nothing a placement reads: the recorded body is a stored snapshot's.
+    sha = ctx.args.recorded_sha256
+    recorded = Snapshot.of((snapshots.body_by_sha256(ctx.world.store, sha) if sha else None) or {})
     slot = ctx.args.slot
     want, got = placement(recorded, slot), placement(after, slot)
     changes = diff(want, got)
