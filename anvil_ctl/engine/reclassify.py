@@ -77,13 +77,6 @@ class _Verdict:
 _OUTCOMES: tuple[waiver_policy.Outcome, ...] = ("verified", "policy-infeasible", "failed")
 
 
-def _outcome(raw: DecisionRecord) -> waiver_policy.Outcome:
-    found = next((o for o in _OUTCOMES if o == raw["outcome"]), None)
-    if found is None:
-        raise ValueError(f"decision {raw['id']}: outcome {raw['outcome']!r} is not one a decision records")
-    return found
-
-
 def _card(c: JSONObject, roles: Mapping[str, str]) -> CardCheck:
     """One card of a stored reserve artifact, as the gate checked it."""
     uuid, reserve = str(c["uuid"]), c["reserve_mib"]
@@ -134,10 +127,13 @@ def reclassify_one(
     chain = [raw, *qualification.reclassifications(store, [raw_id])]
     latest = chain[-1]
     digest = raw["body"].get("recipe_digest")
+    outcome = next((o for o in _OUTCOMES if o == raw["outcome"]), None)
+    if outcome is None:
+        raise ValueError(f"decision {raw['id']}: outcome {raw['outcome']!r} is not one a decision records")
     new = waiver_policy.reclassify(
         waiver_policy.Decision(
             id=raw_id,
-            outcome=_outcome(raw),
+            outcome=outcome,
             identity_digest=raw["identity_digest"],
             evidence_id=raw["tx_id"] or raw_id,
             recipe_digest=str(digest) if digest else None,

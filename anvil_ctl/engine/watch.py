@@ -252,8 +252,12 @@ class Interrupts:
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.caught is None:
+            try:
+                by = getpass.getuser()
+            except (KeyError, OSError):
+                by = f"uid {os.getuid()}"
             self.caught = {
-                "by": _user(),
+                "by": by,
                 "via": signal.Signals(signum).name,
                 "reason": f"{signal.Signals(signum).name} to pid {os.getpid()} during the watch",
             }
@@ -269,13 +273,6 @@ class Interrupts:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid {os.getuid()}"
 
 
 def stopper(store: Store, tx_id: str, interrupts: Interrupts, *, every_s: float = 1.0) -> Stop:
