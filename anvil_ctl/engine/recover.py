@@ -138,13 +138,6 @@ def recover_unfinished(
     return report
 
 
-def _pivot_reached(plan: AnyPlan, events: list[StepEvent]) -> bool:
-    """The pivot's result is journaled and no undo has started: the way out is forward."""
-    if plan.pivot is None or any(ev.phase == "undo" for ev in events):
-        return False
-    return any(ev.phase == "do" and ev.event == "result" and ev.step == plan.pivot for ev in events)
-
-
 def _undone(events: list[StepEvent]) -> list[str]:
     return [ev.step for ev in events if ev.phase == "undo" and ev.event == "result"]
 
@@ -172,11 +165,12 @@ def _recover_one(
     outcome = Outcome(kind=rec.kind, state=TxState.INTERRUPTED, tx_id=rec.id)
     outcome.before = snapshots.of_transaction(journal, rec.id).get("before")
     undone_before = len(_undone(events))
-    forward = _pivot_reached(plan, events)
+    done = {ev.step for ev in events if ev.phase == "do" and ev.event == "result"}
+    # The pivot's result is journaled and no undo has started: the way out is forward.
+    forward = plan.pivot in done and not any(ev.phase == "undo" for ev in events)
     try:
         if forward:
             names = [s.name for s in plan.steps]
-            done = {ev.step for ev in events if ev.phase == "do" and ev.event == "result"}
             start = next((i for i, n in enumerate(names) if n not in done), len(names))
             bound.info("recovering forward", from_step=names[start] if start < len(names) else "commit")
             journal.transition(

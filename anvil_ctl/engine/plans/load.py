@@ -161,17 +161,12 @@ def remember_candidate(ctx: Ctx, result: JSONObject) -> None:
     ctx.memo.candidate_id = str(result["container_id"])
 
 
-def _candidate_ids(ctx: Ctx) -> list[str]:
-    if ctx.memo.candidate_id:
-        return [ctx.memo.candidate_id]
-    # The process died between create and the result row: find it by its transaction label.
-    return [c.id for c in ctx.world.runtime.list(labels={LABEL_TX: ctx.tx_id})]
-
-
 def stop_candidate(ctx: Ctx, _result: StepResult) -> StepResult:
     world = ctx.world
     kept, removed = [], []
-    for cid in _candidate_ids(ctx):
+    known = ctx.memo.candidate_id
+    # None: the process died between create and the result row: find it by its transaction label.
+    for cid in [known] if known else [c.id for c in world.runtime.list(labels={LABEL_TX: ctx.tx_id})]:
         try:
             world.runtime.stop(cid, world.config.policy.stop_timeout_s)
             proven_stopped = not world.runtime.inspect(cid).running

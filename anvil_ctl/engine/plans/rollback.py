@@ -108,13 +108,6 @@ def _left_by(store: Store, rev: Revision, ref: str, what: str) -> Identity:
     return found
 
 
-def _replaced(store: Store, slot: str) -> Identity | None:
-    """The incumbent a canary committed in `slot` replaced, when that canary is the slot's newest
-    committed revision (a promote records it as the slot's own rollback identity instead)."""
-    newest = store.newest_committed_revision(slot)
-    return store.identity_of(newest[0], "rollback") if newest and newest[1] == "canary" else None
-
-
 def _serving_now(world: World, slot: str, target: Identity | None) -> tuple[Identity | None, str]:
     """What serves the slot now (to be stopped and retained), and its recorded role; of a
     canary's pair, the other slot's running incumbent serves this slot's clients too."""
@@ -144,11 +137,9 @@ def prepare(world: World, req: RollbackRequest) -> RollbackArgs:
         # replaced (recorded in that incumbent's own slot of the tier).
         incumbent = store.current_identity(req.slot, "incumbent")
         serving = incumbent is not None and is_running(world, incumbent.container_id)
-        target = (
-            (_replaced(store, req.slot) or store.current_identity(req.slot, "rollback"))
-            if serving
-            else incumbent
-        )
+        newest = store.newest_committed_revision(req.slot) if serving else None
+        replaced = store.identity_of(newest[0], "rollback") if newest and newest[1] == "canary" else None
+        target = (replaced or store.current_identity(req.slot, "rollback")) if serving else incumbent
     # A canary's way back is a rollback of the replaced incumbent's own slot, by either name.
     slot = target.slot if target is not None else req.slot
     current, role = _serving_now(world, slot, target)
