@@ -112,7 +112,31 @@ def copy_host(source: Store, target_engine: Engine) -> CopyResult:
         s.execute(insert(hosts).values(host_values))
         moved[("hosts", source.host)] = (new_host, row_digest(hosts, host_values))
         result.rows["hosts"] = 1
-        result.rows.update(_insert_rows(s, rows, new_host, moved))
+        # The source's rows under the new host, recording in `moved` (table, source key) ->
+        # (target key, target digest).
+        for name in ORDER:
+            t = COVERED[name]
+            (pk,) = t.primary_key.columns
+            copied = 0
+            for values in rows[name]:
+                key = key_of(t, values)
+                if name in SHARED:
+                    if s.execute(select(pk).where(pk == key)).scalar() is None:
+                        s.execute(insert(t).values(values))
+                        moved[(name, key)] = (key, row_digest(t, values))
+                        copied += 1
+                    # else: another host stored this content first, and its entry covers that
+                    # row; a row is covered once, so the copied entries leave it out
+                    continue
+                new = dict(values, host_id=new_host)
+                if isinstance(key, int):
+                    new.pop(pk.name)
+                    new[pk.name] = s.execute(insert(t).values(new).returning(pk)).scalar_one()
+                else:
+                    s.execute(insert(t).values(new))
+                moved[(name, key)] = (key_of(t, new), row_digest(t, new))
+                copied += 1
+            result.rows[name] = copied
         s.info[audit.HOST] = new_host
         for e in entries:
             refs = [(t, *moved[(t, k)]) for t, k, _d in json.loads(e.rows_json) if (t, k) in moved]
@@ -134,38 +158,3 @@ def copy_host(source: Store, target_engine: Engine) -> CopyResult:
         )
         projection.write_rebuilt(s, new_host)
     return result
-
-
-def _insert_rows(
-    s: Session,
-    rows: dict[str, list[dict[str, object]]],
-    new_host: int,
-    moved: dict[tuple[str, RowKey], tuple[RowKey, str]],
-) -> dict[str, int]:
-    """Insert the source's rows under the new host, recording in `moved` (table, source key) ->
-    (target key, target digest); returns the rows inserted per table."""
-    counts: dict[str, int] = {}
-    for name in ORDER:
-        t = COVERED[name]
-        (pk,) = t.primary_key.columns
-        copied = 0
-        for values in rows[name]:
-            key = key_of(t, values)
-            if name in SHARED:
-                if s.execute(select(pk).where(pk == key)).scalar() is None:
-                    s.execute(insert(t).values(values))
-                    moved[(name, key)] = (key, row_digest(t, values))
-                    copied += 1
-                # else: another host stored this content first, and its entry covers that
-                # row; a row is covered once, so the copied entries leave it out
-                continue
-            new = dict(values, host_id=new_host)
-            if isinstance(key, int):
-                new.pop(pk.name)
-                new[pk.name] = s.execute(insert(t).values(new).returning(pk)).scalar_one()
-            else:
-                s.execute(insert(t).values(new))
-            moved[(name, key)] = (key_of(t, new), row_digest(t, new))
-            copied += 1
-        counts[name] = copied
-    return counts

@@ -19,7 +19,7 @@ from anvil_ctl.persistence.models import HISTORY_TABLES, Base
 RowKey = str | int
 RowRef = tuple[str, RowKey, str]  # (table, key, digest)
 RowValues: TypeAlias = Mapping[str, object] | RowMapping
-"""A row's values by column name: an ORM instance's (`_instance_values`) or a Core row's."""
+"""A row's values by column name: an ORM instance's (`_collect`) or a Core row's."""
 
 COVERED: dict[str, Table] = {name: Base.metadata.tables[name] for name in HISTORY_TABLES}
 """name -> table, for every table whose rows the chain covers."""
@@ -58,10 +58,6 @@ def ref_of(table: Table, values: RowValues) -> RowRef:
     return (table.name, key_of(table, values), row_digest(table, values))
 
 
-def _instance_values(obj: Base) -> dict[str, object]:
-    return {c.name: getattr(obj, c.key) for c in obj.__mapper__.columns}
-
-
 def _collect(session: Session, _flush_context: UOWTransaction) -> None:
     # after_flush: the flushed objects are still in session.new, with their keys and
     # defaults filled in; what they hold now is what the INSERT wrote.
@@ -69,7 +65,7 @@ def _collect(session: Session, _flush_context: UOWTransaction) -> None:
     for obj in session.new:
         table = COVERED.get(obj.__table__.name)
         if table is not None:
-            pending.append(ref_of(table, _instance_values(obj)))
+            pending.append(ref_of(table, {c.name: getattr(obj, c.key) for c in obj.__mapper__.columns}))
 
 
 def _refuse_uncovered(session: Session) -> None:

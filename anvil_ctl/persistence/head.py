@@ -20,12 +20,10 @@ from anvil_ctl.persistence.audit import Head
 
 log = get_logger(__name__)
 
-HEAD_RE = re.compile(r"^(\d{1,18}):([0-9a-f]{64})$")
-
 
 def parse_head(text: str, *, what: str = "--expect-head") -> Head:
     """`SEQ:HASH` (a positive entry number and 64 lowercase hex digits)."""
-    match = HEAD_RE.match(text.strip())
+    match = re.match(r"^(\d{1,18}):([0-9a-f]{64})$", text.strip())
     if match is None or int(match.group(1)) < 1:
         raise BadInput(f"{what}: expected SEQ:HASH (entry number, 64 hex digits), got {text!r}", field=what)
     return Head(int(match.group(1)), match.group(2))
