@@ -18,11 +18,6 @@ ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 """A PostgreSQL name that needs no quoting: what these statements may name."""
 
 
-def history_tables() -> tuple[str, ...]:
-    """Every table the application role may only INSERT into and SELECT from."""
-    return tuple(sorted(APPEND_ONLY_TABLES))
-
-
 def _ident(value: str, what: str) -> str:
     if not ROLE_RE.match(value):
         raise BadInput(
@@ -38,7 +33,7 @@ def app_grants(*, owner: str, app: str) -> list[str]:
     `anvilctl init` (and after each `db upgrade` that adds a table)."""
     owner = _ident(owner, "--owner-role")
     app = _ident(app, "--app-role")
-    history = ", ".join(history_tables())
+    history = ", ".join(sorted(APPEND_ONLY_TABLES))  # the role may only INSERT and SELECT
     projection = ", ".join(sorted(PROJECTION_TABLES))
     return [
         "REVOKE ALL ON SCHEMA public FROM PUBLIC",

@@ -32,9 +32,9 @@ from sqlalchemy.pool import NullPool
 from anvil_ctl.bootstrap import App
 from anvil_ctl.commands import audit, lifecycle
 from anvil_ctl.persistence.db import make_engine
-from anvil_ctl.persistence.grants import app_grants, history_tables
+from anvil_ctl.persistence.grants import app_grants
 from anvil_ctl.persistence.migrate import SCHEMA_REVISION, check_revision, upgrade
-from anvil_ctl.persistence.models import Base
+from anvil_ctl.persistence.models import APPEND_ONLY_TABLES, Base
 from tests.pgserver import PgServer, skip_or_fail
 from tests.unit.fakehost import FakeHost, make_fake_host
 from tests.unit.test_tamper import edit_column, populate
@@ -85,7 +85,7 @@ class TestMigrations:
         finally:
             engine.dispose()
         assert diffs == []
-        assert triggers == {f"{t}_no_truncate" for t in history_tables()}
+        assert triggers == {f"{t}_no_truncate" for t in APPEND_ONLY_TABLES}
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ class TestAppendOnlyForEveryStatement:
         engine = create_engine(app_url, poolclass=NullPool)
         refused: dict[str, list[str]] = {}
         try:
-            for table in history_tables():
+            for table in APPEND_ONLY_TABLES:
                 column = edit_column(table) if table != "audit_journal" else "event"
                 for sql in (
                     f"UPDATE {table} SET {column} = {column}",
@@ -127,7 +127,7 @@ class TestAppendOnlyForEveryStatement:
                     assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() >= 2, table
         finally:
             engine.dispose()
-        assert sorted(refused) == sorted(history_tables())
+        assert sorted(refused) == sorted(APPEND_ONLY_TABLES)
         assert all(v == ["UPDATE", "DELETE", "TRUNCATE"] for v in refused.values())
         # ... and that role is all a mutating command needs
         as_app = host.settings.model_copy(update={"state_db": app_url.render_as_string(hide_password=False)})
@@ -145,7 +145,7 @@ class TestAppendOnlyForEveryStatement:
         assert before["ok"]
         messages: dict[str, str] = {}
         with server.admin(name) as conn:
-            for table in history_tables():
+            for table in APPEND_ONLY_TABLES:
                 column = edit_column(table) if table != "audit_journal" else "event"
                 for sql in (
                     f"UPDATE {table} SET {column} = {column}",
@@ -156,10 +156,10 @@ class TestAppendOnlyForEveryStatement:
                         conn.execute(text(sql))
                     messages[sql] = str(err.value.orig).splitlines()[0]
             counts = {
-                t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in history_tables()
+                t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in APPEND_ONLY_TABLES
             }
         assert all(m.endswith("is append-only") for m in messages.values()), messages
-        assert len(messages) == 3 * len(history_tables())
+        assert len(messages) == 3 * len(APPEND_ONLY_TABLES)
         assert min(counts.values()) >= 2, counts
         after = audit.verify(host.app(), full=True)
         assert after["ok"] and after["rows"] >= before["rows"], after  # (+ the first verify's checkpoint)
@@ -260,11 +260,11 @@ class TestPrintGrants:
         history = next(line for line in r.stdout.splitlines() if line.startswith("GRANT INSERT ON "))
         assert sorted(
             history.removeprefix("GRANT INSERT ON ").removesuffix(" TO app_x;").split(", ")
-        ) == sorted(history_tables())
+        ) == sorted(APPEND_ONLY_TABLES)
         rewrites = [
             ln for ln in r.stdout.splitlines() if "UPDATE" in ln or "DELETE" in ln or "TRUNCATE" in ln
         ]
-        assert all(t not in ln for ln in rewrites for t in history_tables()), rewrites
+        assert all(t not in ln for ln in rewrites for t in APPEND_ONLY_TABLES), rewrites
         assert "CREATE DATABASE anvil OWNER own_x;" in r.stdout
 
     @pytest.mark.parametrize(
