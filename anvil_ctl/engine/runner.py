@@ -193,18 +193,14 @@ class TransactionEngine:
             # Held: the before snapshot, `running` and the availability check only observe, so
             # they commit with the first intent, before the first side effect.
             self._transition(ctx, TxState.RUNNING, hold=True)
-            self._observe_start(plan, ctx)
+            if plan.keeps_serving and plan.slot:
+                # Whether the slot serves now and, if so, which serve is its safe harbour (journaled).
+                state = observe_slot(ctx.world, plan.slot)
+                harbour = record_harbour(ctx.world, ctx.tx_id, state, self._hold)
+                detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
+                self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail, hold=True)
         bound.info("running", steps=len(plan.steps))
         return self.forward(outcome, plan, ctx, start=0)
-
-    def _observe_start(self, plan: Plan[A, W, M], ctx: StepContext[A, W, M]) -> None:
-        """Whether the slot serves now and, if so, which serve is its safe harbour (journaled)."""
-        if not (plan.keeps_serving and plan.slot):
-            return
-        state = observe_slot(ctx.world, plan.slot)
-        harbour = record_harbour(ctx.world, ctx.tx_id, state, self._hold)
-        detail = {**state.as_dict(), "harbour": harbour.container_id if harbour else None}
-        self._event(ctx, -1, AVAILABILITY, "check", "before", detail=detail, hold=True)
 
     def forward(
         self, outcome: Outcome, plan: Plan[A, W, M], ctx: StepContext[A, W, M], *, start: int
