@@ -78,28 +78,24 @@ class HostLock:
                 holders = [h for h in held_locks(self.store, self.owner) if h.alive is not False]
                 elsewhere = f"a mutator of host {self.owner.hostname} holds its lock in the state database"
                 raise _held(holders, elsewhere + " (checking its arguments)")
-            stale = self._check_rows(take_over_dead)
+            rows = held_locks(self.store, self.owner)
+            # We hold the flock, yet a row claims a live owner: the lock file was replaced or a
+            # PID was reused. Never run beside a possible mutator.
+            live = [h for h in rows if h.alive]
+            if live:
+                raise _held(live, "")
+            stale = [h for h in rows if h.alive is not True]
+            if stale and not take_over_dead:
+                raise LockHeld(
+                    f"stale {stale[0].describe()}; run `anvilctl recover` "
+                    f"(or `anvilctl lock break {stale[0].id}`)",
+                    owner=stale[0].as_dict(),
+                )
             if claim:
                 self.claim()
         except BaseException:
             self._unlock_fd()  # a refusal, or the database unavailable: hold nothing
             raise
-        return stale
-
-    def _check_rows(self, take_over_dead: bool) -> list[LockInfo]:
-        rows = held_locks(self.store, self.owner)
-        # We hold the flock, yet a row claims a live owner: the lock file was replaced or a
-        # PID was reused. Never run beside a possible mutator.
-        live = [h for h in rows if h.alive]
-        if live:
-            raise _held(live, "")
-        stale = [h for h in rows if h.alive is not True]
-        if stale and not take_over_dead:
-            raise LockHeld(
-                f"stale {stale[0].describe()}; run `anvilctl recover` "
-                f"(or `anvilctl lock break {stale[0].id}`)",
-                owner=stale[0].as_dict(),
-            )
         return stale
 
     def claim(self) -> None:
