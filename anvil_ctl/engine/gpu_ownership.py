@@ -132,26 +132,6 @@ class GpuRolesFree(Guard[C]):
         return f"GPU role {role} has processes that no known serve owns: " + ", ".join(parts)
 
 
-def _claim(world: World, ident: Identity, tx_id: str) -> list[str]:
-    owners = ledger(world.store)
-    mode = ownership_mode(ident.gpu_roles)
-    todo = [
-        r
-        for r in sorted(ident.gpu_roles)
-        if not (r in owners and owners[r].container_id == ident.container_id and owners[r].mode == mode)
-    ]
-    if todo:
-        gpu_ledger.claim_roles(
-            world.store,
-            todo,
-            container_id=ident.container_id,
-            tx_id=tx_id,
-            mode=mode,
-            slot=ident.slot,
-        )
-    return todo
-
-
 def release_all(world: World, container_id: str, tx_id: str) -> list[str]:
     owned = sorted(r for r, o in ledger(world.store).items() if o.container_id == container_id)
     if owned:
@@ -164,7 +144,22 @@ def record_ownership(world: World, tx_id: str, identity: Identity, replaced: Ide
     released = []
     if replaced is not None and replaced.container_id != identity.container_id:
         released = release_all(world, replaced.container_id, tx_id)
-    claimed = _claim(world, identity, tx_id)
+    owners = ledger(world.store)
+    mode = ownership_mode(identity.gpu_roles)
+    claimed = [
+        r
+        for r in sorted(identity.gpu_roles)
+        if not (r in owners and owners[r].container_id == identity.container_id and owners[r].mode == mode)
+    ]
+    if claimed:
+        gpu_ledger.claim_roles(
+            world.store,
+            claimed,
+            container_id=identity.container_id,
+            tx_id=tx_id,
+            mode=mode,
+            slot=identity.slot,
+        )
     log.info("gpu.ownership_recorded", claimed=claimed, released=released)
     return {"claimed": list(claimed), "released": list(released)}
 
