@@ -260,11 +260,12 @@ def _real_world(app: App) -> World:
     from anvil_ctl.adapters.engine_http import HttpServerProbe
     from anvil_ctl.engine.world import World, current_runtime
 
+    runtime = _docker(app)  # first: Docker out of reach is said before a host config's problem
     world = World(
         settings=app.settings,
         config=app.config,
         store=app.store,
-        runtime=_docker(app),
+        runtime=runtime,
         server=HttpServerProbe(),
         router=_router(app),
         acceptance=app.real_acceptance,  # None exactly where the router's credentials are
